@@ -1,0 +1,32 @@
+# Two entry points (README): `make demo` runs the main job, `make test` runs the checks.
+# Both build .venv from scratch when it is missing. The CPU torch wheel is installed first and
+# pinned: an unpinned torch resolves to a multi-GB CUDA build.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+TORCH   ?= torch==2.13.0
+STAMP   := $(VENV)/.installed
+
+.PHONY: install demo test lint data clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m energyformers train --model $${MODEL:-hyperset} --dataset digits --output_dir $${OUT:-runs/demo-$${MODEL:-hyperset}}
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: $(STAMP) lint
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

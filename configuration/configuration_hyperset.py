@@ -1,0 +1,229 @@
+"""Hyper-SET configuration.
+
+Hu, Zou, Xu, *Hyperspherical Energy Transformer with Recurrent Depth*. One weight-tied layer is
+iterated `num_iterations` times; each iteration is a gradient step on a hyperspherical Hopfield
+energy (attention) followed by one on a dictionary energy (feedforward).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PreTrainedConfig
+
+# Rows of the paper's Table 1 / poster (image 224, M = d, L = 1, T = 12) and its Sudoku model.
+# Parameter counts they must reproduce are asserted in tests/test_modeling_hyperset.py.
+HYPERSET_PRESETS: dict[str, dict[str, Any]] = {
+    "cifar10-small": dict(hidden_size=384, num_attention_heads=6, intermediate_size=384, num_labels=10),
+    "cifar10-small-scaleup": dict(hidden_size=512, num_attention_heads=8, intermediate_size=512, num_labels=10),
+    "imagenet1k-640": dict(
+        hidden_size=640, num_attention_heads=10, intermediate_size=640, patch_size=14, num_labels=1000
+    ),
+    # 9×9 grid as 81 tokens (0 = blank), one of 9 digits per cell; the paper conditions step sizes on
+    # the puzzle itself and uses learned positions for the fixed layout. T = 16 is our choice (unstated).
+    "sudoku": dict(
+        input_type="sequence",
+        hidden_size=768,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        num_iterations=16,
+        qkv_norm="shared",
+        step_size_condition="input",
+        vocab_size=10,
+        max_position_embeddings=81,
+        position_embedding_type="learned",
+        num_labels=9,
+    ),
+}
+
+
+def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+def _require(condition: bool, name: str, value: Any, allowed: str) -> None:
+    if not condition:
+        raise ValueError(f"HyperSetConfig: invalid {name}={value!r}; {allowed}.")
+
+
+def _require_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    _require(value in choices, name, value, f"expected one of {list(choices)}")
+
+
+def _require_positive_int(name: str, value: Any) -> None:
+    _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name, value, "expected an integer >= 1")
+
+
+class HyperSetConfig(PreTrainedConfig):
+    r"""Configuration of a Hyper-SET model (`model_type="hyperset"`).
+
+    Args:
+        input_type (`str`, *optional*, defaults to `"image"`):
+            `"image"` (patch embedding + CLS token) or `"sequence"` (token embedding of `input_ids`).
+        hidden_size (`int`, *optional*, defaults to 384):
+            Token width d (the paper's CIFAR-10 Small model).
+        num_attention_heads (`int`, *optional*, defaults to 6):
+            Heads H; each works in a d/H-dimensional subspace of the shared projection W.
+        intermediate_size (`int`, *optional*, defaults to 384):
+            Dictionary size M of the feedforward energy (the paper uses M = d for images).
+        num_hidden_layers (`int`, *optional*, defaults to 1):
+            Distinct weight-tied layers L, applied one after the other.
+        num_iterations (`int`, *optional*, defaults to 12):
+            Iterations T of each layer (effective depth L·T); can be overridden per forward call.
+        qkv_norm (`str`, *optional*, defaults to `"separate"`):
+            `"separate"`: three RMSNorm gains for q, k, v (images); `"shared"`: one gain (Sudoku).
+        step_size_condition (`str`, *optional*, defaults to `"current"`):
+            Step sizes α, γ are conditioned on the current state x_t (`"current"`) or on the embedded
+            input x_0 (`"input"`, the paper's Sudoku setting).
+        hidden_act (`str`, *optional*, defaults to `"relu"`):
+            Feedforward activation, `"relu"` (the energy's exact gradient) or `"gelu"`.
+        attention_energy (`str`, *optional*, defaults to `"bisoftmax"`):
+            `"bisoftmax"`: E = √d_h Σ logsumexp (row + column softmax update); `"sigmoid"`:
+            E = (√d_h/2) Σ σ(S) (update σ'(S)), a variant from the authors' poster.
+        feedforward_energy (`str`, *optional*, defaults to `"relu"`):
+            `"relu"`: E = −½ Σ ‖act(n(Dx))‖²; `"softmax"`: E = −Σ logsumexp(n(Dx)) (update Dᵀ softmax).
+        time_embedding_dim (`int`, *optional*, defaults to 512):
+            Width of the sinusoidal iteration embedding that conditions the step sizes (paper: 512).
+        image_size (`int` or `list[int]`, *optional*, defaults to 224):
+            Input resolution (height, width); non-square sizes are allowed.
+        patch_size (`int`, *optional*, defaults to 16):
+            Side of the square patches.
+        num_channels (`int`, *optional*, defaults to 3):
+            Image channels.
+        vocab_size (`int`, *optional*):
+            Token vocabulary for `input_type="sequence"` (required there).
+        max_position_embeddings (`int`, *optional*, defaults to 512):
+            Longest sequence accepted; the size of the learned position table.
+        position_embedding_type (`str`, *optional*, defaults to `"sinusoidal"`):
+            `"sinusoidal"` (fixed) or `"learned"` position encoding for sequences. Images always use
+            the fixed sinusoid over the patch tokens, as in the paper.
+        pooling (`str`, *optional*, defaults to `"cls"`):
+            Classifier input: first token (`"cls"`; the CLS token for images) or masked mean (`"mean"`).
+        rms_norm_eps (`float`, *optional*):
+            RMSNorm epsilon; `None` uses torch's default (machine epsilon of the dtype), as the authors do.
+        layer_norm_eps (`float`, *optional*, defaults to 1e-5):
+            LayerNorm epsilon of the patch embedding and the classifier.
+        initializer_range (`float`, *optional*, defaults to 0.02):
+            Std of the normal initialisation of linear and embedding weights.
+    """
+
+    model_type = "hyperset"
+
+    def __init__(
+        self,
+        input_type: str = "image",
+        hidden_size: int = 384,
+        num_attention_heads: int = 6,
+        intermediate_size: int = 384,
+        num_hidden_layers: int = 1,
+        num_iterations: int = 12,
+        qkv_norm: str = "separate",
+        step_size_condition: str = "current",
+        hidden_act: str = "relu",
+        attention_energy: str = "bisoftmax",
+        feedforward_energy: str = "relu",
+        time_embedding_dim: int = 512,
+        image_size: int | list[int] = 224,
+        patch_size: int = 16,
+        num_channels: int = 3,
+        vocab_size: int | None = None,
+        max_position_embeddings: int = 512,
+        position_embedding_type: str = "sinusoidal",
+        pooling: str = "cls",
+        rms_norm_eps: float | None = None,
+        layer_norm_eps: float = 1e-5,
+        initializer_range: float = 0.02,
+        **kwargs: Any,
+    ) -> None:
+        _require_choice("input_type", input_type, ("image", "sequence"))
+        for name, value in (
+            ("hidden_size", hidden_size),
+            ("num_attention_heads", num_attention_heads),
+            ("intermediate_size", intermediate_size),
+            ("num_hidden_layers", num_hidden_layers),
+            ("num_iterations", num_iterations),
+            ("patch_size", patch_size),
+            ("num_channels", num_channels),
+            ("max_position_embeddings", max_position_embeddings),
+        ):
+            _require_positive_int(name, value)
+        _require(
+            hidden_size % num_attention_heads == 0,
+            "hidden_size",
+            hidden_size,
+            f"it must be divisible by num_attention_heads={num_attention_heads}",
+        )
+        _require(
+            isinstance(time_embedding_dim, int) and time_embedding_dim >= 4 and time_embedding_dim % 2 == 0,
+            "time_embedding_dim",
+            time_embedding_dim,
+            "expected an even integer >= 4 ([sin, cos] halves)",
+        )
+        _require_choice("qkv_norm", qkv_norm, ("separate", "shared"))
+        _require_choice("step_size_condition", step_size_condition, ("current", "input"))
+        _require_choice("hidden_act", hidden_act, ("relu", "gelu"))
+        _require_choice("attention_energy", attention_energy, ("bisoftmax", "sigmoid"))
+        _require_choice("feedforward_energy", feedforward_energy, ("relu", "softmax"))
+        _require_choice("position_embedding_type", position_embedding_type, ("sinusoidal", "learned"))
+        _require_choice("pooling", pooling, ("cls", "mean"))
+        height, width = _pair(image_size)
+        _require(height >= 1 and width >= 1, "image_size", image_size, "expected positive sizes")
+        _require(
+            height % patch_size == 0 and width % patch_size == 0,
+            "image_size",
+            image_size,
+            f"both sides must be divisible by patch_size={patch_size}",
+        )
+        if input_type == "sequence":
+            _require(
+                isinstance(vocab_size, int) and vocab_size >= 1,
+                "vocab_size",
+                vocab_size,
+                'input_type="sequence" needs an integer vocab_size >= 1',
+            )
+        _require(
+            rms_norm_eps is None or rms_norm_eps > 0, "rms_norm_eps", rms_norm_eps, "expected None or a float > 0"
+        )
+        _require(layer_norm_eps > 0, "layer_norm_eps", layer_norm_eps, "expected a float > 0")
+        _require(initializer_range > 0, "initializer_range", initializer_range, "expected a float > 0")
+
+        self.input_type = input_type
+        self.hidden_size = hidden_size
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_iterations = num_iterations
+        self.qkv_norm = qkv_norm
+        self.step_size_condition = step_size_condition
+        self.hidden_act = hidden_act
+        self.attention_energy = attention_energy
+        self.feedforward_energy = feedforward_energy
+        self.time_embedding_dim = time_embedding_dim
+        self.image_size = image_size if isinstance(image_size, int) else [height, width]
+        self.patch_size = patch_size
+        self.num_channels = num_channels
+        self.vocab_size = vocab_size
+        self.max_position_embeddings = max_position_embeddings
+        self.position_embedding_type = position_embedding_type
+        self.pooling = pooling
+        self.rms_norm_eps = rms_norm_eps
+        self.layer_norm_eps = layer_norm_eps
+        self.initializer_range = initializer_range
+        super().__init__(**kwargs)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> HyperSetConfig:
+        """Config of a named paper setting (`HYPERSET_PRESETS`), with keyword overrides applied on top."""
+        if name not in HYPERSET_PRESETS:
+            raise ValueError(f"HyperSetConfig: unknown preset name={name!r}; expected one of {sorted(HYPERSET_PRESETS)}.")
+        kwargs = {**HYPERSET_PRESETS[name], **overrides}
+        if "id2label" in overrides:
+            kwargs.pop("num_labels", None)
+        return cls(**kwargs)
+
+
+__all__ = ["HYPERSET_PRESETS", "HyperSetConfig"]

@@ -1,0 +1,3 @@
+from energyformers.training.cli import main
+
+raise SystemExit(main())
