@@ -25,7 +25,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: $(STAMP) lint
+data: $(STAMP)
+	bash .ci/install-data.sh
+
+test: $(STAMP) data lint
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 clean:

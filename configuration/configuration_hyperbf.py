@@ -1,0 +1,238 @@
+"""HyperBF (homogeneous Transformer) configuration.
+
+Gan, Poggio, *A Homogeneous Transformer Architecture* (CBMM memo 143). Every block is two HyperBF
+(Gaussian radial-basis) units: a distance-based attention over the tokens, then a normalized RBF layer
+over learned centers with a learned metric in place of the MLP.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from transformers import PreTrainedConfig
+
+# The memo's experiments use 4 heads and 4 blocks at width 768 on 32×32 images with 4×4 patches
+# (CBMM memo 143, Sec. 4); `tiny` is for tests, `digits` for 8×8 grey UCI digits on CPU.
+HYPERBF_PRESETS: dict[str, dict[str, Any]] = {
+    "cifar": dict(
+        hidden_size=768, num_attention_heads=4, num_hidden_layers=4, patch_size=4, image_size=32, num_labels=10
+    ),
+    "cifar100": dict(
+        hidden_size=768, num_attention_heads=4, num_hidden_layers=4, patch_size=4, image_size=32, num_labels=100
+    ),
+    "tiny": dict(
+        hidden_size=32, num_attention_heads=2, num_hidden_layers=2, patch_size=2, image_size=8, num_labels=10
+    ),
+    "digits": dict(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        patch_size=2,
+        image_size=8,
+        num_channels=1,
+        num_labels=10,
+    ),
+}
+
+
+def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+def _require(condition: bool, name: str, value: Any, allowed: str) -> None:
+    if not condition:
+        raise ValueError(f"HyperBFConfig: invalid {name}={value!r}; {allowed}.")
+
+
+def _require_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    _require(value in choices, name, value, f"expected one of {list(choices)}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require_positive_int(name: str, value: Any) -> None:
+    _require(_is_int(value) and value >= 1, name, value, "expected an integer >= 1")
+
+
+def _require_probability(name: str, value: Any) -> None:
+    _require(isinstance(value, (int, float)) and 0.0 <= value < 1.0, name, value, "expected a float in [0, 1)")
+
+
+class HyperBFConfig(PreTrainedConfig):
+    r"""Configuration of a HyperBF model (`model_type="hyperbf"`).
+
+    Args:
+        input_type (`str`, *optional*, defaults to `"image"`):
+            `"image"` (patch embedding + CLS token) or `"sequence"` (token embedding of `input_ids`).
+        hidden_size (`int`, *optional*, defaults to 768):
+            Token width D (the memo's CIFAR setting).
+        num_attention_heads (`int`, *optional*, defaults to 4):
+            Heads of the Gaussian-kernel attention (the memo uses 4).
+        num_hidden_layers (`int`, *optional*, defaults to 4):
+            Blocks (the memo uses 4).
+        num_centers (`int`, *optional*):
+            Learned RBF centers K of each feedforward unit; `None` → 4·hidden_size, which puts a block within
+            ±15% of the parameters of a ViT block with MLP ratio 4 (see benchmarks/hyperbf_param_counts.py).
+            `intermediate_size` is an alias (the centers play the role of the MLP's hidden units).
+        rbf_projection_dim (`int`, *optional*):
+            Rows R of the metric W (‖a − b‖²_W = ‖W(a − b)‖², PSD by construction); `None` → hidden_size (full rank).
+        feedforward_kernel (`str`, *optional*, defaults to `"normalized"`):
+            `"normalized"`: softmax over centers (normalized RBF, the memo's choice); `"gaussian"`: unnormalised
+            exp(−d²/2σ²) as in classic HyperBF networks.
+        rbf_width (`str`, *optional*, defaults to `"layer"`):
+            Learnable width σ of the feedforward kernel: one per layer (`"layer"`) or one per center (`"center"`).
+        rbf_sigma_init (`float`, *optional*):
+            Initial σ of the feedforward kernel; `None` → √rbf_projection_dim, the typical ‖W(x − t)‖ of a
+            LayerNorm'd input at init (metric init std 1/√D, centers N(0, 1)), so kernel exponents start at
+            about −1 instead of underflowing as in the public code.
+        attention_temperature_init (`float`, *optional*):
+            Initial τ of the attention score −τ‖q − k‖²; `None` → 1/(2√head_dim) so that 2τ equals the
+            1/√d_h scale of dot-product attention.
+        hidden_dropout_prob (`float`, *optional*, defaults to 0.0):
+            Dropout on embeddings and on each residual branch (the memo trains without it).
+        attention_probs_dropout_prob (`float`, *optional*, defaults to 0.0):
+            Dropout on the attention weights.
+        image_size (`int` or `list[int]`, *optional*, defaults to 32):
+            Input resolution (height, width); non-square sizes are allowed.
+        patch_size (`int`, *optional*, defaults to 4):
+            Side of the square patches (the memo's CIFAR setting).
+        num_channels (`int`, *optional*, defaults to 3):
+            Image channels.
+        vocab_size (`int`, *optional*):
+            Token vocabulary for `input_type="sequence"` (required there).
+        max_position_embeddings (`int`, *optional*, defaults to 512):
+            Longest sequence accepted; the size of the learned position table.
+        pooling (`str`, *optional*, defaults to `"cls"`):
+            Classifier input: first token (`"cls"`; the CLS token for images) or masked mean (`"mean"`).
+        layer_norm_eps (`float`, *optional*, defaults to 1e-5):
+            LayerNorm epsilon (torch's default).
+        initializer_range (`float`, *optional*, defaults to 0.02):
+            Std of the normal initialisation of linear, embedding and position weights (as in ViT).
+    """
+
+    model_type = "hyperbf"
+    # Generic code (Trainer helpers, benchmarks) may ask for the MLP width; for HyperBF that is K.
+    attribute_map = {"intermediate_size": "num_centers"}
+
+    def __init__(
+        self,
+        input_type: str = "image",
+        hidden_size: int = 768,
+        num_attention_heads: int = 4,
+        num_hidden_layers: int = 4,
+        num_centers: int | None = None,
+        intermediate_size: int | None = None,
+        rbf_projection_dim: int | None = None,
+        feedforward_kernel: str = "normalized",
+        rbf_width: str = "layer",
+        rbf_sigma_init: float | None = None,
+        attention_temperature_init: float | None = None,
+        hidden_dropout_prob: float = 0.0,
+        attention_probs_dropout_prob: float = 0.0,
+        image_size: int | list[int] = 32,
+        patch_size: int = 4,
+        num_channels: int = 3,
+        vocab_size: int | None = None,
+        max_position_embeddings: int = 512,
+        pooling: str = "cls",
+        layer_norm_eps: float = 1e-5,
+        initializer_range: float = 0.02,
+        **kwargs: Any,
+    ) -> None:
+        _require_choice("input_type", input_type, ("image", "sequence"))
+        for name, value in (
+            ("hidden_size", hidden_size),
+            ("num_attention_heads", num_attention_heads),
+            ("num_hidden_layers", num_hidden_layers),
+            ("patch_size", patch_size),
+            ("num_channels", num_channels),
+            ("max_position_embeddings", max_position_embeddings),
+        ):
+            _require_positive_int(name, value)
+        _require(
+            hidden_size % num_attention_heads == 0,
+            "hidden_size",
+            hidden_size,
+            f"it must be divisible by num_attention_heads={num_attention_heads}",
+        )
+        if num_centers is not None and intermediate_size is not None and num_centers != intermediate_size:
+            raise ValueError(
+                f"HyperBFConfig: num_centers={num_centers!r} and its alias intermediate_size={intermediate_size!r} "
+                "disagree; pass only one of them."
+            )
+        num_centers = num_centers if num_centers is not None else intermediate_size
+        num_centers = 4 * hidden_size if num_centers is None else num_centers
+        _require_positive_int("num_centers", num_centers)
+        rbf_projection_dim = hidden_size if rbf_projection_dim is None else rbf_projection_dim
+        _require_positive_int("rbf_projection_dim", rbf_projection_dim)
+        _require_choice("feedforward_kernel", feedforward_kernel, ("normalized", "gaussian"))
+        _require_choice("rbf_width", rbf_width, ("layer", "center"))
+        for name, value in (("rbf_sigma_init", rbf_sigma_init), ("attention_temperature_init", attention_temperature_init)):
+            _require(
+                value is None or (isinstance(value, (int, float)) and math.isfinite(value) and value > 0),
+                name,
+                value,
+                "expected None (the documented default) or a finite float > 0",
+            )
+        _require_probability("hidden_dropout_prob", hidden_dropout_prob)
+        _require_probability("attention_probs_dropout_prob", attention_probs_dropout_prob)
+        _require_choice("pooling", pooling, ("cls", "mean"))
+        height, width = _pair(image_size)
+        _require(height >= 1 and width >= 1, "image_size", image_size, "expected positive sizes")
+        _require(
+            height % patch_size == 0 and width % patch_size == 0,
+            "image_size",
+            image_size,
+            f"both sides must be divisible by patch_size={patch_size}",
+        )
+        if input_type == "sequence":
+            _require(
+                _is_int(vocab_size) and vocab_size >= 1,
+                "vocab_size",
+                vocab_size,
+                'input_type="sequence" needs an integer vocab_size >= 1',
+            )
+        _require(layer_norm_eps > 0, "layer_norm_eps", layer_norm_eps, "expected a float > 0")
+        _require(initializer_range > 0, "initializer_range", initializer_range, "expected a float > 0")
+
+        self.input_type = input_type
+        self.hidden_size = hidden_size
+        self.num_attention_heads = num_attention_heads
+        self.num_hidden_layers = num_hidden_layers
+        self.num_centers = num_centers
+        self.rbf_projection_dim = rbf_projection_dim
+        self.feedforward_kernel = feedforward_kernel
+        self.rbf_width = rbf_width
+        self.rbf_sigma_init = rbf_sigma_init
+        self.attention_temperature_init = attention_temperature_init
+        self.hidden_dropout_prob = hidden_dropout_prob
+        self.attention_probs_dropout_prob = attention_probs_dropout_prob
+        self.image_size = image_size if isinstance(image_size, int) else [height, width]
+        self.patch_size = patch_size
+        self.num_channels = num_channels
+        self.vocab_size = vocab_size
+        self.max_position_embeddings = max_position_embeddings
+        self.pooling = pooling
+        self.layer_norm_eps = layer_norm_eps
+        self.initializer_range = initializer_range
+        super().__init__(**kwargs)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> HyperBFConfig:
+        """Config of a named setting (`HYPERBF_PRESETS`), with keyword overrides applied on top."""
+        if name not in HYPERBF_PRESETS:
+            raise ValueError(f"HyperBFConfig: unknown preset name={name!r}; expected one of {sorted(HYPERBF_PRESETS)}.")
+        kwargs = {**HYPERBF_PRESETS[name], **overrides}
+        if "id2label" in overrides:
+            kwargs.pop("num_labels", None)
+        return cls(**kwargs)
+
+
+__all__ = ["HYPERBF_PRESETS", "HyperBFConfig"]
