@@ -15,7 +15,9 @@ from transformers import PreTrainedConfig
 # Parameter counts they must reproduce are asserted in tests/test_modeling_hyperset.py.
 HYPERSET_PRESETS: dict[str, dict[str, Any]] = {
     "cifar10-small": dict(hidden_size=384, num_attention_heads=6, intermediate_size=384, num_labels=10),
-    "cifar10-small-scaleup": dict(hidden_size=512, num_attention_heads=8, intermediate_size=512, num_labels=10),
+    "cifar10-small-scaleup": dict(
+        hidden_size=512, num_attention_heads=8, intermediate_size=512, num_labels=10
+    ),
     "imagenet1k-640": dict(
         hidden_size=640, num_attention_heads=10, intermediate_size=640, patch_size=14, num_labels=1000
     ),
@@ -51,7 +53,12 @@ def _require_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 
 def _require_positive_int(name: str, value: Any) -> None:
-    _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name, value, "expected an integer >= 1")
+    _require(
+        isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+        name,
+        value,
+        "expected an integer >= 1",
+    )
 
 
 class HyperSetConfig(PreTrainedConfig):
@@ -182,7 +189,10 @@ class HyperSetConfig(PreTrainedConfig):
                 'input_type="sequence" needs an integer vocab_size >= 1',
             )
         _require(
-            rms_norm_eps is None or rms_norm_eps > 0, "rms_norm_eps", rms_norm_eps, "expected None or a float > 0"
+            rms_norm_eps is None or rms_norm_eps > 0,
+            "rms_norm_eps",
+            rms_norm_eps,
+            "expected None or a float > 0",
         )
         _require(layer_norm_eps > 0, "layer_norm_eps", layer_norm_eps, "expected a float > 0")
         _require(initializer_range > 0, "initializer_range", initializer_range, "expected a float > 0")
@@ -219,7 +229,9 @@ class HyperSetConfig(PreTrainedConfig):
     def from_preset(cls, name: str, **overrides: Any) -> HyperSetConfig:
         """Config of a named paper setting (`HYPERSET_PRESETS`), with keyword overrides applied on top."""
         if name not in HYPERSET_PRESETS:
-            raise ValueError(f"HyperSetConfig: unknown preset name={name!r}; expected one of {sorted(HYPERSET_PRESETS)}.")
+            raise ValueError(
+                f"HyperSetConfig: unknown preset name={name!r}; expected one of {sorted(HYPERSET_PRESETS)}."
+            )
         kwargs = {**HYPERSET_PRESETS[name], **overrides}
         if "id2label" in overrides:
             kwargs.pop("num_labels", None)

@@ -47,4 +47,8 @@ def _register_families() -> dict[str, type]:
 
 globals().update(_register_families())
 
-__all__ = ["FAMILIES", "__version__", *(name for _, classes in FAMILIES.values() for name in classes.values())]
+__all__ = [
+    "FAMILIES",
+    "__version__",
+    *(name for _, classes in FAMILIES.values() for name in classes.values()),
+]

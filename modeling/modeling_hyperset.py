@@ -89,7 +89,9 @@ def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
 def iteration_embedding(steps: torch.Tensor, dim: int) -> torch.Tensor:
     """Iteration sinusoid [sin(t f_k), cos(t f_k)] (halves concatenated), f_k = exp(−k ln(10⁴)/(half − 1))."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=steps.device) / (half - 1))
+    freqs = torch.exp(
+        -math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=steps.device) / (half - 1)
+    )
     angles = steps.float().unsqueeze(-1) * freqs  # (T, half)
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
@@ -109,7 +111,9 @@ class HyperSetPatchEmbeddings(nn.Module):
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size))
         self.register_buffer(
-            "position_encoding", sinusoidal_positions(num_patches + 1, config.hidden_size)[None], persistent=False
+            "position_encoding",
+            sinusoidal_positions(num_patches + 1, config.hidden_size)[None],
+            persistent=False,
         )
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -145,6 +149,7 @@ class HyperSetTokenEmbeddings(nn.Module):
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         if config.position_embedding_type == "learned":
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            self.register_buffer("position_encoding", None, persistent=False)
         else:
             self.position_embeddings = None
             self.register_buffer(
@@ -155,7 +160,9 @@ class HyperSetTokenEmbeddings(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if input_ids.ndim != 2:
-            raise ValueError(f"input_ids must have shape (batch, sequence_length); got {tuple(input_ids.shape)}.")
+            raise ValueError(
+                f"input_ids must have shape (batch, sequence_length); got {tuple(input_ids.shape)}."
+            )
         length = input_ids.shape[1]
         if length > self.max_positions:
             raise ValueError(
@@ -221,7 +228,9 @@ class HyperSetAttention(nn.Module):
                 # a large finite negative (not −inf) keeps fully padded rows/columns NaN-free
                 blocked = torch.finfo(scores.dtype).min
                 row = scores.masked_fill(key_keep == 0, blocked).softmax(-1)  # padded keys out of each row
-                col = scores.masked_fill(key_keep.transpose(-1, -2) == 0, blocked).softmax(-2)  # padded queries out
+                col = scores.masked_fill(key_keep.transpose(-1, -2) == 0, blocked).softmax(
+                    -2
+                )  # padded queries out
                 probs = row + col
         if key_keep is not None:
             probs = probs * key_keep  # no real token reads from a padded key through either softmax
@@ -269,7 +278,9 @@ class HyperSetFeedForward(nn.Module):
     def energy(self, hidden_states: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """E_FF `(B,)` over real tokens, gain-free normalisation."""
         dictionary = self.dictionary.weight.float()
-        projected = F.rms_norm(F.linear(hidden_states.float(), dictionary), (dictionary.shape[0],), eps=self.eps)
+        projected = F.rms_norm(
+            F.linear(hidden_states.float(), dictionary), (dictionary.shape[0],), eps=self.eps
+        )
         if self.energy_kind == "softmax":
             per_token = -projected.logsumexp(-1)
         else:
@@ -309,7 +320,9 @@ class HyperSetStepSizes(nn.Module):
         steps = torch.arange(1, num_iterations + 1, device=reference.device)
         return self.time_mlp(iteration_embedding(steps, self.time_embedding_dim).to(reference.dtype))
 
-    def forward(self, iteration_condition: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, iteration_condition: torch.Tensor, state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         alpha, gamma = self.proj(F.gelu(iteration_condition + self.condition_norm(state))).chunk(2, dim=-1)
         return alpha, gamma
 
@@ -367,8 +380,16 @@ class HyperSetPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
         elif isinstance(module, HyperSetAttention):
             init.ones_(module.qkv_gain)
-        elif isinstance(module, HyperSetPatchEmbeddings):
+        if isinstance(module, HyperSetPatchEmbeddings):
             init.normal_(module.cls_token, mean=0.0, std=1.0)  # N(0, 1) as in the authors' code
+        if (
+            isinstance(module, (HyperSetPatchEmbeddings, HyperSetTokenEmbeddings))
+            and module.position_encoding is not None
+        ):
+            # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
+            init.copy_(
+                module.position_encoding, sinusoidal_positions(*module.position_encoding.shape[1:])[None]
+            )
 
 
 class HyperSetModel(HyperSetPreTrainedModel):
@@ -414,14 +435,18 @@ class HyperSetModel(HyperSetPreTrainedModel):
 
         if self.config.input_type == "image":
             if pixel_values is None or input_ids is not None:
-                raise ValueError("This Hyper-SET model takes images (config.input_type='image'): pass pixel_values.")
+                raise ValueError(
+                    "This Hyper-SET model takes images (config.input_type='image'): pass pixel_values."
+                )
             hidden_states = self.embeddings(pixel_values)
             keep = None
             pool_keep = torch.ones(hidden_states.shape[:2], device=hidden_states.device)
             pool_keep[:, 0] = 0  # mean pooling over patch tokens only, as timm does with a CLS token
         else:
             if input_ids is None or pixel_values is not None:
-                raise ValueError("This Hyper-SET model takes token ids (config.input_type='sequence'): pass input_ids.")
+                raise ValueError(
+                    "This Hyper-SET model takes token ids (config.input_type='sequence'): pass input_ids."
+                )
             hidden_states = self.embeddings(input_ids)
             if attention_mask is not None and attention_mask.shape != input_ids.shape:
                 raise ValueError(
@@ -429,7 +454,9 @@ class HyperSetModel(HyperSetPreTrainedModel):
                     f"{tuple(input_ids.shape)}."
                 )
             keep = None if attention_mask is None else attention_mask.to(hidden_states.dtype)
-            pool_keep = torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep
+            pool_keep = (
+                torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep
+            )
 
         diagnostic_keep = pool_keep.new_ones(hidden_states.shape[:2]) if keep is None else keep
         iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
@@ -441,7 +468,9 @@ class HyperSetModel(HyperSetPreTrainedModel):
             records = [self._diagnostics(layer, hidden_states, diagnostic_keep)] if output_energies else None
             for t in range(num_iterations):
                 source = embedded if self.config.step_size_condition == "input" else hidden_states
-                hidden_states, probs = layer(hidden_states, iteration_conditions[t], source, self.step_sizes, keep)
+                hidden_states, probs = layer(
+                    hidden_states, iteration_conditions[t], source, self.step_sizes, keep
+                )
                 if output_hidden_states:
                     all_hidden_states += (hidden_states,)
                 if output_attentions:
@@ -456,7 +485,9 @@ class HyperSetModel(HyperSetPreTrainedModel):
             energies = HyperSetEnergies(
                 *(torch.stack(values, dim=1) for values in zip(*per_layer_diagnostics))  # (B, L, T + 1[, H])
             )
-        pooled = hidden_states[:, 0] if self.config.pooling == "cls" else _masked_mean(hidden_states, pool_keep)
+        pooled = (
+            hidden_states[:, 0] if self.config.pooling == "cls" else _masked_mean(hidden_states, pool_keep)
+        )
         output = HyperSetModelOutput(
             last_hidden_state=hidden_states,
             pooler_output=pooled,
@@ -467,7 +498,9 @@ class HyperSetModel(HyperSetPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
     @staticmethod
-    def _diagnostics(layer: HyperSetLayer, hidden_states: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _diagnostics(
+        layer: HyperSetLayer, hidden_states: torch.Tensor, keep: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         attention_energy, effective_rank, average_angle = layer.attention.diagnostics(hidden_states, keep)
         return attention_energy, layer.feedforward.energy(hidden_states, keep), effective_rank, average_angle
 
@@ -484,7 +517,9 @@ class _HyperSetHeadMixin:
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
-    def _pack(self, output_class: type, return_dict: bool | None, loss, logits, outputs) -> ModelOutput | tuple:
+    def _pack(
+        self, output_class: type, return_dict: bool | None, loss, logits, outputs
+    ) -> ModelOutput | tuple:
         output = output_class(
             loss=loss,
             logits=logits,

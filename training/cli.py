@@ -33,7 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"energyformers: unknown command {command!r}; expected one of {sorted(COMMANDS)}\n", file=sys.stderr)
+        print(
+            f"energyformers: unknown command {command!r}; expected one of {sorted(COMMANDS)}\n",
+            file=sys.stderr,
+        )
         print(_usage(), file=sys.stderr)
         return 2
     module = importlib.import_module(f"energyformers.training.{COMMANDS[command][0]}")

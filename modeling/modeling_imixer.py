@@ -1,0 +1,529 @@
+"""iMixer: an MLP-Mixer whose token-mixing MLP inverts a contractive residual block.
+
+Ota, Taki, *iMixer: hierarchical Hopfield network implies an invertible, implicit and iterative
+MLP-Mixer*. In the adiabatic limit the hidden layer of a hierarchical Hopfield network solves
+(1 − F)(x) = G(t), so the token-mixing MLP becomes fc2(GELU((1 − F)⁻¹(fc1(t)))): the inverse of an
+invertible-ResNet block F (Behrmann et al., *Invertible Residual Networks*), approximated by n
+fixed-point steps x ← fc1(t) + F(x) and kept contractive by soft spectral normalisation. n = 0 is the
+vanilla MLP-Mixer (Tolstikhin et al.). Everything else is timm's Mixer: patch convolution, pre-norm
+blocks with token then channel mixing, final LayerNorm, mean pooling, linear classifier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parametrize
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput, SequenceClassifierOutput
+from transformers.utils import ModelOutput
+
+from ..configuration.configuration_imixer import IMixerConfig
+
+# Power-iteration steps that turn the random u, v of a freshly initialised weight into a converged σ
+# estimate, so that a new model is already contractive in eval mode (8 per training step refine it later).
+_INIT_POWER_ITERATIONS = 100
+
+
+@dataclass
+class IMixerFixedPointDiagnostics(ModelOutput):
+    """How the fixed-point solve x_a = x₀ + F(x_{a−1}), a = 1..n, converged in this forward.
+
+    relative_residuals / cosines: `(num_layers, n)`, batch means of ‖x_a − x_{a−1}‖ / ‖x_{a−1}‖ and of
+    cos(x_a, x_{a−1}) per sample. spectral_norms: `(num_layers, 2)`, the σ estimates uᵀWv of fc_sn1 and
+    fc_sn2 that this forward normalised with (`(num_layers, 0)` tensors when n = 0).
+    """
+
+    relative_residuals: torch.FloatTensor | None = None
+    cosines: torch.FloatTensor | None = None
+    spectral_norms: torch.FloatTensor | None = None
+
+
+@dataclass
+class IMixerModelOutput(BaseModelOutputWithPooling):
+    """`BaseModelOutputWithPooling` plus `fixed_point_residuals` (with `output_fixed_point_residuals=True`).
+
+    `hidden_states` holds the embedding output and the output of every block (1 + L tensors, before the
+    final LayerNorm). For sequences all states have the token-mixing length S, real tokens first.
+    """
+
+    fixed_point_residuals: IMixerFixedPointDiagnostics | None = None
+
+
+@dataclass
+class IMixerImageClassifierOutput(ImageClassifierOutput):
+    fixed_point_residuals: IMixerFixedPointDiagnostics | None = None
+
+
+@dataclass
+class IMixerSequenceClassifierOutput(SequenceClassifierOutput):
+    fixed_point_residuals: IMixerFixedPointDiagnostics | None = None
+
+
+def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+class IMixerPatchEmbeddings(nn.Module):
+    """Non-overlapping p×p patches → Conv2d(C, D, p, stride p) → `(B, S, D)`. No position embedding:
+    token mixing is position-specific already."""
+
+    def __init__(self, config: IMixerConfig) -> None:
+        super().__init__()
+        self.image_size = _pair(config.image_size)
+        self.num_channels = config.num_channels
+        self.projection = nn.Conv2d(
+            config.num_channels, config.hidden_size, kernel_size=config.patch_size, stride=config.patch_size
+        )
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        if pixel_values.ndim != 4 or pixel_values.shape[1] != self.num_channels:
+            raise ValueError(
+                f"pixel_values must have shape (batch, {self.num_channels}, {self.image_size[0]}, "
+                f"{self.image_size[1]}) for this config (num_channels={self.num_channels}); got "
+                f"{tuple(pixel_values.shape)}. Convert the images to {self.num_channels} channel(s) or build the "
+                f"model with num_channels={pixel_values.shape[1] if pixel_values.ndim == 4 else '?'}."
+            )
+        height, width = pixel_values.shape[-2:]
+        if (height, width) != self.image_size:
+            raise ValueError(
+                f"pixel_values have spatial size {height}×{width} but iMixer's token mixing has a fixed length "
+                f"for config.image_size={self.image_size[0]}×{self.image_size[1]}; resize the inputs to that "
+                f"size (the model's image processor does this) or build the model with image_size=[{height}, {width}]."
+            )
+        return self.projection(pixel_values).flatten(2).transpose(1, 2)  # (B, D, H/p, W/p) → (B, S, D)
+
+
+class IMixerTokenEmbeddings(nn.Module):
+    """Token embedding laid out on the fixed token-mixing length S = `max_position_embeddings`.
+
+    The real tokens (attention_mask = 1) move to the front in their order and the remaining slots hold
+    a learned pad embedding, so a sequence occupies the same S slots whatever padding its batch had
+    (amount or side): its logits do not depend on it.
+    """
+
+    def __init__(self, config: IMixerConfig) -> None:
+        super().__init__()
+        self.vocab_size = config.vocab_size
+        self.num_tokens = config.max_position_embeddings
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.pad_embedding = nn.Parameter(torch.zeros(config.hidden_size))
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if input_ids.ndim != 2:
+            raise ValueError(f"input_ids must have shape (batch, sequence_length); got {tuple(input_ids.shape)}.")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        elif attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} differs from input_ids shape "
+                f"{tuple(input_ids.shape)}."
+            )
+        keep = attention_mask.bool()
+        lengths = keep.sum(1)  # (B,)
+        num_tokens = self.num_tokens
+        if lengths.numel() and int(lengths.max()) > num_tokens:
+            raise ValueError(
+                f"a sequence has {int(lengths.max())} tokens but iMixer's token-mixing length is "
+                f"max_position_embeddings={num_tokens}; truncate the inputs "
+                f"(tokenizer(..., truncation=True, max_length={num_tokens})) or build the model with a larger "
+                f"max_position_embeddings."
+            )
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.vocab_size):
+            raise ValueError(
+                f"input_ids contain ids outside the vocabulary [0, {self.vocab_size}) (min {int(input_ids.min())}, "
+                f"max {int(input_ids.max())}); use the tokenizer saved with the model."
+            )
+        tokens = self.word_embeddings(input_ids)  # (B, L, D)
+        # Slot of each real token = its rank among the real tokens; padding goes to a spare slot S, dropped.
+        slots = torch.where(keep, keep.cumsum(1) - 1, num_tokens)  # (B, L)
+        canvas = self.pad_embedding.to(tokens.dtype).expand(tokens.shape[0], num_tokens + 1, -1)  # (B, S + 1, D)
+        embeddings = canvas.scatter(1, slots.unsqueeze(-1).expand_as(tokens), tokens)[:, :num_tokens]  # (B, S, D)
+        token_keep = torch.arange(num_tokens, device=input_ids.device) < lengths[:, None]  # (B, S)
+        return embeddings, token_keep
+
+
+class IMixerSpectralNorm(nn.Module):
+    """Soft spectral normalisation as a `torch.nn.utils.parametrize` parametrization (i-ResNet style).
+
+    W ↦ W / max(1, σ/c) with σ = uᵀWv (differentiable in W), so a weight whose σ is below c is used
+    unchanged. u, v are persistent buffers (saved with the checkpoint, so eval outputs survive a
+    save/load exactly); `power_iteration` refines them and runs in training mode only, once per model
+    forward (see `IMixerModel.forward`).
+    """
+
+    def __init__(self, config: IMixerConfig, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.coeff = config.spectral_norm_coeff
+        self.num_power_iterations = config.spectral_norm_power_iterations
+        out_features, in_features = weight.shape
+        self.register_buffer("u", F.normalize(weight.new_empty(out_features).normal_(), dim=0))
+        self.register_buffer("v", F.normalize(weight.new_empty(in_features).normal_(), dim=0))
+
+    @torch.no_grad()
+    def power_iteration(self, weight: torch.Tensor, num_iterations: int | None = None) -> None:
+        """k steps v ← n(Wᵀu), u ← n(Wv), written into the buffers."""
+        u, v = self.u, self.v
+        for _ in range(self.num_power_iterations if num_iterations is None else num_iterations):
+            v = F.normalize(torch.mv(weight.t(), u), dim=0)
+            u = F.normalize(torch.mv(weight, v), dim=0)
+        self.u.copy_(u)
+        self.v.copy_(v)
+
+    def sigma(self, weight: torch.Tensor) -> torch.Tensor:
+        # clones: a later training forward updates u, v in place while this graph may still need them
+        return torch.dot(self.u.clone(), torch.mv(weight, self.v.clone()))
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight / torch.clamp(self.sigma(weight) / self.coeff, min=1.0)
+
+
+@torch.no_grad()
+def _step_statistics(new: torch.Tensor, old: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch means of ‖new − old‖ / ‖old‖ and cos(new, old), each sample flattened."""
+    new, old = new.flatten(1).float(), old.flatten(1).float()  # (B, D·D_S)
+    residual = (new - old).norm(dim=1) / old.norm(dim=1).clamp_min(torch.finfo(old.dtype).tiny)
+    return residual.mean(), F.cosine_similarity(new, old, dim=1).mean()
+
+
+class IMixerTokenMixing(nn.Module):
+    """The iMLP: out = fc2(GELU(x)), x = (1 − F)⁻¹(fc1(t)) by n fixed-point steps, F = fc_sn2∘GELU∘fc_sn1∘GELU.
+
+    fc1 (S → D_S) and fc2 (D_S → S) are the vanilla Mixer's token MLP; F (D_S → N_h → D_S) is built only
+    when n > 0, so n = 0 has the Mixer's parameters exactly and none unused. Gradients flow through the
+    unrolled iterations (plain backprop, as in the paper).
+    """
+
+    def __init__(self, config: IMixerConfig) -> None:
+        super().__init__()
+        num_tokens, width, contractive = config.num_tokens, config.token_mixing_size, config.contractive_size
+        self.fc1 = nn.Linear(num_tokens, width)
+        if config.fixed_point_iterations > 0:
+            self.fc_sn1 = nn.Linear(width, contractive)
+            self.fc_sn2 = nn.Linear(contractive, width)
+            for layer in (self.fc_sn1, self.fc_sn2):
+                parametrize.register_parametrization(layer, "weight", IMixerSpectralNorm(config, layer.weight))
+        self.fc2 = nn.Linear(width, num_tokens)
+        self.activation = nn.GELU()
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def spectral_layers(self) -> tuple[nn.Linear, ...]:
+        return (self.fc_sn1, self.fc_sn2) if hasattr(self, "fc_sn1") else ()
+
+    def update_spectral_norms(self) -> None:
+        for layer in self.spectral_layers():
+            layer.parametrizations.weight[0].power_iteration(layer.parametrizations.weight.original)
+
+    @torch.no_grad()
+    def spectral_norm_estimates(self) -> torch.Tensor:
+        """Current σ estimates uᵀWv of fc_sn1 and fc_sn2, `(2,)` (`(0,)` when n = 0)."""
+        sigmas = [layer.parametrizations.weight[0].sigma(layer.parametrizations.weight.original) for layer in self.spectral_layers()]
+        return torch.stack(sigmas).float() if sigmas else self.fc1.weight.new_zeros(0, dtype=torch.float32)
+
+    def forward(
+        self, tokens: torch.Tensor, num_iterations: int, output_diagnostics: bool = False
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        # tokens: (B, D, S), token axis last so every Linear mixes tokens with one matmul
+        start = self.fc1(tokens)  # (B, D, D_S): G(t), no activation yet
+        state, statistics = start, []
+        if num_iterations > 0:
+            # read the parametrized weights once: every fixed-point step applies the same F
+            weight1, weight2 = self.fc_sn1.weight, self.fc_sn2.weight
+            for _ in range(num_iterations):
+                hidden = self.activation(F.linear(self.activation(state), weight1, self.fc_sn1.bias))  # (B, D, N_h)
+                update = start + F.linear(hidden, weight2, self.fc_sn2.bias)  # (B, D, D_S)
+                if output_diagnostics:
+                    statistics.append(_step_statistics(update, state))
+                state = update
+        output = self.dropout(self.fc2(self.dropout(self.activation(state))))  # (B, D, S)
+        if not output_diagnostics:
+            return output, None
+        residuals = torch.stack([r for r, _ in statistics]) if statistics else start.new_zeros(0, dtype=torch.float32)
+        cosines = torch.stack([c for _, c in statistics]) if statistics else start.new_zeros(0, dtype=torch.float32)
+        return output, (residuals, cosines, self.spectral_norm_estimates())
+
+
+class IMixerChannelMixing(nn.Module):
+    """Channel MLP per token: Linear(D, D_C) → GELU → Linear(D_C, D), dropout after GELU and output."""
+
+    def __init__(self, config: IMixerConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(config.hidden_size, config.channel_mixing_size)
+        self.fc2 = nn.Linear(config.channel_mixing_size, config.hidden_size)
+        self.activation = nn.GELU()
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.fc2(self.dropout(self.activation(self.fc1(hidden_states)))))
+
+
+class IMixerLayer(GradientCheckpointingLayer):
+    """Mixer block: x + DropPath(iMLP(LN(x)ᵀ)ᵀ), then x + DropPath(MLP(LN(x)))."""
+
+    def __init__(self, config: IMixerConfig, drop_path_rate: float = 0.0) -> None:
+        super().__init__()
+        self.layernorm_before = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.token_mixing = IMixerTokenMixing(config)
+        self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.channel_mixing = IMixerChannelMixing(config)
+        self.drop_path_rate = drop_path_rate
+
+    def drop_path(self, residual: torch.Tensor) -> torch.Tensor:
+        """Stochastic depth: drop the whole branch per sample, rescale the kept ones (timm)."""
+        if not self.training or self.drop_path_rate == 0.0:
+            return residual
+        keep = 1.0 - self.drop_path_rate
+        mask = residual.new_empty(residual.shape[0], *([1] * (residual.ndim - 1))).bernoulli_(keep)  # (B, 1, 1)
+        return residual * mask / keep
+
+    def forward(
+        self, hidden_states: torch.Tensor, num_iterations: int = 0, output_diagnostics: bool = False
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        tokens = self.layernorm_before(hidden_states).transpose(1, 2)  # (B, S, D) → (B, D, S)
+        mixed, diagnostics = self.token_mixing(tokens, num_iterations, output_diagnostics)
+        hidden_states = hidden_states + self.drop_path(mixed.transpose(1, 2))  # (B, D, S) → (B, S, D)
+        hidden_states = hidden_states + self.drop_path(self.channel_mixing(self.layernorm_after(hidden_states)))
+        return hidden_states, diagnostics
+
+
+class IMixerClassifier(nn.Linear):
+    """Linear(D, num_labels); its own class so `_init_weights` can zero it (timm's Mixer head init)."""
+
+
+class IMixerPreTrainedModel(PreTrainedModel):
+    config: IMixerConfig
+    config_class = IMixerConfig
+    base_model_prefix = "imixer"
+    main_input_name = "pixel_values"
+    input_modalities = ("image", "text")
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["IMixerPatchEmbeddings", "IMixerTokenEmbeddings", "IMixerLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        # timm's Mixer init (the authors' code base): Xavier-uniform Linear, LeCun-normal stem, zero head.
+        if isinstance(module, IMixerClassifier):
+            init.zeros_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.Linear):
+            if parametrize.is_parametrized(module, "weight"):
+                weight = module.parametrizations.weight.original
+                init.xavier_uniform_(weight)
+                # start σ at a converged estimate for this weight (guarded: loaded u, v are kept)
+                spectral_norm = module.parametrizations.weight[0]
+                u = F.normalize(torch.randn_like(spectral_norm.u), dim=0)
+                v = torch.zeros_like(spectral_norm.v)
+                for _ in range(_INIT_POWER_ITERATIONS):
+                    v = F.normalize(torch.mv(weight.t(), u), dim=0)
+                    u = F.normalize(torch.mv(weight, v), dim=0)
+                init.copy_(spectral_norm.u, u)
+                init.copy_(spectral_norm.v, v)
+            else:
+                init.xavier_uniform_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.Conv2d):
+            init.lecun_normal_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+        elif isinstance(module, IMixerTokenEmbeddings):
+            init.normal_(module.pad_embedding, mean=0.0, std=self.config.initializer_range)
+
+
+class IMixerModel(IMixerPreTrainedModel):
+    def __init__(self, config: IMixerConfig) -> None:
+        super().__init__(config)
+        embeddings = IMixerPatchEmbeddings if config.input_type == "image" else IMixerTokenEmbeddings
+        self.embeddings = embeddings(config)
+        depth = config.num_hidden_layers
+        # stochastic depth grows linearly from 0 to drop_path_rate over the blocks (timm)
+        rates = [config.drop_path_rate * index / max(depth - 1, 1) for index in range(depth)]
+        self.layers = nn.ModuleList([IMixerLayer(config, rate) for rate in rates])
+        self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        embeddings = getattr(self.embeddings, "word_embeddings", None)
+        return self.embeddings.projection if embeddings is None else embeddings
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
+        fixed_point_iterations: int | None = None,
+        output_hidden_states: bool | None = None,
+        output_fixed_point_residuals: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> IMixerModelOutput | tuple:
+        r"""
+        fixed_point_iterations (`int`, *optional*):
+            Fixed-point steps n for this call (defaults to `config.fixed_point_iterations`), e.g. to watch
+            the solve converge over more steps; a model built with n = 0 has no F and accepts only 0.
+        output_fixed_point_residuals (`bool`, *optional*):
+            Return `fixed_point_residuals` (`IMixerFixedPointDiagnostics`): per block and step the relative
+            residual and cosine between successive iterates, and the σ estimates of F's weights.
+        """
+        output_hidden_states = (
+            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        )
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        num_iterations = self.config.fixed_point_iterations if fixed_point_iterations is None else fixed_point_iterations
+        if not isinstance(num_iterations, int) or num_iterations < 0:
+            raise ValueError(f"fixed_point_iterations must be an integer >= 0; got {num_iterations!r}.")
+        if num_iterations > 0 and self.config.fixed_point_iterations == 0:
+            raise ValueError(
+                f"fixed_point_iterations={num_iterations} needs the contractive block F, but this model was built "
+                "with config.fixed_point_iterations=0 (vanilla MLP-Mixer, no F); pass 0 or build it with n >= 1."
+            )
+
+        if self.config.input_type == "image":
+            if pixel_values is None or input_ids is not None:
+                raise ValueError("This iMixer model takes images (config.input_type='image'): pass pixel_values.")
+            hidden_states, keep = self.embeddings(pixel_values), None
+        else:
+            if input_ids is None or pixel_values is not None:
+                raise ValueError("This iMixer model takes token ids (config.input_type='sequence'): pass input_ids.")
+            hidden_states, keep = self.embeddings(input_ids, attention_mask)
+
+        if self.training:
+            # Power iteration once per forward, before any block: all fixed-point steps of this forward use
+            # one W_eff, and a gradient-checkpointing recompute of a block sees the same u, v as its forward.
+            for layer in self.layers:
+                layer.token_mixing.update_spectral_norms()
+
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        all_diagnostics = []
+        for layer in self.layers:
+            hidden_states, diagnostics = layer(
+                hidden_states, num_iterations=num_iterations, output_diagnostics=bool(output_fixed_point_residuals)
+            )
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            if output_fixed_point_residuals:
+                all_diagnostics.append(diagnostics)
+
+        hidden_states = self.layernorm(hidden_states)
+        if keep is None:
+            pooled = hidden_states.mean(1)
+        else:
+            weights = keep.to(hidden_states.dtype).unsqueeze(-1)  # (B, S, 1)
+            pooled = (hidden_states * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+        fixed_point_residuals = None
+        if output_fixed_point_residuals:
+            fixed_point_residuals = IMixerFixedPointDiagnostics(
+                *(torch.stack(values) for values in zip(*all_diagnostics))  # (L, n), (L, n), (L, 2)
+            )
+        output = IMixerModelOutput(
+            last_hidden_state=hidden_states,
+            pooler_output=pooled,
+            hidden_states=all_hidden_states,
+            fixed_point_residuals=fixed_point_residuals,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+def _check_input_type(head: nn.Module, config: IMixerConfig, required: str) -> None:
+    if config.input_type != required:
+        raise ValueError(
+            f"{type(head).__name__} needs config.input_type={required!r}; got {config.input_type!r}. Use "
+            f"IMixerFor{'Image' if config.input_type == 'image' else 'Sequence'}Classification for this config."
+        )
+
+
+class IMixerForImageClassification(IMixerPreTrainedModel):
+    def __init__(self, config: IMixerConfig) -> None:
+        super().__init__(config)
+        _check_input_type(self, config, "image")
+        self.imixer = IMixerModel(config)
+        self.classifier = IMixerClassifier(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        fixed_point_iterations: int | None = None,
+        output_hidden_states: bool | None = None,
+        output_fixed_point_residuals: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> IMixerImageClassifierOutput | tuple:
+        outputs = self.imixer(
+            pixel_values=pixel_values,
+            fixed_point_iterations=fixed_point_iterations,
+            output_hidden_states=output_hidden_states,
+            output_fixed_point_residuals=output_fixed_point_residuals,
+            return_dict=True,
+        )
+        logits = self.classifier(outputs.pooler_output)
+        loss = None if labels is None else self.loss_function(labels, logits, self.config)
+        output = IMixerImageClassifierOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            fixed_point_residuals=outputs.fixed_point_residuals,
+        )
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        return output if return_dict else output.to_tuple()
+
+
+class IMixerForSequenceClassification(IMixerPreTrainedModel):
+    main_input_name = "input_ids"
+
+    def __init__(self, config: IMixerConfig) -> None:
+        super().__init__(config)
+        _check_input_type(self, config, "sequence")
+        self.imixer = IMixerModel(config)
+        self.classifier = IMixerClassifier(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
+        labels: torch.Tensor | None = None,
+        fixed_point_iterations: int | None = None,
+        output_hidden_states: bool | None = None,
+        output_fixed_point_residuals: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> IMixerSequenceClassifierOutput | tuple:
+        outputs = self.imixer(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            fixed_point_iterations=fixed_point_iterations,
+            output_hidden_states=output_hidden_states,
+            output_fixed_point_residuals=output_fixed_point_residuals,
+            return_dict=True,
+        )
+        logits = self.classifier(outputs.pooler_output)  # masked mean over the real tokens
+        loss = None if labels is None else self.loss_function(labels, logits, self.config)
+        output = IMixerSequenceClassifierOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            fixed_point_residuals=outputs.fixed_point_residuals,
+        )
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        return output if return_dict else output.to_tuple()
+
+
+__all__ = [
+    "IMixerFixedPointDiagnostics",
+    "IMixerForImageClassification",
+    "IMixerForSequenceClassification",
+    "IMixerModel",
+    "IMixerModelOutput",
+    "IMixerPreTrainedModel",
+]

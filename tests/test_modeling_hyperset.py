@@ -1,0 +1,483 @@
+"""Hyper-SET model tests (tiny configs; transformers model-test style)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from energyformers.modeling.modeling_hyperset import iteration_embedding, sinusoidal_positions
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForImageClassification,
+    AutoModelForSequenceClassification,
+)
+
+from energyformers import (
+    HyperSetConfig,
+    HyperSetForImageClassification,
+    HyperSetForSequenceClassification,
+    HyperSetForTokenClassification,
+    HyperSetModel,
+)
+
+
+class HyperSetTester:
+    """Tiny configs and inputs for every head."""
+
+    batch, image, patch, channels, length, vocab, labels = 3, 8, 2, 1, 7, 20, 4
+
+    def config(self, head: type, **overrides) -> HyperSetConfig:
+        kwargs = dict(
+            hidden_size=16,
+            num_attention_heads=4,
+            intermediate_size=24,
+            num_hidden_layers=2,
+            num_iterations=3,
+            time_embedding_dim=16,
+            num_labels=self.labels,
+        )
+        if head is HyperSetForImageClassification:
+            kwargs.update(image_size=self.image, patch_size=self.patch, num_channels=self.channels)
+        else:
+            kwargs.update(input_type="sequence", vocab_size=self.vocab, max_position_embeddings=16)
+        return HyperSetConfig(**{**kwargs, **overrides})
+
+    def inputs(self, head: type, with_labels: bool = False, seed: int = 0) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        if head is HyperSetForImageClassification:
+            inputs = {
+                "pixel_values": torch.randn(self.batch, self.channels, self.image, self.image, generator=g)
+            }
+            label_shape = (self.batch,)
+        else:
+            inputs = {"input_ids": torch.randint(0, self.vocab, (self.batch, self.length), generator=g)}
+            inputs["attention_mask"] = torch.ones(self.batch, self.length, dtype=torch.long)
+            inputs["attention_mask"][0, -2:] = 0
+            label_shape = (
+                (self.batch, self.length) if head is HyperSetForTokenClassification else (self.batch,)
+            )
+        if with_labels:
+            inputs["labels"] = torch.randint(0, self.labels, label_shape, generator=g)
+        return inputs
+
+    def model(self, head: type, seed: int = 0, **overrides) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return head(self.config(head, **overrides)).eval()
+
+
+tester = HyperSetTester()
+HEADS = [HyperSetForImageClassification, HyperSetForSequenceClassification, HyperSetForTokenClassification]
+
+
+def step_once(model: torch.nn.Module, inputs: dict, lr: float = 1e-2) -> None:
+    """One optimiser step so the zero-initialised step sizes become non-zero."""
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    model(**inputs).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    model.eval()
+
+
+def trained(head: type, steps: int = 1, **overrides) -> torch.nn.Module:
+    model = tester.model(head, **overrides)
+    for seed in range(steps):
+        step_once(model, tester.inputs(head, with_labels=True, seed=seed), lr=0.1)
+    return model
+
+
+# ---------------------------------------------------------------- parameter counts (fidelity)
+
+
+@pytest.mark.parametrize(
+    ("preset", "expected"),
+    [("cifar10-small", 1_240_138), ("cifar10-small-scaleup", 1_980_618), ("imagenet1k-640", 3_403_968)],
+)
+def test_image_preset_parameter_counts_match_paper_exactly(preset, expected):
+    config = HyperSetConfig.from_preset(preset)
+    with torch.device("meta"):
+        model = HyperSetForImageClassification(config)
+    assert sum(p.numel() for p in model.parameters()) == expected
+    # the closed form of the spec, as a second witness
+    d, f, c, m, dh = (
+        config.hidden_size,
+        3 * config.patch_size**2,
+        config.num_labels,
+        config.intermediate_size,
+        config.head_dim,
+    )
+    assert expected == 3 * d * d + (f + c + 526) * d + 2 * f + c + config.num_hidden_layers * (
+        d * d + d * m + m + 3 * dh
+    )
+
+
+def test_sudoku_preset_parameter_count_within_half_percent():
+    with torch.device("meta"):
+        model = HyperSetForTokenClassification(HyperSetConfig.from_preset("sudoku"))
+    count = sum(p.numel() for p in model.parameters())
+    assert abs(count / 5_195_584 - 1) < 0.005, count
+
+
+def test_from_preset_applies_overrides_and_rejects_unknown_names():
+    config = HyperSetConfig.from_preset("cifar10-small", num_iterations=4, image_size=32, patch_size=4)
+    assert (config.num_iterations, config.image_size, config.hidden_size) == (4, 32, 384)
+    labelled = HyperSetConfig.from_preset("cifar10-small", id2label={0: "cat", 1: "dog"})
+    assert labelled.num_labels == 2
+    with pytest.raises(ValueError, match="unknown preset name='cifar100'"):
+        HyperSetConfig.from_preset("cifar100")
+
+
+# ---------------------------------------------------------------- save / load / Auto classes
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_save_load_round_trip_is_exact(head, tmp_path):
+    model = trained(head)
+    inputs = tester.inputs(head)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    reloaded = head.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits, reloaded(**inputs).logits)
+
+
+def test_head_checkpoint_loads_into_base_model_and_other_head(tmp_path):
+    source = trained(HyperSetForSequenceClassification)
+    source.save_pretrained(tmp_path)
+    inputs = tester.inputs(HyperSetForSequenceClassification)
+    with torch.no_grad():
+        expected = source.hyperset(**inputs).last_hidden_state
+        base = HyperSetModel.from_pretrained(tmp_path).eval()
+        assert torch.equal(base(**inputs).last_hidden_state, expected)
+        other = HyperSetForTokenClassification.from_pretrained(tmp_path).eval()
+        assert torch.equal(other.hyperset(**inputs).last_hidden_state, expected)
+
+
+def test_ignore_mismatched_sizes_reinitialises_classifier(tmp_path):
+    source = trained(HyperSetForImageClassification)
+    source.save_pretrained(tmp_path)
+    labels = {i: f"class_{i}" for i in range(7)}
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+        HyperSetForImageClassification.from_pretrained(tmp_path, id2label=labels)
+    target = HyperSetForImageClassification.from_pretrained(
+        tmp_path, id2label=labels, ignore_mismatched_sizes=True
+    )
+    assert target.classifier.weight.shape == (7, 16)
+    assert torch.equal(
+        target.hyperset.layers[0].attention.qkv_proj.weight,
+        source.hyperset.layers[0].attention.qkv_proj.weight,
+    )
+
+
+def test_auto_classes_resolve_to_hyperset(tmp_path):
+    config = tester.config(HyperSetForSequenceClassification)
+    assert type(AutoConfig.for_model("hyperset")) is HyperSetConfig
+    assert type(AutoModel.from_config(config)) is HyperSetModel
+    assert type(AutoModelForSequenceClassification.from_config(config)) is HyperSetForSequenceClassification
+    image_model = tester.model(HyperSetForImageClassification)
+    image_model.save_pretrained(tmp_path)
+    assert type(AutoModelForImageClassification.from_pretrained(tmp_path)) is HyperSetForImageClassification
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_return_dict_false_gives_the_same_tensors_as_a_tuple(head):
+    model = trained(head)
+    inputs = tester.inputs(head, with_labels=True)
+    with torch.no_grad():
+        as_dict = model(**inputs)
+        as_tuple = model(**inputs, return_dict=False)
+    assert isinstance(as_tuple, tuple)
+    assert torch.equal(as_tuple[0], as_dict.loss) and torch.equal(as_tuple[1], as_dict.logits)
+
+
+# ---------------------------------------------------------------- the energy view (exact gradients)
+
+
+def _attention_module(**overrides):
+    config = tester.config(HyperSetForSequenceClassification, qkv_norm="shared", **overrides)
+    torch.manual_seed(0)
+    return HyperSetModel(config).double().layers[0].attention
+
+
+@pytest.mark.parametrize("energy", ["bisoftmax", "sigmoid"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_update_is_w_transpose_times_energy_gradient(energy, masked):
+    attention = _attention_module(attention_energy=energy)
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    keep = torch.ones(2, 6, dtype=torch.float64)
+    if masked:
+        keep[1, -2:] = 0
+    dh = attention.head_dim
+    z = attention.normalized_heads(x).detach().requires_grad_(True)  # gain-free, (B, H, N, d_h)
+    scores = z @ z.transpose(-1, -2) / math.sqrt(dh)
+    pair = keep[:, None, :, None] * keep[:, None, None, :]
+    if energy == "bisoftmax":
+        lse = scores.masked_fill(pair == 0, float("-inf")).logsumexp(-1).nan_to_num(neginf=0.0)
+        total = math.sqrt(dh) * (lse * keep[:, None, :]).sum()
+    else:
+        total = 0.5 * math.sqrt(dh) * (torch.sigmoid(scores) * pair).sum()
+    (grad_z,) = torch.autograd.grad(total, z)
+    expected = grad_z.transpose(1, 2).reshape(2, 6, 16) @ attention.qkv_proj.weight  # Wᵀ ∂E/∂z per token
+    update, _ = attention(x, keep if masked else None)
+    real = keep.bool()
+    torch.testing.assert_close(update[real], expected[real], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("energy", ["relu", "softmax"])
+def test_feedforward_update_is_minus_d_transpose_times_energy_gradient(energy):
+    config = tester.config(HyperSetForSequenceClassification, feedforward_energy=energy)
+    torch.manual_seed(0)
+    feedforward = HyperSetModel(config).double().layers[0].feedforward
+    with torch.no_grad():
+        feedforward.norm.weight.uniform_(0.5, 1.5)  # the update must hold with learnable gains too
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    u = feedforward.norm(feedforward.dictionary(x)).detach().requires_grad_(True)
+    total = (-u.logsumexp(-1)).sum() if energy == "softmax" else -0.5 * F.relu(u).pow(2).sum()
+    (grad_u,) = torch.autograd.grad(total, u)
+    expected = -grad_u @ feedforward.dictionary.weight  # −Dᵀ ∂E/∂u per token
+    torch.testing.assert_close(feedforward(x), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_bisoftmax_maps_are_symmetric_with_shared_qkv_norm():
+    model = tester.model(HyperSetForSequenceClassification, qkv_norm="shared")
+    inputs = tester.inputs(HyperSetForSequenceClassification)
+    inputs.pop("attention_mask")
+    with torch.no_grad():
+        probs = model(**inputs, output_attentions=True).attentions
+    assert len(probs) == 2 * 3
+    torch.testing.assert_close(probs[0], probs[0].transpose(-1, -2))
+    # rows of the row softmax and columns of the column softmax each sum to 1: total mass 2N per head
+    torch.testing.assert_close(probs[0].sum((-1, -2)), torch.full((3, 4), 2.0 * tester.length))
+
+
+def test_energies_match_definitions_and_geometry_diagnostics():
+    model = tester.model(HyperSetForSequenceClassification)
+    inputs = tester.inputs(HyperSetForSequenceClassification)
+    with torch.no_grad():
+        out = model(**inputs, output_energies=True, output_hidden_states=True)
+    energies = out.energies
+    assert energies.attention_energy.shape == (3, 2, 4) and energies.effective_rank.shape == (3, 2, 4, 4)
+    # E_ATTN and E_FF by hand for sample 0 (2 padded tokens), layer 1, t = 0 (its input: the state after layer 0)
+    x = out.hidden_states[3][0, :5]
+    layer = model.hyperset.layers[1]
+    z = F.rms_norm(layer.attention.qkv_proj(x).view(5, 4, 4).transpose(0, 1), (4,))
+    expected_attention = 2.0 * (z @ z.transpose(-1, -2) / 2.0).logsumexp(-1).sum()
+    u = F.rms_norm(layer.feedforward.dictionary(x), (24,))
+    expected_feedforward = -0.5 * F.relu(u).pow(2).sum()
+    torch.testing.assert_close(energies.attention_energy[0, 1, 0], expected_attention)
+    torch.testing.assert_close(energies.feedforward_energy[0, 1, 0], expected_feedforward)
+    # identical tokens: one direction → effective rank 1 and zero angles
+    same = torch.full((1, 5), 3)
+    with torch.no_grad():
+        collapsed = HyperSetModel(
+            tester.config(HyperSetForSequenceClassification, position_embedding_type="learned")
+        )
+        collapsed.embeddings.position_embeddings.weight.zero_()
+        diagnostics = collapsed(input_ids=same, num_iterations=1, output_energies=True).energies
+    torch.testing.assert_close(diagnostics.effective_rank[0, 0, 0], torch.ones(4))
+    assert diagnostics.average_angle[0, 0, 0].max() < 0.1  # degrees
+    assert (energies.average_angle > 0).all() and (energies.effective_rank > 1).all()
+
+
+# ---------------------------------------------------------------- recurrence and step sizes
+
+
+def test_model_is_the_identity_on_embedded_tokens_at_initialisation():
+    model = tester.model(HyperSetForImageClassification)
+    with torch.no_grad():
+        states = model(
+            **tester.inputs(HyperSetForImageClassification), output_hidden_states=True
+        ).hidden_states
+    assert len(states) == 1 + 2 * 3
+    for state in states[1:]:
+        assert torch.equal(state, states[0])
+
+
+def test_iteration_embedding_learns_to_depend_on_t():
+    # The public code zero-initialises both time_mlp Linears, so c_t stays a t-independent constant.
+    model = tester.model(HyperSetForImageClassification)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for seed in range(3):
+        model(**tester.inputs(HyperSetForImageClassification, with_labels=True, seed=seed)).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    step_sizes = model.hyperset.step_sizes
+    with torch.no_grad():
+        conditions = step_sizes.iteration_conditions(3, torch.zeros(1))
+        state = torch.randn(1, 5, 16)
+        alphas = [step_sizes(conditions[t], state)[0] for t in range(3)]
+    assert (conditions[0] - conditions[1]).abs().max() > 1e-3
+    assert (alphas[0] - alphas[2]).abs().max() > 1e-6
+    assert step_sizes.proj.weight.abs().max() > 0
+
+
+def test_iteration_sinusoid_and_position_encoding_follow_the_spec():
+    e = iteration_embedding(torch.tensor([1.0, 2.0]), 8)  # half = 4, f_k = 10000^(−k/3)
+    freqs = torch.tensor([10000.0 ** (-k / 3) for k in range(4)])
+    torch.testing.assert_close(e[1], torch.cat([torch.sin(2 * freqs), torch.cos(2 * freqs)]))
+    pe = sinusoidal_positions(5, 6)
+    div = torch.exp(torch.arange(0, 6, 2) * (-math.log(10000.0) / 6))
+    torch.testing.assert_close(pe[3, 0::2], torch.sin(3 * div))
+    torch.testing.assert_close(pe[3, 1::2], torch.cos(3 * div))
+
+
+def test_patch_features_are_ordered_dy_dx_channel():
+    model = tester.model(HyperSetForImageClassification, num_channels=3, image_size=[4, 6])
+    pixels = torch.randn(1, 3, 4, 6)
+    seen = {}
+    model.hyperset.embeddings.patch_norm.register_forward_hook(
+        lambda m, args, out: seen.setdefault("x", args[0])
+    )
+    with torch.no_grad():
+        model(pixel_values=pixels)
+    patches = seen["x"]
+    assert patches.shape == (1, 2 * 3, 12)  # non-square grid, 3 channels
+    # second patch in row-major order: rows 0..1, columns 2..3; channel is the fastest-varying feature
+    torch.testing.assert_close(patches[0, 1], pixels[0, :, 0:2, 2:4].permute(1, 2, 0).reshape(-1))
+
+
+def test_num_iterations_override_changes_output_and_extrapolates():
+    model = trained(HyperSetForImageClassification, steps=2)
+    inputs = tester.inputs(HyperSetForImageClassification)
+    with torch.no_grad():
+        default = model(**inputs).logits
+        same = model(**inputs, num_iterations=3).logits
+        longer = model(**inputs, num_iterations=12, output_hidden_states=True)
+    assert torch.equal(default, same)
+    assert not torch.allclose(default, longer.logits)
+    assert len(longer.hidden_states) == 1 + 2 * 12 and torch.isfinite(longer.logits).all()
+    with pytest.raises(ValueError, match="num_iterations must be an integer >= 1; got 0"):
+        model(**inputs, num_iterations=0)
+
+
+@pytest.mark.parametrize("condition", ["current", "input"])
+def test_gradient_checkpointing_matches_plain_backprop(condition):
+    model = trained(HyperSetForImageClassification, steps=1, step_size_condition=condition)
+    inputs = tester.inputs(HyperSetForImageClassification, with_labels=True)
+
+    def loss_and_grads():
+        model.train()
+        model.zero_grad()
+        loss = model(**inputs).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    loss, grads = loss_and_grads()
+    model.activation_checkpointing_enable()
+    assert all(layer.gradient_checkpointing for layer in model.hyperset.layers)
+    checkpointed_loss, checkpointed_grads = loss_and_grads()
+    torch.testing.assert_close(checkpointed_loss, loss, rtol=0, atol=1e-6)
+    for name, grad in grads.items():
+        torch.testing.assert_close(checkpointed_grads[name], grad, rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_every_parameter_gets_a_finite_nonzero_gradient_after_one_step(head):
+    model = trained(head)
+    model.train()
+    model(**tester.inputs(head, with_labels=True, seed=5)).loss.backward()
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is not None, name
+        assert torch.isfinite(parameter.grad).all(), name
+        assert parameter.grad.abs().max() > 0, name
+
+
+# ---------------------------------------------------------------- padding
+
+
+@pytest.mark.parametrize("head", [HyperSetForSequenceClassification, HyperSetForTokenClassification])
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_padding_does_not_change_logits(head, pooling):
+    model = trained(head, steps=2, pooling=pooling)
+    ids = torch.randint(1, tester.vocab, (2, 5), generator=torch.Generator().manual_seed(3))
+    padded_ids = torch.cat([ids, torch.zeros(2, 4, dtype=torch.long)], dim=1)
+    mask = torch.cat([torch.ones(2, 5), torch.zeros(2, 4)], dim=1).long()
+    with torch.no_grad():
+        plain = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        padded = model(input_ids=padded_ids, attention_mask=mask, output_energies=True)
+    real = padded.logits[:, :5] if head is HyperSetForTokenClassification else padded.logits
+    torch.testing.assert_close(real, plain, rtol=0, atol=1e-5)
+    assert all(torch.isfinite(v).all() for v in padded.energies.values())
+
+
+def test_fully_padded_rows_produce_no_nan():
+    model = trained(HyperSetForSequenceClassification, steps=2)
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1] = 0  # a sample with no real token at all
+    mask[0, 3:] = 0
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.randint(0, tester.vocab, (2, 6)),
+            attention_mask=mask,
+            output_attentions=True,
+            output_hidden_states=True,
+        )
+    assert torch.isfinite(out.logits).all()
+    assert all(torch.isfinite(t).all() for t in out.hidden_states + out.attentions)
+    assert out.attentions[0][0, :, :, 3:].abs().max() == 0  # nobody reads padded keys
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_wrong_channel_count_is_rejected():
+    model = tester.model(HyperSetForImageClassification)
+    with pytest.raises(ValueError, match=r"num_channels=1\).*got \(2, 3, 8, 8\).*num_channels=3"):
+        model(pixel_values=torch.randn(2, 3, 8, 8))
+
+
+def test_wrong_image_size_is_rejected_with_the_fix():
+    model = tester.model(HyperSetForImageClassification)
+    with pytest.raises(
+        ValueError, match=r"12×12 but config.image_size is 8×8; resize .* image_size=\[12, 12\]"
+    ):
+        model(pixel_values=torch.randn(2, 1, 12, 12))
+
+
+def test_out_of_vocabulary_ids_and_overlong_sequences_are_rejected():
+    model = tester.model(HyperSetForSequenceClassification)
+    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 20\) \(min 0, max 20\)"):
+        model(input_ids=torch.tensor([[0, 20]]))
+    with pytest.raises(ValueError, match="sequence length 17 but max_position_embeddings is 16"):
+        model(input_ids=torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_heads_reject_the_wrong_input_type():
+    with pytest.raises(
+        ValueError, match=r"HyperSetForSequenceClassification needs config\.input_type='sequence'"
+    ):
+        HyperSetForSequenceClassification(tester.config(HyperSetForImageClassification))
+    with pytest.raises(ValueError, match="takes images"):
+        tester.model(HyperSetForImageClassification).hyperset(input_ids=torch.zeros(1, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            dict(hidden_size=30, num_attention_heads=4),
+            "hidden_size=30; it must be divisible by num_attention_heads=4",
+        ),
+        (dict(image_size=30, patch_size=4), "image_size=30; both sides must be divisible by patch_size=4"),
+        (dict(num_iterations=0), r"num_iterations=0; expected an integer >= 1"),
+        (dict(num_hidden_layers=1.5), r"num_hidden_layers=1.5; expected an integer >= 1"),
+        (dict(qkv_norm="both"), r"qkv_norm='both'; expected one of \['separate', 'shared'\]"),
+        (dict(step_size_condition="x"), r"step_size_condition='x'; expected one of"),
+        (dict(hidden_act="swish"), r"hidden_act='swish'; expected one of \['relu', 'gelu'\]"),
+        (dict(attention_energy="linear"), r"attention_energy='linear'; expected one of"),
+        (dict(pooling="max"), r"pooling='max'; expected one of \['cls', 'mean'\]"),
+        (
+            dict(input_type="sequence"),
+            r"vocab_size=None; input_type=\"sequence\" needs an integer vocab_size",
+        ),
+        (dict(time_embedding_dim=7), r"time_embedding_dim=7; expected an even integer >= 4"),
+        (dict(rms_norm_eps=-1.0), r"rms_norm_eps=-1.0; expected None or a float > 0"),
+    ],
+)
+def test_invalid_configs_fail_in_init(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        HyperSetConfig(**overrides)
