@@ -140,7 +140,10 @@ def check_remote_code(sources: dict[str, str], stem: str, config_class: str) -> 
                 modules = [node.module or ""]
             elif (
                 isinstance(node, ast.Call)
-                and (getattr(node.func, "attr", None) == "import_module" or getattr(node.func, "id", None) == "__import__")
+                and (
+                    getattr(node.func, "attr", None) == "import_module"
+                    or getattr(node.func, "id", None) == "__import__"
+                )
                 and node.args
                 and isinstance(node.args[0], ast.Constant)
                 and isinstance(node.args[0].value, str)
@@ -185,7 +188,11 @@ def _weight_files(model_dir: Path) -> list[str]:
             raise FileNotFoundError(f"{model_dir}: shards listed in {index.name} are missing: {missing}")
         return [index.name, *shards]
     pickles = [name for name in PICKLE_WEIGHTS if (model_dir / name).exists()]
-    hint = f" (found pickle weights {pickles}: re-save with save_pretrained, which writes safetensors)" if pickles else ""
+    hint = (
+        f" (found pickle weights {pickles}: re-save with save_pretrained, which writes safetensors)"
+        if pickles
+        else ""
+    )
     raise FileNotFoundError(f"{model_dir}: missing model.safetensors{hint}.")
 
 
@@ -215,7 +222,9 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
     architecture = architectures[0]
     auto_class = next(auto for auto, name in classes.items() if name == architecture)
     input_type = config.get("input_type", "image")
-    task = next((t for suffix, t in HEAD_TASKS.items() if architecture.endswith(suffix)), BACKBONE_TASKS[input_type])
+    task = next(
+        (t for suffix, t in HEAD_TASKS.items() if architecture.endswith(suffix)), BACKBONE_TASKS[input_type]
+    )
 
     files = _weight_files(model_dir)
     missing = [name for name in REQUIRED_PROCESSOR_FILES[input_type] if not (model_dir / name).is_file()]
@@ -249,7 +258,9 @@ def _check_weights_load(info: dict[str, Any]) -> int:
     model, loading = model_class.from_pretrained(info["model_dir"], output_loading_info=True)
     problems = {key: value for key, value in loading.items() if value and key != "error_msgs"}
     if problems or loading.get("error_msgs"):
-        raise ValueError(f"{info['model_dir']}: weights do not match config.json: {problems or loading['error_msgs']}")
+        raise ValueError(
+            f"{info['model_dir']}: weights do not match config.json: {problems or loading['error_msgs']}"
+        )
     return model.num_parameters()
 
 
@@ -260,8 +271,9 @@ def _fmt(value: Any) -> str:
 
 def render_model_card(info: dict[str, Any], repo_id: str | None = None, num_parameters: int | None = None):
     """The family's card template filled with this run's measured metrics (`huggingface_hub.ModelCard`)."""
-    import energyformers
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    import energyformers
 
     config, metrics, task = info["config"], info["metrics"] or {}, info["task"]
     dataset = metrics.get("dataset")
@@ -273,8 +285,13 @@ def render_model_card(info: dict[str, Any], repo_id: str | None = None, num_para
             rows.append(
                 f"| {display} | {split} | {_fmt(split_metrics.get('accuracy'))} | {_fmt(split_metrics.get('f1_macro'))} |"
             )
-    reported = "test" if metrics.get("test") else "eval"  # model-index: the held-out test split when there is one
-    for key, metric_type, metric_name in (("accuracy", "accuracy", "Accuracy"), ("f1_macro", "f1", "F1 (macro)")):
+    reported = (
+        "test" if metrics.get("test") else "eval"
+    )  # model-index: the held-out test split when there is one
+    for key, metric_type, metric_name in (
+        ("accuracy", "accuracy", "Accuracy"),
+        ("f1_macro", "f1", "F1 (macro)"),
+    ):
         value = (metrics.get(reported) or {}).get(key)
         if value is not None:
             eval_results.append(
@@ -313,7 +330,9 @@ def render_model_card(info: dict[str, Any], repo_id: str | None = None, num_para
         "task": task,
         "input_type": info["input_type"],
         "processor_class": "AutoImageProcessor" if info["input_type"] == "image" else "AutoTokenizer",
-        "example_input": '"path/to/image.png"' if info["input_type"] == "image" else '"a gripping, well acted film"',
+        "example_input": '"path/to/image.png"'
+        if info["input_type"] == "image"
+        else '"a gripping, well acted film"',
         "labels": ", ".join(str(v) for v in (config.get("id2label") or {}).values()),
         "num_parameters": f"{num_parameters:,}" if num_parameters else _fmt(metrics.get("num_parameters")),
         "config_summary": "\n".join(f"| `{k}` | `{json.dumps(v)}` |" for k, v in hyper.items()),
@@ -321,7 +340,8 @@ def render_model_card(info: dict[str, Any], repo_id: str | None = None, num_para
         "dataset_description": description,
         "preset": metrics.get("preset") or "none (explicit config)",
         "recipe_command": recipe.get("command") or "not recorded",
-        "recipe_summary": ", ".join(f"{k}={v}" for k, v in recipe.items() if k != "command") or "not recorded",
+        "recipe_summary": ", ".join(f"{k}={v}" for k, v in recipe.items() if k != "command")
+        or "not recorded",
         "wall_time": _fmt(metrics.get("wall_time_s")),
         "eval_rows": "\n".join(rows),
         "has_metrics": bool(rows),
@@ -331,7 +351,9 @@ def render_model_card(info: dict[str, Any], repo_id: str | None = None, num_para
     template = CARD_TEMPLATES / f"{model_type}.md"
     if not template.is_file():  # e.g. a wheel install without the repo's model_cards/ folder
         logger.warning("no card template %s; using huggingface_hub's default model card template", template)
-        return ModelCard.from_template(card_data, model_id=name, model_summary=f"{info['architecture']} (energyformers)")
+        return ModelCard.from_template(
+            card_data, model_id=name, model_summary=f"{info['architecture']} (energyformers)"
+        )
     return ModelCard.from_template(card_data, template_path=str(template), **variables)
 
 
@@ -354,7 +376,11 @@ _CARD_CONFIG_KEYS = (
 
 # ----------------------------------------------------------------------------------------------- export
 def export_model_dir(
-    model_dir: str | os.PathLike, out_dir: str | os.PathLike, *, repo_id: str | None = None, overwrite: bool = False
+    model_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    repo_id: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write a Hub-ready copy of `model_dir` to `out_dir` (see the module docstring); returns `out_dir`.
 
@@ -365,7 +391,9 @@ def export_model_dir(
     if out_dir.resolve() == model_dir.resolve():
         raise ValueError(f"OUT_DIR must differ from MODEL_DIR ({model_dir}).")
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not overwrite:
-        raise FileExistsError(f"{out_dir} already exists and is not empty; pass overwrite=True / --overwrite.")
+        raise FileExistsError(
+            f"{out_dir} already exists and is not empty; pass overwrite=True / --overwrite."
+        )
     info = inspect_model_dir(model_dir)
     sources = remote_code_sources(info["model_type"])  # fails before anything is written
     num_parameters = _check_weights_load(info)
@@ -385,7 +413,10 @@ def export_model_dir(
             old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
             out_dir.rename(old)
             staging.rename(out_dir)
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
+            if old.is_dir():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
         else:
             staging.rename(out_dir)
     except BaseException:
@@ -401,7 +432,9 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("model_dir", help="folder written by `energyformers train` (or save_pretrained)")
     parser.add_argument("out_dir", help="where to write the Hub-ready folder")
-    parser.add_argument("--repo-id", "--repo_id", dest="repo_id", help="Hub id shown in the card's loading snippets")
+    parser.add_argument(
+        "--repo-id", "--repo_id", dest="repo_id", help="Hub id shown in the card's loading snippets"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     args = parser.parse_args(argv)
     try:
