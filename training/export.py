@@ -104,7 +104,11 @@ def remote_code_sources(model_type: str) -> dict[str, str]:
             raise ValueError(f"cannot find the source of energyformers.{package}.{name}")
         sources[f"{name}.py"] = Path(spec.origin).read_text(encoding="utf-8")
 
-    # The one mechanical rewrite: the modeling file's config import becomes a same-folder import.
+    return generate_remote_code(sources, stem, config_class)
+
+
+def generate_remote_code(sources: dict[str, str], stem: str, config_class: str) -> dict[str, str]:
+    """Rewrite the modeling file's one package import of its config to a same-folder import, then check."""
     modeling_name = f"modeling_{stem}.py"
     package_line = f"from ..configuration.configuration_{stem} import {config_class}"
     lines = sources[modeling_name].splitlines(keepends=True)
@@ -115,7 +119,7 @@ def remote_code_sources(model_type: str) -> dict[str, str]:
             f"(found {len(hits)}); it is the only import the Hub export rewrites."
         )
     lines[hits[0]] = f"from .configuration_{stem} import {config_class}\n"
-    sources[modeling_name] = "".join(lines)
+    sources = {**sources, modeling_name: "".join(lines)}
     check_remote_code(sources, stem, config_class)
     return sources
 
@@ -255,7 +259,10 @@ def _check_weights_load(info: dict[str, Any]) -> int:
     import energyformers
 
     model_class = getattr(energyformers, info["architecture"])
-    model, loading = model_class.from_pretrained(info["model_dir"], output_loading_info=True)
+    try:
+        model, loading = model_class.from_pretrained(info["model_dir"], output_loading_info=True)
+    except (RuntimeError, OSError, ValueError) as err:  # e.g. size mismatches, unreadable safetensors
+        raise ValueError(f"{info['model_dir']}: weights do not match config.json: {err}") from err
     problems = {key: value for key, value in loading.items() if value and key != "error_msgs"}
     if problems or loading.get("error_msgs"):
         raise ValueError(
@@ -304,7 +311,6 @@ def render_model_card(info: dict[str, Any], repo_id: str | None = None, num_para
                     metric_name=metric_name,
                     metric_value=value,
                     metric_args={"average": "macro"} if metric_type == "f1" else None,
-                    source_name="energyformers training run (metrics.json)",
                 )
             )
     model_type = info["model_type"]
@@ -321,8 +327,10 @@ def render_model_card(info: dict[str, Any], repo_id: str | None = None, num_para
         eval_results=eval_results or None,
     )
     recipe = metrics.get("recipe") or {}
-    hyper = {k: config[k] for k in _CARD_CONFIG_KEYS if k in config}
+    skip = _SEQUENCE_ONLY_KEYS if info["input_type"] == "image" else _IMAGE_ONLY_KEYS
+    hyper = {k: config[k] for k in _CARD_CONFIG_KEYS if k in config and k not in skip}
     variables = {
+        "model_name": name,
         "repo_id": repo_id or f"<your-namespace>/{name}",
         "model_type": model_type,
         "architecture": info["architecture"],
@@ -342,7 +350,9 @@ def render_model_card(info: dict[str, Any], repo_id: str | None = None, num_para
         "recipe_command": recipe.get("command") or "not recorded",
         "recipe_summary": ", ".join(f"{k}={v}" for k, v in recipe.items() if k != "command")
         or "not recorded",
-        "wall_time": _fmt(metrics.get("wall_time_s")),
+        "wall_time": f"{metrics['wall_time_s']:.1f}"
+        if metrics.get("wall_time_s") is not None
+        else "not recorded",
         "eval_rows": "\n".join(rows),
         "has_metrics": bool(rows),
         "has_curve": "training_curve.png" in info["files"],
@@ -372,6 +382,8 @@ _CARD_CONFIG_KEYS = (
     "vocab_size",
     "max_position_embeddings",
 )
+_IMAGE_ONLY_KEYS = frozenset({"image_size", "patch_size", "num_channels"})
+_SEQUENCE_ONLY_KEYS = frozenset({"vocab_size", "max_position_embeddings"})
 
 
 # ----------------------------------------------------------------------------------------------- export

@@ -74,7 +74,9 @@ def train_tokenizer(
     """
     if algorithm == "wordpiece":
         tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=2)
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=2
+        )
         tokenizer.decoder = decoders.WordPiece()
     elif algorithm == "bpe":
         tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
@@ -99,12 +101,18 @@ def train_tokenizer(
     )
 
 
-def text_transform(tokenizer: PreTrainedTokenizerFast, max_length: int) -> Callable[[dict[str, list]], dict[str, Any]]:
+def text_transform(
+    tokenizer: PreTrainedTokenizerFast, max_length: int
+) -> Callable[[dict[str, list]], dict[str, Any]]:
     """`Dataset.set_transform` function: batch of {text, label} → truncated ids; padding is the collator's."""
 
     def transform(batch: dict[str, list]) -> dict[str, Any]:
         encoded = tokenizer(batch["text"], truncation=True, max_length=max_length)
-        return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "labels": batch["label"]}
+        return {
+            "input_ids": encoded["input_ids"],
+            "attention_mask": encoded["attention_mask"],
+            "labels": batch["label"],
+        }
 
     return transform
 

@@ -26,7 +26,9 @@ class Accuracy(evaluate.Metric):
             description=_DESCRIPTION,
             citation="",
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}),
+            features=datasets.Features(
+                {"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}
+            ),
         )
 
     def _compute(self, predictions, references, normalize=True, sample_weight=None):

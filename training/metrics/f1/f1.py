@@ -8,7 +8,9 @@ import datasets
 import evaluate
 import numpy as np
 
-_DESCRIPTION = "Harmonic mean of precision and recall, per class or averaged (binary, micro, macro, weighted)."
+_DESCRIPTION = (
+    "Harmonic mean of precision and recall, per class or averaged (binary, micro, macro, weighted)."
+)
 _KWARGS_DESCRIPTION = """
 Args:
     predictions (`list[int]`): predicted class ids.
@@ -28,7 +30,9 @@ class F1(evaluate.Metric):
             description=_DESCRIPTION,
             citation="",
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}),
+            features=datasets.Features(
+                {"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}
+            ),
         )
 
     def _compute(self, predictions, references, labels=None, pos_label=1, average="binary"):
@@ -45,7 +49,9 @@ class F1(evaluate.Metric):
             denom = 2 * tp.sum() + fp.sum() + fn.sum()
             return {"f1": float(2 * tp.sum() / denom) if denom else 0.0}
         denom = 2 * tp + fp + fn
-        per_class = np.divide(2 * tp, denom, out=np.zeros_like(tp), where=denom > 0)  # 0 where undefined, like sklearn
+        per_class = np.divide(
+            2 * tp, denom, out=np.zeros_like(tp), where=denom > 0
+        )  # 0 where undefined, like sklearn
         if average is None:
             return {"f1": per_class.tolist()}
         if average == "weighted":

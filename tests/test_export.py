@@ -1,0 +1,522 @@
+"""Hub export (`energyformers export`): flat remote code, auto_map, processor, model card, atomic writes.
+
+Every family in `energyformers.FAMILIES` and every Auto class it registers is covered automatically. The
+remote-code checks load the exported folders in ONE fresh interpreter started with `-I -S` and only the
+venv's site-packages on `sys.path` (so the editable-install finder is never installed): `energyformers` is
+not importable there, which the tests assert, and the model classes must come from the folders' own code.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+from energyformers.training import export
+from energyformers.training.export import export_model_dir, generate_remote_code, remote_code_sources
+from huggingface_hub import ModelCard
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast, ViTImageProcessorPil, pipeline
+
+import energyformers
+from energyformers import FAMILIES
+
+# --------------------------------------------------------------------------------------------- helpers
+# Shrunk values for whatever size-like arguments a family's config accepts (filtered by its signature).
+TINY = dict(
+    hidden_size=16,
+    num_attention_heads=2,
+    intermediate_size=16,  # equal to num_centers: HyperBF treats it as an alias
+    num_hidden_layers=1,
+    num_iterations=2,
+    time_embedding_dim=8,
+    num_centers=16,
+    rbf_projection_dim=8,
+    fixed_point_iterations=1,
+    spectral_norm_power_iterations=1,
+    image_size=8,
+    patch_size=4,
+    num_channels=3,
+    max_position_embeddings=16,
+)
+WORDS = "[PAD] [UNK] [CLS] [SEP] a an the good bad great boring film movie plot acting and not".split()
+SENTENCES = ["a good film", "boring plot and not great acting"]
+PIPELINE_TEXT = "the movie is not bad"
+LABELS = {0: "LOW", 1: "MID", 2: "HIGH"}  # no "O": the token-classification pipeline would drop those tokens
+HEAD_TASKS = {
+    "AutoModelForImageClassification": ("image", "image-classification"),
+    "AutoModelForSequenceClassification": ("sequence", "text-classification"),
+    "AutoModelForTokenClassification": ("sequence", "token-classification"),
+}
+BACKBONE_TASKS = {"image": "image-feature-extraction", "sequence": "feature-extraction"}
+# The fixture metrics.json of the *tiny untrained* test models; values are placeholders, never published.
+FIXTURE_METRICS = {
+    "preset": None,
+    "dataset": "digits",
+    "num_parameters": 0,
+    "recipe": {"command": "pytest fixture", "epochs": 0.0, "learning_rate": 0.0, "batch_size": 1, "seed": 0},
+    "eval": {"accuracy": 0.25, "f1_macro": 0.125},
+    "test": {"accuracy": 0.375, "f1_macro": 0.1875},
+    "wall_time_s": 0.0,
+}
+
+
+def cases() -> list[tuple[str, str, str, str]]:
+    """(model_type, Auto class, input_type, pipeline task) for every head of every registered family."""
+    out = []
+    for model_type, (_, classes) in FAMILIES.items():
+        for auto in classes:
+            if auto == "AutoConfig":
+                continue
+            if auto in HEAD_TASKS:
+                out.append((model_type, auto, *HEAD_TASKS[auto]))
+            else:  # the backbone (AutoModel) takes both input types
+                out += [(model_type, auto, kind, BACKBONE_TASKS[kind]) for kind in ("image", "sequence")]
+    return out
+
+
+CASES = cases()
+CASE_IDS = [f"{m}-{a.removeprefix('AutoModel') or 'Model'}-{i}" for m, a, i, _ in CASES]
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]"
+    )
+
+
+def tiny_config(model_type: str, input_type: str):
+    _, classes = FAMILIES[model_type]
+    config_class = getattr(energyformers, classes["AutoConfig"])
+    accepted = inspect.signature(config_class.__init__).parameters
+    kwargs = {k: v for k, v in TINY.items() if k in accepted}
+    if input_type == "sequence":
+        kwargs["vocab_size"] = len(WORDS)
+    return config_class(
+        input_type=input_type, id2label=LABELS, label2id={v: k for k, v in LABELS.items()}, **kwargs
+    )
+
+
+def build_model_dir(
+    path: Path, model_type: str, auto_class: str, input_type: str, metrics: dict | None = FIXTURE_METRICS
+) -> Path:
+    """A model folder like `energyformers train` writes: tiny random model + processor (+ metrics.json)."""
+    torch.manual_seed(0)
+    class_name = FAMILIES[model_type][1][auto_class]
+    model = getattr(energyformers, class_name)(tiny_config(model_type, input_type)).eval()
+    with torch.no_grad():  # move off the initialisation (e.g. zero step sizes) so every code path matters
+        for param in model.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    model.save_pretrained(path)
+    if input_type == "image":
+        ViTImageProcessorPil(
+            size={"height": 8, "width": 8}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+        ).save_pretrained(path)
+    else:
+        make_tokenizer().save_pretrained(path)
+    if metrics is not None:
+        task = "image-classification" if input_type == "image" else "text-classification"
+        (path / "metrics.json").write_text(json.dumps({"model": model_type, "task": task, **metrics}))
+    return path
+
+
+def model_inputs(input_type: str) -> dict[str, torch.Tensor]:
+    if input_type == "image":
+        return {"pixel_values": torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))}
+    encoded = make_tokenizer()(SENTENCES, padding=True, return_tensors="pt")
+    return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+
+
+def pipeline_image_bytes() -> list[int]:
+    """An 8×8 RGB test image as raw bytes (rebuilt with PIL in the child process)."""
+    return torch.randint(0, 256, (8 * 8 * 3,), generator=torch.Generator().manual_seed(2)).tolist()
+
+
+def pipeline_input(input_type: str):
+    if input_type == "sequence":
+        return PIPELINE_TEXT
+    from PIL import Image
+
+    return Image.frombytes("RGB", (8, 8), bytes(pipeline_image_bytes()))
+
+
+@contextlib.contextmanager
+def single_thread():
+    """Same thread count as the child process, so reductions run in the same order (bit-identical logits)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def head_output(output) -> torch.Tensor:
+    return output.logits if "logits" in output else output.last_hidden_state
+
+
+def to_jsonable(value):
+    """Pipeline outputs (numpy scalars / arrays inside lists and dicts) as plain JSON values."""
+    return json.loads(json.dumps(value, default=lambda o: o.tolist() if hasattr(o, "tolist") else float(o)))
+
+
+# Runs in the fresh interpreter: loads every case with trust_remote_code, records outputs as JSON.
+CHILD = r"""
+import json, sys, traceback
+args = json.loads(sys.argv[1])
+sys.path.extend(args["site_packages"])
+result = {"cases": {}}
+try:
+    import energyformers
+    result["energyformers_import"] = "succeeded from " + str(energyformers.__file__)
+except ModuleNotFoundError as err:
+    result["energyformers_import"] = "ModuleNotFoundError: " + str(err)
+import torch, transformers
+from PIL import Image
+torch.set_num_threads(1)
+
+def plain(value):
+    return json.loads(json.dumps(value, default=lambda o: o.tolist() if hasattr(o, "tolist") else float(o)))
+
+for case in args["cases"]:
+    out = result["cases"][case["id"]] = {}
+    try:
+        model = getattr(transformers, case["auto_class"]).from_pretrained(case["path"], trust_remote_code=True).eval()
+        out["module"] = type(model).__module__
+        with torch.no_grad():
+            output = model(**{k: torch.tensor(v) for k, v in case["inputs"].items()})
+        out["output"] = (output.logits if "logits" in output else output.last_hidden_state).tolist()
+        x = case["pipeline_input"]
+        if case["input_type"] == "image":
+            x = Image.frombytes("RGB", (8, 8), bytes(x))
+        pipe = transformers.pipeline(case["task"], model=case["path"], trust_remote_code=True)
+        out["pipeline"] = plain(pipe(x))
+        if case.get("card"):
+            from huggingface_hub import ModelCard
+            card = ModelCard.load(case["card"])
+            out["card_eval_results"] = [
+                {"metric_type": r.metric_type, "metric_value": r.metric_value, "dataset_split": r.dataset_split}
+                for r in card.data.eval_results or []
+            ]
+    except Exception:
+        out["error"] = traceback.format_exc()
+result["energyformers_modules"] = sorted(m for m in sys.modules if m.split(".")[0] == "energyformers")
+with open(args["result_path"], "w") as f:
+    json.dump(result, f)
+"""
+
+
+def run_without_package(
+    tmp: Path, cases: list[dict], env: dict[str, str] | None = None, timeout: int = 600
+) -> dict:
+    """Run CHILD in `python -I -S` (no site, so no editable finder) with only site-packages added; return its JSON."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    site_packages = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    args = {"site_packages": site_packages, "cases": cases, "result_path": str(tmp / "result.json")}
+    child_env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp),
+        "HF_HOME": str(tmp / "hf_home"),  # empty cache
+        "HF_MODULES_CACHE": str(tmp / "hf_modules"),
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "NO_PROXY": "127.0.0.1,localhost",
+        **(env or {}),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", CHILD, json.dumps(args)],
+        cwd=tmp,  # not the repo root, whose energyformers/ folder would otherwise be importable
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((tmp / "result.json").read_text())
+
+
+# --------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> dict[str, dict]:
+    """Per case: in-package folder, its export, and the in-package model's outputs on fixed inputs."""
+    root = tmp_path_factory.mktemp("export")
+    out = {}
+    with single_thread():
+        for case_id, (model_type, auto_class, input_type, task) in zip(CASE_IDS, CASES):
+            model_dir = build_model_dir(root / f"{case_id}-src", model_type, auto_class, input_type)
+            export_dir = export_model_dir(model_dir, root / case_id)
+            inputs = model_inputs(input_type)
+            model = (
+                getattr(energyformers, FAMILIES[model_type][1][auto_class]).from_pretrained(model_dir).eval()
+            )
+            with torch.no_grad():
+                reference = head_output(model(**inputs))
+            pipe = pipeline(task, model=str(model_dir))
+            out[case_id] = {
+                "model_type": model_type,
+                "auto_class": auto_class,
+                "input_type": input_type,
+                "task": task,
+                "model_dir": model_dir,
+                "export_dir": export_dir,
+                "inputs": inputs,
+                "reference": reference,
+                "reference_pipeline": to_jsonable(pipe(pipeline_input(input_type))),
+            }
+    return out
+
+
+@pytest.fixture(scope="module")
+def remote(exported, tmp_path_factory) -> dict:
+    """Outputs of every exported folder loaded in one fresh process where energyformers is not importable."""
+    child_cases = [
+        {
+            "id": case_id,
+            "auto_class": case["auto_class"],
+            "path": str(case["export_dir"]),
+            "input_type": case["input_type"],
+            "task": case["task"],
+            "inputs": {k: v.tolist() for k, v in case["inputs"].items()},
+            "pipeline_input": PIPELINE_TEXT if case["input_type"] == "sequence" else pipeline_image_bytes(),
+        }
+        for case_id, case in exported.items()
+    ]
+    return run_without_package(tmp_path_factory.mktemp("remote"), child_cases)
+
+
+# ------------------------------------------------------------------------------- loading without package
+def test_fresh_process_cannot_import_energyformers(remote):
+    assert remote["energyformers_import"].startswith("ModuleNotFoundError"), remote["energyformers_import"]
+    assert remote["energyformers_modules"] == []
+
+
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_remote_code_logits_identical_to_package(exported, remote, case_id):
+    result = remote["cases"][case_id]
+    assert "error" not in result, result["error"]
+    assert result["module"].startswith("transformers_modules."), result["module"]  # the folder's own code
+    assert torch.equal(torch.tensor(result["output"]), exported[case_id]["reference"])
+
+
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_remote_code_pipeline_matches_package(exported, remote, case_id):
+    result = remote["cases"][case_id]
+    assert "error" not in result, result["error"]
+    assert result["pipeline"] == exported[case_id]["reference_pipeline"]
+
+
+# ------------------------------------------------------------------------------------- folder contents
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_export_folder_contents(exported, case_id):
+    case = exported[case_id]
+    export_dir, model_dir = case["export_dir"], case["model_dir"]
+    stem, classes = FAMILIES[case["model_type"]]
+    processor = (
+        ["preprocessor_config.json"]
+        if case["input_type"] == "image"
+        else ["tokenizer.json", "tokenizer_config.json"]
+    )
+    expected = {"config.json", "model.safetensors", "metrics.json", "README.md", *processor}
+    expected |= {f"configuration_{stem}.py", f"modeling_{stem}.py"}
+    assert {p.name for p in export_dir.iterdir()} == expected
+    assert (export_dir / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
+    config = json.loads((export_dir / "config.json").read_text())
+    assert config["auto_map"] == {
+        auto: (f"configuration_{stem}." if auto == "AutoConfig" else f"modeling_{stem}.") + name
+        for auto, name in classes.items()
+    }
+    assert not list(export_dir.parent.glob(".*partial*"))
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_remote_code_imports_only_stdlib_torch_transformers(exported, model_type):
+    case = next(c for c in exported.values() if c["model_type"] == model_type)
+    stem, classes = FAMILIES[model_type]
+    allowed = set(sys.stdlib_module_names) | {"torch", "transformers"}
+    for name in (f"configuration_{stem}.py", f"modeling_{stem}.py"):
+        tree = ast.parse((case["export_dir"] / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                assert {a.name.split(".")[0] for a in node.names} <= allowed, ast.unparse(node)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                assert node.module.split(".")[0] in allowed, ast.unparse(node)
+            elif isinstance(node, ast.ImportFrom):  # the one relative import: the sibling config
+                assert (name, node.level, node.module) == (f"modeling_{stem}.py", 1, f"configuration_{stem}")
+                assert [a.name for a in node.names] == [classes["AutoConfig"]]
+
+
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_card_renders_metadata_and_measured_metrics(exported, case_id):
+    case = exported[case_id]
+    card = ModelCard.load(case["export_dir"] / "README.md")
+    assert card.data.library_name == "transformers"
+    assert card.data.pipeline_tag == case["task"]
+    assert card.data.license == "apache-2.0"
+    assert case["model_type"] in card.data.tags
+    metrics = {(r.metric_type, r.dataset_split): r.metric_value for r in card.data.eval_results}
+    assert metrics == {("accuracy", "test"): 0.375, ("f1", "test"): 0.1875}
+    assert "trust_remote_code=True" in card.text and "## Citation" in card.text
+    assert "0.3750" in card.text and "0.1250" in card.text  # test and eval rows of the table
+
+
+# --------------------------------------------------------------------------------- refusals / failures
+def _sources(model_type: str) -> tuple[dict[str, str], str, str]:
+    stem, classes = FAMILIES[model_type]
+    root = Path(energyformers.__file__).resolve().parent.parent
+    sources = {
+        f"configuration_{stem}.py": (root / "configuration" / f"configuration_{stem}.py").read_text(),
+        f"modeling_{stem}.py": (root / "modeling" / f"modeling_{stem}.py").read_text(),
+    }
+    return sources, stem, classes["AutoConfig"]
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_generated_remote_code_equals_package_source_but_one_line(model_type):
+    sources, stem, config_class = _sources(model_type)
+    generated = remote_code_sources(model_type)
+    assert generated[f"configuration_{stem}.py"] == sources[f"configuration_{stem}.py"]
+    before = sources[f"modeling_{stem}.py"].splitlines()
+    after = generated[f"modeling_{stem}.py"].splitlines()
+    changed = [(a, b) for a, b in zip(before, after) if a != b]
+    assert len(before) == len(after)
+    assert changed == [
+        (
+            f"from ..configuration.configuration_{stem} import {config_class}",
+            f"from .configuration_{stem} import {config_class}",
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        ("from ..modeling.shared import helper", "relative import"),
+        ("from . import something", "relative import"),
+        ("import energyformers", "without energyformers"),
+        ("from energyformers.modeling import x", "without energyformers"),
+        ("import numpy", "only the standard library, torch and transformers"),
+        (
+            "def f():\n    import importlib\n    return importlib.import_module('energyformers')",
+            "without energyformers",
+        ),
+    ],
+)
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_refuses_imports_that_break_remote_loading(model_type, extra, match):
+    sources, stem, config_class = _sources(model_type)
+    for target in sources:
+        bad = {**sources, target: sources[target] + "\n" + extra + "\n"}
+        with pytest.raises(ValueError, match=match):
+            generate_remote_code(bad, stem, config_class)
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_refuses_modeling_file_without_the_single_config_import(model_type):
+    sources, stem, config_class = _sources(model_type)
+    line = f"from ..configuration.configuration_{stem} import {config_class}"
+    for bad_text in (
+        sources[f"modeling_{stem}.py"].replace(line, ""),
+        sources[f"modeling_{stem}.py"] + line + "\n",
+    ):
+        with pytest.raises(ValueError, match="exactly once"):
+            generate_remote_code({**sources, f"modeling_{stem}.py": bad_text}, stem, config_class)
+
+
+@pytest.fixture
+def image_model_dir(tmp_path) -> Path:
+    model_type = sorted(FAMILIES)[0]
+    return build_model_dir(tmp_path / "model", model_type, "AutoModelForImageClassification", "image")
+
+
+def _assert_nothing_written(out: Path) -> None:
+    assert not out.exists()
+    if out.parent.exists():  # no hidden staging folder either
+        assert not [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
+
+
+@pytest.mark.parametrize(
+    "remove, match",
+    [
+        ("model.safetensors", "missing model.safetensors"),
+        ("config.json", "missing config.json"),
+        ("preprocessor_config.json", "missing image processor"),
+    ],
+)
+def test_missing_file_fails_clearly_without_partial_export(image_model_dir, tmp_path, remove, match):
+    (image_model_dir / remove).unlink()
+    out = tmp_path / "exports" / "hub"
+    with pytest.raises(FileNotFoundError, match=match):
+        export_model_dir(image_model_dir, out)
+    _assert_nothing_written(out)
+
+
+def test_missing_tokenizer_fails_clearly(tmp_path):
+    model_type = sorted(FAMILIES)[0]
+    model_dir = build_model_dir(
+        tmp_path / "model", model_type, "AutoModelForSequenceClassification", "sequence"
+    )
+    (model_dir / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"missing tokenizer file\(s\) \['tokenizer.json'\]"):
+        export_model_dir(model_dir, tmp_path / "out")
+    _assert_nothing_written(tmp_path / "out")
+
+
+def test_pickle_checkpoint_is_refused(image_model_dir, tmp_path):
+    (image_model_dir / "model.safetensors").rename(image_model_dir / "pytorch_model.bin")
+    with pytest.raises(FileNotFoundError, match="pickle weights"):
+        export_model_dir(image_model_dir, tmp_path / "out")
+    _assert_nothing_written(tmp_path / "out")
+
+
+def test_weights_not_matching_config_are_refused(image_model_dir, tmp_path):
+    config = json.loads((image_model_dir / "config.json").read_text())
+    config["hidden_size"] *= 2  # the checkpoint no longer fits the architecture
+    (image_model_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="weights do not match"):
+        export_model_dir(image_model_dir, tmp_path / "out")
+    _assert_nothing_written(tmp_path / "out")
+
+
+def test_failure_after_writing_started_leaves_nothing(image_model_dir, tmp_path, monkeypatch):
+    def broken_card(*args, **kwargs):
+        raise RuntimeError("card rendering failed")
+
+    monkeypatch.setattr(export, "render_model_card", broken_card)
+    with pytest.raises(RuntimeError, match="card rendering failed"):
+        export_model_dir(image_model_dir, tmp_path / "out")
+    _assert_nothing_written(tmp_path / "out")
+
+
+def test_existing_output_needs_overwrite_and_is_replaced_whole(image_model_dir, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        export_model_dir(image_model_dir, out)
+    assert (out / "stale.txt").exists()
+    export_model_dir(image_model_dir, out, overwrite=True)
+    assert not (out / "stale.txt").exists() and (out / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "out"]
+
+
+def test_cli_exports_and_reports_errors(image_model_dir, tmp_path, capsys):
+    assert export.main([str(image_model_dir), str(tmp_path / "out"), "--repo-id", "org/tiny"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "out")
+    assert 'from_pretrained("org/tiny"' in (tmp_path / "out" / "README.md").read_text()
+    assert export.main([str(tmp_path / "nowhere"), str(tmp_path / "out2")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    _assert_nothing_written(tmp_path / "out2")

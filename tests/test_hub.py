@@ -1,0 +1,394 @@
+"""Hub publishing end to end through the real `huggingface_hub` client against a LOCAL STAND-IN of the Hub
+(`tests/hub_standin.py`, 127.0.0.1 only; not the real Hub).
+
+For every family: a tiny model is trained for a few optimiser steps on the digits data, pushed with
+`energyformers push`, then loaded in a fresh process with an empty cache where `energyformers` is not
+importable (`from_pretrained("org/name", trust_remote_code=True)`, a pipeline, `ModelCard.load`), and again
+with `HF_HUB_OFFLINE=1` from the cache that download left behind, and from a hand-made Hub-layout cache.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from energyformers.training import push
+from energyformers.training.export import export_model_dir
+from energyformers.training.push import PushError, push_model_dir
+from hub_standin import STANDIN_TOKEN, HubStandIn
+from huggingface_hub import constants
+from PIL import Image
+from sklearn.datasets import load_digits
+from sklearn.metrics import f1_score
+from sklearn.model_selection import train_test_split
+from test_export import run_without_package, single_thread, tiny_config
+from transformers import ViTImageProcessorPil, pipeline
+
+import energyformers
+from energyformers import FAMILIES
+
+DIGIT_LABELS = {i: str(i) for i in range(10)}
+HAND_MADE_REVISION = "0123456789abcdef0123456789abcdef01234567"
+STEPS = 30
+
+
+def digits_rgb() -> tuple[np.ndarray, np.ndarray]:
+    """UCI digits as 8×8 RGB uint8 images (0–16 scaled to 0–255) and labels."""
+    data = load_digits()
+    grey = (data.images * (255 / 16)).round().astype(np.uint8)
+    return np.repeat(grey[..., None], 3, axis=-1), data.target
+
+
+def train_digits_model(path: Path, model_type: str) -> Path:
+    """A model folder like `energyformers train` writes, from a few AdamW steps on digits (measured metrics)."""
+    start = time.perf_counter()
+    images, labels = digits_rgb()
+    x_train, x_test, y_train, y_test = train_test_split(
+        images, labels, test_size=0.2, stratify=labels, random_state=0
+    )
+    processor = ViTImageProcessorPil(
+        size={"height": 8, "width": 8}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    )
+    pixels_train = processor(list(x_train), return_tensors="pt")["pixel_values"]
+    pixels_test = processor(list(x_test), return_tensors="pt")["pixel_values"]
+    torch.manual_seed(0)
+    config = tiny_config(model_type, "image")
+    config.id2label, config.label2id = DIGIT_LABELS, {v: k for k, v in DIGIT_LABELS.items()}
+    model = getattr(energyformers, FAMILIES[model_type][1]["AutoModelForImageClassification"])(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(STEPS):
+        batch = torch.randint(0, len(pixels_train), (64,), generator=generator)
+        loss = model(pixel_values=pixels_train[batch], labels=torch.as_tensor(y_train)[batch]).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        predictions = model(pixel_values=pixels_test).logits.argmax(-1).numpy()
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    scores = {
+        "accuracy": float((predictions == y_test).mean()),
+        "f1_macro": float(f1_score(y_test, predictions, average="macro")),
+    }
+    metrics = {
+        "model": model_type,
+        "preset": None,
+        "dataset": "digits",
+        "task": "image-classification",
+        "num_parameters": model.num_parameters(),
+        "recipe": {
+            "command": "tests/test_hub.py (in-test AdamW loop)",
+            "epochs": None,
+            "learning_rate": 3e-3,
+            "batch_size": 64,
+            "seed": 0,
+            "max_steps": STEPS,
+        },
+        "train": {"train_loss": loss.item()},
+        "eval": scores,  # no separate validation split in this short test run
+        "test": scores,
+        "wall_time_s": time.perf_counter() - start,
+    }
+    (path / "metrics.json").write_text(json.dumps(metrics))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_image(index: int = 0) -> list[int]:
+    images, _ = digits_rgb()
+    return list(images[-1 - index].tobytes())
+
+
+test_image.__test__ = False  # a helper, not a test
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """The stand-in, with this process's huggingface_hub pointed at it and online; temp files go to tmp_path."""
+    with HubStandIn() as server:
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token-file"))
+        monkeypatch.setenv("HF_TOKEN", STANDIN_TOKEN)
+        scratch = tmp_path / "tmp"
+        scratch.mkdir()
+        monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where push builds its export
+        yield server
+        assert server.unhandled == [], f"client used endpoints the stand-in lacks: {server.unhandled}"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("trained")
+    with single_thread():  # 2 OpenMP threads on this shared 2-core box are up to 100× slower for tiny ops
+        return {model_type: train_digits_model(root / model_type, model_type) for model_type in FAMILIES}
+
+
+# --------------------------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def published(trained, tmp_path_factory) -> dict:
+    """Push every family with the CLI, then load each repo in fresh processes (online, then offline)."""
+    root = tmp_path_factory.mktemp("published")
+    mp = pytest.MonkeyPatch()
+    with HubStandIn() as server:
+        mp.setattr(constants, "ENDPOINT", server.url)
+        mp.setattr(constants, "HF_HUB_OFFLINE", False)
+        mp.setenv("HF_TOKEN", STANDIN_TOKEN)
+        urls = {}
+        for model_type, model_dir in trained.items():
+            assert (
+                push.main([str(model_dir), f"org/{model_type}-digits", "--commit-message", "first upload"])
+                == 0
+            )
+            urls[model_type] = f"{server.url}/org/{model_type}-digits"
+        mp.undo()
+        cases = [
+            {
+                "id": model_type,
+                "auto_class": "AutoModelForImageClassification",
+                "path": f"org/{model_type}-digits",
+                "input_type": "image",
+                "task": "image-classification",
+                "inputs": {"pixel_values": reference_pixels().tolist()},
+                "pipeline_input": test_image(),
+                "card": f"org/{model_type}-digits",
+            }
+            for model_type in trained
+        ]
+        cache = root / "hf_home"
+        online = run_without_package(
+            root / "online",
+            cases,
+            env={"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": server.url, "HF_HOME": str(cache)},
+        )
+        files = {model_type: server.files(f"org/{model_type}-digits") for model_type in trained}
+        unhandled = list(server.unhandled)
+    # A cache laid out by hand as in hf-v5-notes (hub/models--org--name/snapshots/<40 hex>/ + refs/main), next to
+    # the one the online download left behind.
+    hand_made = sorted(FAMILIES)[0]
+    repo = cache / "hub" / "models--acme--hand-made"
+    export_model_dir(trained[hand_made], repo / "snapshots" / HAND_MADE_REVISION)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(HAND_MADE_REVISION)
+    cases.append({**cases[0], "id": "hand-made", "path": "acme/hand-made", "card": "acme/hand-made"})
+    # The server is gone and the endpoint is a dead port: only the cache can answer.
+    dead = f"http://127.0.0.1:{free_port()}"
+    offline = run_without_package(
+        root / "offline", cases, env={"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": dead, "HF_HOME": str(cache)}
+    )
+    return {
+        "online": online,
+        "offline": offline,
+        "files": files,
+        "urls": urls,
+        "unhandled": unhandled,
+        "cache": cache,
+    }
+
+
+def reference_pixels() -> torch.Tensor:
+    images, _ = digits_rgb()
+    processor = ViTImageProcessorPil(
+        size={"height": 8, "width": 8}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    )
+    return processor(list(images[-4:]), return_tensors="pt")["pixel_values"]
+
+
+@pytest.fixture(scope="module")
+def in_package(trained) -> dict[str, dict]:
+    """The trained models' logits and pipeline output with the package installed (the reference)."""
+    out = {}
+    with single_thread():
+        for model_type, model_dir in trained.items():
+            model = getattr(
+                energyformers, FAMILIES[model_type][1]["AutoModelForImageClassification"]
+            ).from_pretrained(model_dir)
+            with torch.no_grad():
+                logits = model.eval()(pixel_values=reference_pixels()).logits
+            image = Image.frombytes("RGB", (8, 8), bytes(test_image()))
+            predictions = pipeline("image-classification", model=str(model_dir))(image)
+            out[model_type] = {
+                "logits": logits,
+                "pipeline": json.loads(json.dumps(predictions, default=float)),
+            }
+    return out
+
+
+def test_standin_served_every_request(published):
+    assert published["unhandled"] == []
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_pushed_repo_is_the_export(published, trained, tmp_path, model_type):
+    export_dir = export_model_dir(
+        trained[model_type], tmp_path / "export", repo_id=f"org/{model_type}-digits"
+    )
+    local = {p.name: p.read_bytes() for p in export_dir.iterdir()}
+    assert published["files"][model_type] == local
+
+
+@pytest.mark.parametrize("mode", ["online", "offline"])
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_from_pretrained_repo_id_without_package(published, in_package, model_type, mode):
+    result = published[mode]
+    assert result["energyformers_import"].startswith("ModuleNotFoundError")
+    case = result["cases"][model_type]
+    assert "error" not in case, case["error"]
+    assert case["module"].startswith("transformers_modules.org.")  # the repo's own code
+    assert torch.equal(torch.tensor(case["output"]), in_package[model_type]["logits"])
+
+
+@pytest.mark.parametrize("mode", ["online", "offline"])
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_pipeline_from_repo_id_matches_package(published, in_package, model_type, mode):
+    case = published[mode]["cases"][model_type]
+    assert "error" not in case, case["error"]
+    assert case["pipeline"] == in_package[model_type]["pipeline"]
+
+
+@pytest.mark.parametrize("mode", ["online", "offline"])
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_card_metrics_read_back_with_modelcard_load(published, trained, model_type, mode):
+    case = published[mode]["cases"][model_type]
+    assert "error" not in case, case["error"]
+    measured = json.loads((trained[model_type] / "metrics.json").read_text())["test"]
+    assert case["card_eval_results"] == [
+        {"metric_type": "accuracy", "metric_value": measured["accuracy"], "dataset_split": "test"},
+        {"metric_type": "f1", "metric_value": measured["f1_macro"], "dataset_split": "test"},
+    ]
+
+
+def test_offline_loading_from_hand_made_hub_cache(published, in_package):
+    """HF_HUB_OFFLINE=1 with a cache written by hand (no client involved) in the hf-v5-notes layout."""
+    case = published["offline"]["cases"]["hand-made"]
+    assert "error" not in case, case["error"]
+    assert case["module"].startswith("transformers_modules.acme.")
+    model_type = sorted(FAMILIES)[0]
+    assert torch.equal(torch.tensor(case["output"]), in_package[model_type]["logits"])
+    assert case["pipeline"] == in_package[model_type]["pipeline"]
+
+
+# ------------------------------------------------------------------------------------ push options
+def test_push_to_branch_private_with_message(hub, trained):
+    model_type = sorted(FAMILIES)[0]
+    url = push_model_dir(
+        trained[model_type], "org/branchy", private=True, revision="v1", commit_message="release v1"
+    )
+    assert url == f"{hub.url}/org/branchy"
+    repo = hub.repos["org/branchy"]
+    assert repo.private and repo.messages == ["release v1"]
+    assert "model.safetensors" in hub.files("org/branchy", "v1") and hub.files("org/branchy", "main") == {}
+
+
+def test_repush_is_accepted_and_unchanged_files_are_not_recommitted(hub, trained):
+    model_type = sorted(FAMILIES)[0]
+    push_model_dir(trained[model_type], "org/again")
+    push_model_dir(trained[model_type], "org/again")
+    assert len(hub.repos["org/again"].messages) == 1
+
+
+# ------------------------------------------------------------------------------------ failure modes
+def _no_partial_export(tmp_root: Path) -> None:
+    assert list(Path(tempfile.tempdir).iterdir()) == [], "push left a temporary export behind"
+    assert not [p for p in tmp_root.rglob("*") if p.name.startswith(".export.partial")]
+
+
+def test_push_without_token_fails_before_any_request(hub, trained, monkeypatch, tmp_path):
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    with pytest.raises(PushError, match="no Hugging Face token found"):
+        push_model_dir(trained[sorted(FAMILIES)[0]], "org/no-token")
+    assert hub.requests == []
+    _no_partial_export(tmp_path)
+
+
+def test_push_with_rejected_token_names_the_problem(hub, trained, tmp_path):
+    with pytest.raises(PushError, match=r"refused to create the repository .*token valid"):
+        push_model_dir(trained[sorted(FAMILIES)[0]], "org/bad-token", token="hf_wrong")
+    assert "org/bad-token" not in hub.repos
+    _no_partial_export(tmp_path)
+
+
+def test_push_to_unreachable_endpoint_fails_clearly(hub, trained, monkeypatch, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setattr(constants, "ENDPOINT", dead)
+    with pytest.raises(PushError, match=f"could not reach the Hub at {dead}"):
+        push_model_dir(trained[sorted(FAMILIES)[0]], "org/unreachable")
+    _no_partial_export(tmp_path)
+
+
+def test_push_in_offline_mode_fails_clearly(hub, trained, monkeypatch, tmp_path):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(PushError, match="HF_HUB_OFFLINE"):
+        push_model_dir(trained[sorted(FAMILIES)[0]], "org/offline")
+    assert hub.requests == []
+
+
+@pytest.mark.parametrize(
+    "remove, match",
+    [
+        ("model.safetensors", "missing model.safetensors"),
+        ("preprocessor_config.json", "missing image processor"),
+        ("config.json", "missing config.json"),
+    ],
+)
+def test_push_of_incomplete_folder_fails_before_upload(hub, trained, tmp_path, remove, match):
+    model_dir = shutil.copytree(trained[sorted(FAMILIES)[0]], tmp_path / "incomplete")
+    (model_dir / remove).unlink()
+    with pytest.raises(FileNotFoundError, match=match):
+        push_model_dir(model_dir, "org/incomplete")
+    assert hub.requests == [] and hub.repos == {}
+    _no_partial_export(tmp_path)
+
+
+def test_push_cli_reports_errors_with_exit_code(hub, trained, monkeypatch, capsys):
+    monkeypatch.delenv("HF_TOKEN")
+    assert push.main([str(trained[sorted(FAMILIES)[0]]), "org/cli"]) == 1
+    assert "energyformers push: error: no Hugging Face token found" in capsys.readouterr().err
+    assert push.main([str(trained[sorted(FAMILIES)[0]]), "org/cli", "--token", STANDIN_TOKEN]) == 0
+    assert capsys.readouterr().out.strip() == f"{hub.url}/org/cli"
+
+
+# ---------------------------------------------------------------------------- a real CLI subprocess
+def test_push_cli_subprocess_reads_hf_endpoint_and_hf_token(trained, tmp_path):
+    """What a user runs: `energyformers push` in its own process, configured only by HF_* variables."""
+    model_type = sorted(FAMILIES)[0]
+    with HubStandIn() as server:
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "HF_HOME": str(tmp_path / "hf_home"),
+            "HF_ENDPOINT": server.url,
+            "HF_TOKEN": STANDIN_TOKEN,
+            "TMPDIR": str(tmp_path),
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "NO_PROXY": "127.0.0.1,localhost",
+        }
+        proc = subprocess.run(
+            [sys.executable, "-m", "energyformers", "push", str(trained[model_type]), "org/subprocess"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.strip().splitlines()[-1] == f"{server.url}/org/subprocess"
+        assert {"config.json", "model.safetensors", "README.md"} <= set(server.files("org/subprocess"))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("energyformers-push-")]

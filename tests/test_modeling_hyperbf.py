@@ -1,0 +1,570 @@
+"""HyperBF (Gan & Poggio, CBMM memo 143): config, Gaussian attention, RBF feedforward, heads, Hub round trips."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from energyformers.configuration.configuration_hyperbf import HyperBFConfig
+from energyformers.modeling.modeling_hyperbf import (
+    HyperBFForImageClassification,
+    HyperBFForSequenceClassification,
+    HyperBFModel,
+)
+from torch.overrides import TorchFunctionMode
+
+import energyformers  # noqa: F401  (registers the Auto classes)
+
+torch.set_num_threads(1)  # the machine's cores are shared; tiny models don't profit from more
+
+
+class HyperBFModelTester:
+    """Tiny configs and matching inputs, in the style of transformers' model testers."""
+
+    batch_size = 2
+    image_size = 8
+    patch_size = 2
+    num_channels = 3
+    hidden_size = 32
+    num_attention_heads = 2
+    num_hidden_layers = 2
+    num_labels = 3
+    vocab_size = 16
+    seq_length = 12
+
+    def get_config(self, input_type: str = "image", **overrides) -> HyperBFConfig:
+        kwargs = dict(
+            input_type=input_type,
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            num_hidden_layers=self.num_hidden_layers,
+            image_size=self.image_size,
+            patch_size=self.patch_size,
+            num_channels=self.num_channels,
+            num_labels=self.num_labels,
+        )
+        if input_type == "sequence":
+            kwargs.update(vocab_size=self.vocab_size, max_position_embeddings=self.seq_length)
+        return HyperBFConfig(**{**kwargs, **overrides})
+
+    def num_tokens(self, config: HyperBFConfig) -> int:
+        if config.input_type == "sequence":
+            return self.seq_length
+        return (self.image_size // self.patch_size) ** 2 + 1
+
+    def prepare_inputs(
+        self, config: HyperBFConfig, labels: bool = False, seed: int = 0
+    ) -> dict[str, torch.Tensor]:
+        generator = torch.Generator().manual_seed(seed)
+        if config.input_type == "image":
+            shape = (self.batch_size, self.num_channels, self.image_size, self.image_size)
+            inputs = {"pixel_values": torch.randn(shape, generator=generator)}
+        else:
+            # Every token id and every position occurs, so every embedding row is exercised.
+            ids = torch.randperm(self.batch_size * self.seq_length, generator=generator) % self.vocab_size
+            inputs = {
+                "input_ids": ids.view(self.batch_size, self.seq_length),
+                "attention_mask": torch.ones(self.batch_size, self.seq_length, dtype=torch.long),
+            }
+        if labels:
+            inputs["labels"] = torch.arange(self.batch_size) % self.num_labels
+        return inputs
+
+
+TESTER = HyperBFModelTester()
+HEADS = [
+    (HyperBFModel, "image"),
+    (HyperBFModel, "sequence"),
+    (HyperBFForImageClassification, "image"),
+    (HyperBFForSequenceClassification, "sequence"),
+]
+HEAD_IDS = [f"{cls.__name__}-{kind}" for cls, kind in HEADS]
+CLASSIFIERS = [(HyperBFForImageClassification, "image"), (HyperBFForSequenceClassification, "sequence")]
+
+
+def build(model_class, input_type: str, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    return model_class(TESTER.get_config(input_type, **overrides)).eval()
+
+
+def main_output(model, outputs) -> torch.Tensor:
+    return outputs.last_hidden_state if isinstance(model, HyperBFModel) else outputs.logits
+
+
+# ----------------------------------------------------------------------------------------- configuration
+
+
+def test_presets_match_the_memo_and_accept_overrides():
+    cifar = HyperBFConfig.from_preset("cifar")
+    assert (cifar.hidden_size, cifar.num_attention_heads, cifar.num_hidden_layers) == (768, 4, 4)
+    assert (cifar.patch_size, cifar.image_size, cifar.num_labels) == (4, 32, 10)
+    assert cifar.num_centers == cifar.intermediate_size == 4 * 768 and cifar.rbf_projection_dim == 768
+    tiny = HyperBFConfig.from_preset("tiny", feedforward_kernel="gaussian", hidden_size=16)
+    assert tiny.feedforward_kernel == "gaussian" and tiny.num_centers == 64
+    assert HyperBFConfig(hidden_size=64, intermediate_size=100).num_centers == 100
+    with pytest.raises(ValueError, match="unknown preset"):
+        HyperBFConfig.from_preset("imagenet")
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(input_type="video"), "input_type"),
+        (dict(hidden_size=30, num_attention_heads=4), "hidden_size"),
+        (dict(num_centers=0), "num_centers"),
+        (dict(num_centers=8, intermediate_size=9), "intermediate_size"),
+        (dict(rbf_projection_dim=-1), "rbf_projection_dim"),
+        (dict(feedforward_kernel="laplace"), "feedforward_kernel"),
+        (dict(rbf_width="token"), "rbf_width"),
+        (dict(rbf_sigma_init=0.0), "rbf_sigma_init"),
+        (dict(attention_temperature_init=float("inf")), "attention_temperature_init"),
+        (dict(hidden_dropout_prob=1.0), "hidden_dropout_prob"),
+        (dict(image_size=30, patch_size=4), "image_size"),
+        (dict(input_type="sequence"), "vocab_size"),
+        (dict(pooling="max"), "pooling"),
+        (dict(num_hidden_layers=True), "num_hidden_layers"),
+    ],
+)
+def test_invalid_config_raises_value_error_naming_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        HyperBFConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "model_class, input_type",
+    [(HyperBFForImageClassification, "sequence"), (HyperBFForSequenceClassification, "image")],
+)
+def test_head_rejects_config_of_the_other_input_type(model_class, input_type):
+    with pytest.raises(ValueError, match="input_type"):
+        model_class(TESTER.get_config(input_type))
+
+
+# ------------------------------------------------------------------------------------------ forward pass
+
+
+@pytest.mark.parametrize("model_class, input_type", HEADS, ids=HEAD_IDS)
+def test_forward_shapes_and_loss(model_class, input_type):
+    model = build(model_class, input_type)
+    labels = model_class is not HyperBFModel
+    outputs = model(**TESTER.prepare_inputs(model.config, labels=labels))
+    if model_class is HyperBFModel:
+        tokens = TESTER.num_tokens(model.config)
+        assert outputs.last_hidden_state.shape == (TESTER.batch_size, tokens, TESTER.hidden_size)
+        assert outputs.pooler_output.shape == (TESTER.batch_size, TESTER.hidden_size)
+    else:
+        assert outputs.logits.shape == (TESTER.batch_size, TESTER.num_labels)
+        expected = F.cross_entropy(outputs.logits, torch.arange(TESTER.batch_size) % TESTER.num_labels)
+        torch.testing.assert_close(outputs.loss, expected)
+
+
+@pytest.mark.parametrize("model_class, input_type", HEADS, ids=HEAD_IDS)
+def test_output_hidden_states_are_embeddings_then_one_per_layer(model_class, input_type):
+    model = build(model_class, input_type)
+    inputs = TESTER.prepare_inputs(model.config)
+    outputs = model(**inputs, output_hidden_states=True)
+    backbone = model if model_class is HyperBFModel else model.hyperbf
+    assert len(outputs.hidden_states) == TESTER.num_hidden_layers + 1
+    first = inputs.get("pixel_values", inputs.get("input_ids"))
+    torch.testing.assert_close(outputs.hidden_states[0], backbone.embeddings(first))
+    final = backbone(**inputs).last_hidden_state
+    torch.testing.assert_close(backbone.layernorm(outputs.hidden_states[-1]), final)
+
+
+@pytest.mark.parametrize("model_class, input_type", HEADS, ids=HEAD_IDS)
+def test_output_attentions_are_row_stochastic_maps_per_layer(model_class, input_type):
+    model = build(model_class, input_type)  # default sdpa: maps come from the eager path for this call
+    assert model.config._attn_implementation == "sdpa"
+    inputs = TESTER.prepare_inputs(model.config)
+    outputs = model(**inputs, output_attentions=True)
+    tokens = TESTER.num_tokens(model.config)
+    assert len(outputs.attentions) == TESTER.num_hidden_layers
+    for maps in outputs.attentions:
+        assert maps.shape == (TESTER.batch_size, TESTER.num_attention_heads, tokens, tokens)
+        torch.testing.assert_close(maps.sum(-1), torch.ones(maps.shape[:-1]))
+    torch.testing.assert_close(
+        main_output(model, outputs), main_output(model, model(**inputs)), atol=1e-5, rtol=0
+    )
+
+
+@pytest.mark.parametrize("kernel", ["normalized", "gaussian"])
+@pytest.mark.parametrize("model_class, input_type", HEADS, ids=HEAD_IDS)
+def test_output_rbf_weights_and_sigmas(model_class, input_type, kernel):
+    model = build(model_class, input_type, feedforward_kernel=kernel, rbf_width="center")
+    outputs = model(**TESTER.prepare_inputs(model.config), output_rbf_weights=True)
+    num_centers = 4 * TESTER.hidden_size
+    assert len(outputs.rbf_weights) == len(outputs.rbf_sigmas) == len(outputs.attention_sigmas) == 2
+    backbone = model if model_class is HyperBFModel else model.hyperbf
+    for layer, weights, sigma, attention_sigma in zip(
+        backbone.layers, outputs.rbf_weights, outputs.rbf_sigmas, outputs.attention_sigmas
+    ):
+        assert weights.shape == (TESTER.batch_size, TESTER.num_tokens(model.config), num_centers)
+        assert bool((weights > 0).all() and (weights <= 1).all())
+        if kernel == "normalized":
+            torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+        torch.testing.assert_close(sigma, layer.feedforward.log_sigma.exp())
+        assert sigma.shape == (num_centers,)
+        tau = layer.attention.log_temperature.exp()
+        torch.testing.assert_close(attention_sigma, 1 / torch.sqrt(2 * tau))
+
+
+@pytest.mark.parametrize("model_class, input_type", HEADS, ids=HEAD_IDS)
+def test_return_dict_false_gives_the_same_tuple(model_class, input_type):
+    model = build(model_class, input_type)
+    inputs = TESTER.prepare_inputs(model.config, labels=model_class is not HyperBFModel)
+    as_dict = model(**inputs, output_hidden_states=True, output_rbf_weights=True)
+    as_tuple = model(**inputs, output_hidden_states=True, output_rbf_weights=True, return_dict=False)
+    assert isinstance(as_tuple, tuple) and len(as_tuple) == len(as_dict.to_tuple())
+    for got, expected in zip(as_tuple, as_dict.to_tuple()):
+        if isinstance(got, torch.Tensor):
+            torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(as_tuple[0], as_dict[0])
+
+
+# ----------------------------------------------------------------- initialisation: the public code's bug
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("rbf_width", ["layer", "center"])
+@pytest.mark.parametrize("kernel", ["normalized", "gaussian"])
+@pytest.mark.parametrize("model_class, input_type", CLASSIFIERS, ids=["image", "sequence"])
+def test_every_parameter_gets_a_finite_nonzero_gradient_at_init(
+    model_class, input_type, kernel, rbf_width, attn_implementation
+):
+    model = build(model_class, input_type, feedforward_kernel=kernel, rbf_width=rbf_width)
+    model.set_attn_implementation(attn_implementation)
+    model.train()
+    model(**TESTER.prepare_inputs(model.config, labels=True)).loss.backward()
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is not None, f"{name} got no gradient"
+        assert torch.isfinite(parameter.grad).all(), f"{name} has a non-finite gradient"
+        assert parameter.grad.abs().sum() > 0, f"{name} has an all-zero gradient at init"
+        if name.endswith(("centers", "metric", "values.weight")):
+            # Per center / per row: no dead center at init (the public code's whole feedforward was dead).
+            assert (parameter.grad.abs().sum(-1) > 0).all(), f"{name} has dead rows"
+
+
+@pytest.mark.parametrize("kernel", ["normalized", "gaussian"])
+def test_rbf_weights_are_not_numerically_zero_for_layernormed_inputs_at_memo_width(kernel):
+    # Memo width D = 768, K = 3072 (the public code's exp(−β·distance) is exactly 0 there in float32).
+    config = HyperBFConfig.from_preset("cifar", num_hidden_layers=1, feedforward_kernel=kernel)
+    torch.manual_seed(0)
+    feedforward = HyperBFModel(config).layers[0].feedforward
+    inputs = F.layer_norm(3 * torch.randn(4, 16, config.hidden_size) + 1, (config.hidden_size,))
+    with torch.no_grad():
+        weights = feedforward.center_weights(inputs)
+    num_centers = config.num_centers
+    # Every center is in play (no weight anywhere near float32 underflow) and none dominates: each weight is
+    # within a factor 100 of 1/K, and the Gaussian kernel's total mass is O(1) like the normalized one's.
+    assert weights.min() > 0.01 / num_centers and weights.max() < 100 / num_centers, (
+        weights.min(),
+        weights.max(),
+    )
+    mass = weights.sum(-1)
+    assert mass.min() > 0.2 and mass.max() < 5, (mass.min(), mass.max())
+
+
+# ------------------------------------------------------------------------------------ Gaussian attention
+
+
+def _attention_unit(seed: int = 0, attn_implementation: str = "eager", dtype=torch.float32):
+    model = build(HyperBFModel, "image", seed=seed).to(dtype)
+    model.set_attn_implementation(attn_implementation)
+    attention = model.layers[0].attention
+    with torch.no_grad():  # distinct temperatures per head so head mixing would be caught
+        attention.log_temperature.copy_(torch.log(torch.tensor([0.3, 1.7], dtype=dtype)))
+    return attention
+
+
+def test_memo_identity_unit_norm_gaussian_attention_equals_dot_product_softmax():
+    attention = _attention_unit(dtype=torch.float64)
+    generator = torch.Generator().manual_seed(1)
+    query, key, value = (torch.randn(2, 2, 7, 16, generator=generator, dtype=torch.float64) for _ in range(3))
+    query, key = F.normalize(query, dim=-1), F.normalize(key, dim=-1)
+    _, weights = attention.attend(query, key, value, output_attentions=True)
+    tau = attention.log_temperature.exp().view(1, -1, 1, 1)
+    dot_product = torch.softmax(2 * tau * query @ key.transpose(-1, -2), dim=-1)
+    torch.testing.assert_close(weights, dot_product, atol=1e-6, rtol=0)
+    # …and both equal the Gaussian kernel from its definition, softmax_j(−τ‖q_i − k_j‖²).
+    definition = torch.softmax(-tau * (query.unsqueeze(-2) - key.unsqueeze(-3)).pow(2).sum(-1), dim=-1)
+    torch.testing.assert_close(weights, definition, atol=1e-6, rtol=0)
+
+
+def test_eager_attention_equals_gaussian_kernel_definition_for_any_norms():
+    attention = _attention_unit(dtype=torch.float64)
+    generator = torch.Generator().manual_seed(2)
+    query, key, value = (
+        3 * torch.randn(2, 2, 7, 16, generator=generator, dtype=torch.float64) for _ in range(3)
+    )
+    output, weights = attention.attend(query, key, value, output_attentions=True)
+    tau = attention.log_temperature.exp().view(1, -1, 1, 1)
+    definition = torch.softmax(-tau * (query.unsqueeze(-2) - key.unsqueeze(-3)).pow(2).sum(-1), dim=-1)
+    torch.testing.assert_close(weights, definition, atol=1e-10, rtol=0)
+    torch.testing.assert_close(output, (definition @ value).transpose(1, 2), atol=1e-10, rtol=0)
+
+
+def test_sdpa_and_eager_attention_units_agree_with_padding():
+    eager, sdpa = _attention_unit(attn_implementation="eager"), _attention_unit(attn_implementation="sdpa")
+    generator = torch.Generator().manual_seed(3)
+    query, key, value = (2 * torch.randn(2, 2, 9, 16, generator=generator) for _ in range(3))
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, 5:] = False
+    expected, weights = eager.attend(query, key, value, mask)
+    got, none = sdpa.attend(query, key, value, mask)
+    assert weights is not None and none is None  # the two paths really are different code
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert weights[1, :, :, 5:].max() == 0  # padded keys get exactly zero weight
+
+
+@pytest.mark.parametrize("model_class, input_type", HEADS, ids=HEAD_IDS)
+def test_sdpa_and_eager_models_agree_in_outputs_and_gradients(model_class, input_type):
+    sdpa = build(model_class, input_type)
+    eager = copy.deepcopy(sdpa)
+    eager.set_attn_implementation("eager")
+    assert (sdpa.config._attn_implementation, eager.config._attn_implementation) == ("sdpa", "eager")
+    inputs = TESTER.prepare_inputs(sdpa.config)
+    if input_type == "sequence":
+        inputs["attention_mask"][1, 8:] = 0
+    outs = [main_output(model, model(**inputs)) for model in (sdpa, eager)]
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=0)
+    for out in outs:
+        out.pow(2).sum().backward()
+    for (name, p_sdpa), p_eager in zip(sdpa.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p_sdpa.grad, p_eager.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+# -------------------------------------------------------------------------------------- RBF feedforward
+
+
+@pytest.mark.parametrize("rbf_width", ["layer", "center"])
+@pytest.mark.parametrize("kernel", ["normalized", "gaussian"])
+def test_feedforward_equals_its_definition_float64(kernel, rbf_width):
+    model = build(
+        HyperBFModel, "image", feedforward_kernel=kernel, rbf_width=rbf_width, rbf_projection_dim=12
+    )
+    feedforward = model.layers[0].feedforward.double()
+    with torch.no_grad():  # move centers / widths off their init so the check is generic
+        feedforward.centers.mul_(0.5).add_(0.1)
+        feedforward.log_sigma.add_(
+            torch.linspace(-0.5, 0.5, feedforward.log_sigma.numel(), dtype=torch.float64)
+        )
+    x = torch.randn(2, 5, TESTER.hidden_size, dtype=torch.float64)
+    # Definition: d²_α(x) = ‖W(x − t_α)‖², w = softmax_α(−d²/(2σ²)) or exp(−d²/(2σ²)), out = Σ_α w_α c_α + b.
+    diff = x[:, :, None, :] - feedforward.centers[None, None]  # (B, N, K, D): fine at this size
+    sq_dist = (diff @ feedforward.metric.t()).pow(2).sum(-1)
+    logits = -sq_dist / (2 * feedforward.log_sigma.exp() ** 2)
+    weights = torch.softmax(logits, -1) if kernel == "normalized" else torch.exp(logits)
+    expected = weights @ feedforward.values.weight.t() + feedforward.values.bias
+    out, got_weights = feedforward(x)
+    torch.testing.assert_close(got_weights, weights, atol=1e-10, rtol=0)
+    torch.testing.assert_close(out, expected, atol=1e-10, rtol=0)
+
+
+class _LargestTensor(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(tensor, torch.Tensor):
+                self.numel = max(self.numel, tensor.numel())
+        return out
+
+
+def test_feedforward_never_materialises_batch_tokens_centers_width():
+    config = TESTER.get_config(num_centers=64, rbf_projection_dim=32)
+    feedforward = HyperBFModel(config).layers[0].feedforward
+    x = torch.randn(2, 5, TESTER.hidden_size)
+    with _LargestTensor() as probe:
+        feedforward(x)
+    full = 2 * 5 * 64 * TESTER.hidden_size
+    assert probe.numel < full / 4, f"largest intermediate has {probe.numel} elements (B·N·K·D = {full})"
+
+
+# ------------------------------------------------------------------------------------- images, sequences
+
+
+def test_interpolate_pos_encoding_handles_other_resolutions():
+    model = build(HyperBFForImageClassification, "image", image_size=[8, 6])  # non-square grid 4×3
+    pixels = torch.randn(2, 3, 12, 10)
+    outputs = model(pixel_values=pixels, interpolate_pos_encoding=True, output_hidden_states=True)
+    assert outputs.hidden_states[0].shape == (2, 6 * 5 + 1, TESTER.hidden_size)
+    native = torch.randn(2, 3, 8, 6)
+    torch.testing.assert_close(
+        model(pixel_values=native, interpolate_pos_encoding=True).logits, model(pixel_values=native).logits
+    )
+    table = model.hyperbf.embeddings.interpolate_pos_encoding(12, 10)
+    expected = F.interpolate(
+        model.hyperbf.embeddings.position_embeddings[:, 1:].reshape(1, 4, 3, -1).permute(0, 3, 1, 2),
+        size=(6, 5),
+        mode="bicubic",
+        align_corners=False,
+    )
+    torch.testing.assert_close(table[:, 1:], expected.permute(0, 2, 3, 1).reshape(1, 30, -1))
+
+
+@pytest.mark.parametrize(
+    "pixels, interpolate, message",
+    [
+        (torch.randn(2, 1, 8, 8), False, "channels"),
+        (torch.randn(2, 3, 12, 12), False, "interpolate_pos_encoding=True"),
+        (torch.randn(2, 3, 9, 9), True, "multiple of patch_size"),
+        (torch.randn(3, 8, 8), False, "shape"),
+        (None, False, "pixel_values"),
+    ],
+)
+def test_invalid_image_inputs_raise_value_error(pixels, interpolate, message):
+    model = build(HyperBFForImageClassification, "image")
+    with pytest.raises(ValueError, match=message):
+        model(pixel_values=pixels, interpolate_pos_encoding=interpolate)
+
+
+@pytest.mark.parametrize(
+    "input_ids, message",
+    [
+        (torch.zeros(1, TESTER.seq_length + 1, dtype=torch.long), "max_position_embeddings"),
+        (torch.full((1, 4), TESTER.vocab_size), "vocab_size"),
+        (torch.full((1, 4), -1), "vocab_size"),
+        (None, "input_ids"),
+    ],
+)
+def test_invalid_sequence_inputs_raise_value_error(input_ids, message):
+    model = build(HyperBFForSequenceClassification, "sequence")
+    with pytest.raises(ValueError, match=message):
+        model(input_ids=input_ids)
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_padding_invariance_for_sequences(pooling, attn_implementation):
+    model = build(HyperBFForSequenceClassification, "sequence", pooling=pooling)
+    model.set_attn_implementation(attn_implementation)
+    ids = torch.tensor([[3, 7, 1, 9, 4, 2, 11]])
+    short = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True)
+    padded_ids = torch.cat([ids, torch.tensor([[0, 5, 0, 13, 0]])], dim=1)  # arbitrary pad ids
+    mask = torch.cat([torch.ones_like(ids), torch.zeros(1, 5, dtype=torch.long)], dim=1)
+    padded = model(
+        input_ids=padded_ids,
+        attention_mask=mask,
+        token_type_ids=torch.zeros_like(mask),
+        output_hidden_states=True,
+    )
+    torch.testing.assert_close(padded.logits, short.logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(padded.hidden_states[-1][:, :7], short.hidden_states[-1], atol=1e-5, rtol=0)
+    # The padding really was there to ignore: without the mask the answer changes.
+    unmasked = model(input_ids=padded_ids).logits
+    assert (unmasked - short.logits).abs().max() > 1e-4
+
+
+# ------------------------------------------------------------------------------ training-related checks
+
+
+@pytest.mark.parametrize("kernel", ["normalized", "gaussian"])
+def test_gradient_checkpointing_gives_the_same_gradients(kernel):
+    model = build(HyperBFForImageClassification, "image", feedforward_kernel=kernel).train()
+    checkpointed = copy.deepcopy(model)
+    checkpointed.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    inputs = TESTER.prepare_inputs(model.config, labels=True)
+    for m in (model, checkpointed):
+        m(**inputs).loss.backward()
+    assert checkpointed.hyperbf.layers[0].gradient_checkpointing
+    for (name, a), b in zip(model.named_parameters(), checkpointed.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
+
+
+@pytest.mark.parametrize("kernel", ["normalized", "gaussian"])
+def test_fits_a_small_batch(kernel):
+    model = build(HyperBFForImageClassification, "image", feedforward_kernel=kernel).train()
+    inputs = TESTER.prepare_inputs(model.config, labels=True)
+    inputs = {"pixel_values": torch.randn(8, 3, 8, 8), "labels": torch.arange(8) % TESTER.num_labels}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    first = None
+    for _ in range(40):
+        loss = model(**inputs).loss
+        first = first if first is not None else loss.item()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.1 * first, f"loss {first:.3f} -> {loss.item():.3f}"
+
+
+def test_default_num_centers_keeps_parameters_within_15_percent_of_vit():
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = HyperBFConfig.from_preset("cifar")
+    vit_config = ViTConfig(
+        hidden_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=4 * 768,
+        image_size=32,
+        patch_size=4,
+        num_labels=10,
+    )
+    with torch.device("meta"):  # counts only; no memory, no init work
+        hyperbf = sum(p.numel() for p in HyperBFForImageClassification(config).parameters())
+        vit = sum(p.numel() for p in ViTForImageClassification(vit_config).parameters())
+    assert abs(hyperbf / vit - 1) <= 0.15, (hyperbf, vit)
+
+
+# ------------------------------------------------------------------------------- save / load, Auto classes
+
+
+@pytest.mark.parametrize("model_class, input_type", HEADS, ids=HEAD_IDS)
+def test_save_load_round_trip_is_exact(model_class, input_type, tmp_path):
+    model = build(model_class, input_type, feedforward_kernel="gaussian", rbf_width="center")
+    with torch.no_grad():  # make every parameter distinct from a fresh init
+        for parameter in model.parameters():
+            parameter.add_(0.01 * torch.randn_like(parameter))
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    loaded = model_class.from_pretrained(tmp_path).eval()
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+    inputs = TESTER.prepare_inputs(model.config)
+    assert torch.equal(main_output(model, model(**inputs)), main_output(loaded, loaded(**inputs)))
+
+
+@pytest.mark.parametrize("head_class, input_type", CLASSIFIERS, ids=["image", "sequence"])
+def test_checkpoints_load_across_heads(head_class, input_type, tmp_path):
+    head = build(head_class, input_type, seed=1)
+    head.save_pretrained(tmp_path / "head")
+    base = HyperBFModel.from_pretrained(tmp_path / "head").eval()
+    for name, tensor in base.state_dict().items():
+        assert torch.equal(tensor, head.hyperbf.state_dict()[name]), name
+    base.save_pretrained(tmp_path / "base")
+    reloaded = head_class.from_pretrained(tmp_path / "base").eval()
+    for name, tensor in reloaded.hyperbf.state_dict().items():
+        assert torch.equal(tensor, base.state_dict()[name]), name
+    inputs = TESTER.prepare_inputs(head.config)
+    torch.testing.assert_close(reloaded.hyperbf(**inputs).pooler_output, head.hyperbf(**inputs).pooler_output)
+
+
+def test_auto_classes_resolve_to_hyperbf(tmp_path):
+    from transformers import (
+        AutoConfig,
+        AutoModel,
+        AutoModelForImageClassification,
+        AutoModelForSequenceClassification,
+    )
+
+    assert isinstance(AutoConfig.for_model("hyperbf"), HyperBFConfig)
+    image, sequence = TESTER.get_config("image"), TESTER.get_config("sequence")
+    assert type(AutoModelForImageClassification.from_config(image)) is HyperBFForImageClassification
+    assert type(AutoModelForSequenceClassification.from_config(sequence)) is HyperBFForSequenceClassification
+    build(HyperBFForImageClassification, "image").save_pretrained(tmp_path)
+    assert type(AutoModel.from_pretrained(tmp_path)) is HyperBFModel
+    assert type(AutoModelForImageClassification.from_pretrained(tmp_path)) is HyperBFForImageClassification
+
+
+def test_attention_temperature_initialisation_matches_dot_product_scale():
+    model = build(HyperBFModel, "image")
+    tau = model.layers[0].attention.log_temperature.exp()
+    torch.testing.assert_close(2 * tau, torch.full_like(tau, 1 / math.sqrt(TESTER.hidden_size // 2)))
+    custom = build(HyperBFModel, "image", attention_temperature_init=0.25, rbf_sigma_init=2.0)
+    torch.testing.assert_close(custom.layers[1].attention.log_temperature.exp(), torch.full((2,), 0.25))
+    torch.testing.assert_close(custom.layers[1].feedforward.log_sigma.exp(), torch.tensor([2.0]))

@@ -1,0 +1,426 @@
+"""iMixer model tests (tiny configs; transformers model-test style)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from energyformers.modeling.modeling_imixer import IMixerSpectralNorm
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForImageClassification,
+    AutoModelForSequenceClassification,
+)
+
+from energyformers import IMixerConfig, IMixerForImageClassification, IMixerForSequenceClassification, IMixerModel
+
+
+class IMixerTester:
+    """Tiny configs and inputs for every head."""
+
+    batch, image, patch, channels, length, vocab, labels, max_positions = 3, 8, 2, 1, 7, 20, 4, 10
+
+    def config(self, head: type, **overrides) -> IMixerConfig:
+        kwargs = dict(hidden_size=16, num_hidden_layers=2, fixed_point_iterations=2, num_labels=self.labels)
+        if head is IMixerForSequenceClassification:
+            kwargs.update(input_type="sequence", vocab_size=self.vocab, max_position_embeddings=self.max_positions)
+        else:
+            kwargs.update(image_size=self.image, patch_size=self.patch, num_channels=self.channels)
+        return IMixerConfig(**{**kwargs, **overrides})
+
+    def inputs(self, head: type, with_labels: bool = False, seed: int = 0) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        if head is IMixerForSequenceClassification:
+            inputs = {"input_ids": torch.randint(0, self.vocab, (self.batch, self.length), generator=g)}
+            inputs["attention_mask"] = torch.ones(self.batch, self.length, dtype=torch.long)
+            inputs["attention_mask"][0, -2:] = 0  # some padding, so the pad embedding is used
+        else:
+            inputs = {"pixel_values": torch.randn(self.batch, self.channels, self.image, self.image, generator=g)}
+        if with_labels:
+            inputs["labels"] = torch.randint(0, self.labels, (self.batch,), generator=g)
+        return inputs
+
+    def model(self, head: type, seed: int = 0, **overrides) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return head(self.config(head, **overrides)).eval()
+
+
+tester = IMixerTester()
+HEADS = [IMixerForImageClassification, IMixerForSequenceClassification]
+
+
+def spectral_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [m for name, m in model.named_modules() if name.endswith(("fc_sn1", "fc_sn2"))]
+
+
+def buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: b.clone() for name, b in model.named_buffers()}
+
+
+def step_once(model: torch.nn.Module, inputs: dict, lr: float = 0.1) -> None:
+    """One optimiser step, so the zero-initialised classifier becomes non-zero."""
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    model(**inputs).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    model.eval()
+
+
+# ---------------------------------------------------------------- parameter counts (fidelity)
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides", "expected"),
+    [
+        ("s16", {}, 20_123_690),
+        ("b16", {}, 66_210_874),
+        ("l16", {}, 232_384_106),
+        ("s16", {"fixed_point_iterations": 0}, 18_020_394),
+        ("b16", {"fixed_point_iterations": 0}, 59_119_162),
+        ("l16", {"fixed_point_iterations": 0}, 207_181_418),
+        ("s16", {"hidden_ratio": 1.0}, 19_073_066),
+    ],
+)
+def test_preset_trainable_parameter_counts_match_paper_exactly(preset, overrides, expected):
+    config = IMixerConfig.from_preset(preset, **overrides)
+    with torch.device("meta"):  # the real module tree, without allocating 232 M floats
+        model = IMixerForImageClassification(config)
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == expected
+    # u, v are buffers, not parameters: 2 weights × (N_h + D_S) per block when n > 0
+    n_buffers = sum(b.numel() for b in model.buffers())
+    per_block = 2 * (config.contractive_size + config.token_mixing_size)
+    assert n_buffers == (per_block * config.num_hidden_layers if config.fixed_point_iterations else 0)
+
+
+def test_presets_cover_the_paper_table():
+    for size, width, depth in (("s", 512, 8), ("b", 768, 12), ("l", 1024, 24)):
+        for patch in (16, 32):
+            config = IMixerConfig.from_preset(f"{size}{patch}")
+            assert (config.hidden_size, config.num_hidden_layers, config.patch_size) == (width, depth, patch)
+            assert (config.hidden_ratio, config.fixed_point_iterations, config.image_size) == (2.0, 2, 224)
+    assert IMixerConfig.from_preset("b32", num_labels=100).num_labels == 100
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"hidden_size": 0}, "hidden_size"),
+        ({"num_hidden_layers": 1.5}, "num_hidden_layers"),
+        ({"fixed_point_iterations": -1}, "fixed_point_iterations"),
+        ({"hidden_ratio": 0.0}, "hidden_ratio"),
+        ({"token_mixing_ratio": -0.5}, "token_mixing_ratio"),
+        ({"channel_mixing_ratio": "4"}, "channel_mixing_ratio"),
+        ({"spectral_norm_coeff": 1.0}, "spectral_norm_coeff"),
+        ({"spectral_norm_power_iterations": 0}, "spectral_norm_power_iterations"),
+        ({"hidden_dropout_prob": 1.0}, "hidden_dropout_prob"),
+        ({"drop_path_rate": -0.1}, "drop_path_rate"),
+        ({"image_size": 30}, "image_size"),
+        ({"input_type": "video"}, "input_type"),
+        ({"input_type": "sequence"}, "vocab_size"),
+        ({"layer_norm_eps": 0}, "layer_norm_eps"),
+    ],
+)
+def test_invalid_config_raises_naming_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=rf"invalid {name}="):
+        IMixerConfig(**kwargs)
+
+
+def test_unknown_preset_raises():
+    with pytest.raises(ValueError, match="unknown preset"):
+        IMixerConfig.from_preset("h14")
+
+
+# ---------------------------------------------------------------- n = 0 is the vanilla MLP-Mixer
+
+
+def test_vanilla_token_mixing_is_fc2_gelu_fc1():
+    model = tester.model(IMixerForImageClassification, fixed_point_iterations=0, hidden_dropout_prob=0.1)
+    mixing = model.imixer.layers[0].token_mixing
+    assert not hasattr(mixing, "fc_sn1") and not hasattr(mixing, "fc_sn2")
+    tokens = torch.randn(2, 16, mixing.fc1.in_features)  # (B, D, S)
+    by_hand = F.linear(F.gelu(F.linear(tokens, mixing.fc1.weight, mixing.fc1.bias)), mixing.fc2.weight, mixing.fc2.bias)
+    output, _ = mixing(tokens, num_iterations=0)
+    assert torch.equal(output, by_hand)
+
+
+@pytest.mark.parametrize("iterations", [0, 2])
+@pytest.mark.parametrize("head", HEADS)
+def test_every_parameter_takes_part_in_the_graph(head, iterations):
+    # what DDP's unused-parameter check needs: every parameter receives a gradient tensor
+    model = tester.model(head, fixed_point_iterations=iterations).train()
+    model(**tester.inputs(head, with_labels=True)).loss.backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None]
+    assert missing == []
+
+
+# ---------------------------------------------------------------- soft spectral normalisation
+
+
+def test_spectral_norm_is_a_parametrization_with_persistent_u_v():
+    model = tester.model(IMixerForImageClassification)
+    layers = spectral_layers(model)
+    assert len(layers) == 2 * model.config.num_hidden_layers
+    for layer in layers:
+        assert isinstance(layer.parametrizations.weight[0], IMixerSpectralNorm)
+    keys = model.state_dict().keys()
+    assert "imixer.layers.0.token_mixing.fc_sn1.parametrizations.weight.0.u" in keys
+    assert "imixer.layers.1.token_mixing.fc_sn2.parametrizations.weight.0.v" in keys
+
+
+def test_training_forward_caps_spectral_norm_at_c():
+    model = tester.model(IMixerForImageClassification, spectral_norm_power_iterations=200)
+    coeff = model.config.spectral_norm_coeff
+    torch.manual_seed(1)
+    with torch.no_grad():  # fresh, large weights: the stored u, v are stale for them
+        for layer in spectral_layers(model):
+            layer.parametrizations.weight.original.normal_(0.0, 2.0)
+    before = [torch.linalg.matrix_norm(layer.weight, ord=2).item() for layer in spectral_layers(model)]
+    assert min(before) > 2 * coeff
+    model.train()(**tester.inputs(IMixerForImageClassification))
+    for layer in spectral_layers(model):
+        sigma = torch.linalg.matrix_norm(layer.weight, ord=2).item()
+        assert coeff - 1e-3 <= sigma <= coeff + 1e-4
+
+
+def test_weight_below_c_is_used_unchanged():
+    model = tester.model(IMixerForImageClassification, spectral_norm_power_iterations=200)
+    with torch.no_grad():
+        for layer in spectral_layers(model):
+            original = layer.parametrizations.weight.original
+            original.mul_(0.5 / torch.linalg.matrix_norm(original, ord=2))  # σ = 0.5 < c = 0.9
+    model.train()(**tester.inputs(IMixerForImageClassification))
+    for layer in spectral_layers(model):
+        assert torch.equal(layer.weight, layer.parametrizations.weight.original)
+
+
+def test_fresh_model_is_contractive_in_eval_mode():
+    # u, v start converged, so an untrained model normalises correctly without any training forward
+    model = tester.model(IMixerForImageClassification)
+    coeff = model.config.spectral_norm_coeff
+    for layer in spectral_layers(model):
+        assert torch.linalg.matrix_norm(layer.weight, ord=2).item() <= coeff + 1e-4
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_training_forward_updates_u_v_and_eval_forward_does_not(head):
+    model = tester.model(head)
+    with torch.no_grad():  # make u, v stale so a power iteration visibly moves them
+        for layer in spectral_layers(model):
+            layer.parametrizations.weight.original.add_(torch.randn_like(layer.parametrizations.weight.original))
+    start = buffers(model)
+    model.eval()(**tester.inputs(head))
+    assert all(torch.equal(start[k], b) for k, b in model.named_buffers())
+    model.train()(**tester.inputs(head))
+    assert all(not torch.equal(start[k], b) for k, b in model.named_buffers())
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_eval_is_deterministic_and_identical_after_save_load(head, tmp_path):
+    model = tester.model(head, hidden_dropout_prob=0.2, drop_path_rate=0.2)
+    step_once(model, tester.inputs(head, with_labels=True))  # non-zero head, moved u, v
+    inputs = tester.inputs(head, seed=1)
+    first, second = model(**inputs).logits, model(**inputs).logits
+    assert torch.equal(first, second)
+    model.save_pretrained(tmp_path)
+    auto = AutoModelForImageClassification if head is IMixerForImageClassification else AutoModelForSequenceClassification
+    for loaded in (head.from_pretrained(tmp_path), auto.from_pretrained(tmp_path)):
+        assert type(loaded) is head and not loaded.training
+        assert (loaded(**inputs).logits - first).abs().max().item() == 0.0
+        for name, buffer in model.named_buffers():
+            assert torch.equal(loaded.get_buffer(name), buffer)
+
+
+# ---------------------------------------------------------------- fixed-point diagnostics
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_fixed_point_residuals_shrink_and_are_returned(head):
+    model = tester.model(head, fixed_point_iterations=5)
+    out = model(**tester.inputs(head), output_fixed_point_residuals=True)
+    diagnostics = out.fixed_point_residuals
+    layers = model.config.num_hidden_layers
+    assert diagnostics.relative_residuals.shape == diagnostics.cosines.shape == (layers, 5)
+    assert diagnostics.spectral_norms.shape == (layers, 2)
+    residuals = diagnostics.relative_residuals
+    # monotone decrease over the first iterations, by a clear factor per step at initialisation
+    assert torch.all(residuals[:, 1:4] < 0.5 * residuals[:, :3])
+    assert torch.all(diagnostics.cosines[:, 1:] > diagnostics.cosines[:, :1] - 1e-6)
+    assert torch.all(diagnostics.spectral_norms > 0)
+    assert model(**tester.inputs(head)).fixed_point_residuals is None
+
+
+def test_residuals_match_the_iterates_computed_by_hand():
+    model = tester.model(IMixerForImageClassification, num_hidden_layers=1, fixed_point_iterations=3)
+    layer = model.imixer.layers[0]
+    pixel_values = tester.inputs(IMixerForImageClassification)["pixel_values"]
+    tokens = layer.layernorm_before(model.imixer.embeddings(pixel_values)).transpose(1, 2)
+    mixing = layer.token_mixing
+    start = mixing.fc1(tokens)
+    iterates = [start]
+    for _ in range(3):
+        iterates.append(start + mixing.fc_sn2(F.gelu(mixing.fc_sn1(F.gelu(iterates[-1])))))
+    expected = [
+        ((new - old).flatten(1).norm(dim=1) / old.flatten(1).norm(dim=1)).mean()
+        for old, new in zip(iterates[:-1], iterates[1:])
+    ]
+    got = model(pixel_values=pixel_values, output_fixed_point_residuals=True).fixed_point_residuals
+    torch.testing.assert_close(got.relative_residuals[0], torch.stack(expected))
+    sigma = [m.parametrizations.weight[0] for m in (mixing.fc_sn1, mixing.fc_sn2)]
+    by_hand = [s.u @ m.parametrizations.weight.original @ s.v for s, m in zip(sigma, (mixing.fc_sn1, mixing.fc_sn2))]
+    torch.testing.assert_close(got.spectral_norms[0], torch.stack(by_hand))
+
+
+def test_fixed_point_iterations_can_be_overridden_per_call():
+    model = tester.model(IMixerForImageClassification).imixer
+    inputs = tester.inputs(IMixerForImageClassification)
+    out = model(**inputs, fixed_point_iterations=4, output_fixed_point_residuals=True)
+    assert out.fixed_point_residuals.relative_residuals.shape[1] == 4
+    assert not torch.equal(out.pooler_output, model(**inputs, fixed_point_iterations=3).pooler_output)
+    vanilla = tester.model(IMixerForImageClassification, fixed_point_iterations=0)
+    with pytest.raises(ValueError, match="fixed_point_iterations=0"):
+        vanilla(**inputs, fixed_point_iterations=2)
+
+
+# ---------------------------------------------------------------- outputs
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_outputs_hidden_states_and_tuple_form(head):
+    model = tester.model(head)
+    step_once(model, tester.inputs(head, with_labels=True))
+    inputs = tester.inputs(head, with_labels=True)
+    out = model(**inputs, output_hidden_states=True)
+    num_tokens = model.config.num_tokens
+    assert out.logits.shape == (tester.batch, tester.labels)
+    assert len(out.hidden_states) == model.config.num_hidden_layers + 1  # embeddings + one per block
+    assert all(h.shape == (tester.batch, num_tokens, 16) for h in out.hidden_states)
+    as_tuple = model(**inputs, output_hidden_states=True, return_dict=False)
+    assert torch.equal(as_tuple[0], out.loss) and torch.equal(as_tuple[1], out.logits)
+    assert len(as_tuple[2]) == len(out.hidden_states)
+
+
+@pytest.mark.parametrize("input_type", ["image", "sequence"])
+def test_base_model_output_and_pooling(input_type):
+    head = IMixerForImageClassification if input_type == "image" else IMixerForSequenceClassification
+    config = tester.config(head)
+    torch.manual_seed(0)
+    model = AutoModel.from_config(config).eval()
+    assert type(model) is IMixerModel
+    inputs = tester.inputs(head)
+    out = model(**inputs)
+    assert out.last_hidden_state.shape == (tester.batch, config.num_tokens, 16)
+    if input_type == "image":
+        torch.testing.assert_close(out.pooler_output, out.last_hidden_state.mean(1))
+    else:  # masked mean over the real tokens, which sit first
+        length = int(inputs["attention_mask"][0].sum())
+        torch.testing.assert_close(out.pooler_output[0], out.last_hidden_state[0, :length].mean(0))
+        assert type(model.get_input_embeddings()) is torch.nn.Embedding
+
+
+def test_auto_classes_are_registered():
+    config = AutoConfig.for_model("imixer", hidden_size=16, num_hidden_layers=1, image_size=4, patch_size=2)
+    assert type(config) is IMixerConfig
+    assert type(AutoModelForImageClassification.from_config(config)) is IMixerForImageClassification
+    sequence = tester.config(IMixerForSequenceClassification)
+    assert type(AutoModelForSequenceClassification.from_config(sequence)) is IMixerForSequenceClassification
+
+
+# ---------------------------------------------------------------- sequences
+
+
+def test_sequence_logits_do_not_depend_on_padding():
+    model = tester.model(IMixerForSequenceClassification)
+    step_once(model, tester.inputs(IMixerForSequenceClassification, with_labels=True))
+    sequences = [[3, 5, 7, 2], [4, 4, 9, 1, 8, 6], [11]]
+    alone = torch.cat([model(input_ids=torch.tensor([s])).logits for s in sequences])
+    for width, side in ((6, "right"), (9, "right"), (13, "left")):  # 13 > S: padding beyond S is fine
+        ids = torch.full((3, width), 19)  # padding ids are arbitrary
+        mask = torch.zeros(3, width, dtype=torch.long)
+        for row, seq in enumerate(sequences):
+            span = slice(0, len(seq)) if side == "right" else slice(width - len(seq), width)
+            ids[row, span], mask[row, span] = torch.tensor(seq), 1
+        batched = model(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids)).logits
+        torch.testing.assert_close(batched, alone, atol=1e-5, rtol=0)
+
+
+def test_sequence_too_long_for_token_mixing_raises():
+    model = tester.model(IMixerForSequenceClassification)
+    with pytest.raises(ValueError, match=r"max_position_embeddings=10.*truncat"):
+        model(input_ids=torch.ones(1, 11, dtype=torch.long))
+
+
+def test_out_of_vocabulary_ids_raise():
+    model = tester.model(IMixerForSequenceClassification)
+    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 20\)"):
+        model(input_ids=torch.tensor([[1, 20]]))
+
+
+# ---------------------------------------------------------------- bad inputs
+
+
+def test_wrong_image_size_raises():
+    model = tester.model(IMixerForImageClassification)
+    with pytest.raises(ValueError, match=r"spatial size 10×10.*resize"):
+        model(pixel_values=torch.randn(1, 1, 10, 10))
+
+
+def test_wrong_channel_count_raises():
+    model = tester.model(IMixerForImageClassification)
+    with pytest.raises(ValueError, match="num_channels=1"):
+        model(pixel_values=torch.randn(1, 3, 8, 8))
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_head_rejects_config_of_the_other_input_type(head):
+    other = IMixerForSequenceClassification if head is IMixerForImageClassification else IMixerForImageClassification
+    with pytest.raises(ValueError, match="needs config.input_type"):
+        head(tester.config(other))
+
+
+def test_wrong_input_kind_raises():
+    model = tester.model(IMixerForSequenceClassification).imixer
+    with pytest.raises(ValueError, match="pass input_ids"):
+        model(pixel_values=torch.randn(1, 1, 8, 8))
+
+
+# ---------------------------------------------------------------- training behaviour
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_every_head_parameter_gets_a_finite_nonzero_gradient(head):
+    model = tester.model(head)
+    step_once(model, tester.inputs(head, with_labels=True))  # the classifier starts at zero (timm init)
+    model.train()
+    model(**tester.inputs(head, with_labels=True, seed=1)).loss.backward()
+    bad = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.isfinite().all() or not p.grad.any()]
+    assert bad == []
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_gradient_checkpointing_does_not_change_results(head):
+    reference = tester.model(head, hidden_dropout_prob=0.1, drop_path_rate=0.2)
+    step_once(reference, tester.inputs(head, with_labels=True))
+    with torch.no_grad():  # stale u, v: every extra power iteration would change them
+        for layer in spectral_layers(reference):
+            layer.parametrizations.weight.original.add_(torch.randn_like(layer.parametrizations.weight.original))
+    checkpointed = copy.deepcopy(reference)
+    checkpointed.activation_checkpointing_enable()
+    assert all(layer.gradient_checkpointing for layer in checkpointed.imixer.layers)
+    inputs = tester.inputs(head, with_labels=True, seed=1)
+    losses = []
+    for model in (reference, checkpointed):
+        model.train()
+        torch.manual_seed(123)  # same dropout / drop-path masks; checkpointing replays the RNG state
+        loss = model(**inputs).loss
+        loss.backward()
+        losses.append(loss)
+    assert torch.equal(losses[0], losses[1])
+    grads = {n: p.grad for n, p in checkpointed.named_parameters()}
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=0, atol=1e-7, msg=name)
+    for name, buffer in reference.named_buffers():  # one power iteration per forward, not per recompute
+        assert torch.equal(checkpointed.get_buffer(name), buffer)

@@ -1,0 +1,115 @@
+"""`energyformers push MODEL_DIR REPO_ID`: export a model folder and upload it to the Hugging Face Hub.
+
+The upload is exactly what `energyformers export` writes (remote code, `auto_map`, processor, card with the
+run's metrics), built in a temporary folder that is always removed. The token comes from the usual
+`huggingface_hub` mechanisms (`--token`, `HF_TOKEN`, or the file written by `hf auth login`) and the endpoint
+from `HF_ENDPOINT`. `energyformers train --push_to_hub` calls `push_model_dir` after saving, so both routes
+produce the same repository content.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+
+class PushError(RuntimeError):
+    """A push that cannot proceed: no token, offline mode, unreachable endpoint, or a refusal by the Hub."""
+
+
+def _network_error(err: Exception) -> bool:
+    # huggingface_hub raises its HTTP client's transport errors (httpx / httpx2) unwrapped.
+    return isinstance(err, (ConnectionError, TimeoutError)) or type(err).__module__.split(".")[0] in {
+        "httpx",
+        "httpx2",
+    }
+
+
+def push_model_dir(
+    model_dir: str | os.PathLike,
+    repo_id: str,
+    *,
+    private: bool = False,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    token: str | None = None,
+) -> str:
+    """Export `model_dir` to a temporary folder and upload it to `repo_id`; returns the repo URL."""
+    from huggingface_hub import HfApi, constants, get_token
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from .export import export_model_dir
+
+    token = token or get_token()
+    if not token:
+        raise PushError(
+            "no Hugging Face token found: pass --token, set HF_TOKEN, or run `hf auth login` (needs write access)."
+        )
+    if constants.HF_HUB_OFFLINE:
+        raise PushError("HF_HUB_OFFLINE is set, so the Hub cannot be reached; unset it to push.")
+    api = HfApi(token=token)
+    with tempfile.TemporaryDirectory(prefix="energyformers-push-") as tmp:
+        folder = export_model_dir(
+            model_dir, Path(tmp) / "export", repo_id=repo_id
+        )  # local errors surface as-is
+        step = "create the repository"
+        try:
+            url = api.create_repo(repo_id, private=private, exist_ok=True)
+            if revision not in (None, constants.DEFAULT_REVISION):
+                step = f"create the branch {revision!r}"
+                api.create_branch(repo_id, branch=revision, exist_ok=True)
+            step = "upload the files"
+            api.upload_folder(
+                folder_path=folder,
+                repo_id=repo_id,
+                revision=revision,
+                commit_message=commit_message or f"Upload {Path(model_dir).name} with energyformers",
+            )
+        except HfHubHTTPError as err:
+            status = err.response.status_code if err.response is not None else None
+            hint = (
+                " (is the token valid and allowed to write to this namespace?)"
+                if status in (401, 403)
+                else ""
+            )
+            raise PushError(
+                f"the Hub at {api.endpoint} refused to {step} for {repo_id!r}{hint}: {err}"
+            ) from err
+        except Exception as err:
+            if _network_error(err):
+                raise PushError(
+                    f"could not reach the Hub at {api.endpoint} to {step} ({type(err).__name__}: {err}); check "
+                    "the network and HF_ENDPOINT."
+                ) from err
+            raise
+    return str(url)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="energyformers push", description="Export a model folder and upload it to the Hugging Face Hub."
+    )
+    parser.add_argument("model_dir", help="folder written by `energyformers train`")
+    parser.add_argument("repo_id", help="Hub repository, e.g. your-name/hyperset-digits")
+    parser.add_argument("--private", action="store_true", help="create the repository as private")
+    parser.add_argument("--revision", help="branch to push to (created if missing); default: main")
+    parser.add_argument("--commit-message", "--commit_message", dest="commit_message", help="commit message")
+    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
+    args = parser.parse_args(argv)
+    try:
+        url = push_model_dir(
+            args.model_dir,
+            args.repo_id,
+            private=args.private,
+            revision=args.revision,
+            commit_message=args.commit_message,
+            token=args.token,
+        )
+    except (PushError, FileNotFoundError, FileExistsError, ValueError) as err:
+        print(f"energyformers push: error: {err}", file=sys.stderr)
+        return 1
+    print(url)
+    return 0
