@@ -13,7 +13,7 @@ from typing import Any
 from transformers import PreTrainedConfig
 
 # The memo's experiments use 4 heads and 4 blocks at width 768 on 32×32 images with 4×4 patches
-# (CBMM memo 143, Sec. 4); `tiny` is for tests, `digits` for 8×8 grey UCI digits on CPU.
+# (CBMM memo 143, CIFAR / Tiny-ImageNet experiments); `tiny` is for tests, `digits` for 8×8 grey UCI digits on CPU.
 HYPERBF_PRESETS: dict[str, dict[str, Any]] = {
     "cifar": dict(
         hidden_size=768,

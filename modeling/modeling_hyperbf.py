@@ -180,7 +180,7 @@ class HyperBFAttention(nn.Module):
     """Gaussian-kernel attention: softmax_j(−τ_h‖q_i − k_j‖²) per head, a HyperBF unit over the tokens.
 
     ‖q_i‖² is constant along j and cancels in the softmax, so the score is 2τ q_i·k_j − τ‖k_j‖²: scaled
-    dot-product attention with scale 2τ and a per-key additive bias (memo 143, Sec. 3).
+    dot-product attention with scale 2τ and a per-key additive bias (memo 143).
     """
 
     def __init__(self, config: HyperBFConfig):
@@ -290,7 +290,7 @@ class HyperBFFeedForward(nn.Module):
 
 
 class HyperBFLayer(GradientCheckpointingLayer):
-    """Pre-norm block: z = x + Attention(LN1(x)); y = z + FeedForward(LN2(z)) (memo 143, eq. for the block)."""
+    """Pre-norm block: z = x + Attention(LN1(x)); y = z + FeedForward(LN2(z)) (memo 143, read as the standard pre-norm pair)."""
 
     def __init__(self, config: HyperBFConfig):
         super().__init__()

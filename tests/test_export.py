@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from energyformers.training import export
+from energyformers.training import export, release
 from energyformers.training.export import export_model_dir, generate_remote_code, remote_code_sources
 from huggingface_hub import ModelCard
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -520,3 +520,76 @@ def test_cli_exports_and_reports_errors(image_model_dir, tmp_path, capsys):
     assert export.main([str(tmp_path / "nowhere"), str(tmp_path / "out2")]) == 1
     assert "does not exist" in capsys.readouterr().err
     _assert_nothing_written(tmp_path / "out2")
+
+
+# ---------------------------------------------------------------------------------------------- release
+def test_release_dry_run_plans_every_family_and_reference_dataset(tmp_path, capsys):
+    runs, dist = tmp_path / "runs", tmp_path / "dist"
+    argv = ["--dry_run", "--runs_dir", str(runs), "--dist_dir", str(dist), "--", "--max_steps", "2"]
+    assert release.main(argv) == 0
+    expected = [
+        f"train  energyformers train --model {m} --dataset {d} --output_dir {runs / f'{m}-{d}'} "
+        "--overwrite_output_dir --max_steps 2"
+        for m in sorted(FAMILIES)
+        for d in ("digits", "fashion_mnist", "rotten_tomatoes")
+    ]
+    assert capsys.readouterr().out.splitlines() == expected
+    assert not runs.exists() and not dist.exists()
+
+
+def test_release_reuses_a_finished_run_instead_of_training(tmp_path, capsys):
+    model_type = sorted(FAMILIES)[0]
+    run = build_model_dir(
+        tmp_path / "runs" / f"{model_type}-digits", model_type, "AutoModelForImageClassification", "image"
+    )
+    argv = [
+        "--dry_run",
+        "--models",
+        model_type,
+        "--datasets",
+        "digits",
+        "fashion_mnist",
+        "--runs_dir",
+        str(tmp_path / "runs"),
+    ]
+    assert release.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"take   {run}" and lines[1].startswith(
+        f"train  energyformers train --model {model_type} --dataset fashion_mnist"
+    )
+
+
+def test_release_exports_taken_folders_with_cards_and_metrics(tmp_path, capsys):
+    dirs = [
+        build_model_dir(tmp_path / m, m, "AutoModelForImageClassification", "image") for m in sorted(FAMILIES)
+    ]
+    dist = tmp_path / "dist"
+    assert release.main(["--take", *map(str, dirs), "--dist_dir", str(dist), "--namespace", "acme"]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((dist / "release.json").read_text())
+    assert (
+        sorted(summary["released"]) == [f"{m}-digits" for m in sorted(FAMILIES)] and summary["failed"] == {}
+    )
+    for model_type in FAMILIES:
+        folder = dist / f"{model_type}-digits"
+        assert summary["released"][f"{model_type}-digits"]["test"] == FIXTURE_METRICS["test"]
+        card = ModelCard.load(folder / "README.md")
+        assert {(r.metric_type, r.metric_value) for r in card.data.eval_results} == {
+            ("accuracy", 0.375),
+            ("f1", 0.1875),
+        }
+        assert f'from_pretrained("acme/{model_type}-digits"' in card.text
+        assert f"energyformers push {folder} acme/{model_type}-digits" in printed
+
+
+def test_release_reports_a_folder_without_metrics_and_ships_the_rest(tmp_path, capsys):
+    model_type = sorted(FAMILIES)[0]
+    good = build_model_dir(tmp_path / "good", model_type, "AutoModelForImageClassification", "image")
+    bad = build_model_dir(
+        tmp_path / "bad", model_type, "AutoModelForSequenceClassification", "sequence", metrics=None
+    )
+    dist = tmp_path / "dist"
+    assert release.main(["--take", str(good), str(bad), "--dist_dir", str(dist)]) == 1
+    assert "missing metrics.json" in capsys.readouterr().err
+    assert sorted(p.name for p in dist.iterdir()) == [f"{model_type}-digits", "release.json"]
+    assert list(json.loads((dist / "release.json").read_text())["failed"]) == [str(bad)]

@@ -9,7 +9,9 @@ with `HF_HUB_OFFLINE=1` from the cache that download left behind, and from a han
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -30,7 +32,7 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from sklearn.metrics import f1_score
 from sklearn.model_selection import train_test_split
-from test_export import run_without_package, single_thread, tiny_config
+from test_export import TINY, run_without_package, single_thread, tiny_config
 from transformers import ViTImageProcessorPil, pipeline
 
 import energyformers
@@ -111,12 +113,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_image(index: int = 0) -> list[int]:
+def digit_image_bytes(index: int = 0) -> list[int]:
     images, _ = digits_rgb()
     return list(images[-1 - index].tobytes())
-
-
-test_image.__test__ = False  # a helper, not a test
 
 
 @pytest.fixture
@@ -146,19 +145,14 @@ def trained(tmp_path_factory) -> dict[str, Path]:
 def published(trained, tmp_path_factory) -> dict:
     """Push every family with the CLI, then load each repo in fresh processes (online, then offline)."""
     root = tmp_path_factory.mktemp("published")
-    mp = pytest.MonkeyPatch()
     with HubStandIn() as server:
-        mp.setattr(constants, "ENDPOINT", server.url)
-        mp.setattr(constants, "HF_HUB_OFFLINE", False)
-        mp.setenv("HF_TOKEN", STANDIN_TOKEN)
-        urls = {}
-        for model_type, model_dir in trained.items():
-            assert (
-                push.main([str(model_dir), f"org/{model_type}-digits", "--commit-message", "first upload"])
-                == 0
-            )
-            urls[model_type] = f"{server.url}/org/{model_type}-digits"
-        mp.undo()
+        with pytest.MonkeyPatch.context() as mp:  # push from this process, as the CLI user would
+            mp.setattr(constants, "ENDPOINT", server.url)
+            mp.setattr(constants, "HF_HUB_OFFLINE", False)
+            mp.setenv("HF_TOKEN", STANDIN_TOKEN)
+            for model_type, model_dir in trained.items():
+                argv = [str(model_dir), f"org/{model_type}-digits", "--commit-message", "first upload"]
+                assert push.main(argv) == 0
         cases = [
             {
                 "id": model_type,
@@ -167,7 +161,7 @@ def published(trained, tmp_path_factory) -> dict:
                 "input_type": "image",
                 "task": "image-classification",
                 "inputs": {"pixel_values": reference_pixels().tolist()},
-                "pipeline_input": test_image(),
+                "pipeline_input": digit_image_bytes(),
                 "card": f"org/{model_type}-digits",
             }
             for model_type in trained
@@ -193,14 +187,7 @@ def published(trained, tmp_path_factory) -> dict:
     offline = run_without_package(
         root / "offline", cases, env={"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": dead, "HF_HOME": str(cache)}
     )
-    return {
-        "online": online,
-        "offline": offline,
-        "files": files,
-        "urls": urls,
-        "unhandled": unhandled,
-        "cache": cache,
-    }
+    return {"online": online, "offline": offline, "files": files, "unhandled": unhandled}
 
 
 def reference_pixels() -> torch.Tensor:
@@ -222,7 +209,7 @@ def in_package(trained) -> dict[str, dict]:
             ).from_pretrained(model_dir)
             with torch.no_grad():
                 logits = model.eval()(pixel_values=reference_pixels()).logits
-            image = Image.frombytes("RGB", (8, 8), bytes(test_image()))
+            image = Image.frombytes("RGB", (8, 8), bytes(digit_image_bytes()))
             predictions = pipeline("image-classification", model=str(model_dir))(image)
             out[model_type] = {
                 "logits": logits,
@@ -302,6 +289,14 @@ def test_repush_is_accepted_and_unchanged_files_are_not_recommitted(hub, trained
     push_model_dir(trained[model_type], "org/again")
     push_model_dir(trained[model_type], "org/again")
     assert len(hub.repos["org/again"].messages) == 1
+
+
+def test_pushing_an_exported_folder_uploads_the_same_files(hub, trained, tmp_path):
+    """`energyformers release` prints `energyformers push dist/<name> ...`: re-exporting an export is a no-op."""
+    model_type = sorted(FAMILIES)[0]
+    exported = export_model_dir(trained[model_type], tmp_path / "dist" / "x", repo_id="org/from-dist")
+    push_model_dir(exported, "org/from-dist")
+    assert hub.files("org/from-dist") == {p.name: p.read_bytes() for p in exported.iterdir()}
 
 
 # ------------------------------------------------------------------------------------ failure modes
@@ -392,3 +387,50 @@ def test_push_cli_subprocess_reads_hf_endpoint_and_hf_token(trained, tmp_path):
         assert proc.stdout.strip().splitlines()[-1] == f"{server.url}/org/subprocess"
         assert {"config.json", "model.safetensors", "README.md"} <= set(server.files("org/subprocess"))
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("energyformers-push-")]
+
+
+def test_train_push_to_hub_uploads_what_push_uploads(tmp_path):
+    """`energyformers train --push_to_hub` (the training CLI, a few steps) against the stand-in: the repo holds
+    exactly the export of the saved folder, i.e. what `energyformers push` uploads."""
+    model_type = sorted(FAMILIES)[0]
+    config_class = getattr(energyformers, FAMILIES[model_type][1]["AutoConfig"])
+    accepted = inspect.signature(config_class.__init__).parameters
+    geometry = {
+        "image_size",
+        "patch_size",
+        "num_channels",
+        "max_position_embeddings",
+    }  # the CLI derives these
+    overrides = [f"{k}={json.dumps(v)}" for k, v in TINY.items() if k in accepted and k not in geometry]
+    out = tmp_path / "run"
+    with HubStandIn() as server:
+        env = {
+            **os.environ,
+            "HF_ENDPOINT": server.url,
+            "HF_TOKEN": STANDIN_TOKEN,
+            "HF_HUB_OFFLINE": "0",  # the push needs the (stand-in) network; data comes from local packages
+            "HF_DATASETS_OFFLINE": "1",
+            "HF_HOME": str(tmp_path / "hf_home"),
+            "OMP_NUM_THREADS": "1",
+            "NO_PROXY": "127.0.0.1,localhost",
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "energyformers",
+            "train",
+            "--model",
+            model_type,
+            "--dataset",
+            "digits",
+        ]
+        command += ["--max_steps", "2", "--max_train_samples", "128", "--max_eval_samples", "64"]
+        command += ["--max_test_samples", "64", "--disable_tqdm", "--output_dir", str(out)]
+        command += ["--push_to_hub", "--hub_model_id", "org/trained", "--config", *overrides]
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert f"pushed to {server.url}/org/trained" in proc.stdout
+        pushed = server.files("org/trained")
+        assert server.unhandled == []
+    expected = export_model_dir(out, tmp_path / "export", repo_id="org/trained")
+    assert pushed == {p.name: p.read_bytes() for p in expected.iterdir()}

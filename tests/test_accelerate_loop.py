@@ -1,0 +1,117 @@
+"""`energyformers train-accelerate`: the plain Accelerate loop (no Trainer), in one process.
+
+Resume: a run continued from its step-2 `save_state` checkpoint ends with the same weights as the
+uninterrupted run; gradient accumulation (4 × 2) matches the unaccumulated batch of 8.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from energyformers.training import accelerate_loop
+from safetensors.torch import load_file
+from transformers import pipeline
+
+import energyformers
+
+TINY = dict(
+    hidden_size=16, num_attention_heads=2, intermediate_size=16, num_iterations=2, time_embedding_dim=8
+)
+SUBSET = ["--max_train_samples", "32", "--max_eval_samples", "16", "--max_test_samples", "16"]
+COMMON = [
+    "--dataset",
+    "digits",
+    *SUBSET,
+    "--num_threads",
+    "1",
+    "--num_predictions",
+    "0",
+    "--warmup_ratio",
+    "0",
+]
+
+
+def tiny(family: str = "hyperset") -> list[str]:
+    params = inspect.signature(
+        getattr(energyformers, energyformers.FAMILIES[family][1]["AutoConfig"]).__init__
+    ).parameters
+    return ["--config", *(f"{k}={v}" for k, v in TINY.items() if k in params)]
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+def test_loop_writes_a_model_folder_that_pipeline_loads(tmp_path: Path) -> None:
+    out = tmp_path / "acc"
+    assert (
+        accelerate_loop.main(
+            [*COMMON, *tiny(), "--max_steps", "3", "--batch_size", "8", "--output_dir", str(out)]
+        )
+        == 0
+    )
+    names = {p.name for p in out.iterdir()}
+    assert {
+        "config.json",
+        "model.safetensors",
+        "preprocessor_config.json",
+        "metrics.json",
+        "training_curve.png",
+        "README.md",
+    } <= names
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["recipe"]["global_step"] == 3 and metrics["recipe"]["world_size"] == 1
+    assert 0 <= metrics["test"]["accuracy"] <= 1 and "f1_macro" in metrics["test"]
+    from PIL import Image
+
+    assert pipeline("image-classification", model=str(out))(Image.new("L", (8, 8)))[0]["label"] in {
+        str(i) for i in range(10)
+    }
+
+
+def test_resume_from_saved_state_matches_the_uninterrupted_run(tmp_path: Path) -> None:
+    argv = [*COMMON, *tiny(), "--max_steps", "6", "--batch_size", "8", "--checkpointing_steps", "2"]
+    straight = tmp_path / "straight"
+    assert accelerate_loop.main([*argv, "--output_dir", str(straight), "--keep_checkpoints"]) == 0
+    # "Kill" after step 2: a fresh run folder holding only the step-2 checkpoint of the first run.
+    resumed = tmp_path / "resumed"
+    work = tmp_path / "resumed.checkpoints"
+    work.mkdir()
+    shutil.copytree(tmp_path / "straight.checkpoints" / "step_2", work / "step_2")
+    assert accelerate_loop.main([*argv, "--output_dir", str(resumed)]) == 2  # refuses without --resume
+    assert accelerate_loop.main([*argv, "--output_dir", str(resumed), "--resume"]) == 0
+    metrics = json.loads((resumed / "metrics.json").read_text())
+    assert metrics["recipe"]["global_step"] == 6 and metrics["recipe"]["resumed_from"].endswith("step_2")
+    a, b = weights(straight), weights(resumed)
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], atol=1e-6, rtol=1e-5)
+
+
+def test_gradient_accumulation_matches_the_full_batch(tmp_path: Path) -> None:
+    base = [*COMMON, *tiny(), "--max_steps", "3"]
+    assert accelerate_loop.main([*base, "--batch_size", "8", "--output_dir", str(tmp_path / "full")]) == 0
+    acc = ["--batch_size", "4", "--gradient_accumulation_steps", "2", "--output_dir", str(tmp_path / "acc")]
+    assert accelerate_loop.main([*base, *acc]) == 0
+    a, b = weights(tmp_path / "full"), weights(tmp_path / "acc")
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], atol=1e-5, rtol=1e-4)
+    losses = [
+        json.loads((tmp_path / d / "metrics.json").read_text())["train"]["train_loss"]
+        for d in ("full", "acc")
+    ]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+
+
+def test_fp16_on_cpu_is_refused_before_training(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("fp16 is allowed on GPUs")
+    assert (
+        accelerate_loop.main([*COMMON, "--mixed_precision", "fp16", "--output_dir", str(tmp_path / "x")]) == 2
+    )
+    assert "fp16 needs a GPU" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

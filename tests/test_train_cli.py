@@ -1,0 +1,378 @@
+"""`energyformers train` (Trainer CLI) and `energyformers predict`: short CI versions of the issue's checks.
+
+Every family in `energyformers.FAMILIES` trains for two steps on a tiny subset of an image and a text
+dataset, and the saved folder reloads through `pipeline` in this process and in a fresh one. Runs go
+in-process through `train.main(argv)` (no interpreter start-up per run), except the SIGTERM one.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from energyformers.training import predict, train
+from energyformers.training.data import MissingDataError, load_data
+from PIL import Image
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForImageClassification, pipeline
+
+import energyformers
+
+FAMILIES = sorted(energyformers.FAMILIES)
+# Shrunk values for whatever size-like arguments a family's config accepts (filtered by its signature).
+TINY = dict(
+    hidden_size=16,
+    num_attention_heads=2,
+    intermediate_size=16,
+    num_hidden_layers=1,
+    num_iterations=2,
+    time_embedding_dim=8,
+    fixed_point_iterations=1,
+)
+QUICK = ["--max_steps", "2", "--per_device_train_batch_size", "8", "--num_threads", "1", "--disable_tqdm"]
+SUBSET = [
+    "--max_train_samples",
+    "32",
+    "--max_eval_samples",
+    "16",
+    "--max_test_samples",
+    "16",
+    "--num_predictions",
+    "2",
+]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def tiny_config(family: str) -> list[str]:
+    _stem, classes = energyformers.FAMILIES[family]
+    params = inspect.signature(getattr(energyformers, classes["AutoConfig"]).__init__).parameters
+    return [f"{k}={v}" for k, v in TINY.items() if k in params]
+
+
+def run_cli(*argv: str) -> int:
+    return train.main([str(a) for a in argv])
+
+
+def dataset_or_skip(name: str) -> str:
+    try:
+        load_data(name)
+    except MissingDataError as err:
+        pytest.skip(f"{name} is not installed: {err.install_command}")
+    return name
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory):
+    """(family, modality) → output folder of a 2-step run; trained lazily, once per module."""
+    root = tmp_path_factory.mktemp("train_cli")
+    cache: dict[tuple[str, str], Path] = {}
+
+    def get(family: str, modality: str) -> Path:
+        if (family, modality) not in cache:
+            dataset = "digits" if modality == "image" else dataset_or_skip("rotten_tomatoes")
+            out = root / f"{family}-{modality}"
+            extra = ["--vocab_size", "300", "--max_length", "32"] if modality == "text" else []
+            rc = run_cli(
+                "--model", family, "--dataset", dataset, "--output_dir", out,
+                "--config", *tiny_config(family), *QUICK, *SUBSET, *extra,
+            )  # fmt: skip
+            assert rc == 0
+            cache[family, modality] = out
+        return cache[family, modality]
+
+    return get
+
+
+# ----------------------------------------------------------------------------------- outputs
+
+
+@pytest.mark.parametrize("modality", ["image", "text"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_output_folder_is_complete(trained, family: str, modality: str) -> None:
+    out = trained(family, modality)
+    files = {p.name for p in out.iterdir()}
+    processor = (
+        {"preprocessor_config.json"} if modality == "image" else {"tokenizer.json", "tokenizer_config.json"}
+    )
+    assert {
+        "config.json",
+        "model.safetensors",
+        "metrics.json",
+        "training_curve.png",
+        "README.md",
+    } | processor <= files
+    assert not any(name.endswith((".bin", ".pt", ".pth", ".pkl")) for name in files)  # no pickles
+    assert not out.with_name(out.name + ".checkpoints").exists()  # work folder removed after success
+    assert "model-index" in (out / "README.md").read_text()  # Trainer card with tasks + dataset tags
+
+
+@pytest.mark.parametrize("modality", ["image", "text"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_metrics_json_schema(trained, family: str, modality: str) -> None:
+    metrics = json.loads((trained(family, modality) / "metrics.json").read_text())
+    assert metrics["model"] == family and metrics["preset"] is None
+    assert metrics["task"] == ("image-classification" if modality == "image" else "text-classification")
+    assert isinstance(metrics["num_parameters"], int) and metrics["num_parameters"] > 0
+    recipe = metrics["recipe"]
+    assert recipe["command"].startswith("energyformers train ") and recipe["max_steps"] == 2
+    assert (
+        recipe["global_step"] == 2
+        and recipe["batch_size"] == 8
+        and isinstance(recipe["learning_rate"], float)
+    )
+    for split in ("eval", "test"):
+        assert 0.0 <= metrics[split]["accuracy"] <= 1.0 and 0.0 <= metrics[split]["f1_macro"] <= 1.0
+    assert "train_loss" in metrics["train"] and metrics["wall_time_s"] > 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_config_overrides_reach_the_saved_config(trained, family: str) -> None:
+    config = json.loads((trained(family, "image") / "config.json").read_text())
+    assert config["hidden_size"] == TINY["hidden_size"]
+    assert config["id2label"] == {str(i): str(i) for i in range(10)}
+
+
+@pytest.mark.parametrize("modality", ["image", "text"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pipeline_reloads_in_process(trained, family: str, modality: str) -> None:
+    out = trained(family, modality)
+    if modality == "image":
+        classify = pipeline("image-classification", model=str(out))
+        inputs = [Image.fromarray(np.full((8, 8), 200, np.uint8)), Image.new("RGBA", (20, 12))]
+    else:
+        classify = pipeline("text-classification", model=str(out))
+        inputs = ["a warm and funny film", "tedious " * 100]
+    names = set(AutoConfig.from_pretrained(out).id2label.values())
+    results = classify(inputs, top_k=len(names), **({"truncation": True} if modality == "text" else {}))
+    for result in results:
+        assert {r["label"] for r in result} == names
+        assert sum(r["score"] for r in result) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_pipeline_reloads_in_a_fresh_process(trained) -> None:
+    folders = {f"{family}-{m}": str(trained(family, m)) for family in FAMILIES for m in ("image", "text")}
+    code = textwrap.dedent(
+        """
+        import json, sys
+        import energyformers  # registration is what makes the folders loadable
+        from PIL import Image
+        from transformers import pipeline
+        out = {}
+        for name, folder in json.loads(sys.argv[1]).items():
+            task = "image-classification" if name.endswith("image") else "text-classification"
+            x = Image.new("L", (8, 8), 128) if task.startswith("image") else "a fine film"
+            out[name] = pipeline(task, model=folder)(x)[0]["label"]
+        print(json.dumps(out))
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(folders)],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    labels = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(labels) == set(folders)
+    for name, label in labels.items():
+        assert label in AutoConfig.from_pretrained(folders[name]).id2label.values()
+
+
+def test_predict_cli_images_and_texts(trained, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    image_dir, text_dir = trained("hyperset", "image"), trained("hyperset", "text")
+    Image.new("P", (8, 8)).save(tmp_path / "a.png")  # palette mode: converted to RGB
+    Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8)).save(tmp_path / "b.png")
+    assert predict.main([str(image_dir), str(tmp_path / "a.png"), str(tmp_path / "b.png"), "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert [line["input"] for line in lines] == [str(tmp_path / "a.png"), str(tmp_path / "b.png")]
+    assert all(line["predictions"][0]["label"] in {str(i) for i in range(10)} for line in lines)
+    assert predict.main([str(text_dir), "a great movie", "dull", "--top_k", "2", "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert [{p["label"] for p in line["predictions"]} for line in lines] == [{"neg", "pos"}] * 2
+    assert predict.main([str(image_dir), str(tmp_path / "missing.png")]) == 2
+
+
+# ----------------------------------------------------------------------------------- fine-tuning
+
+
+def write_two_class_imagefolder(root: Path) -> Path:
+    """digits 0 vs 1 as PNG files in class folders, in assorted PIL modes (L, RGB, RGBA, P, I;16)."""
+    data = load_data("digits")["train"]
+    modes = ["L", "RGB", "RGBA", "P", "I;16"]
+    count = {"zero": 0, "one": 0}
+    for row in data:
+        name = {0: "zero", 1: "one"}.get(row["label"])
+        if name is None or count[name] >= 15:
+            continue
+        image = row["image"].convert("L")
+        mode = modes[count[name] % len(modes)]
+        image = image.convert("I;16") if mode == "I;16" else image.convert(mode)
+        (root / name).mkdir(parents=True, exist_ok=True)
+        image.save(root / name / f"{count[name]}.png")
+        count[name] += 1
+    return root
+
+
+def test_finetune_ten_class_checkpoint_onto_two_class_imagefolder(trained, tmp_path: Path) -> None:
+    source = trained("hyperset", "image")
+    folder = write_two_class_imagefolder(tmp_path / "zero_one")
+    out = tmp_path / "finetuned"
+    assert run_cli("--from_pretrained", source, "--dataset", folder, "--output_dir", out, *QUICK) == 0
+    config = AutoConfig.from_pretrained(out)
+    assert sorted(config.id2label.values()) == ["one", "zero"]
+    model = AutoModelForImageClassification.from_pretrained(out)
+    base = AutoModelForImageClassification.from_pretrained(source)
+    assert model.classifier.weight.shape[0] == 2 and base.classifier.weight.shape[0] == 10
+    # the backbone starts from the checkpoint: still close to it after two small steps
+    name = next(n for n, _ in base.named_parameters() if not n.startswith("classifier"))
+    delta = (model.state_dict()[name] - base.state_dict()[name]).abs().max().item()
+    assert delta < 0.05
+    assert json.loads((out / "metrics.json").read_text())["recipe"]["from_pretrained"] == str(source)
+
+
+# ----------------------------------------------------------------------------------- accumulation, resume
+
+
+def test_gradient_accumulation_gives_the_same_loss_and_weights(tmp_path: Path) -> None:
+    common = ["--dataset", "digits", "--config", *tiny_config("hyperset"), *SUBSET, "--max_steps", "3"]
+    common += ["--num_threads", "1", "--disable_tqdm", "--warmup_steps", "0"]
+    assert run_cli(*common, "--output_dir", tmp_path / "full", "--per_device_train_batch_size", "8") == 0
+    acc = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2"]
+    assert run_cli(*common, "--output_dir", tmp_path / "accumulated", *acc) == 0
+    losses = [
+        json.loads((tmp_path / d / "metrics.json").read_text())["train"]["train_loss"]
+        for d in ("full", "accumulated")
+    ]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)  # not 2× (the accepts_loss_kwargs trap)
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("full", "accumulated"))
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], atol=1e-5, rtol=1e-4)
+
+
+KILL_AFTER_FIRST_SAVE = """
+import os, signal, sys
+from transformers import TrainerCallback
+from energyformers.training import train
+
+class KillAfterFirstSave(TrainerCallback):
+    def on_save(self, args, state, control, **kwargs):
+        if not os.environ.get("KILLED"):
+            os.environ["KILLED"] = "1"
+            os.kill(os.getpid(), signal.SIGTERM)  # a real signal, delivered right after checkpoint-N is on disk
+
+sys.exit(train.main(sys.argv[1:], callbacks=[KillAfterFirstSave()]))
+"""
+
+
+def test_resume_after_sigterm_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    common = ["--dataset", "digits", "--config", *tiny_config("hyperset"), *SUBSET, "--max_steps", "8"]
+    common += ["--per_device_train_batch_size", "8", "--save_strategy", "steps", "--save_steps", "3"]
+    common += ["--eval_strategy", "no", "--num_threads", "1", "--disable_tqdm"]
+    assert run_cli(*common, "--output_dir", tmp_path / "straight") == 0
+
+    out = tmp_path / "interrupted"
+    script = tmp_path / "kill.py"
+    script.write_text(KILL_AFTER_FIRST_SAVE)
+    argv = [sys.executable, str(script), *map(str, common), "--output_dir", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 128 + 15, proc.stderr[-3000:]
+    assert "--resume" in proc.stderr
+    assert not out.exists()  # nothing half-written where the model goes
+    checkpoints = sorted(p.name for p in out.with_name("interrupted.checkpoints").glob("checkpoint-*"))
+    assert checkpoints == ["checkpoint-3", "checkpoint-4"]  # periodic save, then the SIGTERM save
+
+    assert run_cli(*common, "--output_dir", out) == 2  # refuses to silently restart over a killed run
+    assert run_cli(*common, "--output_dir", out, "--resume") == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["recipe"]["global_step"] == 8 and metrics["recipe"]["resumed_from"].endswith(
+        "checkpoint-4"
+    )
+    a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(out / "model.safetensors")
+    for key in a:  # same seed, restored optimizer/scheduler/RNG state and data order: equal to float rounding
+        torch.testing.assert_close(b[key], a[key], atol=1e-6, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------- bad input
+
+
+def write_csv(path: Path, rows: list[str]) -> Path:
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+BAD_INPUTS = {
+    "unknown dataset": (
+        lambda tmp: ["--dataset", "no_such_dataset_xyz"],
+        "unknown dataset 'no_such_dataset_xyz'",
+    ),
+    "missing path": (lambda tmp: ["--dataset", str(tmp / "nope")], "does not exist"),
+    "missing column": (
+        lambda tmp: [
+            "--dataset",
+            write_csv(tmp / "d.csv", ["text,label"] + ["good,1", "bad,0"] * 5),
+            "--label_column",
+            "stars",
+        ],
+        "--label_column 'stars' is not a column",
+    ),
+    "string labels": (
+        lambda tmp: ["--dataset", write_csv(tmp / "d.csv", ["text,label"] + ["good,pos", "bad,neg"] * 5)],
+        "expected integer class ids or a ClassLabel",
+    ),
+    "float labels": (
+        lambda tmp: ["--dataset", write_csv(tmp / "d.csv", ["text,label"] + ["good,0.5", "bad,1.5"] * 5)],
+        "expected integer class ids or a ClassLabel",
+    ),
+    "empty dataset": (lambda tmp: ["--dataset", write_csv(tmp / "d.csv", ["text,label"])], "empty"),
+    "unknown config key": (lambda tmp: ["--config", "no_such_field=[1,2"], "no_such_field"),
+    "bad config value": (lambda tmp: ["--config", "hidden_size=-3"], "hidden_size"),
+    "image config on text": (
+        lambda tmp: [
+            "--dataset",
+            write_csv(tmp / "d.csv", ["text,label"] + ["good,1", "bad,0"] * 5),
+            "--config",
+            "input_type=image",
+        ],
+        "input_type",
+    ),
+    "unknown family": (lambda tmp: ["--model", "resnet"], "--model 'resnet' is not available"),
+    "resume without checkpoint": (lambda tmp: ["--resume"], "no checkpoint"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_fails_before_training_and_writes_nothing(case: str, tmp_path: Path, capsys) -> None:
+    make_args, message = BAD_INPUTS[case]
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    out = tmp_path / "runs" / "model"
+    rc = run_cli(*make_args(data_dir), "--output_dir", out, *QUICK)
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert message in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_existing_output_folder_is_left_untouched(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert run_cli("--output_dir", out, *QUICK) == 2
+    assert "--overwrite_output_dir" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_config_override_values_are_json() -> None:
+    parsed = train.parse_overrides(["a=3", "b=0.5", "c=true", "d=[16,16]", "e=mean", 'f="7"'])
+    assert parsed == {"a": 3, "b": 0.5, "c": True, "d": [16, 16], "e": "mean", "f": "7"}
+    with pytest.raises(train.UsageError, match="KEY=VALUE"):
+        train.parse_overrides(["hidden_size"])

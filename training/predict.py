@@ -1,0 +1,92 @@
+"""`energyformers predict DIR INPUT...`: classify image files or texts with a saved model folder.
+
+    energyformers predict runs/demo-hyperset img1.png img2.jpg
+    energyformers predict runs/rt-hyperset "a gripping, funny film" "two hours I will never get back"
+    echo "one text per line" | energyformers predict runs/rt-hyperset -
+
+Uses `transformers.pipeline` on the folder (model + saved processor/tokenizer), exactly as a user would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="energyformers predict", description=__doc__.split("\n\n")[0])
+    p.add_argument("model_dir", help="a folder written by `energyformers train` (or a Hub repo id)")
+    p.add_argument(
+        "inputs", nargs="+", help="image paths for image models, texts for text models; '-' reads stdin lines"
+    )
+    p.add_argument("--top_k", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print one JSON object per input")
+    p.add_argument(
+        "--trust_remote_code", action="store_true", help="for exported folders without the package"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    import transformers
+
+    import energyformers  # noqa: F401  (registers the Auto classes)
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        config = transformers.AutoConfig.from_pretrained(
+            args.model_dir, trust_remote_code=args.trust_remote_code
+        )
+    except (OSError, ValueError) as err:
+        print(
+            f"energyformers predict: error: cannot load a model from {args.model_dir!r}: {err}",
+            file=sys.stderr,
+        )
+        return 2
+    task = (
+        "image-classification" if getattr(config, "input_type", "image") == "image" else "text-classification"
+    )
+    inputs = (
+        [line.rstrip("\n") for line in sys.stdin if line.strip()] if args.inputs == ["-"] else args.inputs
+    )
+    if task == "image-classification":
+        missing = [x for x in inputs if not Path(x).is_file()]
+        if missing:
+            print(
+                f"energyformers predict: error: {args.model_dir} classifies images; no such file: {missing[0]}",
+                file=sys.stderr,
+            )
+            return 2
+        from PIL import Image
+
+        from .processing import to_rgb
+
+        inputs = [to_rgb(Image.open(x)) for x in inputs]  # any mode (RGBA, P, 16-bit grey) → RGB
+    kwargs = {"trust_remote_code": args.trust_remote_code}
+    if task == "image-classification":
+        kwargs["image_processor"] = transformers.AutoImageProcessor.from_pretrained(
+            args.model_dir, backend="pil"
+        )
+    classify = transformers.pipeline(task, model=args.model_dir, **kwargs)
+    call = {"top_k": args.top_k} | ({"truncation": True} if task == "text-classification" else {})
+    outputs = classify(inputs, **call)
+    shown = args.inputs if args.inputs != ["-"] else inputs
+    for source, out in zip(shown, outputs):
+        out = out if isinstance(out, list) else [out]
+        if args.json:
+            print(json.dumps({"input": source, "predictions": out}))
+        else:
+            ranked = ", ".join(f"{o['label']} ({o['score']:.3f})" for o in out)
+            print(f"{source if len(source) <= 60 else source[:57] + '...'}\t{ranked}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,147 @@
+"""`energyformers release`: the reference checkpoints of every family as Hub-ready folders under `dist/`.
+
+For each family in `energyformers.FAMILIES` and each reference dataset (digits and fashion_mnist for images,
+rotten_tomatoes for text) it trains the model with the train CLI's defaults (`energyformers train --model F
+--dataset D --output_dir runs/release/F-D`, in a subprocess, so every run is exactly the documented command),
+or reuses a finished run folder, or takes the folders given with `--take`; then it exports each one with
+`export_model_dir` to `dist/<model>-<dataset>/` (git-ignored) with its card and measured metrics, and writes
+`dist/release.json` (what was released, with the measured test metrics) and the commands to push them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REFERENCE_DATASETS = ("digits", "fashion_mnist", "rotten_tomatoes")
+
+
+def _finished(run_dir: Path) -> bool:
+    return all((run_dir / name).is_file() for name in ("config.json", "model.safetensors", "metrics.json"))
+
+
+def _release_name(model_dir: Path) -> str:
+    metrics_path = model_dir / "metrics.json"
+    if not metrics_path.is_file():
+        raise FileNotFoundError(
+            f"{model_dir}: missing metrics.json; a release needs the run's measured metrics (train with "
+            "`energyformers train`, which writes it)."
+        )
+    metrics = json.loads(metrics_path.read_text())
+    return f"{metrics['model']}-{Path(str(metrics['dataset'])).name}"
+
+
+def train_command(model: str, dataset: str, run_dir: Path, train_args: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "energyformers",
+        "train",
+        "--model",
+        model,
+        "--dataset",
+        dataset,
+        "--output_dir",
+        str(run_dir),
+        "--overwrite_output_dir",
+        *train_args,
+    ]
+
+
+def main(argv: list[str]) -> int:
+    from energyformers import FAMILIES
+
+    from .export import export_model_dir
+
+    parser = argparse.ArgumentParser(
+        prog="energyformers release",
+        description="Train (or take) the reference checkpoints and export Hub-ready folders under dist/. "
+        "Arguments after `--` are passed to every `energyformers train` run.",
+    )
+    parser.add_argument("--models", nargs="+", default=sorted(FAMILIES), choices=sorted(FAMILIES))
+    parser.add_argument("--datasets", nargs="+", default=list(REFERENCE_DATASETS))
+    parser.add_argument(
+        "--take",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="MODEL_DIR",
+        help="release these finished model folders instead of training",
+    )
+    parser.add_argument("--runs_dir", type=Path, default=Path("runs/release"), help="where training runs go")
+    parser.add_argument("--dist_dir", type=Path, default=Path("dist"), help="where the Hub-ready folders go")
+    parser.add_argument("--retrain", action="store_true", help="train again even if a finished run exists")
+    parser.add_argument("--namespace", default=None, help="Hub user/org shown in the cards' loading snippets")
+    parser.add_argument("--dry_run", action="store_true", help="print the plan, train and write nothing")
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, train_args = parser.parse_args(argv[:split]), argv[split + 1 :]
+
+    # 1. Which model folders to release: given, already trained, or to be trained now.
+    plan: list[tuple[Path, list[str] | None]] = []
+    if args.take:
+        plan = [(Path(d), None) for d in args.take]
+    else:
+        for model in args.models:
+            for dataset in args.datasets:
+                run_dir = args.runs_dir / f"{model}-{dataset}"
+                needs_training = args.retrain or not _finished(run_dir)
+                plan.append(
+                    (run_dir, train_command(model, dataset, run_dir, train_args) if needs_training else None)
+                )
+    for run_dir, command in plan:
+        print(
+            f"train  {shlex.join(['energyformers', *command[3:]])}" if command else f"take   {run_dir}",
+            flush=True,
+        )
+    if args.dry_run:
+        return 0
+
+    # 2. Train what is missing (a failed run is reported and skipped, the others still ship).
+    failures: dict[str, str] = {}
+    for run_dir, command in plan:
+        if command is not None:
+            start = time.perf_counter()
+            if subprocess.run(command).returncode != 0:
+                failures[str(run_dir)] = f"training failed: {shlex.join(['energyformers', *command[3:]])}"
+            else:
+                print(f"trained {run_dir} in {time.perf_counter() - start:.0f} s", flush=True)
+
+    # 3. Export each finished folder to dist/<model>-<dataset>/ (atomic; replaces an older export).
+    released: dict[str, dict] = {}
+    for run_dir, _ in plan:
+        if str(run_dir) in failures:
+            continue
+        try:
+            name = _release_name(run_dir)
+            if name in released:
+                raise ValueError(f"two folders would both be released as {name!r}")
+            repo_id = f"{args.namespace}/{name}" if args.namespace else None
+            out = export_model_dir(run_dir, args.dist_dir / name, repo_id=repo_id, overwrite=True)
+        except (FileNotFoundError, ValueError) as err:
+            failures[str(run_dir)] = str(err)
+            continue
+        metrics = json.loads((out / "metrics.json").read_text())
+        released[name] = {"source": str(run_dir), "folder": str(out), "test": metrics.get("test") or {}}
+
+    args.dist_dir.mkdir(parents=True, exist_ok=True)
+    (args.dist_dir / "release.json").write_text(
+        json.dumps({"released": released, "failed": failures}, indent=2) + "\n"
+    )
+    print(f"\n{'release':<32} {'test acc':>9} {'macro F1':>9}")
+    for name, entry in released.items():
+        test = entry["test"]
+        acc, f1 = test.get("accuracy"), test.get("f1_macro")
+        print(f"{name:<32} {acc if acc is None else f'{acc:.4f}':>9} {f1 if f1 is None else f'{f1:.4f}':>9}")
+    namespace = args.namespace or "<your-namespace>"
+    if released:
+        print("\npush with:")
+        for name, entry in released.items():
+            print(f"  energyformers push {entry['folder']} {namespace}/{name}")
+    for source, reason in failures.items():
+        print(f"energyformers release: error: {source}: {reason}", file=sys.stderr)
+    return 1 if failures else 0
