@@ -1,0 +1,120 @@
+"""What recurrent depth buys: Hyper-SET energies per iteration and accuracy vs test-time iterations.
+
+Takes a trained Hyper-SET image classifier folder (e.g. the output of `make demo`), runs the test split
+of its dataset with `output_energies=True` at the trained depth and at other iteration counts, and
+writes benchmarks/results/hyperset_iterations.{md,json,png}:
+
+* mean E_ATTN, E_FF, effective rank and pairwise angle per iteration t = 0..T' (T' = the largest
+  iteration count evaluated, beyond the trained T);
+* test accuracy for each iteration count (test-time depth extrapolation).
+
+    python benchmarks/hyperset_iterations.py runs/demo-hyperset --dataset digits
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from transformers import AutoImageProcessor  # noqa: E402
+
+from energyformers import HyperSetForImageClassification  # noqa: E402
+from energyformers.training.data import load_data  # noqa: E402
+from energyformers.training.processing import image_transform  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+
+
+@torch.inference_mode()
+def evaluate(model, batches, num_iterations: int) -> tuple[float, dict[str, torch.Tensor]]:
+    correct, total, sums = 0, 0, {}
+    for batch in batches:
+        out = model(pixel_values=batch["pixel_values"], num_iterations=num_iterations, output_energies=True)
+        correct += int((out.logits.argmax(-1) == batch["labels"]).sum())
+        total += len(batch["labels"])
+        for name, value in out.energies.items():  # (B, L, T + 1[, H]) → summed over the batch
+            sums[name] = sums.get(name, 0) + value.sum(0)
+    return correct / total, {name: value / total for name, value in sums.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_dir")
+    parser.add_argument("--dataset", default="digits")
+    parser.add_argument("--max_factor", type=float, default=3.0, help="evaluate up to this multiple of the trained T")
+    parser.add_argument("--batch_size", type=int, default=256)
+    args = parser.parse_args()
+
+    model = HyperSetForImageClassification.from_pretrained(args.model_dir).eval()
+    trained = model.config.num_iterations
+    test = load_data(args.dataset)["test"].with_transform(image_transform(AutoImageProcessor.from_pretrained(args.model_dir)))
+    batches = [test[i : i + args.batch_size] for i in range(0, len(test), args.batch_size)]
+    batches = [{"pixel_values": b["pixel_values"], "labels": torch.as_tensor(b["labels"])} for b in batches]
+
+    longest = max(trained + 1, round(args.max_factor * trained))
+    counts = sorted({1, max(1, trained // 2), trained, 2 * trained, longest} | set(range(1, longest + 1, max(1, trained // 4))))
+    accuracy = {}
+    for count in counts:
+        accuracy[count], energies = evaluate(model, batches, count)
+        if count == longest:
+            trajectory = energies
+    layer = model.config.num_hidden_layers - 1  # the last layer's trajectory
+    curves = {
+        "attention_energy": trajectory["attention_energy"][layer].tolist(),
+        "feedforward_energy": trajectory["feedforward_energy"][layer].tolist(),
+        "effective_rank": trajectory["effective_rank"][layer].mean(-1).tolist(),
+        "average_angle": trajectory["average_angle"][layer].mean(-1).tolist(),
+    }
+
+    RESULTS.mkdir(exist_ok=True)
+    fig, axes = plt.subplots(1, 5, figsize=(20, 3.6))
+    for ax, (name, values) in zip(axes, curves.items()):
+        ax.plot(range(len(values)), values, marker=".")
+        ax.axvline(trained, color="grey", linestyle="--", label=f"trained T = {trained}")
+        ax.set_title(name.replace("_", " "))
+        ax.set_xlabel("iteration t")
+    axes[0].legend()
+    axes[-1].plot(list(accuracy), list(accuracy.values()), marker="o")
+    axes[-1].axvline(trained, color="grey", linestyle="--")
+    axes[-1].set_title(f"test accuracy ({args.dataset})")
+    axes[-1].set_xlabel("iterations at test time")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "hyperset_iterations.png", dpi=110)
+
+    command = f"python benchmarks/hyperset_iterations.py {args.model_dir} --dataset {args.dataset}"
+    (RESULTS / "hyperset_iterations.json").write_text(
+        json.dumps({"command": command, "trained_iterations": trained, "accuracy": accuracy, "curves": curves}, indent=2)
+    )
+    lines = [
+        "# Hyper-SET: energy per iteration and test-time depth",
+        "",
+        f"Command: `{command}` (model trained with T = {trained}; test split of `{args.dataset}`, "
+        f"{sum(len(b['labels']) for b in batches)} images). Plot: `hyperset_iterations.png`.",
+        "",
+        "| iterations at test time | " + " | ".join(str(c) for c in accuracy) + " |",
+        "|---|" + "---|" * len(accuracy),
+        "| test accuracy | " + " | ".join(f"{a:.4f}" for a in accuracy.values()) + " |",
+        "",
+        f"Mean over the test set, last layer, running {longest} iterations (t = 0 is the embedded input):",
+        "",
+        "| t | E_ATTN | E_FF | effective rank (mean over heads) | mean angle (deg) |",
+        "|---|---|---|---|---|",
+    ]
+    for t in range(len(curves["attention_energy"])):
+        lines.append(
+            f"| {t}{' (trained T)' if t == trained else ''} | {curves['attention_energy'][t]:.2f} | "
+            f"{curves['feedforward_energy'][t]:.3f} | {curves['effective_rank'][t]:.3f} | {curves['average_angle'][t]:.2f} |"
+        )
+    text = "\n".join(lines) + "\n"
+    (RESULTS / "hyperset_iterations.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
