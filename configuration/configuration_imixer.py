@@ -73,13 +73,13 @@ class IMixerConfig(PreTrainedConfig):
             n: fixed-point steps x ← x₀ + F(x) that approximate (1 − F)⁻¹ (paper's best: 2); 0 builds
             no contractive block and is exactly the vanilla MLP-Mixer.
         spectral_norm_coeff (`float`, *optional*, defaults to 0.9):
-            c: the soft spectral normalisation caps σ(W) of F's two weights at c (i-ResNet's value).
+            c: soft spectral normalisation caps σ(W) of F's two weights at c (0.9, specs/imixer.md).
         spectral_norm_power_iterations (`int`, *optional*, defaults to 8):
-            k: power-iteration steps per training forward that refine the σ estimate (authors' code).
+            k: power-iteration steps per training forward that refine the σ estimate (8, specs/imixer.md).
         hidden_dropout_prob (`float`, *optional*, defaults to 0.0):
-            Dropout after each MLP's activation and output (timm's Mixer `drop_rate`; 0 as in the paper).
+            Dropout after each MLP's activation and output (timm's Mixer `proj_drop_rate`; 0 = off).
         drop_path_rate (`float`, *optional*, defaults to 0.0):
-            Stochastic-depth rate, increased linearly over the blocks from 0 to this value (timm).
+            Stochastic-depth rate, the same for every block as in timm's Mixer (0 = off).
         vocab_size (`int`, *optional*):
             Token vocabulary for `input_type="sequence"` (required there).
         max_position_embeddings (`int`, *optional*, defaults to 128):
@@ -116,7 +116,9 @@ class IMixerConfig(PreTrainedConfig):
         initializer_range: float = 0.02,
         **kwargs: Any,
     ) -> None:
-        _require(input_type in ("image", "sequence"), "input_type", input_type, "expected 'image' or 'sequence'")
+        _require(
+            input_type in ("image", "sequence"), "input_type", input_type, "expected 'image' or 'sequence'"
+        )
         for name, value in (
             ("hidden_size", hidden_size),
             ("num_hidden_layers", num_hidden_layers),
@@ -135,7 +137,11 @@ class IMixerConfig(PreTrainedConfig):
         for name, value, base in (
             ("token_mixing_ratio", token_mixing_ratio, hidden_size),
             ("channel_mixing_ratio", channel_mixing_ratio, hidden_size),
-            ("hidden_ratio", hidden_ratio, int(token_mixing_ratio * hidden_size) if _is_number(token_mixing_ratio) else 0),
+            (
+                "hidden_ratio",
+                hidden_ratio,
+                int(token_mixing_ratio * hidden_size) if _is_number(token_mixing_ratio) else 0,
+            ),
         ):
             _require(
                 _is_number(value) and value > 0 and int(value * base) >= 1,
@@ -166,7 +172,12 @@ class IMixerConfig(PreTrainedConfig):
                 vocab_size,
                 'input_type="sequence" needs an integer vocab_size >= 1',
             )
-        _require(_is_number(layer_norm_eps) and layer_norm_eps > 0, "layer_norm_eps", layer_norm_eps, "expected a float > 0")
+        _require(
+            _is_number(layer_norm_eps) and layer_norm_eps > 0,
+            "layer_norm_eps",
+            layer_norm_eps,
+            "expected a float > 0",
+        )
         _require(
             _is_number(initializer_range) and initializer_range > 0,
             "initializer_range",
@@ -221,7 +232,9 @@ class IMixerConfig(PreTrainedConfig):
     def from_preset(cls, name: str, **overrides: Any) -> IMixerConfig:
         """Config of a named paper setting (`IMIXER_PRESETS`: s16, b16, l16, s32, b32, l32), overrides on top."""
         if name not in IMIXER_PRESETS:
-            raise ValueError(f"IMixerConfig: unknown preset name={name!r}; expected one of {sorted(IMIXER_PRESETS)}.")
+            raise ValueError(
+                f"IMixerConfig: unknown preset name={name!r}; expected one of {sorted(IMIXER_PRESETS)}."
+            )
         kwargs = {**IMIXER_PRESETS[name], **overrides}
         if "id2label" in overrides:
             kwargs.pop("num_labels", None)

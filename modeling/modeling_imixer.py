@@ -20,7 +20,11 @@ from torch.nn.utils import parametrize
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput, SequenceClassifierOutput
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    ImageClassifierOutput,
+    SequenceClassifierOutput,
+)
 from transformers.utils import ModelOutput
 
 from ..configuration.configuration_imixer import IMixerConfig
@@ -118,7 +122,9 @@ class IMixerTokenEmbeddings(nn.Module):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if input_ids.ndim != 2:
-            raise ValueError(f"input_ids must have shape (batch, sequence_length); got {tuple(input_ids.shape)}.")
+            raise ValueError(
+                f"input_ids must have shape (batch, sequence_length); got {tuple(input_ids.shape)}."
+            )
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         elif attention_mask.shape != input_ids.shape:
@@ -144,8 +150,9 @@ class IMixerTokenEmbeddings(nn.Module):
         tokens = self.word_embeddings(input_ids)  # (B, L, D)
         # Slot of each real token = its rank among the real tokens; padding goes to a spare slot S, dropped.
         slots = torch.where(keep, keep.cumsum(1) - 1, num_tokens)  # (B, L)
-        canvas = self.pad_embedding.to(tokens.dtype).expand(tokens.shape[0], num_tokens + 1, -1)  # (B, S + 1, D)
-        embeddings = canvas.scatter(1, slots.unsqueeze(-1).expand_as(tokens), tokens)[:, :num_tokens]  # (B, S, D)
+        canvas = self.pad_embedding.to(tokens.dtype).expand(len(tokens), num_tokens + 1, -1)  # (B, S + 1, D)
+        embeddings = canvas.scatter(1, slots.unsqueeze(-1).expand_as(tokens), tokens)  # (B, S + 1, D)
+        embeddings = embeddings[:, :num_tokens]  # (B, S, D)
         token_keep = torch.arange(num_tokens, device=input_ids.device) < lengths[:, None]  # (B, S)
         return embeddings, token_keep
 
@@ -211,7 +218,9 @@ class IMixerTokenMixing(nn.Module):
             self.fc_sn1 = nn.Linear(width, contractive)
             self.fc_sn2 = nn.Linear(contractive, width)
             for layer in (self.fc_sn1, self.fc_sn2):
-                parametrize.register_parametrization(layer, "weight", IMixerSpectralNorm(config, layer.weight))
+                parametrize.register_parametrization(
+                    layer, "weight", IMixerSpectralNorm(config, layer.weight)
+                )
         self.fc2 = nn.Linear(width, num_tokens)
         self.activation = nn.GELU()
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
@@ -226,7 +235,10 @@ class IMixerTokenMixing(nn.Module):
     @torch.no_grad()
     def spectral_norm_estimates(self) -> torch.Tensor:
         """Current σ estimates uᵀWv of fc_sn1 and fc_sn2, `(2,)` (`(0,)` when n = 0)."""
-        sigmas = [layer.parametrizations.weight[0].sigma(layer.parametrizations.weight.original) for layer in self.spectral_layers()]
+        sigmas = [
+            layer.parametrizations.weight[0].sigma(layer.parametrizations.weight.original)
+            for layer in self.spectral_layers()
+        ]
         return torch.stack(sigmas).float() if sigmas else self.fc1.weight.new_zeros(0, dtype=torch.float32)
 
     def forward(
@@ -239,16 +251,21 @@ class IMixerTokenMixing(nn.Module):
             # read the parametrized weights once: every fixed-point step applies the same F
             weight1, weight2 = self.fc_sn1.weight, self.fc_sn2.weight
             for _ in range(num_iterations):
-                hidden = self.activation(F.linear(self.activation(state), weight1, self.fc_sn1.bias))  # (B, D, N_h)
-                update = start + F.linear(hidden, weight2, self.fc_sn2.bias)  # (B, D, D_S)
+                # F(x) = fc_sn2(GELU(fc_sn1(GELU(x)))): (B, D, D_S) → (B, D, N_h) → (B, D, D_S)
+                hidden = self.activation(F.linear(self.activation(state), weight1, self.fc_sn1.bias))
+                update = start + F.linear(hidden, weight2, self.fc_sn2.bias)
                 if output_diagnostics:
                     statistics.append(_step_statistics(update, state))
                 state = update
         output = self.dropout(self.fc2(self.dropout(self.activation(state))))  # (B, D, S)
         if not output_diagnostics:
             return output, None
-        residuals = torch.stack([r for r, _ in statistics]) if statistics else start.new_zeros(0, dtype=torch.float32)
-        cosines = torch.stack([c for _, c in statistics]) if statistics else start.new_zeros(0, dtype=torch.float32)
+        residuals = (
+            torch.stack([r for r, _ in statistics]) if statistics else start.new_zeros(0, dtype=torch.float32)
+        )
+        cosines = (
+            torch.stack([c for _, c in statistics]) if statistics else start.new_zeros(0, dtype=torch.float32)
+        )
         return output, (residuals, cosines, self.spectral_norm_estimates())
 
 
@@ -269,20 +286,22 @@ class IMixerChannelMixing(nn.Module):
 class IMixerLayer(GradientCheckpointingLayer):
     """Mixer block: x + DropPath(iMLP(LN(x)ᵀ)ᵀ), then x + DropPath(MLP(LN(x)))."""
 
-    def __init__(self, config: IMixerConfig, drop_path_rate: float = 0.0) -> None:
+    def __init__(self, config: IMixerConfig) -> None:
         super().__init__()
         self.layernorm_before = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.token_mixing = IMixerTokenMixing(config)
         self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.channel_mixing = IMixerChannelMixing(config)
-        self.drop_path_rate = drop_path_rate
+        self.drop_path_rate = config.drop_path_rate  # the same in every block, as in timm's Mixer
 
     def drop_path(self, residual: torch.Tensor) -> torch.Tensor:
         """Stochastic depth: drop the whole branch per sample, rescale the kept ones (timm)."""
         if not self.training or self.drop_path_rate == 0.0:
             return residual
         keep = 1.0 - self.drop_path_rate
-        mask = residual.new_empty(residual.shape[0], *([1] * (residual.ndim - 1))).bernoulli_(keep)  # (B, 1, 1)
+        mask = residual.new_empty(residual.shape[0], *([1] * (residual.ndim - 1))).bernoulli_(
+            keep
+        )  # (B, 1, 1)
         return residual * mask / keep
 
     def forward(
@@ -291,7 +310,9 @@ class IMixerLayer(GradientCheckpointingLayer):
         tokens = self.layernorm_before(hidden_states).transpose(1, 2)  # (B, S, D) → (B, D, S)
         mixed, diagnostics = self.token_mixing(tokens, num_iterations, output_diagnostics)
         hidden_states = hidden_states + self.drop_path(mixed.transpose(1, 2))  # (B, D, S) → (B, S, D)
-        hidden_states = hidden_states + self.drop_path(self.channel_mixing(self.layernorm_after(hidden_states)))
+        hidden_states = hidden_states + self.drop_path(
+            self.channel_mixing(self.layernorm_after(hidden_states))
+        )
         return hidden_states, diagnostics
 
 
@@ -310,7 +331,8 @@ class IMixerPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        # timm's Mixer init (the authors' code base): Xavier-uniform Linear, LeCun-normal stem, zero head.
+        # timm's Mixer init (the authors' code base): Xavier-uniform MLP weights with N(0, 1e-6) biases,
+        # LeCun-normal patch convolution, zero classifier.
         if isinstance(module, IMixerClassifier):
             init.zeros_(module.weight)
             init.zeros_(module.bias)
@@ -329,7 +351,7 @@ class IMixerPreTrainedModel(PreTrainedModel):
                 init.copy_(spectral_norm.v, v)
             else:
                 init.xavier_uniform_(module.weight)
-            init.zeros_(module.bias)
+            init.normal_(module.bias, mean=0.0, std=1e-6)
         elif isinstance(module, nn.Conv2d):
             init.lecun_normal_(module.weight)
             init.zeros_(module.bias)
@@ -347,10 +369,7 @@ class IMixerModel(IMixerPreTrainedModel):
         super().__init__(config)
         embeddings = IMixerPatchEmbeddings if config.input_type == "image" else IMixerTokenEmbeddings
         self.embeddings = embeddings(config)
-        depth = config.num_hidden_layers
-        # stochastic depth grows linearly from 0 to drop_path_rate over the blocks (timm)
-        rates = [config.drop_path_rate * index / max(depth - 1, 1) for index in range(depth)]
-        self.layers = nn.ModuleList([IMixerLayer(config, rate) for rate in rates])
+        self.layers = nn.ModuleList([IMixerLayer(config) for _ in range(config.num_hidden_layers)])
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.post_init()
 
@@ -381,7 +400,9 @@ class IMixerModel(IMixerPreTrainedModel):
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
         return_dict = self.config.return_dict if return_dict is None else return_dict
-        num_iterations = self.config.fixed_point_iterations if fixed_point_iterations is None else fixed_point_iterations
+        num_iterations = (
+            self.config.fixed_point_iterations if fixed_point_iterations is None else fixed_point_iterations
+        )
         if not isinstance(num_iterations, int) or num_iterations < 0:
             raise ValueError(f"fixed_point_iterations must be an integer >= 0; got {num_iterations!r}.")
         if num_iterations > 0 and self.config.fixed_point_iterations == 0:
@@ -392,11 +413,15 @@ class IMixerModel(IMixerPreTrainedModel):
 
         if self.config.input_type == "image":
             if pixel_values is None or input_ids is not None:
-                raise ValueError("This iMixer model takes images (config.input_type='image'): pass pixel_values.")
+                raise ValueError(
+                    "This iMixer model takes images (config.input_type='image'): pass pixel_values."
+                )
             hidden_states, keep = self.embeddings(pixel_values), None
         else:
             if input_ids is None or pixel_values is not None:
-                raise ValueError("This iMixer model takes token ids (config.input_type='sequence'): pass input_ids.")
+                raise ValueError(
+                    "This iMixer model takes token ids (config.input_type='sequence'): pass input_ids."
+                )
             hidden_states, keep = self.embeddings(input_ids, attention_mask)
 
         if self.training:
@@ -409,7 +434,9 @@ class IMixerModel(IMixerPreTrainedModel):
         all_diagnostics = []
         for layer in self.layers:
             hidden_states, diagnostics = layer(
-                hidden_states, num_iterations=num_iterations, output_diagnostics=bool(output_fixed_point_residuals)
+                hidden_states,
+                num_iterations=num_iterations,
+                output_diagnostics=bool(output_fixed_point_residuals),
             )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -15,7 +16,12 @@ from transformers import (
     AutoModelForSequenceClassification,
 )
 
-from energyformers import IMixerConfig, IMixerForImageClassification, IMixerForSequenceClassification, IMixerModel
+from energyformers import (
+    IMixerConfig,
+    IMixerForImageClassification,
+    IMixerForSequenceClassification,
+    IMixerModel,
+)
 
 
 class IMixerTester:
@@ -26,7 +32,9 @@ class IMixerTester:
     def config(self, head: type, **overrides) -> IMixerConfig:
         kwargs = dict(hidden_size=16, num_hidden_layers=2, fixed_point_iterations=2, num_labels=self.labels)
         if head is IMixerForSequenceClassification:
-            kwargs.update(input_type="sequence", vocab_size=self.vocab, max_position_embeddings=self.max_positions)
+            kwargs.update(
+                input_type="sequence", vocab_size=self.vocab, max_position_embeddings=self.max_positions
+            )
         else:
             kwargs.update(image_size=self.image, patch_size=self.patch, num_channels=self.channels)
         return IMixerConfig(**{**kwargs, **overrides})
@@ -38,7 +46,9 @@ class IMixerTester:
             inputs["attention_mask"] = torch.ones(self.batch, self.length, dtype=torch.long)
             inputs["attention_mask"][0, -2:] = 0  # some padding, so the pad embedding is used
         else:
-            inputs = {"pixel_values": torch.randn(self.batch, self.channels, self.image, self.image, generator=g)}
+            inputs = {
+                "pixel_values": torch.randn(self.batch, self.channels, self.image, self.image, generator=g)
+            }
         if with_labels:
             inputs["labels"] = torch.randint(0, self.labels, (self.batch,), generator=g)
         return inputs
@@ -142,7 +152,9 @@ def test_vanilla_token_mixing_is_fc2_gelu_fc1():
     mixing = model.imixer.layers[0].token_mixing
     assert not hasattr(mixing, "fc_sn1") and not hasattr(mixing, "fc_sn2")
     tokens = torch.randn(2, 16, mixing.fc1.in_features)  # (B, D, S)
-    by_hand = F.linear(F.gelu(F.linear(tokens, mixing.fc1.weight, mixing.fc1.bias)), mixing.fc2.weight, mixing.fc2.bias)
+    by_hand = F.linear(
+        F.gelu(F.linear(tokens, mixing.fc1.weight, mixing.fc1.bias)), mixing.fc2.weight, mixing.fc2.bias
+    )
     output, _ = mixing(tokens, num_iterations=0)
     assert torch.equal(output, by_hand)
 
@@ -210,7 +222,9 @@ def test_training_forward_updates_u_v_and_eval_forward_does_not(head):
     model = tester.model(head)
     with torch.no_grad():  # make u, v stale so a power iteration visibly moves them
         for layer in spectral_layers(model):
-            layer.parametrizations.weight.original.add_(torch.randn_like(layer.parametrizations.weight.original))
+            layer.parametrizations.weight.original.add_(
+                torch.randn_like(layer.parametrizations.weight.original)
+            )
     start = buffers(model)
     model.eval()(**tester.inputs(head))
     assert all(torch.equal(start[k], b) for k, b in model.named_buffers())
@@ -226,7 +240,11 @@ def test_eval_is_deterministic_and_identical_after_save_load(head, tmp_path):
     first, second = model(**inputs).logits, model(**inputs).logits
     assert torch.equal(first, second)
     model.save_pretrained(tmp_path)
-    auto = AutoModelForImageClassification if head is IMixerForImageClassification else AutoModelForSequenceClassification
+    auto = (
+        AutoModelForImageClassification
+        if head is IMixerForImageClassification
+        else AutoModelForSequenceClassification
+    )
     for loaded in (head.from_pretrained(tmp_path), auto.from_pretrained(tmp_path)):
         assert type(loaded) is head and not loaded.training
         assert (loaded(**inputs).logits - first).abs().max().item() == 0.0
@@ -265,12 +283,14 @@ def test_residuals_match_the_iterates_computed_by_hand():
         iterates.append(start + mixing.fc_sn2(F.gelu(mixing.fc_sn1(F.gelu(iterates[-1])))))
     expected = [
         ((new - old).flatten(1).norm(dim=1) / old.flatten(1).norm(dim=1)).mean()
-        for old, new in zip(iterates[:-1], iterates[1:])
+        for old, new in itertools.pairwise(iterates)
     ]
     got = model(pixel_values=pixel_values, output_fixed_point_residuals=True).fixed_point_residuals
     torch.testing.assert_close(got.relative_residuals[0], torch.stack(expected))
     sigma = [m.parametrizations.weight[0] for m in (mixing.fc_sn1, mixing.fc_sn2)]
-    by_hand = [s.u @ m.parametrizations.weight.original @ s.v for s, m in zip(sigma, (mixing.fc_sn1, mixing.fc_sn2))]
+    by_hand = [
+        s.u @ m.parametrizations.weight.original @ s.v for s, m in zip(sigma, (mixing.fc_sn1, mixing.fc_sn2))
+    ]
     torch.testing.assert_close(got.spectral_norms[0], torch.stack(by_hand))
 
 
@@ -376,8 +396,12 @@ def test_wrong_channel_count_raises():
 
 @pytest.mark.parametrize("head", HEADS)
 def test_head_rejects_config_of_the_other_input_type(head):
-    other = IMixerForSequenceClassification if head is IMixerForImageClassification else IMixerForImageClassification
-    with pytest.raises(ValueError, match="needs config.input_type"):
+    other = (
+        IMixerForSequenceClassification
+        if head is IMixerForImageClassification
+        else IMixerForImageClassification
+    )
+    with pytest.raises(ValueError, match=r"needs config\.input_type"):
         head(tester.config(other))
 
 
@@ -396,7 +420,11 @@ def test_every_head_parameter_gets_a_finite_nonzero_gradient(head):
     step_once(model, tester.inputs(head, with_labels=True))  # the classifier starts at zero (timm init)
     model.train()
     model(**tester.inputs(head, with_labels=True, seed=1)).loss.backward()
-    bad = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.isfinite().all() or not p.grad.any()]
+    bad = [
+        n
+        for n, p in model.named_parameters()
+        if p.grad is None or not p.grad.isfinite().all() or not p.grad.any()
+    ]
     assert bad == []
 
 
@@ -406,7 +434,9 @@ def test_gradient_checkpointing_does_not_change_results(head):
     step_once(reference, tester.inputs(head, with_labels=True))
     with torch.no_grad():  # stale u, v: every extra power iteration would change them
         for layer in spectral_layers(reference):
-            layer.parametrizations.weight.original.add_(torch.randn_like(layer.parametrizations.weight.original))
+            layer.parametrizations.weight.original.add_(
+                torch.randn_like(layer.parametrizations.weight.original)
+            )
     checkpointed = copy.deepcopy(reference)
     checkpointed.activation_checkpointing_enable()
     assert all(layer.gradient_checkpointing for layer in checkpointed.imixer.layers)
@@ -424,3 +454,67 @@ def test_gradient_checkpointing_does_not_change_results(head):
         torch.testing.assert_close(grads[name], p.grad, rtol=0, atol=1e-7, msg=name)
     for name, buffer in reference.named_buffers():  # one power iteration per forward, not per recompute
         assert torch.equal(checkpointed.get_buffer(name), buffer)
+
+
+# ---------------------------------------------------------------- learning (transformers.Trainer on real data)
+
+
+class _Digits(torch.utils.data.Dataset):
+    def __init__(self, images, labels) -> None:
+        self.pixel_values = torch.tensor(images, dtype=torch.float32)[:, None] / 8.0 - 1.0  # 0..16 → [-1, 1]
+        self.labels = torch.tensor(labels)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"pixel_values": self.pixel_values[index], "labels": self.labels[index]}
+
+
+def digits_accuracy(tmp_path, epochs: int) -> float:
+    """Train the recommended small iMixer on sklearn digits (stratified 80/20, seed 0) with Trainer."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    from transformers import Trainer, TrainingArguments
+
+    digits = load_digits()
+    x_train, x_test, y_train, y_test = train_test_split(
+        digits.images, digits.target, test_size=0.2, stratify=digits.target, random_state=0
+    )
+    config = IMixerConfig(
+        image_size=8, patch_size=2, num_channels=1, hidden_size=64, num_hidden_layers=4, num_labels=10
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small only loses from threads on shared cores
+    try:
+        torch.manual_seed(0)
+        args = TrainingArguments(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=32,
+            num_train_epochs=epochs,
+            learning_rate=3e-3,
+            weight_decay=0.05,
+            warmup_steps=0.05,
+            lr_scheduler_type="cosine",
+            save_strategy="no",
+            use_cpu=True,
+            seed=0,
+            disable_tqdm=True,
+        )
+        trainer = Trainer(
+            model=IMixerForImageClassification(config), args=args, train_dataset=_Digits(x_train, y_train)
+        )
+        trainer.train()
+        logits = trainer.predict(_Digits(x_test, y_test)).predictions
+    finally:
+        torch.set_num_threads(threads)
+    return float((logits.argmax(-1) == y_test).mean())
+
+
+def test_trainer_learns_digits_quickly(tmp_path):
+    assert digits_accuracy(tmp_path, epochs=3) >= 0.9
+
+
+@pytest.mark.slow
+def test_trainer_learns_digits_to_95_percent(tmp_path):
+    assert digits_accuracy(tmp_path, epochs=8) >= 0.95

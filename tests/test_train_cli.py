@@ -111,7 +111,8 @@ def test_output_folder_is_complete(trained, family: str, modality: str) -> None:
     } | processor <= files
     assert not any(name.endswith((".bin", ".pt", ".pth", ".pkl")) for name in files)  # no pickles
     assert not out.with_name(out.name + ".checkpoints").exists()  # work folder removed after success
-    assert "model-index" in (out / "README.md").read_text()  # Trainer card with tasks + dataset tags
+    card = (out / "README.md").read_text()
+    assert "model-index" in card and "trained from scratch" in card  # Trainer card with tasks + dataset tags
 
 
 @pytest.mark.parametrize("modality", ["image", "text"])
@@ -237,6 +238,7 @@ def test_finetune_ten_class_checkpoint_onto_two_class_imagefolder(trained, tmp_p
     delta = (model.state_dict()[name] - base.state_dict()[name]).abs().max().item()
     assert delta < 0.05
     assert json.loads((out / "metrics.json").read_text())["recipe"]["from_pretrained"] == str(source)
+    assert f"fine-tuned version of `{source.name}`" in (out / "README.md").read_text()
 
 
 # ----------------------------------------------------------------------------------- accumulation, resume

@@ -691,6 +691,10 @@ def run(argv: list[str], callbacks: list[TrainerCallback] | None = None) -> int:
     if main_process:
         (stage / "training_args.bin").unlink(missing_ok=True)  # a pickle; the recipe is in metrics.json
         dataset_name = args.dataset if args.dataset in BUILTIN_DATASETS else Path(args.dataset).name
+        if (
+            not args.from_pretrained
+        ):  # an existing folder stops the card from inferring a bogus "fine-tuned from"
+            setup.model.config._name_or_path = str(setup.work_dir)
         trainer.create_model_card(
             model_name=setup.output_dir.name,
             finetuned_from=args.from_pretrained,
@@ -698,7 +702,12 @@ def run(argv: list[str], callbacks: list[TrainerCallback] | None = None) -> int:
             dataset_tags=dataset_name,
             dataset=dataset_name,
         )
-        shutil.move(str(setup.work_dir / "README.md"), stage / "README.md")
+        card = (setup.work_dir / "README.md").read_text()
+        if args.from_pretrained and Path(args.from_pretrained).exists():  # a local folder is no Hub link
+            source = args.from_pretrained
+            card = card.replace(f"[{source}](https://huggingface.co/{source})", f"`{Path(source).name}`")
+        (stage / "README.md").write_text(card)
+        (setup.work_dir / "README.md").unlink()
         plot_training_curve(
             trainer.state.log_history,
             stage / "training_curve.png",
