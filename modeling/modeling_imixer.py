@@ -299,9 +299,8 @@ class IMixerLayer(GradientCheckpointingLayer):
         if not self.training or self.drop_path_rate == 0.0:
             return residual
         keep = 1.0 - self.drop_path_rate
-        mask = residual.new_empty(residual.shape[0], *([1] * (residual.ndim - 1))).bernoulli_(
-            keep
-        )  # (B, 1, 1)
+        shape = (residual.shape[0],) + (1,) * (residual.ndim - 1)  # (B, 1, 1): one draw per sample
+        mask = residual.new_empty(shape).bernoulli_(keep)
         return residual * mask / keep
 
     def forward(
@@ -310,9 +309,8 @@ class IMixerLayer(GradientCheckpointingLayer):
         tokens = self.layernorm_before(hidden_states).transpose(1, 2)  # (B, S, D) → (B, D, S)
         mixed, diagnostics = self.token_mixing(tokens, num_iterations, output_diagnostics)
         hidden_states = hidden_states + self.drop_path(mixed.transpose(1, 2))  # (B, D, S) → (B, S, D)
-        hidden_states = hidden_states + self.drop_path(
-            self.channel_mixing(self.layernorm_after(hidden_states))
-        )
+        mixed = self.channel_mixing(self.layernorm_after(hidden_states))
+        hidden_states = hidden_states + self.drop_path(mixed)
         return hidden_states, diagnostics
 
 
