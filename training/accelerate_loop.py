@@ -162,6 +162,8 @@ def run(argv: list[str], on_train_end: Callable[[torch.nn.Module, Accelerator], 
     )
     set_seed(args.seed)
     model, data, processor, collator, task = build_model_and_data(args, PartialState())
+    with accelerator.local_main_process_first():  # evaluate copies the metric scripts into its module cache
+        _metric("accuracy"), _metric("f1")
     epochs = args.num_train_epochs or default_epochs(task)
 
     loader = lambda split, bs, shuffle: DataLoader(  # noqa: E731

@@ -11,6 +11,7 @@ assembled there and renamed to `<output_dir>` in one step, so `<output_dir>` is 
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
 import math
@@ -527,6 +528,7 @@ def prepare(args: argparse.Namespace) -> Setup:
 # --------------------------------------------------------------------------- metrics and outputs
 
 
+@functools.cache
 def _metric(name: str) -> Any:
     import evaluate  # loaded by local path: works offline, never reaches the Hub
 
@@ -661,6 +663,8 @@ def run(argv: list[str], callbacks: list[TrainerCallback] | None = None) -> int:
     stopper = _StopOnSigterm()
     if ta.world_size == 1:  # with DDP a rank stopping alone would hang the others in all-reduce
         signal.signal(signal.SIGTERM, stopper.handler)
+    with PartialState().local_main_process_first():  # evaluate copies the scripts into its module cache
+        metrics_fn = compute_metrics_fn()
     trainer = Trainer(
         model=setup.model,
         args=ta,
@@ -668,7 +672,7 @@ def run(argv: list[str], callbacks: list[TrainerCallback] | None = None) -> int:
         eval_dataset=setup.data["validation"],
         processing_class=setup.processor,
         data_collator=setup.collator,
-        compute_metrics=compute_metrics_fn(),
+        compute_metrics=metrics_fn,
         preprocess_logits_for_metrics=_argmax_logits,
         callbacks=[stopper, *(callbacks or [])],
     )
