@@ -76,7 +76,7 @@ DEFAULT_CONFIGS: dict[tuple[str, str], dict[str, Any]] = {
         time_embedding_dim=64,
         pooling="mean",
     ),
-    # Provisional until the family engineers' recommendations are in.
+    # digits with the CLI's 16×16 upsampling and defaults (12 epochs): iMixer 0.975, HyperBF 0.961 (README).
     ("imixer", "image"): dict(
         hidden_size=128, num_hidden_layers=4, hidden_ratio=2.0, fixed_point_iterations=2
     ),
