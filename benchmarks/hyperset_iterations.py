@@ -20,13 +20,13 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from transformers import AutoImageProcessor  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
+from energyformers.training.data import load_data
+from energyformers.training.processing import image_transform
+from transformers import AutoImageProcessor
 
-from energyformers import HyperSetForImageClassification  # noqa: E402
-from energyformers.training.data import load_data  # noqa: E402
-from energyformers.training.processing import image_transform  # noqa: E402
+from energyformers import HyperSetForImageClassification
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -44,21 +44,30 @@ def evaluate(model, batches, num_iterations: int) -> tuple[float, dict[str, torc
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("model_dir")
     parser.add_argument("--dataset", default="digits")
-    parser.add_argument("--max_factor", type=float, default=3.0, help="evaluate up to this multiple of the trained T")
+    parser.add_argument(
+        "--max_factor", type=float, default=3.0, help="evaluate up to this multiple of the trained T"
+    )
     parser.add_argument("--batch_size", type=int, default=256)
     args = parser.parse_args()
 
     model = HyperSetForImageClassification.from_pretrained(args.model_dir).eval()
     trained = model.config.num_iterations
-    test = load_data(args.dataset)["test"].with_transform(image_transform(AutoImageProcessor.from_pretrained(args.model_dir)))
+    test = load_data(args.dataset)["test"].with_transform(
+        image_transform(AutoImageProcessor.from_pretrained(args.model_dir))
+    )
     batches = [test[i : i + args.batch_size] for i in range(0, len(test), args.batch_size)]
     batches = [{"pixel_values": b["pixel_values"], "labels": torch.as_tensor(b["labels"])} for b in batches]
 
     longest = max(trained + 1, round(args.max_factor * trained))
-    counts = sorted({1, max(1, trained // 2), trained, 2 * trained, longest} | set(range(1, longest + 1, max(1, trained // 4))))
+    counts = sorted(
+        {1, max(1, trained // 2), trained, 2 * trained, longest}
+        | set(range(1, longest + 1, max(1, trained // 4)))
+    )
     accuracy = {}
     for count in counts:
         accuracy[count], energies = evaluate(model, batches, count)
@@ -89,7 +98,10 @@ def main() -> None:
 
     command = f"python benchmarks/hyperset_iterations.py {args.model_dir} --dataset {args.dataset}"
     (RESULTS / "hyperset_iterations.json").write_text(
-        json.dumps({"command": command, "trained_iterations": trained, "accuracy": accuracy, "curves": curves}, indent=2)
+        json.dumps(
+            {"command": command, "trained_iterations": trained, "accuracy": accuracy, "curves": curves},
+            indent=2,
+        )
     )
     lines = [
         "# Hyper-SET: energy per iteration and test-time depth",

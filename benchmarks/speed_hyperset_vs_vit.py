@@ -29,14 +29,25 @@ def build(image: int, patch: int, width: int, heads: int, depth: int) -> dict[st
     torch.manual_seed(0)
     hyperset = HyperSetForImageClassification(
         HyperSetConfig.from_preset(
-            "cifar10-small", image_size=image, patch_size=patch, hidden_size=width, num_attention_heads=heads,
-            intermediate_size=width, num_iterations=depth,
+            "cifar10-small",
+            image_size=image,
+            patch_size=patch,
+            hidden_size=width,
+            num_attention_heads=heads,
+            intermediate_size=width,
+            num_iterations=depth,
         )
     )
     vit = ViTForImageClassification(
         ViTConfig(
-            image_size=image, patch_size=patch, hidden_size=width, num_attention_heads=heads,
-            num_hidden_layers=depth, intermediate_size=4 * width, num_labels=10, attn_implementation="sdpa",
+            image_size=image,
+            patch_size=patch,
+            hidden_size=width,
+            num_attention_heads=heads,
+            num_hidden_layers=depth,
+            intermediate_size=4 * width,
+            num_labels=10,
+            attn_implementation="sdpa",
         )
     )
     return {"hyperset": hyperset, "vit": vit}
@@ -58,7 +69,9 @@ def time_once(model: torch.nn.Module, pixels: torch.Tensor, labels: torch.Tensor
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--image", type=int, default=224)
@@ -69,13 +82,16 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
 
-    models = {name: m.to(args.device) for name, m in build(args.image, args.patch, args.width, args.heads, args.depth).items()}
+    models = {
+        name: m.to(args.device)
+        for name, m in build(args.image, args.patch, args.width, args.heads, args.depth).items()
+    }
     pixels = torch.randn(args.batch, 3, args.image, args.image, device=args.device)
     labels = torch.randint(0, 10, (args.batch,), device=args.device)
     rows = {}
     for mode in ("forward", "train_step"):
         times: dict[str, list[float]] = {name: [] for name in models}
-        for name, model in models.items():  # warm-up
+        for model in models.values():  # warm-up
             time_once(model, pixels, labels, mode == "train_step")
         for _ in range(args.repeats):
             for name, model in models.items():
@@ -107,7 +123,9 @@ def main() -> None:
         )
     text = "\n".join(lines) + "\n"
     (RESULTS / "speed_hyperset_vs_vit.md").write_text(text)
-    (RESULTS / "speed_hyperset_vs_vit.json").write_text(json.dumps({"setting": setting, "params": params, **rows}, indent=2))
+    (RESULTS / "speed_hyperset_vs_vit.json").write_text(
+        json.dumps({"setting": setting, "params": params, **rows}, indent=2)
+    )
     print(text)
 
 
