@@ -215,8 +215,9 @@ class HyperSetAttention(nn.Module):
         batch, length, width = hidden_states.shape
         z = self.normalized_heads(hidden_states)
         gain_q, gain_k, gain_v = self.qkv_gain[[0, 1, 2] if self.qkv_gain.shape[0] == 3 else [0, 0, 0]]
-        q, k, v = z * gain_q, z * gain_k, z * gain_v
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)  # (B, H, N, N)
+        # the fixed temperature 1/√d_h is folded into q: an (N, d_h) multiply instead of an (N, N) one
+        q, k, v = z * (gain_q / math.sqrt(self.head_dim)), z * gain_k, z * gain_v
+        scores = q @ k.transpose(-1, -2)  # (B, H, N, N)
         key_keep = None if keep is None else keep[:, None, None, :].to(scores.dtype)  # (B, 1, 1, N)
         if self.energy_kind == "sigmoid":
             sig = torch.sigmoid(scores)
