@@ -1,0 +1,79 @@
+"""Activation memory of Hyper-SET vs iterations T, with and without per-iteration gradient checkpointing.
+
+Counts the bytes of the tensors autograd saves for backward (through `saved_tensors_hooks`, so it is
+exact and device-independent) during one training forward of cifar10-small at 224²/16, and compares
+with HF ViT of the same width at the same depth. Results: benchmarks/results/hyperset_checkpoint_memory.md.
+
+    python benchmarks/hyperset_checkpoint_memory.py [--batch 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from transformers import ViTConfig, ViTForImageClassification
+
+from energyformers import HyperSetConfig, HyperSetForImageClassification
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def saved_bytes(model: torch.nn.Module, pixels: torch.Tensor, **kwargs) -> int:
+    """Bytes of distinct storages autograd keeps for backward during one training forward."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = model(pixel_values=pixels, labels=torch.zeros(len(pixels), dtype=torch.long), **kwargs).loss
+    loss.backward()
+    return sum(storages.values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--batch", type=int, default=2)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    pixels = torch.randn(args.batch, 3, 224, 224)
+    hyperset = HyperSetForImageClassification(HyperSetConfig.from_preset("cifar10-small"))
+    checkpointed = HyperSetForImageClassification(HyperSetConfig.from_preset("cifar10-small"))
+    checkpointed.activation_checkpointing_enable()
+    lines = [
+        "# Hyper-SET activation memory vs iterations (per-iteration gradient checkpointing)",
+        "",
+        f"Command: `python benchmarks/hyperset_checkpoint_memory.py --batch {args.batch}` — bytes of the tensors "
+        "autograd saves for backward in one training forward (224², patch 16, d = 384, 6 heads); "
+        "weights saved for backward are included (once per storage). ViT: same width and heads, depth = T, MLP 4d.",
+        "",
+        "| T | Hyper-SET (MiB) | Hyper-SET, checkpointed (MiB) | ViT depth T (MiB) |",
+        "|---|---|---|---|",
+    ]
+    for iterations in (4, 12, 24, 48):
+        vit = ViTForImageClassification(
+            ViTConfig(image_size=224, patch_size=16, hidden_size=384, num_attention_heads=6,
+                      num_hidden_layers=iterations, intermediate_size=1536, num_labels=10)
+        )  # fmt: skip
+        row = [
+            saved_bytes(hyperset, pixels, num_iterations=iterations),
+            saved_bytes(checkpointed, pixels, num_iterations=iterations),
+            saved_bytes(vit, pixels),
+        ]
+        lines.append(f"| {iterations} | " + " | ".join(f"{b / 2**20:.1f}" for b in row) + " |")
+        print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "hyperset_checkpoint_memory.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
