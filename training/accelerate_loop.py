@@ -31,7 +31,6 @@ from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from .data import DataError, MissingDataError
 from .train import (
     UsageError,
     _metric,
@@ -42,6 +41,7 @@ from .train import (
     default_epochs,
     parse_overrides,
     plot_training_curve,
+    run_cli,
 )
 
 STATE_FILE = "loop_state.json"  # our step counter and log history, next to Accelerate's own state files
@@ -308,18 +308,7 @@ def main(
     on_train_end: Callable[[torch.nn.Module, Accelerator], None] | None = None,
 ) -> int:
     """CLI entry point; `on_train_end(model, accelerator)` runs on every process after the last step."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    transformers.logging.set_verbosity_warning()
-    transformers.utils.logging.disable_progress_bar()
-    import datasets
-
-    datasets.disable_progress_bars()
-    try:
-        return run(argv, on_train_end)
-    except (UsageError, DataError) as err:
-        hint = f"\n  install: {err.install_command}" if isinstance(err, MissingDataError) else ""
-        print(f"energyformers train-accelerate: error: {err}{hint}", file=sys.stderr)
-        return 2
+    return run_cli("train-accelerate", run, list(sys.argv[1:] if argv is None else argv), on_train_end)
 
 
 if __name__ == "__main__":

@@ -766,20 +766,24 @@ def run(argv: list[str], callbacks: list[TrainerCallback] | None = None) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None, *, callbacks: list[TrainerCallback] | None = None) -> int:
-    """CLI entry point; `callbacks` are extra `TrainerCallback`s (used by tests and for custom hooks)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+def run_cli(command: str, run_command: Any, *args: Any) -> int:
+    """Quiet the libraries' own progress bars (Trainer's bar stays) and turn input errors into status 2."""
     transformers.logging.set_verbosity_warning()
-    transformers.utils.logging.disable_progress_bar()  # weight-loading/saving bars; Trainer's own bar stays
+    transformers.utils.logging.disable_progress_bar()  # weight-loading/saving bars
     import datasets
 
     datasets.disable_progress_bars()  # dataset casting/saving bars are noise next to the training bar
     try:
-        return run(argv, callbacks)
+        return run_command(*args)
     except (UsageError, DataError) as err:
         hint = f"\n  install: {err.install_command}" if isinstance(err, MissingDataError) else ""
-        print(f"energyformers train: error: {err}{hint}", file=sys.stderr)
+        print(f"energyformers {command}: error: {err}{hint}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None, *, callbacks: list[TrainerCallback] | None = None) -> int:
+    """CLI entry point; `callbacks` are extra `TrainerCallback`s (used by tests and for custom hooks)."""
+    return run_cli("train", run, list(sys.argv[1:] if argv is None else argv), callbacks)
 
 
 if __name__ == "__main__":
