@@ -47,7 +47,16 @@ HYPERBF_PRESETS: dict[str, dict[str, Any]] = {
 
 
 def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+    if _is_int(value):
+        return value, value
+    # A string is a sequence too: reject it (and floats, wrong lengths) here instead of failing later.
+    _require(
+        isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_int(side) for side in value),
+        "image_size",
+        value,
+        "expected an integer or a pair of integers (height, width)",
+    )
+    return int(value[0]), int(value[1])
 
 
 def _require(condition: bool, name: str, value: Any, allowed: str) -> None:
@@ -67,10 +76,12 @@ def _require_positive_int(name: str, value: Any) -> None:
     _require(_is_int(value) and value >= 1, name, value, "expected an integer >= 1")
 
 
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _require_probability(name: str, value: Any) -> None:
-    _require(
-        isinstance(value, (int, float)) and 0.0 <= value < 1.0, name, value, "expected a float in [0, 1)"
-    )
+    _require(_is_real(value) and 0.0 <= value < 1.0, name, value, "expected a float in [0, 1)")
 
 
 class HyperBFConfig(PreTrainedConfig):
@@ -188,7 +199,7 @@ class HyperBFConfig(PreTrainedConfig):
             ("attention_temperature_init", attention_temperature_init),
         ):
             _require(
-                value is None or (isinstance(value, (int, float)) and math.isfinite(value) and value > 0),
+                value is None or (_is_real(value) and math.isfinite(value) and value > 0),
                 name,
                 value,
                 "expected None (the documented default) or a finite float > 0",
@@ -211,8 +222,10 @@ class HyperBFConfig(PreTrainedConfig):
                 vocab_size,
                 'input_type="sequence" needs an integer vocab_size >= 1',
             )
-        _require(layer_norm_eps > 0, "layer_norm_eps", layer_norm_eps, "expected a float > 0")
-        _require(initializer_range > 0, "initializer_range", initializer_range, "expected a float > 0")
+        for name, value in (("layer_norm_eps", layer_norm_eps), ("initializer_range", initializer_range)):
+            _require(
+                _is_real(value) and math.isfinite(value) and value > 0, name, value, "expected a float > 0"
+            )
 
         self.input_type = input_type
         self.hidden_size = hidden_size

@@ -157,8 +157,16 @@ class IMixerConfig(PreTrainedConfig):
         )
         for name, value in (("hidden_dropout_prob", hidden_dropout_prob), ("drop_path_rate", drop_path_rate)):
             _require(_is_number(value) and 0 <= value < 1, name, value, "expected a probability in [0, 1)")
+        sides = (image_size, image_size) if _is_int(image_size) else image_size
+        _require(
+            isinstance(sides, (list, tuple))
+            and len(sides) == 2
+            and all(_is_int(side) and side >= 1 for side in sides),
+            "image_size",
+            image_size,
+            "expected an integer >= 1 or a [height, width] pair of them",
+        )
         height, width = _pair(image_size)
-        _require(height >= 1 and width >= 1, "image_size", image_size, "expected positive sizes")
         _require(
             height % patch_size == 0 and width % patch_size == 0,
             "image_size",

@@ -7,6 +7,12 @@ Gaussian radial-basis functions with a learned metric: a distance-based attentio
 Deliberate deviation from the public code: its RBF feedforward uses exp(−β·distance) with N(0, 1)
 centers against LayerNorm'd inputs, so it underflows to 0 in float32 and never trains, and it hard-codes
 widths. Here every width comes from the config and the kernel is initialised in its useful range.
+
+Other departures from the spec's sketch (same function, different layout): q, k, v are three bias-free
+`Linear(D, D)` (`q_proj`/`k_proj`/`v_proj`, the canonical names) instead of one fused `Linear(D, 3D)`; the
+metric W is a bare (R, D) parameter `metric` rather than a `Linear`; and the centers start at N(0, 1), where
+LayerNorm'd inputs live, rather than N(0, 0.02), with σ chosen from that (see `_init_weights`), so the scaled
+distance d²/2σ² starts near ln K and every center weight near 1/K.
 """
 
 from __future__ import annotations
@@ -366,6 +372,13 @@ class HyperBFModel(HyperBFPreTrainedModel):
             return self.embeddings.patch_embeddings
         return self.embeddings.word_embeddings
 
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        # Needed by `resize_token_embeddings` (sequence inputs); images have no token table to swap.
+        if self.config.input_type == "image":
+            self.embeddings.patch_embeddings = value
+        else:
+            self.embeddings.word_embeddings = value
+
     def _check_image(self, pixel_values: torch.Tensor | None, interpolate_pos_encoding: bool) -> None:
         if pixel_values is None:
             raise ValueError(
@@ -400,6 +413,10 @@ class HyperBFModel(HyperBFPreTrainedModel):
             )
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must have shape (batch, length); got {tuple(input_ids.shape)}.")
+        if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+            raise ValueError(
+                f"input_ids must be integer token ids (torch.long); got dtype {input_ids.dtype}."
+            )
         if input_ids.shape[1] > self.config.max_position_embeddings:
             raise ValueError(
                 f"Sequence length {input_ids.shape[1]} exceeds max_position_embeddings="

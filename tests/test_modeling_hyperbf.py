@@ -126,6 +126,12 @@ def test_presets_match_the_memo_and_accept_overrides():
         (dict(input_type="sequence"), "vocab_size"),
         (dict(pooling="max"), "pooling"),
         (dict(num_hidden_layers=True), "num_hidden_layers"),
+        (dict(image_size="32"), "image_size"),
+        (dict(image_size=[32]), "image_size"),
+        (dict(image_size=[32, 32.5]), "image_size"),
+        (dict(layer_norm_eps=None), "layer_norm_eps"),
+        (dict(initializer_range="0.02"), "initializer_range"),
+        (dict(rbf_sigma_init=True), "rbf_sigma_init"),
     ],
 )
 def test_invalid_config_raises_value_error_naming_the_argument(kwargs, name):
@@ -429,6 +435,7 @@ def test_invalid_image_inputs_raise_value_error(pixels, interpolate, message):
         (torch.zeros(1, TESTER.seq_length + 1, dtype=torch.long), "max_position_embeddings"),
         (torch.full((1, 4), TESTER.vocab_size), "vocab_size"),
         (torch.full((1, 4), -1), "vocab_size"),
+        (torch.zeros(1, 4), "integer token ids"),
         (None, "input_ids"),
     ],
 )
@@ -436,6 +443,14 @@ def test_invalid_sequence_inputs_raise_value_error(input_ids, message):
     model = build(HyperBFForSequenceClassification, "sequence")
     with pytest.raises(ValueError, match=message):
         model(input_ids=input_ids)
+
+
+def test_resize_token_embeddings_for_sequences():
+    model = build(HyperBFForSequenceClassification, "sequence")
+    model.resize_token_embeddings(TESTER.vocab_size + 4, mean_resizing=False)
+    assert model.hyperbf.embeddings.word_embeddings.num_embeddings == TESTER.vocab_size + 4
+    ids = torch.full((1, 4), TESTER.vocab_size + 3)  # a new id is accepted and embedded
+    assert model(input_ids=ids).logits.shape == (1, TESTER.num_labels)
 
 
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
