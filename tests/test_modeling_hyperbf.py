@@ -139,15 +139,6 @@ def test_invalid_config_raises_value_error_naming_the_argument(kwargs, name):
         HyperBFConfig(**kwargs)
 
 
-@pytest.mark.parametrize(
-    "model_class, input_type",
-    [(HyperBFForImageClassification, "sequence"), (HyperBFForSequenceClassification, "image")],
-)
-def test_head_rejects_config_of_the_other_input_type(model_class, input_type):
-    with pytest.raises(ValueError, match="input_type"):
-        model_class(TESTER.get_config(input_type))
-
-
 # ------------------------------------------------------------------------------------------ forward pass
 
 
@@ -214,19 +205,6 @@ def test_output_rbf_weights_and_sigmas(model_class, input_type, kernel):
         assert sigma.shape == (num_centers,)
         tau = layer.attention.log_temperature.exp()
         torch.testing.assert_close(attention_sigma, 1 / torch.sqrt(2 * tau))
-
-
-@pytest.mark.parametrize("model_class, input_type", HEADS, ids=HEAD_IDS)
-def test_return_dict_false_gives_the_same_tuple(model_class, input_type):
-    model = build(model_class, input_type)
-    inputs = TESTER.prepare_inputs(model.config, labels=model_class is not HyperBFModel)
-    as_dict = model(**inputs, output_hidden_states=True, output_rbf_weights=True)
-    as_tuple = model(**inputs, output_hidden_states=True, output_rbf_weights=True, return_dict=False)
-    assert isinstance(as_tuple, tuple) and len(as_tuple) == len(as_dict.to_tuple())
-    for got, expected in zip(as_tuple, as_dict.to_tuple()):
-        if isinstance(got, torch.Tensor):
-            torch.testing.assert_close(got, expected)
-    torch.testing.assert_close(as_tuple[0], as_dict[0])
 
 
 # ----------------------------------------------------------------- initialisation: the public code's bug
@@ -453,28 +431,6 @@ def test_resize_token_embeddings_for_sequences():
     assert model(input_ids=ids).logits.shape == (1, TESTER.num_labels)
 
 
-@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
-@pytest.mark.parametrize("pooling", ["cls", "mean"])
-def test_padding_invariance_for_sequences(pooling, attn_implementation):
-    model = build(HyperBFForSequenceClassification, "sequence", pooling=pooling)
-    model.set_attn_implementation(attn_implementation)
-    ids = torch.tensor([[3, 7, 1, 9, 4, 2, 11]])
-    short = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True)
-    padded_ids = torch.cat([ids, torch.tensor([[0, 5, 0, 13, 0]])], dim=1)  # arbitrary pad ids
-    mask = torch.cat([torch.ones_like(ids), torch.zeros(1, 5, dtype=torch.long)], dim=1)
-    padded = model(
-        input_ids=padded_ids,
-        attention_mask=mask,
-        token_type_ids=torch.zeros_like(mask),
-        output_hidden_states=True,
-    )
-    torch.testing.assert_close(padded.logits, short.logits, atol=1e-5, rtol=0)
-    torch.testing.assert_close(padded.hidden_states[-1][:, :7], short.hidden_states[-1], atol=1e-5, rtol=0)
-    # The padding really was there to ignore: without the mask the answer changes.
-    unmasked = model(input_ids=padded_ids).logits
-    assert (unmasked - short.logits).abs().max() > 1e-4
-
-
 # ------------------------------------------------------------------------------ training-related checks
 
 
@@ -565,54 +521,9 @@ def test_default_num_centers_keeps_parameters_within_15_percent_of_vit():
     assert abs(hyperbf / vit - 1) <= 0.15, (hyperbf, vit)
 
 
-# ------------------------------------------------------------------------------- save / load, Auto classes
-
-
-@pytest.mark.parametrize("model_class, input_type", HEADS, ids=HEAD_IDS)
-def test_save_load_round_trip_is_exact(model_class, input_type, tmp_path):
-    model = build(model_class, input_type, feedforward_kernel="gaussian", rbf_width="center")
-    with torch.no_grad():  # make every parameter distinct from a fresh init
-        for parameter in model.parameters():
-            parameter.add_(0.01 * torch.randn_like(parameter))
-    model.save_pretrained(tmp_path)
-    assert (tmp_path / "model.safetensors").exists()
-    loaded = model_class.from_pretrained(tmp_path).eval()
-    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
-        assert torch.equal(a, b), name
-    inputs = TESTER.prepare_inputs(model.config)
-    assert torch.equal(main_output(model, model(**inputs)), main_output(loaded, loaded(**inputs)))
-
-
-@pytest.mark.parametrize("head_class, input_type", CLASSIFIERS, ids=["image", "sequence"])
-def test_checkpoints_load_across_heads(head_class, input_type, tmp_path):
-    head = build(head_class, input_type, seed=1)
-    head.save_pretrained(tmp_path / "head")
-    base = HyperBFModel.from_pretrained(tmp_path / "head").eval()
-    for name, tensor in base.state_dict().items():
-        assert torch.equal(tensor, head.hyperbf.state_dict()[name]), name
-    base.save_pretrained(tmp_path / "base")
-    reloaded = head_class.from_pretrained(tmp_path / "base").eval()
-    for name, tensor in reloaded.hyperbf.state_dict().items():
-        assert torch.equal(tensor, base.state_dict()[name]), name
-    inputs = TESTER.prepare_inputs(head.config)
-    torch.testing.assert_close(reloaded.hyperbf(**inputs).pooler_output, head.hyperbf(**inputs).pooler_output)
-
-
-def test_auto_classes_resolve_to_hyperbf(tmp_path):
-    from transformers import (
-        AutoConfig,
-        AutoModel,
-        AutoModelForImageClassification,
-        AutoModelForSequenceClassification,
-    )
-
-    assert isinstance(AutoConfig.for_model("hyperbf"), HyperBFConfig)
-    image, sequence = TESTER.get_config("image"), TESTER.get_config("sequence")
-    assert type(AutoModelForImageClassification.from_config(image)) is HyperBFForImageClassification
-    assert type(AutoModelForSequenceClassification.from_config(sequence)) is HyperBFForSequenceClassification
-    build(HyperBFForImageClassification, "image").save_pretrained(tmp_path)
-    assert type(AutoModel.from_pretrained(tmp_path)) is HyperBFModel
-    assert type(AutoModelForImageClassification.from_pretrained(tmp_path)) is HyperBFForImageClassification
+# ------------------------------------------------------------------------------------------ initialisation
+# (save/load round trips, cross-head loading, Auto classes, return_dict=False, padding invariance and heads
+# rejecting the wrong input_type are checked for every head of every family in tests/test_common.py)
 
 
 def test_attention_temperature_initialisation_matches_dot_product_scale():

@@ -8,12 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from energyformers.modeling.modeling_hyperset import iteration_embedding, sinusoidal_positions
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForImageClassification,
-    AutoModelForSequenceClassification,
-)
 
 from energyformers import (
     HyperSetConfig,
@@ -69,7 +63,6 @@ class HyperSetTester:
 
 
 tester = HyperSetTester()
-HEADS = [HyperSetForImageClassification, HyperSetForSequenceClassification, HyperSetForTokenClassification]
 
 
 def step_once(model: torch.nn.Module, inputs: dict, lr: float = 1e-2) -> None:
@@ -130,30 +123,9 @@ def test_from_preset_applies_overrides_and_rejects_unknown_names():
         HyperSetConfig.from_preset("cifar100")
 
 
-# ---------------------------------------------------------------- save / load / Auto classes
-
-
-@pytest.mark.parametrize("head", HEADS)
-def test_save_load_round_trip_is_exact(head, tmp_path):
-    model = trained(head)
-    inputs = tester.inputs(head)
-    model.save_pretrained(tmp_path)
-    assert (tmp_path / "model.safetensors").exists()
-    reloaded = head.from_pretrained(tmp_path).eval()
-    with torch.no_grad():
-        assert torch.equal(model(**inputs).logits, reloaded(**inputs).logits)
-
-
-def test_head_checkpoint_loads_into_base_model_and_other_head(tmp_path):
-    source = trained(HyperSetForSequenceClassification)
-    source.save_pretrained(tmp_path)
-    inputs = tester.inputs(HyperSetForSequenceClassification)
-    with torch.no_grad():
-        expected = source.hyperset(**inputs).last_hidden_state
-        base = HyperSetModel.from_pretrained(tmp_path).eval()
-        assert torch.equal(base(**inputs).last_hidden_state, expected)
-        other = HyperSetForTokenClassification.from_pretrained(tmp_path).eval()
-        assert torch.equal(other.hyperset(**inputs).last_hidden_state, expected)
+# ---------------------------------------------------------------- save / load
+# (round trips, cross-head loading, Auto classes, return_dict=False, gradients, padding and wrong-input_type
+# heads are checked for every head of every family in tests/test_common.py)
 
 
 def test_ignore_mismatched_sizes_reinitialises_classifier(tmp_path):
@@ -170,27 +142,6 @@ def test_ignore_mismatched_sizes_reinitialises_classifier(tmp_path):
         target.hyperset.layers[0].attention.qkv_proj.weight,
         source.hyperset.layers[0].attention.qkv_proj.weight,
     )
-
-
-def test_auto_classes_resolve_to_hyperset(tmp_path):
-    config = tester.config(HyperSetForSequenceClassification)
-    assert type(AutoConfig.for_model("hyperset")) is HyperSetConfig
-    assert type(AutoModel.from_config(config)) is HyperSetModel
-    assert type(AutoModelForSequenceClassification.from_config(config)) is HyperSetForSequenceClassification
-    image_model = tester.model(HyperSetForImageClassification)
-    image_model.save_pretrained(tmp_path)
-    assert type(AutoModelForImageClassification.from_pretrained(tmp_path)) is HyperSetForImageClassification
-
-
-@pytest.mark.parametrize("head", HEADS)
-def test_return_dict_false_gives_the_same_tensors_as_a_tuple(head):
-    model = trained(head)
-    inputs = tester.inputs(head, with_labels=True)
-    with torch.no_grad():
-        as_dict = model(**inputs)
-        as_tuple = model(**inputs, return_dict=False)
-    assert isinstance(as_tuple, tuple)
-    assert torch.equal(as_tuple[0], as_dict.loss) and torch.equal(as_tuple[1], as_dict.logits)
 
 
 # ---------------------------------------------------------------- the energy view (exact gradients)
@@ -375,33 +326,7 @@ def test_gradient_checkpointing_matches_plain_backprop(condition):
         torch.testing.assert_close(checkpointed_grads[name], grad, rtol=0, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("head", HEADS)
-def test_every_parameter_gets_a_finite_nonzero_gradient_after_one_step(head):
-    model = trained(head)
-    model.train()
-    model(**tester.inputs(head, with_labels=True, seed=5)).loss.backward()
-    for name, parameter in model.named_parameters():
-        assert parameter.grad is not None, name
-        assert torch.isfinite(parameter.grad).all(), name
-        assert parameter.grad.abs().max() > 0, name
-
-
-# ---------------------------------------------------------------- padding
-
-
-@pytest.mark.parametrize("head", [HyperSetForSequenceClassification, HyperSetForTokenClassification])
-@pytest.mark.parametrize("pooling", ["cls", "mean"])
-def test_padding_does_not_change_logits(head, pooling):
-    model = trained(head, steps=2, pooling=pooling)
-    ids = torch.randint(1, tester.vocab, (2, 5), generator=torch.Generator().manual_seed(3))
-    padded_ids = torch.cat([ids, torch.zeros(2, 4, dtype=torch.long)], dim=1)
-    mask = torch.cat([torch.ones(2, 5), torch.zeros(2, 4)], dim=1).long()
-    with torch.no_grad():
-        plain = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-        padded = model(input_ids=padded_ids, attention_mask=mask, output_energies=True)
-    real = padded.logits[:, :5] if head is HyperSetForTokenClassification else padded.logits
-    torch.testing.assert_close(real, plain, rtol=0, atol=1e-5)
-    assert all(torch.isfinite(v).all() for v in padded.energies.values())
+# ---------------------------------------------------------------- padding (invariance: tests/test_common.py)
 
 
 def test_fully_padded_rows_produce_no_nan():
@@ -446,11 +371,8 @@ def test_out_of_vocabulary_ids_and_overlong_sequences_are_rejected():
         model(input_ids=torch.zeros(1, 17, dtype=torch.long))
 
 
-def test_heads_reject_the_wrong_input_type():
-    with pytest.raises(
-        ValueError, match=r"HyperSetForSequenceClassification needs config\.input_type='sequence'"
-    ):
-        HyperSetForSequenceClassification(tester.config(HyperSetForImageClassification))
+def test_image_backbone_rejects_token_ids():
+    # (heads rejecting a config of the wrong input_type: tests/test_common.py)
     with pytest.raises(ValueError, match="takes images"):
         tester.model(HyperSetForImageClassification).hyperset(input_ids=torch.zeros(1, 3, dtype=torch.long))
 
