@@ -22,7 +22,7 @@ HYPERSET_PRESETS: dict[str, dict[str, Any]] = {
         hidden_size=640, num_attention_heads=10, intermediate_size=640, patch_size=14, num_labels=1000
     ),
     # 9×9 grid as 81 tokens (0 = blank), one of 9 digits per cell; the paper conditions step sizes on
-    # the puzzle itself and uses learned positions for the fixed layout. T = 16 is our choice (unstated).
+    # the puzzle itself and uses learned positions for the fixed layout. T = 16 is our choice (the spec gives none).
     "sudoku": dict(
         input_type="sequence",
         hidden_size=768,
