@@ -518,9 +518,24 @@ class _HyperSetHeadMixin:
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
-    def _pack(
-        self, output_class: type, return_dict: bool | None, loss, logits, outputs
+    def _classify(
+        self, output_class: type, labels: torch.Tensor | None, return_dict: bool | None, **backbone_inputs
     ) -> ModelOutput | tuple:
+        """Backbone → LayerNorm → classifier on the pooled state, or on every token for token classification."""
+        outputs = self.hyperset(**backbone_inputs, return_dict=True)
+        per_token = output_class is HyperSetTokenClassifierOutput
+        logits = self.classifier(
+            self.layernorm(outputs.last_hidden_state if per_token else outputs.pooler_output)
+        )
+        loss = None
+        if (
+            labels is not None
+        ):  # transformers' loss for the head's suffix; the token loss takes (logits, labels)
+            loss = (
+                self.loss_function(logits, labels, self.config)
+                if per_token
+                else self.loss_function(labels, logits, self.config)
+            )
         output = output_class(
             loss=loss,
             logits=logits,
@@ -548,17 +563,16 @@ class HyperSetForImageClassification(_HyperSetHeadMixin, HyperSetPreTrainedModel
         output_energies: bool | None = None,
         return_dict: bool | None = None,
     ) -> HyperSetImageClassifierOutput | tuple:
-        outputs = self.hyperset(
+        return self._classify(
+            HyperSetImageClassifierOutput,
+            labels,
+            return_dict,
             pixel_values=pixel_values,
             num_iterations=num_iterations,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_energies=output_energies,
-            return_dict=True,
         )
-        logits = self.classifier(self.layernorm(outputs.pooler_output))
-        loss = None if labels is None else self.loss_function(labels, logits, self.config)
-        return self._pack(HyperSetImageClassifierOutput, return_dict, loss, logits, outputs)
 
 
 class HyperSetForSequenceClassification(_HyperSetHeadMixin, HyperSetPreTrainedModel):
@@ -581,18 +595,17 @@ class HyperSetForSequenceClassification(_HyperSetHeadMixin, HyperSetPreTrainedMo
         output_energies: bool | None = None,
         return_dict: bool | None = None,
     ) -> HyperSetSequenceClassifierOutput | tuple:
-        outputs = self.hyperset(
+        return self._classify(
+            HyperSetSequenceClassifierOutput,
+            labels,
+            return_dict,
             input_ids=input_ids,
             attention_mask=attention_mask,
             num_iterations=num_iterations,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_energies=output_energies,
-            return_dict=True,
         )
-        logits = self.classifier(self.layernorm(outputs.pooler_output))
-        loss = None if labels is None else self.loss_function(labels, logits, self.config)
-        return self._pack(HyperSetSequenceClassifierOutput, return_dict, loss, logits, outputs)
 
 
 class HyperSetForTokenClassification(_HyperSetHeadMixin, HyperSetPreTrainedModel):
@@ -617,18 +630,17 @@ class HyperSetForTokenClassification(_HyperSetHeadMixin, HyperSetPreTrainedModel
         output_energies: bool | None = None,
         return_dict: bool | None = None,
     ) -> HyperSetTokenClassifierOutput | tuple:
-        outputs = self.hyperset(
+        return self._classify(
+            HyperSetTokenClassifierOutput,
+            labels,
+            return_dict,
             input_ids=input_ids,
             attention_mask=attention_mask,
             num_iterations=num_iterations,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_energies=output_energies,
-            return_dict=True,
         )
-        logits = self.classifier(self.layernorm(outputs.last_hidden_state))
-        loss = None if labels is None else self.loss_function(logits, labels, self.config)
-        return self._pack(HyperSetTokenClassifierOutput, return_dict, loss, logits, outputs)
 
 
 __all__ = [

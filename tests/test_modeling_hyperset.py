@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from energyformers.modeling.modeling_hyperset import iteration_embedding, sinusoidal_positions
+from test_common import hyperset_config
 
 from energyformers import (
     HyperSetConfig,
@@ -24,20 +25,8 @@ class HyperSetTester:
     batch, image, patch, channels, length, vocab, labels = 3, 8, 2, 1, 7, 20, 4
 
     def config(self, head: type, **overrides) -> HyperSetConfig:
-        kwargs = dict(
-            hidden_size=16,
-            num_attention_heads=4,
-            intermediate_size=24,
-            num_hidden_layers=2,
-            num_iterations=3,
-            time_embedding_dim=16,
-            num_labels=self.labels,
-        )
-        if head is HyperSetForImageClassification:
-            kwargs.update(image_size=self.image, patch_size=self.patch, num_channels=self.channels)
-        else:
-            kwargs.update(input_type="sequence", vocab_size=self.vocab, max_position_embeddings=16)
-        return HyperSetConfig(**{**kwargs, **overrides})
+        input_type = "image" if head is HyperSetForImageClassification else "sequence"
+        return hyperset_config(input_type, **overrides)  # the same tiny config as the shared tests
 
     def inputs(self, head: type, with_labels: bool = False, seed: int = 0) -> dict[str, torch.Tensor]:
         g = torch.Generator().manual_seed(seed)
