@@ -15,9 +15,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+from transformers import ViTConfig, ViTForImageClassification
+
 from energyformers.configuration.configuration_hyperbf import HyperBFConfig
 from energyformers.modeling.modeling_hyperbf import HyperBFForImageClassification
-from transformers import ViTConfig, ViTForImageClassification
 
 # (row label, HyperBF preset, overrides). `cifar` is the memo's setting; the others show how the ratio moves.
 SETTINGS: list[tuple[str, str, dict]] = [

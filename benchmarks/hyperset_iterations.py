@@ -22,11 +22,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
-from energyformers.training.data import load_data
-from energyformers.training.processing import image_transform
 from transformers import AutoImageProcessor
 
 from energyformers import HyperSetForImageClassification
+from energyformers.training.data import load_data
+from energyformers.training.processing import image_transform
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from energyformers.training.sudoku import format_givens_distribution, load_sudoku
 from transformers import Trainer, TrainingArguments, set_seed
 
 from energyformers import HyperSetConfig, HyperSetForTokenClassification
+from energyformers.training.sudoku import format_givens_distribution, load_sudoku
 
 RESULTS = Path(__file__).parent / "results"
 

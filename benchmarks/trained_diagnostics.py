@@ -19,11 +19,11 @@ import argparse
 from pathlib import Path
 
 import torch
-from energyformers.training.data import load_data
-from energyformers.training.processing import image_transform
 from transformers import AutoImageProcessor
 
 from energyformers import HyperBFConfig, HyperBFForImageClassification, IMixerForImageClassification
+from energyformers.training.data import load_data
+from energyformers.training.processing import image_transform
 
 RESULTS = Path(__file__).parent / "results"
 

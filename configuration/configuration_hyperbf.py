@@ -46,42 +46,94 @@ HYPERBF_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
-    if _is_int(value):
-        return value, value
-    # A string is a sequence too: reject it (and floats, wrong lengths) here instead of failing later.
-    _require(
-        isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_int(side) for side in value),
-        "image_size",
-        value,
-        "expected an integer or a pair of integers (height, width)",
-    )
-    return int(value[0]), int(value[1])
-
-
-def _require(condition: bool, name: str, value: Any, allowed: str) -> None:
-    if not condition:
-        raise ValueError(f"HyperBFConfig: invalid {name}={value!r}; {allowed}.")
-
-
-def _require_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    _require(value in choices, name, value, f"expected one of {list(choices)}")
-
-
+# --- validation: identical in the three configuration files (tests/test_configuration.py checks) ---
+# Per family only the tables below this block (_CHOICES, _POSITIVE_INTS, ...) and the config's
+# `_check_cross_field_rules` differ. The block is duplicated rather than shared because each file is copied
+# verbatim into Hub remote code, which may import only the standard library and transformers.
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _require_positive_int(name: str, value: Any) -> None:
-    _require(_is_int(value) and value >= 1, name, value, "expected an integer >= 1")
-
-
 def _is_real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _require_probability(name: str, value: Any) -> None:
-    _require(_is_real(value) and 0.0 <= value < 1.0, name, value, "expected a float in [0, 1)")
+def _image_sides(value: Any) -> tuple[int, int]:
+    """(height, width) of an `image_size` that is an integer >= 1 or a [height, width] pair of them; else (0, 0)."""
+    sides = (value, value) if _is_int(value) else value
+    if isinstance(sides, (list, tuple)) and len(sides) == 2 and all(_is_int(s) and s >= 1 for s in sides):
+        return sides[0], sides[1]
+    return 0, 0
+
+
+def _require(config: PreTrainedConfig, condition: bool, name: str, value: Any, allowed: str) -> None:
+    if not condition:
+        raise ValueError(f"{type(config).__name__}: invalid {name}={value!r}; {allowed}.")
+
+
+def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
+    """Check the fields set by `__init__` against the tables, then `num_labels`, then the cross-field rules."""
+    for name, choices in _CHOICES.items():
+        value = getattr(config, name)
+        _require(config, value in choices, name, value, f"expected one of {list(choices)}")
+    for name in _POSITIVE_INTS:
+        value = getattr(config, name)
+        _require(config, _is_int(value) and value >= 1, name, value, "expected an integer >= 1")
+    for name in _NON_NEGATIVE_INTS:
+        value = getattr(config, name)
+        _require(config, _is_int(value) and value >= 0, name, value, "expected an integer >= 0")
+    for name in _PROBABILITIES:
+        value = getattr(config, name)
+        _require(config, _is_real(value) and 0 <= value < 1, name, value, "expected a float in [0, 1)")
+    for name in _POSITIVE_FLOATS:
+        value = getattr(config, name)
+        _require(config, _is_real(value) and value > 0, name, value, "expected a float > 0 (finite)")
+    for name in _OPTIONAL_POSITIVE_FLOATS:
+        value = getattr(config, name)
+        ok = value is None or (_is_real(value) and value > 0)
+        _require(config, ok, name, value, "expected None or a float > 0 (finite)")
+    for name in _IMAGE_SIZES:
+        value = getattr(config, name)
+        ok = _image_sides(value) != (0, 0)
+        _require(config, ok, name, value, "expected an integer >= 1 or a [height, width] pair of them")
+    # transformers would turn a negative count into no labels; 0 itself is valid (no classifier, as in ViT).
+    if "num_labels" in kwargs:
+        value = kwargs["num_labels"]
+        _require(
+            config,
+            _is_int(value) and value >= 0,
+            "num_labels",
+            value,
+            "expected an integer >= 0 (0: no classifier, as in ViT)",
+        )
+    config._check_cross_field_rules()
+
+
+# --- end of validation block ---
+
+
+# Validation tables of HyperBF (the form is the same in the three configuration files).
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "input_type": ("image", "sequence"),
+    "feedforward_kernel": ("normalized", "gaussian"),
+    "rbf_width": ("layer", "center"),
+    "pooling": ("cls", "mean"),
+}
+_POSITIVE_INTS: tuple[str, ...] = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "num_centers",
+    "rbf_projection_dim",
+    "patch_size",
+    "num_channels",
+    "max_position_embeddings",
+)
+_NON_NEGATIVE_INTS: tuple[str, ...] = ()
+_PROBABILITIES: tuple[str, ...] = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+_POSITIVE_FLOATS: tuple[str, ...] = ("layer_norm_eps", "initializer_range")
+_OPTIONAL_POSITIVE_FLOATS: tuple[str, ...] = ("rbf_sigma_init", "attention_temperature_init")
+_IMAGE_SIZES: tuple[str, ...] = ("image_size",)
 
 
 class HyperBFConfig(PreTrainedConfig):
@@ -135,6 +187,9 @@ class HyperBFConfig(PreTrainedConfig):
             LayerNorm epsilon (torch's default).
         initializer_range (`float`, *optional*, defaults to 0.02):
             Std of the normal initialisation of linear, embedding and position weights (as in ViT).
+        num_labels (`int`, *optional*, defaults to 2):
+            Classes of the classification heads (a `PreTrainedConfig` argument, checked here to be >= 0);
+            0 = the heads use `nn.Identity()` as classifier and return the features (as in ViT).
     """
 
     model_type = "hyperbf"
@@ -166,66 +221,19 @@ class HyperBFConfig(PreTrainedConfig):
         initializer_range: float = 0.02,
         **kwargs: Any,
     ) -> None:
-        _require_choice("input_type", input_type, ("image", "sequence"))
-        for name, value in (
-            ("hidden_size", hidden_size),
-            ("num_attention_heads", num_attention_heads),
-            ("num_hidden_layers", num_hidden_layers),
-            ("patch_size", patch_size),
-            ("num_channels", num_channels),
-            ("max_position_embeddings", max_position_embeddings),
-        ):
-            _require_positive_int(name, value)
+        # `intermediate_size` is an alias of `num_centers` (attribute_map); `None` for both means 4·hidden_size.
         _require(
-            hidden_size % num_attention_heads == 0,
-            "hidden_size",
-            hidden_size,
-            f"it must be divisible by num_attention_heads={num_attention_heads}",
+            self,
+            num_centers is None or intermediate_size is None or num_centers == intermediate_size,
+            "intermediate_size",
+            intermediate_size,
+            f"it is an alias of num_centers={num_centers!r} and disagrees with it; pass only one of them",
         )
-        if num_centers is not None and intermediate_size is not None and num_centers != intermediate_size:
-            raise ValueError(
-                f"HyperBFConfig: num_centers={num_centers!r} and its alias intermediate_size={intermediate_size!r} "
-                "disagree; pass only one of them."
-            )
         num_centers = num_centers if num_centers is not None else intermediate_size
-        num_centers = 4 * hidden_size if num_centers is None else num_centers
-        _require_positive_int("num_centers", num_centers)
-        rbf_projection_dim = hidden_size if rbf_projection_dim is None else rbf_projection_dim
-        _require_positive_int("rbf_projection_dim", rbf_projection_dim)
-        _require_choice("feedforward_kernel", feedforward_kernel, ("normalized", "gaussian"))
-        _require_choice("rbf_width", rbf_width, ("layer", "center"))
-        for name, value in (
-            ("rbf_sigma_init", rbf_sigma_init),
-            ("attention_temperature_init", attention_temperature_init),
-        ):
-            _require(
-                value is None or (_is_real(value) and math.isfinite(value) and value > 0),
-                name,
-                value,
-                "expected None (the documented default) or a finite float > 0",
-            )
-        _require_probability("hidden_dropout_prob", hidden_dropout_prob)
-        _require_probability("attention_probs_dropout_prob", attention_probs_dropout_prob)
-        _require_choice("pooling", pooling, ("cls", "mean"))
-        height, width = _pair(image_size)
-        _require(height >= 1 and width >= 1, "image_size", image_size, "expected positive sizes")
-        _require(
-            height % patch_size == 0 and width % patch_size == 0,
-            "image_size",
-            image_size,
-            f"both sides must be divisible by patch_size={patch_size}",
-        )
-        if input_type == "sequence":
-            _require(
-                _is_int(vocab_size) and vocab_size >= 1,
-                "vocab_size",
-                vocab_size,
-                'input_type="sequence" needs an integer vocab_size >= 1',
-            )
-        for name, value in (("layer_norm_eps", layer_norm_eps), ("initializer_range", initializer_range)):
-            _require(
-                _is_real(value) and math.isfinite(value) and value > 0, name, value, "expected a float > 0"
-            )
+        if num_centers is None and _is_int(hidden_size):
+            num_centers = 4 * hidden_size
+        if rbf_projection_dim is None and _is_int(hidden_size):
+            rbf_projection_dim = hidden_size
 
         self.input_type = input_type
         self.hidden_size = hidden_size
@@ -239,7 +247,7 @@ class HyperBFConfig(PreTrainedConfig):
         self.attention_temperature_init = attention_temperature_init
         self.hidden_dropout_prob = hidden_dropout_prob
         self.attention_probs_dropout_prob = attention_probs_dropout_prob
-        self.image_size = image_size if isinstance(image_size, int) else [height, width]
+        self.image_size = list(image_size) if isinstance(image_size, (list, tuple)) else image_size
         self.patch_size = patch_size
         self.num_channels = num_channels
         self.vocab_size = vocab_size
@@ -247,7 +255,32 @@ class HyperBFConfig(PreTrainedConfig):
         self.pooling = pooling
         self.layer_norm_eps = layer_norm_eps
         self.initializer_range = initializer_range
+        _validate_config(self, kwargs)
         super().__init__(**kwargs)
+
+    def _check_cross_field_rules(self) -> None:
+        """Rules the tables cannot express; `_validate_config` runs it once every table check has passed."""
+        _require(
+            self,
+            self.hidden_size % self.num_attention_heads == 0,
+            "hidden_size",
+            self.hidden_size,
+            f"it must be divisible by num_attention_heads={self.num_attention_heads}",
+        )
+        _require(
+            self,
+            all(side % self.patch_size == 0 for side in _image_sides(self.image_size)),
+            "image_size",
+            self.image_size,
+            f"both sides must be divisible by patch_size={self.patch_size}",
+        )
+        _require(
+            self,
+            self.input_type != "sequence" or (_is_int(self.vocab_size) and self.vocab_size >= 1),
+            "vocab_size",
+            self.vocab_size,
+            'input_type="sequence" needs an integer vocab_size >= 1',
+        )
 
     @property
     def head_dim(self) -> int:

@@ -7,6 +7,7 @@ energy (attention) followed by one on a dictionary energy (feedforward).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from transformers import PreTrainedConfig
@@ -39,26 +40,99 @@ HYPERSET_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+# --- validation: identical in the three configuration files (tests/test_configuration.py checks) ---
+# Per family only the tables below this block (_CHOICES, _POSITIVE_INTS, ...) and the config's
+# `_check_cross_field_rules` differ. The block is duplicated rather than shared because each file is copied
+# verbatim into Hub remote code, which may import only the standard library and transformers.
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _require(condition: bool, name: str, value: Any, allowed: str) -> None:
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _image_sides(value: Any) -> tuple[int, int]:
+    """(height, width) of an `image_size` that is an integer >= 1 or a [height, width] pair of them; else (0, 0)."""
+    sides = (value, value) if _is_int(value) else value
+    if isinstance(sides, (list, tuple)) and len(sides) == 2 and all(_is_int(s) and s >= 1 for s in sides):
+        return sides[0], sides[1]
+    return 0, 0
+
+
+def _require(config: PreTrainedConfig, condition: bool, name: str, value: Any, allowed: str) -> None:
     if not condition:
-        raise ValueError(f"HyperSetConfig: invalid {name}={value!r}; {allowed}.")
+        raise ValueError(f"{type(config).__name__}: invalid {name}={value!r}; {allowed}.")
 
 
-def _require_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    _require(value in choices, name, value, f"expected one of {list(choices)}")
+def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
+    """Check the fields set by `__init__` against the tables, then `num_labels`, then the cross-field rules."""
+    for name, choices in _CHOICES.items():
+        value = getattr(config, name)
+        _require(config, value in choices, name, value, f"expected one of {list(choices)}")
+    for name in _POSITIVE_INTS:
+        value = getattr(config, name)
+        _require(config, _is_int(value) and value >= 1, name, value, "expected an integer >= 1")
+    for name in _NON_NEGATIVE_INTS:
+        value = getattr(config, name)
+        _require(config, _is_int(value) and value >= 0, name, value, "expected an integer >= 0")
+    for name in _PROBABILITIES:
+        value = getattr(config, name)
+        _require(config, _is_real(value) and 0 <= value < 1, name, value, "expected a float in [0, 1)")
+    for name in _POSITIVE_FLOATS:
+        value = getattr(config, name)
+        _require(config, _is_real(value) and value > 0, name, value, "expected a float > 0 (finite)")
+    for name in _OPTIONAL_POSITIVE_FLOATS:
+        value = getattr(config, name)
+        ok = value is None or (_is_real(value) and value > 0)
+        _require(config, ok, name, value, "expected None or a float > 0 (finite)")
+    for name in _IMAGE_SIZES:
+        value = getattr(config, name)
+        ok = _image_sides(value) != (0, 0)
+        _require(config, ok, name, value, "expected an integer >= 1 or a [height, width] pair of them")
+    # transformers would turn a negative count into no labels; 0 itself is valid (no classifier, as in ViT).
+    if "num_labels" in kwargs:
+        value = kwargs["num_labels"]
+        _require(
+            config,
+            _is_int(value) and value >= 0,
+            "num_labels",
+            value,
+            "expected an integer >= 0 (0: no classifier, as in ViT)",
+        )
+    config._check_cross_field_rules()
 
 
-def _require_positive_int(name: str, value: Any) -> None:
-    _require(
-        isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-        name,
-        value,
-        "expected an integer >= 1",
-    )
+# --- end of validation block ---
+
+
+# Validation tables of Hyper-SET (the form is the same in the three configuration files).
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "input_type": ("image", "sequence"),
+    "qkv_norm": ("separate", "shared"),
+    "step_size_condition": ("current", "input"),
+    "hidden_act": ("relu", "gelu"),
+    "attention_energy": ("bisoftmax", "sigmoid"),
+    "feedforward_energy": ("relu", "softmax"),
+    "position_embedding_type": ("sinusoidal", "learned"),
+    "pooling": ("cls", "mean"),
+}
+_POSITIVE_INTS: tuple[str, ...] = (
+    "hidden_size",
+    "num_attention_heads",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_iterations",
+    "time_embedding_dim",
+    "patch_size",
+    "num_channels",
+    "max_position_embeddings",
+)
+_NON_NEGATIVE_INTS: tuple[str, ...] = ()
+_PROBABILITIES: tuple[str, ...] = ()
+_POSITIVE_FLOATS: tuple[str, ...] = ("layer_norm_eps", "initializer_range")
+_OPTIONAL_POSITIVE_FLOATS: tuple[str, ...] = ("rms_norm_eps",)
+_IMAGE_SIZES: tuple[str, ...] = ("image_size",)
 
 
 class HyperSetConfig(PreTrainedConfig):
@@ -112,6 +186,9 @@ class HyperSetConfig(PreTrainedConfig):
             LayerNorm epsilon of the patch embedding and the classifier.
         initializer_range (`float`, *optional*, defaults to 0.02):
             Std of the normal initialisation of linear and embedding weights.
+        num_labels (`int`, *optional*, defaults to 2):
+            Classes of the classification heads (a `PreTrainedConfig` argument, checked here to be >= 0);
+            0 = the heads use `nn.Identity()` as classifier and return the features (as in ViT).
     """
 
     model_type = "hyperset"
@@ -142,61 +219,6 @@ class HyperSetConfig(PreTrainedConfig):
         initializer_range: float = 0.02,
         **kwargs: Any,
     ) -> None:
-        _require_choice("input_type", input_type, ("image", "sequence"))
-        for name, value in (
-            ("hidden_size", hidden_size),
-            ("num_attention_heads", num_attention_heads),
-            ("intermediate_size", intermediate_size),
-            ("num_hidden_layers", num_hidden_layers),
-            ("num_iterations", num_iterations),
-            ("patch_size", patch_size),
-            ("num_channels", num_channels),
-            ("max_position_embeddings", max_position_embeddings),
-        ):
-            _require_positive_int(name, value)
-        _require(
-            hidden_size % num_attention_heads == 0,
-            "hidden_size",
-            hidden_size,
-            f"it must be divisible by num_attention_heads={num_attention_heads}",
-        )
-        _require(
-            isinstance(time_embedding_dim, int) and time_embedding_dim >= 4 and time_embedding_dim % 2 == 0,
-            "time_embedding_dim",
-            time_embedding_dim,
-            "expected an even integer >= 4 ([sin, cos] halves)",
-        )
-        _require_choice("qkv_norm", qkv_norm, ("separate", "shared"))
-        _require_choice("step_size_condition", step_size_condition, ("current", "input"))
-        _require_choice("hidden_act", hidden_act, ("relu", "gelu"))
-        _require_choice("attention_energy", attention_energy, ("bisoftmax", "sigmoid"))
-        _require_choice("feedforward_energy", feedforward_energy, ("relu", "softmax"))
-        _require_choice("position_embedding_type", position_embedding_type, ("sinusoidal", "learned"))
-        _require_choice("pooling", pooling, ("cls", "mean"))
-        height, width = _pair(image_size)
-        _require(height >= 1 and width >= 1, "image_size", image_size, "expected positive sizes")
-        _require(
-            height % patch_size == 0 and width % patch_size == 0,
-            "image_size",
-            image_size,
-            f"both sides must be divisible by patch_size={patch_size}",
-        )
-        if input_type == "sequence":
-            _require(
-                isinstance(vocab_size, int) and vocab_size >= 1,
-                "vocab_size",
-                vocab_size,
-                'input_type="sequence" needs an integer vocab_size >= 1',
-            )
-        _require(
-            rms_norm_eps is None or rms_norm_eps > 0,
-            "rms_norm_eps",
-            rms_norm_eps,
-            "expected None or a float > 0",
-        )
-        _require(layer_norm_eps > 0, "layer_norm_eps", layer_norm_eps, "expected a float > 0")
-        _require(initializer_range > 0, "initializer_range", initializer_range, "expected a float > 0")
-
         self.input_type = input_type
         self.hidden_size = hidden_size
         self.num_attention_heads = num_attention_heads
@@ -209,7 +231,7 @@ class HyperSetConfig(PreTrainedConfig):
         self.attention_energy = attention_energy
         self.feedforward_energy = feedforward_energy
         self.time_embedding_dim = time_embedding_dim
-        self.image_size = image_size if isinstance(image_size, int) else [height, width]
+        self.image_size = list(image_size) if isinstance(image_size, (list, tuple)) else image_size
         self.patch_size = patch_size
         self.num_channels = num_channels
         self.vocab_size = vocab_size
@@ -219,7 +241,39 @@ class HyperSetConfig(PreTrainedConfig):
         self.rms_norm_eps = rms_norm_eps
         self.layer_norm_eps = layer_norm_eps
         self.initializer_range = initializer_range
+        _validate_config(self, kwargs)
         super().__init__(**kwargs)
+
+    def _check_cross_field_rules(self) -> None:
+        """Rules the tables cannot express; `_validate_config` runs it once every table check has passed."""
+        _require(
+            self,
+            self.hidden_size % self.num_attention_heads == 0,
+            "hidden_size",
+            self.hidden_size,
+            f"it must be divisible by num_attention_heads={self.num_attention_heads}",
+        )
+        _require(
+            self,
+            all(side % self.patch_size == 0 for side in _image_sides(self.image_size)),
+            "image_size",
+            self.image_size,
+            f"both sides must be divisible by patch_size={self.patch_size}",
+        )
+        _require(
+            self,
+            self.input_type != "sequence" or (_is_int(self.vocab_size) and self.vocab_size >= 1),
+            "vocab_size",
+            self.vocab_size,
+            'input_type="sequence" needs an integer vocab_size >= 1',
+        )
+        _require(
+            self,
+            self.time_embedding_dim >= 4 and self.time_embedding_dim % 2 == 0,
+            "time_embedding_dim",
+            self.time_embedding_dim,
+            "expected an even integer >= 4 ([sin, cos] halves)",
+        )
 
     @property
     def head_dim(self) -> int:

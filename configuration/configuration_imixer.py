@@ -7,6 +7,7 @@ x = (1 − F)⁻¹(fc1(t)) with `fixed_point_iterations` fixed-point steps (0 = 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from transformers import PreTrainedConfig
@@ -30,21 +31,94 @@ IMIXER_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
-
-
-def _require(condition: bool, name: str, value: Any, allowed: str) -> None:
-    if not condition:
-        raise ValueError(f"IMixerConfig: invalid {name}={value!r}; {allowed}.")
-
-
+# --- validation: identical in the three configuration files (tests/test_configuration.py checks) ---
+# Per family only the tables below this block (_CHOICES, _POSITIVE_INTS, ...) and the config's
+# `_check_cross_field_rules` differ. The block is duplicated rather than shared because each file is copied
+# verbatim into Hub remote code, which may import only the standard library and transformers.
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _image_sides(value: Any) -> tuple[int, int]:
+    """(height, width) of an `image_size` that is an integer >= 1 or a [height, width] pair of them; else (0, 0)."""
+    sides = (value, value) if _is_int(value) else value
+    if isinstance(sides, (list, tuple)) and len(sides) == 2 and all(_is_int(s) and s >= 1 for s in sides):
+        return sides[0], sides[1]
+    return 0, 0
+
+
+def _require(config: PreTrainedConfig, condition: bool, name: str, value: Any, allowed: str) -> None:
+    if not condition:
+        raise ValueError(f"{type(config).__name__}: invalid {name}={value!r}; {allowed}.")
+
+
+def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
+    """Check the fields set by `__init__` against the tables, then `num_labels`, then the cross-field rules."""
+    for name, choices in _CHOICES.items():
+        value = getattr(config, name)
+        _require(config, value in choices, name, value, f"expected one of {list(choices)}")
+    for name in _POSITIVE_INTS:
+        value = getattr(config, name)
+        _require(config, _is_int(value) and value >= 1, name, value, "expected an integer >= 1")
+    for name in _NON_NEGATIVE_INTS:
+        value = getattr(config, name)
+        _require(config, _is_int(value) and value >= 0, name, value, "expected an integer >= 0")
+    for name in _PROBABILITIES:
+        value = getattr(config, name)
+        _require(config, _is_real(value) and 0 <= value < 1, name, value, "expected a float in [0, 1)")
+    for name in _POSITIVE_FLOATS:
+        value = getattr(config, name)
+        _require(config, _is_real(value) and value > 0, name, value, "expected a float > 0 (finite)")
+    for name in _OPTIONAL_POSITIVE_FLOATS:
+        value = getattr(config, name)
+        ok = value is None or (_is_real(value) and value > 0)
+        _require(config, ok, name, value, "expected None or a float > 0 (finite)")
+    for name in _IMAGE_SIZES:
+        value = getattr(config, name)
+        ok = _image_sides(value) != (0, 0)
+        _require(config, ok, name, value, "expected an integer >= 1 or a [height, width] pair of them")
+    # transformers would turn a negative count into no labels; 0 itself is valid (no classifier, as in ViT).
+    if "num_labels" in kwargs:
+        value = kwargs["num_labels"]
+        _require(
+            config,
+            _is_int(value) and value >= 0,
+            "num_labels",
+            value,
+            "expected an integer >= 0 (0: no classifier, as in ViT)",
+        )
+    config._check_cross_field_rules()
+
+
+# --- end of validation block ---
+
+
+# Validation tables of iMixer (the form is the same in the three configuration files).
+_CHOICES: dict[str, tuple[str, ...]] = {"input_type": ("image", "sequence")}
+_POSITIVE_INTS: tuple[str, ...] = (
+    "hidden_size",
+    "num_hidden_layers",
+    "patch_size",
+    "num_channels",
+    "spectral_norm_power_iterations",
+    "max_position_embeddings",
+)
+_NON_NEGATIVE_INTS: tuple[str, ...] = ("fixed_point_iterations",)
+_PROBABILITIES: tuple[str, ...] = ("hidden_dropout_prob", "drop_path_rate")
+_POSITIVE_FLOATS: tuple[str, ...] = (
+    "token_mixing_ratio",
+    "channel_mixing_ratio",
+    "hidden_ratio",
+    "spectral_norm_coeff",
+    "layer_norm_eps",
+    "initializer_range",
+)
+_OPTIONAL_POSITIVE_FLOATS: tuple[str, ...] = ()
+_IMAGE_SIZES: tuple[str, ...] = ("image_size",)
 
 
 class IMixerConfig(PreTrainedConfig):
@@ -90,6 +164,9 @@ class IMixerConfig(PreTrainedConfig):
         initializer_range (`float`, *optional*, defaults to 0.02):
             Std of the normal initialisation of token and pad embeddings (Linear layers use timm's
             Xavier-uniform, the patch convolution LeCun-normal, the classifier zeros).
+        num_labels (`int`, *optional*, defaults to 2):
+            Classes of the classification heads (a `PreTrainedConfig` argument, checked here to be >= 0);
+            0 = the heads use `nn.Identity()` as classifier and return the features (as in ViT).
     """
 
     model_type = "imixer"
@@ -116,88 +193,11 @@ class IMixerConfig(PreTrainedConfig):
         initializer_range: float = 0.02,
         **kwargs: Any,
     ) -> None:
-        _require(
-            input_type in ("image", "sequence"), "input_type", input_type, "expected 'image' or 'sequence'"
-        )
-        for name, value in (
-            ("hidden_size", hidden_size),
-            ("num_hidden_layers", num_hidden_layers),
-            ("patch_size", patch_size),
-            ("num_channels", num_channels),
-            ("max_position_embeddings", max_position_embeddings),
-            ("spectral_norm_power_iterations", spectral_norm_power_iterations),
-        ):
-            _require(_is_int(value) and value >= 1, name, value, "expected an integer >= 1")
-        _require(
-            _is_int(fixed_point_iterations) and fixed_point_iterations >= 0,
-            "fixed_point_iterations",
-            fixed_point_iterations,
-            "expected an integer >= 0 (0 = vanilla MLP-Mixer token mixing)",
-        )
-        for name, value, base in (
-            ("token_mixing_ratio", token_mixing_ratio, hidden_size),
-            ("channel_mixing_ratio", channel_mixing_ratio, hidden_size),
-            (
-                "hidden_ratio",
-                hidden_ratio,
-                int(token_mixing_ratio * hidden_size) if _is_number(token_mixing_ratio) else 0,
-            ),
-        ):
-            _require(
-                _is_number(value) and value > 0 and int(value * base) >= 1,
-                name,
-                value,
-                f"expected a number > 0 that gives a width int({name} · {base}) >= 1",
-            )
-        _require(
-            _is_number(spectral_norm_coeff) and 0 < spectral_norm_coeff < 1,
-            "spectral_norm_coeff",
-            spectral_norm_coeff,
-            "expected 0 < c < 1 (the fixed-point solve needs a contractive F)",
-        )
-        for name, value in (("hidden_dropout_prob", hidden_dropout_prob), ("drop_path_rate", drop_path_rate)):
-            _require(_is_number(value) and 0 <= value < 1, name, value, "expected a probability in [0, 1)")
-        sides = (image_size, image_size) if _is_int(image_size) else image_size
-        _require(
-            isinstance(sides, (list, tuple))
-            and len(sides) == 2
-            and all(_is_int(side) and side >= 1 for side in sides),
-            "image_size",
-            image_size,
-            "expected an integer >= 1 or a [height, width] pair of them",
-        )
-        height, width = _pair(image_size)
-        _require(
-            height % patch_size == 0 and width % patch_size == 0,
-            "image_size",
-            image_size,
-            f"both sides must be divisible by patch_size={patch_size}",
-        )
-        if input_type == "sequence":
-            _require(
-                _is_int(vocab_size) and vocab_size >= 1,
-                "vocab_size",
-                vocab_size,
-                'input_type="sequence" needs an integer vocab_size >= 1',
-            )
-        _require(
-            _is_number(layer_norm_eps) and layer_norm_eps > 0,
-            "layer_norm_eps",
-            layer_norm_eps,
-            "expected a float > 0",
-        )
-        _require(
-            _is_number(initializer_range) and initializer_range > 0,
-            "initializer_range",
-            initializer_range,
-            "expected a float > 0",
-        )
-
         self.input_type = input_type
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
         self.patch_size = patch_size
-        self.image_size = image_size if isinstance(image_size, int) else [height, width]
+        self.image_size = list(image_size) if isinstance(image_size, (list, tuple)) else image_size
         self.num_channels = num_channels
         self.token_mixing_ratio = token_mixing_ratio
         self.channel_mixing_ratio = channel_mixing_ratio
@@ -211,14 +211,48 @@ class IMixerConfig(PreTrainedConfig):
         self.max_position_embeddings = max_position_embeddings
         self.layer_norm_eps = layer_norm_eps
         self.initializer_range = initializer_range
+        _validate_config(self, kwargs)
         super().__init__(**kwargs)
+
+    def _check_cross_field_rules(self) -> None:
+        """Rules the tables cannot express; `_validate_config` runs it once every table check has passed."""
+        _require(
+            self,
+            self.spectral_norm_coeff < 1,
+            "spectral_norm_coeff",
+            self.spectral_norm_coeff,
+            "expected 0 < c < 1 (the fixed-point solve needs a contractive F)",
+        )
+        for name, base in (
+            ("token_mixing_ratio", self.hidden_size),
+            ("channel_mixing_ratio", self.hidden_size),
+            ("hidden_ratio", int(self.token_mixing_ratio * self.hidden_size)),
+        ):
+            value = getattr(self, name)
+            _require(
+                self, int(value * base) >= 1, name, value, f"it must give a width int({name} · {base}) >= 1"
+            )
+        _require(
+            self,
+            all(side % self.patch_size == 0 for side in _image_sides(self.image_size)),
+            "image_size",
+            self.image_size,
+            f"both sides must be divisible by patch_size={self.patch_size}",
+        )
+        _require(
+            self,
+            self.input_type != "sequence" or (_is_int(self.vocab_size) and self.vocab_size >= 1),
+            "vocab_size",
+            self.vocab_size,
+            'input_type="sequence" needs an integer vocab_size >= 1',
+        )
 
     @property
     def num_tokens(self) -> int:
         """Token-mixing length S: patches per image, or `max_position_embeddings` for sequences."""
         if self.input_type == "sequence":
             return self.max_position_embeddings
-        height, width = _pair(self.image_size)
+        height, width = _image_sides(self.image_size)
         return (height // self.patch_size) * (width // self.patch_size)
 
     @property

@@ -1,3 +1,4 @@
+# Copyright 2026 The energyformers authors. Licensed under the Apache License, Version 2.0.
 """Hyper-SET: Hyperspherical Energy Transformer with recurrent depth.
 
 Hu, Zou, Xu, *Hyperspherical Energy Transformer with Recurrent Depth*. Each of `num_hidden_layers`
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -96,92 +97,180 @@ def iteration_embedding(steps: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
-class HyperSetPatchEmbeddings(nn.Module):
-    """Patches (features ordered dy, dx, channel) → LayerNorm → Linear → LayerNorm, CLS token, fixed sinusoid."""
+# --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
+
+
+def _is_tracing() -> bool:
+    """True under torch.compile / torch.export: checks that read tensor values into Python run eagerly only."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+def _check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
+    if input_type != required:
+        raise ValueError(
+            f"{type(head).__name__} needs config.input_type={required!r}; got input_type={input_type!r}."
+        )
+
+
+def _check_inputs(
+    config: PreTrainedConfig,
+    pixel_values: torch.Tensor | None,
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+) -> None:
+    """Exactly the input kind of `config.input_type`, with the shapes and dtypes the embeddings read."""
+    if config.input_type == "image":
+        if pixel_values is None or input_ids is not None or inputs_embeds is not None:
+            raise ValueError(
+                "this model takes images (config.input_type='image'): pass pixel_values, "
+                "not input_ids or inputs_embeds."
+            )
+        if pixel_values.ndim != 4 or pixel_values.shape[1] != config.num_channels:
+            raise ValueError(
+                f"pixel_values must have shape (batch, num_channels={config.num_channels}, height, width); got "
+                f"{tuple(pixel_values.shape)}. Convert the images to {config.num_channels} channel(s) or build "
+                "the model with a matching num_channels."
+            )
+        return
+    if pixel_values is not None or (input_ids is None) == (inputs_embeds is None):
+        raise ValueError(
+            "this model takes tokens (config.input_type='sequence'): pass exactly one of input_ids or "
+            "inputs_embeds, and no pixel_values."
+        )
+    if input_ids is not None:
+        if input_ids.ndim != 2 or input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+            raise ValueError(
+                "input_ids must be integer token ids of shape (batch, sequence_length); got shape "
+                f"{tuple(input_ids.shape)} and dtype {input_ids.dtype}."
+            )
+        shape = input_ids.shape
+    else:
+        if inputs_embeds.ndim != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+            raise ValueError(
+                f"inputs_embeds must have shape (batch, sequence_length, hidden_size={config.hidden_size}); got "
+                f"{tuple(inputs_embeds.shape)}."
+            )
+        shape = inputs_embeds.shape[:2]
+    if attention_mask is not None and attention_mask.shape != shape:
+        raise ValueError(
+            f"attention_mask must have the shape of the inputs, {tuple(shape)}; got {tuple(attention_mask.shape)}."
+        )
+
+
+def _check_image_size(
+    pixel_values: torch.Tensor, image_size: tuple[int, int], patch_size: int, interpolate: bool | None = None
+) -> None:
+    """`interpolate`: None for models whose token count is fixed by image_size, else the caller's flag."""
+    height, width = pixel_values.shape[-2:]
+    if height % patch_size or width % patch_size:
+        raise ValueError(
+            f"pixel_values have spatial size {height}×{width}, not a multiple of patch_size={patch_size}; "
+            "resize or crop the images."
+        )
+    if not interpolate and (height, width) != tuple(image_size):
+        alternative = "" if interpolate is None else ", or pass interpolate_pos_encoding=True"
+        raise ValueError(
+            f"pixel_values have spatial size {height}×{width} but config.image_size is {image_size[0]}×"
+            f"{image_size[1]}; resize the inputs to that size (the model's image processor does this){alternative}"
+            f", or build the model with image_size=[{height}, {width}]."
+        )
+
+
+def _check_length(length: int, limit: int) -> None:
+    if length > limit:
+        raise ValueError(
+            f"sequence length {length} exceeds max_position_embeddings={limit}; truncate the inputs "
+            f"(tokenizer(..., truncation=True, max_length={limit})) or build the model with a larger "
+            "max_position_embeddings."
+        )
+
+
+def _check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
+    """Ids inside the vocabulary, read from the (possibly resized) embedding table; eager mode only."""
+    if input_ids is None or not input_ids.numel() or _is_tracing():
+        return
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"input_ids must lie in [0, vocab_size={vocab_size}); got values in [{low}, {high}]. Use the "
+            "tokenizer saved with the model."
+        )
+
+
+# --- end of input checks ---
+
+
+class HyperSetEmbeddings(nn.Module):
+    """The model's input, either kind, as tokens plus the padding mask.
+
+    Images: patches (features ordered dy, dx, channel) → LayerNorm → Linear → LayerNorm, a CLS token in
+    front, plus the fixed sinusoid. Sequences: token embeddings (or `inputs_embeds`) plus a fixed sinusoid or
+    learned positions (for fixed layouts, e.g. Sudoku). Returns `(tokens, keep)`, `keep` the `(B, N)` bool
+    padding mask (None: every token is real).
+    """
 
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__()
-        self.image_size = _pair(config.image_size)
-        self.patch_size = config.patch_size
-        self.num_channels = config.num_channels
-        patch_dim = config.num_channels * config.patch_size**2
-        num_patches = (self.image_size[0] // self.patch_size) * (self.image_size[1] // self.patch_size)
-        self.patch_norm = nn.LayerNorm(patch_dim, eps=config.layer_norm_eps)
-        self.projection = nn.Linear(patch_dim, config.hidden_size)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size))
+        self.config = config
+        if config.input_type == "image":
+            self.image_size = _pair(config.image_size)
+            self.patch_size = config.patch_size
+            patch_dim = config.num_channels * config.patch_size**2
+            num_patches = (self.image_size[0] // self.patch_size) * (self.image_size[1] // self.patch_size)
+            self.patch_norm = nn.LayerNorm(patch_dim, eps=config.layer_norm_eps)
+            self.projection = nn.Linear(patch_dim, config.hidden_size)
+            self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size))
+            self.num_prefix_tokens, num_positions = (
+                1,
+                num_patches + 1,
+            )  # the CLS token is no patch (mean pooling)
+        else:
+            self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.num_prefix_tokens, num_positions = 0, config.max_position_embeddings
+        learned = config.input_type == "sequence" and config.position_embedding_type == "learned"
+        self.position_embeddings = nn.Embedding(num_positions, config.hidden_size) if learned else None
         self.register_buffer(
             "position_encoding",
-            sinusoidal_positions(num_patches + 1, config.hidden_size)[None],
+            None if learned else sinusoidal_positions(num_positions, config.hidden_size)[None],
             persistent=False,
         )
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        if pixel_values.ndim != 4 or pixel_values.shape[1] != self.num_channels:
-            raise ValueError(
-                f"pixel_values must have shape (batch, {self.num_channels}, {self.image_size[0]}, "
-                f"{self.image_size[1]}) for this config (num_channels={self.num_channels}); got "
-                f"{tuple(pixel_values.shape)}. Convert the images to {self.num_channels} channel(s) or build the "
-                f"model with num_channels={pixel_values.shape[1] if pixel_values.ndim == 4 else '?'}."
-            )
-        height, width = pixel_values.shape[-2:]
-        if (height, width) != self.image_size:
-            raise ValueError(
-                f"pixel_values have spatial size {height}×{width} but config.image_size is "
-                f"{self.image_size[0]}×{self.image_size[1]}; resize the inputs to that size (the model's image "
-                f"processor does this) or build the model with image_size=[{height}, {width}]."
-            )
-        batch, channels, p = pixel_values.shape[0], self.num_channels, self.patch_size
+    def embed_patches(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        batch, channels, height, width = pixel_values.shape
+        p = self.patch_size
         patches = pixel_values.reshape(batch, channels, height // p, p, width // p, p)  # (B, C, Hp, p, Wp, p)
         patches = patches.permute(0, 2, 4, 3, 5, 1).reshape(batch, -1, p * p * channels)  # (B, Hp·Wp, p·p·C)
         tokens = self.norm(self.projection(self.patch_norm(patches)))
-        tokens = torch.cat([self.cls_token.expand(batch, -1, -1), tokens], dim=1)  # (B, 1 + Hp·Wp, d)
-        return tokens + self.position_encoding.to(tokens.dtype)
+        return torch.cat([self.cls_token.expand(batch, -1, -1), tokens], dim=1)  # (B, 1 + Hp·Wp, d)
 
-
-class HyperSetTokenEmbeddings(nn.Module):
-    """Token embedding plus a fixed sinusoidal or learned position encoding (learned for fixed layouts, e.g. Sudoku)."""
-
-    def __init__(self, config: HyperSetConfig) -> None:
-        super().__init__()
-        self.vocab_size = config.vocab_size
-        self.max_positions = config.max_position_embeddings
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        if config.position_embedding_type == "learned":
-            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-            self.register_buffer("position_encoding", None, persistent=False)
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        _check_inputs(self.config, pixel_values, input_ids, inputs_embeds, attention_mask)
+        keep = None if attention_mask is None else attention_mask.bool()
+        if pixel_values is not None:
+            _check_image_size(pixel_values, self.image_size, self.patch_size)
+            tokens = self.embed_patches(pixel_values)
         else:
-            self.position_embeddings = None
-            self.register_buffer(
-                "position_encoding",
-                sinusoidal_positions(config.max_position_embeddings, config.hidden_size)[None],
-                persistent=False,
-            )
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if input_ids.ndim != 2:
-            raise ValueError(
-                f"input_ids must have shape (batch, sequence_length); got {tuple(input_ids.shape)}."
-            )
-        length = input_ids.shape[1]
-        if length > self.max_positions:
-            raise ValueError(
-                f"input_ids has sequence length {length} but max_position_embeddings is {self.max_positions}; "
-                f"truncate the inputs (tokenizer(..., truncation=True, max_length={self.max_positions}))."
-            )
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.vocab_size):
-            raise ValueError(
-                f"input_ids contain ids outside the vocabulary [0, {self.vocab_size}) (min {int(input_ids.min())}, "
-                f"max {int(input_ids.max())}); use the tokenizer saved with the model."
-            )
-        tokens = self.word_embeddings(input_ids)
+            _check_token_ids(input_ids, self.word_embeddings.num_embeddings)
+            tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+            _check_length(tokens.shape[1], self.config.max_position_embeddings)
+        length = tokens.shape[1]
         if self.position_embeddings is not None:
-            return tokens + self.position_embeddings.weight[:length]
-        return tokens + self.position_encoding[:, :length].to(tokens.dtype)
+            return tokens + self.position_embeddings.weight[:length], keep
+        return tokens + self.position_encoding[:, :length].to(tokens.dtype), keep
 
 
-def _masked_mean(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Mean over the token axis (dim 1) of `values` (B, N, ...) weighting tokens by `keep` (B, N)."""
+def _masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
+    if keep is None:
+        return values.mean(1)
     weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
     return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
@@ -360,7 +449,7 @@ class HyperSetPreTrainedModel(PreTrainedModel):
     main_input_name = "pixel_values"
     input_modalities = ("image", "text")
     supports_gradient_checkpointing = True
-    _no_split_modules = ["HyperSetPatchEmbeddings", "HyperSetTokenEmbeddings", "HyperSetLayer"]
+    _no_split_modules = ["HyperSetEmbeddings", "HyperSetLayer"]
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -381,29 +470,29 @@ class HyperSetPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
         elif isinstance(module, HyperSetAttention):
             init.ones_(module.qkv_gain)
-        if isinstance(module, HyperSetPatchEmbeddings):
-            init.normal_(module.cls_token, mean=0.0, std=1.0)  # N(0, 1) as in the authors' code
-        if (
-            isinstance(module, (HyperSetPatchEmbeddings, HyperSetTokenEmbeddings))
-            and module.position_encoding is not None
-        ):
-            # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
-            init.copy_(
-                module.position_encoding, sinusoidal_positions(*module.position_encoding.shape[1:])[None]
-            )
+        elif isinstance(module, HyperSetEmbeddings):
+            if module.config.input_type == "image":
+                init.normal_(module.cls_token, mean=0.0, std=1.0)  # N(0, 1) as in the authors' code
+            if module.position_encoding is not None:
+                # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
+                init.copy_(
+                    module.position_encoding, sinusoidal_positions(*module.position_encoding.shape[1:])[None]
+                )
 
 
 class HyperSetModel(HyperSetPreTrainedModel):
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__(config)
-        embeddings = HyperSetPatchEmbeddings if config.input_type == "image" else HyperSetTokenEmbeddings
-        self.embeddings = embeddings(config)
+        self.embeddings = HyperSetEmbeddings(config)
         self.step_sizes = HyperSetStepSizes(config)
         self.layers = nn.ModuleList([HyperSetLayer(config) for _ in range(config.num_hidden_layers)])
+        # `get/set_input_embeddings` (transformers' defaults) find this table in `self.embeddings`.
+        self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
+        if config.input_type == "sequence":
+            # token ids first, as in BERT (positional calls, `main_input_name`); images keep ViT's order
+            self.main_input_name = "input_ids"
+            self.forward = self.forward_tokens
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Module:
-        return getattr(self.embeddings, "word_embeddings", self.embeddings.projection)
 
     def forward(
         self,
@@ -411,6 +500,7 @@ class HyperSetModel(HyperSetPreTrainedModel):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
+        inputs_embeds: torch.Tensor | None = None,
         num_iterations: int | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
@@ -429,37 +519,21 @@ class HyperSetModel(HyperSetPreTrainedModel):
         output_hidden_states = (
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
+        output_energies = bool(output_energies)
         return_dict = self.config.return_dict if return_dict is None else return_dict
         num_iterations = self.config.num_iterations if num_iterations is None else num_iterations
-        if not isinstance(num_iterations, int) or num_iterations < 1:
+        if not isinstance(num_iterations, int) or isinstance(num_iterations, bool) or num_iterations < 1:
             raise ValueError(f"num_iterations must be an integer >= 1; got {num_iterations!r}.")
 
-        if self.config.input_type == "image":
-            if pixel_values is None or input_ids is not None:
-                raise ValueError(
-                    "This Hyper-SET model takes images (config.input_type='image'): pass pixel_values."
-                )
-            hidden_states = self.embeddings(pixel_values)
-            keep = None
-            pool_keep = torch.ones(hidden_states.shape[:2], device=hidden_states.device)
-            pool_keep[:, 0] = 0  # mean pooling over patch tokens only, as timm does with a CLS token
-        else:
-            if input_ids is None or pixel_values is not None:
-                raise ValueError(
-                    "This Hyper-SET model takes token ids (config.input_type='sequence'): pass input_ids."
-                )
-            hidden_states = self.embeddings(input_ids)
-            if attention_mask is not None and attention_mask.shape != input_ids.shape:
-                raise ValueError(
-                    f"attention_mask shape {tuple(attention_mask.shape)} differs from input_ids shape "
-                    f"{tuple(input_ids.shape)}."
-                )
-            keep = None if attention_mask is None else attention_mask.to(hidden_states.dtype)
-            pool_keep = (
-                torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep
-            )
-
-        diagnostic_keep = pool_keep.new_ones(hidden_states.shape[:2]) if keep is None else keep
+        hidden_states, keep = self.embeddings(
+            pixel_values=pixel_values,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+        )
+        diagnostic_keep = (
+            torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep.float()
+        )
         iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
         embedded = hidden_states
         all_hidden_states = (hidden_states,) if output_hidden_states else None
@@ -486,9 +560,11 @@ class HyperSetModel(HyperSetPreTrainedModel):
             energies = HyperSetEnergies(
                 *(torch.stack(values, dim=1) for values in zip(*per_layer_diagnostics))  # (B, L, T + 1[, H])
             )
-        pooled = (
-            hidden_states[:, 0] if self.config.pooling == "cls" else _masked_mean(hidden_states, pool_keep)
-        )
+        if self.config.pooling == "cls":
+            pooled = hidden_states[:, 0]
+        else:  # mean over the real tokens; the image CLS token is no patch (timm's mean pooling)
+            prefix = self.embeddings.num_prefix_tokens
+            pooled = _masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
         output = HyperSetModelOutput(
             last_hidden_state=hidden_states,
             pooler_output=pooled,
@@ -498,6 +574,19 @@ class HyperSetModel(HyperSetPreTrainedModel):
         )
         return output if return_dict else output.to_tuple()
 
+    def forward_tokens(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> HyperSetModelOutput | tuple:
+        """`forward` of a sequence backbone: the same call, token ids first."""
+        return HyperSetModel.forward(
+            self, input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+        )
+
     @staticmethod
     def _diagnostics(
         layer: HyperSetLayer, hidden_states: torch.Tensor, keep: torch.Tensor
@@ -506,51 +595,17 @@ class HyperSetModel(HyperSetPreTrainedModel):
         return attention_energy, layer.feedforward.energy(hidden_states, keep), effective_rank, average_angle
 
 
-class _HyperSetHeadMixin:
-    """Final LayerNorm → Linear, shared by the classification heads (paper: LayerNorm then linear head)."""
+class HyperSetForImageClassification(HyperSetPreTrainedModel):
+    """Backbone → LayerNorm → Linear on the pooled (CLS) token (paper: LayerNorm then a linear head)."""
 
-    def _build_head(self, config: HyperSetConfig, required_input: str) -> None:
-        if config.input_type != required_input:
-            raise ValueError(
-                f"{type(self).__name__} needs config.input_type={required_input!r}; got {config.input_type!r}."
-            )
-        self.hyperset = HyperSetModel(config)
-        self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-
-    def _classify(
-        self, output_class: type, labels: torch.Tensor | None, return_dict: bool | None, **backbone_inputs
-    ) -> ModelOutput | tuple:
-        """Backbone → LayerNorm → classifier on the pooled state, or on every token for token classification."""
-        outputs = self.hyperset(**backbone_inputs, return_dict=True)
-        per_token = output_class is HyperSetTokenClassifierOutput
-        logits = self.classifier(
-            self.layernorm(outputs.last_hidden_state if per_token else outputs.pooler_output)
-        )
-        loss = None
-        if (
-            labels is not None
-        ):  # transformers' loss for the head's suffix; the token loss takes (logits, labels)
-            loss = (
-                self.loss_function(logits, labels, self.config)
-                if per_token
-                else self.loss_function(labels, logits, self.config)
-            )
-        output = output_class(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            energies=outputs.energies,
-        )
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        return output if return_dict else output.to_tuple()
-
-
-class HyperSetForImageClassification(_HyperSetHeadMixin, HyperSetPreTrainedModel):
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__(config)
-        self._build_head(config, "image")
+        _check_head_input_type(self, config.input_type, "image")
+        self.hyperset = HyperSetModel(config)
+        self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.classifier = (
+            nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
+        )
         self.post_init()
 
     def forward(
@@ -563,31 +618,48 @@ class HyperSetForImageClassification(_HyperSetHeadMixin, HyperSetPreTrainedModel
         output_energies: bool | None = None,
         return_dict: bool | None = None,
     ) -> HyperSetImageClassifierOutput | tuple:
-        return self._classify(
-            HyperSetImageClassifierOutput,
-            labels,
-            return_dict,
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.hyperset(
             pixel_values=pixel_values,
             num_iterations=num_iterations,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_energies=output_energies,
+            return_dict=True,
         )
+        logits = self.classifier(self.layernorm(outputs.pooler_output))
+        loss = None if labels is None else self.loss_function(labels, logits, self.config)
+        output = HyperSetImageClassifierOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            energies=outputs.energies,
+        )
+        return output if return_dict else output.to_tuple()
 
 
-class HyperSetForSequenceClassification(_HyperSetHeadMixin, HyperSetPreTrainedModel):
+class HyperSetForSequenceClassification(HyperSetPreTrainedModel):
+    """Backbone → LayerNorm → Linear on the pooled token (first token or masked mean)."""
+
     main_input_name = "input_ids"
 
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__(config)
-        self._build_head(config, "sequence")
+        _check_head_input_type(self, config.input_type, "sequence")
+        self.hyperset = HyperSetModel(config)
+        self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.classifier = (
+            nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
+        )
         self.post_init()
 
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
+        inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         num_iterations: int | None = None,
         output_attentions: bool | None = None,
@@ -595,34 +667,50 @@ class HyperSetForSequenceClassification(_HyperSetHeadMixin, HyperSetPreTrainedMo
         output_energies: bool | None = None,
         return_dict: bool | None = None,
     ) -> HyperSetSequenceClassifierOutput | tuple:
-        return self._classify(
-            HyperSetSequenceClassifierOutput,
-            labels,
-            return_dict,
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.hyperset(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
             num_iterations=num_iterations,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_energies=output_energies,
+            return_dict=True,
         )
+        logits = self.classifier(self.layernorm(outputs.pooler_output))
+        loss = None if labels is None else self.loss_function(labels, logits, self.config)
+        output = HyperSetSequenceClassifierOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            energies=outputs.energies,
+        )
+        return output if return_dict else output.to_tuple()
 
 
-class HyperSetForTokenClassification(_HyperSetHeadMixin, HyperSetPreTrainedModel):
-    """Per-token labels (e.g. Sudoku cells: label −100 on given cells so the loss covers unknown ones)."""
+class HyperSetForTokenClassification(HyperSetPreTrainedModel):
+    """Backbone → LayerNorm → Linear on every token (e.g. Sudoku cells: label −100 on given cells)."""
 
     main_input_name = "input_ids"
 
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__(config)
-        self._build_head(config, "sequence")
+        _check_head_input_type(self, config.input_type, "sequence")
+        self.hyperset = HyperSetModel(config)
+        self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.classifier = (
+            nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
+        )
         self.post_init()
 
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
+        inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         num_iterations: int | None = None,
         output_attentions: bool | None = None,
@@ -630,20 +718,31 @@ class HyperSetForTokenClassification(_HyperSetHeadMixin, HyperSetPreTrainedModel
         output_energies: bool | None = None,
         return_dict: bool | None = None,
     ) -> HyperSetTokenClassifierOutput | tuple:
-        return self._classify(
-            HyperSetTokenClassifierOutput,
-            labels,
-            return_dict,
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.hyperset(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
             num_iterations=num_iterations,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_energies=output_energies,
+            return_dict=True,
         )
+        logits = self.classifier(self.layernorm(outputs.last_hidden_state))
+        loss = None if labels is None else self.loss_function(logits, labels, self.config)
+        output = HyperSetTokenClassifierOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            energies=outputs.energies,
+        )
+        return output if return_dict else output.to_tuple()
 
 
 __all__ = [
+    "HyperSetEmbeddings",
     "HyperSetEnergies",
     "HyperSetForImageClassification",
     "HyperSetForSequenceClassification",

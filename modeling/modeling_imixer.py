@@ -1,3 +1,4 @@
+# Copyright 2026 The energyformers authors. Licensed under the Apache License, Version 2.0.
 """iMixer: an MLP-Mixer whose token-mixing MLP inverts a contractive residual block.
 
 Ota, Taki, *iMixer: hierarchical Hopfield network implies an invertible, implicit and iterative
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
-from transformers import PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -74,88 +75,173 @@ def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
-class IMixerPatchEmbeddings(nn.Module):
-    """Non-overlapping p×p patches → Conv2d(C, D, p, stride p) → `(B, S, D)`. No position embedding:
-    token mixing is position-specific already."""
+# --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
 
-    def __init__(self, config: IMixerConfig) -> None:
-        super().__init__()
-        self.image_size = _pair(config.image_size)
-        self.num_channels = config.num_channels
-        self.projection = nn.Conv2d(
-            config.num_channels, config.hidden_size, kernel_size=config.patch_size, stride=config.patch_size
+
+def _is_tracing() -> bool:
+    """True under torch.compile / torch.export: checks that read tensor values into Python run eagerly only."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+def _check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
+    if input_type != required:
+        raise ValueError(
+            f"{type(head).__name__} needs config.input_type={required!r}; got input_type={input_type!r}."
         )
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        if pixel_values.ndim != 4 or pixel_values.shape[1] != self.num_channels:
+
+def _check_inputs(
+    config: PreTrainedConfig,
+    pixel_values: torch.Tensor | None,
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+) -> None:
+    """Exactly the input kind of `config.input_type`, with the shapes and dtypes the embeddings read."""
+    if config.input_type == "image":
+        if pixel_values is None or input_ids is not None or inputs_embeds is not None:
             raise ValueError(
-                f"pixel_values must have shape (batch, {self.num_channels}, {self.image_size[0]}, "
-                f"{self.image_size[1]}) for this config (num_channels={self.num_channels}); got "
-                f"{tuple(pixel_values.shape)}. Convert the images to {self.num_channels} channel(s) or build the "
-                f"model with num_channels={pixel_values.shape[1] if pixel_values.ndim == 4 else '?'}."
+                "this model takes images (config.input_type='image'): pass pixel_values, "
+                "not input_ids or inputs_embeds."
             )
-        height, width = pixel_values.shape[-2:]
-        if (height, width) != self.image_size:
+        if pixel_values.ndim != 4 or pixel_values.shape[1] != config.num_channels:
             raise ValueError(
-                f"pixel_values have spatial size {height}×{width} but iMixer's token mixing has a fixed length "
-                f"for config.image_size={self.image_size[0]}×{self.image_size[1]}; resize the inputs to that "
-                f"size (the model's image processor does this) or build the model with image_size=[{height}, {width}]."
+                f"pixel_values must have shape (batch, num_channels={config.num_channels}, height, width); got "
+                f"{tuple(pixel_values.shape)}. Convert the images to {config.num_channels} channel(s) or build "
+                "the model with a matching num_channels."
             )
-        return self.projection(pixel_values).flatten(2).transpose(1, 2)  # (B, D, H/p, W/p) → (B, S, D)
+        return
+    if pixel_values is not None or (input_ids is None) == (inputs_embeds is None):
+        raise ValueError(
+            "this model takes tokens (config.input_type='sequence'): pass exactly one of input_ids or "
+            "inputs_embeds, and no pixel_values."
+        )
+    if input_ids is not None:
+        if input_ids.ndim != 2 or input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+            raise ValueError(
+                "input_ids must be integer token ids of shape (batch, sequence_length); got shape "
+                f"{tuple(input_ids.shape)} and dtype {input_ids.dtype}."
+            )
+        shape = input_ids.shape
+    else:
+        if inputs_embeds.ndim != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+            raise ValueError(
+                f"inputs_embeds must have shape (batch, sequence_length, hidden_size={config.hidden_size}); got "
+                f"{tuple(inputs_embeds.shape)}."
+            )
+        shape = inputs_embeds.shape[:2]
+    if attention_mask is not None and attention_mask.shape != shape:
+        raise ValueError(
+            f"attention_mask must have the shape of the inputs, {tuple(shape)}; got {tuple(attention_mask.shape)}."
+        )
 
 
-class IMixerTokenEmbeddings(nn.Module):
-    """Token embedding laid out on the fixed token-mixing length S = `max_position_embeddings`.
+def _check_image_size(
+    pixel_values: torch.Tensor, image_size: tuple[int, int], patch_size: int, interpolate: bool | None = None
+) -> None:
+    """`interpolate`: None for models whose token count is fixed by image_size, else the caller's flag."""
+    height, width = pixel_values.shape[-2:]
+    if height % patch_size or width % patch_size:
+        raise ValueError(
+            f"pixel_values have spatial size {height}×{width}, not a multiple of patch_size={patch_size}; "
+            "resize or crop the images."
+        )
+    if not interpolate and (height, width) != tuple(image_size):
+        alternative = "" if interpolate is None else ", or pass interpolate_pos_encoding=True"
+        raise ValueError(
+            f"pixel_values have spatial size {height}×{width} but config.image_size is {image_size[0]}×"
+            f"{image_size[1]}; resize the inputs to that size (the model's image processor does this){alternative}"
+            f", or build the model with image_size=[{height}, {width}]."
+        )
 
-    The real tokens (attention_mask = 1) move to the front in their order and the remaining slots hold
-    a learned pad embedding, so a sequence occupies the same S slots whatever padding its batch had
-    (amount or side): its logits do not depend on it.
+
+def _check_length(length: int, limit: int) -> None:
+    if length > limit:
+        raise ValueError(
+            f"sequence length {length} exceeds max_position_embeddings={limit}; truncate the inputs "
+            f"(tokenizer(..., truncation=True, max_length={limit})) or build the model with a larger "
+            "max_position_embeddings."
+        )
+
+
+def _check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
+    """Ids inside the vocabulary, read from the (possibly resized) embedding table; eager mode only."""
+    if input_ids is None or not input_ids.numel() or _is_tracing():
+        return
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"input_ids must lie in [0, vocab_size={vocab_size}); got values in [{low}, {high}]. Use the "
+            "tokenizer saved with the model."
+        )
+
+
+# --- end of input checks ---
+
+
+class IMixerEmbeddings(nn.Module):
+    """The model's input, either kind, as the S tokens of the fixed token-mixing length plus the padding mask.
+
+    Images: non-overlapping p×p patches → Conv2d(C, D, p, stride p); no position embedding, token mixing is
+    position-specific already. Sequences: token embeddings (or `inputs_embeds`) laid out on S =
+    `max_position_embeddings` slots: the real tokens (attention_mask = 1) move to the front in their order and
+    the remaining slots hold a learned pad embedding, so a sequence occupies the same S slots whatever padding
+    its batch had (amount or side) and its logits do not depend on it. Returns `(tokens, keep)`, `keep` the
+    `(B, S)` bool mask of the slots holding real tokens (None for images: every token is real).
     """
 
     def __init__(self, config: IMixerConfig) -> None:
         super().__init__()
-        self.vocab_size = config.vocab_size
-        self.num_tokens = config.max_position_embeddings
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.pad_embedding = nn.Parameter(torch.zeros(config.hidden_size))
+        self.config = config
+        if config.input_type == "image":
+            self.image_size = _pair(config.image_size)
+            self.projection = nn.Conv2d(
+                config.num_channels,
+                config.hidden_size,
+                kernel_size=config.patch_size,
+                stride=config.patch_size,
+            )
+        else:
+            self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.pad_embedding = nn.Parameter(torch.zeros(config.hidden_size))
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if input_ids.ndim != 2:
-            raise ValueError(
-                f"input_ids must have shape (batch, sequence_length); got {tuple(input_ids.shape)}."
-            )
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        elif attention_mask.shape != input_ids.shape:
-            raise ValueError(
-                f"attention_mask shape {tuple(attention_mask.shape)} differs from input_ids shape "
-                f"{tuple(input_ids.shape)}."
-            )
-        keep = attention_mask.bool()
+        self,
+        pixel_values: torch.Tensor | None = None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        _check_inputs(self.config, pixel_values, input_ids, inputs_embeds, attention_mask)
+        if pixel_values is not None:
+            _check_image_size(pixel_values, self.image_size, self.config.patch_size)
+            return self.projection(pixel_values).flatten(2).transpose(
+                1, 2
+            ), None  # (B, D, Hp, Wp) → (B, S, D)
+        _check_token_ids(input_ids, self.word_embeddings.num_embeddings)
+        tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, L, D)
+        keep = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
+        keep = keep if attention_mask is None else attention_mask.bool()  # (B, L)
         lengths = keep.sum(1)  # (B,)
-        num_tokens = self.num_tokens
-        if lengths.numel() and int(lengths.max()) > num_tokens:
-            raise ValueError(
-                f"a sequence has {int(lengths.max())} tokens but iMixer's token-mixing length is "
-                f"max_position_embeddings={num_tokens}; truncate the inputs "
-                f"(tokenizer(..., truncation=True, max_length={num_tokens})) or build the model with a larger "
-                f"max_position_embeddings."
-            )
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.vocab_size):
-            raise ValueError(
-                f"input_ids contain ids outside the vocabulary [0, {self.vocab_size}) (min {int(input_ids.min())}, "
-                f"max {int(input_ids.max())}); use the tokenizer saved with the model."
-            )
-        tokens = self.word_embeddings(input_ids)  # (B, L, D)
-        # Slot of each real token = its rank among the real tokens; padding goes to a spare slot S, dropped.
-        slots = torch.where(keep, keep.cumsum(1) - 1, num_tokens)  # (B, L)
+        num_tokens = self.config.max_position_embeddings
+        if lengths.numel() and not _is_tracing():
+            _check_length(int(lengths.max()), num_tokens)
+        # Slot of each real token = its rank among the real tokens; padding (and, when traced, any token past
+        # S, which eager mode rejects above) goes to a spare slot S that is dropped.
+        rank = keep.cumsum(1) - 1  # (B, L)
+        slots = torch.where(keep & (rank < num_tokens), rank, num_tokens)  # (B, L)
         canvas = self.pad_embedding.to(tokens.dtype).expand(len(tokens), num_tokens + 1, -1)  # (B, S + 1, D)
         embeddings = canvas.scatter(1, slots.unsqueeze(-1).expand_as(tokens), tokens)  # (B, S + 1, D)
-        embeddings = embeddings[:, :num_tokens]  # (B, S, D)
-        token_keep = torch.arange(num_tokens, device=input_ids.device) < lengths[:, None]  # (B, S)
-        return embeddings, token_keep
+        slot_keep = torch.arange(num_tokens, device=tokens.device) < lengths[:, None]  # (B, S)
+        return embeddings[:, :num_tokens], slot_keep  # (B, S, D)
+
+
+def _masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
+    if keep is None:
+        return values.mean(1)
+    weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
+    return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
 class IMixerSpectralNorm(nn.Module):
@@ -172,8 +258,9 @@ class IMixerSpectralNorm(nn.Module):
         self.coeff = config.spectral_norm_coeff
         self.num_power_iterations = config.spectral_norm_power_iterations
         out_features, in_features = weight.shape
-        self.register_buffer("u", F.normalize(weight.new_empty(out_features).normal_(), dim=0))
-        self.register_buffer("v", F.normalize(weight.new_empty(in_features).normal_(), dim=0))
+        # set from the weight by `_init_weights` (deterministic: no random draw, also on the meta device)
+        self.register_buffer("u", weight.new_zeros(out_features))
+        self.register_buffer("v", weight.new_zeros(in_features))
 
     @torch.no_grad()
     def power_iteration(self, weight: torch.Tensor, num_iterations: int | None = None) -> None:
@@ -326,7 +413,7 @@ class IMixerPreTrainedModel(PreTrainedModel):
     main_input_name = "pixel_values"
     input_modalities = ("image", "text")
     supports_gradient_checkpointing = True
-    _no_split_modules = ["IMixerPatchEmbeddings", "IMixerTokenEmbeddings", "IMixerLayer"]
+    _no_split_modules = ["IMixerEmbeddings", "IMixerLayer"]
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -339,9 +426,11 @@ class IMixerPreTrainedModel(PreTrainedModel):
             if parametrize.is_parametrized(module, "weight"):
                 weight = module.parametrizations.weight.original
                 init.xavier_uniform_(weight)
-                # start σ at a converged estimate for this weight (guarded: loaded u, v are kept)
+                # Start σ at a converged estimate for this weight (guarded: loaded u, v are kept). The power
+                # iteration starts from a fixed vector, so u, v are a function of the weight alone: the same
+                # for a model built directly and one built on the meta device and initialised afterwards.
                 spectral_norm = module.parametrizations.weight[0]
-                u = F.normalize(torch.randn_like(spectral_norm.u), dim=0)
+                u = F.normalize(torch.ones_like(spectral_norm.u), dim=0)
                 v = torch.zeros_like(spectral_norm.v)
                 for _ in range(_INIT_POWER_ITERATIONS):
                     v = F.normalize(torch.mv(weight.t(), u), dim=0)
@@ -359,22 +448,23 @@ class IMixerPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
-        elif isinstance(module, IMixerTokenEmbeddings):
+        elif isinstance(module, IMixerEmbeddings) and module.config.input_type == "sequence":
             init.normal_(module.pad_embedding, mean=0.0, std=self.config.initializer_range)
 
 
 class IMixerModel(IMixerPreTrainedModel):
     def __init__(self, config: IMixerConfig) -> None:
         super().__init__(config)
-        embeddings = IMixerPatchEmbeddings if config.input_type == "image" else IMixerTokenEmbeddings
-        self.embeddings = embeddings(config)
+        self.embeddings = IMixerEmbeddings(config)
         self.layers = nn.ModuleList([IMixerLayer(config) for _ in range(config.num_hidden_layers)])
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        # `get/set_input_embeddings` (transformers' defaults) find this table in `self.embeddings`.
+        self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
+        if config.input_type == "sequence":
+            # token ids first, as in BERT (positional calls, `main_input_name`); images keep ViT's order
+            self.main_input_name = "input_ids"
+            self.forward = self.forward_tokens
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Module:
-        embeddings = getattr(self.embeddings, "word_embeddings", None)
-        return self.embeddings.projection if embeddings is None else embeddings
 
     def forward(
         self,
@@ -382,6 +472,7 @@ class IMixerModel(IMixerPreTrainedModel):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
+        inputs_embeds: torch.Tensor | None = None,
         fixed_point_iterations: int | None = None,
         output_hidden_states: bool | None = None,
         output_fixed_point_residuals: bool | None = None,
@@ -398,6 +489,7 @@ class IMixerModel(IMixerPreTrainedModel):
         output_hidden_states = (
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
+        output_fixed_point_residuals = bool(output_fixed_point_residuals)
         return_dict = self.config.return_dict if return_dict is None else return_dict
         num_iterations = (
             self.config.fixed_point_iterations if fixed_point_iterations is None else fixed_point_iterations
@@ -410,19 +502,12 @@ class IMixerModel(IMixerPreTrainedModel):
                 "with config.fixed_point_iterations=0 (vanilla MLP-Mixer, no F); pass 0 or build it with n >= 1."
             )
 
-        if self.config.input_type == "image":
-            if pixel_values is None or input_ids is not None:
-                raise ValueError(
-                    "This iMixer model takes images (config.input_type='image'): pass pixel_values."
-                )
-            hidden_states, keep = self.embeddings(pixel_values), None
-        else:
-            if input_ids is None or pixel_values is not None:
-                raise ValueError(
-                    "This iMixer model takes token ids (config.input_type='sequence'): pass input_ids."
-                )
-            hidden_states, keep = self.embeddings(input_ids, attention_mask)
-
+        hidden_states, keep = self.embeddings(
+            pixel_values=pixel_values,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+        )
         if self.training:
             # Power iteration once per forward, before any block: all fixed-point steps of this forward use
             # one W_eff, and a gradient-checkpointing recompute of a block sees the same u, v as its forward.
@@ -433,49 +518,53 @@ class IMixerModel(IMixerPreTrainedModel):
         all_diagnostics = []
         for layer in self.layers:
             hidden_states, diagnostics = layer(
-                hidden_states,
-                num_iterations=num_iterations,
-                output_diagnostics=bool(output_fixed_point_residuals),
+                hidden_states, num_iterations=num_iterations, output_diagnostics=output_fixed_point_residuals
             )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
             if output_fixed_point_residuals:
                 all_diagnostics.append(diagnostics)
 
-        hidden_states = self.layernorm(hidden_states)
-        if keep is None:
-            pooled = hidden_states.mean(1)
-        else:
-            weights = keep.to(hidden_states.dtype).unsqueeze(-1)  # (B, S, 1)
-            pooled = (hidden_states * weights).sum(1) / weights.sum(1).clamp_min(1.0)
         fixed_point_residuals = None
         if output_fixed_point_residuals:
             fixed_point_residuals = IMixerFixedPointDiagnostics(
                 *(torch.stack(values) for values in zip(*all_diagnostics))  # (L, n), (L, n), (L, 2)
             )
+        hidden_states = self.layernorm(hidden_states)
         output = IMixerModelOutput(
             last_hidden_state=hidden_states,
-            pooler_output=pooled,
+            pooler_output=_masked_mean(hidden_states, keep),  # mean over the real tokens (timm's Mixer)
             hidden_states=all_hidden_states,
             fixed_point_residuals=fixed_point_residuals,
         )
         return output if return_dict else output.to_tuple()
 
-
-def _check_input_type(head: nn.Module, config: IMixerConfig, required: str) -> None:
-    if config.input_type != required:
-        raise ValueError(
-            f"{type(head).__name__} needs config.input_type={required!r}; got {config.input_type!r}. Use "
-            f"IMixerFor{'Image' if config.input_type == 'image' else 'Sequence'}Classification for this config."
+    def forward_tokens(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> IMixerModelOutput | tuple:
+        """`forward` of a sequence backbone: the same call, token ids first."""
+        return IMixerModel.forward(
+            self, input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
         )
 
 
 class IMixerForImageClassification(IMixerPreTrainedModel):
+    """Backbone → Linear on the mean of the tokens (timm's Mixer head)."""
+
     def __init__(self, config: IMixerConfig) -> None:
         super().__init__(config)
-        _check_input_type(self, config, "image")
+        _check_head_input_type(self, config.input_type, "image")
         self.imixer = IMixerModel(config)
-        self.classifier = IMixerClassifier(config.hidden_size, config.num_labels)
+        self.classifier = (
+            IMixerClassifier(config.hidden_size, config.num_labels)
+            if config.num_labels > 0
+            else nn.Identity()
+        )
         self.post_init()
 
     def forward(
@@ -487,6 +576,7 @@ class IMixerForImageClassification(IMixerPreTrainedModel):
         output_fixed_point_residuals: bool | None = None,
         return_dict: bool | None = None,
     ) -> IMixerImageClassifierOutput | tuple:
+        return_dict = self.config.return_dict if return_dict is None else return_dict
         outputs = self.imixer(
             pixel_values=pixel_values,
             fixed_point_iterations=fixed_point_iterations,
@@ -502,18 +592,23 @@ class IMixerForImageClassification(IMixerPreTrainedModel):
             hidden_states=outputs.hidden_states,
             fixed_point_residuals=outputs.fixed_point_residuals,
         )
-        return_dict = self.config.return_dict if return_dict is None else return_dict
         return output if return_dict else output.to_tuple()
 
 
 class IMixerForSequenceClassification(IMixerPreTrainedModel):
+    """Backbone → Linear on the mean of the real tokens."""
+
     main_input_name = "input_ids"
 
     def __init__(self, config: IMixerConfig) -> None:
         super().__init__(config)
-        _check_input_type(self, config, "sequence")
+        _check_head_input_type(self, config.input_type, "sequence")
         self.imixer = IMixerModel(config)
-        self.classifier = IMixerClassifier(config.hidden_size, config.num_labels)
+        self.classifier = (
+            IMixerClassifier(config.hidden_size, config.num_labels)
+            if config.num_labels > 0
+            else nn.Identity()
+        )
         self.post_init()
 
     def forward(
@@ -521,21 +616,24 @@ class IMixerForSequenceClassification(IMixerPreTrainedModel):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
+        inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         fixed_point_iterations: int | None = None,
         output_hidden_states: bool | None = None,
         output_fixed_point_residuals: bool | None = None,
         return_dict: bool | None = None,
     ) -> IMixerSequenceClassifierOutput | tuple:
+        return_dict = self.config.return_dict if return_dict is None else return_dict
         outputs = self.imixer(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
             fixed_point_iterations=fixed_point_iterations,
             output_hidden_states=output_hidden_states,
             output_fixed_point_residuals=output_fixed_point_residuals,
             return_dict=True,
         )
-        logits = self.classifier(outputs.pooler_output)  # masked mean over the real tokens
+        logits = self.classifier(outputs.pooler_output)
         loss = None if labels is None else self.loss_function(labels, logits, self.config)
         output = IMixerSequenceClassifierOutput(
             loss=loss,
@@ -543,11 +641,11 @@ class IMixerForSequenceClassification(IMixerPreTrainedModel):
             hidden_states=outputs.hidden_states,
             fixed_point_residuals=outputs.fixed_point_residuals,
         )
-        return_dict = self.config.return_dict if return_dict is None else return_dict
         return output if return_dict else output.to_tuple()
 
 
 __all__ = [
+    "IMixerEmbeddings",
     "IMixerFixedPointDiagnostics",
     "IMixerForImageClassification",
     "IMixerForSequenceClassification",

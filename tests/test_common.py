@@ -7,83 +7,26 @@ model (`AutoModel`) takes both input types, so it appears once per input type.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import re
-from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 import torch
 import transformers
+from fixtures import (
+    ALL,
+    HEADS,
+    SEQUENCE,
+    TINY,
+    Case,
+    assert_same_structure_and_tensors,
+    main_output,
+    perturb,
+    tensors,
+)
 from transformers.utils import ModelOutput
 
-import energyformers
-from energyformers import FAMILIES, HyperBFConfig, HyperSetConfig, IMixerConfig
-
-# ---------------------------------------------------------------- tiny configs and inputs, one per family
-
-
-@dataclasses.dataclass(frozen=True)
-class Tiny:
-    """A family's tiny config (the one its own test file uses) and the sizes its inputs need."""
-
-    config: Callable[..., transformers.PretrainedConfig]  # (input_type, **overrides) -> config
-    batch: int
-    length: int
-    image: int
-    channels: int
-    vocab: int
-    labels: int
-
-
-def hyperset_config(input_type: str, **overrides: Any) -> HyperSetConfig:
-    kwargs = dict(
-        hidden_size=16,
-        num_attention_heads=4,
-        intermediate_size=24,
-        num_hidden_layers=2,
-        num_iterations=3,
-        time_embedding_dim=16,
-        num_labels=4,
-    )
-    if input_type == "image":
-        kwargs.update(image_size=8, patch_size=2, num_channels=1)
-    else:
-        kwargs.update(input_type="sequence", vocab_size=20, max_position_embeddings=16)
-    return HyperSetConfig(**{**kwargs, **overrides})
-
-
-def imixer_config(input_type: str, **overrides: Any) -> IMixerConfig:
-    kwargs = dict(hidden_size=16, num_hidden_layers=2, fixed_point_iterations=2, num_labels=4)
-    if input_type == "image":
-        kwargs.update(image_size=8, patch_size=2, num_channels=1)
-    else:
-        kwargs.update(input_type="sequence", vocab_size=20, max_position_embeddings=10)
-    return IMixerConfig(**{**kwargs, **overrides})
-
-
-def hyperbf_config(input_type: str, **overrides: Any) -> HyperBFConfig:
-    kwargs = dict(
-        input_type=input_type,
-        hidden_size=32,
-        num_attention_heads=2,
-        num_hidden_layers=2,
-        image_size=8,
-        patch_size=2,
-        num_channels=3,
-        num_labels=3,
-    )
-    if input_type == "sequence":
-        kwargs.update(vocab_size=16, max_position_embeddings=12)
-    return HyperBFConfig(**{**kwargs, **overrides})
-
-
-TINY = {
-    "hyperset": Tiny(hyperset_config, batch=3, length=7, image=8, channels=1, vocab=20, labels=4),
-    "imixer": Tiny(imixer_config, batch=3, length=7, image=8, channels=1, vocab=20, labels=4),
-    "hyperbf": Tiny(hyperbf_config, batch=2, length=12, image=8, channels=3, vocab=16, labels=3),
-}
+from energyformers import FAMILIES
 
 # Families that zero-initialise parameters (Hyper-SET's step-size MLP, iMixer's classifier) get one optimiser
 # step before "every parameter gets a gradient"; HyperBF must pass at initialisation.
@@ -128,84 +71,6 @@ WRONG_INPUT_TYPE = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    family: str
-    auto_name: str  # "AutoModel" is the base model
-    input_type: str
-
-    @property
-    def model_class(self) -> type:
-        return getattr(energyformers, FAMILIES[self.family][1][self.auto_name])
-
-    @property
-    def auto_class(self) -> type:
-        return getattr(transformers, self.auto_name)
-
-    @property
-    def is_base(self) -> bool:
-        return self.auto_name == "AutoModel"
-
-    @property
-    def per_token(self) -> bool:
-        return self.auto_name == "AutoModelForTokenClassification"
-
-    @property
-    def tiny(self) -> Tiny:
-        return TINY[self.family]
-
-    def __str__(self) -> str:
-        return f"{self.model_class.__name__}-{self.input_type}"
-
-    def config(self, **overrides: Any) -> transformers.PretrainedConfig:
-        return self.tiny.config(self.input_type, **overrides)
-
-    def build(self, seed: int = 0, **overrides: Any) -> torch.nn.Module:
-        attn_implementation = overrides.pop("attn_implementation", None)
-        torch.manual_seed(seed)
-        model = self.model_class(self.config(**overrides)).eval()
-        if attn_implementation is not None:
-            model.set_attn_implementation(attn_implementation)
-            assert model.config._attn_implementation == attn_implementation
-        return model
-
-    def inputs(self, labels: bool = False, seed: int = 0) -> dict[str, torch.Tensor]:
-        """`pixel_values`, or `input_ids` + `attention_mask` with padding in the first row."""
-        tiny, g = self.tiny, torch.Generator().manual_seed(seed)
-        if self.input_type == "image":
-            shape = (tiny.batch, tiny.channels, tiny.image, tiny.image)
-            inputs = {"pixel_values": torch.randn(shape, generator=g)}
-        else:
-            # every token id occurs, so every embedding row is exercised
-            ids = torch.randperm(tiny.batch * tiny.length, generator=g) % tiny.vocab
-            mask = torch.ones(tiny.batch, tiny.length, dtype=torch.long)
-            mask[0, -2:] = 0
-            inputs = {"input_ids": ids.view(tiny.batch, tiny.length), "attention_mask": mask}
-        if labels:
-            shape = (tiny.batch, tiny.length) if self.per_token else (tiny.batch,)
-            inputs["labels"] = torch.randint(0, tiny.labels, shape, generator=g)
-            if self.per_token:
-                inputs["labels"][inputs["attention_mask"] == 0] = -100
-        return inputs
-
-
-def _input_types(auto_name: str) -> list[str]:
-    if auto_name == "AutoModel":
-        return ["image", "sequence"]
-    return ["image"] if auto_name == "AutoModelForImageClassification" else ["sequence"]
-
-
-ALL = [
-    Case(family, auto_name, input_type)
-    for family, (_, classes) in FAMILIES.items()
-    for auto_name in classes
-    if auto_name != "AutoConfig"
-    for input_type in _input_types(auto_name)
-]
-HEADS = [case for case in ALL if not case.is_base]
-SEQUENCE = [case for case in ALL if case.input_type == "sequence"]
-
-
 def cases(selection: list[Case]):
     return pytest.mark.parametrize("case", selection, ids=str)
 
@@ -214,59 +79,6 @@ def test_every_registered_family_has_a_tiny_config():
     tables = (TINY, EXTRA_OUTPUTS, ROUND_TRIP_OVERRIDES, PADDING_VARIANTS, WRONG_INPUT_TYPE)
     assert all(set(table) == set(FAMILIES) for table in tables)
     assert {case.family for case in HEADS} == set(FAMILIES)
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def perturb(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
-    """Move every saved floating tensor (parameters and persistent buffers such as iMixer's u, v) off its
-    initial value, so a checkpoint that silently re-initialised anything, or a zero-initialised head, is seen."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for tensor in model.state_dict().values():
-            if tensor.is_floating_point():
-                tensor.add_(0.01 * torch.randn(tensor.shape, generator=g, dtype=tensor.dtype))
-    return model
-
-
-def main_output(outputs: ModelOutput) -> torch.Tensor:
-    return outputs.logits if hasattr(outputs, "logits") else outputs.last_hidden_state
-
-
-def tensors(value: Any) -> Iterator[torch.Tensor]:
-    """Every tensor in a (possibly nested) output, in order."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, ModelOutput):
-        yield from tensors(value.to_tuple())
-    elif isinstance(value, dict):
-        yield from tensors(tuple(value.values()))
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        yield from tensors(tuple(getattr(value, f.name) for f in dataclasses.fields(value)))
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from tensors(item)
-
-
-def assert_same_structure_and_tensors(got: Any, expected: Any, path: str = "out") -> None:
-    """Exact (bitwise) equality, element by element, of two nested outputs."""
-    if isinstance(expected, ModelOutput):
-        expected = expected.to_tuple()
-    if isinstance(got, ModelOutput):
-        got = got.to_tuple()
-    if isinstance(expected, torch.Tensor):
-        assert isinstance(got, torch.Tensor), path
-        assert torch.equal(got, expected), path
-    elif isinstance(expected, (tuple, list)):
-        assert isinstance(got, (tuple, list)) and len(got) == len(expected), path
-        for i, (a, b) in enumerate(zip(got, expected)):
-            assert_same_structure_and_tensors(a, b, f"{path}[{i}]")
-    else:
-        got_tensors, expected_tensors = list(tensors(got)), list(tensors(expected))
-        assert len(got_tensors) == len(expected_tensors), path
-        for i, (a, b) in enumerate(zip(got_tensors, expected_tensors)):
-            assert torch.equal(a, b), f"{path}:{i}"
 
 
 # ---------------------------------------------------------------- save / load
@@ -322,7 +134,7 @@ def test_checkpoint_loads_into_every_other_class_with_identical_backbone(case, t
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_auto_config_resolves_to_the_family_config(family, tmp_path):
-    config_class = getattr(energyformers, FAMILIES[family][1]["AutoConfig"])
+    config_class = FAMILIES[family].config_class
     config = transformers.AutoConfig.for_model(family)
     assert type(config) is config_class and config.model_type == family
     TINY[family].config("image").save_pretrained(tmp_path)
@@ -336,7 +148,7 @@ def test_auto_class_resolves_to_the_family_class(case, tmp_path):
     case.build().save_pretrained(tmp_path)
     assert type(case.auto_class.from_pretrained(tmp_path)) is case.model_class
     # any checkpoint of the family opens as its base model through AutoModel
-    base = getattr(energyformers, FAMILIES[case.family][1]["AutoModel"])
+    base = FAMILIES[case.family].heads["AutoModel"]
     assert type(transformers.AutoModel.from_pretrained(tmp_path)) is base
 
 

@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
 
+from energyformers import INPUT_TYPES
+
 SPLITS = ("train", "validation", "test")
 SPLIT_ALIASES = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
@@ -428,9 +430,14 @@ def load_data(
     )
 
 
+def input_type_of(dd: DatasetDict) -> str:
+    """The `config.input_type` the data feeds, from the normalised columns: `image` → "image", `text` → "sequence"."""
+    return "image" if "image" in dd["train"].column_names else "sequence"
+
+
 def task_of(dd: DatasetDict) -> str:
-    """`"image-classification"` or `"text-classification"`, from the normalised columns."""
-    return "image-classification" if "image" in dd["train"].column_names else "text-classification"
+    """The data's pipeline task: the default task of its input type in `energyformers.INPUT_TYPES`."""
+    return next(iter(INPUT_TYPES[input_type_of(dd)].tasks))
 
 
 def label_names(dd: DatasetDict) -> list[str]:
@@ -443,6 +450,7 @@ __all__ = [
     "MissingDataError",
     "cache_root",
     "images_to_dataset",
+    "input_type_of",
     "label_names",
     "load_data",
     "normalize",

@@ -25,6 +25,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -33,7 +34,8 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-# Files a processor may consist of; copied when present. Which ones are *required* depends on input_type.
+# Files a processor may consist of; copied when present. The ones *required* are the input type's
+# `processor_files` in `energyformers.INPUT_TYPES`.
 PROCESSOR_FILES = (
     "preprocessor_config.json",
     "processor_config.json",
@@ -46,20 +48,8 @@ PROCESSOR_FILES = (
     "merges.txt",
     "chat_template.jinja",
 )
-REQUIRED_PROCESSOR_FILES = {
-    "image": ("preprocessor_config.json",),
-    "sequence": ("tokenizer.json", "tokenizer_config.json"),
-}
 EXTRA_FILES = ("metrics.json", "training_curve.png")  # carried along when present (the card links them)
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
-
-# Head class-name suffix -> pipeline task (the Hub's `pipeline_tag`), by input_type for the bare backbone.
-HEAD_TASKS = {
-    "ForImageClassification": "image-classification",
-    "ForSequenceClassification": "text-classification",
-    "ForTokenClassification": "token-classification",
-}
-BACKBONE_TASKS = {"image": "image-feature-extraction", "sequence": "feature-extraction"}
 
 # CLI dataset name -> (display name, Hub dataset id when the data *and split* are the Hub's, description).
 DATASETS: dict[str, tuple[str, str | None, str]] = {
@@ -109,8 +99,8 @@ def remote_code_sources(model_type: str) -> dict[str, str]:
 
     if model_type not in FAMILIES:
         raise ValueError(f"unknown model_type={model_type!r}; registered families: {sorted(FAMILIES)}")
-    stem, classes = FAMILIES[model_type]
-    config_class = classes["AutoConfig"]
+    stem = FAMILIES[model_type].stem
+    config_class = FAMILIES[model_type].config_class.__name__
     sources = {}
     for package, name in (("configuration", f"configuration_{stem}"), ("modeling", f"modeling_{stem}")):
         spec = importlib.util.find_spec(f"energyformers.{package}.{name}")
@@ -187,10 +177,10 @@ def auto_map(model_type: str) -> dict[str, str]:
     """`config.auto_map` for every Auto class the family registers, pointing at the flat remote code."""
     from energyformers import FAMILIES
 
-    stem, classes = FAMILIES[model_type]
+    family = FAMILIES[model_type]
     return {
-        auto: f"{'configuration' if auto == 'AutoConfig' else 'modeling'}_{stem}.{name}"
-        for auto, name in classes.items()
+        auto: f"{'configuration' if auto == 'AutoConfig' else 'modeling'}_{family.stem}.{name}"
+        for auto, name in family.auto_map.items()
     }
 
 
@@ -216,7 +206,7 @@ def _weight_files(model_dir: Path) -> list[str]:
 
 def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
     """Validate a model folder and describe it: config, family, head, task, files to carry, metrics."""
-    from energyformers import FAMILIES
+    from energyformers import FAMILIES, INPUT_TYPES, task_of
 
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -230,24 +220,27 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(
             f"{config_path}: model_type={model_type!r} is not an energyformers family; expected one of {sorted(FAMILIES)}."
         )
-    classes = FAMILIES[model_type][1]
+    heads = {head.__name__: auto for auto, head in FAMILIES[model_type].heads.items()}
     architectures = config.get("architectures") or []
-    unknown = [a for a in architectures if a not in classes.values()]
+    unknown = [a for a in architectures if a not in heads]
     if len(architectures) != 1 or unknown:
         raise ValueError(
-            f"{config_path}: architectures={architectures!r}; expected exactly one of {sorted(classes.values())}."
+            f"{config_path}: architectures={architectures!r}; expected exactly one of {sorted(heads)}."
         )
     architecture = architectures[0]
-    auto_class = next(auto for auto, name in classes.items() if name == architecture)
+    auto_class = heads[architecture]
     input_type = config.get("input_type", "image")
-    task = next(
-        (t for suffix, t in HEAD_TASKS.items() if architecture.endswith(suffix)), BACKBONE_TASKS[input_type]
-    )
+    if input_type not in INPUT_TYPES:
+        raise ValueError(f"{config_path}: input_type={input_type!r}; expected one of {sorted(INPUT_TYPES)}.")
+    try:
+        task = task_of(input_type, auto_class)
+    except ValueError as err:  # e.g. an image-classification head saved with input_type="sequence"
+        raise ValueError(f"{config_path}: {architecture}: {err}") from err
 
     files = _weight_files(model_dir)
-    missing = [name for name in REQUIRED_PROCESSOR_FILES[input_type] if not (model_dir / name).is_file()]
+    missing = [name for name in INPUT_TYPES[input_type].processor_files if not (model_dir / name).is_file()]
     if missing:
-        kind = "image processor" if input_type == "image" else "tokenizer"
+        kind = _processor_kind(INPUT_TYPES[input_type].processor_class)
         raise FileNotFoundError(
             f"{model_dir}: missing {kind} file(s) {missing}; save the {kind} into the model folder "
             "(processor.save_pretrained(model_dir)) so the exported model can preprocess its inputs."
@@ -268,11 +261,16 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
     }
 
 
+def _processor_kind(processor_class: str) -> str:
+    """The processor's name in messages: AutoImageProcessor -> "image processor", AutoTokenizer -> "tokenizer"."""
+    return " ".join(re.findall(r"[A-Z][a-z]*", processor_class.removeprefix("Auto"))).lower()
+
+
 def _check_weights_load(info: dict[str, Any]) -> int:
     """Load the folder with the in-package class; refuse weights that do not match the config."""
-    import energyformers
+    from energyformers import FAMILIES
 
-    model_class = getattr(energyformers, info["architecture"])
+    model_class = FAMILIES[info["model_type"]].heads[info["auto_class"]]
     try:
         model, loading = model_class.from_pretrained(info["model_dir"], output_loading_info=True)
     except (RuntimeError, OSError, ValueError) as err:  # e.g. size mismatches, unreadable safetensors
@@ -356,7 +354,7 @@ def render_model_card(info: dict[str, Any], repo_id: str | None = None, num_para
         "auto_class": info["auto_class"],
         "task": task,
         "input_type": info["input_type"],
-        "processor_class": "AutoImageProcessor" if info["input_type"] == "image" else "AutoTokenizer",
+        "processor_class": energyformers.INPUT_TYPES[info["input_type"]].processor_class,
         "example_input": '"path/to/image.png"'
         if info["input_type"] == "image"
         else '"a gripping, well acted film"',

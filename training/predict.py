@@ -4,7 +4,8 @@
     energyformers predict runs/rt-hyperset "a gripping, funny film" "two hours I will never get back"
     echo "one text per line" | energyformers predict runs/rt-hyperset -
 
-Uses `transformers.pipeline` on the folder (model + saved processor/tokenizer), exactly as a user would.
+Uses `transformers.pipeline` on the folder (model + saved processor/tokenizer), exactly as a user would;
+the task follows the saved head (`config.architectures`): image, text or token classification.
 """
 
 from __future__ import annotations
@@ -32,11 +33,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def task_for(config) -> str:
+    """Pipeline task of a saved config: its head's task (`energyformers.task_of`), else the input type's default."""
+    from energyformers import FAMILIES, INPUT_TYPES, task_of
+
+    input_type = getattr(config, "input_type", "image")
+    family = FAMILIES.get(getattr(config, "model_type", None))
+    architecture = (getattr(config, "architectures", None) or [None])[0]
+    if family is not None:
+        for auto_class, head in family.heads.items():
+            if head.__name__ == architecture:
+                try:
+                    return task_of(input_type, auto_class)
+                except ValueError:
+                    break
+    return next(iter(INPUT_TYPES[input_type].tasks))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     import transformers
 
-    import energyformers  # noqa: F401  (registers the Auto classes)
+    from energyformers import INPUT_TYPES  # importing energyformers registers the Auto classes
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -50,13 +68,26 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    task = (
-        "image-classification" if getattr(config, "input_type", "image") == "image" else "text-classification"
-    )
+    input_type = getattr(config, "input_type", "image")
+    if input_type not in INPUT_TYPES:
+        print(
+            f"energyformers predict: error: {args.model_dir} has input_type={input_type!r}; "
+            f"expected one of {sorted(INPUT_TYPES)}",
+            file=sys.stderr,
+        )
+        return 2
+    task = task_for(config)
+    if INPUT_TYPES[input_type].tasks[task] == "AutoModel":
+        print(
+            f"energyformers predict: error: {args.model_dir} is a bare backbone "
+            f"({(config.architectures or ['?'])[0]}) without a classification head",
+            file=sys.stderr,
+        )
+        return 2
     inputs = (
         [line.rstrip("\n") for line in sys.stdin if line.strip()] if args.inputs == ["-"] else args.inputs
     )
-    if task == "image-classification":
+    if input_type == "image":
         missing = [x for x in inputs if not Path(x).is_file()]
         if missing:
             print(
@@ -70,18 +101,23 @@ def main(argv: list[str] | None = None) -> int:
 
         inputs = [to_rgb(Image.open(x)) for x in inputs]  # any mode (RGBA, P, 16-bit grey) → RGB
     kwargs = {"trust_remote_code": args.trust_remote_code}
-    if task == "image-classification":
-        kwargs["image_processor"] = transformers.AutoImageProcessor.from_pretrained(
-            args.model_dir, backend="pil"
-        )
+    if input_type == "image":
+        processor_class = getattr(transformers, INPUT_TYPES[input_type].processor_class)
+        kwargs["image_processor"] = processor_class.from_pretrained(args.model_dir, backend="pil")
     classify = transformers.pipeline(task, model=args.model_dir, **kwargs)
-    call = {"top_k": args.top_k} | ({"truncation": True} if task == "text-classification" else {})
+    if task == "token-classification":  # one prediction per token; --top_k does not apply
+        call = {}
+    else:
+        call = {"top_k": args.top_k} | ({"truncation": True} if task == "text-classification" else {})
     outputs = classify(inputs, **call)
     shown = args.inputs if args.inputs != ["-"] else inputs
     for source, out in zip(shown, outputs):
         out = out if isinstance(out, list) else [out]
         if args.json:
-            print(json.dumps({"input": source, "predictions": out}))
+            print(json.dumps({"input": source, "predictions": out}, default=float))  # token scores: numpy
+        elif task == "token-classification":
+            tagged = " ".join(f"{o['word']}/{o['entity']} ({o['score']:.3f})" for o in out)
+            print(f"{source if len(source) <= 60 else source[:57] + '...'}\t{tagged}")
         else:
             ranked = ", ".join(f"{o['label']} ({o['score']:.3f})" for o in out)
             print(f"{source if len(source) <= 60 else source[:57] + '...'}\t{ranked}")

@@ -16,6 +16,7 @@ import inspect
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -33,10 +34,6 @@ import transformers
 from accelerate import PartialState
 from transformers import (
     AutoConfig,
-    AutoImageProcessor,
-    AutoModelForImageClassification,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
     DataCollatorWithPadding,
     Trainer,
     TrainerCallback,
@@ -46,12 +43,18 @@ from transformers import (
 
 import energyformers
 
-from .data import BUILTIN_DATASETS, DataError, MissingDataError, label_names, load_data, task_of
+from .data import (
+    BUILTIN_DATASETS,
+    DataError,
+    MissingDataError,
+    input_type_of,
+    label_names,
+    load_data,
+    task_of,
+)
 from .processing import build_image_processor, image_transform, text_transform, train_tokenizer
 
 METRICS_DIR = Path(__file__).parent / "metrics"
-MODALITY = {"image-classification": "image", "text-classification": "sequence"}
-HEADS = {"image": AutoModelForImageClassification, "sequence": AutoModelForSequenceClassification}
 
 # Small configs used when no --preset is given, per (family, input_type). They are sized for the
 # built-in datasets on a 2-core CPU (the README's main job trains digits in under ~3 minutes).
@@ -221,13 +224,28 @@ class Setup:
     resume_from: str | None
 
 
-def _family_classes(model_type: str) -> tuple[type, dict[str, str]]:
+def _family(model_type: str) -> energyformers.Family:
     if model_type not in energyformers.FAMILIES:
         raise UsageError(
             f"--model {model_type!r} is not available; registered families are {sorted(energyformers.FAMILIES)}"
         )
-    _stem, classes = energyformers.FAMILIES[model_type]
-    return getattr(energyformers, classes["AutoConfig"]), classes
+    return energyformers.FAMILIES[model_type]
+
+
+def auto_head(input_type: str, task: str) -> type:
+    """The transformers Auto class of `task`'s head for `input_type` inputs (`energyformers.INPUT_TYPES`)."""
+    return getattr(transformers, energyformers.INPUT_TYPES[input_type].tasks[task])
+
+
+def auto_processor(input_type: str) -> type:
+    """The transformers Auto class that loads the saved processor of `input_type` inputs."""
+    return getattr(transformers, energyformers.INPUT_TYPES[input_type].processor_class)
+
+
+def processor_keyword(input_type: str) -> str:
+    """`transformers.pipeline`'s keyword for that processor: AutoImageProcessor → image_processor, AutoTokenizer → tokenizer."""
+    name = energyformers.INPUT_TYPES[input_type].processor_class.removeprefix("Auto")
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
 def _check_override_keys(config_class: type, overrides: dict[str, Any]) -> None:
@@ -278,7 +296,7 @@ def _load_and_check_data(args: argparse.Namespace, state: PartialState) -> Any:
             if limit < 1:
                 raise UsageError(f"--max_{split}_samples={limit}: expected >= 1")
             data[split] = data[split].select(range(min(limit, len(data[split]))))
-    if task_of(data) == "image-classification":
+    if input_type_of(data) == "image":
         for i in range(min(8, len(data["train"]))):  # decode a few now: broken files fail here, not mid-epoch
             try:
                 data["train"][i]["image"].load()
@@ -301,7 +319,7 @@ def _share_tokenizer(tokenizer: Any, state: PartialState) -> Any:
 
 def _build_config_and_processor(args: argparse.Namespace, data: Any, state: PartialState) -> tuple[Any, Any]:
     task = task_of(data)
-    modality = MODALITY[task]
+    modality = input_type_of(data)
     names = label_names(data)
     labels = {"id2label": dict(enumerate(names)), "label2id": {n: i for i, n in enumerate(names)}}
     overrides = parse_overrides(args.config)
@@ -330,14 +348,14 @@ def _build_config_and_processor(args: argparse.Namespace, data: Any, state: Part
                 f"{args.from_pretrained!r} takes input_type={getattr(config, 'input_type', None)!r}, "
                 f"but {args.dataset!r} is a {task} dataset"
             )
-        if task == "image-classification":
+        if modality == "image":
             try:
-                processor = AutoImageProcessor.from_pretrained(args.from_pretrained, backend="pil")
+                processor = auto_processor(modality).from_pretrained(args.from_pretrained, backend="pil")
             except (OSError, ValueError):
                 processor = build_image_processor(config)
         else:
             try:
-                processor = AutoTokenizer.from_pretrained(args.from_pretrained)
+                processor = auto_processor(modality).from_pretrained(args.from_pretrained)
             except (OSError, ValueError) as err:
                 raise UsageError(
                     f"{args.from_pretrained!r} has no tokenizer; a text checkpoint must ship the tokenizer its "
@@ -351,12 +369,12 @@ def _build_config_and_processor(args: argparse.Namespace, data: Any, state: Part
         return config, processor
 
     model_type = args.model or "hyperset"
-    config_class, _ = _family_classes(model_type)
+    config_class = _family(model_type).config_class
     fields: dict[str, Any] = {"input_type": modality}
     if not args.preset:
         fields.update(DEFAULT_CONFIGS.get((model_type, modality), {}))
     processor = None
-    if task == "image-classification":
+    if modality == "image":
         if not args.preset:
             fields.update({k: v for k, v in _image_geometry(data).items() if _accepts(config_class, k)})
         fields["num_channels"] = 3
@@ -402,12 +420,12 @@ def build_model_and_data(args: argparse.Namespace, state: PartialState) -> tuple
     task = task_of(data)
     config, processor = _build_config_and_processor(args, data, state)
     transformers.set_seed(args.seed)  # same initial weights on every rank and every rerun
-    head = HEADS[config.input_type]
+    head = auto_head(config.input_type, task)
     if args.from_pretrained:
         model = head.from_pretrained(args.from_pretrained, config=config, ignore_mismatched_sizes=True)
     else:
         model = head.from_config(config)
-    if task == "image-classification":
+    if config.input_type == "image":
         transform = image_transform(processor)
         collator = default_data_collator
     else:
@@ -496,7 +514,7 @@ def _training_arguments(args: argparse.Namespace, work_dir: Path) -> TrainingArg
 def prepare(args: argparse.Namespace) -> Setup:
     """Validate every input and build model, data and Trainer arguments; writes nothing to the output."""
     if args.model is not None and not args.from_pretrained:
-        _family_classes(args.model)
+        _family(args.model)
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name}={getattr(args, name)}: expected >= 1")
@@ -605,27 +623,19 @@ def _print_predictions(output_dir: Path, data: Any, task: str, count: int) -> No
     """Reload the saved folder through the Auto classes and show `pipeline` predictions."""
     if count <= 0:
         return
-    head = (
-        AutoModelForImageClassification
-        if task == "image-classification"
-        else AutoModelForSequenceClassification
-    )
-    model = head.from_pretrained(output_dir)
-    if task == "image-classification":
-        pipe = transformers.pipeline(
-            task, model=model, image_processor=AutoImageProcessor.from_pretrained(output_dir)
-        )
-    else:
-        pipe = transformers.pipeline(task, model=model, tokenizer=AutoTokenizer.from_pretrained(output_dir))
+    input_type = input_type_of(data)
+    model = auto_head(input_type, task).from_pretrained(output_dir)
+    processor = auto_processor(input_type).from_pretrained(output_dir)
+    pipe = transformers.pipeline(task, model=model, **{processor_keyword(input_type): processor})
     test = data["test"].with_format(None)  # raw images/texts, without the training transform
     names = test.features["label"].names
     rows = [test[i] for i in range(min(count, len(test)))]
-    inputs = [row["image" if task == "image-classification" else "text"] for row in rows]
+    inputs = [row["image" if input_type == "image" else "text"] for row in rows]
     outputs = pipe(inputs, **({"truncation": True} if task == "text-classification" else {}))
     print(f"pipeline({task!r}) on the reloaded {output_dir.name}:")
     for i, (row, out) in enumerate(zip(rows, outputs)):
         top = out[0] if isinstance(out, list) else out
-        shown = "" if task == "image-classification" else f"  {row['text'][:60]!r}"
+        shown = "" if input_type == "image" else f"  {row['text'][:60]!r}"
         print(
             f"  test[{i}]  true: {names[row['label']]:<12} predicted: {top['label']:<12} p={top['score']:.3f}{shown}"
         )

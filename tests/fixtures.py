@@ -1,0 +1,271 @@
+"""The one test-fixture module: tiny configs, inputs and models for every (family, head, input type).
+
+Every test file builds its tiny configs, inputs and models here (tests/ is on `sys.path` in pytest's default
+import mode, so test files `from fixtures import ...`). The heads come from `energyformers.FAMILIES` (the
+single source for Auto registration), so a new family or head is covered as soon as it is registered there
+and given a tiny-config factory in `TINY` below. The base model (`AutoModel`) takes both input types, so it
+appears once per input type. Family-specific choices are overrides: `Case.build(**overrides)`,
+`Case.config(**overrides)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import transformers
+from transformers.utils import ModelOutput
+
+from energyformers import FAMILIES, INPUT_TYPES, HyperBFConfig, HyperSetConfig, IMixerConfig
+
+# ---------------------------------------------------------------- tiny configs, one per family and input type
+
+# The architecture of each family's tiny config: what stays the same for both input types, and what the CLI
+# tests pass as `--config` overrides (the CLI derives the geometry — image size, vocabulary — from the data).
+ARCHITECTURE: dict[str, dict[str, Any]] = {
+    "hyperset": dict(
+        hidden_size=16,
+        num_attention_heads=4,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_iterations=3,
+        time_embedding_dim=16,
+    ),
+    "imixer": dict(hidden_size=16, num_hidden_layers=2, fixed_point_iterations=2),
+    "hyperbf": dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiny:
+    """A family's tiny config and the sizes its inputs need."""
+
+    config: Callable[..., transformers.PretrainedConfig]  # (input_type, **overrides) -> config
+    batch: int
+    length: int
+    image: int
+    channels: int
+    vocab: int
+    labels: int
+    hidden: int
+    positions: int  # max_position_embeddings of the sequence config
+
+
+def hyperset_config(input_type: str, **overrides: Any) -> HyperSetConfig:
+    kwargs = dict(**ARCHITECTURE["hyperset"], num_labels=4)
+    if input_type == "image":
+        kwargs.update(image_size=8, patch_size=2, num_channels=1)
+    else:
+        kwargs.update(input_type="sequence", vocab_size=20, max_position_embeddings=16)
+    return HyperSetConfig(**{**kwargs, **overrides})
+
+
+def imixer_config(input_type: str, **overrides: Any) -> IMixerConfig:
+    kwargs = dict(**ARCHITECTURE["imixer"], num_labels=4)
+    if input_type == "image":
+        kwargs.update(image_size=8, patch_size=2, num_channels=1)
+    else:
+        kwargs.update(input_type="sequence", vocab_size=20, max_position_embeddings=10)
+    return IMixerConfig(**{**kwargs, **overrides})
+
+
+def hyperbf_config(input_type: str, **overrides: Any) -> HyperBFConfig:
+    kwargs = dict(
+        input_type=input_type,
+        **ARCHITECTURE["hyperbf"],
+        image_size=8,
+        patch_size=2,
+        num_channels=3,
+        num_labels=3,
+    )
+    if input_type == "sequence":
+        kwargs.update(vocab_size=16, max_position_embeddings=12)
+    return HyperBFConfig(**{**kwargs, **overrides})
+
+
+TINY = {
+    "hyperset": Tiny(
+        hyperset_config, batch=3, length=7, image=8, channels=1, vocab=20, labels=4, hidden=16, positions=16
+    ),
+    "imixer": Tiny(
+        imixer_config, batch=3, length=7, image=8, channels=1, vocab=20, labels=4, hidden=16, positions=10
+    ),
+    "hyperbf": Tiny(
+        hyperbf_config, batch=2, length=12, image=8, channels=3, vocab=16, labels=3, hidden=32, positions=12
+    ),
+}
+
+
+def cli_config(family: str) -> list[str]:
+    """The tiny architecture as `energyformers train --config` values (`key=json`)."""
+    return [f"{key}={json.dumps(value)}" for key, value in ARCHITECTURE[family].items()]
+
+
+# ---------------------------------------------------------------- cases: one per (family, head, input type)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One model class of one family with configs of one input type: builds its config, model and inputs."""
+
+    family: str
+    auto_name: str  # "AutoModel" is the base model
+    input_type: str
+
+    @classmethod
+    def of(cls, model_class: type, input_type: str | None = None) -> Case:
+        """The case of a model class (a base model needs the `input_type`; a head has exactly one)."""
+        matches = [c for c in ALL if c.model_class is model_class and input_type in (None, c.input_type)]
+        if len(matches) != 1:
+            raise LookupError(f"{model_class.__name__} with input_type={input_type!r}: {matches}")
+        return matches[0]
+
+    @property
+    def model_class(self) -> type:
+        return FAMILIES[self.family].heads[self.auto_name]
+
+    @property
+    def auto_class(self) -> type:
+        return getattr(transformers, self.auto_name)
+
+    @property
+    def is_base(self) -> bool:
+        return self.auto_name == "AutoModel"
+
+    @property
+    def per_token(self) -> bool:
+        return self.auto_name == "AutoModelForTokenClassification"
+
+    @property
+    def tiny(self) -> Tiny:
+        return TINY[self.family]
+
+    @property
+    def main_input_name(self) -> str:
+        return INPUT_TYPES[self.input_type].main_input_name
+
+    def __str__(self) -> str:
+        return f"{self.model_class.__name__}-{self.input_type}"
+
+    def config(self, **overrides: Any) -> transformers.PretrainedConfig:
+        return self.tiny.config(self.input_type, **overrides)
+
+    def build(self, seed: int = 0, **overrides: Any) -> torch.nn.Module:
+        """The model in eval mode, initialised from `torch.manual_seed(seed)`."""
+        attn_implementation = overrides.pop("attn_implementation", None)
+        torch.manual_seed(seed)
+        model = self.model_class(self.config(**overrides)).eval()
+        if attn_implementation is not None:
+            model.set_attn_implementation(attn_implementation)
+            assert model.config._attn_implementation == attn_implementation
+        return model
+
+    def inputs(self, labels: bool = False, seed: int = 0) -> dict[str, torch.Tensor]:
+        """`pixel_values`, or `input_ids` + `attention_mask` with padding in the first row."""
+        tiny, g = self.tiny, torch.Generator().manual_seed(seed)
+        if self.input_type == "image":
+            shape = (tiny.batch, tiny.channels, tiny.image, tiny.image)
+            inputs = {"pixel_values": torch.randn(shape, generator=g)}
+        else:
+            # every token id occurs, so every embedding row is exercised
+            ids = torch.randperm(tiny.batch * tiny.length, generator=g) % tiny.vocab
+            mask = torch.ones(tiny.batch, tiny.length, dtype=torch.long)
+            mask[0, -2:] = 0
+            inputs = {"input_ids": ids.view(tiny.batch, tiny.length), "attention_mask": mask}
+        if labels:
+            shape = (tiny.batch, tiny.length) if self.per_token else (tiny.batch,)
+            inputs["labels"] = torch.randint(0, tiny.labels, shape, generator=g)
+            if self.per_token:
+                inputs["labels"][inputs["attention_mask"] == 0] = -100
+        return inputs
+
+
+def _input_types(auto_name: str) -> list[str]:
+    if auto_name == "AutoModel":
+        return ["image", "sequence"]
+    return ["image"] if auto_name == "AutoModelForImageClassification" else ["sequence"]
+
+
+ALL = [
+    Case(family, auto_name, input_type)
+    for family, spec in FAMILIES.items()
+    for auto_name in spec.heads
+    for input_type in _input_types(auto_name)
+]
+HEADS = [case for case in ALL if not case.is_base]
+BASES = [case for case in ALL if case.is_base]
+IMAGE = [case for case in ALL if case.input_type == "image"]
+SEQUENCE = [case for case in ALL if case.input_type == "sequence"]
+
+
+def cases(selection: list[Case]) -> pytest.MarkDecorator:
+    """Parametrise a test over `case` in `selection`, with readable ids."""
+    return pytest.mark.parametrize("case", selection, ids=str)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def perturb(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
+    """Move every saved floating tensor (parameters and persistent buffers such as iMixer's u, v) off its
+    initial value, so a checkpoint that silently re-initialised anything, or a zero-initialised head, is seen."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.add_(0.01 * torch.randn(tensor.shape, generator=g, dtype=tensor.dtype))
+    return model
+
+
+def step_once(model: torch.nn.Module, inputs: dict[str, torch.Tensor], lr: float = 0.1) -> torch.nn.Module:
+    """One SGD step on `inputs` (with labels), so zero-initialised parameters (Hyper-SET's step sizes, iMixer's
+    classifier) become non-zero; returns the model in eval mode."""
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    model(**inputs).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return model.eval()
+
+
+def main_output(outputs: ModelOutput) -> torch.Tensor:
+    return outputs.logits if hasattr(outputs, "logits") else outputs.last_hidden_state
+
+
+def tensors(value: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in a (possibly nested) output, in order."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, ModelOutput):
+        yield from tensors(value.to_tuple())
+    elif isinstance(value, dict):
+        yield from tensors(tuple(value.values()))
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        yield from tensors(tuple(getattr(value, f.name) for f in dataclasses.fields(value)))
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from tensors(item)
+
+
+def assert_same_structure_and_tensors(got: Any, expected: Any, path: str = "out") -> None:
+    """Exact (bitwise) equality, element by element, of two nested outputs."""
+    if isinstance(expected, ModelOutput):
+        expected = expected.to_tuple()
+    if isinstance(got, ModelOutput):
+        got = got.to_tuple()
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(got, torch.Tensor), path
+        assert torch.equal(got, expected), path
+    elif isinstance(expected, (tuple, list)):
+        assert isinstance(got, (tuple, list)) and len(got) == len(expected), path
+        for i, (a, b) in enumerate(zip(got, expected)):
+            assert_same_structure_and_tensors(a, b, f"{path}[{i}]")
+    else:
+        got_tensors, expected_tensors = list(tensors(got)), list(tensors(expected))
+        assert len(got_tensors) == len(expected_tensors), path
+        for i, (a, b) in enumerate(zip(got_tensors, expected_tensors)):
+            assert torch.equal(a, b), f"{path}:{i}"
