@@ -1,3 +1,4 @@
+# Copyright 2026 The energyformers authors. Licensed under the Apache License, Version 2.0.
 """PyTorch HyperBF (homogeneous Transformer).
 
 Gan, Poggio, *A Homogeneous Transformer Architecture* (CBMM memo 143). Every block is two HyperBF units,
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -33,7 +34,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import logging
+from transformers.utils import ModelOutput, logging
 
 from ..configuration.configuration_hyperbf import HyperBFConfig
 
@@ -41,119 +42,231 @@ logger = logging.get_logger(__name__)
 
 
 @dataclass
-class HyperBFModelOutput(BaseModelOutputWithPooling):
-    r"""
-    rbf_weights (`tuple[torch.FloatTensor]`, *optional*, returned when `output_rbf_weights=True`):
-        Per layer, the feedforward center weights w_α(x) of shape `(batch_size, sequence_length, num_centers)`.
-    rbf_sigmas (`tuple[torch.FloatTensor]`, *optional*, returned when `output_rbf_weights=True`):
-        Per layer, the feedforward kernel width σ, shape `(1,)` or `(num_centers,)` (`rbf_width="center"`).
-    attention_sigmas (`tuple[torch.FloatTensor]`, *optional*, returned when `output_rbf_weights=True`):
-        Per layer, the attention kernel width σ_h = 1/√(2τ_h) of each head, shape `(num_attention_heads,)`.
+class HyperBFRBFDiagnostics(ModelOutput):
+    """What the two HyperBF units of every layer computed in this forward.
+
+    center_weights: `(batch, num_layers, sequence_length, num_centers)`, the feedforward center weights
+    w_α(x). feedforward_sigmas: `(num_layers, 1)` or `(num_layers, num_centers)` (`rbf_width="center"`), the
+    feedforward kernel widths σ. attention_sigmas: `(num_layers, num_attention_heads)`, the attention kernel
+    width σ_h = 1/√(2τ_h) of each head.
     """
 
-    rbf_weights: tuple[torch.FloatTensor, ...] | None = None
-    rbf_sigmas: tuple[torch.FloatTensor, ...] | None = None
-    attention_sigmas: tuple[torch.FloatTensor, ...] | None = None
+    center_weights: torch.FloatTensor | None = None
+    feedforward_sigmas: torch.FloatTensor | None = None
+    attention_sigmas: torch.FloatTensor | None = None
+
+
+@dataclass
+class HyperBFModelOutput(BaseModelOutputWithPooling):
+    """`BaseModelOutputWithPooling` plus `rbf_diagnostics` (a `HyperBFRBFDiagnostics`, with `output_rbf_diagnostics=True`).
+
+    `hidden_states` holds the embedding output and the output of every layer (1 + L tensors, before the final
+    LayerNorm); `attentions` the attention maps of every layer (L tensors).
+    """
+
+    rbf_diagnostics: HyperBFRBFDiagnostics | None = None
 
 
 @dataclass
 class HyperBFImageClassifierOutput(ImageClassifierOutput):
-    r"""
-    rbf_weights, rbf_sigmas, attention_sigmas: see [`HyperBFModelOutput`].
-    """
-
-    rbf_weights: tuple[torch.FloatTensor, ...] | None = None
-    rbf_sigmas: tuple[torch.FloatTensor, ...] | None = None
-    attention_sigmas: tuple[torch.FloatTensor, ...] | None = None
+    rbf_diagnostics: HyperBFRBFDiagnostics | None = None
 
 
 @dataclass
 class HyperBFSequenceClassifierOutput(SequenceClassifierOutput):
-    r"""
-    rbf_weights, rbf_sigmas, attention_sigmas: see [`HyperBFModelOutput`].
-    """
-
-    rbf_weights: tuple[torch.FloatTensor, ...] | None = None
-    rbf_sigmas: tuple[torch.FloatTensor, ...] | None = None
-    attention_sigmas: tuple[torch.FloatTensor, ...] | None = None
+    rbf_diagnostics: HyperBFRBFDiagnostics | None = None
 
 
-def _image_grid(config: HyperBFConfig) -> tuple[int, int]:
-    size = config.image_size
-    height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
-    return height, width
+def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+# --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
+
+
+def _is_tracing() -> bool:
+    """True under torch.compile / torch.export: checks that read tensor values into Python run eagerly only."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+def _check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
+    if input_type != required:
+        raise ValueError(
+            f"{type(head).__name__} needs config.input_type={required!r}; got input_type={input_type!r}."
+        )
+
+
+def _check_inputs(
+    config: PreTrainedConfig,
+    pixel_values: torch.Tensor | None,
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+) -> None:
+    """Exactly the input kind of `config.input_type`, with the shapes and dtypes the embeddings read."""
+    if config.input_type == "image":
+        if pixel_values is None or input_ids is not None or inputs_embeds is not None:
+            raise ValueError(
+                "this model takes images (config.input_type='image'): pass pixel_values, "
+                "not input_ids or inputs_embeds."
+            )
+        if pixel_values.ndim != 4 or pixel_values.shape[1] != config.num_channels:
+            raise ValueError(
+                f"pixel_values must have shape (batch, num_channels={config.num_channels}, height, width); got "
+                f"{tuple(pixel_values.shape)}. Convert the images to {config.num_channels} channel(s) or build "
+                "the model with a matching num_channels."
+            )
+        return
+    if pixel_values is not None or (input_ids is None) == (inputs_embeds is None):
+        raise ValueError(
+            "this model takes tokens (config.input_type='sequence'): pass exactly one of input_ids or "
+            "inputs_embeds, and no pixel_values."
+        )
+    if input_ids is not None:
+        if input_ids.ndim != 2 or input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+            raise ValueError(
+                "input_ids must be integer token ids of shape (batch, sequence_length); got shape "
+                f"{tuple(input_ids.shape)} and dtype {input_ids.dtype}."
+            )
+        shape = input_ids.shape
+    else:
+        if inputs_embeds.ndim != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+            raise ValueError(
+                f"inputs_embeds must have shape (batch, sequence_length, hidden_size={config.hidden_size}); got "
+                f"{tuple(inputs_embeds.shape)}."
+            )
+        shape = inputs_embeds.shape[:2]
+    if attention_mask is not None and attention_mask.shape != shape:
+        raise ValueError(
+            f"attention_mask must have the shape of the inputs, {tuple(shape)}; got {tuple(attention_mask.shape)}."
+        )
+
+
+def _check_image_size(
+    pixel_values: torch.Tensor, image_size: tuple[int, int], patch_size: int, interpolate: bool | None = None
+) -> None:
+    """`interpolate`: None for models whose token count is fixed by image_size, else the caller's flag."""
+    height, width = pixel_values.shape[-2:]
+    if height % patch_size or width % patch_size:
+        raise ValueError(
+            f"pixel_values have spatial size {height}×{width}, not a multiple of patch_size={patch_size}; "
+            "resize or crop the images."
+        )
+    if not interpolate and (height, width) != tuple(image_size):
+        alternative = "" if interpolate is None else ", or pass interpolate_pos_encoding=True"
+        raise ValueError(
+            f"pixel_values have spatial size {height}×{width} but config.image_size is {image_size[0]}×"
+            f"{image_size[1]}; resize the inputs to that size (the model's image processor does this){alternative}"
+            f", or build the model with image_size=[{height}, {width}]."
+        )
+
+
+def _check_length(length: int, limit: int) -> None:
+    if length > limit:
+        raise ValueError(
+            f"sequence length {length} exceeds max_position_embeddings={limit}; truncate the inputs "
+            f"(tokenizer(..., truncation=True, max_length={limit})) or build the model with a larger "
+            "max_position_embeddings."
+        )
+
+
+def _check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
+    """Ids inside the vocabulary, read from the (possibly resized) embedding table; eager mode only."""
+    if input_ids is None or not input_ids.numel() or _is_tracing():
+        return
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"input_ids must lie in [0, vocab_size={vocab_size}); got values in [{low}, {high}]. Use the "
+            "tokenizer saved with the model."
+        )
+
+
+# --- end of input checks ---
 
 
 class HyperBFPatchEmbeddings(nn.Module):
     """Non-overlapping p×p patches → D-dimensional tokens (a strided convolution, as in ViT)."""
 
-    def __init__(self, config: HyperBFConfig):
+    def __init__(self, config: HyperBFConfig) -> None:
         super().__init__()
-        self.image_size = _image_grid(config)
-        self.patch_size = config.patch_size
-        self.num_channels = config.num_channels
-        self.grid = (self.image_size[0] // config.patch_size, self.image_size[1] // config.patch_size)
-        self.num_patches = self.grid[0] * self.grid[1]
         self.projection = nn.Conv2d(
             config.num_channels, config.hidden_size, kernel_size=config.patch_size, stride=config.patch_size
         )
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        # (B, C, H, W) -> (B, D, H/p, W/p) -> (B, N, D)
-        return self.projection(pixel_values).flatten(2).transpose(1, 2)
+        return self.projection(pixel_values).flatten(2).transpose(1, 2)  # (B, D, H/p, W/p) → (B, N, D)
 
 
 class HyperBFEmbeddings(nn.Module):
-    """CLS token + patch embeddings + learned positions for the configured grid (interpolated on demand)."""
+    """The model's input, either kind, as tokens plus the padding mask.
 
-    def __init__(self, config: HyperBFConfig):
+    Images: CLS token + patch embeddings + learned positions for the configured grid (bicubically
+    interpolated for other resolutions on demand, as in HF ViT). Sequences: token embeddings (or
+    `inputs_embeds`) + learned absolute positions, no CLS token (pooling reads the first token or the mean).
+    Returns `(tokens, keep)`, `keep` the `(B, N)` bool padding mask (None: every token is real).
+    """
+
+    def __init__(self, config: HyperBFConfig) -> None:
         super().__init__()
-        self.cls_token = nn.Parameter(torch.empty(1, 1, config.hidden_size))
-        self.patch_embeddings = HyperBFPatchEmbeddings(config)
-        self.position_embeddings = nn.Parameter(
-            torch.empty(1, self.patch_embeddings.num_patches + 1, config.hidden_size)
-        )
+        self.config = config
+        if config.input_type == "image":
+            self.image_size = _pair(config.image_size)
+            self.grid = (self.image_size[0] // config.patch_size, self.image_size[1] // config.patch_size)
+            self.cls_token = nn.Parameter(torch.empty(1, 1, config.hidden_size))
+            self.patch_embeddings = HyperBFPatchEmbeddings(config)
+            num_positions = self.grid[0] * self.grid[1] + 1
+            self.position_embeddings = nn.Parameter(torch.empty(1, num_positions, config.hidden_size))
+        else:
+            self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.patch_size = config.patch_size
 
     def interpolate_pos_encoding(self, height: int, width: int) -> torch.Tensor:
         """Position table for a (height, width) input: bicubic resampling of the patch grid, as in HF ViT."""
-        grid_h, grid_w = self.patch_embeddings.grid
-        new_h, new_w = height // self.patch_size, width // self.patch_size
+        grid_h, grid_w = self.grid
+        new_h, new_w = height // self.config.patch_size, width // self.config.patch_size
         if (new_h, new_w) == (grid_h, grid_w):
             return self.position_embeddings
         dim = self.position_embeddings.shape[-1]
         class_pos, patch_pos = self.position_embeddings[:, :1], self.position_embeddings[:, 1:]
-        # (1, gh·gw, D) -> (1, D, gh, gw) for 2-D resampling
-        patch_pos = patch_pos.reshape(1, grid_h, grid_w, dim).permute(0, 3, 1, 2)
+        patch_pos = patch_pos.reshape(1, grid_h, grid_w, dim).permute(
+            0, 3, 1, 2
+        )  # (1, gh·gw, D) → (1, D, gh, gw)
         patch_pos = F.interpolate(patch_pos, size=(new_h, new_w), mode="bicubic", align_corners=False)
-        # (1, D, h, w) -> (1, h·w, D)
-        patch_pos = patch_pos.permute(0, 2, 3, 1).reshape(1, new_h * new_w, dim)
+        patch_pos = patch_pos.permute(0, 2, 3, 1).reshape(1, new_h * new_w, dim)  # (1, D, h, w) → (1, h·w, D)
         return torch.cat((class_pos, patch_pos), dim=1)
 
-    def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
-        batch_size, _, height, width = pixel_values.shape
-        embeddings = self.patch_embeddings(pixel_values)
-        embeddings = torch.cat((self.cls_token.expand(batch_size, -1, -1), embeddings), dim=1)  # (B, 1+N, D)
-        if interpolate_pos_encoding:
-            embeddings = embeddings + self.interpolate_pos_encoding(height, width)
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        interpolate_pos_encoding: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        _check_inputs(self.config, pixel_values, input_ids, inputs_embeds, attention_mask)
+        keep = None if attention_mask is None else attention_mask.bool()
+        if pixel_values is not None:
+            _check_image_size(pixel_values, self.image_size, self.config.patch_size, interpolate_pos_encoding)
+            height, width = pixel_values.shape[-2:]
+            tokens = self.patch_embeddings(pixel_values.to(self.patch_embeddings.projection.weight.dtype))
+            tokens = torch.cat((self.cls_token.expand(len(tokens), -1, -1), tokens), dim=1)  # (B, 1 + N, D)
+            positions = self.interpolate_pos_encoding(height, width)
         else:
-            embeddings = embeddings + self.position_embeddings
-        return self.dropout(embeddings)
+            _check_token_ids(input_ids, self.word_embeddings.num_embeddings)
+            tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+            _check_length(tokens.shape[1], self.config.max_position_embeddings)
+            positions = self.position_embeddings(torch.arange(tokens.shape[1], device=tokens.device))
+        return self.dropout(tokens + positions), keep
 
 
-class HyperBFSequenceEmbeddings(nn.Module):
-    """Token embedding + learned absolute positions (no CLS token: pooling reads the first token or the mean)."""
-
-    def __init__(self, config: HyperBFConfig):
-        super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        return self.dropout(self.word_embeddings(input_ids) + self.position_embeddings(positions))
+def _masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
+    if keep is None:
+        return values.mean(1)
+    weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
+    return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
 def eager_attention_forward(
@@ -328,14 +441,14 @@ class HyperBFPreTrainedModel(PreTrainedModel):
     main_input_name = "pixel_values"
     input_modalities = ("image", "text")
     supports_gradient_checkpointing = True
-    _no_split_modules = ["HyperBFEmbeddings", "HyperBFSequenceEmbeddings", "HyperBFLayer"]
+    _no_split_modules = ["HyperBFEmbeddings", "HyperBFLayer"]
     _supports_sdpa = True
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
         std = self.config.initializer_range
-        if isinstance(module, HyperBFEmbeddings):
+        if isinstance(module, HyperBFEmbeddings) and module.config.input_type == "image":
             init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
             init.trunc_normal_(module.cls_token, mean=0.0, std=std)
         elif isinstance(module, HyperBFAttention):
@@ -355,178 +468,105 @@ class HyperBFPreTrainedModel(PreTrainedModel):
 class HyperBFModel(HyperBFPreTrainedModel):
     """The bare HyperBF encoder: embeddings → `num_hidden_layers` blocks → final LayerNorm (+ pooled token)."""
 
-    def __init__(self, config: HyperBFConfig):
+    def __init__(self, config: HyperBFConfig) -> None:
         super().__init__(config)
-        self.config = config
-        if config.input_type == "image":
-            self.embeddings = HyperBFEmbeddings(config)
-        else:
-            self.embeddings = HyperBFSequenceEmbeddings(config)
-            self.main_input_name = "input_ids"
+        self.embeddings = HyperBFEmbeddings(config)
         self.layers = nn.ModuleList([HyperBFLayer(config) for _ in range(config.num_hidden_layers)])
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        # `get/set_input_embeddings` (transformers' defaults) find this table in `self.embeddings`.
+        self._input_embed_layer = "patch_embeddings" if config.input_type == "image" else "word_embeddings"
+        if config.input_type == "sequence":
+            # token ids first, as in BERT (positional calls, `main_input_name`); images keep ViT's order
+            self.main_input_name = "input_ids"
+            self.forward = self.forward_tokens
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Module:
-        if self.config.input_type == "image":
-            return self.embeddings.patch_embeddings
-        return self.embeddings.word_embeddings
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        # Needed by `resize_token_embeddings` (sequence inputs); images have no token table to swap.
-        if self.config.input_type == "image":
-            self.embeddings.patch_embeddings = value
-        else:
-            self.embeddings.word_embeddings = value
-
-    def _check_image(self, pixel_values: torch.Tensor | None, interpolate_pos_encoding: bool) -> None:
-        if pixel_values is None:
-            raise ValueError(
-                'HyperBFModel with input_type="image" needs `pixel_values` of shape (batch, C, H, W).'
-            )
-        if pixel_values.ndim != 4:
-            raise ValueError(
-                f"pixel_values must have shape (batch, channels, height, width); got {tuple(pixel_values.shape)}."
-            )
-        _, channels, height, width = pixel_values.shape
-        if channels != self.config.num_channels:
-            raise ValueError(
-                f"pixel_values have {channels} channels but the model expects num_channels={self.config.num_channels};"
-                " convert the images (e.g. to RGB or greyscale) or use a config with matching num_channels."
-            )
-        expected = _image_grid(self.config)
-        if not interpolate_pos_encoding and (height, width) != expected:
-            raise ValueError(
-                f"Input image size ({height}×{width}) doesn't match the model ({expected[0]}×{expected[1]}); resize "
-                "the images or pass interpolate_pos_encoding=True."
-            )
-        patch = self.config.patch_size
-        if height % patch or width % patch:
-            raise ValueError(
-                f"Input image size ({height}×{width}) is not a multiple of patch_size={patch}; resize or crop it."
-            )
-
-    def _check_sequence(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None) -> None:
-        if input_ids is None:
-            raise ValueError(
-                'HyperBFModel with input_type="sequence" needs `input_ids` of shape (batch, length).'
-            )
-        if input_ids.ndim != 2:
-            raise ValueError(f"input_ids must have shape (batch, length); got {tuple(input_ids.shape)}.")
-        if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
-            raise ValueError(
-                f"input_ids must be integer token ids (torch.long); got dtype {input_ids.dtype}."
-            )
-        if input_ids.shape[1] > self.config.max_position_embeddings:
-            raise ValueError(
-                f"Sequence length {input_ids.shape[1]} exceeds max_position_embeddings="
-                f"{self.config.max_position_embeddings}; truncate the inputs (tokenizer truncation=True, max_length)."
-            )
-        if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
-            raise ValueError(
-                f"input_ids must lie in [0, vocab_size={self.config.vocab_size}); got values in "
-                f"[{int(input_ids.min())}, {int(input_ids.max())}]. Use the tokenizer this model was trained with."
-            )
-        if attention_mask is not None and attention_mask.shape != input_ids.shape:
-            raise ValueError(
-                f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape {tuple(input_ids.shape)}."
-            )
 
     def forward(
         self,
         pixel_values: torch.Tensor | None = None,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
+        inputs_embeds: torch.Tensor | None = None,
         interpolate_pos_encoding: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        output_rbf_weights: bool | None = None,
+        output_rbf_diagnostics: bool | None = None,
         return_dict: bool | None = None,
-    ) -> HyperBFModelOutput | tuple[torch.Tensor, ...]:
+    ) -> HyperBFModelOutput | tuple:
         r"""
-        pixel_values (`torch.FloatTensor` of shape `(batch_size, num_channels, height, width)`):
-            Images, for `input_type="image"`.
-        input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`):
-            Token ids, for `input_type="sequence"`; `attention_mask` (1 = token, 0 = padding) masks keys and
-            the mean pooling. `token_type_ids` is accepted for tokenizer compatibility and ignored.
         interpolate_pos_encoding (`bool`, *optional*):
             Resample the position table for images of another resolution (a multiple of `patch_size`).
-        output_rbf_weights (`bool`, *optional*):
-            Return the per-layer feedforward center weights and kernel widths (σ) of both HyperBF units.
+        output_rbf_diagnostics (`bool`, *optional*):
+            Return `rbf_diagnostics` (`HyperBFRBFDiagnostics`): the feedforward center weights of every layer
+            and the kernel widths σ of both HyperBF units.
         """
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = (
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
+        output_rbf_diagnostics = bool(output_rbf_diagnostics)
         return_dict = self.config.return_dict if return_dict is None else return_dict
 
-        key_padding_mask = None
-        if self.config.input_type == "image":
-            self._check_image(pixel_values, bool(interpolate_pos_encoding))
-            pixel_values = pixel_values.to(self.embeddings.patch_embeddings.projection.weight.dtype)
-            hidden_states = self.embeddings(
-                pixel_values, interpolate_pos_encoding=bool(interpolate_pos_encoding)
-            )
-        else:
-            self._check_sequence(input_ids, attention_mask)
-            hidden_states = self.embeddings(input_ids)
-            if attention_mask is not None:
-                key_padding_mask = attention_mask.bool()
-
+        hidden_states, keep = self.embeddings(
+            pixel_values=pixel_values,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            interpolate_pos_encoding=bool(interpolate_pos_encoding),
+        )
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
-        all_rbf_weights = () if output_rbf_weights else None
+        all_center_weights = []
         for layer in self.layers:
-            hidden_states, attention_weights, rbf_weights = layer(
-                hidden_states, key_padding_mask, output_attentions
-            )
+            hidden_states, attention_weights, center_weights = layer(hidden_states, keep, output_attentions)
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
             if output_attentions:
                 all_attentions += (attention_weights,)
-            if output_rbf_weights:
-                all_rbf_weights += (rbf_weights,)
+            if output_rbf_diagnostics:
+                all_center_weights.append(center_weights)
 
-        sequence_output = self.layernorm(hidden_states)
-        if self.config.pooling == "cls":
-            pooled_output = sequence_output[:, 0]
-        elif key_padding_mask is None:
-            pooled_output = sequence_output.mean(dim=1)
-        else:
-            mask = key_padding_mask.unsqueeze(-1).to(sequence_output.dtype)  # (B, N, 1)
-            pooled_output = (sequence_output * mask).sum(1) / mask.sum(1).clamp_min(1.0)
-
+        rbf_diagnostics = None
+        if output_rbf_diagnostics:
+            rbf_diagnostics = HyperBFRBFDiagnostics(
+                center_weights=torch.stack(all_center_weights, dim=1),  # (B, L, N, K)
+                feedforward_sigmas=torch.stack(
+                    [layer.feedforward.sigma() for layer in self.layers]
+                ),  # (L, 1|K)
+                attention_sigmas=torch.stack([layer.attention.sigma() for layer in self.layers]),  # (L, H)
+            )
+        hidden_states = self.layernorm(hidden_states)
+        pooled = hidden_states[:, 0] if self.config.pooling == "cls" else _masked_mean(hidden_states, keep)
         output = HyperBFModelOutput(
-            last_hidden_state=sequence_output,
-            pooler_output=pooled_output,
+            last_hidden_state=hidden_states,
+            pooler_output=pooled,
             hidden_states=all_hidden_states,
             attentions=all_attentions,
-            rbf_weights=all_rbf_weights,
-            rbf_sigmas=tuple(layer.feedforward.sigma() for layer in self.layers)
-            if output_rbf_weights
-            else None,
-            attention_sigmas=tuple(layer.attention.sigma() for layer in self.layers)
-            if output_rbf_weights
-            else None,
+            rbf_diagnostics=rbf_diagnostics,
         )
         return output if return_dict else output.to_tuple()
 
+    def forward_tokens(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> HyperBFModelOutput | tuple:
+        """`forward` of a sequence backbone: the same call, token ids first."""
+        return HyperBFModel.forward(
+            self, input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+        )
+
 
 class HyperBFForImageClassification(HyperBFPreTrainedModel):
-    """HyperBF encoder with a linear classifier on the pooled (CLS by default) token."""
+    """Backbone → Linear on the pooled (CLS by default) token."""
 
-    main_input_name = "pixel_values"
-    input_modalities = ("image",)
-
-    def __init__(self, config: HyperBFConfig):
-        if config.input_type != "image":
-            raise ValueError(
-                f'HyperBFForImageClassification needs input_type="image"; got input_type={config.input_type!r}. '
-                "Use HyperBFForSequenceClassification for token inputs."
-            )
+    def __init__(self, config: HyperBFConfig) -> None:
         super().__init__(config)
-        self.num_labels = config.num_labels
+        _check_head_input_type(self, config.input_type, "image")
         self.hyperbf = HyperBFModel(config)
         self.classifier = (
             nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
@@ -540,50 +580,38 @@ class HyperBFForImageClassification(HyperBFPreTrainedModel):
         interpolate_pos_encoding: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        output_rbf_weights: bool | None = None,
+        output_rbf_diagnostics: bool | None = None,
         return_dict: bool | None = None,
-    ) -> HyperBFImageClassifierOutput | tuple[torch.Tensor, ...]:
-        r"""
-        labels (`torch.LongTensor` of shape `(batch_size,)`, *optional*):
-            Class indices for the cross-entropy loss (float targets: regression / multi-label, as in ViT).
-        """
+    ) -> HyperBFImageClassifierOutput | tuple:
         return_dict = self.config.return_dict if return_dict is None else return_dict
         outputs = self.hyperbf(
             pixel_values=pixel_values,
             interpolate_pos_encoding=interpolate_pos_encoding,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            output_rbf_weights=output_rbf_weights,
+            output_rbf_diagnostics=output_rbf_diagnostics,
             return_dict=True,
         )
         logits = self.classifier(outputs.pooler_output)
-        loss = self.loss_function(labels, logits, self.config) if labels is not None else None
+        loss = None if labels is None else self.loss_function(labels, logits, self.config)
         output = HyperBFImageClassifierOutput(
             loss=loss,
             logits=logits,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
-            rbf_weights=outputs.rbf_weights,
-            rbf_sigmas=outputs.rbf_sigmas,
-            attention_sigmas=outputs.attention_sigmas,
+            rbf_diagnostics=outputs.rbf_diagnostics,
         )
         return output if return_dict else output.to_tuple()
 
 
 class HyperBFForSequenceClassification(HyperBFPreTrainedModel):
-    """HyperBF encoder over tokens with a linear classifier on the first token or the masked mean."""
+    """Backbone → Linear on the pooled token (first token or masked mean)."""
 
     main_input_name = "input_ids"
-    input_modalities = ("text",)
 
-    def __init__(self, config: HyperBFConfig):
-        if config.input_type != "sequence":
-            raise ValueError(
-                f'HyperBFForSequenceClassification needs input_type="sequence"; got input_type={config.input_type!r}. '
-                "Use HyperBFForImageClassification for images."
-            )
+    def __init__(self, config: HyperBFConfig) -> None:
         super().__init__(config)
-        self.num_labels = config.num_labels
+        _check_head_input_type(self, config.input_type, "sequence")
         self.hyperbf = HyperBFModel(config)
         self.classifier = (
             nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
@@ -594,43 +622,42 @@ class HyperBFForSequenceClassification(HyperBFPreTrainedModel):
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
+        inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        output_rbf_weights: bool | None = None,
+        output_rbf_diagnostics: bool | None = None,
         return_dict: bool | None = None,
-    ) -> HyperBFSequenceClassifierOutput | tuple[torch.Tensor, ...]:
-        r"""
-        labels (`torch.LongTensor` of shape `(batch_size,)`, *optional*):
-            Class indices for the cross-entropy loss (float targets: regression / multi-label).
-        """
+    ) -> HyperBFSequenceClassifierOutput | tuple:
         return_dict = self.config.return_dict if return_dict is None else return_dict
         outputs = self.hyperbf(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            output_rbf_weights=output_rbf_weights,
+            output_rbf_diagnostics=output_rbf_diagnostics,
             return_dict=True,
         )
         logits = self.classifier(outputs.pooler_output)
-        loss = self.loss_function(labels, logits, self.config) if labels is not None else None
+        loss = None if labels is None else self.loss_function(labels, logits, self.config)
         output = HyperBFSequenceClassifierOutput(
             loss=loss,
             logits=logits,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
-            rbf_weights=outputs.rbf_weights,
-            rbf_sigmas=outputs.rbf_sigmas,
-            attention_sigmas=outputs.attention_sigmas,
+            rbf_diagnostics=outputs.rbf_diagnostics,
         )
         return output if return_dict else output.to_tuple()
 
 
 __all__ = [
+    "HyperBFEmbeddings",
     "HyperBFForImageClassification",
     "HyperBFForSequenceClassification",
     "HyperBFModel",
+    "HyperBFModelOutput",
     "HyperBFPreTrainedModel",
+    "HyperBFRBFDiagnostics",
 ]

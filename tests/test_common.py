@@ -1,14 +1,21 @@
-"""Behaviours every family shares, checked once, parametrised over every (family, head) pair.
+"""Behaviours every family shares, checked once, parametrised over every (family, head, input type).
 
-The heads come from `energyformers.FAMILIES` (the single source for Auto registration), so a new family or
-head is covered as soon as it is registered there and given a tiny-config factory in `TINY` below. The base
-model (`AutoModel`) takes both input types, so it appears once per input type.
+The cases come from `tests/fixtures.py` (built from `energyformers.FAMILIES`), so a new family or head is
+covered as soon as it is registered there and given a tiny config in `fixtures.TINY`; the per-family tables
+below hold each family's specific overrides. Family-specific behaviour lives in the family test files.
+
+The recorded logits (`EXPECTED_SLICES`) are regenerated with
+    .venv/bin/python tests/test_common.py --regenerate-expected-slices
 """
 
 from __future__ import annotations
 
+import copy
+import inspect
 import itertools
 import re
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,12 +23,15 @@ import transformers
 from fixtures import (
     ALL,
     HEADS,
+    IMAGE,
     SEQUENCE,
     TINY,
     Case,
     assert_same_structure_and_tensors,
+    cases,
     main_output,
     perturb,
+    step_once,
     tensors,
 )
 from transformers.utils import ModelOutput
@@ -36,7 +46,7 @@ ZERO_INITIALISED = {"hyperset", "imixer"}
 EXTRA_OUTPUTS = {
     "hyperset": dict(output_attentions=True, output_energies=True),
     "imixer": dict(output_fixed_point_residuals=True),
-    "hyperbf": dict(output_attentions=True, output_rbf_weights=True),
+    "hyperbf": dict(output_attentions=True, output_rbf_diagnostics=True),
 }
 
 # Config overrides that put as much state as possible into a checkpoint and make eval-mode determinism
@@ -62,23 +72,23 @@ PADDING_VARIANTS = {
     ],
 }
 
-
-# Each family's wording of the rejection: head class name, required and given input_type.
-WRONG_INPUT_TYPE = {
-    "hyperset": "{head} needs config.input_type='{required}'; got '{given}'",
-    "imixer": "{head} needs config.input_type='{required}'; got '{given}'",
-    "hyperbf": "{head} needs input_type=\"{required}\"; got input_type='{given}'",
+# The code paths gradient checkpointing must recompute exactly: Hyper-SET's two step-size conditions, dropout
+# and drop path (the RNG state is replayed), HyperBF's two feedforward kernels.
+CHECKPOINTING_VARIANTS = {
+    "hyperset": [dict(step_size_condition="current"), dict(step_size_condition="input")],
+    "imixer": [dict(hidden_dropout_prob=0.1, drop_path_rate=0.2)],
+    "hyperbf": [
+        dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),
+        dict(feedforward_kernel="gaussian", rbf_width="center"),
+    ],
 }
 
 
-def cases(selection: list[Case]):
-    return pytest.mark.parametrize("case", selection, ids=str)
-
-
 def test_every_registered_family_has_a_tiny_config():
-    tables = (TINY, EXTRA_OUTPUTS, ROUND_TRIP_OVERRIDES, PADDING_VARIANTS, WRONG_INPUT_TYPE)
+    tables = (TINY, EXTRA_OUTPUTS, ROUND_TRIP_OVERRIDES, PADDING_VARIANTS, CHECKPOINTING_VARIANTS)
     assert all(set(table) == set(FAMILIES) for table in tables)
     assert {case.family for case in HEADS} == set(FAMILIES)
+    assert set(EXPECTED_SLICES) == {str(case) for case in ALL}
 
 
 # ---------------------------------------------------------------- save / load
@@ -179,11 +189,7 @@ def test_return_dict_false_gives_the_same_tensors_as_a_tuple(case):
 def test_every_parameter_gets_a_finite_nonzero_gradient(case):
     model = case.build()
     if case.family in ZERO_INITIALISED:  # one optimiser step makes the zero-initialised parameters non-zero
-        model.train()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        model(**case.inputs(labels=True)).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        step_once(model, case.inputs(labels=True))
     model.train()
     model(**case.inputs(labels=True, seed=5)).loss.backward()
     for name, parameter in model.named_parameters():
@@ -248,8 +254,252 @@ def test_right_padding_does_not_change_outputs(case, variant):
 @cases(HEADS)
 def test_head_rejects_a_config_of_the_other_input_type(case):
     given = "sequence" if case.input_type == "image" else "image"
-    message = WRONG_INPUT_TYPE[case.family].format(
-        head=case.model_class.__name__, required=case.input_type, given=given
-    )
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with pytest.raises(ValueError, match=rf"input_type\W.*{re.escape(repr(given))}"):
         case.model_class(case.tiny.config(given))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name", "value"),
+    [
+        (dict(num_hidden_layers=0), "num_hidden_layers", 0),
+        (dict(input_type="video"), "input_type", "video"),
+        (dict(image_size=30, patch_size=4), "image_size", 30),
+        (dict(input_type="sequence"), "vocab_size", None),
+    ],
+)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_invalid_config_raises_naming_the_argument_and_value(family, overrides, name, value):
+    # (every field of every config: tests/test_configuration.py)
+    with pytest.raises(ValueError, match=re.escape(f"{name}={value!r}")):
+        FAMILIES[family].config_class(**overrides)
+
+
+# ---------------------------------------------------------------- bad inputs: a ValueError naming the argument
+
+
+def _accepts(model: torch.nn.Module, name: str) -> bool:
+    parameters = inspect.signature(model.forward).parameters.values()
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def _other_kind(case: Case) -> tuple[str, torch.Tensor]:
+    """A valid input of the other input type (ids for an image model, pixels for a sequence model)."""
+    other = Case(case.family, "AutoModel", "sequence" if case.input_type == "image" else "image")
+    return other.main_input_name, other.inputs()[other.main_input_name]
+
+
+@cases(ALL)
+def test_input_of_the_other_kind_is_rejected(case):
+    model = case.build()
+    wrong, value = _other_kind(case)
+    inputs = case.inputs()
+    if not _accepts(model, wrong):  # Python itself rejects the keyword, naming it
+        with pytest.raises(TypeError, match=wrong):
+            model(**{**inputs, wrong: value})
+        return
+    names = rf"{case.main_input_name}|{wrong}"
+    with pytest.raises(ValueError, match=names):  # instead of the right input
+        model(**{wrong: value})
+    with pytest.raises(ValueError, match=names):  # next to it: never silently ignored
+        model(**{**inputs, wrong: value})
+
+
+@cases(IMAGE)
+def test_wrong_channel_count_is_rejected(case):
+    model, pixels = case.build(), case.inputs()["pixel_values"]
+    bad = 5  # neither 1 nor 3 channels, and no tiny size
+    with pytest.raises(ValueError, match="pixel_values") as excinfo:
+        model(pixel_values=pixels[:, :1].expand(-1, bad, -1, -1))
+    assert "num_channels" in str(excinfo.value) and str(bad) in str(excinfo.value)
+
+
+@cases(IMAGE)
+def test_wrong_image_size_is_rejected(case):
+    model, pixels = case.build(), case.inputs()["pixel_values"]
+    bigger = torch.nn.functional.pad(pixels, (0, 4, 0, 4))  # 12×12, still a multiple of the patch size
+    with pytest.raises(ValueError, match="pixel_values") as excinfo:
+        model(pixel_values=bigger)
+    assert "12" in str(excinfo.value)
+
+
+@pytest.mark.parametrize("where", ["negative", "vocab_size", "beyond"])
+@cases(SEQUENCE)
+def test_out_of_vocabulary_ids_are_rejected(case, where):
+    model, inputs = case.build(), case.inputs()
+    bad = {"negative": -1, "vocab_size": case.tiny.vocab, "beyond": case.tiny.vocab + 7}[where]
+    inputs["input_ids"][1, 2] = bad
+    with pytest.raises(ValueError, match="input_ids") as excinfo:
+        model(**inputs)
+    assert str(bad) in str(excinfo.value)
+
+
+@cases(SEQUENCE)
+def test_over_long_sequence_is_rejected(case):
+    model, length = case.build(), case.tiny.positions + 1
+    with pytest.raises(ValueError, match="max_position_embeddings") as excinfo:
+        model(input_ids=torch.ones(2, length, dtype=torch.long))
+    assert str(length) in str(excinfo.value)
+
+
+@cases(SEQUENCE)
+def test_float_input_ids_are_rejected(case):
+    model, inputs = case.build(), case.inputs()
+    with pytest.raises(ValueError, match="input_ids"):
+        model(**{**inputs, "input_ids": inputs["input_ids"].float()})
+
+
+# ---------------------------------------------------------------- transformers API
+
+
+@cases(ALL)
+def test_main_input_is_the_first_positional_argument(case):
+    model = perturb(case.build())
+    assert model.main_input_name == case.main_input_name
+    inputs = case.inputs()
+    main = inputs.pop(case.main_input_name)
+    with torch.no_grad():
+        positional = main_output(model(main, **inputs))
+        by_name = main_output(model(**{case.main_input_name: main}, **inputs))
+    assert torch.equal(positional, by_name)
+
+
+@cases(SEQUENCE)
+def test_inputs_embeds_replace_input_ids(case):
+    model = perturb(case.build())
+    inputs = case.inputs()
+    ids = inputs.pop("input_ids")
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(ids)
+        assert embeds.shape == (*ids.shape, case.tiny.hidden)
+        expected = main_output(model(input_ids=ids, **inputs))
+        got = main_output(model(inputs_embeds=embeds, **inputs))
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+        # other embeddings give other outputs: the model really reads inputs_embeds
+        assert not torch.allclose(main_output(model(inputs_embeds=embeds.flip(0), **inputs)), expected)
+        for both_or_neither in ({"input_ids": ids, "inputs_embeds": embeds}, {}):
+            with pytest.raises(ValueError, match="inputs_embeds"):
+                model(**both_or_neither, **inputs)
+
+
+@cases(HEADS)
+def test_num_labels_zero_gives_the_classifier_features_as_logits(case):
+    features = perturb(case.build(num_labels=0))
+    assert isinstance(features.classifier, torch.nn.Identity)
+    classifier = perturb(case.build(), seed=2)
+    missing, unexpected = classifier.load_state_dict(features.state_dict(), strict=False)
+    assert unexpected == [] and all(key.startswith("classifier.") for key in missing), missing
+    inputs = case.inputs()
+    with torch.no_grad():
+        pooled = features(**inputs).logits
+        logits = classifier(**inputs).logits
+    assert pooled.shape == (*logits.shape[:-1], case.tiny.hidden)
+    torch.testing.assert_close(logits, classifier.classifier(pooled), atol=1e-6, rtol=0)
+
+
+@cases(ALL)
+def test_input_embeddings_can_be_read_and_replaced(case):
+    model = perturb(case.build())
+    inputs = case.inputs()
+    old = model.get_input_embeddings()
+    assert isinstance(old, torch.nn.Module) and old is model.base_model.get_input_embeddings()
+    assert any(module is old for module in model.modules())
+    new = perturb(copy.deepcopy(old), seed=2)
+    with torch.no_grad():
+        before = main_output(model(**inputs))
+        model.set_input_embeddings(new)
+        assert model.get_input_embeddings() is new
+        assert not torch.allclose(main_output(model(**inputs)), before)
+        model.set_input_embeddings(old)
+        assert torch.equal(main_output(model(**inputs)), before)
+
+
+@cases(SEQUENCE)
+def test_resize_token_embeddings_then_new_ids_work(case):
+    model = perturb(case.build())
+    inputs, vocab = case.inputs(), case.tiny.vocab
+    with torch.no_grad():
+        before = main_output(model(**inputs))
+    model.resize_token_embeddings(vocab + 4, mean_resizing=False)
+    assert model.get_input_embeddings().num_embeddings == model.config.vocab_size == vocab + 4
+    new_ids = inputs["input_ids"].clone()
+    new_ids[:, 1] = vocab + 3  # an id only the resized table has
+    with torch.no_grad():
+        torch.testing.assert_close(main_output(model(**inputs)), before, atol=1e-6, rtol=0)  # old rows kept
+        after = main_output(model(**{**inputs, "input_ids": new_ids}))
+    assert torch.isfinite(after).all() and not torch.allclose(after, before)
+
+
+# ---------------------------------------------------------------- gradient checkpointing
+
+_CHECKPOINTING_CASES = [
+    pytest.param(case, variant, id=f"{case}-{'-'.join(map(str, variant.values()))}")
+    for case in ALL
+    for variant in CHECKPOINTING_VARIANTS[case.family]
+]
+
+
+@pytest.mark.parametrize(("case", "variant"), _CHECKPOINTING_CASES)
+def test_gradient_checkpointing_matches_plain_backprop(case, variant):
+    reference = perturb(case.build(**variant))
+    checkpointed = copy.deepcopy(reference)
+    checkpointed.activation_checkpointing_enable()
+    assert all(layer.gradient_checkpointing for layer in checkpointed.base_model.layers)
+    inputs = case.inputs(labels=not case.is_base, seed=1)
+    losses = []
+    for model in (reference, checkpointed):
+        model.train()
+        torch.manual_seed(123)  # the same dropout / drop-path masks; checkpointing replays the RNG state
+        outputs = model(**inputs)
+        loss = outputs.last_hidden_state.pow(2).mean() if case.is_base else outputs.loss
+        loss.backward()
+        losses.append(loss.detach())
+    torch.testing.assert_close(losses[1], losses[0], atol=1e-6, rtol=0)
+    grads = dict(checkpointed.named_parameters())
+    for name, parameter in reference.named_parameters():
+        assert parameter.grad is not None, name
+        torch.testing.assert_close(grads[name].grad, parameter.grad, atol=1e-6, rtol=0, msg=name)
+    for name, buffer in reference.named_buffers():  # e.g. iMixer's u, v: one power iteration per forward
+        assert torch.equal(checkpointed.get_buffer(name), buffer), name
+
+
+# ---------------------------------------------------------------- recorded outputs (fixed seed)
+
+# logits[0, :3] (per token: logits[0, 0, :3]; base models: last_hidden_state[0, 0, :3]) of `perturb(case.build())`
+# on `case.inputs()`. Regenerate: .venv/bin/python tests/test_common.py --regenerate-expected-slices
+# BEGIN EXPECTED_SLICES
+EXPECTED_SLICES: dict[str, list[float]] = {}
+# END EXPECTED_SLICES
+
+
+def _expected_slice_output(case: Case) -> torch.Tensor:
+    model = perturb(case.build())
+    with torch.no_grad():
+        outputs = model(**case.inputs())
+    if case.is_base:
+        return outputs.last_hidden_state[0, 0, :3]
+    return outputs.logits[0, 0, :3] if case.per_token else outputs.logits[0, :3]
+
+
+@cases(ALL)
+def test_outputs_match_the_recorded_values(case):
+    expected = torch.tensor(EXPECTED_SLICES[str(case)])
+    torch.testing.assert_close(_expected_slice_output(case), expected, atol=1e-4, rtol=1e-4)
+
+
+def _regenerate_expected_slices() -> None:
+    torch.set_num_threads(1)
+    lines = ["EXPECTED_SLICES: dict[str, list[float]] = {"]
+    for case in ALL:
+        values = ", ".join(f"{v:.4f}" for v in _expected_slice_output(case).tolist())
+        lines.append(f'    "{case}": [{values}],')
+    lines.append("}")
+    path = Path(__file__)
+    text = path.read_text()
+    start = text.index("# BEGIN EXPECTED_SLICES\n") + len("# BEGIN EXPECTED_SLICES\n")
+    end = text.index("# END EXPECTED_SLICES")
+    path.write_text(text[:start] + "\n".join(lines) + "\n" + text[end:])
+    print(f"wrote {len(ALL)} expected slices to {path}")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--regenerate-expected-slices"]:
+    _regenerate_expected_slices()

@@ -1,0 +1,301 @@
+"""Config validation: one block of generic checks, textually identical in the three configuration files, and
+per-family tables (`_CHOICES`, `_POSITIVE_INTS`, ...) plus one `_check_cross_field_rules` method whose every
+entry is enforced. Tiny base configs are spelled out here so that this file depends on nothing but the configs."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+import re
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from energyformers.configuration import configuration_hyperbf, configuration_hyperset, configuration_imixer
+
+ROOT = Path(__file__).resolve().parents[1]
+BEGIN = (
+    "# --- validation: identical in the three configuration files (tests/test_configuration.py checks) ---"
+)
+END = "# --- end of validation block ---"
+
+MODULES: dict[str, ModuleType] = {
+    "hyperset": configuration_hyperset,
+    "imixer": configuration_imixer,
+    "hyperbf": configuration_hyperbf,
+}
+CONFIGS = {
+    "hyperset": configuration_hyperset.HyperSetConfig,
+    "imixer": configuration_imixer.IMixerConfig,
+    "hyperbf": configuration_hyperbf.HyperBFConfig,
+}
+# Tiny valid configs (as in tests/test_common.py); vocab_size is set so that input_type="sequence" is valid too.
+BASE: dict[str, dict[str, Any]] = {
+    "hyperset": dict(
+        hidden_size=16,
+        num_attention_heads=4,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_iterations=3,
+        time_embedding_dim=16,
+        image_size=8,
+        patch_size=2,
+        num_channels=1,
+        vocab_size=20,
+        max_position_embeddings=16,
+        num_labels=4,
+    ),
+    "imixer": dict(
+        hidden_size=16,
+        num_hidden_layers=2,
+        fixed_point_iterations=2,
+        image_size=8,
+        patch_size=2,
+        num_channels=1,
+        vocab_size=20,
+        max_position_embeddings=10,
+        num_labels=4,
+    ),
+    "hyperbf": dict(
+        hidden_size=32,
+        num_attention_heads=2,
+        num_hidden_layers=2,
+        image_size=8,
+        patch_size=2,
+        num_channels=3,
+        vocab_size=16,
+        max_position_embeddings=12,
+        num_labels=3,
+    ),
+}
+TABLES = (
+    "_CHOICES",
+    "_POSITIVE_INTS",
+    "_NON_NEGATIVE_INTS",
+    "_PROBABILITIES",
+    "_POSITIVE_FLOATS",
+    "_OPTIONAL_POSITIVE_FLOATS",
+    "_IMAGE_SIZES",
+)
+# `__init__` arguments no table covers: vocab_size is checked by the cross-field rule (required for sequences),
+# HyperBF's intermediate_size is an alias of num_centers.
+UNTABLED = {
+    "hyperset": {"vocab_size"},
+    "imixer": {"vocab_size"},
+    "hyperbf": {"vocab_size", "intermediate_size"},
+}
+# Each cross-field rule of `_check_cross_field_rules`, with overrides that break only that rule.
+CROSS_FIELD: dict[str, list[tuple[dict[str, Any], str]]] = {
+    "hyperset": [
+        (dict(hidden_size=18), "hidden_size=18; it must be divisible by num_attention_heads=4"),
+        (dict(image_size=9), "image_size=9; both sides must be divisible by patch_size=2"),
+        (dict(image_size=[8, 9]), "image_size=[8, 9]; both sides must be divisible by patch_size=2"),
+        (dict(input_type="sequence", vocab_size=None), 'vocab_size=None; input_type="sequence" needs'),
+        (dict(input_type="sequence", vocab_size=0), 'vocab_size=0; input_type="sequence" needs'),
+        (dict(time_embedding_dim=7), "time_embedding_dim=7; expected an even integer >= 4"),
+        (dict(time_embedding_dim=2), "time_embedding_dim=2; expected an even integer >= 4"),
+    ],
+    "imixer": [
+        (dict(spectral_norm_coeff=1.0), "spectral_norm_coeff=1.0; expected 0 < c < 1"),
+        (
+            dict(token_mixing_ratio=0.05),
+            "token_mixing_ratio=0.05; it must give a width int(token_mixing_ratio · 16)",
+        ),
+        (dict(channel_mixing_ratio=0.05), "channel_mixing_ratio=0.05; it must give a width"),
+        (dict(hidden_ratio=0.1), "hidden_ratio=0.1; it must give a width int(hidden_ratio · 8) >= 1"),
+        (dict(image_size=[8, 9]), "image_size=[8, 9]; both sides must be divisible by patch_size=2"),
+        (dict(input_type="sequence", vocab_size=None), 'vocab_size=None; input_type="sequence" needs'),
+        (dict(input_type="sequence", vocab_size=True), 'vocab_size=True; input_type="sequence" needs'),
+    ],
+    "hyperbf": [
+        (dict(hidden_size=33), "hidden_size=33; it must be divisible by num_attention_heads=2"),
+        (dict(image_size=[9, 8]), "image_size=[9, 8]; both sides must be divisible by patch_size=2"),
+        (dict(input_type="sequence", vocab_size=None), 'vocab_size=None; input_type="sequence" needs'),
+        (dict(num_centers=8, intermediate_size=9), "intermediate_size=9; it is an alias of num_centers=8"),
+    ],
+}
+
+
+def make(family: str, **overrides: Any):
+    return CONFIGS[family](**{**BASE[family], **overrides})
+
+
+def expect_invalid(family: str, name: str, value: Any, **overrides: Any) -> None:
+    """The config rejects `name=value` with "<Config>: invalid <name>=<value>; ..." naming argument and value."""
+    message = f"{CONFIGS[family].__name__}: invalid {name}={value!r}; "
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        make(family, **{name: value, **overrides})
+
+
+def table_cases(table: str) -> list[Any]:
+    return [
+        pytest.param(family, name, id=f"{family}-{name}")
+        for family, module in MODULES.items()
+        for name in getattr(module, table)
+    ]
+
+
+# ---------------------------------------------------------------- one form in the three files
+
+
+def validation_block(family: str) -> str:
+    lines = (ROOT / "configuration" / f"configuration_{family}.py").read_text(encoding="utf-8").splitlines()
+    assert lines.count(BEGIN) == 1 and lines.count(END) == 1, (
+        f"{family}: expected one begin and one end marker"
+    )
+    start, end = lines.index(BEGIN), lines.index(END)
+    assert start < end
+    return "\n".join(lines[start : end + 1]) + "\n"
+
+
+def test_validation_blocks_are_identical_in_the_three_configuration_files():
+    reference = validation_block("hyperset")
+    assert "def _validate_config(" in reference and "def _require(" in reference
+    for family in ("imixer", "hyperbf"):
+        block = validation_block(family)
+        diff = "".join(
+            difflib.unified_diff(
+                reference.splitlines(keepends=True),
+                block.splitlines(keepends=True),
+                "configuration_hyperset.py",
+                f"configuration_{family}.py",
+            )
+        )
+        assert block == reference, f"validation blocks differ; copy the Hyper-SET one:\n{diff}"
+
+
+@pytest.mark.parametrize("family", MODULES)
+def test_tables_have_the_same_form_and_cover_every_argument(family):
+    module, config_class = MODULES[family], CONFIGS[family]
+    parameters = set(inspect.signature(config_class.__init__).parameters) - {"self", "kwargs"}
+    covered: list[str] = []
+    for table in TABLES:
+        entries = getattr(module, table)
+        if table == "_CHOICES":
+            assert isinstance(entries, dict)
+            assert all(
+                isinstance(c, tuple) and c and all(isinstance(x, str) for x in c) for c in entries.values()
+            )
+        else:
+            assert isinstance(entries, tuple) and all(isinstance(name, str) for name in entries)
+        covered += list(entries)
+    assert len(covered) == len(set(covered)), "a field is in two tables"
+    assert set(covered) <= parameters, f"table entries that are not arguments: {set(covered) - parameters}"
+    assert parameters - set(covered) == UNTABLED[family], "an argument is in no table; add it to one"
+    assert "_check_cross_field_rules" in vars(config_class)
+    assert list(inspect.signature(config_class._check_cross_field_rules).parameters) == ["self"]
+
+
+@pytest.mark.parametrize("family", MODULES)
+def test_base_config_and_defaults_are_valid(family):
+    make(family)
+    make(family, input_type="sequence")
+    CONFIGS[family]()
+
+
+# ---------------------------------------------------------------- every table entry is enforced
+
+
+@pytest.mark.parametrize(("family", "name"), table_cases("_CHOICES"))
+def test_choice_fields_reject_unknown_strings_and_accept_every_choice(family, name):
+    choices = MODULES[family]._CHOICES[name]
+    expect_invalid(family, name, "bogus")
+    with pytest.raises(ValueError, match=re.escape(f"expected one of {list(choices)}")):
+        make(family, **{name: "bogus"})
+    expect_invalid(family, name, None)
+    for choice in choices:
+        assert getattr(make(family, **{name: choice}), name) == choice
+
+
+@pytest.mark.parametrize(("family", "name"), table_cases("_POSITIVE_INTS"))
+def test_positive_int_fields_reject_zero_negatives_bools_and_floats(family, name):
+    valid = getattr(make(family), name)
+    for value in (0, -1, True, float(valid), str(valid)):  # None is a default for some (HyperBF num_centers)
+        expect_invalid(family, name, value)
+    assert getattr(make(family, **{name: valid}), name) == valid
+
+
+@pytest.mark.parametrize(("family", "name"), table_cases("_NON_NEGATIVE_INTS"))
+def test_non_negative_int_fields_accept_zero_and_reject_negatives_bools_and_floats(family, name):
+    for value in (-1, False, True, 0.0, 1.5, None):
+        expect_invalid(family, name, value)
+    assert getattr(make(family, **{name: 0}), name) == 0
+
+
+@pytest.mark.parametrize(("family", "name"), table_cases("_PROBABILITIES"))
+def test_probability_fields_reject_values_outside_zero_one(family, name):
+    for value in (-0.1, 1.5, 1.0, False, math.nan, "0.1", None):
+        expect_invalid(family, name, value)
+    for value in (0, 0.0, 0.5):
+        assert getattr(make(family, **{name: value}), name) == value
+
+
+@pytest.mark.parametrize(("family", "name"), table_cases("_POSITIVE_FLOATS"))
+def test_positive_float_fields_reject_non_positive_non_finite_and_non_numbers(family, name):
+    for value in (0, 0.0, -1.0, True, math.inf, math.nan, "0.5", None):
+        expect_invalid(family, name, value)
+    assert getattr(make(family, **{name: 0.5}), name) == 0.5
+
+
+@pytest.mark.parametrize(("family", "name"), table_cases("_OPTIONAL_POSITIVE_FLOATS"))
+def test_optional_positive_float_fields_accept_none(family, name):
+    for value in (0.0, -1.0, True, math.inf, "0.5"):
+        expect_invalid(family, name, value)
+    assert getattr(make(family, **{name: None}), name) is None
+    assert getattr(make(family, **{name: 0.5}), name) == 0.5
+
+
+@pytest.mark.parametrize(("family", "name"), table_cases("_IMAGE_SIZES"))
+def test_image_size_fields_take_an_int_or_a_pair(family, name):
+    for value in (0, -8, True, 8.0, "8", "88", None, [8], [8, 8, 8], [8, 8.0], [8, 0], [True, 8]):
+        expect_invalid(family, name, value)
+    assert getattr(make(family, **{name: 8}), name) == 8
+    assert getattr(make(family, **{name: [8, 16]}), name) == [8, 16]
+    assert getattr(make(family, **{name: (8, 16)}), name) == [8, 16]  # JSON-friendly, as saved
+
+
+@pytest.mark.parametrize("family", [f for f in MODULES if "hidden_dropout_prob" in MODULES[f]._PROBABILITIES])
+def test_hidden_dropout_prob_above_one_is_rejected(family):
+    expect_invalid(family, "hidden_dropout_prob", 1.5)
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides", "message"),
+    [
+        pytest.param(family, overrides, message, id=f"{family}-{message.split(';')[0]}")
+        for family, rules in CROSS_FIELD.items()
+        for overrides, message in rules
+    ],
+)
+def test_every_cross_field_rule_fires(family, overrides, message):
+    with pytest.raises(ValueError, match=re.escape(f"{CONFIGS[family].__name__}: invalid {message}")):
+        make(family, **overrides)
+
+
+# ---------------------------------------------------------------- num_labels (ViT: 0 = no classifier)
+
+
+@pytest.mark.parametrize("family", MODULES)
+def test_num_labels_zero_is_accepted_and_survives_a_round_trip(family, tmp_path):
+    config = make(family, num_labels=0)
+    assert config.num_labels == 0 and config.id2label == {}
+    config.save_pretrained(tmp_path)
+    assert CONFIGS[family].from_pretrained(tmp_path).num_labels == 0
+    assert CONFIGS[family].from_dict(config.to_dict()).num_labels == 0
+    assert CONFIGS[family]().num_labels == 2  # transformers' default is untouched
+    base = {key: value for key, value in BASE[family].items() if key != "num_labels"}
+    assert CONFIGS[family](**base, id2label={0: "a", 1: "b", 2: "c"}).num_labels == 3
+    presets = {"hyperset": "cifar10-small", "imixer": "s16", "hyperbf": "tiny"}
+    assert CONFIGS[family].from_preset(presets[family], num_labels=0).num_labels == 0
+
+
+@pytest.mark.parametrize("family", MODULES)
+def test_num_labels_must_be_a_non_negative_integer(family):
+    for value in (-1, -10, True, 2.0, "3", None):
+        with pytest.raises(
+            ValueError, match=re.escape(f"invalid num_labels={value!r}; expected an integer >= 0")
+        ):
+            make(family, num_labels=value)
