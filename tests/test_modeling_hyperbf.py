@@ -14,84 +14,22 @@ from energyformers.modeling.modeling_hyperbf import (
     HyperBFForSequenceClassification,
     HyperBFModel,
 )
+from fixtures import Case, main_output
 from torch.overrides import TorchFunctionMode
 
-import energyformers  # noqa: F401  (registers the Auto classes)
-
-torch.set_num_threads(1)  # the machine's cores are shared; tiny models don't profit from more
-
-
-class HyperBFModelTester:
-    """Tiny configs and matching inputs, in the style of transformers' model testers."""
-
-    batch_size = 2
-    image_size = 8
-    patch_size = 2
-    num_channels = 3
-    hidden_size = 32
-    num_attention_heads = 2
-    num_hidden_layers = 2
-    num_labels = 3
-    vocab_size = 16
-    seq_length = 12
-
-    def get_config(self, input_type: str = "image", **overrides) -> HyperBFConfig:
-        kwargs = dict(
-            input_type=input_type,
-            hidden_size=self.hidden_size,
-            num_attention_heads=self.num_attention_heads,
-            num_hidden_layers=self.num_hidden_layers,
-            image_size=self.image_size,
-            patch_size=self.patch_size,
-            num_channels=self.num_channels,
-            num_labels=self.num_labels,
-        )
-        if input_type == "sequence":
-            kwargs.update(vocab_size=self.vocab_size, max_position_embeddings=self.seq_length)
-        return HyperBFConfig(**{**kwargs, **overrides})
-
-    def num_tokens(self, config: HyperBFConfig) -> int:
-        if config.input_type == "sequence":
-            return self.seq_length
-        return (self.image_size // self.patch_size) ** 2 + 1
-
-    def prepare_inputs(
-        self, config: HyperBFConfig, labels: bool = False, seed: int = 0
-    ) -> dict[str, torch.Tensor]:
-        generator = torch.Generator().manual_seed(seed)
-        if config.input_type == "image":
-            shape = (self.batch_size, self.num_channels, self.image_size, self.image_size)
-            inputs = {"pixel_values": torch.randn(shape, generator=generator)}
-        else:
-            # Every token id and every position occurs, so every embedding row is exercised.
-            ids = torch.randperm(self.batch_size * self.seq_length, generator=generator) % self.vocab_size
-            inputs = {
-                "input_ids": ids.view(self.batch_size, self.seq_length),
-                "attention_mask": torch.ones(self.batch_size, self.seq_length, dtype=torch.long),
-            }
-        if labels:
-            inputs["labels"] = torch.arange(self.batch_size) % self.num_labels
-        return inputs
-
-
-TESTER = HyperBFModelTester()
-HEADS = [
-    (HyperBFModel, "image"),
-    (HyperBFModel, "sequence"),
-    (HyperBFForImageClassification, "image"),
-    (HyperBFForSequenceClassification, "sequence"),
-]
-HEAD_IDS = [f"{cls.__name__}-{kind}" for cls, kind in HEADS]
-CLASSIFIERS = [(HyperBFForImageClassification, "image"), (HyperBFForSequenceClassification, "sequence")]
+# the shared tiny configs, inputs and models (tests/fixtures.py)
+TINY = Case.of(HyperBFModel, "image").tiny
+CASES = [Case.of(HyperBFModel, "image"), Case.of(HyperBFModel, "sequence")]
+CASES += [Case.of(HyperBFForImageClassification), Case.of(HyperBFForSequenceClassification)]
+CLASSIFIERS = CASES[2:]
 
 
 def build(model_class, input_type: str, seed: int = 0, **overrides):
-    torch.manual_seed(seed)
-    return model_class(TESTER.get_config(input_type, **overrides)).eval()
+    return Case.of(model_class, input_type).build(seed=seed, **overrides)
 
 
-def main_output(model, outputs) -> torch.Tensor:
-    return outputs.last_hidden_state if isinstance(model, HyperBFModel) else outputs.logits
+def num_tokens(case: Case) -> int:
+    return TINY.length if case.input_type == "sequence" else (TINY.image // 2) ** 2 + 1  # patches + CLS
 
 
 # ----------------------------------------------------------------------------------------- configuration
@@ -109,102 +47,76 @@ def test_presets_match_the_memo_and_accept_overrides():
         HyperBFConfig.from_preset("imagenet")
 
 
-@pytest.mark.parametrize(
-    "kwargs, name",
-    [
-        (dict(input_type="video"), "input_type"),
-        (dict(hidden_size=30, num_attention_heads=4), "hidden_size"),
-        (dict(num_centers=0), "num_centers"),
-        (dict(num_centers=8, intermediate_size=9), "intermediate_size"),
-        (dict(rbf_projection_dim=-1), "rbf_projection_dim"),
-        (dict(feedforward_kernel="laplace"), "feedforward_kernel"),
-        (dict(rbf_width="token"), "rbf_width"),
-        (dict(rbf_sigma_init=0.0), "rbf_sigma_init"),
-        (dict(attention_temperature_init=float("inf")), "attention_temperature_init"),
-        (dict(hidden_dropout_prob=1.0), "hidden_dropout_prob"),
-        (dict(image_size=30, patch_size=4), "image_size"),
-        (dict(input_type="sequence"), "vocab_size"),
-        (dict(pooling="max"), "pooling"),
-        (dict(num_hidden_layers=True), "num_hidden_layers"),
-        (dict(image_size="32"), "image_size"),
-        (dict(image_size=[32]), "image_size"),
-        (dict(image_size=[32, 32.5]), "image_size"),
-        (dict(layer_norm_eps=None), "layer_norm_eps"),
-        (dict(initializer_range="0.02"), "initializer_range"),
-        (dict(rbf_sigma_init=True), "rbf_sigma_init"),
-    ],
-)
-def test_invalid_config_raises_value_error_naming_the_argument(kwargs, name):
-    with pytest.raises(ValueError, match=name):
-        HyperBFConfig(**kwargs)
+# (every config field: tests/test_configuration.py)
 
 
 # ------------------------------------------------------------------------------------------ forward pass
 
 
-@pytest.mark.parametrize("model_class, input_type", HEADS, ids=HEAD_IDS)
-def test_forward_shapes_and_loss(model_class, input_type):
-    model = build(model_class, input_type)
-    labels = model_class is not HyperBFModel
-    outputs = model(**TESTER.prepare_inputs(model.config, labels=labels))
-    if model_class is HyperBFModel:
-        tokens = TESTER.num_tokens(model.config)
-        assert outputs.last_hidden_state.shape == (TESTER.batch_size, tokens, TESTER.hidden_size)
-        assert outputs.pooler_output.shape == (TESTER.batch_size, TESTER.hidden_size)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_forward_shapes_and_loss(case):
+    model = case.build()
+    inputs = case.inputs(labels=not case.is_base)
+    outputs = model(**inputs)
+    if case.is_base:
+        assert outputs.last_hidden_state.shape == (TINY.batch, num_tokens(case), TINY.hidden)
+        assert outputs.pooler_output.shape == (TINY.batch, TINY.hidden)
     else:
-        assert outputs.logits.shape == (TESTER.batch_size, TESTER.num_labels)
-        expected = F.cross_entropy(outputs.logits, torch.arange(TESTER.batch_size) % TESTER.num_labels)
-        torch.testing.assert_close(outputs.loss, expected)
+        assert outputs.logits.shape == (TINY.batch, TINY.labels)
+        torch.testing.assert_close(outputs.loss, F.cross_entropy(outputs.logits, inputs["labels"]))
 
 
-@pytest.mark.parametrize("model_class, input_type", HEADS, ids=HEAD_IDS)
-def test_output_hidden_states_are_embeddings_then_one_per_layer(model_class, input_type):
-    model = build(model_class, input_type)
-    inputs = TESTER.prepare_inputs(model.config)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_output_hidden_states_are_embeddings_then_one_per_layer(case):
+    model = case.build()
+    inputs = case.inputs()
     outputs = model(**inputs, output_hidden_states=True)
-    backbone = model if model_class is HyperBFModel else model.hyperbf
-    assert len(outputs.hidden_states) == TESTER.num_hidden_layers + 1
-    first = inputs.get("pixel_values", inputs.get("input_ids"))
-    torch.testing.assert_close(outputs.hidden_states[0], backbone.embeddings(first))
+    backbone = model.base_model
+    assert len(outputs.hidden_states) == model.config.num_hidden_layers + 1
+    first = {case.main_input_name: inputs[case.main_input_name]}
+    embedded = backbone.embeddings(**first)
+    embedded = embedded[0] if isinstance(embedded, tuple) else embedded  # (states, padding mask) or states
+    torch.testing.assert_close(outputs.hidden_states[0], embedded)
     final = backbone(**inputs).last_hidden_state
     torch.testing.assert_close(backbone.layernorm(outputs.hidden_states[-1]), final)
 
 
-@pytest.mark.parametrize("model_class, input_type", HEADS, ids=HEAD_IDS)
-def test_output_attentions_are_row_stochastic_maps_per_layer(model_class, input_type):
-    model = build(model_class, input_type)  # default sdpa: maps come from the eager path for this call
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_output_attentions_are_row_stochastic_maps_per_layer(case):
+    model = case.build()  # default sdpa: maps come from the eager path for this call
     assert model.config._attn_implementation == "sdpa"
-    inputs = TESTER.prepare_inputs(model.config)
+    inputs = case.inputs()
     outputs = model(**inputs, output_attentions=True)
-    tokens = TESTER.num_tokens(model.config)
-    assert len(outputs.attentions) == TESTER.num_hidden_layers
+    tokens = num_tokens(case)
+    assert len(outputs.attentions) == model.config.num_hidden_layers
     for maps in outputs.attentions:
-        assert maps.shape == (TESTER.batch_size, TESTER.num_attention_heads, tokens, tokens)
+        assert maps.shape == (TINY.batch, model.config.num_attention_heads, tokens, tokens)
         torch.testing.assert_close(maps.sum(-1), torch.ones(maps.shape[:-1]))
-    torch.testing.assert_close(
-        main_output(model, outputs), main_output(model, model(**inputs)), atol=1e-5, rtol=0
-    )
+    torch.testing.assert_close(main_output(outputs), main_output(model(**inputs)), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("rbf_width", ["layer", "center"])
 @pytest.mark.parametrize("kernel", ["normalized", "gaussian"])
-@pytest.mark.parametrize("model_class, input_type", HEADS, ids=HEAD_IDS)
-def test_output_rbf_weights_and_sigmas(model_class, input_type, kernel):
-    model = build(model_class, input_type, feedforward_kernel=kernel, rbf_width="center")
-    outputs = model(**TESTER.prepare_inputs(model.config), output_rbf_weights=True)
-    num_centers = 4 * TESTER.hidden_size
-    assert len(outputs.rbf_weights) == len(outputs.rbf_sigmas) == len(outputs.attention_sigmas) == 2
-    backbone = model if model_class is HyperBFModel else model.hyperbf
-    for layer, weights, sigma, attention_sigma in zip(
-        backbone.layers, outputs.rbf_weights, outputs.rbf_sigmas, outputs.attention_sigmas
-    ):
-        assert weights.shape == (TESTER.batch_size, TESTER.num_tokens(model.config), num_centers)
-        assert bool((weights > 0).all() and (weights <= 1).all())
-        if kernel == "normalized":
-            torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
-        torch.testing.assert_close(sigma, layer.feedforward.log_sigma.exp())
-        assert sigma.shape == (num_centers,)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_output_rbf_diagnostics(case, kernel, rbf_width):
+    model = case.build(feedforward_kernel=kernel, rbf_width=rbf_width)
+    outputs = model(**case.inputs(), output_rbf_diagnostics=True)
+    diagnostics = outputs.rbf_diagnostics
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    num_centers = 4 * TINY.hidden
+    weights = diagnostics.center_weights
+    assert weights.shape == (TINY.batch, layers, num_tokens(case), num_centers)
+    assert bool((weights > 0).all() and (weights <= 1).all())
+    if kernel == "normalized":
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+    widths = 1 if rbf_width == "layer" else num_centers
+    assert diagnostics.feedforward_sigmas.shape == (layers, widths)
+    assert diagnostics.attention_sigmas.shape == (layers, heads)
+    for index, layer in enumerate(model.base_model.layers):
+        torch.testing.assert_close(diagnostics.feedforward_sigmas[index], layer.feedforward.log_sigma.exp())
         tau = layer.attention.log_temperature.exp()
-        torch.testing.assert_close(attention_sigma, 1 / torch.sqrt(2 * tau))
+        torch.testing.assert_close(diagnostics.attention_sigmas[index], 1 / torch.sqrt(2 * tau))
+    assert model(**case.inputs()).rbf_diagnostics is None
 
 
 # ----------------------------------------------------------------- initialisation: the public code's bug

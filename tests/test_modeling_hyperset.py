@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from energyformers.modeling.modeling_hyperset import iteration_embedding, sinusoidal_positions
-from test_common import hyperset_config
+from fixtures import Case, step_once
 
 from energyformers import (
     HyperSetConfig,
@@ -17,57 +16,19 @@ from energyformers import (
     HyperSetForTokenClassification,
     HyperSetModel,
 )
+from energyformers.modeling.modeling_hyperset import iteration_embedding, sinusoidal_positions
+
+# the shared tiny configs, inputs and models (tests/fixtures.py)
+IMAGE = Case.of(HyperSetForImageClassification)
+SEQUENCE = Case.of(HyperSetForSequenceClassification)
+LENGTH, VOCAB = SEQUENCE.tiny.length, SEQUENCE.tiny.vocab
 
 
-class HyperSetTester:
-    """Tiny configs and inputs for every head."""
-
-    batch, image, patch, channels, length, vocab, labels = 3, 8, 2, 1, 7, 20, 4
-
-    def config(self, head: type, **overrides) -> HyperSetConfig:
-        input_type = "image" if head is HyperSetForImageClassification else "sequence"
-        return hyperset_config(input_type, **overrides)  # the same tiny config as the shared tests
-
-    def inputs(self, head: type, with_labels: bool = False, seed: int = 0) -> dict[str, torch.Tensor]:
-        g = torch.Generator().manual_seed(seed)
-        if head is HyperSetForImageClassification:
-            inputs = {
-                "pixel_values": torch.randn(self.batch, self.channels, self.image, self.image, generator=g)
-            }
-            label_shape = (self.batch,)
-        else:
-            inputs = {"input_ids": torch.randint(0, self.vocab, (self.batch, self.length), generator=g)}
-            inputs["attention_mask"] = torch.ones(self.batch, self.length, dtype=torch.long)
-            inputs["attention_mask"][0, -2:] = 0
-            label_shape = (
-                (self.batch, self.length) if head is HyperSetForTokenClassification else (self.batch,)
-            )
-        if with_labels:
-            inputs["labels"] = torch.randint(0, self.labels, label_shape, generator=g)
-        return inputs
-
-    def model(self, head: type, seed: int = 0, **overrides) -> torch.nn.Module:
-        torch.manual_seed(seed)
-        return head(self.config(head, **overrides)).eval()
-
-
-tester = HyperSetTester()
-
-
-def step_once(model: torch.nn.Module, inputs: dict, lr: float = 1e-2) -> None:
-    """One optimiser step so the zero-initialised step sizes become non-zero."""
-    model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    model(**inputs).loss.backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    model.eval()
-
-
-def trained(head: type, steps: int = 1, **overrides) -> torch.nn.Module:
-    model = tester.model(head, **overrides)
+def trained(case: Case, steps: int = 1, **overrides) -> torch.nn.Module:
+    """The tiny model after `steps` SGD steps, so the zero-initialised step sizes are non-zero."""
+    model = case.build(**overrides)
     for seed in range(steps):
-        step_once(model, tester.inputs(head, with_labels=True, seed=seed), lr=0.1)
+        step_once(model, case.inputs(labels=True, seed=seed), lr=0.1)
     return model
 
 
@@ -113,12 +74,13 @@ def test_from_preset_applies_overrides_and_rejects_unknown_names():
 
 
 # ---------------------------------------------------------------- save / load
-# (round trips, cross-head loading, Auto classes, return_dict=False, gradients, padding and wrong-input_type
-# heads are checked for every head of every family in tests/test_common.py)
+# (round trips, cross-head loading, Auto classes, return_dict=False, gradients, padding, wrong-input_type
+# heads, inputs_embeds, num_labels=0 and recorded logits are checked for every head of every family in
+# tests/test_common.py)
 
 
 def test_ignore_mismatched_sizes_reinitialises_classifier(tmp_path):
-    source = trained(HyperSetForImageClassification)
+    source = trained(IMAGE)
     source.save_pretrained(tmp_path)
     labels = {i: f"class_{i}" for i in range(7)}
     with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
@@ -137,7 +99,7 @@ def test_ignore_mismatched_sizes_reinitialises_classifier(tmp_path):
 
 
 def _attention_module(**overrides):
-    config = tester.config(HyperSetForSequenceClassification, qkv_norm="shared", **overrides)
+    config = SEQUENCE.config(qkv_norm="shared", **overrides)
     torch.manual_seed(0)
     return HyperSetModel(config).double().layers[0].attention
 
@@ -168,7 +130,7 @@ def test_attention_update_is_w_transpose_times_energy_gradient(energy, masked):
 
 @pytest.mark.parametrize("energy", ["relu", "softmax"])
 def test_feedforward_update_is_minus_d_transpose_times_energy_gradient(energy):
-    config = tester.config(HyperSetForSequenceClassification, feedforward_energy=energy)
+    config = SEQUENCE.config(feedforward_energy=energy)
     torch.manual_seed(0)
     feedforward = HyperSetModel(config).double().layers[0].feedforward
     with torch.no_grad():
@@ -182,20 +144,20 @@ def test_feedforward_update_is_minus_d_transpose_times_energy_gradient(energy):
 
 
 def test_bisoftmax_maps_are_symmetric_with_shared_qkv_norm():
-    model = tester.model(HyperSetForSequenceClassification, qkv_norm="shared")
-    inputs = tester.inputs(HyperSetForSequenceClassification)
+    model = SEQUENCE.build(qkv_norm="shared")
+    inputs = SEQUENCE.inputs()
     inputs.pop("attention_mask")
     with torch.no_grad():
         probs = model(**inputs, output_attentions=True).attentions
     assert len(probs) == 2 * 3
     torch.testing.assert_close(probs[0], probs[0].transpose(-1, -2))
     # rows of the row softmax and columns of the column softmax each sum to 1: total mass 2N per head
-    torch.testing.assert_close(probs[0].sum((-1, -2)), torch.full((3, 4), 2.0 * tester.length))
+    torch.testing.assert_close(probs[0].sum((-1, -2)), torch.full((3, 4), 2.0 * LENGTH))
 
 
 def test_energies_match_definitions_and_geometry_diagnostics():
-    model = tester.model(HyperSetForSequenceClassification)
-    inputs = tester.inputs(HyperSetForSequenceClassification)
+    model = SEQUENCE.build()
+    inputs = SEQUENCE.inputs()
     with torch.no_grad():
         out = model(**inputs, output_energies=True, output_hidden_states=True)
     energies = out.energies
@@ -212,9 +174,7 @@ def test_energies_match_definitions_and_geometry_diagnostics():
     # identical tokens: one direction → effective rank 1 and zero angles
     same = torch.full((1, 5), 3)
     with torch.no_grad():
-        collapsed = HyperSetModel(
-            tester.config(HyperSetForSequenceClassification, position_embedding_type="learned")
-        )
+        collapsed = HyperSetModel(SEQUENCE.config(position_embedding_type="learned"))
         collapsed.embeddings.position_embeddings.weight.zero_()
         diagnostics = collapsed(input_ids=same, num_iterations=1, output_energies=True).energies
     torch.testing.assert_close(diagnostics.effective_rank[0, 0, 0], torch.ones(4))
@@ -226,11 +186,9 @@ def test_energies_match_definitions_and_geometry_diagnostics():
 
 
 def test_model_is_the_identity_on_embedded_tokens_at_initialisation():
-    model = tester.model(HyperSetForImageClassification)
+    model = IMAGE.build()
     with torch.no_grad():
-        states = model(
-            **tester.inputs(HyperSetForImageClassification), output_hidden_states=True
-        ).hidden_states
+        states = model(**IMAGE.inputs(), output_hidden_states=True).hidden_states
     assert len(states) == 1 + 2 * 3
     for state in states[1:]:
         assert torch.equal(state, states[0])
@@ -238,11 +196,11 @@ def test_model_is_the_identity_on_embedded_tokens_at_initialisation():
 
 def test_iteration_embedding_learns_to_depend_on_t():
     # The public code zero-initialises both time_mlp Linears, so c_t stays a t-independent constant.
-    model = tester.model(HyperSetForImageClassification)
+    model = IMAGE.build()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model.train()
     for seed in range(3):
-        model(**tester.inputs(HyperSetForImageClassification, with_labels=True, seed=seed)).loss.backward()
+        model(**IMAGE.inputs(labels=True, seed=seed)).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
     step_sizes = model.hyperset.step_sizes
@@ -266,7 +224,7 @@ def test_iteration_sinusoid_and_position_encoding_follow_the_spec():
 
 
 def test_patch_features_are_ordered_dy_dx_channel():
-    model = tester.model(HyperSetForImageClassification, num_channels=3, image_size=[4, 6])
+    model = IMAGE.build(num_channels=3, image_size=[4, 6])
     pixels = torch.randn(1, 3, 4, 6)
     seen = {}
     model.hyperset.embeddings.patch_norm.register_forward_hook(
@@ -281,8 +239,8 @@ def test_patch_features_are_ordered_dy_dx_channel():
 
 
 def test_num_iterations_override_changes_output_and_extrapolates():
-    model = trained(HyperSetForImageClassification, steps=2)
-    inputs = tester.inputs(HyperSetForImageClassification)
+    model = trained(IMAGE, steps=2)
+    inputs = IMAGE.inputs()
     with torch.no_grad():
         default = model(**inputs).logits
         same = model(**inputs, num_iterations=3).logits
@@ -294,38 +252,20 @@ def test_num_iterations_override_changes_output_and_extrapolates():
         model(**inputs, num_iterations=0)
 
 
-@pytest.mark.parametrize("condition", ["current", "input"])
-def test_gradient_checkpointing_matches_plain_backprop(condition):
-    model = trained(HyperSetForImageClassification, steps=1, step_size_condition=condition)
-    inputs = tester.inputs(HyperSetForImageClassification, with_labels=True)
-
-    def loss_and_grads():
-        model.train()
-        model.zero_grad()
-        loss = model(**inputs).loss
-        loss.backward()
-        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    loss, grads = loss_and_grads()
-    model.activation_checkpointing_enable()
-    assert all(layer.gradient_checkpointing for layer in model.hyperset.layers)
-    checkpointed_loss, checkpointed_grads = loss_and_grads()
-    torch.testing.assert_close(checkpointed_loss, loss, rtol=0, atol=1e-6)
-    for name, grad in grads.items():
-        torch.testing.assert_close(checkpointed_grads[name], grad, rtol=0, atol=1e-6, msg=name)
+# (gradient checkpointing = plain backprop, for both step-size conditions: tests/test_common.py)
 
 
 # ---------------------------------------------------------------- padding (invariance: tests/test_common.py)
 
 
 def test_fully_padded_rows_produce_no_nan():
-    model = trained(HyperSetForSequenceClassification, steps=2)
+    model = trained(SEQUENCE, steps=2)
     mask = torch.ones(2, 6, dtype=torch.long)
     mask[1] = 0  # a sample with no real token at all
     mask[0, 3:] = 0
     with torch.no_grad():
         out = model(
-            input_ids=torch.randint(0, tester.vocab, (2, 6)),
+            input_ids=torch.randint(0, VOCAB, (2, 6)),
             attention_mask=mask,
             output_attentions=True,
             output_hidden_states=True,
@@ -335,60 +275,6 @@ def test_fully_padded_rows_produce_no_nan():
     assert out.attentions[0][0, :, :, 3:].abs().max() == 0  # nobody reads padded keys
 
 
-# ---------------------------------------------------------------- bad input
-
-
-def test_wrong_channel_count_is_rejected():
-    model = tester.model(HyperSetForImageClassification)
-    with pytest.raises(ValueError, match=r"num_channels=1\).*got \(2, 3, 8, 8\).*num_channels=3"):
-        model(pixel_values=torch.randn(2, 3, 8, 8))
-
-
-def test_wrong_image_size_is_rejected_with_the_fix():
-    model = tester.model(HyperSetForImageClassification)
-    with pytest.raises(
-        ValueError, match=r"12×12 but config.image_size is 8×8; resize .* image_size=\[12, 12\]"
-    ):
-        model(pixel_values=torch.randn(2, 1, 12, 12))
-
-
-def test_out_of_vocabulary_ids_and_overlong_sequences_are_rejected():
-    model = tester.model(HyperSetForSequenceClassification)
-    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 20\) \(min 0, max 20\)"):
-        model(input_ids=torch.tensor([[0, 20]]))
-    with pytest.raises(ValueError, match="sequence length 17 but max_position_embeddings is 16"):
-        model(input_ids=torch.zeros(1, 17, dtype=torch.long))
-
-
-def test_image_backbone_rejects_token_ids():
-    # (heads rejecting a config of the wrong input_type: tests/test_common.py)
-    with pytest.raises(ValueError, match="takes images"):
-        tester.model(HyperSetForImageClassification).hyperset(input_ids=torch.zeros(1, 3, dtype=torch.long))
-
-
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (
-            dict(hidden_size=30, num_attention_heads=4),
-            "hidden_size=30; it must be divisible by num_attention_heads=4",
-        ),
-        (dict(image_size=30, patch_size=4), "image_size=30; both sides must be divisible by patch_size=4"),
-        (dict(num_iterations=0), r"num_iterations=0; expected an integer >= 1"),
-        (dict(num_hidden_layers=1.5), r"num_hidden_layers=1.5; expected an integer >= 1"),
-        (dict(qkv_norm="both"), r"qkv_norm='both'; expected one of \['separate', 'shared'\]"),
-        (dict(step_size_condition="x"), r"step_size_condition='x'; expected one of"),
-        (dict(hidden_act="swish"), r"hidden_act='swish'; expected one of \['relu', 'gelu'\]"),
-        (dict(attention_energy="linear"), r"attention_energy='linear'; expected one of"),
-        (dict(pooling="max"), r"pooling='max'; expected one of \['cls', 'mean'\]"),
-        (
-            dict(input_type="sequence"),
-            r"vocab_size=None; input_type=\"sequence\" needs an integer vocab_size",
-        ),
-        (dict(time_embedding_dim=7), r"time_embedding_dim=7; expected an even integer >= 4"),
-        (dict(rms_norm_eps=-1.0), r"rms_norm_eps=-1.0; expected None or a float > 0"),
-    ],
-)
-def test_invalid_configs_fail_in_init(overrides, message):
-    with pytest.raises(ValueError, match=message):
-        HyperSetConfig(**overrides)
+# ---------------------------------------------------------------- bad input and invalid configs
+# (wrong input kind, channel count, image size, out-of-vocabulary ids, over-long and float input_ids:
+# tests/test_common.py; every config field: tests/test_configuration.py)

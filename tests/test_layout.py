@@ -1,0 +1,93 @@
+"""Static rules of the repository layout (README, "Repository layout and rules"), read from the source text.
+
+The three model files are siblings: the same input checks (one wording of each error), the same skeleton, and
+only `torch`, `transformers` and their own config imported, so the Hub export is a one-line rewrite.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from energyformers import FAMILIES
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELING = {family: ROOT / "modeling" / f"modeling_{spec.stem}.py" for family, spec in FAMILIES.items()}
+CHECKS_BEGIN = "# --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---"
+CHECKS_END = "# --- end of input checks ---"
+
+
+def marked_block(path: Path, begin: str, end: str) -> str:
+    text = path.read_text()
+    assert text.count(begin) == 1 and text.count(end) == 1, f"{path.name}: markers missing or repeated"
+    return text[text.index(begin) : text.index(end)]
+
+
+def test_input_checks_are_identical_in_every_modeling_file():
+    blocks = {family: marked_block(path, CHECKS_BEGIN, CHECKS_END) for family, path in MODELING.items()}
+    reference = next(iter(blocks.values()))
+    assert "def _check_inputs(" in reference
+    assert {family: block == reference for family, block in blocks.items()} == dict.fromkeys(blocks, True)
+
+
+def _class_method(tree: ast.Module, class_name: str, method: str) -> ast.FunctionDef:
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == method:
+                    return item
+    raise AssertionError(f"{class_name}.{method} not found")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_model_forward_has_no_input_type_branch(family):
+    """The embeddings own the input: `Model.forward` reads neither `input_type` nor the modality's tensors."""
+    tree = ast.parse(MODELING[family].read_text())
+    forward = _class_method(tree, FAMILIES[family].heads["AutoModel"].__name__, "forward")
+    names = {node.attr for node in ast.walk(forward) if isinstance(node, ast.Attribute)}
+    names |= {node.id for node in ast.walk(forward) if isinstance(node, ast.Name)}
+    assert "input_type" not in names
+    assert not any(
+        isinstance(node, ast.If) and "pixel_values" in ast.unparse(node.test) for node in ast.walk(forward)
+    )
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_modeling_file_imports_only_torch_transformers_and_its_config(family):
+    tree = ast.parse(MODELING[family].read_text())
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            roots.add("." * node.level + (node.module or "").split(".")[0])
+    config_import = "..configuration"
+    assert roots <= {
+        "__future__",
+        "math",
+        "collections",
+        "dataclasses",
+        "torch",
+        "transformers",
+        config_import,
+    }
+    relative = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level]
+    assert [ast.unparse(node) for node in relative] == [
+        f"from ..configuration.configuration_{FAMILIES[family].stem} import {FAMILIES[family].config_class.__name__}"
+    ]
+
+
+def test_package_init_imports_configuration_and_modeling_directly():
+    tree = ast.parse((ROOT / "energyformers" / "__init__.py").read_text())
+    imported = {
+        node.module
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+    }
+    expected = {f"configuration.configuration_{spec.stem}" for spec in FAMILIES.values()}
+    expected |= {f"modeling.modeling_{spec.stem}" for spec in FAMILIES.values()}
+    assert expected <= imported
+    source = (ROOT / "energyformers" / "__init__.py").read_text()
+    assert "importlib" not in source and "globals()" not in source

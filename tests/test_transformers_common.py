@@ -1,0 +1,239 @@
+"""transformers' own common model tests (`ModelTesterMixin`, `ConfigTester`) on every head of every family.
+
+Vendor nothing: the tests are transformers' `tests/test_modeling_common.py` and `tests/test_configuration_common.py`
+of the *installed* transformers version, taken from its source distribution on the package index
+(`python -m pip download --no-binary :all: --no-deps transformers==<version>`), kept in the pytest cache
+(`.pytest_cache/d/transformers-sdist/`) and reused from there. The module is skipped only when pip cannot
+connect to the index; any other failure to get the suite is an error. See `transformers_suite/sdist.py`.
+
+The sdist lacks three modules those files import; `tests/transformers_suite/` supplies stand-ins under the same
+package names:
+* `exporters/test_export.py`: `ExportTesterMixin`, inherited by `ModelTesterMixin`. Ours runs
+  `test_torch_export` and `test_torch_export_dynamic_shapes` with transformers' `DynamoExporter` (not `@slow`,
+  so they run in CI);
+* `generation/test_utils.py`: `GenerationTesterMixin`, a marker class (no model here generates);
+* `utils/test_configuration_utils.py`: `config_common_kwargs`, every public key of `PreTrainedConfig().__dict__`
+  with a non-default value.
+
+One test class per family and input type runs the mixin over that input type's heads (the base model takes
+both, so it is in both classes), with the family's tiny config from `fixtures` and a tester in the style of
+transformers' `tests/models/vit/test_modeling_vit.py`; `test_config` runs `ConfigTester`. The mixin reads the
+`MODEL_*_MAPPING_NAMES` tables to choose labels and which classes train; our model types are added to them
+for this module's tests and removed afterwards.
+"""
+
+from __future__ import annotations
+
+import unittest
+from pathlib import Path
+from typing import Any, ClassVar
+from unittest import mock
+
+import pytest
+from fixtures import TINY, hyperbf_config, hyperset_config, imixer_config
+from transformers import PreTrainedConfig
+from transformers.models.auto import modeling_auto
+from transformers_suite import sdist
+
+from energyformers import (
+    FAMILIES,
+    HyperBFForImageClassification,
+    HyperBFForSequenceClassification,
+    HyperBFModel,
+    HyperSetForImageClassification,
+    HyperSetForSequenceClassification,
+    HyperSetForTokenClassification,
+    HyperSetModel,
+    IMixerForImageClassification,
+    IMixerForSequenceClassification,
+    IMixerModel,
+)
+
+# The folder `request.config.cache.mkdir("transformers-sdist")` returns (the suite is needed at import time,
+# before any fixture runs).
+CACHE = Path(__file__).resolve().parents[1] / ".pytest_cache" / "d" / "transformers-sdist"
+
+try:
+    modeling_common, configuration_common = sdist.load(CACHE)
+except sdist.IndexUnreachable as error:
+    pytest.skip(f"transformers' common tests need the package index: {error}", allow_module_level=True)
+
+ModelTesterMixin = modeling_common.ModelTesterMixin
+ConfigTester = configuration_common.ConfigTester
+floats_tensor = modeling_common.floats_tensor
+ids_tensor = modeling_common.ids_tensor
+random_attention_mask = modeling_common.random_attention_mask
+
+CONFIGS = {"hyperset": hyperset_config, "imixer": imixer_config, "hyperbf": hyperbf_config}
+
+# The model tables the mixin reads, by the Auto class a head registers with in `FAMILIES`.
+AUTO_TABLES = {
+    "AutoModel": modeling_auto.MODEL_MAPPING_NAMES,
+    "AutoModelForImageClassification": modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
+    "AutoModelForSequenceClassification": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    "AutoModelForTokenClassification": modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _our_models_in_auto_tables():
+    """Every head in the `MODEL_*_MAPPING_NAMES` table of its Auto class while this module's tests run."""
+    entries: dict[str, dict[str, str]] = {auto_name: {} for auto_name in AUTO_TABLES}
+    for model_type, family in FAMILIES.items():
+        for auto_name, head in family.heads.items():
+            entries[auto_name][model_type] = head.__name__
+    patches = [mock.patch.dict(AUTO_TABLES[auto_name], names) for auto_name, names in entries.items()]
+    for patch in patches:
+        patch.start()
+    yield
+    for patch in reversed(patches):
+        patch.stop()
+
+
+class EnergyModelTester:
+    """A family's tiny config and common inputs for one input type, with the sizes `ModelTesterMixin` checks.
+
+    `seq_length` is the number of tokens the blocks see (the N of hidden states and attention maps: patches,
+    plus a CLS token where the family has one, or the token ids), `num_hidden_layers` the number of layer
+    applications (one hidden state after each, one attention map each).
+    """
+
+    family: ClassVar[str]
+    overrides: ClassVar[dict[str, Any]] = {}
+    has_cls_token: ClassVar[bool] = True  # for images
+
+    def __init__(self, parent: unittest.TestCase, input_type: str) -> None:
+        self.parent = parent
+        self.input_type = input_type
+        tiny = TINY[self.family]
+        config = self.get_config()
+        self.batch_size = tiny.batch
+        self.is_training = True
+        self.hidden_size = config.hidden_size
+        self.num_attention_heads = getattr(config, "num_attention_heads", None)
+        self.num_hidden_layers = self.layer_applications(config)
+        self.num_labels = config.num_labels
+        if input_type == "image":
+            self.image_size, self.patch_size, self.num_channels = tiny.image, config.patch_size, tiny.channels
+            self.seq_length = (tiny.image // config.patch_size) ** 2 + int(self.has_cls_token)
+        else:
+            self.vocab_size, self.seq_length = config.vocab_size, tiny.length
+
+    def get_config(self) -> PreTrainedConfig:
+        return CONFIGS[self.family](self.input_type, **self.overrides)
+
+    def layer_applications(self, config: PreTrainedConfig) -> int:
+        return config.num_hidden_layers
+
+    def prepare_config_and_inputs(self) -> tuple[PreTrainedConfig, dict[str, Any]]:
+        if self.input_type == "image":
+            shape = [self.batch_size, self.num_channels, self.image_size, self.image_size]
+            inputs = {"pixel_values": floats_tensor(shape)}
+        else:
+            shape = [self.batch_size, self.seq_length]
+            inputs = {"input_ids": ids_tensor(shape, self.vocab_size), "attention_mask": random_attention_mask(shape)}
+        return self.get_config(), inputs
+
+    def prepare_config_and_inputs_for_common(self) -> tuple[PreTrainedConfig, dict[str, Any]]:
+        return self.prepare_config_and_inputs()
+
+    def config_tester(self) -> ConfigTester:
+        """`ConfigTester` over the tiny config's own arguments (those `PreTrainedConfig` doesn't define)."""
+        config = self.get_config()
+        base = PreTrainedConfig().to_dict()
+        kwargs = {key: value for key, value in config.to_diff_dict().items() if key not in base}
+        # `common_properties=None` checks hidden_size, num_attention_heads and num_hidden_layers (+ vocab_size)
+        common_properties = None if self.num_attention_heads else ["hidden_size", "num_hidden_layers"]
+        return ConfigTester(
+            self.parent,
+            config_class=type(config),
+            has_text_modality=self.input_type == "sequence",
+            common_properties=common_properties,
+            **kwargs,
+        )
+
+
+class HyperSetModelTester(EnergyModelTester):
+    family = "hyperset"
+    # One weight-tied layer iterated twice: 2 layer applications, each adding a hidden state and an attention
+    # map (L·T of them), which keeps the mixin's "at most 2 layers" and exercises the recurrence.
+    overrides: ClassVar[dict[str, Any]] = dict(num_hidden_layers=1, num_iterations=2)
+
+    def layer_applications(self, config: PreTrainedConfig) -> int:
+        return config.num_hidden_layers * config.num_iterations
+
+
+class IMixerModelTester(EnergyModelTester):
+    family = "imixer"
+    has_cls_token = False  # mean pooling over the patches
+
+    def __init__(self, parent: unittest.TestCase, input_type: str) -> None:
+        super().__init__(parent, input_type)
+        if input_type == "sequence":
+            # Token mixing runs on a fixed length S = max_position_embeddings: the real tokens move to the front
+            # and pad slots fill the rest, so hidden states are (B, S, D) whatever the input length.
+            self.encoder_seq_length = self.get_config().max_position_embeddings
+
+
+class HyperBFModelTester(EnergyModelTester):
+    family = "hyperbf"
+
+
+class _CommonTests(ModelTesterMixin):
+    """`ModelTesterMixin` plus `ConfigTester` with a family's tester (the subclasses are the unittest cases)."""
+
+    model_tester_class: ClassVar[type[EnergyModelTester]]
+    input_type: ClassVar[str]
+    # Models before 2023 skip `test_can_init_all_missing_weights` (the year is read from the config file's
+    # `# Copyright YYYY` header); ours must pass it whatever that header says.
+    test_can_init_all_missing_weights_before_2023 = True
+
+    def setUp(self) -> None:
+        self.model_tester = self.model_tester_class(self, self.input_type)
+        self.config_tester = self.model_tester.config_tester()
+
+    def test_config(self) -> None:
+        self.config_tester.run_common_tests()
+
+
+class _ImageTests(_CommonTests):
+    input_type = "image"
+    # No token embeddings to resize: images are cut into patches (ViT's tests set the same).
+    test_resize_embeddings = False
+
+
+class _SequenceTests(_CommonTests):
+    input_type = "sequence"
+
+
+class HyperSetImageModelTest(_ImageTests, unittest.TestCase):
+    model_tester_class = HyperSetModelTester
+    all_model_classes = (HyperSetModel, HyperSetForImageClassification)
+
+
+class HyperSetSequenceModelTest(_SequenceTests, unittest.TestCase):
+    model_tester_class = HyperSetModelTester
+    all_model_classes = (HyperSetModel, HyperSetForSequenceClassification, HyperSetForTokenClassification)
+
+
+class IMixerImageModelTest(_ImageTests, unittest.TestCase):
+    model_tester_class = IMixerModelTester
+    all_model_classes = (IMixerModel, IMixerForImageClassification)
+    # An MLP-Mixer: token mixing is an MLP, there are no attention maps.
+    has_attentions = False
+
+
+class IMixerSequenceModelTest(_SequenceTests, unittest.TestCase):
+    model_tester_class = IMixerModelTester
+    all_model_classes = (IMixerModel, IMixerForSequenceClassification)
+    has_attentions = False  # as above
+
+
+class HyperBFImageModelTest(_ImageTests, unittest.TestCase):
+    model_tester_class = HyperBFModelTester
+    all_model_classes = (HyperBFModel, HyperBFForImageClassification)
+
+
+class HyperBFSequenceModelTest(_SequenceTests, unittest.TestCase):
+    model_tester_class = HyperBFModelTester
+    all_model_classes = (HyperBFModel, HyperBFForSequenceClassification)

@@ -1,0 +1,110 @@
+"""Stand-in for transformers' `tests/exporters/test_export.py` (`ExportTesterMixin`), which its sdist lacks.
+
+`ModelTesterMixin` inherits `ExportTesterMixin` for its `torch.export` tests. These run transformers' own
+exporter (`transformers.exporters.DynamoExporter`: `torch.export.export(strict=False)` plus its patches) on
+every class in `all_model_classes`, with the tester's common inputs, and compare the exported program's
+outputs with the eager model's:
+
+* `test_torch_export`: exported at the sample shapes, called directly and after `save_pretrained` /
+  `ExportedModel.from_pretrained`;
+* `test_torch_export_dynamic_shapes`: exported with `DynamoConfig(dynamic=True)` and called with one more
+  example in the batch and, for token inputs, a shorter sequence.
+
+Both honour the mixin's `test_torch_exportable` flag. They are not marked `@slow`: they are the export check
+of our CI, which deselects slow tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+from transformers.exporters import DynamoConfig, DynamoExporter, ExportedModel
+from transformers.testing_utils import torch_device
+
+# Inputs laid out (batch, sequence): shortened together in the dynamic-shapes test.
+TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class ExportTesterMixin:
+    """`torch.export` tests for a `ModelTesterMixin` test class (needs its `model_tester`, `all_model_classes`)."""
+
+    test_torch_exportable = True
+    export_rtol = 1e-4
+    export_atol = 1e-4
+
+    def _export_cases(self) -> Iterator[tuple[torch.nn.Module, dict[str, Any]]]:
+        if not self.test_torch_exportable:
+            self.skipTest(reason="test_torch_exportable is set to False")
+        config, inputs_dict = self.model_tester.prepare_config_and_inputs_for_common()
+        for model_class in self.all_model_classes:
+            torch.manual_seed(0)
+            model = model_class(copy.deepcopy(config)).eval().to(torch_device)
+            yield model, self._prepare_for_class(inputs_dict, model_class)
+
+    def _export(self, model: torch.nn.Module, inputs: dict[str, Any], config: DynamoConfig) -> ExportedModel:
+        try:
+            return DynamoExporter().export(model, dict(inputs), config)
+        except Exception as error:
+            raise AssertionError(
+                f"{type(model).__name__} does not export with {config}: {type(error).__name__}: {error}"
+            ) from error
+
+    def _assert_export_matches(
+        self, model: torch.nn.Module, exported: ExportedModel, inputs: dict[str, Any], what: str
+    ) -> None:
+        name = f"{type(model).__name__} ({what})"
+        with torch.no_grad():
+            expected = model(**inputs)
+        try:
+            got = exported(**inputs)
+        except Exception as error:
+            raise AssertionError(f"{name}: the exported program fails: {type(error).__name__}: {error}") from error
+        expected_leaves, _ = pytree.tree_flatten(expected)
+        got_leaves, _ = pytree.tree_flatten(got)
+        self.assertEqual(len(got_leaves), len(expected_leaves), f"{name}: the outputs differ in structure")
+        compared = 0
+        for index, (got_leaf, expected_leaf) in enumerate(zip(got_leaves, expected_leaves)):
+            if isinstance(expected_leaf, torch.Tensor):
+                torch.testing.assert_close(
+                    got_leaf,
+                    expected_leaf,
+                    rtol=self.export_rtol,
+                    atol=self.export_atol,
+                    msg=lambda message, index=index: f"{name}, output {index}: {message}",
+                )
+                compared += 1
+        self.assertGreater(compared, 0, f"{name}: no tensor output to compare")
+
+    def test_torch_export(self):
+        for model, inputs in self._export_cases():
+            exported = self._export(model, inputs, DynamoConfig())
+            self._assert_export_matches(model, exported, inputs, "exported")
+            with tempfile.TemporaryDirectory() as directory:
+                exported.save_pretrained(directory)
+                reloaded = ExportedModel.from_pretrained(directory)
+                self._assert_export_matches(model, reloaded, inputs, "saved and reloaded")
+
+    def test_torch_export_dynamic_shapes(self):
+        for model, inputs in self._export_cases():
+            exported = self._export(model, inputs, DynamoConfig(dynamic=True))
+            self._assert_export_matches(model, exported, _other_shapes(inputs), "other batch and length")
+
+
+def _other_shapes(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The inputs with one more example (a copy of the first) and, for token inputs, two fewer positions."""
+    batch = next(value.shape[0] for value in inputs.values() if isinstance(value, torch.Tensor))
+    resized = {}
+    for key, value in inputs.items():
+        if isinstance(value, torch.Tensor) and value.ndim and value.shape[0] == batch:
+            value = torch.cat([value, value[:1]])
+            if key in TOKEN_INPUTS:
+                value = value[:, :-2].clone()
+        resized[key] = value
+    if "attention_mask" in resized:
+        resized["attention_mask"][:, 0] = 1  # every example keeps a real token
+    return resized
