@@ -8,14 +8,15 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from fixtures import Case, main_output
+from torch.overrides import TorchFunctionMode
+
 from energyformers.configuration.configuration_hyperbf import HyperBFConfig
 from energyformers.modeling.modeling_hyperbf import (
     HyperBFForImageClassification,
     HyperBFForSequenceClassification,
     HyperBFModel,
 )
-from fixtures import Case, main_output
-from torch.overrides import TorchFunctionMode
 
 # the shared tiny configs, inputs and models (tests/fixtures.py)
 TINY = Case.of(HyperBFModel, "image").tiny
@@ -125,14 +126,13 @@ def test_output_rbf_diagnostics(case, kernel, rbf_width):
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
 @pytest.mark.parametrize("rbf_width", ["layer", "center"])
 @pytest.mark.parametrize("kernel", ["normalized", "gaussian"])
-@pytest.mark.parametrize("model_class, input_type", CLASSIFIERS, ids=["image", "sequence"])
-def test_every_parameter_gets_a_finite_nonzero_gradient_at_init(
-    model_class, input_type, kernel, rbf_width, attn_implementation
-):
-    model = build(model_class, input_type, feedforward_kernel=kernel, rbf_width=rbf_width)
-    model.set_attn_implementation(attn_implementation)
+@pytest.mark.parametrize("case", CLASSIFIERS, ids=str)
+def test_every_parameter_gets_a_finite_nonzero_gradient_at_init(case, kernel, rbf_width, attn_implementation):
+    model = case.build(
+        feedforward_kernel=kernel, rbf_width=rbf_width, attn_implementation=attn_implementation
+    )
     model.train()
-    model(**TESTER.prepare_inputs(model.config, labels=True)).loss.backward()
+    model(**case.inputs(labels=True)).loss.backward()
     for name, parameter in model.named_parameters():
         assert parameter.grad is not None, f"{name} got no gradient"
         assert torch.isfinite(parameter.grad).all(), f"{name} has a non-finite gradient"
@@ -214,16 +214,16 @@ def test_sdpa_and_eager_attention_units_agree_with_padding():
     assert weights[1, :, :, 5:].max() == 0  # padded keys get exactly zero weight
 
 
-@pytest.mark.parametrize("model_class, input_type", HEADS, ids=HEAD_IDS)
-def test_sdpa_and_eager_models_agree_in_outputs_and_gradients(model_class, input_type):
-    sdpa = build(model_class, input_type)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_sdpa_and_eager_models_agree_in_outputs_and_gradients(case):
+    sdpa = case.build()
     eager = copy.deepcopy(sdpa)
     eager.set_attn_implementation("eager")
     assert (sdpa.config._attn_implementation, eager.config._attn_implementation) == ("sdpa", "eager")
-    inputs = TESTER.prepare_inputs(sdpa.config)
-    if input_type == "sequence":
+    inputs = case.inputs()
+    if case.input_type == "sequence":
         inputs["attention_mask"][1, 8:] = 0
-    outs = [main_output(model, model(**inputs)) for model in (sdpa, eager)]
+    outs = [main_output(model(**inputs)) for model in (sdpa, eager)]
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=0)
     for out in outs:
         out.pow(2).sum().backward()
@@ -246,7 +246,7 @@ def test_feedforward_equals_its_definition_float64(kernel, rbf_width):
         feedforward.log_sigma.add_(
             torch.linspace(-0.5, 0.5, feedforward.log_sigma.numel(), dtype=torch.float64)
         )
-    x = torch.randn(2, 5, TESTER.hidden_size, dtype=torch.float64)
+    x = torch.randn(2, 5, TINY.hidden, dtype=torch.float64)
     # Definition: d²_α(x) = ‖W(x − t_α)‖², w = softmax_α(−d²/(2σ²)) or exp(−d²/(2σ²)), out = Σ_α w_α c_α + b.
     diff = x[:, :, None, :] - feedforward.centers[None, None]  # (B, N, K, D): fine at this size
     sq_dist = (diff @ feedforward.metric.t()).pow(2).sum(-1)
@@ -272,12 +272,12 @@ class _LargestTensor(TorchFunctionMode):
 
 
 def test_feedforward_never_materialises_batch_tokens_centers_width():
-    config = TESTER.get_config(num_centers=64, rbf_projection_dim=32)
+    config = Case.of(HyperBFModel, "image").config(num_centers=64, rbf_projection_dim=32)
     feedforward = HyperBFModel(config).layers[0].feedforward
-    x = torch.randn(2, 5, TESTER.hidden_size)
+    x = torch.randn(2, 5, TINY.hidden)
     with _LargestTensor() as probe:
         feedforward(x)
-    full = 2 * 5 * 64 * TESTER.hidden_size
+    full = 2 * 5 * 64 * TINY.hidden
     assert probe.numel < full / 4, f"largest intermediate has {probe.numel} elements (B·N·K·D = {full})"
 
 
@@ -288,7 +288,7 @@ def test_interpolate_pos_encoding_handles_other_resolutions():
     model = build(HyperBFForImageClassification, "image", image_size=[8, 6])  # non-square grid 4×3
     pixels = torch.randn(2, 3, 12, 10)
     outputs = model(pixel_values=pixels, interpolate_pos_encoding=True, output_hidden_states=True)
-    assert outputs.hidden_states[0].shape == (2, 6 * 5 + 1, TESTER.hidden_size)
+    assert outputs.hidden_states[0].shape == (2, 6 * 5 + 1, TINY.hidden)
     native = torch.randn(2, 3, 8, 6)
     torch.testing.assert_close(
         model(pixel_values=native, interpolate_pos_encoding=True).logits, model(pixel_values=native).logits
@@ -306,7 +306,6 @@ def test_interpolate_pos_encoding_handles_other_resolutions():
 @pytest.mark.parametrize(
     "pixels, interpolate, message",
     [
-        (torch.randn(2, 1, 8, 8), False, "channels"),
         (torch.randn(2, 3, 12, 12), False, "interpolate_pos_encoding=True"),
         (torch.randn(2, 3, 9, 9), True, "multiple of patch_size"),
         (torch.randn(3, 8, 8), False, "shape"),
@@ -314,55 +313,25 @@ def test_interpolate_pos_encoding_handles_other_resolutions():
     ],
 )
 def test_invalid_image_inputs_raise_value_error(pixels, interpolate, message):
+    # (wrong channel count and image size without interpolation, for every family: tests/test_common.py)
     model = build(HyperBFForImageClassification, "image")
     with pytest.raises(ValueError, match=message):
         model(pixel_values=pixels, interpolate_pos_encoding=interpolate)
 
 
-@pytest.mark.parametrize(
-    "input_ids, message",
-    [
-        (torch.zeros(1, TESTER.seq_length + 1, dtype=torch.long), "max_position_embeddings"),
-        (torch.full((1, 4), TESTER.vocab_size), "vocab_size"),
-        (torch.full((1, 4), -1), "vocab_size"),
-        (torch.zeros(1, 4), "integer token ids"),
-        (None, "input_ids"),
-    ],
-)
-def test_invalid_sequence_inputs_raise_value_error(input_ids, message):
-    model = build(HyperBFForSequenceClassification, "sequence")
-    with pytest.raises(ValueError, match=message):
-        model(input_ids=input_ids)
-
-
-def test_resize_token_embeddings_for_sequences():
-    model = build(HyperBFForSequenceClassification, "sequence")
-    model.resize_token_embeddings(TESTER.vocab_size + 4, mean_resizing=False)
-    assert model.hyperbf.embeddings.word_embeddings.num_embeddings == TESTER.vocab_size + 4
-    ids = torch.full((1, 4), TESTER.vocab_size + 3)  # a new id is accepted and embedded
-    assert model(input_ids=ids).logits.shape == (1, TESTER.num_labels)
+# (bad input_ids, inputs_embeds, resize_token_embeddings: tests/test_common.py)
 
 
 # ------------------------------------------------------------------------------ training-related checks
 
 
-@pytest.mark.parametrize("kernel", ["normalized", "gaussian"])
-def test_gradient_checkpointing_gives_the_same_gradients(kernel):
-    model = build(HyperBFForImageClassification, "image", feedforward_kernel=kernel).train()
-    checkpointed = copy.deepcopy(model)
-    checkpointed.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    inputs = TESTER.prepare_inputs(model.config, labels=True)
-    for m in (model, checkpointed):
-        m(**inputs).loss.backward()
-    assert checkpointed.hyperbf.layers[0].gradient_checkpointing
-    for (name, a), b in zip(model.named_parameters(), checkpointed.parameters()):
-        torch.testing.assert_close(a.grad, b.grad, msg=name)
+# (gradient checkpointing = plain backprop, both kernels: tests/test_common.py)
 
 
 @pytest.mark.parametrize("kernel", ["normalized", "gaussian"])
 def test_fits_a_small_batch(kernel):
     model = build(HyperBFForImageClassification, "image", feedforward_kernel=kernel).train()
-    inputs = {"pixel_values": torch.randn(8, 3, 8, 8), "labels": torch.arange(8) % TESTER.num_labels}
+    inputs = {"pixel_values": torch.randn(8, 3, 8, 8), "labels": torch.arange(8) % TINY.labels}
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     first = None
     for _ in range(40):
@@ -434,14 +403,15 @@ def test_default_num_centers_keeps_parameters_within_15_percent_of_vit():
 
 
 # ------------------------------------------------------------------------------------------ initialisation
-# (save/load round trips, cross-head loading, Auto classes, return_dict=False, padding invariance and heads
-# rejecting the wrong input_type are checked for every head of every family in tests/test_common.py)
+# (save/load round trips, cross-head loading, Auto classes, return_dict=False, padding invariance, heads
+# rejecting the wrong input_type and recorded logits are checked for every head of every family in
+# tests/test_common.py)
 
 
 def test_attention_temperature_initialisation_matches_dot_product_scale():
     model = build(HyperBFModel, "image")
     tau = model.layers[0].attention.log_temperature.exp()
-    torch.testing.assert_close(2 * tau, torch.full_like(tau, 1 / math.sqrt(TESTER.hidden_size // 2)))
+    torch.testing.assert_close(2 * tau, torch.full_like(tau, 1 / math.sqrt(TINY.hidden // 2)))
     custom = build(HyperBFModel, "image", attention_temperature_init=0.25, rbf_sigma_init=2.0)
     torch.testing.assert_close(custom.layers[1].attention.log_temperature.exp(), torch.full((2,), 0.25))
     torch.testing.assert_close(custom.layers[1].feedforward.log_sigma.exp(), torch.tensor([2.0]))
