@@ -475,8 +475,12 @@ class HyperBFModel(HyperBFPreTrainedModel):
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         # `get/set_input_embeddings` (transformers' defaults) find this table in `self.embeddings`.
         self._input_embed_layer = "patch_embeddings" if config.input_type == "image" else "word_embeddings"
-        if config.input_type == "sequence":
-            # token ids first, as in BERT (positional calls, `main_input_name`); images keep ViT's order
+        # The entry point follows the input type, images as ViT's (`pixel_values` first) and sequences as BERT's
+        # (`input_ids` first, `inputs_embeds`), so positional calls, `main_input_name` and tools that read the
+        # signature (pipelines, transformers' tests) see one modality. Both run the body of `forward`.
+        if config.input_type == "image":
+            self.forward = self.forward_images
+        else:
             self.main_input_name = "input_ids"
             self.forward = self.forward_tokens
         self.post_init()
@@ -547,6 +551,12 @@ class HyperBFModel(HyperBFPreTrainedModel):
         )
         return output if return_dict else output.to_tuple()
 
+    def forward_images(
+        self, pixel_values: torch.Tensor | None = None, **kwargs
+    ) -> HyperBFModelOutput | tuple:
+        """`forward` of an image backbone."""
+        return HyperBFModel.forward(self, pixel_values=pixel_values, **kwargs)
+
     def forward_tokens(
         self,
         input_ids: torch.Tensor | None = None,
@@ -555,7 +565,7 @@ class HyperBFModel(HyperBFPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         **kwargs,
     ) -> HyperBFModelOutput | tuple:
-        """`forward` of a sequence backbone: the same call, token ids first."""
+        """`forward` of a sequence backbone: token ids first."""
         return HyperBFModel.forward(
             self, input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
         )

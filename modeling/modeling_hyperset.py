@@ -488,8 +488,12 @@ class HyperSetModel(HyperSetPreTrainedModel):
         self.layers = nn.ModuleList([HyperSetLayer(config) for _ in range(config.num_hidden_layers)])
         # `get/set_input_embeddings` (transformers' defaults) find this table in `self.embeddings`.
         self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
-        if config.input_type == "sequence":
-            # token ids first, as in BERT (positional calls, `main_input_name`); images keep ViT's order
+        # The entry point follows the input type, images as ViT's (`pixel_values` first) and sequences as BERT's
+        # (`input_ids` first, `inputs_embeds`), so positional calls, `main_input_name` and tools that read the
+        # signature (pipelines, transformers' tests) see one modality. Both run the body of `forward`.
+        if config.input_type == "image":
+            self.forward = self.forward_images
+        else:
             self.main_input_name = "input_ids"
             self.forward = self.forward_tokens
         self.post_init()
@@ -574,6 +578,12 @@ class HyperSetModel(HyperSetPreTrainedModel):
         )
         return output if return_dict else output.to_tuple()
 
+    def forward_images(
+        self, pixel_values: torch.Tensor | None = None, **kwargs
+    ) -> HyperSetModelOutput | tuple:
+        """`forward` of an image backbone."""
+        return HyperSetModel.forward(self, pixel_values=pixel_values, **kwargs)
+
     def forward_tokens(
         self,
         input_ids: torch.Tensor | None = None,
@@ -582,7 +592,7 @@ class HyperSetModel(HyperSetPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         **kwargs,
     ) -> HyperSetModelOutput | tuple:
-        """`forward` of a sequence backbone: the same call, token ids first."""
+        """`forward` of a sequence backbone: token ids first."""
         return HyperSetModel.forward(
             self, input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
         )
