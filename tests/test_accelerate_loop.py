@@ -6,22 +6,18 @@ uninterrupted run; gradient accumulation (4 × 2) matches the unaccumulated batc
 
 from __future__ import annotations
 
-import inspect
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from energyformers.training import accelerate_loop
+from fixtures import cli_config
 from safetensors.torch import load_file
 from transformers import pipeline
 
-import energyformers
+from energyformers.training import accelerate_loop
 
-TINY = dict(
-    hidden_size=16, num_attention_heads=2, intermediate_size=16, num_iterations=2, time_embedding_dim=8
-)
 SUBSET = ["--max_train_samples", "32", "--max_eval_samples", "16", "--max_test_samples", "16"]
 COMMON = [
     "--dataset",
@@ -37,10 +33,7 @@ COMMON = [
 
 
 def tiny(family: str = "hyperset") -> list[str]:
-    params = inspect.signature(
-        getattr(energyformers, energyformers.FAMILIES[family][1]["AutoConfig"]).__init__
-    ).parameters
-    return ["--config", *(f"{k}={v}" for k, v in TINY.items() if k in params)]
+    return ["--config", *cli_config(family)]
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:

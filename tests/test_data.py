@@ -14,12 +14,13 @@ import evaluate
 import numpy as np
 import pytest
 from datasets import ClassLabel, Dataset, DatasetDict, Image
-from energyformers.training import data as data_module
-from energyformers.training.data import BUILTIN_DATASETS, DataError, MissingDataError, load_data, normalize
-from energyformers.training.processing import build_image_processor, to_rgb, train_tokenizer
 from PIL import Image as PILImage
 from sklearn.metrics import f1_score
 from transformers import AutoImageProcessor, AutoTokenizer
+
+from energyformers.training import data as data_module
+from energyformers.training.data import BUILTIN_DATASETS, DataError, MissingDataError, load_data, normalize
+from energyformers.training.processing import build_image_processor, to_rgb, train_tokenizer
 
 # name → (task column, train, validation, test, classes); sizes are the fixed seeded splits.
 EXPECTED = {

@@ -16,17 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import cli_config
 from safetensors.torch import load_file
 
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-TINY = [
-    "hidden_size=16",
-    "num_attention_heads=2",
-    "intermediate_size=16",
-    "num_iterations=2",
-    "time_embedding_dim=8",
-]
+TINY = cli_config("hyperset")
 N_TRAIN, BATCH, EPOCHS = 40, 4, 2
 
 TRAINER_SCRIPT = """

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import inspect
 import json
 import os
 import subprocess
@@ -20,43 +19,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from energyformers.training import export, release
-from energyformers.training.export import export_model_dir, generate_remote_code, remote_code_sources
+from fixtures import ALL, Case, perturb
 from huggingface_hub import ModelCard
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast, ViTImageProcessorPil, pipeline
 
 import energyformers
-from energyformers import FAMILIES
+from energyformers import FAMILIES, INPUT_TYPES, task_of
+from energyformers.training import export, release
+from energyformers.training.export import export_model_dir, generate_remote_code, remote_code_sources
 
 # --------------------------------------------------------------------------------------------- helpers
-# Shrunk values for whatever size-like arguments a family's config accepts (filtered by its signature).
-TINY = dict(
-    hidden_size=16,
-    num_attention_heads=2,
-    intermediate_size=16,  # equal to num_centers: HyperBF treats it as an alias
-    num_hidden_layers=1,
-    num_iterations=2,
-    time_embedding_dim=8,
-    num_centers=16,
-    rbf_projection_dim=8,
-    fixed_point_iterations=1,
-    spectral_norm_power_iterations=1,
-    image_size=8,
-    patch_size=4,
-    num_channels=3,
-    max_position_embeddings=16,
-)
 WORDS = "[PAD] [UNK] [CLS] [SEP] a an the good bad great boring film movie plot acting and not".split()
 SENTENCES = ["a good film", "boring plot and not great acting"]
 PIPELINE_TEXT = "the movie is not bad"
 LABELS = {0: "LOW", 1: "MID", 2: "HIGH"}  # no "O": the token-classification pipeline would drop those tokens
-HEAD_TASKS = {
-    "AutoModelForImageClassification": ("image", "image-classification"),
-    "AutoModelForSequenceClassification": ("sequence", "text-classification"),
-    "AutoModelForTokenClassification": ("sequence", "token-classification"),
-}
-BACKBONE_TASKS = {"image": "image-feature-extraction", "sequence": "feature-extraction"}
 # The fixture metrics.json of the *tiny untrained* test models; values are placeholders, never published.
 FIXTURE_METRICS = {
     "preset": None,
@@ -69,21 +46,8 @@ FIXTURE_METRICS = {
 }
 
 
-def cases() -> list[tuple[str, str, str, str]]:
-    """(model_type, Auto class, input_type, pipeline task) for every head of every registered family."""
-    out = []
-    for model_type, (_, classes) in FAMILIES.items():
-        for auto in classes:
-            if auto == "AutoConfig":
-                continue
-            if auto in HEAD_TASKS:
-                out.append((model_type, auto, *HEAD_TASKS[auto]))
-            else:  # the backbone (AutoModel) takes both input types
-                out += [(model_type, auto, kind, BACKBONE_TASKS[kind]) for kind in ("image", "sequence")]
-    return out
-
-
-CASES = cases()
+# (model_type, Auto class, input_type, pipeline task) for every head of every registered family
+CASES = [(c.family, c.auto_name, c.input_type, task_of(c.input_type, c.auto_name)) for c in ALL]
 CASE_IDS = [f"{m}-{a.removeprefix('AutoModel') or 'Model'}-{i}" for m, a, i, _ in CASES]
 
 
@@ -98,28 +62,23 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
+def export_overrides(input_type: str) -> dict:
+    """What the shared tiny configs (tests/fixtures.py) need here: RGB images, this file's tokenizer, LABELS."""
+    overrides = dict(num_channels=3, num_labels=len(LABELS), id2label=LABELS)
+    overrides["label2id"] = {v: k for k, v in LABELS.items()}
+    return {**overrides, "vocab_size": len(WORDS)} if input_type == "sequence" else overrides
+
+
 def tiny_config(model_type: str, input_type: str):
-    _, classes = FAMILIES[model_type]
-    config_class = getattr(energyformers, classes["AutoConfig"])
-    accepted = inspect.signature(config_class.__init__).parameters
-    kwargs = {k: v for k, v in TINY.items() if k in accepted}
-    if input_type == "sequence":
-        kwargs["vocab_size"] = len(WORDS)
-    return config_class(
-        input_type=input_type, id2label=LABELS, label2id={v: k for k, v in LABELS.items()}, **kwargs
-    )
+    return Case(model_type, "AutoModel", input_type).config(**export_overrides(input_type))
 
 
 def build_model_dir(
     path: Path, model_type: str, auto_class: str, input_type: str, metrics: dict | None = FIXTURE_METRICS
 ) -> Path:
     """A model folder like `energyformers train` writes: tiny random model + processor (+ metrics.json)."""
-    torch.manual_seed(0)
-    class_name = FAMILIES[model_type][1][auto_class]
-    model = getattr(energyformers, class_name)(tiny_config(model_type, input_type)).eval()
-    with torch.no_grad():  # move off the initialisation (e.g. zero step sizes) so every code path matters
-        for param in model.parameters():
-            param.add_(0.1 * torch.randn_like(param))
+    model = Case(model_type, auto_class, input_type).build(**export_overrides(input_type))
+    perturb(model)  # move off the initialisation (e.g. zero step sizes) so every code path matters
     model.save_pretrained(path)
     if input_type == "image":
         ViTImageProcessorPil(
@@ -260,9 +219,7 @@ def exported(tmp_path_factory) -> dict[str, dict]:
             model_dir = build_model_dir(root / f"{case_id}-src", model_type, auto_class, input_type)
             export_dir = export_model_dir(model_dir, root / case_id)
             inputs = model_inputs(input_type)
-            model = (
-                getattr(energyformers, FAMILIES[model_type][1][auto_class]).from_pretrained(model_dir).eval()
-            )
+            model = FAMILIES[model_type].heads[auto_class].from_pretrained(model_dir).eval()
             with torch.no_grad():
                 reference = head_output(model(**inputs))
             pipe = pipeline(task, model=str(model_dir))
@@ -324,12 +281,8 @@ def test_remote_code_pipeline_matches_package(exported, remote, case_id):
 def test_export_folder_contents(exported, case_id):
     case = exported[case_id]
     export_dir, model_dir = case["export_dir"], case["model_dir"]
-    stem, classes = FAMILIES[case["model_type"]]
-    processor = (
-        ["preprocessor_config.json"]
-        if case["input_type"] == "image"
-        else ["tokenizer.json", "tokenizer_config.json"]
-    )
+    family = FAMILIES[case["model_type"]]
+    stem, processor = family.stem, INPUT_TYPES[case["input_type"]].processor_files
     expected = {"config.json", "model.safetensors", "metrics.json", "README.md", *processor}
     expected |= {f"configuration_{stem}.py", f"modeling_{stem}.py"}
     assert {p.name for p in export_dir.iterdir()} == expected
@@ -337,7 +290,7 @@ def test_export_folder_contents(exported, case_id):
     config = json.loads((export_dir / "config.json").read_text())
     assert config["auto_map"] == {
         auto: (f"configuration_{stem}." if auto == "AutoConfig" else f"modeling_{stem}.") + name
-        for auto, name in classes.items()
+        for auto, name in family.auto_map.items()
     }
     assert not list(export_dir.parent.glob(".*partial*"))
 
@@ -345,7 +298,7 @@ def test_export_folder_contents(exported, case_id):
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
 def test_remote_code_imports_only_stdlib_torch_transformers(exported, model_type):
     case = next(c for c in exported.values() if c["model_type"] == model_type)
-    stem, classes = FAMILIES[model_type]
+    stem, config_class = FAMILIES[model_type].stem, FAMILIES[model_type].config_class.__name__
     allowed = set(sys.stdlib_module_names) | {"torch", "transformers"}
     for name in (f"configuration_{stem}.py", f"modeling_{stem}.py"):
         tree = ast.parse((case["export_dir"] / name).read_text())
@@ -356,7 +309,7 @@ def test_remote_code_imports_only_stdlib_torch_transformers(exported, model_type
                 assert node.module.split(".")[0] in allowed, ast.unparse(node)
             elif isinstance(node, ast.ImportFrom):  # the one relative import: the sibling config
                 assert (name, node.level, node.module) == (f"modeling_{stem}.py", 1, f"configuration_{stem}")
-                assert [a.name for a in node.names] == [classes["AutoConfig"]]
+                assert [a.name for a in node.names] == [config_class]
 
 
 @pytest.mark.parametrize("case_id", CASE_IDS)
@@ -375,13 +328,13 @@ def test_card_renders_metadata_and_measured_metrics(exported, case_id):
 
 # --------------------------------------------------------------------------------- refusals / failures
 def _sources(model_type: str) -> tuple[dict[str, str], str, str]:
-    stem, classes = FAMILIES[model_type]
+    stem, config_class = FAMILIES[model_type].stem, FAMILIES[model_type].config_class.__name__
     root = Path(energyformers.__file__).resolve().parent.parent
     sources = {
         f"configuration_{stem}.py": (root / "configuration" / f"configuration_{stem}.py").read_text(),
         f"modeling_{stem}.py": (root / "modeling" / f"modeling_{stem}.py").read_text(),
     }
-    return sources, stem, classes["AutoConfig"]
+    return sources, stem, config_class
 
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))

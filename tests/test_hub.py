@@ -9,7 +9,6 @@ with `HF_HUB_OFFLINE=1` from the cache that download left behind, and from a han
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import shutil
@@ -23,20 +22,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from energyformers.training import push
-from energyformers.training.export import export_model_dir
-from energyformers.training.push import PushError, push_model_dir
+from fixtures import Case, cli_config
 from hub_standin import STANDIN_TOKEN, HubStandIn
 from huggingface_hub import constants
 from PIL import Image
 from sklearn.datasets import load_digits
 from sklearn.metrics import f1_score
 from sklearn.model_selection import train_test_split
-from test_export import TINY, run_without_package, single_thread, tiny_config
+from test_export import run_without_package, single_thread
 from transformers import ViTImageProcessorPil, pipeline
 
-import energyformers
 from energyformers import FAMILIES
+from energyformers.training import push
+from energyformers.training.export import export_model_dir
+from energyformers.training.push import PushError, push_model_dir
 
 DIGIT_LABELS = {i: str(i) for i in range(10)}
 HAND_MADE_REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -62,10 +61,8 @@ def train_digits_model(path: Path, model_type: str) -> Path:
     )
     pixels_train = processor(list(x_train), return_tensors="pt")["pixel_values"]
     pixels_test = processor(list(x_test), return_tensors="pt")["pixel_values"]
-    torch.manual_seed(0)
-    config = tiny_config(model_type, "image")
-    config.id2label, config.label2id = DIGIT_LABELS, {v: k for k, v in DIGIT_LABELS.items()}
-    model = getattr(energyformers, FAMILIES[model_type][1]["AutoModelForImageClassification"])(config)
+    labels = dict(num_labels=10, id2label=DIGIT_LABELS, label2id={v: k for k, v in DIGIT_LABELS.items()})
+    model = Case(model_type, "AutoModelForImageClassification", "image").build(num_channels=3, **labels)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     generator = torch.Generator().manual_seed(0)
@@ -204,9 +201,7 @@ def in_package(trained) -> dict[str, dict]:
     out = {}
     with single_thread():
         for model_type, model_dir in trained.items():
-            model = getattr(
-                energyformers, FAMILIES[model_type][1]["AutoModelForImageClassification"]
-            ).from_pretrained(model_dir)
+            model = FAMILIES[model_type].heads["AutoModelForImageClassification"].from_pretrained(model_dir)
             with torch.no_grad():
                 logits = model.eval()(pixel_values=reference_pixels()).logits
             image = Image.frombytes("RGB", (8, 8), bytes(digit_image_bytes()))
@@ -393,15 +388,7 @@ def test_train_push_to_hub_uploads_what_push_uploads(tmp_path):
     """`energyformers train --push_to_hub` (the training CLI, a few steps) against the stand-in: the repo holds
     exactly the export of the saved folder, i.e. what `energyformers push` uploads."""
     model_type = sorted(FAMILIES)[0]
-    config_class = getattr(energyformers, FAMILIES[model_type][1]["AutoConfig"])
-    accepted = inspect.signature(config_class.__init__).parameters
-    geometry = {
-        "image_size",
-        "patch_size",
-        "num_channels",
-        "max_position_embeddings",
-    }  # the CLI derives these
-    overrides = [f"{k}={json.dumps(v)}" for k, v in TINY.items() if k in accepted and k not in geometry]
+    overrides = cli_config(model_type)  # the tiny architecture; the CLI derives the geometry from the data
     out = tmp_path / "run"
     with HubStandIn() as server:
         env = {

@@ -2,6 +2,7 @@ import itertools
 
 import numpy as np
 import pytest
+
 from energyformers.training.sudoku import (
     count_solutions,
     format_givens_distribution,

@@ -7,7 +7,6 @@ in-process through `train.main(argv)` (no interpreter start-up per run), except 
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import subprocess
@@ -18,25 +17,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from energyformers.training import predict, train
-from energyformers.training.data import MissingDataError, load_data
+from fixtures import ARCHITECTURE, cli_config
 from PIL import Image
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForImageClassification, pipeline
 
 import energyformers
+from energyformers.training import predict, train
+from energyformers.training.data import MissingDataError, load_data
 
 FAMILIES = sorted(energyformers.FAMILIES)
-# Shrunk values for whatever size-like arguments a family's config accepts (filtered by its signature).
-TINY = dict(
-    hidden_size=16,
-    num_attention_heads=2,
-    intermediate_size=16,
-    num_hidden_layers=1,
-    num_iterations=2,
-    time_embedding_dim=8,
-    fixed_point_iterations=1,
-)
 QUICK = ["--max_steps", "2", "--per_device_train_batch_size", "8", "--num_threads", "1", "--disable_tqdm"]
 SUBSET = [
     "--max_train_samples",
@@ -49,12 +39,6 @@ SUBSET = [
     "2",
 ]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def tiny_config(family: str) -> list[str]:
-    _stem, classes = energyformers.FAMILIES[family]
-    params = inspect.signature(getattr(energyformers, classes["AutoConfig"]).__init__).parameters
-    return [f"{k}={v}" for k, v in TINY.items() if k in params]
 
 
 def run_cli(*argv: str) -> int:
@@ -82,7 +66,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory):
             extra = ["--vocab_size", "300", "--max_length", "32"] if modality == "text" else []
             rc = run_cli(
                 "--model", family, "--dataset", dataset, "--output_dir", out,
-                "--config", *tiny_config(family), *QUICK, *SUBSET, *extra,
+                "--config", *cli_config(family), *QUICK, *SUBSET, *extra,
             )  # fmt: skip
             assert rc == 0
             cache[family, modality] = out
@@ -137,7 +121,7 @@ def test_metrics_json_schema(trained, family: str, modality: str) -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_config_overrides_reach_the_saved_config(trained, family: str) -> None:
     config = json.loads((trained(family, "image") / "config.json").read_text())
-    assert config["hidden_size"] == TINY["hidden_size"]
+    assert {key: config[key] for key in ARCHITECTURE[family]} == ARCHITECTURE[family]
     assert config["id2label"] == {str(i): str(i) for i in range(10)}
 
 
@@ -245,7 +229,7 @@ def test_finetune_ten_class_checkpoint_onto_two_class_imagefolder(trained, tmp_p
 
 
 def test_gradient_accumulation_gives_the_same_loss_and_weights(tmp_path: Path) -> None:
-    common = ["--dataset", "digits", "--config", *tiny_config("hyperset"), *SUBSET, "--max_steps", "3"]
+    common = ["--dataset", "digits", "--config", *cli_config("hyperset"), *SUBSET, "--max_steps", "3"]
     common += ["--num_threads", "1", "--disable_tqdm", "--warmup_steps", "0"]
     assert run_cli(*common, "--output_dir", tmp_path / "full", "--per_device_train_batch_size", "8") == 0
     acc = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2"]
@@ -276,7 +260,7 @@ sys.exit(train.main(sys.argv[1:], callbacks=[KillAfterFirstSave()]))
 
 
 def test_resume_after_sigterm_matches_an_uninterrupted_run(tmp_path: Path) -> None:
-    common = ["--dataset", "digits", "--config", *tiny_config("hyperset"), *SUBSET, "--max_steps", "8"]
+    common = ["--dataset", "digits", "--config", *cli_config("hyperset"), *SUBSET, "--max_steps", "8"]
     common += ["--per_device_train_batch_size", "8", "--save_strategy", "steps", "--save_steps", "3"]
     common += ["--eval_strategy", "no", "--num_threads", "1", "--disable_tqdm"]
     assert run_cli(*common, "--output_dir", tmp_path / "straight") == 0

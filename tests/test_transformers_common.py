@@ -25,6 +25,7 @@ for this module's tests and removed afterwards.
 from __future__ import annotations
 
 import unittest
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 from unittest import mock
@@ -54,7 +55,10 @@ from energyformers import (
 CACHE = Path(__file__).resolve().parents[1] / ".pytest_cache" / "d" / "transformers-sdist"
 
 try:
-    modeling_common, configuration_common = sdist.load(CACHE)
+    with warnings.catch_warnings():
+        # transformers registers its suite's marks (`flash_attn_test`, ...) in a conftest we do not fetch
+        warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+        modeling_common, configuration_common = sdist.load(CACHE)
 except sdist.IndexUnreachable as error:
     pytest.skip(f"transformers' common tests need the package index: {error}", allow_module_level=True)
 
@@ -131,7 +135,10 @@ class EnergyModelTester:
             inputs = {"pixel_values": floats_tensor(shape)}
         else:
             shape = [self.batch_size, self.seq_length]
-            inputs = {"input_ids": ids_tensor(shape, self.vocab_size), "attention_mask": random_attention_mask(shape)}
+            inputs = {
+                "input_ids": ids_tensor(shape, self.vocab_size),
+                "attention_mask": random_attention_mask(shape),
+            }
         return self.get_config(), inputs
 
     def prepare_config_and_inputs_for_common(self) -> tuple[PreTrainedConfig, dict[str, Any]]:

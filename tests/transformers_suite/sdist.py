@@ -65,8 +65,9 @@ def download(cache: Path, version: str) -> Path:
         result = subprocess.run(command, capture_output=True, text=True)
         output = f"$ {' '.join(command)}\n{result.stdout}{result.stderr}"
         if result.returncode != 0:
-            if _UNREACHABLE.search(output):
-                raise IndexUnreachable(f"pip cannot reach the package index for transformers=={version}:\n{output}")
+            if match := _UNREACHABLE.search(output):
+                line = next(line for line in output.splitlines() if match.group() in line)
+                raise IndexUnreachable(f"pip cannot reach the package index: {line.strip()}")
             raise RuntimeError(f"pip could not download the transformers=={version} sdist:\n{output}")
         found = sorted(Path(staging).glob("transformers-*.tar.gz"))
         if len(found) != 1:

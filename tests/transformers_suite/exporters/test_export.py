@@ -63,7 +63,9 @@ class ExportTesterMixin:
         try:
             got = exported(**inputs)
         except Exception as error:
-            raise AssertionError(f"{name}: the exported program fails: {type(error).__name__}: {error}") from error
+            raise AssertionError(
+                f"{name}: the exported program fails: {type(error).__name__}: {error}"
+            ) from error
         expected_leaves, _ = pytree.tree_flatten(expected)
         got_leaves, _ = pytree.tree_flatten(got)
         self.assertEqual(len(got_leaves), len(expected_leaves), f"{name}: the outputs differ in structure")
