@@ -30,11 +30,6 @@ from transformers.utils import ModelOutput
 
 from ..configuration.configuration_imixer import IMixerConfig
 
-# Power-iteration steps that turn the random u, v of a freshly initialised weight into a σ estimate good to
-# about 1 % at the paper's widths (exact at tiny ones; σ is never overestimated), so a new model's F is
-# already normalised to ≈ c in eval mode; the 8 steps per training forward converge it further.
-_INIT_POWER_ITERATIONS = 100
-
 
 @dataclass
 class IMixerFixedPointDiagnostics(ModelOutput):
@@ -244,6 +239,11 @@ def _masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tenso
     return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
+def _unit_start(like: torch.Tensor) -> torch.Tensor:
+    """The power iteration's fixed start: the unit vector along (1, …, 1)."""
+    return torch.full_like(like, like.numel() ** -0.5)
+
+
 class IMixerSpectralNorm(nn.Module):
     """Soft spectral normalisation as a `torch.nn.utils.parametrize` parametrization (i-ResNet style).
 
@@ -258,9 +258,11 @@ class IMixerSpectralNorm(nn.Module):
         self.coeff = config.spectral_norm_coeff
         self.num_power_iterations = config.spectral_norm_power_iterations
         out_features, in_features = weight.shape
-        # set from the weight by `_init_weights` (deterministic: no random draw, also on the meta device)
-        self.register_buffer("u", weight.new_zeros(out_features))
-        self.register_buffer("v", weight.new_zeros(in_features))
+        # u, v start at a fixed unit vector, not a random draw: a model built directly and one built on the meta
+        # device and initialised afterwards then agree exactly (transformers' init tests compare them). The σ
+        # estimate converges in training, `spectral_norm_power_iterations` steps per forward.
+        self.register_buffer("u", _unit_start(weight.new_empty(out_features)))
+        self.register_buffer("v", _unit_start(weight.new_empty(in_features)))
 
     @torch.no_grad()
     def power_iteration(self, weight: torch.Tensor, num_iterations: int | None = None) -> None:
@@ -424,19 +426,10 @@ class IMixerPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
         elif isinstance(module, nn.Linear):
             if parametrize.is_parametrized(module, "weight"):
-                weight = module.parametrizations.weight.original
-                init.xavier_uniform_(weight)
-                # Start σ at a converged estimate for this weight (guarded: loaded u, v are kept). The power
-                # iteration starts from a fixed vector, so u, v are a function of the weight alone: the same
-                # for a model built directly and one built on the meta device and initialised afterwards.
+                init.xavier_uniform_(module.parametrizations.weight.original)
                 spectral_norm = module.parametrizations.weight[0]
-                u = F.normalize(torch.ones_like(spectral_norm.u), dim=0)
-                v = torch.zeros_like(spectral_norm.v)
-                for _ in range(_INIT_POWER_ITERATIONS):
-                    v = F.normalize(torch.mv(weight.t(), u), dim=0)
-                    u = F.normalize(torch.mv(weight, v), dim=0)
-                init.copy_(spectral_norm.u, u)
-                init.copy_(spectral_norm.v, v)
+                init.copy_(spectral_norm.u, _unit_start(spectral_norm.u))  # guarded: loaded u, v are kept
+                init.copy_(spectral_norm.v, _unit_start(spectral_norm.v))
             else:
                 init.xavier_uniform_(module.weight)
             init.normal_(module.bias, mean=0.0, std=1e-6)
