@@ -251,7 +251,7 @@ class HyperBFEmbeddings(nn.Module):
             _check_image_size(pixel_values, self.image_size, self.config.patch_size, interpolate_pos_encoding)
             height, width = pixel_values.shape[-2:]
             tokens = self.patch_embeddings(pixel_values.to(self.patch_embeddings.projection.weight.dtype))
-            tokens = torch.cat((self.cls_token.expand(len(tokens), -1, -1), tokens), dim=1)  # (B, 1 + N, D)
+            tokens = torch.cat((self.cls_token.expand(tokens.shape[0], -1, -1), tokens), dim=1)  # (B, 1 + N, D)
             positions = self.interpolate_pos_encoding(height, width)
         else:
             _check_token_ids(input_ids, self.word_embeddings.num_embeddings)
