@@ -1,3 +1,4 @@
+# Copyright 2026 The energyformers authors. Licensed under the Apache License, Version 2.0.
 """HyperBF (homogeneous Transformer) configuration.
 
 Gan, Poggio, *A Homogeneous Transformer Architecture* (CBMM memo 143). Every block is two HyperBF

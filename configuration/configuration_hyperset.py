@@ -1,3 +1,4 @@
+# Copyright 2026 The energyformers authors. Licensed under the Apache License, Version 2.0.
 """Hyper-SET configuration.
 
 Hu, Zou, Xu, *Hyperspherical Energy Transformer with Recurrent Depth*. One weight-tied layer is

@@ -1,3 +1,4 @@
+# Copyright 2026 The energyformers authors. Licensed under the Apache License, Version 2.0.
 """iMixer configuration.
 
 Ota, Taki, *iMixer: hierarchical Hopfield network implies an invertible, implicit and iterative

@@ -185,23 +185,10 @@ def _check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
 # --- end of input checks ---
 
 
-class HyperBFPatchEmbeddings(nn.Module):
-    """Non-overlapping p×p patches → D-dimensional tokens (a strided convolution, as in ViT)."""
-
-    def __init__(self, config: HyperBFConfig) -> None:
-        super().__init__()
-        self.projection = nn.Conv2d(
-            config.num_channels, config.hidden_size, kernel_size=config.patch_size, stride=config.patch_size
-        )
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.projection(pixel_values).flatten(2).transpose(1, 2)  # (B, D, H/p, W/p) → (B, N, D)
-
-
 class HyperBFEmbeddings(nn.Module):
     """The model's input, either kind, as tokens plus the padding mask.
 
-    Images: CLS token + patch embeddings + learned positions for the configured grid (bicubically
+    Images: CLS token + non-overlapping p×p patches through a strided convolution (as in ViT) + learned positions for the configured grid (bicubically
     interpolated for other resolutions on demand, as in HF ViT). Sequences: token embeddings (or
     `inputs_embeds`) + learned absolute positions, no CLS token (pooling reads the first token or the mean).
     Returns `(tokens, keep)`, `keep` the `(B, N)` bool padding mask (None: every token is real).
@@ -214,7 +201,12 @@ class HyperBFEmbeddings(nn.Module):
             self.image_size = _pair(config.image_size)
             self.grid = (self.image_size[0] // config.patch_size, self.image_size[1] // config.patch_size)
             self.cls_token = nn.Parameter(torch.empty(1, 1, config.hidden_size))
-            self.patch_embeddings = HyperBFPatchEmbeddings(config)
+            self.projection = nn.Conv2d(
+                config.num_channels,
+                config.hidden_size,
+                kernel_size=config.patch_size,
+                stride=config.patch_size,
+            )
             num_positions = self.grid[0] * self.grid[1] + 1
             self.position_embeddings = nn.Parameter(torch.empty(1, num_positions, config.hidden_size))
         else:
@@ -250,8 +242,11 @@ class HyperBFEmbeddings(nn.Module):
         if pixel_values is not None:
             _check_image_size(pixel_values, self.image_size, self.config.patch_size, interpolate_pos_encoding)
             height, width = pixel_values.shape[-2:]
-            tokens = self.patch_embeddings(pixel_values.to(self.patch_embeddings.projection.weight.dtype))
-            tokens = torch.cat((self.cls_token.expand(tokens.shape[0], -1, -1), tokens), dim=1)  # (B, 1 + N, D)
+            tokens = self.projection(pixel_values.to(self.projection.weight.dtype))
+            tokens = tokens.flatten(2).transpose(1, 2)  # (B, D, H/p, W/p) → (B, N, D)
+            tokens = torch.cat(
+                (self.cls_token.expand(tokens.shape[0], -1, -1), tokens), dim=1
+            )  # (B, 1 + N, D)
             positions = self.interpolate_pos_encoding(height, width)
         else:
             _check_token_ids(input_ids, self.word_embeddings.num_embeddings)
@@ -474,7 +469,7 @@ class HyperBFModel(HyperBFPreTrainedModel):
         self.layers = nn.ModuleList([HyperBFLayer(config) for _ in range(config.num_hidden_layers)])
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         # `get/set_input_embeddings` (transformers' defaults) find this table in `self.embeddings`.
-        self._input_embed_layer = "patch_embeddings" if config.input_type == "image" else "word_embeddings"
+        self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
         # The entry point follows the input type, images as ViT's (`pixel_values` first) and sequences as BERT's
         # (`input_ids` first, `inputs_embeds`), so positional calls, `main_input_name` and tools that read the
         # signature (pipelines, transformers' tests) see one modality. Both run the body of `forward`.

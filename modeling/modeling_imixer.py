@@ -225,7 +225,9 @@ class IMixerEmbeddings(nn.Module):
         # S, which eager mode rejects above) goes to a spare slot S that is dropped.
         rank = keep.cumsum(1) - 1  # (B, L)
         slots = torch.where(keep & (rank < num_tokens), rank, num_tokens)  # (B, L)
-        canvas = self.pad_embedding.to(tokens.dtype).expand(tokens.shape[0], num_tokens + 1, -1)  # (B, S + 1, D)
+        canvas = self.pad_embedding.to(tokens.dtype).expand(
+            tokens.shape[0], num_tokens + 1, -1
+        )  # (B, S + 1, D)
         embeddings = canvas.scatter(1, slots.unsqueeze(-1).expand_as(tokens), tokens)  # (B, S + 1, D)
         slot_keep = torch.arange(num_tokens, device=tokens.device) < lengths[:, None]  # (B, S)
         return embeddings[:, :num_tokens], slot_keep  # (B, S, D)

@@ -100,9 +100,18 @@ TINY = {
 }
 
 
+# CLI runs train and evaluate in (several) processes on real data: the tiny architecture at the least depth.
+SHALLOW = dict(num_hidden_layers=1, num_iterations=2, fixed_point_iterations=1)
+
+
+def cli_architecture(family: str) -> dict[str, Any]:
+    """The tiny architecture of CLI runs: `ARCHITECTURE` made shallow."""
+    return {**ARCHITECTURE[family], **{k: v for k, v in SHALLOW.items() if k in ARCHITECTURE[family]}}
+
+
 def cli_config(family: str) -> list[str]:
-    """The tiny architecture as `energyformers train --config` values (`key=json`)."""
-    return [f"{key}={json.dumps(value)}" for key, value in ARCHITECTURE[family].items()]
+    """`cli_architecture` as `energyformers train --config` values (`key=json`)."""
+    return [f"{key}={json.dumps(value)}" for key, value in cli_architecture(family).items()]
 
 
 # ---------------------------------------------------------------- cases: one per (family, head, input type)

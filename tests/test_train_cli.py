@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures import ARCHITECTURE, cli_config
+from fixtures import cli_architecture, cli_config
 from PIL import Image
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForImageClassification, pipeline
@@ -121,7 +121,8 @@ def test_metrics_json_schema(trained, family: str, modality: str) -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_config_overrides_reach_the_saved_config(trained, family: str) -> None:
     config = json.loads((trained(family, "image") / "config.json").read_text())
-    assert {key: config[key] for key in ARCHITECTURE[family]} == ARCHITECTURE[family]
+    architecture = cli_architecture(family)
+    assert {key: config[key] for key in architecture} == architecture
     assert config["id2label"] == {str(i): str(i) for i in range(10)}
 
 

@@ -32,6 +32,7 @@ from unittest import mock
 
 import pytest
 from fixtures import TINY, hyperbf_config, hyperset_config, imixer_config
+from torch import nn
 from transformers import PreTrainedConfig
 from transformers.models.auto import modeling_auto
 from transformers_suite import sdist
@@ -191,9 +192,6 @@ class _CommonTests(ModelTesterMixin):
 
     model_tester_class: ClassVar[type[EnergyModelTester]]
     input_type: ClassVar[str]
-    # Models before 2023 skip `test_can_init_all_missing_weights` (the year is read from the config file's
-    # `# Copyright YYYY` header); ours must pass it whatever that header says.
-    test_can_init_all_missing_weights_before_2023 = True
 
     def setUp(self) -> None:
         self.model_tester = self.model_tester_class(self, self.input_type)
@@ -207,6 +205,23 @@ class _ImageTests(_CommonTests):
     input_type = "image"
     # No token embeddings to resize: images are cut into patches (ViT's tests set the same).
     test_resize_embeddings = False
+
+    def test_model_get_set_embeddings(self) -> None:
+        # The one override, and not a flag: the mixin's version asserts `get_input_embeddings()` is an
+        # `nn.Embedding`, which no patch-based model has. This is transformers' own override for image models,
+        # verbatim from tests/models/vit/test_modeling_vit.py (and DeiT, Swin, ...): the input embedding is the
+        # patch projection, and there is no output embedding. `set_input_embeddings` is checked as well.
+        config, _ = self.model_tester.prepare_config_and_inputs_for_common()
+        for model_class in self.all_model_classes:
+            model = model_class(config)
+            self.assertIsInstance(model.get_input_embeddings(), (nn.Module))
+            x = model.get_output_embeddings()
+            self.assertTrue(x is None or isinstance(x, nn.Linear))
+            replacement = nn.Conv2d(
+                config.num_channels, config.hidden_size, config.patch_size, config.patch_size
+            )
+            model.set_input_embeddings(replacement)
+            self.assertIs(model.get_input_embeddings(), replacement)
 
 
 class _SequenceTests(_CommonTests):
