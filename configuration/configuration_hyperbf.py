@@ -83,6 +83,10 @@ def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
     for name in _NON_NEGATIVE_INTS:
         value = getattr(config, name)
         _require(config, _is_int(value) and value >= 0, name, value, "expected an integer >= 0")
+    for name in _OPTIONAL_POSITIVE_INTS:
+        value = getattr(config, name)
+        ok = value is None or (_is_int(value) and value >= 1)
+        _require(config, ok, name, value, "expected None or an integer >= 1")
     for name in _PROBABILITIES:
         value = getattr(config, name)
         _require(config, _is_real(value) and 0 <= value < 1, name, value, "expected a float in [0, 1)")
@@ -131,6 +135,7 @@ _POSITIVE_INTS: tuple[str, ...] = (
     "max_position_embeddings",
 )
 _NON_NEGATIVE_INTS: tuple[str, ...] = ()
+_OPTIONAL_POSITIVE_INTS: tuple[str, ...] = ()
 _PROBABILITIES: tuple[str, ...] = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 _POSITIVE_FLOATS: tuple[str, ...] = ("layer_norm_eps", "initializer_range")
 _OPTIONAL_POSITIVE_FLOATS: tuple[str, ...] = ("rbf_sigma_init", "attention_temperature_init")

@@ -24,13 +24,13 @@ HYPERSET_PRESETS: dict[str, dict[str, Any]] = {
         hidden_size=640, num_attention_heads=10, intermediate_size=640, patch_size=14, num_labels=1000
     ),
     # 9×9 grid as 81 tokens (0 = blank), one of 9 digits per cell; the paper conditions step sizes on
-    # the puzzle itself and uses learned positions for the fixed layout. T = 16 is our choice (the spec gives none).
+    # the puzzle itself and uses learned positions for the fixed layout; T = 24 (Table 4).
     "sudoku": dict(
         input_type="sequence",
         hidden_size=768,
         num_attention_heads=12,
         intermediate_size=3072,
-        num_iterations=16,
+        num_iterations=24,  # paper Table 4
         qkv_norm="shared",
         step_size_condition="input",
         vocab_size=10,
@@ -77,6 +77,10 @@ def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
     for name in _NON_NEGATIVE_INTS:
         value = getattr(config, name)
         _require(config, _is_int(value) and value >= 0, name, value, "expected an integer >= 0")
+    for name in _OPTIONAL_POSITIVE_INTS:
+        value = getattr(config, name)
+        ok = value is None or (_is_int(value) and value >= 1)
+        _require(config, ok, name, value, "expected None or an integer >= 1")
     for name in _PROBABILITIES:
         value = getattr(config, name)
         _require(config, _is_real(value) and 0 <= value < 1, name, value, "expected a float in [0, 1)")
@@ -117,6 +121,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "feedforward_energy": ("relu", "softmax"),
     "position_embedding_type": ("sinusoidal", "learned"),
     "pooling": ("cls", "mean"),
+    "iteration_conditioning": ("none", "sinusoidal"),
+    "iteration_sampling": ("fixed", "uniform", "poisson-lognormal"),
+    "halting_criterion": ("state", "energy"),
 }
 _POSITIVE_INTS: tuple[str, ...] = (
     "hidden_size",
@@ -130,9 +137,10 @@ _POSITIVE_INTS: tuple[str, ...] = (
     "max_position_embeddings",
 )
 _NON_NEGATIVE_INTS: tuple[str, ...] = ()
+_OPTIONAL_POSITIVE_INTS: tuple[str, ...] = ("min_iterations", "max_iterations", "backprop_iterations")
 _PROBABILITIES: tuple[str, ...] = ()
-_POSITIVE_FLOATS: tuple[str, ...] = ("layer_norm_eps", "initializer_range")
-_OPTIONAL_POSITIVE_FLOATS: tuple[str, ...] = ("rms_norm_eps",)
+_POSITIVE_FLOATS: tuple[str, ...] = ("layer_norm_eps", "initializer_range", "iteration_sampling_sigma")
+_OPTIONAL_POSITIVE_FLOATS: tuple[str, ...] = ("rms_norm_eps", "halting_tolerance")
 _IMAGE_SIZES: tuple[str, ...] = ("image_size",)
 
 
@@ -164,8 +172,36 @@ class HyperSetConfig(PreTrainedConfig):
             E = (√d_h/2) Σ σ(S) (update σ'(S)), a variant from the authors' poster.
         feedforward_energy (`str`, *optional*, defaults to `"relu"`):
             `"relu"`: E = −½ Σ ‖act(n(Dx))‖²; `"softmax"`: E = −Σ logsumexp(n(Dx)) (update Dᵀ softmax).
+        iteration_conditioning (`str`, *optional*, defaults to `"none"`):
+            `"none"`: the step sizes see one learned condition c at every iteration, so iteration t + 1 applies
+            the same map as iteration t and more iterations at test time continue the same descent (what the
+            authors' trained models compute: their zero-initialised time MLP never learns to depend on t);
+            `"sinusoidal"`: c_t = MLP(sinusoid(t)), an ablation that does not extrapolate in depth.
         time_embedding_dim (`int`, *optional*, defaults to 512):
-            Width of the sinusoidal iteration embedding that conditions the step sizes (paper: 512).
+            Width of the iteration sinusoid of `iteration_conditioning="sinusoidal"` (paper: 512).
+        iteration_sampling (`str`, *optional*, defaults to `"fixed"`):
+            Depth of each training forward: `"fixed"` (num_iterations), `"uniform"` over [min_iterations,
+            max_iterations], or `"poisson-lognormal"` with mean num_iterations (Geiping et al., *Scaling up
+            Test-Time Compute with Latent Reasoning*), capped at max_iterations. The draw depends only on
+            the model's count of training forwards, so every process of a distributed run draws the same depth.
+        min_iterations (`int`, *optional*):
+            Smallest sampled depth (defaults to num_iterations − num_iterations // 2 for `"uniform"`, 1 for
+            `"poisson-lognormal"`).
+        max_iterations (`int`, *optional*):
+            Largest sampled depth (defaults to num_iterations + num_iterations // 2 for `"uniform"`, 4 ×
+            num_iterations for `"poisson-lognormal"`).
+        iteration_sampling_sigma (`float`, *optional*, defaults to 0.5):
+            σ of the log-normal rate of `"poisson-lognormal"` (0.5, as Geiping et al.).
+        backprop_iterations (`int`, *optional*):
+            k: only the last k iterations of each layer are differentiated, the earlier ones run without
+            gradient (truncated backpropagation through depth: backward memory and time independent of T).
+            `None` differentiates all.
+        halting_tolerance (`float`, *optional*):
+            ε of adaptive halting at inference (eval mode): a sample stops iterating once its relative state
+            change ‖x_{t+1} − x_t‖ / ‖x_t‖ (or relative energy decrease) falls below ε, at num_iterations at
+            the latest, and costs no further compute. `None`: every sample runs num_iterations.
+        halting_criterion (`str`, *optional*, defaults to `"state"`):
+            What halting measures: `"state"` change or `"energy"` decrease (E_ATTN + E_FF).
         image_size (`int` or `list[int]`, *optional*, defaults to 224):
             Input resolution (height, width); non-square sizes are allowed.
         patch_size (`int`, *optional*, defaults to 16):
@@ -207,7 +243,15 @@ class HyperSetConfig(PreTrainedConfig):
         hidden_act: str = "relu",
         attention_energy: str = "bisoftmax",
         feedforward_energy: str = "relu",
+        iteration_conditioning: str = "none",
         time_embedding_dim: int = 512,
+        iteration_sampling: str = "fixed",
+        min_iterations: int | None = None,
+        max_iterations: int | None = None,
+        iteration_sampling_sigma: float = 0.5,
+        backprop_iterations: int | None = None,
+        halting_tolerance: float | None = None,
+        halting_criterion: str = "state",
         image_size: int | list[int] = 224,
         patch_size: int = 16,
         num_channels: int = 3,
@@ -231,7 +275,15 @@ class HyperSetConfig(PreTrainedConfig):
         self.hidden_act = hidden_act
         self.attention_energy = attention_energy
         self.feedforward_energy = feedforward_energy
+        self.iteration_conditioning = iteration_conditioning
         self.time_embedding_dim = time_embedding_dim
+        self.iteration_sampling = iteration_sampling
+        self.min_iterations = min_iterations
+        self.max_iterations = max_iterations
+        self.iteration_sampling_sigma = iteration_sampling_sigma
+        self.backprop_iterations = backprop_iterations
+        self.halting_tolerance = halting_tolerance
+        self.halting_criterion = halting_criterion
         self.image_size = list(image_size) if isinstance(image_size, (list, tuple)) else image_size
         self.patch_size = patch_size
         self.num_channels = num_channels
@@ -275,6 +327,33 @@ class HyperSetConfig(PreTrainedConfig):
             self.time_embedding_dim,
             "expected an even integer >= 4 ([sin, cos] halves)",
         )
+        low, high = self.iteration_range
+        _require(
+            self,
+            low <= high,
+            "min_iterations",
+            self.min_iterations,
+            f"it must not exceed max_iterations={high}",
+        )
+        _require(
+            self,
+            self.backprop_iterations is None or self.backprop_iterations <= self.num_iterations,
+            "backprop_iterations",
+            self.backprop_iterations,
+            f"it must not exceed num_iterations={self.num_iterations}",
+        )
+
+    @property
+    def iteration_range(self) -> tuple[int, int]:
+        """(smallest, largest) depth `iteration_sampling` draws; (T, T) for `"fixed"`."""
+        if self.iteration_sampling == "fixed":
+            return self.num_iterations, self.num_iterations
+        spread = self.num_iterations // 2
+        poisson = self.iteration_sampling == "poisson-lognormal"
+        default_low = 1 if poisson else self.num_iterations - spread
+        low = default_low if self.min_iterations is None else self.min_iterations
+        default_high = 4 * self.num_iterations if poisson else self.num_iterations + spread
+        return low, default_high if self.max_iterations is None else self.max_iterations
 
     @property
     def head_dim(self) -> int:

@@ -11,6 +11,7 @@ embedding, so the number of iterations can be changed at test time.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -53,24 +54,29 @@ class HyperSetModelOutput(BaseModelOutputWithPooling):
 
     `hidden_states` holds the embedding output and then the state after every iteration of every
     layer (1 + L·T tensors); `attentions` holds the bi-softmax maps P of every iteration (L·T tensors).
+    `iterations_used` (`(batch,)` long, with adaptive halting): the iterations each sample ran, over all layers.
     """
 
     energies: HyperSetEnergies | None = None
+    iterations_used: torch.LongTensor | None = None
 
 
 @dataclass
 class HyperSetImageClassifierOutput(ImageClassifierOutput):
     energies: HyperSetEnergies | None = None
+    iterations_used: torch.LongTensor | None = None
 
 
 @dataclass
 class HyperSetSequenceClassifierOutput(SequenceClassifierOutput):
     energies: HyperSetEnergies | None = None
+    iterations_used: torch.LongTensor | None = None
 
 
 @dataclass
 class HyperSetTokenClassifierOutput(TokenClassifierOutput):
     energies: HyperSetEnergies | None = None
+    iterations_used: torch.LongTensor | None = None
 
 
 def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
@@ -328,7 +334,14 @@ class HyperSetAttention(nn.Module):
         return F.linear(mixed, self.qkv_proj.weight.t()), probs
 
     @torch.no_grad()
-    def diagnostics(self, hidden_states: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def energy(self, hidden_states: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """E_ATTN `(B,)` over the real tokens (`keep`: `(B, N)` float), gain-free normalisation."""
+        return self.diagnostics(hidden_states, keep, geometry=False)[0]
+
+    @torch.no_grad()
+    def diagnostics(
+        self, hidden_states: torch.Tensor, keep: torch.Tensor, geometry: bool = True
+    ) -> tuple[torch.Tensor, ...]:
         """E_ATTN `(B,)`, effective rank `(B, H)` and mean pairwise angle in degrees `(B, H)` over real tokens."""
         z = self.normalized_heads(hidden_states.float()) * keep[:, None, :, None]  # padded rows → 0
         scores = z @ z.transpose(-1, -2) / math.sqrt(self.head_dim)  # (B, H, N, N)
@@ -338,6 +351,8 @@ class HyperSetAttention(nn.Module):
         else:
             lse = scores.masked_fill(pair_keep == 0, float("-inf")).logsumexp(-1).nan_to_num(neginf=0.0)
             energy = math.sqrt(self.head_dim) * (lse * keep[:, None, :]).sum((1, 2))
+        if not geometry:
+            return (energy,)
         singular = torch.linalg.svdvals(z)  # (B, H, min(N, d_h)); zero rows add no singular value
         p = singular / singular.sum(-1, keepdim=True).clamp_min(torch.finfo(singular.dtype).tiny)
         effective_rank = torch.exp(-torch.special.xlogy(p, p).sum(-1))
@@ -383,30 +398,38 @@ class HyperSetStepSizeProjection(nn.Linear):
 
 
 class HyperSetStepSizes(nn.Module):
-    """Per-token, per-channel step sizes [α, γ] from an iteration embedding c_t and the token state.
+    """Per-token, per-channel step sizes [α, γ] = proj(GELU(c + RMSNorm(x))) from a condition c and the state.
 
-    Shared by all layers. Only the last Linear starts at zero (α = γ = 0: identity at init). The public
-    code also zero-initialises both Linears of `time_mlp`, which freezes c_t to a t-independent constant;
-    here `time_mlp` gets the normal initialisation (deliberate fix, see README).
+    Shared by all layers; only `proj` starts at zero (α = γ = 0: identity at init). With
+    `iteration_conditioning="none"` (default) c is one learned vector for every iteration: iteration t + 1
+    applies the same map as iteration t, which is what the authors' trained models compute (their `time_mlp`
+    is zero-initialised in both Linears, so c_t never learns to depend on t) and what lets the depth grow at
+    test time. `"sinusoidal"` makes c_t = time_mlp(sinusoid(t)) really depend on t (an ablation; it collapses
+    past the trained depth, README).
     """
 
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__()
         width, eps = config.hidden_size, config.rms_norm_eps
-        self.time_embedding_dim = config.time_embedding_dim
-        self.time_mlp = nn.Sequential(
-            nn.Linear(config.time_embedding_dim, width),
-            nn.RMSNorm(width, eps=eps),
-            nn.GELU(),
-            nn.RMSNorm(width, eps=eps),
-            nn.Linear(width, width),
-            nn.RMSNorm(width, eps=eps),
-        )
+        if config.iteration_conditioning == "sinusoidal":
+            self.time_embedding_dim = config.time_embedding_dim
+            self.time_mlp = nn.Sequential(
+                nn.Linear(config.time_embedding_dim, width),
+                nn.RMSNorm(width, eps=eps),
+                nn.GELU(),
+                nn.RMSNorm(width, eps=eps),
+                nn.Linear(width, width),
+                nn.RMSNorm(width, eps=eps),
+            )
+        else:
+            self.condition = nn.Parameter(torch.zeros(width))  # c (the authors' time_mlp output, folded)
         self.condition_norm = nn.RMSNorm(width, eps=eps)
         self.proj = HyperSetStepSizeProjection(width, 2 * width)
 
     def iteration_conditions(self, num_iterations: int, reference: torch.Tensor) -> torch.Tensor:
         """c_t for t = 1..T in one batch, `(T, d)`: computed once per forward, not per iteration."""
+        if not hasattr(self, "time_mlp"):
+            return self.condition.to(reference.dtype).expand(num_iterations, -1)
         steps = torch.arange(1, num_iterations + 1, device=reference.device)
         return self.time_mlp(iteration_embedding(steps, self.time_embedding_dim).to(reference.dtype))
 
@@ -415,6 +438,24 @@ class HyperSetStepSizes(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         alpha, gamma = self.proj(F.gelu(iteration_condition + self.condition_norm(state))).chunk(2, dim=-1)
         return alpha, gamma
+
+
+def sample_num_iterations(config: HyperSetConfig, draw: int) -> int:
+    """The depth of training forward number `draw` under `config.iteration_sampling`.
+
+    Seeded by `draw` alone, so every process of a distributed run, counting its own forwards, draws the same
+    depth at the same step. `"poisson-lognormal"` (Geiping et al., *Scaling up Test-Time Compute with Latent
+    Reasoning*): τ ~ N(log(T − 1) − σ²/2, σ), depth = 1 + Poisson(e^τ), mean T; clipped to the range.
+    """
+    low, high = config.iteration_range
+    if config.iteration_sampling == "fixed":
+        return config.num_iterations
+    generator = torch.Generator().manual_seed(draw)
+    if config.iteration_sampling == "uniform":
+        return int(torch.randint(low, high + 1, (1,), generator=generator))
+    sigma, rate = config.iteration_sampling_sigma, max(config.num_iterations - 1, 1e-6)
+    tau = torch.normal(math.log(rate) - sigma**2 / 2, sigma, (1,), generator=generator)
+    return min(max(1 + int(torch.poisson(tau.exp(), generator=generator)), low), high)
 
 
 class HyperSetLayer(GradientCheckpointingLayer):
@@ -470,6 +511,8 @@ class HyperSetPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
         elif isinstance(module, HyperSetAttention):
             init.ones_(module.qkv_gain)
+        elif isinstance(module, HyperSetStepSizes) and hasattr(module, "condition"):
+            init.zeros_(module.condition)
         elif isinstance(module, HyperSetEmbeddings):
             if module.config.input_type == "image":
                 init.normal_(module.cls_token, mean=0.0, std=1.0)  # N(0, 1) as in the authors' code
@@ -486,6 +529,10 @@ class HyperSetModel(HyperSetPreTrainedModel):
         self.embeddings = HyperSetEmbeddings(config)
         self.step_sizes = HyperSetStepSizes(config)
         self.layers = nn.ModuleList([HyperSetLayer(config) for _ in range(config.num_hidden_layers)])
+        # Training forwards that drew a depth (`iteration_sampling`): the seed of the next draw. Every process
+        # counts its own forwards, so all ranks of a distributed run draw the same depth at each step; the
+        # training loops set it from the global step when they resume.
+        self.iteration_draws = 0
         # `get/set_input_embeddings` (transformers' defaults) find this table in `self.embeddings`.
         self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
         # The entry point follows the input type, images as ViT's (`pixel_values` first) and sequences as BERT's
@@ -506,6 +553,9 @@ class HyperSetModel(HyperSetPreTrainedModel):
         token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
         inputs_embeds: torch.Tensor | None = None,
         num_iterations: int | None = None,
+        backprop_iterations: int | None = None,
+        halting_tolerance: float | None = None,
+        halting_criterion: str | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_energies: bool | None = None,
@@ -513,8 +563,16 @@ class HyperSetModel(HyperSetPreTrainedModel):
     ) -> HyperSetModelOutput | tuple:
         r"""
         num_iterations (`int`, *optional*):
-            Iterations per layer for this call (defaults to `config.num_iterations`); larger values
-            extrapolate in depth at test time.
+            Iterations per layer for this call (defaults to `config.num_iterations`, or in training a depth
+            drawn by `config.iteration_sampling`); larger values extrapolate in depth at test time.
+        backprop_iterations (`int`, *optional*):
+            Differentiate only the last k iterations of each layer (defaults to `config.backprop_iterations`).
+        halting_tolerance (`float`, *optional*):
+            Adaptive halting in eval mode (defaults to `config.halting_tolerance`): each sample stops once its
+            relative state change (or energy decrease) is below this, `num_iterations` being the maximum; the
+            output's `iterations_used` says how many it ran. Not under torch.compile / export (fixed T there).
+        halting_criterion (`str`, *optional*):
+            `"state"` or `"energy"` (defaults to `config.halting_criterion`).
         output_energies (`bool`, *optional*):
             Return `energies` (`HyperSetEnergies`): E_ATTN, E_FF, effective rank and mean angle per
             layer for t = 0..T.
@@ -525,9 +583,14 @@ class HyperSetModel(HyperSetPreTrainedModel):
         )
         output_energies = bool(output_energies)
         return_dict = self.config.return_dict if return_dict is None else return_dict
-        num_iterations = self.config.num_iterations if num_iterations is None else num_iterations
-        if not isinstance(num_iterations, int) or isinstance(num_iterations, bool) or num_iterations < 1:
-            raise ValueError(f"num_iterations must be an integer >= 1; got {num_iterations!r}.")
+        num_iterations = self._num_iterations(num_iterations)
+        backprop_iterations = self._backprop_iterations(backprop_iterations, num_iterations)
+        halting = self._halting(halting_tolerance, halting_criterion)
+        if halting is not None and (output_attentions or output_hidden_states or output_energies):
+            raise ValueError(
+                "halting_tolerance cannot be combined with output_attentions, output_hidden_states or "
+                "output_energies (samples stop at different iterations); pass a fixed num_iterations instead."
+            )
 
         hidden_states, keep = self.embeddings(
             pixel_values=pixel_values,
@@ -535,27 +598,38 @@ class HyperSetModel(HyperSetPreTrainedModel):
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
         )
-        diagnostic_keep = (
+        real_tokens = (
             torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep.float()
         )
         iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
         embedded = hidden_states
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
+        iterations_used = None if halting is None else torch.zeros_like(real_tokens[:, 0], dtype=torch.long)
         per_layer_diagnostics = []
         for layer in self.layers:
-            records = [self._diagnostics(layer, hidden_states, diagnostic_keep)] if output_energies else None
+            if halting is not None:
+                hidden_states, used = self._iterate_until_halted(
+                    layer, hidden_states, embedded, keep, real_tokens, iteration_conditions, *halting
+                )
+                iterations_used += used
+                continue
+            records = [self._diagnostics(layer, hidden_states, real_tokens)] if output_energies else None
             for t in range(num_iterations):
                 source = embedded if self.config.step_size_condition == "input" else hidden_states
-                hidden_states, probs = layer(
-                    hidden_states, iteration_conditions[t], source, self.step_sizes, keep
-                )
+                # truncated backpropagation through depth: the first T − k iterations build no graph
+                with (
+                    torch.no_grad() if t < num_iterations - backprop_iterations else contextlib.nullcontext()
+                ):
+                    hidden_states, probs = layer(
+                        hidden_states, iteration_conditions[t], source, self.step_sizes, keep
+                    )
                 if output_hidden_states:
                     all_hidden_states += (hidden_states,)
                 if output_attentions:
                     all_attentions += (probs,)
                 if output_energies:
-                    records.append(self._diagnostics(layer, hidden_states, diagnostic_keep))
+                    records.append(self._diagnostics(layer, hidden_states, real_tokens))
             if output_energies:
                 per_layer_diagnostics.append([torch.stack(values, dim=1) for values in zip(*records)])
 
@@ -575,8 +649,100 @@ class HyperSetModel(HyperSetPreTrainedModel):
             hidden_states=all_hidden_states,
             attentions=all_attentions,
             energies=energies,
+            iterations_used=iterations_used,
         )
         return output if return_dict else output.to_tuple()
+
+    def _num_iterations(self, requested: int | None) -> int:
+        """This call's T: the request, else a depth drawn by `iteration_sampling` (training), else the config's."""
+        if requested is None:
+            if not self.training or self.config.iteration_sampling == "fixed":
+                return self.config.num_iterations
+            self.iteration_draws += 1
+            return sample_num_iterations(self.config, self.iteration_draws - 1)
+        if not isinstance(requested, int) or isinstance(requested, bool) or requested < 1:
+            raise ValueError(f"num_iterations must be an integer >= 1; got {requested!r}.")
+        return requested
+
+    def _backprop_iterations(self, requested: int | None, num_iterations: int) -> int:
+        """This call's k (iterations differentiated per layer): the request, else the config's, else all."""
+        if requested is None:
+            configured = self.config.backprop_iterations
+            return num_iterations if configured is None else min(configured, num_iterations)
+        if (
+            not isinstance(requested, int)
+            or isinstance(requested, bool)
+            or not 1 <= requested <= num_iterations
+        ):
+            raise ValueError(
+                f"backprop_iterations must be an integer in [1, num_iterations={num_iterations}]; got {requested!r}."
+            )
+        return requested
+
+    def _halting(self, tolerance: float | None, criterion: str | None) -> tuple[float, str] | None:
+        """(ε, criterion) when this call halts adaptively: eval mode, eager, a tolerance given; else None."""
+        tolerance = self.config.halting_tolerance if tolerance is None else tolerance
+        criterion = self.config.halting_criterion if criterion is None else criterion
+        if criterion not in ("state", "energy"):
+            raise ValueError(f"halting_criterion must be one of ['state', 'energy']; got {criterion!r}.")
+        if tolerance is None:
+            return None
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
+            raise ValueError(f"halting_tolerance must be a number > 0 (or None); got {tolerance!r}.")
+        return None if self.training or _is_tracing() else (float(tolerance), criterion)
+
+    def _iterate_until_halted(
+        self,
+        layer: HyperSetLayer,
+        hidden_states: torch.Tensor,
+        embedded: torch.Tensor,
+        keep: torch.Tensor | None,
+        real_tokens: torch.Tensor,
+        iteration_conditions: torch.Tensor,
+        tolerance: float,
+        criterion: str,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Iterate `layer` per sample until its relative change is below `tolerance`, T at most.
+
+        The change is ‖x_{t+1} − x_t‖ / ‖x_t‖ over the real tokens (`"state"`) or the relative decrease of
+        E_ATTN + E_FF (`"energy"`). A halted sample leaves the working batch, so it costs no more compute; its
+        state is written back in place. Returns the states and the iterations each sample ran, `(B,)`.
+        """
+        batch = hidden_states.shape[0]
+        active = torch.arange(batch, device=hidden_states.device)  # samples still iterating
+        used = torch.zeros(batch, dtype=torch.long, device=hidden_states.device)
+        energy = self._energy(layer, hidden_states, real_tokens) if criterion == "energy" else None
+        for condition in iteration_conditions:
+            current, tokens = hidden_states[active], real_tokens[active]  # (A, N, d), (A, N)
+            source = embedded[active] if self.config.step_size_condition == "input" else current
+            updated, _ = layer(
+                current, condition, source, self.step_sizes, None if keep is None else keep[active]
+            )
+            hidden_states = hidden_states.index_copy(0, active, updated)
+            used[active] += 1
+            if criterion == "state":
+                weights = tokens.unsqueeze(-1).to(updated.dtype)  # padded tokens do not count
+                change = ((updated - current) * weights).flatten(1).norm(dim=1)
+                change = change / (current * weights).flatten(1).norm(dim=1).clamp_min(
+                    torch.finfo(change.dtype).tiny
+                )
+            else:
+                new_energy = self._energy(layer, updated, tokens)
+                change = (energy[active] - new_energy) / energy[active].abs().clamp_min(
+                    torch.finfo(new_energy.dtype).tiny
+                )
+                energy = energy.index_copy(0, active, new_energy)
+            active = active[change >= tolerance]
+            if active.numel() == 0:
+                break
+        return hidden_states, used
+
+    @staticmethod
+    def _energy(layer: HyperSetLayer, hidden_states: torch.Tensor, real_tokens: torch.Tensor) -> torch.Tensor:
+        """E_ATTN + E_FF per sample, `(B,)`."""
+        return layer.attention.energy(hidden_states, real_tokens) + layer.feedforward.energy(
+            hidden_states, real_tokens
+        )
 
     def forward_images(
         self, pixel_values: torch.Tensor | None = None, **kwargs
@@ -623,6 +789,9 @@ class HyperSetForImageClassification(HyperSetPreTrainedModel):
         pixel_values: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         num_iterations: int | None = None,
+        backprop_iterations: int | None = None,
+        halting_tolerance: float | None = None,
+        halting_criterion: str | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_energies: bool | None = None,
@@ -632,6 +801,9 @@ class HyperSetForImageClassification(HyperSetPreTrainedModel):
         outputs = self.hyperset(
             pixel_values=pixel_values,
             num_iterations=num_iterations,
+            backprop_iterations=backprop_iterations,
+            halting_tolerance=halting_tolerance,
+            halting_criterion=halting_criterion,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_energies=output_energies,
@@ -645,6 +817,7 @@ class HyperSetForImageClassification(HyperSetPreTrainedModel):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             energies=outputs.energies,
+            iterations_used=outputs.iterations_used,
         )
         return output if return_dict else output.to_tuple()
 
@@ -672,6 +845,9 @@ class HyperSetForSequenceClassification(HyperSetPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         num_iterations: int | None = None,
+        backprop_iterations: int | None = None,
+        halting_tolerance: float | None = None,
+        halting_criterion: str | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_energies: bool | None = None,
@@ -683,6 +859,9 @@ class HyperSetForSequenceClassification(HyperSetPreTrainedModel):
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
             num_iterations=num_iterations,
+            backprop_iterations=backprop_iterations,
+            halting_tolerance=halting_tolerance,
+            halting_criterion=halting_criterion,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_energies=output_energies,
@@ -696,6 +875,7 @@ class HyperSetForSequenceClassification(HyperSetPreTrainedModel):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             energies=outputs.energies,
+            iterations_used=outputs.iterations_used,
         )
         return output if return_dict else output.to_tuple()
 
@@ -723,6 +903,9 @@ class HyperSetForTokenClassification(HyperSetPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         num_iterations: int | None = None,
+        backprop_iterations: int | None = None,
+        halting_tolerance: float | None = None,
+        halting_criterion: str | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_energies: bool | None = None,
@@ -734,6 +917,9 @@ class HyperSetForTokenClassification(HyperSetPreTrainedModel):
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
             num_iterations=num_iterations,
+            backprop_iterations=backprop_iterations,
+            halting_tolerance=halting_tolerance,
+            halting_criterion=halting_criterion,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_energies=output_energies,
@@ -747,6 +933,7 @@ class HyperSetForTokenClassification(HyperSetPreTrainedModel):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             energies=outputs.energies,
+            iterations_used=outputs.iterations_used,
         )
         return output if return_dict else output.to_tuple()
 

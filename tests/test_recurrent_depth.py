@@ -1,0 +1,265 @@
+"""Hyper-SET's recurrent depth: time-invariant iterations, random-depth training, truncated backpropagation
+through depth and adaptive halting (issue 11; ../shared/specs/recurrent-depth.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fixtures import hyperset_config, perturb
+
+from energyformers import HyperSetForImageClassification, HyperSetForTokenClassification, HyperSetModel
+from energyformers.modeling.modeling_hyperset import HyperSetAttention, sample_num_iterations
+
+
+def image_model(seed: int = 0, step_scale: float = 1.0, **overrides) -> HyperSetForImageClassification:
+    """A tiny one-layer image classifier with non-zero (perturbed) step sizes, in eval mode."""
+    torch.manual_seed(seed)
+    model = perturb(
+        HyperSetForImageClassification(hyperset_config("image", num_hidden_layers=1, **overrides))
+    )
+    with torch.no_grad():
+        model.hyperset.step_sizes.proj.weight.mul_(step_scale)
+    return model.eval()
+
+
+def pixels(batch: int = 4, seed: int = 0) -> torch.Tensor:
+    return torch.randn(batch, 1, 8, 8, generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------- time-invariant iterations
+
+
+def _states_and_one_step(
+    model: HyperSetForImageClassification,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The states x_0..x_T of a forward, and x_{t+1} recomputed by applying iteration 1's map to x_t."""
+    backbone = model.hyperset
+    states = backbone(pixel_values=pixels(), output_hidden_states=True).hidden_states
+    first_condition = backbone.step_sizes.iteration_conditions(1, states[0])[0]
+    layer = backbone.layers[0]
+    stepped = [layer(state, first_condition, state, backbone.step_sizes)[0] for state in states[:-1]]
+    return list(states[1:]), stepped
+
+
+def test_without_iteration_conditioning_every_iteration_applies_the_same_map():
+    states, stepped = _states_and_one_step(image_model(step_scale=5.0))
+    for t, (state, again) in enumerate(zip(states, stepped)):
+        torch.testing.assert_close(again, state, rtol=1e-6, atol=1e-6, msg=f"iteration {t + 1}")
+
+
+def test_sinusoidal_conditioning_applies_a_different_map_per_iteration():
+    states, stepped = _states_and_one_step(image_model(step_scale=5.0, iteration_conditioning="sinusoidal"))
+    torch.testing.assert_close(stepped[0], states[0])  # iteration 1 is iteration 1's map
+    assert all(not torch.allclose(again, state, atol=1e-4) for again, state in zip(stepped[1:], states[1:]))
+
+
+def test_no_conditioning_carries_one_condition_vector_instead_of_the_time_mlp():
+    sinusoidal = HyperSetModel(hyperset_config("image", iteration_conditioning="sinusoidal"))
+    none = HyperSetModel(hyperset_config("image"))
+    time_mlp = sum(p.numel() for p in sinusoidal.step_sizes.time_mlp.parameters())
+    assert not hasattr(none.step_sizes, "time_mlp") and none.step_sizes.condition.shape == (16,)
+    assert none.num_parameters() == sinusoidal.num_parameters() - time_mlp + 16
+
+
+def test_no_conditioning_is_the_identity_at_initialisation_for_any_depth():
+    torch.manual_seed(0)
+    model = HyperSetModel(hyperset_config("image")).eval()
+    outputs = model(pixel_values=pixels(), num_iterations=40, output_hidden_states=True)
+    torch.testing.assert_close(outputs.last_hidden_state, outputs.hidden_states[0])
+
+
+# ---------------------------------------------------------------- random depth
+
+
+@pytest.mark.parametrize(
+    ("sampling", "extra", "low", "high"),
+    [
+        ("uniform", {}, 4, 12),
+        ("uniform", {"min_iterations": 2, "max_iterations": 5}, 2, 5),
+        ("poisson-lognormal", {}, 1, 32),
+    ],
+)
+def test_sampled_depths_are_reproducible_and_inside_the_range(sampling, extra, low, high):
+    config = hyperset_config("image", num_iterations=8, iteration_sampling=sampling, **extra)
+    assert config.iteration_range == (low, high)
+    depths = [sample_num_iterations(config, draw) for draw in range(400)]
+    assert depths == [sample_num_iterations(config, draw) for draw in range(400)]
+    assert low <= min(depths) and max(depths) <= high
+    assert len(set(depths)) >= min(high - low + 1, 6)
+    if sampling == "poisson-lognormal":
+        assert 7.0 < sum(depths) / len(depths) < 9.0  # mean T (Geiping et al.)
+    elif not extra:
+        assert set(depths) == set(range(low, high + 1))
+
+
+def test_training_forwards_draw_the_same_depth_sequence_in_every_process():
+    """Two replicas (as on two ranks) count their forwards and so run the same depth at every step."""
+    config = hyperset_config("image", num_iterations=4, iteration_sampling="uniform", min_iterations=1)
+    replicas = [HyperSetForImageClassification(config).train() for _ in range(2)]
+    seen = [[], []]
+    for rank, model in enumerate(replicas):
+        model.hyperset.layers[0].register_forward_hook(lambda *_, r=rank: seen[r].append(1))
+        depths = []
+        for _ in range(12):
+            before = len(seen[rank])
+            model(pixel_values=pixels(seed=rank))  # different data per rank, same depth
+            depths.append(len(seen[rank]) - before)
+        seen[rank] = depths
+    assert seen[0] == seen[1] == [sample_num_iterations(config, draw) for draw in range(12)]
+    assert len(set(seen[0])) > 1
+    replicas[0].eval()(pixel_values=pixels())  # eval: the configured depth, no draw
+    assert replicas[0].hyperset.iteration_draws == 12
+
+
+# ---------------------------------------------------------------- truncated backpropagation through depth
+
+
+def test_truncated_backprop_equals_detaching_the_state_before_the_last_k_iterations():
+    model, inputs = image_model(step_scale=3.0, num_iterations=5), pixels()
+    labels = torch.tensor([0, 1, 2, 3])
+    model.train()
+    model(pixel_values=inputs, labels=labels, backprop_iterations=2).loss.backward()
+    truncated = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+
+    backbone = model.hyperset  # the same computation by hand: 3 iterations without gradient, then 2 with
+    hidden, _ = backbone.embeddings(pixel_values=inputs)
+    conditions = backbone.step_sizes.iteration_conditions(5, hidden)
+    with torch.no_grad():
+        for t in range(3):
+            hidden = backbone.layers[0](hidden, conditions[t], hidden, backbone.step_sizes)[0]
+    for t in range(3, 5):
+        hidden = backbone.layers[0](hidden, conditions[t], hidden, backbone.step_sizes)[0]
+    logits = model.classifier(model.layernorm(hidden[:, 0]))
+    torch.nn.functional.cross_entropy(logits, labels).backward()
+    by_hand = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    assert truncated.keys() == by_hand.keys()
+    for name in truncated:
+        torch.testing.assert_close(truncated[name], by_hand[name], msg=name)
+    # the embeddings feed the graph only through the first T − k iterations: no gradient reaches them
+    assert not any(name.startswith("hyperset.embeddings.") for name in truncated)
+
+
+def _saved_bytes(model: HyperSetForImageClassification, num_iterations: int, backprop_iterations: int) -> int:
+    total = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(
+            pixel_values=pixels(), num_iterations=num_iterations, backprop_iterations=backprop_iterations
+        ).logits.sum().backward()
+    return total
+
+
+def test_backward_memory_does_not_grow_with_depth_beyond_k():
+    model = image_model(step_scale=3.0).train()
+    short, long = _saved_bytes(model, 4, 2), _saved_bytes(model, 16, 2)
+    assert short == long
+    assert _saved_bytes(model, 16, 16) > 4 * long  # without truncation it grows with T
+
+
+# ---------------------------------------------------------------- adaptive halting
+
+
+class _CountAttentionRows:
+    """Counts the samples (batch rows) every attention call processes."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+
+    def __enter__(self) -> _CountAttentionRows:
+        original = HyperSetAttention.forward
+
+        def counted(module, hidden_states, *args, **kwargs):
+            self.rows += hidden_states.shape[0]
+            return original(module, hidden_states, *args, **kwargs)
+
+        self._original, HyperSetAttention.forward = original, counted
+        return self
+
+    def __exit__(self, *exc) -> None:
+        HyperSetAttention.forward = self._original
+
+
+@pytest.mark.parametrize(("criterion", "tolerance"), [("state", 0.05), ("energy", 1e-3)])
+def test_halted_samples_equal_running_alone_with_their_depth_and_are_not_recomputed(criterion, tolerance):
+    model, inputs = image_model(step_scale=20.0), pixels(batch=6)
+    with torch.no_grad(), _CountAttentionRows() as counter:
+        out = model(
+            pixel_values=inputs, num_iterations=40, halting_tolerance=tolerance, halting_criterion=criterion
+        )
+    used = out.iterations_used
+    assert used.shape == (6,) and used.dtype == torch.long
+    assert len(set(used.tolist())) > 1 and used.max() <= 40  # samples of one batch halt at different depths
+    assert counter.rows == int(used.sum())  # each iteration ran only the samples still iterating
+    with torch.no_grad():
+        for i in range(6):
+            alone = model(pixel_values=inputs[i : i + 1], num_iterations=int(used[i])).logits
+            torch.testing.assert_close(out.logits[i : i + 1], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_halting_respects_padding_and_reaches_the_token_head():
+    torch.manual_seed(0)
+    config = hyperset_config("sequence", num_hidden_layers=1)
+    model = perturb(HyperSetForTokenClassification(config)).eval()
+    ids = torch.randint(0, 20, (3, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[0, -3:] = 0
+    out = model(input_ids=ids, attention_mask=mask, num_iterations=30, halting_tolerance=1e-3)
+    trimmed = model(input_ids=ids[:1, :4], num_iterations=int(out.iterations_used[0]))
+    torch.testing.assert_close(out.logits[0, :4], trimmed.logits[0], rtol=1e-5, atol=1e-5)
+
+
+def test_halting_is_off_in_training_and_under_compile():
+    model, inputs = image_model(step_scale=20.0), pixels()
+    assert model.train()(pixel_values=inputs, halting_tolerance=0.5).iterations_used is None
+    fixed_depth = model.eval()(pixel_values=inputs).logits  # T = 3
+    model.config.halting_tolerance = 0.5  # in eager mode every sample now halts after one iteration
+    assert model(pixel_values=inputs).iterations_used.tolist() == [1, 1, 1, 1]
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(pixel_values=inputs)
+    assert compiled.iterations_used is None  # the fixed-T path: one graph, no data-dependent exit
+    torch.testing.assert_close(compiled.logits, fixed_depth)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name"),
+    [
+        (dict(halting_tolerance=0.0), "halting_tolerance"),
+        (dict(halting_tolerance=-1e-3), "halting_tolerance"),
+        (dict(backprop_iterations=4), "backprop_iterations"),
+        (dict(backprop_iterations=0), "backprop_iterations"),
+        (dict(iteration_sampling="geometric"), "iteration_sampling"),
+        (dict(iteration_conditioning="learned"), "iteration_conditioning"),
+        (dict(halting_criterion="loss"), "halting_criterion"),
+        (dict(iteration_sampling="uniform", min_iterations=5, max_iterations=4), "min_iterations"),
+        (dict(iteration_sampling_sigma=0.0), "iteration_sampling_sigma"),
+    ],
+)
+def test_bad_recurrent_depth_settings_fail_in_the_config(overrides, name):
+    with pytest.raises(ValueError, match=name):
+        hyperset_config("image", **overrides)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        (dict(halting_tolerance=0.0), "halting_tolerance"),
+        (dict(halting_criterion="loss"), "halting_criterion"),
+        (dict(backprop_iterations=5, num_iterations=4), "backprop_iterations"),
+        (dict(num_iterations=0), "num_iterations"),
+        (dict(halting_tolerance=0.1, output_hidden_states=True), "halting_tolerance"),
+    ],
+)
+def test_bad_recurrent_depth_arguments_fail_before_any_work(kwargs, name):
+    model = image_model()
+    with pytest.raises(ValueError, match=name):
+        model(pixel_values=pixels(), **kwargs)
