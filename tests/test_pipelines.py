@@ -1,0 +1,92 @@
+"""`energyformers.pipelines`: transformers' classification pipelines with the model's depth arguments as call
+arguments, checked against direct model calls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from fixtures import hyperset_config, imixer_config, perturb
+from PIL import Image
+from transformers import pipeline
+
+from energyformers import (
+    HyperSetForImageClassification,
+    HyperSetForSequenceClassification,
+    IMixerForImageClassification,
+)
+from energyformers.pipelines import ImageClassificationPipeline, TextClassificationPipeline
+from energyformers.training.processing import build_image_processor, train_tokenizer
+
+
+def _image() -> Image.Image:
+    pixels = np.random.default_rng(0).integers(0, 255, (8, 8, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+def _scores(result: list[dict]) -> dict[str, float]:
+    return {entry["label"]: entry["score"] for entry in result}
+
+
+def _direct_scores(model: torch.nn.Module, inputs: dict, **depth) -> dict[str, float]:
+    with torch.no_grad():
+        probabilities = model(**inputs, **depth).logits.softmax(-1)[0]
+    return {model.config.id2label[i]: float(p) for i, p in enumerate(probabilities)}
+
+
+@pytest.fixture
+def image_classifier() -> tuple:
+    torch.manual_seed(0)
+    model = perturb(
+        HyperSetForImageClassification(hyperset_config("image", num_hidden_layers=1, num_channels=3)), seed=2
+    )
+    with torch.no_grad():
+        model.hyperset.step_sizes.proj.weight.mul_(20)
+    processor = build_image_processor(model.config)
+    classify = pipeline(
+        "image-classification",
+        model=model.eval(),
+        image_processor=processor,
+        pipeline_class=ImageClassificationPipeline,
+    )
+    return model, processor, classify
+
+
+@pytest.mark.parametrize(
+    "depth", [dict(num_iterations=1), dict(num_iterations=9), dict(halting_tolerance=0.5)]
+)
+def test_image_pipeline_passes_depth_arguments_to_the_model(image_classifier, depth):
+    model, processor, classify = image_classifier
+    inputs = processor(_image(), return_tensors="pt")
+    got = _scores(classify(_image(), top_k=4, **depth))
+    expected = _direct_scores(model, dict(inputs), **depth)
+    assert got == pytest.approx(expected, abs=1e-6)
+    assert got != pytest.approx(_direct_scores(model, dict(inputs)), abs=1e-4)  # the argument mattered
+    assert "forward" not in model.__dict__  # the model is left as it was
+
+
+def test_text_pipeline_passes_depth_arguments_to_the_model():
+    torch.manual_seed(0)
+    texts = ["a good film", "a bad film", "good good", "bad bad film"] * 4
+    tokenizer = train_tokenizer(texts, vocab_size=30, max_length=16)
+    config = hyperset_config("sequence", num_hidden_layers=1, vocab_size=len(tokenizer))
+    model = perturb(HyperSetForSequenceClassification(config), seed=2).eval()
+    classify = pipeline(
+        "text-classification", model=model, tokenizer=tokenizer, pipeline_class=TextClassificationPipeline
+    )
+    inputs = dict(tokenizer("a good film", return_tensors="pt"))
+    got = _scores(classify("a good film", top_k=None, num_iterations=7))
+    assert got == pytest.approx(_direct_scores(model, inputs, num_iterations=7), abs=1e-6)
+
+
+def test_an_argument_the_model_does_not_take_is_rejected_by_name():
+    model = IMixerForImageClassification(imixer_config("image", num_channels=3)).eval()
+    classify = pipeline(
+        "image-classification",
+        model=model,
+        image_processor=build_image_processor(model.config),
+        pipeline_class=ImageClassificationPipeline,
+    )
+    assert len(classify(_image(), fixed_point_iterations=4)) == 4
+    with pytest.raises(ValueError, match="halting_tolerance"):
+        classify(_image(), halting_tolerance=0.1)
