@@ -19,6 +19,7 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from .configuration.configuration_hyperbf import HyperBFConfig
 from .configuration.configuration_hyperset import HyperSetConfig
 from .configuration.configuration_imixer import IMixerConfig
+from .configuration.configuration_looped_transformer import LoopedTransformerConfig
 from .modeling.modeling_hyperbf import (
     HyperBFForImageClassification,
     HyperBFForSequenceClassification,
@@ -34,6 +35,12 @@ from .modeling.modeling_imixer import (
     IMixerForImageClassification,
     IMixerForSequenceClassification,
     IMixerModel,
+)
+from .modeling.modeling_looped_transformer import (
+    LoopedTransformerForImageClassification,
+    LoopedTransformerForSequenceClassification,
+    LoopedTransformerForTokenClassification,
+    LoopedTransformerModel,
 )
 
 __version__ = "0.1.0"
@@ -97,6 +104,21 @@ FAMILIES: dict[str, Family] = {
     ),
 }
 
+# Baselines the families are measured against: registered with the Auto classes like a family (a saved run
+# reloads with `AutoModelFor*.from_pretrained`), but not in `FAMILIES`, so they have no Hub export.
+BASELINES: dict[str, Family] = {
+    "looped-transformer": Family(
+        stem="looped_transformer",
+        config_class=LoopedTransformerConfig,
+        heads={
+            "AutoModel": LoopedTransformerModel,
+            "AutoModelForImageClassification": LoopedTransformerForImageClassification,
+            "AutoModelForSequenceClassification": LoopedTransformerForSequenceClassification,
+            "AutoModelForTokenClassification": LoopedTransformerForTokenClassification,
+        },
+    ),
+}
+
 INPUT_TYPES: dict[str, InputType] = {
     "image": InputType(
         main_input_name="pixel_values",
@@ -131,12 +153,13 @@ def task_of(input_type: str, auto_class: str) -> str:
     )
 
 
-for _model_type, _family in FAMILIES.items():
+for _model_type, _family in {**FAMILIES, **BASELINES}.items():
     transformers.AutoConfig.register(_model_type, _family.config_class, exist_ok=True)
     for _auto_name, _head in _family.heads.items():
         getattr(transformers, _auto_name).register(_family.config_class, _head, exist_ok=True)
 
 __all__ = [
+    "BASELINES",
     "FAMILIES",
     "INPUT_TYPES",
     "Family",
@@ -154,6 +177,11 @@ __all__ = [
     "IMixerForSequenceClassification",
     "IMixerModel",
     "InputType",
+    "LoopedTransformerConfig",
+    "LoopedTransformerForImageClassification",
+    "LoopedTransformerForSequenceClassification",
+    "LoopedTransformerForTokenClassification",
+    "LoopedTransformerModel",
     "__version__",
     "task_of",
 ]

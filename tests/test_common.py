@@ -467,7 +467,21 @@ def test_gradient_checkpointing_matches_plain_backprop(case, variant):
 # logits[0, :3] (per token: logits[0, 0, :3]; base models: last_hidden_state[0, 0, :3]) of `perturb(case.build())`
 # on `case.inputs()`. Regenerate: .venv/bin/python tests/test_common.py --regenerate-expected-slices
 # BEGIN EXPECTED_SLICES
-EXPECTED_SLICES: dict[str, list[float]] = {}
+EXPECTED_SLICES: dict[str, list[float]] = {
+    "HyperSetModel-image": [-0.0280, 1.6255, -0.3158],
+    "HyperSetModel-sequence": [-0.0071, 1.0106, -0.0047],
+    "HyperSetForImageClassification-image": [0.1706, 0.0118, -0.0644],
+    "HyperSetForSequenceClassification-sequence": [-0.0033, -0.0111, -0.0072],
+    "HyperSetForTokenClassification-sequence": [-0.0033, -0.0111, -0.0072],
+    "HyperBFModel-image": [-0.3577, -0.6324, -2.2377],
+    "HyperBFModel-sequence": [-0.6162, 0.5672, 0.7919],
+    "HyperBFForImageClassification-image": [-0.0895, -0.0543, -0.1826],
+    "HyperBFForSequenceClassification-sequence": [-0.0272, -0.3956, -0.0369],
+    "IMixerModel-image": [0.0761, 0.3931, 0.4181],
+    "IMixerModel-sequence": [-0.2773, 0.6275, 1.7180],
+    "IMixerForImageClassification-image": [0.0022, -0.0144, -0.0267],
+    "IMixerForSequenceClassification-sequence": [0.0132, -0.0061, -0.0107],
+}
 # END EXPECTED_SLICES
 
 

@@ -75,6 +75,7 @@ TABLES = (
     "_CHOICES",
     "_POSITIVE_INTS",
     "_NON_NEGATIVE_INTS",
+    "_OPTIONAL_POSITIVE_INTS",
     "_PROBABILITIES",
     "_POSITIVE_FLOATS",
     "_OPTIONAL_POSITIVE_FLOATS",
@@ -223,6 +224,14 @@ def test_non_negative_int_fields_accept_zero_and_reject_negatives_bools_and_floa
     for value in (-1, False, True, 0.0, 1.5, None):
         expect_invalid(family, name, value)
     assert getattr(make(family, **{name: 0}), name) == 0
+
+
+@pytest.mark.parametrize(("family", "name"), table_cases("_OPTIONAL_POSITIVE_INTS"))
+def test_optional_positive_int_fields_accept_none_and_reject_zero_bools_and_floats(family, name):
+    for value in (0, -1, True, 1.5, "2"):
+        expect_invalid(family, name, value)
+    assert getattr(make(family, **{name: None}), name) is None
+    assert getattr(make(family, **{name: 2}), name) == 2
 
 
 @pytest.mark.parametrize(("family", "name"), table_cases("_PROBABILITIES"))

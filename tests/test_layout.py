@@ -68,6 +68,7 @@ def test_modeling_file_imports_only_torch_transformers_and_its_config(family):
         "__future__",
         "math",
         "collections",
+        "contextlib",
         "dataclasses",
         "torch",
         "transformers",

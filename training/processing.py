@@ -1,6 +1,7 @@
-"""Preprocessing that is saved next to the model: a PIL image processor or an offline-trained tokenizer.
+"""Preprocessing that is saved next to the model: a PIL image processor, an offline-trained tokenizer, or
+the fixed one-token-per-cell tokenizer of Sudoku grids.
 
-Both load back with `AutoImageProcessor` / `AutoTokenizer` from the output folder, which is what
+All load back with `AutoImageProcessor` / `AutoTokenizer` from the output folder, which is what
 `pipeline(...)` uses, so inference sees exactly the training-time preprocessing.
 """
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import PIL.Image
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast, ViTImageProcessorPil
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]"]  # PAD = 0 so zero-padding and the padding id agree
@@ -117,4 +118,42 @@ def text_transform(
     return transform
 
 
-__all__ = ["build_image_processor", "image_transform", "text_transform", "to_rgb", "train_tokenizer"]
+def cell_tokenizer(num_cells: int = 81) -> PreTrainedTokenizerFast:
+    """The fixed tokenizer of grid puzzles: one token per character, "0"–"9" → ids 0–9 (0 = blank).
+
+    So a saved Sudoku model folder works with `pipeline("token-classification")` on a puzzle string such as
+    "530070000600195000…" (81 characters; "." also means blank, whitespace and line breaks are ignored).
+    The vocabulary is exactly the 10 cell values, matching the `sudoku` preset's `vocab_size=10`; there is no
+    [UNK] (another character is an error) and no padding token (every puzzle has `num_cells` cells).
+    """
+    tokenizer = Tokenizer(models.WordLevel(vocab={str(d): d for d in range(10)}, unk_token=None))
+    tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.Replace(".", "0"), normalizers.Replace(Regex(r"\s+"), "")]
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, model_max_length=num_cells, model_input_names=["input_ids"]
+    )
+
+
+def cells_transform() -> Callable[[dict[str, list]], dict[str, Any]]:
+    """`Dataset.set_transform` function of the token-classification built-ins: the cells already are the ids,
+    so a batch of {input_ids, labels, givens} → {input_ids, labels} as plain int lists (the collator makes
+    int64 tensors)."""
+
+    def transform(batch: dict[str, list]) -> dict[str, Any]:
+        return {"input_ids": batch["input_ids"], "labels": batch["labels"]}
+
+    return transform
+
+
+__all__ = [
+    "build_image_processor",
+    "cell_tokenizer",
+    "cells_transform",
+    "image_transform",
+    "text_transform",
+    "to_rgb",
+    "train_tokenizer",
+]

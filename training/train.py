@@ -2,8 +2,10 @@
 
     energyformers train --model hyperset --dataset digits --output_dir runs/demo-hyperset
 
-Everything that can be wrong with the input (model, preset, config overrides, dataset, columns,
-labels, images, output folder) is checked before training starts and before anything is written.
+Everything that can be wrong with the input (model, preset, config overrides, recurrent-depth flags, dataset,
+columns, labels, images, output folder) is checked before training starts and before anything is written.
+Token-classification built-ins (`--dataset sudoku`, `--dataset sudoku-hard`) train the family's
+`AutoModelForTokenClassification` head and report board and blank-cell accuracy.
 Checkpoints go to `<output_dir>.checkpoints/` (resume with `--resume`); the finished model folder is
 assembled there and renamed to `<output_dir>` in one step, so `<output_dir>` is either complete or absent.
 """
@@ -29,6 +31,7 @@ from typing import Any
 # Concise logs: silence TF/flax probes and tokenizers fork warnings before transformers is imported.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import numpy as np
 import torch
 import transformers
 from accelerate import PartialState
@@ -52,7 +55,14 @@ from .data import (
     load_data,
     task_of,
 )
-from .processing import build_image_processor, image_transform, text_transform, train_tokenizer
+from .processing import (
+    build_image_processor,
+    cell_tokenizer,
+    cells_transform,
+    image_transform,
+    text_transform,
+    train_tokenizer,
+)
 
 METRICS_DIR = Path(__file__).parent / "metrics"
 
@@ -91,6 +101,25 @@ DEFAULT_CONFIGS: dict[tuple[str, str], dict[str, Any]] = {
 }
 # Longest tokenized text per built-in (spam e-mails are long; rotten_tomatoes sentences are ~25 tokens).
 DEFAULT_MAX_LENGTH = {"spam": 256}
+# Recurrent depth (shared/specs/recurrent-depth.md): CLI flags that set the config field of the same name, in
+# both training loops. Default: the config's (the preset's, the checkpoint's or the class default).
+DEPTH_FLAGS: dict[str, tuple[type, str]] = {
+    "iteration_conditioning": (
+        str,
+        '"none" (one time-invariant map, extrapolates in depth; the default) or "sinusoidal" (t-conditioned, ablation)',
+    ),
+    "iteration_sampling": (
+        str,
+        'depth of each training forward: "fixed" (num_iterations), "uniform" over [min, max] or "poisson-lognormal" '
+        "(mean num_iterations); every process draws the same depth per step",
+    ),
+    "min_iterations": (int, "smallest sampled depth"),
+    "max_iterations": (int, "largest sampled depth"),
+    "backprop_iterations": (
+        int,
+        "k: differentiate only the last k iterations (truncated backpropagation through depth)",
+    ),
+}
 
 
 class UsageError(ValueError):
@@ -100,22 +129,35 @@ class UsageError(ValueError):
 # --------------------------------------------------------------------------- arguments
 
 
+def model_registry() -> dict[str, energyformers.Family]:
+    """Everything `--model` accepts: the families, and the baselines where `energyformers.BASELINES` exists
+    (trainable here like a family; `export`/`push` take families only)."""
+    return {**energyformers.FAMILIES, **getattr(energyformers, "BASELINES", {})}
+
+
 def add_model_data_arguments(p: argparse.ArgumentParser) -> None:
     """Model and data flags shared by `train` and `train-accelerate`."""
     g = p.add_argument_group("model")
     g.add_argument(
         "--model",
         default=None,
-        help=f"model family, one of {sorted(energyformers.FAMILIES)} (default hyperset)",
+        help=f"model family or baseline, one of {sorted(model_registry())} (default hyperset)",
     )
     g.add_argument("--preset", default=None, help="named paper config of the family (Config.from_preset)")
     g.add_argument(
         "--config", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides; values parsed as JSON"
     )
     g.add_argument("--from_pretrained", default=None, metavar="DIR_OR_REPO", help="fine-tune this checkpoint")
+    g = p.add_argument_group(
+        "recurrent depth (Hyper-SET and the looped-Transformer baseline; default: the config's)"
+    )
+    for name, (kind, help_) in DEPTH_FLAGS.items():
+        g.add_argument(f"--{name}", type=kind, default=None, help=help_)
     g = p.add_argument_group("data")
     g.add_argument(
-        "--dataset", default="digits", help="built-in name, local folder/file, or Hub dataset name"
+        "--dataset",
+        default="digits",
+        help=f"built-in ({', '.join(BUILTIN_DATASETS)}), local folder/file, or Hub dataset name",
     )
     g.add_argument("--image_column", default=None)
     g.add_argument("--text_column", default=None)
@@ -225,11 +267,43 @@ class Setup:
 
 
 def _family(model_type: str) -> energyformers.Family:
-    if model_type not in energyformers.FAMILIES:
-        raise UsageError(
-            f"--model {model_type!r} is not available; registered families are {sorted(energyformers.FAMILIES)}"
-        )
-    return energyformers.FAMILIES[model_type]
+    registry = model_registry()
+    if model_type not in registry:
+        raise UsageError(f"--model {model_type!r} is not available; registered models are {sorted(registry)}")
+    return registry[model_type]
+
+
+def depth_overrides(args: argparse.Namespace, config_class: type, model_type: str) -> dict[str, Any]:
+    """The recurrent-depth flags that were given, as config fields; a `UsageError` naming the flag for a model
+    without that field (iMixer, HyperBF) or when `--config` sets the same field to something else."""
+    given = {name: getattr(args, name) for name in DEPTH_FLAGS if getattr(args, name, None) is not None}
+    for name, value in given.items():
+        if not _accepts(config_class, name):
+            having = sorted(m for m, f in model_registry().items() if _accepts(f.config_class, name))
+            raise UsageError(
+                f"--{name} {value}: {model_type} has no recurrent depth to configure ({config_class.__name__} has "
+                f"no {name} field); it applies to {having}. Drop the flag."
+            )
+    overrides = parse_overrides(args.config)
+    for name, value in given.items():
+        if name in overrides and overrides[name] != value:
+            raise UsageError(
+                f"--{name} {value} and --config {name}={overrides[name]} disagree; pass one of them"
+            )
+    return given
+
+
+def _config_error(err: Exception, depth: dict[str, Any], what: str) -> UsageError:
+    """A config validation error as a usage error naming the flag behind the field it names, if a flag set it."""
+    message = str(err)
+    related = {"min_iterations": ("min_iterations", "max_iterations")}
+    related["max_iterations"] = related["min_iterations"]
+    for field in DEPTH_FLAGS:
+        if f"invalid {field}=" in message:
+            flags = [f"--{name} {depth[name]}" for name in related.get(field, (field,)) if name in depth]
+            if flags:
+                return UsageError(f"invalid {' and '.join(flags)}: {message}")
+    return UsageError(f"invalid {what}: {message}")
 
 
 def auto_head(input_type: str, task: str) -> type:
@@ -362,19 +436,33 @@ def _build_config_and_processor(args: argparse.Namespace, data: Any, state: Part
                     "embeddings were trained with"
                 ) from err
         _check_override_keys(type(config), overrides)
+        depth = depth_overrides(args, type(config), config.model_type)
         try:  # re-validate the merged config
-            config = type(config)(**{**config.to_dict(), **overrides, **labels})
+            config = type(config)(**{**config.to_dict(), **overrides, **depth, **labels})
         except (TypeError, ValueError) as err:
-            raise UsageError(f"invalid --config for {config.model_type}: {err}") from err
+            raise _config_error(err, depth, f"--config for {config.model_type}") from err
         return config, processor
 
     model_type = args.model or "hyperset"
-    config_class = _family(model_type).config_class
+    family = _family(model_type)
+    config_class = family.config_class
+    head = energyformers.INPUT_TYPES[modality].tasks[task]
+    if head not in family.heads:
+        having = sorted(m for m, f in model_registry().items() if head in f.heads)
+        raise UsageError(
+            f"--dataset {args.dataset} is a {task} dataset and {model_type} has no {task} head; use one of {having}"
+        )
+    depth = depth_overrides(args, config_class, model_type)
     fields: dict[str, Any] = {"input_type": modality}
     if not args.preset:
-        fields.update(DEFAULT_CONFIGS.get((model_type, modality), {}))
+        fields.update(_default_config(model_type, modality))
     processor = None
-    if modality == "image":
+    if task == "token-classification":  # the cells are the ids: a fixed tokenizer, nothing to train
+        processor = cell_tokenizer(len(data["train"][0]["input_ids"]))
+        fields.update(vocab_size=len(processor), max_position_embeddings=processor.model_max_length)
+        if not args.preset and _accepts(config_class, "position_embedding_type"):
+            fields["position_embedding_type"] = "learned"  # a fixed 81-cell layout, as the sudoku preset
+    elif modality == "image":
         if not args.preset:
             fields.update({k: v for k, v in _image_geometry(data).items() if _accepts(config_class, k)})
         fields["num_channels"] = 3
@@ -395,15 +483,27 @@ def _build_config_and_processor(args: argparse.Namespace, data: Any, state: Part
             vocab_size=len(processor), max_position_embeddings=max_length, pad_token_id=processor.pad_token_id
         )
     fields.update(overrides)
+    fields.update(depth)
     fields.update(labels)
     _check_override_keys(config_class, overrides)
     try:
         config = config_class.from_preset(args.preset, **fields) if args.preset else config_class(**fields)
     except (TypeError, ValueError) as err:  # the config's own validation names the field and what is allowed
-        raise UsageError(f"invalid --preset/--config for {model_type}: {err}") from err
+        raise _config_error(err, depth, f"--preset/--config for {model_type}") from err
     if processor is None:
         processor = build_image_processor(config)
     return config, processor
+
+
+def _default_config(model_type: str, modality: str) -> dict[str, Any]:
+    """The small CLI config of (model, input type); a baseline without its own entry gets Hyper-SET's sizes for
+    the fields it shares (same embeddings, head and iteration count: side-by-side comparisons)."""
+    if (model_type, modality) in DEFAULT_CONFIGS:
+        return dict(DEFAULT_CONFIGS[model_type, modality])
+    if model_type in getattr(energyformers, "BASELINES", {}):
+        config_class = model_registry()[model_type].config_class
+        return {k: v for k, v in DEFAULT_CONFIGS["hyperset", modality].items() if _accepts(config_class, k)}
+    return {}
 
 
 def default_epochs(task: str) -> int:
@@ -425,7 +525,9 @@ def build_model_and_data(args: argparse.Namespace, state: PartialState) -> tuple
         model = head.from_pretrained(args.from_pretrained, config=config, ignore_mismatched_sizes=True)
     else:
         model = head.from_config(config)
-    if config.input_type == "image":
+    if task == "token-classification":
+        transform, collator = cells_transform(), default_data_collator
+    elif config.input_type == "image":
         transform = image_transform(processor)
         collator = default_data_collator
     else:
@@ -553,19 +655,76 @@ def _metric(name: str) -> Any:
     return evaluate.load(str(METRICS_DIR / name / f"{name}.py"))
 
 
-def compute_metrics_fn() -> Any:
-    accuracy, f1 = _metric("accuracy"), _metric("f1")
+def task_metrics(task: str, predictions: Any, references: Any) -> dict[str, float]:
+    """The metrics of `task` from predicted and true class ids (numpy), shared by both training loops.
 
+    Classification: `accuracy` and `f1_macro`. Token classification (Sudoku: labels −100 on given cells):
+    `blank_cell_accuracy`, the fraction of labelled (blank) cells predicted right, and `board_accuracy`, the
+    fraction of sequences (boards) with every labelled cell right.
+    """
+    predictions, references = np.asarray(predictions), np.asarray(references)
+    if task == "token-classification":
+        labelled = references != -100
+        hits = (predictions == references) & labelled
+        return {
+            "blank_cell_accuracy": float(hits.sum() / max(int(labelled.sum()), 1)),
+            "board_accuracy": float((hits.sum(1) == labelled.sum(1)).mean()),
+        }
+    if predictions.ndim > 1:
+        predictions = predictions.argmax(-1)
+    f1 = _metric("f1").compute(predictions=predictions, references=references, average="macro")
+    return {
+        "accuracy": _metric("accuracy").compute(predictions=predictions, references=references)["accuracy"],
+        "f1_macro": f1["f1"],
+    }
+
+
+def primary_metric(task: str) -> str:
+    """The accuracy-like metric plotted next to the loss curve."""
+    return "blank_cell_accuracy" if task == "token-classification" else "accuracy"
+
+
+def summary(task: str, metrics: dict[str, float]) -> str:
+    """The one-line result printed at the end of both loops (and quoted in the Accelerate model card)."""
+    if task == "token-classification":
+        return (
+            f"board accuracy {metrics['board_accuracy']:.4f}  "
+            f"blank-cell accuracy {metrics['blank_cell_accuracy']:.4f}"
+        )
+    return f"accuracy {metrics['accuracy']:.4f}  macro-F1 {metrics['f1_macro']:.4f}"
+
+
+def data_summary(data: Any) -> dict[str, str] | None:
+    """For grid puzzles (a `givens` column): the distribution of given cells per split (shared/specs/data.md)."""
+    if "givens" not in data["train"].column_names:
+        return None
+    from .sudoku import format_givens_counts
+
+    return {split: format_givens_counts(ds.with_format(None)["givens"]) for split, ds in data.items()}
+
+
+def continue_iteration_draws(model: Any, global_step: int, gradient_accumulation_steps: int) -> None:
+    """On (re)start, set the depth draw counter of a recurrent-depth backbone (`iteration_draws`, one draw per
+    training forward) to the forwards done by `global_step` optimizer steps, so a resumed run continues the
+    sequence of sampled depths where it stopped. Every process sets the same value: ranks stay in lock-step."""
+    backbone = getattr(model, "base_model", model)
+    if hasattr(backbone, "iteration_draws"):
+        backbone.iteration_draws = global_step * gradient_accumulation_steps
+
+
+class ContinueIterationDraws(TrainerCallback):
+    """`continue_iteration_draws` when `Trainer` starts (the global step is already restored on `--resume`)."""
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        continue_iteration_draws(model, state.global_step, args.gradient_accumulation_steps)
+
+
+def compute_metrics_fn(task: str) -> Any:
     def compute_metrics(eval_pred: Any) -> dict[str, float]:
         predictions, references = eval_pred.predictions, eval_pred.label_ids
         if isinstance(predictions, tuple):
             predictions = predictions[0]
-        if predictions.ndim > 1:
-            predictions = predictions.argmax(-1)
-        return {
-            "accuracy": accuracy.compute(predictions=predictions, references=references)["accuracy"],
-            "f1_macro": f1.compute(predictions=predictions, references=references, average="macro")["f1"],
-        }
+        return task_metrics(task, predictions, references)
 
     return compute_metrics
 
@@ -575,14 +734,16 @@ def _argmax_logits(logits: Any, labels: Any) -> torch.Tensor:
     return (logits[0] if isinstance(logits, tuple) else logits).argmax(-1)
 
 
-def plot_training_curve(log_history: list[dict[str, Any]], path: Path, title: str) -> None:
+def plot_training_curve(
+    log_history: list[dict[str, Any]], path: Path, title: str, metric: str = "accuracy"
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     train = [(h["step"], h["loss"]) for h in log_history if "loss" in h]
-    evals = [(h["step"], h["eval_loss"], h.get("eval_accuracy")) for h in log_history if "eval_loss" in h]
+    evals = [(h["step"], h["eval_loss"], h.get(f"eval_{metric}")) for h in log_history if "eval_loss" in h]
     fig, ax = plt.subplots(figsize=(6, 3.6))
     if train:
         ax.plot(*zip(*train), label="train loss")
@@ -593,9 +754,9 @@ def plot_training_curve(log_history: list[dict[str, Any]], path: Path, title: st
     if evals and evals[0][2] is not None:
         acc = ax.twinx()
         acc.plot(
-            [e[0] for e in evals], [e[2] for e in evals], "s--", color="tab:green", label="eval accuracy"
+            [e[0] for e in evals], [e[2] for e in evals], "s--", color="tab:green", label=f"eval {metric}"
         )
-        acc.set_ylabel("accuracy")
+        acc.set_ylabel(metric.replace("_", " "))
         acc.legend(loc="center right")
     ax.legend(loc="upper right")
     ax.set_title(title)
@@ -628,6 +789,17 @@ def _print_predictions(output_dir: Path, data: Any, task: str, count: int) -> No
     processor = auto_processor(input_type).from_pretrained(output_dir)
     pipe = transformers.pipeline(task, model=model, **{processor_keyword(input_type): processor})
     test = data["test"].with_format(None)  # raw images/texts, without the training transform
+    if task == "token-classification":  # a grid puzzle as its string of cells, one predicted label per cell
+        print(f"pipeline({task!r}) on the reloaded {output_dir.name}:")
+        for i in range(min(count, len(test))):
+            row = test[i]
+            puzzle = "".join(str(v) for v in row["input_ids"])
+            predicted = [model.config.label2id[out["entity"]] for out in pipe(puzzle)]
+            blanks = [(p, y) for p, y in zip(predicted, row["labels"]) if y != -100]
+            right = sum(p == y for p, y in blanks)
+            solved = "  solved" if right == len(blanks) else ""
+            print(f"  test[{i}]  {puzzle}  blanks right: {right}/{len(blanks)}{solved}")
+        return
     names = test.features["label"].names
     rows = [test[i] for i in range(min(count, len(test)))]
     inputs = [row["image" if input_type == "image" else "text"] for row in rows]
@@ -674,7 +846,8 @@ def run(argv: list[str], callbacks: list[TrainerCallback] | None = None) -> int:
     if ta.world_size == 1:  # with DDP a rank stopping alone would hang the others in all-reduce
         signal.signal(signal.SIGTERM, stopper.handler)
     with PartialState().local_main_process_first():  # evaluate copies the scripts into its module cache
-        metrics_fn = compute_metrics_fn()
+        metrics_fn = compute_metrics_fn(setup.task)
+        _metric("accuracy"), _metric("f1")
     trainer = Trainer(
         model=setup.model,
         args=ta,
@@ -684,7 +857,7 @@ def run(argv: list[str], callbacks: list[TrainerCallback] | None = None) -> int:
         data_collator=setup.collator,
         compute_metrics=metrics_fn,
         preprocess_logits_for_metrics=_argmax_logits,
-        callbacks=[stopper, *(callbacks or [])],
+        callbacks=[ContinueIterationDraws(), stopper, *(callbacks or [])],
     )
     train_result = trainer.train(resume_from_checkpoint=setup.resume_from)
     if stopper.received:
@@ -726,6 +899,7 @@ def run(argv: list[str], callbacks: list[TrainerCallback] | None = None) -> int:
             trainer.state.log_history,
             stage / "training_curve.png",
             f"{setup.model.config.model_type} on {dataset_name}",
+            primary_metric(setup.task),
         )
         strip = lambda metrics, prefix: {k.removeprefix(prefix): v for k, v in metrics.items()}  # noqa: E731
         metrics = {
@@ -745,9 +919,11 @@ def run(argv: list[str], callbacks: list[TrainerCallback] | None = None) -> int:
                 "world_size": ta.world_size,
                 "global_step": trainer.state.global_step,
                 "config_overrides": parse_overrides(args.config),
+                "depth_flags": {k: getattr(args, k) for k in DEPTH_FLAGS if getattr(args, k) is not None},
                 "from_pretrained": args.from_pretrained,
                 "resumed_from": setup.resume_from,
             },
+            "data": data_summary(setup.data),
             "train": train_result.metrics,
             "eval": strip(eval_metrics, "eval_"),
             "test": strip(test_metrics, "test_"),
@@ -760,8 +936,7 @@ def run(argv: list[str], callbacks: list[TrainerCallback] | None = None) -> int:
         if not args.keep_checkpoints:
             shutil.rmtree(setup.work_dir, ignore_errors=True)
         print(
-            f"test accuracy {metrics['test']['accuracy']:.4f}  macro-F1 {metrics['test']['f1_macro']:.4f}  "
-            f"({metrics['wall_time_s']:.0f} s) → {setup.output_dir}",
+            f"test {summary(setup.task, metrics['test'])}  ({metrics['wall_time_s']:.0f} s) → {setup.output_dir}",
             flush=True,
         )
         _print_predictions(setup.output_dir, setup.data, setup.task, args.num_predictions)

@@ -1,0 +1,193 @@
+# Copyright 2026 The energyformers authors. Licensed under the Apache License, Version 2.0.
+"""Looped-Transformer baseline configuration.
+
+The comparison of every table in Hu, Zou, Xu, *Hyperspherical Energy Transformer with Recurrent Depth*: one
+pre-norm Transformer layer (RMSNorm, bias-free, GELU MLP) applied `num_iterations` times with shared weights,
+with Hyper-SET's embeddings and classification head, so both models are measured side by side at the same
+width, heads and depth. It reuses Hyper-SET's fields and validation; it is a baseline, not a Hub family (never
+exported, so importing the Hyper-SET configuration is fine here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .configuration_hyperset import HyperSetConfig
+
+# Hyper-SET options that have no meaning for a plain Transformer layer: rejected as arguments and absent from
+# the config, so a baseline's config.json never carries a setting it ignores.
+HYPERSET_ONLY_FIELDS: tuple[str, ...] = (
+    "qkv_norm",
+    "step_size_condition",
+    "attention_energy",
+    "feedforward_energy",
+    "iteration_conditioning",
+    "time_embedding_dim",
+    "halting_tolerance",
+    "halting_criterion",
+)
+
+# Fields `from_hyperset` copies: the embeddings, the head, the width, heads and the depth schedule.
+SHARED_FIELDS: tuple[str, ...] = (
+    "input_type",
+    "hidden_size",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "num_iterations",
+    "iteration_sampling",
+    "min_iterations",
+    "max_iterations",
+    "iteration_sampling_sigma",
+    "backprop_iterations",
+    "image_size",
+    "patch_size",
+    "num_channels",
+    "vocab_size",
+    "max_position_embeddings",
+    "position_embedding_type",
+    "pooling",
+    "rms_norm_eps",
+    "layer_norm_eps",
+    "initializer_range",
+    "problem_type",
+)
+
+
+class LoopedTransformerConfig(HyperSetConfig):
+    r"""Configuration of the looped (weight-tied) Transformer baseline (`model_type="looped-transformer"`).
+
+    Args:
+        input_type (`str`, *optional*, defaults to `"image"`):
+            `"image"` (Hyper-SET's patch embedding + CLS token) or `"sequence"` (token embedding of `input_ids`).
+        hidden_size (`int`, *optional*, defaults to 384):
+            Token width d (as Hyper-SET's CIFAR-10 Small model).
+        num_attention_heads (`int`, *optional*, defaults to 6):
+            Heads H of the softmax attention.
+        intermediate_size (`int`, *optional*):
+            Width of the GELU MLP; `None` = 4 · hidden_size, the standard Transformer ratio.
+        num_hidden_layers (`int`, *optional*, defaults to 1):
+            Distinct weight-tied layers L, applied one after the other.
+        num_iterations (`int`, *optional*, defaults to 12):
+            Iterations T of each layer (effective depth L·T); can be overridden per forward call.
+        hidden_act (`str`, *optional*, defaults to `"gelu"`):
+            MLP activation, `"gelu"` (the baseline's) or `"relu"`.
+        iteration_sampling (`str`, *optional*, defaults to `"fixed"`):
+            Depth of each training forward, as Hyper-SET's: `"fixed"`, `"uniform"` or `"poisson-lognormal"`.
+        min_iterations (`int`, *optional*):
+            Smallest sampled depth (Hyper-SET's defaults).
+        max_iterations (`int`, *optional*):
+            Largest sampled depth (Hyper-SET's defaults).
+        iteration_sampling_sigma (`float`, *optional*, defaults to 0.5):
+            σ of the log-normal rate of `"poisson-lognormal"`.
+        backprop_iterations (`int`, *optional*):
+            Differentiate only the last k iterations of each layer (truncated backpropagation through depth).
+        image_size (`int` or `list[int]`, *optional*, defaults to 224):
+            Input resolution (height, width).
+        patch_size (`int`, *optional*, defaults to 16):
+            Side of the square patches.
+        num_channels (`int`, *optional*, defaults to 3):
+            Image channels.
+        vocab_size (`int`, *optional*):
+            Token vocabulary for `input_type="sequence"` (required there).
+        max_position_embeddings (`int`, *optional*, defaults to 512):
+            Longest sequence accepted; the size of the learned position table.
+        position_embedding_type (`str`, *optional*, defaults to `"sinusoidal"`):
+            `"sinusoidal"` or `"learned"` positions for sequences (images: fixed sinusoid, as Hyper-SET).
+        pooling (`str`, *optional*, defaults to `"cls"`):
+            Classifier input: first token (`"cls"`) or masked mean over the real tokens (`"mean"`).
+        rms_norm_eps (`float`, *optional*):
+            Epsilon of the two pre-norm RMSNorms; `None` uses torch's default, as Hyper-SET.
+        layer_norm_eps (`float`, *optional*, defaults to 1e-5):
+            LayerNorm epsilon of the patch embedding and the classifier.
+        initializer_range (`float`, *optional*, defaults to 0.02):
+            Std of the normal initialisation of linear and embedding weights.
+
+    Hyper-SET-only options (`HYPERSET_ONLY_FIELDS`: energies, step sizes, halting) raise `ValueError`.
+    """
+
+    model_type = "looped-transformer"
+
+    def __init__(
+        self,
+        input_type: str = "image",
+        hidden_size: int = 384,
+        num_attention_heads: int = 6,
+        intermediate_size: int | None = None,
+        num_hidden_layers: int = 1,
+        num_iterations: int = 12,
+        hidden_act: str = "gelu",
+        iteration_sampling: str = "fixed",
+        min_iterations: int | None = None,
+        max_iterations: int | None = None,
+        iteration_sampling_sigma: float = 0.5,
+        backprop_iterations: int | None = None,
+        image_size: int | list[int] = 224,
+        patch_size: int = 16,
+        num_channels: int = 3,
+        vocab_size: int | None = None,
+        max_position_embeddings: int = 512,
+        position_embedding_type: str = "sinusoidal",
+        pooling: str = "cls",
+        rms_norm_eps: float | None = None,
+        layer_norm_eps: float = 1e-5,
+        initializer_range: float = 0.02,
+        **kwargs: Any,
+    ) -> None:
+        for name in HYPERSET_ONLY_FIELDS:
+            if name in kwargs:
+                raise ValueError(
+                    f"{type(self).__name__}: invalid {name}={kwargs[name]!r}; a Hyper-SET option that the "
+                    "looped-Transformer baseline does not have (build a HyperSetConfig for it)."
+                )
+        width_known = isinstance(hidden_size, int) and not isinstance(hidden_size, bool)
+        if intermediate_size is None and width_known:
+            intermediate_size = 4 * hidden_size
+        super().__init__(
+            input_type=input_type,
+            hidden_size=hidden_size,
+            num_attention_heads=num_attention_heads,
+            intermediate_size=intermediate_size,
+            num_hidden_layers=num_hidden_layers,
+            num_iterations=num_iterations,
+            hidden_act=hidden_act,
+            iteration_sampling=iteration_sampling,
+            min_iterations=min_iterations,
+            max_iterations=max_iterations,
+            iteration_sampling_sigma=iteration_sampling_sigma,
+            backprop_iterations=backprop_iterations,
+            image_size=image_size,
+            patch_size=patch_size,
+            num_channels=num_channels,
+            vocab_size=vocab_size,
+            max_position_embeddings=max_position_embeddings,
+            position_embedding_type=position_embedding_type,
+            pooling=pooling,
+            rms_norm_eps=rms_norm_eps,
+            layer_norm_eps=layer_norm_eps,
+            initializer_range=initializer_range,
+            **kwargs,
+        )
+        for name in HYPERSET_ONLY_FIELDS:  # validated at their defaults above; not part of this model
+            delattr(self, name)
+
+    @classmethod
+    def from_hyperset(cls, config: HyperSetConfig, **overrides: Any) -> LoopedTransformerConfig:
+        """The baseline matching a Hyper-SET config: same embeddings, head, labels, width, heads and depth.
+
+        The MLP width is the baseline's own (4 · hidden_size unless `intermediate_size` is overridden): Hyper-SET's
+        `intermediate_size` is the size of its dictionary, not an MLP width.
+        """
+        kwargs = {name: getattr(config, name) for name in SHARED_FIELDS}
+        if "num_labels" not in overrides and "id2label" not in overrides:
+            kwargs["id2label"] = dict(config.id2label or {})
+            if config.label2id:
+                kwargs["label2id"] = dict(config.label2id)
+        return cls(**{**kwargs, **overrides})
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> LoopedTransformerConfig:
+        """The baseline of a Hyper-SET preset (`HYPERSET_PRESETS`), with baseline keyword overrides on top."""
+        return cls.from_hyperset(HyperSetConfig.from_preset(name), **overrides)
+
+
+__all__ = ["HYPERSET_ONLY_FIELDS", "LoopedTransformerConfig"]

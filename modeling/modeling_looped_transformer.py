@@ -1,0 +1,383 @@
+# Copyright 2026 The energyformers authors. Licensed under the Apache License, Version 2.0.
+"""Looped (weight-tied) Transformer: the baseline of Hyper-SET.
+
+Hu, Zou, Xu, *Hyperspherical Energy Transformer with Recurrent Depth* compare Hyper-SET in every table with a
+Transformer layer whose weights are shared across depth (as in Dehghani et al., *Universal Transformers*, and
+Giannou et al., *Looped Transformers as Programmable Computers*). Here: one pre-norm layer per
+`num_hidden_layers` — x ← x + Attn(RMSNorm(x)), x ← x + MLP(RMSNorm(x)), bias-free, softmax attention over the
+real tokens, GELU MLP — applied `num_iterations` times, between Hyper-SET's own embeddings and head, with the same
+depth controls (per-call `num_iterations`, random depth in training, truncated backpropagation through depth).
+
+No transformers layer fits as is: the RMSNorm, bias-free families (Llama and its descendants) are causal with
+rotary positions and a gated MLP; the bidirectional vision encoders with a plain GELU MLP (ViT, SigLIP, InternVL)
+use biases and LayerNorm or layer scale. So the layer is a compact own one on `scaled_dot_product_attention`.
+This file is never exported to the Hub, so it imports Hyper-SET's embeddings and depth helpers directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    ImageClassifierOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+
+from ..configuration.configuration_looped_transformer import LoopedTransformerConfig
+from .modeling_hyperset import (
+    HyperSetEmbeddings,
+    HyperSetModel,
+    _check_head_input_type,
+    _masked_mean,
+    sinusoidal_positions,
+)
+
+
+class LoopedTransformerAttention(nn.Module):
+    """Bias-free multi-head softmax attention; padded keys are masked out of every row."""
+
+    def __init__(self, config: LoopedTransformerConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_bias: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`attention_bias`: `(B, 1, 1, N)` additive, 0 on real keys and the dtype's minimum on padded ones."""
+        batch, length, width = hidden_states.shape
+
+        def heads(projection: nn.Linear) -> torch.Tensor:  # (B, N, d) → (B, H, N, d_h)
+            return projection(hidden_states).view(batch, length, self.num_heads, -1).transpose(1, 2)
+
+        q, k, v = heads(self.q_proj), heads(self.k_proj), heads(self.v_proj)
+        if output_attentions:  # the maps themselves are wanted: the eager product
+            scores = (q / math.sqrt(self.head_dim)) @ k.transpose(-1, -2)  # (B, H, N, N)
+            probs = (scores if attention_bias is None else scores + attention_bias).softmax(-1)
+            mixed = probs @ v
+        else:
+            probs, mixed = None, F.scaled_dot_product_attention(q, k, v, attn_mask=attention_bias)
+        mixed = mixed.transpose(1, 2).reshape(batch, length, width)  # (B, H, N, d_h) → (B, N, d)
+        return self.o_proj(mixed), probs
+
+
+class LoopedTransformerMLP(nn.Module):
+    """fc2(act(fc1(x))), bias-free, width `intermediate_size` (4d by default)."""
+
+    def __init__(self, config: LoopedTransformerConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.activation = ACT2FN[config.hidden_act]
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.activation(self.fc1(hidden_states)))
+
+
+class LoopedTransformerLayer(GradientCheckpointingLayer):
+    """One iteration: x ← x + Attn(RMSNorm(x)), then x ← x + MLP(RMSNorm(x)) (pre-norm)."""
+
+    def __init__(self, config: LoopedTransformerConfig) -> None:
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = LoopedTransformerAttention(config)
+        self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = LoopedTransformerMLP(config)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_bias: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        update, probs = self.self_attn(self.input_layernorm(hidden_states), attention_bias, output_attentions)
+        hidden_states = hidden_states + update
+        hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+        return hidden_states, probs
+
+
+class LoopedTransformerPreTrainedModel(PreTrainedModel):
+    config: LoopedTransformerConfig
+    config_class = LoopedTransformerConfig
+    base_model_prefix = "looped_transformer"
+    main_input_name = "pixel_values"
+    input_modalities = ("image", "text")
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["HyperSetEmbeddings", "LoopedTransformerLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.RMSNorm):
+            init.ones_(module.weight)
+        elif isinstance(module, HyperSetEmbeddings):  # as Hyper-SET's own initialisation
+            if module.config.input_type == "image":
+                init.normal_(module.cls_token, mean=0.0, std=1.0)
+            if module.position_encoding is not None:
+                # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
+                init.copy_(
+                    module.position_encoding, sinusoidal_positions(*module.position_encoding.shape[1:])[None]
+                )
+
+
+class LoopedTransformerModel(LoopedTransformerPreTrainedModel):
+    # The depth of a call (per-call value, else a draw of `config.iteration_sampling` in training counted by
+    # `iteration_draws`, else `config.num_iterations`) and its truncation are Hyper-SET's, so both models follow
+    # one schedule in a side-by-side run.
+    _num_iterations = HyperSetModel._num_iterations
+    _backprop_iterations = HyperSetModel._backprop_iterations
+
+    def __init__(self, config: LoopedTransformerConfig) -> None:
+        super().__init__(config)
+        self.embeddings = HyperSetEmbeddings(config)
+        self.layers = nn.ModuleList([LoopedTransformerLayer(config) for _ in range(config.num_hidden_layers)])
+        # Training forwards that drew a depth: the seed of the next draw (see HyperSetModel).
+        self.iteration_draws = 0
+        self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
+        # One modality per signature, as HyperSetModel: images ViT-style, sequences BERT-style.
+        if config.input_type == "image":
+            self.forward = self.forward_images
+        else:
+            self.main_input_name = "input_ids"
+            self.forward = self.forward_tokens
+        self.post_init()
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
+        inputs_embeds: torch.Tensor | None = None,
+        num_iterations: int | None = None,
+        backprop_iterations: int | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> BaseModelOutputWithPooling | tuple:
+        r"""
+        num_iterations (`int`, *optional*):
+            Iterations per layer for this call (defaults to `config.num_iterations`, or in training a depth drawn
+            by `config.iteration_sampling`).
+        backprop_iterations (`int`, *optional*):
+            Differentiate only the last k iterations of each layer (defaults to `config.backprop_iterations`).
+
+        `hidden_states`: the embedding output, then the state after every iteration of every layer (1 + L·T);
+        `attentions`: the softmax maps of every iteration (L·T).
+        """
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = (
+            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        )
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        num_iterations = self._num_iterations(num_iterations)
+        backprop_iterations = self._backprop_iterations(backprop_iterations, num_iterations)
+
+        hidden_states, keep = self.embeddings(
+            pixel_values=pixel_values,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+        )
+        attention_bias = None  # built once for all iterations: (B, N) → (B, 1, 1, N)
+        if keep is not None:
+            blocked = torch.finfo(hidden_states.dtype).min  # finite: a fully padded row stays NaN-free
+            attention_bias = hidden_states.new_zeros(keep.shape).masked_fill(~keep, blocked)[:, None, None]
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        frozen = num_iterations - backprop_iterations  # truncated backprop: the first T − k build no graph
+        for layer in self.layers:
+            for t in range(num_iterations):
+                with torch.no_grad() if t < frozen else contextlib.nullcontext():
+                    hidden_states, probs = layer(hidden_states, attention_bias, output_attentions)
+                if output_hidden_states:
+                    all_hidden_states += (hidden_states,)
+                if output_attentions:
+                    all_attentions += (probs,)
+
+        if self.config.pooling == "cls":
+            pooled = hidden_states[:, 0]
+        else:  # mean over the real tokens; the image CLS token is no patch
+            prefix = self.embeddings.num_prefix_tokens
+            pooled = _masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
+        output = BaseModelOutputWithPooling(
+            last_hidden_state=hidden_states,
+            pooler_output=pooled,
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def forward_images(
+        self, pixel_values: torch.Tensor | None = None, **kwargs
+    ) -> BaseModelOutputWithPooling | tuple:
+        """`forward` of an image backbone."""
+        return LoopedTransformerModel.forward(self, pixel_values=pixel_values, **kwargs)
+
+    def forward_tokens(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPooling | tuple:
+        """`forward` of a sequence backbone: token ids first."""
+        return LoopedTransformerModel.forward(
+            self, input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+        )
+
+
+class _LoopedTransformerHead(LoopedTransformerPreTrainedModel):
+    """Backbone → LayerNorm → Linear (`nn.Identity()` when num_labels == 0), as Hyper-SET's heads."""
+
+    _input_type = "image"
+
+    def __init__(self, config: LoopedTransformerConfig) -> None:
+        super().__init__(config)
+        _check_head_input_type(self, config.input_type, self._input_type)
+        self.looped_transformer = LoopedTransformerModel(config)
+        self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.classifier = (
+            nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
+        )
+        self.post_init()
+
+
+class LoopedTransformerForImageClassification(_LoopedTransformerHead):
+    """Backbone → LayerNorm → Linear on the pooled (CLS) token."""
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        num_iterations: int | None = None,
+        backprop_iterations: int | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> ImageClassifierOutput | tuple:
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.looped_transformer(
+            pixel_values=pixel_values,
+            num_iterations=num_iterations,
+            backprop_iterations=backprop_iterations,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.classifier(self.layernorm(outputs.pooler_output))
+        loss = None if labels is None else self.loss_function(labels, logits, self.config)
+        output = ImageClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class LoopedTransformerForSequenceClassification(_LoopedTransformerHead):
+    """Backbone → LayerNorm → Linear on the pooled token (first token or masked mean)."""
+
+    main_input_name = "input_ids"
+    _input_type = "sequence"
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        num_iterations: int | None = None,
+        backprop_iterations: int | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> SequenceClassifierOutput | tuple:
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.looped_transformer(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            num_iterations=num_iterations,
+            backprop_iterations=backprop_iterations,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.classifier(self.layernorm(outputs.pooler_output))
+        loss = None if labels is None else self.loss_function(labels, logits, self.config)
+        output = SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class LoopedTransformerForTokenClassification(_LoopedTransformerHead):
+    """Backbone → LayerNorm → Linear on every token (e.g. Sudoku cells)."""
+
+    main_input_name = "input_ids"
+    _input_type = "sequence"
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        num_iterations: int | None = None,
+        backprop_iterations: int | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> TokenClassifierOutput | tuple:
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.looped_transformer(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            num_iterations=num_iterations,
+            backprop_iterations=backprop_iterations,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.classifier(self.layernorm(outputs.last_hidden_state))
+        loss = None if labels is None else self.loss_function(logits, labels, self.config)
+        output = TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+__all__ = [
+    "LoopedTransformerForImageClassification",
+    "LoopedTransformerForSequenceClassification",
+    "LoopedTransformerForTokenClassification",
+    "LoopedTransformerModel",
+    "LoopedTransformerPreTrainedModel",
+]
