@@ -193,9 +193,9 @@ class HyperSetConfig(PreTrainedConfig):
         iteration_sampling_sigma (`float`, *optional*, defaults to 0.5):
             σ of the log-normal rate of `"poisson-lognormal"` (0.5, as Geiping et al.).
         backprop_iterations (`int`, *optional*):
-            k: only the last k iterations of each layer are differentiated, the earlier ones run without
-            gradient (truncated backpropagation through depth: backward memory and time independent of T).
-            `None` differentiates all.
+            k: only the last k of the L·T iterations are differentiated, the earlier ones run without gradient
+            (truncated backpropagation through depth: backward memory and time independent of T; with L > 1 a
+            layer whose iterations all come before the last k gets no gradient). `None` differentiates all.
         halting_tolerance (`float`, *optional*):
             ε of adaptive halting at inference (eval mode): a sample stops iterating once its relative state
             change ‖x_{t+1} − x_t‖ / ‖x_t‖ (or relative energy decrease) falls below ε, at num_iterations at
@@ -337,10 +337,11 @@ class HyperSetConfig(PreTrainedConfig):
         )
         _require(
             self,
-            self.backprop_iterations is None or self.backprop_iterations <= self.num_iterations,
+            self.backprop_iterations is None
+            or self.backprop_iterations <= self.num_hidden_layers * self.num_iterations,
             "backprop_iterations",
             self.backprop_iterations,
-            f"it must not exceed num_iterations={self.num_iterations}",
+            f"it must not exceed num_hidden_layers × num_iterations = {self.num_hidden_layers * self.num_iterations}",
         )
 
     @property

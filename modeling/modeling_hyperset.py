@@ -566,7 +566,7 @@ class HyperSetModel(HyperSetPreTrainedModel):
             Iterations per layer for this call (defaults to `config.num_iterations`, or in training a depth
             drawn by `config.iteration_sampling`); larger values extrapolate in depth at test time.
         backprop_iterations (`int`, *optional*):
-            Differentiate only the last k iterations of each layer (defaults to `config.backprop_iterations`).
+            Differentiate only the last k of the L·T iterations (defaults to `config.backprop_iterations`).
         halting_tolerance (`float`, *optional*):
             Adaptive halting in eval mode (defaults to `config.halting_tolerance`): each sample stops once its
             relative state change (or energy decrease) is below this, `num_iterations` being the maximum; the
@@ -607,7 +607,8 @@ class HyperSetModel(HyperSetPreTrainedModel):
         all_attentions = () if output_attentions else None
         iterations_used = None if halting is None else torch.zeros_like(real_tokens[:, 0], dtype=torch.long)
         per_layer_diagnostics = []
-        for layer in self.layers:
+        frozen = len(self.layers) * num_iterations - backprop_iterations  # iterations that build no graph
+        for index, layer in enumerate(self.layers):
             if halting is not None:
                 hidden_states, used = self._iterate_until_halted(
                     layer, hidden_states, embedded, keep, real_tokens, iteration_conditions, *halting
@@ -617,10 +618,8 @@ class HyperSetModel(HyperSetPreTrainedModel):
             records = [self._diagnostics(layer, hidden_states, real_tokens)] if output_energies else None
             for t in range(num_iterations):
                 source = embedded if self.config.step_size_condition == "input" else hidden_states
-                # truncated backpropagation through depth: the first T − k iterations build no graph
-                with (
-                    torch.no_grad() if t < num_iterations - backprop_iterations else contextlib.nullcontext()
-                ):
+                # truncated backpropagation through depth: only the last k of the L·T iterations build a graph
+                with torch.no_grad() if index * num_iterations + t < frozen else contextlib.nullcontext():
                     hidden_states, probs = layer(
                         hidden_states, iteration_conditions[t], source, self.step_sizes, keep
                     )
@@ -665,17 +664,15 @@ class HyperSetModel(HyperSetPreTrainedModel):
         return requested
 
     def _backprop_iterations(self, requested: int | None, num_iterations: int) -> int:
-        """This call's k (iterations differentiated per layer): the request, else the config's, else all."""
+        """This call's k, the iterations differentiated (the last k of all L·T): the request, the config's, or all."""
+        total = self.config.num_hidden_layers * num_iterations
         if requested is None:
             configured = self.config.backprop_iterations
-            return num_iterations if configured is None else min(configured, num_iterations)
-        if (
-            not isinstance(requested, int)
-            or isinstance(requested, bool)
-            or not 1 <= requested <= num_iterations
-        ):
+            return total if configured is None else min(configured, total)
+        if not isinstance(requested, int) or isinstance(requested, bool) or not 1 <= requested <= total:
             raise ValueError(
-                f"backprop_iterations must be an integer in [1, num_iterations={num_iterations}]; got {requested!r}."
+                f"backprop_iterations must be an integer in [1, num_hidden_layers × num_iterations = {total}]; "
+                f"got {requested!r}."
             )
         return requested
 

@@ -184,7 +184,7 @@ class LoopedTransformerModel(LoopedTransformerPreTrainedModel):
             Iterations per layer for this call (defaults to `config.num_iterations`, or in training a depth drawn
             by `config.iteration_sampling`).
         backprop_iterations (`int`, *optional*):
-            Differentiate only the last k iterations of each layer (defaults to `config.backprop_iterations`).
+            Differentiate only the last k of the L·T iterations (defaults to `config.backprop_iterations`).
 
         `hidden_states`: the embedding output, then the state after every iteration of every layer (1 + L·T);
         `attentions`: the softmax maps of every iteration (L·T).
@@ -209,10 +209,11 @@ class LoopedTransformerModel(LoopedTransformerPreTrainedModel):
             attention_bias = hidden_states.new_zeros(keep.shape).masked_fill(~keep, blocked)[:, None, None]
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
-        frozen = num_iterations - backprop_iterations  # truncated backprop: the first T − k build no graph
-        for layer in self.layers:
+        # truncated backprop: all but the last k of the L·T iterations build no graph
+        frozen = len(self.layers) * num_iterations - backprop_iterations
+        for index, layer in enumerate(self.layers):
             for t in range(num_iterations):
-                with torch.no_grad() if t < frozen else contextlib.nullcontext():
+                with torch.no_grad() if index * num_iterations + t < frozen else contextlib.nullcontext():
                     hidden_states, probs = layer(hidden_states, attention_bias, output_attentions)
                 if output_hidden_states:
                     all_hidden_states += (hidden_states,)

@@ -235,7 +235,7 @@ def test_halting_is_off_in_training_and_under_compile():
     [
         (dict(halting_tolerance=0.0), "halting_tolerance"),
         (dict(halting_tolerance=-1e-3), "halting_tolerance"),
-        (dict(backprop_iterations=4), "backprop_iterations"),
+        (dict(backprop_iterations=7), "backprop_iterations"),  # > L·T = 2 × 3
         (dict(backprop_iterations=0), "backprop_iterations"),
         (dict(iteration_sampling="geometric"), "iteration_sampling"),
         (dict(iteration_conditioning="learned"), "iteration_conditioning"),
