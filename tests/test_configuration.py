@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from fixtures import ARCHITECTURE, TINY
 
 from energyformers.configuration import configuration_hyperbf, configuration_hyperset, configuration_imixer
 
@@ -32,44 +33,18 @@ CONFIGS = {
     "imixer": configuration_imixer.IMixerConfig,
     "hyperbf": configuration_hyperbf.HyperBFConfig,
 }
-# Tiny valid configs (as in tests/test_common.py); vocab_size is set so that input_type="sequence" is valid too.
+# The tiny image configs of tests/fixtures.py, with a vocabulary so that input_type="sequence" is valid too.
 BASE: dict[str, dict[str, Any]] = {
-    "hyperset": dict(
-        hidden_size=16,
-        num_attention_heads=4,
-        intermediate_size=24,
-        num_hidden_layers=2,
-        num_iterations=3,
-        time_embedding_dim=16,
-        image_size=8,
+    family: dict(
+        **ARCHITECTURE[family],
+        image_size=tiny.image,
         patch_size=2,
-        num_channels=1,
-        vocab_size=20,
-        max_position_embeddings=16,
-        num_labels=4,
-    ),
-    "imixer": dict(
-        hidden_size=16,
-        num_hidden_layers=2,
-        fixed_point_iterations=2,
-        image_size=8,
-        patch_size=2,
-        num_channels=1,
-        vocab_size=20,
-        max_position_embeddings=10,
-        num_labels=4,
-    ),
-    "hyperbf": dict(
-        hidden_size=32,
-        num_attention_heads=2,
-        num_hidden_layers=2,
-        image_size=8,
-        patch_size=2,
-        num_channels=3,
-        vocab_size=16,
-        max_position_embeddings=12,
-        num_labels=3,
-    ),
+        num_channels=tiny.channels,
+        vocab_size=tiny.vocab,
+        max_position_embeddings=tiny.positions,
+        num_labels=tiny.labels,
+    )
+    for family, tiny in TINY.items()
 }
 TABLES = (
     "_CHOICES",
