@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import shlex
@@ -38,8 +37,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parents[1]
-FACTORS = (0.5, 1, 2, 4, 10, 100)  # test-time depth as a multiple of the trained T
-HALTING_EPSILONS = (3e-2, 1e-2, 3e-3, 1e-3, 3e-4)
+FACTORS = (0.5, 1, 2, 4, 10, 100)  # test-time depth as a multiple of the trained T (100T: --long)
+HALTING_EPSILONS = (0.3, 0.1, 0.03, 0.01, 0.003)  # evaluated with max 10T
 
 # name → (description, CLI --config overrides, extra CLI flags, experiment patch or None)
 VARIANTS: dict[str, tuple[str, dict, list[str], str | None]] = {
@@ -56,7 +55,12 @@ VARIANTS: dict[str, tuple[str, dict, list[str], str | None]] = {
         None,
     ),
     "none-fixed": ("**default**: time-invariant c, fixed T", {}, [], None),
-    "none-uniform": ("time-invariant, depth ~ U[T/2, 3T/2] (default range)", {"iteration_sampling": "uniform"}, [], None),
+    "none-uniform": (
+        "time-invariant, depth ~ U[T/2, 3T/2] (default range)",
+        {"iteration_sampling": "uniform"},
+        [],
+        None,
+    ),
     "none-uniform-2-12": (
         "time-invariant, depth ~ U[2, 12]",
         {"iteration_sampling": "uniform", "min_iterations": 2, "max_iterations": 12},
@@ -72,7 +76,18 @@ VARIANTS: dict[str, tuple[str, dict, list[str], str | None]] = {
 }
 
 # Experiments: model changes prototyped by patching (see `apply_patch`). Added to VARIANTS below.
-EXPERIMENTS: dict[str, tuple[str, dict, list[str], str]] = {}
+EXPERIMENTS: dict[str, tuple[str, dict, list[str], str]] = {
+    "x-stayput-0.1": ("+ stay-put loss 0.1·‖x_{T+1} − x_T‖²/‖x_T‖²", {}, [], "stayput:0.1"),
+    "x-stayput-1": ("+ stay-put loss 1·‖x_{T+1} − x_T‖²/‖x_T‖²", {}, [], "stayput:1"),
+    "x-tanh-0.25": ("step sizes bounded: 0.25·tanh(·/0.25)", {}, [], "tanh:0.25"),
+    "x-pos-0.5": ("step sizes in (0, 0.5): 0.5·sigmoid(·) (descent directions)", {}, [], "pos:0.5"),
+    "x-poisson-stayput-0.1": (
+        "poisson-lognormal depth + stay-put loss 0.1",
+        {"iteration_sampling": "poisson-lognormal"},
+        [],
+        "stayput:0.1",
+    ),
+}
 
 
 # --------------------------------------------------------------------------- experiment patches
@@ -82,10 +97,16 @@ def apply_patch(spec: str | None) -> None:
     """Monkeypatch the model for an experiment (worker process only). `spec` = "kind:arg,arg".
 
     * ``tanh:A`` — step sizes bounded, α = A·tanh(α̃/A), γ = A·tanh(γ̃/A) (identity at init kept).
+    * ``pos:A`` — step sizes in (0, A): A·sigmoid(·) (each update a descent direction of its energy;
+      A/2 at init, no identity start).
     * ``stayput:λ`` — training loss + λ · mean over samples of ‖x_{T+1} − x_T‖² / ‖x_T‖² (one extra
       iteration of the same map; it asks the trained depth to be a fixed point).
     """
     if not spec:
+        return
+    if "+" in spec:
+        for part in spec.split("+"):
+            apply_patch(part)
         return
     import torch
     import torch.nn.functional as F
@@ -103,6 +124,15 @@ def apply_patch(spec: str | None) -> None:
             return bound * torch.tanh(alpha / bound), bound * torch.tanh(gamma / bound)
 
         mh.HyperSetStepSizes.forward = forward
+    elif kind == "pos":
+        (bound,) = values
+        original = mh.HyperSetStepSizes.forward
+
+        def forward(self, iteration_condition, state):
+            alpha, gamma = original(self, iteration_condition, state)
+            return bound * torch.sigmoid(alpha), bound * torch.sigmoid(gamma)
+
+        mh.HyperSetStepSizes.forward = forward
     elif kind == "stayput":
         (weight,) = values
         original = mh.HyperSetForImageClassification.forward
@@ -110,7 +140,9 @@ def apply_patch(spec: str | None) -> None:
         def forward(self, pixel_values=None, labels=None, **kwargs):
             if not (self.training and labels is not None):
                 return original(self, pixel_values=pixel_values, labels=labels, **kwargs)
-            out = original(self, pixel_values=pixel_values, labels=labels, output_hidden_states=True, **kwargs)
+            out = original(
+                self, pixel_values=pixel_values, labels=labels, output_hidden_states=True, **kwargs
+            )
             backbone = self.hyperset
             last = out.hidden_states[-1]
             source = out.hidden_states[0] if backbone.config.step_size_condition == "input" else last
@@ -159,7 +191,11 @@ def _evaluate(model, batches, num_iterations: int, tolerance: float | None = Non
             out = model(pixel_values=pixels, num_iterations=num_iterations, halting_tolerance=tolerance)
             correct += int((out.logits.argmax(-1) == labels).sum())
             total += len(labels)
-            used += float(out.iterations_used.sum()) if out.iterations_used is not None else num_iterations * len(labels)
+            used += (
+                float(out.iterations_used.sum())
+                if out.iterations_used is not None
+                else num_iterations * len(labels)
+            )
     return correct / total, used / total
 
 
@@ -248,11 +284,10 @@ def worker(args: argparse.Namespace) -> None:
     model = HyperSetForImageClassification.from_pretrained(workdir / "model").eval()
     trained = model.config.num_iterations
     batches = _test_batches(workdir / "model", args.dataset, args.max_test_samples, 256)
-    depths = sorted({max(1, round(f * trained)) for f in FACTORS})
+    factors = FACTORS if args.long else FACTORS[:-1]
+    depths = sorted({max(1, round(f * trained)) for f in factors})
     accuracy = {d: _evaluate(model, batches, d)[0] for d in depths}
-    halting = {}
-    for eps in HALTING_EPSILONS:
-        halting[eps] = {d: _evaluate(model, batches, d, eps) for d in depths if d >= trained}
+    halting = {eps: {10 * trained: _evaluate(model, batches, 10 * trained, eps)} for eps in HALTING_EPSILONS}
     result = {
         "variant": args.worker,
         "description": description,
@@ -290,7 +325,9 @@ ALL_VARIANTS = {**VARIANTS, **EXPERIMENTS}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dataset", default="digits")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {list(ALL_VARIANTS)}")
     parser.add_argument("--epochs", type=float, default=None, help="default: the CLI's (12 for images)")
@@ -299,6 +336,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--num_threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7, help="timing repeats (median)")
+    parser.add_argument("--long", action="store_true", help="also evaluate 100T (slow)")
     parser.add_argument("--cache", default=None, help="reuse per-variant JSON results found in this folder")
     parser.add_argument("--no_write", action="store_true", help="print only; do not write results/")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -321,6 +359,8 @@ def main() -> None:
         "--dataset", args.dataset, "--seed", str(args.seed), "--num_threads", str(args.num_threads),
         "--repeats", str(args.repeats),
     ]  # fmt: skip
+    if args.long:
+        passthrough.append("--long")
     for flag in ("epochs", "max_train_samples", "max_test_samples"):
         if getattr(args, flag) is not None:
             passthrough += [f"--{flag}", str(getattr(args, flag))]
@@ -347,8 +387,9 @@ def _fmt(value: float) -> str:
 def build_report(args: argparse.Namespace, results: dict, total: float) -> str:
     first = next(iter(results.values()))
     trained = first["trained_iterations"]
-    depths = [str(max(1, round(f * trained))) for f in FACTORS]
-    labels = [f"{'T/2' if f == 0.5 else ('T' if f == 1 else f'{f}T')} = {d}" for f, d in zip(FACTORS, depths)]
+    factors = [f for f in FACTORS if str(max(1, round(f * trained))) in first["accuracy"]]
+    depths = [str(max(1, round(f * trained))) for f in factors]
+    labels = [f"{'T/2' if f == 0.5 else ('T' if f == 1 else f'{f}T')} = {d}" for f, d in zip(factors, depths)]
     argv = [a for a in sys.argv[1:] if not a.startswith("--cache")]
     lines = [
         f"# Recurrent depth: Hyper-SET test accuracy vs test-time iterations ({args.dataset})",
@@ -366,7 +407,7 @@ def build_report(args: argparse.Namespace, results: dict, total: float) -> str:
         "|---|" + "---|" * (len(labels) + 1),
     ]
     for name, r in results.items():
-        acc = r["accuracy"]
+        acc = {d: r["accuracy"].get(d, float("nan")) for d in depths}
         drop = max(acc[str(trained)] - acc[str(k * trained)] for k in (2, 4, 10)) * 100
         tag = " (experiment)" if r["experiment"] else ""
         lines.append(
@@ -376,19 +417,15 @@ def build_report(args: argparse.Namespace, results: dict, total: float) -> str:
         )
     lines += [
         "",
-        "With adaptive halting (`halting_tolerance=ε`, state criterion), accuracy / mean iterations used, "
-        "the evaluated depth being the maximum:",
+        f"With adaptive halting (`halting_tolerance=ε`, state criterion) and at most 10T = {10 * trained} "
+        "iterations: test accuracy / mean iterations used.",
         "",
-        "| variant | ε | " + " | ".join(f"max {lbl}" for lbl in labels[1:]) + " |",
-        "|---|---|" + "---|" * (len(labels) - 1),
+        "| variant | " + " | ".join(f"ε = {e:g}" for e in HALTING_EPSILONS) + " |",
+        "|---|" + "---|" * len(HALTING_EPSILONS),
     ]
     for name, r in results.items():
-        for eps, per in r["halting"].items():
-            lines.append(
-                f"| `{name}` | {float(eps):g} | "
-                + " | ".join(f"{per[d][0]:.4f} / {per[d][1]:.1f}" for d in depths[1:])
-                + " |"
-            )
+        cells = [r["halting"][str(e)][str(10 * trained)] for e in HALTING_EPSILONS]
+        lines.append(f"| `{name}` | " + " | ".join(f"{a:.4f} / {n:.1f}" for a, n in cells) + " |")
     lines += [
         "",
         "Diagnostics (first test batch): relative state change ‖x_t − x_{t−1}‖/‖x_{t−1}‖ at T, 2T, 10T; "
@@ -421,7 +458,9 @@ def build_report(args: argparse.Namespace, results: dict, total: float) -> str:
     lines += ["", "Training commands (run in-process through `energyformers.training.train.run`):", ""]
     for name, r in results.items():
         patch = f"  # + experiment patch `{r['experiment']}` (see `apply_patch`)" if r["experiment"] else ""
-        lines.append(f"* `{name}`: `{r['command'].replace(' --output_dir ' + _outdir(r['command']), '')}`{patch}")
+        lines.append(
+            f"* `{name}`: `{r['command'].replace(' --output_dir ' + _outdir(r['command']), '')}`{patch}"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -80,7 +80,7 @@ class LoopedTransformerConfig(HyperSetConfig):
         iteration_sampling_sigma (`float`, *optional*, defaults to 0.5):
             σ of the log-normal rate of `"poisson-lognormal"`.
         backprop_iterations (`int`, *optional*):
-            Differentiate only the last k iterations of each layer (truncated backpropagation through depth).
+            Differentiate only the last k of the L·T iterations (truncated backpropagation through depth).
         image_size (`int` or `list[int]`, *optional*, defaults to 224):
             Input resolution (height, width).
         patch_size (`int`, *optional*, defaults to 16):

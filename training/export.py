@@ -206,6 +206,7 @@ def _weight_files(model_dir: Path) -> list[str]:
 
 def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
     """Validate a model folder and describe it: config, family, head, task, files to carry, metrics."""
+    import energyformers
     from energyformers import FAMILIES, INPUT_TYPES, task_of
 
     model_dir = Path(model_dir)
@@ -216,6 +217,11 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
         raise FileNotFoundError(f"{model_dir}: missing config.json (write the folder with save_pretrained).")
     config = json.loads(config_path.read_text())
     model_type = config.get("model_type")
+    if model_type in getattr(energyformers, "BASELINES", {}):
+        raise ValueError(
+            f"{config_path}: model_type={model_type!r} is a baseline for side-by-side measurements, not a published "
+            f"model; export and push take the energyformers families {sorted(FAMILIES)}."
+        )
     if model_type not in FAMILIES:
         raise ValueError(
             f"{config_path}: model_type={model_type!r} is not an energyformers family; expected one of {sorted(FAMILIES)}."

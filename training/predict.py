@@ -35,10 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def task_for(config) -> str:
     """Pipeline task of a saved config: its head's task (`energyformers.task_of`), else the input type's default."""
+    import energyformers
     from energyformers import FAMILIES, INPUT_TYPES, task_of
 
     input_type = getattr(config, "input_type", "image")
-    family = FAMILIES.get(getattr(config, "model_type", None))
+    models = {**FAMILIES, **getattr(energyformers, "BASELINES", {})}  # a trained baseline predicts too
+    family = models.get(getattr(config, "model_type", None))
     architecture = (getattr(config, "architectures", None) or [None])[0]
     if family is not None:
         for auto_class, head in family.heads.items():

@@ -1,0 +1,193 @@
+"""Sudoku as a task of the training CLI (issue 11, item 5): `--dataset sudoku` (our generator) and
+`--dataset sudoku-hard` (the larsdoku 4.0.0 collection), token classification with board and blank-cell
+accuracy, a saved folder that `pipeline("token-classification")` reads puzzle strings with.
+
+Short CI variants; the brief's exact command (full validation and test splits) and the paper-size preset
+are `slow`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer, pipeline
+
+from energyformers.training import accelerate_loop, data, train
+from energyformers.training.data import MissingDataError, load_data
+from energyformers.training.processing import cell_tokenizer
+from energyformers.training.sudoku import count_solutions, is_valid_solution
+
+REDUCED = ["hidden_size=32", "num_attention_heads=4", "intermediate_size=64", "num_iterations=4"]
+SMALL_EVAL = ["--max_eval_samples", "32", "--max_test_samples", "32"]
+INSTALL = "pip install --no-deps larsdoku==4.0.0"
+# The documented split: first puzzle of each split of sudoku-hard (seed-0 permutation of the collection).
+FIRST_HARD = {
+    "train": "000100930090300200003009006005004320004203600000050004080070400009002060500030000",
+    "validation": "030068000010003006900700000080620310000000002000001680405000160020006008000040200",
+    "test": "000302009900016200070000006800530601100089020007000000014000800000000000700068002",
+}
+
+
+@pytest.fixture(scope="module")
+def hard() -> data.DatasetDict:
+    try:
+        return load_data("sudoku-hard")
+    except MissingDataError as err:
+        pytest.skip(f"sudoku-hard is not installed: {err.install_command}")
+
+
+@pytest.fixture
+def small_generated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--dataset sudoku` with 40/8/8 puzzles, cached under tmp_path (the real one takes ~30 s to generate)."""
+    monkeypatch.setattr(data, "SUDOKU_SIZES", {"train": 40, "validation": 8, "test": 8})
+    monkeypatch.setenv("ENERGYFORMERS_CACHE", str(tmp_path / "cache"))
+
+
+def grid(cells: list[int]) -> str:
+    return "".join(str(c) for c in cells)
+
+
+# ------------------------------------------------------------------------------ data
+
+
+def test_sudoku_hard_split(hard: data.DatasetDict) -> None:
+    assert {split: len(ds) for split, ds in hard.items()} == {
+        "train": 100_000,
+        "validation": 1_000,
+        "test": 10_000,
+    }
+    assert {split: grid(hard[split][0]["input_ids"]) for split in hard} == FIRST_HARD
+    seen: set[bytes] = set()
+    for ds in hard.values():
+        x = np.asarray(ds["input_ids"], np.uint8)
+        givens = (x != 0).sum(1)
+        assert givens.min() >= 21 and givens.max() <= 29
+        assert (np.asarray(ds["givens"]) == givens).all()
+        rows = {r.tobytes() for r in x}
+        assert len(rows) == len(x) and not rows & seen  # distinct puzzles, disjoint splits
+        seen |= rows
+    test = hard["test"].select(range(20))
+    for x, y in zip(test["input_ids"], test["labels"]):
+        x, y = np.asarray(x), np.asarray(y)
+        assert ((y == -100) == (x != 0)).all()
+        solution = np.where(x == 0, y + 1, x)
+        assert is_valid_solution(solution) and count_solutions(x.tolist()) == 1
+    assert hard["train"].features["labels"].feature.names == [str(d) for d in range(1, 10)]
+
+
+def test_sudoku_hard_missing_package_names_the_install_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    def missing(name: str):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setenv("ENERGYFORMERS_CACHE", str(tmp_path / "cache"))  # no cached copy either
+    monkeypatch.setattr(data.importlib.metadata, "distribution", missing)
+    with pytest.raises(MissingDataError) as err:
+        load_data("sudoku-hard")
+    assert err.value.install_command == INSTALL
+    out = tmp_path / "model"
+    assert train.main(["--dataset", "sudoku-hard", "--output_dir", str(out)]) == 2
+    assert INSTALL in capsys.readouterr().err and not out.exists()
+
+
+def test_cell_tokenizer_reads_puzzle_strings(tmp_path: Path) -> None:
+    tokenizer = cell_tokenizer()
+    assert tokenizer("53..7")["input_ids"] == [5, 3, 0, 0, 7]
+    assert tokenizer("1 2\n3")["input_ids"] == [1, 2, 3]  # whitespace and line breaks are layout only
+    tokenizer.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded(FIRST_HARD["test"])["input_ids"] == [int(c) for c in FIRST_HARD["test"]]
+    assert len(reloaded) == 10 and reloaded.model_max_length == 81
+
+
+def test_token_metrics() -> None:
+    labels = np.array([[0, -100, 2], [1, 1, -100]])
+    predictions = np.array([[0, 5, 2], [1, 0, 7]])  # board 0 solved (given cell ignored), board 1 half right
+    metrics = train.task_metrics("token-classification", predictions, labels)
+    assert metrics == {"blank_cell_accuracy": 0.75, "board_accuracy": 0.5}
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+def test_sudoku_hard_short_run(hard: data.DatasetDict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The brief's command (reduced model, 64 puzzles, 3 steps), with small validation/test subsets."""
+    out = tmp_path / "sudoku"
+    argv = [
+        "--model", "hyperset", "--dataset", "sudoku-hard", "--preset", "sudoku", "--config", *REDUCED,
+        "--max_train_samples", "64", "--max_steps", "3", "--output_dir", str(out), *SMALL_EVAL,
+        "--num_predictions", "2", "--disable_tqdm", "--num_threads", "1",
+    ]  # fmt: skip
+    assert train.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "test board accuracy" in printed and "blank-cell accuracy" in printed and "blanks right" in printed
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["task"] == "token-classification"
+    for split in ("eval", "test"):
+        assert 0 <= metrics[split]["board_accuracy"] <= metrics[split]["blank_cell_accuracy"] <= 1
+    assert metrics["data"]["test"].startswith("givens min 2")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["HyperSetForTokenClassification"]
+    assert (config["hidden_size"], config["num_iterations"], config["vocab_size"]) == (32, 4, 10)
+    assert config["max_position_embeddings"] == 81 and len(config["id2label"]) == 9
+    # the folder is a standard token-classification model: a puzzle string in, one digit per cell out
+    cells = pipeline("token-classification", model=str(out))(FIRST_HARD["test"].replace("0", "."))
+    assert len(cells) == 81 and {cell["entity"] for cell in cells} <= set("123456789")
+
+
+def test_generated_sudoku_with_the_accelerate_loop(small_generated: None, tmp_path: Path) -> None:
+    out = tmp_path / "sudoku"
+    argv = [
+        "--dataset", "sudoku", "--config", *REDUCED, "--max_steps", "2", "--batch_size", "8",
+        "--num_predictions", "1", "--output_dir", str(out),
+    ]  # fmt: skip
+    assert accelerate_loop.main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["test"]) == {"loss", "blank_cell_accuracy", "board_accuracy"}
+    assert metrics["data"]["train"].startswith("givens min 3")  # 36–45 givens
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["HyperSetForTokenClassification"]
+    assert config["position_embedding_type"] == "learned"  # the fixed 81-cell layout, without --preset
+
+
+def test_sudoku_needs_a_token_classification_head(
+    small_generated: None, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "model"
+    assert train.main(["--model", "imixer", "--dataset", "sudoku", "--output_dir", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert "token-classification" in error and "hyperset" in error and not out.exists()
+
+
+@pytest.mark.slow
+def test_sudoku_hard_brief_command(hard: data.DatasetDict, tmp_path: Path) -> None:
+    """Exactly the brief's command: full 1,000-puzzle validation and 10,000-puzzle test split (~1 min)."""
+    out = tmp_path / "sudoku"
+    argv = [
+        "--model", "hyperset", "--dataset", "sudoku-hard", "--preset", "sudoku", "--config", *REDUCED,
+        "--max_train_samples", "64", "--max_steps", "3", "--output_dir", str(out),
+    ]  # fmt: skip
+    assert train.main(argv) == 0
+    assert set(json.loads((out / "metrics.json").read_text())["test"]) >= {
+        "board_accuracy",
+        "blank_cell_accuracy",
+    }
+
+
+@pytest.mark.slow
+def test_sudoku_paper_size_preset(hard: data.DatasetDict, tmp_path: Path) -> None:
+    """`--preset sudoku` unreduced: d = 768, 12 heads, T = 24 (paper Table 4), one step on CPU (~40 s)."""
+    out = tmp_path / "sudoku"
+    argv = [
+        "--dataset", "sudoku-hard", "--preset", "sudoku", "--max_train_samples", "4", "--batch_size", "2",
+        "--max_steps", "1", "--max_eval_samples", "2", "--max_test_samples", "2", "--num_predictions", "0",
+        "--output_dir", str(out),
+    ]  # fmt: skip
+    assert train.main(argv) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert (config["hidden_size"], config["num_attention_heads"], config["num_iterations"]) == (768, 12, 24)
