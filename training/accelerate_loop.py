@@ -32,7 +32,6 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from .train import (
-    DEPTH_FLAGS,
     UsageError,
     _metric,
     _print_predictions,
@@ -42,6 +41,7 @@ from .train import (
     continue_iteration_draws,
     data_summary,
     default_epochs,
+    depth_flags,
     parse_overrides,
     plot_training_curve,
     primary_metric,
@@ -278,7 +278,7 @@ def run(argv: list[str], on_train_end: Callable[[torch.nn.Module, Accelerator], 
                 "world_size": accelerator.num_processes,
                 "global_step": step,
                 "config_overrides": parse_overrides(args.config),
-                "depth_flags": {k: getattr(args, k) for k in DEPTH_FLAGS if getattr(args, k) is not None},
+                "depth_flags": depth_flags(args),
                 "from_pretrained": args.from_pretrained,
                 "resumed_from": str(checkpoints[-1]) if args.resume else None,
             },

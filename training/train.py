@@ -151,8 +151,8 @@ def add_model_data_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "recurrent depth (Hyper-SET and the looped-Transformer baseline; default: the config's)"
     )
-    for name, (kind, help_) in DEPTH_FLAGS.items():
-        g.add_argument(f"--{name}", type=kind, default=None, help=help_)
+    for name, (kind, help_) in DEPTH_FLAGS.items():  # SUPPRESS: absent unless given (help shows no "None")
+        g.add_argument(f"--{name}", type=kind, default=argparse.SUPPRESS, help=help_)
     g = p.add_argument_group("data")
     g.add_argument(
         "--dataset",
@@ -273,10 +273,15 @@ def _family(model_type: str) -> energyformers.Family:
     return registry[model_type]
 
 
+def depth_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The recurrent-depth flags given on the command line, by config field."""
+    return {name: getattr(args, name) for name in DEPTH_FLAGS if hasattr(args, name)}
+
+
 def depth_overrides(args: argparse.Namespace, config_class: type, model_type: str) -> dict[str, Any]:
     """The recurrent-depth flags that were given, as config fields; a `UsageError` naming the flag for a model
     without that field (iMixer, HyperBF) or when `--config` sets the same field to something else."""
-    given = {name: getattr(args, name) for name in DEPTH_FLAGS if getattr(args, name, None) is not None}
+    given = depth_flags(args)
     for name, value in given.items():
         if not _accepts(config_class, name):
             having = sorted(m for m, f in model_registry().items() if _accepts(f.config_class, name))
@@ -919,7 +924,7 @@ def run(argv: list[str], callbacks: list[TrainerCallback] | None = None) -> int:
                 "world_size": ta.world_size,
                 "global_step": trainer.state.global_step,
                 "config_overrides": parse_overrides(args.config),
-                "depth_flags": {k: getattr(args, k) for k in DEPTH_FLAGS if getattr(args, k) is not None},
+                "depth_flags": depth_flags(args),
                 "from_pretrained": args.from_pretrained,
                 "resumed_from": setup.resume_from,
             },
