@@ -67,6 +67,17 @@ VARIANTS: dict[str, tuple[str, dict, list[str], str | None]] = {
         [],
         None,
     ),
+    "none-uniform-2-40-bp4": (
+        "time-invariant, depth ~ U[2, 40], backprop through the last 4",
+        {
+            "iteration_sampling": "uniform",
+            "min_iterations": 2,
+            "max_iterations": 40,
+            "backprop_iterations": 4,
+        },
+        [],
+        None,
+    ),
     "none-poisson": (
         "time-invariant, depth ~ 1 + Poisson(lognormal), mean T, ≤ 4T",
         {"iteration_sampling": "poisson-lognormal"},
@@ -81,6 +92,26 @@ EXPERIMENTS: dict[str, tuple[str, dict, list[str], str]] = {
     "x-stayput-1": ("+ stay-put loss 1·‖x_{T+1} − x_T‖²/‖x_T‖²", {}, [], "stayput:1"),
     "x-tanh-0.25": ("step sizes bounded: 0.25·tanh(·/0.25)", {}, [], "tanh:0.25"),
     "x-pos-0.5": ("step sizes in (0, 0.5): 0.5·sigmoid(·) (descent directions)", {}, [], "pos:0.5"),
+    "x-anchor-0.1": ("+ anchor energy (0.1/2)‖x − x_0‖²", {}, [], "anchor:0.1"),
+    "x-anchor-0.3": ("+ anchor energy (0.3/2)‖x − x_0‖²", {}, [], "anchor:0.3"),
+    "x-decay-0.1": ("+ decay energy (0.1/2)‖x‖²", {}, [], "decay:0.1"),
+    "x-anchor-0.3-uniform-2-12": (
+        "anchor 0.3 + depth ~ U[2, 12]",
+        {"iteration_sampling": "uniform", "min_iterations": 2, "max_iterations": 12},
+        [],
+        "anchor:0.3",
+    ),
+    "x-anchor-0.3-uniform-2-40-bp4": (
+        "anchor 0.3 + depth ~ U[2, 40], backprop through the last 4",
+        {
+            "iteration_sampling": "uniform",
+            "min_iterations": 2,
+            "max_iterations": 40,
+            "backprop_iterations": 4,
+        },
+        [],
+        "anchor:0.3",
+    ),
     "x-poisson-stayput-0.1": (
         "poisson-lognormal depth + stay-put loss 0.1",
         {"iteration_sampling": "poisson-lognormal"},
@@ -99,6 +130,9 @@ def apply_patch(spec: str | None) -> None:
     * ``tanh:A`` — step sizes bounded, α = A·tanh(α̃/A), γ = A·tanh(γ̃/A) (identity at init kept).
     * ``pos:A`` — step sizes in (0, A): A·sigmoid(·) (each update a descent direction of its energy;
       A/2 at init, no identity start).
+    * ``anchor:λ`` — every iteration also descends (λ/2)‖x − x_0‖² (x_0 = the embedded input):
+      x_{t+1} = layer(x_t) − λ(x_t − x_0). The energy becomes coercive, so the state stays bounded and has a
+      fixed point; identity at init is kept (x_t = x_0 when α = γ = 0). ``decay:λ``: the same towards 0.
     * ``stayput:λ`` — training loss + λ · mean over samples of ‖x_{T+1} − x_T‖² / ‖x_T‖² (one extra
       iteration of the same map; it asks the trained depth to be a fixed point).
     """
@@ -137,16 +171,39 @@ def apply_patch(spec: str | None) -> None:
         (weight,) = values
         original = mh.HyperSetForImageClassification.forward
 
-        def forward(self, pixel_values=None, labels=None, **kwargs):
-            if not (self.training and labels is not None):
-                return original(self, pixel_values=pixel_values, labels=labels, **kwargs)
-            out = original(
-                self, pixel_values=pixel_values, labels=labels, output_hidden_states=True, **kwargs
+        # explicit keywords: Trainer passes extra loss kwargs to a forward that takes **kwargs
+        def forward(
+            self,
+            pixel_values=None,
+            labels=None,
+            num_iterations=None,
+            backprop_iterations=None,
+            halting_tolerance=None,
+            halting_criterion=None,
+            output_attentions=None,
+            output_hidden_states=None,
+            output_energies=None,
+            return_dict=None,
+        ):
+            kwargs = dict(
+                pixel_values=pixel_values,
+                labels=labels,
+                num_iterations=num_iterations,
+                backprop_iterations=backprop_iterations,
+                halting_tolerance=halting_tolerance,
+                halting_criterion=halting_criterion,
+                output_attentions=output_attentions,
+                output_energies=output_energies,
+                return_dict=return_dict,
             )
+            if not (self.training and labels is not None):
+                return original(self, output_hidden_states=output_hidden_states, **kwargs)
+            out = original(self, output_hidden_states=True, **{**kwargs, "return_dict": True})
             backbone = self.hyperset
-            last = out.hidden_states[-1]
-            source = out.hidden_states[0] if backbone.config.step_size_condition == "input" else last
-            condition = backbone.step_sizes.iteration_conditions(1, last)[0]
+            states = out.hidden_states
+            last = states[-1]
+            source = states[0] if backbone.config.step_size_condition == "input" else last
+            condition = backbone.step_sizes.iteration_conditions(len(states), last)[-1]  # c_{T+1}
             nxt, _ = backbone.layers[-1](last, condition, source, backbone.step_sizes, None)
             change = (nxt - last).flatten(1).pow(2).sum(1) / last.flatten(1).pow(2).sum(1)
             out.loss = out.loss + weight * change.mean()
@@ -154,9 +211,70 @@ def apply_patch(spec: str | None) -> None:
             return out
 
         mh.HyperSetForImageClassification.forward = forward
+    elif kind in ("anchor", "decay"):
+        (weight,) = values
+        _patch_anchor(mh, weight, to_input=kind == "anchor")
     else:
         raise ValueError(f"unknown experiment patch {spec!r}")
     del F
+
+
+def _patch_anchor(mh, weight: float, to_input: bool) -> None:
+    """`anchor` / `decay` patches: the embeddings stash x_0; the layer adds −λ(x_t − x_0) (or −λ x_t).
+
+    Adaptive halting works on a shrinking batch, so its loop is reproduced here to index x_0 by the samples
+    still iterating (same logic as `HyperSetModel._iterate_until_halted`).
+    """
+    import torch
+
+    stash: dict = {}
+    embed_forward = mh.HyperSetEmbeddings.forward
+    layer_forward = mh.HyperSetLayer.forward
+
+    def embeddings(self, *args, **kwargs):
+        tokens, keep = embed_forward(self, *args, **kwargs)
+        stash["anchor"], stash["active"] = tokens, None
+        return tokens, keep
+
+    def layer(self, hidden_states, iteration_condition, condition_source, step_sizes, keep=None):
+        updated, probs = layer_forward(
+            self, hidden_states, iteration_condition, condition_source, step_sizes, keep
+        )
+        if not to_input:
+            return updated - weight * hidden_states, probs
+        anchor = stash["anchor"] if stash["active"] is None else stash["anchor"][stash["active"]]
+        return updated - weight * (hidden_states - anchor), probs
+
+    def iterate_until_halted(
+        self, layer_, hidden_states, embedded, keep, real_tokens, iteration_conditions, tolerance, criterion
+    ):
+        assert criterion == "state"
+        batch = hidden_states.shape[0]
+        active = torch.arange(batch, device=hidden_states.device)
+        used = torch.zeros(batch, dtype=torch.long, device=hidden_states.device)
+        for condition in iteration_conditions:
+            current, tokens = hidden_states[active], real_tokens[active]
+            source = embedded[active] if self.config.step_size_condition == "input" else current
+            stash["active"] = active
+            updated, _ = layer_(
+                current, condition, source, self.step_sizes, None if keep is None else keep[active]
+            )
+            hidden_states = hidden_states.index_copy(0, active, updated)
+            used[active] += 1
+            weights = tokens.unsqueeze(-1).to(updated.dtype)
+            change = ((updated - current) * weights).flatten(1).norm(dim=1)
+            change = change / (current * weights).flatten(1).norm(dim=1).clamp_min(
+                torch.finfo(change.dtype).tiny
+            )
+            active = active[change >= tolerance]
+            if active.numel() == 0:
+                break
+        stash["active"] = None
+        return hidden_states, used
+
+    mh.HyperSetEmbeddings.forward = embeddings
+    mh.HyperSetLayer.forward = layer
+    mh.HyperSetModel._iterate_until_halted = iterate_until_halted
 
 
 # --------------------------------------------------------------------------- worker: train + evaluate one variant

@@ -38,6 +38,7 @@ from .train import (
     _publish,
     add_model_data_arguments,
     build_model_and_data,
+    check_adam_betas,
     continue_iteration_draws,
     data_summary,
     default_epochs,
@@ -71,8 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--warmup_ratio", type=float, default=0.05)
     g.add_argument("--weight_decay", type=float, default=0.05)
     g.add_argument("--max_grad_norm", type=float, default=1.0)
+    g.add_argument("--adam_beta1", type=float, default=0.9, help="AdamW β1")
+    g.add_argument("--adam_beta2", type=float, default=0.999, help="AdamW β2")
     g.add_argument("--gradient_accumulation_steps", type=int, default=1)
     g.add_argument("--mixed_precision", choices=["no", "bf16", "fp16"], default="no")
+    g.add_argument("--torch_compile", action="store_true", help="torch.compile the model (in place)")
     g.add_argument("--checkpointing_steps", type=int, default=None, help="save_state every N optimizer steps")
     g.add_argument(
         "--resume", action="store_true", help="continue from the last checkpoint in <output_dir>.checkpoints"
@@ -146,6 +150,7 @@ def run(argv: list[str], on_train_end: Callable[[torch.nn.Module, Accelerator], 
             )
     if args.gradient_accumulation_steps < 1 or args.per_device_train_batch_size < 1:
         raise UsageError("--gradient_accumulation_steps and --per_device_train_batch_size must be >= 1")
+    check_adam_betas(args)
     output_dir = Path(args.output_dir).expanduser().resolve()
     work_dir = output_dir.with_name(output_dir.name + ".checkpoints")
     if output_dir.exists() and any(output_dir.iterdir()) and not args.overwrite_output_dir:
@@ -177,7 +182,13 @@ def run(argv: list[str], on_train_end: Callable[[torch.nn.Module, Accelerator], 
     train_dl = loader("train", args.per_device_train_batch_size, True)
     eval_dl = loader("validation", args.per_device_eval_batch_size, False)
     test_dl = loader("test", args.per_device_eval_batch_size, False)
-    optimizer = torch.optim.AdamW(_param_groups(model, args.weight_decay), lr=args.learning_rate)
+    optimizer = torch.optim.AdamW(
+        _param_groups(model, args.weight_decay),
+        lr=args.learning_rate,
+        betas=(args.adam_beta1, args.adam_beta2),
+    )
+    if args.torch_compile:  # in place (nn.Module.compile): same module, same state_dict keys, saves as usual
+        model.compile()
     model, optimizer, train_dl, eval_dl, test_dl = accelerator.prepare(
         model, optimizer, train_dl, eval_dl, test_dl
     )
@@ -275,6 +286,8 @@ def run(argv: list[str], on_train_end: Callable[[torch.nn.Module, Accelerator], 
                 "max_steps": args.max_steps,
                 "gradient_accumulation_steps": args.gradient_accumulation_steps,
                 "mixed_precision": args.mixed_precision,
+                "adam_betas": [args.adam_beta1, args.adam_beta2],
+                "torch_compile": args.torch_compile,
                 "world_size": accelerator.num_processes,
                 "global_step": step,
                 "config_overrides": parse_overrides(args.config),

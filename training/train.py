@@ -200,6 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--warmup_steps", type=float, default=0.05, help="int steps, or a float < 1 as a fraction")
     g.add_argument("--weight_decay", type=float, default=0.05)
     g.add_argument("--max_grad_norm", type=float, default=1.0)
+    g.add_argument("--adam_beta1", type=float, default=0.9, help="AdamW β1 (the paper's Sudoku recipe: 0)")
+    g.add_argument(
+        "--adam_beta2", type=float, default=0.999, help="AdamW β2 (the paper's Sudoku recipe: 0.95)"
+    )
     g.add_argument("--label_smoothing_factor", type=float, default=0.0)
     g.add_argument("--gradient_accumulation_steps", type=int, default=1)
     g.add_argument("--seed", type=int, default=42)
@@ -207,6 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--bf16", action="store_true", help="bfloat16 autocast (error where the device lacks bf16)"
     )
     g.add_argument("--gradient_checkpointing", action="store_true")
+    g.add_argument(
+        "--torch_compile",
+        action="store_true",
+        help="torch.compile the model (TrainingArguments.torch_compile)",
+    )
     g.add_argument("--eval_strategy", default=None, choices=["no", "steps", "epoch"], help="default epoch")
     g.add_argument("--eval_steps", type=int, default=None)
     g.add_argument("--save_strategy", default=None, choices=["no", "steps", "epoch"], help="default: as eval")
@@ -550,6 +559,14 @@ def build_model_and_data(args: argparse.Namespace, state: PartialState) -> tuple
     return model, data, processor, collator, task
 
 
+def check_adam_betas(args: argparse.Namespace) -> None:
+    """`--adam_beta1/--adam_beta2` in [0, 1), as AdamW requires; checked before anything is written."""
+    for name in ("adam_beta1", "adam_beta2"):
+        value = getattr(args, name)
+        if not 0.0 <= value < 1.0:
+            raise UsageError(f"--{name}={value}: expected 0 <= value < 1")
+
+
 def _paths(args: argparse.Namespace) -> tuple[Path, Path, str | None]:
     output_dir = Path(args.output_dir).expanduser().resolve()
     work_dir = output_dir.with_name(output_dir.name + ".checkpoints")
@@ -596,10 +613,13 @@ def _training_arguments(args: argparse.Namespace, work_dir: Path) -> TrainingArg
         warmup_steps=args.warmup_steps,
         weight_decay=args.weight_decay,
         max_grad_norm=args.max_grad_norm,
+        adam_beta1=args.adam_beta1,
+        adam_beta2=args.adam_beta2,
         label_smoothing_factor=args.label_smoothing_factor,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         seed=args.seed,
         bf16=args.bf16,
+        torch_compile=args.torch_compile,
         use_cpu=device_type == "cpu",
         activation_checkpointing=args.gradient_checkpointing,  # v5 name of gradient_checkpointing
         eval_strategy=eval_strategy,
@@ -627,6 +647,7 @@ def prepare(args: argparse.Namespace) -> Setup:
             raise UsageError(f"--{name}={getattr(args, name)}: expected >= 1")
     if args.push_to_hub and not args.hub_model_id:
         raise UsageError("--push_to_hub needs --hub_model_id ORG/NAME")
+    check_adam_betas(args)
     output_dir, work_dir, resume_from = _paths(args)
     training_args = _training_arguments(args, work_dir)  # sets up the process group; writes no files
     built = build_model_and_data(args, PartialState())
@@ -921,6 +942,9 @@ def run(argv: list[str], callbacks: list[TrainerCallback] | None = None) -> int:
                 "seed": args.seed,
                 "max_steps": args.max_steps if args.max_steps > 0 else None,
                 "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                "adam_betas": [ta.adam_beta1, ta.adam_beta2],
+                "torch_compile": ta.torch_compile,
+                "bf16": ta.bf16,
                 "world_size": ta.world_size,
                 "global_step": trainer.state.global_step,
                 "config_overrides": parse_overrides(args.config),
