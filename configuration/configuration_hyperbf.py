@@ -97,6 +97,9 @@ def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
         value = getattr(config, name)
         ok = value is None or (_is_real(value) and value > 0)
         _require(config, ok, name, value, "expected None or a float > 0 (finite)")
+    for name in _BOOLEANS:
+        value = getattr(config, name)
+        _require(config, isinstance(value, bool), name, value, "expected True or False")
     for name in _IMAGE_SIZES:
         value = getattr(config, name)
         ok = _image_sides(value) != (0, 0)
@@ -140,6 +143,7 @@ _PROBABILITIES: tuple[str, ...] = ("hidden_dropout_prob", "attention_probs_dropo
 _POSITIVE_FLOATS: tuple[str, ...] = ("layer_norm_eps", "initializer_range")
 _OPTIONAL_POSITIVE_FLOATS: tuple[str, ...] = ("rbf_sigma_init", "attention_temperature_init")
 _IMAGE_SIZES: tuple[str, ...] = ("image_size",)
+_BOOLEANS: tuple[str, ...] = ()
 
 
 class HyperBFConfig(PreTrainedConfig):

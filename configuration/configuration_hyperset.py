@@ -91,6 +91,9 @@ def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
         value = getattr(config, name)
         ok = value is None or (_is_real(value) and value > 0)
         _require(config, ok, name, value, "expected None or a float > 0 (finite)")
+    for name in _BOOLEANS:
+        value = getattr(config, name)
+        _require(config, isinstance(value, bool), name, value, "expected True or False")
     for name in _IMAGE_SIZES:
         value = getattr(config, name)
         ok = _image_sides(value) != (0, 0)
@@ -124,7 +127,10 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "iteration_conditioning": ("none", "sinusoidal"),
     "iteration_sampling": ("fixed", "uniform", "poisson-lognormal"),
     "halting_criterion": ("state", "energy"),
+    "step_size_norm": ("rmsnorm", "none"),
+    "classifier_norm": ("layernorm", "rmsnorm"),
 }
+_BOOLEANS: tuple[str, ...] = ("classifier_bias",)
 _POSITIVE_INTS: tuple[str, ...] = (
     "hidden_size",
     "num_attention_heads",
@@ -177,6 +183,10 @@ class HyperSetConfig(PreTrainedConfig):
             the same map as iteration t and more iterations at test time continue the same descent (what the
             authors' trained models compute: their zero-initialised time MLP never learns to depend on t);
             `"sinusoidal"`: c_t = MLP(sinusoid(t)), an ablation that does not extrapolate in depth.
+        step_size_norm (`str`, *optional*, defaults to `"rmsnorm"`):
+            `"rmsnorm"`: RMSNorms inside the time MLP and on the state entering the step-size network (the
+            authors' image models); `"none"`: neither (their Sudoku model: time MLP Linear → GELU → Linear,
+            step-size input GELU(c + x)).
         time_embedding_dim (`int`, *optional*, defaults to 512):
             Width of the iteration sinusoid of `iteration_conditioning="sinusoidal"` (paper: 512).
         iteration_sampling (`str`, *optional*, defaults to `"fixed"`):
@@ -217,6 +227,10 @@ class HyperSetConfig(PreTrainedConfig):
             the fixed sinusoid over the patch tokens, as in the paper.
         pooling (`str`, *optional*, defaults to `"cls"`):
             Classifier input: first token (`"cls"`; the CLS token for images) or masked mean (`"mean"`).
+        classifier_norm (`str`, *optional*, defaults to `"layernorm"`):
+            Norm before the classifier: `"layernorm"` (the paper's image models) or `"rmsnorm"` (their Sudoku model).
+        classifier_bias (`bool`, *optional*, defaults to `True`):
+            Whether the classifier Linear has a bias (the authors' Sudoku head has none).
         rms_norm_eps (`float`, *optional*):
             RMSNorm epsilon; `None` uses torch's default (machine epsilon of the dtype), as the authors do.
         layer_norm_eps (`float`, *optional*, defaults to 1e-5):
@@ -244,6 +258,7 @@ class HyperSetConfig(PreTrainedConfig):
         attention_energy: str = "bisoftmax",
         feedforward_energy: str = "relu",
         iteration_conditioning: str = "none",
+        step_size_norm: str = "rmsnorm",
         time_embedding_dim: int = 512,
         iteration_sampling: str = "fixed",
         min_iterations: int | None = None,
@@ -259,6 +274,8 @@ class HyperSetConfig(PreTrainedConfig):
         max_position_embeddings: int = 512,
         position_embedding_type: str = "sinusoidal",
         pooling: str = "cls",
+        classifier_norm: str = "layernorm",
+        classifier_bias: bool = True,
         rms_norm_eps: float | None = None,
         layer_norm_eps: float = 1e-5,
         initializer_range: float = 0.02,
@@ -276,6 +293,7 @@ class HyperSetConfig(PreTrainedConfig):
         self.attention_energy = attention_energy
         self.feedforward_energy = feedforward_energy
         self.iteration_conditioning = iteration_conditioning
+        self.step_size_norm = step_size_norm
         self.time_embedding_dim = time_embedding_dim
         self.iteration_sampling = iteration_sampling
         self.min_iterations = min_iterations
@@ -291,6 +309,8 @@ class HyperSetConfig(PreTrainedConfig):
         self.max_position_embeddings = max_position_embeddings
         self.position_embedding_type = position_embedding_type
         self.pooling = pooling
+        self.classifier_norm = classifier_norm
+        self.classifier_bias = classifier_bias
         self.rms_norm_eps = rms_norm_eps
         self.layer_norm_eps = layer_norm_eps
         self.initializer_range = initializer_range

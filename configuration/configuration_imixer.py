@@ -82,6 +82,9 @@ def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
         value = getattr(config, name)
         ok = value is None or (_is_real(value) and value > 0)
         _require(config, ok, name, value, "expected None or a float > 0 (finite)")
+    for name in _BOOLEANS:
+        value = getattr(config, name)
+        _require(config, isinstance(value, bool), name, value, "expected True or False")
     for name in _IMAGE_SIZES:
         value = getattr(config, name)
         ok = _image_sides(value) != (0, 0)
@@ -125,6 +128,7 @@ _POSITIVE_FLOATS: tuple[str, ...] = (
 )
 _OPTIONAL_POSITIVE_FLOATS: tuple[str, ...] = ()
 _IMAGE_SIZES: tuple[str, ...] = ("image_size",)
+_BOOLEANS: tuple[str, ...] = ()
 
 
 class IMixerConfig(PreTrainedConfig):

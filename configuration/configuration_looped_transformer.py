@@ -22,9 +22,12 @@ HYPERSET_ONLY_FIELDS: tuple[str, ...] = (
     "attention_energy",
     "feedforward_energy",
     "iteration_conditioning",
+    "step_size_norm",
     "time_embedding_dim",
     "halting_tolerance",
     "halting_criterion",
+    "classifier_norm",
+    "classifier_bias",
 )
 
 # Fields `from_hyperset` copies: the embeddings, the head, the width, heads and the depth schedule.

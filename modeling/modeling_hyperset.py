@@ -84,22 +84,29 @@ def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
 
 
 def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
-    """Fixed 1-D position encoding, sin/cos interleaved over channels (Vaswani et al.), `(num_positions, dim)`."""
-    position = torch.arange(num_positions, dtype=torch.float32).unsqueeze(1)
-    div = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
-    encoding = torch.zeros(num_positions, dim)
+    """Fixed 1-D position encoding, sin/cos interleaved over channels (Vaswani et al.), `(num_positions, dim)`.
+
+    Computed in float64 and rounded to float32, as the authors' table (a float32 tensor even in their float64
+    runs), so a converted checkpoint sees their exact positions in any dtype.
+    """
+    position = torch.arange(num_positions, dtype=torch.float64).unsqueeze(1)
+    div = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(10000.0) / dim))
+    encoding = torch.zeros(num_positions, dim, dtype=torch.float64)
     encoding[:, 0::2] = torch.sin(position * div)
     encoding[:, 1::2] = torch.cos(position * div[: dim // 2])
-    return encoding
+    return encoding.float()
 
 
-def iteration_embedding(steps: torch.Tensor, dim: int) -> torch.Tensor:
-    """Iteration sinusoid [sin(t f_k), cos(t f_k)] (halves concatenated), f_k = exp(−k ln(10⁴)/(half − 1))."""
+def iteration_embedding(steps: torch.Tensor, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Iteration sinusoid [sin(t f_k), cos(t f_k)] (halves concatenated), f_k = exp(−k ln(10⁴)/(half − 1)).
+
+    Computed in `dtype` (the model's), in the authors' order of operations.
+    """
     half = dim // 2
     freqs = torch.exp(
-        -math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=steps.device) / (half - 1)
+        torch.arange(half, dtype=dtype, device=steps.device) * -(math.log(10000.0) / (half - 1))
     )
-    angles = steps.float().unsqueeze(-1) * freqs  # (T, half)
+    angles = steps.to(dtype).unsqueeze(-1) * freqs  # (T, half)
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
@@ -411,19 +418,20 @@ class HyperSetStepSizes(nn.Module):
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__()
         width, eps = config.hidden_size, config.rms_norm_eps
+        # RMSNorms inside the time MLP and on the state (the authors' image models) or none (their Sudoku model)
+        normed = config.step_size_norm == "rmsnorm"
+
+        def norm() -> nn.Module:
+            return nn.RMSNorm(width, eps=eps) if normed else nn.Identity()
+
         if config.iteration_conditioning == "sinusoidal":
             self.time_embedding_dim = config.time_embedding_dim
-            self.time_mlp = nn.Sequential(
-                nn.Linear(config.time_embedding_dim, width),
-                nn.RMSNorm(width, eps=eps),
-                nn.GELU(),
-                nn.RMSNorm(width, eps=eps),
-                nn.Linear(width, width),
-                nn.RMSNorm(width, eps=eps),
-            )
+            layers = [nn.Linear(config.time_embedding_dim, width), norm(), nn.GELU(), norm()]
+            layers += [nn.Linear(width, width), norm()]
+            self.time_mlp = nn.Sequential(*(layer for layer in layers if not isinstance(layer, nn.Identity)))
         else:
             self.condition = nn.Parameter(torch.zeros(width))  # c (the authors' time_mlp output, folded)
-        self.condition_norm = nn.RMSNorm(width, eps=eps)
+        self.condition_norm = norm()
         self.proj = HyperSetStepSizeProjection(width, 2 * width)
 
     def iteration_conditions(self, num_iterations: int, reference: torch.Tensor) -> torch.Tensor:
@@ -431,7 +439,11 @@ class HyperSetStepSizes(nn.Module):
         if not hasattr(self, "time_mlp"):
             return self.condition.to(reference.dtype).expand(num_iterations, -1)
         steps = torch.arange(1, num_iterations + 1, device=reference.device)
-        return self.time_mlp(iteration_embedding(steps, self.time_embedding_dim).to(reference.dtype))
+        # at least float32 (a half-precision sinusoid of t·f_k is useless), float64 in a float64 model
+        precision = torch.promote_types(reference.dtype, torch.float32)
+        return self.time_mlp(
+            iteration_embedding(steps, self.time_embedding_dim, precision).to(reference.dtype)
+        )
 
     def forward(
         self, iteration_condition: torch.Tensor, state: torch.Tensor
@@ -768,16 +780,25 @@ class HyperSetModel(HyperSetPreTrainedModel):
         return attention_energy, layer.feedforward.energy(hidden_states, keep), effective_rank, average_angle
 
 
+def _classifier_norm(config: HyperSetConfig) -> nn.Module:
+    """The norm before the classifier: LayerNorm (the paper's image models) or RMSNorm (their Sudoku model)."""
+    if config.classifier_norm == "rmsnorm":
+        return nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+
 class HyperSetForImageClassification(HyperSetPreTrainedModel):
-    """Backbone → LayerNorm → Linear on the pooled (CLS) token (paper: LayerNorm then a linear head)."""
+    """Backbone → LayerNorm (or RMSNorm) → Linear on the pooled (CLS) token (paper: a norm, then a linear head)."""
 
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__(config)
         _check_head_input_type(self, config.input_type, "image")
         self.hyperset = HyperSetModel(config)
-        self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.layernorm = _classifier_norm(config)
         self.classifier = (
-            nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
+            nn.Linear(config.hidden_size, config.num_labels, bias=config.classifier_bias)
+            if config.num_labels > 0
+            else nn.Identity()
         )
         self.post_init()
 
@@ -820,7 +841,7 @@ class HyperSetForImageClassification(HyperSetPreTrainedModel):
 
 
 class HyperSetForSequenceClassification(HyperSetPreTrainedModel):
-    """Backbone → LayerNorm → Linear on the pooled token (first token or masked mean)."""
+    """Backbone → LayerNorm (or RMSNorm) → Linear on the pooled token (first token or masked mean)."""
 
     main_input_name = "input_ids"
 
@@ -828,9 +849,11 @@ class HyperSetForSequenceClassification(HyperSetPreTrainedModel):
         super().__init__(config)
         _check_head_input_type(self, config.input_type, "sequence")
         self.hyperset = HyperSetModel(config)
-        self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.layernorm = _classifier_norm(config)
         self.classifier = (
-            nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
+            nn.Linear(config.hidden_size, config.num_labels, bias=config.classifier_bias)
+            if config.num_labels > 0
+            else nn.Identity()
         )
         self.post_init()
 
@@ -878,7 +901,7 @@ class HyperSetForSequenceClassification(HyperSetPreTrainedModel):
 
 
 class HyperSetForTokenClassification(HyperSetPreTrainedModel):
-    """Backbone → LayerNorm → Linear on every token (e.g. Sudoku cells: label −100 on given cells)."""
+    """Backbone → LayerNorm (or RMSNorm) → Linear on every token (e.g. Sudoku cells: label −100 on givens)."""
 
     main_input_name = "input_ids"
 
@@ -886,9 +909,11 @@ class HyperSetForTokenClassification(HyperSetPreTrainedModel):
         super().__init__(config)
         _check_head_input_type(self, config.input_type, "sequence")
         self.hyperset = HyperSetModel(config)
-        self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.layernorm = _classifier_norm(config)
         self.classifier = (
-            nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
+            nn.Linear(config.hidden_size, config.num_labels, bias=config.classifier_bias)
+            if config.num_labels > 0
+            else nn.Identity()
         )
         self.post_init()
 

@@ -55,6 +55,7 @@ TABLES = (
     "_POSITIVE_FLOATS",
     "_OPTIONAL_POSITIVE_FLOATS",
     "_IMAGE_SIZES",
+    "_BOOLEANS",
 )
 # `__init__` arguments no table covers: vocab_size is checked by the cross-field rule (required for sequences),
 # HyperBF's intermediate_size is an alias of num_centers.
@@ -230,6 +231,14 @@ def test_optional_positive_float_fields_accept_none(family, name):
         expect_invalid(family, name, value)
     assert getattr(make(family, **{name: None}), name) is None
     assert getattr(make(family, **{name: 0.5}), name) == 0.5
+
+
+@pytest.mark.parametrize(("family", "name"), table_cases("_BOOLEANS"))
+def test_boolean_fields_take_only_true_or_false(family, name):
+    for value in (0, 1, "True", None, 1.0):
+        expect_invalid(family, name, value)
+    for value in (True, False):
+        assert getattr(make(family, **{name: value}), name) is value
 
 
 @pytest.mark.parametrize(("family", "name"), table_cases("_IMAGE_SIZES"))

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -301,7 +300,6 @@ class OfficialSource:
     head_class: type[PreTrainedModel] | None = None
     input_kind = "image"  # "image" or "ids"
     spec: dict[str, Any] = {}  # constructor argument -> default (REQUIRED: no known default)
-    precision_note = ""  # a known float64 deviation of our model, named when a float64 verification fails
     ignored: dict[str, str] = {}  # accepted arguments the official constructor ignores -> why
 
     # --- official config ---
@@ -907,12 +905,6 @@ class HyperSetICSource(OfficialSource):
         "type": "hyper-set",
     }
     ignored = {}
-    precision_note = (
-        "HyperSetEmbeddings computes the position sinusoid in float32 (the authors: float64, rounded to "
-        "float32) and `iteration_embedding` the iteration sinusoid in float32 (the authors: in the run's "
-        "dtype), which moves float64 logits by about 1e-8; convert with --dtype float32 until the model "
-        "reproduces those tables (issue 12)"
-    )
 
     def check_kwargs(self, kwargs, where):
         if kwargs["type"] != "hyper-set":
@@ -1091,23 +1083,9 @@ class HyperSetICSource(OfficialSource):
         return _image_processor(size, size, 3, mean, std)
 
 
-# HyperSetConfig fields the Sudoku structure needs (proposed in issue 12, item 1); the mapping below is used
-# as soon as the config accepts them:
-#   step_size_norm="none"      time_mlp = Sequential(Linear(time_embedding_dim, d), GELU, Linear(d, d)) and the
-#                              step sizes read GELU(c_t + x): no RMSNorms, no `condition_norm` ("rms": today's)
-#   classifier_norm="rmsnorm"  the head's `layernorm` is an nn.RMSNorm(d, eps=rms_norm_eps) ("layernorm": today's)
-#   classifier_bias=False      the head's `classifier` Linear has no bias
+# The official Sudoku structure in HyperSetConfig terms: time MLP Linear → GELU → Linear and step sizes from
+# GELU(c_t + x) without RMSNorms, an RMSNorm + bias-free Linear head.
 SUDOKU_FIELDS = {"step_size_norm": "none", "classifier_norm": "rmsnorm", "classifier_bias": False}
-SUDOKU_MISSING = (
-    "the official Sudoku Hyper-SET is not expressible with HyperSetConfig yet: (1) its time_mlp is "
-    "Linear-GELU-Linear without the three RMSNorms ours always has, (2) its step sizes read GELU(c_t + x) "
-    "without our RMSNorm on x, and (3) its head is RMSNorm + a bias-free Linear where ours is LayerNorm + a "
-    f"biased Linear. Config fields {sorted(SUDOKU_FIELDS)} (issue 12, item 1) are needed first"
-)
-
-
-def _sudoku_expressible() -> bool:
-    return set(SUDOKU_FIELDS) <= set(inspect.signature(HyperSetConfig.__init__).parameters)
 
 
 class HyperSetSudokuSource(OfficialSource):
@@ -1118,10 +1096,6 @@ class HyperSetSudokuSource(OfficialSource):
     repository = "https://github.com/huyunzhe/hyper-set"
     head_class = HyperSetForTokenClassification
     input_kind = "ids"
-    precision_note = (
-        "`iteration_embedding` computes the iteration sinusoid in float32 (the authors: in the run's dtype); "
-        "convert with --dtype float32 until the model reproduces that table (issue 12)"
-    )
     spec = {
         "vocab_size": REQUIRED,
         "block_size": REQUIRED,
@@ -1182,8 +1156,6 @@ class HyperSetSudokuSource(OfficialSource):
         return out
 
     def config(self, kwargs):
-        if not _sudoku_expressible():
-            raise NotExpressible(SUDOKU_MISSING)
         return HyperSetConfig(
             input_type="sequence",
             hidden_size=kwargs["n_embd"],
@@ -1504,11 +1476,6 @@ def convert_checkpoint(
                 f"verification failed ({dtype}, {described}): the converted folder's logits differ from "
                 f"{' and from '.join(failed)} (tolerance {tolerance:.0e} × max(1, max |logit|)); nothing was "
                 "written (after checking the difference, --atol can accept a larger one)"
-                + (
-                    f". Known cause: {family.precision_note}"
-                    if family.precision_note and dtype == "float64"
-                    else ""
-                )
             )
         card = {
             "title": f"{family.official_class} → {family.head_class.__name__}",
