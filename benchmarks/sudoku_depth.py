@@ -2,13 +2,14 @@
 
 Both models are trained on the same hard puzzles (`--dataset sudoku-hard`: larsdoku 4.0.0, 21–29 givens) with
 the same budget (steps, batch, AdamW betas, weight decay, lr and cosine schedule, gradient clipping, seed)
-through the real training CLI (`energyformers.training.train.run`, i.e. exactly the `energyformers train ...`
-command recorded in the results), then each saved folder is reloaded and evaluated on a fixed test subset (the
+through the real training CLI (`python -m energyformers.training.train`, i.e. exactly the `energyformers train
+...` command recorded in the results; on CPU the two runs go at once, one thread each), then each saved folder is reloaded and evaluated on a fixed test subset (the
 first N puzzles of the sudoku-hard test split) at depths T/3 … 4T: blank-cell accuracy (the fraction of blank
 cells predicted right) and board accuracy (every blank of the puzzle right), one forward pass, argmax per cell.
 Writes benchmarks/results/sudoku_depth.{md,json,png}.
 
-CPU (the default; a REDUCED model and budget, ~15 min on 2 cores):
+CPU (the default; a REDUCED model and budget: d = 64, H = 8, T = 8, 1,500 steps of batch 32; 18 min on 2 shared
+cores):
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/sudoku_depth.py
 
@@ -78,17 +79,22 @@ def train_models(flags: dict[str, list[str]], work: Path, parallel: bool, overwr
     import subprocess
     import threading
 
-    def pump(name: str, stream) -> None:
-        for line in stream:
+    finished: dict[str, float] = {}
+
+    def pump(name: str, proc) -> None:
+        for line in proc.stdout:
             line = line.rstrip()
             if line:
                 print(f"[{name}] {line}", flush=True)
+        proc.wait()
+        finished[name] = time.time()
 
     runs = {}
     for model, model_flags in flags.items():
         argv = ["--model", model, *model_flags, "--output_dir", str(work / f"sudoku-{model}")]
         argv += ["--overwrite_output_dir"] if overwrite else []
         print(f"[sudoku_depth] training {model}: energyformers train {shlex.join(argv)}", flush=True)
+        started = time.time()
         proc = subprocess.Popen(
             [sys.executable, "-m", "energyformers.training.train", *argv],
             stdout=subprocess.PIPE,
@@ -97,19 +103,17 @@ def train_models(flags: dict[str, list[str]], work: Path, parallel: bool, overwr
             cwd=REPO,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},  # progress lines as they come
         )
-        reader = threading.Thread(target=pump, args=(model, proc.stdout), daemon=True)
+        reader = threading.Thread(target=pump, args=(model, proc), daemon=True)
         reader.start()
-        runs[model] = (argv, proc, reader, time.time())
+        runs[model] = (argv, proc, reader, started)
         if not parallel:
-            proc.wait()
-            runs[model] = (argv, proc, reader, time.time() - runs[model][3])
+            reader.join()
     out = {}
     for model, (argv, proc, reader, started) in runs.items():
-        status = proc.wait()
         reader.join()
-        seconds = started if not parallel else time.time() - started
-        if status != 0:
-            raise SystemExit(f"training {model} failed with status {status}")
+        seconds = finished[model] - started
+        if proc.returncode != 0:
+            raise SystemExit(f"training {model} failed with status {proc.returncode}")
         print(f"[sudoku_depth] {model} trained in {seconds:.0f} s", flush=True)
         out[model] = {"command": "energyformers train " + shlex.join(argv), "seconds": round(seconds, 1)}
     return out
@@ -210,6 +214,7 @@ def plot(results: dict, path: Path, title: str) -> None:
             ax.plot(
                 depths, [res["depths"][str(d)][metric] for d in depths], style, color=color, label=MODELS[key]
             )
+    axes[0].axhline(1 / 9, color="black", linestyle="-.", linewidth=0.8, label="chance 1/9")
     for ax, name in zip(axes, ("blank-cell accuracy", "board accuracy")):
         for T in trained:
             ax.axvline(T, color="gray", linestyle=":", linewidth=1.2, label=f"trained T = {T}")
@@ -267,8 +272,10 @@ def write_markdown(out: dict, path: Path) -> None:
         "```",
         "",
         "(`python benchmarks/sudoku_depth.py --paper` runs all three.) Both training commands were checked to start and "
-        "run on CPU with `--max_steps 2` (bf16 and `torch.compile` included; Hyper-SET 4,213,321 and looped Transformer "
-        "7,157,769 parameters at this size).",
+        "run on CPU with `--max_steps 2 --max_eval_samples 16 --max_test_samples 16` appended (bf16 and "
+        "`torch.compile` included and working on CPU; Hyper-SET 4,213,321 and looped Transformer 7,157,769 "
+        "parameters at this size). 125,000 steps in ~80 min means ~26 steps/s: an estimate from the spec, not "
+        "measured here (no GPU).",
         "",
         "## Measured here" + (": a REDUCED model on a CPU budget" if reduced else ""),
         "",
@@ -284,7 +291,7 @@ def write_markdown(out: dict, path: Path) -> None:
             "(AdamW β = (0, 0.95), weight decay 0.1, clip 1.0) and the `sudoku` preset's options. The wider init "
             "(the package default is 0.02) is the one change from the package defaults: at 0.02 Hyper-SET stayed at "
             "chance (loss ln 9) for a whole 800-step probe (d = 64, H = 4, lr 3e-3), at 0.2 with H = 8 it left that "
-            "plateau within ~300 steps. Accuracies are far below the paper's; what this measures is the shape of "
+            "plateau within ~300 steps (std 0.02 with H = 8 was not probed). Accuracies are far below the paper's; what this measures is the shape of "
             "each curve around the trained depth, for two models given identical budgets.",
             "",
         ]
@@ -293,7 +300,8 @@ def write_markdown(out: dict, path: Path) -> None:
         "",
         f"* Machine: {out['machine']}; total wall time {out['wall_time_s'] / 60:.1f} min"
         + (
-            f" (training Hyper-SET {out['training']['hyperset']['seconds']:.0f} s, looped Transformer "
+            f" (wall time of each training run, data loading and its final evaluation included: Hyper-SET "
+            f"{out['training']['hyperset']['seconds']:.0f} s, looped Transformer "
             f"{out['training']['looped-transformer']['seconds']:.0f} s)"
             if out.get("training")
             else ""
@@ -418,7 +426,12 @@ def main() -> None:
     machine = (
         torch.cuda.get_device_name(0)
         if device.type == "cuda"
-        else f"{cpu}, {os.cpu_count()} cores ({args.threads} torch threads, shared), CPU only"
+        else f"{cpu}, {os.cpu_count()} cores shared with other work, CPU only"
+        + (
+            ", the two trainings run at once with 1 torch thread each"
+            if training and args.parallel
+            else f", {args.threads} torch threads"
+        )
     )
     out = {
         "mode": mode,
