@@ -112,6 +112,24 @@ EXPERIMENTS: dict[str, tuple[str, dict, list[str], str]] = {
         [],
         "anchor:0.3",
     ),
+    "x-anchor-0.5-uniform-2-12": (
+        "anchor 0.5 + depth ~ U[2, 12]",
+        {"iteration_sampling": "uniform", "min_iterations": 2, "max_iterations": 12},
+        [],
+        "anchor:0.5",
+    ),
+    "x-anchor-1-uniform-2-12": (
+        "anchor 1 (x_{t+1} = x_0 + update) + depth ~ U[2, 12]",
+        {"iteration_sampling": "uniform", "min_iterations": 2, "max_iterations": 12},
+        [],
+        "anchor:1",
+    ),
+    "x-anchor-0.3-stayput-1-uniform-2-12": (
+        "anchor 0.3 + stay-put loss 1 + depth ~ U[2, 12]",
+        {"iteration_sampling": "uniform", "min_iterations": 2, "max_iterations": 12},
+        [],
+        "anchor:0.3+stayput:1",
+    ),
     "x-poisson-stayput-0.1": (
         "poisson-lognormal depth + stay-put loss 0.1",
         {"iteration_sampling": "poisson-lognormal"},

@@ -189,6 +189,12 @@ class HyperSetConfig(PreTrainedConfig):
             step-size input GELU(c + x)).
         time_embedding_dim (`int`, *optional*, defaults to 512):
             Width of the iteration sinusoid of `iteration_conditioning="sinusoidal"` (paper: 512).
+        input_anchor (`float`, *optional*, defaults to 0.0):
+            λ of an anchor energy (λ/2)‖x − x₀‖² added to the layer's energy (x₀: the state entering the layer,
+            for one layer the embedded input): every iteration also takes the step −λ(x_t − x₀). It makes the
+            energy coercive, so the iteration has a fixed point and extra test-time iterations cannot drift
+            away (our addition, not the paper's: 0 = the paper's model; the CLI's from-scratch default is 0.5,
+            README "recurrent depth").
         iteration_sampling (`str`, *optional*, defaults to `"fixed"`):
             Depth of each training forward: `"fixed"` (num_iterations), `"uniform"` over [min_iterations,
             max_iterations], or `"poisson-lognormal"` with mean num_iterations (Geiping et al., *Scaling up
@@ -260,6 +266,7 @@ class HyperSetConfig(PreTrainedConfig):
         iteration_conditioning: str = "none",
         step_size_norm: str = "rmsnorm",
         time_embedding_dim: int = 512,
+        input_anchor: float = 0.0,
         iteration_sampling: str = "fixed",
         min_iterations: int | None = None,
         max_iterations: int | None = None,
@@ -295,6 +302,7 @@ class HyperSetConfig(PreTrainedConfig):
         self.iteration_conditioning = iteration_conditioning
         self.step_size_norm = step_size_norm
         self.time_embedding_dim = time_embedding_dim
+        self.input_anchor = input_anchor
         self.iteration_sampling = iteration_sampling
         self.min_iterations = min_iterations
         self.max_iterations = max_iterations
@@ -346,6 +354,13 @@ class HyperSetConfig(PreTrainedConfig):
             "time_embedding_dim",
             self.time_embedding_dim,
             "expected an even integer >= 4 ([sin, cos] halves)",
+        )
+        _require(
+            self,
+            _is_real(self.input_anchor) and 0 <= self.input_anchor <= 1,
+            "input_anchor",
+            self.input_anchor,
+            "expected a float in [0, 1] (1: every iteration restarts from x₀ plus the update)",
         )
         low, high = self.iteration_range
         _require(

@@ -22,6 +22,7 @@ HYPERSET_ONLY_FIELDS: tuple[str, ...] = (
     "attention_energy",
     "feedforward_energy",
     "iteration_conditioning",
+    "input_anchor",
     "step_size_norm",
     "time_embedding_dim",
     "halting_tolerance",

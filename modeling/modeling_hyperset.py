@@ -471,12 +471,14 @@ def sample_num_iterations(config: HyperSetConfig, draw: int) -> int:
 
 
 class HyperSetLayer(GradientCheckpointingLayer):
-    """One iteration: x ← x − α ⊙ Attn(x), then x ← x + γ ⊙ FF(x) (descent on E_ATTN, then on E_FF)."""
+    """One iteration: x ← x − α ⊙ Attn(x), then x ← x + γ ⊙ FF(x) (descent on E_ATTN, then on E_FF), and with
+    `input_anchor` λ > 0 the step −λ(x_t − x₀) on the anchor energy (λ/2)‖x − x₀‖²."""
 
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__()
         self.attention = HyperSetAttention(config)
         self.feedforward = HyperSetFeedForward(config)
+        self.input_anchor = config.input_anchor
 
     def forward(
         self,
@@ -485,14 +487,17 @@ class HyperSetLayer(GradientCheckpointingLayer):
         condition_source: torch.Tensor,
         step_sizes: HyperSetStepSizes,
         keep: torch.Tensor | None = None,
+        anchor: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # The shared step-size network is passed in (it lives on the model) so that one whole iteration,
         # step sizes included, is one checkpointed unit and memory does not grow with T.
         alpha, gamma = step_sizes(iteration_condition, condition_source)
         update, probs = self.attention(hidden_states, keep)
-        hidden_states = hidden_states - alpha * update
-        hidden_states = hidden_states + gamma * self.feedforward(hidden_states)
-        return hidden_states, probs
+        updated = hidden_states - alpha * update
+        updated = updated + gamma * self.feedforward(updated)
+        if self.input_anchor and anchor is not None:
+            updated = updated - self.input_anchor * (hidden_states - anchor)
+        return updated, probs
 
 
 class HyperSetPreTrainedModel(PreTrainedModel):
@@ -621,6 +626,7 @@ class HyperSetModel(HyperSetPreTrainedModel):
         per_layer_diagnostics = []
         frozen = len(self.layers) * num_iterations - backprop_iterations  # iterations that build no graph
         for index, layer in enumerate(self.layers):
+            anchor = hidden_states  # x₀ of the anchor energy: the state entering this layer
             if halting is not None:
                 hidden_states, used = self._iterate_until_halted(
                     layer, hidden_states, embedded, keep, real_tokens, iteration_conditions, *halting
@@ -633,7 +639,7 @@ class HyperSetModel(HyperSetPreTrainedModel):
                 # truncated backpropagation through depth: only the last k of the L·T iterations build a graph
                 with torch.no_grad() if index * num_iterations + t < frozen else contextlib.nullcontext():
                     hidden_states, probs = layer(
-                        hidden_states, iteration_conditions[t], source, self.step_sizes, keep
+                        hidden_states, iteration_conditions[t], source, self.step_sizes, keep, anchor
                     )
                 if output_hidden_states:
                     all_hidden_states += (hidden_states,)
@@ -718,6 +724,7 @@ class HyperSetModel(HyperSetPreTrainedModel):
         state is written back in place. Returns the states and the iterations each sample ran, `(B,)`.
         """
         batch = hidden_states.shape[0]
+        anchor = hidden_states  # x₀ of the anchor energy: the state entering this layer
         active = torch.arange(batch, device=hidden_states.device)  # samples still iterating
         used = torch.zeros(batch, dtype=torch.long, device=hidden_states.device)
         energy = self._energy(layer, hidden_states, real_tokens) if criterion == "energy" else None
@@ -725,7 +732,12 @@ class HyperSetModel(HyperSetPreTrainedModel):
             current, tokens = hidden_states[active], real_tokens[active]  # (A, N, d), (A, N)
             source = embedded[active] if self.config.step_size_condition == "input" else current
             updated, _ = layer(
-                current, condition, source, self.step_sizes, None if keep is None else keep[active]
+                current,
+                condition,
+                source,
+                self.step_sizes,
+                None if keep is None else keep[active],
+                anchor[active],
             )
             hidden_states = hidden_states.index_copy(0, active, updated)
             used[active] += 1

@@ -60,7 +60,7 @@ TABLES = (
 # `__init__` arguments no table covers: vocab_size is checked by the cross-field rule (required for sequences),
 # HyperBF's intermediate_size is an alias of num_centers.
 UNTABLED = {
-    "hyperset": {"vocab_size"},
+    "hyperset": {"vocab_size", "input_anchor"},  # input_anchor: a float in [0, 1], a cross-field rule
     "imixer": {"vocab_size"},
     "hyperbf": {"vocab_size", "intermediate_size"},
 }
@@ -74,6 +74,17 @@ CROSS_FIELD: dict[str, list[tuple[dict[str, Any], str]]] = {
         (dict(input_type="sequence", vocab_size=0), 'vocab_size=0; input_type="sequence" needs'),
         (dict(time_embedding_dim=7), "time_embedding_dim=7; expected an even integer >= 4"),
         (dict(time_embedding_dim=2), "time_embedding_dim=2; expected an even integer >= 4"),
+        (dict(input_anchor=1.5), "input_anchor=1.5; expected a float in [0, 1]"),
+        (dict(input_anchor=-0.1), "input_anchor=-0.1; expected a float in [0, 1]"),
+        (dict(input_anchor="0.5"), "input_anchor='0.5'; expected a float in [0, 1]"),
+        (
+            dict(iteration_sampling="uniform", min_iterations=9, max_iterations=8),
+            "min_iterations=9; it must not",
+        ),
+        (
+            dict(backprop_iterations=7),
+            "backprop_iterations=7; it must not exceed num_hidden_layers × num_iter",
+        ),
     ],
     "imixer": [
         (dict(spectral_norm_coeff=1.0), "spectral_norm_coeff=1.0; expected 0 < c < 1"),

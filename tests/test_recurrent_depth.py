@@ -3,6 +3,8 @@ through depth and adaptive halting (issue 11; ../shared/specs/recurrent-depth.md
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from fixtures import hyperset_config, perturb
@@ -66,6 +68,37 @@ def test_no_conditioning_is_the_identity_at_initialisation_for_any_depth():
     model = HyperSetModel(hyperset_config("image")).eval()
     outputs = model(pixel_values=pixels(), num_iterations=40, output_hidden_states=True)
     torch.testing.assert_close(outputs.last_hidden_state, outputs.hidden_states[0])
+
+
+# ---------------------------------------------------------------- the anchor energy
+
+
+def test_anchor_adds_a_gradient_step_on_the_quadratic_input_energy():
+    plain, anchored = image_model(step_scale=5.0), image_model(step_scale=5.0, input_anchor=0.5)
+    backbone, layer = plain.hyperset, plain.hyperset.layers[0]
+    states = anchored.hyperset(pixel_values=pixels(), output_hidden_states=True).hidden_states
+    x0 = states[0]
+    condition = backbone.step_sizes.iteration_conditions(1, x0)[0]
+    for t in range(3):
+        x = states[t]
+        without = layer(x, condition, x, backbone.step_sizes)[0]
+        torch.testing.assert_close(states[t + 1], without - 0.5 * (x - x0), rtol=1e-6, atol=1e-6)
+
+
+def test_anchor_keeps_the_identity_at_initialisation_and_bounds_long_runs():
+    torch.manual_seed(0)
+    fresh = HyperSetModel(hyperset_config("image", input_anchor=0.5)).eval()
+    out = fresh(pixel_values=pixels(), output_hidden_states=True)
+    torch.testing.assert_close(out.last_hidden_state, out.hidden_states[0])
+    norms = {}
+    for anchor in (0.0, 0.5):
+        model = image_model(step_scale=20.0, input_anchor=anchor)
+        with torch.no_grad():
+            states = model.hyperset(pixel_values=pixels(), num_iterations=200, output_hidden_states=True)
+        last = states.hidden_states[-11:]  # relative change over the last 10 of 200 iterations
+        norms[anchor] = float(max((b - a).norm() / a.norm() for a, b in itertools.pairwise(last)))
+    # with the anchor the iteration has settled; without it, it still moves
+    assert norms[0.5] < 1e-3 < norms[0.0], norms
 
 
 # ---------------------------------------------------------------- random depth
@@ -186,9 +219,13 @@ class _CountAttentionRows:
         HyperSetAttention.forward = self._original
 
 
-@pytest.mark.parametrize(("criterion", "tolerance"), [("state", 0.05), ("energy", 1e-3)])
-def test_halted_samples_equal_running_alone_with_their_depth_and_are_not_recomputed(criterion, tolerance):
-    model, inputs = image_model(step_scale=20.0), pixels(batch=6)
+@pytest.mark.parametrize(
+    ("criterion", "tolerance", "anchor"), [("state", 0.05, 0.0), ("energy", 1e-3, 0.0), ("state", 0.02, 0.3)]
+)
+def test_halted_samples_equal_running_alone_with_their_depth_and_are_not_recomputed(
+    criterion, tolerance, anchor
+):
+    model, inputs = image_model(step_scale=20.0, input_anchor=anchor), pixels(batch=6)
     with torch.no_grad(), _CountAttentionRows() as counter:
         out = model(
             pixel_values=inputs, num_iterations=40, halting_tolerance=tolerance, halting_criterion=criterion
