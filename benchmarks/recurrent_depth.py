@@ -1,22 +1,24 @@
-"""Recurrent depth that extrapolates: Hyper-SET accuracy vs test-time iterations, per training variant.
+"""Recurrent depth that extrapolates: Hyper-SET test accuracy vs test-time iterations, per training variant.
 
-Trains Hyper-SET through the real CLI training code (`energyformers.training.train.run`, i.e. exactly
-`energyformers train --model hyperset --dataset digits ...` with the CLI's default digits config, T = 4)
-once per variant, reloads the saved folder and evaluates test accuracy at T/2, T, 2T, 4T, 10T and 100T
-iterations, with and without adaptive halting (`halting_tolerance`, max = the evaluated depth). Then, on the
-default model, it picks the largest ε whose accuracy at max T is within 0.5 point of fixed-T accuracy and
-times halting against fixed T at batch 256 (median of several repeats, same process).
+Each variant trains Hyper-SET through the real CLI training code (`energyformers.training.train.run`, i.e.
+`energyformers train --model hyperset --dataset digits ...` with the CLI's default digits config, T = 4, plus
+the variant's `--config` overrides), in its own subprocess; the saved folder is reloaded and its test
+accuracy measured at T/2, T, 2T, 4T, 10T (and 100T with `--long`), with and without adaptive halting
+(`halting_tolerance`, at most 10T iterations). On the CLI-default model it also picks ε for halting (fewest
+mean iterations with accuracy within 0.5 point of fixed-T accuracy) and times halting against fixed T at
+batch 256 on CPU (median of `--repeats`, interleaved, same process).
 
-Variants are `iteration_conditioning` (`sinusoidal` vs `none`) × `iteration_sampling` (fixed vs random
-depth), plus *experiments* (marked `experiment` in the tables) that need a model change the package does not
-have yet; they are prototyped here by monkeypatching `HyperSetStepSizes` / the classifier inside the worker
-process that trains and evaluates that variant (each variant runs in its own subprocess, so no patch leaks).
+Variants: `iteration_conditioning` (`sinusoidal` vs `none`) × depth sampling (fixed, uniform, Poisson-log-normal)
+with the paper's dynamics (`input_anchor=0`), the same with the anchor energy (`input_anchor`, the CLI default
+0.5 with depth ~ U[2, 12]), and *experiments* (`x-...`, marked "experiment") that need a model change the
+package does not have: they are prototyped by monkeypatching inside that variant's worker process only.
 
 Writes benchmarks/results/recurrent_depth{_<dataset>}.{md,json,png}.
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/recurrent_depth.py                  # digits, all
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/recurrent_depth.py --long            # digits (~1 h)
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/recurrent_depth.py --dataset fashion_mnist \\
-        --variants none-fixed,none-uniform --max_train_samples 10000 --max_test_samples 2000 --epochs 4
+        --variants default,none-fixed,anchor0.5-fixed --max_train_samples 10000 --max_test_samples 2000 \\
+        --epochs 4 --extra_seeds ''
 """
 
 from __future__ import annotations
@@ -37,159 +39,102 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parents[1]
-FACTORS = (0.5, 1, 2, 4, 10, 100)  # test-time depth as a multiple of the trained T (100T: --long)
-HALTING_EPSILONS = (0.3, 0.1, 0.03, 0.01, 0.003)  # evaluated with max 10T
+FACTORS = (0.5, 1, 2, 4, 10, 100)  # test-time depth as a multiple of the trained T (100T only with --long)
+TABLE_EPSILONS = (0.1, 0.03, 0.01)  # halting tolerances shown for every variant (max 10T)
+SEARCH_EPSILONS = (0.3, 0.2, 0.1, 0.05, 0.03, 0.01, 0.003)  # searched on the default model (max T and 10T)
 
-# name → (description, CLI --config overrides, extra CLI flags, experiment patch or None)
-VARIANTS: dict[str, tuple[str, dict, list[str], str | None]] = {
+# The paper's dynamics (the package config's defaults): no anchor energy, fixed depth.
+PAPER = {"input_anchor": 0.0, "iteration_sampling": "fixed", "min_iterations": None, "max_iterations": None}
+
+
+def _uniform(low: int, high: int) -> dict:
+    return {"iteration_sampling": "uniform", "min_iterations": low, "max_iterations": high}
+
+
+# name → (description, --config overrides on top of the CLI's digits default, experiment patch or None)
+VARIANTS: dict[str, tuple[str, dict, str | None]] = {
+    "default": ("**CLI default**: time-invariant, input_anchor 0.5, depth ~ U[2, 12]", {}, None),
     "sinusoidal-fixed": (
         "t-conditioned c_t (ablation), fixed T",
-        {"iteration_conditioning": "sinusoidal"},
-        [],
+        {**PAPER, "iteration_conditioning": "sinusoidal"},
         None,
     ),
     "sinusoidal-uniform": (
-        "t-conditioned c_t, depth ~ U[T/2, 3T/2]",
-        {"iteration_conditioning": "sinusoidal", "iteration_sampling": "uniform"},
-        [],
+        "t-conditioned c_t, depth ~ U[2, 6] (mean T)",
+        {**PAPER, "iteration_conditioning": "sinusoidal", **_uniform(2, 6)},
         None,
     ),
-    "none-fixed": ("**default**: time-invariant c, fixed T", {}, [], None),
-    "none-uniform": (
-        "time-invariant, depth ~ U[T/2, 3T/2] (default range)",
-        {"iteration_sampling": "uniform"},
-        [],
-        None,
-    ),
-    "none-uniform-2-12": (
-        "time-invariant, depth ~ U[2, 12]",
-        {"iteration_sampling": "uniform", "min_iterations": 2, "max_iterations": 12},
-        [],
+    "none-fixed": ("time-invariant, fixed T (the paper's dynamics)", PAPER, None),
+    "none-uniform": ("time-invariant, depth ~ U[2, 6] (mean T)", {**PAPER, **_uniform(2, 6)}, None),
+    "none-uniform-2-12": ("time-invariant, depth ~ U[2, 12]", {**PAPER, **_uniform(2, 12)}, None),
+    "none-poisson": (
+        "time-invariant, depth 1 + Poisson(log-normal), mean T, in [1, 4T]",
+        {**PAPER, "iteration_sampling": "poisson-lognormal"},
         None,
     ),
     "none-uniform-2-40-bp4": (
         "time-invariant, depth ~ U[2, 40], backprop through the last 4",
-        {
-            "iteration_sampling": "uniform",
-            "min_iterations": 2,
-            "max_iterations": 40,
-            "backprop_iterations": 4,
-        },
-        [],
+        {**PAPER, **_uniform(2, 40), "backprop_iterations": 4},
         None,
     ),
-    "none-poisson": (
-        "time-invariant, depth ~ 1 + Poisson(lognormal), mean T, ≤ 4T",
-        {"iteration_sampling": "poisson-lognormal"},
-        [],
+    "anchor0.5-fixed": ("input_anchor 0.5, fixed T", {**PAPER, "input_anchor": 0.5}, None),
+    "anchor0.5-uniform": (
+        "input_anchor 0.5, depth ~ U[2, 6] (mean T)",
+        {"input_anchor": 0.5, **_uniform(2, 6)},
         None,
     ),
+    "anchor0.3-uniform-2-12": ("input_anchor 0.3, depth ~ U[2, 12]", {"input_anchor": 0.3}, None),
+    "anchor1-uniform-2-12": (
+        "input_anchor 1 (x_t+1 = x_0 + update), depth ~ U[2, 12]",
+        {"input_anchor": 1.0},
+        None,
+    ),
+    "x-stayput-1": ("paper's dynamics + stay-put loss ‖x_T+1 − x_T‖²/‖x_T‖²", PAPER, "stayput:1"),
+    "x-tanh-0.25": ("paper's dynamics, step sizes bounded 0.25·tanh(·/0.25)", PAPER, "tanh:0.25"),
+    "x-pos-0.5": ("paper's dynamics, step sizes in (0, 0.5): 0.5·sigmoid(·)", PAPER, "pos:0.5"),
 }
-
-# Experiments: model changes prototyped by patching (see `apply_patch`). Added to VARIANTS below.
-EXPERIMENTS: dict[str, tuple[str, dict, list[str], str]] = {
-    "x-stayput-0.1": ("+ stay-put loss 0.1·‖x_{T+1} − x_T‖²/‖x_T‖²", {}, [], "stayput:0.1"),
-    "x-stayput-1": ("+ stay-put loss 1·‖x_{T+1} − x_T‖²/‖x_T‖²", {}, [], "stayput:1"),
-    "x-tanh-0.25": ("step sizes bounded: 0.25·tanh(·/0.25)", {}, [], "tanh:0.25"),
-    "x-pos-0.5": ("step sizes in (0, 0.5): 0.5·sigmoid(·) (descent directions)", {}, [], "pos:0.5"),
-    "x-anchor-0.1": ("+ anchor energy (0.1/2)‖x − x_0‖²", {}, [], "anchor:0.1"),
-    "x-anchor-0.3": ("+ anchor energy (0.3/2)‖x − x_0‖²", {}, [], "anchor:0.3"),
-    "x-decay-0.1": ("+ decay energy (0.1/2)‖x‖²", {}, [], "decay:0.1"),
-    "x-anchor-0.3-uniform-2-12": (
-        "anchor 0.3 + depth ~ U[2, 12]",
-        {"iteration_sampling": "uniform", "min_iterations": 2, "max_iterations": 12},
-        [],
-        "anchor:0.3",
-    ),
-    "x-anchor-0.3-uniform-2-40-bp4": (
-        "anchor 0.3 + depth ~ U[2, 40], backprop through the last 4",
-        {
-            "iteration_sampling": "uniform",
-            "min_iterations": 2,
-            "max_iterations": 40,
-            "backprop_iterations": 4,
-        },
-        [],
-        "anchor:0.3",
-    ),
-    "x-anchor-0.5-uniform-2-12": (
-        "anchor 0.5 + depth ~ U[2, 12]",
-        {"iteration_sampling": "uniform", "min_iterations": 2, "max_iterations": 12},
-        [],
-        "anchor:0.5",
-    ),
-    "x-anchor-1-uniform-2-12": (
-        "anchor 1 (x_{t+1} = x_0 + update) + depth ~ U[2, 12]",
-        {"iteration_sampling": "uniform", "min_iterations": 2, "max_iterations": 12},
-        [],
-        "anchor:1",
-    ),
-    "x-anchor-0.3-stayput-1-uniform-2-12": (
-        "anchor 0.3 + stay-put loss 1 + depth ~ U[2, 12]",
-        {"iteration_sampling": "uniform", "min_iterations": 2, "max_iterations": 12},
-        [],
-        "anchor:0.3+stayput:1",
-    ),
-    "x-poisson-stayput-0.1": (
-        "poisson-lognormal depth + stay-put loss 0.1",
-        {"iteration_sampling": "poisson-lognormal"},
-        [],
-        "stayput:0.1",
-    ),
-}
+SEED_VARIANTS = (
+    "default",
+    "none-fixed",
+    "anchor0.5-fixed",
+    "anchor0.5-uniform",
+)  # also run with --extra_seeds
 
 
 # --------------------------------------------------------------------------- experiment patches
 
 
 def apply_patch(spec: str | None) -> None:
-    """Monkeypatch the model for an experiment (worker process only). `spec` = "kind:arg,arg".
+    """Monkeypatch the model for an experiment (worker process only). `spec` = "kind:value".
 
-    * ``tanh:A`` — step sizes bounded, α = A·tanh(α̃/A), γ = A·tanh(γ̃/A) (identity at init kept).
-    * ``pos:A`` — step sizes in (0, A): A·sigmoid(·) (each update a descent direction of its energy;
-      A/2 at init, no identity start).
-    * ``anchor:λ`` — every iteration also descends (λ/2)‖x − x_0‖² (x_0 = the embedded input):
-      x_{t+1} = layer(x_t) − λ(x_t − x_0). The energy becomes coercive, so the state stays bounded and has a
-      fixed point; identity at init is kept (x_t = x_0 when α = γ = 0). ``decay:λ``: the same towards 0.
-    * ``stayput:λ`` — training loss + λ · mean over samples of ‖x_{T+1} − x_T‖² / ‖x_T‖² (one extra
-      iteration of the same map; it asks the trained depth to be a fixed point).
+    * ``tanh:A`` — step sizes bounded: α = A·tanh(α̃/A), γ = A·tanh(γ̃/A) (identity at init kept).
+    * ``pos:A`` — step sizes in (0, A): A·sigmoid(·), so each update is a descent direction of its energy
+      (A/2 at init instead of the identity start).
+    * ``stayput:λ`` — training loss + λ · mean ‖x_{T+1} − x_T‖² / ‖x_T‖² (one extra iteration of the same map),
+      asking the trained depth to be a fixed point.
     """
     if not spec:
         return
-    if "+" in spec:
-        for part in spec.split("+"):
-            apply_patch(part)
-        return
     import torch
-    import torch.nn.functional as F
 
     from energyformers.modeling import modeling_hyperset as mh
 
-    kind, _, arg = spec.partition(":")
-    values = [float(v) for v in arg.split(",") if v]
-    if kind == "tanh":
-        (bound,) = values
+    kind, _, value = spec.partition(":")
+    value = float(value)
+    if kind in ("tanh", "pos"):
         original = mh.HyperSetStepSizes.forward
 
-        def forward(self, iteration_condition, state):
+        def step_sizes(self, iteration_condition, state):
             alpha, gamma = original(self, iteration_condition, state)
-            return bound * torch.tanh(alpha / bound), bound * torch.tanh(gamma / bound)
+            if kind == "tanh":
+                return value * torch.tanh(alpha / value), value * torch.tanh(gamma / value)
+            return value * torch.sigmoid(alpha), value * torch.sigmoid(gamma)
 
-        mh.HyperSetStepSizes.forward = forward
-    elif kind == "pos":
-        (bound,) = values
-        original = mh.HyperSetStepSizes.forward
-
-        def forward(self, iteration_condition, state):
-            alpha, gamma = original(self, iteration_condition, state)
-            return bound * torch.sigmoid(alpha), bound * torch.sigmoid(gamma)
-
-        mh.HyperSetStepSizes.forward = forward
+        mh.HyperSetStepSizes.forward = step_sizes
     elif kind == "stayput":
-        (weight,) = values
         original = mh.HyperSetForImageClassification.forward
 
-        # explicit keywords: Trainer passes extra loss kwargs to a forward that takes **kwargs
+        # explicit keywords: Trainer hands extra loss kwargs to a forward that takes **kwargs
         def forward(
             self,
             pixel_values=None,
@@ -212,112 +157,51 @@ def apply_patch(spec: str | None) -> None:
                 halting_criterion=halting_criterion,
                 output_attentions=output_attentions,
                 output_energies=output_energies,
-                return_dict=return_dict,
             )
             if not (self.training and labels is not None):
-                return original(self, output_hidden_states=output_hidden_states, **kwargs)
-            out = original(self, output_hidden_states=True, **{**kwargs, "return_dict": True})
+                return original(
+                    self, output_hidden_states=output_hidden_states, return_dict=return_dict, **kwargs
+                )
+            out = original(self, output_hidden_states=True, return_dict=True, **kwargs)
             backbone = self.hyperset
             states = out.hidden_states
             last = states[-1]
             source = states[0] if backbone.config.step_size_condition == "input" else last
             condition = backbone.step_sizes.iteration_conditions(len(states), last)[-1]  # c_{T+1}
-            nxt, _ = backbone.layers[-1](last, condition, source, backbone.step_sizes, None)
-            change = (nxt - last).flatten(1).pow(2).sum(1) / last.flatten(1).pow(2).sum(1)
-            out.loss = out.loss + weight * change.mean()
+            following, _ = backbone.layers[-1](last, condition, source, backbone.step_sizes, None, states[0])
+            change = (following - last).flatten(1).pow(2).sum(1) / last.flatten(1).pow(2).sum(1)
+            out.loss = out.loss + value * change.mean()
             out.hidden_states = None
             return out
 
         mh.HyperSetForImageClassification.forward = forward
-    elif kind in ("anchor", "decay"):
-        (weight,) = values
-        _patch_anchor(mh, weight, to_input=kind == "anchor")
     else:
         raise ValueError(f"unknown experiment patch {spec!r}")
-    del F
 
 
-def _patch_anchor(mh, weight: float, to_input: bool) -> None:
-    """`anchor` / `decay` patches: the embeddings stash x_0; the layer adds −λ(x_t − x_0) (or −λ x_t).
-
-    Adaptive halting works on a shrinking batch, so its loop is reproduced here to index x_0 by the samples
-    still iterating (same logic as `HyperSetModel._iterate_until_halted`).
-    """
-    import torch
-
-    stash: dict = {}
-    embed_forward = mh.HyperSetEmbeddings.forward
-    layer_forward = mh.HyperSetLayer.forward
-
-    def embeddings(self, *args, **kwargs):
-        tokens, keep = embed_forward(self, *args, **kwargs)
-        stash["anchor"], stash["active"] = tokens, None
-        return tokens, keep
-
-    def layer(self, hidden_states, iteration_condition, condition_source, step_sizes, keep=None):
-        updated, probs = layer_forward(
-            self, hidden_states, iteration_condition, condition_source, step_sizes, keep
-        )
-        if not to_input:
-            return updated - weight * hidden_states, probs
-        anchor = stash["anchor"] if stash["active"] is None else stash["anchor"][stash["active"]]
-        return updated - weight * (hidden_states - anchor), probs
-
-    def iterate_until_halted(
-        self, layer_, hidden_states, embedded, keep, real_tokens, iteration_conditions, tolerance, criterion
-    ):
-        assert criterion == "state"
-        batch = hidden_states.shape[0]
-        active = torch.arange(batch, device=hidden_states.device)
-        used = torch.zeros(batch, dtype=torch.long, device=hidden_states.device)
-        for condition in iteration_conditions:
-            current, tokens = hidden_states[active], real_tokens[active]
-            source = embedded[active] if self.config.step_size_condition == "input" else current
-            stash["active"] = active
-            updated, _ = layer_(
-                current, condition, source, self.step_sizes, None if keep is None else keep[active]
-            )
-            hidden_states = hidden_states.index_copy(0, active, updated)
-            used[active] += 1
-            weights = tokens.unsqueeze(-1).to(updated.dtype)
-            change = ((updated - current) * weights).flatten(1).norm(dim=1)
-            change = change / (current * weights).flatten(1).norm(dim=1).clamp_min(
-                torch.finfo(change.dtype).tiny
-            )
-            active = active[change >= tolerance]
-            if active.numel() == 0:
-                break
-        stash["active"] = None
-        return hidden_states, used
-
-    mh.HyperSetEmbeddings.forward = embeddings
-    mh.HyperSetLayer.forward = layer
-    mh.HyperSetModel._iterate_until_halted = iterate_until_halted
+# --------------------------------------------------------------------------- worker: train + evaluate one run
 
 
-# --------------------------------------------------------------------------- worker: train + evaluate one variant
-
-
-def _test_batches(model_dir: Path, dataset: str, max_test: int | None, batch_size: int):
+def _test_batches(model_dir: Path, dataset: str, max_test: int | None, batch_size: int) -> list:
     import torch
     from transformers import AutoImageProcessor
 
     from energyformers.training.data import load_data
     from energyformers.training.processing import image_transform
 
-    test = load_data(dataset, seed=0)["test"]
+    test = load_data(dataset, seed=0)["test"]  # the CLI's split (seed 0), first N like --max_test_samples
     if max_test is not None:
         test = test.select(range(min(max_test, len(test))))
     test = test.with_transform(image_transform(AutoImageProcessor.from_pretrained(model_dir)))
     batches = []
     for i in range(0, len(test), batch_size):
-        b = test[i : i + batch_size]
-        batches.append((b["pixel_values"], torch.as_tensor(b["labels"])))
+        rows = test[i : i + batch_size]
+        batches.append((rows["pixel_values"], torch.as_tensor(rows["labels"])))
     return batches
 
 
 def _evaluate(model, batches, num_iterations: int, tolerance: float | None = None) -> tuple[float, float]:
-    """(accuracy, mean iterations used) over the test batches."""
+    """(test accuracy, mean iterations used per sample)."""
     import torch
 
     correct = total = 0
@@ -327,62 +211,61 @@ def _evaluate(model, batches, num_iterations: int, tolerance: float | None = Non
             out = model(pixel_values=pixels, num_iterations=num_iterations, halting_tolerance=tolerance)
             correct += int((out.logits.argmax(-1) == labels).sum())
             total += len(labels)
-            used += (
-                float(out.iterations_used.sum())
-                if out.iterations_used is not None
-                else num_iterations * len(labels)
-            )
+            counts = out.iterations_used
+            used += float(counts.sum()) if counts is not None else num_iterations * len(labels)
     return correct / total, used / total
 
 
 def _diagnostics(model, batches, trained: int) -> dict:
-    """Mean |α|, |γ| at the trained depth and the relative state change at T, 2T, 10T (first test batch)."""
+    """Relative state change at T, 2T, 10T, ‖x_10T‖/‖x_T‖ and step-size statistics at T (first test batch)."""
     import torch
 
-    pixels = batches[0][0]
     backbone = model.base_model
     stats = {}
     with torch.inference_mode():
-        out = backbone(pixel_values=pixels, num_iterations=10 * trained, output_hidden_states=True)
-        states = out.hidden_states
+        states = backbone(
+            pixel_values=batches[0][0], num_iterations=10 * trained, output_hidden_states=True
+        ).hidden_states
         for k in (trained, 2 * trained, 10 * trained):
             change = (states[k] - states[k - 1]).flatten(1).norm(dim=1) / states[k - 1].flatten(1).norm(dim=1)
             stats[f"rel_change_at_{k}"] = float(change.mean())
-        stats["state_norm_ratio_10T_over_T"] = float(
-            (states[10 * trained].flatten(1).norm(dim=1) / states[trained].flatten(1).norm(dim=1)).mean()
-        )
+        ratio = states[10 * trained].flatten(1).norm(dim=1) / states[trained].flatten(1).norm(dim=1)
+        stats["state_norm_ratio_10T_over_T"] = float(ratio.mean())
         condition = backbone.step_sizes.iteration_conditions(trained, states[0])[trained - 1]
         source = states[0] if backbone.config.step_size_condition == "input" else states[trained - 1]
         alpha, gamma = backbone.step_sizes(condition, source)
-        stats["mean_abs_alpha"] = float(alpha.abs().mean())
-        stats["mean_abs_gamma"] = float(gamma.abs().mean())
-        stats["frac_negative_alpha"] = float((alpha < 0).float().mean())
-        stats["frac_negative_gamma"] = float((gamma < 0).float().mean())
+        stats.update(
+            mean_abs_alpha=float(alpha.abs().mean()),
+            mean_abs_gamma=float(gamma.abs().mean()),
+            frac_negative_alpha=float((alpha < 0).float().mean()),
+            frac_negative_gamma=float((gamma < 0).float().mean()),
+        )
     return stats
 
 
-def _time_halting(model, batch, num_iterations: int, tolerance: float, repeats: int) -> dict:
-    """Median wall-clock of one forward at batch len(batch): fixed T vs halting (max 10T), interleaved."""
+def _choose_epsilon(per_epsilon: dict, reference: float) -> float | None:
+    """The ε with the fewest mean iterations whose accuracy is within 0.5 point of `reference`."""
+    ok = [(used, -eps, eps) for eps, (acc, used) in per_epsilon.items() if acc >= reference - 0.005 - 1e-9]
+    return min(ok)[2] if ok else None
+
+
+def _time_forwards(model, pixels, calls: dict, repeats: int) -> dict:
+    """Median wall-clock seconds of each named forward (kwargs), interleaved, after one warm-up round."""
     import torch
 
-    fixed, halted = [], []
+    times = {name: [] for name in calls}
+    used = {}
     with torch.inference_mode():
-        for _ in range(2):  # warm-up
-            model(pixel_values=batch, num_iterations=num_iterations)
-            model(pixel_values=batch, num_iterations=10 * num_iterations, halting_tolerance=tolerance)
-        for _ in range(repeats):
-            start = time.perf_counter()
-            model(pixel_values=batch, num_iterations=num_iterations)
-            fixed.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            out = model(pixel_values=batch, num_iterations=10 * num_iterations, halting_tolerance=tolerance)
-            halted.append(time.perf_counter() - start)
+        for round_ in range(repeats + 1):
+            for name, kwargs in calls.items():
+                start = time.perf_counter()
+                out = model(pixel_values=pixels, **kwargs)
+                if round_:
+                    times[name].append(time.perf_counter() - start)
+                counts = out.iterations_used
+                used[name] = float(counts.float().mean()) if counts is not None else kwargs["num_iterations"]
     return {
-        "batch_size": len(batch),
-        "repeats": repeats,
-        "fixed_T_s": statistics.median(fixed),
-        "halting_max_10T_s": statistics.median(halted),
-        "halting_mean_iterations": float(out.iterations_used.float().mean()),
+        name: {"seconds": statistics.median(t), "mean_iterations": used[name]} for name, t in times.items()
     }
 
 
@@ -390,25 +273,20 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.num_threads)
-    description, overrides, flags, patch = ALL_VARIANTS[args.worker]
+    description, overrides, patch = VARIANTS[args.worker]
     apply_patch(patch)
     from energyformers import HyperSetForImageClassification
     from energyformers.training import train
 
-    workdir = Path(tempfile.mkdtemp(prefix=f"rd-{args.worker}-"))
-    argv = [
-        "--model", "hyperset", "--dataset", args.dataset,
-        "--output_dir", str(workdir / "model"),
-        "--num_threads", str(args.num_threads), "--seed", str(args.seed),
-        "--disable_tqdm", "--num_predictions", "0",
-    ]  # fmt: skip
+    workdir = Path(tempfile.mkdtemp(prefix=f"recurrent-depth-{args.worker}-"))
+    argv = ["--model", "hyperset", "--dataset", args.dataset, "--output_dir", str(workdir / "model")]
     if args.epochs is not None:
-        argv += ["--epochs", str(args.epochs)]
-    if args.max_train_samples is not None:
-        argv += ["--max_train_samples", str(args.max_train_samples)]
-    if args.max_test_samples is not None:
-        argv += ["--max_test_samples", str(args.max_test_samples)]
-    argv += flags
+        argv += ["--epochs", f"{args.epochs:g}"]
+    for flag in ("max_train_samples", "max_test_samples"):
+        if getattr(args, flag) is not None:
+            argv += [f"--{flag}", str(getattr(args, flag))]
+    argv += ["--seed", str(args.seed), "--num_threads", str(args.num_threads), "--disable_tqdm"]
+    argv += ["--num_predictions", "0"]
     if overrides:
         argv += ["--config", *(f"{k}={json.dumps(v)}" for k, v in overrides.items())]
     start = time.time()
@@ -423,41 +301,65 @@ def worker(args: argparse.Namespace) -> None:
     factors = FACTORS if args.long else FACTORS[:-1]
     depths = sorted({max(1, round(f * trained)) for f in factors})
     accuracy = {d: _evaluate(model, batches, d)[0] for d in depths}
-    halting = {eps: {10 * trained: _evaluate(model, batches, 10 * trained, eps)} for eps in HALTING_EPSILONS}
+    epsilons = SEARCH_EPSILONS if args.time_halting else TABLE_EPSILONS
+    halting = {
+        limit: {eps: _evaluate(model, batches, limit, eps) for eps in epsilons}
+        for limit in ((trained, 10 * trained) if args.time_halting else (10 * trained,))
+    }
+    config = model.config
     result = {
         "variant": args.worker,
+        "seed": args.seed,
         "description": description,
         "experiment": patch,
         "config_overrides": overrides,
-        "command": "energyformers train " + shlex.join(argv),
+        "effective_config": {
+            k: getattr(config, k)
+            for k in (
+                "iteration_conditioning",
+                "input_anchor",
+                "iteration_sampling",
+                "iteration_range",
+                "backprop_iterations",
+                "num_iterations",
+            )
+        },
+        "command": "energyformers train "
+        + shlex.join(argv).replace(f" --output_dir {workdir / 'model'}", ""),
         "trained_iterations": trained,
         "train_seconds": round(train_seconds, 1),
         "test_size": sum(len(b[1]) for b in batches),
         "accuracy": accuracy,
-        "halting": {str(e): {str(d): list(v) for d, v in per.items()} for e, per in halting.items()},
+        "halting": {limit: {str(e): list(v) for e, v in per.items()} for limit, per in halting.items()},
         "diagnostics": _diagnostics(model, batches, trained),
     }
     if args.time_halting:
-        # ε: the largest whose accuracy at max 10T stays within 0.5 point of the fixed-T accuracy
-        ok = [e for e in HALTING_EPSILONS if halting[e][10 * trained][0] >= accuracy[trained] - 0.005]
-        if ok:
-            eps = max(ok)
-            batch = torch.cat([b[0] for b in batches])[:256]
-            result["halting_timing"] = {
-                "epsilon": eps,
-                "accuracy_fixed_T": accuracy[trained],
-                "accuracy_halting": halting[eps][10 * trained][0],
-                "mean_iterations_test_set": halting[eps][10 * trained][1],
-                **_time_halting(model, batch, trained, eps, args.repeats),
+        pixels = torch.cat([b[0] for b in batches])[:256]
+        eps_short = _choose_epsilon(halting[trained], accuracy[trained])
+        eps_long = _choose_epsilon(halting[10 * trained], accuracy[trained])
+        calls = {"fixed T": {"num_iterations": trained}, "fixed 10T": {"num_iterations": 10 * trained}}
+        if eps_short is not None:
+            calls[f"halting ε={eps_short:g}, max T"] = {
+                "num_iterations": trained,
+                "halting_tolerance": eps_short,
             }
+        if eps_long is not None:
+            calls[f"halting ε={eps_long:g}, max 10T"] = {
+                "num_iterations": 10 * trained,
+                "halting_tolerance": eps_long,
+            }
+        result["halting_timing"] = {
+            "epsilon_max_T": eps_short,
+            "epsilon_max_10T": eps_long,
+            "batch_size": len(pixels),
+            "repeats": args.repeats,
+            "forwards": _time_forwards(model, pixels, calls, args.repeats),
+        }
     Path(args.json).write_text(json.dumps(result, indent=2))
-    print(json.dumps({k: result[k] for k in ("variant", "accuracy", "train_seconds")}), flush=True)
+    print(json.dumps({k: result[k] for k in ("variant", "seed", "accuracy", "train_seconds")}), flush=True)
 
 
 # --------------------------------------------------------------------------- driver
-
-
-ALL_VARIANTS = {**VARIANTS, **EXPERIMENTS}
 
 
 def main() -> None:
@@ -465,15 +367,20 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--dataset", default="digits")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {list(ALL_VARIANTS)}")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {list(VARIANTS)}")
     parser.add_argument("--epochs", type=float, default=None, help="default: the CLI's (12 for images)")
     parser.add_argument("--max_train_samples", type=int, default=None)
     parser.add_argument("--max_test_samples", type=int, default=None)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--extra_seeds",
+        default="43,44",
+        help=f"more seeds for {list(SEED_VARIANTS)} (comma list; '' for none)",
+    )
     parser.add_argument("--num_threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7, help="timing repeats (median)")
-    parser.add_argument("--long", action="store_true", help="also evaluate 100T (slow)")
-    parser.add_argument("--cache", default=None, help="reuse per-variant JSON results found in this folder")
+    parser.add_argument("--long", action="store_true", help="also evaluate 100T")
+    parser.add_argument("--cache", default=None, help="reuse per-run JSON results found in this folder")
     parser.add_argument("--no_write", action="store_true", help="print only; do not write results/")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--json", default=None, help=argparse.SUPPRESS)
@@ -484,31 +391,38 @@ def main() -> None:
         return
 
     names = [n for n in args.variants.split(",") if n]
-    unknown = [n for n in names if n not in ALL_VARIANTS]
+    unknown = [n for n in names if n not in VARIANTS]
     if unknown:
-        raise SystemExit(f"unknown variants {unknown}; choose from {list(ALL_VARIANTS)}")
+        raise SystemExit(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    extra = [int(s) for s in args.extra_seeds.split(",") if s]
+    runs = [(n, args.seed) for n in names] + [(n, s) for s in extra for n in names if n in SEED_VARIANTS]
     cache = Path(args.cache or tempfile.mkdtemp(prefix="recurrent-depth-"))
     cache.mkdir(parents=True, exist_ok=True)
-    start = time.time()
-    results = {}
     passthrough = [
-        "--dataset", args.dataset, "--seed", str(args.seed), "--num_threads", str(args.num_threads),
-        "--repeats", str(args.repeats),
-    ]  # fmt: skip
+        "--dataset",
+        args.dataset,
+        "--num_threads",
+        str(args.num_threads),
+        "--repeats",
+        str(args.repeats),
+    ]
     if args.long:
         passthrough.append("--long")
     for flag in ("epochs", "max_train_samples", "max_test_samples"):
         if getattr(args, flag) is not None:
-            passthrough += [f"--{flag}", str(getattr(args, flag))]
-    for name in names:
-        path = cache / f"{args.dataset}-{name}.json"
+            passthrough += [f"--{flag}", f"{getattr(args, flag):g}"]
+    start = time.time()
+    results: dict[str, dict] = {}
+    for name, seed in runs:
+        key = name if seed == args.seed else f"{name}@{seed}"
+        path = cache / f"{args.dataset}-{name}-{seed}.json"
         if not (args.cache and path.is_file()):
-            command = [sys.executable, __file__, "--worker", name, "--json", str(path), *passthrough]
-            if name == "none-fixed":
+            command = [sys.executable, __file__, "--worker", name, "--seed", str(seed), "--json", str(path)]
+            if name == "default" and seed == args.seed:
                 command.append("--time_halting")
-            print(f"[{time.time() - start:6.0f} s] {name}", flush=True)
-            subprocess.run(command, check=True, cwd=REPO)
-        results[name] = json.loads(path.read_text())
+            print(f"[{time.time() - start:6.0f} s] {key}", flush=True)
+            subprocess.run(command + passthrough, check=True, cwd=REPO)
+        results[key] = json.loads(path.read_text())
     total = time.time() - start
     report = build_report(args, results, total)
     print(report)
@@ -516,8 +430,15 @@ def main() -> None:
         write_results(args, results, report, total)
 
 
-def _fmt(value: float) -> str:
-    return f"{value:.4f}"
+def _label(factor: float) -> str:
+    return {0.5: "T/2", 1: "T"}.get(factor, f"{factor:g}T")
+
+
+def _seed_groups(results: dict) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = {}
+    for key, r in results.items():
+        groups.setdefault(key.split("@")[0], []).append(r)
+    return groups
 
 
 def build_report(args: argparse.Namespace, results: dict, total: float) -> str:
@@ -525,52 +446,119 @@ def build_report(args: argparse.Namespace, results: dict, total: float) -> str:
     trained = first["trained_iterations"]
     factors = [f for f in FACTORS if str(max(1, round(f * trained))) in first["accuracy"]]
     depths = [str(max(1, round(f * trained))) for f in factors]
-    labels = [f"{'T/2' if f == 0.5 else ('T' if f == 1 else f'{f}T')} = {d}" for f, d in zip(factors, depths)]
-    argv = [a for a in sys.argv[1:] if not a.startswith("--cache")]
+    labels = [f"{_label(f)} = {d}" for f, d in zip(factors, depths)]
+    argv = [a for a in sys.argv[1:] if not a.startswith("--cache") and "/" not in a]
+    main_runs = {k: r for k, r in results.items() if "@" not in k}
+    t = str(trained)
+
+    def drop(acc: dict) -> float:
+        return max(acc[t] - acc[str(k * trained)] for k in (2, 4, 10)) * 100
+
     lines = [
         f"# Recurrent depth: Hyper-SET test accuracy vs test-time iterations ({args.dataset})",
         "",
         f"Command: `OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/recurrent_depth.py {shlex.join(argv)}`"
-        f" — total {total / 60:.1f} min on {platform.machine()} CPU ({os.cpu_count()} cores, "
-        f"{args.num_threads} torch threads, shared), torch {_torch_version()}. Each row trains the CLI's default "
-        f"Hyper-SET on `{args.dataset}` (T = {trained}, seed {args.seed}"
-        + (f", {args.epochs:g} epochs" if args.epochs else ", the CLI's 12 epochs")
-        + (f", first {args.max_train_samples} training samples" if args.max_train_samples else "")
-        + f") with the variant's `--config`, then evaluates the {first['test_size']} test images. "
-        "Plot: `" + _stem(args) + ".png`.",
+        f" — {len(results)} training runs, {total / 60:.0f} min in total on a {platform.machine()} CPU "
+        f"({os.cpu_count()} cores shared with other jobs, {args.num_threads} torch threads), torch {_torch_version()}, "
+        "no GPU. Each run trains the CLI's default digits Hyper-SET (`energyformers train --model hyperset "
+        f"--dataset {args.dataset}`: d = 128, 4 heads, T = {trained}, mean pooling, seed {args.seed}"
+        + (f", {args.epochs:g} epochs" if args.epochs else ", the CLI's 12 epochs at lr 3e-3")
+        + (f", the first {args.max_train_samples} training images" if args.max_train_samples else "")
+        + f") with the variant's `--config`, reloads it and evaluates the {first['test_size']} test images"
+        + (f" (the first {args.max_test_samples})" if args.max_test_samples else "")
+        + f". Plot: [`{_stem(args)}.png`]({_stem(args)}.png). On {first['test_size']} images one point is "
+        f"{first['test_size'] / 100:.1f} images.",
         "",
-        "| variant | " + " | ".join(labels) + " | max drop 2T–10T vs T (points) |",
+        f"## Test accuracy vs iterations at test time (seed {args.seed})",
+        "",
+        "| variant | " + " | ".join(labels) + " | worst drop at 2T/4T/10T vs T (points) |",
         "|---|" + "---|" * (len(labels) + 1),
     ]
-    for name, r in results.items():
-        acc = {d: r["accuracy"].get(d, float("nan")) for d in depths}
-        drop = max(acc[str(trained)] - acc[str(k * trained)] for k in (2, 4, 10)) * 100
+    for name, r in main_runs.items():
+        acc = r["accuracy"]
         tag = " (experiment)" if r["experiment"] else ""
         lines.append(
             f"| `{name}`{tag}: {r['description']} | "
-            + " | ".join(_fmt(acc[d]) for d in depths)
-            + f" | {drop:+.1f} |"
+            + " | ".join(f"{acc[d]:.4f}" if d in acc else "—" for d in depths)
+            + f" | {drop(acc):.1f} |"
         )
+    groups = {n: g for n, g in _seed_groups(results).items() if len(g) > 1}
+    if groups:
+        seeds = sorted({r["seed"] for g in groups.values() for r in g})
+        lines += [
+            "",
+            f"## Seed spread (seeds {', '.join(map(str, seeds))}): mean ± standard deviation",
+            "",
+            "| variant | " + " | ".join(labels[:5]) + " | worst drop 2T–10T (points), per seed |",
+            "|---|" + "---|" * 6,
+        ]
+        for name, group in groups.items():
+            cells = []
+            for d in depths[:5]:
+                values = [r["accuracy"][d] for r in group]
+                cells.append(f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}")
+            drops = ", ".join(f"{drop(r['accuracy']):.1f}" for r in group)
+            lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {drops} |")
     lines += [
         "",
-        f"With adaptive halting (`halting_tolerance=ε`, state criterion) and at most 10T = {10 * trained} "
-        "iterations: test accuracy / mean iterations used.",
+        f"## Adaptive halting (state criterion), at most 10T = {10 * trained} iterations",
         "",
-        "| variant | " + " | ".join(f"ε = {e:g}" for e in HALTING_EPSILONS) + " |",
-        "|---|" + "---|" * len(HALTING_EPSILONS),
+        "Test accuracy / mean iterations used per sample (a model whose state converges stops early; one whose "
+        "state keeps moving runs to the maximum and inherits its 10T accuracy).",
+        "",
+        "| variant | fixed T | " + " | ".join(f"ε = {e:g}" for e in TABLE_EPSILONS) + " |",
+        "|---|---|" + "---|" * len(TABLE_EPSILONS),
     ]
-    for name, r in results.items():
-        cells = [r["halting"][str(e)][str(10 * trained)] for e in HALTING_EPSILONS]
-        lines.append(f"| `{name}` | " + " | ".join(f"{a:.4f} / {n:.1f}" for a, n in cells) + " |")
+    for name, r in main_runs.items():
+        per = r["halting"][str(10 * trained)]
+        lines.append(
+            f"| `{name}` | {r['accuracy'][t]:.4f} / {trained} | "
+            + " | ".join(f"{per[str(e)][0]:.4f} / {per[str(e)][1]:.1f}" for e in TABLE_EPSILONS)
+            + " |"
+        )
+    default = main_runs.get("default")
+    if default and "halting_timing" in default:
+        timing = default["halting_timing"]
+        lines += [
+            "",
+            "### Halting on the CLI-default model: ε search and wall clock",
+            "",
+            "| max iterations | " + " | ".join(f"ε = {e:g}" for e in SEARCH_EPSILONS) + " |",
+            "|---|" + "---|" * len(SEARCH_EPSILONS),
+        ]
+        for limit, per in default["halting"].items():
+            lines.append(
+                f"| {limit} | "
+                + " | ".join(f"{per[str(e)][0]:.4f} / {per[str(e)][1]:.2f}" for e in SEARCH_EPSILONS)
+                + " |"
+            )
+        fixed = timing["forwards"]["fixed T"]["seconds"]
+        lines += [
+            "",
+            f"ε is the one with the fewest mean iterations whose accuracy is within 0.5 point of the fixed-T accuracy "
+            f"{default['accuracy'][t]:.4f}: ε = {timing['epsilon_max_T']} with at most T, ε = "
+            f"{timing['epsilon_max_10T']} with at most 10T. One forward of a batch of {timing['batch_size']} test "
+            f"images on this CPU (median of {timing['repeats']}, interleaved, same process):",
+            "",
+            "| forward | mean iterations (this batch) | wall clock (ms) | vs fixed T |",
+            "|---|---|---|---|",
+        ]
+        for name, f in timing["forwards"].items():
+            lines.append(
+                f"| {name} | {f['mean_iterations']:.2f} | {f['seconds'] * 1000:.0f} | "
+                f"{f['seconds'] / fixed:.2f}× |"
+            )
     lines += [
         "",
-        "Diagnostics (first test batch): relative state change ‖x_t − x_{t−1}‖/‖x_{t−1}‖ at T, 2T, 10T; "
-        "‖x_10T‖/‖x_T‖; mean |α|, |γ| at iteration T and the fraction of negative α, γ (ascent steps).",
+        "## Diagnostics (first test batch)",
         "",
-        "| variant | change at T | 2T | 10T | norm ratio | mean abs α | mean abs γ | α < 0 | γ < 0 | train s |",
+        "Relative state change ‖x_t − x_t−1‖/‖x_t−1‖ at T, 2T, 10T; state-norm ratio ‖x_10T‖/‖x_T‖; mean |α|, |γ| at "
+        "iteration T and the fraction of negative entries (ascent steps on that energy); training seconds.",
+        "",
+        "| variant | change at T | at 2T | at 10T | ‖x_10T‖/‖x_T‖ | mean abs α | mean abs γ | α < 0 | γ < 0 | train s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, r in results.items():
+    for name, r in main_runs.items():
         d = r["diagnostics"]
         lines.append(
             f"| `{name}` | {d[f'rel_change_at_{trained}']:.4f} | {d[f'rel_change_at_{2 * trained}']:.4f} | "
@@ -578,31 +566,11 @@ def build_report(args: argparse.Namespace, results: dict, total: float) -> str:
             f"{d['mean_abs_alpha']:.3f} | {d['mean_abs_gamma']:.3f} | {d['frac_negative_alpha']:.2f} | "
             f"{d['frac_negative_gamma']:.2f} | {r['train_seconds']:.0f} |"
         )
-    timing = results.get("none-fixed", {}).get("halting_timing")
-    if timing:
-        saving = 1 - timing["halting_max_10T_s"] / timing["fixed_T_s"]
-        lines += [
-            "",
-            f"**Adaptive halting on the default model** (`none-fixed`): ε = {timing['epsilon']:g} (the largest "
-            f"of {list(HALTING_EPSILONS)} within 0.5 point of fixed-T accuracy at max 10T): test accuracy "
-            f"{timing['accuracy_halting']:.4f} vs {timing['accuracy_fixed_T']:.4f} at fixed T = {trained}, "
-            f"mean iterations used {timing['mean_iterations_test_set']:.2f}. Wall clock of one forward at batch "
-            f"{timing['batch_size']} on CPU (median of {timing['repeats']}, interleaved, same process): fixed T "
-            f"{timing['fixed_T_s'] * 1000:.0f} ms, halting with max 10T {timing['halting_max_10T_s'] * 1000:.0f} ms "
-            f"({timing['halting_mean_iterations']:.2f} iterations on that batch; {saving:+.0%} saving vs fixed T).",
-        ]
-    lines += ["", "Training commands (run in-process through `energyformers.training.train.run`):", ""]
-    for name, r in results.items():
-        patch = f"  # + experiment patch `{r['experiment']}` (see `apply_patch`)" if r["experiment"] else ""
-        lines.append(
-            f"* `{name}`: `{r['command'].replace(' --output_dir ' + _outdir(r['command']), '')}`{patch}"
-        )
+    lines += ["", "## Training commands", ""]
+    for name, r in main_runs.items():
+        patch = f" + experiment patch `{r['experiment']}` (`apply_patch`)" if r["experiment"] else ""
+        lines.append(f"* `{name}`: `{r['command']}`{patch}")
     return "\n".join(lines) + "\n"
-
-
-def _outdir(command: str) -> str:
-    parts = shlex.split(command)
-    return parts[parts.index("--output_dir") + 1]
 
 
 def _torch_version() -> str:
@@ -624,24 +592,46 @@ def write_results(args: argparse.Namespace, results: dict, report: str, total: f
     RESULTS.mkdir(exist_ok=True)
     stem = _stem(args)
     (RESULTS / f"{stem}.md").write_text(report)
-    (RESULTS / f"{stem}.json").write_text(
-        json.dumps({"argv": sys.argv[1:], "total_seconds": round(total, 1), "variants": results}, indent=2)
-    )
+    payload = {"argv": sys.argv[1:], "total_seconds": round(total, 1), "runs": results}
+    (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+
     trained = next(iter(results.values()))["trained_iterations"]
-    fig, ax = plt.subplots(figsize=(8.5, 5))
-    for name, r in results.items():
-        depths = sorted(int(d) for d in r["accuracy"])
-        style = "--" if r["experiment"] else "-"
-        ax.plot(depths, [r["accuracy"][str(d)] for d in depths], style, marker="o", label=name)
-    ax.axvline(trained, color="grey", linestyle=":", label=f"trained T = {trained}")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("iterations at test time (log scale)")
-    ax.set_ylabel("test accuracy")
-    ax.set_title(f"Hyper-SET on {args.dataset}: accuracy vs test-time depth per training variant")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
+    groups = _seed_groups(results)
+    anchored = {n: g for n, g in groups.items() if g[0]["effective_config"]["input_anchor"] > 0}
+    plain = {n: g for n, g in groups.items() if n not in anchored}
+    panels = [
+        ("paper's dynamics (input_anchor = 0)", plain),
+        ("with the anchor energy (input_anchor > 0)", anchored),
+    ]
+    panels = [p for p in panels if p[1]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 5.6), sharey=True, squeeze=False)
+    for ax, (title, group) in zip(axes[0], panels):
+        for name, runs in group.items():
+            depths = sorted(int(d) for d in runs[0]["accuracy"])
+            values = [[r["accuracy"][str(d)] for r in runs] for d in depths]
+            mean = [statistics.mean(v) for v in values]
+            label = name + (f" (mean, min–max of {len(runs)} seeds)" if len(runs) > 1 else "")
+            err = [[m - min(v) for m, v in zip(mean, values)], [max(v) - m for m, v in zip(mean, values)]]
+            ax.errorbar(
+                depths,
+                mean,
+                yerr=err if len(runs) > 1 else None,
+                marker="o",
+                linestyle="--" if runs[0]["experiment"] else "-",
+                linewidth=2.5 if name == "default" else 1.3,
+                capsize=3,
+                label=label,
+            )
+        ax.axvline(trained, color="grey", linestyle=":", label=f"trained T = {trained}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("iterations at test time (log scale)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=8)
+    axes[0][0].set_ylabel("test accuracy")
+    fig.suptitle(f"Hyper-SET on {args.dataset} (trained T = {trained}): accuracy vs test-time depth")
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{stem}.png", dpi=110)
+    fig.savefig(RESULTS / f"{stem}.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
