@@ -86,7 +86,8 @@ def test_resume_from_saved_state_matches_the_uninterrupted_run(tmp_path: Path) -
 
 
 def test_gradient_accumulation_matches_the_full_batch(tmp_path: Path) -> None:
-    base = [*COMMON, *tiny(), "--max_steps", "3"]
+    # a fixed depth: with random depth each micro-batch would draw its own (the default draws per forward)
+    base = [*COMMON, *tiny(), "--max_steps", "3", "--iteration_sampling", "fixed"]
     assert accelerate_loop.main([*base, "--batch_size", "8", "--output_dir", str(tmp_path / "full")]) == 0
     acc = ["--batch_size", "4", "--gradient_accumulation_steps", "2", "--output_dir", str(tmp_path / "acc")]
     assert accelerate_loop.main([*base, *acc]) == 0

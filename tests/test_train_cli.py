@@ -232,6 +232,7 @@ def test_finetune_ten_class_checkpoint_onto_two_class_imagefolder(trained, tmp_p
 def test_gradient_accumulation_gives_the_same_loss_and_weights(tmp_path: Path) -> None:
     common = ["--dataset", "digits", "--config", *cli_config("hyperset"), *SUBSET, "--max_steps", "3"]
     common += ["--num_threads", "1", "--disable_tqdm", "--warmup_steps", "0"]
+    common += ["--iteration_sampling", "fixed"]  # random depth would draw one depth per micro-batch
     assert run_cli(*common, "--output_dir", tmp_path / "full", "--per_device_train_batch_size", "8") == 0
     acc = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2"]
     assert run_cli(*common, "--output_dir", tmp_path / "accumulated", *acc) == 0
