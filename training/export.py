@@ -403,6 +403,13 @@ _CARD_CONFIG_KEYS = (
     "intermediate_size",
     "num_hidden_layers",
     "num_iterations",
+    # Hyper-SET: the structure and depth dynamics a checkpoint uses (the card's deviations section refers to them)
+    "iteration_conditioning",
+    "input_anchor",
+    "iteration_sampling",
+    "hidden_act",
+    "step_size_norm",
+    "classifier_norm",
     "fixed_point_iterations",
     "num_centers",
     "image_size",
