@@ -21,6 +21,7 @@ HYPERSET_ONLY_FIELDS: tuple[str, ...] = (
     "step_size_condition",
     "attention_energy",
     "feedforward_energy",
+    "feature_map",
     "iteration_conditioning",
     "input_anchor",
     "step_size_norm",

@@ -1,0 +1,169 @@
+"""fashion_mnist test accuracy of the CLI's default model trained with and without a training recipe.
+
+Each variant is one `energyformers train` subprocess on the same data, model, epochs and seed; only the recipe
+(`--recipe NAME`, the presets of `energyformers.training.augmentation.RECIPES`) or the extra flags of a
+`--variant` differ. Flags given here (`--epochs`, `--batch_size` ...) are passed explicitly to every run, and an
+explicit flag wins over the recipe's value for it (a 300-epoch paper schedule is not a CPU benchmark).
+Test accuracy and wall time come from each run folder's `metrics.json`.
+
+Writes benchmarks/results/recipe_accuracy.{md,json}.
+
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/recipe_accuracy.py --recipe hyperset-ic \\
+        --max_train_samples 10000 --max_test_samples 2000 --epochs 4 --seeds 0,1
+    # a variant with explicit augmentation flags (name=flags), next to the recipe:
+    .venv/bin/python benchmarks/recipe_accuracy.py --recipe hyperset-ic \\
+        --variant "flip+crop+mixup=--horizontal_flip 0.5 --random_resized_crop_scale 0.35 --mixup_alpha 0.2"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+RESULTS = Path(__file__).parent / "results"
+REPO = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "energyformers", "train"]
+
+
+def cli_accepts(flag: str) -> bool:
+    """Whether `energyformers train --help` lists `flag` (the recipe flags are wired by the training loop)."""
+    help_text = subprocess.run([*CLI, "--help"], capture_output=True, text=True, cwd=REPO).stdout
+    return flag in help_text.split()  # whole words: "--recipe" must not match "--recipes_dir" and the like
+
+
+def parse_variants(args: argparse.Namespace) -> dict[str, list[str]]:
+    """name → flags added to the common command: the baseline, the recipe, then each `--variant name=flags`."""
+    variants = {"baseline": []}
+    if args.recipe:
+        variants[f"recipe {args.recipe}"] = ["--recipe", args.recipe]
+    for item in args.variant:
+        name, sep, flags = item.partition("=")
+        if not sep or not name.strip() or name.strip() in variants:
+            raise SystemExit(
+                f"--variant {item!r}: expected a new NAME=FLAGS, e.g. 'flip=--horizontal_flip 0.5'"
+            )
+        variants[name.strip()] = shlex.split(flags)
+    return variants
+
+
+def common_flags(args: argparse.Namespace) -> list[str]:
+    flags = ["--model", args.model, "--dataset", args.dataset, "--num_threads", str(args.num_threads)]
+    flags += ["--disable_tqdm", "--num_predictions", "0"]
+    for name in ("epochs", "max_train_samples", "max_test_samples", "batch_size", "max_steps"):
+        value = getattr(args, name)
+        if value is not None:
+            flags += [f"--{name}", f"{value:g}" if isinstance(value, float) else str(value)]
+    return flags
+
+
+def run(command: list[str], output_dir: Path) -> dict:
+    start = time.time()
+    subprocess.run(command, check=True, cwd=REPO)
+    metrics = json.loads((output_dir / "metrics.json").read_text())
+    return {
+        "test_accuracy": metrics["test"]["accuracy"],
+        "eval_accuracy": metrics.get("eval", {}).get("accuracy"),
+        "train_loss": metrics.get("train", {}).get("train_loss"),
+        "wall_s": round(time.time() - start, 1),
+        # the run folder is temporary: name it by its flag's role, not its path
+        "command": shlex.join(["energyformers", "train", *command[len(CLI) :]]).replace(
+            str(output_dir), "RUN"
+        ),
+        "recipe": metrics.get("recipe", {}),
+    }
+
+
+def build_report(args: argparse.Namespace, results: dict[str, list[dict]], total: float) -> str:
+    lines = [
+        f"# {args.dataset} test accuracy with and without a training recipe ({args.model}, CLI default model)",
+        "",
+        f"`{shlex.join(['python', 'benchmarks/recipe_accuracy.py', *sys.argv[1:]])}` — "
+        f"{sum(len(r) for r in results.values())} training runs, {total / 60:.1f} min on a "
+        f"{platform.machine()} CPU ({os.cpu_count()} cores visible), {args.num_threads} torch thread(s) each.",
+        "",
+        "| variant | flags | test accuracy (mean ± sd over seeds) | per seed | wall s / run |",
+        "|---|---|---|---|---|",
+    ]
+    for name, runs in results.items():
+        accs = [r["test_accuracy"] for r in runs]
+        spread = f" ± {statistics.stdev(accs):.4f}" if len(accs) > 1 else ""
+        flags = shlex.join(runs[0]["flags"]) or "—"
+        per_seed = ", ".join(f"{a:.4f}" for a in accs)
+        wall = statistics.mean(r["wall_s"] for r in runs)
+        lines.append(
+            f"| {name} | `{flags}` | {statistics.mean(accs):.4f}{spread} | {per_seed} | {wall:.0f} |"
+        )
+    lines += ["", "Commands (first seed):", ""]
+    lines += [f"* {name}: `{runs[0]['command']}`" for name, runs in results.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--recipe", default="hyperset-ic", help="recipe compared with the baseline ('' = none)"
+    )
+    parser.add_argument(
+        "--variant", action="append", default=[], metavar="NAME=FLAGS", help="extra variant (repeatable)"
+    )
+    parser.add_argument("--model", default="hyperset", help="model family (the CLI's default config for it)")
+    parser.add_argument("--dataset", default="fashion_mnist")
+    parser.add_argument("--seeds", default="0", help="comma-separated training seeds")
+    parser.add_argument("--epochs", type=float, default=None, help="passed to every run (default: the CLI's)")
+    parser.add_argument("--batch_size", type=int, default=None)
+    parser.add_argument("--max_steps", type=int, default=None, help="short smoke runs")
+    parser.add_argument("--max_train_samples", type=int, default=None)
+    parser.add_argument("--max_test_samples", type=int, default=None)
+    parser.add_argument("--num_threads", type=int, default=1)
+    parser.add_argument("--dry_run", action="store_true", help="print the commands; train nothing")
+    parser.add_argument("--no_write", action="store_true", help="print only; do not write results/")
+    args = parser.parse_args()
+
+    variants = parse_variants(args)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    if not seeds:
+        raise SystemExit(f"--seeds {args.seeds!r}: give at least one integer seed")
+    needed = {flag for flags in variants.values() for flag in flags if flag.startswith("--")}
+    missing = [] if args.dry_run else sorted(flag for flag in needed if not cli_accepts(flag))
+    if missing:
+        raise SystemExit(
+            f"energyformers train does not accept {missing} yet (the training loop has not wired the recipe "
+            "flags); nothing was run"
+        )
+    start = time.time()
+    results: dict[str, list[dict]] = {name: [] for name in variants}
+    with tempfile.TemporaryDirectory(prefix="recipe-accuracy-") as workdir:
+        # Seeds outermost: an interrupted benchmark still has every variant of the first seed.
+        for seed in seeds:
+            for name, flags in variants.items():
+                out = Path(workdir) / f"{name.replace(' ', '_')}-{seed}"
+                command = [*CLI, "--output_dir", str(out), "--seed", str(seed), *flags, *common_flags(args)]
+                if args.dry_run:
+                    print(shlex.join(command))
+                    continue
+                print(f"[{time.time() - start:6.0f} s] {name}, seed {seed}", flush=True)
+                results[name].append({"seed": seed, "flags": flags, **run(command, out)})
+    if args.dry_run:
+        return
+    total = time.time() - start
+    report = build_report(args, results, total)
+    print(report)
+    if not args.no_write:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "recipe_accuracy.md").write_text(report)
+        (RESULTS / "recipe_accuracy.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

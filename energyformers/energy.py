@@ -1,0 +1,343 @@
+# Copyright 2026 The energyformers authors. Licensed under the Apache License, Version 2.0.
+"""Attention as energy minimisation: the modern Hopfield energy, a gradient-descent minimiser, `EnergyAttention`.
+
+Ramsauer et al., *Hopfield Networks is All You Need* (ICLR 2021, arXiv:2008.02217), Eq. (2): for state
+patterns ξ_i (queries) and stored patterns X = (x_1 … x_N) (keys) at inverse temperature β,
+
+    E(ξ) = Σ_i [ −β⁻¹ log Σ_j exp(β x_j·ξ_i) + ½ ‖ξ_i‖² + β⁻¹ log N + ½ M² ],   M = max_j ‖x_j‖.
+
+The last two terms are constants: they make E ≥ ½(‖ξ_i‖ − M)² ≥ 0 per state (the paper's Lemma A1 bounds it by
+2M² on the patterns' convex hull) and do not change the gradient
+
+    ∇_{ξ_i} E = ξ_i − Σ_j softmax_j(β x_j·ξ_i) x_j,
+
+so one gradient step of size 1 is ξ_i ← Σ_j softmax_j(β x_j·ξ_i) x_j: softmax attention with keys = values = X
+(the paper's update rule, Eq. (3)). With several heads the energy is the sum of one such energy per head
+subspace; a boolean mask removes stored patterns from a state's sum (padding, causality), and a state with no
+stored pattern left is not part of the system (its terms are zero, so it does not move).
+
+Step-size bound. The Hessian of each term is I − β Cov_p(X) with p = softmax(β X ξ_i) and Cov_p ⪰ 0, so its
+largest eigenvalue is at most 1 for every β and X: the gradient of E is "1-smooth from above". The descent
+lemma then gives E(ξ − η∇E) ≤ E(ξ) − η(1 − η/2)‖∇E‖², so gradient descent never increases the energy for any
+step size 0 < η ≤ 2 (`HOPFIELD_STEP_SIZE_BOUND`); η = 1 is the paper's update (also the concave–convex
+procedure). Above 2 the energy can increase (far from the patterns E is ≈ ½‖ξ‖² and η > 2 overshoots).
+
+Projections: `EnergyAttention` descends on the energy of the queries q = W_Q r against the keys K = W_K y, per
+head, and maps the final state through the output projection. As in the paper's Hopfield layer (Eq. (10),
+V = K W_V), the value projection acts on the retrieved key-space pattern, so it is folded into `o_proj`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+# Gradient descent on the Hopfield energy is monotone for every step size in (0, HOPFIELD_STEP_SIZE_BOUND].
+HOPFIELD_STEP_SIZE_BOUND = 2.0
+
+
+def _split_heads(tensor: torch.Tensor, num_heads: int, name: str) -> torch.Tensor:
+    """`(B, N, H·d_h)` → `(B, H, N, d_h)`."""
+    if tensor.ndim != 3:
+        raise ValueError(f"{name} must have shape (batch, length, width); got {tuple(tensor.shape)}.")
+    batch, length, width = tensor.shape
+    if width % num_heads:
+        raise ValueError(f"{name} width {width} is not divisible by num_heads={num_heads}.")
+    return tensor.view(batch, length, num_heads, width // num_heads).transpose(1, 2)
+
+
+def _check_beta(beta: float | torch.Tensor) -> None:
+    if isinstance(beta, torch.Tensor):
+        if not bool((beta > 0).all()):
+            raise ValueError(f"beta must be > 0; got a tensor with minimum {beta.min().item()}.")
+    elif (
+        isinstance(beta, bool)
+        or not isinstance(beta, (int, float))
+        or not beta > 0
+        or not math.isfinite(beta)
+    ):
+        raise ValueError(f"beta must be a finite number > 0 (inverse temperature); got {beta!r}.")
+
+
+def _head_beta(beta: float | torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """β broadcastable to `(B, H, N_q)`: a 0-d tensor, or `(H, 1)` for one β per head."""
+    beta = torch.as_tensor(beta, dtype=reference.dtype, device=reference.device)
+    return beta.view(-1, 1) if beta.ndim == 1 else beta
+
+
+def _heads_and_mask(
+    state: torch.Tensor, stored: torch.Tensor, num_heads: int, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """States and patterns per head `(B, H, N, d_h)`, and the mask as bool `(B|1, H|1, N_q|1, N_k)`."""
+    if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
+        raise ValueError(f"num_heads must be an integer >= 1; got {num_heads!r}.")
+    xi, patterns = _split_heads(state, num_heads, "state"), _split_heads(stored, num_heads, "stored")
+    if xi.shape[0] != patterns.shape[0] or xi.shape[-1] != patterns.shape[-1]:
+        raise ValueError(
+            f"state {tuple(state.shape)} and stored {tuple(stored.shape)} must share batch size and width."
+        )
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise ValueError(
+                f"mask must be a bool tensor (True: the pair interacts); got dtype {mask.dtype}."
+            )
+        target = (xi.shape[0], num_heads, xi.shape[2], patterns.shape[2])
+        try:
+            if torch.broadcast_shapes(mask.shape, target) != target:
+                raise RuntimeError
+        except RuntimeError:
+            raise ValueError(
+                f"mask of shape {tuple(mask.shape)} does not broadcast to (batch, heads, queries, keys) = "
+                f"{target}; a key padding mask (batch, keys) goes in as mask[:, None, None, :]."
+            ) from None
+        mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+    return xi, patterns, mask
+
+
+def _scores(
+    xi: torch.Tensor, patterns: torch.Tensor, beta: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """β ξ·x `(B, H, N_q, N_k)` with masked pairs at −inf, and which states see at least one pattern.
+
+    A state that sees no pattern gets all-zero scores instead of all −inf (finite logsumexp and softmax, NaN-free
+    gradients); the callers zero its terms with the returned `(B, H, N_q)` bool (None: no mask).
+    """
+    scores = beta[..., None] * (xi @ patterns.transpose(-1, -2))
+    if mask is None:
+        return scores, None
+    present = mask.any(-1).expand(scores.shape[:-1])
+    scores = scores.masked_fill(~mask, float("-inf")).masked_fill(~present[..., None], 0.0)
+    return scores, present
+
+
+def hopfield_energy(
+    state: torch.Tensor,
+    stored: torch.Tensor,
+    beta: float | torch.Tensor = 1.0,
+    num_heads: int = 1,
+    mask: torch.Tensor | None = None,
+    constants: bool = True,
+) -> torch.Tensor:
+    """The modern Hopfield energy E(ξ) per sample, `(B,)` (Ramsauer et al. 2020, Eq. (2); module docstring).
+
+    state: ξ `(B, N_q, H·d_h)`; stored: X `(B, N_k, H·d_h)`; beta: inverse temperature, a number or one per
+    head `(H,)`; mask: bool, broadcastable to `(B, H, N_q, N_k)`, True where state i sees pattern j;
+    constants: include β⁻¹ log N + ½ M² (N, M over the patterns each state sees), so that E >= 0.
+    """
+    _check_beta(beta)
+    xi, patterns, mask = _heads_and_mask(state, stored, num_heads, mask)
+    beta = _head_beta(beta, xi)
+    scores, present = _scores(xi, patterns, beta, mask)
+    per_state = -scores.logsumexp(-1) / beta + 0.5 * xi.pow(2).sum(-1)  # (B, H, N_q)
+    if constants:
+        norms = patterns.pow(2).sum(-1)[:, :, None, :].expand(scores.shape)  # ‖x_j‖² for every pair
+        if mask is None:
+            count = torch.full_like(per_state, scores.shape[-1])
+        else:
+            count = mask.expand(scores.shape).sum(-1).to(xi.dtype)
+            norms = norms.masked_fill(~mask, 0.0)
+        per_state = per_state + count.clamp_min(1).log() / beta + 0.5 * norms.amax(-1)
+    if present is not None:
+        per_state = per_state * present.to(per_state.dtype)
+    return per_state.sum((1, 2))
+
+
+def hopfield_gradient(
+    state: torch.Tensor,
+    stored: torch.Tensor,
+    beta: float | torch.Tensor = 1.0,
+    num_heads: int = 1,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """∇_ξ E in closed form, `(B, N_q, H·d_h)`, and the attention weights softmax(β X ξ) `(B, H, N_q, N_k)`.
+
+    ∇_{ξ_i} E = ξ_i − Σ_j p_ij x_j; a state that sees no pattern has zero gradient (and zero weights).
+    """
+    _check_beta(beta)
+    xi, patterns, mask = _heads_and_mask(state, stored, num_heads, mask)
+    scores, present = _scores(xi, patterns, _head_beta(beta, xi), mask)
+    weights = scores.softmax(-1)
+    gradient = xi - weights @ patterns  # (B, H, N_q, d_h)
+    if present is not None:
+        weights = weights * present[..., None].to(weights.dtype)
+        gradient = gradient * present[..., None].to(gradient.dtype)
+    batch, heads, length, head_dim = gradient.shape
+    return gradient.transpose(1, 2).reshape(batch, length, heads * head_dim), weights  # (B, N_q, H·d_h)
+
+
+@dataclass
+class DescentResult:
+    """What `minimize_energy` returns.
+
+    state: the final state; trajectory: `(steps + 1, *state.shape)` every iterate from the initial state on
+    (None with `record_trajectory=False`); energies: `(steps + 1, *energy.shape)` the energy at every iterate;
+    steps: gradient steps taken; converged: whether the tolerance was reached before `max_steps`.
+    """
+
+    state: torch.Tensor
+    trajectory: torch.Tensor | None
+    energies: torch.Tensor
+    steps: int
+    converged: bool
+
+
+def minimize_energy(
+    energy_fn: Callable[[torch.Tensor], torch.Tensor],
+    initial: torch.Tensor,
+    step_size: float = 1.0,
+    max_steps: int = 10,
+    tolerance: float | None = None,
+    record_trajectory: bool = True,
+) -> DescentResult:
+    """Gradient descent x ← x − η ∇E(x) with `torch.autograd`, usable inside `torch.no_grad()` code.
+
+    energy_fn maps a state like `initial` to an energy (a scalar or one per sample; the sum is differentiated,
+    so per-sample energies descend independently). Gradients are enabled locally and the iterates are detached:
+    nothing is recorded for backpropagation through the descent. Stops after `max_steps`, or earlier once the
+    largest step ‖x_{t+1} − x_t‖ (per sample, over all but the first axis) is at most `tolerance`.
+    For the Hopfield energy any 0 < η ≤ 2 is monotone (module docstring); for another energy with an
+    L-Lipschitz gradient, η ≤ 2/L.
+    """
+    if isinstance(step_size, bool) or not isinstance(step_size, (int, float)) or not step_size > 0:
+        raise ValueError(f"step_size must be a number > 0; got {step_size!r}.")
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0:
+        raise ValueError(f"max_steps must be an integer >= 0; got {max_steps!r}.")
+    if tolerance is not None and (
+        isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or tolerance < 0
+    ):
+        raise ValueError(f"tolerance must be None or a number >= 0; got {tolerance!r}.")
+
+    def evaluate(point: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.enable_grad():
+            point = point.detach().requires_grad_(True)
+            energy = energy_fn(point)
+            (gradient,) = torch.autograd.grad(energy.sum(), point)
+        return energy.detach(), gradient
+
+    state = initial.detach()
+    energy, gradient = evaluate(state)
+    trajectory, energies = [state], [energy]
+    converged, steps = False, 0
+    while steps < max_steps:
+        steps += 1
+        new_state = state - step_size * gradient
+        change = (
+            (new_state - state).flatten(1).norm(dim=1)
+            if state.ndim > 1
+            else (new_state - state).norm().reshape(1)
+        )
+        state = new_state
+        energy, gradient = evaluate(state)
+        energies.append(energy)
+        if record_trajectory:
+            trajectory.append(state)
+        if tolerance is not None and bool(change.max() <= tolerance):
+            converged = True
+            break
+    return DescentResult(
+        state=state,
+        trajectory=torch.stack(trajectory) if record_trajectory else None,
+        energies=torch.stack(energies),
+        steps=steps,
+        converged=converged,
+    )
+
+
+class EnergyAttention(nn.Module):
+    """Attention as k gradient steps on the multi-head Hopfield energy (Ramsauer et al. 2020).
+
+    The state starts at the queries q = W_Q r and descends ξ ← ξ − η ∇E(ξ) on the energy of the keys
+    K = W_K y (y = r for self-attention, the encoder states for cross-attention); the output is
+    `o_proj(ξ_k)`. With `num_steps=1, step_size=1` this is exactly multi-head softmax attention
+    softmax(β q Kᵀ) V with V = K W_V (W_V folded into `o_proj`, the paper's Eq. (10)); more steps retrieve
+    the stored pattern more sharply. β defaults to 1/√d_h, the Transformer's temperature.
+
+    Args:
+        hidden_size: width of the inputs r and of the output.
+        num_heads: heads H; hidden_size must be divisible by it.
+        num_steps: gradient steps k (>= 1).
+        step_size: η, in (0, 2] (the monotone range, module docstring).
+        beta: inverse temperature (None: 1/√d_h).
+        key_value_size: width of the cross-attention inputs y (None: hidden_size).
+        bias: biases in the projections.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int = 1,
+        num_steps: int = 1,
+        step_size: float = 1.0,
+        beta: float | None = None,
+        key_value_size: int | None = None,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads), ("num_steps", num_steps)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1; got {value!r}.")
+        if hidden_size % num_heads:
+            raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}.")
+        if (
+            isinstance(step_size, bool)
+            or not isinstance(step_size, (int, float))
+            or not 0 < step_size <= HOPFIELD_STEP_SIZE_BOUND
+        ):
+            raise ValueError(
+                f"step_size must be in (0, {HOPFIELD_STEP_SIZE_BOUND}] (larger steps can increase the energy); "
+                f"got {step_size!r}."
+            )
+        self.num_heads, self.num_steps, self.step_size = num_heads, num_steps, float(step_size)
+        self.head_dim = hidden_size // num_heads
+        self.beta = 1.0 / math.sqrt(self.head_dim) if beta is None else beta
+        _check_beta(self.beta)
+        key_value_size = hidden_size if key_value_size is None else key_value_size
+        self.q_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
+        self.k_proj = nn.Linear(key_value_size, hidden_size, bias=bias)
+        self.o_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        num_steps: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns the output `(B, N_q, hidden_size)` and the energy trace `(B, k + 1)` (detached).
+
+        attention_mask: bool, broadcastable to `(B, H, N_q, N_k)` (True: attend), or a key padding mask
+        `(B, N_k)`. num_steps: overrides k for this call.
+        """
+        steps = self.num_steps if num_steps is None else num_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"num_steps must be an integer >= 1; got {steps!r}.")
+        source = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+        mask = attention_mask
+        if mask is not None and mask.ndim == 2:
+            if mask.shape != source.shape[:2]:
+                raise ValueError(
+                    f"a 2-D attention_mask is a key padding mask of shape (batch, keys) = {tuple(source.shape[:2])}; "
+                    f"got {tuple(mask.shape)}."
+                )
+            mask = mask.bool()[:, None, None, :]  # (B, 1, 1, N_k)
+        state, keys = self.q_proj(hidden_states), self.k_proj(source)
+        trace = [hopfield_energy(state.detach(), keys.detach(), self.beta, self.num_heads, mask)]
+        for _ in range(steps):
+            gradient, _ = hopfield_gradient(state, keys, self.beta, self.num_heads, mask)
+            state = state - self.step_size * gradient
+            trace.append(hopfield_energy(state.detach(), keys.detach(), self.beta, self.num_heads, mask))
+        return self.o_proj(state), torch.stack(trace, dim=1)
+
+
+__all__ = [
+    "HOPFIELD_STEP_SIZE_BOUND",
+    "DescentResult",
+    "EnergyAttention",
+    "hopfield_energy",
+    "hopfield_gradient",
+    "minimize_energy",
+]

@@ -1,0 +1,238 @@
+"""energyformers.energy: the modern Hopfield energy, its minimiser and `EnergyAttention` (float64 checks)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from energyformers.energy import (
+    HOPFIELD_STEP_SIZE_BOUND,
+    EnergyAttention,
+    hopfield_energy,
+    hopfield_gradient,
+    minimize_energy,
+)
+
+D = torch.float64
+
+
+def random_mask(batch: int, heads: int, queries: int, keys: int, seed: int) -> torch.Tensor:
+    """A random bool mask `(B, H, N_q, N_k)` where every query still sees at least one key."""
+    generator = torch.Generator().manual_seed(seed)
+    mask = torch.rand(batch, heads, queries, keys, generator=generator) < 0.6
+    mask[..., 0] |= ~mask.any(-1)
+    return mask
+
+
+def softmax_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, heads: int, beta: float, mask=None
+) -> torch.Tensor:
+    """Reference multi-head softmax attention through torch's SDPA, merged back to `(B, N_q, width)`."""
+
+    def split(t: torch.Tensor) -> torch.Tensor:
+        return t.view(t.shape[0], t.shape[1], heads, -1).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(split(query), split(key), split(value), attn_mask=mask, scale=beta)
+    return out.transpose(1, 2).reshape(query.shape[0], query.shape[1], -1)
+
+
+@pytest.mark.parametrize("kind", ["self", "cross"])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("heads", [1, 3])
+def test_one_unit_gradient_step_on_the_bare_energy_is_softmax_attention(kind, masked, heads):
+    torch.manual_seed(0)
+    state = torch.randn(2, 5, 12, dtype=D)
+    stored = state.clone() if kind == "self" else torch.randn(2, 7, 12, dtype=D)
+    beta = 0.7
+    mask = random_mask(2, heads, 5, stored.shape[1], seed=1) if masked else None
+    xi = state.clone().requires_grad_(True)
+    (gradient,) = torch.autograd.grad(hopfield_energy(xi, stored, beta, heads, mask).sum(), xi)
+    expected = softmax_attention(state, stored, stored, heads, beta, mask)
+    torch.testing.assert_close(state - 1.0 * gradient, expected, rtol=0, atol=1e-10)
+    closed_form, weights = hopfield_gradient(state, stored, beta, heads, mask)
+    torch.testing.assert_close(closed_form, gradient, rtol=0, atol=1e-10)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, heads, 5, dtype=D))
+
+
+def test_key_padding_and_per_head_beta_match_attention_and_fully_masked_states_do_not_move():
+    torch.manual_seed(1)
+    state, stored = torch.randn(2, 4, 8, dtype=D), torch.randn(2, 6, 8, dtype=D)
+    keep = torch.ones(2, 6, dtype=torch.bool)
+    keep[1, -3:] = False  # padded stored patterns of sample 1
+    beta = torch.tensor([0.5, 2.0], dtype=D)  # one inverse temperature per head
+    xi = state.clone().requires_grad_(True)
+    (gradient,) = torch.autograd.grad(hopfield_energy(xi, stored, beta, 2, keep[:, None, None, :]).sum(), xi)
+    for h, b in enumerate(beta.tolist()):
+        part = slice(4 * h, 4 * h + 4)
+        expected = softmax_attention(
+            state[..., part], stored[..., part], stored[..., part], 1, b, keep[:, None, None, :]
+        )
+        torch.testing.assert_close((state - gradient)[..., part], expected, rtol=0, atol=1e-10)
+    # a state that sees no pattern has no energy and no gradient (no NaN)
+    mask = torch.ones(2, 1, 4, 6, dtype=torch.bool)
+    mask[0, 0, 2] = False
+    xi = state.clone().requires_grad_(True)
+    energy = hopfield_energy(xi, stored, 1.0, 1, mask)
+    (gradient,) = torch.autograd.grad(energy.sum(), xi)
+    assert torch.isfinite(energy).all() and torch.equal(gradient[0, 2], torch.zeros(8, dtype=D))
+    torch.testing.assert_close(
+        hopfield_gradient(state, stored, 1.0, 1, mask)[0], gradient, rtol=0, atol=1e-12
+    )
+
+
+def test_energy_is_the_papers_formula_with_constants_and_bounded_below_by_zero():
+    torch.manual_seed(2)
+    state, stored = torch.randn(3, 4, 5, dtype=D) * 3, torch.randn(3, 6, 5, dtype=D)
+    beta = 2.5
+    by_hand = torch.zeros(3, dtype=D)
+    for b in range(3):
+        m2 = stored[b].pow(2).sum(-1).max()
+        for i in range(4):
+            lse = torch.logsumexp(beta * stored[b] @ state[b, i], 0) / beta
+            by_hand[b] += -lse + 0.5 * state[b, i] @ state[b, i] + math.log(6) / beta + 0.5 * m2
+    torch.testing.assert_close(hopfield_energy(state, stored, beta), by_hand, rtol=1e-12, atol=1e-12)
+    # E >= ½(‖ξ‖ − M)² >= 0 (Ramsauer et al., Lemma A1), including at the stored patterns themselves
+    assert (hopfield_energy(state, stored, beta) >= 0).all()
+    assert (hopfield_energy(stored, stored, 50.0) >= -1e-12).all()
+    without = hopfield_energy(state, stored, beta, constants=False)
+    assert (without < by_hand).all()
+
+
+@pytest.mark.parametrize("beta", [0.3, 2.0, 16.0])
+@pytest.mark.parametrize("step_size", [0.1, 0.5, 1.0, 1.5, HOPFIELD_STEP_SIZE_BOUND])
+def test_energy_never_increases_along_the_minimiser_for_step_sizes_up_to_the_bound(beta, step_size):
+    torch.manual_seed(3)
+    stored = torch.randn(4, 6, 6, dtype=D)
+    mask = random_mask(4, 2, 5, 6, seed=4)
+    result = minimize_energy(
+        lambda xi: hopfield_energy(xi, stored, beta, 2, mask),
+        torch.randn(4, 5, 6, dtype=D) * 2,
+        step_size=step_size,
+        max_steps=30,
+    )
+    increase = (result.energies[1:] - result.energies[:-1]).max()
+    assert increase <= 1e-12 * result.energies.abs().max(), f"energy rose by {increase}"
+    assert result.energies.shape == (31, 4) and result.trajectory.shape == (31, 4, 5, 6)
+
+
+def test_above_the_bound_the_energy_can_increase():
+    # far from the patterns E ≈ ½‖ξ‖² + const: a step of 3 maps ξ to ≈ −2ξ and quadruples that term
+    stored = torch.randn(1, 4, 3, dtype=D)
+    result = minimize_energy(
+        lambda xi: hopfield_energy(xi, stored, 1.0),
+        torch.full((1, 1, 3), 50.0, dtype=D),
+        step_size=3.0,
+        max_steps=1,
+    )
+    assert result.energies[1, 0] > result.energies[0, 0]
+
+
+def test_minimiser_works_under_no_grad_stops_at_tolerance_and_retrieves_a_pattern():
+    torch.manual_seed(5)
+    stored = torch.randn(1, 5, 16, dtype=D) * 2
+    start = stored[:, 2:3] + 0.3 * torch.randn(1, 1, 16, dtype=D)  # a noisy copy of pattern 2
+    with torch.no_grad():
+        result = minimize_energy(
+            lambda xi: hopfield_energy(xi, stored, 4.0), start, step_size=1.0, max_steps=50, tolerance=1e-9
+        )
+    assert result.converged and result.steps < 50 and not result.state.requires_grad
+    torch.testing.assert_close(result.state, stored[:, 2:3], rtol=0, atol=1e-6)
+    assert result.trajectory.shape[0] == result.energies.shape[0] == result.steps + 1
+    unrecorded = minimize_energy(lambda xi: hopfield_energy(xi, stored, 4.0), start, record_trajectory=False)
+    assert unrecorded.trajectory is None and unrecorded.steps == 10 and not unrecorded.converged
+
+
+def test_bad_arguments_are_rejected_before_any_work():
+    x = torch.randn(1, 2, 4, dtype=D)
+    with pytest.raises(ValueError, match="beta must be a finite number > 0"):
+        hopfield_energy(x, x, beta=0.0)
+    with pytest.raises(ValueError, match="width 4 is not divisible by num_heads=3"):
+        hopfield_energy(x, x, num_heads=3)
+    with pytest.raises(ValueError, match=r"mask of shape \(3,\) does not broadcast"):
+        hopfield_energy(x, x, mask=torch.ones(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+        hopfield_energy(x, x, mask=torch.ones(2, 2))
+    with pytest.raises(ValueError, match="step_size must be a number > 0; got -1"):
+        minimize_energy(lambda xi: xi.pow(2).sum(), x, step_size=-1)
+    with pytest.raises(ValueError, match=r"step_size must be in \(0, 2.0\]"):
+        EnergyAttention(8, 2, step_size=2.5)
+    with pytest.raises(ValueError, match="hidden_size=8 must be divisible by num_heads=3"):
+        EnergyAttention(8, 3)
+    with pytest.raises(ValueError, match="num_steps must be an integer >= 1; got 0"):
+        EnergyAttention(8, 2)(torch.randn(1, 3, 8), num_steps=0)
+
+
+@pytest.mark.parametrize("kind", ["self", "cross"])
+def test_energy_attention_with_one_unit_step_is_multi_head_softmax_attention(kind):
+    torch.manual_seed(6)
+    module = EnergyAttention(12, num_heads=3, key_value_size=None if kind == "self" else 10).double()
+    hidden = torch.randn(2, 5, 12, dtype=D)
+    encoder = None if kind == "self" else torch.randn(2, 7, 10, dtype=D)
+    source = hidden if encoder is None else encoder
+    keep = torch.ones(source.shape[:2], dtype=torch.bool)
+    keep[0, -2:] = False
+    out, trace = module(hidden, encoder, attention_mask=keep)
+    q, k = module.q_proj(hidden), module.k_proj(source)
+    mask = keep[:, None, None, :]
+    expected = module.o_proj(softmax_attention(q, k, k, 3, 1 / math.sqrt(4), mask))  # V = K, W_V in o_proj
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+    assert trace.shape == (2, 2) and (trace[:, 1] <= trace[:, 0]).all()
+
+
+def test_energy_attention_trace_descends_over_many_steps_and_trains():
+    torch.manual_seed(7)
+    module = EnergyAttention(16, num_heads=2, num_steps=6, step_size=1.5, beta=3.0).double()
+    hidden = torch.randn(3, 9, 16, dtype=D)
+    with torch.no_grad():
+        _, trace = module(hidden)
+    assert trace.shape == (3, 7) and ((trace[:, 1:] - trace[:, :-1]) <= 1e-12).all()
+    out, _ = module(hidden, num_steps=2)
+    out.pow(2).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())
+
+
+class DigitsClassifier(nn.Module):
+    """8×8 digits as 16 tokens of 2×2 pixels → EnergyAttention (self, residual) → mean → Linear."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, width)
+        self.positions = nn.Parameter(torch.randn(16, width) * 0.1)
+        self.attention = EnergyAttention(width, num_heads=4, num_steps=2)
+        self.norm = nn.LayerNorm(width)
+        self.classifier = nn.Linear(width, 10)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        patches = images.view(-1, 4, 2, 4, 2).permute(0, 1, 3, 2, 4).reshape(-1, 16, 4)  # (B, 16, 2·2)
+        tokens = self.embed(patches) + self.positions
+        mixed, _ = self.attention(tokens)
+        return self.classifier(self.norm(tokens + mixed).mean(1))
+
+
+def test_a_tiny_classifier_with_energy_attention_learns_digits():
+    datasets = pytest.importorskip("sklearn.datasets")
+    start = time.perf_counter()
+    digits = datasets.load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32) / 16.0
+    labels = torch.tensor(digits.target)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
+    train, test = order[:1300], order[1300:]
+    torch.manual_seed(0)
+    model = DigitsClassifier()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(300):
+        batch = train[torch.randint(len(train), (64,), generator=generator)]
+        loss = F.cross_entropy(model(images[batch]), labels[batch])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        accuracy = (model(images[test]).argmax(-1) == labels[test]).float().mean().item()
+    assert accuracy > 0.8, f"held-out accuracy {accuracy:.3f} (chance 0.1)"
+    assert time.perf_counter() - start < 20
