@@ -6,21 +6,32 @@
 * HyperBF (memo CIFAR setting: D = 768, 4 heads, 4 blocks, 32²/4) vs HF ViT with the same width, heads,
   depth and MLP 4D.
 
-Runs of a pair are interleaved (A, B, A, B, ...) so machine load hits both alike; the table reports
-medians and the baseline / model ratio (> 1: the model is faster). Forward = inference mode; train step =
-forward + backward. Results: benchmarks/results/speed.{md,json}.
+Hyper-SET runs with each attention implementation this device has (`attn_implementation`: `eager`, the
+materialised reference and the CPU default; `sdpa`, pure torch on `scaled_dot_product_attention`; `triton`, the
+fused kernel, CUDA only). Runs of a pair are interleaved (A, B, A, B, ...) so machine load hits both alike; the
+table reports medians and the baseline / model ratio (> 1: the model is faster). Forward = inference mode; train
+step = forward + backward.
 
-    python benchmarks/speed.py [--batch 8] [--repeats 7] [--device cpu|cuda]
+`--compile-time` adds the time of the first call of `torch.compile(fullgraph=True)` (dynamo capture + backend
+compile + one run) of Hyper-SET at T = 4 and T = 24, with the layer step a nested compile region (compiled once
+and reused for every iteration, the model's code) and, for comparison, unrolled (the region removed). Results:
+benchmarks/results/speed.{md,json}.
+
+    python benchmarks/speed.py [--batch 8] [--repeats 7] [--device cpu|cuda] [--num_threads N] [--compiled]
+        [--compile-time [--compile-backends aot_eager inductor] [--compile-variants region unrolled]]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import inspect
 import json
 import platform
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -34,6 +45,7 @@ from energyformers import (
     IMixerConfig,
     IMixerForImageClassification,
 )
+from energyformers.modeling import modeling_hyperset
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -46,15 +58,30 @@ def vit_like(width: int, heads: int, depth: int, image: int, patch: int) -> ViTF
     return ViTForImageClassification(config)
 
 
-# name, model builder, baseline name, baseline builder, image side
+def hyperset(attn_implementation: str, **overrides) -> HyperSetForImageClassification:
+    config = HyperSetConfig.from_preset("cifar10-small", attn_implementation=attn_implementation, **overrides)
+    return HyperSetForImageClassification(config)
+
+
+def hyperset_pairs(device: str) -> list[tuple]:
+    """One pair per attention implementation that runs on `device` (the fused kernel: CUDA with Triton)."""
+    names = ["eager", "sdpa"]
+    if device == "cuda" and "triton" in modeling_hyperset.BISOFTMAX_ATTENTION_FUNCTIONS:
+        names.append("triton")
+    return [
+        (
+            f"Hyper-SET cifar10-small (224²/16, T=12), attn={name}",
+            lambda name=name: hyperset(name),
+            "ViT d=384, 6 heads, 12 layers",
+            lambda: vit_like(384, 6, 12, 224, 16),
+            224,
+        )
+        for name in names
+    ]
+
+
+# name, model builder, baseline name, baseline builder, image side (Hyper-SET's pairs: `hyperset_pairs`)
 PAIRS: list[tuple[str, Callable[[], torch.nn.Module], str, Callable[[], torch.nn.Module], int]] = [
-    (
-        "Hyper-SET cifar10-small (224²/16, T=12)",
-        lambda: HyperSetForImageClassification(HyperSetConfig.from_preset("cifar10-small")),
-        "ViT d=384, 6 heads, 12 layers",
-        lambda: vit_like(384, 6, 12, 224, 16),
-        224,
-    ),
     (
         "iMixer-S/16 (h_r=2, n=2)",
         lambda: IMixerForImageClassification(IMixerConfig.from_preset("s16")),
@@ -88,11 +115,14 @@ def time_once(model: torch.nn.Module, pixels: torch.Tensor, labels: torch.Tensor
 
 
 def measure(
-    models: dict[str, torch.nn.Module], pixels: torch.Tensor, repeats: int
+    models: dict[str, torch.nn.Module],
+    pixels: torch.Tensor,
+    repeats: int,
+    modes: tuple[str, ...] = ("forward", "train_step"),
 ) -> dict[str, dict[str, float]]:
     labels = torch.randint(0, 10, (pixels.shape[0],), device=pixels.device)
     medians = {}
-    for mode in ("forward", "train_step"):
+    for mode in modes:
         times: dict[str, list[float]] = {name: [] for name in models}
         for model in models.values():  # warm-up
             time_once(model, pixels, labels, mode == "train_step")
@@ -103,6 +133,43 @@ def measure(
     return medians
 
 
+@contextlib.contextmanager
+def unrolled() -> Iterator[None]:
+    """Hyper-SET's layer step without its nested compile region: dynamo inlines every iteration."""
+    layer = modeling_hyperset.HyperSetLayer
+    original = raw = layer.forward
+    raw = inspect.unwrap(raw)
+    while hasattr(raw, "__marked_compile_region_fn__"):  # torch's region wrapper keeps the function here
+        raw = raw.__marked_compile_region_fn__
+    layer.forward = raw
+    try:
+        yield
+    finally:
+        layer.forward = original
+
+
+def compile_time(backend: str, depth: int, variant: str, device: str) -> float:
+    """Seconds torch.compile adds to the first call (batch 1, inference): that call minus a compiled one."""
+    import torch._inductor.config
+
+    torch._inductor.config.force_disable_caches = True  # a cold compile each time, no reuse across depths
+    torch.manual_seed(0)
+    default = modeling_hyperset.default_attn_implementation(HyperSetConfig(), torch.device(device))
+    model = hyperset(default, num_iterations=depth).to(device).eval()
+    pixels = torch.randn(1, 3, 224, 224, device=device)
+    seconds = []
+    with unrolled() if variant == "unrolled" else contextlib.nullcontext(), torch.no_grad():
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend=backend)
+        for _ in range(2):
+            start = time.perf_counter()
+            compiled(pixel_values=pixels)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - start)
+    return seconds[0] - seconds[1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -110,7 +177,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--compile-time", action="store_true", help="also time torch.compile at T = 4 and 24")
+    parser.add_argument("--compile-backends", nargs="+", default=["aot_eager", "inductor"])
+    parser.add_argument("--compile-variants", nargs="+", default=["region", "unrolled"])
+    parser.add_argument("--compiled", action="store_true", help="also Hyper-SET vs ViT, both compiled")
+    parser.add_argument("--num_threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args()
+    if args.num_threads is not None:
+        torch.set_num_threads(args.num_threads)
 
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else platform.machine()
     setting = (
@@ -120,7 +194,7 @@ def main() -> None:
     lines = [
         "# Speed: each family vs its baseline (same run)",
         "",
-        f"Command: `python benchmarks/speed.py --batch {args.batch} --repeats {args.repeats} --device {args.device}`  ",
+        f"Command: `python benchmarks/{Path(__file__).name} {' '.join(sys.argv[1:])}`  ",
         f"Setting: {setting}",
         "",
         "| model | baseline | params (model / baseline) | forward s/batch (model / baseline) | ratio | "
@@ -128,25 +202,69 @@ def main() -> None:
         "|---|---|---|---|---|---|---|",
     ]
     records = []
-    for name, build, baseline_name, build_baseline, side in PAIRS:
+    pairs = hyperset_pairs(args.device) + PAIRS
+    if args.compiled:  # Hyper-SET's default attention, both models under torch.compile (inductor)
+        default = modeling_hyperset.default_attn_implementation(HyperSetConfig(), torch.device(args.device))
+        pairs.append(
+            (
+                f"Hyper-SET cifar10-small (224²/16, T=12), attn={default}, torch.compile",
+                lambda: torch.compile(hyperset(default), fullgraph=True),
+                "ViT d=384, 6 heads, 12 layers, torch.compile",
+                lambda: torch.compile(vit_like(384, 6, 12, 224, 16), fullgraph=True),
+                224,
+            )
+        )
+    for name, build, baseline_name, build_baseline, side in pairs:
         torch.manual_seed(0)
         models = {name: build().to(args.device), baseline_name: build_baseline().to(args.device)}
         pixels = torch.randn(args.batch, 3, side, side, device=args.device)
-        medians = measure(models, pixels, args.repeats)
+        # compiled pairs: inference only (compiling the backward too takes many minutes on CPU)
+        compiled = "torch.compile" in name
+        medians = measure(
+            models, pixels, args.repeats, ("forward",) if compiled else ("forward", "train_step")
+        )
         params = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
-        fwd, step = medians["forward"], medians["train_step"]
+        fwd, step = medians["forward"], medians.get("train_step")
+        steps = "— | —" if step is None else (
+            f"{step[name]:.4f} / {step[baseline_name]:.4f} | {step[baseline_name] / step[name]:.2f}"
+        )  # fmt: skip
         lines.append(
             f"| {name} | {baseline_name} | {params[name]:,} / {params[baseline_name]:,} | "
-            f"{fwd[name]:.4f} / {fwd[baseline_name]:.4f} | {fwd[baseline_name] / fwd[name]:.2f} | "
-            f"{step[name]:.4f} / {step[baseline_name]:.4f} | {step[baseline_name] / step[name]:.2f} |"
+            f"{fwd[name]:.4f} / {fwd[baseline_name]:.4f} | {fwd[baseline_name] / fwd[name]:.2f} | {steps} |"
         )
         records.append({"model": name, "baseline": baseline_name, "params": params, **medians})
         print(lines[-1], flush=True)
     lines += ["", "ratio = baseline time / model time (> 1: the model is faster than its baseline)."]
+    if args.device == "cpu":
+        lines.append(
+            "On a CPU shared with other jobs the absolute times are noisy; the ratios, from interleaved runs, "
+            "less so."
+        )
+    compile_records = []
+    if args.compile_time:
+        compile_time("eager", 1, "region", args.device)  # one-off start-up (imports) outside the measurements
+        lines += [
+            "",
+            "## torch.compile time of Hyper-SET cifar10-small (first call minus a compiled one; batch 1, fullgraph, "
+            "cold caches)",
+            "",
+            "| backend | layer step | T = 4 (s) | T = 24 (s) | T=24 / T=4 |",
+            "|---|---|---|---|---|",
+        ]
+        for backend in args.compile_backends:
+            for variant in args.compile_variants:
+                seconds = {depth: compile_time(backend, depth, variant, args.device) for depth in (4, 24)}
+                label = "one nested compile region" if variant == "region" else "unrolled"
+                lines.append(
+                    f"| {backend} | {label} | {seconds[4]:.1f} | {seconds[24]:.1f} | {seconds[24] / seconds[4]:.2f} |"
+                )
+                compile_records.append({"backend": backend, "variant": variant, "seconds": seconds})
+                print(lines[-1], flush=True)
     RESULTS.mkdir(exist_ok=True)
     text = "\n".join(lines) + "\n"
     (RESULTS / "speed.md").write_text(text)
-    (RESULTS / "speed.json").write_text(json.dumps({"setting": setting, "pairs": records}, indent=2))
+    result = {"setting": setting, "pairs": records, "compile_time": compile_records}
+    (RESULTS / "speed.json").write_text(json.dumps(result, indent=2))
     print(text)
 
 

@@ -42,6 +42,21 @@ HYPERSET_PRESETS: dict[str, dict[str, Any]] = {
         num_labels=9,
     ),
 }
+# The authors' released models (CIFAR-10, ImageNet-1k, Sudoku), exactly their structure: what `energyformers
+# convert` builds from their checkpoints. It adds to the rows above the iteration-conditioned time MLP of their
+# code and, in the image models, their GELU feedforward. The rows above keep this package's choices: time-invariant
+# step sizes (recurrent-depth.md) and ReLU, the exact gradient of the paper's feedforward energy.
+HYPERSET_PRESETS.update(
+    {
+        f"{name}-authors": {**HYPERSET_PRESETS[name], "iteration_conditioning": "sinusoidal", **structure}
+        for name, structure in (
+            ("cifar10-small", {"hidden_act": "gelu"}),
+            ("cifar10-small-scaleup", {"hidden_act": "gelu"}),
+            ("imagenet1k-640", {"hidden_act": "gelu"}),
+            ("sudoku", {}),  # its ReLU feedforward, shared q/k/v norm and RMSNorm head are in the row above
+        )
+    }
+)
 
 
 # --- validation: identical in the three configuration files (tests/test_configuration.py checks) ---
@@ -123,9 +138,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "qkv_norm": ("separate", "shared"),
     "step_size_condition": ("current", "input"),
     "hidden_act": ("relu", "gelu"),
-    "attention_energy": ("bisoftmax", "sigmoid"),
-    "feedforward_energy": ("relu", "softmax"),
-    "position_embedding_type": ("sinusoidal", "learned"),
+    "attention_energy": ("bisoftmax", "sigmoid", "linear"),
+    "feedforward_energy": ("relu", "softmax", "gated"),
+    "position_embedding_type": ("sinusoidal", "learned", "sincos-2d"),
     "pooling": ("cls", "mean"),
     "iteration_conditioning": ("none", "sinusoidal"),
     "iteration_sampling": ("fixed", "uniform", "poisson-lognormal"),
@@ -151,6 +166,10 @@ _PROBABILITIES: tuple[str, ...] = ()
 _POSITIVE_FLOATS: tuple[str, ...] = ("layer_norm_eps", "initializer_range", "iteration_sampling_sigma")
 _OPTIONAL_POSITIVE_FLOATS: tuple[str, ...] = ("rms_norm_eps", "halting_tolerance")
 _IMAGE_SIZES: tuple[str, ...] = ("image_size",)
+# φ of attention_energy="linear" and feedforward_energy="gated" (the authors' `hyper-set-alt-attn` choices); `None`
+# otherwise. Not a `_CHOICES` entry: it is required by those two energies and meaningless for the others, a
+# cross-field rule.
+FEATURE_MAPS: tuple[str, ...] = ("sigmoid", "relu", "tanh", "softplus", "silu", "gelu", "elu", "elu+1")
 
 
 class HyperSetConfig(PreTrainedConfig):
@@ -178,9 +197,16 @@ class HyperSetConfig(PreTrainedConfig):
             Feedforward activation, `"relu"` (the energy's exact gradient) or `"gelu"`.
         attention_energy (`str`, *optional*, defaults to `"bisoftmax"`):
             `"bisoftmax"`: E = √d_h Σ logsumexp (row + column softmax update); `"sigmoid"`:
-            E = (√d_h/2) Σ σ(S) (update σ'(S)), a variant from the authors' poster.
+            E = (√d_h/2) Σ σ(S) (update σ'(S)), a variant from the authors' poster; `"linear"`:
+            E = (1/(2√d_h)) Σ_h ‖Σ_i φ(z_i)‖², the kernel φ(z_i)·φ(z_j) in place of exp(S_ij), whose update
+            φ'(z_i) ⊙ Σ_j φ(z_j) costs O(N) per head (needs `feature_map`).
         feedforward_energy (`str`, *optional*, defaults to `"relu"`):
-            `"relu"`: E = −½ Σ ‖act(n(Dx))‖²; `"softmax"`: E = −Σ logsumexp(n(Dx)) (update Dᵀ softmax).
+            `"relu"`: E = −½ Σ ‖act(n(Dx))‖²; `"softmax"`: E = −Σ logsumexp(n(Dx)) (update Dᵀ softmax);
+            `"gated"`: E = −½ Σ_i (Σ_m φ(u_im))², u = n(Dx), update Dᵀ[(Σ_m φ(u_m)) φ'(u)] (needs `feature_map`).
+        feature_map (`str`, *optional*):
+            φ of the `"linear"` attention and `"gated"` feedforward energies, one of `FEATURE_MAPS` (sigmoid,
+            relu, tanh, softplus, silu, gelu, elu, elu+1: the authors' choices); required by those energies and
+            `None` otherwise (no other energy has a φ, so a value there would be silently ignored).
         iteration_conditioning (`str`, *optional*, defaults to `"none"`):
             `"none"`: the step sizes see one learned condition c at every iteration, so iteration t + 1 applies
             the same map as iteration t and more iterations at test time continue the same descent (what the
@@ -232,8 +258,10 @@ class HyperSetConfig(PreTrainedConfig):
         max_position_embeddings (`int`, *optional*, defaults to 512):
             Longest sequence accepted; the size of the learned position table.
         position_embedding_type (`str`, *optional*, defaults to `"sinusoidal"`):
-            `"sinusoidal"` (fixed) or `"learned"` position encoding for sequences. Images always use
-            the fixed sinusoid over the patch tokens, as in the paper.
+            Position encoding of sequences: `"sinusoidal"` (fixed, 1-D), `"learned"`, or `"sincos-2d"`, the
+            fixed row/column table of the authors' Sudoku `sincos` option (max_position_embeddings cells of
+            a square board, row-major). Images always use the fixed 1-D sinusoid over the patch tokens, as in
+            the paper.
         pooling (`str`, *optional*, defaults to `"cls"`):
             Classifier input: first token (`"cls"`; the CLS token for images) or masked mean (`"mean"`).
         classifier_norm (`str`, *optional*, defaults to `"layernorm"`):
@@ -266,6 +294,7 @@ class HyperSetConfig(PreTrainedConfig):
         hidden_act: str = "relu",
         attention_energy: str = "bisoftmax",
         feedforward_energy: str = "relu",
+        feature_map: str | None = None,
         iteration_conditioning: str = "none",
         step_size_norm: str = "rmsnorm",
         time_embedding_dim: int = 512,
@@ -302,6 +331,7 @@ class HyperSetConfig(PreTrainedConfig):
         self.hidden_act = hidden_act
         self.attention_energy = attention_energy
         self.feedforward_energy = feedforward_energy
+        self.feature_map = feature_map
         self.iteration_conditioning = iteration_conditioning
         self.step_size_norm = step_size_norm
         self.time_embedding_dim = time_embedding_dim
@@ -381,6 +411,42 @@ class HyperSetConfig(PreTrainedConfig):
             self.backprop_iterations,
             f"it must not exceed num_hidden_layers × num_iterations = {self.num_hidden_layers * self.num_iterations}",
         )
+        uses_feature_map = self.attention_energy == "linear" or self.feedforward_energy == "gated"
+        _require(
+            self,
+            self.feature_map in FEATURE_MAPS if uses_feature_map else self.feature_map is None,
+            "feature_map",
+            self.feature_map,
+            f"attention_energy='linear' and feedforward_energy='gated' need one of {list(FEATURE_MAPS)}"
+            if uses_feature_map
+            else "only attention_energy='linear' and feedforward_energy='gated' use a feature map: leave it None",
+        )
+        if self.position_embedding_type == "sincos-2d":  # a fixed table of rows and columns of a square board
+            _require(
+                self,
+                self.input_type == "sequence",
+                "position_embedding_type",
+                self.position_embedding_type,
+                'the row/column table is for input_type="sequence" (cells of a board); images always use the '
+                '1-D sinusoid over their patches (use "sinusoidal")',
+            )
+            side = math.isqrt(self.max_position_embeddings)
+            _require(
+                self,
+                side * side == self.max_position_embeddings,
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                'position_embedding_type="sincos-2d" lays the positions out on a square board: expected a '
+                "square number (81 = 9 × 9 for Sudoku)",
+            )
+            _require(
+                self,
+                self.hidden_size % 4 == 0,
+                "hidden_size",
+                self.hidden_size,
+                'position_embedding_type="sincos-2d" gives rows and columns hidden_size/2 channels each, as '
+                "[sin | cos] halves: expected a multiple of 4",
+            )
 
     @property
     def iteration_range(self) -> tuple[int, int]:
@@ -398,6 +464,19 @@ class HyperSetConfig(PreTrainedConfig):
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    def to_dict(self) -> dict[str, Any]:
+        """`PreTrainedConfig.to_dict`, plus the `attn_implementation` a user chose, so that it survives save/load.
+
+        transformers saves no attention implementation; Hyper-SET's three compute the same function, and one asked
+        for (`from_pretrained(..., attn_implementation=...)`, `set_attn_implementation`) is kept. The default (the
+        model sets `_attn_implementation_autoset`) is not saved: it is chosen again on the machine that loads.
+        """
+        output = super().to_dict()
+        autoset = output.pop("_attn_implementation_autoset", False)
+        if self._attn_implementation is not None and not autoset:
+            output["attn_implementation"] = self._attn_implementation
+        return output
+
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> HyperSetConfig:
         """Config of a named paper setting (`HYPERSET_PRESETS`), with keyword overrides applied on top."""
@@ -411,4 +490,4 @@ class HyperSetConfig(PreTrainedConfig):
         return cls(**kwargs)
 
 
-__all__ = ["HYPERSET_PRESETS", "HyperSetConfig"]
+__all__ = ["FEATURE_MAPS", "HYPERSET_PRESETS", "HyperSetConfig"]

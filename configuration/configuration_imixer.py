@@ -30,6 +30,26 @@ IMIXER_PRESETS: dict[str, dict[str, Any]] = {
     for size, (width, depth) in _MIXER_SIZES.items()
     for patch in (16, 32)
 }
+# The paper's Table 2 axes that its text fixes (specs/imixer.md): h_r = 1 next to the best h_r = 2, and n = 0, the
+# vanilla MLP-Mixer of the same dimensions (its baseline row). Only settings whose parameter counts the spec
+# states are named here; accuracies are the paper's, not reproduced.
+for _name in list(IMIXER_PRESETS):
+    IMIXER_PRESETS[f"{_name}-hr1"] = {**IMIXER_PRESETS[_name], "hidden_ratio": 1.0}
+    IMIXER_PRESETS[f"{_name}-mixer"] = {**IMIXER_PRESETS[_name], "fixed_point_iterations": 0}
+del _name
+
+# Largest slope of each token-mixing activation: the Lipschitz constant an activation contributes to the residual
+# branch F = fc_sn2 ∘ act ∘ fc_sn1 ∘ act. GELU: Φ(√2) + √2 φ(√2) ≈ 1.1289 (at x = √2); SiLU: ≈ 1.0998 (at x ≈ 2.40,
+# numerically); ReLU and tanh: 1.
+ACTIVATION_MAX_SLOPES: dict[str, float] = {
+    "gelu": 0.5 * (1.0 + math.erf(1.0)) + math.exp(-1.0) / math.sqrt(math.pi),
+    "silu": 1.0998393201288648,
+    "relu": 1.0,
+    "tanh": 1.0,
+}
+# Solvers that stop on a tolerance: they look for the fixed point of one fixed map, which batch statistics (a
+# BatchNorm F changes with every iterate in training) and per-call power iterations (W changes per step) are not.
+_TOLERANCE_SOLVERS = ("picard", "anderson")
 
 
 # --- validation: identical in the three configuration files (tests/test_configuration.py checks) ---
@@ -106,7 +126,14 @@ def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
 
 
 # Validation tables of iMixer (the form is the same in the three configuration files).
-_CHOICES: dict[str, tuple[str, ...]] = {"input_type": ("image", "sequence")}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "input_type": ("image", "sequence"),
+    "fixed_point_solver": ("unrolled", "picard", "anderson"),
+    "fixed_point_gradient": ("unrolled", "implicit", "phantom"),
+    "contractive_normalization": ("spectral", "none", "batch_norm"),
+    "token_mixing_activation": tuple(ACTIVATION_MAX_SLOPES),
+    "spectral_norm_schedule": ("per_forward", "per_call", "per_optimizer_step"),
+}
 _POSITIVE_INTS: tuple[str, ...] = (
     "hidden_size",
     "num_hidden_layers",
@@ -114,6 +141,8 @@ _POSITIVE_INTS: tuple[str, ...] = (
     "num_channels",
     "spectral_norm_power_iterations",
     "max_position_embeddings",
+    "anderson_memory",
+    "phantom_gradient_steps",
 )
 _NON_NEGATIVE_INTS: tuple[str, ...] = ("fixed_point_iterations",)
 _OPTIONAL_POSITIVE_INTS: tuple[str, ...] = ()
@@ -125,10 +154,54 @@ _POSITIVE_FLOATS: tuple[str, ...] = (
     "spectral_norm_coeff",
     "layer_norm_eps",
     "initializer_range",
+    "fixed_point_tolerance",
+    "anderson_damping",
+    "phantom_gradient_damping",
 )
-_OPTIONAL_POSITIVE_FLOATS: tuple[str, ...] = ()
+_OPTIONAL_POSITIVE_FLOATS: tuple[str, ...] = ("fixed_point_contraction",)
 _IMAGE_SIZES: tuple[str, ...] = ("image_size",)
 _BOOLEANS: tuple[str, ...] = ()
+
+
+def check_fixed_point_settings(
+    config: PreTrainedConfig, solver: str, gradient: str, tolerance: float
+) -> None:
+    """Rules on solver and gradient choices, shared by the config and per-call overrides of the model's forward."""
+    _require(
+        config,
+        solver in _CHOICES["fixed_point_solver"],
+        "fixed_point_solver",
+        solver,
+        f"expected one of {list(_CHOICES['fixed_point_solver'])}",
+    )
+    _require(
+        config,
+        gradient in _CHOICES["fixed_point_gradient"],
+        "fixed_point_gradient",
+        gradient,
+        f"expected one of {list(_CHOICES['fixed_point_gradient'])}",
+    )
+    _require(
+        config,
+        _is_real(tolerance) and tolerance > 0,
+        "fixed_point_tolerance",
+        tolerance,
+        "expected a float > 0",
+    )
+    needs_fixed_map = solver in _TOLERANCE_SOLVERS or gradient != "unrolled"
+    for name, value, moving in (
+        ("contractive_normalization", config.contractive_normalization, "batch_norm"),
+        ("spectral_norm_schedule", config.spectral_norm_schedule, "per_call"),
+    ):
+        _require(
+            config,
+            not (needs_fixed_map and value == moving),
+            name,
+            value,
+            f"{moving!r} changes F between fixed-point steps in training, so fixed_point_solver={solver!r} with "
+            f"fixed_point_gradient={gradient!r} has no fixed point to converge to or differentiate; use the "
+            "'unrolled' solver and gradient",
+        )
 
 
 class IMixerConfig(PreTrainedConfig):
@@ -155,7 +228,43 @@ class IMixerConfig(PreTrainedConfig):
             h_r: width N_h = int(h_r · D_S) of the contractive block F (paper's best setting: 2).
         fixed_point_iterations (`int`, *optional*, defaults to 2):
             n: fixed-point steps x ← x₀ + F(x) that approximate (1 − F)⁻¹ (paper's best: 2); 0 builds
-            no contractive block and is exactly the vanilla MLP-Mixer.
+            no contractive block and is exactly the vanilla MLP-Mixer. The step count of the `unrolled`
+            solver, the maximum of the `picard` and `anderson` ones.
+        fixed_point_solver (`str`, *optional*, defaults to `"unrolled"`):
+            How the fixed point is sought: `"unrolled"` (exactly n steps, the paper's), `"picard"` (steps
+            until the relative residual ‖x_a − x_{a−1}‖/‖x_{a−1}‖ of every sample is <= the tolerance, at
+            most n) or `"anderson"` (Anderson acceleration, same stopping rule). Each sample stops on its own.
+        fixed_point_tolerance (`float`, *optional*, defaults to 1e-4):
+            Relative residual at which `picard` / `anderson` stop a sample.
+        anderson_memory (`int`, *optional*, defaults to 5):
+            m: past iterates Anderson acceleration mixes (Walker & Ni; DEQ's default 5).
+        anderson_damping (`float`, *optional*, defaults to 1.0):
+            β in (0, 1]: x ← β Σα f(x) + (1 − β) Σα x; 1 = undamped.
+        fixed_point_gradient (`str`, *optional*, defaults to `"unrolled"`):
+            Training gradient of the solve: `"unrolled"` (backprop through every step, the paper's; memory
+            grows with n), `"implicit"` (implicit function theorem: the adjoint fixed point g = Jᵀg + ∂L/∂x*
+            solved with the same solver, n unrolled steps for the unrolled one; memory of one step) or
+            `"phantom"` (Geng et al.'s unrolled phantom gradient: the solution detached, then
+            `phantom_gradient_steps` damped steps with backprop). Both put the graph on the last step only.
+        phantom_gradient_steps (`int`, *optional*, defaults to 1):
+            k of the phantom gradient; k = 1 with damping 1 is the one-step (Jacobian-free, Fung et al.)
+            gradient. With the unrolled solver they are the last min(k, n) of its n steps.
+        phantom_gradient_damping (`float`, *optional*, defaults to 1.0):
+            λ in (0, 1] of the phantom steps x ← (1 − λ) x + λ (x₀ + F(x)) (Geng et al. use e.g. 0.5).
+        fixed_point_contraction (`float`, *optional*):
+            Target Lipschitz bound L < 1 of F: caps each weight at c = min(spectral_norm_coeff,
+            √L / s) with s the activation's largest slope (GELU: 1.1289), so s² c² <= L. None = the paper's
+            c alone, whose bound with GELU is 1.1289² · 0.9² ≈ 1.03 (not a guaranteed contraction).
+        contractive_normalization (`str`, *optional*, defaults to `"spectral"`):
+            How F's weights are kept small (the paper's Table 3 ablation): `"spectral"` (soft spectral
+            norm), `"none"`, or `"batch_norm"` (BatchNorm1d after each of F's linear layers instead).
+        token_mixing_activation (`str`, *optional*, defaults to `"gelu"`):
+            Activation of the token-mixing MLP (inside F and before fc2): gelu, silu, relu or tanh.
+        spectral_norm_schedule (`str`, *optional*, defaults to `"per_forward"`):
+            When training refines the σ estimates: `"per_forward"` (k power steps once per forward, before
+            the blocks), `"per_call"` (the authors' code: k steps at every fixed-point step, so n·k per
+            forward and W changes between steps) or `"per_optimizer_step"` (k steps at the first forward
+            after the weights changed, i.e. once per optimiser step, however many forwards it takes).
         spectral_norm_coeff (`float`, *optional*, defaults to 0.9):
             c: soft spectral normalisation caps σ(W) of F's two weights at c (0.9, specs/imixer.md).
         spectral_norm_power_iterations (`int`, *optional*, defaults to 8):
@@ -193,6 +302,17 @@ class IMixerConfig(PreTrainedConfig):
         channel_mixing_ratio: float = 4.0,
         hidden_ratio: float = 2.0,
         fixed_point_iterations: int = 2,
+        fixed_point_solver: str = "unrolled",
+        fixed_point_tolerance: float = 1e-4,
+        anderson_memory: int = 5,
+        anderson_damping: float = 1.0,
+        fixed_point_gradient: str = "unrolled",
+        phantom_gradient_steps: int = 1,
+        phantom_gradient_damping: float = 1.0,
+        fixed_point_contraction: float | None = None,
+        contractive_normalization: str = "spectral",
+        token_mixing_activation: str = "gelu",
+        spectral_norm_schedule: str = "per_forward",
         spectral_norm_coeff: float = 0.9,
         spectral_norm_power_iterations: int = 8,
         hidden_dropout_prob: float = 0.0,
@@ -213,6 +333,17 @@ class IMixerConfig(PreTrainedConfig):
         self.channel_mixing_ratio = channel_mixing_ratio
         self.hidden_ratio = hidden_ratio
         self.fixed_point_iterations = fixed_point_iterations
+        self.fixed_point_solver = fixed_point_solver
+        self.fixed_point_tolerance = fixed_point_tolerance
+        self.anderson_memory = anderson_memory
+        self.anderson_damping = anderson_damping
+        self.fixed_point_gradient = fixed_point_gradient
+        self.phantom_gradient_steps = phantom_gradient_steps
+        self.phantom_gradient_damping = phantom_gradient_damping
+        self.fixed_point_contraction = fixed_point_contraction
+        self.contractive_normalization = contractive_normalization
+        self.token_mixing_activation = token_mixing_activation
+        self.spectral_norm_schedule = spectral_norm_schedule
         self.spectral_norm_coeff = spectral_norm_coeff
         self.spectral_norm_power_iterations = spectral_norm_power_iterations
         self.hidden_dropout_prob = hidden_dropout_prob
@@ -232,6 +363,27 @@ class IMixerConfig(PreTrainedConfig):
             "spectral_norm_coeff",
             self.spectral_norm_coeff,
             "expected 0 < c < 1 (the fixed-point solve needs a contractive F)",
+        )
+        for name in ("anderson_damping", "phantom_gradient_damping"):
+            value = getattr(self, name)
+            _require(self, value <= 1, name, value, "expected a damping in (0, 1]")
+        _require(
+            self,
+            self.fixed_point_contraction is None or self.fixed_point_contraction < 1,
+            "fixed_point_contraction",
+            self.fixed_point_contraction,
+            "expected None or a Lipschitz bound in (0, 1)",
+        )
+        _require(
+            self,
+            self.fixed_point_contraction is None or self.contractive_normalization == "spectral",
+            "fixed_point_contraction",
+            self.fixed_point_contraction,
+            f"it caps the spectral norm, which contractive_normalization={self.contractive_normalization!r} "
+            "does not apply; use 'spectral'",
+        )
+        check_fixed_point_settings(
+            self, self.fixed_point_solver, self.fixed_point_gradient, self.fixed_point_tolerance
         )
         for name, base in (
             ("token_mixing_ratio", self.hidden_size),
@@ -255,6 +407,24 @@ class IMixerConfig(PreTrainedConfig):
             "vocab_size",
             self.vocab_size,
             'input_type="sequence" needs an integer vocab_size >= 1',
+        )
+
+    def check_fixed_point_settings(self, solver: str, gradient: str, tolerance: float) -> None:
+        """Raise ValueError for a solver / gradient / tolerance this model cannot use (also per call)."""
+        check_fixed_point_settings(self, solver, gradient, tolerance)
+
+    @property
+    def activation_max_slope(self) -> float:
+        """Largest slope of `token_mixing_activation` (`ACTIVATION_MAX_SLOPES`), a factor of F's Lipschitz bound."""
+        return ACTIVATION_MAX_SLOPES[self.token_mixing_activation]
+
+    @property
+    def contractive_coeff(self) -> float:
+        """The cap c on σ of F's weights: spectral_norm_coeff, lowered to √L / s by `fixed_point_contraction`."""
+        if self.fixed_point_contraction is None:
+            return self.spectral_norm_coeff
+        return min(
+            self.spectral_norm_coeff, math.sqrt(self.fixed_point_contraction) / self.activation_max_slope
         )
 
     @property
@@ -282,7 +452,8 @@ class IMixerConfig(PreTrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> IMixerConfig:
-        """Config of a named paper setting (`IMIXER_PRESETS`: s16, b16, l16, s32, b32, l32), overrides on top."""
+        """Config of a named paper setting (`IMIXER_PRESETS`: s16 … l32, each also as `-hr1` (h_r = 1) and
+        `-mixer` (n = 0, the vanilla Mixer)), overrides on top."""
         if name not in IMIXER_PRESETS:
             raise ValueError(
                 f"IMixerConfig: unknown preset name={name!r}; expected one of {sorted(IMIXER_PRESETS)}."
@@ -293,4 +464,4 @@ class IMixerConfig(PreTrainedConfig):
         return cls(**kwargs)
 
 
-__all__ = ["IMIXER_PRESETS", "IMixerConfig"]
+__all__ = ["ACTIVATION_MAX_SLOPES", "IMIXER_PRESETS", "IMixerConfig"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import transformers
 from transformers import PreTrainedConfig, PreTrainedModel
 
+from . import kernels  # noqa: F401  (registers Hyper-SET's fused "triton" attention when Triton is installed)
 from .configuration.configuration_hyperbf import HyperBFConfig
 from .configuration.configuration_hyperset import HyperSetConfig
 from .configuration.configuration_imixer import IMixerConfig

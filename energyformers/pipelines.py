@@ -2,8 +2,9 @@
 
 transformers' classification pipelines call `model(**inputs)` and reject unknown call arguments. These
 subclasses accept the depth arguments of the model's `forward` (Hyper-SET: `num_iterations`,
-`halting_tolerance`, `halting_criterion`; iMixer: `fixed_point_iterations`) and forward them to every model
-call, so depth can be chosen per call without editing the config:
+`halting_tolerance`, `halting_criterion`; iMixer: `fixed_point_iterations`, `fixed_point_solver`,
+`fixed_point_tolerance`) and forward them to every model call, so depth can be chosen per call without
+editing the config:
 
     from transformers import pipeline
     from energyformers.pipelines import ImageClassificationPipeline
@@ -24,7 +25,14 @@ import transformers
 from torch import nn
 
 # Forward arguments a pipeline call may set, when the model's forward takes them.
-DEPTH_ARGUMENTS = ("num_iterations", "halting_tolerance", "halting_criterion", "fixed_point_iterations")
+DEPTH_ARGUMENTS = (
+    "num_iterations",
+    "halting_tolerance",
+    "halting_criterion",
+    "fixed_point_iterations",
+    "fixed_point_solver",
+    "fixed_point_tolerance",
+)
 
 
 @contextlib.contextmanager

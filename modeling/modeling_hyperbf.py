@@ -14,6 +14,11 @@ Other departures from the spec's sketch (same function, different layout): q, k,
 metric W is a bare (R, D) parameter `metric` rather than a `Linear`; and the centers start at N(0, 1), where
 LayerNorm'd inputs live, rather than N(0, 0.02), with σ chosen from that (see `_init_weights`), so the scaled
 distance d²/2σ² starts near ln K and every center weight near 1/K.
+
+`attn_implementation` (transformers' standard names): `"eager"` is the reference, explicit scores with the
+per-key bias as an additive mask, and the only path that returns attention maps and center weights; `"sdpa"`
+(the default) runs both units as mask-free `scaled_dot_product_attention` with the per-key bias folded into
+one extra head dimension (q' = [q, 1], k' = [k, b], kernels.md): flash kernels apply, no scores are built.
 """
 
 from __future__ import annotations
@@ -290,6 +295,33 @@ def eager_attention_forward(
     return output, weights
 
 
+def _folded_width(query_key_dim: int, value_dim: int) -> int:
+    """Head width of bias-folded attention inputs: flash kernels want q, k, v of one width, a multiple of 8"""
+    return -(-max(query_key_dim, value_dim) // 8) * 8
+
+
+def _concat_padded(parts: list[torch.Tensor], width: int) -> torch.Tensor:
+    """`torch.cat(parts, -1)` zero-padded on the right to `width` columns, in one copy."""
+    missing = width - sum(part.shape[-1] for part in parts)
+    if missing:
+        parts = [*parts, parts[0].new_zeros(*parts[0].shape[:-1], missing)]
+    return torch.cat(parts, dim=-1)
+
+
+def _fold_bias(
+    query: torch.Tensor, key: torch.Tensor, key_bias: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q' = [q, 1, 0…], k' = [k, b, 0…] of `width` columns: q'·k' = q·k + b, a per-key bias without a mask."""
+    ones = query.new_ones(*query.shape[:-1], 1)
+    return _concat_padded([query, ones], width), _concat_padded([key, key_bias], width)
+
+
+def _padded_key_bias(dtype: torch.dtype) -> float:
+    """Folded bias of a padded key: exp() of it is exactly 0 next to any real score, yet q'·k' stays finite
+    (kernels scale scores by up to log2(e), add q·k to it), so a row with no real key averages, never NaN."""
+    return torch.finfo(dtype).min / 8
+
+
 class HyperBFAttention(nn.Module):
     """Gaussian-kernel attention: softmax_j(−τ_h‖q_i − k_j‖²) per head, a HyperBF unit over the tokens.
 
@@ -323,31 +355,39 @@ class HyperBFAttention(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """softmax_j(−τ_h‖q_i − k_j‖²) v_j for per-head (B, H, N, d) tensors -> ((B, N, H, d), maps or None)."""
-        tau = self.log_temperature.exp().to(query.dtype).view(1, -1, 1, 1)  # (1, H, 1, 1)
-        # The per-key bias −τ‖k_j‖² goes in as an additive attention mask (padding folded in), the per-head
-        # scale 2τ into the query, so any backend that takes a float mask (SDPA, eager) computes the kernel.
-        key_bias = -tau * key.pow(2).sum(-1).unsqueeze(-2)  # (B, H, 1, N)
-        if key_padding_mask is not None:
-            # (B, N) bool, True = real token -> (B, 1, 1, N)
-            key_bias = key_bias.masked_fill(
-                ~key_padding_mask[:, None, None, :], torch.finfo(key_bias.dtype).min
-            )
+        """softmax_j(−τ_h‖q_i − k_j‖²) v_j for per-head (B, H, N, d) tensors -> ((B, N, H, d), maps or None).
 
-        attention_interface: Callable = eager_attention_forward
-        if not output_attentions:  # attention maps only exist on the eager path
-            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-                self.config._attn_implementation, eager_attention_forward
-            )
-        return attention_interface(
-            self,
-            query * (2 * tau),
-            key,
-            value,
-            key_bias,
-            scaling=1.0,
-            dropout=self.dropout if self.training else 0.0,
+        `eager` (and any call that returns the maps) is the reference: the per-key bias −τ‖k_j‖² enters as an
+        additive (B, H, 1, N) float mask. Every other implementation gets the bias folded into one extra head
+        dimension, q' = [2τq, 1], k' = [k, −τ‖k‖²], so plain (flash) attention without any mask computes it.
+        """
+        tau = self.log_temperature.exp().to(query.dtype).view(1, -1, 1, 1)  # (1, H, 1, 1)
+        dropout = self.dropout if self.training else 0.0
+        implementation = self.config._attn_implementation
+        if output_attentions or implementation in (None, "eager"):
+            key_bias = -tau * key.pow(2).sum(-1).unsqueeze(-2)  # (B, H, 1, N)
+            if key_padding_mask is not None:
+                # (B, N) bool, True = real token -> (B, 1, 1, N)
+                key_bias = key_bias.masked_fill(
+                    ~key_padding_mask[:, None, None, :], torch.finfo(key_bias.dtype).min
+                )
+            return eager_attention_forward(self, query * (2 * tau), key, value, key_bias, dropout=dropout)
+
+        key_bias = -tau * key.pow(2).sum(-1, keepdim=True)  # (B, H, N, 1)
+        if key_padding_mask is not None:
+            # (B, N) bool, True = real token -> (B, 1, N, 1); a finite bias keeps fully padded rows NaN-free
+            key_bias = key_bias.masked_fill(~key_padding_mask[:, None, :, None], _padded_key_bias(key.dtype))
+        width = _folded_width(self.head_dim + 1, self.head_dim)
+        query, key = _fold_bias(query * (2 * tau), key, key_bias, width)  # (B, H, N, width) each
+        # (B, H, N, d) -> (B, H, N, width): flash kernels want v as wide as q and k
+        value = F.pad(value, (0, width - self.head_dim))
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            implementation, eager_attention_forward
         )
+        output, _ = attention_interface(
+            self, query, key, value, None, scaling=1.0, dropout=dropout, is_causal=False
+        )
+        return output[..., : self.head_dim], None  # (B, N, H, width) -> (B, N, H, d)
 
     def forward(
         self,
@@ -372,19 +412,31 @@ class HyperBFFeedForward(nn.Module):
 
     w_α(x) = softmax_α(−‖Wx − Wt_α‖²/(2σ²)) (or exp(·) for `feedforward_kernel="gaussian"`), out = Σ_α w_α c_α + b.
     Distances come from one matrix product against the projected centers: ‖Wx‖² − 2 Wx·Wt_α + ‖Wt_α‖², so no
-    (B, N, K, D) tensor is ever built.
+    (B, N, K, D) tensor is ever built. The normalized kernel is cross-attention from the queries Wx to K
+    keys Wt_α with values c_α and a per-key bias, so outside `eager` it runs as mask-free (flash) attention
+    with the bias folded into the head dimension and builds no (B·N, K) weights either; the unnormalised
+    Gaussian kernel needs the weights themselves and stays on the explicit path.
     """
 
     def __init__(self, config: HyperBFConfig):
         super().__init__()
+        self.config = config
         self.kernel = config.feedforward_kernel
+        self.is_causal = False  # read by the attention functions of the folded path
         self.centers = nn.Parameter(torch.empty(config.num_centers, config.hidden_size))  # t_α: (K, D)
         self.metric = nn.Parameter(torch.empty(config.rbf_projection_dim, config.hidden_size))  # W: (R, D)
         self.log_sigma = nn.Parameter(torch.empty(config.num_centers if config.rbf_width == "center" else 1))
         self.values = nn.Linear(config.num_centers, config.hidden_size)  # c_α as columns, plus the bias b
+        # Folded keys and values of the last no-grad eval forward, with the parameter versions they came from.
+        self._folded_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def sigma(self) -> torch.Tensor:
         return self.log_sigma.exp()
+
+    def train(self, mode: bool = True) -> HyperBFFeedForward:
+        if mode or self.training:  # cached centers last one eval phase (a repeated eval() keeps them)
+            self._folded_cache = None
+        return super().train(mode)
 
     def center_weights(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """w_α(x) of shape (..., K) for inputs (..., D)."""
@@ -398,9 +450,61 @@ class HyperBFFeedForward(nn.Module):
         weights = F.softmax(logits, dim=-1) if self.kernel == "normalized" else torch.exp(logits)
         return weights.reshape(*projected.shape[:-1], -1)
 
-    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        weights = self.center_weights(hidden_states)
-        return self.values(weights), weights
+    def folded_centers(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (K, w) and values (K, w) of the normalized kernel as attention with the bias folded in.
+
+        With s_α = 1/(2σ_α²), u = Wx and v_α = Wt_α the logit is −s_α‖u‖² + 2s_α u·v_α − s_α‖v_α‖², so
+        q' = [u, 1, ‖u‖²] and k'_α = [2s_α v_α, −s_α‖v_α‖², −s_α]. With one width per layer the first term is
+        the same for every α and cancels in the softmax, so both last columns are dropped. Values are c_α,
+        zero-padded to w. Computed once per forward; in eval mode without autograd, cached until a parameter
+        changes (its version counter moves: an optimiser step, `load_state_dict`) or `train()` is called.
+        """
+        parameters = (self.centers, self.metric, self.log_sigma, self.values.weight)
+        cacheable = not self.training and not torch.is_grad_enabled() and not _is_tracing()
+        if cacheable:
+            stamp = (dtype, *((p.data_ptr(), p._version) for p in parameters))
+            if self._folded_cache is not None and self._folded_cache[0] == stamp:
+                return self._folded_cache[1]
+        projected = F.linear(self.centers, self.metric)  # (K, R)
+        scale = 0.5 * torch.exp(-2.0 * self.log_sigma).unsqueeze(-1)  # s_α: (1 | K, 1)
+        key_columns = [2 * scale * projected, -scale * projected.pow(2).sum(-1, keepdim=True)]
+        if self.log_sigma.numel() > 1:  # per-center widths: −s_α‖u‖² no longer cancels
+            key_columns.append(-scale)
+        width = _folded_width(projected.shape[-1] + len(key_columns) - 1, self.values.out_features)
+        keys = _concat_padded(key_columns, width).to(dtype)  # (K, w)
+        # (D, K) -> (K, D) -> (K, w)
+        values = F.pad(self.values.weight.t(), (0, width - self.values.out_features)).to(dtype)
+        if cacheable:
+            self._folded_cache = (stamp, (keys, values))
+        return keys, values
+
+    def forward(
+        self, hidden_states: torch.Tensor, output_center_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(out, w_α(x) or None): the weights are returned by the explicit path, which also runs for `eager`,
+        the Gaussian kernel and every call that asks for them."""
+        implementation = self.config._attn_implementation
+        if output_center_weights or self.kernel == "gaussian" or implementation in (None, "eager"):
+            weights = self.center_weights(hidden_states)
+            return self.values(weights), weights
+
+        queries = F.linear(hidden_states, self.metric)  # (..., R)
+        keys, values = self.folded_centers(queries.dtype)
+        query_columns = [queries, queries.new_ones(*queries.shape[:-1], 1)]
+        if self.log_sigma.numel() > 1:
+            query_columns.append(queries.pow(2).sum(-1, keepdim=True))
+        # Every token of every sequence queries the same K centers: one attention call over B·N queries.
+        width = keys.shape[-1]
+        folded = _concat_padded(query_columns, width).reshape(1, 1, -1, width)  # (..., w) -> (1, 1, B·N, w)
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            implementation, eager_attention_forward
+        )
+        keys, values = keys[None, None], values[None, None]  # (K, w) -> (1, 1, K, w)
+        output, _ = attention_interface(
+            self, folded, keys, values, None, scaling=1.0, dropout=0.0, is_causal=False
+        )  # (1, B·N, 1, w)
+        output = output[..., : self.values.out_features].reshape(*hidden_states.shape[:-1], -1)  # (..., D)
+        return output + self.values.bias.to(output.dtype), None
 
 
 class HyperBFLayer(GradientCheckpointingLayer):
@@ -419,12 +523,13 @@ class HyperBFLayer(GradientCheckpointingLayer):
         hidden_states: torch.Tensor,
         key_padding_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        output_center_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         attended, attention_weights = self.attention(
             self.layernorm_before(hidden_states), key_padding_mask, output_attentions
         )
         hidden_states = hidden_states + self.dropout(attended)
-        fed, rbf_weights = self.feedforward(self.layernorm_after(hidden_states))
+        fed, rbf_weights = self.feedforward(self.layernorm_after(hidden_states), output_center_weights)
         hidden_states = hidden_states + self.dropout(fed)
         return hidden_states, attention_weights, rbf_weights
 
@@ -438,6 +543,21 @@ class HyperBFPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["HyperBFEmbeddings", "HyperBFLayer"]
     _supports_sdpa = True
+
+    def get_correct_attn_implementation(
+        self, requested_attention: str | None, is_init_check: bool = False
+    ) -> str:
+        """transformers' choice (`sdpa` by default), marking a default so that the config does not save it.
+
+        A head builds its backbone with the same config, which then requests the head's default again: that
+        request stays a default.
+        """
+        config = self.config
+        config._attn_implementation_autoset = requested_attention is None or (
+            requested_attention == config._attn_implementation
+            and getattr(config, "_attn_implementation_autoset", False)
+        )
+        return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -518,7 +638,9 @@ class HyperBFModel(HyperBFPreTrainedModel):
         all_attentions = () if output_attentions else None
         all_center_weights = []
         for layer in self.layers:
-            hidden_states, attention_weights, center_weights = layer(hidden_states, keep, output_attentions)
+            hidden_states, attention_weights, center_weights = layer(
+                hidden_states, keep, output_attentions, output_rbf_diagnostics
+            )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
             if output_attentions:

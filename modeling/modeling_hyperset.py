@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,9 +28,11 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, logging
 
 from ..configuration.configuration_hyperset import HyperSetConfig
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -95,6 +98,32 @@ def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
     encoding[:, 0::2] = torch.sin(position * div)
     encoding[:, 1::2] = torch.cos(position * div[: dim // 2])
     return encoding.float()
+
+
+def sincos_2d_positions(num_positions: int, dim: int) -> torch.Tensor:
+    """Fixed row/column encoding of a square board `(num_positions, dim)`; position i is cell (i // side, i % side).
+
+    The authors' Sudoku `sincos` table (MAE's 2-D sin-cos): channels [:dim/2] encode the column and [dim/2:] the
+    row, each as [sin(p ω_k) | cos(p ω_k)], ω_k = 10000^(−k/(dim/4)) for k < dim/4. Computed in float64 and
+    rounded to float32, as their table is.
+    """
+    side, quarter = math.isqrt(num_positions), dim // 4
+    omega = 1.0 / 10000.0 ** (torch.arange(quarter, dtype=torch.float64) / quarter)  # (dim/4,)
+    cells = torch.arange(num_positions, dtype=torch.float64)
+    column, row = cells % side, torch.div(cells, side, rounding_mode="floor")
+
+    def axis(coordinate: torch.Tensor) -> torch.Tensor:
+        angles = coordinate[:, None] * omega  # (num_positions, dim/4)
+        return torch.cat([angles.sin(), angles.cos()], dim=1)  # (num_positions, dim/2)
+
+    return torch.cat([axis(column), axis(row)], dim=1).float()
+
+
+def fixed_positions(config: HyperSetConfig, num_positions: int) -> torch.Tensor:
+    """The `(1, num_positions, d)` fixed position table of `config`: row/column for "sincos-2d", else 1-D."""
+    if config.position_embedding_type == "sincos-2d":  # sequences on a square board (the config checks)
+        return sincos_2d_positions(num_positions, config.hidden_size)[None]
+    return sinusoidal_positions(num_positions, config.hidden_size)[None]
 
 
 def iteration_embedding(steps: torch.Tensor, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -218,9 +247,9 @@ class HyperSetEmbeddings(nn.Module):
     """The model's input, either kind, as tokens plus the padding mask.
 
     Images: patches (features ordered dy, dx, channel) → LayerNorm → Linear → LayerNorm, a CLS token in
-    front, plus the fixed sinusoid. Sequences: token embeddings (or `inputs_embeds`) plus a fixed sinusoid or
-    learned positions (for fixed layouts, e.g. Sudoku). Returns `(tokens, keep)`, `keep` the `(B, N)` bool
-    padding mask (None: every token is real).
+    front, plus the fixed sinusoid. Sequences: token embeddings (or `inputs_embeds`) plus a fixed sinusoid,
+    learned positions or a fixed row/column table (`"sincos-2d"`; both for fixed layouts, e.g. Sudoku).
+    Returns `(tokens, keep)`, `keep` the `(B, N)` bool padding mask (None: every token is real).
     """
 
     def __init__(self, config: HyperSetConfig) -> None:
@@ -245,9 +274,7 @@ class HyperSetEmbeddings(nn.Module):
         learned = config.input_type == "sequence" and config.position_embedding_type == "learned"
         self.position_embeddings = nn.Embedding(num_positions, config.hidden_size) if learned else None
         self.register_buffer(
-            "position_encoding",
-            None if learned else sinusoidal_positions(num_positions, config.hidden_size)[None],
-            persistent=False,
+            "position_encoding", None if learned else fixed_positions(config, num_positions), persistent=False
         )
 
     def embed_patches(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -269,7 +296,8 @@ class HyperSetEmbeddings(nn.Module):
         keep = None if attention_mask is None else attention_mask.bool()
         if pixel_values is not None:
             _check_image_size(pixel_values, self.image_size, self.patch_size)
-            tokens = self.embed_patches(pixel_values)
+            # images arrive as float32 whatever the model's dtype (e.g. bfloat16), as in transformers' models
+            tokens = self.embed_patches(pixel_values.to(self.projection.weight.dtype))
         else:
             _check_token_ids(input_ids, self.word_embeddings.num_embeddings)
             tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
@@ -286,6 +314,157 @@ def _masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tenso
         return values.mean(1)
     weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
     return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+
+
+# --- bi-softmax attention implementations: (q, k, v, keep) → (output, maps or None) ---
+# q, k, v: `(B, H, N, d_h)`, the temperature 1/√d_h folded into q; keep: `(B, N)` bool (True: real token) or None.
+# Output (R + C) v, `(B, H, N, d_h)`, with R the softmax of S = q kᵀ over the keys and C the one over the queries.
+# Padding rules (every implementation): padded keys leave the row softmax, padded queries the column softmax, no
+# token reads a padded key through either, and a sequence without real tokens gives zeros, not NaN.
+
+
+def eager_bisoftmax_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference: S and P = R + C materialised, `(B, H, N, N)`; the only implementation that returns P."""
+    scores = q @ k.transpose(-1, -2)  # (B, H, N, N)
+    if keep is None:
+        probs = scores.softmax(-1) + scores.softmax(-2)
+    else:
+        key_keep = keep[:, None, None, :].to(scores.dtype)  # (B, 1, 1, N)
+        # a large finite negative (not −inf) keeps fully padded rows/columns NaN-free
+        blocked = torch.finfo(scores.dtype).min
+        row = scores.masked_fill(key_keep == 0, blocked).softmax(-1)  # padded keys out of each row
+        col = scores.masked_fill(key_keep.transpose(-1, -2) == 0, blocked).softmax(-2)  # padded queries out
+        probs = (row + col) * key_keep  # no real token reads from a padded key through either softmax
+    return probs @ v, probs
+
+
+def _sink_attention(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One SDPA call that also yields the log-sum-exp ℓ_i = logsumexp_j q_i·k_j over the unmasked keys.
+
+    A sink key scores s_i = ‖q_i‖ · max_j ‖k_j‖ ≥ max_j q_i·k_j for query i (an extra channel: q' = [q, s],
+    k' = [k, 0], sink [0, 1]); two extra value channels carry 1 for the real keys and 1 for the sink. Their outputs
+    are a_i = Σ_j e^{S_ij} / Z_i and p_i = e^{s_i} / Z_i (Z_i = e^{s_i} + Σ_j e^{S_ij}, p_i ≥ 1/(N + 1)), so
+    ℓ_i = s_i + log a_i − log p_i and Σ_j e^{S_ij} values_j = out_i e^{s_i} / p_i, both differentiable through
+    SDPA's own backward. Returns (out `(…, N, d_v)`, a, p, s), the last three `(…, N, 1)`.
+    """
+    *lead, length, head_dim = keys.shape
+    real = keys.detach().norm(dim=-1, keepdim=True)  # (…, N, 1)
+    if mask is not None:  # the bound runs over the keys a query may read
+        real = real.masked_fill(~mask[..., :-1].transpose(-1, -2), 0.0)
+    sink_score = queries.detach().norm(dim=-1, keepdim=True) * real.amax(-2, keepdim=True)  # (…, M, 1)
+    zero, one = keys.new_zeros(*lead, length, 1), keys.new_ones(*lead, length, 1)
+    sink = torch.cat([keys.new_zeros(*lead, 1, head_dim), keys.new_ones(*lead, 1, 1)], -1)  # (…, 1, d + 1)
+    keys = torch.cat([torch.cat([keys, zero], -1), sink], -2)  # (…, N + 1, d + 1)
+    queries = torch.cat([queries, sink_score], -1)  # (…, M, d + 1)
+    width = values.shape[-1]
+    sink_value = torch.cat([keys.new_zeros(*lead, 1, width + 1), keys.new_ones(*lead, 1, 1)], -1)
+    values = torch.cat([torch.cat([values, one, zero], -1), sink_value], -2)  # (…, N + 1, d_v + 2)
+    # CUDA's fused SDPA kernels need head dimensions that are multiples of 8: pad with zero columns
+    if queries.is_cuda:
+        queries, keys = (F.pad(x, (0, -x.shape[-1] % 8)) for x in (queries, keys))
+        values = F.pad(values, (0, -values.shape[-1] % 8))
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=1.0)
+    return out[..., :width], out[..., width : width + 1], out[..., width + 1 :], sink_score
+
+
+def sdpa_bisoftmax_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None
+) -> tuple[torch.Tensor, None]:
+    """Pure torch on `scaled_dot_product_attention`, never materialising S (specs/kernels.md, three-call identity).
+
+    R v = SDPA(q, k, v), and C v = Σ_j e^{S_ij − ℓᶜ_j} v_j = e^{ℓʳ_i} SDPA(q, k, v ⊙ e^{−ℓᶜ})_i, max_j ℓᶜ_j factored
+    out to stay in range. The column LSE ℓᶜ comes from SDPA with the roles of q and k swapped; both LSEs come from
+    a sink key (`_sink_attention`), so the row part, the column part and ℓʳ share one call: two SDPA calls in all.
+    """
+    batch, heads, length, head_dim = q.shape
+    real = None if keep is None else keep[:, None, :, None]  # (B, 1, N, 1)
+    # SDPA's boolean mask over the N keys plus the sink (which every query reads: no row is empty, no NaN)
+    mask = None if keep is None else torch.cat([keep, keep.new_ones(batch, 1)], 1)[:, None, None, :]
+    # column pass: each key j attends over the real queries; only the LSE is needed, so no values
+    _, col_sum, col_sink, col_score = _sink_attention(k, q, q.new_zeros(batch, heads, length, 0), mask)
+    # no real query at all: ℓᶜ is never used, keep log finite (and its gradient) with a 1
+    lse_col = col_score + torch.where(col_sum > 0, col_sum, 1.0).log() - col_sink.log()  # (B, H, N, 1)
+    if real is None:
+        shift = lse_col.detach().amax(-2, keepdim=True)  # (B, H, 1, 1)
+        weighted = v * torch.exp(shift - lse_col)  # v_j e^{m − ℓᶜ_j}: factors in [1, e^{max ℓᶜ − min ℓᶜ}]
+    else:
+        shift = lse_col.detach().masked_fill(~real, float("-inf")).amax(-2, keepdim=True)
+        shift = shift.masked_fill(shift == float("-inf"), 0.0)
+        weighted = v * torch.exp(torch.where(real, shift - lse_col, 0.0)) * real
+    out, row_sum, row_sink, row_score = _sink_attention(q, k, torch.cat([v, weighted], -1), mask)
+    row = out[..., :head_dim] / torch.where(row_sum > 0, row_sum, 1.0)  # R v; no real key: 0
+    col = out[..., head_dim:] * torch.exp(row_score - shift - row_sink.log())  # C v
+    if real is not None:
+        col = col * real  # padded queries are out of the column softmax
+    return row + col, None
+
+
+# Hyper-SET's attention implementations by `config._attn_implementation`. Importing the `energyformers` package adds
+# `"triton"` (energyformers/kernels.py: a fused kernel, kept out of this file, which Hub remote code copies and which
+# may import only torch and transformers). Per model family, not transformers' global `AttentionInterface`: the
+# bi-softmax is no attention function another model could use.
+BISOFTMAX_ATTENTION_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
+    "eager": eager_bisoftmax_attention,
+    "sdpa": sdpa_bisoftmax_attention,
+}
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "triton")
+
+
+def _unavailable_reason(implementation: str, device: torch.device | None = None) -> str | None:
+    """Why `implementation` cannot run (None: it can); `device` None: on this machine's best device."""
+    if implementation not in BISOFTMAX_ATTENTION_FUNCTIONS:  # only "triton" can be missing
+        return (
+            "it needs the energyformers package with Triton installed (pip install 'energyformers[kernels]'); "
+            "Hub remote code and installs without Triton have 'eager' and 'sdpa'"
+        )
+    check = getattr(BISOFTMAX_ATTENTION_FUNCTIONS[implementation], "unavailable_reason", None)
+    return None if check is None else check(device)
+
+
+def default_attn_implementation(config: HyperSetConfig, device: torch.device | None = None) -> str:
+    """The fastest implementation that runs on `device` (None: this machine's best): the fused kernel on CUDA where
+    it is registered (Triton installed, the package imported), else SDPA there; on CPU the materialised eager path,
+    faster there than the SDPA calls (benchmarks/speed.py)."""
+    if config.attention_energy != "bisoftmax":
+        return "eager"  # the sigmoid energy's update σ'(S) is no softmax
+    on_cuda = torch.cuda.is_available() if device is None else device.type == "cuda"
+    if not on_cuda:
+        return "eager"
+    return "triton" if "triton" in BISOFTMAX_ATTENTION_FUNCTIONS else "sdpa"
+
+
+def resolve_attn_implementation(config: HyperSetConfig, requested: str | None) -> str:
+    """The implementation a model uses for `requested` (None: the default), or a ValueError saying why not.
+
+    Marks `config._attn_implementation_autoset` (not saved): a default follows the device at each call and is
+    not written to config.json, a requested one is used as asked (an error if it cannot run) and saved.
+    """
+    autoset = getattr(config, "_attn_implementation_autoset", False)
+    if requested is None or (requested == config._attn_implementation and autoset):
+        chosen = default_attn_implementation(config)
+        if requested is None:
+            logger.info(f"Hyper-SET attention: attn_implementation={chosen!r} (the default on this machine).")
+        config._attn_implementation_autoset = True
+        return chosen
+    if requested not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(  # worded as transformers' own message, which its tests and users match
+            f'Specified `attn_implementation="{requested}"` is not supported by Hyper-SET; expected one of '
+            f"{list(ATTN_IMPLEMENTATIONS)} (or None for the best available)."
+        )
+    if requested != "eager" and config.attention_energy != "bisoftmax":
+        raise ValueError(
+            f"Hyper-SET: attn_implementation={requested!r} computes the bi-softmax; "
+            f"attention_energy={config.attention_energy!r} runs only with attn_implementation='eager'."
+        )
+    reason = _unavailable_reason(requested)
+    if reason is not None:
+        raise ValueError(f"Hyper-SET: attn_implementation={requested!r} cannot run here: {reason}.")
+    config._attn_implementation_autoset = False
+    return requested
 
 
 class HyperSetAttention(nn.Module):
@@ -312,32 +491,28 @@ class HyperSetAttention(nn.Module):
         return F.rms_norm(z, (self.head_dim,), eps=self.eps)
 
     def forward(
-        self, hidden_states: torch.Tensor, keep: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self,
+        hidden_states: torch.Tensor,
+        keep: torch.Tensor | None = None,
+        attn_implementation: str = "eager",
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`attn_implementation`: a key of `BISOFTMAX_ATTENTION_FUNCTIONS` (the model resolves it once per forward).
+        Returns the update and the maps P `(B, H, N, N)` (eager only, else None)."""
         batch, length, width = hidden_states.shape
-        z = self.normalized_heads(hidden_states)
+        # one copy into (B, H, N, d_h) order here rather than one per batched product of q, k, v below
+        z = self.normalized_heads(hidden_states).contiguous()
         gain_q, gain_k, gain_v = self.qkv_gain[[0, 1, 2] if self.qkv_gain.shape[0] == 3 else [0, 0, 0]]
         # the fixed temperature 1/√d_h is folded into q: an (N, d_h) multiply instead of an (N, N) one
         q, k, v = z * (gain_q / math.sqrt(self.head_dim)), z * gain_k, z * gain_v
-        scores = q @ k.transpose(-1, -2)  # (B, H, N, N)
-        key_keep = None if keep is None else keep[:, None, None, :].to(scores.dtype)  # (B, 1, 1, N)
         if self.energy_kind == "sigmoid":
-            sig = torch.sigmoid(scores)
+            sig = torch.sigmoid(q @ k.transpose(-1, -2))  # (B, H, N, N)
             probs = sig * (1 - sig)  # σ'(S): symmetric already
+            if keep is not None:
+                probs = probs * keep[:, None, None, :].to(probs.dtype)  # no token reads from a padded key
+            mixed = probs @ v
         else:
-            if keep is None:
-                probs = scores.softmax(-1) + scores.softmax(-2)
-            else:
-                # a large finite negative (not −inf) keeps fully padded rows/columns NaN-free
-                blocked = torch.finfo(scores.dtype).min
-                row = scores.masked_fill(key_keep == 0, blocked).softmax(-1)  # padded keys out of each row
-                col = scores.masked_fill(key_keep.transpose(-1, -2) == 0, blocked).softmax(
-                    -2
-                )  # padded queries out
-                probs = row + col
-        if key_keep is not None:
-            probs = probs * key_keep  # no real token reads from a padded key through either softmax
-        mixed = (probs @ v).transpose(1, 2).reshape(batch, length, width)  # (B, H, N, d_h) → (B, N, d)
+            mixed, probs = BISOFTMAX_ATTENTION_FUNCTIONS[attn_implementation](q, k, v, keep)
+        mixed = mixed.transpose(1, 2).reshape(batch, length, width)  # (B, H, N, d_h) → (B, N, d)
         return F.linear(mixed, self.qkv_proj.weight.t()), probs
 
     @torch.no_grad()
@@ -350,7 +525,9 @@ class HyperSetAttention(nn.Module):
         self, hidden_states: torch.Tensor, keep: torch.Tensor, geometry: bool = True
     ) -> tuple[torch.Tensor, ...]:
         """E_ATTN `(B,)`, effective rank `(B, H)` and mean pairwise angle in degrees `(B, H)` over real tokens."""
-        z = self.normalized_heads(hidden_states.float()) * keep[:, None, :, None]  # padded rows → 0
+        # at least float32 (half-precision energies lose the small terms), float64 stays float64
+        z = self.normalized_heads(hidden_states.to(torch.promote_types(hidden_states.dtype, torch.float32)))
+        z = z * keep[:, None, :, None]  # padded rows → 0
         scores = z @ z.transpose(-1, -2) / math.sqrt(self.head_dim)  # (B, H, N, N)
         pair_keep = keep[:, None, :, None] * keep[:, None, None, :]  # (B, 1, N, N)
         if self.energy_kind == "sigmoid":
@@ -389,15 +566,115 @@ class HyperSetFeedForward(nn.Module):
     @torch.no_grad()
     def energy(self, hidden_states: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """E_FF `(B,)` over real tokens, gain-free normalisation."""
-        dictionary = self.dictionary.weight.float()
-        projected = F.rms_norm(
-            F.linear(hidden_states.float(), dictionary), (dictionary.shape[0],), eps=self.eps
-        )
+        dtype = torch.promote_types(hidden_states.dtype, torch.float32)
+        dictionary = self.dictionary.weight.to(dtype)
+        projected = F.rms_norm(F.linear(hidden_states.to(dtype), dictionary), (dictionary.shape[0],), eps=self.eps)
         if self.energy_kind == "softmax":
             per_token = -projected.logsumexp(-1)
         else:
             per_token = -0.5 * self.activation(projected).pow(2).sum(-1)
         return (per_token * keep).sum(-1)
+
+
+def _gelu_derivative(x: torch.Tensor) -> torch.Tensor:
+    """d/dx [x Φ(x)] = Φ(x) + x ϕ(x) for the exact (erf) GELU."""
+    return 0.5 * (1 + torch.erf(x / math.sqrt(2))) + x * torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+def _silu_derivative(x: torch.Tensor) -> torch.Tensor:
+    sig = torch.sigmoid(x)
+    return sig * (1 + x * (1 - sig))
+
+
+# φ and φ' of `config.feature_map` (the `"linear"` attention and `"gated"` feedforward energies): the updates use φ'
+# in closed form, so they are the energies' exact gradients without autograd inside the forward.
+FEATURE_MAP_FUNCTIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], ...]] = {
+    "sigmoid": (torch.sigmoid, lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x))),
+    "relu": (F.relu, lambda x: (x > 0).to(x.dtype)),
+    "tanh": (torch.tanh, lambda x: 1 - torch.tanh(x).pow(2)),
+    "softplus": (F.softplus, torch.sigmoid),
+    "silu": (F.silu, _silu_derivative),
+    "gelu": (F.gelu, _gelu_derivative),
+    "elu": (F.elu, lambda x: torch.where(x > 0, 1.0, torch.exp(x.clamp_max(0)))),
+    "elu+1": (lambda x: F.elu(x) + 1, lambda x: torch.where(x > 0, 1.0, torch.exp(x.clamp_max(0)))),
+}
+
+
+class HyperSetLinearAttention(HyperSetAttention):
+    """Linear-kernel attention (`attention_energy="linear"`): the update Wᵀ ∂E/∂z of the feature-map energy.
+
+    E_ATTN = (1/(2√d_h)) Σ_h Σ_{i,j} φ(z_i)·φ(z_j) = (1/(2√d_h)) Σ_h ‖Σ_i φ(z_i)‖², z = n(W_hᵀx): the bi-softmax
+    energy with the kernel φ(z_i)·φ(z_j) in place of exp(z_i·z_j/√d_h), φ = `config.feature_map` (the feature maps
+    of the authors' `hyper-set-alt-attn` code; the energy is our reading of the spec; that code was not available to us). Its
+    gradient φ'(z_i) ⊙ Σ_j φ(z_j) / √d_h needs one sum per head and no (N, N) map,
+    so the update costs O(N·d_h) per head and returns no attention maps. Gains: k inside φ, q inside φ', v on the
+    result; with one shared gain g (`qkv_norm="shared"`) it is the exact gradient of E with z replaced by g ⊙ z.
+    """
+
+    def __init__(self, config: HyperSetConfig) -> None:
+        super().__init__(config)
+        self.feature_map, self.feature_map_derivative = FEATURE_MAP_FUNCTIONS[config.feature_map]
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        keep: torch.Tensor | None = None,
+        attn_implementation: str = "eager",  # one implementation; accepted for the layer's call
+    ) -> tuple[torch.Tensor, None]:
+        batch, length, width = hidden_states.shape
+        z = self.normalized_heads(hidden_states)  # (B, H, N, d_h)
+        gain_q, gain_k, gain_v = self.qkv_gain[[0, 1, 2] if self.qkv_gain.shape[0] == 3 else [0, 0, 0]]
+        features = self.feature_map(z * gain_k)
+        if keep is not None:  # padded tokens are no part of the energy (φ(0) need not be 0)
+            features = features * keep[:, None, :, None].to(features.dtype)
+        total = features.sum(2, keepdim=True) / math.sqrt(self.head_dim)  # (B, H, 1, d_h)
+        mixed = gain_v * self.feature_map_derivative(z * gain_q) * total  # (B, H, N, d_h)
+        mixed = mixed.transpose(1, 2).reshape(batch, length, width)  # (B, H, N, d_h) → (B, N, d)
+        return F.linear(mixed, self.qkv_proj.weight.t()), None
+
+    @torch.no_grad()
+    def diagnostics(
+        self, hidden_states: torch.Tensor, keep: torch.Tensor, geometry: bool = True
+    ) -> tuple[torch.Tensor, ...]:
+        """E_ATTN `(B,)` of the feature-map energy, then the geometry of z as for the bi-softmax attention."""
+        z = self.normalized_heads(hidden_states.to(torch.promote_types(hidden_states.dtype, torch.float32)))
+        features = self.feature_map(z) * keep[:, None, :, None]  # (B, H, N, d_h), padded rows → 0
+        energy = features.sum(2).pow(2).sum((1, 2)) / (2 * math.sqrt(self.head_dim))
+        if not geometry:
+            return (energy,)
+        return (energy, *super().diagnostics(hidden_states, keep)[1:])
+
+
+class HyperSetGatedFeedForward(HyperSetFeedForward):
+    """Gated feedforward (`feedforward_energy="gated"`): the update −Dᵀ ∂E_FF/∂u of E_FF = −½ Σ_i (Σ_m φ(u_im))².
+
+    u = n_M(Dx) as in the other feedforward energies, φ = `config.feature_map` (the authors' `hyper-set-alt-attn`
+    choices). The exact gradient gates each dictionary coefficient φ'(u_m) by the token's total Σ_m φ(u_m).
+    """
+
+    def __init__(self, config: HyperSetConfig) -> None:
+        super().__init__(config)
+        self.feature_map, self.feature_map_derivative = FEATURE_MAP_FUNCTIONS[config.feature_map]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        projected = self.norm(self.dictionary(hidden_states))  # (B, N, M)
+        gate = self.feature_map(projected).sum(-1, keepdim=True)  # (B, N, 1)
+        return F.linear(gate * self.feature_map_derivative(projected), self.dictionary.weight.t())
+
+    @torch.no_grad()
+    def energy(self, hidden_states: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """E_FF `(B,)` over real tokens, gain-free normalisation, in at least float32."""
+        precision = torch.promote_types(hidden_states.dtype, torch.float32)
+        dictionary = self.dictionary.weight.to(precision)
+        projected = F.rms_norm(
+            F.linear(hidden_states.to(precision), dictionary), (dictionary.shape[0],), eps=self.eps
+        )
+        return (-0.5 * self.feature_map(projected).sum(-1).pow(2) * keep).sum(-1)
+
+
+# `config.attention_energy` / `config.feedforward_energy` values with a class of their own (others: the base class).
+ATTENTION_CLASSES: dict[str, type[HyperSetAttention]] = {"linear": HyperSetLinearAttention}
+FEEDFORWARD_CLASSES: dict[str, type[HyperSetFeedForward]] = {"gated": HyperSetGatedFeedForward}
 
 
 class HyperSetStepSizeProjection(nn.Linear):
@@ -448,8 +725,18 @@ class HyperSetStepSizes(nn.Module):
     def forward(
         self, iteration_condition: torch.Tensor, state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        alpha, gamma = self.proj(F.gelu(iteration_condition + self.condition_norm(state))).chunk(2, dim=-1)
+        alpha, gamma = self.project(iteration_condition, state).chunk(2, dim=-1)
         return alpha, gamma
+
+    def project(self, iteration_condition: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """[α | γ] in one tensor, `(B, N, 2d)`."""
+        return self.proj(F.gelu(iteration_condition + self.condition_norm(state)))
+
+    @staticmethod
+    def constant_over_iterations(config: HyperSetConfig) -> bool:
+        """Whether α, γ are the same at every iteration and layer: conditioned on the embedded input, with one
+        condition c for all t (the Sudoku preset). The model then computes them once per forward."""
+        return config.step_size_condition == "input" and config.iteration_conditioning == "none"
 
 
 def sample_num_iterations(config: HyperSetConfig, draw: int) -> int:
@@ -470,16 +757,22 @@ def sample_num_iterations(config: HyperSetConfig, draw: int) -> int:
     return min(max(1 + int(torch.poisson(tau.exp(), generator=generator)), low), high)
 
 
+# torch.compile traces one iteration once and reuses it for all L·T calls of a layer, so compile time does not grow
+# with the depth T (torch ≥ 2.8; a no-op in eager mode).
+_compile_region = getattr(torch.compiler, "nested_compile_region", lambda function: function)
+
+
 class HyperSetLayer(GradientCheckpointingLayer):
     """One iteration: x ← x − α ⊙ Attn(x), then x ← x + γ ⊙ FF(x) (descent on E_ATTN, then on E_FF), and with
     `input_anchor` λ > 0 the step −λ(x_t − x₀) on the anchor energy (λ/2)‖x − x₀‖²."""
 
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__()
-        self.attention = HyperSetAttention(config)
-        self.feedforward = HyperSetFeedForward(config)
+        self.attention = ATTENTION_CLASSES.get(config.attention_energy, HyperSetAttention)(config)
+        self.feedforward = FEEDFORWARD_CLASSES.get(config.feedforward_energy, HyperSetFeedForward)(config)
         self.input_anchor = config.input_anchor
 
+    @_compile_region
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -488,11 +781,18 @@ class HyperSetLayer(GradientCheckpointingLayer):
         step_sizes: HyperSetStepSizes,
         keep: torch.Tensor | None = None,
         anchor: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        attn_implementation: str = "eager",
+        fixed_step_sizes: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`fixed_step_sizes`: [α | γ] `(B, N, 2d)` when they do not change over iterations (computed once by the
+        model), else None and the step-size network computes them here."""
         # The shared step-size network is passed in (it lives on the model) so that one whole iteration,
         # step sizes included, is one checkpointed unit and memory does not grow with T.
-        alpha, gamma = step_sizes(iteration_condition, condition_source)
-        update, probs = self.attention(hidden_states, keep)
+        if fixed_step_sizes is None:
+            alpha, gamma = step_sizes(iteration_condition, condition_source)
+        else:
+            alpha, gamma = fixed_step_sizes.chunk(2, dim=-1)
+        update, probs = self.attention(hidden_states, keep, attn_implementation)
         updated = hidden_states - alpha * update
         updated = updated + gamma * self.feedforward(updated)
         if self.input_anchor and anchor is not None:
@@ -508,6 +808,48 @@ class HyperSetPreTrainedModel(PreTrainedModel):
     input_modalities = ("image", "text")
     supports_gradient_checkpointing = True
     _no_split_modules = ["HyperSetEmbeddings", "HyperSetLayer"]
+    _supports_sdpa = True
+
+    # `attn_implementation` ("eager" | "sdpa" | "triton", None: the best available) is this family's own table
+    # (`BISOFTMAX_ATTENTION_FUNCTIONS`), not transformers' global attention registry: these hooks check names
+    # against it, in `__init__`, `from_pretrained` / `from_config(..., attn_implementation=...)` and
+    # `set_attn_implementation`.
+    def _check_and_adjust_attn_implementation(
+        self, attn_implementation: str | None, is_init_check: bool = False, allow_all_kernels: bool = False
+    ) -> str:
+        return resolve_attn_implementation(self.config, attn_implementation)
+
+    def get_correct_attn_implementation(
+        self, requested_attention: str | None, is_init_check: bool = False
+    ) -> str:
+        return resolve_attn_implementation(self.config, requested_attention)
+
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        return True  # the attention reads the implementation at every call
+
+    def set_attn_implementation(
+        self, attn_implementation: str | dict, allow_all_kernels: bool = False
+    ) -> None:
+        if attn_implementation == self.config._attn_implementation:
+            self.config._attn_implementation_autoset = (
+                False  # the default, now asked for by name: saved from here on
+            )
+        super().set_attn_implementation(attn_implementation, allow_all_kernels=allow_all_kernels)
+
+    def _attention_for_call(self, device: torch.device, output_attentions: bool) -> str:
+        """This forward's implementation: the config's (a default follows `device`), eager when maps are asked for."""
+        implementation = self.config._attn_implementation
+        if implementation is None or getattr(self.config, "_attn_implementation_autoset", False):
+            implementation = default_attn_implementation(self.config, device)
+        if output_attentions and implementation != "eager" and self.config.attention_energy == "bisoftmax":
+            logger.warning_once(
+                f"Hyper-SET: attn_implementation={implementation!r} returns no attention maps; this call with "
+                "output_attentions=True runs the eager path. Load the model with attn_implementation='eager' to "
+                "get maps without this warning."
+            )
+            return "eager"
+        return implementation
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -536,7 +878,8 @@ class HyperSetPreTrainedModel(PreTrainedModel):
             if module.position_encoding is not None:
                 # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
                 init.copy_(
-                    module.position_encoding, sinusoidal_positions(*module.position_encoding.shape[1:])[None]
+                    module.position_encoding,
+                    fixed_positions(module.config, module.position_encoding.shape[1]),
                 )
 
 
@@ -619,7 +962,11 @@ class HyperSetModel(HyperSetPreTrainedModel):
             torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep.float()
         )
         iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
+        attn_implementation = self._attention_for_call(hidden_states.device, output_attentions)
         embedded = hidden_states
+        fixed_step_sizes = None  # [α | γ] once per forward where they do not change over iterations
+        if HyperSetStepSizes.constant_over_iterations(self.config):
+            fixed_step_sizes = self.step_sizes.project(iteration_conditions[0], embedded)  # (B, N, 2d)
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         iterations_used = None if halting is None else torch.zeros_like(real_tokens[:, 0], dtype=torch.long)
@@ -629,7 +976,15 @@ class HyperSetModel(HyperSetPreTrainedModel):
             anchor = hidden_states  # x₀ of the anchor energy: the state entering this layer
             if halting is not None:
                 hidden_states, used = self._iterate_until_halted(
-                    layer, hidden_states, embedded, keep, real_tokens, iteration_conditions, *halting
+                    layer,
+                    hidden_states,
+                    embedded,
+                    keep,
+                    real_tokens,
+                    iteration_conditions,
+                    attn_implementation,
+                    fixed_step_sizes,
+                    *halting,
                 )
                 iterations_used += used
                 continue
@@ -639,7 +994,14 @@ class HyperSetModel(HyperSetPreTrainedModel):
                 # truncated backpropagation through depth: only the last k of the L·T iterations build a graph
                 with torch.no_grad() if index * num_iterations + t < frozen else contextlib.nullcontext():
                     hidden_states, probs = layer(
-                        hidden_states, iteration_conditions[t], source, self.step_sizes, keep, anchor
+                        hidden_states,
+                        iteration_conditions[t],
+                        source,
+                        self.step_sizes,
+                        keep,
+                        anchor,
+                        attn_implementation,
+                        fixed_step_sizes,
                     )
                 if output_hidden_states:
                     all_hidden_states += (hidden_states,)
@@ -714,6 +1076,8 @@ class HyperSetModel(HyperSetPreTrainedModel):
         keep: torch.Tensor | None,
         real_tokens: torch.Tensor,
         iteration_conditions: torch.Tensor,
+        attn_implementation: str,
+        fixed_step_sizes: torch.Tensor | None,
         tolerance: float,
         criterion: str,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -738,6 +1102,8 @@ class HyperSetModel(HyperSetPreTrainedModel):
                 self.step_sizes,
                 None if keep is None else keep[active],
                 anchor[active],
+                attn_implementation,
+                None if fixed_step_sizes is None else fixed_step_sizes[active],
             )
             hidden_states = hidden_states.index_copy(0, active, updated)
             used[active] += 1

@@ -8,10 +8,15 @@ invertible-ResNet block F (Behrmann et al., *Invertible Residual Networks*), app
 fixed-point steps x ← fc1(t) + F(x) and kept contractive by soft spectral normalisation. n = 0 is the
 vanilla MLP-Mixer (Tolstikhin et al.). Everything else is timm's Mixer: patch convolution, pre-norm
 blocks with token then channel mixing, final LayerNorm, mean pooling, linear classifier.
+
+Beyond the paper's n unrolled steps with backprop, the fixed point can be solved to a tolerance (Picard or
+Anderson iteration) and differentiated implicitly (the adjoint fixed point, Bai et al.'s DEQ) or with a
+phantom gradient (Geng et al.), so training memory does not grow with the number of steps.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,23 +31,35 @@ from transformers.modeling_outputs import (
     ImageClassifierOutput,
     SequenceClassifierOutput,
 )
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, logging
 
 from ..configuration.configuration_imixer import IMixerConfig
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass
 class IMixerFixedPointDiagnostics(ModelOutput):
-    """How the fixed-point solve x_a = x₀ + F(x_{a−1}), a = 1..n, converged in this forward.
+    """How the fixed-point solve x_a = x₀ + F(x_{a−1}), a = 1, 2, …, converged in this forward.
 
-    relative_residuals / cosines: `(num_layers, n)`, batch means of ‖x_a − x_{a−1}‖ / ‖x_{a−1}‖ and of
-    cos(x_a, x_{a−1}) per sample. spectral_norms: `(num_layers, 2)`, the σ estimates uᵀWv of fc_sn1 and
-    fc_sn2 that this forward normalised with (`(num_layers, 0)` tensors when n = 0).
+    relative_residuals / cosines / residuals: `(num_layers, steps)`, per step the batch means of
+    ‖x_a − x_{a−1}‖ / ‖x_{a−1}‖, of cos(x_a, x_{a−1}) and of the paper's ‖x_a − x_{a−1}‖ / √(D·D_S) (over the
+    samples still iterating; NaN after a block's last step). spectral_norms: `(num_layers, 2)`, the σ estimates
+    uᵀWv of fc_sn1 and fc_sn2 that this forward normalised with (exact σ(W) without spectral normalisation).
+    iterations: `(num_layers,)`, steps each block ran. final_residuals / final_relative_residuals:
+    `(num_layers,)`, batch means of each sample's last residual (of the iterate it returned), in the two
+    measures. lipschitz_bounds: `(num_layers,)`, s² σ(W₁) σ(W₂) (s the activation's largest slope, σ exact):
+    below 1 guarantees that F is a contraction. All `(num_layers, 0)` / zeros when n = 0.
     """
 
     relative_residuals: torch.FloatTensor | None = None
     cosines: torch.FloatTensor | None = None
     spectral_norms: torch.FloatTensor | None = None
+    residuals: torch.FloatTensor | None = None
+    iterations: torch.LongTensor | None = None
+    final_residuals: torch.FloatTensor | None = None
+    final_relative_residuals: torch.FloatTensor | None = None
+    lipschitz_bounds: torch.FloatTensor | None = None
 
 
 @dataclass
@@ -210,9 +227,9 @@ class IMixerEmbeddings(nn.Module):
         _check_inputs(self.config, pixel_values, input_ids, inputs_embeds, attention_mask)
         if pixel_values is not None:
             _check_image_size(pixel_values, self.image_size, self.config.patch_size)
-            return self.projection(pixel_values).flatten(2).transpose(
-                1, 2
-            ), None  # (B, D, Hp, Wp) → (B, S, D)
+            # images arrive as float32 whatever the model's dtype (e.g. bfloat16), as in transformers' models
+            patches = self.projection(pixel_values.to(self.projection.weight.dtype))  # (B, D, Hp, Wp)
+            return patches.flatten(2).transpose(1, 2), None  # (B, D, Hp, Wp) → (B, S, D)
         _check_token_ids(input_ids, self.word_embeddings.num_embeddings)
         tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, L, D)
         keep = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
@@ -251,13 +268,13 @@ class IMixerSpectralNorm(nn.Module):
 
     W ↦ W / max(1, σ/c) with σ = uᵀWv (differentiable in W), so a weight whose σ is below c is used
     unchanged. u, v are persistent buffers (saved with the checkpoint, so eval outputs survive a
-    save/load exactly); `power_iteration` refines them and runs in training mode only, once per model
-    forward (see `IMixerModel.forward`).
+    save/load exactly); `power_iteration` refines them and runs in training mode only, on the schedule of
+    `config.spectral_norm_schedule` (see `IMixerModel.forward`). c is `config.contractive_coeff`.
     """
 
     def __init__(self, config: IMixerConfig, weight: torch.Tensor) -> None:
         super().__init__()
-        self.coeff = config.spectral_norm_coeff
+        self.coeff = config.contractive_coeff
         self.num_power_iterations = config.spectral_norm_power_iterations
         out_features, in_features = weight.shape
         # u, v start at a fixed unit vector, not a random draw: a model built directly and one built on the meta
@@ -267,8 +284,16 @@ class IMixerSpectralNorm(nn.Module):
         self.register_buffer("v", _unit_start(weight.new_empty(in_features)))
 
     @torch.no_grad()
-    def power_iteration(self, weight: torch.Tensor, num_iterations: int | None = None) -> None:
-        """k steps v ← n(Wᵀu), u ← n(Wv), written into the buffers."""
+    def power_iteration(
+        self, weight: torch.Tensor, num_iterations: int | None = None, only_if_changed: bool = False
+    ) -> None:
+        """k steps v ← n(Wᵀu), u ← n(Wv), written into the buffers; with `only_if_changed`, only when W changed
+        (storage or in-place version, as an optimiser step bumps it) since the last refinement."""
+        if only_if_changed:
+            seen = (weight.data_ptr(), weight._version)
+            if getattr(self, "_refined_for", None) == seen:
+                return
+            self._refined_for = seen
         u, v = self.u, self.v
         for _ in range(self.num_power_iterations if num_iterations is None else num_iterations):
             v = F.normalize(torch.mv(weight.t(), u), dim=0)
@@ -286,79 +311,453 @@ class IMixerSpectralNorm(nn.Module):
         return weight / torch.clamp(self.sigma(weight) / self.coeff, min=1.0)
 
 
-@torch.no_grad()
-def _step_statistics(new: torch.Tensor, old: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batch means of ‖new − old‖ / ‖old‖ and cos(new, old), each sample flattened."""
-    new, old = new.flatten(1).float(), old.flatten(1).float()  # (B, D·D_S)
-    residual = (new - old).norm(dim=1) / old.norm(dim=1).clamp_min(torch.finfo(old.dtype).tiny)
-    return residual.mean(), F.cosine_similarity(new, old, dim=1).mean()
+# Divergence rule of the tolerance solvers, per sample, on the residual ‖f(x) − x‖: non-finite, this many times
+# its smallest so far, or grown in this many consecutive steps (Picard on a contraction never grows).
+_DIVERGENCE_FACTOR = 10.0
+_DIVERGENCE_PATIENCE = 5
+
+
+@dataclass(frozen=True)
+class _FixedPointSettings:
+    """Solver and gradient of one forward's fixed-point solves: the config's, with the call's overrides."""
+
+    iterations: int
+    solver: str = "unrolled"
+    tolerance: float = 1e-4
+    gradient: str = "unrolled"
+    anderson_memory: int = 5
+    anderson_damping: float = 1.0
+    phantom_steps: int = 1
+    phantom_damping: float = 1.0
+
+    @classmethod
+    def of(
+        cls, config: IMixerConfig, iterations: int, **overrides: str | float | None
+    ) -> _FixedPointSettings:
+        values = dict(
+            solver=config.fixed_point_solver,
+            tolerance=config.fixed_point_tolerance,
+            gradient=config.fixed_point_gradient,
+            anderson_memory=config.anderson_memory,
+            anderson_damping=config.anderson_damping,
+            phantom_steps=config.phantom_gradient_steps,
+            phantom_damping=config.phantom_gradient_damping,
+        )
+        values.update({name: value for name, value in overrides.items() if value is not None})
+        return cls(iterations=iterations, **values)
+
+
+def _residuals(new: torch.Tensor, old: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sample `(B,)`: ‖new − old‖ / √(numel) (the paper's measure) and ‖new − old‖ / ‖old‖, in float32+."""
+    new, old = new.flatten(1), old.flatten(1)  # (B, D·D_S)
+    if new.dtype not in (torch.float32, torch.float64):
+        new, old = new.float(), old.float()
+    distance = (new - old).norm(dim=1)
+    relative = distance / old.norm(dim=1).clamp_min(torch.finfo(old.dtype).tiny)
+    return distance / new.shape[1] ** 0.5, relative
+
+
+class _SolveRecord:
+    """What the diagnostics report of one block's solve: per-step batch means over the samples still iterating
+    (relative residual, the paper's residual, cosine; only with `track`), the steps run, and each sample's
+    residuals at the iterate it returns."""
+
+    def __init__(self, track: bool) -> None:
+        self.track = track
+        self.relative: list[torch.Tensor] = []
+        self.absolute: list[torch.Tensor] = []
+        self.cosines: list[torch.Tensor] = []
+        self.steps = 0
+        self.final_absolute: torch.Tensor | None = None  # (B,)
+        self.final_relative: torch.Tensor | None = None  # (B,)
+
+    def add(
+        self,
+        new: torch.Tensor,
+        old: torch.Tensor,
+        residuals: tuple[torch.Tensor, torch.Tensor] | None = None,
+        active: torch.Tensor | None = None,
+    ) -> None:
+        self.steps += 1
+        if self.track:
+            with torch.no_grad():
+                self._statistics(new, old, residuals, active)
+
+    def _statistics(
+        self,
+        new: torch.Tensor,
+        old: torch.Tensor,
+        residuals: tuple[torch.Tensor, torch.Tensor] | None,
+        active: torch.Tensor | None,
+    ) -> None:
+        absolute, relative = _residuals(new, old) if residuals is None else residuals
+        cosine = F.cosine_similarity(
+            new.flatten(1).to(relative.dtype), old.flatten(1).to(relative.dtype), dim=1
+        )
+        if active is None:
+            self.final_absolute, self.final_relative = absolute, relative
+            means = (relative.mean(), absolute.mean(), cosine.mean())
+        else:
+            weights = active.to(relative.dtype)
+            means = tuple(
+                (v * weights).sum() / weights.sum().clamp_min(1.0) for v in (relative, absolute, cosine)
+            )
+        for values, mean in zip((self.relative, self.absolute, self.cosines), means):
+            values.append(mean.float())
+
+
+class _AndersonMixing:
+    """Anderson acceleration (Walker & Ni 2011, DEQ's form) per sample: the next iterate mixes the last m
+    evaluations with weights α minimising ‖Σ α_i (f(x_i) − x_i)‖ subject to Σ α_i = 1.
+
+    Without autograd the history lives in preallocated ring buffers and the Gram matrix of the residuals
+    gains one row per step (each step reads the history about twice); with autograd (the unrolled gradient
+    through an Anderson solve) it is rebuilt from lists, since in-place slot writes would break backprop.
+    """
+
+    def __init__(self, memory: int, damping: float) -> None:
+        self.memory, self.damping = memory, damping
+        self.count = 0
+        self.states: list[torch.Tensor] = []
+        self.images: list[torch.Tensor] = []
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def __call__(self, state: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        states, images, gram = (
+            self._history(state.flatten(1), image.flatten(1))
+            if torch.is_grad_enabled() and (state.requires_grad or image.requires_grad)
+            else self._ring(state.flatten(1), image.flatten(1))
+        )
+        history = gram.shape[-1]
+        # Tikhonov term relative to the Gram's scale keeps the system solvable when residuals vanish or repeat
+        scale = (
+            gram.diagonal(dim1=1, dim2=2).mean(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+        )
+        eye = torch.eye(history, dtype=gram.dtype, device=gram.device)
+        gram = gram + 1e-10 * scale[..., None] * eye
+        alpha = torch.linalg.solve(gram, gram.new_ones(gram.shape[0], history, 1))  # (B, h, 1)
+        alpha = (alpha / alpha.sum(1, keepdim=True)).to(images.dtype).transpose(1, 2)  # (B, 1, h)
+        mixed = alpha @ images  # (B, 1, D·D_S)
+        if self.damping != 1.0:
+            mixed = self.damping * mixed + (1.0 - self.damping) * (alpha @ states)
+        return mixed.reshape(state.shape)
+
+    def _history(
+        self, state: torch.Tensor, image: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self.states = [*self.states, state][-self.memory :]
+        self.images = [*self.images, image][-self.memory :]
+        states, images = torch.stack(self.states, 1), torch.stack(self.images, 1)  # (B, h, D·D_S)
+        gaps = images - states
+        return states, images, (gaps @ gaps.transpose(1, 2)).double()  # Gram (B, h, h), solved in float64
+
+    def _ring(
+        self, state: torch.Tensor, image: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        if not self.buffers:
+            batch, size = state.shape
+            self.buffers = dict(
+                images=state.new_zeros(batch, self.memory, size),
+                gaps=state.new_zeros(batch, self.memory, size),
+                gram=state.new_zeros(batch, self.memory, self.memory, dtype=torch.float64),
+            )
+            if self.damping != 1.0:
+                self.buffers["states"] = state.new_zeros(batch, self.memory, size)
+        slot, self.count = self.count % self.memory, self.count + 1
+        history = min(
+            self.count, self.memory
+        )  # the slots in use are 0..history−1; their order does not matter
+        buffers = self.buffers
+        buffers["images"][:, slot] = image
+        torch.sub(image, state, out=buffers["gaps"][:, slot])
+        if "states" in buffers:
+            buffers["states"][:, slot] = state
+        gaps = buffers["gaps"][:, :history]  # (B, h, D·D_S)
+        row = (gaps @ buffers["gaps"][:, slot, :, None]).squeeze(-1).double()  # (B, h): new residual · all
+        buffers["gram"][:, slot, :history] = row
+        buffers["gram"][:, :history, slot] = row
+        states = buffers["states"][:, :history] if "states" in buffers else None
+        return states, buffers["images"][:, :history], buffers["gram"][:, :history, :history]
+
+
+def _solve(
+    step: Callable[[torch.Tensor], torch.Tensor],
+    state: torch.Tensor,
+    num_steps: int,
+    settings: _FixedPointSettings,
+    record: _SolveRecord,
+    what: str = "fixed point",
+) -> torch.Tensor:
+    """Iterate `step` from `state`: exactly `num_steps` times (unrolled), or per sample until the relative
+    residual is <= the tolerance (picard / anderson), at most `num_steps` times.
+
+    A tolerance solver returns, per sample, the evaluation f(x) of its lowest-residual iterate; a sample whose
+    residual turns non-finite or grows (`_DIVERGENCE_FACTOR`, `_DIVERGENCE_PATIENCE`) stops there, with a
+    warning, rather than returning a silently wrong answer.
+    """
+    if settings.solver == "unrolled":
+        for _ in range(num_steps):
+            update = step(state)
+            record.add(update, state)
+            state = update
+        return state
+    batch = state.shape[0]
+    active = torch.ones(batch, dtype=torch.bool, device=state.device)
+    diverged = torch.zeros_like(active)
+    growth = torch.zeros(batch, dtype=torch.long, device=state.device)
+    best = previous = best_relative = None  # (B,) each, in the residuals' dtype from the first step on
+    answer = state
+    anderson = _AndersonMixing(settings.anderson_memory, settings.anderson_damping)
+    for _ in range(num_steps):
+        image = step(state)
+        with torch.no_grad():
+            absolute, relative = _residuals(image, state)
+        record.add(image, state, (absolute, relative), active)
+        with torch.no_grad():
+            if best is None:
+                best = previous = best_relative = torch.full_like(absolute, torch.inf)
+            # divergence is judged on the absolute residual: a blowing-up state can keep its relative one flat
+            finite = torch.isfinite(absolute) & torch.isfinite(relative)
+            improved = active & finite & (absolute < best)
+            growth = torch.where(absolute > previous, growth + 1, 0)
+            blown = ~finite | (absolute > _DIVERGENCE_FACTOR * best) | (growth >= _DIVERGENCE_PATIENCE)
+            diverged |= active & blown
+            best = torch.where(improved, absolute, best)
+            best_relative = torch.where(improved, relative, best_relative)
+            previous = absolute
+            active &= ~blown & ~(relative <= settings.tolerance)
+        keep = improved.reshape(batch, *([1] * (state.ndim - 1)))  # (B, 1, 1)
+        answer = torch.where(keep, image, answer)
+        if not bool(active.any()):
+            break
+        proposal = image if settings.solver == "picard" else anderson(state, image)
+        state = torch.where(active.reshape(keep.shape), proposal, state)
+    if best is not None:
+        record.final_absolute, record.final_relative = best, best_relative
+    if bool(diverged.any()):
+        logger.warning(
+            f"iMixer {what} solve ({settings.solver}) diverged in {int(diverged.sum())} of {batch} samples "
+            f"(residual growing or non-finite after {record.steps} steps); returning each "
+            "such sample's lowest-residual iterate. Set fixed_point_contraction to guarantee a contraction, or "
+            "use fewer fixed_point_iterations."
+        )
+    return answer
+
+
+_ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "gelu": nn.GELU,
+    "silu": nn.SiLU,
+    "relu": nn.ReLU,
+    "tanh": nn.Tanh,
+}
 
 
 class IMixerTokenMixing(nn.Module):
-    """The iMLP: out = fc2(GELU(x)), x = (1 − F)⁻¹(fc1(t)) by n fixed-point steps, F = fc_sn2∘GELU∘fc_sn1∘GELU.
+    """The iMLP: out = fc2(act(x)), x = (1 − F)⁻¹(fc1(t)) = fixed point of x ↦ fc1(t) + F(x), F = fc_sn2∘act∘fc_sn1∘act.
 
     fc1 (S → D_S) and fc2 (D_S → S) are the vanilla Mixer's token MLP; F (D_S → N_h → D_S) is built only
-    when n > 0, so n = 0 has the Mixer's parameters exactly and none unused. Gradients flow through the
-    unrolled iterations (plain backprop, as in the paper).
+    when n > 0, so n = 0 has the Mixer's parameters exactly and none unused. By default n unrolled steps with
+    backprop through them (the paper's); `fixed_point_solver` / `fixed_point_gradient` choose a tolerance
+    solver and an implicit or phantom gradient instead (config docstring).
     """
 
     def __init__(self, config: IMixerConfig) -> None:
         super().__init__()
         num_tokens, width, contractive = config.num_tokens, config.token_mixing_size, config.contractive_size
+        self.normalization = config.contractive_normalization
+        self.schedule = config.spectral_norm_schedule
+        self.max_slope = config.activation_max_slope
         self.fc1 = nn.Linear(num_tokens, width)
         if config.fixed_point_iterations > 0:
             self.fc_sn1 = nn.Linear(width, contractive)
             self.fc_sn2 = nn.Linear(contractive, width)
-            for layer in (self.fc_sn1, self.fc_sn2):
-                parametrize.register_parametrization(
-                    layer, "weight", IMixerSpectralNorm(config, layer.weight)
-                )
+            if self.normalization == "spectral":
+                for layer in (self.fc_sn1, self.fc_sn2):
+                    parametrize.register_parametrization(
+                        layer, "weight", IMixerSpectralNorm(config, layer.weight)
+                    )
+            elif self.normalization == "batch_norm":
+                # the paper's Table 3 alternative: BatchNorm over the features after each of F's linear layers
+                self.norm_sn1 = nn.BatchNorm1d(contractive)
+                self.norm_sn2 = nn.BatchNorm1d(width)
         self.fc2 = nn.Linear(width, num_tokens)
-        self.activation = nn.GELU()
+        self.activation = _ACTIVATIONS[config.token_mixing_activation]()
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self._weight_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def spectral_layers(self) -> tuple[nn.Linear, ...]:
-        return (self.fc_sn1, self.fc_sn2) if hasattr(self, "fc_sn1") else ()
+        """F's linear layers when they are spectrally normalised (n > 0, `contractive_normalization="spectral"`)."""
+        if hasattr(self, "fc_sn1") and parametrize.is_parametrized(self.fc_sn1, "weight"):
+            return (self.fc_sn1, self.fc_sn2)
+        return ()
 
-    def update_spectral_norms(self) -> None:
+    def update_spectral_norms(self, only_if_changed: bool = False) -> None:
         for layer in self.spectral_layers():
-            layer.parametrizations.weight[0].power_iteration(layer.parametrizations.weight.original)
+            layer.parametrizations.weight[0].power_iteration(
+                layer.parametrizations.weight.original, only_if_changed=only_if_changed
+            )
 
     @torch.no_grad()
     def spectral_norm_estimates(self) -> torch.Tensor:
-        """Current σ estimates uᵀWv of fc_sn1 and fc_sn2, `(2,)` (`(0,)` when n = 0)."""
+        """σ of fc_sn1 and fc_sn2, `(2,)` (`(0,)` when n = 0): the estimates uᵀWv that the soft spectral norm
+        divides by, or the exact σ(W) when F is not spectrally normalised."""
+        if not hasattr(self, "fc_sn1"):
+            return self.fc1.weight.new_zeros(0, dtype=torch.float32)
+        layers = self.spectral_layers()
+        if not layers:
+            return torch.stack(
+                [torch.linalg.matrix_norm(m.weight.float(), ord=2) for m in (self.fc_sn1, self.fc_sn2)]
+            )
         sigmas = [
-            layer.parametrizations.weight[0].sigma(layer.parametrizations.weight.original)
-            for layer in self.spectral_layers()
+            layer.parametrizations.weight[0].sigma(layer.parametrizations.weight.original) for layer in layers
         ]
-        return torch.stack(sigmas).float() if sigmas else self.fc1.weight.new_zeros(0, dtype=torch.float32)
+        return torch.stack(sigmas).float()
+
+    def contractive_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """F's two weights as used (W / max(1, σ/c) when spectrally normalised). In eval without autograd they are
+        cached while W, u and v are unchanged, so repeated forwards do not renormalise them."""
+        if self.training or torch.is_grad_enabled() or _is_tracing() or not self.spectral_layers():
+            return self.fc_sn1.weight, self.fc_sn2.weight
+        try:
+            key = tuple(
+                (tensor.data_ptr(), tensor._version, tensor.dtype, tensor.device)
+                for layer in (self.fc_sn1, self.fc_sn2)
+                for tensor in (
+                    layer.parametrizations.weight.original,
+                    layer.parametrizations.weight[0].u,
+                    layer.parametrizations.weight[0].v,
+                )
+            )
+        except RuntimeError:  # inference tensors track no version: no cache
+            return self.fc_sn1.weight, self.fc_sn2.weight
+        if self._weight_cache is None or self._weight_cache[0] != key:
+            self._weight_cache = (key, (self.fc_sn1.weight, self.fc_sn2.weight))
+        return self._weight_cache[1]
+
+    def residual_branch(
+        self, state: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        """F(x) = fc_sn2(act(fc_sn1(act(x)))), BatchNorm after each linear layer in the `batch_norm` ablation."""
+        # (B, D, D_S) → (B, D, N_h) → (B, D, D_S)
+        hidden = F.linear(self.activation(state), weights[0], self.fc_sn1.bias)
+        if self.normalization == "batch_norm":
+            hidden = self.norm_sn1(hidden.flatten(0, 1)).view_as(hidden)  # (B·D, N_h): BatchNorm1d's layout
+        output = F.linear(self.activation(hidden), weights[1], self.fc_sn2.bias)
+        if self.normalization == "batch_norm":
+            output = self.norm_sn2(output.flatten(0, 1)).view_as(output)  # (B·D, D_S)
+        return output
+
+    @torch.no_grad()
+    def lipschitz_bound(self, weights: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Upper bound of F's Lipschitz constant: s² σ(W₁) σ(W₂) with s the activation's largest slope and σ the
+        exact spectral norms of the weights as used (with BatchNorm: its eval-mode per-feature scales too)."""
+        bound = torch.tensor(self.max_slope**2, device=weights[0].device)
+        for weight in weights:
+            bound = bound * torch.linalg.matrix_norm(weight.float(), ord=2)
+        if self.normalization == "batch_norm":
+            for norm in (self.norm_sn1, self.norm_sn2):
+                scale = norm.weight.float().abs() / (norm.running_var.float() + norm.eps).sqrt()
+                bound = bound * scale.max()
+        return bound
 
     def forward(
-        self, tokens: torch.Tensor, num_iterations: int, output_diagnostics: bool = False
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        self,
+        tokens: torch.Tensor,
+        num_iterations: int,
+        output_diagnostics: bool = False,
+        settings: _FixedPointSettings | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        settings = _FixedPointSettings(num_iterations) if settings is None else settings
         # tokens: (B, D, S), token axis last so every Linear mixes tokens with one matmul
         start = self.fc1(tokens)  # (B, D, D_S): G(t), no activation yet
-        state, statistics = start, []
+        state, record = start, _SolveRecord(output_diagnostics)
+        weights = None
         if num_iterations > 0:
-            # read the parametrized weights once: every fixed-point step applies the same F
-            weight1, weight2 = self.fc_sn1.weight, self.fc_sn2.weight
-            for _ in range(num_iterations):
-                # F(x) = fc_sn2(GELU(fc_sn1(GELU(x)))): (B, D, D_S) → (B, D, N_h) → (B, D, D_S)
-                hidden = self.activation(F.linear(self.activation(state), weight1, self.fc_sn1.bias))
-                update = start + F.linear(hidden, weight2, self.fc_sn2.bias)
-                if output_diagnostics:
-                    statistics.append(_step_statistics(update, state))
-                state = update
+            state, weights = self.solve(start, num_iterations, settings, record)
         output = self.dropout(self.fc2(self.dropout(self.activation(state))))  # (B, D, S)
         if not output_diagnostics:
             return output, None
-        residuals = (
-            torch.stack([r for r, _ in statistics]) if statistics else start.new_zeros(0, dtype=torch.float32)
+        empty = start.new_zeros(0, dtype=torch.float32)
+        final = record.final_absolute is not None
+        diagnostics = dict(
+            relative_residuals=torch.stack(record.relative) if record.relative else empty,
+            cosines=torch.stack(record.cosines) if record.cosines else empty,
+            spectral_norms=self.spectral_norm_estimates(),
+            residuals=torch.stack(record.absolute) if record.absolute else empty,
+            iterations=torch.tensor(record.steps, device=start.device),
+            final_residuals=record.final_absolute.float().mean() if final else empty.new_zeros(()),
+            final_relative_residuals=record.final_relative.float().mean() if final else empty.new_zeros(()),
+            lipschitz_bounds=self.lipschitz_bound(weights) if weights is not None else empty.new_zeros(()),
         )
-        cosines = (
-            torch.stack([c for _, c in statistics]) if statistics else start.new_zeros(0, dtype=torch.float32)
-        )
-        return output, (residuals, cosines, self.spectral_norm_estimates())
+        return output, diagnostics
+
+    def solve(
+        self, start: torch.Tensor, num_iterations: int, settings: _FixedPointSettings, record: _SolveRecord
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The fixed point of x ↦ start + F(x) with the chosen solver and gradient; returns it and F's weights."""
+        per_call = self.schedule == "per_call" and self.training
+        weights = self.contractive_weights()  # read once: every fixed-point step applies the same F
+
+        def step(state: torch.Tensor) -> torch.Tensor:
+            nonlocal weights
+            if per_call:  # the authors' schedule: k power steps before every application of F
+                self.update_spectral_norms()
+                weights = self.contractive_weights()
+            return start + self.residual_branch(state, weights)
+
+        tracked = torch.is_grad_enabled() and (start.requires_grad or any(w.requires_grad for w in weights))
+        if settings.gradient == "unrolled" or not tracked:
+            return _solve(step, start, num_iterations, settings, record), weights
+        unrolled = settings.solver == "unrolled"
+        if settings.gradient == "implicit":
+            # x* without a graph, then one step x = start + F(x*) with one (the unrolled solver's last step):
+            # the hook on x turns ∂L/∂x into the adjoint solution g = Jᵀg + ∂L/∂x, J = ∂F/∂x at x*.
+            with torch.no_grad():
+                free_steps = num_iterations - 1 if unrolled else num_iterations
+                fixed_point = _solve(step, start, free_steps, settings, record).detach()
+            state = step(fixed_point)
+            record.add(state, fixed_point)
+            if state.requires_grad:
+                state.register_hook(self._adjoint_hook(fixed_point, weights, num_iterations, settings))
+            return state, weights
+        # phantom (Geng et al.): the solution detached, then k damped steps with backprop; for the unrolled
+        # solver these are the last min(k, n) of its n steps
+        steps = min(settings.phantom_steps, num_iterations) if unrolled else settings.phantom_steps
+        with torch.no_grad():
+            state = _solve(
+                step, start, num_iterations - steps if unrolled else num_iterations, settings, record
+            )
+        state, damping = state.detach(), settings.phantom_damping
+        for _ in range(steps):
+            update = step(state)
+            if damping != 1.0:
+                update = (1.0 - damping) * state + damping * update
+            record.add(update, state)
+            state = update
+        return state, weights
+
+    def _adjoint_hook(
+        self,
+        fixed_point: torch.Tensor,
+        weights: tuple[torch.Tensor, torch.Tensor],
+        num_iterations: int,
+        settings: _FixedPointSettings,
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        weights = tuple(w.detach() for w in weights)
+
+        def hook(grad: torch.Tensor) -> torch.Tensor:
+            with torch.enable_grad():
+                point = fixed_point.detach().requires_grad_()
+                image = self.residual_branch(point, weights)
+
+            def adjoint_step(adjoint: torch.Tensor) -> torch.Tensor:  # g ↦ Jᵀg + ∂L/∂x
+                (pulled,) = torch.autograd.grad(image, point, adjoint, retain_graph=True)
+                return pulled + grad
+
+            with torch.no_grad():
+                return _solve(adjoint_step, grad, num_iterations, settings, _SolveRecord(False), "adjoint")
+
+        return hook
 
 
 class IMixerChannelMixing(nn.Module):
@@ -396,10 +795,14 @@ class IMixerLayer(GradientCheckpointingLayer):
         return residual * mask / keep
 
     def forward(
-        self, hidden_states: torch.Tensor, num_iterations: int = 0, output_diagnostics: bool = False
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        self,
+        hidden_states: torch.Tensor,
+        num_iterations: int = 0,
+        output_diagnostics: bool = False,
+        settings: _FixedPointSettings | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
         tokens = self.layernorm_before(hidden_states).transpose(1, 2)  # (B, S, D) → (B, D, S)
-        mixed, diagnostics = self.token_mixing(tokens, num_iterations, output_diagnostics)
+        mixed, diagnostics = self.token_mixing(tokens, num_iterations, output_diagnostics, settings)
         hidden_states = hidden_states + self.drop_path(mixed.transpose(1, 2))  # (B, D, S) → (B, S, D)
         mixed = self.channel_mixing(self.layernorm_after(hidden_states))
         hidden_states = hidden_states + self.drop_path(mixed)
@@ -438,13 +841,29 @@ class IMixerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.Conv2d):
             init.lecun_normal_(module.weight)
             init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
+        elif isinstance(module, (nn.LayerNorm, nn.BatchNorm1d)):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+            if isinstance(module, nn.BatchNorm1d):  # the `batch_norm` ablation of F
+                init.zeros_(module.running_mean)
+                init.ones_(module.running_var)
+                init.zeros_(module.num_batches_tracked)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
         elif isinstance(module, IMixerEmbeddings) and module.config.input_type == "sequence":
             init.normal_(module.pad_embedding, mean=0.0, std=self.config.initializer_range)
+
+
+def _stack_diagnostics(blocks: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Per-block diagnostics → `(L, ...)` tensors; per-step series padded with NaN to the longest block's."""
+    stacked = {}
+    for name in blocks[0]:
+        values = [block[name] for block in blocks]
+        if name in ("relative_residuals", "cosines", "residuals"):
+            steps = max(v.shape[0] for v in values)
+            values = [F.pad(v, (0, steps - v.shape[0]), value=float("nan")) for v in values]
+        stacked[name] = torch.stack(values)
+    return stacked
 
 
 class IMixerModel(IMixerPreTrainedModel):
@@ -473,6 +892,9 @@ class IMixerModel(IMixerPreTrainedModel):
         token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
         inputs_embeds: torch.Tensor | None = None,
         fixed_point_iterations: int | None = None,
+        fixed_point_solver: str | None = None,
+        fixed_point_tolerance: float | None = None,
+        fixed_point_gradient: str | None = None,
         output_hidden_states: bool | None = None,
         output_fixed_point_residuals: bool | None = None,
         return_dict: bool | None = None,
@@ -480,10 +902,18 @@ class IMixerModel(IMixerPreTrainedModel):
         r"""
         fixed_point_iterations (`int`, *optional*):
             Fixed-point steps n for this call (defaults to `config.fixed_point_iterations`), e.g. to watch
-            the solve converge over more steps; a model built with n = 0 has no F and accepts only 0.
+            the solve converge over more steps; the maximum for the picard / anderson solvers. A model built
+            with n = 0 has no F and accepts only 0.
+        fixed_point_solver (`str`, *optional*):
+            `"unrolled"`, `"picard"` or `"anderson"` for this call (defaults to `config.fixed_point_solver`).
+        fixed_point_tolerance (`float`, *optional*):
+            Relative residual at which picard / anderson stop (defaults to `config.fixed_point_tolerance`).
+        fixed_point_gradient (`str`, *optional*):
+            `"unrolled"`, `"implicit"` or `"phantom"` for this call (defaults to `config.fixed_point_gradient`).
         output_fixed_point_residuals (`bool`, *optional*):
-            Return `fixed_point_residuals` (`IMixerFixedPointDiagnostics`): per block and step the relative
-            residual and cosine between successive iterates, and the σ estimates of F's weights.
+            Return `fixed_point_residuals` (`IMixerFixedPointDiagnostics`): per block and step the residuals
+            and cosine between successive iterates, steps run, final residuals, the σ of F's weights and
+            the Lipschitz bound of F.
         """
         output_hidden_states = (
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -500,6 +930,14 @@ class IMixerModel(IMixerPreTrainedModel):
                 f"fixed_point_iterations={num_iterations} needs the contractive block F, but this model was built "
                 "with config.fixed_point_iterations=0 (vanilla MLP-Mixer, no F); pass 0 or build it with n >= 1."
             )
+        settings = _FixedPointSettings.of(
+            self.config,
+            num_iterations,
+            solver=fixed_point_solver,
+            tolerance=fixed_point_tolerance,
+            gradient=fixed_point_gradient,
+        )
+        self.config.check_fixed_point_settings(settings.solver, settings.gradient, settings.tolerance)
 
         hidden_states, keep = self.embeddings(
             pixel_values=pixel_values,
@@ -507,17 +945,22 @@ class IMixerModel(IMixerPreTrainedModel):
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
         )
-        if self.training:
-            # Power iteration once per forward, before any block: all fixed-point steps of this forward use
-            # one W_eff, and a gradient-checkpointing recompute of a block sees the same u, v as its forward.
+        if self.training and self.config.spectral_norm_schedule != "per_call":
+            # Power iteration once per forward (or per weight update), before any block: all fixed-point steps of
+            # this forward use one W_eff, and a gradient-checkpointing recompute of a block sees the same u, v as
+            # its forward. ("per_call", the authors' schedule, refines at every step inside the solve instead.)
+            changed_only = self.config.spectral_norm_schedule == "per_optimizer_step"
             for layer in self.layers:
-                layer.token_mixing.update_spectral_norms()
+                layer.token_mixing.update_spectral_norms(only_if_changed=changed_only)
 
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_diagnostics = []
         for layer in self.layers:
             hidden_states, diagnostics = layer(
-                hidden_states, num_iterations=num_iterations, output_diagnostics=output_fixed_point_residuals
+                hidden_states,
+                num_iterations=num_iterations,
+                output_diagnostics=output_fixed_point_residuals,
+                settings=settings,
             )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
@@ -526,9 +969,7 @@ class IMixerModel(IMixerPreTrainedModel):
 
         fixed_point_residuals = None
         if output_fixed_point_residuals:
-            fixed_point_residuals = IMixerFixedPointDiagnostics(
-                *(torch.stack(values) for values in zip(*all_diagnostics))  # (L, n), (L, n), (L, 2)
-            )
+            fixed_point_residuals = IMixerFixedPointDiagnostics(**_stack_diagnostics(all_diagnostics))
         hidden_states = self.layernorm(hidden_states)
         output = IMixerModelOutput(
             last_hidden_state=hidden_states,
@@ -575,6 +1016,9 @@ class IMixerForImageClassification(IMixerPreTrainedModel):
         pixel_values: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         fixed_point_iterations: int | None = None,
+        fixed_point_solver: str | None = None,
+        fixed_point_tolerance: float | None = None,
+        fixed_point_gradient: str | None = None,
         output_hidden_states: bool | None = None,
         output_fixed_point_residuals: bool | None = None,
         return_dict: bool | None = None,
@@ -583,6 +1027,9 @@ class IMixerForImageClassification(IMixerPreTrainedModel):
         outputs = self.imixer(
             pixel_values=pixel_values,
             fixed_point_iterations=fixed_point_iterations,
+            fixed_point_solver=fixed_point_solver,
+            fixed_point_tolerance=fixed_point_tolerance,
+            fixed_point_gradient=fixed_point_gradient,
             output_hidden_states=output_hidden_states,
             output_fixed_point_residuals=output_fixed_point_residuals,
             return_dict=True,
@@ -622,6 +1069,9 @@ class IMixerForSequenceClassification(IMixerPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         fixed_point_iterations: int | None = None,
+        fixed_point_solver: str | None = None,
+        fixed_point_tolerance: float | None = None,
+        fixed_point_gradient: str | None = None,
         output_hidden_states: bool | None = None,
         output_fixed_point_residuals: bool | None = None,
         return_dict: bool | None = None,
@@ -632,6 +1082,9 @@ class IMixerForSequenceClassification(IMixerPreTrainedModel):
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
             fixed_point_iterations=fixed_point_iterations,
+            fixed_point_solver=fixed_point_solver,
+            fixed_point_tolerance=fixed_point_tolerance,
+            fixed_point_gradient=fixed_point_gradient,
             output_hidden_states=output_hidden_states,
             output_fixed_point_residuals=output_fixed_point_residuals,
             return_dict=True,

@@ -4,6 +4,8 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Triton kernels run in Triton's CPU interpreter in the tests (read when the kernels are built, on first use).
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch
 

@@ -462,6 +462,19 @@ def test_gradient_checkpointing_matches_plain_backprop(case, variant):
         assert torch.equal(checkpointed.get_buffer(name), buffer), name
 
 
+@cases([case for case in IMAGE if not case.is_base])
+def test_bfloat16_model_casts_float32_images(case):
+    """Image processors give float32; a bfloat16 model casts them to its dtype, as transformers' image models do."""
+    model = perturb(case.build())
+    pixel_values = case.inputs()["pixel_values"]
+    with torch.no_grad():
+        expected = model(pixel_values).logits
+        logits = model.to(torch.bfloat16)(pixel_values).logits
+    assert pixel_values.dtype == torch.float32 and logits.dtype == torch.bfloat16
+    error, scale = float((logits.float() - expected).abs().max()), float(expected.abs().max())
+    assert error <= 0.05 * scale, f"bfloat16 logits differ by {error:.2e} (max |float32 logit| {scale:.2e})"
+
+
 # ---------------------------------------------------------------- recorded outputs (fixed seed)
 
 # logits[0, :3] (per token: logits[0, 0, :3]; base models: last_hidden_state[0, 0, :3]) of `perturb(case.build())`

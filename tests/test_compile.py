@@ -13,9 +13,14 @@ import pytest
 import torch
 from fixtures import ALL, HEADS, Case, cases, main_output, perturb
 
+from energyformers import HyperSetForImageClassification, HyperSetForSequenceClassification
+from energyformers.modeling.modeling_hyperset import BISOFTMAX_ATTENTION_FUNCTIONS
 
-def build(case: Case, train: bool = False) -> torch.nn.Module:
-    model = perturb(case.build())  # zero-initialised heads and step sizes would hide wrong numbers
+
+def build(case: Case | torch.nn.Module, train: bool = False) -> torch.nn.Module:
+    model = perturb(
+        case if isinstance(case, torch.nn.Module) else case.build()
+    )  # zero-initialised heads and step sizes would hide wrong numbers
     return model.train(train)
 
 
@@ -60,3 +65,90 @@ def test_inductor_compile_matches_eager(case):
     torch.testing.assert_close(
         main_output(compiled(**inputs)), main_output(model(**inputs)), atol=1e-4, rtol=1e-4
     )
+
+
+def test_one_iteration_is_traced_once():
+    """The layer step is one nested compile region: the graph calls one subgraph L·T times instead of unrolling
+    the loop, so the graph, and compile time, barely grow with the depth T."""
+    if not hasattr(torch.compiler, "nested_compile_region"):
+        pytest.skip("torch.compiler.nested_compile_region needs torch >= 2.8")
+    case = Case.of(HyperSetForImageClassification)
+    sizes = {}
+    for depth in (2, 5):
+        torch._dynamo.reset()
+        graphs = []
+
+        def keep_graph(graph_module, example_inputs, graphs=graphs):
+            graphs.append(graph_module)
+            return graph_module
+
+        model = build(case.build(num_iterations=depth))
+        torch.compile(model, fullgraph=True, backend=keep_graph)(**case.inputs())
+        (graph,) = graphs
+        calls = [node for node in graph.graph.nodes if node.target is torch.ops.higher_order.invoke_subgraph]
+        assert len(calls) == model.config.num_hidden_layers * depth
+        assert len({node.args[0].target for node in calls}) == 1  # one traced step, shared by both layers
+        sizes[depth] = len(graph.graph.nodes)
+    # unrolled, one iteration is ~50 nodes; a call of the region is a handful (the call, its outputs)
+    assert (sizes[5] - sizes[2]) / (3 * case.config().num_hidden_layers) <= 8
+
+
+@pytest.mark.parametrize("name", ["sdpa", "triton"])
+@cases([Case.of(HyperSetForSequenceClassification)])
+def test_attention_implementations_compile_and_export(case, name):
+    """The SDPA path and the fused kernel (a custom operator) compile as one graph and export, matching eager
+    mode, forward and training gradients; padded sequences included."""
+    if name == "triton" and name not in BISOFTMAX_ATTENTION_FUNCTIONS:
+        pytest.skip("Triton is not installed")
+    torch._dynamo.reset()
+    inputs = case.inputs(labels=True)
+    eager, compiled = (build(case, train=True) for _ in range(2))
+    for model in (eager, compiled):
+        model.set_attn_implementation(name)
+        with torch.no_grad():
+            model.hyperset.step_sizes.proj.bias.fill_(0.3)  # large steps: the attention shows in the output
+    expected = eager(**inputs)
+    expected.loss.backward()
+    got = torch.compile(compiled, fullgraph=True, backend="aot_eager")(**inputs)
+    got.loss.backward()
+    torch.testing.assert_close(got.logits, expected.logits)
+    for (key, a), b in zip(eager.named_parameters(), compiled.parameters()):
+        if a.grad is not None:
+            torch.testing.assert_close(b.grad, a.grad, msg=key)
+    inputs.pop("labels")
+    program = torch.export.export(eager.eval(), (), inputs)
+    torch.testing.assert_close(main_output(program.module()(**inputs)), main_output(eager(**inputs)))
+
+
+@pytest.mark.parametrize("halting", [False, True], ids=["fixed-depth", "halting"])
+def test_constant_step_sizes_are_computed_once(halting, monkeypatch):
+    """Step sizes conditioned on the embedded input with one condition c (the Sudoku preset) are the same at every
+    iteration: the model computes them once per forward, with the same outputs and gradients as per iteration."""
+    from energyformers.modeling.modeling_hyperset import HyperSetStepSizes
+
+    case = Case.of(HyperSetForSequenceClassification)
+    overrides = dict(step_size_condition="input", iteration_conditioning="none")
+    assert HyperSetStepSizes.constant_over_iterations(case.config(**overrides))
+    inputs = case.inputs(labels=not halting)
+    results, calls = [], {}
+    for hoisted in (True, False):
+        monkeypatch.setattr(
+            HyperSetStepSizes, "constant_over_iterations", staticmethod(lambda config, value=hoisted: value)
+        )
+        model = build(case.build(**overrides), train=not halting)
+        counted = []
+        model.hyperset.step_sizes.register_forward_hook(lambda *args, counted=counted: counted.append(1))
+        if halting:
+            outputs = model(**inputs, halting_tolerance=1e-3)
+        else:
+            outputs = model(**inputs)
+            outputs.loss.backward()
+        results.append((outputs.logits, [p.grad for p in model.parameters()]))
+        calls[hoisted] = len(counted)
+    assert calls[True] == 0 and calls[False] > 0  # hoisted: the layers never call the network
+    (logits, grads), (reference, reference_grads) = results
+    torch.testing.assert_close(logits, reference, atol=0, rtol=0)
+    for grad, reference_grad in zip(grads, reference_grads):
+        if reference_grad is not None:
+            # one sum of the step sizes' gradient over the iterations instead of one per iteration: rounding only
+            torch.testing.assert_close(grad, reference_grad, atol=1e-7, rtol=1e-5)

@@ -60,7 +60,8 @@ TABLES = (
 # `__init__` arguments no table covers: vocab_size is checked by the cross-field rule (required for sequences),
 # HyperBF's intermediate_size is an alias of num_centers.
 UNTABLED = {
-    "hyperset": {"vocab_size", "input_anchor"},  # input_anchor: a float in [0, 1], a cross-field rule
+    # input_anchor: a float in [0, 1]; feature_map: required by two energies, None otherwise (cross-field rules)
+    "hyperset": {"vocab_size", "input_anchor", "feature_map"},
     "imixer": {"vocab_size"},
     "hyperbf": {"vocab_size", "intermediate_size"},
 }
@@ -85,6 +86,27 @@ CROSS_FIELD: dict[str, list[tuple[dict[str, Any], str]]] = {
             dict(backprop_iterations=7),
             "backprop_iterations=7; it must not exceed num_hidden_layers × num_iter",
         ),
+        (dict(attention_energy="linear"), "feature_map=None; attention_energy='linear' and feedforward"),
+        (dict(feedforward_energy="gated"), "feature_map=None; attention_energy='linear' and feedforward"),
+        (dict(attention_energy="linear", feature_map="exp"), "feature_map='exp'; attention_energy='linear'"),
+        (dict(feature_map="relu"), "feature_map='relu'; only attention_energy='linear' and feedforward"),
+        (
+            dict(position_embedding_type="sincos-2d"),
+            "position_embedding_type='sincos-2d'; the row/column table",
+        ),
+        (
+            dict(input_type="sequence", position_embedding_type="sincos-2d", max_position_embeddings=12),
+            'max_position_embeddings=12; position_embedding_type="sincos-2d" lays the positions out on a square',
+        ),
+        (
+            dict(
+                input_type="sequence",
+                position_embedding_type="sincos-2d",
+                hidden_size=18,
+                num_attention_heads=2,
+            ),
+            'hidden_size=18; position_embedding_type="sincos-2d" gives rows and columns hidden_size/2',
+        ),
     ],
     "imixer": [
         (dict(spectral_norm_coeff=1.0), "spectral_norm_coeff=1.0; expected 0 < c < 1"),
@@ -97,6 +119,28 @@ CROSS_FIELD: dict[str, list[tuple[dict[str, Any], str]]] = {
         (dict(image_size=[8, 9]), "image_size=[8, 9]; both sides must be divisible by patch_size=2"),
         (dict(input_type="sequence", vocab_size=None), 'vocab_size=None; input_type="sequence" needs'),
         (dict(input_type="sequence", vocab_size=True), 'vocab_size=True; input_type="sequence" needs'),
+        (dict(anderson_damping=1.5), "anderson_damping=1.5; expected a damping in (0, 1]"),
+        (dict(phantom_gradient_damping=2.0), "phantom_gradient_damping=2.0; expected a damping in (0, 1]"),
+        (
+            dict(fixed_point_contraction=1.0),
+            "fixed_point_contraction=1.0; expected None or a Lipschitz bound",
+        ),
+        (
+            dict(fixed_point_contraction=0.9, contractive_normalization="none"),
+            "fixed_point_contraction=0.9; it caps the spectral norm",
+        ),
+        (
+            dict(contractive_normalization="batch_norm", fixed_point_solver="picard"),
+            "contractive_normalization='batch_norm'; 'batch_norm' changes F between fixed-point steps",
+        ),
+        (
+            dict(contractive_normalization="batch_norm", fixed_point_gradient="implicit"),
+            "contractive_normalization='batch_norm'; 'batch_norm' changes F between fixed-point steps",
+        ),
+        (
+            dict(spectral_norm_schedule="per_call", fixed_point_solver="anderson"),
+            "spectral_norm_schedule='per_call'; 'per_call' changes F between fixed-point steps",
+        ),
     ],
     "hyperbf": [
         (dict(hidden_size=33), "hidden_size=33; it must be divisible by num_attention_heads=2"),
@@ -104,6 +148,14 @@ CROSS_FIELD: dict[str, list[tuple[dict[str, Any], str]]] = {
         (dict(input_type="sequence", vocab_size=None), 'vocab_size=None; input_type="sequence" needs'),
         (dict(num_centers=8, intermediate_size=9), "intermediate_size=9; it is an alias of num_centers=8"),
     ],
+}
+
+
+# Choices valid only together with other fields (their cross-field rules are in CROSS_FIELD).
+CHOICE_NEEDS: dict[tuple[str, str, str], dict[str, Any]] = {
+    ("hyperset", "position_embedding_type", "sincos-2d"): dict(input_type="sequence"),  # a 4 × 4 board
+    ("hyperset", "attention_energy", "linear"): dict(feature_map="elu+1"),
+    ("hyperset", "feedforward_energy", "gated"): dict(feature_map="elu+1"),
 }
 
 
@@ -195,7 +247,8 @@ def test_choice_fields_reject_unknown_strings_and_accept_every_choice(family, na
         make(family, **{name: "bogus"})
     expect_invalid(family, name, None)
     for choice in choices:
-        assert getattr(make(family, **{name: choice}), name) == choice
+        needs = CHOICE_NEEDS.get((family, name, choice), {})
+        assert getattr(make(family, **{name: choice, **needs}), name) == choice
 
 
 @pytest.mark.parametrize(("family", "name"), table_cases("_POSITIVE_INTS"))

@@ -186,6 +186,13 @@ def test_energies_match_definitions_and_geometry_diagnostics():
     assert (energies.average_angle > 0).all() and (energies.effective_rank > 1).all()
 
 
+def test_energy_diagnostics_of_a_float64_model_are_float64():
+    model = SEQUENCE.build().double()
+    with torch.no_grad():
+        energies = model(**SEQUENCE.inputs(), output_energies=True).energies
+    assert {energies[name].dtype for name in energies} == {torch.float64}
+
+
 # ---------------------------------------------------------------- recurrence and step sizes
 
 

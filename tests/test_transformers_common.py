@@ -24,6 +24,7 @@ for this module's tests and removed afterwards.
 
 from __future__ import annotations
 
+import tempfile
 import unittest
 import warnings
 from pathlib import Path
@@ -228,12 +229,27 @@ class _SequenceTests(_CommonTests):
     input_type = "sequence"
 
 
-class HyperSetImageModelTest(_ImageTests, unittest.TestCase):
+class _HyperSetAttentionDefault:
+    def test_sdpa_can_dispatch_non_composite_models(self) -> None:
+        # An override, not a flag: the mixin asserts that a model supporting SDPA loads with it when none is named.
+        # Hyper-SET's default is the fastest path of the machine: its eager path on CPU (faster there than SDPA,
+        # benchmarks/speed.py), the fused kernel or SDPA on CUDA. The rest of the check is the mixin's: SDPA and
+        # eager, each asked for when loading, are what the model gets.
+        for model_class in self.all_model_classes:
+            config, _ = self.model_tester.prepare_config_and_inputs_for_common()
+            with tempfile.TemporaryDirectory() as folder:
+                model_class(config).save_pretrained(folder)
+                for name in ("sdpa", "eager"):
+                    loaded = model_class.from_pretrained(folder, attn_implementation=name)
+                    self.assertEqual(loaded.config._attn_implementation, name)
+
+
+class HyperSetImageModelTest(_HyperSetAttentionDefault, _ImageTests, unittest.TestCase):
     model_tester_class = HyperSetModelTester
     all_model_classes = (HyperSetModel, HyperSetForImageClassification)
 
 
-class HyperSetSequenceModelTest(_SequenceTests, unittest.TestCase):
+class HyperSetSequenceModelTest(_HyperSetAttentionDefault, _SequenceTests, unittest.TestCase):
     model_tester_class = HyperSetModelTester
     all_model_classes = (HyperSetModel, HyperSetForSequenceClassification, HyperSetForTokenClassification)
 

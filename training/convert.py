@@ -38,7 +38,9 @@ are folded into our projections (see `HyperBFSource`; the map is many-to-one). T
 stores every official tensor that the reverse mapping would not reproduce bit for bit in
 `official_extras.safetensors`, together with a fingerprint of our weights; the reverse conversion uses them
 while the weights are unchanged, so official → ours → official is exact. After fine-tuning it emits a
-function-equivalent official state (HyperBF: M = I, per-head temperatures folded into q, k) instead.
+function-equivalent official state (HyperBF: M = I, per-head temperatures folded into q, k) instead. Official
+constructor arguments without a field in our configs (dropout rates and other training- or init-only settings,
+`OfficialSource.training_only`) are kept in config.json as `official_training_kwargs` and given back.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ from ..modeling.modeling_imixer import IMixerForImageClassification
 from .processing import cell_tokenizer
 
 EXTRAS_FILE = "official_extras.safetensors"
+KEPT_KWARGS = "official_training_kwargs"  # config.json entry: `OfficialSource.training_only` values
 REFERENCE_PREFIX = "golden/"
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 DEFAULT_ATOL = {torch.float64: 1e-10, torch.float32: 1e-5}
@@ -301,6 +304,9 @@ class OfficialSource:
     input_kind = "image"  # "image" or "ids"
     spec: dict[str, Any] = {}  # constructor argument -> default (REQUIRED: no known default)
     ignored: dict[str, str] = {}  # accepted arguments the official constructor ignores -> why
+    # Official arguments with no counterpart in our config (training-only or init-only): their values are kept in
+    # config.json under `official_training_kwargs`, so the reverse conversion gives back the official config.
+    training_only: tuple[str, ...] = ()
 
     # --- official config ---
     def normalise_kwargs(self, raw: dict[str, Any], where: str = "official config") -> dict[str, Any]:
@@ -381,6 +387,8 @@ class OfficialSource:
         self, ours: dict[str, torch.Tensor], config: PreTrainedConfig
     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         kwargs = self.kwargs_from_config(config)
+        kept = getattr(config, KEPT_KWARGS, None) or {}
+        kwargs.update({key: kept[key] for key in self.training_only if key in kept})
         layout = self.layout(kwargs)
         official = {key: ours[our] for key, (_, our) in layout.items() if our is not None}
         official.update(self.derive_back(ours, config))
@@ -431,6 +439,7 @@ class IMixerSource(OfficialSource):
         "n_repeat": REQUIRED,
     }
     ignored = {}
+    training_only = ("nlhb",)  # timm's head-bias initialisation
     coeff = 0.9  # iMlp's spectral-norm coefficient c, fixed in the official code
     layer_norm_eps = 1e-6
 
@@ -508,10 +517,17 @@ class IMixerSource(OfficialSource):
     def kwargs_from_config(self, config):
         if config.input_type != "image" or config.fixed_point_iterations < 1:
             raise NotExpressible("the official MlpMixer takes images and has the contractive block (n >= 1)")
-        for name, official in (("spectral_norm_coeff", self.coeff), ("layer_norm_eps", self.layer_norm_eps)):
-            if getattr(config, name) != official:
+        fixed = (
+            ("spectral_norm_coeff", self.coeff),
+            ("layer_norm_eps", self.layer_norm_eps),
+            ("contractive_normalization", "spectral"),
+            ("token_mixing_activation", "gelu"),
+            ("fixed_point_contraction", None),
+        )
+        for name, official in fixed:
+            if getattr(config, name, official) != official:
                 raise NotExpressible(
-                    f"the official iMixer fixes {name}={official}; this model has {getattr(config, name)}"
+                    f"the official iMixer fixes {name}={official!r}; this model has {getattr(config, name)!r}"
                 )
         return {
             "num_classes": config.num_labels,
@@ -630,6 +646,7 @@ class HyperBFSource(OfficialSource):
         key: "not a Hyper_ViT argument (swallowed by **kwargs in the official code)"
         for key in ("image_size", "dim", "heads", "mlp_dim", "dropout", "emb_dropout")
     }
+    training_only = ("mlp_ratio", "qk_scale", "drop_path_rate")  # unused by Hyper_Block / init / training
 
     def check_kwargs(self, kwargs, where):
         if kwargs["qkv_bias"]:
@@ -861,6 +878,23 @@ def _official_positions(num_positions: int, dim: int) -> torch.Tensor:
     return torch.from_numpy(table).float()
 
 
+def _official_board_positions(num_positions: int, dim: int) -> torch.Tensor:
+    """Hyper-SET Sudoku `pos_emb="sincos"` (MAE's `get_2d_sincos_pos_embed` over the √N × √N board), float32.
+
+    float64 numpy: grid = meshgrid(arange(side), arange(side)) (x first: the column), each axis gets dim/2
+    channels [sin(p ω) | cos(p ω)] with ω_k = 1 / 10000^(k / (dim/4)); the column block comes first.
+    """
+    side, half = math.isqrt(num_positions), dim // 2
+    grid = np.stack(np.meshgrid(np.arange(side, dtype=np.float32), np.arange(side, dtype=np.float32)))
+
+    def axis(coordinate: np.ndarray) -> np.ndarray:
+        omega = 1.0 / 10000 ** (np.arange(half // 2, dtype=np.float64) / (half / 2.0))
+        angles = np.einsum("m,d->md", coordinate.reshape(-1), omega)  # (N, dim/4)
+        return np.concatenate([np.sin(angles), np.cos(angles)], axis=1)  # (N, dim/2)
+
+    return torch.from_numpy(np.concatenate([axis(grid[0]), axis(grid[1])], axis=1)).float()
+
+
 def _official_time_sinusoid(steps: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
     """Hyper-SET `SinusoidalPosEmb(dim)(arange(1, T+1))` in the run's (default) dtype: cat(sin, cos)."""
     half = dim // 2
@@ -905,6 +939,7 @@ class HyperSetICSource(OfficialSource):
         "type": "hyper-set",
     }
     ignored = {}
+    training_only = ("dropout",)
 
     def check_kwargs(self, kwargs, where):
         if kwargs["type"] != "hyper-set":
@@ -1040,7 +1075,7 @@ class HyperSetICSource(OfficialSource):
             f"width {kwargs['time_embed']}), conditioned on "
             + ("the embedded input x₀." if kwargs["input_cond"] else "the current state x_t."),
             "Separate q/k/v RMSNorm gains; RMSNorm eps = machine epsilon of the dtype; LayerNorm eps 1e-5.",
-            "Training-only settings not represented: `dropout` (the official model's dropout rate).",
+            f"Training-only settings not represented: `dropout` (kept in config.json `{KEPT_KWARGS}`).",
         ]
 
     def official_logits(self, state, kwargs, inputs, dtype):
@@ -1086,6 +1121,8 @@ class HyperSetICSource(OfficialSource):
 # The official Sudoku structure in HyperSetConfig terms: time MLP Linear → GELU → Linear and step sizes from
 # GELU(c_t + x) without RMSNorms, an RMSNorm + bias-free Linear head.
 SUDOKU_FIELDS = {"step_size_norm": "none", "classifier_norm": "rmsnorm", "classifier_bias": False}
+# The official Sudoku `pos_emb` option -> our position_embedding_type.
+POSITIONS = {"learnable": "learned", "sincos": "sincos-2d"}
 
 
 class HyperSetSudokuSource(OfficialSource):
@@ -1116,19 +1153,27 @@ class HyperSetSudokuSource(OfficialSource):
         "input_cond": True,
     }
     ignored = {}
+    training_only = ("resid_pdrop", "attn_pdrop", "embd_pdrop")
 
     def check_kwargs(self, kwargs, where):
         fixed = {"model_type": "hyper-set", "adaptive_mode": "gd_with_learnable_step_size", "phi_func": None}
         for name, value in fixed.items():
             if kwargs[name] != value:
                 raise NotExpressible(f"{where}: {name}={kwargs[name]!r}; only {value!r} converts")
-        if kwargs["pos_emb"] != "learnable":
+        if kwargs["pos_emb"] not in POSITIONS:
             raise NotExpressible(
-                f"{where}: pos_emb={kwargs['pos_emb']!r}; only 'learnable' converts (the row/column `sincos` "
-                "table needs a position_embedding_type for it)"
+                f"{where}: pos_emb={kwargs['pos_emb']!r}; expected one of {sorted(POSITIONS)} (the official "
+                "learned table or the fixed row/column `sincos` table)"
             )
         if kwargs["n_embd"] % kwargs["n_head"]:
             raise ConversionError(f"{where}: n_embd is not divisible by n_head")
+        if kwargs["pos_emb"] == "sincos":
+            side = math.isqrt(kwargs["block_size"])
+            if side * side != kwargs["block_size"] or kwargs["n_embd"] % 4:
+                raise ConversionError(
+                    f"{where}: pos_emb='sincos' needs a square block_size (a board; got {kwargs['block_size']}) "
+                    f"and n_embd divisible by 4 (got {kwargs['n_embd']})"
+                )
 
     def layout(self, kwargs):
         d, n, te = kwargs["n_embd"], kwargs["block_size"], kwargs["time_emb"]
@@ -1136,7 +1181,6 @@ class HyperSetSudokuSource(OfficialSource):
         s = "hyperset.step_sizes."
         out = {
             "tok_emb.weight": ((kwargs["vocab_size"], d), "hyperset.embeddings.word_embeddings.weight"),
-            "pos_emb": ((1, n, d), None),  # (1, N, d) parameter -> our (N, d) table
             "time_mlp.0.1.weight": ((d, te), s + "time_mlp.0.weight"),
             "time_mlp.0.1.bias": ((d,), s + "time_mlp.0.bias"),
             "time_mlp.0.3.weight": ((d, d), s + "time_mlp.2.weight"),
@@ -1144,6 +1188,8 @@ class HyperSetSudokuSource(OfficialSource):
             "time_mlp.1.1.weight": ((2 * d, d), s + "proj.weight"),
             "time_mlp.1.1.bias": ((2 * d,), s + "proj.bias"),
         }
+        if kwargs["pos_emb"] == "learnable":  # `sincos` is a fixed tensor outside the state_dict
+            out["pos_emb"] = ((1, n, d), None)  # (1, N, d) parameter -> our (N, d) table
         for i in range(kwargs["n_layer"]):
             b, o = f"blocks.{i}.", f"hyperset.layers.{i}."
             out[b + "attn.ln1.weight"] = ((dh,), None)  # our qkv_gain (1, dh)
@@ -1172,7 +1218,7 @@ class HyperSetSudokuSource(OfficialSource):
             time_embedding_dim=kwargs["time_emb"],
             vocab_size=kwargs["vocab_size"],
             max_position_embeddings=kwargs["block_size"],
-            position_embedding_type="learned",
+            position_embedding_type=POSITIONS[kwargs["pos_emb"]],
             rms_norm_eps=None,
             num_labels=kwargs["num_classes"],
             **SUDOKU_FIELDS,
@@ -1186,10 +1232,15 @@ class HyperSetSudokuSource(OfficialSource):
             "attention_energy": "bisoftmax",
             "feedforward_energy": "relu",
             "iteration_conditioning": "sinusoidal",
-            "position_embedding_type": "learned",
             "rms_norm_eps": None,
             **SUDOKU_FIELDS,
         }
+        positions = {ours: official for official, ours in POSITIONS.items()}
+        if config.position_embedding_type not in positions:
+            raise NotExpressible(
+                f"the official Sudoku Model has learned or row/column positions ({sorted(positions)}); this "
+                f"model has position_embedding_type={config.position_embedding_type!r}"
+            )
         for name, official in required.items():
             if getattr(config, name, None) != official:
                 raise NotExpressible(
@@ -1216,19 +1267,23 @@ class HyperSetSudokuSource(OfficialSource):
             "embd_pdrop": 0.0,
             "adaptive_mode": "gd_with_learnable_step_size",
             "phi_func": None,
-            "pos_emb": "learnable",
+            "pos_emb": positions[config.position_embedding_type],
             "input_cond": config.step_size_condition == "input",
         }
 
     def derive(self, state, kwargs):
-        out = {"hyperset.embeddings.position_embeddings.weight": state["pos_emb"][0]}
+        out = {}
+        if kwargs["pos_emb"] == "learnable":
+            out["hyperset.embeddings.position_embeddings.weight"] = state["pos_emb"][0]
         for i in range(kwargs["n_layer"]):
             out[f"hyperset.layers.{i}.attention.qkv_gain"] = state[f"blocks.{i}.attn.ln1.weight"][None]
         return out
 
     def derive_back(self, ours, config):
         n = config.max_position_embeddings
-        out = {"pos_emb": ours["hyperset.embeddings.position_embeddings.weight"][None]}
+        out = {}
+        if config.position_embedding_type == "learned":
+            out["pos_emb"] = ours["hyperset.embeddings.position_embeddings.weight"][None]
         for i in range(config.num_hidden_layers):
             out[f"blocks.{i}.attn.ln1.weight"] = ours[f"hyperset.layers.{i}.attention.qkv_gain"][0]
             out[f"blocks.{i}.attn.mask"] = torch.tril(torch.ones(n, n, dtype=torch.float64)).view(1, 1, n, n)
@@ -1237,18 +1292,30 @@ class HyperSetSudokuSource(OfficialSource):
     def structure_notes(self, kwargs):
         return [
             'Feedforward activation: **ReLU** (`hidden_act="relu"`), as in the official Sudoku model.',
-            'One shared q/k/v RMSNorm gain (`qkv_norm="shared"`); learned positions; step sizes from '
-            "Linear-GELU-Linear over the iteration sinusoid with no RMSNorms, conditioned on "
+            'One shared q/k/v RMSNorm gain (`qkv_norm="shared"`); step sizes from Linear-GELU-Linear over the '
+            "iteration sinusoid with no RMSNorms, conditioned on "
             + ("the embedded puzzle x₀." if kwargs["input_cond"] else "the current state x_t."),
+            "Positions: "
+            + (
+                'learned (`position_embedding_type="learned"`, the official `pos_emb` parameter).'
+                if kwargs["pos_emb"] == "learnable"
+                else 'the fixed row/column table of `pos_emb="sincos"` (`position_embedding_type="sincos-2d"`: '
+                "channels [:d/2] the column, [d/2:] the row, each [sin | cos], rounded to float32 as theirs)."
+            ),
             "Head: RMSNorm + bias-free Linear, per-cell logits over the 9 digits.",
             "`blocks.*.attn.mask` (an unused causal buffer of the official class) is rebuilt on the way back.",
-            "Training-only settings not represented: the official dropout rates.",
+            f"Training-only settings not represented: the official dropout rates (kept in config.json "
+            f"`{KEPT_KWARGS}`).",
         ]
 
     def official_logits(self, state, kwargs, inputs, dtype):
         p = {key: value.to(dtype) for key, value in state.items()}
         heads, steps = kwargs["n_head"], kwargs["n_recur"]
-        x0 = F.embedding(inputs, p["tok_emb.weight"]) + p["pos_emb"][:, : inputs.shape[1]]
+        if kwargs["pos_emb"] == "learnable":
+            positions = p["pos_emb"]
+        else:  # a float32 table, promoted when added in a float64 run
+            positions = _official_board_positions(kwargs["block_size"], kwargs["n_embd"])[None].to(dtype)
+        x0 = F.embedding(inputs, p["tok_emb.weight"]) + positions[:, : inputs.shape[1]]
         t = _linear(
             F.gelu(_linear(_official_time_sinusoid(steps, kwargs["time_emb"], dtype), p, "time_mlp.0.1")),
             p,
@@ -1424,6 +1491,8 @@ def convert_checkpoint(
         golden = {k: v for k, v in read_checkpoint(reference)[1].items()}
     family.check_state(state, kwargs, f"checkpoint {Path(checkpoint).name}")
     config = family.config(kwargs)  # NotExpressible for structures our models lack
+    if family.training_only:
+        setattr(config, KEPT_KWARGS, {key: kwargs[key] for key in family.training_only})
     state64 = {key: value.to(torch.float64) for key, value in state.items()}
     ours = family.to_ours(state64, kwargs)
 

@@ -1,0 +1,600 @@
+"""GPU speed of the three families against their baselines, in one run on whatever CUDA device is present.
+
+Groups (model variants and their baseline, measured interleaved in the same process; issue 13, kernels.md):
+
+* Hyper-SET `cifar10-small` (224²/16: 197 tokens, T = 12) vs HF `ViTForImageClassification` of the same width and
+  heads and depth T (MLP 4d, SDPA);
+* the same at patch 8 (785 tokens);
+* HyperBF, the memo's CIFAR setting (`cifar` preset: D = 768, 4 heads, 4 blocks, 32²/4) vs ViT 768 × 4 heads ×
+  4 layers (MLP 4D), plus a diagnostic row with only the attention unit on `sdpa`;
+* iMixer-S/16 (n = 2) vs the same model with n = 0 (the MLP-Mixer);
+* compile time: Hyper-SET `sudoku` (T = 24), no baseline.
+
+Each family runs once per `attn_implementation` it accepts (Hyper-SET: eager / sdpa / triton, HyperBF: eager /
+sdpa; a name the model rejects is recorded as skipped with transformers' message), each in eager mode and
+`torch.compile`d, for inference (`torch.inference_mode`, eval) and a training step (forward + backward of the
+loss, train mode; no optimiser step). Weights and inputs are bfloat16. Per variant the table gives the median of
+`--repeats` interleaved calls (A, B, …, A, B, … so machine noise hits all alike) after the first call and one
+warm-up call, throughput, the ratio baseline time / model time (> 1: the model is faster; same task and same
+eager/compiled mode), the first-call time (with compilation for compiled variants), the peak memory of one call
+above what was allocated before it (`torch.cuda.max_memory_allocated`), and FLOPs per image counted with
+`torch.utils.flop_counter.FlopCounterMode` on the eager-implementation model (every matmul, convolution and
+attention call, so iMixer's fixed-point iterations and power iterations count too).
+
+    python benchmarks/gpu_speed.py                      # on a CUDA machine: results/gpu_speed.{json,md}
+    python benchmarks/gpu_speed.py --device cpu --smoke # tiny configs, 1 repeat: checks the script, no numbers
+
+Without CUDA a real run exits with a message and writes nothing: CPU timings are benchmarks/speed.py's job, and
+smoke-mode timings are not measurements (they go to `gpu_speed_smoke.{json,md}`, marked as such).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import (
+    AutoModelForImageClassification,
+    AutoModelForTokenClassification,
+    ViTConfig,
+    ViTForImageClassification,
+)
+
+import energyformers  # noqa: F401  (registers the families with the Auto classes)
+from energyformers import HyperBFConfig, HyperSetConfig, IMixerConfig
+
+RESULTS = Path(__file__).parent / "results"
+TASKS = ("inference", "train")
+MODES = ("eager", "compiled")
+
+
+@dataclass
+class Variant:
+    """One model of a group: a builder (may raise ValueError: an attn_implementation the model rejects)."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    attn_implementation: str | None = None  # None: the model has no attention choice (or is the baseline)
+
+
+@dataclass
+class Group:
+    name: str
+    variants: list[Variant]
+    baseline: Variant | None
+    inputs: Callable[[int, torch.device], dict[str, torch.Tensor]]
+    batch: int
+    note: str = ""
+    results: dict[str, Any] = field(default_factory=dict)
+
+
+def images(side: int, num_labels: int) -> Callable[[int, torch.device], dict[str, torch.Tensor]]:
+    def make(batch: int, device: torch.device) -> dict[str, torch.Tensor]:
+        return {
+            "pixel_values": torch.randn(batch, 3, side, side, device=device),
+            "labels": torch.randint(0, num_labels, (batch,), device=device),
+        }
+
+    return make
+
+
+def cells(length: int, vocab: int, num_labels: int) -> Callable[[int, torch.device], dict[str, torch.Tensor]]:
+    def make(batch: int, device: torch.device) -> dict[str, torch.Tensor]:
+        return {
+            "input_ids": torch.randint(0, vocab, (batch, length), device=device),
+            "labels": torch.randint(0, num_labels, (batch, length), device=device),
+        }
+
+    return make
+
+
+def vit(width: int, heads: int, depth: int, image: int, patch: int, num_labels: int) -> Variant:
+    config = ViTConfig(
+        image_size=image, patch_size=patch, hidden_size=width, num_attention_heads=heads, num_hidden_layers=depth,
+        intermediate_size=4 * width, num_labels=num_labels, attn_implementation="sdpa",
+    )  # fmt: skip
+    return Variant(f"ViT {width}×{heads}h×{depth} (sdpa)", lambda: ViTForImageClassification(config))
+
+
+def family_variants(
+    label: str,
+    auto_class: type,
+    config: Callable[[], transformers.PreTrainedConfig],
+    implementations: tuple[str, ...],
+) -> list[Variant]:
+    """One variant per attention implementation, built with `from_config(..., attn_implementation=name)`."""
+    return [
+        Variant(
+            f"{label} ({name})",
+            lambda name=name: auto_class.from_config(config(), attn_implementation=name),
+            name,
+        )
+        for name in implementations
+    ]
+
+
+def hyperbf_explicit_feedforward(config: Callable[[], HyperBFConfig]) -> Callable[[], nn.Module]:
+    """HyperBF on `sdpa` for the attention unit only: the feedforward forced onto its explicit (eager) path.
+
+    A diagnostic variant: the folded feedforward is one attention call with head width R + 1 (776 at the memo's
+    width), past the flash kernels' limit, so it may lose to two GEMMs where the attention unit wins; this row
+    separates the two units' share of the sdpa row.
+    """
+
+    def build() -> nn.Module:
+        model = AutoModelForImageClassification.from_config(config(), attn_implementation="sdpa")
+        for layer in model.base_model.layers:
+            feedforward = layer.feedforward
+            # the explicit path is the one that returns the center weights (the layer ignores them)
+            feedforward.forward = functools.partial(_explicit_feedforward, feedforward)
+        return model
+
+    return build
+
+
+def _explicit_feedforward(
+    feedforward: nn.Module, hidden_states: torch.Tensor, output_center_weights: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return type(feedforward).forward(feedforward, hidden_states, output_center_weights=True)
+
+
+def per_optimizer_step_imixer(overrides: dict[str, Any]) -> Callable[[], nn.Module]:
+    """iMixer-S/16 refining its spectral-norm estimates once per optimiser step instead of once per forward.
+
+    (The training step timed here has no optimiser step, so this variant's power iterations are not timed.)
+    """
+
+    def build() -> nn.Module:
+        config = IMixerConfig.from_preset("s16", spectral_norm_schedule="per_optimizer_step", **overrides)
+        if config.to_dict().get("spectral_norm_schedule") != "per_optimizer_step" or not hasattr(
+            IMixerConfig(), "spectral_norm_schedule"
+        ):  # an unknown keyword would silently become a plain attribute of the config
+            raise ValueError("this IMixerConfig has no spectral_norm_schedule option")
+        return AutoModelForImageClassification.from_config(config)
+
+    return build
+
+
+def groups(smoke: bool) -> list[Group]:
+    """The benchmark groups; `smoke`: the same structure at tiny sizes (a CPU check of the script)."""
+    if smoke:
+        hyperset = dict(hidden_size=32, num_attention_heads=2, intermediate_size=32, num_iterations=2)
+        side, coarse, fine, hyperbf_side = 32, 8, 4, 16
+        hyperbf = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, image_size=16)
+        imixer = dict(hidden_size=32, num_hidden_layers=2, image_size=32, patch_size=8)
+        sudoku = dict(hidden_size=32, num_attention_heads=2, intermediate_size=32, num_iterations=4)
+        batches = dict(coarse=2, fine=2, hyperbf=2, imixer=2, sudoku=2)
+    else:
+        hyperset, side, coarse, fine, hyperbf_side = {}, 224, 16, 8, 32
+        hyperbf, imixer, sudoku = {}, {}, {}
+        batches = dict(coarse=64, fine=16, hyperbf=256, imixer=64, sudoku=64)
+    small = HyperSetConfig.from_preset("cifar10-small", **hyperset)
+    iterations, width, heads = small.num_iterations, small.hidden_size, small.num_attention_heads
+    depth = small.num_hidden_layers * iterations  # the ViT's depth: Hyper-SET's layer applications L·T
+    bf = HyperBFConfig.from_preset("cifar", **hyperbf)
+    sudoku_config = HyperSetConfig.from_preset("sudoku", **sudoku)
+    hyperset_names = ("eager", "sdpa", "triton")
+    hyperbf_names = ("eager", "sdpa")
+    result = []
+    for key, patch in (("coarse", coarse), ("fine", fine)):
+        tokens = (side // patch) ** 2 + 1
+        result.append(
+            Group(
+                f"Hyper-SET cifar10-small, {side}²/{patch} ({tokens} tokens, T={iterations})",
+                family_variants(
+                    "Hyper-SET",
+                    AutoModelForImageClassification,
+                    lambda patch=patch: HyperSetConfig.from_preset(
+                        "cifar10-small", image_size=side, patch_size=patch, **hyperset
+                    ),
+                    hyperset_names,
+                ),
+                vit(width, heads, depth, side, patch, 10),
+                images(side, 10),
+                batches[key],
+            )
+        )
+    result.append(
+        Group(
+            f"HyperBF cifar ({hyperbf_side}²/{bf.patch_size}, D={bf.hidden_size}, {bf.num_hidden_layers} blocks)",
+            [
+                *family_variants(
+                    "HyperBF",
+                    AutoModelForImageClassification,
+                    lambda: HyperBFConfig.from_preset("cifar", **hyperbf),
+                    hyperbf_names,
+                ),
+                Variant(
+                    "HyperBF (sdpa attention, explicit feedforward)",
+                    hyperbf_explicit_feedforward(lambda: HyperBFConfig.from_preset("cifar", **hyperbf)),
+                    "sdpa",
+                ),
+            ],
+            vit(
+                bf.hidden_size, bf.num_attention_heads, bf.num_hidden_layers, hyperbf_side, bf.patch_size, 10
+            ),
+            images(hyperbf_side, 10),
+            batches["hyperbf"],
+        )
+    )
+    mixer = IMixerConfig.from_preset("s16", **imixer)
+    result.append(
+        Group(
+            f"iMixer-S/16 (n={mixer.fixed_point_iterations}) vs Mixer (n=0)",
+            [
+                Variant("iMixer-S/16", lambda: AutoModelForImageClassification.from_config(mixer)),
+                Variant("iMixer-S/16 (σ power steps per optimiser step)", per_optimizer_step_imixer(imixer)),
+            ],
+            Variant(
+                "Mixer-S/16 (n=0)",
+                lambda: AutoModelForImageClassification.from_config(
+                    IMixerConfig.from_preset("s16", fixed_point_iterations=0, **imixer)
+                ),
+            ),
+            images(mixer.image_size if isinstance(mixer.image_size, int) else mixer.image_size[0], 10),
+            batches["imixer"],
+        )
+    )
+    result.append(
+        Group(
+            f"Hyper-SET sudoku (T={sudoku_config.num_iterations}): compile time",
+            family_variants(
+                "Hyper-SET sudoku",
+                AutoModelForTokenClassification,
+                lambda: HyperSetConfig.from_preset("sudoku", **sudoku),
+                hyperset_names,
+            ),
+            None,
+            cells(sudoku_config.max_position_embeddings, sudoku_config.vocab_size, sudoku_config.num_labels),
+            batches["sudoku"],
+            note="target: compiling a T=24 model takes <= 30 s (first compiled call)",
+        )
+    )
+    return result
+
+
+# ------------------------------------------------------------------------------------------ measuring
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def step_function(
+    model: nn.Module, callable_model: Callable, inputs: dict[str, torch.Tensor], task: str
+) -> Callable:
+    """One call of `task`: inference (eval, inference mode, no labels) or a training step (forward + backward)."""
+    features = {k: v for k, v in inputs.items() if k != "labels"}
+
+    def infer() -> None:
+        with torch.inference_mode():
+            callable_model(**features)
+
+    def train() -> None:
+        callable_model(**inputs).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    return infer if task == "inference" else train
+
+
+def timed(function: Callable, device: torch.device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    function()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def peak_memory(function: Callable, device: torch.device) -> int | None:
+    """Bytes allocated at the peak of one call above what was allocated before it (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    function()
+    synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+def count_flops(model: nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, float]:
+    """FLOPs per sample of a forward and of a training step (forward + backward), batch of one."""
+    one = {k: v[:1] for k, v in inputs.items()}
+    features = {k: v for k, v in one.items() if k != "labels"}
+    model.eval()
+    with FlopCounterMode(display=False) as counter:  # (under no_grad its module tracker trips on some models)
+        model(**features)
+    forward = counter.get_total_flops()
+    model.train()
+    with FlopCounterMode(display=False) as counter:
+        model(**one).loss.backward()
+    model.zero_grad(set_to_none=True)
+    return {"forward": float(forward), "train": float(counter.get_total_flops())}
+
+
+def measure_group(group: Group, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    dtype = torch.bfloat16
+    batch = args.batch or group.batch
+    torch.manual_seed(0)
+    inputs = group.inputs(batch, device)
+    inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
+    members = [*group.variants, *([group.baseline] if group.baseline else [])]
+    models: dict[str, nn.Module] = {}
+    record: dict[str, Any] = {"batch": batch, "note": group.note, "variants": {}}
+    for variant in members:
+        entry = record["variants"].setdefault(
+            variant.name,
+            {"attn_implementation": variant.attn_implementation, "baseline": variant is group.baseline},
+        )
+        try:
+            torch.manual_seed(0)
+            model = variant.build()
+        except (
+            ValueError,
+            ImportError,
+            RuntimeError,
+        ) as error:  # a name the model rejects, or cannot run here
+            entry["skipped"] = f"{type(error).__name__}: {error}"
+            print(f"  skip {variant.name}: {entry['skipped']}", flush=True)
+            continue
+        entry["params"] = sum(p.numel() for p in model.parameters())
+        if variant.attn_implementation in (None, "eager"):  # the eager math is the FLOP reference
+            entry["flops"] = count_flops(model.to(device), {k: v.float() if v.is_floating_point() else v
+                                                              for k, v in inputs.items()})  # fmt: skip
+        models[variant.name] = model.to(device=device, dtype=dtype)
+    flops = {name: record["variants"][name].get("flops") for name in models}
+    family_flops = next(
+        (f for name, f in flops.items() if f and not record["variants"][name]["baseline"]), None
+    )
+    for name in models:  # every implementation of a family does the eager variant's arithmetic
+        if not record["variants"][name]["baseline"] and "flops" not in record["variants"][name]:
+            record["variants"][name]["flops"] = family_flops
+
+    for mode in args.modes:
+        runners: dict[str, Callable] = {}
+        for name, model in models.items():
+            runners[name] = (
+                torch.compile(model, backend=args.compile_backend, dynamic=False)
+                if mode == "compiled"
+                else model
+            )
+        for task in args.tasks:
+            calls: dict[str, Callable] = {}
+            for name, model in models.items():
+                model.train(task == "train")
+                entry = record["variants"][name].setdefault(mode, {}).setdefault(task, {})
+                call = step_function(model, runners[name], inputs, task)
+                try:
+                    entry["first_call_s"] = timed(call, device)  # includes compilation for compiled runners
+                    timed(call, device)  # warm-up
+                    entry["peak_memory_bytes"] = peak_memory(call, device)
+                except Exception as error:  # record it (out of memory, a compile failure) and go on
+                    entry["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+                    print(f"  {name} {mode} {task}: {entry['error']}", flush=True)
+                    continue
+                calls[name] = call
+            times: dict[str, list[float]] = {name: [] for name in calls}
+            for _ in range(args.repeats):
+                for name, call in calls.items():  # each model keeps the train/eval mode set above
+                    times[name].append(timed(call, device))
+            for name, samples in times.items():
+                entry = record["variants"][name][mode][task]
+                entry["median_s"] = statistics.median(samples)
+                entry["samples_per_s"] = batch / entry["median_s"]
+                print(f"  {name:40s} {mode:8s} {task:9s} {1e3 * entry['median_s']:9.2f} ms", flush=True)
+        del runners
+        torch._dynamo.reset()
+    add_ratios(record, group.baseline.name if group.baseline else None)
+    del models
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return record
+
+
+def add_ratios(record: dict[str, Any], baseline: str | None) -> None:
+    """ratio = baseline median / model median, same task and mode; `best` compares best mode with best mode."""
+    if baseline is None:
+        return
+    base = record["variants"][baseline]
+    for entry in record["variants"].values():
+        if entry.get("baseline") or "skipped" in entry:
+            continue
+        for mode in MODES:
+            for task in TASKS:
+                own, other = entry.get(mode, {}).get(task, {}), base.get(mode, {}).get(task, {})
+                if "median_s" in own and "median_s" in other:
+                    own["ratio"] = other["median_s"] / own["median_s"]
+    for task in TASKS:
+
+        def best(entry: dict[str, Any], task: str = task) -> float | None:
+            values = [entry.get(m, {}).get(task, {}).get("median_s") for m in MODES]
+            values = [v for v in values if v is not None]
+            return min(values) if values else None
+
+        base_best = best(base)
+        model_best = [
+            best(e) for e in record["variants"].values() if not e.get("baseline") and "skipped" not in e
+        ]
+        model_best = [v for v in model_best if v is not None]
+        if base_best is not None and model_best:
+            record.setdefault("best_ratio", {})[task] = base_best / min(model_best)
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"CPU ({platform.machine()})",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton_version,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _cell(entry: dict[str, Any], key: str, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
+    value = entry.get(key)
+    return "–" if value is None else fmt.format(value * scale)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    env = report["environment"]
+    lines = [
+        "# GPU speed: each family vs its baseline (one run)" if not report["smoke"] else
+        "# gpu_speed.py SMOKE RUN — tiny configs, checks the script; these are not measurements",
+        "",
+        f"Command: `{report['command']}`  ",
+        f"Device: {env['device']}; torch {env['torch']} (CUDA {env['cuda']}), triton {env['triton']}, "
+        f"transformers {env['transformers']}  ",
+        f"Setting: bfloat16 weights and inputs; median of {report['repeats']} interleaved repeats after the first "
+        f"call and one warm-up; compile backend `{report['compile_backend']}`; train = forward + backward (no "
+        "optimiser step).",
+        "",
+        "ratio = baseline time / model time, same task and eager/compiled mode (> 1: the model is faster). "
+        "first call includes compilation. peak = `max_memory_allocated` of one call above what was allocated "
+        "before it. GFLOP/sample: `FlopCounterMode`, eager implementation, forward / training step.",
+        "",
+    ]  # fmt: skip
+    for name, group in report["groups"].items():
+        lines += [f"## {name}", "", f"batch {group['batch']}. {group['note']}".rstrip(), ""]
+        if "best_ratio" in group:
+            best = ", ".join(f"{task} {ratio:.2f}×" for task, ratio in group["best_ratio"].items())
+            lines += [f"Best mode of the family vs best mode of the baseline: {best}.", ""]
+        lines += [
+            "| variant | mode | inference ms | samples/s | ratio | train ms | samples/s | ratio | "
+            "first call s (inf / train) | peak MiB (inf / train) | GFLOP/sample (fwd / train) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for variant, entry in group["variants"].items():
+            if "skipped" in entry:
+                lines.append(f"| {variant} | skipped: {entry['skipped'][:160]} |" + " |" * 9)
+                continue
+            flops = entry.get("flops") or {}
+            gflop = "–" if not flops else f"{flops['forward'] / 1e9:.3g} / {flops['train'] / 1e9:.3g}"
+            for mode in MODES:
+                if mode not in entry:
+                    continue
+                inf, train = entry[mode].get("inference", {}), entry[mode].get("train", {})
+                error = inf.get("error") or train.get("error")
+                peak = " / ".join(
+                    "–" if e.get("peak_memory_bytes") is None else f"{e['peak_memory_bytes'] / 2**20:.0f}"
+                    for e in (inf, train)
+                )
+                first = f"{_cell(inf, 'first_call_s')} / {_cell(train, 'first_call_s')}"
+                lines.append(
+                    f"| {variant} | {mode} | {_cell(inf, 'median_s', 1e3)} | "
+                    f"{_cell(inf, 'samples_per_s', fmt='{:.0f}')} | {_cell(inf, 'ratio')} | "
+                    f"{_cell(train, 'median_s', 1e3)} | {_cell(train, 'samples_per_s', fmt='{:.0f}')} | "
+                    f"{_cell(train, 'ratio')} | {first} | {peak} | "
+                    f"{gflop} |" + (f" error: {error[:160]}" if error else "")
+                )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--device", default="cuda", help="cuda (default; a real run needs it) or cpu (--smoke only)"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny configs, 1 repeat: check the script end to end"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="interleaved timed calls (default 20; smoke 1)"
+    )
+    parser.add_argument(
+        "--batch", type=int, default=None, help="one batch size for every group (default per group)"
+    )
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    parser.add_argument(
+        "--groups", nargs="+", default=None, help="only groups whose name contains one of these"
+    )
+    parser.add_argument(
+        "--compile_backend",
+        default=None,
+        help="torch.compile backend (default inductor; smoke: eager, no codegen)",
+    )
+    parser.add_argument("--output_dir", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 1 if args.smoke else 20
+    if args.compile_backend is None:
+        args.compile_backend = "eager" if args.smoke else "inductor"
+    for name, value in (("--repeats", args.repeats), ("--batch", args.batch)):
+        if value is not None and value < 1:
+            parser.error(f"{name} must be an integer >= 1; got {value}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            "gpu_speed.py: no CUDA device is available (torch.cuda.is_available() is False), so nothing was "
+            "measured and no result was written. Run it on a machine with a GPU; to check the script on CPU "
+            "use --device cpu --smoke (CPU timings: benchmarks/speed.py)."
+        )
+    if device.type != "cuda" and not args.smoke:
+        raise SystemExit(
+            f"gpu_speed.py: --device {args.device} is only for --smoke (a check of the script, not a "
+            "measurement); CPU timings are benchmarks/speed.py's job."
+        )
+    command = "python benchmarks/gpu_speed.py " + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+    )
+    report: dict[str, Any] = {
+        "command": command.strip(),
+        "smoke": args.smoke,
+        "environment": environment(device),
+        "repeats": args.repeats,
+        "compile_backend": args.compile_backend,
+        "dtype": "bfloat16",
+        "groups": {},
+    }
+    for group in groups(args.smoke):
+        if args.groups and not any(pattern in group.name for pattern in args.groups):
+            continue
+        print(group.name, flush=True)
+        report["groups"][group.name] = measure_group(group, args, device)
+    stem = "gpu_speed_smoke" if args.smoke else "gpu_speed"
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.output_dir / f"{stem}.md").write_text(markdown(report))
+    print(f"wrote {args.output_dir / stem}.{{json,md}}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

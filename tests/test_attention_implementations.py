@@ -1,0 +1,241 @@
+"""Hyper-SET's bi-softmax attention implementations (`attn_implementation` = eager | sdpa | triton) agree.
+
+The eager path (S and both softmaxes materialised) is the reference. `sdpa` is pure torch on
+`scaled_dot_product_attention`; `triton` is the fused kernel of `energyformers/kernels.py`, run here by Triton's CPU
+interpreter (`TRITON_INTERPRET=1`, set in conftest.py before any kernel is built). Checked: the attention functions
+(float32 forward within 1e-5 and gradients within 1e-4 of eager, bfloat16 no worse than a few times eager's own
+error against float64), with padding (a partly and a fully padded sequence), N = 1, 17, 197 and several heads; every
+Hyper-SET head end to end; selection, save/load and the errors.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fixtures import ALL, Case, cases, main_output, perturb
+
+from energyformers import HyperSetConfig, HyperSetForImageClassification
+from energyformers.modeling import modeling_hyperset
+from energyformers.modeling.modeling_hyperset import (
+    BISOFTMAX_ATTENTION_FUNCTIONS,
+    default_attn_implementation,
+    eager_bisoftmax_attention,
+)
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+IMPLEMENTATIONS = [
+    "sdpa",
+    pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")),
+]
+HYPERSET = [case for case in ALL if case.family == "hyperset"]  # every head, both input types of the base
+
+
+def attention_inputs(
+    length: int, head_dim: int, padded: bool, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, ...]:
+    """q, k, v as the model makes them (one z on the sphere, three gains, 1/√d_h in q) and a padding mask.
+
+    Padding: sample 0 has no real token at all (only zeros, no NaN, allowed), sample 1 its second half padded.
+    """
+    batch, heads = (3, 3) if length <= 64 else (2, 2)  # the interpreter is slow: fewer pairs at N = 197
+    g = torch.Generator().manual_seed(length * 100 + head_dim)
+    z = F.rms_norm(torch.randn(batch, heads, length, head_dim, generator=g, dtype=torch.float64), (head_dim,))
+    gains = 1 + 0.5 * torch.randn(3, head_dim, generator=g, dtype=torch.float64)
+    q, k, v = z * gains[0] / math.sqrt(head_dim), z * gains[1], z * gains[2]
+    keep = None
+    if padded:
+        keep = torch.ones(batch, length, dtype=torch.bool)
+        keep[1, length // 2 + 1 :] = False
+        if length > 1:
+            keep[0] = False
+    return q.to(dtype), k.to(dtype), v.to(dtype), keep
+
+
+def run(name: str, q, k, v, keep, grad_out) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Output and (dq, dk, dv) of `name` for the output gradient `grad_out`."""
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    out, _ = BISOFTMAX_ATTENTION_FUNCTIONS[name](*leaves, keep)
+    grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
+    return out, grads
+
+
+SHAPES = [(1, 4), (17, 64), (197, 16)]  # (N, d_h): odd lengths, the presets' d_h = 64 and a tiny one
+
+
+@pytest.mark.parametrize("name", IMPLEMENTATIONS)
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
+@pytest.mark.parametrize(("length", "head_dim"), SHAPES, ids=[f"N{n}-d{d}" for n, d in SHAPES])
+def test_float32_matches_eager(name, padded, length, head_dim):
+    q, k, v, keep = attention_inputs(length, head_dim, padded)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(0))
+    expected, expected_grads = run("eager", q, k, v, keep, grad_out)
+    out, grads = run(name, q, k, v, keep, grad_out)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    for got, want, label in zip(grads, expected_grads, "qkv"):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4, msg=f"d{label}")
+    if padded and length > 1:  # sample 0 has no real token: exactly what eager gives, zeros
+        assert out[0].abs().max() == 0
+
+
+@pytest.mark.parametrize("name", IMPLEMENTATIONS)
+@pytest.mark.parametrize("length", [17, 197])
+def test_bfloat16_no_worse_than_eager(name, length):
+    """Against float64, bfloat16 errors stay within a few times eager's own bfloat16 error."""
+    q, k, v, keep = attention_inputs(length, 16, padded=True, dtype=torch.bfloat16)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    exact, exact_grads = run("eager", q.double(), k.double(), v.double(), keep, grad_out)
+    eager, eager_grads = run("eager", q, k, v, keep, grad_out)
+    out, grads = run(name, q, k, v, keep, grad_out)
+    assert out.dtype == torch.bfloat16 and all(g.dtype == torch.bfloat16 for g in grads)
+
+    def error(a, b):
+        return (a.double() - b).abs().max().item()
+
+    assert error(out, exact) <= 4 * error(eager, exact) + 1e-2
+    for got, base, want in zip(grads, eager_grads, exact_grads):
+        assert error(got, want) <= 4 * error(base, want) + 1e-2
+
+
+def test_several_heads_and_batches_are_independent():
+    """Each (sample, head) pair is its own attention: computing one alone gives the same rows."""
+    q, k, v, keep = attention_inputs(17, 16, padded=True)
+    for name in ["sdpa"] + (["triton"] if HAS_TRITON else []):
+        out, _ = BISOFTMAX_ATTENTION_FUNCTIONS[name](q, k, v, keep)
+        alone, _ = BISOFTMAX_ATTENTION_FUNCTIONS[name](q[1:2, 2:3], k[1:2, 2:3], v[1:2, 2:3], keep[1:2])
+        torch.testing.assert_close(alone[0, 0], out[1, 2], atol=1e-6, rtol=1e-6)
+
+
+def large_steps(model: torch.nn.Module) -> torch.nn.Module:
+    """Perturbed weights and step sizes α, γ ≈ 0.3, so that the attention visibly moves the output."""
+    perturb(model)
+    with torch.no_grad():
+        model.base_model.step_sizes.proj.bias.fill_(0.3)
+    return model
+
+
+@pytest.mark.parametrize("name", IMPLEMENTATIONS)
+@cases(HYPERSET)
+def test_every_head_gives_the_eager_result(case, name):
+    """Logits (padded sequences included: the fixtures pad the first row) and every parameter's gradient."""
+    overrides = dict(num_hidden_layers=1, num_iterations=2)  # the interpreter is slow; one layer, two steps
+    inputs = case.inputs(labels=not case.is_base)
+    results = {}
+    for implementation in ("eager", name):
+        model = large_steps(case.build(attn_implementation=implementation, **overrides)).train()
+        outputs = model(**inputs)
+        loss = outputs.loss if not case.is_base else main_output(outputs).square().mean()
+        loss.backward()
+        grads = {key: p.grad for key, p in model.named_parameters() if p.grad is not None}
+        results[implementation] = main_output(outputs), grads
+    (expected, expected_grads), (got, grads) = results["eager"], results[name]
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert grads.keys() == expected_grads.keys()
+    for key, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[key], atol=1e-4, rtol=1e-4, msg=key)
+
+
+@cases(HYPERSET)
+def test_default_is_the_machines_best_and_not_saved(case, tmp_path):
+    model = case.build()
+    assert model.config._attn_implementation == default_attn_implementation(model.config)
+    if not torch.cuda.is_available():
+        assert model.config._attn_implementation == "eager"  # faster on CPU than the SDPA calls
+    model.save_pretrained(tmp_path)
+    assert "attn_implementation" not in json.loads((tmp_path / "config.json").read_text())
+
+
+def test_default_follows_the_device():
+    config = HyperSetConfig()
+    assert default_attn_implementation(config, torch.device("cpu")) == "eager"
+    assert default_attn_implementation(config, torch.device("cuda")) == ("triton" if HAS_TRITON else "sdpa")
+    sigmoid = HyperSetConfig(attention_energy="sigmoid")
+    assert default_attn_implementation(sigmoid, torch.device("cuda")) == "eager"  # σ'(S) is no softmax
+
+
+@pytest.mark.parametrize("name", ["eager", "sdpa", *(["triton"] if HAS_TRITON else [])])
+def test_attn_implementation_round_trips_through_save_and_load(name, tmp_path):
+    case = Case.of(HyperSetForImageClassification)
+    model = case.build(attn_implementation=name)
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["attn_implementation"] == name
+    loaded = case.auto_class.from_pretrained(tmp_path)
+    assert loaded.config._attn_implementation == name
+    assert loaded.base_model.config is loaded.config
+    # an explicit request when loading wins over the saved one; from_config takes one too
+    assert (
+        case.auto_class.from_pretrained(tmp_path, attn_implementation="sdpa").config._attn_implementation
+        == "sdpa"
+    )
+    rebuilt = HyperSetForImageClassification._from_config(case.config(), attn_implementation=name)
+    assert rebuilt.config._attn_implementation == name
+
+
+def test_unknown_implementation_is_rejected():
+    case = Case.of(HyperSetForImageClassification)
+    with pytest.raises(ValueError, match=r'attn_implementation="flash_attention_2".*eager.*sdpa.*triton'):
+        HyperSetForImageClassification._from_config(case.config(), attn_implementation="flash_attention_2")
+    model = case.build()
+    with pytest.raises(ValueError, match=r'attn_implementation="foo"'):
+        model.set_attn_implementation("foo")
+    assert model.config._attn_implementation == "eager"  # unchanged
+
+
+def test_sigmoid_energy_runs_only_eager():
+    case = Case.of(HyperSetForImageClassification)
+    with pytest.raises(
+        ValueError, match=r"attention_energy='sigmoid' runs only with attn_implementation='eager'"
+    ):
+        HyperSetForImageClassification._from_config(
+            case.config(attention_energy="sigmoid"), attn_implementation="sdpa"
+        )
+    assert case.build(attention_energy="sigmoid").config._attn_implementation == "eager"
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel can run on this machine")
+def test_triton_without_cuda_or_interpreter_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    case = Case.of(HyperSetForImageClassification)
+    with pytest.raises(ValueError, match=r"attn_implementation='triton' cannot run here: .*CUDA"):
+        HyperSetForImageClassification._from_config(case.config(), attn_implementation="triton")
+    q, k, v, keep = attention_inputs(5, 4, padded=False)
+    with pytest.raises(ValueError, match=r'attn_implementation="triton" cannot run on cpu'):
+        BISOFTMAX_ATTENTION_FUNCTIONS["triton"](q.float(), k.float(), v.float(), keep)
+
+
+def test_triton_missing_is_a_clear_error(monkeypatch):
+    """As in Hub remote code (no energyformers package) or an install without Triton: no silent fallback."""
+    monkeypatch.delitem(modeling_hyperset.BISOFTMAX_ATTENTION_FUNCTIONS, "triton", raising=False)
+    case = Case.of(HyperSetForImageClassification)
+    with pytest.raises(ValueError, match=r"attn_implementation='triton' cannot run here: .*Triton installed"):
+        HyperSetForImageClassification._from_config(case.config(), attn_implementation="triton")
+    assert default_attn_implementation(case.config(), torch.device("cuda")) == "sdpa"
+
+
+@pytest.mark.parametrize("name", ["sdpa", *(["triton"] if HAS_TRITON else [])])
+def test_output_attentions_runs_eager_for_that_call(name):
+    case = Case.of(HyperSetForImageClassification)
+    inputs = case.inputs()
+    expected = large_steps(case.build(attn_implementation="eager"))(**inputs, output_attentions=True)
+    model = large_steps(case.build(attn_implementation=name))
+    outputs = model(**inputs, output_attentions=True)
+    assert model.config._attn_implementation == name  # only that call ran eager
+    assert len(outputs.attentions) == len(expected.attentions) > 0
+    for got, want in zip(outputs.attentions, expected.attentions):
+        torch.testing.assert_close(got, want)
+    assert model(**inputs).attentions is None
+
+
+def test_attention_table_is_the_familys_own():
+    """No global registration: transformers' attention registry does not know Hyper-SET's names."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    assert "triton" not in ALL_ATTENTION_FUNCTIONS.valid_keys()
+    assert set(BISOFTMAX_ATTENTION_FUNCTIONS) == {"eager", "sdpa"} | ({"triton"} if HAS_TRITON else set())
+    assert BISOFTMAX_ATTENTION_FUNCTIONS["eager"] is eager_bisoftmax_attention

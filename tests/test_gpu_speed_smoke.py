@@ -1,0 +1,102 @@
+"""benchmarks/gpu_speed.py end to end on CPU in its smoke mode (tiny configs, one repeat), and its refusals.
+
+The smoke numbers check the script, they are not measurements: they go to `gpu_speed_smoke.{json,md}`, marked so.
+A real run needs CUDA; without it the script exits with a message and writes nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_speed.py"
+
+
+@pytest.fixture
+def gpu_speed(monkeypatch):
+    # tests/conftest.py turns Triton's (very slow) CPU interpreter on; off, the fused kernel cannot run on CPU, and
+    # the script must record Hyper-SET's "triton" as skipped rather than time it
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    spec = importlib.util.spec_from_file_location("gpu_speed", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while the file executes
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+def test_smoke_run_covers_every_group_and_writes_json_and_markdown(gpu_speed, tmp_path):
+    report = gpu_speed.main(["--device", "cpu", "--smoke", "--modes", "eager", "--output_dir", str(tmp_path)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_speed_smoke.json", "gpu_speed_smoke.md"]
+    assert json.loads((tmp_path / "gpu_speed_smoke.json").read_text()) == report
+    assert report["smoke"] and report["environment"]["torch"] == torch.__version__
+    names = list(report["groups"])
+    assert [name.split(",")[0].split(" (")[0] for name in names] == [
+        "Hyper-SET cifar10-small",
+        "Hyper-SET cifar10-small",
+        "HyperBF cifar",
+        "iMixer-S/16",
+        "Hyper-SET sudoku",
+    ]
+    for name, group in report["groups"].items():
+        measured = {v: e for v, e in group["variants"].items() if "skipped" not in e}
+        assert measured, name
+        for variant, entry in measured.items():
+            for task in ("inference", "train"):
+                timing = entry["eager"][task]
+                assert "error" not in timing, (name, variant, timing)
+                assert timing["median_s"] > 0 and timing["first_call_s"] > 0
+                assert timing["peak_memory_bytes"] is None  # no CUDA: no memory figure is made up
+            if not entry["baseline"]:
+                assert entry["flops"]["train"] > entry["flops"]["forward"] > 0
+                if "Hyper-SET" in name or "HyperBF" in name:
+                    assert entry["attn_implementation"] in ("eager", "sdpa", "triton")
+                if name != names[-1]:  # every group but the compile-time one has a baseline
+                    assert entry["eager"]["inference"]["ratio"] > 0
+        skipped = {v: e["skipped"] for v, e in group["variants"].items() if "skipped" in e}
+        if "Hyper-SET" in name:  # the fused kernel needs CUDA: skipped with the model's own message
+            assert list(skipped) == [v for v in group["variants"] if v.endswith("(triton)")], skipped
+            assert "CUDA" in next(iter(skipped.values()))
+        else:  # the iMixer variant needs the config's spectral_norm_schedule option, nothing else may be missing
+            assert all("spectral_norm_schedule" in reason for reason in skipped.values()), skipped
+    # HyperBF runs both of its implementations; Mixer is iMixer with n = 0
+    hyperbf = report["groups"][names[2]]["variants"]
+    assert {e.get("attn_implementation") for e in hyperbf.values()} == {"eager", "sdpa", None}
+    markdown = (tmp_path / "gpu_speed_smoke.md").read_text()
+    assert markdown.startswith("# gpu_speed.py SMOKE RUN") and "not measurements" in markdown
+    assert markdown.count("\n## ") == len(names)
+
+
+def test_smoke_run_compiles(gpu_speed, tmp_path):
+    arguments = [
+        "--device",
+        "cpu",
+        "--smoke",
+        "--modes",
+        "compiled",
+        "--tasks",
+        "inference",
+        "--groups",
+        "HyperBF",
+    ]
+    report = gpu_speed.main([*arguments, "--output_dir", str(tmp_path)])
+    (group,) = report["groups"].values()
+    assert report["compile_backend"] == "eager"  # smoke: dynamo capture without code generation
+    for entry in group["variants"].values():
+        assert entry["compiled"]["inference"]["median_s"] > 0 and "train" not in entry["compiled"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_a_real_run_without_cuda_exits_with_a_message_and_writes_nothing(gpu_speed, tmp_path):
+    with pytest.raises(SystemExit, match="no CUDA device is available"):
+        gpu_speed.main(["--output_dir", str(tmp_path)])
+    with pytest.raises(SystemExit, match="only for --smoke"):
+        gpu_speed.main(["--device", "cpu", "--output_dir", str(tmp_path)])
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,333 @@
+"""HyperBF on flash kernels (issue 13, kernels.md "HyperBF units are attention with a per-key bias").
+
+Both HyperBF units are attention with a per-key bias: the Gaussian attention (bias −τ‖k‖²) and the normalized
+RBF feedforward (cross-attention from Wx to the projected centers Wt_α, values c_α, bias −‖Wt_α‖²/2σ²). `eager`
+is the reference (explicit scores, additive mask, the only path that returns maps and center weights); every
+other `attn_implementation` folds the bias into one extra head dimension and calls mask-free attention. These
+tests hold every other implementation to the eager result on every head (padding included), check that no mask
+and no (B, H, N, N) / (B·N, K) tensor is built, and that the eval-mode cache of the folded centers follows the
+parameters.
+"""
+
+from __future__ import annotations
+
+import copy
+from unittest import mock
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fixtures import Case, main_output, perturb
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from transformers import AutoModel, AutoModelForImageClassification
+
+from energyformers.configuration.configuration_hyperbf import HyperBFConfig
+from energyformers.modeling.modeling_hyperbf import (
+    HyperBFForImageClassification,
+    HyperBFForSequenceClassification,
+    HyperBFModel,
+)
+
+# Every attention implementation HyperBF accepts besides the `eager` reference.
+IMPLEMENTATIONS = ["sdpa"]
+CASES = [Case.of(HyperBFModel, "image"), Case.of(HyperBFModel, "sequence")]
+CASES += [Case.of(HyperBFForImageClassification), Case.of(HyperBFForSequenceClassification)]
+# The feedforward variants: one width per layer (‖Wx‖² cancels), one per center (it needs a second folded
+# column), and the Gaussian kernel (stays explicit, so only the attention unit is folded).
+FEEDFORWARDS = [
+    dict(),
+    dict(rbf_width="center"),
+    dict(feedforward_kernel="gaussian"),
+]
+# float32: forward 1e-5, gradients 1e-4 (issue 13); float64: both paths are exact up to rounding.
+TOLERANCES = {torch.float32: (1e-5, 1e-4), torch.float64: (1e-10, 1e-9)}
+
+
+def pair(case: Case, implementation: str, dtype: torch.dtype = torch.float32, **overrides):
+    """(model with `implementation`, the same weights with `eager`), perturbed off the initial values."""
+    model = perturb(case.build(**overrides)).to(dtype)
+    with torch.no_grad():  # distinct widths per center / head, so a mixed-up column or head is seen
+        for layer in model.base_model.layers:
+            sigma = layer.feedforward.log_sigma
+            sigma.add_(torch.linspace(-0.3, 0.3, sigma.numel(), dtype=dtype))
+            layer.attention.log_temperature.add_(torch.linspace(-0.5, 0.5, model.config.num_attention_heads))
+    model.set_attn_implementation(implementation)
+    reference = copy.deepcopy(model)
+    reference.set_attn_implementation("eager")
+    assert model.config._attn_implementation == implementation
+    assert reference.config._attn_implementation == "eager"
+    return model, reference
+
+
+def padded_inputs(case: Case, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    inputs = case.inputs(labels=not case.is_base)
+    if case.input_type == "sequence":
+        inputs["attention_mask"][1, 5:] = 0  # a long padded tail in the second row too
+    else:
+        inputs["pixel_values"] = inputs["pixel_values"].to(dtype)
+    return inputs
+
+
+def run(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    output = main_output(model(**inputs))
+    output.pow(2).sum().backward()
+    return output.detach()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize(
+    "feedforward", FEEDFORWARDS, ids=lambda o: "-".join(map(str, o.values())) or "default"
+)
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_every_head_gives_the_eager_outputs_and_gradients(case, implementation, feedforward, dtype):
+    model, reference = pair(case, implementation, dtype, **feedforward)
+    inputs = padded_inputs(case, dtype)
+    forward_tol, gradient_tol = TOLERANCES[dtype]
+    for m in (model, reference):
+        m.train()  # the training path: no cached centers, autograd through the attention kernels
+    got, expected = run(model, inputs), run(reference, inputs)
+    torch.testing.assert_close(got, expected, atol=forward_tol, rtol=0)
+    for (name, parameter), reference_parameter in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(
+            parameter.grad, reference_parameter.grad, atol=gradient_tol, rtol=gradient_tol, msg=name
+        )
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("seq_len", [1, 17, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_attention_unit_matches_eager_with_padding(implementation, seq_len, dtype):
+    model, reference = pair(Case.of(HyperBFModel, "image"), implementation, dtype)
+    units = [m.layers[0].attention for m in (model, reference)]
+    generator = torch.Generator().manual_seed(seq_len)
+    shape = (3, model.config.num_attention_heads, seq_len, model.config.head_dim)
+    base = [2 * torch.randn(shape, generator=generator, dtype=dtype) for _ in range(3)]
+    mask = torch.ones(3, seq_len, dtype=torch.bool)
+    start = seq_len // 2 + 1  # row 1 padded from here (N = 1: no padding); rows 0 and 2 full
+    mask[1, start:] = False
+    results = []
+    for unit in units:
+        tensors = [t.clone().requires_grad_() for t in base]
+        output, weights = unit.attend(*tensors, key_padding_mask=mask)
+        output.pow(2).sum().backward()
+        results.append((output, weights, [t.grad for t in tensors], unit.log_temperature.grad))
+    (got, none, got_grads, got_tau), (expected, maps, grads, tau) = results
+    assert none is None and maps is not None  # different code: only the reference builds the maps
+    forward_tol, gradient_tol = TOLERANCES[dtype]
+    torch.testing.assert_close(got, expected, atol=forward_tol, rtol=0)
+    for name, a, b in zip("qkv", got_grads, grads):
+        torch.testing.assert_close(a, b, atol=gradient_tol, rtol=gradient_tol, msg=name)
+    torch.testing.assert_close(got_tau, tau, atol=gradient_tol, rtol=gradient_tol)
+    assert (maps[1, :, :, start:] == 0).all()  # the reference gives padded keys zero weight
+    assert (got_grads[1][1, :, start:] == 0).all()  # so does the folded path: no gradient reaches them
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_bfloat16_error_is_no_worse_than_eager(implementation):
+    case = Case.of(HyperBFForSequenceClassification)
+    model, reference = pair(case, implementation)
+    inputs = padded_inputs(case, torch.float32)
+    with torch.no_grad():
+        exact = main_output(reference(**inputs))
+        errors = {
+            name: (main_output(m.to(torch.bfloat16)(**inputs)).float() - exact).abs().max().item()
+            for name, m in (("folded", model), ("eager", reference))
+        }
+    assert errors["folded"] <= 2 * errors["eager"] + 1e-3, errors
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_a_fully_padded_row_stays_finite(implementation):
+    case = Case.of(HyperBFForSequenceClassification)
+    model, _ = pair(case, implementation, pooling="mean")
+    inputs = case.inputs(labels=True)
+    inputs["attention_mask"][1] = 0  # a row with no real token: its queries see only padded keys
+    model.train()
+    outputs = model(**inputs)
+    outputs.loss.backward()
+    assert torch.isfinite(outputs.logits).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+# ------------------------------------------------------------------- no mask, no scores, flash kernels
+
+
+class _Probe(TorchDispatchMode):
+    """The aten ops that run and the largest tensor any of them returns (forward and backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.add(str(func.overloadpacket))
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                self.numel = max(self.numel, tensor.numel())
+        return out
+
+
+def _probe_forward_backward(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> _Probe:
+    with _Probe() as probe:
+        main_output(model(**inputs)).pow(2).sum().backward()
+    return probe
+
+
+@pytest.mark.parametrize("rbf_width", ["layer", "center"])
+def test_sdpa_path_builds_no_mask_and_no_score_tensor(rbf_width):
+    # 16×16 images in 2×2 patches: N = 65 tokens, so one (B, H, N, N) score tensor or the (B·N, K) center
+    # weights outgrow every activation and weight of the model.
+    case = Case.of(HyperBFModel, "image")
+    model, reference = pair(case, "sdpa", image_size=16, rbf_width=rbf_width)
+    config = model.config
+    inputs = {"pixel_values": torch.randn(2, 3, 16, 16)}
+    batch, tokens = 2, 65
+    scores = batch * config.num_attention_heads * tokens * tokens  # (B, H, N, N)
+    center_weights = batch * tokens * config.num_centers  # (B·N, K)
+
+    calls = []
+    original = F.scaled_dot_product_attention
+
+    def recording(query, key, value, attn_mask=None, *args, **kwargs):
+        calls.append((query.shape, key.shape, value.shape, attn_mask))
+        return original(query, key, value, attn_mask, *args, **kwargs)
+
+    with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", recording):
+        probe = _probe_forward_backward(model, inputs)
+    assert len(calls) == 2 * config.num_hidden_layers  # the attention unit and the feedforward of each layer
+    for query_shape, key_shape, value_shape, attn_mask in calls:
+        assert attn_mask is None
+        assert query_shape[-1] == key_shape[-1] == value_shape[-1] and query_shape[-1] % 8 == 0
+    # The CPU flash kernel ran, forward and backward; nothing as large as the scores was built.
+    assert {
+        "aten._scaled_dot_product_flash_attention_for_cpu",
+        "aten._scaled_dot_product_flash_attention_for_cpu_backward",
+    } <= probe.ops
+    assert probe.numel < min(scores, center_weights) / 2, (probe.numel, scores, center_weights)
+    # The probe does see them on the reference path, so the bound above is a real one.
+    assert _probe_forward_backward(reference, inputs).numel >= min(scores, center_weights)
+
+
+# ------------------------------------------------------------------------- cached centers (eval mode)
+
+
+def _feedforwards(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [layer.feedforward for layer in model.base_model.layers]
+
+
+def test_centers_are_cached_in_eval_inference_only():
+    case = Case.of(HyperBFForImageClassification)
+    model, reference = pair(case, "sdpa")
+    inputs = case.inputs()
+    model.eval()
+    with torch.no_grad():
+        first = main_output(model(**inputs))
+        cached = [ff._folded_cache[1][0] for ff in _feedforwards(model)]
+        second = main_output(model(**inputs))
+    assert all(ff._folded_cache[1][0] is keys for ff, keys in zip(_feedforwards(model), cached))  # reused
+    torch.testing.assert_close(second, first, atol=0, rtol=0)
+    torch.testing.assert_close(first, main_output(reference(**inputs)), atol=1e-5, rtol=0)
+    # With autograd on (eval-mode fine-tuning, saliency), the centers are recomputed so gradients reach them.
+    main_output(model(**inputs)).sum().backward()
+    assert all(ff.centers.grad is not None and ff.centers.grad.abs().sum() > 0 for ff in _feedforwards(model))
+    model.eval()  # already in eval mode (an evaluation loop calling eval() again): the cache stays
+    assert all(ff._folded_cache[1][0] is keys for ff, keys in zip(_feedforwards(model), cached))
+    model.train()
+    assert all(ff._folded_cache is None for ff in _feedforwards(model))  # train() drops the cache
+
+
+@pytest.mark.parametrize("switch_to_train", [True, False], ids=["train-step-then-eval", "step-in-eval-mode"])
+def test_cached_centers_follow_an_optimiser_step(switch_to_train):
+    case = Case.of(HyperBFForImageClassification)
+    model, _ = pair(case, "sdpa")
+    inputs = case.inputs(labels=True)
+    model.eval()
+    with torch.no_grad():
+        before = main_output(model(**inputs))  # fills the cache
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if switch_to_train:
+        model.train()
+    model(**inputs).loss.backward()
+    optimizer.step()  # without a train()/eval() call, the parameter versions alone must invalidate the cache
+    if switch_to_train:
+        model.eval()
+    with torch.no_grad():
+        after = main_output(model(**inputs))
+        reference = copy.deepcopy(model)
+        reference.set_attn_implementation("eager")
+        expected = main_output(reference(**inputs))
+    assert not torch.allclose(after, before)
+    torch.testing.assert_close(after, expected, atol=1e-5, rtol=0)
+
+
+def test_cached_centers_follow_load_state_dict():
+    case = Case.of(HyperBFForImageClassification)
+    model, _ = pair(case, "sdpa")
+    other, _ = pair(case, "sdpa")
+    perturb(other, seed=7)
+    inputs = case.inputs()
+    with torch.no_grad():
+        model(**inputs)  # fills the cache
+        model.load_state_dict(other.state_dict())
+        torch.testing.assert_close(main_output(model(**inputs)), main_output(other(**inputs)), atol=0, rtol=0)
+
+
+# ------------------------------------------------------------------- choosing the implementation
+
+
+def test_default_is_sdpa_and_the_choice_round_trips_through_save_and_load(tmp_path):
+    case = Case.of(HyperBFForImageClassification)
+    model = case.build()
+    assert model.config._attn_implementation == "sdpa"  # the best available path, on CPU and CUDA
+    assert "attn_implementation" not in model.config.to_dict()  # a default is chosen again where it loads
+    inputs = case.inputs()
+    for implementation in ["eager", *IMPLEMENTATIONS]:
+        model.set_attn_implementation(implementation)
+        model.save_pretrained(tmp_path / implementation)
+        loaded = AutoModelForImageClassification.from_pretrained(tmp_path / implementation)
+        assert loaded.config._attn_implementation == implementation
+        torch.testing.assert_close(main_output(loaded(**inputs)), main_output(model(**inputs)))
+    override = HyperBFForImageClassification.from_pretrained(tmp_path / "eager", attn_implementation="sdpa")
+    assert override.config._attn_implementation == "sdpa"  # an explicit request wins over config.json
+    assert "attn_implementation" not in HyperBFConfig().to_dict()  # a bare config names none
+    assert "_attn_implementation_autoset" not in override.config.to_dict()
+    from_config = AutoModel.from_config(case.config(), attn_implementation="eager")
+    assert from_config.config._attn_implementation == "eager"
+
+
+def test_unknown_implementations_are_rejected():
+    case = Case.of(HyperBFForImageClassification)
+    with pytest.raises(ValueError, match='attn_implementation="triton"'):
+        HyperBFForImageClassification._from_config(case.config(), attn_implementation="triton")
+    model = case.build()
+    with pytest.raises(ValueError, match='attn_implementation="triton"'):
+        model.set_attn_implementation("triton")
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_maps_and_center_weights_come_from_the_reference_path(implementation):
+    case = Case.of(HyperBFForSequenceClassification)
+    model, reference = pair(case, implementation)
+    inputs = padded_inputs(case, torch.float32)
+    extra = dict(output_attentions=True, output_rbf_diagnostics=True)
+    got, expected = model(**inputs, **extra), reference(**inputs, **extra)
+    for a, b in zip(got.attentions, expected.attentions):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    torch.testing.assert_close(got.rbf_diagnostics.center_weights, expected.rbf_diagnostics.center_weights)
+    torch.testing.assert_close(got.logits, main_output(model(**inputs)), atol=1e-5, rtol=0)
+
+
+def test_folded_path_compiles_as_one_graph_in_eval_inference():
+    torch._dynamo.reset()
+    case = Case.of(HyperBFForImageClassification)
+    model, reference = pair(case, "sdpa")
+    inputs = case.inputs()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")  # the cache must not break the graph
+    with torch.no_grad():
+        torch.testing.assert_close(
+            main_output(compiled(**inputs)), main_output(reference(**inputs)), atol=1e-5, rtol=0
+        )

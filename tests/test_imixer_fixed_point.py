@@ -1,0 +1,560 @@
+"""iMixer's token mixer as an implicit layer (issue 15): solvers, gradients, contractivity, ablations, schedules.
+
+Float64 throughout where numbers are compared: every solver reaches the same fixed point, the implicit gradient
+matches autograd through a long converged unrolled solve and finite differences, and the phantom gradient
+matches its definition computed by hand.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fixtures import Case, perturb
+from safetensors.torch import load_file
+
+from energyformers import IMixerConfig, IMixerForImageClassification
+from energyformers.configuration.configuration_imixer import ACTIVATION_MAX_SLOPES
+from energyformers.modeling import modeling_imixer
+from energyformers.modeling.modeling_imixer import _FixedPointSettings, _SolveRecord
+
+IMAGE = Case.of(IMixerForImageClassification)
+FIXTURES = Path("/work/shared/fixtures/authors")
+
+
+def contractive_model(contraction: float = 0.5, **overrides) -> IMixerForImageClassification:
+    """A float64 tiny model whose F is a guaranteed contraction (converged σ estimates, c = √L / s)."""
+    model = IMAGE.build(
+        fixed_point_contraction=contraction, spectral_norm_power_iterations=200, **overrides
+    ).double()
+    perturb(model)  # a non-zero classifier, so logits and gradients are not trivially zero
+    model.train()(pixel_values=IMAGE.inputs()["pixel_values"].double())  # σ estimates converge
+    return model.eval()
+
+
+def pixels() -> torch.Tensor:
+    return IMAGE.inputs()["pixel_values"].double()
+
+
+def loss_and_grads(model, **call) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Σ logits · fixed random weights and its gradient for every parameter (eval mode: no power iteration)."""
+    model.zero_grad()
+    logits = model(pixel_values=pixels(), **call).logits
+    weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(3), dtype=logits.dtype)
+    loss = (logits * weights).sum()
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+# ---------------------------------------------------------------- the default is today's model
+
+
+def test_unrolled_defaults_are_the_plain_unrolled_loop():
+    model = IMAGE.build(num_hidden_layers=1)
+    perturb(model)
+    mixing = model.imixer.layers[0].token_mixing
+    tokens = torch.randn(3, 16, mixing.fc1.in_features)
+    start = mixing.fc1(tokens)
+    state = start
+    for _ in range(2):
+        state = start + mixing.fc_sn2(F.gelu(mixing.fc_sn1(F.gelu(state))))
+    by_hand = mixing.fc2(F.gelu(state))
+    assert torch.equal(mixing(tokens, num_iterations=2)[0], by_hand)
+    settings = _FixedPointSettings.of(model.config, 2)
+    assert (settings.solver, settings.gradient) == ("unrolled", "unrolled")
+
+
+# ---------------------------------------------------------------- solvers reach the same fixed point
+
+
+def test_every_solver_reaches_the_same_fixed_point_in_float64():
+    model = contractive_model()
+    mixing = model.imixer.layers[0].token_mixing
+    start = mixing.fc1(torch.randn(3, 16, mixing.fc1.in_features, dtype=torch.float64))
+    points = {}
+    with torch.no_grad():
+        for solver in ("unrolled", "picard", "anderson"):
+            settings = _FixedPointSettings(300, solver=solver, tolerance=1e-14)
+            points[solver], _ = mixing.solve(start, 300, settings, _SolveRecord(False))
+    weights = mixing.contractive_weights()
+    for solver, point in points.items():
+        residual = point - start - mixing.residual_branch(point, weights)
+        assert residual.abs().max() < 1e-12, solver
+        torch.testing.assert_close(point, points["unrolled"], atol=1e-8, rtol=0)
+    # and the model's logits agree to the same precision
+    logits = {
+        solver: model(
+            pixel_values=pixels(),
+            fixed_point_iterations=300,
+            fixed_point_solver=solver,
+            fixed_point_tolerance=1e-14,
+        ).logits
+        for solver in points
+    }
+    for solver in logits:
+        torch.testing.assert_close(logits[solver], logits["unrolled"], atol=1e-8, rtol=0)
+
+
+def test_tolerance_solvers_stop_early_and_report_it():
+    model = contractive_model()
+    out = model(
+        pixel_values=pixels(),
+        fixed_point_iterations=100,
+        fixed_point_solver="picard",
+        fixed_point_tolerance=1e-6,
+        output_fixed_point_residuals=True,
+    )
+    d = out.fixed_point_residuals
+    layers = model.config.num_hidden_layers
+    assert d.iterations.shape == d.final_residuals.shape == d.final_relative_residuals.shape == (layers,)
+    assert torch.all(d.iterations < 100) and torch.all(d.iterations >= 2)
+    assert torch.all(d.final_relative_residuals <= 1e-6)
+    steps = int(d.iterations.max())
+    assert d.relative_residuals.shape == d.residuals.shape == d.cosines.shape == (layers, steps)
+    # per block: the series stops (NaN) after the block's own last step
+    for block in range(layers):
+        ran = int(d.iterations[block])
+        assert torch.isfinite(d.relative_residuals[block, :ran]).all()
+        assert torch.isnan(d.relative_residuals[block, ran:]).all()
+    anderson = model(
+        pixel_values=pixels(),
+        fixed_point_iterations=100,
+        fixed_point_solver="anderson",
+        fixed_point_tolerance=1e-6,
+        output_fixed_point_residuals=True,
+    ).fixed_point_residuals
+    assert torch.all(anderson.iterations <= d.iterations)  # acceleration never needs more steps here
+    assert torch.all(anderson.final_relative_residuals <= 1e-6)
+
+
+def test_paper_residual_is_the_step_norm_over_root_of_the_state_size():
+    model = IMAGE.build(num_hidden_layers=1, fixed_point_iterations=3)
+    mixing = model.imixer.layers[0].token_mixing
+    embedded, _ = model.imixer.embeddings(pixel_values=IMAGE.inputs()["pixel_values"])
+    start = mixing.fc1(model.imixer.layers[0].layernorm_before(embedded).transpose(1, 2))
+    iterates = [start]
+    for _ in range(3):
+        iterates.append(start + mixing.fc_sn2(F.gelu(mixing.fc_sn1(F.gelu(iterates[-1])))))
+    size = start[0].numel()  # D · D_S
+    expected = torch.stack(
+        [
+            (new - old).flatten(1).norm(dim=1).mean() / math.sqrt(size)
+            for old, new in itertools.pairwise(iterates)
+        ]
+    )
+    d = model(
+        pixel_values=IMAGE.inputs()["pixel_values"], output_fixed_point_residuals=True
+    ).fixed_point_residuals
+    torch.testing.assert_close(d.residuals[0], expected)
+    torch.testing.assert_close(d.final_residuals[0], expected[-1])
+    torch.testing.assert_close(d.final_relative_residuals[0], d.relative_residuals[0, -1])
+    assert d.iterations.tolist() == [3]
+
+
+def test_tolerance_solver_outputs_do_not_depend_on_the_batch():
+    model = contractive_model(contraction=0.9)
+    call = dict(fixed_point_iterations=60, fixed_point_solver="anderson", fixed_point_tolerance=1e-5)
+    batch = model(pixel_values=pixels(), **call).logits
+    alone = torch.cat([model(pixel_values=pixels()[i : i + 1], **call).logits for i in range(3)])
+    torch.testing.assert_close(batch, alone, atol=1e-12, rtol=0)
+
+
+# ---------------------------------------------------------------- gradients
+
+
+@pytest.mark.parametrize("solver", ["picard", "anderson"])
+def test_implicit_gradient_matches_autograd_through_a_long_converged_unrolled_solve(solver):
+    model = contractive_model()
+    loss, reference = loss_and_grads(model, fixed_point_iterations=300)
+    got_loss, got = loss_and_grads(
+        model,
+        fixed_point_iterations=300,
+        fixed_point_solver=solver,
+        fixed_point_tolerance=1e-14,
+        fixed_point_gradient="implicit",
+    )
+    torch.testing.assert_close(got_loss, loss, atol=1e-10, rtol=0)
+    for name in reference:
+        torch.testing.assert_close(got[name], reference[name], atol=1e-8, rtol=1e-8, msg=name)
+    assert any(g.abs().max() > 1e-3 for name, g in got.items() if "fc_sn" in name)  # F's weights learn
+
+
+def test_implicit_gradient_matches_finite_differences():
+    model = contractive_model()
+    call = dict(fixed_point_iterations=300, fixed_point_solver="anderson", fixed_point_tolerance=1e-14)
+    _, grads = loss_and_grads(model, fixed_point_gradient="implicit", **call)
+    parameter = model.imixer.layers[0].token_mixing.fc_sn1.parametrizations.weight.original
+    direction = torch.randn(
+        parameter.shape, generator=torch.Generator().manual_seed(5), dtype=parameter.dtype
+    )
+    name = "imixer.layers.0.token_mixing.fc_sn1.parametrizations.weight.original"
+    analytic = (grads[name] * direction).sum()
+    eps, values = 1e-5, []
+    with torch.no_grad():
+        for sign in (1, -1):
+            parameter.add_(sign * eps * direction)
+            values.append(_loss(model, **call))
+            parameter.sub_(sign * eps * direction)
+    numeric = (values[0] - values[1]) / (2 * eps)
+    torch.testing.assert_close(analytic, numeric, atol=1e-7, rtol=1e-6)
+
+
+def _loss(model, **call) -> torch.Tensor:
+    logits = model(pixel_values=pixels(), **call).logits
+    weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(3), dtype=logits.dtype)
+    return (logits * weights).sum()
+
+
+@pytest.mark.parametrize(("solver", "steps", "damping"), [("unrolled", 2, 0.5), ("picard", 3, 0.7)])
+def test_phantom_gradient_matches_its_definition(solver, steps, damping):
+    model = contractive_model(num_hidden_layers=1)
+    n = 6 if solver == "unrolled" else 200
+    call = dict(fixed_point_iterations=n, fixed_point_solver=solver, fixed_point_tolerance=1e-12)
+    mixing = model.imixer.layers[0].token_mixing
+    tokens = torch.randn(3, 16, mixing.fc1.in_features, dtype=torch.float64, requires_grad=True)
+    cotangent = torch.randn(3, 16, mixing.fc2.out_features, dtype=torch.float64)
+    settings = _FixedPointSettings(
+        n, solver=solver, tolerance=1e-12, gradient="phantom", phantom_steps=steps, phantom_damping=damping
+    )
+    output, _ = mixing(tokens, n, settings=settings)
+    got = torch.autograd.grad((output * cotangent).sum(), [tokens, *mixing.parameters()])
+    # by hand: the solution without a graph (the unrolled solver: its first n − k steps), then k damped steps
+    start = mixing.fc1(tokens)
+    weights = (mixing.fc_sn1.weight, mixing.fc_sn2.weight)
+    with torch.no_grad():
+        state = start
+        for _ in range(n - steps if solver == "unrolled" else n):
+            state = start + mixing.fc_sn2(F.gelu(mixing.fc_sn1(F.gelu(state))))
+    state = state.detach()
+    for _ in range(steps):
+        image = start + F.linear(
+            F.gelu(F.linear(F.gelu(state), weights[0], mixing.fc_sn1.bias)), weights[1], mixing.fc_sn2.bias
+        )
+        state = (1 - damping) * state + damping * image
+    by_hand = mixing.fc2(F.gelu(state))
+    torch.testing.assert_close(output, by_hand, atol=1e-12, rtol=0)
+    expected = torch.autograd.grad((by_hand * cotangent).sum(), [tokens, *mixing.parameters()])
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-10)
+    # the model-level call takes the same settings and backpropagates through them
+    model(pixel_values=pixels(), fixed_point_gradient="phantom", **call).logits.sum().backward()
+    assert model.imixer.layers[0].token_mixing.fc1.weight.grad.abs().max() > 0
+
+
+def test_one_step_phantom_on_the_unrolled_solver_keeps_the_forward_value():
+    model = contractive_model()
+    reference = model(pixel_values=pixels()).logits
+    phantom = model(pixel_values=pixels(), fixed_point_gradient="phantom").logits  # k = 1, damping 1
+    torch.testing.assert_close(phantom, reference, atol=1e-14, rtol=0)
+    implicit = model(pixel_values=pixels(), fixed_point_gradient="implicit").logits
+    torch.testing.assert_close(implicit, reference, atol=1e-14, rtol=0)
+
+
+def _saved_bytes(model, gradient: str, n: int) -> int:
+    """Bytes autograd saves for the backward of one training forward (saved-tensor hooks count them)."""
+    total = 0
+
+    def pack(tensor):
+        nonlocal total
+        total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.train()(pixel_values=pixels().float(), fixed_point_iterations=n, fixed_point_gradient=gradient)
+    return total
+
+
+def test_training_memory_stops_growing_with_n_for_implicit_and_phantom():
+    model = IMAGE.build(fixed_point_iterations=8)
+    saved = {g: [_saved_bytes(model, g, n) for n in (2, 4, 8)] for g in ("unrolled", "implicit", "phantom")}
+    assert saved["unrolled"][0] < saved["unrolled"][1] < saved["unrolled"][2]
+    for gradient in ("implicit", "phantom"):
+        assert len(set(saved[gradient])) == 1, (gradient, saved)
+        assert saved[gradient][2] < saved["unrolled"][2]
+
+
+# ---------------------------------------------------------------- contractivity
+
+
+def test_lipschitz_bound_is_slope_squared_times_the_exact_spectral_norms():
+    model = IMAGE.build()
+    d = model(**IMAGE.inputs(), output_fixed_point_residuals=True).fixed_point_residuals
+    slope = ACTIVATION_MAX_SLOPES["gelu"]
+    assert abs(slope - 1.1289) < 1e-4
+    for block, layer in enumerate(model.imixer.layers):
+        mixing = layer.token_mixing
+        sigmas = [torch.linalg.matrix_norm(m.weight, ord=2) for m in (mixing.fc_sn1, mixing.fc_sn2)]
+        torch.testing.assert_close(d.lipschitz_bounds[block], slope**2 * sigmas[0] * sigmas[1])
+
+
+def test_fixed_point_contraction_caps_the_bound_below_one():
+    config = IMAGE.config(fixed_point_contraction=0.9)
+    assert config.contractive_coeff == pytest.approx(math.sqrt(0.9) / ACTIVATION_MAX_SLOPES["gelu"])
+    assert IMAGE.config().contractive_coeff == 0.9  # the paper's c by default
+    assert IMAGE.config(fixed_point_contraction=0.99, spectral_norm_coeff=0.5).contractive_coeff == 0.5
+    model = contractive_model(contraction=0.9)
+    with torch.no_grad():  # large weights: the cap is what keeps F contractive
+        for name, p in model.named_parameters():
+            if name.endswith("original"):
+                p.mul_(10.0)
+    model.train()(pixel_values=pixels())
+    d = model.eval()(pixel_values=pixels(), output_fixed_point_residuals=True).fixed_point_residuals
+    assert torch.all(d.lipschitz_bounds <= 0.9 + 1e-6)
+    default = IMAGE.build(spectral_norm_power_iterations=200)
+    with torch.no_grad():
+        for name, p in default.named_parameters():
+            if name.endswith("original"):
+                p.mul_(10.0)
+    default.train()(**IMAGE.inputs())
+    bounds = default.eval()(**IMAGE.inputs(), output_fixed_point_residuals=True).fixed_point_residuals
+    # the paper's c = 0.9 with GELU: 1.1289² · 0.81 ≈ 1.03, not a guaranteed contraction
+    torch.testing.assert_close(bounds.lipschitz_bounds, torch.full((2,), 1.1289**2 * 0.81), atol=2e-3, rtol=0)
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.parametrize("solver", ["picard", "anderson"])
+def test_a_diverging_solve_stops_with_a_warning_and_finite_output(solver):
+    model = perturb(IMAGE.build(contractive_normalization="none")).double()
+    with torch.no_grad():
+        for layer in model.imixer.layers:
+            for linear in (layer.token_mixing.fc_sn1, layer.token_mixing.fc_sn2):
+                linear.weight.mul_(8.0)  # Lipschitz bound ≫ 1: the iteration blows up
+    records = _Records()
+    modeling_imixer.logger.addHandler(records)
+    try:
+        out = model(
+            pixel_values=pixels(),
+            fixed_point_iterations=200,
+            fixed_point_solver=solver,
+            output_fixed_point_residuals=True,
+        )
+    finally:
+        modeling_imixer.logger.removeHandler(records)
+    assert any("diverged" in message for message in records.messages)
+    assert torch.isfinite(out.logits).all()
+    assert torch.all(out.fixed_point_residuals.iterations < 200)  # stopped, not run to the cap
+    assert torch.all(out.fixed_point_residuals.lipschitz_bounds > 1)
+
+
+# ---------------------------------------------------------------- per-call settings and their validation
+
+
+def test_per_call_settings_are_validated_naming_the_argument():
+    model = IMAGE.build()
+    inputs = IMAGE.inputs()
+    with pytest.raises(ValueError, match=r"invalid fixed_point_solver='newton'; expected one of"):
+        model(**inputs, fixed_point_solver="newton")
+    with pytest.raises(ValueError, match=r"invalid fixed_point_gradient='adjoint'; expected one of"):
+        model(**inputs, fixed_point_gradient="adjoint")
+    for tolerance in (0.0, -1e-3, math.nan):
+        with pytest.raises(ValueError, match=r"invalid fixed_point_tolerance="):
+            model(**inputs, fixed_point_solver="picard", fixed_point_tolerance=tolerance)
+    batch_norm = IMAGE.build(contractive_normalization="batch_norm")
+    with pytest.raises(ValueError, match=r"invalid contractive_normalization='batch_norm'.*'picard'"):
+        batch_norm(**inputs, fixed_point_solver="picard")
+
+
+def test_pipeline_passes_solver_arguments_through():
+    from energyformers.pipelines import DEPTH_ARGUMENTS
+
+    assert {"fixed_point_iterations", "fixed_point_solver", "fixed_point_tolerance"} <= set(DEPTH_ARGUMENTS)
+
+
+# ---------------------------------------------------------------- the paper's ablations
+
+
+def test_normalization_ablations_build_train_and_keep_the_parameter_count():
+    counts = {}
+    for normalization in ("spectral", "none", "batch_norm"):
+        model = IMAGE.build(contractive_normalization=normalization).train()
+        model(**IMAGE.inputs(labels=True)).loss.backward()
+        assert [n for n, p in model.named_parameters() if p.grad is None] == []
+        counts[normalization] = sum(p.numel() for p in model.parameters())
+        mixing = model.imixer.layers[0].token_mixing
+        assert bool(mixing.spectral_layers()) == (normalization == "spectral")
+        assert hasattr(mixing, "norm_sn1") == (normalization == "batch_norm")
+        d = model.eval()(**IMAGE.inputs(), output_fixed_point_residuals=True).fixed_point_residuals
+        assert torch.isfinite(d.lipschitz_bounds).all() and torch.isfinite(d.spectral_norms).all()
+    assert counts["none"] == counts["spectral"]
+    width = IMAGE.config().contractive_size + IMAGE.config().token_mixing_size
+    assert counts["batch_norm"] == counts["spectral"] + 2 * width * IMAGE.config().num_hidden_layers
+
+
+def test_batch_norm_ablation_is_f_with_batch_norm_after_each_linear():
+    model = IMAGE.build(num_hidden_layers=1, contractive_normalization="batch_norm")
+    perturb(model)
+    mixing = model.imixer.layers[0].token_mixing
+    tokens = torch.randn(3, 16, mixing.fc1.in_features)
+    start = mixing.fc1(tokens)
+    state = start
+    for _ in range(2):
+        hidden = mixing.norm_sn1(mixing.fc_sn1(F.gelu(state)).flatten(0, 1)).view(3, 16, -1)
+        state = start + mixing.norm_sn2(mixing.fc_sn2(F.gelu(hidden)).flatten(0, 1)).view(3, 16, -1)
+    torch.testing.assert_close(mixing(tokens, 2)[0], mixing.fc2(F.gelu(state)))
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "silu"])
+def test_activation_choice_is_used_throughout_the_token_mixer(activation):
+    model = IMAGE.build(num_hidden_layers=1, token_mixing_activation=activation)
+    mixing = model.imixer.layers[0].token_mixing
+    act = {"relu": torch.relu, "tanh": torch.tanh, "silu": F.silu}[activation]
+    tokens = torch.randn(2, 16, mixing.fc1.in_features)
+    start = mixing.fc1(tokens)
+    state = start
+    for _ in range(2):
+        state = start + mixing.fc_sn2(act(mixing.fc_sn1(act(state))))
+    torch.testing.assert_close(mixing(tokens, 2)[0], mixing.fc2(act(state)))
+    assert model.config.activation_max_slope == ACTIVATION_MAX_SLOPES[activation]
+
+
+@pytest.mark.parametrize(
+    ("preset", "expected", "iterations"),
+    [("s16-hr1", 19_073_066, 2), ("s16-mixer", 18_020_394, 0), ("b16-mixer", 59_119_162, 0)],
+)
+def test_table_2_presets(preset, expected, iterations):
+    config = IMixerConfig.from_preset(preset)
+    assert config.fixed_point_iterations == iterations
+    with torch.device("meta"):
+        model = IMixerForImageClassification(config)
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+# ---------------------------------------------------------------- spectral-norm schedules and the eval cache
+
+
+def _authors_fixture() -> tuple:
+    """(converter source, official kwargs, official state dict, all fixture tensors) of `imixer_tiny`."""
+    from energyformers.training.convert import SOURCES, read_official_config
+
+    source = SOURCES["imixer"]
+    gold = load_file(str(FIXTURES / "imixer_tiny.safetensors"))
+    kwargs, _ = read_official_config(FIXTURES / "imixer_tiny.json", source)
+    official = {k: v for k, v in gold.items() if "/" not in k}
+    return source, kwargs, official, gold
+
+
+@pytest.mark.skipif(not (FIXTURES / "imixer_tiny.safetensors").exists(), reason="authors' fixtures absent")
+def test_per_call_schedule_is_the_authors_training_forward():
+    source, kwargs, official, gold = _authors_fixture()
+    for layer in (
+        "blocks.0.mlp_tokens.fc_sn1",
+        "blocks.0.mlp_tokens.fc_sn2",
+        "blocks.1.mlp_tokens.fc_sn1",
+        "blocks.1.mlp_tokens.fc_sn2",
+    ):
+        official[f"{layer}.weight_u"] = gold[f"golden/train/u0/{layer}"]
+        official[f"{layer}.weight_v"] = gold[f"golden/train/v0/{layer}"]
+    config = source.config(kwargs)
+    results = {}
+    for schedule in ("per_call", "per_forward"):
+        config.spectral_norm_schedule = schedule
+        model = IMixerForImageClassification(config).double()
+        model.load_state_dict({k: v.double() for k, v in source.to_ours(official, kwargs).items()})
+        results[schedule] = model.train()(pixel_values=gold["golden/input/images"].double()).logits.detach()
+        if schedule == "per_call":
+            for block in range(2):
+                for index in (1, 2):
+                    norm = getattr(
+                        model.imixer.layers[block].token_mixing, f"fc_sn{index}"
+                    ).parametrizations.weight[0]
+                    layer = f"blocks.{block}.mlp_tokens.fc_sn{index}"
+                    torch.testing.assert_close(
+                        norm.u, gold[f"golden/train/u_after_f64/{layer}"], atol=1e-10, rtol=0
+                    )
+                    torch.testing.assert_close(
+                        norm.v, gold[f"golden/train/v_after_f64/{layer}"], atol=1e-10, rtol=0
+                    )
+    torch.testing.assert_close(results["per_call"], gold["golden/train/logits_f64"], atol=1e-10, rtol=0)
+    assert not torch.allclose(results["per_forward"], gold["golden/train/logits_f64"], atol=1e-10, rtol=0)
+
+
+def test_per_optimizer_step_schedule_refines_once_per_weight_update():
+    model = IMAGE.build(spectral_norm_schedule="per_optimizer_step").train()
+    norm = model.imixer.layers[0].token_mixing.fc_sn1.parametrizations.weight[0]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    inputs = IMAGE.inputs(labels=True)
+    model(**inputs).loss.backward()
+    after_first = norm.u.clone()
+    assert not torch.equal(after_first, torch.full_like(after_first, after_first.numel() ** -0.5))
+    model(**inputs).loss.backward()  # same weights (gradient accumulation): no further power steps
+    assert torch.equal(norm.u, after_first)
+    optimizer.step()
+    model(**inputs)
+    assert not torch.equal(norm.u, after_first)
+    per_forward = IMAGE.build().train()
+    u0 = per_forward.imixer.layers[0].token_mixing.fc_sn1.parametrizations.weight[0].u.clone()
+    per_forward(**inputs)
+    u1 = per_forward.imixer.layers[0].token_mixing.fc_sn1.parametrizations.weight[0].u.clone()
+    per_forward(**inputs)
+    assert not torch.equal(u0, u1) and not torch.equal(
+        per_forward.imixer.layers[0].token_mixing.fc_sn1.parametrizations.weight[0].u, u1
+    )
+
+
+def test_eval_reuses_the_normalised_weights_until_they_change():
+    model = perturb(IMAGE.build())
+    mixing = model.imixer.layers[0].token_mixing
+    with torch.no_grad():
+        first = mixing.contractive_weights()
+        assert all(a is b for a, b in zip(first, mixing.contractive_weights()))
+        before = model(**IMAGE.inputs()).logits
+        mixing.fc_sn1.parametrizations.weight.original.mul_(2.0)
+        second = mixing.contractive_weights()
+        assert second[0] is not first[0]
+        torch.testing.assert_close(second[0], mixing.fc_sn1.weight)
+        assert not torch.equal(model(**IMAGE.inputs()).logits, before)
+    with torch.enable_grad():  # with autograd: fresh weights carrying the graph
+        assert mixing.contractive_weights()[0].requires_grad
+
+
+@pytest.mark.parametrize("gradient", ["implicit", "phantom"])
+def test_gradient_modes_work_under_gradient_checkpointing(gradient):
+    # training mode (checkpointing is off in eval), without power steps between the two runs
+    model = contractive_model(spectral_norm_schedule="per_optimizer_step").train()
+    call = dict(fixed_point_iterations=50, fixed_point_solver="anderson", fixed_point_gradient=gradient)
+    _, plain = loss_and_grads(model, **call)
+    model.activation_checkpointing_enable()
+    assert model.imixer.layers[0].gradient_checkpointing
+    _, checkpointed = loss_and_grads(model, **call)
+    for name in plain:
+        torch.testing.assert_close(checkpointed[name], plain[name], atol=1e-10, rtol=1e-8, msg=name)
+
+
+@pytest.mark.parametrize("gradient", ["unrolled", "phantom"])
+def test_unrolled_solve_compiles_to_one_graph(gradient):
+    # the fixed-point loop is plain tensor code (no Python-side reads of values), so torch.compile captures the
+    # whole forward, training and eval, and can fuse each step's activation / linear chain
+    model = IMAGE.build()
+    for mode in ("train", "eval"):
+        getattr(model, mode)()
+        explained = torch._dynamo.explain(model)(**IMAGE.inputs(), fixed_point_gradient=gradient)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+@pytest.mark.parametrize("damping", [1.0, 0.6])
+def test_anderson_ring_buffers_match_the_history_lists(damping):
+    # the no-autograd path (ring buffers, Gram grown by one row per step) and the autograd path (lists)
+    from energyformers.modeling.modeling_imixer import _AndersonMixing
+
+    ring, lists = _AndersonMixing(3, damping), _AndersonMixing(3, damping)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(7):  # past the memory: the ring wraps around
+        state = torch.randn(4, 5, 6, generator=g, dtype=torch.float64)
+        image = torch.randn(4, 5, 6, generator=g, dtype=torch.float64)
+        with torch.no_grad():
+            mixed = ring(state, image)
+        tracked = lists(state.clone().requires_grad_(), image)
+        torch.testing.assert_close(mixed, tracked.detach(), atol=1e-12, rtol=1e-10)
