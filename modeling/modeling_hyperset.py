@@ -568,7 +568,9 @@ class HyperSetFeedForward(nn.Module):
         """E_FF `(B,)` over real tokens, gain-free normalisation."""
         dtype = torch.promote_types(hidden_states.dtype, torch.float32)
         dictionary = self.dictionary.weight.to(dtype)
-        projected = F.rms_norm(F.linear(hidden_states.to(dtype), dictionary), (dictionary.shape[0],), eps=self.eps)
+        projected = F.rms_norm(
+            F.linear(hidden_states.to(dtype), dictionary), (dictionary.shape[0],), eps=self.eps
+        )
         if self.energy_kind == "softmax":
             per_token = -projected.logsumexp(-1)
         else:

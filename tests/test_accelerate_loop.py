@@ -69,6 +69,7 @@ def test_loop_writes_a_model_folder_that_pipeline_loads(tmp_path: Path) -> None:
 
 def test_resume_from_saved_state_matches_the_uninterrupted_run(tmp_path: Path) -> None:
     argv = [*COMMON, *tiny(), "--max_steps", "6", "--batch_size", "8", "--checkpointing_steps", "2"]
+    argv += ["--save_total_limit", "3"]  # keep step_2 (as Trainer, the loop keeps the last 2 by default)
     straight = tmp_path / "straight"
     assert accelerate_loop.main([*argv, "--output_dir", str(straight), "--keep_checkpoints"]) == 0
     # "Kill" after step 2: a fresh run folder holding only the step-2 checkpoint of the first run.

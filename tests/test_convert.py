@@ -471,22 +471,7 @@ def test_readme_commands_give_the_kwargs_of_the_authors_presets():
 
 
 @needs_fixtures
-@pytest.mark.parametrize(
-    "source",
-    [
-        pytest.param(
-            name,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="needs `energyformers export` to carry official_extras.safetensors (training/export.py "
-                "EXTRA_FILES); without it the reverse of an exported HyperBF folder is only function-equivalent",
-            ),
-        )
-        if name == "hyperbf"
-        else name
-        for name in sorted(NAMES)
-    ],
-)
+@pytest.mark.parametrize("source", sorted(NAMES))
 def test_round_trip_through_an_exported_folder_is_exact(converted, source, tmp_path):
     """official → ours → `energyformers export` → official: the Hub-ready folder keeps what the reverse needs."""
     exported = tmp_path / "exported"

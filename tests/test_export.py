@@ -533,6 +533,11 @@ def test_release_exports_taken_folders_with_cards_and_metrics(tmp_path, capsys):
         }
         assert f'from_pretrained("acme/{model_type}-digits"' in card.text
         assert f"energyformers push {folder} acme/{model_type}-digits" in printed
+        # `energyformers inspect` ran on the folder; the export carries its figures and the card links them
+        figures = json.loads((folder / "inspect.json").read_text())["figures"]
+        assert figures and "## Dynamics" in card.text
+        for figure in figures:
+            assert (folder / figure).is_file() and f"]({figure})" in card.text
 
 
 def test_release_reports_a_folder_without_metrics_and_ships_the_rest(tmp_path, capsys):

@@ -18,6 +18,7 @@ from transformers import AutoTokenizer, pipeline
 
 from energyformers.training import accelerate_loop, data, train
 from energyformers.training.data import MissingDataError, load_data
+from energyformers.training.evaluation import task_metrics
 from energyformers.training.processing import cell_tokenizer
 from energyformers.training.sudoku import count_solutions, is_valid_solution
 
@@ -108,7 +109,7 @@ def test_cell_tokenizer_reads_puzzle_strings(tmp_path: Path) -> None:
 def test_token_metrics() -> None:
     labels = np.array([[0, -100, 2], [1, 1, -100]])
     predictions = np.array([[0, 5, 2], [1, 0, 7]])  # board 0 solved (given cell ignored), board 1 half right
-    metrics = train.task_metrics("token-classification", predictions, labels)
+    metrics = task_metrics("token-classification", predictions, labels)
     assert metrics == {"blank_cell_accuracy": 0.75, "board_accuracy": 0.5}
 
 

@@ -24,6 +24,7 @@ from transformers import AutoConfig, AutoModelForImageClassification, pipeline
 
 import energyformers
 from energyformers.training import predict, train
+from energyformers.training.arguments import UsageError, parse_overrides
 from energyformers.training.data import MissingDataError, load_data
 
 FAMILIES = sorted(energyformers.FAMILIES)
@@ -360,7 +361,7 @@ def test_existing_output_folder_is_left_untouched(tmp_path: Path, capsys) -> Non
 
 
 def test_config_override_values_are_json() -> None:
-    parsed = train.parse_overrides(["a=3", "b=0.5", "c=true", "d=[16,16]", "e=mean", 'f="7"'])
+    parsed = parse_overrides(["a=3", "b=0.5", "c=true", "d=[16,16]", "e=mean", 'f="7"'])
     assert parsed == {"a": 3, "b": 0.5, "c": True, "d": [16, 16], "e": "mean", "f": "7"}
-    with pytest.raises(train.UsageError, match="KEY=VALUE"):
-        train.parse_overrides(["hidden_size"])
+    with pytest.raises(UsageError, match="KEY=VALUE"):
+        parse_overrides(["hidden_size"])

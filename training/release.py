@@ -3,7 +3,8 @@
 For each family in `energyformers.FAMILIES` and each reference dataset (digits and fashion_mnist for images,
 rotten_tomatoes for text) it trains the model with the train CLI's defaults (`energyformers train --model F
 --dataset D --output_dir runs/release/F-D`, in a subprocess, so every run is exactly the documented command),
-or reuses a finished run folder, or takes the folders given with `--take`; then it exports each one with
+or reuses a finished run folder, or takes the folders given with `--take`; draws each folder's dynamics with
+`energyformers inspect` (figures and inspect.json in the folder, linked from the card); then it exports each one with
 `export_model_dir` to `dist/<model>-<dataset>/` (git-ignored) with its card and measured metrics, and writes
 `dist/release.json` (what was released, with the measured test metrics) and the commands to push them.
 """
@@ -53,6 +54,13 @@ def train_command(model: str, dataset: str, run_dir: Path, train_args: list[str]
     ]
 
 
+def inspect_command(run_dir: Path) -> list[str]:
+    """`energyformers inspect` of a run folder into itself, on the dataset its metrics.json names (if any)."""
+    dataset = json.loads((run_dir / "metrics.json").read_text()).get("dataset")
+    command = [sys.executable, "-m", "energyformers", "inspect", str(run_dir), "--output_dir", str(run_dir)]
+    return command + (["--dataset", dataset] if dataset else [])
+
+
 def main(argv: list[str]) -> int:
     from energyformers import FAMILIES
 
@@ -63,8 +71,12 @@ def main(argv: list[str]) -> int:
         description="Train (or take) the reference checkpoints and export Hub-ready folders under dist/. "
         "Arguments after `--` are passed to every `energyformers train` run.",
     )
-    parser.add_argument("--models", nargs="+", default=sorted(FAMILIES), choices=sorted(FAMILIES))
-    parser.add_argument("--datasets", nargs="+", default=list(REFERENCE_DATASETS))
+    parser.add_argument(
+        "--models", nargs="+", default=sorted(FAMILIES), choices=sorted(FAMILIES), help="families to release"
+    )
+    parser.add_argument(
+        "--datasets", nargs="+", default=list(REFERENCE_DATASETS), help="datasets to train each family on"
+    )
     parser.add_argument(
         "--take",
         nargs="+",
@@ -111,7 +123,17 @@ def main(argv: list[str]) -> int:
             else:
                 print(f"trained {run_dir} in {time.perf_counter() - start:.0f} s", flush=True)
 
-    # 3. Export each finished folder to dist/<model>-<dataset>/ (atomic; replaces an older export).
+    # 3. Draw each finished folder's dynamics (`energyformers inspect` on its test split) for its card.
+    for run_dir, _ in plan:
+        if str(run_dir) in failures or (run_dir / "inspect.json").is_file():
+            continue
+        if not (run_dir / "metrics.json").is_file():
+            continue  # not releasable: step 4 reports it
+        command = inspect_command(run_dir)
+        if subprocess.run(command).returncode != 0:
+            failures[str(run_dir)] = f"inspect failed: {shlex.join(['energyformers', *command[3:]])}"
+
+    # 4. Export each finished folder to dist/<model>-<dataset>/ (atomic; replaces an older export).
     released: dict[str, dict] = {}
     for run_dir, _ in plan:
         if str(run_dir) in failures:

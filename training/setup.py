@@ -1,0 +1,548 @@
+"""Config, processor, model and data of a training run, built from the parsed arguments (both loops).
+
+`build(args, state)` loads and checks the data, builds the config (CLI preset, `--preset`, `--config`,
+`--from_pretrained`, config-field flags) and the processor saved with the model, creates or loads the model
+and runs one real batch through it, so every mismatch surfaces before training and before anything is written.
+Input errors are `UsageError` (bad flags) or `DataError` (bad data): one line each, no traceback.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import energyformers
+
+from .arguments import Arguments, UsageError, config_flags, parse_overrides
+from .data import DataError, input_type_of, label_names, load_data, task_of
+from .weights import check_weights_readable
+
+# Small configs used when no --preset is given, per (family, input_type): the CLI's model sizes. They are sized
+# for the built-in datasets on a 2-core CPU (the README's main job trains digits in a few minutes).
+# Dataset-dependent fields (image_size/patch_size, vocab_size/max_position_embeddings, labels) are filled in
+# from the data; --config key=value overrides win over everything.
+CLI_PRESETS: dict[tuple[str, str], dict[str, Any]] = {
+    # digits (16×16, patch 2), 12 epochs at lr 3e-3; CLS pooling learns far slower because the step sizes start
+    # at zero (identity map), leaving the CLS token constant early on. The anchor energy and random depth in
+    # [2, 12] make test-time depth extrapolate (benchmarks/results/recurrent_depth.md: accuracy within 1 point
+    # of its T = 4 value at 2T, 4T and 10T, where the fixed-depth model falls by 29 points at 10T).
+    ("hyperset", "image"): dict(
+        hidden_size=128,
+        num_attention_heads=4,
+        intermediate_size=128,
+        num_iterations=4,
+        time_embedding_dim=64,
+        pooling="mean",
+        input_anchor=0.5,
+        iteration_sampling="uniform",
+        min_iterations=2,
+        max_iterations=12,
+    ),
+    ("hyperset", "sequence"): dict(
+        hidden_size=128,
+        num_attention_heads=4,
+        intermediate_size=256,
+        num_iterations=4,
+        time_embedding_dim=64,
+        pooling="mean",
+    ),
+    # digits with the CLI's 16×16 upsampling and defaults (12 epochs): iMixer 0.975, HyperBF 0.961 (README).
+    ("imixer", "image"): dict(
+        hidden_size=128, num_hidden_layers=4, hidden_ratio=2.0, fixed_point_iterations=2
+    ),
+    ("imixer", "sequence"): dict(
+        hidden_size=128, num_hidden_layers=2, hidden_ratio=2.0, fixed_point_iterations=2
+    ),
+    # HyperBF's `digits` preset architecture (64 wide, 4 heads, 2 blocks), at the CLI's image geometry.
+    ("hyperbf", "image"): dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2),
+    ("hyperbf", "sequence"): dict(hidden_size=128, num_attention_heads=4, num_hidden_layers=2),
+}
+# Longest tokenized text per built-in (spam e-mails are long; rotten_tomatoes sentences are ~25 tokens).
+DEFAULT_MAX_LENGTH = {"spam": 256}
+# Below this many examples an accuracy is too coarse to mean much (one example = 1 point at 100); say so.
+SMALL_SPLIT = 100
+
+
+@dataclass
+class Built:
+    """Everything a training loop needs, built and checked before any file is written."""
+
+    model: Any  # transformers.PreTrainedModel
+    data: Any  # DatasetDict with the preprocessing transform attached
+    processor: Any  # image processor or tokenizer (saved with the model)
+    collator: Any
+    task: str
+    warnings: list[str] = field(default_factory=list)  # printed now and recorded in metrics.json
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def model_registry() -> dict[str, energyformers.Family]:
+    """Everything `--model` accepts: the families, and the baselines where `energyformers.BASELINES` exists
+    (trainable here like a family; `export`/`push` take families only)."""
+    return {**energyformers.FAMILIES, **getattr(energyformers, "BASELINES", {})}
+
+
+def family(model_type: str) -> energyformers.Family:
+    registry = model_registry()
+    if model_type not in registry:
+        raise UsageError(f"--model {model_type!r} is not available; registered models are {sorted(registry)}")
+    return registry[model_type]
+
+
+def auto_head(input_type: str, task: str) -> type:
+    """The transformers Auto class of `task`'s head for `input_type` inputs (`energyformers.INPUT_TYPES`)."""
+    import transformers
+
+    return getattr(transformers, energyformers.INPUT_TYPES[input_type].tasks[task])
+
+
+def auto_processor(input_type: str) -> type:
+    """The transformers Auto class that loads the saved processor of `input_type` inputs."""
+    import transformers
+
+    return getattr(transformers, energyformers.INPUT_TYPES[input_type].processor_class)
+
+
+def processor_keyword(input_type: str) -> str:
+    """`transformers.pipeline`'s keyword for that processor: AutoImageProcessor → image_processor, AutoTokenizer → tokenizer."""
+    name = energyformers.INPUT_TYPES[input_type].processor_class.removeprefix("Auto")
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def accepts(config_class: type, key: str) -> bool:
+    """Whether `config_class.__init__` takes `key` (a config field of that family)."""
+    return key in inspect.signature(config_class.__init__).parameters
+
+
+def default_epochs(task: str) -> int:
+    return 12 if task == "image-classification" else 5
+
+
+def default_learning_rate(args: Arguments) -> float:
+    """--learning_rate, else 3e-3 for a new model and 5e-4 when fine-tuning (both loops)."""
+    if args.run.learning_rate is not None:
+        return args.run.learning_rate
+    return 5e-4 if args.model.from_pretrained else 3e-3
+
+
+def cli_preset(model_type: str, modality: str) -> dict[str, Any]:
+    """The small CLI config of (model, input type); a baseline without its own entry gets Hyper-SET's sizes for
+    the fields it shares (same embeddings, head and iteration count: side-by-side comparisons)."""
+    if (model_type, modality) in CLI_PRESETS:
+        return dict(CLI_PRESETS[model_type, modality])
+    if model_type in getattr(energyformers, "BASELINES", {}):
+        config_class = model_registry()[model_type].config_class
+        return {k: v for k, v in CLI_PRESETS["hyperset", modality].items() if accepts(config_class, k)}
+    return {}
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _check_override_keys(config_class: type, overrides: dict[str, Any]) -> None:
+    # PreTrainedConfig swallows unknown kwargs as attributes; a typo in --config must not be silently ignored.
+    import transformers
+
+    known = set(inspect.signature(config_class.__init__).parameters) | set(
+        transformers.PreTrainedConfig().to_dict()
+    )
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        allowed = sorted(
+            k for k in inspect.signature(config_class.__init__).parameters if k not in ("self", "kwargs")
+        )
+        raise UsageError(
+            f"--config {unknown}: not fields of {config_class.__name__}; its fields are {allowed}"
+        )
+
+
+def config_flag_overrides(args: Arguments, config_class: type, model_type: str) -> dict[str, Any]:
+    """The config-field flags that were given (recurrent depth, drop path), as config fields; a `UsageError`
+    naming the flag for a model without that field, or when `--config` sets the same field to something else.
+    A recipe's default for a field the model lacks is dropped (the recipe is not for that model's structure)."""
+    given = config_flags(args.model)
+    for name in list(given):
+        if not accepts(config_class, name):
+            if name not in args.explicit:
+                del given[name]
+                continue
+            having = sorted(m for m, f in model_registry().items() if accepts(f.config_class, name))
+            raise UsageError(
+                f"--{name} {given[name]}: {model_type} has no such setting ({config_class.__name__} has no "
+                f"{name} field); it applies to {having}. Drop the flag."
+            )
+    overrides = parse_overrides(args.model.config)
+    for name, value in given.items():
+        if name in overrides and overrides[name] != value:
+            raise UsageError(
+                f"--{name} {value} and --config {name}={overrides[name]} disagree; pass one of them"
+            )
+    return given
+
+
+def _config_error(err: Exception, flags: dict[str, Any], what: str) -> UsageError:
+    """A config validation error as a usage error naming the flag behind the field it names, if a flag set it."""
+    message = str(err)
+    related = {"min_iterations": ("min_iterations", "max_iterations")}
+    related["max_iterations"] = related["min_iterations"]
+    for name in flags:
+        if f"invalid {name}=" in message:
+            named = [f"--{n} {flags[n]}" for n in related.get(name, (name,)) if n in flags]
+            return UsageError(f"invalid {' and '.join(named)}: {message}")
+    return UsageError(f"invalid {what}: {message}")
+
+
+def _image_geometry(data: Any) -> dict[str, Any]:
+    """Native image size of the dataset → image_size/patch_size giving ≤ 64 patch tokens."""
+    width, height = data["train"][0]["image"].size
+    side = max(height, width)
+    if side <= 16:
+        return {"image_size": 16, "patch_size": 2}  # digits: 8×8 upsampled → 64 tokens (0.98 vs 0.89 at 8×8)
+    if side <= 32:
+        return {"image_size": 4 * math.ceil(side / 4), "patch_size": 4}  # 28×28 → 49 tokens of 4×4
+    return {"image_size": 32, "patch_size": 4}
+
+
+def check_pretrained_source(source: str) -> None:
+    """`--from_pretrained` must be an existing model folder or, with the Hub reachable, a repo id."""
+    path = Path(source).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise UsageError(
+                f"--from_pretrained {source!r} is a file; expected a model folder (config.json, ...)"
+            )
+        if not (path / "config.json").is_file():
+            raise UsageError(
+                f"--from_pretrained {source!r}: the folder has no config.json (not a model folder)"
+            )
+        try:
+            check_weights_readable(path, flag=f"--from_pretrained {source!r}")
+        except (OSError, ValueError) as err:
+            raise UsageError(str(err)) from None
+        return
+    looks_like_path = source.startswith((".", "/", "~")) or source.count("/") > 1 or os.sep in source[:1]
+    if looks_like_path or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
+        raise UsageError(f"--from_pretrained {source!r}: the folder does not exist")
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        raise UsageError(
+            f"--from_pretrained {source!r}: no such local folder, and the Hub is offline (HF_HUB_OFFLINE=1), "
+            "so it cannot be a Hub repo either"
+        )
+
+
+def build_config_and_processor(args: Arguments, data: Any, state: Any) -> tuple[Any, Any]:
+    """The model config and the processor saved with it, from the model flags and the data."""
+    m, d = args.model, args.data
+    task = task_of(data)
+    modality = input_type_of(data)
+    names = label_names(data)
+    labels = {"id2label": dict(enumerate(names)), "label2id": {n: i for i, n in enumerate(names)}}
+    overrides = parse_overrides(m.config)
+    if overrides.get("input_type", modality) != modality:
+        raise UsageError(
+            f"--config input_type={overrides['input_type']!r} but {d.dataset!r} is a {task} dataset"
+        )
+    try:
+        if m.from_pretrained:
+            return _pretrained_config_and_processor(args, overrides, labels, modality, task)
+        return _new_config_and_processor(args, data, state, overrides, labels, modality, task)
+    except (TypeError, ValueError) as err:  # e.g. the image processor refusing num_channels=1
+        if isinstance(err, (UsageError, DataError)):
+            raise
+        raise UsageError(f"invalid --config for {m.model or 'the model'}: {err}") from err
+
+
+def _pretrained_config_and_processor(
+    args: Arguments, overrides: dict[str, Any], labels: dict[str, Any], modality: str, task: str
+) -> tuple[Any, Any]:
+    from transformers import AutoConfig
+
+    from .processing import build_image_processor
+
+    m, source = args.model, args.model.from_pretrained
+    if m.preset:
+        raise UsageError("--preset and --from_pretrained exclude each other (the checkpoint has its config)")
+    check_pretrained_source(source)
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--from_pretrained {source!r}: cannot load a config ({err})") from err
+    if m.model and m.model != config.model_type:
+        raise UsageError(f"--model {m.model} but {source!r} is a {config.model_type!r} checkpoint")
+    if getattr(config, "input_type", None) != modality:
+        raise UsageError(
+            f"{source!r} takes input_type={getattr(config, 'input_type', None)!r}, "
+            f"but {args.data.dataset!r} is a {task} dataset"
+        )
+    if modality == "image":
+        try:
+            processor = auto_processor(modality).from_pretrained(source, backend="pil")
+        except (OSError, ValueError):
+            processor = build_image_processor(config)
+    else:
+        try:
+            processor = auto_processor(modality).from_pretrained(source)
+        except (OSError, ValueError) as err:
+            raise UsageError(
+                f"{source!r} has no tokenizer; a text checkpoint must ship the tokenizer its embeddings were "
+                "trained with"
+            ) from err
+    _check_override_keys(type(config), overrides)
+    flags = config_flag_overrides(args, type(config), config.model_type)
+    try:  # re-validate the merged config
+        config = type(config)(**{**config.to_dict(), **overrides, **flags, **labels})
+    except (TypeError, ValueError) as err:
+        raise _config_error(err, flags, f"--config for {config.model_type}") from err
+    return config, processor
+
+
+def _new_config_and_processor(
+    args: Arguments,
+    data: Any,
+    state: Any,
+    overrides: dict[str, Any],
+    labels: dict[str, Any],
+    modality: str,
+    task: str,
+) -> tuple[Any, Any]:
+    from .processing import build_image_processor, cell_tokenizer, train_tokenizer
+
+    m, d = args.model, args.data
+    model_type = m.model or "hyperset"
+    config_class = family(model_type).config_class
+    head = energyformers.INPUT_TYPES[modality].tasks[task]
+    if head not in family(model_type).heads:
+        having = sorted(k for k, f in model_registry().items() if head in f.heads)
+        raise UsageError(
+            f"--dataset {d.dataset} is a {task} dataset and {model_type} has no {task} head; use one of {having}"
+        )
+    flags = config_flag_overrides(args, config_class, model_type)
+    fields: dict[str, Any] = {"input_type": modality}
+    if not m.preset:
+        fields.update(cli_preset(model_type, modality))
+    processor = None
+    if task == "token-classification":  # the cells are the ids: a fixed tokenizer, nothing to train
+        processor = cell_tokenizer(len(data["train"][0]["input_ids"]))
+        fields.update(vocab_size=len(processor), max_position_embeddings=processor.model_max_length)
+        if not m.preset and accepts(config_class, "position_embedding_type"):
+            fields["position_embedding_type"] = "learned"  # a fixed 81-cell layout, as the sudoku preset
+    elif modality == "image":
+        if not m.preset:
+            fields.update({k: v for k, v in _image_geometry(data).items() if accepts(config_class, k)})
+        fields["num_channels"] = 3
+    else:
+        max_length = (
+            overrides.get("max_position_embeddings") or d.max_length or DEFAULT_MAX_LENGTH.get(d.dataset, 128)
+        )
+        if state.is_main_process:
+            print(
+                f"training a WordPiece tokenizer (vocab {d.vocab_size}) on {len(data['train'])} texts",
+                flush=True,
+            )
+        processor = _share_tokenizer(
+            train_tokenizer(data["train"]["text"], vocab_size=d.vocab_size, max_length=max_length), state
+        )
+        fields.update(
+            vocab_size=len(processor), max_position_embeddings=max_length, pad_token_id=processor.pad_token_id
+        )
+    fields.update(overrides)
+    fields.update(flags)
+    fields.update(labels)
+    _check_override_keys(config_class, overrides)
+    try:
+        config = config_class.from_preset(m.preset, **fields) if m.preset else config_class(**fields)
+    except (TypeError, ValueError) as err:  # the config's own validation names the field and what is allowed
+        raise _config_error(err, flags, f"--preset/--config for {model_type}") from err
+    if processor is None:
+        try:
+            processor = build_image_processor(config)
+        except ValueError as err:  # e.g. num_channels=1: the processor names the field and the fix
+            raise UsageError(f"invalid --config for {model_type}: {err}") from err
+    return config, processor
+
+
+def _share_tokenizer(tokenizer: Any, state: Any) -> Any:
+    """With several processes, rank 0's tokenizer is the one every rank uses (training is not bit-reproducible)."""
+    import torch
+
+    if state.num_processes == 1 or not torch.distributed.is_initialized():
+        return tokenizer
+    payload = [tokenizer.backend_tokenizer.to_str() if state.is_main_process else None]
+    torch.distributed.broadcast_object_list(payload, src=0)
+    from tokenizers import Tokenizer
+
+    tokenizer._tokenizer = Tokenizer.from_str(payload[0])
+    return tokenizer
+
+
+# --------------------------------------------------------------------------- data and model
+
+
+def load_and_check_data(args: Arguments, state: Any) -> tuple[Any, list[str]]:
+    """The normalised dataset with the --max_*_samples limits applied, and warnings about it."""
+    d = args.data
+    with state.local_main_process_first():  # one rank per machine builds the Arrow cache
+        data = load_data(
+            d.dataset,
+            image_column=d.image_column,
+            text_column=d.text_column,
+            label_column=d.label_column,
+            seed=0,
+        )
+    for split, limit in (
+        ("train", d.max_train_samples),
+        ("validation", d.max_eval_samples),
+        ("test", d.max_test_samples),
+    ):
+        if limit is not None:
+            data[split] = data[split].select(range(min(limit, len(data[split]))))
+    if input_type_of(data) == "image":
+        for i in range(min(8, len(data["train"]))):  # decode a few now: broken files fail here, not mid-epoch
+            try:
+                data["train"][i]["image"].load()
+            except Exception as err:
+                raise DataError(f"training image {i} of {d.dataset!r} cannot be decoded: {err}") from err
+    warnings = [
+        f"the {split} split has only {len(data[split])} examples: its accuracy moves in steps of "
+        f"{100 / len(data[split]):.0f} points and is not a reliable estimate (use more data)"
+        for split in ("validation", "test")
+        if len(data[split]) < SMALL_SPLIT
+    ]
+    return data, warnings
+
+
+def build(args: Arguments, state: Any) -> Built:
+    """Dataset (with preprocessing attached), processor, collator and model from the parsed arguments.
+
+    Shared by both training loops; `state` is the (already initialised) `accelerate.PartialState`. Runs one real
+    batch through the model so mismatches surface here, before any training or writing.
+    """
+    import torch
+    import transformers
+    from transformers import DataCollatorWithPadding, default_data_collator
+
+    from .processing import cells_transform, image_transform, text_transform
+
+    data, warnings = load_and_check_data(args, state)
+    task = task_of(data)
+    config, processor = build_config_and_processor(args, data, state)
+    transformers.set_seed(args.run.seed)  # same initial weights on every rank and every rerun
+    head = auto_head(config.input_type, task)
+    if args.model.from_pretrained:
+        source = args.model.from_pretrained
+        try:
+            model = head.from_pretrained(source, config=config, ignore_mismatched_sizes=True)
+        except (OSError, RuntimeError, ValueError) as err:  # unreadable or mismatched weights
+            raise UsageError(f"--from_pretrained {source!r}: cannot load the weights ({err})") from err
+    else:
+        model = head.from_config(config)
+    if args.run.gradient_checkpointing and not model.supports_gradient_checkpointing:
+        raise UsageError(f"--gradient_checkpointing: {type(model).__name__} does not support it")
+    if task == "token-classification":
+        transform, collator = cells_transform(), default_data_collator
+    elif config.input_type == "image":
+        transform, collator = image_transform(processor), default_data_collator
+    else:
+        transform = text_transform(processor, config.max_position_embeddings)
+        collator = DataCollatorWithPadding(processor)
+    for split in data:
+        data[split].set_transform(transform)
+    try:  # the real preprocessing + forward on two examples: wrong sizes/ids fail now, not after an epoch
+        batch = collator([data["train"][i] for i in range(min(2, len(data["train"])))])
+        with torch.no_grad():
+            model.eval()(**{k: v for k, v in batch.items() if k != "labels"})
+    except Exception as err:
+        raise DataError(f"a training batch does not fit the model: {err}") from err
+    model.train()
+    return Built(model, data, processor, collator, task, warnings)
+
+
+def output_paths(args: Arguments) -> tuple[Path, Path]:
+    """(output folder, its `<name>.checkpoints` work folder); refuses a non-empty output without --overwrite."""
+    output_dir = Path(args.run.output_dir).expanduser().resolve()
+    work_dir = output_dir.with_name(output_dir.name + ".checkpoints")
+    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
+        if not args.run.overwrite_output_dir:
+            raise UsageError(
+                f"output folder {output_dir} exists and is not empty; pass --overwrite_output_dir or choose another"
+            )
+    return output_dir, work_dir
+
+
+def find_checkpoint(args: Arguments, work_dir: Path, checkpoints: list[Path]) -> Path | None:
+    """The checkpoint to resume from (`--resume`), or None; refuses to silently restart over a killed run."""
+    if args.run.resume:
+        if not checkpoints:
+            raise UsageError(f"--resume: no checkpoint in {work_dir}; run without --resume to start training")
+        return checkpoints[-1]
+    if checkpoints:
+        raise UsageError(
+            f"{work_dir} holds checkpoints of an interrupted run; pass --resume to continue it or delete the folder"
+        )
+    return None
+
+
+def continue_iteration_draws(model: Any, global_step: int, gradient_accumulation_steps: int) -> None:
+    """On (re)start, set the depth draw counter of a recurrent-depth backbone (`iteration_draws`, one draw per
+    training forward) to the forwards done by `global_step` optimizer steps, so a resumed run continues the
+    sequence of sampled depths where it stopped. Every process sets the same value: ranks stay in lock-step."""
+    backbone = getattr(model, "base_model", model)
+    if hasattr(backbone, "iteration_draws"):
+        backbone.iteration_draws = global_step * gradient_accumulation_steps
+
+
+def check_precision(precision: str) -> str:
+    """The device type, after checking it supports the requested autocast precision."""
+    import torch
+
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    if precision == "fp16" and device_type == "cpu":
+        raise UsageError("--mixed_precision fp16 needs a GPU; use bf16 or no on CPU")
+    if precision == "bf16":
+        from transformers.utils.import_utils import is_torch_bf16_available_on_device
+
+        if not is_torch_bf16_available_on_device(device_type):
+            raise UsageError(f"--bf16: this {device_type} has no bfloat16 support; train without --bf16")
+    return device_type
+
+
+def warmup_steps(args: Arguments, total_steps: int, steps_per_epoch: int) -> int:
+    """Warm-up in optimizer steps: --warmup_epochs (recipes), else --warmup_steps (a float < 1 is a fraction)."""
+    if args.run.warmup_epochs is not None:
+        return min(total_steps, round(args.run.warmup_epochs * steps_per_epoch))
+    value = args.run.warmup_steps
+    return int(value) if value >= 1 else math.ceil(total_steps * value)
+
+
+__all__ = [
+    "CLI_PRESETS",
+    "DEFAULT_MAX_LENGTH",
+    "Built",
+    "accepts",
+    "auto_head",
+    "auto_processor",
+    "build",
+    "build_config_and_processor",
+    "check_precision",
+    "check_pretrained_source",
+    "cli_preset",
+    "continue_iteration_draws",
+    "default_epochs",
+    "default_learning_rate",
+    "family",
+    "find_checkpoint",
+    "load_and_check_data",
+    "model_registry",
+    "output_paths",
+    "processor_keyword",
+    "warmup_steps",
+]

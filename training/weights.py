@@ -1,0 +1,67 @@
+"""The weight files of a model folder: which they are, and whether they can be read.
+
+`train --from_pretrained`, `predict` and `export` check a folder here first, so a truncated or corrupt
+`model.safetensors` is reported by file name in one line instead of a raw `SafetensorError` traceback.
+Weights are safetensors only; pickle checkpoints are never read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
+
+
+def weight_files(model_dir: Path) -> list[str]:
+    """`model.safetensors`, or the index and its shards; FileNotFoundError naming what is missing."""
+    model_dir = Path(model_dir)
+    if (model_dir / "model.safetensors").is_file():
+        return ["model.safetensors"]
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError) as err:
+            raise ValueError(f"{index}: not a safetensors index ({err})") from err
+        missing = [s for s in shards if not (model_dir / s).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{model_dir}: shards listed in {index.name} are missing: {missing}")
+        return [index.name, *shards]
+    pickles = [name for name in PICKLE_WEIGHTS if (model_dir / name).exists()]
+    hint = (
+        f" (found pickle weights {pickles}: re-save with save_pretrained, which writes safetensors)"
+        if pickles
+        else ""
+    )
+    raise FileNotFoundError(f"{model_dir}: missing model.safetensors{hint}.")
+
+
+def check_weights_readable(model_dir: Path, flag: str = "model folder") -> None:
+    """Open every safetensors file of `model_dir` (header and size check, no tensor is loaded).
+
+    Raises ValueError naming `flag` and the file when one is truncated or corrupt, FileNotFoundError when
+    there are no safetensors weights.
+    """
+    from safetensors import safe_open
+
+    model_dir = Path(model_dir)
+    try:
+        names = weight_files(model_dir)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"{flag}: {err}") from None
+    for name in names:
+        if not name.endswith(".safetensors"):
+            continue
+        path = model_dir / name
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except Exception as err:  # safetensors raises its own SafetensorError (no public base class)
+            raise ValueError(
+                f"{flag}: {path} cannot be read ({err}); the file is truncated or corrupt. Copy or "
+                "download it again, or re-save the model with save_pretrained"
+            ) from None
+
+
+__all__ = ["PICKLE_WEIGHTS", "check_weights_readable", "weight_files"]
