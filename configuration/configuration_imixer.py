@@ -37,6 +37,14 @@ for _name in list(IMIXER_PRESETS):
     IMIXER_PRESETS[f"{_name}-hr1"] = {**IMIXER_PRESETS[_name], "hidden_ratio": 1.0}
     IMIXER_PRESETS[f"{_name}-mixer"] = {**IMIXER_PRESETS[_name], "fixed_point_iterations": 0}
 del _name
+# The small models `energyformers train` builds from scratch (the dataset sets image geometry or sequence length):
+# digits at 16×16 with 12 epochs reaches 0.975 test accuracy (README).
+IMIXER_PRESETS["cli-image"] = dict(
+    hidden_size=128, num_hidden_layers=4, hidden_ratio=2.0, fixed_point_iterations=2
+)
+IMIXER_PRESETS["cli-sequence"] = dict(
+    input_type="sequence", hidden_size=128, num_hidden_layers=2, hidden_ratio=2.0, fixed_point_iterations=2
+)
 
 # Largest slope of each token-mixing activation: the Lipschitz constant an activation contributes to the residual
 # branch F = fc_sn2 ∘ act ∘ fc_sn1 ∘ act. GELU: Φ(√2) + √2 φ(√2) ≈ 1.1289 (at x = √2); SiLU: ≈ 1.0998 (at x ≈ 2.40,
@@ -451,14 +459,19 @@ class IMixerConfig(PreTrainedConfig):
         return int(self.hidden_ratio * self.token_mixing_size)
 
     @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> IMixerConfig:
-        """Config of a named paper setting (`IMIXER_PRESETS`: s16 … l32, each also as `-hr1` (h_r = 1) and
-        `-mixer` (n = 0, the vanilla Mixer)), overrides on top."""
+    def preset_fields(cls, name: str) -> dict[str, Any]:
+        """The fields a named setting (`IMIXER_PRESETS`) sets, as a new dict."""
         if name not in IMIXER_PRESETS:
             raise ValueError(
                 f"IMixerConfig: unknown preset name={name!r}; expected one of {sorted(IMIXER_PRESETS)}."
             )
-        kwargs = {**IMIXER_PRESETS[name], **overrides}
+        return dict(IMIXER_PRESETS[name])
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> IMixerConfig:
+        """Config of a named paper setting (`IMIXER_PRESETS`: s16 … l32, each also as `-hr1` (h_r = 1) and
+        `-mixer` (n = 0, the vanilla Mixer)), overrides on top."""
+        kwargs = {**cls.preset_fields(name), **overrides}
         if "id2label" in overrides:
             kwargs.pop("num_labels", None)
         return cls(**kwargs)

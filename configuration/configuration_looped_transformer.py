@@ -190,6 +190,12 @@ class LoopedTransformerConfig(HyperSetConfig):
         return cls(**{**kwargs, **overrides})
 
     @classmethod
+    def preset_fields(cls, name: str) -> dict[str, Any]:
+        """The fields a Hyper-SET preset (`HYPERSET_PRESETS`) sets that the baseline shares (same embeddings, head
+        and iteration count, for side-by-side comparisons), as a new dict."""
+        return {k: v for k, v in HyperSetConfig.preset_fields(name).items() if k not in HYPERSET_ONLY_FIELDS}
+
+    @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> LoopedTransformerConfig:
         """The baseline of a Hyper-SET preset (`HYPERSET_PRESETS`), with baseline keyword overrides on top."""
         return cls.from_hyperset(HyperSetConfig.from_preset(name), **overrides)

@@ -335,6 +335,18 @@ def test_every_cross_field_rule_fires(family, overrides, message):
 # ---------------------------------------------------------------- num_labels (ViT: 0 = no classifier)
 
 
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+@pytest.mark.parametrize("input_type", ["image", "sequence"])
+def test_cli_presets_build_the_input_type_they_name(family, input_type):
+    """The CLI's from-scratch sizes are named presets (`cli-image`, `cli-sequence`) of every family; the data
+    adds the rest (here a vocabulary for sequences, as the CLI's tokenizer does)."""
+    fields = CONFIGS[family].preset_fields(f"cli-{input_type}")
+    data = {"vocab_size": 100} if input_type == "sequence" else {}
+    assert CONFIGS[family].from_preset(f"cli-{input_type}", **data).input_type == input_type
+    fields["hidden_size"] = -1
+    assert CONFIGS[family].preset_fields(f"cli-{input_type}")["hidden_size"] > 0  # a copy, not the table
+
+
 @pytest.mark.parametrize("family", MODULES)
 def test_num_labels_zero_is_accepted_and_survives_a_round_trip(family, tmp_path):
     config = make(family, num_labels=0)

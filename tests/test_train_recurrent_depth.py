@@ -29,7 +29,6 @@ import energyformers
 from energyformers import HyperSetConfig
 from energyformers.modeling.modeling_hyperset import HyperSetLayer, HyperSetModel, sample_num_iterations
 from energyformers.training import accelerate_loop, train
-from energyformers.training.setup import CLI_PRESETS
 
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -110,7 +109,7 @@ def test_depth_flags_default_to_the_config(loop: str, tmp_path: Path) -> None:
     out = tmp_path / "model"
     assert LOOPS[loop](loop_argv(loop, "--max_steps", "1", "--output_dir", out)) == 0
     config = json.loads((out / "config.json").read_text())
-    defaults = CLI_PRESETS["hyperset", "image"]  # the CLI's from-scratch digits model
+    defaults = HyperSetConfig.preset_fields("cli-image")  # the CLI's from-scratch digits model
     assert config["iteration_conditioning"] == "none"
     assert config["iteration_sampling"] == defaults["iteration_sampling"] == "uniform"
     assert (config["min_iterations"], config["max_iterations"]) == (2, 12)

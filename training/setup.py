@@ -26,42 +26,6 @@ from .weights import check_weights_readable
 # for the built-in datasets on a 2-core CPU (the README's main job trains digits in a few minutes).
 # Dataset-dependent fields (image_size/patch_size, vocab_size/max_position_embeddings, labels) are filled in
 # from the data; --config key=value overrides win over everything.
-CLI_PRESETS: dict[tuple[str, str], dict[str, Any]] = {
-    # digits (16×16, patch 2), 12 epochs at lr 3e-3; CLS pooling learns far slower because the step sizes start
-    # at zero (identity map), leaving the CLS token constant early on. The anchor energy and random depth in
-    # [2, 12] make test-time depth extrapolate (benchmarks/results/recurrent_depth.md: accuracy within 1 point
-    # of its T = 4 value at 2T, 4T and 10T, where the fixed-depth model falls by 29 points at 10T).
-    ("hyperset", "image"): dict(
-        hidden_size=128,
-        num_attention_heads=4,
-        intermediate_size=128,
-        num_iterations=4,
-        time_embedding_dim=64,
-        pooling="mean",
-        input_anchor=0.5,
-        iteration_sampling="uniform",
-        min_iterations=2,
-        max_iterations=12,
-    ),
-    ("hyperset", "sequence"): dict(
-        hidden_size=128,
-        num_attention_heads=4,
-        intermediate_size=256,
-        num_iterations=4,
-        time_embedding_dim=64,
-        pooling="mean",
-    ),
-    # digits with the CLI's 16×16 upsampling and defaults (12 epochs): iMixer 0.975, HyperBF 0.961 (README).
-    ("imixer", "image"): dict(
-        hidden_size=128, num_hidden_layers=4, hidden_ratio=2.0, fixed_point_iterations=2
-    ),
-    ("imixer", "sequence"): dict(
-        hidden_size=128, num_hidden_layers=2, hidden_ratio=2.0, fixed_point_iterations=2
-    ),
-    # HyperBF's `digits` preset architecture (64 wide, 4 heads, 2 blocks), at the CLI's image geometry.
-    ("hyperbf", "image"): dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2),
-    ("hyperbf", "sequence"): dict(hidden_size=128, num_attention_heads=4, num_hidden_layers=2),
-}
 # Longest tokenized text per built-in (spam e-mails are long; rotten_tomatoes sentences are ~25 tokens).
 DEFAULT_MAX_LENGTH = {"spam": 256}
 # Below this many examples an accuracy is too coarse to mean much (one example = 1 point at 100); say so.
@@ -133,14 +97,14 @@ def default_learning_rate(args: Arguments) -> float:
 
 
 def cli_preset(model_type: str, modality: str) -> dict[str, Any]:
-    """The small CLI config of (model, input type); a baseline without its own entry gets Hyper-SET's sizes for
-    the fields it shares (same embeddings, head and iteration count: side-by-side comparisons)."""
-    if (model_type, modality) in CLI_PRESETS:
-        return dict(CLI_PRESETS[model_type, modality])
-    if model_type in getattr(energyformers, "BASELINES", {}):
-        config_class = model_registry()[model_type].config_class
-        return {k: v for k, v in CLI_PRESETS["hyperset", modality].items() if accepts(config_class, k)}
-    return {}
+    """The small config the CLI trains from scratch: the family's `cli-<input type>` preset (a baseline gets the
+    Hyper-SET sizes it shares: same embeddings, head and iteration count, for side-by-side comparisons)."""
+    config_class = model_registry()[model_type].config_class
+    try:
+        fields = config_class.preset_fields(f"cli-{modality}")
+    except ValueError:  # no such preset (e.g. Sudoku boards: the `sudoku` preset or --config sizes)
+        return {}
+    return {k: v for k, v in fields.items() if accepts(config_class, k)}
 
 
 # --------------------------------------------------------------------------- config
@@ -524,7 +488,6 @@ def warmup_steps(args: Arguments, total_steps: int, steps_per_epoch: int) -> int
 
 
 __all__ = [
-    "CLI_PRESETS",
     "DEFAULT_MAX_LENGTH",
     "Built",
     "accepts",
