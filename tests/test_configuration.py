@@ -231,9 +231,10 @@ def test_tables_have_the_same_form_and_cover_every_argument(family):
 
 @pytest.mark.parametrize("family", MODULES)
 def test_base_config_and_defaults_are_valid(family):
-    make(family)
-    make(family, input_type="sequence")
-    CONFIGS[family]()
+    """The validation accepts the tiny configs and the defaults, and what it accepts survives a round trip."""
+    for config in (make(family), make(family, input_type="sequence"), CONFIGS[family]()):
+        assert CONFIGS[family].from_dict(config.to_dict()).to_dict() == config.to_dict()
+    assert make(family, input_type="sequence").input_type == "sequence"
 
 
 # ---------------------------------------------------------------- every table entry is enforced
