@@ -11,12 +11,13 @@ Groups (model variants and their baseline, measured interleaved in the same proc
 * compile time: Hyper-SET `sudoku` (T = 24), no baseline.
 
 Each family runs once per `attn_implementation` it accepts (Hyper-SET: eager / sdpa / triton, HyperBF: eager /
-sdpa; a name the model rejects is recorded as skipped with transformers' message), each in eager mode and
-`torch.compile`d, for inference (`torch.inference_mode`, eval) and a training step (forward + backward of the
+sdpa; a name the model rejects is recorded as skipped with transformers' message), each in eager mode,
+`torch.compile`d and compiled with CUDA graphs (`mode="reduce-overhead"`: the fixed-T forward replayed as one
+graph, CUDA only), for inference (`torch.inference_mode`, eval) and a training step (forward + backward of the
 loss, train mode; no optimiser step). Weights and inputs are bfloat16. Per variant the table gives the median of
 `--repeats` interleaved calls (A, B, …, A, B, … so machine noise hits all alike) after the first call and one
 warm-up call, throughput, the ratio baseline time / model time (> 1: the model is faster; same task and same
-eager/compiled mode), the first-call time (with compilation for compiled variants), the peak memory of one call
+mode), the first-call time (with compilation for compiled variants), the peak memory of one call
 above what was allocated before it (`torch.cuda.max_memory_allocated`), and FLOPs per image counted with
 `torch.utils.flop_counter.FlopCounterMode` on the eager-implementation model (every matmul, convolution and
 attention call, so iMixer's fixed-point iterations and power iterations count too).
@@ -60,7 +61,9 @@ from energyformers import HyperBFConfig, HyperSetConfig, IMixerConfig
 
 RESULTS = Path(__file__).parent / "results"
 TASKS = ("inference", "train")
-MODES = ("eager", "compiled")
+# "cuda-graphs": `torch.compile(mode="reduce-overhead")`, inductor with CUDA graphs over the fixed-T forward (every
+# shape and the depth fixed, no host read inside the graph: the fullgraph tests in tests/test_compile.py); CUDA only
+MODES = ("eager", "compiled", "cuda-graphs")
 
 
 @dataclass
@@ -368,12 +371,16 @@ def measure_group(group: Group, args: argparse.Namespace, device: torch.device) 
 
     for mode in args.modes:
         runners: dict[str, Callable] = {}
+        if mode == "cuda-graphs" and device.type != "cuda":
+            print(f"  mode {mode}: skipped, needs CUDA", flush=True)
+            continue
         for name, model in models.items():
-            runners[name] = (
-                torch.compile(model, backend=args.compile_backend, dynamic=False)
-                if mode == "compiled"
-                else model
-            )
+            if mode == "compiled":
+                runners[name] = torch.compile(model, backend=args.compile_backend, dynamic=False)
+            elif mode == "cuda-graphs":  # inductor's CUDA-graph trees replay the whole fixed-T forward
+                runners[name] = torch.compile(model, mode="reduce-overhead", fullgraph=True, dynamic=False)
+            else:
+                runners[name] = model
         for task in args.tasks:
             calls: dict[str, Callable] = {}
             for name, model in models.items():
@@ -477,7 +484,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"call and one warm-up; compile backend `{report['compile_backend']}`; train = forward + backward (no "
         "optimiser step).",
         "",
-        "ratio = baseline time / model time, same task and eager/compiled mode (> 1: the model is faster). "
+        "ratio = baseline time / model time, same task and mode (> 1: the model is faster). "
         "first call includes compilation. peak = `max_memory_allocated` of one call above what was allocated "
         "before it. GFLOP/sample: `FlopCounterMode`, eager implementation, forward / training step.",
         "",
@@ -535,7 +542,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--batch", type=int, default=None, help="one batch size for every group (default per group)"
     )
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument(
+        "--modes", nargs="+", choices=MODES, default=list(MODES), help="cuda-graphs runs on CUDA only"
+    )
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
     parser.add_argument(
         "--groups", nargs="+", default=None, help="only groups whose name contains one of these"

@@ -328,8 +328,10 @@ def eager_bisoftmax_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference: S and P = R + C materialised, `(B, H, N, N)`; the only implementation that returns P."""
     scores = q @ k.transpose(-1, -2)  # (B, H, N, N)
-    if keep is None:
-        probs = scores.softmax(-1) + scores.softmax(-2)
+    if keep is None and not torch.is_grad_enabled():
+        probs = scores.softmax(-1).add_(scores.softmax(-2))  # inference: one (B, H, N, N) buffer fewer
+    elif keep is None:
+        probs = scores.softmax(-1) + scores.softmax(-2)  # softmax's backward needs its output unchanged
     else:
         key_keep = keep[:, None, None, :].to(scores.dtype)  # (B, 1, 1, N)
         # a large finite negative (not −inf) keeps fully padded rows/columns NaN-free
@@ -502,8 +504,9 @@ class HyperSetAttention(nn.Module):
         # one copy into (B, H, N, d_h) order here rather than one per batched product of q, k, v below
         z = self.normalized_heads(hidden_states).contiguous()
         gain_q, gain_k, gain_v = self.qkv_gain[[0, 1, 2] if self.qkv_gain.shape[0] == 3 else [0, 0, 0]]
-        # the fixed temperature 1/√d_h is folded into q: an (N, d_h) multiply instead of an (N, N) one
-        q, k, v = z * (gain_q / math.sqrt(self.head_dim)), z * gain_k, z * gain_v
+        # S = (z g_q)(z g_k)ᵀ/√d_h = (z g_q g_k/√d_h) zᵀ and P (z g_v) W = (P z)(g_v-scaled rows of W): the gains and
+        # the temperature go into one (N, d_h) multiply and a (d, d) one, so k = v = z needs no pass of its own
+        q, k, v = z * (gain_q * gain_k / math.sqrt(self.head_dim)), z, z
         if self.energy_kind == "sigmoid":
             sig = torch.sigmoid(q @ k.transpose(-1, -2))  # (B, H, N, N)
             probs = sig * (1 - sig)  # σ'(S): symmetric already
@@ -513,7 +516,9 @@ class HyperSetAttention(nn.Module):
         else:
             mixed, probs = BISOFTMAX_ATTENTION_FUNCTIONS[attn_implementation](q, k, v, keep)
         mixed = mixed.transpose(1, 2).reshape(batch, length, width)  # (B, H, N, d_h) → (B, N, d)
-        return F.linear(mixed, self.qkv_proj.weight.t()), probs
+        # output projection Wᵀ (tied) with g_v on its rows: row h·d_h + c scaled by g_v[c]
+        output_weight = self.qkv_proj.weight * gain_v.repeat(self.num_heads)[:, None]  # (d, d)
+        return F.linear(mixed, output_weight.t()), probs
 
     @torch.no_grad()
     def energy(self, hidden_states: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -795,8 +800,8 @@ class HyperSetLayer(GradientCheckpointingLayer):
         else:
             alpha, gamma = fixed_step_sizes.chunk(2, dim=-1)
         update, probs = self.attention(hidden_states, keep, attn_implementation)
-        updated = hidden_states - alpha * update
-        updated = updated + gamma * self.feedforward(updated)
+        updated = torch.addcmul(hidden_states, alpha, update, value=-1)  # x − α ⊙ Attn(x) in one pass
+        updated = torch.addcmul(updated, gamma, self.feedforward(updated))  # x + γ ⊙ FF(x)
         if self.input_anchor and anchor is not None:
             updated = updated - self.input_anchor * (hidden_states - anchor)
         return updated, probs
