@@ -12,12 +12,16 @@ fused kernel, CUDA only). Runs of a pair are interleaved (A, B, A, B, ...) so ma
 table reports medians and the baseline / model ratio (> 1: the model is faster). Forward = inference mode; train
 step = forward + backward.
 
+`--attention-bound` adds a diagnostic row: Hyper-SET with the bi-softmax replaced by one SDPA call (the row softmax
+alone: wrong maths, so not the model), the speed it would reach if its attention cost what ViT's does.
+
 `--compile-time` adds the time of the first call of `torch.compile(fullgraph=True)` (dynamo capture + backend
 compile + one run) of Hyper-SET at T = 4 and T = 24, with the layer step a nested compile region (compiled once
 and reused for every iteration, the model's code) and, for comparison, unrolled (the region removed). Results:
 benchmarks/results/speed.{md,json}.
 
     python benchmarks/speed.py [--batch 8] [--repeats 7] [--device cpu|cuda] [--num_threads N] [--compiled]
+        [--attention-bound]
         [--compile-time [--compile-backends aot_eager inductor] [--compile-variants region unrolled]]
 """
 
@@ -35,6 +39,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from transformers import ViTConfig, ViTForImageClassification
 
 from energyformers import (
@@ -78,6 +83,28 @@ def hyperset_pairs(device: str) -> list[tuple]:
         )
         for name in names
     ]
+
+
+class SingleSdpaAttention(torch.nn.Module):
+    """Hyper-SET with its bi-softmax replaced by ONE `scaled_dot_product_attention` call (the row softmax alone):
+    not the model, a bound — the time Hyper-SET would take if its attention cost what ViT's does, everything else
+    (projections, norms, step-size network, feedforward, updates) unchanged. `--attention-bound` adds it."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    @staticmethod
+    def row_only(q, k, v, keep):
+        return F.scaled_dot_product_attention(q, k, v, scale=1.0), None
+
+    def forward(self, **inputs):
+        table = modeling_hyperset.BISOFTMAX_ATTENTION_FUNCTIONS
+        original, table["eager"] = table["eager"], self.row_only
+        try:
+            return self.model(**inputs)
+        finally:
+            table["eager"] = original
 
 
 # name, model builder, baseline name, baseline builder, image side (Hyper-SET's pairs: `hyperset_pairs`)
@@ -181,6 +208,11 @@ def main() -> None:
     parser.add_argument("--compile-backends", nargs="+", default=["aot_eager", "inductor"])
     parser.add_argument("--compile-variants", nargs="+", default=["region", "unrolled"])
     parser.add_argument("--compiled", action="store_true", help="also Hyper-SET vs ViT, both compiled")
+    parser.add_argument(
+        "--attention-bound",
+        action="store_true",
+        help="also Hyper-SET with its attention replaced by one SDPA call (a bound, not the model)",
+    )
     parser.add_argument("--num_threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args()
     if args.num_threads is not None:
@@ -203,6 +235,16 @@ def main() -> None:
     ]
     records = []
     pairs = hyperset_pairs(args.device) + PAIRS
+    if args.attention_bound:
+        pairs.append(
+            (
+                "Hyper-SET cifar10-small, attention = one SDPA call (bound, not the model)",
+                lambda: SingleSdpaAttention(hyperset("eager")),
+                "ViT d=384, 6 heads, 12 layers",
+                lambda: vit_like(384, 6, 12, 224, 16),
+                224,
+            )
+        )
     if args.compiled:  # Hyper-SET's default attention, both models under torch.compile (inductor)
         default = modeling_hyperset.default_attn_implementation(HyperSetConfig(), torch.device(args.device))
         pairs.append(

@@ -2,7 +2,8 @@
 
 The eager path (S and both softmaxes materialised) is the reference. `sdpa` is pure torch on
 `scaled_dot_product_attention`; `triton` is the fused kernel of `energyformers/kernels.py`, run here by Triton's CPU
-interpreter (`TRITON_INTERPRET=1`, set in conftest.py before any kernel is built). Checked: the attention functions
+interpreter (`TRITON_INTERPRET=1`, set in conftest.py before any kernel is built) and, on a machine with CUDA, also
+compiled for the GPU (the `cuda` parameters: the same checks against eager on the GPU). Checked: the attention functions
 (float32 forward within 1e-5 and gradients within 1e-4 of eager, bfloat16 no worse than a few times eager's own
 error against float64), with padding (a partly and a fully padded sequence), N = 1, 17, 197 and several heads; every
 Hyper-SET head end to end; selection, save/load and the errors.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -33,6 +35,14 @@ IMPLEMENTATIONS = [
     pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")),
 ]
 HYPERSET = [case for case in ALL if case.family == "hyperset"]  # every head, both input types of the base
+# CPU always (Triton through its interpreter); CUDA where there is one, where the fused kernel is compiled for real
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+def skip_unrunnable(name: str, device: str) -> None:
+    """The fused kernel on CPU needs Triton's interpreter (conftest.py sets it on machines without CUDA)."""
+    if name == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton runs on CPU only in its interpreter; this machine runs it on CUDA")
 
 
 def attention_inputs(
@@ -60,18 +70,24 @@ def run(name: str, q, k, v, keep, grad_out) -> tuple[torch.Tensor, tuple[torch.T
     """Output and (dq, dk, dv) of `name` for the output gradient `grad_out`."""
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     out, _ = BISOFTMAX_ATTENTION_FUNCTIONS[name](*leaves, keep)
-    grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
+    grads = torch.autograd.grad(out, leaves, grad_out.to(device=out.device, dtype=out.dtype))
     return out, grads
 
 
 SHAPES = [(1, 4), (17, 64), (197, 16)]  # (N, d_h): odd lengths, the presets' d_h = 64 and a tiny one
 
 
+def on(device: str, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    return tuple(None if t is None else t.to(device) for t in tensors)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", IMPLEMENTATIONS)
 @pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
 @pytest.mark.parametrize(("length", "head_dim"), SHAPES, ids=[f"N{n}-d{d}" for n, d in SHAPES])
-def test_float32_matches_eager(name, padded, length, head_dim):
-    q, k, v, keep = attention_inputs(length, head_dim, padded)
+def test_float32_matches_eager(name, padded, length, head_dim, device):
+    skip_unrunnable(name, device)
+    q, k, v, keep = on(device, *attention_inputs(length, head_dim, padded))
     grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(0))
     expected, expected_grads = run("eager", q, k, v, keep, grad_out)
     out, grads = run(name, q, k, v, keep, grad_out)
@@ -83,11 +99,13 @@ def test_float32_matches_eager(name, padded, length, head_dim):
         assert out[0].abs().max() == 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", IMPLEMENTATIONS)
 @pytest.mark.parametrize("length", [17, 197])
-def test_bfloat16_no_worse_than_eager(name, length):
+def test_bfloat16_no_worse_than_eager(name, length, device):
     """Against float64, bfloat16 errors stay within a few times eager's own bfloat16 error."""
-    q, k, v, keep = attention_inputs(length, 16, padded=True, dtype=torch.bfloat16)
+    skip_unrunnable(name, device)
+    q, k, v, keep = on(device, *attention_inputs(length, 16, padded=True, dtype=torch.bfloat16))
     grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     exact, exact_grads = run("eager", q.double(), k.double(), v.double(), keep, grad_out)
     eager, eager_grads = run("eager", q, k, v, keep, grad_out)
@@ -104,7 +122,7 @@ def test_bfloat16_no_worse_than_eager(name, length):
 
 def test_several_heads_and_batches_are_independent():
     """Each (sample, head) pair is its own attention: computing one alone gives the same rows."""
-    q, k, v, keep = attention_inputs(17, 16, padded=True)
+    q, k, v, keep = on(DEVICES[-1], *attention_inputs(17, 16, padded=True))  # the GPU where there is one
     for name in ["sdpa"] + (["triton"] if HAS_TRITON else []):
         out, _ = BISOFTMAX_ATTENTION_FUNCTIONS[name](q, k, v, keep)
         alone, _ = BISOFTMAX_ATTENTION_FUNCTIONS[name](q[1:2, 2:3], k[1:2, 2:3], v[1:2, 2:3], keep[1:2])
@@ -119,15 +137,17 @@ def large_steps(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", IMPLEMENTATIONS)
 @cases(HYPERSET)
-def test_every_head_gives_the_eager_result(case, name):
+def test_every_head_gives_the_eager_result(case, name, device):
     """Logits (padded sequences included: the fixtures pad the first row) and every parameter's gradient."""
+    skip_unrunnable(name, device)
     overrides = dict(num_hidden_layers=1, num_iterations=2)  # the interpreter is slow; one layer, two steps
-    inputs = case.inputs(labels=not case.is_base)
+    inputs = {key: value.to(device) for key, value in case.inputs(labels=not case.is_base).items()}
     results = {}
     for implementation in ("eager", name):
-        model = large_steps(case.build(attn_implementation=implementation, **overrides)).train()
+        model = large_steps(case.build(attn_implementation=implementation, **overrides)).to(device).train()
         outputs = model(**inputs)
         loss = outputs.loss if not case.is_base else main_output(outputs).square().mean()
         loss.backward()
@@ -220,6 +240,7 @@ def test_triton_missing_is_a_clear_error(monkeypatch):
 
 @pytest.mark.parametrize("name", ["sdpa", *(["triton"] if HAS_TRITON else [])])
 def test_output_attentions_runs_eager_for_that_call(name):
+    skip_unrunnable(name, "cpu")
     case = Case.of(HyperSetForImageClassification)
     inputs = case.inputs()
     expected = large_steps(case.build(attn_implementation="eager"))(**inputs, output_attentions=True)

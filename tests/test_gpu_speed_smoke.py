@@ -32,6 +32,7 @@ def gpu_speed(monkeypatch):
         del sys.modules[spec.name]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke check of machines without CUDA")
 def test_smoke_run_covers_every_group_and_writes_json_and_markdown(gpu_speed, tmp_path):
     report = gpu_speed.main(["--device", "cpu", "--smoke", "--modes", "eager", "--output_dir", str(tmp_path)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_speed_smoke.json", "gpu_speed_smoke.md"]

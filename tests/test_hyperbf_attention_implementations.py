@@ -40,6 +40,8 @@ FEEDFORWARDS = [
     dict(rbf_width="center"),
     dict(feedforward_kernel="gaussian"),
 ]
+# CPU always; CUDA where there is one (there the folded path runs on the fused SDPA kernels).
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 # float32: forward 1e-5, gradients 1e-4 (issue 13); float64: both paths are exact up to rounding.
 TOLERANCES = {torch.float32: (1e-5, 1e-4), torch.float64: (1e-10, 1e-9)}
 
@@ -81,9 +83,10 @@ def run(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor
 )
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_every_head_gives_the_eager_outputs_and_gradients(case, implementation, feedforward, dtype):
-    model, reference = pair(case, implementation, dtype, **feedforward)
-    inputs = padded_inputs(case, dtype)
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_head_gives_the_eager_outputs_and_gradients(case, implementation, feedforward, dtype, device):
+    model, reference = (m.to(device) for m in pair(case, implementation, dtype, **feedforward))
+    inputs = {key: value.to(device) for key, value in padded_inputs(case, dtype).items()}
     forward_tol, gradient_tol = TOLERANCES[dtype]
     for m in (model, reference):
         m.train()  # the training path: no cached centers, autograd through the attention kernels
@@ -124,11 +127,12 @@ def test_attention_unit_matches_eager_with_padding(implementation, seq_len, dtyp
     assert (got_grads[1][1, :, start:] == 0).all()  # so does the folded path: no gradient reaches them
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
-def test_bfloat16_error_is_no_worse_than_eager(implementation):
+def test_bfloat16_error_is_no_worse_than_eager(implementation, device):
     case = Case.of(HyperBFForSequenceClassification)
-    model, reference = pair(case, implementation)
-    inputs = padded_inputs(case, torch.float32)
+    model, reference = (m.to(device) for m in pair(case, implementation))
+    inputs = {key: value.to(device) for key, value in padded_inputs(case, torch.float32).items()}
     with torch.no_grad():
         exact = main_output(reference(**inputs))
         errors = {
