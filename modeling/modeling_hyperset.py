@@ -317,7 +317,8 @@ def _masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tenso
 
 
 # --- bi-softmax attention implementations: (q, k, v, keep) → (output, maps or None) ---
-# q, k, v: `(B, H, N, d_h)`, the temperature 1/√d_h folded into q; keep: `(B, N)` bool (True: real token) or None.
+# q, k, v: `(B, H, N, d_h)`, q = z ⊙ c (gains and the temperature 1/√d_h folded in) and k = z, so S = q kᵀ is
+# symmetric; keep: `(B, N)` bool (True: real token) or None.
 # Output (R + C) v, `(B, H, N, d_h)`, with R the softmax of S = q kᵀ over the keys and C the one over the queries.
 # Padding rules (every implementation): padded keys leave the row softmax, padded queries the column softmax, no
 # token reads a padded key through either, and a sequence without real tokens gives zeros, not NaN.
@@ -326,19 +327,22 @@ def _masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tenso
 def eager_bisoftmax_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference: S and P = R + C materialised, `(B, H, N, N)`; the only implementation that returns P."""
+    """The reference: S and P = R + C materialised, `(B, H, N, N)`; the only implementation that returns P.
+
+    Hyper-SET's scores are symmetric (q = z ⊙ c and k = z, so S = z diag(c) zᵀ): the column softmax of S is the
+    transposed row softmax, C = Rᵀ, and one softmax gives both (as fast as ViT's attention in eager mode on CPU;
+    half the exponentials of the two softmaxes). With padding, R leaves padded keys out, so Rᵀ leaves padded
+    queries out of the columns, as the column softmax does.
+    """
     scores = q @ k.transpose(-1, -2)  # (B, H, N, N)
-    if keep is None and not torch.is_grad_enabled():
-        probs = scores.softmax(-1).add_(scores.softmax(-2))  # inference: one (B, H, N, N) buffer fewer
-    elif keep is None:
-        probs = scores.softmax(-1) + scores.softmax(-2)  # softmax's backward needs its output unchanged
+    if keep is None:
+        row = scores.softmax(-1)
+        probs = row + row.transpose(-1, -2)
     else:
         key_keep = keep[:, None, None, :].to(scores.dtype)  # (B, 1, 1, N)
-        # a large finite negative (not −inf) keeps fully padded rows/columns NaN-free
-        blocked = torch.finfo(scores.dtype).min
-        row = scores.masked_fill(key_keep == 0, blocked).softmax(-1)  # padded keys out of each row
-        col = scores.masked_fill(key_keep.transpose(-1, -2) == 0, blocked).softmax(-2)  # padded queries out
-        probs = (row + col) * key_keep  # no real token reads from a padded key through either softmax
+        # a large finite negative (not −inf) keeps a fully padded sequence NaN-free
+        row = scores.masked_fill(key_keep == 0, torch.finfo(scores.dtype).min).softmax(-1)  # padded keys out
+        probs = (row + row.transpose(-1, -2)) * key_keep  # no real token reads a padded key through either
     return probs @ v, probs
 
 
