@@ -6,6 +6,12 @@ Each variant is one `energyformers train` subprocess on the same data, model, ep
 explicit flag wins over the recipe's value for it (a 300-epoch paper schedule is not a CPU benchmark).
 Test accuracy and wall time come from each run folder's `metrics.json`.
 
+A recipe's warm-up and cooldown are counted in epochs (`deit`: 5 and 10 of 300). Left as they are, a run cut to
+`--epochs 3` would warm up over all 3 epochs and then add 10 cooldown epochs at the floor lr (13 epochs in all).
+So when `--epochs` shortens a recipe, every variant using that recipe gets `--warmup_epochs` and
+`--cooldown_epochs` scaled by the same factor (`deit` at 3 epochs: 0.05 and 0.1), keeping the schedule's shape;
+a variant that sets either flag itself keeps its own value. The flags added are shown in the report.
+
 Writes benchmarks/results/recipe_accuracy.{md,json}.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/recipe_accuracy.py --recipe hyperset-ic \\
@@ -55,6 +61,24 @@ def parse_variants(args: argparse.Namespace) -> dict[str, list[str]]:
             )
         variants[name.strip()] = shlex.split(flags)
     return variants
+
+
+def shortened_schedule(flags: list[str], epochs: float | None) -> list[str]:
+    """`--warmup_epochs` / `--cooldown_epochs` scaled to `epochs` for a variant whose `--recipe` counts them
+    over a longer run (none when the variant has no recipe, `epochs` is unset, or the variant sets the flag)."""
+    if epochs is None or "--recipe" not in flags:
+        return []
+    from energyformers.training.augmentation import RECIPES
+
+    recipe = RECIPES[flags[flags.index("--recipe") + 1]]
+    full = recipe.get("num_train_epochs")
+    if not full or epochs >= full:
+        return []
+    added = []
+    for key in ("warmup_epochs", "cooldown_epochs"):
+        if key in recipe and f"--{key}" not in flags:
+            added += [f"--{key}", f"{recipe[key] * epochs / full:g}"]
+    return added
 
 
 def common_flags(args: argparse.Namespace) -> list[str]:
@@ -131,6 +155,7 @@ def main() -> None:
     args = parser.parse_args()
 
     variants = parse_variants(args)
+    variants = {name: [*flags, *shortened_schedule(flags, args.epochs)] for name, flags in variants.items()}
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     if not seeds:
         raise SystemExit(f"--seeds {args.seeds!r}: give at least one integer seed")

@@ -277,15 +277,18 @@ def test_each_recipe_splits_into_valid_flags_and_training_keys(name):
 
 
 def test_recipe_values_cite_their_source_and_unknown_names_fail():
-    """Every value in RECIPES has a comment naming the spec it comes from."""
+    """Every value in RECIPES has a comment naming where it comes from: a spec (the papers' recipes) or, for
+    `deit`, DeiT's Table 9 ("DeiT T9") or its main.py defaults ("DeiT main.py")."""
     source = Path(augmentation.__file__).read_text()
     block = source[source.index("RECIPES: dict") : source.index("def split_recipe")]
     value_lines = [line for line in block.splitlines() if re.match(r'\s+"\w+": [^{]', line)]
-    assert value_lines, "no recipe values found"
+    assert len(value_lines) == sum(len(recipe) for recipe in RECIPES.values())
+    deit = block[block.index('"deit": {') :]
     for line in value_lines:
-        assert re.search(r"# \w[\w-]*\.md", line), f"no source next to: {line.strip()}"
-    with pytest.raises(ValueError, match="--recipe 'deit': unknown recipe"):
-        split_recipe("deit")
+        cited = r"# DeiT (T9|main\.py)" if line in deit else r"# \w[\w-]*\.md"
+        assert re.search(cited, line), f"no source next to: {line.strip()}"
+    with pytest.raises(ValueError, match="--recipe 'swin': unknown recipe"):
+        split_recipe("swin")
 
 
 def test_sudoku_recipe_is_the_specs_gpu_recipe():

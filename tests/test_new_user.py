@@ -286,6 +286,50 @@ def test_help_gives_every_option_a_text_and_each_default_once(prog):
     assert "--num-train-epochs" not in text  # one spelling per option
 
 
+# Modules `--help` must not import (issue 14, section 3: start-up time): the training stack is loaded when a
+# command runs, not to print its flags. `accelerate` is not in the list: transformers' `modeling_utils` imports
+# it with `PreTrainedModel`, which `import energyformers` needs for the Auto registration (ARCHITECTURE.md).
+HELP_MUST_NOT_IMPORT = ("datasets", "evaluate", "kornia", "transformers.trainer", "matplotlib")
+
+
+# `python -m energyformers COMMAND --help` for each command in turn, run by runpy in one process (one start-up of
+# torch instead of three), recording the names in sys.modules after each command: a module first loaded by a
+# command appears from that command on. (`-X importtime` misses modules transformers loads through its lazy
+# module, e.g. `transformers.modeling_utils`, so sys.modules is read instead.)
+RECORD_MODULES = """
+import json, runpy, sys
+out, commands = sys.argv[1], sys.argv[2:]
+seen = {}
+for command in commands:
+    sys.argv = ["energyformers", command, "--help"]
+    try:
+        runpy.run_module("energyformers", run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        assert stop.code in (0, None), (command, stop.code)
+    seen[command] = sorted(sys.modules)
+open(out, "w").write(json.dumps(seen))
+"""
+HELP_COMMANDS = ("train", "train-accelerate", "predict")
+
+
+def test_help_imports_none_of_the_training_stack(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    record = tmp_path / "modules.json"
+    argv = [sys.executable, "-c", RECORD_MODULES, str(record), *HELP_COMMANDS]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.count("usage: energyformers") == 3, done.stderr[-2000:]
+    seen = json.loads(record.read_text())
+    assert list(seen) == list(HELP_COMMANDS)
+    first = set(seen["train"])
+    assert {"torch", "transformers.modeling_utils", "energyformers.training.arguments"} <= first  # recorded
+    loaded = {command: [m for m in HELP_MUST_NOT_IMPORT if m in modules] for command, modules in seen.items()}
+    assert loaded == {command: [] for command in HELP_COMMANDS}
+
+
 def test_both_loops_parse_the_same_flags_into_the_same_values():
     argv = [
         "--output_dir",

@@ -17,6 +17,7 @@ from fixtures import cli_config
 
 import energyformers
 from energyformers.training import accelerate_loop, optimization, train
+from energyformers.training.augmentation import RECIPES, AugmentationArguments, split_recipe
 from energyformers.training.data import MissingDataError, load_data
 
 LOOPS = {"train": train.main, "train-accelerate": accelerate_loop.main}
@@ -92,7 +93,7 @@ def test_recipe_runs_end_to_end_augments_training_batches_only(tmp_path, fashion
     assert LOOPS[loop]([*common, "--recipe", "imixer-cifar", *AUGMENT, "--output_dir", str(out)]) == 0
     train_images = processed_images(fashion_mnist, "train", 16, out)
     held_out = [processed_images(fashion_mnist, split, 8, out) for split in ("validation", "test")]
-    augmented = torch.cat(spy["train"][1:])  # [0] is setup's check batch (eval mode, no augmentation)
+    augmented = torch.cat(spy["train"])  # both training batches (setup's check batch runs in eval mode)
     assert augmented.shape[1:] == train_images.shape[1:]
     assert not matches(augmented, train_images).any()  # mixup: every training image is changed
     assert matches(torch.cat(spy["eval"][1:]), torch.cat(held_out)).all()  # evaluation sees the plain images
@@ -109,9 +110,110 @@ def test_recipe_runs_end_to_end_augments_training_batches_only(tmp_path, fashion
     spy["train"].clear()
     plain = tmp_path / "plain"
     assert LOOPS[loop]([*common, "--output_dir", str(plain)]) == 0
-    assert matches(torch.cat(spy["train"][1:]), train_images).all()  # without flags: the batches as processed
+    assert matches(torch.cat(spy["train"]), train_images).all()  # without flags: the batches as processed
     saved = [(folder / "preprocessor_config.json").read_bytes() for folder in (out, plain)]
     assert saved[0] == saved[1]  # augmentation is never part of the saved preprocessing
+
+
+# The DeiT values (Touvron et al., ICML 2021, Table 9, and the defaults of its main.py), as documented next to
+# RECIPES["deit"]: a typo in the recipe fails here.
+DEIT = {
+    "learning_rate": 5e-4 * 64 / 512,  # 5e-4 × batch / 512 at the per-device batch of 64
+    "per_device_train_batch_size": 64,
+    "lr_scheduler_type": "cosine",
+    "weight_decay": 0.05,
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.999,
+    "max_grad_norm": 0.0,
+    "warmup_epochs": 5,
+    "warmup_learning_rate": 1e-6,
+    "min_learning_rate": 1e-5,
+    "cooldown_epochs": 10,
+    "num_train_epochs": 300,
+    "label_smoothing": 0.1,
+    "drop_path_rate": 0.1,
+    "rand_augment_ops": 2,
+    "rand_augment_magnitude": 9.0,
+    "mixup_alpha": 0.8,
+    "cutmix_alpha": 1.0,
+    "mix_prob": 1.0,
+    "random_erasing": 0.25,
+    "random_resized_crop_scale": 0.08,
+    "horizontal_flip": 0.5,
+}
+
+
+def test_deit_recipe_holds_exactly_the_deit_values():
+    assert RECIPES["deit"] == DEIT
+    augmentation, training = split_recipe("deit")
+    assert set(augmentation) == {k for k in DEIT if k in AugmentationArguments.__dataclass_fields__}
+    assert set(training) == set(DEIT) - set(augmentation)
+
+
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_deit_recipe_alone_augments_training_batches_but_not_the_saved_preprocessing(
+    tmp_path, fashion_mnist, spy, capsys, loop
+):
+    """The CI variant of issue 14: `--recipe deit --max_steps 2` with no augmentation flag of its own."""
+    common = ["--dataset", fashion_mnist, "--config", *cli_config("hyperset"), *SHORT]
+    out = tmp_path / "deit"
+    assert LOOPS[loop]([*common, "--recipe", "deit", "--output_dir", str(out)]) == 0
+    train_images = processed_images(fashion_mnist, "train", 16, out)
+    augmented = torch.cat(spy["train"])  # both training batches (setup's check batch runs in eval mode)
+    assert len(augmented) == 16 and augmented.shape[1:] == train_images.shape[1:]
+    # random-resized crop from 8 % of the area, mixup/cutmix on every batch: no training image stays as processed
+    assert not matches(augmented, train_images).any()
+    held_out = [processed_images(fashion_mnist, split, 8, out) for split in ("validation", "test")]
+    assert matches(torch.cat(spy["eval"][1:]), torch.cat(held_out)).all()  # evaluation sees the plain images
+    targets = torch.cat(spy["targets"])
+    assert targets.is_floating_point() and targets.shape == (16, 10)
+    torch.testing.assert_close(targets.sum(-1), torch.ones(16))
+    # label smoothing 0.1 over 10 classes caps every target at 0.9 + 0.01, mixed or not
+    assert targets.max() <= 0.91 + 1e-6 and targets.min() >= 0.01 - 1e-6
+
+    metrics = json.loads((out / "metrics.json").read_text())
+    recipe = metrics["recipe"]
+    assert recipe["recipe"] == "deit" and recipe["global_step"] == 2
+    expected = {k: v for k, v in DEIT.items() if k in AugmentationArguments.__dataclass_fields__}
+    assert {k: recipe["augmentation"][k] for k in expected} == expected
+    assert recipe["learning_rate"] == DEIT["learning_rate"] and recipe["max_grad_norm"] == 0.0
+    assert recipe["batch_size"] == 8  # SHORT's explicit --batch_size wins over the recipe's 64
+    # Hyper-SET has no stochastic depth: skipped with one warning line, and not recorded as applied
+    skipped = "--recipe deit: drop_path_rate=0.1 not applied: hyperset has no drop_path_rate config field"
+    assert [w for w in metrics["warnings"] if w.startswith(skipped)] != []
+    assert recipe["depth_flags"] == {} and metrics["arguments"]["model"]["drop_path_rate"] is None
+    assert f"warning: {skipped}" in capsys.readouterr().err
+
+    spy["train"].clear()
+    plain = tmp_path / "plain"
+    assert LOOPS[loop]([*common, "--output_dir", str(plain)]) == 0
+    # without the recipe: the training batches are the 16 images as processed
+    assert len(spy["train"]) == 2 and matches(torch.cat(spy["train"]), train_images).all()
+    saved = [(folder / "preprocessor_config.json").read_bytes() for folder in (out, plain)]
+    assert saved[0] == saved[1]  # the recipe is never part of the saved preprocessing
+
+
+@pytest.mark.parametrize(("family", "applied"), [("imixer", True), ("hyperbf", False)])
+def test_deit_drop_path_reaches_imixer_and_is_skipped_out_loud_elsewhere(
+    tmp_path, fashion_mnist, capsys, family, applied
+):
+    out = tmp_path / family
+    argv = ["--model", family, "--dataset", fashion_mnist, "--config", *cli_config(family), *SHORT]
+    assert accelerate_loop.main([*argv, "--recipe", "deit", "--output_dir", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    config = json.loads((out / "config.json").read_text())
+    notes = [w for w in metrics["warnings"] if "drop_path_rate" in w]
+    err = capsys.readouterr().err
+    if applied:
+        assert config["drop_path_rate"] == 0.1 and metrics["recipe"]["depth_flags"] == {"drop_path_rate": 0.1}
+        assert notes == [] and "drop_path_rate" not in err
+    else:
+        assert "drop_path_rate" not in config and metrics["recipe"]["depth_flags"] == {}
+        assert notes == [
+            f"--recipe deit: drop_path_rate=0.1 not applied: {family} has no drop_path_rate "
+            "config field (the rest of the recipe is)"
+        ]
+        assert f"warning: {notes[0]}" in err
 
 
 def test_text_data_takes_label_smoothing_but_refuses_image_augmentation(tmp_path, capsys):

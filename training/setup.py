@@ -394,11 +394,13 @@ def build(args: Arguments, state: Any) -> Built:
     import transformers
     from transformers import DataCollatorWithPadding, default_data_collator
 
+    from .augmentation import drop_unapplied_recipe_values
     from .processing import cells_transform, image_transform, text_transform
 
     data, warnings = load_and_check_data(args, state)
     task = task_of(data)
     config, processor = build_config_and_processor(args, data, state)
+    warnings += drop_unapplied_recipe_values(args, config)  # a recipe value this model has no field for
     transformers.set_seed(args.run.seed)  # same initial weights on every rank and every rerun
     head = auto_head(config.input_type, task)
     if args.model.from_pretrained:
