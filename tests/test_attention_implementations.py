@@ -129,6 +129,40 @@ def test_bfloat16_no_worse_than_eager(name, length, device):
         assert error(got, want) <= 4 * error(base, want) + 1e-2
 
 
+def two_softmax_definition(q, k, v, keep):
+    """P = R + C as the paper and the authors' code write it: a row and a column softmax of S (padded keys out
+    of the rows, padded queries out of the columns, no token reads a padded key)."""
+    scores = q @ k.transpose(-1, -2)
+    if keep is None:
+        probs = scores.softmax(-1) + scores.softmax(-2)
+    else:
+        key_keep = keep[:, None, None, :]
+        blocked = torch.finfo(scores.dtype).min
+        row = scores.masked_fill(~key_keep, blocked).softmax(-1)
+        col = scores.masked_fill(~key_keep.transpose(-1, -2), blocked).softmax(-2)
+        probs = (row + col) * key_keep
+    return probs @ v, probs
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
+@pytest.mark.parametrize("length", [1, 17, 197])
+def test_eager_one_softmax_is_the_two_softmax_definition(padded, length):
+    """The eager path's C = Rᵀ (S symmetric for q = z ⊙ c, k = z) against the definition, float64: maps, output and
+    the gradients the model sees (through z, c and v)."""
+    z, scale, v, keep = attention_inputs(length, 16, padded, dtype=torch.float64)
+    grad_out = torch.randn(z.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    results = []
+    for attend in (eager_bisoftmax_attention, two_softmax_definition):
+        leaves = [x.detach().clone().requires_grad_() for x in (z, scale, v)]
+        out, probs = attend(*qk(*leaves[:2]), leaves[2], keep)
+        results.append((out, probs, torch.autograd.grad(out, leaves, grad_out)))
+    (out, probs, grads), (want_out, want_probs, want_grads) = results
+    torch.testing.assert_close(probs, want_probs, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(out, want_out, atol=1e-12, rtol=1e-12)
+    for got, want, label in zip(grads, want_grads, "zcv"):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10, msg=f"d{label}")
+
+
 def test_several_heads_and_batches_are_independent():
     """Each (sample, head) pair is its own attention: computing one alone gives the same rows."""
     z, scale, v, keep = on(DEVICES[-1], *attention_inputs(17, 16, padded=True))  # the GPU where there is one
