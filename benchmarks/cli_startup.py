@@ -5,8 +5,9 @@
 
 Each command runs as a fresh `python -m energyformers ...` subprocess (no warm interpreter; the OS file cache is
 warm after the first run, as it is for a user typing commands one after another). Reference rows time
-`import torch` and `import energyformers` alone: every sub-command pays for `import energyformers`, which imports
-torch, transformers and the model files (Auto registration). `--compare LABEL=DIR` also times the package found
+`import torch` and `import energyformers` alone: `import energyformers` imports torch, transformers and the model
+files (Auto registration), which the command line asked only for help skips (`energyformers/__init__.py`); the
+last row runs the installed console script instead of `python -m`. `--compare LABEL=DIR` also times the package found
 first on `DIR` (e.g. the previous commit unpacked with `git archive`, sub-packages copied under `energyformers/`).
 The copies are timed interleaved (run 1 of every command and copy, then run 2, ...), so a change of machine load
 during the benchmark hits them alike. Writes `benchmarks/results/cli_startup.md`.
@@ -30,7 +31,16 @@ COMMANDS = {
     "energyformers --help": ["-m", "energyformers", "--help"],
     "energyformers train --help": ["-m", "energyformers", "train", "--help"],
     "energyformers train-accelerate --help": ["-m", "energyformers", "train-accelerate", "--help"],
-    "energyformers predict --help": ["-m", "energyformers", "predict", "--help"],
+    **{
+        f"energyformers {command} --help": ["-m", "energyformers", command, "--help"]
+        for command in ("predict", "export", "push", "release", "convert", "inspect")
+    },
+    # the console script pip installs beside the interpreter, run by it (its first line names that interpreter)
+    "console script: energyformers train --help": [
+        str(Path(sys.executable).with_name("energyformers")),
+        "train",
+        "--help",
+    ],
 }
 RESULTS = Path(__file__).parent / "results" / "cli_startup.md"
 

@@ -1,7 +1,7 @@
 """fashion_mnist test accuracy of the CLI's default model trained with and without a training recipe.
 
 Each variant is one `energyformers train` subprocess on the same data, model, epochs and seed; only the recipe
-(`--recipe NAME`, the presets of `energyformers.training.augmentation.RECIPES`) or the extra flags of a
+(`--recipe NAME`, the presets of `energyformers.training.recipes.RECIPES`) or the extra flags of a
 `--variant` differ. Flags given here (`--epochs`, `--batch_size` ...) are passed explicitly to every run, and an
 explicit flag wins over the recipe's value for it (a 300-epoch paper schedule is not a CPU benchmark).
 Test accuracy and wall time come from each run folder's `metrics.json`.
@@ -68,7 +68,7 @@ def shortened_schedule(flags: list[str], epochs: float | None) -> list[str]:
     over a longer run (none when the variant has no recipe, `epochs` is unset, or the variant sets the flag)."""
     if epochs is None or "--recipe" not in flags:
         return []
-    from energyformers.training.augmentation import RECIPES
+    from energyformers.training.recipes import RECIPES
 
     recipe = RECIPES[flags[flags.index("--recipe") + 1]]
     full = recipe.get("num_train_epochs")

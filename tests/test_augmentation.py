@@ -16,19 +16,16 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
 
-from energyformers.training import augmentation
+from energyformers.training import recipes
 from energyformers.training.augmentation import (
     EMA_WEIGHTS_NAME,
-    RECIPES,
-    TRAINING_KEYS,
-    AugmentationArguments,
     BatchAugmentation,
     EMACallback,
     ExponentialMovingAverage,
     recipe_lr_schedule,
     soft_target_cross_entropy,
-    split_recipe,
 )
+from energyformers.training.recipes import RECIPES, TRAINING_KEYS, AugmentationArguments, split_recipe
 
 NUM_LABELS = 10
 MEAN = STD = (0.5, 0.5, 0.5)  # the CLI's image processor: pixel values in [-1, 1]
@@ -279,7 +276,7 @@ def test_each_recipe_splits_into_valid_flags_and_training_keys(name):
 def test_recipe_values_cite_their_source_and_unknown_names_fail():
     """Every value in RECIPES has a comment naming where it comes from: a spec (the papers' recipes) or, for
     `deit`, DeiT's Table 9 ("DeiT T9") or its main.py defaults ("DeiT main.py")."""
-    source = Path(augmentation.__file__).read_text()
+    source = Path(recipes.__file__).read_text()
     block = source[source.index("RECIPES: dict") : source.index("def split_recipe")]
     value_lines = [line for line in block.splitlines() if re.match(r'\s+"\w+": [^{]', line)]
     assert len(value_lines) == sum(len(recipe) for recipe in RECIPES.values())

@@ -286,16 +286,22 @@ def test_help_gives_every_option_a_text_and_each_default_once(prog):
     assert "--num-train-epochs" not in text  # one spelling per option
 
 
-# Modules `--help` must not import (issue 14, section 3: start-up time): the training stack is loaded when a
-# command runs, not to print its flags. `accelerate` is not in the list: transformers' `modeling_utils` imports
-# it with `PreTrainedModel`, which `import energyformers` needs for the Auto registration (ARCHITECTURE.md).
-HELP_MUST_NOT_IMPORT = ("datasets", "evaluate", "kornia", "transformers.trainer", "matplotlib")
+# Modules `--help` must not import (issue 14, section 3: start-up time): the answer is a page of text, so neither
+# torch nor the model files (the Auto registration) nor the training stack are loaded to print it.
+HELP_MUST_NOT_IMPORT = (
+    "torch",
+    "transformers.modeling_utils",
+    "energyformers.registry",
+    "datasets",
+    "evaluate",
+    "kornia",
+    "transformers.trainer",
+    "matplotlib",
+)
 
 
-# `python -m energyformers COMMAND --help` for each command in turn, run by runpy in one process (one start-up of
-# torch instead of three), recording the names in sys.modules after each command: a module first loaded by a
-# command appears from that command on. (`-X importtime` misses modules transformers loads through its lazy
-# module, e.g. `transformers.modeling_utils`, so sys.modules is read instead.)
+# `energyformers COMMAND --help` for each command in turn, run by runpy in one process, recording the names in
+# sys.modules after each command: a module first loaded by a command appears from that command on.
 RECORD_MODULES = """
 import json, runpy, sys
 out, commands = sys.argv[1], sys.argv[2:]
@@ -309,25 +315,80 @@ for command in commands:
     seen[command] = sorted(sys.modules)
 open(out, "w").write(json.dumps(seen))
 """
-HELP_COMMANDS = ("train", "train-accelerate", "predict")
 
 
-def test_help_imports_none_of_the_training_stack(tmp_path):
+def test_help_imports_neither_torch_nor_the_models_nor_the_training_stack(tmp_path):
     import os
     import subprocess
     import sys
 
+    from energyformers.training.cli import COMMANDS
+
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     record = tmp_path / "modules.json"
-    argv = [sys.executable, "-c", RECORD_MODULES, str(record), *HELP_COMMANDS]
+    argv = [sys.executable, "-c", RECORD_MODULES, str(record), *COMMANDS]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 0 and done.stdout.count("usage: energyformers") == 3, done.stderr[-2000:]
+    assert done.returncode == 0 and done.stdout.count("usage: energyformers") == len(COMMANDS), done.stderr[
+        -2000:
+    ]
     seen = json.loads(record.read_text())
-    assert list(seen) == list(HELP_COMMANDS)
-    first = set(seen["train"])
-    assert {"torch", "transformers.modeling_utils", "energyformers.training.arguments"} <= first  # recorded
+    assert list(seen) == list(COMMANDS)
+    assert {"energyformers.training.arguments", "transformers.hf_argparser"} <= set(seen["train"])  # recorded
     loaded = {command: [m for m in HELP_MUST_NOT_IMPORT if m in modules] for command, modules in seen.items()}
-    assert loaded == {command: [] for command in HELP_COMMANDS}
+    assert loaded == {command: [] for command in COMMANDS}
+
+
+# What `import energyformers` loads, by how the process was started: (sys.argv, sys.orig_argv, models loaded up
+# front). Only the command line asked for help defers the models; a script's own `--help` does not.
+STARTS = [
+    (
+        ["/venv/bin/energyformers", "train", "--help"],
+        ["python", "/venv/bin/energyformers", "train", "--help"],
+        False,
+    ),
+    (["/venv/bin/energyformers"], ["python", "/venv/bin/energyformers"], False),
+    (["-m", "train", "-h"], ["python", "-X", "importtime", "-m", "energyformers", "train", "-h"], False),
+    (["-m", "--help"], ["python", "-m", "energyformers.training.accelerate_loop", "--help"], False),
+    (["/venv/bin/energyformers", "train"], ["python", "/venv/bin/energyformers", "train"], True),
+    (
+        ["-m", "train", "--dataset", "digits"],
+        ["python", "-m", "energyformers", "train", "--dataset", "digits"],
+        True,
+    ),
+    (["my_script.py", "--help"], ["python", "my_script.py", "--help"], True),
+    (["-c"], ["python", "-c", "import energyformers"], True),
+]
+IMPORT_AS_STARTED = """
+import json, sys
+config = json.loads(sys.argv[3])
+sys.argv[:], sys.orig_argv[:] = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+import energyformers
+loaded_up_front = "torch" in sys.modules
+from transformers import AutoConfig, AutoModelForImageClassification
+families = sorted(energyformers.FAMILIES)  # the first use of a public name loads it and registers the models
+model = AutoModelForImageClassification.from_config(AutoConfig.for_model("hyperset", **config))
+print(json.dumps([loaded_up_front, families, type(model).__name__]))
+"""
+
+
+@pytest.mark.parametrize(("argv", "orig_argv", "eager"), STARTS, ids=[" ".join(s[1][1:]) for s in STARTS])
+def test_the_command_line_help_defers_the_models_and_everything_still_loads_on_first_use(
+    argv, orig_argv, eager
+):
+    import subprocess
+    import sys
+
+    from fixtures import cli_architecture
+
+    config = json.dumps({**cli_architecture("hyperset"), "image_size": 8, "patch_size": 2})
+    program = [sys.executable, "-c", IMPORT_AS_STARTED, json.dumps(argv), json.dumps(orig_argv), config]
+    done = subprocess.run(program, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == [
+        eager,
+        sorted(energyformers.FAMILIES),
+        "HyperSetForImageClassification",
+    ]
 
 
 def test_both_loops_parse_the_same_flags_into_the_same_values():

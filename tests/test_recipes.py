@@ -17,8 +17,8 @@ from fixtures import cli_config
 
 import energyformers
 from energyformers.training import accelerate_loop, optimization, train
-from energyformers.training.augmentation import RECIPES, AugmentationArguments, split_recipe
 from energyformers.training.data import MissingDataError, load_data
+from energyformers.training.recipes import RECIPES, AugmentationArguments, split_recipe
 
 LOOPS = {"train": train.main, "train-accelerate": accelerate_loop.main}
 AUGMENT = ["--rand_augment_ops", "2", "--mixup_alpha", "0.8", "--random_erasing", "0.25"]

@@ -7,7 +7,7 @@ parse the same four dataclasses, so every flag exists in both with the same mean
   training switches (recurrent depth, drop path);
 * `DataArguments`: which data, which columns, how much of it;
 * `RunArguments`: optimisation, schedule, evaluation, checkpoints, output folder, Hub upload;
-* `AugmentationArguments` (`training/augmentation.py`): training-batch augmentation.
+* `AugmentationArguments` (`training/recipes.py`): training-batch augmentation.
 
 `--recipe NAME` (`augmentation.RECIPES`) sets the defaults of the flags it names; flags given explicitly win.
 `parse_arguments` validates every numeric flag (a `UsageError` naming the flag, the value and what is
@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .augmentation import RECIPES, AugmentationArguments, split_recipe
+from .recipes import RECIPES, AugmentationArguments, split_recipe
 
 
 class UsageError(ValueError):

@@ -17,7 +17,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("export", "write a Hub-ready folder with remote code and a model card"),
     "push": ("push", "export and upload a model folder to the Hugging Face Hub"),
     "release": ("release", "train or take the reference checkpoints and export them under dist/"),
-    "convert": ("convert", "convert the authors' official checkpoints to verified model folders and back"),
+    "convert": (
+        "convert_cli",
+        "convert the authors' official checkpoints to verified model folders and back",
+    ),
     "inspect": ("inspect", "draw a model's energy / fixed-point / kernel-width dynamics (PNG + JSON)"),
 }
 

@@ -45,14 +45,12 @@ constructor arguments without a field in our configs (dropout rates and other tr
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
 import os
 import pickle
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -64,7 +62,6 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedConfig, PreTrainedModel, ViTImageProcessorPil
-from transformers.utils import logging as hf_logging
 
 import energyformers
 
@@ -1682,85 +1679,3 @@ def export_official(
         f"  verified: official computation vs model on a fixed input, max |Δlogits| = {error:.3e} (tolerance {tolerance:.0e})"
     )
     return output
-
-
-# ------------------------------------------------------------------------------------------------
-# Command line
-# ------------------------------------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="energyformers convert",
-        description="Convert the authors' official checkpoints into verified model folders, and back.",
-    )
-    parser.add_argument("--source", required=True, choices=sorted(SOURCES), help="the official model class")
-    parser.add_argument("checkpoint", help="official checkpoint (forward) or our model folder (--reverse)")
-    parser.add_argument(
-        "--official-config",
-        "--official_config",
-        dest="official_config",
-        help="the official constructor kwargs: JSON object, a fixture JSON with constructor.kwargs, or YAML",
-    )
-    parser.add_argument("--output_dir", "--output-dir", dest="output_dir", help="model folder to write")
-    parser.add_argument(
-        "--dtype", choices=sorted(DTYPES), default="float32", help="dtype of the written weights"
-    )
-    parser.add_argument(
-        "--trust-pickle", action="store_true", help="allow full unpickling of a trusted checkpoint"
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    parser.add_argument("--reference", help="safetensors with golden/input/* and golden/{f32,f64}/logits")
-    parser.add_argument(
-        "--atol",
-        type=float,
-        help="verification tolerance, times max(1, max |logit|) (default 1e-10 float64, 1e-5 float32)",
-    )
-    parser.add_argument(
-        "--image-mean", type=float, nargs=3, help="processor normalisation mean (default 0.5)"
-    )
-    parser.add_argument("--image-std", type=float, nargs=3, help="processor normalisation std (default 0.5)")
-    parser.add_argument("--reverse", action="store_true", help="our model folder -> official state_dict")
-    parser.add_argument("--output", help="with --reverse: the official .safetensors file to write")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    progress = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # one save and one load of a single file: the bars are noise here
-    try:
-        if args.reverse:
-            if not args.output:
-                parser.error("--reverse needs --output FILE.safetensors")
-            export_official(
-                args.source, args.checkpoint, args.output, overwrite=args.overwrite, atol=args.atol
-            )
-        else:
-            if not args.official_config or not args.output_dir:
-                parser.error("converting a checkpoint needs --official-config and --output_dir")
-            convert_checkpoint(
-                args.source,
-                args.checkpoint,
-                args.official_config,
-                args.output_dir,
-                dtype=args.dtype,
-                trust_pickle=args.trust_pickle,
-                overwrite=args.overwrite,
-                reference=args.reference,
-                atol=args.atol,
-                image_mean=args.image_mean,
-                image_std=args.image_std,
-            )
-    except ConversionError as err:
-        print(f"energyformers convert: error: {err}", file=sys.stderr)
-        return 1
-    finally:
-        if progress:
-            hf_logging.enable_progress_bar()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -30,9 +30,11 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used, so `inspect --help` does not pay for it
+    import torch
+
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -93,6 +95,8 @@ def energy_landscape(
     grid `(resolution,)`, energies `(len(betas), resolution, resolution)` (rows: y), trajectories
     `[(steps + 1, num_starts, 2)]` per β, and the end points' distance to the nearest pattern `(len(betas), num_starts)`.
     """
+    import torch
+
     from energyformers.energy import hopfield_energy, minimize_energy
 
     stored = torch.tensor(LANDSCAPE_PATTERNS if patterns is None else patterns, dtype=torch.float64)
@@ -137,6 +141,8 @@ def energy_landscape(
 
 def _distinct(points: torch.Tensor, tolerance: float = 1e-2) -> torch.Tensor:
     """The points `(S, 2)` with near-duplicates (closer than `tolerance` to an earlier one) removed."""
+    import torch
+
     kept: list[torch.Tensor] = []
     for point in points:
         if all((point - other).norm() >= tolerance for other in kept):
@@ -275,6 +281,8 @@ def dataset_batches(
 
     Loaded with `energyformers.training.data.load_data` (normalised columns: image/text/input_ids + label(s)).
     """
+    import torch
+
     from .data import DataError, input_type_of, is_token_classification, load_data
 
     try:
@@ -304,6 +312,8 @@ def dataset_batches(
 
 def accuracy(model: Any, batches: list[tuple[dict[str, torch.Tensor], torch.Tensor]], **call: Any) -> float:
     """Fraction of correct predictions (per token where labels are >= 0 for token classification)."""
+    import torch
+
     correct = total = 0
     with torch.no_grad():
         for inputs, labels in batches:
@@ -333,6 +343,8 @@ def _shade_trained(ax: Any, trained: int, deepest: int) -> None:
 def inspect_hyperset(
     model: Any, inputs: dict[str, torch.Tensor], deepest: int, output_dir: Path
 ) -> dict[str, Any]:
+    import torch
+
     config = model.config
     trained = config.num_iterations
     with torch.no_grad():
@@ -403,6 +415,8 @@ def inspect_hyperset(
 def inspect_imixer(
     model: Any, inputs: dict[str, torch.Tensor], deepest: int, output_dir: Path
 ) -> dict[str, Any]:
+    import torch
+
     trained = model.config.fixed_point_iterations
     with torch.no_grad():
         outputs = model(**inputs, fixed_point_iterations=deepest, output_fixed_point_residuals=True)
@@ -448,6 +462,8 @@ def inspect_imixer(
 
 
 def inspect_hyperbf(model: Any, inputs: dict[str, torch.Tensor], output_dir: Path) -> dict[str, Any]:
+    import torch
+
     with torch.no_grad():
         outputs = model(**inputs, output_rbf_diagnostics=True)
     diagnostics = outputs.rbf_diagnostics
@@ -613,6 +629,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    import torch
     import transformers
 
     verbosity = transformers.logging.get_verbosity()  # restored: an in-process caller keeps its own

@@ -62,17 +62,16 @@ def inspect_command(run_dir: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    from energyformers import FAMILIES
-
-    from .export import export_model_dir
-
     parser = argparse.ArgumentParser(
         prog="energyformers release",
         description="Train (or take) the reference checkpoints and export Hub-ready folders under dist/. "
         "Arguments after `--` are passed to every `energyformers train` run.",
     )
     parser.add_argument(
-        "--models", nargs="+", default=sorted(FAMILIES), choices=sorted(FAMILIES), help="families to release"
+        "--models",
+        nargs="+",
+        default=None,
+        help="families to release (default: every family of energyformers.FAMILIES)",
     )
     parser.add_argument(
         "--datasets", nargs="+", default=list(REFERENCE_DATASETS), help="datasets to train each family on"
@@ -92,6 +91,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dry_run", action="store_true", help="print the plan, train and write nothing")
     split = argv.index("--") if "--" in argv else len(argv)
     args, train_args = parser.parse_args(argv[:split]), argv[split + 1 :]
+    # The families are read only now: importing them (torch, the model files) is what `--help` should not pay.
+    from energyformers import FAMILIES
+
+    from .export import export_model_dir
+
+    unknown = sorted(set(args.models or ()) - set(FAMILIES))
+    if unknown:
+        parser.error(f"--models {' '.join(unknown)}: unknown; expected some of {sorted(FAMILIES)}")
+    args.models = args.models or sorted(FAMILIES)
 
     # 1. Which model folders to release: given, already trained, or to be trained now.
     plan: list[tuple[Path, list[str] | None]] = []

@@ -394,8 +394,8 @@ def build(args: Arguments, state: Any) -> Built:
     import transformers
     from transformers import DataCollatorWithPadding, default_data_collator
 
-    from .augmentation import drop_unapplied_recipe_values
     from .processing import cells_transform, image_transform, text_transform
+    from .recipes import drop_unapplied_recipe_values
 
     data, warnings = load_and_check_data(args, state)
     task = task_of(data)
