@@ -15,13 +15,20 @@ step = forward + backward.
 `--attention-bound` adds a diagnostic row: Hyper-SET with the bi-softmax replaced by one SDPA call (the row softmax
 alone: wrong maths, so not the model), the speed it would reach if its attention cost what ViT's does.
 
+`--matmul-floor` (CPU) adds another: the time Hyper-SET spends in its matrix products alone (`aten::mm`, `addmm`,
+`bmm`, `baddbmm` self time under `torch.profiler`, eager), against ViT's whole forward — the ratio if every other
+operation (softmax, norms, gains, step-size chain, updates) cost nothing.
+
+`--only` keeps the pairs whose model name contains one of the given strings (e.g. `--only attn=eager` while
+iterating on Hyper-SET; the results files are then partial).
+
 `--compile-time` adds the time of the first call of `torch.compile(fullgraph=True)` (dynamo capture + backend
 compile + one run) of Hyper-SET at T = 4 and T = 24, with the layer step a nested compile region (compiled once
 and reused for every iteration, the model's code) and, for comparison, unrolled (the region removed). Results:
 benchmarks/results/speed.{md,json}.
 
     python benchmarks/speed.py [--batch 8] [--repeats 7] [--device cpu|cuda] [--num_threads N] [--compiled]
-        [--attention-bound]
+        [--attention-bound] [--matmul-floor] [--only NAME_PART ...]
         [--compile-time [--compile-backends aot_eager inductor] [--compile-variants region unrolled]]
 """
 
@@ -160,6 +167,35 @@ def measure(
     return medians
 
 
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def matmul_floor(
+    build: Callable[[], torch.nn.Module],
+    build_baseline: Callable[[], torch.nn.Module],
+    pixels: torch.Tensor,
+    repeats: int,
+) -> dict[str, float]:
+    """Medians over interleaved repeats: the model's forward, the seconds of it spent in matrix products (profiler
+    self time of `MATMUL_OPS`, one profiled forward per repeat) and the baseline's forward (inference mode, CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, baseline = build().eval(), build_baseline().eval()
+    times: dict[str, list[float]] = {"model": [], "matmul": [], "baseline": []}
+    with torch.inference_mode():
+        model(pixel_values=pixels), baseline(pixel_values=pixels)  # warm-up
+        for _ in range(repeats):
+            for key, net in (("model", model), ("baseline", baseline)):
+                start = time.perf_counter()
+                net(pixel_values=pixels)
+                times[key].append(time.perf_counter() - start)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                model(pixel_values=pixels)
+            events = prof.key_averages()
+            times["matmul"].append(sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS) / 1e6)
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
 @contextlib.contextmanager
 def unrolled() -> Iterator[None]:
     """Hyper-SET's layer step without its nested compile region: dynamo inlines every iteration."""
@@ -213,6 +249,14 @@ def main() -> None:
         action="store_true",
         help="also Hyper-SET with its attention replaced by one SDPA call (a bound, not the model)",
     )
+    parser.add_argument(
+        "--matmul-floor",
+        action="store_true",
+        help="also Hyper-SET's time in matrix products alone vs ViT's forward (CPU; a bound, not the model)",
+    )
+    parser.add_argument(
+        "--only", nargs="+", default=None, help="run only pairs whose name contains one of these"
+    )
     parser.add_argument("--num_threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args()
     if args.num_threads is not None:
@@ -256,6 +300,8 @@ def main() -> None:
                 224,
             )
         )
+    if args.only:
+        pairs = [pair for pair in pairs if any(part in pair[0] for part in args.only)]
     for name, build, baseline_name, build_baseline, side in pairs:
         torch.manual_seed(0)
         models = {name: build().to(args.device), baseline_name: build_baseline().to(args.device)}
@@ -276,7 +322,28 @@ def main() -> None:
         )
         records.append({"model": name, "baseline": baseline_name, "params": params, **medians})
         print(lines[-1], flush=True)
+    if args.matmul_floor and args.device == "cpu":
+        torch.manual_seed(0)
+        name = "Hyper-SET cifar10-small (T=12, attn=eager), its matrix products alone (bound, not the model)"
+        baseline_name = "ViT d=384, 6 heads, 12 layers"
+        floor = matmul_floor(
+            lambda: hyperset("eager"), lambda: vit_like(384, 6, 12, 224, 16), torch.randn(args.batch, 3, 224, 224),
+            args.repeats,
+        )  # fmt: skip
+        lines.append(
+            f"| {name} | {baseline_name} | — | {floor['matmul']:.4f} / {floor['baseline']:.4f} | "
+            f"{floor['baseline'] / floor['matmul']:.2f} | — | — |"
+        )
+        floor_note = (
+            f"Matrix products: {floor['matmul']:.4f} s of Hyper-SET's {floor['model']:.4f} s forward "
+            f"({100 * floor['matmul'] / floor['model']:.0f}%; forward ratio in that run "
+            f"{floor['baseline'] / floor['model']:.2f})."
+        )
+        records.append({"model": name, "baseline": baseline_name, "matmul_floor": floor})
+        print(lines[-1], flush=True)
     lines += ["", "ratio = baseline time / model time (> 1: the model is faster than its baseline)."]
+    if args.matmul_floor and args.device == "cpu":
+        lines.append(floor_note)
     if args.device == "cpu":
         lines.append(
             "On a CPU shared with other jobs the absolute times are noisy; the ratios, from interleaved runs, "
