@@ -19,14 +19,19 @@ __version__ = "0.1.0"
 
 
 def _command_line_help(argv: list[str], orig_argv: list[str]) -> bool:
-    """Whether the process is `energyformers ...` / `python -m energyformers[.<module>] ...` asking only for help."""
+    """Whether the process is `energyformers ...` / `python -m energyformers[.<module>] ...` asking only for help.
+
+    `argv` is `sys.argv`: its first item is the console script's path, or "-m" while Python imports the packages of
+    the module `-m` names (`orig_argv`, the interpreter's own command line, says which module that is).
+    """
     if Path(argv[0]).name in ("energyformers", "energyformers.exe"):  # the console script
-        arguments = argv[1:]
-    elif "-m" in orig_argv[:-1] and orig_argv[orig_argv.index("-m") + 1].split(".")[0] == "energyformers":
-        arguments = orig_argv[orig_argv.index("-m") + 2 :]
+        pass
+    elif argv[0] == "-m" and "-m" in orig_argv[:-1]:
+        if orig_argv[orig_argv.index("-m") + 1].split(".")[0] != "energyformers":
+            return False
     else:
         return False
-    return not arguments or "-h" in arguments or "--help" in arguments
+    return len(argv) == 1 or "-h" in argv[1:] or "--help" in argv[1:]
 
 
 if TYPE_CHECKING or not _command_line_help(sys.argv, getattr(sys, "orig_argv", [])):

@@ -356,6 +356,12 @@ STARTS = [
         True,
     ),
     (["my_script.py", "--help"], ["python", "my_script.py", "--help"], True),
+    (
+        ["my_script.py", "-m", "energyformers", "-h"],
+        ["python", "my_script.py", "-m", "energyformers", "-h"],
+        True,
+    ),
+    (["-m", "--help"], ["python", "-m", "other_package", "--help"], True),
     (["-c"], ["python", "-c", "import energyformers"], True),
 ]
 IMPORT_AS_STARTED = """
