@@ -94,7 +94,7 @@ def _is_tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
-def _check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
+def check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
     if input_type != required:
         raise ValueError(
             f"{type(head).__name__} needs config.input_type={required!r}; got input_type={input_type!r}."
@@ -261,7 +261,7 @@ class HyperBFEmbeddings(nn.Module):
         return self.dropout(tokens + positions), keep
 
 
-def _masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
     if keep is None:
         return values.mean(1)
@@ -658,7 +658,7 @@ class HyperBFModel(HyperBFPreTrainedModel):
                 attention_sigmas=torch.stack([layer.attention.sigma() for layer in self.layers]),  # (L, H)
             )
         hidden_states = self.layernorm(hidden_states)
-        pooled = hidden_states[:, 0] if self.config.pooling == "cls" else _masked_mean(hidden_states, keep)
+        pooled = hidden_states[:, 0] if self.config.pooling == "cls" else masked_mean(hidden_states, keep)
         output = HyperBFModelOutput(
             last_hidden_state=hidden_states,
             pooler_output=pooled,
@@ -693,7 +693,7 @@ class HyperBFForImageClassification(HyperBFPreTrainedModel):
 
     def __init__(self, config: HyperBFConfig) -> None:
         super().__init__(config)
-        _check_head_input_type(self, config.input_type, "image")
+        check_head_input_type(self, config.input_type, "image")
         self.hyperbf = HyperBFModel(config)
         self.classifier = (
             nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
@@ -738,7 +738,7 @@ class HyperBFForSequenceClassification(HyperBFPreTrainedModel):
 
     def __init__(self, config: HyperBFConfig) -> None:
         super().__init__(config)
-        _check_head_input_type(self, config.input_type, "sequence")
+        check_head_input_type(self, config.input_type, "sequence")
         self.hyperbf = HyperBFModel(config)
         self.classifier = (
             nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()

@@ -147,7 +147,7 @@ def _is_tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
-def _check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
+def check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
     if input_type != required:
         raise ValueError(
             f"{type(head).__name__} needs config.input_type={required!r}; got input_type={input_type!r}."
@@ -308,7 +308,7 @@ class HyperSetEmbeddings(nn.Module):
         return tokens + self.position_encoding[:, :length].to(tokens.dtype), keep
 
 
-def _masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
     if keep is None:
         return values.mean(1)
@@ -1032,7 +1032,7 @@ class HyperSetModel(HyperSetPreTrainedModel):
             pooled = hidden_states[:, 0]
         else:  # mean over the real tokens; the image CLS token is no patch (timm's mean pooling)
             prefix = self.embeddings.num_prefix_tokens
-            pooled = _masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
+            pooled = masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
         output = HyperSetModelOutput(
             last_hidden_state=hidden_states,
             pooler_output=pooled,
@@ -1181,7 +1181,7 @@ class HyperSetForImageClassification(HyperSetPreTrainedModel):
 
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__(config)
-        _check_head_input_type(self, config.input_type, "image")
+        check_head_input_type(self, config.input_type, "image")
         self.hyperset = HyperSetModel(config)
         self.layernorm = _classifier_norm(config)
         self.classifier = (
@@ -1236,7 +1236,7 @@ class HyperSetForSequenceClassification(HyperSetPreTrainedModel):
 
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__(config)
-        _check_head_input_type(self, config.input_type, "sequence")
+        check_head_input_type(self, config.input_type, "sequence")
         self.hyperset = HyperSetModel(config)
         self.layernorm = _classifier_norm(config)
         self.classifier = (
@@ -1296,7 +1296,7 @@ class HyperSetForTokenClassification(HyperSetPreTrainedModel):
 
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__(config)
-        _check_head_input_type(self, config.input_type, "sequence")
+        check_head_input_type(self, config.input_type, "sequence")
         self.hyperset = HyperSetModel(config)
         self.layernorm = _classifier_norm(config)
         self.classifier = (

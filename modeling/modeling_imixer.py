@@ -95,7 +95,7 @@ def _is_tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
-def _check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
+def check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
     if input_type != required:
         raise ValueError(
             f"{type(head).__name__} needs config.input_type={required!r}; got input_type={input_type!r}."
@@ -250,7 +250,7 @@ class IMixerEmbeddings(nn.Module):
         return embeddings[:, :num_tokens], slot_keep  # (B, S, D)
 
 
-def _masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
     if keep is None:
         return values.mean(1)
@@ -973,7 +973,7 @@ class IMixerModel(IMixerPreTrainedModel):
         hidden_states = self.layernorm(hidden_states)
         output = IMixerModelOutput(
             last_hidden_state=hidden_states,
-            pooler_output=_masked_mean(hidden_states, keep),  # mean over the real tokens (timm's Mixer)
+            pooler_output=masked_mean(hidden_states, keep),  # mean over the real tokens (timm's Mixer)
             hidden_states=all_hidden_states,
             fixed_point_residuals=fixed_point_residuals,
         )
@@ -1002,7 +1002,7 @@ class IMixerForImageClassification(IMixerPreTrainedModel):
 
     def __init__(self, config: IMixerConfig) -> None:
         super().__init__(config)
-        _check_head_input_type(self, config.input_type, "image")
+        check_head_input_type(self, config.input_type, "image")
         self.imixer = IMixerModel(config)
         self.classifier = (
             IMixerClassifier(config.hidden_size, config.num_labels)
@@ -1052,7 +1052,7 @@ class IMixerForSequenceClassification(IMixerPreTrainedModel):
 
     def __init__(self, config: IMixerConfig) -> None:
         super().__init__(config)
-        _check_head_input_type(self, config.input_type, "sequence")
+        check_head_input_type(self, config.input_type, "sequence")
         self.imixer = IMixerModel(config)
         self.classifier = (
             IMixerClassifier(config.hidden_size, config.num_labels)

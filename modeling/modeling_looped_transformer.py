@@ -37,8 +37,8 @@ from ..configuration.configuration_looped_transformer import LoopedTransformerCo
 from .modeling_hyperset import (
     HyperSetEmbeddings,
     HyperSetModel,
-    _check_head_input_type,
-    _masked_mean,
+    check_head_input_type,
+    masked_mean,
     sinusoidal_positions,
 )
 
@@ -224,7 +224,7 @@ class LoopedTransformerModel(LoopedTransformerPreTrainedModel):
             pooled = hidden_states[:, 0]
         else:  # mean over the real tokens; the image CLS token is no patch
             prefix = self.embeddings.num_prefix_tokens
-            pooled = _masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
+            pooled = masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
         output = BaseModelOutputWithPooling(
             last_hidden_state=hidden_states,
             pooler_output=pooled,
@@ -260,7 +260,7 @@ class _LoopedTransformerHead(LoopedTransformerPreTrainedModel):
 
     def __init__(self, config: LoopedTransformerConfig) -> None:
         super().__init__(config)
-        _check_head_input_type(self, config.input_type, self._input_type)
+        check_head_input_type(self, config.input_type, self._input_type)
         self.looped_transformer = LoopedTransformerModel(config)
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.classifier = (

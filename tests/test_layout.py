@@ -103,3 +103,19 @@ def test_registry_imports_configuration_and_modeling_directly_and_the_package_re
     assert reexported == set(energyformers.__all__) - {"__version__"}
     for source in (init, (ROOT / "energyformers" / "registry.py").read_text()):
         assert "importlib" not in source and "globals()" not in source
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A leading underscore means "this module's own": package code never imports such a name from elsewhere."""
+    private = []
+    for folder in ("energyformers", "configuration", "modeling", "training"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                internal = isinstance(node, ast.ImportFrom) and (
+                    node.level > 0 or (node.module or "").startswith("energyformers")
+                )
+                if internal:
+                    private += [
+                        f"{path.name}:{node.lineno} {a.name}" for a in node.names if a.name.startswith("_")
+                    ]
+    assert private == []
