@@ -17,6 +17,7 @@ of our CI, which deselects slow tests.
 from __future__ import annotations
 
 import copy
+import inspect
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -88,7 +89,12 @@ class ExportTesterMixin:
             self._assert_export_matches(model, exported, inputs, "exported")
             with tempfile.TemporaryDirectory() as directory:
                 exported.save_pretrained(directory)
-                reloaded = ExportedModel.from_pretrained(directory)
+                # Newer transformers (5.24) gate dynamo programs (pickled) like remote code, also from a local
+                # folder; this one was written just above.
+                trusted = "trust_remote_code" in inspect.signature(ExportedModel.from_pretrained).parameters
+                reloaded = ExportedModel.from_pretrained(
+                    directory, **({"trust_remote_code": True} if trusted else {})
+                )
                 self._assert_export_matches(model, reloaded, inputs, "saved and reloaded")
 
     def test_torch_export_dynamic_shapes(self):
