@@ -9,7 +9,7 @@ parse the same four dataclasses, so every flag exists in both with the same mean
 * `RunArguments`: optimisation, schedule, evaluation, checkpoints, output folder, Hub upload;
 * `AugmentationArguments` (`training/recipes.py`): training-batch augmentation.
 
-`--recipe NAME` (`augmentation.RECIPES`) sets the defaults of the flags it names; flags given explicitly win.
+`--recipe NAME` (`recipes.RECIPES`) sets the defaults of the flags it names; flags given explicitly win.
 `parse_arguments` validates every numeric flag (a `UsageError` naming the flag, the value and what is
 allowed) before anything is loaded or written.
 """
