@@ -24,12 +24,9 @@ def _command_line_help(argv: list[str], orig_argv: list[str]) -> bool:
     `argv` is `sys.argv`: its first item is the console script's path, or "-m" while Python imports the packages of
     the module `-m` names (`orig_argv`, the interpreter's own command line, says which module that is).
     """
-    if Path(argv[0]).name in ("energyformers", "energyformers.exe"):  # the console script
-        pass
-    elif argv[0] == "-m" and "-m" in orig_argv[:-1]:
-        if orig_argv[orig_argv.index("-m") + 1].split(".")[0] != "energyformers":
-            return False
-    else:
+    console_script = Path(argv[0]).name in ("energyformers", "energyformers.exe")
+    module = orig_argv[orig_argv.index("-m") + 1] if argv[0] == "-m" and "-m" in orig_argv[:-1] else ""
+    if not console_script and module.split(".")[0] != "energyformers":
         return False
     return len(argv) == 1 or "-h" in argv[1:] or "--help" in argv[1:]
 

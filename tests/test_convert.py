@@ -668,3 +668,12 @@ def test_existing_output_is_kept_without_overwrite(synthetic, tmp_path, capsys):
         == 0
     )
     assert "keep.txt" not in {p.name for p in out.iterdir()} and not list(tmp_path.glob(".*"))
+
+
+def test_the_command_line_offers_exactly_the_converters_sources_and_dtypes():
+    """`convert_cli` names them without importing torch (`--help` stays quick); they must stay the converters'."""
+    from energyformers.training.convert import DTYPES
+    from energyformers.training.convert_cli import DTYPE_NAMES, SOURCE_NAMES
+
+    assert sorted(SOURCE_NAMES) == sorted(SOURCES)
+    assert sorted(DTYPE_NAMES) == sorted(DTYPES)

@@ -490,6 +490,16 @@ def test_release_dry_run_plans_every_family_and_reference_dataset(tmp_path, caps
     assert not runs.exists() and not dist.exists()
 
 
+def test_release_refuses_an_unknown_family_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        release.main(["--models", "hyperset", "vit", "--runs_dir", str(tmp_path / "runs"), "--dry_run"])
+    assert stop.value.code == 2
+    assert (
+        "--models vit: unknown; expected some of ['hyperbf', 'hyperset', 'imixer']" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "runs").exists()
+
+
 def test_release_reuses_a_finished_run_instead_of_training(tmp_path, capsys):
     model_type = sorted(FAMILIES)[0]
     run = build_model_dir(
