@@ -278,3 +278,25 @@ def assert_same_structure_and_tensors(got: Any, expected: Any, path: str = "out"
         assert len(got_tensors) == len(expected_tensors), path
         for i, (a, b) in enumerate(zip(got_tensors, expected_tensors)):
             assert torch.equal(a, b), f"{path}:{i}"
+
+
+# ------------------------------------------------------------------ tolerances from dtype and magnitude
+
+
+def assert_close_to_scale(
+    actual: torch.Tensor, expected: torch.Tensor, tolerance: float, name: str = ""
+) -> None:
+    """`actual` equals `expected` within `tolerance` × max(1, max|expected|) in every entry.
+
+    Two paths that compute the same sums in another order differ by rounding that grows with the largest terms of
+    the tensor, not with each entry's own size: an entry near 0 beside entries of 45 carries the rounding of 45. So
+    the bound is taken relative to the tensor's largest magnitude (never below `tolerance` itself); callers pick
+    `tolerance` by dtype. On failure the message names the tensor and shows the difference, the bound and the scale.
+    """
+    scale = max(1.0, expected.detach().abs().max().item()) if expected.numel() else 1.0
+    atol = tolerance * scale
+
+    def message(default: str) -> str:
+        return f"{name}: {default}\nallowed: {tolerance:g} x scale {scale:.4g} = {atol:.3g}"
+
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=0, msg=message)
