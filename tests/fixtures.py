@@ -283,6 +283,11 @@ def assert_same_structure_and_tensors(got: Any, expected: Any, path: str = "out"
 # ------------------------------------------------------------------ tolerances from dtype and magnitude
 
 
+def labelled(name: str) -> Callable[[str], str]:
+    """`msg=` for `torch.testing.assert_close` that names the tensor and keeps torch's message with the numbers."""
+    return lambda default: f"{name}: {default}"
+
+
 def assert_close_to_scale(
     actual: torch.Tensor, expected: torch.Tensor, tolerance: float, name: str = ""
 ) -> None:

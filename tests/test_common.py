@@ -29,6 +29,7 @@ from fixtures import (
     Case,
     assert_same_structure_and_tensors,
     cases,
+    labelled,
     main_output,
     perturb,
     step_once,
@@ -457,7 +458,7 @@ def test_gradient_checkpointing_matches_plain_backprop(case, variant):
     grads = dict(checkpointed.named_parameters())
     for name, parameter in reference.named_parameters():
         assert parameter.grad is not None, name
-        torch.testing.assert_close(grads[name].grad, parameter.grad, atol=1e-6, rtol=0, msg=name)
+        torch.testing.assert_close(grads[name].grad, parameter.grad, atol=1e-6, rtol=0, msg=labelled(name))
     for name, buffer in reference.named_buffers():  # e.g. iMixer's u, v: one power iteration per forward
         assert torch.equal(checkpointed.get_buffer(name), buffer), name
 

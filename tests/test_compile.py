@@ -13,7 +13,7 @@ import os
 
 import pytest
 import torch
-from fixtures import ALL, HEADS, Case, cases, main_output, perturb
+from fixtures import ALL, HEADS, Case, cases, labelled, main_output, perturb
 
 from energyformers import HyperSetForImageClassification, HyperSetForSequenceClassification
 from energyformers.modeling.modeling_hyperset import BISOFTMAX_ATTENTION_FUNCTIONS
@@ -46,7 +46,7 @@ def test_compiled_training_step_matches_eager_gradients(case):
     torch.compile(compiled, fullgraph=True, backend="aot_eager")(**inputs).loss.backward()
     for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
         if a.grad is not None:
-            torch.testing.assert_close(b.grad, a.grad, msg=name)
+            torch.testing.assert_close(b.grad, a.grad, msg=labelled(name))
 
 
 @cases(ALL)
@@ -118,7 +118,7 @@ def test_attention_implementations_compile_and_export(case, name):
     torch.testing.assert_close(got.logits, expected.logits)
     for (key, a), b in zip(eager.named_parameters(), compiled.parameters()):
         if a.grad is not None:
-            torch.testing.assert_close(b.grad, a.grad, msg=key)
+            torch.testing.assert_close(b.grad, a.grad, msg=labelled(key))
     inputs.pop("labels")
     program = torch.export.export(eager.eval(), (), inputs)
     torch.testing.assert_close(main_output(program.module()(**inputs)), main_output(eager(**inputs)))

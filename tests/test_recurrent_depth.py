@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 import torch
-from fixtures import hyperset_config, perturb
+from fixtures import hyperset_config, labelled, perturb
 
 from energyformers import HyperSetForImageClassification, HyperSetForTokenClassification, HyperSetModel
 from energyformers.modeling.modeling_hyperset import HyperSetAttention, sample_num_iterations
@@ -169,7 +169,7 @@ def test_truncated_backprop_equals_detaching_the_state_before_the_last_k_iterati
 
     assert truncated.keys() == by_hand.keys()
     for name in truncated:
-        torch.testing.assert_close(truncated[name], by_hand[name], msg=name)
+        torch.testing.assert_close(truncated[name], by_hand[name], msg=labelled(name))
     # the embeddings feed the graph only through the first T − k iterations: no gradient reaches them
     assert not any(name.startswith("hyperset.embeddings.") for name in truncated)
 
