@@ -521,11 +521,12 @@ def _solve(
             improved = active & finite & (absolute < best)
             growth = torch.where(absolute > previous, growth + 1, 0)
             blown = ~finite | (absolute > _DIVERGENCE_FACTOR * best) | (growth >= _DIVERGENCE_PATIENCE)
-            diverged |= active & blown
+            diverged = diverged | (active & blown)
             best = torch.where(improved, absolute, best)
             best_relative = torch.where(improved, relative, best_relative)
             previous = absolute
-            active &= ~blown & ~(relative <= settings.tolerance)
+            # a new tensor, not `&=`: the previous step's torch.where saved `active` for the unrolled gradient
+            active = active & ~blown & ~(relative <= settings.tolerance)
         keep = improved.reshape(batch, *([1] * (state.ndim - 1)))  # (B, 1, 1)
         answer = torch.where(keep, image, answer)
         if not bool(active.any()):
