@@ -38,8 +38,8 @@ from .modeling_hyperset import (
     HyperSetEmbeddings,
     HyperSetModel,
     check_head_input_type,
+    fixed_positions,
     masked_mean,
-    sinusoidal_positions,
 )
 
 
@@ -139,8 +139,10 @@ class LoopedTransformerPreTrainedModel(PreTrainedModel):
                 init.normal_(module.cls_token, mean=0.0, std=1.0)
             if module.position_encoding is not None:
                 # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
+                # the table the config names (1-D sinusoid, or the row/column table of "sincos-2d")
                 init.copy_(
-                    module.position_encoding, sinusoidal_positions(*module.position_encoding.shape[1:])[None]
+                    module.position_encoding,
+                    fixed_positions(module.config, module.position_encoding.shape[1]),
                 )
 
 
