@@ -169,7 +169,7 @@ def test_models_with_the_new_energies_run_forward_backward_and_report_energies(
 
 
 # ---------------------------------------------------------------- what the iteration does and does not descend
-# (model_cards/hyperset.md, "Energy descent: what is guaranteed"). The updates are Wᵀ ∂E_ATTN/∂z and −Dᵀ ∂E_FF/∂u,
+# (model_cards/hyperset.md, "Energy descent: what is and is not guaranteed"). The updates are Wᵀ ∂E_ATTN/∂z and −Dᵀ ∂E_FF/∂u,
 # gradients with respect to the *normalised* projections, not with respect to x: the RMS normalisation's Jacobian
 # J is skipped. So ⟨∇ₓE_ATTN, Attn(x)⟩ = Σ_i g_iᵀ J_i W Wᵀ g_i, which is ≥ 0 when W W ᵀ = s² I (J is positive
 # semi-definite) and of either sign otherwise.
