@@ -97,7 +97,8 @@ class LoopedTransformerConfig(HyperSetConfig):
         max_position_embeddings (`int`, *optional*, defaults to 512):
             Longest sequence accepted; the size of the learned position table.
         position_embedding_type (`str`, *optional*, defaults to `"sinusoidal"`):
-            `"sinusoidal"` or `"learned"` positions for sequences (images: fixed sinusoid, as Hyper-SET).
+            Positions of sequences, as Hyper-SET's: `"sinusoidal"` (fixed, 1-D), `"learned"`, or `"sincos-2d"`
+            (the fixed row/column table of a square board, e.g. Sudoku); images always use the fixed 1-D sinusoid.
         pooling (`str`, *optional*, defaults to `"cls"`):
             Classifier input: first token (`"cls"`) or masked mean over the real tokens (`"mean"`).
         rms_norm_eps (`float`, *optional*):

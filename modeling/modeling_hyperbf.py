@@ -579,6 +579,28 @@ class HyperBFPreTrainedModel(PreTrainedModel):
             sigma = self.config.rbf_sigma_init or math.sqrt(rank / math.log(max(num_centers, 2)))
             init.constant_(module.log_sigma, math.log(sigma))
 
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
+    ) -> PreTrainedModel:
+        """`PreTrainedModel.from_pretrained`; an unreadable safetensors file raises an `OSError` naming the file."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        except Exception as error:
+            # safetensors' error class, matched by name: a model file imports only torch and transformers
+            if type(error).__name__ != "SafetensorError":
+                raise
+            # safetensors' message does not say which file: the innermost loader frame holding a path does
+            path, trace = pretrained_model_name_or_path, error.__traceback__
+            while trace is not None:
+                names = trace.tb_frame.f_locals.values()
+                path = next((v for v in names if isinstance(v, str) and v.endswith(".safetensors")), path)
+                trace = trace.tb_next
+            raise OSError(
+                f"{path} is not a readable safetensors file (truncated or corrupt): {error}; "
+                "re-save or re-download it"
+            ) from error
+
 
 class HyperBFModel(HyperBFPreTrainedModel):
     """The bare HyperBF encoder: embeddings → `num_hidden_layers` blocks → final LayerNorm (+ pooled token)."""

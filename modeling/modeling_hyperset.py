@@ -2,7 +2,8 @@
 """Hyper-SET: Hyperspherical Energy Transformer with recurrent depth.
 
 Hu, Zou, Xu, *Hyperspherical Energy Transformer with Recurrent Depth*. Each of `num_hidden_layers`
-weight-tied layers is applied `num_iterations` times; one iteration is a gradient step on the
+weight-tied layers is applied `num_iterations` times; one iteration is a step along the gradient, with
+respect to the normalised projections (not x: no monotone descent is guaranteed, model card), of the
 attention energy E_ATTN = √d_h Σ_h Σ_i logsumexp_j(z_i·z_j/√d_h), z = n(W_hᵀx) (tokens spread out on
 each head's sphere), then one on the feedforward energy E_FF = −½ Σ_i ‖ReLU(n(Dx_i))‖² (tokens align
 with dictionary directions). Step sizes α, γ are predicted per token and channel from an iteration
@@ -476,8 +477,9 @@ def resolve_attn_implementation(config: HyperSetConfig, requested: str | None) -
 class HyperSetAttention(nn.Module):
     """Symmetric (bi-softmax) attention: the exact update −Wᵀ ∂E_ATTN/∂z of the hyperspherical energy.
 
-    Q = K = V share one projection W; the output projection is W itself, transposed, so the update is
-    a gradient of an energy of x (paper Eq. for E_ATTN).
+    Q = K = V share one projection W; the output projection is W itself, transposed: the energy's gradient
+    with respect to z pulled back through W, not through the normalisation, so it is not ∇ₓE_ATTN and a small
+    positive step can raise E_ATTN for a general W (model card, "Energy descent").
     """
 
     def __init__(self, config: HyperSetConfig) -> None:
@@ -774,7 +776,7 @@ _compile_region = getattr(torch.compiler, "nested_compile_region", lambda functi
 
 
 class HyperSetLayer(GradientCheckpointingLayer):
-    """One iteration: x ← x − α ⊙ Attn(x), then x ← x + γ ⊙ FF(x) (descent on E_ATTN, then on E_FF), and with
+    """One iteration: x ← x − α ⊙ Attn(x), then x ← x + γ ⊙ FF(x) (steps built on E_ATTN, then E_FF), and with
     `input_anchor` λ > 0 the step −λ(x_t − x₀) on the anchor energy (λ/2)‖x − x₀‖²."""
 
     def __init__(self, config: HyperSetConfig) -> None:
@@ -892,6 +894,28 @@ class HyperSetPreTrainedModel(PreTrainedModel):
                     module.position_encoding,
                     fixed_positions(module.config, module.position_encoding.shape[1]),
                 )
+
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
+    ) -> PreTrainedModel:
+        """`PreTrainedModel.from_pretrained`; an unreadable safetensors file raises an `OSError` naming the file."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        except Exception as error:
+            # safetensors' error class, matched by name: a model file imports only torch and transformers
+            if type(error).__name__ != "SafetensorError":
+                raise
+            # safetensors' message does not say which file: the innermost loader frame holding a path does
+            path, trace = pretrained_model_name_or_path, error.__traceback__
+            while trace is not None:
+                names = trace.tb_frame.f_locals.values()
+                path = next((v for v in names if isinstance(v, str) and v.endswith(".safetensors")), path)
+                trace = trace.tb_next
+            raise OSError(
+                f"{path} is not a readable safetensors file (truncated or corrupt): {error}; "
+                "re-save or re-download it"
+            ) from error
 
 
 class HyperSetModel(HyperSetPreTrainedModel):

@@ -521,11 +521,12 @@ def _solve(
             improved = active & finite & (absolute < best)
             growth = torch.where(absolute > previous, growth + 1, 0)
             blown = ~finite | (absolute > _DIVERGENCE_FACTOR * best) | (growth >= _DIVERGENCE_PATIENCE)
-            diverged |= active & blown
+            diverged = diverged | (active & blown)
             best = torch.where(improved, absolute, best)
             best_relative = torch.where(improved, relative, best_relative)
             previous = absolute
-            active &= ~blown & ~(relative <= settings.tolerance)
+            # a new tensor, not `&=`: the previous step's torch.where saved `active` for the unrolled gradient
+            active = active & ~blown & ~(relative <= settings.tolerance)
         keep = improved.reshape(batch, *([1] * (state.ndim - 1)))  # (B, 1, 1)
         answer = torch.where(keep, image, answer)
         if not bool(active.any()):
@@ -852,6 +853,28 @@ class IMixerPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
         elif isinstance(module, IMixerEmbeddings) and module.config.input_type == "sequence":
             init.normal_(module.pad_embedding, mean=0.0, std=self.config.initializer_range)
+
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
+    ) -> PreTrainedModel:
+        """`PreTrainedModel.from_pretrained`; an unreadable safetensors file raises an `OSError` naming the file."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        except Exception as error:
+            # safetensors' error class, matched by name: a model file imports only torch and transformers
+            if type(error).__name__ != "SafetensorError":
+                raise
+            # safetensors' message does not say which file: the innermost loader frame holding a path does
+            path, trace = pretrained_model_name_or_path, error.__traceback__
+            while trace is not None:
+                names = trace.tb_frame.f_locals.values()
+                path = next((v for v in names if isinstance(v, str) and v.endswith(".safetensors")), path)
+                trace = trace.tb_next
+            raise OSError(
+                f"{path} is not a readable safetensors file (truncated or corrupt): {error}; "
+                "re-save or re-download it"
+            ) from error
 
 
 def _stack_diagnostics(blocks: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

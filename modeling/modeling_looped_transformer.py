@@ -38,8 +38,8 @@ from .modeling_hyperset import (
     HyperSetEmbeddings,
     HyperSetModel,
     check_head_input_type,
+    fixed_positions,
     masked_mean,
-    sinusoidal_positions,
 )
 
 
@@ -139,9 +139,33 @@ class LoopedTransformerPreTrainedModel(PreTrainedModel):
                 init.normal_(module.cls_token, mean=0.0, std=1.0)
             if module.position_encoding is not None:
                 # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
+                # the table the config names (1-D sinusoid, or the row/column table of "sincos-2d")
                 init.copy_(
-                    module.position_encoding, sinusoidal_positions(*module.position_encoding.shape[1:])[None]
+                    module.position_encoding,
+                    fixed_positions(module.config, module.position_encoding.shape[1]),
                 )
+
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
+    ) -> PreTrainedModel:
+        """`PreTrainedModel.from_pretrained`; an unreadable safetensors file raises an `OSError` naming the file."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        except Exception as error:
+            # safetensors' error class, matched by name: a model file imports only torch and transformers
+            if type(error).__name__ != "SafetensorError":
+                raise
+            # safetensors' message does not say which file: the innermost loader frame holding a path does
+            path, trace = pretrained_model_name_or_path, error.__traceback__
+            while trace is not None:
+                names = trace.tb_frame.f_locals.values()
+                path = next((v for v in names if isinstance(v, str) and v.endswith(".safetensors")), path)
+                trace = trace.tb_next
+            raise OSError(
+                f"{path} is not a readable safetensors file (truncated or corrupt): {error}; "
+                "re-save or re-download it"
+            ) from error
 
 
 class LoopedTransformerModel(LoopedTransformerPreTrainedModel):

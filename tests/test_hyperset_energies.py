@@ -166,3 +166,77 @@ def test_models_with_the_new_energies_run_forward_backward_and_report_energies(
     )
     with torch.no_grad():
         torch.testing.assert_close(loaded(**inputs).logits, model(**inputs).logits, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- what the iteration does and does not descend
+# (model_cards/hyperset.md, "Energy descent: what is and is not guaranteed"). The updates are Wᵀ ∂E_ATTN/∂z and −Dᵀ ∂E_FF/∂u,
+# gradients with respect to the *normalised* projections, not with respect to x: the RMS normalisation's Jacobian
+# J is skipped. So ⟨∇ₓE_ATTN, Attn(x)⟩ = Σ_i g_iᵀ J_i W Wᵀ g_i, which is ≥ 0 when W W ᵀ = s² I (J is positive
+# semi-definite) and of either sign otherwise.
+
+
+def _bisoftmax_layer(width: int = 16, intermediate: int = 8) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = SEQUENCE.config(hidden_size=width, intermediate_size=intermediate, num_hidden_layers=1)
+    return HyperSetModel(config).double().layers[0]  # gains at their initial 1: the energies' gain-free n(·)
+
+
+def _step(layer, x: torch.Tensor, alpha: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """One iteration of the layer with fixed per-token step sizes `(B, N, 1)` (same for every channel), no anchor."""
+    width = x.shape[-1]
+    steps = torch.cat([alpha.expand(-1, -1, width), gamma.expand(-1, -1, width)], dim=-1)
+    return layer(x, None, None, None, fixed_step_sizes=steps)[0]
+
+
+def _energies(layer, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    keep = torch.ones(x.shape[:2], dtype=x.dtype)
+    return layer.attention.energy(x, keep), layer.feedforward.energy(x, keep)
+
+
+def test_a_small_positive_attention_step_can_raise_e_attn():
+    # the documented non-guarantee: a general (anisotropic) W, one token pair, α = 1e-6 > 0 on every channel
+    layer = _bisoftmax_layer()
+    g = torch.Generator().manual_seed(0)
+    scales = torch.logspace(-1, 1, 16, dtype=D)  # singular values spread over two decades: W Wᵀ far from s² I
+    for trial in range(500):
+        with torch.no_grad():
+            layer.attention.qkv_proj.weight.copy_(torch.randn(16, 16, generator=g, dtype=D) * scales)
+        x = torch.randn(1, 2, 16, generator=g, dtype=D)
+        alpha, zero = torch.full((1, 2, 1), 1e-6, dtype=D), torch.zeros(1, 2, 1, dtype=D)
+        before = _energies(layer, x)[0]
+        after = _energies(layer, _step(layer, x, alpha, zero))[0]
+        # float64 roundoff of an energy of magnitude |E| is ~1e-16·|E|; a rise 1e4 times that is no rounding
+        if (after - before).item() > 1e-12 * before.abs().item():
+            found = trial
+            break
+    else:
+        pytest.fail("no state among 500 where a small positive attention step raises E_ATTN")
+    assert after > before, f"trial {found}: E_ATTN {before.item():.17g} -> {after.item():.17g}"
+
+
+@pytest.mark.parametrize("part", ["attention", "feedforward"])
+def test_small_positive_steps_descend_each_energy_when_the_projection_is_a_scaled_isometry(part):
+    # where the guarantee holds: W (resp. D, M ≤ d) with orthogonal rows of one norm s and unit gains, per-token
+    # step sizes > 0 shared by all channels and small for the state (the bound shrinks with ‖W_h x‖, which the
+    # attention step itself shrinks, so it is checked one step at a time, from many states)
+    layer = _bisoftmax_layer()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        rotation = torch.linalg.qr(torch.randn(16, 16, generator=g, dtype=D))[0]
+        layer.attention.qkv_proj.weight.copy_(1.5 * rotation)
+        layer.feedforward.dictionary.weight.copy_(1.5 * rotation[:8])  # M = 8 orthonormal rows, scaled
+    index = 0 if part == "attention" else 1
+    for trial in range(20):
+        x = torch.randn(3, 7, 16, generator=g, dtype=D) * (0.5 + 2 * torch.rand(1, generator=g, dtype=D))
+        small = 1e-6 * (1 + torch.rand(3, 7, 1, generator=g, dtype=D))  # per token, in [1e-6, 2e-6)
+        zero = torch.zeros_like(small)
+        alpha, gamma = (small, zero) if part == "attention" else (zero, small)
+        before = _energies(layer, x)[index]
+        after = _energies(layer, _step(layer, x, alpha, gamma))[index]
+        # float64: a "rise" up to 1e-14·|E| (tens of ulps of the summed energy) is roundoff; the descent of a
+        # 1e-6 step is ~1e-6·‖∇E‖·‖update‖, far above it
+        allowed = 1e-14 * before.abs()
+        assert (after - before <= allowed).all(), (
+            f"{part}, trial {trial}: {before.tolist()} -> {after.tolist()}"
+        )
+        assert (after < before).any(), f"{part}, trial {trial}: no sample descended {before} -> {after}"

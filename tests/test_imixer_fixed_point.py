@@ -558,3 +558,58 @@ def test_anderson_ring_buffers_match_the_history_lists(damping):
             mixed = ring(state, image)
         tracked = lists(state.clone().requires_grad_(), image)
         torch.testing.assert_close(mixed, tracked.detach(), atol=1e-12, rtol=1e-10)
+
+
+# ---------------------------------------------------------------- every solver x gradient trains
+
+
+def _accepted_combinations() -> list[tuple[str, str]]:
+    """Every (solver, gradient) pair of the config's own choice table that the config accepts by default."""
+    from energyformers.configuration.configuration_imixer import _CHOICES
+
+    pairs = itertools.product(_CHOICES["fixed_point_solver"], _CHOICES["fixed_point_gradient"])
+    accepted = []
+    for solver, gradient in pairs:
+        try:
+            IMAGE.config(fixed_point_solver=solver, fixed_point_gradient=gradient)
+        except ValueError:
+            continue  # a refusal is allowed; test_refused_combinations_name_the_fields checks its message
+        accepted.append((solver, gradient))
+    return accepted
+
+
+@pytest.mark.parametrize(("solver", "gradient"), _accepted_combinations())
+def test_every_accepted_solver_and_gradient_trains(solver, gradient):
+    # training mode: forward, backward, an optimizer step; the tolerance solvers' per-sample bookkeeping must not
+    # touch tensors autograd saved (the unrolled gradient backprops through every step of their loop)
+    model = IMAGE.build(fixed_point_solver=solver, fixed_point_gradient=gradient, fixed_point_iterations=4)
+    perturb(model)
+    model.train()
+    inputs = IMAGE.inputs(labels=True)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(5):
+        optimizer.zero_grad()
+        loss = model(**inputs).loss
+        loss.backward()
+        missing = [name for name, p in model.named_parameters() if p.grad is None]
+        assert missing == [], f"{solver}/{gradient}: no gradient for {missing}"
+        bad = [name for name, p in model.named_parameters() if not torch.isfinite(p.grad).all()]
+        assert bad == [], f"{solver}/{gradient}: non-finite gradients in {bad}"
+        optimizer.step()
+        losses.append(loss.item())
+    # five Adam steps on the same tiny batch must lower its loss; no tolerance: a failure to train is not a
+    # rounding effect
+    assert losses[-1] < losses[0], f"{solver}/{gradient}: loss did not decrease: {losses}"
+
+
+def test_refused_combinations_name_the_fields():
+    from energyformers.configuration.configuration_imixer import _CHOICES
+
+    for solver, gradient in itertools.product(
+        _CHOICES["fixed_point_solver"], _CHOICES["fixed_point_gradient"]
+    ):
+        if (solver, gradient) in _accepted_combinations():
+            continue
+        with pytest.raises(ValueError, match="fixed_point"):
+            IMAGE.config(fixed_point_solver=solver, fixed_point_gradient=gradient)

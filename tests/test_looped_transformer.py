@@ -252,3 +252,28 @@ def test_size_is_comparable_to_hyperset(make):
     assert count(baseline.looped_transformer.layers) == config.num_hidden_layers * (
         4 * d * d + 2 * m * d + 2 * d
     )
+
+
+@pytest.mark.parametrize("position_embedding_type", ["sincos-2d", "sinusoidal"])
+def test_fixed_position_table_is_the_configured_one_at_init_and_after_reload(
+    tmp_path, position_embedding_type
+):
+    from energyformers.modeling.modeling_hyperset import sincos_2d_positions, sinusoidal_positions
+
+    # a 4 × 4 board of 16 cells (the tiny sequence config's max_position_embeddings), d = 16 (a multiple of 4)
+    model = build(
+        LoopedTransformerForTokenClassification, "sequence", position_embedding_type=position_embedding_type
+    )
+    table = model.looped_transformer.embeddings.position_encoding[0]
+    make = sincos_2d_positions if position_embedding_type == "sincos-2d" else sinusoidal_positions
+    expected = make(*table.shape)
+    assert torch.equal(table, expected), (
+        f"{position_embedding_type}: max |diff| {(table - expected).abs().max()}"
+    )
+    model.save_pretrained(tmp_path)
+    reloaded = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path).eval()
+    assert reloaded.config.position_embedding_type == position_embedding_type
+    table = reloaded.looped_transformer.embeddings.position_encoding[0]
+    assert torch.equal(table, expected), f"reloaded: max |diff| {(table - expected).abs().max()}"
+    ids = tokens()
+    torch.testing.assert_close(reloaded(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
