@@ -60,7 +60,7 @@ TOP_LEVEL = (
     "tests",
     "training",
 )
-REPO_PATH = re.compile(r"`((?:%s)/[\w./-]*)`" % "|".join(TOP_LEVEL))
+REPO_PATH = re.compile(r"`((?:" + "|".join(TOP_LEVEL) + r")/[\w./-]*)`")
 
 
 def python_blocks(path: Path) -> list[str]:
