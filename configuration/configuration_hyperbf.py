@@ -46,7 +46,7 @@ HYPERBF_PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 # The small models `energyformers train` builds from scratch (the dataset sets image geometry or sequence length):
-# images use the `digits` architecture at the CLI's 16×16 geometry (0.961 test accuracy on digits, README).
+# images use the `digits` architecture at the CLI's 16×16 geometry (measured accuracy: docs/benchmarks.md).
 HYPERBF_PRESETS["cli-image"] = {
     k: HYPERBF_PRESETS["digits"][k] for k in ("hidden_size", "num_attention_heads", "num_hidden_layers")
 }

@@ -45,7 +45,7 @@ HYPERSET_PRESETS: dict[str, dict[str, Any]] = {
 # The authors' released models (CIFAR-10, ImageNet-1k, Sudoku), exactly their structure: what `energyformers
 # convert` builds from their checkpoints. It adds to the rows above the iteration-conditioned time MLP of their
 # code and, in the image models, their GELU feedforward. The rows above keep this package's choices: time-invariant
-# step sizes (recurrent-depth.md) and ReLU, the exact gradient of the paper's feedforward energy.
+# step sizes (docs/hyperset.md, "Recurrent depth") and ReLU, the exact gradient of the paper's feedforward energy.
 HYPERSET_PRESETS.update(
     {
         f"{name}-authors": {**HYPERSET_PRESETS[name], "iteration_conditioning": "sinusoidal", **structure}
@@ -252,7 +252,7 @@ class HyperSetConfig(PreTrainedConfig):
             for one layer the embedded input): every iteration also takes the step −λ(x_t − x₀). It makes the
             energy coercive, so the iteration has a fixed point and extra test-time iterations cannot drift
             away (our addition, not the paper's: 0 = the paper's model; the CLI's from-scratch default is 0.5,
-            README "recurrent depth").
+            docs/hyperset.md, "Recurrent depth").
         iteration_sampling (`str`, *optional*, defaults to `"fixed"`):
             Depth of each training forward: `"fixed"` (num_iterations), `"uniform"` over [min_iterations,
             max_iterations], or `"poisson-lognormal"` with mean num_iterations (Geiping et al., *Scaling up

@@ -30,15 +30,15 @@ IMIXER_PRESETS: dict[str, dict[str, Any]] = {
     for size, (width, depth) in _MIXER_SIZES.items()
     for patch in (16, 32)
 }
-# The paper's Table 2 axes that its text fixes (specs/imixer.md): h_r = 1 next to the best h_r = 2, and n = 0, the
-# vanilla MLP-Mixer of the same dimensions (its baseline row). Only settings whose parameter counts the spec
+# The paper's Table 2 axes that its text fixes: h_r = 1 next to the best h_r = 2, and n = 0, the
+# vanilla MLP-Mixer of the same dimensions (its baseline row). Only settings whose parameter counts the paper
 # states are named here; accuracies are the paper's, not reproduced.
 for _name in list(IMIXER_PRESETS):
     IMIXER_PRESETS[f"{_name}-hr1"] = {**IMIXER_PRESETS[_name], "hidden_ratio": 1.0}
     IMIXER_PRESETS[f"{_name}-mixer"] = {**IMIXER_PRESETS[_name], "fixed_point_iterations": 0}
 del _name
 # The small models `energyformers train` builds from scratch (the dataset sets image geometry or sequence length):
-# digits at 16×16 with 12 epochs reaches 0.975 test accuracy (README).
+# digits at 16×16 with 12 epochs (measured accuracy: docs/benchmarks.md).
 IMIXER_PRESETS["cli-image"] = dict(
     hidden_size=128, num_hidden_layers=4, hidden_ratio=2.0, fixed_point_iterations=2
 )
@@ -274,9 +274,9 @@ class IMixerConfig(PreTrainedConfig):
             forward and W changes between steps) or `"per_optimizer_step"` (k steps at the first forward
             after the weights changed, i.e. once per optimiser step, however many forwards it takes).
         spectral_norm_coeff (`float`, *optional*, defaults to 0.9):
-            c: soft spectral normalisation caps σ(W) of F's two weights at c (0.9, specs/imixer.md).
+            c: soft spectral normalisation caps σ(W) of F's two weights at c (0.9, the paper's value).
         spectral_norm_power_iterations (`int`, *optional*, defaults to 8):
-            k: power-iteration steps per training forward that refine the σ estimate (8, specs/imixer.md).
+            k: power-iteration steps per training forward that refine the σ estimate (8, the paper's value).
         hidden_dropout_prob (`float`, *optional*, defaults to 0.0):
             Dropout after each MLP's activation and output (timm's Mixer `proj_drop_rate`; 0 = off).
         drop_path_rate (`float`, *optional*, defaults to 0.0):

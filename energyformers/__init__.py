@@ -31,6 +31,14 @@ def _command_line_help(argv: list[str], orig_argv: list[str]) -> bool:
     return len(argv) == 1 or "-h" in argv[1:] or "--help" in argv[1:]
 
 
+def _pipelines() -> Any:
+    """The `energyformers.pipelines` module, imported on first use (`from . import pipelines` would ask this
+    package's `__getattr__` for the name again)."""
+    from .pipelines import DEPTH_ARGUMENTS  # noqa: F401  (importing a name imports the module)
+
+    return sys.modules[f"{__name__}.pipelines"]
+
+
 if TYPE_CHECKING or not _command_line_help(sys.argv, getattr(sys, "orig_argv", [])):
     from .registry import (  # importing the registry registers the Auto classes
         BASELINES,
@@ -58,9 +66,18 @@ if TYPE_CHECKING or not _command_line_help(sys.argv, getattr(sys, "orig_argv", [
         LoopedTransformerModel,
         task_of,
     )
+
+    def __getattr__(name: str) -> Any:
+        # `energyformers.pipelines` (depth arguments as pipeline call arguments) loads on first use: it imports
+        # transformers' pipeline classes, which loading and training models never needs.
+        if name == "pipelines":
+            return _pipelines()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 else:
 
     def __getattr__(name: str) -> Any:
+        if name == "pipelines":
+            return _pipelines()
         if name not in __all__:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         from . import registry  # registers the Auto classes

@@ -2,7 +2,7 @@
 """Fused bi-softmax attention in Triton (Hyper-SET's `attn_implementation="triton"`), forward and backward.
 
 O = (R + C) v with S = q kᵀ (temperature folded into q), R = softmax of S over the keys (rows) and C = softmax
-of S over the queries (columns), never materialising S (specs/kernels.md):
+of S over the queries (columns), never materialising S:
 
 * forward pass 1 (one program per key block): the column log-sum-exp ℓᶜⱼ = logsumexp_i S_ij, by an online
   reduction over the query blocks (scores only, no V);

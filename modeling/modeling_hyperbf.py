@@ -9,7 +9,7 @@ Deliberate deviation from the public code: its RBF feedforward uses exp(−β·d
 centers against LayerNorm'd inputs, so it underflows to 0 in float32 and never trains, and it hard-codes
 widths. Here every width comes from the config and the kernel is initialised in its useful range.
 
-Other departures from the spec's sketch (same function, different layout): q, k, v are three bias-free
+Other layout choices (same function, different layout): q, k, v are three bias-free
 `Linear(D, D)` (`q_proj`/`k_proj`/`v_proj`, the canonical names) instead of one fused `Linear(D, 3D)`; the
 metric W is a bare (R, D) parameter `metric` rather than a `Linear`; and the centers start at N(0, 1), where
 LayerNorm'd inputs live, rather than N(0, 0.02), with σ chosen from that (see `_init_weights`), so the scaled
@@ -18,7 +18,7 @@ distance d²/2σ² starts near ln K and every center weight near 1/K.
 `attn_implementation` (transformers' standard names): `"eager"` is the reference, explicit scores with the
 per-key bias as an additive mask, and the only path that returns attention maps and center weights; `"sdpa"`
 (the default) runs both units as mask-free `scaled_dot_product_attention` with the per-key bias folded into
-one extra head dimension (q' = [q, 1], k' = [k, b], kernels.md): flash kernels apply, no scores are built.
+one extra head dimension (q' = [q, 1], k' = [k, b]): flash kernels apply, no scores are built.
 """
 
 from __future__ import annotations

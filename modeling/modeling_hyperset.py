@@ -381,7 +381,7 @@ def _sink_attention(
 def sdpa_bisoftmax_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None
 ) -> tuple[torch.Tensor, None]:
-    """Pure torch on `scaled_dot_product_attention`, never materialising S (specs/kernels.md, three-call identity).
+    """Pure torch on `scaled_dot_product_attention`, never materialising S (three-call identity).
 
     R v = SDPA(q, k, v), and C v = Σ_j e^{S_ij − ℓᶜ_j} v_j = e^{ℓʳ_i} SDPA(q, k, v ⊙ e^{−ℓᶜ})_i, max_j ℓᶜ_j factored
     out to stay in range. The column LSE ℓᶜ comes from SDPA with the roles of q and k swapped; both LSEs come from
@@ -618,7 +618,7 @@ class HyperSetLinearAttention(HyperSetAttention):
 
     E_ATTN = (1/(2√d_h)) Σ_h Σ_{i,j} φ(z_i)·φ(z_j) = (1/(2√d_h)) Σ_h ‖Σ_i φ(z_i)‖², z = n(W_hᵀx): the bi-softmax
     energy with the kernel φ(z_i)·φ(z_j) in place of exp(z_i·z_j/√d_h), φ = `config.feature_map` (the feature maps
-    of the authors' `hyper-set-alt-attn` code; the energy is our reading of the spec; that code was not available to us). Its
+    of the authors' `hyper-set-alt-attn` code; the energy is our choice; that code was not available to us). Its
     gradient φ'(z_i) ⊙ Σ_j φ(z_j) / √d_h needs one sum per head and no (N, N) map,
     so the update costs O(N·d_h) per head and returns no attention maps. Gains: k inside φ, q inside φ', v on the
     result; with one shared gain g (`qkv_norm="shared"`) it is the exact gradient of E with z replaced by g ⊙ z.
@@ -702,7 +702,7 @@ class HyperSetStepSizes(nn.Module):
     applies the same map as iteration t, which is what the authors' trained models compute (their `time_mlp`
     is zero-initialised in both Linears, so c_t never learns to depend on t) and what lets the depth grow at
     test time. `"sinusoidal"` makes c_t = time_mlp(sinusoid(t)) really depend on t (an ablation; it collapses
-    past the trained depth, README).
+    past the trained depth, docs/hyperset.md).
     """
 
     def __init__(self, config: HyperSetConfig) -> None:

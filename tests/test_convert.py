@@ -450,16 +450,15 @@ def test_authors_presets_are_exactly_the_official_structures(preset):
 
 
 def test_readme_commands_give_the_kwargs_of_the_authors_presets():
-    """README "Loading the authors' checkpoints": each `echo '{kwargs}' > NAME.json` is the preset NAME-authors."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Loading the authors' checkpoints", 1)[1].split("\n## ", 1)[0]
+    """docs/conversion.md: each `echo '{kwargs}' > NAME.json` is the preset NAME-authors."""
+    section = (Path(__file__).resolve().parents[1] / "docs" / "conversion.md").read_text()
     found = re.findall(r"^echo '(\{.*\})' > ([\w-]+)\.json$", section, flags=re.MULTILINE)
     assert sorted(name for _, name in found) == sorted(p.removesuffix("-authors") for p in AUTHORS_PRESETS)
     for text, name in found:
         family = SOURCES[AUTHORS_PRESETS[f"{name}-authors"][0]]
         config = HyperSetConfig.from_preset(f"{name}-authors")
         expected = family.normalise_kwargs(family.kwargs_from_config(config))
-        training = set(family.training_only)  # dropout rates: the official defaults in the README
+        training = set(family.training_only)  # dropout rates: the official defaults in the docs
         given = family.normalise_kwargs(json.loads(text))
         assert {k: v for k, v in given.items() if k not in training} == {
             k: v for k, v in expected.items() if k not in training

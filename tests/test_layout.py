@@ -1,4 +1,4 @@
-"""Static rules of the repository layout (README, "Repository layout and rules"), read from the source text.
+"""Static rules of the repository layout (docs/development.md), read from the source text.
 
 The three model files are siblings: the same input checks (one wording of each error), the same skeleton, and
 only `torch`, `transformers` and their own config imported, so the Hub export is a one-line rewrite.

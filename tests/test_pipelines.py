@@ -90,3 +90,17 @@ def test_an_argument_the_model_does_not_take_is_rejected_by_name():
     assert len(classify(_image(), fixed_point_iterations=4)) == 4
     with pytest.raises(ValueError, match="halting_tolerance"):
         classify(_image(), halting_tolerance=0.1)
+
+
+@pytest.mark.parametrize(
+    "argv", [["python"], ["energyformers", "--help"]], ids=["import", "help-only-command-line"]
+)
+def test_pipelines_is_an_attribute_after_import_energyformers(argv):
+    """`import energyformers` then `energyformers.pipelines.X`, in a fresh process (here other tests imported it),
+    also where the package defers its imports (the command line asking for help)."""
+    import subprocess
+    import sys
+
+    code = f"import sys; sys.argv = {argv!r}; import energyformers; print(energyformers.pipelines.DEPTH_ARGUMENTS[0])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "num_iterations", result.stderr[-2000:]

@@ -31,7 +31,7 @@ class UsageError(ValueError):
     """Bad command-line input, reported before training starts."""
 
 
-# Recurrent-depth flags (shared/specs/recurrent-depth.md): each sets the config field of the same name.
+# Recurrent-depth flags (docs/hyperset.md, "Recurrent depth"): each sets the config field of the same name.
 DEPTH_FIELDS = (
     "iteration_conditioning",
     "iteration_sampling",

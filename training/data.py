@@ -4,7 +4,7 @@ Every loader returns a `datasets.DatasetDict` with `train`/`validation`/`test` s
 `image` (a `datasets.Image` feature) or `text` (string), and `label` (`ClassLabel`) — except the Sudoku
 built-ins, token-classification data: `input_ids` (81 cells, 0 = blank), `labels` (a list of `ClassLabel`,
 −100 on given cells) and `givens` (see `training/sudoku.py`). Built-ins come
-from packages installed by `.ci/install-data.sh` (sources in shared/specs/data.md), are split with a
+from packages installed by `.ci/install-data.sh` (sources in docs/training.md, "Datasets"), are split with a
 fixed seed, and are cached as Arrow under `~/.cache/energyformers/datasets` after the first build.
 """
 

@@ -1,6 +1,6 @@
 """`energyformers export MODEL_DIR OUT_DIR`: turn a model folder into a Hub-ready folder.
 
-The result loads two ways (ARCHITECTURE.md, "Hub sharing"): with `energyformers` installed through the
+The result loads two ways (docs/hub.md): with `energyformers` installed through the
 registered Auto classes, and without it through `trust_remote_code=True`, because it carries
 
 * `model.safetensors` (copied byte for byte; pickle checkpoints are never read or written),

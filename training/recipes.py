@@ -22,8 +22,8 @@ augmentation flags (the fields of `AugmentationArguments`) from the keys the tra
 
 Two kinds of recipe live in `RECIPES`:
 
-* the papers' own (`hyperset-ic`, `hyperset-sudoku`, `imixer-cifar`, `hyperbf-memo`): the shared specs give only
-  a few of the papers' training values (each written next to its recipe with the section it comes from); the
+* the papers' own (`hyperset-ic`, `hyperset-sudoku`, `imixer-cifar`, `hyperbf-memo`): the papers give only a few
+  training values (each written next to its recipe with its source); the
   papers' augmentation tables are not available offline, so every other key is left out and the loop's default
   applies. None of them switches an augmentation on.
 * `deit`: NOT any of the three papers' values, but the documented standard recipe for training a ViT-like model
@@ -179,38 +179,38 @@ TRAINING_KEYS: tuple[str, ...] = (
     "per_device_train_batch_size",
 )
 
-# The papers' recipes: values from the shared specs only, each with its source. The specs carry no augmentation,
-# optimiser or schedule table for the image-classification experiments of the three papers; every value they do
-# not give is left out (listed under "not in the specs"), so the training loop's default applies to it.
+# The papers' recipes: only values the papers give, each with its source. The papers give no augmentation,
+# optimiser or schedule table for their image-classification experiments; every value they do not give is left
+# out (listed under "not given"), so the training loop's default applies to it.
 # `deit` (last): DeiT's published from-scratch recipe, not a value of any of the three papers.
 RECIPES: dict[str, dict[str, Any]] = {
     # Hyper-SET image classification (paper Table 1: CIFAR-10 Small / Scale-up at 224², patch 16; model presets
-    # `cifar10-small`, `cifar10-small-scaleup`). Not in the specs: every training value — augmentation,
+    # `cifar10-small`, `cifar10-small-scaleup`). Not given: every training value — augmentation,
     # optimiser, lr, schedule, epochs, batch size, drop path, EMA of the paper's image experiments.
     "hyperset-ic": {},
-    # Hyper-SET Sudoku (paper Table 4 model; model preset `sudoku`): the GPU recipe of
-    # specs/recurrent-depth.md, "Measured targets" (Sudoku bullet). No augmentation: the inputs are grids.
-    # Not in the specs: warm-up, lr floor, EMA.
+    # Hyper-SET Sudoku (paper Table 4 model; model preset `sudoku`): the one-GPU recipe of
+    # benchmarks/results/sudoku_depth.md. No augmentation: the inputs are grids.
+    # Not given: warm-up, lr floor, EMA.
     "hyperset-sudoku": {
-        "adam_beta1": 0.0,  # recurrent-depth.md: "AdamW β=(0, 0.95)"
-        "adam_beta2": 0.95,  # recurrent-depth.md: "AdamW β=(0, 0.95)"
-        "weight_decay": 0.1,  # recurrent-depth.md: "wd 0.1"
-        "learning_rate": 1e-4,  # recurrent-depth.md: "lr 1e-4 cosine"
-        "lr_scheduler_type": "cosine",  # recurrent-depth.md: "lr 1e-4 cosine"
-        "max_grad_norm": 1.0,  # recurrent-depth.md: "clip 1.0"
-        "per_device_train_batch_size": 16,  # recurrent-depth.md: "bs 16" (one GPU)
-        "num_train_epochs": 200,  # recurrent-depth.md: "200 epochs"
+        "adam_beta1": 0.0,  # "AdamW β=(0, 0.95)"
+        "adam_beta2": 0.95,  # "AdamW β=(0, 0.95)"
+        "weight_decay": 0.1,  # "wd 0.1"
+        "learning_rate": 1e-4,  # "lr 1e-4 cosine"
+        "lr_scheduler_type": "cosine",  # "lr 1e-4 cosine"
+        "max_grad_norm": 1.0,  # "clip 1.0"
+        "per_device_train_batch_size": 16,  # "bs 16" (one GPU)
+        "num_train_epochs": 200,  # "200 epochs"
     },
     # iMixer on CIFAR-10 (model presets `s16`/`b16`/`l16`, 224², h_r = 2, n = 2). Trained with the authors'
-    # fork of timm's train.py. Not in the specs: augmentation (RandAugment, mixup/cutmix, erasing, smoothing),
+    # fork of timm's train.py. Not given: augmentation (RandAugment, mixup/cutmix, erasing, smoothing),
     # optimiser, lr, warm-up/floor/cooldown, batch size, drop path, EMA.
     "imixer-cifar": {
-        "num_train_epochs": 300,  # imixer.md, "Paper results (CIFAR-10, 300 epochs, 4 GPUs)"
+        "num_train_epochs": 300,  # the paper's CIFAR-10 results: 300 epochs, 4 GPUs
     },
     # HyperBF on CIFAR-10/100, Tiny-ImageNet (model presets `cifar`, `cifar100`: 4 heads, 4 blocks).
-    # Not in the specs: augmentation, optimiser, lr, schedule, batch size, drop path, EMA.
+    # Not given: augmentation, optimiser, lr, schedule, batch size, drop path, EMA.
     "hyperbf-memo": {
-        "num_train_epochs": 100,  # hyperbf.md, "Paper results ... (100 epochs, 4 heads, 4 blocks)"
+        "num_train_epochs": 100,  # the memo's results: 100 epochs, 4 heads, 4 blocks
     },
     # DeiT's from-scratch ViT recipe — NOT a value of the three papers (theirs are not available offline): the
     # standard recipe of Touvron et al., "Training data-efficient image transformers & distillation through

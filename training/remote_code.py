@@ -3,7 +3,7 @@
 Generated from the package sources by rewriting the single `from ..configuration.configuration_<stem> import
 <Arch>Config` line of the modeling file to a same-folder import. Anything else that would not import without the
 package (other relative imports, `energyformers`, third-party modules beyond torch/transformers) is refused,
-checked on the parsed source (ARCHITECTURE.md, "Hub sharing").
+checked on the parsed source.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def dataset_name(args: Arguments) -> str:
 
 
 def data_summary(data: Any) -> dict[str, str] | None:
-    """For grid puzzles (a `givens` column): the distribution of given cells per split (shared/specs/data.md)."""
+    """For grid puzzles (a `givens` column): the distribution of given cells per split."""
     if "givens" not in data["train"].column_names:
         return None
     from .sudoku import format_givens_counts

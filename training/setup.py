@@ -23,7 +23,7 @@ from .data import DataError, input_type_of, label_names, load_data, task_of
 from .weights import check_weights_readable
 
 # Small configs used when no --preset is given, per (family, input_type): the CLI's model sizes. They are sized
-# for the built-in datasets on a 2-core CPU (the README's main job trains digits in a few minutes).
+# for the built-in datasets on a 2-core CPU (`make demo` trains digits in a few minutes).
 # Dataset-dependent fields (image_size/patch_size, vocab_size/max_position_embeddings, labels) are filled in
 # from the data; --config key=value overrides win over everything.
 # Longest tokenized text per built-in (spam e-mails are long; rotten_tomatoes sentences are ~25 tokens).
