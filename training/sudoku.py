@@ -241,3 +241,54 @@ def load_sudoku(n_train: int, n_test: int, seed: int = 0, givens: tuple[int, int
     """
     splits = generate_splits({"train": n_train, "test": n_test}, seed, givens)
     return DatasetDict({split: to_dataset(*arrays) for split, arrays in splits.items()})
+
+
+# ------------------------------------------------------------------ validity-preserving augmentation
+
+
+def random_symmetry(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A random symmetry of Sudoku: (cells, digits) with `new_grid = digits[grid[cells]]`.
+
+    `cells` (81 indices) permutes the bands, the rows inside each band, the stacks, the columns inside each stack and
+    transposes with probability 1/2; `digits` (10 entries, `digits[0] == 0` keeps blanks blank) relabels 1-9. Every
+    one of these maps a valid board to a valid board and a puzzle with one solution to a puzzle with one solution
+    (the image of that solution), so the pair stays a correct training example.
+    """
+    rows = np.concatenate([3 * band + rng.permutation(3) for band in rng.permutation(3)])  # (9,)
+    cols = np.concatenate([3 * stack + rng.permutation(3) for stack in rng.permutation(3)])  # (9,)
+    cells = rows[:, None] * 9 + cols[None, :]  # (9, 9): new cell (r, c) reads old cell cells[r, c]
+    if rng.random() < 0.5:
+        cells = cells.T
+    digits = np.concatenate([[0], 1 + rng.permutation(9)])  # (10,): old digit -> new digit
+    return cells.reshape(81), digits
+
+
+def augment(
+    input_ids: np.ndarray, labels: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """One random symmetry per puzzle of a batch of `to_dataset` rows: `input_ids` (B, 81) with 0 = blank and
+    `labels` (B, 81) with solution digit − 1 on blanks and −100 on givens; returns the transformed pair."""
+    input_ids, labels = np.asarray(input_ids), np.asarray(labels)
+    if input_ids.ndim != 2 or input_ids.shape[1] != 81 or labels.shape != input_ids.shape:
+        raise ValueError(
+            f"augment: input_ids and labels must both be (batch, 81); got {input_ids.shape} and {labels.shape}"
+        )
+    new_ids, new_labels = np.empty_like(input_ids), np.empty_like(labels)
+    for k in range(len(input_ids)):
+        cells, digits = random_symmetry(rng)
+        new_ids[k] = digits[input_ids[k, cells]]
+        moved = labels[k, cells]
+        new_labels[k] = np.where(moved >= 0, digits[np.clip(moved, 0, 8) + 1] - 1, moved)
+    return new_ids, new_labels
+
+
+class SudokuAugmentation:
+    """`Dataset.with_transform` callable: a fresh random symmetry of every puzzle each time it is read, from a
+    seeded generator (one stream per process: DataLoader workers each draw their own)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
+        input_ids, labels = augment(np.asarray(batch["input_ids"]), np.asarray(batch["labels"]), self.rng)
+        return {**batch, "input_ids": input_ids.tolist(), "labels": labels.tolist()}
