@@ -522,7 +522,7 @@ def synthetic(tmp_path):
 def refused(tmp_path: Path, capsys, *args: object) -> str:
     """Run a conversion expected to fail; assert it wrote nothing (no output folder, no temporary left)."""
     before = set(tmp_path.iterdir())
-    assert run(*args, "--output_dir", tmp_path / "out") == 1
+    assert run(*args, "--output_dir", tmp_path / "out") == 2  # bad input: a usage error
     assert set(tmp_path.iterdir()) == before
     return capsys.readouterr().err
 
@@ -661,7 +661,7 @@ def test_existing_output_is_kept_without_overwrite(synthetic, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    assert run("--source", "imixer", checkpoint, "--official-config", config, "--output_dir", out) == 1
+    assert run("--source", "imixer", checkpoint, "--official-config", config, "--output_dir", out) == 2
     assert "--overwrite" in capsys.readouterr().err and [p.name for p in out.iterdir()] == ["keep.txt"]
     assert (
         run("--source", "imixer", checkpoint, "--official-config", config, "--output_dir", out, "--overwrite")

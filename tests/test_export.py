@@ -470,7 +470,7 @@ def test_cli_exports_and_reports_errors(image_model_dir, tmp_path, capsys):
     assert export.main([str(image_model_dir), str(tmp_path / "out"), "--repo-id", "org/tiny"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "out")
     assert 'from_pretrained("org/tiny"' in (tmp_path / "out" / "README.md").read_text()
-    assert export.main([str(tmp_path / "nowhere"), str(tmp_path / "out2")]) == 1
+    assert export.main([str(tmp_path / "nowhere"), str(tmp_path / "out2")]) == 2  # a usage error
     assert "does not exist" in capsys.readouterr().err
     _assert_nothing_written(tmp_path / "out2")
 
