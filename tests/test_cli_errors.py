@@ -81,8 +81,16 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "push missing folder": (["push", str(tmp / "nowhere"), "org/name"], "does not exist"),
         "release missing folder": (["release", "--take", str(tmp / "nowhere")], "does not exist"),
         "convert a text file": (
-            ["convert", "--source", "imixer", str(text_file), "--official-config", str(config)]
-            + ["--output_dir", out],
+            [
+                "convert",
+                "--source",
+                "imixer",
+                str(text_file),
+                "--official-config",
+                str(config),
+                "--output_dir",
+                out,
+            ],
             "is not a checkpoint",
         ),
         "inspect truncated weights": (

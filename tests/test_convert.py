@@ -25,7 +25,14 @@ from transformers import AutoModelForImageClassification, AutoModelForTokenClass
 from energyformers import HyperSetConfig, HyperSetForImageClassification, HyperSetForTokenClassification
 from energyformers.modeling.modeling_hyperset import sincos_2d_positions
 from energyformers.training import cli
-from energyformers.training.convert import EXTRAS_FILE, SOURCES, read_official_config, sha256_file
+from energyformers.training.convert import (
+    EXTRAS_FILE,
+    SOURCES,
+    ConversionError,
+    read_checkpoint,
+    read_official_config,
+    sha256_file,
+)
 
 FIXTURES = Path(
     os.environ.get(
@@ -599,6 +606,25 @@ def test_truncated_file_fails_naming_it(synthetic, tmp_path, capsys, suffix):
     bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
     err = refused(tmp_path, capsys, "--source", "imixer", bad, "--official-config", config)
     assert str(bad) in err and "truncated" in err
+
+
+@pytest.mark.parametrize("name", ["notes.pt", "notes.txt", "notes.safetensors"])
+def test_a_file_that_is_no_checkpoint_is_called_so_not_a_pickle_needing_trust(
+    synthetic, tmp_path, capsys, name
+):
+    """A 23-byte text file is neither safetensors nor a torch.save zip/pickle, whatever its name says."""
+    _, _, config = synthetic
+    bad = tmp_path / name
+    bad.write_text("just some notes here.\n\n")
+    assert bad.stat().st_size == 23
+    err = refused(tmp_path, capsys, "--source", "imixer", bad, "--official-config", config)
+    line = err.strip()
+    assert line.startswith(
+        f"energyformers convert: error: checkpoint {bad} (23 bytes) is not a checkpoint"
+    ), err
+    assert "safetensors" in line and "torch.save" in line and "--trust-pickle" not in line, err
+    with pytest.raises(ConversionError, match="is not a checkpoint"):  # the Python API says the same
+        read_checkpoint(bad)
 
 
 def test_pickle_is_refused_without_trust_pickle(synthetic, tmp_path, capsys):
