@@ -3,10 +3,13 @@
 Importing the package registers every config with `AutoConfig` and every head with its `AutoModelFor*` class
 (`energyformers.registry`), so `from_pretrained` works on our checkpoints without `trust_remote_code`.
 
-One exception keeps the command line quick: when this process is the `energyformers` command asked only for help
-(`-h`/`--help`, or no arguments), nothing heavy is imported up front — registering the models imports torch and
-transformers' modeling code, about 4.5 s on two cores, for a page of text. Every public name below then loads, and
-the Auto classes register, on first use (PEP 562 `__getattr__`), so such a process still sees the whole package.
+One exception keeps the command line quick: when this process is the `energyformers` command (the console script,
+or `python -m energyformers[.<module>]`), nothing heavy is imported up front, so every sub-command parses and checks
+its arguments before torch and transformers' modeling code load (about 4.5 s on two cores): a mistyped flag or
+sub-command is answered at once. The command loads the models itself once its arguments are good
+(`energyformers.training.cli.run_command`); every public name below also loads, and the Auto classes register, on
+first use (PEP 562 `__getattr__`), so such a process still sees the whole package. `import energyformers` from any
+other program (a script, a notebook, `python -c`) imports and registers everything at once, as before.
 """
 
 from __future__ import annotations
@@ -18,17 +21,15 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 
-def _command_line_help(argv: list[str], orig_argv: list[str]) -> bool:
-    """Whether the process is `energyformers ...` / `python -m energyformers[.<module>] ...` asking only for help.
+def _command_line(argv: list[str], orig_argv: list[str]) -> bool:
+    """Whether the process is `energyformers ...` / `python -m energyformers[.<module>] ...`.
 
     `argv` is `sys.argv`: its first item is the console script's path, or "-m" while Python imports the packages of
     the module `-m` names (`orig_argv`, the interpreter's own command line, says which module that is).
     """
     console_script = Path(argv[0]).name in ("energyformers", "energyformers.exe")
     module = orig_argv[orig_argv.index("-m") + 1] if argv[0] == "-m" and "-m" in orig_argv[:-1] else ""
-    if not console_script and module.split(".")[0] != "energyformers":
-        return False
-    return len(argv) == 1 or "-h" in argv[1:] or "--help" in argv[1:]
+    return console_script or module.split(".")[0] == "energyformers"
 
 
 def _pipelines() -> Any:
@@ -39,7 +40,7 @@ def _pipelines() -> Any:
     return sys.modules[f"{__name__}.pipelines"]
 
 
-if TYPE_CHECKING or not _command_line_help(sys.argv, getattr(sys, "orig_argv", [])):
+if TYPE_CHECKING or not _command_line(sys.argv, getattr(sys, "orig_argv", [])):
     from .registry import (  # importing the registry registers the Auto classes
         BASELINES,
         FAMILIES,

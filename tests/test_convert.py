@@ -25,7 +25,14 @@ from transformers import AutoModelForImageClassification, AutoModelForTokenClass
 from energyformers import HyperSetConfig, HyperSetForImageClassification, HyperSetForTokenClassification
 from energyformers.modeling.modeling_hyperset import sincos_2d_positions
 from energyformers.training import cli
-from energyformers.training.convert import EXTRAS_FILE, SOURCES, read_official_config, sha256_file
+from energyformers.training.convert import (
+    EXTRAS_FILE,
+    SOURCES,
+    ConversionError,
+    read_checkpoint,
+    read_official_config,
+    sha256_file,
+)
 
 FIXTURES = Path(
     os.environ.get(
@@ -521,7 +528,7 @@ def synthetic(tmp_path):
 def refused(tmp_path: Path, capsys, *args: object) -> str:
     """Run a conversion expected to fail; assert it wrote nothing (no output folder, no temporary left)."""
     before = set(tmp_path.iterdir())
-    assert run(*args, "--output_dir", tmp_path / "out") == 1
+    assert run(*args, "--output_dir", tmp_path / "out") == 2  # bad input: a usage error
     assert set(tmp_path.iterdir()) == before
     return capsys.readouterr().err
 
@@ -600,6 +607,25 @@ def test_truncated_file_fails_naming_it(synthetic, tmp_path, capsys, suffix):
     assert str(bad) in err and "truncated" in err
 
 
+@pytest.mark.parametrize("name", ["notes.pt", "notes.txt", "notes.safetensors"])
+def test_a_file_that_is_no_checkpoint_is_called_so_not_a_pickle_needing_trust(
+    synthetic, tmp_path, capsys, name
+):
+    """A 23-byte text file is neither safetensors nor a torch.save zip/pickle, whatever its name says."""
+    _, _, config = synthetic
+    bad = tmp_path / name
+    bad.write_text("just some notes here.\n\n")
+    assert bad.stat().st_size == 23
+    err = refused(tmp_path, capsys, "--source", "imixer", bad, "--official-config", config)
+    line = err.strip()
+    assert line.startswith(
+        f"energyformers convert: error: checkpoint {bad} (23 bytes) is not a checkpoint"
+    ), err
+    assert "safetensors" in line and "torch.save" in line and "--trust-pickle" not in line, err
+    with pytest.raises(ConversionError, match="is not a checkpoint"):  # the Python API says the same
+        read_checkpoint(bad)
+
+
 def test_pickle_is_refused_without_trust_pickle(synthetic, tmp_path, capsys):
     """A Lightning checkpoint whose hyper-parameters are a Python object needs full unpickling."""
     state, _, config = synthetic
@@ -660,7 +686,7 @@ def test_existing_output_is_kept_without_overwrite(synthetic, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    assert run("--source", "imixer", checkpoint, "--official-config", config, "--output_dir", out) == 1
+    assert run("--source", "imixer", checkpoint, "--official-config", config, "--output_dir", out) == 2
     assert "--overwrite" in capsys.readouterr().err and [p.name for p in out.iterdir()] == ["keep.txt"]
     assert (
         run("--source", "imixer", checkpoint, "--official-config", config, "--output_dir", out, "--overwrite")

@@ -470,7 +470,7 @@ def test_cli_exports_and_reports_errors(image_model_dir, tmp_path, capsys):
     assert export.main([str(image_model_dir), str(tmp_path / "out"), "--repo-id", "org/tiny"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "out")
     assert 'from_pretrained("org/tiny"' in (tmp_path / "out" / "README.md").read_text()
-    assert export.main([str(tmp_path / "nowhere"), str(tmp_path / "out2")]) == 1
+    assert export.main([str(tmp_path / "nowhere"), str(tmp_path / "out2")]) == 2  # a usage error
     assert "does not exist" in capsys.readouterr().err
     _assert_nothing_written(tmp_path / "out2")
 
@@ -548,6 +548,33 @@ def test_release_exports_taken_folders_with_cards_and_metrics(tmp_path, capsys):
         assert figures and "## Dynamics" in card.text
         for figure in figures:
             assert (folder / figure).is_file() and f"]({figure})" in card.text
+
+
+def test_release_leaves_the_folders_it_takes_byte_for_byte_unchanged(tmp_path, capsys):
+    """The figures for the card are drawn in a copy under the dist folder, which is removed afterwards."""
+    model_type = sorted(FAMILIES)[0]
+    taken = build_model_dir(tmp_path / "mine", model_type, "AutoModelForImageClassification", "image")
+
+    def snapshot() -> dict[str, bytes]:
+        return {str(p.relative_to(taken)): p.read_bytes() for p in sorted(taken.rglob("*")) if p.is_file()}
+
+    before = snapshot()
+    dist = tmp_path / "dist"
+    assert release.main(["--take", str(taken), "--dist_dir", str(dist)]) == 0
+    after = snapshot()
+    assert sorted(after) == sorted(before) and all(after[name] == before[name] for name in before), sorted(
+        set(after) - set(before)
+    )
+    released = dist / f"{model_type}-digits"
+    figures = json.loads((released / "inspect.json").read_text())["figures"]
+    assert figures and all((released / figure).is_file() for figure in figures)
+    assert sorted(p.name for p in dist.iterdir()) == [
+        f"{model_type}-digits",
+        "release.json",
+    ]  # no staging left
+    assert json.loads((dist / "release.json").read_text())["released"][f"{model_type}-digits"][
+        "source"
+    ] == str(taken)
 
 
 def test_release_reports_a_folder_without_metrics_and_ships_the_rest(tmp_path, capsys):

@@ -170,3 +170,31 @@ def test_landscape_command_writes_the_figure_and_numbers(tmp_path):
     report = json.loads((tmp_path / "inspect.json").read_text())["landscape"]
     assert report["betas"] == [0.5, 2.0, 8.0] and len(report["trajectories"]) == 3
     assert max(report["end_distance_to_nearest_pattern"][-1]) < 1e-3
+
+
+def test_a_truncated_model_and_an_output_file_are_one_line_errors(demo, tmp_path, capsys):
+    """Each names the path; nothing is drawn and no traceback is printed."""
+    import shutil
+
+    source = demo("hyperset")
+    capsys.readouterr()  # the demo model's training output
+    folder = tmp_path / "truncated"
+    shutil.copytree(source, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    image = tmp_path / "x.png"
+    Image.new("L", (8, 8)).save(image)
+    assert inspect(folder, image, "--output_dir", tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and str(weights) in err and "truncated" in err, err
+    assert not (tmp_path / "out").exists()
+
+    taken = tmp_path / "report.txt"
+    taken.write_text("mine")
+    assert inspect(source, image, "--output_dir", taken) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.strip()
+        == f"energyformers inspect: error: --output_dir {taken}: is a file, not a folder; name a folder to write into"
+    ), err
+    assert taken.read_text() == "mine"

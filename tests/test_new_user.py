@@ -195,7 +195,7 @@ def test_truncated_weights_are_named_in_predict(truncated, tmp_path, capsys):
 
 
 def test_truncated_weights_are_named_in_export(truncated, tmp_path, capsys):
-    assert export.main([str(truncated), str(tmp_path / "out")]) == 1
+    assert export.main([str(truncated), str(tmp_path / "out")]) == 2
     line = only_line(capsys.readouterr().err)
     assert str(truncated / "model.safetensors") in line and "truncated" in line
     assert not (tmp_path / "out").exists()
@@ -339,7 +339,7 @@ def test_help_imports_neither_torch_nor_the_models_nor_the_training_stack(tmp_pa
 
 
 # What `import energyformers` loads, by how the process was started: (sys.argv, sys.orig_argv, models loaded up
-# front). Only the command line asked for help defers the models; a script's own `--help` does not.
+# front). The `energyformers` command defers the models (it checks its arguments first); any other program does not.
 STARTS = [
     (
         ["/venv/bin/energyformers", "train", "--help"],
@@ -349,12 +349,18 @@ STARTS = [
     (["/venv/bin/energyformers"], ["python", "/venv/bin/energyformers"], False),
     (["-m", "train", "-h"], ["python", "-X", "importtime", "-m", "energyformers", "train", "-h"], False),
     (["-m", "--help"], ["python", "-m", "energyformers.training.accelerate_loop", "--help"], False),
-    (["/venv/bin/energyformers", "train"], ["python", "/venv/bin/energyformers", "train"], True),
+    (["/venv/bin/energyformers", "train"], ["python", "/venv/bin/energyformers", "train"], False),
     (
         ["-m", "train", "--dataset", "digits"],
         ["python", "-m", "energyformers", "train", "--dataset", "digits"],
-        True,
+        False,
     ),
+    (
+        ["-m", "--output_dir", "x"],
+        ["python", "-m", "energyformers.training.train", "--output_dir", "x"],
+        False,
+    ),
+    (["/venv/bin/my-tool", "train"], ["python", "/venv/bin/my-tool", "train"], True),
     (["my_script.py", "--help"], ["python", "my_script.py", "--help"], True),
     (
         ["my_script.py", "-m", "energyformers", "-h"],
@@ -378,9 +384,7 @@ print(json.dumps([loaded_up_front, families, type(model).__name__]))
 
 
 @pytest.mark.parametrize(("argv", "orig_argv", "eager"), STARTS, ids=[" ".join(s[1][1:]) for s in STARTS])
-def test_the_command_line_help_defers_the_models_and_everything_still_loads_on_first_use(
-    argv, orig_argv, eager
-):
+def test_the_command_line_defers_the_models_and_everything_still_loads_on_first_use(argv, orig_argv, eager):
     import subprocess
     import sys
 

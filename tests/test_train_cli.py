@@ -176,6 +176,7 @@ def test_pipeline_reloads_in_a_fresh_process(trained) -> None:
 
 def test_predict_cli_images_and_texts(trained, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     image_dir, text_dir = trained("hyperset", "image"), trained("hyperset", "text")
+    capsys.readouterr()  # the fixture's training output when this test is the first to need the runs
     Image.new("P", (8, 8)).save(tmp_path / "a.png")  # palette mode: converted to RGB
     Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8)).save(tmp_path / "b.png")
     assert predict.main([str(image_dir), str(tmp_path / "a.png"), str(tmp_path / "b.png"), "--json"]) == 0

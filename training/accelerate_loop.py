@@ -23,7 +23,9 @@ from typing import Any
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from .arguments import parse_arguments, run_cli
+from .arguments import Arguments, parse_arguments, quiet_libraries
+from .cli import run_command
+from .interrupt import StopRequest
 
 PROG = "energyformers train-accelerate"
 DESCRIPTION = "Train a Hyper-SET / iMixer / HyperBF model with a plain Accelerate loop (no Trainer)."
@@ -60,9 +62,15 @@ def evaluate_split(model: Any, loader: Any, accelerator: Any, task: str) -> dict
     return {"loss": torch.cat(losses).mean().item(), **task_metrics(task, p, r)}
 
 
-def run(argv: list[str], on_train_end: Callable[[Any, Any], None] | None = None) -> int:
+def parse(argv: list[str]) -> Arguments:
+    """The checked arguments (no torch, no model loaded: `cli.run_command` imports those afterwards)."""
+    return parse_arguments(argv, PROG, DESCRIPTION)
+
+
+def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None) -> int:
+    """Train as `args` say; returns the exit status (0, or 128 + the signal when stopped by SIGTERM/SIGINT)."""
     start = time.time()
-    args = parse_arguments(argv, PROG, DESCRIPTION)
+    quiet_libraries()
     import torch
     from accelerate import Accelerator, DataLoaderConfiguration
     from accelerate.utils import set_seed
@@ -197,50 +205,57 @@ def run(argv: list[str], on_train_end: Callable[[Any, Any], None] | None = None)
         )
         running, seen, start_step = torch.zeros((), device=accelerator.device), 0, step
         model.train()
-        while step < total_steps:
-            epoch, done_in_epoch = divmod(step, steps_per_epoch)
-            train_dl.set_epoch(epoch)
-            # After a resume, skip the micro-batches this epoch already consumed (same order: seedable sampler).
-            skip = done_in_epoch * run_args.gradient_accumulation_steps
-            batches = accelerator.skip_first_batches(train_dl, skip) if skip else train_dl
-            for batch in batches:
-                with accelerator.accumulate(model):
-                    if training_loss.active:
-                        loss, _ = training_loss(model, batch)
-                    else:
-                        loss = model(**batch).loss
-                    accelerator.backward(loss)  # divides by gradient_accumulation_steps itself
-                    if accelerator.sync_gradients and run_args.max_grad_norm > 0:
-                        accelerator.clip_grad_norm_(model.parameters(), run_args.max_grad_norm)
-                    optimizer.step()  # a no-op until the accumulation window is complete
-                    optimizer.zero_grad()
-                running += loss.detach().float() / run_args.gradient_accumulation_steps
-                if not accelerator.sync_gradients:
-                    continue
-                learning_rate = scheduler.get_last_lr()[0]  # the rate this step used (what Trainer logs)
-                scheduler.step()
-                if ema is not None:
-                    ema.update(accelerator.unwrap_model(model))
-                step, seen = step + 1, seen + 1
-                progress.update(1)
-                if step % schedule.logging_steps == 0 or step == total_steps:
-                    log_window({"learning_rate": learning_rate})
-                if schedule.eval_strategy == "steps" and step % schedule.eval_steps == 0:
+        stop = StopRequest()
+        with stop.installed(enabled=accelerator.num_processes == 1):
+            while step < total_steps and not stop.received:
+                epoch, done_in_epoch = divmod(step, steps_per_epoch)
+                train_dl.set_epoch(epoch)
+                # After a resume, skip the micro-batches this epoch already consumed (same order: seedable sampler).
+                skip = done_in_epoch * run_args.gradient_accumulation_steps
+                batches = accelerator.skip_first_batches(train_dl, skip) if skip else train_dl
+                for batch in batches:
+                    with accelerator.accumulate(model):
+                        if training_loss.active:
+                            loss, _ = training_loss(model, batch)
+                        else:
+                            loss = model(**batch).loss
+                        accelerator.backward(loss)  # divides by gradient_accumulation_steps itself
+                        if accelerator.sync_gradients and run_args.max_grad_norm > 0:
+                            accelerator.clip_grad_norm_(model.parameters(), run_args.max_grad_norm)
+                        optimizer.step()  # a no-op until the accumulation window is complete
+                        optimizer.zero_grad()
+                    running += loss.detach().float() / run_args.gradient_accumulation_steps
+                    if not accelerator.sync_gradients:
+                        continue
+                    learning_rate = scheduler.get_last_lr()[0]  # the rate this step used (what Trainer logs)
+                    scheduler.step()
+                    if ema is not None:
+                        ema.update(accelerator.unwrap_model(model))
+                    step, seen = step + 1, seen + 1
+                    progress.update(1)
+                    if step % schedule.logging_steps == 0 or step == total_steps:
+                        log_window({"learning_rate": learning_rate})
+                    if schedule.eval_strategy == "steps" and step % schedule.eval_steps == 0:
+                        metrics = evaluate(eval_dl)
+                        history.append({"step": step, **{f"eval_{k}": v for k, v in metrics.items()}})
+                        progress.write(json.dumps({k: round(v, 5) for k, v in history[-1].items()}))
+                    if schedule.save_strategy == "steps" and step % schedule.save_steps == 0:  # as Trainer
+                        save_checkpoint()
+                    if step >= total_steps or stop.received:  # a stop request ends the run after this step
+                        break
+                end_of_epoch = step % steps_per_epoch == 0 or step >= total_steps
+                if end_of_epoch and schedule.eval_strategy == "epoch":
                     metrics = evaluate(eval_dl)
                     history.append({"step": step, **{f"eval_{k}": v for k, v in metrics.items()}})
                     progress.write(json.dumps({k: round(v, 5) for k, v in history[-1].items()}))
-                if schedule.save_strategy == "steps" and step % schedule.save_steps == 0:  # as Trainer
+                if end_of_epoch and schedule.save_strategy == "epoch":
                     save_checkpoint()
-                if step >= total_steps:
-                    break
-            end_of_epoch = step % steps_per_epoch == 0 or step >= total_steps
-            if end_of_epoch and schedule.eval_strategy == "epoch":
-                metrics = evaluate(eval_dl)
-                history.append({"step": step, **{f"eval_{k}": v for k, v in metrics.items()}})
-                progress.write(json.dumps({k: round(v, 5) for k, v in history[-1].items()}))
-            if end_of_epoch and schedule.save_strategy == "epoch":
-                save_checkpoint()
         progress.close()
+        if stop.received:
+            if not (work_dir / f"step_{step}" / STATE_FILE).is_file():
+                save_checkpoint()
+            accelerator.end_training()
+            return stop.report("train-accelerate", args.argv, step, work_dir)
         train_time = time.time() - start
 
         if on_train_end is not None:
@@ -287,7 +302,12 @@ def run(argv: list[str], on_train_end: Callable[[Any, Any], None] | None = None)
 
 def main(argv: list[str] | None = None, *, on_train_end: Callable[[Any, Any], None] | None = None) -> int:
     """CLI entry point; `on_train_end(model, accelerator)` runs on every process after the last step."""
-    return run_cli("train-accelerate", run, list(sys.argv[1:] if argv is None else argv), on_train_end)
+    return run_command(
+        "train-accelerate",
+        parse,
+        lambda args: run(args, on_train_end),
+        list(sys.argv[1:] if argv is None else argv),
+    )
 
 
 if __name__ == "__main__":

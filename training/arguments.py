@@ -24,12 +24,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cli import UsageError
 from .recipes import RECIPES, AugmentationArguments, split_recipe
-
-
-class UsageError(ValueError):
-    """Bad command-line input, reported before training starts."""
-
 
 # Recurrent-depth flags (docs/hyperset.md, "Recurrent depth"): each sets the config field of the same name.
 DEPTH_FIELDS = (
@@ -477,6 +473,24 @@ def validate(args: Arguments) -> None:
     _check("num_predictions", r.num_predictions, r.num_predictions >= 0, "an integer >= 0")
     if r.push_to_hub and not r.hub_model_id:
         raise UsageError("--push_to_hub needs --hub_model_id ORG/NAME")
+    _check_output_dir(r.output_dir)
+
+
+def _check_output_dir(output_dir: str) -> None:
+    """`--output_dir` names a folder (new, empty, or replaced with --overwrite_output_dir), never a file: a file
+    there is refused whatever the flags, since replacing it with a model folder is not what anyone meant."""
+    path = os.path.expanduser(output_dir)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise UsageError(
+            f"--output_dir {output_dir}: is a file, not a folder; name a new or existing folder "
+            "(--overwrite_output_dir replaces folders only)"
+        )
+    checkpoints = os.path.abspath(path).rstrip(os.sep) + ".checkpoints"
+    if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
+        raise UsageError(
+            f"--output_dir {output_dir}: {checkpoints} (where its checkpoints go) is a file, not a folder; "
+            "move it away or choose another --output_dir"
+        )
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -510,11 +524,11 @@ def recorded(args: Arguments) -> dict[str, Any]:
     }
 
 
-def run_cli(command: str, run_command: Any, *args: Any) -> int:
-    """Quiet the libraries' own progress bars (the training bar stays) and turn input errors into status 2.
+def quiet_libraries() -> None:
+    """Quiet the libraries' own progress bars (the training bar stays).
 
-    `datasets` is not imported here (seconds of start-up that `--help` should not pay): its progress bars are
-    switched off through its environment variable when it is not loaded yet.
+    `datasets` is not imported here (seconds of start-up): its progress bars are switched off through its
+    environment variable when it is not loaded yet.
     """
     import transformers
 
@@ -524,16 +538,6 @@ def run_cli(command: str, run_command: Any, *args: Any) -> int:
         sys.modules["datasets"].disable_progress_bars()
     else:
         os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    try:
-        return run_command(*args)
-    except ValueError as err:  # UsageError and data.DataError (a data error means .data is loaded already)
-        from .data import DataError, MissingDataError
-
-        if not isinstance(err, (UsageError, DataError)):
-            raise
-        hint = f"\n  install: {err.install_command}" if isinstance(err, MissingDataError) else ""
-        print(f"energyformers {command}: error: {err}{hint}", file=sys.stderr)
-        return 2
 
 
 __all__ = [
@@ -550,7 +554,7 @@ __all__ = [
     "config_flags",
     "parse_arguments",
     "parse_overrides",
+    "quiet_libraries",
     "recorded",
-    "run_cli",
     "validate",
 ]

@@ -2,12 +2,29 @@
 
 Sub-command modules are imported lazily so `energyformers predict` does not pay for the
 training stack and a broken optional path cannot break the others.
+
+Every sub-command follows one convention, kept here in `run_command` and nowhere else:
+
+* bad input (a flag value, a missing or wrong-kind path, a file of the wrong structure, an unknown sub-command):
+  one line `energyformers <command>: error: <what>` on stderr and exit status 2, as argparse does for its own
+  errors; a command raises `UsageError` for these;
+* an expected failure of the work itself (the Hub refused an upload): one line and status 1 (`CommandFailed`);
+* any other exception (a bug, a failing disk): its traceback and status 1;
+* interrupted (Ctrl-C): status 130 (128 + SIGINT).
+
+`run_command` parses and checks the arguments first and only then imports the models (torch, transformers'
+modeling code), so an argument error is reported in about a second: `energyformers/__init__.py` defers the heavy
+imports for the `energyformers` process.
 """
 
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 # sub-command -> (module under energyformers.training, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -24,6 +41,59 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("inspect", "draw a model's energy / fixed-point / kernel-width dynamics (PNG + JSON)"),
 }
 
+USAGE_ERROR = 2  # argparse's status for bad arguments
+RUNTIME_ERROR = 1
+INTERRUPTED = 128 + signal.SIGINT
+
+
+class UsageError(ValueError):
+    """Bad command-line input (a flag value, a path, a file's structure): exit status 2, before any work starts.
+
+    `hint`, when set, is printed on a second line (e.g. the command that installs a missing dataset).
+    """
+
+    hint: str | None = None
+
+
+class CommandFailed(RuntimeError):
+    """The arguments were good but the work could not be done for a reason the message explains: exit status 1."""
+
+
+Parsed = TypeVar("Parsed")
+
+
+def run_command(
+    command: str,
+    parse: Callable[[list[str]], Parsed],
+    execute: Callable[[Parsed], int | None],
+    argv: list[str],
+) -> int:
+    """Run one sub-command: `parse(argv)` (light: no torch), then the models load, then `execute(parsed)`.
+
+    Returns the exit status; the one place that maps exceptions to statuses and messages.
+    """
+    prog = f"energyformers {command}"
+    try:
+        parsed = parse(argv)
+        import energyformers.registry  # noqa: F401  (the models load, and register, only for good arguments)
+
+        return int(execute(parsed) or 0)
+    except UsageError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        if err.hint:
+            print(f"  {err.hint}", file=sys.stderr)
+        return USAGE_ERROR
+    except CommandFailed as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return RUNTIME_ERROR
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except Exception:  # a bug or an environment failure: the whole traceback, for the report
+        traceback.print_exc()
+        print(f"{prog}: error: unexpected failure (traceback above)", file=sys.stderr)
+        return RUNTIME_ERROR
+
 
 def _usage() -> str:
     lines = ["usage: energyformers COMMAND [ARGS...]", "", "commands:"]
@@ -39,12 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         print(
-            f"energyformers: unknown command {command!r}; expected one of {sorted(COMMANDS)}\n",
+            f"energyformers: error: unknown command {command!r}; expected one of {', '.join(COMMANDS)} "
+            "(energyformers --help lists them)",
             file=sys.stderr,
         )
-        print(_usage(), file=sys.stderr)
-        return 2
-    module = importlib.import_module(f"energyformers.training.{COMMANDS[command][0]}")
+        return USAGE_ERROR
+    module: Any = importlib.import_module(f"energyformers.training.{COMMANDS[command][0]}")
     return int(module.main(rest) or 0)
 
 

@@ -71,7 +71,9 @@ from ..configuration.configuration_imixer import IMixerConfig
 from ..modeling.modeling_hyperbf import HyperBFForImageClassification
 from ..modeling.modeling_hyperset import HyperSetForImageClassification, HyperSetForTokenClassification
 from ..modeling.modeling_imixer import IMixerForImageClassification
+from .cli import UsageError
 from .processing import cell_tokenizer
+from .weights import checkpoint_format
 
 EXTRAS_FILE = "official_extras.safetensors"
 KEPT_KWARGS = "official_training_kwargs"  # config.json entry: `OfficialSource.training_only` values
@@ -81,8 +83,9 @@ DEFAULT_ATOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 REQUIRED = object()  # marks an official constructor argument without a known default
 
 
-class ConversionError(ValueError):
-    """A checkpoint, official config or model folder that cannot be converted; nothing was written."""
+class ConversionError(UsageError):
+    """A checkpoint, official config or model folder that cannot be converted; nothing was written (a usage
+    error of `energyformers convert`: exit status 2)."""
 
 
 class NotExpressible(ConversionError):
@@ -109,7 +112,13 @@ def _strip(key: str, prefix: str) -> str:
 
 
 def _load_raw(path: Path, trust_pickle: bool) -> Any:
-    if path.suffix == ".safetensors":
+    try:
+        kind = checkpoint_format(
+            path
+        )  # a file that is no checkpoint at all is not "a pickle that needs trust"
+    except UsageError as err:
+        raise ConversionError(str(err)) from None
+    if kind == "safetensors" or path.suffix == ".safetensors":
         try:
             return load_file(str(path))
         except Exception as err:  # SafetensorError derives from Exception only

@@ -6,7 +6,12 @@ Kept apart so that `energyformers convert --help` answers without importing torc
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from pathlib import Path
+
+from .cli import UsageError, run_command
+from .weights import checkpoint_format
 
 # The keys of `convert.SOURCES` and `convert.DTYPES` (a test checks they stay equal).
 SOURCE_NAMES = ("hyperbf", "hyperset-ic", "hyperset-sudoku", "imixer")
@@ -49,25 +54,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Parse and check what needs no torch: the flags that go together, and that the checkpoint is one."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.reverse:
+        if not args.output:
+            parser.error("--reverse needs --output FILE.safetensors")
+        if not Path(args.checkpoint).is_dir():
+            raise UsageError(
+                f"{args.checkpoint}: with --reverse the input is our model folder, which "
+                f"{'is a file' if Path(args.checkpoint).exists() else 'does not exist'}"
+            )
+        return args
+    if not args.official_config or not args.output_dir:
+        parser.error("converting a checkpoint needs --official-config and --output_dir")
+    if args.atol is not None and not (math.isfinite(args.atol) and args.atol > 0):
+        raise UsageError(f"--atol {args.atol}: expected a finite tolerance > 0")
+    checkpoint_format(
+        args.checkpoint
+    )  # a file that is no checkpoint at all is named here, before torch loads
+    if not Path(args.official_config).is_file():
+        raise UsageError(
+            f"--official-config {args.official_config}: no such file; expected a JSON file of constructor "
+            "kwargs, a fixture JSON or a YAML file"
+        )
+    output = Path(args.output_dir)
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"--output_dir {args.output_dir}: is a file, not a folder")
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
-    from .convert import ConversionError, convert_checkpoint, export_official
+    from .convert import convert_checkpoint, export_official
 
     progress = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one save and one load of a single file: the bars are noise here
     try:
         if args.reverse:
-            if not args.output:
-                parser.error("--reverse needs --output FILE.safetensors")
             export_official(
                 args.source, args.checkpoint, args.output, overwrite=args.overwrite, atol=args.atol
             )
         else:
-            if not args.official_config or not args.output_dir:
-                parser.error("converting a checkpoint needs --official-config and --output_dir")
             convert_checkpoint(
                 args.source,
                 args.checkpoint,
@@ -81,13 +111,14 @@ def main(argv: list[str] | None = None) -> int:
                 image_mean=args.image_mean,
                 image_std=args.image_std,
             )
-    except ConversionError as err:
-        print(f"energyformers convert: error: {err}", file=sys.stderr)
-        return 1
     finally:
         if progress:
             hf_logging.enable_progress_bar()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command("convert", parse, run, list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

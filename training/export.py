@@ -207,7 +207,7 @@ def export_model_dir(
     return out_dir
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="energyformers export",
         description="Write a Hub-ready folder (safetensors, auto_map, processor, remote code, model card).",
@@ -218,14 +218,55 @@ def main(argv: list[str]) -> int:
         "--repo-id", "--repo_id", dest="repo_id", help="Hub id shown in the card's loading snippets"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def check_model_dir(model_dir: str, out_dir: str | None = None) -> None:
+    """The checks `export` and `push` make before the models load: a model folder with readable weights, and an
+    output that is not a file. A `UsageError` naming the path."""
+    from .cli import UsageError
+
+    folder = Path(model_dir).expanduser()
+    if not folder.is_dir():
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise UsageError(f"model folder {model_dir} {what}; pass a folder written by `energyformers train`")
+    if not (folder / "config.json").is_file():
+        raise UsageError(
+            f"model folder {model_dir}: missing config.json (write the folder with save_pretrained)"
+        )
+    try:
+        check_weights_readable(folder, flag=f"model folder {model_dir}")
+    except (OSError, ValueError) as err:
+        raise UsageError(str(err)) from None
+    if (
+        out_dir is not None
+        and Path(out_dir).expanduser().exists()
+        and not Path(out_dir).expanduser().is_dir()
+    ):
+        raise UsageError(f"{out_dir}: is a file, not a folder; name a folder to write the export into")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    check_model_dir(args.model_dir, args.out_dir)
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
+    from .cli import UsageError
+
     try:
         out = export_model_dir(args.model_dir, args.out_dir, repo_id=args.repo_id, overwrite=args.overwrite)
-    except (FileNotFoundError, FileExistsError, ValueError) as err:
-        print(f"energyformers export: error: {err}", file=sys.stderr)
-        return 1
+    except (FileNotFoundError, FileExistsError, ValueError) as err:  # the folder's content, or OUT_DIR taken
+        raise UsageError(str(err)) from None
     print(out)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .cli import run_command
+
+    return run_command("export", parse, run, list(sys.argv[1:] if argv is None else argv))
 
 
 __all__ = [

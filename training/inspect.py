@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .cli import UsageError, run_command
+
 if TYPE_CHECKING:  # torch is imported where it is used, so `inspect --help` does not pay for it
     import torch
 
@@ -48,8 +50,8 @@ LANDSCAPE_BETAS: tuple[float, ...] = (0.5, 2.0, 8.0)
 FAMILY_NAMES = {"hyperset": "Hyper-SET", "imixer": "iMixer", "hyperbf": "HyperBF"}
 
 
-class InspectError(ValueError):
-    """A usage or input problem, reported as `energyformers inspect: error: ...`."""
+class InspectError(UsageError):
+    """A usage or input problem, reported as `energyformers inspect: error: ...` (exit status 2)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -627,8 +629,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Parse and check what needs no model: the numbers, the output folder, the model folder and its weights."""
+    args = build_parser().parse_args(argv)
+    if args.max_samples < 1 or args.batch_size < 1:
+        raise InspectError(
+            f"--max_samples and --batch_size must be >= 1; got {args.max_samples}, {args.batch_size}"
+        )
+    if args.max_iterations is not None and args.max_iterations < 1:
+        raise InspectError(f"--max_iterations must be >= 1; got {args.max_iterations}")
+    if args.num_threads is not None and args.num_threads < 1:
+        raise InspectError(f"--num_threads {args.num_threads}: expected an integer >= 1")
+    output_dir = Path(args.output_dir).expanduser()
+    if output_dir.exists() and not output_dir.is_dir():
+        raise InspectError(
+            f"--output_dir {args.output_dir}: is a file, not a folder; name a folder to write into"
+        )
+    folder = Path(args.model_dir).expanduser() if args.model_dir is not None else None
+    if (
+        folder is not None and folder.is_dir()
+    ):  # a local folder: a truncated weights file is named, no traceback
+        from .weights import check_weights_readable
+
+        try:
+            check_weights_readable(folder, flag=str(folder))
+        except (OSError, ValueError) as err:
+            raise InspectError(str(err)) from None
+    elif folder is not None and folder.exists():
+        raise InspectError(f"model folder {args.model_dir}: is a file, not a folder; pass a model folder")
+    return args
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Draw the figures (`run`) and print the paths written."""
     import torch
     import transformers
 
@@ -638,15 +671,16 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.num_threads)
     try:
         report = run(args)
-    except InspectError as err:
-        print(f"energyformers inspect: error: {err}", file=sys.stderr)
-        return 2
     finally:
         transformers.logging.set_verbosity(verbosity)
     for name in report["figures"]:
         print(Path(args.output_dir) / name)
     print(Path(args.output_dir) / "inspect.json")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command("inspect", parse, execute, list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

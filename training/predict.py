@@ -6,20 +6,42 @@
 
 Uses `transformers.pipeline` on the folder (model + saved processor/tokenizer), exactly as a user would;
 the task follows the saved head (`config.architectures`): image, text or token classification.
+The depth flags (`--num_iterations`, `--halting_tolerance`, `--halting_criterion` for Hyper-SET and the looped
+Transformer; `--fixed_point_iterations`, `--fixed_point_solver`, `--fixed_point_tolerance` for iMixer) choose the
+test-time depth of every model call through `energyformers.pipelines`, without editing the saved config:
+
+    energyformers predict runs/demo-hyperset img.png --num_iterations 24 --halting_tolerance 1e-3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
+
+from .cli import UsageError, run_command
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Suffixes of image files (the image-folder loader's list): such a path given to a text model is a mistake.
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+
+
+# Depth flags: the forward argument each sets (`energyformers.pipelines.DEPTH_ARGUMENTS`) and its help.
+DEPTH_FLAGS = {
+    "num_iterations": "iterations of each recurrent block (Hyper-SET, looped Transformer); default: the config's",
+    "halting_tolerance": "stop iterating once the update is below this (Hyper-SET; > 0); default: the config's",
+    "halting_criterion": "what --halting_tolerance measures (Hyper-SET): the state or the energy change",
+    "fixed_point_iterations": "fixed-point steps of each token mixer (iMixer; >= 0); default: the config's",
+    "fixed_point_solver": "fixed-point solver (iMixer); default: the config's",
+    "fixed_point_tolerance": "stop the tolerance solvers below this residual (iMixer; > 0); default: the config's",
+}
+HALTING_CRITERIA = ("state", "energy")
+FIXED_POINT_SOLVERS = ("unrolled", "picard", "anderson")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +55,94 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--trust_remote_code", action="store_true", help="for exported folders without the package"
     )
+    depth = p.add_argument_group(
+        "test-time depth (passed to every model call; the flags the model's forward takes)"
+    )
+    depth.add_argument("--num_iterations", type=int, help=DEPTH_FLAGS["num_iterations"])
+    depth.add_argument("--halting_tolerance", type=float, help=DEPTH_FLAGS["halting_tolerance"])
+    depth.add_argument("--halting_criterion", choices=HALTING_CRITERIA, help=DEPTH_FLAGS["halting_criterion"])
+    depth.add_argument("--fixed_point_iterations", type=int, help=DEPTH_FLAGS["fixed_point_iterations"])
+    depth.add_argument(
+        "--fixed_point_solver", choices=FIXED_POINT_SOLVERS, help=DEPTH_FLAGS["fixed_point_solver"]
+    )
+    depth.add_argument("--fixed_point_tolerance", type=float, help=DEPTH_FLAGS["fixed_point_tolerance"])
     return p
+
+
+def depth_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The depth flags that were given, as forward arguments; a `UsageError` for a value out of range."""
+    given = {name: getattr(args, name) for name in DEPTH_FLAGS if getattr(args, name) is not None}
+    ranges = {
+        "num_iterations": (lambda v: v >= 1, "an integer >= 1"),
+        "halting_tolerance": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+        "fixed_point_iterations": (lambda v: v >= 0, "an integer >= 0"),
+        "fixed_point_tolerance": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+    }
+    for name, value in given.items():
+        ok, allowed = ranges.get(name, (lambda v: True, ""))
+        if not ok(value):
+            raise UsageError(f"--{name} {value}: expected {allowed}")
+    if args.top_k < 1:
+        raise UsageError(f"--top_k {args.top_k}: expected an integer >= 1")
+    return given
+
+
+def _local_config(folder: Path) -> dict[str, Any]:
+    """config.json of a local model folder as plain JSON (read without transformers, for the early checks)."""
+    path = folder / "config.json"
+    if not path.is_file():
+        raise UsageError(
+            f"model folder {folder}: no config.json; expected a folder written by save_pretrained"
+        )
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise UsageError(f"{path}: not a readable JSON config ({err})") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{path}: holds a JSON {type(config).__name__}, not a config object")
+    return config
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Parse and check everything that needs no model: flags, the folder and its weights, the input files."""
+    args = build_parser().parse_args(argv)
+    args.depth = depth_arguments(args)
+    folder = Path(args.model_dir).expanduser()
+    args.local_input_type = None
+    if folder.is_dir():  # a local folder: unreadable weights are named here, not in a safetensors traceback
+        from .weights import check_weights_readable
+
+        config = _local_config(folder)
+        try:
+            check_weights_readable(folder, flag=str(folder))
+        except (OSError, ValueError) as err:
+            raise UsageError(str(err)) from None
+        args.local_input_type = config.get("input_type", "image")
+    elif folder.exists():
+        raise UsageError(f"model folder {args.model_dir}: is a file, not a folder; pass a model folder")
+    elif args.model_dir.startswith((".", "/", "~")) or args.model_dir.count("/") > 1:
+        raise UsageError(f"model folder {args.model_dir!r} does not exist")
+    args.texts = (
+        [line.rstrip("\n") for line in sys.stdin if line.strip()] if args.inputs == ["-"] else args.inputs
+    )
+    if args.local_input_type is not None:
+        check_inputs(args.model_dir, args.local_input_type, args.texts)
+    return args
+
+
+def check_inputs(model_dir: str, input_type: str, inputs: list[str]) -> None:
+    """Image models take existing image files; text models take texts, not image files."""
+    if input_type == "sequence":  # a text model classifies strings: an image path would be classified as text
+        images = [x for x in inputs if Path(x).suffix.lower() in IMAGE_SUFFIXES and Path(x).is_file()]
+        if images:
+            raise UsageError(
+                f"{model_dir} is a text model (input_type='sequence') and {images[0]!r} is an image file; "
+                "pass texts, or an image model folder for images"
+            )
+    if input_type == "image":
+        missing = [x for x in inputs if not Path(x).is_file()]
+        if missing:
+            raise UsageError(f"{model_dir} classifies images; no such file: {missing[0]}")
 
 
 def task_for(config) -> str:
@@ -55,89 +164,65 @@ def task_for(config) -> str:
     return next(iter(INPUT_TYPES[input_type].tasks))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+def pipeline_class(task: str) -> type:
+    """The `energyformers.pipelines` class of `task`: transformers' pipeline plus the depth call arguments."""
+    from energyformers import pipelines
+
+    return {
+        "image-classification": pipelines.ImageClassificationPipeline,
+        "text-classification": pipelines.TextClassificationPipeline,
+        "token-classification": pipelines.TokenClassificationPipeline,
+    }[task]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Classify the inputs with the model; prints one line (or JSON object) per input."""
     import transformers
 
-    from energyformers import INPUT_TYPES  # importing energyformers registers the Auto classes
+    from energyformers import INPUT_TYPES
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    folder = Path(args.model_dir).expanduser()
-    if folder.is_dir():  # a local folder: unreadable weights are named here, not in a safetensors traceback
-        from .weights import check_weights_readable
-
-        try:
-            check_weights_readable(folder, flag=str(folder))
-        except (OSError, ValueError) as err:
-            print(f"energyformers predict: error: {err}", file=sys.stderr)
-            return 2
-    elif args.model_dir.startswith((".", "/", "~")) or args.model_dir.count("/") > 1:
-        print(
-            f"energyformers predict: error: model folder {args.model_dir!r} does not exist", file=sys.stderr
-        )
-        return 2
     try:
         config = transformers.AutoConfig.from_pretrained(
             args.model_dir, trust_remote_code=args.trust_remote_code
         )
     except (OSError, ValueError) as err:
-        print(
-            f"energyformers predict: error: cannot load a model from {args.model_dir!r}: {err}",
-            file=sys.stderr,
-        )
-        return 2
+        raise UsageError(f"cannot load a model from {args.model_dir!r}: {err}") from None
     input_type = getattr(config, "input_type", "image")
     if input_type not in INPUT_TYPES:
-        print(
-            f"energyformers predict: error: {args.model_dir} has input_type={input_type!r}; "
-            f"expected one of {sorted(INPUT_TYPES)}",
-            file=sys.stderr,
+        raise UsageError(
+            f"{args.model_dir} has input_type={input_type!r}; expected one of {sorted(INPUT_TYPES)}"
         )
-        return 2
     task = task_for(config)
     if INPUT_TYPES[input_type].tasks[task] == "AutoModel":
-        print(
-            f"energyformers predict: error: {args.model_dir} is a bare backbone "
-            f"({(config.architectures or ['?'])[0]}) without a classification head",
-            file=sys.stderr,
+        raise UsageError(
+            f"{args.model_dir} is a bare backbone ({(config.architectures or ['?'])[0]}) without a "
+            "classification head"
         )
-        return 2
-    inputs = (
-        [line.rstrip("\n") for line in sys.stdin if line.strip()] if args.inputs == ["-"] else args.inputs
-    )
-    if input_type == "sequence":  # a text model classifies strings: an image path would be classified as text
-        images = [x for x in inputs if Path(x).suffix.lower() in IMAGE_SUFFIXES and Path(x).is_file()]
-        if images:
-            print(
-                f"energyformers predict: error: {args.model_dir} is a text model (input_type='sequence') and "
-                f"{images[0]!r} is an image file; pass texts, or an image model folder for images",
-                file=sys.stderr,
-            )
-            return 2
+    inputs = args.texts
+    check_inputs(
+        args.model_dir, input_type, inputs
+    )  # again for a Hub model (a local one was checked already)
     if input_type == "image":
-        missing = [x for x in inputs if not Path(x).is_file()]
-        if missing:
-            print(
-                f"energyformers predict: error: {args.model_dir} classifies images; no such file: {missing[0]}",
-                file=sys.stderr,
-            )
-            return 2
         from PIL import Image
 
         from .processing import to_rgb
 
         inputs = [to_rgb(Image.open(x)) for x in inputs]  # any mode (RGBA, P, 16-bit grey) → RGB
-    kwargs = {"trust_remote_code": args.trust_remote_code}
+    kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
     if input_type == "image":
         processor_class = getattr(transformers, INPUT_TYPES[input_type].processor_class)
         kwargs["image_processor"] = processor_class.from_pretrained(args.model_dir, backend="pil")
-    classify = transformers.pipeline(task, model=args.model_dir, **kwargs)
+    classify = transformers.pipeline(
+        task, model=args.model_dir, pipeline_class=pipeline_class(task), **kwargs
+    )
+    check_depth_arguments(classify.model, args.depth)
     if task == "token-classification":  # one prediction per token; --top_k does not apply
-        call = {}
+        call: dict[str, Any] = {}
     else:
         call = {"top_k": args.top_k} | ({"truncation": True} if task == "text-classification" else {})
-    outputs = classify(inputs, **call)
+    outputs = classify(inputs, **call, **args.depth)
     shown = args.inputs if args.inputs != ["-"] else inputs
     for source, out in zip(shown, outputs):
         out = out if isinstance(out, list) else [out]
@@ -150,6 +235,24 @@ def main(argv: list[str] | None = None) -> int:
             ranked = ", ".join(f"{o['label']} ({o['score']:.3f})" for o in out)
             print(f"{source if len(source) <= 60 else source[:57] + '...'}\t{ranked}")
     return 0
+
+
+def check_depth_arguments(model: Any, depth: dict[str, Any]) -> None:
+    """Every depth flag given is an argument of the loaded model's forward (a `UsageError` naming both)."""
+    import inspect
+
+    accepted = inspect.signature(model.forward).parameters
+    unknown = [name for name in depth if name not in accepted]
+    if unknown:
+        takes = [f"--{name}" for name in DEPTH_FLAGS if name in accepted]
+        raise UsageError(
+            f"--{unknown[0]}: {type(model).__name__} ({model.config.model_type}) does not take it; "
+            f"its depth flags are {takes or 'none (its depth is fixed)'}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command("predict", parse, run, list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

@@ -15,9 +15,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .cli import CommandFailed, UsageError, run_command
 
-class PushError(RuntimeError):
-    """A push that cannot proceed: no token, offline mode, unreachable endpoint, or a refusal by the Hub."""
+
+class PushError(CommandFailed):
+    """A push that cannot proceed: no token, offline mode, unreachable endpoint, or a refusal by the Hub (exit
+    status 1: the arguments were fine, the upload could not be made)."""
 
 
 # huggingface_hub raises its HTTP client's transport errors (connection refused, timeouts) unwrapped.
@@ -84,7 +87,7 @@ def push_model_dir(
     return str(url)
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="energyformers push", description="Export a model folder and upload it to the Hugging Face Hub."
     )
@@ -94,7 +97,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--revision", help="branch to push to (created if missing); default: main")
     parser.add_argument("--commit-message", "--commit_message", dest="commit_message", help="commit message")
     parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    from .export import check_model_dir
+
+    args = build_parser().parse_args(argv)
+    parts = args.repo_id.split("/")
+    if len(parts) > 2 or not all(parts):  # NAME alone is the token owner's namespace
+        raise UsageError(f"repo_id {args.repo_id!r}: expected NAMESPACE/NAME, e.g. your-name/hyperset-digits")
+    check_model_dir(args.model_dir)
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
     try:
         url = push_model_dir(
             args.model_dir,
@@ -104,8 +121,11 @@ def main(argv: list[str]) -> int:
             commit_message=args.commit_message,
             token=args.token,
         )
-    except (PushError, FileNotFoundError, FileExistsError, ValueError) as err:
-        print(f"energyformers push: error: {err}", file=sys.stderr)
-        return 1
+    except (FileNotFoundError, FileExistsError, ValueError) as err:  # the folder's content
+        raise UsageError(str(err)) from None
     print(url)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command("push", parse, run, list(sys.argv[1:] if argv is None else argv))

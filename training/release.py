@@ -4,7 +4,8 @@ For each family in `energyformers.FAMILIES` and each reference dataset (digits a
 rotten_tomatoes for text) it trains the model with the train CLI's defaults (`energyformers train --model F
 --dataset D --output_dir runs/release/F-D`, in a subprocess, so every run is exactly the documented command),
 or reuses a finished run folder, or takes the folders given with `--take`; draws each folder's dynamics with
-`energyformers inspect` (figures and inspect.json in the folder, linked from the card); then it exports each one with
+`energyformers inspect` (figures and inspect.json in the folder, linked from the card; a folder given with `--take`
+is never written to: it is inspected in a copy under `dist/`, removed afterwards); then it exports each one with
 `export_model_dir` to `dist/<model>-<dataset>/` (git-ignored) with its card and measured metrics, and writes
 `dist/release.json` (what was released, with the measured test metrics) and the commands to push them.
 """
@@ -14,12 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from .cli import UsageError, run_command
+
 REFERENCE_DATASETS = ("digits", "fashion_mnist", "rotten_tomatoes")
+# The keys of `energyformers.FAMILIES`, known without importing the models (a test checks they stay equal).
+FAMILY_NAMES = ("hyperbf", "hyperset", "imixer")
 
 
 def _finished(run_dir: Path) -> bool:
@@ -61,7 +68,7 @@ def inspect_command(run_dir: Path) -> list[str]:
     return command + (["--dataset", dataset] if dataset else [])
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="energyformers release",
         description="Train (or take) the reference checkpoints and export Hub-ready folders under dist/. "
@@ -71,7 +78,8 @@ def main(argv: list[str]) -> int:
         "--models",
         nargs="+",
         default=None,
-        help="families to release (default: every family of energyformers.FAMILIES)",
+        metavar="MODEL",
+        help=f"families to release: some of {', '.join(FAMILY_NAMES)} (default: all)",
     )
     parser.add_argument(
         "--datasets", nargs="+", default=list(REFERENCE_DATASETS), help="datasets to train each family on"
@@ -89,89 +97,130 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--retrain", action="store_true", help="train again even if a finished run exists")
     parser.add_argument("--namespace", default=None, help="Hub user/org shown in the cards' loading snippets")
     parser.add_argument("--dry_run", action="store_true", help="print the plan, train and write nothing")
-    split = argv.index("--") if "--" in argv else len(argv)
-    args, train_args = parser.parse_args(argv[:split]), argv[split + 1 :]
-    # The families are read only now: importing them (torch, the model files) is what `--help` should not pay.
-    from energyformers import FAMILIES
+    return parser
 
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The arguments, and the `energyformers train` flags after `--`; `--take` folders must be folders."""
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv[:split])
+    args.train_args = argv[split + 1 :]
+    unknown = [m for m in args.models or () if m not in FAMILY_NAMES]
+    if unknown:
+        parser.error(f"--models {' '.join(unknown)}: unknown; expected some of {sorted(FAMILY_NAMES)}")
+    for folder in args.take or ():
+        if not folder.is_dir():
+            what = "is a file, not a folder" if folder.exists() else "does not exist"
+            raise UsageError(f"--take {folder}: {what}; pass finished model folders")
+    for flag in ("runs_dir", "dist_dir"):
+        path = getattr(args, flag)
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"--{flag} {path}: is a file, not a folder")
+    args.models = args.models or list(FAMILY_NAMES)
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train, inspect and export as planned; returns 1 when any folder failed (the others still ship)."""
     from .export import export_model_dir
 
-    unknown = sorted(set(args.models or ()) - set(FAMILIES))
-    if unknown:
-        parser.error(f"--models {' '.join(unknown)}: unknown; expected some of {sorted(FAMILIES)}")
-    args.models = args.models or sorted(FAMILIES)
+    train_args = args.train_args
+    staging: Path | None = None  # copies of --take folders that need figures (removed at the end)
+    try:
+        # 1. Which model folders to release: given, already trained, or to be trained now.
+        plan: list[tuple[Path, list[str] | None]] = []
+        if args.take:
+            plan = [(Path(d), None) for d in args.take]
+        else:
+            for model in args.models:
+                for dataset in args.datasets:
+                    run_dir = args.runs_dir / f"{model}-{dataset}"
+                    needs_training = args.retrain or not _finished(run_dir)
+                    plan.append(
+                        (
+                            run_dir,
+                            train_command(model, dataset, run_dir, train_args) if needs_training else None,
+                        )
+                    )
+        for run_dir, command in plan:
+            print(
+                f"train  {shlex.join(['energyformers', *command[3:]])}" if command else f"take   {run_dir}",
+                flush=True,
+            )
+        if args.dry_run:
+            return 0
 
-    # 1. Which model folders to release: given, already trained, or to be trained now.
-    plan: list[tuple[Path, list[str] | None]] = []
-    if args.take:
-        plan = [(Path(d), None) for d in args.take]
-    else:
-        for model in args.models:
-            for dataset in args.datasets:
-                run_dir = args.runs_dir / f"{model}-{dataset}"
-                needs_training = args.retrain or not _finished(run_dir)
-                plan.append(
-                    (run_dir, train_command(model, dataset, run_dir, train_args) if needs_training else None)
-                )
-    for run_dir, command in plan:
-        print(
-            f"train  {shlex.join(['energyformers', *command[3:]])}" if command else f"take   {run_dir}",
-            flush=True,
-        )
-    if args.dry_run:
-        return 0
+        # 2. Train what is missing (a failed run is reported and skipped, the others still ship).
+        failures: dict[str, str] = {}
+        for run_dir, command in plan:
+            if command is not None:
+                start = time.perf_counter()
+                if subprocess.run(command).returncode != 0:
+                    failures[str(run_dir)] = f"training failed: {shlex.join(['energyformers', *command[3:]])}"
+                else:
+                    print(f"trained {run_dir} in {time.perf_counter() - start:.0f} s", flush=True)
 
-    # 2. Train what is missing (a failed run is reported and skipped, the others still ship).
-    failures: dict[str, str] = {}
-    for run_dir, command in plan:
-        if command is not None:
-            start = time.perf_counter()
+        # 3. Draw each finished folder's dynamics (`energyformers inspect` on its test split) for its card. A run
+        # trained here is release's own output and gets the figures; a folder given with --take is the user's and is
+        # not written to: it is copied under the dist folder, inspected and exported from there.
+        sources = {run_dir: run_dir for run_dir, _ in plan}
+        for index, (run_dir, _) in enumerate(plan):
+            if str(run_dir) in failures or (run_dir / "inspect.json").is_file():
+                continue
+            if not (run_dir / "metrics.json").is_file():
+                continue  # not releasable: step 4 reports it
+            if args.take:
+                args.dist_dir.mkdir(parents=True, exist_ok=True)
+                staging = staging or Path(tempfile.mkdtemp(prefix=".release-take-", dir=args.dist_dir))
+                sources[run_dir] = staging / str(index) / run_dir.name
+                shutil.copytree(run_dir, sources[run_dir], symlinks=True)
+            command = inspect_command(sources[run_dir])
             if subprocess.run(command).returncode != 0:
-                failures[str(run_dir)] = f"training failed: {shlex.join(['energyformers', *command[3:]])}"
-            else:
-                print(f"trained {run_dir} in {time.perf_counter() - start:.0f} s", flush=True)
+                failures[str(run_dir)] = f"inspect failed: {shlex.join(['energyformers', *command[3:]])}"
 
-    # 3. Draw each finished folder's dynamics (`energyformers inspect` on its test split) for its card.
-    for run_dir, _ in plan:
-        if str(run_dir) in failures or (run_dir / "inspect.json").is_file():
-            continue
-        if not (run_dir / "metrics.json").is_file():
-            continue  # not releasable: step 4 reports it
-        command = inspect_command(run_dir)
-        if subprocess.run(command).returncode != 0:
-            failures[str(run_dir)] = f"inspect failed: {shlex.join(['energyformers', *command[3:]])}"
+        # 4. Export each finished folder to dist/<model>-<dataset>/ (atomic; replaces an older export).
+        released: dict[str, dict] = {}
+        for run_dir, _ in plan:
+            if str(run_dir) in failures:
+                continue
+            try:
+                name = _release_name(run_dir)
+                if name in released:
+                    raise ValueError(f"two folders would both be released as {name!r}")
+                repo_id = f"{args.namespace}/{name}" if args.namespace else None
+                out = export_model_dir(
+                    sources[run_dir], args.dist_dir / name, repo_id=repo_id, overwrite=True
+                )
+            except (FileNotFoundError, ValueError) as err:
+                failures[str(run_dir)] = str(err)
+                continue
+            metrics = json.loads((out / "metrics.json").read_text())
+            released[name] = {"source": str(run_dir), "folder": str(out), "test": metrics.get("test") or {}}
 
-    # 4. Export each finished folder to dist/<model>-<dataset>/ (atomic; replaces an older export).
-    released: dict[str, dict] = {}
-    for run_dir, _ in plan:
-        if str(run_dir) in failures:
-            continue
-        try:
-            name = _release_name(run_dir)
-            if name in released:
-                raise ValueError(f"two folders would both be released as {name!r}")
-            repo_id = f"{args.namespace}/{name}" if args.namespace else None
-            out = export_model_dir(run_dir, args.dist_dir / name, repo_id=repo_id, overwrite=True)
-        except (FileNotFoundError, ValueError) as err:
-            failures[str(run_dir)] = str(err)
-            continue
-        metrics = json.loads((out / "metrics.json").read_text())
-        released[name] = {"source": str(run_dir), "folder": str(out), "test": metrics.get("test") or {}}
-
-    args.dist_dir.mkdir(parents=True, exist_ok=True)
-    (args.dist_dir / "release.json").write_text(
-        json.dumps({"released": released, "failed": failures}, indent=2) + "\n"
-    )
-    print(f"\n{'release':<32} {'test acc':>9} {'macro F1':>9}")
-    for name, entry in released.items():
-        test = entry["test"]
-        acc, f1 = test.get("accuracy"), test.get("f1_macro")
-        print(f"{name:<32} {acc if acc is None else f'{acc:.4f}':>9} {f1 if f1 is None else f'{f1:.4f}':>9}")
-    namespace = args.namespace or "<your-namespace>"
-    if released:
-        print("\npush with:")
+        args.dist_dir.mkdir(parents=True, exist_ok=True)
+        (args.dist_dir / "release.json").write_text(
+            json.dumps({"released": released, "failed": failures}, indent=2) + "\n"
+        )
+        print(f"\n{'release':<32} {'test acc':>9} {'macro F1':>9}")
         for name, entry in released.items():
-            print(f"  energyformers push {entry['folder']} {namespace}/{name}")
-    for source, reason in failures.items():
-        print(f"energyformers release: error: {source}: {reason}", file=sys.stderr)
-    return 1 if failures else 0
+            test = entry["test"]
+            acc, f1 = test.get("accuracy"), test.get("f1_macro")
+            print(
+                f"{name:<32} {acc if acc is None else f'{acc:.4f}':>9} {f1 if f1 is None else f'{f1:.4f}':>9}"
+            )
+        namespace = args.namespace or "<your-namespace>"
+        if released:
+            print("\npush with:")
+            for name, entry in released.items():
+                print(f"  energyformers push {entry['folder']} {namespace}/{name}")
+        for source, reason in failures.items():
+            print(f"energyformers release: error: {source}: {reason}", file=sys.stderr)
+        return 1 if failures else 0
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command("release", parse, run, list(sys.argv[1:] if argv is None else argv))

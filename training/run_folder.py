@@ -188,8 +188,11 @@ def publish(stage: Path, output_dir: Path) -> None:
         old = output_dir.with_name(f".{output_dir.name}.old-{os.getpid()}")
         output_dir.rename(old)
     stage.rename(output_dir)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    if old is not None:  # a file or link there (refused by --output_dir's check; a race) goes too
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
 
 
 def print_predictions(output_dir: Path, data: Any, task: str, count: int) -> None:

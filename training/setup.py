@@ -436,7 +436,9 @@ def output_paths(args: Arguments) -> tuple[Path, Path]:
     """(output folder, its `<name>.checkpoints` work folder); refuses a non-empty output without --overwrite."""
     output_dir = Path(args.run.output_dir).expanduser().resolve()
     work_dir = output_dir.with_name(output_dir.name + ".checkpoints")
-    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UsageError(f"--output_dir {output_dir}: is a file, not a folder; name a new or existing folder")
+    if output_dir.exists() and any(output_dir.iterdir()):
         if not args.run.overwrite_output_dir:
             raise UsageError(
                 f"output folder {output_dir} exists and is not empty; pass --overwrite_output_dir or choose another"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,9 @@ from typing import Any
 # Concise logs: silence tokenizers fork warnings before transformers is imported.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from .arguments import parse_arguments, run_cli
+from .arguments import Arguments, parse_arguments, quiet_libraries
+from .cli import run_command
+from .interrupt import StopRequest
 
 PROG = "energyformers train"
 DESCRIPTION = "Train a Hyper-SET / iMixer / HyperBF model with transformers.Trainer."
@@ -90,17 +91,14 @@ def build_trainer_classes() -> tuple[type, type, type]:
                 self._created_lr_scheduler = True
             return self.lr_scheduler
 
-    class StopOnSigterm(TrainerCallback):
-        """SIGTERM (preemption, a scheduler's stop) → save a checkpoint at the end of this step and stop."""
+    class StopOnSignal(TrainerCallback):
+        """SIGTERM or SIGINT (`interrupt.StopRequest`) → save a checkpoint at the end of this step and stop."""
 
-        def __init__(self) -> None:
-            self.received = False
-
-        def handler(self, signum: int, frame: Any) -> None:
-            self.received = True
+        def __init__(self, request: StopRequest) -> None:
+            self.request = request
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if self.received:
+            if self.request.received:
                 control.should_save = True
                 control.should_training_stop = True
 
@@ -117,7 +115,7 @@ def build_trainer_classes() -> tuple[type, type, type]:
             if control.should_save:
                 control.should_log = True
 
-    return RecipeTrainer, StopOnSigterm, LoopState
+    return RecipeTrainer, StopOnSignal, LoopState
 
 
 def training_arguments(args: Any, work_dir: Path) -> Any:
@@ -164,10 +162,15 @@ def training_arguments(args: Any, work_dir: Path) -> Any:
     )
 
 
-def run(argv: list[str], callbacks: list[Any] | None = None) -> int:
-    """Train as `argv` says; returns the exit status (0, or 128 + SIGTERM when stopped by a signal)."""
+def parse(argv: list[str]) -> Arguments:
+    """The checked arguments (no torch, no model loaded: `cli.run_command` imports those afterwards)."""
+    return parse_arguments(argv, PROG, DESCRIPTION)
+
+
+def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
+    """Train as `args` say; returns the exit status (0, or 128 + the signal when stopped by SIGTERM/SIGINT)."""
     start = time.time()
-    args = parse_arguments(argv, PROG, DESCRIPTION)
+    quiet_libraries()
     import torch
     from accelerate import PartialState
 
@@ -205,10 +208,9 @@ def run(argv: list[str], callbacks: list[Any] | None = None) -> int:
             )
             for warning in built.warnings:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
-        RecipeTrainer, StopOnSigterm, LoopState = build_trainer_classes()
-        stopper = StopOnSigterm()
-        previous_handler = signal.getsignal(signal.SIGTERM)
-        extra = [LoopState(), stopper]
+        RecipeTrainer, StopOnSignal, LoopState = build_trainer_classes()
+        stop = StopRequest()
+        extra = [LoopState(), StopOnSignal(stop)]
         if args.run.ema_decay is not None:
             from .augmentation import EMACallback
 
@@ -245,20 +247,12 @@ def run(argv: list[str], callbacks: list[Any] | None = None) -> int:
             initial_step = json.loads((resume_from / "trainer_state.json").read_text())["global_step"]
             if main_process:
                 print(f"resuming from step {initial_step} ({resume_from})", flush=True)
-        if ta.world_size == 1:  # with DDP a rank stopping alone would hang the others in all-reduce
-            signal.signal(signal.SIGTERM, stopper.handler)
-        try:
+        with stop.installed(enabled=ta.world_size == 1):
             train_result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-        finally:
-            signal.signal(signal.SIGTERM, previous_handler)
-    if stopper.received:
+    if stop.received:
         if main_process:
-            print(
-                f"stopped by SIGTERM at step {trainer.state.global_step}; checkpoint saved in {work_dir}. "
-                "Continue with the same command plus --resume.",
-                file=sys.stderr,
-            )
-        return 128 + signal.SIGTERM
+            return stop.report("train", args.argv, trainer.state.global_step, work_dir)
+        return 128 + int(stop.signum or 0)
 
     eval_metrics = trainer.evaluate(built.data["validation"], metric_key_prefix="eval")
     test_metrics = trainer.evaluate(built.data["test"], metric_key_prefix="test")
@@ -301,7 +295,9 @@ def run(argv: list[str], callbacks: list[Any] | None = None) -> int:
 
 def main(argv: list[str] | None = None, *, callbacks: list[Any] | None = None) -> int:
     """CLI entry point; `callbacks` are extra `TrainerCallback`s (used by tests and for custom hooks)."""
-    return run_cli("train", run, list(sys.argv[1:] if argv is None else argv), callbacks)
+    return run_command(
+        "train", parse, lambda args: run(args, callbacks), list(sys.argv[1:] if argv is None else argv)
+    )
 
 
 if __name__ == "__main__":

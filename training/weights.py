@@ -55,7 +55,7 @@ def check_weights_readable(model_dir: Path, flag: str = "model folder") -> None:
             continue
         path = model_dir / name
         try:
-            with safe_open(str(path), framework="pt"):
+            with safe_open(str(path), framework="numpy"):  # numpy: the check needs no torch
                 pass
         except Exception as err:  # safetensors raises its own SafetensorError (no public base class)
             raise ValueError(
@@ -64,4 +64,47 @@ def check_weights_readable(model_dir: Path, flag: str = "model folder") -> None:
             ) from None
 
 
-__all__ = ["PICKLE_WEIGHTS", "check_weights_readable", "weight_files"]
+# What `checkpoint_format` recognises, for its error message.
+CHECKPOINT_FORMATS = (
+    "a .safetensors file, or a torch.save file (zip archive or legacy pickle: .pt/.pth/.ckpt/.bin)"
+)
+_PICKLE_PROTOCOL = 0x80  # first byte of a pickle of protocol >= 2 (torch.save's legacy format)
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format since PyTorch 1.6 is a zip archive
+
+
+def checkpoint_format(path: str | Path) -> str:
+    """ "safetensors", "zip" or "pickle": what the file's first bytes say it is, read without torch.
+
+    Raises `UsageError` naming the file when it does not exist or is none of these (a text file, an image, a
+    truncated header), so such a file is reported as "not a checkpoint", not as a pickle that needs trust.
+    """
+    from .cli import UsageError
+
+    path = Path(path)
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise UsageError(f"checkpoint {path} {what}; expected {CHECKPOINT_FORMATS}")
+    with open(path, "rb") as handle:
+        head = handle.read(9)
+    if head.startswith(_ZIP_MAGIC):
+        return "zip"
+    if head[:1] == bytes([_PICKLE_PROTOCOL]) and len(head) > 1 and 2 <= head[1] <= 5:
+        return "pickle"
+    # safetensors: an 8-byte little-endian header length, then the JSON header (a truncated file is reported by
+    # the loader, which names the file)
+    if len(head) == 9 and head[8:9] == b"{":
+        return "safetensors"
+    size = path.stat().st_size
+    raise UsageError(
+        f"checkpoint {path} ({size} bytes) is not a checkpoint: neither safetensors, nor a zip or pickle "
+        f"torch.save file; expected {CHECKPOINT_FORMATS}"
+    )
+
+
+__all__ = [
+    "CHECKPOINT_FORMATS",
+    "PICKLE_WEIGHTS",
+    "check_weights_readable",
+    "checkpoint_format",
+    "weight_files",
+]

@@ -1,0 +1,292 @@
+"""One error convention for every `energyformers` sub-command (`training/cli.py`, `run_command`).
+
+Bad input is one line `energyformers <command>: error: ...` on stderr and exit status 2, answered before torch
+or the models are imported; a failure of the work itself is status 1; an interruption is 130. Also the
+test-time depth flags of `predict`, and the defects of bad paths found by a new user (issue 22).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from fixtures import Case, cli_config, perturb
+from PIL import Image
+from transformers import ViTImageProcessorPil
+
+import energyformers
+from energyformers.training import cli, predict, release, train
+from energyformers.training.run_folder import has_checkpoint
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+# Modules an argument error must not import: torch, and the package's model code.
+HEAVY = ("torch", "energyformers.registry", "energyformers.modeling")
+
+# Runs `energyformers ARGS` for each case in one process, as the console script does (sys.argv[0] is the
+# script's name, so `import energyformers` defers the models), recording status, stderr, time and whether the
+# heavy modules were imported by then.
+RUN_CASES = """
+import contextlib, io, json, runpy, sys, time
+out, cases = sys.argv[1], json.loads(sys.argv[2])
+results = []
+for argv in cases:
+    sys.argv = ["energyformers", *argv]
+    err, start = io.StringIO(), time.perf_counter()
+    with contextlib.redirect_stderr(err):
+        try:
+            runpy.run_module("energyformers", run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as stop:
+            code = stop.code
+    heavy = sorted(m for m in sys.modules if m in HEAVY or m.startswith("energyformers.modeling"))
+    results.append({"code": code, "err": err.getvalue(), "seconds": time.perf_counter() - start, "heavy": heavy})
+open(out, "w").write(json.dumps(results))
+""".replace("HEAVY", repr(HEAVY))
+
+
+def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    """Case name -> (energyformers argv, a fragment its error line must hold). Every sub-command appears."""
+    text_file = tmp / "notes.txt"
+    text_file.write_text("this is not a model\n")  # 20 bytes of text
+    truncated = tmp / "truncated"
+    truncated.mkdir()
+    (truncated / "config.json").write_text(json.dumps({"model_type": "hyperset", "input_type": "image"}))
+    (truncated / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")  # header cut short
+    image = tmp / "x.png"
+    Image.new("RGB", (8, 8)).save(image)
+    config = tmp / "kwargs.json"
+    config.write_text("{}")
+    out = str(tmp / "out")
+    return {
+        "unknown command": (["trian", "--model", "hyperset"], "unknown command 'trian'"),
+        "train bad number": (["train", "--learning_rate", "-1", "--output_dir", out], "--learning_rate -1.0"),
+        "train output is a file": (["train", "--output_dir", str(text_file)], "is a file"),
+        "train-accelerate bad number": (
+            ["train-accelerate", "--max_steps", "0", "--output_dir", out],
+            "--max_steps 0",
+        ),
+        "predict missing folder": ([str(tmp / "nowhere"), str(image)], "does not exist"),
+        "predict bad depth": (
+            [str(tmp / "nowhere"), str(image), "--num_iterations", "0"],
+            "--num_iterations 0",
+        ),
+        "predict truncated weights": ([str(truncated), str(image)], str(truncated / "model.safetensors")),
+        "export missing folder": (["export", str(tmp / "nowhere"), out], "does not exist"),
+        "push missing folder": (["push", str(tmp / "nowhere"), "org/name"], "does not exist"),
+        "release missing folder": (["release", "--take", str(tmp / "nowhere")], "does not exist"),
+        "convert a text file": (
+            [
+                "convert",
+                "--source",
+                "imixer",
+                str(text_file),
+                "--official-config",
+                str(config),
+                "--output_dir",
+                out,
+            ],
+            "is not a checkpoint",
+        ),
+        "inspect truncated weights": (
+            ["inspect", str(truncated), str(image), "--output_dir", out],
+            str(truncated / "model.safetensors"),
+        ),
+        "inspect output is a file": (
+            ["inspect", "--landscape", "--output_dir", str(text_file)],
+            f"--output_dir {text_file}: is a file",
+        ),
+    }
+
+
+def _argv(name: str, argv: list[str]) -> list[str]:
+    return ["predict", *argv] if name.startswith("predict") else argv
+
+
+def test_every_command_reports_bad_input_in_one_line_with_status_2_before_loading_torch(tmp_path):
+    cases = bad_inputs(tmp_path)
+    record = tmp_path / "results.json"
+    argvs = [_argv(name, argv) for name, (argv, _) in cases.items()]
+    program = [sys.executable, "-c", RUN_CASES, str(record), json.dumps(argvs)]
+    done = subprocess.run(program, capture_output=True, text=True, env=ENV, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = dict(zip(cases, json.loads(record.read_text())))
+    commands = {argv[0] for argv in argvs}
+    assert set(cli.COMMANDS) <= commands, sorted(set(cli.COMMANDS) - commands)
+    for name, (argv, fragment) in cases.items():
+        result = results[name]
+        lines = [line for line in result["err"].splitlines() if line.strip()]
+        command = _argv(name, argv)[0]
+        prefix = (
+            "energyformers: error: " if name == "unknown command" else f"energyformers {command}: error: "
+        )
+        assert result["code"] == 2, (name, result)
+        assert len(lines) == 1 and lines[0].startswith(prefix) and fragment in lines[0], (name, result["err"])
+        # The first case pays for Python's and the argument parsers' imports; the models take seconds more,
+        # so a generous bound still tells the two apart on a loaded two-core machine.
+        assert result["seconds"] < 10, (name, result["seconds"])
+    assert results[list(cases)[-1]]["heavy"] == [], results[list(cases)[-1]]["heavy"]
+
+
+@pytest.mark.parametrize("argv", [["trian"], ["train", "--learning_rate", "nan", "--output_dir", "x"]])
+def test_the_console_script_exits_2_on_bad_arguments(argv):
+    script = Path(sys.executable).with_name("energyformers")
+    if not script.is_file():
+        pytest.skip(f"no console script next to {sys.executable}")
+    done = subprocess.run([str(script), *argv], capture_output=True, text=True, env=ENV, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_failures_map_to_status_1_and_an_interruption_to_130(capsys):
+    def fail(_: object) -> int:
+        raise RuntimeError("disk full")
+
+    def interrupted(_: object) -> int:
+        raise KeyboardInterrupt
+
+    def refused(_: object) -> int:
+        raise cli.CommandFailed("the Hub refused the upload")
+
+    assert cli.run_command("demo", list, fail, []) == 1
+    err = capsys.readouterr().err
+    assert "RuntimeError: disk full" in err and "energyformers demo: error: unexpected failure" in err
+    assert cli.run_command("demo", list, refused, []) == 1
+    assert capsys.readouterr().err.strip() == "energyformers demo: error: the Hub refused the upload"
+    assert cli.run_command("demo", list, interrupted, []) == 130
+
+
+def test_a_push_the_hub_cannot_take_is_status_1(tmp_path):
+    """No token: the arguments are fine, the upload cannot be made (`PushError`, a `CommandFailed`)."""
+    folder = model_folder(tmp_path / "model", "hyperset")
+    env = {k: v for k, v in ENV.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    env["HF_HOME"] = str(tmp_path / "hf-home")  # no stored login
+    program = [sys.executable, "-m", "energyformers", "push", str(folder), "org/name"]
+    done = subprocess.run(program, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("energyformers push: error: no Hugging Face token")
+
+
+def test_release_names_the_families_without_importing_them():
+    assert sorted(release.FAMILY_NAMES) == sorted(energyformers.FAMILIES)
+
+
+# ------------------------------------------------------------------------------- train --output_dir a file
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite_output_dir"]], ids=["plain", "overwrite"])
+def test_an_output_dir_that_is_a_file_is_refused_and_left_alone(tmp_path, capsys, overwrite):
+    target = tmp_path / "model"
+    target.write_text("my notes")
+    argv = ["--output_dir", str(target), *overwrite, "--max_steps", "1", "--config", *cli_config("hyperset")]
+    assert train.main(argv) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("energyformers train: error: --output_dir") and "is a file" in line, line
+    assert "not empty" not in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no .model.old-<pid>, no checkpoints
+    assert target.read_text() == "my notes"
+
+
+# ------------------------------------------------------------------------------- predict's depth flags
+
+
+def model_folder(path: Path, family: str) -> Path:
+    """A saved image classifier (tiny, seeded, moved off its initialisation) with its image processor."""
+    torch.manual_seed(0)
+    overrides = dict(num_channels=3, num_labels=4, image_size=8)
+    model = perturb(Case(family, "AutoModelForImageClassification", "image").build(**overrides))
+    model.save_pretrained(path)
+    ViTImageProcessorPil(
+        size={"height": 8, "width": 8}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    ).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def hyperset_folder(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("predict_depth")
+    image = root / "x.png"
+    Image.fromarray(
+        (torch.rand(8, 8, 3, generator=torch.Generator().manual_seed(3)) * 255).byte().numpy()
+    ).save(image)
+    return model_folder(root / "hyperset", "hyperset"), image
+
+
+def predicted_scores(capsys, *argv: str) -> list[float]:
+    assert predict.main([*argv, "--json", "--top_k", "4"]) == 0, capsys.readouterr().err
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[0])
+    return [p["score"] for p in sorted(out["predictions"], key=lambda p: p["label"])]
+
+
+def test_predict_passes_the_depth_flags_to_the_model_call(hyperset_folder, capsys, monkeypatch):
+    folder, image = hyperset_folder
+    calls: list[dict] = []
+    original = energyformers.HyperSetForImageClassification.forward
+
+    def recording(self, *args, **kwargs):
+        calls.append({k: kwargs.get(k) for k in ("num_iterations", "halting_tolerance", "halting_criterion")})
+        return original(self, *args, **kwargs)
+
+    recording.__signature__ = inspect.signature(
+        original
+    )  # predict checks the flags against the forward's names
+    monkeypatch.setattr(energyformers.HyperSetForImageClassification, "forward", recording)
+    shallow = predicted_scores(capsys, str(folder), str(image), "--num_iterations", "1")
+    deep = predicted_scores(
+        capsys, str(folder), str(image), "--num_iterations", "6", "--halting_tolerance", "1e-4"
+    )
+    assert calls[0]["num_iterations"] == 1 and calls[-1] == {
+        "num_iterations": 6,
+        "halting_tolerance": 1e-4,
+        "halting_criterion": None,
+    }, calls
+    # float32 softmax scores of a perturbed model: 1 vs 6 iterations move them far beyond rounding (~1e-7)
+    assert max(abs(a - b) for a, b in zip(shallow, deep)) > 1e-4, (shallow, deep)
+
+
+def test_predict_refuses_a_depth_flag_the_model_does_not_take(hyperset_folder, capsys):
+    folder, image = hyperset_folder
+    assert predict.main([str(folder), str(image), "--fixed_point_solver", "anderson"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("energyformers predict: error: --fixed_point_solver") and "hyperset" in line, line
+    assert "--num_iterations" in line, line  # what this model does take
+
+
+# ------------------------------------------------------------------------------- Ctrl-C while training
+
+LOOPS = ["train", "train-accelerate"]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_ctrl_c_saves_a_checkpoint_and_prints_the_resume_command(tmp_path, loop):
+    out = tmp_path / "run"
+    argv = ["--dataset", "digits", "--config", *cli_config("hyperset"), "--max_train_samples", "32"]
+    argv += ["--max_eval_samples", "16", "--max_test_samples", "16", "--max_steps", "100000"]
+    argv += ["--per_device_train_batch_size", "8", "--logging_steps", "1", "--eval_strategy", "no"]
+    argv += ["--save_strategy", "no", "--num_threads", "1", "--disable_tqdm", "--output_dir", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "energyformers", loop, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    try:
+        for line in proc.stdout:  # a logged loss: the loop is past its start-up and stepping
+            if "loss" in line:
+                break
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends the foreground process
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert f"energyformers {loop} " in err and "--resume" in err, err[-3000:]
+    work = out.with_name("run.checkpoints")
+    saved = [p.name for p in work.iterdir()] if work.is_dir() else []
+    assert has_checkpoint(work) and not out.exists(), saved  # complete: the loop's state file is written last
