@@ -592,17 +592,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "dtype": "bfloat16",
         "groups": {},
     }
-    for group in groups(args.smoke):
-        if args.groups and not any(pattern in group.name for pattern in args.groups):
-            continue
+    selected = [
+        group
+        for group in groups(args.smoke)
+        if not args.groups or any(pattern in group.name for pattern in args.groups)
+    ]
+    stem = "gpu_speed_smoke" if args.smoke else "gpu_speed"
+    for done, group in enumerate(selected, start=1):
         print(group.name, flush=True)
         report["groups"][group.name] = measure_group(group, args, device)
-    stem = "gpu_speed_smoke" if args.smoke else "gpu_speed"
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.output_dir / f"{stem}.md").write_text(markdown(report))
+        # written after every group: a run stopped by its time budget (benchmarks/gpu/run.sh) keeps what it measured
+        report["complete"] = done == len(selected)
+        write_report(report, args.output_dir, stem, pending=[g.name for g in selected[done:]])
     print(f"wrote {args.output_dir / stem}.{{json,md}}")
     return report
+
+
+def write_report(report: dict[str, Any], output_dir: Path, stem: str, pending: list[str]) -> None:
+    """`stem`.json and `stem`.md in `output_dir`, each replaced in one step (a reader never sees half a file)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    text = markdown(report)
+    if pending:
+        text += "\n**Incomplete run**: not measured (the run stopped first): " + "; ".join(pending) + ".\n"
+    for suffix, content in (("json", json.dumps(report, indent=2) + "\n"), ("md", text)):
+        partial = output_dir / f".{stem}.{suffix}.partial"
+        partial.write_text(content)
+        partial.replace(output_dir / f"{stem}.{suffix}")
 
 
 if __name__ == "__main__":

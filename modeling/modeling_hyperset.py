@@ -433,15 +433,18 @@ def _unavailable_reason(implementation: str, device: torch.device | None = None)
 
 
 def default_attn_implementation(config: HyperSetConfig, device: torch.device | None = None) -> str:
-    """The fastest implementation that runs on `device` (None: this machine's best): the fused kernel on CUDA where
-    it is registered (Triton installed, the package imported), else SDPA there; on CPU the materialised eager path,
-    faster there than the SDPA calls (benchmarks/speed.py)."""
+    """The implementation a model gets when none is asked for, on `device` (None: this machine's best device):
+    `sdpa` on CUDA, the materialised eager path on CPU (faster there than the SDPA calls, benchmarks/speed.py),
+    and eager for every energy that is no bi-softmax.
+
+    The fused Triton kernel is not CUDA's default although it is registered there: it has only run in Triton's
+    CPU interpreter, and an implementation never compiled for and checked on a GPU must not be what every CUDA
+    user gets (kernels.md, "Status and rule"). It stays selectable by name (`attn_implementation="triton"`).
+    """
     if config.attention_energy != "bisoftmax":
         return "eager"  # the sigmoid energy's update σ'(S) is no softmax
     on_cuda = torch.cuda.is_available() if device is None else device.type == "cuda"
-    if not on_cuda:
-        return "eager"
-    return "triton" if "triton" in BISOFTMAX_ATTENTION_FUNCTIONS else "sdpa"
+    return "sdpa" if on_cuda else "eager"
 
 
 def resolve_attn_implementation(config: HyperSetConfig, requested: str | None) -> str:

@@ -101,3 +101,25 @@ def test_a_real_run_without_cuda_exits_with_a_message_and_writes_nothing(gpu_spe
     with pytest.raises(SystemExit, match="only for --smoke"):
         gpu_speed.main(["--device", "cpu", "--output_dir", str(tmp_path)])
     assert not any(tmp_path.iterdir())
+
+
+def test_a_stopped_run_keeps_the_groups_it_measured(gpu_speed, tmp_path, monkeypatch):
+    """benchmarks/gpu/run.sh stops gpu_speed.py at its time budget: the files are written after every group."""
+    measure = gpu_speed.measure_group
+    calls = []
+
+    def measure_then_stop(group, args, device):
+        calls.append(group.name)
+        if len(calls) == 2:  # stands for the stage's timeout arriving during the second group
+            raise KeyboardInterrupt
+        return measure(group, args, device)
+
+    monkeypatch.setattr(gpu_speed, "measure_group", measure_then_stop)
+    arguments = ["--device", "cpu", "--smoke", "--modes", "eager", "--tasks", "inference"]
+    with pytest.raises(KeyboardInterrupt):
+        gpu_speed.main([*arguments, "--groups", "HyperBF", "sudoku", "--output_dir", str(tmp_path)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_speed_smoke.json", "gpu_speed_smoke.md"]
+    report = json.loads((tmp_path / "gpu_speed_smoke.json").read_text())
+    assert list(report["groups"]) == calls[:1] and report["complete"] is False, report
+    markdown = (tmp_path / "gpu_speed_smoke.md").read_text()
+    assert "**Incomplete run**" in markdown and calls[1] in markdown.split("**Incomplete run**")[1]

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# The GPU run in one command (issue 26; kernels.md, "Status and rule"), on a machine without network:
+#
+#   bash benchmarks/gpu/run.sh OUT_DIR            # on the GPU machine, inside 8 minutes
+#   bash benchmarks/gpu/run.sh OUT_DIR --smoke    # the same stages on CPU in seconds (CI: tests/test_gpu_run_smoke.py)
+#
+# Stages, each under its own time budget (`timeout`): a failing or slow stage is recorded and the next one runs.
+#   install    the package from this tree (pip --no-deps -e .) and the wheels it lacks from benchmarks/gpu/wheels
+#              (fetched beforehand with benchmarks/gpu/fetch_wheels.sh); --smoke: skipped when the package is
+#              already importable
+#   attention  pytest on the two attention test files (with CUDA they add "cuda" parameters: the Triton kernel
+#              compiled for the GPU; float32 and bfloat16 tests), junit XML
+#   speed      benchmarks/gpu_speed.py (bf16; eager, compiled, CUDA graphs; inference and training; peak memory;
+#              compile time of T = 24), writing after every group so a stopped run keeps what it measured
+#   sudoku     a short run of the Sudoku recipe below on the puzzles carried in benchmarks/gpu/
+# then summary.md: device name, each stage's status, time and result files.
+#
+# OUT_DIR receives at most 8 files (what the GPU tool brings back): summary.md, run.log (every stage's output),
+# attention.xml, gpu_speed.{json,md} (smoke: gpu_speed_smoke.{json,md}), sudoku.json. Scratch (run folder,
+# checkpoints, caches) goes to a temporary folder that is removed at the end.
+set -u
+
+# The Sudoku stage's recipe (a name of training.recipes.RECIPES) and its length.
+SUDOKU_RECIPE=hyperset-sudoku
+SUDOKU_STEPS=600
+
+usage() {
+    echo "usage: bash benchmarks/gpu/run.sh OUT_DIR [--smoke]" >&2
+    exit 2
+}
+[[ $# -ge 1 && $# -le 2 ]] || usage
+OUT=$1
+SMOKE=0
+if [[ $# -eq 2 ]]; then
+    [[ $2 == --smoke ]] || {
+        echo "run.sh: unknown option '$2'; the only option is --smoke" >&2
+        usage
+    }
+    SMOKE=1
+fi
+[[ $OUT != --* ]] || {
+    echo "run.sh: OUT_DIR must be a folder, got the option '$OUT'" >&2
+    usage
+}
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT" || exit 1
+mkdir -p "$OUT" || exit 1
+OUT=$(cd "$OUT" && pwd)
+PYTHON=${PYTHON:-python3}
+SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/gpu-run.XXXXXX")
+trap 'rm -rf "$SCRATCH"' EXIT
+STAGES=$SCRATCH/stages.tsv
+LOG=$OUT/run.log
+: >"$STAGES"
+: >"$LOG"
+export PYTHON ROOT OUT SMOKE SCRATCH SUDOKU_RECIPE SUDOKU_STEPS
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+# Seconds per stage: 430 s, with the summary's 20 s and `timeout`'s grace periods at most 475 s (8 minutes: 480 s).
+if [[ $SMOKE == 1 ]]; then
+    BUDGET_INSTALL=60 BUDGET_ATTENTION=120 BUDGET_SPEED=120 BUDGET_SUDOKU=120
+else
+    BUDGET_INSTALL=45 BUDGET_ATTENTION=100 BUDGET_SPEED=185 BUDGET_SUDOKU=100
+fi
+GRACE=5 # seconds between timeout's TERM and KILL
+
+stage_install() {
+    # find_spec: whether it is installed, without paying for importing torch
+    if [[ $SMOKE == 1 ]] && "$PYTHON" -c "import importlib.util as u, sys; s = u.find_spec('energyformers'); \
+print(s.origin) if s else sys.exit(1)"; then
+        echo "smoke: the package is importable in $PYTHON (above); install skipped"
+        return 0
+    fi
+    local version requirements
+    version=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])') || return 1
+    requirements=$ROOT/benchmarks/gpu/wheels/requirements-$version.txt
+    if [[ -f $requirements ]]; then
+        # --no-deps: exactly the pinned wheels, nothing resolved against an index that is not there
+        "$PYTHON" -m pip install --no-index --no-deps --no-cache-dir --find-links "$ROOT/benchmarks/gpu/wheels" \
+            -r "$requirements" || return 1
+    else
+        echo "no $requirements: no wheels fetched for Python $version (benchmarks/gpu/fetch_wheels.sh --python $version)"
+    fi
+    "$PYTHON" -m pip install --no-index --no-deps --no-build-isolation --no-cache-dir -e "$ROOT" || return 1
+    "$PYTHON" -m pip check || echo "(pip check reports the above; the stages below show whether it matters)"
+    "$PYTHON" -c "import energyformers, datasets, evaluate, kornia, pytest; print('imports ok:', energyformers.__file__)"
+}
+
+stage_attention() {
+    local select=()
+    # smoke: one short length of each check (the interpreter runs the Triton kernel slowly on CPU)
+    [[ $SMOKE == 1 ]] && select=(-k "(float32_matches_eager and N17-d64-padded) or (bfloat16_no_worse and 17) or default_follows")
+    "$PYTHON" -m pytest tests/test_attention_implementations.py tests/test_hyperbf_attention_implementations.py \
+        -p no:randomly -p no:cacheprovider -q -rfE "${select[@]}" --junitxml "$OUT/attention.xml"
+}
+
+stage_speed() {
+    if [[ $SMOKE == 1 ]]; then
+        "$PYTHON" benchmarks/gpu_speed.py --device cpu --smoke --groups "Hyper-SET sudoku" --modes eager \
+            --output_dir "$OUT"
+    else
+        "$PYTHON" benchmarks/gpu_speed.py --repeats 10 --output_dir "$OUT"
+    fi
+}
+
+stage_sudoku() {
+    local smoke=() steps=$SUDOKU_STEPS
+    [[ $SMOKE == 1 ]] && smoke=(--smoke) && steps=2
+    "$PYTHON" benchmarks/gpu/sudoku_train.py --recipe "$SUDOKU_RECIPE" --max_steps "$steps" \
+        --work_dir "$SCRATCH/sudoku" --result "$OUT/sudoku.json" "${smoke[@]}"
+}
+export -f stage_install stage_attention stage_speed stage_sudoku
+
+run_stage() { # name budget
+    local name=$1 budget=$2 start end rc status ms
+    echo "===== $name (budget ${budget} s) =====" >>"$LOG"
+    echo "[run.sh] $name: up to ${budget} s"
+    start=$(date +%s%N)
+    timeout --kill-after="$GRACE" "$budget" bash -c "stage_$name" >>"$LOG" 2>&1
+    rc=$?
+    end=$(date +%s%N)
+    ms=$(((end - start) / 1000000))
+    case $rc in
+    0) status=ok ;;
+    124 | 137) status=timeout ;;
+    *) status="failed (exit $rc)" ;;
+    esac
+    printf '%s\t%s\t%d.%d\t%s\n' "$name" "$status" $((ms / 1000)) $((ms % 1000 / 100)) "$budget" >>"$STAGES"
+    echo "===== $name: $status =====" >>"$LOG"
+    echo "[run.sh] $name: $status"
+}
+
+run_stage install "$BUDGET_INSTALL"
+run_stage attention "$BUDGET_ATTENTION"
+run_stage speed "$BUDGET_SPEED"
+run_stage sudoku "$BUDGET_SUDOKU"
+timeout --kill-after="$GRACE" 20 "$PYTHON" benchmarks/gpu/summary.py --out_dir "$OUT" --stages "$STAGES" \
+    $([[ $SMOKE == 1 ]] && echo --smoke) >>"$LOG" 2>&1 || echo "[run.sh] summary failed: see $LOG"
+echo "[run.sh] wrote $OUT/summary.md"
+# the exit status says whether every stage passed; the summary says which did not
+! grep -qv "	ok	" "$STAGES"

@@ -1,0 +1,139 @@
+"""The Sudoku stage of the GPU run: `energyformers train` with a named recipe on the puzzles carried in the tree.
+
+The GPU machine has no network and no `larsdoku`, so `--dataset sudoku-hard` cannot be built there. This runner
+registers the carried file (`sudoku_hard_subset.csv.gz`, written by make_sudoku_data.py: a prefix of each
+documented `sudoku-hard` split) as a built-in dataset of this process only, `sudoku-hard-subset`, and runs the
+training CLI on it; everything after loading is the CLI's own code. The run folder (weights, checkpoints, the
+Arrow cache) goes to `--work_dir`; `--result` gets one JSON file with the command, the test and validation board
+and blank-cell accuracy, and the run's time.
+
+    python benchmarks/gpu/sudoku_train.py --recipe hyperset-sudoku --max_steps 1000 \\
+        --work_dir /tmp/sudoku --result OUT/sudoku.json [--smoke]
+
+`--smoke`: the reduced model of the CLI tests and a few puzzles (a CPU check of the stage, no measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(__file__).parent / "sudoku_hard_subset.csv.gz"
+DATASET_NAME = "sudoku-hard-subset"
+SPLITS = ("train", "validation", "test")
+# the reduced Hyper-SET of tests/test_sudoku_cli.py: seconds per step on CPU
+SMOKE_CONFIG = ["hidden_size=32", "num_attention_heads=4", "intermediate_size=64", "num_iterations=2"]
+
+
+def read_puzzles(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{split: (puzzles, solutions)}, uint8 (N, 81) each, from the `split,puzzle,solution` CSV (gzip)."""
+    rows: dict[str, tuple[list[bytes], list[bytes]]] = {split: ([], []) for split in SPLITS}
+    lines = gzip.decompress(path.read_bytes()).decode().splitlines()
+    if not lines or lines[0] != "split,puzzle,solution":
+        raise ValueError(f"{path}: expected the header 'split,puzzle,solution', got {lines[:1]}")
+    for number, line in enumerate(lines[1:], start=2):
+        split, puzzle, solution = line.split(",")
+        if split not in rows or len(puzzle) != 81 or len(solution) != 81:
+            raise ValueError(f"{path}, line {number}: expected split in {SPLITS} and two 81-digit grids")
+        rows[split][0].append(puzzle.encode())
+        rows[split][1].append(solution.encode())
+    out = {}
+    for split, (puzzles, solutions) in rows.items():
+        if not puzzles:
+            raise ValueError(f"{path}: the {split!r} split is empty")
+        grids = [
+            np.frombuffer(b"".join(g), np.uint8).reshape(-1, 81) - ord("0") for g in (puzzles, solutions)
+        ]
+        out[split] = (grids[0].astype(np.uint8), grids[1].astype(np.uint8))
+    return out
+
+
+def register(path: Path) -> None:
+    """Make `--dataset sudoku-hard-subset` load `path` (in this process)."""
+    from datasets import DatasetDict
+
+    from energyformers.training import data
+    from energyformers.training.sudoku import to_dataset
+
+    def build() -> DatasetDict:
+        return DatasetDict({split: to_dataset(*arrays) for split, arrays in read_puzzles(path).items()})
+
+    data.BUILTIN_DATASETS[DATASET_NAME] = (
+        build,
+        f"the Sudoku puzzles of {path.name} (carried for the GPU run)",
+    )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--recipe", required=True, help="a name of training.recipes.RECIPES")
+    parser.add_argument("--max_steps", type=int, required=True, help="optimizer steps of the short run")
+    parser.add_argument("--work_dir", type=Path, required=True, help="run folder, checkpoints and data cache")
+    parser.add_argument("--result", type=Path, required=True, help="the JSON file of results")
+    parser.add_argument("--data", type=Path, default=DATA, help="the carried puzzle file")
+    parser.add_argument("--smoke", action="store_true", help="reduced model, few puzzles: checks the stage")
+    args = parser.parse_args(argv)
+    if args.max_steps < 1:
+        parser.error(f"--max_steps must be an integer >= 1; got {args.max_steps}")
+    if not args.data.is_file():
+        parser.error(f"--data {args.data}: no such file (write it with benchmarks/gpu/make_sudoku_data.py)")
+    from energyformers.training.recipes import RECIPES
+
+    if args.recipe not in RECIPES:
+        parser.error(f"--recipe {args.recipe!r}: unknown recipe; expected one of {sorted(RECIPES)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # the built-in cache goes beside the run, not into the home folder of the GPU machine
+    os.environ["ENERGYFORMERS_CACHE"] = str(args.work_dir / "cache")
+    register(args.data)
+    from energyformers.training import train
+
+    run_dir = args.work_dir / "run"
+    train_argv = [
+        "--model", "hyperset", "--preset", "sudoku", "--dataset", DATASET_NAME, "--recipe", args.recipe,
+        "--max_steps", str(args.max_steps), "--output_dir", str(run_dir), "--overwrite_output_dir",
+        "--disable_tqdm", "--num_predictions", "2",
+    ]  # fmt: skip
+    if args.smoke:
+        train_argv += ["--config", *SMOKE_CONFIG, "--max_train_samples", "32", "--batch_size", "8"]
+        train_argv += ["--max_eval_samples", "16", "--max_test_samples", "16", "--num_threads", "1"]
+    start = time.perf_counter()
+    code = train.main(train_argv)
+    seconds = time.perf_counter() - start
+    result: dict = {
+        "command": "energyformers train " + " ".join(train_argv),
+        "recipe": args.recipe,
+        "max_steps": args.max_steps,
+        "smoke": args.smoke,
+        "exit_code": code,
+        "seconds": seconds,
+    }
+    metrics_file = run_dir / "metrics.json"
+    if code == 0 and metrics_file.is_file():
+        metrics = json.loads(metrics_file.read_text())
+        for split in ("eval", "test"):
+            result[split] = {
+                key: metrics.get(split, {}).get(key) for key in ("board_accuracy", "blank_cell_accuracy")
+            }
+        result["data"] = metrics.get("data")
+    args.result.parent.mkdir(parents=True, exist_ok=True)
+    args.result.write_text(json.dumps(result, indent=2) + "\n")
+    board = result.get("test", {}).get("board_accuracy")
+    print(f"sudoku: exit {code}, test board accuracy {board}, {seconds:.0f} s; wrote {args.result}")
+    return code if code else (0 if board is not None else 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""benchmarks/gpu/run.sh end to end on CPU (`--smoke`): every stage runs, reports ok, and leaves its result files.
+
+The GPU run itself needs a CUDA machine; this checks the script that drives it (install step skipped because the
+package is importable here, attention tests on a short selection through Triton's interpreter, gpu_speed.py in
+smoke mode, two steps of the Sudoku recipe on the carried puzzles, the summary), and its refusals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu" / "run.sh"
+STAGES = ("install", "attention", "speed", "sudoku")
+RESULT_FILES = [
+    "attention.xml",
+    "gpu_speed_smoke.json",
+    "gpu_speed_smoke.md",
+    "run.log",
+    "sudoku.json",
+    "summary.md",
+]
+
+
+def run(*arguments: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable}
+    return subprocess.run(
+        ["bash", str(SCRIPT), *arguments], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke run of machines without CUDA")
+def test_smoke_run_reports_every_stage_ok_and_writes_every_result_file(tmp_path):
+    out = tmp_path / "out"
+    done = run(str(out), "--smoke")
+    log = (out / "run.log").read_text() if (out / "run.log").is_file() else ""
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}\n{log[-4000:]}"
+    # the GPU tool brings back at most 8 files from OUT_DIR, none deeper than two folders
+    assert sorted(p.name for p in out.iterdir()) == RESULT_FILES
+    summary = (out / "summary.md").read_text()
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in summary.splitlines() if line.startswith("| ")}
+    for stage in STAGES:
+        assert f"| {stage} | ok |" in rows.get(stage, ""), f"stage {stage}: {rows.get(stage)}\n{summary}"
+    assert "Device: CPU only" in summary and "SMOKE RUN" in summary
+    assert "missing" not in summary and "unreadable" not in summary, summary
+    assert " 0 failed" in rows["attention"] and "bfloat16 cases: 0 passed" not in rows["attention"], summary
+    sudoku = json.loads((out / "sudoku.json").read_text())
+    assert sudoku["exit_code"] == 0 and sudoku["recipe"] == "hyperset-sudoku"
+    assert 0 <= sudoku["test"]["board_accuracy"] <= sudoku["test"]["blank_cell_accuracy"] <= 1, sudoku
+    speed = json.loads((out / "gpu_speed_smoke.json").read_text())
+    assert speed["smoke"] and speed["complete"], speed
+
+
+def test_bad_arguments_are_refused_before_anything_runs(tmp_path):
+    for arguments, message in (
+        ((), "usage: bash benchmarks/gpu/run.sh OUT_DIR [--smoke]"),
+        ((str(tmp_path / "a"), "--fast"), "unknown option '--fast'; the only option is --smoke"),
+        (("--smoke",), "OUT_DIR must be a folder, got the option '--smoke'"),
+    ):
+        done = run(*arguments)
+        assert done.returncode == 2 and message in done.stderr, (arguments, done.returncode, done.stderr)
+    assert not any(tmp_path.iterdir())
