@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from fixtures import Case, hyperset_config, perturb  # noqa: E402
+from fixtures import Case, hyperset_config, perturb
 
-from energyformers import (  # noqa: E402
+from energyformers import (
     HyperSetForImageClassification,
     HyperSetForSequenceClassification,
     HyperSetForTokenClassification,
