@@ -78,7 +78,7 @@ def hyperset(attn_implementation: str, **overrides) -> HyperSetForImageClassific
 def hyperset_pairs(device: str) -> list[tuple]:
     """One pair per attention implementation that runs on `device` (the fused kernel: CUDA with Triton)."""
     names = ["eager", "sdpa"]
-    if device == "cuda" and "triton" in modeling_hyperset.BISOFTMAX_ATTENTION_FUNCTIONS:
+    if device == "cuda" and "triton" in modeling_hyperset.ALL_ATTENTION_FUNCTIONS:
         names.append("triton")
     return [
         (
@@ -106,7 +106,7 @@ class SingleSdpaAttention(torch.nn.Module):
         return F.scaled_dot_product_attention(q, k, v, scale=1.0), None
 
     def forward(self, **inputs):
-        table = modeling_hyperset.BISOFTMAX_ATTENTION_FUNCTIONS
+        table = modeling_hyperset.ALL_ATTENTION_FUNCTIONS
         original, table["eager"] = table["eager"], self.row_only
         try:
             return self.model(**inputs)

@@ -493,19 +493,6 @@ class HyperSetConfig(PreTrainedConfig):
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
-    def to_dict(self) -> dict[str, Any]:
-        """`PreTrainedConfig.to_dict`, plus the `attn_implementation` a user chose, so that it survives save/load.
-
-        transformers saves no attention implementation; Hyper-SET's three compute the same function, and one asked
-        for (`from_pretrained(..., attn_implementation=...)`, `set_attn_implementation`) is kept. The default (the
-        model sets `_attn_implementation_autoset`) is not saved: it is chosen again on the machine that loads.
-        """
-        output = super().to_dict()
-        autoset = output.pop("_attn_implementation_autoset", False)
-        if self._attn_implementation is not None and not autoset:
-            output["attn_implementation"] = self._attn_implementation
-        return output
-
     @classmethod
     def preset_fields(cls, name: str) -> dict[str, Any]:
         """The fields a named setting (`HYPERSET_PRESETS`) sets, as a new dict."""

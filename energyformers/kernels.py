@@ -15,9 +15,9 @@ Padding (`keep`, `(B, N)` bool, True = real token) follows the eager path exactl
 softmax, padded queries leave the column softmax, no token reads a padded key through either softmax, and a
 sequence without real tokens gives zeros, never NaN.
 
-The modeling file stays importable without this module (Hub remote code may import only torch and
-transformers): importing `energyformers` registers `"triton"` into `BISOFTMAX_ATTENTION_FUNCTIONS` of
-`modeling_hyperset`. Kernels are built on first use, so `TRITON_INTERPRET=1` (Triton's CPU interpreter, used by
+The modeling file never imports this module (Hub remote code may import only torch and transformers): importing
+`energyformers` registers `"triton"` through `BiSoftmaxAttentionInterface.register`, the public registration of
+Hyper-SET's attention implementations, and the model looks it up by `config._attn_implementation`. Kernels are built on first use, so `TRITON_INTERPRET=1` (Triton's CPU interpreter, used by
 the tests) may be set any time before the first call. Triton need not be installed: then `"triton"` is not
 registered and requesting it raises a clear error.
 """
@@ -440,4 +440,4 @@ def triton_bisoftmax_attention(
 
 triton_bisoftmax_attention.unavailable_reason = triton_unavailable_reason  # read by the model's checks
 if TRITON_INSTALLED:
-    modeling_hyperset.BISOFTMAX_ATTENTION_FUNCTIONS["triton"] = triton_bisoftmax_attention
+    modeling_hyperset.BiSoftmaxAttentionInterface.register("triton", triton_bisoftmax_attention)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedConfig, PreTrainedModel
+from transformers import AttentionInterface, PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -410,71 +410,58 @@ def sdpa_bisoftmax_attention(
     return row + col, None
 
 
-# Hyper-SET's attention implementations by `config._attn_implementation`. Importing the `energyformers` package adds
-# `"triton"` (energyformers/kernels.py: a fused kernel, kept out of this file, which Hub remote code copies and which
-# may import only torch and transformers). Per model family, not transformers' global `AttentionInterface`: the
-# bi-softmax is no attention function another model could use.
-BISOFTMAX_ATTENTION_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
-    "eager": eager_bisoftmax_attention,
-    "sdpa": sdpa_bisoftmax_attention,
-}
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "triton")
+class BiSoftmaxAttentionInterface(AttentionInterface):
+    """Hyper-SET's bi-softmax implementations by `config._attn_implementation` ("eager", the reference, is also
+    the default of `get_interface`). transformers' registry type with a mapping of its own: the bi-softmax is no softmax
+    attention, so its implementations stay out of transformers' global `ALL_ATTENTION_FUNCTIONS`, where every model
+    would accept them. `BiSoftmaxAttentionInterface.register(name, function)` adds one for every Hyper-SET model:
+    `function(q, k, v, keep)` → (output `(B, H, N, d_h)`, maps or None), with an optional `unavailable_reason(device)`
+    attribute saying why it cannot run (None: it can). The energyformers package registers `"triton"` (a fused
+    kernel, kept out of this file, which Hub remote code copies and which may import only torch and transformers).
+    """
+
+    _global_mapping = {"eager": eager_bisoftmax_attention, "sdpa": sdpa_bisoftmax_attention}
 
 
-def _unavailable_reason(implementation: str, device: torch.device | None = None) -> str | None:
-    """Why `implementation` cannot run (None: it can); `device` None: on this machine's best device."""
-    if implementation not in BISOFTMAX_ATTENTION_FUNCTIONS:  # only "triton" can be missing
-        return (
-            "it needs the energyformers package with Triton installed (pip install 'energyformers[kernels]'); "
-            "Hub remote code and installs without Triton have 'eager' and 'sdpa'"
-        )
-    check = getattr(BISOFTMAX_ATTENTION_FUNCTIONS[implementation], "unavailable_reason", None)
-    return None if check is None else check(device)
+# Named as transformers names a model file's own registry (`AttentionInterface`'s docstring): its attention layers
+# look the implementation up here at every call, which is also what lets `set_attn_implementation` switch it.
+ALL_ATTENTION_FUNCTIONS = BiSoftmaxAttentionInterface()
 
 
 def default_attn_implementation(config: HyperSetConfig, device: torch.device | None = None) -> str:
-    """The implementation a model gets when none is asked for, on `device` (None: this machine's best device):
-    `sdpa` on CUDA, the materialised eager path on CPU (faster there than the SDPA calls, benchmarks/speed.py),
-    and eager for every energy that is no bi-softmax.
-
-    The fused Triton kernel is not CUDA's default although it is registered there: it has only run in Triton's
-    CPU interpreter, and an implementation never compiled for and checked on a GPU must not be what every CUDA
-    user gets (kernels.md, "Status and rule"). It stays selectable by name (`attn_implementation="triton"`).
-    """
+    """What `attn_implementation=None` resolves to on `device` (None: this machine's best device): the SDPA path
+    on CUDA, the materialised eager path on CPU, faster there than the SDPA calls (benchmarks/speed.py). The fused
+    Triton kernel is never a default: it has not been verified compiled on a GPU yet."""
     if config.attention_energy != "bisoftmax":
-        return "eager"  # the sigmoid energy's update σ'(S) is no softmax
-    on_cuda = torch.cuda.is_available() if device is None else device.type == "cuda"
+        return "eager"  # the sigmoid and linear energies have one implementation
+    on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
     return "sdpa" if on_cuda else "eager"
 
 
-def resolve_attn_implementation(config: HyperSetConfig, requested: str | None) -> str:
-    """The implementation a model uses for `requested` (None: the default), or a ValueError saying why not.
-
-    Marks `config._attn_implementation_autoset` (not saved): a default follows the device at each call and is
-    not written to config.json, a requested one is used as asked (an error if it cannot run) and saved.
-    """
-    autoset = getattr(config, "_attn_implementation_autoset", False)
-    if requested is None or (requested == config._attn_implementation and autoset):
-        chosen = default_attn_implementation(config)
-        if requested is None:
-            logger.info(f"Hyper-SET attention: attn_implementation={chosen!r} (the default on this machine).")
-        config._attn_implementation_autoset = True
-        return chosen
-    if requested not in ATTN_IMPLEMENTATIONS:
+def check_attn_implementation(config: HyperSetConfig, requested: str) -> None:
+    """A ValueError saying why the implementation `requested` cannot run for `config` on this machine, if it cannot."""
+    valid = ALL_ATTENTION_FUNCTIONS.valid_keys()
+    if requested not in valid:
+        names = ", ".join(f'`"{name}"`' for name in valid)
+        missing = ""
+        if "triton" not in valid:
+            missing = (
+                '; `"triton"`, the fused kernel, needs the energyformers package with Triton installed '
+                "(pip install 'energyformers[kernels]')"
+            )
         raise ValueError(  # worded as transformers' own message, which its tests and users match
-            f'Specified `attn_implementation="{requested}"` is not supported by Hyper-SET; expected one of '
-            f"{list(ATTN_IMPLEMENTATIONS)} (or None for the best available)."
+            f'Specified `attn_implementation="{requested}"` is not supported by Hyper-SET. The only possible '
+            f"arguments are {names}, or None for the default{missing}."
         )
     if requested != "eager" and config.attention_energy != "bisoftmax":
         raise ValueError(
             f"Hyper-SET: attn_implementation={requested!r} computes the bi-softmax; "
             f"attention_energy={config.attention_energy!r} runs only with attn_implementation='eager'."
         )
-    reason = _unavailable_reason(requested)
+    check = getattr(ALL_ATTENTION_FUNCTIONS[requested], "unavailable_reason", None)
+    reason = None if check is None else check(None)
     if reason is not None:
         raise ValueError(f"Hyper-SET: attn_implementation={requested!r} cannot run here: {reason}.")
-    config._attn_implementation_autoset = False
-    return requested
 
 
 class HyperSetAttention(nn.Module):
@@ -487,6 +474,7 @@ class HyperSetAttention(nn.Module):
 
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__()
+        self.config = config  # `config._attn_implementation` is read at every call
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         self.eps = config.rms_norm_eps
@@ -505,10 +493,10 @@ class HyperSetAttention(nn.Module):
         self,
         hidden_states: torch.Tensor,
         keep: torch.Tensor | None = None,
-        attn_implementation: str = "eager",
+        output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`attn_implementation`: a key of `BISOFTMAX_ATTENTION_FUNCTIONS` (the model resolves it once per forward).
-        Returns the update and the maps P `(B, H, N, N)` (eager only, else None)."""
+        """The update and the maps P `(B, H, N, N)` (eager only, else None), computed by the implementation
+        `config._attn_implementation` names in `ALL_ATTENTION_FUNCTIONS`, or by eager where maps are asked for."""
         batch, length, width = hidden_states.shape
         # one copy into (B, H, N, d_h) order here rather than one per batched product of q, k, v below
         z = self.normalized_heads(hidden_states).contiguous()
@@ -523,7 +511,11 @@ class HyperSetAttention(nn.Module):
                 probs = probs * keep[:, None, None, :].to(probs.dtype)  # no token reads from a padded key
             mixed = probs @ v
         else:
-            mixed, probs = BISOFTMAX_ATTENTION_FUNCTIONS[attn_implementation](q, k, v, keep)
+            implementation = "eager" if output_attentions else self.config._attn_implementation
+            attention_function = ALL_ATTENTION_FUNCTIONS.get_interface(
+                implementation, eager_bisoftmax_attention
+            )
+            mixed, probs = attention_function(q, k, v, keep)
         mixed = mixed.transpose(1, 2).reshape(batch, length, width)  # (B, H, N, d_h) → (B, N, d)
         # output projection Wᵀ (tied) with g_v on its rows: row h·d_h + c scaled by g_v[c]
         output_weight = self.qkv_proj.weight * gain_v.repeat(self.num_heads)[:, None]  # (d, d)
@@ -635,7 +627,7 @@ class HyperSetLinearAttention(HyperSetAttention):
         self,
         hidden_states: torch.Tensor,
         keep: torch.Tensor | None = None,
-        attn_implementation: str = "eager",  # one implementation; accepted for the layer's call
+        output_attentions: bool = False,  # one implementation, which returns no maps; accepted for the layer's call
     ) -> tuple[torch.Tensor, None]:
         batch, length, width = hidden_states.shape
         z = self.normalized_heads(hidden_states)  # (B, H, N, d_h)
@@ -797,7 +789,7 @@ class HyperSetLayer(GradientCheckpointingLayer):
         step_sizes: HyperSetStepSizes,
         keep: torch.Tensor | None = None,
         anchor: torch.Tensor | None = None,
-        attn_implementation: str = "eager",
+        output_attentions: bool = False,
         fixed_step_sizes: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`fixed_step_sizes`: [α | γ] `(B, N, 2d)` when they do not change over iterations (computed once by the
@@ -808,7 +800,7 @@ class HyperSetLayer(GradientCheckpointingLayer):
             alpha, gamma = step_sizes(iteration_condition, condition_source)
         else:
             alpha, gamma = fixed_step_sizes.chunk(2, dim=-1)
-        update, probs = self.attention(hidden_states, keep, attn_implementation)
+        update, probs = self.attention(hidden_states, keep, output_attentions)
         updated = torch.addcmul(hidden_states, alpha, update, value=-1)  # x − α ⊙ Attn(x) in one pass
         updated = torch.addcmul(updated, gamma, self.feedforward(updated))  # x + γ ⊙ FF(x)
         if self.input_anchor and anchor is not None:
@@ -826,46 +818,29 @@ class HyperSetPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["HyperSetEmbeddings", "HyperSetLayer"]
     _supports_sdpa = True
 
-    # `attn_implementation` ("eager" | "sdpa" | "triton", None: the best available) is this family's own table
-    # (`BISOFTMAX_ATTENTION_FUNCTIONS`), not transformers' global attention registry: these hooks check names
-    # against it, in `__init__`, `from_pretrained` / `from_config(..., attn_implementation=...)` and
-    # `set_attn_implementation`.
-    def _check_and_adjust_attn_implementation(
-        self, attn_implementation: str | None, is_init_check: bool = False, allow_all_kernels: bool = False
-    ) -> str:
-        return resolve_attn_implementation(self.config, attn_implementation)
-
     def get_correct_attn_implementation(
         self, requested_attention: str | None, is_init_check: bool = False
     ) -> str:
-        return resolve_attn_implementation(self.config, requested_attention)
+        """The implementation `attn_implementation=requested_attention` selects, checked against Hyper-SET's own
+        registry (`ALL_ATTENTION_FUNCTIONS` of this file) rather than transformers' softmax one; None selects
+        `default_attn_implementation` (eager on CPU, sdpa on CUDA). transformers calls this from `__init__`,
+        `from_pretrained` / `from_config(..., attn_implementation=...)` and `set_attn_implementation`, and keeps
+        the result in `config._attn_implementation`, which it does not save in config.json."""
+        if requested_attention is None:
+            chosen = default_attn_implementation(self.config)
+            logger.info(f"Hyper-SET attention: attn_implementation={chosen!r} (the default on this machine).")
+            return chosen
+        check_attn_implementation(self.config, requested_attention)
+        return requested_attention
 
-    @classmethod
-    def _can_set_attn_implementation(cls) -> bool:
-        return True  # the attention reads the implementation at every call
-
-    def set_attn_implementation(
-        self, attn_implementation: str | dict, allow_all_kernels: bool = False
-    ) -> None:
-        if attn_implementation == self.config._attn_implementation:
-            self.config._attn_implementation_autoset = (
-                False  # the default, now asked for by name: saved from here on
-            )
-        super().set_attn_implementation(attn_implementation, allow_all_kernels=allow_all_kernels)
-
-    def _attention_for_call(self, device: torch.device, output_attentions: bool) -> str:
-        """This forward's implementation: the config's (a default follows `device`), eager when maps are asked for."""
-        implementation = self.config._attn_implementation
-        if implementation is None or getattr(self.config, "_attn_implementation_autoset", False):
-            implementation = default_attn_implementation(self.config, device)
-        if output_attentions and implementation != "eager" and self.config.attention_energy == "bisoftmax":
-            logger.warning_once(
-                f"Hyper-SET: attn_implementation={implementation!r} returns no attention maps; this call with "
-                "output_attentions=True runs the eager path. Load the model with attn_implementation='eager' to "
-                "get maps without this warning."
-            )
-            return "eager"
-        return implementation
+    def _warn_if_maps_need_eager(self, output_attentions: bool) -> None:
+        if output_attentions and self.config._attn_implementation not in (None, "eager"):
+            if self.config.attention_energy == "bisoftmax":
+                logger.warning_once(
+                    f"Hyper-SET: attn_implementation={self.config._attn_implementation!r} returns no attention "
+                    "maps; this call with output_attentions=True runs the eager path. Load the model with "
+                    "attn_implementation='eager' to get maps without this warning."
+                )
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -1000,7 +975,7 @@ class HyperSetModel(HyperSetPreTrainedModel):
             torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep.float()
         )
         iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
-        attn_implementation = self._attention_for_call(hidden_states.device, output_attentions)
+        self._warn_if_maps_need_eager(output_attentions)
         embedded = hidden_states
         fixed_step_sizes = None  # [α | γ] once per forward where they do not change over iterations
         if HyperSetStepSizes.constant_over_iterations(self.config):
@@ -1020,7 +995,6 @@ class HyperSetModel(HyperSetPreTrainedModel):
                     keep,
                     real_tokens,
                     iteration_conditions,
-                    attn_implementation,
                     fixed_step_sizes,
                     *halting,
                 )
@@ -1038,7 +1012,7 @@ class HyperSetModel(HyperSetPreTrainedModel):
                         self.step_sizes,
                         keep,
                         anchor,
-                        attn_implementation,
+                        output_attentions,
                         fixed_step_sizes,
                     )
                 if output_hidden_states:
@@ -1114,7 +1088,6 @@ class HyperSetModel(HyperSetPreTrainedModel):
         keep: torch.Tensor | None,
         real_tokens: torch.Tensor,
         iteration_conditions: torch.Tensor,
-        attn_implementation: str,
         fixed_step_sizes: torch.Tensor | None,
         tolerance: float,
         criterion: str,
@@ -1140,7 +1113,7 @@ class HyperSetModel(HyperSetPreTrainedModel):
                 self.step_sizes,
                 None if keep is None else keep[active],
                 anchor[active],
-                attn_implementation,
+                False,  # no maps: halting cannot return them
                 None if fixed_step_sizes is None else fixed_step_sizes[active],
             )
             hidden_states = hidden_states.index_copy(0, active, updated)

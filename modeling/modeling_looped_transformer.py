@@ -32,6 +32,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..configuration.configuration_looped_transformer import LoopedTransformerConfig
 from .modeling_hyperset import (
@@ -43,11 +44,33 @@ from .modeling_hyperset import (
 )
 
 
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference softmax attention, with the maps: `(B, H, N, d_h)` tensors → (`(B, N, H, d_h)`, `(B, H, N, N)`),
+    the signature and layout of transformers' attention functions."""
+    scores = (query * scaling) @ key.transpose(-1, -2)  # (B, H, N, N)
+    probs = (scores if attention_mask is None else scores + attention_mask).softmax(-1)
+    probs = F.dropout(probs, p=dropout, training=module.training)
+    return (probs @ value).transpose(1, 2).contiguous(), probs
+
+
 class LoopedTransformerAttention(nn.Module):
-    """Bias-free multi-head softmax attention; padded keys are masked out of every row."""
+    """Bias-free multi-head softmax attention; padded keys are masked out of every row. Standard softmax
+    attention, so `config._attn_implementation` picks it from transformers' `ALL_ATTENTION_FUNCTIONS`."""
+
+    is_causal = False  # read by transformers' attention functions
 
     def __init__(self, config: LoopedTransformerConfig) -> None:
         super().__init__()
+        self.config = config  # `config._attn_implementation` is read at every call
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         self.q_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
@@ -68,13 +91,10 @@ class LoopedTransformerAttention(nn.Module):
             return projection(hidden_states).view(batch, length, self.num_heads, -1).transpose(1, 2)
 
         q, k, v = heads(self.q_proj), heads(self.k_proj), heads(self.v_proj)
-        if output_attentions:  # the maps themselves are wanted: the eager product
-            scores = (q / math.sqrt(self.head_dim)) @ k.transpose(-1, -2)  # (B, H, N, N)
-            probs = (scores if attention_bias is None else scores + attention_bias).softmax(-1)
-            mixed = probs @ v
-        else:
-            probs, mixed = None, F.scaled_dot_product_attention(q, k, v, attn_mask=attention_bias)
-        mixed = mixed.transpose(1, 2).reshape(batch, length, width)  # (B, H, N, d_h) → (B, N, d)
+        implementation = "eager" if output_attentions else self.config._attn_implementation  # maps: eager
+        attention_function = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        mixed, probs = attention_function(self, q, k, v, attention_bias, scaling=1 / math.sqrt(self.head_dim))
+        mixed = mixed.reshape(batch, length, width)  # (B, N, H, d_h) → (B, N, d)
         return self.o_proj(mixed), probs
 
 
@@ -121,6 +141,9 @@ class LoopedTransformerPreTrainedModel(PreTrainedModel):
     input_modalities = ("image", "text")
     supports_gradient_checkpointing = True
     _no_split_modules = ["HyperSetEmbeddings", "LoopedTransformerLayer"]
+    _supports_sdpa = (
+        True  # transformers' default, "sdpa" on every device, as for its own softmax-attention models
+    )
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -24,7 +24,7 @@ from fixtures import ALL, Case, assert_close_to_scale, cases, main_output, pertu
 from energyformers import HyperSetConfig, HyperSetForImageClassification
 from energyformers.modeling import modeling_hyperset
 from energyformers.modeling.modeling_hyperset import (
-    BISOFTMAX_ATTENTION_FUNCTIONS,
+    ALL_ATTENTION_FUNCTIONS,
     default_attn_implementation,
     eager_bisoftmax_attention,
 )
@@ -76,7 +76,7 @@ def run(name: str, z, scale, v, keep, grad_out) -> tuple[torch.Tensor, tuple[tor
     eager path uses the symmetry of S, so its partial derivatives in q and k alone are not those of the general
     map; through q = z ⊙ c, k = z they are)."""
     leaves = [x.detach().clone().requires_grad_() for x in (z, scale, v)]
-    out, _ = BISOFTMAX_ATTENTION_FUNCTIONS[name](*qk(*leaves[:2]), leaves[2], keep)
+    out, _ = ALL_ATTENTION_FUNCTIONS[name](*qk(*leaves[:2]), leaves[2], keep)
     grads = torch.autograd.grad(out, leaves, grad_out.to(device=out.device, dtype=out.dtype))
     return out, grads
 
@@ -168,8 +168,8 @@ def test_several_heads_and_batches_are_independent():
     z, scale, v, keep = on(DEVICES[-1], *attention_inputs(17, 16, padded=True))  # the GPU where there is one
     q, k = qk(z, scale)
     for name in ["sdpa"] + (["triton"] if HAS_TRITON else []):
-        out, _ = BISOFTMAX_ATTENTION_FUNCTIONS[name](q, k, v, keep)
-        alone, _ = BISOFTMAX_ATTENTION_FUNCTIONS[name](q[1:2, 2:3], k[1:2, 2:3], v[1:2, 2:3], keep[1:2])
+        out, _ = ALL_ATTENTION_FUNCTIONS[name](q, k, v, keep)
+        alone, _ = ALL_ATTENTION_FUNCTIONS[name](q[1:2, 2:3], k[1:2, 2:3], v[1:2, 2:3], keep[1:2])
         torch.testing.assert_close(alone[0, 0], out[1, 2], atol=1e-6, rtol=1e-6)
 
 
@@ -218,6 +218,7 @@ def test_default_is_the_machines_best_and_not_saved(case, tmp_path):
 def test_default_follows_the_device():
     config = HyperSetConfig()
     assert default_attn_implementation(config, torch.device("cpu")) == "eager"
+    # the fused kernel has not been verified compiled on a GPU: never a default
     assert default_attn_implementation(config, torch.device("cuda")) == "sdpa"
     sigmoid = HyperSetConfig(attention_energy="sigmoid")
     assert default_attn_implementation(sigmoid, torch.device("cuda")) == "eager"  # σ'(S) is no softmax
@@ -225,10 +226,10 @@ def test_default_follows_the_device():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed: nothing to choose between")
 def test_cuda_default_is_sdpa_while_the_fused_kernel_stays_selectable_by_name():
-    """kernels.md, "Status and rule": the fused kernel has run only in Triton's CPU interpreter, so CUDA's default
+    """The fused kernel has run only in Triton's CPU interpreter, so CUDA's default
     is `sdpa` although "triton" is registered; asking for "triton" by name still gets it wherever it can run."""
     # registered: the default is a choice, not a missing kernel
-    assert "triton" in BISOFTMAX_ATTENTION_FUNCTIONS
+    assert "triton" in ALL_ATTENTION_FUNCTIONS
     config = HyperSetConfig()
     got = default_attn_implementation(config, torch.device("cuda"))
     assert got == "sdpa", f"CUDA default is {got!r}; it stays 'sdpa' until the kernel is verified on a GPU"
@@ -242,19 +243,18 @@ def test_cuda_default_is_sdpa_while_the_fused_kernel_stays_selectable_by_name():
 
 
 @pytest.mark.parametrize("name", ["eager", "sdpa", *(["triton"] if HAS_TRITON else [])])
-def test_attn_implementation_round_trips_through_save_and_load(name, tmp_path):
+def test_attn_implementation_is_chosen_when_loading_and_not_saved(name, tmp_path):
+    """As in transformers: config.json names no implementation; `from_pretrained` / `from_config` take one."""
+    skip_unrunnable(name, "cpu")
     case = Case.of(HyperSetForImageClassification)
     model = case.build(attn_implementation=name)
     model.save_pretrained(tmp_path)
-    assert json.loads((tmp_path / "config.json").read_text())["attn_implementation"] == name
+    assert "attn_implementation" not in json.loads((tmp_path / "config.json").read_text())
     loaded = case.auto_class.from_pretrained(tmp_path)
-    assert loaded.config._attn_implementation == name
-    assert loaded.base_model.config is loaded.config
-    # an explicit request when loading wins over the saved one; from_config takes one too
-    assert (
-        case.auto_class.from_pretrained(tmp_path, attn_implementation="sdpa").config._attn_implementation
-        == "sdpa"
-    )
+    assert loaded.config._attn_implementation == default_attn_implementation(loaded.config)
+    chosen = case.auto_class.from_pretrained(tmp_path, attn_implementation=name)
+    assert chosen.config._attn_implementation == name
+    assert chosen.base_model.config is chosen.config
     rebuilt = HyperSetForImageClassification._from_config(case.config(), attn_implementation=name)
     assert rebuilt.config._attn_implementation == name
 
@@ -290,14 +290,16 @@ def test_triton_without_cuda_or_interpreter_is_a_clear_error(monkeypatch):
     z, scale, v, keep = attention_inputs(5, 4, padded=False)
     q, k = qk(z, scale)
     with pytest.raises(ValueError, match=r'attn_implementation="triton" cannot run on cpu'):
-        BISOFTMAX_ATTENTION_FUNCTIONS["triton"](q.float(), k.float(), v.float(), keep)
+        ALL_ATTENTION_FUNCTIONS["triton"](q.float(), k.float(), v.float(), keep)
 
 
 def test_triton_missing_is_a_clear_error(monkeypatch):
     """As in Hub remote code (no energyformers package) or an install without Triton: no silent fallback."""
-    monkeypatch.delitem(modeling_hyperset.BISOFTMAX_ATTENTION_FUNCTIONS, "triton", raising=False)
+    interface = modeling_hyperset.BiSoftmaxAttentionInterface
+    without = {name: function for name, function in interface._global_mapping.items() if name != "triton"}
+    monkeypatch.setattr(interface, "_global_mapping", without)
     case = Case.of(HyperSetForImageClassification)
-    with pytest.raises(ValueError, match=r"attn_implementation='triton' cannot run here: .*Triton installed"):
+    with pytest.raises(ValueError, match=r'attn_implementation="triton"` is not supported.*Triton installed'):
         HyperSetForImageClassification._from_config(case.config(), attn_implementation="triton")
     assert default_attn_implementation(case.config(), torch.device("cuda")) == "sdpa"
 
@@ -319,8 +321,8 @@ def test_output_attentions_runs_eager_for_that_call(name):
 
 def test_attention_table_is_the_familys_own():
     """No global registration: transformers' attention registry does not know Hyper-SET's names."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as TRANSFORMERS_ATTENTION_FUNCTIONS
 
-    assert "triton" not in ALL_ATTENTION_FUNCTIONS.valid_keys()
-    assert set(BISOFTMAX_ATTENTION_FUNCTIONS) == {"eager", "sdpa"} | ({"triton"} if HAS_TRITON else set())
-    assert BISOFTMAX_ATTENTION_FUNCTIONS["eager"] is eager_bisoftmax_attention
+    assert "triton" not in TRANSFORMERS_ATTENTION_FUNCTIONS.valid_keys()
+    assert set(ALL_ATTENTION_FUNCTIONS) == {"eager", "sdpa"} | ({"triton"} if HAS_TRITON else set())
+    assert ALL_ATTENTION_FUNCTIONS["eager"] is eager_bisoftmax_attention

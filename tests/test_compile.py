@@ -16,7 +16,7 @@ import torch
 from fixtures import ALL, HEADS, Case, cases, labelled, main_output, perturb
 
 from energyformers import HyperSetForImageClassification, HyperSetForSequenceClassification
-from energyformers.modeling.modeling_hyperset import BISOFTMAX_ATTENTION_FUNCTIONS
+from energyformers.modeling.modeling_hyperset import ALL_ATTENTION_FUNCTIONS
 
 
 def build(case: Case | torch.nn.Module, train: bool = False) -> torch.nn.Module:
@@ -100,7 +100,7 @@ def test_one_iteration_is_traced_once():
 def test_attention_implementations_compile_and_export(case, name):
     """The SDPA path and the fused kernel (a custom operator) compile as one graph and export, matching eager
     mode, forward and training gradients; padded sequences included."""
-    if name == "triton" and name not in BISOFTMAX_ATTENTION_FUNCTIONS:
+    if name == "triton" and name not in ALL_ATTENTION_FUNCTIONS:
         pytest.skip("Triton is not installed")
     if name == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton runs on CPU only in its interpreter (conftest.py sets it where there is no CUDA)")
