@@ -300,20 +300,6 @@ class HyperBFConfig(PreTrainedConfig):
             'input_type="sequence" needs an integer vocab_size >= 1',
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        """`PreTrainedConfig.to_dict`, plus the `attn_implementation` a user chose, so that it survives save/load.
-
-        transformers saves no attention implementation; HyperBF's two compute the same function, and one asked for
-        (`from_pretrained(..., attn_implementation=...)`, `set_attn_implementation`) is kept, as the key `__init__`
-        reads back. The default (the model sets `_attn_implementation_autoset`) is not saved: it is chosen again
-        where the model loads. An explicit `from_pretrained(..., attn_implementation=...)` overrides a saved one.
-        """
-        output = super().to_dict()
-        autoset = output.pop("_attn_implementation_autoset", False)
-        if isinstance(self._attn_implementation, str) and not autoset:
-            output["attn_implementation"] = self._attn_implementation
-        return output
-
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads

@@ -544,21 +544,6 @@ class HyperBFPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["HyperBFEmbeddings", "HyperBFLayer"]
     _supports_sdpa = True
 
-    def get_correct_attn_implementation(
-        self, requested_attention: str | None, is_init_check: bool = False
-    ) -> str:
-        """transformers' choice (`sdpa` by default), marking a default so that the config does not save it.
-
-        A head builds its backbone with the same config, which then requests the head's default again: that
-        request stays a default.
-        """
-        config = self.config
-        config._attn_implementation_autoset = requested_attention is None or (
-            requested_attention == config._attn_implementation
-            and getattr(config, "_attn_implementation_autoset", False)
-        )
-        return super().get_correct_attn_implementation(requested_attention, is_init_check)
-
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
