@@ -160,7 +160,8 @@ class _ThenCall(importlib.abc.Loader):
 
 class _WhenImported(importlib.abc.MetaPathFinder):
     """Finds nothing itself: for a watched module it asks the path finder for the real spec and wraps its loader.
-    Each watched module fires once; the finder leaves `sys.meta_path` when none is left."""
+    Each watched module fires once. The finder stays in `sys.meta_path` (removing it while the import system
+    iterates that list would skip the finder after it); with nothing left to watch it answers None at once."""
 
     def __init__(self, callbacks: dict[str, Callable[[ModuleType], None]]) -> None:
         self.callbacks = callbacks
@@ -171,8 +172,6 @@ class _WhenImported(importlib.abc.MetaPathFinder):
         callback = self.callbacks.pop(fullname, None)
         if callback is None:
             return None
-        if not self.callbacks and self in sys.meta_path:
-            sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is None or spec.loader is None:
             return spec
