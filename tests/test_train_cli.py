@@ -336,6 +336,18 @@ BAD_INPUTS = {
     ),
     "unknown family": (lambda tmp: ["--model", "resnet"], "--model 'resnet' is not available"),
     "resume without checkpoint": (lambda tmp: ["--resume"], "no checkpoint"),
+    "attention the family lacks": (
+        lambda tmp: ["--model", "imixer", "--attn_implementation", "sdpa"],
+        "--attn_implementation sdpa: imixer models take one of eager",
+    ),
+    "attention in --config": (
+        lambda tmp: ["--config", "attn_implementation=flex_attention"],
+        "--attn_implementation flex_attention: hyperset models take one of eager, sdpa, triton",
+    ),
+    "attention twice": (
+        lambda tmp: ["--attn_implementation", "eager", "--config", "attn_implementation=sdpa"],
+        "--attn_implementation eager and --config attn_implementation=sdpa disagree",
+    ),
 }
 
 
@@ -366,3 +378,86 @@ def test_config_override_values_are_json() -> None:
     assert parsed == {"a": 3, "b": 0.5, "c": True, "d": [16, 16], "e": "mean", "f": "7"}
     with pytest.raises(UsageError, match="KEY=VALUE"):
         parse_overrides(["hidden_size"])
+
+
+# ----------------------------------------------------------------------------------- attention implementation
+
+
+def default_and_other_attention(family: str) -> tuple[str, str]:
+    """The implementation a new tiny model of `family` gets by default, and another one it accepts."""
+    from transformers import AutoConfig, AutoModelForImageClassification
+
+    config = AutoConfig.for_model(family, **cli_architecture(family))
+    default = AutoModelForImageClassification.from_config(config).config._attn_implementation
+    return default, next(name for name in ("eager", "sdpa") if name != default)
+
+
+@pytest.mark.parametrize("form", ["flag", "config"])
+@pytest.mark.parametrize("loop", ["train", "train-accelerate"])
+def test_attn_implementation_reaches_the_trained_model(
+    loop: str, form: str, tmp_path: Path, monkeypatch
+) -> None:
+    from energyformers.training import accelerate_loop, setup
+
+    _, asked = default_and_other_attention("hyperset")  # not the default: a dropped flag would not pass
+    built = []
+
+    def recording_build(*args, **kwargs):
+        built.append(setup_build(*args, **kwargs))
+        return built[-1]
+
+    setup_build = setup.build
+    monkeypatch.setattr(setup, "build", recording_build)
+    # one --config list (a second --config would replace the first)
+    config = [*cli_config("hyperset"), *([f"attn_implementation={asked}"] if form == "config" else [])]
+    chosen = ["--attn_implementation", asked] if form == "flag" else []
+    main = train.main if loop == "train" else accelerate_loop.main
+    argv = ["--model", "hyperset", "--dataset", "digits", "--output_dir", tmp_path / "out"]
+    argv += ["--config", *config, *chosen, *QUICK, *SUBSET]
+    assert main([str(a) for a in argv]) == 0
+    assert [b.model.config._attn_implementation for b in built] == [asked]
+
+
+def test_attn_implementation_table_matches_what_each_family_accepts() -> None:
+    """`ATTN_IMPLEMENTATIONS` (checked before torch loads) against the models' own answer to `from_config`."""
+    from transformers import AutoConfig, AutoModelForImageClassification
+
+    from energyformers.training.arguments import ATTN_IMPLEMENTATIONS
+
+    assert set(ATTN_IMPLEMENTATIONS) == set(energyformers.FAMILIES) | set(energyformers.BASELINES)
+    for family, allowed in ATTN_IMPLEMENTATIONS.items():
+        architecture = cli_architecture(family) if family in energyformers.FAMILIES else {}
+        config = AutoConfig.for_model(family, **architecture, image_size=8, patch_size=2)
+        for name in ("eager", "sdpa", "flash_attention_2", "flex_attention", "triton"):
+            try:
+                got = AutoModelForImageClassification.from_config(config, attn_implementation=name)
+            except ValueError as err:
+                # listed but needs CUDA / Triton: refused for this machine, not for the family
+                assert name not in allowed or "cannot run here" in str(err), (family, name, str(err))
+            else:
+                assert name in allowed and got.config._attn_implementation == name, (family, name)
+
+
+def test_predict_passes_attn_implementation(trained, tmp_path: Path, monkeypatch, capsys) -> None:
+    folder = trained("hyperset", "image")
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    _, asked = default_and_other_attention("hyperset")
+    seen = []
+    check = predict.check_depth_arguments
+    monkeypatch.setattr(
+        predict,
+        "check_depth_arguments",
+        lambda model, depth: (seen.append(model.config._attn_implementation), check(model, depth)),
+    )
+    assert predict.main([str(folder), str(tmp_path / "a.png"), "--attn_implementation", asked]) == 0
+    assert seen == [asked]
+    capsys.readouterr()
+    assert (
+        predict.main([str(folder), str(tmp_path / "a.png"), "--attn_implementation", "flash_attention_2"])
+        == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == "energyformers predict: error: --attn_implementation flash_attention_2: hyperset models take one of eager, sdpa, triton"
+    ), err

@@ -38,6 +38,29 @@ DEPTH_FIELDS = (
 # Model-config fields a flag of ModelArguments may set (None = not given: the config's value stays).
 CONFIG_FIELDS = (*DEPTH_FIELDS, "drop_path_rate")
 
+# The `attn_implementation` names each family's models accept (`from_pretrained(..., attn_implementation=...)`),
+# so a wrong one is refused before torch loads; tests/test_train_cli.py checks this table against the models.
+# A model_type not listed (remote code) is left to the model to check.
+ATTN_IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
+    "hyperset": (
+        "eager",
+        "sdpa",
+        "triton",
+    ),  # its own bi-softmax table; triton needs CUDA (or the interpreter)
+    "hyperbf": ("eager", "sdpa"),
+    "imixer": ("eager",),  # no attention: token mixing is an MLP
+    "looped-transformer": ("eager",),
+}
+
+
+def check_attn_implementation(
+    value: str | None, model_type: str, flag: str = "--attn_implementation"
+) -> None:
+    """A `UsageError` naming the flag, the value and the family's implementations when `value` is not one."""
+    allowed = ATTN_IMPLEMENTATIONS.get(model_type)
+    if value is not None and allowed is not None and value not in allowed:
+        raise UsageError(f"{flag} {value}: {model_type} models take one of {', '.join(allowed)}")
+
 
 @dataclass
 class ModelArguments:
@@ -93,6 +116,13 @@ class ModelArguments:
         default=None,
         metadata={
             "help": "stochastic depth rate, in [0, 1) (models with that config field); unset: the config's"
+        },
+    )
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={
+            "help": "attention implementation, as transformers' attn_implementation (hyperset: eager, sdpa, "
+            "triton; hyperbf: eager, sdpa; imixer and the looped baseline: eager); unset: the model's default"
         },
     )
 
@@ -395,6 +425,7 @@ def validate(args: Arguments) -> None:
     (`--warmup_ratio`, `--checkpointing_steps`, `--label_smoothing_factor`, `--bf16`) into their canonical ones.
     """
     m, d, r, a = args.model, args.data, args.run, args.augmentation
+    _take_attn_implementation_from_config(m)
     for name in ("min_iterations", "max_iterations", "backprop_iterations"):
         value = getattr(m, name)
         _check(name, value, value is None or value >= 1, "an integer >= 1")
@@ -476,6 +507,36 @@ def validate(args: Arguments) -> None:
     _check_output_dir(r.output_dir)
 
 
+def _take_attn_implementation_from_config(m: ModelArguments) -> None:
+    """`--config attn_implementation=NAME` is `--attn_implementation NAME` (transformers' config kwarg of that name
+    is not a field of the config); then the name is checked against the family when it is known without a model:
+    `--model`, the default family, or the model_type in a local `--from_pretrained` folder's config.json."""
+    kept = []
+    for item in m.config:
+        key, sep, value = item.partition("=")
+        if sep and key.strip() == "attn_implementation":
+            value = value.strip().strip('"')
+            if m.attn_implementation is not None and m.attn_implementation != value:
+                raise UsageError(
+                    f"--attn_implementation {m.attn_implementation} and --config attn_implementation={value} "
+                    "disagree; pass one of them"
+                )
+            m.attn_implementation = value
+        else:
+            kept.append(item)
+    m.config = kept
+    model_type = m.model
+    if model_type is None and m.from_pretrained:
+        try:
+            with open(os.path.join(os.path.expanduser(m.from_pretrained), "config.json")) as file:
+                model_type = json.load(file).get("model_type")
+        except (OSError, ValueError, AttributeError):  # a Hub id or a broken folder: checked where it loads
+            model_type = None
+    elif model_type is None:
+        model_type = "hyperset"
+    check_attn_implementation(m.attn_implementation, model_type or "")
+
+
 def _check_output_dir(output_dir: str) -> None:
     """`--output_dir` names a folder (new, empty, or replaced with --overwrite_output_dir), never a file: a file
     there is refused whatever the flags, since replacing it with a model folder is not what anyone meant."""
@@ -541,6 +602,7 @@ def quiet_libraries() -> None:
 
 
 __all__ = [
+    "ATTN_IMPLEMENTATIONS",
     "CONFIG_FIELDS",
     "DATACLASSES",
     "DEPTH_FIELDS",
@@ -551,6 +613,7 @@ __all__ = [
     "RunArguments",
     "UsageError",
     "build_parser",
+    "check_attn_implementation",
     "config_flags",
     "parse_arguments",
     "parse_overrides",

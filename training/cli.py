@@ -13,8 +13,8 @@ Every sub-command follows one convention, kept here in `run_command` and nowhere
 * interrupted (Ctrl-C): status 130 (128 + SIGINT).
 
 `run_command` parses and checks the arguments first and only then imports the models (torch, transformers'
-modeling code), so an argument error is reported in about a second: `energyformers/__init__.py` defers the heavy
-imports for the `energyformers` process.
+modeling code), so an argument error is reported in about a second (`import energyformers` itself loads nothing
+heavy).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .arguments import check_attn_implementation
 from .cli import UsageError, run_command
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -54,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object per input")
     p.add_argument(
         "--trust_remote_code", action="store_true", help="for exported folders without the package"
+    )
+    p.add_argument(
+        "--attn_implementation",
+        help="attention implementation, as transformers' attn_implementation (hyperset: eager, sdpa, triton; "
+        "hyperbf: eager, sdpa; imixer: eager); unset: the model's default",
     )
     depth = p.add_argument_group(
         "test-time depth (passed to every model call; the flags the model's forward takes)"
@@ -118,6 +124,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         except (OSError, ValueError) as err:
             raise UsageError(str(err)) from None
         args.local_input_type = config.get("input_type", "image")
+        check_attn_implementation(args.attn_implementation, str(config.get("model_type", "")))
     elif folder.exists():
         raise UsageError(f"model folder {args.model_dir}: is a file, not a folder; pass a model folder")
     elif args.model_dir.startswith((".", "/", "~")) or args.model_dir.count("/") > 1:
@@ -211,6 +218,9 @@ def run(args: argparse.Namespace) -> int:
 
         inputs = [to_rgb(Image.open(x)) for x in inputs]  # any mode (RGBA, P, 16-bit grey) → RGB
     kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
+    if args.attn_implementation is not None:
+        check_attn_implementation(args.attn_implementation, config.model_type)  # a Hub model's family
+        kwargs["model_kwargs"] = {"attn_implementation": args.attn_implementation}
     if input_type == "image":
         processor_class = getattr(transformers, INPUT_TYPES[input_type].processor_class)
         kwargs["image_processor"] = processor_class.from_pretrained(args.model_dir, backend="pil")

@@ -18,7 +18,7 @@ from typing import Any
 
 import energyformers
 
-from .arguments import Arguments, UsageError, config_flags, parse_overrides
+from .arguments import Arguments, UsageError, check_attn_implementation, config_flags, parse_overrides
 from .data import DataError, input_type_of, label_names, load_data, task_of
 from .weights import check_weights_readable
 
@@ -403,14 +403,26 @@ def build(args: Arguments, state: Any) -> Built:
     warnings += drop_unapplied_recipe_values(args, config)  # a recipe value this model has no field for
     transformers.set_seed(args.run.seed)  # same initial weights on every rank and every rerun
     head = auto_head(config.input_type, task)
+    attention = args.model.attn_implementation
+    # transformers' own selection: the model checks the name and sets `config._attn_implementation`
+    chosen = {} if attention is None else {"attn_implementation": attention}
+    if attention is not None:
+        check_attn_implementation(attention, config.model_type)  # the family of a Hub checkpoint
     if args.model.from_pretrained:
         source = args.model.from_pretrained
         try:
-            model = head.from_pretrained(source, config=config, ignore_mismatched_sizes=True)
+            model = head.from_pretrained(source, config=config, ignore_mismatched_sizes=True, **chosen)
         except (OSError, RuntimeError, ValueError) as err:  # unreadable or mismatched weights
+            if attention is not None and "attn_implementation" in str(err):
+                raise UsageError(f"--attn_implementation {attention}: {err}") from err
             raise UsageError(f"--from_pretrained {source!r}: cannot load the weights ({err})") from err
     else:
-        model = head.from_config(config)
+        try:
+            model = head.from_config(config, **chosen)
+        except ValueError as err:  # e.g. a listed implementation that cannot run on this machine
+            if attention is None:
+                raise
+            raise UsageError(f"--attn_implementation {attention}: {err}") from err
     if args.run.gradient_checkpointing and not model.supports_gradient_checkpointing:
         raise UsageError(f"--gradient_checkpointing: {type(model).__name__} does not support it")
     if task == "token-classification":
