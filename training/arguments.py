@@ -49,7 +49,7 @@ ATTN_IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
     ),  # its own bi-softmax table; triton needs CUDA (or the interpreter)
     "hyperbf": ("eager", "sdpa"),
     "imixer": ("eager",),  # no attention: token mixing is an MLP
-    "looped-transformer": ("eager",),
+    "looped-transformer": ("eager", "sdpa"),
 }
 
 
