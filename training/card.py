@@ -103,18 +103,63 @@ def dataset_card_fields(dataset: str | None) -> tuple[str | None, str | None, st
     return builtin.display_name, builtin.hub_id, builtin.description
 
 
+def conversion_record(
+    *,
+    official_class: str,
+    repository: str,
+    commit: str | None,
+    checkpoint: str,
+    sha256: str,
+    layout: str,
+    dtype: str,
+    kwargs: dict[str, Any],
+    notes: list[str],
+    processor: str,
+    extras_file: str,
+    extras: list[str],
+    input_description: str,
+    checks: list[tuple[str, float, float]],
+) -> dict[str, Any]:
+    """What `render_model_card(..., conversion=...)` shows of a conversion: the official source and checkpoint,
+    the structure notes and the verification `checks` as (what, max abs difference, tolerance)."""
+    shown = ", ".join(f"`{key}`" for key in extras[:6]) + (", …" if len(extras) > 6 else "")
+    return {
+        "official_class": official_class,
+        "repository": repository,
+        "commit": commit,
+        "checkpoint": checkpoint,
+        "sha256": sha256,
+        "layout": layout,
+        "dtype": dtype,
+        "kwargs_json": json.dumps(kwargs, indent=2),
+        "notes": list(notes),
+        "processor": processor,
+        "extras_file": extras_file,
+        "extras": list(extras),
+        "extras_shown": shown,
+        "input": input_description,
+        "checks": [
+            {"what": what, "error": f"{error:.3e}", "tolerance": f"{tolerance:.0e}"}
+            for what, error, tolerance in checks
+        ],
+    }
+
+
 def render_model_card(
     info: dict[str, Any],
     repo_id: str | None = None,
     num_parameters: int | None = None,
     *,
     remote_code: bool = True,
+    conversion: dict[str, Any] | None = None,
 ) -> Any:
     """`card.md` with the family's sections, filled with the folder's config and measured metrics.
 
     `info` describes the folder (keys of `export.inspect_model_dir`: config, model_type, architecture,
     auto_class, input_type, task, files, metrics); `remote_code` says whether the folder carries the flat
-    remote code (an export does, a training run's folder does not). Returns a `huggingface_hub.ModelCard`.
+    remote code (an export does, a training run's folder does not). `conversion` (`conversion_record`) makes
+    it the card of a folder `energyformers convert` wrote from the authors' checkpoint: its provenance and
+    verification replace the training recipe. Returns a `huggingface_hub.ModelCard`.
     """
     import jinja2
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -159,7 +204,14 @@ def render_model_card(
         pipeline_tag=task,
         license="apache-2.0",
         language="en" if info["input_type"] == "sequence" else None,
-        tags=["energyformers", model_type, "energy-based", *(["custom_code"] if remote_code else []), task],
+        tags=[
+            "energyformers",
+            model_type,
+            "energy-based",
+            *(["custom_code"] if remote_code else []),
+            *(["converted-checkpoint"] if conversion else []),
+            task,
+        ],
         datasets=[hub_id] if hub_id else None,
         metrics=["accuracy", "f1"],
         model_name=name,
@@ -206,6 +258,7 @@ def render_model_card(
         "warnings": "; ".join(metrics.get("warnings") or []),
         "remote_code": remote_code,
         "energyformers_version": energyformers.__version__,
+        "conversion": conversion,
     }
     template = find_template(CARD_TEMPLATE)
     family_file = find_template(f"{model_type}.md") or find_template(BASELINE_SECTIONS)
@@ -230,6 +283,7 @@ def render_model_card(
 __all__ = [
     "CARD_CONFIG_KEYS",
     "CARD_TEMPLATE_DIRS",
+    "conversion_record",
     "dataset_card_fields",
     "find_template",
     "provenance",
