@@ -29,7 +29,7 @@ class NotExpressible(ConversionError):
     """The official structure needs an option our model does not have (yet)."""
 
 
-def _cholesky(matrix: torch.Tensor, what: str) -> torch.Tensor:
+def cholesky_or_refuse(matrix: torch.Tensor, what: str) -> torch.Tensor:
     lower, info = torch.linalg.cholesky_ex(matrix)
     if int(info) != 0:
         raise NotExpressible(
@@ -39,20 +39,20 @@ def _cholesky(matrix: torch.Tensor, what: str) -> torch.Tensor:
     return lower
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+def rms_norm_eps(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
     """torch.nn.RMSNorm(eps=None): eps = machine epsilon of the dtype, as in the authors' code."""
     return F.rms_norm(x, (x.shape[-1],), weight, eps=None)
 
 
-def _ln(x: torch.Tensor, p: dict[str, torch.Tensor], name: str, eps: float) -> torch.Tensor:
+def layer_norm_of(x: torch.Tensor, p: dict[str, torch.Tensor], name: str, eps: float) -> torch.Tensor:
     return F.layer_norm(x, (x.shape[-1],), p[f"{name}.weight"], p[f"{name}.bias"], eps=eps)
 
 
-def _linear(x: torch.Tensor, p: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+def linear_of(x: torch.Tensor, p: dict[str, torch.Tensor], name: str) -> torch.Tensor:
     return F.linear(x, p[f"{name}.weight"], p.get(f"{name}.bias"))
 
 
-def _image_processor(height: int, width: int, channels: int, mean: list[float], std: list[float]):
+def make_image_processor(height: int, width: int, channels: int, mean: list[float], std: list[float]):
     return ViTImageProcessorPil(
         size={"height": height, "width": width},
         resample=PIL.Image.Resampling.BILINEAR,
@@ -62,7 +62,7 @@ def _image_processor(height: int, width: int, channels: int, mean: list[float], 
     )
 
 
-def _square(config: PreTrainedConfig, family: str) -> int:
+def square_image_side(config: PreTrainedConfig, family: str) -> int:
     size = config.image_size
     sides = (size, size) if isinstance(size, int) else tuple(size)
     if sides[0] != sides[1]:

@@ -14,11 +14,11 @@ from .base import (
     ConversionError,
     NotExpressible,
     OfficialSource,
-    _cholesky,
-    _image_processor,
-    _linear,
-    _ln,
-    _square,
+    cholesky_or_refuse,
+    layer_norm_of,
+    linear_of,
+    make_image_processor,
+    square_image_side,
 )
 
 
@@ -147,7 +147,7 @@ class HyperBFSource(OfficialSource):
             if not ok:
                 raise NotExpressible(f"the official Hyper_ViT cannot express {what}")
         return {
-            "img_size": _square(config, "Hyper_ViT"),
+            "img_size": square_image_side(config, "Hyper_ViT"),
             "patch_size": config.patch_size,
             "in_chans": config.num_channels,
             "num_classes": config.num_labels,
@@ -176,7 +176,9 @@ class HyperBFSource(OfficialSource):
                     f"{b}attn.scale is 0: a constant attention has no Gaussian-kernel form here"
                 )
             sign = 1.0 if scale > 0 else -1.0
-            lower = _cholesky(sign * (metric + metric.T) / 2, f"{b}attn.M (times the sign of attn.scale)")
+            lower = cholesky_or_refuse(
+                sign * (metric + metric.T) / 2, f"{b}attn.M (times the sign of attn.scale)"
+            )
             q_map = torch.linalg.solve_triangular(lower, sign * metric.T, upper=False)  # q' = L⁻¹(σMᵀ) q
             out[o + "attention.q_proj.weight"] = torch.cat(
                 [q_map @ w_q[h * dh : (h + 1) * dh] for h in range(heads)]
@@ -193,7 +195,7 @@ class HyperBFSource(OfficialSource):
             if bool((beta <= 0).any()):
                 raise NotExpressible(f"{b}mlp.beta has values <= 0; exp(-beta d) is then no Gaussian kernel")
             symmetric = (rbf + rbf.T) / 2
-            lower = _cholesky(symmetric, f"{b}mlp.M_RBF")
+            lower = cholesky_or_refuse(symmetric, f"{b}mlp.M_RBF")
             moved = torch.cholesky_solve((centers @ rbf.T).T, lower).T  # rows t_α = M_s⁻¹ M c_α
             delta = (centers @ symmetric * centers).sum(-1) - (moved @ symmetric * moved).sum(-1)  # (K,)
             out[o + "feedforward.centers"] = moved
@@ -254,7 +256,7 @@ class HyperBFSource(OfficialSource):
         batch, tokens, _ = x.shape
         for i in range(kwargs["depth"]):
             b = f"blocks.{i}."
-            y = _ln(x, p, b + "norm1", eps)
+            y = layer_norm_of(x, p, b + "norm1", eps)
             qkv = (
                 F.linear(y, p[b + "attn.qkv.weight"])
                 .reshape(batch, tokens, 3, heads, dim // heads)
@@ -267,8 +269,8 @@ class HyperBFSource(OfficialSource):
             kmk = (k * (k @ metric)).sum(-1, keepdim=True).transpose(-2, -1)
             dists = qmq + kmk + (-2 * (q_m @ k.transpose(-2, -1)))
             attn = torch.softmax(-dists * p[b + "attn.scale"], dim=-1)
-            x = x + _linear((attn @ v).transpose(1, 2).reshape(batch, tokens, dim), p, b + "attn.proj")
-            z = _ln(x, p, b + "norm2", eps)
+            x = x + linear_of((attn @ v).transpose(1, 2).reshape(batch, tokens, dim), p, b + "attn.proj")
+            z = layer_norm_of(x, p, b + "norm2", eps)
             rbf, centers = p[b + "mlp.M_RBF"], p[b + "mlp.centers"]
             x_m = z @ rbf
             dist = (
@@ -276,10 +278,10 @@ class HyperBFSource(OfficialSource):
                 + (centers * (centers @ rbf)).sum(-1)
                 + (-2 * (x_m @ centers.T))
             )
-            x = x + _linear(torch.exp(-p[b + "mlp.beta"].unsqueeze(0) * dist), p, b + "mlp.fc")
-        cls = _ln(x, p, "norm", eps)[:, 0]
-        return _linear(cls, p, "head") if kwargs["num_classes"] > 0 else cls
+            x = x + linear_of(torch.exp(-p[b + "mlp.beta"].unsqueeze(0) * dist), p, b + "mlp.fc")
+        cls = layer_norm_of(x, p, "norm", eps)[:, 0]
+        return linear_of(cls, p, "head") if kwargs["num_classes"] > 0 else cls
 
     def processor(self, config, mean, std):
-        size = _square(config, "Hyper_ViT")
-        return _image_processor(size, size, config.num_channels, mean, std)
+        size = square_image_side(config, "Hyper_ViT")
+        return make_image_processor(size, size, config.num_channels, mean, std)

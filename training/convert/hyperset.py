@@ -17,11 +17,11 @@ from .base import (
     ConversionError,
     NotExpressible,
     OfficialSource,
-    _image_processor,
-    _linear,
-    _ln,
-    _rms,
-    _square,
+    layer_norm_of,
+    linear_of,
+    make_image_processor,
+    rms_norm_eps,
+    square_image_side,
 )
 
 
@@ -65,7 +65,7 @@ def _hyperset_attention(x, weight, gains, heads):
     batch, tokens, dim = x.shape
     dh = dim // heads
     w = F.linear(x, weight).view(batch, tokens, heads, dh).transpose(1, 2)  # (B, H, N, dh)
-    n1, n2, n3 = (_rms(w, gain) for gain in gains)
+    n1, n2, n3 = (rms_norm_eps(w, gain) for gain in gains)
     scores = torch.einsum("bhif,bhjf->bhij", n1, n2) / math.sqrt(dh)
     probs = scores.softmax(-1) + scores.softmax(-2)
     y = torch.einsum("bhij,bhjf->bihf", probs, n3).flatten(2)
@@ -191,7 +191,7 @@ class HyperSetICSource(OfficialSource):
                 raise NotExpressible(
                     f"the official HyperSET fixes {name}={official!r}; this model has {getattr(config, name)!r}"
                 )
-        size = _square(config, "HyperSET")
+        size = square_image_side(config, "HyperSET")
         return {
             "num_classes": config.num_labels,
             "img_size": size,
@@ -247,32 +247,32 @@ class HyperSetICSource(OfficialSource):
             .permute(0, 2, 3, 4, 5, 1)
             .reshape(batch, kwargs["patch"] ** 2, -1)
         )
-        tokens = _ln(_linear(_ln(words, p, "emb.0", eps), p, "emb.1"), p, "emb.2", eps)
+        tokens = layer_norm_of(linear_of(layer_norm_of(words, p, "emb.0", eps), p, "emb.1"), p, "emb.2", eps)
         x0 = torch.cat([p["cls_token"].repeat(batch, 1, 1), tokens], dim=1)
         x0 = x0 + _official_positions(x0.shape[1], d).to(dtype)
-        t = _linear(_official_time_sinusoid(steps, kwargs["time_embed"], dtype), p, "time_mlp.0.1")
-        t = _rms(F.gelu(_rms(t, p["time_mlp.0.2.weight"])), p["time_mlp.0.4.weight"])
-        time_emb = _rms(_linear(t, p, "time_mlp.0.5"), p["time_mlp.0.6.weight"])
+        t = linear_of(_official_time_sinusoid(steps, kwargs["time_embed"], dtype), p, "time_mlp.0.1")
+        t = rms_norm_eps(F.gelu(rms_norm_eps(t, p["time_mlp.0.2.weight"])), p["time_mlp.0.4.weight"])
+        time_emb = rms_norm_eps(linear_of(t, p, "time_mlp.0.5"), p["time_mlp.0.6.weight"])
         x = x0
         for i in range(kwargs["n_layer"]):
             b = f"enc.{i}."
             for step in range(steps):
                 source = x0 if kwargs["input_cond"] else x
-                alpha, beta = _linear(
-                    F.gelu(time_emb[step] + _rms(source, p["ln_inp.weight"])), p, "time_mlp.1.1"
+                alpha, beta = linear_of(
+                    F.gelu(time_emb[step] + rms_norm_eps(source, p["ln_inp.weight"])), p, "time_mlp.1.1"
                 ).chunk(2, -1)
                 gains = [p[f"{b}attn.ln1_{role}.weight"] for role in (1, 2, 3)]
                 x = x - alpha * _hyperset_attention(x, p[b + "attn.qkv.weight"], gains, heads)
                 dictionary = p[b + "mlp.weight"]
                 x = x + beta * F.linear(
-                    F.gelu(_rms(F.linear(x, dictionary), p[b + "ln2.weight"])), dictionary.t()
+                    F.gelu(rms_norm_eps(F.linear(x, dictionary), p[b + "ln2.weight"])), dictionary.t()
                 )
-        cls = _ln(x[:, 0], p, "fc.0", eps)
-        return _linear(cls, p, "fc.1") if kwargs["num_classes"] > 0 else cls
+        cls = layer_norm_of(x[:, 0], p, "fc.0", eps)
+        return linear_of(cls, p, "fc.1") if kwargs["num_classes"] > 0 else cls
 
     def processor(self, config, mean, std):
-        size = _square(config, "HyperSET")
-        return _image_processor(size, size, 3, mean, std)
+        size = square_image_side(config, "HyperSET")
+        return make_image_processor(size, size, 3, mean, std)
 
 
 # The official Sudoku structure in HyperSetConfig terms: time MLP Linear → GELU → Linear and step sizes from
@@ -473,8 +473,8 @@ class HyperSetSudokuSource(OfficialSource):
         else:  # a float32 table, promoted when added in a float64 run
             positions = _official_board_positions(kwargs["block_size"], kwargs["n_embd"])[None].to(dtype)
         x0 = F.embedding(inputs, p["tok_emb.weight"]) + positions[:, : inputs.shape[1]]
-        t = _linear(
-            F.gelu(_linear(_official_time_sinusoid(steps, kwargs["time_emb"], dtype), p, "time_mlp.0.1")),
+        t = linear_of(
+            F.gelu(linear_of(_official_time_sinusoid(steps, kwargs["time_emb"], dtype), p, "time_mlp.0.1")),
             p,
             "time_mlp.0.3",
         )
@@ -483,14 +483,14 @@ class HyperSetSudokuSource(OfficialSource):
             b = f"blocks.{i}."
             for step in range(steps):
                 source = x0 if kwargs["input_cond"] else x
-                alpha, beta = _linear(F.gelu(t[step] + source), p, "time_mlp.1.1").chunk(2, -1)
+                alpha, beta = linear_of(F.gelu(t[step] + source), p, "time_mlp.1.1").chunk(2, -1)
                 gain = p[b + "attn.ln1.weight"]
                 x = x - alpha * _hyperset_attention(x, p[b + "attn.qkv.weight"], (gain, gain, gain), heads)
                 dictionary = p[b + "mlp.weight"]
                 x = x + beta * F.linear(
-                    F.relu(_rms(F.linear(x, dictionary), p[b + "ln2.weight"])), dictionary.t()
+                    F.relu(rms_norm_eps(F.linear(x, dictionary), p[b + "ln2.weight"])), dictionary.t()
                 )
-        return F.linear(_rms(x, p["ln_f.weight"]), p["head.weight"])
+        return F.linear(rms_norm_eps(x, p["ln_f.weight"]), p["head.weight"])
 
     def example_inputs(self, kwargs):
         generator = torch.Generator().manual_seed(0)

@@ -13,10 +13,10 @@ from .base import (
     REQUIRED,
     NotExpressible,
     OfficialSource,
-    _image_processor,
-    _linear,
-    _ln,
-    _square,
+    layer_norm_of,
+    linear_of,
+    make_image_processor,
+    square_image_side,
 )
 
 
@@ -137,7 +137,7 @@ class IMixerSource(OfficialSource):
                 )
         return {
             "num_classes": config.num_labels,
-            "img_size": _square(config, "MlpMixer"),
+            "img_size": square_image_side(config, "MlpMixer"),
             "in_chans": config.num_channels,
             "patch_size": config.patch_size,
             "num_blocks": config.num_hidden_layers,
@@ -189,23 +189,23 @@ class IMixerSource(OfficialSource):
 
         for i in range(kwargs["num_blocks"]):
             b = f"blocks.{i}."
-            t = _ln(x, p, b + "norm1", eps).transpose(1, 2)  # (B, D, S)
-            start = _linear(t, p, b + "mlp_tokens.fc1")
+            t = layer_norm_of(x, p, b + "norm1", eps).transpose(1, 2)  # (B, D, S)
+            start = linear_of(t, p, b + "mlp_tokens.fc1")
             w1, w2 = normalised(b + "mlp_tokens.fc_sn1"), normalised(b + "mlp_tokens.fc_sn2")
             state_ = start
             for _ in range(kwargs["n_repeat"]):
                 hidden = F.linear(F.gelu(state_), w1, p[b + "mlp_tokens.fc_sn1.bias"])
                 state_ = F.linear(F.gelu(hidden), w2, p[b + "mlp_tokens.fc_sn2.bias"]) + start
-            x = x + _linear(F.gelu(state_), p, b + "mlp_tokens.fc2").transpose(1, 2)
-            y = _linear(
-                F.gelu(_linear(_ln(x, p, b + "norm2", eps), p, b + "mlp_channels.fc1")),
+            x = x + linear_of(F.gelu(state_), p, b + "mlp_tokens.fc2").transpose(1, 2)
+            y = linear_of(
+                F.gelu(linear_of(layer_norm_of(x, p, b + "norm2", eps), p, b + "mlp_channels.fc1")),
                 p,
                 b + "mlp_channels.fc2",
             )
             x = x + y
-        pooled = _ln(x, p, "norm", eps).mean(1)
-        return _linear(pooled, p, "head") if kwargs["num_classes"] > 0 else pooled
+        pooled = layer_norm_of(x, p, "norm", eps).mean(1)
+        return linear_of(pooled, p, "head") if kwargs["num_classes"] > 0 else pooled
 
     def processor(self, config, mean, std):
-        size = _square(config, "MlpMixer")
-        return _image_processor(size, size, config.num_channels, mean, std)
+        size = square_image_side(config, "MlpMixer")
+        return make_image_processor(size, size, config.num_channels, mean, std)
