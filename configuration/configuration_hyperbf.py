@@ -13,47 +13,6 @@ from typing import Any
 
 from transformers import PreTrainedConfig
 
-# The memo's experiments use 4 heads and 4 blocks at width 768 on 32×32 images with 4×4 patches
-# (CBMM memo 143, CIFAR / Tiny-ImageNet experiments); `tiny` is for tests, `digits` for 8×8 grey UCI digits on CPU.
-HYPERBF_PRESETS: dict[str, dict[str, Any]] = {
-    "cifar": dict(
-        hidden_size=768,
-        num_attention_heads=4,
-        num_hidden_layers=4,
-        patch_size=4,
-        image_size=32,
-        num_labels=10,
-    ),
-    "cifar100": dict(
-        hidden_size=768,
-        num_attention_heads=4,
-        num_hidden_layers=4,
-        patch_size=4,
-        image_size=32,
-        num_labels=100,
-    ),
-    "tiny": dict(
-        hidden_size=32, num_attention_heads=2, num_hidden_layers=2, patch_size=2, image_size=8, num_labels=10
-    ),
-    "digits": dict(
-        hidden_size=64,
-        num_attention_heads=4,
-        num_hidden_layers=2,
-        patch_size=2,
-        image_size=8,
-        num_channels=1,
-        num_labels=10,
-    ),
-}
-# The small models `energyformers train` builds from scratch (the dataset sets image geometry or sequence length):
-# images use the `digits` architecture at the CLI's 16×16 geometry (measured accuracy: docs/benchmarks.md).
-HYPERBF_PRESETS["cli-image"] = {
-    k: HYPERBF_PRESETS["digits"][k] for k in ("hidden_size", "num_attention_heads", "num_hidden_layers")
-}
-HYPERBF_PRESETS["cli-sequence"] = dict(
-    input_type="sequence", hidden_size=128, num_attention_heads=4, num_hidden_layers=2
-)
-
 
 # --- validation: identical in the three configuration files (tests/test_configuration.py checks) ---
 # Per family only the tables below this block (_CHOICES, _POSITIVE_INTS, ...) and the config's
@@ -306,20 +265,25 @@ class HyperBFConfig(PreTrainedConfig):
 
     @classmethod
     def preset_fields(cls, name: str) -> dict[str, Any]:
-        """The fields a named setting (`HYPERBF_PRESETS`) sets, as a new dict."""
-        if name not in HYPERBF_PRESETS:
-            raise ValueError(
-                f"HyperBFConfig: unknown preset name={name!r}; expected one of {sorted(HYPERBF_PRESETS)}."
-            )
-        return dict(HYPERBF_PRESETS[name])
+        """The fields a named setting sets, as a new dict. The tables are in `energyformers.presets`, which the
+        Hub's remote code does not carry: without the package there are no presets, only explicit fields."""
+        try:
+            from energyformers.presets import preset_fields
+        except ImportError:  # remote code loaded without the package (the import check skips try blocks)
+            raise ImportError(
+                f"{cls.__name__}.from_preset({name!r}): the named presets come with the energyformers package "
+                f"(pip install energyformers), which is not installed; build the config from explicit fields "
+                f"instead, e.g. {cls.__name__}(hidden_size=...)."
+            ) from None
+        return preset_fields(cls, name)
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> HyperBFConfig:
-        """Config of a named setting (`HYPERBF_PRESETS`), with keyword overrides applied on top."""
+        """Config of a named setting (`energyformers.presets`), with keyword overrides applied on top."""
         kwargs = {**cls.preset_fields(name), **overrides}
         if "id2label" in overrides:
             kwargs.pop("num_labels", None)
         return cls(**kwargs)
 
 
-__all__ = ["HYPERBF_PRESETS", "HyperBFConfig"]
+__all__ = ["HyperBFConfig"]

@@ -13,80 +13,6 @@ from typing import Any
 
 from transformers import PreTrainedConfig
 
-# Rows of the paper's Table 1 / poster (image 224, M = d, L = 1, T = 12) and its Sudoku model.
-# Parameter counts they must reproduce are asserted in tests/test_modeling_hyperset.py.
-HYPERSET_PRESETS: dict[str, dict[str, Any]] = {
-    "cifar10-small": dict(hidden_size=384, num_attention_heads=6, intermediate_size=384, num_labels=10),
-    "cifar10-small-scaleup": dict(
-        hidden_size=512, num_attention_heads=8, intermediate_size=512, num_labels=10
-    ),
-    "imagenet1k-640": dict(
-        hidden_size=640, num_attention_heads=10, intermediate_size=640, patch_size=14, num_labels=1000
-    ),
-    # 9×9 grid as 81 tokens (0 = blank), one of 9 digits per cell; the paper conditions step sizes on
-    # the puzzle itself and uses learned positions for the fixed layout; T = 24 (Table 4).
-    "sudoku": dict(
-        input_type="sequence",
-        hidden_size=768,
-        num_attention_heads=12,
-        intermediate_size=3072,
-        num_iterations=24,  # paper Table 4
-        qkv_norm="shared",
-        step_size_condition="input",
-        step_size_norm="none",  # the authors' Sudoku model: time MLP and step-size input without RMSNorms
-        classifier_norm="rmsnorm",  # and an RMSNorm + bias-free Linear head (5,195,584 parameters, as the paper)
-        classifier_bias=False,
-        vocab_size=10,
-        max_position_embeddings=81,
-        position_embedding_type="learned",
-        num_labels=9,
-    ),
-}
-# The authors' released models (CIFAR-10, ImageNet-1k, Sudoku), exactly their structure: what `energyformers
-# convert` builds from their checkpoints. It adds to the rows above the iteration-conditioned time MLP of their
-# code and, in the image models, their GELU feedforward. The rows above keep this package's choices: time-invariant
-# step sizes (docs/hyperset.md, "Recurrent depth") and ReLU, the exact gradient of the paper's feedforward energy.
-HYPERSET_PRESETS.update(
-    {
-        f"{name}-authors": {**HYPERSET_PRESETS[name], "iteration_conditioning": "sinusoidal", **structure}
-        for name, structure in (
-            ("cifar10-small", {"hidden_act": "gelu"}),
-            ("cifar10-small-scaleup", {"hidden_act": "gelu"}),
-            ("imagenet1k-640", {"hidden_act": "gelu"}),
-            ("sudoku", {}),  # its ReLU feedforward, shared q/k/v norm and RMSNorm head are in the row above
-        )
-    }
-)
-# The small models `energyformers train` builds from scratch (the dataset sets image geometry or vocabulary).
-# Images: digits at 16×16, patch 2, 12 epochs at lr 3e-3; mean pooling because with CLS pooling the CLS token stays
-# constant early on (the step sizes start at zero); the anchor energy and random depth in [2, 12] make test-time
-# depth extrapolate (benchmarks/results/recurrent_depth.md: within 1 point of the T = 4 accuracy at 2T, 4T, 10T).
-HYPERSET_PRESETS.update(
-    {
-        "cli-image": dict(
-            hidden_size=128,
-            num_attention_heads=4,
-            intermediate_size=128,
-            num_iterations=4,
-            time_embedding_dim=64,
-            pooling="mean",
-            input_anchor=0.5,
-            iteration_sampling="uniform",
-            min_iterations=2,
-            max_iterations=12,
-        ),
-        "cli-sequence": dict(
-            input_type="sequence",
-            hidden_size=128,
-            num_attention_heads=4,
-            intermediate_size=256,
-            num_iterations=4,
-            time_embedding_dim=64,
-            pooling="mean",
-        ),
-    }
-)
-
 
 # --- validation: identical in the three configuration files (tests/test_configuration.py checks) ---
 # Per family only the tables below this block (_CHOICES, _POSITIVE_INTS, ...) and the config's
@@ -495,20 +421,25 @@ class HyperSetConfig(PreTrainedConfig):
 
     @classmethod
     def preset_fields(cls, name: str) -> dict[str, Any]:
-        """The fields a named setting (`HYPERSET_PRESETS`) sets, as a new dict."""
-        if name not in HYPERSET_PRESETS:
-            raise ValueError(
-                f"HyperSetConfig: unknown preset name={name!r}; expected one of {sorted(HYPERSET_PRESETS)}."
-            )
-        return dict(HYPERSET_PRESETS[name])
+        """The fields a named setting sets, as a new dict. The tables are in `energyformers.presets`, which the
+        Hub's remote code does not carry: without the package there are no presets, only explicit fields."""
+        try:
+            from energyformers.presets import preset_fields
+        except ImportError:  # remote code loaded without the package (the import check skips try blocks)
+            raise ImportError(
+                f"{cls.__name__}.from_preset({name!r}): the named presets come with the energyformers package "
+                f"(pip install energyformers), which is not installed; build the config from explicit fields "
+                f"instead, e.g. {cls.__name__}(hidden_size=...)."
+            ) from None
+        return preset_fields(cls, name)
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> HyperSetConfig:
-        """Config of a named paper setting (`HYPERSET_PRESETS`), with keyword overrides applied on top."""
+        """Config of a named paper setting (`energyformers.presets`), with keyword overrides applied on top."""
         kwargs = {**cls.preset_fields(name), **overrides}
         if "id2label" in overrides:
             kwargs.pop("num_labels", None)
         return cls(**kwargs)
 
 
-__all__ = ["FEATURE_MAPS", "HYPERSET_PRESETS", "HyperSetConfig"]
+__all__ = ["FEATURE_MAPS", "HyperSetConfig"]

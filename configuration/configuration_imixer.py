@@ -13,39 +13,6 @@ from typing import Any
 
 from transformers import PreTrainedConfig
 
-# MLP-Mixer S/B/L (Tolstikhin et al., Table 1: width, depth) at patch 16 and 32, with the iMixer
-# paper's best setting h_r = 2, n = 2 (Ota & Taki, CIFAR-10 at 224², 10 classes). Parameter counts
-# they must reproduce are asserted in tests/test_modeling_imixer.py.
-_MIXER_SIZES = {"s": (512, 8), "b": (768, 12), "l": (1024, 24)}
-IMIXER_PRESETS: dict[str, dict[str, Any]] = {
-    f"{size}{patch}": dict(
-        hidden_size=width,
-        num_hidden_layers=depth,
-        patch_size=patch,
-        image_size=224,
-        hidden_ratio=2.0,
-        fixed_point_iterations=2,
-        num_labels=10,
-    )
-    for size, (width, depth) in _MIXER_SIZES.items()
-    for patch in (16, 32)
-}
-# The paper's Table 2 axes that its text fixes: h_r = 1 next to the best h_r = 2, and n = 0, the
-# vanilla MLP-Mixer of the same dimensions (its baseline row). Only settings whose parameter counts the paper
-# states are named here; accuracies are the paper's, not reproduced.
-for _name in list(IMIXER_PRESETS):
-    IMIXER_PRESETS[f"{_name}-hr1"] = {**IMIXER_PRESETS[_name], "hidden_ratio": 1.0}
-    IMIXER_PRESETS[f"{_name}-mixer"] = {**IMIXER_PRESETS[_name], "fixed_point_iterations": 0}
-del _name
-# The small models `energyformers train` builds from scratch (the dataset sets image geometry or sequence length):
-# digits at 16×16 with 12 epochs (measured accuracy: docs/benchmarks.md).
-IMIXER_PRESETS["cli-image"] = dict(
-    hidden_size=128, num_hidden_layers=4, hidden_ratio=2.0, fixed_point_iterations=2
-)
-IMIXER_PRESETS["cli-sequence"] = dict(
-    input_type="sequence", hidden_size=128, num_hidden_layers=2, hidden_ratio=2.0, fixed_point_iterations=2
-)
-
 # Largest slope of each token-mixing activation: the Lipschitz constant an activation contributes to the residual
 # branch F = fc_sn2 ∘ act ∘ fc_sn1 ∘ act. GELU: Φ(√2) + √2 φ(√2) ≈ 1.1289 (at x = √2); SiLU: ≈ 1.0998 (at x ≈ 2.40,
 # numerically); ReLU and tanh: 1.
@@ -460,16 +427,21 @@ class IMixerConfig(PreTrainedConfig):
 
     @classmethod
     def preset_fields(cls, name: str) -> dict[str, Any]:
-        """The fields a named setting (`IMIXER_PRESETS`) sets, as a new dict."""
-        if name not in IMIXER_PRESETS:
-            raise ValueError(
-                f"IMixerConfig: unknown preset name={name!r}; expected one of {sorted(IMIXER_PRESETS)}."
-            )
-        return dict(IMIXER_PRESETS[name])
+        """The fields a named setting sets, as a new dict. The tables are in `energyformers.presets`, which the
+        Hub's remote code does not carry: without the package there are no presets, only explicit fields."""
+        try:
+            from energyformers.presets import preset_fields
+        except ImportError:  # remote code loaded without the package (the import check skips try blocks)
+            raise ImportError(
+                f"{cls.__name__}.from_preset({name!r}): the named presets come with the energyformers package "
+                f"(pip install energyformers), which is not installed; build the config from explicit fields "
+                f"instead, e.g. {cls.__name__}(hidden_size=...)."
+            ) from None
+        return preset_fields(cls, name)
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> IMixerConfig:
-        """Config of a named paper setting (`IMIXER_PRESETS`: s16 … l32, each also as `-hr1` (h_r = 1) and
+        """Config of a named paper setting (`energyformers.presets`: s16 … l32, each also as `-hr1` (h_r = 1) and
         `-mixer` (n = 0, the vanilla Mixer)), overrides on top."""
         kwargs = {**cls.preset_fields(name), **overrides}
         if "id2label" in overrides:
@@ -477,4 +449,4 @@ class IMixerConfig(PreTrainedConfig):
         return cls(**kwargs)
 
 
-__all__ = ["ACTIVATION_MAX_SLOPES", "IMIXER_PRESETS", "IMixerConfig"]
+__all__ = ["ACTIVATION_MAX_SLOPES", "IMixerConfig"]

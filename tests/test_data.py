@@ -218,3 +218,17 @@ def test_shipped_metric_scripts_match_sklearn() -> None:
         expected = f1_score(r, p, average=average)
         assert f1.compute(predictions=p, references=r, average=average)["f1"] == pytest.approx(expected)
     assert f1.compute(predictions=p % 2, references=r % 2)["f1"] == pytest.approx(f1_score(r % 2, p % 2))
+
+
+def test_the_model_card_describes_every_builtin_dataset_from_the_one_table():
+    from energyformers.training import card
+
+    assert not hasattr(card, "DATASETS"), (
+        "card.py holds a second dataset table; data.BUILTIN_DATASETS is the one"
+    )
+    for name, builtin in BUILTIN_DATASETS.items():
+        fields = card.dataset_card_fields(name)
+        assert fields == (builtin.display_name, builtin.hub_id, builtin.description), (name, fields)
+        assert builtin.display_name and builtin.description.endswith("."), (name, builtin)
+    assert card.dataset_card_fields("my/own-data") == ("my/own-data", None, "")
+    assert card.dataset_card_fields(None) == (None, None, "")

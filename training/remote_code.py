@@ -55,7 +55,11 @@ def check_remote_code(sources: dict[str, str], stem: str, config_class: str) -> 
     """Raise ValueError unless the files import only stdlib, torch, transformers and the sibling config."""
     sibling = f"configuration_{stem}"
     for filename, source in sources.items():
-        for node in ast.walk(ast.parse(source, filename=filename)):
+        tree = ast.parse(source, filename=filename)
+        optional = _optional_package_imports(tree)
+        for node in ast.walk(tree):
+            if id(node) in optional:
+                continue
             if isinstance(node, ast.ImportFrom) and node.level > 0:
                 allowed = filename == f"modeling_{stem}.py" and node.level == 1 and node.module == sibling
                 if not allowed or [alias.name for alias in node.names] != [config_class]:
@@ -96,6 +100,26 @@ def check_remote_code(sources: dict[str, str], stem: str, config_class: str) -> 
                     )
 
 
+# Package modules remote code may try to import, inside `try: ... except ImportError:` (transformers' own import
+# check skips try blocks too), to offer more where the package is installed: the configs' presets.
+OPTIONAL_PACKAGE_MODULES = frozenset({"energyformers.presets"})
+
+
+def _optional_package_imports(tree: ast.AST) -> set[int]:
+    """ids of the `from energyformers.presets import ...` nodes guarded by an `except ImportError` handler."""
+    guarded = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Try):
+            continue
+        names = {getattr(handler.type, "id", None) for handler in node.handlers if handler.type is not None}
+        if not names & {"ImportError", "ModuleNotFoundError"}:
+            continue
+        for statement in node.body:
+            if isinstance(statement, ast.ImportFrom) and statement.module in OPTIONAL_PACKAGE_MODULES:
+                guarded.add(id(statement))
+    return guarded
+
+
 def auto_map(model_type: str) -> dict[str, str]:
     """`config.auto_map` for every Auto class the family registers, pointing at the flat remote code."""
     from energyformers import FAMILIES
@@ -109,6 +133,7 @@ def auto_map(model_type: str) -> dict[str, str]:
 
 __all__ = [
     "ALLOWED_TOP_LEVEL",
+    "OPTIONAL_PACKAGE_MODULES",
     "auto_map",
     "check_remote_code",
     "generate_remote_code",

@@ -65,9 +65,11 @@ def register(path: Path) -> None:
     def build() -> DatasetDict:
         return DatasetDict({split: to_dataset(*arrays) for split, arrays in read_puzzles(path).items()})
 
-    data.BUILTIN_DATASETS[DATASET_NAME] = (
+    data.BUILTIN_DATASETS[DATASET_NAME] = data.BuiltinDataset(
         build,
         f"the Sudoku puzzles of {path.name} (carried for the GPU run)",
+        f"Sudoku ({path.name})",
+        f"The Sudoku puzzles of `{path.name}`, carried for the GPU run.",
     )
 
 

@@ -1,0 +1,84 @@
+"""Presets: one table per family in `energyformers.presets`, read by `from_preset` with the package installed and
+absent from the Hub's remote code, whose `from_preset` says so."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from energyformers import FAMILIES, HyperBFConfig, HyperSetConfig, IMixerConfig
+from energyformers.presets import PRESETS
+from energyformers.training.remote_code import check_remote_code, remote_code_sources
+
+CONFIGS = {"hyperset": HyperSetConfig, "imixer": IMixerConfig, "hyperbf": HyperBFConfig}
+
+
+def test_every_family_has_one_table_and_from_preset_reads_it():
+    assert set(PRESETS) == set(CONFIGS) <= set(FAMILIES)
+    for model_type, config_class in CONFIGS.items():
+        for name, fields in PRESETS[model_type].items():
+            # the CLI's sequence presets take the vocabulary from the data
+            data = (
+                {"vocab_size": 100}
+                if fields.get("input_type") == "sequence" and "vocab_size" not in fields
+                else {}
+            )
+            config = config_class.from_preset(name, **data)
+            differs = {k: (getattr(config, k), v) for k, v in fields.items() if getattr(config, k) != v}
+            assert not differs, f"{config_class.__name__}.from_preset({name!r}): (config, table) {differs}"
+
+
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+def test_remote_code_carries_no_preset_table(model_type):
+    sources = remote_code_sources(model_type)
+    for filename, source in sources.items():
+        for name in PRESETS[model_type]:
+            assert f'"{name}"' not in source, f"{filename} still holds preset {name!r}"
+        assert "_PRESETS" not in source, f"{filename} still names a preset table"
+
+
+def _load_remote_config(model_type: str, folder: Path, monkeypatch) -> type:
+    """The exported configuration file imported on its own, with `energyformers` not importable."""
+    sources = remote_code_sources(model_type)
+    name = f"configuration_{FAMILIES[model_type].stem}"
+    path = folder / f"{name}.py"
+    path.write_text(sources[f"{name}.py"])
+    monkeypatch.setitem(sys.modules, "energyformers", None)  # `import energyformers...` raises ImportError
+    monkeypatch.setitem(sys.modules, "energyformers.presets", None)
+    spec = importlib.util.spec_from_file_location(f"remote_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, CONFIGS[model_type].__name__)
+
+
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+def test_remote_code_from_preset_without_the_package_says_the_presets_need_it(
+    model_type, tmp_path, monkeypatch
+):
+    remote = _load_remote_config(model_type, tmp_path, monkeypatch)
+    name = next(iter(PRESETS[model_type]))
+    with pytest.raises(
+        ImportError, match=rf"from_preset\('{name}'\).*energyformers package.*explicit fields"
+    ):
+        remote.from_preset(name)
+    assert remote(hidden_size=96).hidden_size == 96  # explicit fields need no package
+
+
+def test_remote_code_check_allows_only_the_guarded_presets_import():
+    guarded = (
+        "def f():\n    try:\n        from energyformers.presets import preset_fields\n"
+        "    except ImportError:\n        raise\n"
+    )
+    check_remote_code({"configuration_x.py": guarded}, "x", "XConfig")
+    unguarded = "def f():\n    from energyformers.presets import preset_fields\n"
+    with pytest.raises(ValueError, match=r"energyformers\.presets"):
+        check_remote_code({"configuration_x.py": unguarded}, "x", "XConfig")
+    other = guarded.replace("energyformers.presets", "energyformers.training")
+    with pytest.raises(ValueError, match=r"energyformers\.training"):
+        check_remote_code({"configuration_x.py": other}, "x", "XConfig")
+    wrong_handler = guarded.replace("ImportError", "ValueError")
+    with pytest.raises(ValueError, match=r"energyformers\.presets"):
+        check_remote_code({"configuration_x.py": wrong_handler}, "x", "XConfig")
