@@ -8,6 +8,7 @@ energy (attention) followed by one on a dictionary energy (feedforward).
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -270,6 +271,12 @@ class RecurrentDepthConfig(PreTrainedConfig):
         _validate_config(self, kwargs)
         super().__init__(**kwargs)
 
+    @staticmethod
+    def shared_fields() -> tuple[str, ...]:
+        """The fields this base sets: its `__init__` parameters, which a subclass's `__init__` hands on."""
+        parameters = inspect.signature(RecurrentDepthConfig.__init__).parameters
+        return tuple(name for name in parameters if name not in ("self", "kwargs"))
+
     def _check_cross_field_rules(self) -> None:
         """Rules the tables cannot express; `_validate_config` runs it once every table check has passed."""
         _require(
@@ -514,31 +521,8 @@ class HyperSetConfig(RecurrentDepthConfig):
         self.halting_criterion = halting_criterion
         self.classifier_norm = classifier_norm
         self.classifier_bias = classifier_bias
-        super().__init__(
-            input_type=input_type,
-            hidden_size=hidden_size,
-            num_attention_heads=num_attention_heads,
-            intermediate_size=intermediate_size,
-            num_hidden_layers=num_hidden_layers,
-            num_iterations=num_iterations,
-            hidden_act=hidden_act,
-            iteration_sampling=iteration_sampling,
-            min_iterations=min_iterations,
-            max_iterations=max_iterations,
-            iteration_sampling_sigma=iteration_sampling_sigma,
-            backprop_iterations=backprop_iterations,
-            image_size=image_size,
-            patch_size=patch_size,
-            num_channels=num_channels,
-            vocab_size=vocab_size,
-            max_position_embeddings=max_position_embeddings,
-            position_embedding_type=position_embedding_type,
-            pooling=pooling,
-            rms_norm_eps=rms_norm_eps,
-            layer_norm_eps=layer_norm_eps,
-            initializer_range=initializer_range,
-            **kwargs,
-        )
+        arguments = locals()  # the shared fields, as this signature received them
+        super().__init__(**{name: arguments[name] for name in self.shared_fields()}, **kwargs)
 
     def _check_cross_field_rules(self) -> None:
         """The shared rules (`RecurrentDepthConfig`), then Hyper-SET's own."""

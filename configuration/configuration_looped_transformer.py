@@ -128,31 +128,8 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         width_known = isinstance(hidden_size, int) and not isinstance(hidden_size, bool)
         if intermediate_size is None and width_known:
             intermediate_size = 4 * hidden_size
-        super().__init__(
-            input_type=input_type,
-            hidden_size=hidden_size,
-            num_attention_heads=num_attention_heads,
-            intermediate_size=intermediate_size,
-            num_hidden_layers=num_hidden_layers,
-            num_iterations=num_iterations,
-            hidden_act=hidden_act,
-            iteration_sampling=iteration_sampling,
-            min_iterations=min_iterations,
-            max_iterations=max_iterations,
-            iteration_sampling_sigma=iteration_sampling_sigma,
-            backprop_iterations=backprop_iterations,
-            image_size=image_size,
-            patch_size=patch_size,
-            num_channels=num_channels,
-            vocab_size=vocab_size,
-            max_position_embeddings=max_position_embeddings,
-            position_embedding_type=position_embedding_type,
-            pooling=pooling,
-            rms_norm_eps=rms_norm_eps,
-            layer_norm_eps=layer_norm_eps,
-            initializer_range=initializer_range,
-            **kwargs,
-        )
+        arguments = locals()  # the shared fields, as this signature received them
+        super().__init__(**{name: arguments[name] for name in self.shared_fields()}, **kwargs)
 
     @classmethod
     def from_hyperset(cls, config: HyperSetConfig, **overrides: Any) -> LoopedTransformerConfig:
