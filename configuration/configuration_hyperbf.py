@@ -39,35 +39,41 @@ def _require(config: PreTrainedConfig, condition: bool, name: str, value: Any, a
         raise ValueError(f"{type(config).__name__}: invalid {name}={value!r}; {allowed}.")
 
 
+def _fields_of(config: PreTrainedConfig, names: tuple[str, ...]) -> list[str]:
+    """The names among `names` that `config` sets: a file's tables cover every config class defined in it (Hyper-SET's
+    file also holds the base its looped-Transformer baseline shares, which sets only part of them)."""
+    return [name for name in names if name in vars(config)]
+
+
 def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
     """Check the fields set by `__init__` against the tables, then `num_labels`, then the cross-field rules."""
-    for name, choices in _CHOICES.items():
+    for name in _fields_of(config, tuple(_CHOICES)):
         value = getattr(config, name)
-        _require(config, value in choices, name, value, f"expected one of {list(choices)}")
-    for name in _POSITIVE_INTS:
+        _require(config, value in _CHOICES[name], name, value, f"expected one of {list(_CHOICES[name])}")
+    for name in _fields_of(config, _POSITIVE_INTS):
         value = getattr(config, name)
         _require(config, _is_int(value) and value >= 1, name, value, "expected an integer >= 1")
-    for name in _NON_NEGATIVE_INTS:
+    for name in _fields_of(config, _NON_NEGATIVE_INTS):
         value = getattr(config, name)
         _require(config, _is_int(value) and value >= 0, name, value, "expected an integer >= 0")
-    for name in _OPTIONAL_POSITIVE_INTS:
+    for name in _fields_of(config, _OPTIONAL_POSITIVE_INTS):
         value = getattr(config, name)
         ok = value is None or (_is_int(value) and value >= 1)
         _require(config, ok, name, value, "expected None or an integer >= 1")
-    for name in _PROBABILITIES:
+    for name in _fields_of(config, _PROBABILITIES):
         value = getattr(config, name)
         _require(config, _is_real(value) and 0 <= value < 1, name, value, "expected a float in [0, 1)")
-    for name in _POSITIVE_FLOATS:
+    for name in _fields_of(config, _POSITIVE_FLOATS):
         value = getattr(config, name)
         _require(config, _is_real(value) and value > 0, name, value, "expected a float > 0 (finite)")
-    for name in _OPTIONAL_POSITIVE_FLOATS:
+    for name in _fields_of(config, _OPTIONAL_POSITIVE_FLOATS):
         value = getattr(config, name)
         ok = value is None or (_is_real(value) and value > 0)
         _require(config, ok, name, value, "expected None or a float > 0 (finite)")
-    for name in _BOOLEANS:
+    for name in _fields_of(config, _BOOLEANS):
         value = getattr(config, name)
         _require(config, isinstance(value, bool), name, value, "expected True or False")
-    for name in _IMAGE_SIZES:
+    for name in _fields_of(config, _IMAGE_SIZES):
         value = getattr(config, name)
         ok = _image_sides(value) != (0, 0)
         _require(config, ok, name, value, "expected an integer >= 1 or a [height, width] pair of them")

@@ -8,6 +8,7 @@ energy (attention) followed by one on a dictionary energy (feedforward).
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -39,35 +40,41 @@ def _require(config: PreTrainedConfig, condition: bool, name: str, value: Any, a
         raise ValueError(f"{type(config).__name__}: invalid {name}={value!r}; {allowed}.")
 
 
+def _fields_of(config: PreTrainedConfig, names: tuple[str, ...]) -> list[str]:
+    """The names among `names` that `config` sets: a file's tables cover every config class defined in it (Hyper-SET's
+    file also holds the base its looped-Transformer baseline shares, which sets only part of them)."""
+    return [name for name in names if name in vars(config)]
+
+
 def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
     """Check the fields set by `__init__` against the tables, then `num_labels`, then the cross-field rules."""
-    for name, choices in _CHOICES.items():
+    for name in _fields_of(config, tuple(_CHOICES)):
         value = getattr(config, name)
-        _require(config, value in choices, name, value, f"expected one of {list(choices)}")
-    for name in _POSITIVE_INTS:
+        _require(config, value in _CHOICES[name], name, value, f"expected one of {list(_CHOICES[name])}")
+    for name in _fields_of(config, _POSITIVE_INTS):
         value = getattr(config, name)
         _require(config, _is_int(value) and value >= 1, name, value, "expected an integer >= 1")
-    for name in _NON_NEGATIVE_INTS:
+    for name in _fields_of(config, _NON_NEGATIVE_INTS):
         value = getattr(config, name)
         _require(config, _is_int(value) and value >= 0, name, value, "expected an integer >= 0")
-    for name in _OPTIONAL_POSITIVE_INTS:
+    for name in _fields_of(config, _OPTIONAL_POSITIVE_INTS):
         value = getattr(config, name)
         ok = value is None or (_is_int(value) and value >= 1)
         _require(config, ok, name, value, "expected None or an integer >= 1")
-    for name in _PROBABILITIES:
+    for name in _fields_of(config, _PROBABILITIES):
         value = getattr(config, name)
         _require(config, _is_real(value) and 0 <= value < 1, name, value, "expected a float in [0, 1)")
-    for name in _POSITIVE_FLOATS:
+    for name in _fields_of(config, _POSITIVE_FLOATS):
         value = getattr(config, name)
         _require(config, _is_real(value) and value > 0, name, value, "expected a float > 0 (finite)")
-    for name in _OPTIONAL_POSITIVE_FLOATS:
+    for name in _fields_of(config, _OPTIONAL_POSITIVE_FLOATS):
         value = getattr(config, name)
         ok = value is None or (_is_real(value) and value > 0)
         _require(config, ok, name, value, "expected None or a float > 0 (finite)")
-    for name in _BOOLEANS:
+    for name in _fields_of(config, _BOOLEANS):
         value = getattr(config, name)
         _require(config, isinstance(value, bool), name, value, "expected True or False")
-    for name in _IMAGE_SIZES:
+    for name in _fields_of(config, _IMAGE_SIZES):
         value = getattr(config, name)
         ok = _image_sides(value) != (0, 0)
         _require(config, ok, name, value, "expected an integer >= 1 or a [height, width] pair of them")
@@ -127,7 +134,159 @@ _IMAGE_SIZES: tuple[str, ...] = ("image_size",)
 FEATURE_MAPS: tuple[str, ...] = ("sigmoid", "relu", "tanh", "softplus", "silu", "gelu", "elu", "elu+1")
 
 
-class HyperSetConfig(PreTrainedConfig):
+# The fields Hyper-SET shares with its looped-Transformer baseline (configuration_looped_transformer.py): the
+# embeddings, the width and heads, the recurrent-depth schedule and the classification head.
+class RecurrentDepthConfig(PreTrainedConfig):
+    r"""The fields of a model that iterates weight-tied layers: Hyper-SET (`HyperSetConfig`) and the
+    looped-Transformer baseline (`LoopedTransformerConfig`) derive from it, so both models read one definition of
+    the embeddings, the width and heads, the depth schedule (`num_iterations`, `iteration_sampling`, truncation)
+    and the head. Not a model of its own (no `model_type`); the fields are documented in `HyperSetConfig`.
+
+    A subclass sets its own fields first, then calls this `__init__`, which sets the shared ones and validates
+    all of them against this file's tables (a table entry for a field a class does not set is skipped).
+    """
+
+    def __init__(
+        self,
+        input_type: str = "image",
+        hidden_size: int = 384,
+        num_attention_heads: int = 6,
+        intermediate_size: int = 384,
+        num_hidden_layers: int = 1,
+        num_iterations: int = 12,
+        hidden_act: str = "relu",
+        iteration_sampling: str = "fixed",
+        min_iterations: int | None = None,
+        max_iterations: int | None = None,
+        iteration_sampling_sigma: float = 0.5,
+        backprop_iterations: int | None = None,
+        image_size: int | list[int] = 224,
+        patch_size: int = 16,
+        num_channels: int = 3,
+        vocab_size: int | None = None,
+        max_position_embeddings: int = 512,
+        position_embedding_type: str = "sinusoidal",
+        pooling: str = "cls",
+        rms_norm_eps: float | None = None,
+        layer_norm_eps: float = 1e-5,
+        initializer_range: float = 0.02,
+        **kwargs: Any,
+    ) -> None:
+        self.input_type = input_type
+        self.hidden_size = hidden_size
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_iterations = num_iterations
+        self.hidden_act = hidden_act
+        self.iteration_sampling = iteration_sampling
+        self.min_iterations = min_iterations
+        self.max_iterations = max_iterations
+        self.iteration_sampling_sigma = iteration_sampling_sigma
+        self.backprop_iterations = backprop_iterations
+        self.image_size = list(image_size) if isinstance(image_size, (list, tuple)) else image_size
+        self.patch_size = patch_size
+        self.num_channels = num_channels
+        self.vocab_size = vocab_size
+        self.max_position_embeddings = max_position_embeddings
+        self.position_embedding_type = position_embedding_type
+        self.pooling = pooling
+        self.rms_norm_eps = rms_norm_eps
+        self.layer_norm_eps = layer_norm_eps
+        self.initializer_range = initializer_range
+        _validate_config(self, kwargs)
+        super().__init__(**kwargs)
+
+    @staticmethod
+    def shared_fields() -> tuple[str, ...]:
+        """The fields this base sets: its `__init__` parameters, which a subclass's `__init__` hands on."""
+        parameters = inspect.signature(RecurrentDepthConfig.__init__).parameters
+        return tuple(name for name in parameters if name not in ("self", "kwargs"))
+
+    def _check_cross_field_rules(self) -> None:
+        """Rules the tables cannot express; `_validate_config` runs it once every table check has passed."""
+        _require(
+            self,
+            self.hidden_size % self.num_attention_heads == 0,
+            "hidden_size",
+            self.hidden_size,
+            f"it must be divisible by num_attention_heads={self.num_attention_heads}",
+        )
+        _require(
+            self,
+            all(side % self.patch_size == 0 for side in _image_sides(self.image_size)),
+            "image_size",
+            self.image_size,
+            f"both sides must be divisible by patch_size={self.patch_size}",
+        )
+        _require(
+            self,
+            self.input_type != "sequence" or (_is_int(self.vocab_size) and self.vocab_size >= 1),
+            "vocab_size",
+            self.vocab_size,
+            'input_type="sequence" needs an integer vocab_size >= 1',
+        )
+        low, high = self.iteration_range
+        _require(
+            self,
+            low <= high,
+            "min_iterations",
+            self.min_iterations,
+            f"it must not exceed max_iterations={high}",
+        )
+        _require(
+            self,
+            self.backprop_iterations is None
+            or self.backprop_iterations <= self.num_hidden_layers * self.num_iterations,
+            "backprop_iterations",
+            self.backprop_iterations,
+            f"it must not exceed num_hidden_layers × num_iterations = {self.num_hidden_layers * self.num_iterations}",
+        )
+        if self.position_embedding_type == "sincos-2d":  # a fixed table of rows and columns of a square board
+            _require(
+                self,
+                self.input_type == "sequence",
+                "position_embedding_type",
+                self.position_embedding_type,
+                'the row/column table is for input_type="sequence" (cells of a board); images always use the '
+                '1-D sinusoid over their patches (use "sinusoidal")',
+            )
+            side = math.isqrt(self.max_position_embeddings)
+            _require(
+                self,
+                side * side == self.max_position_embeddings,
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                'position_embedding_type="sincos-2d" lays the positions out on a square board: expected a '
+                "square number (81 = 9 × 9 for Sudoku)",
+            )
+            _require(
+                self,
+                self.hidden_size % 4 == 0,
+                "hidden_size",
+                self.hidden_size,
+                'position_embedding_type="sincos-2d" gives rows and columns hidden_size/2 channels each, as '
+                "[sin | cos] halves: expected a multiple of 4",
+            )
+
+    @property
+    def iteration_range(self) -> tuple[int, int]:
+        """(smallest, largest) depth `iteration_sampling` draws; (T, T) for `"fixed"`."""
+        if self.iteration_sampling == "fixed":
+            return self.num_iterations, self.num_iterations
+        spread = self.num_iterations // 2
+        poisson = self.iteration_sampling == "poisson-lognormal"
+        default_low = 1 if poisson else self.num_iterations - spread
+        low = default_low if self.min_iterations is None else self.min_iterations
+        default_high = 4 * self.num_iterations if poisson else self.num_iterations + spread
+        return low, default_high if self.max_iterations is None else self.max_iterations
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+class HyperSetConfig(RecurrentDepthConfig):
     r"""Configuration of a Hyper-SET model (`model_type="hyperset"`).
 
     Args:
@@ -275,15 +434,8 @@ class HyperSetConfig(PreTrainedConfig):
         initializer_range: float = 0.02,
         **kwargs: Any,
     ) -> None:
-        self.input_type = input_type
-        self.hidden_size = hidden_size
-        self.num_attention_heads = num_attention_heads
-        self.intermediate_size = intermediate_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_iterations = num_iterations
         self.qkv_norm = qkv_norm
         self.step_size_condition = step_size_condition
-        self.hidden_act = hidden_act
         self.attention_energy = attention_energy
         self.feedforward_energy = feedforward_energy
         self.feature_map = feature_map
@@ -291,51 +443,16 @@ class HyperSetConfig(PreTrainedConfig):
         self.step_size_norm = step_size_norm
         self.time_embedding_dim = time_embedding_dim
         self.input_anchor = input_anchor
-        self.iteration_sampling = iteration_sampling
-        self.min_iterations = min_iterations
-        self.max_iterations = max_iterations
-        self.iteration_sampling_sigma = iteration_sampling_sigma
-        self.backprop_iterations = backprop_iterations
         self.halting_tolerance = halting_tolerance
         self.halting_criterion = halting_criterion
-        self.image_size = list(image_size) if isinstance(image_size, (list, tuple)) else image_size
-        self.patch_size = patch_size
-        self.num_channels = num_channels
-        self.vocab_size = vocab_size
-        self.max_position_embeddings = max_position_embeddings
-        self.position_embedding_type = position_embedding_type
-        self.pooling = pooling
         self.classifier_norm = classifier_norm
         self.classifier_bias = classifier_bias
-        self.rms_norm_eps = rms_norm_eps
-        self.layer_norm_eps = layer_norm_eps
-        self.initializer_range = initializer_range
-        _validate_config(self, kwargs)
-        super().__init__(**kwargs)
+        arguments = locals()  # the shared fields, as this signature received them
+        super().__init__(**{name: arguments[name] for name in self.shared_fields()}, **kwargs)
 
     def _check_cross_field_rules(self) -> None:
-        """Rules the tables cannot express; `_validate_config` runs it once every table check has passed."""
-        _require(
-            self,
-            self.hidden_size % self.num_attention_heads == 0,
-            "hidden_size",
-            self.hidden_size,
-            f"it must be divisible by num_attention_heads={self.num_attention_heads}",
-        )
-        _require(
-            self,
-            all(side % self.patch_size == 0 for side in _image_sides(self.image_size)),
-            "image_size",
-            self.image_size,
-            f"both sides must be divisible by patch_size={self.patch_size}",
-        )
-        _require(
-            self,
-            self.input_type != "sequence" or (_is_int(self.vocab_size) and self.vocab_size >= 1),
-            "vocab_size",
-            self.vocab_size,
-            'input_type="sequence" needs an integer vocab_size >= 1',
-        )
+        """The shared rules (`RecurrentDepthConfig`), then Hyper-SET's own."""
+        super()._check_cross_field_rules()
         _require(
             self,
             self.time_embedding_dim >= 4 and self.time_embedding_dim % 2 == 0,
@@ -350,22 +467,6 @@ class HyperSetConfig(PreTrainedConfig):
             self.input_anchor,
             "expected a float in [0, 1] (1: every iteration restarts from x₀ plus the update)",
         )
-        low, high = self.iteration_range
-        _require(
-            self,
-            low <= high,
-            "min_iterations",
-            self.min_iterations,
-            f"it must not exceed max_iterations={high}",
-        )
-        _require(
-            self,
-            self.backprop_iterations is None
-            or self.backprop_iterations <= self.num_hidden_layers * self.num_iterations,
-            "backprop_iterations",
-            self.backprop_iterations,
-            f"it must not exceed num_hidden_layers × num_iterations = {self.num_hidden_layers * self.num_iterations}",
-        )
         uses_feature_map = self.attention_energy == "linear" or self.feedforward_energy == "gated"
         _require(
             self,
@@ -376,48 +477,6 @@ class HyperSetConfig(PreTrainedConfig):
             if uses_feature_map
             else "only attention_energy='linear' and feedforward_energy='gated' use a feature map: leave it None",
         )
-        if self.position_embedding_type == "sincos-2d":  # a fixed table of rows and columns of a square board
-            _require(
-                self,
-                self.input_type == "sequence",
-                "position_embedding_type",
-                self.position_embedding_type,
-                'the row/column table is for input_type="sequence" (cells of a board); images always use the '
-                '1-D sinusoid over their patches (use "sinusoidal")',
-            )
-            side = math.isqrt(self.max_position_embeddings)
-            _require(
-                self,
-                side * side == self.max_position_embeddings,
-                "max_position_embeddings",
-                self.max_position_embeddings,
-                'position_embedding_type="sincos-2d" lays the positions out on a square board: expected a '
-                "square number (81 = 9 × 9 for Sudoku)",
-            )
-            _require(
-                self,
-                self.hidden_size % 4 == 0,
-                "hidden_size",
-                self.hidden_size,
-                'position_embedding_type="sincos-2d" gives rows and columns hidden_size/2 channels each, as '
-                "[sin | cos] halves: expected a multiple of 4",
-            )
-
-    @property
-    def iteration_range(self) -> tuple[int, int]:
-        """(smallest, largest) depth `iteration_sampling` draws; (T, T) for `"fixed"`."""
-        if self.iteration_sampling == "fixed":
-            return self.num_iterations, self.num_iterations
-        spread = self.num_iterations // 2
-        poisson = self.iteration_sampling == "poisson-lognormal"
-        default_low = 1 if poisson else self.num_iterations - spread
-        low = default_low if self.min_iterations is None else self.min_iterations
-        default_high = 4 * self.num_iterations if poisson else self.num_iterations + spread
-        return low, default_high if self.max_iterations is None else self.max_iterations
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
     @classmethod
     def preset_fields(cls, name: str) -> dict[str, Any]:
@@ -442,4 +501,4 @@ class HyperSetConfig(PreTrainedConfig):
         return cls(**kwargs)
 
 
-__all__ = ["FEATURE_MAPS", "HyperSetConfig"]
+__all__ = ["FEATURE_MAPS", "HyperSetConfig", "RecurrentDepthConfig"]

@@ -4,61 +4,41 @@
 The comparison of every table in Hu, Zou, Xu, *Hyperspherical Energy Transformer with Recurrent Depth*: one
 pre-norm Transformer layer (RMSNorm, bias-free, GELU MLP) applied `num_iterations` times with shared weights,
 with Hyper-SET's embeddings and classification head, so both models are measured side by side at the same
-width, heads and depth. It reuses Hyper-SET's fields and validation; it is a baseline, not a Hub family (never
-exported, so importing the Hyper-SET configuration is fine here).
+width, heads and depth. Both configs derive from `RecurrentDepthConfig` (defined with Hyper-SET's, whose validation
+tables it uses); it is a baseline, not a Hub family (never exported, so importing the Hyper-SET configuration is
+fine here).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
-from .configuration_hyperset import HyperSetConfig
+from .configuration_hyperset import HyperSetConfig, RecurrentDepthConfig
 
-# Hyper-SET options that have no meaning for a plain Transformer layer: rejected as arguments and absent from
-# the config, so a baseline's config.json never carries a setting it ignores.
-HYPERSET_ONLY_FIELDS: tuple[str, ...] = (
-    "qkv_norm",
-    "step_size_condition",
-    "attention_energy",
-    "feedforward_energy",
-    "feature_map",
-    "iteration_conditioning",
-    "input_anchor",
-    "step_size_norm",
-    "time_embedding_dim",
-    "halting_tolerance",
-    "halting_criterion",
-    "classifier_norm",
-    "classifier_bias",
+
+def _parameters(config_class: type) -> tuple[str, ...]:
+    return tuple(
+        name for name in inspect.signature(config_class.__init__).parameters if name not in ("self", "kwargs")
+    )
+
+
+# Hyper-SET options that have no meaning for a plain Transformer layer (energies, step sizes, halting, its head's
+# norm): the fields `HyperSetConfig` adds to the base both configs share. Rejected as arguments, so a baseline's
+# config.json never carries a setting it ignores.
+HYPERSET_ONLY_FIELDS: tuple[str, ...] = tuple(
+    name for name in _parameters(HyperSetConfig) if name not in _parameters(RecurrentDepthConfig)
 )
 
-# Fields `from_hyperset` copies: the embeddings, the head, the width, heads and the depth schedule.
+# Fields `from_hyperset` copies: the shared base's, less the MLP (Hyper-SET's `intermediate_size` is the size of its
+# dictionary, `hidden_act` its feedforward's), plus the loss the labels call for.
 SHARED_FIELDS: tuple[str, ...] = (
-    "input_type",
-    "hidden_size",
-    "num_attention_heads",
-    "num_hidden_layers",
-    "num_iterations",
-    "iteration_sampling",
-    "min_iterations",
-    "max_iterations",
-    "iteration_sampling_sigma",
-    "backprop_iterations",
-    "image_size",
-    "patch_size",
-    "num_channels",
-    "vocab_size",
-    "max_position_embeddings",
-    "position_embedding_type",
-    "pooling",
-    "rms_norm_eps",
-    "layer_norm_eps",
-    "initializer_range",
+    *(name for name in _parameters(RecurrentDepthConfig) if name not in ("intermediate_size", "hidden_act")),
     "problem_type",
 )
 
 
-class LoopedTransformerConfig(HyperSetConfig):
+class LoopedTransformerConfig(RecurrentDepthConfig):
     r"""Configuration of the looped (weight-tied) Transformer baseline (`model_type="looped-transformer"`).
 
     Args:
@@ -148,33 +128,8 @@ class LoopedTransformerConfig(HyperSetConfig):
         width_known = isinstance(hidden_size, int) and not isinstance(hidden_size, bool)
         if intermediate_size is None and width_known:
             intermediate_size = 4 * hidden_size
-        super().__init__(
-            input_type=input_type,
-            hidden_size=hidden_size,
-            num_attention_heads=num_attention_heads,
-            intermediate_size=intermediate_size,
-            num_hidden_layers=num_hidden_layers,
-            num_iterations=num_iterations,
-            hidden_act=hidden_act,
-            iteration_sampling=iteration_sampling,
-            min_iterations=min_iterations,
-            max_iterations=max_iterations,
-            iteration_sampling_sigma=iteration_sampling_sigma,
-            backprop_iterations=backprop_iterations,
-            image_size=image_size,
-            patch_size=patch_size,
-            num_channels=num_channels,
-            vocab_size=vocab_size,
-            max_position_embeddings=max_position_embeddings,
-            position_embedding_type=position_embedding_type,
-            pooling=pooling,
-            rms_norm_eps=rms_norm_eps,
-            layer_norm_eps=layer_norm_eps,
-            initializer_range=initializer_range,
-            **kwargs,
-        )
-        for name in HYPERSET_ONLY_FIELDS:  # validated at their defaults above; not part of this model
-            delattr(self, name)
+        arguments = locals()  # the shared fields, as this signature received them
+        super().__init__(**{name: arguments[name] for name in self.shared_fields()}, **kwargs)
 
     @classmethod
     def from_hyperset(cls, config: HyperSetConfig, **overrides: Any) -> LoopedTransformerConfig:

@@ -38,15 +38,11 @@ DEPTH_ARGUMENTS = (
 @contextlib.contextmanager
 def _forward_arguments(model: nn.Module, arguments: dict[str, Any]) -> Iterator[None]:
     """Bind `arguments` to every call of `model` inside the block (through its instance `forward`)."""
-    own_entry_point = model.__dict__.get("forward")  # base models choose an entry point per input type
-    model.forward = functools.partial(model.forward, **arguments)
+    model.forward = functools.partial(model.forward, **arguments)  # every model's forward is its class's
     try:
         yield
     finally:
-        if own_entry_point is None:
-            del model.forward
-        else:
-            model.forward = own_entry_point
+        del model.forward
 
 
 class _DepthArgumentsMixin:

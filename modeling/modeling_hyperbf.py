@@ -101,6 +101,20 @@ def check_head_input_type(head: nn.Module, input_type: str, required: str) -> No
         )
 
 
+def route_main_input(
+    config: PreTrainedConfig, pixel_values: torch.Tensor | None, input_ids: torch.Tensor | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(pixel_values, input_ids) of a backbone call. The one class-level `forward` of a backbone takes
+    `pixel_values` first (the class's `main_input_name`, which transformers reads from the signature); a sequence
+    backbone's `main_input_name` is `input_ids`, so `model(ids)` puts the ids in the first slot: integer ids there,
+    with no `input_ids`, move to `input_ids`. Pixels given to a sequence backbone stay where they are and are
+    rejected by name."""
+    if config.input_type == "sequence" and input_ids is None and pixel_values is not None:
+        if not (pixel_values.is_floating_point() or pixel_values.is_complex()):
+            return None, pixel_values
+    return pixel_values, input_ids
+
+
 def _check_inputs(
     config: PreTrainedConfig,
     pixel_values: torch.Tensor | None,
@@ -597,14 +611,8 @@ class HyperBFModel(HyperBFPreTrainedModel):
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         # `get/set_input_embeddings` (transformers' defaults) find this table in `self.embeddings`.
         self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
-        # The entry point follows the input type, images as ViT's (`pixel_values` first) and sequences as BERT's
-        # (`input_ids` first, `inputs_embeds`), so positional calls, `main_input_name` and tools that read the
-        # signature (pipelines, transformers' tests) see one modality. Both run the body of `forward`.
-        if config.input_type == "image":
-            self.forward = self.forward_images
-        else:
+        if config.input_type == "sequence":  # what processors, pipelines and `model(ids)` hand over first
             self.main_input_name = "input_ids"
-            self.forward = self.forward_tokens
         self.post_init()
 
     def forward(
@@ -633,6 +641,7 @@ class HyperBFModel(HyperBFPreTrainedModel):
         )
         output_rbf_diagnostics = bool(output_rbf_diagnostics)
         return_dict = self.config.return_dict if return_dict is None else return_dict
+        pixel_values, input_ids = route_main_input(self.config, pixel_values, input_ids)
 
         hidden_states, keep = self.embeddings(
             pixel_values=pixel_values,
@@ -675,37 +684,45 @@ class HyperBFModel(HyperBFPreTrainedModel):
         )
         return output if return_dict else output.to_tuple()
 
-    def forward_images(
-        self, pixel_values: torch.Tensor | None = None, **kwargs
-    ) -> HyperBFModelOutput | tuple:
-        """`forward` of an image backbone."""
-        return HyperBFModel.forward(self, pixel_values=pixel_values, **kwargs)
 
-    def forward_tokens(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        **kwargs,
-    ) -> HyperBFModelOutput | tuple:
-        """`forward` of a sequence backbone: token ids first."""
-        return HyperBFModel.forward(
-            self, input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
-        )
+class HyperBFHead(HyperBFPreTrainedModel):
+    """The base of HyperBF's heads: backbone → Linear (`nn.Identity()` when num_labels == 0) on the
+    pooled token. A head sets the input type it takes and its output class; its `forward` has the signature of
+    its input type and hands everything to `classify`."""
 
-
-class HyperBFForImageClassification(HyperBFPreTrainedModel):
-    """Backbone → Linear on the pooled (CLS by default) token."""
+    _input_type = "image"
+    _output_class: type[ModelOutput] = HyperBFImageClassifierOutput
 
     def __init__(self, config: HyperBFConfig) -> None:
         super().__init__(config)
-        check_head_input_type(self, config.input_type, "image")
+        check_head_input_type(self, config.input_type, self._input_type)
         self.hyperbf = HyperBFModel(config)
         self.classifier = (
             nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
         )
         self.post_init()
+
+    def classify(
+        self, labels: torch.Tensor | None, return_dict: bool | None, **backbone_inputs: object
+    ) -> ModelOutput | tuple:
+        """The backbone on `backbone_inputs`, the classifier on its pooled token, the loss of `labels` by
+        `config.problem_type` (transformers' `loss_function` for this head's class name)."""
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.hyperbf(**backbone_inputs, return_dict=True)
+        logits = self.classifier(outputs.pooler_output)
+        loss = None if labels is None else self.loss_function(labels, logits, self.config)
+        output = self._output_class(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            rbf_diagnostics=outputs.rbf_diagnostics,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class HyperBFForImageClassification(HyperBFHead):
+    """Classifies the pooled token of an image."""
 
     def forward(
         self,
@@ -717,40 +734,23 @@ class HyperBFForImageClassification(HyperBFPreTrainedModel):
         output_rbf_diagnostics: bool | None = None,
         return_dict: bool | None = None,
     ) -> HyperBFImageClassifierOutput | tuple:
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.hyperbf(
+        return self.classify(
+            labels,
+            return_dict,
             pixel_values=pixel_values,
             interpolate_pos_encoding=interpolate_pos_encoding,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_rbf_diagnostics=output_rbf_diagnostics,
-            return_dict=True,
         )
-        logits = self.classifier(outputs.pooler_output)
-        loss = None if labels is None else self.loss_function(labels, logits, self.config)
-        output = HyperBFImageClassifierOutput(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            rbf_diagnostics=outputs.rbf_diagnostics,
-        )
-        return output if return_dict else output.to_tuple()
 
 
-class HyperBFForSequenceClassification(HyperBFPreTrainedModel):
-    """Backbone → Linear on the pooled token (first token or masked mean)."""
+class HyperBFForSequenceClassification(HyperBFHead):
+    """Classifies the pooled token of a sequence."""
 
     main_input_name = "input_ids"
-
-    def __init__(self, config: HyperBFConfig) -> None:
-        super().__init__(config)
-        check_head_input_type(self, config.input_type, "sequence")
-        self.hyperbf = HyperBFModel(config)
-        self.classifier = (
-            nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
-        )
-        self.post_init()
+    _input_type = "sequence"
+    _output_class = HyperBFSequenceClassifierOutput
 
     def forward(
         self,
@@ -764,32 +764,23 @@ class HyperBFForSequenceClassification(HyperBFPreTrainedModel):
         output_rbf_diagnostics: bool | None = None,
         return_dict: bool | None = None,
     ) -> HyperBFSequenceClassifierOutput | tuple:
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.hyperbf(
+        return self.classify(
+            labels,
+            return_dict,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_rbf_diagnostics=output_rbf_diagnostics,
-            return_dict=True,
         )
-        logits = self.classifier(outputs.pooler_output)
-        loss = None if labels is None else self.loss_function(labels, logits, self.config)
-        output = HyperBFSequenceClassifierOutput(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            rbf_diagnostics=outputs.rbf_diagnostics,
-        )
-        return output if return_dict else output.to_tuple()
 
 
 __all__ = [
     "HyperBFEmbeddings",
     "HyperBFForImageClassification",
     "HyperBFForSequenceClassification",
+    "HyperBFHead",
     "HyperBFModel",
     "HyperBFModelOutput",
     "HyperBFPreTrainedModel",

@@ -155,6 +155,20 @@ def check_head_input_type(head: nn.Module, input_type: str, required: str) -> No
         )
 
 
+def route_main_input(
+    config: PreTrainedConfig, pixel_values: torch.Tensor | None, input_ids: torch.Tensor | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(pixel_values, input_ids) of a backbone call. The one class-level `forward` of a backbone takes
+    `pixel_values` first (the class's `main_input_name`, which transformers reads from the signature); a sequence
+    backbone's `main_input_name` is `input_ids`, so `model(ids)` puts the ids in the first slot: integer ids there,
+    with no `input_ids`, move to `input_ids`. Pixels given to a sequence backbone stay where they are and are
+    rejected by name."""
+    if config.input_type == "sequence" and input_ids is None and pixel_values is not None:
+        if not (pixel_values.is_floating_point() or pixel_values.is_complex()):
+            return None, pixel_values
+    return pixel_values, input_ids
+
+
 def _check_inputs(
     config: PreTrainedConfig,
     pixel_values: torch.Tensor | None,
@@ -765,6 +779,54 @@ def sample_num_iterations(config: HyperSetConfig, draw: int) -> int:
     return min(max(1 + int(torch.poisson(tau.exp(), generator=generator)), low), high)
 
 
+class RecurrentDepthMixin:
+    """The depth schedule of a backbone that iterates weight-tied layers (`self.layers`, each applied T times):
+    Hyper-SET's `HyperSetModel` and the looped-Transformer baseline's `LoopedTransformerModel` use this one
+    implementation, so both follow the same schedule in a side-by-side run.
+
+    * T of a call: the per-call value, else in training a draw of `config.iteration_sampling`
+      (`sample_num_iterations`, seeded by the count `iteration_draws`), else `config.num_iterations`;
+    * k, the iterations differentiated (truncated backpropagation through depth): the last k of all L·T;
+    * `iteration_draws`: training forwards that drew a depth, the seed of the next draw. Every process counts its
+      own forwards, so all ranks of a distributed run draw the same depth at each step; the training loops set
+      it from the global step when they resume.
+    """
+
+    iteration_draws: int = 0
+
+    def _num_iterations(self, requested: int | None) -> int:
+        """This call's T: the request, else a depth drawn by `iteration_sampling` (training), else the config's."""
+        if requested is None:
+            if not self.training or self.config.iteration_sampling == "fixed":
+                return self.config.num_iterations
+            self.iteration_draws += 1
+            return sample_num_iterations(self.config, self.iteration_draws - 1)
+        if not isinstance(requested, int) or isinstance(requested, bool) or requested < 1:
+            raise ValueError(f"num_iterations must be an integer >= 1; got {requested!r}.")
+        return requested
+
+    def _backprop_iterations(self, requested: int | None, num_iterations: int) -> int:
+        """This call's k, the iterations differentiated (the last k of all L·T): the request, the config's, or all."""
+        total = self.config.num_hidden_layers * num_iterations
+        if requested is None:
+            configured = self.config.backprop_iterations
+            return total if configured is None else min(configured, total)
+        if not isinstance(requested, int) or isinstance(requested, bool) or not 1 <= requested <= total:
+            raise ValueError(
+                f"backprop_iterations must be an integer in [1, num_hidden_layers × num_iterations = {total}]; "
+                f"got {requested!r}."
+            )
+        return requested
+
+    @staticmethod
+    def _iteration_grad(
+        layer_index: int, t: int, num_iterations: int, backprop_iterations: int, num_layers: int
+    ) -> contextlib.AbstractContextManager:
+        """The grad mode of iteration `t` of layer `layer_index`: `no_grad` for all but the last k of the L·T."""
+        frozen = num_layers * num_iterations - backprop_iterations
+        return torch.no_grad() if layer_index * num_iterations + t < frozen else contextlib.nullcontext()
+
+
 # torch.compile traces one iteration once and reuses it for all L·T calls of a layer, so compile time does not grow
 # with the depth T (torch ≥ 2.8; a no-op in eager mode).
 _compile_region = getattr(torch.compiler, "nested_compile_region", lambda function: function)
@@ -896,26 +958,24 @@ class HyperSetPreTrainedModel(PreTrainedModel):
             ) from error
 
 
-class HyperSetModel(HyperSetPreTrainedModel):
+class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
+    """The Hyper-SET backbone: embeddings, then L weight-tied layers iterated T times (`RecurrentDepthMixin`).
+
+    One `forward` serves both input types: images ViT-style (`pixel_values` first) and sequences BERT-style
+    (`input_ids`, `attention_mask`, `inputs_embeds`); a sequence backbone's `main_input_name` is `input_ids`, and
+    `model(ids)` reads them (`route_main_input`). Pass the other inputs by name.
+    """
+
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__(config)
         self.embeddings = HyperSetEmbeddings(config)
         self.step_sizes = HyperSetStepSizes(config)
         self.layers = nn.ModuleList([HyperSetLayer(config) for _ in range(config.num_hidden_layers)])
-        # Training forwards that drew a depth (`iteration_sampling`): the seed of the next draw. Every process
-        # counts its own forwards, so all ranks of a distributed run draw the same depth at each step; the
-        # training loops set it from the global step when they resume.
-        self.iteration_draws = 0
+        self.iteration_draws = 0  # RecurrentDepthMixin
         # `get/set_input_embeddings` (transformers' defaults) find this table in `self.embeddings`.
         self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
-        # The entry point follows the input type, images as ViT's (`pixel_values` first) and sequences as BERT's
-        # (`input_ids` first, `inputs_embeds`), so positional calls, `main_input_name` and tools that read the
-        # signature (pipelines, transformers' tests) see one modality. Both run the body of `forward`.
-        if config.input_type == "image":
-            self.forward = self.forward_images
-        else:
+        if config.input_type == "sequence":  # what processors, pipelines and `model(ids)` hand over first
             self.main_input_name = "input_ids"
-            self.forward = self.forward_tokens
         self.post_init()
 
     def forward(
@@ -956,6 +1016,7 @@ class HyperSetModel(HyperSetPreTrainedModel):
         )
         output_energies = bool(output_energies)
         return_dict = self.config.return_dict if return_dict is None else return_dict
+        pixel_values, input_ids = route_main_input(self.config, pixel_values, input_ids)
         num_iterations = self._num_iterations(num_iterations)
         backprop_iterations = self._backprop_iterations(backprop_iterations, num_iterations)
         halting = self._halting(halting_tolerance, halting_criterion)
@@ -984,7 +1045,6 @@ class HyperSetModel(HyperSetPreTrainedModel):
         all_attentions = () if output_attentions else None
         iterations_used = None if halting is None else torch.zeros_like(real_tokens[:, 0], dtype=torch.long)
         per_layer_diagnostics = []
-        frozen = len(self.layers) * num_iterations - backprop_iterations  # iterations that build no graph
         for index, layer in enumerate(self.layers):
             anchor = hidden_states  # x₀ of the anchor energy: the state entering this layer
             if halting is not None:
@@ -1004,7 +1064,7 @@ class HyperSetModel(HyperSetPreTrainedModel):
             for t in range(num_iterations):
                 source = embedded if self.config.step_size_condition == "input" else hidden_states
                 # truncated backpropagation through depth: only the last k of the L·T iterations build a graph
-                with torch.no_grad() if index * num_iterations + t < frozen else contextlib.nullcontext():
+                with self._iteration_grad(index, t, num_iterations, backprop_iterations, len(self.layers)):
                     hidden_states, probs = layer(
                         hidden_states,
                         iteration_conditions[t],
@@ -1043,30 +1103,6 @@ class HyperSetModel(HyperSetPreTrainedModel):
             iterations_used=iterations_used,
         )
         return output if return_dict else output.to_tuple()
-
-    def _num_iterations(self, requested: int | None) -> int:
-        """This call's T: the request, else a depth drawn by `iteration_sampling` (training), else the config's."""
-        if requested is None:
-            if not self.training or self.config.iteration_sampling == "fixed":
-                return self.config.num_iterations
-            self.iteration_draws += 1
-            return sample_num_iterations(self.config, self.iteration_draws - 1)
-        if not isinstance(requested, int) or isinstance(requested, bool) or requested < 1:
-            raise ValueError(f"num_iterations must be an integer >= 1; got {requested!r}.")
-        return requested
-
-    def _backprop_iterations(self, requested: int | None, num_iterations: int) -> int:
-        """This call's k, the iterations differentiated (the last k of all L·T): the request, the config's, or all."""
-        total = self.config.num_hidden_layers * num_iterations
-        if requested is None:
-            configured = self.config.backprop_iterations
-            return total if configured is None else min(configured, total)
-        if not isinstance(requested, int) or isinstance(requested, bool) or not 1 <= requested <= total:
-            raise ValueError(
-                f"backprop_iterations must be an integer in [1, num_hidden_layers × num_iterations = {total}]; "
-                f"got {requested!r}."
-            )
-        return requested
 
     def _halting(self, tolerance: float | None, criterion: str | None) -> tuple[float, str] | None:
         """(ε, criterion) when this call halts adaptively: eval mode, eager, a tolerance given; else None."""
@@ -1142,25 +1178,6 @@ class HyperSetModel(HyperSetPreTrainedModel):
             hidden_states, real_tokens
         )
 
-    def forward_images(
-        self, pixel_values: torch.Tensor | None = None, **kwargs
-    ) -> HyperSetModelOutput | tuple:
-        """`forward` of an image backbone."""
-        return HyperSetModel.forward(self, pixel_values=pixel_values, **kwargs)
-
-    def forward_tokens(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        **kwargs,
-    ) -> HyperSetModelOutput | tuple:
-        """`forward` of a sequence backbone: token ids first."""
-        return HyperSetModel.forward(
-            self, input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
-        )
-
     @staticmethod
     def _diagnostics(
         layer: HyperSetLayer, hidden_states: torch.Tensor, keep: torch.Tensor
@@ -1176,12 +1193,21 @@ def _classifier_norm(config: HyperSetConfig) -> nn.Module:
     return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
 
-class HyperSetForImageClassification(HyperSetPreTrainedModel):
-    """Backbone → LayerNorm (or RMSNorm) → Linear on the pooled (CLS) token (paper: a norm, then a linear head)."""
+class HyperSetHead(HyperSetPreTrainedModel):
+    """The base of Hyper-SET's heads: backbone → LayerNorm (or RMSNorm) → Linear (`nn.Identity()` when
+    num_labels == 0; paper: a norm, then a linear head), on the pooled token or, per token, on every token.
+
+    A head sets the input type it takes, whether it classifies every token, and its output class; its `forward`
+    has the signature of its input type and hands everything to `classify`.
+    """
+
+    _input_type = "image"
+    _per_token = False
+    _output_class: type[ModelOutput] = HyperSetImageClassifierOutput
 
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__(config)
-        check_head_input_type(self, config.input_type, "image")
+        check_head_input_type(self, config.input_type, self._input_type)
         self.hyperset = HyperSetModel(config)
         self.layernorm = _classifier_norm(config)
         self.classifier = (
@@ -1190,6 +1216,35 @@ class HyperSetForImageClassification(HyperSetPreTrainedModel):
             else nn.Identity()
         )
         self.post_init()
+
+    def classify(
+        self, labels: torch.Tensor | None, return_dict: bool | None, **backbone_inputs: object
+    ) -> ModelOutput | tuple:
+        """The backbone on `backbone_inputs`, the classifier on its pooled token (or every token), the loss of
+        `labels` by `config.problem_type` (transformers' `loss_function` for this head's class name)."""
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.hyperset(**backbone_inputs, return_dict=True)
+        features = outputs.last_hidden_state if self._per_token else outputs.pooler_output
+        logits = self.classifier(self.layernorm(features))
+        loss = None
+        if (
+            labels is not None
+        ):  # transformers' token-classification loss takes (logits, labels), the others not
+            arguments = (logits, labels) if self._per_token else (labels, logits)
+            loss = self.loss_function(*arguments, self.config)
+        output = self._output_class(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            energies=outputs.energies,
+            iterations_used=outputs.iterations_used,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class HyperSetForImageClassification(HyperSetHead):
+    """Classifies the pooled (CLS) token of an image."""
 
     def forward(
         self,
@@ -1204,8 +1259,9 @@ class HyperSetForImageClassification(HyperSetPreTrainedModel):
         output_energies: bool | None = None,
         return_dict: bool | None = None,
     ) -> HyperSetImageClassifierOutput | tuple:
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.hyperset(
+        return self.classify(
+            labels,
+            return_dict,
             pixel_values=pixel_values,
             num_iterations=num_iterations,
             backprop_iterations=backprop_iterations,
@@ -1214,37 +1270,14 @@ class HyperSetForImageClassification(HyperSetPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_energies=output_energies,
-            return_dict=True,
         )
-        logits = self.classifier(self.layernorm(outputs.pooler_output))
-        loss = None if labels is None else self.loss_function(labels, logits, self.config)
-        output = HyperSetImageClassifierOutput(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            energies=outputs.energies,
-            iterations_used=outputs.iterations_used,
-        )
-        return output if return_dict else output.to_tuple()
 
 
-class HyperSetForSequenceClassification(HyperSetPreTrainedModel):
-    """Backbone → LayerNorm (or RMSNorm) → Linear on the pooled token (first token or masked mean)."""
+class HyperSetSequenceHead(HyperSetHead):
+    """The `forward` of the sequence heads (token ids first)."""
 
     main_input_name = "input_ids"
-
-    def __init__(self, config: HyperSetConfig) -> None:
-        super().__init__(config)
-        check_head_input_type(self, config.input_type, "sequence")
-        self.hyperset = HyperSetModel(config)
-        self.layernorm = _classifier_norm(config)
-        self.classifier = (
-            nn.Linear(config.hidden_size, config.num_labels, bias=config.classifier_bias)
-            if config.num_labels > 0
-            else nn.Identity()
-        )
-        self.post_init()
+    _input_type = "sequence"
 
     def forward(
         self,
@@ -1261,9 +1294,10 @@ class HyperSetForSequenceClassification(HyperSetPreTrainedModel):
         output_hidden_states: bool | None = None,
         output_energies: bool | None = None,
         return_dict: bool | None = None,
-    ) -> HyperSetSequenceClassifierOutput | tuple:
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.hyperset(
+    ) -> ModelOutput | tuple:
+        return self.classify(
+            labels,
+            return_dict,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
@@ -1274,79 +1308,20 @@ class HyperSetForSequenceClassification(HyperSetPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_energies=output_energies,
-            return_dict=True,
         )
-        logits = self.classifier(self.layernorm(outputs.pooler_output))
-        loss = None if labels is None else self.loss_function(labels, logits, self.config)
-        output = HyperSetSequenceClassifierOutput(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            energies=outputs.energies,
-            iterations_used=outputs.iterations_used,
-        )
-        return output if return_dict else output.to_tuple()
 
 
-class HyperSetForTokenClassification(HyperSetPreTrainedModel):
-    """Backbone → LayerNorm (or RMSNorm) → Linear on every token (e.g. Sudoku cells: label −100 on givens)."""
+class HyperSetForSequenceClassification(HyperSetSequenceHead):
+    """Classifies the pooled token of a sequence (first token or masked mean)."""
 
-    main_input_name = "input_ids"
+    _output_class = HyperSetSequenceClassifierOutput
 
-    def __init__(self, config: HyperSetConfig) -> None:
-        super().__init__(config)
-        check_head_input_type(self, config.input_type, "sequence")
-        self.hyperset = HyperSetModel(config)
-        self.layernorm = _classifier_norm(config)
-        self.classifier = (
-            nn.Linear(config.hidden_size, config.num_labels, bias=config.classifier_bias)
-            if config.num_labels > 0
-            else nn.Identity()
-        )
-        self.post_init()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        num_iterations: int | None = None,
-        backprop_iterations: int | None = None,
-        halting_tolerance: float | None = None,
-        halting_criterion: str | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_energies: bool | None = None,
-        return_dict: bool | None = None,
-    ) -> HyperSetTokenClassifierOutput | tuple:
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.hyperset(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            num_iterations=num_iterations,
-            backprop_iterations=backprop_iterations,
-            halting_tolerance=halting_tolerance,
-            halting_criterion=halting_criterion,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            output_energies=output_energies,
-            return_dict=True,
-        )
-        logits = self.classifier(self.layernorm(outputs.last_hidden_state))
-        loss = None if labels is None else self.loss_function(logits, labels, self.config)
-        output = HyperSetTokenClassifierOutput(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            energies=outputs.energies,
-            iterations_used=outputs.iterations_used,
-        )
-        return output if return_dict else output.to_tuple()
+class HyperSetForTokenClassification(HyperSetSequenceHead):
+    """Classifies every token (e.g. Sudoku cells: label −100 on givens)."""
+
+    _per_token = True
+    _output_class = HyperSetTokenClassifierOutput
 
 
 __all__ = [
@@ -1355,7 +1330,10 @@ __all__ = [
     "HyperSetForImageClassification",
     "HyperSetForSequenceClassification",
     "HyperSetForTokenClassification",
+    "HyperSetHead",
     "HyperSetModel",
     "HyperSetModelOutput",
     "HyperSetPreTrainedModel",
+    "HyperSetSequenceHead",
+    "RecurrentDepthMixin",
 ]

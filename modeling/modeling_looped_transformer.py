@@ -11,12 +11,12 @@ depth controls (per-call `num_iterations`, random depth in training, truncated b
 No transformers layer fits as is: the RMSNorm, bias-free families (Llama and its descendants) are causal with
 rotary positions and a gated MLP; the bidirectional vision encoders with a plain GELU MLP (ViT, SigLIP, InternVL)
 use biases and LayerNorm or layer scale. So the layer is a compact own one on `scaled_dot_product_attention`.
-This file is never exported to the Hub, so it imports Hyper-SET's embeddings and depth helpers directly.
+This file is never exported to the Hub, so it imports Hyper-SET's embeddings and depth schedule
+(`RecurrentDepthMixin`) directly.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -33,14 +33,16 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import ModelOutput
 
 from ..configuration.configuration_looped_transformer import LoopedTransformerConfig
 from .modeling_hyperset import (
     HyperSetEmbeddings,
-    HyperSetModel,
+    RecurrentDepthMixin,
     check_head_input_type,
     fixed_positions,
     masked_mean,
+    route_main_input,
 )
 
 
@@ -191,26 +193,19 @@ class LoopedTransformerPreTrainedModel(PreTrainedModel):
             ) from error
 
 
-class LoopedTransformerModel(LoopedTransformerPreTrainedModel):
-    # The depth of a call (per-call value, else a draw of `config.iteration_sampling` in training counted by
-    # `iteration_draws`, else `config.num_iterations`) and its truncation are Hyper-SET's, so both models follow
-    # one schedule in a side-by-side run.
-    _num_iterations = HyperSetModel._num_iterations
-    _backprop_iterations = HyperSetModel._backprop_iterations
+class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedModel):
+    """The baseline backbone: Hyper-SET's embeddings, then L weight-tied pre-norm layers iterated T times. The
+    depth of a call and its truncation are Hyper-SET's (`RecurrentDepthMixin`), so both models follow one
+    schedule in a side-by-side run; one `forward` serves both input types, as `HyperSetModel`'s."""
 
     def __init__(self, config: LoopedTransformerConfig) -> None:
         super().__init__(config)
         self.embeddings = HyperSetEmbeddings(config)
         self.layers = nn.ModuleList([LoopedTransformerLayer(config) for _ in range(config.num_hidden_layers)])
-        # Training forwards that drew a depth: the seed of the next draw (see HyperSetModel).
-        self.iteration_draws = 0
+        self.iteration_draws = 0  # RecurrentDepthMixin
         self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
-        # One modality per signature, as HyperSetModel: images ViT-style, sequences BERT-style.
-        if config.input_type == "image":
-            self.forward = self.forward_images
-        else:
+        if config.input_type == "sequence":  # what processors, pipelines and `model(ids)` hand over first
             self.main_input_name = "input_ids"
-            self.forward = self.forward_tokens
         self.post_init()
 
     def forward(
@@ -241,6 +236,7 @@ class LoopedTransformerModel(LoopedTransformerPreTrainedModel):
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
         return_dict = self.config.return_dict if return_dict is None else return_dict
+        pixel_values, input_ids = route_main_input(self.config, pixel_values, input_ids)
         num_iterations = self._num_iterations(num_iterations)
         backprop_iterations = self._backprop_iterations(backprop_iterations, num_iterations)
 
@@ -256,11 +252,10 @@ class LoopedTransformerModel(LoopedTransformerPreTrainedModel):
             attention_bias = hidden_states.new_zeros(keep.shape).masked_fill(~keep, blocked)[:, None, None]
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
-        # truncated backprop: all but the last k of the L·T iterations build no graph
-        frozen = len(self.layers) * num_iterations - backprop_iterations
         for index, layer in enumerate(self.layers):
             for t in range(num_iterations):
-                with torch.no_grad() if index * num_iterations + t < frozen else contextlib.nullcontext():
+                # truncated backpropagation through depth: only the last k of the L·T iterations build a graph
+                with self._iteration_grad(index, t, num_iterations, backprop_iterations, len(self.layers)):
                     hidden_states, probs = layer(hidden_states, attention_bias, output_attentions)
                 if output_hidden_states:
                     all_hidden_states += (hidden_states,)
@@ -280,30 +275,14 @@ class LoopedTransformerModel(LoopedTransformerPreTrainedModel):
         )
         return output if return_dict else output.to_tuple()
 
-    def forward_images(
-        self, pixel_values: torch.Tensor | None = None, **kwargs
-    ) -> BaseModelOutputWithPooling | tuple:
-        """`forward` of an image backbone."""
-        return LoopedTransformerModel.forward(self, pixel_values=pixel_values, **kwargs)
 
-    def forward_tokens(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        **kwargs,
-    ) -> BaseModelOutputWithPooling | tuple:
-        """`forward` of a sequence backbone: token ids first."""
-        return LoopedTransformerModel.forward(
-            self, input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
-        )
-
-
-class _LoopedTransformerHead(LoopedTransformerPreTrainedModel):
-    """Backbone → LayerNorm → Linear (`nn.Identity()` when num_labels == 0), as Hyper-SET's heads."""
+class LoopedTransformerHead(LoopedTransformerPreTrainedModel):
+    """The base of the baseline's heads, as Hyper-SET's (`HyperSetHead`): backbone → LayerNorm → Linear
+    (`nn.Identity()` when num_labels == 0) on the pooled token or, per token, on every token."""
 
     _input_type = "image"
+    _per_token = False
+    _output_class: type[ModelOutput] = ImageClassifierOutput
 
     def __init__(self, config: LoopedTransformerConfig) -> None:
         super().__init__(config)
@@ -315,9 +294,29 @@ class _LoopedTransformerHead(LoopedTransformerPreTrainedModel):
         )
         self.post_init()
 
+    def classify(
+        self, labels: torch.Tensor | None, return_dict: bool | None, **backbone_inputs: object
+    ) -> ModelOutput | tuple:
+        """The backbone on `backbone_inputs`, the classifier on its pooled token (or every token), the loss of
+        `labels` by `config.problem_type` (transformers' `loss_function` for this head's class name)."""
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.looped_transformer(**backbone_inputs, return_dict=True)
+        features = outputs.last_hidden_state if self._per_token else outputs.pooler_output
+        logits = self.classifier(self.layernorm(features))
+        loss = None
+        if (
+            labels is not None
+        ):  # transformers' token-classification loss takes (logits, labels), the others not
+            arguments = (logits, labels) if self._per_token else (labels, logits)
+            loss = self.loss_function(*arguments, self.config)
+        output = self._output_class(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
 
-class LoopedTransformerForImageClassification(_LoopedTransformerHead):
-    """Backbone → LayerNorm → Linear on the pooled (CLS) token."""
+
+class LoopedTransformerForImageClassification(LoopedTransformerHead):
+    """Classifies the pooled (CLS) token of an image."""
 
     def forward(
         self,
@@ -329,25 +328,19 @@ class LoopedTransformerForImageClassification(_LoopedTransformerHead):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
     ) -> ImageClassifierOutput | tuple:
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.looped_transformer(
+        return self.classify(
+            labels,
+            return_dict,
             pixel_values=pixel_values,
             num_iterations=num_iterations,
             backprop_iterations=backprop_iterations,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            return_dict=True,
         )
-        logits = self.classifier(self.layernorm(outputs.pooler_output))
-        loss = None if labels is None else self.loss_function(labels, logits, self.config)
-        output = ImageClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if return_dict else output.to_tuple()
 
 
-class LoopedTransformerForSequenceClassification(_LoopedTransformerHead):
-    """Backbone → LayerNorm → Linear on the pooled token (first token or masked mean)."""
+class LoopedTransformerSequenceHead(LoopedTransformerHead):
+    """The `forward` of the sequence heads (token ids first)."""
 
     main_input_name = "input_ids"
     _input_type = "sequence"
@@ -364,9 +357,10 @@ class LoopedTransformerForSequenceClassification(_LoopedTransformerHead):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-    ) -> SequenceClassifierOutput | tuple:
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.looped_transformer(
+    ) -> ModelOutput | tuple:
+        return self.classify(
+            labels,
+            return_dict,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
@@ -374,58 +368,28 @@ class LoopedTransformerForSequenceClassification(_LoopedTransformerHead):
             backprop_iterations=backprop_iterations,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            return_dict=True,
         )
-        logits = self.classifier(self.layernorm(outputs.pooler_output))
-        loss = None if labels is None else self.loss_function(labels, logits, self.config)
-        output = SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if return_dict else output.to_tuple()
 
 
-class LoopedTransformerForTokenClassification(_LoopedTransformerHead):
-    """Backbone → LayerNorm → Linear on every token (e.g. Sudoku cells)."""
+class LoopedTransformerForSequenceClassification(LoopedTransformerSequenceHead):
+    """Classifies the pooled token of a sequence (first token or masked mean)."""
 
-    main_input_name = "input_ids"
-    _input_type = "sequence"
+    _output_class = SequenceClassifierOutput
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        num_iterations: int | None = None,
-        backprop_iterations: int | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-    ) -> TokenClassifierOutput | tuple:
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.looped_transformer(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            num_iterations=num_iterations,
-            backprop_iterations=backprop_iterations,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        logits = self.classifier(self.layernorm(outputs.last_hidden_state))
-        loss = None if labels is None else self.loss_function(logits, labels, self.config)
-        output = TokenClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if return_dict else output.to_tuple()
+
+class LoopedTransformerForTokenClassification(LoopedTransformerSequenceHead):
+    """Classifies every token (e.g. Sudoku cells)."""
+
+    _per_token = True
+    _output_class = TokenClassifierOutput
 
 
 __all__ = [
     "LoopedTransformerForImageClassification",
     "LoopedTransformerForSequenceClassification",
     "LoopedTransformerForTokenClassification",
+    "LoopedTransformerHead",
     "LoopedTransformerModel",
     "LoopedTransformerPreTrainedModel",
+    "LoopedTransformerSequenceHead",
 ]

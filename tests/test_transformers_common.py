@@ -216,6 +216,16 @@ class _ImageTests(_CommonTests):
     # No token embeddings to resize: images are cut into patches (ViT's tests set the same).
     test_resize_embeddings = False
 
+    @unittest.skip(
+        reason="images have no inputs_embeds (ViT's tests skip it too); the backbone's one forward takes them for sequences"
+    )
+    def test_inputs_embeds(self) -> None:
+        pass
+
+    @unittest.skip(reason="images have no inputs_embeds (ViT's tests skip it too)")
+    def test_inputs_embeds_matches_input_ids(self) -> None:
+        pass
+
     def test_model_get_set_embeddings(self) -> None:
         # The one override, and not a flag: the mixin's version asserts `get_input_embeddings()` is an
         # `nn.Embedding`, which no patch-based model has. This is transformers' own override for image models,

@@ -1,0 +1,154 @@
+"""Structure of the model and configuration files: one class-level `forward` per model, no field deleted from a
+config, and what the code before these rules wrote (tests/data/old_models, tests/data/configs; written by
+tests/data/old_models/generate.py) still loads to the same config and the same outputs."""
+
+from __future__ import annotations
+
+import ast
+import json
+import pathlib
+
+import pytest
+import torch
+from fixtures import ALL
+from safetensors.torch import load_file
+
+from energyformers import (
+    BASELINES,
+    FAMILIES,
+    HyperBFConfig,
+    HyperSetConfig,
+    IMixerConfig,
+    LoopedTransformerConfig,
+)
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DATA = pathlib.Path(__file__).resolve().parent / "data"
+CONFIG_CLASSES = {
+    "hyperset": HyperSetConfig,
+    "imixer": IMixerConfig,
+    "hyperbf": HyperBFConfig,
+    "looped-transformer": LoopedTransformerConfig,
+}
+OLD_MODELS = sorted(path.name for path in (DATA / "old_models").iterdir() if path.is_dir())
+
+
+def compact(config_dict: dict) -> dict:
+    """As generate.py's: default label names replaced by their count."""
+    out = dict(config_dict)
+    id2label = out.get("id2label")
+    if id2label is not None and id2label == {str(i): f"LABEL_{i}" for i in range(len(id2label))}:
+        out["id2label"] = f"default names of {len(id2label)} labels"
+        if out.get("label2id") == {f"LABEL_{i}": i for i in range(len(id2label))}:
+            out["label2id"] = f"default names of {len(id2label)} labels"
+    return out
+
+
+def expand(config_dict: dict) -> dict:
+    """The inverse of `compact`: a config.json as the old code wrote it."""
+    out = dict(config_dict)
+    if isinstance(out.get("id2label"), str):
+        count = int(out["id2label"].split()[3])
+        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(count)}
+        out["label2id"] = {f"LABEL_{i}": i for i in range(count)}
+    return out
+
+
+def _without_version(config_dict: dict) -> dict:
+    return {k: v for k, v in config_dict.items() if k != "transformers_version"}
+
+
+def _preset_records() -> list[tuple[str, str, dict]]:
+    return [
+        (family, name, record)
+        for family in CONFIG_CLASSES
+        for name, record in json.loads((DATA / "configs" / f"{family}.json").read_text()).items()
+    ]
+
+
+@pytest.mark.parametrize(
+    ("family", "preset", "record"), _preset_records(), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_old_config_json_loads_to_the_same_config_and_presets_write_the_same_json(family, preset, record):
+    config_class = CONFIG_CLASSES[family]
+    loaded = config_class.from_dict(expand(record["config_json"]))
+    assert _without_version(compact(json.loads(loaded.to_json_string(use_diff=False)))) == _without_version(
+        record["to_dict"]
+    ), f"{family} preset {preset!r}: the old config.json loads to another config"
+    rebuilt = config_class.from_preset(preset, **record["overrides"])
+    assert _without_version(compact(json.loads(rebuilt.to_json_string(use_diff=True)))) == _without_version(
+        record["config_json"]
+    ), f"{family} preset {preset!r}: config.json keys or values changed"
+
+
+@pytest.mark.parametrize("name", OLD_MODELS)
+def test_model_saved_by_the_old_code_loads_with_identical_outputs(name):
+    folder = DATA / "old_models" / name
+    class_name = name.split("-")[-2]  # <family>-<class>-<input type>
+    heads = {
+        head.__name__: head for spec in {**FAMILIES, **BASELINES}.values() for head in spec.heads.values()
+    }
+    model = heads[class_name].from_pretrained(folder).eval()
+    expected = load_file(str(folder / "expected.safetensors"))
+    inputs = {
+        key.removeprefix("input."): value for key, value in expected.items() if key.startswith("input.")
+    }
+    with torch.no_grad():
+        out = model(**inputs, return_dict=True)
+    for key, value in expected.items():
+        if key.startswith("output."):
+            got = out[key.removeprefix("output.")]
+            # same weights, same inputs, same CPU float32 kernels: the outputs must be bit-identical
+            assert torch.equal(got, value), (
+                f"{name} {key}: max |new - old| = {(got - value).abs().max().item():.3e} (old max |x| = "
+                f"{value.abs().max().item():.3e})"
+            )
+
+
+def _model_classes() -> list[type]:
+    return sorted(
+        {head for spec in {**FAMILIES, **BASELINES}.values() for head in spec.heads.values()},
+        key=lambda c: c.__name__,
+    )
+
+
+@pytest.mark.parametrize("case", ALL, ids=str)
+def test_no_model_rebinds_forward_on_the_instance(case):
+    model = case.build()
+    assert "forward" not in model.__dict__, f"{case}: forward is bound on the instance"
+    assert "forward" not in model.base_model.__dict__, (
+        f"{case}: the backbone's forward is bound on the instance"
+    )
+
+
+def test_no_modeling_file_assigns_self_forward():
+    for path in sorted((ROOT / "modeling").glob("modeling_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    assert not (
+                        isinstance(target, ast.Attribute)
+                        and target.attr == "forward"
+                        and isinstance(target.value, ast.Name)
+                        and target.value.id == "self"
+                    ), f"{path.name}:{node.lineno} assigns self.forward"
+
+
+def test_no_configuration_file_deletes_a_field():
+    for path in sorted((ROOT / "configuration").glob("configuration_*.py")):
+        calls = [
+            node.lineno
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "delattr"
+        ]
+        assert not calls, f"{path.name} calls delattr on lines {calls}"
+
+
+def test_every_base_model_and_head_has_one_class_level_forward():
+    for model_class in _model_classes():
+        assert "forward" in vars(model_class) or any(
+            "forward" in vars(base) for base in model_class.__mro__[1:-1]
+        )
+        assert not hasattr(model_class, "forward_images") and not hasattr(model_class, "forward_tokens"), (
+            f"{model_class.__name__} keeps per-modality entry points"
+        )
