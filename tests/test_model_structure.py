@@ -10,7 +10,7 @@ import pathlib
 
 import pytest
 import torch
-from fixtures import ALL
+from fixtures import ALL, assert_close_to_scale
 from safetensors.torch import load_file
 
 from energyformers import (
@@ -98,11 +98,9 @@ def test_model_saved_by_the_old_code_loads_with_identical_outputs(name):
     for key, value in expected.items():
         if key.startswith("output."):
             got = out[key.removeprefix("output.")]
-            # same weights, same inputs, same CPU float32 kernels: the outputs must be bit-identical
-            assert torch.equal(got, value), (
-                f"{name} {key}: max |new - old| = {(got - value).abs().max().item():.3e} (old max |x| = "
-                f"{value.abs().max().item():.3e})"
-            )
+            # same weights and inputs; an implementation may now sum in another order (the looped baseline's
+            # attention goes through transformers' SDPA function), so a few epsilons of the output's scale
+            assert_close_to_scale(got, value, 16 * torch.finfo(value.dtype).eps, f"{name} {key}")
 
 
 def _model_classes() -> list[type]:
