@@ -153,3 +153,26 @@ def test_readme_is_a_getting_started_page():
     assert lines <= README_LINE_LIMIT, (
         f"README.md has {lines} lines (at most {README_LINE_LIMIT}); move reference to docs/"
     )
+
+
+# Claims that no Hyper-SET iteration can keep: its updates are gradients in the normalised projections, not in x,
+# and the step sizes are learned with either sign (model_cards/hyperset.md, "Energy descent"), so neither energy, nor
+# their sum, is guaranteed to fall at every iteration.
+UNCONDITIONAL_DESCENT = re.compile(
+    r"exact gradient steps? on|every iteration (?:is )?an energy descent|each iteration descends|"
+    r"makes the iteration converge|gradient of an energy of x",
+    re.IGNORECASE,
+)
+
+
+def test_no_text_promises_an_energy_descent_the_iteration_does_not_guarantee():
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()!r}"
+        for path in [*DOCS, *CARDS, *SHIPPED_CODE]
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if UNCONDITIONAL_DESCENT.search(line)
+    ]
+    assert not found, "unconditional energy-descent claims:\n" + "\n".join(found)
+    assert (
+        "Energy descent: what is and is not guaranteed" in (ROOT / "model_cards" / "hyperset.md").read_text()
+    )
