@@ -84,7 +84,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if not args.output_dir:
         parser.error("converting a checkpoint needs --output_dir")
     if released is None and not (args.source and args.official_config):
-        parser.error(
+        raise UsageError(
             "converting a checkpoint needs --source and --official-config, except for the authors' released "
             f"files of {HUB_REPO}, recognised by their published names: "
             + ", ".join(f.filename for f in RELEASED if f.source is not None)
