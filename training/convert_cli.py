@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from .cli import UsageError, run_command
+from .convert.released import HUB_REPO, RELEASED, released_file, unavailable_message
 from .weights import checkpoint_format
 
 # The keys of `convert.SOURCES` and `convert.DTYPES` (a test checks they stay equal).
@@ -19,17 +20,25 @@ DTYPE_NAMES = ("float32", "float64")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    released = ", ".join(f.filename for f in RELEASED if f.source is not None)
     parser = argparse.ArgumentParser(
         prog="energyformers convert",
-        description="Convert the authors' official checkpoints into verified model folders, and back.",
+        description="Convert the authors' official checkpoints into verified model folders, and back. The "
+        f"released files of the Hub repository {HUB_REPO} ({released}) are recognised by their published "
+        "names and need neither --source nor --official-config.",
     )
-    parser.add_argument("--source", required=True, choices=SOURCE_NAMES, help="the official model class")
+    parser.add_argument(
+        "--source",
+        choices=SOURCE_NAMES,
+        help="the official model class (optional for the authors' released files; required with --reverse)",
+    )
     parser.add_argument("checkpoint", help="official checkpoint (forward) or our model folder (--reverse)")
     parser.add_argument(
         "--official-config",
         "--official_config",
         dest="official_config",
-        help="the official constructor kwargs: JSON object, a fixture JSON with constructor.kwargs, or YAML",
+        help="the official constructor kwargs: JSON object, a fixture JSON with constructor.kwargs, or YAML "
+        "(shipped with the converter for the authors' released files)",
     )
     parser.add_argument("--output_dir", "--output-dir", dest="output_dir", help="model folder to write")
     parser.add_argument(
@@ -59,6 +68,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.reverse:
+        if not args.source:
+            parser.error("--reverse needs --source")
         if not args.output:
             parser.error("--reverse needs --output FILE.safetensors")
         if not Path(args.checkpoint).is_dir():
@@ -67,14 +78,28 @@ def parse(argv: list[str]) -> argparse.Namespace:
                 f"{'is a file' if Path(args.checkpoint).exists() else 'does not exist'}"
             )
         return args
-    if not args.official_config or not args.output_dir:
-        parser.error("converting a checkpoint needs --official-config and --output_dir")
+    released = released_file(args.checkpoint)
+    if released is not None and released.source is None:  # refused before the file is even opened
+        raise UsageError(unavailable_message(released))
+    if not args.output_dir:
+        parser.error("converting a checkpoint needs --output_dir")
+    if released is None and not (args.source and args.official_config):
+        raise UsageError(
+            "converting a checkpoint needs --source and --official-config, except for the authors' released "
+            f"files of {HUB_REPO}, recognised by their published names: "
+            + ", ".join(f.filename for f in RELEASED if f.source is not None)
+        )
+    if released is not None and args.source not in (None, released.source):
+        raise UsageError(
+            f"--source {args.source}: {released.filename} is the authors' {released.description}; it converts "
+            f"with --source {released.source} (or no --source)"
+        )
     if args.atol is not None and not (math.isfinite(args.atol) and args.atol > 0):
         raise UsageError(f"--atol {args.atol}: expected a finite tolerance > 0")
     checkpoint_format(
         args.checkpoint
     )  # a file that is no checkpoint at all is named here, before torch loads
-    if not Path(args.official_config).is_file():
+    if args.official_config and not Path(args.official_config).is_file():
         raise UsageError(
             f"--official-config {args.official_config}: no such file; expected a JSON file of constructor "
             "kwargs, a fixture JSON or a YAML file"

@@ -4,6 +4,7 @@ Forward (official → ours)::
 
     energyformers convert --source {imixer,hyperbf,hyperset-ic,hyperset-sudoku} CHECKPOINT \\
         --official-config KWARGS.json|RUN.yaml --output_dir DIR [--dtype float32|float64]
+    energyformers convert RELEASED_FILE --output_dir DIR   # the authors' published files (`released`)
 
 1. reads the checkpoint: a `.safetensors` file, or a PyTorch file through `torch.load(weights_only=True)`
    (anything that needs full unpickling is refused unless `--trust-pickle` is given; pickle is never
@@ -44,44 +45,51 @@ constructor arguments without a field in our configs (dropout rates and other tr
 """
 
 # The package's modules: `checkpoint` (reading checkpoints and official configs), `base` (errors, constants,
-# `OfficialSource`), one module per official source (`imixer`, `hyperbf`, `hyperset`) and `write` (the verified
-# forward and reverse conversions). The names below are the public ones (`convert_cli`, tests).
+# `OfficialSource`), one module per official source (`imixer`, `hyperbf`, `hyperset`), `write` (the verified
+# forward and reverse conversions) and `released` (the authors' published files and their official configs, free of
+# torch). The names below are the public ones (`convert_cli`, tests); they are imported on first use, so that
+# `released` can be read by the command line before torch is imported.
 from __future__ import annotations
 
-from .base import (
-    DEFAULT_ATOL,
-    DTYPES,
-    EXTRAS_FILE,
-    KEPT_KWARGS,
-    REFERENCE_PREFIX,
-    ConversionError,
-    NotExpressible,
-    OfficialSource,
-)
-from .checkpoint import fingerprint, read_checkpoint, read_official_config, sha256_file
-from .hyperbf import HyperBFSource
-from .hyperset import HyperSetICSource, HyperSetSudokuSource
-from .imixer import IMixerSource
-from .write import SOURCES, convert_checkpoint, export_official
+import importlib
+from typing import Any
 
-__all__ = [
-    "DEFAULT_ATOL",
-    "DTYPES",
-    "EXTRAS_FILE",
-    "KEPT_KWARGS",
-    "REFERENCE_PREFIX",
-    "SOURCES",
-    "ConversionError",
-    "HyperBFSource",
-    "HyperSetICSource",
-    "HyperSetSudokuSource",
-    "IMixerSource",
-    "NotExpressible",
-    "OfficialSource",
-    "convert_checkpoint",
-    "export_official",
-    "fingerprint",
-    "read_checkpoint",
-    "read_official_config",
-    "sha256_file",
-]
+_PUBLIC = {
+    "DEFAULT_ATOL": "base",
+    "DTYPES": "base",
+    "EXTRAS_FILE": "base",
+    "KEPT_KWARGS": "base",
+    "REFERENCE_PREFIX": "base",
+    "ConversionError": "base",
+    "NotExpressible": "base",
+    "OfficialSource": "base",
+    "fingerprint": "checkpoint",
+    "read_checkpoint": "checkpoint",
+    "read_official_config": "checkpoint",
+    "sha256_file": "checkpoint",
+    "HyperBFSource": "hyperbf",
+    "HyperSetICSource": "hyperset",
+    "HyperSetSudokuSource": "hyperset",
+    "IMixerSource": "imixer",
+    "HUB_REPO": "released",
+    "RELEASED": "released",
+    "ReleasedFile": "released",
+    "released_file": "released",
+    "SOURCES": "write",
+    "convert_checkpoint": "write",
+    "export_official": "write",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

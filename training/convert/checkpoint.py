@@ -35,7 +35,72 @@ def _strip(key: str, prefix: str) -> str:
     return key
 
 
-def _load_raw(path: Path, trust_pickle: bool) -> Any:
+class InertObject:
+    """Stands in for a Python object of a checkpoint that is not part of the weights (Lightning's hyper-parameters,
+    an argparse Namespace, OmegaConf nodes, a loop's state): it keeps the arguments and state it is given and runs
+    no code of the class it replaces. Subclassed once per replaced name (`_inert_class`)."""
+
+    replaces = ""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> InertObject:
+        return super().__new__(cls)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.__dict__["inert_args"] = (args, kwargs)
+
+    def __setstate__(self, state: Any) -> None:
+        self.__dict__["inert_state"] = state
+
+    def __repr__(self) -> str:
+        return f"<inert placeholder of {self.replaces}>"
+
+
+def _inert_class(name: str) -> type:
+    return type(name.rsplit(".", 1)[-1], (InertObject,), {"replaces": name, "__module__": __name__})
+
+
+def _refuse_pickle(path: Path, why: str) -> ConversionError:
+    return ConversionError(
+        f"checkpoint {path} holds Python objects besides tensors that cannot be read safely ({why}); only full "
+        "unpickling can read it, and unpickling can run arbitrary code. It was not loaded. If you trust the "
+        "file's origin, pass --trust-pickle (the converted folder holds safetensors only); otherwise ask for a "
+        "safetensors export."
+    )
+
+
+def _load_with_placeholders(path: Path, kind: str) -> tuple[Any, list[str]]:
+    """torch's weights-only unpickler with every class or function it does not allow replaced by an inert
+    placeholder: the tensors are read, and no code named by the file runs. (checkpoint, replaced names)."""
+    if kind != "zip":  # the names a legacy pickle file refers to are not listed by torch
+        raise _refuse_pickle(path, "a legacy torch.save file with non-tensor objects")
+    serialization = torch.serialization
+    if not hasattr(serialization, "get_unsafe_globals_in_checkpoint") or not hasattr(
+        serialization, "safe_globals"
+    ):  # both public since torch 2.5; the package allows 2.4
+        raise _refuse_pickle(
+            path, f"listing and replacing them needs torch >= 2.5, this is {torch.__version__}"
+        )
+    try:
+        names = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+    except Exception as err:
+        raise ConversionError(
+            f"cannot read checkpoint {path}: truncated or corrupt ({type(err).__name__}: {err})"
+        ) from err
+    stand_ins = [(_inert_class(name), name) for name in names]
+    try:
+        with torch.serialization.safe_globals(stand_ins):
+            return torch.load(path, map_location="cpu", weights_only=True), names
+    except pickle.UnpicklingError as err:
+        # e.g. a dict or list subclass: the weights-only unpickler fills only real dicts and lists
+        raise _refuse_pickle(path, f"objects of {', '.join(names) or 'unknown classes'}: {err}") from err
+    except Exception as err:
+        raise ConversionError(
+            f"cannot read checkpoint {path}: truncated or corrupt ({type(err).__name__}: {err})"
+        ) from err
+
+
+def _load_raw(path: Path, trust_pickle: bool) -> tuple[Any, list[str]]:
+    """(the loaded object, the names of the non-tensor classes read as inert placeholders)."""
     try:
         kind = checkpoint_format(
             path
@@ -44,29 +109,24 @@ def _load_raw(path: Path, trust_pickle: bool) -> Any:
         raise ConversionError(str(err)) from None
     if kind == "safetensors" or path.suffix == ".safetensors":
         try:
-            return load_file(str(path))
+            return load_file(str(path)), []
         except Exception as err:  # SafetensorError derives from Exception only
             raise ConversionError(
                 f"cannot read checkpoint {path}: truncated or not a safetensors file ({err})"
             ) from err
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True), []
     except pickle.UnpicklingError as err:
         if "Weights only load failed" not in str(err):
             raise ConversionError(f"cannot read checkpoint {path}: truncated or corrupt ({err})") from err
-        if not trust_pickle:
-            raise ConversionError(
-                f"checkpoint {path} holds Python objects besides tensors, which only full unpickling can "
-                "read, and unpickling can run arbitrary code. It was not loaded. If you trust the file's "
-                "origin, pass --trust-pickle (the converted folder holds safetensors only); otherwise ask "
-                "for a safetensors export."
-            ) from err
     except Exception as err:
         raise ConversionError(
             f"cannot read checkpoint {path}: truncated or corrupt ({type(err).__name__}: {err})"
         ) from err
+    if not trust_pickle:
+        return _load_with_placeholders(path, kind)
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=False), []
     except Exception as err:
         raise ConversionError(
             f"cannot read checkpoint {path}: truncated or corrupt ({type(err).__name__}: {err})"
@@ -80,7 +140,7 @@ def read_checkpoint(
     path = Path(path)
     if not path.is_file():
         raise ConversionError(f"checkpoint {path} does not exist")
-    raw = _load_raw(path, trust_pickle)
+    raw, replaced = _load_raw(path, trust_pickle)
     if not isinstance(raw, dict):
         raise ConversionError(f"checkpoint {path} holds a {type(raw).__name__}, not a state_dict")
     if isinstance(raw.get("state_dict"), dict):
@@ -101,6 +161,8 @@ def read_checkpoint(
     official: dict[str, torch.Tensor] = {}
     reference: dict[str, torch.Tensor] = {}
     for key, value in state.items():
+        if isinstance(value, InertObject):  # the weights themselves need a class torch does not allow
+            raise _refuse_pickle(path, f"weight {key!r} is an object of {value.replaces}")
         if not isinstance(value, torch.Tensor):
             raise ConversionError(
                 f"checkpoint {path}: entry {key!r} is a {type(value).__name__}, not a tensor"
@@ -121,6 +183,11 @@ def read_checkpoint(
                 f"checkpoint {path}: key {key!r} duplicates {name!r} once prefixes are stripped"
             )
         official[name] = value
+    if replaced:
+        layout += (
+            f"; its other Python objects ({', '.join(replaced)}) were read as inert placeholders, no code of "
+            "theirs was run"
+        )
     return official, reference, layout
 
 

@@ -27,6 +27,7 @@ from .checkpoint import fingerprint, read_checkpoint, read_official_config, sha2
 from .hyperbf import HyperBFSource
 from .hyperset import HyperSetICSource, HyperSetSudokuSource
 from .imixer import IMixerSource
+from .released import ReleasedFile, released_file, unavailable_message
 
 SOURCES: dict[str, OfficialSource] = {
     source.name: source
@@ -100,10 +101,36 @@ def _write_card(folder: Path, name: str, model: PreTrainedModel, record: dict[st
     card.save(folder / "README.md")
 
 
+def resolve_released(source: str | None, checkpoint: str | Path) -> tuple[str, ReleasedFile | None]:
+    """(the source to convert with, the released file `checkpoint` names or None).
+
+    A released file that no head holds is refused here, and a `source` that contradicts the released file named,
+    before anything is read or written.
+    """
+    released = released_file(checkpoint)
+    if released is not None and released.source is None:
+        raise ConversionError(unavailable_message(released))
+    if released is not None and source is not None and source != released.source:
+        raise ConversionError(
+            f"--source {source}: {released.filename} is the authors' {released.description}, converted with "
+            f"--source {released.source} (or no --source)"
+        )
+    if source is None:
+        if released is None:
+            raise ConversionError(
+                f"--source is needed for {Path(checkpoint).name} (one of {sorted(SOURCES)}); it may be left out "
+                "only for the authors' released files, recognised by their published names"
+            )
+        source = released.source
+    if source not in SOURCES:
+        raise ConversionError(f"--source {source!r}: expected one of {sorted(SOURCES)}")
+    return source, released
+
+
 def convert_checkpoint(
-    source: str,
+    source: str | None,
     checkpoint: str | Path,
-    official_config: str | Path,
+    official_config: str | Path | None,
     output_dir: str | Path,
     *,
     dtype: str = "float32",
@@ -115,7 +142,17 @@ def convert_checkpoint(
     image_std: list[float] | None = None,
     log=print,
 ) -> Path:
-    """Official checkpoint → verified model folder. Raises `ConversionError` before writing anything."""
+    """Official checkpoint → verified model folder. Raises `ConversionError` before writing anything.
+
+    `source` and `official_config` may be None for the authors' released files (recognised by file name): the
+    source and the official kwargs shipped with the converter (`released.py`) are used.
+    """
+    source, released = resolve_released(source, checkpoint)
+    if official_config is None and released is None:
+        raise ConversionError(
+            f"--official-config is needed for {Path(checkpoint).name}: the official constructor kwargs (JSON, a "
+            "fixture JSON or YAML); only the authors' released files come with theirs"
+        )
     family = SOURCES[source]
     out = Path(output_dir)
     torch_dtype = DTYPES[dtype]
@@ -123,7 +160,18 @@ def convert_checkpoint(
     mean, std = image_mean or [0.5, 0.5, 0.5], image_std or [0.5, 0.5, 0.5]
     _check_output_dir(out, overwrite)
 
-    kwargs, provenance = read_official_config(official_config, family)
+    config_note = []
+    if official_config is None:
+        kwargs = family.normalise_kwargs(
+            dict(released.kwargs), where=f"official config of {released.filename}"
+        )
+        provenance = {**released.provenance(), "ignored_kwargs": []}
+        config_note = [
+            f"Official config: shipped with the converter for the released `{released.path}` "
+            f"({released.config_origin})."
+        ]
+    else:
+        kwargs, provenance = read_official_config(official_config, family)
     state, golden, layout = read_checkpoint(checkpoint, trust_pickle)
     if reference is not None:
         golden = {k: v for k, v in read_checkpoint(reference)[1].items()}
@@ -193,7 +241,8 @@ def convert_checkpoint(
             layout=layout,
             dtype=dtype,
             kwargs=kwargs,
-            notes=family.structure_notes(kwargs)
+            notes=config_note
+            + family.structure_notes(kwargs)
             + [
                 f"`{key}` in the official config ignored: {family.ignored[key]}."
                 for key in provenance["ignored_kwargs"]
