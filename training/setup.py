@@ -438,7 +438,8 @@ def build(args: Arguments, state: Any) -> Built:
 
     recipe = args.run.recipe
     served = {t for kind in energyformers.INPUT_TYPES.values() for t in kind.tasks}
-    if recipe in RECIPE_TASKS and RECIPE_TASKS[recipe][0] not in served:  # no data can be its task: say so now
+    # a recipe for a task no dataset here can be: refused before the data loads
+    if recipe in RECIPE_TASKS and RECIPE_TASKS[recipe][0] not in served:
         _recipe_task(recipe, None)
     data, warnings = load_and_check_data(args, state)
     task = task_of(data)
