@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
 
-from energyformers.training import recipes
 from energyformers.training.augmentation import (
     EMA_WEIGHTS_NAME,
     BatchAugmentation,

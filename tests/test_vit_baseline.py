@@ -54,9 +54,11 @@ def test_each_model_has_its_own_default_learning_rate():
     def lr(*argv: str) -> float:
         return setup.default_learning_rate(parse_arguments(["--output_dir", "x", *argv], train.PROG, ""))
 
-    assert lr("--model", "vit") == setup.NEW_MODEL_LEARNING_RATE["vit"] == 1e-3
+    # the measured choice of docs/training.md ("Default learning rates")
+    assert lr("--model", "vit") == setup.NEW_MODEL_LEARNING_RATE["vit"] == 3e-3
     assert lr("--model", "hyperset") == lr() == 3e-3
-    assert lr("--model", "vit", "--lr", "3e-3") == 3e-3  # an explicit flag wins
+    assert lr("--model", "vit", "--lr", "1e-3") == 1e-3  # an explicit flag wins
+    assert lr("--model", "vit", "--from_pretrained", "x") == 5e-4  # fine-tuning: the CLI's fine-tuning rate
 
 
 @pytest.mark.parametrize("loop", sorted(LOOPS))
@@ -65,7 +67,7 @@ def test_vit_trains_in_both_loops_reloads_with_auto_classes_and_predicts(tmp_pat
     assert LOOPS[loop](["--model", "vit", "--dataset", "digits", *TINY, "--output_dir", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["model"] == "vit" and metrics["recipe"]["global_step"] == 2, metrics["recipe"]
-    assert metrics["recipe"]["learning_rate"] == 1e-3, metrics["recipe"]
+    assert metrics["recipe"]["learning_rate"] == 3e-3, metrics["recipe"]
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "vit" and config["architectures"] == ["ViTForImageClassification"]
     assert "auto_map" not in config  # transformers' own class: no remote code, no registration

@@ -43,7 +43,7 @@ TRANSFORMERS_CLI_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 # From-scratch learning rate per model where it differs from the CLI's 3e-3 (how each was chosen:
 # docs/training.md, "Default learning rates").
-NEW_MODEL_LEARNING_RATE: dict[str, float] = {"vit": 1e-3}
+NEW_MODEL_LEARNING_RATE: dict[str, float] = {"vit": 3e-3}
 
 
 @dataclass
