@@ -19,6 +19,8 @@ Writes benchmarks/results/recipe_accuracy.{md,json}.
     # a variant with explicit augmentation flags (name=flags), next to the recipe:
     .venv/bin/python benchmarks/recipe_accuracy.py --recipe hyperset-ic \\
         --variant "flip+crop+mixup=--horizontal_flip 0.5 --random_resized_crop_scale 0.35 --mixup_alpha 0.2"
+    # the paper's baseline, transformers' ViT, on the same data (one command per model, each its default lr):
+    .venv/bin/python benchmarks/recipe_accuracy.py --recipe '' --model vit --dataset digits --seeds 0,1,2
 """
 
 from __future__ import annotations
@@ -141,7 +143,12 @@ def main() -> None:
     parser.add_argument(
         "--variant", action="append", default=[], metavar="NAME=FLAGS", help="extra variant (repeatable)"
     )
-    parser.add_argument("--model", default="hyperset", help="model family (the CLI's default config for it)")
+    parser.add_argument(
+        "--model",
+        default="hyperset",
+        help="what `energyformers train --model` takes: a family, the looped-transformer baseline or transformers' "
+        "`vit` (the CLI's default config and learning rate for it)",
+    )
     parser.add_argument("--dataset", default="fashion_mnist")
     parser.add_argument("--seeds", default="0", help="comma-separated training seeds")
     parser.add_argument("--epochs", type=float, default=None, help="passed to every run (default: the CLI's)")
@@ -154,6 +161,10 @@ def main() -> None:
     parser.add_argument("--no_write", action="store_true", help="print only; do not write results/")
     args = parser.parse_args()
 
+    from energyformers.training.setup import model_registry
+
+    if args.model not in model_registry():
+        raise SystemExit(f"--model {args.model!r}: unknown; expected one of {sorted(model_registry())}")
     variants = parse_variants(args)
     variants = {name: [*flags, *shortened_schedule(flags, args.epochs)] for name, flags in variants.items()}
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import ViTConfig, ViTForImageClassification
+from transformers import ViTForImageClassification
 
 from energyformers import (
     HyperBFConfig,
@@ -56,6 +56,7 @@ from energyformers import (
     HyperSetForImageClassification,
     IMixerConfig,
     IMixerForImageClassification,
+    registry,
 )
 from energyformers.modeling import modeling_hyperset
 
@@ -63,11 +64,14 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def vit_like(width: int, heads: int, depth: int, image: int, patch: int) -> ViTForImageClassification:
-    config = ViTConfig(
+    """The ViT baseline `--model vit` trains (`energyformers.registry.TRANSFORMERS_BASELINES["vit"]`: transformers'
+    own classes), at the given size."""
+    vit = registry.TRANSFORMERS_BASELINES["vit"]
+    config = vit.config_class(
         image_size=image, patch_size=patch, hidden_size=width, num_attention_heads=heads, num_hidden_layers=depth,
         intermediate_size=4 * width, num_labels=10, attn_implementation="sdpa",
     )  # fmt: skip
-    return ViTForImageClassification(config)
+    return vit.heads["AutoModelForImageClassification"](config)
 
 
 def hyperset(attn_implementation: str, **overrides) -> HyperSetForImageClassification:

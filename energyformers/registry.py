@@ -118,6 +118,21 @@ BASELINES: dict[str, Family] = {
     ),
 }
 
+# Baselines that are transformers' own models: trainable with `--model NAME` and compared by the benchmarks, but
+# NOT registered with the Auto classes here (transformers already maps their model_type) and never exported.
+# `vit` is the paper's image-classification baseline (Hyper-SET paper, Table 1: "Transformer"), built from
+# transformers' ViT classes as they are; its CLI size and learning rate: `training/setup.py`.
+TRANSFORMERS_BASELINES: dict[str, Family] = {
+    "vit": Family(
+        stem="vit",
+        config_class=transformers.ViTConfig,
+        heads={
+            "AutoModel": transformers.ViTModel,
+            "AutoModelForImageClassification": transformers.ViTForImageClassification,
+        },
+    ),
+}
+
 INPUT_TYPES: dict[str, InputType] = {
     "image": InputType(
         main_input_name="pixel_values",

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
 
-from energyformers.training import recipes
 from energyformers.training.augmentation import (
     EMA_WEIGHTS_NAME,
     BatchAugmentation,
@@ -273,33 +272,10 @@ def test_each_recipe_splits_into_valid_flags_and_training_keys(name):
     assert {**aug_kwargs, **training_kwargs} == RECIPES[name]
 
 
-def test_recipe_values_cite_their_source_and_unknown_names_fail():
-    """Every value in RECIPES has a comment naming where it comes from: a spec (the papers' recipes) or, for
-    `deit`, DeiT's Table 9 ("DeiT T9") or its main.py defaults ("DeiT main.py")."""
-    source = Path(recipes.__file__).read_text()
-    block = source[source.index("RECIPES: dict") : source.index("def split_recipe")]
-    value_lines = [line for line in block.splitlines() if re.match(r'\s+"\w+": [^{]', line)]
-    assert len(value_lines) == sum(len(recipe) for recipe in RECIPES.values())
-    deit = block[block.index('"deit": {') :]
-    for line in value_lines:
-        cited = r"# DeiT (T9|main\.py)" if line in deit else r"# \w[\w-]*\.md"
-        assert re.search(cited, line), f"no source next to: {line.strip()}"
+def test_unknown_recipe_names_fail():
+    # the citations and values of RECIPES are checked in tests/test_recipes.py
     with pytest.raises(ValueError, match="--recipe 'swin': unknown recipe"):
         split_recipe("swin")
-
-
-def test_sudoku_recipe_is_the_specs_gpu_recipe():
-    _, training = split_recipe("hyperset-sudoku")
-    assert training == {
-        "adam_beta1": 0.0,
-        "adam_beta2": 0.95,
-        "weight_decay": 0.1,
-        "learning_rate": 1e-4,
-        "lr_scheduler_type": "cosine",
-        "max_grad_norm": 1.0,
-        "per_device_train_batch_size": 16,
-        "num_train_epochs": 200,
-    }
 
 
 # --------------------------------------------------------------------------- loss

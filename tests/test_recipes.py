@@ -5,9 +5,13 @@ to end on fashion_mnist (short CI variant with `--max_steps`), the augmentation 
 
 from __future__ import annotations
 
+import ast
 import functools
+import io
 import json
 import math
+import re
+import tokenize
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +20,7 @@ import torch
 from fixtures import cli_config
 
 import energyformers
-from energyformers.training import accelerate_loop, optimization, train
+from energyformers.training import accelerate_loop, optimization, recipes, train
 from energyformers.training.data import MissingDataError, load_data
 from energyformers.training.recipes import RECIPES, AugmentationArguments, split_recipe
 
@@ -90,7 +94,7 @@ def matches(images: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
 def test_recipe_runs_end_to_end_augments_training_batches_only(tmp_path, fashion_mnist, spy, loop):
     common = ["--dataset", fashion_mnist, "--config", *cli_config("hyperset"), *SHORT]
     out = tmp_path / "recipe"
-    assert LOOPS[loop]([*common, "--recipe", "imixer-cifar", *AUGMENT, "--output_dir", str(out)]) == 0
+    assert LOOPS[loop]([*common, "--recipe", "imixer-s", *AUGMENT, "--output_dir", str(out)]) == 0
     train_images = processed_images(fashion_mnist, "train", 16, out)
     held_out = [processed_images(fashion_mnist, split, 8, out) for split in ("validation", "test")]
     augmented = torch.cat(spy["train"])  # both training batches (setup's check batch runs in eval mode)
@@ -102,8 +106,7 @@ def test_recipe_runs_end_to_end_augments_training_batches_only(tmp_path, fashion
     torch.testing.assert_close(targets.sum(-1), torch.ones(len(targets)))
     metrics = json.loads((out / "metrics.json").read_text())
     assert (
-        metrics["recipe"]["recipe"] == "imixer-cifar"
-        and metrics["recipe"]["augmentation"]["mixup_alpha"] == 0.8
+        metrics["recipe"]["recipe"] == "imixer-s" and metrics["recipe"]["augmentation"]["mixup_alpha"] == 0.8
     )
     assert metrics["recipe"]["global_step"] == 2
 
@@ -247,3 +250,136 @@ def test_lr_floor_and_cooldown_reach_both_loops(tmp_path):
     cosine = [1e-4 + 0.5 * (1e-2 - 1e-4) * (1 + math.cos(math.pi * k / 4)) for k in range(4)]
     expected = [1e-3, 1e-3 + (1e-2 - 1e-3) / 2, *cosine]
     assert rates["train"] == pytest.approx(expected) and rates["train-accelerate"] == pytest.approx(expected)
+
+
+# ------------------------------------------------------------------ the papers' own recipes (recipes.md)
+# A value's comment must name its source: a table / section / appendix of a paper, the memo, a config file, or
+# DeiT's Table 9 / main.py; a value a paper does not give says "not given" and names what is filled in.
+CITATION = re.compile(
+    r"HS (Table \d|§\d|Appendix A\.\d)|iMixer Table \d|memo 143 §\d|DeiT (T9|main\.py)|\.yaml"
+)
+PAPERS = ("hyperset-ic", "hyperset-sudoku", "hyperset-mim", "imixer-s", "imixer-b", "imixer-l", "hyperbf")
+
+
+def recipe_value_comments() -> dict[tuple[str, str], str]:
+    """(recipe, key) -> the comments on the lines of that value in training/recipes.py (parsed, not grepped)."""
+    source = Path(recipes.__file__).read_text()
+    comments: dict[int, str] = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = token.string
+    tree = ast.parse(source)
+    table = next(
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "RECIPES"
+    )
+    found = {}
+    for name_node, recipe_node in zip(table.keys, table.values, strict=True):
+        for key_node, value_node in zip(recipe_node.keys, recipe_node.values, strict=True):
+            lines = range(key_node.lineno, value_node.end_lineno + 1)
+            found[(name_node.value, key_node.value)] = " ".join(comments.get(n, "") for n in lines)
+    return found
+
+
+def test_every_recipe_value_has_a_citation_comment():
+    comments = recipe_value_comments()
+    assert set(comments) == {(name, key) for name, recipe in RECIPES.items() for key in recipe}
+    uncited = {k: c for k, c in comments.items() if not CITATION.search(c)}
+    assert uncited == {}, f"values without a source in their comment: {uncited}"
+    filled = {k for k, c in comments.items() if "not given" in c}
+    # HyperBF's memo names no optimiser, schedule, weight decay or clipping: each of those says so
+    assert {
+        ("hyperbf", k) for k in ("lr_scheduler_type", "weight_decay", "adam_beta1", "max_grad_norm")
+    } <= filled
+
+
+def test_the_papers_recipes_replace_the_guesses():
+    assert set(RECIPES) == {*PAPERS, "deit"}
+    assert not {"imixer-cifar", "hyperbf-memo"} & set(RECIPES)
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+@pytest.mark.parametrize("prog", [train.PROG, accelerate_loop.PROG])
+def test_every_recipe_value_is_a_flag_both_loops_take_and_parse_to(name, prog):
+    from energyformers.training.arguments import parse_arguments
+
+    args = parse_arguments(["--output_dir", "x", "--recipe", name], prog, "")
+    parsed = {}
+    for part in (args.model, args.run, args.augmentation):
+        parsed.update(vars(part))
+    assert {key: parsed.get(key, "no such flag") for key in RECIPES[name]} == RECIPES[name]
+
+
+def test_the_papers_values():
+    """The spec's numbers, one table per paper (a typo in RECIPES fails here)."""
+    assert RECIPES["hyperset-sudoku"] == {
+        "num_train_epochs": 200,
+        "per_device_train_batch_size": 16,
+        "adam_beta1": 0.0,
+        "adam_beta2": 0.95,
+        "weight_decay": 0.1,
+        "learning_rate": 1e-4,
+        "lr_scheduler_type": "cosine",
+        "min_learning_rate": 1e-7,
+        "warmup_epochs": 0,
+        "max_grad_norm": 1.0,
+    }
+    ic = RECIPES["hyperset-ic"]
+    assert (ic["learning_rate"], ic["adam_beta1"], ic["adam_beta2"], ic["weight_decay"]) == (
+        1e-4,
+        0.0,
+        0.95,
+        0.0,
+    )
+    assert (ic["per_device_train_batch_size"], ic["num_train_epochs"], ic["max_grad_norm"]) == (128, 200, 1.0)
+    mim = RECIPES["hyperset-mim"]
+    assert (mim["lr_scheduler_type"], mim["max_grad_norm"], mim["weight_decay"]) == ("constant", 3.0, 0.1)
+    for size, (batch, drop_path) in {"s": (512, 0.1), "b": (256, 0.2), "l": (64, 0.3)}.items():
+        mixer = RECIPES[f"imixer-{size}"]
+        assert mixer["per_device_train_batch_size"] == batch and mixer["drop_path_rate"] == drop_path
+        # iMixer Table 5's base lr is the linear scaling rule batch / 512 × 5e-4
+        assert mixer["learning_rate"] == pytest.approx(batch / 512 * 5e-4, rel=1e-12), (size, mixer)
+    bf = RECIPES["hyperbf"]
+    assert (bf["num_train_epochs"], bf["per_device_train_batch_size"], bf["learning_rate"]) == (
+        100,
+        256,
+        1e-4,
+    )
+    assert bf["warmup_epochs"] == 0 and bf["horizontal_flip"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("recipe", "model", "applied"),
+    [
+        ("hyperset-ic", "hyperset", {}),
+        ("imixer-s", "imixer", {"drop_path_rate": 0.1}),
+        ("hyperbf", "hyperbf", {}),
+    ],
+)
+def test_each_papers_recipe_family_trains_end_to_end(tmp_path, recipe, model, applied):
+    """One tiny run per recipe family (train-accelerate, digits): the recipe's schedule values reach the run."""
+    out = tmp_path / recipe
+    argv = ["--model", model, "--dataset", "digits", "--config", *cli_config(model), *SHORT]
+    assert accelerate_loop.main([*argv, "--recipe", recipe, "--output_dir", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    run = metrics["arguments"]["run"]
+    assert metrics["recipe"]["recipe"] == recipe and metrics["recipe"]["global_step"] == 2
+    assert metrics["recipe"]["learning_rate"] == RECIPES[recipe]["learning_rate"], metrics["recipe"]
+    for key in ("adam_beta1", "adam_beta2", "weight_decay", "max_grad_norm", "lr_scheduler_type"):
+        assert run[key] == RECIPES[recipe][key], (key, run[key])
+    assert metrics["recipe"]["depth_flags"] == applied
+
+
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_the_mim_recipe_is_refused_while_no_model_can_do_mim(tmp_path, capsys, loop):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    argv = ["--dataset", "digits", "--recipe", "hyperset-mim", *SHORT, "--output_dir", str(runs / "m")]
+    assert LOOPS[loop](argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        "--recipe hyperset-mim: the paper's masked-image-modeling recipe needs a masked-image-modelling head"
+        in err
+    )
+    assert list(runs.iterdir()) == []

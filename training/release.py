@@ -8,6 +8,10 @@ or reuses a finished run folder, or takes the folders given with `--take`; draws
 is never written to: it is inspected in a copy under `dist/`, removed afterwards); then it exports each one with
 `export_model_dir` to `dist/<model>-<dataset>/` (git-ignored) with its card and measured metrics, and writes
 `dist/release.json` (what was released, with the measured test metrics) and the commands to push them.
+
+`--baselines vit` also trains transformers' ViT (the papers' image baseline) with the same command on the image
+reference datasets and records its test metrics under "baselines" in release.json, beside the families'; a
+baseline is not a published model, so it is neither inspected nor exported.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ from .cli import UsageError, run_command
 REFERENCE_DATASETS = ("digits", "fashion_mnist", "rotten_tomatoes")
 # The keys of `energyformers.FAMILIES`, known without importing the models (a test checks they stay equal).
 FAMILY_NAMES = ("hyperbf", "hyperset", "imixer")
+# transformers' own baselines (`energyformers.registry.TRANSFORMERS_BASELINES`; a test checks they stay equal) and
+# the reference datasets each can train on: trained beside the families for comparison, never exported.
+BASELINE_DATASETS = {"vit": ("digits", "fashion_mnist")}
 
 
 def _finished(run_dir: Path) -> bool:
@@ -82,6 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"families to release: some of {', '.join(FAMILY_NAMES)} (default: all)",
     )
     parser.add_argument(
+        "--baselines",
+        nargs="+",
+        default=[],
+        metavar="MODEL",
+        help=f"also train these baselines ({', '.join(BASELINE_DATASETS)}) with the same command on the image "
+        "datasets among --datasets, and report their test metrics in release.json beside the families' "
+        "(baselines are not exported)",
+    )
+    parser.add_argument(
         "--datasets", nargs="+", default=list(REFERENCE_DATASETS), help="datasets to train each family on"
     )
     parser.add_argument(
@@ -108,7 +124,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.train_args = argv[split + 1 :]
     unknown = [m for m in args.models or () if m not in FAMILY_NAMES]
     if unknown:
-        parser.error(f"--models {' '.join(unknown)}: unknown; expected some of {sorted(FAMILY_NAMES)}")
+        hint = [m for m in unknown if m in BASELINE_DATASETS]
+        also = f" ({' '.join(hint)} is a baseline: pass --baselines {' '.join(hint)})" if hint else ""
+        parser.error(f"--models {' '.join(unknown)}: unknown; expected some of {sorted(FAMILY_NAMES)}{also}")
+    wrong = [m for m in args.baselines if m not in BASELINE_DATASETS]
+    if wrong:
+        parser.error(f"--baselines {' '.join(wrong)}: unknown; expected some of {sorted(BASELINE_DATASETS)}")
+    if args.baselines and args.take:
+        parser.error("--baselines trains baselines; --take releases given folders: pass one of them")
     for folder in args.take or ():
         if not folder.is_dir():
             what = "is a file, not a folder" if folder.exists() else "does not exist"
@@ -143,7 +166,15 @@ def run(args: argparse.Namespace) -> int:
                             train_command(model, dataset, run_dir, train_args) if needs_training else None,
                         )
                     )
-        for run_dir, command in plan:
+        # Baselines: trained with the same command on the image datasets they take, reported, not exported.
+        baselines: list[tuple[Path, list[str] | None]] = []
+        for model in args.baselines:
+            for dataset in [d for d in args.datasets if d in BASELINE_DATASETS[model]]:
+                run_dir = args.runs_dir / f"{model}-{dataset}"
+                needs_training = args.retrain or not _finished(run_dir)
+                command = train_command(model, dataset, run_dir, train_args) if needs_training else None
+                baselines.append((run_dir, command))
+        for run_dir, command in [*plan, *baselines]:
             print(
                 f"train  {shlex.join(['energyformers', *command[3:]])}" if command else f"take   {run_dir}",
                 flush=True,
@@ -153,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
 
         # 2. Train what is missing (a failed run is reported and skipped, the others still ship).
         failures: dict[str, str] = {}
-        for run_dir, command in plan:
+        for run_dir, command in [*plan, *baselines]:
             if command is not None:
                 start = time.perf_counter()
                 if subprocess.run(command).returncode != 0:
@@ -198,16 +229,36 @@ def run(args: argparse.Namespace) -> int:
             metrics = json.loads((out / "metrics.json").read_text())
             released[name] = {"source": str(run_dir), "folder": str(out), "test": metrics.get("test") or {}}
 
+        compared: dict[str, dict] = {}  # the baselines' measured test metrics, for side-by-side reading
+        for run_dir, _ in baselines:
+            if str(run_dir) in failures:
+                continue
+            try:
+                name = _release_name(run_dir)
+            except FileNotFoundError as err:
+                failures[str(run_dir)] = str(err)
+                continue
+            metrics = json.loads((run_dir / "metrics.json").read_text())
+            compared[name] = {"source": str(run_dir), "test": metrics.get("test") or {}}
+
         args.dist_dir.mkdir(parents=True, exist_ok=True)
-        (args.dist_dir / "release.json").write_text(
-            json.dumps({"released": released, "failed": failures}, indent=2) + "\n"
-        )
+        summary = {"released": released, "failed": failures}
+        if args.baselines:
+            summary["baselines"] = compared
+        (args.dist_dir / "release.json").write_text(json.dumps(summary, indent=2) + "\n")
         print(f"\n{'release':<32} {'test acc':>9} {'macro F1':>9}")
         for name, entry in released.items():
             test = entry["test"]
             acc, f1 = test.get("accuracy"), test.get("f1_macro")
             print(
                 f"{name:<32} {acc if acc is None else f'{acc:.4f}':>9} {f1 if f1 is None else f'{f1:.4f}':>9}"
+            )
+        for name, entry in compared.items():
+            test = entry["test"]
+            acc, f1 = test.get("accuracy"), test.get("f1_macro")
+            label = f"{name} (baseline)"
+            print(
+                f"{label:<32} {acc if acc is None else f'{acc:.4f}':>9} {f1 if f1 is None else f'{f1:.4f}':>9}"
             )
         namespace = args.namespace or "<your-namespace>"
         if released:

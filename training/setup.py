@@ -30,6 +30,20 @@ from .weights import check_weights_readable
 DEFAULT_MAX_LENGTH = {"spam": 256}
 # Below this many examples an accuracy is too coarse to mean much (one example = 1 point at 100); say so.
 SMALL_SPLIT = 100
+# The CLI's sizes for transformers' own baselines (`registry.TRANSFORMERS_BASELINES`; they have no presets of
+# ours). `vit` on images is parameter-matched to the CLI's Hyper-SET image model (`cli-image`: width 128, 4 heads,
+# 69,890 parameters on digits): width 64, 4 heads, 2 layers, MLP 2d is 72,778 parameters on digits (16×16 inputs,
+# 2×2 patches, 10 labels; tests/test_vit_baseline.py checks both counts). The ViT of Hyper-SET's width and
+# effective depth (128, 4 heads, 4 layers, MLP 4d: 804,746 parameters) is `--config hidden_size=128
+# num_hidden_layers=4 intermediate_size=512`. Dropouts stay at ViTConfig's 0, as Hyper-SET has none.
+TRANSFORMERS_CLI_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "vit": {
+        "image": dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=128),
+    },
+}
+# From-scratch learning rate per model where it differs from the CLI's 3e-3 (how each was chosen:
+# docs/training.md, "Default learning rates").
+NEW_MODEL_LEARNING_RATE: dict[str, float] = {"vit": 3e-3}
 
 
 @dataclass
@@ -48,9 +62,12 @@ class Built:
 
 
 def model_registry() -> dict[str, energyformers.Family]:
-    """Everything `--model` accepts: the families, and the baselines where `energyformers.BASELINES` exists
-    (trainable here like a family; `export`/`push` take families only)."""
-    return {**energyformers.FAMILIES, **getattr(energyformers, "BASELINES", {})}
+    """Everything `--model` accepts: the families, our baselines (`energyformers.BASELINES`) and transformers' own
+    baselines (`registry.TRANSFORMERS_BASELINES`, e.g. `vit`); trainable here alike, `export`/`push` take
+    families only."""
+    from energyformers import registry
+
+    return {**registry.FAMILIES, **registry.BASELINES, **registry.TRANSFORMERS_BASELINES}
 
 
 def family(model_type: str) -> energyformers.Family:
@@ -90,15 +107,21 @@ def default_epochs(task: str) -> int:
 
 
 def default_learning_rate(args: Arguments) -> float:
-    """--learning_rate, else 3e-3 for a new model and 5e-4 when fine-tuning (both loops)."""
+    """--learning_rate, else the model's from-scratch rate (`NEW_MODEL_LEARNING_RATE`, 3e-3 when not listed) and
+    5e-4 when fine-tuning (both loops)."""
     if args.run.learning_rate is not None:
         return args.run.learning_rate
-    return 5e-4 if args.model.from_pretrained else 3e-3
+    if args.model.from_pretrained:
+        return 5e-4
+    return NEW_MODEL_LEARNING_RATE.get(args.model.model or "hyperset", 3e-3)
 
 
 def cli_preset(model_type: str, modality: str) -> dict[str, Any]:
     """The small config the CLI trains from scratch: the family's `cli-<input type>` preset (a baseline gets the
-    Hyper-SET sizes it shares: same embeddings, head and iteration count, for side-by-side comparisons)."""
+    Hyper-SET sizes it shares: same embeddings, head and iteration count, for side-by-side comparisons; a
+    transformers baseline its `TRANSFORMERS_CLI_PRESETS` entry)."""
+    if model_type in TRANSFORMERS_CLI_PRESETS:
+        return dict(TRANSFORMERS_CLI_PRESETS[model_type].get(modality, {}))
     config_class = model_registry()[model_type].config_class
     try:
         fields = config_class.preset_fields(f"cli-{modality}")
@@ -286,6 +309,13 @@ def _new_config_and_processor(
     head = energyformers.INPUT_TYPES[modality].tasks[task]
     if head not in family(model_type).heads:
         having = sorted(k for k, f in model_registry().items() if head in f.heads)
+        text_heads = set(energyformers.INPUT_TYPES[modality].tasks.values()) - {"AutoModel"}
+        if modality != "image" and not text_heads & set(family(model_type).heads):  # an image-only model
+            raise UsageError(
+                f"--model {model_type} is an image model and --dataset {d.dataset} is a {task} dataset "
+                f"({modality} inputs); train {model_type} on an image dataset, or use one of {having} for "
+                f"{modality} data"
+            )
         raise UsageError(
             f"--dataset {d.dataset} is a {task} dataset and {model_type} has no {task} head; use one of {having}"
         )
@@ -384,6 +414,15 @@ def load_and_check_data(args: Arguments, state: Any) -> tuple[Any, list[str]]:
     return data, warnings
 
 
+def _recipe_task(recipe: str | None, task: str | None) -> None:
+    from .recipes import check_recipe_task
+
+    try:
+        check_recipe_task(recipe, task)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
 def build(args: Arguments, state: Any) -> Built:
     """Dataset (with preprocessing attached), processor, collator and model from the parsed arguments.
 
@@ -395,10 +434,16 @@ def build(args: Arguments, state: Any) -> Built:
     from transformers import DataCollatorWithPadding, default_data_collator
 
     from .processing import cells_transform, image_transform, text_transform
-    from .recipes import drop_unapplied_recipe_values
+    from .recipes import RECIPE_TASKS, drop_unapplied_recipe_values
 
+    recipe = args.run.recipe
+    served = {t for kind in energyformers.INPUT_TYPES.values() for t in kind.tasks}
+    # a recipe for a task no dataset here can be: refused before the data loads
+    if recipe in RECIPE_TASKS and RECIPE_TASKS[recipe][0] not in served:
+        _recipe_task(recipe, None)
     data, warnings = load_and_check_data(args, state)
     task = task_of(data)
+    _recipe_task(recipe, task)
     config, processor = build_config_and_processor(args, data, state)
     warnings += drop_unapplied_recipe_values(args, config)  # a recipe value this model has no field for
     transformers.set_seed(args.run.seed)  # same initial weights on every rank and every rerun
