@@ -104,10 +104,10 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "feedforward_energy": ("relu", "softmax", "gated"),
     "position_embedding_type": ("sinusoidal", "learned", "sincos-2d"),
     "pooling": ("cls", "mean"),
-    "iteration_conditioning": ("none", "sinusoidal"),
+    "iteration_conditioning": ("none", "sinusoidal", "sinusoidal-no-mlp"),
     "iteration_sampling": ("fixed", "uniform", "poisson-lognormal"),
     "halting_criterion": ("state", "energy"),
-    "step_size_norm": ("rmsnorm", "none"),
+    "step_size_norm": ("rmsnorm", "none", "rmsnorm-sum"),
     "classifier_norm": ("layernorm", "rmsnorm"),
 }
 _BOOLEANS: tuple[str, ...] = ("classifier_bias",)
@@ -325,11 +325,14 @@ class HyperSetConfig(RecurrentDepthConfig):
             `"none"`: the step sizes see one learned condition c at every iteration, so iteration t + 1 applies
             the same map as iteration t and more iterations at test time continue the same descent (what the
             authors' trained models compute: their zero-initialised time MLP never learns to depend on t);
-            `"sinusoidal"`: c_t = MLP(sinusoid(t)), an ablation that does not extrapolate in depth.
+            `"sinusoidal"`: c_t = MLP(sinusoid(t)), an ablation that does not extrapolate in depth;
+            `"sinusoidal-no-mlp"`: c_t = sinusoid(t) itself, of width `time_embedding_dim` = `hidden_size` (the
+            authors' masked-image-modelling model, "no MLP after the time embedding").
         step_size_norm (`str`, *optional*, defaults to `"rmsnorm"`):
             `"rmsnorm"`: RMSNorms inside the time MLP and on the state entering the step-size network (the
             authors' image models); `"none"`: neither (their Sudoku model: time MLP Linear → GELU → Linear,
-            step-size input GELU(c + x)).
+            step-size input GELU(c + x)); `"rmsnorm-sum"`: one RMSNorm on the sum, GELU(RMSNorm(c + x)), none in
+            the time MLP (their masked-image-modelling model).
         time_embedding_dim (`int`, *optional*, defaults to 512):
             Width of the iteration sinusoid of `iteration_conditioning="sinusoidal"` (paper: 512).
         input_anchor (`float`, *optional*, defaults to 0.0):
@@ -466,6 +469,14 @@ class HyperSetConfig(RecurrentDepthConfig):
             "input_anchor",
             self.input_anchor,
             "expected a float in [0, 1] (1: every iteration restarts from x₀ plus the update)",
+        )
+        _require(
+            self,
+            self.iteration_conditioning != "sinusoidal-no-mlp" or self.time_embedding_dim == self.hidden_size,
+            "time_embedding_dim",
+            self.time_embedding_dim,
+            f"iteration_conditioning='sinusoidal-no-mlp' adds the sinusoid to the state: expected hidden_size="
+            f"{self.hidden_size}",
         )
         uses_feature_map = self.attention_energy == "linear" or self.feedforward_energy == "gated"
         _require(

@@ -37,6 +37,7 @@ AUTO_HEADS: dict[str, tuple[str, tuple[str, ...]]] = {
             "AutoModelForImageClassification",
             "AutoModelForSequenceClassification",
             "AutoModelForTokenClassification",
+            "AutoModelForMaskedImageModeling",
         ),
     ),
     "hyperbf": (

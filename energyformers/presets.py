@@ -55,6 +55,35 @@ HYPERSET_PRESETS.update(
         )
     }
 )
+# Masked image modelling (paper §5.3, Table 9 structure, Table 2 rows; `HyperSetForMaskedImageModeling`): a 16 × 16
+# grid of VQGAN codes, codebook 1024 + [MASK]; fixed 2-D sin-cos positions; step sizes conditioned on x₀ through
+# GELU(RMSNorm(sinusoid(t) + x₀)), the sinusoid of width d with no MLP after it (Table 9: "time-embedding frequency
+# 768 with no MLP"); one RMSNorm shared by q, k, v; ReLU feedforward; RMSNorm → Linear(d, 1024) head with bias.
+# Parameter counts they must reproduce (Table 2: 3.94 M and 8.07 M) are asserted in tests/test_mim.py.
+_MIM = dict(
+    input_type="sequence",
+    hidden_size=768,
+    num_attention_heads=12,
+    num_hidden_layers=1,
+    vocab_size=1025,
+    max_position_embeddings=256,
+    position_embedding_type="sincos-2d",
+    qkv_norm="shared",
+    step_size_condition="input",
+    iteration_conditioning="sinusoidal-no-mlp",
+    time_embedding_dim=768,
+    step_size_norm="rmsnorm-sum",
+    hidden_act="relu",
+    classifier_norm="rmsnorm",
+    classifier_bias=True,
+)
+HYPERSET_PRESETS.update(
+    {
+        "mim-1-12-d": dict(**_MIM, intermediate_size=768, num_iterations=12),  # Table 9 / Table 2, 3.94 M
+        # Table 2's "Ours 1 / 24 / 8d" (8.07 M), the structure of the authors' released MIM checkpoint
+        "mim-1-24-8d": dict(**_MIM, intermediate_size=8 * 768, num_iterations=24),
+    }
+)
 # The small models `energyformers train` builds from scratch (the dataset sets image geometry or vocabulary).
 # Images: digits at 16×16, patch 2, 12 epochs at lr 3e-3; mean pooling because with CLS pooling the CLS token stays
 # constant early on (the step sizes start at zero); the anchor energy and random depth in [2, 12] make test-time

@@ -28,6 +28,7 @@ from .modeling.modeling_hyperbf import (
 )
 from .modeling.modeling_hyperset import (
     HyperSetForImageClassification,
+    HyperSetForMaskedImageModeling,
     HyperSetForSequenceClassification,
     HyperSetForTokenClassification,
     HyperSetModel,
@@ -81,6 +82,8 @@ FAMILIES: dict[str, Family] = {
             "AutoModelForImageClassification": HyperSetForImageClassification,
             "AutoModelForSequenceClassification": HyperSetForSequenceClassification,
             "AutoModelForTokenClassification": HyperSetForTokenClassification,
+            # transformers' Auto class of BEiT's and ViT's masked-image-modelling heads
+            "AutoModelForMaskedImageModeling": HyperSetForMaskedImageModeling,
         },
     ),
     "hyperbf": Family(
@@ -151,6 +154,9 @@ INPUT_TYPES: dict[str, InputType] = {
             "text-classification": "AutoModelForSequenceClassification",
             "token-classification": "AutoModelForTokenClassification",
             "feature-extraction": "AutoModel",
+            # masked image modelling over VQ codes: the model fills masked tokens of a code sequence (the Hub
+            # has no masked-image-modelling tag; transformers has no pipeline for it)
+            "fill-mask": "AutoModelForMaskedImageModeling",
         },
     ),
 }

@@ -26,6 +26,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
     ImageClassifierOutput,
+    MaskedLMOutput,
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
@@ -717,32 +718,36 @@ class HyperSetStepSizes(nn.Module):
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__()
         width, eps = config.hidden_size, config.rms_norm_eps
-        # RMSNorms inside the time MLP and on the state (the authors' image models) or none (their Sudoku model)
+        # RMSNorms inside the time MLP and on the state (the authors' image models), none (their Sudoku model), or
+        # one on the sum c + x (their masked-image-modelling model)
         normed = config.step_size_norm == "rmsnorm"
+        self.norm_sum = config.step_size_norm == "rmsnorm-sum"
 
         def norm() -> nn.Module:
             return nn.RMSNorm(width, eps=eps) if normed else nn.Identity()
 
-        if config.iteration_conditioning == "sinusoidal":
+        if config.iteration_conditioning in ("sinusoidal", "sinusoidal-no-mlp"):
             self.time_embedding_dim = config.time_embedding_dim
-            layers = [nn.Linear(config.time_embedding_dim, width), norm(), nn.GELU(), norm()]
-            layers += [nn.Linear(width, width), norm()]
-            self.time_mlp = nn.Sequential(*(layer for layer in layers if not isinstance(layer, nn.Identity)))
+            if config.iteration_conditioning == "sinusoidal":  # else c_t is the sinusoid itself
+                layers = [nn.Linear(config.time_embedding_dim, width), norm(), nn.GELU(), norm()]
+                layers += [nn.Linear(width, width), norm()]
+                self.time_mlp = nn.Sequential(
+                    *(layer for layer in layers if not isinstance(layer, nn.Identity))
+                )
         else:
             self.condition = nn.Parameter(torch.zeros(width))  # c (the authors' time_mlp output, folded)
-        self.condition_norm = norm()
+        self.condition_norm = nn.RMSNorm(width, eps=eps) if self.norm_sum else norm()
         self.proj = HyperSetStepSizeProjection(width, 2 * width)
 
     def iteration_conditions(self, num_iterations: int, reference: torch.Tensor) -> torch.Tensor:
         """c_t for t = 1..T in one batch, `(T, d)`: computed once per forward, not per iteration."""
-        if not hasattr(self, "time_mlp"):
+        if not hasattr(self, "time_embedding_dim"):
             return self.condition.to(reference.dtype).expand(num_iterations, -1)
         steps = torch.arange(1, num_iterations + 1, device=reference.device)
         # at least float32 (a half-precision sinusoid of t·f_k is useless), float64 in a float64 model
         precision = torch.promote_types(reference.dtype, torch.float32)
-        return self.time_mlp(
-            iteration_embedding(steps, self.time_embedding_dim, precision).to(reference.dtype)
-        )
+        sinusoid = iteration_embedding(steps, self.time_embedding_dim, precision).to(reference.dtype)
+        return self.time_mlp(sinusoid) if hasattr(self, "time_mlp") else sinusoid
 
     def forward(
         self, iteration_condition: torch.Tensor, state: torch.Tensor
@@ -752,6 +757,8 @@ class HyperSetStepSizes(nn.Module):
 
     def project(self, iteration_condition: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """[α | γ] in one tensor, `(B, N, 2d)`."""
+        if self.norm_sum:
+            return self.proj(F.gelu(self.condition_norm(iteration_condition + state)))
         return self.proj(F.gelu(iteration_condition + self.condition_norm(state)))
 
     @staticmethod
@@ -1324,16 +1331,274 @@ class HyperSetForTokenClassification(HyperSetSequenceHead):
     _output_class = HyperSetTokenClassifierOutput
 
 
+# MaskGIT's schedules (Chang et al. 2022, as `valeoai/Maskgit-pytorch` computes them, the code the authors' MIM
+# model follows): the weight w(r) of each decoding step, r running from 1 to 0 over the steps; step s unmasks a share
+# w_s / Σ w of the masked tokens. Every schedule starts near 0, so the first steps fix few tokens.
+MASKGIT_SCHEDULES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "arccos": lambda r: torch.arccos(r) / (math.pi / 2),
+    "linear": lambda r: 1 - r,
+    "cosine": lambda r: torch.cos(r * math.pi / 2),
+    "square": lambda r: 1 - r**2,
+    "root": lambda r: 1 - r.sqrt(),
+}
+
+
+def maskgit_schedule(num_masked: torch.Tensor, steps: int, schedule: str = "arccos") -> torch.Tensor:
+    """Tokens to unmask at each step, `(B, steps)` long, for `num_masked` `(B,)` masked tokens per sample.
+
+    As MaskGIT's code for a whole grid, applied to each sample's own count M: round(M · w_s / Σ w) per step, at least
+    1, the last step taking what is left; a step never unmasks more than is still masked (so a sample may finish
+    before the last step). A sample with M = 0 unmasks nothing.
+    """
+    if schedule not in MASKGIT_SCHEDULES:
+        raise ValueError(f"schedule must be one of {sorted(MASKGIT_SCHEDULES)}; got {schedule!r}.")
+    weights = MASKGIT_SCHEDULES[schedule](torch.linspace(1, 0, steps, dtype=torch.float64))
+    masked = num_masked.to(torch.float64)[:, None]
+    counts = (weights / weights.sum() * masked).round().clamp_min(1)  # (B, S)
+    counts[:, -1] += masked[:, 0] - counts.sum(-1)
+    counts = counts.clamp_min(0).long()
+    # what is still masked before each step caps that step (MaskGIT: `if mask.sum() < t: t = mask.sum()`)
+    before = num_masked[:, None] - torch.cat(
+        [counts.new_zeros(len(counts), 1), counts.cumsum(-1)[:, :-1]], -1
+    )
+    return torch.minimum(counts, before.clamp_min(0))
+
+
+@dataclass
+class MaskGITDecoderOutput(ModelOutput):
+    """The result of `HyperSetForMaskedImageModeling.decode`.
+
+    codes: `(B, N)` the decoded grid (no [MASK] left). sequences: `(S + 1, B, N)` the grid before the first step and
+    after every step, [MASK] where a code is still open. unmasked: `(S, B, N)` bool, the positions each step fixed.
+    confidences: `(S, B, N)` the probability the model gave the code it sampled at each position that was masked at
+    that step (before MaskGIT's Gumbel noise), 0 elsewhere.
+    """
+
+    codes: torch.LongTensor | None = None
+    sequences: torch.LongTensor | None = None
+    unmasked: torch.BoolTensor | None = None
+    confidences: torch.FloatTensor | None = None
+
+
+@dataclass
+class HyperSetMaskedImageModelingOutput(MaskedLMOutput):
+    """`MaskedLMOutput` (what BEiT's masked-image-modelling head returns: logits over visual-token ids) plus
+    `energies` and `iterations_used`, as the other Hyper-SET outputs."""
+
+    energies: HyperSetEnergies | None = None
+    iterations_used: torch.LongTensor | None = None
+
+
+class HyperSetForMaskedImageModeling(HyperSetPreTrainedModel):
+    """Masked image modelling over a grid of VQ codes (the paper's third task, MaskGIT-style).
+
+    `input_ids` `(B, N)`: codes of an image tokenizer in [0, K), K = `config.vocab_size − 1` the codebook size, and
+    [MASK] = K where a code is hidden. Output: logits over the K codes for every position; `labels` `(B, N)` hold
+    the true codes where the loss is taken (the masked positions) and −100 elsewhere. Structure: the sequence
+    backbone, then the classifier norm and Linear(d, K); the paper's model is the preset `mim-1-12-d` /
+    `mim-1-24-8d` (token embedding + fixed 2-D sin-cos positions, step sizes conditioned on x₀ by the sinusoid
+    of t with no time MLP, RMSNorm → Linear head with bias).
+
+    Unlike transformers' `BeitForMaskedImageModeling`, which reads pixels and a `bool_masked_pos` and swaps a
+    learned mask vector into the patch embeddings, this head reads the codes themselves, the mask being one more
+    token id, so the image tokenizer stays a separate, pluggable component (`energyformers.mim`).
+    """
+
+    main_input_name = "input_ids"
+
+    def __init__(self, config: HyperSetConfig) -> None:
+        super().__init__(config)
+        check_head_input_type(self, config.input_type, "sequence")
+        if config.vocab_size < 2:
+            raise ValueError(
+                f"{type(self).__name__} needs vocab_size = codebook size + 1 (the last id is [MASK]) >= 2; got "
+                f"vocab_size={config.vocab_size}."
+            )
+        self.hyperset = HyperSetModel(config)
+        self.layernorm = _classifier_norm(config)
+        # K = vocab_size − 1 outputs: [MASK] is an input id only, never a prediction. Its own name (not the
+        # classification heads' `classifier`, not `lm_head`, which transformers resizes with the vocabulary): a
+        # classifier checkpoint loads its backbone here with a fresh code head, as into any other head
+        self.code_head = nn.Linear(config.hidden_size, config.vocab_size - 1, bias=config.classifier_bias)
+        self.post_init()
+
+    @property
+    def codebook_size(self) -> int:
+        """K, the number of codes the head predicts; K is also the id of [MASK]."""
+        return self.code_head.out_features
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.codebook_size
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        num_iterations: int | None = None,
+        backprop_iterations: int | None = None,
+        halting_tolerance: float | None = None,
+        halting_criterion: str | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_energies: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> HyperSetMaskedImageModelingOutput | tuple:
+        r"""
+        labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+            The true code of every position where the loss is taken (the masked ones), −100 elsewhere; the loss is
+            the mean cross-entropy over those positions (0 where there are none).
+        """
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.hyperset(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            num_iterations=num_iterations,
+            backprop_iterations=backprop_iterations,
+            halting_tolerance=halting_tolerance,
+            halting_criterion=halting_criterion,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            output_energies=output_energies,
+            return_dict=True,
+        )
+        logits = self.code_head(self.layernorm(outputs.last_hidden_state))  # (B, N, K)
+        loss = None if labels is None else self._masked_loss(logits, labels)
+        output = HyperSetMaskedImageModelingOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            energies=outputs.energies,
+            iterations_used=outputs.iterations_used,
+        )
+        return output if return_dict else output.to_tuple()
+
+    @torch.no_grad()
+    def decode(
+        self,
+        input_ids: torch.Tensor,
+        steps: int = 24,
+        schedule: str = "arccos",
+        temperature: float = 1.0,
+        randomize_temperature: float = 4.5,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+        num_iterations: int | None = None,
+    ) -> MaskGITDecoderOutput:
+        """MaskGIT iterative decoding: fill every [MASK] of `input_ids` `(B, N)` in `steps` forward passes.
+
+        At each step the model predicts every position; a code is sampled at each masked position from
+        softmax(logits / `temperature`); its confidence log p + g·(1 − s/S), g Gumbel noise of scale
+        `randomize_temperature` (the authors' 4.5; 0: no noise), ranks the masked positions, and the most
+        confident ones are kept, as many as `schedule` (`maskgit_schedule`) gives for this step; the rest stay
+        masked. Known codes are never changed. Seeded by `generator`, else by `seed`, else by a draw from torch's
+        global generator: the same seed gives the same codes. Runs the model as it is (call `eval()` first).
+        """
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(f"steps must be an integer >= 1; got {steps!r}.")
+        if schedule not in MASKGIT_SCHEDULES:
+            raise ValueError(f"schedule must be one of {sorted(MASKGIT_SCHEDULES)}; got {schedule!r}.")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+            raise ValueError(f"temperature must be a number > 0; got {temperature!r}.")
+        if (
+            isinstance(randomize_temperature, bool)
+            or not isinstance(randomize_temperature, (int, float))
+            or not randomize_temperature >= 0
+        ):
+            raise ValueError(f"randomize_temperature must be a number >= 0; got {randomize_temperature!r}.")
+        if (
+            not isinstance(input_ids, torch.Tensor)
+            or input_ids.ndim != 2
+            or input_ids.dtype.is_floating_point
+        ):
+            raise ValueError(
+                "input_ids must be integer codes of shape (batch, num_positions); got "
+                f"{getattr(input_ids, 'shape', type(input_ids))}."
+            )
+        mask_id = self.mask_token_id
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) > mask_id):
+            raise ValueError(
+                f"input_ids must be codes in [0, {mask_id}) or [MASK] = {mask_id}; got values in "
+                f"[{int(input_ids.min())}, {int(input_ids.max())}]."
+            )
+        device = self.code_head.weight.device
+        if generator is None:
+            seed = int(torch.randint(0, 2**62, (1,))) if seed is None else seed
+            generator = torch.Generator(device).manual_seed(seed)
+        codes = input_ids.to(device).clone()
+        masked = codes == mask_id
+        counts = maskgit_schedule(masked.sum(-1), steps, schedule).to(device)  # (B, S)
+        sequences, unmasked_steps, confidence_steps = [codes.clone()], [], []
+        for step in range(steps):
+            logits = self(input_ids=codes, num_iterations=num_iterations, return_dict=True).logits
+            probs = (logits.float() / temperature).softmax(-1)  # (B, N, K)
+            sampled = torch.multinomial(probs.flatten(0, 1), 1, generator=generator).view(codes.shape)
+            confidence = probs.gather(-1, sampled[..., None]).squeeze(-1)  # (B, N)
+            uniform = torch.rand(codes.shape, generator=generator, device=device, dtype=probs.dtype)
+            gumbel = -torch.log(-torch.log(uniform.clamp(torch.finfo(probs.dtype).tiny, 1 - 1e-7)))
+            noisy = confidence.clamp_min(torch.finfo(probs.dtype).tiny).log()
+            noisy = noisy + randomize_temperature * (1 - step / steps) * gumbel
+            noisy = noisy.masked_fill(~masked, float("-inf"))  # known codes are not candidates
+            # rank of every position by noisy confidence (0: most confident); keep the first counts[:, step]
+            order = noisy.argsort(dim=-1, descending=True, stable=True)
+            rank = torch.empty_like(order).scatter_(
+                -1, order, torch.arange(order.shape[-1], device=device).expand_as(order)
+            )
+            keep = masked & (rank < counts[:, step : step + 1])
+            codes = torch.where(keep, sampled, codes)
+            confidence_steps.append(torch.where(masked, confidence, 0.0))
+            masked = masked & ~keep
+            sequences.append(codes.clone())
+            unmasked_steps.append(keep)
+        return MaskGITDecoderOutput(
+            codes=codes,
+            sequences=torch.stack(sequences),
+            unmasked=torch.stack(unmasked_steps),
+            confidences=torch.stack(confidence_steps),
+        )
+
+    def _masked_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over the positions whose label is not −100 (in float32 at least)."""
+        if labels.shape != logits.shape[:2]:
+            raise ValueError(
+                f"labels must have the shape of input_ids, {tuple(logits.shape[:2])}; got {tuple(labels.shape)}."
+            )
+        if not _is_tracing() and labels.numel():
+            bad = (labels != -100) & ((labels < 0) | (labels >= self.codebook_size))
+            if bool(bad.any()):
+                raise ValueError(
+                    f"labels must be codes in [0, codebook_size={self.codebook_size}) or -100 (no loss); got "
+                    f"{labels[bad][0].item()}."
+                )
+        labels = labels.to(logits.device)
+        losses = F.cross_entropy(
+            logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="none"
+        )
+        counted = (labels != -100).sum()
+        # a batch without masked positions has loss 0 (not the NaN of a mean over nothing)
+        return losses.sum() / counted.clamp_min(1)
+
+
 __all__ = [
+    "MASKGIT_SCHEDULES",
     "HyperSetEmbeddings",
     "HyperSetEnergies",
     "HyperSetForImageClassification",
+    "HyperSetForMaskedImageModeling",
     "HyperSetForSequenceClassification",
     "HyperSetForTokenClassification",
     "HyperSetHead",
+    "HyperSetMaskedImageModelingOutput",
     "HyperSetModel",
     "HyperSetModelOutput",
     "HyperSetPreTrainedModel",
     "HyperSetSequenceHead",
+    "MaskGITDecoderOutput",
     "RecurrentDepthMixin",
+    "maskgit_schedule",
 ]

@@ -147,7 +147,7 @@ class Case:
 
     @property
     def per_token(self) -> bool:
-        return self.auto_name == "AutoModelForTokenClassification"
+        return self.auto_name in ("AutoModelForTokenClassification", "AutoModelForMaskedImageModeling")
 
     @property
     def tiny(self) -> Tiny:

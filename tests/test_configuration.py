@@ -75,6 +75,10 @@ CROSS_FIELD: dict[str, list[tuple[dict[str, Any], str]]] = {
         (dict(input_type="sequence", vocab_size=0), 'vocab_size=0; input_type="sequence" needs'),
         (dict(time_embedding_dim=7), "time_embedding_dim=7; expected an even integer >= 4"),
         (dict(time_embedding_dim=2), "time_embedding_dim=2; expected an even integer >= 4"),
+        (
+            dict(iteration_conditioning="sinusoidal-no-mlp", time_embedding_dim=8),
+            "time_embedding_dim=8; iteration_conditioning='sinusoidal-no-mlp' adds the sinusoid to the state",
+        ),
         (dict(input_anchor=1.5), "input_anchor=1.5; expected a float in [0, 1]"),
         (dict(input_anchor=-0.1), "input_anchor=-0.1; expected a float in [0, 1]"),
         (dict(input_anchor="0.5"), "input_anchor='0.5'; expected a float in [0, 1]"),
@@ -156,6 +160,7 @@ CHOICE_NEEDS: dict[tuple[str, str, str], dict[str, Any]] = {
     ("hyperset", "position_embedding_type", "sincos-2d"): dict(input_type="sequence"),  # a 4 × 4 board
     ("hyperset", "attention_energy", "linear"): dict(feature_map="elu+1"),
     ("hyperset", "feedforward_energy", "gated"): dict(feature_map="elu+1"),
+    ("hyperset", "iteration_conditioning", "sinusoidal-no-mlp"): dict(time_embedding_dim=16),  # = hidden_size
 }
 
 

@@ -46,6 +46,10 @@ FIXTURE_METRICS = {
 }
 
 
+# Heads transformers has no pipeline for: masked image modelling over VQ codes (the Hub tag "fill-mask" names what
+# the head does; transformers' fill-mask pipeline loads masked-LM text models). Their export is checked without one.
+NO_PIPELINE = {"AutoModelForMaskedImageModeling"}
+
 # (model_type, Auto class, input_type, pipeline task) for every head of every registered family
 CASES = [(c.family, c.auto_name, c.input_type, task_of(c.input_type, c.auto_name)) for c in ALL]
 CASE_IDS = [f"{m}-{a.removeprefix('AutoModel') or 'Model'}-{i}" for m, a, i, _ in CASES]
@@ -161,8 +165,9 @@ for case in args["cases"]:
         x = case["pipeline_input"]
         if case["input_type"] == "image":
             x = Image.frombytes("RGB", (8, 8), bytes(x))
-        pipe = transformers.pipeline(case["task"], model=case["path"], trust_remote_code=True)
-        out["pipeline"] = plain(pipe(x))
+        if case["task"] is not None:
+            pipe = transformers.pipeline(case["task"], model=case["path"], trust_remote_code=True)
+            out["pipeline"] = plain(pipe(x))
         if case.get("card"):
             from huggingface_hub import ModelCard
             card = ModelCard.load(case["card"])
@@ -222,7 +227,7 @@ def exported(tmp_path_factory) -> dict[str, dict]:
             model = FAMILIES[model_type].heads[auto_class].from_pretrained(model_dir).eval()
             with torch.no_grad():
                 reference = head_output(model(**inputs))
-            pipe = pipeline(task, model=str(model_dir))
+            pipe = None if auto_class in NO_PIPELINE else pipeline(task, model=str(model_dir))
             out[case_id] = {
                 "model_type": model_type,
                 "auto_class": auto_class,
@@ -232,7 +237,7 @@ def exported(tmp_path_factory) -> dict[str, dict]:
                 "export_dir": export_dir,
                 "inputs": inputs,
                 "reference": reference,
-                "reference_pipeline": to_jsonable(pipe(pipeline_input(input_type))),
+                "reference_pipeline": None if pipe is None else to_jsonable(pipe(pipeline_input(input_type))),
             }
     return out
 
@@ -246,7 +251,7 @@ def remote(exported, tmp_path_factory) -> dict:
             "auto_class": case["auto_class"],
             "path": str(case["export_dir"]),
             "input_type": case["input_type"],
-            "task": case["task"],
+            "task": None if case["auto_class"] in NO_PIPELINE else case["task"],
             "inputs": {k: v.tolist() for k, v in case["inputs"].items()},
             "pipeline_input": PIPELINE_TEXT if case["input_type"] == "sequence" else pipeline_image_bytes(),
         }
@@ -269,7 +274,7 @@ def test_remote_code_logits_identical_to_package(exported, remote, case_id):
     assert torch.equal(torch.tensor(result["output"]), exported[case_id]["reference"])
 
 
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id", [i for i, c in zip(CASE_IDS, CASES) if c[1] not in NO_PIPELINE])
 def test_remote_code_pipeline_matches_package(exported, remote, case_id):
     result = remote["cases"][case_id]
     assert "error" not in result, result["error"]

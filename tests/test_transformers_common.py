@@ -47,6 +47,7 @@ from energyformers import (
     HyperBFForSequenceClassification,
     HyperBFModel,
     HyperSetForImageClassification,
+    HyperSetForMaskedImageModeling,
     HyperSetForSequenceClassification,
     HyperSetForTokenClassification,
     HyperSetModel,
@@ -87,6 +88,9 @@ AUTO_TABLES = {
     "AutoModelForImageClassification": modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
     "AutoModelForSequenceClassification": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
     "AutoModelForTokenClassification": modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+    # The mixin's masked-image-modelling inputs are BEiT's (pixels + `bool_masked_pos`). Ours reads code ids and
+    # takes per-position labels (−100: no loss), which is what the mixin gives masked-LM heads: that table.
+    "AutoModelForMaskedImageModeling": modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
 }
 
 
@@ -181,6 +185,21 @@ class HyperSetModelTester(EnergyModelTester):
         return config.num_hidden_layers * config.num_iterations
 
 
+class HyperSetMaskedImageModelingTester(HyperSetModelTester):
+    """The paper's masked-image-modelling structure (preset `mim-1-12-d`: 2-D sin-cos positions on a 4 × 4 grid,
+    step sizes from the sinusoid of t and x₀ without time MLP, RMSNorm head) at the tiny size; codebook 19 + [MASK]."""
+
+    overrides: ClassVar[dict[str, Any]] = dict(
+        HyperSetModelTester.overrides,
+        position_embedding_type="sincos-2d",
+        qkv_norm="shared",
+        step_size_condition="input",
+        iteration_conditioning="sinusoidal-no-mlp",
+        step_size_norm="rmsnorm-sum",
+        classifier_norm="rmsnorm",
+    )
+
+
 class IMixerModelTester(EnergyModelTester):
     family = "imixer"
     has_cls_token = False  # mean pooling over the patches
@@ -271,6 +290,11 @@ class HyperSetImageModelTest(_HyperSetAttentionDefault, _ImageTests, unittest.Te
 class HyperSetSequenceModelTest(_HyperSetAttentionDefault, _SequenceTests, unittest.TestCase):
     model_tester_class = HyperSetModelTester
     all_model_classes = (HyperSetModel, HyperSetForSequenceClassification, HyperSetForTokenClassification)
+
+
+class HyperSetMaskedImageModelingTest(_HyperSetAttentionDefault, _SequenceTests, unittest.TestCase):
+    model_tester_class = HyperSetMaskedImageModelingTester
+    all_model_classes = (HyperSetForMaskedImageModeling,)
 
 
 class IMixerImageModelTest(_ImageTests, unittest.TestCase):

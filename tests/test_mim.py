@@ -1,0 +1,299 @@
+"""Masked image modelling (the paper's third task): `HyperSetForMaskedImageModeling`, its presets, the authors'
+`hyperset_mim` fixture, MaskGIT decoding and the offline VQ tokenizer (`energyformers.mim`)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from energyformers import HyperSetConfig, HyperSetForMaskedImageModeling
+from energyformers.mim import PatchKMeansTokenizer, VQTokenizer, mask_codes, reconstruction_metrics
+from energyformers.modeling.modeling_hyperset import MASKGIT_SCHEDULES, maskgit_schedule
+
+FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "authors" / "hyperset_mim.safetensors"
+FIXTURE = FIXTURE if FIXTURE.is_file() else Path("/work/shared/fixtures/authors/hyperset_mim.safetensors")
+
+# official state_dict name -> ours (the fixture JSON's computation order gives each tensor's role)
+OFFICIAL_TO_OURS = {
+    "tok_emb.weight": "hyperset.embeddings.word_embeddings.weight",
+    "transformer.qkv.weight": "hyperset.layers.0.attention.qkv_proj.weight",
+    "transformer.ln1.weight": "hyperset.layers.0.attention.qkv_gain",  # one RMSNorm(d_h) for q, k and v
+    "transformer.mlp.weight": "hyperset.layers.0.feedforward.dictionary.weight",
+    "transformer.ln2.weight": "hyperset.layers.0.feedforward.norm.weight",
+    "transformer.time_mlp.1.0.weight": "hyperset.step_sizes.condition_norm.weight",  # RMSNorm(e_t + x₀)
+    "transformer.time_mlp.1.2.weight": "hyperset.step_sizes.proj.weight",
+    "transformer.time_mlp.1.2.bias": "hyperset.step_sizes.proj.bias",
+    "lm_head.0.weight": "layernorm.weight",
+    "lm_head.1.weight": "code_head.weight",
+    "lm_head.1.bias": "code_head.bias",
+}
+
+
+def fixture_config(**overrides) -> HyperSetConfig:
+    """The fixture's size (hyperset_mim.json constructor) in the paper's MIM structure (the preset's fields)."""
+    # intermediate_size 64: multiplier 2
+    size = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, time_embedding_dim=32)
+    return HyperSetConfig.from_preset("mim-1-12-d", **{**size, "num_iterations": 3, **overrides})
+
+
+def fixture_model(dtype: torch.dtype) -> tuple[HyperSetForMaskedImageModeling, dict[str, torch.Tensor]]:
+    tensors = load_file(FIXTURE)
+    model = HyperSetForMaskedImageModeling(fixture_config()).eval()
+    state = {ours: tensors[official] for official, ours in OFFICIAL_TO_OURS.items()}
+    state["hyperset.layers.0.attention.qkv_gain"] = state["hyperset.layers.0.attention.qkv_gain"][None]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and missing == [], (missing, unexpected)
+    return model.to(dtype), tensors
+
+
+@pytest.mark.parametrize("preset, paper", [("mim-1-12-d", 3.94e6), ("mim-1-24-8d", 8.07e6)])
+def test_presets_have_the_papers_parameter_counts(preset, paper):
+    with torch.device("meta"):
+        model = HyperSetForMaskedImageModeling(HyperSetConfig.from_preset(preset))
+    count = model.num_parameters()
+    # the paper rounds to 0.01 M (Table 2); the exact counts follow from the structure of mim.md
+    assert round(count / 1e6, 2) == paper / 1e6, f"{preset}: {count} parameters, paper {paper / 1e6:.2f} M"
+    assert count == {"mim-1-12-d": 3_937_856, "mim-1-24-8d": 8_072_000}[preset], count
+
+
+@pytest.mark.parametrize(
+    "dtype, tolerance",
+    # float64: the issue's acceptance bound (correct code lands near 1e-14 here); float32: the fixture README's
+    # suggested 1e-5 (its own float32-vs-float64 spread on these logits is 2.3e-6)
+    [(torch.float64, 1e-10), (torch.float32, 1e-5)],
+)
+def test_logits_match_the_authors_fixture(dtype, tolerance):
+    model, tensors = fixture_model(dtype)
+    tokens = tensors["golden/input/tokens"].flatten(1)  # (2, 256), 1024 = [MASK]
+    precision = "f64" if dtype == torch.float64 else "f32"
+    with torch.no_grad():
+        out = model(tokens, output_hidden_states=True)
+        longer = model(tokens, num_iterations=6).logits
+    checks = [
+        ("embeddings", out.hidden_states[0], tensors[f"golden/{precision}/embeddings"]),
+        ("final_state", out.hidden_states[-1], tensors[f"golden/{precision}/final_state"]),
+        ("logits", out.logits, tensors[f"golden/{precision}/logits"]),
+    ]
+    if dtype == torch.float64:
+        checks.append(("logits_n_recur_6", longer, tensors["golden/f64/logits_n_recur_6"]))
+    for name, got, expected in checks:
+        # logits: the absolute bound of the acceptance; the states (entries up to 60) carry rounding of their scale
+        scale = 1.0 if name.startswith("logits") else max(1.0, expected.abs().max().item())
+        error = (got - expected).abs().max().item()
+        assert error <= tolerance * scale, (
+            f"{name} ({dtype}): max |ours − authors'| = {error:.3g} > {tolerance:g} × scale {scale:.3g}"
+        )
+
+
+def test_loss_is_cross_entropy_on_the_masked_positions_only():
+    torch.manual_seed(0)
+    model = HyperSetForMaskedImageModeling(fixture_config(vocab_size=9, max_position_embeddings=16)).eval()
+    codes = torch.randint(0, 8, (2, 16))
+    masked = torch.zeros(2, 16, dtype=torch.bool)
+    masked[0, [1, 5]] = masked[1, [0, 7, 9]] = True
+    inputs = codes.masked_fill(masked, model.mask_token_id)
+    labels = codes.masked_fill(~masked, -100)
+    out = model(inputs, labels=labels)
+    expected = torch.nn.functional.cross_entropy(out.logits[masked], codes[masked])
+    torch.testing.assert_close(out.loss, expected, rtol=0, atol=1e-6)  # float32 rounding of a mean of 5 terms
+    nothing = model(inputs, labels=torch.full_like(labels, -100)).loss
+    assert nothing.item() == 0.0, f"no masked position must give loss 0, got {nothing.item()}"
+    assert out.logits.shape == (2, 16, 8), out.logits.shape  # the codebook, no logit for [MASK]
+
+
+def test_bad_labels_and_configs_fail_clearly():
+    torch.manual_seed(0)
+    model = HyperSetForMaskedImageModeling(fixture_config(vocab_size=9, max_position_embeddings=16)).eval()
+    ids = torch.zeros(1, 16, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"labels must be codes in \[0, codebook_size=8\).*got 8"):
+        model(ids, labels=torch.full((1, 16), 8))
+    with pytest.raises(ValueError, match="labels must have the shape of input_ids"):
+        model(ids, labels=torch.zeros(1, 15, dtype=torch.long))
+    with pytest.raises(
+        ValueError, match=r"invalid time_embedding_dim=16; .*'sinusoidal-no-mlp'.*hidden_size=32"
+    ):
+        fixture_config(time_embedding_dim=16)
+    with pytest.raises(ValueError, match="input_type='sequence'"):
+        HyperSetForMaskedImageModeling(HyperSetConfig(hidden_size=16, num_attention_heads=4))
+
+
+# ------------------------------------------------------------------------------------ MaskGIT decoding
+
+
+def tiny_trained_free_model(seed: int = 0) -> HyperSetForMaskedImageModeling:
+    """A 4 × 4 grid, codebook 8 + [MASK], with non-zero step sizes (moved off their zero initialisation)."""
+    torch.manual_seed(seed)
+    config = fixture_config(
+        hidden_size=16, num_attention_heads=4, intermediate_size=16, time_embedding_dim=16, vocab_size=9
+    )
+    config.max_position_embeddings = 16
+    model = HyperSetForMaskedImageModeling(config).eval()
+    with torch.no_grad():
+        model.hyperset.step_sizes.proj.weight.normal_(0, 0.1)
+    return model
+
+
+def test_schedules_give_maskgits_counts():
+    # linear over 4 steps for 16 masked: w = [0, 1/3, 2/3, 1] → round(16·w/2) = [0, 3, 5, 8], at least 1 →
+    # [1, 3, 5, 8], the last step takes what is left (16 − 17) → [1, 3, 5, 7]
+    counts = maskgit_schedule(torch.tensor([16, 0, 2]), 4, "linear")
+    assert counts.tolist() == [[1, 3, 5, 7], [0, 0, 0, 0], [1, 1, 0, 0]], counts.tolist()
+    for name in MASKGIT_SCHEDULES:
+        for masked, steps in ((256, 24), (102, 24), (7, 3), (1, 5)):
+            counts = maskgit_schedule(torch.tensor([masked]), steps, name)
+            assert counts.sum().item() == masked and (counts >= 0).all(), (
+                name,
+                masked,
+                steps,
+                counts.tolist(),
+            )
+    # arccos (the default) fixes few tokens first and most at the end
+    arccos = maskgit_schedule(torch.tensor([256]), 24, "arccos")[0]
+    assert arccos[0] < arccos[-1], arccos.tolist()
+
+
+def test_decode_is_seeded_fills_every_mask_and_keeps_known_codes():
+    model = tiny_trained_free_model()
+    g = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 8, (3, 16), generator=g)
+    masked = torch.rand(3, 16, generator=g) < 0.5
+    masked[2] = True  # one fully masked grid
+    inputs = codes.masked_fill(masked, model.mask_token_id)
+    first = model.decode(inputs, steps=4, schedule="linear", seed=7)
+    again = model.decode(inputs, steps=4, schedule="linear", seed=7)
+    other = model.decode(inputs, steps=4, schedule="linear", seed=8)
+    assert torch.equal(first.codes, again.codes) and torch.equal(first.confidences, again.confidences)
+    assert not torch.equal(first.sequences, other.sequences), "another seed must sample other codes"
+    assert (first.codes < model.codebook_size).all(), first.codes
+    assert torch.equal(first.codes[~masked], codes[~masked]), "known codes changed"
+    # the records: the grid before and after each step; each step fixes exactly the schedule's count
+    expected = maskgit_schedule(masked.sum(-1), 4, "linear")  # (B, S)
+    assert first.sequences.shape == (5, 3, 16) and torch.equal(first.sequences[0], inputs)
+    assert torch.equal(first.unmasked.sum(-1).T, expected), (first.unmasked.sum(-1).T, expected)
+    still_masked = (first.sequences[1:] == model.mask_token_id).sum(-1).T  # (B, S)
+    assert torch.equal(still_masked, masked.sum(-1, keepdim=True) - expected.cumsum(-1)), still_masked
+    fixed_confidence = first.confidences[first.unmasked]
+    assert ((fixed_confidence > 0) & (fixed_confidence <= 1)).all(), fixed_confidence
+
+
+def test_decode_without_masks_returns_the_input_and_checks_its_arguments():
+    model = tiny_trained_free_model()
+    codes = torch.randint(0, 8, (2, 16), generator=torch.Generator().manual_seed(0))
+    out = model.decode(codes, steps=1, seed=0)
+    assert torch.equal(out.codes, codes) and not out.unmasked.any()
+    for kwargs, message in (
+        (dict(steps=0), "steps must be an integer >= 1; got 0"),
+        (dict(schedule="cubic"), "schedule must be one of .*got 'cubic'"),
+        (dict(temperature=0.0), "temperature must be a number > 0; got 0.0"),
+        (dict(randomize_temperature=-1), "randomize_temperature must be a number >= 0; got -1"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            model.decode(codes, **kwargs)
+    with pytest.raises(
+        ValueError, match=r"input_ids must be codes in \[0, 8\) or \[MASK\] = 8; got values in"
+    ):
+        model.decode(codes + 5)
+
+
+# ------------------------------------------------------------------- offline tokenizer, end to end
+
+
+def digit_images() -> torch.Tensor:
+    """scikit-learn's 1,797 UCI digits (bundled, offline), 8×8 grey values 0..16 → 16×16 in [0, 1] (bilinear, so
+    2×2 patches are not all flat)."""
+    from sklearn.datasets import load_digits
+
+    images = torch.from_numpy(load_digits().images).float()[:, None] / 16.0
+    return torch.nn.functional.interpolate(images, scale_factor=2, mode="bilinear").clamp(0, 1)
+
+
+def test_patch_kmeans_tokenizer_round_trip_save_and_errors(tmp_path):
+    images = digit_images()[:300]
+    tokenizer = PatchKMeansTokenizer.fit(images, patch_size=2, codebook_size=16, seed=0)
+    codes = tokenizer.encode(images)
+    assert codes.shape == (300, 64) and 0 <= int(codes.min()) and int(codes.max()) < 16, codes.shape
+    decoded = tokenizer.decode(codes)
+    assert decoded.shape == images.shape
+    # a code decodes to its centroid, and a patch's code is its nearest centroid: re-encoding is a fixed point
+    assert torch.equal(tokenizer.encode(decoded), codes)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = PatchKMeansTokenizer.from_pretrained(tmp_path)
+    assert torch.equal(loaded.centroids, tokenizer.centroids) and loaded.image_size == (16, 16)
+    assert isinstance(loaded, VQTokenizer)
+    with pytest.raises(
+        ValueError, match=r"pixel_values must have shape \(batch, 1, 16, 16\); got \(2, 1, 8, 8\)"
+    ):
+        tokenizer.encode(torch.zeros(2, 1, 8, 8))
+    with pytest.raises(
+        ValueError, match=r"codes must lie in \[0, codebook_size=16\); got values in \[0, 16\]"
+    ):
+        tokenizer.decode(torch.full((1, 64), 16).index_fill(1, torch.tensor([0]), 0))
+    with pytest.raises(ValueError, match="ratio must be a fraction in"):
+        mask_codes(codes, 16, (0.5, 0.2))
+
+
+def test_offline_end_to_end_tokenize_train_mask_decode_measure():
+    """Real images → codes → a few training steps with the paper's masking → 40 % masked → MaskGIT decoding →
+    pixels → PSNR/SSIM; decoding the true codes gives the tokenizer's own bound, which no other codes exceed."""
+    images = digit_images()
+    train, test = images[:512], images[-64:]
+    tokenizer = PatchKMeansTokenizer.fit(train, patch_size=2, codebook_size=32, seed=0)
+    torch.manual_seed(0)
+    config = HyperSetConfig.from_preset(
+        "mim-1-12-d",
+        hidden_size=32,
+        num_attention_heads=4,
+        intermediate_size=64,
+        time_embedding_dim=32,
+        num_iterations=3,
+        vocab_size=tokenizer.codebook_size + 1,
+        max_position_embeddings=64,  # the 8 × 8 grid
+    )
+    model = HyperSetForMaskedImageModeling(config)
+    # the paper's optimiser (AdamW β = (0, 0.95), weight decay 0.1, clipping 3), a larger lr for a few steps
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.0, 0.95), weight_decay=0.1)
+    codes = tokenizer.encode(train)
+    g = torch.Generator().manual_seed(0)
+    losses = []
+    model.train()
+    for _ in range(40):
+        batch = codes[torch.randint(0, len(codes), (64,), generator=g)]
+        inputs, labels = mask_codes(
+            batch, model.mask_token_id, (0.0, 0.4), generator=g
+        )  # paper: r ~ U[0, 0.4]
+        loss = model(inputs, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 3.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    model.eval()
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < first, f"training did not lower the masked-token loss: {first:.3f} → {last:.3f}"
+
+    true_codes = tokenizer.encode(test)
+    inputs, _ = mask_codes(true_codes, model.mask_token_id, 0.4, generator=torch.Generator().manual_seed(1))
+    assert ((inputs == model.mask_token_id).sum(-1) == round(0.4 * 64)).all()
+    out = model.decode(inputs, steps=8, seed=0)
+    assert out.codes.shape == true_codes.shape and not (out.codes == model.mask_token_id).any()
+    reconstructed = tokenizer.decode(out.codes)
+    assert reconstructed.shape == test.shape
+    ours = reconstruction_metrics(reconstructed, test)
+    bound = reconstruction_metrics(tokenizer.decode(true_codes), test)
+    accuracy = (out.codes == true_codes)[inputs == model.mask_token_id].float().mean().item()
+    print(
+        f"masked-token accuracy {accuracy:.3f}; PSNR {ours['psnr']:.2f} dB (tokenizer bound {bound['psnr']:.2f}); "
+        f"SSIM {ours['ssim']:.3f} (bound {bound['ssim']:.3f})"
+    )
+    assert all(math.isfinite(v) for v in (*ours.values(), *bound.values())), (ours, bound)
+    # each patch's true code is its nearest centroid, so any other code can only raise that image's error
+    assert ours["psnr"] <= bound["psnr"] + 1e-9, (ours, bound)
+    # the bound is the tokenizer's own PSNR, computed independently here: 10 log10(1 / MSE) per image
+    mse = (tokenizer.decode(true_codes).double() - test.double()).pow(2).flatten(1).mean(1)
+    own = (10 * torch.log10(1 / mse)).mean().item()
+    # torchmetrics holds data_range in float32: agreement to a few float32 epsilons of the value
+    assert abs(bound["psnr"] - own) < 1e-6 * own, (bound["psnr"], own)
