@@ -192,3 +192,76 @@ def test_sudoku_paper_size_preset(hard: data.DatasetDict, tmp_path: Path) -> Non
     assert train.main(argv) == 0
     config = json.loads((out / "config.json").read_text())
     assert (config["hidden_size"], config["num_attention_heads"], config["num_iterations"]) == (768, 12, 24)
+
+
+# ------------------------------------------------------------------------------ deep supervision and augmentation
+
+
+@pytest.mark.parametrize("loop", [train, accelerate_loop], ids=["trainer", "accelerate"])
+@pytest.mark.parametrize("model", ["hyperset", "looped-transformer"])
+def test_deep_supervision_and_augmentation_flags_in_both_loops(
+    small_generated: None, tmp_path: Path, loop, model: str
+) -> None:
+    """Tiny runs with a loss on several iterations and augmented boards: the flags set the config fields of the same
+    name (saved in config.json) and the run is recorded with them."""
+    out = tmp_path / "sudoku"
+    supervision = (
+        ["--deep_supervision", "random", "--deep_supervision_samples", "3"]
+        if loop is accelerate_loop
+        else ["--deep_supervision", "every", "--deep_supervision_interval", "2"]
+    )
+    argv = [
+        "--model", model, "--dataset", "sudoku", "--config", *REDUCED, "--max_steps", "2", "--batch_size", "8",
+        *supervision, "--deep_supervision_weights", "linear", "--sudoku_augmentation",
+        "--num_predictions", "0", "--output_dir", str(out), "--disable_tqdm", "--num_threads", "1",
+    ]  # fmt: skip
+    assert loop.main(argv) == 0
+    config = json.loads((out / "config.json").read_text())
+    expected = {"deep_supervision": supervision[1], "deep_supervision_weights": "linear"}
+    expected[supervision[2].removeprefix("--")] = int(supervision[3])
+    assert {k: config[k] for k in expected} == expected
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["arguments"]["data"]["sudoku_augmentation"] is True
+    assert set(metrics["test"]) >= {"blank_cell_accuracy", "board_accuracy"}
+
+
+def test_sudoku_augmentation_transforms_the_training_split_only(
+    small_generated: None, tmp_path: Path
+) -> None:
+    from accelerate import PartialState
+
+    from energyformers.training.setup import build
+
+    raw = load_data("sudoku")
+    argv = [
+        "--dataset",
+        "sudoku",
+        "--config",
+        *REDUCED,
+        "--sudoku_augmentation",
+        "--output_dir",
+        str(tmp_path),
+    ]
+    built = build(train.parse(argv), PartialState())
+    moved = 0
+    for index in range(len(raw["train"])):
+        row, original = built.data["train"][index], raw["train"][index]
+        puzzle, labels = np.asarray(row["input_ids"]), np.asarray(row["labels"])
+        assert ((labels == -100) == (puzzle != 0)).all(), f"train row {index}: labels not on the blanks"
+        solution = np.where(puzzle == 0, labels + 1, puzzle)
+        assert is_valid_solution(solution), f"train row {index}: the augmented solution is not a valid board"
+        assert (puzzle != 0).sum() == original["givens"]
+        moved += grid(row["input_ids"]) != grid(original["input_ids"])
+    assert moved >= len(raw["train"]) - 1, f"only {moved} of {len(raw['train'])} training puzzles changed"
+    for split in ("validation", "test"):
+        for index in range(len(raw[split])):
+            assert built.data[split][index]["input_ids"] == raw[split][index]["input_ids"], f"{split} {index}"
+
+
+def test_sudoku_augmentation_needs_a_sudoku_dataset(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "model"
+    for loop in (train, accelerate_loop):
+        assert loop.main(["--dataset", "digits", "--sudoku_augmentation", "--output_dir", str(out)]) == 2
+        error = capsys.readouterr().err
+        assert "--sudoku_augmentation" in error and "digits" in error and "sudoku-hard" in error
+        assert not out.exists()

@@ -434,6 +434,11 @@ def build(args: Arguments, state: Any) -> Built:
         collator = DataCollatorWithPadding(processor)
     for split in data:
         data[split].set_transform(transform)
+    if args.data.sudoku_augmentation:  # training split only: evaluation reads the puzzles as they are
+        from .sudoku import SudokuAugmentation
+
+        augmentation = SudokuAugmentation(seed=args.run.seed + state.process_index)  # a stream per process
+        data["train"].set_transform(AugmentedTransform(augmentation, transform))
     try:  # the real preprocessing + forward on two examples: wrong sizes/ids fail now, not after an epoch
         batch = collator([data["train"][i] for i in range(min(2, len(data["train"])))])
         with torch.no_grad():
@@ -442,6 +447,18 @@ def build(args: Arguments, state: Any) -> Built:
         raise DataError(f"a training batch does not fit the model: {err}") from err
     model.train()
     return Built(model, data, processor, collator, task, warnings)
+
+
+@dataclass
+class AugmentedTransform:
+    """`Dataset.set_transform` callable: `augmentation` on the raw rows, then the preprocessing `transform`. A
+    class rather than a closure, so DataLoader workers started by spawn can pickle it."""
+
+    augmentation: Any
+    transform: Any
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, Any]:
+        return self.transform(self.augmentation(batch))
 
 
 def output_paths(args: Arguments) -> tuple[Path, Path]:
@@ -505,6 +522,7 @@ def warmup_steps(args: Arguments, total_steps: int, steps_per_epoch: int) -> int
 
 __all__ = [
     "DEFAULT_MAX_LENGTH",
+    "AugmentedTransform",
     "Built",
     "accepts",
     "auto_head",
