@@ -302,6 +302,13 @@ class RunArguments:
         default=None,
         metadata={"help": "evaluate every N steps (steps strategy); unset: a quarter of the run"},
     )
+    eval_iterations: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": "recurrent-depth models: at every evaluation also log the accuracy of the head run with "
+            "each of these iteration counts (eval_<metric>_iterations_<t>); unset: T/2, T and 2T"
+        },
+    )
     save_strategy: str | None = field(
         default=None,
         metadata={
@@ -542,6 +549,8 @@ def validate(args: Arguments) -> None:
     for name in ("eval_steps", "save_steps", "checkpointing_steps", "logging_steps", "num_threads"):
         value = getattr(r, name)
         _check(name, value, value is None or value >= 1, "an integer >= 1 (or leave it unset)")
+    for value in r.eval_iterations or ():
+        _check("eval_iterations", value, value >= 1, "iteration counts >= 1")
     if r.checkpointing_steps is not None:
         if r.save_strategy not in (None, "steps") or r.save_steps not in (None, r.checkpointing_steps):
             raise UsageError("--checkpointing_steps N is --save_strategy steps --save_steps N; pass one form")

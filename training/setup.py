@@ -423,6 +423,18 @@ def build(args: Arguments, state: Any) -> Built:
             if attention is None:
                 raise
             raise UsageError(f"--attn_implementation {attention}: {err}") from err
+    if args.run.eval_iterations and not hasattr(getattr(model, "base_model", model), "iteration_draws"):
+        raise UsageError(
+            f"--eval_iterations {' '.join(map(str, args.run.eval_iterations))}: {config.model_type} has no "
+            "recurrent depth (no per-call num_iterations); drop the flag"
+        )
+    supervised = getattr(config, "deep_supervision", "last")
+    if supervised != "last" and (args.augmentation.enabled or args.augmentation.label_smoothing > 0):
+        raise UsageError(
+            f"--deep_supervision {supervised}: the batch augmentation / label smoothing of this run computes the "
+            "training loss from the last logits outside the model, which would ignore the other iterations; "
+            "train without them or with --deep_supervision last"
+        )
     if args.run.gradient_checkpointing and not model.supports_gradient_checkpointing:
         raise UsageError(f"--gradient_checkpointing: {type(model).__name__} does not support it")
     if task == "token-classification":
