@@ -109,6 +109,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "halting_criterion": ("state", "energy"),
     "step_size_norm": ("rmsnorm", "none", "rmsnorm-sum"),
     "classifier_norm": ("layernorm", "rmsnorm"),
+    "deep_supervision": ("last", "all", "every", "random"),
+    "deep_supervision_weights": ("uniform", "linear"),
 }
 _BOOLEANS: tuple[str, ...] = ("classifier_bias",)
 _POSITIVE_INTS: tuple[str, ...] = (
@@ -121,6 +123,8 @@ _POSITIVE_INTS: tuple[str, ...] = (
     "patch_size",
     "num_channels",
     "max_position_embeddings",
+    "deep_supervision_interval",
+    "deep_supervision_samples",
 )
 _NON_NEGATIVE_INTS: tuple[str, ...] = ()
 _OPTIONAL_POSITIVE_INTS: tuple[str, ...] = ("min_iterations", "max_iterations", "backprop_iterations")
@@ -160,6 +164,10 @@ class RecurrentDepthConfig(PreTrainedConfig):
         max_iterations: int | None = None,
         iteration_sampling_sigma: float = 0.5,
         backprop_iterations: int | None = None,
+        deep_supervision: str = "last",
+        deep_supervision_interval: int = 2,
+        deep_supervision_samples: int = 2,
+        deep_supervision_weights: str = "uniform",
         image_size: int | list[int] = 224,
         patch_size: int = 16,
         num_channels: int = 3,
@@ -184,6 +192,11 @@ class RecurrentDepthConfig(PreTrainedConfig):
         self.max_iterations = max_iterations
         self.iteration_sampling_sigma = iteration_sampling_sigma
         self.backprop_iterations = backprop_iterations
+        # deep supervision: which iterations of the last layer the training loss reads, and their weights
+        self.deep_supervision = deep_supervision
+        self.deep_supervision_interval = deep_supervision_interval
+        self.deep_supervision_samples = deep_supervision_samples
+        self.deep_supervision_weights = deep_supervision_weights
         self.image_size = list(image_size) if isinstance(image_size, (list, tuple)) else image_size
         self.patch_size = patch_size
         self.num_channels = num_channels
@@ -358,6 +371,23 @@ class HyperSetConfig(RecurrentDepthConfig):
             k: only the last k of the L·T iterations are differentiated, the earlier ones run without gradient
             (truncated backpropagation through depth: backward memory and time independent of T; with L > 1 a
             layer whose iterations all come before the last k gets no gradient). `None` differentiates all.
+        deep_supervision (`str`, *optional*, defaults to `"last"`):
+            Which iterations of the last layer the training loss reads (the head — norm and classifier — is
+            applied to the state after each, and the loss is the weighted mean of their losses): `"last"` (the
+            paper: only iteration T), `"all"` (1..T), `"every"` (T, T − k, T − 2k, … with k =
+            `deep_supervision_interval`), `"random"` (T plus `deep_supervision_samples` − 1 others drawn per
+            training forward, seeded by the model's depth-draw count). Iterations are those of the T drawn for
+            the step (random depth); one run without gradient (before the last `backprop_iterations`) still adds
+            its loss but trains only the head. Eval mode always reports the last iteration's loss, the loss of the
+            logits returned (docs/hyperset.md, "Deep supervision").
+        deep_supervision_interval (`int`, *optional*, defaults to 2):
+            k of `deep_supervision="every"`: the supervised iterations step back from T by k.
+        deep_supervision_samples (`int`, *optional*, defaults to 2):
+            n of `deep_supervision="random"`: iterations supervised per training forward, the last included (at
+            most T).
+        deep_supervision_weights (`str`, *optional*, defaults to `"uniform"`):
+            Weights of the supervised iterations' losses: `"uniform"` or `"linear"` (iteration t weighs t, so
+            later iterations count more); normalised to sum to 1.
         halting_tolerance (`float`, *optional*):
             ε of adaptive halting at inference (eval mode): a sample stops iterating once its relative state
             change ‖x_{t+1} − x_t‖ / ‖x_t‖ (or relative energy decrease) falls below ε, at num_iterations at
@@ -421,6 +451,10 @@ class HyperSetConfig(RecurrentDepthConfig):
         max_iterations: int | None = None,
         iteration_sampling_sigma: float = 0.5,
         backprop_iterations: int | None = None,
+        deep_supervision: str = "last",
+        deep_supervision_interval: int = 2,
+        deep_supervision_samples: int = 2,
+        deep_supervision_weights: str = "uniform",
         halting_tolerance: float | None = None,
         halting_criterion: str = "state",
         image_size: int | list[int] = 224,

@@ -66,6 +66,14 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
             σ of the log-normal rate of `"poisson-lognormal"`.
         backprop_iterations (`int`, *optional*):
             Differentiate only the last k of the L·T iterations (truncated backpropagation through depth).
+        deep_supervision (`str`, *optional*, defaults to `"last"`):
+            Which iterations the training loss reads, as Hyper-SET's: `"last"`, `"all"`, `"every"` or `"random"`.
+        deep_supervision_interval (`int`, *optional*, defaults to 2):
+            k of `"every"` (iterations T, T − k, …).
+        deep_supervision_samples (`int`, *optional*, defaults to 2):
+            n of `"random"` (the last iteration plus n − 1 drawn per training forward).
+        deep_supervision_weights (`str`, *optional*, defaults to `"uniform"`):
+            `"uniform"` or `"linear"` (iteration t weighs t) weights of the supervised iterations' losses.
         image_size (`int` or `list[int]`, *optional*, defaults to 224):
             Input resolution (height, width).
         patch_size (`int`, *optional*, defaults to 16):
@@ -107,6 +115,10 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         max_iterations: int | None = None,
         iteration_sampling_sigma: float = 0.5,
         backprop_iterations: int | None = None,
+        deep_supervision: str = "last",
+        deep_supervision_interval: int = 2,
+        deep_supervision_samples: int = 2,
+        deep_supervision_weights: str = "uniform",
         image_size: int | list[int] = 224,
         patch_size: int = 16,
         num_channels: int = 3,

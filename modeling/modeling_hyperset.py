@@ -786,6 +786,95 @@ def sample_num_iterations(config: HyperSetConfig, draw: int) -> int:
     return min(max(1 + int(torch.poisson(tau.exp(), generator=generator)), low), high)
 
 
+def supervised_iterations(
+    config: PreTrainedConfig, num_iterations: int, draw: int | None = None
+) -> list[int]:
+    """The iterations (1-based, ascending, the last one always included) whose states the training loss reads
+    under `config.deep_supervision`, for a forward of `num_iterations` iterations.
+
+    `"every"` steps back from T by `deep_supervision_interval`; `"random"` adds `deep_supervision_samples` − 1
+    iterations drawn without replacement from 1..T − 1, from a generator seeded by `draw` (the model's depth-draw
+    count, so every process of a distributed run supervises the same iterations) in a stream of its own (seed
+    2**32 + draw: the depth draw of the same forward uses seed `draw`).
+    """
+    mode, last = config.deep_supervision, num_iterations
+    if mode == "all":
+        return list(range(1, last + 1))
+    if mode == "every":
+        return list(range(last, 0, -config.deep_supervision_interval))[::-1]
+    if mode == "random":
+        if draw is None:
+            raise ValueError('deep_supervision="random" needs a draw index (the model\'s iteration_draws).')
+        extra = min(config.deep_supervision_samples, last) - 1
+        generator = torch.Generator().manual_seed((1 << 32) + draw)
+        picked = (torch.randperm(last - 1, generator=generator)[:extra] + 1).tolist()
+        return [*sorted(picked), last]
+    return [last]
+
+
+def supervision_weights(config: PreTrainedConfig, iterations: list[int]) -> list[float]:
+    """The weights of `iterations`' losses (sum 1): equal (`"uniform"`) or proportional to t (`"linear"`)."""
+    raw = (
+        [1.0] * len(iterations)
+        if config.deep_supervision_weights == "uniform"
+        else [float(t) for t in iterations]
+    )
+    total = sum(raw)
+    return [value / total for value in raw]
+
+
+def classify_with_deep_supervision(
+    head: PreTrainedModel, backbone: nn.Module, labels: torch.Tensor | None, backbone_inputs: dict
+) -> tuple[ModelOutput, torch.Tensor, torch.Tensor | None]:
+    """(backbone outputs, logits, loss) of a recurrent-depth head (`HyperSetHead`, `LoopedTransformerHead`): the
+    backbone on `backbone_inputs`, the head's norm and classifier on the last state, and the loss of `labels`.
+
+    In training with `config.deep_supervision` other than `"last"` the loss is the weighted mean of the losses of
+    the head applied to the states after the supervised iterations of the last layer (`supervised_iterations`,
+    from the T this forward ran); the logits returned stay the last iteration's. With `"last"`, and always in
+    eval mode, the loss is that of the returned logits alone, computed as it always was.
+    """
+    config = head.config
+    supervise = labels is not None and head.training and config.deep_supervision != "last"
+    requested_states = backbone_inputs.get("output_hidden_states")
+    if requested_states is None:
+        requested_states = config.output_hidden_states
+    draw = backbone.iteration_draws if supervise and config.deep_supervision == "random" else None
+    if supervise:  # the per-iteration states; kept by autograd in training anyway
+        backbone_inputs = {**backbone_inputs, "output_hidden_states": True}
+    outputs = backbone(**backbone_inputs, return_dict=True)
+    if draw is not None and backbone_inputs.get("num_iterations") is not None:
+        backbone.iteration_draws += (
+            1  # the backbone drew nothing for a per-call T: one draw per forward still
+        )
+    features = outputs.last_hidden_state if head._per_token else outputs.pooler_output
+    logits = head.classifier(head.layernorm(features))
+    if labels is None:
+        return outputs, logits, None
+    if not supervise:
+        return outputs, logits, head._loss(logits, labels)
+    states, num_layers = outputs.hidden_states, len(backbone.layers)
+    num_iterations = (len(states) - 1) // num_layers
+    attention_mask = backbone_inputs.get("attention_mask")
+    keep = None if attention_mask is None else attention_mask.bool()
+    chosen = supervised_iterations(config, num_iterations, draw)
+    losses = []
+    for t in chosen:
+        if t == num_iterations:
+            losses.append(head._loss(logits, labels))  # the returned logits: the head is not applied twice
+            continue
+        state = states[(num_layers - 1) * num_iterations + t]  # after iteration t of the last layer
+        features = state if head._per_token else backbone._pool(state, keep)
+        losses.append(head._loss(head.classifier(head.layernorm(features)), labels))
+    weights = torch.tensor(
+        supervision_weights(config, chosen), dtype=losses[0].dtype, device=losses[0].device
+    )
+    loss = (torch.stack(losses) * weights).sum()
+    if not requested_states:
+        outputs.hidden_states = None
+    return outputs, logits, loss
+
+
 class RecurrentDepthMixin:
     """The depth schedule of a backbone that iterates weight-tied layers (`self.layers`, each applied T times):
     Hyper-SET's `HyperSetModel` and the looped-Transformer baseline's `LoopedTransformerModel` use this one
@@ -794,9 +883,11 @@ class RecurrentDepthMixin:
     * T of a call: the per-call value, else in training a draw of `config.iteration_sampling`
       (`sample_num_iterations`, seeded by the count `iteration_draws`), else `config.num_iterations`;
     * k, the iterations differentiated (truncated backpropagation through depth): the last k of all L·T;
-    * `iteration_draws`: training forwards that drew a depth, the seed of the next draw. Every process counts its
-      own forwards, so all ranks of a distributed run draw the same depth at each step; the training loops set
-      it from the global step when they resume.
+    * `iteration_draws`: training forwards that drew a depth or a random deep-supervision subset
+      (`supervised_iterations`), the seed of the next draw; one per forward, shared by both. Every process counts
+      its own forwards, so all ranks of a distributed run draw the same at each step; the training loops set it
+      from the global step when they resume. Nothing is counted when nothing is random, so a compiled fixed-depth
+      model sees no changing attribute.
     """
 
     iteration_draws: int = 0
@@ -804,7 +895,8 @@ class RecurrentDepthMixin:
     def _num_iterations(self, requested: int | None) -> int:
         """This call's T: the request, else a depth drawn by `iteration_sampling` (training), else the config's."""
         if requested is None:
-            if not self.training or self.config.iteration_sampling == "fixed":
+            random_subset = self.config.deep_supervision == "random"
+            if not self.training or (self.config.iteration_sampling == "fixed" and not random_subset):
                 return self.config.num_iterations
             self.iteration_draws += 1
             return sample_num_iterations(self.config, self.iteration_draws - 1)
@@ -824,6 +916,14 @@ class RecurrentDepthMixin:
                 f"got {requested!r}."
             )
         return requested
+
+    def _pool(self, hidden_states: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+        """The classifier input of a state `(B, N, d)`: its first token (`"cls"`) or the mean over the real tokens;
+        the image CLS token is no patch (timm's mean pooling)."""
+        if self.config.pooling == "cls":
+            return hidden_states[:, 0]
+        prefix = self.embeddings.num_prefix_tokens
+        return masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
 
     @staticmethod
     def _iteration_grad(
@@ -1096,11 +1196,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             energies = HyperSetEnergies(
                 *(torch.stack(values, dim=1) for values in zip(*per_layer_diagnostics))  # (B, L, T + 1[, H])
             )
-        if self.config.pooling == "cls":
-            pooled = hidden_states[:, 0]
-        else:  # mean over the real tokens; the image CLS token is no patch (timm's mean pooling)
-            prefix = self.embeddings.num_prefix_tokens
-            pooled = masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
+        pooled = self._pool(hidden_states, keep)
         output = HyperSetModelOutput(
             last_hidden_state=hidden_states,
             pooler_output=pooled,
@@ -1228,17 +1324,10 @@ class HyperSetHead(HyperSetPreTrainedModel):
         self, labels: torch.Tensor | None, return_dict: bool | None, **backbone_inputs: object
     ) -> ModelOutput | tuple:
         """The backbone on `backbone_inputs`, the classifier on its pooled token (or every token), the loss of
-        `labels` by `config.problem_type` (transformers' `loss_function` for this head's class name)."""
+        `labels` by `config.problem_type` (transformers' `loss_function` for this head's class name); in training,
+        the weighted mean over the iterations `config.deep_supervision` names (`classify_with_deep_supervision`)."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.hyperset(**backbone_inputs, return_dict=True)
-        features = outputs.last_hidden_state if self._per_token else outputs.pooler_output
-        logits = self.classifier(self.layernorm(features))
-        loss = None
-        if (
-            labels is not None
-        ):  # transformers' token-classification loss takes (logits, labels), the others not
-            arguments = (logits, labels) if self._per_token else (labels, logits)
-            loss = self.loss_function(*arguments, self.config)
+        outputs, logits, loss = classify_with_deep_supervision(self, self.hyperset, labels, backbone_inputs)
         output = self._output_class(
             loss=loss,
             logits=logits,
@@ -1248,6 +1337,12 @@ class HyperSetHead(HyperSetPreTrainedModel):
             iterations_used=outputs.iterations_used,
         )
         return output if return_dict else output.to_tuple()
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The loss of `logits` by `config.problem_type`; transformers' token-classification loss takes (logits,
+        labels), the others (labels, logits)."""
+        arguments = (logits, labels) if self._per_token else (labels, logits)
+        return self.loss_function(*arguments, self.config)
 
 
 class HyperSetForImageClassification(HyperSetHead):

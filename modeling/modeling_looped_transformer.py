@@ -40,8 +40,8 @@ from .modeling_hyperset import (
     HyperSetEmbeddings,
     RecurrentDepthMixin,
     check_head_input_type,
+    classify_with_deep_supervision,
     fixed_positions,
-    masked_mean,
     route_main_input,
 )
 
@@ -262,11 +262,7 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
                 if output_attentions:
                     all_attentions += (probs,)
 
-        if self.config.pooling == "cls":
-            pooled = hidden_states[:, 0]
-        else:  # mean over the real tokens; the image CLS token is no patch
-            prefix = self.embeddings.num_prefix_tokens
-            pooled = masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
+        pooled = self._pool(hidden_states, keep)
         output = BaseModelOutputWithPooling(
             last_hidden_state=hidden_states,
             pooler_output=pooled,
@@ -298,21 +294,21 @@ class LoopedTransformerHead(LoopedTransformerPreTrainedModel):
         self, labels: torch.Tensor | None, return_dict: bool | None, **backbone_inputs: object
     ) -> ModelOutput | tuple:
         """The backbone on `backbone_inputs`, the classifier on its pooled token (or every token), the loss of
-        `labels` by `config.problem_type` (transformers' `loss_function` for this head's class name)."""
+        `labels` by `config.problem_type` (transformers' `loss_function` for this head's class name); in training,
+        the weighted mean over the iterations `config.deep_supervision` names (`classify_with_deep_supervision`)."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.looped_transformer(**backbone_inputs, return_dict=True)
-        features = outputs.last_hidden_state if self._per_token else outputs.pooler_output
-        logits = self.classifier(self.layernorm(features))
-        loss = None
-        if (
-            labels is not None
-        ):  # transformers' token-classification loss takes (logits, labels), the others not
-            arguments = (logits, labels) if self._per_token else (labels, logits)
-            loss = self.loss_function(*arguments, self.config)
+        backbone = self.looped_transformer
+        outputs, logits, loss = classify_with_deep_supervision(self, backbone, labels, backbone_inputs)
         output = self._output_class(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
         return output if return_dict else output.to_tuple()
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The loss of `logits` by `config.problem_type`; transformers' token-classification loss takes (logits,
+        labels), the others (labels, logits)."""
+        arguments = (logits, labels) if self._per_token else (labels, logits)
+        return self.loss_function(*arguments, self.config)
 
 
 class LoopedTransformerForImageClassification(LoopedTransformerHead):

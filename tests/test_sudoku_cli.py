@@ -192,3 +192,165 @@ def test_sudoku_paper_size_preset(hard: data.DatasetDict, tmp_path: Path) -> Non
     assert train.main(argv) == 0
     config = json.loads((out / "config.json").read_text())
     assert (config["hidden_size"], config["num_attention_heads"], config["num_iterations"]) == (768, 12, 24)
+
+
+# ------------------------------------------------------------------------------ deep supervision and augmentation
+
+
+@pytest.mark.parametrize("loop", [train, accelerate_loop], ids=["trainer", "accelerate"])
+@pytest.mark.parametrize("model", ["hyperset", "looped-transformer"])
+def test_deep_supervision_and_augmentation_flags_in_both_loops(
+    small_generated: None, tmp_path: Path, loop, model: str
+) -> None:
+    """Tiny runs with a loss on several iterations and augmented boards: the flags set the config fields of the same
+    name (saved in config.json) and the run is recorded with them."""
+    out = tmp_path / "sudoku"
+    supervision = (
+        ["--deep_supervision", "random", "--deep_supervision_samples", "3"]
+        if loop is accelerate_loop
+        else ["--deep_supervision", "every", "--deep_supervision_interval", "2"]
+    )
+    argv = [
+        "--model", model, "--dataset", "sudoku", "--config", *REDUCED, "--max_steps", "2", "--batch_size", "8",
+        *supervision, "--deep_supervision_weights", "linear", "--sudoku_augmentation",
+        "--num_predictions", "0", "--output_dir", str(out), "--disable_tqdm", "--num_threads", "1",
+    ]  # fmt: skip
+    assert loop.main(argv) == 0
+    config = json.loads((out / "config.json").read_text())
+    expected = {"deep_supervision": supervision[1], "deep_supervision_weights": "linear"}
+    expected[supervision[2].removeprefix("--")] = int(supervision[3])
+    assert {k: config[k] for k in expected} == expected
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["arguments"]["data"]["sudoku_augmentation"] is True
+    assert set(metrics["test"]) >= {"blank_cell_accuracy", "board_accuracy"}
+
+
+def test_sudoku_augmentation_transforms_the_training_split_only(
+    small_generated: None, tmp_path: Path
+) -> None:
+    from accelerate import PartialState
+
+    from energyformers.training.setup import build
+
+    raw = load_data("sudoku")
+    argv = [
+        "--dataset",
+        "sudoku",
+        "--config",
+        *REDUCED,
+        "--sudoku_augmentation",
+        "--output_dir",
+        str(tmp_path),
+    ]
+    built = build(train.parse(argv), PartialState())
+    moved = 0
+    for index in range(len(raw["train"])):
+        row, original = built.data["train"][index], raw["train"][index]
+        puzzle, labels = np.asarray(row["input_ids"]), np.asarray(row["labels"])
+        assert ((labels == -100) == (puzzle != 0)).all(), f"train row {index}: labels not on the blanks"
+        solution = np.where(puzzle == 0, labels + 1, puzzle)
+        assert is_valid_solution(solution), f"train row {index}: the augmented solution is not a valid board"
+        assert (puzzle != 0).sum() == original["givens"]
+        moved += grid(row["input_ids"]) != grid(original["input_ids"])
+    assert moved >= len(raw["train"]) - 1, f"only {moved} of {len(raw['train'])} training puzzles changed"
+    for split in ("validation", "test"):
+        for index in range(len(raw[split])):
+            assert built.data[split][index]["input_ids"] == raw[split][index]["input_ids"], f"{split} {index}"
+
+
+def test_sudoku_augmentation_needs_a_sudoku_dataset(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "model"
+    for loop in (train, accelerate_loop):
+        assert loop.main(["--dataset", "digits", "--sudoku_augmentation", "--output_dir", str(out)]) == 2
+        error = capsys.readouterr().err
+        assert "--sudoku_augmentation" in error and "digits" in error and "sudoku-hard" in error
+        assert not out.exists()
+
+
+# ------------------------------------------------------------------------------ accuracy over depth during training
+
+
+def saved_blank_cell_accuracy(folder: Path, split: data.Dataset, num_iterations: int) -> float:
+    """The saved model's blank-cell accuracy on `split` at `num_iterations`, computed here from scratch."""
+    import torch
+    from transformers import AutoModelForTokenClassification
+
+    model = AutoModelForTokenClassification.from_pretrained(folder).eval()
+    ids, labels = torch.tensor(split["input_ids"], dtype=torch.long), np.asarray(split["labels"])
+    with torch.no_grad():
+        predictions = model(input_ids=ids, num_iterations=num_iterations).logits.argmax(-1).numpy()
+    return task_metrics("token-classification", predictions, labels)["blank_cell_accuracy"]
+
+
+@pytest.mark.parametrize("loop", [train, accelerate_loop], ids=["trainer", "accelerate"])
+def test_accuracy_at_several_depths_is_logged_at_every_evaluation(
+    small_generated: None, tmp_path: Path, loop
+) -> None:
+    out = tmp_path / "sudoku"
+    argv = [
+        "--dataset", "sudoku", "--config", *REDUCED, "--max_steps", "4", "--eval_steps", "2", "--batch_size", "8",
+        "--num_predictions", "0", "--output_dir", str(out), "--disable_tqdm", "--num_threads", "1",
+    ]  # fmt: skip
+    assert loop.main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    keys = [f"eval_blank_cell_accuracy_iterations_{t}" for t in (2, 4, 8)]  # T/2, T, 2T of T = 4
+    logged = [entry for entry in metrics["log_history"] if keys[0] in entry]
+    # at both evaluations of the run (Trainer logs its final evaluation too, at the last step again)
+    assert sorted({entry["step"] for entry in logged}) == [2, 4], metrics["log_history"]
+    assert all(set(keys) <= set(entry) and all(0 <= entry[k] <= 1 for k in keys) for entry in logged)
+    final = metrics["eval"]
+    assert final["blank_cell_accuracy_iterations_4"] == pytest.approx(final["blank_cell_accuracy"], abs=1e-12)
+    validation = load_data("sudoku")["validation"]
+    for t in (2, 8):  # the logged numbers are the saved model's accuracy at that depth
+        expected = saved_blank_cell_accuracy(out, validation, t)
+        assert final[f"blank_cell_accuracy_iterations_{t}"] == pytest.approx(expected, abs=1e-12), t
+    assert "test_blank_cell_accuracy_iterations_4" not in json.dumps(metrics["test"])
+
+
+def test_eval_iterations_sets_the_depths_and_needs_recurrent_depth(
+    small_generated: None, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "sudoku"
+    argv = [
+        "--dataset", "sudoku", "--config", *REDUCED, "--max_steps", "1", "--batch_size", "8",
+        "--eval_iterations", "1", "12", "--num_predictions", "0", "--output_dir", str(out), "--disable_tqdm",
+    ]  # fmt: skip
+    assert accelerate_loop.main(argv) == 0
+    final = json.loads((out / "metrics.json").read_text())["eval"]
+    assert sorted(k for k in final if "_iterations_" in k) == [
+        "blank_cell_accuracy_iterations_1",
+        "blank_cell_accuracy_iterations_12",
+    ]
+    refused = tmp_path / "imixer"
+    argv = [
+        "--model",
+        "imixer",
+        "--dataset",
+        "digits",
+        "--eval_iterations",
+        "2",
+        "--output_dir",
+        str(refused),
+    ]
+    assert train.main(argv) == 2
+    error = capsys.readouterr().err
+    assert "--eval_iterations 2" in error and "imixer" in error and not refused.exists()
+
+
+def test_deep_supervision_refuses_a_loss_computed_outside_the_model(
+    small_generated: None, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "sudoku"
+    argv = [
+        "--dataset",
+        "sudoku",
+        "--deep_supervision",
+        "all",
+        "--label_smoothing",
+        "0.1",
+        "--output_dir",
+        str(out),
+    ]
+    assert accelerate_loop.main(argv) == 2
+    error = capsys.readouterr().err
+    assert "--deep_supervision all" in error and "label smoothing" in error and not out.exists()

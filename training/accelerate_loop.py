@@ -77,7 +77,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
 
-    from .evaluation import load_metrics
+    from .evaluation import depth_metrics, eval_depths, load_metrics
     from .optimization import TrainingLoss, check_schedule, make_scheduler, param_groups, plan_schedule
     from .run_folder import RunResult, finish_run, leave_nothing_behind
     from .setup import build, check_precision, continue_iteration_draws, find_checkpoint, output_paths
@@ -156,11 +156,20 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
         # sampled depths (iteration_sampling) continue where the interrupted run stopped
         continue_iteration_draws(accelerator.unwrap_model(model), step, run_args.gradient_accumulation_steps)
 
+        depths = eval_depths(accelerator.unwrap_model(model), run_args.eval_iterations)
+
+        def with_depths(loader_: DataLoader) -> dict[str, float]:
+            """The split's loss and metrics, and the accuracy at each depth of `depths` (`depth_metrics`)."""
+            metrics = evaluate_split(model, loader_, accelerator, task)
+            if depths:
+                metrics.update(depth_metrics(model, loader_, accelerator.gather_for_metrics, task, depths))
+            return metrics
+
         def evaluate(loader_: DataLoader) -> dict[str, float]:
             if ema is None:
-                return evaluate_split(model, loader_, accelerator, task)
+                return with_depths(loader_)
             with ema.averaged_weights(accelerator.unwrap_model(model)):
-                return evaluate_split(model, loader_, accelerator, task)
+                return with_depths(loader_)
 
         def log_window(extra: dict[str, float]) -> None:
             """Log the mean loss since the last log and add the window to the run's loss sum."""
@@ -262,7 +271,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
             on_train_end(accelerator.unwrap_model(model), accelerator)
         if ema is not None:  # the saved and evaluated model is the average
             ema.copy_to(accelerator.unwrap_model(model))
-        eval_metrics = evaluate_split(model, eval_dl, accelerator, task)
+        eval_metrics = with_depths(eval_dl)
         test_metrics = evaluate_split(model, test_dl, accelerator, task)
         accelerator.wait_for_everyone()
     if accelerator.is_main_process:

@@ -34,7 +34,13 @@ DEPTH_FIELDS = (
     "min_iterations",
     "max_iterations",
     "backprop_iterations",
+    "deep_supervision",
+    "deep_supervision_interval",
+    "deep_supervision_samples",
+    "deep_supervision_weights",
 )
+# The built-in datasets `--sudoku_augmentation` applies to (9 × 9 boards, training/sudoku.py).
+SUDOKU_DATASETS = ("sudoku", "sudoku-hard")
 # Model-config fields a flag of ModelArguments may set (None = not given: the config's value stays).
 CONFIG_FIELDS = (*DEPTH_FIELDS, "drop_path_rate")
 
@@ -112,6 +118,31 @@ class ModelArguments:
         default=None,
         metadata={"help": "differentiate only the last k iterations (truncated backprop); unset: all"},
     )
+    deep_supervision: str | None = field(
+        default=None,
+        metadata={
+            "choices": ["last", "all", "every", "random"],
+            "help": "iterations the training loss reads (Hyper-SET, looped baseline): 'last' (the paper), 'all', "
+            "'every' k-th back from the last, or a 'random' subset per step; unset: the config's",
+        },
+    )
+    deep_supervision_interval: int | None = field(
+        default=None, metadata={"help": "k of --deep_supervision every; unset: the config's"}
+    )
+    deep_supervision_samples: int | None = field(
+        default=None,
+        metadata={
+            "help": "n of --deep_supervision random (the last iteration included); unset: the config's"
+        },
+    )
+    deep_supervision_weights: str | None = field(
+        default=None,
+        metadata={
+            "choices": ["uniform", "linear"],
+            "help": "weights of the supervised iterations' losses ('linear': iteration t weighs t); unset: "
+            "the config's",
+        },
+    )
     drop_path_rate: float | None = field(
         default=None,
         metadata={
@@ -154,6 +185,14 @@ class DataArguments:
         default=None, metadata={"help": "use the first N validation examples"}
     )
     max_test_samples: int | None = field(default=None, metadata={"help": "use the first N test examples"})
+    sudoku_augmentation: bool = field(
+        default=False,
+        metadata={
+            "help": "sudoku and sudoku-hard: a fresh random validity-preserving symmetry of every training "
+            "puzzle each time it is read (digit relabelling, row/column and band/stack permutations, "
+            "transposition); training split only"
+        },
+    )
     max_length: int | None = field(
         default=None, metadata={"help": "text: longest tokenized input; unset: 128 (spam: 256)"}
     )
@@ -262,6 +301,13 @@ class RunArguments:
     eval_steps: int | None = field(
         default=None,
         metadata={"help": "evaluate every N steps (steps strategy); unset: a quarter of the run"},
+    )
+    eval_iterations: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": "recurrent-depth models: at every evaluation also log the accuracy of the head run with "
+            "each of these iteration counts (eval_<metric>_iterations_<t>); unset: T/2, T and 2T"
+        },
     )
     save_strategy: str | None = field(
         default=None,
@@ -426,7 +472,13 @@ def validate(args: Arguments) -> None:
     """
     m, d, r, a = args.model, args.data, args.run, args.augmentation
     _take_attn_implementation_from_config(m)
-    for name in ("min_iterations", "max_iterations", "backprop_iterations"):
+    for name in (
+        "min_iterations",
+        "max_iterations",
+        "backprop_iterations",
+        "deep_supervision_interval",
+        "deep_supervision_samples",
+    ):
         value = getattr(m, name)
         _check(name, value, value is None or value >= 1, "an integer >= 1")
     _check(
@@ -438,6 +490,11 @@ def validate(args: Arguments) -> None:
     for name in ("max_train_samples", "max_eval_samples", "max_test_samples", "max_length"):
         value = getattr(d, name)
         _check(name, value, value is None or value >= 1, "an integer >= 1 (or leave it unset)")
+    if d.sudoku_augmentation and d.dataset not in SUDOKU_DATASETS:
+        raise UsageError(
+            f"--sudoku_augmentation: --dataset {d.dataset} is not a Sudoku dataset; the symmetries apply to the "
+            f"built-in boards only ({', '.join(SUDOKU_DATASETS)})"
+        )
     _check("vocab_size", d.vocab_size, d.vocab_size >= 8, "an integer >= 8 (special tokens + characters)")
 
     lr = r.learning_rate
@@ -492,6 +549,8 @@ def validate(args: Arguments) -> None:
     for name in ("eval_steps", "save_steps", "checkpointing_steps", "logging_steps", "num_threads"):
         value = getattr(r, name)
         _check(name, value, value is None or value >= 1, "an integer >= 1 (or leave it unset)")
+    for value in r.eval_iterations or ():
+        _check("eval_iterations", value, value >= 1, "iteration counts >= 1")
     if r.checkpointing_steps is not None:
         if r.save_strategy not in (None, "steps") or r.save_steps not in (None, r.checkpointing_steps):
             raise UsageError("--checkpointing_steps N is --save_strategy steps --save_steps N; pass one form")
@@ -606,6 +665,7 @@ __all__ = [
     "CONFIG_FIELDS",
     "DATACLASSES",
     "DEPTH_FIELDS",
+    "SUDOKU_DATASETS",
     "Arguments",
     "AugmentationFlags",
     "DataArguments",

@@ -468,6 +468,18 @@ def build(args: Arguments, state: Any) -> Built:
             if attention is None:
                 raise
             raise UsageError(f"--attn_implementation {attention}: {err}") from err
+    if args.run.eval_iterations and not hasattr(getattr(model, "base_model", model), "iteration_draws"):
+        raise UsageError(
+            f"--eval_iterations {' '.join(map(str, args.run.eval_iterations))}: {config.model_type} has no "
+            "recurrent depth (no per-call num_iterations); drop the flag"
+        )
+    supervised = getattr(config, "deep_supervision", "last")
+    if supervised != "last" and (args.augmentation.enabled or args.augmentation.label_smoothing > 0):
+        raise UsageError(
+            f"--deep_supervision {supervised}: the batch augmentation / label smoothing of this run computes the "
+            "training loss from the last logits outside the model, which would ignore the other iterations; "
+            "train without them or with --deep_supervision last"
+        )
     if args.run.gradient_checkpointing and not model.supports_gradient_checkpointing:
         raise UsageError(f"--gradient_checkpointing: {type(model).__name__} does not support it")
     if task == "token-classification":
@@ -479,6 +491,11 @@ def build(args: Arguments, state: Any) -> Built:
         collator = DataCollatorWithPadding(processor)
     for split in data:
         data[split].set_transform(transform)
+    if args.data.sudoku_augmentation:  # training split only: evaluation reads the puzzles as they are
+        from .sudoku import SudokuAugmentation
+
+        augmentation = SudokuAugmentation(seed=args.run.seed + state.process_index)  # a stream per process
+        data["train"].set_transform(AugmentedTransform(augmentation, transform))
     try:  # the real preprocessing + forward on two examples: wrong sizes/ids fail now, not after an epoch
         batch = collator([data["train"][i] for i in range(min(2, len(data["train"])))])
         with torch.no_grad():
@@ -487,6 +504,18 @@ def build(args: Arguments, state: Any) -> Built:
         raise DataError(f"a training batch does not fit the model: {err}") from err
     model.train()
     return Built(model, data, processor, collator, task, warnings)
+
+
+@dataclass
+class AugmentedTransform:
+    """`Dataset.set_transform` callable: `augmentation` on the raw rows, then the preprocessing `transform`. A
+    class rather than a closure, so DataLoader workers started by spawn can pickle it."""
+
+    augmentation: Any
+    transform: Any
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, Any]:
+        return self.transform(self.augmentation(batch))
 
 
 def output_paths(args: Arguments) -> tuple[Path, Path]:
@@ -550,6 +579,7 @@ def warmup_steps(args: Arguments, total_steps: int, steps_per_epoch: int) -> int
 
 __all__ = [
     "DEFAULT_MAX_LENGTH",
+    "AugmentedTransform",
     "Built",
     "accepts",
     "auto_head",

@@ -83,6 +83,33 @@ def build_trainer_classes() -> tuple[type, type, type]:
             loss, outputs = self.training_loss(model, inputs)
             return (loss, outputs) if return_outputs else loss
 
+        # (task, depths) of the per-iteration accuracy logged at every evaluation (`evaluation.depth_metrics`)
+        depth_evaluation: tuple[str, list[int]] | None = None
+
+        def evaluate(
+            self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"
+        ) -> dict[str, float]:
+            """Trainer's evaluation; on the validation split also the accuracy at each depth of
+            `depth_evaluation`, logged as its own entry at the same step and returned with the metrics."""
+            metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+            if self.depth_evaluation is None or metric_key_prefix != "eval" or not self.depth_evaluation[1]:
+                return metrics
+            from .evaluation import depth_metrics
+
+            task, depths = self.depth_evaluation
+            loader = self.get_eval_dataloader(eval_dataset)
+            with self.autocast_smart_context_manager():
+                extra = depth_metrics(
+                    self.model,
+                    loader,
+                    self.accelerator.gather_for_metrics,
+                    task,
+                    depths,
+                    f"{metric_key_prefix}_",
+                )
+            self.log(extra)
+            return {**metrics, **extra}
+
         def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
             if self.lr_scheduler is None:
                 self.lr_scheduler = make_scheduler(
@@ -174,7 +201,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
     import torch
     from accelerate import PartialState
 
-    from .evaluation import load_metrics, task_metrics
+    from .evaluation import eval_depths, load_metrics, task_metrics
     from .optimization import TrainingLoss, check_schedule, plan_schedule
     from .run_folder import RunResult, finish_run, leave_nothing_behind
     from .setup import build, find_checkpoint, output_paths
@@ -242,6 +269,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             run_args=args,
             schedule=schedule,
         )
+        trainer.depth_evaluation = (built.task, eval_depths(built.model, args.run.eval_iterations))
         initial_step = 0
         if resume_from is not None:
             initial_step = json.loads((resume_from / "trainer_state.json").read_text())["global_step"]
