@@ -26,3 +26,12 @@ def _seeded() -> None:
     """Every test draws from the same random state whichever tests ran before it, so the suite passes in any order
     (pytest-randomly shuffles it; its own reseeding covers `random` and NumPy but not torch)."""
     transformers.set_seed(SEED)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """The order's seed, also under `-q` (which hides pytest-randomly's header): replay with --randomly-seed=N."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if seed is not None:
+        terminalreporter.write_line(
+            f"test order: pytest-randomly seed {seed} (replay: --randomly-seed={seed})"
+        )

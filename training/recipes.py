@@ -179,8 +179,7 @@ TRAINING_KEYS: tuple[str, ...] = (
     "per_device_train_batch_size",
 )
 
-# The papers' recipes (the tables of /work/shared/specs/recipes.md, copied from the papers and the authors'
-# configs). Every value carries its source in the comment on its line: "HS" = the Hyper-SET paper, "iMixer" = the
+# The papers' recipes (their training tables, copied from the papers and the authors' configs). Every value carries its source in the comment on its line: "HS" = the Hyper-SET paper, "iMixer" = the
 # iMixer paper, "memo 143" = the HyperBF CBMM memo. Where a paper and the authors' code disagree, the paper's
 # table is the value and the code's value is named in the comment as the alternative. Where a paper gives no
 # value, the comment says "not given" and names what is filled in. How the papers' global batch maps to
