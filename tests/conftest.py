@@ -1,4 +1,5 @@
 import os
+from collections.abc import Iterator
 
 # No test may reach the network (Hub, dataset downloads); set before transformers is imported.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -26,6 +27,26 @@ def _seeded() -> None:
     """Every test draws from the same random state whichever tests ran before it, so the suite passes in any order
     (pytest-randomly shuffles it; its own reseeding covers `random` and NumPy but not torch)."""
     transformers.set_seed(SEED)
+
+
+@pytest.fixture(autouse=True)
+def _logging_kept() -> Iterator[None]:
+    """A test that leaves transformers' logging changed (a CLI run in-process quieting it) fails here, and the state
+    is put back: tests that capture transformers' warnings (its own common tests) must not depend on what ran before.
+    """
+    before = (transformers.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled())
+    yield
+    after = (transformers.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled())
+    if after != before:
+        transformers.logging.set_verbosity(before[0])
+        (
+            transformers.utils.logging.enable_progress_bar
+            if before[1]
+            else transformers.utils.logging.disable_progress_bar
+        )()
+        pytest.fail(
+            f"transformers' (verbosity, progress bars) changed from {before} to {after} and was not restored"
+        )
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

@@ -249,6 +249,27 @@ def test_predict_passes_the_depth_flags_to_the_model_call(hyperset_folder, capsy
     assert max(abs(a - b) for a, b in zip(shallow, deep)) > 1e-4, (shallow, deep)
 
 
+def test_an_in_process_command_gives_the_caller_its_logging_state_back(hyperset_folder, capsys):
+    """`predict` and `inspect` quiet transformers for themselves; a notebook (or a test) that runs them keeps its own
+    verbosity and progress bars, whether the command succeeds or stops on bad input."""
+    import transformers
+
+    folder, image = hyperset_folder
+    logging = transformers.utils.logging
+    before = (logging.get_verbosity(), logging.is_progress_bar_enabled())
+    try:
+        logging.set_verbosity_info()
+        logging.enable_progress_bar()
+        assert predict.main([str(folder), str(image)]) == 0
+        assert predict.main([str(folder), str(image), "--num_iterations", "0"]) == 2
+        after = (logging.get_verbosity(), logging.is_progress_bar_enabled())
+    finally:
+        logging.set_verbosity(before[0])
+        (logging.enable_progress_bar if before[1] else logging.disable_progress_bar)()
+    capsys.readouterr()
+    assert after == (transformers.logging.INFO, True), f"(verbosity, progress bars) after predict: {after}"
+
+
 def test_predict_refuses_a_depth_flag_the_model_does_not_take(hyperset_folder, capsys):
     folder, image = hyperset_folder
     assert predict.main([str(folder), str(image), "--fixed_point_solver", "anderson"]) == 2

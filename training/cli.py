@@ -10,7 +10,9 @@ Every sub-command follows one convention, kept here in `run_command` and nowhere
   errors; a command raises `UsageError` for these;
 * an expected failure of the work itself (the Hub refused an upload): one line and status 1 (`CommandFailed`);
 * any other exception (a bug, a failing disk): its traceback and status 1;
-* interrupted (Ctrl-C): status 130 (128 + SIGINT).
+* interrupted (Ctrl-C): status 130 (128 + SIGINT);
+* a command may quiet transformers' logging and progress bars for itself; `run_command` gives an in-process
+  caller (a notebook, a test) its own logging state back afterwards.
 
 `run_command` parses and checks the arguments first and only then imports the models (torch, transformers'
 modeling code), so an argument error is reported in about a second (`import energyformers` itself loads nothing
@@ -73,6 +75,7 @@ def run_command(
     Returns the exit status; the one place that maps exceptions to statuses and messages.
     """
     prog = f"energyformers {command}"
+    logging_state = _transformers_logging_state()
     try:
         parsed = parse(argv)
         import energyformers.registry  # noqa: F401  (the models load, and register, only for good arguments)
@@ -93,6 +96,27 @@ def run_command(
         traceback.print_exc()
         print(f"{prog}: error: unexpected failure (traceback above)", file=sys.stderr)
         return RUNTIME_ERROR
+    finally:
+        _restore_transformers_logging(logging_state)
+
+
+def _transformers_logging_state() -> tuple[int, bool] | None:
+    """(verbosity, progress bars on) of transformers' logging when it is loaded; None when it is not yet (nothing
+    is imported for it: `--help` stays light)."""
+    logging = sys.modules.get("transformers.utils.logging")
+    return None if logging is None else (logging.get_verbosity(), logging.is_progress_bar_enabled())
+
+
+def _restore_transformers_logging(state: tuple[int, bool] | None) -> None:
+    """Put back `state` (`_transformers_logging_state`); transformers' defaults when it was not loaded before."""
+    logging = sys.modules.get("transformers.utils.logging")
+    if logging is None:
+        return
+    if state is None:  # transformers' start-up level (its TRANSFORMERS_VERBOSITY, else warning), bars on
+        state = (getattr(logging, "_get_default_logging_level", lambda: logging.WARNING)(), True)
+    verbosity, progress_bars = state
+    logging.set_verbosity(verbosity)
+    (logging.enable_progress_bar if progress_bars else logging.disable_progress_bar)()
 
 
 def _usage() -> str:

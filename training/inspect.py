@@ -665,14 +665,10 @@ def execute(args: argparse.Namespace) -> int:
     import torch
     import transformers
 
-    verbosity = transformers.logging.get_verbosity()  # restored: an in-process caller keeps its own
-    transformers.logging.set_verbosity_error()
+    transformers.logging.set_verbosity_error()  # `run_command` restores the caller's level afterwards
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
-    try:
-        report = run(args)
-    finally:
-        transformers.logging.set_verbosity(verbosity)
+    report = run(args)
     for name in report["figures"]:
         print(Path(args.output_dir) / name)
     print(Path(args.output_dir) / "inspect.json")

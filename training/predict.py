@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
 
     from energyformers import INPUT_TYPES
 
-    transformers.logging.set_verbosity_error()
+    transformers.logging.set_verbosity_error()  # `run_command` restores the caller's logging afterwards
     transformers.utils.logging.disable_progress_bar()
     try:
         config = transformers.AutoConfig.from_pretrained(
