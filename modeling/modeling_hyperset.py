@@ -1153,7 +1153,10 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         iterations_used = None if halting is None else torch.zeros_like(real_tokens[:, 0], dtype=torch.long)
         per_layer_diagnostics = []
         for index, layer in enumerate(self.layers):
-            anchor = hidden_states  # x₀ of the anchor energy: the state entering this layer
+            # x₀ of the anchor energy: the state entering this layer. A compiled region must not receive an unused
+            # tensor that aliases another input (torch.compile then reuses the traced iteration with its inputs
+            # shifted), so what an iteration does not read is passed as None.
+            anchor = hidden_states if self.config.input_anchor else None
             if halting is not None:
                 hidden_states, used = self._iterate_until_halted(
                     layer,
@@ -1170,6 +1173,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             records = [self._diagnostics(layer, hidden_states, real_tokens)] if output_energies else None
             for t in range(num_iterations):
                 source = embedded if self.config.step_size_condition == "input" else hidden_states
+                source = None if fixed_step_sizes is not None else source  # [α | γ] given: not read
                 # truncated backpropagation through depth: only the last k of the L·T iterations build a graph
                 with self._iteration_grad(index, t, num_iterations, backprop_iterations, len(self.layers)):
                     hidden_states, probs = layer(

@@ -156,3 +156,33 @@ def test_constant_step_sizes_are_computed_once(halting, monkeypatch):
         if reference_grad is not None:
             # one sum of the step sizes' gradient over the iterations instead of one per iteration: rounding only
             torch.testing.assert_close(grad, reference_grad, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_step_sizes_computed_once_compile_and_train(attn_implementation):
+    """The Sudoku preset computes [α | γ] once per forward and passes them to every iteration; the traced iteration
+    is reused for all T, so it must get the same inputs each time (an unused input aliasing another once shifted
+    them: the wrong tensor arrived as the step sizes)."""
+    from energyformers import HyperSetConfig, HyperSetForTokenClassification
+
+    torch._dynamo.reset()
+    config = HyperSetConfig.from_preset(
+        "sudoku", hidden_size=16, num_attention_heads=2, intermediate_size=64, num_iterations=3
+    )
+    model = perturb(
+        HyperSetForTokenClassification._from_config(config, attn_implementation=attn_implementation)
+    )
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 10, (2, 81), generator=generator)
+    labels = torch.randint(0, 9, (2, 81), generator=generator)
+    compiled = torch.compile(model.eval(), fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids=ids).logits, model(input_ids=ids).logits)
+    model.train()
+    compiled(input_ids=ids, labels=labels).loss.backward()
+    compiled_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    model(input_ids=ids, labels=labels).loss.backward()
+    for name, parameter in model.named_parameters():
+        if parameter.grad is not None:
+            torch.testing.assert_close(compiled_grads[name], parameter.grad, msg=labelled(name))

@@ -89,7 +89,7 @@ def test_smoke_run_compiles(gpu_speed, tmp_path):
     ]
     report = gpu_speed.main([*arguments, "--output_dir", str(tmp_path)])
     (group,) = report["groups"].values()
-    assert report["compile_backend"] == "eager"  # smoke: dynamo capture without code generation
+    assert report["compile_backend"] == "aot_eager"  # smoke: capture + AOT autograd, no code generation
     for entry in group["variants"].values():
         assert entry["compiled"]["inference"]["median_s"] > 0 and "train" not in entry["compiled"]
 
