@@ -112,7 +112,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "deep_supervision": ("last", "all", "every", "random"),
     "deep_supervision_weights": ("uniform", "linear"),
 }
-_BOOLEANS: tuple[str, ...] = ("classifier_bias",)
+_BOOLEANS: tuple[str, ...] = ("classifier_bias", "halting_head")
 _POSITIVE_INTS: tuple[str, ...] = (
     "hidden_size",
     "num_attention_heads",
@@ -125,11 +125,17 @@ _POSITIVE_INTS: tuple[str, ...] = (
     "max_position_embeddings",
     "deep_supervision_interval",
     "deep_supervision_samples",
+    "supervision_steps",
 )
 _NON_NEGATIVE_INTS: tuple[str, ...] = ()
 _OPTIONAL_POSITIVE_INTS: tuple[str, ...] = ("min_iterations", "max_iterations", "backprop_iterations")
 _PROBABILITIES: tuple[str, ...] = ()
-_POSITIVE_FLOATS: tuple[str, ...] = ("layer_norm_eps", "initializer_range", "iteration_sampling_sigma")
+_POSITIVE_FLOATS: tuple[str, ...] = (
+    "layer_norm_eps",
+    "initializer_range",
+    "iteration_sampling_sigma",
+    "halting_loss_weight",
+)
 _OPTIONAL_POSITIVE_FLOATS: tuple[str, ...] = ("rms_norm_eps", "halting_tolerance")
 _IMAGE_SIZES: tuple[str, ...] = ("image_size",)
 # φ of attention_energy="linear" and feedforward_energy="gated" (the authors' `hyper-set-alt-attn` choices); `None`
@@ -168,6 +174,9 @@ class RecurrentDepthConfig(PreTrainedConfig):
         deep_supervision_interval: int = 2,
         deep_supervision_samples: int = 2,
         deep_supervision_weights: str = "uniform",
+        supervision_steps: int = 1,
+        halting_head: bool = False,
+        halting_loss_weight: float = 0.5,
         image_size: int | list[int] = 224,
         patch_size: int = 16,
         num_channels: int = 3,
@@ -197,6 +206,11 @@ class RecurrentDepthConfig(PreTrainedConfig):
         self.deep_supervision_interval = deep_supervision_interval
         self.deep_supervision_samples = deep_supervision_samples
         self.deep_supervision_weights = deep_supervision_weights
+        # supervision steps: S outer steps of T iterations, the state carried between them without gradient, and
+        # an optional learned halting head that stops a sample's outer steps at inference
+        self.supervision_steps = supervision_steps
+        self.halting_head = halting_head
+        self.halting_loss_weight = halting_loss_weight
         self.image_size = list(image_size) if isinstance(image_size, (list, tuple)) else image_size
         self.patch_size = patch_size
         self.num_channels = num_channels
@@ -388,6 +402,19 @@ class HyperSetConfig(RecurrentDepthConfig):
         deep_supervision_weights (`str`, *optional*, defaults to `"uniform"`):
             Weights of the supervised iterations' losses: `"uniform"` or `"linear"` (iteration t weighs t, so
             later iterations count more); normalised to sum to 1.
+        supervision_steps (`int`, *optional*, defaults to 1):
+            S outer steps of T iterations each (HRM / TRM style): step s + 1 starts from the state step s ended
+            in, detached (no gradient flows between steps); in training each step adds its loss (with
+            `deep_supervision` inside the step) and the loss is their mean, one optimizer step per batch; at
+            inference the heads run S·T iterations unless the halting head stops a sample earlier. 1 = one
+            forward of T iterations, as the paper (docs/hyperset.md, "Supervision steps").
+        halting_head (`bool`, *optional*, defaults to `False`):
+            Add a Linear(d, 1) halting classifier on the normed pooled state after every outer step, trained
+            with BCE to predict "this step's answer is correct" (every supervised token, or the sample's class);
+            at inference a sample stops after the first step whose probability exceeds `halting_threshold`
+            (a call argument, 0.5). Off: no extra parameter, the paper's model.
+        halting_loss_weight (`float`, *optional*, defaults to 0.5):
+            Weight of the halting head's BCE (mean over steps) added to the task loss (TRM's 0.5).
         halting_tolerance (`float`, *optional*):
             ε of adaptive halting at inference (eval mode): a sample stops iterating once its relative state
             change ‖x_{t+1} − x_t‖ / ‖x_t‖ (or relative energy decrease) falls below ε, at num_iterations at
@@ -455,6 +482,9 @@ class HyperSetConfig(RecurrentDepthConfig):
         deep_supervision_interval: int = 2,
         deep_supervision_samples: int = 2,
         deep_supervision_weights: str = "uniform",
+        supervision_steps: int = 1,
+        halting_head: bool = False,
+        halting_loss_weight: float = 0.5,
         halting_tolerance: float | None = None,
         halting_criterion: str = "state",
         image_size: int | list[int] = 224,

@@ -74,6 +74,12 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
             n of `"random"` (the last iteration plus n − 1 drawn per training forward).
         deep_supervision_weights (`str`, *optional*, defaults to `"uniform"`):
             `"uniform"` or `"linear"` (iteration t weighs t) weights of the supervised iterations' losses.
+        supervision_steps (`int`, *optional*, defaults to 1):
+            S outer steps of T iterations with a detached carry, as Hyper-SET's.
+        halting_head (`bool`, *optional*, defaults to `False`):
+            A learned halting classifier on the pooled state after every outer step, as Hyper-SET's.
+        halting_loss_weight (`float`, *optional*, defaults to 0.5):
+            Weight of the halting head's BCE in the training loss, as Hyper-SET's.
         image_size (`int` or `list[int]`, *optional*, defaults to 224):
             Input resolution (height, width).
         patch_size (`int`, *optional*, defaults to 16):
@@ -119,6 +125,9 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         deep_supervision_interval: int = 2,
         deep_supervision_samples: int = 2,
         deep_supervision_weights: str = "uniform",
+        supervision_steps: int = 1,
+        halting_head: bool = False,
+        halting_loss_weight: float = 0.5,
         image_size: int | list[int] = 224,
         patch_size: int = 16,
         num_channels: int = 3,

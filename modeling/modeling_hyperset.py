@@ -60,28 +60,50 @@ class HyperSetModelOutput(BaseModelOutputWithPooling):
     `hidden_states` holds the embedding output and then the state after every iteration of every
     layer (1 + L·T tensors); `attentions` holds the bi-softmax maps P of every iteration (L·T tensors).
     `iterations_used` (`(batch,)` long, with adaptive halting): the iterations each sample ran, over all layers.
+    `final_energy` (`(batch,)`, with `output_final_energy=True`): Σ over layers of E_ATTN + E_FF of the state each
+    layer's last iteration left (the verifier of test-time search).
     """
 
     energies: HyperSetEnergies | None = None
     iterations_used: torch.LongTensor | None = None
+    final_energy: torch.FloatTensor | None = None
 
 
+# The fields the heads add to transformers' classifier outputs (documented once, in `HyperSetHead.classify`).
 @dataclass
 class HyperSetImageClassifierOutput(ImageClassifierOutput):
     energies: HyperSetEnergies | None = None
     iterations_used: torch.LongTensor | None = None
+    supervision_steps_used: torch.LongTensor | None = None
+    halting_probabilities: torch.FloatTensor | None = None
+    search_chosen: torch.LongTensor | None = None
+    search_energies: torch.FloatTensor | None = None
+    search_confidences: torch.FloatTensor | None = None
+    search_valid_boards: torch.BoolTensor | None = None
 
 
 @dataclass
 class HyperSetSequenceClassifierOutput(SequenceClassifierOutput):
     energies: HyperSetEnergies | None = None
     iterations_used: torch.LongTensor | None = None
+    supervision_steps_used: torch.LongTensor | None = None
+    halting_probabilities: torch.FloatTensor | None = None
+    search_chosen: torch.LongTensor | None = None
+    search_energies: torch.FloatTensor | None = None
+    search_confidences: torch.FloatTensor | None = None
+    search_valid_boards: torch.BoolTensor | None = None
 
 
 @dataclass
 class HyperSetTokenClassifierOutput(TokenClassifierOutput):
     energies: HyperSetEnergies | None = None
     iterations_used: torch.LongTensor | None = None
+    supervision_steps_used: torch.LongTensor | None = None
+    halting_probabilities: torch.FloatTensor | None = None
+    search_chosen: torch.LongTensor | None = None
+    search_energies: torch.FloatTensor | None = None
+    search_confidences: torch.FloatTensor | None = None
+    search_valid_boards: torch.BoolTensor | None = None
 
 
 def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
@@ -330,6 +352,17 @@ def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor
         return values.mean(1)
     weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
     return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+
+
+def check_initial_state(initial_state: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+    """`initial_state` checked against the embedding output `(B, N, d)` it replaces, in the model's dtype."""
+    if not isinstance(initial_state, torch.Tensor) or initial_state.shape != embedded.shape:
+        shape = tuple(initial_state.shape) if isinstance(initial_state, torch.Tensor) else type(initial_state)
+        raise ValueError(
+            f"initial_state must have the shape of the embedding output (batch, num_tokens, hidden_size) = "
+            f"{tuple(embedded.shape)}; got {shape}."
+        )
+    return initial_state.to(device=embedded.device, dtype=embedded.dtype)
 
 
 # --- bi-softmax attention implementations: (q, k, v, keep) → (output, maps or None) ---
@@ -823,30 +856,23 @@ def supervision_weights(config: PreTrainedConfig, iterations: list[int]) -> list
     return [value / total for value in raw]
 
 
-def classify_with_deep_supervision(
-    head: PreTrainedModel, backbone: nn.Module, labels: torch.Tensor | None, backbone_inputs: dict
+def _supervision_step(
+    head: PreTrainedModel,
+    backbone: nn.Module,
+    labels: torch.Tensor | None,
+    backbone_inputs: dict,
+    draw: int | None,
+    requested_states: bool,
 ) -> tuple[ModelOutput, torch.Tensor, torch.Tensor | None]:
-    """(backbone outputs, logits, loss) of a recurrent-depth head (`HyperSetHead`, `LoopedTransformerHead`): the
-    backbone on `backbone_inputs`, the head's norm and classifier on the last state, and the loss of `labels`.
-
-    In training with `config.deep_supervision` other than `"last"` the loss is the weighted mean of the losses of
-    the head applied to the states after the supervised iterations of the last layer (`supervised_iterations`,
-    from the T this forward ran); the logits returned stay the last iteration's. With `"last"`, and always in
-    eval mode, the loss is that of the returned logits alone, computed as it always was.
-    """
+    """One backbone call of T iterations (`backbone_inputs` name the T), the head on its last state, and the loss of
+    `labels`: in training with `config.deep_supervision` other than `"last"` the weighted mean of the losses of the
+    head on the states after the supervised iterations of the last layer (`supervised_iterations`, `draw` seeding a
+    random subset), else the loss of the returned logits alone."""
     config = head.config
     supervise = labels is not None and head.training and config.deep_supervision != "last"
-    requested_states = backbone_inputs.get("output_hidden_states")
-    if requested_states is None:
-        requested_states = config.output_hidden_states
-    draw = backbone.iteration_draws if supervise and config.deep_supervision == "random" else None
     if supervise:  # the per-iteration states; kept by autograd in training anyway
         backbone_inputs = {**backbone_inputs, "output_hidden_states": True}
     outputs = backbone(**backbone_inputs, return_dict=True)
-    if draw is not None and backbone_inputs.get("num_iterations") is not None:
-        backbone.iteration_draws += (
-            1  # the backbone drew nothing for a per-call T: one draw per forward still
-        )
     features = outputs.last_hidden_state if head._per_token else outputs.pooler_output
     logits = head.classifier(head.layernorm(features))
     if labels is None:
@@ -873,6 +899,400 @@ def classify_with_deep_supervision(
     if not requested_states:
         outputs.hidden_states = None
     return outputs, logits, loss
+
+
+def halting_targets(head: PreTrainedModel, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The halting head's BCE target `(B,)` float: 1 where the answer of `logits` is complete and correct.
+
+    Per-token heads: every supervised token (label ≠ −100) predicted right (a sample without one counts as right).
+    Pooled heads: the predicted class is the label (integer labels), or every label's sign is right (multi-label
+    float labels). Regression has no "correct" answer: a `ValueError`.
+    """
+    logits, labels = logits.detach(), labels.to(logits.device)
+    if head._per_token:
+        right = (logits.argmax(-1) == labels) | (labels == -100)
+        return right.flatten(1).all(-1).to(logits.dtype)
+    if head.config.problem_type == "regression" or head.config.num_labels == 1:
+        raise ValueError(
+            "halting_head=True needs a classification target (a correct / wrong answer); this head's "
+            f"problem_type={head.config.problem_type!r} with num_labels={head.config.num_labels} is a regression."
+        )
+    if labels.is_floating_point():  # multi-label: each label's sign
+        return ((logits > 0) == (labels > 0.5)).all(-1).to(logits.dtype)
+    return (logits.argmax(-1) == labels).to(logits.dtype)
+
+
+def _batch_size(backbone_inputs: dict) -> int:
+    for name in ("pixel_values", "input_ids", "inputs_embeds"):
+        if backbone_inputs.get(name) is not None:
+            return backbone_inputs[name].shape[0]
+    raise ValueError("pass pixel_values, input_ids or inputs_embeds.")  # the backbone's own check says which
+
+
+# Batch-first inputs of a backbone call, subset for the samples still running under the halting head.
+_BATCH_INPUTS = ("pixel_values", "input_ids", "attention_mask", "inputs_embeds", "initial_state")
+
+
+def classify_with_deep_supervision(
+    head: PreTrainedModel,
+    backbone: nn.Module,
+    labels: torch.Tensor | None,
+    backbone_inputs: dict,
+    halting_threshold: float | None = None,
+) -> tuple[ModelOutput, torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor | None]]:
+    """(backbone outputs, logits, loss, step fields) of a recurrent-depth head (`HyperSetHead`,
+    `LoopedTransformerHead`) over `config.supervision_steps` S outer steps of T iterations.
+
+    One T per forward (drawn once under random depth, with one random deep-supervision draw) serves all S steps.
+    Step s + 1 starts (`initial_state`) from the state step s ended in, detached; `backbone_inputs` may hold an
+    `initial_state` for step 1. Each step's loss is `_supervision_step`'s (deep supervision inside the step; step s
+    of forward number n draws its random subset with index n·S + s); the training loss is the mean over steps,
+    plus `halting_loss_weight` × the mean over steps of the halting head's BCE (`halting_targets`). In eval mode the
+    loss is that of the returned logits. With the halting head in eval mode a sample stops after the first step
+    whose halting probability exceeds `halting_threshold` (default 0.5) and leaves the batch (no further compute).
+
+    With S = 1 and no halting head this is one backbone call and the loss of deep supervision (S = 1 is the model
+    as it was). Outputs over S > 1 steps: `hidden_states` / `attentions` of all steps in order (the first step's
+    starting state once), `iterations_used` summed, `energies` and `final_energy` of the last step each sample ran.
+    Step fields: `supervision_steps_used` `(B,)` and `halting_probabilities` `(B, S)` (NaN for steps a sample did
+    not run), or None with S = 1 and no halting head.
+    """
+    config = head.config
+    steps = config.supervision_steps
+    halting = getattr(head, "halting_classifier", None)
+    threshold = 0.5 if halting_threshold is None else halting_threshold
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
+        raise ValueError(f"halting_threshold must be a number in (0, 1); got {halting_threshold!r}.")
+    requested_states = backbone_inputs.get("output_hidden_states")
+    if requested_states is None:
+        requested_states = config.output_hidden_states
+    stop_early = halting is not None and steps > 1 and not head.training and not _is_tracing()
+    if stop_early and any(backbone_inputs.get(name) for name in ("output_attentions", "output_energies")):
+        raise ValueError(
+            "the halting head stops samples after different outer steps: output_attentions and output_energies "
+            "cannot be combined with it (config.halting_head=True, supervision_steps > 1) in eval mode."
+        )
+    if stop_early and requested_states:
+        raise ValueError(
+            "the halting head stops samples after different outer steps: output_hidden_states cannot be combined "
+            "with it (config.halting_head=True, supervision_steps > 1) in eval mode."
+        )
+    # one depth, and one random-subset draw, per forward: every process counts the same draws (RecurrentDepthMixin)
+    random_subset = labels is not None and head.training and config.deep_supervision == "random"
+    first_draw = backbone.iteration_draws
+    requested = backbone_inputs.get("num_iterations")
+    num_iterations = backbone._num_iterations(requested)
+    if random_subset and requested is not None:
+        backbone.iteration_draws += (
+            1  # the backbone drew nothing for a per-call T: one draw per forward still
+        )
+    inputs = {**backbone_inputs, "num_iterations": num_iterations}
+    carry = inputs.pop("initial_state", None)
+    step_labels = labels if head.training else None  # eval: the loss of the returned logits, at the end
+
+    batch = _batch_size(inputs)
+    device = head.classifier.weight.device if hasattr(head.classifier, "weight") else None
+    active = None  # indices of the samples still running (None: all)
+    logits = step_outputs = merged = None
+    step_losses, halting_losses, probabilities = [], [], []
+    used = torch.zeros(batch, dtype=torch.long, device=device)
+    for step in range(steps):
+        step_inputs = dict(inputs)
+        if active is not None:
+            step_inputs = {
+                k: v[active] if k in _BATCH_INPUTS and isinstance(v, torch.Tensor) else v
+                for k, v in step_inputs.items()
+            }
+        if carry is not None:  # already the running samples' own
+            step_inputs["initial_state"] = carry
+        draw = first_draw * steps + step if random_subset else None
+        step_outputs, step_logits, loss = _supervision_step(
+            head, backbone, step_labels, step_inputs, draw, requested_states
+        )
+        used = used.to(step_logits.device)
+        if active is None:
+            used += 1
+        else:
+            used[active] += 1
+        if loss is not None:
+            step_losses.append(loss)
+        merged = _merge_step(merged, step_outputs, active, batch)
+        logits = step_logits if active is None else logits.index_copy(0, active, step_logits)
+        carry = step_outputs.last_hidden_state.detach()
+        if halting is None:
+            continue
+        mask = step_inputs.get("attention_mask")
+        pooled = backbone._pool(step_outputs.last_hidden_state, None if mask is None else mask.bool())
+        halting_logits = halting(head.layernorm(pooled)).squeeze(-1)  # (A,)
+        probability = torch.full((batch,), float("nan"), device=halting_logits.device)
+        index = slice(None) if active is None else active
+        probability[index] = halting_logits.detach().float().sigmoid()
+        probabilities.append(probability)
+        if step_labels is not None:
+            target = halting_targets(head, step_logits, step_labels)
+            halting_losses.append(F.binary_cross_entropy_with_logits(halting_logits.float(), target.float()))
+        if stop_early and step < steps - 1:
+            running = probability[index] <= threshold  # (A,)
+            active = (torch.arange(batch, device=running.device) if active is None else active)[running]
+            carry = carry[running]
+            if active.numel() == 0:
+                break
+
+    if head.training and labels is not None:
+        loss = torch.stack(step_losses).mean() if steps > 1 else step_losses[0]
+        if halting_losses:
+            loss = loss + config.halting_loss_weight * torch.stack(halting_losses).mean()
+    else:
+        loss = None if labels is None else head._loss(logits, labels)
+    fields = {"supervision_steps_used": None, "halting_probabilities": None}
+    if steps > 1 or halting is not None:
+        fields["supervision_steps_used"] = used
+    if probabilities:
+        missing = steps - len(probabilities)  # a batch that stopped early entirely
+        nan = torch.full((batch,), float("nan"), device=probabilities[0].device)
+        fields["halting_probabilities"] = torch.stack([*probabilities, *([nan] * missing)], dim=1)
+    return merged, logits, loss, fields
+
+
+def _merge_step(
+    merged: ModelOutput | None, step: ModelOutput, active: torch.Tensor | None, batch: int
+) -> ModelOutput:
+    """The backbone output of the steps so far, `merged`, with `step` (run on the samples `active`, None: all)
+    folded in: states and maps appended (the step's starting state is the last one kept), iterations summed, the
+    last state, pooled token, energies and final energy replaced where the step ran."""
+    if merged is None:
+        return step
+    values = {}
+    for name, value in step.items():
+        previous = getattr(merged, name, None)
+        if name in ("hidden_states", "attentions"):  # only without early stopping: whole batches
+            if name == "hidden_states":
+                value = value[1:]
+            value = (*previous, *value) if previous is not None else value
+        elif name == "iterations_used":
+            value = previous.index_add(0, active, value) if active is not None else previous + value
+        elif active is not None and isinstance(value, torch.Tensor):
+            value = previous.index_copy(0, active, value)
+        values[name] = value
+    return type(step)(**values)
+
+
+# --- test-time search: K perturbed trajectories per input, one chosen per sample ---
+
+SEARCH_SELECTORS: tuple[str, ...] = ("energy", "confidence", "sudoku")
+
+
+def check_search_arguments(
+    trajectories: int, noise: float, seed: int | None, selector: str, has_energy: bool
+) -> None:
+    """A `ValueError` naming the argument, its value and what is allowed, before any work."""
+    if isinstance(trajectories, bool) or not isinstance(trajectories, int) or trajectories < 1:
+        raise ValueError(f"search_trajectories must be an integer >= 1 (1: no search); got {trajectories!r}.")
+    if (
+        isinstance(noise, bool)
+        or not isinstance(noise, (int, float))
+        or not math.isfinite(noise)
+        or noise < 0
+    ):
+        raise ValueError(f"search_noise must be a finite number >= 0; got {noise!r}.")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise ValueError(f"search_seed must be None or an integer in [0, 2**63); got {seed!r}.")
+    if selector not in SEARCH_SELECTORS:
+        raise ValueError(f"search_selector must be one of {list(SEARCH_SELECTORS)}; got {selector!r}.")
+    if selector == "energy" and not has_energy:
+        raise ValueError(
+            "search_selector='energy' needs a model with an energy (Hyper-SET); this model has none: use "
+            "search_selector='confidence' (or 'sudoku', which falls back to confidence here)."
+        )
+
+
+def sudoku_boards_valid(input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """`(B,)` bool: the board of given digits (`input_ids` 1-9, 0 = blank) and predicted digits on the blanks
+    (`logits` `(B, 81, 9)`, class k = digit k + 1, training/sudoku.py's encoding) has every row, column and box
+    a permutation of 1-9. The givens are kept, so a valid board is consistent with them."""
+    board = torch.where(input_ids > 0, input_ids.long(), logits.argmax(-1) + 1).view(-1, 9, 9)  # (B, 9, 9)
+    boxes = board.view(-1, 3, 3, 3, 3).transpose(2, 3).reshape(-1, 9, 9)  # (B, box, cell of the box)
+    groups = torch.cat([board, board.transpose(1, 2), boxes], dim=1)  # (B, 27, 9): rows, columns, boxes
+    counts = F.one_hot(groups - 1, 9).sum(-2)  # (B, 27, 9): how often each digit occurs in each group
+    return (counts == 1).flatten(1).all(-1)
+
+
+def _check_sudoku(head: PreTrainedModel, backbone_inputs: dict) -> torch.Tensor:
+    """The `input_ids` of a Sudoku batch, or a `ValueError` saying why this call is none."""
+    input_ids = backbone_inputs.get("input_ids")
+    ok = (
+        head._per_token
+        and head.config.num_labels == 9
+        and input_ids is not None
+        and input_ids.ndim == 2
+        and input_ids.shape[1] == 81
+        and (not input_ids.numel() or (0 <= int(input_ids.min()) and int(input_ids.max()) <= 9))
+    )
+    if not ok:
+        shape = None if input_ids is None else tuple(input_ids.shape)
+        raise ValueError(
+            "search_selector='sudoku' needs a Sudoku token-classification call: a ForTokenClassification head "
+            "with num_labels=9 (class k = digit k + 1) and input_ids of shape (batch, 81) with 0 = blank and 1-9 "
+            f"= given digits (training/sudoku.py); got {type(head).__name__}, num_labels={head.config.num_labels}, "
+            f"input_ids shape {shape}."
+        )
+    return input_ids
+
+
+def confidences(
+    head: PreTrainedModel, logits: torch.Tensor, attention_mask: torch.Tensor | None
+) -> torch.Tensor:
+    """`(B,)` mean over the real tokens (per-token heads) of the highest softmax probability, or the sample's."""
+    top = logits.float().softmax(-1).amax(-1)  # (B, N) or (B,)
+    if not head._per_token:
+        return top
+    return masked_mean(top, None if attention_mask is None else attention_mask.bool())
+
+
+def _pick(value: object, chosen: torch.Tensor, trajectories: int) -> object:
+    """`value` with a leading `B·K` axis (trajectory k of sample b at b·K + k) reduced to the chosen trajectory of
+    every sample; tuples element-wise, `ModelOutput`s field-wise, anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        grouped = value.view(-1, trajectories, *value.shape[1:])  # (B, K, ...)
+        index = chosen.to(value.device).view(-1, 1, *([1] * (value.ndim - 1)))
+        return grouped.gather(1, index.expand(-1, 1, *value.shape[1:])).squeeze(1)
+    if isinstance(value, tuple):
+        return tuple(_pick(item, chosen, trajectories) for item in value)
+    if isinstance(value, ModelOutput):
+        return type(value)(**{name: _pick(item, chosen, trajectories) for name, item in value.items()})
+    return value
+
+
+def classify_with_search(
+    head: PreTrainedModel,
+    backbone: nn.Module,
+    labels: torch.Tensor | None,
+    backbone_inputs: dict,
+    trajectories: int,
+    noise: float,
+    seed: int | None,
+    selector: str,
+    halting_threshold: float | None = None,
+) -> tuple[ModelOutput, torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor | None]]:
+    """Test-time search (eval mode): `trajectories` K runs of every input in one batched forward of K·B, each from
+    its own start x₀ + σ·rms(x₀)·ε (ε ~ N(0, I) per token and channel from a generator seeded by `seed`, σ =
+    `noise`, rms over each token's channels; trajectory 0 starts from x₀ itself), one kept per sample by
+    `selector`:
+
+    * `"energy"`: the lowest final energy Σ_layers E_ATTN + E_FF (Hyper-SET's `final_energy`);
+    * `"confidence"`: the highest mean max-softmax probability (over the real tokens of per-token heads);
+    * `"sudoku"`: among the trajectories whose board is valid (`sudoku_boards_valid`), the lowest energy (the
+      looped baseline: the highest confidence); with no valid board, the lowest energy (highest confidence) of all.
+
+    Ties go to the lowest index (so trajectory 0, the unperturbed start, wins a tie). Returns what
+    `classify_with_deep_supervision` does for the chosen trajectories, the loss that of the chosen logits, and the
+    fields `search_chosen` `(B,)`, `search_energies` `(B, K)` (Hyper-SET; None for the baseline),
+    `search_confidences` `(B, K)` and `search_valid_boards` `(B, K)` (selector `"sudoku"`).
+    """
+    has_energy = isinstance(backbone, HyperSetModel)  # the baseline has no energy
+    check_search_arguments(trajectories, noise, seed, selector, has_energy)
+    if head.training:
+        raise ValueError(
+            f"search_trajectories={trajectories} is test-time search: call model.eval() first (training runs one "
+            "trajectory per input)."
+        )
+    sudoku_ids = _check_sudoku(head, backbone_inputs) if selector == "sudoku" else None
+    repeated = {
+        name: value.repeat_interleave(trajectories, dim=0)
+        if name in _BATCH_INPUTS and isinstance(value, torch.Tensor)
+        else value
+        for name, value in backbone_inputs.items()
+    }  # (B·K, ...): trajectory k of sample b at b·K + k
+    embedded, keep = backbone.embeddings(
+        pixel_values=repeated.get("pixel_values"),
+        input_ids=repeated.get("input_ids"),
+        attention_mask=repeated.get("attention_mask"),
+        inputs_embeds=repeated.get("inputs_embeds"),
+    )
+    start = embedded
+    if noise > 0 and trajectories > 1:
+        device = embedded.device
+        generator = torch.Generator(device)
+        generator.manual_seed(int(torch.randint(0, 2**62, (1,))) if seed is None else seed)
+        epsilon = torch.randn(embedded.shape, generator=generator, device=device, dtype=torch.float32)
+        epsilon.view(-1, trajectories, *embedded.shape[1:])[:, 0] = 0  # trajectory 0: the plain start
+        scale = embedded.detach().float().pow(2).mean(-1, keepdim=True).sqrt()  # (B·K, N, 1) per-token rms
+        if keep is not None:
+            scale = scale * keep[..., None]  # padded tokens stay as embedded
+        start = embedded + (noise * scale * epsilon).to(embedded.dtype)
+    repeated["initial_state"] = start
+    if has_energy:
+        repeated["output_final_energy"] = True
+    outputs, logits, _, fields = classify_with_deep_supervision(
+        head, backbone, None, repeated, halting_threshold
+    )
+    batch = logits.shape[0] // trajectories
+    energies = None if not has_energy else outputs.final_energy.view(batch, trajectories)
+    confidence = confidences(head, logits.detach(), repeated.get("attention_mask")).view(batch, trajectories)
+    # the score each trajectory is ranked by, lower is better: its energy, or minus its confidence
+    score = -confidence if selector == "confidence" or energies is None else energies.float()
+    valid = None
+    if sudoku_ids is not None:
+        valid = sudoku_boards_valid(repeated["input_ids"], logits).view(batch, trajectories)
+        # any valid board beats every invalid one; a sample without one ranks all its trajectories by the score
+        score = torch.where(valid | ~valid.any(-1, keepdim=True), score, math.inf)
+    chosen = score.argmin(-1)  # (B,); the first of equal minima
+    outputs = _pick(outputs, chosen, trajectories)
+    logits = _pick(logits, chosen, trajectories)
+    fields = {name: _pick(value, chosen, trajectories) for name, value in fields.items()}
+    loss = None if labels is None else head._loss(logits, labels)
+    fields.update(
+        search_chosen=chosen,
+        search_energies=energies,
+        search_confidences=confidence,
+        search_valid_boards=valid,
+    )
+    return outputs, logits, loss, fields
+
+
+def run_head(
+    head: PreTrainedModel,
+    backbone: nn.Module,
+    labels: torch.Tensor | None,
+    backbone_inputs: dict,
+    halting_threshold: float | None = None,
+    search_trajectories: int | None = None,
+    search_noise: float | None = None,
+    search_seed: int | None = None,
+    search_selector: str | None = None,
+) -> tuple[ModelOutput, torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor | None]]:
+    """A head's call: test-time search when `search_trajectories` is given (`classify_with_search`; the selector
+    defaults to `"energy"` for Hyper-SET, `"confidence"` for the baseline, which has no energy), else the outer
+    steps (`classify_with_deep_supervision`). The search arguments without `search_trajectories` are an error."""
+    if search_trajectories is None:
+        given = {
+            name: value
+            for name, value in (
+                ("search_noise", search_noise),
+                ("search_seed", search_seed),
+                ("search_selector", search_selector),
+            )
+            if value is not None
+        }
+        if given:
+            raise ValueError(
+                f"{', '.join(f'{k}={v!r}' for k, v in given.items())} given without search_trajectories; pass "
+                "search_trajectories=K (an integer >= 1) to run test-time search."
+            )
+        return classify_with_deep_supervision(head, backbone, labels, backbone_inputs, halting_threshold)
+    if search_selector is None:
+        search_selector = "energy" if isinstance(backbone, HyperSetModel) else "confidence"
+    return classify_with_search(
+        head,
+        backbone,
+        labels,
+        backbone_inputs,
+        search_trajectories,
+        0.0 if search_noise is None else search_noise,
+        search_seed,
+        search_selector,
+        halting_threshold,
+    )
 
 
 class RecurrentDepthMixin:
@@ -1100,6 +1520,8 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         output_hidden_states: bool | None = None,
         output_energies: bool | None = None,
         return_dict: bool | None = None,
+        initial_state: torch.Tensor | None = None,
+        output_final_energy: bool | None = None,
     ) -> HyperSetModelOutput | tuple:
         r"""
         num_iterations (`int`, *optional*):
@@ -1116,6 +1538,15 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         output_energies (`bool`, *optional*):
             Return `energies` (`HyperSetEnergies`): E_ATTN, E_FF, effective rank and mean angle per
             layer for t = 0..T.
+        initial_state (`torch.Tensor` of shape `(batch, num_tokens, hidden_size)`, *optional*):
+            The state x the first iteration of the first layer starts from, in place of the embedding output
+            (a carried state of the supervision steps, or a perturbed start of test-time search). The inputs are
+            embedded all the same: the embedding output stays x₀ of the step sizes (`step_size_condition=
+            "input"`) and of the first layer's anchor energy (`input_anchor`), and the input's padding mask
+            applies; `hidden_states` then starts with `initial_state`. None: start from the embedding output.
+        output_final_energy (`bool`, *optional*):
+            Return `final_energy` `(batch,)`: Σ over layers of E_ATTN + E_FF of the state each layer's last
+            iteration left (no gradient; what test-time search's energy selector compares).
         """
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = (
@@ -1139,12 +1570,14 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
         )
+        embedded = hidden_states
+        if initial_state is not None:
+            hidden_states = check_initial_state(initial_state, embedded)
         real_tokens = (
             torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep.float()
         )
         iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
         self._warn_if_maps_need_eager(output_attentions)
-        embedded = hidden_states
         fixed_step_sizes = None  # [α | γ] once per forward where they do not change over iterations
         if HyperSetStepSizes.constant_over_iterations(self.config):
             fixed_step_sizes = self.step_sizes.project(iteration_conditions[0], embedded)  # (B, N, 2d)
@@ -1152,16 +1585,19 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         all_attentions = () if output_attentions else None
         iterations_used = None if halting is None else torch.zeros_like(real_tokens[:, 0], dtype=torch.long)
         per_layer_diagnostics = []
+        final_energy = torch.zeros_like(real_tokens[:, 0]) if output_final_energy else None
         for index, layer in enumerate(self.layers):
-            # x₀ of the anchor energy: the state entering this layer. A compiled region must not receive an unused
-            # tensor that aliases another input (torch.compile then reuses the traced iteration with its inputs
-            # shifted), so what an iteration does not read is passed as None.
-            anchor = hidden_states if self.config.input_anchor else None
+            # x₀ of the anchor energy: the state entering this layer; for the first layer the embedded input, also
+            # when the iterations start from an `initial_state` (the anchor keeps tying the state to the input).
+            # A compiled region must not receive an unused tensor that aliases another input (torch.compile then
+            # reuses the traced iteration with its inputs shifted), so without an anchor energy it is None.
+            anchor = (embedded if index == 0 else hidden_states) if self.config.input_anchor else None
             if halting is not None:
                 hidden_states, used = self._iterate_until_halted(
                     layer,
                     hidden_states,
                     embedded,
+                    anchor,
                     keep,
                     real_tokens,
                     iteration_conditions,
@@ -1169,6 +1605,8 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                     *halting,
                 )
                 iterations_used += used
+                if output_final_energy:
+                    final_energy = final_energy + self._energy(layer, hidden_states, real_tokens)
                 continue
             records = [self._diagnostics(layer, hidden_states, real_tokens)] if output_energies else None
             for t in range(num_iterations):
@@ -1192,6 +1630,8 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                     all_attentions += (probs,)
                 if output_energies:
                     records.append(self._diagnostics(layer, hidden_states, real_tokens))
+            if output_final_energy:
+                final_energy = final_energy + self._energy(layer, hidden_states, real_tokens)
             if output_energies:
                 per_layer_diagnostics.append([torch.stack(values, dim=1) for values in zip(*records)])
 
@@ -1208,6 +1648,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             attentions=all_attentions,
             energies=energies,
             iterations_used=iterations_used,
+            final_energy=final_energy,
         )
         return output if return_dict else output.to_tuple()
 
@@ -1228,6 +1669,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         layer: HyperSetLayer,
         hidden_states: torch.Tensor,
         embedded: torch.Tensor,
+        anchor: torch.Tensor | None,
         keep: torch.Tensor | None,
         real_tokens: torch.Tensor,
         iteration_conditions: torch.Tensor,
@@ -1242,7 +1684,6 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         state is written back in place. Returns the states and the iterations each sample ran, `(B,)`.
         """
         batch = hidden_states.shape[0]
-        anchor = hidden_states  # x₀ of the anchor energy: the state entering this layer
         active = torch.arange(batch, device=hidden_states.device)  # samples still iterating
         used = torch.zeros(batch, dtype=torch.long, device=hidden_states.device)
         energy = self._energy(layer, hidden_states, real_tokens) if criterion == "energy" else None
@@ -1255,7 +1696,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                 source,
                 self.step_sizes,
                 None if keep is None else keep[active],
-                anchor[active],
+                None if anchor is None else anchor[active],
                 False,  # no maps: halting cannot return them
                 None if fixed_step_sizes is None else fixed_step_sizes[active],
             )
@@ -1322,16 +1763,43 @@ class HyperSetHead(HyperSetPreTrainedModel):
             if config.num_labels > 0
             else nn.Identity()
         )
+        # "is this step's answer complete and correct?" on the normed pooled state (config.halting_head)
+        self.halting_classifier = nn.Linear(config.hidden_size, 1) if config.halting_head else None
         self.post_init()
 
     def classify(
-        self, labels: torch.Tensor | None, return_dict: bool | None, **backbone_inputs: object
+        self,
+        labels: torch.Tensor | None,
+        return_dict: bool | None,
+        halting_threshold: float | None = None,
+        search_trajectories: int | None = None,
+        search_noise: float | None = None,
+        search_seed: int | None = None,
+        search_selector: str | None = None,
+        **backbone_inputs: object,
     ) -> ModelOutput | tuple:
         """The backbone on `backbone_inputs`, the classifier on its pooled token (or every token), the loss of
-        `labels` by `config.problem_type` (transformers' `loss_function` for this head's class name); in training,
-        the weighted mean over the iterations `config.deep_supervision` names (`classify_with_deep_supervision`)."""
+        `labels` by `config.problem_type` (transformers' `loss_function` for this head's class name), over
+        `config.supervision_steps` outer steps (`classify_with_deep_supervision`: deep supervision, the detached
+        carry, the halting head), or test-time search over `search_trajectories` starts (`classify_with_search`).
+
+        Output fields besides transformers': `supervision_steps_used` `(B,)` (outer steps each sample ran) and
+        `halting_probabilities` `(B, S)` (NaN: a step not run), with S > 1 or a halting head; `search_chosen`
+        `(B,)`, `search_energies` `(B, K)`, `search_confidences` `(B, K)` and `search_valid_boards` `(B, K)` with
+        test-time search.
+        """
         return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs, logits, loss = classify_with_deep_supervision(self, self.hyperset, labels, backbone_inputs)
+        outputs, logits, loss, fields = run_head(
+            self,
+            getattr(self, self.base_model_prefix),
+            labels,
+            backbone_inputs,
+            halting_threshold,
+            search_trajectories,
+            search_noise,
+            search_seed,
+            search_selector,
+        )
         output = self._output_class(
             loss=loss,
             logits=logits,
@@ -1339,6 +1807,7 @@ class HyperSetHead(HyperSetPreTrainedModel):
             attentions=outputs.attentions,
             energies=outputs.energies,
             iterations_used=outputs.iterations_used,
+            **fields,
         )
         return output if return_dict else output.to_tuple()
 
@@ -1364,10 +1833,35 @@ class HyperSetForImageClassification(HyperSetHead):
         output_hidden_states: bool | None = None,
         output_energies: bool | None = None,
         return_dict: bool | None = None,
+        halting_threshold: float | None = None,
+        search_trajectories: int | None = None,
+        search_noise: float | None = None,
+        search_seed: int | None = None,
+        search_selector: str | None = None,
     ) -> HyperSetImageClassifierOutput | tuple:
+        r"""
+        halting_threshold (`float`, *optional*):
+            With `config.halting_head` and `supervision_steps` > 1, in eval mode: a sample stops after the first
+            outer step whose halting probability exceeds this (in (0, 1); default 0.5).
+        search_trajectories (`int`, *optional*):
+            K: test-time search over K trajectories per input from perturbed starts, in one batched forward of
+            K·B (eval mode; docs/hyperset.md, "Test-time search"). None: no search.
+        search_noise (`float`, *optional*):
+            σ ≥ 0: trajectory k > 0 starts from x₀ + σ·rms(x₀)·ε, ε ~ N(0, I); trajectory 0 from x₀ (default 0).
+        search_seed (`int`, *optional*):
+            Seed of ε (None: drawn from torch's global generator).
+        search_selector (`str`, *optional*):
+            `"energy"` (default: the lowest final E_ATTN + E_FF), `"confidence"` or `"sudoku"` (a valid board,
+            else the lowest energy).
+        """
         return self.classify(
             labels,
             return_dict,
+            halting_threshold,
+            search_trajectories,
+            search_noise,
+            search_seed,
+            search_selector,
             pixel_values=pixel_values,
             num_iterations=num_iterations,
             backprop_iterations=backprop_iterations,
@@ -1400,10 +1894,24 @@ class HyperSetSequenceHead(HyperSetHead):
         output_hidden_states: bool | None = None,
         output_energies: bool | None = None,
         return_dict: bool | None = None,
+        halting_threshold: float | None = None,
+        search_trajectories: int | None = None,
+        search_noise: float | None = None,
+        search_seed: int | None = None,
+        search_selector: str | None = None,
     ) -> ModelOutput | tuple:
+        r"""
+        The depth arguments, `halting_threshold` and the `search_*` arguments of test-time search are those of
+        `HyperSetForImageClassification.forward`.
+        """
         return self.classify(
             labels,
             return_dict,
+            halting_threshold,
+            search_trajectories,
+            search_noise,
+            search_seed,
+            search_selector,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
@@ -1685,6 +2193,7 @@ class HyperSetForMaskedImageModeling(HyperSetPreTrainedModel):
 
 __all__ = [
     "MASKGIT_SCHEDULES",
+    "SEARCH_SELECTORS",
     "HyperSetEmbeddings",
     "HyperSetEnergies",
     "HyperSetForImageClassification",
@@ -1699,5 +2208,8 @@ __all__ = [
     "HyperSetSequenceHead",
     "MaskGITDecoderOutput",
     "RecurrentDepthMixin",
+    "classify_with_search",
+    "halting_targets",
     "maskgit_schedule",
+    "sudoku_boards_valid",
 ]

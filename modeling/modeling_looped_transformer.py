@@ -18,6 +18,7 @@ This file is never exported to the Hub, so it imports Hyper-SET's embeddings and
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -40,10 +41,43 @@ from .modeling_hyperset import (
     HyperSetEmbeddings,
     RecurrentDepthMixin,
     check_head_input_type,
-    classify_with_deep_supervision,
+    check_initial_state,
     fixed_positions,
     route_main_input,
+    run_head,
 )
+
+
+# transformers' classifier outputs plus the fields of the supervision steps and of test-time search (documented in
+# `LoopedTransformerHead.classify`)
+@dataclass
+class LoopedTransformerImageClassifierOutput(ImageClassifierOutput):
+    supervision_steps_used: torch.LongTensor | None = None
+    halting_probabilities: torch.FloatTensor | None = None
+    search_chosen: torch.LongTensor | None = None
+    search_energies: torch.FloatTensor | None = None
+    search_confidences: torch.FloatTensor | None = None
+    search_valid_boards: torch.BoolTensor | None = None
+
+
+@dataclass
+class LoopedTransformerSequenceClassifierOutput(SequenceClassifierOutput):
+    supervision_steps_used: torch.LongTensor | None = None
+    halting_probabilities: torch.FloatTensor | None = None
+    search_chosen: torch.LongTensor | None = None
+    search_energies: torch.FloatTensor | None = None
+    search_confidences: torch.FloatTensor | None = None
+    search_valid_boards: torch.BoolTensor | None = None
+
+
+@dataclass
+class LoopedTransformerTokenClassifierOutput(TokenClassifierOutput):
+    supervision_steps_used: torch.LongTensor | None = None
+    halting_probabilities: torch.FloatTensor | None = None
+    search_chosen: torch.LongTensor | None = None
+    search_energies: torch.FloatTensor | None = None
+    search_confidences: torch.FloatTensor | None = None
+    search_valid_boards: torch.BoolTensor | None = None
 
 
 def eager_attention_forward(
@@ -220,6 +254,7 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        initial_state: torch.Tensor | None = None,
     ) -> BaseModelOutputWithPooling | tuple:
         r"""
         num_iterations (`int`, *optional*):
@@ -227,6 +262,10 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
             by `config.iteration_sampling`).
         backprop_iterations (`int`, *optional*):
             Differentiate only the last k of the L·T iterations (defaults to `config.backprop_iterations`).
+        initial_state (`torch.Tensor` of shape `(batch, num_tokens, hidden_size)`, *optional*):
+            The state the first iteration starts from, in place of the embedding output (a carried state of the
+            supervision steps, a perturbed start of test-time search); the inputs are still embedded for their
+            padding mask, and `hidden_states` starts with it. None: the embedding output.
 
         `hidden_states`: the embedding output, then the state after every iteration of every layer (1 + L·T);
         `attentions`: the softmax maps of every iteration (L·T).
@@ -246,6 +285,8 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
         )
+        if initial_state is not None:
+            hidden_states = check_initial_state(initial_state, hidden_states)
         attention_bias = None  # built once for all iterations: (B, N) → (B, 1, 1, N)
         if keep is not None:
             blocked = torch.finfo(hidden_states.dtype).min  # finite: a fully padded row stays NaN-free
@@ -278,7 +319,7 @@ class LoopedTransformerHead(LoopedTransformerPreTrainedModel):
 
     _input_type = "image"
     _per_token = False
-    _output_class: type[ModelOutput] = ImageClassifierOutput
+    _output_class: type[ModelOutput] = LoopedTransformerImageClassifierOutput
 
     def __init__(self, config: LoopedTransformerConfig) -> None:
         super().__init__(config)
@@ -288,19 +329,44 @@ class LoopedTransformerHead(LoopedTransformerPreTrainedModel):
         self.classifier = (
             nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
         )
+        # the learned halting signal of the supervision steps, as Hyper-SET's (config.halting_head)
+        self.halting_classifier = nn.Linear(config.hidden_size, 1) if config.halting_head else None
         self.post_init()
 
     def classify(
-        self, labels: torch.Tensor | None, return_dict: bool | None, **backbone_inputs: object
+        self,
+        labels: torch.Tensor | None,
+        return_dict: bool | None,
+        halting_threshold: float | None = None,
+        search_trajectories: int | None = None,
+        search_noise: float | None = None,
+        search_seed: int | None = None,
+        search_selector: str | None = None,
+        **backbone_inputs: object,
     ) -> ModelOutput | tuple:
-        """The backbone on `backbone_inputs`, the classifier on its pooled token (or every token), the loss of
-        `labels` by `config.problem_type` (transformers' `loss_function` for this head's class name); in training,
-        the weighted mean over the iterations `config.deep_supervision` names (`classify_with_deep_supervision`)."""
+        """As Hyper-SET's `HyperSetHead.classify` (`run_head`): the outer steps with deep supervision, the detached
+        carry and the halting head, or test-time search, whose energy selector this baseline refuses (it has no
+        energy: `search_selector` defaults to `"confidence"`, and `"sudoku"` falls back to confidence). The output
+        carries `supervision_steps_used`, `halting_probabilities`, `search_chosen`, `search_confidences` and
+        `search_valid_boards` as Hyper-SET's (`search_energies` stays None)."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
-        backbone = self.looped_transformer
-        outputs, logits, loss = classify_with_deep_supervision(self, backbone, labels, backbone_inputs)
+        outputs, logits, loss, fields = run_head(
+            self,
+            self.looped_transformer,
+            labels,
+            backbone_inputs,
+            halting_threshold,
+            search_trajectories,
+            search_noise,
+            search_seed,
+            search_selector,
+        )
         output = self._output_class(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            **fields,
         )
         return output if return_dict else output.to_tuple()
 
@@ -323,10 +389,24 @@ class LoopedTransformerForImageClassification(LoopedTransformerHead):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        halting_threshold: float | None = None,
+        search_trajectories: int | None = None,
+        search_noise: float | None = None,
+        search_seed: int | None = None,
+        search_selector: str | None = None,
     ) -> ImageClassifierOutput | tuple:
+        r"""
+        halting_threshold and the `search_*` arguments: as `HyperSetForImageClassification.forward` (the baseline
+        has no energy: the selector defaults to `"confidence"`, and `"energy"` is refused).
+        """
         return self.classify(
             labels,
             return_dict,
+            halting_threshold,
+            search_trajectories,
+            search_noise,
+            search_seed,
+            search_selector,
             pixel_values=pixel_values,
             num_iterations=num_iterations,
             backprop_iterations=backprop_iterations,
@@ -353,10 +433,24 @@ class LoopedTransformerSequenceHead(LoopedTransformerHead):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        halting_threshold: float | None = None,
+        search_trajectories: int | None = None,
+        search_noise: float | None = None,
+        search_seed: int | None = None,
+        search_selector: str | None = None,
     ) -> ModelOutput | tuple:
+        r"""
+        halting_threshold and the `search_*` arguments: as `HyperSetForImageClassification.forward` (the baseline
+        has no energy: the selector defaults to `"confidence"`, and `"energy"` is refused).
+        """
         return self.classify(
             labels,
             return_dict,
+            halting_threshold,
+            search_trajectories,
+            search_noise,
+            search_seed,
+            search_selector,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
@@ -370,14 +464,14 @@ class LoopedTransformerSequenceHead(LoopedTransformerHead):
 class LoopedTransformerForSequenceClassification(LoopedTransformerSequenceHead):
     """Classifies the pooled token of a sequence (first token or masked mean)."""
 
-    _output_class = SequenceClassifierOutput
+    _output_class = LoopedTransformerSequenceClassifierOutput
 
 
 class LoopedTransformerForTokenClassification(LoopedTransformerSequenceHead):
     """Classifies every token (e.g. Sudoku cells)."""
 
     _per_token = True
-    _output_class = TokenClassifierOutput
+    _output_class = LoopedTransformerTokenClassifierOutput
 
 
 __all__ = [

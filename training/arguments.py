@@ -38,6 +38,9 @@ DEPTH_FIELDS = (
     "deep_supervision_interval",
     "deep_supervision_samples",
     "deep_supervision_weights",
+    "supervision_steps",
+    "halting_head",
+    "halting_loss_weight",
 )
 # The built-in datasets `--sudoku_augmentation` applies to (9 × 9 boards, training/sudoku.py).
 SUDOKU_DATASETS = ("sudoku", "sudoku-hard")
@@ -142,6 +145,28 @@ class ModelArguments:
             "help": "weights of the supervised iterations' losses ('linear': iteration t weighs t); unset: "
             "the config's",
         },
+    )
+    supervision_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "S outer steps of T iterations per batch (Hyper-SET, looped baseline; HRM/TRM style): the "
+            "state carried between steps without gradient, the loss the mean of the steps' losses, one optimizer "
+            "step per batch; inference runs S·T iterations; unset: the config's (1)"
+        },
+    )
+    halting_head: bool | None = field(
+        default=None,
+        metadata={
+            # `--halting_head` alone means true (as the bool flags without a default); unset keeps the config's
+            "nargs": "?",
+            "const": True,
+            "help": "--halting_head [true|false]: a learned halting head (BCE on 'this step's answer is correct') "
+            "that stops a sample's outer steps at inference; unset: the config's (off)",
+        },
+    )
+    halting_loss_weight: float | None = field(
+        default=None,
+        metadata={"help": "weight of the halting head's BCE in the loss (> 0); unset: the config's"},
     )
     drop_path_rate: float | None = field(
         default=None,
@@ -478,9 +503,16 @@ def validate(args: Arguments) -> None:
         "backprop_iterations",
         "deep_supervision_interval",
         "deep_supervision_samples",
+        "supervision_steps",
     ):
         value = getattr(m, name)
         _check(name, value, value is None or value >= 1, "an integer >= 1")
+    _check(
+        "halting_loss_weight",
+        m.halting_loss_weight,
+        m.halting_loss_weight is None or (_finite(m.halting_loss_weight) and m.halting_loss_weight > 0),
+        "a finite weight > 0",
+    )
     _check(
         "drop_path_rate",
         m.drop_path_rate,

@@ -11,6 +11,12 @@ Transformer; `--fixed_point_iterations`, `--fixed_point_solver`, `--fixed_point_
 test-time depth of every model call through `energyformers.pipelines`, without editing the saved config:
 
     energyformers predict runs/demo-hyperset img.png --num_iterations 24 --halting_tolerance 1e-3
+
+The search flags (`--search_trajectories K`, `--search_noise`, `--search_seed`, `--search_selector`; Hyper-SET and
+the looped Transformer) run test-time search: K perturbed trajectories per input, one kept per input by the
+selector; `--halting_threshold` sets where a halting head stops the supervision steps:
+
+    energyformers predict runs/sudoku-hyperset - --search_trajectories 8 --search_noise 0.1 --search_selector sudoku
 """
 
 from __future__ import annotations
@@ -40,8 +46,18 @@ DEPTH_FLAGS = {
     "fixed_point_iterations": "fixed-point steps of each token mixer (iMixer; >= 0); default: the config's",
     "fixed_point_solver": "fixed-point solver (iMixer); default: the config's",
     "fixed_point_tolerance": "stop the tolerance solvers below this residual (iMixer; > 0); default: the config's",
+    "halting_threshold": "a sample stops its supervision steps once the halting head's probability exceeds this "
+    "(models with halting_head; in (0, 1)); default: 0.5",
+    "search_trajectories": "test-time search: K trajectories per input from perturbed starts, one kept by "
+    "--search_selector (Hyper-SET, looped Transformer; >= 1); default: no search",
+    "search_noise": "scale σ >= 0 of the Gaussian noise on the starting state, relative to each token's rms "
+    "(trajectory 0 starts unperturbed); default: 0",
+    "search_seed": "seed of the search noise (>= 0); default: a fresh draw",
+    "search_selector": "which trajectory to keep: lowest final energy (Hyper-SET), highest mean confidence, or a "
+    "valid Sudoku board (else lowest energy / highest confidence); default: energy (Hyper-SET), confidence (looped)",
 }
 HALTING_CRITERIA = ("state", "energy")
+SEARCH_SELECTORS = ("energy", "confidence", "sudoku")
 FIXED_POINT_SOLVERS = ("unrolled", "picard", "anderson")
 
 
@@ -72,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--fixed_point_solver", choices=FIXED_POINT_SOLVERS, help=DEPTH_FLAGS["fixed_point_solver"]
     )
     depth.add_argument("--fixed_point_tolerance", type=float, help=DEPTH_FLAGS["fixed_point_tolerance"])
+    search = p.add_argument_group("test-time search and halting (passed to every model call)")
+    search.add_argument("--halting_threshold", type=float, help=DEPTH_FLAGS["halting_threshold"])
+    search.add_argument("--search_trajectories", type=int, help=DEPTH_FLAGS["search_trajectories"])
+    search.add_argument("--search_noise", type=float, help=DEPTH_FLAGS["search_noise"])
+    search.add_argument("--search_seed", type=int, help=DEPTH_FLAGS["search_seed"])
+    search.add_argument("--search_selector", choices=SEARCH_SELECTORS, help=DEPTH_FLAGS["search_selector"])
     return p
 
 
@@ -83,11 +105,18 @@ def depth_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "halting_tolerance": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
         "fixed_point_iterations": (lambda v: v >= 0, "an integer >= 0"),
         "fixed_point_tolerance": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+        "halting_threshold": (lambda v: 0 < v < 1, "a number in (0, 1)"),
+        "search_trajectories": (lambda v: v >= 1, "an integer >= 1"),
+        "search_noise": (lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
+        "search_seed": (lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)"),
     }
     for name, value in given.items():
         ok, allowed = ranges.get(name, (lambda v: True, ""))
         if not ok(value):
             raise UsageError(f"--{name} {value}: expected {allowed}")
+    orphans = [f"--{name}" for name in ("search_noise", "search_seed", "search_selector") if name in given]
+    if orphans and "search_trajectories" not in given:
+        raise UsageError(f"{orphans[0]}: a test-time search flag; pass --search_trajectories K as well")
     if args.top_k < 1:
         raise UsageError(f"--top_k {args.top_k}: expected an integer >= 1")
     return given

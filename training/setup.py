@@ -480,6 +480,14 @@ def build(args: Arguments, state: Any) -> Built:
             "training loss from the last logits outside the model, which would ignore the other iterations; "
             "train without them or with --deep_supervision last"
         )
+    stepped = getattr(config, "supervision_steps", 1) > 1 or getattr(config, "halting_head", False)
+    if stepped and (args.augmentation.enabled or args.augmentation.label_smoothing > 0):
+        raise UsageError(
+            f"--supervision_steps {config.supervision_steps} / --halting_head {config.halting_head}: the batch "
+            "augmentation / label smoothing of this run computes the training loss from the last logits outside "
+            "the model, which would ignore the other steps and the halting loss; train without them, or with "
+            "--supervision_steps 1 and no halting head"
+        )
     if args.run.gradient_checkpointing and not model.supports_gradient_checkpointing:
         raise UsageError(f"--gradient_checkpointing: {type(model).__name__} does not support it")
     if task == "token-classification":

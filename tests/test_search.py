@@ -1,0 +1,431 @@
+"""Test-time search (issue 24, item 4; ../shared/specs/deep-supervision.md): K perturbed trajectories per input in
+one batched forward, one kept per sample by the lowest final energy, the highest confidence, or a valid Sudoku board;
+as model call arguments, in the pipelines and in `energyformers predict`."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from fixtures import hyperset_config, perturb
+from test_cli_errors import hyperset_folder as hyperset_folder  # a fixture, used by name
+from test_deep_supervision import backbone_of, build, inputs_of
+
+from energyformers import (
+    HyperSetForTokenClassification,
+    LoopedTransformerConfig,
+    LoopedTransformerForTokenClassification,
+)
+from energyformers.modeling import modeling_hyperset
+
+K = 3
+
+
+def eval_model(name: str, **overrides):
+    return build(name, **overrides).eval()
+
+
+def plain_inputs(name: str) -> dict:
+    return {k: v for k, v in inputs_of(name).items() if k != "labels"}
+
+
+class Recorder:
+    """Records the batch size and the outputs of every backbone call; optionally rewrites `final_energy`."""
+
+    def __init__(self, model, energies: torch.Tensor | None = None) -> None:
+        self.calls, self.outputs, self.energies = [], [], energies
+        self.handle = backbone_of(model).register_forward_hook(self.hook, with_kwargs=True)
+
+    def hook(self, module, args, kwargs, output):
+        self.calls.append(len(output.last_hidden_state))
+        if self.energies is not None:
+            output.final_energy = self.energies.to(output.final_energy.dtype)
+        self.outputs.append(output)
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+
+def trajectory_logits(model, output, batch: dict) -> torch.Tensor:
+    """The head's logits for every trajectory `(B·K, ...)` from a recorded backbone output."""
+    mask = batch.get("attention_mask")
+    if mask is not None:
+        mask = mask.repeat_interleave(K, 0).bool()
+    features = (
+        output.last_hidden_state
+        if model._per_token
+        else backbone_of(model)._pool(output.last_hidden_state, mask)
+    )
+    return model.classifier(model.layernorm(features))
+
+
+# ---------------------------------------------------------------- K = 1 is a plain forward
+
+
+@pytest.mark.parametrize(
+    "name", ["hyperset-image", "hyperset-sequence", "hyperset-token", "looped-image", "looped-token"]
+)
+@pytest.mark.parametrize("noise", [0.0, 0.7])
+def test_one_trajectory_is_a_plain_forward_exactly(name, noise):
+    """K = 1: trajectory 0 starts from the embedding output itself, so any noise leaves it as the plain forward."""
+    model, batch = eval_model(name), inputs_of(name)
+    plain = model(**batch)
+    searched = model(**batch, search_trajectories=1, search_noise=noise, search_seed=0)
+    torch.testing.assert_close(searched.logits, plain.logits, rtol=0, atol=0)
+    assert torch.equal(searched.loss, plain.loss)
+    assert searched.search_chosen.tolist() == [0] * len(plain.logits)
+    assert searched.search_confidences.shape == (len(plain.logits), 1)
+    if name.startswith("hyperset"):
+        assert searched.search_energies.shape == (len(plain.logits), 1)
+    else:
+        assert searched.search_energies is None
+
+
+# ---------------------------------------------------------------- batched, seeded
+
+
+@pytest.mark.parametrize("name", ["hyperset-sequence", "looped-image"])
+def test_k_trajectories_run_in_one_batched_forward(name):
+    model, batch = eval_model(name), plain_inputs(name)
+    recorder = Recorder(model)
+    output = model(**batch, search_trajectories=K, search_noise=0.5, search_seed=3)
+    recorder.remove()
+    size = len(output.logits)
+    assert recorder.calls == [K * size], recorder.calls
+    # trajectory 0 of every sample is the unperturbed one: its logits are the plain forward's
+    plain = model(**batch).logits
+    every = trajectory_logits(model, recorder.outputs[0], batch).view(size, K, *plain.shape[1:])
+    torch.testing.assert_close(every[:, 0], plain, rtol=0, atol=0)
+    assert not torch.allclose(every[:, 1], plain, rtol=0, atol=1e-6), (
+        "search_noise did not perturb trajectory 1"
+    )
+
+
+def test_seeded_search_is_reproducible_and_the_seed_matters():
+    name = "hyperset-token"
+    model, batch = eval_model(name), plain_inputs(name)
+    first = model(**batch, search_trajectories=4, search_noise=0.5, search_seed=11)
+    again = model(**batch, search_trajectories=4, search_noise=0.5, search_seed=11)
+    for field in ("logits", "search_chosen", "search_energies", "search_confidences"):
+        assert torch.equal(getattr(first, field), getattr(again, field)), field
+    other = model(**batch, search_trajectories=4, search_noise=0.5, search_seed=12)
+    assert not torch.equal(first.search_energies[:, 1:], other.search_energies[:, 1:])
+    # trajectory 0 is unperturbed whatever the seed
+    torch.testing.assert_close(first.search_energies[:, 0], other.search_energies[:, 0], rtol=0, atol=0)
+    # no seed: a draw from torch's global generator, reproducible under torch.manual_seed
+    torch.manual_seed(5)
+    unseeded = model(**batch, search_trajectories=4, search_noise=0.5)
+    torch.manual_seed(5)
+    assert torch.equal(
+        unseeded.search_energies, model(**batch, search_trajectories=4, search_noise=0.5).search_energies
+    )
+
+
+# ---------------------------------------------------------------- selectors
+
+
+@pytest.mark.parametrize("name", ["hyperset-image", "hyperset-token"])
+def test_energy_selector_picks_the_lowest_energy_trajectory(name):
+    """Constructed energies (written into the backbone's output) put the minimum at a different trajectory per
+    sample: the chosen index, the reported energies and the returned logits follow them."""
+    model, batch = eval_model(name), inputs_of(name)
+    size = len(batch["labels"])
+    energies = torch.tensor([[3.0, 1.0, 2.0], [0.5, 4.0, 1.0], [2.0, 2.0, -1.0], [7.0, 6.0, 6.5]])[:size]
+    recorder = Recorder(model, energies.flatten())
+    output = model(**batch, search_trajectories=K, search_noise=0.5, search_seed=0, search_selector="energy")
+    recorder.remove()
+    assert output.search_chosen.tolist() == [1, 0, 2, 1][:size]
+    torch.testing.assert_close(output.search_energies, energies, rtol=0, atol=0)
+    every = trajectory_logits(model, recorder.outputs[0], batch)
+    every = every.view(size, K, *every.shape[1:])
+    expected = every[torch.arange(size), output.search_chosen]
+    torch.testing.assert_close(output.logits, expected, rtol=0, atol=0)
+    # the loss is that of the chosen logits
+    arguments = (expected, batch["labels"]) if model._per_token else (batch["labels"], expected)
+    torch.testing.assert_close(output.loss, model.loss_function(*arguments, model.config), rtol=0, atol=0)
+
+
+def test_reported_energies_are_the_final_energies_of_the_trajectories():
+    """`search_energies` of trajectory 0 is Σ_layers E_ATTN + E_FF of a plain forward's per-layer final states."""
+    name = "hyperset-sequence"
+    model, batch = eval_model(name), plain_inputs(name)
+    output = model(**batch, search_trajectories=K, search_noise=0.3, search_seed=1)
+    backbone = backbone_of(model)
+    states = backbone(**batch, output_hidden_states=True).hidden_states
+    real = batch["attention_mask"].float()
+    T = model.config.num_iterations
+    expected = sum(
+        backbone._energy(layer, states[(index + 1) * T], real) for index, layer in enumerate(backbone.layers)
+    )
+    # the same float32 energy evaluation of the same states: equal up to rounding of sums of order 10-100
+    torch.testing.assert_close(
+        output.search_energies[:, 0], expected, rtol=4 * torch.finfo(torch.float32).eps, atol=0
+    )
+    assert (output.search_chosen == output.search_energies.argmin(-1)).all()
+
+
+@pytest.mark.parametrize("name", ["hyperset-token", "looped-sequence"])
+def test_confidence_selector_picks_the_most_confident_trajectory(name):
+    model, batch = eval_model(name), plain_inputs(name)
+    recorder = Recorder(model)
+    output = model(
+        **batch, search_trajectories=K, search_noise=2.0, search_seed=4, search_selector="confidence"
+    )
+    recorder.remove()
+    size = len(output.logits)
+    every = trajectory_logits(model, recorder.outputs[0], batch)
+    top = every.softmax(-1).amax(-1)
+    if model._per_token:
+        mask = batch["attention_mask"].repeat_interleave(K, 0).float()
+        top = (top * mask).sum(-1) / mask.sum(-1)
+    expected = top.view(size, K)
+    torch.testing.assert_close(output.search_confidences, expected, rtol=1e-6, atol=0)
+    assert output.search_chosen.tolist() == expected.argmax(-1).tolist()
+    assert len(set(output.search_chosen.tolist())) > 1 or output.search_chosen[0] != 0, (
+        "every sample kept trajectory 0: the test would not see a wrong pick"
+    )
+
+
+# ---------------------------------------------------------------- Sudoku
+
+
+def sudoku_batch(count: int = 2) -> tuple[torch.Tensor, np.ndarray]:
+    from energyformers.training.sudoku import generate_puzzles
+
+    puzzles, solutions = generate_puzzles(count, 0, 36, 45)
+    return torch.as_tensor(puzzles.astype(np.int64)), solutions.astype(np.int64)
+
+
+def test_sudoku_board_validity():
+    puzzles, solutions = sudoku_batch(3)
+    right = torch.nn.functional.one_hot(torch.as_tensor(solutions) - 1, 9).float()  # (B, 81, 9)
+    assert modeling_hyperset.sudoku_boards_valid(puzzles, right).tolist() == [True] * 3
+    wrong = right.clone()
+    blank = int((puzzles[0] == 0).nonzero()[0])
+    wrong[0, blank] = wrong[0, blank].roll(1)  # one blank cell off by one digit
+    assert modeling_hyperset.sudoku_boards_valid(puzzles, wrong).tolist() == [False, True, True]
+    # a wrong prediction on a given cell does not count: the given digit is kept
+    given = int((puzzles[1] != 0).nonzero()[0])
+    on_given = right.clone()
+    on_given[1, given] = on_given[1, given].roll(1)
+    assert modeling_hyperset.sudoku_boards_valid(puzzles, on_given).tolist() == [True] * 3
+
+
+def sudoku_model(looped: bool = False):
+    config = hyperset_config(
+        "sequence", vocab_size=10, max_position_embeddings=81, num_labels=9, num_hidden_layers=1
+    )
+    if looped:
+        return perturb(
+            LoopedTransformerForTokenClassification(LoopedTransformerConfig.from_hyperset(config))
+        ).eval()
+    return perturb(HyperSetForTokenClassification(config)).eval()
+
+
+@pytest.mark.parametrize("looped", [False, True], ids=["hyperset", "looped"])
+def test_sudoku_selector_prefers_a_valid_board_else_falls_back(looped):
+    """The classifier's output is rewritten per trajectory: trajectory 2 of sample 0 and trajectory 1 of sample 1
+    give the solution; sample 0's trajectory 0 is the most confident / lowest-energy one, so only validity can pick
+    trajectory 2. Without any valid board the fallback (energy, or confidence for the baseline) decides."""
+    model = sudoku_model(looped)
+    puzzles, solutions = sudoku_batch(2)
+    right = torch.nn.functional.one_hot(torch.as_tensor(solutions) - 1, 9).float() * 10  # confident
+    wrong = right.roll(1, dims=-1)  # every cell off by one digit: invalid only through the blanks
+
+    def rewrite(valid: dict[int, int]):
+        def hook(module, args, output):
+            logits = wrong.repeat_interleave(K, 0) * 2  # more confident than the right boards
+            for sample, trajectory in valid.items():
+                logits[sample * K + trajectory] = right[sample]
+            return logits
+
+        return model.classifier.register_forward_hook(hook)
+
+    handle = rewrite({0: 2, 1: 1})
+    output = model(
+        input_ids=puzzles, search_trajectories=K, search_noise=0.5, search_seed=0, search_selector="sudoku"
+    )
+    handle.remove()
+    assert output.search_chosen.tolist() == [2, 1]
+    assert output.search_valid_boards.tolist() == [[False, False, True], [False, True, False]]
+    torch.testing.assert_close(output.logits, right, rtol=0, atol=0)
+
+    handle = rewrite({})
+    output = model(
+        input_ids=puzzles, search_trajectories=K, search_noise=0.5, search_seed=0, search_selector="sudoku"
+    )
+    handle.remove()
+    assert not output.search_valid_boards.any()
+    fallback = output.search_confidences.argmax(-1) if looped else output.search_energies.argmin(-1)
+    assert output.search_chosen.tolist() == fallback.tolist()
+
+
+def test_sudoku_selector_refuses_a_model_that_is_no_sudoku_solver():
+    model, batch = eval_model("hyperset-token"), plain_inputs("hyperset-token")
+    with pytest.raises(
+        ValueError,
+        match=r"search_selector='sudoku' needs a Sudoku token-classification call.*"
+        r"num_labels=4, input_ids shape \(4, 7\)",
+    ):
+        model(**batch, search_trajectories=2, search_selector="sudoku")
+
+
+# ---------------------------------------------------------------- combined with the supervision steps
+
+
+def test_search_runs_the_supervision_steps_of_each_trajectory():
+    name = "hyperset-sequence"
+    model, batch = eval_model(name, supervision_steps=2), plain_inputs(name)
+    recorder = Recorder(model)
+    output = model(**batch, search_trajectories=K, search_noise=0.0, search_seed=0)
+    recorder.remove()
+    assert recorder.calls == [K * 4, K * 4]
+    torch.testing.assert_close(output.logits, model(**batch).logits, rtol=0, atol=0)
+    assert output.supervision_steps_used.tolist() == [2] * 4
+
+
+# ---------------------------------------------------------------- bad arguments
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (dict(search_trajectories=0), "search_trajectories must be an integer >= 1 (1: no search); got 0."),
+        (
+            dict(search_trajectories=2.0),
+            "search_trajectories must be an integer >= 1 (1: no search); got 2.0.",
+        ),
+        (
+            dict(search_trajectories=True),
+            "search_trajectories must be an integer >= 1 (1: no search); got True.",
+        ),
+        (
+            dict(search_trajectories=2, search_noise=-0.1),
+            "search_noise must be a finite number >= 0; got -0.1.",
+        ),
+        (
+            dict(search_trajectories=2, search_noise=float("nan")),
+            "search_noise must be a finite number >= 0; got nan.",
+        ),
+        (
+            dict(search_trajectories=2, search_seed=-1),
+            "search_seed must be None or an integer in [0, 2**63); got -1.",
+        ),
+        (
+            dict(search_trajectories=2, search_selector="lowest"),
+            "search_selector must be one of ['energy', 'confidence', 'sudoku']; got 'lowest'.",
+        ),
+        (dict(search_noise=0.1), "search_noise=0.1 given without search_trajectories"),
+        (dict(search_selector="energy"), "search_selector='energy' given without search_trajectories"),
+    ],
+)
+def test_bad_arguments_are_clear_errors_before_any_work(arguments, message):
+    model, batch = eval_model("hyperset-token"), plain_inputs("hyperset-token")
+    recorder = Recorder(model)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        model(**batch, **arguments)
+    recorder.remove()
+    assert recorder.calls == [], "the backbone ran before the arguments were checked"
+
+
+def test_energy_selection_is_refused_for_the_looped_baseline():
+    model, batch = eval_model("looped-token"), plain_inputs("looped-token")
+    with pytest.raises(
+        ValueError, match=re.escape("search_selector='energy' needs a model with an energy (Hyper-SET)")
+    ):
+        model(**batch, search_trajectories=2, search_selector="energy")
+
+
+def test_search_is_refused_in_training_mode():
+    model, batch = build("hyperset-token"), plain_inputs("hyperset-token")
+    with pytest.raises(
+        ValueError, match=re.escape("search_trajectories=2 is test-time search: call model.eval()")
+    ):
+        model(**batch, search_trajectories=2)
+
+
+# ---------------------------------------------------------------- pipelines and predict
+
+
+def test_pipeline_passes_the_search_arguments_to_the_model():
+    from test_pipelines import _direct_scores, _image, _scores, image_classifier  # noqa: F401
+    from transformers import pipeline
+
+    from energyformers.pipelines import ImageClassificationPipeline
+    from energyformers.training.processing import build_image_processor
+
+    torch.manual_seed(0)
+    from energyformers import HyperSetForImageClassification
+
+    model = perturb(HyperSetForImageClassification(hyperset_config("image", num_channels=3)), seed=2).eval()
+    with torch.no_grad():
+        model.hyperset.step_sizes.proj.weight.mul_(20)
+    processor = build_image_processor(model.config)
+    classify = pipeline(
+        "image-classification",
+        model=model,
+        image_processor=processor,
+        pipeline_class=ImageClassificationPipeline,
+    )
+    search = dict(search_trajectories=4, search_noise=1.0, search_seed=7, search_selector="energy")
+    inputs = dict(processor(_image(), return_tensors="pt"))
+    got = _scores(classify(_image(), top_k=4, **search))
+    assert got == pytest.approx(_direct_scores(model, inputs, **search), abs=1e-6)
+    assert got != pytest.approx(_direct_scores(model, inputs), abs=1e-4), "the search changed nothing"
+    assert "forward" not in model.__dict__
+
+
+def test_predict_passes_the_search_flags_to_the_model_call(hyperset_folder, capsys, monkeypatch):
+    import inspect
+
+    from test_cli_errors import predicted_scores
+
+    import energyformers
+
+    folder, image = hyperset_folder
+    calls: list[dict] = []
+    original = energyformers.HyperSetForImageClassification.forward
+    names = ("search_trajectories", "search_noise", "search_seed", "search_selector", "halting_threshold")
+
+    def recording(self, *args, **kwargs):
+        calls.append({k: kwargs.get(k) for k in names})
+        return original(self, *args, **kwargs)
+
+    recording.__signature__ = inspect.signature(
+        original
+    )  # predict checks the flags against the forward's names
+    monkeypatch.setattr(energyformers.HyperSetForImageClassification, "forward", recording)
+    flags = ["--search_trajectories", "3", "--search_noise", "0.5", "--search_seed", "1"]
+    predicted_scores(capsys, str(folder), str(image), *flags, "--search_selector", "confidence")
+    assert calls[-1] == {
+        "search_trajectories": 3,
+        "search_noise": 0.5,
+        "search_seed": 1,
+        "search_selector": "confidence",
+        "halting_threshold": None,
+    }, calls
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--search_trajectories", "0"], "--search_trajectories 0: expected an integer >= 1"),
+        (
+            ["--search_trajectories", "2", "--search_noise", "-1"],
+            "--search_noise -1.0: expected a finite number >= 0",
+        ),
+        (["--halting_threshold", "1"], "--halting_threshold 1.0: expected a number in (0, 1)"),
+        (
+            ["--search_noise", "0.1"],
+            "--search_noise: a test-time search flag; pass --search_trajectories K as well",
+        ),
+    ],
+)
+def test_predict_refuses_bad_search_flags_before_loading(hyperset_folder, capsys, flags, message):
+    from energyformers.training import predict
+
+    folder, image = hyperset_folder
+    assert predict.main([str(folder), str(image), *flags]) == 2
+    assert message in capsys.readouterr().err
