@@ -5,7 +5,8 @@ the reconstruction metrics.
 The model reads a grid of discrete codes; a VQ tokenizer turns pixels into codes and codes back into pixels. Any
 object with `codebook_size`, `encode(pixels) -> codes` and `decode(codes) -> pixels` plugs in (`VQTokenizer`). The
 paper's tokenizer is MaskGIT's VQGAN (256² images → 16 × 16 codes, codebook 1024), whose weights this package does
-not ship and cannot download in tests; `PatchKMeansTokenizer` is a small tokenizer that works offline: a k-means
+not ship and cannot download in tests: `VQGANTokenizer` runs it (or any VQ autoencoder held as a diffusers
+`VQModel`) where a user has it. `PatchKMeansTokenizer` is a small tokenizer that works offline: a k-means
 codebook of image patches, each code decoded to its centroid. It gives the whole loop (tokenize, train, mask,
 decode, measure) on real images, but its reconstructions are blocky averages of patches, so its PSNR/SSIM are not
 comparable with the paper's VQGAN numbers.
@@ -14,6 +15,7 @@ comparable with the paper's VQGAN numbers.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -177,6 +179,167 @@ class PatchKMeansTokenizer:
             )
 
 
+VQGAN_SUBFOLDER = (
+    "vqgan"  # where `VQGANTokenizer.save_pretrained` puts the diffusers model inside a model folder
+)
+
+
+class VQGANTokenizer:
+    """A VQ autoencoder held as a diffusers `VQModel`: the paper's tokenizer, MaskGIT's VQGAN, where a user has it.
+
+    MaskGIT's VQGAN (`llvictorll/Maskgit-pytorch` on the Hub, `pretrained_maskgit/VQGAN/last.ckpt` with its
+    `model.yaml`; the authors load it with their copy of taming-transformers' `VQModel`) is an f16 encoder/decoder
+    of GroupNorm residual blocks with attention, a 1 × 1 quantisation convolution and a nearest-neighbour codebook
+    of 1024 vectors: the structure of diffusers' `VQModel`, with `AttnDownEncoderBlock2D` / `AttnUpDecoderBlock2D`
+    at the resolutions its `attn_resolutions` lists. diffusers ships no converter from a taming checkpoint to its
+    layout; a `VQModel` folder (`config.json` + weights, `VQModel.save_pretrained`) is what this class loads.
+    Needs the optional `diffusers` package (`pip install "energyformers[vqgan]"`).
+
+    `encode` takes pixels in [0, 1] and maps them to the model's `pixel_range` (MaskGIT's VQGAN: [−1, 1]); a code
+    is the index of the codebook vector nearest to the encoder's latent at that grid position (row-major).
+    `decode` looks the codes up in the codebook, runs the decoder and maps its output back to [0, 1], clamped.
+
+    Args:
+        model: a diffusers `VQModel`.
+        pixel_range: (low, high), the pixel values the model was trained on.
+    """
+
+    def __init__(self, model, pixel_range: tuple[float, float] = (-1.0, 1.0)) -> None:
+        low, high = (float(v) for v in pixel_range)
+        if not high > low:
+            raise ValueError(f"pixel_range must be (low, high) with high > low; got {tuple(pixel_range)!r}.")
+        self.model = model.eval()
+        self.pixel_range = (low, high)
+
+    @property
+    def codebook_size(self) -> int:
+        return int(self.model.config.num_vq_embeddings)
+
+    @property
+    def downsampling(self) -> int:
+        """Pixels per code along each side: 2^(levels − 1) (16 for MaskGIT's VQGAN)."""
+        return 2 ** (len(self.model.config.block_out_channels) - 1)
+
+    @property
+    def num_channels(self) -> int:
+        return int(self.model.config.in_channels)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike,
+        pixel_range: tuple[float, float] | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> VQGANTokenizer:
+        """Load a local diffusers `VQModel` folder, or a model folder holding one saved by `save_pretrained`
+        (`vqgan/` with `vq_tokenizer_config.json` beside it). Nothing is downloaded."""
+        folder = Path(path)
+        if not folder.is_dir():
+            raise FileNotFoundError(
+                f"path={str(path)!r}: no such folder; expected a diffusers VQModel folder (config.json and "
+                "diffusion_pytorch_model.safetensors, written by VQModel.save_pretrained) or a model folder with "
+                f"{CONFIG_NAME} and {VQGAN_SUBFOLDER}/."
+            )
+        settings = {}
+        if (folder / CONFIG_NAME).is_file():
+            settings = json.loads((folder / CONFIG_NAME).read_text())
+            if settings.get("tokenizer_class") != cls.__name__:
+                raise ValueError(
+                    f"{folder / CONFIG_NAME}: tokenizer_class={settings.get('tokenizer_class')!r}; expected "
+                    f"{cls.__name__!r}."
+                )
+            folder = folder / settings.get("subfolder", VQGAN_SUBFOLDER)
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(
+                f"path={str(path)!r}: {folder} has no config.json; expected a diffusers VQModel folder "
+                "(VQModel.save_pretrained)."
+            )
+        vq_model = _diffusers_vq_model()
+        model = vq_model.from_pretrained(folder, local_files_only=True, torch_dtype=dtype)
+        pixel_range = pixel_range or tuple(settings.get("pixel_range", (-1.0, 1.0)))
+        return cls(model, pixel_range)
+
+    def save_pretrained(self, folder: str | os.PathLike) -> None:
+        """Write the VQModel into `folder/vqgan/` and `vq_tokenizer_config.json` beside it, so that a model folder
+        can carry its tokenizer (`load_vq_tokenizer`)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(folder / VQGAN_SUBFOLDER)
+        config = {
+            "tokenizer_class": type(self).__name__,
+            "subfolder": VQGAN_SUBFOLDER,
+            "pixel_range": list(self.pixel_range),
+            "codebook_size": self.codebook_size,
+        }
+        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+
+    @torch.no_grad()
+    def encode(self, pixel_values: torch.Tensor) -> torch.LongTensor:
+        factor = self.downsampling
+        if (
+            pixel_values.ndim != 4
+            or pixel_values.shape[1] != self.num_channels
+            or pixel_values.shape[-1] % factor
+            or pixel_values.shape[-2] % factor
+        ):
+            raise ValueError(
+                f"pixel_values must have shape (batch, {self.num_channels}, height, width) with sides multiples of "
+                f"the downsampling factor {factor}; got {tuple(pixel_values.shape)}."
+            )
+        weight = self.model.quantize.embedding.weight
+        low, high = self.pixel_range
+        pixels = pixel_values.to(weight.device, weight.dtype) * (high - low) + low
+        latents = self.model.encode(pixels).latents  # (B, C, h, w), before quantisation
+        flat = latents.permute(0, 2, 3, 1).reshape(len(latents), -1, latents.shape[1])  # row-major grid
+        return torch.cdist(flat, weight[None].expand(len(flat), -1, -1)).argmin(-1)
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        side = math.isqrt(codes.shape[-1]) if codes.ndim == 2 else 0
+        if codes.ndim != 2 or side * side != codes.shape[1] or codes.dtype.is_floating_point:
+            raise ValueError(
+                "codes must be integer codes of shape (batch, side²) for a square grid; got shape "
+                f"{tuple(codes.shape)} and dtype {codes.dtype}."
+            )
+        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size):
+            raise ValueError(
+                f"codes must lie in [0, codebook_size={self.codebook_size}); got values in "
+                f"[{int(codes.min())}, {int(codes.max())}] (fill every [MASK] before decoding)."
+            )
+        weight = self.model.quantize.embedding.weight
+        quantized = weight[codes.to(weight.device)]  # (B, N, C)
+        quantized = quantized.view(len(codes), side, side, -1).permute(0, 3, 1, 2)
+        pixels = self.model.decode(quantized, force_not_quantize=True).sample
+        low, high = self.pixel_range
+        return ((pixels.float() - low) / (high - low)).clamp(0, 1)
+
+
+def _diffusers_vq_model():
+    try:
+        from diffusers import VQModel
+    except ImportError as err:
+        raise ImportError(
+            "VQGANTokenizer needs the optional package 'diffusers' (its VQModel runs the VQGAN); install it with "
+            '`pip install "energyformers[vqgan]"` or `pip install diffusers`.'
+        ) from err
+    return VQModel
+
+
+def load_vq_tokenizer(folder: str | os.PathLike) -> PatchKMeansTokenizer | VQGANTokenizer:
+    """The image tokenizer saved in `folder` (`vq_tokenizer_config.json` names its class)."""
+    path = Path(folder) / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{folder}: no {CONFIG_NAME}; save a tokenizer there (PatchKMeansTokenizer / VQGANTokenizer "
+            ".save_pretrained) or pass one."
+        )
+    name = json.loads(path.read_text()).get("tokenizer_class")
+    classes = {cls.__name__: cls for cls in (PatchKMeansTokenizer, VQGANTokenizer)}
+    if name not in classes:
+        raise ValueError(f"{path}: tokenizer_class={name!r}; expected one of {sorted(classes)}.")
+    return classes[name].from_pretrained(folder)
+
+
 def _patches(images: torch.Tensor, patch_size: int) -> torch.Tensor:
     """`(B, C, H, W)` → `(B, N, C·p·p)`, patches row-major over the grid, each in (channel, row, column) order."""
     batch, channels, height, width = images.shape
@@ -245,4 +408,11 @@ def reconstruction_metrics(
     return metrics
 
 
-__all__ = ["PatchKMeansTokenizer", "VQTokenizer", "mask_codes", "reconstruction_metrics"]
+__all__ = [
+    "PatchKMeansTokenizer",
+    "VQGANTokenizer",
+    "VQTokenizer",
+    "load_vq_tokenizer",
+    "mask_codes",
+    "reconstruction_metrics",
+]

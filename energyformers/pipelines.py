@@ -98,3 +98,185 @@ __all__ = [
     "TextClassificationPipeline",
     "TokenClassificationPipeline",
 ]
+
+
+# ------------------------------------------------------------------------------------ masked image modelling
+
+
+class MaskedImageModelingPipeline(transformers.Pipeline):
+    """Masked image modelling inference: image → VQ codes → a fraction masked → MaskGIT decoding → image.
+
+    `model`: a `HyperSetForMaskedImageModeling` or the path of its folder. `vq_tokenizer`: any
+    `energyformers.mim.VQTokenizer`; when left out, the one saved in the model folder (`vq_tokenizer_config.json`,
+    written by `PatchKMeansTokenizer.save_pretrained` / `VQGANTokenizer.save_pretrained`) is loaded.
+
+    Call with an image (PIL image, path, or array / tensor `(H, W)`, `(H, W, C)` or `(C, H, W)`; integers read as
+    0-255, floats as [0, 1]) and, as call arguments, `mask_ratio` (default 0.4, the paper's evaluation), `seed`
+    (default 0: masking and decoding are reproducible), and the decoding settings of
+    `HyperSetForMaskedImageModeling.decode`: `steps`, `schedule`, `temperature`, `randomize_temperature`,
+    `num_iterations`. Returns a dict: `reconstruction` (PIL image), `pixel_values` (the reconstruction, `(C, H, W)`
+    in [0, 1]), `input_pixel_values` (the image as tokenized), `codes` (decoded), `input_codes` (with [MASK]),
+    `true_codes`, `masked` (bool), `masked_accuracy` (share of masked positions decoded to the true code),
+    `psnr`/`ssim` of the reconstruction against the input and `tokenizer_psnr`, the PSNR of decoding the true codes:
+    the tokenizer's own bound.
+
+        from energyformers.pipelines import MaskedImageModelingPipeline
+
+        reconstruct = MaskedImageModelingPipeline(model="runs/mim")
+        out = reconstruct(image, mask_ratio=0.4, steps=8, seed=0)
+        out["reconstruction"].save("reconstruction.png"); print(out["psnr"])
+    """
+
+    _DECODE_ARGUMENTS = ("steps", "schedule", "temperature", "randomize_temperature", "num_iterations")
+
+    def __init__(self, model: Any, vq_tokenizer: Any | None = None, device: Any = -1, **kwargs: Any) -> None:
+        from pathlib import Path
+
+        from .mim import VQTokenizer, load_vq_tokenizer
+
+        folder = model if isinstance(model, (str, Path)) else getattr(model, "name_or_path", None)
+        if isinstance(model, (str, Path)):
+            model = transformers.AutoModelForMaskedImageModeling.from_pretrained(model)
+        if vq_tokenizer is None:
+            if not folder or not Path(folder).is_dir():
+                raise ValueError(
+                    "vq_tokenizer is needed: the model was not loaded from a local folder that holds one "
+                    f"(name_or_path={folder!r}); pass vq_tokenizer=PatchKMeansTokenizer.from_pretrained(...) or "
+                    "VQGANTokenizer.from_pretrained(...)."
+                )
+            vq_tokenizer = load_vq_tokenizer(folder)
+        if not isinstance(vq_tokenizer, VQTokenizer):
+            raise TypeError(
+                "vq_tokenizer must implement energyformers.mim.VQTokenizer (codebook_size, encode, decode); got "
+                f"{type(vq_tokenizer).__name__}."
+            )
+        if vq_tokenizer.codebook_size != model.codebook_size:
+            raise ValueError(
+                f"vq_tokenizer has codebook_size={vq_tokenizer.codebook_size}, the model predicts "
+                f"{model.codebook_size} codes; they must be equal."
+            )
+        self.vq_tokenizer = vq_tokenizer
+        super().__init__(model=model, device=device, **kwargs)
+        self.model.eval()
+
+    def _sanitize_parameters(
+        self, mask_ratio: float | None = None, seed: int | None = None, **kwargs: Any
+    ) -> tuple[dict, dict, dict]:
+        unknown = sorted(set(kwargs) - set(self._DECODE_ARGUMENTS))
+        if unknown:
+            raise ValueError(
+                f"MaskedImageModelingPipeline takes no {unknown} argument(s); it takes mask_ratio, seed and "
+                f"{list(self._DECODE_ARGUMENTS)}."
+            )
+        preprocess, forward = {}, dict(kwargs)
+        if mask_ratio is not None:
+            if (
+                isinstance(mask_ratio, bool)
+                or not isinstance(mask_ratio, (int, float))
+                or not 0 <= mask_ratio <= 1
+            ):
+                raise ValueError(f"mask_ratio must be a fraction in [0, 1]; got {mask_ratio!r}.")
+            preprocess["mask_ratio"] = float(mask_ratio)
+        if seed is not None:
+            if isinstance(seed, bool) or not isinstance(seed, int):
+                raise ValueError(f"seed must be an integer; got {seed!r}.")
+            preprocess["seed"] = forward["seed"] = seed
+        return preprocess, forward, {}
+
+    def _image_geometry(self) -> tuple[int, int, int]:
+        """(channels, height, width) the tokenizer encodes into the model's grid of codes."""
+        import math
+
+        tokenizer = self.vq_tokenizer
+        if hasattr(tokenizer, "image_size"):
+            height, width = tokenizer.image_size
+            return int(tokenizer.num_channels), int(height), int(width)
+        side = math.isqrt(self.model.config.max_position_embeddings) * int(tokenizer.downsampling)
+        return int(tokenizer.num_channels), side, side
+
+    def _pixels(self, image: Any) -> Any:
+        """`image` as a `(C, H, W)` float tensor in [0, 1] of the tokenizer's geometry."""
+        from pathlib import Path
+
+        import numpy as np
+        import PIL.Image
+        import torch
+        import torch.nn.functional as F
+
+        channels, height, width = self._image_geometry()
+        if isinstance(image, (str, Path)):
+            image = PIL.Image.open(image)
+        if isinstance(image, PIL.Image.Image):
+            image = np.asarray(image.convert("L" if channels == 1 else "RGB"))
+        if isinstance(image, np.ndarray):
+            image = torch.from_numpy(np.array(image))  # a copy: arrays of PIL images are read-only
+        if not isinstance(image, torch.Tensor) or image.ndim not in (2, 3):
+            raise ValueError(
+                "image must be a PIL image, a path, or an array/tensor of shape (H, W), (H, W, C) or (C, H, W); "
+                f"got {type(image).__name__} {tuple(getattr(image, 'shape', ()))}."
+            )
+        pixels = image.float() / 255.0 if not image.dtype.is_floating_point else image.float()
+        if pixels.ndim == 2:
+            pixels = pixels[None]
+        elif pixels.shape[0] not in (1, 3) and pixels.shape[-1] in (1, 3):  # (H, W, C)
+            pixels = pixels.permute(2, 0, 1)
+        if pixels.shape[0] != channels:
+            if pixels.shape[0] == 1:
+                pixels = pixels.expand(channels, -1, -1)
+            elif channels == 1:  # RGB → luminance (ITU-R 601, as PIL's "L")
+                pixels = (pixels * torch.tensor([0.299, 0.587, 0.114])[:, None, None]).sum(0, keepdim=True)
+            else:
+                raise ValueError(f"image has {pixels.shape[0]} channels; the tokenizer takes {channels}.")
+        if tuple(pixels.shape[-2:]) != (height, width):
+            pixels = F.interpolate(
+                pixels[None], size=(height, width), mode="bilinear", antialias=True, align_corners=False
+            )[0]
+        return pixels.clamp(0, 1)
+
+    def preprocess(self, image: Any, mask_ratio: float = 0.4, seed: int = 0) -> dict[str, Any]:
+        import torch
+
+        from .mim import mask_codes
+
+        pixels = self._pixels(image)
+        codes = self.vq_tokenizer.encode(pixels[None])
+        generator = torch.Generator().manual_seed(seed)
+        input_ids, _ = mask_codes(codes.cpu(), self.model.mask_token_id, mask_ratio, generator=generator)
+        return {"input_ids": input_ids, "true_codes": codes.cpu(), "pixel_values": pixels[None]}
+
+    def _forward(self, model_inputs: dict[str, Any], seed: int = 0, **decode: Any) -> dict[str, Any]:
+        out = self.model.decode(model_inputs["input_ids"], seed=seed, **decode)
+        return {**model_inputs, "codes": out.codes, "decoding": out}
+
+    def postprocess(self, model_outputs: dict[str, Any]) -> dict[str, Any]:
+        import PIL.Image
+        import torch
+
+        from .mim import reconstruction_metrics
+
+        codes = model_outputs["codes"].cpu()
+        true_codes, input_ids = model_outputs["true_codes"].cpu(), model_outputs["input_ids"].cpu()
+        reference = model_outputs["pixel_values"].cpu().float()
+        reconstruction = self.vq_tokenizer.decode(codes).cpu().float()
+        metrics = reconstruction_metrics(reconstruction, reference)
+        bound = reconstruction_metrics(self.vq_tokenizer.decode(true_codes).cpu().float(), reference)
+        masked = input_ids == self.model.mask_token_id
+        hits = (codes == true_codes)[masked]
+        image = (reconstruction[0].clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+        return {
+            "reconstruction": PIL.Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image),
+            "pixel_values": reconstruction[0],
+            "input_pixel_values": reference[0],
+            "codes": codes[0],
+            "input_codes": input_ids[0],
+            "true_codes": true_codes[0],
+            "masked": masked[0],
+            "masked_accuracy": hits.float().mean().item() if hits.numel() else float("nan"),
+            "psnr": metrics["psnr"],
+            "ssim": metrics["ssim"],
+            "tokenizer_psnr": bound["psnr"],
+            "decoding": model_outputs["decoding"],
+        }
+
+
+__all__ += ["MaskedImageModelingPipeline"]

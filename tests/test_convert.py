@@ -49,6 +49,7 @@ NAMES = {
     "hyperbf": "hyperbf_vit_tiny",
     "hyperset-ic": "hyperset_ic_m32",
     "hyperset-sudoku": "hyperset_sudoku",
+    "hyperset-mim": "hyperset_mim",
 }
 ATOL = {"float64": 1e-10, "float32": 1e-5}
 DTYPE = {"float64": torch.float64, "float32": torch.float32}
@@ -309,7 +310,7 @@ def test_official_computation_matches_the_authors_run(source, dtype):
     """`official_logits` (used to verify real checkpoints) is the authors' computation, Sudoku included."""
     gold, family = fixture(NAMES[source]), SOURCES[source]
     kwargs, _ = read_official_config(FIXTURES / f"{NAMES[source]}.json", family)
-    inputs = gold["golden/input/idx" if family.input_kind == "ids" else "golden/input/images"]
+    inputs = gold[family.reference_input_key()]
     logits = family.official_logits(official_keys(gold), kwargs, inputs, DTYPE[dtype])
     close(logits, gold[f"golden/{TAG[dtype]}/logits"], 1e-12 if dtype == "float64" else ATOL[dtype], "logits")
 
@@ -323,6 +324,27 @@ def test_sudoku_fixture_converts_to_the_authors_outputs(converted, dtype):
     with torch.no_grad():
         logits = model(gold["golden/input/idx"]).logits
     close(logits, gold[f"golden/{TAG[dtype]}/logits"], ATOL[dtype], "per-cell logits")
+
+
+@needs_fixtures
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_mim_fixture_converts_to_the_authors_outputs(converted, dtype):
+    """`--source hyperset-mim` on the authors' `hyperset_mim` run: float64 logits within 1e-10 of theirs, float32
+    within 1e-5 (absolute, the issue's acceptance), through the Auto class of the folder."""
+    from transformers import AutoModelForMaskedImageModeling
+
+    folder = converted("hyperset-mim", dtype)
+    assert {"config.json", "model.safetensors", "README.md"} <= {p.name for p in folder.iterdir()}
+    model = AutoModelForMaskedImageModeling.from_pretrained(folder, dtype=DTYPE[dtype]).eval()
+    gold = fixture("hyperset_mim")
+    tokens = gold["golden/input/tokens"].flatten(1)  # (2, 256) codes, 1024 = [MASK]
+    with torch.no_grad():
+        out = model(tokens, output_hidden_states=True)
+    close(out.logits, gold[f"golden/{TAG[dtype]}/logits"], ATOL[dtype], "logits over the codebook")
+    # the states carry rounding of their scale (entries up to ~60 here)
+    scale = float(gold[f"golden/{TAG[dtype]}/final_state"].abs().max())
+    close(out.hidden_states[0], gold[f"golden/{TAG[dtype]}/embeddings"], ATOL[dtype] * scale, "embeddings")
+    close(out.hidden_states[-1], gold[f"golden/{TAG[dtype]}/final_state"], ATOL[dtype] * scale, "final state")
 
 
 # ------------------------------------------------------------------------- Sudoku `sincos` positions
@@ -502,7 +524,9 @@ def test_readme_commands_give_the_kwargs_of_the_authors_presets():
 
 
 @needs_fixtures
-@pytest.mark.parametrize("source", sorted(NAMES))
+# `energyformers export` asks a sequence model's folder for a text tokenizer; a masked-image-modelling folder has
+# none (its image tokenizer is separate), so that source is not exported here
+@pytest.mark.parametrize("source", sorted(set(NAMES) - {"hyperset-mim"}))
 def test_round_trip_through_an_exported_folder_is_exact(converted, source, tmp_path):
     """official → ours → `energyformers export` → official: the Hub-ready folder keeps what the reverse needs."""
     exported = tmp_path / "exported"

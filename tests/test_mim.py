@@ -13,24 +13,10 @@ from safetensors.torch import load_file
 from energyformers import HyperSetConfig, HyperSetForMaskedImageModeling
 from energyformers.mim import PatchKMeansTokenizer, VQTokenizer, mask_codes, reconstruction_metrics
 from energyformers.modeling.modeling_hyperset import MASKGIT_SCHEDULES, maskgit_schedule
+from energyformers.training.convert.mim import official_to_ours
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "authors" / "hyperset_mim.safetensors"
 FIXTURE = FIXTURE if FIXTURE.is_file() else Path("/work/shared/fixtures/authors/hyperset_mim.safetensors")
-
-# official state_dict name -> ours (the fixture JSON's computation order gives each tensor's role)
-OFFICIAL_TO_OURS = {
-    "tok_emb.weight": "hyperset.embeddings.word_embeddings.weight",
-    "transformer.qkv.weight": "hyperset.layers.0.attention.qkv_proj.weight",
-    "transformer.ln1.weight": "hyperset.layers.0.attention.qkv_gain",  # one RMSNorm(d_h) for q, k and v
-    "transformer.mlp.weight": "hyperset.layers.0.feedforward.dictionary.weight",
-    "transformer.ln2.weight": "hyperset.layers.0.feedforward.norm.weight",
-    "transformer.time_mlp.1.0.weight": "hyperset.step_sizes.condition_norm.weight",  # RMSNorm(e_t + x₀)
-    "transformer.time_mlp.1.2.weight": "hyperset.step_sizes.proj.weight",
-    "transformer.time_mlp.1.2.bias": "hyperset.step_sizes.proj.bias",
-    "lm_head.0.weight": "layernorm.weight",
-    "lm_head.1.weight": "code_head.weight",
-    "lm_head.1.bias": "code_head.bias",
-}
 
 
 def fixture_config(**overrides) -> HyperSetConfig:
@@ -43,8 +29,8 @@ def fixture_config(**overrides) -> HyperSetConfig:
 def fixture_model(dtype: torch.dtype) -> tuple[HyperSetForMaskedImageModeling, dict[str, torch.Tensor]]:
     tensors = load_file(FIXTURE)
     model = HyperSetForMaskedImageModeling(fixture_config()).eval()
-    state = {ours: tensors[official] for official, ours in OFFICIAL_TO_OURS.items()}
-    state["hyperset.layers.0.attention.qkv_gain"] = state["hyperset.layers.0.attention.qkv_gain"][None]
+    # the converter's key mapping (`energyformers convert --source hyperset-mim`)
+    state = official_to_ours({key: value for key, value in tensors.items() if "/" not in key})
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and missing == [], (missing, unexpected)
     return model.to(dtype), tensors

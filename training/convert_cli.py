@@ -15,7 +15,7 @@ from .convert.released import HUB_REPO, RELEASED, released_file, unavailable_mes
 from .weights import checkpoint_format
 
 # The keys of `convert.SOURCES` and `convert.DTYPES` (a test checks they stay equal).
-SOURCE_NAMES = ("hyperbf", "hyperset-ic", "hyperset-sudoku", "imixer")
+SOURCE_NAMES = ("hyperbf", "hyperset-ic", "hyperset-mim", "hyperset-sudoku", "imixer")
 DTYPE_NAMES = ("float32", "float64")
 
 

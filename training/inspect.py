@@ -13,6 +13,9 @@ What a model's family draws (all on the INPUTS, or on `--max_samples` examples o
   (`imixer_residuals.png`).
 * HyperBF: the kernel widths σ of every layer, per attention head and for the feedforward RBF unit
   (`hyperbf_sigmas.png`).
+* Masked image modelling (`HyperSetForMaskedImageModeling`, with the image tokenizer saved in its folder): the
+  decode sequence of the first INPUT image, `--mask_ratio` of its codes masked, then the grid after each of
+  `--steps` MaskGIT steps decoded to pixels, masked codes drawn grey (`mim_decode_sequence.png`).
 * With a labelled `--dataset`: accuracy against the number of iterations (Hyper-SET) or fixed-point steps
   (iMixer), `accuracy_vs_iterations.png`; HyperBF (no iterations) reports its accuracy in the JSON.
 * `--landscape`: contour plots of the modern Hopfield energy (`energyformers.energy`) of a few stored 2-D
@@ -74,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--landscape", action="store_true", help="also draw the Hopfield energy landscapes")
     p.add_argument("--num_threads", type=int, help="torch CPU threads")
+    mim = p.add_argument_group(
+        "masked image modelling (a HyperSetForMaskedImageModeling folder with its tokenizer)"
+    )
+    mim.add_argument("--mask_ratio", type=float, default=0.4, help="share of codes masked (default 0.4)")
+    mim.add_argument("--steps", type=int, default=8, help="MaskGIT decoding steps drawn (default 8)")
+    mim.add_argument("--schedule", default="arccos", help="MaskGIT schedule (default arccos)")
+    mim.add_argument("--seed", type=int, default=0, help="seed of the masking and the decoding (default 0)")
     return p
 
 
@@ -535,6 +545,108 @@ def plot_accuracy(
     plt.close(fig)
 
 
+# ----------------------------------------------------------------------------- masked image modelling
+
+MASKED_GREY = 0.5  # the pixel value drawn where a code is still [MASK]
+
+
+def decode_sequence(
+    model: Any, tokenizer: Any, image: Any, mask_ratio: float, steps: int, schedule: str, seed: int
+) -> dict[str, Any]:
+    """The frames of a MaskGIT decode sequence: the input as tokenized, then the grid before the first step and
+    after each of `steps` steps decoded to pixels, with the still-masked codes' pixels set to `MASKED_GREY`.
+
+    Returns `frames` `(steps + 2, C, H, W)`, `titles`, `masked` (codes still masked in each frame after the
+    first) and the pipeline's result (`result`)."""
+    import torch
+
+    from energyformers.pipelines import MaskedImageModelingPipeline
+
+    pipe = MaskedImageModelingPipeline(model=model, vq_tokenizer=tokenizer)
+    result = pipe(image, mask_ratio=mask_ratio, steps=steps, schedule=schedule, seed=seed)
+    sequences = result["decoding"].sequences[:, 0].cpu()  # (S + 1, N)
+    mask_id = model.mask_token_id
+    truth = result["true_codes"]
+    frames = [result["input_pixel_values"]]
+    channels, height, width = frames[0].shape
+    rows = math.isqrt(len(truth))
+    cell_h, cell_w = height // rows, width // (len(truth) // rows)
+    for grid in sequences:
+        hidden = grid == mask_id
+        # masked positions are decoded as their true code and then greyed out: only their place is shown
+        pixels = tokenizer.decode(torch.where(hidden, truth, grid)[None]).cpu().float()[0]
+        cover = hidden.view(rows, -1).repeat_interleave(cell_h, 0).repeat_interleave(cell_w, 1)
+        frames.append(pixels.masked_fill(cover[None].expand(channels, -1, -1), MASKED_GREY))
+    titles = ["input", f"masked {mask_ratio:.0%}"] + [f"step {step}" for step in range(1, len(sequences))]
+    masked = [int((grid == mask_id).sum()) for grid in sequences]
+    return {"frames": torch.stack(frames), "titles": titles, "masked": masked, "result": result}
+
+
+def plot_decode_sequence(sequence: dict[str, Any], path: Path, title: str) -> int:
+    """One panel per frame in a grid of at most 6 columns; returns the number of panels drawn."""
+    plt = _pyplot()
+    frames, titles = sequence["frames"], sequence["titles"]
+    columns = min(6, len(frames))
+    rows = math.ceil(len(frames) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(1.9 * columns, 2.1 * rows + 0.4), squeeze=False)
+    drawn = 0
+    for index, ax in enumerate(axes.flat):
+        ax.axis("off")
+        if index >= len(frames):
+            continue
+        image = frames[index].clamp(0, 1).permute(1, 2, 0).numpy()
+        ax.imshow(image[..., 0] if image.shape[-1] == 1 else image, cmap="gray", vmin=0, vmax=1)
+        ax.set_title(titles[index], fontsize=9)
+        drawn += 1
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return drawn
+
+
+def inspect_mim(model: Any, model_dir: str, images: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """The decode sequence of the first image (`mim_decode_sequence.png`) and its numbers."""
+    from energyformers.mim import load_vq_tokenizer
+
+    try:
+        tokenizer = load_vq_tokenizer(model_dir)
+    except (FileNotFoundError, ValueError, ImportError) as err:
+        raise InspectError(
+            f"{model_dir}: no image tokenizer to draw a decode sequence with ({err})"
+        ) from None
+    if not Path(images[0]).is_file():
+        raise InspectError(f"{model_dir} inspects images; no such file: {images[0]}")
+    try:
+        sequence = decode_sequence(
+            model, tokenizer, images[0], args.mask_ratio, args.steps, args.schedule, args.seed
+        )
+    except ValueError as err:  # a bad --mask_ratio / --schedule, named by the pipeline or the model
+        raise InspectError(str(err)) from None
+    result = sequence["result"]
+    panels = plot_decode_sequence(
+        sequence,
+        Path(args.output_dir) / "mim_decode_sequence.png",
+        f"MaskGIT decoding, {args.steps} steps ({args.schedule}), seed {args.seed}: PSNR {result['psnr']:.2f} dB "
+        f"(tokenizer bound {result['tokenizer_psnr']:.2f})",
+    )
+    return {
+        "figures": ["mim_decode_sequence.png"],
+        "image": str(images[0]),
+        "panels": panels,
+        "titles": sequence["titles"],
+        "masked_per_step": sequence["masked"],
+        "steps": args.steps,
+        "schedule": args.schedule,
+        "mask_ratio": args.mask_ratio,
+        "seed": args.seed,
+        "psnr": result["psnr"],
+        "ssim": result["ssim"],
+        "tokenizer_psnr": result["tokenizer_psnr"],
+        "masked_accuracy": result["masked_accuracy"],
+    }
+
+
 # ----------------------------------------------------------------------------- command
 
 
@@ -558,6 +670,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         model, family = load_model(args.model_dir)
         input_type = model.config.input_type
+        if type(model).__name__ == "HyperSetForMaskedImageModeling":
+            if args.dataset or not args.inputs:
+                raise InspectError(
+                    f"{args.model_dir} is a masked-image-modelling model: give an image path as INPUTS (its decode "
+                    "sequence is drawn); --dataset is not read for it"
+                )
+            if args.steps < 1:
+                raise InspectError(f"--steps must be >= 1; got {args.steps}")
+            output_dir.mkdir(parents=True, exist_ok=True)
+            section = inspect_mim(model, args.model_dir, args.inputs, args)
+            report["figures"] += section.pop("figures")
+            report.update(model_dir=str(args.model_dir), model_type=family, architecture=type(model).__name__)
+            report["mim"] = section
+            (output_dir / "inspect.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+            return report
         if args.dataset and not hasattr(model, "classifier"):
             raise InspectError(
                 f"{args.model_dir} is a bare backbone ({type(model).__name__}): accuracy needs a classification "

@@ -2,7 +2,7 @@
 
 Forward (official → ours)::
 
-    energyformers convert --source {imixer,hyperbf,hyperset-ic,hyperset-sudoku} CHECKPOINT \\
+    energyformers convert --source {imixer,hyperbf,hyperset-ic,hyperset-sudoku,hyperset-mim} CHECKPOINT \\
         --official-config KWARGS.json|RUN.yaml --output_dir DIR [--dtype float32|float64]
     energyformers convert RELEASED_FILE --output_dir DIR   # the authors' published files (`released`)
 
@@ -45,7 +45,7 @@ constructor arguments without a field in our configs (dropout rates and other tr
 """
 
 # The package's modules: `checkpoint` (reading checkpoints and official configs), `base` (errors, constants,
-# `OfficialSource`), one module per official source (`imixer`, `hyperbf`, `hyperset`), `write` (the verified
+# `OfficialSource`), one module per official source (`imixer`, `hyperbf`, `hyperset`, `mim`), `write` (the verified
 # forward and reverse conversions) and `released` (the authors' published files and their official configs, free of
 # torch). The names below are the public ones (`convert_cli`, tests); they are imported on first use, so that
 # `released` can be read by the command line before torch is imported.
@@ -71,6 +71,7 @@ _PUBLIC = {
     "HyperSetICSource": "hyperset",
     "HyperSetSudokuSource": "hyperset",
     "IMixerSource": "imixer",
+    "HyperSetMIMSource": "mim",
     "HUB_REPO": "released",
     "RELEASED": "released",
     "ReleasedFile": "released",

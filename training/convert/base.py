@@ -77,7 +77,8 @@ class OfficialSource:
     official_class: str = ""
     repository: str = ""
     head_class: type[PreTrainedModel] | None = None
-    input_kind = "image"  # "image" or "ids"
+    input_kind = "image"  # "image", "ids" (token ids) or "codes" (VQ codes of an image)
+    reference_input: str | None = None  # the fixture key of the reference input (default: by `input_kind`)
     spec: dict[str, Any] = {}  # constructor argument -> default (REQUIRED: no known default)
     ignored: dict[str, str] = {}  # accepted arguments the official constructor ignores -> why
     # Official arguments with no counterpart in our config (training-only or init-only): their values are kept in
@@ -188,3 +189,12 @@ class OfficialSource:
 
     def processor(self, config: PreTrainedConfig, mean: list[float], std: list[float]):
         return None
+
+    def processor_note(self, kwargs: dict[str, Any]) -> str:
+        """What the card says about the folder's processor or tokenizer."""
+        return "Tokenizer: one token per cell, digits 0-9 (0 = blank)."
+
+    def reference_input_key(self) -> str:
+        if self.reference_input is not None:
+            return self.reference_input
+        return "golden/input/images" if self.input_kind == "image" else "golden/input/idx"

@@ -3,7 +3,7 @@
 Recognised by file name as published, so that each converts with one command and no `--official-config`. The
 constructor kwargs are those the authors' scripts build the model with: `configs/config.yaml`, then
 `configs/task/<task>.yaml`, then the overrides of the script that names the file, through `create_model` of
-`ic/utils.py` / `sudoku/utils.py` (huyunzhe/hyper-set). Kept free of torch: the command line checks a file name
+`ic/utils.py` / `sudoku/utils.py` / `mim/utils.py` (huyunzhe/hyper-set). Kept free of torch: the command line checks a file name
 before it imports anything heavy.
 """
 
@@ -103,10 +103,31 @@ IMAGENET = ReleasedFile(
 
 MIM = ReleasedFile(
     path="mim/MIM_ImageNet100_layer1_recur24_dim768_multiplier8.pth",
-    source=None,
+    source="hyperset-mim",
+    kwargs={
+        "model": "hyper-set",
+        "img_size": 256,  # a 16 × 16 grid of VQGAN codes
+        "codebook_size": 1024,
+        "n_embd": 768,
+        "n_layer": 1,
+        "n_recur": 24,
+        "head": 12,
+        "multiplier": 8,
+        # training.dropout of configs/task/mim.yaml (the HyperSET block has no dropout)
+        "dropout": 0.1,
+        # mim/run.py passes the dataset's class count; ImageNet-100 (the unconditional model embeds no label)
+        "nclass": 100,
+        "phi_func": None,
+        "adaptive_mode": "gd_with_learnable_step_size",
+    },
     description=(
-        "masked image modelling model (MaskTransformerUncond: 1 layer × 24 iterations, d = 768, multiplier 8, "
-        "over 16 × 16 VQ codes)"
+        "masked image modelling model (MaskTransformerUncond: 1 layer × 24 iterations, d = 768, 12 heads, "
+        "multiplier 8, over a 16 × 16 grid of VQGAN codes, codebook 1024 + [MASK]; a dict with `model_state_dict`)"
+    ),
+    config_origin=(
+        "configs/config.yaml (adaptive_mode) + configs/task/mim.yaml (n_embd 768, n_head 12, img_size 256, "
+        "dropout 0.1, ImageNet-100) with the overrides of scripts/mim/eval_mim.sh (n_recur 24, multiplier 8), "
+        "codebook 1024 of MaskGIT's VQGAN"
     ),
 )
 
@@ -125,10 +146,9 @@ def released_file(checkpoint: str | Path) -> ReleasedFile | None:
 def unavailable_message(released: ReleasedFile) -> str:
     """Why a released file that no head of this package can hold is refused."""
     return (
-        f"{released.filename} is the authors' {released.description}; the masked-image-modelling (MIM) head is not "
-        "available in energyformers yet, so this checkpoint cannot be converted. Nothing was read or written. "
-        f"The two other released files of {HUB_REPO} convert: "
-        + ", ".join(f.filename for f in RELEASED if f.source is not None)
+        f"{released.filename} is the authors' {released.description}; no head of energyformers holds it, so this "
+        "checkpoint cannot be converted. Nothing was read or written. The released files of "
+        f"{HUB_REPO} that convert: " + ", ".join(f.filename for f in RELEASED if f.source is not None)
     )
 
 

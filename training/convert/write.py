@@ -27,11 +27,18 @@ from .checkpoint import fingerprint, read_checkpoint, read_official_config, sha2
 from .hyperbf import HyperBFSource
 from .hyperset import HyperSetICSource, HyperSetSudokuSource
 from .imixer import IMixerSource
+from .mim import HyperSetMIMSource
 from .released import ReleasedFile, released_file, unavailable_message
 
 SOURCES: dict[str, OfficialSource] = {
     source.name: source
-    for source in (IMixerSource(), HyperBFSource(), HyperSetICSource(), HyperSetSudokuSource())
+    for source in (
+        IMixerSource(),
+        HyperBFSource(),
+        HyperSetICSource(),
+        HyperSetSudokuSource(),
+        HyperSetMIMSource(),
+    )
 }
 
 
@@ -198,7 +205,7 @@ def convert_checkpoint(
 
     # What the written folder must reproduce.
     checks: list[tuple[str, torch.Tensor, float]] = []  # (what, expected logits, tolerance)
-    input_key = "golden/input/images" if family.input_kind == "image" else "golden/input/idx"
+    input_key = family.reference_input_key()
     gold_key = f"golden/{'f64' if torch_dtype == torch.float64 else 'f32'}/logits"
     if input_key in golden and gold_key in golden:
         inputs, described = golden[input_key], f"on the reference input `{input_key}`"
@@ -252,7 +259,7 @@ def convert_checkpoint(
                 "(`--image-mean/--image-std`). Check these against the training recipe of the checkpoint: the "
                 "authors' data pipeline is not part of their checkpoints."
                 if family.input_kind == "image"
-                else "Tokenizer: one token per cell, digits 0-9 (0 = blank)."
+                else family.processor_note(kwargs)
             ),
             extras_file=EXTRAS_FILE,
             extras=sorted(extras),
