@@ -215,6 +215,10 @@ def test_schedules_give_maskgits_counts():
                 steps,
                 counts.tolist(),
             )
+    # one step unmasks everything with every schedule (its only weight w(1) is 0)
+    for name in MASKGIT_SCHEDULES:
+        one = maskgit_schedule(torch.tensor([16, 0]), 1, name)
+        assert one.tolist() == [[16], [0]], (name, one.tolist())
     # arccos (the default) fixes few tokens first and most at the end
     arccos = maskgit_schedule(torch.tensor([256]), 24, "arccos")[0]
     assert arccos[0] < arccos[-1], arccos.tolist()

@@ -113,3 +113,20 @@ def test_collator_masks_every_training_batch_afresh_with_the_papers_ratios():
     fixed = {"input_ids": torch.tensor([64, 1]), "labels": torch.tensor([0, -100])}
     batch = collate([fixed, fixed])  # evaluation rows keep their fixed masks
     assert torch.equal(batch["input_ids"], torch.tensor([[64, 1]] * 2)), batch
+
+
+def test_benchmark_script_smoke(tmp_path):
+    """`benchmarks/mim.py --smoke`: tiny models, two steps each, through the CLI; every result file written."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "mim.py"
+    spec = importlib.util.spec_from_file_location("mim_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--smoke", "--out", str(tmp_path), "--work", str(tmp_path / "runs")]) == 0
+    assert {"mim.md", "mim.json", "mim.png", "mim_decode.png"} <= {p.name for p in tmp_path.iterdir()}
+    results = json.loads((tmp_path / "mim.json").read_text())
+    for model in ("hyperset", "looped-transformer"):
+        r = results["models"][model]
+        assert set(r["by_iterations"]) == {"1", "2", "4"} and r["num_parameters"] > 0, r
+        assert r["decode_24"]["psnr"] <= r["decode_24"]["tokenizer_psnr"] + 1e-9, r["decode_24"]
