@@ -316,8 +316,8 @@ def reading(results: dict) -> list[str]:
         "here measures how often the model picks the right 2 × 2 patch average on tiny digits; it is not "
         "comparable with the paper's VQGAN PSNR on ImageNet (≈ 16 dB there at 256 × 256), and FID / LPIPS are "
         "not computed (their network weights are not available offline).",
-        "* Digits are mostly background: the background code is a large share of the masked positions, so "
-        "accuracy starts high for any model that predicts it; the differences between models sit in the strokes.",
+        "* Digits are mostly background: the background code is a large share of the masked positions, and "
+        "predicting it is most of any model's hits; the differences between models sit in the strokes.",
         "* MaskGIT decoding samples codes (temperature 1, Gumbel noise 4.5 annealed), so a decoded grid can be "
         "less accurate than the one-pass argmax; more steps help only where the model's confidence ranks "
         "tokens usefully.",
