@@ -169,13 +169,29 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
     @classmethod
     def preset_fields(cls, name: str) -> dict[str, Any]:
         """The fields a Hyper-SET preset (`HYPERSET_PRESETS`) sets that the baseline shares (same embeddings, head
-        and iteration count, for side-by-side comparisons), as a new dict."""
+        and iteration count, for side-by-side comparisons), as a new dict; the baseline's own rows
+        (`presets.LOOPED_TRANSFORMER_PRESETS`, e.g. Table 2's `mim-1-12-4d`) as they are."""
+        own = _own_presets()
+        if name in own:
+            return dict(own[name])
         return {k: v for k, v in HyperSetConfig.preset_fields(name).items() if k not in HYPERSET_ONLY_FIELDS}
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> LoopedTransformerConfig:
-        """The baseline of a Hyper-SET preset (`HYPERSET_PRESETS`), with baseline keyword overrides on top."""
+        """The baseline of a Hyper-SET preset (`HYPERSET_PRESETS`), or one of the baseline's own rows, with
+        baseline keyword overrides on top."""
+        if name in _own_presets():
+            return cls(**{**cls.preset_fields(name), **overrides})
         return cls.from_hyperset(HyperSetConfig.from_preset(name), **overrides)
+
+
+def _own_presets() -> dict[str, dict[str, Any]]:
+    """The baseline's own preset rows (none without the package: remote code carries no preset tables)."""
+    try:
+        from energyformers.presets import LOOPED_TRANSFORMER_PRESETS
+    except ImportError:
+        return {}
+    return LOOPED_TRANSFORMER_PRESETS
 
 
 __all__ = ["HYPERSET_ONLY_FIELDS", "LoopedTransformerConfig"]

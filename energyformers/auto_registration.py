@@ -55,6 +55,7 @@ AUTO_HEADS: dict[str, tuple[str, tuple[str, ...]]] = {
             "AutoModelForImageClassification",
             "AutoModelForSequenceClassification",
             "AutoModelForTokenClassification",
+            "AutoModelForMaskedImageModeling",
         ),
     ),
 }

@@ -84,6 +84,13 @@ HYPERSET_PRESETS.update(
         "mim-1-24-8d": dict(**_MIM, intermediate_size=8 * 768, num_iterations=24),
     }
 )
+# The small masked-image-modelling model `energyformers train --task masked-image-modeling` builds from scratch: the
+# paper's MIM structure (the rows above) at width 128, T = 12 as Table 2; the tokenizer sets vocabulary and grid.
+HYPERSET_PRESETS["cli-mim"] = dict(
+    **{**_MIM, "hidden_size": 128, "num_attention_heads": 4, "time_embedding_dim": 128},
+    intermediate_size=128,
+    num_iterations=12,
+)
 # The small models `energyformers train` builds from scratch (the dataset sets image geometry or vocabulary).
 # Images: digits at 16×16, patch 2, 12 epochs at lr 3e-3; mean pooling because with CLS pooling the CLS token stays
 # constant early on (the step sizes start at zero); the anchor energy and random depth in [2, 12] make test-time
@@ -191,6 +198,32 @@ HYPERBF_PRESETS["cli-sequence"] = dict(
 )
 
 
+# The looped-Transformer baseline's own rows (it otherwise takes Hyper-SET's; `LoopedTransformerConfig.preset_fields`
+# reads this table first; not in `PRESETS`, which lists the exported families).
+# Table 2's "Transformer 1 / 12 / 4d" (8.85 M): one pre-norm layer × 12 iterations, d = 768, GELU MLP 4d, codebook
+# 1024 + [MASK], RMSNorm → Linear(d, 1024) head with bias (`LoopedTransformerForMaskedImageModeling`). The count
+# fixes the positions: with Hyper-SET's fixed sin-cos table the model has 8,654,848 parameters (8.65 M); a learned
+# table of 256 × 768 adds 196,608, giving 8,851,456 = Table 2's 8.85 M (MaskGIT's transformer learns its
+# positions too). Asserted in tests/test_mim.py. `cli-mim`: the CLI's small baseline beside Hyper-SET's `cli-mim`
+# (same width, heads, T and head), with the MLP of width 4d.
+_MIM_BASELINE = dict(
+    input_type="sequence",
+    hidden_size=768,
+    num_attention_heads=12,
+    num_hidden_layers=1,
+    num_iterations=12,
+    intermediate_size=4 * 768,
+    hidden_act="gelu",
+    vocab_size=1025,
+    max_position_embeddings=256,
+    position_embedding_type="learned",
+)
+LOOPED_TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
+    "mim-1-12-4d": _MIM_BASELINE,
+    "cli-mim": {**_MIM_BASELINE, "hidden_size": 128, "num_attention_heads": 4, "intermediate_size": 512},
+}
+
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "hyperset": HYPERSET_PRESETS,
     "imixer": IMIXER_PRESETS,
@@ -217,4 +250,11 @@ def preset_fields(config_class: type, name: str) -> dict[str, Any]:
     return dict(table[name])
 
 
-__all__ = ["HYPERBF_PRESETS", "HYPERSET_PRESETS", "IMIXER_PRESETS", "PRESETS", "preset_fields"]
+__all__ = [
+    "HYPERBF_PRESETS",
+    "HYPERSET_PRESETS",
+    "IMIXER_PRESETS",
+    "LOOPED_TRANSFORMER_PRESETS",
+    "PRESETS",
+    "preset_fields",
+]

@@ -40,6 +40,7 @@ from .modeling.modeling_imixer import (
 )
 from .modeling.modeling_looped_transformer import (
     LoopedTransformerForImageClassification,
+    LoopedTransformerForMaskedImageModeling,
     LoopedTransformerForSequenceClassification,
     LoopedTransformerForTokenClassification,
     LoopedTransformerModel,
@@ -117,6 +118,7 @@ BASELINES: dict[str, Family] = {
             "AutoModelForImageClassification": LoopedTransformerForImageClassification,
             "AutoModelForSequenceClassification": LoopedTransformerForSequenceClassification,
             "AutoModelForTokenClassification": LoopedTransformerForTokenClassification,
+            "AutoModelForMaskedImageModeling": LoopedTransformerForMaskedImageModeling,  # Table 2's baseline
         },
     ),
 }

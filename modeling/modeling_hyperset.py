@@ -1961,7 +1961,8 @@ def maskgit_schedule(num_masked: torch.Tensor, steps: int, schedule: str = "arcc
         raise ValueError(f"schedule must be one of {sorted(MASKGIT_SCHEDULES)}; got {schedule!r}.")
     weights = MASKGIT_SCHEDULES[schedule](torch.linspace(1, 0, steps, dtype=torch.float64))
     masked = num_masked.to(torch.float64)[:, None]
-    counts = (weights / weights.sum() * masked).round().clamp_min(1)  # (B, S)
+    # one step has the weight w(1) = 0 of every schedule: the guarded sum gives it everything (not 0/0 = NaN)
+    counts = (weights / weights.sum().clamp_min(1e-12) * masked).round().clamp_min(1)  # (B, S)
     counts[:, -1] += masked[:, 0] - counts.sum(-1)
     counts = counts.clamp_min(0).long()
     # what is still masked before each step caps that step (MaskGIT: `if mask.sum() < t: t = mask.sum()`)

@@ -483,3 +483,90 @@ __all__ = [
     "LoopedTransformerPreTrainedModel",
     "LoopedTransformerSequenceHead",
 ]
+
+
+# ------------------------------------------------------------------------ masked image modelling (Table 2)
+# The baseline's head for the paper's third task, with the contract of `HyperSetForMaskedImageModeling`: code ids
+# in, logits over the codebook out, the masked cross-entropy and MaskGIT decoding taken from that class (one
+# implementation of the loss, the checks and the decoding for both models of a side-by-side run).
+from transformers.modeling_outputs import MaskedLMOutput  # noqa: E402
+
+from .modeling_hyperset import HyperSetForMaskedImageModeling  # noqa: E402
+
+
+class LoopedTransformerForMaskedImageModeling(LoopedTransformerPreTrainedModel):
+    """Masked image modelling over a grid of VQ codes with the looped Transformer: the baseline of the paper's
+    Table 2 (preset `mim-1-12-4d`, 1 layer × 12 iterations, GELU MLP of width 4d).
+
+    Same inputs, outputs and `decode` as `HyperSetForMaskedImageModeling`: `input_ids` `(B, N)` codes in [0, K)
+    with [MASK] = K = `config.vocab_size − 1`; logits `(B, N, K)`; `labels` the true codes where the loss is taken
+    and −100 elsewhere. Structure: the sequence backbone, then RMSNorm → Linear(d, K) with bias, the head of
+    Hyper-SET's MIM model, so the two differ in the trunk only.
+    """
+
+    main_input_name = "input_ids"
+
+    def __init__(self, config: LoopedTransformerConfig) -> None:
+        super().__init__(config)
+        check_head_input_type(self, config.input_type, "sequence")
+        if config.vocab_size < 2:
+            raise ValueError(
+                f"{type(self).__name__} needs vocab_size = codebook size + 1 (the last id is [MASK]) >= 2; got "
+                f"vocab_size={config.vocab_size}."
+            )
+        self.looped_transformer = LoopedTransformerModel(config)
+        self.layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # K outputs: [MASK] is an input id only. Named as Hyper-SET's MIM head (not `lm_head`, which transformers
+        # would resize with the vocabulary)
+        self.code_head = nn.Linear(config.hidden_size, config.vocab_size - 1, bias=True)
+        self.post_init()
+
+    # the K / [MASK] properties, the loss and MaskGIT decoding are Hyper-SET's MIM head's, read through
+    # `code_head` and `self(...)` alone
+    codebook_size = HyperSetForMaskedImageModeling.codebook_size
+    mask_token_id = HyperSetForMaskedImageModeling.mask_token_id
+    decode = HyperSetForMaskedImageModeling.decode
+    _masked_loss = HyperSetForMaskedImageModeling._masked_loss
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        num_iterations: int | None = None,
+        backprop_iterations: int | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> MaskedLMOutput | tuple:
+        r"""
+        labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+            The true code of every position where the loss is taken (the masked ones), −100 elsewhere; the loss is
+            the mean cross-entropy over those positions (0 where there are none).
+        num_iterations (`int`, *optional*):
+            Iterations per layer for this call (defaults to `config.num_iterations`).
+        backprop_iterations (`int`, *optional*):
+            Differentiate only the last k of the L·T iterations (defaults to `config.backprop_iterations`).
+        """
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.looped_transformer(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            num_iterations=num_iterations,
+            backprop_iterations=backprop_iterations,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.code_head(self.layernorm(outputs.last_hidden_state))  # (B, N, K)
+        loss = None if labels is None else self._masked_loss(logits, labels)
+        output = MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+__all__ += ["LoopedTransformerForMaskedImageModeling"]

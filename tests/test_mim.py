@@ -10,7 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from energyformers import HyperSetConfig, HyperSetForMaskedImageModeling
+from energyformers import (
+    HyperSetConfig,
+    HyperSetForMaskedImageModeling,
+    LoopedTransformerConfig,
+    LoopedTransformerForMaskedImageModeling,
+)
 from energyformers.mim import PatchKMeansTokenizer, VQTokenizer, mask_codes, reconstruction_metrics
 from energyformers.modeling.modeling_hyperset import MASKGIT_SCHEDULES, maskgit_schedule
 from energyformers.training.convert.mim import official_to_ours
@@ -44,6 +49,65 @@ def test_presets_have_the_papers_parameter_counts(preset, paper):
     # the paper rounds to 0.01 M (Table 2); the exact counts follow from the structure of mim.md
     assert round(count / 1e6, 2) == paper / 1e6, f"{preset}: {count} parameters, paper {paper / 1e6:.2f} M"
     assert count == {"mim-1-12-d": 3_937_856, "mim-1-24-8d": 8_072_000}[preset], count
+
+
+def test_looped_transformer_baseline_preset_has_table_2s_parameter_count():
+    with torch.device("meta"):
+        model = LoopedTransformerForMaskedImageModeling(LoopedTransformerConfig.from_preset("mim-1-12-4d"))
+    count = model.num_parameters()
+    # Table 2: "Transformer 1 / 12 / 4d", 8.85 M; exact: embeddings 1025·768 + learned positions 256·768, the layer's
+    # q/k/v/o 4·768² and MLP 2·768·3072 and two RMSNorms, the head's RMSNorm and Linear(768, 1024) with bias
+    assert count == 8_851_456 and round(count / 1e6, 2) == 8.85, f"{count} parameters, paper 8.85 M"
+    config = model.config
+    assert (config.num_hidden_layers, config.num_iterations, config.intermediate_size) == (1, 12, 4 * 768)
+    assert model.codebook_size == 1024 and model.mask_token_id == 1024
+
+
+def tiny_baseline(seed: int = 0) -> LoopedTransformerForMaskedImageModeling:
+    """The baseline at the tiny size of `tiny_trained_free_model`: a 4 × 4 grid, codebook 8 + [MASK]."""
+    torch.manual_seed(seed)
+    config = LoopedTransformerConfig.from_preset(
+        "cli-mim",
+        hidden_size=16,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_iterations=3,
+        vocab_size=9,
+        max_position_embeddings=16,
+    )
+    return LoopedTransformerForMaskedImageModeling(config).eval()
+
+
+def test_looped_baseline_loss_decode_and_reload_follow_the_hyperset_heads_contract(tmp_path):
+    import transformers
+
+    model = tiny_baseline()
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 8, (2, 16), generator=g)
+    masked = torch.rand(2, 16, generator=g) < 0.5
+    inputs, labels = codes.masked_fill(masked, model.mask_token_id), codes.masked_fill(~masked, -100)
+    out = model(inputs, labels=labels, output_hidden_states=True)
+    assert out.logits.shape == (2, 16, 8) and len(out.hidden_states) == 1 + 3, (out.logits.shape,)
+    expected = torch.nn.functional.cross_entropy(out.logits[masked], codes[masked])
+    torch.testing.assert_close(
+        out.loss, expected, rtol=0, atol=1e-6
+    )  # float32 rounding of a mean of ~16 terms
+    first, again = model.decode(inputs, steps=4, seed=5), model.decode(inputs, steps=4, seed=5)
+    assert torch.equal(first.codes, again.codes) and torch.equal(first.codes[~masked], codes[~masked])
+    assert first.sequences.shape == (5, 2, 16) and not (first.codes == model.mask_token_id).any()
+    with pytest.raises(ValueError, match=r"labels must be codes in \[0, codebook_size=8\)"):
+        model(inputs, labels=torch.full_like(labels, 8))
+    with pytest.raises(ValueError, match="input_type='sequence'"):
+        LoopedTransformerForMaskedImageModeling(
+            LoopedTransformerConfig(hidden_size=16, num_attention_heads=4)
+        )
+    model.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForMaskedImageModeling.from_pretrained(tmp_path).eval()
+    assert type(loaded) is LoopedTransformerForMaskedImageModeling
+    torch.testing.assert_close(
+        loaded(inputs).logits, out.logits, rtol=0, atol=0
+    )  # the same weights, same ops
+    assert torch.equal(loaded.decode(inputs, steps=4, seed=5).codes, first.codes)
 
 
 @pytest.mark.parametrize(
@@ -137,6 +201,10 @@ def test_schedules_give_maskgits_counts():
                 steps,
                 counts.tolist(),
             )
+    # one step unmasks everything with every schedule (its only weight w(1) is 0)
+    for name in MASKGIT_SCHEDULES:
+        one = maskgit_schedule(torch.tensor([16, 0]), 1, name)
+        assert one.tolist() == [[16], [0]], (name, one.tolist())
     # arccos (the default) fixes few tokens first and most at the end
     arccos = maskgit_schedule(torch.tensor([256]), 24, "arccos")[0]
     assert arccos[0] < arccos[-1], arccos.tolist()

@@ -372,14 +372,15 @@ def test_each_papers_recipe_family_trains_end_to_end(tmp_path, recipe, model, ap
 
 
 @pytest.mark.parametrize("loop", sorted(LOOPS))
-def test_the_mim_recipe_is_refused_while_no_model_can_do_mim(tmp_path, capsys, loop):
+def test_the_mim_recipe_is_refused_for_another_task(tmp_path, capsys, loop):
     runs = tmp_path / "runs"
     runs.mkdir()
     argv = ["--dataset", "digits", "--recipe", "hyperset-mim", *SHORT, "--output_dir", str(runs / "m")]
     assert LOOPS[loop](argv) == 2
     err = capsys.readouterr().err
     assert (
-        "--recipe hyperset-mim: the paper's masked-image-modeling recipe needs a masked-image-modelling head"
-        in err
+        "--recipe hyperset-mim: the paper's masked-image-modeling recipe needs a masked-image-modelling run "
+        "over VQ codes (Hyper-SET paper Table 2): add --task masked-image-modeling; the data is a "
+        "image-classification task" in err
     )
     assert list(runs.iterdir()) == []

@@ -159,8 +159,13 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
         depths = eval_depths(accelerator.unwrap_model(model), run_args.eval_iterations)
 
         def with_depths(loader_: DataLoader) -> dict[str, float]:
-            """The split's loss and metrics, and the accuracy at each depth of `depths` (`depth_metrics`)."""
+            """The split's loss and metrics, for masked image modelling the reconstruction metrics after decoding,
+            and the accuracy at each depth of `depths` (`depth_metrics`)."""
             metrics = evaluate_split(model, loader_, accelerator, task)
+            if built.masked_images is not None:
+                split = "test" if loader_ is test_dl else "validation"
+                with accelerator.autocast():
+                    metrics.update(built.masked_images(accelerator.unwrap_model(model), split))
             if depths:
                 metrics.update(depth_metrics(model, loader_, accelerator.gather_for_metrics, task, depths))
             return metrics
@@ -273,6 +278,9 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
             ema.copy_to(accelerator.unwrap_model(model))
         eval_metrics = with_depths(eval_dl)
         test_metrics = evaluate_split(model, test_dl, accelerator, task)
+        if built.masked_images is not None:
+            with accelerator.autocast():
+                test_metrics.update(built.masked_images(accelerator.unwrap_model(model), "test"))
         accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         stage = work_dir / "final"

@@ -42,6 +42,8 @@ DEPTH_FIELDS = (
     "halting_head",
     "halting_loss_weight",
 )
+# The task of `--task masked-image-modeling` (the Hyper-SET paper's third task, docs/mim.md).
+MIM_TASK = "masked-image-modeling"
 # The built-in datasets `--sudoku_augmentation` applies to (9 × 9 boards, training/sudoku.py).
 SUDOKU_DATASETS = ("sudoku", "sudoku-hard")
 # Model-config fields a flag of ModelArguments may set (None = not given: the config's value stays).
@@ -222,6 +224,50 @@ class DataArguments:
         default=None, metadata={"help": "text: longest tokenized input; unset: 128 (spam: 256)"}
     )
     vocab_size: int = field(default=8000, metadata={"help": "text: size of the tokenizer trained on train"})
+    # masked image modelling (docs/mim.md): `--task masked-image-modeling` and its flags, kept together
+    task: str | None = field(
+        default=None,
+        metadata={
+            "choices": [MIM_TASK, "mim"],
+            "help": "train masked image modelling (the Hyper-SET paper's third task; 'mim' is short for it) on "
+            "an image dataset: images → VQ codes, masked per batch, loss on the masked codes; unset: the data's "
+            "task (classification)",
+        },
+    )
+    tokenizer: str | None = field(
+        default=None,
+        metadata={
+            "help": f"{MIM_TASK}: a saved VQ tokenizer folder (PatchKMeansTokenizer.save_pretrained, e.g. a "
+            "finished MIM run); unset: the --from_pretrained folder's, else a patch k-means codebook fitted on "
+            "the training images"
+        },
+    )
+    codebook_size: int = field(default=64, metadata={"help": f"{MIM_TASK}: codes of a fitted tokenizer"})
+    tokenizer_patch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": f"{MIM_TASK}: pixels per code side of a fitted tokenizer; unset: 2 (≤ 16 px), else 4"
+        },
+    )
+    tokenizer_fit_samples: int = field(
+        default=2000, metadata={"help": f"{MIM_TASK}: training images the fitted tokenizer's k-means sees"}
+    )
+    mask_ratio_max: float = field(
+        default=0.4,
+        metadata={"help": f"{MIM_TASK}: training mask ratio r ~ U[0, this] per image (the paper: 0.4)"},
+    )
+    eval_mask_ratio: float = field(
+        default=0.4,
+        metadata={"help": f"{MIM_TASK}: fixed mask ratio of validation and test (the paper: 0.4)"},
+    )
+    decode_steps: int = field(
+        default=8,
+        metadata={"help": f"{MIM_TASK}: MaskGIT decoding steps of the reconstruction metrics (PSNR, SSIM)"},
+    )
+    decode_samples: int = field(
+        default=256,
+        metadata={"help": f"{MIM_TASK}: images per split decoded for the reconstruction metrics"},
+    )
 
 
 @dataclass
@@ -528,6 +574,7 @@ def validate(args: Arguments) -> None:
             f"built-in boards only ({', '.join(SUDOKU_DATASETS)})"
         )
     _check("vocab_size", d.vocab_size, d.vocab_size >= 8, "an integer >= 8 (special tokens + characters)")
+    _validate_mim(d, args.explicit)
 
     lr = r.learning_rate
     _check("learning_rate", lr, lr is None or (_finite(lr) and lr > 0), "a finite learning rate > 0")
@@ -596,6 +643,44 @@ def validate(args: Arguments) -> None:
     if r.push_to_hub and not r.hub_model_id:
         raise UsageError("--push_to_hub needs --hub_model_id ORG/NAME")
     _check_output_dir(r.output_dir)
+
+
+# The flags that only mean something with `--task masked-image-modeling`.
+MIM_FLAGS = (
+    "tokenizer",
+    "codebook_size",
+    "tokenizer_patch_size",
+    "tokenizer_fit_samples",
+    "mask_ratio_max",
+    "eval_mask_ratio",
+    "decode_steps",
+    "decode_samples",
+)
+
+
+def _validate_mim(d: DataArguments, explicit: frozenset[str]) -> None:
+    """The masked-image-modelling flags in range, and none of them without `--task masked-image-modeling`."""
+    if d.task == "mim":
+        d.task = MIM_TASK
+    if d.task != MIM_TASK:
+        given = [name for name in MIM_FLAGS if name in explicit]
+        if given:
+            raise UsageError(f"--{given[0]}: a masked-image-modelling flag; add --task {MIM_TASK} or drop it")
+        return
+    _check("codebook_size", d.codebook_size, d.codebook_size >= 2, "an integer >= 2")
+    _check(
+        "tokenizer_patch_size",
+        d.tokenizer_patch_size,
+        d.tokenizer_patch_size is None or d.tokenizer_patch_size >= 1,
+        "an integer >= 1 (or leave it unset)",
+    )
+    for name in ("tokenizer_fit_samples", "decode_steps", "decode_samples"):
+        _check(name, getattr(d, name), getattr(d, name) >= 1, "an integer >= 1")
+    for name in ("mask_ratio_max", "eval_mask_ratio"):
+        value = getattr(d, name)
+        _check(name, value, _finite(value) and 0 < value <= 1, "a fraction in (0, 1]")
+    if d.tokenizer is not None and not os.path.isdir(os.path.expanduser(d.tokenizer)):
+        raise UsageError(f"--tokenizer {d.tokenizer}: no such folder (a saved VQ tokenizer folder)")
 
 
 def _take_attn_implementation_from_config(m: ModelArguments) -> None:

@@ -22,8 +22,9 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import datasets
 import numpy as np
@@ -32,7 +33,11 @@ from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
 
 from energyformers import INPUT_TYPES
 
+from .arguments import MIM_TASK
 from .cli import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 SPLITS = ("train", "validation", "test")
 SPLIT_ALIASES = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
@@ -635,18 +640,180 @@ def label_names(dd: DatasetDict) -> list[str]:
     return list(dd["train"].features["label"].names)
 
 
+# --------------------------------------------------------------------------- masked image modelling
+
+# Fixed seeds of the evaluation masks, per split: every run (any --seed, any model) is measured on the same masks.
+MIM_EVAL_MASK_SEEDS = {"validation": 0, "test": 1}
+
+
+def mim_image_geometry(side: int) -> tuple[int, int]:
+    """(image side, tokenizer patch) for images of native side `side`: ≤ 16 pixels (digits) → 16² with 2 × 2
+    patches (an 8 × 8 grid of 64 codes), ≤ 32 → the side rounded up to a multiple of 4 with 4 × 4 patches
+    (Fashion-MNIST: a 7 × 7 grid), larger → 32² with 4 × 4 patches (8 × 8)."""
+    if side <= 16:
+        return 16, 2
+    if side <= 32:
+        return 4 * -(-side // 4), 4
+    return 32, 4
+
+
+def image_tensor(dataset: Dataset, size: int, channels: int) -> torch.Tensor:
+    """The `image` column as `(B, channels, size, size)` floats in [0, 1] (bilinear resize, grey or RGB)."""
+    import torch
+    from PIL import Image as PILImage
+
+    mode = "L" if channels == 1 else "RGB"
+    arrays = []
+    for image in dataset.with_format(None)["image"]:
+        image = image.convert(mode)
+        if image.size != (size, size):
+            image = image.resize((size, size), PILImage.BILINEAR)
+        arrays.append(np.asarray(image, dtype=np.float32).reshape(size, size, channels))
+    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous() / 255.0
+
+
+@dataclass
+class MaskedImageData:
+    """An image dataset as code grids for masked image modelling: the tokenizer, the codes and pixels of every
+    split, and the fixed evaluation masks; `datasets` is what the training loops iterate."""
+
+    tokenizer: Any  # energyformers.mim.VQTokenizer
+    codes: dict[str, torch.Tensor]  # split -> (B, N) true codes
+    pixels: dict[str, torch.Tensor]  # split -> (B, C, H, W) in [0, 1], at the tokenizer's geometry
+    eval_inputs: dict[str, torch.Tensor]  # validation/test -> (B, N) codes with the fixed masks ([MASK] = K)
+    datasets: (
+        DatasetDict  # train: `codes` (masked per batch by the collator); validation/test: input_ids, labels
+    )
+
+
+def masked_image_data(
+    data: DatasetDict,
+    tokenizer: Any | None,
+    *,
+    codebook_size: int,
+    patch_size: int | None,
+    fit_samples: int,
+    eval_mask_ratio: float,
+    seed: int,
+    log: Callable[[str], None] = print,
+) -> MaskedImageData:
+    """Tokenize an image `DatasetDict` for masked image modelling.
+
+    `tokenizer` (a loaded VQ tokenizer) sets the image geometry and channels; None fits a `PatchKMeansTokenizer`
+    of `codebook_size` codes on `fit_samples` training images (a seeded draw) at `mim_image_geometry`, with
+    `patch_size` replacing that geometry's patch when given. The validation and test grids get fixed masks of
+    `eval_mask_ratio` (seeds `MIM_EVAL_MASK_SEEDS`).
+    """
+    import torch
+
+    from energyformers.mim import PatchKMeansTokenizer, mask_codes
+
+    if "image" not in data["train"].column_names:
+        raise DataError(
+            f"--task {MIM_TASK} needs an image dataset (an `image` column); this one has "
+            f"{data['train'].column_names}"
+        )
+    first = data["train"][0]["image"]
+    if tokenizer is None:
+        size, default_patch = mim_image_geometry(max(first.size))
+        patch = patch_size or default_patch
+        if size % patch:
+            raise DataError(
+                f"--tokenizer_patch_size {patch}: the images are tokenized at {size}×{size}, which {patch} does "
+                "not divide; pick a divisor of it"
+            )
+        channels = 1 if first.mode in ("1", "L", "LA", "I", "I;16", "F") else 3
+    else:
+        size, channels = tokenizer.image_size[0], tokenizer.num_channels
+    pixels = {split: image_tensor(data[split], size, channels) for split in data}
+    if tokenizer is None:
+        order = torch.randperm(len(pixels["train"]), generator=torch.Generator().manual_seed(seed))
+        sample = pixels["train"][order[:fit_samples]]
+        log(
+            f"fitting a patch k-means VQ tokenizer ({codebook_size} codes, {patch}×{patch} patches of "
+            f"{size}×{size} images) on {len(sample)} training images"
+        )
+        try:
+            tokenizer = PatchKMeansTokenizer.fit(
+                sample, patch_size=patch, codebook_size=codebook_size, seed=seed
+            )
+        except ValueError as err:  # e.g. more codes than patches
+            raise DataError(f"cannot fit the VQ tokenizer: {err}") from err
+    codes = {
+        split: torch.cat([tokenizer.encode(chunk) for chunk in images.split(4096)])
+        for split, images in pixels.items()
+    }
+    mask_id = tokenizer.codebook_size
+    eval_inputs, splits = {}, {"train": Dataset.from_dict({"codes": codes["train"].numpy()})}
+    for split in ("validation", "test"):
+        generator = torch.Generator().manual_seed(MIM_EVAL_MASK_SEEDS[split])
+        inputs, labels = mask_codes(codes[split], mask_id, eval_mask_ratio, generator=generator)
+        eval_inputs[split] = inputs
+        splits[split] = Dataset.from_dict({"input_ids": inputs.numpy(), "labels": labels.numpy()})
+    datasets_ = DatasetDict({split: splits[split].with_format("torch") for split in SPLITS})
+    return MaskedImageData(tokenizer, codes, pixels, eval_inputs, datasets_)
+
+
+@dataclass
+class MaskedCodesCollator:
+    """Batches of code grids for masked image modelling: training rows (`codes`) are masked afresh in every batch
+    as the paper trains (per image r ~ U[low, high], round(r·N) random positions → [MASK], labels there and −100
+    elsewhere: `energyformers.mim.mask_codes`); evaluation rows (`input_ids`, `labels`) keep their fixed masks.
+
+    Seeded: the main process draws from a generator seeded with `seed`; a DataLoader worker from one seeded with
+    the worker's own seed (which torch derives from the loop's seeded generator), so workers never repeat masks.
+    """
+
+    mask_token_id: int
+    ratio: tuple[float, float]
+    seed: int
+    _generator: Any = field(default=None, repr=False)
+    _owner: Any = field(default=None, repr=False)
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        from energyformers.mim import mask_codes
+
+        if "labels" in rows[0]:
+            return {
+                key: torch.stack([torch.as_tensor(row[key]) for row in rows])
+                for key in ("input_ids", "labels")
+            }
+        codes = torch.stack([torch.as_tensor(row["codes"]) for row in rows])
+        input_ids, labels = mask_codes(codes, self.mask_token_id, self.ratio, generator=self._draws())
+        return {"input_ids": input_ids, "labels": labels}
+
+    def _draws(self) -> Any:
+        import torch
+
+        worker = torch.utils.data.get_worker_info()
+        owner = None if worker is None else (worker.id, worker.seed)
+        if self._generator is None or owner != self._owner:
+            seed = self.seed if worker is None else worker.seed % 2**63
+            self._generator, self._owner = torch.Generator().manual_seed(seed), owner
+        return self._generator
+
+
 __all__ = [
     "BUILTIN_DATASETS",
+    "MIM_EVAL_MASK_SEEDS",
+    "MIM_TASK",
     "BuiltinDataset",
     "DataError",
+    "MaskedCodesCollator",
+    "MaskedImageData",
     "MissingDataError",
     "cache_root",
     "hub_reachable",
+    "image_tensor",
     "images_to_dataset",
     "input_type_of",
     "is_token_classification",
     "label_names",
     "load_data",
+    "masked_image_data",
+    "mim_image_geometry",
     "normalize",
     "split_off",
     "task_of",

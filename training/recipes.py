@@ -24,8 +24,8 @@ Two kinds of recipe live in `RECIPES`:
 
 * the papers' own (`hyperset-ic`, `hyperset-sudoku`, `hyperset-mim`, `imixer-s`, `imixer-b`, `imixer-l`,
   `hyperbf`): the values of the papers' training tables, each with its source on its line; a value a paper does
-  not give is marked "not given" with what is filled in. `hyperset-mim` needs a masked-image-modelling head,
-  which no model here has yet: the loops refuse it (`RECIPE_TASKS`).
+  not give is marked "not given" with what is filled in. `hyperset-mim` trains masked image modelling only
+  (`--task masked-image-modeling`); the loops refuse it for other tasks (`RECIPE_TASKS`).
 * `deit`: NOT any of the three papers' values, but the documented standard recipe for training a ViT-like model
   from scratch — DeiT (Touvron et al., ICML 2021, Table 9, and the defaults of its public `main.py`), which timm's
   `train.py` (the base of the iMixer authors' code) implements. Each value names its source; what DeiT does and
@@ -220,8 +220,8 @@ RECIPES: dict[str, dict[str, Any]] = {
     },
     # Hyper-SET masked image modelling on VQGAN codes (model: HS Table 9, 1 layer × 12 iterations, d = 768).
     # Training-loop values only: the masking (ratio ~ U[0, 0.4]), the learnable [MASK] token and the loss on
-    # masked tokens belong to a masked-image-modelling head, which this package does not have yet, so the
-    # loops refuse this recipe for every model and dataset (`RECIPE_TASKS`, checked in `training/setup.py`).
+    # masked tokens belong to `--task masked-image-modeling` (docs/mim.md); the loops refuse this recipe for
+    # any other task (`RECIPE_TASKS`, checked in `training/setup.py`).
     "hyperset-mim": {
         "num_train_epochs": 300,  # HS Appendix A.4: 300 epochs on ImageNet-100
         "per_device_train_batch_size": 256,  # HS Appendix A.4: batch 256 (global, 4 × A100: 64 per device)
@@ -376,8 +376,7 @@ RECIPES: dict[str, dict[str, Any]] = {
 RECIPE_TASKS: dict[str, tuple[str, str]] = {
     "hyperset-mim": (
         "masked-image-modeling",
-        "a masked-image-modelling head over VQ codes (Hyper-SET paper Table 2), which no model of this package "
-        "has yet",
+        "a masked-image-modelling run over VQ codes (Hyper-SET paper Table 2): add --task masked-image-modeling",
     ),
 }
 
@@ -392,7 +391,7 @@ def check_recipe_task(recipe: str | None, task: str | None) -> None:
         return
     data = "no dataset here is that task" if task is None else f"the data is a {task} task"
     raise ValueError(
-        f"--recipe {recipe}: the paper's {needed} recipe needs {what}; {data}. Use it once such a model exists, "
+        f"--recipe {recipe}: the paper's {needed} recipe needs {what}; {data}. Use it with that task, "
         f"or pick another recipe ({', '.join(sorted(set(RECIPES) - set(RECIPE_TASKS)))})"
     )
 

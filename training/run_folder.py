@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .arguments import Arguments, config_flags, parse_overrides, recorded
+from .arguments import MIM_TASK, Arguments, config_flags, parse_overrides, recorded
 from .card import render_model_card
 from .data import BUILTIN_DATASETS, input_type_of
 from .evaluation import primary_metric, summary
@@ -198,6 +198,13 @@ def publish(stage: Path, output_dir: Path) -> None:
 def print_predictions(output_dir: Path, data: Any, task: str, count: int) -> None:
     """Reload the saved folder through the Auto classes and show `pipeline` predictions on test examples."""
     if count <= 0:
+        return
+    if (
+        task == MIM_TASK
+    ):  # no transformers pipeline for it: reload model + tokenizer and decode masked test grids
+        from .evaluation import print_masked_image_predictions
+
+        print_masked_image_predictions(output_dir, data, count)
         return
     import transformers
 

@@ -18,7 +18,14 @@ from typing import Any
 
 import energyformers
 
-from .arguments import Arguments, UsageError, check_attn_implementation, config_flags, parse_overrides
+from .arguments import (
+    MIM_TASK,
+    Arguments,
+    UsageError,
+    check_attn_implementation,
+    config_flags,
+    parse_overrides,
+)
 from .data import DataError, input_type_of, label_names, load_data, task_of
 from .weights import check_weights_readable
 
@@ -56,6 +63,8 @@ class Built:
     collator: Any
     task: str
     warnings: list[str] = field(default_factory=list)  # printed now and recorded in metrics.json
+    # masked image modelling: (model, split) -> the reconstruction metrics of that split after MaskGIT decoding
+    masked_images: Any = None
 
 
 # --------------------------------------------------------------------------- registry
@@ -437,7 +446,10 @@ def build(args: Arguments, state: Any) -> Built:
     from .recipes import RECIPE_TASKS, drop_unapplied_recipe_values
 
     recipe = args.run.recipe
-    served = {t for kind in energyformers.INPUT_TYPES.values() for t in kind.tasks}
+    if args.data.task == MIM_TASK:
+        _recipe_task(recipe, MIM_TASK)
+        return build_masked_image_modeling(args, state)
+    served = {t for kind in energyformers.INPUT_TYPES.values() for t in kind.tasks} | {MIM_TASK}
     # a recipe for a task no dataset here can be: refused before the data loads
     if recipe in RECIPE_TASKS and RECIPE_TASKS[recipe][0] not in served:
         _recipe_task(recipe, None)
@@ -512,6 +524,150 @@ def build(args: Arguments, state: Any) -> Built:
         raise DataError(f"a training batch does not fit the model: {err}") from err
     model.train()
     return Built(model, data, processor, collator, task, warnings)
+
+
+# --------------------------------------------------------------------------- masked image modelling
+
+MIM_AUTO_CLASS = "AutoModelForMaskedImageModeling"
+
+
+def _mim_tokenizer(args: Arguments) -> Any:
+    """The VQ tokenizer to use: `--tokenizer`, else the `--from_pretrained` folder's when it has one, else None
+    (one is fitted on the training images)."""
+    from energyformers.mim import CONFIG_NAME, PatchKMeansTokenizer
+
+    source, flag = args.data.tokenizer, "--tokenizer"
+    pretrained = args.model.from_pretrained
+    if source is None and pretrained and (Path(pretrained).expanduser() / CONFIG_NAME).is_file():
+        source, flag = pretrained, "--from_pretrained"
+    if source is None:
+        return None
+    try:
+        return PatchKMeansTokenizer.from_pretrained(Path(source).expanduser())
+    except (OSError, ValueError, KeyError) as err:
+        raise UsageError(f"{flag} {source}: not a saved PatchKMeansTokenizer folder ({err})") from err
+
+
+def masked_image_modeling_config(args: Arguments, tokenizer: Any) -> Any:
+    """The config of a masked-image-modelling run: the `cli-mim` preset of the family (or `--preset`, or the
+    `--from_pretrained` checkpoint's), with the vocabulary (codebook + [MASK]) and positions of `tokenizer`'s
+    grid, `--config` overrides and the config-field flags on top."""
+    from transformers import AutoConfig
+
+    m = args.model
+    rows, columns = tokenizer.grid
+    grid = {"vocab_size": tokenizer.codebook_size + 1, "max_position_embeddings": rows * columns}
+    overrides = parse_overrides(m.config)
+    if m.from_pretrained:
+        if m.preset:
+            raise UsageError(
+                "--preset and --from_pretrained exclude each other (the checkpoint has its config)"
+            )
+        check_pretrained_source(m.from_pretrained)
+        try:
+            config = AutoConfig.from_pretrained(m.from_pretrained)
+        except (OSError, ValueError) as err:
+            raise UsageError(
+                f"--from_pretrained {m.from_pretrained!r}: cannot load a config ({err})"
+            ) from err
+        if m.model and m.model != config.model_type:
+            raise UsageError(
+                f"--model {m.model} but {m.from_pretrained!r} is a {config.model_type!r} checkpoint"
+            )
+        if getattr(config, "vocab_size", None) != grid["vocab_size"]:
+            raise UsageError(
+                f"--from_pretrained {m.from_pretrained!r} predicts {getattr(config, 'vocab_size', 1) - 1} codes, "
+                f"the tokenizer has {tokenizer.codebook_size}; pass --tokenizer with the checkpoint's tokenizer"
+            )
+        config_class, model_type, fields = type(config), config.model_type, config.to_dict()
+    else:
+        model_type = m.model or "hyperset"
+        if MIM_AUTO_CLASS not in family(model_type).heads:
+            having = sorted(k for k, f in model_registry().items() if MIM_AUTO_CLASS in f.heads)
+            raise UsageError(
+                f"--task {MIM_TASK}: --model {model_type} has no masked-image-modelling head; use one of {having}"
+            )
+        config_class, fields = family(model_type).config_class, {}
+    _check_override_keys(config_class, overrides)
+    flags = config_flag_overrides(args, config_class, model_type)
+    fields = {**fields, "input_type": "sequence", **grid, **overrides, **flags}
+    try:
+        if m.from_pretrained:
+            return config_class(**fields)
+        return config_class.from_preset(m.preset or "cli-mim", **fields)
+    except (TypeError, ValueError) as err:
+        raise _config_error(err, flags, f"--preset/--config for {model_type} masked image modelling") from err
+
+
+def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
+    """`build` for `--task masked-image-modeling`: the image dataset tokenized into code grids (the VQ tokenizer
+    loaded or fitted on the training images), a masked-image-modelling head over them, the collator that masks
+    every training batch afresh (`data.MaskedCodesCollator`) and the reconstruction metrics after decoding."""
+    import torch
+    import transformers
+
+    from .data import MaskedCodesCollator, masked_image_data
+    from .evaluation import MaskedImageEvaluation
+
+    d, m = args.data, args.model
+    if args.augmentation.enabled or args.augmentation.label_smoothing > 0:
+        raise UsageError(
+            f"--task {MIM_TASK}: image augmentation and label smoothing are for image classification; the "
+            "masking is this task's augmentation. Drop those flags"
+        )
+    data, warnings = load_and_check_data(args, state)
+    if input_type_of(data) != "image":
+        raise UsageError(
+            f"--task {MIM_TASK}: --dataset {d.dataset} is a {task_of(data)} dataset; masked image modelling "
+            "needs images (e.g. digits, fashion_mnist, an image folder)"
+        )
+    tokenizer = _mim_tokenizer(args)
+    log = (lambda line: print(line, flush=True)) if state.is_main_process else (lambda line: None)
+    mim = masked_image_data(
+        data,
+        tokenizer,
+        codebook_size=d.codebook_size,
+        patch_size=d.tokenizer_patch_size,
+        fit_samples=d.tokenizer_fit_samples,
+        eval_mask_ratio=d.eval_mask_ratio,
+        seed=args.run.seed,
+        log=log,
+    )
+    config = masked_image_modeling_config(args, mim.tokenizer)
+    if getattr(config, "deep_supervision", "last") != "last":
+        raise UsageError(
+            f"--deep_supervision {config.deep_supervision}: the masked-image-modelling heads take the loss at the "
+            "last iteration only; use --deep_supervision last"
+        )
+    transformers.set_seed(args.run.seed)
+    head = transformers.AutoModelForMaskedImageModeling
+    attention = m.attn_implementation
+    chosen = {} if attention is None else {"attn_implementation": attention}
+    if attention is not None:
+        check_attn_implementation(attention, config.model_type)
+    try:
+        if m.from_pretrained:
+            model = head.from_pretrained(m.from_pretrained, config=config, **chosen)
+        else:
+            model = head.from_config(config, **chosen)
+    except (OSError, RuntimeError, ValueError) as err:
+        raise UsageError(f"cannot build the masked-image-modelling model: {err}") from err
+    if args.run.gradient_checkpointing and not model.supports_gradient_checkpointing:
+        raise UsageError(f"--gradient_checkpointing: {type(model).__name__} does not support it")
+    collator = MaskedCodesCollator(
+        model.mask_token_id, (0.0, d.mask_ratio_max), seed=args.run.seed + state.process_index
+    )
+    try:  # one real batch through the model: a grid that does not fit fails now
+        batch = collator([mim.datasets["train"][i] for i in range(min(2, len(mim.datasets["train"])))])
+        with torch.no_grad():
+            model.eval()(**batch)
+    except Exception as err:
+        raise DataError(f"a training batch does not fit the model: {err}") from err
+    model.train()
+    evaluation = MaskedImageEvaluation(
+        mim, steps=d.decode_steps, samples=d.decode_samples, seed=args.run.seed
+    )
+    return Built(model, mim.datasets, mim.tokenizer, collator, MIM_TASK, warnings, masked_images=evaluation)
 
 
 @dataclass
@@ -594,6 +750,7 @@ __all__ = [
     "auto_processor",
     "build",
     "build_config_and_processor",
+    "build_masked_image_modeling",
     "check_precision",
     "check_pretrained_source",
     "cli_preset",
@@ -603,6 +760,7 @@ __all__ = [
     "family",
     "find_checkpoint",
     "load_and_check_data",
+    "masked_image_modeling_config",
     "model_registry",
     "output_paths",
     "processor_keyword",

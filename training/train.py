@@ -85,13 +85,23 @@ def build_trainer_classes() -> tuple[type, type, type]:
 
         # (task, depths) of the per-iteration accuracy logged at every evaluation (`evaluation.depth_metrics`)
         depth_evaluation: tuple[str, list[int]] | None = None
+        # masked image modelling: (model, split) -> reconstruction metrics after decoding (`Built.masked_images`)
+        masked_images: Any = None
 
         def evaluate(
             self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"
         ) -> dict[str, float]:
-            """Trainer's evaluation; on the validation split also the accuracy at each depth of
-            `depth_evaluation`, logged as its own entry at the same step and returned with the metrics."""
+            """Trainer's evaluation; for masked image modelling also the reconstruction metrics after MaskGIT
+            decoding; on the validation split also the accuracy at each depth of `depth_evaluation`; each logged as
+            its own entry at the same step and returned with the metrics."""
             metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+            if self.masked_images is not None and metric_key_prefix in ("eval", "test"):
+                split = "validation" if metric_key_prefix == "eval" else "test"
+                with self.autocast_smart_context_manager():
+                    decoded = self.masked_images(self.model, split)
+                decoded = {f"{metric_key_prefix}_{k}": v for k, v in decoded.items()}
+                self.log(decoded)
+                metrics = {**metrics, **decoded}
             if self.depth_evaluation is None or metric_key_prefix != "eval" or not self.depth_evaluation[1]:
                 return metrics
             from .evaluation import depth_metrics
@@ -270,6 +280,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             schedule=schedule,
         )
         trainer.depth_evaluation = (built.task, eval_depths(built.model, args.run.eval_iterations))
+        trainer.masked_images = built.masked_images
         initial_step = 0
         if resume_from is not None:
             initial_step = json.loads((resume_from / "trainer_state.json").read_text())["global_step"]

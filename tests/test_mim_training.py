@@ -1,0 +1,132 @@
+"""Masked image modelling through both training loops (`energyformers train` / `train-accelerate` with
+`--task masked-image-modeling`): the offline patch k-means tokenizer fitted on real images (digits), the paper's
+per-batch masking, masked-token accuracy and reconstruction PSNR after MaskGIT decoding, and a run folder that
+reloads — model and tokenizer — from the folder alone. CI-sized: a few steps of tiny models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from energyformers import HyperSetForMaskedImageModeling, LoopedTransformerForMaskedImageModeling
+from energyformers.mim import PatchKMeansTokenizer
+from energyformers.training import accelerate_loop, train
+from energyformers.training.data import MaskedCodesCollator
+
+LOOPS = {"train": train.main, "train-accelerate": accelerate_loop.main}
+# tiny sizes of each model's `cli-mim` preset (one layer iterated twice, width 32)
+SIZES = {
+    "hyperset": ["hidden_size=32", "num_attention_heads=4", "intermediate_size=32", "time_embedding_dim=32"],
+    "looped-transformer": ["hidden_size=32", "num_attention_heads=4", "intermediate_size=64"],
+}
+HEADS = {
+    "hyperset": HyperSetForMaskedImageModeling,
+    "looped-transformer": LoopedTransformerForMaskedImageModeling,
+}
+COMMON = [
+    "--task", "mim", "--dataset", "digits",
+    "--max_train_samples", "128", "--max_eval_samples", "24", "--max_test_samples", "24",
+    "--codebook_size", "16", "--tokenizer_fit_samples", "64", "--decode_steps", "2", "--decode_samples", "8",
+    "--max_steps", "3", "--batch_size", "16", "--num_threads", "1", "--num_predictions", "1",
+    "--warmup_ratio", "0", "--disable_tqdm",
+]  # fmt: skip
+METRICS = {"loss", "masked_token_accuracy", "decoded_token_accuracy", "psnr", "ssim", "tokenizer_psnr"}
+
+
+def run(loop: str, model: str, out: Path, *extra: str) -> int:
+    config = ["--config", *SIZES[model], "num_iterations=2"]
+    return LOOPS[loop]([*COMMON, "--model", model, *config, "--output_dir", str(out), *extra])
+
+
+@pytest.mark.parametrize("model", sorted(SIZES))
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_a_few_steps_write_a_folder_that_reloads_and_decodes(tmp_path, loop, model):
+    out = tmp_path / "run"
+    assert run(loop, model, out) == 0
+    names = {p.name for p in out.iterdir()}
+    assert {
+        "config.json",
+        "model.safetensors",
+        "vq_tokenizer_config.json",
+        "vq_tokenizer.safetensors",
+    } <= names
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["task"] == "masked-image-modeling" and metrics["recipe"]["global_step"] == 3, metrics[
+        "recipe"
+    ]
+    for split in ("eval", "test"):
+        missing = METRICS - set(metrics[split])
+        assert not missing, f"{split} lacks {missing}: {sorted(metrics[split])}"
+        # a nearest-centroid tokenizer: no decoded grid reconstructs better than the true codes
+        assert metrics[split]["psnr"] <= metrics[split]["tokenizer_psnr"] + 1e-9, metrics[split]
+        assert 0 <= metrics[split]["masked_token_accuracy"] <= 1, metrics[split]
+    # the folder alone: the Auto class gives the right head, the tokenizer saved beside it decodes its codes
+    reloaded = transformers.AutoModelForMaskedImageModeling.from_pretrained(out).eval()
+    tokenizer = PatchKMeansTokenizer.from_pretrained(out)
+    assert type(reloaded) is HEADS[model] and reloaded.codebook_size == tokenizer.codebook_size == 16
+    assert reloaded.config.max_position_embeddings == 64  # digits at 16 × 16 in 2 × 2 patches: an 8 × 8 grid
+    grid = torch.full((1, 64), reloaded.mask_token_id)
+    pixels = tokenizer.decode(reloaded.decode(grid, steps=2, seed=0).codes)
+    assert pixels.shape == (1, 1, 16, 16) and torch.isfinite(pixels).all()
+
+
+def test_a_saved_tokenizer_is_reused_and_bad_flags_fail_before_work(tmp_path, capsys):
+    first = tmp_path / "first"
+    assert run("train", "hyperset", first) == 0
+    second = tmp_path / "second"
+    # --tokenizer: the first run's codebook (no refit: the flags that would fit another are irrelevant)
+    assert run("train-accelerate", "looped-transformer", second, "--tokenizer", str(first)) == 0
+    saved = [PatchKMeansTokenizer.from_pretrained(f).centroids for f in (first, second)]
+    assert torch.equal(*saved), "the second run must carry the given tokenizer"
+    capsys.readouterr()
+    for argv, message in (
+        (["--dataset", "digits", "--codebook_size", "8"], "--codebook_size: a masked-image-modelling flag"),
+        ([*COMMON, "--model", "imixer"], "--model imixer has no masked-image-modelling head"),
+        ([*COMMON, "--mask_ratio_max", "1.5"], "--mask_ratio_max 1.5: expected a fraction in"),
+        ([*COMMON, "--tokenizer", str(tmp_path / "nowhere")], "--tokenizer .*nowhere: no such folder"),
+    ):
+        out = tmp_path / "refused"
+        assert train.main([*argv, "--output_dir", str(out)]) == 2, argv
+        err = capsys.readouterr().err
+        assert pytest.importorskip("re").search(message, err), (message, err)
+        assert not out.exists() and not out.with_name("refused.checkpoints").exists()
+
+
+def test_collator_masks_every_training_batch_afresh_with_the_papers_ratios():
+    codes = torch.arange(64).repeat(32, 1)  # (32, 64): any code works, [MASK] = 64
+    collate = MaskedCodesCollator(64, (0.0, 0.4), seed=3)
+    rows = [{"codes": row} for row in codes]
+    first, second = collate(rows), collate(rows)
+    assert not torch.equal(first["input_ids"], second["input_ids"]), "each batch draws new masks"
+    again = MaskedCodesCollator(64, (0.0, 0.4), seed=3)(rows)
+    assert torch.equal(again["input_ids"], first["input_ids"]), "seeded: the same seed, the same masks"
+    for batch in (first, second):
+        masked = batch["input_ids"] == 64
+        assert torch.equal(masked, batch["labels"] != -100), "labels exactly on the masked positions"
+        assert torch.equal(batch["labels"][masked], codes[masked])
+        counts = masked.sum(-1)
+        assert int(counts.max()) <= round(0.4 * 64), counts  # r ≤ 0.4 of the 64 positions per image
+    fixed = {"input_ids": torch.tensor([64, 1]), "labels": torch.tensor([0, -100])}
+    batch = collate([fixed, fixed])  # evaluation rows keep their fixed masks
+    assert torch.equal(batch["input_ids"], torch.tensor([[64, 1]] * 2)), batch
+
+
+def test_benchmark_script_smoke(tmp_path):
+    """`benchmarks/mim.py --smoke`: tiny models, two steps each, through the CLI; every result file written."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "mim.py"
+    spec = importlib.util.spec_from_file_location("mim_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--smoke", "--out", str(tmp_path), "--work", str(tmp_path / "runs")]) == 0
+    assert {"mim.md", "mim.json", "mim.png", "mim_decode.png"} <= {p.name for p in tmp_path.iterdir()}
+    results = json.loads((tmp_path / "mim.json").read_text())
+    for model in ("hyperset", "looped-transformer"):
+        r = results["models"][model]
+        assert set(r["by_iterations"]) == {"1", "2", "4"} and r["num_parameters"] > 0, r
+        assert r["decode_24"]["psnr"] <= r["decode_24"]["tokenizer_psnr"] + 1e-9, r["decode_24"]
