@@ -4,6 +4,7 @@ absent from the Hub's remote code, whose `from_preset` says so."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -35,8 +36,11 @@ def test_every_family_has_one_table_and_from_preset_reads_it():
 def test_remote_code_carries_no_preset_table(model_type):
     sources = remote_code_sources(model_type)
     for filename, source in sources.items():
-        for name in PRESETS[model_type]:
-            assert f'"{name}"' not in source, f"{filename} still holds preset {name!r}"
+        for name in PRESETS[
+            model_type
+        ]:  # a table entry `"name": dict(` / `"name": {` (the name alone may be a value)
+            entry = re.search(rf'"{re.escape(name)}"\s*:\s*(dict\(|\{{)', source)
+            assert entry is None, f"{filename} still holds preset {name!r}: {entry.group(0) if entry else ''}"
         assert "_PRESETS" not in source, f"{filename} still names a preset table"
 
 

@@ -35,7 +35,7 @@ def _official_positions(num_positions: int, dim: int) -> torch.Tensor:
     return torch.from_numpy(table).float()
 
 
-def _official_board_positions(num_positions: int, dim: int) -> torch.Tensor:
+def official_board_positions(num_positions: int, dim: int) -> torch.Tensor:
     """Hyper-SET Sudoku `pos_emb="sincos"` (MAE's `get_2d_sincos_pos_embed` over the √N × √N board), float32.
 
     float64 numpy: grid = meshgrid(arange(side), arange(side)) (x first: the column), each axis gets dim/2
@@ -52,7 +52,7 @@ def _official_board_positions(num_positions: int, dim: int) -> torch.Tensor:
     return torch.from_numpy(np.concatenate([axis(grid[0]), axis(grid[1])], axis=1)).float()
 
 
-def _official_time_sinusoid(steps: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
+def official_time_sinusoid(steps: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
     """Hyper-SET `SinusoidalPosEmb(dim)(arange(1, T+1))` in the run's (default) dtype: cat(sin, cos)."""
     half = dim // 2
     freqs = torch.exp(torch.arange(half, dtype=dtype) * -(math.log(10000) / (half - 1)))
@@ -60,7 +60,9 @@ def _official_time_sinusoid(steps: int, dim: int, dtype: torch.dtype) -> torch.T
     return torch.cat((angles.sin(), angles.cos()), dim=-1)
 
 
-def _hyperset_attention(x, weight, gains, heads):
+def hyperset_attention(
+    x: torch.Tensor, weight: torch.Tensor, gains: tuple[torch.Tensor, ...], heads: int
+) -> torch.Tensor:
     """Official HyperSETAttention / Sudoku SelfAttention: tied W, RMS-normalised heads, bi-softmax."""
     batch, tokens, dim = x.shape
     dh = dim // heads
@@ -250,7 +252,7 @@ class HyperSetICSource(OfficialSource):
         tokens = layer_norm_of(linear_of(layer_norm_of(words, p, "emb.0", eps), p, "emb.1"), p, "emb.2", eps)
         x0 = torch.cat([p["cls_token"].repeat(batch, 1, 1), tokens], dim=1)
         x0 = x0 + _official_positions(x0.shape[1], d).to(dtype)
-        t = linear_of(_official_time_sinusoid(steps, kwargs["time_embed"], dtype), p, "time_mlp.0.1")
+        t = linear_of(official_time_sinusoid(steps, kwargs["time_embed"], dtype), p, "time_mlp.0.1")
         t = rms_norm_eps(F.gelu(rms_norm_eps(t, p["time_mlp.0.2.weight"])), p["time_mlp.0.4.weight"])
         time_emb = rms_norm_eps(linear_of(t, p, "time_mlp.0.5"), p["time_mlp.0.6.weight"])
         x = x0
@@ -262,7 +264,7 @@ class HyperSetICSource(OfficialSource):
                     F.gelu(time_emb[step] + rms_norm_eps(source, p["ln_inp.weight"])), p, "time_mlp.1.1"
                 ).chunk(2, -1)
                 gains = [p[f"{b}attn.ln1_{role}.weight"] for role in (1, 2, 3)]
-                x = x - alpha * _hyperset_attention(x, p[b + "attn.qkv.weight"], gains, heads)
+                x = x - alpha * hyperset_attention(x, p[b + "attn.qkv.weight"], gains, heads)
                 dictionary = p[b + "mlp.weight"]
                 x = x + beta * F.linear(
                     F.gelu(rms_norm_eps(F.linear(x, dictionary), p[b + "ln2.weight"])), dictionary.t()
@@ -471,10 +473,10 @@ class HyperSetSudokuSource(OfficialSource):
         if kwargs["pos_emb"] == "learnable":
             positions = p["pos_emb"]
         else:  # a float32 table, promoted when added in a float64 run
-            positions = _official_board_positions(kwargs["block_size"], kwargs["n_embd"])[None].to(dtype)
+            positions = official_board_positions(kwargs["block_size"], kwargs["n_embd"])[None].to(dtype)
         x0 = F.embedding(inputs, p["tok_emb.weight"]) + positions[:, : inputs.shape[1]]
         t = linear_of(
-            F.gelu(linear_of(_official_time_sinusoid(steps, kwargs["time_emb"], dtype), p, "time_mlp.0.1")),
+            F.gelu(linear_of(official_time_sinusoid(steps, kwargs["time_emb"], dtype), p, "time_mlp.0.1")),
             p,
             "time_mlp.0.3",
         )
@@ -485,7 +487,7 @@ class HyperSetSudokuSource(OfficialSource):
                 source = x0 if kwargs["input_cond"] else x
                 alpha, beta = linear_of(F.gelu(t[step] + source), p, "time_mlp.1.1").chunk(2, -1)
                 gain = p[b + "attn.ln1.weight"]
-                x = x - alpha * _hyperset_attention(x, p[b + "attn.qkv.weight"], (gain, gain, gain), heads)
+                x = x - alpha * hyperset_attention(x, p[b + "attn.qkv.weight"], (gain, gain, gain), heads)
                 dictionary = p[b + "mlp.weight"]
                 x = x + beta * F.linear(
                     F.relu(rms_norm_eps(F.linear(x, dictionary), p[b + "ln2.weight"])), dictionary.t()

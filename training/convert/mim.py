@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from ...configuration.configuration_hyperset import HyperSetConfig
 from ...modeling.modeling_hyperset import HyperSetForMaskedImageModeling
 from .base import KEPT_KWARGS, ConversionError, NotExpressible, OfficialSource, linear_of, rms_norm_eps
-from .hyperset import _hyperset_attention, _official_board_positions, _official_time_sinusoid
+from .hyperset import hyperset_attention, official_board_positions, official_time_sinusoid
 
 # The authors' class tokenises a 256² image into a 16 × 16 grid (`patch_size = img_size // 16` is the grid side
 # their 2-D sin-cos table is built for) and its HyperSET block asserts 256 tokens.
@@ -206,16 +206,16 @@ class HyperSetMIMSource(OfficialSource):
         p = {key: value.to(dtype) for key, value in state.items()}
         d, heads, steps = kwargs["n_embd"], kwargs["head"], kwargs["n_recur"]
         tokens = inputs.reshape(inputs.shape[0], -1)
-        positions = _official_board_positions(self.side(kwargs) ** 2, d)[None]  # float32, promoted when added
+        positions = official_board_positions(self.side(kwargs) ** 2, d)[None]  # float32, promoted when added
         x0 = F.embedding(tokens, p["tok_emb.weight"]) + positions.to(dtype)
-        e = _official_time_sinusoid(steps, d, dtype)
+        e = official_time_sinusoid(steps, d, dtype)
         x = x0
         gain = p["transformer.ln1.weight"]
         dictionary = p["transformer.mlp.weight"]
         for step in range(steps):
             hidden = F.gelu(rms_norm_eps(e[step] + x0, p["transformer.time_mlp.1.0.weight"]))
             alpha, beta = linear_of(hidden, p, "transformer.time_mlp.1.2").chunk(2, -1)
-            x = x - alpha * _hyperset_attention(x, p["transformer.qkv.weight"], (gain, gain, gain), heads)
+            x = x - alpha * hyperset_attention(x, p["transformer.qkv.weight"], (gain, gain, gain), heads)
             feedforward = F.relu(rms_norm_eps(F.linear(x, dictionary), p["transformer.ln2.weight"]))
             x = x + beta * F.linear(feedforward, dictionary.t())
         return linear_of(rms_norm_eps(x, p["lm_head.0.weight"]), p, "lm_head.1")
