@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -61,7 +62,7 @@ def official_time_sinusoid(steps: int, dim: int, dtype: torch.dtype) -> torch.Te
 
 
 def hyperset_attention(
-    x: torch.Tensor, weight: torch.Tensor, gains: tuple[torch.Tensor, ...], heads: int
+    x: torch.Tensor, weight: torch.Tensor, gains: Sequence[torch.Tensor], heads: int
 ) -> torch.Tensor:
     """Official HyperSETAttention / Sudoku SelfAttention: tied W, RMS-normalised heads, bi-softmax."""
     batch, tokens, dim = x.shape
