@@ -27,7 +27,7 @@ end in seconds (a tiny untrained model unless `--model_dir` is given, 8 puzzles,
 `sudoku_search_smoke.{md,json,png}`, marked as not a measurement.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/sudoku_search.py --model_dir runs/sudoku-hyperset \\
-        --dataset sudoku sudoku-hard --n_test 500 --num_threads 2
+        --dataset sudoku sudoku-hard --n_test 200 --num_threads 2
     .venv/bin/python benchmarks/sudoku_search.py --smoke --output_dir /tmp/search-smoke
 """
 
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", nargs="+", default=list(DATASETS), help=f"one or more of {list(DATASETS)}")
     p.add_argument("--split", default="test", help="the puzzles' split (default test)")
     p.add_argument(
-        "--n_test", type=int, default=None, help="first N puzzles of the split (default 500; smoke 8)"
+        "--n_test", type=int, default=None, help="first N puzzles of the split (default 200; smoke 8)"
     )
     p.add_argument(
         "--trajectories", type=int, nargs="+", default=None, help="K values (default 1 4 16; smoke 1 2 4)"
@@ -79,7 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--num_iterations", type=int, default=None, help="iterations per layer (default: the trained T)"
     )
     p.add_argument("--seed", type=int, default=0, help="search seed of the first batch (batch i: seed + i)")
-    p.add_argument("--batch_size", type=int, default=50, help="puzzles per call (K × this many trajectories)")
+    p.add_argument(
+        "--batch_size",
+        type=int,
+        default=256,
+        help="trajectories per call (default 256): max(1, this // K) puzzles per call, so memory stays flat in K",
+    )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--num_threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument(
@@ -205,7 +210,9 @@ def run_config(model: Any, inputs: Any, batch_size: int, seed: int, **search: An
     device = next(model.parameters()).device
     start = time.perf_counter()
     with torch.no_grad():
-        for index, batch in enumerate(inputs.split(batch_size)):
+        # batch_size counts trajectories: K × B of them run in one forward
+        per_call = max(1, batch_size // search.get("search_trajectories", 1))
+        for index, batch in enumerate(inputs.split(per_call)):
             call = dict(search, search_seed=seed + index) if search else {}
             out = model(input_ids=batch.to(device), num_iterations=model.config.num_iterations, **call)
             collected["predictions"].append(out.logits.argmax(-1).cpu())
@@ -562,7 +569,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     if args.n_test is None:
-        args.n_test = 8 if args.smoke else 500
+        args.n_test = 8 if args.smoke else 200
     if args.trajectories is None:
         args.trajectories = [1, 2, 4] if args.smoke else list(TRAJECTORIES)
     if args.noise is None:

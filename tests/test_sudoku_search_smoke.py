@@ -33,7 +33,7 @@ def search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 
 def test_smoke_run_writes_marked_files_with_every_selector_k_and_the_cost(search, tmp_path: Path) -> None:
     out = tmp_path / "results"
-    report = search.main(["--smoke", "--dataset", "sudoku", "--batch_size", "3", "--output_dir", str(out)])
+    report = search.main(["--smoke", "--dataset", "sudoku", "--batch_size", "8", "--output_dir", str(out)])
     names = sorted(p.name for p in out.iterdir())
     assert names == ["sudoku_search_smoke.json", "sudoku_search_smoke.md", "sudoku_search_smoke.png"], names
     assert json.loads((out / "sudoku_search_smoke.json").read_text()) == json.loads(json.dumps(report))
