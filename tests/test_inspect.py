@@ -20,7 +20,13 @@ from energyformers.training.inspect import LANDSCAPE_PATTERNS, energy_landscape
 from energyformers.training.processing import train_tokenizer
 
 FIGURES = {
-    "hyperset": ["hyperset_energy.png", "hyperset_geometry.png", "accuracy_vs_iterations.png"],
+    # the demo run logged Hyper-SET's accuracy at T/2, T and 2T (the default --eval_iterations): its training curve
+    "hyperset": [
+        "hyperset_energy.png",
+        "hyperset_geometry.png",
+        "accuracy_vs_iterations.png",
+        "training_curve_by_iterations.png",
+    ],
     "imixer": ["imixer_residuals.png", "accuracy_vs_iterations.png"],
     "hyperbf": ["hyperbf_sigmas.png"],
 }
@@ -88,6 +94,9 @@ def test_inspect_on_each_familys_demo_model_writes_its_pngs_and_json(demo, famil
             np.shape(layer["effective_rank"]) == np.shape(layer["average_angle"]) == (4, 4)
         )  # (T + 1, heads)
         assert finite(layer["attention_energy"]) and finite(layer["effective_rank"])
+        curve = report["training_curve"]  # the two-step demo run: its final evaluation at T/2, T and 2T
+        assert sorted(curve["eval_by_iterations"], key=int) == ["1", "2", "4"], curve
+        assert curve["num_classes"] == 10 and curve["metric"] == "accuracy"
     elif family == "imixer":
         assert section["trained_steps"] == 1 and section["steps_run"] == 3
         residuals = np.asarray(section["relative_residuals"], dtype=float)  # (blocks, steps)
@@ -110,7 +119,11 @@ def test_inspect_takes_image_files_and_texts(demo, tmp_path):
     assert inspect(demo("hyperset"), *images, "--output_dir", tmp_path / "images") == 0
     report = json.loads((tmp_path / "images" / "inspect.json").read_text())
     assert report["num_inputs"] == 2 and "accuracy_vs_iterations" not in report
-    assert report["figures"] == ["hyperset_energy.png", "hyperset_geometry.png"]
+    assert report["figures"] == [
+        "hyperset_energy.png",
+        "hyperset_geometry.png",
+        "training_curve_by_iterations.png",
+    ]
     # a text model: padding (different lengths) goes through the tokenizer saved with it
     texts = ["a gripping funny film", "two hours", "never again", "funny and gripping film"] * 5
     tokenizer = train_tokenizer(texts, vocab_size=40, max_length=16)

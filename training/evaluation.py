@@ -8,6 +8,8 @@ offline and never reaches the Hub.
 from __future__ import annotations
 
 import functools
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,6 +103,74 @@ def depth_metrics(
         f"{prefix}{name}_iterations_{t}": task_metrics(task, _stack(predictions[t], fill=0), truth)[name]
         for t in depths
     }
+
+
+# The plateau exit of a classification run: the loss must sit clearly below the chance loss ln(C), by more than
+# the few hundredths of a nat a logged window mean moves on the plateau, and stay there for two successive logs,
+# so one lucky window does not count as the exit.
+PLATEAU_MARGIN = 0.05
+PLATEAU_CONSECUTIVE = 2
+
+
+def chance_loss(num_classes: int) -> float:
+    """ln(C): the cross-entropy of the uniform prediction over `num_classes` C classes, where a classifier that has
+    learned nothing but the (balanced) class frequencies sits (Sudoku: ln 9 ≈ 2.197 nats)."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        raise ValueError(f"num_classes must be an integer >= 2; got {num_classes!r}.")
+    return math.log(num_classes)
+
+
+def training_losses(log_history: Iterable[Mapping[str, Any]]) -> list[tuple[int, float]]:
+    """(step, loss) of every logged training loss of a log history (Trainer's `log_history`, the accelerate loop's
+    history, `metrics.json["log_history"]`: entries with `step` and `loss`), sorted by step; a step logged twice
+    (a resumed run) keeps its last entry; non-finite losses are dropped."""
+    losses: dict[int, float] = {}
+    for entry in log_history:
+        if "loss" in entry and "step" in entry and math.isfinite(float(entry["loss"])):
+            losses[int(entry["step"])] = float(entry["loss"])
+    return sorted(losses.items())
+
+
+def plateau_exit_step(
+    log_history: Iterable[Mapping[str, Any]],
+    num_classes: int,
+    margin: float = PLATEAU_MARGIN,
+    consecutive: int = PLATEAU_CONSECUTIVE,
+) -> int | None:
+    """The step at which a classification run leaves the chance plateau, or None if it never does.
+
+    Definition: the first logged optimizer step whose logged training loss (each log is the mean over its logging
+    window) is below ln(`num_classes`) − `margin` nats and the `consecutive` − 1 logs after it are too. The loss
+    must be a cross-entropy over `num_classes` classes (with deep supervision: the mean of such losses). A run
+    already below at its first log gets its first logged step (it left the plateau at or before it); with fewer
+    than `consecutive` logs left below the threshold at the end of the run, the trailing ones count (a run may end
+    just after leaving the plateau).
+    """
+    if (
+        isinstance(margin, bool)
+        or not isinstance(margin, (int, float))
+        or not math.isfinite(margin)
+        or margin < 0
+    ):
+        raise ValueError(f"margin must be a finite number >= 0 (nats); got {margin!r}.")
+    if isinstance(consecutive, bool) or not isinstance(consecutive, int) or consecutive < 1:
+        raise ValueError(f"consecutive must be an integer >= 1; got {consecutive!r}.")
+    threshold = chance_loss(num_classes) - margin
+    losses = training_losses(log_history)
+    for index, (step, _) in enumerate(losses):
+        window = losses[index : index + consecutive]
+        if all(loss < threshold for _, loss in window):
+            return step
+    return None
+
+
+def plateau_exit_definition(margin: float = PLATEAU_MARGIN, consecutive: int = PLATEAU_CONSECUTIVE) -> str:
+    """`plateau_exit_step`'s definition in one sentence, for result files."""
+    return (
+        f"the first logged step whose training loss (mean over its logging window) is below ln(C) - {margin:g} "
+        f"nats, C the number of classes, and stays below for {consecutive} successive logs "
+        "(energyformers.training.evaluation.plateau_exit_step)"
+    )
 
 
 def _stack(arrays: list[np.ndarray], fill: int) -> np.ndarray:
@@ -237,14 +307,20 @@ def print_masked_image_predictions(folder: Any, data: Any, count: int, steps: in
 
 __all__ = [
     "METRICS_DIR",
+    "PLATEAU_CONSECUTIVE",
+    "PLATEAU_MARGIN",
     "MaskedImageEvaluation",
+    "chance_loss",
     "depth_metrics",
     "eval_depths",
     "load_metrics",
     "masked_image_metrics",
     "metric",
+    "plateau_exit_definition",
+    "plateau_exit_step",
     "primary_metric",
     "print_masked_image_predictions",
     "summary",
     "task_metrics",
+    "training_losses",
 ]

@@ -18,6 +18,11 @@ What a model's family draws (all on the INPUTS, or on `--max_samples` examples o
   `--steps` MaskGIT steps decoded to pixels, masked codes drawn grey (`mim_decode_sequence.png`).
 * With a labelled `--dataset`: accuracy against the number of iterations (Hyper-SET) or fixed-point steps
   (iMixer), `accuracy_vs_iterations.png`; HyperBF (no iterations) reports its accuracy in the JSON.
+* A run folder whose log history (`metrics.json`, else `trainer_state.json`) holds per-iteration eval accuracy
+  (`eval_<metric>_iterations_<t>`, `energyformers train --eval_iterations`): the training curve,
+  `training_curve_by_iterations.png`: the training loss against the step with the chance loss ln(C) of a
+  classifier, and the eval accuracy against the step at each logged iteration count t (T/2, T, 2T, ...), the
+  plateau exit step (`evaluation.plateau_exit_step`) marked. Such a folder needs no INPUTS or `--dataset`.
 * `--landscape`: contour plots of the modern Hopfield energy (`energyformers.energy`) of a few stored 2-D
   patterns at three inverse temperatures, with gradient-descent trajectories drawn on them
   (`energy_landscape.png`).
@@ -28,9 +33,11 @@ Everything plotted is also in `inspect.json`.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -234,6 +241,18 @@ def _rounded(tensor: torch.Tensor, digits: int = 6) -> Any:
         return None if not math.isfinite(value) else round(value, digits)
 
     return clean(values)
+
+
+def load_config(model_dir: str) -> Any:
+    """The saved model's config (energyformers families registered), or an `InspectError` saying why not."""
+    import transformers
+
+    import energyformers  # noqa: F401  (registers the families with the Auto classes)
+
+    try:
+        return transformers.AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError) as err:
+        raise InspectError(f"cannot load a model from {model_dir!r}: {err}") from None
 
 
 def load_model(model_dir: str) -> tuple[Any, str]:
@@ -545,6 +564,197 @@ def plot_accuracy(
     plt.close(fig)
 
 
+# ----------------------------------------------------------------------------- training curve
+
+TRAINING_CURVE = "training_curve_by_iterations.png"
+SMOOTHING_LOGS = 5  # the moving average drawn over the logged training losses, in logs
+# the per-iteration accuracy the training loops log at every evaluation (`evaluation.depth_metrics`)
+DEPTH_KEY = re.compile(r"^eval_(?P<metric>.+)_iterations_(?P<t>[0-9]+)$")
+
+
+def run_log_history(model_dir: str | Path) -> tuple[list[dict[str, Any]], str] | None:
+    """The log history of a run folder and the file it came from: `metrics.json` (written by both training
+    loops), else `trainer_state.json` (Trainer's); None if the folder has neither."""
+    for name in ("metrics.json", "trainer_state.json"):
+        path = Path(model_dir) / name
+        if not path.is_file():
+            continue
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise InspectError(f"{path}: not a readable JSON file ({err})") from None
+        history = record.get("log_history") if isinstance(record, dict) else None
+        if isinstance(history, list):
+            return [entry for entry in history if isinstance(entry, dict)], name
+    return None
+
+
+def eval_depth_curves(
+    log_history: list[dict[str, Any]],
+) -> tuple[str | None, dict[int, list[tuple[int, float]]]]:
+    """The logged metric's name and, per iteration count t, its (step, value) evaluations sorted by step (a step
+    evaluated twice, as Trainer's final evaluation repeats the last one, keeps its last value)."""
+    metric, curves = None, {}
+    for entry in log_history:
+        if "step" not in entry:
+            continue
+        for key, value in entry.items():
+            match = DEPTH_KEY.match(key)
+            if match is None or not isinstance(value, (int, float)):
+                continue
+            if metric is None:
+                metric = match["metric"]
+            if match["metric"] == metric:
+                curves.setdefault(int(match["t"]), {})[int(entry["step"])] = float(value)
+    return metric, {t: sorted(points.items()) for t, points in sorted(curves.items())}
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    """The trailing mean over up to `window` values (fewer at the start), so it never looks ahead of a step."""
+    return [
+        sum(values[max(0, i + 1 - window) : i + 1]) / (i + 1 - max(0, i + 1 - window))
+        for i in range(len(values))
+    ]
+
+
+def classes_of(config: Any, task: str | None) -> int | None:
+    """C of a single-label classifier trained with cross-entropy (its loss has the chance level ln C), else None."""
+    from .arguments import MIM_TASK
+
+    num_labels = getattr(config, "num_labels", 0)
+    single_label = getattr(config, "problem_type", None) in (None, "single_label_classification")
+    architecture = (getattr(config, "architectures", None) or [""])[0]
+    classifier = "Classification" in architecture if task is None else task != MIM_TASK
+    return num_labels if classifier and single_label and num_labels >= 2 else None
+
+
+def training_curve(
+    log_history: list[dict[str, Any]], source: str, config: Any, task: str | None, path: Path
+) -> dict[str, Any]:
+    """Draw the training loss and the per-iteration eval accuracy against the step (`path`); returns the numbers,
+    the chance loss and the plateau exit step (`evaluation.plateau_exit_step`)."""
+    from .evaluation import (
+        PLATEAU_CONSECUTIVE,
+        PLATEAU_MARGIN,
+        chance_loss,
+        plateau_exit_definition,
+        plateau_exit_step,
+        training_losses,
+    )
+
+    losses = training_losses(log_history)
+    metric, curves = eval_depth_curves(log_history)
+    steps, values = [s for s, _ in losses], [v for _, v in losses]
+    gaps = sorted(b - a for a, b in itertools.pairwise(steps))
+    logging_window = (
+        gaps[len(gaps) // 2] if gaps else None
+    )  # the logging interval (the median gap between logs)
+    smoothed = moving_average(values, SMOOTHING_LOGS)
+    classes = classes_of(config, task)
+    chance = chance_loss(classes) if classes else None
+    exit_step = plateau_exit_step(log_history, classes) if classes else None
+    trained = getattr(config, "num_iterations", None)
+
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.3))
+    if losses:
+        window = f"mean over {logging_window} steps" if logging_window else "one log"
+        left.plot(steps, values, ".", ms=3, color="tab:blue", alpha=0.45, label=f"logged ({window})")
+        left.plot(
+            steps, smoothed, "-", color="tab:blue", lw=1.6, label=f"trailing mean of {SMOOTHING_LOGS} logs"
+        )
+    else:
+        left.text(0.5, 0.5, "no training loss logged", transform=left.transAxes, ha="center", color="gray")
+    if chance is not None:
+        left.axhline(chance, color="gray", ls=":", lw=1, label=f"chance ln {classes} = {chance:.3f}")
+        left.axhline(chance - PLATEAU_MARGIN, color="gray", ls="--", lw=0.7, alpha=0.6,
+                     label=f"exit threshold (chance − {PLATEAU_MARGIN:g})")  # fmt: skip
+    if chance is not None and values and max(values) > 1.5 * chance:
+        # the first logs of a wide init sit far above chance; clipped, the plateau and its end stay readable
+        left.set_ylim(min(min(values), chance - PLATEAU_MARGIN) - 0.05 * chance, 1.5 * chance)
+        left.text(0.99, 0.99, "y clipped at 1.5 × chance", transform=left.transAxes, ha="right", va="top",
+                  fontsize=7, color="gray")  # fmt: skip
+    left.set_xlabel("optimizer step")
+    left.set_ylabel("training loss (nats)")
+    left.set_title("training loss")
+    pretty = (metric or "accuracy").replace("_", " ")
+    for t, points in curves.items():
+        label = f"t = {t}"
+        if trained:
+            label += " (trained T)" if t == trained else f" ({t / trained:g}T)"
+        right.plot([s for s, _ in points], [v for _, v in points], "o-", ms=3, lw=1.2, label=label,
+                   color="black" if t == trained else None)  # fmt: skip
+    if classes:
+        right.axhline(1 / classes, color="gray", ls=":", lw=1, label=f"chance 1/{classes}")
+    right.set_ylim(-0.02, 1.02)
+    right.set_xlabel("optimizer step")
+    right.set_ylabel(f"eval {pretty}")
+    right.set_title(f"eval {pretty} at each iteration count t")
+    for ax in (left, right):
+        if exit_step is not None:
+            ax.axvline(exit_step, color="tab:red", ls="--", lw=1, label=f"plateau exit (step {exit_step})")
+        ax.legend(loc="best", fontsize=8)
+    note = f"plateau exit: step {exit_step}" if exit_step is not None else "plateau exit: none"
+    if chance is None:
+        note = "no chance level (not a single-label classifier)"
+    fig.suptitle(f"Training curve ({source}); {note}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+    notes = []
+    if getattr(config, "halting_head", False):
+        notes.append(
+            "the training loss includes the halting head's BCE term (halting_loss_weight × BCE): the chance line "
+            "is that of its cross-entropy part"
+        )
+    return {
+        "source": source,
+        "loss": {"steps": steps, "values": _rounded_list(values)},
+        "logging_window_steps": logging_window,
+        "smoothed_loss": {
+            "window_logs": SMOOTHING_LOGS,
+            "kind": "trailing mean",
+            "values": _rounded_list(smoothed),
+        },
+        "num_classes": classes,
+        "chance_loss": chance,
+        "metric": metric,
+        "trained_iterations": trained,
+        "eval_by_iterations": {
+            str(t): {"steps": [s for s, _ in points], "values": _rounded_list([v for _, v in points])}
+            for t, points in curves.items()
+        },
+        "plateau_exit": {
+            "step": exit_step,
+            "at_first_log": exit_step is not None and bool(steps) and exit_step == steps[0],
+            "margin_nats": PLATEAU_MARGIN,
+            "consecutive_logs": PLATEAU_CONSECUTIVE,
+            "definition": plateau_exit_definition(),
+        },
+        "notes": notes,
+    }
+
+
+def _rounded_list(values: list[float], digits: int = 6) -> list[float | None]:
+    return [round(v, digits) if math.isfinite(v) else None for v in values]
+
+
+def add_training_curve(report: dict[str, Any], model_dir: str, config: Any, output_dir: Path) -> None:
+    """Add the training curve (figure and `training_curve` numbers) to `report` if the folder's log history holds
+    per-iteration eval accuracy."""
+    found = run_log_history(model_dir)
+    if found is None or not eval_depth_curves(found[0])[1]:
+        return
+    history, source = found
+    task = None
+    if source == "metrics.json":
+        record = json.loads((Path(model_dir) / source).read_text(encoding="utf-8"))
+        task = record.get("task") if isinstance(record.get("task"), str) else None
+    report["training_curve"] = training_curve(history, source, config, task, output_dir / TRAINING_CURVE)
+    report["figures"].append(TRAINING_CURVE)
+
+
 # ----------------------------------------------------------------------------- masked image modelling
 
 MASKED_GREY = 0.5  # the pixel value drawn where a code is still [MASK]
@@ -663,11 +873,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     output_dir = Path(args.output_dir)
     report: dict[str, Any] = {"figures": []}
     model = None
-    if args.model_dir is not None:
-        if not args.inputs and not args.dataset:
+    if args.model_dir is not None and not args.inputs and not args.dataset:
+        found = run_log_history(args.model_dir) if Path(args.model_dir).is_dir() else None
+        if found is None or not eval_depth_curves(found[0])[1]:
             raise InspectError(
-                "give INPUTS (image paths or texts) or a labelled --dataset to run the model on"
+                "give INPUTS (image paths or texts) or a labelled --dataset to run the model on (a run folder "
+                "whose log history holds per-iteration eval accuracy, `train --eval_iterations`, needs neither: "
+                "its training curve is drawn)"
             )
+        # the training curve alone: the log history and the config, no model run
+        config = load_config(args.model_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        report.update(
+            model_dir=str(args.model_dir),
+            model_type=config.model_type,
+            architecture=(config.architectures or [None])[0],
+        )
+        add_training_curve(report, args.model_dir, config, output_dir)
+    elif args.model_dir is not None:
         model, family = load_model(args.model_dir)
         input_type = model.config.input_type
         if type(model).__name__ == "HyperSetForMaskedImageModeling":
@@ -683,6 +906,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             report["figures"] += section.pop("figures")
             report.update(model_dir=str(args.model_dir), model_type=family, architecture=type(model).__name__)
             report["mim"] = section
+            add_training_curve(report, args.model_dir, model.config, output_dir)
             (output_dir / "inspect.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
             return report
         if args.dataset and not hasattr(model, "classifier"):
@@ -747,6 +971,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 report["figures"].append("accuracy_vs_iterations.png")
             report["accuracy_vs_iterations" if depth_argument else "accuracy"] = entry
+        add_training_curve(report, args.model_dir, model.config, output_dir)
     if args.landscape:
         result = energy_landscape()
         plot_landscape(result, output_dir / "energy_landscape.png")
