@@ -162,10 +162,13 @@ for case in args["cases"]:
         with torch.no_grad():
             output = model(**{k: torch.tensor(v) for k, v in case["inputs"].items()})
         out["output"] = (output.logits if "logits" in output else output.last_hidden_state).tolist()
+        if case.get("decode") is not None:  # MaskGIT decoding of a masked-image-modelling head, seeded
+            decoded = model.decode(torch.tensor(case["inputs"]["input_ids"]), **case["decode"])
+            out["decode"] = {key: value.tolist() for key, value in decoded.items()}
         x = case["pipeline_input"]
         if case["input_type"] == "image":
             x = Image.frombytes("RGB", (8, 8), bytes(x))
-        if case["task"] is not None:
+        if case.get("task") is not None:
             pipe = transformers.pipeline(case["task"], model=case["path"], trust_remote_code=True)
             out["pipeline"] = plain(pipe(x))
         if case.get("card"):
