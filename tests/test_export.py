@@ -878,3 +878,33 @@ def test_release_takes_mim_folders(mim_exported, tmp_path, capsys):
         folder = dist / f"{model_type}-mim-digits"
         assert (folder / "vq_tokenizer.safetensors").is_file()
         assert f"{model_type}-mim-digits" in printed and "masked-token accuracy 0.3750" in printed, printed
+
+
+RECURRENT_DEPTH_FIELDS = (
+    "deep_supervision",
+    "deep_supervision_interval",
+    "deep_supervision_samples",
+    "deep_supervision_weights",
+    "supervision_steps",
+    "halting_head",
+    "halting_loss_weight",
+)
+
+
+@pytest.mark.parametrize("case_id", [i for i in CASE_IDS if i.startswith(("hyperset-", "looped"))])
+def test_card_lists_the_recurrent_depth_training_fields(exported, case_id):
+    """As every other config field the card shows: each recurrent-depth training setting with its value."""
+    case = exported[case_id]
+    config = json.loads((case["export_dir"] / "config.json").read_text())
+    text = (case["export_dir"] / "README.md").read_text()
+    for field in RECURRENT_DEPTH_FIELDS:
+        assert f"| `{field}` | `{json.dumps(config[field])}` |" in text, field
+
+
+@pytest.mark.parametrize("model_type", MIM_MODELS)
+def test_mim_card_lists_the_recurrent_depth_training_fields(mim_exported, model_type):
+    export_dir = mim_exported[model_type]["export_dir"]
+    config = json.loads((export_dir / "config.json").read_text())
+    text = (export_dir / "README.md").read_text()
+    for field in RECURRENT_DEPTH_FIELDS:
+        assert f"| `{field}` | `{json.dumps(config[field])}` |" in text, field
