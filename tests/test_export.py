@@ -331,7 +331,8 @@ def test_remote_code_imports_only_stdlib_torch_transformers(exported, model_type
                 assert [a.name for a in node.names] == [config_class]
 
 
-@pytest.mark.parametrize("case_id", CASE_IDS)
+# The masked-image-modelling head's card (its Hub task and its metrics) is checked with a MIM run folder below
+@pytest.mark.parametrize("case_id", [i for i, c in zip(CASE_IDS, CASES) if c[1] not in NO_PIPELINE])
 def test_card_renders_metadata_and_measured_metrics(exported, case_id):
     case = exported[case_id]
     card = ModelCard.load(case["export_dir"] / "README.md")
