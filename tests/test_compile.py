@@ -186,3 +186,76 @@ def test_step_sizes_computed_once_compile_and_train(attn_implementation):
     for name, parameter in model.named_parameters():
         if parameter.grad is not None:
             torch.testing.assert_close(compiled_grads[name], parameter.grad, msg=labelled(name))
+
+
+def _mim_model(model_type: str) -> torch.nn.Module:
+    """Both masked-image-modelling heads of the paper's Table 2 at a tiny size of their `cli-mim` presets (the paper's
+    structure: sin-cos 2-D / learned positions, input-conditioned step sizes): a 4 × 4 grid, codebook 8 + [MASK]."""
+    from energyformers import (
+        HyperSetConfig,
+        HyperSetForMaskedImageModeling,
+        LoopedTransformerConfig,
+        LoopedTransformerForMaskedImageModeling,
+    )
+
+    size = dict(
+        hidden_size=16, num_attention_heads=4, num_iterations=3, vocab_size=9, max_position_embeddings=16
+    )
+    torch.manual_seed(0)
+    if model_type == "hyperset":
+        config = HyperSetConfig.from_preset("cli-mim", intermediate_size=16, time_embedding_dim=16, **size)
+        return perturb(HyperSetForMaskedImageModeling(config))
+    config = LoopedTransformerConfig.from_preset("cli-mim", intermediate_size=64, **size)
+    return perturb(LoopedTransformerForMaskedImageModeling(config))
+
+
+def _mim_batch(seed: int) -> dict[str, torch.Tensor]:
+    """Codes with [MASK] (= 8) at about half the positions; labels the true codes there, −100 elsewhere."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 8, (2, 16), generator=g)
+    masked = torch.rand(2, 16, generator=g) < 0.5
+    masked[:, 0] = True
+    return {"input_ids": codes.masked_fill(masked, 8), "labels": codes.masked_fill(~masked, -100)}
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    [
+        pytest.param(
+            "hyperset",
+            # Found by this test: with the paper's MIM structure (`iteration_conditioning="sinusoidal-no-mlp"`, the
+            # `cli-mim` / `mim-*` presets) the compiled forward differs from eager by 3e-5 on logits of size 0.18
+            # (1.7e-4 relative, far above float32 rounding) and the gradients by up to 2 %; with
+            # `iteration_conditioning="none"` they agree to 6e-8. A bug in modeling_hyperset.py under torch.compile,
+            # not in this test: strict, so the test reports when it is fixed.
+            marks=pytest.mark.xfail(
+                strict=True, reason="compiled != eager with sinusoidal-no-mlp conditioning"
+            ),
+        ),
+        "looped-transformer",
+    ],
+)
+def test_masked_image_modelling_heads_compile_train_and_export(model_type):
+    """Both MIM heads on masked code grids: one graph (fullgraph, aot_eager) forward and training step matching
+    eager mode, and `torch.export`; the seeded MaskGIT decoding runs the compiled forward to the same codes."""
+    torch._dynamo.reset()
+    eager, compiled_model = _mim_model(model_type), _mim_model(model_type)
+    compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
+    batch = _mim_batch(0)
+    eager.train()(**batch).loss.backward()
+    compiled_model.train()
+    compiled(**batch).loss.backward()
+    for (name, a), b in zip(eager.named_parameters(), compiled_model.parameters()):
+        if a.grad is not None:
+            torch.testing.assert_close(b.grad, a.grad, msg=labelled(name))
+    eager.eval(), compiled_model.eval()
+    inputs = {"input_ids": _mim_batch(1)["input_ids"]}
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(**inputs).logits, eager(**inputs).logits)
+        program = torch.export.export(eager, (), inputs)
+        torch.testing.assert_close(program.module()(**inputs).logits, eager(**inputs).logits)
+    # decode calls the model's forward; with the compiled graph as that forward the seeded samples are the same
+    reference = eager.decode(inputs["input_ids"], steps=3, seed=0)
+    compiled_model.forward = compiled  # the module calls `self(...)`; route it through the compiled graph
+    got = type(compiled_model).decode(compiled_model, inputs["input_ids"], steps=3, seed=0)
+    assert torch.equal(got.codes, reference.codes), (got.codes, reference.codes)

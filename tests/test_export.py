@@ -162,10 +162,13 @@ for case in args["cases"]:
         with torch.no_grad():
             output = model(**{k: torch.tensor(v) for k, v in case["inputs"].items()})
         out["output"] = (output.logits if "logits" in output else output.last_hidden_state).tolist()
+        if case.get("decode") is not None:  # MaskGIT decoding of a masked-image-modelling head, seeded
+            decoded = model.decode(torch.tensor(case["inputs"]["input_ids"]), **case["decode"])
+            out["decode"] = {key: value.tolist() for key, value in decoded.items()}
         x = case["pipeline_input"]
         if case["input_type"] == "image":
             x = Image.frombytes("RGB", (8, 8), bytes(x))
-        if case["task"] is not None:
+        if case.get("task") is not None:
             pipe = transformers.pipeline(case["task"], model=case["path"], trust_remote_code=True)
             out["pipeline"] = plain(pipe(x))
         if case.get("card"):
@@ -328,7 +331,8 @@ def test_remote_code_imports_only_stdlib_torch_transformers(exported, model_type
                 assert [a.name for a in node.names] == [config_class]
 
 
-@pytest.mark.parametrize("case_id", CASE_IDS)
+# The masked-image-modelling head's card (its Hub task and its metrics) is checked with a MIM run folder below
+@pytest.mark.parametrize("case_id", [i for i, c in zip(CASE_IDS, CASES) if c[1] not in NO_PIPELINE])
 def test_card_renders_metadata_and_measured_metrics(exported, case_id):
     case = exported[case_id]
     card = ModelCard.load(case["export_dir"] / "README.md")
@@ -604,3 +608,304 @@ def test_release_reports_a_folder_without_metrics_and_ships_the_rest(tmp_path, c
     assert "missing metrics.json" in capsys.readouterr().err
     assert sorted(p.name for p in dist.iterdir()) == [f"{model_type}-digits", "release.json"]
     assert list(json.loads((dist / "release.json").read_text())["failed"]) == [str(bad)]
+
+
+# ------------------------------------------------------------------------------ masked image modelling
+# A MIM folder as `energyformers train --task mim` writes it: the model, its image tokenizer (a patch k-means
+# codebook: `vq_tokenizer_config.json` + `vq_tokenizer.safetensors`), metrics.json with the MIM metrics; no text
+# tokenizer. Both models of the paper's Table 2: Hyper-SET's head and the looped-Transformer baseline's.
+MIM_GRID, MIM_CODEBOOK = 16, 8  # a 4 × 4 grid of 2 × 2 patches of 8 × 8 grey images; [MASK] = 8
+MIM_DECODE = {"steps": 3, "schedule": "arccos", "seed": 5}
+# placeholders of the tiny untrained test models, never published
+MIM_SCORES = {
+    "masked_token_accuracy": 0.25,
+    "decoded_token_accuracy": 0.3125,
+    "psnr": 12.5,
+    "ssim": 0.5,
+    "tokenizer_psnr": 25.0,
+    "tokenizer_ssim": 0.875,
+}
+MIM_METRICS_JSON = {
+    **{k: v for k, v in FIXTURE_METRICS.items() if k not in ("eval", "test")},
+    "task": "masked-image-modeling",
+    "eval": {"loss": 2.0, **MIM_SCORES},
+    "test": {"loss": 2.0, **MIM_SCORES, "masked_token_accuracy": 0.375},
+}
+MIM_MODELS = ("hyperset", "looped-transformer")
+
+
+def build_mim_dir(path: Path, model_type: str) -> Path:
+    from energyformers import LoopedTransformerConfig, LoopedTransformerForMaskedImageModeling
+    from energyformers.mim import PatchKMeansTokenizer
+
+    size = dict(num_attention_heads=4, num_iterations=2, vocab_size=MIM_CODEBOOK + 1)
+    size["max_position_embeddings"] = MIM_GRID
+    torch.manual_seed(0)
+    if model_type == "hyperset":
+        config = energyformers.HyperSetConfig.from_preset(
+            "cli-mim", hidden_size=16, intermediate_size=16, time_embedding_dim=16, **size
+        )
+        model = energyformers.HyperSetForMaskedImageModeling(config)
+    else:
+        config = LoopedTransformerConfig.from_preset("cli-mim", hidden_size=16, intermediate_size=64, **size)
+        model = LoopedTransformerForMaskedImageModeling(config)
+    perturb(model)  # off the initialisation (zero step sizes), so every code path shows in the logits
+    model.save_pretrained(path)
+    centroids = torch.rand(MIM_CODEBOOK, 2 * 2, generator=torch.Generator().manual_seed(3))
+    PatchKMeansTokenizer(centroids, patch_size=2, image_size=(8, 8), num_channels=1).save_pretrained(path)
+    (path / "metrics.json").write_text(json.dumps({"model": model_type, **MIM_METRICS_JSON}))
+    return path
+
+
+def mim_inputs() -> torch.Tensor:
+    """Codes with about half the positions masked, every row with at least one mask."""
+    g = torch.Generator().manual_seed(4)
+    codes = torch.randint(0, MIM_CODEBOOK, (2, MIM_GRID), generator=g)
+    masked = torch.rand(2, MIM_GRID, generator=g) < 0.5
+    masked[:, 0] = True
+    return codes.masked_fill(masked, MIM_CODEBOOK)
+
+
+@pytest.fixture(scope="module")
+def mim_exported(tmp_path_factory) -> dict[str, dict]:
+    root = tmp_path_factory.mktemp("mim")
+    out = {}
+    with single_thread():
+        for model_type in MIM_MODELS:
+            model_dir = build_mim_dir(root / f"{model_type}-src", model_type)
+            export_dir = export_model_dir(
+                model_dir, root / f"{model_type}-mim", repo_id=f"org/{model_type}-mim"
+            )
+            model = energyformers.BASELINES.get(model_type, FAMILIES.get(model_type))
+            model = model.heads["AutoModelForMaskedImageModeling"].from_pretrained(model_dir).eval()
+            with torch.no_grad():
+                logits = model(input_ids=mim_inputs()).logits
+            decoded = model.decode(mim_inputs(), **MIM_DECODE)
+            out[model_type] = {
+                "model_dir": model_dir,
+                "export_dir": export_dir,
+                "logits": logits,
+                "decode": decoded,
+            }
+    return out
+
+
+@pytest.fixture(scope="module")
+def mim_remote(mim_exported, tmp_path_factory) -> dict:
+    cases = [
+        {
+            "id": model_type,
+            "auto_class": "AutoModelForMaskedImageModeling",
+            "path": str(case["export_dir"]),
+            "input_type": "sequence",
+            "inputs": {"input_ids": mim_inputs().tolist()},
+            "pipeline_input": None,
+            "decode": MIM_DECODE,
+        }
+        for model_type, case in mim_exported.items()
+    ]
+    return run_without_package(tmp_path_factory.mktemp("mim-remote"), cases)
+
+
+@pytest.mark.parametrize("model_type", MIM_MODELS)
+def test_mim_folder_exports_with_its_image_tokenizer(mim_exported, model_type):
+    case = mim_exported[model_type]
+    export_dir, model_dir = case["export_dir"], case["model_dir"]
+    stems = ["hyperset"] if model_type == "hyperset" else ["hyperset", "looped_transformer"]
+    code = {f"{kind}_{stem}.py" for kind in ("configuration", "modeling") for stem in stems}
+    expected = {"config.json", "model.safetensors", "metrics.json", "README.md", *code}
+    tokenizer = {"vq_tokenizer_config.json", "vq_tokenizer.safetensors"}
+    assert {p.name for p in export_dir.iterdir()} == expected | tokenizer
+    for name in ("model.safetensors", *tokenizer):
+        assert (export_dir / name).read_bytes() == (model_dir / name).read_bytes(), name
+    family = energyformers.BASELINES.get(model_type, FAMILIES.get(model_type))
+    auto_map = json.loads((export_dir / "config.json").read_text())["auto_map"]
+    head = family.heads["AutoModelForMaskedImageModeling"].__name__
+    assert auto_map["AutoModelForMaskedImageModeling"] == f"modeling_{family.stem}.{head}", auto_map
+    # the tokenizer read back from the export is the saved one
+    from energyformers.mim import load_vq_tokenizer
+
+    assert torch.equal(load_vq_tokenizer(export_dir).centroids, load_vq_tokenizer(model_dir).centroids)
+
+
+def test_mim_remote_process_cannot_import_energyformers(mim_remote):
+    assert mim_remote["energyformers_import"].startswith("ModuleNotFoundError"), mim_remote[
+        "energyformers_import"
+    ]
+    assert mim_remote["energyformers_modules"] == []
+
+
+@pytest.mark.parametrize("model_type", MIM_MODELS)
+def test_mim_remote_code_logits_and_decode_identical_to_package(mim_exported, mim_remote, model_type):
+    result, case = mim_remote["cases"][model_type], mim_exported[model_type]
+    assert "error" not in result, result["error"]
+    assert result["module"].startswith("transformers_modules."), result["module"]  # the folder's own code
+    # the same code, weights, inputs and thread count: bit-identical, and the same seeded samples
+    assert torch.equal(torch.tensor(result["output"]), case["logits"]), (result["output"], case["logits"])
+    for key, value in case["decode"].items():
+        got = torch.tensor(result["decode"][key], dtype=value.dtype)
+        assert torch.equal(got, value), (key, got, value)
+
+
+@pytest.mark.parametrize("model_type", MIM_MODELS)
+def test_mim_card_has_a_hub_task_its_metrics_and_a_code_usage_example(mim_exported, model_type):
+    card = ModelCard.load(mim_exported[model_type]["export_dir"] / "README.md")
+    # a task of the Hub's list (huggingface.js `PIPELINE_DATA`): the Hub has no masked-image-modelling task
+    assert card.data.pipeline_tag == "image-to-image" and card.data.language is None, card.data
+    results = {(r.metric_name, r.dataset_split): r.metric_value for r in card.data.eval_results}
+    assert results == {
+        ("masked-token accuracy", "test"): 0.375,
+        ("decoded-token accuracy", "test"): 0.3125,
+        ("PSNR (dB)", "test"): 12.5,
+        ("SSIM", "test"): 0.5,
+        ("tokenizer PSNR (dB)", "test"): 25.0,
+    }, results
+    text = card.text
+    assert "| — |" not in text and "macro F1" not in text and "LABEL_0" not in text
+    assert "| test | 0.3750 | 0.3125 | 12.5000 | 0.5000 | 25.0000 |" in text
+    assert "AutoTokenizer" not in text and "text classifier" not in text
+    for snippet in (
+        "load_vq_tokenizer(folder)",
+        "model.decode(inputs, steps=8, seed=0)",
+        "MaskedImageModelingPipeline(model=folder)",
+        f'AutoModelForMaskedImageModeling.from_pretrained("org/{model_type}-mim", trust_remote_code=True)',
+    ):
+        assert snippet in text, snippet
+
+
+def test_mim_card_snippets_run(mim_exported, monkeypatch):
+    """The card's usage code, run on the exported folder (the Hub download replaced by the folder)."""
+    import re
+
+    import huggingface_hub
+
+    folder = mim_exported["hyperset"]["export_dir"]
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id: str(folder))
+    text = ModelCard.load(folder / "README.md").text
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 3, blocks
+    images = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    scope = {"images": images}
+    exec(blocks[0], scope)  # package + tokenizer + decode
+    assert scope["reconstruction"].shape == (2, 1, 8, 8)
+    from PIL import Image
+
+    image = folder.parent / "digit.png"
+    Image.fromarray((images[0, 0].numpy() * 255).astype("uint8")).save(image)
+    pipeline_code = (
+        blocks[1]
+        .replace("path/to/image.png", str(image))
+        .replace('"reconstruction.png"', repr(str(folder.parent / "reconstruction.png")))
+    )
+    exec(pipeline_code, scope)
+    assert (folder.parent / "reconstruction.png").is_file()
+    remote = blocks[2].replace('"org/hyperset-mim"', repr(str(folder)))
+    exec(remote, scope)  # in this process the package is importable; the remote-code run is checked above
+    assert scope["codes"].shape == (1, MIM_GRID) and (scope["codes"] < MIM_CODEBOOK).all()
+
+
+def test_mim_folder_without_an_image_tokenizer_exports_and_says_so(tmp_path):
+    """A converted checkpoint has no tokenizer (the paper's VQGAN is not part of it): exported, the card says so."""
+    model_dir = build_mim_dir(tmp_path / "src", "hyperset")
+    for name in ("vq_tokenizer_config.json", "vq_tokenizer.safetensors", "metrics.json"):
+        (model_dir / name).unlink()
+    out = export_model_dir(model_dir, tmp_path / "out")
+    assert not list(out.glob("vq_tokenizer*"))
+    text = (out / "README.md").read_text()
+    assert "holds no image tokenizer" in text and "VQGANTokenizer" in text
+    assert "pipeline_tag: image-to-image" in text
+
+
+def test_mim_vqgan_subfolder_travels_and_a_broken_tokenizer_is_refused(tmp_path):
+    model_dir = build_mim_dir(tmp_path / "src", "hyperset")
+    (model_dir / "vq_tokenizer.safetensors").unlink()
+    # what VQGANTokenizer.save_pretrained writes: the diffusers VQModel folder in vqgan/, its settings beside it
+    vqgan = model_dir / "vqgan"
+    vqgan.mkdir()
+    (vqgan / "config.json").write_text(
+        json.dumps({"_class_name": "VQModel", "num_vq_embeddings": MIM_CODEBOOK})
+    )
+    (vqgan / "diffusion_pytorch_model.safetensors").write_bytes(b"weights of the VQGAN")
+    settings = {"tokenizer_class": "VQGANTokenizer", "subfolder": "vqgan", "pixel_range": [-1.0, 1.0]}
+    (model_dir / "vq_tokenizer_config.json").write_text(json.dumps(settings))
+    out = export_model_dir(model_dir, tmp_path / "out")
+    for name in (
+        "vq_tokenizer_config.json",
+        "vqgan/config.json",
+        "vqgan/diffusion_pytorch_model.safetensors",
+    ):
+        assert (out / name).read_bytes() == (model_dir / name).read_bytes(), name
+    assert "`VQGANTokenizer`" in (out / "README.md").read_text()
+    # a tokenizer config naming files the folder lacks: refused before anything is written
+    (vqgan / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="subfolder='vqgan' is not a model folder"):
+        export_model_dir(model_dir, tmp_path / "out2")
+    _assert_nothing_written(tmp_path / "out2")
+    settings.pop("subfolder")
+    settings["tokenizer_class"] = "PatchKMeansTokenizer"
+    (model_dir / "vq_tokenizer_config.json").write_text(json.dumps(settings))
+    with pytest.raises(
+        FileNotFoundError, match=r"vq_tokenizer_config\.json without vq_tokenizer\.safetensors"
+    ):
+        export_model_dir(model_dir, tmp_path / "out3")
+    _assert_nothing_written(tmp_path / "out3")
+
+
+def test_a_baseline_head_other_than_mim_is_still_refused(tmp_path):
+    from energyformers import LoopedTransformerConfig, LoopedTransformerForImageClassification
+
+    config = LoopedTransformerConfig(hidden_size=16, num_attention_heads=4, image_size=8, patch_size=4)
+    model_dir = tmp_path / "looped"
+    LoopedTransformerForImageClassification(config).save_pretrained(model_dir)
+    with pytest.raises(ValueError, match="is a baseline for side-by-side measurements"):
+        export_model_dir(model_dir, tmp_path / "out")
+    _assert_nothing_written(tmp_path / "out")
+
+
+def test_vq_tokenizer_file_names_match_the_tokenizer_module():
+    from energyformers import mim
+
+    assert (export.VQ_TOKENIZER_CONFIG, export.VQ_TOKENIZER_WEIGHTS) == (mim.CONFIG_NAME, mim.WEIGHTS_NAME)
+
+
+def test_release_takes_mim_folders(mim_exported, tmp_path, capsys):
+    dirs = [mim_exported[m]["model_dir"] for m in MIM_MODELS]
+    dist = tmp_path / "dist"
+    assert release.main(["--take", *map(str, dirs), "--dist_dir", str(dist)]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((dist / "release.json").read_text())
+    assert sorted(summary["released"]) == [f"{m}-mim-digits" for m in MIM_MODELS], summary
+    for model_type in MIM_MODELS:
+        folder = dist / f"{model_type}-mim-digits"
+        assert (folder / "vq_tokenizer.safetensors").is_file()
+        assert f"{model_type}-mim-digits" in printed and "masked-token accuracy 0.3750" in printed, printed
+
+
+RECURRENT_DEPTH_FIELDS = (
+    "deep_supervision",
+    "deep_supervision_interval",
+    "deep_supervision_samples",
+    "deep_supervision_weights",
+    "supervision_steps",
+    "halting_head",
+    "halting_loss_weight",
+)
+
+
+@pytest.mark.parametrize("case_id", [i for i in CASE_IDS if i.startswith(("hyperset-", "looped"))])
+def test_card_lists_the_recurrent_depth_training_fields(exported, case_id):
+    """As every other config field the card shows: each recurrent-depth training setting with its value."""
+    case = exported[case_id]
+    config = json.loads((case["export_dir"] / "config.json").read_text())
+    text = (case["export_dir"] / "README.md").read_text()
+    for field in RECURRENT_DEPTH_FIELDS:
+        assert f"| `{field}` | `{json.dumps(config[field])}` |" in text, field
+
+
+@pytest.mark.parametrize("model_type", MIM_MODELS)
+def test_mim_card_lists_the_recurrent_depth_training_fields(mim_exported, model_type):
+    export_dir = mim_exported[model_type]["export_dir"]
+    config = json.loads((export_dir / "config.json").read_text())
+    text = (export_dir / "README.md").read_text()
+    for field in RECURRENT_DEPTH_FIELDS:
+        assert f"| `{field}` | `{json.dumps(config[field])}` |" in text, field

@@ -29,7 +29,7 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from sklearn.metrics import f1_score
 from sklearn.model_selection import train_test_split
-from test_export import run_without_package, single_thread
+from test_export import MIM_MODELS, build_mim_dir, run_without_package, single_thread
 from transformers import ViTImageProcessorPil, pipeline
 
 from energyformers import FAMILIES
@@ -295,6 +295,19 @@ def test_pushing_an_exported_folder_uploads_the_same_files(hub, trained, tmp_pat
 
 
 # ------------------------------------------------------------------------------------ failure modes
+@pytest.mark.parametrize("model_type", MIM_MODELS)
+def test_push_of_a_mim_folder_uploads_the_export_with_its_image_tokenizer(hub, model_type, tmp_path):
+    """Both models of the paper's Table 2: the upload is the export, the image tokenizer included."""
+    model_dir = build_mim_dir(tmp_path / "mim", model_type)
+    push_model_dir(model_dir, f"org/{model_type}-mim")
+    exported = export_model_dir(model_dir, tmp_path / "exported")
+    uploaded = hub.files(f"org/{model_type}-mim")
+    expected = {str(p.relative_to(exported)) for p in exported.rglob("*") if p.is_file()}
+    assert set(uploaded) == expected, sorted(set(uploaded) ^ expected)
+    assert {"vq_tokenizer_config.json", "vq_tokenizer.safetensors"} <= set(uploaded)
+    assert uploaded["vq_tokenizer.safetensors"] == (model_dir / "vq_tokenizer.safetensors").read_bytes()
+
+
 def _no_partial_export(tmp_root: Path) -> None:
     assert list(Path(tempfile.tempdir).iterdir()) == [], "push left a temporary export behind"
     assert not [p for p in tmp_root.rglob("*") if p.name.startswith(".export.partial")]

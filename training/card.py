@@ -43,6 +43,15 @@ CARD_CONFIG_KEYS = (
     "step_size_norm",
     "classifier_norm",
     "fixed_point_iterations",
+    # recurrent-depth training (`RecurrentDepthConfig`): a loss on several iterations, supervision steps with a
+    # detached carry, the halting head; they say how the checkpoint was trained to use its depth
+    "deep_supervision",
+    "deep_supervision_interval",
+    "deep_supervision_samples",
+    "deep_supervision_weights",
+    "supervision_steps",
+    "halting_head",
+    "halting_loss_weight",
     "num_centers",
     "image_size",
     "patch_size",
@@ -51,6 +60,21 @@ CARD_CONFIG_KEYS = (
     "max_position_embeddings",
 )
 IMAGE_ONLY_KEYS = frozenset({"image_size", "patch_size", "num_channels"})
+# Masked image modelling (`…ForMaskedImageModeling`, docs/mim.md): the Hub has no masked-image-modelling task. The
+# model fills masked regions of an image given as the codes of an image tokenizer, and with that tokenizer (carried
+# in the folder) an image goes in and its reconstruction comes out: the Hub's "image-to-image" task, whose subtask
+# "image-inpainting" is what it does. Not "fill-mask": that is the Hub's text task (its widget and transformers'
+# pipeline of that name take text with a mask token).
+MIM_AUTO_CLASS = "AutoModelForMaskedImageModeling"
+MIM_PIPELINE_TAG = "image-to-image"
+# (metrics.json key, model-index metric type, display name) of the metrics a MIM run logs, in table order
+MIM_METRICS = (
+    ("masked_token_accuracy", "accuracy", "masked-token accuracy"),
+    ("decoded_token_accuracy", "accuracy", "decoded-token accuracy"),
+    ("psnr", "psnr", "PSNR (dB)"),
+    ("ssim", "ssim", "SSIM"),
+    ("tokenizer_psnr", "psnr", "tokenizer PSNR (dB)"),
+)
 SEQUENCE_ONLY_KEYS = frozenset({"vocab_size", "max_position_embeddings"})
 
 
@@ -88,6 +112,18 @@ def provenance(metrics: dict[str, Any], dataset_name: str) -> str:
         f"`{Path(source).name}`" if Path(source).exists() else f"[{source}](https://huggingface.co/{source})"
     )
     return f"This model is a fine-tuned version of {shown}{on}."
+
+
+def _vq_tokenizer_class(info: dict[str, Any]) -> str | None:
+    """The image tokenizer class a MIM folder carries (named in its `vq_tokenizer_config.json`), None without one."""
+    if "vq_tokenizer_config.json" not in info["files"]:
+        return None
+    if "model_dir" in info:  # an export reads the folder; a run's card is written before its folder is final
+        return json.loads((Path(info["model_dir"]) / "vq_tokenizer_config.json").read_text()).get(
+            "tokenizer_class"
+        )
+    # what `energyformers.mim` writes: a codebook beside the config, or a VQGAN in a subfolder
+    return "PatchKMeansTokenizer" if "vq_tokenizer.safetensors" in info["files"] else "VQGANTokenizer"
 
 
 def dataset_card_fields(dataset: str | None) -> tuple[str | None, str | None, str]:
@@ -167,60 +203,69 @@ def render_model_card(
     import energyformers
 
     config, metrics, task = info["config"], info["metrics"] or {}, info["task"]
+    mim = info["auto_class"] == MIM_AUTO_CLASS
+    pipeline_tag = MIM_PIPELINE_TAG if mim else task
     dataset = metrics.get("dataset")
     display, hub_id, description = dataset_card_fields(dataset)
+    # (metrics.json key, model-index type, name): what the run measured for this head
+    measured = (
+        MIM_METRICS if mim else (("accuracy", "accuracy", "Accuracy"), ("f1_macro", "f1", "F1 (macro)"))
+    )
     eval_results, rows = [], []
     for split in ("test", "eval"):
         split_metrics = metrics.get(split) or {}
-        if split_metrics:
-            rows.append(
-                f"| {display} | {split} | {_fmt(split_metrics.get('accuracy'))} | {_fmt(split_metrics.get('f1_macro'))} |"
-            )
+        if any(split_metrics.get(key) is not None for key, _, _ in measured):
+            values = " | ".join(_fmt(split_metrics.get(key)) for key, _, _ in measured)
+            rows.append(f"| {display} | {split} | {values} |")
     reported = (
         "test" if metrics.get("test") else "eval"
     )  # model-index: the held-out test split when there is one
-    for key, metric_type, metric_name in (
-        ("accuracy", "accuracy", "Accuracy"),
-        ("f1_macro", "f1", "F1 (macro)"),
-    ):
+    for key, metric_type, metric_name in measured:
         value = (metrics.get(reported) or {}).get(key)
         if value is not None:
             eval_results.append(
                 EvalResult(
-                    task_type=task,
+                    task_type=pipeline_tag,
                     dataset_type=hub_id or dataset,
                     dataset_name=display,
                     dataset_split=reported,
                     metric_type=metric_type,
                     metric_name=metric_name,
                     metric_value=value,
-                    metric_args={"average": "macro"} if metric_type == "f1" else None,
+                    metric_args={"average": "macro"} if key == "f1_macro" else None,
                 )
             )
     model_type = info["model_type"]
     name = repo_id.split("/")[-1] if repo_id else info.get("name") or f"{model_type}-{dataset or 'model'}"
     card_data = ModelCardData(
         library_name="transformers",
-        pipeline_tag=task,
+        pipeline_tag=pipeline_tag,
         license="apache-2.0",
-        language="en" if info["input_type"] == "sequence" else None,
+        # a MIM head reads image codes, not text, although its input_type is "sequence"
+        language="en" if info["input_type"] == "sequence" and not mim else None,
         tags=[
             "energyformers",
             model_type,
             "energy-based",
             *(["custom_code"] if remote_code else []),
             *(["converted-checkpoint"] if conversion else []),
-            task,
+            *(["masked-image-modeling", "image-inpainting", "maskgit"] if mim else [task]),
         ],
         datasets=[hub_id] if hub_id else None,
-        metrics=["accuracy", "f1"],
+        metrics=["accuracy"] if mim else ["accuracy", "f1"],
         model_name=name,
         eval_results=eval_results or None,
     )
     recipe = metrics.get("recipe") or {}
     skip = SEQUENCE_ONLY_KEYS if info["input_type"] == "image" else IMAGE_ONLY_KEYS
     hyper = {k: config[k] for k in CARD_CONFIG_KEYS if k in config and k not in skip}
-    stem = getattr(energyformers.FAMILIES.get(model_type), "stem", model_type)
+    models = {**energyformers.FAMILIES, **getattr(energyformers, "BASELINES", {})}
+    stem = getattr(models.get(model_type), "stem", model_type)
+    remote_files = []
+    if remote_code and model_type in models:
+        from .remote_code import remote_code_sources
+
+        remote_files = [f"`{name}`" for name in sorted(remote_code_sources(model_type))]
     variables = {
         "model_name": name,
         "repo_id": repo_id or f"<your-namespace>/{name}",
@@ -228,13 +273,20 @@ def render_model_card(
         "stem": stem,
         "architecture": info["architecture"],
         "auto_class": info["auto_class"],
-        "task": task,
+        "task": "masked image modelling (MaskGIT-style, over the codes of an image tokenizer)"
+        if mim
+        else task,
+        "pipeline_tag": pipeline_tag,
+        "mim": mim,
+        "vq_tokenizer": _vq_tokenizer_class(info) if mim else None,
+        "remote_files": ", ".join(remote_files),
         "input_type": info["input_type"],
         "processor_class": energyformers.INPUT_TYPES[info["input_type"]].processor_class,
         "example_input": '"path/to/image.png"'
         if info["input_type"] == "image"
         else '"a gripping, well acted film"',
-        "labels": _label_list(list((config.get("id2label") or {}).values())),
+        # a MIM head has no classes (its outputs are codes; config.id2label is transformers' default)
+        "labels": "" if mim else _label_list(list((config.get("id2label") or {}).values())),
         "num_parameters": f"{num_parameters:,}" if num_parameters else _fmt(metrics.get("num_parameters")),
         "config_summary": "\n".join(f"| `{k}` | `{json.dumps(v)}` |" for k, v in hyper.items()),
         "dataset_name": display or "not recorded",
@@ -283,6 +335,8 @@ def render_model_card(
 __all__ = [
     "CARD_CONFIG_KEYS",
     "CARD_TEMPLATE_DIRS",
+    "MIM_METRICS",
+    "MIM_PIPELINE_TAG",
     "conversion_record",
     "dataset_card_fields",
     "find_template",

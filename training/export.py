@@ -5,7 +5,9 @@ registered Auto classes, and without it through `trust_remote_code=True`, becaus
 
 * `model.safetensors` (copied byte for byte; pickle checkpoints are never read or written),
 * `config.json` with `auto_map` naming every Auto class of the family in `energyformers.FAMILIES`,
-* the image processor or tokenizer files,
+* the image processor or tokenizer files; a masked-image-modelling head's image tokenizer
+  (`vq_tokenizer_config.json` + `vq_tokenizer.safetensors`, or a VQGAN's subfolder: `energyformers.mim`) instead
+  of a text tokenizer, which such a head has none of (its inputs are the codes of that image tokenizer),
 * flat remote code `configuration_<stem>.py` + `modeling_<stem>.py`, generated from the package sources by
   rewriting the single `from ..configuration.configuration_<stem> import <Arch>Config` line; anything else
   that would not import without the package (other relative imports, `energyformers`, third-party modules
@@ -56,6 +58,45 @@ PROCESSOR_FILES = (
 # checkpoint's official extras make the reverse conversion of the exported folder exact.
 EXTRA_FILES = ("metrics.json", "training_curve.png", "official_extras.safetensors", "inspect.json")
 INSPECT_REPORT = "inspect.json"
+# The head of masked image modelling: its inputs are the codes of an image tokenizer (`energyformers.mim`), saved
+# beside it by `energyformers train --task mim`; a converted checkpoint has none (the paper's VQGAN is not part of
+# it), so the tokenizer is carried when present and never required.
+MIM_AUTO_CLASS = "AutoModelForMaskedImageModeling"
+VQ_TOKENIZER_CONFIG = (
+    "vq_tokenizer_config.json"  # = energyformers.mim.CONFIG_NAME (a test checks they stay equal)
+)
+VQ_TOKENIZER_WEIGHTS = "vq_tokenizer.safetensors"  # = energyformers.mim.WEIGHTS_NAME
+
+
+def vq_tokenizer_files(model_dir: Path) -> list[str]:
+    """The image tokenizer files of a masked-image-modelling folder, as paths relative to it (a VQGAN's diffusers
+    folder included); [] when the folder has none. A tokenizer config without the files it names is refused."""
+    config_path = model_dir / VQ_TOKENIZER_CONFIG
+    if not config_path.is_file():
+        return []
+    try:
+        settings = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{config_path}: not valid JSON ({err}).") from None
+    subfolder = settings.get("subfolder")
+    if subfolder is None:  # PatchKMeansTokenizer: its codebook beside the config
+        if not (model_dir / VQ_TOKENIZER_WEIGHTS).is_file():
+            raise FileNotFoundError(
+                f"{model_dir}: {VQ_TOKENIZER_CONFIG} without {VQ_TOKENIZER_WEIGHTS}; save the image tokenizer "
+                "again (PatchKMeansTokenizer.save_pretrained(model_dir))."
+            )
+        return [VQ_TOKENIZER_CONFIG, VQ_TOKENIZER_WEIGHTS]
+    folder = model_dir / str(subfolder)
+    inside = folder.resolve().is_relative_to(model_dir.resolve()) and Path(str(subfolder)).parts[:1] != (
+        "..",
+    )
+    if not inside or not (folder / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{config_path}: subfolder={subfolder!r} is not a model folder inside {model_dir} (a VQGAN saved with "
+            "VQGANTokenizer.save_pretrained(model_dir) has its config.json there)."
+        )
+    nested = sorted(str(path.relative_to(model_dir)) for path in folder.rglob("*") if path.is_file())
+    return [VQ_TOKENIZER_CONFIG, *nested]
 
 
 def dynamics_figures(model_dir: Path) -> list[str]:
@@ -73,6 +114,8 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
     import energyformers
     from energyformers import FAMILIES, INPUT_TYPES, task_of
 
+    from .remote_code import exportable_models
+
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model folder {str(model_dir)!r} does not exist or is not a directory.")
@@ -81,16 +124,13 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
         raise FileNotFoundError(f"{model_dir}: missing config.json (write the folder with save_pretrained).")
     config = json.loads(config_path.read_text())
     model_type = config.get("model_type")
-    if model_type in getattr(energyformers, "BASELINES", {}):
-        raise ValueError(
-            f"{config_path}: model_type={model_type!r} is a baseline for side-by-side measurements, not a published "
-            f"model; export and push take the energyformers families {sorted(FAMILIES)}."
-        )
-    if model_type not in FAMILIES:
+    baselines = getattr(energyformers, "BASELINES", {})
+    models = exportable_models()
+    if model_type not in models:
         raise ValueError(
             f"{config_path}: model_type={model_type!r} is not an energyformers family; expected one of {sorted(FAMILIES)}."
         )
-    heads = {head.__name__: auto for auto, head in FAMILIES[model_type].heads.items()}
+    heads = {head.__name__: auto for auto, head in models[model_type].heads.items()}
     architectures = config.get("architectures") or []
     unknown = [a for a in architectures if a not in heads]
     if len(architectures) != 1 or unknown:
@@ -99,6 +139,15 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
         )
     architecture = architectures[0]
     auto_class = heads[architecture]
+    # A baseline is a measurement tool, not a published model, except where the paper publishes it: Table 2 of
+    # Hyper-SET compares its masked-image-modelling model with the looped Transformer's, and sharing both lets the
+    # comparison be rerun from the Hub.
+    if model_type in baselines and auto_class != MIM_AUTO_CLASS:
+        raise ValueError(
+            f"{config_path}: model_type={model_type!r} ({architecture}) is a baseline for side-by-side measurements, "
+            f"not a published model; export and push take the energyformers families {sorted(FAMILIES)} and, of "
+            f"the baselines, the masked-image-modelling heads ({MIM_AUTO_CLASS}, the paper's Table 2)."
+        )
     input_type = config.get("input_type", "image")
     if input_type not in INPUT_TYPES:
         raise ValueError(f"{config_path}: input_type={input_type!r}; expected one of {sorted(INPUT_TYPES)}.")
@@ -109,7 +158,9 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
 
     files = weight_files(model_dir)
     check_weights_readable(model_dir, flag="model folder")
-    missing = [name for name in INPUT_TYPES[input_type].processor_files if not (model_dir / name).is_file()]
+    mim = auto_class == MIM_AUTO_CLASS
+    required = () if mim else INPUT_TYPES[input_type].processor_files  # MIM: codes of an image tokenizer
+    missing = [name for name in required if not (model_dir / name).is_file()]
     if missing:
         kind = processor_kind(INPUT_TYPES[input_type].processor_class)
         raise FileNotFoundError(
@@ -117,6 +168,7 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
             "(processor.save_pretrained(model_dir)) so the exported model can preprocess its inputs."
         )
     files += [name for name in (*PROCESSOR_FILES, *EXTRA_FILES) if (model_dir / name).is_file()]
+    files += vq_tokenizer_files(model_dir) if mim else []
     files += dynamics_figures(model_dir)
     metrics_path = model_dir / "metrics.json"
     metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else None
@@ -140,9 +192,9 @@ def processor_kind(processor_class: str) -> str:
 
 def check_weights_load(info: dict[str, Any]) -> int:
     """Load the folder with the in-package class; refuse weights that do not match the config."""
-    from energyformers import FAMILIES
+    from .remote_code import exportable_models
 
-    model_class = FAMILIES[info["model_type"]].heads[info["auto_class"]]
+    model_class = exportable_models()[info["model_type"]].heads[info["auto_class"]]
     try:
         model, loading = model_class.from_pretrained(info["model_dir"], output_loading_info=True)
     except (RuntimeError, OSError, ValueError) as err:  # e.g. size mismatches, unreadable safetensors
@@ -183,7 +235,8 @@ def export_model_dir(
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     try:
         staging.chmod(0o755)  # mkdtemp makes it private; the export is meant to be shared
-        for name in info["files"]:
+        for name in info["files"]:  # names relative to the folder (a VQGAN's files are in a subfolder)
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(model_dir / name, staging / name)
         for name, source in sources.items():
             (staging / name).write_text(source, encoding="utf-8")
@@ -271,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = [
     "EXTRA_FILES",
+    "MIM_AUTO_CLASS",
     "PICKLE_WEIGHTS",
     "PROCESSOR_FILES",
     "auto_map",
@@ -281,4 +335,5 @@ __all__ = [
     "processor_kind",
     "remote_code_sources",
     "render_model_card",
+    "vq_tokenizer_files",
 ]

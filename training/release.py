@@ -9,6 +9,10 @@ is never written to: it is inspected in a copy under `dist/`, removed afterwards
 `export_model_dir` to `dist/<model>-<dataset>/` (git-ignored) with its card and measured metrics, and writes
 `dist/release.json` (what was released, with the measured test metrics) and the commands to push them.
 
+A masked-image-modelling folder (`energyformers train --task mim`, Hyper-SET's or the looped Transformer's, the
+paper's Table 2) given with `--take` is exported as `dist/<model>-mim-<dataset>/` with its image tokenizer; it is not
+inspected (`inspect` draws its decode sequence of a given image, not dataset dynamics).
+
 `--baselines vit` also trains transformers' ViT (the papers' image baseline) with the same command on the image
 reference datasets and records its test metrics under "baselines" in release.json, beside the families'; a
 baseline is not a published model, so it is neither inspected nor exported.
@@ -48,7 +52,9 @@ def _release_name(model_dir: Path) -> str:
             "`energyformers train`, which writes it)."
         )
     metrics = json.loads(metrics_path.read_text())
-    return f"{metrics['model']}-{Path(str(metrics['dataset'])).name}"
+    # a masked-image-modelling run is named apart from the same model's classifier on the same dataset
+    task = "-mim" if metrics.get("task") == "masked-image-modeling" else ""
+    return f"{metrics['model']}{task}-{Path(str(metrics['dataset'])).name}"
 
 
 def train_command(model: str, dataset: str, run_dir: Path, train_args: list[str]) -> list[str]:
@@ -66,6 +72,11 @@ def train_command(model: str, dataset: str, run_dir: Path, train_args: list[str]
         "--overwrite_output_dir",
         *train_args,
     ]
+
+
+def _masked_image_modelling(run_dir: Path) -> bool:
+    """Whether a folder's metrics.json records a masked-image-modelling run (`energyformers train --task mim`)."""
+    return json.loads((run_dir / "metrics.json").read_text()).get("task") == "masked-image-modeling"
 
 
 def inspect_command(run_dir: Path) -> list[str]:
@@ -201,6 +212,10 @@ def run(args: argparse.Namespace) -> int:
                 continue
             if not (run_dir / "metrics.json").is_file():
                 continue  # not releasable: step 4 reports it
+            if _masked_image_modelling(run_dir):
+                # `inspect` draws a MIM model's decode sequence of a given image, not dataset dynamics; the card
+                # has the run's training curve and reconstruction metrics
+                continue
             if args.take:
                 args.dist_dir.mkdir(parents=True, exist_ok=True)
                 staging = staging or Path(tempfile.mkdtemp(prefix=".release-take-", dir=args.dist_dir))
@@ -249,6 +264,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n{'release':<32} {'test acc':>9} {'macro F1':>9}")
         for name, entry in released.items():
             test = entry["test"]
+            if "masked_token_accuracy" in test:  # masked image modelling: no classes, reconstruction metrics
+                print(
+                    f"{name:<32} masked-token accuracy {test['masked_token_accuracy']:.4f}, PSNR "
+                    f"{test.get('psnr', float('nan')):.2f} dB (tokenizer bound "
+                    f"{test.get('tokenizer_psnr', float('nan')):.2f} dB)"
+                )
+                continue
             acc, f1 = test.get("accuracy"), test.get("f1_macro")
             print(
                 f"{name:<32} {acc if acc is None else f'{acc:.4f}':>9} {f1 if f1 is None else f'{f1:.4f}':>9}"
