@@ -1573,6 +1573,10 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         embedded = hidden_states
         if initial_state is not None:
             hidden_states = check_initial_state(initial_state, embedded)
+        elif self.config.step_size_condition == "input" or self.config.input_anchor:
+            # the iterations read x₀ beside the state; torch.compile reuses one traced iteration for all of them,
+            # which goes wrong when x₀ and the state are one tensor at the first call and two after it
+            hidden_states = hidden_states.clone()
         real_tokens = (
             torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep.float()
         )

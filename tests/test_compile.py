@@ -221,17 +221,7 @@ def _mim_batch(seed: int) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize(
     "model_type",
     [
-        pytest.param(
-            "hyperset",
-            # Found by this test: with the paper's MIM structure (`iteration_conditioning="sinusoidal-no-mlp"`, the
-            # `cli-mim` / `mim-*` presets) the compiled forward differs from eager by 3e-5 on logits of size 0.18
-            # (1.7e-4 relative, far above float32 rounding) and the gradients by up to 2 %; with
-            # `iteration_conditioning="none"` they agree to 6e-8. A bug in modeling_hyperset.py under torch.compile,
-            # not in this test: strict, so the test reports when it is fixed.
-            marks=pytest.mark.xfail(
-                strict=True, reason="compiled != eager with sinusoidal-no-mlp conditioning"
-            ),
-        ),
+        "hyperset",
         "looped-transformer",
     ],
 )
