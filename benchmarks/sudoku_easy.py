@@ -29,7 +29,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (README: CPU threads)
 
 sys.path.insert(0, str(Path(__file__).parent))
-import sudoku_depth  # noqa: I001  (after the path insert: the shared evaluation)
+import sudoku_depth  # after the path insert: the shared evaluation
 
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parents[1]
