@@ -609,6 +609,12 @@ def main(argv: list[str] | None = None) -> None:
         help=f"--deep_supervision of the runs, comma-separated (each model once per mode; from {SUPERVISION})",
     )
     parser.add_argument(
+        "--models",
+        default=",".join(MODELS),
+        help=f"the models trained, comma-separated (from {list(MODELS)}; e.g. one per process to split the work, "
+        "then all with --reuse)",
+    )
+    parser.add_argument(
         "--supervision_weights",
         default="uniform",
         choices=("uniform", "linear"),
@@ -653,6 +659,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     supervision = parse_supervision(args.supervision)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models or any(m not in MODELS for m in models):
+        parser.error(f"--models {args.models!r}: expected a comma-separated list from {list(MODELS)}")
     for name in (
         "steps",
         "iterations",
@@ -697,7 +706,7 @@ def main(argv: list[str] | None = None) -> None:
         base = PAPER_FLAGS if args.paper else reduced_flags(args, threads)
         plan = {
             run_key(m, sup): ["--model", m, *base, *supervision_flags(sup, args.supervision_weights)]
-            for m in MODELS
+            for m in models
             for sup in supervision
         }
         training = train_models(plan, work, parallel, overwrite=not args.paper, reuse=args.reuse)
