@@ -198,16 +198,16 @@ def accuracy_exit(curve: dict[str, list], threshold: float) -> int | None:
 
 def eval_curve(log_history: list[dict], T: int) -> dict[str, list]:
     """Validation accuracy logged during training: {depth: [[step, blank-cell, board], ...]} for the depths of
-    `--eval_iterations`, and "trained" (the head at T, the run's own eval_* metrics)."""
+    `--eval_iterations` (logged as an entry of their own beside the evaluation's), and "trained" (the head at T,
+    the run's own eval_* metrics)."""
     curve: dict[str, list] = {}
+    prefix = "eval_blank_cell_accuracy_iterations_"
     for h in log_history:
-        if "eval_blank_cell_accuracy" not in h:
-            continue
-        curve.setdefault("trained", []).append(
-            [h["step"], h["eval_blank_cell_accuracy"], h.get("eval_board_accuracy")]
-        )
+        if "eval_blank_cell_accuracy" in h:
+            curve.setdefault("trained", []).append(
+                [h["step"], h["eval_blank_cell_accuracy"], h.get("eval_board_accuracy")]
+            )
         for key, value in h.items():
-            prefix = "eval_blank_cell_accuracy_iterations_"
             if key.startswith(prefix):
                 depth = key.removeprefix(prefix)
                 board = h.get(f"eval_board_accuracy_iterations_{depth}")

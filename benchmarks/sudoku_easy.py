@@ -192,10 +192,12 @@ def plot(out: dict, path: Path) -> None:
     for depth in sorted((k for k in curve if k != "trained"), key=int):
         pts = curve[depth]
         axes[2].plot(
-            [p[0] for p in pts], [p[2] for p in pts], marker=".", label=f"board, {int(depth) / T:g}T"
+            [p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"blank-cell, {int(depth) / T:g}T"
         )
+    trained = curve.get("trained", [])
+    axes[2].plot([p[0] for p in trained], [p[2] for p in trained], "k--", marker="x", label=f"board, T = {T}")
     axes[2].set_xlabel("training step")
-    axes[2].set_ylabel("validation board accuracy (easy)")
+    axes[2].set_ylabel("validation accuracy (256 easy puzzles)")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="best")

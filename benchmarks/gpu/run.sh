@@ -20,8 +20,10 @@
 # checkpoints, caches) goes to a temporary folder that is removed at the end.
 set -u
 
-# The Sudoku stage's recipe (a name of training.recipes.RECIPES) and its length.
-SUDOKU_RECIPE=hyperset-sudoku
+# The Sudoku stage's recipe (a name of training.recipes.RECIPES) and its length: the paper's values with the
+# loss on every iteration and the board symmetries (benchmarks/results/sudoku_depth.md: the last-iteration loss
+# alone keeps Hyper-SET at chance for far longer).
+SUDOKU_RECIPE=hyperset-sudoku-ds
 SUDOKU_STEPS=600
 
 usage() {
