@@ -247,7 +247,14 @@ def evaluate(model, x, y, num_iterations: int, batch_size: int, device) -> dict:
     return {"blank_cell_accuracy": hits / blanks, "board_accuracy": solved / len(x)}
 
 
-def evaluate_folder(path: Path, x, y, batch_size: int, device) -> dict:
+EVAL_CACHE = (
+    "sudoku_depth_eval.json"  # a folder's depth evaluation, reused by --reuse for the same test subset
+)
+
+
+def evaluate_folder(path: Path, x, y, batch_size: int, device, reuse: bool = False) -> dict:
+    import hashlib
+
     import torch
     from transformers import AutoModelForTokenClassification
 
@@ -256,8 +263,19 @@ def evaluate_folder(path: Path, x, y, batch_size: int, device) -> dict:
     model = AutoModelForTokenClassification.from_pretrained(path).to(device).eval()
     trained = model.config.num_iterations
     depths = sorted({max(1, round(f * trained)) for f in FACTORS})
+    # the cache key: the weights file and the exact test subset (a retrained folder or other puzzles miss it)
+    weights = path / "model.safetensors"
+    key = hashlib.sha256(
+        (weights.read_bytes() if weights.is_file() else b"") + x.numpy().tobytes() + y.numpy().tobytes()
+    ).hexdigest()
+    cache_file = path / EVAL_CACHE
+    cached = json.loads(cache_file.read_text()) if reuse and cache_file.is_file() else {}
     rows = {}
     for depth in depths:
+        if cached.get("key") == key and str(depth) in cached.get("depths", {}):
+            rows[depth] = cached["depths"][str(depth)]
+            print(f"[sudoku_depth] {path.name} T'={depth}: reused from {EVAL_CACHE}", flush=True)
+            continue
         start = time.time()
         rows[depth] = evaluate(model, x, y, depth, batch_size, device)
         print(
@@ -266,6 +284,9 @@ def evaluate_folder(path: Path, x, y, batch_size: int, device) -> dict:
             f"({time.time() - start:.0f} s)",
             flush=True,
         )
+    cache_file.write_text(
+        json.dumps({"key": key, "depths": {str(d): r for d, r in rows.items()}}, indent=2) + "\n"
+    )
     metrics_file = path / "metrics.json"
     metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
     history = metrics.get("log_history") or []
@@ -716,7 +737,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"[sudoku_depth] evaluating on {len(x)} test puzzles ({device})", flush=True)
     results = {}
     for key, folder in folders.items():
-        res = evaluate_folder(Path(folder), x, y, args.eval_batch_size, device)
+        res = evaluate_folder(Path(folder), x, y, args.eval_batch_size, device, reuse=args.reuse)
         res["budget_steps"] = (res.get("recipe") or {}).get("global_step") or args.steps
         if not key.startswith(res["model_type"]):
             raise SystemExit(f"{folder} holds a {res['model_type']!r} model, expected {key!r}")

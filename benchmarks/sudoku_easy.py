@@ -233,7 +233,9 @@ def write_markdown(out: dict, path: Path) -> None:
         + f". {main['num_parameters']:,} parameters. Saved model: `{main['folder']}` (git-ignored).",
         f"* Final validation (256 easy puzzles, at T = {T}): blank-cell {main['eval']['blank_cell_accuracy']:.4f}, "
         f"board {main['eval']['board_accuracy']:.4f}; mean training loss {main['train_loss']:.3f}; plateau exit "
-        f"(see sudoku_depth.md for the definition) at step {main['plateau_exit_step']}.",
+        f"(see sudoku_depth.md for the definition): "
+        + ("never" if main["plateau_exit_step"] is None else f"step {main['plateau_exit_step']}")
+        + ".",
         "",
         "## Accuracy vs test-time iterations (one forward pass, argmax per blank cell)",
         "",
@@ -290,6 +292,20 @@ def write_markdown(out: dict, path: Path) -> None:
     if out.get("notes"):
         lines += [out["notes"], ""]
     path.write_text("\n".join(lines) + "\n")
+
+
+def cpu_name() -> str:
+    """The CPU model name (Linux), else what `platform` knows."""
+    import platform
+
+    try:
+        return next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -360,13 +376,11 @@ def main(argv: list[str] | None = None) -> None:
             for p in sorted(work.glob("probe-*"))
             if (p / "metrics.json").is_file()
         }
-        import platform
-
         import torch
 
         out = {
             "command": command,
-            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores shared with other "
+            "machine": f"{cpu_name()}, {os.cpu_count()} cores shared with other "
             "work (at most two trainings at once), CPU only, 1 torch thread per training",
             "torch": torch.__version__,
             "batch_size": args.batch_size,
