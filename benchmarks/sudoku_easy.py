@@ -360,6 +360,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.stage == "render":
         out = json.loads(json_path.read_text())
         out["notes"] = args.notes or out.get("notes")
+        if (Path(out["main"]["folder"]) / "metrics.json").is_file():  # the curves as this version reads them
+            out["main"].update(summary(Path(out["main"]["folder"])))
     else:
         training = None
         if args.stage in ("all", "main"):

@@ -32,9 +32,9 @@ Three kinds of recipe live in `RECIPES`:
   from scratch — DeiT (Touvron et al., ICML 2021, Table 9, and the defaults of its public `main.py`), which timm's
   `train.py` (the base of the iMixer authors' code) implements. Each value names its source; what DeiT does and
   our flags cannot express is listed next to it as not reproduced.
-* `hyperset-sudoku-ds`: the paper's Sudoku values plus what this package measured to work better (deep
-  supervision over all iterations, the board symmetries); those values cite the result file that measured them
-  ("measured here: benchmarks/results/...").
+* `hyperset-sudoku-ds`: the paper's Sudoku values plus deep supervision over all iterations and the board
+  symmetries (the GPU run's Sudoku recipe); those values cite the result file that measured them ("measured here:
+  benchmarks/results/...", which says what the measurement did and did not show).
 
 A recipe value a model cannot take (today: `drop_path_rate`, a config field of iMixer only) is skipped for that
 model with one warning line, and the run's metrics.json records only what was applied
@@ -226,10 +226,12 @@ RECIPES: dict[str, dict[str, Any]] = {
         "warmup_epochs": 0,  # not given in HS Table 3; the authors' public trainer: no warm-up
         "max_grad_norm": 1.0,  # HS Table 3: gradient clipping 1.0
     },
-    # The same with a loss on every iteration and the board symmetries: NOT the paper's recipe but this package's
-    # default for Sudoku (benchmarks/gpu/run.sh). The paper's last-iteration loss sits at chance (ln 9) for
-    # thousands of steps before Hyper-SET learns; the loss on all iterations ends that plateau sooner in
-    # benchmarks/results/sudoku_depth.md. Needs a Sudoku dataset (`--sudoku_augmentation` refuses any other).
+    # The same with a loss on every iteration and the board symmetries: NOT the paper's recipe but the GPU run's
+    # Sudoku recipe (benchmarks/gpu/run.sh). Why: the models that solve most boards (Recurrent Transformer, TRM)
+    # supervise the iterations, and the paper's last-iteration loss keeps Hyper-SET at chance (ln 9) for thousands
+    # of steps. The reduced CPU runs of benchmarks/results/sudoku_depth.md (300 steps, every run still near chance)
+    # did NOT show it sooner off that plateau than the last-iteration loss: that file has the numbers. Needs a
+    # Sudoku dataset (`--sudoku_augmentation` refuses any other).
     "hyperset-sudoku-ds": {
         "num_train_epochs": 200,  # HS Table 3, §5.1: epochs 200
         "per_device_train_batch_size": 16,  # HS Table 3: batch size 16 (one RTX 3090: global = per device)
@@ -241,9 +243,9 @@ RECIPES: dict[str, dict[str, Any]] = {
         "min_learning_rate": 1e-7,  # not given in HS Table 3; the authors' public trainer: cosine down to 1e-7
         "warmup_epochs": 0,  # not given in HS Table 3; the authors' public trainer: no warm-up
         "max_grad_norm": 1.0,  # HS Table 3: gradient clipping 1.0
-        "deep_supervision": "all",  # measured here: benchmarks/results/sudoku_depth.md (all vs last)
-        "deep_supervision_weights": "uniform",  # measured here: benchmarks/results/sudoku_depth.md (uniform)
-        "sudoku_augmentation": True,  # measured here: benchmarks/results/sudoku_easy.md (the 30-minute run)
+        "deep_supervision": "all",  # measured here: benchmarks/results/sudoku_depth.md (all vs last; see above)
+        "deep_supervision_weights": "uniform",  # measured here: benchmarks/results/sudoku_depth.md (uniform, linear)
+        "sudoku_augmentation": True,  # measured here: benchmarks/results/sudoku_easy.md (used, not compared without)
     },
     # Hyper-SET masked image modelling on VQGAN codes (model: HS Table 9, 1 layer × 12 iterations, d = 768).
     # Training-loop values only: the masking (ratio ~ U[0, 0.4]), the learnable [MASK] token and the loss on

@@ -21,8 +21,8 @@
 set -u
 
 # The Sudoku stage's recipe (a name of training.recipes.RECIPES) and its length: the paper's values with the
-# loss on every iteration and the board symmetries (benchmarks/results/sudoku_depth.md: the last-iteration loss
-# alone keeps Hyper-SET at chance for far longer).
+# loss on every iteration and the board symmetries (why, and what the CPU runs did and did not show: the comment
+# above the recipe in training/recipes.py and benchmarks/results/sudoku_depth.md).
 SUDOKU_RECIPE=hyperset-sudoku-ds
 SUDOKU_STEPS=600
 
