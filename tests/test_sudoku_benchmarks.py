@@ -69,6 +69,11 @@ def test_targets_say_met_or_missed_with_the_numbers():
     results["hyperset-last"]["plateau_exit_step"] = None  # last-only never left it in 600 steps: ratio > 6
     checks = sudoku_depth.targets(results)
     assert checks[0]["met"] and "ratio > 6.0" in checks[0]["numbers"], checks
+    assert not any(c.get("vacuous") for c in checks), checks
+
+    results["hyperset-all"]["plateau_exit_step"] = None  # still on the plateau: the other two say nothing
+    checks = sudoku_depth.targets(results)
+    assert not checks[0]["met"] and [c["vacuous"] for c in checks[1:]] == [True, True], checks
 
 
 def test_bad_supervision_list_is_refused_naming_the_flag():
