@@ -138,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                 key: metrics.get(split, {}).get(key) for key in ("board_accuracy", "blank_cell_accuracy")
             }
         result["data"] = metrics.get("data")
-        result["sudoku_augmentation"] = metrics.get("arguments", {}).get("data", {}).get("sudoku_augmentation")
+        result["sudoku_augmentation"] = (
+            metrics.get("arguments", {}).get("data", {}).get("sudoku_augmentation")
+        )
     args.result.parent.mkdir(parents=True, exist_ok=True)
     args.result.write_text(json.dumps(result, indent=2) + "\n")
     board = result.get("test", {}).get("board_accuracy")
