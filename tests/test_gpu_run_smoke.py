@@ -52,7 +52,9 @@ def test_smoke_run_reports_every_stage_ok_and_writes_every_result_file(tmp_path)
     assert "missing" not in summary and "unreadable" not in summary, summary
     assert " 0 failed" in rows["attention"] and "bfloat16 cases: 0 passed" not in rows["attention"], summary
     sudoku = json.loads((out / "sudoku.json").read_text())
-    assert sudoku["exit_code"] == 0 and sudoku["recipe"] == "hyperset-sudoku"
+    assert sudoku["exit_code"] == 0 and sudoku["recipe"] == "hyperset-sudoku-ds"
+    # the recipe's deep supervision and board symmetries reached the run (the carried puzzles count as Sudoku)
+    assert (sudoku["deep_supervision"], sudoku["sudoku_augmentation"]) == ("all", True), sudoku
     assert 0 <= sudoku["test"]["board_accuracy"] <= sudoku["test"]["blank_cell_accuracy"] <= 1, sudoku
     speed = json.loads((out / "gpu_speed_smoke.json").read_text())
     assert speed["smoke"] and speed["complete"], speed

@@ -257,6 +257,7 @@ def test_lr_floor_and_cooldown_reach_both_loops(tmp_path):
 # DeiT's Table 9 / main.py; a value a paper does not give says "not given" and names what is filled in.
 CITATION = re.compile(
     r"HS (Table \d|§\d|Appendix A\.\d)|iMixer Table \d|memo 143 §\d|DeiT (T9|main\.py)|\.yaml"
+    r"|measured here: benchmarks/results/\w+\.md"
 )
 PAPERS = ("hyperset-ic", "hyperset-sudoku", "hyperset-mim", "imixer-s", "imixer-b", "imixer-l", "hyperbf")
 
@@ -295,7 +296,7 @@ def test_every_recipe_value_has_a_citation_comment():
 
 
 def test_the_papers_recipes_replace_the_guesses():
-    assert set(RECIPES) == {*PAPERS, "deit"}
+    assert set(RECIPES) == {*PAPERS, "deit", "hyperset-sudoku-ds"}
     assert not {"imixer-cifar", "hyperbf-memo"} & set(RECIPES)
 
 
@@ -304,9 +305,11 @@ def test_the_papers_recipes_replace_the_guesses():
 def test_every_recipe_value_is_a_flag_both_loops_take_and_parse_to(name, prog):
     from energyformers.training.arguments import parse_arguments
 
-    args = parse_arguments(["--output_dir", "x", "--recipe", name], prog, "")
+    # a recipe with the board symmetries needs a Sudoku dataset (the flag refuses any other)
+    data = ["--dataset", "sudoku-hard"] if RECIPES[name].get("sudoku_augmentation") else []
+    args = parse_arguments(["--output_dir", "x", *data, "--recipe", name], prog, "")
     parsed = {}
-    for part in (args.model, args.run, args.augmentation):
+    for part in (args.model, args.run, args.augmentation, args.data):
         parsed.update(vars(part))
     assert {key: parsed.get(key, "no such flag") for key in RECIPES[name]} == RECIPES[name]
 
@@ -384,3 +387,30 @@ def test_the_mim_recipe_is_refused_for_another_task(tmp_path, capsys, loop):
         "image-classification task" in err
     )
     assert list(runs.iterdir()) == []
+
+
+def test_the_sudoku_default_is_the_papers_recipe_plus_the_measured_values():
+    measured = {"deep_supervision": "all", "deep_supervision_weights": "uniform", "sudoku_augmentation": True}
+    ds = dict(RECIPES["hyperset-sudoku-ds"])
+    assert {key: ds.pop(key, None) for key in measured} == measured
+    assert ds == RECIPES["hyperset-sudoku"]  # every other value is the paper's
+
+
+def test_the_sudoku_default_recipe_trains_deep_supervised_with_the_symmetries(tmp_path):
+    try:
+        load_data("sudoku-hard")
+    except MissingDataError as err:
+        pytest.skip(f"sudoku-hard is not installed: {err.install_command}")
+    out = tmp_path / "sudoku"
+    config = ["hidden_size=16", "num_attention_heads=2", "intermediate_size=32", "num_iterations=2"]
+    argv = ["--model", "hyperset", "--dataset", "sudoku-hard", "--preset", "sudoku", "--config", *config]
+    argv += [*SHORT, "--recipe", "hyperset-sudoku-ds", "--output_dir", str(out)]
+    assert train.main(argv) == 0
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["deep_supervision"], saved["deep_supervision_weights"]) == ("all", "uniform"), saved
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["arguments"]["data"]["sudoku_augmentation"] is True, metrics["arguments"]["data"]
+    assert metrics["recipe"]["recipe"] == "hyperset-sudoku-ds" and metrics["recipe"]["adam_betas"] == [
+        0.0,
+        0.95,
+    ]

@@ -19,8 +19,10 @@ augmentation flags (the fields of `AugmentationArguments`) from the keys the tra
 | `ema_decay` | per-step decay of the weight EMA used for evaluation and the saved model (`EMACallback`) |
 | `num_train_epochs` | epochs of the decay schedule |
 | `per_device_train_batch_size` | batch size per device (the papers quote the global batch; see each recipe) |
+| `deep_supervision`, `deep_supervision_weights` | which iterations the loss reads, and their weights (recurrent depth) |
+| `sudoku_augmentation` | a random board symmetry of every training puzzle (Sudoku datasets only) |
 
-Two kinds of recipe live in `RECIPES`:
+Three kinds of recipe live in `RECIPES`:
 
 * the papers' own (`hyperset-ic`, `hyperset-sudoku`, `hyperset-mim`, `imixer-s`, `imixer-b`, `imixer-l`,
   `hyperbf`): the values of the papers' training tables, each with its source on its line; a value a paper does
@@ -30,6 +32,9 @@ Two kinds of recipe live in `RECIPES`:
   from scratch — DeiT (Touvron et al., ICML 2021, Table 9, and the defaults of its public `main.py`), which timm's
   `train.py` (the base of the iMixer authors' code) implements. Each value names its source; what DeiT does and
   our flags cannot express is listed next to it as not reproduced.
+* `hyperset-sudoku-ds`: the paper's Sudoku values plus deep supervision over all iterations and the board
+  symmetries (the GPU run's Sudoku recipe); those values cite the result file that measured them ("measured here:
+  benchmarks/results/...", which says what the measurement did and did not show).
 
 A recipe value a model cannot take (today: `drop_path_rate`, a config field of iMixer only) is skipped for that
 model with one warning line, and the run's metrics.json records only what was applied
@@ -177,6 +182,9 @@ TRAINING_KEYS: tuple[str, ...] = (
     "ema_decay",
     "num_train_epochs",
     "per_device_train_batch_size",
+    "deep_supervision",
+    "deep_supervision_weights",
+    "sudoku_augmentation",
 )
 
 # The papers' recipes (their training tables, copied from the papers and the authors' configs). Every value carries its source in the comment on its line: "HS" = the Hyper-SET paper, "iMixer" = the
@@ -217,6 +225,27 @@ RECIPES: dict[str, dict[str, Any]] = {
         "min_learning_rate": 1e-7,  # not given in HS Table 3; the authors' public trainer: cosine down to 1e-7
         "warmup_epochs": 0,  # not given in HS Table 3; the authors' public trainer: no warm-up
         "max_grad_norm": 1.0,  # HS Table 3: gradient clipping 1.0
+    },
+    # The same with a loss on every iteration and the board symmetries: NOT the paper's recipe but the GPU run's
+    # Sudoku recipe (benchmarks/gpu/run.sh). Why: the models that solve most boards (Recurrent Transformer, TRM)
+    # supervise the iterations, and the paper's last-iteration loss keeps Hyper-SET at chance (ln 9) for thousands
+    # of steps. The reduced CPU runs of benchmarks/results/sudoku_depth.md (300 steps, every run still near chance)
+    # did NOT show it sooner off that plateau than the last-iteration loss: that file has the numbers. Needs a
+    # Sudoku dataset (`--sudoku_augmentation` refuses any other).
+    "hyperset-sudoku-ds": {
+        "num_train_epochs": 200,  # HS Table 3, §5.1: epochs 200
+        "per_device_train_batch_size": 16,  # HS Table 3: batch size 16 (one RTX 3090: global = per device)
+        "adam_beta1": 0.0,  # HS Table 3: AdamW β1 = 0.0
+        "adam_beta2": 0.95,  # HS Table 3: AdamW β2 = 0.95
+        "weight_decay": 0.1,  # HS Table 3: weight decay 0.1
+        "learning_rate": 1e-4,  # HS Table 3: learning rate 1e-4, cosine
+        "lr_scheduler_type": "cosine",  # HS Table 3: learning rate 1e-4, cosine
+        "min_learning_rate": 1e-7,  # not given in HS Table 3; the authors' public trainer: cosine down to 1e-7
+        "warmup_epochs": 0,  # not given in HS Table 3; the authors' public trainer: no warm-up
+        "max_grad_norm": 1.0,  # HS Table 3: gradient clipping 1.0
+        "deep_supervision": "all",  # measured here: benchmarks/results/sudoku_depth.md (all vs last; see above)
+        "deep_supervision_weights": "uniform",  # measured here: benchmarks/results/sudoku_depth.md (uniform, linear)
+        "sudoku_augmentation": True,  # measured here: benchmarks/results/sudoku_easy.md (used, not compared without)
     },
     # Hyper-SET masked image modelling on VQGAN codes (model: HS Table 9, 1 layer × 12 iterations, d = 768).
     # Training-loop values only: the masking (ratio ~ U[0, 0.4]), the learnable [MASK] token and the loss on

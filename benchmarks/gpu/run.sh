@@ -20,8 +20,10 @@
 # checkpoints, caches) goes to a temporary folder that is removed at the end.
 set -u
 
-# The Sudoku stage's recipe (a name of training.recipes.RECIPES) and its length.
-SUDOKU_RECIPE=hyperset-sudoku
+# The Sudoku stage's recipe (a name of training.recipes.RECIPES) and its length: the paper's values with the
+# loss on every iteration and the board symmetries (why, and what the CPU runs did and did not show: the comment
+# above the recipe in training/recipes.py and benchmarks/results/sudoku_depth.md).
+SUDOKU_RECIPE=hyperset-sudoku-ds
 SUDOKU_STEPS=600
 
 usage() {

@@ -7,7 +7,7 @@ training CLI on it; everything after loading is the CLI's own code. The run fold
 Arrow cache) goes to `--work_dir`; `--result` gets one JSON file with the command, the test and validation board
 and blank-cell accuracy, and the run's time.
 
-    python benchmarks/gpu/sudoku_train.py --recipe hyperset-sudoku --max_steps 1000 \\
+    python benchmarks/gpu/sudoku_train.py --recipe hyperset-sudoku-ds --max_steps 1000 \\
         --work_dir /tmp/sudoku --result OUT/sudoku.json [--smoke]
 
 `--smoke`: the reduced model of the CLI tests and a few puzzles (a CPU check of the stage, no measurement).
@@ -56,10 +56,11 @@ def read_puzzles(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def register(path: Path) -> None:
-    """Make `--dataset sudoku-hard-subset` load `path` (in this process)."""
+    """Make `--dataset sudoku-hard-subset` load `path` (in this process), as a Sudoku dataset: its boards are
+    9 × 9 Sudoku, so `--sudoku_augmentation` (a flag of the deep-supervised recipe) takes it."""
     from datasets import DatasetDict
 
-    from energyformers.training import data
+    from energyformers.training import arguments, data
     from energyformers.training.sudoku import to_dataset
 
     def build() -> DatasetDict:
@@ -71,6 +72,8 @@ def register(path: Path) -> None:
         f"Sudoku ({path.name})",
         f"The Sudoku puzzles of `{path.name}`, carried for the GPU run.",
     )
+    if DATASET_NAME not in arguments.SUDOKU_DATASETS:
+        arguments.SUDOKU_DATASETS = (*arguments.SUDOKU_DATASETS, DATASET_NAME)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -122,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         "exit_code": code,
         "seconds": seconds,
     }
+    config_file = run_dir / "config.json"
+    if code == 0 and config_file.is_file():  # what the recipe set on the model: the loss's iterations
+        config = json.loads(config_file.read_text())
+        result["deep_supervision"] = config.get("deep_supervision")
+        result["deep_supervision_weights"] = config.get("deep_supervision_weights")
     metrics_file = run_dir / "metrics.json"
     if code == 0 and metrics_file.is_file():
         metrics = json.loads(metrics_file.read_text())
@@ -130,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                 key: metrics.get(split, {}).get(key) for key in ("board_accuracy", "blank_cell_accuracy")
             }
         result["data"] = metrics.get("data")
+        result["sudoku_augmentation"] = (
+            metrics.get("arguments", {}).get("data", {}).get("sudoku_augmentation")
+        )
     args.result.parent.mkdir(parents=True, exist_ok=True)
     args.result.write_text(json.dumps(result, indent=2) + "\n")
     board = result.get("test", {}).get("board_accuracy")

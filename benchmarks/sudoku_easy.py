@@ -1,0 +1,403 @@
+"""Easy Sudoku on a CPU budget: a deep-supervised Hyper-SET trained for a fixed wall time on our generated
+puzzles (`--dataset sudoku`: 36–45 givens, every puzzle proven unique), then evaluated at T/2 … 4T iterations on
+the easy test split and on hard puzzles (`sudoku-hard` test split, 21–29 givens): easy → hard with more
+iterations is what recurrent depth is for.
+
+Short probes first (`--stage probes`: each setting of `PROBES` for the same number of steps, its validation
+accuracy at T recorded), then the main run (`--stage main`: the chosen setting, `--max_steps` with a wall-time cap
+of `--minutes`, into `--output_dir`, which is kept for test-time search), then the evaluation and the result files
+benchmarks/results/sudoku_easy.{md,json,png}. Every training goes through the real training CLI
+(`energyformers.training.train.main`, i.e. the `energyformers train ...` command recorded in the results) with
+one torch thread; a wall-time cap is a `TrainerCallback` that stops training after the step that crosses it (the
+CLI's final evaluation, test and save then run as usual).
+
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/sudoku_easy.py            # probes, main run, results
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/sudoku_easy.py --stage probes --probes ds-init0.2
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/sudoku_easy.py --stage main   # uses the probes on disk
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (README: CPU threads)
+
+sys.path.insert(0, str(Path(__file__).parent))
+import sudoku_depth  # after the path insert: the shared evaluation
+
+RESULTS = Path(__file__).parent / "results"
+REPO = Path(__file__).resolve().parents[1]
+FACTORS = (1 / 2, 1, 3 / 2, 2, 3, 4)  # test-time depth as a multiple of the trained T
+
+
+def model_flags(hidden_size: int, heads: int, iterations: int, initializer_range: float) -> list[str]:
+    return [
+        "--config", f"hidden_size={hidden_size}", f"num_attention_heads={heads}",
+        f"intermediate_size={4 * hidden_size}", f"num_iterations={iterations}",
+        f"initializer_range={initializer_range}",
+    ]  # fmt: skip
+
+
+# The probes: one change at a time from the first (the reduced sudoku-hard setting of sudoku_depth.py with deep
+# supervision over all iterations and the symmetry augmentation).
+PROBES: dict[str, dict] = {
+    "ds-init0.2": {"model": (64, 8, 8, 0.2), "lr": 3e-3, "supervision": "all"},
+    "ds-init0.02": {"model": (64, 8, 8, 0.02), "lr": 3e-3, "supervision": "all"},
+    "last-init0.2": {"model": (64, 8, 8, 0.2), "lr": 3e-3, "supervision": "last"},
+    "ds-T16": {"model": (64, 8, 16, 0.2), "lr": 3e-3, "supervision": "all"},
+    "ds-d128": {"model": (128, 8, 8, 0.2), "lr": 2e-3, "supervision": "all"},
+}
+
+
+def train_flags(setting: dict, steps: int, batch_size: int, seed: int, eval_steps: int) -> list[str]:
+    """The CLI flags of one run: Hyper-SET, the `sudoku` preset, the paper's optimiser (AdamW β = (0, 0.95),
+    weight decay 0.1, clip 1.0), cosine lr, deep supervision as `setting` says, the symmetry augmentation."""
+    d, heads, T, init = setting["model"]
+    return [
+        "--model", "hyperset", "--dataset", "sudoku", "--preset", "sudoku",
+        *model_flags(d, heads, T, init),
+        "--deep_supervision", setting["supervision"], "--sudoku_augmentation",
+        "--max_eval_samples", "256", "--max_test_samples", "1000",
+        "--max_steps", str(steps), "--batch_size", str(batch_size), "--lr", str(setting["lr"]),
+        "--lr_scheduler_type", "cosine", "--weight_decay", "0.1", "--max_grad_norm", "1.0",
+        "--adam_beta1", "0", "--adam_beta2", "0.95", "--seed", str(seed),
+        "--save_strategy", "no", "--num_threads", "1", "--disable_tqdm", "--num_predictions", "0",
+        "--logging_steps", "10", "--eval_strategy", "steps", "--eval_steps", str(eval_steps),
+        "--eval_iterations", *map(str, sudoku_depth.eval_depths(T)),
+    ]  # fmt: skip
+
+
+def train(argv: list[str], minutes: float | None) -> dict:
+    """Run the training CLI in this process; stop after the step that passes `minutes` of training."""
+    from transformers import TrainerCallback
+
+    from energyformers.training import train as train_cli
+
+    class WallTimeCap(TrainerCallback):
+        def __init__(self, seconds: float) -> None:
+            self.seconds, self.started, self.hit_at = seconds, None, None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.started = time.time()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if time.time() - self.started >= self.seconds and self.hit_at is None:
+                self.hit_at = state.global_step
+                control.should_training_stop = True
+
+    cap = WallTimeCap(minutes * 60) if minutes else None
+    print(f"[sudoku_easy] energyformers train {shlex.join(argv)}", flush=True)
+    start = time.time()
+    code = train_cli.main(argv, callbacks=[cap] if cap else None)
+    if code != 0:
+        raise SystemExit(f"training failed with status {code}: energyformers train {shlex.join(argv)}")
+    return {
+        "command": "energyformers train " + shlex.join(argv),
+        "seconds": round(time.time() - start, 1),
+        "training_seconds": round(time.time() - cap.started, 1) if cap and cap.started else None,
+        "stopped_by_wall_time_at_step": cap.hit_at if cap else None,
+        "minutes_cap": minutes,
+    }
+
+
+def summary(folder: Path) -> dict:
+    """What a run folder's metrics.json says: the final validation/test accuracy, steps, the curve."""
+    metrics = json.loads((folder / "metrics.json").read_text())
+    history = metrics.get("log_history") or []
+    T = json.loads((folder / "config.json").read_text())["num_iterations"]
+    return {
+        "folder": str(folder),
+        "command": metrics["recipe"]["command"],
+        "global_step": metrics["recipe"]["global_step"],
+        "wall_time_s": metrics.get("wall_time_s"),
+        "trained_iterations": T,
+        "num_parameters": metrics.get("num_parameters"),
+        "eval": metrics.get("eval"),
+        "test": metrics.get("test"),
+        "train_loss": (metrics.get("train") or {}).get("train_loss"),
+        "plateau_exit_step": sudoku_depth.plateau_exit(history),
+        "training_loss": [[h["step"], h["loss"]] for h in history if "loss" in h],
+        "eval_curve": sudoku_depth.eval_curve(history, T),
+    }
+
+
+def evaluate_depths(folder: Path, n_test: int, batch_size: int) -> dict:
+    """Blank-cell and board accuracy at T/2 … 4T on the first `n_test` puzzles of the easy and the hard test
+    split."""
+    import torch
+    from transformers import AutoModelForTokenClassification
+
+    import energyformers  # noqa: F401  (registers the Auto classes)
+
+    model = AutoModelForTokenClassification.from_pretrained(folder).eval()
+    T = model.config.num_iterations
+    depths = sorted({max(1, round(f * T)) for f in FACTORS})
+    out = {}
+    for dataset in ("sudoku", "sudoku-hard"):
+        x, y = sudoku_depth.test_subset(n_test, dataset)
+        rows = {}
+        for depth in depths:
+            start = time.time()
+            rows[str(depth)] = sudoku_depth.evaluate(model, x, y, depth, batch_size, torch.device("cpu"))
+            print(
+                f"[sudoku_easy] {dataset} T'={depth} ({depth / T:g}T): blank-cell "
+                f"{rows[str(depth)]['blank_cell_accuracy']:.4f} board {rows[str(depth)]['board_accuracy']:.4f} "
+                f"({time.time() - start:.0f} s)",
+                flush=True,
+            )
+        out[dataset] = {"n_test": len(x), "depths": rows}
+    return out
+
+
+def plot(out: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    main = out["main"]
+    T = main["trained_iterations"]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    styles = {
+        "sudoku": ("tab:green", "o-", "easy (36–45 givens)"),
+        "sudoku-hard": ("tab:red", "s--", "hard (21–29 givens)"),
+    }
+    for dataset, res in out["depths"].items():
+        color, style, name = styles[dataset]
+        depths = sorted(int(d) for d in res["depths"])
+        for ax, metric in zip(axes[:2], ("blank_cell_accuracy", "board_accuracy")):
+            ax.plot(
+                depths,
+                [res["depths"][str(d)][metric] for d in depths],
+                style,
+                color=color,
+                label=f"{name} test",
+            )
+    for ax, name in zip(axes[:2], ("blank-cell accuracy", "board accuracy")):
+        ax.axvline(T, color="gray", linestyle=":", label=f"trained T = {T}")
+        ax.set_xlabel("test-time iterations")
+        ax.set_ylabel(name)
+        ax.set_xscale("log", base=2)
+        ticks = sorted({int(d) for res in out["depths"].values() for d in res["depths"]})
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([str(t) for t in ticks])
+        ax.set_ylim(-0.02, 1.02)
+    curve = main["eval_curve"]
+    for depth in sorted((k for k in curve if k != "trained"), key=int):
+        pts = curve[depth]
+        axes[2].plot(
+            [p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"blank-cell, {int(depth) / T:g}T"
+        )
+    trained = curve.get("trained", [])
+    axes[2].plot([p[0] for p in trained], [p[2] for p in trained], "k--", marker="x", label=f"board, T = {T}")
+    axes[2].set_xlabel("training step")
+    axes[2].set_ylabel("validation accuracy (256 easy puzzles)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    fig.suptitle(
+        f"Easy Sudoku, deep-supervised Hyper-SET ({main['num_parameters']:,} parameters, {main['global_step']} steps, "
+        f"{(main['training'].get('training_seconds') or 0) / 60:.0f} min on 1 CPU thread)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_markdown(out: dict, path: Path) -> None:
+    main = out["main"]
+    T = main["trained_iterations"]
+    tr = main["training"]
+    lines = [
+        "# Easy Sudoku on a CPU budget: deep-supervised Hyper-SET, easy → hard",
+        "",
+        f"Command: `{out['command']}`",
+        "",
+        f"* Machine: {out['machine']}.",
+        f"* Main run: `{main['command']}`",
+        f"* Trained {main['global_step']} steps in {(tr.get('training_seconds') or 0) / 60:.1f} min of training "
+        f"({tr['seconds'] / 60:.1f} min with data loading and the CLI's final evaluation); wall-time cap "
+        f"{tr['minutes_cap']} min"
+        + (
+            f", which stopped it at step {tr['stopped_by_wall_time_at_step']} of the planned schedule"
+            if tr.get("stopped_by_wall_time_at_step")
+            else " (not reached: the planned steps finished first)"
+        )
+        + f". {main['num_parameters']:,} parameters. Saved model: `{main['folder']}` (git-ignored).",
+        f"* Final validation (256 easy puzzles, at T = {T}): blank-cell {main['eval']['blank_cell_accuracy']:.4f}, "
+        f"board {main['eval']['board_accuracy']:.4f}; mean training loss {main['train_loss']:.3f}; plateau exit "
+        f"(see sudoku_depth.md for the definition): "
+        + ("never" if main["plateau_exit_step"] is None else f"step {main['plateau_exit_step']}")
+        + ".",
+        "",
+        "## Accuracy vs test-time iterations (one forward pass, argmax per blank cell)",
+        "",
+        "| iterations | easy blank-cell | easy board | hard blank-cell | hard board |",
+        "|---|---|---|---|---|",
+    ]
+    easy, hard = out["depths"]["sudoku"], out["depths"]["sudoku-hard"]
+    for d in sorted(int(k) for k in easy["depths"]):
+        e, h = easy["depths"][str(d)], hard["depths"][str(d)]
+        mark = " (trained)" if d == T else ""
+        lines.append(
+            f"| {d} ({d / T:g}T){mark} | {e['blank_cell_accuracy']:.4f} | {e['board_accuracy']:.4f} | "
+            f"{h['blank_cell_accuracy']:.4f} | {h['board_accuracy']:.4f} |"
+        )
+    lines += [
+        "",
+        f"Easy: the first {easy['n_test']:,} puzzles of our generated test split; hard: the first {hard['n_test']:,} "
+        "of the sudoku-hard test split.",
+        "",
+        "![accuracy vs iterations](sudoku_easy.png)",
+        "",
+    ]
+    best_board = max(r["board_accuracy"] for r in easy["depths"].values())
+    at_T = easy["depths"][str(T)]["board_accuracy"]
+    lines += [
+        "## Targets",
+        "",
+        f"* Floor, board accuracy > 0 on the easy test split: {'**met**' if at_T > 0 else '**missed**'} "
+        f"({at_T:.4f} at T; best over depths {best_board:.4f}).",
+        f"* Target, board accuracy ≥ 50 %: {'**met**' if at_T >= 0.5 else '**missed**'} ({100 * at_T:.1f} % at T).",
+        "",
+    ]
+    if out.get("probes"):
+        lines += [
+            "## Probes (choosing the settings)",
+            "",
+            "Each probe: the same flags as the main run but its own setting, "
+            f"{out['probe_steps']} steps at batch {out['batch_size']}; validation (256 easy puzzles) at the end.",
+            "",
+            "| probe | setting | steps | wall time | mean training loss | val blank-cell at T | val board at T | "
+            "plateau exit |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for name, p in out["probes"].items():
+            s = PROBES.get(name, {})
+            d, heads, T_p, init = s.get("model", ("?",) * 4)
+            setting = f"d={d}, H={heads}, T={T_p}, init {init}, lr {s.get('lr')}, supervision {s.get('supervision')}"
+            lines.append(
+                f"| {name} | {setting} | {p['global_step']} | {(p['wall_time_s'] or 0) / 60:.1f} min | "
+                f"{p['train_loss']:.3f} | {p['eval']['blank_cell_accuracy']:.4f} | {p['eval']['board_accuracy']:.4f} | "
+                f"{p['plateau_exit_step'] if p['plateau_exit_step'] is not None else 'never'} |"
+            )
+        lines.append("")
+    if out.get("notes"):
+        lines += [out["notes"], ""]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def cpu_name() -> str:
+    """The CPU model name (Linux), else what `platform` knows."""
+    import platform
+
+    try:
+        return next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--stage", choices=("all", "probes", "main", "render"), default="all")
+    parser.add_argument(
+        "--probes", default=",".join(PROBES), help=f"comma-separated names from {list(PROBES)}"
+    )
+    parser.add_argument("--probe_steps", type=int, default=150, help="optimizer steps of each probe")
+    parser.add_argument("--setting", default="ds-init0.2", help="the probe setting the main run uses")
+    parser.add_argument("--max_steps", type=int, default=1500, help="the main run's schedule length")
+    parser.add_argument(
+        "--minutes", type=float, default=30.0, help="wall-time cap of the main run's training"
+    )
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--eval_steps", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--n_test", type=int, default=1000, help="first N puzzles of each test split")
+    parser.add_argument("--eval_batch_size", type=int, default=250)
+    parser.add_argument("--work_dir", default="runs/sudoku-easy", help="probe folders go here")
+    parser.add_argument(
+        "--output_dir", default="runs/sudoku-easy/hyperset-ds", help="the main run's saved model"
+    )
+    parser.add_argument("--notes", default=None, help="a paragraph appended to the .md")
+    parser.add_argument("--results", default=str(RESULTS / "sudoku_easy"), help="path stem of .md/.json/.png")
+    args = parser.parse_args(argv)
+    probes = [p.strip() for p in args.probes.split(",") if p.strip()]
+    unknown = [p for p in probes if p not in PROBES]
+    if unknown or not probes:
+        parser.error(f"--probes {args.probes!r}: unknown {unknown}; expected names from {list(PROBES)}")
+    if args.setting not in PROBES:
+        parser.error(f"--setting {args.setting!r}: expected one of {list(PROBES)}")
+    for name in ("probe_steps", "max_steps", "batch_size", "eval_steps", "n_test"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be an integer >= 1; got {getattr(args, name)}")
+    if args.minutes <= 0:
+        parser.error(f"--minutes must be > 0; got {args.minutes}")
+    work, stem = Path(args.work_dir), Path(args.results)
+    command = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python " + shlex.join(
+        ["benchmarks/sudoku_easy.py", *(sys.argv[1:] if argv is None else argv)]
+    )
+
+    if args.stage in ("all", "probes"):
+        for name in probes:
+            flags = train_flags(PROBES[name], args.probe_steps, args.batch_size, args.seed, args.probe_steps)
+            train([*flags, "--output_dir", str(work / f"probe-{name}"), "--overwrite_output_dir"], None)
+        if args.stage == "probes":
+            return
+    json_path = stem.with_suffix(".json")
+    if args.stage == "render":
+        out = json.loads(json_path.read_text())
+        out["notes"] = args.notes or out.get("notes")
+        if (Path(out["main"]["folder"]) / "metrics.json").is_file():  # the curves as this version reads them
+            out["main"].update(summary(Path(out["main"]["folder"])))
+    else:
+        training = None
+        if args.stage in ("all", "main"):
+            flags = train_flags(
+                PROBES[args.setting], args.max_steps, args.batch_size, args.seed, args.eval_steps
+            )
+            training = train(
+                [*flags, "--output_dir", args.output_dir, "--overwrite_output_dir"], args.minutes
+            )
+        folder = Path(args.output_dir)
+        main_run = summary(folder) | {"setting": args.setting, "training": training}
+        found = {
+            p.name.removeprefix("probe-"): p
+            for p in sorted(work.glob("probe-*"))
+            if (p / "metrics.json").is_file()
+        }
+        import torch
+
+        out = {
+            "command": command,
+            "machine": f"{cpu_name()}, {os.cpu_count()} cores shared with other "
+            "work (at most two trainings at once), CPU only, 1 torch thread per training",
+            "torch": torch.__version__,
+            "batch_size": args.batch_size,
+            "probe_steps": args.probe_steps,
+            "probes": {name: summary(path) for name, path in found.items()},
+            "main": main_run,
+            "depths": evaluate_depths(folder, args.n_test, args.eval_batch_size),
+            "notes": args.notes,
+        }
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(out, indent=2) + "\n")
+    plot(out, stem.with_suffix(".png"))
+    write_markdown(out, stem.with_suffix(".md"))
+    print(stem.with_suffix(".md").read_text(), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""The Sudoku benchmarks end to end on a tiny budget (benchmarks/sudoku_depth.py: Hyper-SET and the looped
+Transformer, last-only vs deep supervision; benchmarks/sudoku_easy.py: probes, the wall-time-capped main run, easy
+and hard evaluation), and their plateau-exit and target arithmetic on hand-made numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from energyformers.training.data import MissingDataError, load_data
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import sudoku_depth  # the benchmarks folder is not a package
+import sudoku_easy
+
+
+def needs(dataset: str) -> None:
+    try:
+        load_data(dataset)
+    except MissingDataError as err:
+        pytest.skip(f"{dataset} is not installed: {err.install_command}")
+
+
+def test_plateau_exit_is_the_first_step_whose_window_mean_is_below_the_level():
+    level = math.log(9) - sudoku_depth.PLATEAU_MARGIN
+    # five points at ln 9, then points 0.1 below the level: one low point in the window of five leaves its mean
+    # above the level (level + (4 × 0.05 - 0.1) / 5 = level + 0.02), two put it below (level - 0.01): step 70
+    losses = [math.log(9)] * 5 + [level - 0.1] * 5
+    history = [{"step": 10 * (i + 1), "loss": v} for i, v in enumerate(losses)]
+    expected = 70
+    assert sudoku_depth.plateau_exit(history) == expected, [h["loss"] for h in history]
+    assert sudoku_depth.plateau_exit(history[:5]) is None  # never below: None, not the last step
+    # evaluation lines carry no "loss" and do not count as logged points
+    mixed = [*history[:6], {"step": 60, "eval_loss": 0.1}, *history[6:]]
+    assert sudoku_depth.plateau_exit(mixed) == expected
+
+
+def result(model: str, supervision: str, exit_step: int | None, blanks: dict[int, float]) -> dict:
+    return {
+        "model_type": model,
+        "supervision": supervision,
+        "trained_iterations": 8,
+        "plateau_exit_step": exit_step,
+        "budget_steps": 600,
+        "depths": {str(d): {"blank_cell_accuracy": b, "board_accuracy": 0.0} for d, b in blanks.items()},
+    }
+
+
+def test_targets_say_met_or_missed_with_the_numbers():
+    flat = {4: 0.5, 8: 0.6, 16: 0.6, 24: 0.6, 32: 0.6}
+    results = {
+        "hyperset-last": result("hyperset", "last", 300, flat),
+        "hyperset-all": result("hyperset", "all", 100, flat),
+        "looped-transformer-all": result("looped-transformer", "all", 50, {**flat, 8: 0.61}),
+    }
+    checks = sudoku_depth.targets(results)
+    assert [c["met"] for c in checks] == [True, True, True], checks
+    assert "ratio 3.00" in checks[0]["numbers"] and "-1.0 points" in checks[1]["numbers"], checks
+
+    results["hyperset-last"]["plateau_exit_step"] = 250  # 2.5x sooner only
+    results["looped-transformer-all"]["depths"]["8"]["blank_cell_accuracy"] = 0.63  # 3 points ahead
+    results["hyperset-all"]["depths"]["32"]["blank_cell_accuracy"] = 0.55  # falls from T to 4T
+    assert [c["met"] for c in sudoku_depth.targets(results)] == [False, False, False]
+
+    results["hyperset-last"]["plateau_exit_step"] = None  # last-only never left it in 600 steps: ratio > 6
+    checks = sudoku_depth.targets(results)
+    assert checks[0]["met"] and "ratio > 6.0" in checks[0]["numbers"], checks
+    assert not any(c.get("vacuous") for c in checks), checks
+
+    results["hyperset-all"]["plateau_exit_step"] = None  # still on the plateau: the other two say nothing
+    checks = sudoku_depth.targets(results)
+    assert not checks[0]["met"] and [c["vacuous"] for c in checks[1:]] == [True, True], checks
+
+
+def test_bad_supervision_list_is_refused_naming_the_flag():
+    for text in ("last,sometimes", "", "all,all"):
+        with pytest.raises(SystemExit, match="--supervision"):
+            sudoku_depth.main(["--supervision", text, "--render_only"])
+
+
+def test_sudoku_depth_runs_four_trainings_and_writes_its_files(tmp_path):
+    needs("sudoku-hard")
+    stem, work = tmp_path / "depth", tmp_path / "runs"
+    tiny = ["--hidden_size", "16", "--heads", "2", "--iterations", "2", "--n_train", "16", "--steps", "2"]
+    tiny += ["--batch_size", "8", "--n_test", "8", "--logging_steps", "1", "--eval_steps", "1"]
+    argv = [*tiny, "--work_dir", str(work), "--results", str(stem), "--supervision", "last,all"]
+    sudoku_depth.main(argv)
+    out = json.loads(stem.with_suffix(".json").read_text())
+    keys = ["hyperset-last", "hyperset-all", "looped-transformer-last", "looped-transformer-all"]
+    assert list(out["results"]) == keys, list(out["results"])
+    for key, res in out["results"].items():
+        assert res["supervision"] == key.rsplit("-", 1)[1], (key, res["supervision"])
+        assert {"1", "2", "4", "8"} <= set(res["depths"]), res["depths"].keys()  # T/2 … 4T at T = 2
+        assert [s for s, _ in res["training_loss"]] == [1, 2], res["training_loss"]
+        assert set(res["eval_curve"]) == {"trained", "1", "2", "4", "8"}, res["eval_curve"].keys()
+        assert "--deep_supervision" in out["training"][key]["command"]
+    assert len(out["targets"]) == 3 and all(isinstance(c["met"], bool) for c in out["targets"]), out[
+        "targets"
+    ]
+    md = stem.with_suffix(".md").read_text()
+    assert "### The spec's targets" in md and "Hyper-SET, all" in md and "plateau exit" in md
+    assert stem.with_suffix(".png").stat().st_size > 0
+
+    # --reuse keeps the four folders (same commands): nothing is trained again
+    sudoku_depth.main([*argv, "--reuse"])
+    again = json.loads(stem.with_suffix(".json").read_text())
+    assert all(t.get("reused") for t in again["training"].values()), again["training"]
+    assert again["results"]["hyperset-all"]["depths"] == out["results"]["hyperset-all"]["depths"]
+
+
+def test_sudoku_easy_probe_capped_main_run_and_easy_to_hard_evaluation(tmp_path, monkeypatch):
+    needs("sudoku")
+    needs("sudoku-hard")
+    # a tiny model for the probe and the main run (the real PROBES are d = 64 … 128)
+    monkeypatch.setitem(
+        sudoku_easy.PROBES, "ds-init0.2", {"model": (16, 2, 2, 0.2), "lr": 3e-3, "supervision": "all"}
+    )
+    stem = tmp_path / "easy"
+    argv = ["--probes", "ds-init0.2", "--probe_steps", "2", "--max_steps", "50", "--batch_size", "8"]
+    argv += ["--eval_steps", "1", "--n_test", "8", "--work_dir", str(tmp_path / "w")]
+    argv += ["--output_dir", str(tmp_path / "w" / "main"), "--results", str(stem)]
+    argv += ["--minutes", str(1e-4)]  # the cap (6 ms) passes during the first step: it stops there
+    sudoku_easy.main(argv)
+    out = json.loads(stem.with_suffix(".json").read_text())
+    assert out["main"]["training"]["stopped_by_wall_time_at_step"] == 1, out["main"]["training"]
+    assert out["main"]["global_step"] == 1
+    assert (tmp_path / "w" / "main" / "model.safetensors").is_file()  # kept for test-time search
+    assert set(out["probes"]) == {"ds-init0.2"} and out["probes"]["ds-init0.2"]["global_step"] == 2
+    for dataset in ("sudoku", "sudoku-hard"):
+        depths = out["depths"][dataset]["depths"]
+        assert set(depths) == {"1", "2", "3", "4", "6", "8"}, depths.keys()  # T/2 … 4T at T = 2
+        for r in depths.values():
+            assert 0 <= r["board_accuracy"] <= r["blank_cell_accuracy"] <= 1, r
+    md = stem.with_suffix(".md").read_text()
+    assert "stopped it at step 1" in md and "## Probes" in md and "easy blank-cell" in md
+    assert stem.with_suffix(".png").stat().st_size > 0
+
+
+def test_sudoku_easy_refuses_bad_arguments_before_training(tmp_path, capsys):
+    for argv, message in (
+        (["--probes", "ds-init0.2,nope"], "--probes"),
+        (["--setting", "nope"], "--setting"),
+        (["--minutes", "0"], "--minutes must be > 0"),
+    ):
+        with pytest.raises(SystemExit):
+            sudoku_easy.main([*argv, "--work_dir", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert message in err, (argv, err)
+    assert not any(tmp_path.iterdir())
