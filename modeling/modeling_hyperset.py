@@ -178,6 +178,22 @@ def check_head_input_type(head: nn.Module, input_type: str, required: str) -> No
         )
 
 
+def check_last_iteration_head(head: nn.Module, config: PreTrainedConfig) -> None:
+    """Refuse the iteration-wise training settings in a head whose loss reads the last iteration only (the masked
+    image modelling heads): deep supervision, supervision steps and the halting head would be ignored."""
+    settings = {
+        "deep_supervision": (config.deep_supervision, "last"),
+        "supervision_steps": (config.supervision_steps, 1),
+        "halting_head": (config.halting_head, False),
+    }
+    for name, (value, allowed) in settings.items():
+        if value != allowed:
+            raise ValueError(
+                f"{type(head).__name__} takes its loss at the last iteration only: config.{name} must be "
+                f"{allowed!r}; got {value!r}."
+            )
+
+
 def route_main_input(
     config: PreTrainedConfig, pixel_values: torch.Tensor | None, input_ids: torch.Tensor | None
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -2021,6 +2037,7 @@ class HyperSetForMaskedImageModeling(HyperSetPreTrainedModel):
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__(config)
         check_head_input_type(self, config.input_type, "sequence")
+        check_last_iteration_head(self, config)
         if config.vocab_size < 2:
             raise ValueError(
                 f"{type(self).__name__} needs vocab_size = codebook size + 1 (the last id is [MASK]) >= 2; got "

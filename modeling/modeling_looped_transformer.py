@@ -42,6 +42,7 @@ from .modeling_hyperset import (
     RecurrentDepthMixin,
     check_head_input_type,
     check_initial_state,
+    check_last_iteration_head,
     fixed_positions,
     route_main_input,
     run_head,
@@ -509,6 +510,7 @@ class LoopedTransformerForMaskedImageModeling(LoopedTransformerPreTrainedModel):
     def __init__(self, config: LoopedTransformerConfig) -> None:
         super().__init__(config)
         check_head_input_type(self, config.input_type, "sequence")
+        check_last_iteration_head(self, config)
         if config.vocab_size < 2:
             raise ValueError(
                 f"{type(self).__name__} needs vocab_size = codebook size + 1 (the last id is [MASK]) >= 2; got "

@@ -351,3 +351,23 @@ def test_offline_end_to_end_tokenize_train_mask_decode_measure():
     own = (10 * torch.log10(1 / mse)).mean().item()
     # torchmetrics holds data_range in float32: agreement to a few float32 epsilons of the value
     assert abs(bound["psnr"] - own) < 1e-6 * own, (bound["psnr"], own)
+
+
+@pytest.mark.parametrize(
+    "setting, value",
+    [("deep_supervision", "all"), ("supervision_steps", 2), ("halting_head", True)],
+)
+def test_mim_heads_refuse_iteration_wise_training_settings(setting, value):
+    """The MIM heads take the loss at the last iteration; a config asking for more is refused, not ignored."""
+    configs = [
+        fixture_config(vocab_size=9, max_position_embeddings=16),
+        LoopedTransformerConfig.from_preset("cli-mim", hidden_size=16, num_attention_heads=4, vocab_size=9),
+    ]
+    for config, head in zip(
+        configs, (HyperSetForMaskedImageModeling, LoopedTransformerForMaskedImageModeling)
+    ):
+        setattr(config, setting, value)
+        with pytest.raises(
+            ValueError, match=rf"last iteration only: config\.{setting} must be .*got {value!r}"
+        ):
+            head(config)

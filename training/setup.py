@@ -634,11 +634,12 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
         log=log,
     )
     config = masked_image_modeling_config(args, mim.tokenizer)
-    if getattr(config, "deep_supervision", "last") != "last":
-        raise UsageError(
-            f"--deep_supervision {config.deep_supervision}: the masked-image-modelling heads take the loss at the "
-            "last iteration only; use --deep_supervision last"
-        )
+    for flag, default in (("deep_supervision", "last"), ("supervision_steps", 1), ("halting_head", False)):
+        if getattr(config, flag, default) != default:
+            raise UsageError(
+                f"--{flag} {getattr(config, flag)}: the masked-image-modelling heads take the loss at the last "
+                f"iteration only; use --{flag} {default}"
+            )
     transformers.set_seed(args.run.seed)
     head = transformers.AutoModelForMaskedImageModeling
     attention = m.attn_implementation
