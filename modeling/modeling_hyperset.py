@@ -178,22 +178,6 @@ def check_head_input_type(head: nn.Module, input_type: str, required: str) -> No
         )
 
 
-def check_last_iteration_head(head: nn.Module, config: PreTrainedConfig) -> None:
-    """Refuse the iteration-wise training settings in a head whose loss reads the last iteration only (the masked
-    image modelling heads): deep supervision, supervision steps and the halting head would be ignored."""
-    settings = {
-        "deep_supervision": (config.deep_supervision, "last"),
-        "supervision_steps": (config.supervision_steps, 1),
-        "halting_head": (config.halting_head, False),
-    }
-    for name, (value, allowed) in settings.items():
-        if value != allowed:
-            raise ValueError(
-                f"{type(head).__name__} takes its loss at the last iteration only: config.{name} must be "
-                f"{allowed!r}; got {value!r}."
-            )
-
-
 def route_main_input(
     config: PreTrainedConfig, pixel_values: torch.Tensor | None, input_ids: torch.Tensor | None
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -295,6 +279,22 @@ def _check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
 
 
 # --- end of input checks ---
+
+
+def check_last_iteration_head(head: nn.Module, config: PreTrainedConfig) -> None:
+    """Refuse the iteration-wise training settings in a head whose loss reads the last iteration only (the masked
+    image modelling heads): deep supervision, supervision steps and the halting head would be ignored."""
+    settings = {
+        "deep_supervision": (config.deep_supervision, "last"),
+        "supervision_steps": (config.supervision_steps, 1),
+        "halting_head": (config.halting_head, False),
+    }
+    for name, (value, allowed) in settings.items():
+        if value != allowed:
+            raise ValueError(
+                f"{type(head).__name__} takes its loss at the last iteration only: config.{name} must be "
+                f"{allowed!r}; got {value!r}."
+            )
 
 
 class HyperSetEmbeddings(nn.Module):

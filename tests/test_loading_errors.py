@@ -23,7 +23,10 @@ def _baseline_models() -> list[tuple[str, type, str]]:
         if auto_name == "AutoModel":
             rows += [(auto_name, model_class, "image"), (auto_name, model_class, "sequence")]
         else:
-            rows.append((auto_name, model_class, "image" if "Image" in auto_name else "sequence"))
+            # the masked-image-modelling head reads code ids: a sequence model
+            rows.append(
+                (auto_name, model_class, "image" if "ImageClassification" in auto_name else "sequence")
+            )
     return rows
 
 
