@@ -32,7 +32,7 @@ RESULT_FILES = [
 def run(*arguments: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": sys.executable}
     return subprocess.run(
-        ["bash", str(SCRIPT), *arguments], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        ["bash", str(SCRIPT), *arguments], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500
     )
 
 

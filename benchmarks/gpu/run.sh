@@ -60,10 +60,12 @@ export PYTHON ROOT OUT SMOKE SCRATCH SUDOKU_RECIPE SUDOKU_STEPS
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 # Seconds per stage: 430 s, with the summary's 20 s and `timeout`'s grace periods at most 475 s (8 minutes: 480 s).
+# The smoke run checks that every stage works, not how fast: its budgets only stop a hung stage, and are wide
+# enough for a small CPU shared with other work (CI runs it beside the rest of the test suite).
 if [[ $SMOKE == 1 ]]; then
-    BUDGET_INSTALL=60 BUDGET_ATTENTION=120 BUDGET_SPEED=120 BUDGET_SUDOKU=120
+    BUDGET_INSTALL=300 BUDGET_ATTENTION=300 BUDGET_SPEED=300 BUDGET_SUDOKU=300 BUDGET_SUMMARY=120
 else
-    BUDGET_INSTALL=45 BUDGET_ATTENTION=100 BUDGET_SPEED=185 BUDGET_SUDOKU=100
+    BUDGET_INSTALL=45 BUDGET_ATTENTION=100 BUDGET_SPEED=185 BUDGET_SUDOKU=100 BUDGET_SUMMARY=20
 fi
 GRACE=5 # seconds between timeout's TERM and KILL
 
@@ -137,7 +139,7 @@ run_stage install "$BUDGET_INSTALL"
 run_stage attention "$BUDGET_ATTENTION"
 run_stage speed "$BUDGET_SPEED"
 run_stage sudoku "$BUDGET_SUDOKU"
-timeout --kill-after="$GRACE" 20 "$PYTHON" benchmarks/gpu/summary.py --out_dir "$OUT" --stages "$STAGES" \
+timeout --kill-after="$GRACE" "$BUDGET_SUMMARY" "$PYTHON" benchmarks/gpu/summary.py --out_dir "$OUT" --stages "$STAGES" \
     $([[ $SMOKE == 1 ]] && echo --smoke) >>"$LOG" 2>&1 || echo "[run.sh] summary failed: see $LOG"
 echo "[run.sh] wrote $OUT/summary.md"
 # the exit status says whether every stage passed; the summary says which did not
