@@ -69,11 +69,13 @@ class HyperSetModelOutput(BaseModelOutputWithPooling):
     final_energy: torch.FloatTensor | None = None
 
 
-# The fields the heads add to transformers' classifier outputs (documented once, in `HyperSetHead.classify`).
+# The fields the heads add to transformers' classifier outputs (documented once, in `HyperSetHead.classify`), held
+# by two field-only bases that each output class lists before transformers' class: a dataclass collects fields
+# along the reversed MRO, so transformers' fields (loss, logits, ...) stay first and `to_tuple` keeps their order.
 @dataclass
-class HyperSetImageClassifierOutput(ImageClassifierOutput):
-    energies: HyperSetEnergies | None = None
-    iterations_used: torch.LongTensor | None = None
+class RecurrentDepthHeadOutput(ModelOutput):
+    """The fields of the supervision steps and of test-time search, shared with the looped baseline's heads."""
+
     supervision_steps_used: torch.LongTensor | None = None
     halting_probabilities: torch.FloatTensor | None = None
     search_chosen: torch.LongTensor | None = None
@@ -83,27 +85,28 @@ class HyperSetImageClassifierOutput(ImageClassifierOutput):
 
 
 @dataclass
-class HyperSetSequenceClassifierOutput(SequenceClassifierOutput):
+class HyperSetHeadOutput(ModelOutput):
+    """The fields of Hyper-SET's energy diagnostics and adaptive halting."""
+
     energies: HyperSetEnergies | None = None
     iterations_used: torch.LongTensor | None = None
-    supervision_steps_used: torch.LongTensor | None = None
-    halting_probabilities: torch.FloatTensor | None = None
-    search_chosen: torch.LongTensor | None = None
-    search_energies: torch.FloatTensor | None = None
-    search_confidences: torch.FloatTensor | None = None
-    search_valid_boards: torch.BoolTensor | None = None
 
 
 @dataclass
-class HyperSetTokenClassifierOutput(TokenClassifierOutput):
-    energies: HyperSetEnergies | None = None
-    iterations_used: torch.LongTensor | None = None
-    supervision_steps_used: torch.LongTensor | None = None
-    halting_probabilities: torch.FloatTensor | None = None
-    search_chosen: torch.LongTensor | None = None
-    search_energies: torch.FloatTensor | None = None
-    search_confidences: torch.FloatTensor | None = None
-    search_valid_boards: torch.BoolTensor | None = None
+class HyperSetImageClassifierOutput(RecurrentDepthHeadOutput, HyperSetHeadOutput, ImageClassifierOutput):
+    pass
+
+
+@dataclass
+class HyperSetSequenceClassifierOutput(
+    RecurrentDepthHeadOutput, HyperSetHeadOutput, SequenceClassifierOutput
+):
+    pass
+
+
+@dataclass
+class HyperSetTokenClassifierOutput(RecurrentDepthHeadOutput, HyperSetHeadOutput, TokenClassifierOutput):
+    pass
 
 
 def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
@@ -2017,39 +2020,24 @@ class HyperSetMaskedImageModelingOutput(MaskedLMOutput):
     iterations_used: torch.LongTensor | None = None
 
 
-class HyperSetForMaskedImageModeling(HyperSetPreTrainedModel):
-    """Masked image modelling over a grid of VQ codes (the paper's third task, MaskGIT-style).
+def check_masked_image_modeling_head(head: nn.Module, config: PreTrainedConfig) -> None:
+    """The checks of a masked-image-modelling head's config: sequence input, a last-iteration head (no deep
+    supervision, supervision steps or halting head), and a vocabulary of codes plus [MASK]."""
+    check_head_input_type(head, config.input_type, "sequence")
+    check_last_iteration_head(head, config)
+    if config.vocab_size < 2:
+        raise ValueError(
+            f"{type(head).__name__} needs vocab_size = codebook size + 1 (the last id is [MASK]) >= 2; got "
+            f"vocab_size={config.vocab_size}."
+        )
 
-    `input_ids` `(B, N)`: codes of an image tokenizer in [0, K), K = `config.vocab_size − 1` the codebook size, and
-    [MASK] = K where a code is hidden. Output: logits over the K codes for every position; `labels` `(B, N)` hold
-    the true codes where the loss is taken (the masked positions) and −100 elsewhere. Structure: the sequence
-    backbone, then the classifier norm and Linear(d, K); the paper's model is the preset `mim-1-12-d` /
-    `mim-1-24-8d` (token embedding + fixed 2-D sin-cos positions, step sizes conditioned on x₀ by the sinusoid
-    of t with no time MLP, RMSNorm → Linear head with bias).
 
-    Unlike transformers' `BeitForMaskedImageModeling`, which reads pixels and a `bool_masked_pos` and swaps a
-    learned mask vector into the patch embeddings, this head reads the codes themselves, the mask being one more
-    token id, so the image tokenizer stays a separate, pluggable component (`energyformers.mim`).
-    """
+class MaskedImageModelingMixin:
+    """What the masked-image-modelling heads of Hyper-SET and of the looped baseline share, read through their
+    `code_head` (Linear(d, K)) and `self(...)` alone: K and [MASK], the masked cross-entropy and MaskGIT decoding —
+    one implementation for both models of a side-by-side run."""
 
-    main_input_name = "input_ids"
-
-    def __init__(self, config: HyperSetConfig) -> None:
-        super().__init__(config)
-        check_head_input_type(self, config.input_type, "sequence")
-        check_last_iteration_head(self, config)
-        if config.vocab_size < 2:
-            raise ValueError(
-                f"{type(self).__name__} needs vocab_size = codebook size + 1 (the last id is [MASK]) >= 2; got "
-                f"vocab_size={config.vocab_size}."
-            )
-        self.hyperset = HyperSetModel(config)
-        self.layernorm = _classifier_norm(config)
-        # K = vocab_size − 1 outputs: [MASK] is an input id only, never a prediction. Its own name (not the
-        # classification heads' `classifier`, not `lm_head`, which transformers resizes with the vocabulary): a
-        # classifier checkpoint loads its backbone here with a fresh code head, as into any other head
-        self.code_head = nn.Linear(config.hidden_size, config.vocab_size - 1, bias=config.classifier_bias)
-        self.post_init()
+    code_head: nn.Linear
 
     @property
     def codebook_size(self) -> int:
@@ -2059,53 +2047,6 @@ class HyperSetForMaskedImageModeling(HyperSetPreTrainedModel):
     @property
     def mask_token_id(self) -> int:
         return self.codebook_size
-
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        num_iterations: int | None = None,
-        backprop_iterations: int | None = None,
-        halting_tolerance: float | None = None,
-        halting_criterion: str | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_energies: bool | None = None,
-        return_dict: bool | None = None,
-    ) -> HyperSetMaskedImageModelingOutput | tuple:
-        r"""
-        labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
-            The true code of every position where the loss is taken (the masked ones), −100 elsewhere; the loss is
-            the mean cross-entropy over those positions (0 where there are none).
-        """
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.hyperset(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            num_iterations=num_iterations,
-            backprop_iterations=backprop_iterations,
-            halting_tolerance=halting_tolerance,
-            halting_criterion=halting_criterion,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            output_energies=output_energies,
-            return_dict=True,
-        )
-        logits = self.code_head(self.layernorm(outputs.last_hidden_state))  # (B, N, K)
-        loss = None if labels is None else self._masked_loss(logits, labels)
-        output = HyperSetMaskedImageModelingOutput(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            energies=outputs.energies,
-            iterations_used=outputs.iterations_used,
-        )
-        return output if return_dict else output.to_tuple()
 
     @torch.no_grad()
     def decode(
@@ -2213,6 +2154,82 @@ class HyperSetForMaskedImageModeling(HyperSetPreTrainedModel):
         return losses.sum() / counted.clamp_min(1)
 
 
+class HyperSetForMaskedImageModeling(MaskedImageModelingMixin, HyperSetPreTrainedModel):
+    """Masked image modelling over a grid of VQ codes (the paper's third task, MaskGIT-style).
+
+    `input_ids` `(B, N)`: codes of an image tokenizer in [0, K), K = `config.vocab_size − 1` the codebook size, and
+    [MASK] = K where a code is hidden. Output: logits over the K codes for every position; `labels` `(B, N)` hold
+    the true codes where the loss is taken (the masked positions) and −100 elsewhere. Structure: the sequence
+    backbone, then the classifier norm and Linear(d, K); the paper's model is the preset `mim-1-12-d` /
+    `mim-1-24-8d` (token embedding + fixed 2-D sin-cos positions, step sizes conditioned on x₀ by the sinusoid
+    of t with no time MLP, RMSNorm → Linear head with bias).
+
+    Unlike transformers' `BeitForMaskedImageModeling`, which reads pixels and a `bool_masked_pos` and swaps a
+    learned mask vector into the patch embeddings, this head reads the codes themselves, the mask being one more
+    token id, so the image tokenizer stays a separate, pluggable component (`energyformers.mim`).
+    """
+
+    main_input_name = "input_ids"
+
+    def __init__(self, config: HyperSetConfig) -> None:
+        super().__init__(config)
+        check_masked_image_modeling_head(self, config)
+        self.hyperset = HyperSetModel(config)
+        self.layernorm = _classifier_norm(config)
+        # K = vocab_size − 1 outputs: [MASK] is an input id only, never a prediction. Its own name (not the
+        # classification heads' `classifier`, not `lm_head`, which transformers resizes with the vocabulary): a
+        # classifier checkpoint loads its backbone here with a fresh code head, as into any other head
+        self.code_head = nn.Linear(config.hidden_size, config.vocab_size - 1, bias=config.classifier_bias)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        num_iterations: int | None = None,
+        backprop_iterations: int | None = None,
+        halting_tolerance: float | None = None,
+        halting_criterion: str | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_energies: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> HyperSetMaskedImageModelingOutput | tuple:
+        r"""
+        labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+            The true code of every position where the loss is taken (the masked ones), −100 elsewhere; the loss is
+            the mean cross-entropy over those positions (0 where there are none).
+        """
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.hyperset(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            num_iterations=num_iterations,
+            backprop_iterations=backprop_iterations,
+            halting_tolerance=halting_tolerance,
+            halting_criterion=halting_criterion,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            output_energies=output_energies,
+            return_dict=True,
+        )
+        logits = self.code_head(self.layernorm(outputs.last_hidden_state))  # (B, N, K)
+        loss = None if labels is None else self._masked_loss(logits, labels)
+        output = HyperSetMaskedImageModelingOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            energies=outputs.energies,
+            iterations_used=outputs.iterations_used,
+        )
+        return output if return_dict else output.to_tuple()
+
+
 __all__ = [
     "MASKGIT_SCHEDULES",
     "SEARCH_SELECTORS",
@@ -2229,6 +2246,8 @@ __all__ = [
     "HyperSetPreTrainedModel",
     "HyperSetSequenceHead",
     "MaskGITDecoderOutput",
+    "MaskedImageModelingMixin",
+    "RecurrentDepthHeadOutput",
     "RecurrentDepthMixin",
     "classify_with_search",
     "halting_targets",

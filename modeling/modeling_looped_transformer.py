@@ -30,6 +30,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
     ImageClassifierOutput,
+    MaskedLMOutput,
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
@@ -39,46 +40,33 @@ from transformers.utils import ModelOutput
 from ..configuration.configuration_looped_transformer import LoopedTransformerConfig
 from .modeling_hyperset import (
     HyperSetEmbeddings,
+    MaskedImageModelingMixin,
+    RecurrentDepthHeadOutput,
     RecurrentDepthMixin,
     check_head_input_type,
     check_initial_state,
-    check_last_iteration_head,
+    check_masked_image_modeling_head,
     fixed_positions,
     route_main_input,
     run_head,
 )
 
 
-# transformers' classifier outputs plus the fields of the supervision steps and of test-time search (documented in
-# `LoopedTransformerHead.classify`)
+# transformers' classifier outputs plus the fields of the supervision steps and of test-time search, as
+# Hyper-SET's (`RecurrentDepthHeadOutput`, documented in `HyperSetHead.classify`)
 @dataclass
-class LoopedTransformerImageClassifierOutput(ImageClassifierOutput):
-    supervision_steps_used: torch.LongTensor | None = None
-    halting_probabilities: torch.FloatTensor | None = None
-    search_chosen: torch.LongTensor | None = None
-    search_energies: torch.FloatTensor | None = None
-    search_confidences: torch.FloatTensor | None = None
-    search_valid_boards: torch.BoolTensor | None = None
+class LoopedTransformerImageClassifierOutput(RecurrentDepthHeadOutput, ImageClassifierOutput):
+    pass
 
 
 @dataclass
-class LoopedTransformerSequenceClassifierOutput(SequenceClassifierOutput):
-    supervision_steps_used: torch.LongTensor | None = None
-    halting_probabilities: torch.FloatTensor | None = None
-    search_chosen: torch.LongTensor | None = None
-    search_energies: torch.FloatTensor | None = None
-    search_confidences: torch.FloatTensor | None = None
-    search_valid_boards: torch.BoolTensor | None = None
+class LoopedTransformerSequenceClassifierOutput(RecurrentDepthHeadOutput, SequenceClassifierOutput):
+    pass
 
 
 @dataclass
-class LoopedTransformerTokenClassifierOutput(TokenClassifierOutput):
-    supervision_steps_used: torch.LongTensor | None = None
-    halting_probabilities: torch.FloatTensor | None = None
-    search_chosen: torch.LongTensor | None = None
-    search_energies: torch.FloatTensor | None = None
-    search_confidences: torch.FloatTensor | None = None
-    search_valid_boards: torch.BoolTensor | None = None
+class LoopedTransformerTokenClassifierOutput(RecurrentDepthHeadOutput, TokenClassifierOutput):
+    pass
 
 
 def eager_attention_forward(
@@ -488,14 +476,9 @@ __all__ = [
 
 # ------------------------------------------------------------------------ masked image modelling (Table 2)
 # The baseline's head for the paper's third task, with the contract of `HyperSetForMaskedImageModeling`: code ids
-# in, logits over the codebook out, the masked cross-entropy and MaskGIT decoding taken from that class (one
-# implementation of the loss, the checks and the decoding for both models of a side-by-side run).
-from transformers.modeling_outputs import MaskedLMOutput  # noqa: E402
-
-from .modeling_hyperset import HyperSetForMaskedImageModeling  # noqa: E402
-
-
-class LoopedTransformerForMaskedImageModeling(LoopedTransformerPreTrainedModel):
+# in, logits over the codebook out; the checks, the masked cross-entropy and MaskGIT decoding are Hyper-SET's
+# (`MaskedImageModelingMixin`).
+class LoopedTransformerForMaskedImageModeling(MaskedImageModelingMixin, LoopedTransformerPreTrainedModel):
     """Masked image modelling over a grid of VQ codes with the looped Transformer: the baseline of the paper's
     Table 2 (preset `mim-1-12-4d`, 1 layer × 12 iterations, GELU MLP of width 4d).
 
@@ -509,26 +492,13 @@ class LoopedTransformerForMaskedImageModeling(LoopedTransformerPreTrainedModel):
 
     def __init__(self, config: LoopedTransformerConfig) -> None:
         super().__init__(config)
-        check_head_input_type(self, config.input_type, "sequence")
-        check_last_iteration_head(self, config)
-        if config.vocab_size < 2:
-            raise ValueError(
-                f"{type(self).__name__} needs vocab_size = codebook size + 1 (the last id is [MASK]) >= 2; got "
-                f"vocab_size={config.vocab_size}."
-            )
+        check_masked_image_modeling_head(self, config)
         self.looped_transformer = LoopedTransformerModel(config)
         self.layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         # K outputs: [MASK] is an input id only. Named as Hyper-SET's MIM head (not `lm_head`, which transformers
         # would resize with the vocabulary)
         self.code_head = nn.Linear(config.hidden_size, config.vocab_size - 1, bias=True)
         self.post_init()
-
-    # the K / [MASK] properties, the loss and MaskGIT decoding are Hyper-SET's MIM head's, read through
-    # `code_head` and `self(...)` alone
-    codebook_size = HyperSetForMaskedImageModeling.codebook_size
-    mask_token_id = HyperSetForMaskedImageModeling.mask_token_id
-    decode = HyperSetForMaskedImageModeling.decode
-    _masked_loss = HyperSetForMaskedImageModeling._masked_loss
 
     def forward(
         self,
