@@ -1764,31 +1764,15 @@ def _classifier_norm(config: HyperSetConfig) -> nn.Module:
     return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
 
-class HyperSetHead(HyperSetPreTrainedModel):
-    """The base of Hyper-SET's heads: backbone → LayerNorm (or RMSNorm) → Linear (`nn.Identity()` when
-    num_labels == 0; paper: a norm, then a linear head), on the pooled token or, per token, on every token.
-
-    A head sets the input type it takes, whether it classifies every token, and its output class; its `forward`
-    has the signature of its input type and hands everything to `classify`.
-    """
+class RecurrentDepthHeadMixin:
+    """`classify` and `_loss` of the classification heads of Hyper-SET and of the looped baseline: a head sets the
+    input type it takes, whether it classifies every token, its output class and the backbone output fields it
+    passes on; its `forward` has the signature of its input type and hands everything to `classify`."""
 
     _input_type = "image"
     _per_token = False
-    _output_class: type[ModelOutput] = HyperSetImageClassifierOutput
-
-    def __init__(self, config: HyperSetConfig) -> None:
-        super().__init__(config)
-        check_head_input_type(self, config.input_type, self._input_type)
-        self.hyperset = HyperSetModel(config)
-        self.layernorm = _classifier_norm(config)
-        self.classifier = (
-            nn.Linear(config.hidden_size, config.num_labels, bias=config.classifier_bias)
-            if config.num_labels > 0
-            else nn.Identity()
-        )
-        # "is this step's answer complete and correct?" on the normed pooled state (config.halting_head)
-        self.halting_classifier = nn.Linear(config.hidden_size, 1) if config.halting_head else None
-        self.post_init()
+    _output_class: type[ModelOutput]
+    _backbone_output_fields: tuple[str, ...] = ()
 
     def classify(
         self,
@@ -1828,8 +1812,7 @@ class HyperSetHead(HyperSetPreTrainedModel):
             logits=logits,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
-            energies=outputs.energies,
-            iterations_used=outputs.iterations_used,
+            **{name: getattr(outputs, name) for name in self._backbone_output_fields},
             **fields,
         )
         return output if return_dict else output.to_tuple()
@@ -1839,6 +1822,31 @@ class HyperSetHead(HyperSetPreTrainedModel):
         labels), the others (labels, logits)."""
         arguments = (logits, labels) if self._per_token else (labels, logits)
         return self.loss_function(*arguments, self.config)
+
+
+class HyperSetHead(RecurrentDepthHeadMixin, HyperSetPreTrainedModel):
+    """The base of Hyper-SET's heads: backbone → LayerNorm (or RMSNorm) → Linear (`nn.Identity()` when
+    num_labels == 0; paper: a norm, then a linear head), on the pooled token or, per token, on every token.
+
+    A head sets what `RecurrentDepthHeadMixin` reads; its `forward` hands everything to `classify`.
+    """
+
+    _output_class: type[ModelOutput] = HyperSetImageClassifierOutput
+    _backbone_output_fields = ("energies", "iterations_used")
+
+    def __init__(self, config: HyperSetConfig) -> None:
+        super().__init__(config)
+        check_head_input_type(self, config.input_type, self._input_type)
+        self.hyperset = HyperSetModel(config)
+        self.layernorm = _classifier_norm(config)
+        self.classifier = (
+            nn.Linear(config.hidden_size, config.num_labels, bias=config.classifier_bias)
+            if config.num_labels > 0
+            else nn.Identity()
+        )
+        # "is this step's answer complete and correct?" on the normed pooled state (config.halting_head)
+        self.halting_classifier = nn.Linear(config.hidden_size, 1) if config.halting_head else None
+        self.post_init()
 
 
 class HyperSetForImageClassification(HyperSetHead):
@@ -2247,6 +2255,7 @@ __all__ = [
     "HyperSetSequenceHead",
     "MaskGITDecoderOutput",
     "MaskedImageModelingMixin",
+    "RecurrentDepthHeadMixin",
     "RecurrentDepthHeadOutput",
     "RecurrentDepthMixin",
     "classify_with_search",

@@ -41,6 +41,7 @@ from ..configuration.configuration_looped_transformer import LoopedTransformerCo
 from .modeling_hyperset import (
     HyperSetEmbeddings,
     MaskedImageModelingMixin,
+    RecurrentDepthHeadMixin,
     RecurrentDepthHeadOutput,
     RecurrentDepthMixin,
     check_head_input_type,
@@ -48,7 +49,6 @@ from .modeling_hyperset import (
     check_masked_image_modeling_head,
     fixed_positions,
     route_main_input,
-    run_head,
 )
 
 
@@ -302,12 +302,12 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
         return output if return_dict else output.to_tuple()
 
 
-class LoopedTransformerHead(LoopedTransformerPreTrainedModel):
+class LoopedTransformerHead(RecurrentDepthHeadMixin, LoopedTransformerPreTrainedModel):
     """The base of the baseline's heads, as Hyper-SET's (`HyperSetHead`): backbone → LayerNorm → Linear
-    (`nn.Identity()` when num_labels == 0) on the pooled token or, per token, on every token."""
+    (`nn.Identity()` when num_labels == 0) on the pooled token or, per token, on every token; `classify` is
+    Hyper-SET's (`RecurrentDepthHeadMixin`). The baseline has no energy: test-time search selects by confidence
+    unless told otherwise, refuses the energy selector, and leaves `search_energies` None."""
 
-    _input_type = "image"
-    _per_token = False
     _output_class: type[ModelOutput] = LoopedTransformerImageClassifierOutput
 
     def __init__(self, config: LoopedTransformerConfig) -> None:
@@ -321,49 +321,6 @@ class LoopedTransformerHead(LoopedTransformerPreTrainedModel):
         # the learned halting signal of the supervision steps, as Hyper-SET's (config.halting_head)
         self.halting_classifier = nn.Linear(config.hidden_size, 1) if config.halting_head else None
         self.post_init()
-
-    def classify(
-        self,
-        labels: torch.Tensor | None,
-        return_dict: bool | None,
-        halting_threshold: float | None = None,
-        search_trajectories: int | None = None,
-        search_noise: float | None = None,
-        search_seed: int | None = None,
-        search_selector: str | None = None,
-        **backbone_inputs: object,
-    ) -> ModelOutput | tuple:
-        """As Hyper-SET's `HyperSetHead.classify` (`run_head`): the outer steps with deep supervision, the detached
-        carry and the halting head, or test-time search, whose energy selector this baseline refuses (it has no
-        energy: `search_selector` defaults to `"confidence"`, and `"sudoku"` falls back to confidence). The output
-        carries `supervision_steps_used`, `halting_probabilities`, `search_chosen`, `search_confidences` and
-        `search_valid_boards` as Hyper-SET's (`search_energies` stays None)."""
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs, logits, loss, fields = run_head(
-            self,
-            self.looped_transformer,
-            labels,
-            backbone_inputs,
-            halting_threshold,
-            search_trajectories,
-            search_noise,
-            search_seed,
-            search_selector,
-        )
-        output = self._output_class(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            **fields,
-        )
-        return output if return_dict else output.to_tuple()
-
-    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The loss of `logits` by `config.problem_type`; transformers' token-classification loss takes (logits,
-        labels), the others (labels, logits)."""
-        arguments = (logits, labels) if self._per_token else (labels, logits)
-        return self.loss_function(*arguments, self.config)
 
 
 class LoopedTransformerForImageClassification(LoopedTransformerHead):
