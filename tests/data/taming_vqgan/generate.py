@@ -100,8 +100,11 @@ def main() -> None:
     )
     record = {
         "source": {"repository": "https://github.com/CompVis/taming-transformers", "commit": args.commit},
-        "classes": ["taming.models.vqgan.VQModel", "taming.modules.diffusionmodules.model.Encoder/Decoder",
-                    "taming.modules.vqvae.quantize.VectorQuantizer2"],
+        "classes": [
+            "taming.models.vqgan.VQModel",
+            "taming.modules.diffusionmodules.model.Encoder/Decoder",
+            "taming.modules.vqvae.quantize.VectorQuantizer2",
+        ],
         "torch": torch.__version__,
         "python": platform.python_version(),
         "codebook_scale": CODEBOOK_SCALE,
