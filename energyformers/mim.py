@@ -191,8 +191,9 @@ class VQGANTokenizer:
     `model.yaml`; the authors load it with their copy of taming-transformers' `VQModel`) is an f16 encoder/decoder
     of GroupNorm residual blocks with attention, a 1 × 1 quantisation convolution and a nearest-neighbour codebook
     of 1024 vectors: the structure of diffusers' `VQModel`, with `AttnDownEncoderBlock2D` / `AttnUpDecoderBlock2D`
-    at the resolutions its `attn_resolutions` lists. diffusers ships no converter from a taming checkpoint to its
-    layout; a `VQModel` folder (`config.json` + weights, `VQModel.save_pretrained`) is what this class loads.
+    at the resolutions its `attn_resolutions` lists. `from_taming` loads that checkpoint and its YAML (mapping
+    taming's names onto diffusers'); `from_pretrained` loads a `VQModel` folder (`config.json` + weights, as
+    `save_pretrained` writes after a `from_taming`).
     Needs the optional `diffusers` package (`pip install "energyformers[vqgan]"`).
 
     `encode` takes pixels in [0, 1] and maps them to the model's `pixel_range` (MaskGIT's VQGAN: [−1, 1]); a code
@@ -258,6 +259,31 @@ class VQGANTokenizer:
         model = vq_model.from_pretrained(folder, local_files_only=True, torch_dtype=dtype)
         pixel_range = pixel_range or tuple(settings.get("pixel_range", (-1.0, 1.0)))
         return cls(model, pixel_range)
+
+    @classmethod
+    def from_taming(
+        cls,
+        checkpoint: str | os.PathLike,
+        config: str | os.PathLike,
+        pixel_range: tuple[float, float] = (-1.0, 1.0),
+        dtype: torch.dtype = torch.float32,
+        trust_pickle: bool = False,
+    ) -> VQGANTokenizer:
+        """Load a taming-transformers VQGAN: MaskGIT's `pretrained_maskgit/VQGAN/last.ckpt` with its `model.yaml`.
+
+        The `.ckpt` (a PyTorch Lightning checkpoint) is read without running code from it: the tensors are
+        loaded by torch's weights-only reader and Lightning's other objects (optimizer and loop state, callbacks)
+        stand in as inert placeholders; `trust_pickle=True` unpickles fully, for a file whose origin you trust.
+        The YAML's `model.params` (`embed_dim`, `n_embed`, `ddconfig`) give the diffusers `VQModel`; every
+        tensor of the checkpoint's `state_dict` is mapped onto it by name and shape, except the training-only
+        `loss.*` entries (LPIPS network, discriminator), which are left out. A missing, unexpected or mis-shaped
+        tensor, or a config the diffusers structure cannot hold, raises `ValueError` (a `ConversionError`)
+        naming the file and the key. `save_pretrained` then writes the diffusers layout: convert once.
+        """
+        from .training.convert.vqgan import load_taming_vqgan
+
+        _diffusers_vq_model()  # the optional dependency, with its install hint, before any file is read
+        return cls(load_taming_vqgan(checkpoint, config, trust_pickle=trust_pickle, dtype=dtype), pixel_range)
 
     def save_pretrained(self, folder: str | os.PathLike) -> None:
         """Write the VQModel into `folder/vqgan/` and `vq_tokenizer_config.json` beside it, so that a model folder
