@@ -59,7 +59,7 @@ def _inert_class(name: str) -> type:
     return type(name.rsplit(".", 1)[-1], (InertObject,), {"replaces": name, "__module__": __name__})
 
 
-def _refuse_pickle(path: Path, why: str) -> ConversionError:
+def refuse_pickle(path: Path, why: str) -> ConversionError:
     return ConversionError(
         f"checkpoint {path} holds Python objects besides tensors that cannot be read safely ({why}); only full "
         "unpickling can read it, and unpickling can run arbitrary code. It was not loaded. If you trust the "
@@ -72,12 +72,12 @@ def _load_with_placeholders(path: Path, kind: str) -> tuple[Any, list[str]]:
     """torch's weights-only unpickler with every class or function it does not allow replaced by an inert
     placeholder: the tensors are read, and no code named by the file runs. (checkpoint, replaced names)."""
     if kind != "zip":  # the names a legacy pickle file refers to are not listed by torch
-        raise _refuse_pickle(path, "a legacy torch.save file with non-tensor objects")
+        raise refuse_pickle(path, "a legacy torch.save file with non-tensor objects")
     serialization = torch.serialization
     if not hasattr(serialization, "get_unsafe_globals_in_checkpoint") or not hasattr(
         serialization, "safe_globals"
     ):  # both public since torch 2.5; the package allows 2.4
-        raise _refuse_pickle(
+        raise refuse_pickle(
             path, f"listing and replacing them needs torch >= 2.5, this is {torch.__version__}"
         )
     try:
@@ -92,14 +92,14 @@ def _load_with_placeholders(path: Path, kind: str) -> tuple[Any, list[str]]:
             return torch.load(path, map_location="cpu", weights_only=True), names
     except pickle.UnpicklingError as err:
         # e.g. a dict or list subclass: the weights-only unpickler fills only real dicts and lists
-        raise _refuse_pickle(path, f"objects of {', '.join(names) or 'unknown classes'}: {err}") from err
+        raise refuse_pickle(path, f"objects of {', '.join(names) or 'unknown classes'}: {err}") from err
     except Exception as err:
         raise ConversionError(
             f"cannot read checkpoint {path}: truncated or corrupt ({type(err).__name__}: {err})"
         ) from err
 
 
-def _load_raw(path: Path, trust_pickle: bool) -> tuple[Any, list[str]]:
+def load_raw(path: Path, trust_pickle: bool) -> tuple[Any, list[str]]:
     """(the loaded object, the names of the non-tensor classes read as inert placeholders)."""
     try:
         kind = checkpoint_format(
@@ -140,7 +140,7 @@ def read_checkpoint(
     path = Path(path)
     if not path.is_file():
         raise ConversionError(f"checkpoint {path} does not exist")
-    raw, replaced = _load_raw(path, trust_pickle)
+    raw, replaced = load_raw(path, trust_pickle)
     if not isinstance(raw, dict):
         raise ConversionError(f"checkpoint {path} holds a {type(raw).__name__}, not a state_dict")
     if isinstance(raw.get("state_dict"), dict):
@@ -162,7 +162,7 @@ def read_checkpoint(
     reference: dict[str, torch.Tensor] = {}
     for key, value in state.items():
         if isinstance(value, InertObject):  # the weights themselves need a class torch does not allow
-            raise _refuse_pickle(path, f"weight {key!r} is an object of {value.replaces}")
+            raise refuse_pickle(path, f"weight {key!r} is an object of {value.replaces}")
         if not isinstance(value, torch.Tensor):
             raise ConversionError(
                 f"checkpoint {path}: entry {key!r} is a {type(value).__name__}, not a tensor"
@@ -191,7 +191,7 @@ def read_checkpoint(
     return official, reference, layout
 
 
-def _read_mapping(path: Path) -> Any:
+def read_mapping(path: Path) -> Any:
     try:
         text = path.read_text()
     except OSError as err:
@@ -216,7 +216,7 @@ def _read_mapping(path: Path) -> Any:
 def read_official_config(path: str | Path, source: OfficialSource) -> tuple[dict[str, Any], dict[str, Any]]:
     """(normalised official constructor kwargs, provenance such as the repository and commit)."""
     path = Path(path)
-    data = _read_mapping(path)
+    data = read_mapping(path)
     if not isinstance(data, dict):
         raise ConversionError(f"official config {path} must hold a mapping of constructor kwargs")
     provenance = dict(data.get("source") or {}) if isinstance(data.get("source"), dict) else {}

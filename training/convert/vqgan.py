@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .base import ConversionError, NotExpressible
-from .checkpoint import InertObject, _load_raw, _read_mapping, _refuse_pickle
+from .checkpoint import InertObject, load_raw, read_mapping, refuse_pickle
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def read_taming_config(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConversionError(f"config {path} does not exist; expected taming's model.yaml")
-    data = _read_mapping(path)
+    data = read_mapping(path)
     model = data.get("model") if isinstance(data, dict) else None
     section = model if isinstance(model, dict) else data
     params = section.get("params") if isinstance(section, dict) else None
@@ -259,7 +259,7 @@ def read_taming_state(path: str | Path, trust_pickle: bool = False) -> dict[str,
     path = Path(path)
     if not path.is_file():
         raise ConversionError(f"checkpoint {path} does not exist; expected taming's VQGAN .ckpt")
-    raw, _ = _load_raw(path, trust_pickle)
+    raw, _ = load_raw(path, trust_pickle)
     state = raw.get("state_dict", raw) if isinstance(raw, dict) else None
     if not isinstance(state, dict) or not state:
         raise ConversionError(
@@ -268,7 +268,7 @@ def read_taming_state(path: str | Path, trust_pickle: bool = False) -> dict[str,
         )
     for key, value in state.items():
         if isinstance(value, InertObject):
-            raise _refuse_pickle(path, f"weight {key!r} is an object of {value.replaces}")
+            raise refuse_pickle(path, f"weight {key!r} is an object of {value.replaces}")
         if not isinstance(value, torch.Tensor):
             raise ConversionError(
                 f"checkpoint {path}: entry {key!r} is a {type(value).__name__}, not a tensor"
