@@ -222,3 +222,95 @@ def test_fid_from_a_torch_fidelity_state_dict(tmp_path, monkeypatch):
     # eigenvalues of S S come out as ~sqrt(eps) * |S| each; their sum bounds FID(x, x), far below a real shift
     assert abs(same["fid"]) < 1e-2 * shifted["fid"], (same, shifted)
     assert shifted["fid"] > 0, shifted
+
+
+def tiny_mim(folder=None):
+    """An untrained tiny MIM head and a patch k-means tokenizer fitted on real `digits` images (16 × 16)."""
+    from sklearn.datasets import load_digits
+
+    from energyformers import HyperSetConfig, HyperSetForMaskedImageModeling
+    from energyformers.mim import PatchKMeansTokenizer
+
+    pixels = torch.from_numpy(load_digits().images[:64]).float()[:, None] / 16.0
+    pixels = torch.nn.functional.interpolate(pixels, scale_factor=2, mode="bilinear").clamp(0, 1)
+    tokenizer = PatchKMeansTokenizer.fit(pixels, patch_size=2, codebook_size=16, seed=0)
+    torch.manual_seed(0)
+    config = HyperSetConfig.from_preset(
+        "mim-1-12-d",
+        hidden_size=16,
+        num_attention_heads=2,
+        intermediate_size=32,
+        time_embedding_dim=16,
+        num_iterations=2,
+        vocab_size=tokenizer.codebook_size + 1,
+        max_position_embeddings=64,
+    )
+    model = HyperSetForMaskedImageModeling(config).eval()
+    if folder is not None:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return model, tokenizer, pixels
+
+
+def test_masked_image_metrics_report_fid_and_the_tokenizer_bound(detector_file):
+    from energyformers.mim import mask_codes
+    from energyformers.training.evaluation import masked_image_metrics
+
+    model, tokenizer, pixels = tiny_mim()
+    codes = tokenizer.encode(pixels[:16])
+    inputs, _ = mask_codes(codes, model.mask_token_id, 0.4, generator=torch.Generator().manual_seed(0))
+    plain = masked_image_metrics(model, inputs, codes, pixels[:16], tokenizer, steps=2)
+    with_fid = masked_image_metrics(
+        model, inputs, codes, pixels[:16], tokenizer, steps=2, fid_weights=detector_file
+    )
+    assert set(with_fid) == set(plain) | {"fid", "tokenizer_fid"}, sorted(with_fid)
+    assert {k: with_fid[k] for k in plain} == plain  # seeded decoding: the other metrics are unchanged
+    assert with_fid["fid"] >= 0 and with_fid["tokenizer_fid"] >= 0, with_fid
+
+
+@pytest.mark.parametrize("flag", ["--lpips_weights", "--fid_weights"])
+def test_cli_refuses_a_missing_weight_file_naming_the_flag_and_path(tmp_path, flag):
+    from energyformers.training import train
+    from energyformers.training.arguments import parse_arguments
+    from energyformers.training.cli import UsageError
+
+    missing = tmp_path / "absent.pt"
+    out = str(tmp_path / "out")
+    with pytest.raises(UsageError) as err:
+        parse_arguments(["--output_dir", out, "--task", "mim", flag, str(missing)], train.PROG, "")
+    assert flag in str(err.value) and str(missing) in str(err.value), str(err.value)
+    with pytest.raises(UsageError, match="masked-image-modelling flag"):  # meaningless without the task
+        parse_arguments(["--output_dir", out, flag, str(missing)], train.PROG, "")
+
+
+def test_cli_takes_an_existing_fid_file(tmp_path, detector_file):
+    from energyformers.training import train
+    from energyformers.training.arguments import parse_arguments
+
+    argv = ["--output_dir", str(tmp_path / "out"), "--task", "mim", "--fid_weights", str(detector_file)]
+    assert parse_arguments(argv, train.PROG, "").data.fid_weights == str(detector_file)
+
+
+def test_pipeline_checks_lpips_weights_before_reading_the_model(tmp_path):
+    from energyformers.pipelines import MaskedImageModelingPipeline
+
+    missing = tmp_path / "alexnet-owt-7be5be79.pth"
+    with pytest.raises(FileNotFoundError) as err:
+        MaskedImageModelingPipeline(model=str(tmp_path / "no-model"), lpips_weights=missing)
+    assert f"lpips_weights={str(missing)!r}" in str(err.value), str(err.value)
+
+
+@pytest.mark.skipif(TORCHVISION_PROBLEM is not None, reason=f"LPIPS needs torchvision: {TORCHVISION_PROBLEM}")
+def test_pipeline_reports_lpips(tmp_path):
+    import torchvision
+
+    from energyformers.pipelines import MaskedImageModelingPipeline
+
+    torch.manual_seed(0)
+    weights = tmp_path / "alexnet-owt-7be5be79.pth"
+    torch.save(torchvision.models.alexnet().state_dict(), weights)
+    _, _, pixels = tiny_mim(tmp_path / "model")
+    out = MaskedImageModelingPipeline(model=str(tmp_path / "model"), lpips_weights=weights)(
+        pixels[0], steps=2
+    )
+    assert out["lpips"] >= 0 and out["tokenizer_lpips"] >= 0, out
