@@ -99,8 +99,15 @@ def train_both(work: Path, args: argparse.Namespace, limits: list[str]) -> dict[
     return walls
 
 
-def measure(folder: Path, steps: tuple[int, ...], factors: tuple[float, ...], limit: int | None) -> dict:
-    """Test-split measurements of one reloaded run folder (fixed 40 % masks, seeded decoding)."""
+def measure(
+    folder: Path,
+    steps: tuple[int, ...],
+    factors: tuple[float, ...],
+    limit: int | None,
+    perceptual: dict[str, str | None] | None = None,
+) -> dict:
+    """Test-split measurements of one reloaded run folder (fixed 40 % masks, seeded decoding); LPIPS / FID of the
+    24-step reconstructions (the paper's evaluation) where `perceptual` names their local weight files."""
     import torch
     import transformers
 
@@ -133,7 +140,9 @@ def measure(folder: Path, steps: tuple[int, ...], factors: tuple[float, ...], li
         "trained_iterations": trained,
         "test_images": n,
         "masked_token_accuracy": one_pass(None),
-        "decode_24": masked_image_metrics(model, inputs, codes, pixels, tokenizer, 24, seed=0),
+        "decode_24": masked_image_metrics(
+            model, inputs, codes, pixels, tokenizer, 24, seed=0, **(perceptual or {})
+        ),
         "by_decode_steps": {
             s: masked_image_metrics(model, inputs, codes, pixels, tokenizer, s, seed=0) for s in steps
         },
@@ -263,6 +272,18 @@ def markdown(results: dict) -> str:
             f"{d['decoded_token_accuracy']:.3f} | {d['psnr']:.2f} | {d['ssim']:.3f} | "
             f"{d['tokenizer_psnr']:.2f} / {d['tokenizer_ssim']:.3f} |"
         )
+    perceptual = [m for m in ("lpips", "fid") if m in results["models"]["hyperset"]["decode_24"]]
+    if perceptual:
+        lines += [
+            "",
+            f"{' and '.join(m.upper() for m in perceptual)} of the 24-step reconstructions (weights: "
+            f"{', '.join(s[f'{m}_weights'] for m in perceptual)}); the tokenizer's own in brackets:",
+            "",
+        ]
+        for model in MODELS:
+            d = results["models"][model]["decode_24"]
+            values = ", ".join(f"{m.upper()} {d[m]:.4g} ({d[f'tokenizer_{m}']:.4g})" for m in perceptual)
+            lines.append(f"* {LABELS[model]}: {values}")
     lines += ["", "Decoded-token accuracy / PSNR against decoding steps:", ""]
     steps = sorted(int(x) for x in results["models"]["hyperset"]["by_decode_steps"])
     lines += ["| model | " + " | ".join(f"{x} steps" for x in steps) + " |", "|---|" + "---:|" * len(steps)]
@@ -335,7 +356,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="a few steps of tiny models: checks the script")
+    parser.add_argument(
+        "--lpips_weights",
+        default=None,
+        help="also LPIPS: a local torchvision backbone file (see docs/mim.md)",
+    )
+    parser.add_argument(
+        "--fid_weights", default=None, help="also FID: a local Inception file (see docs/mim.md)"
+    )
     args = parser.parse_args(argv)
+    from energyformers.mim import check_perceptual_weights
+
+    for name in (
+        "lpips_weights",
+        "fid_weights",
+    ):  # before any training, one flag at a time so the error names it
+        try:
+            check_perceptual_weights(
+                **{"lpips_weights": None, "fid_weights": None, name: getattr(args, name)}
+            )
+        except (OSError, ValueError, ImportError) as err:
+            parser.error(f"--{name} {getattr(args, name)}: {err}")
+    perceptual = {"lpips_weights": args.lpips_weights, "fid_weights": args.fid_weights}
     limits, test_limit, steps, factors = [], None, DECODE_STEPS, DEPTH_FACTORS
     if args.smoke:
         args.steps, args.width, args.iterations, args.codebook_size = 2, 16, 2, 16
@@ -347,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     fit_tokenizer(work / "tokenizer", args.codebook_size, args.seed, limits)
     walls = train_both(work, args, limits)
-    results = {"models": {m: measure(work / m, steps, factors, test_limit) for m in MODELS}}
+    results = {"models": {m: measure(work / m, steps, factors, test_limit, perceptual) for m in MODELS}}
     decode_picture(work / "hyperset", args.out / "mim_decode.png", count=2 if args.smoke else 3)
     train_images = json.loads((work / "hyperset" / "metrics.json").read_text())["arguments"]
     results["setup"] = {
@@ -363,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         "train_wall_s": walls,
         "wall_time_s": round(time.time() - start, 1),
         "smoke": args.smoke,
+        **perceptual,
         "train_arguments": train_images,
     }
     results["reading"] = reading(results)

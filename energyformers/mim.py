@@ -399,12 +399,216 @@ def mask_codes(
     return codes.masked_fill(hidden, mask_token_id), codes.masked_fill(~hidden, -100)
 
 
+# The LPIPS backbones by the file names torchvision stores their ImageNet weights under (its `weights=DEFAULT`
+# for each), and the backbone torchmetrics' LPIPS calls each one.
+LPIPS_BACKBONE_FILES = {
+    "alexnet-owt-7be5be79.pth": "alex",
+    "vgg16-397923af.pth": "vgg",
+    "squeezenet1_1-b8a52dc0.pth": "squeeze",
+}
+
+
+def _torchvision_problem() -> str | None:
+    """Why torchvision cannot be used here, or None. Importing it is the only honest check: a wheel built for
+    another torch (PyPI's CUDA build beside a CPU torch) is installed yet fails on import."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception as err:
+        return f"torchvision does not import here ({type(err).__name__}: {err})"
+    return None
+
+
+def _is_torchscript(path: Path) -> bool:
+    """A TorchScript archive (torch.jit.save) holds compiled code beside its tensors; torch.save's does not."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        return any(name.split("/", 1)[-1].startswith("code/") for name in archive.namelist())
+
+
+def check_perceptual_weights(
+    lpips_weights: str | os.PathLike | None, fid_weights: str | os.PathLike | None
+) -> None:
+    """Refuse, before any work, LPIPS/FID weight paths that cannot be used: a missing file (naming the argument and
+    the path) or a maintained implementation that cannot run here (naming what is missing). Loads nothing."""
+    if lpips_weights is not None:
+        path = Path(lpips_weights).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"lpips_weights={str(lpips_weights)!r}: no such file (torchvision's ImageNet weights of the LPIPS "
+                f"backbone, one of {', '.join(LPIPS_BACKBONE_FILES)})"
+            )
+        if path.name not in LPIPS_BACKBONE_FILES:
+            raise ValueError(
+                f"lpips_weights={str(lpips_weights)!r}: the backbone is known by torchvision's file name, one of "
+                f"{', '.join(LPIPS_BACKBONE_FILES)}; got {path.name!r}"
+            )
+        problem = _torchvision_problem()
+        if problem is not None:
+            raise ImportError(
+                f"lpips_weights={str(lpips_weights)!r}: torchmetrics' LPIPS builds its backbone with torchvision, "
+                f"and {problem}; install the torchvision release built for this torch"
+            )
+    if fid_weights is not None:
+        path = Path(fid_weights).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"fid_weights={str(fid_weights)!r}: no such file (a TorchScript Inception such as "
+                "inception-2015-12-05.pt, or torch-fidelity's weights-inception-2015-12-05-6726825d.pth)"
+            )
+        if not _is_torchscript(path):
+            problem = _torchvision_problem()
+            try:
+                if problem is None:
+                    import torch_fidelity  # noqa: F401
+            except Exception as err:
+                problem = f"torch-fidelity does not import here ({type(err).__name__}: {err})"
+            if problem is not None:
+                raise ImportError(
+                    f"fid_weights={str(fid_weights)!r} is a state dict, which needs torch-fidelity's Inception "
+                    f"(through torchmetrics), and {problem}. Install torch-fidelity with a torchvision built for "
+                    "this torch, or pass the TorchScript Inception (inception-2015-12-05.pt), which needs neither"
+                )
+
+
+class _ScriptedInceptionFeatures(torch.nn.Module):
+    """torchmetrics' FID feature extractor over a TorchScript Inception that follows the convention of the
+    FID detectors distributed as TorchScript (StyleGAN2-ADA's, clean-fid's): `net(images, return_features=True)`
+    on `(B, 3, H, W)` floats in [0, 255], resized inside, returning pool features."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        # 8-bit levels, as FID's reference statistics are computed on stored 8-bit images
+        pixels = (images.clamp(0, 1) * 255).round().float()
+        return self.net(pixels, return_features=True).reshape(len(images), -1)
+
+
+class PerceptualMetrics:
+    """LPIPS and FID from maintained implementations (torchmetrics), their networks read from local files only.
+
+    `lpips_weights`: torchvision's ImageNet weights of the LPIPS backbone (`alexnet-owt-7be5be79.pth`,
+    `vgg16-397923af.pth` or `squeezenet1_1-b8a52dc0.pth`; the backbone is told by the name); torchmetrics ships
+    LPIPS's own linear layers. Needs a torchvision that imports beside this torch. `fid_weights`: a TorchScript
+    Inception (`inception-2015-12-05.pt`, run by torchmetrics' FID with no other package) or torch-fidelity's
+    state dict (`weights-inception-2015-12-05-6726825d.pth`, which needs torch-fidelity and torchvision).
+
+    Nothing is downloaded: paths are checked first (`check_perceptual_weights`), and the torch hub folder points
+    at a private folder holding only the given file while the backbone loads. Gray images are repeated to three
+    channels, as both networks read RGB; images with a side under 64 pixels are upsampled to 64 for LPIPS, the
+    patch size it was calibrated on (AlexNet's strides leave nothing of smaller images).
+    """
+
+    def __init__(
+        self, lpips_weights: str | os.PathLike | None = None, fid_weights: str | os.PathLike | None = None
+    ) -> None:
+        check_perceptual_weights(lpips_weights, fid_weights)
+        self.lpips = self.fid = None
+        if lpips_weights is not None:
+            self.lpips = self._load_lpips(Path(lpips_weights).expanduser().resolve())
+        if fid_weights is not None:
+            self.fid = self._load_fid(Path(fid_weights).expanduser().resolve())
+
+    @staticmethod
+    def _load_lpips(path: Path):
+        import tempfile
+
+        from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
+
+        previous = torch.hub.get_dir()
+        with tempfile.TemporaryDirectory() as hub:
+            # torchvision looks for <hub>/checkpoints/<its file name> before downloading: it finds the given file
+            os.makedirs(os.path.join(hub, "checkpoints"))
+            os.symlink(path, os.path.join(hub, "checkpoints", path.name))
+            torch.hub.set_dir(hub)
+            try:
+                metric = LearnedPerceptualImagePatchSimilarity(
+                    net_type=LPIPS_BACKBONE_FILES[path.name], normalize=True
+                )
+            finally:
+                torch.hub.set_dir(previous)
+        return metric
+
+    @staticmethod
+    def _load_fid(path: Path):
+        from torchmetrics.image.fid import FrechetInceptionDistance
+
+        if _is_torchscript(path):
+            net = torch.jit.load(str(path), map_location="cpu").eval()
+            return FrechetInceptionDistance(feature=_ScriptedInceptionFeatures(net), normalize=True)
+        return FrechetInceptionDistance(
+            feature=2048, feature_extractor_weights_path=str(path), normalize=True
+        )
+
+    def __call__(
+        self, reconstructed: torch.Tensor, reference: torch.Tensor, data_range: float = 1.0
+    ) -> dict[str, float]:
+        """`lpips` (mean over the images) and `fid` (the reconstructions against the references as two sets, so
+        at least two images) of `(B, C, H, W)` batches in [0, data_range], C 1 or 3."""
+        if reconstructed.shape != reference.shape or reference.ndim != 4 or reference.shape[1] not in (1, 3):
+            raise ValueError(
+                "reconstructed and reference must be image batches (batch, 1 or 3 channels, height, width) of one "
+                f"shape; got {tuple(reconstructed.shape)} and {tuple(reference.shape)}."
+            )
+        if self.fid is not None and len(reference) < 2:
+            raise ValueError(
+                f"FID compares sets of images: got a batch of {len(reference)}, it needs at least 2."
+            )
+        images = [
+            (x.float() / data_range).clamp(0, 1).expand(-1, 3, -1, -1) for x in (reconstructed, reference)
+        ]
+        metrics = {}
+        with torch.no_grad():
+            if self.lpips is not None:
+                preds, target = images
+                side = min(preds.shape[-2:])
+                if side < 64:
+                    size = [round(s * 64 / side) for s in preds.shape[-2:]]
+                    preds, target = (
+                        torch.nn.functional.interpolate(x, size=size, mode="bilinear", align_corners=False)
+                        for x in (preds, target)
+                    )
+                self.lpips.reset()
+                self.lpips.update(preds.clamp(0, 1), target.clamp(0, 1))
+                metrics["lpips"] = float(self.lpips.compute())
+            if self.fid is not None:
+                self.fid.reset()
+                self.fid.update(images[1], real=True)
+                self.fid.update(images[0], real=False)
+                metrics["fid"] = float(self.fid.compute())
+        return metrics
+
+
+_perceptual_cache: dict[tuple[str | None, str | None], PerceptualMetrics] = {}
+
+
+def perceptual_metrics(
+    lpips_weights: str | os.PathLike | None, fid_weights: str | os.PathLike | None
+) -> PerceptualMetrics:
+    """The `PerceptualMetrics` of these paths, loaded once per process (evaluation calls it every epoch)."""
+    key = tuple(
+        None if p is None else str(Path(p).expanduser().resolve()) for p in (lpips_weights, fid_weights)
+    )
+    if key not in _perceptual_cache:
+        _perceptual_cache[key] = PerceptualMetrics(lpips_weights, fid_weights)
+    return _perceptual_cache[key]
+
+
 def reconstruction_metrics(
-    reconstructed: torch.Tensor, reference: torch.Tensor, data_range: float = 1.0
+    reconstructed: torch.Tensor,
+    reference: torch.Tensor,
+    data_range: float = 1.0,
+    lpips_weights: str | os.PathLike | None = None,
+    fid_weights: str | os.PathLike | None = None,
 ) -> dict:
     """Mean PSNR (per image, then averaged, as the paper), SSIM and, where the images are large enough for its
     five scales (sides > 160 pixels with the 11-pixel window), MS-SSIM, computed by torchmetrics. LPIPS and FID
-    need network weights (AlexNet/VGG, Inception) that are not downloaded here: they are not computed."""
+    (`PerceptualMetrics`) only where their weights are given as local files: `lpips` with `lpips_weights`, `fid`
+    with `fid_weights`; a missing file is refused before anything is computed, and nothing is downloaded."""
     from torchmetrics.functional.image import (
         multiscale_structural_similarity_index_measure,
         peak_signal_noise_ratio,
@@ -416,6 +620,9 @@ def reconstruction_metrics(
             "reconstructed and reference must be image batches (batch, channels, height, width) of one shape; got "
             f"{tuple(reconstructed.shape)} and {tuple(reference.shape)}."
         )
+    perceptual = None
+    if lpips_weights is not None or fid_weights is not None:
+        perceptual = perceptual_metrics(lpips_weights, fid_weights)
     preds, target = reconstructed.double(), reference.double()
     side = min(reference.shape[-2:])
     kernel = min(11, side - (1 - side % 2))  # an odd window no larger than the image
@@ -431,14 +638,20 @@ def reconstruction_metrics(
         metrics["ms_ssim"] = multiscale_structural_similarity_index_measure(
             preds, target, data_range=data_range
         ).item()
+    if perceptual is not None:
+        metrics.update(perceptual(reconstructed, reference, data_range=data_range))
     return metrics
 
 
 __all__ = [
+    "LPIPS_BACKBONE_FILES",
     "PatchKMeansTokenizer",
+    "PerceptualMetrics",
     "VQGANTokenizer",
     "VQTokenizer",
+    "check_perceptual_weights",
     "load_vq_tokenizer",
     "mask_codes",
+    "perceptual_metrics",
     "reconstruction_metrics",
 ]

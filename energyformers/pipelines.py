@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -118,7 +119,10 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
     in [0, 1]), `input_pixel_values` (the image as tokenized), `codes` (decoded), `input_codes` (with [MASK]),
     `true_codes`, `masked` (bool), `masked_accuracy` (share of masked positions decoded to the true code),
     `psnr`/`ssim` of the reconstruction against the input and `tokenizer_psnr`, the PSNR of decoding the true codes:
-    the tokenizer's own bound.
+    the tokenizer's own bound. With `lpips_weights` (a local file of the LPIPS backbone, see
+    `energyformers.mim.PerceptualMetrics`; checked and loaded when the pipeline is built, never downloaded) also
+    `lpips` and `tokenizer_lpips`. FID compares sets of images, so it is not a per-image output: it is reported by
+    the training evaluation and `benchmarks/mim.py` (`fid_weights`).
 
         from energyformers.pipelines import MaskedImageModelingPipeline
 
@@ -129,10 +133,20 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
 
     _DECODE_ARGUMENTS = ("steps", "schedule", "temperature", "randomize_temperature", "num_iterations")
 
-    def __init__(self, model: Any, vq_tokenizer: Any | None = None, device: Any = -1, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        vq_tokenizer: Any | None = None,
+        device: Any = -1,
+        lpips_weights: str | os.PathLike | None = None,
+        **kwargs: Any,
+    ) -> None:
         from pathlib import Path
 
-        from .mim import VQTokenizer, load_vq_tokenizer
+        from .mim import VQTokenizer, load_vq_tokenizer, perceptual_metrics
+
+        # the weights first: a wrong path fails before the model is read
+        self.perceptual = None if lpips_weights is None else perceptual_metrics(lpips_weights, None)
 
         folder = model if isinstance(model, (str, Path)) else getattr(model, "name_or_path", None)
         if isinstance(model, (str, Path)):
@@ -259,7 +273,11 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
         reference = model_outputs["pixel_values"].cpu().float()
         reconstruction = self.vq_tokenizer.decode(codes).cpu().float()
         metrics = reconstruction_metrics(reconstruction, reference)
-        bound = reconstruction_metrics(self.vq_tokenizer.decode(true_codes).cpu().float(), reference)
+        bound_pixels = self.vq_tokenizer.decode(true_codes).cpu().float()
+        bound = reconstruction_metrics(bound_pixels, reference)
+        if self.perceptual is not None:
+            metrics.update(self.perceptual(reconstruction, reference))
+            bound.update(self.perceptual(bound_pixels, reference))
         masked = input_ids == self.model.mask_token_id
         hits = (codes == true_codes)[masked]
         image = (reconstruction[0].clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
@@ -275,6 +293,7 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
             "psnr": metrics["psnr"],
             "ssim": metrics["ssim"],
             "tokenizer_psnr": bound["psnr"],
+            **({"lpips": metrics["lpips"], "tokenizer_lpips": bound["lpips"]} if "lpips" in metrics else {}),
             "decoding": model_outputs["decoding"],
         }
 

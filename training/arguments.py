@@ -268,6 +268,22 @@ class DataArguments:
         default=256,
         metadata={"help": f"{MIM_TASK}: images per split decoded for the reconstruction metrics"},
     )
+    lpips_weights: str | None = field(
+        default=None,
+        metadata={
+            "help": f"{MIM_TASK}: also report LPIPS, its backbone read from this local file (torchvision's "
+            "alexnet-owt-7be5be79.pth, vgg16-397923af.pth or squeezenet1_1-b8a52dc0.pth; needs torchvision); "
+            "nothing is downloaded"
+        },
+    )
+    fid_weights: str | None = field(
+        default=None,
+        metadata={
+            "help": f"{MIM_TASK}: also report FID, its Inception read from this local file (TorchScript "
+            "inception-2015-12-05.pt, or torch-fidelity's state dict with torch-fidelity installed); nothing is "
+            "downloaded"
+        },
+    )
 
 
 @dataclass
@@ -655,6 +671,8 @@ MIM_FLAGS = (
     "eval_mask_ratio",
     "decode_steps",
     "decode_samples",
+    "lpips_weights",
+    "fid_weights",
 )
 
 
@@ -681,6 +699,13 @@ def _validate_mim(d: DataArguments, explicit: frozenset[str]) -> None:
         _check(name, value, _finite(value) and 0 < value <= 1, "a fraction in (0, 1]")
     if d.tokenizer is not None and not os.path.isdir(os.path.expanduser(d.tokenizer)):
         raise UsageError(f"--tokenizer {d.tokenizer}: no such folder (a saved VQ tokenizer folder)")
+    from energyformers.mim import check_perceptual_weights
+
+    for name in ("lpips_weights", "fid_weights"):  # one at a time, so the message names its flag
+        try:
+            check_perceptual_weights(**{"lpips_weights": None, "fid_weights": None, name: getattr(d, name)})
+        except (OSError, ValueError, ImportError) as err:
+            raise UsageError(f"--{name} {getattr(d, name)}: {err}") from None
 
 
 def _take_attn_implementation_from_config(m: ModelArguments) -> None:

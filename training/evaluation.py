@@ -217,6 +217,8 @@ def masked_image_metrics(
     seed: int = 0,
     batch_size: int = 256,
     num_iterations: int | None = None,
+    lpips_weights: str | None = None,
+    fid_weights: str | None = None,
 ) -> dict[str, float]:
     """Reconstruction of masked code grids by MaskGIT decoding (`model.decode`, arccos schedule, seeded), as the
     paper measures its masked-image-modelling models.
@@ -225,7 +227,8 @@ def masked_image_metrics(
     Returns `decoded_token_accuracy` (decoded code = true code, over the masked positions), `psnr` and `ssim` of
     the decoded grids turned to pixels by `tokenizer` against the images, and `tokenizer_psnr` / `tokenizer_ssim`,
     those of the true codes: the tokenizer's own bound, which no decoding exceeds for a nearest-centroid
-    tokenizer. Runs the model in eval mode, restoring its mode afterwards.
+    tokenizer. With `lpips_weights` / `fid_weights` (local files, `energyformers.mim.PerceptualMetrics`) also
+    `lpips` / `fid` and their `tokenizer_` bounds. Runs the model in eval mode, restoring its mode afterwards.
     """
     import torch
 
@@ -242,26 +245,33 @@ def masked_image_metrics(
     model.train(was_training)
     decoded = torch.cat(decoded)
     masked = inputs == model.mask_token_id
-    ours = reconstruction_metrics(tokenizer.decode(decoded), pixels)
-    bound = reconstruction_metrics(tokenizer.decode(codes), pixels)
-    return {
-        "decoded_token_accuracy": float((decoded == codes)[masked].float().mean()) if masked.any() else 1.0,
-        "psnr": ours["psnr"],
-        "ssim": ours["ssim"],
-        "tokenizer_psnr": bound["psnr"],
-        "tokenizer_ssim": bound["ssim"],
+    perceptual = {"lpips_weights": lpips_weights, "fid_weights": fid_weights}
+    ours = reconstruction_metrics(tokenizer.decode(decoded), pixels, **perceptual)
+    bound = reconstruction_metrics(tokenizer.decode(codes), pixels, **perceptual)
+    metrics = {
+        "decoded_token_accuracy": float((decoded == codes)[masked].float().mean()) if masked.any() else 1.0
     }
+    for name in ("psnr", "ssim", "lpips", "fid"):
+        if name in ours:
+            metrics[name] = ours[name]
+    for name in ("psnr", "ssim", "lpips", "fid"):
+        if name in bound:
+            metrics[f"tokenizer_{name}"] = bound[name]
+    return metrics
 
 
 @dataclass
 class MaskedImageEvaluation:
     """The reconstruction metrics of a masked-image-modelling run (`masked_image_metrics`) on the first `samples`
-    images of a split of `data` (a `data.MaskedImageData`), with its fixed masks: `(model, split) -> metrics`."""
+    images of a split of `data` (a `data.MaskedImageData`), with its fixed masks: `(model, split) -> metrics`;
+    LPIPS / FID too where `lpips_weights` / `fid_weights` name local files."""
 
     data: Any
     steps: int
     samples: int
     seed: int = 0
+    lpips_weights: str | None = None
+    fid_weights: str | None = None
 
     def __call__(self, model: Any, split: str, num_iterations: int | None = None) -> dict[str, float]:
         n = min(self.samples, len(self.data.codes[split]))
@@ -274,6 +284,8 @@ class MaskedImageEvaluation:
             self.steps,
             self.seed,
             num_iterations=num_iterations,
+            lpips_weights=self.lpips_weights,
+            fid_weights=self.fid_weights,
         )
 
 

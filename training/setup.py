@@ -666,7 +666,12 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
         raise DataError(f"a training batch does not fit the model: {err}") from err
     model.train()
     evaluation = MaskedImageEvaluation(
-        mim, steps=d.decode_steps, samples=d.decode_samples, seed=args.run.seed
+        mim,
+        steps=d.decode_steps,
+        samples=d.decode_samples,
+        seed=args.run.seed,
+        lpips_weights=d.lpips_weights,
+        fid_weights=d.fid_weights,
     )
     return Built(model, mim.datasets, mim.tokenizer, collator, MIM_TASK, warnings, masked_images=evaluation)
 

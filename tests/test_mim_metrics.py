@@ -1,0 +1,316 @@
+# Copyright 2026 The energyformers authors. Licensed under the Apache License, Version 2.0.
+"""LPIPS and FID of masked-image-modelling reconstructions (`energyformers.mim.PerceptualMetrics`): computed by
+torchmetrics from local weight files only, never downloaded.
+
+The weight files are made here with seeded random values in the formats users hold: a TorchScript FID detector
+with the `net(images, return_features=True)` convention, torch-fidelity's Inception state dict from its own module
+class, and torchvision's AlexNet state dict under torchvision's file name. The real networks' weights are not on
+this machine, so the numbers test the code path (loading, preprocessing, torchmetrics' formulas), not calibrated
+LPIPS/FID values. Where torchvision cannot import beside this torch (PyPI's CUDA build of torchvision beside a CPU
+torch), the LPIPS and state-dict FID tests are replaced by the checks that those options are refused clearly.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+
+import pytest
+import torch
+
+from energyformers import mim
+from energyformers.mim import PerceptualMetrics, check_perceptual_weights, reconstruction_metrics
+
+TORCHVISION_PROBLEM = mim._torchvision_problem()
+try:
+    import torch_fidelity  # noqa: F401
+
+    TORCH_FIDELITY = True
+except Exception:  # not installed, or installed beside a torchvision that does not import
+    TORCH_FIDELITY = False
+
+
+class TinyDetector(torch.nn.Module):
+    """A stand-in FID detector with the TorchScript detectors' calling convention: `(B, 3, H, W)` floats in
+    [0, 255], resized inside, `return_features=True` → `(B, 16)` pool features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, images: torch.Tensor, return_features: bool = False) -> torch.Tensor:
+        x = torch.nn.functional.interpolate(images, size=(32, 32), mode="bilinear", align_corners=False)
+        x = (x - 128) / 128
+        # tanh, not ReLU, on the last layer: no feature is constant, so the covariance has full rank
+        x = torch.tanh(self.conv2(torch.relu(self.conv1(x))))
+        features = x.mean(dim=(2, 3))
+        if return_features:
+            return features
+        return self.fc(features)
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    """Each test loads its own files: the per-process cache must not hand one test's networks to another."""
+    mim._perceptual_cache.clear()
+    yield
+    mim._perceptual_cache.clear()
+
+
+@pytest.fixture
+def detector_file(tmp_path):
+    torch.manual_seed(0)
+    path = tmp_path / "inception-2015-12-05.pt"
+    torch.jit.script(TinyDetector().eval()).save(str(path))
+    return path
+
+
+def images(n: int = 24, channels: int = 1, side: int = 28, seed: int = 0) -> torch.Tensor:
+    """Smooth random images in [0, 1] (gray like the offline tokenizer's datasets unless `channels` is 3)."""
+    g = torch.Generator().manual_seed(seed)
+    coarse = torch.rand(n, channels, side // 4, side // 4, generator=g)
+    return torch.nn.functional.interpolate(coarse, size=(side, side), mode="bilinear", align_corners=False)
+
+
+def detector_features(path, x: torch.Tensor) -> torch.Tensor:
+    net = torch.jit.load(str(path))
+    pixels = (x.expand(-1, 3, -1, -1) * 255).round()
+    with torch.no_grad():
+        return net(pixels, return_features=True).double()
+
+
+def test_fid_of_torchscript_detector_is_zero_for_the_same_set_and_grows_with_a_shift(detector_file):
+    x = images()
+    same = reconstruction_metrics(x, x, fid_weights=detector_file)
+    shifted = reconstruction_metrics((x + 0.3).clamp(0, 1), x, fid_weights=detector_file)
+    # FID(x, x) = 2 tr(S) - 2 tr(sqrt(S S)) with S the features' covariance computed twice identically in float64:
+    # 24 images, 16 features, so S has full rank and the eigenvalue square roots agree to a few hundred float64
+    # eps relative to tr(S); 1e-9 tr(S) leaves orders of magnitude of room and is far below any real distance.
+    feats = detector_features(detector_file, x)
+    tolerance = 1e-9 * torch.cov(feats.T).trace().item()
+    assert abs(same["fid"]) <= tolerance, f"FID(x, x) = {same['fid']:.3e}, tolerance {tolerance:.3e}"
+    assert shifted["fid"] > 1e3 * tolerance, (
+        f"FID(x + 0.3, x) = {shifted['fid']:.3e} vs tolerance {tolerance:.3e}"
+    )
+    # the PSNR/SSIM of the same call are unchanged by the option
+    assert same["psnr"] == reconstruction_metrics(x, x)["psnr"]
+
+
+def test_fid_matches_the_frechet_distance_of_the_detector_features(detector_file):
+    x, y = images(seed=0), images(seed=1)
+    fx, fy = detector_features(detector_file, x), detector_features(detector_file, y)
+    # the Fréchet distance of the two feature Gaussians written out, with scipy's matrix square root
+    import scipy.linalg
+
+    mx, my, sx, sy = fx.mean(0), fy.mean(0), torch.cov(fx.T), torch.cov(fy.T)
+    root = scipy.linalg.sqrtm((sx @ sy).numpy()).real
+    expected = float((mx - my).square().sum() + sx.trace() + sy.trace() - 2 * root.trace())
+    got = reconstruction_metrics(y, x, fid_weights=detector_file)["fid"]
+    # float32 features, float64 statistics; two square-root algorithms (eigenvalues vs Schur): 1e-6 relative
+    assert got == pytest.approx(expected, rel=1e-6), f"FID {got!r} vs the written-out distance {expected!r}"
+
+
+def test_fid_runs_with_the_network_blocked(detector_file, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError("network blocked by the test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    x = images()
+    metrics = reconstruction_metrics((x + 0.2).clamp(0, 1), x, fid_weights=detector_file)
+    assert metrics["fid"] > 0, metrics
+
+
+def test_fid_needs_two_images(detector_file):
+    x = images(n=1)
+    with pytest.raises(ValueError, match="at least 2"):
+        reconstruction_metrics(x, x, fid_weights=detector_file)
+
+
+@pytest.mark.parametrize("argument", ["lpips_weights", "fid_weights"])
+def test_a_missing_file_is_refused_before_any_work(tmp_path, monkeypatch, argument):
+    import torchmetrics.functional.image as image_metrics
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a metric was computed before the weight paths were checked")
+
+    monkeypatch.setattr(image_metrics, "peak_signal_noise_ratio", no_work)
+    missing = tmp_path / "absent" / "alexnet-owt-7be5be79.pth"
+    x = images()
+    with pytest.raises(FileNotFoundError) as err:
+        reconstruction_metrics(x, x, **{argument: missing})
+    assert f"{argument}={str(missing)!r}" in str(err.value), str(err.value)
+
+
+def test_an_lpips_file_not_named_as_torchvision_names_it_is_refused(tmp_path):
+    path = tmp_path / "backbone.pth"
+    torch.save({}, path)
+    with pytest.raises(ValueError, match=re.escape("alexnet-owt-7be5be79.pth")) as err:
+        check_perceptual_weights(path, None)
+    assert "lpips_weights=" in str(err.value) and "backbone.pth" in str(err.value), str(err.value)
+
+
+@pytest.mark.skipif(TORCHVISION_PROBLEM is None, reason="torchvision imports here: LPIPS is computed instead")
+def test_lpips_is_refused_naming_torchvision_where_it_cannot_import(tmp_path):
+    path = tmp_path / "alexnet-owt-7be5be79.pth"
+    torch.save({}, path)
+    with pytest.raises(ImportError) as err:
+        PerceptualMetrics(lpips_weights=path)
+    message = str(err.value)
+    assert "lpips_weights=" in message and str(path) in message and "torchvision" in message, message
+
+
+@pytest.mark.skipif(
+    TORCH_FIDELITY, reason="torch-fidelity imports here: the state-dict FID is computed instead"
+)
+def test_a_state_dict_inception_is_refused_naming_torch_fidelity_where_it_cannot_import(tmp_path):
+    path = tmp_path / "weights-inception-2015-12-05-6726825d.pth"
+    torch.save({"Conv2d_1a_3x3.conv.weight": torch.zeros(32, 3, 3, 3)}, path)
+    with pytest.raises(ImportError) as err:
+        PerceptualMetrics(fid_weights=path)
+    message = str(err.value)
+    assert "fid_weights=" in message and str(path) in message and "torch-fidelity" in message, message
+    assert "inception-2015-12-05.pt" in message, message  # and it names the format that runs here
+
+
+@pytest.mark.skipif(TORCHVISION_PROBLEM is not None, reason=f"LPIPS needs torchvision: {TORCHVISION_PROBLEM}")
+def test_lpips_from_a_local_backbone_file(tmp_path, monkeypatch):
+    import torchvision
+
+    torch.manual_seed(0)
+    path = tmp_path / "alexnet-owt-7be5be79.pth"
+    torch.save(torchvision.models.alexnet().state_dict(), path)
+
+    def refuse(*args, **kwargs):
+        raise OSError("network blocked by the test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    hub = torch.hub.get_dir()
+    x = images(n=4, channels=3)
+    same = reconstruction_metrics(x, x, lpips_weights=path)
+    other = reconstruction_metrics(images(n=4, channels=3, seed=1), x, lpips_weights=path)
+    assert torch.hub.get_dir() == hub  # the private hub folder is not left behind
+    # identical inputs give identical features: every LPIPS term is a bias-free 1x1 conv of a zero difference
+    assert same["lpips"] == 0.0, same
+    assert other["lpips"] > 0.0, other
+
+
+@pytest.mark.skipif(
+    not TORCH_FIDELITY, reason="a state-dict Inception needs torch-fidelity (and torchvision)"
+)
+def test_fid_from_a_torch_fidelity_state_dict(tmp_path, monkeypatch):
+    from torch_fidelity import feature_extractor_inceptionv3 as tf_inception
+
+    # torch-fidelity's own class, seeded, without its download: its loader returns nothing and loading is skipped
+    monkeypatch.setattr(tf_inception, "load_state_dict_from_url", lambda *a, **k: None)
+    monkeypatch.setattr(tf_inception.FeatureExtractorInceptionV3, "load_state_dict", lambda self, state: None)
+    torch.manual_seed(0)
+    net = tf_inception.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"])
+    path = tmp_path / "weights-inception-2015-12-05-6726825d.pth"
+    torch.save(net.state_dict(), path)
+    monkeypatch.undo()
+
+    def refuse(*args, **kwargs):
+        raise OSError("network blocked by the test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    x = images(n=6, channels=3, side=32)
+    same = reconstruction_metrics(x, x, fid_weights=path)
+    shifted = reconstruction_metrics((x + 0.3).clamp(0, 1), x, fid_weights=path)
+    # 6 images against 2048 features: the covariance has rank 5, and the square roots of the ~2043 zero
+    # eigenvalues of S S come out as ~sqrt(eps) * |S| each; their sum bounds FID(x, x), far below a real shift
+    assert abs(same["fid"]) < 1e-2 * shifted["fid"], (same, shifted)
+    assert shifted["fid"] > 0, shifted
+
+
+def tiny_mim(folder=None):
+    """An untrained tiny MIM head and a patch k-means tokenizer fitted on real `digits` images (16 × 16)."""
+    from sklearn.datasets import load_digits
+
+    from energyformers import HyperSetConfig, HyperSetForMaskedImageModeling
+    from energyformers.mim import PatchKMeansTokenizer
+
+    pixels = torch.from_numpy(load_digits().images[:64]).float()[:, None] / 16.0
+    pixels = torch.nn.functional.interpolate(pixels, scale_factor=2, mode="bilinear").clamp(0, 1)
+    tokenizer = PatchKMeansTokenizer.fit(pixels, patch_size=2, codebook_size=16, seed=0)
+    torch.manual_seed(0)
+    config = HyperSetConfig.from_preset(
+        "mim-1-12-d",
+        hidden_size=16,
+        num_attention_heads=2,
+        intermediate_size=32,
+        time_embedding_dim=16,
+        num_iterations=2,
+        vocab_size=tokenizer.codebook_size + 1,
+        max_position_embeddings=64,
+    )
+    model = HyperSetForMaskedImageModeling(config).eval()
+    if folder is not None:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return model, tokenizer, pixels
+
+
+def test_masked_image_metrics_report_fid_and_the_tokenizer_bound(detector_file):
+    from energyformers.mim import mask_codes
+    from energyformers.training.evaluation import masked_image_metrics
+
+    model, tokenizer, pixels = tiny_mim()
+    codes = tokenizer.encode(pixels[:16])
+    inputs, _ = mask_codes(codes, model.mask_token_id, 0.4, generator=torch.Generator().manual_seed(0))
+    plain = masked_image_metrics(model, inputs, codes, pixels[:16], tokenizer, steps=2)
+    with_fid = masked_image_metrics(
+        model, inputs, codes, pixels[:16], tokenizer, steps=2, fid_weights=detector_file
+    )
+    assert set(with_fid) == set(plain) | {"fid", "tokenizer_fid"}, sorted(with_fid)
+    assert {k: with_fid[k] for k in plain} == plain  # seeded decoding: the other metrics are unchanged
+    assert with_fid["fid"] >= 0 and with_fid["tokenizer_fid"] >= 0, with_fid
+
+
+@pytest.mark.parametrize("flag", ["--lpips_weights", "--fid_weights"])
+def test_cli_refuses_a_missing_weight_file_naming_the_flag_and_path(tmp_path, flag):
+    from energyformers.training import train
+    from energyformers.training.arguments import parse_arguments
+    from energyformers.training.cli import UsageError
+
+    missing = tmp_path / "absent.pt"
+    out = str(tmp_path / "out")
+    with pytest.raises(UsageError) as err:
+        parse_arguments(["--output_dir", out, "--task", "mim", flag, str(missing)], train.PROG, "")
+    assert flag in str(err.value) and str(missing) in str(err.value), str(err.value)
+    with pytest.raises(UsageError, match="masked-image-modelling flag"):  # meaningless without the task
+        parse_arguments(["--output_dir", out, flag, str(missing)], train.PROG, "")
+
+
+def test_cli_takes_an_existing_fid_file(tmp_path, detector_file):
+    from energyformers.training import train
+    from energyformers.training.arguments import parse_arguments
+
+    argv = ["--output_dir", str(tmp_path / "out"), "--task", "mim", "--fid_weights", str(detector_file)]
+    assert parse_arguments(argv, train.PROG, "").data.fid_weights == str(detector_file)
+
+
+def test_pipeline_checks_lpips_weights_before_reading_the_model(tmp_path):
+    from energyformers.pipelines import MaskedImageModelingPipeline
+
+    missing = tmp_path / "alexnet-owt-7be5be79.pth"
+    with pytest.raises(FileNotFoundError) as err:
+        MaskedImageModelingPipeline(model=str(tmp_path / "no-model"), lpips_weights=missing)
+    assert f"lpips_weights={str(missing)!r}" in str(err.value), str(err.value)
+
+
+@pytest.mark.skipif(TORCHVISION_PROBLEM is not None, reason=f"LPIPS needs torchvision: {TORCHVISION_PROBLEM}")
+def test_pipeline_reports_lpips(tmp_path):
+    import torchvision
+
+    from energyformers.pipelines import MaskedImageModelingPipeline
+
+    torch.manual_seed(0)
+    weights = tmp_path / "alexnet-owt-7be5be79.pth"
+    torch.save(torchvision.models.alexnet().state_dict(), weights)
+    _, _, pixels = tiny_mim(tmp_path / "model")
+    out = MaskedImageModelingPipeline(model=str(tmp_path / "model"), lpips_weights=weights)(
+        pixels[0], steps=2
+    )
+    assert out["lpips"] >= 0 and out["tokenizer_lpips"] >= 0, out
