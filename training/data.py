@@ -760,13 +760,18 @@ class MaskedCodesCollator:
     as the paper trains (per image r ~ U[low, high], round(r·N) random positions → [MASK], labels there and −100
     elsewhere: `energyformers.mim.mask_codes`); evaluation rows (`input_ids`, `labels`) keep their fixed masks.
 
-    Seeded: the main process draws from a generator seeded with `seed`; a DataLoader worker from one seeded with
-    the worker's own seed (which torch derives from the loop's seeded generator), so workers never repeat masks.
+    Seeded and resumable: in the main process the masks of the n-th training batch come from a generator seeded
+    with (`seed`, n), `batches` counting the training batches masked so far. A resumed run sets that position from
+    the restored global step (`continue_after`; both loops do on every start), since a resume skips the batches
+    already seen without collating them: its masks then equal an uninterrupted run's. A DataLoader worker draws
+    from one stream seeded with the worker's own seed (which torch derives from the loop's seeded generator), so
+    workers never repeat masks; those masks are seeded but not reproduced by a resume.
     """
 
     mask_token_id: int
     ratio: tuple[float, float]
     seed: int
+    batches: int = 0
     _generator: Any = field(default=None, repr=False)
     _owner: Any = field(default=None, repr=False)
 
@@ -784,14 +789,36 @@ class MaskedCodesCollator:
         input_ids, labels = mask_codes(codes, self.mask_token_id, self.ratio, generator=self._draws())
         return {"input_ids": input_ids, "labels": labels}
 
+    def continue_after(
+        self, global_step: int, batches_per_epoch: int, gradient_accumulation_steps: int
+    ) -> None:
+        """Set the mask stream to where a run that reached `global_step` optimizer steps stands: every batch of
+        the finished epochs, then `gradient_accumulation_steps` per step of the current one. An epoch has
+        ceil(batches_per_epoch / gradient_accumulation_steps) optimizer steps, its last one taking the leftover
+        batches, as both training loops count (Trainer's `num_update_steps_per_epoch`, `plan_schedule`)."""
+        for name, value, least in (
+            ("global_step", global_step, 0),
+            ("batches_per_epoch", batches_per_epoch, 1),
+            ("gradient_accumulation_steps", gradient_accumulation_steps, 1),
+        ):
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"{name}={value!r}: expected an integer >= {least}")
+        steps_per_epoch = -(-batches_per_epoch // gradient_accumulation_steps)
+        epochs, steps = divmod(global_step, steps_per_epoch)
+        self.batches = epochs * batches_per_epoch + steps * gradient_accumulation_steps
+
     def _draws(self) -> Any:
+        import numpy as np
         import torch
 
         worker = torch.utils.data.get_worker_info()
-        owner = None if worker is None else (worker.id, worker.seed)
+        if worker is None:  # a fresh generator per batch: batch n's masks depend on (seed, n) alone
+            entropy = np.random.SeedSequence([self.seed % 2**64, self.batches]).generate_state(1, np.uint64)
+            self.batches += 1
+            return torch.Generator().manual_seed(int(entropy[0]) >> 1)
+        owner = (worker.id, worker.seed)
         if self._generator is None or owner != self._owner:
-            seed = self.seed if worker is None else worker.seed % 2**63
-            self._generator, self._owner = torch.Generator().manual_seed(seed), owner
+            self._generator, self._owner = torch.Generator().manual_seed(worker.seed % 2**63), owner
         return self._generator
 
 

@@ -12,7 +12,7 @@ import inspect
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -658,8 +658,9 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
     collator = MaskedCodesCollator(
         model.mask_token_id, (0.0, d.mask_ratio_max), seed=args.run.seed + state.process_index
     )
-    try:  # one real batch through the model: a grid that does not fit fails now
-        batch = collator([mim.datasets["train"][i] for i in range(min(2, len(mim.datasets["train"])))])
+    try:  # one real batch through the model: a grid that does not fit fails now (a copy: the stream stays at 0)
+        rows = [mim.datasets["train"][i] for i in range(min(2, len(mim.datasets["train"])))]
+        batch = replace(collator)(rows)
         with torch.no_grad():
             model.eval()(**batch)
     except Exception as err:

@@ -140,13 +140,28 @@ def build_trainer_classes() -> tuple[type, type, type]:
                 control.should_training_stop = True
 
     class LoopState(TrainerCallback):
-        """Continue the sampled depths where a resumed run stopped, and log the loss at every checkpoint step
-        (so the logged windows end exactly at each checkpoint: `whole_run_train_loss`)."""
+        """Continue the sampled depths and the training masks (a collator with `continue_after`) where a resumed
+        run stopped, and log the loss at every checkpoint step (so the logged windows end exactly at each
+        checkpoint: `whole_run_train_loss`)."""
+
+        def __init__(self, collator: Any = None) -> None:
+            self.collator = collator
 
         def on_train_begin(
-            self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any
+            self,
+            args: Any,
+            state: Any,
+            control: Any,
+            model: Any = None,
+            train_dataloader: Any = None,
+            **kwargs: Any,
         ) -> None:
             continue_iteration_draws(model, state.global_step, args.gradient_accumulation_steps)
+            # the prepared loader's length: this process's batches an epoch
+            if hasattr(self.collator, "continue_after"):
+                self.collator.continue_after(
+                    state.global_step, len(train_dataloader), args.gradient_accumulation_steps
+                )
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if control.should_save:
@@ -247,7 +262,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
         RecipeTrainer, StopOnSignal, LoopState = build_trainer_classes()
         stop = StopRequest()
-        extra = [LoopState(), StopOnSignal(stop)]
+        extra = [LoopState(built.collator), StopOnSignal(stop)]
         if args.run.ema_decay is not None:
             from .augmentation import EMACallback
 
