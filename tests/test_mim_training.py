@@ -115,6 +115,46 @@ def test_collator_masks_every_training_batch_afresh_with_the_papers_ratios():
     assert torch.equal(batch["input_ids"], torch.tensor([[64, 1]] * 2)), batch
 
 
+def test_collator_continues_the_mask_stream_where_a_resumed_run_stands():
+    rows = [{"codes": row} for row in torch.arange(64).repeat(8, 1)]
+    straight = MaskedCodesCollator(64, (0.0, 0.4), seed=3)
+    stream = [straight(rows)["input_ids"] for _ in range(8)]
+    # 3 batches an epoch, 2 per optimizer step: steps 1, 2 take batches 0-1, 2; step 3 takes 3-4 (epoch 1)
+    for step, position in ((0, 0), (1, 2), (2, 3), (3, 5)):
+        resumed = MaskedCodesCollator(64, (0.0, 0.4), seed=3)
+        resumed.continue_after(step, batches_per_epoch=3, gradient_accumulation_steps=2)
+        assert resumed.batches == position, (step, resumed.batches, position)
+        assert torch.equal(resumed(rows)["input_ids"], stream[position]), (
+            f"step {step}: batch {position}'s masks"
+        )
+    assert len({tuple(ids.flatten().tolist()) for ids in stream}) == len(stream), "no batch repeats another's"
+    for kwargs, message in (
+        ({"global_step": -1, "batches_per_epoch": 3, "gradient_accumulation_steps": 1}, "global_step=-1"),
+        ({"global_step": 1, "batches_per_epoch": 0, "gradient_accumulation_steps": 1}, "batches_per_epoch=0"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            straight.continue_after(**kwargs)
+
+
+def test_dataloader_workers_never_repeat_masks():
+    rows = [{"codes": row} for row in torch.arange(64).repeat(32, 1)]
+    collate = MaskedCodesCollator(64, (0.0, 0.4), seed=3)
+
+    def masks(seed: int) -> list[tuple[int, ...]]:
+        loader = torch.utils.data.DataLoader(
+            rows,
+            batch_size=4,
+            collate_fn=collate,
+            num_workers=2,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        return [tuple(batch["input_ids"].flatten().tolist()) for batch in loader]
+
+    first = masks(0)
+    assert len(set(first)) == len(first) == 8, "each worker's batches differ from the other worker's"
+    assert masks(0) == first, "seeded: the loop's generator fixes the workers' seeds, hence their masks"
+
+
 def test_benchmark_script_smoke(tmp_path):
     """`benchmarks/mim.py --smoke`: tiny models, two steps each, through the CLI; every result file written."""
     import importlib.util
