@@ -189,32 +189,51 @@ def _checkpoint_dirs(work_dir: Path, loop: str) -> dict[int, Path]:
 
 
 @pytest.mark.parametrize("loop", LOOPS)
-def test_resume_continues_the_sampled_depths(loop: str, tmp_path: Path, recorder: DepthRecorder) -> None:
+@pytest.mark.parametrize(
+    ("accumulation", "saved", "forwards", "done"),
+    [
+        # 32 examples, batch 4 = 8 micro-batches an epoch; 2 per step: 4 optimizer steps = 8 forwards = one epoch
+        pytest.param(2, 2, 8, 4, id="whole-windows"),
+        # 3 per step: an epoch is 3 + 3 + 2 forwards (its last step takes the leftover 2), so step 3 ends the
+        # epoch after 8 forwards, not 9, and step 4 adds 3
+        pytest.param(3, 3, 11, 8, id="epoch-ends-in-a-partial-window"),
+    ],
+)
+def test_resume_continues_the_sampled_depths(
+    loop: str,
+    accumulation: int,
+    saved: int,
+    forwards: int,
+    done: int,
+    tmp_path: Path,
+    recorder: DepthRecorder,
+) -> None:
     out = tmp_path / "model"
     work_dir = out.with_name("model.checkpoints")
-    save = ["--checkpointing_steps", "2"]
+    save = ["--checkpointing_steps", str(saved)]
     if loop == "train":
-        save = ["--save_strategy", "steps", "--save_steps", "2", "--eval_strategy", "no"]
-    # 32 examples, batch 4, 2 micro-batches per step: 4 optimizer steps = 8 training forwards = one epoch
+        save = ["--save_strategy", "steps", "--save_steps", str(saved), "--eval_strategy", "no"]
     argv = loop_argv(
-        loop, "--max_steps", "4", "--batch_size", "4", "--gradient_accumulation_steps", "2",
+        loop, "--max_steps", "4", "--batch_size", "4", "--gradient_accumulation_steps", str(accumulation),
         "--keep_checkpoints", "--output_dir", out, *SAMPLING, *save,
     )  # fmt: skip
     assert LOOPS[loop](argv) == 0
     uninterrupted = recorder.depths
     config = HyperSetConfig.from_pretrained(out)
-    assert uninterrupted == [sample_num_iterations(config, i) for i in range(8)]
-    assert uninterrupted[4:] != uninterrupted[:4]  # a restart from draw 0 would be visible
+    assert uninterrupted == [sample_num_iterations(config, i) for i in range(forwards)], uninterrupted
+    assert uninterrupted[done:] != uninterrupted[: forwards - done]  # a restart from draw 0 would be visible
+    assert uninterrupted[done:] != uninterrupted[done + 1 :][: forwards - done]  # so would a shift by one
 
-    # pretend the run died after step 2: drop the later checkpoint and the finished folder, then --resume
+    # pretend the run died after step `saved`: drop the later checkpoints and the finished folder, then --resume
     checkpoints = _checkpoint_dirs(work_dir, loop)
-    assert {2, 4} <= set(checkpoints)
+    assert saved in checkpoints, sorted(checkpoints)
     for step, path in checkpoints.items():
-        if step > 2:
+        if step > saved:
             shutil.rmtree(path)
     shutil.rmtree(out)
     assert LOOPS[loop]([*argv, "--resume"]) == 0
-    assert recorder.depths[8:] == uninterrupted[4:]  # steps 3 and 4 ran the depths they ran the first time
+    resumed = recorder.depths[forwards:]
+    assert resumed == uninterrupted[done:], (resumed, uninterrupted)  # the later steps ran the same depths
 
 
 # ---------------------------------------------------------------------------- two processes

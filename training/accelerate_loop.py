@@ -154,7 +154,9 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
                 ema.load_state_dict(load_file(str(resume_from / EMA_FILE), device=str(accelerator.device)))
             accelerator.print(f"resuming from step {step} ({resume_from})")
         # sampled depths (iteration_sampling) continue where the interrupted run stopped
-        continue_iteration_draws(accelerator.unwrap_model(model), step, run_args.gradient_accumulation_steps)
+        continue_iteration_draws(
+            accelerator.unwrap_model(model), step, len(train_dl), run_args.gradient_accumulation_steps
+        )
         # and so do the training masks (the prepared loader's length: this process's batches an epoch)
         if hasattr(built.collator, "continue_after"):
             built.collator.continue_after(step, len(train_dl), run_args.gradient_accumulation_steps)

@@ -754,6 +754,24 @@ def masked_image_data(
     return MaskedImageData(tokenizer, codes, pixels, eval_inputs, datasets_)
 
 
+def batches_done(global_step: int, batches_per_epoch: int, gradient_accumulation_steps: int) -> int:
+    """The training batches (forwards) a run has taken when it reaches `global_step` optimizer steps: every batch
+    of the finished epochs, then `gradient_accumulation_steps` per step of the current one. An epoch has
+    ceil(batches_per_epoch / gradient_accumulation_steps) optimizer steps, its last one taking the leftover batches,
+    as both training loops count (Trainer's `num_update_steps_per_epoch`, `plan_schedule`). Where a resumed run
+    continues the training masks (`MaskedCodesCollator`) and the sampled depths (`setup.continue_iteration_draws`)."""
+    for name, value, least in (
+        ("global_step", global_step, 0),
+        ("batches_per_epoch", batches_per_epoch, 1),
+        ("gradient_accumulation_steps", gradient_accumulation_steps, 1),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{name}={value!r}: expected an integer >= {least}")
+    steps_per_epoch = -(-batches_per_epoch // gradient_accumulation_steps)
+    epochs, steps = divmod(global_step, steps_per_epoch)
+    return epochs * batches_per_epoch + steps * gradient_accumulation_steps
+
+
 @dataclass
 class MaskedCodesCollator:
     """Batches of code grids for masked image modelling: training rows (`codes`) are masked afresh in every batch
@@ -792,20 +810,8 @@ class MaskedCodesCollator:
     def continue_after(
         self, global_step: int, batches_per_epoch: int, gradient_accumulation_steps: int
     ) -> None:
-        """Set the mask stream to where a run that reached `global_step` optimizer steps stands: every batch of
-        the finished epochs, then `gradient_accumulation_steps` per step of the current one. An epoch has
-        ceil(batches_per_epoch / gradient_accumulation_steps) optimizer steps, its last one taking the leftover
-        batches, as both training loops count (Trainer's `num_update_steps_per_epoch`, `plan_schedule`)."""
-        for name, value, least in (
-            ("global_step", global_step, 0),
-            ("batches_per_epoch", batches_per_epoch, 1),
-            ("gradient_accumulation_steps", gradient_accumulation_steps, 1),
-        ):
-            if not isinstance(value, int) or value < least:
-                raise ValueError(f"{name}={value!r}: expected an integer >= {least}")
-        steps_per_epoch = -(-batches_per_epoch // gradient_accumulation_steps)
-        epochs, steps = divmod(global_step, steps_per_epoch)
-        self.batches = epochs * batches_per_epoch + steps * gradient_accumulation_steps
+        """Set the mask stream to where a run that reached `global_step` optimizer steps stands (`batches_done`)."""
+        self.batches = batches_done(global_step, batches_per_epoch, gradient_accumulation_steps)
 
     def _draws(self) -> Any:
         import numpy as np
@@ -830,6 +836,7 @@ __all__ = [
     "DataError",
     "MaskedCodesCollator",
     "MaskedImageData",
+    "batches_done",
     "MissingDataError",
     "cache_root",
     "hub_reachable",

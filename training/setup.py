@@ -26,7 +26,7 @@ from .arguments import (
     config_flags,
     parse_overrides,
 )
-from .data import DataError, input_type_of, label_names, load_data, task_of
+from .data import DataError, batches_done, input_type_of, label_names, load_data, task_of
 from .weights import check_weights_readable
 
 # Small configs used when no --preset is given, per (family, input_type): the CLI's model sizes. They are sized
@@ -716,13 +716,16 @@ def find_checkpoint(args: Arguments, work_dir: Path, checkpoints: list[Path]) ->
     return None
 
 
-def continue_iteration_draws(model: Any, global_step: int, gradient_accumulation_steps: int) -> None:
+def continue_iteration_draws(
+    model: Any, global_step: int, batches_per_epoch: int, gradient_accumulation_steps: int
+) -> None:
     """On (re)start, set the depth draw counter of a recurrent-depth backbone (`iteration_draws`, one draw per
-    training forward) to the forwards done by `global_step` optimizer steps, so a resumed run continues the
-    sequence of sampled depths where it stopped. Every process sets the same value: ranks stay in lock-step."""
+    training forward) to the forwards done by `global_step` optimizer steps (`data.batches_done`: an epoch's last
+    step may take fewer batches), so a resumed run continues the sequence of sampled depths where it stopped.
+    `batches_per_epoch`: this process's; every process sets the same value, so ranks stay in lock-step."""
     backbone = getattr(model, "base_model", model)
     if hasattr(backbone, "iteration_draws"):
-        backbone.iteration_draws = global_step * gradient_accumulation_steps
+        backbone.iteration_draws = batches_done(global_step, batches_per_epoch, gradient_accumulation_steps)
 
 
 def check_precision(precision: str) -> str:

@@ -156,8 +156,10 @@ def build_trainer_classes() -> tuple[type, type, type]:
             train_dataloader: Any = None,
             **kwargs: Any,
         ) -> None:
-            continue_iteration_draws(model, state.global_step, args.gradient_accumulation_steps)
             # the prepared loader's length: this process's batches an epoch
+            continue_iteration_draws(
+                model, state.global_step, len(train_dataloader), args.gradient_accumulation_steps
+            )
             if hasattr(self.collator, "continue_after"):
                 self.collator.continue_after(
                     state.global_step, len(train_dataloader), args.gradient_accumulation_steps
