@@ -491,7 +491,8 @@ def seed_list(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list
     return seeds
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked before any work starts: `seeds` resolved to the list of training seeds."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--work", type=Path, default=None, help="run folders (default: <out>/.mim-runs)")
@@ -519,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fid_weights", default=None, help="also FID: a local Inception file (see docs/mim.md)"
     )
     args = parser.parse_args(argv)
-    seeds = seed_list(args, parser)
+    args.seeds = seed_list(args, parser)
     from energyformers.mim import check_perceptual_weights
 
     for name in (
@@ -532,6 +533,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         except (OSError, ValueError, ImportError) as err:
             parser.error(f"--{name} {getattr(args, name)}: {err}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    seeds = args.seeds
     perceptual = {"lpips_weights": args.lpips_weights, "fid_weights": args.fid_weights}
     limits, test_limit, steps, factors = [], None, DECODE_STEPS, DEPTH_FACTORS
     if args.smoke:
