@@ -447,10 +447,11 @@ def comparison(results: dict) -> str:
     elif 0 not in signs.values():
         text += "Each sign held on every seed, but the two metrics rank the models differently."
     else:
-        changed = " and ".join(names[name][0] for name, sign in signs.items() if sign == 0)
+        changed = [names[name][0] for name, sign in signs.items() if sign == 0]
+        plural = "differences" if len(changed) > 1 else "difference"
         text += (
-            f"The sign of the {changed} difference did not hold on every seed: at this budget the ordering of the "
-            "two models is within what the training seed changes."
+            f"The sign of the {' and '.join(changed)} {plural} did not hold on every seed: at this budget which "
+            f"model is ahead on {' and '.join(changed)} depends on the training seed."
         )
     spread = ", ".join(
         f"{LABELS[m]} {results['models'][m]['std']['decode_24']['psnr']:.2f} dB" for m in MODELS
