@@ -4,8 +4,9 @@ Both models are trained through the real CLI (`energyformers train --task masked
 own subprocess, two at a time with one thread each, on the same data (`digits`), the same VQ tokenizer (a patch
 k-means codebook fitted once here, with the first seed, and passed to every run with `--tokenizer`), the same
 steps, batch and learning rate, each model trained once per seed of `--seeds` (the training seed; the test masks
-and the decoding seed stay fixed, so the seeds vary the training only). Sizes are reduced from the paper's (d = 768, 1024 codes, 16 × 16 grid) to fit a CPU: the CLI's
-`cli-mim` presets at a smaller width (stated in the results). The reloaded run folders are then measured on the
+and the decoding seed stay fixed, so the seeds vary the training only). Sizes are reduced from the paper's
+(d = 768, 1024 codes, 16 × 16 grid) to fit a CPU: the CLI's `cli-mim` presets at a smaller width (stated in the
+results). The reloaded run folders are then measured on the
 test split with the paper's 40 % masking (fixed masks): masked-token accuracy of one forward pass, MaskGIT
 decoding (arccos schedule, seeded) and PSNR/SSIM of the decoded grid turned into pixels by the tokenizer;
 accuracy and PSNR against decoding steps and against iterations beyond the trained T (T/2 … 4T); and a
@@ -14,7 +15,7 @@ numbers, their mean ± sample standard deviation, and the Hyper-SET − looped d
 
 Writes benchmarks/results/mim.{md,json,png} and mim_decode.png.
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/mim.py --seeds 0 1 2   # ~25 min on 2 shared cores
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/mim.py --seeds 0 1 2   # ~23 min on 2 shared cores
     .venv/bin/python benchmarks/mim.py --smoke --out /tmp/mim-smoke            # seconds: checks the script runs
 """
 
