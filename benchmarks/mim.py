@@ -2,18 +2,21 @@
 
 Both models are trained through the real CLI (`energyformers train --task masked-image-modeling`), each in its
 own subprocess, two at a time with one thread each, on the same data (`digits`), the same VQ tokenizer (a patch
-k-means codebook fitted once here and passed to both with `--tokenizer`), the same steps, batch, learning rate
-and seed. Sizes are reduced from the paper's (d = 768, 1024 codes, 16 × 16 grid) to fit a CPU: the CLI's
-`cli-mim` presets at a smaller width (stated in the results). The reloaded run folders are then measured on the
+k-means codebook fitted once here, with the first seed, and passed to every run with `--tokenizer`), the same
+steps, batch and learning rate, each model trained once per seed of `--seeds` (the training seed; the test masks
+and the decoding seed stay fixed, so the seeds vary the training only). Sizes are reduced from the paper's
+(d = 768, 1024 codes, 16 × 16 grid) to fit a CPU: the CLI's `cli-mim` presets at a smaller width (stated in the
+results). The reloaded run folders are then measured on the
 test split with the paper's 40 % masking (fixed masks): masked-token accuracy of one forward pass, MaskGIT
 decoding (arccos schedule, seeded) and PSNR/SSIM of the decoded grid turned into pixels by the tokenizer;
 accuracy and PSNR against decoding steps and against iterations beyond the trained T (T/2 … 4T); and a
-picture of one decode sequence (`mim_decode.png`).
+picture of one decode sequence by the first seed's Hyper-SET (`mim_decode.png`). The results give every seed's
+numbers, their mean ± sample standard deviation, and the Hyper-SET − looped differences paired by seed.
 
 Writes benchmarks/results/mim.{md,json,png} and mim_decode.png.
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/mim.py             # ~10 min on 2 shared cores
-    .venv/bin/python benchmarks/mim.py --smoke --out /tmp/mim-smoke         # seconds: checks the script runs
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/mim.py --seeds 0 1 2   # ~23 min on 2 shared cores
+    .venv/bin/python benchmarks/mim.py --smoke --out /tmp/mim-smoke            # seconds: checks the script runs
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -76,8 +81,11 @@ def fit_tokenizer(folder: Path, codebook_size: int, seed: int, limits: list[str]
     prepared.tokenizer.save_pretrained(folder)
 
 
-def train_both(work: Path, args: argparse.Namespace, limits: list[str]) -> dict[str, float]:
-    """Both trainings at once (2 processes × 1 thread); returns each one's wall time in seconds."""
+def train_both(work: Path, seed: int, args: argparse.Namespace, limits: list[str]) -> dict[str, float]:
+    """Both trainings of one seed at once (2 processes × 1 thread) into `work/seed-<seed>/<model>`; returns each
+    one's wall time in seconds."""
+    folder = work / f"seed-{seed}"
+    folder.mkdir(parents=True, exist_ok=True)
     procs, started, walls = {}, {}, {}
     for model in MODELS:
         argv = [
@@ -85,16 +93,16 @@ def train_both(work: Path, args: argparse.Namespace, limits: list[str]) -> dict[
             "--dataset", "digits", "--model", model, "--tokenizer", str(work / "tokenizer"),
             "--config", *sizes(args.width, args.iterations)[model],
             "--max_steps", str(args.steps), "--batch_size", "64", "--learning_rate", str(args.lr),
-            "--seed", str(args.seed), "--eval_strategy", "no", "--decode_steps", "8",
+            "--seed", str(seed), "--eval_strategy", "no", "--decode_steps", "8",
             "--num_threads", "1", "--num_predictions", "0", "--disable_tqdm",
-            "--output_dir", str(work / model), "--overwrite_output_dir", *limits,
+            "--output_dir", str(folder / model), "--overwrite_output_dir", *limits,
         ]  # fmt: skip
-        log = (work / f"{model}.log").open("w")
+        log = (folder / f"{model}.log").open("w")
         started[model] = time.time()
         procs[model] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
     for model, proc in procs.items():
         if proc.wait() != 0:
-            raise SystemExit(f"training {model} failed; see {work / f'{model}.log'}")
+            raise SystemExit(f"training {model} (seed {seed}) failed; see {folder / f'{model}.log'}")
         walls[model] = round(time.time() - started[model], 1)
     return walls
 
@@ -201,38 +209,85 @@ def decode_picture(folder: Path, path: Path, count: int = 3, steps: int = 8) -> 
             ax.set_yticks([])
             if row == 0:
                 ax.set_title(title, fontsize=7)
-    fig.suptitle(f"MaskGIT decoding by {folder.name} (digits test images)", fontsize=8)
+    fig.suptitle(f"MaskGIT decoding by {folder.name}, {folder.parent.name} (digits test images)", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def aggregate(runs: list[dict], statistic: Callable[[list[float]], float | None]) -> dict:
+    """`statistic` of every number across the runs, key by key (the runs share one layout)."""
+    return {
+        key: aggregate([run[key] for run in runs], statistic)
+        if isinstance(value, dict)
+        else statistic([float(run[key]) for run in runs])
+        for key, value in runs[0].items()
+    }
+
+
+def sample_std(values: list[float]) -> float | None:
+    """The sample standard deviation (n − 1); none from one value, where spread is not measured."""
+    return statistics.stdev(values) if len(values) > 1 else None
+
+
+METRIC_KEYS = ("masked_token_accuracy", "decode_24", "by_decode_steps", "by_iterations")
+
+
+def summarize(per_seed: dict[int, dict]) -> dict:
+    """One model's entry: the facts every seed shares, each seed's measurements, their mean and sample std."""
+    runs = list(per_seed.values())
+    shared = {key: runs[0][key] for key in ("num_parameters", "trained_iterations", "test_images")}
+    for seed, run in per_seed.items():  # same config and test split for every seed: a mismatch is a bug here
+        if any(run[key] != value for key, value in shared.items()):
+            raise RuntimeError(f"seed {seed}: { ({k: run[k] for k in shared}) } differs from {shared}")
+    metrics = [{key: run[key] for key in METRIC_KEYS} for run in runs]
+    return {
+        **shared,
+        "per_seed": per_seed,
+        "mean": aggregate(metrics, statistics.fmean),
+        "std": aggregate(metrics, sample_std),
+    }
+
+
+def paired_differences(models: dict) -> dict[str, dict[int, float]]:
+    """Hyper-SET − looped Transformer of the 24-step PSNR and decoded-token accuracy, seed by seed: both models of
+    a seed share its training seed, so the pairs remove what the seed does to both."""
+    h, b = models["hyperset"]["per_seed"], models["looped-transformer"]["per_seed"]
+    return {
+        name: {seed: h[seed]["decode_24"][name] - b[seed]["decode_24"][name] for seed in h}
+        for name in ("psnr", "decoded_token_accuracy")
+    }
+
+
 def plot(results: dict, path: Path) -> None:
+    """Per-model mean curves over the seeds, each seed's range shaded."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(12, 3.4))
+
+    def band(ax, x: list[int], runs: list[dict], key: str, metric: str, label: str) -> None:
+        ys = [[run[key][t][metric] for t in x] for run in runs]
+        mean = [statistics.fmean(column) for column in zip(*ys)]
+        (line,) = ax.plot(x, mean, "o-", label=label, ms=4)
+        ax.fill_between(
+            x, [min(c) for c in zip(*ys)], [max(c) for c in zip(*ys)], color=line.get_color(), alpha=0.2
+        )
+
+    n = len(results["seeds"])
     for model in MODELS:
         r = results["models"][model]
-        steps = sorted(int(s) for s in r["by_decode_steps"])
-        left.plot(
-            steps,
-            [r["by_decode_steps"][s]["decoded_token_accuracy"] for s in steps],
-            "o-",
-            label=LABELS[model],
-        )
-        middle.plot(steps, [r["by_decode_steps"][s]["psnr"] for s in steps], "o-", label=LABELS[model])
-        depths = sorted(int(t) for t in r["by_iterations"])
-        right.plot(
-            depths,
-            [r["by_iterations"][t]["masked_token_accuracy"] for t in depths],
-            "o-",
-            label=LABELS[model],
-        )
+        runs = list(r["per_seed"].values())
+        label = LABELS[model]
+        steps = sorted(int(s) for s in runs[0]["by_decode_steps"])
+        band(left, steps, runs, "by_decode_steps", "decoded_token_accuracy", label)
+        band(middle, steps, runs, "by_decode_steps", "psnr", label)
+        depths = sorted(int(t) for t in runs[0]["by_iterations"])
+        band(right, depths, runs, "by_iterations", "masked_token_accuracy", label)
         right.axvline(r["trained_iterations"], color="grey", lw=0.5)
-    bound = results["models"]["hyperset"]["decode_24"]["tokenizer_psnr"]
+    bound = results["models"]["hyperset"]["mean"]["decode_24"]["tokenizer_psnr"]
     middle.axhline(bound, color="grey", ls="--", lw=0.8, label="tokenizer bound")
     left.set(xlabel="decoding steps", ylabel="decoded-token accuracy (masked)", title="vs decoding steps")
     middle.set(xlabel="decoding steps", ylabel="PSNR (dB)", title="reconstruction PSNR")
@@ -240,55 +295,86 @@ def plot(results: dict, path: Path) -> None:
     right.set_title("vs iterations beyond T")
     for ax in (left, middle, right):
         ax.legend(fontsize=7)
+    if n > 1:
+        fig.suptitle(f"means over {n} training seeds; shaded: the range of the seeds", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
+def pm(mean: float, std: float | None, digits: int) -> str:
+    """`mean ± std` at `digits` decimals; the mean alone where one seed gives no spread."""
+    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
 def markdown(results: dict) -> str:
-    s = results["setup"]
+    s, seeds = results["setup"], results["seeds"]
+    n = len(seeds)
+    walls = ", ".join(
+        f"{LABELS[m]} {statistics.fmean(w[m] for w in s['train_wall_s'].values()):.0f} s" for m in MODELS
+    )
+    over = f"mean ± sample std over n = {n} seeds" if n > 1 else f"one seed (n = 1, seed {seeds[0]})"
     lines = [
         "# Masked image modelling on CPU: Hyper-SET vs the looped Transformer",
         "",
         f"Generated by `benchmarks/mim.py` on {s['machine']} ({s['cores']}); wall time {s['wall_time_s']:.0f} s "
-        f"(trainings run two at a time, one thread each: {', '.join(f'{LABELS[m]} {w:.0f} s' for m, w in s['train_wall_s'].items())}).",
+        f"(the two trainings of a seed run at once, one thread each; per training, mean over seeds: {walls}).",
         "",
-        f"Equal budget: `digits` (16 × 16, {s['train_images']} training images), one VQ tokenizer for both (patch "
-        f"k-means, {s['codebook_size']} codes of 2 × 2 patches, an 8 × 8 grid of 64 codes), {s['steps']} steps of "
-        f"batch 64, lr {s['lr']}, seed {s['seed']}, the paper's masking (r ~ U[0, 0.4] per image, fresh per batch). "
+        f"Equal budget: `digits` (16 × 16, {s['train_images']} training images), one VQ tokenizer for every run "
+        f"(patch k-means fitted with seed {seeds[0]}, {s['codebook_size']} codes of 2 × 2 patches, an 8 × 8 grid "
+        f"of 64 codes), {s['steps']} steps of batch 64, lr {s['lr']}, training seeds {', '.join(map(str, seeds))} "
+        "(each model trained once per seed), the paper's masking (r ~ U[0, 0.4] per image, fresh per batch). "
         f"Reduced sizes (the paper: d = 768, 1024 codes, 16 × 16 grid): width {s['width']}, one layer × "
         f"T = {s['iterations']}; Hyper-SET with dictionary M = d (the paper's 1/T/d row), the baseline with MLP 4d "
         "(its 1/T/4d row). Test split: fixed 40 % masks on "
-        f"{results['models']['hyperset']['test_images']} images, MaskGIT decoding with the arccos schedule, seed 0.",
+        f"{results['models']['hyperset']['test_images']} images, MaskGIT decoding with the arccos schedule, seed 0 "
+        "(the same for every training seed).",
         "",
-        "| model | parameters | masked-token acc. (1 pass) | decoded-token acc. (24 steps) | PSNR (dB) | SSIM | tokenizer bound PSNR / SSIM |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        f"24 decoding steps, {over}:",
+        "",
+        "| model | parameters | n | masked-token acc. (1 pass) | decoded-token acc. (24 steps) | PSNR (dB) | SSIM | tokenizer bound PSNR / SSIM |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for model in MODELS:
         r = results["models"][model]
-        d = r["decode_24"]
+        mean, std = r["mean"], r["std"]
+        d, e = mean["decode_24"], std["decode_24"]
         lines.append(
-            f"| {LABELS[model]} | {r['num_parameters']:,} | {r['masked_token_accuracy']:.3f} | "
-            f"{d['decoded_token_accuracy']:.3f} | {d['psnr']:.2f} | {d['ssim']:.3f} | "
-            f"{d['tokenizer_psnr']:.2f} / {d['tokenizer_ssim']:.3f} |"
+            f"| {LABELS[model]} | {r['num_parameters']:,} | {n} | "
+            f"{pm(mean['masked_token_accuracy'], std['masked_token_accuracy'], 3)} | "
+            f"{pm(d['decoded_token_accuracy'], e['decoded_token_accuracy'], 3)} | {pm(d['psnr'], e['psnr'], 2)} | "
+            f"{pm(d['ssim'], e['ssim'], 3)} | {d['tokenizer_psnr']:.2f} / {d['tokenizer_ssim']:.3f} |"
         )
-    perceptual = [m for m in ("lpips", "fid") if m in results["models"]["hyperset"]["decode_24"]]
+    differences = results["hyperset_minus_looped"]
+    lines += [
+        "",
+        f"Hyper-SET − looped per seed (24 steps; {'seeds' if n > 1 else 'seed'} {', '.join(map(str, seeds))}): "
+        "PSNR "
+        + ", ".join(f"{differences['psnr'][seed]:+.2f}" for seed in seeds)
+        + " dB; decoded-token accuracy "
+        + ", ".join(f"{differences['decoded_token_accuracy'][seed]:+.3f}" for seed in seeds)
+        + ".",
+    ]
+    perceptual = [m for m in ("lpips", "fid") if m in results["models"]["hyperset"]["mean"]["decode_24"]]
     if perceptual:
         lines += [
             "",
-            f"{' and '.join(m.upper() for m in perceptual)} of the 24-step reconstructions (weights: "
+            f"{' and '.join(m.upper() for m in perceptual)} of the 24-step reconstructions ({over}; weights: "
             f"{', '.join(s[f'{m}_weights'] for m in perceptual)}); the tokenizer's own in brackets:",
             "",
         ]
         for model in MODELS:
-            d = results["models"][model]["decode_24"]
-            values = ", ".join(f"{m.upper()} {d[m]:.4g} ({d[f'tokenizer_{m}']:.4g})" for m in perceptual)
+            d, e = results["models"][model]["mean"]["decode_24"], results["models"][model]["std"]["decode_24"]
+            values = ", ".join(
+                f"{m.upper()} {pm(d[m], e[m], 4)} ({d[f'tokenizer_{m}']:.4g})" for m in perceptual
+            )
             lines.append(f"* {LABELS[model]}: {values}")
-    lines += ["", "Decoded-token accuracy / PSNR against decoding steps:", ""]
-    steps = sorted(int(x) for x in results["models"]["hyperset"]["by_decode_steps"])
+    average = f"means over the {n} seeds" if n > 1 else "one seed"
+    lines += ["", f"Decoded-token accuracy / PSNR against decoding steps ({average}):", ""]
+    steps = sorted(int(x) for x in results["models"]["hyperset"]["mean"]["by_decode_steps"])
     lines += ["| model | " + " | ".join(f"{x} steps" for x in steps) + " |", "|---|" + "---:|" * len(steps)]
     for model in MODELS:
-        r = results["models"][model]["by_decode_steps"]
+        r = results["models"][model]["mean"]["by_decode_steps"]
         lines.append(
             f"| {LABELS[model]} | "
             + " | ".join(f"{r[x]['decoded_token_accuracy']:.3f} / {r[x]['psnr']:.2f}" for x in steps)
@@ -296,13 +382,13 @@ def markdown(results: dict) -> str:
         )
     lines += [
         "",
-        "Masked-token accuracy (1 pass) / PSNR (8 decoding steps) against test-time iterations:",
+        f"Masked-token accuracy (1 pass) / PSNR (8 decoding steps) against test-time iterations ({average}):",
         "",
     ]
-    depths = sorted(int(x) for x in results["models"]["hyperset"]["by_iterations"])
+    depths = sorted(int(x) for x in results["models"]["hyperset"]["mean"]["by_iterations"])
     lines += ["| model | " + " | ".join(f"T = {x}" for x in depths) + " |", "|---|" + "---:|" * len(depths)]
     for model in MODELS:
-        r = results["models"][model]["by_iterations"]
+        r = results["models"][model]["mean"]["by_iterations"]
         lines.append(
             f"| {LABELS[model]} | "
             + " | ".join(f"{r[x]['masked_token_accuracy']:.3f} / {r[x]['psnr']:.2f}" for x in depths)
@@ -312,7 +398,7 @@ def markdown(results: dict) -> str:
         "",
         "![accuracy and PSNR](mim.png)",
         "",
-        "![decode sequence](mim_decode.png)",
+        f"![decode sequence by the seed-{seeds[0]} Hyper-SET](mim_decode.png)",
         "",
         *results["reading"],
         "",
@@ -320,18 +406,67 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def held(differences: list[float]) -> int:
+    """+1 where every difference is positive, −1 where every one is negative, 0 where the sign changes."""
+    return 1 if all(d > 0 for d in differences) else -1 if all(d < 0 for d in differences) else 0
+
+
+def comparison(results: dict) -> str:
+    """The headline bullet: the paired differences, and whether their sign held on every seed."""
+    seeds = results["seeds"]
+    n = len(seeds)
+    h, b = results["models"]["hyperset"], results["models"]["looped-transformer"]
+    hm, bm = h["mean"]["decode_24"], b["mean"]["decode_24"]
+    differences = {name: list(d.values()) for name, d in results["hyperset_minus_looped"].items()}
+    params = f"with {h['num_parameters']:,} vs {b['num_parameters']:,} parameters"
+    if n == 1:
+        d = {name: values[0] for name, values in differences.items()}
+        return (
+            f"* One seed ({seeds[0]}): Hyper-SET vs the looped Transformer at 24 decoding steps, PSNR "
+            f"{hm['psnr']:.2f} vs {bm['psnr']:.2f} dB ({d['psnr']:+.2f}), decoded-token accuracy "
+            f"{hm['decoded_token_accuracy']:.3f} vs {bm['decoded_token_accuracy']:.3f} "
+            f"({d['decoded_token_accuracy']:+.3f}), {params}. One seed measures no spread: whether another seed "
+            "keeps these signs is not known from this run (`--seeds 0 1 2` measures it)."
+        )
+    names = {"psnr": ("PSNR", 2, " dB"), "decoded_token_accuracy": ("decoded-token accuracy", 3, "")}
+    parts = []
+    for name, (title, digits, unit) in names.items():
+        d = differences[name]
+        wins = sum(x > 0 for x in d)
+        parts.append(
+            f"{title} {statistics.fmean(d):+.{digits}f}{unit} on average (per seed {min(d):+.{digits}f} … "
+            f"{max(d):+.{digits}f}{unit}; Hyper-SET higher on {wins} of {n} seeds)"
+        )
+    text = f"* Hyper-SET − looped Transformer at 24 decoding steps, paired by seed: {'; '.join(parts)}. "
+    signs = {name: held(differences[name]) for name in names}
+    if signs["psnr"] == signs["decoded_token_accuracy"] != 0:
+        better = "Hyper-SET" if signs["psnr"] > 0 else "the looped Transformer"
+        text += (
+            f"The sign held on every seed for both: at this budget {better} reconstructs better ({params}); "
+            f"{n} seeds are a small sample, so the size of the gap is less certain than its sign."
+        )
+    elif 0 not in signs.values():
+        text += "Each sign held on every seed, but the two metrics rank the models differently."
+    else:
+        changed = [names[name][0] for name, sign in signs.items() if sign == 0]
+        plural = "differences" if len(changed) > 1 else "difference"
+        text += (
+            f"The sign of the {' and '.join(changed)} {plural} did not hold on every seed: at this budget which "
+            f"model is ahead on {' and '.join(changed)} depends on the training seed."
+        )
+    spread = ", ".join(
+        f"{LABELS[m]} {results['models'][m]['std']['decode_24']['psnr']:.2f} dB" for m in MODELS
+    )
+    return text + f" Seed-to-seed std of the PSNR: {spread}."
+
+
 def reading(results: dict) -> list[str]:
     """What these numbers can and cannot show."""
-    h, b = results["models"]["hyperset"], results["models"]["looped-transformer"]
-    better = "Hyper-SET" if h["decode_24"]["psnr"] > b["decode_24"]["psnr"] else "the looped Transformer"
+    h = results["models"]["hyperset"]["mean"]
     return [
         "## Reading",
         "",
-        f"* At this budget {better} reconstructs better (PSNR {h['decode_24']['psnr']:.2f} vs "
-        f"{b['decode_24']['psnr']:.2f} dB, decoded-token accuracy {h['decode_24']['decoded_token_accuracy']:.3f} vs "
-        f"{b['decode_24']['decoded_token_accuracy']:.3f}), with {h['num_parameters']:,} vs "
-        f"{b['num_parameters']:,} parameters. One seed and a short CPU run: a difference of a few hundredths "
-        "is within what another seed could change.",
+        comparison(results),
         "* The tokenizer caps every number: a patch k-means codebook decodes a code to its centroid, so even the "
         f"true codes give only {h['decode_24']['tokenizer_psnr']:.2f} dB, and no decoded grid exceeds that. The PSNR "
         "here measures how often the model picks the right 2 × 2 patch average on tiny digits; it is not "
@@ -345,16 +480,42 @@ def reading(results: dict) -> list[str]:
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
+def seed_list(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[int]:
+    """The training seeds: `--seeds`, or `--seed N` as one seed, or the default (two in a smoke run, else three);
+    checked before any work starts."""
+    if args.seed is not None:
+        seeds, flag = [args.seed], "--seed"
+    elif args.seeds is not None:
+        seeds, flag = args.seeds, "--seeds"
+    else:
+        return [0, 1] if args.smoke else [0, 1, 2]
+    given = " ".join(map(str, seeds))
+    if len(set(seeds)) != len(seeds):
+        parser.error(f"{flag} {given}: each seed at most once (a repeated seed trains the same run twice)")
+    if any(not 0 <= seed < 2**32 for seed in seeds):
+        parser.error(f"{flag} {given}: seeds must be integers in [0, 2**32) (numpy's seed range)")
+    return seeds
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked before any work starts: `seeds` resolved to the list of training seeds."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--work", type=Path, default=None, help="run folders (default: <out>/.mim-runs)")
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--codebook_size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--seed", type=int, default=0)
+    seeding = parser.add_mutually_exclusive_group()
+    seeding.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="training seeds, each model trained once per seed (default: 0 1 2; with --smoke 0 1)",
+    )
+    seeding.add_argument("--seed", type=int, default=None, help="one training seed: the same as --seeds SEED")
     parser.add_argument("--smoke", action="store_true", help="a few steps of tiny models: checks the script")
     parser.add_argument(
         "--lpips_weights",
@@ -365,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fid_weights", default=None, help="also FID: a local Inception file (see docs/mim.md)"
     )
     args = parser.parse_args(argv)
+    args.seeds = seed_list(args, parser)
     from energyformers.mim import check_perceptual_weights
 
     for name in (
@@ -377,6 +539,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         except (OSError, ValueError, ImportError) as err:
             parser.error(f"--{name} {getattr(args, name)}: {err}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    seeds = args.seeds
     perceptual = {"lpips_weights": args.lpips_weights, "fid_weights": args.fid_weights}
     limits, test_limit, steps, factors = [], None, DECODE_STEPS, DEPTH_FACTORS
     if args.smoke:
@@ -387,11 +555,19 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.work or args.out / ".mim-runs"
     work.mkdir(parents=True, exist_ok=True)
-    fit_tokenizer(work / "tokenizer", args.codebook_size, args.seed, limits)
-    walls = train_both(work, args, limits)
-    results = {"models": {m: measure(work / m, steps, factors, test_limit, perceptual) for m in MODELS}}
-    decode_picture(work / "hyperset", args.out / "mim_decode.png", count=2 if args.smoke else 3)
-    train_images = json.loads((work / "hyperset" / "metrics.json").read_text())["arguments"]
+    fit_tokenizer(work / "tokenizer", args.codebook_size, seeds[0], limits)
+    walls, per_seed = {}, {model: {} for model in MODELS}
+    for seed in seeds:
+        walls[seed] = train_both(work, seed, args, limits)
+        for model in MODELS:
+            per_seed[model][seed] = measure(
+                work / f"seed-{seed}" / model, steps, factors, test_limit, perceptual
+            )
+    first = work / f"seed-{seeds[0]}"
+    results = {"seeds": seeds, "models": {m: summarize(per_seed[m]) for m in MODELS}}
+    results["hyperset_minus_looped"] = paired_differences(results["models"])
+    decode_picture(first / "hyperset", args.out / "mim_decode.png", count=2 if args.smoke else 3)
+    train_arguments = json.loads((first / "hyperset" / "metrics.json").read_text())["arguments"]
     results["setup"] = {
         "machine": f"{platform.machine()} CPU, torch threads 1 per training",
         "cores": "2 cores shared with other work",
@@ -400,13 +576,14 @@ def main(argv: list[str] | None = None) -> int:
         "iterations": args.iterations,
         "codebook_size": args.codebook_size,
         "lr": args.lr,
-        "seed": args.seed,
+        "seeds": seeds,
+        "tokenizer_seed": seeds[0],
         "train_images": 64 if args.smoke else 1293,
         "train_wall_s": walls,
         "wall_time_s": round(time.time() - start, 1),
         "smoke": args.smoke,
         **perceptual,
-        "train_arguments": train_images,
+        "train_arguments": train_arguments,
     }
     results["reading"] = reading(results)
     (args.out / "mim.json").write_text(json.dumps(results, indent=2) + "\n")

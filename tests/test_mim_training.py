@@ -155,18 +155,73 @@ def test_dataloader_workers_never_repeat_masks():
     assert masks(0) == first, "seeded: the loop's generator fixes the workers' seeds, hence their masks"
 
 
-def test_benchmark_script_smoke(tmp_path):
-    """`benchmarks/mim.py --smoke`: tiny models, two steps each, through the CLI; every result file written."""
+def test_benchmark_script_smoke(tmp_path, capsys):
+    """`benchmarks/mim.py --smoke --seeds 0 1`: tiny models, two steps each, both trained per seed through the CLI;
+    the JSON holds every seed's numbers, their mean and std and the paired differences, the markdown the
+    aggregated table and the per-seed difference line; every result file written."""
     import importlib.util
+    import statistics
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "mim.py"
     spec = importlib.util.spec_from_file_location("mim_benchmark", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.main(["--smoke", "--out", str(tmp_path), "--work", str(tmp_path / "runs")]) == 0
+    # The seeds' command line, checked before any work: `--seed N` is one seed; a repeated or negative seed, or
+    # both flags, stop with the flag and the value named.
+    assert module.parse_arguments(["--seed", "5"]).seeds == [5]
+    assert module.parse_arguments([]).seeds == [0, 1, 2] and module.parse_arguments(["--smoke"]).seeds == [
+        0,
+        1,
+    ]
+    for bad, message in (
+        (["--seeds", "0", "0"], "--seeds 0 0: each seed at most once"),
+        (["--seed", "-1"], "--seed -1: seeds must be integers in [0, 2**32)"),
+        (["--seed", "1", "--seeds", "0", "1"], "not allowed with argument"),
+    ):
+        with pytest.raises(SystemExit):
+            module.parse_arguments(bad)
+        assert message in capsys.readouterr().err, (bad, message)
+    argv = ["--smoke", "--seeds", "0", "1", "--out", str(tmp_path), "--work", str(tmp_path / "runs")]
+    assert module.main(argv) == 0
     assert {"mim.md", "mim.json", "mim.png", "mim_decode.png"} <= {p.name for p in tmp_path.iterdir()}
     results = json.loads((tmp_path / "mim.json").read_text())
+    setup = results["setup"]
+    assert results["seeds"] == [0, 1] and set(setup["train_wall_s"]) == {"0", "1"}, setup
+    # One tokenizer for every run, fitted once; one run folder per seed.
+    folders = sorted(p.name for p in (tmp_path / "runs").iterdir() if p.is_dir())
+    assert folders == ["seed-0", "seed-1", "tokenizer"], folders
     for model in ("hyperset", "looped-transformer"):
         r = results["models"][model]
-        assert set(r["by_iterations"]) == {"1", "2", "4"} and r["num_parameters"] > 0, r
-        assert r["decode_24"]["psnr"] <= r["decode_24"]["tokenizer_psnr"] + 1e-9, r["decode_24"]
+        assert set(r["per_seed"]) == {"0", "1"} and r["num_parameters"] > 0, r.keys()
+        for seed, run in r["per_seed"].items():
+            decoded = run["decode_24"]
+            assert set(run["by_iterations"]) == {"1", "2", "4"}, (seed, run["by_iterations"])
+            assert decoded["psnr"] <= decoded["tokenizer_psnr"] + 1e-9, (seed, decoded)
+            # The run's seed is the one its CLI training ran with.
+            trained = json.loads((tmp_path / "runs" / f"seed-{seed}" / model / "metrics.json").read_text())
+            assert trained["arguments"]["run"]["seed"] == int(seed), trained["arguments"]["run"]
+        psnrs = [run["decode_24"]["psnr"] for run in r["per_seed"].values()]
+        accuracies = [run["masked_token_accuracy"] for run in r["per_seed"].values()]
+        mean, std = r["mean"], r["std"]
+        # The same statistics of the same floats in the same order (JSON keeps a float exactly): equal exactly.
+        assert mean["decode_24"]["psnr"] == statistics.fmean(psnrs), (mean["decode_24"], psnrs)
+        assert std["decode_24"]["psnr"] == statistics.stdev(psnrs), (std["decode_24"], psnrs)
+        assert mean["masked_token_accuracy"] == statistics.fmean(accuracies), (mean, accuracies)
+        assert set(mean["by_decode_steps"]) == {"1", "2"}, mean["by_decode_steps"]
+    h, b = (results["models"][m]["per_seed"] for m in ("hyperset", "looped-transformer"))
+    differences = results["hyperset_minus_looped"]
+    for name in ("psnr", "decoded_token_accuracy"):
+        expected = {seed: h[seed]["decode_24"][name] - b[seed]["decode_24"][name] for seed in ("0", "1")}
+        assert differences[name] == expected, (name, differences[name], expected)  # one subtraction: exact
+    text = (tmp_path / "mim.md").read_text()
+    assert "mean ± sample std over n = 2 seeds" in text, text
+    hyperset = results["models"]["hyperset"]
+    hm, hs = hyperset["mean"]["decode_24"], hyperset["std"]["decode_24"]
+    assert f"| {hm['psnr']:.2f} ± {hs['psnr']:.2f} |" in text, text
+    line = next(line for line in text.splitlines() if line.startswith("Hyper-SET − looped per seed"))
+    for name, digits in (("psnr", 2), ("decoded_token_accuracy", 3)):
+        shown = ", ".join(f"{differences[name][seed]:+.{digits}f}" for seed in ("0", "1"))
+        assert shown in line, (name, shown, line)
+    # The reading is generated: it counts the seeds on which Hyper-SET was ahead.
+    wins = sum(d > 0 for d in differences["psnr"].values())
+    assert f"Hyper-SET higher on {wins} of 2 seeds" in text, text
