@@ -463,6 +463,7 @@ def comparison(results: dict) -> str:
 def reading(results: dict) -> list[str]:
     """What these numbers can and cannot show."""
     h = results["models"]["hyperset"]["mean"]
+    perceptual = "lpips" in h["decode_24"] or "fid" in h["decode_24"]
     return [
         "## Reading",
         "",
@@ -470,8 +471,12 @@ def reading(results: dict) -> list[str]:
         "* The tokenizer caps every number: a patch k-means codebook decodes a code to its centroid, so even the "
         f"true codes give only {h['decode_24']['tokenizer_psnr']:.2f} dB, and no decoded grid exceeds that. The PSNR "
         "here measures how often the model picks the right 2 × 2 patch average on tiny digits; it is not "
-        "comparable with the paper's VQGAN PSNR on ImageNet (≈ 16 dB there at 256 × 256), and FID / LPIPS are "
-        "not computed (their network weights are not available offline).",
+        "comparable with the paper's VQGAN PSNR on ImageNet (≈ 16 dB there at 256 × 256)"
+        + (
+            "; neither are LPIPS / FID on 16 × 16 digits."
+            if perceptual
+            else ", and FID / LPIPS were not computed (no --lpips_weights / --fid_weights given)."
+        ),
         "* Digits are mostly background: the background code is a large share of the masked positions, and "
         "predicting it is most of any model's hits; the differences between models sit in the strokes.",
         "* MaskGIT decoding samples codes (temperature 1, Gumbel noise 4.5 annealed), so a decoded grid can be "
