@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -89,28 +90,27 @@ def test_accelerate_run_resumed_from_a_checkpoint_gives_the_uninterrupted_weight
 WORKERS = ["--dataloader_num_workers", "2"]
 
 
-def epoch_masks(
-    num_workers: int, epoch: int, step: int, skip: int = 0, loader_kwargs: dict | None = None
-) -> list[torch.Tensor]:
-    """The masked grids of one epoch of a shuffled 20-grid loader (5 batches of 4; 2 batches an optimizer step: 3
-    steps an epoch) as the training loops drive it: the epoch's order from its own seeded generator, `skip` batches
-    skipped by accelerate's `skip_first_batches` on a resume, and `continue_after(step)` before the iterator."""
-    rows = [
-        {"codes": torch.arange(16) + i} for i in range(20)
-    ]  # distinct grids: the order shows in the output
-    collate = MaskedCodesCollator(99, (0.0, 0.5), seed=3)
-    loader = torch.utils.data.DataLoader(
-        rows,
+def epoch_loader(num_workers: int, epoch: int, **loader_kwargs: Any) -> torch.utils.data.DataLoader:
+    """A shuffled loader of 20 distinct grids (the order shows in the masked output) in batches of 4, 5 an epoch;
+    the epoch's order comes from its own seeded generator, as a seedable sampler's does."""
+    return torch.utils.data.DataLoader(
+        [{"codes": torch.arange(16) + i} for i in range(20)],
         batch_size=4,
         shuffle=True,
-        collate_fn=collate,
+        collate_fn=MaskedCodesCollator(99, (0.0, 0.5), seed=3),
         num_workers=num_workers,
         generator=torch.Generator().manual_seed(epoch),
-        **(loader_kwargs or {}),
+        **loader_kwargs,
     )
-    collate.check_loader(loader)
+
+
+def epoch_masks(num_workers: int, epoch: int, step: int, skip: int = 0) -> list[torch.Tensor]:
+    """The masked grids of one epoch of `epoch_loader` as the training loops take it, at 2 batches an optimizer
+    step (3 steps an epoch): `skip` batches skipped by accelerate's `skip_first_batches` on a resume, and
+    `continue_after(step)` before the iterator starts."""
+    loader = epoch_loader(num_workers, epoch)
     batches = skip_first_batches(loader, skip) if skip else loader
-    collate.continue_after(step, batches_per_epoch=len(loader), gradient_accumulation_steps=2)
+    loader.collate_fn.continue_after(step, batches_per_epoch=len(loader), gradient_accumulation_steps=2)
     return [batch["input_ids"] for batch in batches]
 
 
@@ -138,27 +138,24 @@ def test_masks_with_dataloader_workers_equal_the_masks_without_batch_for_batch(n
 
 @pytest.mark.parametrize(
     ("loader_kwargs", "message"),
-    [
-        ({"persistent_workers": True}, "persistent_workers=True"),
-        ({"in_order": False}, "in_order=False"),
-    ],
+    [({"persistent_workers": True}, "persistent_workers=True"), ({"in_order": False}, "in_order=False")],
 )
 def test_loaders_whose_workers_cannot_number_their_batches_are_refused(
     loader_kwargs: dict, message: str
 ) -> None:
     # a persistent worker keeps the copy of the collator it took at the first epoch; with in_order=False a batch
     # goes to whichever worker has room: in both, a worker cannot tell which batch it collates
+    collate = MaskedCodesCollator(99, (0.0, 0.5), seed=3)
     with pytest.raises(ValueError, match=message):
-        epoch_masks(2, 0, 0, loader_kwargs=loader_kwargs)
-    epoch_masks(
-        0, 0, 0, loader_kwargs={k: v for k, v in loader_kwargs.items() if k == "in_order"}
-    )  # no workers
+        collate.check_loader(epoch_loader(2, 0, **loader_kwargs))
+    collate.check_loader(epoch_loader(2, 0))
+    if "in_order" in loader_kwargs:  # without workers any loader is fine
+        collate.check_loader(epoch_loader(0, 0, **loader_kwargs))
 
     class Stream(torch.utils.data.IterableDataset):
         def __iter__(self):
             return iter([{"codes": torch.arange(16)}] * 4)
 
-    collate = MaskedCodesCollator(99, (0.0, 0.5), seed=3)
     with pytest.raises(ValueError, match=r"dataset=Stream \(an IterableDataset\)"):
         collate.check_loader(torch.utils.data.DataLoader(Stream(), batch_size=2, num_workers=2))
 
