@@ -782,7 +782,8 @@ class MaskedCodesCollator:
     whatever the number of DataLoader workers, so a resumed run draws the masks an uninterrupted one would.
     `batches` is the index of the next batch the main process collates: it counts up there, and a loop sets it
     from its global step (`continue_after`) where a loader iteration starts, on a resume (which skips the batches
-    already seen without collating them) and at every epoch, as both training loops do.
+    already seen without collating them) and at every epoch, as both training loops do (with workers the count
+    does not advance in the main process, so without that call every epoch would repeat the first one's masks).
 
     With `num_workers` = W > 0 each worker collates a copy of this collator taken when the loader's iterator
     starts (its worker processes are started then), and a map-style DataLoader hands its k-th batch of that
