@@ -157,9 +157,8 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
         continue_iteration_draws(
             accelerator.unwrap_model(model), step, len(train_dl), run_args.gradient_accumulation_steps
         )
-        # and so do the training masks (the prepared loader's length: this process's batches an epoch)
-        if hasattr(built.collator, "continue_after"):
-            built.collator.continue_after(step, len(train_dl), run_args.gradient_accumulation_steps)
+        if hasattr(built.collator, "check_loader"):  # masks that DataLoader workers can number exactly
+            built.collator.check_loader(train_dl)
 
         depths = eval_depths(accelerator.unwrap_model(model), run_args.eval_iterations)
 
@@ -232,6 +231,11 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
                 # After a resume, skip the micro-batches this epoch already consumed (same order: seedable sampler).
                 skip = done_in_epoch * run_args.gradient_accumulation_steps
                 batches = accelerator.skip_first_batches(train_dl, skip) if skip else train_dl
+                # The training masks continue where the run stands: the index of this epoch's first batch to
+                # collate (the prepared loader's length: this process's batches an epoch), set before the
+                # iterator starts the DataLoader workers, which number their batches from it.
+                if hasattr(built.collator, "continue_after"):
+                    built.collator.continue_after(step, len(train_dl), run_args.gradient_accumulation_steps)
                 for batch in batches:
                     with accelerator.accumulate(model):
                         if training_loss.active:

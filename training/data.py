@@ -778,20 +778,27 @@ class MaskedCodesCollator:
     as the paper trains (per image r ~ U[low, high], round(r·N) random positions → [MASK], labels there and −100
     elsewhere: `energyformers.mim.mask_codes`); evaluation rows (`input_ids`, `labels`) keep their fixed masks.
 
-    Seeded and resumable: in the main process the masks of the n-th training batch come from a generator seeded
-    with (`seed`, n), `batches` counting the training batches masked so far. A resumed run sets that position from
-    the restored global step (`continue_after`; both loops do on every start), since a resume skips the batches
-    already seen without collating them: its masks then equal an uninterrupted run's. A DataLoader worker draws
-    from one stream seeded with the worker's own seed (which torch derives from the loop's seeded generator), so
-    workers never repeat masks; those masks are seeded but not reproduced by a resume.
+    Seeded and resumable: the masks of the n-th training batch come from a generator seeded with (`seed`, n) alone,
+    whatever the number of DataLoader workers, so a resumed run draws the masks an uninterrupted one would.
+    `batches` is the index of the next batch the main process collates: it counts up there, and a loop sets it
+    from its global step (`continue_after`) where a loader iteration starts, on a resume (which skips the batches
+    already seen without collating them) and at every epoch, as both training loops do (with workers the count
+    does not advance in the main process, so without that call every epoch would repeat the first one's masks).
+
+    With `num_workers` = W > 0 each worker collates a copy of this collator taken when the loader's iterator
+    starts (its worker processes are started then), and a map-style DataLoader hands its k-th batch of that
+    iteration to worker k mod W, each worker collating its batches in order; worker w's j-th batch is therefore
+    batch `batches` + j·W + w. That needs fresh workers per iteration and that order, which `check_loader` checks:
+    not `persistent_workers` (workers keep their copy across epochs), not `in_order=False` (batches go to whichever
+    worker has room), not an iterable dataset (each worker yields batches of its own).
     """
 
     mask_token_id: int
     ratio: tuple[float, float]
     seed: int
     batches: int = 0
-    _generator: Any = field(default=None, repr=False)
-    _owner: Any = field(default=None, repr=False)
+    # batches this copy has collated in a DataLoader worker (0 in the main process)
+    _in_worker: int = field(default=0, init=False, repr=False, compare=False)
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         import torch
@@ -810,22 +817,46 @@ class MaskedCodesCollator:
     def continue_after(
         self, global_step: int, batches_per_epoch: int, gradient_accumulation_steps: int
     ) -> None:
-        """Set the mask stream to where a run that reached `global_step` optimizer steps stands (`batches_done`)."""
+        """Set the mask stream to where a run that reached `global_step` optimizer steps stands (`batches_done`):
+        the index of the next loader iteration's first batch, which DataLoader workers number theirs from."""
         self.batches = batches_done(global_step, batches_per_epoch, gradient_accumulation_steps)
+
+    def check_loader(self, loader: Any) -> None:
+        """Refuse a training DataLoader whose workers cannot know the index of the batches they collate (see the
+        class docstring); with `num_workers` = 0 every loader is fine. A ValueError names the setting."""
+        import torch
+
+        workers = getattr(loader, "num_workers", 0)
+        if not workers:
+            return
+        why = (
+            f"with num_workers={workers} the masked-image-modelling masks of a batch follow from its index only "
+            "if a DataLoader hands batch k to worker k mod num_workers with fresh workers per iteration"
+        )
+        if getattr(loader, "persistent_workers", False):
+            raise ValueError(f"persistent_workers=True: {why}; use persistent_workers=False or num_workers=0")
+        if not getattr(loader, "in_order", True):
+            raise ValueError(f"in_order=False: {why}; use in_order=True or num_workers=0")
+        if isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset):
+            raise ValueError(
+                f"dataset={type(loader.dataset).__name__} (an IterableDataset): {why}; use a map-style dataset "
+                "or num_workers=0"
+            )
 
     def _draws(self) -> Any:
         import numpy as np
         import torch
 
         worker = torch.utils.data.get_worker_info()
-        if worker is None:  # a fresh generator per batch: batch n's masks depend on (seed, n) alone
-            entropy = np.random.SeedSequence([self.seed % 2**64, self.batches]).generate_state(1, np.uint64)
+        if worker is None:
+            index = self.batches
             self.batches += 1
-            return torch.Generator().manual_seed(int(entropy[0]) >> 1)
-        owner = (worker.id, worker.seed)
-        if self._generator is None or owner != self._owner:
-            self._generator, self._owner = torch.Generator().manual_seed(worker.seed % 2**63), owner
-        return self._generator
+        else:
+            index = self.batches + self._in_worker * worker.num_workers + worker.id
+            self._in_worker += 1
+        # a fresh generator per batch: batch n's masks depend on (seed, n) alone
+        entropy = np.random.SeedSequence([self.seed % 2**64, index]).generate_state(1, np.uint64)
+        return torch.Generator().manual_seed(int(entropy[0]) >> 1)
 
 
 __all__ = [

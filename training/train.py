@@ -140,8 +140,8 @@ def build_trainer_classes() -> tuple[type, type, type]:
                 control.should_training_stop = True
 
     class LoopState(TrainerCallback):
-        """Continue the sampled depths and the training masks (a collator with `continue_after`) where a resumed
-        run stopped, and log the loss at every checkpoint step (so the logged windows end exactly at each
+        """Continue the sampled depths where a resumed run stopped and the training masks (a collator with
+        `continue_after`) where each epoch starts, and log the loss at every checkpoint step (so the logged windows end exactly at each
         checkpoint: `whole_run_train_loss`)."""
 
         def __init__(self, collator: Any = None) -> None:
@@ -160,6 +160,14 @@ def build_trainer_classes() -> tuple[type, type, type]:
             continue_iteration_draws(
                 model, state.global_step, len(train_dataloader), args.gradient_accumulation_steps
             )
+            if hasattr(self.collator, "check_loader"):
+                self.collator.check_loader(train_dataloader)
+
+        def on_epoch_begin(
+            self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any
+        ) -> None:
+            # before the epoch's loader iterator (and its DataLoader workers) starts: its first batch's index in
+            # the mask stream, past the batches a resumed epoch skips (Trainer's `steps_trained_in_current_epoch`)
             if hasattr(self.collator, "continue_after"):
                 self.collator.continue_after(
                     state.global_step, len(train_dataloader), args.gradient_accumulation_steps
