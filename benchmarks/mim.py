@@ -534,16 +534,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     args.seeds = seed_list(args, parser)
     from energyformers.mim import check_perceptual_weights
 
-    for name in (
-        "lpips_weights",
-        "fid_weights",
-    ):  # before any training, one flag at a time so the error names it
-        try:
-            check_perceptual_weights(
-                **{"lpips_weights": None, "fid_weights": None, name: getattr(args, name)}
-            )
-        except (OSError, ValueError, ImportError) as err:
-            parser.error(f"--{name} {getattr(args, name)}: {err}")
+    try:  # before any training; the message names the flag and its value itself (flags=True)
+        check_perceptual_weights(args.lpips_weights, args.fid_weights, flags=True)
+    except (OSError, ValueError, ImportError) as err:
+        parser.error(str(err))
     return args
 
 

@@ -13,6 +13,10 @@ It happens when transformers loads the module that defines the Auto classes inst
   head's name, module and config class, and imports the model files (`energyformers.registry`) on first real use;
   importing the registry registers the real classes in their place.
 
+* `transformers.pipelines` loads: `energyformers.pipelines` is imported, which registers the masked-image-modelling
+  pipeline with `PIPELINE_REGISTRY`, so `pipeline("masked-image-modeling", model=folder)` works as transformers'
+  own tasks do (`energyformers.INPUT_TYPES` names that task for the masked-image-modelling heads).
+
 A module already loaded when `energyformers` is imported registers at once. The modeling code is not imported at
 `modeling_auto` load time because transformers imports that module from inside its own modeling modules
 (`transformers.modeling_layers`), which our model files import: they may be half-initialised at that moment.
@@ -62,6 +66,7 @@ AUTO_HEADS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 CONFIGURATION_AUTO = "transformers.models.auto.configuration_auto"
 MODELING_AUTO = "transformers.models.auto.modeling_auto"
+PIPELINES = "transformers.pipelines"
 
 
 def config_classes() -> dict[str, type]:
@@ -142,6 +147,12 @@ def register_heads(modeling_auto: ModuleType) -> None:
             getattr(modeling_auto, auto_class).register(config_class, head, exist_ok=True)
 
 
+def register_pipelines(pipelines: ModuleType) -> None:
+    if "energyformers.pipelines" in sys.modules:
+        return  # loading (its transformers classes load `transformers.pipelines`) or loaded: it registers itself
+    importlib.import_module("energyformers.pipelines")  # registers at its end
+
+
 class _ThenCall(importlib.abc.Loader):
     """Runs the real loader, then `callback(module)`, then puts the real loader back on the module."""
 
@@ -182,9 +193,14 @@ class _WhenImported(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Register now with the Auto modules already loaded; register with the others when they load."""
+    """Register now with the Auto (and pipelines) modules already loaded; register with the others when they
+    load."""
     pending = {}
-    for name, callback in ((CONFIGURATION_AUTO, register_configs), (MODELING_AUTO, register_heads)):
+    for name, callback in (
+        (CONFIGURATION_AUTO, register_configs),
+        (MODELING_AUTO, register_heads),
+        (PIPELINES, register_pipelines),
+    ):
         module = sys.modules.get(name)
         if module is not None:
             callback(module)

@@ -429,34 +429,45 @@ def _is_torchscript(path: Path) -> bool:
 
 
 def check_perceptual_weights(
-    lpips_weights: str | os.PathLike | None, fid_weights: str | os.PathLike | None
+    lpips_weights: str | os.PathLike | None,
+    fid_weights: str | os.PathLike | None,
+    *,
+    flags: bool = False,
 ) -> None:
     """Refuse, before any work, LPIPS/FID weight paths that cannot be used: a missing file (naming the argument and
-    the path) or a maintained implementation that cannot run here (naming what is missing). Loads nothing."""
+    the path) or a maintained implementation that cannot run here (naming what is missing). Loads nothing.
+
+    Each message starts with the argument and its value as the caller gave it: `fid_weights='/x/y.pt'` for Python
+    callers, `--fid_weights /x/y.pt` with `flags=True` (the command lines' `--lpips_weights` / `--fid_weights`, so
+    their one-line error names the flag once)."""
+
+    def given(name: str, value: str | os.PathLike) -> str:
+        return f"--{name} {value}" if flags else f"{name}={str(value)!r}"
+
     if lpips_weights is not None:
-        path = Path(lpips_weights).expanduser()
+        path, named = Path(lpips_weights).expanduser(), given("lpips_weights", lpips_weights)
         if not path.is_file():
             raise FileNotFoundError(
-                f"lpips_weights={str(lpips_weights)!r}: no such file (torchvision's ImageNet weights of the LPIPS "
-                f"backbone, one of {', '.join(LPIPS_BACKBONE_FILES)})"
+                f"{named}: no such file (torchvision's ImageNet weights of the LPIPS backbone, one of "
+                f"{', '.join(LPIPS_BACKBONE_FILES)})"
             )
         if path.name not in LPIPS_BACKBONE_FILES:
             raise ValueError(
-                f"lpips_weights={str(lpips_weights)!r}: the backbone is known by torchvision's file name, one of "
+                f"{named}: the backbone is known by torchvision's file name, one of "
                 f"{', '.join(LPIPS_BACKBONE_FILES)}; got {path.name!r}"
             )
         problem = _torchvision_problem()
         if problem is not None:
             raise ImportError(
-                f"lpips_weights={str(lpips_weights)!r}: torchmetrics' LPIPS builds its backbone with torchvision, "
-                f"and {problem}; install the torchvision release built for this torch"
+                f"{named}: torchmetrics' LPIPS builds its backbone with torchvision, and {problem}; install the "
+                "torchvision release built for this torch"
             )
     if fid_weights is not None:
-        path = Path(fid_weights).expanduser()
+        path, named = Path(fid_weights).expanduser(), given("fid_weights", fid_weights)
         if not path.is_file():
             raise FileNotFoundError(
-                f"fid_weights={str(fid_weights)!r}: no such file (a TorchScript Inception such as "
-                "inception-2015-12-05.pt, or torch-fidelity's weights-inception-2015-12-05-6726825d.pth)"
+                f"{named}: no such file (a TorchScript Inception such as inception-2015-12-05.pt, or "
+                "torch-fidelity's weights-inception-2015-12-05-6726825d.pth)"
             )
         if not _is_torchscript(path):
             problem = _torchvision_problem()
@@ -467,9 +478,9 @@ def check_perceptual_weights(
                 problem = f"torch-fidelity does not import here ({type(err).__name__}: {err})"
             if problem is not None:
                 raise ImportError(
-                    f"fid_weights={str(fid_weights)!r} is a state dict, which needs torch-fidelity's Inception "
-                    f"(through torchmetrics), and {problem}. Install torch-fidelity with a torchvision built for "
-                    "this torch, or pass the TorchScript Inception (inception-2015-12-05.pt), which needs neither"
+                    f"{named}: a state dict, which needs torch-fidelity's Inception (through torchmetrics), and "
+                    f"{problem}. Install torch-fidelity with a torchvision built for this torch, or pass the "
+                    "TorchScript Inception (inception-2015-12-05.pt), which needs neither"
                 )
 
 

@@ -45,6 +45,11 @@ SEARCH_ARGUMENTS = (
     "search_selector",
 )
 CALL_ARGUMENTS = (*DEPTH_ARGUMENTS, *SEARCH_ARGUMENTS)
+# The pipeline task of the masked-image-modelling heads: `MaskedImageModelingPipeline`'s name in transformers'
+# `PIPELINE_REGISTRY` (registered below), so `pipeline("masked-image-modeling", model=folder)` builds it. It is also
+# `energyformers.INPUT_TYPES`' task of `AutoModelForMaskedImageModeling` and the training CLI's `--task` (a test
+# keeps the three equal). transformers' "fill-mask" is masked *language* modelling (text in, `AutoModelForMaskedLM`).
+MASKED_IMAGE_MODELING_TASK = "masked-image-modeling"
 
 
 @contextlib.contextmanager
@@ -94,6 +99,7 @@ class TokenClassificationPipeline(_DepthArgumentsMixin, transformers.TokenClassi
 __all__ = [
     "CALL_ARGUMENTS",
     "DEPTH_ARGUMENTS",
+    "MASKED_IMAGE_MODELING_TASK",
     "SEARCH_ARGUMENTS",
     "ImageClassificationPipeline",
     "TextClassificationPipeline",
@@ -106,6 +112,10 @@ __all__ = [
 
 class MaskedImageModelingPipeline(transformers.Pipeline):
     """Masked image modelling inference: image → VQ codes → a fraction masked → MaskGIT decoding → image.
+
+    Registered with transformers as the task "masked-image-modeling" (`MASKED_IMAGE_MODELING_TASK`), so
+    `transformers.pipeline("masked-image-modeling", model=folder)` builds this class once `energyformers` is
+    imported (any further keyword, e.g. `vq_tokenizer=` or `lpips_weights=`, reaches `__init__`).
 
     `model`: a `HyperSetForMaskedImageModeling` or the path of its folder. `vq_tokenizer`: any
     `energyformers.mim.VQTokenizer`; when left out, the one saved in the model folder (`vq_tokenizer_config.json`,
@@ -298,4 +308,21 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
         }
 
 
-__all__ += ["MaskedImageModelingPipeline"]
+def register_pipelines() -> None:
+    """Register `MaskedImageModelingPipeline` with transformers' `PIPELINE_REGISTRY` under
+    `MASKED_IMAGE_MODELING_TASK` (once; `energyformers.auto_registration` calls this when transformers' pipelines
+    load)."""
+    from transformers.pipelines import PIPELINE_REGISTRY
+
+    if MASKED_IMAGE_MODELING_TASK not in PIPELINE_REGISTRY.get_supported_tasks():
+        PIPELINE_REGISTRY.register_pipeline(
+            MASKED_IMAGE_MODELING_TASK,
+            pipeline_class=MaskedImageModelingPipeline,
+            pt_model=transformers.AutoModelForMaskedImageModeling,
+            type="image",  # an image goes in (and comes out); the codes are the pipeline's business
+        )
+
+
+register_pipelines()
+
+__all__ += ["MaskedImageModelingPipeline", "register_pipelines"]

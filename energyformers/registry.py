@@ -156,9 +156,11 @@ INPUT_TYPES: dict[str, InputType] = {
             "text-classification": "AutoModelForSequenceClassification",
             "token-classification": "AutoModelForTokenClassification",
             "feature-extraction": "AutoModel",
-            # masked image modelling over VQ codes: the model fills masked tokens of a code sequence (the Hub
-            # has no masked-image-modelling tag; transformers has no pipeline for it)
-            "fill-mask": "AutoModelForMaskedImageModeling",
+            # masked image modelling over the codes of an image tokenizer: the task `MaskedImageModelingPipeline`
+            # is registered as with transformers (`energyformers.pipelines.MASKED_IMAGE_MODELING_TASK`, the training
+            # CLI's `--task`); not "fill-mask", transformers' masked-language-model task. The Hub has no such task:
+            # the model card's pipeline_tag is "image-to-image" (training/card.py).
+            "masked-image-modeling": "AutoModelForMaskedImageModeling",
         },
     ),
 }

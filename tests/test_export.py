@@ -46,8 +46,9 @@ FIXTURE_METRICS = {
 }
 
 
-# Heads transformers has no pipeline for: masked image modelling over VQ codes (the Hub tag "fill-mask" names what
-# the head does; transformers' fill-mask pipeline loads masked-LM text models). Their export is checked without one.
+# Heads whose pipeline needs more than the folders of this table hold: masked image modelling over VQ codes (its task
+# "masked-image-modeling" is `MaskedImageModelingPipeline`, which reads the image tokenizer these folders lack). Their
+# export is checked without a pipeline here, and with their tokenizer in the MIM section below.
 NO_PIPELINE = {"AutoModelForMaskedImageModeling"}
 
 # (model_type, Auto class, input_type, pipeline task) for every head of every registered family

@@ -283,6 +283,75 @@ def test_cli_refuses_a_missing_weight_file_naming_the_flag_and_path(tmp_path, fl
         parse_arguments(["--output_dir", out, flag, str(missing)], train.PROG, "")
 
 
+# What each weight flag's check says of a missing file after the flag and its value (energyformers.mim)
+MISSING_FILE = {
+    "lpips_weights": "no such file (torchvision's ImageNet weights of the LPIPS backbone, one of ",
+    "fid_weights": "no such file (a TorchScript Inception such as inception-2015-12-05.pt, ",
+}
+
+
+@pytest.mark.parametrize("name", ["lpips_weights", "fid_weights"])
+def test_train_reports_a_missing_weight_file_naming_the_flag_once(tmp_path, capsys, name):
+    """`energyformers train`: one line `--NAME PATH: no such file (what is allowed)`, status 2; the path once, and
+    no Python argument form (`NAME='PATH'`) repeating it."""
+    from energyformers.training import train
+
+    missing = tmp_path / "absent" / "weights.pt"
+    argv = ["--output_dir", str(tmp_path / "out"), "--task", "mim", f"--{name}", str(missing)]
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err
+    expected = f"energyformers train: error: --{name} {missing}: {MISSING_FILE[name]}"
+    assert err.startswith(expected) and err.count("\n") == 1, err
+    assert err.count(str(missing)) == 1 and f"{name}=" not in err, err
+
+
+@pytest.mark.parametrize("name", ["lpips_weights", "fid_weights"])
+def test_mim_benchmark_reports_a_missing_weight_file_naming_the_flag_once(tmp_path, capsys, name):
+    """`benchmarks/mim.py` (argparse's usage, then its one error line, status 2): the same message as `train`."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "mim.py"
+    spec = importlib.util.spec_from_file_location("mim_benchmark_flags", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    missing = tmp_path / "absent" / "weights.pt"
+    with pytest.raises(SystemExit) as exit_:
+        module.parse_arguments([f"--{name}", str(missing)])
+    assert exit_.value.code == 2, exit_.value.code
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert f"error: --{name} {missing}: {MISSING_FILE[name]}" in error, error
+    assert error.count(str(missing)) == 1 and f"{name}=" not in error, error
+
+
+@pytest.mark.parametrize("name", ["lpips_weights", "fid_weights"])
+def test_python_callers_get_the_argument_form(tmp_path, name):
+    """Python callers are told the argument as they wrote it (`NAME='PATH'`), not a command-line flag."""
+    missing = tmp_path / "absent" / "weights.pt"
+    with pytest.raises(FileNotFoundError) as err:
+        check_perceptual_weights(**{"lpips_weights": None, "fid_weights": None, name: missing})
+    message = str(err.value)
+    assert message.startswith(f"{name}={str(missing)!r}: {MISSING_FILE[name]}"), message
+    assert message.count(str(missing)) == 1 and "--" not in message, message
+
+
+def test_cli_names_a_misnamed_lpips_file_with_its_flag(tmp_path):
+    from energyformers.training import train
+    from energyformers.training.arguments import parse_arguments
+    from energyformers.training.cli import UsageError
+
+    path = tmp_path / "backbone.pth"
+    torch.save({}, path)
+    argv = ["--output_dir", str(tmp_path / "out"), "--task", "mim", "--lpips_weights", str(path)]
+    with pytest.raises(UsageError) as err:
+        parse_arguments(argv, train.PROG, "")
+    message = str(err.value)
+    assert message.startswith(f"--lpips_weights {path}: the backbone is known by torchvision's file name"), (
+        message
+    )
+    assert message.count(str(path)) == 1 and "lpips_weights=" not in message, message
+
+
 def test_cli_takes_an_existing_fid_file(tmp_path, detector_file):
     from energyformers.training import train
     from energyformers.training.arguments import parse_arguments

@@ -701,11 +701,10 @@ def _validate_mim(d: DataArguments, explicit: frozenset[str]) -> None:
         raise UsageError(f"--tokenizer {d.tokenizer}: no such folder (a saved VQ tokenizer folder)")
     from energyformers.mim import check_perceptual_weights
 
-    for name in ("lpips_weights", "fid_weights"):  # one at a time, so the message names its flag
-        try:
-            check_perceptual_weights(**{"lpips_weights": None, "fid_weights": None, name: getattr(d, name)})
-        except (OSError, ValueError, ImportError) as err:
-            raise UsageError(f"--{name} {getattr(d, name)}: {err}") from None
+    try:  # the message names the flag and its value itself (flags=True)
+        check_perceptual_weights(d.lpips_weights, d.fid_weights, flags=True)
+    except (OSError, ValueError, ImportError) as err:
+        raise UsageError(str(err)) from None
 
 
 def _take_attn_implementation_from_config(m: ModelArguments) -> None:

@@ -63,8 +63,10 @@ IMAGE_ONLY_KEYS = frozenset({"image_size", "patch_size", "num_channels"})
 # Masked image modelling (`…ForMaskedImageModeling`, docs/mim.md): the Hub has no masked-image-modelling task. The
 # model fills masked regions of an image given as the codes of an image tokenizer, and with that tokenizer (carried
 # in the folder) an image goes in and its reconstruction comes out: the Hub's "image-to-image" task, whose subtask
-# "image-inpainting" is what it does. Not "fill-mask": that is the Hub's text task (its widget and transformers'
-# pipeline of that name take text with a mask token).
+# "image-inpainting" is what it does. The package's task name, "masked-image-modeling" (`energyformers.INPUT_TYPES`,
+# the task `MaskedImageModelingPipeline` is registered as with transformers), is not a Hub task, so it is a tag. Not
+# "fill-mask": that is the Hub's text task (its widget and transformers' pipeline of that name take text with a mask
+# token).
 MIM_AUTO_CLASS = "AutoModelForMaskedImageModeling"
 MIM_PIPELINE_TAG = "image-to-image"
 # (metrics.json key, model-index metric type, display name) of the metrics a MIM run logs, in table order

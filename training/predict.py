@@ -152,6 +152,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
             check_weights_readable(folder, flag=str(folder))
         except (OSError, ValueError) as err:
             raise UsageError(str(err)) from None
+        refuse_masked_image_modeling(args.model_dir, config.get("architectures"))
         args.local_input_type = config.get("input_type", "image")
         check_attn_implementation(args.attn_implementation, str(config.get("model_type", "")))
     elif folder.exists():
@@ -179,6 +180,18 @@ def check_inputs(model_dir: str, input_type: str, inputs: list[str]) -> None:
         missing = [x for x in inputs if not Path(x).is_file()]
         if missing:
             raise UsageError(f"{model_dir} classifies images; no such file: {missing[0]}")
+
+
+def refuse_masked_image_modeling(model_dir: str, architectures: Any) -> None:
+    """`predict` classifies: a masked-image-modelling head (the task `masked-image-modeling`) is refused, naming
+    what reconstructs an image with it, before its codes are mistaken for text."""
+    names = [a for a in (architectures or []) if isinstance(a, str) and a.endswith("ForMaskedImageModeling")]
+    if names:
+        raise UsageError(
+            f"{model_dir} is a masked-image-modelling model ({names[0]}) and predict classifies; reconstruct an "
+            f"image with `energyformers inspect {model_dir} IMAGE --output_dir DIR`, or in Python with "
+            f'transformers.pipeline("masked-image-modeling", model=...)'
+        )
 
 
 def task_for(config) -> str:
@@ -230,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"{args.model_dir} has input_type={input_type!r}; expected one of {sorted(INPUT_TYPES)}"
         )
+    refuse_masked_image_modeling(args.model_dir, getattr(config, "architectures", None))  # a Hub model's
     task = task_for(config)
     if INPUT_TYPES[input_type].tasks[task] == "AutoModel":
         raise UsageError(
