@@ -1,0 +1,167 @@
+"""A CPU stand-in for an accelerator: catches the device mix-ups that only a GPU run would show.
+
+`Accelerated` wraps a real CPU tensor and reports the `meta` device, so code that follows its inputs' device
+(`torch.zeros(..., device=x.device)`, `.to(x.device)`, `new_zeros`, `torch.Generator(x.device)`) produces
+`Accelerated` tensors, while a tensor created without `device=` stays a plain CPU tensor. Every op then checks what
+CUDA checks: a CPU tensor with dimensions beside accelerator tensors is an error (a 0-dim CPU tensor is allowed,
+as on CUDA; so are CPU indices of an indexing op and the source of a copy), a CPU generator cannot draw an
+accelerator tensor, and `.numpy()` / `np.asarray` need `.cpu()` first. The arithmetic runs on the wrapped CPU
+tensors, so values, `.item()`, data-dependent shapes and autograd behave as on a real device.
+
+Why not `FakeTensorMode` with fake CUDA tensors: on a CPU-only build of torch 2.13 autograd aborts the process
+(no CUDA device guard for the gradient accumulator) and every op without a meta kernel (`int(t.min())`, in-place
+`copy_`) fails with "not linked with support for cuda devices". The `meta` device alone misses mixes that CUDA
+rejects (a matmul of a meta and a CPU matrix passes). What this stand-in cannot see: branches taken only when
+`device.type == "cuda"` (they see `meta`), compiled code, and CUDA kernels themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+STAND_IN = torch.device("meta")
+_aten = torch.ops.aten
+# ops that take CPU index tensors for a device tensor, as CUDA does (the indices are moved for the kernel)
+_INDEX_OPS = {_aten.index.Tensor, _aten.index_put_.default, _aten.index_put.default, _aten._index_put_impl_.default}
+_ANY_SOURCE = {_aten._to_copy.default, _aten.copy_.default}  # a cross-device copy is allowed
+
+
+class DeviceMismatch(RuntimeError):
+    """What CUDA would raise: a CPU tensor or generator used with accelerator tensors."""
+
+
+class Accelerated(torch.Tensor):
+    """A CPU tensor standing in for an accelerator tensor (reports `meta`)."""
+
+    elem: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor) -> Accelerated:
+        wrapper = torch.Tensor._make_wrapper_subclass(
+            cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype,
+            device=STAND_IN, requires_grad=elem.requires_grad,
+        )  # fmt: skip
+        wrapper.elem = elem
+        return wrapper
+
+    def __repr__(self) -> str:
+        return f"Accelerated({self.elem!r})"
+
+    def tolist(self) -> Any:  # allowed on CUDA (a host sync)
+        return self.elem.tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        raise TypeError(
+            "can't convert an accelerator tensor to numpy (CUDA: 'can't convert cuda:0 device type tensor to "
+            "numpy. Use Tensor.cpu() to copy the tensor to host memory first.')"
+        )
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        return _run(func, args, kwargs or {})
+
+
+_accelerator_generators: set[int] = set()  # ids of generators made for the stand-in device
+
+
+def _run(func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    flat, _ = tree_flatten((args, kwargs))
+    on_accelerator = any(isinstance(t, Accelerated) for t in flat)
+    device = kwargs.get("device")
+    creates = device is not None and torch.device(device) == STAND_IN
+    if on_accelerator or creates:
+        if func not in _ANY_SOURCE:
+            checked = flat
+            if func in _INDEX_OPS:  # self and values must be on the device; the indices (args[1]) may be on CPU
+                checked = [args[0], *args[2:]]
+            for t in checked:
+                if isinstance(t, torch.Tensor) and not isinstance(t, Accelerated) and t.dim() > 0:
+                    raise DeviceMismatch(
+                        f"{func}: a CPU tensor of shape {tuple(t.shape)} ({t.dtype}) beside accelerator tensors"
+                    )
+        generator = kwargs.get("generator")
+        if generator is not None and id(generator) not in _accelerator_generators:
+            raise DeviceMismatch(f"{func}: a {generator.device} generator draws an accelerator tensor")
+    if creates:
+        kwargs = {**kwargs, "device": torch.device("cpu")}
+    out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
+    if func is _aten._to_copy.default and device is not None and torch.device(device).type == "cpu":
+        return out  # .cpu(), .to("cpu"): a plain CPU tensor
+    if not (on_accelerator or creates):
+        return out
+    if func is _aten.copy_.default or (func._schema.is_mutable and func.__name__.split(".")[0].endswith("_")):
+        return args[0]  # in place: the wrapper whose contents changed
+    return tree_map(lambda t: Accelerated(t) if type(t) is torch.Tensor else t, out)
+
+
+def _unwrap(value: Any) -> Any:
+    return value.elem if isinstance(value, Accelerated) else value
+
+
+class _Factories(TorchDispatchMode):
+    """Routes `device=meta` factory calls (no tensor argument) to the stand-in."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if any(isinstance(t, Accelerated) for t in tree_flatten((args, kwargs))[0]):
+            return func(*args, **kwargs)
+        return _run(func, args, kwargs)
+
+
+_Generator = torch.Generator
+
+
+def _generator(device: Any = "cpu") -> torch.Generator:
+    if torch.device(device) == STAND_IN:  # a CPU generator registered as the stand-in device's
+        generator = _Generator("cpu")
+        _accelerator_generators.add(id(generator))
+        return generator
+    return _Generator(device)
+
+
+@contextlib.contextmanager
+def accelerator() -> Iterator[None]:
+    """Inside: `device=meta` creates stand-in tensors and `torch.Generator(meta)` a stand-in generator."""
+    torch.Generator = _generator  # type: ignore[misc]
+    try:
+        with _Factories():
+            yield
+    finally:
+        torch.Generator = _Generator  # type: ignore[misc]
+        _accelerator_generators.clear()
+
+
+def to_accelerator(value: Any) -> Any:
+    """A tensor (or a dict / list of them) moved to the stand-in device; other values unchanged."""
+    if isinstance(value, torch.Tensor):
+        with torch.no_grad():
+            return Accelerated(value.detach().clone()).requires_grad_(value.requires_grad)
+    if isinstance(value, dict):
+        return {k: to_accelerator(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_accelerator(v) for v in value)
+    return value
+
+
+def module_to_accelerator(module: torch.nn.Module) -> torch.nn.Module:
+    """Every parameter and buffer of `module` on the stand-in device (what `module.to("cuda")` does)."""
+    for sub in module.modules():
+        for name, parameter in list(sub._parameters.items()):
+            if parameter is not None:
+                sub._parameters[name] = torch.nn.Parameter(
+                    to_accelerator(parameter), requires_grad=parameter.requires_grad
+                )
+        for name, buffer in list(sub._buffers.items()):
+            if buffer is not None:
+                sub._buffers[name] = to_accelerator(buffer)
+    return module
+
+
+def on_accelerator(value: torch.Tensor) -> bool:
+    return isinstance(value, Accelerated)
