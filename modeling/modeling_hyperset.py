@@ -1990,7 +1990,10 @@ def maskgit_schedule(num_masked: torch.Tensor, steps: int, schedule: str = "arcc
     """
     if schedule not in MASKGIT_SCHEDULES:
         raise ValueError(f"schedule must be one of {sorted(MASKGIT_SCHEDULES)}; got {schedule!r}.")
-    weights = MASKGIT_SCHEDULES[schedule](torch.linspace(1, 0, steps, dtype=torch.float64))
+    # on the counts' device: a CPU weight vector times device counts is a device mismatch on a GPU
+    weights = MASKGIT_SCHEDULES[schedule](
+        torch.linspace(1, 0, steps, dtype=torch.float64, device=num_masked.device)
+    )
     masked = num_masked.to(torch.float64)[:, None]
     # one step has the weight w(1) = 0 of every schedule: the guarded sum gives it everything (not 0/0 = NaN)
     counts = (weights / weights.sum().clamp_min(1e-12) * masked).round().clamp_min(1)  # (B, S)

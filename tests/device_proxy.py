@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -67,9 +68,6 @@ class Accelerated(torch.Tensor):
         return _run(func, args, kwargs or {})
 
 
-_accelerator_generators: set[int] = set()  # ids of generators made for the stand-in device
-
-
 def _run(func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
     flat, _ = tree_flatten((args, kwargs))
     on_accelerator = any(isinstance(t, Accelerated) for t in flat)
@@ -85,9 +83,6 @@ def _run(func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
                     raise DeviceMismatch(
                         f"{func}: a CPU tensor of shape {tuple(t.shape)} ({t.dtype}) beside accelerator tensors"
                     )
-        generator = kwargs.get("generator")
-        if generator is not None and id(generator) not in _accelerator_generators:
-            raise DeviceMismatch(f"{func}: a {generator.device} generator draws an accelerator tensor")
     if creates:
         kwargs = {**kwargs, "device": torch.device("cpu")}
     out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
@@ -114,27 +109,58 @@ class _Factories(TorchDispatchMode):
         return _run(func, args, kwargs)
 
 
+class _Generators(TorchFunctionMode):
+    """A plain CPU generator drawing a stand-in tensor is an error, as on CUDA. Checked before the dispatcher,
+    which hands `__torch_dispatch__` a new Python object for the same generator."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        generator = kwargs.get("generator")
+        if isinstance(generator, _Generator) and not isinstance(generator, _StandInGenerator):
+            flat, _ = tree_flatten((args, kwargs))
+            device = kwargs.get("device")
+            if any(isinstance(t, Accelerated) for t in flat) or (
+                device is not None and torch.device(device) == STAND_IN
+            ):
+                raise DeviceMismatch(f"{func.__name__}: a {generator.device} generator draws an accelerator tensor")
+        return func(*args, **kwargs)
+
+
 _Generator = torch.Generator
+_tensor, _as_tensor = torch.tensor, torch.as_tensor
 
 
-def _generator(device: Any = "cpu") -> torch.Generator:
-    if torch.device(device) == STAND_IN:  # a CPU generator registered as the stand-in device's
-        generator = _Generator("cpu")
-        _accelerator_generators.add(id(generator))
-        return generator
-    return _Generator(device)
+class _StandInGenerator(_Generator):
+    """`torch.Generator(meta)`: a CPU generator that may draw stand-in tensors (a plain CPU one may not)."""
+
+    def __new__(cls, device: Any = "cpu") -> torch.Generator:
+        if torch.device(device) == STAND_IN:
+            return _Generator.__new__(cls, "cpu")
+        return _Generator.__new__(_Generator, device)
+
+
+def _on_stand_in(factory: Any) -> Any:
+    """`torch.tensor` / `torch.as_tensor` build their data below the dispatcher: wrap what `device=meta` asks for."""
+
+    def create(data: Any, *args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
+        if device is not None and torch.device(device) == STAND_IN:
+            return to_accelerator(factory(data, *args, device="cpu", **kwargs))
+        return factory(data, *args, device=device, **kwargs)
+
+    return create
 
 
 @contextlib.contextmanager
 def accelerator() -> Iterator[None]:
     """Inside: `device=meta` creates stand-in tensors and `torch.Generator(meta)` a stand-in generator."""
-    torch.Generator = _generator  # type: ignore[misc]
+    torch.Generator = _StandInGenerator  # type: ignore[misc]
+    torch.tensor, torch.as_tensor = _on_stand_in(_tensor), _on_stand_in(_as_tensor)
     try:
-        with _Factories():
+        with _Generators(), _Factories():
             yield
     finally:
         torch.Generator = _Generator  # type: ignore[misc]
-        _accelerator_generators.clear()
+        torch.tensor, torch.as_tensor = _tensor, _as_tensor
 
 
 def to_accelerator(value: Any) -> Any:
