@@ -553,7 +553,12 @@ class HyperSetAttention(nn.Module):
     def normalized_heads(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Gain-free z = n(W_hᵀx) on the sphere of radius √d_h: `(B, N, d)` → `(B, H, N, d_h)`."""
         batch, length, _ = hidden_states.shape
-        z = self.qkv_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        weight = self.qkv_proj.weight
+        if hidden_states.dtype == weight.dtype:
+            projected = self.qkv_proj(hidden_states)
+        else:  # the energy diagnostics run a bfloat16 / float16 model's states in float32: the weight follows
+            projected = F.linear(hidden_states, weight.to(hidden_states.dtype))
+        z = projected.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         return F.rms_norm(z, (self.head_dim,), eps=self.eps)
 
     def forward(
