@@ -553,7 +553,12 @@ class HyperSetAttention(nn.Module):
     def normalized_heads(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Gain-free z = n(W_hᵀx) on the sphere of radius √d_h: `(B, N, d)` → `(B, H, N, d_h)`."""
         batch, length, _ = hidden_states.shape
-        z = self.qkv_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        weight = self.qkv_proj.weight
+        if hidden_states.dtype == weight.dtype:
+            projected = self.qkv_proj(hidden_states)
+        else:  # the energy diagnostics run a bfloat16 / float16 model's states in float32: the weight follows
+            projected = F.linear(hidden_states, weight.to(hidden_states.dtype))
+        z = projected.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         return F.rms_norm(z, (self.head_dim,), eps=self.eps)
 
     def forward(
@@ -1990,7 +1995,10 @@ def maskgit_schedule(num_masked: torch.Tensor, steps: int, schedule: str = "arcc
     """
     if schedule not in MASKGIT_SCHEDULES:
         raise ValueError(f"schedule must be one of {sorted(MASKGIT_SCHEDULES)}; got {schedule!r}.")
-    weights = MASKGIT_SCHEDULES[schedule](torch.linspace(1, 0, steps, dtype=torch.float64))
+    # on the counts' device: a CPU weight vector times device counts is a device mismatch on a GPU
+    weights = MASKGIT_SCHEDULES[schedule](
+        torch.linspace(1, 0, steps, dtype=torch.float64, device=num_masked.device)
+    )
     masked = num_masked.to(torch.float64)[:, None]
     # one step has the weight w(1) = 0 of every schedule: the guarded sum gives it everything (not 0/0 = NaN)
     counts = (weights / weights.sum().clamp_min(1e-12) * masked).round().clamp_min(1)  # (B, S)
