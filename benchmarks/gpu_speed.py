@@ -280,16 +280,27 @@ def synchronize(device: torch.device) -> None:
 
 
 def step_function(
-    model: nn.Module, callable_model: Callable, inputs: dict[str, torch.Tensor], task: str
+    model: nn.Module,
+    callable_model: Callable,
+    inputs: dict[str, torch.Tensor],
+    task: str,
+    graphs: bool = False,
 ) -> Callable:
-    """One call of `task`: inference (eval, inference mode, no labels) or a training step (forward + backward)."""
+    """One call of `task`: inference (eval, inference mode, no labels) or a training step (forward + backward).
+
+    `graphs`: the model replays CUDA graphs; each call starts a new step, so the graph trees may reuse the previous
+    call's output memory although several models' graphs are replayed in turn (torch's advice for such loops).
+    """
     features = {k: v for k, v in inputs.items() if k != "labels"}
+    new_step = torch.compiler.cudagraph_mark_step_begin if graphs else lambda: None
 
     def infer() -> None:
+        new_step()
         with torch.inference_mode():
             callable_model(**features)
 
     def train() -> None:
+        new_step()
         callable_model(**inputs).loss.backward()
         model.zero_grad(set_to_none=True)
 
@@ -386,7 +397,7 @@ def measure_group(group: Group, args: argparse.Namespace, device: torch.device) 
             for name, model in models.items():
                 model.train(task == "train")
                 entry = record["variants"][name].setdefault(mode, {}).setdefault(task, {})
-                call = step_function(model, runners[name], inputs, task)
+                call = step_function(model, runners[name], inputs, task, graphs=mode == "cuda-graphs")
                 try:
                     entry["first_call_s"] = timed(call, device)  # includes compilation for compiled runners
                     timed(call, device)  # warm-up

@@ -33,8 +33,11 @@ import torch
 from .modeling import modeling_hyperset
 
 __all__ = [
+    "KERNELS",
+    "SHARED_MEMORY_LIMIT",
     "bisoftmax_backward",
     "bisoftmax_forward",
+    "compile_ahead",
     "triton_available",
     "triton_bisoftmax_attention",
     "triton_unavailable_reason",
@@ -44,6 +47,11 @@ __all__ = [
 TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 
 
+def _interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter here (read by Triton when it is imported)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
 def triton_unavailable_reason(device: torch.device | str | None = None) -> str | None:
     """Why the fused kernel cannot run here (None: it can): Triton missing, or neither CUDA nor the interpreter.
 
@@ -51,8 +59,7 @@ def triton_unavailable_reason(device: torch.device | str | None = None) -> str |
     """
     if not TRITON_INSTALLED:
         return "Triton is not installed (pip install 'energyformers[kernels]' or pip install triton)"
-    interpret = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-    if interpret:
+    if _interpreting():
         return None
     on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
     if not on_cuda:
@@ -288,6 +295,7 @@ def _query_grad_kernel(
 
 
 _JIT_FUNCTIONS = (
+    "_dot",
     "_load_keep",
     "_column_lse_kernel",
     "_forward_kernel",
@@ -321,24 +329,102 @@ def _launch_setup(q: torch.Tensor) -> tuple[dict[str, object], dict[str, object]
     _build()
     namespace = globals()
     kernels = {name: namespace[f"_{name}_kernel"] for name in KERNELS}
-    length, head_dim = q.shape[-2:]
-    # tl.dot needs every block side >= 16; 64 suits the presets' d_h = 64 on a GPU, the interpreter runs any size
-    block = 16 if length <= 16 else 64 if q.is_cuda or length > 64 else 32
-    interpret = not q.is_cuda
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    return kernels, _constants(*q.shape[-2:], q.dtype, on_cuda=q.is_cuda, allow_tf32=tf32)
+
+
+def _constants(
+    length: int, head_dim: int, dtype: torch.dtype, on_cuda: bool, allow_tf32: bool
+) -> dict[str, object]:
+    """The kernels' compile-time constants (`tl.constexpr`) and warps for a launch on tensors of this shape and dtype.
+
+    On CUDA the block side and warp count are the largest that compile without register spills on sm_90 for the
+    head dimension and operand size (benchmarks/results/kernel_resources.md): 2-byte tiles of 64 up to d_h = 64,
+    float32 tiles (with or without TF32) half that, and half again beyond d_h = 64. tl.dot needs sides >= 16.
+    """
+    head_block = max(16, 1 << (head_dim - 1).bit_length())  # the next power of 2: tl.arange needs one
+    if on_cuda:
+        block = (64 if dtype.itemsize <= 2 else 32) // (1 if head_block <= 64 else 2)
+        warps = 8 if block >= 32 else 4
+    else:  # the interpreter runs any size; larger blocks mean fewer (slow) interpreted steps
+        block, warps = (32 if length <= 64 else 64), 4
+    block = 16 if length <= 16 else block
     # float32 products as torch's own matmuls: exact unless TF32 is allowed; bfloat16 ones on the tensor cores
-    exact = q.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
-    sizes = dict(
-        DOT_FP32=interpret,
-        PRECISION="ieee" if exact or interpret else "tf32",
+    exact = dtype == torch.float32 and not allow_tf32
+    return dict(
+        DOT_FP32=not on_cuda,  # the CPU interpreter's tl.dot gives garbage on bfloat16 tiles
+        PRECISION="ieee" if exact or not on_cuda else "tf32",
         BLOCK_M=block,
         BLOCK_N=block,
-        BLOCK_D=max(16, 1 << (head_dim - 1).bit_length()),  # the next power of 2: tl.arange needs one
+        BLOCK_D=head_block,
+        num_warps=warps,
     )
-    return kernels, sizes
 
 
 def _blocks(length: int, block: int) -> int:
     return -(-length // block)
+
+
+# CUDA's opt-in maximum of shared memory per block in bytes, by compute capability ×10 (CUDA C++ Programming Guide,
+# technical specifications per compute capability): a kernel needing more fails to launch
+SHARED_MEMORY_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+_POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+
+
+def compile_ahead(
+    kernel: str,
+    dtype: torch.dtype,
+    length: int,
+    head_dim: int,
+    has_mask: bool = True,
+    arch: int = 90,
+    **overrides: object,
+):  # -> triton.compiler.CompiledKernel (Triton is optional)
+    """Compile one kernel for a CUDA GPU of compute capability `arch` (90: H100/H200, 80: A100) without a GPU.
+
+    The same constants and launch options as a launch on `(B, H, length, head_dim)` tensors of `dtype` on CUDA
+    (`overrides` replace them, e.g. `num_warps=4`); Triton's bundled `ptxas` assembles the result, so a kernel that
+    would fail to compile on the GPU fails here. Needs a process without TRITON_INTERPRET (the tests use a
+    subprocess) and the compile API of Triton 3.4 or later (written against 3.9). Returns Triton's compiled kernel (`.asm["cubin"]`,
+    `.metadata.shared`: bytes of shared memory a launch needs).
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel={kernel!r} is not one of {KERNELS}")
+    if dtype not in _POINTER_TYPES:
+        raise ValueError(f"dtype={dtype} is not one of {sorted(map(str, _POINTER_TYPES))}")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if _interpreting():
+        # Triton's own library functions (tl.max, tl.sum, ...) are interpreted in such a process: nothing compiles
+        raise RuntimeError(
+            "compile_ahead compiles for a GPU, which Triton cannot do in a process where TRITON_INTERPRET=1 "
+            "(its CPU interpreter) is set; call it in a process without TRITON_INTERPRET"
+        )
+    _build()
+    function = globals()[f"_{kernel}_kernel"]
+    sizes = {
+        **_constants(length, head_dim, dtype, on_cuda=True, allow_tf32=False),
+        "HAS_MASK": has_mask,
+        **overrides,
+    }
+    options = {name: sizes.pop(name) for name in ("num_warps", "num_stages") if name in sizes}
+    signature = {}
+    for name in function.arg_names:
+        if name in sizes:
+            signature[name] = "constexpr"
+        elif name == "keep_ptr":
+            signature[name] = "*i8"
+        elif name.startswith(("lse_", "delta_")):  # the float32 statistics
+            signature[name] = "*fp32"
+        elif name.endswith("_ptr"):
+            signature[name] = _POINTER_TYPES[dtype]
+        else:
+            signature[name] = "i32"
+    constants = {(function.arg_names.index(name),): value for name, value in sizes.items()}
+    source = ASTSource(fn=function, signature=signature, constexprs=constants)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def _check_runnable(q: torch.Tensor) -> None:

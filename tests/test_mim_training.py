@@ -152,7 +152,7 @@ def test_dataloader_workers_never_repeat_masks():
 
     first = masks(0)
     assert len(set(first)) == len(first) == 8, "each worker's batches differ from the other worker's"
-    assert masks(0) == first, "seeded: the loop's generator fixes the workers' seeds, hence their masks"
+    assert masks(0) == first, "seeded: batch n's masks come from (seed, n) in whichever worker collates it"
 
 
 def test_benchmark_script_smoke(tmp_path, capsys):
