@@ -13,7 +13,8 @@ Groups (model variants and their baseline, measured interleaved in the same proc
 Each family runs once per `attn_implementation` it accepts (Hyper-SET: eager / sdpa / triton, HyperBF: eager /
 sdpa; a name the model rejects is recorded as skipped with transformers' message), each in eager mode,
 `torch.compile`d and compiled with CUDA graphs (`mode="reduce-overhead"`: the fixed-T forward replayed as one
-graph, CUDA only), for inference (`torch.inference_mode`, eval) and a training step (forward + backward of the
+graph, CUDA only; a model with a graph break, which fails `fullgraph=True`, is measured with CUDA graphs between its
+breaks and the row says why), for inference (`torch.inference_mode`, eval) and a training step (forward + backward of the
 loss, train mode; no optimiser step). Weights and inputs are bfloat16. Per variant the table gives the median of
 `--repeats` interleaved calls (A, B, …, A, B, … so machine noise hits all alike) after the first call and one
 warm-up call, throughput, the ratio baseline time / model time (> 1: the model is faster; same task and same
@@ -315,6 +316,17 @@ def timed(function: Callable, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
+def cuda_graphs_available(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
+def first_calls(entry: dict[str, Any], call: Callable, device: torch.device) -> None:
+    """The first call (with compilation, for compiled runners), a warm-up, and the peak memory of a third."""
+    entry["first_call_s"] = timed(call, device)
+    timed(call, device)
+    entry["peak_memory_bytes"] = peak_memory(call, device)
+
+
 def peak_memory(function: Callable, device: torch.device) -> int | None:
     """Bytes allocated at the peak of one call above what was allocated before it (CUDA only)."""
     if device.type != "cuda":
@@ -382,7 +394,7 @@ def measure_group(group: Group, args: argparse.Namespace, device: torch.device) 
 
     for mode in args.modes:
         runners: dict[str, Callable] = {}
-        if mode == "cuda-graphs" and device.type != "cuda":
+        if mode == "cuda-graphs" and not cuda_graphs_available(device):
             print(f"  mode {mode}: skipped, needs CUDA", flush=True)
             continue
         for name, model in models.items():
@@ -392,6 +404,7 @@ def measure_group(group: Group, args: argparse.Namespace, device: torch.device) 
                 runners[name] = torch.compile(model, mode="reduce-overhead", fullgraph=True, dynamic=False)
             else:
                 runners[name] = model
+        breaks: dict[str, str] = {}  # cuda-graphs: variants whose graph break failed fullgraph=True, and why
         for task in args.tasks:
             calls: dict[str, Callable] = {}
             for name, model in models.items():
@@ -399,13 +412,24 @@ def measure_group(group: Group, args: argparse.Namespace, device: torch.device) 
                 entry = record["variants"][name].setdefault(mode, {}).setdefault(task, {})
                 call = step_function(model, runners[name], inputs, task, graphs=mode == "cuda-graphs")
                 try:
-                    entry["first_call_s"] = timed(call, device)  # includes compilation for compiled runners
-                    timed(call, device)  # warm-up
-                    entry["peak_memory_bytes"] = peak_memory(call, device)
+                    first_calls(entry, call, device)
                 except Exception as error:  # record it (out of memory, a compile failure) and go on
                     entry["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
                     print(f"  {name} {mode} {task}: {entry['error']}", flush=True)
-                    continue
+                    if mode != "cuda-graphs" or name in breaks:
+                        continue
+                    # a graph break fails fullgraph=True: measure CUDA graphs between the breaks, saying why
+                    breaks[name] = entry.pop("error")
+                    runners[name] = torch.compile(model, mode="reduce-overhead", dynamic=False)
+                    call = step_function(model, runners[name], inputs, task, graphs=True)
+                    try:
+                        first_calls(entry, call, device)
+                    except Exception as error:
+                        entry["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+                        print(f"  {name} {mode} {task} (split graphs): {entry['error']}", flush=True)
+                        continue
+                if name in breaks:
+                    entry["graph_break"] = breaks[name]
                 calls[name] = call
             times: dict[str, list[float]] = {name: [] for name in calls}
             for _ in range(args.repeats):
@@ -521,6 +545,7 @@ def markdown(report: dict[str, Any]) -> str:
                     continue
                 inf, train = entry[mode].get("inference", {}), entry[mode].get("train", {})
                 error = inf.get("error") or train.get("error")
+                split = inf.get("graph_break") or train.get("graph_break")
                 peak = " / ".join(
                     "–" if e.get("peak_memory_bytes") is None else f"{e['peak_memory_bytes'] / 2**20:.0f}"
                     for e in (inf, train)
@@ -531,7 +556,9 @@ def markdown(report: dict[str, Any]) -> str:
                     f"{_cell(inf, 'samples_per_s', fmt='{:.0f}')} | {_cell(inf, 'ratio')} | "
                     f"{_cell(train, 'median_s', 1e3)} | {_cell(train, 'samples_per_s', fmt='{:.0f}')} | "
                     f"{_cell(train, 'ratio')} | {first} | {peak} | "
-                    f"{gflop} |" + (f" error: {error[:160]}" if error else "")
+                    f"{gflop} |"
+                    + (f" error: {error[:160]}" if error else "")
+                    + (f" graph break, so CUDA graphs between breaks: {split[:160]}" if split else "")
                 )
         lines.append("")
     return "\n".join(lines)

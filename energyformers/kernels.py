@@ -333,24 +333,30 @@ def _launch_setup(q: torch.Tensor) -> tuple[dict[str, object], dict[str, object]
     return kernels, _constants(*q.shape[-2:], q.dtype, on_cuda=q.is_cuda, allow_tf32=tf32)
 
 
+# (block side, warps) of a CUDA launch by operand kind and BLOCK_D (d_h rounded up to a power of 2): on sm_90 the
+# largest block that compiles without register spills, then the warp count with fewer registers per thread; where
+# every setting spills (exact float32 beyond d_h = 64), the fewest spilled bytes (benchmarks/kernel_resources.py)
+_CUDA_TILES = {
+    "16-bit": {16: (64, 8), 32: (64, 8), 64: (64, 8), 128: (32, 8), 256: (32, 8)},
+    "tf32": {16: (64, 8), 32: (64, 8), 64: (32, 8), 128: (16, 8), 256: (16, 8)},
+    "float32": {16: (16, 4), 32: (16, 4), 64: (16, 8), 128: (16, 8), 256: (16, 8)},
+}
+
+
 def _constants(
     length: int, head_dim: int, dtype: torch.dtype, on_cuda: bool, allow_tf32: bool
 ) -> dict[str, object]:
-    """The kernels' compile-time constants (`tl.constexpr`) and warps for a launch on tensors of this shape and dtype.
-
-    On CUDA the block side and warp count are the largest that compile without register spills on sm_90 for the
-    head dimension and operand size (benchmarks/results/kernel_resources.md): 2-byte tiles of 64 up to d_h = 64,
-    float32 tiles (with or without TF32) half that, and half again beyond d_h = 64. tl.dot needs sides >= 16.
-    """
+    """The kernels' compile-time constants (`tl.constexpr`) and warps for a launch on tensors of this shape and
+    dtype. tl.dot needs block sides >= 16."""
     head_block = max(16, 1 << (head_dim - 1).bit_length())  # the next power of 2: tl.arange needs one
+    # float32 products as torch's own matmuls: exact unless TF32 is allowed; bfloat16 ones on the tensor cores
+    exact = dtype == torch.float32 and not allow_tf32
     if on_cuda:
-        block = (64 if dtype.itemsize <= 2 else 32) // (1 if head_block <= 64 else 2)
-        warps = 8 if block >= 32 else 4
+        kind = "16-bit" if dtype.itemsize <= 2 else "float32" if exact else "tf32"
+        block, warps = _CUDA_TILES[kind].get(head_block, (16, 8))  # beyond d_h = 256: the smallest tiles
     else:  # the interpreter runs any size; larger blocks mean fewer (slow) interpreted steps
         block, warps = (32 if length <= 64 else 64), 4
     block = 16 if length <= 16 else block
-    # float32 products as torch's own matmuls: exact unless TF32 is allowed; bfloat16 ones on the tensor cores
-    exact = dtype == torch.float32 and not allow_tf32
     return dict(
         DOT_FP32=not on_cuda,  # the CPU interpreter's tl.dot gives garbage on bfloat16 tiles
         PRECISION="ieee" if exact or not on_cuda else "tf32",

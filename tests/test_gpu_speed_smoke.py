@@ -94,6 +94,42 @@ def test_smoke_run_compiles(gpu_speed, tmp_path):
         assert entry["compiled"]["inference"]["median_s"] > 0 and "train" not in entry["compiled"]
 
 
+def test_a_graph_break_under_cuda_graphs_is_measured_between_breaks_and_recorded(
+    gpu_speed, tmp_path, monkeypatch
+):
+    """mode="reduce-overhead" with fullgraph=True fails on a graph break; the run then measures CUDA graphs between
+    the breaks (fullgraph=False) and says why, instead of losing the row. CPU stand-in: a compile whose fullgraph
+    capture fails and whose split capture runs the model as it is."""
+    compiles = []
+
+    def fake_compile(model, mode=None, fullgraph=False, dynamic=None, **kwargs):
+        compiles.append((mode, fullgraph))
+        if not fullgraph:
+            return model
+
+        def broken(**inputs):
+            raise RuntimeError("Unsupported: a data pointer comparison\n(the rest of dynamo's message)")
+
+        return broken
+
+    monkeypatch.setattr(gpu_speed, "cuda_graphs_available", lambda device: True)
+    monkeypatch.setattr(gpu_speed.torch, "compile", fake_compile)
+    arguments = ["--device", "cpu", "--smoke", "--modes", "cuda-graphs", "--groups", "HyperBF"]
+    report = gpu_speed.main([*arguments, "--output_dir", str(tmp_path)])
+    (group,) = report["groups"].values()
+    for name, entry in group["variants"].items():
+        for task in ("inference", "train"):
+            timing = entry["cuda-graphs"][task]
+            assert "error" not in timing and timing["median_s"] > 0, (name, task, timing)
+            assert timing["graph_break"] == "RuntimeError: Unsupported: a data pointer comparison", timing
+    # one fullgraph try and one split compile per variant, not one per task
+    assert compiles == [("reduce-overhead", True)] * len(group["variants"]) + [
+        ("reduce-overhead", False)
+    ] * len(group["variants"]), compiles
+    markdown = (tmp_path / "gpu_speed_smoke.md").read_text()
+    assert markdown.count("graph break, so CUDA graphs between breaks") == len(group["variants"]), markdown
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_a_real_run_without_cuda_exits_with_a_message_and_writes_nothing(gpu_speed, tmp_path):
     with pytest.raises(SystemExit, match="no CUDA device is available"):

@@ -160,40 +160,33 @@ def test_loaders_whose_workers_cannot_number_their_batches_are_refused(
         collate.check_loader(torch.utils.data.DataLoader(Stream(), batch_size=2, num_workers=2))
 
 
-def test_accelerate_run_with_dataloader_workers_resumes_to_the_weights_without_workers(
-    tmp_path: Path,
+# both loops: (main, checkpoint flags, the folder of the step-3 checkpoint)
+LOOPS = {
+    "accelerate": (accelerate_loop.main, ["--checkpointing_steps", "3", "--save_total_limit", "3"], "step_3"),
+    "trainer": (train.main, ["--save_strategy", "steps", "--save_steps", "3"], "checkpoint-3"),
+}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_run_with_dataloader_workers_resumes_to_the_weights_without_workers(
+    tmp_path: Path, loop: str
 ) -> None:
-    argv = [*COMMON, "--checkpointing_steps", "3", "--save_total_limit", "3"]
+    """The Trainer's is the short variant of the next test: the resume starts from a copy of the uninterrupted
+    run's checkpoint."""
+    main, flags, checkpoint = LOOPS[loop]
+    argv = [*COMMON, *flags]
     alone = tmp_path / "alone"
-    assert accelerate_loop.main([*argv, "--output_dir", str(alone)]) == 0
+    assert main([*argv, "--output_dir", str(alone)]) == 0
     straight = tmp_path / "straight"
-    assert accelerate_loop.main([*argv, *WORKERS, "--output_dir", str(straight), "--keep_checkpoints"]) == 0
+    assert main([*argv, *WORKERS, "--output_dir", str(straight), "--keep_checkpoints"]) == 0
     assert_same_weights(alone, straight)  # the same masks batch for batch, with or without workers
     resumed = tmp_path / "resumed"
     work = tmp_path / "resumed.checkpoints"
     work.mkdir()
-    shutil.copytree(tmp_path / "straight.checkpoints" / "step_3", work / "step_3")
-    assert accelerate_loop.main([*argv, *WORKERS, "--output_dir", str(resumed), "--resume"]) == 0
+    shutil.copytree(tmp_path / "straight.checkpoints" / checkpoint, work / checkpoint)
+    assert main([*argv, *WORKERS, "--output_dir", str(resumed), "--resume"]) == 0
     recipe = json.loads((resumed / "metrics.json").read_text())["recipe"]
-    assert recipe["global_step"] == 5 and recipe["resumed_from"].endswith("step_3"), recipe
-    assert_same_weights(straight, resumed)
-
-
-def test_trainer_run_with_dataloader_workers_resumes_to_the_weights_without_workers(tmp_path: Path) -> None:
-    """The short variant of the next test: the resume starts from a copy of the uninterrupted run's checkpoint."""
-    common = [*COMMON, "--save_strategy", "steps", "--save_steps", "3"]
-    alone = tmp_path / "alone"
-    assert train.main([*common, "--output_dir", str(alone)]) == 0
-    straight = tmp_path / "straight"
-    assert train.main([*common, *WORKERS, "--output_dir", str(straight), "--keep_checkpoints"]) == 0
-    assert_same_weights(alone, straight)  # the same masks batch for batch, with or without workers
-    resumed = tmp_path / "resumed"
-    work = tmp_path / "resumed.checkpoints"
-    work.mkdir()
-    shutil.copytree(tmp_path / "straight.checkpoints" / "checkpoint-3", work / "checkpoint-3")
-    assert train.main([*common, *WORKERS, "--output_dir", str(resumed), "--resume"]) == 0
-    recipe = json.loads((resumed / "metrics.json").read_text())["recipe"]
-    assert recipe["global_step"] == 5 and recipe["resumed_from"].endswith("checkpoint-3"), recipe
+    assert recipe["global_step"] == 5 and recipe["resumed_from"].endswith(checkpoint), recipe
     assert_same_weights(straight, resumed)
 
 
