@@ -636,14 +636,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if not args.groups or any(pattern in group.name for pattern in args.groups)
     ]
     stem = "gpu_speed_smoke" if args.smoke else "gpu_speed"
-    for done, group in enumerate(selected, start=1):
-        print(group.name, flush=True)
-        report["groups"][group.name] = measure_group(group, args, device)
-        # written after every group: a run stopped by its time budget (benchmarks/gpu/run.sh) keeps what it measured
-        report["complete"] = done == len(selected)
-        write_report(report, args.output_dir, stem, pending=[g.name for g in selected[done:]])
+    # one mode over every group before the next mode: a run stopped by its time budget (benchmarks/gpu/run.sh)
+    # has every group's eager numbers before any compilation (the slow part) begins
+    passes = [(mode, group) for mode in args.modes for group in selected]
+    for done, (mode, group) in enumerate(passes, start=1):
+        print(f"{group.name} [{mode}]", flush=True)
+        record = measure_group(group, argparse.Namespace(**{**vars(args), "modes": [mode]}), device)
+        merge_record(report["groups"], group, record)
+        # written after every pass, so a stopped run keeps what it measured
+        report["complete"] = done == len(passes)
+        write_report(report, args.output_dir, stem, pending=[f"{g.name} [{m}]" for m, g in passes[done:]])
     print(f"wrote {args.output_dir / stem}.{{json,md}}")
     return report
+
+
+def merge_record(records: dict[str, Any], group: Group, record: dict[str, Any]) -> None:
+    """Add one mode's `record` of `group` to `records` (by group name) and recompute the ratios over all modes."""
+    if group.name not in records:
+        records[group.name] = record
+        return
+    variants = records[group.name]["variants"]
+    for name, entry in record["variants"].items():
+        variants.setdefault(name, {}).update({key: value for key, value in entry.items() if key in MODES})
+    add_ratios(records[group.name], group.baseline.name if group.baseline else None)
 
 
 def write_report(report: dict[str, Any], output_dir: Path, stem: str, pending: list[str]) -> None:

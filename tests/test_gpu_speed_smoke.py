@@ -81,6 +81,7 @@ def test_smoke_run_compiles(gpu_speed, tmp_path):
         "cpu",
         "--smoke",
         "--modes",
+        "eager",
         "compiled",
         "--tasks",
         "inference",
@@ -90,8 +91,12 @@ def test_smoke_run_compiles(gpu_speed, tmp_path):
     report = gpu_speed.main([*arguments, "--output_dir", str(tmp_path)])
     (group,) = report["groups"].values()
     assert report["compile_backend"] == "aot_eager"  # smoke: capture + AOT autograd, no code generation
-    for entry in group["variants"].values():
+    for name, entry in group["variants"].items():  # the two passes (one mode each) merged into one record
         assert entry["compiled"]["inference"]["median_s"] > 0 and "train" not in entry["compiled"]
+        assert entry["eager"]["inference"]["median_s"] > 0, (name, entry)
+        if not entry["baseline"]:
+            assert entry["eager"]["inference"]["ratio"] > 0 and entry["compiled"]["inference"]["ratio"] > 0
+    assert group["best_ratio"]["inference"] > 0
 
 
 def test_a_graph_break_under_cuda_graphs_is_measured_between_breaks_and_recorded(
@@ -151,11 +156,16 @@ def test_a_stopped_run_keeps_the_groups_it_measured(gpu_speed, tmp_path, monkeyp
         return measure(group, args, device)
 
     monkeypatch.setattr(gpu_speed, "measure_group", measure_then_stop)
-    arguments = ["--device", "cpu", "--smoke", "--modes", "eager", "--tasks", "inference"]
+    arguments = ["--device", "cpu", "--smoke", "--modes", "eager", "compiled", "--tasks", "inference"]
     with pytest.raises(KeyboardInterrupt):
         gpu_speed.main([*arguments, "--groups", "HyperBF", "sudoku", "--output_dir", str(tmp_path)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_speed_smoke.json", "gpu_speed_smoke.md"]
     report = json.loads((tmp_path / "gpu_speed_smoke.json").read_text())
     assert list(report["groups"]) == calls[:1] and report["complete"] is False, report
-    markdown = (tmp_path / "gpu_speed_smoke.md").read_text()
-    assert "**Incomplete run**" in markdown and calls[1] in markdown.split("**Incomplete run**")[1]
+    # one mode over every group first: the stop came in the second group's eager pass, before any compiling
+    assert calls[1] != calls[0], calls
+    for entry in report["groups"][calls[0]]["variants"].values():
+        assert "eager" in entry and "compiled" not in entry, entry
+    pending = (tmp_path / "gpu_speed_smoke.md").read_text().split("**Incomplete run**")[1]
+    for name in (f"{calls[1]} [eager]", f"{calls[0]} [compiled]", f"{calls[1]} [compiled]"):
+        assert name in pending, (name, pending)
