@@ -391,8 +391,8 @@ def compile_ahead(
     The same constants and launch options as a launch on `(B, H, length, head_dim)` tensors of `dtype` on CUDA
     (`overrides` replace them, e.g. `num_warps=4`); Triton's bundled `ptxas` assembles the result, so a kernel that
     would fail to compile on the GPU fails here. Needs a process without TRITON_INTERPRET (the tests use a
-    subprocess) and the compile API of Triton 3.4 or later (written against 3.9). Returns Triton's compiled kernel (`.asm["cubin"]`,
-    `.metadata.shared`: bytes of shared memory a launch needs).
+    subprocess); written against Triton 3.9's compile API. Returns Triton's compiled kernel (`.asm["cubin"]`;
+    `.metadata.shared`: the bytes of shared memory a launch needs).
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel={kernel!r} is not one of {KERNELS}")
