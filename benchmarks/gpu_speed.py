@@ -13,9 +13,9 @@ Groups (model variants and their baseline, measured interleaved in the same proc
 Each family runs once per `attn_implementation` it accepts (Hyper-SET: eager / sdpa / triton, HyperBF: eager /
 sdpa; a name the model rejects is recorded as skipped with transformers' message), each in eager mode,
 `torch.compile`d and compiled with CUDA graphs (`mode="reduce-overhead"`: the fixed-T forward replayed as one
-graph, CUDA only; a model with a graph break, which fails `fullgraph=True`, is measured with CUDA graphs between its
-breaks and the row says why), for inference (`torch.inference_mode`, eval) and a training step (forward + backward of the
-loss, train mode; no optimiser step). Weights and inputs are bfloat16. Per variant the table gives the median of
+graph, CUDA only; a model with a graph break, which fails `fullgraph=True`, is measured with CUDA graphs between
+its breaks and the row says why), for inference (`torch.inference_mode`, eval) and a training step (forward +
+backward of the loss, train mode; no optimiser step). Weights and inputs are bfloat16. Per variant the table gives the median of
 `--repeats` interleaved calls (A, B, …, A, B, … so machine noise hits all alike) after the first call and one
 warm-up call, throughput, the ratio baseline time / model time (> 1: the model is faster; same task and same
 mode), the first-call time (with compilation for compiled variants), the peak memory of one call

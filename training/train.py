@@ -141,8 +141,8 @@ def build_trainer_classes() -> tuple[type, type, type]:
 
     class LoopState(TrainerCallback):
         """Continue the sampled depths where a resumed run stopped and the training masks (a collator with
-        `continue_after`) where each epoch starts, and log the loss at every checkpoint step (so the logged windows end exactly at each
-        checkpoint: `whole_run_train_loss`)."""
+        `continue_after`) where each epoch starts, and log the loss at every checkpoint step (so the logged
+        windows end exactly at each checkpoint: `whole_run_train_loss`)."""
 
         def __init__(self, collator: Any = None) -> None:
             self.collator = collator
