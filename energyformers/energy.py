@@ -29,6 +29,7 @@ V = K W_V), the value projection acts on the retrieved key-space pattern, so it 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,6 +115,15 @@ def _scores(
     return scores, present
 
 
+def _outside_autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """A block where an enclosing autocast (bf16 training) is off on `device`, so products run in their inputs'
+    dtype; a no-op where autocast is not on (or not available for the device type)."""
+    kind = device.type
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        return torch.autocast(kind, enabled=False)
+    return contextlib.nullcontext()
+
+
 def hopfield_energy(
     state: torch.Tensor,
     stored: torch.Tensor,
@@ -129,6 +139,18 @@ def hopfield_energy(
     constants: include β⁻¹ log N + ½ M² (N, M over the patterns each state sees), so that E >= 0.
     """
     _check_beta(beta)
+    with _outside_autocast(state.device):  # an energy is a measurement: in the inputs' dtype, not autocast's
+        return _hopfield_energy(state, stored, beta, num_heads, mask, constants)
+
+
+def _hopfield_energy(
+    state: torch.Tensor,
+    stored: torch.Tensor,
+    beta: float | torch.Tensor,
+    num_heads: int,
+    mask: torch.Tensor | None,
+    constants: bool,
+) -> torch.Tensor:
     xi, patterns, mask = _heads_and_mask(state, stored, num_heads, mask)
     beta = _head_beta(beta, xi)
     scores, present = _scores(xi, patterns, beta, mask)
@@ -325,11 +347,19 @@ class EnergyAttention(nn.Module):
                 )
             mask = mask.bool()[:, None, None, :]  # (B, 1, 1, N_k)
         state, keys = self.q_proj(hidden_states), self.k_proj(source)
-        trace = [hopfield_energy(state.detach(), keys.detach(), self.beta, self.num_heads, mask)]
+        # the trace in at least float32 whatever autocast made of the projections (half-precision energies lose
+        # the small decreases the trace is there to show)
+        precision = torch.promote_types(keys.dtype, torch.float32)
+        stored = keys.detach().to(precision)
+
+        def energy(state: torch.Tensor) -> torch.Tensor:
+            return hopfield_energy(state.detach().to(precision), stored, self.beta, self.num_heads, mask)
+
+        trace = [energy(state)]
         for _ in range(steps):
             gradient, _ = hopfield_gradient(state, keys, self.beta, self.num_heads, mask)
             state = state - self.step_size * gradient
-            trace.append(hopfield_energy(state.detach(), keys.detach(), self.beta, self.num_heads, mask))
+            trace.append(energy(state))
         return self.o_proj(state), torch.stack(trace, dim=1)
 
 

@@ -13,6 +13,7 @@ embedding, so the number of iterations can be changed at test time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -531,6 +532,23 @@ def check_attn_implementation(config: HyperSetConfig, requested: str) -> None:
         raise ValueError(f"Hyper-SET: attn_implementation={requested!r} cannot run here: {reason}.")
 
 
+def _energy_precision(method: Callable) -> Callable:
+    """An energy method (`energy`, `diagnostics`): without autograd and outside any autocast. The energies are
+    computed in at least float32 (half-precision energies lose the small terms); an enclosing autocast, as in bf16
+    training, would run their products in 16 bits and blur the descent and the energy-halting decisions."""
+
+    @functools.wraps(method)
+    @torch.no_grad()
+    def wrapped(self: nn.Module, hidden_states: torch.Tensor, *args, **kwargs):
+        kind = hidden_states.device.type
+        if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+            with torch.autocast(kind, enabled=False):
+                return method(self, hidden_states, *args, **kwargs)
+        return method(self, hidden_states, *args, **kwargs)
+
+    return wrapped
+
+
 class HyperSetAttention(nn.Module):
     """Symmetric (bi-softmax) attention: the exact update −Wᵀ ∂E_ATTN/∂z of the hyperspherical energy.
 
@@ -593,12 +611,12 @@ class HyperSetAttention(nn.Module):
         output_weight = self.qkv_proj.weight * gain_v.repeat(self.num_heads)[:, None]  # (d, d)
         return F.linear(mixed, output_weight.t()), probs
 
-    @torch.no_grad()
+    @_energy_precision
     def energy(self, hidden_states: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """E_ATTN `(B,)` over the real tokens (`keep`: `(B, N)` float), gain-free normalisation."""
         return self.diagnostics(hidden_states, keep, geometry=False)[0]
 
-    @torch.no_grad()
+    @_energy_precision
     def diagnostics(
         self, hidden_states: torch.Tensor, keep: torch.Tensor, geometry: bool = True
     ) -> tuple[torch.Tensor, ...]:
@@ -641,7 +659,7 @@ class HyperSetFeedForward(nn.Module):
         coefficients = projected.softmax(-1) if self.energy_kind == "softmax" else self.activation(projected)
         return F.linear(coefficients, self.dictionary.weight.t())
 
-    @torch.no_grad()
+    @_energy_precision
     def energy(self, hidden_states: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """E_FF `(B,)` over real tokens, gain-free normalisation."""
         dtype = torch.promote_types(hidden_states.dtype, torch.float32)
@@ -712,7 +730,7 @@ class HyperSetLinearAttention(HyperSetAttention):
         mixed = mixed.transpose(1, 2).reshape(batch, length, width)  # (B, H, N, d_h) → (B, N, d)
         return F.linear(mixed, self.qkv_proj.weight.t()), None
 
-    @torch.no_grad()
+    @_energy_precision
     def diagnostics(
         self, hidden_states: torch.Tensor, keep: torch.Tensor, geometry: bool = True
     ) -> tuple[torch.Tensor, ...]:
@@ -741,7 +759,7 @@ class HyperSetGatedFeedForward(HyperSetFeedForward):
         gate = self.feature_map(projected).sum(-1, keepdim=True)  # (B, N, 1)
         return F.linear(gate * self.feature_map_derivative(projected), self.dictionary.weight.t())
 
-    @torch.no_grad()
+    @_energy_precision
     def energy(self, hidden_states: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """E_FF `(B,)` over real tokens, gain-free normalisation, in at least float32."""
         precision = torch.promote_types(hidden_states.dtype, torch.float32)

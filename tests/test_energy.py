@@ -236,3 +236,22 @@ def test_a_tiny_classifier_with_energy_attention_learns_digits():
         accuracy = (model(images[test]).argmax(-1) == labels[test]).float().mean().item()
     assert accuracy > 0.8, f"held-out accuracy {accuracy:.3f} (chance 0.1)"
     assert time.perf_counter() - start < 20
+
+
+def test_energies_are_measured_outside_a_bfloat16_autocast():
+    """Under autocast (bf16 training) the energy and EnergyAttention's trace are computed in float32, so the trace
+    still shows the small per-step decreases; the descent itself runs in autocast's precision."""
+    torch.manual_seed(0)
+    module = EnergyAttention(16, num_heads=2, num_steps=3)
+    hidden = torch.randn(2, 5, 16)
+    state, stored = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    expected_energy = hopfield_energy(state, stored, 0.5, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        energy = hopfield_energy(state, stored, 0.5, 2)
+        _, trace = module(hidden)
+        queries, keys = module.q_proj(hidden), module.k_proj(hidden)  # what autocast made of the projections
+    # the same float32 computation: float32's default tolerances (bf16 products are off by ~1e-3 relative)
+    torch.testing.assert_close(energy, expected_energy, msg=lambda m: f"hopfield_energy under autocast: {m}")
+    assert trace.dtype == torch.float32, trace.dtype
+    start = hopfield_energy(queries.float(), keys.float(), module.beta, module.num_heads)
+    torch.testing.assert_close(trace[:, 0], start, msg=lambda m: f"trace[:, 0] under autocast: {m}")

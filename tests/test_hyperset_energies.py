@@ -240,3 +240,27 @@ def test_small_positive_steps_descend_each_energy_when_the_projection_is_a_scale
             f"{part}, trial {trial}: {before.tolist()} -> {after.tolist()}"
         )
         assert (after < before).any(), f"{part}, trial {trial}: no sample descended {before} -> {after}"
+
+
+@pytest.mark.parametrize(
+    ("attention_energy", "feedforward_energy", "feature_map"),
+    [("bisoftmax", "relu", None), ("sigmoid", "softmax", None), ("linear", "gated", "elu+1")],
+)
+def test_energies_are_float32_under_a_bfloat16_autocast(attention_energy, feedforward_energy, feature_map):
+    """bf16 training runs the model under autocast; the energies it reports (output_energies, energy halting,
+    search's energy selector) must still be computed in float32, not in autocast's 16-bit products."""
+    torch.manual_seed(0)
+    config = SEQUENCE.config(
+        attention_energy=attention_energy, feedforward_energy=feedforward_energy, feature_map=feature_map
+    )
+    layer = HyperSetModel(config).layers[0]
+    hidden_states = torch.randn(2, 6, config.hidden_size)
+    keep = _keep(masked=True).float()
+    expected = (*layer.attention.diagnostics(hidden_states, keep), layer.feedforward.energy(hidden_states, keep))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = (*layer.attention.diagnostics(hidden_states, keep), layer.feedforward.energy(hidden_states, keep))
+    names = ("attention energy", "effective rank", "mean angle", "feedforward energy")
+    for name, value, reference in zip(names, got, expected, strict=True):
+        assert value.dtype == torch.float32, f"{name}: {value.dtype} under autocast"
+        # the same float32 computation: float32's default tolerances (bf16 products are off by ~1e-3 relative)
+        torch.testing.assert_close(value, reference, msg=lambda m, name=name: f"{name} under autocast: {m}")
