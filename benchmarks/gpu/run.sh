@@ -9,7 +9,7 @@
 #              (fetched beforehand with benchmarks/gpu/fetch_wheels.sh); --smoke: skipped when the package is
 #              already importable
 #   attention  pytest on the two attention test files (with CUDA they add "cuda" parameters: the Triton kernel
-#              compiled for the GPU; float32 and bfloat16 tests), junit XML
+#              compiled for the GPU; float32 and bfloat16 tests), junit XML; 4 pytest-xdist processes on the GPU
 #   speed      benchmarks/gpu_speed.py (bf16; eager, compiled, CUDA graphs; inference and training; peak memory;
 #              compile time of T = 24), one mode over every group at a time (eager first), writing after each
 #              so a stopped run keeps what it measured
@@ -93,11 +93,15 @@ print(s.origin) if s else sys.exit(1)"; then
 }
 
 stage_attention() {
-    local select=()
+    local select=() workers=()
     # smoke: one short length of each check (the interpreter runs the Triton kernel slowly on CPU)
     [[ $SMOKE == 1 ]] && select=(-k "(float32_matches_eager and N17-d64-padded) or (bfloat16_no_worse and 17) or default_follows")
+    # GPU: most of this stage is Triton compiling each launch configuration for the GPU, one at a time per
+    # process; pytest-xdist (in the GPU image) spreads the tests, hence the compiles, over 4 processes
+    [[ $SMOKE == 0 ]] && "$PYTHON" -c "import xdist" 2>/dev/null && workers=(-n 4)
     "$PYTHON" -m pytest tests/test_attention_implementations.py tests/test_hyperbf_attention_implementations.py \
-        -p no:randomly -p no:cacheprovider -q -rfE "${select[@]}" --junitxml "$OUT/attention.xml"
+        -p no:randomly -p no:cacheprovider -q -rfE --durations=15 "${workers[@]}" "${select[@]}" \
+        --junitxml "$OUT/attention.xml"
 }
 
 stage_speed() {
