@@ -21,7 +21,10 @@ warm-up call, throughput, the ratio baseline time / model time (> 1: the model i
 mode), the first-call time (with compilation for compiled variants), the peak memory of one call
 above what was allocated before it (`torch.cuda.max_memory_allocated`), and FLOPs per image counted with
 `torch.utils.flop_counter.FlopCounterMode` on the eager-implementation model (every matmul, convolution and
-attention call, so iMixer's fixed-point iterations and power iterations count too).
+attention call, so iMixer's fixed-point iterations and power iterations count too). In the eager and compiled
+modes (`--profile_modes`) one more call of every variant is profiled with `torch.profiler`: under each group's
+table, the kernels that take the most device time and their total beside the call's median (the gap is launch
+overhead), so a missed target comes with where its time goes.
 
     python benchmarks/gpu_speed.py                      # on a CUDA machine: results/gpu_speed.{json,md}
     python benchmarks/gpu_speed.py --device cpu --smoke # tiny configs, 1 repeat: checks the script, no numbers
@@ -339,6 +342,47 @@ def peak_memory(function: Callable, device: torch.device) -> int | None:
     return torch.cuda.max_memory_allocated(device) - before
 
 
+# operators (kernels on CUDA) kept per profiled call: in the JSON, and the first few in the markdown
+PROFILE_ROWS, PROFILE_ROWS_SHOWN = 12, 5
+
+
+def profile_call(function: Callable, device: torch.device) -> dict[str, Any]:
+    """Where one call's time goes, from `torch.profiler`: on CUDA the kernels with the most device time (a
+    kernel's time counted once, whichever operator or Triton launch issued it), else the operators with the most
+    CPU self time. `total_ms` over all of them beside the call's measured median says how much of the call is
+    device work and how much launch overhead (the gap)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if device.type == "cuda" else [])]
+    synchronize(device)
+    with profile(activities=activities) as profiler:
+        function()
+        synchronize(device)
+    averages = profiler.key_averages()
+    clock, events = "cpu operators", [e for e in averages if e.device_type == DeviceType.CPU]
+    kernels = [e for e in averages if e.device_type == DeviceType.CUDA]
+    if kernels:
+        clock, events = "cuda kernels", kernels
+    elif device.type == "cuda":  # no kernel rows (a profiler without CUPTI): the operators' device time
+        clock = "operators' cuda time"
+    time_of = (
+        (lambda e: e.self_device_time_total) if device.type == "cuda" else (lambda e: e.self_cpu_time_total)
+    )
+    events = [e for e in events if time_of(e) > 0]
+    total = sum(time_of(e) for e in events)  # microseconds
+    top = sorted(events, key=time_of, reverse=True)[:PROFILE_ROWS]
+    return {
+        "clock": clock,
+        "total_ms": total / 1e3,
+        "count": sum(e.count for e in events),
+        "top": [
+            {"name": e.key[:200], "ms": time_of(e) / 1e3, "share": time_of(e) / total, "calls": e.count}
+            for e in top
+        ],
+    }
+
+
 def count_flops(model: nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, float]:
     """FLOPs per sample of a forward and of a training step (forward + backward), batch of one."""
     one = {k: v[:1] for k, v in inputs.items()}
@@ -440,6 +484,14 @@ def measure_group(group: Group, args: argparse.Namespace, device: torch.device) 
                 entry["median_s"] = statistics.median(samples)
                 entry["samples_per_s"] = batch / entry["median_s"]
                 print(f"  {name:40s} {mode:8s} {task:9s} {1e3 * entry['median_s']:9.2f} ms", flush=True)
+            if mode not in args.profile_modes:
+                continue
+            for name, call in calls.items():
+                entry = record["variants"][name][mode][task]
+                try:  # one more call, profiled: what the measured time is made of
+                    entry["profile"] = profile_call(call, device)
+                except Exception as error:  # a profiler that cannot run here costs the profile, not the run
+                    entry["profile_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
         del runners
         torch._dynamo.reset()
     add_ratios(record, group.baseline.name if group.baseline else None)
@@ -560,8 +612,38 @@ def markdown(report: dict[str, Any]) -> str:
                     + (f" error: {error[:160]}" if error else "")
                     + (f" graph break, so CUDA graphs between breaks: {split[:160]}" if split else "")
                 )
-        lines.append("")
+        lines += ["", *profile_lines(group)]
     return "\n".join(lines)
+
+
+def profile_lines(group: dict[str, Any]) -> list[str]:
+    """The group's profiles as a list: per variant, mode and task the largest shares of one profiled call."""
+    lines = []
+    for variant, entry in group["variants"].items():
+        for mode in MODES:
+            for task in TASKS:
+                timing = entry.get(mode, {}).get(task, {})
+                if "profile_error" in timing:
+                    lines.append(f"- {variant}, {mode}, {task}: no profile ({timing['profile_error'][:160]})")
+                if "profile" not in timing:
+                    continue
+                profile = timing["profile"]
+                top = "; ".join(
+                    f"{row['share']:.0%} `{row['name'][:70]}` ({row['calls']}×)"
+                    for row in profile["top"][:PROFILE_ROWS_SHOWN]
+                )
+                lines.append(
+                    f"- {variant}, {mode}, {task}: {profile['total_ms']:.2f} ms in {profile['count']} "
+                    f"{profile['clock']} (call median {_cell(timing, 'median_s', 1e3)} ms): {top}"
+                )
+    if not lines:
+        return []
+    heading = (
+        "Where the time goes: one more call of each, profiled (`torch.profiler`); the largest shares of the "
+        "kernels' device time on CUDA (of the operators' CPU self time without CUDA). A total well below the "
+        "call's median is time the GPU waits for launches."
+    )
+    return [heading, "", *lines, ""]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -591,6 +673,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--compile_backend",
         default=None,
         help="torch.compile backend (default inductor; smoke: aot_eager — AOT autograd without codegen, so the compiled training step is traced as under inductor; plain eager cannot differentiate the reused iteration region)",
+    )
+    parser.add_argument(
+        "--profile_modes",
+        nargs="*",
+        choices=MODES,
+        default=["eager", "compiled"],
+        help="modes in which one more call of every variant is profiled (torch.profiler: where the time goes); "
+        "none: --profile_modes with no value. CUDA graphs replay as one launch, so their profile says little",
     )
     parser.add_argument("--output_dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)

@@ -97,6 +97,41 @@ def test_smoke_run_compiles(gpu_speed, tmp_path):
         if not entry["baseline"]:
             assert entry["eager"]["inference"]["ratio"] > 0 and entry["compiled"]["inference"]["ratio"] > 0
     assert group["best_ratio"]["inference"] > 0
+    # one more call of each is profiled in both modes (the default --profile_modes): where its time goes
+    markdown = (tmp_path / "gpu_speed_smoke.md").read_text()
+    assert "Where the time goes" in markdown
+    for name, entry in group["variants"].items():
+        for mode in ("eager", "compiled"):
+            profile = entry[mode]["inference"]["profile"]
+            shares = [row["share"] for row in profile["top"]]
+            assert profile["clock"] == "cpu operators" and profile["total_ms"] > 0, (name, mode, profile)
+            assert profile["count"] >= len(shares) > 0 and all(row["name"] for row in profile["top"])
+            if mode == "eager":  # the model's own operators (compiled: also the compiled region's frames)
+                assert all(row["name"].startswith("aten::") for row in profile["top"]), profile["top"]
+            assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9, (
+                name,
+                mode,
+                shares,
+            )
+            assert f"- {name}, {mode}, inference: " in markdown, name
+
+
+def test_no_profile_modes_profiles_nothing(gpu_speed, tmp_path):
+    arguments = [
+        "--device",
+        "cpu",
+        "--smoke",
+        "--modes",
+        "eager",
+        "--tasks",
+        "inference",
+        "--groups",
+        "HyperBF",
+    ]
+    report = gpu_speed.main([*arguments, "--profile_modes", "--output_dir", str(tmp_path)])
+    (group,) = report["groups"].values()
+    assert all("profile" not in entry["eager"]["inference"] for entry in group["variants"].values())
+    assert "Where the time goes" not in (tmp_path / "gpu_speed_smoke.md").read_text()
 
 
 def test_a_graph_break_under_cuda_graphs_is_measured_between_breaks_and_recorded(

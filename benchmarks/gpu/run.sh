@@ -11,8 +11,8 @@
 #   attention  pytest on the two attention test files (with CUDA they add "cuda" parameters: the Triton kernel
 #              compiled for the GPU; float32 and bfloat16 tests), junit XML; 4 pytest-xdist processes on the GPU
 #   speed      benchmarks/gpu_speed.py (bf16; eager, compiled, CUDA graphs; inference and training; peak memory;
-#              compile time of T = 24), one mode over every group at a time (eager first), writing after each
-#              so a stopped run keeps what it measured
+#              compile time of T = 24; a profile of one call each, eager and compiled), one mode over every group
+#              at a time (eager first), writing after each so a stopped run keeps what it measured
 #   sudoku     a short run of the Sudoku recipe below on the puzzles carried in benchmarks/gpu/
 # then summary.md: device name, each stage's status, time and result files.
 #
