@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 from typing import Any
 
 from transformers import PreTrainedConfig
@@ -223,6 +224,24 @@ class RecurrentDepthConfig(PreTrainedConfig):
         self.initializer_range = initializer_range
         _validate_config(self, kwargs)
         super().__init__(**kwargs)
+        self._drop_served_custom_pipelines()
+
+    def _drop_served_custom_pipelines(self) -> None:
+        """Forget the `custom_pipelines` entries (an exported masked-image-modelling folder's own pipeline module)
+        of tasks this process's transformers already serves: with the package imported, its registered
+        `MaskedImageModelingPipeline`. transformers' `pipeline()` prefers a config's custom pipeline to a registered
+        one and then demands `trust_remote_code=True`; dropped, `pipeline(task, model=folder)` builds the registered
+        class as for a folder without the entry. Without the package nothing serves the task and the entry stays."""
+        custom = getattr(self, "custom_pipelines", None)
+        registry = getattr(sys.modules.get("transformers.pipelines"), "PIPELINE_REGISTRY", None)
+        if not custom or registry is None:
+            return
+        served = set(registry.get_supported_tasks())
+        kept = {task: entry for task, entry in custom.items() if task not in served}
+        if kept:
+            self.custom_pipelines = kept
+        else:
+            del self.custom_pipelines
 
     @staticmethod
     def shared_fields() -> tuple[str, ...]:

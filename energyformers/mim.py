@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -155,10 +156,22 @@ class PatchKMeansTokenizer:
         (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
 
     @classmethod
-    def from_pretrained(cls, folder: str | os.PathLike) -> PatchKMeansTokenizer:
+    def from_pretrained(
+        cls,
+        folder: str | os.PathLike,
+        *,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        local_files_only: bool = False,
+    ) -> PatchKMeansTokenizer:
+        """Load the codebook saved in a local folder, or in a Hub repo `folder` ("user/repo", downloaded to the
+        Hub cache with `revision`, `token`, `cache_dir` and `local_files_only`, as transformers' `from_pretrained`)."""
         from safetensors.torch import load_file
 
-        folder = Path(folder)
+        folder = tokenizer_folder(
+            folder, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only
+        )
         for name in (CONFIG_NAME, WEIGHTS_NAME):
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"{folder}: missing {name} (write it with save_pretrained).")
@@ -231,10 +244,21 @@ class VQGANTokenizer:
         path: str | os.PathLike,
         pixel_range: tuple[float, float] | None = None,
         dtype: torch.dtype = torch.float32,
+        *,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        local_files_only: bool = False,
     ) -> VQGANTokenizer:
         """Load a local diffusers `VQModel` folder, or a model folder holding one saved by `save_pretrained`
-        (`vqgan/` with `vq_tokenizer_config.json` beside it). Nothing is downloaded."""
+        (`vqgan/` with `vq_tokenizer_config.json` beside it), or such a model folder published as a Hub repo
+        ("user/repo": its tokenizer files downloaded to the Hub cache with `revision`, `token`, `cache_dir` and
+        `local_files_only`, as transformers' `from_pretrained`)."""
         folder = Path(path)
+        if not folder.is_dir() and _looks_like_repo_id(path):
+            folder = tokenizer_folder(
+                path, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only
+            )
         if not folder.is_dir():
             raise FileNotFoundError(
                 f"path={str(path)!r}: no such folder; expected a diffusers VQModel folder (config.json and "
@@ -351,8 +375,78 @@ def _diffusers_vq_model():
     return VQModel
 
 
-def load_vq_tokenizer(folder: str | os.PathLike) -> PatchKMeansTokenizer | VQGANTokenizer:
-    """The image tokenizer saved in `folder` (`vq_tokenizer_config.json` names its class)."""
+def _looks_like_repo_id(path_or_repo_id: str | os.PathLike) -> bool:
+    """ "name" or "namespace/name", as the Hub spells repo ids; anything else is meant as a local path."""
+    text = str(path_or_repo_id)
+    return not isinstance(path_or_repo_id, Path) and bool(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text))
+
+
+def tokenizer_folder(
+    path_or_repo_id: str | os.PathLike,
+    *,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    local_files_only: bool = False,
+) -> Path:
+    """The local folder holding the image tokenizer of `path_or_repo_id`: the folder itself, or, for a Hub repo id,
+    its snapshot in the Hub cache once `vq_tokenizer_config.json` and the files it names (the codebook, or a
+    VQGAN's `config.json` and weights in its subfolder) are there. Downloads go through transformers'
+    `cached_file`, so `revision`, `token`, `cache_dir`, `local_files_only` and `HF_HUB_OFFLINE` mean what they mean
+    for `from_pretrained`. A repo without a tokenizer raises `FileNotFoundError` naming the repo and the file."""
+    if Path(path_or_repo_id).is_dir() or not _looks_like_repo_id(path_or_repo_id):
+        return Path(path_or_repo_id)
+    from transformers.utils import cached_file
+
+    repo_id = str(path_or_repo_id)
+    hub = dict(revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only)
+    where = f"Hub repo {repo_id!r}" + (f" at revision {revision!r}" if revision else "")
+
+    def fetch(name: str, subfolder: str = "") -> Path:
+        try:
+            path = cached_file(
+                repo_id,
+                name,
+                subfolder=subfolder,
+                _raise_exceptions_for_missing_entries=False,
+                **hub,
+            )
+        except OSError as err:  # no such repo or revision, or offline without the file in the cache
+            raise OSError(f"{where}: cannot read {name!r} of its image tokenizer: {err}") from err
+        if path is None:
+            named = f"{subfolder}/{name}" if subfolder else name
+            raise FileNotFoundError(
+                f"{where} holds no {named}, so it has no image tokenizer (written by PatchKMeansTokenizer / "
+                "VQGANTokenizer.save_pretrained into the model folder before export); pass vq_tokenizer= "
+                "explicitly."
+            )
+        return Path(path)
+
+    config_path = fetch(CONFIG_NAME)
+    settings = json.loads(config_path.read_text())
+    subfolder = settings.get("subfolder")
+    if subfolder is None:
+        fetch(WEIGHTS_NAME)
+    else:  # a VQGAN: diffusers' VQModel folder, as VQModel.save_pretrained writes it
+        fetch("config.json", str(subfolder))
+        fetch("diffusion_pytorch_model.safetensors", str(subfolder))
+    # the Hub cache's snapshot mirrors the repo's layout: the files fetched above lie beside the config
+    return config_path.parent
+
+
+def load_vq_tokenizer(
+    folder: str | os.PathLike,
+    *,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    local_files_only: bool = False,
+) -> PatchKMeansTokenizer | VQGANTokenizer:
+    """The image tokenizer saved in `folder` (`vq_tokenizer_config.json` names its class): a local folder or a Hub
+    repo id ("user/repo"; see `tokenizer_folder` for `revision`, `token`, `cache_dir`, `local_files_only`)."""
+    folder = tokenizer_folder(
+        folder, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only
+    )
     path = Path(folder) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(
@@ -665,4 +759,5 @@ __all__ = [
     "mask_codes",
     "perceptual_metrics",
     "reconstruction_metrics",
+    "tokenizer_folder",
 ]

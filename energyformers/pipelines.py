@@ -117,9 +117,11 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
     `transformers.pipeline("masked-image-modeling", model=folder)` builds this class once `energyformers` is
     imported (any further keyword, e.g. `vq_tokenizer=` or `lpips_weights=`, reaches `__init__`).
 
-    `model`: a `HyperSetForMaskedImageModeling` or the path of its folder. `vq_tokenizer`: any
-    `energyformers.mim.VQTokenizer`; when left out, the one saved in the model folder (`vq_tokenizer_config.json`,
-    written by `PatchKMeansTokenizer.save_pretrained` / `VQGANTokenizer.save_pretrained`) is loaded.
+    `model`: a `HyperSetForMaskedImageModeling`, the path of its folder or its Hub repo id. `vq_tokenizer`: any
+    `energyformers.mim.VQTokenizer`; when left out, the one saved with the model (`vq_tokenizer_config.json`,
+    written by `PatchKMeansTokenizer.save_pretrained` / `VQGANTokenizer.save_pretrained`) is loaded from the
+    model's folder or, for a model from the Hub, its repo (`energyformers.mim.load_vq_tokenizer`, with `revision`,
+    `token`, `cache_dir` and `local_files_only`, which also load the model when `model` is a path or repo id).
 
     Call with an image (PIL image, path, or array / tensor `(H, W)`, `(H, W, C)` or `(C, H, W)`; integers read as
     0-255, floats as [0, 1]) and, as call arguments, `mask_ratio` (default 0.4, the paper's evaluation), `seed`
@@ -149,6 +151,11 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
         vq_tokenizer: Any | None = None,
         device: Any = -1,
         lpips_weights: str | os.PathLike | None = None,
+        *,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        local_files_only: bool = False,
         **kwargs: Any,
     ) -> None:
         from pathlib import Path
@@ -158,17 +165,18 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
         # the weights first: a wrong path fails before the model is read
         self.perceptual = None if lpips_weights is None else perceptual_metrics(lpips_weights, None)
 
-        folder = model if isinstance(model, (str, Path)) else getattr(model, "name_or_path", None)
+        hub = dict(revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only)
+        source = model if isinstance(model, (str, Path)) else getattr(model, "name_or_path", None)
         if isinstance(model, (str, Path)):
-            model = transformers.AutoModelForMaskedImageModeling.from_pretrained(model)
+            model = transformers.AutoModelForMaskedImageModeling.from_pretrained(model, **hub)
         if vq_tokenizer is None:
-            if not folder or not Path(folder).is_dir():
+            if not source:
                 raise ValueError(
-                    "vq_tokenizer is needed: the model was not loaded from a local folder that holds one "
-                    f"(name_or_path={folder!r}); pass vq_tokenizer=PatchKMeansTokenizer.from_pretrained(...) or "
-                    "VQGANTokenizer.from_pretrained(...)."
+                    "vq_tokenizer is needed: the model has no name_or_path to find its image tokenizer by; pass "
+                    "vq_tokenizer=PatchKMeansTokenizer.from_pretrained(...) or VQGANTokenizer.from_pretrained(...)."
                 )
-            vq_tokenizer = load_vq_tokenizer(folder)
+            # a folder, or a Hub repo id as transformers' `pipeline()` leaves in `name_or_path`
+            vq_tokenizer = load_vq_tokenizer(source, **hub)
         if not isinstance(vq_tokenizer, VQTokenizer):
             raise TypeError(
                 "vq_tokenizer must implement energyformers.mim.VQTokenizer (codebook_size, encode, decode); got "

@@ -171,7 +171,11 @@ for case in args["cases"]:
             x = Image.frombytes("RGB", (8, 8), bytes(x))
         if case.get("task") is not None:
             pipe = transformers.pipeline(case["task"], model=case["path"], trust_remote_code=True)
-            out["pipeline"] = plain(pipe(x))
+            out["pipeline_module"] = type(pipe).__module__
+            answer = pipe(x, **case.get("pipeline_kwargs", {}))
+            if case.get("pipeline_keys"):  # outputs JSON cannot hold (a PIL image) left out
+                answer = {key: answer[key] for key in case["pipeline_keys"]}
+            out["pipeline"] = plain(answer)
         if case.get("card"):
             from huggingface_hub import ModelCard
             card = ModelCard.load(case["card"])
@@ -294,6 +298,8 @@ def test_export_folder_contents(exported, case_id):
     stem, processor = family.stem, INPUT_TYPES[case["input_type"]].processor_files
     expected = {"config.json", "model.safetensors", "metrics.json", "README.md", *processor}
     expected |= {f"configuration_{stem}.py", f"modeling_{stem}.py"}
+    if case["auto_class"] == "AutoModelForMaskedImageModeling":  # and its pipeline (transformers has none)
+        expected |= {"pipeline_mim.py", "mim.py"}
     assert {p.name for p in export_dir.iterdir()} == expected
     assert (export_dir / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
     config = json.loads((export_dir / "config.json").read_text())
@@ -667,6 +673,25 @@ def mim_inputs() -> torch.Tensor:
     return codes.masked_fill(masked, MIM_CODEBOOK)
 
 
+# The pipeline's outputs compared with and without the package (its PIL image and decoding record left out: the
+# first is `pixel_values` rounded, the second holds `codes`).
+MIM_PIPELINE_KEYS = [
+    "codes",
+    "input_codes",
+    "true_codes",
+    "masked",
+    "pixel_values",
+    "masked_accuracy",
+    "psnr",
+]
+MIM_PIPELINE_KEYS += ["ssim", "tokenizer_psnr"]
+
+
+def mim_pipeline_image():
+    """The 8×8 RGB test image the child process rebuilds from `pipeline_image_bytes()` (read as grey)."""
+    return pipeline_input("image")
+
+
 @pytest.fixture(scope="module")
 def mim_exported(tmp_path_factory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("mim")
@@ -682,11 +707,14 @@ def mim_exported(tmp_path_factory) -> dict[str, dict]:
             with torch.no_grad():
                 logits = model(input_ids=mim_inputs()).logits
             decoded = model.decode(mim_inputs(), **MIM_DECODE)
+            reconstruct = pipeline("masked-image-modeling", model=str(model_dir))
+            answer = reconstruct(mim_pipeline_image(), **MIM_DECODE)
             out[model_type] = {
                 "model_dir": model_dir,
                 "export_dir": export_dir,
                 "logits": logits,
                 "decode": decoded,
+                "pipeline": to_jsonable({key: answer[key] for key in MIM_PIPELINE_KEYS}),
             }
     return out
 
@@ -698,10 +726,13 @@ def mim_remote(mim_exported, tmp_path_factory) -> dict:
             "id": model_type,
             "auto_class": "AutoModelForMaskedImageModeling",
             "path": str(case["export_dir"]),
-            "input_type": "sequence",
+            "input_type": "image",
             "inputs": {"input_ids": mim_inputs().tolist()},
-            "pipeline_input": None,
             "decode": MIM_DECODE,
+            "task": "masked-image-modeling",  # the folder's custom pipeline
+            "pipeline_input": pipeline_image_bytes(),
+            "pipeline_kwargs": MIM_DECODE,
+            "pipeline_keys": MIM_PIPELINE_KEYS,
         }
         for model_type, case in mim_exported.items()
     ]
@@ -714,6 +745,7 @@ def test_mim_folder_exports_with_its_image_tokenizer(mim_exported, model_type):
     export_dir, model_dir = case["export_dir"], case["model_dir"]
     stems = ["hyperset"] if model_type == "hyperset" else ["hyperset", "looped_transformer"]
     code = {f"{kind}_{stem}.py" for kind in ("configuration", "modeling") for stem in stems}
+    code |= {"pipeline_mim.py", "mim.py"}  # the pipeline transformers lacks, and what it imports
     expected = {"config.json", "model.safetensors", "metrics.json", "README.md", *code}
     tokenizer = {"vq_tokenizer_config.json", "vq_tokenizer.safetensors"}
     assert {p.name for p in export_dir.iterdir()} == expected | tokenizer
@@ -746,6 +778,111 @@ def test_mim_remote_code_logits_and_decode_identical_to_package(mim_exported, mi
     for key, value in case["decode"].items():
         got = torch.tensor(result["decode"][key], dtype=value.dtype)
         assert torch.equal(got, value), (key, got, value)
+
+
+@pytest.mark.parametrize("model_type", MIM_MODELS)
+def test_mim_remote_pipeline_reconstructs_as_the_package_does(mim_exported, mim_remote, model_type):
+    """`pipeline("masked-image-modeling", model=folder, trust_remote_code=True)` where the package is not
+    importable builds the folder's own pipeline (config.json's `custom_pipelines`) and reconstructs the image as the
+    package's pipeline does: the same code, weights, image, seed and thread count, so equal to the last bit."""
+    result, case = mim_remote["cases"][model_type], mim_exported[model_type]
+    assert "error" not in result, result["error"]
+    assert result["pipeline_module"].startswith("transformers_modules."), result["pipeline_module"]
+    assert result["pipeline_module"].endswith(".pipeline_mim"), result["pipeline_module"]
+    for key in MIM_PIPELINE_KEYS:
+        assert result["pipeline"][key] == case["pipeline"][key], (
+            key,
+            result["pipeline"][key],
+            case["pipeline"][key],
+        )
+    config = json.loads((case["export_dir"] / "config.json").read_text())
+    assert config["custom_pipelines"] == {
+        "masked-image-modeling": {
+            "impl": "pipeline_mim.MaskedImageModelingPipeline",
+            "pt": ["AutoModelForMaskedImageModeling"],
+            "type": "image",
+        }
+    }, config.get("custom_pipelines")
+
+
+@pytest.mark.parametrize("trust_remote_code", [None, True])
+def test_mim_export_with_the_package_builds_the_registered_pipeline(mim_exported, trust_remote_code):
+    """With the package imported, the exported folder's `custom_pipelines` must not stand in the way: without
+    trust_remote_code transformers would refuse a config's custom pipeline, so the package's configs drop entries
+    of tasks the process already serves, and both calls build the registered class."""
+    from energyformers.pipelines import MaskedImageModelingPipeline
+
+    case = mim_exported["hyperset"]
+    with single_thread():
+        reconstruct = pipeline(
+            "masked-image-modeling", model=str(case["export_dir"]), trust_remote_code=trust_remote_code
+        )
+        answer = reconstruct(mim_pipeline_image(), **MIM_DECODE)
+    assert type(reconstruct) is MaskedImageModelingPipeline, type(reconstruct)
+    got = to_jsonable({key: answer[key] for key in MIM_PIPELINE_KEYS})
+    assert got == case["pipeline"], (got, case["pipeline"])
+
+
+def test_mim_pipeline_code_is_cut_from_the_package_sources():
+    """Every definition in the folder's pipeline files is the package's, byte for byte; the methods that need more
+    than remote code may import are the only ones left out."""
+    from energyformers.training import remote_code
+
+    sources = remote_code.mim_pipeline_sources()
+    assert set(sources) == {"pipeline_mim.py", "mim.py"}
+    origins = {"pipeline_mim.py": "pipelines", "mim.py": "mim"}
+    for filename, source in sources.items():
+        package = remote_code._read_source("", origins[filename])
+        tree = ast.parse(source)
+        for node in tree.body[1:]:  # after the generated docstring
+            if isinstance(node, ast.ClassDef) and any(
+                (node.name, method) in remote_code.MIM_OMITTED_METHODS for method in ("fit", "from_taming")
+            ):
+                for method in node.body:
+                    segment = ast.get_source_segment(source, method, padded=True)
+                    assert segment in package, (filename, node.name, getattr(method, "name", None))
+                continue
+            segment = ast.get_source_segment(source, node)
+            assert segment in package, (filename, segment[:200])
+    tokenizer = ast.parse(sources["mim.py"])
+    methods = {
+        (node.name, item.name)
+        for node in tokenizer.body
+        if isinstance(node, ast.ClassDef)
+        for item in node.body
+        if isinstance(item, ast.FunctionDef)
+    }
+    assert not methods & set(remote_code.MIM_OMITTED_METHODS), methods & set(remote_code.MIM_OMITTED_METHODS)
+    assert ("PatchKMeansTokenizer", "from_pretrained") in methods
+    defined = {name for node in tokenizer.body for name in remote_code._bound_names(node)}
+    assert {"load_vq_tokenizer", "mask_codes", "reconstruction_metrics", "perceptual_metrics"} <= defined
+    assert (
+        "register_pipelines" not in sources["pipeline_mim.py"]
+    )  # no registration as a side effect of loading
+    assert remote_code.MIM_PIPELINE_TASK == energyformers.pipelines.MASKED_IMAGE_MODELING_TASK
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        ("import energyformers\n", "imports 'energyformers'"),
+        ("import sklearn\n", "imports 'sklearn' .* at top level"),
+        ("def f():\n    import sklearn\n", "imports 'sklearn' .* inside a function"),
+        ("from .modeling_hyperset import X\n", "look for modeling_hyperset.py"),
+        ("from .mim import not_there\n", "imports what the folder's files"),
+        ('"""\n   from .vqgan import X\n"""\n', "makes transformers look for vqgan.py"),
+    ],
+)
+def test_mim_pipeline_code_check_refuses_what_would_not_load(edit, match):
+    from energyformers.training import remote_code
+
+    sources = remote_code.mim_pipeline_sources()
+    remote_code.check_pipeline_code(sources)  # as generated: accepted
+    # a package import inside a try block is what transformers skips, so only that form is accepted
+    guarded = sources["mim.py"] + "\ntry:\n    import sklearn\nexcept ImportError:\n    sklearn = None\n"
+    remote_code.check_pipeline_code({**sources, "mim.py": guarded})
+    with pytest.raises(ValueError, match=match):
+        remote_code.check_pipeline_code({**sources, "pipeline_mim.py": sources["pipeline_mim.py"] + edit})
 
 
 @pytest.mark.parametrize("model_type", MIM_MODELS)

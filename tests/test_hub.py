@@ -29,7 +29,14 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from sklearn.metrics import f1_score
 from sklearn.model_selection import train_test_split
-from test_export import MIM_MODELS, build_mim_dir, run_without_package, single_thread
+from test_export import (
+    MIM_DECODE,
+    MIM_MODELS,
+    build_mim_dir,
+    mim_pipeline_image,
+    run_without_package,
+    single_thread,
+)
 from transformers import ViTImageProcessorPil, pipeline
 
 from energyformers import FAMILIES
@@ -306,6 +313,50 @@ def test_push_of_a_mim_folder_uploads_the_export_with_its_image_tokenizer(hub, m
     assert set(uploaded) == expected, sorted(set(uploaded) ^ expected)
     assert {"vq_tokenizer_config.json", "vq_tokenizer.safetensors"} <= set(uploaded)
     assert uploaded["vq_tokenizer.safetensors"] == (model_dir / "vq_tokenizer.safetensors").read_bytes()
+
+
+def test_mim_pipeline_from_a_repo_id_reads_the_repos_image_tokenizer(hub, monkeypatch, tmp_path):
+    """`pipeline("masked-image-modeling", model="org/name")` with the package: the image tokenizer comes from the
+    repo, at the revision asked for, then offline from the cache; a repo without one is named in the error."""
+    from energyformers.mim import PatchKMeansTokenizer, load_vq_tokenizer
+    from energyformers.pipelines import MaskedImageModelingPipeline
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))  # an empty cache of its own
+    # downloads in this process: the file URLs (built from the endpoint when huggingface_hub was imported) too
+    template = f"{hub.url}/{{repo_id}}/resolve/{{revision}}/{{filename}}"
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    model_dir = build_mim_dir(tmp_path / "mim", "hyperset")
+    push_model_dir(model_dir, "org/mim")
+    other = PatchKMeansTokenizer(torch.rand(8, 4, generator=torch.Generator().manual_seed(9)), 2, (8, 8), 1)
+    other.save_pretrained(model_dir)  # revision v1: the same model with another codebook
+    push_model_dir(model_dir, "org/mim", revision="v1")
+    with single_thread():
+        local = MaskedImageModelingPipeline(model=str(build_mim_dir(tmp_path / "local", "hyperset")))
+        expected = local(mim_pipeline_image(), **MIM_DECODE)
+        reconstruct = pipeline("masked-image-modeling", model="org/mim")
+        got = reconstruct(mim_pipeline_image(), **MIM_DECODE)
+    assert type(reconstruct) is MaskedImageModelingPipeline
+    assert torch.equal(reconstruct.vq_tokenizer.centroids, local.vq_tokenizer.centroids)
+    assert torch.equal(got["codes"], expected["codes"]) and got["psnr"] == expected["psnr"], (got, expected)
+    at_v1 = MaskedImageModelingPipeline(model="org/mim", revision="v1")
+    assert torch.equal(at_v1.vq_tokenizer.centroids, other.centroids)
+    assert torch.equal(load_vq_tokenizer("org/mim", revision="v1").centroids, other.centroids)
+    assert torch.equal(
+        PatchKMeansTokenizer.from_pretrained("org/mim").centroids, local.vq_tokenizer.centroids
+    )
+    # offline: the cache the downloads left behind answers, the stand-in is not asked
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    served = len(hub.requests)
+    offline = pipeline("masked-image-modeling", model="org/mim")
+    assert torch.equal(offline.vq_tokenizer.centroids, local.vq_tokenizer.centroids)
+    assert len(hub.requests) == served, hub.requests[served:]
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    # a repo without an image tokenizer (a converted checkpoint): named with the missing file
+    for name in ("vq_tokenizer_config.json", "vq_tokenizer.safetensors"):
+        (model_dir / name).unlink()
+    push_model_dir(model_dir, "org/bare")
+    with pytest.raises(FileNotFoundError, match=r"Hub repo 'org/bare' holds no vq_tokenizer_config\.json"):
+        pipeline("masked-image-modeling", model="org/bare")
 
 
 def _no_partial_export(tmp_root: Path) -> None:

@@ -12,6 +12,10 @@ registered Auto classes, and without it through `trust_remote_code=True`, becaus
   rewriting the single `from ..configuration.configuration_<stem> import <Arch>Config` line; anything else
   that would not import without the package (other relative imports, `energyformers`, third-party modules
   beyond torch/transformers) is refused, checked on the parsed source,
+* for a masked-image-modelling head, its pipeline: `pipeline_mim.py` + `mim.py`, cut from the package's
+  `MaskedImageModelingPipeline` and the `energyformers.mim` definitions it uses (`remote_code.mim_pipeline_sources`),
+  named in config.json's `custom_pipelines`, so `transformers.pipeline("masked-image-modeling", model=...,
+  trust_remote_code=True)` runs it without the package,
 * `README.md`: the model card (`training/card.py`: `model_cards/card.md` with the family's sections) rendered
   with `huggingface_hub.ModelCard` and the run's measured metrics (`metrics.json`) as `model-index` results.
 
@@ -35,7 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from .card import render_model_card
-from .remote_code import auto_map, generate_remote_code, remote_code_sources
+from .remote_code import (
+    auto_map,
+    custom_pipelines,
+    generate_remote_code,
+    mim_pipeline_sources,
+    remote_code_sources,
+)
 from .weights import PICKLE_WEIGHTS, check_weights_readable, weight_files
 
 logger = logging.getLogger(__name__)
@@ -229,6 +239,9 @@ def export_model_dir(
         )
     info = inspect_model_dir(model_dir)
     sources = remote_code_sources(info["model_type"])  # fails before anything is written
+    mim = info["auto_class"] == MIM_AUTO_CLASS
+    if mim:  # the pipeline too: transformers has no masked-image-modelling task of its own
+        sources.update(mim_pipeline_sources())
     num_parameters = check_weights_load(info)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -242,6 +255,8 @@ def export_model_dir(
             (staging / name).write_text(source, encoding="utf-8")
         config = dict(info["config"])
         config["auto_map"] = auto_map(info["model_type"])
+        if mim:
+            config["custom_pipelines"] = custom_pipelines()
         (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         render_model_card(info, repo_id=repo_id, num_parameters=num_parameters).save(staging / "README.md")
         if out_dir.exists():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -28,9 +29,10 @@ def exportable_models() -> dict:
 
 
 def _read_source(package: str, name: str) -> str:
-    spec = importlib.util.find_spec(f"energyformers.{package}.{name}")
+    module = ".".join(part for part in ("energyformers", package, name) if part)
+    spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
-        raise ValueError(f"cannot find the source of energyformers.{package}.{name}")
+        raise ValueError(f"cannot find the source of {module}")
     return Path(spec.origin).read_text(encoding="utf-8")
 
 
@@ -210,4 +212,215 @@ __all__ = [
     "exportable_models",
     "generate_remote_code",
     "remote_code_sources",
+]
+
+
+# ------------------------------------------------------------------------ masked-image-modelling pipeline
+# transformers has no masked-image-modelling task; a MIM folder names its pipeline in config.json's
+# `custom_pipelines`, which `transformers.pipeline(task, model=folder, trust_remote_code=True)` loads from the folder.
+# The module is cut from the package's own sources: `MaskedImageModelingPipeline` from energyformers/pipelines.py
+# and, as the same-folder `mim.py` its `from .mim import ...` lines name, the definitions of energyformers/mim.py it
+# needs (transitively).
+MIM_PIPELINE_TASK = (
+    "masked-image-modeling"  # = energyformers.pipelines.MASKED_IMAGE_MODELING_TASK (a test checks)
+)
+MIM_PIPELINE_CLASS = "MaskedImageModelingPipeline"
+MIM_PIPELINE_FILE = "pipeline_mim.py"
+MIM_TOKENIZER_FILE = "mim.py"
+# Methods left out of the folder's mim.py, and why: neither is used by the pipeline, and each needs more than
+# remote code may import (transformers' own import check would demand scikit-learn of every user).
+MIM_OMITTED_METHODS = {
+    ("PatchKMeansTokenizer", "fit"): "fitting a codebook needs scikit-learn",
+    ("VQGANTokenizer", "from_taming"): "converting a taming checkpoint needs energyformers.training",
+}
+# What the pipeline files may import: at top level what every transformers user has; inside functions also
+# transformers' own dependencies and torchmetrics (the reconstruction's PSNR/SSIM: transformers names it when it is
+# missing); anything else only inside a `try` block, which transformers' import check skips (the code handles the
+# failure: `except ImportError` or a message naming the package).
+PIPELINE_TOP_LEVEL = ALLOWED_TOP_LEVEL | {"numpy", "PIL"}
+PIPELINE_LAZY = PIPELINE_TOP_LEVEL | {"safetensors", "huggingface_hub", "torchmetrics"}
+# transformers finds the files a remote module needs with this pattern over its text (docstrings included)
+_RELATIVE_IMPORT_LINE = re.compile(r"^\s*from\s+\.(\S+)\s+import", flags=re.MULTILINE)
+
+
+def _bound_names(node: ast.stmt) -> set[str]:
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+    return {
+        name.id
+        for target in targets
+        if target is not None
+        for name in ast.walk(target)
+        if isinstance(name, ast.Name)
+    }
+
+
+def _statement_lines(lines: list[str], node: ast.stmt) -> tuple[int, int]:
+    """[start, end) of a top-level statement's lines: its decorators and the comment lines right above it."""
+    start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))]) - 1
+    while start > 0 and lines[start - 1].lstrip().startswith("#"):
+        start -= 1
+    return start, node.end_lineno
+
+
+def extract_definitions(
+    source: str, filename: str, roots: set[str], omit: dict[tuple[str, str], str] | None = None
+) -> str:
+    """The top-level statements of `source` that define `roots` and everything they use (transitively), in their
+    order and byte for byte, after a `from __future__` line; methods named in `omit` ({(class, method): why}) cut.
+    Raises ValueError for a root `source` does not define."""
+    tree = ast.parse(source, filename=filename)
+    lines = source.splitlines(keepends=True)
+    statements = [node for node in tree.body if not isinstance(node, ast.Expr)]  # the docstring and calls
+    binders = {name: node for node in statements for name in _bound_names(node)}
+    missing = sorted(roots - set(binders))
+    if missing:
+        raise ValueError(f"{filename} defines no {missing}; the remote pipeline needs them.")
+    omit = dict(omit or {})
+    needed, pending = set(), sorted(roots)
+    while pending:
+        node = binders[pending.pop()]
+        if id(node) in needed:
+            continue
+        needed.add(id(node))
+        cut = {
+            id(m)
+            for m in getattr(node, "body", [])
+            if (getattr(node, "name", None), getattr(m, "name", None)) in omit
+        }
+        used = {
+            n.id
+            for part in ([node] if not cut else [m for m in node.body if id(m) not in cut] + node.bases)
+            for n in ast.walk(part)
+            if isinstance(n, ast.Name)
+        }
+        pending += sorted(name for name in used & set(binders) if id(binders[name]) not in needed)
+    chunks = []
+    for node in statements:
+        if id(node) not in needed or (isinstance(node, ast.ImportFrom) and node.module == "__future__"):
+            continue
+        start, end = _statement_lines(lines, node)
+        text = lines[start:end]
+        for method in getattr(node, "body", []):
+            if (getattr(node, "name", None), getattr(method, "name", None)) in omit:
+                m_start, m_end = _statement_lines(lines, method)
+                while m_end < len(lines) and not lines[m_end].strip():  # the blank line after it
+                    m_end += 1
+                text[m_start - start : m_end - start] = [""] * (m_end - m_start)
+                del omit[(node.name, method.name)]
+        chunks.append("".join(text))
+    if omit:
+        raise ValueError(f"{filename}: methods to leave out not found: {sorted(omit)}")
+    imports = [c for c in chunks if c.startswith(("import ", "from "))]
+    rest = [c for c in chunks if not c.startswith(("import ", "from "))]
+    return "from __future__ import annotations\n\n" + "".join(imports) + "\n\n" + "\n\n".join(rest)
+
+
+def mim_pipeline_sources() -> dict[str, str]:
+    """{filename: source} of the masked-image-modelling pipeline a MIM folder carries (`MIM_PIPELINE_FILE` and the
+    `MIM_TOKENIZER_FILE` it imports), cut from the package sources and checked with `check_pipeline_code`."""
+    header = (
+        '"""{what}, generated by `energyformers export` from the energyformers package\'s {origin}\n'
+        "(the definitions it needs, unchanged), so that a folder or Hub repo loads it with\n"
+        '`transformers.pipeline("{task}", model=..., trust_remote_code=True)` without the package."""\n\n'
+    )
+    pipeline_source = _read_source("", "pipelines")
+    pipeline = extract_definitions(pipeline_source, "energyformers/pipelines.py", {MIM_PIPELINE_CLASS})
+    stem = MIM_TOKENIZER_FILE.removesuffix(".py")
+    wanted = {
+        alias.name
+        for node in ast.walk(ast.parse(pipeline))
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module == stem
+        for alias in node.names
+    }
+    tokenizer = extract_definitions(
+        _read_source("", "mim"), "energyformers/mim.py", wanted, omit=MIM_OMITTED_METHODS
+    )
+    sources = {
+        MIM_PIPELINE_FILE: header.format(
+            what="The masked-image-modelling pipeline", origin="pipelines.py", task=MIM_PIPELINE_TASK
+        )
+        + pipeline,
+        MIM_TOKENIZER_FILE: header.format(
+            what="Image tokenizers, masking and metrics of the masked-image-modelling pipeline",
+            origin="mim.py",
+            task=MIM_PIPELINE_TASK,
+        )
+        + tokenizer,
+    }
+    check_pipeline_code(sources)
+    return sources
+
+
+def check_pipeline_code(sources: dict[str, str]) -> None:
+    """Raise ValueError unless the pipeline files load without the package: relative imports only of names another
+    of the files defines, nothing of `energyformers`, at top level only `PIPELINE_TOP_LEVEL`, inside functions only
+    `PIPELINE_LAZY`, anything else only inside a `try` block."""
+    defined = {
+        filename.removesuffix(".py"): {n for node in ast.parse(source).body for n in _bound_names(node)}
+        for filename, source in sources.items()
+    }
+    for filename, source in sources.items():
+        for match in _RELATIVE_IMPORT_LINE.finditer(source):
+            if match.group(1) not in defined:
+                raise ValueError(
+                    f"{filename}: the line {match.group(0).strip()!r} makes transformers look for "
+                    f"{match.group(1)}.py, which the folder does not carry ({sorted(sources)})."
+                )
+        tree = ast.parse(source, filename=filename)
+        guarded = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Try)
+            for statement in node.body
+            for inner in ast.walk(statement)
+        }
+        top_level = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            if isinstance(node, ast.ImportFrom) and node.level:
+                names = {alias.name for alias in node.names}
+                unknown = sorted(names - defined.get(node.module or "", set()))
+                if node.level != 1 or node.module not in defined or unknown:
+                    raise ValueError(
+                        f"{filename}: `from {'.' * node.level}{node.module or ''} import {', '.join(sorted(names))}` "
+                        f"(line {node.lineno}) imports what the folder's files {sorted(sources)} do not define."
+                    )
+                continue
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for module in modules:
+                top = module.split(".")[0]
+                allowed = PIPELINE_TOP_LEVEL if id(node) in top_level else PIPELINE_LAZY
+                if top == "energyformers" or (id(node) not in guarded and top not in allowed):
+                    where = "at top level" if id(node) in top_level else "inside a function"
+                    raise ValueError(
+                        f"{filename}: imports {module!r} (line {node.lineno}) {where}; the remote pipeline may "
+                        f"import {sorted(allowed - set(sys.stdlib_module_names))} and the standard library there, "
+                        "other packages only inside a `try` block, and never energyformers."
+                    )
+
+
+def custom_pipelines() -> dict[str, dict]:
+    """config.json's `custom_pipelines` of a MIM folder: the task, the folder's pipeline class, its Auto class."""
+    return {
+        MIM_PIPELINE_TASK: {
+            "impl": f"{MIM_PIPELINE_FILE.removesuffix('.py')}.{MIM_PIPELINE_CLASS}",
+            "pt": ["AutoModelForMaskedImageModeling"],
+            "type": "image",
+        }
+    }
+
+
+__all__ += [
+    "MIM_PIPELINE_FILE",
+    "MIM_PIPELINE_TASK",
+    "MIM_TOKENIZER_FILE",
+    "check_pipeline_code",
+    "custom_pipelines",
+    "extract_definitions",
+    "mim_pipeline_sources",
 ]
