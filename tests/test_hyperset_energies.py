@@ -256,9 +256,15 @@ def test_energies_are_float32_under_a_bfloat16_autocast(attention_energy, feedfo
     layer = HyperSetModel(config).layers[0]
     hidden_states = torch.randn(2, 6, config.hidden_size)
     keep = _keep(masked=True).float()
-    expected = (*layer.attention.diagnostics(hidden_states, keep), layer.feedforward.energy(hidden_states, keep))
+    expected = (
+        *layer.attention.diagnostics(hidden_states, keep),
+        layer.feedforward.energy(hidden_states, keep),
+    )
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = (*layer.attention.diagnostics(hidden_states, keep), layer.feedforward.energy(hidden_states, keep))
+        got = (
+            *layer.attention.diagnostics(hidden_states, keep),
+            layer.feedforward.energy(hidden_states, keep),
+        )
     names = ("attention energy", "effective rank", "mean angle", "feedforward energy")
     for name, value, reference in zip(names, got, expected, strict=True):
         assert value.dtype == torch.float32, f"{name}: {value.dtype} under autocast"
