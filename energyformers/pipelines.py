@@ -191,6 +191,26 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
         super().__init__(model=model, device=device, **kwargs)
         self.model.eval()
 
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
+        """The model and its image tokenizer into `save_directory`, so `pipeline("masked-image-modeling",
+        model=save_directory)` rebuilds this pipeline where `energyformers` is installed (`kwargs`, e.g.
+        `push_to_hub=True`, go to the model's `save_pretrained`). A folder that also runs without the package is
+        `energyformers export`'s (its own pipeline code and `custom_pipelines`, docs/hub.md).
+
+        transformers' own `Pipeline.save_pretrained` saves no image tokenizer, and for a registered pipeline it
+        copies this class's module as remote code, which imports the package; so neither is done here."""
+        save = getattr(self.vq_tokenizer, "save_pretrained", None)
+        if save is None:
+            raise TypeError(
+                f"vq_tokenizer ({type(self.vq_tokenizer).__name__}) has no save_pretrained, so the folder would "
+                "have no image tokenizer; use PatchKMeansTokenizer or VQGANTokenizer, or save the model alone."
+            )
+        if os.path.isfile(save_directory):
+            raise ValueError(f"save_directory={str(save_directory)!r} is a file; it must be a folder.")
+        os.makedirs(save_directory, exist_ok=True)
+        self.model.save_pretrained(save_directory, **kwargs)
+        save(save_directory)
+
     def _sanitize_parameters(
         self, mask_ratio: float | None = None, seed: int | None = None, **kwargs: Any
     ) -> tuple[dict, dict, dict]:

@@ -117,3 +117,36 @@ def test_pipeline_errors_name_the_argument(model_folder, tmp_path):
     model.save_pretrained(bare)  # no tokenizer saved beside the weights
     with pytest.raises(FileNotFoundError, match=r"no vq_tokenizer_config\.json"):
         MaskedImageModelingPipeline(model=str(bare))
+
+
+def test_save_pretrained_writes_a_folder_the_pipeline_rebuilds_from(model_folder, tmp_path):
+    import transformers
+
+    folder, images = model_folder
+    reconstruct = MaskedImageModelingPipeline(model=str(folder))
+    reconstruct.save_pretrained(tmp_path / "saved")
+    # the model and its image tokenizer; no copy of the package's pipeline module as remote code
+    saved = sorted(p.name for p in (tmp_path / "saved").iterdir())
+    assert {"config.json", "model.safetensors", "vq_tokenizer_config.json"} <= set(saved), saved
+    assert not any(name.endswith(".py") for name in saved), saved
+    again = transformers.pipeline("masked-image-modeling", model=str(tmp_path / "saved"))
+    assert type(again) is MaskedImageModelingPipeline
+    image = images[1, 0].numpy()
+    expected, got = (p(image, mask_ratio=0.4, steps=4, seed=1) for p in (reconstruct, again))
+    assert torch.equal(got["codes"], expected["codes"]) and got["psnr"] == expected["psnr"]
+
+
+def test_save_pretrained_refuses_a_tokenizer_it_cannot_save(model_folder, tmp_path):
+    folder, _ = model_folder
+    saved = PatchKMeansTokenizer.from_pretrained(folder)
+
+    class Unsaveable:  # the saved tokenizer without its save_pretrained: a VQTokenizer all the same
+        def __getattr__(self, name: str):
+            if name == "save_pretrained":
+                raise AttributeError(name)
+            return getattr(saved, name)
+
+    reconstruct = MaskedImageModelingPipeline(model=str(folder), vq_tokenizer=Unsaveable())
+    with pytest.raises(TypeError, match=r"vq_tokenizer \(Unsaveable\) has no save_pretrained"):
+        reconstruct.save_pretrained(tmp_path / "saved")
+    assert not (tmp_path / "saved").exists()  # refused before anything is written
