@@ -905,8 +905,9 @@ def test_mim_card_has_a_hub_task_its_metrics_and_a_code_usage_example(mim_export
     for snippet in (
         "load_vq_tokenizer(folder)",
         "model.decode(inputs, steps=8, seed=0)",
-        "MaskedImageModelingPipeline(model=folder)",
+        f'pipeline("masked-image-modeling", model="org/{model_type}-mim")',
         f'AutoModelForMaskedImageModeling.from_pretrained("org/{model_type}-mim", trust_remote_code=True)',
+        f'pipeline("masked-image-modeling", model="org/{model_type}-mim", trust_remote_code=True)',
     ):
         assert snippet in text, snippet
 
@@ -920,8 +921,11 @@ def test_mim_card_snippets_run(mim_exported, monkeypatch):
     folder = mim_exported["hyperset"]["export_dir"]
     monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id: str(folder))
     text = ModelCard.load(folder / "README.md").text
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) == 3, blocks
+    blocks = [
+        block.replace('"org/hyperset-mim"', repr(str(folder)))
+        for block in re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    ]
+    assert len(blocks) == 4, blocks
     images = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     scope = {"images": images}
     exec(blocks[0], scope)  # package + tokenizer + decode
@@ -937,9 +941,10 @@ def test_mim_card_snippets_run(mim_exported, monkeypatch):
     )
     exec(pipeline_code, scope)
     assert (folder.parent / "reconstruction.png").is_file()
-    remote = blocks[2].replace('"org/hyperset-mim"', repr(str(folder)))
-    exec(remote, scope)  # in this process the package is importable; the remote-code run is checked above
+    exec(blocks[2], scope)  # in this process the package is importable; the remote-code run is checked above
     assert scope["codes"].shape == (1, MIM_GRID) and (scope["codes"] < MIM_CODEBOOK).all()
+    exec(blocks[3].replace("path/to/image.png", str(image)), scope)  # (the remote pipeline: tested above)
+    assert scope["out"]["codes"].shape == (MIM_GRID,), scope["out"]["codes"].shape
 
 
 def test_mim_folder_without_an_image_tokenizer_exports_and_says_so(tmp_path):
