@@ -321,10 +321,6 @@ class IMixerSpectralNorm(nn.Module):
     ) -> None:
         """k steps v ← n(Wᵀu), u ← n(Wv), written into the buffers; with `only_if_changed`, kept only when W
         changed (any bit, as an optimiser step changes it) since the last refinement, or there was none."""
-        u, v = self.u, self.v
-        for _ in range(self.num_power_iterations if num_iterations is None else num_iterations):
-            v = F.normalize(torch.mv(weight.t(), u), dim=0)
-            u = F.normalize(torch.mv(weight, v), dim=0)
         if only_if_changed:
             if not hasattr(self, "refined_weight"):
                 raise ValueError(
@@ -332,6 +328,16 @@ class IMixerSpectralNorm(nn.Module):
                     "spectral_norm_schedule='per_optimizer_step', but this model was built with "
                     "another schedule; build it with config.spectral_norm_schedule='per_optimizer_step'."
                 )
+            # Eager shortcut, same result: W and the comparison state untouched since the last check (same
+            # storage, same in-place versions) means the select below would keep u, v. It saves the k power
+            # steps of every further forward between optimiser steps; under tracing the select decides alone.
+            if not _is_tracing() and self._untouched_since_last_check(weight):
+                return
+        u, v = self.u, self.v
+        for _ in range(self.num_power_iterations if num_iterations is None else num_iterations):
+            v = F.normalize(torch.mv(weight.t(), u), dim=0)
+            u = F.normalize(torch.mv(weight, v), dim=0)
+        if only_if_changed:
             # The steps always run and a select keeps them or the old u, v: no Python branch on a tensor
             # value, so a compiled training forward is one graph, and the result is the same as skipping them.
             changed = self.refined.logical_not() | _bits_differ(weight, self.refined_weight)
@@ -340,6 +346,22 @@ class IMixerSpectralNorm(nn.Module):
             self.refined.fill_(True)
         self.u.copy_(u)
         self.v.copy_(v)
+        if only_if_changed and not _is_tracing():
+            self._last_check = self._fingerprint(weight)
+
+    def _fingerprint(self, weight: torch.Tensor) -> tuple[int, ...] | None:
+        """Storage and in-place version of W and of the comparison state (None for inference tensors, which
+        track no version)."""
+        try:
+            return tuple(t._version for t in (weight, self.refined_weight, self.refined)) + tuple(
+                t.data_ptr() for t in (weight, self.refined_weight, self.refined)
+            )
+        except RuntimeError:
+            return None
+
+    def _untouched_since_last_check(self, weight: torch.Tensor) -> bool:
+        last = getattr(self, "_last_check", None)
+        return last is not None and last == self._fingerprint(weight)
 
     def sigma(self, weight: torch.Tensor) -> torch.Tensor:
         # Σ_ij u_i W_ij v_j elementwise: BLAS gemv (torch.mv) rounds differently for differently aligned

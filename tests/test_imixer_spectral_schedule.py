@@ -149,6 +149,11 @@ def test_init_weights_resets_the_comparison_state():
     model._init_weights(norm)
     assert not norm.refined.item()
     assert torch.equal(norm.refined_weight, torch.zeros_like(norm.refined_weight))
+    # the same weights, but no refinement on record: the next training forward refines (the eager shortcut for
+    # untouched weights sees that the comparison state was written)
+    before = norm.u.clone()
+    model(**IMAGE.inputs(labels=True))
+    assert not torch.equal(norm.u, before) and norm.refined.item()
 
 
 def test_only_if_changed_without_the_stored_weight_raises():
