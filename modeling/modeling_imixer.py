@@ -331,6 +331,7 @@ class IMixerSpectralNorm(nn.Module):
             # Eager shortcut, same result: W and the comparison state untouched since the last check (same
             # storage, same in-place versions) means the select below would keep u, v. It saves the k power
             # steps of every further forward between optimiser steps; under tracing the select decides alone.
+            # (A write through `param.data` bumps no version: only the select sees it.)
             if not _is_tracing() and self._untouched_since_last_check(weight):
                 return
         u, v = self.u, self.v
