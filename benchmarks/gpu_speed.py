@@ -163,7 +163,9 @@ def _explicit_feedforward(
 def per_optimizer_step_imixer(overrides: dict[str, Any]) -> Callable[[], nn.Module]:
     """iMixer-S/16 refining its spectral-norm estimates once per optimiser step instead of once per forward.
 
-    (The training step timed here has no optimiser step, so this variant's power iterations are not timed.)
+    The training step timed here has no optimiser step, so the weights never change: eager skips the power
+    steps, compiled runs them and keeps the old estimates (a select, so the whole training forward is one graph
+    and the cuda-graphs mode needs no split), so only the compiled rows time them.
     """
 
     def build() -> nn.Module:

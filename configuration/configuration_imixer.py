@@ -245,7 +245,8 @@ class IMixerConfig(PreTrainedConfig):
             When training refines the σ estimates: `"per_forward"` (k power steps once per forward, before
             the blocks), `"per_call"` (the authors' code: k steps at every fixed-point step, so n·k per
             forward and W changes between steps) or `"per_optimizer_step"` (k steps at the first forward
-            after the weights changed, i.e. once per optimiser step, however many forwards it takes).
+            after the weights changed, i.e. once per optimiser step that changes them, however many forwards it
+            takes; `torch.compile(fullgraph=True)`-traceable).
         spectral_norm_coeff (`float`, *optional*, defaults to 0.9):
             c: soft spectral normalisation caps σ(W) of F's two weights at c (0.9, the paper's value).
         spectral_norm_power_iterations (`int`, *optional*, defaults to 8):

@@ -277,6 +277,15 @@ def _unit_start(like: torch.Tensor) -> torch.Tensor:
     return torch.full_like(like, like.numel() ** -0.5)
 
 
+_SAME_SIZE_INTEGERS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits_differ(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """0-dim bool: whether any element of `new` and `old` differs bit for bit (so NaN = NaN and -0 ≠ 0: exact)."""
+    integers = _SAME_SIZE_INTEGERS[new.element_size()]
+    return (new.view(integers) != old.view(integers)).any()
+
+
 class IMixerSpectralNorm(nn.Module):
     """Soft spectral normalisation as a `torch.nn.utils.parametrize` parametrization (i-ResNet style).
 
@@ -296,24 +305,64 @@ class IMixerSpectralNorm(nn.Module):
         # estimate converges in training, `spectral_norm_power_iterations` steps per forward.
         self.register_buffer("u", _unit_start(weight.new_empty(out_features)))
         self.register_buffer("v", _unit_start(weight.new_empty(in_features)))
+        if config.spectral_norm_schedule == "per_optimizer_step":
+            # What `power_iteration(only_if_changed=True)` compares W with: W as it was at the last refinement,
+            # and whether there was one. Tensors, not Python attributes, so the comparison is traceable
+            # (torch.compile(fullgraph=True) of a training forward); non-persistent, so checkpoints and
+            # state_dict keys are the same for every schedule. `_init_weights` resets them (meta-device init).
+            self.register_buffer("refined_weight", torch.zeros_like(weight.detach()), persistent=False)
+            self.register_buffer(
+                "refined", torch.zeros((), dtype=torch.bool, device=weight.device), persistent=False
+            )
 
     @torch.no_grad()
     def power_iteration(
         self, weight: torch.Tensor, num_iterations: int | None = None, only_if_changed: bool = False
     ) -> None:
-        """k steps v ← n(Wᵀu), u ← n(Wv), written into the buffers; with `only_if_changed`, only when W changed
-        (storage or in-place version, as an optimiser step bumps it) since the last refinement."""
+        """k steps v ← n(Wᵀu), u ← n(Wv), written into the buffers; with `only_if_changed`, kept only when W
+        changed (any bit, as an optimiser step changes it) since the last refinement, or there was none."""
         if only_if_changed:
-            seen = (weight.data_ptr(), weight._version)
-            if getattr(self, "_refined_for", None) == seen:
+            if not hasattr(self, "refined_weight"):
+                raise ValueError(
+                    "power_iteration(only_if_changed=True) needs the stored weight of "
+                    "spectral_norm_schedule='per_optimizer_step', but this model was built with "
+                    "another schedule; build it with config.spectral_norm_schedule='per_optimizer_step'."
+                )
+            # Eager shortcut, same result: W and the comparison state untouched since the last check (same
+            # storage, same in-place versions) means the select below would keep u, v. It saves the k power
+            # steps of every further forward between optimiser steps; under tracing the select decides alone.
+            # (A write through `param.data` bumps no version: only the select sees it.)
+            if not _is_tracing() and self._untouched_since_last_check(weight):
                 return
-            self._refined_for = seen
         u, v = self.u, self.v
         for _ in range(self.num_power_iterations if num_iterations is None else num_iterations):
             v = F.normalize(torch.mv(weight.t(), u), dim=0)
             u = F.normalize(torch.mv(weight, v), dim=0)
+        if only_if_changed:
+            # The steps always run and a select keeps them or the old u, v: no Python branch on a tensor
+            # value, so a compiled training forward is one graph, and the result is the same as skipping them.
+            changed = self.refined.logical_not() | _bits_differ(weight, self.refined_weight)
+            u, v = torch.where(changed, u, self.u), torch.where(changed, v, self.v)
+            self.refined_weight.copy_(weight)
+            self.refined.fill_(True)
         self.u.copy_(u)
         self.v.copy_(v)
+        if only_if_changed and not _is_tracing():
+            self._last_check = self._fingerprint(weight)
+
+    def _fingerprint(self, weight: torch.Tensor) -> tuple[int, ...] | None:
+        """Storage and in-place version of W and of the comparison state (None for inference tensors, which
+        track no version)."""
+        try:
+            return tuple(t._version for t in (weight, self.refined_weight, self.refined)) + tuple(
+                t.data_ptr() for t in (weight, self.refined_weight, self.refined)
+            )
+        except RuntimeError:
+            return None
+
+    def _untouched_since_last_check(self, weight: torch.Tensor) -> bool:
+        last = getattr(self, "_last_check", None)
+        return last is not None and last == self._fingerprint(weight)
 
     def sigma(self, weight: torch.Tensor) -> torch.Tensor:
         # Σ_ij u_i W_ij v_j elementwise: BLAS gemv (torch.mv) rounds differently for differently aligned
@@ -853,6 +902,11 @@ class IMixerPreTrainedModel(PreTrainedModel):
             else:
                 init.xavier_uniform_(module.weight)
             init.normal_(module.bias, mean=0.0, std=1e-6)
+        elif isinstance(module, IMixerSpectralNorm) and hasattr(module, "refined"):
+            # per_optimizer_step's comparison state, never loaded (non-persistent): no refinement yet. A branch of
+            # its own: a loaded Linear is skipped whole, its parametrization is not.
+            init.zeros_(module.refined_weight)
+            init.zeros_(module.refined)
         elif isinstance(module, nn.Conv2d):
             init.lecun_normal_(module.weight)
             init.zeros_(module.bias)

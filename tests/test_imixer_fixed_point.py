@@ -482,13 +482,15 @@ def test_per_call_schedule_is_the_authors_training_forward():
 
 
 def test_per_optimizer_step_schedule_refines_once_per_weight_update():
-    model = IMAGE.build(spectral_norm_schedule="per_optimizer_step").train()
+    # perturbed: a non-zero classifier, so the step below changes F's weights (a zero head gives them no gradient)
+    model = perturb(IMAGE.build(spectral_norm_schedule="per_optimizer_step")).train()
     norm = model.imixer.layers[0].token_mixing.fc_sn1.parametrizations.weight[0]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     inputs = IMAGE.inputs(labels=True)
+    before = norm.u.clone()
     model(**inputs).loss.backward()
     after_first = norm.u.clone()
-    assert not torch.equal(after_first, torch.full_like(after_first, after_first.numel() ** -0.5))
+    assert not torch.equal(after_first, before)
     model(**inputs).loss.backward()  # same weights (gradient accumulation): no further power steps
     assert torch.equal(norm.u, after_first)
     optimizer.step()
