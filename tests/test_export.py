@@ -617,6 +617,95 @@ def test_release_reports_a_folder_without_metrics_and_ships_the_rest(tmp_path, c
     assert list(json.loads((dist / "release.json").read_text())["failed"]) == [str(bad)]
 
 
+def test_release_plans_masked_image_modelling_on_the_image_datasets(tmp_path, capsys):
+    runs, dist = tmp_path / "runs", tmp_path / "dist"
+    argv = ["--models", "--mim", *release.MIM_MODELS, "--datasets", "digits", "rotten_tomatoes"]
+    assert (
+        release.main([*argv, "--dry_run", "--runs_dir", str(runs), "--dist_dir", str(dist), "--", "-x"]) == 0
+    )
+    expected = [
+        f"train  energyformers train --model {m} --dataset digits --output_dir {runs / f'{m}-mim-digits'} "
+        "--overwrite_output_dir --task mim -x"
+        for m in release.MIM_MODELS
+    ]  # no family (`--models` alone), no text dataset
+    assert capsys.readouterr().out.splitlines() == expected
+    assert not runs.exists() and not dist.exists()
+
+
+def test_release_mim_models_are_the_registrys_masked_image_modelling_heads():
+    from energyformers import registry
+
+    heads = {
+        name
+        for name, family in {**registry.FAMILIES, **registry.BASELINES}.items()
+        if "AutoModelForMaskedImageModeling" in family.heads
+    }
+    assert sorted(release.MIM_MODELS) == sorted(heads)
+    assert set(release.IMAGE_DATASETS) <= set(release.REFERENCE_DATASETS)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--mim", "imixer"], "--mim imixer: no masked-image-modelling head; expected some of"),
+        (["--models"], "--models with no name releases no family"),
+        (
+            ["--mim", "hyperset", "--datasets", "rotten_tomatoes"],
+            "--mim trains on images: --datasets needs one",
+        ),
+        (["--mim", "hyperset", "--take", "."], "--mim trains; --take releases given folders"),
+    ],
+    ids=["no-mim-head", "nothing", "text-only", "with-take"],
+)
+def test_release_refuses_mim_requests_it_cannot_plan(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        release.main([*argv, "--runs_dir", str(tmp_path / "runs"), "--dry_run"])
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_release_trains_and_exports_a_masked_image_modelling_run(tmp_path, capsys):
+    """The whole path (short version: the plan above and `test_release_takes_mim_folders`): train with the train
+    CLI's MIM defaults (a few steps), skip `inspect`, export with the image tokenizer and the folder's pipeline."""
+    runs, dist = tmp_path / "runs", tmp_path / "dist"
+    argv = [
+        "--models",
+        "--mim",
+        "hyperset",
+        "--datasets",
+        "digits",
+        "--runs_dir",
+        str(runs),
+        "--dist_dir",
+        str(dist),
+    ]
+    small = [
+        "--max_steps",
+        "2",
+        "--decode_samples",
+        "4",
+        "--tokenizer_fit_samples",
+        "200",
+        "--max_train_samples",
+        "64",
+    ]
+    assert release.main([*argv, "--", *small, "--max_eval_samples", "16"]) == 0
+    out = dist / "hyperset-mim-digits"
+    for name in (
+        "vq_tokenizer_config.json",
+        "pipeline_mim.py",
+        "mim.py",
+        "modeling_hyperset.py",
+        "README.md",
+    ):
+        assert (out / name).is_file(), name
+    released = json.loads((dist / "release.json").read_text())["released"]
+    assert list(released) == ["hyperset-mim-digits"] and "masked_token_accuracy" in released[out.name]["test"]
+    assert "masked-token accuracy" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------ masked image modelling
 # A MIM folder as `energyformers train --task mim` writes it: the model, its image tokenizer (a patch k-means
 # codebook: `vq_tokenizer_config.json` + `vq_tokenizer.safetensors`), metrics.json with the MIM metrics; no text

@@ -13,6 +13,10 @@ A masked-image-modelling folder (`energyformers train --task mim`, Hyper-SET's o
 paper's Table 2) given with `--take` is exported as `dist/<model>-mim-<dataset>/` with its image tokenizer; it is not
 inspected (`inspect` draws its decode sequence of a given image, not dataset dynamics).
 
+`--mim hyperset looped-transformer` also trains those masked-image-modelling heads (`energyformers train --task mim
+--model M`, the paper's Table 2) on the image datasets among `--datasets` and exports them like a taken MIM folder;
+`--models` with no name leaves the families out (`release --models --mim hyperset`).
+
 `--baselines vit` also trains transformers' ViT (the papers' image baseline) with the same command on the image
 reference datasets and records its test metrics under "baselines" in release.json, beside the families'; a
 baseline is not a published model, so it is neither inspected nor exported.
@@ -33,11 +37,15 @@ from pathlib import Path
 from .cli import UsageError, run_command
 
 REFERENCE_DATASETS = ("digits", "fashion_mnist", "rotten_tomatoes")
+IMAGE_DATASETS = ("digits", "fashion_mnist")  # the reference datasets of images
 # The keys of `energyformers.FAMILIES`, known without importing the models (a test checks they stay equal).
 FAMILY_NAMES = ("hyperbf", "hyperset", "imixer")
 # transformers' own baselines (`energyformers.registry.TRANSFORMERS_BASELINES`; a test checks they stay equal) and
 # the reference datasets each can train on: trained beside the families for comparison, never exported.
-BASELINE_DATASETS = {"vit": ("digits", "fashion_mnist")}
+BASELINE_DATASETS = {"vit": IMAGE_DATASETS}
+# The models with a masked-image-modelling head (the registry's `AutoModelForMaskedImageModeling` entries; a test
+# checks they stay equal): Hyper-SET and Table 2's looped-Transformer baseline, both exported (docs/mim.md).
+MIM_MODELS = ("hyperset", "looped-transformer")
 
 
 def _finished(run_dir: Path) -> bool:
@@ -94,10 +102,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--models",
-        nargs="+",
+        nargs="*",
         default=None,
         metavar="MODEL",
-        help=f"families to release: some of {', '.join(FAMILY_NAMES)} (default: all)",
+        help=f"families to release: some of {', '.join(FAMILY_NAMES)} (default: all; none: `--models` alone, "
+        "with --mim)",
+    )
+    parser.add_argument(
+        "--mim",
+        nargs="+",
+        default=[],
+        metavar="MODEL",
+        help=f"also train the masked-image-modelling heads of these models ({', '.join(MIM_MODELS)}) on the "
+        "image datasets among --datasets (`energyformers train --task mim`) and export them as "
+        "<model>-mim-<dataset>",
     )
     parser.add_argument(
         "--baselines",
@@ -141,8 +159,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
     wrong = [m for m in args.baselines if m not in BASELINE_DATASETS]
     if wrong:
         parser.error(f"--baselines {' '.join(wrong)}: unknown; expected some of {sorted(BASELINE_DATASETS)}")
-    if args.baselines and args.take:
-        parser.error("--baselines trains baselines; --take releases given folders: pass one of them")
+    wrong = [m for m in args.mim if m not in MIM_MODELS]
+    if wrong:
+        parser.error(
+            f"--mim {' '.join(wrong)}: no masked-image-modelling head; expected some of {list(MIM_MODELS)}"
+        )
+    for flag in ("baselines", "mim"):
+        if getattr(args, flag) and args.take:
+            parser.error(f"--{flag} trains; --take releases given folders: pass one of them")
+    if args.models == [] and not args.mim:
+        parser.error("--models with no name releases no family; name some, or add --mim MODEL")
+    if args.mim and not set(args.datasets) & set(IMAGE_DATASETS):
+        parser.error(f"--mim trains on images: --datasets needs one of {list(IMAGE_DATASETS)}")
     for folder in args.take or ():
         if not folder.is_dir():
             what = "is a file, not a folder" if folder.exists() else "does not exist"
@@ -151,7 +179,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         path = getattr(args, flag)
         if path.exists() and not path.is_dir():
             raise UsageError(f"--{flag} {path}: is a file, not a folder")
-    args.models = args.models or list(FAMILY_NAMES)
+    args.models = list(FAMILY_NAMES) if args.models is None else args.models
     return args
 
 
@@ -177,6 +205,11 @@ def run(args: argparse.Namespace) -> int:
                             train_command(model, dataset, run_dir, train_args) if needs_training else None,
                         )
                     )
+            for model in args.mim:  # masked image modelling: exported like the families, named apart
+                for dataset in [d for d in args.datasets if d in IMAGE_DATASETS]:
+                    run_dir = args.runs_dir / f"{model}-mim-{dataset}"
+                    command = train_command(model, dataset, run_dir, ["--task", "mim", *train_args])
+                    plan.append((run_dir, command if args.retrain or not _finished(run_dir) else None))
         # Baselines: trained with the same command on the image datasets they take, reported, not exported.
         baselines: list[tuple[Path, list[str] | None]] = []
         for model in args.baselines:
