@@ -262,8 +262,9 @@ def check_flags_for_kind(args: argparse.Namespace, architecture: str, mim: bool)
         wrong = [f"--{name}" for name in CLASSIFICATION_FLAGS if getattr(args, name) is not None]
         if wrong:
             raise UsageError(
-                f"{wrong[0]}: a classifier's flag (labels, halting, search), and {args.model_dir} is a masked-image-modelling model "
-                f"({architecture}), which reconstructs images; it takes --num_iterations and "
+                f"{wrong[0]}: a classifier's flag (labels, halting, search), and {args.model_dir} is a "
+                f"masked-image-modelling model ({architecture}), which reconstructs images; it takes "
+                "--num_iterations and "
                 f"{', '.join('--' + name for name in MIM_FLAGS)}"
             )
         if args.inputs == ["-"]:
