@@ -177,10 +177,8 @@ def mim_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "steps": (lambda v: v >= 1, "an integer >= 1"),
         "temperature": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
         "randomize_temperature": (lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
-        "seed": (
-            lambda v: 0 <= v < 2**63,
-            "an integer in [0, 2**63)",
-        ),  # what torch.Generator.manual_seed takes
+        # torch.Generator.manual_seed's range
+        "seed": (lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)"),
     }
     for name, value in given.items():
         ok, allowed = ranges.get(name, (lambda v: True, ""))
@@ -285,10 +283,10 @@ def check_image_tokenizer(folder: Path, model_dir: str) -> None:
     """A masked-image-modelling folder reconstructs pixels with the image tokenizer saved beside its weights."""
     if not (folder / TOKENIZER_CONFIG).is_file():
         raise UsageError(
-            f"{model_dir} has no image tokenizer ({TOKENIZER_CONFIG} is missing), so its codes cannot be turned into "
-            f"pixels; a run folder of `energyformers train --task masked-image-modeling` holds one, else save "
+            f"{model_dir} has no image tokenizer ({TOKENIZER_CONFIG} is missing), so its codes cannot be turned "
+            "into pixels; a run folder of `energyformers train --task masked-image-modeling` holds one, else save "
             f"one into the folder: PatchKMeansTokenizer.fit(images, ...).save_pretrained({model_dir!r}) or "
-            f"VQGANTokenizer.save_pretrained (energyformers.mim)"
+            "VQGANTokenizer.save_pretrained (energyformers.mim)"
         )
 
 
@@ -405,9 +403,8 @@ def run(args: argparse.Namespace) -> int:
             f"{args.model_dir} has input_type={input_type!r}; expected one of {sorted(INPUT_TYPES)}"
         )
     architecture = masked_image_modeling_head(getattr(config, "architectures", None))
-    check_flags_for_kind(
-        args, architecture or _first(config.architectures), architecture is not None
-    )  # a Hub's
+    # again for a Hub model (a local folder was checked in `parse`)
+    check_flags_for_kind(args, architecture or _first(config.architectures), architecture is not None)
     if architecture is not None:
         return reconstruct(args, config)
     task = task_for(config)
@@ -463,7 +460,7 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
 
     check_inputs(
         args.model_dir, "mim", args.inputs
-    )  # again for a Hub model (a local one was checked already)
+    )  # again for a Hub model (a local one was checked in parse)
     paths = reconstruction_paths(args.inputs, args.output_dir)
     kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
     if args.attn_implementation is not None:
@@ -471,9 +468,7 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
         kwargs["model_kwargs"] = {"attn_implementation": args.attn_implementation}
     try:
         pipe = transformers.pipeline("masked-image-modeling", model=args.model_dir, **kwargs)
-    except (
-        FileNotFoundError
-    ) as err:  # a Hub repo without an image tokenizer (a local folder was checked in parse)
+    except FileNotFoundError as err:  # a Hub repo without an image tokenizer (a local folder's was checked)
         raise UsageError(f"{args.model_dir}: {err}") from None
     call = {
         **args.mim,
