@@ -137,13 +137,21 @@ def test_export_of_a_mim_folder_names_no_fill_mask(mim_folders, tmp_path, model_
     assert not [name for name, text in texts.items() if "fill-mask" in text], sorted(texts)
 
 
-@pytest.mark.parametrize("inputs", [["image"], ["a text"]])
-def test_predict_refuses_a_mim_folder_in_one_line(mim_folders, image_path, inputs, capsys):
-    """`predict` classifies: a MIM folder is bad input (status 2, one line) naming what reconstructs images."""
-    folder = str(mim_folders["hyperset"])
-    argv = [folder, *[str(image_path) if x == "image" else x for x in inputs]]
-    assert predict.main(argv) == 2
+@pytest.mark.parametrize("model_type", MIM_MODELS)
+def test_predict_reconstructs_with_a_mim_folder_through_the_registry_task(
+    mim_folders, image_path, model_type, capsys
+):
+    """`predict` on a MIM folder runs the pipeline of the registry's task (tests/test_predict_mim.py: the rest)."""
+    import transformers
+
+    folder = str(mim_folders[model_type])
+    flags = [str(x) for name, value in DECODE.items() for x in (f"--{name}", value)]
+    assert predict.main([folder, str(image_path), *flags, "--json"]) == 0, capsys.readouterr().err
+    record = json.loads(capsys.readouterr().out)
+    expected = transformers.pipeline(task_of("sequence", MIM_HEAD), model=folder)(str(image_path), **DECODE)
+    assert (record["psnr"], record["ssim"]) == (expected["psnr"], expected["ssim"]), (record, expected)
+    # a text is not an image file: one line, status 2
+    capsys.readouterr()  # the pipeline built above reports its loading
+    assert predict.main([folder, "a text"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("energyformers predict: error: "), err
-    assert "masked-image-modelling model (HyperSetForMaskedImageModeling)" in err, err
-    assert 'pipeline("masked-image-modeling"' in err and "energyformers inspect" in err, err
+    assert err.count("\n") == 1 and "masked-image-modelling model" in err and "not an image file" in err, err

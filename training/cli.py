@@ -32,7 +32,10 @@ from typing import Any, TypeVar
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("train", "fine-tune a model with transformers.Trainer"),
     "train-accelerate": ("accelerate_loop", "the same training with a plain Accelerate loop"),
-    "predict": ("predict", "classify images or texts with a saved model folder"),
+    "predict": (
+        "predict",
+        "classify images or texts, or reconstruct masked images, with a saved model folder",
+    ),
     "export": ("export", "write a Hub-ready folder with remote code and a model card"),
     "push": ("push", "export and upload a model folder to the Hugging Face Hub"),
     "release": ("release", "train or take the reference checkpoints and export them under dist/"),

@@ -1,4 +1,5 @@
-"""`energyformers predict DIR INPUT...`: classify image files or texts with a saved model folder.
+"""`energyformers predict DIR INPUT...`: classify image files or texts, or reconstruct masked images, with a saved
+model folder.
 
     energyformers predict runs/demo-hyperset img1.png img2.jpg
     energyformers predict runs/rt-hyperset "a gripping, funny film" "two hours I will never get back"
@@ -17,6 +18,17 @@ the looped Transformer) run test-time search: K perturbed trajectories per input
 selector; `--halting_threshold` sets where a halting head stops the supervision steps:
 
     energyformers predict runs/sudoku-hyperset - --search_trajectories 8 --search_noise 0.1 --search_selector sudoku
+
+A masked-image-modelling folder (its image tokenizer saved beside the weights) reconstructs image files instead,
+through `transformers.pipeline("masked-image-modeling", model=DIR)` (`MaskedImageModelingPipeline`): each image is
+tokenized, a `--mask_ratio` share of its codes masked (seeded by `--seed`), decoded in `--steps` MaskGIT steps and
+measured against the input; one line of metrics per image, and with `--output_dir` its reconstruction as
+`<stem>.reconstruction.png`:
+
+    energyformers predict runs/mim-digits img1.png img2.png --mask_ratio 0.4 --steps 8 --output_dir recon --json
+
+A flag of the other kind of model (`--mask_ratio` for a classifier, `--top_k` or a search flag for a
+masked-image-modelling model) is refused, naming the flag and the model.
 """
 
 from __future__ import annotations
@@ -60,14 +72,38 @@ HALTING_CRITERIA = ("state", "energy")
 SEARCH_SELECTORS = ("energy", "confidence", "sudoku")
 FIXED_POINT_SOLVERS = ("unrolled", "picard", "anderson")
 
+# Masked-image-modelling flags: call arguments of `MaskedImageModelingPipeline` (`--num_iterations`, a depth flag, is
+# one as well), and `--output_dir`. `MIM_SCHEDULES` is `MASKGIT_SCHEDULES`' names (a test keeps them equal; naming
+# them here keeps argument parsing free of torch).
+MIM_FLAGS = {
+    "mask_ratio": "share of each image's codes masked before decoding, in [0, 1]; default: 0.4 (the paper's)",
+    "steps": "MaskGIT decoding steps (>= 1); default: the model's decode default (24)",
+    "schedule": "how many masked codes each decoding step fixes; default: arccos",
+    "temperature": "sampling temperature of the codes (> 0); default: 1",
+    "randomize_temperature": "scale of the Gumbel noise on the confidence ranking (>= 0); default: 4.5",
+    "seed": "seed of the mask and of the decoding, the same for every image (>= 0); default: 0",
+    "output_dir": "write each reconstruction as DIR/<stem>.reconstruction.png (the folder is created); "
+    "default: print the metrics only",
+}
+MIM_SCHEDULES = ("arccos", "cosine", "linear", "root", "square")
+# Flags of the classification heads only: a masked-image-modelling model has no labels to rank, and its decoding
+# runs no halting or search.
+CLASSIFICATION_FLAGS = ("top_k", *(name for name in DEPTH_FLAGS if name != "num_iterations"))
+MIM_SUFFIX = ".reconstruction.png"
+# = energyformers.mim.CONFIG_NAME (a test keeps them equal): that module imports torch, which argument checks do not.
+TOKENIZER_CONFIG = "vq_tokenizer_config.json"
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="energyformers predict", description=__doc__.split("\n\n")[0])
     p.add_argument("model_dir", help="a folder written by `energyformers train` (or a Hub repo id)")
     p.add_argument(
-        "inputs", nargs="+", help="image paths for image models, texts for text models; '-' reads stdin lines"
+        "inputs",
+        nargs="+",
+        help="image paths for image and masked-image-modelling models, texts for text models; '-' reads stdin "
+        "lines (texts)",
     )
-    p.add_argument("--top_k", type=int, default=1, help="labels shown per input, best first (default: 1)")
+    p.add_argument("--top_k", type=int, help="labels shown per input, best first (classifiers; default: 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object per input")
     p.add_argument(
         "--trust_remote_code", action="store_true", help="for exported folders without the package"
@@ -94,6 +130,16 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--search_noise", type=float, help=DEPTH_FLAGS["search_noise"])
     search.add_argument("--search_seed", type=int, help=DEPTH_FLAGS["search_seed"])
     search.add_argument("--search_selector", choices=SEARCH_SELECTORS, help=DEPTH_FLAGS["search_selector"])
+    mim = p.add_argument_group(
+        "masked-image-modelling models (reconstruct image files; --num_iterations sets the depth of each step)"
+    )
+    mim.add_argument("--mask_ratio", type=float, help=MIM_FLAGS["mask_ratio"])
+    mim.add_argument("--steps", type=int, help=MIM_FLAGS["steps"])
+    mim.add_argument("--schedule", choices=MIM_SCHEDULES, help=MIM_FLAGS["schedule"])
+    mim.add_argument("--temperature", type=float, help=MIM_FLAGS["temperature"])
+    mim.add_argument("--randomize_temperature", type=float, help=MIM_FLAGS["randomize_temperature"])
+    mim.add_argument("--seed", type=int, help=MIM_FLAGS["seed"])
+    mim.add_argument("--output_dir", metavar="DIR", help=MIM_FLAGS["output_dir"])
     return p
 
 
@@ -117,8 +163,30 @@ def depth_arguments(args: argparse.Namespace) -> dict[str, Any]:
     orphans = [f"--{name}" for name in ("search_noise", "search_seed", "search_selector") if name in given]
     if orphans and "search_trajectories" not in given:
         raise UsageError(f"{orphans[0]}: a test-time search flag; pass --search_trajectories K as well")
-    if args.top_k < 1:
+    if args.top_k is not None and args.top_k < 1:
         raise UsageError(f"--top_k {args.top_k}: expected an integer >= 1")
+    return given
+
+
+def mim_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The masked-image-modelling flags that were given, as `MaskedImageModelingPipeline` call arguments
+    (`--output_dir` is not one); a `UsageError` for a value out of range."""
+    given = {name: getattr(args, name) for name in MIM_FLAGS if getattr(args, name) is not None}
+    ranges = {
+        "mask_ratio": (lambda v: 0 <= v <= 1, "a fraction in [0, 1]"),  # NaN fails both comparisons
+        "steps": (lambda v: v >= 1, "an integer >= 1"),
+        "temperature": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+        "randomize_temperature": (lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
+        # torch.Generator.manual_seed's range
+        "seed": (lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)"),
+    }
+    for name, value in given.items():
+        ok, allowed = ranges.get(name, (lambda v: True, ""))
+        if not ok(value):
+            raise UsageError(f"--{name} {value}: expected {allowed}")
+    output_dir = given.pop("output_dir", None)
+    if output_dir is not None and Path(output_dir).expanduser().exists() and not Path(output_dir).is_dir():
+        raise UsageError(f"--output_dir {output_dir}: is a file; pass a folder (it is created if missing)")
     return given
 
 
@@ -142,6 +210,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     """Parse and check everything that needs no model: flags, the folder and its weights, the input files."""
     args = build_parser().parse_args(argv)
     args.depth = depth_arguments(args)
+    args.mim = mim_arguments(args)
     folder = Path(args.model_dir).expanduser()
     args.local_input_type = None
     if folder.is_dir():  # a local folder: unreadable weights are named here, not in a safetensors traceback
@@ -152,8 +221,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
             check_weights_readable(folder, flag=str(folder))
         except (OSError, ValueError) as err:
             raise UsageError(str(err)) from None
-        refuse_masked_image_modeling(args.model_dir, config.get("architectures"))
-        args.local_input_type = config.get("input_type", "image")
+        architecture = masked_image_modeling_head(config.get("architectures"))
+        check_flags_for_kind(
+            args, architecture or _first(config.get("architectures")), architecture is not None
+        )
+        if architecture is not None:
+            check_image_tokenizer(folder, args.model_dir)
+        args.local_input_type = "mim" if architecture else config.get("input_type", "image")
         check_attn_implementation(args.attn_implementation, str(config.get("model_type", "")))
     elif folder.exists():
         raise UsageError(f"model folder {args.model_dir}: is a file, not a folder; pass a model folder")
@@ -167,8 +241,105 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _first(architectures: Any) -> str:
+    return str((architectures or ["?"])[0])
+
+
+def masked_image_modeling_head(architectures: Any) -> str | None:
+    """The masked-image-modelling head among a config's `architectures` (the task "masked-image-modeling":
+    `HyperSetForMaskedImageModeling`, `LoopedTransformerForMaskedImageModeling`), None for any other model."""
+    names = [a for a in (architectures or []) if isinstance(a, str) and a.endswith("ForMaskedImageModeling")]
+    return names[0] if names else None
+
+
+def check_flags_for_kind(args: argparse.Namespace, architecture: str, mim: bool) -> None:
+    """A flag of the other kind of model is a `UsageError` naming it and the model: a masked-image-modelling flag
+    for a classifier, a classification, halting or search flag (or stdin texts) for a masked-image-modelling
+    model."""
+    if mim:
+        wrong = [f"--{name}" for name in CLASSIFICATION_FLAGS if getattr(args, name) is not None]
+        if wrong:
+            raise UsageError(
+                f"{wrong[0]}: a classifier's flag (labels, halting, search), and {args.model_dir} is a "
+                f"masked-image-modelling model ({architecture}), which reconstructs images; it takes "
+                "--num_iterations and "
+                f"{', '.join('--' + name for name in MIM_FLAGS)}"
+            )
+        if args.inputs == ["-"]:
+            raise UsageError(
+                f"'-' (texts from stdin): {args.model_dir} is a masked-image-modelling model ({architecture}), "
+                "which reconstructs image files; pass image paths"
+            )
+    else:
+        wrong = [f"--{name}" for name in MIM_FLAGS if getattr(args, name) is not None]
+        if wrong:
+            raise UsageError(
+                f"{wrong[0]}: a masked-image-modelling flag, and {args.model_dir} is not a masked-image-modelling "
+                f"model ({architecture}); predict classifies with it"
+            )
+
+
+def check_image_tokenizer(folder: Path, model_dir: str) -> None:
+    """A masked-image-modelling folder reconstructs pixels with the image tokenizer saved beside its weights."""
+    if not (folder / TOKENIZER_CONFIG).is_file():
+        raise UsageError(
+            f"{model_dir} has no image tokenizer ({TOKENIZER_CONFIG} is missing), so its codes cannot be turned "
+            "into pixels; a run folder of `energyformers train --task masked-image-modeling` holds one, else save "
+            f"one into the folder: PatchKMeansTokenizer.fit(images, ...).save_pretrained({model_dir!r}) or "
+            "VQGANTokenizer.save_pretrained (energyformers.mim)"
+        )
+
+
+def check_mim_inputs(model_dir: str, inputs: list[str]) -> None:
+    """A masked-image-modelling model reconstructs image files: each input exists and PIL reads it as an image."""
+    from PIL import Image, UnidentifiedImageError
+
+    for source in inputs:
+        if not Path(source).is_file():
+            what = "no such file" if Path(source).suffix.lower() in IMAGE_SUFFIXES else "not an image file"
+            raise UsageError(
+                f"{source!r}: {what}; {model_dir} is a masked-image-modelling model, which reconstructs image "
+                "files (texts are not read)"
+            )
+        try:
+            with Image.open(source) as image:
+                image.verify()  # the header and structure, without decoding the pixels
+        except (OSError, UnidentifiedImageError, SyntaxError) as err:  # PIL reports a bad PNG as SyntaxError
+            raise UsageError(f"{source}: not a readable image ({err})") from None
+
+
+def reconstruction_paths(inputs: list[str], output_dir: str | None) -> list[Path | None]:
+    """Where each input's reconstruction goes (`<stem>.reconstruction.png` in `output_dir`); two inputs of one
+    stem would overwrite each other, a `UsageError`."""
+    if output_dir is None:
+        return [None] * len(inputs)
+    paths = [Path(output_dir).expanduser() / (Path(x).stem + MIM_SUFFIX) for x in inputs]
+    seen: dict[Path, str] = {}
+    for source, path in zip(inputs, paths):
+        if path in seen:
+            raise UsageError(
+                f"--output_dir {output_dir}: {seen[path]} and {source} would both be written to {path.name}; "
+                "run them with different --output_dir folders"
+            )
+        seen[path] = source
+    return paths
+
+
+def write_png(image: Any, path: Path) -> None:
+    """Save `image` (PIL) to `path` through a temporary name beside it, so `path` is never half written."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        image.save(tmp, format="PNG")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def check_inputs(model_dir: str, input_type: str, inputs: list[str]) -> None:
-    """Image models take existing image files; text models take texts, not image files."""
+    """Image models take existing image files; text models take texts, not image files; masked-image-modelling
+    models (input_type "mim" here) take readable image files."""
+    if input_type == "mim":
+        check_mim_inputs(model_dir, inputs)
     if input_type == "sequence":  # a text model classifies strings: an image path would be classified as text
         images = [x for x in inputs if Path(x).suffix.lower() in IMAGE_SUFFIXES and Path(x).is_file()]
         if images:
@@ -180,18 +351,6 @@ def check_inputs(model_dir: str, input_type: str, inputs: list[str]) -> None:
         missing = [x for x in inputs if not Path(x).is_file()]
         if missing:
             raise UsageError(f"{model_dir} classifies images; no such file: {missing[0]}")
-
-
-def refuse_masked_image_modeling(model_dir: str, architectures: Any) -> None:
-    """`predict` classifies: a masked-image-modelling head (the task `masked-image-modeling`) is refused, naming
-    what reconstructs an image with it, before its codes are mistaken for text."""
-    names = [a for a in (architectures or []) if isinstance(a, str) and a.endswith("ForMaskedImageModeling")]
-    if names:
-        raise UsageError(
-            f"{model_dir} is a masked-image-modelling model ({names[0]}) and predict classifies; reconstruct an "
-            f"image with `energyformers inspect {model_dir} IMAGE --output_dir DIR`, or in Python with "
-            f'transformers.pipeline("masked-image-modeling", model=...)'
-        )
 
 
 def task_for(config) -> str:
@@ -243,7 +402,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"{args.model_dir} has input_type={input_type!r}; expected one of {sorted(INPUT_TYPES)}"
         )
-    refuse_masked_image_modeling(args.model_dir, getattr(config, "architectures", None))  # a Hub model's
+    architecture = masked_image_modeling_head(getattr(config, "architectures", None))
+    # again for a Hub model (a local folder was checked in `parse`)
+    check_flags_for_kind(args, architecture or _first(config.architectures), architecture is not None)
+    if architecture is not None:
+        return reconstruct(args, config)
     task = task_for(config)
     if INPUT_TYPES[input_type].tasks[task] == "AutoModel":
         raise UsageError(
@@ -274,7 +437,7 @@ def run(args: argparse.Namespace) -> int:
     if task == "token-classification":  # one prediction per token; --top_k does not apply
         call: dict[str, Any] = {}
     else:
-        call = {"top_k": args.top_k} | ({"truncation": True} if task == "text-classification" else {})
+        call = {"top_k": args.top_k or 1} | ({"truncation": True} if task == "text-classification" else {})
     outputs = classify(inputs, **call, **args.depth)
     shown = args.inputs if args.inputs != ["-"] else inputs
     for source, out in zip(shown, outputs):
@@ -287,6 +450,51 @@ def run(args: argparse.Namespace) -> int:
         else:
             ranked = ", ".join(f"{o['label']} ({o['score']:.3f})" for o in out)
             print(f"{source if len(source) <= 60 else source[:57] + '...'}\t{ranked}")
+    return 0
+
+
+def reconstruct(args: argparse.Namespace, config: Any) -> int:
+    """Mask and reconstruct each image with `pipeline("masked-image-modeling", model=DIR)`; one line (or JSON
+    object) of metrics per image, and with `--output_dir` the reconstruction as `<stem>.reconstruction.png`."""
+    import transformers
+
+    check_inputs(
+        args.model_dir, "mim", args.inputs
+    )  # again for a Hub model (a local one was checked in parse)
+    paths = reconstruction_paths(args.inputs, args.output_dir)
+    kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
+    if args.attn_implementation is not None:
+        check_attn_implementation(args.attn_implementation, config.model_type)  # a Hub model's family
+        kwargs["model_kwargs"] = {"attn_implementation": args.attn_implementation}
+    try:
+        pipe = transformers.pipeline("masked-image-modeling", model=args.model_dir, **kwargs)
+    except FileNotFoundError as err:  # a Hub repo without an image tokenizer (a local folder's was checked)
+        raise UsageError(f"{args.model_dir}: {err}") from None
+    call = {
+        **args.mim,
+        **({"num_iterations": args.depth["num_iterations"]} if "num_iterations" in args.depth else {}),
+    }
+    if paths[0] is not None:
+        paths[0].parent.mkdir(parents=True, exist_ok=True)
+    for source, path in zip(args.inputs, paths):
+        out = pipe(source, **call)
+        if path is not None:
+            write_png(out["reconstruction"], path)
+        record = {"input": source}
+        for key in ("psnr", "ssim", "masked_accuracy", "tokenizer_psnr"):
+            # NaN (masked_accuracy with no masked position, --mask_ratio 0) is JSON null: NaN is not JSON
+            record[key] = None if math.isnan(out[key]) else float(out[key])
+        record["reconstruction"] = None if path is None else str(path)
+        if args.json:
+            print(json.dumps(record), flush=True)
+        else:
+            shown = source if len(source) <= 60 else source[:57] + "..."
+            numbers = ", ".join(
+                f"{key} {'n/a' if value is None else f'{value:.4f}'}"
+                for key, value in record.items()
+                if key not in ("input", "reconstruction")
+            )
+            print(f"{shown}\t{numbers}" + (f"\t{path}" if path is not None else ""), flush=True)
     return 0
 
 
