@@ -94,3 +94,33 @@ def test_inspect_refuses_a_mim_folder_without_an_image(mim_folder, tmp_path, cap
     argv = ["inspect", str(folder), "--dataset", "digits", "--output_dir", str(tmp_path / "x")]
     assert cli.main(argv) == 2
     assert "masked-image-modelling model: give an image path" in capsys.readouterr().err
+
+
+def test_inspect_draws_the_looped_transformer_heads_decode_sequence_too(tmp_path, capsys):
+    """Table 2's baseline takes its decoding from the Hyper-SET head: inspect draws it the same way."""
+    from test_registry_tasks import build_mim_folder
+
+    folder = build_mim_folder(tmp_path / "looped", "looped-transformer")
+    png = tmp_path / "digit.png"
+    PIL.Image.fromarray(np.full((8, 8), 128, dtype=np.uint8)).save(png)
+    out = tmp_path / "inspect"
+    argv = ["inspect", str(folder), str(png), "--output_dir", str(out), "--steps", "3"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    report = json.loads((out / "inspect.json").read_text())
+    assert report["architecture"] == "LoopedTransformerForMaskedImageModeling"
+    assert report["mim"]["panels"] == 3 + 2 and report["mim"]["masked_per_step"][-1] == 0, report["mim"]
+    assert (out / "mim_decode_sequence.png").is_file()
+
+
+def test_inspect_refuses_a_baselines_classifier_naming_what_it_draws(tmp_path, capsys):
+    from test_registry_tasks import build_mim_folder
+
+    folder = build_mim_folder(tmp_path / "looped", "looped-transformer")
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["LoopedTransformerForImageClassification"]  # the baseline's classifier
+    (folder / "config.json").write_text(json.dumps(config))
+    argv = ["inspect", str(folder), str(tmp_path / "digit.png"), "--output_dir", str(tmp_path / "inspect")]
+    assert cli.main(argv) == 2
+    error = capsys.readouterr().err
+    assert "'looped-transformer' model (LoopedTransformerForImageClassification)" in error, error
+    assert "the baselines' masked-image-modelling heads" in error, error

@@ -13,7 +13,8 @@ What a model's family draws (all on the INPUTS, or on `--max_samples` examples o
   (`imixer_residuals.png`).
 * HyperBF: the kernel widths σ of every layer, per attention head and for the feedforward RBF unit
   (`hyperbf_sigmas.png`).
-* Masked image modelling (`HyperSetForMaskedImageModeling`, with the image tokenizer saved in its folder): the
+* Masked image modelling (`HyperSetForMaskedImageModeling` or the looped Transformer's
+  `LoopedTransformerForMaskedImageModeling`, with the image tokenizer saved in its folder): the
   decode sequence of the first INPUT image, `--mask_ratio` of its codes masked, then the grid after each of
   `--steps` MaskGIT steps decoded to pixels, masked codes drawn grey (`mim_decode_sequence.png`).
 * With a labelled `--dataset`: accuracy against the number of iterations (Hyper-SET) or fixed-point steps
@@ -84,9 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--landscape", action="store_true", help="also draw the Hopfield energy landscapes")
     p.add_argument("--num_threads", type=int, help="torch CPU threads")
-    mim = p.add_argument_group(
-        "masked image modelling (a HyperSetForMaskedImageModeling folder with its tokenizer)"
-    )
+    mim = p.add_argument_group("masked image modelling (a *ForMaskedImageModeling folder with its tokenizer)")
     mim.add_argument("--mask_ratio", type=float, default=0.4, help="share of codes masked (default 0.4)")
     mim.add_argument("--steps", type=int, default=8, help="MaskGIT decoding steps drawn (default 8)")
     mim.add_argument("--schedule", default="arccos", help="MaskGIT schedule (default arccos)")
@@ -259,18 +258,23 @@ def load_model(model_dir: str) -> tuple[Any, str]:
     """The saved model (its head, else the backbone) in eval mode, and its family's model_type."""
     import transformers
 
-    from energyformers import FAMILIES
+    from energyformers import BASELINES, FAMILIES
 
     try:
         config = transformers.AutoConfig.from_pretrained(model_dir)
     except (OSError, ValueError) as err:
         raise InspectError(f"cannot load a model from {model_dir!r}: {err}") from None
+    architecture = (config.architectures or [None])[0]
     family = FAMILIES.get(config.model_type)
+    if family is None and str(architecture).endswith("ForMaskedImageModeling"):
+        family = BASELINES.get(
+            config.model_type
+        )  # Table 2's looped Transformer: its decode sequence is drawn
     if family is None:
         raise InspectError(
-            f"{model_dir} holds a {config.model_type!r} model; inspect draws {sorted(FAMILIES)} (energyformers families)"
+            f"{model_dir} holds a {config.model_type!r} model ({architecture}); inspect draws {sorted(FAMILIES)} "
+            "(energyformers families) and the baselines' masked-image-modelling heads"
         )
-    architecture = (config.architectures or [None])[0]
     model_class = next(
         (h for h in family.heads.values() if h.__name__ == architecture), family.heads["AutoModel"]
     )
@@ -893,7 +897,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     elif args.model_dir is not None:
         model, family = load_model(args.model_dir)
         input_type = model.config.input_type
-        if type(model).__name__ == "HyperSetForMaskedImageModeling":
+        if type(model).__name__.endswith("ForMaskedImageModeling"):  # Hyper-SET's or the looped Transformer's
             if args.dataset or not args.inputs:
                 raise InspectError(
                     f"{args.model_dir} is a masked-image-modelling model: give an image path as INPUTS (its decode "
