@@ -69,9 +69,12 @@ PY
 
 for version in "${VERSIONS[@]}"; do
     echo "== Python $version: resolving $(paste -sd' ' "$WORK/roots.txt")"
-    "$PYTHON" -m pip install -q --dry-run --ignore-installed --report "$WORK/report-$version.json" \
+    # --target: pip before 24 refuses --platform without it (nothing is installed: --dry-run)
+    "$PYTHON" -m pip install -q --dry-run --ignore-installed --target "$WORK/unused" \
+        --report "$WORK/report-$version.json" \
         --python-version "$version" "${TARGET[@]}" -r "$WORK/roots.txt"
-    "$PYTHON" -m pip install -q --dry-run --ignore-installed --no-deps --report "$WORK/kornia-$version.json" \
+    "$PYTHON" -m pip install -q --dry-run --ignore-installed --no-deps --target "$WORK/unused" \
+        --report "$WORK/kornia-$version.json" \
         --python-version "$version" "${TARGET[@]}" "kornia>=0.7" "kornia-rs>=0.2"
     # pinned name==version of every resolved distribution the GPU machine lacks
     "$PYTHON" - "$WORK/report-$version.json" "$WORK/kornia-$version.json" "$ALL" \
