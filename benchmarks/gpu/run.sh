@@ -71,9 +71,10 @@ fi
 GRACE=5 # seconds between timeout's TERM and KILL
 
 stage_install() {
-    # find_spec: whether it is installed, without paying for importing torch
-    if [[ $SMOKE == 1 ]] && "$PYTHON" -c "import importlib.util as u, sys; s = u.find_spec('energyformers'); \
-print(s.origin) if s else sys.exit(1)"; then
+    # find_spec: whether it is installed, without paying for importing torch; asked from another folder, since
+    # this tree's energyformers/ (without the subpackages the install maps in) is importable from here
+    if [[ $SMOKE == 1 ]] && (cd "$SCRATCH" && "$PYTHON" -c "import importlib.util as u, sys; \
+s = u.find_spec('energyformers'); print(s.origin) if s else sys.exit(1)"); then
         echo "smoke: the package is importable in $PYTHON (above); install skipped"
         return 0
     fi
