@@ -70,6 +70,7 @@ def test_modeling_file_imports_only_torch_transformers_and_its_config(family):
         "math",
         "collections",
         "contextlib",
+        "functools",
         "dataclasses",
         "torch",
         "transformers",
