@@ -56,6 +56,12 @@ def test_smoke_run_reports_every_stage_ok_and_writes_every_result_file(tmp_path)
     # the recipe's deep supervision and board symmetries reached the run (the carried puzzles count as Sudoku)
     assert (sudoku["deep_supervision"], sudoku["sudoku_augmentation"]) == ("all", True), sudoku
     assert 0 <= sudoku["test"]["board_accuracy"] <= sudoku["test"]["blank_cell_accuracy"] <= 1, sudoku
+    # the smoke run's time is up at once: training stops after its first step and still evaluates
+    assert (sudoku["stopped_by"], sudoku["stopped_at_step"], sudoku["train_seconds"]) == (
+        "train_seconds",
+        1,
+        0,
+    )
     speed = json.loads((out / "gpu_speed_smoke.json").read_text())
     assert speed["smoke"] and speed["complete"], speed
 
