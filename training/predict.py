@@ -38,6 +38,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,16 +157,21 @@ def depth_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "search_noise": (lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
         "search_seed": (lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)"),
     }
-    for name, value in given.items():
-        ok, allowed = ranges.get(name, (lambda v: True, ""))
-        if not ok(value):
-            raise UsageError(f"--{name} {value}: expected {allowed}")
+    check_ranges(given, ranges)
     orphans = [f"--{name}" for name in ("search_noise", "search_seed", "search_selector") if name in given]
     if orphans and "search_trajectories" not in given:
         raise UsageError(f"{orphans[0]}: a test-time search flag; pass --search_trajectories K as well")
     if args.top_k is not None and args.top_k < 1:
         raise UsageError(f"--top_k {args.top_k}: expected an integer >= 1")
     return given
+
+
+def check_ranges(given: dict[str, Any], ranges: dict[str, tuple[Callable[[Any], bool], str]]) -> None:
+    """A `UsageError` naming the first given flag whose value is out of its range ({flag: (test, allowed)})."""
+    for name, value in given.items():
+        ok, allowed = ranges.get(name, (lambda v: True, ""))
+        if not ok(value):
+            raise UsageError(f"--{name} {value}: expected {allowed}")
 
 
 def mim_arguments(args: argparse.Namespace) -> dict[str, Any]:
@@ -180,10 +186,7 @@ def mim_arguments(args: argparse.Namespace) -> dict[str, Any]:
         # torch.Generator.manual_seed's range
         "seed": (lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)"),
     }
-    for name, value in given.items():
-        ok, allowed = ranges.get(name, (lambda v: True, ""))
-        if not ok(value):
-            raise UsageError(f"--{name} {value}: expected {allowed}")
+    check_ranges(given, ranges)
     output_dir = given.pop("output_dir", None)
     if output_dir is not None and Path(output_dir).expanduser().exists() and not Path(output_dir).is_dir():
         raise UsageError(f"--output_dir {output_dir}: is a file; pass a folder (it is created if missing)")
