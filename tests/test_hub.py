@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import transformers.utils.hub
 from fixtures import Case, cli_config
 from hub_standin import STANDIN_TOKEN, HubStandIn
 from huggingface_hub import constants
@@ -127,6 +128,20 @@ def hub(monkeypatch, tmp_path):
     """The stand-in, with this process's huggingface_hub pointed at it and online; temp files go to tmp_path."""
     with HubStandIn() as server:
         monkeypatch.setattr(constants, "ENDPOINT", server.url)
+        # transformers' shared HfApi keeps the endpoint it was built with (by any earlier test of this process):
+        # rebuilt here, it asks the stand-in, not the real Hub (unreachable offline: minutes of retries)
+        monkeypatch.setattr(transformers.utils.hub, "_hf_api", None)
+        # and any other client that reaches past the stand-in is named here, not found as a slow test
+        outside: list[str] = []
+        resolve = socket.getaddrinfo
+
+        def local_only(host, *args, **kwargs):
+            if host not in ("127.0.0.1", "localhost", "::1"):
+                outside.append(host)
+                raise socket.gaierror(f"{host}: outside the Hub stand-in")
+            return resolve(host, *args, **kwargs)
+
+        monkeypatch.setattr(socket, "getaddrinfo", local_only)
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
         monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token-file"))
         monkeypatch.setenv("HF_TOKEN", STANDIN_TOKEN)
@@ -135,6 +150,7 @@ def hub(monkeypatch, tmp_path):
         monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where push builds its export
         yield server
         assert server.unhandled == [], f"client used endpoints the stand-in lacks: {server.unhandled}"
+        assert outside == [], f"clients reached for hosts outside the stand-in: {sorted(set(outside))}"
 
 
 @pytest.fixture(scope="module")
