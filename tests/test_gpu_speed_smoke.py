@@ -15,6 +15,8 @@ import pytest
 import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_speed.py"
+# a smoke run of the HyperBF group's inference only: the short runs of the modes and the profile checks
+HYPERBF_INFERENCE = ["--device", "cpu", "--smoke", "--tasks", "inference", "--groups", "HyperBF"]
 
 
 @pytest.fixture
@@ -76,18 +78,7 @@ def test_smoke_run_covers_every_group_and_writes_json_and_markdown(gpu_speed, tm
 
 
 def test_smoke_run_compiles(gpu_speed, tmp_path):
-    arguments = [
-        "--device",
-        "cpu",
-        "--smoke",
-        "--modes",
-        "eager",
-        "compiled",
-        "--tasks",
-        "inference",
-        "--groups",
-        "HyperBF",
-    ]
+    arguments = [*HYPERBF_INFERENCE, "--modes", "eager", "compiled"]
     report = gpu_speed.main([*arguments, "--output_dir", str(tmp_path)])
     (group,) = report["groups"].values()
     assert report["compile_backend"] == "aot_eager"  # smoke: capture + AOT autograd, no code generation
@@ -117,18 +108,8 @@ def test_smoke_run_compiles(gpu_speed, tmp_path):
 
 
 def test_no_profile_modes_profiles_nothing(gpu_speed, tmp_path):
-    arguments = [
-        "--device",
-        "cpu",
-        "--smoke",
-        "--modes",
-        "eager",
-        "--tasks",
-        "inference",
-        "--groups",
-        "HyperBF",
-    ]
-    report = gpu_speed.main([*arguments, "--profile_modes", "--output_dir", str(tmp_path)])
+    arguments = [*HYPERBF_INFERENCE, "--modes", "eager", "--profile_modes"]
+    report = gpu_speed.main([*arguments, "--output_dir", str(tmp_path)])
     (group,) = report["groups"].values()
     assert all("profile" not in entry["eager"]["inference"] for entry in group["variants"].values())
     assert "Where the time goes" not in (tmp_path / "gpu_speed_smoke.md").read_text()
