@@ -415,6 +415,10 @@ def eager_bisoftmax_attention(
     return probs @ v, probs
 
 
+# head-dimension multiple the fused SDPA kernels of a device type need (others: 1, no padding)
+_SDPA_HEAD_DIM_MULTIPLE = {"cuda": 8}
+
+
 def _sink_attention(
     queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -438,12 +442,12 @@ def _sink_attention(
     width = values.shape[-1]
     sink_value = torch.cat([keys.new_zeros(*lead, 1, width + 1), keys.new_ones(*lead, 1, 1)], -1)
     values = torch.cat([torch.cat([values, one, zero], -1), sink_value], -2)  # (…, N + 1, d_v + 2)
-    # CUDA's fused SDPA kernels need head dimensions that are multiples of 8: pad with zero columns
-    if queries.is_cuda:
-        queries, keys = (F.pad(x, (0, -x.shape[-1] % 8)) for x in (queries, keys))
-        values = F.pad(values, (0, -values.shape[-1] % 8))
+    # fused SDPA kernels need head dimensions that are multiples of 8 (CUDA): pad with zero columns
+    multiple = _SDPA_HEAD_DIM_MULTIPLE.get(queries.device.type, 1)
+    queries, keys = (F.pad(x, (0, -x.shape[-1] % multiple)) for x in (queries, keys))
+    values = F.pad(values, (0, -values.shape[-1] % multiple))  # (…, N + 1, ≥ d_v + 2)
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=1.0)
-    return out[..., :width], out[..., width : width + 1], out[..., width + 1 :], sink_score
+    return out[..., :width], out[..., width : width + 1], out[..., width + 1 : width + 2], sink_score
 
 
 def sdpa_bisoftmax_attention(

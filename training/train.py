@@ -11,6 +11,7 @@ one step, so `<output_dir>` is either complete or absent.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -189,6 +190,11 @@ def training_arguments(args: Any, work_dir: Path) -> Any:
     run = args.run
     device_type = check_precision(run.precision)
     eval_strategy = run.eval_strategy or ("steps" if run.max_steps > 0 else "epoch")
+    # transformers 5.x renamed the field gradient_checkpointing to activation_checkpointing after 5.0
+    fields = {field.name for field in dataclasses.fields(TrainingArguments)}
+    checkpointing = (
+        "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+    )
     return TrainingArguments(
         output_dir=str(work_dir),
         num_train_epochs=1,  # set from the schedule in run()
@@ -207,7 +213,7 @@ def training_arguments(args: Any, work_dir: Path) -> Any:
         fp16=run.precision == "fp16",
         torch_compile=run.torch_compile,
         use_cpu=device_type == "cpu",
-        activation_checkpointing=run.gradient_checkpointing,  # v5 name of gradient_checkpointing
+        **{checkpointing: run.gradient_checkpointing},
         eval_strategy=eval_strategy,
         eval_steps=run.eval_steps or (max(1, run.max_steps // 4) if run.max_steps > 0 else None),
         save_strategy=run.save_strategy or eval_strategy,

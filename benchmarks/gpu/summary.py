@@ -9,6 +9,7 @@ STAGES.tsv: one line per stage, `name<TAB>status<TAB>seconds<TAB>budget seconds`
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import platform
 import re
@@ -31,9 +32,15 @@ def device_name() -> str:
         import torch
     except ImportError:
         return f"unknown (torch does not import); {platform.machine()}"
+    software = f"Python {platform.python_version()}, torch {torch.__version__}"
+    for name in ("transformers", "triton"):  # the versions a result depends on, the GPU image's own
+        try:
+            software += f", {name} {importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            software += f", no {name}"
     if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
-    return f"CPU only, no CUDA device ({platform.machine()}; torch {torch.__version__})"
+        return f"{torch.cuda.get_device_name(0)} ({software}, CUDA {torch.version.cuda})"
+    return f"CPU only, no CUDA device ({platform.machine()}; {software})"
 
 
 def read_stages(path: Path) -> list[dict[str, str]]:
