@@ -221,7 +221,7 @@ def compile_time(backend: str, depth: int, variant: str, device: str) -> float:
 
     torch._inductor.config.force_disable_caches = True  # a cold compile each time, no reuse across depths
     torch.manual_seed(0)
-    default = modeling_hyperset.default_attn_implementation(HyperSetConfig(), torch.device(device))
+    default = modeling_hyperset.DEFAULT_ATTN_IMPLEMENTATION
     model = hyperset(default, num_iterations=depth).to(device).eval()
     pixels = torch.randn(1, 3, 224, 224, device=device)
     seconds = []
@@ -296,7 +296,7 @@ def main() -> None:
             )
         )
     if args.compiled:  # Hyper-SET's default attention, both models under torch.compile (inductor)
-        default = modeling_hyperset.default_attn_implementation(HyperSetConfig(), torch.device(args.device))
+        default = modeling_hyperset.DEFAULT_ATTN_IMPLEMENTATION
         pairs.append(
             (
                 f"Hyper-SET cifar10-small (224²/16, T=12), attn={default}, torch.compile",

@@ -101,7 +101,7 @@ s = u.find_spec('energyformers'); print(s.origin) if s else sys.exit(1)"); then
 stage_attention() {
     local select=() workers=()
     # smoke: one short length of each check (the interpreter runs the Triton kernel slowly on CPU)
-    [[ $SMOKE == 1 ]] && select=(-k "(float32_matches_eager and N17-d64-padded) or (bfloat16_no_worse and 17) or default_follows")
+    [[ $SMOKE == 1 ]] && select=(-k "(float32_matches_eager and N17-d64-padded) or (bfloat16_no_worse and 17) or default_is_the_same_on_cuda")
     # GPU: most of this stage is Triton compiling each launch configuration for the GPU, one at a time per
     # process; pytest-xdist (in the GPU image) spreads the tests, hence the compiles, over 4 processes
     [[ $SMOKE == 0 ]] && "$PYTHON" -c "import xdist" 2>/dev/null && workers=(-n 4)
