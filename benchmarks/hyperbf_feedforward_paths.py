@@ -141,6 +141,17 @@ def folded_width(width: int) -> int:
     return -(-(width + 1) // 8) * 8
 
 
+def cpu_name() -> str:
+    """The processor's model name (Linux: /proc/cpuinfo), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=15)
@@ -167,7 +178,7 @@ def main() -> None:
     def ratio(result: dict, mode: str) -> str:
         return f"{result['explicit'][mode] / result['folded'][mode]:.2f}"
 
-    cpu = platform.processor() or platform.machine()
+    cpu = cpu_name()
     lines = [
         "# HyperBF feedforward under sdpa: folded vs explicit, CPU",
         "",
