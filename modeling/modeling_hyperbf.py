@@ -18,7 +18,9 @@ distance d²/2σ² starts near ln K and every center weight near 1/K.
 `attn_implementation` (transformers' standard names): `"eager"` is the reference, explicit scores with the
 per-key bias as an additive mask, and the only path that returns attention maps and center weights; `"sdpa"`
 (the default) runs both units as mask-free `scaled_dot_product_attention` with the per-key bias folded into
-one extra head dimension (q' = [q, 1], k' = [k, b]): flash kernels apply, no scores are built.
+one extra head dimension (q' = [q, 1], k' = [k, b]): flash kernels apply, no scores are built. The feedforward
+folds only while its folded head fits the fused kernels (`FUSED_ATTENTION_MAX_HEAD_DIM`); wider, as at the
+memo's D = 768, it keeps the explicit path, which is faster there.
 """
 
 from __future__ import annotations
@@ -309,6 +311,13 @@ def eager_attention_forward(
     return output, weights
 
 
+# Widest head the fused CUDA attention kernels take (flash: `check_head_dim_size_flash`, cuDNN:
+# `check_cudnn_tensor_shapes`, both in torch's aten/src/ATen/native/transformers/cuda/sdp_utils.cpp). A wider
+# folded feedforward falls to the memory-efficient kernel, whose backward is much slower than the explicit
+# path's two matrix products, so past this width the feedforward stays explicit (docs/hyperbf.md).
+FUSED_ATTENTION_MAX_HEAD_DIM = 256
+
+
 def _folded_width(query_key_dim: int, value_dim: int) -> int:
     """Head width of bias-folded attention inputs: flash kernels want q, k, v of one width, a multiple of 8"""
     return -(-max(query_key_dim, value_dim) // 8) * 8
@@ -428,8 +437,10 @@ class HyperBFFeedForward(nn.Module):
     Distances come from one matrix product against the projected centers: ‖Wx‖² − 2 Wx·Wt_α + ‖Wt_α‖², so no
     (B, N, K, D) tensor is ever built. The normalized kernel is cross-attention from the queries Wx to K
     keys Wt_α with values c_α and a per-key bias, so outside `eager` it runs as mask-free (flash) attention
-    with the bias folded into the head dimension and builds no (B·N, K) weights either; the unnormalised
-    Gaussian kernel needs the weights themselves and stays on the explicit path.
+    with the bias folded into the head dimension and builds no (B·N, K) weights either, when that head
+    (`folded_width`: max(R + 1, D), or R + 2 with per-center widths, padded to 8) is no wider than the fused
+    kernels take (`FUSED_ATTENTION_MAX_HEAD_DIM`); a wider one, and the unnormalised Gaussian kernel, which
+    needs the weights themselves, stay on the explicit path. `folds` says which path `sdpa` takes.
     """
 
     def __init__(self, config: HyperBFConfig):
@@ -441,6 +452,10 @@ class HyperBFFeedForward(nn.Module):
         self.metric = nn.Parameter(torch.empty(config.rbf_projection_dim, config.hidden_size))  # W: (R, D)
         self.log_sigma = nn.Parameter(torch.empty(config.num_centers if config.rbf_width == "center" else 1))
         self.values = nn.Linear(config.num_centers, config.hidden_size)  # c_α as columns, plus the bias b
+        # Query/key columns of the folded head: Wx and the bias column, plus ‖Wx‖² with per-center widths.
+        key_dim = config.rbf_projection_dim + (2 if config.rbf_width == "center" else 1)
+        self.folded_width = _folded_width(key_dim, config.hidden_size)
+        self.folds = self.kernel == "normalized" and self.folded_width <= FUSED_ATTENTION_MAX_HEAD_DIM
         # Folded keys and values of the last no-grad eval forward, with the parameter versions they came from.
         self._folded_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -484,7 +499,7 @@ class HyperBFFeedForward(nn.Module):
         key_columns = [2 * scale * projected, -scale * projected.pow(2).sum(-1, keepdim=True)]
         if self.log_sigma.numel() > 1:  # per-center widths: −s_α‖u‖² no longer cancels
             key_columns.append(-scale)
-        width = _folded_width(projected.shape[-1] + len(key_columns) - 1, self.values.out_features)
+        width = self.folded_width
         keys = _concat_padded(key_columns, width).to(dtype)  # (K, w)
         # (D, K) -> (K, D) -> (K, w)
         values = F.pad(self.values.weight.t(), (0, width - self.values.out_features)).to(dtype)
@@ -496,9 +511,9 @@ class HyperBFFeedForward(nn.Module):
         self, hidden_states: torch.Tensor, output_center_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(out, w_α(x) or None): the weights are returned by the explicit path, which also runs for `eager`,
-        the Gaussian kernel and every call that asks for them."""
+        whenever the folded one does not apply (`folds` false) and for every call that asks for them."""
         implementation = self.config._attn_implementation
-        if output_center_weights or self.kernel == "gaussian" or implementation in (None, "eager"):
+        if output_center_weights or not self.folds or implementation in (None, "eager"):
             weights = self.center_weights(hidden_states)
             return self.values(weights), weights
 

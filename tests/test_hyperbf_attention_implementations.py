@@ -6,7 +6,7 @@ is the reference (explicit scores, additive mask, the only path that returns map
 other `attn_implementation` folds the bias into one extra head dimension and calls mask-free attention. These
 tests hold every other implementation to the eager result on every head (padding included), check that no mask
 and no (B, H, N, N) / (B·N, K) tensor is built, and that the eval-mode cache of the folded centers follows the
-parameters.
+parameters, and that the feedforward folds only where its folded head fits the fused CUDA kernels (256).
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from transformers import AutoModel, AutoModelForImageClassification
 
+from energyformers import HyperBFConfig
 from energyformers.modeling.modeling_hyperbf import (
+    HyperBFFeedForward,
     HyperBFForImageClassification,
     HyperBFForSequenceClassification,
     HyperBFModel,
@@ -218,6 +220,107 @@ def test_sdpa_path_builds_no_mask_and_no_score_tensor(rbf_width):
     assert probe.numel < min(scores, center_weights) / 2, (probe.numel, scores, center_weights)
     # The probe does see them on the reference path, so the bound above is a real one.
     assert _probe_forward_backward(reference, inputs).numel >= min(scores, center_weights)
+
+
+# ------------------------------------------------------------- which feedforward path `sdpa` takes
+
+
+def _round_up_8(width: int) -> int:
+    return -(-width // 8) * 8
+
+
+def _recorded_paths(
+    model: torch.nn.Module, inputs: dict[str, torch.Tensor]
+) -> tuple[list[int], int, torch.Tensor]:
+    """(head width of every SDPA call, explicit center-weight computations, output) of one training step."""
+    widths = []
+    original = F.scaled_dot_product_attention
+
+    def recording(query, key, value, attn_mask=None, *args, **kwargs):
+        widths.append(query.shape[-1])
+        return original(query, key, value, attn_mask, *args, **kwargs)
+
+    explicit = mock.patch.object(
+        HyperBFFeedForward, "center_weights", autospec=True, side_effect=HyperBFFeedForward.center_weights
+    )
+    model.train()
+    with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", recording), explicit as spy:
+        output = run(model, inputs)
+    return widths, spy.call_count, output
+
+
+# (preset, overrides, folded feedforward head width or None): the memo's D = 768 gives a folded width of
+# 776 > 256, past the fused CUDA kernels, so the feedforward must stay explicit; `digits` (D = 64) folds at 72.
+PRESET_PATHS = [
+    ("cifar", dict(num_hidden_layers=1, image_size=8), None),
+    ("digits", {}, 72),
+]
+
+
+@pytest.mark.parametrize(
+    "preset, overrides, feedforward_width", PRESET_PATHS, ids=[p[0] for p in PRESET_PATHS]
+)
+def test_sdpa_folds_the_feedforward_only_at_widths_the_fused_kernels_take(
+    preset, overrides, feedforward_width
+):
+    config = HyperBFConfig.from_preset(preset, **overrides)
+    torch.manual_seed(0)
+    model = HyperBFForImageClassification(config)
+    assert model.config._attn_implementation == "sdpa"  # the default is what is checked
+    reference = copy.deepcopy(model)
+    reference.set_attn_implementation("eager")
+    side = config.image_size
+    inputs = {
+        "pixel_values": torch.randn(
+            2, config.num_channels, side, side, generator=torch.Generator().manual_seed(0)
+        )
+    }
+    widths, explicit_calls, got = _recorded_paths(model, inputs)
+    layers = config.num_hidden_layers
+    attention_width = _round_up_8(config.head_dim + 1)  # the attention unit folds at every preset width
+    if feedforward_width is None:
+        expected_widths, expected_explicit = [attention_width] * layers, layers
+    else:
+        expected_widths, expected_explicit = [attention_width, feedforward_width] * layers, 0
+    assert widths == expected_widths, f"SDPA head widths {widths}, expected {expected_widths}"
+    assert explicit_calls == expected_explicit, (
+        f"explicit feedforward ran {explicit_calls}×, expected {expected_explicit}"
+    )
+    assert_close_to_scale(got, run(reference, inputs), TOLERANCES[torch.float32][0], "output")
+
+
+# (hidden_size, rbf_projection_dim, rbf_width, folded width): the folded head is max(R + 1, D) (R + 2 with
+# per-center widths) rounded up to 8; it folds up to and including 256.
+BOUNDARY = [
+    (128, 255, "layer", 256),
+    (128, 256, "layer", 264),
+    (128, 254, "center", 256),
+    (128, 255, "center", 264),
+    (264, 16, "layer", 264),  # the values c_α (width D) are what is too wide
+]
+
+
+@pytest.mark.parametrize("hidden_size, rank, rbf_width, width", BOUNDARY, ids=lambda v: str(v))
+def test_folded_feedforward_width_limit_is_inclusive(hidden_size, rank, rbf_width, width):
+    case = Case.of(HyperBFModel, "image")
+    model, reference = pair(
+        case, "sdpa", hidden_size=hidden_size, rbf_projection_dim=rank, rbf_width=rbf_width
+    )
+    inputs = padded_inputs(case, torch.float32)
+    widths, explicit_calls, got = _recorded_paths(model, inputs)
+    folds = width <= 256
+    layers = model.config.num_hidden_layers
+    assert (width in widths) == folds, (
+        f"SDPA head widths {widths}; a {width}-wide feedforward should fold: {folds}"
+    )
+    assert explicit_calls == (0 if folds else layers), (
+        f"explicit feedforward ran {explicit_calls}× (folds: {folds})"
+    )
+    assert all(ff.folds == folds and ff.folded_width == width for ff in _feedforwards(model))
+    reference.train()
+    assert_close_to_scale(got, run(reference, inputs), TOLERANCES[torch.float32][0], "output")
+    for (name, parameter), reference_parameter in zip(model.named_parameters(), reference.parameters()):
+        assert_close_to_scale(parameter.grad, reference_parameter.grad, TOLERANCES[torch.float32][1], name)
 
 
 # ------------------------------------------------------------------------- cached centers (eval mode)
