@@ -176,3 +176,21 @@ def test_no_text_promises_an_energy_descent_the_iteration_does_not_guarantee():
     assert (
         "Energy descent: what is and is not guaranteed" in (ROOT / "model_cards" / "hyperset.md").read_text()
     )
+
+
+@pytest.mark.parametrize(
+    ("family", "card"),
+    [("hyperset",) * 2, ("hyperbf",) * 2, ("imixer",) * 2, ("looped-transformer", "baseline")],
+)
+def test_model_card_output_flags_are_forward_arguments(family, card):
+    """A flag a model card tells users to pass (`output_…=True`) is an argument of the family's model `forward`."""
+    import inspect
+
+    from energyformers import registry
+
+    models = {**registry.FAMILIES, **registry.BASELINES}[family].heads.values()
+    flags = set(re.findall(r"`(output_\w+)=True`", (ROOT / "model_cards" / f"{card}.md").read_text()))
+    accepted = set().union(*(inspect.signature(model.forward).parameters for model in models))
+    assert flags <= accepted, (
+        f"{family}: card flags {sorted(flags - accepted)} not in forward({sorted(accepted)})"
+    )
