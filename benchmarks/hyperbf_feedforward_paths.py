@@ -48,7 +48,7 @@ def force_path(model: torch.nn.Module, path: str) -> None:
     for module in model.modules():
         if hasattr(module, "folds"):
             module.folds = path == "folded"
-            module._folded_cache = None
+            module._eval_cache.clear()
 
 
 def timed(step: Callable[[], None]) -> float:
@@ -91,16 +91,12 @@ def compare(
     build: Callable[[], tuple[torch.nn.Module, dict[str, torch.Tensor]]], repeats: int
 ) -> dict[str, dict[str, float]]:
     """Median ms of inference and of a training step (forward + backward) per path, the paths alternating."""
-    models = {}
+    steps = {}
     for path in PATHS:
-        model, inputs = build()
-        force_path(model, path)
-        models[path] = (model, inputs)
-    steps = {
-        (path, mode): (inference_step if mode == "inference" else train_step)(*models[path])
-        for path in PATHS
-        for mode in ("inference", "train")
-    }
+        for mode in ("inference", "train"):  # a model per mode: train() would drop the eval model's cache
+            model, inputs = build()
+            force_path(model, path)
+            steps[(path, mode)] = (inference_step if mode == "inference" else train_step)(model, inputs)
     for step in steps.values():  # warm-up: allocator, thread pool, the eval cache of the folded centers
         step()
         step()

@@ -25,6 +25,7 @@ memo's D = 768, it keeps the explicit path, which is faster there.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -456,24 +457,43 @@ class HyperBFFeedForward(nn.Module):
         key_dim = config.rbf_projection_dim + (2 if config.rbf_width == "center" else 1)
         self.folded_width = _folded_width(key_dim, config.hidden_size)
         self.folds = self.kernel == "normalized" and self.folded_width <= FUSED_ATTENTION_MAX_HEAD_DIM
-        # Folded keys and values of the last no-grad eval forward, with the parameter versions they came from.
-        self._folded_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
+        # What the centers give in the last no-grad eval forward ("folded", "projected": `_cached`), with the
+        # dtype and parameter versions it came from.
+        self._eval_cache: dict[str, tuple[tuple, tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def sigma(self) -> torch.Tensor:
         return self.log_sigma.exp()
 
     def train(self, mode: bool = True) -> HyperBFFeedForward:
         if mode or self.training:  # cached centers last one eval phase (a repeated eval() keeps them)
-            self._folded_cache = None
+            self._eval_cache.clear()
         return super().train(mode)
+
+    def _cached(
+        self, name: str, dtype: torch.dtype, compute: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`compute()`, kept across no-grad eval forwards (inference over many batches) until a parameter changes
+        (its version counter moves: an optimiser step, `load_state_dict`) or `train()` is called."""
+        if self.training or torch.is_grad_enabled() or _is_tracing():
+            return compute()
+        parameters = (self.centers, self.metric, self.log_sigma, self.values.weight)
+        stamp = (dtype, *((p.data_ptr(), p._version) for p in parameters))
+        hit = self._eval_cache.get(name)
+        if hit is None or hit[0] != stamp:
+            hit = self._eval_cache[name] = (stamp, compute())
+        return hit[1]
+
+    def _projected_centers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        projected = F.linear(self.centers, self.metric)  # (K, R)
+        return projected, projected.pow(2).sum(-1)  # Wt_α and ‖Wt_α‖²
 
     def center_weights(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """w_α(x) of shape (..., K) for inputs (..., D)."""
         projected = F.linear(hidden_states, self.metric)  # (..., R)
-        projected_centers = F.linear(self.centers, self.metric)  # (K, R)
+        projected_centers, center_norms = self._cached("projected", projected.dtype, self._projected_centers)
         flat = projected.reshape(-1, projected.shape[-1])  # (B·N, R)
         # ‖Wt_α‖² − 2 Wx·Wt_α in one fused product, then + ‖Wx‖²; clamp the cancellation error below 0.
-        sq_dist = torch.addmm(projected_centers.pow(2).sum(-1), flat, projected_centers.t(), alpha=-2.0)
+        sq_dist = torch.addmm(center_norms, flat, projected_centers.t(), alpha=-2.0)
         sq_dist = (sq_dist + flat.pow(2).sum(-1, keepdim=True)).clamp_min(0.0)  # (B·N, K)
         logits = -0.5 * sq_dist * torch.exp(-2.0 * self.log_sigma)  # −d²/(2σ²), always <= 0
         weights = F.softmax(logits, dim=-1) if self.kernel == "normalized" else torch.exp(logits)
@@ -485,15 +505,11 @@ class HyperBFFeedForward(nn.Module):
         With s_α = 1/(2σ_α²), u = Wx and v_α = Wt_α the logit is −s_α‖u‖² + 2s_α u·v_α − s_α‖v_α‖², so
         q' = [u, 1, ‖u‖²] and k'_α = [2s_α v_α, −s_α‖v_α‖², −s_α]. With one width per layer the first term is
         the same for every α and cancels in the softmax, so both last columns are dropped. Values are c_α,
-        zero-padded to w. Computed once per forward; in eval mode without autograd, cached until a parameter
-        changes (its version counter moves: an optimiser step, `load_state_dict`) or `train()` is called.
+        zero-padded to w. Computed once per forward, kept across no-grad eval forwards (`_cached`).
         """
-        parameters = (self.centers, self.metric, self.log_sigma, self.values.weight)
-        cacheable = not self.training and not torch.is_grad_enabled() and not _is_tracing()
-        if cacheable:
-            stamp = (dtype, *((p.data_ptr(), p._version) for p in parameters))
-            if self._folded_cache is not None and self._folded_cache[0] == stamp:
-                return self._folded_cache[1]
+        return self._cached("folded", dtype, functools.partial(self._fold_centers, dtype))
+
+    def _fold_centers(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         projected = F.linear(self.centers, self.metric)  # (K, R)
         scale = 0.5 * torch.exp(-2.0 * self.log_sigma).unsqueeze(-1)  # s_α: (1 | K, 1)
         key_columns = [2 * scale * projected, -scale * projected.pow(2).sum(-1, keepdim=True)]
@@ -503,8 +519,6 @@ class HyperBFFeedForward(nn.Module):
         keys = _concat_padded(key_columns, width).to(dtype)  # (K, w)
         # (D, K) -> (K, D) -> (K, w)
         values = F.pad(self.values.weight.t(), (0, width - self.values.out_features)).to(dtype)
-        if cacheable:
-            self._folded_cache = (stamp, (keys, values))
         return keys, values
 
     def forward(

@@ -330,35 +330,44 @@ def _feedforwards(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [layer.feedforward for layer in model.base_model.layers]
 
 
-def test_centers_are_cached_in_eval_inference_only():
+# the folded path (sdpa at the fixtures' width) caches its keys and values, the explicit one the projected centers
+CACHES = pytest.mark.parametrize(("implementation", "cache"), [("sdpa", "folded"), ("eager", "projected")])
+
+
+@CACHES
+def test_centers_are_cached_in_eval_inference_only(implementation, cache):
     case = Case.of(HyperBFForImageClassification)
-    model, reference = pair(case, "sdpa")
+    model, reference = pair(case, implementation)
     inputs = case.inputs()
     model.eval()
     with torch.no_grad():
         first = main_output(model(**inputs))
-        cached = [ff._folded_cache[1][0] for ff in _feedforwards(model)]
+        cached = [ff._eval_cache[cache][1][0] for ff in _feedforwards(model)]
         second = main_output(model(**inputs))
-    assert all(ff._folded_cache[1][0] is keys for ff, keys in zip(_feedforwards(model), cached))  # reused
+    assert all(
+        ff._eval_cache[cache][1][0] is keys for ff, keys in zip(_feedforwards(model), cached)
+    )  # reused
     torch.testing.assert_close(second, first, atol=0, rtol=0)
     torch.testing.assert_close(first, main_output(reference(**inputs)), atol=1e-5, rtol=0)
     # With autograd on (eval-mode fine-tuning, saliency), the centers are recomputed so gradients reach them.
     main_output(model(**inputs)).sum().backward()
     assert all(ff.centers.grad is not None and ff.centers.grad.abs().sum() > 0 for ff in _feedforwards(model))
     model.eval()  # already in eval mode (an evaluation loop calling eval() again): the cache stays
-    assert all(ff._folded_cache[1][0] is keys for ff, keys in zip(_feedforwards(model), cached))
+    assert all(ff._eval_cache[cache][1][0] is keys for ff, keys in zip(_feedforwards(model), cached))
     model.train()
-    assert all(ff._folded_cache is None for ff in _feedforwards(model))  # train() drops the cache
+    assert all(not ff._eval_cache for ff in _feedforwards(model))  # train() drops the cache
 
 
+@CACHES
 @pytest.mark.parametrize("switch_to_train", [True, False], ids=["train-step-then-eval", "step-in-eval-mode"])
-def test_cached_centers_follow_an_optimiser_step(switch_to_train):
+def test_cached_centers_follow_an_optimiser_step(switch_to_train, implementation, cache):
     case = Case.of(HyperBFForImageClassification)
-    model, _ = pair(case, "sdpa")
+    model, _ = pair(case, implementation)
     inputs = case.inputs(labels=True)
     model.eval()
     with torch.no_grad():
         before = main_output(model(**inputs))  # fills the cache
+    assert all(cache in ff._eval_cache for ff in _feedforwards(model))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     if switch_to_train:
         model.train()
@@ -375,14 +384,16 @@ def test_cached_centers_follow_an_optimiser_step(switch_to_train):
     torch.testing.assert_close(after, expected, atol=1e-5, rtol=0)
 
 
-def test_cached_centers_follow_load_state_dict():
+@CACHES
+def test_cached_centers_follow_load_state_dict(implementation, cache):
     case = Case.of(HyperBFForImageClassification)
-    model, _ = pair(case, "sdpa")
-    other, _ = pair(case, "sdpa")
+    model, _ = pair(case, implementation)
+    other, _ = pair(case, implementation)
     perturb(other, seed=7)
     inputs = case.inputs()
     with torch.no_grad():
         model(**inputs)  # fills the cache
+        assert all(cache in ff._eval_cache for ff in _feedforwards(model))
         model.load_state_dict(other.state_dict())
         torch.testing.assert_close(main_output(model(**inputs)), main_output(other(**inputs)), atol=0, rtol=0)
 
