@@ -345,7 +345,7 @@ def test_the_committed_gpu_results_resume_with_every_eager_task_kept(gpu_speed):
         ("[1, 2]", "not a result of this script (a JSON list, not an object)"),
         (
             '{"environment": {"device": "x"}, "groups": {"g": {"variants": {"v": {"eager": 3}}}}}',
-            "variant 'v'",
+            "not a result of this script (group 'g', variant 'v'",
         ),
     ],
 )
