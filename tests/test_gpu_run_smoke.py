@@ -64,6 +64,17 @@ def test_smoke_run_reports_every_stage_ok_and_writes_every_result_file(tmp_path)
     )
     speed = json.loads((out / "gpu_speed_smoke.json").read_text())
     assert speed["smoke"] and speed["complete"], speed
+    # the speed stage resumes: the committed GPU results are read and refused for a smoke run, then its second
+    # step keeps the first step's inference and measures only the training step
+    committed = ROOT / "benchmarks" / "results" / "gpu_speed.json"
+    assert f"--resume {committed}: ignored" in log and "inference kept from run 1 (--resume)" in log, log[
+        -4000:
+    ]
+    assert [r["run"] for r in speed["runs"]] == [1, 2], speed["runs"]
+    for entry in next(iter(speed["groups"].values()))["variants"].values():
+        if "skipped" not in entry:
+            assert (entry["eager"]["inference"]["run"], entry["eager"]["train"]["run"]) == (1, 2), entry
+    assert "1 new in run 2, 1 kept from run 1" in rows["speed"], rows["speed"]
 
 
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path):
