@@ -120,10 +120,10 @@ stage_speed() {
     local resume=()
     [[ -f $SPEED_RESULTS ]] && resume=(--resume "$SPEED_RESULTS")
     if [[ $SMOKE == 1 ]]; then
-        # in two steps, so the check covers resuming: the committed (real) results are read and refused for a
-        # smoke run, then the second step keeps the first's inference and measures only the training step
+        # the check covers resuming: the committed (real) results are read and refused for a smoke run; then a
+        # second call resumed from the first's results keeps them all, measures nothing and rewrites both files
         local smoke=(--device cpu --smoke --groups "Hyper-SET sudoku" --modes eager --output_dir "$OUT")
-        "$PYTHON" benchmarks/gpu_speed.py "${smoke[@]}" --tasks inference "${resume[@]}" || return 1
+        "$PYTHON" benchmarks/gpu_speed.py "${smoke[@]}" "${resume[@]}" || return 1
         exec "$PYTHON" benchmarks/gpu_speed.py "${smoke[@]}" --resume "$OUT/gpu_speed_smoke.json"
     else
         exec "$PYTHON" benchmarks/gpu_speed.py --repeats 10 "${resume[@]}" --output_dir "$OUT"
