@@ -36,6 +36,7 @@ smoke-mode timings are not measurements (they go to `gpu_speed_smoke.{json,md}`,
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import gc
 import json
@@ -400,7 +401,14 @@ def count_flops(model: nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, 
     return {"forward": float(forward), "train": float(counter.get_total_flops())}
 
 
-def measure_group(group: Group, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+def measure_group(
+    group: Group,
+    args: argparse.Namespace,
+    device: torch.device,
+    on_task: Callable[[dict[str, Any], str, str], None] | None = None,
+) -> dict[str, Any]:
+    """Measure `group` in `args.modes` × `args.tasks`; `on_task(record, mode, task)` after each (mode, task) is
+    measured in full (timings and profiles of every variant), so the caller can save it before the next starts."""
     dtype = torch.bfloat16
     batch = args.batch or group.batch
     torch.manual_seed(0)
@@ -486,14 +494,14 @@ def measure_group(group: Group, args: argparse.Namespace, device: torch.device) 
                 entry["median_s"] = statistics.median(samples)
                 entry["samples_per_s"] = batch / entry["median_s"]
                 print(f"  {name:40s} {mode:8s} {task:9s} {1e3 * entry['median_s']:9.2f} ms", flush=True)
-            if mode not in args.profile_modes:
-                continue
-            for name, call in calls.items():
+            for name, call in calls.items() if mode in args.profile_modes else ():
                 entry = record["variants"][name][mode][task]
                 try:  # one more call, profiled: what the measured time is made of
                     entry["profile"] = profile_call(call, device)
                 except Exception as error:  # a profiler that cannot run here costs the profile, not the run
                     entry["profile_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+            if on_task is not None:
+                on_task(record, mode, task)
         del runners
         torch._dynamo.reset()
     add_ratios(record, group.baseline.name if group.baseline else None)
@@ -560,18 +568,43 @@ def _cell(entry: dict[str, Any], key: str, scale: float = 1.0, fmt: str = "{:.2f
     return "–" if value is None else fmt.format(value * scale)
 
 
+def run_line(run: dict[str, Any]) -> str:
+    started = run.get("started") or "date not recorded"
+    return f"run {run['run']} ({started}): `{run.get('command')}`, repeats {run.get('repeats')}"
+
+
 def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
+    runs = report.get("runs") or []
+    several = len(runs) > 1  # then each row says which run measured it
+    repeats = {run.get("repeats") for run in runs} or {report["repeats"]}
+    if report["smoke"]:
+        title = "# gpu_speed.py SMOKE RUN — tiny configs, checks the script; these are not measurements"
+    elif several:
+        title = f"# GPU speed: each family vs its baseline ({len(runs)} runs on one device)"
+    else:
+        title = "# GPU speed: each family vs its baseline (one run)"
+    if several:  # a later run (--resume) measured only what the earlier ones had not
+        provenance = [
+            "Runs, each measuring what the earlier ones had not (the tables' run column says which measured a row):",
+            "",
+            *(f"- {run_line(run)}" for run in runs),
+            "",
+        ]
+    elif runs:
+        provenance = [f"Command: `{runs[0]['command']}` ({runs[0]['started'] or 'date not recorded'})  "]
+    else:
+        provenance = [f"Command: `{report['command']}`  "]
     lines = [
-        "# GPU speed: each family vs its baseline (one run)" if not report["smoke"] else
-        "# gpu_speed.py SMOKE RUN — tiny configs, checks the script; these are not measurements",
+        title,
         "",
-        f"Command: `{report['command']}`  ",
+        *provenance,
         f"Device: {env['device']}; torch {env['torch']} (CUDA {env['cuda']}), triton {env['triton']}, "
         f"transformers {env['transformers']}  ",
-        f"Setting: bfloat16 weights and inputs; median of {report['repeats']} interleaved repeats after the first "
-        f"call and one warm-up; compile backend `{report['compile_backend']}`; train = forward + backward (no "
-        "optimiser step).",
+        "Setting: bfloat16 weights and inputs; median of "
+        + (f"{next(iter(repeats))}" if len(repeats) == 1 else "each run's number of")
+        + f" interleaved repeats after the first call and one warm-up; compile backend "
+        f"`{report['compile_backend']}`; train = forward + backward (no optimiser step).",
         "",
         "ratio = baseline time / model time, same task and mode (> 1: the model is faster). "
         "first call includes compilation. peak = `max_memory_allocated` of one call above what was allocated "
@@ -585,12 +618,15 @@ def markdown(report: dict[str, Any]) -> str:
             lines += [f"Best mode of the family vs best mode of the baseline: {best}.", ""]
         lines += [
             "| variant | mode | inference ms | samples/s | ratio | train ms | samples/s | ratio | "
-            "first call s (inf / train) | peak MiB (inf / train) | GFLOP/sample (fwd / train) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "first call s (inf / train) | peak MiB (inf / train) | GFLOP/sample (fwd / train) |"
+            + (" run (inf / train) |" if several else ""),
+            "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if several else ""),
         ]
         for variant, entry in group["variants"].items():
             if "skipped" in entry:
-                lines.append(f"| {variant} | skipped: {entry['skipped'][:160]} |" + " |" * 9)
+                lines.append(
+                    f"| {variant} | skipped: {entry['skipped'][:160]} |" + " |" * (10 if several else 9)
+                )
                 continue
             flops = entry.get("flops") or {}
             gflop = "–" if not flops else f"{flops['forward'] / 1e9:.3g} / {flops['train'] / 1e9:.3g}"
@@ -611,15 +647,23 @@ def markdown(report: dict[str, Any]) -> str:
                     f"{_cell(train, 'median_s', 1e3)} | {_cell(train, 'samples_per_s', fmt='{:.0f}')} | "
                     f"{_cell(train, 'ratio')} | {first} | {peak} | "
                     f"{gflop} |"
+                    + (f" {run_cell(inf, train)} |" if several else "")
                     + (f" error: {error[:160]}" if error else "")
                     + (f" graph break, so CUDA graphs between breaks: {split[:160]}" if split else "")
                 )
-        lines += ["", *profile_lines(group)]
+        lines += ["", *profile_lines(group, several)]
     return "\n".join(lines)
 
 
-def profile_lines(group: dict[str, Any]) -> list[str]:
-    """The group's profiles as a list: per variant, mode and task the largest shares of one profiled call."""
+def run_cell(inference: dict[str, Any], train: dict[str, Any]) -> str:
+    """The run that measured a row: one number when both tasks come from it, else inference / train."""
+    runs = [str(timing.get("run", "–")) for timing in (inference, train)]
+    return runs[0] if runs[0] == runs[1] else " / ".join(runs)
+
+
+def profile_lines(group: dict[str, Any], several_runs: bool = False) -> list[str]:
+    """The group's profiles as a list: per variant, mode and task the largest shares of one profiled call
+    (`several_runs`: each says its run)."""
     lines = []
     for variant, entry in group["variants"].items():
         for mode in MODES:
@@ -634,8 +678,9 @@ def profile_lines(group: dict[str, Any]) -> list[str]:
                     f"{row['share']:.0%} `{row['name'][:70]}` ({row['calls']}×)"
                     for row in profile["top"][:PROFILE_ROWS_SHOWN]
                 )
+                run = f" (run {timing.get('run', '–')})" if several_runs else ""
                 lines.append(
-                    f"- {variant}, {mode}, {task}: {profile['total_ms']:.2f} ms in {profile['count']} "
+                    f"- {variant}, {mode}, {task}{run}: {profile['total_ms']:.2f} ms in {profile['count']} "
                     f"{profile['clock']} (call median {_cell(timing, 'median_s', 1e3)} ms): {top}"
                 )
     if not lines:
@@ -685,6 +730,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "none: --profile_modes with no value. CUDA graphs replay as one launch, so their profile says little",
     )
     parser.add_argument("--output_dir", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="GPU_SPEED_JSON",
+        help="an earlier run's gpu_speed.json: what it measured (on the same device, torch, CUDA, Triton and "
+        "transformers; smoke with smoke) is kept as it is and not measured again; the output has both, each row "
+        "marked with its run. A file of another device or software is ignored, saying why",
+    )
     args = parser.parse_args(argv)
     if args.repeats is None:
         args.repeats = 1 if args.smoke else 20
@@ -693,7 +747,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, value in (("--repeats", args.repeats), ("--batch", args.batch)):
         if value is not None and value < 1:
             parser.error(f"{name} must be an integer >= 1; got {value}")
+    args.previous = None
+    if args.resume is not None:  # read before any work: a bad file stops the run, not its last step
+        try:
+            args.previous = json.loads(args.resume.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            parser.error(
+                f"--resume {args.resume}: cannot read it ({type(error).__name__}: {error}); give the "
+                "gpu_speed.json (or gpu_speed_smoke.json) an earlier run of this script wrote"
+            )
+        problem = resume_problem(args.previous)
+        if problem:
+            parser.error(
+                f"--resume {args.resume}: not a result of this script ({problem}); give the gpu_speed.json "
+                "(or gpu_speed_smoke.json) an earlier run of this script wrote"
+            )
     return args
+
+
+def resume_problem(previous: Any) -> str | None:
+    """What makes `previous` (JSON read for --resume) unusable as an earlier result, or None."""
+    if not isinstance(previous, dict):
+        return f"a JSON {type(previous).__name__}, not an object"
+    if not isinstance(previous.get("environment"), dict) or "device" not in previous["environment"]:
+        return "no environment with a device"
+    if not isinstance(previous.get("groups"), dict):
+        return "no groups"
+    for name, group in previous["groups"].items():
+        if not isinstance(group, dict) or not isinstance(group.get("variants"), dict):
+            return f"group {name!r} has no variants"
+        for variant, entry in group["variants"].items():
+            modes = [entry.get(mode, {}) for mode in MODES] if isinstance(entry, dict) else [None]
+            if not all(isinstance(m, dict) and all(isinstance(t, dict) for t in m.values()) for m in modes):
+                return f"group {name!r}, variant {variant!r}: not an object of modes and tasks"
+    runs = previous.get("runs", [])
+    if not isinstance(runs, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("run"), int) for r in runs
+    ):
+        return "runs is not a list of numbered runs"
+    return None
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -720,45 +812,203 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "repeats": args.repeats,
         "compile_backend": args.compile_backend,
         "dtype": "bfloat16",
+        "runs": [],
         "groups": {},
     }
+    definitions = groups(args.smoke)
+    if args.previous is not None:
+        reason = resume_mismatch(args.previous, report)
+        if reason:
+            print(f"--resume {args.resume}: ignored, nothing is kept from it: {reason}", flush=True)
+        else:
+            adopt(report, args.previous, definitions, args.batch, args.resume)
+    run = max((r["run"] for r in report["runs"]), default=0) + 1
+    this_run = {
+        "run": run,
+        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": report["command"],
+        "repeats": args.repeats,
+        "python": report["environment"]["python"],
+    }
+    report["run"] = run
     selected = [
         group
-        for group in groups(args.smoke)
+        for group in definitions
         if not args.groups or any(pattern in group.name for pattern in args.groups)
     ]
     stem = "gpu_speed_smoke" if args.smoke else "gpu_speed"
+    order = [group.name for group in definitions]
     # one mode over every group before the next mode: a run stopped by its time budget (benchmarks/gpu/run.sh)
     # has every group's eager numbers before any compilation (the slow part) begins
-    passes = [(mode, group) for mode in args.modes for group in selected]
-    for done, (mode, group) in enumerate(passes, start=1):
-        print(f"{group.name} [{mode}]", flush=True)
-        record = measure_group(group, argparse.Namespace(**{**vars(args), "modes": [mode]}), device)
-        merge_record(report["groups"], group, record)
-        # written after every pass, so a stopped run keeps what it measured
-        report["complete"] = done == len(passes)
-        write_report(report, args.output_dir, stem, pending=[f"{g.name} [{m}]" for m, g in passes[done:]])
+    passes = []
+    for mode in args.modes:
+        for group in selected:
+            earlier = report["groups"].get(group.name)
+            kept = [task for task in args.tasks if task_measured(earlier, group, mode, task)]
+            passes.append((mode, group, kept, [task for task in args.tasks if task not in kept]))
+    pending = [(group.name, mode, task) for mode, group, _, tasks in passes for task in tasks]
+
+    def save() -> None:
+        report["complete"] = not pending
+        write_report(report, args.output_dir, stem, pending, order)
+
+    def on_task(group: Group, record: dict[str, Any], mode: str, task: str) -> None:
+        if this_run not in report["runs"]:  # a run joins the list with its first measurement
+            report["runs"].append(this_run)
+        merge_task(report["groups"], group, record, mode, task, run)
+        pending.remove((group.name, mode, task))
+        save()  # after every (group, mode, task): a run stopped by its budget keeps what it measured
+
+    for mode, group, kept, tasks in passes:
+        if kept:
+            runs = sorted({runs_of(report["groups"][group.name], mode, task) for task in kept})
+            print(
+                f"{group.name} [{mode}]: {', '.join(kept)} kept from run {', '.join(runs)} (--resume)",
+                flush=True,
+            )
+        if not tasks:
+            continue
+        print(f"{group.name} [{mode}]" + (f": {', '.join(tasks)}" if kept else ""), flush=True)
+        pass_args = argparse.Namespace(**{**vars(args), "modes": [mode], "tasks": tasks})
+        measure_group(group, pass_args, device, functools.partial(on_task, group))
+        # a mode this device cannot run (CUDA graphs without CUDA) is passed over, not left pending
+        pending[:] = [p for p in pending if p[:2] != (group.name, mode)]
+    save()
     print(f"wrote {args.output_dir / stem}.{{json,md}}")
     return report
 
 
-def merge_record(records: dict[str, Any], group: Group, record: dict[str, Any]) -> None:
-    """Add one mode's `record` of `group` to `records` (by group name) and recompute the ratios over all modes."""
-    if group.name not in records:
-        records[group.name] = record
-        return
-    variants = records[group.name]["variants"]
+# The environment fields a kept measurement must share with the run that adds to it: the machine and the
+# software whose speed is measured (the Python version is recorded per run, not compared).
+RESUME_KEYS = ("device", "torch", "cuda", "triton", "transformers")
+
+
+def resume_mismatch(previous: dict[str, Any], report: dict[str, Any]) -> str | None:
+    """Why `previous` (an earlier gpu_speed.json) cannot be continued by this run, or None when it can."""
+    if bool(previous.get("smoke")) != report["smoke"]:
+        kinds = ("a smoke run (tiny configs, not measurements)", "a measurement")
+        return f"it is from {kinds[not previous.get('smoke')]}, this run is {kinds[not report['smoke']]}"
+    differences = [
+        f"{key} {previous['environment'][key]!r} there, {report['environment'].get(key)!r} here"
+        for key in RESUME_KEYS
+        if key in previous["environment"] and previous["environment"][key] != report["environment"].get(key)
+    ]
+    for key in ("dtype", "compile_backend"):
+        if key in previous and previous[key] != report[key]:
+            differences.append(f"{key} {previous[key]!r} there, {report[key]!r} here")
+    if differences:
+        return "it was measured on another machine or software (" + "; ".join(differences) + ")"
+    return None
+
+
+def adopt(
+    report: dict[str, Any],
+    previous: dict[str, Any],
+    definitions: list[Group],
+    batch: int | None,
+    path: Path,
+) -> None:
+    """Take `previous`'s runs and groups into `report` (a group measured at another batch size is left out)."""
+    runs = previous.get("runs")
+    if not runs:  # a file from before runs were recorded: one run, undated
+        runs = [
+            {
+                "run": 1,
+                "started": None,
+                "command": previous.get("command"),
+                "repeats": previous.get("repeats"),
+            }
+        ]
+    report["runs"] = copy.deepcopy(runs)
+    batches = {group.name: batch or group.batch for group in definitions}
+    for name, group in previous["groups"].items():
+        if name in batches and group.get("batch") != batches[name]:
+            print(
+                f"--resume {path}: {name}: not kept, measured at batch {group.get('batch')}, "
+                f"this run's batch is {batches[name]}",
+                flush=True,
+            )
+            continue
+        group = report["groups"][name] = copy.deepcopy(group)
+        for entry in group["variants"].values():
+            for mode in MODES:
+                for timing in entry.get(mode, {}).values():
+                    timing.setdefault("run", runs[0]["run"])
+
+
+def task_measured(record: dict[str, Any] | None, group: Group, mode: str, task: str) -> bool:
+    """Whether `record` (the group's results so far) has `task` in `mode` for every variant of `group`: a time or
+    the error that stopped it, or the variant skipped. The variants of one task are timed interleaved, so a task
+    is kept or measured again as a whole."""
+    if record is None:
+        return False
+    for variant in [*group.variants, *([group.baseline] if group.baseline else [])]:
+        entry = record["variants"].get(variant.name)
+        if entry is None:
+            return False
+        timing = entry.get(mode, {}).get(task, {})
+        if "skipped" not in entry and "median_s" not in timing and "error" not in timing:
+            return False
+    return True
+
+
+def runs_of(record: dict[str, Any], mode: str, task: str) -> str:
+    """The run (or runs) that measured `task` in `mode` in a group's record, as text."""
+    runs = {
+        entry[mode][task]["run"]
+        for entry in record["variants"].values()
+        if "run" in entry.get(mode, {}).get(task, {})
+    }
+    return "/".join(str(r) for r in sorted(runs)) or "?"
+
+
+def merge_task(
+    records: dict[str, Any], group: Group, record: dict[str, Any], mode: str, task: str, run: int
+) -> None:
+    """Put `task` in `mode` of `record` (one group's measurements) into `records`, marked as `run`'s, over what
+    was there for that task and mode, and recompute the group's ratios over all modes."""
+    target = records.setdefault(
+        group.name, {"batch": record["batch"], "note": record["note"], "variants": {}}
+    )
+    target.update(batch=record["batch"], note=record["note"])
     for name, entry in record["variants"].items():
-        variants.setdefault(name, {}).update({key: value for key, value in entry.items() if key in MODES})
-    add_ratios(records[group.name], group.baseline.name if group.baseline else None)
+        kept = target["variants"].setdefault(name, {})
+        if "skipped" not in entry:
+            kept.pop("skipped", None)
+        kept.update({key: copy.deepcopy(value) for key, value in entry.items() if key not in MODES})
+        timing = entry.get(mode, {}).get(task)
+        if timing is not None:  # a copy: the next task's measuring goes on in `record`
+            kept.setdefault(mode, {})[task] = {**copy.deepcopy(timing), "run": run}
+    add_ratios(target, group.baseline.name if group.baseline else None)
 
 
-def write_report(report: dict[str, Any], output_dir: Path, stem: str, pending: list[str]) -> None:
-    """`stem`.json and `stem`.md in `output_dir`, each replaced in one step (a reader never sees half a file)."""
+def write_report(
+    report: dict[str, Any],
+    output_dir: Path,
+    stem: str,
+    pending: list[tuple[str, str, str]],
+    order: list[str],
+) -> None:
+    """`stem`.json and `stem`.md in `output_dir`, each replaced in one step (a reader never sees half a file).
+
+    Groups in the order of `order` (the script's), then any other groups a resumed file brought."""
+    report["groups"] = dict(
+        sorted(
+            report["groups"].items(),
+            key=lambda item: order.index(item[0]) if item[0] in order else len(order),
+        )
+    )
     output_dir.mkdir(parents=True, exist_ok=True)
     text = markdown(report)
     if pending:
-        text += "\n**Incomplete run**: not measured (the run stopped first): " + "; ".join(pending) + ".\n"
+        waiting: dict[tuple[str, str], list[str]] = {}
+        for name, mode, task in pending:
+            waiting.setdefault((name, mode), []).append(task)
+        text += (
+            "\n**Incomplete run**: not measured (the run stopped first): "
+            + "; ".join(f"{name} [{mode}: {', '.join(tasks)}]" for (name, mode), tasks in waiting.items())
+            + ".\n"
+        )
     for suffix, content in (("json", json.dumps(report, indent=2) + "\n"), ("md", text)):
         partial = output_dir / f".{stem}.{suffix}.partial"
         partial.write_text(content)

@@ -165,11 +165,11 @@ def test_a_stopped_run_keeps_the_groups_it_measured(gpu_speed, tmp_path, monkeyp
     measure = gpu_speed.measure_group
     calls = []
 
-    def measure_then_stop(group, args, device):
+    def measure_then_stop(group, args, device, on_task=None):
         calls.append(group.name)
         if len(calls) == 2:  # stands for the stage's timeout arriving during the second group
             raise KeyboardInterrupt
-        return measure(group, args, device)
+        return measure(group, args, device, on_task)
 
     monkeypatch.setattr(gpu_speed, "measure_group", measure_then_stop)
     arguments = ["--device", "cpu", "--smoke", "--modes", "eager", "compiled", "--tasks", "inference"]
@@ -183,5 +183,182 @@ def test_a_stopped_run_keeps_the_groups_it_measured(gpu_speed, tmp_path, monkeyp
     for entry in report["groups"][calls[0]]["variants"].values():
         assert "eager" in entry and "compiled" not in entry, entry
     pending = (tmp_path / "gpu_speed_smoke.md").read_text().split("**Incomplete run**")[1]
-    for name in (f"{calls[1]} [eager]", f"{calls[0]} [compiled]", f"{calls[1]} [compiled]"):
+    for name in (
+        f"{calls[1]} [eager: inference]",
+        f"{calls[0]} [compiled: inference]",
+        f"{calls[1]} [compiled",
+    ):
         assert name in pending, (name, pending)
+
+
+# a smoke run of the Sudoku group (two variants on CPU: the fused kernel is skipped there) in eager mode: the
+# shortest run with a whole group's structure, for the --resume checks
+SUDOKU_EAGER = ["--device", "cpu", "--smoke", "--groups", "Hyper-SET sudoku", "--modes", "eager"]
+# a median no measurement gives: a kept row must still carry it, a measured one never does
+MARKER_S = 1234.5
+
+
+def mark_measurements(path: Path, **environment: str) -> dict:
+    """The JSON at `path` with every recorded median set to MARKER_S (and `environment` fields changed), rewritten
+    in place: what a later --resume keeps is then told apart from what it measures."""
+    report = json.loads(path.read_text())
+    report["environment"].update(environment)
+    for group in report["groups"].values():
+        for entry in group["variants"].values():
+            for mode in ("eager", "compiled", "cuda-graphs"):
+                for timing in entry.get(mode, {}).values():
+                    timing["median_s"] = MARKER_S
+    path.write_text(json.dumps(report))
+    return report
+
+
+def tasks_measured(gpu_speed, monkeypatch) -> list:
+    """Patch measure_group to note the (group, modes, tasks) of every call, then measure as usual."""
+    measure, calls = gpu_speed.measure_group, []
+
+    def noting(group, args, device, on_task=None):
+        calls.append((group.name, list(args.modes), list(args.tasks)))
+        return measure(group, args, device, on_task)
+
+    monkeypatch.setattr(gpu_speed, "measure_group", noting)
+    return calls
+
+
+def test_a_run_stopped_inside_a_group_keeps_its_finished_task_and_a_resumed_run_measures_only_the_rest(
+    gpu_speed, tmp_path, monkeypatch, capsys
+):
+    """A stage stopped by its budget between the inference and the training of one group (a compile is 20-40 s on
+    the GPU) keeps the inference; a run resumed from that file keeps it as it is and measures only the training."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    step_function = gpu_speed.step_function
+
+    def stop_at_training(model, callable_model, inputs, task, graphs=False):
+        if task == "train":  # stands for the stage's timeout arriving once the inference is measured
+            raise KeyboardInterrupt
+        return step_function(model, callable_model, inputs, task, graphs)
+
+    monkeypatch.setattr(gpu_speed, "step_function", stop_at_training)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_speed.main([*SUDOKU_EAGER, "--output_dir", str(first)])
+    monkeypatch.setattr(gpu_speed, "step_function", step_function)
+    stopped = json.loads((first / "gpu_speed_smoke.json").read_text())
+    (group_name,) = stopped["groups"]
+    assert stopped["complete"] is False and [r["run"] for r in stopped["runs"]] == [1], stopped["runs"]
+    measured = {v: e for v, e in stopped["groups"][group_name]["variants"].items() if "skipped" not in e}
+    assert len(measured) == 2 and all(list(e["eager"]) == ["inference"] for e in measured.values()), measured
+    assert f"{group_name} [eager: train]" in (first / "gpu_speed_smoke.md").read_text()
+
+    earlier = mark_measurements(first / "gpu_speed_smoke.json")
+    calls = tasks_measured(gpu_speed, monkeypatch)
+    report = gpu_speed.main(
+        [*SUDOKU_EAGER, "--resume", str(first / "gpu_speed_smoke.json"), "--output_dir", str(second)]
+    )
+    assert calls == [(group_name, ["eager"], ["train"])], calls  # the inference is not measured again
+    assert "inference kept from run 1 (--resume)" in capsys.readouterr().out
+    assert report["complete"] is True and [r["run"] for r in report["runs"]] == [1, 2], report["runs"]
+    assert report["runs"][0] == earlier["runs"][0]  # the first run's date and command, as they were
+    for variant, entry in report["groups"][group_name]["variants"].items():
+        if "skipped" in entry:
+            continue
+        kept = earlier["groups"][group_name]["variants"][variant]["eager"]["inference"]
+        assert entry["eager"]["inference"] == kept, (
+            variant,
+            entry["eager"]["inference"],
+            kept,
+        )  # marker and all
+        train = entry["eager"]["train"]
+        assert train["run"] == 2 and 0 < train["median_s"] != MARKER_S, (variant, train)
+    assert json.loads((second / "gpu_speed_smoke.json").read_text()) == report
+    markdown = (second / "gpu_speed_smoke.md").read_text()
+    assert "- run 1 (" in markdown and "- run 2 (" in markdown and "run (inf / train) |" in markdown, markdown
+    assert "| 1 / 2 |" in markdown and "Incomplete run" not in markdown, markdown
+
+    # resumed from a complete file: nothing is measured, and both files are written whole again
+    third = tmp_path / "third"
+    again = gpu_speed.main(
+        [*SUDOKU_EAGER, "--resume", str(second / "gpu_speed_smoke.json"), "--output_dir", str(third)]
+    )
+    assert calls == [(group_name, ["eager"], ["train"])], calls
+    assert again["groups"] == report["groups"] and again["runs"] == report["runs"] and again["complete"], (
+        again
+    )
+    assert (third / "gpu_speed_smoke.md").read_text() == markdown
+
+
+@pytest.mark.parametrize("field", ["device", "torch", "transformers", "triton"])
+def test_a_resume_file_of_another_device_or_software_is_ignored_saying_why(
+    gpu_speed, tmp_path, monkeypatch, capsys, field
+):
+    """Results never mix machines: an earlier file of another device or versions is ignored (not an error) and
+    every selected task is measured in this run."""
+    arguments = [*SUDOKU_EAGER, "--tasks", "inference", "--profile_modes"]
+    gpu_speed.main([*arguments, "--output_dir", str(tmp_path / "first")])
+    path = tmp_path / "first" / "gpu_speed_smoke.json"
+    mark_measurements(path, **{field: "other 9.9"})
+    calls = tasks_measured(gpu_speed, monkeypatch)
+    report = gpu_speed.main([*arguments, "--resume", str(path), "--output_dir", str(tmp_path / "second")])
+    out = capsys.readouterr().out
+    assert f"--resume {path}: ignored" in out and f"{field} 'other 9.9' there" in out, out
+    assert [call[2] for call in calls] == [["inference"]], calls
+    assert [r["run"] for r in report["runs"]] == [1], report["runs"]
+    for entry in next(iter(report["groups"].values()))["variants"].values():
+        if "skipped" not in entry:
+            assert 0 < entry["eager"]["inference"]["median_s"] != MARKER_S, entry
+
+
+def test_a_smoke_run_ignores_a_real_runs_results(gpu_speed, tmp_path, capsys):
+    """The committed GPU results given to a smoke run (benchmarks/gpu/run.sh --smoke does so) are read and refused."""
+    committed = SCRIPT.parent / "results" / "gpu_speed.json"
+    arguments = [*SUDOKU_EAGER, "--tasks", "inference", "--profile_modes", "--resume", str(committed)]
+    report = gpu_speed.main([*arguments, "--output_dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "ignored, nothing is kept from it: it is from a measurement, this run is a smoke run" in out, out
+    assert [r["run"] for r in report["runs"]] == [1] and report["complete"], report
+
+
+def test_the_committed_gpu_results_resume_with_every_eager_task_kept(gpu_speed):
+    """benchmarks/results/gpu_speed.json (the first GPU session's, written before runs were numbered) continued on
+    the same machine: every group's eager inference and training are kept, the compiled modes are still to do. A
+    renamed group or variant would make the next GPU session measure eager again."""
+    committed = json.loads((SCRIPT.parent / "results" / "gpu_speed.json").read_text())
+    assert gpu_speed.resume_problem(committed) is None
+    report = {"groups": {}, "runs": []}
+    definitions = gpu_speed.groups(smoke=False)
+    gpu_speed.adopt(report, committed, definitions, None, Path("gpu_speed.json"))
+    assert report["runs"] == [
+        {"run": 1, "started": None, "command": committed["command"], "repeats": committed["repeats"]}
+    ]
+    for group in definitions:
+        record = report["groups"].get(group.name)
+        for task in ("inference", "train"):
+            assert gpu_speed.task_measured(record, group, "eager", task), (group.name, task)
+            assert not gpu_speed.task_measured(record, group, "compiled", task), (group.name, task)
+        for entry in record["variants"].values():
+            assert all(timing["run"] == 1 for timing in entry.get("eager", {}).values()), entry
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read it (FileNotFoundError"),
+        ("{", "cannot read it (JSONDecodeError"),
+        ("[1, 2]", "not a result of this script (a JSON list, not an object)"),
+        (
+            '{"environment": {"device": "x"}, "groups": {"g": {"variants": {"v": {"eager": 3}}}}}',
+            "not a result of this script (group 'g', variant 'v'",
+        ),
+    ],
+)
+def test_a_bad_resume_file_is_refused_before_any_work(gpu_speed, tmp_path, capsys, content, message):
+    path = tmp_path / "earlier.json"
+    if content is not None:
+        path.write_text(content)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as stopped:
+        gpu_speed.main([*SUDOKU_EAGER, "--resume", str(path), "--output_dir", str(out)])
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and f"error: --resume {path}: {message}" in error, (
+        stopped.value.code,
+        error,
+    )
+    assert not out.exists()

@@ -12,7 +12,9 @@
 #              compiled for the GPU; float32 and bfloat16 tests), junit XML; 4 pytest-xdist processes on the GPU
 #   speed      benchmarks/gpu_speed.py (bf16; eager, compiled, CUDA graphs; inference and training; peak memory;
 #              compile time of T = 24; a profile of one call each, eager and compiled), one mode over every group
-#              at a time (eager first), writing after each so a stopped run keeps what it measured
+#              at a time (eager first), writing after each task (inference, training) so a stopped run keeps
+#              what it measured; it resumes from benchmarks/results/gpu_speed.json (the committed results of
+#              earlier sessions on the same device and software) and measures only what that lacks
 #   sudoku     a short run of the Sudoku recipe below on the puzzles carried in benchmarks/gpu/, its training
 #              stopped early enough for the evaluation to fit the budget
 # then summary.md: device name, each stage's status, time and result files.
@@ -59,7 +61,9 @@ STAGES=$SCRATCH/stages.tsv
 LOG=$OUT/run.log
 : >"$STAGES"
 : >"$LOG"
-export PYTHON ROOT OUT SMOKE SCRATCH SUDOKU_RECIPE SUDOKU_STEPS SUDOKU_RESERVE
+# the speed results so far, which the speed stage continues (benchmarks/gpu/README.md, "Results over sessions")
+SPEED_RESULTS=$ROOT/benchmarks/results/gpu_speed.json
+export PYTHON ROOT OUT SMOKE SCRATCH SUDOKU_RECIPE SUDOKU_STEPS SUDOKU_RESERVE SPEED_RESULTS
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 # Seconds per stage: 430 s, with the summary's 20 s and `timeout`'s grace periods at most 475 s (8 minutes: 480 s).
@@ -111,11 +115,18 @@ stage_attention() {
 }
 
 stage_speed() {
+    # --resume: the committed results are kept (same device and software; else the script says why it ignores
+    # them) and only what they lack is measured, so GPU sessions add up; OUT gets the whole, old rows and new
+    local resume=()
+    [[ -f $SPEED_RESULTS ]] && resume=(--resume "$SPEED_RESULTS")
     if [[ $SMOKE == 1 ]]; then
-        exec "$PYTHON" benchmarks/gpu_speed.py --device cpu --smoke --groups "Hyper-SET sudoku" --modes eager \
-            --output_dir "$OUT"
+        # the check covers resuming: the committed (real) results are read and refused for a smoke run; then a
+        # second call resumed from the first's results keeps them all, measures nothing and rewrites both files
+        local smoke=(--device cpu --smoke --groups "Hyper-SET sudoku" --modes eager --output_dir "$OUT")
+        "$PYTHON" benchmarks/gpu_speed.py "${smoke[@]}" "${resume[@]}" || return 1
+        exec "$PYTHON" benchmarks/gpu_speed.py "${smoke[@]}" --resume "$OUT/gpu_speed_smoke.json"
     else
-        exec "$PYTHON" benchmarks/gpu_speed.py --repeats 10 --output_dir "$OUT"
+        exec "$PYTHON" benchmarks/gpu_speed.py --repeats 10 "${resume[@]}" --output_dir "$OUT"
     fi
 }
 

@@ -76,7 +76,28 @@ def speed_result(path: Path) -> str:
         ratios = ", ".join(f"{task} {ratio:.2f}×" for task, ratio in best.items()) if best else "no ratio"
         parts.append(f"{name.split(' (')[0]}: {ratios}")
     done = "complete" if report.get("complete", True) else "INCOMPLETE (stopped by its budget)"
-    return f"{len(report['groups'])} groups, {done}; best mode vs baseline: " + "; ".join(parts)
+    return f"{len(report['groups'])} groups, {done}{speed_runs(report)}; best mode vs baseline: " + "; ".join(
+        parts
+    )
+
+
+def speed_runs(report: dict) -> str:
+    """How many (group, mode, task) measurements this run added and how many it kept from earlier runs (files
+    written with --resume record each measurement's run; older files say nothing)."""
+    this = report.get("run")
+    if this is None:
+        return ""
+    runs: dict[tuple[str, str, str], int] = {}
+    for name, group in report["groups"].items():
+        for entry in group["variants"].values():
+            for mode, tasks in entry.items():
+                if mode in ("eager", "compiled", "cuda-graphs"):
+                    runs.update({(name, mode, task): t["run"] for task, t in tasks.items() if "run" in t})
+    new = sum(1 for run in runs.values() if run == this)
+    earlier = sorted({run for run in runs.values() if run != this})
+    kept = f", {len(runs) - new} kept from run{'s' * (len(earlier) > 1)} {', '.join(map(str, earlier))}"
+    kept = kept if earlier else ""
+    return f"; measurements (group × mode × task): {new} new in run {this}{kept}"
 
 
 def sudoku_result(path: Path) -> str:
