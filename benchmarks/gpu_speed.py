@@ -2,11 +2,13 @@
 
 Groups (model variants and their baseline, measured interleaved in the same process; issue 13, kernels.md):
 
+* Hyper-SET's bi-softmax attention alone (eager / sdpa / triton) vs one plain SDPA call of the same shape, at the
+  two Hyper-SET shapes below (kernels.md's target for the fused kernel);
 * Hyper-SET `cifar10-small` (224²/16: 197 tokens, T = 12) vs HF `ViTForImageClassification` of the same width and
   heads and depth T (MLP 4d, SDPA);
 * the same at patch 8 (785 tokens);
 * HyperBF, the memo's CIFAR setting (`cifar` preset: D = 768, 4 heads, 4 blocks, 32²/4) vs ViT 768 × 4 heads ×
-  4 layers (MLP 4D), plus a diagnostic row with only the attention unit on `sdpa`;
+  4 layers (MLP 4D);
 * iMixer-S/16 (n = 2) vs the same model with n = 0 (the MLP-Mixer);
 * compile time: Hyper-SET `sudoku` (T = 24), no baseline.
 
@@ -51,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 import transformers
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
@@ -60,9 +63,11 @@ from transformers import (
     ViTConfig,
     ViTForImageClassification,
 )
+from transformers.modeling_outputs import ImageClassifierOutput
 
 import energyformers  # noqa: F401  (registers the families with the Auto classes)
 from energyformers import HyperBFConfig, HyperSetConfig, IMixerConfig
+from energyformers.modeling.modeling_hyperset import ALL_ATTENTION_FUNCTIONS, check_attn_implementation
 
 RESULTS = Path(__file__).parent / "results"
 TASKS = ("inference", "train")
@@ -78,6 +83,8 @@ class Variant:
     name: str
     build: Callable[[], nn.Module]
     attn_implementation: str | None = None  # None: the model has no attention choice (or is the baseline)
+    # raised when what the variant runs changes, so that --resume does not keep the old code's results
+    revision: int = 0
 
 
 @dataclass
@@ -97,6 +104,14 @@ def images(side: int, num_labels: int) -> Callable[[int, torch.device], dict[str
             "pixel_values": torch.randn(batch, 3, side, side, device=device),
             "labels": torch.randint(0, num_labels, (batch,), device=device),
         }
+
+    return make
+
+
+def attention_inputs(heads: int, tokens: int, head_dim: int) -> Callable[[int, torch.device], dict]:
+    def make(batch: int, device: torch.device) -> dict[str, torch.Tensor]:
+        hidden = F.normalize(torch.randn(batch, heads, tokens, head_dim, device=device), dim=-1)
+        return {"hidden": hidden * head_dim**0.5, "labels": torch.zeros(batch, device=device)}  # RMS-normed z
 
     return make
 
@@ -124,6 +139,7 @@ def family_variants(
     auto_class: type,
     config: Callable[[], transformers.PreTrainedConfig],
     implementations: tuple[str, ...],
+    revisions: dict[str, int] | None = None,
 ) -> list[Variant]:
     """One variant per attention implementation, built with `from_config(..., attn_implementation=name)`."""
     return [
@@ -131,34 +147,46 @@ def family_variants(
             f"{label} ({name})",
             lambda name=name: auto_class.from_config(config(), attn_implementation=name),
             name,
+            (revisions or {}).get(name, 0),
         )
         for name in implementations
     ]
 
 
-def hyperbf_explicit_feedforward(config: Callable[[], HyperBFConfig]) -> Callable[[], nn.Module]:
-    """HyperBF on `sdpa` for the attention unit only: the feedforward forced onto its explicit (eager) path.
+class AttentionAlone(nn.Module):
+    """One attention call as a model, on Hyper-SET's inputs: z = x ⊙ g (a learned gain, so a training step
+    differentiates q, k and v as in the model), q = z ⊙ c with the temperature folded into c, k = v = z; the loss
+    of a training step is mean(out²). `function(q, k, v)` is a bi-softmax implementation (`keep` None) or one
+    plain SDPA call of the same shape, the baseline of kernels.md's target."""
 
-    A diagnostic variant: the folded feedforward is one attention call with head width R + 1 (776 at the memo's
-    width), past the flash kernels' limit, so it may lose to two GEMMs where the attention unit wins; this row
-    separates the two units' share of the sdpa row.
-    """
+    def __init__(self, function: Callable, heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.function = function
+        self.input_gain = nn.Parameter(torch.ones(heads, 1, head_dim))
+        self.gain = nn.Parameter(torch.full((heads, 1, head_dim), head_dim**-0.5))  # c with 1/√d_h folded in
 
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor | None = None) -> ImageClassifierOutput:
+        z = hidden * self.input_gain  # (B, H, N, d_h)
+        out = self.function(z * self.gain, z, z)  # (B, H, N, d_h)
+        loss = out.float().pow(2).mean() if labels is not None else None
+        return ImageClassifierOutput(loss=loss, logits=out)
+
+
+def bisoftmax_alone(name: str, heads: int, head_dim: int) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
-        model = AutoModelForImageClassification.from_config(config(), attn_implementation="sdpa")
-        for layer in model.base_model.layers:
-            feedforward = layer.feedforward
-            # the explicit path is the one that returns the center weights (the layer ignores them)
-            feedforward.forward = functools.partial(_explicit_feedforward, feedforward)
-        return model
+        check_attn_implementation(
+            HyperSetConfig(), name
+        )  # ValueError where it cannot run (triton without CUDA)
+        function = ALL_ATTENTION_FUNCTIONS[name]
+        return AttentionAlone(lambda q, k, v: function(q, k, v, None)[0], heads, head_dim)
 
     return build
 
 
-def _explicit_feedforward(
-    feedforward: nn.Module, hidden_states: torch.Tensor, output_center_weights: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return type(feedforward).forward(feedforward, hidden_states, output_center_weights=True)
+def one_sdpa_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(
+        q, k, v, scale=1.0
+    )  # the temperature is in q, as for the bi-softmax
 
 
 def per_optimizer_step_imixer(overrides: dict[str, Any]) -> Callable[[], nn.Module]:
@@ -201,6 +229,23 @@ def groups(smoke: bool) -> list[Group]:
     hyperset_names = ("eager", "sdpa", "triton")
     hyperbf_names = ("eager", "sdpa")
     result = []
+    head_dim = width // heads
+    for key, patch in (("coarse", coarse), ("fine", fine)):
+        tokens = (side // patch) ** 2 + 1
+        result.append(
+            Group(
+                f"Bi-softmax attention alone, ({batches[key]}, {heads}, {tokens}, {head_dim}) vs one SDPA call",
+                [
+                    Variant(f"bi-softmax ({name})", bisoftmax_alone(name, heads, head_dim), name)
+                    for name in hyperset_names
+                ],
+                Variant("one SDPA call", lambda: AttentionAlone(one_sdpa_call, heads, head_dim)),
+                attention_inputs(heads, tokens, head_dim),
+                batches[key],
+                note="target (kernels.md): the fused bi-softmax (triton) forward <= 3× one SDPA call of the same "
+                "shape (ratio >= 0.33), forward + backward <= 3.5× (ratio >= 0.29)",
+            )
+        )
     for key, patch in (("coarse", coarse), ("fine", fine)):
         tokens = (side // patch) ** 2 + 1
         result.append(
@@ -222,19 +267,13 @@ def groups(smoke: bool) -> list[Group]:
     result.append(
         Group(
             f"HyperBF cifar ({hyperbf_side}²/{bf.patch_size}, D={bf.hidden_size}, {bf.num_hidden_layers} blocks)",
-            [
-                *family_variants(
-                    "HyperBF",
-                    AutoModelForImageClassification,
-                    lambda: HyperBFConfig.from_preset("cifar", **hyperbf),
-                    hyperbf_names,
-                ),
-                Variant(
-                    "HyperBF (sdpa attention, explicit feedforward)",
-                    hyperbf_explicit_feedforward(lambda: HyperBFConfig.from_preset("cifar", **hyperbf)),
-                    "sdpa",
-                ),
-            ],
+            family_variants(
+                "HyperBF",
+                AutoModelForImageClassification,
+                lambda: HyperBFConfig.from_preset("cifar", **hyperbf),
+                hyperbf_names,
+                revisions={"sdpa": 1},  # 1: the feedforward stopped folding at D = 768 (docs/hyperbf.md)
+            ),
             vit(
                 bf.hidden_size, bf.num_attention_heads, bf.num_hidden_layers, hyperbf_side, bf.patch_size, 10
             ),
@@ -420,7 +459,11 @@ def measure_group(
     for variant in members:
         entry = record["variants"].setdefault(
             variant.name,
-            {"attn_implementation": variant.attn_implementation, "baseline": variant is group.baseline},
+            {
+                "attn_implementation": variant.attn_implementation,
+                "baseline": variant is group.baseline,
+                **({"revision": variant.revision} if variant.revision else {}),
+            },
         )
         try:
             torch.manual_seed(0)
@@ -930,6 +973,22 @@ def adopt(
             )
             continue
         group = report["groups"][name] = copy.deepcopy(group)
+        defined = {
+            variant.name: variant
+            for definition in definitions
+            if definition.name == name
+            for variant in [*definition.variants, *([definition.baseline] if definition.baseline else [])]
+        }
+        for variant_name in list(group["variants"] if defined else []):  # a group not run now stays as it is
+            variant, recorded = defined.get(variant_name), group["variants"][variant_name].get("revision", 0)
+            if variant is None or variant.revision != recorded:
+                why = (
+                    "no longer measured"
+                    if variant is None
+                    else f"revision {recorded}, now {variant.revision}"
+                )
+                print(f"--resume {path}: {name}: {variant_name} not kept ({why})", flush=True)
+                del group["variants"][variant_name]
         for entry in group["variants"].values():
             for mode in MODES:
                 for timing in entry.get(mode, {}).values():
