@@ -16,6 +16,7 @@ import torch
 from transformers import ViTConfig, ViTForImageClassification
 
 from energyformers import HyperSetConfig, HyperSetForImageClassification
+from energyformers.training.setup import enable_activation_checkpointing
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -46,7 +47,7 @@ def main() -> None:
     pixels = torch.randn(args.batch, 3, 224, 224)
     hyperset = HyperSetForImageClassification(HyperSetConfig.from_preset("cifar10-small"))
     checkpointed = HyperSetForImageClassification(HyperSetConfig.from_preset("cifar10-small"))
-    checkpointed.activation_checkpointing_enable()
+    enable_activation_checkpointing(checkpointed)
     lines = [
         "# Hyper-SET activation memory vs iterations (per-iteration gradient checkpointing)",
         "",

@@ -15,6 +15,8 @@ import inspect
 import itertools
 import re
 import sys
+import types
+import warnings
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,7 @@ from fixtures import (
 from transformers.utils import ModelOutput
 
 from energyformers import FAMILIES
+from energyformers.training.setup import enable_activation_checkpointing
 
 # Families that zero-initialise parameters (Hyper-SET's step-size MLP, iMixer's classifier) get one optimiser
 # step before "every parameter gets a gradient"; HyperBF must pass at initialisation.
@@ -440,11 +443,25 @@ _CHECKPOINTING_CASES = [
 ]
 
 
+def test_checkpointing_is_enabled_by_the_installed_transformers_name():
+    """`activation_checkpointing_enable` where transformers has it, without its deprecation warning for the old
+    name; `gradient_checkpointing_enable` where it is the only one (transformers 5.17, the GPU image's)."""
+    model = ALL[0].build()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        enable_activation_checkpointing(model)
+    assert all(layer.gradient_checkpointing for layer in model.base_model.layers)
+    calls = []
+    old = types.SimpleNamespace(gradient_checkpointing_enable=lambda: calls.append("old name"))  # 5.17's API
+    enable_activation_checkpointing(old)
+    assert calls == ["old name"]
+
+
 @pytest.mark.parametrize(("case", "variant"), _CHECKPOINTING_CASES)
 def test_gradient_checkpointing_matches_plain_backprop(case, variant):
     reference = perturb(case.build(**variant))
     checkpointed = copy.deepcopy(reference)
-    checkpointed.activation_checkpointing_enable()
+    enable_activation_checkpointing(checkpointed)
     assert all(layer.gradient_checkpointing for layer in checkpointed.base_model.layers)
     inputs = case.inputs(labels=not case.is_base, seed=1)
     losses = []

@@ -24,6 +24,7 @@ from energyformers.modeling.modeling_hyperset import (
     supervised_iterations,
     supervision_weights,
 )
+from energyformers.training.setup import enable_activation_checkpointing
 
 BATCH, LENGTH = 4, 7
 # float32 losses of order 1 summed over a handful of iterations in another order than the hand computation:
@@ -287,7 +288,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(name):
     batch = inputs_of(name)
     plain = build(name, deep_supervision="all")
     checkpointed = build(name, deep_supervision="all")
-    checkpointed.activation_checkpointing_enable()  # gradient_checkpointing_enable, renamed in transformers 5
+    enable_activation_checkpointing(checkpointed)
     assert_loss_close(checkpointed(**batch).loss, plain(**batch).loss.detach(), "checkpointed loss")
     expected, actual = trunk_and_head_gradients(plain, batch), trunk_and_head_gradients(checkpointed, batch)
     for part_expected, part_actual in zip(expected, actual):

@@ -22,6 +22,7 @@ from energyformers import IMixerConfig, IMixerForImageClassification
 from energyformers.configuration.configuration_imixer import ACTIVATION_MAX_SLOPES
 from energyformers.modeling import modeling_imixer
 from energyformers.modeling.modeling_imixer import _FixedPointSettings, _SolveRecord
+from energyformers.training.setup import enable_activation_checkpointing
 
 IMAGE = Case.of(IMixerForImageClassification)
 FIXTURES = Path("/work/shared/fixtures/authors")
@@ -528,7 +529,7 @@ def test_gradient_modes_work_under_gradient_checkpointing(gradient):
     model = contractive_model(spectral_norm_schedule="per_optimizer_step").train()
     call = dict(fixed_point_iterations=50, fixed_point_solver="anderson", fixed_point_gradient=gradient)
     _, plain = loss_and_grads(model, **call)
-    model.activation_checkpointing_enable()
+    enable_activation_checkpointing(model)
     assert model.imixer.layers[0].gradient_checkpointing
     _, checkpointed = loss_and_grads(model, **call)
     for name in plain:

@@ -19,6 +19,7 @@ from energyformers import (
     LoopedTransformerForTokenClassification,
     LoopedTransformerModel,
 )
+from energyformers.training.setup import enable_activation_checkpointing
 
 BATCH, LENGTH, LABELS, WIDTH = 3, 7, 4, 16
 
@@ -143,7 +144,7 @@ def test_gradient_checkpointing_equals_plain_backprop():
     def gradients(checkpointing: bool) -> dict[str, torch.Tensor]:
         model = build(LoopedTransformerForImageClassification, "image").train()
         if checkpointing:
-            model.activation_checkpointing_enable()
+            enable_activation_checkpointing(model)
         model(pixel_values=images(), labels=torch.tensor([0, 1, 2])).loss.backward()
         return {name: p.grad for name, p in model.named_parameters()}
 

@@ -80,7 +80,14 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
     from .evaluation import depth_metrics, eval_depths, load_metrics
     from .optimization import TrainingLoss, check_schedule, make_scheduler, param_groups, plan_schedule
     from .run_folder import RunResult, finish_run, leave_nothing_behind
-    from .setup import build, check_precision, continue_iteration_draws, find_checkpoint, output_paths
+    from .setup import (
+        build,
+        check_precision,
+        continue_iteration_draws,
+        enable_activation_checkpointing,
+        find_checkpoint,
+        output_paths,
+    )
 
     run_args = args.run
     if run_args.num_threads:
@@ -124,7 +131,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
         eval_dl = loader("validation", run_args.per_device_eval_batch_size, False)
         test_dl = loader("test", run_args.per_device_eval_batch_size, False)
         if run_args.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            enable_activation_checkpointing(model)
         optimizer = torch.optim.AdamW(
             param_groups(model, run_args.weight_decay),
             lr=schedule.learning_rate,

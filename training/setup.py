@@ -728,6 +728,13 @@ def continue_iteration_draws(
         backbone.iteration_draws = batches_done(global_step, batches_per_epoch, gradient_accumulation_steps)
 
 
+def enable_activation_checkpointing(model: Any) -> None:
+    """transformers' activation checkpointing by the installed version's name: `activation_checkpointing_enable`,
+    `gradient_checkpointing_enable` before the rename (5.17 has only that; later versions warn on it)."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+
+
 def check_precision(precision: str) -> str:
     """The device type, after checking it supports the requested autocast precision."""
     import torch
