@@ -174,9 +174,8 @@ class AttentionAlone(nn.Module):
 
 def bisoftmax_alone(name: str, heads: int, head_dim: int) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
-        check_attn_implementation(
-            HyperSetConfig(), name
-        )  # ValueError where it cannot run (triton without CUDA)
+        # a ValueError where the implementation cannot run (triton without CUDA): the variant is recorded skipped
+        check_attn_implementation(HyperSetConfig(), name)
         function = ALL_ATTENTION_FUNCTIONS[name]
         return AttentionAlone(lambda q, k, v: function(q, k, v, None)[0], heads, head_dim)
 
@@ -184,9 +183,8 @@ def bisoftmax_alone(name: str, heads: int, head_dim: int) -> Callable[[], nn.Mod
 
 
 def one_sdpa_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return F.scaled_dot_product_attention(
-        q, k, v, scale=1.0
-    )  # the temperature is in q, as for the bi-softmax
+    """The baseline: plain softmax attention, scale 1 (the temperature is in q, as for the bi-softmax)."""
+    return F.scaled_dot_product_attention(q, k, v, scale=1.0)
 
 
 def per_optimizer_step_imixer(overrides: dict[str, Any]) -> Callable[[], nn.Module]:
