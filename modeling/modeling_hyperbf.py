@@ -510,9 +510,9 @@ class HyperBFFeedForward(nn.Module):
         return self._cached("folded", dtype, functools.partial(self._fold_centers, dtype))
 
     def _fold_centers(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        projected = F.linear(self.centers, self.metric)  # (K, R)
+        projected, norms = self._projected_centers()  # (K, R), (K,)
         scale = 0.5 * torch.exp(-2.0 * self.log_sigma).unsqueeze(-1)  # s_α: (1 | K, 1)
-        key_columns = [2 * scale * projected, -scale * projected.pow(2).sum(-1, keepdim=True)]
+        key_columns = [2 * scale * projected, -scale * norms.unsqueeze(-1)]
         if self.log_sigma.numel() > 1:  # per-center widths: −s_α‖u‖² no longer cancels
             key_columns.append(-scale)
         width = self.folded_width
