@@ -240,7 +240,7 @@ def groups(smoke: bool) -> list[Group]:
                 Variant("one SDPA call", lambda: AttentionAlone(one_sdpa_call, heads, head_dim)),
                 attention_inputs(heads, tokens, head_dim),
                 batches[key],
-                note="target (kernels.md): the fused bi-softmax (triton) forward <= 3× one SDPA call of the same "
+                note="target: the fused bi-softmax (triton) forward <= 3× one SDPA call of the same "
                 "shape (ratio >= 0.33), forward + backward <= 3.5× (ratio >= 0.29)",
             )
         )
