@@ -492,11 +492,15 @@ class HyperBFFeedForward(nn.Module):
         projected = F.linear(hidden_states, self.metric)  # (..., R)
         projected_centers, center_norms = self._cached("projected", projected.dtype, self._projected_centers)
         flat = projected.reshape(-1, projected.shape[-1])  # (B·N, R)
-        # ‖Wt_α‖² − 2 Wx·Wt_α in one fused product, then + ‖Wx‖²; clamp the cancellation error below 0.
-        sq_dist = torch.addmm(center_norms, flat, projected_centers.t(), alpha=-2.0)
-        sq_dist = (sq_dist + flat.pow(2).sum(-1, keepdim=True)).clamp_min(0.0)  # (B·N, K)
-        logits = -0.5 * sq_dist * torch.exp(-2.0 * self.log_sigma)  # −d²/(2σ²), always <= 0
-        weights = F.softmax(logits, dim=-1) if self.kernel == "normalized" else torch.exp(logits)
+        # ‖Wt_α‖² − 2 Wx·Wt_α in one fused product
+        partial = torch.addmm(center_norms, flat, projected_centers.t(), alpha=-2.0)  # (B·N, K)
+        if self.kernel == "normalized" and self.log_sigma.numel() == 1:
+            # one σ: −‖Wx‖²/(2σ²) is the same for every center and cancels in the softmax (as in the folded path)
+            weights = F.softmax(partial * (-0.5 * torch.exp(-2.0 * self.log_sigma)), dim=-1)
+        else:  # + ‖Wx‖²; clamp the cancellation error below 0
+            sq_dist = (partial + flat.pow(2).sum(-1, keepdim=True)).clamp_min(0.0)  # (B·N, K)
+            logits = -0.5 * sq_dist * torch.exp(-2.0 * self.log_sigma)  # −d²/(2σ²), always <= 0
+            weights = F.softmax(logits, dim=-1) if self.kernel == "normalized" else torch.exp(logits)
         return weights.reshape(*projected.shape[:-1], -1)
 
     def folded_centers(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -264,6 +264,22 @@ def test_feedforward_equals_its_definition_float64(kernel, rbf_width):
     torch.testing.assert_close(out, expected, atol=1e-10, rtol=0)
 
 
+def test_normalized_feedforward_weights_do_not_cancel_at_large_input_norms():
+    """With one σ the softmax drops ‖Wx‖² (the same for every center), so float32 weights keep their accuracy when
+    ‖Wx‖² dwarfs the distances between centers; the full distance ‖Wx‖² − 2Wx·Wt + ‖Wt‖² loses it to cancellation."""
+    model = build(HyperBFModel, "image", rbf_projection_dim=12)
+    feedforward = model.layers[0].feedforward.eval()
+    generator = torch.Generator().manual_seed(0)
+    x = 300 * torch.randn(2, 5, TINY.hidden, generator=generator)  # ‖Wx‖² of order 1e5–1e6
+    with torch.no_grad():
+        feedforward.log_sigma.fill_(math.log(30.0))  # σ large enough that the weights are not one-hot
+        got = feedforward.center_weights(x)
+        reference = copy.deepcopy(feedforward).double().center_weights(x.double())
+    error = (got.double() - reference).abs().max().item()
+    # weights up to ~0.3 here: a few float32 eps (1.2e-7) of them without cancellation; with it, ~6e-6
+    assert error < 8 * torch.finfo(torch.float32).eps, f"max weight error {error:.3g} against float64"
+
+
 class _LargestTensor(TorchFunctionMode):
     def __init__(self):
         super().__init__()
