@@ -29,6 +29,7 @@ from energyformers.modeling.modeling_hyperbf import (
     FUSED_ATTENTION_MAX_HEAD_DIM,
     HyperBFForImageClassification,
     HyperBFModel,
+    _folded_width,
 )
 
 # Feedforward widths D (R = D, K = 4·D, the defaults): folded widths from 72 to 776, across the 256 limit.
@@ -133,10 +134,6 @@ def whole_model(preset: str, overrides: dict, batch: int) -> Callable[[], tuple[
     return build
 
 
-def folded_width(width: int) -> int:
-    return -(-(width + 1) // 8) * 8
-
-
 def cpu_name() -> str:
     """The processor's model name (Linux: /proc/cpuinfo), else what `platform` knows."""
     try:
@@ -194,7 +191,7 @@ def main() -> None:
     for width, result in unit_rows:
         f, e = result["folded"], result["explicit"]
         lines.append(
-            f"| {width} | {folded_width(width)} | {f['inference']:.2f} | {e['inference']:.2f} | "
+            f"| {width} | {_folded_width(width + 1, width)} | {f['inference']:.2f} | {e['inference']:.2f} | "
             f"{ratio(result, 'inference')} | {f['train']:.2f} | {e['train']:.2f} | {ratio(result, 'train')} |"
         )
     lines += [
