@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from transformers import PreTrainedConfig
 
@@ -224,24 +226,50 @@ class RecurrentDepthConfig(PreTrainedConfig):
         self.initializer_range = initializer_range
         _validate_config(self, kwargs)
         super().__init__(**kwargs)
-        self._drop_served_custom_pipelines()
 
-    def _drop_served_custom_pipelines(self) -> None:
-        """Forget the `custom_pipelines` entries (an exported masked-image-modelling folder's own pipeline module)
-        of tasks this process's transformers already serves: with the package imported, its registered
-        `MaskedImageModelingPipeline`. transformers' `pipeline()` prefers a config's custom pipeline to a registered
-        one and then demands `trust_remote_code=True`; dropped, `pipeline(task, model=folder)` builds the registered
-        class as for a folder without the entry. Without the package nothing serves the task and the entry stays."""
-        custom = getattr(self, "custom_pipelines", None)
+    # `custom_pipelines` (an exported masked-image-modelling folder's own pipeline module: docs/hub.md) is kept whole
+    # in the instance dict, which is what `to_dict` and so `save_pretrained` / `push_to_hub` write, so a folder loaded
+    # and saved again still names its pipeline for users without the package. Reading the attribute, as
+    # transformers' `pipeline()` does, leaves out the tasks this process's transformers already serves (with the
+    # package imported, its registered `MaskedImageModelingPipeline`): `pipeline()` prefers a config's custom
+    # pipeline to a registered one and then demands `trust_remote_code=True`, so without the served entries
+    # `pipeline(task, model=folder)` builds the registered class as for a folder without the entry. Without the
+    # package nothing serves the task and the whole entry is seen. The property wins over the instance dict because
+    # it is a data descriptor.
+    # Set by the package (its `configuration/__init__.py`) to the function writing an exported folder's remote code:
+    # the configuration and modeling files, and a masked-image-modelling folder's pipeline files. None in the copy
+    # an exported folder carries as remote code, where transformers' `custom_object_save` copies the files instead;
+    # this module cannot import the generator itself, since remote code must not import the package.
+    folder_code_writer: ClassVar[Callable[[Any, str | os.PathLike], Any] | None] = None
+
+    @property
+    def custom_pipelines(self) -> dict[str, dict]:
+        """The stored `custom_pipelines` less the tasks a pipeline registered in this process serves."""
+        stored = self.__dict__.get("custom_pipelines")
+        if stored is None:
+            raise AttributeError(f"{type(self).__name__} has no custom_pipelines")
         registry = getattr(sys.modules.get("transformers.pipelines"), "PIPELINE_REGISTRY", None)
-        if not custom or registry is None:
-            return
-        served = set(registry.get_supported_tasks())
-        kept = {task: entry for task, entry in custom.items() if task not in served}
-        if kept:
-            self.custom_pipelines = kept
-        else:
-            del self.custom_pipelines
+        served = set(registry.get_supported_tasks()) if registry is not None else set()
+        return {task: entry for task, entry in stored.items() if task not in served}
+
+    @custom_pipelines.setter
+    def custom_pipelines(self, value: dict[str, dict]) -> None:
+        self.__dict__["custom_pipelines"] = value
+
+    @custom_pipelines.deleter
+    def custom_pipelines(self) -> None:
+        del self.__dict__["custom_pipelines"]
+
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs: Any
+    ) -> None:
+        """transformers' `save_pretrained`; for a config read from an exported folder (it has `auto_map`) first
+        `folder_code_writer` writes that folder's remote code beside it, so `auto_map` and `custom_pipelines` never
+        name files the saved folder lacks."""
+        writer = type(self).folder_code_writer  # read on the class: a plain function, not a bound method
+        if writer is not None and self.__dict__.get("auto_map"):
+            writer(self, save_directory)
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
 
     @staticmethod
     def shared_fields() -> tuple[str, ...]:

@@ -194,8 +194,9 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
         """The model and its image tokenizer into `save_directory`, so `pipeline("masked-image-modeling",
         model=save_directory)` rebuilds this pipeline where `energyformers` is installed (`kwargs`, e.g.
-        `push_to_hub=True`, go to the model's `save_pretrained`). A folder that also runs without the package is
-        `energyformers export`'s (its own pipeline code and `custom_pipelines`, docs/hub.md).
+        `push_to_hub=True`, go to the model's `save_pretrained`). A model read from an exported folder (its config
+        has `auto_map`) also writes that folder's remote code, its pipeline files and `custom_pipelines` included, so
+        the saved folder runs without the package as the export did (docs/hub.md).
 
         transformers' own `Pipeline.save_pretrained` saves no image tokenizer, and for a registered pipeline it
         copies this class's module as remote code, which imports the package; so neither is done here."""

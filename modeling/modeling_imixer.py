@@ -331,7 +331,7 @@ class IMixerSpectralNorm(nn.Module):
             # Eager shortcut, same result: W and the comparison state untouched since the last check (same
             # storage, same in-place versions) means the select below would keep u, v. It saves the k power
             # steps of every further forward between optimiser steps; under tracing the select decides alone.
-            # (A write through `param.data` bumps no version: only the select sees it.)
+            # A write through `param.data` bumps no version W shares, so only the select sees it (docs/imixer.md).
             if not _is_tracing() and self._untouched_since_last_check(weight):
                 return
         u, v = self.u, self.v

@@ -912,6 +912,114 @@ def test_mim_export_with_the_package_builds_the_registered_pipeline(mim_exported
     assert got == case["pipeline"], (got, case["pipeline"])
 
 
+# A folder loaded with the package and saved again (the model's `save_pretrained`, or the pipeline's) must stay what
+# the export made it: usable by someone with only transformers, through the same `custom_pipelines` entry.
+@pytest.fixture(scope="module")
+def mim_resaved(mim_exported, tmp_path_factory) -> dict[str, Path]:
+    from transformers import AutoModelForMaskedImageModeling
+
+    from energyformers.mim import load_vq_tokenizer
+
+    root = tmp_path_factory.mktemp("mim-resaved")
+    out = {}
+    for model_type, case in mim_exported.items():
+        # the model alone, as after fine-tuning; its image tokenizer is not the model's, so it is saved beside it
+        folder = out[f"model-{model_type}"] = root / f"model-{model_type}"
+        AutoModelForMaskedImageModeling.from_pretrained(case["export_dir"]).save_pretrained(folder)
+        load_vq_tokenizer(case["export_dir"]).save_pretrained(folder)
+    # the package's pipeline saves model and tokenizer together
+    folder = out["pipeline-hyperset"] = root / "pipeline-hyperset"
+    pipeline("masked-image-modeling", model=str(mim_exported["hyperset"]["export_dir"])).save_pretrained(
+        folder
+    )
+    return out
+
+
+def resaved_model_type(name: str) -> str:
+    return name.split("-", 1)[1]
+
+
+@pytest.fixture(scope="module")
+def mim_resaved_remote(mim_resaved, tmp_path_factory) -> dict:
+    cases = [
+        {
+            "id": name,
+            "auto_class": "AutoModelForMaskedImageModeling",
+            "path": str(folder),
+            "input_type": "image",
+            "inputs": {"input_ids": mim_inputs().tolist()},
+            "decode": MIM_DECODE,
+            "task": "masked-image-modeling",
+            "pipeline_input": pipeline_image_bytes(),
+            "pipeline_kwargs": MIM_DECODE,
+            "pipeline_keys": MIM_PIPELINE_KEYS,
+        }
+        for name, folder in mim_resaved.items()
+    ]
+    return run_without_package(tmp_path_factory.mktemp("mim-resaved-remote"), cases)
+
+
+@pytest.mark.parametrize("name", ["model-hyperset", "model-looped-transformer", "pipeline-hyperset"])
+def test_mim_folder_saved_again_keeps_its_custom_pipeline_and_code(mim_exported, mim_resaved, name):
+    export_dir, folder = mim_exported[resaved_model_type(name)]["export_dir"], mim_resaved[name]
+    config, exported_config = (json.loads((f / "config.json").read_text()) for f in (folder, export_dir))
+    assert config.get("custom_pipelines") == exported_config["custom_pipelines"], config.get(
+        "custom_pipelines"
+    )
+    assert config["auto_map"] == exported_config["auto_map"], config["auto_map"]
+    # every file auto_map and custom_pipelines name is there, as the export wrote it
+    code = {p.name for p in export_dir.glob("*.py")}
+    assert code <= {p.name for p in folder.iterdir()}, sorted(p.name for p in folder.iterdir())
+    for filename in code:
+        assert (folder / filename).read_text() == (export_dir / filename).read_text(), filename
+
+
+@pytest.mark.parametrize("name", ["model-hyperset", "model-looped-transformer", "pipeline-hyperset"])
+def test_mim_folder_saved_again_runs_without_the_package(mim_exported, mim_resaved_remote, name):
+    """The saved-again folder in a Python that cannot import the package: the model from its own code and
+    `pipeline(..., trust_remote_code=True)` from its `custom_pipelines` give the package's outputs to the last bit
+    (the same code, weights, inputs, seed and thread count)."""
+    assert mim_resaved_remote["energyformers_import"].startswith("ModuleNotFoundError")
+    result, case = mim_resaved_remote["cases"][name], mim_exported[resaved_model_type(name)]
+    assert "error" not in result, result["error"]
+    assert result["module"].startswith("transformers_modules."), result["module"]
+    assert torch.equal(torch.tensor(result["output"]), case["logits"]), (result["output"], case["logits"])
+    assert result["pipeline_module"].endswith(".pipeline_mim"), result["pipeline_module"]
+    for key in MIM_PIPELINE_KEYS:
+        assert result["pipeline"][key] == case["pipeline"][key], (
+            key,
+            result["pipeline"][key],
+            case["pipeline"][key],
+        )
+
+
+def test_mim_folder_saved_again_builds_the_registered_pipeline_with_the_package(mim_exported, mim_resaved):
+    """With the package imported the kept entry is still out of `pipeline()`'s way: the config reads no served
+    task, while what it writes keeps the entry."""
+    from energyformers.pipelines import MaskedImageModelingPipeline
+
+    folder = mim_resaved["model-hyperset"]
+    config = energyformers.HyperSetConfig.from_pretrained(folder)
+    assert config.custom_pipelines == {}, config.custom_pipelines
+    assert "masked-image-modeling" in config.to_dict()["custom_pipelines"], config.to_dict().get(
+        "custom_pipelines"
+    )
+    with single_thread():
+        reconstruct = pipeline("masked-image-modeling", model=str(folder))
+        answer = reconstruct(mim_pipeline_image(), **MIM_DECODE)
+    assert type(reconstruct) is MaskedImageModelingPipeline, type(reconstruct)
+    got = to_jsonable({key: answer[key] for key in MIM_PIPELINE_KEYS})
+    assert got == mim_exported["hyperset"]["pipeline"], (got, mim_exported["hyperset"]["pipeline"])
+
+
+def test_a_folder_without_auto_map_is_saved_without_remote_code(mim_exported, tmp_path):
+    """A training folder (no `auto_map`: not an export) saves as before: no code files appear."""
+    case = mim_exported["hyperset"]
+    model = energyformers.HyperSetForMaskedImageModeling.from_pretrained(case["model_dir"])
+    model.save_pretrained(tmp_path / "saved")
+    assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == ["config.json", "model.safetensors"]
+
+
 def test_mim_pipeline_code_is_cut_from_the_package_sources():
     """Every definition in the folder's pipeline files is the package's, byte for byte; the methods that need more
     than remote code may import are the only ones left out."""

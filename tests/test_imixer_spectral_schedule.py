@@ -162,3 +162,53 @@ def test_only_if_changed_without_the_stored_weight_raises():
     assert not hasattr(norm, "refined_weight")
     with pytest.raises(ValueError, match="spectral_norm_schedule='per_optimizer_step'"):
         norm.power_iteration(layer.parametrizations.weight.original, only_if_changed=True)
+
+
+def test_eager_shortcut_sees_version_tracked_writes_and_misses_writes_through_data():
+    """The documented limit of the eager shortcut (docs/imixer.md): it sees a weight write that bumps the
+    parameter's in-place version (under `torch.no_grad()`, or through `p.detach()`) exactly as a run that never
+    takes the shortcut does, and misses one through `p.data`. `p.data` is a new alias with a version counter of its
+    own on every access, and writes leave the parameter's counter and storage pointer as they were, so no metadata
+    check can see them; only comparing the values could, which costs what the shortcut saves (and a host sync on a
+    GPU). If torch ever tracks such writes, the first assertion fails and the limit can go."""
+    base = schedule_model()
+    inputs = IMAGE.inputs(labels=True)
+    base(**inputs)
+    before = estimates(base)
+
+    def written(how: str, shortcut: bool) -> dict[str, torch.Tensor]:
+        model = copy.deepcopy(base)
+        # a copy's tensors live elsewhere, so its first forward runs the full check (unchanged bits: u, v kept);
+        # that forward records the copy's own storage and versions, as a model's own previous forward does
+        model(**inputs)
+        for norm in spectral_norms(model).values():
+            if (
+                not shortcut
+            ):  # no record of the last check: the bitwise select alone decides, as when compiled
+                norm.__dict__.pop("_last_check", None)
+            else:
+                assert norm._last_check is not None
+        weight = model.imixer.layers[1].token_mixing.fc_sn2.parametrizations.weight.original
+        new = weight.detach() * 1.5  # changes σ by 1.5×: a refinement moves u, v visibly
+        version = weight._version
+        if how == "no_grad":
+            with torch.no_grad():
+                weight.copy_(new)
+        elif how == "detach":
+            weight.detach().copy_(new)
+        else:
+            weight.data.copy_(new)
+            assert weight._version == version, "torch now tracks writes through .data: see the docstring"
+        model(**inputs)
+        return estimates(model)
+
+    reference = written("data", shortcut=False)
+    moved = [name for name in reference if not torch.equal(reference[name], before[name])]
+    assert moved and all(name.startswith("layers.1.fc_sn2") for name in moved), moved
+    for how in ("no_grad", "detach"):
+        got = written(how, shortcut=True)
+        for name, value in got.items():
+            assert torch.equal(value, reference[name]), f"{how}: {name} differs from the run without shortcut"
+    missed = written("data", shortcut=True)
+    for name, value in missed.items():
+        assert torch.equal(value, before[name]), f"data: {name} moved; the documented limit no longer holds"

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 ALLOWED_TOP_LEVEL = frozenset(sys.stdlib_module_names) | {"torch", "transformers"}
 PACKAGES = ("configuration", "modeling")
@@ -424,3 +426,31 @@ __all__ += [
     "extract_definitions",
     "mim_pipeline_sources",
 ]
+
+
+def write_folder_code(config: Any, folder: str | os.PathLike) -> list[Path]:
+    """Write the remote code an exported folder carries into `folder`, for `config` being saved there (the package's
+    `RecurrentDepthConfig.save_pretrained` calls it when the config has `auto_map`, i.e. was read from an export):
+    the family's configuration and modeling files, and when the config's stored `custom_pipelines` names the
+    masked-image-modelling pipeline, that pipeline's files too. `auto_map` and that entry are set to what the
+    written files define, as `export` writes them. Returns the paths written.
+
+    This is what transformers' `custom_object_save` does for a class loaded as remote code; the package's classes
+    are not remote code, so a folder loaded with the package and saved again would otherwise name files it lacks."""
+    stored = dict(config.to_dict().get("custom_pipelines") or {})
+    sources = remote_code_sources(config.model_type)  # refuses before anything is written
+    if MIM_PIPELINE_TASK in stored:
+        sources.update(mim_pipeline_sources())
+        stored.update(custom_pipelines())
+        config.custom_pipelines = stored
+    config.auto_map = auto_map(config.model_type)
+    os.makedirs(folder, exist_ok=True)
+    written = []
+    for name, source in sources.items():
+        path = Path(folder) / name
+        path.write_text(source, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+__all__ += ["write_folder_code"]
