@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .configuration_hyperbf import HyperBFConfig
 from .configuration_hyperset import RecurrentDepthConfig
+from .configuration_imixer import IMixerConfig
 
 
 def _write_folder_code(config: Any, folder: str | os.PathLike) -> None:
@@ -17,4 +19,5 @@ def _write_folder_code(config: Any, folder: str | os.PathLike) -> None:
     write_folder_code(config, folder)
 
 
-RecurrentDepthConfig.folder_code_writer = _write_folder_code
+for _config_class in (HyperBFConfig, IMixerConfig, RecurrentDepthConfig):
+    _config_class.folder_code_writer = _write_folder_code

@@ -9,7 +9,9 @@ over learned centers with a learned metric in place of the MLP.
 from __future__ import annotations
 
 import math
-from typing import Any
+import os
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from transformers import PreTrainedConfig
 
@@ -90,6 +92,25 @@ def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
     config._check_cross_field_rules()
 
 
+class _SavesExportedCode:
+    """`save_pretrained` that keeps an exported folder whole: a config read from an export (it has `auto_map`)
+    first has `folder_code_writer` write that folder's remote code beside it, so `auto_map` and `custom_pipelines`
+    never name files the saved folder lacks (transformers' `custom_object_save` does this only for classes loaded
+    as remote code). The package sets the writer (its `configuration/__init__.py`); it stays None in the copy an
+    exported folder carries, where `custom_object_save` copies the files and this module may not import the
+    package's generator."""
+
+    folder_code_writer: ClassVar[Callable[[Any, str | os.PathLike], Any] | None] = None
+
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs: Any
+    ) -> None:
+        writer = type(self).folder_code_writer  # read on the class: a plain function, not a bound method
+        if writer is not None and self.__dict__.get("auto_map"):
+            writer(self, save_directory)
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+
+
 # --- end of validation block ---
 
 
@@ -119,7 +140,7 @@ _IMAGE_SIZES: tuple[str, ...] = ("image_size",)
 _BOOLEANS: tuple[str, ...] = ()
 
 
-class HyperBFConfig(PreTrainedConfig):
+class HyperBFConfig(_SavesExportedCode, PreTrainedConfig):
     r"""Configuration of a HyperBF model (`model_type="hyperbf"`).
 
     Args:

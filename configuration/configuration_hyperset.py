@@ -94,6 +94,25 @@ def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
     config._check_cross_field_rules()
 
 
+class _SavesExportedCode:
+    """`save_pretrained` that keeps an exported folder whole: a config read from an export (it has `auto_map`)
+    first has `folder_code_writer` write that folder's remote code beside it, so `auto_map` and `custom_pipelines`
+    never name files the saved folder lacks (transformers' `custom_object_save` does this only for classes loaded
+    as remote code). The package sets the writer (its `configuration/__init__.py`); it stays None in the copy an
+    exported folder carries, where `custom_object_save` copies the files and this module may not import the
+    package's generator."""
+
+    folder_code_writer: ClassVar[Callable[[Any, str | os.PathLike], Any] | None] = None
+
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs: Any
+    ) -> None:
+        writer = type(self).folder_code_writer  # read on the class: a plain function, not a bound method
+        if writer is not None and self.__dict__.get("auto_map"):
+            writer(self, save_directory)
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+
+
 # --- end of validation block ---
 
 
@@ -149,7 +168,7 @@ FEATURE_MAPS: tuple[str, ...] = ("sigmoid", "relu", "tanh", "softplus", "silu", 
 
 # The fields Hyper-SET shares with its looped-Transformer baseline (configuration_looped_transformer.py): the
 # embeddings, the width and heads, the recurrent-depth schedule and the classification head.
-class RecurrentDepthConfig(PreTrainedConfig):
+class RecurrentDepthConfig(_SavesExportedCode, PreTrainedConfig):
     r"""The fields of a model that iterates weight-tied layers: Hyper-SET (`HyperSetConfig`) and the
     looped-Transformer baseline (`LoopedTransformerConfig`) derive from it, so both models read one definition of
     the embeddings, the width and heads, the depth schedule (`num_iterations`, `iteration_sampling`, truncation)
@@ -236,11 +255,6 @@ class RecurrentDepthConfig(PreTrainedConfig):
     # `pipeline(task, model=folder)` builds the registered class as for a folder without the entry. Without the
     # package nothing serves the task and the whole entry is seen. The property wins over the instance dict because
     # it is a data descriptor.
-    # Set by the package (its `configuration/__init__.py`) to the function writing an exported folder's remote code:
-    # the configuration and modeling files, and a masked-image-modelling folder's pipeline files. None in the copy
-    # an exported folder carries as remote code, where transformers' `custom_object_save` copies the files instead;
-    # this module cannot import the generator itself, since remote code must not import the package.
-    folder_code_writer: ClassVar[Callable[[Any, str | os.PathLike], Any] | None] = None
 
     @property
     def custom_pipelines(self) -> dict[str, dict]:
@@ -259,17 +273,6 @@ class RecurrentDepthConfig(PreTrainedConfig):
     @custom_pipelines.deleter
     def custom_pipelines(self) -> None:
         del self.__dict__["custom_pipelines"]
-
-    def save_pretrained(
-        self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs: Any
-    ) -> None:
-        """transformers' `save_pretrained`; for a config read from an exported folder (it has `auto_map`) first
-        `folder_code_writer` writes that folder's remote code beside it, so `auto_map` and `custom_pipelines` never
-        name files the saved folder lacks."""
-        writer = type(self).folder_code_writer  # read on the class: a plain function, not a bound method
-        if writer is not None and self.__dict__.get("auto_map"):
-            writer(self, save_directory)
-        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
 
     @staticmethod
     def shared_fields() -> tuple[str, ...]:

@@ -1012,6 +1012,26 @@ def test_mim_folder_saved_again_builds_the_registered_pipeline_with_the_package(
     assert got == mim_exported["hyperset"]["pipeline"], (got, mim_exported["hyperset"]["pipeline"])
 
 
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_exported_folder_saved_again_keeps_its_remote_code(exported, case_id, tmp_path):
+    """Every family's export loaded with the package and saved again still carries the code its `auto_map` names,
+    as the export wrote it (the folder then loads without the package as the export does: tests above)."""
+    case = exported[case_id]
+    model = FAMILIES[case["model_type"]].heads[case["auto_class"]].from_pretrained(case["export_dir"])
+    model.save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    exported_config = json.loads((case["export_dir"] / "config.json").read_text())
+    assert saved.get("auto_map") == exported_config["auto_map"], (
+        saved.get("auto_map"),
+        exported_config["auto_map"],
+    )
+    for code in case["export_dir"].glob("*.py"):
+        assert (tmp_path / "saved" / code.name).is_file(), sorted(
+            p.name for p in (tmp_path / "saved").iterdir()
+        )
+        assert (tmp_path / "saved" / code.name).read_text() == code.read_text(), code.name
+
+
 def test_a_folder_without_auto_map_is_saved_without_remote_code(mim_exported, tmp_path):
     """A training folder (no `auto_map`: not an export) saves as before: no code files appear."""
     case = mim_exported["hyperset"]
