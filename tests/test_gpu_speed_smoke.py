@@ -169,11 +169,11 @@ def test_a_stopped_run_keeps_the_groups_it_measured(gpu_speed, tmp_path, monkeyp
     measure = gpu_speed.measure_group
     calls = []
 
-    def measure_then_stop(group, args, device, on_task=None):
+    def measure_then_stop(group, args, device, on_task=None, known=None):
         calls.append(group.name)
         if len(calls) == 2:  # stands for the stage's timeout arriving during the second group
             raise KeyboardInterrupt
-        return measure(group, args, device, on_task)
+        return measure(group, args, device, on_task, known)
 
     monkeypatch.setattr(gpu_speed, "measure_group", measure_then_stop)
     arguments = ["--device", "cpu", "--smoke", "--modes", "eager", "compiled", "--tasks", "inference"]
@@ -220,9 +220,9 @@ def tasks_measured(gpu_speed, monkeypatch) -> list:
     """Patch measure_group to note the (group, modes, tasks) of every call, then measure as usual."""
     measure, calls = gpu_speed.measure_group, []
 
-    def noting(group, args, device, on_task=None):
+    def noting(group, args, device, on_task=None, known=None):
         calls.append((group.name, list(args.modes), list(args.tasks)))
-        return measure(group, args, device, on_task)
+        return measure(group, args, device, on_task, known)
 
     monkeypatch.setattr(gpu_speed, "measure_group", noting)
     return calls
