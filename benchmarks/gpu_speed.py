@@ -16,7 +16,9 @@ Each family runs once per `attn_implementation` it accepts (Hyper-SET: eager / s
 sdpa; a name the model rejects is recorded as skipped with transformers' message), each in eager mode,
 `torch.compile`d and compiled with CUDA graphs (`mode="reduce-overhead"`: the fixed-T forward replayed as one
 graph, CUDA only; a model with a graph break, which fails `fullgraph=True`, is measured with CUDA graphs between
-its breaks and the row says why), for inference (`torch.inference_mode`, eval) and a training step (forward +
+its breaks and the row says why; the compiled modes measure fewer variants, `Variant.modes`: Hyper-SET's sdpa
+implementation and the Sudoku group's other implementations run in eager mode only, and each group's compiled
+passes come in the order of `Group.priority`, the T = 24 compile time first), for inference (`torch.inference_mode`, eval) and a training step (forward +
 backward of the loss, train mode; no optimiser step). Weights and inputs are bfloat16. Per variant the table gives the median of
 `--repeats` interleaved calls (A, B, …, A, B, … so machine noise hits all alike) after the first call and one
 warm-up call, throughput, the ratio baseline time / model time (> 1: the model is faster; same task and same
@@ -30,6 +32,7 @@ overhead), so a missed target comes with where its time goes.
 
     python benchmarks/gpu_speed.py                      # on a CUDA machine: results/gpu_speed.{json,md}
     python benchmarks/gpu_speed.py --device cpu --smoke # tiny configs, 1 repeat: checks the script, no numbers
+    python benchmarks/gpu_speed.py --plan --resume benchmarks/results/gpu_speed.json  # what a run would measure
 
 Without CUDA a real run exits with a message and writes nothing: CPU timings are benchmarks/speed.py's job, and
 smoke-mode timings are not measurements (they go to `gpu_speed_smoke.{json,md}`, marked as such).
@@ -856,6 +859,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--output_dir", type=Path, default=RESULTS)
     parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the passes (mode, group, tasks, variants) this run would measure, in order, and exit without "
+        "measuring or writing; with --resume, as on the device and software that file was measured on",
+    )
+    parser.add_argument(
         "--resume",
         type=Path,
         default=None,
@@ -913,8 +922,28 @@ def resume_problem(previous: Any) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def print_plan(args: argparse.Namespace) -> list[Pass]:
+    """--plan: the passes a run with these arguments would do, printed; nothing is measured or written."""
+    definitions = groups(args.smoke)
+    report: dict[str, Any] = {"groups": {}, "runs": []}
+    if args.previous is not None:
+        adopt(report, args.previous, definitions, args.batch, args.resume)
+    selected = [g for g in definitions if not args.groups or any(p in g.name for p in args.groups)]
+    passes = plan_passes(selected, args.modes, args.tasks, report["groups"])
+    print("passes in order (mode, group: tasks to measure [kept]; variants measured):")
+    for number, (mode, group, kept, tasks) in enumerate(passes, start=1):
+        names = ", ".join(variant.name for variant in group.members(mode))
+        todo = ", ".join(tasks) or "nothing"
+        print(f"{number:2d}. {mode} {group.name}: {todo}" + (f" [kept: {', '.join(kept)}]" if kept else ""))
+        if tasks:
+            print(f"      {names}")
+    return passes
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | list[Pass]:
     args = parse_args(argv)
+    if args.plan:
+        return print_plan(args)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(

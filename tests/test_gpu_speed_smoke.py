@@ -374,7 +374,7 @@ def test_a_bad_resume_file_is_refused_before_any_work(gpu_speed, tmp_path, capsy
     assert not out.exists()
 
 
-def test_the_committed_gpu_results_plan_the_missing_tasks_compile_time_first(gpu_speed):
+def test_the_committed_gpu_results_plan_the_missing_tasks_compile_time_first(gpu_speed, tmp_path):
     """The next GPU session's speed stage, planned from benchmarks/results/gpu_speed.json without measuring: the
     eager tasks the committed file lacks (the attention-alone groups came later; HyperBF's sdpa variant changed,
     revision 1, and a task is measured again as a whole), then every compiled and CUDA-graph pass, group by
@@ -430,6 +430,15 @@ def test_the_committed_gpu_results_plan_the_missing_tasks_compile_time_first(gpu
             assert any("(triton)" in n for n in names) and any("(eager)" in n for n in names), names
         if p.group.baseline is not None:  # a baseline runs in every mode of its group
             assert names[-1] == p.group.baseline.name, names
+    # --plan prints the same passes without measuring or writing anything (no CUDA needed)
+    out = tmp_path / "plan"
+    printed = gpu_speed.main(
+        ["--plan", "--resume", str(SCRIPT.parent / "results" / "gpu_speed.json"), "--output_dir", str(out)]
+    )
+    assert [(p.mode, p.group.name, p.tasks) for p in printed] == [
+        (p.mode, p.group.name, p.tasks) for p in passes
+    ]
+    assert not out.exists()
     # the sdpa rows the committed file has stay, and are what makes its eager tasks complete
     for name in (
         "Hyper-SET cifar10-small, 224²/16 (197 tokens, T=12)",
