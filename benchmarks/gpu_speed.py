@@ -16,7 +16,9 @@ Each family runs once per `attn_implementation` it accepts (Hyper-SET: eager / s
 sdpa; a name the model rejects is recorded as skipped with transformers' message), each in eager mode,
 `torch.compile`d and compiled with CUDA graphs (`mode="reduce-overhead"`: the fixed-T forward replayed as one
 graph, CUDA only; a model with a graph break, which fails `fullgraph=True`, is measured with CUDA graphs between
-its breaks and the row says why), for inference (`torch.inference_mode`, eval) and a training step (forward +
+its breaks and the row says why; the compiled modes measure fewer variants, `Variant.modes`: Hyper-SET's sdpa
+implementation and the Sudoku group's other implementations run in eager mode only, and each group's compiled
+passes come in the order of `Group.priority`, the T = 24 compile time first), for inference (`torch.inference_mode`, eval) and a training step (forward +
 backward of the loss, train mode; no optimiser step). Weights and inputs are bfloat16. Per variant the table gives the median of
 `--repeats` interleaved calls (A, B, …, A, B, … so machine noise hits all alike) after the first call and one
 warm-up call, throughput, the ratio baseline time / model time (> 1: the model is faster; same task and same
@@ -30,6 +32,7 @@ overhead), so a missed target comes with where its time goes.
 
     python benchmarks/gpu_speed.py                      # on a CUDA machine: results/gpu_speed.{json,md}
     python benchmarks/gpu_speed.py --device cpu --smoke # tiny configs, 1 repeat: checks the script, no numbers
+    python benchmarks/gpu_speed.py --plan --resume benchmarks/results/gpu_speed.json  # what a run would measure
 
 Without CUDA a real run exits with a message and writes nothing: CPU timings are benchmarks/speed.py's job, and
 smoke-mode timings are not measurements (they go to `gpu_speed_smoke.{json,md}`, marked as such).
@@ -50,7 +53,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +88,8 @@ class Variant:
     attn_implementation: str | None = None  # None: the model has no attention choice (or is the baseline)
     # raised when what the variant runs changes, so that --resume does not keep the old code's results
     revision: int = 0
+    # the modes it is measured in (of those its group runs); a baseline runs in every mode of its group
+    modes: tuple[str, ...] = MODES
 
 
 @dataclass
@@ -96,6 +101,33 @@ class Group:
     batch: int
     note: str = ""
     results: dict[str, Any] = field(default_factory=dict)
+    modes: tuple[str, ...] = MODES
+    left_out_why: str = (
+        ""  # why some variants (or modes) are not measured, for the report beside `left_out()`
+    )
+    # Order of the compiled and CUDA-graph passes (lowest first; eager goes over every group before them). A GPU
+    # session's speed budget holds a few compiles only, so they go first to the numbers acceptance lacks: the
+    # T = 24 compile time, then the model-vs-baseline ratios of the kernels.md targets, the attention-alone
+    # groups (a kernel against a kernel, which eager mode already measures) last.
+    priority: int = 0
+
+    def members(self, mode: str) -> list[Variant]:
+        """The variants measured in `mode`, the baseline last; none when the group does not run `mode`."""
+        if mode not in self.modes:
+            return []
+        variants = [variant for variant in self.variants if mode in variant.modes]
+        return [*variants, *([self.baseline] if self.baseline else [])]
+
+    def left_out(self) -> str:
+        """What the group does not measure in which mode, for the report (empty when it measures everything)."""
+        parts = [f"not measured in {mode} mode" for mode in MODES if mode not in self.modes]
+        for variant in self.variants:
+            missing = [mode for mode in self.modes if mode not in variant.modes]
+            if missing:
+                parts.append(f"{variant.name}: not in {' / '.join(missing)} mode")
+        if not parts:
+            return ""
+        return "; ".join(parts) + (f" ({self.left_out_why})" if self.left_out_why else "")
 
 
 def images(side: int, num_labels: int) -> Callable[[int, torch.device], dict[str, torch.Tensor]]:
@@ -140,14 +172,17 @@ def family_variants(
     config: Callable[[], transformers.PreTrainedConfig],
     implementations: tuple[str, ...],
     revisions: dict[str, int] | None = None,
+    modes: dict[str, tuple[str, ...]] | None = None,
 ) -> list[Variant]:
-    """One variant per attention implementation, built with `from_config(..., attn_implementation=name)`."""
+    """One variant per attention implementation, built with `from_config(..., attn_implementation=name)`;
+    `modes`: the modes of an implementation measured in fewer than all."""
     return [
         Variant(
             f"{label} ({name})",
             lambda name=name: auto_class.from_config(config(), attn_implementation=name),
             name,
             (revisions or {}).get(name, 0),
+            (modes or {}).get(name, MODES),
         )
         for name in implementations
     ]
@@ -226,6 +261,14 @@ def groups(smoke: bool) -> list[Group]:
     sudoku_config = HyperSetConfig.from_preset("sudoku", **sudoku)
     hyperset_names = ("eager", "sdpa", "triton")
     hyperbf_names = ("eager", "sdpa")
+    # Hyper-SET's sdpa implementation in eager mode only: the compiled modes measure its default (eager) and the
+    # fused kernel (triton), the two a user would compile; sdpa, the slowest of the three in eager mode with the
+    # most kernel launches per call, would only add compile time to a session's budget
+    hyperset_modes = {"sdpa": ("eager",)}
+    hyperset_why = (
+        "the compiled modes measure the default implementation and the fused kernel; sdpa, the slowest in eager "
+        "mode, is left out of them to spend the GPU session's compile time on those two"
+    )
     result = []
     head_dim = width // heads
     for key, patch in (("coarse", coarse), ("fine", fine)):
@@ -234,7 +277,12 @@ def groups(smoke: bool) -> list[Group]:
             Group(
                 f"Bi-softmax attention alone, ({batches[key]}, {heads}, {tokens}, {head_dim}) vs one SDPA call",
                 [
-                    Variant(f"bi-softmax ({name})", bisoftmax_alone(name, heads, head_dim), name)
+                    Variant(
+                        f"bi-softmax ({name})",
+                        bisoftmax_alone(name, heads, head_dim),
+                        name,
+                        modes=hyperset_modes.get(name, MODES),
+                    )
                     for name in hyperset_names
                 ],
                 Variant("one SDPA call", lambda: AttentionAlone(one_sdpa_call, heads, head_dim)),
@@ -242,6 +290,8 @@ def groups(smoke: bool) -> list[Group]:
                 batches[key],
                 note="target: the fused bi-softmax (triton) forward <= 3× one SDPA call of the same "
                 "shape (ratio >= 0.33), forward + backward <= 3.5× (ratio >= 0.29)",
+                left_out_why=hyperset_why,
+                priority=5,  # a kernel against a kernel: eager mode measures the target
             )
         )
     for key, patch in (("coarse", coarse), ("fine", fine)):
@@ -256,10 +306,13 @@ def groups(smoke: bool) -> list[Group]:
                         "cifar10-small", image_size=side, patch_size=patch, **hyperset
                     ),
                     hyperset_names,
+                    modes=hyperset_modes,
                 ),
                 vit(width, heads, depth, side, patch, 10),
                 images(side, 10),
                 batches[key],
+                left_out_why=hyperset_why,
+                priority={"coarse": 1, "fine": 3}[key],  # 197 tokens: kernels.md's main targets
             )
         )
     result.append(
@@ -277,6 +330,7 @@ def groups(smoke: bool) -> list[Group]:
             ),
             images(hyperbf_side, 10),
             batches["hyperbf"],
+            priority=2,
         )
     )
     mixer = IMixerConfig.from_preset("s16", **imixer)
@@ -295,6 +349,7 @@ def groups(smoke: bool) -> list[Group]:
             ),
             images(mixer.image_size if isinstance(mixer.image_size, int) else mixer.image_size[0], 10),
             batches["imixer"],
+            priority=4,
         )
     )
     result.append(
@@ -305,11 +360,18 @@ def groups(smoke: bool) -> list[Group]:
                 AutoModelForTokenClassification,
                 lambda: HyperSetConfig.from_preset("sudoku", **sudoku),
                 hyperset_names,
+                modes={"sdpa": ("eager",), "triton": ("eager",)},
             ),
             None,
             cells(sudoku_config.max_position_embeddings, sudoku_config.vocab_size, sudoku_config.num_labels),
             batches["sudoku"],
             note="target: compiling a T=24 model takes <= 30 s (first compiled call)",
+            # no baseline to compare with, and the target is the first compiled call of the default
+            # implementation: CUDA graphs and the other implementations compiled add nothing to it
+            modes=("eager", "compiled"),
+            left_out_why="the compile-time target is about the default implementation's first compiled call; "
+            "with no baseline, CUDA graphs and the other implementations compiled add nothing to it",
+            priority=0,  # the compile-time target: measured first
         )
     )
     return result
@@ -443,17 +505,32 @@ def measure_group(
     args: argparse.Namespace,
     device: torch.device,
     on_task: Callable[[dict[str, Any], str, str], None] | None = None,
+    known: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Measure `group` in `args.modes` × `args.tasks`; `on_task(record, mode, task)` after each (mode, task) is
-    measured in full (timings and profiles of every variant), so the caller can save it before the next starts."""
+    """Measure `group` in `args.modes` × `args.tasks` (each variant in the modes it runs in); `on_task(record,
+    mode, task)` after each (mode, task) is measured in full (timings and profiles of every variant), so the
+    caller can save it before the next starts. `known`: the group's results so far, whose FLOP counts are taken
+    as they are (the count runs the model in float32 once more, and it does not depend on the mode)."""
     dtype = torch.bfloat16
     batch = args.batch or group.batch
     torch.manual_seed(0)
     inputs = group.inputs(batch, device)
     inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
-    members = [*group.variants, *([group.baseline] if group.baseline else [])]
+    measured = {mode: {variant.name for variant in group.members(mode)} for mode in args.modes}
+    members = [
+        variant
+        for variant in [*group.variants, *([group.baseline] if group.baseline else [])]
+        if any(variant.name in names for names in measured.values())
+    ]
+    counted = {
+        name: entry["flops"]
+        for name, entry in (known or {}).get("variants", {}).items()
+        if entry.get("flops") is not None
+    }
     models: dict[str, nn.Module] = {}
     record: dict[str, Any] = {"batch": batch, "note": group.note, "variants": {}}
+    if group.left_out():
+        record["left_out"] = group.left_out()
     for variant in members:
         entry = record["variants"].setdefault(
             variant.name,
@@ -475,7 +552,9 @@ def measure_group(
             print(f"  skip {variant.name}: {entry['skipped']}", flush=True)
             continue
         entry["params"] = sum(p.numel() for p in model.parameters())
-        if variant.attn_implementation in (None, "eager"):  # the eager math is the FLOP reference
+        if variant.name in counted:
+            entry["flops"] = copy.deepcopy(counted[variant.name])
+        elif variant.attn_implementation in (None, "eager"):  # the eager math is the FLOP reference
             entry["flops"] = count_flops(model.to(device), {k: v.float() if v.is_floating_point() else v
                                                               for k, v in inputs.items()})  # fmt: skip
         models[variant.name] = model.to(device=device, dtype=dtype)
@@ -492,7 +571,11 @@ def measure_group(
         if mode == "cuda-graphs" and not cuda_graphs_available(device):
             print(f"  mode {mode}: skipped, needs CUDA", flush=True)
             continue
+        if not measured[mode]:  # a mode the group does not run
+            continue
         for name, model in models.items():
+            if name not in measured[mode]:
+                continue
             if mode == "compiled":
                 runners[name] = torch.compile(model, backend=args.compile_backend, dynamic=False)
             elif mode == "cuda-graphs":  # inductor's CUDA-graph trees replay the whole fixed-T forward
@@ -503,6 +586,8 @@ def measure_group(
         for task in args.tasks:
             calls: dict[str, Callable] = {}
             for name, model in models.items():
+                if name not in runners:
+                    continue
                 model.train(task == "train")
                 entry = record["variants"][name].setdefault(mode, {}).setdefault(task, {})
                 call = step_function(model, runners[name], inputs, task, graphs=mode == "cuda-graphs")
@@ -654,6 +739,8 @@ def markdown(report: dict[str, Any]) -> str:
     ]  # fmt: skip
     for name, group in report["groups"].items():
         lines += [f"## {name}", "", f"batch {group['batch']}. {group['note']}".rstrip(), ""]
+        if group.get("left_out"):  # a variant not measured in a mode has no row for it
+            lines += [f"Not measured: {group['left_out']}.", ""]
         if "best_ratio" in group:
             best = ", ".join(f"{task} {ratio:.2f}×" for task, ratio in group["best_ratio"].items())
             lines += [f"Best mode of the family vs best mode of the baseline: {best}.", ""]
@@ -772,6 +859,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--output_dir", type=Path, default=RESULTS)
     parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the passes (mode, group, tasks, variants) this run would measure, in order, and exit without "
+        "measuring or writing; with --resume, as on the device and software that file was measured on",
+    )
+    parser.add_argument(
         "--resume",
         type=Path,
         default=None,
@@ -829,8 +922,28 @@ def resume_problem(previous: Any) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def print_plan(args: argparse.Namespace) -> list[Pass]:
+    """--plan: the passes a run with these arguments would do, printed; nothing is measured or written."""
+    definitions = groups(args.smoke)
+    report: dict[str, Any] = {"groups": {}, "runs": []}
+    if args.previous is not None:
+        adopt(report, args.previous, definitions, args.batch, args.resume)
+    selected = [g for g in definitions if not args.groups or any(p in g.name for p in args.groups)]
+    passes = plan_passes(selected, args.modes, args.tasks, report["groups"])
+    print("passes in order (mode, group: tasks to measure [kept]; variants measured):")
+    for number, (mode, group, kept, tasks) in enumerate(passes, start=1):
+        names = ", ".join(variant.name for variant in group.members(mode))
+        todo = ", ".join(tasks) or "nothing"
+        print(f"{number:2d}. {mode} {group.name}: {todo}" + (f" [kept: {', '.join(kept)}]" if kept else ""))
+        if tasks:
+            print(f"      {names}")
+    return passes
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | list[Pass]:
     args = parse_args(argv)
+    if args.plan:
+        return print_plan(args)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(
@@ -879,14 +992,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ]
     stem = "gpu_speed_smoke" if args.smoke else "gpu_speed"
     order = [group.name for group in definitions]
-    # one mode over every group before the next mode: a run stopped by its time budget (benchmarks/gpu/run.sh)
-    # has every group's eager numbers before any compilation (the slow part) begins
-    passes = []
-    for mode in args.modes:
-        for group in selected:
-            earlier = report["groups"].get(group.name)
-            kept = [task for task in args.tasks if task_measured(earlier, group, mode, task)]
-            passes.append((mode, group, kept, [task for task in args.tasks if task not in kept]))
+    passes = plan_passes(selected, args.modes, args.tasks, report["groups"])
     pending = [(group.name, mode, task) for mode, group, _, tasks in passes for task in tasks]
 
     def save() -> None:
@@ -911,12 +1017,46 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             continue
         print(f"{group.name} [{mode}]" + (f": {', '.join(tasks)}" if kept else ""), flush=True)
         pass_args = argparse.Namespace(**{**vars(args), "modes": [mode], "tasks": tasks})
-        measure_group(group, pass_args, device, functools.partial(on_task, group))
+        # the FLOPs counted by an earlier pass (of this run or a kept one) are not counted again
+        measure_group(
+            group, pass_args, device, functools.partial(on_task, group), report["groups"].get(group.name)
+        )
         # a mode this device cannot run (CUDA graphs without CUDA) is passed over, not left pending
         pending[:] = [p for p in pending if p[:2] != (group.name, mode)]
     save()
     print(f"wrote {args.output_dir / stem}.{{json,md}}")
     return report
+
+
+class Pass(NamedTuple):
+    """One (mode, group) of a run: the tasks kept from an earlier run and the tasks to measure."""
+
+    mode: str
+    group: Group
+    kept: list[str]
+    tasks: list[str]
+
+
+def plan_passes(
+    selected: list[Group], modes: list[str], tasks: list[str], records: dict[str, Any]
+) -> list[Pass]:
+    """The run's passes in order: eager over every group first (a run stopped by its time budget, see
+    benchmarks/gpu/run.sh, has every group's eager numbers before any compilation, the slow part, begins), then
+    each group's compiled and CUDA-graph passes, group after group by `Group.priority` (the groups' order where
+    equal). A group's modes come in the order of `modes`; a mode the group does not run has no pass. `records`:
+    the results so far (resumed), whose measured tasks are `kept`."""
+    eager = [mode for mode in modes if mode == "eager"]
+    others = [mode for mode in modes if mode != "eager"]
+    order = [(mode, group) for mode in eager for group in selected]
+    ranked = sorted(selected, key=lambda group: group.priority)  # sorted() is stable: ties keep their order
+    order += [(mode, group) for group in ranked for mode in others]
+    passes = []
+    for mode, group in order:
+        if mode not in group.modes:
+            continue
+        kept = [task for task in tasks if task_measured(records.get(group.name), group, mode, task)]
+        passes.append(Pass(mode, group, kept, [task for task in tasks if task not in kept]))
+    return passes
 
 
 # The environment fields a kept measurement must share with the run that adds to it: the machine and the
@@ -999,7 +1139,7 @@ def task_measured(record: dict[str, Any] | None, group: Group, mode: str, task: 
     is kept or measured again as a whole."""
     if record is None:
         return False
-    for variant in [*group.variants, *([group.baseline] if group.baseline else [])]:
+    for variant in group.members(mode):  # a variant not measured in `mode` has nothing to keep there
         entry = record["variants"].get(variant.name)
         if entry is None:
             return False
@@ -1028,6 +1168,9 @@ def merge_task(
         group.name, {"batch": record["batch"], "note": record["note"], "variants": {}}
     )
     target.update(batch=record["batch"], note=record["note"])
+    target.pop("left_out", None)  # as the definitions say now
+    if record.get("left_out"):
+        target["left_out"] = record["left_out"]
     for name, entry in record["variants"].items():
         kept = target["variants"].setdefault(name, {})
         if "skipped" not in entry:

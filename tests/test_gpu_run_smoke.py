@@ -2,7 +2,8 @@
 
 The GPU run itself needs a CUDA machine; this checks the script that drives it (install step skipped because the
 package is importable here, attention tests on a short selection through Triton's interpreter, gpu_speed.py in
-smoke mode, two steps of the Sudoku recipe on the carried puzzles, the summary), and its refusals.
+smoke mode, two steps of the Sudoku recipe on the carried puzzles, the summary), `--stages` (a run of the two
+quick stages), and its refusals.
 """
 
 from __future__ import annotations
@@ -75,3 +76,52 @@ def test_smoke_run_reports_every_stage_ok_and_writes_every_result_file(tmp_path)
         if "skipped" not in entry:
             assert (entry["eager"]["inference"]["run"], entry["eager"]["train"]["run"]) == (1, 1), entry
     assert "0 new in run 2, 2 kept from run 1" in rows["speed"], rows["speed"]
+    assert "Command: `bash benchmarks/gpu/run.sh OUT_DIR --smoke`" in summary, summary
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke run of machines without CUDA")
+def test_stages_runs_only_those_and_gives_the_speed_stage_the_budget_of_the_others(tmp_path):
+    """`--stages speed,install`: the two run (in the fixed order, whatever the list's), the other two are recorded
+    as skipped, not failed, the exit status is 0, and the speed stage gets their budgets (smoke: 300 s each)."""
+    out = tmp_path / "out"
+    done = run(str(out), "--stages", "speed,install", "--smoke")
+    log = (out / "run.log").read_text() if (out / "run.log").is_file() else ""
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}\n{log[-4000:]}"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "gpu_speed_smoke.json",
+        "gpu_speed_smoke.md",
+        "run.log",
+        "summary.md",
+    ]
+    assert [
+        line.split(": ")[0] for line in done.stdout.splitlines() if line.endswith(("ok", "(not in --stages)"))
+    ] == [f"[run.sh] {stage}" for stage in STAGES], done.stdout
+    assert "===== speed (budget 900 s) =====" in log, log[-4000:]
+    summary = (out / "summary.md").read_text()
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in summary.splitlines() if line.startswith("| ")}
+    for stage in ("attention", "sudoku"):
+        assert rows[stage] == f"| {stage} | skipped (not in --stages) | – | – | – |", summary
+    assert "| install | ok |" in rows["install"] and "| speed | ok | " in rows["speed"], summary
+    assert " (900) | gpu_speed_smoke.json, gpu_speed_smoke.md |" in rows["speed"], summary
+    assert (
+        "missing" not in summary
+        and "Command: `bash benchmarks/gpu/run.sh OUT_DIR --smoke --stages install,speed`" in summary
+    )
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--stages", "install,benchmark"], "--stages 'install,benchmark': unknown stage 'benchmark'"),
+        (["--stages", ""], "--stages '': an empty list"),
+        (["--stages", "speed,,sudoku"], "--stages 'speed,,sudoku': an empty stage name"),
+        (["--stages", "speed,install,speed"], "--stages 'speed,install,speed': 'speed' is given twice"),
+        (["--smoke", "--stages"], "--stages takes one value"),
+    ],
+)
+def test_a_bad_stages_list_is_refused_before_any_work(tmp_path, arguments, message):
+    out = tmp_path / "out"
+    done = run(str(out), *arguments)
+    assert done.returncode == 2 and message in done.stderr, (done.returncode, done.stderr)
+    assert "install, attention, speed, sudoku" in done.stderr, done.stderr
+    assert not out.exists() and done.stdout == "", done.stdout

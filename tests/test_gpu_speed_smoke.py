@@ -169,11 +169,11 @@ def test_a_stopped_run_keeps_the_groups_it_measured(gpu_speed, tmp_path, monkeyp
     measure = gpu_speed.measure_group
     calls = []
 
-    def measure_then_stop(group, args, device, on_task=None):
+    def measure_then_stop(group, args, device, on_task=None, known=None):
         calls.append(group.name)
         if len(calls) == 2:  # stands for the stage's timeout arriving during the second group
             raise KeyboardInterrupt
-        return measure(group, args, device, on_task)
+        return measure(group, args, device, on_task, known)
 
     monkeypatch.setattr(gpu_speed, "measure_group", measure_then_stop)
     arguments = ["--device", "cpu", "--smoke", "--modes", "eager", "compiled", "--tasks", "inference"]
@@ -220,9 +220,9 @@ def tasks_measured(gpu_speed, monkeypatch) -> list:
     """Patch measure_group to note the (group, modes, tasks) of every call, then measure as usual."""
     measure, calls = gpu_speed.measure_group, []
 
-    def noting(group, args, device, on_task=None):
+    def noting(group, args, device, on_task=None, known=None):
         calls.append((group.name, list(args.modes), list(args.tasks)))
-        return measure(group, args, device, on_task)
+        return measure(group, args, device, on_task, known)
 
     monkeypatch.setattr(gpu_speed, "measure_group", noting)
     return calls
@@ -372,3 +372,165 @@ def test_a_bad_resume_file_is_refused_before_any_work(gpu_speed, tmp_path, capsy
         error,
     )
     assert not out.exists()
+
+
+def test_the_committed_gpu_results_plan_the_missing_tasks_compile_time_first(gpu_speed, tmp_path):
+    """The next GPU session's speed stage, planned from benchmarks/results/gpu_speed.json without measuring: the
+    eager tasks the committed file lacks (the attention-alone groups came later; HyperBF's sdpa variant changed,
+    revision 1, and a task is measured again as a whole), then every compiled and CUDA-graph pass, group by
+    group in priority order, the T = 24 compile time first. Hyper-SET's sdpa implementation is measured in eager
+    mode only (its committed eager rows are kept); HyperBF's sdpa is its default and stays in every mode."""
+    committed = json.loads((SCRIPT.parent / "results" / "gpu_speed.json").read_text())
+    report = {"groups": {}, "runs": []}
+    definitions = gpu_speed.groups(smoke=False)
+    gpu_speed.adopt(report, committed, definitions, None, Path("gpu_speed.json"))
+    passes = gpu_speed.plan_passes(
+        definitions, list(gpu_speed.MODES), list(gpu_speed.TASKS), report["groups"]
+    )
+
+    def short(name: str) -> str:
+        return next(key for key in ("attention 197", "attention 785", "197", "785", "HyperBF", "iMixer", "sudoku")
+                    if all(word in name for word in key.split()))  # fmt: skip
+
+    both = ["inference", "train"]
+    planned = [(p.mode, short(p.group.name), p.kept, p.tasks) for p in passes]
+    assert planned == [
+        ("eager", "attention 197", [], both),
+        ("eager", "attention 785", [], both),
+        ("eager", "197", both, []),
+        ("eager", "785", both, []),
+        ("eager", "HyperBF", [], both),
+        ("eager", "iMixer", both, []),
+        ("eager", "sudoku", both, []),
+        ("compiled", "sudoku", [], both),
+        ("compiled", "197", [], both),
+        ("cuda-graphs", "197", [], both),
+        ("compiled", "HyperBF", [], both),
+        ("cuda-graphs", "HyperBF", [], both),
+        ("compiled", "785", [], both),
+        ("cuda-graphs", "785", [], both),
+        ("compiled", "iMixer", [], both),
+        ("cuda-graphs", "iMixer", [], both),
+        ("compiled", "attention 197", [], both),
+        ("cuda-graphs", "attention 197", [], both),
+        ("compiled", "attention 785", [], both),
+        ("cuda-graphs", "attention 785", [], both),
+    ], planned
+    for p in passes:
+        names = [variant.name for variant in p.group.members(p.mode)]
+        if p.mode == "eager":
+            continue
+        if short(p.group.name) == "sudoku":  # the compile-time target is about the default implementation
+            assert names == ["Hyper-SET sudoku (eager)"], names
+        elif "Hyper-SET" in p.group.name or "Bi-softmax" in p.group.name:
+            implementations = [
+                v.attn_implementation for v in p.group.members(p.mode) if v is not p.group.baseline
+            ]
+            assert implementations == ["eager", "triton"], (p.group.name, names)
+            assert any("(triton)" in n for n in names) and any("(eager)" in n for n in names), names
+        if p.group.baseline is not None:  # a baseline runs in every mode of its group
+            assert names[-1] == p.group.baseline.name, names
+    # --plan prints the same passes without measuring or writing anything (no CUDA needed)
+    out = tmp_path / "plan"
+    printed = gpu_speed.main(
+        ["--plan", "--resume", str(SCRIPT.parent / "results" / "gpu_speed.json"), "--output_dir", str(out)]
+    )
+    assert [(p.mode, p.group.name, p.tasks) for p in printed] == [
+        (p.mode, p.group.name, p.tasks) for p in passes
+    ]
+    assert not out.exists()
+    # the sdpa rows the committed file has stay, and are what makes its eager tasks complete
+    for name in (
+        "Hyper-SET cifar10-small, 224²/16 (197 tokens, T=12)",
+        "Hyper-SET sudoku (T=24): compile time",
+    ):
+        sdpa = next(v for v in report["groups"][name]["variants"] if v.endswith("(sdpa)"))
+        assert report["groups"][name]["variants"][sdpa]["eager"]["train"]["median_s"] > 0, (name, sdpa)
+
+
+def test_compiled_passes_follow_the_priority_order_and_a_stopped_run_lists_the_rest_in_it(
+    gpu_speed, tmp_path, monkeypatch
+):
+    """The order of the passes main() runs (without measuring): eager over both groups, then the Sudoku group's
+    compiled pass (no CUDA-graph pass: the group has no baseline) before HyperBF's compiled and CUDA-graph passes;
+    a run stopped at the third pass lists what it did not measure in that order."""
+    calls = []
+
+    def stop_at_the_third(group, args, device, on_task=None, known=None):
+        calls.append((group.name.split(" (")[0], args.modes[0]))
+        if len(calls) == 2:  # the Sudoku group's eager inference (no baseline, no variant: nothing to time)
+            on_task(
+                {"batch": args.batch or group.batch, "note": group.note, "variants": {}}, "eager", "inference"
+            )
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the stage's budget running out
+
+    monkeypatch.setattr(gpu_speed, "measure_group", stop_at_the_third)
+    monkeypatch.setattr(gpu_speed, "cuda_graphs_available", lambda device: True)
+    arguments = ["--device", "cpu", "--smoke", "--tasks", "inference", "--groups", "HyperBF", "sudoku"]
+    with pytest.raises(KeyboardInterrupt):
+        gpu_speed.main([*arguments, "--output_dir", str(tmp_path)])
+    assert calls == [
+        ("HyperBF cifar", "eager"),
+        ("Hyper-SET sudoku", "eager"),
+        ("Hyper-SET sudoku", "compiled"),
+    ], calls
+    pending = (tmp_path / "gpu_speed_smoke.md").read_text().split("**Incomplete run**")[1]
+    # in order: the Sudoku group's compiled pass, then HyperBF's two; none for the Sudoku group's CUDA graphs
+    expected = ("compile time [compiled: inference]", "blocks) [compiled: inference]", "blocks) [cuda-graphs")
+    where = [pending.find(text) for text in expected]
+    assert -1 < where[0] < where[1] < where[2] and pending.count("[") == 3, (where, pending)
+
+
+def test_the_compiled_modes_leave_hyperset_sdpa_out_and_count_flops_once(gpu_speed, tmp_path, monkeypatch):
+    """Hyper-SET's sdpa implementation is measured in eager mode only: the compiled pass builds and times the
+    default implementation and the baseline (the fused kernel is skipped without CUDA), the report has no
+    compiled row for sdpa and says why, and the ratios and the best-mode ratio come from what was measured. The
+    FLOPs (FlopCounterMode, float32) are counted once per model in the first pass, then taken from the report:
+    neither the compiled pass nor a run resumed from the file counts them again."""
+    count_flops, counted = gpu_speed.count_flops, []
+
+    def counting(model, inputs):
+        counted.append(type(model).__name__)
+        return count_flops(model, inputs)
+
+    monkeypatch.setattr(gpu_speed, "count_flops", counting)
+    arguments = ["--device", "cpu", "--smoke", "--tasks", "inference", "--groups", "32²/8", "--profile_modes"]
+    first = gpu_speed.main([*arguments, "--modes", "eager", "compiled", "--output_dir", str(tmp_path / "a")])
+    (name,) = first["groups"]
+    variants = first["groups"][name]["variants"]
+    assert sorted(counted) == ["HyperSetForImageClassification", "ViTForImageClassification"], counted
+    sdpa, eager, vit = (
+        variants["Hyper-SET (sdpa)"],
+        variants["Hyper-SET (eager)"],
+        variants[next(v for v in variants if v.startswith("ViT"))],
+    )
+    assert "compiled" not in sdpa and sdpa["eager"]["inference"]["ratio"] > 0, sdpa
+    assert eager["compiled"]["inference"]["ratio"] > 0 and "median_s" in vit["compiled"]["inference"], eager
+    assert first["complete"] and first["groups"][name]["best_ratio"]["inference"] > 0, first["groups"][name]
+    assert sdpa["flops"] == eager["flops"] and eager["flops"]["forward"] > 0, (sdpa, eager)
+    markdown = (tmp_path / "a" / "gpu_speed_smoke.md").read_text()
+    assert "| Hyper-SET (sdpa) | eager |" in markdown and "| Hyper-SET (sdpa) | compiled |" not in markdown
+    assert "| Hyper-SET (eager) | compiled |" in markdown, markdown
+    assert (
+        "Not measured: Hyper-SET (sdpa): not in compiled / cuda-graphs mode (the compiled modes" in markdown
+    )
+
+    # the eager rows only, then a run resumed from them adds the compiled mode without counting FLOPs again
+    counted.clear()
+    gpu_speed.main([*arguments, "--modes", "eager", "--output_dir", str(tmp_path / "b")])
+    assert len(counted) == 2, counted
+    counted.clear()
+    resumed = gpu_speed.main(
+        [
+            *arguments,
+            "--resume",
+            str(tmp_path / "b" / "gpu_speed_smoke.json"),
+            "--output_dir",
+            str(tmp_path / "c"),
+        ]
+    )
+    assert counted == [], counted
+    again = resumed["groups"][name]["variants"]
+    assert again["Hyper-SET (eager)"]["compiled"]["inference"]["median_s"] > 0, again
+    assert {v: e.get("flops") for v, e in again.items()} == {v: e.get("flops") for v, e in variants.items()}

@@ -3,7 +3,8 @@ the headline results read from those files (attention test counts, gpu_speed bes
 
     python benchmarks/gpu/summary.py --out_dir OUT --stages STAGES.tsv [--smoke]
 
-STAGES.tsv: one line per stage, `name<TAB>status<TAB>seconds<TAB>budget seconds`, as run.sh writes it.
+STAGES.tsv: one line per stage, `name<TAB>status<TAB>seconds<TAB>budget seconds`, as run.sh writes it; a stage
+that run.sh's `--stages` left out has the status SKIPPED and `-` for its seconds and budget.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ RESULT_FILES = {
     "sudoku": ["sudoku.json"],
 }
 SMOKE_RESULT_FILES = {**RESULT_FILES, "speed": ["gpu_speed_smoke.json", "gpu_speed_smoke.md"]}
+# the status run.sh records for a stage its --stages list leaves out (not a failure)
+SKIPPED = "skipped (not in --stages)"
 
 
 def device_name() -> str:
@@ -114,19 +117,30 @@ def sudoku_result(path: Path) -> str:
 READERS = {"attention": attention_result, "speed": speed_result, "sudoku": sudoku_result}
 
 
+def command(stages: list[dict[str, str]], smoke: bool) -> str:
+    """The run.sh command line that gave `stages` (`--stages` only when it left some out)."""
+    text = "bash benchmarks/gpu/run.sh OUT_DIR" + (" --smoke" if smoke else "")
+    if any(stage["status"] == SKIPPED for stage in stages):
+        text += " --stages " + ",".join(s["name"] for s in stages if s["status"] != SKIPPED)
+    return text
+
+
 def summary(out_dir: Path, stages: list[dict[str, str]], smoke: bool) -> str:
     files = SMOKE_RESULT_FILES if smoke else RESULT_FILES
     lines = [
         "# GPU run" + (" — SMOKE RUN on CPU (checks the script; no measurement)" if smoke else ""),
         "",
         f"Device: {device_name()}  ",
-        "Command: `bash benchmarks/gpu/run.sh OUT_DIR" + (" --smoke`" if smoke else "`"),
+        f"Command: `{command(stages, smoke)}`",
         "",
         "| stage | status | seconds (budget) | result files | result |",
         "|---|---|---|---|---|",
     ]
     for stage in stages:
         name = stage["name"]
+        if stage["status"] == SKIPPED:  # not run: no time, no files to look for
+            lines.append(f"| {name} | {SKIPPED} | – | – | – |")
+            continue
         present = [f for f in files.get(name, []) if (out_dir / f).is_file()]
         missing = [f for f in files.get(name, []) if f not in present]
         result = "–"
