@@ -485,19 +485,34 @@ def profile_call(function: Callable, device: torch.device) -> dict[str, Any]:
     }
 
 
-def count_flops(model: nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, float]:
-    """FLOPs per sample of a forward and of a training step (forward + backward), batch of one."""
-    one = {k: v[:1] for k, v in inputs.items()}
-    features = {k: v for k, v in one.items() if k != "labels"}
-    model.eval()
-    with FlopCounterMode(display=False) as counter:  # (under no_grad its module tracker trips on some models)
-        model(**features)
-    forward = counter.get_total_flops()
-    model.train()
-    with FlopCounterMode(display=False) as counter:
-        model(**one).loss.backward()
-    model.zero_grad(set_to_none=True)
-    return {"forward": float(forward), "train": float(counter.get_total_flops())}
+def count_flops(model: nn.Module, inputs: dict[str, torch.Tensor], batch: int) -> dict[str, float]:
+    """FLOPs per sample of a forward and of a training step (forward + backward) in a call of `batch` samples.
+
+    Counted at batches 1 and 2: the difference is the per-sample work, the rest is work done once per call whatever
+    the batch (HyperBF's centre projection), shared by the `batch` samples, as in the timed calls. Exact where the
+    count is affine in the batch, as for every matmul, convolution and attention call here."""
+
+    def count(size: int) -> tuple[float, float]:
+        some = {k: v[:size] for k, v in inputs.items()}
+        features = {k: v for k, v in some.items() if k != "labels"}
+        model.eval()
+        with FlopCounterMode(
+            display=False
+        ) as counter:  # (under no_grad its module tracker trips on some models)
+            model(**features)
+        forward = counter.get_total_flops()
+        model.train()
+        with FlopCounterMode(display=False) as counter:
+            model(**some).loss.backward()
+        model.zero_grad(set_to_none=True)
+        return float(forward), float(counter.get_total_flops())
+
+    one = count(1)
+    two = count(2) if batch > 1 else (2 * one[0], 2 * one[1])  # a batch of one: the count itself
+    per_sample = {
+        task: (two[i] - one[i]) + (2 * one[i] - two[i]) / batch for i, task in enumerate(("forward", "train"))
+    }
+    return {**per_sample, "batch": batch}
 
 
 def measure_group(
@@ -522,10 +537,10 @@ def measure_group(
         for variant in [*group.variants, *([group.baseline] if group.baseline else [])]
         if any(variant.name in names for names in measured.values())
     ]
-    counted = {
+    counted = {  # a count of another batch size (or from before counts named theirs) is counted again
         name: entry["flops"]
         for name, entry in (known or {}).get("variants", {}).items()
-        if entry.get("flops") is not None
+        if (entry.get("flops") or {}).get("batch") == batch
     }
     models: dict[str, nn.Module] = {}
     record: dict[str, Any] = {"batch": batch, "note": group.note, "variants": {}}
@@ -556,7 +571,7 @@ def measure_group(
             entry["flops"] = copy.deepcopy(counted[variant.name])
         elif variant.attn_implementation in (None, "eager"):  # the eager math is the FLOP reference
             entry["flops"] = count_flops(model.to(device), {k: v.float() if v.is_floating_point() else v
-                                                              for k, v in inputs.items()})  # fmt: skip
+                                                              for k, v in inputs.items()}, batch)  # fmt: skip
         models[variant.name] = model.to(device=device, dtype=dtype)
     flops = {name: record["variants"][name].get("flops") for name in models}
     family_flops = next(
@@ -734,7 +749,9 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "ratio = baseline time / model time, same task and mode (> 1: the model is faster). "
         "first call includes compilation. peak = `max_memory_allocated` of one call above what was allocated "
-        "before it. GFLOP/sample: `FlopCounterMode`, eager implementation, forward / training step.",
+        "before it. GFLOP/sample: `FlopCounterMode`, eager implementation, forward / training step, per sample of "
+        "a call of the group's batch (work done once per call, such as HyperBF's centre projection, shared by its "
+        "samples).",
         "",
     ]  # fmt: skip
     for name, group in report["groups"].items():

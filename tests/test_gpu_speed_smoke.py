@@ -490,9 +490,9 @@ def test_the_compiled_modes_leave_hyperset_sdpa_out_and_count_flops_once(gpu_spe
     neither the compiled pass nor a run resumed from the file counts them again."""
     count_flops, counted = gpu_speed.count_flops, []
 
-    def counting(model, inputs):
+    def counting(model, inputs, batch):
         counted.append(type(model).__name__)
-        return count_flops(model, inputs)
+        return count_flops(model, inputs, batch)
 
     monkeypatch.setattr(gpu_speed, "count_flops", counting)
     arguments = ["--device", "cpu", "--smoke", "--tasks", "inference", "--groups", "32²/8", "--profile_modes"]
@@ -534,3 +534,66 @@ def test_the_compiled_modes_leave_hyperset_sdpa_out_and_count_flops_once(gpu_spe
     again = resumed["groups"][name]["variants"]
     assert again["Hyper-SET (eager)"]["compiled"]["inference"]["median_s"] > 0, again
     assert {v: e.get("flops") for v, e in again.items()} == {v: e.get("flops") for v, e in variants.items()}
+
+
+def test_flops_per_sample_share_the_work_done_once_per_call_over_the_batch(gpu_speed):
+    """HyperBF projects its centres once per call, whatever the batch: per sample of a batch-B call that work
+    counts 1/B, so the count equals FlopCounterMode over a real batch-B call divided by B (forward and training
+    step), not the batch-one count, which charged it whole to one sample. A count of another batch size, or one
+    from before counts named their batch, is not reused."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from energyformers import HyperBFConfig
+
+    batch = 6
+    group = next(g for g in gpu_speed.groups(smoke=True) if g.name.startswith("HyperBF"))
+    torch.manual_seed(0)
+    model = group.variants[0].build()
+    inputs = group.inputs(batch, torch.device("cpu"))
+    counted = gpu_speed.count_flops(model, inputs, batch)
+
+    def whole_call() -> tuple[float, float]:
+        features = {k: v for k, v in inputs.items() if k != "labels"}
+        model.eval()
+        with FlopCounterMode(display=False) as counter:
+            model(**features)
+        forward = counter.get_total_flops()
+        model.train()
+        with FlopCounterMode(display=False) as counter:
+            model(**inputs).loss.backward()
+        model.zero_grad(set_to_none=True)
+        return forward / batch, counter.get_total_flops() / batch
+
+    forward, train = whole_call()
+    assert counted["batch"] == batch, counted
+    # integer counts divided by a small batch: equal up to float64 rounding of the division
+    assert counted["forward"] == pytest.approx(forward, rel=1e-12), (counted, forward)
+    assert counted["train"] == pytest.approx(train, rel=1e-12), (counted, train)
+    one = gpu_speed.count_flops(model, inputs, 1)
+    assert one["forward"] > counted["forward"], (one, counted)  # the once-per-call work, whole at batch one
+    assert isinstance(model.config, HyperBFConfig)
+
+
+def test_flops_of_another_batch_or_without_one_are_counted_again(gpu_speed, monkeypatch):
+    counted = []
+    count_flops = gpu_speed.count_flops
+
+    def counting(model, inputs, batch):
+        counted.append(batch)
+        return count_flops(model, inputs, batch)
+
+    monkeypatch.setattr(gpu_speed, "count_flops", counting)
+    group = next(g for g in gpu_speed.groups(smoke=True) if g.name.startswith("HyperBF"))
+    args = gpu_speed.parse_args(["--device", "cpu", "--smoke", "--modes", "eager", "--tasks", "inference"])
+    record = gpu_speed.measure_group(group, args, torch.device("cpu"))
+    assert counted == [group.batch, group.batch], counted  # the family (eager) and the baseline
+    kept = {name: {"flops": entry["flops"]} for name, entry in record["variants"].items() if "flops" in entry}
+    for flops, expected in (
+        (None, [group.batch] * 2),  # as counted: reused
+        ({"forward": 1.0, "train": 2.0}, [group.batch] * 2),  # no batch named: counted again
+        ({"forward": 1.0, "train": 2.0, "batch": group.batch + 1}, [group.batch] * 2),  # another batch
+    ):
+        counted.clear()
+        known = kept if flops is None else {name: {"flops": flops} for name in kept}
+        gpu_speed.measure_group(group, args, torch.device("cpu"), known={"variants": known})
+        assert counted == ([] if flops is None else expected), (flops, counted)
