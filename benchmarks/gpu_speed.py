@@ -523,8 +523,8 @@ def measure_group(
     known: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Measure `group` in `args.modes` × `args.tasks` (each variant in the modes it runs in); `on_task(record,
-    mode, task)` after each (mode, task) is measured in full (timings and profiles of every variant), so the
-    caller can save it before the next starts. `known`: the group's results so far, whose FLOP counts are taken
+    mode, task)` once each (mode, task) is timed for every variant, and again once its profiles are added, so the
+    caller can save it before the next step starts. `known`: the group's results so far, whose FLOP counts are taken
     as they are (the count runs the model in float32 once more, and it does not depend on the mode)."""
     dtype = torch.bfloat16
     batch = args.batch or group.batch
@@ -635,14 +635,19 @@ def measure_group(
                 entry["median_s"] = statistics.median(samples)
                 entry["samples_per_s"] = batch / entry["median_s"]
                 print(f"  {name:40s} {mode:8s} {task:9s} {1e3 * entry['median_s']:9.2f} ms", flush=True)
-            for name, call in calls.items() if mode in args.profile_modes else ():
+            if (
+                on_task is not None
+            ):  # the timings saved before the profiles: a stop while profiling keeps them
+                on_task(record, mode, task)
+            profiled = calls if mode in args.profile_modes else {}
+            for name, call in profiled.items():
                 entry = record["variants"][name][mode][task]
                 try:  # one more call, profiled: what the measured time is made of
                     entry["profile"] = profile_call(call, device)
                 except Exception as error:  # a profiler that cannot run here costs the profile, not the run
                     entry["profile_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
-            if on_task is not None:
-                on_task(record, mode, task)
+            if on_task is not None and profiled:
+                on_task(record, mode, task)  # again, with the profiles
         del runners
         torch._dynamo.reset()
     add_ratios(record, group.baseline.name if group.baseline else None)
@@ -1020,7 +1025,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | list[Pass]:
         if this_run not in report["runs"]:  # a run joins the list with its first measurement
             report["runs"].append(this_run)
         merge_task(report["groups"], group, record, mode, task, run)
-        pending.remove((group.name, mode, task))
+        if (group.name, mode, task) in pending:  # (a task is saved again once its profiles are added)
+            pending.remove((group.name, mode, task))
         save()  # after every (group, mode, task): a run stopped by its budget keeps what it measured
 
     for mode, group, kept, tasks in passes:

@@ -195,6 +195,26 @@ def test_a_stopped_run_keeps_the_groups_it_measured(gpu_speed, tmp_path, monkeyp
         assert name in pending, (name, pending)
 
 
+def test_a_run_stopped_while_profiling_keeps_that_tasks_timings(gpu_speed, tmp_path, monkeypatch):
+    """The timings of a (group, mode, task) are saved before its profiles are taken: a budget stop during the
+    profiled call loses the profiles only, and a run resumed from the file does not time that task again."""
+
+    def stop(call, device):  # stands for the stage's timeout arriving during the profiled call
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gpu_speed, "profile_call", stop)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_speed.main([*SUDOKU_EAGER, "--tasks", "inference", "--output_dir", str(tmp_path)])
+    report = json.loads((tmp_path / "gpu_speed_smoke.json").read_text())
+    (group,) = report["groups"].values()
+    timings = {
+        name: entry["eager"]["inference"] for name, entry in group["variants"].items() if "eager" in entry
+    }
+    assert timings and all("median_s" in t and "profile" not in t for t in timings.values()), timings
+    assert report["complete"] is True, report  # nothing left to measure: only the profiles are missing
+    assert "Incomplete run" not in (tmp_path / "gpu_speed_smoke.md").read_text()
+
+
 # a smoke run of the Sudoku group (two variants on CPU: the fused kernel is skipped there) in eager mode: the
 # shortest run with a whole group's structure, for the --resume checks
 SUDOKU_EAGER = ["--device", "cpu", "--smoke", "--groups", "Hyper-SET sudoku", "--modes", "eager"]
