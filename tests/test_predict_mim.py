@@ -21,6 +21,7 @@ from test_cli_errors import ENV
 from test_cli_errors import hyperset_folder as hyperset_folder  # a fixture, used by name
 from test_registry_tasks import MIM_MODELS, build_mim_folder
 
+from energyformers import mim
 from energyformers.training import predict
 
 METRICS = ("psnr", "ssim", "masked_accuracy", "tokenizer_psnr")
@@ -222,6 +223,18 @@ def refusals(tmp: Path, mim: Path, classifier: Path, image: Path) -> dict[str, t
             [str(classifier), str(image), "--output_dir", str(tmp / "never")],
             ["--output_dir", classifier_kind],
         ),
+        "lpips_weights on a classifier": (
+            [str(classifier), str(image), "--lpips_weights", str(a_file)],
+            ["--lpips_weights", classifier_kind],
+        ),
+        "lpips_weights missing": (
+            [str(mim), str(image), "--lpips_weights", str(tmp / "absent" / "alexnet-owt-7be5be79.pth")],
+            [f"--lpips_weights {tmp / 'absent' / 'alexnet-owt-7be5be79.pth'}: no such file"],
+        ),
+        "lpips_weights misnamed": (
+            [str(mim), str(image), "--lpips_weights", str(a_file), "--output_dir", str(tmp / "never")],
+            [f"--lpips_weights {a_file}: the backbone is known by torchvision's file name"],
+        ),
     }
 
 
@@ -263,3 +276,38 @@ def test_predicts_fixed_names_are_the_packages():
         MASKGIT_SCHEDULES,
     )
     assert predict.TOKENIZER_CONFIG == CONFIG_NAME, (predict.TOKENIZER_CONFIG, CONFIG_NAME)
+
+
+# why torchvision (LPIPS's backbone) cannot import here, or None
+TORCHVISION_PROBLEM = mim._torchvision_problem()
+
+
+@pytest.mark.skipif(TORCHVISION_PROBLEM is None, reason="torchvision imports here: LPIPS is computed instead")
+def test_lpips_weights_without_torchvision_is_refused_before_any_work(mim_folders, images, tmp_path, capsys):
+    weights = tmp_path / "alexnet-owt-7be5be79.pth"
+    torch.save({}, weights)
+    argv = [str(mim_folders["hyperset"]), str(images[0]), "--lpips_weights", str(weights)]
+    assert predict.main([*argv, "--output_dir", str(tmp_path / "never")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"energyformers predict: error: --lpips_weights {weights}: "), captured.err
+    assert "torchvision" in captured.err and captured.out == "", captured
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.skipif(TORCHVISION_PROBLEM is not None, reason=f"LPIPS needs torchvision: {TORCHVISION_PROBLEM}")
+def test_lpips_weights_adds_the_pipelines_lpips(mim_folders, images, tmp_path, capsys):
+    import torchvision
+
+    from energyformers.pipelines import MaskedImageModelingPipeline
+
+    torch.manual_seed(0)
+    weights = tmp_path / "alexnet-owt-7be5be79.pth"
+    torch.save(torchvision.models.alexnet().state_dict(), weights)
+    folder = mim_folders["hyperset"]
+    argv = [str(folder), str(images[0]), *as_argv(FLAGS), "--json", "--lpips_weights", str(weights)]
+    assert predict.main(argv) == 0, capsys.readouterr().err
+    (printed,) = json_lines(capsys.readouterr().out)
+    call = {name: value for name, value in FLAGS.items()}
+    expected = MaskedImageModelingPipeline(model=str(folder), lpips_weights=weights)(str(images[0]), **call)
+    for key in ("lpips", "tokenizer_lpips"):
+        assert same_metric(printed[key], expected[key]), (key, printed[key], expected[key])

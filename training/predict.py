@@ -85,7 +85,12 @@ MIM_FLAGS = {
     "seed": "seed of the mask and of the decoding, the same for every image (>= 0); default: 0",
     "output_dir": "write each reconstruction as DIR/<stem>.reconstruction.png (the folder is created); "
     "default: print the metrics only",
+    "lpips_weights": "also print LPIPS (and tokenizer_lpips), its backbone read from this local file (torchvision's "
+    "alexnet-owt-7be5be79.pth, vgg16-397923af.pth or squeezenet1_1-b8a52dc0.pth; needs torchvision); nothing is "
+    "downloaded",
 }
+# Of the flags above, those that build the pipeline rather than go to each call.
+MIM_PIPELINE_FLAGS = ("lpips_weights",)
 MIM_SCHEDULES = ("arccos", "cosine", "linear", "root", "square")
 # Flags of the classification heads only: a masked-image-modelling model has no labels to rank, and its decoding
 # runs no halting or search.
@@ -141,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     mim.add_argument("--randomize_temperature", type=float, help=MIM_FLAGS["randomize_temperature"])
     mim.add_argument("--seed", type=int, help=MIM_FLAGS["seed"])
     mim.add_argument("--output_dir", metavar="DIR", help=MIM_FLAGS["output_dir"])
+    mim.add_argument("--lpips_weights", metavar="FILE", help=MIM_FLAGS["lpips_weights"])
     return p
 
 
@@ -190,7 +196,22 @@ def mim_arguments(args: argparse.Namespace) -> dict[str, Any]:
     output_dir = given.pop("output_dir", None)
     if output_dir is not None and Path(output_dir).expanduser().exists() and not Path(output_dir).is_dir():
         raise UsageError(f"--output_dir {output_dir}: is a file; pass a folder (it is created if missing)")
+    for name in MIM_PIPELINE_FLAGS:
+        given.pop(name, None)
     return given
+
+
+def check_lpips_weights(path: str | None) -> None:
+    """`--lpips_weights`: a file named as torchvision names the backbone, and a torchvision that imports here (a
+    `UsageError` naming the flag otherwise); nothing is loaded."""
+    if path is None:
+        return
+    from ..mim import check_perceptual_weights  # imports torch: only when the flag is given
+
+    try:
+        check_perceptual_weights(path, None, flags=True)
+    except (OSError, ValueError, ImportError) as err:
+        raise UsageError(str(err)) from None
 
 
 def _local_config(folder: Path) -> dict[str, Any]:
@@ -230,6 +251,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         )
         if architecture is not None:
             check_image_tokenizer(folder, args.model_dir)
+            check_lpips_weights(args.lpips_weights)
         args.local_input_type = "mim" if architecture else config.get("input_type", "image")
         check_attn_implementation(args.attn_implementation, str(config.get("model_type", "")))
     elif folder.exists():
@@ -426,10 +448,13 @@ def run(args: argparse.Namespace) -> int:
         from .processing import to_rgb
 
         inputs = [to_rgb(Image.open(x)) for x in inputs]  # any mode (RGBA, P, 16-bit grey) → RGB
+    check_lpips_weights(args.lpips_weights)  # again for a Hub model (a local one's was checked in parse)
     kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
     if args.attn_implementation is not None:
         check_attn_implementation(args.attn_implementation, config.model_type)  # a Hub model's family
         kwargs["model_kwargs"] = {"attn_implementation": args.attn_implementation}
+    if args.lpips_weights is not None:  # a keyword of the pipeline class: transformers.pipeline() hands it on
+        kwargs["lpips_weights"] = args.lpips_weights
     if input_type == "image":
         processor_class = getattr(transformers, INPUT_TYPES[input_type].processor_class)
         kwargs["image_processor"] = processor_class.from_pretrained(args.model_dir, backend="pil")
@@ -465,10 +490,13 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
         args.model_dir, "mim", args.inputs
     )  # again for a Hub model (a local one was checked in parse)
     paths = reconstruction_paths(args.inputs, args.output_dir)
+    check_lpips_weights(args.lpips_weights)  # again for a Hub model (a local one's was checked in parse)
     kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
     if args.attn_implementation is not None:
         check_attn_implementation(args.attn_implementation, config.model_type)  # a Hub model's family
         kwargs["model_kwargs"] = {"attn_implementation": args.attn_implementation}
+    if args.lpips_weights is not None:  # a keyword of the pipeline class: transformers.pipeline() hands it on
+        kwargs["lpips_weights"] = args.lpips_weights
     try:
         pipe = transformers.pipeline("masked-image-modeling", model=args.model_dir, **kwargs)
     except FileNotFoundError as err:  # a Hub repo without an image tokenizer (a local folder's was checked)
@@ -484,7 +512,9 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
         if path is not None:
             write_png(out["reconstruction"], path)
         record = {"input": source}
-        for key in ("psnr", "ssim", "masked_accuracy", "tokenizer_psnr"):
+        for key in ("psnr", "ssim", "masked_accuracy", "tokenizer_psnr", "lpips", "tokenizer_lpips"):
+            if key not in out:  # LPIPS only with --lpips_weights
+                continue
             # NaN (masked_accuracy with no masked position, --mask_ratio 0) is JSON null: NaN is not JSON
             record[key] = None if math.isnan(out[key]) else float(out[key])
         record["reconstruction"] = None if path is None else str(path)
