@@ -84,27 +84,58 @@ def test_every_masked_image_modelling_head_has_the_package_pipeline_task():
     assert "fill-mask" not in tasks, tasks
 
 
+FRESH_CHILD = f"""
+import json, sys
+import energyformers, transformers
+folder, image, decode = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+config = transformers.AutoConfig.from_pretrained(folder)
+task = energyformers.task_of(config.input_type, "{MIM_HEAD}")
+pipe = transformers.pipeline(task, model=folder)
+out = pipe(image, **decode)
+print(json.dumps({{"task": task, "class": type(pipe).__name__, "codes": out["codes"].tolist()}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh_processes(mim_folders, image_path, tmp_path_factory) -> dict[str, tuple[int, str, str]]:
+    """(exit status, stdout, stderr) of `FRESH_CHILD` on each MIM folder, one fresh process per folder; the
+    processes run at once (each is mostly one thread importing torch and transformers). Their output goes to files,
+    so neither can block on a full pipe while the other is waited for."""
+    logs = tmp_path_factory.mktemp("fresh-processes")
+    running = {}
+    for model_type in MIM_MODELS:
+        argv = [
+            sys.executable,
+            "-c",
+            FRESH_CHILD,
+            str(mim_folders[model_type]),
+            str(image_path),
+            json.dumps(DECODE),
+        ]
+        with open(logs / f"{model_type}.out", "w") as out, open(logs / f"{model_type}.err", "w") as err:
+            running[model_type] = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=ENV)
+    return {
+        model_type: (
+            proc.wait(timeout=300),
+            (logs / f"{model_type}.out").read_text(),
+            (logs / f"{model_type}.err").read_text(),
+        )
+        for model_type, proc in running.items()
+    }
+
+
 @pytest.mark.parametrize("model_type", MIM_MODELS)
-def test_pipeline_of_the_registry_task_reconstructs_in_a_fresh_process(mim_folders, image_path, model_type):
+def test_pipeline_of_the_registry_task_reconstructs_in_a_fresh_process(
+    fresh_processes, mim_folders, image_path, model_type
+):
     """`import energyformers` (not `energyformers.pipelines`) is enough for `pipeline(task_of(...))`, as for
     transformers' own tasks; and it gives what `MaskedImageModelingPipeline` gives in this process."""
     from energyformers.pipelines import MaskedImageModelingPipeline
 
     folder = mim_folders[model_type]
-    child = f"""
-import json, sys
-import energyformers, transformers
-config = transformers.AutoConfig.from_pretrained({str(folder)!r})
-task = energyformers.task_of(config.input_type, "{MIM_HEAD}")
-pipe = transformers.pipeline(task, model={str(folder)!r})
-out = pipe({str(image_path)!r}, **{DECODE!r})
-print(json.dumps({{"task": task, "class": type(pipe).__name__, "codes": out["codes"].tolist()}}))
-"""
-    done = subprocess.run(
-        [sys.executable, "-c", child], capture_output=True, text=True, env=ENV, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    returncode, stdout, stderr = fresh_processes[model_type]
+    assert returncode == 0, stderr[-3000:]
+    result = json.loads(stdout.strip().splitlines()[-1])
     assert result["task"] == "masked-image-modeling", result["task"]
     assert result["class"] == "MaskedImageModelingPipeline", result["class"]
     # the same weights, image, mask and decoding seed: the same codes, bit for bit
