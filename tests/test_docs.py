@@ -104,15 +104,39 @@ def test_the_readme_has_a_runnable_example_with_test_time_depth():
     )
 
 
-@pytest.mark.parametrize("name, block", runnable_blocks(), ids=[name for name, _ in runnable_blocks()])
-def test_runnable_block_runs_as_written(name, block, demo_folder, tmp_path):
-    # A fresh interpreter: in this one other tests have already imported submodules a reader's process has not.
-    code = block.replace(DEMO_FOLDER, demo_folder.as_posix())
+@pytest.fixture(scope="module")
+def block_runs(
+    demo_folder: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[str, int, str]]:
+    """name -> (code run, exit status, stderr) of every runnable block, each in a fresh interpreter (in this one
+    other tests have already imported submodules a reader's process has not) in a folder of its own. The
+    interpreters run at once (each is mostly one thread importing torch and transformers); their stderr goes to
+    files, so none can block on a full pipe while another is waited for."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, f"{name} failed:\n{code}\n--- stderr ---\n{result.stderr[-4000:]}"
+    running = {}
+    for index, (name, block) in enumerate(runnable_blocks()):
+        code = block.replace(DEMO_FOLDER, demo_folder.as_posix())
+        cwd = tmp_path_factory.mktemp(f"block{index}")
+        with open(cwd / "stderr.txt", "w") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code],
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                text=True,
+            )
+        running[name] = (code, proc, cwd / "stderr.txt")
+    return {
+        name: (code, proc.wait(timeout=300), stderr.read_text())
+        for name, (code, proc, stderr) in running.items()
+    }
+
+
+@pytest.mark.parametrize("name", [name for name, _ in runnable_blocks()])
+def test_runnable_block_runs_as_written(name, block_runs):
+    code, returncode, stderr = block_runs[name]
+    assert returncode == 0, f"{name} failed:\n{code}\n--- stderr ---\n{stderr[-4000:]}"
 
 
 def test_relative_links_and_repository_paths_resolve():
