@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import run_at_once
 from huggingface_hub import ModelCard
 from PIL import Image
 
@@ -97,31 +98,16 @@ print(json.dumps({{"task": task, "class": type(pipe).__name__, "codes": out["cod
 
 
 @pytest.fixture(scope="module")
-def fresh_processes(mim_folders, image_path, tmp_path_factory) -> dict[str, tuple[int, str, str]]:
-    """(exit status, stdout, stderr) of `FRESH_CHILD` on each MIM folder, one fresh process per folder; the
-    processes run at once (each is mostly one thread importing torch and transformers). Their output goes to files,
-    so neither can block on a full pipe while the other is waited for."""
-    logs = tmp_path_factory.mktemp("fresh-processes")
-    running = {}
-    for model_type in MIM_MODELS:
-        argv = [
-            sys.executable,
-            "-c",
-            FRESH_CHILD,
-            str(mim_folders[model_type]),
-            str(image_path),
-            json.dumps(DECODE),
-        ]
-        with open(logs / f"{model_type}.out", "w") as out, open(logs / f"{model_type}.err", "w") as err:
-            running[model_type] = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=ENV)
-    return {
-        model_type: (
-            proc.wait(timeout=300),
-            (logs / f"{model_type}.out").read_text(),
-            (logs / f"{model_type}.err").read_text(),
+def fresh_processes(mim_folders, image_path) -> dict[str, subprocess.CompletedProcess]:
+    """`FRESH_CHILD` on each MIM folder, one fresh process per folder, the processes run at once."""
+    commands = {
+        model_type: dict(
+            args=[sys.executable, "-c", FRESH_CHILD, str(folder), str(image_path), json.dumps(DECODE)],
+            env=ENV,
         )
-        for model_type, proc in running.items()
+        for model_type, folder in mim_folders.items()
     }
+    return run_at_once(commands, timeout=300)
 
 
 @pytest.mark.parametrize("model_type", MIM_MODELS)
@@ -133,9 +119,9 @@ def test_pipeline_of_the_registry_task_reconstructs_in_a_fresh_process(
     from energyformers.pipelines import MaskedImageModelingPipeline
 
     folder = mim_folders[model_type]
-    returncode, stdout, stderr = fresh_processes[model_type]
-    assert returncode == 0, stderr[-3000:]
-    result = json.loads(stdout.strip().splitlines()[-1])
+    done = fresh_processes[model_type]
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["task"] == "masked-image-modeling", result["task"]
     assert result["class"] == "MaskedImageModelingPipeline", result["class"]
     # the same weights, image, mask and decoding seed: the same codes, bit for bit
