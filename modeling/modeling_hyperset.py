@@ -1396,9 +1396,26 @@ class RecurrentDepthMixin:
         return torch.no_grad() if layer_index * num_iterations + t < frozen else contextlib.nullcontext()
 
 
-# torch.compile traces one iteration once and reuses it for all L·T calls of a layer, so compile time does not grow
-# with the depth T (torch ≥ 2.8; a no-op in eager mode).
-_compile_region = getattr(torch.compiler, "nested_compile_region", lambda function: function)
+def _compile_region(function: Callable) -> Callable:
+    """The layer step as a nested compile region: torch.compile traces one iteration once and reuses it for all L·T
+    calls of a layer, so compile time does not grow with the depth T (torch ≥ 2.8; a no-op in eager mode).
+
+    Non-strict `torch.export` (its default) is the exception: there torch runs Dynamo on the region anew at every
+    call, L·T Dynamo compiles of the same step, several times the cost of tracing the loop unrolled. So under
+    export outside Dynamo the plain step is traced; Dynamo (torch.compile, strict export) still gets the region.
+    """
+    nested_compile_region = getattr(torch.compiler, "nested_compile_region", None)
+    if nested_compile_region is None:
+        return function
+
+    @functools.wraps(function)
+    def step(*args, **kwargs):
+        if torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling():
+            return function(*args, **kwargs)
+        return region(*args, **kwargs)
+
+    region = nested_compile_region(function)  # after `wraps`: its marks stay on `function`, off `step`
+    return step
 
 
 class HyperSetLayer(GradientCheckpointingLayer):

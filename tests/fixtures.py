@@ -10,8 +10,11 @@ appears once per input type. Family-specific choices are overrides: `Case.build(
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -305,3 +308,35 @@ def assert_close_to_scale(
         return f"{name}: {default}\nallowed: {tolerance:g} x scale {scale:.4g} = {atol:.3g}"
 
     torch.testing.assert_close(actual, expected, atol=atol, rtol=0, msg=message)
+
+
+# ------------------------------------------------------------------ fresh processes
+
+
+def run_at_once(
+    commands: dict[Any, dict[str, Any]], timeout: float
+) -> dict[Any, subprocess.CompletedProcess]:
+    """Run independent fresh processes at once and wait for all: key -> `subprocess.Popen` keyword arguments
+    (`args`, `env`, `cwd`, ...), key -> the finished process with its text output.
+
+    Each such process is mostly one thread importing torch and transformers, so on a small machine two or three at
+    once take about the wall time of one or two. Output goes to temporary files, not pipes: no process can block on
+    a full pipe while another is waited for. A process past `timeout` (seconds, each) stops them all.
+    """
+    with contextlib.ExitStack() as stack:
+        running = {}
+        for key, kwargs in commands.items():
+            out, err = (stack.enter_context(tempfile.TemporaryFile("w+")) for _ in range(2))
+            running[key] = (subprocess.Popen(**kwargs, stdout=out, stderr=err, text=True), out, err)
+        done = {}
+        try:
+            for key, (proc, out, err) in running.items():
+                returncode = proc.wait(timeout=timeout)
+                out.seek(0), err.seek(0)
+                done[key] = subprocess.CompletedProcess(proc.args, returncode, out.read(), err.read())
+        finally:
+            for proc, _, _ in running.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        return done

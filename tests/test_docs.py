@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from fixtures import hyperset_config
+from fixtures import hyperset_config, run_at_once
 
 from energyformers import HyperSetForImageClassification
 from energyformers.training.processing import build_image_processor
@@ -104,14 +103,23 @@ def test_the_readme_has_a_runnable_example_with_test_time_depth():
     )
 
 
-@pytest.mark.parametrize("name, block", runnable_blocks(), ids=[name for name, _ in runnable_blocks()])
-def test_runnable_block_runs_as_written(name, block, demo_folder, tmp_path):
-    # A fresh interpreter: in this one other tests have already imported submodules a reader's process has not.
-    code = block.replace(DEMO_FOLDER, demo_folder.as_posix())
+@pytest.fixture(scope="module")
+def block_runs(demo_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
+    """name -> (code run, finished process) of every runnable block, each in a fresh interpreter (in this one other
+    tests have already imported submodules a reader's process has not) in a folder of its own, run at once."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
+    codes = {name: block.replace(DEMO_FOLDER, demo_folder.as_posix()) for name, block in runnable_blocks()}
+    commands = {
+        name: dict(args=[sys.executable, "-c", code], cwd=tmp_path_factory.mktemp("block"), env=env)
+        for name, code in codes.items()
+    }
+    done = run_at_once(commands, timeout=300)
+    return {name: (codes[name], done[name]) for name in codes}
+
+
+@pytest.mark.parametrize("name", [name for name, _ in runnable_blocks()])
+def test_runnable_block_runs_as_written(name, block_runs):
+    code, result = block_runs[name]
     assert result.returncode == 0, f"{name} failed:\n{code}\n--- stderr ---\n{result.stderr[-4000:]}"
 
 

@@ -550,18 +550,38 @@ def test_release_reuses_a_finished_run_instead_of_training(tmp_path, capsys):
 
 
 def test_release_exports_taken_folders_with_cards_and_metrics(tmp_path, capsys):
+    """One folder of each family taken: each exported with its card, metrics and figures; the figures are drawn in
+    copies under the dist folder (removed afterwards), so the taken folders stay byte for byte unchanged."""
     dirs = [
         build_model_dir(tmp_path / m, m, "AutoModelForImageClassification", "image") for m in sorted(FAMILIES)
     ]
+
+    def snapshot() -> dict[str, bytes]:
+        return {
+            str(p.relative_to(tmp_path)): p.read_bytes()
+            for taken in dirs
+            for p in sorted(taken.rglob("*"))
+            if p.is_file()
+        }
+
+    before = snapshot()
     dist = tmp_path / "dist"
     assert release.main(["--take", *map(str, dirs), "--dist_dir", str(dist), "--namespace", "acme"]) == 0
     printed = capsys.readouterr().out
+    after = snapshot()
+    assert sorted(after) == sorted(before) and all(after[name] == before[name] for name in before), sorted(
+        set(after) - set(before)
+    )
+    assert sorted(p.name for p in dist.iterdir()) == sorted(
+        [f"{m}-digits" for m in FAMILIES] + ["release.json"]
+    )  # no staging left
     summary = json.loads((dist / "release.json").read_text())
     assert (
         sorted(summary["released"]) == [f"{m}-digits" for m in sorted(FAMILIES)] and summary["failed"] == {}
     )
-    for model_type in FAMILIES:
+    for model_type, taken in zip(sorted(FAMILIES), dirs):
         folder = dist / f"{model_type}-digits"
+        assert summary["released"][f"{model_type}-digits"]["source"] == str(taken)
         assert summary["released"][f"{model_type}-digits"]["test"] == FIXTURE_METRICS["test"]
         card = ModelCard.load(folder / "README.md")
         assert {(r.metric_type, r.metric_value) for r in card.data.eval_results} == {
@@ -575,33 +595,6 @@ def test_release_exports_taken_folders_with_cards_and_metrics(tmp_path, capsys):
         assert figures and "## Dynamics" in card.text
         for figure in figures:
             assert (folder / figure).is_file() and f"]({figure})" in card.text
-
-
-def test_release_leaves_the_folders_it_takes_byte_for_byte_unchanged(tmp_path, capsys):
-    """The figures for the card are drawn in a copy under the dist folder, which is removed afterwards."""
-    model_type = sorted(FAMILIES)[0]
-    taken = build_model_dir(tmp_path / "mine", model_type, "AutoModelForImageClassification", "image")
-
-    def snapshot() -> dict[str, bytes]:
-        return {str(p.relative_to(taken)): p.read_bytes() for p in sorted(taken.rglob("*")) if p.is_file()}
-
-    before = snapshot()
-    dist = tmp_path / "dist"
-    assert release.main(["--take", str(taken), "--dist_dir", str(dist)]) == 0
-    after = snapshot()
-    assert sorted(after) == sorted(before) and all(after[name] == before[name] for name in before), sorted(
-        set(after) - set(before)
-    )
-    released = dist / f"{model_type}-digits"
-    figures = json.loads((released / "inspect.json").read_text())["figures"]
-    assert figures and all((released / figure).is_file() for figure in figures)
-    assert sorted(p.name for p in dist.iterdir()) == [
-        f"{model_type}-digits",
-        "release.json",
-    ]  # no staging left
-    assert json.loads((dist / "release.json").read_text())["released"][f"{model_type}-digits"][
-        "source"
-    ] == str(taken)
 
 
 def test_release_reports_a_folder_without_metrics_and_ships_the_rest(tmp_path, capsys):

@@ -4,7 +4,7 @@ The other kernel tests run Triton's CPU interpreter, which accepts code the GPU 
 as a plain Python function, for one). Here each kernel goes through Triton's real compiler down to a cubin for
 sm_90 (H100/H200) or sm_80 (A100), with the constants and launch options a CUDA launch uses, and its shared memory
 must fit the GPU's. Triton cannot compile in a process that interprets (TRITON_INTERPRET=1, set by conftest.py),
-so the compiling runs in one subprocess per test module.
+so the compiling runs in subprocesses (two at once), started once per test module.
 
 CI compiles the launches the GPU run makes (`benchmarks/gpu/run.sh`: bfloat16 and exact float32 at d_h = 64, short
 sequences, the Sudoku preset's d_h = 192); `-m slow` compiles every dtype × head dimension × padding × GPU.
@@ -58,20 +58,29 @@ print(json.dumps(results))
 """
 
 
-def compile_all(configs: list[tuple], cache_dir: str) -> dict[str, dict]:
+def compile_all(configs: list[tuple], cache_dir: str, processes: int = 2) -> dict[str, dict]:
+    """Every kernel of every config compiled ahead, split over `processes` subprocesses that run at once (each
+    compile is one thread: with two, both cores of a small CI machine work)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=cache_dir, TRITON_DEFAULT_FP_FUSION="1")
-    done = subprocess.run(
-        [sys.executable, "-c", COMPILE, json.dumps(configs)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert done.returncode == 0, (
-        f"the compiling subprocess failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    env.update(TRITON_DEFAULT_FP_FUSION="1")
+    running = [
+        subprocess.Popen(
+            [sys.executable, "-c", COMPILE, json.dumps(configs[i::processes])],
+            env={**env, "TRITON_CACHE_DIR": os.path.join(cache_dir, str(i))},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(min(processes, len(configs)))
+    ]
+    results: dict[str, dict] = {}
+    for proc in running:
+        stdout, stderr = proc.communicate(timeout=1200)
+        assert proc.returncode == 0, (
+            f"the compiling subprocess failed (exit {proc.returncode}):\n{stderr[-4000:]}"
+        )
+        results.update(json.loads(stdout.strip().splitlines()[-1]))
+    return results
 
 
 @pytest.fixture(scope="module")

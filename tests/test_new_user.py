@@ -360,22 +360,34 @@ print(json.dumps([torch_at_import, type(config).__name__, models_for_config, typ
 """
 
 
-@pytest.mark.parametrize("order", ["energyformers first", "transformers first", "as the console script"])
-def test_import_is_light_and_the_auto_classes_load_our_folders_with_no_other_access(tmp_path, order):
+IMPORT_ORDERS = ["energyformers first", "transformers first", "as the console script"]
+
+
+@pytest.fixture(scope="module")
+def import_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """`IMPORT_THEN_LOAD` on one saved folder, a fresh process per order, the processes run at once."""
     import os
-    import subprocess
     import sys
 
-    from fixtures import cli_architecture
+    from fixtures import cli_architecture, run_at_once
     from transformers import AutoConfig, AutoModelForImageClassification
 
+    folder = tmp_path_factory.mktemp("import-then-load")
     config = AutoConfig.for_model(
         "hyperset", **{**cli_architecture("hyperset"), "image_size": 8, "patch_size": 2}
     )
-    AutoModelForImageClassification.from_config(config).save_pretrained(tmp_path)
+    AutoModelForImageClassification.from_config(config).save_pretrained(folder)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    program = [sys.executable, "-c", IMPORT_THEN_LOAD, str(tmp_path), order]
-    done = subprocess.run(program, capture_output=True, text=True, env=env, timeout=180)
+    commands = {
+        order: dict(args=[sys.executable, "-c", IMPORT_THEN_LOAD, str(folder), order], env=env)
+        for order in IMPORT_ORDERS
+    }
+    return run_at_once(commands, timeout=180)
+
+
+@pytest.mark.parametrize("order", IMPORT_ORDERS)
+def test_import_is_light_and_the_auto_classes_load_our_folders_with_no_other_access(import_runs, order):
+    done = import_runs[order]
     assert done.returncode == 0, done.stderr[-3000:]
     # torch is loaded before `import energyformers` only when transformers' Auto classes were imported first; the
     # model files load only when a model is asked for, never for a config.

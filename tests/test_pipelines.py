@@ -92,15 +92,26 @@ def test_an_argument_the_model_does_not_take_is_rejected_by_name():
         classify(_image(), halting_tolerance=0.1)
 
 
-@pytest.mark.parametrize(
-    "argv", [["python"], ["energyformers", "--help"]], ids=["import", "help-only-command-line"]
-)
-def test_pipelines_is_an_attribute_after_import_energyformers(argv):
-    """`import energyformers` then `energyformers.pipelines.X`, in a fresh process (here other tests imported it),
-    also where the package defers its imports (the command line asking for help)."""
-    import subprocess
+ARGVS = {"import": ["python"], "help-only-command-line": ["energyformers", "--help"]}
+
+
+@pytest.fixture(scope="module")
+def import_runs() -> dict:
+    """`import energyformers` then `energyformers.pipelines.X` in a fresh process per command line, run at once."""
     import sys
 
-    code = f"import sys; sys.argv = {argv!r}; import energyformers; print(energyformers.pipelines.DEPTH_ARGUMENTS[0])"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    from fixtures import run_at_once
+
+    code = (
+        "import sys; sys.argv = {!r}; import energyformers; print(energyformers.pipelines.DEPTH_ARGUMENTS[0])"
+    )
+    commands = {name: dict(args=[sys.executable, "-c", code.format(argv)]) for name, argv in ARGVS.items()}
+    return run_at_once(commands, timeout=300)
+
+
+@pytest.mark.parametrize("argv", list(ARGVS))
+def test_pipelines_is_an_attribute_after_import_energyformers(import_runs, argv):
+    """`import energyformers` then `energyformers.pipelines.X`, in a fresh process (here other tests imported it),
+    also where the package defers its imports (the command line asking for help)."""
+    result = import_runs[argv]
     assert result.returncode == 0 and result.stdout.strip() == "num_iterations", result.stderr[-2000:]

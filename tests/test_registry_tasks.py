@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import run_at_once
 from huggingface_hub import ModelCard
 from PIL import Image
 
@@ -84,25 +85,41 @@ def test_every_masked_image_modelling_head_has_the_package_pipeline_task():
     assert "fill-mask" not in tasks, tasks
 
 
+FRESH_CHILD = f"""
+import json, sys
+import energyformers, transformers
+folder, image, decode = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+config = transformers.AutoConfig.from_pretrained(folder)
+task = energyformers.task_of(config.input_type, "{MIM_HEAD}")
+pipe = transformers.pipeline(task, model=folder)
+out = pipe(image, **decode)
+print(json.dumps({{"task": task, "class": type(pipe).__name__, "codes": out["codes"].tolist()}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh_processes(mim_folders, image_path) -> dict[str, subprocess.CompletedProcess]:
+    """`FRESH_CHILD` on each MIM folder, one fresh process per folder, the processes run at once."""
+    commands = {
+        model_type: dict(
+            args=[sys.executable, "-c", FRESH_CHILD, str(folder), str(image_path), json.dumps(DECODE)],
+            env=ENV,
+        )
+        for model_type, folder in mim_folders.items()
+    }
+    return run_at_once(commands, timeout=300)
+
+
 @pytest.mark.parametrize("model_type", MIM_MODELS)
-def test_pipeline_of_the_registry_task_reconstructs_in_a_fresh_process(mim_folders, image_path, model_type):
+def test_pipeline_of_the_registry_task_reconstructs_in_a_fresh_process(
+    fresh_processes, mim_folders, image_path, model_type
+):
     """`import energyformers` (not `energyformers.pipelines`) is enough for `pipeline(task_of(...))`, as for
     transformers' own tasks; and it gives what `MaskedImageModelingPipeline` gives in this process."""
     from energyformers.pipelines import MaskedImageModelingPipeline
 
     folder = mim_folders[model_type]
-    child = f"""
-import json, sys
-import energyformers, transformers
-config = transformers.AutoConfig.from_pretrained({str(folder)!r})
-task = energyformers.task_of(config.input_type, "{MIM_HEAD}")
-pipe = transformers.pipeline(task, model={str(folder)!r})
-out = pipe({str(image_path)!r}, **{DECODE!r})
-print(json.dumps({{"task": task, "class": type(pipe).__name__, "codes": out["codes"].tolist()}}))
-"""
-    done = subprocess.run(
-        [sys.executable, "-c", child], capture_output=True, text=True, env=ENV, timeout=300, check=False
-    )
+    done = fresh_processes[model_type]
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["task"] == "masked-image-modeling", result["task"]
