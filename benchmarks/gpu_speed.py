@@ -102,9 +102,8 @@ class Group:
     note: str = ""
     results: dict[str, Any] = field(default_factory=dict)
     modes: tuple[str, ...] = MODES
-    left_out_why: str = (
-        ""  # why some variants (or modes) are not measured, for the report beside `left_out()`
-    )
+    # why some variants (or modes) are not measured, for the report beside `left_out()`
+    left_out_why: str = ""
     # Order of the compiled and CUDA-graph passes (lowest first; eager goes over every group before them). A GPU
     # session's speed budget holds a few compiles only, so they go first to the numbers acceptance lacks: the
     # T = 24 compile time, then the model-vs-baseline ratios of the kernels.md targets, the attention-alone
@@ -496,9 +495,8 @@ def count_flops(model: nn.Module, inputs: dict[str, torch.Tensor], batch: int) -
         some = {k: v[:size] for k, v in inputs.items()}
         features = {k: v for k, v in some.items() if k != "labels"}
         model.eval()
-        with FlopCounterMode(
-            display=False
-        ) as counter:  # (under no_grad its module tracker trips on some models)
+        # (not under no_grad: there its module tracker trips on some models)
+        with FlopCounterMode(display=False) as counter:
             model(**features)
         forward = counter.get_total_flops()
         model.train()
