@@ -33,8 +33,13 @@ lint: $(STAMP)
 data: $(STAMP)
 	bash .ci/install-data.sh
 
+# Test processes (pytest-xdist): most tests are one busy thread each (a fresh interpreter, a tiny model), so two
+# processes keep a 2-core machine busy; TEST_WORKERS=0 runs the suite in this one process (to replay a test order
+# exactly: with several processes the seed fixes the order, not which process runs which test).
+TEST_WORKERS ?= 2
+
 test: $(STAMP) data lint
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
