@@ -484,29 +484,29 @@ def profile_call(function: Callable, device: torch.device) -> dict[str, Any]:
     }
 
 
+def call_flops(model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """FLOPs of one forward (eval) and of one training step (train: forward + backward) on all of `inputs`."""
+    features = {k: v for k, v in inputs.items() if k != "labels"}
+    model.eval()
+    # (not under no_grad: there its module tracker trips on some models)
+    with FlopCounterMode(display=False) as counter:
+        model(**features)
+    forward = counter.get_total_flops()
+    model.train()
+    with FlopCounterMode(display=False) as counter:
+        model(**inputs).loss.backward()
+    model.zero_grad(set_to_none=True)
+    return float(forward), float(counter.get_total_flops())
+
+
 def count_flops(model: nn.Module, inputs: dict[str, torch.Tensor], batch: int) -> dict[str, float]:
     """FLOPs per sample of a forward and of a training step (forward + backward) in a call of `batch` samples.
 
     Counted at batches 1 and 2: the difference is the per-sample work, the rest is work done once per call whatever
     the batch (HyperBF's centre projection), shared by the `batch` samples, as in the timed calls. Exact where the
     count is affine in the batch, as for every matmul, convolution and attention call here."""
-
-    def count(size: int) -> tuple[float, float]:
-        some = {k: v[:size] for k, v in inputs.items()}
-        features = {k: v for k, v in some.items() if k != "labels"}
-        model.eval()
-        # (not under no_grad: there its module tracker trips on some models)
-        with FlopCounterMode(display=False) as counter:
-            model(**features)
-        forward = counter.get_total_flops()
-        model.train()
-        with FlopCounterMode(display=False) as counter:
-            model(**some).loss.backward()
-        model.zero_grad(set_to_none=True)
-        return float(forward), float(counter.get_total_flops())
-
-    one = count(1)
-    two = count(2) if batch > 1 else (2 * one[0], 2 * one[1])  # a batch of one: the count itself
+    one = call_flops(model, {k: v[:1] for k, v in inputs.items()})
+    two = call_flops(model, {k: v[:2] for k, v in inputs.items()}) if batch > 1 else (2 * one[0], 2 * one[1])
     per_sample = {
         task: (two[i] - one[i]) + (2 * one[i] - two[i]) / batch for i, task in enumerate(("forward", "train"))
     }

@@ -558,11 +558,8 @@ def test_the_compiled_modes_leave_hyperset_sdpa_out_and_count_flops_once(gpu_spe
 
 def test_flops_per_sample_share_the_work_done_once_per_call_over_the_batch(gpu_speed):
     """HyperBF projects its centres once per call, whatever the batch: per sample of a batch-B call that work
-    counts 1/B, so the count equals FlopCounterMode over a real batch-B call divided by B (forward and training
-    step), not the batch-one count, which charged it whole to one sample. A count of another batch size, or one
-    from before counts named their batch, is not reused."""
-    from torch.utils.flop_counter import FlopCounterMode
-
+    counts 1/B, so the count (from batches 1 and 2) equals FlopCounterMode over a real batch-B call divided by B
+    (forward and training step), not the batch-one count, which charged it whole to one sample."""
     from energyformers import HyperBFConfig
 
     batch = 6
@@ -572,19 +569,7 @@ def test_flops_per_sample_share_the_work_done_once_per_call_over_the_batch(gpu_s
     inputs = group.inputs(batch, torch.device("cpu"))
     counted = gpu_speed.count_flops(model, inputs, batch)
 
-    def whole_call() -> tuple[float, float]:
-        features = {k: v for k, v in inputs.items() if k != "labels"}
-        model.eval()
-        with FlopCounterMode(display=False) as counter:
-            model(**features)
-        forward = counter.get_total_flops()
-        model.train()
-        with FlopCounterMode(display=False) as counter:
-            model(**inputs).loss.backward()
-        model.zero_grad(set_to_none=True)
-        return forward / batch, counter.get_total_flops() / batch
-
-    forward, train = whole_call()
+    forward, train = (flops / batch for flops in gpu_speed.call_flops(model, inputs))  # the whole call
     assert counted["batch"] == batch, counted
     # integer counts divided by a small batch: equal up to float64 rounding of the division
     assert counted["forward"] == pytest.approx(forward, rel=1e-12), (counted, forward)
@@ -595,6 +580,8 @@ def test_flops_per_sample_share_the_work_done_once_per_call_over_the_batch(gpu_s
 
 
 def test_flops_of_another_batch_or_without_one_are_counted_again(gpu_speed, monkeypatch):
+    """A count is reused only when it names the batch of this run's calls (counts from before they named it are
+    batch-one counts)."""
     counted = []
     count_flops = gpu_speed.count_flops
 
