@@ -774,6 +774,12 @@ def mim_pipeline_image():
     return pipeline_input("image")
 
 
+def assert_same_pipeline_outputs(got: dict, expected: dict) -> None:
+    """The pipeline outputs a fresh process printed equal, key by key, to the package pipeline's."""
+    for key in MIM_PIPELINE_KEYS:
+        assert got[key] == expected[key], (key, got[key], expected[key])
+
+
 @pytest.fixture(scope="module")
 def mim_exported(tmp_path_factory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("mim")
@@ -871,12 +877,7 @@ def test_mim_remote_pipeline_reconstructs_as_the_package_does(mim_exported, mim_
     assert "error" not in result, result["error"]
     assert result["pipeline_module"].startswith("transformers_modules."), result["pipeline_module"]
     assert result["pipeline_module"].endswith(".pipeline_mim"), result["pipeline_module"]
-    for key in MIM_PIPELINE_KEYS:
-        assert result["pipeline"][key] == case["pipeline"][key], (
-            key,
-            result["pipeline"][key],
-            case["pipeline"][key],
-        )
+    assert_same_pipeline_outputs(result["pipeline"], case["pipeline"])
     config = json.loads((case["export_dir"] / "config.json").read_text())
     assert config["custom_pipelines"] == {
         "masked-image-modeling": {
@@ -978,12 +979,7 @@ def test_mim_folder_saved_again_runs_without_the_package(mim_exported, mim_resav
     assert result["module"].startswith("transformers_modules."), result["module"]
     assert torch.equal(torch.tensor(result["output"]), case["logits"]), (result["output"], case["logits"])
     assert result["pipeline_module"].endswith(".pipeline_mim"), result["pipeline_module"]
-    for key in MIM_PIPELINE_KEYS:
-        assert result["pipeline"][key] == case["pipeline"][key], (
-            key,
-            result["pipeline"][key],
-            case["pipeline"][key],
-        )
+    assert_same_pipeline_outputs(result["pipeline"], case["pipeline"])
 
 
 def test_mim_folder_saved_again_builds_the_registered_pipeline_with_the_package(mim_exported, mim_resaved):

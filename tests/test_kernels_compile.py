@@ -16,11 +16,11 @@ import importlib.util
 import itertools
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
+from fixtures import run_at_once
 
 from energyformers import kernels
 from energyformers.kernels import KERNELS, SHARED_MEMORY_LIMIT
@@ -63,23 +63,19 @@ def compile_all(configs: list[tuple], cache_dir: str, processes: int = 2) -> dic
     compile is one thread: with two, both cores of a small CI machine work)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env.update(TRITON_DEFAULT_FP_FUSION="1")
-    running = [
-        subprocess.Popen(
-            [sys.executable, "-c", COMPILE, json.dumps(configs[i::processes])],
-            env={**env, "TRITON_CACHE_DIR": os.path.join(cache_dir, str(i))},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+    commands = {
+        i: {
+            "args": [sys.executable, "-c", COMPILE, json.dumps(configs[i::processes])],
+            "env": {**env, "TRITON_CACHE_DIR": os.path.join(cache_dir, str(i))},
+        }
         for i in range(min(processes, len(configs)))
-    ]
+    }
     results: dict[str, dict] = {}
-    for proc in running:
-        stdout, stderr = proc.communicate(timeout=1200)
-        assert proc.returncode == 0, (
-            f"the compiling subprocess failed (exit {proc.returncode}):\n{stderr[-4000:]}"
+    for done in run_at_once(commands, timeout=1200).values():
+        assert done.returncode == 0, (
+            f"the compiling subprocess failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
         )
-        results.update(json.loads(stdout.strip().splitlines()[-1]))
+        results.update(json.loads(done.stdout.strip().splitlines()[-1]))
     return results
 
 
