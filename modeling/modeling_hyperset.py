@@ -579,6 +579,10 @@ class HyperSetAttention(nn.Module):
         z = projected.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         return F.rms_norm(z, (self.head_dim,), eps=self.eps)
 
+    def gains(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(g_q, g_k, g_v), each `(d_h,)`: views of `qkv_gain`, no kernel (the attention runs once per iteration)."""
+        return self.qkv_gain.expand(3, -1).unbind(0)  # "shared": one row, read three times
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -590,7 +594,7 @@ class HyperSetAttention(nn.Module):
         batch, length, width = hidden_states.shape
         # one copy into (B, H, N, d_h) order here rather than one per batched product of q, k, v below
         z = self.normalized_heads(hidden_states).contiguous()
-        gain_q, gain_k, gain_v = self.qkv_gain[[0, 1, 2] if self.qkv_gain.shape[0] == 3 else [0, 0, 0]]
+        gain_q, gain_k, gain_v = self.gains()
         # S = (z g_q)(z g_k)ᵀ/√d_h = (z g_q g_k/√d_h) zᵀ and P (z g_v) W = (P z)(g_v-scaled rows of W): the gains and
         # the temperature go into one (N, d_h) multiply and a (d, d) one, so k = v = z needs no pass of its own
         q, k, v = z * (gain_q * gain_k / math.sqrt(self.head_dim)), z, z
@@ -608,7 +612,10 @@ class HyperSetAttention(nn.Module):
             mixed, probs = attention_function(q, k, v, keep)
         mixed = mixed.transpose(1, 2).reshape(batch, length, width)  # (B, H, N, d_h) → (B, N, d)
         # output projection Wᵀ (tied) with g_v on its rows: row h·d_h + c scaled by g_v[c]
-        output_weight = self.qkv_proj.weight * gain_v.repeat(self.num_heads)[:, None]  # (d, d)
+        weight = self.qkv_proj.weight
+        output_weight = (weight.view(self.num_heads, self.head_dim, -1) * gain_v[:, None]).view_as(
+            weight
+        )  # (d, d)
         return F.linear(mixed, output_weight.t()), probs
 
     @_energy_precision
@@ -721,7 +728,7 @@ class HyperSetLinearAttention(HyperSetAttention):
     ) -> tuple[torch.Tensor, None]:
         batch, length, width = hidden_states.shape
         z = self.normalized_heads(hidden_states)  # (B, H, N, d_h)
-        gain_q, gain_k, gain_v = self.qkv_gain[[0, 1, 2] if self.qkv_gain.shape[0] == 3 else [0, 0, 0]]
+        gain_q, gain_k, gain_v = self.gains()
         features = self.feature_map(z * gain_k)
         if keep is not None:  # padded tokens are no part of the energy (φ(0) need not be 0)
             features = features * keep[:, None, :, None].to(features.dtype)

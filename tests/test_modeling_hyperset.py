@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fixtures import Case, step_once
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from energyformers import (
     HyperSetConfig,
@@ -130,6 +131,36 @@ def test_attention_update_is_w_transpose_times_energy_gradient(energy, masked):
     update, _ = attention(x, keep if masked else None)
     real = keep.bool()
     torch.testing.assert_close(update[real], expected[real], rtol=1e-10, atol=1e-10)
+
+
+class _OpNames(TorchDispatchMode):
+    """The aten ops that run (forward and backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("qkv_norm", ["separate", "shared"])
+@pytest.mark.parametrize("energy", ["bisoftmax", "linear"])
+def test_attention_reads_its_gains_without_index_or_repeat_kernels(qkv_norm, energy):
+    # The attention runs once per iteration (L·T times a call): the gains are views of `qkv_gain`, and g_v scales
+    # W through a broadcast. An index with a list builds its index on the host (a host-to-device copy on CUDA)
+    # and `repeat` is one more launch, forward and backward, at every iteration.
+    extra = {"feature_map": "elu+1"} if energy == "linear" else {}
+    attention = (
+        SEQUENCE.build(qkv_norm=qkv_norm, attention_energy=energy, **extra).hyperset.layers[0].attention
+    )
+    x = torch.randn(2, 6, 16, requires_grad=True)
+    with _OpNames() as probe:
+        attention(x)[0].square().sum().backward()
+    avoided = {"aten.index", "aten.index_put", "aten._index_put_impl_", "aten.repeat", "aten.lift_fresh"}
+    assert not probe.ops & avoided, f"ops: {sorted(probe.ops & avoided)} among {sorted(probe.ops)}"
+    assert attention.qkv_gain.grad is not None and torch.isfinite(attention.qkv_gain.grad).all()
 
 
 @pytest.mark.parametrize("energy", ["relu", "softmax"])
