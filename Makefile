@@ -1,10 +1,12 @@
 # Two entry points (README): `make demo` runs the main job, `make test` runs the checks.
-# Both build .venv from scratch when it is missing. The CPU torch wheel is installed first and
-# pinned: an unpinned torch resolves to a multi-GB CUDA build.
+# Both build .venv from scratch when it is missing. torch is installed first and pinned (TORCH): an unpinned
+# torch resolves to the newest multi-GB CUDA build. On Linux x86_64, PyPI's torch wheels are CUDA builds even
+# when pinned; TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the CPU build from PyTorch's own index.
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
+TORCH_INDEX ?=
 STAMP   := $(VENV)/.installed
 
 .PHONY: install demo test lint data clean
@@ -12,7 +14,7 @@ STAMP   := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)")
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $(STAMP)
 
