@@ -451,7 +451,7 @@ def load_vq_tokenizer(
     if not path.is_file():
         raise FileNotFoundError(
             f"{folder}: no {CONFIG_NAME}; save a tokenizer there (PatchKMeansTokenizer / VQGANTokenizer "
-            ".save_pretrained) or pass one."
+            ".save_pretrained), or give the pipeline one (vq_tokenizer=...)."
         )
     name = json.loads(path.read_text()).get("tokenizer_class")
     classes = {cls.__name__: cls for cls in (PatchKMeansTokenizer, VQGANTokenizer)}

@@ -64,6 +64,13 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
     config = tmp / "kwargs.json"
     config.write_text("{}")
     out = str(tmp / "out")
+    # readable folders (a one-tensor safetensors file): what a config names is checked before torch loads
+    classifier = readable_folder(tmp / "classifier", "hyperset", "HyperSetForImageClassification")
+    mim = readable_folder(tmp / "mim", "hyperset", "HyperSetForMaskedImageModeling")  # no image tokenizer
+    bert = readable_folder(tmp / "bertdir", "bert", "BertForSequenceClassification")
+    taken = tmp / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
     return {
         "unknown command": (["trian", "--model", "hyperset"], "unknown command 'trian'"),
         "train bad number": (["train", "--learning_rate", "-1", "--output_dir", out], "--learning_rate -1.0"),
@@ -98,11 +105,60 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ["inspect", str(truncated), str(image), "--output_dir", out],
             str(truncated / "model.safetensors"),
         ),
+        "predict not an image": ([str(classifier), str(text_file)], f"{text_file}: not a readable image"),
+        "predict another model type": (
+            [str(bert), "hello"],
+            f"{bert / 'config.json'}: model_type='bert' is not an energyformers family",
+        ),
+        "predict offline repo id": (
+            ["no_such_model_here", str(image)],
+            "no such local folder, and the Hub is offline (HF_HUB_OFFLINE=1)",
+        ),
+        "inspect missing folder without inputs": (
+            ["inspect", str(tmp / "nowhere"), "--output_dir", out],
+            "the folder does not exist",
+        ),
+        "inspect not an image": (
+            ["inspect", str(classifier), str(text_file), "--output_dir", out],
+            f"{text_file}: not a readable image",
+        ),
+        "inspect mim flag on a classifier": (
+            ["inspect", str(classifier), str(image), "--output_dir", out, "--steps", "4"],
+            "--steps: a masked-image-modelling flag",
+        ),
+        "inspect bad mask ratio": (
+            ["inspect", "--landscape", "--output_dir", out, "--mask_ratio", "2"],
+            "--mask_ratio 2.0: expected a fraction in [0, 1]",
+        ),
+        "inspect bad batch size": (
+            ["inspect", "--landscape", "--output_dir", out, "--batch_size", "0"],
+            "--batch_size 0: expected an integer >= 1",
+        ),
+        "inspect mim without tokenizer": (
+            ["inspect", str(mim), str(image), "--output_dir", out],
+            "has no image tokenizer (vq_tokenizer_config.json is missing)",
+        ),
+        "inspect non-empty output": (
+            ["inspect", "--landscape", "--output_dir", str(taken)],
+            f"--output_dir {taken}: exists and is not empty; pass --overwrite_output_dir",
+        ),
         "inspect output is a file": (
             ["inspect", "--landscape", "--output_dir", str(text_file)],
             f"--output_dir {text_file}: is a file",
         ),
     }
+
+
+def readable_folder(folder: Path, model_type: str, architecture: str) -> Path:
+    """A model folder whose config.json names `model_type` and `architecture`, with a readable (one-tensor)
+    safetensors file: enough for the checks made before torch loads."""
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    config = {"model_type": model_type, "input_type": "image", "architectures": [architecture]}
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({"weight": torch.zeros(1)}, str(folder / "model.safetensors"))
+    return folder
 
 
 def _argv(name: str, argv: list[str]) -> list[str]:

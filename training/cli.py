@@ -22,10 +22,13 @@ heavy).
 from __future__ import annotations
 
 import importlib
+import os
+import re
 import signal
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 # sub-command -> (module under energyformers.training, one-line help)
@@ -65,6 +68,32 @@ class CommandFailed(RuntimeError):
 
 
 Parsed = TypeVar("Parsed")
+
+
+def check_model_source(source: str, label: str) -> Path | None:
+    """The local model folder `source` names, or None for a Hub repo id (the Hub is asked later); a `UsageError`
+    worded `<label> '<source>': ...` for a missing folder, a file, or a repo id while the Hub is offline.
+
+    Light (no torch, no transformers), so a command names a missing folder before it loads anything, instead of
+    transformers' "couldn't connect to the Hub" after its retries. `label` is how the command names the argument
+    (`--from_pretrained`, `model folder`)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise UsageError(f"{label} {source!r}: is a file, not a folder; pass a model folder")
+    # a path (./x, /x, ~/x, a/b/c) or a name the Hub cannot hold is a local folder that is not there
+    looks_like_path = source.startswith((".", "/", "~")) or source.count("/") > 1 or os.sep in source[:1]
+    if looks_like_path or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
+        raise UsageError(f"{label} {source!r}: the folder does not exist")
+    from huggingface_hub import constants  # light: the Hub client's settings, no network
+
+    if constants.HF_HUB_OFFLINE:
+        raise UsageError(
+            f"{label} {source!r}: no such local folder, and the Hub is offline (HF_HUB_OFFLINE=1), "
+            "so it cannot be a Hub repo either"
+        )
+    return None
 
 
 def run_command(
@@ -123,15 +152,25 @@ def _restore_transformers_logging(state: tuple[int, bool] | None) -> None:
 
 
 def _usage() -> str:
-    lines = ["usage: energyformers COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: energyformers [--version] COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<17} {help_}" for name, (_, help_) in COMMANDS.items()]
     return "\n".join(lines)
+
+
+def version() -> str:
+    """`energyformers <version>`: the package's `__version__` (its import loads no torch)."""
+    from energyformers import __version__
+
+    return f"energyformers {__version__}"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help"}:
         print(_usage())
+        return 0
+    if argv[0] in {"-V", "--version"}:
+        print(version())
         return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:

@@ -43,7 +43,20 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .cli import UsageError, run_command
+from .cli import UsageError, check_model_source, run_command
+from .predict import (
+    MIM_RANGES,
+    MIM_SCHEDULES,
+    check_image_tokenizer,
+    check_inputs,
+    check_model_type,
+    check_ranges,
+    check_readable_images,
+    local_config,
+    masked_image_modeling_head,
+    no_image_tokenizer,
+    refuse_mim_flags,
+)
 
 if TYPE_CHECKING:  # torch is imported where it is used, so `inspect --help` does not pay for it
     import torch
@@ -59,6 +72,23 @@ LANDSCAPE_PATTERNS: tuple[tuple[float, float], ...] = tuple(
 )
 LANDSCAPE_BETAS: tuple[float, ...] = (0.5, 2.0, 8.0)
 FAMILY_NAMES = {"hyperset": "Hyper-SET", "imixer": "iMixer", "hyperbf": "HyperBF"}
+# The decode-sequence flags (masked-image-modelling models only) and their values when not given; not given, they
+# can be refused for a classifier, as `predict` refuses them.
+MIM_DEFAULTS: dict[str, Any] = {"mask_ratio": 0.4, "steps": 8, "schedule": "arccos", "seed": 0}
+# The model_types inspect reads from a local folder: the families, and the looped Transformer's masked-image-
+# modelling head (`load_model` refuses its classifiers, naming what it draws).
+MODEL_TYPES = ("hyperset", "imixer", "hyperbf", "looped-transformer")
+GIVE_INPUTS = (
+    "give INPUTS (image paths or texts) or a labelled --dataset to run the model on (a run folder whose log history "
+    "holds per-iteration eval accuracy, `train --eval_iterations`, needs neither: its training curve is drawn)"
+)
+
+
+def mim_needs_an_image(model_dir: str) -> str:
+    return (
+        f"{model_dir} is a masked-image-modelling model: give an image path as INPUTS (its decode sequence is "
+        "drawn); --dataset is not read for it"
+    )
 
 
 class InspectError(UsageError):
@@ -71,7 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
         "model_dir", nargs="?", help="a folder written by `energyformers train` (optional with --landscape)"
     )
     p.add_argument("inputs", nargs="*", help="image paths (image models) or texts (text models) to inspect")
-    p.add_argument("--output_dir", required=True, help="where the PNGs and inspect.json are written")
+    p.add_argument(
+        "--output_dir",
+        required=True,
+        help="where the PNGs and inspect.json are written: a new or empty folder, or the model folder itself",
+    )
+    p.add_argument(
+        "--overwrite_output_dir",
+        action="store_true",
+        help="write into a non-empty --output_dir (files of the same names are replaced, others kept)",
+    )
     p.add_argument(
         "--dataset", help="a built-in or local labelled dataset (`energyformers train --dataset` names)"
     )
@@ -86,10 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--landscape", action="store_true", help="also draw the Hopfield energy landscapes")
     p.add_argument("--num_threads", type=int, help="torch CPU threads")
     mim = p.add_argument_group("masked image modelling (a *ForMaskedImageModeling folder with its tokenizer)")
-    mim.add_argument("--mask_ratio", type=float, default=0.4, help="share of codes masked (default 0.4)")
-    mim.add_argument("--steps", type=int, default=8, help="MaskGIT decoding steps drawn (default 8)")
-    mim.add_argument("--schedule", default="arccos", help="MaskGIT schedule (default arccos)")
-    mim.add_argument("--seed", type=int, default=0, help="seed of the masking and the decoding (default 0)")
+    mim.add_argument("--mask_ratio", type=float, help="share of codes masked, in [0, 1] (default 0.4)")
+    mim.add_argument("--steps", type=int, help="MaskGIT decoding steps drawn (>= 1; default 8)")
+    mim.add_argument("--schedule", choices=MIM_SCHEDULES, help="MaskGIT schedule (default arccos)")
+    mim.add_argument("--seed", type=int, help="seed of the masking and the decoding (>= 0; default 0)")
     return p
 
 
@@ -300,13 +339,35 @@ def encode(model_dir: str, input_type: str, items: list[Any]) -> dict[str, torch
             if isinstance(item, (str, Path)):
                 if not Path(item).is_file():
                     raise InspectError(f"{model_dir} inspects images; no such file: {item}")
+                check_readable_images([str(item)])
                 item = Image.open(item)
             images.append(to_rgb(item))
         processor = transformers.AutoImageProcessor.from_pretrained(model_dir, backend="pil")
         return {"pixel_values": processor(images, return_tensors="pt")["pixel_values"]}
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    encoded = tokenizer(list(items), padding=True, truncation=True, return_tensors="pt")
-    return {key: encoded[key] for key in ("input_ids", "attention_mask") if key in encoded}
+    return encode_texts(tokenizer, list(items))
+
+
+def encode_texts(tokenizer: Any, texts: list[str]) -> dict[str, torch.Tensor]:
+    """Texts → one batch of `input_ids` (and `attention_mask`). Each text is tokenized as predict's pipelines
+    tokenize it (alone, truncated to the model's length); texts of different lengths are padded with the tokenizer's
+    padding token. A tokenizer without one (the Sudoku grids' WordLevel tokenizer: every puzzle is 81 cells) batches
+    texts of one length only: an `InspectError` names two lengths otherwise."""
+    import torch
+
+    if tokenizer.pad_token is not None:
+        encoded = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+        return {key: encoded[key] for key in ("input_ids", "attention_mask") if key in encoded}
+    encoded = [tokenizer(text, truncation=True) for text in texts]
+    lengths = [len(item["input_ids"]) for item in encoded]
+    if len(set(lengths)) > 1:
+        other = next(i for i, n in enumerate(lengths) if n != lengths[0])
+        raise InspectError(
+            f"{texts[0]!r} is {lengths[0]} tokens and {texts[other]!r} is {lengths[other]}, and the model's "
+            "tokenizer has no padding token to batch them; inspect texts of one length together"
+        )
+    keys = [key for key in ("input_ids", "attention_mask") if key in encoded[0]]
+    return {key: torch.tensor([item[key] for item in encoded]) for key in keys}
 
 
 def dataset_batches(
@@ -825,10 +886,10 @@ def inspect_mim(model: Any, model_dir: str, images: list[str], args: argparse.Na
 
     try:
         tokenizer = load_vq_tokenizer(model_dir)
-    except (FileNotFoundError, ValueError, ImportError) as err:
-        raise InspectError(
-            f"{model_dir}: no image tokenizer to draw a decode sequence with ({err})"
-        ) from None
+    except FileNotFoundError:  # the command takes no tokenizer: say how to save one into the folder
+        raise InspectError(no_image_tokenizer(model_dir)) from None
+    except (ValueError, ImportError) as err:
+        raise InspectError(f"{model_dir}: its image tokenizer cannot be loaded ({err})") from None
     if not Path(images[0]).is_file():
         raise InspectError(f"{model_dir} inspects images; no such file: {images[0]}")
     try:
@@ -866,25 +927,13 @@ def inspect_mim(model: Any, model_dir: str, images: list[str], args: argparse.Na
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Write the figures and `inspect.json` into `args.output_dir`; returns the JSON's content."""
-    if args.model_dir is None and not args.landscape:
-        raise InspectError("give a MODEL_DIR, or --landscape for the Hopfield energy landscapes alone")
-    if args.max_samples < 1 or args.batch_size < 1:
-        raise InspectError(
-            f"--max_samples and --batch_size must be >= 1; got {args.max_samples}, {args.batch_size}"
-        )
-    if args.max_iterations is not None and args.max_iterations < 1:
-        raise InspectError(f"--max_iterations must be >= 1; got {args.max_iterations}")
     output_dir = Path(args.output_dir)
     report: dict[str, Any] = {"figures": []}
     model = None
     if args.model_dir is not None and not args.inputs and not args.dataset:
         found = run_log_history(args.model_dir) if Path(args.model_dir).is_dir() else None
         if found is None or not eval_depth_curves(found[0])[1]:
-            raise InspectError(
-                "give INPUTS (image paths or texts) or a labelled --dataset to run the model on (a run folder "
-                "whose log history holds per-iteration eval accuracy, `train --eval_iterations`, needs neither: "
-                "its training curve is drawn)"
-            )
+            raise InspectError(GIVE_INPUTS)
         # the training curve alone: the log history and the config, no model run
         config = load_config(args.model_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -895,16 +944,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         add_training_curve(report, args.model_dir, config, output_dir)
     elif args.model_dir is not None:
+        config = load_config(args.model_dir)
+        architecture = (getattr(config, "architectures", None) or ["?"])[0]
+        if masked_image_modeling_head(getattr(config, "architectures", None)) is None:
+            # again for a Hub model (a local folder's flags and inputs were checked in `parse`)
+            refuse_mim_flags(args.mim_flags, args.model_dir, architecture, "inspect draws its dynamics")
+            if args.inputs:
+                check_inputs(args.model_dir, getattr(config, "input_type", "image"), args.inputs)
         model, family = load_model(args.model_dir)
         input_type = model.config.input_type
         if type(model).__name__.endswith("ForMaskedImageModeling"):  # Hyper-SET's or the looped Transformer's
             if args.dataset or not args.inputs:
-                raise InspectError(
-                    f"{args.model_dir} is a masked-image-modelling model: give an image path as INPUTS (its decode "
-                    "sequence is drawn); --dataset is not read for it"
-                )
-            if args.steps < 1:
-                raise InspectError(f"--steps must be >= 1; got {args.steps}")
+                raise InspectError(mim_needs_an_image(args.model_dir))
             output_dir.mkdir(parents=True, exist_ok=True)
             section = inspect_mim(model, args.model_dir, args.inputs, args)
             report["figures"] += section.pop("figures")
@@ -986,34 +1037,84 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    """Parse and check what needs no model: the numbers, the output folder, the model folder and its weights."""
+    """Parse and check what needs no model: the numbers, the model folder (its config, weights and image tokenizer),
+    the inputs and the flags for its kind, and the output folder."""
     args = build_parser().parse_args(argv)
-    if args.max_samples < 1 or args.batch_size < 1:
-        raise InspectError(
-            f"--max_samples and --batch_size must be >= 1; got {args.max_samples}, {args.batch_size}"
-        )
-    if args.max_iterations is not None and args.max_iterations < 1:
-        raise InspectError(f"--max_iterations must be >= 1; got {args.max_iterations}")
-    if args.num_threads is not None and args.num_threads < 1:
-        raise InspectError(f"--num_threads {args.num_threads}: expected an integer >= 1")
+    check_numbers(args)
+    if args.model_dir is None and not args.landscape:
+        raise InspectError("give a MODEL_DIR, or --landscape for the Hopfield energy landscapes alone")
     output_dir = Path(args.output_dir).expanduser()
     if output_dir.exists() and not output_dir.is_dir():
         raise InspectError(
             f"--output_dir {args.output_dir}: is a file, not a folder; name a folder to write into"
         )
-    folder = Path(args.model_dir).expanduser() if args.model_dir is not None else None
-    if (
-        folder is not None and folder.is_dir()
-    ):  # a local folder: a truncated weights file is named, no traceback
-        from .weights import check_weights_readable
-
-        try:
-            check_weights_readable(folder, flag=str(folder))
-        except (OSError, ValueError) as err:
-            raise InspectError(str(err)) from None
-    elif folder is not None and folder.exists():
-        raise InspectError(f"model folder {args.model_dir}: is a file, not a folder; pass a model folder")
+    # the decode-sequence flags given (refused for a classifier, here for a local folder, after loading for a Hub
+    # model); then their defaults
+    args.mim_flags = [f"--{name}" for name in MIM_DEFAULTS if getattr(args, name) is not None]
+    folder = check_model_source(args.model_dir, "model folder") if args.model_dir is not None else None
+    if folder is not None:
+        check_local_model(args, folder)
+    check_output_dir(args, folder)
+    for name, value in MIM_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     return args
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """The numeric flags are in range: a `UsageError` naming the first one out of it, worded as predict's."""
+    counts = ("max_samples", "batch_size", "max_iterations", "num_threads")
+    given = {name: getattr(args, name) for name in counts if getattr(args, name) is not None}
+    check_ranges(given, {name: (lambda v: v >= 1, "an integer >= 1") for name in counts})
+    mim = {name: getattr(args, name) for name in MIM_DEFAULTS if getattr(args, name) is not None}
+    check_ranges(mim, MIM_RANGES)
+
+
+def check_local_model(args: argparse.Namespace, folder: Path) -> None:
+    """A local model folder, before torch loads: its config names a model inspect draws, its weights are readable,
+    the flags fit its kind (the decode-sequence flags only for a masked-image-modelling model, which needs its image
+    tokenizer and an image), and every input is what it takes (predict's checks)."""
+    from .weights import check_weights_readable
+
+    config = local_config(folder)
+    check_model_type(folder, config, MODEL_TYPES)
+    try:
+        check_weights_readable(folder, flag=str(folder))
+    except (OSError, ValueError) as err:
+        raise InspectError(str(err)) from None
+    architecture = masked_image_modeling_head(config.get("architectures"))
+    if architecture is None:
+        refuse_mim_flags(
+            args.mim_flags,
+            args.model_dir,
+            str((config.get("architectures") or ["?"])[0]),
+            "inspect draws its dynamics",
+        )
+    if architecture is not None:
+        if args.dataset or not args.inputs:
+            raise InspectError(mim_needs_an_image(args.model_dir))
+        check_image_tokenizer(folder, args.model_dir)
+        check_inputs(args.model_dir, "mim", args.inputs)
+    elif args.inputs:
+        check_inputs(args.model_dir, config.get("input_type", "image"), args.inputs)
+    elif not args.dataset:
+        found = run_log_history(folder)
+        if found is None or not eval_depth_curves(found[0])[1]:
+            raise InspectError(GIVE_INPUTS)
+
+
+def check_output_dir(args: argparse.Namespace, model_folder: Path | None) -> None:
+    """`--output_dir` is new or empty, as `train` and `export` want theirs, unless `--overwrite_output_dir`; the
+    model folder itself may be written into (its figures and inspect.json go with it into `export`'s model card)."""
+    output_dir = Path(args.output_dir).expanduser()
+    if args.overwrite_output_dir or not output_dir.is_dir() or not any(output_dir.iterdir()):
+        return
+    if model_folder is not None and output_dir.resolve() == model_folder.resolve():
+        return
+    raise InspectError(
+        f"--output_dir {args.output_dir}: exists and is not empty; pass --overwrite_output_dir (inspect's files "
+        "are replaced, others kept) or choose another folder"
+    )
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -1021,7 +1122,8 @@ def execute(args: argparse.Namespace) -> int:
     import torch
     import transformers
 
-    transformers.logging.set_verbosity_error()  # `run_command` restores the caller's level afterwards
+    transformers.logging.set_verbosity_error()  # `run_command` restores the caller's logging afterwards
+    transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar among the paths printed
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     report = run(args)

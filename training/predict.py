@@ -42,8 +42,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..auto_registration import AUTO_HEADS
 from .arguments import check_attn_implementation
-from .cli import UsageError, run_command
+from .cli import UsageError, check_model_source, run_command
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -92,12 +93,24 @@ MIM_FLAGS = {
 # Of the flags above, those that build the pipeline rather than go to each call.
 MIM_PIPELINE_FLAGS = ("lpips_weights",)
 MIM_SCHEDULES = ("arccos", "cosine", "linear", "root", "square")
+# The allowed values of the numeric masked-image-modelling flags (`inspect` takes some of them too): (test, allowed).
+MIM_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "mask_ratio": (lambda v: 0 <= v <= 1, "a fraction in [0, 1]"),  # NaN fails both comparisons
+    "steps": (lambda v: v >= 1, "an integer >= 1"),
+    "temperature": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+    "randomize_temperature": (lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
+    # torch.Generator.manual_seed's range
+    "seed": (lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)"),
+}
 # Flags of the classification heads only: a masked-image-modelling model has no labels to rank, and its decoding
 # runs no halting or search.
 CLASSIFICATION_FLAGS = ("top_k", *(name for name in DEPTH_FLAGS if name != "num_iterations"))
 MIM_SUFFIX = ".reconstruction.png"
 # = energyformers.mim.CONFIG_NAME (a test keeps them equal): that module imports torch, which argument checks do not.
 TOKENIZER_CONFIG = "vq_tokenizer_config.json"
+# The model_types predict runs: the package's families and baselines (`energyformers.auto_registration`, light) and
+# transformers' own baselines the training CLI trains (`registry.TRANSFORMERS_BASELINES`; a test keeps them equal).
+MODEL_TYPES = (*AUTO_HEADS, "vit")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,15 +197,7 @@ def mim_arguments(args: argparse.Namespace) -> dict[str, Any]:
     """The masked-image-modelling flags that were given, as `MaskedImageModelingPipeline` call arguments
     (`--output_dir` is not one); a `UsageError` for a value out of range."""
     given = {name: getattr(args, name) for name in MIM_FLAGS if getattr(args, name) is not None}
-    ranges = {
-        "mask_ratio": (lambda v: 0 <= v <= 1, "a fraction in [0, 1]"),  # NaN fails both comparisons
-        "steps": (lambda v: v >= 1, "an integer >= 1"),
-        "temperature": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
-        "randomize_temperature": (lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
-        # torch.Generator.manual_seed's range
-        "seed": (lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)"),
-    }
-    check_ranges(given, ranges)
+    check_ranges(given, MIM_RANGES)
     output_dir = given.pop("output_dir", None)
     if output_dir is not None and Path(output_dir).expanduser().exists() and not Path(output_dir).is_dir():
         raise UsageError(f"--output_dir {output_dir}: is a file; pass a folder (it is created if missing)")
@@ -214,7 +219,7 @@ def check_lpips_weights(path: str | None) -> None:
         raise UsageError(str(err)) from None
 
 
-def _local_config(folder: Path) -> dict[str, Any]:
+def local_config(folder: Path) -> dict[str, Any]:
     """config.json of a local model folder as plain JSON (read without transformers, for the early checks)."""
     path = folder / "config.json"
     if not path.is_file():
@@ -230,17 +235,35 @@ def _local_config(folder: Path) -> dict[str, Any]:
     return config
 
 
+def check_model_type(
+    folder: Path, config: dict[str, Any], allowed: tuple[str, ...], trust_remote_code: bool = False
+) -> None:
+    """A local folder's config.json names one of the `allowed` model_types (a `UsageError` naming the file, the
+    model_type and those allowed, as `export` words it); a folder with remote code (`auto_map`) run with
+    `--trust_remote_code` brings its own model class and is left to it."""
+    model_type = config.get("model_type")
+    if model_type in allowed or (trust_remote_code and "auto_map" in config):
+        return
+    raise UsageError(
+        f"{folder / 'config.json'}: model_type={model_type!r} is not an energyformers family; expected one of "
+        f"{sorted(allowed)}"
+    )
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     """Parse and check everything that needs no model: flags, the folder and its weights, the input files."""
     args = build_parser().parse_args(argv)
     args.depth = depth_arguments(args)
     args.mim = mim_arguments(args)
-    folder = Path(args.model_dir).expanduser()
+    folder = check_model_source(args.model_dir, "model folder")
     args.local_input_type = None
-    if folder.is_dir():  # a local folder: unreadable weights are named here, not in a safetensors traceback
+    if (
+        folder is not None
+    ):  # a local folder: unreadable weights are named here, not in a safetensors traceback
         from .weights import check_weights_readable
 
-        config = _local_config(folder)
+        config = local_config(folder)
+        check_model_type(folder, config, MODEL_TYPES, args.trust_remote_code)
         try:
             check_weights_readable(folder, flag=str(folder))
         except (OSError, ValueError) as err:
@@ -254,10 +277,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
             check_lpips_weights(args.lpips_weights)
         args.local_input_type = "mim" if architecture else config.get("input_type", "image")
         check_attn_implementation(args.attn_implementation, str(config.get("model_type", "")))
-    elif folder.exists():
-        raise UsageError(f"model folder {args.model_dir}: is a file, not a folder; pass a model folder")
-    elif args.model_dir.startswith((".", "/", "~")) or args.model_dir.count("/") > 1:
-        raise UsageError(f"model folder {args.model_dir!r} does not exist")
     args.texts = (
         [line.rstrip("\n") for line in sys.stdin if line.strip()] if args.inputs == ["-"] else args.inputs
     )
@@ -275,6 +294,16 @@ def masked_image_modeling_head(architectures: Any) -> str | None:
     `HyperSetForMaskedImageModeling`, `LoopedTransformerForMaskedImageModeling`), None for any other model."""
     names = [a for a in (architectures or []) if isinstance(a, str) and a.endswith("ForMaskedImageModeling")]
     return names[0] if names else None
+
+
+def refuse_mim_flags(given: list[str], model_dir: str, architecture: str, command: str) -> None:
+    """A `UsageError` naming the first masked-image-modelling flag in `given` (`--mask_ratio`, ...), for a model
+    that is not a masked-image-modelling one; `command` says what the command does with such a model instead."""
+    if given:
+        raise UsageError(
+            f"{given[0]}: a masked-image-modelling flag, and {model_dir} is not a masked-image-modelling "
+            f"model ({architecture}); {command}"
+        )
 
 
 def check_flags_for_kind(args: argparse.Namespace, architecture: str, mim: bool) -> None:
@@ -297,28 +326,28 @@ def check_flags_for_kind(args: argparse.Namespace, architecture: str, mim: bool)
             )
     else:
         wrong = [f"--{name}" for name in MIM_FLAGS if getattr(args, name) is not None]
-        if wrong:
-            raise UsageError(
-                f"{wrong[0]}: a masked-image-modelling flag, and {args.model_dir} is not a masked-image-modelling "
-                f"model ({architecture}); predict classifies with it"
-            )
+        refuse_mim_flags(wrong, args.model_dir, architecture, "predict classifies with it")
+
+
+def no_image_tokenizer(model_dir: str) -> str:
+    """The command line's message for a masked-image-modelling model without an image tokenizer: how to save one
+    into the folder (the commands take no tokenizer flag; the Python pipeline's `vq_tokenizer=` is not one)."""
+    return (
+        f"{model_dir} has no image tokenizer ({TOKENIZER_CONFIG} is missing), so its codes cannot be turned "
+        "into pixels; a run folder of `energyformers train --task masked-image-modeling` holds one, else save "
+        f"one into the folder: PatchKMeansTokenizer.fit(images, ...).save_pretrained({model_dir!r}) or "
+        "VQGANTokenizer.save_pretrained (energyformers.mim)"
+    )
 
 
 def check_image_tokenizer(folder: Path, model_dir: str) -> None:
     """A masked-image-modelling folder reconstructs pixels with the image tokenizer saved beside its weights."""
     if not (folder / TOKENIZER_CONFIG).is_file():
-        raise UsageError(
-            f"{model_dir} has no image tokenizer ({TOKENIZER_CONFIG} is missing), so its codes cannot be turned "
-            "into pixels; a run folder of `energyformers train --task masked-image-modeling` holds one, else save "
-            f"one into the folder: PatchKMeansTokenizer.fit(images, ...).save_pretrained({model_dir!r}) or "
-            "VQGANTokenizer.save_pretrained (energyformers.mim)"
-        )
+        raise UsageError(no_image_tokenizer(model_dir))
 
 
 def check_mim_inputs(model_dir: str, inputs: list[str]) -> None:
     """A masked-image-modelling model reconstructs image files: each input exists and PIL reads it as an image."""
-    from PIL import Image, UnidentifiedImageError
-
     for source in inputs:
         if not Path(source).is_file():
             what = "no such file" if Path(source).suffix.lower() in IMAGE_SUFFIXES else "not an image file"
@@ -326,9 +355,18 @@ def check_mim_inputs(model_dir: str, inputs: list[str]) -> None:
                 f"{source!r}: {what}; {model_dir} is a masked-image-modelling model, which reconstructs image "
                 "files (texts are not read)"
             )
+    check_readable_images(inputs)
+
+
+def check_readable_images(paths: list[str]) -> None:
+    """Each file is an image PIL reads (its header and structure, without decoding the pixels), else a
+    `UsageError` naming it: checked for every input before the model loads."""
+    from PIL import Image, UnidentifiedImageError
+
+    for source in paths:
         try:
             with Image.open(source) as image:
-                image.verify()  # the header and structure, without decoding the pixels
+                image.verify()
         except (OSError, UnidentifiedImageError, SyntaxError) as err:  # PIL reports a bad PNG as SyntaxError
             raise UsageError(f"{source}: not a readable image ({err})") from None
 
@@ -376,6 +414,7 @@ def check_inputs(model_dir: str, input_type: str, inputs: list[str]) -> None:
         missing = [x for x in inputs if not Path(x).is_file()]
         if missing:
             raise UsageError(f"{model_dir} classifies images; no such file: {missing[0]}")
+        check_readable_images(inputs)
 
 
 def task_for(config) -> str:
@@ -421,7 +460,7 @@ def run(args: argparse.Namespace) -> int:
             args.model_dir, trust_remote_code=args.trust_remote_code
         )
     except (OSError, ValueError) as err:
-        raise UsageError(f"cannot load a model from {args.model_dir!r}: {err}") from None
+        raise UsageError(cannot_load(args.model_dir, err)) from None
     input_type = getattr(config, "input_type", "image")
     if input_type not in INPUT_TYPES:
         raise UsageError(
@@ -452,6 +491,7 @@ def run(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
     if args.attn_implementation is not None:
         check_attn_implementation(args.attn_implementation, config.model_type)  # a Hub model's family
+        check_attn_implementation_runs(config, args.attn_implementation)
         kwargs["model_kwargs"] = {"attn_implementation": args.attn_implementation}
     if args.lpips_weights is not None:  # a keyword of the pipeline class: transformers.pipeline() hands it on
         kwargs["lpips_weights"] = args.lpips_weights
@@ -494,13 +534,14 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
     kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
     if args.attn_implementation is not None:
         check_attn_implementation(args.attn_implementation, config.model_type)  # a Hub model's family
+        check_attn_implementation_runs(config, args.attn_implementation)
         kwargs["model_kwargs"] = {"attn_implementation": args.attn_implementation}
     if args.lpips_weights is not None:  # a keyword of the pipeline class: transformers.pipeline() hands it on
         kwargs["lpips_weights"] = args.lpips_weights
     try:
         pipe = transformers.pipeline("masked-image-modeling", model=args.model_dir, **kwargs)
-    except FileNotFoundError as err:  # a Hub repo without an image tokenizer (a local folder's was checked)
-        raise UsageError(f"{args.model_dir}: {err}") from None
+    except FileNotFoundError:  # a Hub repo without an image tokenizer (a local folder's was checked)
+        raise UsageError(no_image_tokenizer(args.model_dir)) from None
     call = {
         **args.mim,
         **({"num_iterations": args.depth["num_iterations"]} if "num_iterations" in args.depth else {}),
@@ -529,6 +570,35 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
             )
             print(f"{shown}\t{numbers}" + (f"\t{path}" if path is not None else ""), flush=True)
     return 0
+
+
+def cannot_load(model_dir: str, err: Exception) -> str:
+    """The message for a model transformers could not load: a name that is no local folder was asked of the Hub."""
+    if Path(model_dir).expanduser().exists():
+        return f"cannot load a model from {model_dir!r}: {err}"
+    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return f"model folder {model_dir!r}: no such local folder, and the Hub did not serve it ({reason})"
+
+
+def check_attn_implementation_runs(config: Any, value: str) -> None:
+    """`--attn_implementation` can run here for this model (e.g. Triton's kernel needs CUDA): the family's own check,
+    `check_attn_implementation(config, value)` of its modeling module where it has one, run on the config before
+    any weights load; its `ValueError` becomes a `UsageError` naming the flag."""
+    import importlib
+
+    from energyformers import BASELINES, FAMILIES
+
+    family = {**FAMILIES, **BASELINES}.get(getattr(config, "model_type", None))
+    if family is None:  # transformers' own or remote code: the model checks when it loads
+        return
+    module = importlib.import_module(family.heads["AutoModel"].__module__)
+    check = getattr(module, "check_attn_implementation", None)
+    if check is None:
+        return
+    try:
+        check(config, value)
+    except ValueError as err:
+        raise UsageError(f"--attn_implementation {value}: {err}") from None
 
 
 def check_depth_arguments(model: Any, depth: dict[str, Any]) -> None:

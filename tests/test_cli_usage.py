@@ -1,0 +1,304 @@
+"""Rough edges of `energyformers predict` / `inspect` found by a user audit, each answered as the error convention
+wants (`training/cli.py`): one line `energyformers <command>: error: ...`, status 2, before the model loads.
+
+The cases that need no torch at all are in `test_cli_errors.bad_inputs` (one subprocess checks that none of them
+imports torch); these are the ones that build a model folder or need a loaded config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from fixtures import Case, perturb
+from PIL import Image
+from transformers import ViTImageProcessorPil
+
+import energyformers
+from energyformers import HyperSetConfig, HyperSetForMaskedImageModeling, HyperSetForTokenClassification
+from energyformers.kernels import triton_unavailable_reason
+from energyformers.mim import load_vq_tokenizer
+from energyformers.training import cli, inspect, predict
+from energyformers.training.processing import cell_tokenizer
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+PUZZLE = "530070000600195000098000060800060003400803001700020006060000280000419005000080079"
+
+
+def only_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny Hyper-SET image classifier folder (seeded, moved off its initialisation) and an 8 × 8 PNG."""
+    root = tmp_path_factory.mktemp("cli_usage")
+    torch.manual_seed(0)
+    model = perturb(
+        Case("hyperset", "AutoModelForImageClassification", "image").build(
+            num_channels=3, num_labels=4, image_size=8
+        )
+    )
+    folder = root / "hyperset"
+    model.save_pretrained(folder)
+    ViTImageProcessorPil(
+        size={"height": 8, "width": 8}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    ).save_pretrained(folder)
+    image = root / "x.png"
+    pixels = np.random.default_rng(3).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(image)
+    return folder, image
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Fail the test if a command gets as far as loading a model (the pipeline or the inspect loader)."""
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded before the bad input was refused")
+
+    monkeypatch.setattr(transformers, "pipeline", loaded)
+    monkeypatch.setattr(inspect, "load_model", loaded)
+
+
+# ------------------------------------------------------------------------------- inputs that are not images
+
+
+@pytest.mark.parametrize("command", ["predict", "inspect"])
+def test_a_file_that_is_not_an_image_is_named_before_the_model_loads(
+    classifier, tmp_path, capsys, no_model_loads, command
+):
+    folder, image = classifier
+    notes = tmp_path / "passwd"
+    notes.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    extra = ["--output_dir", str(tmp_path / "out")] if command == "inspect" else []
+    assert cli.main([command, str(folder), str(image), str(notes), *extra]) == 2
+    line = only_line(capsys.readouterr().err)
+    assert line.startswith(f"energyformers {command}: error: {notes}: not a readable image"), line
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------- an attention that cannot run here
+
+
+def test_triton_on_a_machine_that_cannot_run_it_is_one_line_before_the_weights_load(
+    classifier, capsys, monkeypatch, no_model_loads
+):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the tests' CPU stand-in for CUDA (conftest.py)
+    if triton_unavailable_reason() is None:
+        pytest.skip("the Triton kernel can run on this machine")
+    folder, image = classifier
+    assert predict.main([str(folder), str(image), "--attn_implementation", "triton"]) == 2
+    line = only_line(capsys.readouterr().err)
+    # the model's own reason (modeling_hyperset.check_attn_implementation), under the flag's name
+    reason = triton_unavailable_reason()
+    assert (
+        line.startswith("energyformers predict: error: --attn_implementation triton: ") and reason in line
+    ), line
+
+
+# ------------------------------------------------------------------------------- Sudoku puzzles as texts
+
+
+@pytest.fixture(scope="module")
+def sudoku_folder(tmp_path_factory) -> Path:
+    """A tiny Hyper-SET Sudoku model with the grids' tokenizer (one token per cell, no padding token)."""
+    torch.manual_seed(0)
+    config = HyperSetConfig(
+        input_type="sequence", vocab_size=10, max_position_embeddings=81, num_labels=9, hidden_size=16,
+        num_attention_heads=2, intermediate_size=16, num_iterations=2,
+    )  # fmt: skip
+    folder = tmp_path_factory.mktemp("sudoku") / "model"
+    HyperSetForTokenClassification(config).eval().save_pretrained(folder)
+    tokenizer = cell_tokenizer(81)
+    assert tokenizer.pad_token is None  # the case: transformers cannot pad a batch with it
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_inspect_takes_sudoku_puzzles_as_predict_does(sudoku_folder, tmp_path, capsys):
+    out = tmp_path / "inspect"
+    blank = "0" * 81
+    argv = ["inspect", str(sudoku_folder), PUZZLE, blank, "--output_dir", str(out), "--max_iterations", "3"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    report = json.loads((out / "inspect.json").read_text())
+    assert report["num_inputs"] == 2 and report["hyperset"]["iterations"] == [0, 1, 2, 3], report
+    # the energies inspect reports are the model's on exactly these two grids (the tokenizer's ids are the digits)
+    model = HyperSetForTokenClassification.from_pretrained(sudoku_folder).eval()
+    ids = torch.tensor([[int(c) for c in PUZZLE], [0] * 81])
+    with torch.no_grad():
+        energies = model(input_ids=ids, num_iterations=3, output_energies=True).energies
+    expected = energies.attention_energy.float().mean(0)[0].tolist()
+    got = report["hyperset"]["layers"][0]["attention_energy"]
+    # float32 energies of a 16-wide model, rounded to 6 decimals in the JSON: agree to a few float32 ulps
+    assert np.allclose(got, expected, rtol=1e-5, atol=1e-6), (got, expected)
+    # the same string is what predict classifies
+    assert predict.main([str(sudoku_folder), PUZZLE]) == 0, capsys.readouterr().err
+
+
+def test_inspect_names_puzzles_of_different_lengths_when_the_tokenizer_cannot_pad(
+    sudoku_folder, tmp_path, capsys
+):
+    out = tmp_path / "inspect"
+    assert cli.main(["inspect", str(sudoku_folder), PUZZLE, PUZZLE[:9], "--output_dir", str(out)]) == 2
+    line = only_line(capsys.readouterr().err)
+    assert "is 81 tokens" in line and f"{PUZZLE[:9]!r} is 9" in line and "no padding token" in line, line
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------------------- a MIM folder without its tokenizer
+
+
+def test_inspect_says_how_to_save_an_image_tokenizer_and_suggests_no_flag(tmp_path, capsys, no_model_loads):
+    torch.manual_seed(0)
+    config = HyperSetConfig.from_preset(
+        "mim-1-12-d", hidden_size=16, num_attention_heads=4, intermediate_size=16, time_embedding_dim=16,
+        num_iterations=2, vocab_size=17, max_position_embeddings=64,
+    )  # fmt: skip
+    folder = tmp_path / "mim"
+    HyperSetForMaskedImageModeling(config).save_pretrained(folder)
+    image = tmp_path / "digit.png"
+    Image.new("L", (16, 16), 128).save(image)
+    capsys.readouterr()  # save_pretrained's progress bar
+    assert cli.main(["inspect", str(folder), str(image), "--output_dir", str(tmp_path / "out")]) == 2
+    line = only_line(capsys.readouterr().err)
+    assert "has no image tokenizer" in line and "save_pretrained" in line, line
+    assert "pass one" not in line and "vq_tokenizer=" not in line, line  # inspect has no tokenizer flag
+    # the Python API's message says where a tokenizer is passed there
+    with pytest.raises(FileNotFoundError, match=r"vq_tokenizer=") as raised:
+        load_vq_tokenizer(folder)
+    assert "or pass one." not in str(raised.value), raised.value
+
+
+# ------------------------------------------------------------------------------- inspect's flags and output folder
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--schedule", "foo"], "argument --schedule: invalid choice: 'foo'"),
+        (["--mask_ratio", "2"], "--mask_ratio 2.0: expected a fraction in [0, 1]"),
+        (["--steps", "0"], "--steps 0: expected an integer >= 1"),
+        (["--seed", "-1"], "--seed -1: expected an integer in [0, 2**63)"),
+        (["--max_samples", "0"], "--max_samples 0: expected an integer >= 1"),
+        (["--batch_size", "0"], "--batch_size 0: expected an integer >= 1"),
+        (["--max_iterations", "0"], "--max_iterations 0: expected an integer >= 1"),
+        (["--mask_ratio", "0.3"], "--mask_ratio: a masked-image-modelling flag, and"),
+        (["--schedule", "cosine"], "--schedule: a masked-image-modelling flag, and"),
+    ],
+)
+def test_inspect_refuses_bad_flag_values_as_predict_does(classifier, tmp_path, capsys, flags, fragment):
+    folder, image = classifier
+    out = tmp_path / "out"
+    try:
+        status = cli.main(["inspect", str(folder), str(image), "--output_dir", str(out), *flags])
+    except SystemExit as stop:  # argparse's own errors (a choice) exit from inside the parser
+        status = stop.code
+    assert status == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # argparse's own errors come after its usage lines
+    assert last.startswith("energyformers inspect: error: ") and fragment in last, err
+    assert not out.exists()
+
+
+def test_inspect_refuses_a_non_empty_output_folder_unless_told_to_write_into_it(classifier, tmp_path, capsys):
+    folder, image = classifier
+    taken = tmp_path / "existing_out"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    argv = ["inspect", str(folder), str(image), "--output_dir", str(taken), "--max_iterations", "2"]
+    assert cli.main(argv) == 2
+    line = only_line(capsys.readouterr().err)
+    assert f"--output_dir {taken}: exists and is not empty" in line and "--overwrite_output_dir" in line, line
+    assert sorted(p.name for p in taken.iterdir()) == ["notes.txt"]
+    assert cli.main([*argv, "--overwrite_output_dir"]) == 0, capsys.readouterr().err
+    assert (taken / "notes.txt").read_text() == "mine" and (taken / "inspect.json").is_file()
+
+
+def test_inspect_writes_into_the_model_folder_itself(classifier, tmp_path, capsys):
+    """`energyformers release` draws a run's figures into its own folder, where export's model card finds them."""
+    folder, image = classifier
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for path in folder.iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    argv = ["inspect", str(copy), str(image), "--output_dir", str(copy), "--max_iterations", "2"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert "hyperset_energy.png" in json.loads((copy / "inspect.json").read_text())["figures"]
+
+
+# ------------------------------------------------------------------------------- missing and foreign model folders
+
+
+@pytest.mark.parametrize(
+    "command, inputs",
+    [("predict", ["x.png"]), ("inspect", ["x.png"]), ("inspect", [])],  # predict's INPUTS are required
+    ids=["predict", "inspect", "inspect-no-inputs"],
+)
+def test_a_missing_folder_is_named_without_asking_an_offline_hub(
+    tmp_path, capsys, monkeypatch, no_model_loads, command, inputs
+):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)  # "nope_dir" is a name that could be a Hub repo, and no folder here
+    extra = ["--output_dir", "o3"] if command == "inspect" else []
+    assert cli.main([command, "nope_dir", *inputs, *extra]) == 2
+    line = only_line(capsys.readouterr().err)
+    assert line == (
+        f"energyformers {command}: error: model folder 'nope_dir': no such local folder, and the Hub is offline "
+        "(HF_HUB_OFFLINE=1), so it cannot be a Hub repo either"
+    ), line
+    assert cli.main([command, "./nope_dir", *inputs, *extra]) == 2
+    line = only_line(capsys.readouterr().err)
+    assert line.endswith("model folder './nope_dir': the folder does not exist"), line
+
+
+@pytest.mark.parametrize("command", ["predict", "inspect"])
+def test_a_folder_of_another_model_type_is_named_as_export_names_it(
+    tmp_path, capsys, no_model_loads, command
+):
+    folder = tmp_path / "bertdir"
+    config = transformers.BertConfig(
+        vocab_size=32, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8
+    )
+    torch.manual_seed(0)
+    transformers.BertForSequenceClassification(config).save_pretrained(folder)
+    capsys.readouterr()  # save_pretrained's progress bar
+    extra = ["--output_dir", str(tmp_path / "out")] if command == "inspect" else []
+    assert cli.main([command, str(folder), "hello", *extra]) == 2
+    line = only_line(capsys.readouterr().err)
+    assert f"{folder / 'config.json'}: model_type='bert' is not an energyformers family" in line, line
+    assert "classifies images" not in line, line
+
+
+def test_predict_runs_the_model_types_the_package_registers():
+    from energyformers.registry import TRANSFORMERS_BASELINES
+
+    expected = {*energyformers.FAMILIES, *energyformers.BASELINES, *TRANSFORMERS_BASELINES}
+    assert set(predict.MODEL_TYPES) == expected, (predict.MODEL_TYPES, sorted(expected))
+    assert set(inspect.MODEL_TYPES) == {*energyformers.FAMILIES, *energyformers.BASELINES}
+
+
+# ------------------------------------------------------------------------------- --version
+
+
+def test_version_prints_the_package_version_without_importing_torch():
+    program = (
+        "import sys; from energyformers.training import cli; code = cli.main(['--version']); "
+        "print('torch' in sys.modules); sys.exit(code)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, env=ENV, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"energyformers {energyformers.__version__}", "False"], done.stdout
