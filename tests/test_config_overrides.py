@@ -247,3 +247,22 @@ def test_config_classes_are_the_families():
         HyperBFConfig,
         LoopedTransformerConfig,
     }
+
+
+def test_pipeline_model_kwargs_are_checked_when_the_pipeline_is_built(tmp_path):
+    """`pipeline(..., model_kwargs=...)` loads through `from_pretrained`: a bad value fails there, with the
+    config's message, not at the first call with another one."""
+    from energyformers.training.processing import build_image_processor
+
+    torch.manual_seed(0)
+    model = HyperSetForImageClassification(hyperset_config("image", num_channels=3))
+    model.save_pretrained(tmp_path)
+    build_image_processor(model.config).save_pretrained(tmp_path)
+    with pytest.raises(
+        ValueError, match=invalid(HyperSetConfig, "num_iterations", 0, "expected an integer >= 1")
+    ):
+        transformers.pipeline("image-classification", model=str(tmp_path), model_kwargs={"num_iterations": 0})
+    classify = transformers.pipeline(
+        "image-classification", model=str(tmp_path), model_kwargs={"num_iterations": 5}
+    )
+    assert classify.model.config.num_iterations == 5
