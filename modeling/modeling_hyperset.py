@@ -1618,8 +1618,9 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             Differentiate only the last k of the L·T iterations (defaults to `config.backprop_iterations`).
         halting_tolerance (`float`, *optional*):
             Adaptive halting in eval mode (defaults to `config.halting_tolerance`): each sample stops once its
-            relative state change (or size of its relative energy change) is below this, `num_iterations` being the maximum; the
-            output's `iterations_used` says how many it ran. Not under torch.compile / export (fixed T there).
+            relative state change (or the size of its relative energy change) is below this, `num_iterations`
+            being the maximum; the output's `iterations_used` says how many it ran. Not under torch.compile /
+            export (fixed T there).
         halting_criterion (`str`, *optional*):
             `"state"` or `"energy"` (defaults to `config.halting_criterion`).
         output_energies (`bool`, *optional*):

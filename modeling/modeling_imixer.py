@@ -975,7 +975,7 @@ class IMixerModel(IMixerPreTrainedModel):
             self.main_input_name = "input_ids"
         self.post_init()
 
-    def call_settings(
+    def _call_settings(
         self,
         where: str,
         fixed_point_iterations: int | None,
@@ -1046,7 +1046,7 @@ class IMixerModel(IMixerPreTrainedModel):
         output_fixed_point_residuals = bool(output_fixed_point_residuals)
         return_dict = self.config.return_dict if return_dict is None else return_dict
         pixel_values, input_ids = route_main_input(self.config, pixel_values, input_ids)
-        num_iterations, settings = self.call_settings(
+        num_iterations, settings = self._call_settings(
             f"{type(self).__name__}.forward",
             fixed_point_iterations,
             fixed_point_solver,
@@ -1121,7 +1121,7 @@ class IMixerHead(IMixerPreTrainedModel):
         `config.problem_type` (transformers' `loss_function` for this head's class name)."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
         # the per-call solver arguments checked under this head's name, before the backbone (which checks them too)
-        self.imixer.call_settings(
+        self.imixer._call_settings(
             f"{type(self).__name__}.forward",
             *(
                 backbone_inputs.get(f"fixed_point_{name}")
