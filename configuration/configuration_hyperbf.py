@@ -36,9 +36,13 @@ def _image_sides(value: Any) -> tuple[int, int]:
     return 0, 0
 
 
-def _require(config: PreTrainedConfig, condition: bool, name: str, value: Any, allowed: str) -> None:
+def _require(
+    config: PreTrainedConfig, condition: bool, name: str, value: Any, allowed: str, where: str | None = None
+) -> None:
+    """`where`: what the message names as the source of the value, the config's class unless a call passed it
+    (e.g. `"IMixerForImageClassification.forward"` for a per-call override)."""
     if not condition:
-        raise ValueError(f"{type(config).__name__}: invalid {name}={value!r}; {allowed}.")
+        raise ValueError(f"{where or type(config).__name__}: invalid {name}={value!r}; {allowed}.")
 
 
 def _fields_of(config: PreTrainedConfig, names: tuple[str, ...]) -> list[str]:
@@ -92,19 +96,42 @@ def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
     config._check_cross_field_rules()
 
 
-class _SavesExportedCode:
-    """`save_pretrained` that keeps an exported folder whole: a config read from an export (it has `auto_map`)
-    first has `folder_code_writer` write that folder's remote code beside it, so `auto_map` and `custom_pipelines`
-    never name files the saved folder lacks (transformers' `custom_object_save` does this only for classes loaded
-    as remote code). The package sets the writer (its `configuration/__init__.py`); it stays None in the copy an
-    exported folder carries, where `custom_object_save` copies the files and this module may not import the
-    package's generator."""
+class _CheckedConfig:
+    """The hooks every config of this file shares, so that a config is checked however it was made, not only by
+    `__init__`:
+
+    * `from_dict` (what `from_pretrained`, `AutoConfig.from_pretrained` and the model classes' `from_pretrained`
+      call) checks the config again after transformers has applied the keyword overrides by attribute assignment,
+      which bypasses `__init__`: a bad override raises the constructor's `ValueError` before any weights are read.
+    * `validate` runs the checks on the config as it is now; transformers' `save_pretrained` calls it, and so do
+      the model classes when they are built, so a config edited by attribute assignment is refused there too.
+    * `save_pretrained` keeps an exported folder whole: a config read from an export (it has `auto_map`) first has
+      `folder_code_writer` write that folder's remote code beside it, so `auto_map` and `custom_pipelines` never
+      name files the saved folder lacks (transformers' `custom_object_save` does this only for classes loaded as
+      remote code). The package sets the writer (its `configuration/__init__.py`); it stays None in the copy an
+      exported folder carries, where `custom_object_save` copies the files and this module may not import the
+      package's generator.
+    """
 
     folder_code_writer: ClassVar[Callable[[Any, str | os.PathLike], Any] | None] = None
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
+        loaded = super().from_dict(config_dict, **kwargs)
+        config = (
+            loaded[0] if isinstance(loaded, tuple) else loaded
+        )  # (config, unused) with return_unused_kwargs
+        config.validate()
+        return loaded
+
+    def validate(self) -> None:
+        """Raise the constructor's `ValueError` if a field now holds a value `__init__` would refuse."""
+        _validate_config(self, {})
 
     def save_pretrained(
         self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs: Any
     ) -> None:
+        self.validate()  # before the remote code is written: a refused config leaves no partial folder
         writer = type(self).folder_code_writer  # read on the class: a plain function, not a bound method
         if writer is not None and self.__dict__.get("auto_map"):
             writer(self, save_directory)
@@ -140,7 +167,7 @@ _IMAGE_SIZES: tuple[str, ...] = ("image_size",)
 _BOOLEANS: tuple[str, ...] = ()
 
 
-class HyperBFConfig(_SavesExportedCode, PreTrainedConfig):
+class HyperBFConfig(_CheckedConfig, PreTrainedConfig):
     r"""Configuration of a HyperBF model (`model_type="hyperbf"`).
 
     Args:

@@ -38,9 +38,13 @@ def _image_sides(value: Any) -> tuple[int, int]:
     return 0, 0
 
 
-def _require(config: PreTrainedConfig, condition: bool, name: str, value: Any, allowed: str) -> None:
+def _require(
+    config: PreTrainedConfig, condition: bool, name: str, value: Any, allowed: str, where: str | None = None
+) -> None:
+    """`where`: what the message names as the source of the value, the config's class unless a call passed it
+    (e.g. `"IMixerForImageClassification.forward"` for a per-call override)."""
     if not condition:
-        raise ValueError(f"{type(config).__name__}: invalid {name}={value!r}; {allowed}.")
+        raise ValueError(f"{where or type(config).__name__}: invalid {name}={value!r}; {allowed}.")
 
 
 def _fields_of(config: PreTrainedConfig, names: tuple[str, ...]) -> list[str]:
@@ -94,19 +98,42 @@ def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
     config._check_cross_field_rules()
 
 
-class _SavesExportedCode:
-    """`save_pretrained` that keeps an exported folder whole: a config read from an export (it has `auto_map`)
-    first has `folder_code_writer` write that folder's remote code beside it, so `auto_map` and `custom_pipelines`
-    never name files the saved folder lacks (transformers' `custom_object_save` does this only for classes loaded
-    as remote code). The package sets the writer (its `configuration/__init__.py`); it stays None in the copy an
-    exported folder carries, where `custom_object_save` copies the files and this module may not import the
-    package's generator."""
+class _CheckedConfig:
+    """The hooks every config of this file shares, so that a config is checked however it was made, not only by
+    `__init__`:
+
+    * `from_dict` (what `from_pretrained`, `AutoConfig.from_pretrained` and the model classes' `from_pretrained`
+      call) checks the config again after transformers has applied the keyword overrides by attribute assignment,
+      which bypasses `__init__`: a bad override raises the constructor's `ValueError` before any weights are read.
+    * `validate` runs the checks on the config as it is now; transformers' `save_pretrained` calls it, and so do
+      the model classes when they are built, so a config edited by attribute assignment is refused there too.
+    * `save_pretrained` keeps an exported folder whole: a config read from an export (it has `auto_map`) first has
+      `folder_code_writer` write that folder's remote code beside it, so `auto_map` and `custom_pipelines` never
+      name files the saved folder lacks (transformers' `custom_object_save` does this only for classes loaded as
+      remote code). The package sets the writer (its `configuration/__init__.py`); it stays None in the copy an
+      exported folder carries, where `custom_object_save` copies the files and this module may not import the
+      package's generator.
+    """
 
     folder_code_writer: ClassVar[Callable[[Any, str | os.PathLike], Any] | None] = None
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
+        loaded = super().from_dict(config_dict, **kwargs)
+        config = (
+            loaded[0] if isinstance(loaded, tuple) else loaded
+        )  # (config, unused) with return_unused_kwargs
+        config.validate()
+        return loaded
+
+    def validate(self) -> None:
+        """Raise the constructor's `ValueError` if a field now holds a value `__init__` would refuse."""
+        _validate_config(self, {})
 
     def save_pretrained(
         self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs: Any
     ) -> None:
+        self.validate()  # before the remote code is written: a refused config leaves no partial folder
         writer = type(self).folder_code_writer  # read on the class: a plain function, not a bound method
         if writer is not None and self.__dict__.get("auto_map"):
             writer(self, save_directory)
@@ -168,7 +195,7 @@ FEATURE_MAPS: tuple[str, ...] = ("sigmoid", "relu", "tanh", "softplus", "silu", 
 
 # The fields Hyper-SET shares with its looped-Transformer baseline (configuration_looped_transformer.py): the
 # embeddings, the width and heads, the recurrent-depth schedule and the classification head.
-class RecurrentDepthConfig(_SavesExportedCode, PreTrainedConfig):
+class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
     r"""The fields of a model that iterates weight-tied layers: Hyper-SET (`HyperSetConfig`) and the
     looped-Transformer baseline (`LoopedTransformerConfig`) derive from it, so both models read one definition of
     the embeddings, the width and heads, the depth schedule (`num_iterations`, `iteration_sampling`, truncation)
@@ -467,10 +494,11 @@ class HyperSetConfig(RecurrentDepthConfig):
             Weight of the halting head's BCE (mean over steps) added to the task loss (TRM's 0.5).
         halting_tolerance (`float`, *optional*):
             ε of adaptive halting at inference (eval mode): a sample stops iterating once its relative state
-            change ‖x_{t+1} − x_t‖ / ‖x_t‖ (or relative energy decrease) falls below ε, at num_iterations at
+            change ‖x_{t+1} − x_t‖ / ‖x_t‖ (or relative energy change) falls below ε, at num_iterations at
             the latest, and costs no further compute. `None`: every sample runs num_iterations.
         halting_criterion (`str`, *optional*, defaults to `"state"`):
-            What halting measures: `"state"` change or `"energy"` decrease (E_ATTN + E_FF).
+            What halting measures: `"state"` change or `"energy"` change |E_t − E_{t+1}| / |E_t| of E_ATTN +
+            E_FF, its size whether the energy falls or rises.
         image_size (`int` or `list[int]`, *optional*, defaults to 224):
             Input resolution (height, width); non-square sizes are allowed.
         patch_size (`int`, *optional*, defaults to 16):

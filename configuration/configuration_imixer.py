@@ -49,9 +49,13 @@ def _image_sides(value: Any) -> tuple[int, int]:
     return 0, 0
 
 
-def _require(config: PreTrainedConfig, condition: bool, name: str, value: Any, allowed: str) -> None:
+def _require(
+    config: PreTrainedConfig, condition: bool, name: str, value: Any, allowed: str, where: str | None = None
+) -> None:
+    """`where`: what the message names as the source of the value, the config's class unless a call passed it
+    (e.g. `"IMixerForImageClassification.forward"` for a per-call override)."""
     if not condition:
-        raise ValueError(f"{type(config).__name__}: invalid {name}={value!r}; {allowed}.")
+        raise ValueError(f"{where or type(config).__name__}: invalid {name}={value!r}; {allowed}.")
 
 
 def _fields_of(config: PreTrainedConfig, names: tuple[str, ...]) -> list[str]:
@@ -105,19 +109,42 @@ def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
     config._check_cross_field_rules()
 
 
-class _SavesExportedCode:
-    """`save_pretrained` that keeps an exported folder whole: a config read from an export (it has `auto_map`)
-    first has `folder_code_writer` write that folder's remote code beside it, so `auto_map` and `custom_pipelines`
-    never name files the saved folder lacks (transformers' `custom_object_save` does this only for classes loaded
-    as remote code). The package sets the writer (its `configuration/__init__.py`); it stays None in the copy an
-    exported folder carries, where `custom_object_save` copies the files and this module may not import the
-    package's generator."""
+class _CheckedConfig:
+    """The hooks every config of this file shares, so that a config is checked however it was made, not only by
+    `__init__`:
+
+    * `from_dict` (what `from_pretrained`, `AutoConfig.from_pretrained` and the model classes' `from_pretrained`
+      call) checks the config again after transformers has applied the keyword overrides by attribute assignment,
+      which bypasses `__init__`: a bad override raises the constructor's `ValueError` before any weights are read.
+    * `validate` runs the checks on the config as it is now; transformers' `save_pretrained` calls it, and so do
+      the model classes when they are built, so a config edited by attribute assignment is refused there too.
+    * `save_pretrained` keeps an exported folder whole: a config read from an export (it has `auto_map`) first has
+      `folder_code_writer` write that folder's remote code beside it, so `auto_map` and `custom_pipelines` never
+      name files the saved folder lacks (transformers' `custom_object_save` does this only for classes loaded as
+      remote code). The package sets the writer (its `configuration/__init__.py`); it stays None in the copy an
+      exported folder carries, where `custom_object_save` copies the files and this module may not import the
+      package's generator.
+    """
 
     folder_code_writer: ClassVar[Callable[[Any, str | os.PathLike], Any] | None] = None
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
+        loaded = super().from_dict(config_dict, **kwargs)
+        config = (
+            loaded[0] if isinstance(loaded, tuple) else loaded
+        )  # (config, unused) with return_unused_kwargs
+        config.validate()
+        return loaded
+
+    def validate(self) -> None:
+        """Raise the constructor's `ValueError` if a field now holds a value `__init__` would refuse."""
+        _validate_config(self, {})
 
     def save_pretrained(
         self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs: Any
     ) -> None:
+        self.validate()  # before the remote code is written: a refused config leaves no partial folder
         writer = type(self).folder_code_writer  # read on the class: a plain function, not a bound method
         if writer is not None and self.__dict__.get("auto_map"):
             writer(self, save_directory)
@@ -166,15 +193,17 @@ _BOOLEANS: tuple[str, ...] = ()
 
 
 def check_fixed_point_settings(
-    config: PreTrainedConfig, solver: str, gradient: str, tolerance: float
+    config: PreTrainedConfig, solver: str, gradient: str, tolerance: float, where: str | None = None
 ) -> None:
-    """Rules on solver and gradient choices, shared by the config and per-call overrides of the model's forward."""
+    """Rules on solver and gradient choices, shared by the config and per-call overrides of the model's forward
+    (`where` names that call in the message: the bad value is the call's, not the config's)."""
     _require(
         config,
         solver in _CHOICES["fixed_point_solver"],
         "fixed_point_solver",
         solver,
         f"expected one of {list(_CHOICES['fixed_point_solver'])}",
+        where,
     )
     _require(
         config,
@@ -182,6 +211,7 @@ def check_fixed_point_settings(
         "fixed_point_gradient",
         gradient,
         f"expected one of {list(_CHOICES['fixed_point_gradient'])}",
+        where,
     )
     _require(
         config,
@@ -189,6 +219,7 @@ def check_fixed_point_settings(
         "fixed_point_tolerance",
         tolerance,
         "expected a float > 0",
+        where,
     )
     needs_fixed_map = solver in _TOLERANCE_SOLVERS or gradient != "unrolled"
     for name, value, moving in (
@@ -203,10 +234,11 @@ def check_fixed_point_settings(
             f"{moving!r} changes F between fixed-point steps in training, so fixed_point_solver={solver!r} with "
             f"fixed_point_gradient={gradient!r} has no fixed point to converge to or differentiate; use the "
             "'unrolled' solver and gradient",
+            where,
         )
 
 
-class IMixerConfig(_SavesExportedCode, PreTrainedConfig):
+class IMixerConfig(_CheckedConfig, PreTrainedConfig):
     r"""Configuration of an iMixer model (`model_type="imixer"`).
 
     Args:
@@ -412,9 +444,12 @@ class IMixerConfig(_SavesExportedCode, PreTrainedConfig):
             'input_type="sequence" needs an integer vocab_size >= 1',
         )
 
-    def check_fixed_point_settings(self, solver: str, gradient: str, tolerance: float) -> None:
-        """Raise ValueError for a solver / gradient / tolerance this model cannot use (also per call)."""
-        check_fixed_point_settings(self, solver, gradient, tolerance)
+    def check_fixed_point_settings(
+        self, solver: str, gradient: str, tolerance: float, where: str | None = None
+    ) -> None:
+        """Raise ValueError for a solver / gradient / tolerance this model cannot use (also per call: `where`
+        names the call, e.g. `"IMixerModel.forward"`, in place of the config's class)."""
+        check_fixed_point_settings(self, solver, gradient, tolerance, where)
 
     @property
     def activation_max_slope(self) -> float:

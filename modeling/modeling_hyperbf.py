@@ -89,6 +89,18 @@ def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
+def config_choice(config: PreTrainedConfig, name: str, choices: dict[str, object]) -> object:
+    """What `choices` maps the value of field `name` to. A field the config's checks cover is read through its
+    table, never by an `if`/`else` whose `else` would run for any other value: a config edited by attribute
+    assignment after its checks ran raises here, in the config's words, instead of running another model."""
+    value = getattr(config, name)
+    if value not in choices:
+        raise ValueError(
+            f"{type(config).__name__}: invalid {name}={value!r}; expected one of {list(choices)}."
+        )
+    return choices[value]
+
+
 # --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
 
 
@@ -591,6 +603,12 @@ class HyperBFPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["HyperBFEmbeddings", "HyperBFLayer"]
     _supports_sdpa = True
 
+    def __init__(self, config: HyperBFConfig, *inputs: object, **kwargs: object) -> None:
+        # The config's checks again, as it is now: one edited by attribute assignment since it was built or loaded
+        # is refused by name before any module reads it.
+        config.validate()
+        super().__init__(config, *inputs, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -707,7 +725,8 @@ class HyperBFModel(HyperBFPreTrainedModel):
                 attention_sigmas=torch.stack([layer.attention.sigma() for layer in self.layers]),  # (L, H)
             )
         hidden_states = self.layernorm(hidden_states)
-        pooled = hidden_states[:, 0] if self.config.pooling == "cls" else masked_mean(hidden_states, keep)
+        first_token = config_choice(self.config, "pooling", {"cls": True, "mean": False})
+        pooled = hidden_states[:, 0] if first_token else masked_mean(hidden_states, keep)
         output = HyperBFModelOutput(
             last_hidden_state=hidden_states,
             pooler_output=pooled,

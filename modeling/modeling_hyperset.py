@@ -114,6 +114,18 @@ def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
+def config_choice(config: PreTrainedConfig, name: str, choices: dict[str, object]) -> object:
+    """What `choices` maps the value of field `name` to. A field the config's checks cover is read through its
+    table, never by an `if`/`else` whose `else` would run for any other value: a config edited by attribute
+    assignment after its checks ran raises here, in the config's words, instead of running another model."""
+    value = getattr(config, name)
+    if value not in choices:
+        raise ValueError(
+            f"{type(config).__name__}: invalid {name}={value!r}; expected one of {list(choices)}."
+        )
+    return choices[value]
+
+
 def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
     """Fixed 1-D position encoding, sin/cos interleaved over channels (Vaswani et al.), `(num_positions, dim)`.
 
@@ -656,7 +668,7 @@ class HyperSetFeedForward(nn.Module):
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__()
         self.energy_kind = config.feedforward_energy
-        self.activation = nn.ReLU() if config.hidden_act == "relu" else nn.GELU()
+        self.activation = config_choice(config, "hidden_act", {"relu": nn.ReLU, "gelu": nn.GELU})()
         self.eps = config.rms_norm_eps
         self.dictionary = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.norm = nn.RMSNorm(config.intermediate_size, eps=config.rms_norm_eps)
@@ -971,11 +983,14 @@ def halting_targets(head: PreTrainedModel, logits: torch.Tensor, labels: torch.T
     return (logits.argmax(-1) == labels).to(logits.dtype)
 
 
-def _batch_size(backbone_inputs: dict) -> int:
+def _batch_size(config: PreTrainedConfig, backbone_inputs: dict) -> int:
     for name in ("pixel_values", "input_ids", "inputs_embeds"):
         if backbone_inputs.get(name) is not None:
             return backbone_inputs[name].shape[0]
-    raise ValueError("pass pixel_values, input_ids or inputs_embeds.")  # the backbone's own check says which
+    # No input at all: the input check of `config.input_type` raises, naming the inputs this head takes (an image
+    # head's forward has no input_ids), in the words every family's models use.
+    _check_inputs(config, None, None, None, None)
+    raise AssertionError("unreachable: _check_inputs refuses a call without inputs")
 
 
 # Batch-first inputs of a backbone call, subset for the samples still running under the halting head.
@@ -1039,7 +1054,7 @@ def classify_with_deep_supervision(
     carry = inputs.pop("initial_state", None)
     step_labels = labels if head.training else None  # eval: the loss of the returned logits, at the end
 
-    batch = _batch_size(inputs)
+    batch = _batch_size(config, inputs)
     device = head.classifier.weight.device if hasattr(head.classifier, "weight") else None
     active = None  # indices of the samples still running (None: all)
     logits = step_outputs = merged = None
@@ -1389,7 +1404,7 @@ class RecurrentDepthMixin:
     def _pool(self, hidden_states: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
         """The classifier input of a state `(B, N, d)`: its first token (`"cls"`) or the mean over the real tokens;
         the image CLS token is no patch (timm's mean pooling)."""
-        if self.config.pooling == "cls":
+        if config_choice(self.config, "pooling", {"cls": True, "mean": False}):  # True: the first token
             return hidden_states[:, 0]
         prefix = self.embeddings.num_prefix_tokens
         return masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
@@ -1472,6 +1487,12 @@ class HyperSetPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["HyperSetEmbeddings", "HyperSetLayer"]
     _supports_sdpa = True
+
+    def __init__(self, config: HyperSetConfig, *inputs: object, **kwargs: object) -> None:
+        # The config's checks again, as it is now: one edited by attribute assignment since it was built or loaded
+        # is refused by name before any module reads it.
+        config.validate()
+        super().__init__(config, *inputs, **kwargs)
 
     def get_correct_attn_implementation(
         self, requested_attention: str | None, is_init_check: bool = False
@@ -1597,8 +1618,9 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             Differentiate only the last k of the L·T iterations (defaults to `config.backprop_iterations`).
         halting_tolerance (`float`, *optional*):
             Adaptive halting in eval mode (defaults to `config.halting_tolerance`): each sample stops once its
-            relative state change (or energy decrease) is below this, `num_iterations` being the maximum; the
-            output's `iterations_used` says how many it ran. Not under torch.compile / export (fixed T there).
+            relative state change (or the size of its relative energy change) is below this, `num_iterations`
+            being the maximum; the output's `iterations_used` says how many it ran. Not under torch.compile /
+            export (fixed T there).
         halting_criterion (`str`, *optional*):
             `"state"` or `"energy"` (defaults to `config.halting_criterion`).
         output_energies (`bool`, *optional*):
@@ -1749,9 +1771,10 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Iterate `layer` per sample until its relative change is below `tolerance`, T at most.
 
-        The change is ‖x_{t+1} − x_t‖ / ‖x_t‖ over the real tokens (`"state"`) or the relative decrease of
-        E_ATTN + E_FF (`"energy"`). A halted sample leaves the working batch, so it costs no more compute; its
-        state is written back in place. Returns the states and the iterations each sample ran, `(B,)`.
+        The change is ‖x_{t+1} − x_t‖ / ‖x_t‖ over the real tokens (`"state"`) or |E_t − E_{t+1}| / |E_t| with
+        E = E_ATTN + E_FF (`"energy"`): a sample keeps iterating while its energy still changes by ε or more, up
+        or down. A halted sample leaves the working batch, so it costs no more compute; its state is written back
+        in place. Returns the states and the iterations each sample ran, `(B,)`.
         """
         batch = hidden_states.shape[0]
         active = torch.arange(batch, device=hidden_states.device)  # samples still iterating
@@ -1779,8 +1802,11 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                     torch.finfo(change.dtype).tiny
                 )
             else:
+                # The size of the change, up or down, as the state criterion measures a norm: a sample whose energy
+                # rises is still moving (the step sizes are learned, so an update need not descend) and must not
+                # read as converged.
                 new_energy = self._energy(layer, updated, tokens)
-                change = (energy[active] - new_energy) / energy[active].abs().clamp_min(
+                change = (energy[active] - new_energy).abs() / energy[active].abs().clamp_min(
                     torch.finfo(new_energy.dtype).tiny
                 )
                 energy = energy.index_copy(0, active, new_energy)

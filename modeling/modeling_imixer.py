@@ -886,6 +886,12 @@ class IMixerPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["IMixerEmbeddings", "IMixerLayer"]
 
+    def __init__(self, config: IMixerConfig, *inputs: object, **kwargs: object) -> None:
+        # The config's checks again, as it is now: one edited by attribute assignment since it was built or loaded
+        # is refused by name before any module reads it.
+        config.validate()
+        super().__init__(config, *inputs, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         # timm's Mixer init (the authors' code base): Xavier-uniform MLP weights with N(0, 1e-6) biases,
@@ -969,6 +975,40 @@ class IMixerModel(IMixerPreTrainedModel):
             self.main_input_name = "input_ids"
         self.post_init()
 
+    def _call_settings(
+        self,
+        where: str,
+        fixed_point_iterations: int | None,
+        fixed_point_solver: str | None,
+        fixed_point_tolerance: float | None,
+        fixed_point_gradient: str | None,
+    ) -> tuple[int, _FixedPointSettings]:
+        """The fixed-point step count and settings of one call: the config's, with the call's overrides, checked.
+        An error names `where`, the forward the user called (a head checks before its backbone), since a bad value
+        there came from the call: the config was checked when it was built or loaded."""
+        num_iterations = (
+            self.config.fixed_point_iterations if fixed_point_iterations is None else fixed_point_iterations
+        )
+        if not isinstance(num_iterations, int) or isinstance(num_iterations, bool) or num_iterations < 0:
+            raise ValueError(
+                f"{where}: invalid fixed_point_iterations={num_iterations!r}; expected an integer >= 0."
+            )
+        if num_iterations > 0 and self.config.fixed_point_iterations == 0:
+            raise ValueError(
+                f"{where}: invalid fixed_point_iterations={num_iterations}; it needs the contractive block F, but "
+                "this model was built with config.fixed_point_iterations=0 (vanilla MLP-Mixer, no F): pass 0 or "
+                "build it with n >= 1."
+            )
+        settings = _FixedPointSettings.of(
+            self.config,
+            num_iterations,
+            solver=fixed_point_solver,
+            tolerance=fixed_point_tolerance,
+            gradient=fixed_point_gradient,
+        )
+        self.config.check_fixed_point_settings(settings.solver, settings.gradient, settings.tolerance, where)
+        return num_iterations, settings
+
     def forward(
         self,
         pixel_values: torch.Tensor | None = None,
@@ -1006,24 +1046,13 @@ class IMixerModel(IMixerPreTrainedModel):
         output_fixed_point_residuals = bool(output_fixed_point_residuals)
         return_dict = self.config.return_dict if return_dict is None else return_dict
         pixel_values, input_ids = route_main_input(self.config, pixel_values, input_ids)
-        num_iterations = (
-            self.config.fixed_point_iterations if fixed_point_iterations is None else fixed_point_iterations
+        num_iterations, settings = self._call_settings(
+            f"{type(self).__name__}.forward",
+            fixed_point_iterations,
+            fixed_point_solver,
+            fixed_point_tolerance,
+            fixed_point_gradient,
         )
-        if not isinstance(num_iterations, int) or isinstance(num_iterations, bool) or num_iterations < 0:
-            raise ValueError(f"fixed_point_iterations must be an integer >= 0; got {num_iterations!r}.")
-        if num_iterations > 0 and self.config.fixed_point_iterations == 0:
-            raise ValueError(
-                f"fixed_point_iterations={num_iterations} needs the contractive block F, but this model was built "
-                "with config.fixed_point_iterations=0 (vanilla MLP-Mixer, no F); pass 0 or build it with n >= 1."
-            )
-        settings = _FixedPointSettings.of(
-            self.config,
-            num_iterations,
-            solver=fixed_point_solver,
-            tolerance=fixed_point_tolerance,
-            gradient=fixed_point_gradient,
-        )
-        self.config.check_fixed_point_settings(settings.solver, settings.gradient, settings.tolerance)
 
         hidden_states, keep = self.embeddings(
             pixel_values=pixel_values,
@@ -1091,6 +1120,14 @@ class IMixerHead(IMixerPreTrainedModel):
         """The backbone on `backbone_inputs`, the classifier on its pooled token, the loss of `labels` by
         `config.problem_type` (transformers' `loss_function` for this head's class name)."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
+        # the per-call solver arguments checked under this head's name, before the backbone (which checks them too)
+        self.imixer._call_settings(
+            f"{type(self).__name__}.forward",
+            *(
+                backbone_inputs.get(f"fixed_point_{name}")
+                for name in ("iterations", "solver", "tolerance", "gradient")
+            ),
+        )
         outputs = self.imixer(**backbone_inputs, return_dict=True)
         logits = self.classifier(outputs.pooler_output)
         loss = None if labels is None else self.loss_function(labels, logits, self.config)

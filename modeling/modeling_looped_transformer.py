@@ -47,6 +47,7 @@ from .modeling_hyperset import (
     check_head_input_type,
     check_initial_state,
     check_masked_image_modeling_head,
+    config_choice,
     fixed_positions,
     route_main_input,
 )
@@ -129,7 +130,10 @@ class LoopedTransformerMLP(nn.Module):
     def __init__(self, config: LoopedTransformerConfig) -> None:
         super().__init__()
         self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.activation = ACT2FN[config.hidden_act]
+        # the config's two choices, not any name ACT2FN knows: another value raises rather than running its activation
+        self.activation = config_choice(
+            config, "hidden_act", {name: ACT2FN[name] for name in ("gelu", "relu")}
+        )
         self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -169,6 +173,12 @@ class LoopedTransformerPreTrainedModel(PreTrainedModel):
     _supports_sdpa = (
         True  # transformers' default, "sdpa" on every device, as for its own softmax-attention models
     )
+
+    def __init__(self, config: LoopedTransformerConfig, *inputs: object, **kwargs: object) -> None:
+        # The config's checks again, as it is now: one edited by attribute assignment since it was built or loaded
+        # is refused by name before any module reads it.
+        config.validate()
+        super().__init__(config, *inputs, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -353,19 +354,37 @@ def test_a_diverging_solve_stops_with_a_warning_and_finite_output(solver):
 # ---------------------------------------------------------------- per-call settings and their validation
 
 
-def test_per_call_settings_are_validated_naming_the_argument():
+def test_per_call_settings_are_validated_naming_the_call_and_the_argument():
+    """A bad per-call value is the call's, not the config's: the message names the forward that was called (the
+    head's, checked before its backbone runs; the backbone's when it is called itself), the argument, the value and
+    what is allowed."""
     model = IMAGE.build()
     inputs = IMAGE.inputs()
-    with pytest.raises(ValueError, match=r"invalid fixed_point_solver='newton'; expected one of"):
+    head = re.escape("IMixerForImageClassification.forward: invalid ")
+    with pytest.raises(
+        ValueError, match=head + r"fixed_point_solver='newton'; expected one of \['unrolled', "
+    ):
         model(**inputs, fixed_point_solver="newton")
-    with pytest.raises(ValueError, match=r"invalid fixed_point_gradient='adjoint'; expected one of"):
+    with pytest.raises(
+        ValueError, match=head + r"fixed_point_gradient='adjoint'; expected one of \['unrolled', "
+    ):
         model(**inputs, fixed_point_gradient="adjoint")
     for tolerance in (0.0, -1e-3, math.nan):
-        with pytest.raises(ValueError, match=r"invalid fixed_point_tolerance="):
+        with pytest.raises(
+            ValueError, match=head + re.escape(f"fixed_point_tolerance={tolerance!r}; expected")
+        ):
             model(**inputs, fixed_point_solver="picard", fixed_point_tolerance=tolerance)
+    for iterations in (-1, 1.5, True):
+        with pytest.raises(
+            ValueError, match=head + re.escape(f"fixed_point_iterations={iterations!r}; expected")
+        ):
+            model(**inputs, fixed_point_iterations=iterations)
     batch_norm = IMAGE.build(contractive_normalization="batch_norm")
-    with pytest.raises(ValueError, match=r"invalid contractive_normalization='batch_norm'.*'picard'"):
+    with pytest.raises(ValueError, match=head + r"contractive_normalization='batch_norm'.*'picard'"):
         batch_norm(**inputs, fixed_point_solver="picard")
+    backbone = re.escape("IMixerModel.forward: invalid fixed_point_solver='newton'; expected one of ")
+    with pytest.raises(ValueError, match=backbone):
+        model.imixer(**inputs, fixed_point_solver="newton")
 
 
 def test_pipeline_passes_solver_arguments_through():

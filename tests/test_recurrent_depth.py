@@ -240,6 +240,75 @@ def test_halted_samples_equal_running_alone_with_their_depth_and_are_not_recompu
             torch.testing.assert_close(out.logits[i : i + 1], alone, rtol=1e-5, atol=1e-5)
 
 
+def constant_step_model(alpha: float, gamma: float, anchor: float = 0.0) -> HyperSetForImageClassification:
+    """A tiny one-layer image classifier whose step sizes are the constants α, γ at every token and channel (the
+    step-size projection's weight zeroed, its bias set): γ < 0 climbs the feedforward energy, γ, α > 0 descend."""
+    torch.manual_seed(0)
+    model = perturb(
+        HyperSetForImageClassification(hyperset_config("image", num_hidden_layers=1, input_anchor=anchor))
+    )
+    with torch.no_grad():
+        projection = model.hyperset.step_sizes.proj
+        width = projection.bias.numel() // 2
+        projection.weight.zero_()
+        projection.bias[:width] = alpha
+        projection.bias[width:] = gamma
+    return model.eval()
+
+
+def _relative_energy_changes(
+    model: HyperSetForImageClassification, inputs: torch.Tensor, depth: int
+) -> torch.Tensor:
+    """(E_t − E_{t−1}) / |E_{t−1}| of E = E_ATTN + E_FF for t = 1..depth, `(batch, depth)`, from a fixed-depth run."""
+    with torch.no_grad():
+        energies = model(pixel_values=inputs, num_iterations=depth, output_energies=True).energies
+    total = (energies.attention_energy + energies.feedforward_energy)[:, 0]  # (B, T + 1), the one layer
+    return (total[:, 1:] - total[:, :-1]) / total[:, :-1].abs()
+
+
+# ε of the two energy-halting tests; the fixtures keep every |relative change| at least 10 % away from it, so float32
+# rounding of the energies (relative ~1e-7 at |E| ~ 500) cannot move a sample across the threshold.
+ENERGY_TOLERANCE = 1.3e-3
+
+
+def test_energy_halting_keeps_iterating_while_the_energy_rises():
+    """A rising energy is a change, not convergence: with γ < 0 every update climbs the energy by more than ε and
+    every sample runs the maximum depth (a test of the decrease alone stopped them all after one iteration)."""
+    model, inputs, depth = constant_step_model(alpha=0.0, gamma=-1.0), pixels(), 12
+    changes = _relative_energy_changes(model, inputs, depth)
+    assert (changes > 1.1 * ENERGY_TOLERANCE).all(), (
+        f"fixture: the energy must rise by > ε each step: {changes}"
+    )
+    with torch.no_grad():
+        out = model(
+            pixel_values=inputs,
+            num_iterations=depth,
+            halting_tolerance=ENERGY_TOLERANCE,
+            halting_criterion="energy",
+        )
+    assert out.iterations_used.tolist() == [depth] * 4, out.iterations_used.tolist()
+
+
+def test_energy_halting_stops_a_converging_sample_at_the_first_change_below_tolerance():
+    """Descending steps with an anchor converge: the energy's relative change shrinks geometrically, and each sample
+    stops after the first iteration whose |E_t − E_{t−1}| / |E_{t−1}| is below ε, well before the maximum."""
+    model, inputs, depth = constant_step_model(alpha=0.2, gamma=0.2, anchor=0.5), pixels(), 12
+    sizes = _relative_energy_changes(model, inputs, depth).abs()
+    assert ((sizes < 0.9 * ENERGY_TOLERANCE) | (sizes > 1.1 * ENERGY_TOLERANCE)).all(), f"fixture: {sizes}"
+    below = sizes < ENERGY_TOLERANCE
+    assert below.any(dim=1).all(), f"fixture: every sample must converge within {depth} iterations: {sizes}"
+    expected = (below.int().argmax(dim=1) + 1).tolist()  # the first t whose change is below ε
+    with torch.no_grad():
+        out = model(
+            pixel_values=inputs,
+            num_iterations=depth,
+            halting_tolerance=ENERGY_TOLERANCE,
+            halting_criterion="energy",
+        )
+    assert out.iterations_used.tolist() == expected, (out.iterations_used.tolist(), expected, sizes)
+    assert max(expected) < depth, expected
+
+
 def test_halting_respects_padding_and_reaches_the_token_head():
     torch.manual_seed(0)
     config = hyperset_config("sequence", num_hidden_layers=1)

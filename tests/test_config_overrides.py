@@ -1,0 +1,268 @@
+"""A config is checked however it was made, not only by `__init__`: keyword overrides at load time (transformers'
+`from_dict` applies them by attribute assignment, after `__init__`), a config edited by attribute assignment and then
+given to a model or saved, and the model-side reads of choice fields (a table lookup, never an `else` that runs
+another model). Also the message of a head called without inputs, for every family and the looped baseline."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from fixtures import HEADS, cases, hyperbf_config, hyperset_config, imixer_config
+
+from energyformers import (
+    HyperBFConfig,
+    HyperBFForImageClassification,
+    HyperSetConfig,
+    HyperSetForImageClassification,
+    IMixerConfig,
+    IMixerForImageClassification,
+    LoopedTransformerConfig,
+    LoopedTransformerForImageClassification,
+    LoopedTransformerForSequenceClassification,
+    LoopedTransformerForTokenClassification,
+)
+from energyformers.modeling.modeling_hyperset import HyperSetFeedForward
+from energyformers.modeling.modeling_looped_transformer import LoopedTransformerMLP
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """An image head of one family, its tiny config, and one good override of a field its config.json holds."""
+
+    name: str
+    head: type
+    config: Callable[..., transformers.PretrainedConfig]
+    good: tuple[str, object]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+FAMILIES = {
+    "hyperset": Family(
+        "hyperset",
+        HyperSetForImageClassification,
+        lambda **o: hyperset_config("image", **o),
+        ("num_iterations", 5),
+    ),
+    "imixer": Family(
+        "imixer",
+        IMixerForImageClassification,
+        lambda **o: imixer_config("image", **o),
+        ("fixed_point_solver", "picard"),
+    ),
+    "hyperbf": Family(
+        "hyperbf",
+        HyperBFForImageClassification,
+        lambda **o: hyperbf_config("image", **o),
+        ("pooling", "mean"),
+    ),
+    "looped-transformer": Family(
+        "looped-transformer",
+        LoopedTransformerForImageClassification,
+        lambda **o: LoopedTransformerConfig.from_hyperset(hyperset_config("image"), **o),
+        ("num_iterations", 5),
+    ),
+}
+
+# (family, field, bad value, what the constructor's message says is allowed)
+BAD_OVERRIDES = [
+    ("hyperset", "pooling", "bogus", "expected one of ['cls', 'mean']"),
+    ("hyperset", "hidden_act", "bogus", "expected one of ['relu', 'gelu']"),
+    ("hyperset", "num_iterations", 0, "expected an integer >= 1"),
+    ("hyperset", "halting_tolerance", -1.0, "expected None or a float > 0 (finite)"),
+    ("imixer", "fixed_point_solver", "newton", "expected one of ['unrolled', 'picard', 'anderson']"),
+    ("imixer", "hidden_dropout_prob", 1.5, "expected a float in [0, 1)"),
+    ("hyperbf", "pooling", "bogus", "expected one of ['cls', 'mean']"),
+    ("hyperbf", "num_hidden_layers", 0, "expected an integer >= 1"),
+    ("looped-transformer", "hidden_act", "bogus", "expected one of ['relu', 'gelu']"),
+    ("looped-transformer", "num_iterations", 0, "expected an integer >= 1"),
+]
+
+
+def pixels(config: transformers.PretrainedConfig) -> torch.Tensor:
+    return torch.randn(2, config.num_channels, 8, 8, generator=torch.Generator().manual_seed(0))
+
+
+def saved(family: Family, folder: Path) -> Path:
+    torch.manual_seed(0)
+    family.head(family.config()).save_pretrained(folder)
+    return folder
+
+
+def invalid(config_class: type, name: str, value: object, allowed: str) -> str:
+    """The constructor's message, as a regex."""
+    return re.escape(f"{config_class.__name__}: invalid {name}={value!r}; {allowed}.")
+
+
+@pytest.mark.parametrize(("family", "name", "value", "allowed"), BAD_OVERRIDES)
+def test_constructor_refuses_what_the_load_time_override_is_checked_against(family, name, value, allowed):
+    """The messages below are the constructor's own (checked here so the load-time tests match its wording)."""
+    config_class = type(FAMILIES[family].config())
+    with pytest.raises(ValueError, match=invalid(config_class, name, value, allowed)):
+        FAMILIES[family].config(**{name: value})
+
+
+@pytest.mark.parametrize(("family", "name", "value", "allowed"), BAD_OVERRIDES)
+def test_from_pretrained_refuses_a_bad_override_before_reading_the_weights(
+    tmp_path, family, name, value, allowed
+):
+    folder = saved(FAMILIES[family], tmp_path)
+    config_class = type(FAMILIES[family].config())
+    # A weights file that cannot be read: a check that ran after the weights would fail on it first.
+    weights = folder / "model.safetensors"
+    assert weights.is_file(), sorted(p.name for p in folder.iterdir())
+    weights.write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match=invalid(config_class, name, value, allowed)):
+        transformers.AutoModelForImageClassification.from_pretrained(folder, **{name: value})
+    with pytest.raises(ValueError, match=invalid(config_class, name, value, allowed)):
+        FAMILIES[family].head.from_pretrained(folder, **{name: value})
+
+
+@pytest.mark.parametrize(("family", "name", "value", "allowed"), BAD_OVERRIDES)
+def test_auto_config_refuses_a_bad_override(tmp_path, family, name, value, allowed):
+    folder = saved(FAMILIES[family], tmp_path)
+    config_class = type(FAMILIES[family].config())
+    with pytest.raises(ValueError, match=invalid(config_class, name, value, allowed)):
+        transformers.AutoConfig.from_pretrained(folder, **{name: value})
+    with pytest.raises(ValueError, match=invalid(config_class, name, value, allowed)):
+        config_class.from_pretrained(folder, return_unused_kwargs=True, **{name: value})
+
+
+def test_an_override_is_checked_against_the_cross_field_rules_too(tmp_path):
+    folder = saved(FAMILIES["hyperset"], tmp_path)  # hidden_size 16
+    message = "HyperSetConfig: invalid hidden_size=16; it must be divisible by num_attention_heads=3."
+    with pytest.raises(ValueError, match=re.escape(message)):
+        transformers.AutoConfig.from_pretrained(folder, num_attention_heads=3)
+
+
+@cases(list(FAMILIES.values()))
+def test_a_good_override_still_loads_and_runs(tmp_path, case):
+    folder = saved(case, tmp_path)
+    name, value = case.good
+    config, unused = transformers.AutoConfig.from_pretrained(
+        folder, return_unused_kwargs=True, **{name: value}
+    )
+    assert getattr(config, name) == value and unused == {}, (getattr(config, name), unused)
+    model = transformers.AutoModelForImageClassification.from_pretrained(folder, **{name: value}).eval()
+    assert type(model) is case.head and getattr(model.config, name) == value
+    with torch.no_grad():
+        logits = model(pixel_values=pixels(model.config)).logits
+    assert logits.shape == (2, model.config.num_labels) and torch.isfinite(logits).all()
+    model.save_pretrained(tmp_path / "again")  # what was accepted saves and loads again
+    assert getattr(transformers.AutoConfig.from_pretrained(tmp_path / "again"), name) == value
+
+
+# ---------------------------------------------------------------- configs edited by attribute assignment
+
+
+@pytest.mark.parametrize(("family", "name", "value", "allowed"), BAD_OVERRIDES)
+def test_an_edited_config_is_refused_by_the_model_and_by_save(tmp_path, family, name, value, allowed):
+    config = FAMILIES[family].config()
+    setattr(config, name, value)
+    with pytest.raises(ValueError, match=invalid(type(config), name, value, allowed)):
+        FAMILIES[family].head(config)
+    with pytest.raises(ValueError, match=invalid(type(config), name, value, allowed)):
+        config.save_pretrained(tmp_path)
+    assert not (tmp_path / "config.json").exists()
+
+
+@pytest.mark.parametrize("family", ["hyperset", "hyperbf"])
+def test_pooling_edited_after_the_model_was_built_raises_instead_of_mean_pooling(family):
+    model = FAMILIES[family].head(FAMILIES[family].config()).eval()
+    model.config.pooling = "bogus"
+    with pytest.raises(
+        ValueError, match=invalid(type(model.config), "pooling", "bogus", "expected one of ['cls', 'mean']")
+    ):
+        model(pixel_values=pixels(model.config))
+
+
+@pytest.mark.parametrize(
+    ("module", "config"),
+    [
+        (HyperSetFeedForward, lambda: hyperset_config("image")),
+        (LoopedTransformerMLP, lambda: LoopedTransformerConfig.from_hyperset(hyperset_config("image"))),
+    ],
+    ids=["hyperset", "looped-transformer"],
+)
+def test_activation_is_a_lookup_that_refuses_an_unknown_name(module, config):
+    """The feedforward modules read `hidden_act` through a table: an edited value raises, it does not build GELU
+    (Hyper-SET's old `else`) or whatever else transformers' ACT2FN knows by that name (the baseline's)."""
+    for value in ("bogus", "silu"):  # "silu": an activation ACT2FN has, not one of the config's choices
+        edited = config()
+        edited.hidden_act = value
+        allowed = (
+            "expected one of ['relu', 'gelu']"
+            if module is HyperSetFeedForward
+            else "expected one of ['gelu', 'relu']"
+        )
+        with pytest.raises(ValueError, match=invalid(type(edited), "hidden_act", value, allowed)):
+            module(edited)
+
+
+# ---------------------------------------------------------------- a head called without inputs
+
+
+def _missing_input_message(input_type: str) -> str:
+    if input_type == "image":
+        return "this model takes images (config.input_type='image'): pass pixel_values, not input_ids or inputs_embeds."
+    return (
+        "this model takes tokens (config.input_type='sequence'): pass exactly one of input_ids or inputs_embeds, "
+        "and no pixel_values."
+    )
+
+
+@cases(HEADS)
+def test_a_head_called_without_inputs_names_the_inputs_it_takes(case):
+    with pytest.raises(ValueError, match=re.escape(_missing_input_message(case.input_type))):
+        case.build()()
+
+
+@pytest.mark.parametrize(
+    ("head", "input_type"),
+    [
+        (LoopedTransformerForImageClassification, "image"),
+        (LoopedTransformerForSequenceClassification, "sequence"),
+        (LoopedTransformerForTokenClassification, "sequence"),
+    ],
+    ids=lambda v: getattr(v, "__name__", v),
+)
+def test_a_looped_head_called_without_inputs_names_the_inputs_it_takes(head, input_type):
+    model = head(LoopedTransformerConfig.from_hyperset(hyperset_config(input_type))).eval()
+    with pytest.raises(ValueError, match=re.escape(_missing_input_message(input_type))):
+        model()
+
+
+def test_config_classes_are_the_families():
+    """Every family of the package and the baseline is covered above."""
+    assert {type(family.config()) for family in FAMILIES.values()} == {
+        HyperSetConfig,
+        IMixerConfig,
+        HyperBFConfig,
+        LoopedTransformerConfig,
+    }
+
+
+def test_pipeline_model_kwargs_are_checked_when_the_pipeline_is_built(tmp_path):
+    """`pipeline(..., model_kwargs=...)` loads through `from_pretrained`: a bad value fails there, with the
+    config's message, not at the first call with another one."""
+    from energyformers.training.processing import build_image_processor
+
+    torch.manual_seed(0)
+    model = HyperSetForImageClassification(hyperset_config("image", num_channels=3))
+    model.save_pretrained(tmp_path)
+    build_image_processor(model.config).save_pretrained(tmp_path)
+    with pytest.raises(
+        ValueError, match=invalid(HyperSetConfig, "num_iterations", 0, "expected an integer >= 1")
+    ):
+        transformers.pipeline("image-classification", model=str(tmp_path), model_kwargs={"num_iterations": 0})
+    classify = transformers.pipeline(
+        "image-classification", model=str(tmp_path), model_kwargs={"num_iterations": 5}
+    )
+    assert classify.model.config.num_iterations == 5
