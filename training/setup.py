@@ -23,6 +23,7 @@ from .arguments import (
     Arguments,
     UsageError,
     check_attn_implementation,
+    check_output_dir,
     config_flags,
     parse_overrides,
 )
@@ -691,16 +692,11 @@ class AugmentedTransform:
 
 def output_paths(args: Arguments) -> tuple[Path, Path]:
     """(output folder, its `<name>.checkpoints` work folder); refuses a non-empty output without --overwrite."""
+    # parse_arguments checked this already; again here for a caller that built `args` itself, and for a folder
+    # that appeared since
+    check_output_dir(args.run.output_dir, args.run.overwrite_output_dir)
     output_dir = Path(args.run.output_dir).expanduser().resolve()
-    work_dir = output_dir.with_name(output_dir.name + ".checkpoints")
-    if output_dir.exists() and not output_dir.is_dir():
-        raise UsageError(f"--output_dir {output_dir}: is a file, not a folder; name a new or existing folder")
-    if output_dir.exists() and any(output_dir.iterdir()):
-        if not args.run.overwrite_output_dir:
-            raise UsageError(
-                f"output folder {output_dir} exists and is not empty; pass --overwrite_output_dir or choose another"
-            )
-    return output_dir, work_dir
+    return output_dir, output_dir.with_name(output_dir.name + ".checkpoints")
 
 
 def find_checkpoint(args: Arguments, work_dir: Path, checkpoints: list[Path]) -> Path | None:
