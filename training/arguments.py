@@ -211,7 +211,7 @@ class DataArguments:
         default="digits",
         metadata={
             "help": "built-in name (digits, fashion_mnist, mnist5k, rotten_tomatoes, spam, sudoku, sudoku-hard), "
-            "local folder or file (imagefolder, csv, json, parquet), or Hub dataset name"
+            "local folder or file (imagefolder, csv, json, parquet, a save_to_disk folder), or Hub dataset name"
         },
     )
     image_column: str | None = field(default=None, metadata={"help": "image column; unset: image, img, ..."})
