@@ -415,13 +415,47 @@ def load_and_check_data(args: Arguments, state: Any) -> tuple[Any, list[str]]:
                 data["train"][i]["image"].load()
             except Exception as err:
                 raise DataError(f"training image {i} of {d.dataset!r} cannot be decoded: {err}") from err
-    warnings = [
-        f"the {split} split has only {len(data[split])} examples: its accuracy moves in steps of "
-        f"{100 / len(data[split]):.0f} points and is not a reliable estimate (use more data)"
-        for split in ("validation", "test")
-        if len(data[split]) < SMALL_SPLIT
-    ]
-    return data, warnings
+    return data, small_split_warnings(data, masked_image_modeling=d.task == MIM_TASK)
+
+
+def small_split_warnings(data: Any, masked_image_modeling: bool = False) -> list[str]:
+    """A warning for each evaluated split too small for its metric to mean much, counted in what that metric
+    counts: examples for classification accuracy, boards for `board_accuracy` and blank cells for
+    `blank_cell_accuracy` (token classification, `evaluation.task_metrics`), images for masked image modelling
+    (its reconstruction metrics average over images)."""
+    import numpy as np
+
+    warnings = []
+    token_classification = not masked_image_modeling and task_of(data) == "token-classification"
+    for split in ("validation", "test"):
+        n = len(data[split])
+        if masked_image_modeling:
+            if n < SMALL_SPLIT:
+                warnings.append(
+                    f"the {split} split has only {n} images: its reconstruction metrics average over too few "
+                    "images to be a reliable estimate (use more data)"
+                )
+            continue
+        if not token_classification:
+            if n < SMALL_SPLIT:
+                warnings.append(
+                    f"the {split} split has only {n} examples: its accuracy moves in steps of {100 / n:.0f} "
+                    "points and is not a reliable estimate (use more data)"
+                )
+            continue
+        cells = int((np.asarray(data[split].with_format("numpy")["labels"]) != -100).sum())
+        if n < SMALL_SPLIT:
+            warnings.append(
+                f"the {split} split has only {n} boards: its board_accuracy moves in steps of {100 / n:.0f} "
+                f"points and is not a reliable estimate (use more data); its blank_cell_accuracy counts "
+                f"{cells:,} blank cells"
+            )
+        if cells < SMALL_SPLIT:
+            warnings.append(
+                f"the {split} split has only {cells} blank cells: its blank_cell_accuracy moves in steps of "
+                f"{100 / max(cells, 1):.0f} points and is not a reliable estimate (use more data)"
+            )
+    return warnings
 
 
 def _recipe_task(recipe: str | None, task: str | None) -> None:
@@ -777,5 +811,6 @@ __all__ = [
     "model_registry",
     "output_paths",
     "processor_keyword",
+    "small_split_warnings",
     "warmup_steps",
 ]
