@@ -587,11 +587,17 @@ def masked_image_modeling_config(args: Arguments, tokenizer: Any) -> Any:
     """The config of a masked-image-modelling run: the `cli-mim` preset of the family (or `--preset`, or the
     `--from_pretrained` checkpoint's), with the vocabulary (codebook + [MASK]) and positions of `tokenizer`'s
     grid, `--config` overrides and the config-field flags on top."""
+    return _masked_image_modeling_config(args, tokenizer.codebook_size, tokenizer.grid)
+
+
+def _masked_image_modeling_config(args: Arguments, codebook_size: int, grid_shape: tuple[int, int]) -> Any:
+    """`masked_image_modeling_config` from the tokenizer's numbers: also called with the numbers a tokenizer about
+    to be fitted will have, so a bad `--config` is refused before the fit."""
     from transformers import AutoConfig
 
     m = args.model
-    rows, columns = tokenizer.grid
-    grid = {"vocab_size": tokenizer.codebook_size + 1, "max_position_embeddings": rows * columns}
+    rows, columns = grid_shape
+    grid = {"vocab_size": codebook_size + 1, "max_position_embeddings": rows * columns}
     overrides = parse_overrides(m.config)
     if m.from_pretrained:
         if m.preset:
@@ -612,7 +618,7 @@ def masked_image_modeling_config(args: Arguments, tokenizer: Any) -> Any:
         if getattr(config, "vocab_size", None) != grid["vocab_size"]:
             raise UsageError(
                 f"--from_pretrained {m.from_pretrained!r} predicts {getattr(config, 'vocab_size', 1) - 1} codes, "
-                f"the tokenizer has {tokenizer.codebook_size}; pass --tokenizer with the checkpoint's tokenizer"
+                f"the tokenizer has {codebook_size}; pass --tokenizer with the checkpoint's tokenizer"
             )
         config_class, model_type, fields = type(config), config.model_type, config.to_dict()
     else:
@@ -626,12 +632,44 @@ def masked_image_modeling_config(args: Arguments, tokenizer: Any) -> Any:
     _check_override_keys(config_class, overrides)
     flags = config_flag_overrides(args, config_class, model_type)
     fields = {**fields, "input_type": "sequence", **grid, **overrides, **flags}
+    if not m.from_pretrained:
+        fields.update(_derived_time_embedding(config_class, m.preset or "cli-mim", fields, overrides))
     try:
         if m.from_pretrained:
             return config_class(**fields)
         return config_class.from_preset(m.preset or "cli-mim", **fields)
     except (TypeError, ValueError) as err:
         raise _config_error(err, flags, f"--preset/--config for {model_type} masked image modelling") from err
+
+
+def _derived_time_embedding(
+    config_class: type, preset: str, fields: dict[str, Any], overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """`time_embedding_dim = hidden_size` when `--config` changes the width of a model whose iteration conditioning
+    is `sinusoidal-no-mlp` and leaves the sinusoid's width alone: that conditioning adds the sinusoid to the state,
+    so its width is the model's (the MIM presets' structure, HS Table 9), not a separate choice."""
+    if "hidden_size" not in overrides or "time_embedding_dim" in overrides:
+        return {}
+    if not accepts(config_class, "time_embedding_dim"):
+        return {}
+    try:
+        preset_fields = config_class.preset_fields(preset)
+    except (AttributeError, ImportError, ValueError):  # no such preset: from_preset names the choices
+        return {}
+    conditioning = fields.get("iteration_conditioning", preset_fields.get("iteration_conditioning"))
+    if conditioning != "sinusoidal-no-mlp":
+        return {}
+    return {"time_embedding_dim": overrides["hidden_size"]}
+
+
+def _planned_tokenizer_grid(args: Arguments, data: Any) -> tuple[int, int] | None:
+    """The code grid of the tokenizer `data.masked_image_data` will fit (None when the patch does not divide the
+    image: that function says so)."""
+    from .data import mim_image_geometry
+
+    size, default_patch = mim_image_geometry(max(data["train"][0]["image"].size))
+    patch = args.data.tokenizer_patch_size or default_patch
+    return None if size % patch else (size // patch, size // patch)
 
 
 def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
@@ -657,6 +695,12 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
             "needs images (e.g. digits, fashion_mnist, an image folder)"
         )
     tokenizer = _mim_tokenizer(args)
+    if (
+        tokenizer is None
+    ):  # the config checked now with the grid the fit will give: a bad --config costs no fit
+        planned = _planned_tokenizer_grid(args, data)
+        if planned is not None:
+            _masked_image_modeling_config(args, d.codebook_size, planned)
     log = (lambda line: print(line, flush=True)) if state.is_main_process else (lambda line: None)
     mim = masked_image_data(
         data,
