@@ -96,6 +96,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
         enable_activation_checkpointing,
         find_checkpoint,
         output_paths,
+        record_run_arguments,
     )
 
     run_args = args.run
@@ -119,6 +120,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
         model, data, task = built.model, built.data, built.task
         training_loss = TrainingLoss(args, built)
         if accelerator.is_main_process:
+            record_run_arguments(args, work_dir)  # what a --resume must repeat (`find_checkpoint`)
             for warning in built.warnings:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
         with (

@@ -9,6 +9,7 @@ Input errors are `UsageError` (bad flags) or `DataError` (bad data): one line ea
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import os
 import re
@@ -777,11 +778,108 @@ def output_paths(args: Arguments) -> tuple[Path, Path]:
     return output_dir, output_dir.with_name(output_dir.name + ".checkpoints")
 
 
+# Written by the main process into `<output_dir>.checkpoints/` when training starts: the flags a resumed run must
+# repeat (`resume_identity`), compared by `find_checkpoint` before a checkpoint is loaded.
+RUN_ARGUMENTS_FILE = "run_arguments.json"
+# The flags that decide what the checkpoint's weights are: the model's structure (family, preset, config, the
+# checkpoint fine-tuned from, the config-field flags that add parameters) and the data they map (dataset, columns,
+# labels; the vocabulary a text tokenizer or a VQ tokenizer gives). Everything else (learning rate, schedule, steps,
+# batch size, evaluation, sample limits) may change on --resume.
+RESUME_MODEL_FLAGS = (
+    "model",
+    "preset",
+    "config",
+    "from_pretrained",
+    "iteration_conditioning",
+    "halting_head",
+)
+RESUME_DATA_FLAGS = (
+    "dataset",
+    "image_column",
+    "text_column",
+    "label_column",
+    "task",
+    "tokenizer",
+    "codebook_size",
+    "tokenizer_patch_size",
+    "vocab_size",
+    "max_length",
+)
+
+
+def _as_path(value: str | None) -> str | None:
+    """A local path as an absolute one (the same folder named from another working directory); other values as
+    they are (built-in dataset names, Hub ids)."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    return str(path.resolve()) if path.exists() else value
+
+
+def resume_identity(args: Arguments) -> dict[str, Any]:
+    """The values of the flags a `--resume`d run must repeat (`RESUME_MODEL_FLAGS`, `RESUME_DATA_FLAGS`), as JSON
+    values: `--model` unset is hyperset unless fine-tuning, `--config` a dict (order-free), paths absolute."""
+    m, d = args.model, args.data
+    identity = {name: getattr(m, name) for name in RESUME_MODEL_FLAGS}
+    identity.update({name: getattr(d, name) for name in RESUME_DATA_FLAGS})
+    if identity["model"] is None and not m.from_pretrained:
+        identity["model"] = "hyperset"
+    identity["config"] = parse_overrides(m.config)
+    for name in ("from_pretrained", "dataset", "tokenizer"):
+        identity[name] = _as_path(identity[name])
+    return identity
+
+
+def record_run_arguments(args: Arguments, work_dir: Path) -> None:
+    """Write `RUN_ARGUMENTS_FILE` into the work folder (main process, when training starts)."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    record = {"identity": resume_identity(args), "argv": args.argv}
+    (work_dir / RUN_ARGUMENTS_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _flag_text(name: str, value: Any) -> str:
+    """`--name value` as a command line would say it (`--name unset` for a flag not given)."""
+    if value is None:
+        return f"--{name} unset"
+    if name == "config":
+        return "--config " + (" ".join(f"{k}={json.dumps(v)}" for k, v in sorted(value.items())) or "(none)")
+    return f"--{name} {value}"
+
+
+def check_resume_arguments(args: Arguments, work_dir: Path, checkpoint: Path) -> None:
+    """A `UsageError` naming each flag whose value differs from the run that wrote the checkpoints (its
+    `RUN_ARGUMENTS_FILE`; for checkpoints written without one, the family in the checkpoint's config.json), before
+    any weights are loaded into a model of another shape."""
+    recorded_file = work_dir / RUN_ARGUMENTS_FILE
+    now = resume_identity(args)
+    try:
+        before = json.loads(recorded_file.read_text())["identity"]
+    except (OSError, ValueError, KeyError, TypeError):
+        before = None
+    if before is None:  # no record: the model family is all a checkpoint says of itself
+        try:
+            before = {"model": json.loads((checkpoint / "config.json").read_text())["model_type"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if now["model"] is None:  # fine-tuning without --model: the family comes from the folder
+            return
+    differing = [name for name in before if name in now and before[name] != now[name]]
+    if differing:
+        given = ", ".join(_flag_text(name, now[name]) for name in differing)
+        recorded_ = ", ".join(_flag_text(name, before[name]) for name in differing)
+        raise UsageError(
+            f"--resume: this command has {given} but the checkpoints in {work_dir} were trained with {recorded_}; "
+            "resume with those values, or train in another --output_dir"
+        )
+
+
 def find_checkpoint(args: Arguments, work_dir: Path, checkpoints: list[Path]) -> Path | None:
-    """The checkpoint to resume from (`--resume`), or None; refuses to silently restart over a killed run."""
+    """The checkpoint to resume from (`--resume`), or None; refuses to silently restart over a killed run, and to
+    resume with another model or data (`check_resume_arguments`)."""
     if args.run.resume:
         if not checkpoints:
             raise UsageError(f"--resume: no checkpoint in {work_dir}; run without --resume to start training")
+        check_resume_arguments(args, work_dir, checkpoints[-1])
         return checkpoints[-1]
     if checkpoints:
         raise UsageError(
@@ -844,6 +942,7 @@ __all__ = [
     "build_masked_image_modeling",
     "check_precision",
     "check_pretrained_source",
+    "check_resume_arguments",
     "cli_preset",
     "continue_iteration_draws",
     "default_epochs",
@@ -855,6 +954,8 @@ __all__ = [
     "model_registry",
     "output_paths",
     "processor_keyword",
+    "record_run_arguments",
+    "resume_identity",
     "small_split_warnings",
     "warmup_steps",
 ]
