@@ -256,7 +256,7 @@ def test_sudoku_augmentation_transforms_the_training_split_only(
         *REDUCED,
         "--sudoku_augmentation",
         "--output_dir",
-        str(tmp_path),
+        str(tmp_path / "unused"),
     ]
     built = build(train.parse(argv), PartialState())
     moved = 0
