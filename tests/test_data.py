@@ -143,6 +143,29 @@ def test_local_csv_with_named_columns_and_existing_splits(tmp_path: Path) -> Non
     assert dd["train"].features["label"].names == ["0", "1"]
 
 
+@pytest.mark.parametrize("saved", ["Dataset", "DatasetDict"])
+def test_string_labels_hint_leads_to_a_folder_the_loader_reads(tmp_path: Path, saved: str) -> None:
+    """The string-label error says `class_encode_column` and `save_to_disk`; both a saved Dataset (the train
+    split, validation and test carved out as for a one-file CSV) and a saved DatasetDict (its splits) load."""
+    rows = [("good film", "pos"), ("bad film", "neg")] * 25
+    table = tmp_path / "t.csv"
+    table.write_text("text,target\n" + "".join(f"{t},{y}\n" for t, y in rows))
+    with pytest.raises(DataError, match=r"class_encode_column.*save_to_disk"):
+        load_data(str(table))
+    ds = Dataset.from_dict({"text": [t for t, _ in rows], "target": [y for _, y in rows]})
+    ds = ds.class_encode_column("target")
+    folder = tmp_path / "saved"
+    if saved == "Dataset":
+        ds.save_to_disk(str(folder))
+        expected = {"train": 40, "validation": 5, "test": 5}  # 10 % test, then 10 % of the rest (stratified)
+    else:
+        DatasetDict(train=ds.select(range(40)), test=ds.select(range(40, 50))).save_to_disk(str(folder))
+        expected = {"train": 36, "validation": 4, "test": 10}  # its test kept, validation carved out of train
+    loaded = load_data(str(folder))
+    assert {k: len(v) for k, v in loaded.items()} == expected, {k: len(v) for k, v in loaded.items()}
+    assert loaded["train"].features["label"].names == ["neg", "pos"]
+
+
 def test_normalize_accepts_hub_style_dataset_dicts() -> None:
     # Stand-in for a Hub dataset (no network here): the same normalisation path a downloaded one takes.
     raw = DatasetDict(

@@ -22,6 +22,10 @@ from safetensors.torch import load_file
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 TINY = cli_config("hyperset")
+# The launchers as modules of this interpreter, not the console scripts next to it: a script's shebang may name
+# another environment's python (a copied virtualenv), whose workers would import another checkout's package.
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+ACCELERATE_LAUNCH = [sys.executable, "-m", "accelerate.commands.launch"]
 N_TRAIN, BATCH, EPOCHS = 40, 4, 2
 
 TRAINER_SCRIPT = """
@@ -81,7 +85,7 @@ def test_trainer_cli_under_torchrun_two_processes(tmp_path: Path) -> None:
     out = tmp_path / "model"
     launch(
         [
-            str(BIN / "torchrun"),
+            *TORCHRUN,
             "--standalone",
             "--nproc_per_node",
             "2",
@@ -104,9 +108,9 @@ def test_accelerate_loop_under_accelerate_launch_two_processes(tmp_path: Path) -
     script = tmp_path / "run_loop.py"
     script.write_text(ACCELERATE_SCRIPT.replace("{OUT}", str(tmp_path)))
     out = tmp_path / "model"
-    launch(
+    proc = launch(
         [
-            str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+            *ACCELERATE_LAUNCH, "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
             "--mixed_precision", "no", "--dynamo_backend", "no", str(script), *common_args(out),
         ],
         tmp_path,
@@ -115,3 +119,7 @@ def test_accelerate_loop_under_accelerate_launch_two_processes(tmp_path: Path) -
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["recipe"]["world_size"] == 2
     assert metrics["recipe"]["global_step"] == math.ceil(N_TRAIN / (2 * BATCH)) * EPOCHS
+    # the log lines come from rank 0 only, as under Trainer: one per logged step and one per evaluation
+    logged = [line for line in proc.stdout.splitlines() if line.startswith('{"step"')]
+    assert len(logged) == len(metrics["log_history"]), proc.stdout[-3000:]
+    assert sum('"eval_loss"' in line for line in logged) == EPOCHS, proc.stdout[-3000:]

@@ -96,6 +96,29 @@ def test_a_saved_tokenizer_is_reused_and_bad_flags_fail_before_work(tmp_path, ca
         assert not out.exists() and not out.with_name("refused.checkpoints").exists()
 
 
+def test_a_narrower_mim_model_gets_a_sinusoid_of_its_width_and_a_bad_config_fails_before_the_fit(
+    tmp_path, capsys
+):
+    """`--config hidden_size=32` alone: the `cli-mim` preset's sinusoid (added to the state, no MLP) follows the
+    width; a `time_embedding_dim` that contradicts it is refused before the tokenizer is fitted."""
+    from energyformers.training import setup
+    from energyformers.training.arguments import parse_arguments
+
+    narrow = ["--config", "hidden_size=32", "num_attention_heads=4", "intermediate_size=32"]
+    args = parse_arguments([*COMMON, *narrow, "--output_dir", str(tmp_path / "x")], train.PROG, "")
+    config = setup.masked_image_modeling_config(args, PatchKMeansTokenizer(torch.rand(16, 4), 2, (16, 16), 1))
+    assert (config.hidden_size, config.time_embedding_dim) == (32, 32), config
+    out = tmp_path / "refused"
+    argv = [*COMMON, *narrow, "time_embedding_dim=64", "--output_dir", str(out)]
+    assert train.main(argv) == 2
+    captured = capsys.readouterr()
+    assert "invalid time_embedding_dim=64" in captured.err and "expected hidden_size=32" in captured.err, (
+        captured
+    )
+    assert "fitting" not in captured.out, captured.out  # refused before the k-means fit
+    assert not out.exists() and not out.with_name("refused.checkpoints").exists()
+
+
 def test_collator_masks_every_training_batch_afresh_with_the_papers_ratios():
     codes = torch.arange(64).repeat(32, 1)  # (32, 64): any code works, [MASK] = 64
     collate = MaskedCodesCollator(64, (0.0, 0.4), seed=3)

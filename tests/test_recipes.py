@@ -414,3 +414,20 @@ def test_the_sudoku_default_recipe_trains_deep_supervised_with_the_symmetries(tm
         0.0,
         0.95,
     ]
+
+
+def test_every_recipe_is_documented_in_docs_training() -> None:
+    """docs/training.md has a row of the recipe table for each recipe (`imixer-s` / `-b` / `-l` share one), or
+    for a recipe that is no paper's (`deit`) a paragraph that names `--recipe NAME`."""
+    text = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    table = text.split("## The papers' recipes", 1)[1].split("\n## ", 1)[0]
+    documented = set()
+    for row in table.splitlines():
+        if not row.startswith("| `"):
+            continue
+        first = row.split("|")[1]
+        names = re.findall(r"`([\w-]+)`", first)
+        family = names[0].rsplit("-", 1)[0]
+        documented |= {names[0], *(family + name for name in names[1:] if name.startswith("-"))}
+    documented |= set(re.findall(r"`--recipe ([\w-]+)`", text))
+    assert set(RECIPES) <= documented, sorted(set(RECIPES) - documented)

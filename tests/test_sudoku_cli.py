@@ -113,6 +113,22 @@ def test_token_metrics() -> None:
     assert metrics == {"blank_cell_accuracy": 0.75, "board_accuracy": 0.5}
 
 
+def test_small_split_warning_counts_what_each_sudoku_metric_counts(small_generated: None) -> None:
+    """8 boards: board_accuracy moves in 1/8 steps, but blank_cell_accuracy counts hundreds of blank cells; the
+    warning says which metric is coarse and how many cells the other one counts."""
+    from energyformers.training.setup import small_split_warnings
+
+    boards = load_data("sudoku")
+    warnings = small_split_warnings(boards)
+    for split, warning in zip(("validation", "test"), warnings, strict=True):
+        cells = int((np.asarray(boards[split]["labels"]) != -100).sum())
+        assert warning.startswith(
+            f"the {split} split has only 8 boards: its board_accuracy moves in steps of 12 "
+        ), warning
+        assert f"blank_cell_accuracy counts {cells:,} blank cells" in warning, (warning, cells)
+        assert "examples" not in warning, warning
+
+
 # ------------------------------------------------------------------------------ CLI
 
 
@@ -240,7 +256,7 @@ def test_sudoku_augmentation_transforms_the_training_split_only(
         *REDUCED,
         "--sudoku_augmentation",
         "--output_dir",
-        str(tmp_path),
+        str(tmp_path / "unused"),
     ]
     built = build(train.parse(argv), PartialState())
     moved = 0

@@ -291,6 +291,81 @@ def test_resume_after_sigterm_matches_an_uninterrupted_run(tmp_path: Path) -> No
         torch.testing.assert_close(b[key], a[key], atol=1e-6, rtol=1e-5)
 
 
+def interrupted_run(tmp_path: Path, argv: list[str], record: bool = True) -> tuple[Path, Path]:
+    """(output folder, checkpoint) of a run of `argv` stopped after its step-5 checkpoint: the work folder as
+    Trainer and `train.run` leave it (trainer_state.json, the checkpoint's config.json, `RUN_ARGUMENTS_FILE`)."""
+    from energyformers.training.setup import record_run_arguments
+
+    out = tmp_path / "run"
+    work = tmp_path / "run.checkpoints"
+    checkpoint = work / "checkpoint-5"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 5}))
+    model = argv[argv.index("--model") + 1]
+    (checkpoint / "config.json").write_text(json.dumps({"model_type": model}))
+    if record:
+        record_run_arguments(train.parse([*argv, "--output_dir", str(out)]), work)
+    return out, checkpoint
+
+
+RESUMED = ["--dataset", "digits", "--config", "hidden_size=32", "num_attention_heads=4", "--max_steps", "10"]
+
+
+@pytest.mark.parametrize(
+    ("changed", "message"),
+    [
+        (
+            ["--model", "hyperset"],
+            "has --model hyperset but the checkpoints in {work} were trained with --model hyperbf",
+        ),
+        (["--model", "hyperbf", "--dataset", "rotten_tomatoes"], "--dataset rotten_tomatoes but"),
+        (
+            ["--model", "hyperbf", "--config", "hidden_size=64", "num_attention_heads=4"],
+            "has --config hidden_size=64 num_attention_heads=4 but the checkpoints in {work} were trained with "
+            "--config hidden_size=32 num_attention_heads=4",
+        ),
+    ],
+    ids=["model", "dataset", "config"],
+)
+def test_resume_refuses_another_model_or_data_before_loading(
+    tmp_path: Path, capsys, changed, message
+) -> None:
+    out, checkpoint = interrupted_run(tmp_path, ["--model", "hyperbf", *RESUMED])
+    argv = [*RESUMED, *changed, "--resume", "--output_dir", out, "--num_threads", "1"]
+    assert run_cli(*argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("energyformers train: error: --resume: "), err
+    assert message.format(work=checkpoint.parent) in err, err
+    assert sorted(p.name for p in checkpoint.iterdir()) == ["config.json", "trainer_state.json"]
+
+
+def test_resume_allows_another_schedule_and_reads_old_checkpoints_family(tmp_path: Path, capsys) -> None:
+    from energyformers.training.setup import find_checkpoint
+
+    argv = ["--model", "hyperbf", *RESUMED]
+    out, checkpoint = interrupted_run(tmp_path, argv)
+    # the order of --config items, the learning rate and the step count are not the model's
+    later = [
+        "--model",
+        "hyperbf",
+        *RESUMED[:3],
+        "num_attention_heads=4",
+        "hidden_size=32",
+        "--max_steps",
+        "20",
+    ]
+    args = train.parse([*later, "--learning_rate", "1e-4", "--resume", "--output_dir", str(out)])
+    assert find_checkpoint(args, checkpoint.parent, [checkpoint]) == checkpoint
+    # checkpoints written without the record: the family in the checkpoint's config.json still decides
+    old_out, _ = interrupted_run(tmp_path / "old", argv, record=False)
+    assert (
+        run_cli(*RESUMED, "--model", "hyperset", "--resume", "--output_dir", old_out, "--num_threads", "1")
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "has --model hyperset but the checkpoints" in err and "--model hyperbf" in err, err
+
+
 # ----------------------------------------------------------------------------------- bad input
 
 

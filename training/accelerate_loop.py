@@ -62,6 +62,15 @@ def evaluate_split(model: Any, loader: Any, accelerator: Any, task: str) -> dict
     return {"loss": torch.cat(losses).mean().item(), **task_metrics(task, p, r)}
 
 
+def main_process_writer(write: Callable[[str], Any], is_main_process: bool) -> Callable[[str], None]:
+    """`write` on the main process and a no-op on the others: every rank computes the same log entry (the
+    reduced loss, the gathered metrics), so it is printed once, as Trainer logs on rank 0 only. (`tqdm.write`
+    prints whether or not that rank's bar is disabled.)"""
+    if is_main_process:
+        return lambda line: write(line)
+    return lambda line: None
+
+
 def parse(argv: list[str]) -> Arguments:
     """The checked arguments (no torch, no model loaded: `cli.run_command` imports those afterwards)."""
     return parse_arguments(argv, PROG, DESCRIPTION)
@@ -87,6 +96,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
         enable_activation_checkpointing,
         find_checkpoint,
         output_paths,
+        record_run_arguments,
     )
 
     run_args = args.run
@@ -110,6 +120,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
         model, data, task = built.model, built.data, built.task
         training_loss = TrainingLoss(args, built)
         if accelerator.is_main_process:
+            record_run_arguments(args, work_dir)  # what a --resume must repeat (`find_checkpoint`)
             for warning in built.warnings:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
         with (
@@ -193,7 +204,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
             window = accelerator.reduce(running, reduction="mean").item()
             loss_sum += window
             history.append({"step": step, "loss": window / seen, **extra})
-            progress.write(json.dumps({k: round(v, 5) for k, v in history[-1].items()}))
+            log_line(json.dumps({k: round(v, 5) for k, v in history[-1].items()}))
             running.zero_()
             seen = 0
 
@@ -228,6 +239,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
             disable=run_args.disable_tqdm or not accelerator.is_local_main_process,
             dynamic_ncols=True,
         )
+        log_line = main_process_writer(progress.write, accelerator.is_main_process)
         running, seen, start_step = torch.zeros((), device=accelerator.device), 0, step
         model.train()
         stop = StopRequest()
@@ -268,7 +280,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
                     if schedule.eval_strategy == "steps" and step % schedule.eval_steps == 0:
                         metrics = evaluate(eval_dl)
                         history.append({"step": step, **{f"eval_{k}": v for k, v in metrics.items()}})
-                        progress.write(json.dumps({k: round(v, 5) for k, v in history[-1].items()}))
+                        log_line(json.dumps({k: round(v, 5) for k, v in history[-1].items()}))
                     if schedule.save_strategy == "steps" and step % schedule.save_steps == 0:  # as Trainer
                         save_checkpoint()
                     if step >= total_steps or stop.received:  # a stop request ends the run after this step
@@ -277,7 +289,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
                 if end_of_epoch and schedule.eval_strategy == "epoch":
                     metrics = evaluate(eval_dl)
                     history.append({"step": step, **{f"eval_{k}": v for k, v in metrics.items()}})
-                    progress.write(json.dumps({k: round(v, 5) for k, v in history[-1].items()}))
+                    log_line(json.dumps({k: round(v, 5) for k, v in history[-1].items()}))
                 if end_of_epoch and schedule.save_strategy == "epoch":
                     save_checkpoint()
         progress.close()

@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,21 @@ MIM_TASK = "masked-image-modeling"
 SUDOKU_DATASETS = ("sudoku", "sudoku-hard")
 # Model-config fields a flag of ModelArguments may set (None = not given: the config's value stays).
 CONFIG_FIELDS = (*DEPTH_FIELDS, "drop_path_rate")
+
+# The `--lr_scheduler_type` names: transformers' `SchedulerType` values that `get_scheduler` builds from the warm-up
+# and step counts alone, as both loops call it. Left out: reduce_lr_on_plateau and greedy step on an evaluation
+# metric neither loop passes, cosine_with_min_lr, cosine_warmup_with_min_lr and warmup_stable_decay need
+# scheduler kwargs (the floor is `--min_learning_rate` on cosine). Written out rather than read from
+# transformers.trainer_utils, which imports torch; tests/test_train_arguments.py checks it against SchedulerType.
+LR_SCHEDULER_TYPES = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+)
 
 # The `attn_implementation` names each family's models accept (`from_pretrained(..., attn_implementation=...)`),
 # so a wrong one is refused before torch loads; tests/test_train_cli.py checks this table against the models.
@@ -195,7 +211,7 @@ class DataArguments:
         default="digits",
         metadata={
             "help": "built-in name (digits, fashion_mnist, mnist5k, rotten_tomatoes, spam, sudoku, sudoku-hard), "
-            "local folder or file (imagefolder, csv, json, parquet), or Hub dataset name"
+            "local folder or file (imagefolder, csv, json, parquet, a save_to_disk folder), or Hub dataset name"
         },
     )
     image_column: str | None = field(default=None, metadata={"help": "image column; unset: image, img, ..."})
@@ -323,7 +339,12 @@ class RunArguments:
         },
     )
     lr_scheduler_type: str = field(
-        default="cosine", metadata={"help": "decay after warm-up (transformers.get_scheduler names)"}
+        default="cosine",
+        metadata={
+            "choices": list(LR_SCHEDULER_TYPES),
+            "help": "decay after warm-up (transformers.get_scheduler names; for a floor: cosine with "
+            "--min_learning_rate)",
+        },
     )
     warmup_steps: float = field(
         default=0.05, metadata={"help": "linear warm-up: steps, or a float < 1 as a fraction of the run"}
@@ -487,17 +508,32 @@ def _hyphen_twins(action: argparse.Action) -> set[str]:
     return {s for s in action.option_strings if s.startswith("--") and "-" in s[2:]}
 
 
+class _UsageErrors:
+    """An argparse parser mixin: a parse error is a `UsageError` (`cli.run_command` prints it as the command's one
+    error line, status 2) instead of argparse's usage block and exit."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # "argument --eval_strategy/--eval-strategy: ..." names the flag once, as it is spelled in --help
+        message = re.sub(r"(--\w+)(?:/--?[\w-]+)+", r"\1", message)
+        raise UsageError(message.removeprefix("argument "))
+
+
+class _PreParser(_UsageErrors, argparse.ArgumentParser):
+    """The parser that reads `--recipe` before the full parser is built."""
+
+
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """The parser of both loops (`HfArgumentParser` over `DATACLASSES`)."""
+    """The parser of both loops (`HfArgumentParser` over `DATACLASSES`); its errors are `UsageError`s."""
     from transformers import HfArgumentParser
 
-    return HfArgumentParser(DATACLASSES, prog=prog, description=description, formatter_class=_HelpFormatter)
+    parser_class = type("TrainingArgumentParser", (_UsageErrors, HfArgumentParser), {})
+    return parser_class(DATACLASSES, prog=prog, description=description, formatter_class=_HelpFormatter)
 
 
 def parse_arguments(argv: list[str], prog: str, description: str) -> Arguments:
     """Parse and validate `argv`; `--recipe` supplies defaults that explicit flags override."""
     parser = build_parser(prog, description)
-    recipe = _recipe_name(argv)
+    recipe = _recipe_name(argv, prog)
     if recipe is not None:
         augmentation, training = split_recipe(recipe)
         unknown = sorted(set(training) - _dests(parser))
@@ -505,16 +541,23 @@ def parse_arguments(argv: list[str], prog: str, description: str) -> Arguments:
             raise UsageError(f"--recipe {recipe}: sets {unknown}, which no flag of {prog} takes")
         parser.set_defaults(**augmentation, **training)
     try:
-        model, data, run, augmentation = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
+        *parsed, unknown = parser.parse_args_into_dataclasses(
+            argv, look_for_args_file=False, return_remaining_strings=True
+        )
+    except UsageError:
+        raise
     except ValueError as err:  # AugmentationArguments.__post_init__ names the flag
         raise UsageError(str(err)) from None
+    if unknown:  # argparse's own wording, as the other sub-commands report them
+        raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
+    model, data, run, augmentation = parsed
     args = Arguments(model, data, run, augmentation, list(argv), _explicit(parser, argv))
     validate(args)
     return args
 
 
-def _recipe_name(argv: list[str]) -> str | None:
-    pre = argparse.ArgumentParser(add_help=False)
+def _recipe_name(argv: list[str], prog: str) -> str | None:
+    pre = _PreParser(prog=prog, add_help=False)
     pre.add_argument("--recipe", choices=sorted(RECIPES))
     known, _ = pre.parse_known_args(argv)
     return known.recipe
@@ -658,7 +701,7 @@ def validate(args: Arguments) -> None:
     _check("num_predictions", r.num_predictions, r.num_predictions >= 0, "an integer >= 0")
     if r.push_to_hub and not r.hub_model_id:
         raise UsageError("--push_to_hub needs --hub_model_id ORG/NAME")
-    _check_output_dir(r.output_dir)
+    check_output_dir(r.output_dir, r.overwrite_output_dir)
 
 
 # The flags that only mean something with `--task masked-image-modeling`.
@@ -737,14 +780,21 @@ def _take_attn_implementation_from_config(m: ModelArguments) -> None:
     check_attn_implementation(m.attn_implementation, model_type or "")
 
 
-def _check_output_dir(output_dir: str) -> None:
+def check_output_dir(output_dir: str, overwrite: bool) -> None:
     """`--output_dir` names a folder (new, empty, or replaced with --overwrite_output_dir), never a file: a file
-    there is refused whatever the flags, since replacing it with a model folder is not what anyone meant."""
+    there is refused whatever the flags, since replacing it with a model folder is not what anyone meant.
+
+    Checked while the arguments are parsed (no torch yet) and again by `setup.output_paths` when the run starts."""
     path = os.path.expanduser(output_dir)
     if os.path.lexists(path) and not os.path.isdir(path):
         raise UsageError(
             f"--output_dir {output_dir}: is a file, not a folder; name a new or existing folder "
             "(--overwrite_output_dir replaces folders only)"
+        )
+    if os.path.isdir(path) and not overwrite and any(os.scandir(path)):
+        raise UsageError(
+            f"--output_dir {output_dir}: the folder exists and is not empty; pass --overwrite_output_dir to "
+            "replace it or choose another"
         )
     checkpoints = os.path.abspath(path).rstrip(os.sep) + ".checkpoints"
     if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
@@ -806,6 +856,7 @@ __all__ = [
     "CONFIG_FIELDS",
     "DATACLASSES",
     "DEPTH_FIELDS",
+    "LR_SCHEDULER_TYPES",
     "SUDOKU_DATASETS",
     "Arguments",
     "AugmentationFlags",
@@ -815,6 +866,7 @@ __all__ = [
     "UsageError",
     "build_parser",
     "check_attn_implementation",
+    "check_output_dir",
     "config_flags",
     "parse_arguments",
     "parse_overrides",

@@ -409,7 +409,25 @@ BUILTIN_DATASETS: dict[str, BuiltinDataset] = {
 # --------------------------------------------------------------------------- user data
 
 
-def _load_path(path: Path) -> DatasetDict:
+# The files `Dataset.save_to_disk` and `DatasetDict.save_to_disk` write first in their folder (datasets' names).
+SAVED_DATASET_FILES = ("state.json", "dataset_info.json")
+SAVED_DATASET_DICT_FILE = "dataset_dict.json"
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """Whether `path` is a folder written by `Dataset.save_to_disk` or `DatasetDict.save_to_disk`."""
+    if not path.is_dir():
+        return False
+    return (path / SAVED_DATASET_DICT_FILE).is_file() or all(
+        (path / f).is_file() for f in SAVED_DATASET_FILES
+    )
+
+
+def _load_path(path: Path) -> DatasetDict | Dataset:
+    if is_saved_dataset(path):
+        # `load_dataset` refuses a saved Dataset; a single Dataset is the train split, as a one-file CSV is
+        # (`load_data` wraps it, `normalize` carves validation and test out of it)
+        return datasets.load_from_disk(str(path))
     if path.is_file():
         builder = TABLE_BUILDERS.get(path.suffix.lower())
         if builder is None:
@@ -557,7 +575,8 @@ def normalize(
     else:
         raise DataError(
             f"label column {label!r} has type {feature}; expected integer class ids or a ClassLabel. Convert it "
-            f"first, e.g. `ds = ds.class_encode_column({label!r})`, and pass the saved dataset folder"
+            f"first, e.g. `ds = ds.class_encode_column({label!r})` and `ds.save_to_disk('folder')`, and pass "
+            "--dataset folder"
         )
 
     out = {}

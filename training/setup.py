@@ -9,6 +9,7 @@ Input errors are `UsageError` (bad flags) or `DataError` (bad data): one line ea
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import os
 import re
@@ -23,6 +24,7 @@ from .arguments import (
     Arguments,
     UsageError,
     check_attn_implementation,
+    check_output_dir,
     config_flags,
     parse_overrides,
 )
@@ -414,13 +416,47 @@ def load_and_check_data(args: Arguments, state: Any) -> tuple[Any, list[str]]:
                 data["train"][i]["image"].load()
             except Exception as err:
                 raise DataError(f"training image {i} of {d.dataset!r} cannot be decoded: {err}") from err
-    warnings = [
-        f"the {split} split has only {len(data[split])} examples: its accuracy moves in steps of "
-        f"{100 / len(data[split]):.0f} points and is not a reliable estimate (use more data)"
-        for split in ("validation", "test")
-        if len(data[split]) < SMALL_SPLIT
-    ]
-    return data, warnings
+    return data, small_split_warnings(data, masked_image_modeling=d.task == MIM_TASK)
+
+
+def small_split_warnings(data: Any, masked_image_modeling: bool = False) -> list[str]:
+    """A warning for each evaluated split too small for its metric to mean much, counted in what that metric
+    counts: examples for classification accuracy, boards for `board_accuracy` and blank cells for
+    `blank_cell_accuracy` (token classification, `evaluation.task_metrics`), images for masked image modelling
+    (its reconstruction metrics average over images)."""
+    import numpy as np
+
+    warnings = []
+    token_classification = not masked_image_modeling and task_of(data) == "token-classification"
+    for split in ("validation", "test"):
+        n = len(data[split])
+        if masked_image_modeling:
+            if n < SMALL_SPLIT:
+                warnings.append(
+                    f"the {split} split has only {n} images: its reconstruction metrics average over too few "
+                    "images to be a reliable estimate (use more data)"
+                )
+            continue
+        if not token_classification:
+            if n < SMALL_SPLIT:
+                warnings.append(
+                    f"the {split} split has only {n} examples: its accuracy moves in steps of {100 / n:.0f} "
+                    "points and is not a reliable estimate (use more data)"
+                )
+            continue
+        cells = int((np.asarray(data[split].with_format("numpy")["labels"]) != -100).sum())
+        if n < SMALL_SPLIT:
+            warnings.append(
+                f"the {split} split has only {n} boards: its board_accuracy moves in steps of {100 / n:.0f} "
+                f"points and is not a reliable estimate (use more data); its blank_cell_accuracy counts "
+                f"{cells:,} blank cells"
+            )
+        if cells < SMALL_SPLIT:
+            warnings.append(
+                f"the {split} split has only {cells} blank cells: its blank_cell_accuracy moves in steps of "
+                f"{100 / max(cells, 1):.0f} points and is not a reliable estimate (use more data)"
+            )
+    return warnings
 
 
 def _recipe_task(recipe: str | None, task: str | None) -> None:
@@ -552,11 +588,17 @@ def masked_image_modeling_config(args: Arguments, tokenizer: Any) -> Any:
     """The config of a masked-image-modelling run: the `cli-mim` preset of the family (or `--preset`, or the
     `--from_pretrained` checkpoint's), with the vocabulary (codebook + [MASK]) and positions of `tokenizer`'s
     grid, `--config` overrides and the config-field flags on top."""
+    return _masked_image_modeling_config(args, tokenizer.codebook_size, tokenizer.grid)
+
+
+def _masked_image_modeling_config(args: Arguments, codebook_size: int, grid_shape: tuple[int, int]) -> Any:
+    """`masked_image_modeling_config` from the tokenizer's numbers: also called with the numbers a tokenizer about
+    to be fitted will have, so a bad `--config` is refused before the fit."""
     from transformers import AutoConfig
 
     m = args.model
-    rows, columns = tokenizer.grid
-    grid = {"vocab_size": tokenizer.codebook_size + 1, "max_position_embeddings": rows * columns}
+    rows, columns = grid_shape
+    grid = {"vocab_size": codebook_size + 1, "max_position_embeddings": rows * columns}
     overrides = parse_overrides(m.config)
     if m.from_pretrained:
         if m.preset:
@@ -577,7 +619,7 @@ def masked_image_modeling_config(args: Arguments, tokenizer: Any) -> Any:
         if getattr(config, "vocab_size", None) != grid["vocab_size"]:
             raise UsageError(
                 f"--from_pretrained {m.from_pretrained!r} predicts {getattr(config, 'vocab_size', 1) - 1} codes, "
-                f"the tokenizer has {tokenizer.codebook_size}; pass --tokenizer with the checkpoint's tokenizer"
+                f"the tokenizer has {codebook_size}; pass --tokenizer with the checkpoint's tokenizer"
             )
         config_class, model_type, fields = type(config), config.model_type, config.to_dict()
     else:
@@ -591,12 +633,44 @@ def masked_image_modeling_config(args: Arguments, tokenizer: Any) -> Any:
     _check_override_keys(config_class, overrides)
     flags = config_flag_overrides(args, config_class, model_type)
     fields = {**fields, "input_type": "sequence", **grid, **overrides, **flags}
+    if not m.from_pretrained:
+        fields.update(_derived_time_embedding(config_class, m.preset or "cli-mim", fields, overrides))
     try:
         if m.from_pretrained:
             return config_class(**fields)
         return config_class.from_preset(m.preset or "cli-mim", **fields)
     except (TypeError, ValueError) as err:
         raise _config_error(err, flags, f"--preset/--config for {model_type} masked image modelling") from err
+
+
+def _derived_time_embedding(
+    config_class: type, preset: str, fields: dict[str, Any], overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """`time_embedding_dim = hidden_size` when `--config` changes the width of a model whose iteration conditioning
+    is `sinusoidal-no-mlp` and leaves the sinusoid's width alone: that conditioning adds the sinusoid to the state,
+    so its width is the model's (the MIM presets' structure, HS Table 9), not a separate choice."""
+    if "hidden_size" not in overrides or "time_embedding_dim" in overrides:
+        return {}
+    if not accepts(config_class, "time_embedding_dim"):
+        return {}
+    try:
+        preset_fields = config_class.preset_fields(preset)
+    except (AttributeError, ImportError, ValueError):  # no such preset: from_preset names the choices
+        return {}
+    conditioning = fields.get("iteration_conditioning", preset_fields.get("iteration_conditioning"))
+    if conditioning != "sinusoidal-no-mlp":
+        return {}
+    return {"time_embedding_dim": overrides["hidden_size"]}
+
+
+def _planned_tokenizer_grid(args: Arguments, data: Any) -> tuple[int, int] | None:
+    """The code grid of the tokenizer `data.masked_image_data` will fit (None when the patch does not divide the
+    image: that function says so)."""
+    from .data import mim_image_geometry
+
+    size, default_patch = mim_image_geometry(max(data["train"][0]["image"].size))
+    patch = args.data.tokenizer_patch_size or default_patch
+    return None if size % patch else (size // patch, size // patch)
 
 
 def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
@@ -622,6 +696,12 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
             "needs images (e.g. digits, fashion_mnist, an image folder)"
         )
     tokenizer = _mim_tokenizer(args)
+    if (
+        tokenizer is None
+    ):  # the config checked now with the grid the fit will give: a bad --config costs no fit
+        planned = _planned_tokenizer_grid(args, data)
+        if planned is not None:
+            _masked_image_modeling_config(args, d.codebook_size, planned)
     log = (lambda line: print(line, flush=True)) if state.is_main_process else (lambda line: None)
     mim = masked_image_data(
         data,
@@ -691,23 +771,115 @@ class AugmentedTransform:
 
 def output_paths(args: Arguments) -> tuple[Path, Path]:
     """(output folder, its `<name>.checkpoints` work folder); refuses a non-empty output without --overwrite."""
+    # parse_arguments checked this already; again here for a caller that built `args` itself, and for a folder
+    # that appeared since
+    check_output_dir(args.run.output_dir, args.run.overwrite_output_dir)
     output_dir = Path(args.run.output_dir).expanduser().resolve()
-    work_dir = output_dir.with_name(output_dir.name + ".checkpoints")
-    if output_dir.exists() and not output_dir.is_dir():
-        raise UsageError(f"--output_dir {output_dir}: is a file, not a folder; name a new or existing folder")
-    if output_dir.exists() and any(output_dir.iterdir()):
-        if not args.run.overwrite_output_dir:
-            raise UsageError(
-                f"output folder {output_dir} exists and is not empty; pass --overwrite_output_dir or choose another"
-            )
-    return output_dir, work_dir
+    return output_dir, output_dir.with_name(output_dir.name + ".checkpoints")
+
+
+# Written by the main process into `<output_dir>.checkpoints/` when training starts: the flags a resumed run must
+# repeat (`resume_identity`), compared by `find_checkpoint` before a checkpoint is loaded.
+RUN_ARGUMENTS_FILE = "run_arguments.json"
+# The flags that decide what the checkpoint's weights are: the model's structure (family, preset, config, the
+# checkpoint fine-tuned from, the config-field flags that add parameters) and the data they map (dataset, columns,
+# labels; the vocabulary a text tokenizer or a VQ tokenizer gives). Everything else (learning rate, schedule, steps,
+# batch size, evaluation, sample limits) may change on --resume.
+RESUME_MODEL_FLAGS = (
+    "model",
+    "preset",
+    "config",
+    "from_pretrained",
+    "iteration_conditioning",
+    "halting_head",
+)
+RESUME_DATA_FLAGS = (
+    "dataset",
+    "image_column",
+    "text_column",
+    "label_column",
+    "task",
+    "tokenizer",
+    "codebook_size",
+    "tokenizer_patch_size",
+    "vocab_size",
+    "max_length",
+)
+
+
+def _as_path(value: str | None) -> str | None:
+    """A local path as an absolute one (the same folder named from another working directory); other values as
+    they are (built-in dataset names, Hub ids)."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    return str(path.resolve()) if path.exists() else value
+
+
+def resume_identity(args: Arguments) -> dict[str, Any]:
+    """The values of the flags a `--resume`d run must repeat (`RESUME_MODEL_FLAGS`, `RESUME_DATA_FLAGS`), as JSON
+    values: `--model` unset is hyperset unless fine-tuning, `--config` a dict (order-free), paths absolute."""
+    m, d = args.model, args.data
+    identity = {name: getattr(m, name) for name in RESUME_MODEL_FLAGS}
+    identity.update({name: getattr(d, name) for name in RESUME_DATA_FLAGS})
+    if identity["model"] is None and not m.from_pretrained:
+        identity["model"] = "hyperset"
+    identity["config"] = parse_overrides(m.config)
+    for name in ("from_pretrained", "dataset", "tokenizer"):
+        identity[name] = _as_path(identity[name])
+    return identity
+
+
+def record_run_arguments(args: Arguments, work_dir: Path) -> None:
+    """Write `RUN_ARGUMENTS_FILE` into the work folder (main process, when training starts)."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    record = {"identity": resume_identity(args), "argv": args.argv}
+    (work_dir / RUN_ARGUMENTS_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _flag_text(name: str, value: Any) -> str:
+    """`--name value` as a command line would say it (`--name unset` for a flag not given)."""
+    if value is None:
+        return f"--{name} unset"
+    if name == "config":
+        return "--config " + (" ".join(f"{k}={json.dumps(v)}" for k, v in sorted(value.items())) or "(none)")
+    return f"--{name} {value}"
+
+
+def check_resume_arguments(args: Arguments, work_dir: Path, checkpoint: Path) -> None:
+    """A `UsageError` naming each flag whose value differs from the run that wrote the checkpoints (its
+    `RUN_ARGUMENTS_FILE`; for checkpoints written without one, the family in the checkpoint's config.json), before
+    any weights are loaded into a model of another shape."""
+    recorded_file = work_dir / RUN_ARGUMENTS_FILE
+    now = resume_identity(args)
+    try:
+        before = json.loads(recorded_file.read_text())["identity"]
+    except (OSError, ValueError, KeyError, TypeError):
+        before = None
+    if before is None:  # no record: the model family is all a checkpoint says of itself
+        try:
+            before = {"model": json.loads((checkpoint / "config.json").read_text())["model_type"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if now["model"] is None:  # fine-tuning without --model: the family comes from the folder
+            return
+    differing = [name for name in before if name in now and before[name] != now[name]]
+    if differing:
+        given = ", ".join(_flag_text(name, now[name]) for name in differing)
+        recorded_ = ", ".join(_flag_text(name, before[name]) for name in differing)
+        raise UsageError(
+            f"--resume: this command has {given} but the checkpoints in {work_dir} were trained with {recorded_}; "
+            "resume with those values, or train in another --output_dir"
+        )
 
 
 def find_checkpoint(args: Arguments, work_dir: Path, checkpoints: list[Path]) -> Path | None:
-    """The checkpoint to resume from (`--resume`), or None; refuses to silently restart over a killed run."""
+    """The checkpoint to resume from (`--resume`), or None; refuses to silently restart over a killed run, and to
+    resume with another model or data (`check_resume_arguments`)."""
     if args.run.resume:
         if not checkpoints:
             raise UsageError(f"--resume: no checkpoint in {work_dir}; run without --resume to start training")
+        check_resume_arguments(args, work_dir, checkpoints[-1])
         return checkpoints[-1]
     if checkpoints:
         raise UsageError(
@@ -770,6 +942,7 @@ __all__ = [
     "build_masked_image_modeling",
     "check_precision",
     "check_pretrained_source",
+    "check_resume_arguments",
     "cli_preset",
     "continue_iteration_draws",
     "default_epochs",
@@ -781,5 +954,8 @@ __all__ = [
     "model_registry",
     "output_paths",
     "processor_keyword",
+    "record_run_arguments",
+    "resume_identity",
+    "small_split_warnings",
     "warmup_steps",
 ]

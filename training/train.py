@@ -245,7 +245,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
     from .evaluation import eval_depths, load_metrics, task_metrics
     from .optimization import TrainingLoss, check_schedule, plan_schedule
     from .run_folder import RunResult, finish_run, leave_nothing_behind
-    from .setup import build, find_checkpoint, output_paths
+    from .setup import build, find_checkpoint, output_paths, record_run_arguments
 
     if args.run.num_threads:
         torch.set_num_threads(args.run.num_threads)
@@ -268,6 +268,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
         if schedule.save_strategy == "steps":
             ta.save_steps = schedule.save_steps
         if main_process:
+            record_run_arguments(args, work_dir)  # what a --resume must repeat (`find_checkpoint`)
             n = sum(p.numel() for p in built.model.parameters())
             print(
                 f"{built.model.config.model_type} {type(built.model).__name__}: {n:,} parameters; "
