@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,6 +27,7 @@ from .arguments import (
     config_flags,
     parse_overrides,
 )
+from .cli import check_model_source
 from .data import DataError, batches_done, input_type_of, label_names, load_data, task_of
 from .weights import check_weights_readable
 
@@ -210,31 +210,15 @@ def _image_geometry(data: Any) -> dict[str, Any]:
 
 def check_pretrained_source(source: str) -> None:
     """`--from_pretrained` must be an existing model folder or, with the Hub reachable, a repo id."""
-    path = Path(source).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise UsageError(
-                f"--from_pretrained {source!r} is a file; expected a model folder (config.json, ...)"
-            )
-        if not (path / "config.json").is_file():
-            raise UsageError(
-                f"--from_pretrained {source!r}: the folder has no config.json (not a model folder)"
-            )
-        try:
-            check_weights_readable(path, flag=f"--from_pretrained {source!r}")
-        except (OSError, ValueError) as err:
-            raise UsageError(str(err)) from None
+    path = check_model_source(source, "--from_pretrained")
+    if path is None:  # a Hub repo id: asked when the model loads
         return
-    looks_like_path = source.startswith((".", "/", "~")) or source.count("/") > 1 or os.sep in source[:1]
-    if looks_like_path or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
-        raise UsageError(f"--from_pretrained {source!r}: the folder does not exist")
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        raise UsageError(
-            f"--from_pretrained {source!r}: no such local folder, and the Hub is offline (HF_HUB_OFFLINE=1), "
-            "so it cannot be a Hub repo either"
-        )
+    if not (path / "config.json").is_file():
+        raise UsageError(f"--from_pretrained {source!r}: the folder has no config.json (not a model folder)")
+    try:
+        check_weights_readable(path, flag=f"--from_pretrained {source!r}")
+    except (OSError, ValueError) as err:
+        raise UsageError(str(err)) from None
 
 
 def build_config_and_processor(args: Arguments, data: Any, state: Any) -> tuple[Any, Any]:
