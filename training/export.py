@@ -232,11 +232,9 @@ def export_model_dir(
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if out_dir.resolve() == model_dir.resolve():
-        raise ValueError(f"OUT_DIR must differ from MODEL_DIR ({model_dir}).")
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not overwrite:
-        raise FileExistsError(
-            f"{out_dir} already exists and is not empty; pass overwrite=True / --overwrite."
-        )
+        raise ValueError(f"out_dir must differ from model_dir ({model_dir}).")
+    if _taken(out_dir) and not overwrite:
+        raise FileExistsError(f"{out_dir} already exists and is not empty; pass overwrite=True to replace it.")
     info = inspect_model_dir(model_dir)
     sources = remote_code_sources(info["model_type"])  # fails before anything is written
     mim = info["auto_class"] == MIM_AUTO_CLASS
@@ -289,9 +287,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_model_dir(model_dir: str, out_dir: str | None = None) -> None:
-    """The checks `export` and `push` make before the models load: a model folder with readable weights, and an
-    output that is not a file. A `UsageError` naming the path."""
+def _taken(out_dir: Path) -> bool:
+    """Whether writing `out_dir` would replace something: a file, or a folder that is not empty."""
+    return out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir()))
+
+
+def check_model_dir(model_dir: str, out_dir: str | None = None, *, overwrite: bool = False) -> None:
+    """The checks `export` and `push` make before the models load: a model folder with a config and readable
+    weights; for `export`, an output that is a folder, not the model folder, and empty unless `--overwrite`. A
+    `UsageError` naming the path (once) and the flag."""
     from .cli import UsageError
 
     folder = Path(model_dir).expanduser()
@@ -302,21 +306,24 @@ def check_model_dir(model_dir: str, out_dir: str | None = None) -> None:
         raise UsageError(
             f"model folder {model_dir}: missing config.json (write the folder with save_pretrained)"
         )
-    try:
-        check_weights_readable(folder, flag=f"model folder {model_dir}")
+    try:  # the messages name the folder or file themselves
+        check_weights_readable(folder, flag="model folder")
     except (OSError, ValueError) as err:
         raise UsageError(str(err)) from None
-    if (
-        out_dir is not None
-        and Path(out_dir).expanduser().exists()
-        and not Path(out_dir).expanduser().is_dir()
-    ):
+    if out_dir is None:
+        return
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
         raise UsageError(f"{out_dir}: is a file, not a folder; name a folder to write the export into")
+    if out.resolve() == folder.resolve():
+        raise UsageError(f"OUT_DIR {out_dir} is MODEL_DIR itself; name another folder to write the export into")
+    if _taken(out) and not overwrite:
+        raise UsageError(f"OUT_DIR {out_dir} already exists and is not empty; pass --overwrite to replace it")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
-    check_model_dir(args.model_dir, args.out_dir)
+    check_model_dir(args.model_dir, args.out_dir, overwrite=args.overwrite)
     return args
 
 

@@ -23,6 +23,28 @@ class PushError(CommandFailed):
     status 1: the arguments were fine, the upload could not be made)."""
 
 
+class MissingTokenError(PushError):
+    """No Hugging Face token at all. `energyformers push` reports it as bad input (status 2, like a missing
+    argument: the user supplies one and runs the command again); a token the Hub rejects stays a `PushError`."""
+
+
+# How to provide a token (and `--token` on the command line): the two ways huggingface_hub's `get_token` reads.
+HOW_TO_LOGIN = "set HF_TOKEN, or run `hf auth login` (a token with write access)"
+
+
+def check_repo_id(repo_id: str, flag: str = "repo_id") -> None:
+    """Refuse a repository id the Hub would refuse, before anything is loaded (ValueError naming `flag`)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    parts = repo_id.split("/")
+    if len(parts) > 2 or not all(parts):  # NAME alone is the token owner's namespace
+        raise ValueError(f"{flag} {repo_id!r}: expected NAMESPACE/NAME, e.g. your-name/hyperset-digits")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise ValueError(f"{flag} {repo_id!r}: not a Hub repository id ({err})") from None
+
+
 # huggingface_hub raises its HTTP client's transport errors (connection refused, timeouts) unwrapped.
 _TRANSPORT_MODULES = {"httpx", "httpx2"}
 
@@ -41,17 +63,21 @@ def push_model_dir(
     commit_message: str | None = None,
     token: str | None = None,
 ) -> str:
-    """Export `model_dir` to a temporary folder and upload it to `repo_id`; returns the repo URL."""
+    """Export `model_dir` to a temporary folder and upload it to `repo_id`; returns the repo URL.
+
+    Checked before anything loads or goes out, in this order: `repo_id` (ValueError), the folder's content
+    (FileNotFoundError / ValueError, as `export_model_dir` checks it), a token (`MissingTokenError`), online mode.
+    """
     from huggingface_hub import HfApi, constants, get_token
     from huggingface_hub.errors import HfHubHTTPError
 
-    from .export import export_model_dir
+    from .export import export_model_dir, inspect_model_dir
 
+    check_repo_id(repo_id)
+    inspect_model_dir(model_dir)  # the wrong folder is named before the missing token, and before any weights load
     token = token or get_token()
     if not token:
-        raise PushError(
-            "no Hugging Face token found: pass --token, set HF_TOKEN, or run `hf auth login` (needs write access)."
-        )
+        raise MissingTokenError(f"no Hugging Face token found: {HOW_TO_LOGIN}.")
     if constants.HF_HUB_OFFLINE:
         raise PushError("HF_HUB_OFFLINE is set, so the Hub cannot be reached; unset it to push.")
     api = HfApi(token=token)
@@ -104,10 +130,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     from .export import check_model_dir
 
     args = build_parser().parse_args(argv)
-    parts = args.repo_id.split("/")
-    if len(parts) > 2 or not all(parts):  # NAME alone is the token owner's namespace
-        raise UsageError(f"repo_id {args.repo_id!r}: expected NAMESPACE/NAME, e.g. your-name/hyperset-digits")
     check_model_dir(args.model_dir)
+    try:
+        check_repo_id(args.repo_id, flag="REPO_ID")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     return args
 
 
@@ -121,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
             commit_message=args.commit_message,
             token=args.token,
         )
+    except MissingTokenError:
+        raise UsageError(f"no Hugging Face token found: pass --token, {HOW_TO_LOGIN}") from None
     except (FileNotFoundError, FileExistsError, ValueError) as err:  # the folder's content
         raise UsageError(str(err)) from None
     print(url)
