@@ -292,22 +292,22 @@ def _taken(out_dir: Path) -> bool:
     return out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir()))
 
 
-def check_model_dir(model_dir: str, out_dir: str | None = None, *, overwrite: bool = False) -> None:
-    """The checks `export` and `push` make before the models load: a model folder with a config and readable
-    weights; for `export`, an output that is a folder, not the model folder, and empty unless `--overwrite`. A
-    `UsageError` naming the path (once) and the flag."""
+def check_model_dir(
+    model_dir: str | os.PathLike, out_dir: str | None = None, *, overwrite: bool = False, flag: str = "model folder"
+) -> None:
+    """The checks `export`, `push` and `release --take` make before the models load: a model folder with a config
+    and readable weights; for `export`, an output that is a folder, not the model folder, and empty unless
+    `--overwrite`. A `UsageError` naming `flag` and the path (once)."""
     from .cli import UsageError
 
     folder = Path(model_dir).expanduser()
     if not folder.is_dir():
         what = "is a file, not a folder" if folder.exists() else "does not exist"
-        raise UsageError(f"model folder {model_dir} {what}; pass a folder written by `energyformers train`")
+        raise UsageError(f"{flag} {model_dir} {what}; pass a folder written by `energyformers train`")
     if not (folder / "config.json").is_file():
-        raise UsageError(
-            f"model folder {model_dir}: missing config.json (write the folder with save_pretrained)"
-        )
+        raise UsageError(f"{flag} {model_dir}: missing config.json (write the folder with save_pretrained)")
     try:  # the messages name the folder or file themselves
-        check_weights_readable(folder, flag="model folder")
+        check_weights_readable(folder, flag=flag)
     except (OSError, ValueError) as err:
         raise UsageError(str(err)) from None
     if out_dir is None:
