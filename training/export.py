@@ -234,7 +234,9 @@ def export_model_dir(
     if out_dir.resolve() == model_dir.resolve():
         raise ValueError(f"out_dir must differ from model_dir ({model_dir}).")
     if _taken(out_dir) and not overwrite:
-        raise FileExistsError(f"{out_dir} already exists and is not empty; pass overwrite=True to replace it.")
+        raise FileExistsError(
+            f"{out_dir} already exists and is not empty; pass overwrite=True to replace it."
+        )
     info = inspect_model_dir(model_dir)
     sources = remote_code_sources(info["model_type"])  # fails before anything is written
     mim = info["auto_class"] == MIM_AUTO_CLASS
@@ -293,7 +295,11 @@ def _taken(out_dir: Path) -> bool:
 
 
 def check_model_dir(
-    model_dir: str | os.PathLike, out_dir: str | None = None, *, overwrite: bool = False, flag: str = "model folder"
+    model_dir: str | os.PathLike,
+    out_dir: str | None = None,
+    *,
+    overwrite: bool = False,
+    flag: str = "model folder",
 ) -> None:
     """The checks `export`, `push` and `release --take` make before the models load: a model folder with a config
     and readable weights; for `export`, an output that is a folder, not the model folder, and empty unless
@@ -316,7 +322,9 @@ def check_model_dir(
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out_dir}: is a file, not a folder; name a folder to write the export into")
     if out.resolve() == folder.resolve():
-        raise UsageError(f"OUT_DIR {out_dir} is MODEL_DIR itself; name another folder to write the export into")
+        raise UsageError(
+            f"OUT_DIR {out_dir} is MODEL_DIR itself; name another folder to write the export into"
+        )
     if _taken(out) and not overwrite:
         raise UsageError(f"OUT_DIR {out_dir} already exists and is not empty; pass --overwrite to replace it")
 

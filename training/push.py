@@ -74,7 +74,9 @@ def push_model_dir(
     from .export import export_model_dir, inspect_model_dir
 
     check_repo_id(repo_id)
-    inspect_model_dir(model_dir)  # the wrong folder is named before the missing token, and before any weights load
+    inspect_model_dir(
+        model_dir
+    )  # the wrong folder is named before the missing token, and before any weights load
     token = token or get_token()
     if not token:
         raise MissingTokenError(f"no Hugging Face token found: {HOW_TO_LOGIN}.")
