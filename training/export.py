@@ -336,8 +336,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
     from .cli import UsageError
 
+    hf_logging.disable_progress_bar()  # the check loads the weights once: the bar is noise (run_command restores)
     try:
         out = export_model_dir(args.model_dir, args.out_dir, repo_id=args.repo_id, overwrite=args.overwrite)
     except (FileNotFoundError, FileExistsError, ValueError) as err:  # the folder's content, or OUT_DIR taken

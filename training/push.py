@@ -102,8 +102,14 @@ def push_model_dir(
         except HfHubHTTPError as err:
             status = err.response.status_code if err.response is not None else None
             hint = " (is the token valid and allowed to write there?)" if status in (401, 403) else ""
+            # one line: the HTTP status and the Hub's own message, without the client's links and blank lines
+            reason = "; ".join(
+                line.strip()
+                for line in str(err).splitlines()
+                if line.strip() and "more information" not in line
+            )
             raise PushError(
-                f"the Hub at {api.endpoint} refused to {step} for {repo_id!r}{hint}: {err}"
+                f"the Hub at {api.endpoint} refused to {step} for {repo_id!r}{hint}: {reason}"
             ) from err
         except Exception as err:
             if _network_error(err):
@@ -141,6 +147,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # export's check loads the weights once: the bar is noise (run_command restores)
     try:
         url = push_model_dir(
             args.model_dir,
