@@ -500,7 +500,12 @@ def test_authors_presets_are_exactly_the_official_structures(preset):
     config = HyperSetConfig.from_preset(preset)
     kwargs = family.kwargs_from_config(config)  # NotExpressible if any field differs from the official class
     rebuilt = family.config(family.normalise_kwargs(kwargs))
-    assert rebuilt.to_diff_dict() == config.to_diff_dict()
+    # the structure; the labels are the data's (a converted Sudoku model names its digits, a preset has none)
+    labels = {"id2label", "label2id"}
+    assert {k: v for k, v in rebuilt.to_diff_dict().items() if k not in labels} == {
+        k: v for k, v in config.to_diff_dict().items() if k not in labels
+    }
+    assert rebuilt.num_labels == config.num_labels
     # the presets of this package differ only in the documented fields
     ours = HyperSetConfig.from_preset(preset.removesuffix("-authors")).to_diff_dict()
     theirs = config.to_diff_dict()
