@@ -74,9 +74,8 @@ def push_model_dir(
     from .export import export_model_dir, inspect_model_dir
 
     check_repo_id(repo_id)
-    inspect_model_dir(
-        model_dir
-    )  # the wrong folder is named before the missing token, and before any weights load
+    # the wrong folder is named before a missing token is, and before any weights load
+    inspect_model_dir(model_dir)
     token = token or get_token()
     if not token:
         raise MissingTokenError(f"no Hugging Face token found: {HOW_TO_LOGIN}.")
@@ -149,7 +148,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # export's check loads the weights once: the bar is noise (run_command restores)
+    # export's check loads the weights once: its progress bar is noise here (`run_command` restores the setting)
+    hf_logging.disable_progress_bar()
     try:
         url = push_model_dir(
             args.model_dir,
