@@ -270,14 +270,19 @@ def test_card_states_the_feedforward_activation(converted):
 
 @needs_fixtures
 @pytest.mark.parametrize("source", sorted(NAMES))
-def test_round_trip_official_ours_official_is_exact(converted, source, tmp_path):
+def test_round_trip_official_ours_official_is_exact(converted, source, tmp_path, capsys):
     name = NAMES[source]
     out = tmp_path / f"{name}.safetensors"
-    assert run("--reverse", "--source", source, converted(source, "float32"), "--output", out) == 0
+    folder = converted(source, "float32")
+    capsys.readouterr()
+    assert run("--reverse", "--source", source, folder, "--output", out) == 0
     original, back = official_keys(fixture(name)), load_file(str(out))
     assert back.keys() == original.keys()
     for key, value in original.items():
         assert back[key].dtype == value.dtype and torch.equal(back[key], value), key
+    # every tensor came back bit for bit, and the command says so (not "function-equivalent")
+    wrote = capsys.readouterr().out.splitlines()[0]
+    assert f"({len(original)} official keys, exact" in wrote and "equivalent" not in wrote, wrote
     reference = json.loads((FIXTURES / f"{name}.json").read_text())["constructor"]["kwargs"]
     kwargs, _ = read_official_config(out.with_suffix(".json"), SOURCES[source])
     assert kwargs == read_official_config(FIXTURES / f"{name}.json", SOURCES[source])[0]
@@ -292,8 +297,14 @@ def test_hyperbf_reverse_without_extras_is_function_equivalent(converted, dtype,
     shutil.copytree(converted("hyperbf", dtype), folder)
     (folder / EXTRAS_FILE).unlink()
     out = tmp_path / "official.safetensors"
+    capsys.readouterr()  # the conversion's own report
     assert run("--reverse", "--source", "hyperbf", folder, "--output", out) == 0
-    assert "canonical" in capsys.readouterr().out
+    wrote = capsys.readouterr().out.splitlines()[0]
+    # 2 blocks × 7 tensors recomputed (the folded metrics), named by pattern; the other 22 keys are copies
+    assert "function-equivalent: 14 recomputed from the model's weights (blocks.*.attn.qkv.weight" in wrote, (
+        wrote
+    )
+    assert "blocks.*.attn.M," in wrote and "the other 22 exact" in wrote, wrote
     gold, state = fixture("hyperbf_vit_tiny"), load_file(str(out))
     assert torch.equal(state["blocks.0.attn.M"], torch.eye(8, dtype=DTYPE[dtype]))
     kwargs, _ = read_official_config(out.with_suffix(".json"), SOURCES["hyperbf"])
@@ -489,7 +500,12 @@ def test_authors_presets_are_exactly_the_official_structures(preset):
     config = HyperSetConfig.from_preset(preset)
     kwargs = family.kwargs_from_config(config)  # NotExpressible if any field differs from the official class
     rebuilt = family.config(family.normalise_kwargs(kwargs))
-    assert rebuilt.to_diff_dict() == config.to_diff_dict()
+    # the structure; the labels are the data's (a converted Sudoku model names its digits, a preset has none)
+    labels = {"id2label", "label2id"}
+    assert {k: v for k, v in rebuilt.to_diff_dict().items() if k not in labels} == {
+        k: v for k, v in config.to_diff_dict().items() if k not in labels
+    }
+    assert rebuilt.num_labels == config.num_labels
     # the presets of this package differ only in the documented fields
     ours = HyperSetConfig.from_preset(preset.removesuffix("-authors")).to_diff_dict()
     theirs = config.to_diff_dict()
@@ -757,3 +773,84 @@ def test_the_command_line_offers_exactly_the_converters_sources_and_dtypes():
 
     assert sorted(SOURCE_NAMES) == sorted(SOURCES)
     assert sorted(DTYPE_NAMES) == sorted(DTYPES)
+
+
+def test_the_command_line_knows_each_sources_model_folder():
+    """`convert_cli.SOURCE_MODELS` (read before torch loads) names each source's model type and head class."""
+    from energyformers.training.convert_cli import SOURCE_MODELS
+
+    assert SOURCE_MODELS == {
+        name: (source.head_class.config_class.model_type, source.head_class.__name__)
+        for name, source in SOURCES.items()
+    }
+
+
+@pytest.mark.parametrize(
+    "source, model_type, architecture, message",
+    [
+        (
+            "imixer",
+            "hyperset",
+            "HyperSetForImageClassification",
+            "is a hyperset model; --source imixer needs an imixer folder (a HyperSetForImageClassification folder "
+            "goes with --source hyperset-ic)",
+        ),
+        (
+            "hyperset-sudoku",
+            "hyperset",
+            "HyperSetForImageClassification",
+            "is a hyperset model (HyperSetForImageClassification); --source hyperset-sudoku needs a "
+            "HyperSetForTokenClassification folder (a HyperSetForImageClassification folder goes with --source "
+            "hyperset-ic)",
+        ),
+        (
+            "hyperbf",
+            "bert",
+            "BertForSequenceClassification",
+            "is a bert model; --source hyperbf needs a hyperbf folder",
+        ),
+    ],
+)
+def test_reverse_refuses_another_models_folder_before_loading(
+    source, model_type, architecture, message, tmp_path, capsys
+):
+    """The folder's kind is read from config.json: another model's folder is refused in one line (status 2), not
+    loaded into the wrong class (transformers' report of missing keys, then a config mismatch)."""
+    folder = tmp_path / "folder"
+    folder.mkdir()  # config.json alone: the check needs nothing else, so nothing else is read
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": model_type, "architectures": [architecture]})
+    )
+    out = tmp_path / "official.safetensors"
+    assert run("--reverse", "--source", source, folder, "--output", out) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == f"energyformers convert: error: {folder} {message}", captured.err
+    assert captured.out == "" and sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+    # the Python API refuses it the same way (a ConversionError, before anything loads)
+    from energyformers.training.convert import export_official
+
+    with pytest.raises(ConversionError, match=re.escape(message)):
+        export_official(source, folder, out)
+
+
+def test_sudoku_label_names_are_the_training_datas():
+    from energyformers.training.convert.hyperset import SUDOKU_DIGITS
+    from energyformers.training.sudoku import DIGITS
+
+    assert SUDOKU_DIGITS == DIGITS
+
+
+@needs_fixtures
+def test_converted_sudoku_folder_names_the_digits(converted, capsys):
+    """A converted Sudoku folder labels class k as the digit k + 1, as `energyformers train --dataset sudoku` does,
+    so `energyformers predict` prints digits, not LABEL_k."""
+    folder = converted("hyperset-sudoku", "float32")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["id2label"] == {str(k): str(k + 1) for k in range(9)}, config["id2label"]
+    assert config["label2id"] == {str(k + 1): k for k in range(9)}, config["label2id"]
+    puzzle = "530070000600195000098000060800060003400803001700020006060000280000419005000080079"
+    capsys.readouterr()
+    assert cli.main(["predict", str(folder), puzzle]) == 0
+    printed = capsys.readouterr().out
+    cells = re.findall(r"(\d)/(\S+) \(", printed)
+    assert len(cells) == 81 and all(label in "123456789" for _, label in cells), printed[-400:]

@@ -485,7 +485,7 @@ def test_existing_output_needs_overwrite_and_is_replaced_whole(image_model_dir, 
     out = tmp_path / "out"
     out.mkdir()
     (out / "stale.txt").write_text("old")
-    with pytest.raises(FileExistsError, match="--overwrite"):
+    with pytest.raises(FileExistsError, match=r"pass overwrite=True to replace it"):
         export_model_dir(image_model_dir, out)
     assert (out / "stale.txt").exists()
     export_model_dir(image_model_dir, out, overwrite=True)
@@ -500,6 +500,67 @@ def test_cli_exports_and_reports_errors(image_model_dir, tmp_path, capsys):
     assert export.main([str(tmp_path / "nowhere"), str(tmp_path / "out2")]) == 2  # a usage error
     assert "does not exist" in capsys.readouterr().err
     _assert_nothing_written(tmp_path / "out2")
+
+
+# Runs `energyformers ARGV` in a fresh process as the console script does and reports (status, stderr, whether the
+# models were imported by the time it returned): a check "before the models load" is one that leaves them unimported.
+FRESH_CLI = """
+import contextlib, io, json, runpy, sys
+sys.argv = ["energyformers", *json.loads(sys.argv[1])]
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    try:
+        runpy.run_module("energyformers", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+print(json.dumps({"code": code, "err": err.getvalue(), "models": "energyformers.registry" in sys.modules}))
+"""
+
+
+def fresh_cli(*argv: object, cwd: Path) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH_CLI, json.dumps([str(a) for a in argv])],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_cli_refuses_a_taken_output_before_the_models_load(image_model_dir, tmp_path):
+    """An OUT_DIR that is not empty (without --overwrite), or MODEL_DIR itself, is refused while the arguments are
+    checked: the message names the command-line flag (not the Python keyword) and nothing is loaded or written."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = fresh_cli("export", image_model_dir, out, cwd=tmp_path)
+    assert result["code"] == 2 and not result["models"], result
+    assert result["err"] == (
+        f"energyformers export: error: OUT_DIR {out} already exists and is not empty; pass --overwrite to "
+        "replace it\n"
+    )
+    assert "overwrite=True" not in result["err"] and [p.name for p in out.iterdir()] == ["keep.txt"]
+    result = fresh_cli("export", image_model_dir, image_model_dir, cwd=tmp_path)
+    assert result["code"] == 2 and not result["models"] and "is MODEL_DIR itself" in result["err"], result
+    assert export.main([str(image_model_dir), str(out), "--overwrite"]) == 0
+    assert (out / "model.safetensors").is_file() and not (out / "keep.txt").exists()
+
+
+def test_cli_names_a_folder_without_weights_once(image_model_dir, tmp_path, capsys):
+    (image_model_dir / "model.safetensors").unlink()
+    capsys.readouterr()  # the fixture's save progress bars
+    assert export.main([str(image_model_dir), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"energyformers export: error: model folder: {image_model_dir}: missing model.safetensors.\n"
+    )
+    assert err.count(str(image_model_dir)) == 1
+    _assert_nothing_written(tmp_path / "out")
 
 
 # ---------------------------------------------------------------------------------------------- release
@@ -597,17 +658,79 @@ def test_release_exports_taken_folders_with_cards_and_metrics(tmp_path, capsys):
             assert (folder / figure).is_file() and f"]({figure})" in card.text
 
 
-def test_release_reports_a_folder_without_metrics_and_ships_the_rest(tmp_path, capsys):
+def test_release_refuses_a_taken_folder_without_metrics_before_any_work(tmp_path, capsys):
+    """A --take folder that cannot be released is bad input: one line naming it once, status 2, nothing written
+    (no dist folder, no release.json), even when the other folders are fine."""
     model_type = sorted(FAMILIES)[0]
     good = build_model_dir(tmp_path / "good", model_type, "AutoModelForImageClassification", "image")
     bad = build_model_dir(
         tmp_path / "bad", model_type, "AutoModelForSequenceClassification", "sequence", metrics=None
     )
     dist = tmp_path / "dist"
-    assert release.main(["--take", str(good), str(bad), "--dist_dir", str(dist)]) == 1
-    assert "missing metrics.json" in capsys.readouterr().err
-    assert sorted(p.name for p in dist.iterdir()) == [f"{model_type}-digits", "release.json"]
-    assert list(json.loads((dist / "release.json").read_text())["failed"]) == [str(bad)]
+    capsys.readouterr()  # the fixture's save progress bars
+    assert release.main(["--take", str(good), str(bad), "--dist_dir", str(dist)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"energyformers release: error: --take {bad}: missing metrics.json;"), err
+    assert err.count(str(bad)) == 1 and len(err.splitlines()) == 1, err
+    assert not dist.exists()
+
+
+def test_release_refuses_a_taken_folder_of_another_model_before_any_work(tmp_path, capsys):
+    """A transformers model folder that is no energyformers model (here BERT) is refused as export refuses it,
+    before anything is inspected or written."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    bert = tmp_path / "bertdir"
+    config = BertConfig(
+        vocab_size=len(WORDS), hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16
+    )
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(bert)
+    (bert / "metrics.json").write_text(json.dumps({"model": "bert", **FIXTURE_METRICS}))
+    dist = tmp_path / "dist"
+    capsys.readouterr()  # the fixture's save progress bars
+    assert release.main(["--take", str(bert), "--dist_dir", str(dist)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"energyformers release: error: --take: {bert / 'config.json'}: model_type='bert' is not an energyformers "
+        f"family; expected one of {sorted(FAMILIES)}.\n"
+    )
+    assert not dist.exists()
+
+
+def test_release_refuses_two_taken_folders_with_one_release_name(tmp_path, capsys):
+    model_type = sorted(FAMILIES)[0]
+    one, two = (
+        build_model_dir(tmp_path / name, model_type, "AutoModelForImageClassification", "image")
+        for name in ("one", "two")
+    )
+    capsys.readouterr()  # the fixture's save progress bars
+    assert release.main(["--take", str(one), str(two), "--dist_dir", str(tmp_path / "dist")]) == 2
+    assert f"both would be released as '{model_type}-digits'" in capsys.readouterr().err
+    assert not (tmp_path / "dist").exists()
+
+
+@pytest.mark.parametrize("dry_run", [["--dry_run"], []])
+def test_release_refuses_an_unknown_dataset_dry_run_or_not(dry_run, tmp_path, capsys):
+    runs, dist = tmp_path / "runs", tmp_path / "dist"
+    with pytest.raises(SystemExit) as stop:
+        release.main(
+            ["--datasets", "digits", "cifar99", *dry_run, "--runs_dir", str(runs), "--dist_dir", str(dist)]
+        )
+    assert stop.value.code == 2
+    captured = capsys.readouterr()
+    assert (
+        "energyformers release: error: --datasets cifar99: not a built-in dataset of `energyformers train`; "
+        f"expected some of {list(release.TRAIN_DATASETS)}" in captured.err
+    ), captured.err
+    assert captured.out == "" and not runs.exists() and not dist.exists()
+
+
+def test_release_names_trains_built_in_datasets():
+    from energyformers.training.data import BUILTIN_DATASETS
+
+    assert sorted(release.TRAIN_DATASETS) == sorted(BUILTIN_DATASETS)
+    assert set(release.REFERENCE_DATASETS) <= set(release.TRAIN_DATASETS)
 
 
 def test_release_plans_masked_image_modelling_on_the_image_datasets(tmp_path, capsys):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -429,11 +430,63 @@ def test_push_of_incomplete_folder_fails_before_upload(hub, trained, tmp_path, r
 
 
 def test_push_cli_reports_errors_with_exit_code(hub, trained, monkeypatch, capsys):
+    """No token at all is bad input (status 2, one line saying how to provide one); a token the Hub rejects is a
+    failure of the upload (status 1)."""
     monkeypatch.delenv("HF_TOKEN")
-    assert push.main([str(trained[sorted(FAMILIES)[0]]), "org/cli"]) == 1
-    assert "energyformers push: error: no Hugging Face token found" in capsys.readouterr().err
+    assert push.main([str(trained[sorted(FAMILIES)[0]]), "org/cli"]) == 2
+    assert capsys.readouterr().err == (
+        "energyformers push: error: no Hugging Face token found: pass --token, set HF_TOKEN, or run "
+        "`hf auth login` (a token with write access)\n"
+    )
+    assert hub.requests == []
+    assert push.main([str(trained[sorted(FAMILIES)[0]]), "org/cli", "--token", "hf_wrong"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("energyformers push: error: the Hub at") and "token valid" in err, err
     assert push.main([str(trained[sorted(FAMILIES)[0]]), "org/cli", "--token", STANDIN_TOKEN]) == 0
     assert capsys.readouterr().out.strip() == f"{hub.url}/org/cli"
+
+
+def _no_weights_loaded(monkeypatch) -> None:
+    """Make loading a folder's weights (export's check that they fit the config) fail the test."""
+
+    def loaded(info):
+        raise AssertionError(f"the weights of {info['model_dir']} were loaded")
+
+    monkeypatch.setattr("energyformers.training.export.check_weights_load", loaded)
+
+
+def test_push_names_a_folder_of_another_model_before_the_token(hub, monkeypatch, tmp_path, capsys):
+    """A transformers folder that is no energyformers model is the problem to report, token or not."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    bert = tmp_path / "bertdir"
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=32, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16
+    )
+    BertForSequenceClassification(config).save_pretrained(bert)
+    monkeypatch.delenv("HF_TOKEN")
+    _no_weights_loaded(monkeypatch)
+    capsys.readouterr()
+    assert push.main([str(bert), "org/bert"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"energyformers push: error: {bert / 'config.json'}: model_type='bert' is not an energyformers family; "
+        f"expected one of {sorted(FAMILIES)}.\n"
+    ), err
+    assert hub.requests == []
+    _no_partial_export(tmp_path)
+
+
+@pytest.mark.parametrize("repo_id", ["org/x y", "org/-name", "org/name..git"])
+def test_push_refuses_a_bad_repo_id_before_loading_anything(hub, trained, monkeypatch, capsys, repo_id):
+    _no_weights_loaded(monkeypatch)
+    assert push.main([str(trained[sorted(FAMILIES)[0]]), repo_id]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"energyformers push: error: REPO_ID {repo_id!r}: not a Hub repository id"), err
+    with pytest.raises(ValueError, match=f"repo_id {re.escape(repr(repo_id))}: not a Hub repository id"):
+        push_model_dir(trained[sorted(FAMILIES)[0]], repo_id)
+    assert hub.requests == []
 
 
 # ---------------------------------------------------------------------------- a real CLI subprocess

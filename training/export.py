@@ -232,10 +232,10 @@ def export_model_dir(
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if out_dir.resolve() == model_dir.resolve():
-        raise ValueError(f"OUT_DIR must differ from MODEL_DIR ({model_dir}).")
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not overwrite:
+        raise ValueError(f"out_dir must differ from model_dir ({model_dir}).")
+    if _taken(out_dir) and not overwrite:
         raise FileExistsError(
-            f"{out_dir} already exists and is not empty; pass overwrite=True / --overwrite."
+            f"{out_dir} already exists and is not empty; pass overwrite=True to replace it."
         )
     info = inspect_model_dir(model_dir)
     sources = remote_code_sources(info["model_type"])  # fails before anything is written
@@ -289,40 +289,58 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_model_dir(model_dir: str, out_dir: str | None = None) -> None:
-    """The checks `export` and `push` make before the models load: a model folder with readable weights, and an
-    output that is not a file. A `UsageError` naming the path."""
+def _taken(out_dir: Path) -> bool:
+    """Whether writing `out_dir` would replace something: a file, or a folder that is not empty."""
+    return out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir()))
+
+
+def check_model_dir(
+    model_dir: str | os.PathLike,
+    out_dir: str | None = None,
+    *,
+    overwrite: bool = False,
+    flag: str = "model folder",
+) -> None:
+    """The checks `export`, `push` and `release --take` make before the models load: a model folder with a config
+    and readable weights; for `export`, an output that is a folder, not the model folder, and empty unless
+    `--overwrite`. A `UsageError` naming `flag` and the path (once)."""
     from .cli import UsageError
 
     folder = Path(model_dir).expanduser()
     if not folder.is_dir():
         what = "is a file, not a folder" if folder.exists() else "does not exist"
-        raise UsageError(f"model folder {model_dir} {what}; pass a folder written by `energyformers train`")
+        raise UsageError(f"{flag} {model_dir} {what}; pass a folder written by `energyformers train`")
     if not (folder / "config.json").is_file():
-        raise UsageError(
-            f"model folder {model_dir}: missing config.json (write the folder with save_pretrained)"
-        )
-    try:
-        check_weights_readable(folder, flag=f"model folder {model_dir}")
+        raise UsageError(f"{flag} {model_dir}: missing config.json (write the folder with save_pretrained)")
+    try:  # the messages name the folder or file themselves
+        check_weights_readable(folder, flag=flag)
     except (OSError, ValueError) as err:
         raise UsageError(str(err)) from None
-    if (
-        out_dir is not None
-        and Path(out_dir).expanduser().exists()
-        and not Path(out_dir).expanduser().is_dir()
-    ):
+    if out_dir is None:
+        return
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
         raise UsageError(f"{out_dir}: is a file, not a folder; name a folder to write the export into")
+    if out.resolve() == folder.resolve():
+        raise UsageError(
+            f"OUT_DIR {out_dir} is MODEL_DIR itself; name another folder to write the export into"
+        )
+    if _taken(out) and not overwrite:
+        raise UsageError(f"OUT_DIR {out_dir} already exists and is not empty; pass --overwrite to replace it")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
-    check_model_dir(args.model_dir, args.out_dir)
+    check_model_dir(args.model_dir, args.out_dir, overwrite=args.overwrite)
     return args
 
 
 def run(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
     from .cli import UsageError
 
+    hf_logging.disable_progress_bar()  # the check loads the weights once: the bar is noise (run_command restores)
     try:
         out = export_model_dir(args.model_dir, args.out_dir, repo_id=args.repo_id, overwrite=args.overwrite)
     except (FileNotFoundError, FileExistsError, ValueError) as err:  # the folder's content, or OUT_DIR taken

@@ -23,6 +23,28 @@ class PushError(CommandFailed):
     status 1: the arguments were fine, the upload could not be made)."""
 
 
+class MissingTokenError(PushError):
+    """No Hugging Face token at all. `energyformers push` reports it as bad input (status 2, like a missing
+    argument: the user supplies one and runs the command again); a token the Hub rejects stays a `PushError`."""
+
+
+# How to provide a token (and `--token` on the command line): the two ways huggingface_hub's `get_token` reads.
+HOW_TO_LOGIN = "set HF_TOKEN, or run `hf auth login` (a token with write access)"
+
+
+def check_repo_id(repo_id: str, flag: str = "repo_id") -> None:
+    """Refuse a repository id the Hub would refuse, before anything is loaded (ValueError naming `flag`)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    parts = repo_id.split("/")
+    if len(parts) > 2 or not all(parts):  # NAME alone is the token owner's namespace
+        raise ValueError(f"{flag} {repo_id!r}: expected NAMESPACE/NAME, e.g. your-name/hyperset-digits")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise ValueError(f"{flag} {repo_id!r}: not a Hub repository id ({err})") from None
+
+
 # huggingface_hub raises its HTTP client's transport errors (connection refused, timeouts) unwrapped.
 _TRANSPORT_MODULES = {"httpx", "httpx2"}
 
@@ -41,17 +63,22 @@ def push_model_dir(
     commit_message: str | None = None,
     token: str | None = None,
 ) -> str:
-    """Export `model_dir` to a temporary folder and upload it to `repo_id`; returns the repo URL."""
+    """Export `model_dir` to a temporary folder and upload it to `repo_id`; returns the repo URL.
+
+    Checked before anything loads or goes out, in this order: `repo_id` (ValueError), the folder's content
+    (FileNotFoundError / ValueError, as `export_model_dir` checks it), a token (`MissingTokenError`), online mode.
+    """
     from huggingface_hub import HfApi, constants, get_token
     from huggingface_hub.errors import HfHubHTTPError
 
-    from .export import export_model_dir
+    from .export import export_model_dir, inspect_model_dir
 
+    check_repo_id(repo_id)
+    # the wrong folder is named before a missing token is, and before any weights load
+    inspect_model_dir(model_dir)
     token = token or get_token()
     if not token:
-        raise PushError(
-            "no Hugging Face token found: pass --token, set HF_TOKEN, or run `hf auth login` (needs write access)."
-        )
+        raise MissingTokenError(f"no Hugging Face token found: {HOW_TO_LOGIN}.")
     if constants.HF_HUB_OFFLINE:
         raise PushError("HF_HUB_OFFLINE is set, so the Hub cannot be reached; unset it to push.")
     api = HfApi(token=token)
@@ -74,8 +101,14 @@ def push_model_dir(
         except HfHubHTTPError as err:
             status = err.response.status_code if err.response is not None else None
             hint = " (is the token valid and allowed to write there?)" if status in (401, 403) else ""
+            # one line: the HTTP status and the Hub's own message, without the client's links and blank lines
+            reason = "; ".join(
+                line.strip()
+                for line in str(err).splitlines()
+                if line.strip() and "more information" not in line
+            )
             raise PushError(
-                f"the Hub at {api.endpoint} refused to {step} for {repo_id!r}{hint}: {err}"
+                f"the Hub at {api.endpoint} refused to {step} for {repo_id!r}{hint}: {reason}"
             ) from err
         except Exception as err:
             if _network_error(err):
@@ -104,14 +137,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
     from .export import check_model_dir
 
     args = build_parser().parse_args(argv)
-    parts = args.repo_id.split("/")
-    if len(parts) > 2 or not all(parts):  # NAME alone is the token owner's namespace
-        raise UsageError(f"repo_id {args.repo_id!r}: expected NAMESPACE/NAME, e.g. your-name/hyperset-digits")
     check_model_dir(args.model_dir)
+    try:
+        check_repo_id(args.repo_id, flag="REPO_ID")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     return args
 
 
 def run(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
+    # export's check loads the weights once: its progress bar is noise here (`run_command` restores the setting)
+    hf_logging.disable_progress_bar()
     try:
         url = push_model_dir(
             args.model_dir,
@@ -121,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
             commit_message=args.commit_message,
             token=args.token,
         )
+    except MissingTokenError:
+        raise UsageError(f"no Hugging Face token found: pass --token, {HOW_TO_LOGIN}") from None
     except (FileNotFoundError, FileExistsError, ValueError) as err:  # the folder's content
         raise UsageError(str(err)) from None
     print(url)

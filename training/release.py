@@ -37,6 +37,9 @@ from pathlib import Path
 from .cli import UsageError, run_command
 
 REFERENCE_DATASETS = ("digits", "fashion_mnist", "rotten_tomatoes")
+# The built-in datasets of `energyformers train` (the keys of `training.data.BUILTIN_DATASETS`, known without
+# importing the datasets stack; a test checks they stay equal): a release is named `<model>-<dataset>` after one.
+TRAIN_DATASETS = ("digits", "fashion_mnist", "mnist5k", "rotten_tomatoes", "spam", "sudoku", "sudoku-hard")
 IMAGE_DATASETS = ("digits", "fashion_mnist")  # the reference datasets of images
 # The keys of `energyformers.FAMILIES`, known without importing the models (a test checks they stay equal).
 FAMILY_NAMES = ("hyperbf", "hyperset", "imixer")
@@ -59,10 +62,50 @@ def _release_name(model_dir: Path) -> str:
             f"{model_dir}: missing metrics.json; a release needs the run's measured metrics (train with "
             "`energyformers train`, which writes it)."
         )
-    metrics = json.loads(metrics_path.read_text())
+    try:
+        metrics = json.loads(metrics_path.read_text())
+        model, dataset = metrics["model"], metrics["dataset"]
+    except (ValueError, KeyError, TypeError) as err:  # not JSON, not an object, or without the run's names
+        raise ValueError(
+            f"{metrics_path}: not the metrics.json of an `energyformers train` run (it names the model and the "
+            f"dataset; {type(err).__name__}: {err})"
+        ) from None
     # a masked-image-modelling run is named apart from the same model's classifier on the same dataset
     task = "-mim" if metrics.get("task") == "masked-image-modeling" else ""
-    return f"{metrics['model']}{task}-{Path(str(metrics['dataset'])).name}"
+    return f"{model}{task}-{Path(str(dataset)).name}"
+
+
+def check_taken_folder(folder: Path) -> None:
+    """What `--take` needs of a folder, checked without the models: a model folder (config.json, readable weights)
+    with the metrics.json of its run. A `UsageError` naming the flag and the folder."""
+    from .export import check_model_dir
+
+    check_model_dir(folder, flag="--take")
+    if not (folder / "metrics.json").is_file():
+        raise UsageError(
+            f"--take {folder}: missing metrics.json; a release needs the run's measured metrics (train with "
+            "`energyformers train`, which writes it)"
+        )
+
+
+def check_taken_models(folders: list[Path]) -> dict[Path, str]:
+    """The release name of each `--take` folder, after `export`'s check of its content (an energyformers model
+    with its processor), so a folder that cannot be released is refused before anything is inspected or written.
+    A `UsageError` naming the flag."""
+    from .export import inspect_model_dir
+
+    names: dict[Path, str] = {}
+    for folder in folders:
+        try:
+            inspect_model_dir(folder)
+            name = _release_name(folder)
+        except (FileNotFoundError, ValueError) as err:  # the messages name the folder or its file
+            raise UsageError(f"--take: {err}") from None
+        twin = next((other for other, taken in names.items() if taken == name), None)
+        if twin is not None:
+            raise UsageError(f"--take {twin} {folder}: both would be released as {name!r}; take one of them")
+        names[folder] = name
+    return names
 
 
 def train_command(model: str, dataset: str, run_dir: Path, train_args: list[str]) -> list[str]:
@@ -127,7 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(baselines are not exported)",
     )
     parser.add_argument(
-        "--datasets", nargs="+", default=list(REFERENCE_DATASETS), help="datasets to train each family on"
+        "--datasets",
+        nargs="+",
+        default=list(REFERENCE_DATASETS),
+        metavar="DATASET",
+        help=f"built-in datasets to train each family on: some of {', '.join(TRAIN_DATASETS)} (default: "
+        f"{' '.join(REFERENCE_DATASETS)})",
     )
     parser.add_argument(
         "--take",
@@ -169,12 +217,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
             parser.error(f"--{flag} trains; --take releases given folders: pass one of them")
     if args.models == [] and not args.mim:
         parser.error("--models with no name releases no family; name some, or add --mim MODEL")
+    wrong = [d for d in args.datasets if d not in TRAIN_DATASETS]
+    if wrong:  # refused in a dry run too: the plan it prints must be one that runs
+        parser.error(
+            f"--datasets {' '.join(wrong)}: not a built-in dataset of `energyformers train`; expected some of "
+            f"{list(TRAIN_DATASETS)}"
+        )
     if args.mim and not set(args.datasets) & set(IMAGE_DATASETS):
         parser.error(f"--mim trains on images: --datasets needs one of {list(IMAGE_DATASETS)}")
     for folder in args.take or ():
-        if not folder.is_dir():
-            what = "is a file, not a folder" if folder.exists() else "does not exist"
-            raise UsageError(f"--take {folder}: {what}; pass finished model folders")
+        check_taken_folder(folder)
     for flag in ("runs_dir", "dist_dir"):
         path = getattr(args, flag)
         if path.exists() and not path.is_dir():
@@ -193,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
         # 1. Which model folders to release: given, already trained, or to be trained now.
         plan: list[tuple[Path, list[str] | None]] = []
         if args.take:
+            check_taken_models(args.take)  # bad input: refused before any folder is inspected or written
             plan = [(Path(d), None) for d in args.take]
         else:
             for model in args.models:

@@ -3,6 +3,7 @@ re-implemented official computations."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import PIL.Image
@@ -84,6 +85,11 @@ class OfficialSource:
     # Official arguments with no counterpart in our config (training-only or init-only): their values are kept in
     # config.json under `official_training_kwargs`, so the reverse conversion gives back the official config.
     training_only: tuple[str, ...] = ()
+    # Official keys (`*` for a layer index) that the canonical reverse recomputes from our weights as one
+    # function-equivalent choice among many, not the tensor that was converted (HyperBF's folded metrics). Copies,
+    # reshapes and slices of our tensors, constant buffers and buffers that the official forward itself sets from
+    # the weights (iMixer's `weight_sigma`) are not listed: they come back bit for bit.
+    recomputed_back: tuple[str, ...] = ()
 
     # --- official config ---
     def normalise_kwargs(self, raw: dict[str, Any], where: str = "official config") -> dict[str, Any]:
@@ -159,6 +165,11 @@ class OfficialSource:
         ours = {our: state[key] for key, (_, our) in self.layout(kwargs).items() if our is not None}
         ours.update(self.derive(state, kwargs))
         return ours
+
+    def recomputed_keys(self, keys: list[str]) -> list[str]:
+        """The patterns of `recomputed_back` that `keys` (official keys) hold, in that order."""
+        present = {re.sub(r"\.\d+\.", ".*.", key) for key in keys}
+        return [pattern for pattern in self.recomputed_back if pattern in present]
 
     def to_official(
         self, ours: dict[str, torch.Tensor], config: PreTrainedConfig

@@ -64,6 +64,20 @@ class HyperBFSource(OfficialSource):
         for key in ("image_size", "dim", "heads", "mlp_dim", "dropout", "emb_dropout")
     }
     training_only = ("mlp_ratio", "qk_scale", "drop_path_rate")  # unused by Hyper_Block / init / training
+    # `derive_back`: M = I and the temperatures folded into q, k; M_RBF = WᵀW with the moved centres and the folded
+    # output weights; β from σ. The forward map is many-to-one, so these are not the converted tensors.
+    recomputed_back = tuple(
+        f"blocks.*.{key}"
+        for key in (
+            "attn.qkv.weight",
+            "attn.M",
+            "attn.scale",
+            "mlp.M_RBF",
+            "mlp.centers",
+            "mlp.beta",
+            "mlp.fc.weight",
+        )
+    )
 
     def check_kwargs(self, kwargs, where):
         if kwargs["qkv_bias"]:

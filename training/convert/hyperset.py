@@ -283,6 +283,10 @@ class HyperSetICSource(OfficialSource):
 SUDOKU_FIELDS = {"step_size_norm": "none", "classifier_norm": "rmsnorm", "classifier_bias": False}
 # The official Sudoku `pos_emb` option -> our position_embedding_type.
 POSITIONS = {"learnable": "learned", "sincos": "sincos-2d"}
+# The label names of a 9 × 9 board's 9 classes: class k is the digit k + 1, as in the authors' targets and the
+# built-in Sudoku data (`training.sudoku.DIGITS`; a test checks they stay equal, kept apart from that module's
+# datasets import).
+SUDOKU_DIGITS = [str(digit) for digit in range(1, 10)]
 
 
 class HyperSetSudokuSource(OfficialSource):
@@ -380,9 +384,19 @@ class HyperSetSudokuSource(OfficialSource):
             max_position_embeddings=kwargs["block_size"],
             position_embedding_type=POSITIONS[kwargs["pos_emb"]],
             rms_norm_eps=None,
-            num_labels=kwargs["num_classes"],
+            **self.labels(kwargs),
             **SUDOKU_FIELDS,
         )
+
+    def labels(self, kwargs):
+        """The config's labels: the digits on a Sudoku board (ten cell values, nine classes), as `energyformers
+        train --dataset sudoku` names them; transformers' LABEL_k for any other board."""
+        if kwargs["vocab_size"] == 10 and kwargs["num_classes"] == len(SUDOKU_DIGITS):
+            return {
+                "id2label": dict(enumerate(SUDOKU_DIGITS)),
+                "label2id": {digit: k for k, digit in enumerate(SUDOKU_DIGITS)},
+            }
+        return {"num_labels": kwargs["num_classes"]}
 
     def kwargs_from_config(self, config):
         required = {

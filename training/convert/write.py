@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -314,23 +315,41 @@ def export_official(
     for path in (output, sidecar):
         if path.exists() and not overwrite:
             raise ConversionError(f"{path} exists; pass --overwrite to replace it")
-    if not (model_dir / "config.json").is_file():
-        raise ConversionError(f"{model_dir} is not a model folder (no config.json)")
+    from ..convert_cli import reverse_input_problem  # the one check of the folder's kind, torch-free
+
+    problem = reverse_input_problem(source, model_dir)
+    if problem is not None:  # before loading: another model's folder would load with a report of missing keys
+        raise ConversionError(problem)
     torch_dtype = _weights_dtype(model_dir)
     model = family.head_class.from_pretrained(model_dir, dtype=torch_dtype).eval()
     ours = {key: value.detach() for key, value in model.state_dict().items()}
     official, kwargs = family.to_official({k: v.to(torch.float64) for k, v in ours.items()}, model.config)
     official = {key: value.to(torch_dtype).contiguous() for key, value in official.items()}
-    mode = "canonical (function-equivalent) official tensors"
+    # Which tensors are the converted ones: copies of ours (exact), the stored extras (exact while the weights are
+    # those converted), or recomputed as one function-equivalent choice (named).
+    recomputed = family.recomputed_keys(list(official))
+    restored = 0
     extras_path = model_dir / EXTRAS_FILE
     if extras_path.is_file():
         with safe_open(str(extras_path), framework="pt") as handle:
             stored = (handle.metadata() or {}).get("weights_fingerprint")
         if stored == fingerprint(ours):
-            official.update(load_file(str(extras_path)))
-            mode = f"the exact official tensors (with {EXTRAS_FILE})"
+            extras = load_file(str(extras_path))
+            official.update(extras)
+            # the forward conversion kept every tensor the canonical reverse does not give back bit for bit
+            recomputed, restored = [], len(extras)
         else:
             log(f"  note: the weights changed since conversion; {EXTRAS_FILE} is stale and not used")
+    if recomputed:
+        count = sum(re.sub(r"\.\d+\.", ".*.", key) in recomputed for key in official)
+        mode = (
+            f"function-equivalent: {count} recomputed from the model's weights ({', '.join(recomputed)}), "
+            f"the other {len(official) - count} exact"
+        )
+    else:
+        mode = "exact" + (
+            f", {restored} of them the converted ones kept in {EXTRAS_FILE}" if restored else ""
+        )
     family.check_state(official, kwargs, "reverse conversion")
 
     inputs = family.example_inputs(kwargs)
