@@ -146,7 +146,64 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ["inspect", "--landscape", "--output_dir", str(text_file)],
             f"--output_dir {text_file}: is a file",
         ),
+        **parser_errors(),
     }
+
+
+# Argument errors argparse itself finds, which read alike in every command (one line, no usage block):
+# command -> (the arguments it requires, a flag with choices and what the message lists; None: no such flag).
+PARSER_ERRORS: dict[str, tuple[list[str], tuple[str, str] | None]] = {
+    "train": (["--output_dir", "out"], ("--eval_strategy", "'no', 'steps', 'epoch'")),
+    "train-accelerate": (["--output_dir", "out"], ("--eval_strategy", "'no', 'steps', 'epoch'")),
+    "predict": (["model", "x.png"], ("--schedule", "'arccos', 'cosine', 'linear', 'root', 'square'")),
+    "inspect": (
+        ["model", "--output_dir", "out"],
+        ("--schedule", "'arccos', 'cosine', 'linear', 'root', 'square'"),
+    ),
+    "export": (["model", "out"], None),
+    "push": (["model", "org/name"], None),
+    "release": ([], None),
+    "convert": (["checkpoint.pt"], ("--dtype", "'float32', 'float64'")),
+}
+# What each command requires, as argparse names it when nothing is given.
+REQUIRED = {
+    "train": "--output_dir",
+    "train-accelerate": "--output_dir",
+    "predict": "model_dir, inputs",
+    "inspect": "--output_dir",
+    "export": "model_dir, out_dir",
+    "push": "model_dir, repo_id",
+    "convert": "checkpoint",
+}
+
+
+def parser_errors() -> dict[str, tuple[list[str], str]]:
+    """`bad_inputs` rows for an unknown flag, a bad choice and a missing argument in every command; the fragment
+    holds the whole message after `error: `, so the same mistake reads the same everywhere."""
+    rows = {}
+    for command, (required, choice) in PARSER_ERRORS.items():
+        argv = [] if command == "predict" else [command]  # `_argv` puts "predict" first for its rows
+        name = "predict" if command == "predict" else command
+        rows[f"{name} unknown flag"] = (
+            [*argv, *required, "--bogus", "1"],
+            "error: unrecognized arguments: --bogus 1",
+        )
+        if choice is not None:
+            flag, choices = choice
+            rows[f"{name} bad choice"] = (
+                [*argv, *required, flag, "foo"],
+                f"error: {flag}: invalid choice: 'foo' (choose from {choices})",
+            )
+        if command in REQUIRED and command != "predict":
+            rows[f"{name} missing argument"] = (
+                argv,
+                f"error: the following arguments are required: {REQUIRED[command]}",
+            )
+    rows["predict missing argument"] = (
+        ["--json"],
+        "error: the following arguments are required: model_dir, inputs",
+    )
+    return rows
 
 
 def readable_folder(folder: Path, model_type: str, architecture: str) -> Path:
@@ -170,7 +227,8 @@ def test_every_command_reports_bad_input_in_one_line_with_status_2_before_loadin
     record = tmp_path / "results.json"
     argvs = [_argv(name, argv) for name, (argv, _) in cases.items()]
     program = [sys.executable, "-c", RUN_CASES, str(record), json.dumps(argvs)]
-    done = subprocess.run(program, capture_output=True, text=True, env=ENV, timeout=300)
+    # in tmp_path: the relative paths of the argument-error rows (never reached) name nothing of the checkout
+    done = subprocess.run(program, capture_output=True, text=True, env=ENV, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     results = dict(zip(cases, json.loads(record.read_text())))
     commands = {argv[0] for argv in argvs}

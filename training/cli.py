@@ -21,6 +21,7 @@ heavy).
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import re
@@ -29,7 +30,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 # sub-command -> (module under energyformers.training, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -68,6 +69,24 @@ class CommandFailed(RuntimeError):
 
 
 Parsed = TypeVar("Parsed")
+
+
+class UsageErrorParserMixin:
+    """An argparse parser mixin: a parse error (unknown flag, bad choice or type, missing argument) and the
+    command's own `parser.error(...)` raise `UsageError`, so `run_command` prints it as the command's one error
+    line (status 2) instead of argparse's usage block and `sys.exit`. `--help` still prints and exits 0.
+
+    Mixed into `CommandParser` and into the training loops' `HfArgumentParser`; it must come first in the bases so
+    its `error` replaces argparse's."""
+
+    def error(self, message: str) -> NoReturn:
+        # "argument --eval_strategy/--eval-strategy: ..." names the flag once, spelled as --help lists it first
+        message = re.sub(r"(--[\w-]+)(?:/--?[\w-]+)+", r"\1", message)
+        raise UsageError(message.removeprefix("argument "))
+
+
+class CommandParser(UsageErrorParserMixin, argparse.ArgumentParser):
+    """The argument parser of every sub-command: argparse's, with its errors reported by `run_command`."""
 
 
 def check_model_source(source: str, label: str) -> Path | None:

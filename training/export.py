@@ -276,7 +276,9 @@ def export_model_dir(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from .cli import CommandParser
+
+    parser = CommandParser(
         prog="energyformers export",
         description="Write a Hub-ready folder (safetensors, auto_map, processor, remote code, model card).",
     )

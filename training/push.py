@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .cli import CommandFailed, UsageError, run_command
+from .cli import CommandFailed, CommandParser, UsageError, run_command
 
 
 class PushError(CommandFailed):
@@ -121,7 +121,7 @@ def push_model_dir(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="energyformers push", description="Export a model folder and upload it to the Hugging Face Hub."
     )
     parser.add_argument("model_dir", help="folder written by `energyformers train`")
