@@ -59,6 +59,9 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
     truncated.mkdir()
     (truncated / "config.json").write_text(json.dumps({"model_type": "hyperset", "input_type": "image"}))
     (truncated / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")  # header cut short
+    no_weights = tmp / "no_weights"  # a config and nothing else
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text(json.dumps({"model_type": "hyperset", "input_type": "image"}))
     image = tmp / "x.png"
     Image.new("RGB", (8, 8)).save(image)
     config = tmp / "kwargs.json"
@@ -84,7 +87,14 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
             [str(tmp / "nowhere"), str(image), "--num_iterations", "0"],
             "--num_iterations 0",
         ),
-        "predict truncated weights": ([str(truncated), str(image)], str(truncated / "model.safetensors")),
+        "predict truncated weights": (
+            [str(truncated), str(image)],
+            f"model folder {truncated}: model.safetensors cannot be read",
+        ),
+        "predict missing weights": (
+            [str(no_weights), str(image)],
+            f"error: model folder {no_weights}: missing model.safetensors.",
+        ),
         "export missing folder": (["export", str(tmp / "nowhere"), out], "does not exist"),
         "push missing folder": (["push", str(tmp / "nowhere"), "org/name"], "does not exist"),
         "release missing folder": (["release", "--take", str(tmp / "nowhere")], "does not exist"),
@@ -103,7 +113,11 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         ),
         "inspect truncated weights": (
             ["inspect", str(truncated), str(image), "--output_dir", out],
-            str(truncated / "model.safetensors"),
+            f"model folder {truncated}: model.safetensors cannot be read",
+        ),
+        "inspect missing weights": (
+            ["inspect", str(no_weights), str(image), "--output_dir", out],
+            f"error: model folder {no_weights}: missing model.safetensors.",
         ),
         "predict not an image": ([str(classifier), str(text_file)], f"{text_file}: not a readable image"),
         "predict another model type": (
@@ -434,3 +448,39 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_the_resume_command(tmp_path, loop)
     work = out.with_name("run.checkpoints")
     saved = [p.name for p in work.iterdir()] if work.is_dir() else []
     assert has_checkpoint(work) and not out.exists(), saved  # complete: the loop's state file is written last
+
+
+# ------------------------------------------------------------------------------- the weights check names a folder once
+
+
+def test_the_weights_check_names_the_folder_once_after_its_label(tmp_path):
+    """`check_weights_readable(folder, label)` adds the folder itself: every problem reads `<label> <folder>: ...`
+    with the folder named once, whichever file is at fault."""
+    from safetensors.torch import save_file
+
+    from energyformers.training.weights import check_weights_readable, weight_files
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    index = {"weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    save_file({"a": torch.zeros(1)}, str(sharded / "model-1.safetensors"))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
+    cases = [
+        (empty, FileNotFoundError, "missing model.safetensors."),
+        (sharded, FileNotFoundError, "shards listed in model.safetensors.index.json are missing"),
+        (broken, ValueError, "model.safetensors cannot be read"),
+    ]
+    for folder, error, problem in cases:
+        with pytest.raises(error) as raised:
+            check_weights_readable(folder, label="--from_pretrained")
+        message = str(raised.value)
+        assert message.startswith(f"--from_pretrained {folder}: {problem}"), message
+        assert message.count(str(folder)) == 1, message
+    with pytest.raises(FileNotFoundError) as raised:  # the listing alone names the folder once too
+        weight_files(empty)
+    assert str(raised.value) == f"{empty}: missing model.safetensors.", raised.value

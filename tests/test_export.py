@@ -556,9 +556,7 @@ def test_cli_names_a_folder_without_weights_once(image_model_dir, tmp_path, caps
     capsys.readouterr()  # the fixture's save progress bars
     assert export.main([str(image_model_dir), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert (
-        err == f"energyformers export: error: model folder: {image_model_dir}: missing model.safetensors.\n"
-    )
+    assert err == f"energyformers export: error: model folder {image_model_dir}: missing model.safetensors.\n"
     assert err.count(str(image_model_dir)) == 1
     _assert_nothing_written(tmp_path / "out")
 

@@ -1079,7 +1079,7 @@ def check_local_model(args: argparse.Namespace, folder: Path) -> None:
     config = local_config(folder)
     check_model_type(folder, config, MODEL_TYPES)
     try:
-        check_weights_readable(folder, flag=str(folder))
+        check_weights_readable(folder)
     except (OSError, ValueError) as err:
         raise InspectError(str(err)) from None
     architecture = masked_image_modeling_head(config.get("architectures"))

@@ -265,7 +265,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         config = local_config(folder)
         check_model_type(folder, config, MODEL_TYPES, args.trust_remote_code)
         try:
-            check_weights_readable(folder, flag=str(folder))
+            check_weights_readable(folder)
         except (OSError, ValueError) as err:
             raise UsageError(str(err)) from None
         architecture = masked_image_modeling_head(config.get("architectures"))
