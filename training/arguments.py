@@ -690,6 +690,10 @@ def validate(args: Arguments) -> None:
     _check("num_predictions", r.num_predictions, r.num_predictions >= 0, "an integer >= 0")
     if r.push_to_hub and not r.hub_model_id:
         raise UsageError("--push_to_hub needs --hub_model_id ORG/NAME")
+    if r.push_to_hub:  # the upload comes after the whole run: what it needs is checked before the run starts
+        from .push import check_push_request
+
+        check_push_request(r.hub_model_id, r.hub_token, repo_flag="--hub_model_id", token_flag="--hub_token")
     check_output_dir(r.output_dir, r.overwrite_output_dir)
 
 
