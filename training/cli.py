@@ -7,7 +7,9 @@ Every sub-command follows one convention, kept here in `run_command` and nowhere
 
 * bad input (a flag value, a missing or wrong-kind path, a file of the wrong structure, an unknown sub-command):
   one line `energyformers <command>: error: <what>` on stderr and exit status 2, as argparse does for its own
-  errors; a command raises `UsageError` for these;
+  errors; a command raises `UsageError` for these, and argparse's own errors (an unknown flag, a bad choice, a
+  missing argument) become one too, in every command, because every parser is a `CommandParser` (or, for the
+  training loops' `HfArgumentParser`, has `UsageErrorParserMixin`);
 * an expected failure of the work itself (the Hub refused an upload): one line and status 1 (`CommandFailed`);
 * any other exception (a bug, a failing disk): its traceback and status 1;
 * interrupted (Ctrl-C): status 130 (128 + SIGINT);
