@@ -59,6 +59,9 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
     truncated.mkdir()
     (truncated / "config.json").write_text(json.dumps({"model_type": "hyperset", "input_type": "image"}))
     (truncated / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")  # header cut short
+    no_weights = tmp / "no_weights"  # a config and nothing else
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text(json.dumps({"model_type": "hyperset", "input_type": "image"}))
     image = tmp / "x.png"
     Image.new("RGB", (8, 8)).save(image)
     config = tmp / "kwargs.json"
@@ -84,7 +87,14 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
             [str(tmp / "nowhere"), str(image), "--num_iterations", "0"],
             "--num_iterations 0",
         ),
-        "predict truncated weights": ([str(truncated), str(image)], str(truncated / "model.safetensors")),
+        "predict truncated weights": (
+            [str(truncated), str(image)],
+            f"model folder {truncated}: model.safetensors cannot be read",
+        ),
+        "predict missing weights": (
+            [str(no_weights), str(image)],
+            f"error: model folder {no_weights}: missing model.safetensors.",
+        ),
         "export missing folder": (["export", str(tmp / "nowhere"), out], "does not exist"),
         "push missing folder": (["push", str(tmp / "nowhere"), "org/name"], "does not exist"),
         "release missing folder": (["release", "--take", str(tmp / "nowhere")], "does not exist"),
@@ -103,7 +113,11 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         ),
         "inspect truncated weights": (
             ["inspect", str(truncated), str(image), "--output_dir", out],
-            str(truncated / "model.safetensors"),
+            f"model folder {truncated}: model.safetensors cannot be read",
+        ),
+        "inspect missing weights": (
+            ["inspect", str(no_weights), str(image), "--output_dir", out],
+            f"error: model folder {no_weights}: missing model.safetensors.",
         ),
         "predict not an image": ([str(classifier), str(text_file)], f"{text_file}: not a readable image"),
         "predict another model type": (
@@ -146,7 +160,64 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ["inspect", "--landscape", "--output_dir", str(text_file)],
             f"--output_dir {text_file}: is a file",
         ),
+        **parser_errors(),
     }
+
+
+# Argument errors argparse itself finds, which read alike in every command (one line, no usage block):
+# command -> (the arguments it requires, a flag with choices and what the message lists; None: no such flag).
+PARSER_ERRORS: dict[str, tuple[list[str], tuple[str, str] | None]] = {
+    "train": (["--output_dir", "out"], ("--eval_strategy", "'no', 'steps', 'epoch'")),
+    "train-accelerate": (["--output_dir", "out"], ("--eval_strategy", "'no', 'steps', 'epoch'")),
+    "predict": (["model", "x.png"], ("--schedule", "'arccos', 'cosine', 'linear', 'root', 'square'")),
+    "inspect": (
+        ["model", "--output_dir", "out"],
+        ("--schedule", "'arccos', 'cosine', 'linear', 'root', 'square'"),
+    ),
+    "export": (["model", "out"], None),
+    "push": (["model", "org/name"], None),
+    "release": ([], None),
+    "convert": (["checkpoint.pt"], ("--dtype", "'float32', 'float64'")),
+}
+# What each command requires, as argparse names it when nothing is given.
+REQUIRED = {
+    "train": "--output_dir",
+    "train-accelerate": "--output_dir",
+    "predict": "model_dir, inputs",
+    "inspect": "--output_dir",
+    "export": "model_dir, out_dir",
+    "push": "model_dir, repo_id",
+    "convert": "checkpoint",
+}
+
+
+def parser_errors() -> dict[str, tuple[list[str], str]]:
+    """`bad_inputs` rows for an unknown flag, a bad choice and a missing argument in every command; the fragment
+    holds the whole message after `error: `, so the same mistake reads the same everywhere."""
+    rows = {}
+    for command, (required, choice) in PARSER_ERRORS.items():
+        argv = [] if command == "predict" else [command]  # `_argv` puts "predict" first for its rows
+        name = "predict" if command == "predict" else command
+        rows[f"{name} unknown flag"] = (
+            [*argv, *required, "--bogus", "1"],
+            "error: unrecognized arguments: --bogus 1",
+        )
+        if choice is not None:
+            flag, choices = choice
+            rows[f"{name} bad choice"] = (
+                [*argv, *required, flag, "foo"],
+                f"error: {flag}: invalid choice: 'foo' (choose from {choices})",
+            )
+        if command in REQUIRED and command != "predict":
+            rows[f"{name} missing argument"] = (
+                argv,
+                f"error: the following arguments are required: {REQUIRED[command]}",
+            )
+    rows["predict missing argument"] = (
+        ["--json"],
+        "error: the following arguments are required: model_dir, inputs",
+    )
+    return rows
 
 
 def readable_folder(folder: Path, model_type: str, architecture: str) -> Path:
@@ -170,7 +241,8 @@ def test_every_command_reports_bad_input_in_one_line_with_status_2_before_loadin
     record = tmp_path / "results.json"
     argvs = [_argv(name, argv) for name, (argv, _) in cases.items()]
     program = [sys.executable, "-c", RUN_CASES, str(record), json.dumps(argvs)]
-    done = subprocess.run(program, capture_output=True, text=True, env=ENV, timeout=300)
+    # in tmp_path: the relative paths of the argument-error rows (never reached) name nothing of the checkout
+    done = subprocess.run(program, capture_output=True, text=True, env=ENV, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     results = dict(zip(cases, json.loads(record.read_text())))
     commands = {argv[0] for argv in argvs}
@@ -376,3 +448,39 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_the_resume_command(tmp_path, loop)
     work = out.with_name("run.checkpoints")
     saved = [p.name for p in work.iterdir()] if work.is_dir() else []
     assert has_checkpoint(work) and not out.exists(), saved  # complete: the loop's state file is written last
+
+
+# ------------------------------------------------------------------------------- the weights check names a folder once
+
+
+def test_the_weights_check_names_the_folder_once_after_its_label(tmp_path):
+    """`check_weights_readable(folder, label)` adds the folder itself: every problem reads `<label> <folder>: ...`
+    with the folder named once, whichever file is at fault."""
+    from safetensors.torch import save_file
+
+    from energyformers.training.weights import check_weights_readable, weight_files
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    index = {"weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    save_file({"a": torch.zeros(1)}, str(sharded / "model-1.safetensors"))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
+    cases = [
+        (empty, FileNotFoundError, "missing model.safetensors."),
+        (sharded, FileNotFoundError, "shards listed in model.safetensors.index.json are missing"),
+        (broken, ValueError, "model.safetensors cannot be read"),
+    ]
+    for folder, error, problem in cases:
+        with pytest.raises(error) as raised:
+            check_weights_readable(folder, label="--from_pretrained")
+        message = str(raised.value)
+        assert message.startswith(f"--from_pretrained {folder}: {problem}"), message
+        assert message.count(str(folder)) == 1, message
+    with pytest.raises(FileNotFoundError) as raised:  # the listing alone names the folder once too
+        weight_files(empty)
+    assert str(raised.value) == f"{empty}: missing model.safetensors.", raised.value

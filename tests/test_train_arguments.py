@@ -102,3 +102,113 @@ def test_overwrite_output_dir_lets_parsing_pass(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as stop:  # argparse's --help still prints and exits 0
         train.parse(["--help"])
     assert stop.value.code == 0
+
+
+# ------------------------------------------------------------------------------- --push_to_hub, checked before training
+
+NO_TOKEN = "no Hugging Face token found: pass --hub_token, set HF_TOKEN, or run `hf auth login` (a token with write access)"
+OFFLINE = "--push_to_hub: the Hub is offline (HF_HUB_OFFLINE=1), so the finished run could not be uploaded"
+PUSH = ["--push_to_hub", "--hub_model_id", "org/name"]
+
+
+@pytest.fixture
+def no_login(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No token anywhere huggingface_hub looks (environment, stored login), the Hub online; returns the token file's
+    path, so a test can log in by writing it."""
+    from huggingface_hub import constants
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(name, raising=False)
+    token_file = tmp_path / "hf-home" / "token"
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(token_file))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    return token_file
+
+
+@pytest.mark.parametrize("loop", ["train", "train-accelerate"])
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        ([], NO_TOKEN),
+        (
+            ["--hub_model_id", "a/b/c", "--hub_token", "hf_x"],
+            "--hub_model_id 'a/b/c': expected NAMESPACE/NAME",
+        ),
+        (
+            ["--hub_model_id", "org/bad name", "--hub_token", "hf_x"],
+            "--hub_model_id 'org/bad name': not a Hub",
+        ),
+        (["--hub_token", "hf_x", "OFFLINE"], OFFLINE),
+    ],
+    ids=["no-token", "three-parts", "bad-name", "offline"],
+)
+def test_push_to_hub_is_checked_before_the_run(
+    loop, extra, expected, no_login, tmp_path, monkeypatch
+) -> None:
+    """What the upload at the end needs (a repo id the Hub takes, a token, an online Hub) is refused while parsing,
+    in the words of `energyformers push`, not found after the whole run."""
+    from huggingface_hub import constants
+
+    from energyformers.training import accelerate_loop
+    from energyformers.training.cli import UsageError
+
+    if "OFFLINE" in extra:
+        extra = [flag for flag in extra if flag != "OFFLINE"]
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    parse = {"train": train.parse, "train-accelerate": accelerate_loop.parse}[loop]
+    out = tmp_path / "out"
+    with pytest.raises(UsageError) as refused:
+        parse(["--output_dir", str(out), *PUSH, *extra])
+    assert str(refused.value).startswith(expected), str(refused.value)
+    assert not out.exists()
+
+
+def test_push_to_hub_takes_the_stored_login_or_hf_token(no_login, tmp_path, monkeypatch) -> None:
+    """A token from `hf auth login` or HF_TOKEN is enough: `--hub_token` is not required."""
+    out = str(tmp_path / "out")
+    no_login.parent.mkdir(parents=True)
+    no_login.write_text("hf_stored")
+    assert train.parse(["--output_dir", out, *PUSH]).run.push_to_hub
+    no_login.unlink()
+    monkeypatch.setenv("HF_TOKEN", "hf_environment")
+    assert train.parse(["--output_dir", out, *PUSH]).run.push_to_hub
+
+
+def test_push_to_hub_refusals_are_one_line_with_status_2_before_torch(tmp_path: Path) -> None:
+    """The command line: one line, status 2, torch not imported, nothing written (the offline refusal with a token;
+    no token at all, with none in the environment and an empty Hugging Face home)."""
+    env = {
+        k: v for k, v in ENV.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE")
+    }
+    env["HF_HOME"] = str(tmp_path / "hf-home")  # no stored login
+    out = str(tmp_path / "out")
+    # a short real run, so that the code before these checks fails quickly instead of training for long
+    quick = [
+        "--dataset",
+        "digits",
+        "--max_steps",
+        "1",
+        "--max_train_samples",
+        "16",
+        "--max_eval_samples",
+        "8",
+    ]
+    quick += ["--max_test_samples", "8", "--num_threads", "1", "--disable_tqdm", "--output_dir", out, *PUSH]
+    table = {
+        "train no token": (["train", *quick], f"energyformers train: error: {NO_TOKEN}"),
+        "accelerate no token": (
+            ["train-accelerate", *quick],
+            f"energyformers train-accelerate: error: {NO_TOKEN}",
+        ),
+        "train offline": (["train", *quick, "--hub_token", "hf_x"], f"energyformers train: error: {OFFLINE}"),
+    }
+    record = tmp_path / "results.json"
+    program = [sys.executable, "-c", RUN_CASES, str(record), json.dumps([argv for argv, _ in table.values()])]
+    done = subprocess.run(program, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for (name, (_, expected)), result in zip(table.items(), json.loads(record.read_text()), strict=True):
+        lines = [line for line in result["err"].splitlines() if line.strip()]
+        assert result["code"] == 2, (name, result["code"], result["err"][-2000:])
+        assert len(lines) == 1 and lines[0].startswith(expected), (name, expected, result["err"][-2000:])
+        assert result["heavy"] == [], (name, result["heavy"])
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.checkpoints").exists()

@@ -20,12 +20,11 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cli import UsageError
+from .cli import CommandParser, UsageError, UsageErrorParserMixin
 from .recipes import RECIPES, AugmentationArguments, split_recipe
 
 # Recurrent-depth flags (docs/hyperset.md, "Recurrent depth"): each sets the config field of the same name.
@@ -508,17 +507,7 @@ def _hyphen_twins(action: argparse.Action) -> set[str]:
     return {s for s in action.option_strings if s.startswith("--") and "-" in s[2:]}
 
 
-class _UsageErrors:
-    """An argparse parser mixin: a parse error is a `UsageError` (`cli.run_command` prints it as the command's one
-    error line, status 2) instead of argparse's usage block and exit."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        # "argument --eval_strategy/--eval-strategy: ..." names the flag once, as it is spelled in --help
-        message = re.sub(r"(--\w+)(?:/--?[\w-]+)+", r"\1", message)
-        raise UsageError(message.removeprefix("argument "))
-
-
-class _PreParser(_UsageErrors, argparse.ArgumentParser):
+class _PreParser(CommandParser):
     """The parser that reads `--recipe` before the full parser is built."""
 
 
@@ -526,7 +515,7 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The parser of both loops (`HfArgumentParser` over `DATACLASSES`); its errors are `UsageError`s."""
     from transformers import HfArgumentParser
 
-    parser_class = type("TrainingArgumentParser", (_UsageErrors, HfArgumentParser), {})
+    parser_class = type("TrainingArgumentParser", (UsageErrorParserMixin, HfArgumentParser), {})
     return parser_class(DATACLASSES, prog=prog, description=description, formatter_class=_HelpFormatter)
 
 
@@ -701,6 +690,10 @@ def validate(args: Arguments) -> None:
     _check("num_predictions", r.num_predictions, r.num_predictions >= 0, "an integer >= 0")
     if r.push_to_hub and not r.hub_model_id:
         raise UsageError("--push_to_hub needs --hub_model_id ORG/NAME")
+    if r.push_to_hub:  # the upload comes after the whole run: what it needs is checked before the run starts
+        from .push import check_push_request
+
+        check_push_request(r.hub_model_id, r.hub_token, repo_flag="--hub_model_id", token_flag="--hub_token")
     check_output_dir(r.output_dir, r.overwrite_output_dir)
 
 

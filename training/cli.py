@@ -7,7 +7,9 @@ Every sub-command follows one convention, kept here in `run_command` and nowhere
 
 * bad input (a flag value, a missing or wrong-kind path, a file of the wrong structure, an unknown sub-command):
   one line `energyformers <command>: error: <what>` on stderr and exit status 2, as argparse does for its own
-  errors; a command raises `UsageError` for these;
+  errors; a command raises `UsageError` for these, and argparse's own errors (an unknown flag, a bad choice, a
+  missing argument) become one too, in every command, because every parser is a `CommandParser` (or, for the
+  training loops' `HfArgumentParser`, has `UsageErrorParserMixin`);
 * an expected failure of the work itself (the Hub refused an upload): one line and status 1 (`CommandFailed`);
 * any other exception (a bug, a failing disk): its traceback and status 1;
 * interrupted (Ctrl-C): status 130 (128 + SIGINT);
@@ -21,6 +23,7 @@ heavy).
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import re
@@ -29,7 +32,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 # sub-command -> (module under energyformers.training, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -68,6 +71,24 @@ class CommandFailed(RuntimeError):
 
 
 Parsed = TypeVar("Parsed")
+
+
+class UsageErrorParserMixin:
+    """An argparse parser mixin: a parse error (unknown flag, bad choice or type, missing argument) and the
+    command's own `parser.error(...)` raise `UsageError`, so `run_command` prints it as the command's one error
+    line (status 2) instead of argparse's usage block and `sys.exit`. `--help` still prints and exits 0.
+
+    Mixed into `CommandParser` and into the training loops' `HfArgumentParser`; it must come first in the bases so
+    its `error` replaces argparse's."""
+
+    def error(self, message: str) -> NoReturn:
+        # "argument --eval_strategy/--eval-strategy: ..." names the flag once, spelled as --help lists it first
+        message = re.sub(r"(--[\w-]+)(?:/--?[\w-]+)+", r"\1", message)
+        raise UsageError(message.removeprefix("argument "))
+
+
+class CommandParser(UsageErrorParserMixin, argparse.ArgumentParser):
+    """The argument parser of every sub-command: argparse's, with its errors reported by `run_command`."""
 
 
 def check_model_source(source: str, label: str) -> Path | None:

@@ -11,7 +11,7 @@ import math
 import sys
 from pathlib import Path
 
-from .cli import UsageError, run_command
+from .cli import CommandParser, UsageError, run_command
 from .convert.released import HUB_REPO, RELEASED, released_file, unavailable_message
 from .weights import checkpoint_format
 
@@ -61,7 +61,7 @@ def _article(word: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     released = ", ".join(f.filename for f in RELEASED if f.source is not None)
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="energyformers convert",
         description="Convert the authors' official checkpoints into verified model folders, and back. The "
         f"released files of the Hub repository {HUB_REPO} ({released}) are recognised by their published "

@@ -167,7 +167,7 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"{config_path}: {architecture}: {err}") from err
 
     files = weight_files(model_dir)
-    check_weights_readable(model_dir, flag="model folder")
+    check_weights_readable(model_dir)
     mim = auto_class == MIM_AUTO_CLASS
     required = () if mim else INPUT_TYPES[input_type].processor_files  # MIM: codes of an image tokenizer
     missing = [name for name in required if not (model_dir / name).is_file()]
@@ -276,7 +276,9 @@ def export_model_dir(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from .cli import CommandParser
+
+    parser = CommandParser(
         prog="energyformers export",
         description="Write a Hub-ready folder (safetensors, auto_map, processor, remote code, model card).",
     )
@@ -312,8 +314,8 @@ def check_model_dir(
         raise UsageError(f"{flag} {model_dir} {what}; pass a folder written by `energyformers train`")
     if not (folder / "config.json").is_file():
         raise UsageError(f"{flag} {model_dir}: missing config.json (write the folder with save_pretrained)")
-    try:  # the messages name the folder or file themselves
-        check_weights_readable(folder, flag=flag)
+    try:
+        check_weights_readable(model_dir, label=flag)
     except (OSError, ValueError) as err:
         raise UsageError(str(err)) from None
     if out_dir is None:

@@ -43,7 +43,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .cli import UsageError, check_model_source, run_command
+from .cli import CommandParser, UsageError, check_model_source, run_command
 from .predict import (
     MIM_RANGES,
     MIM_SCHEDULES,
@@ -96,7 +96,7 @@ class InspectError(UsageError):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="energyformers inspect", description=__doc__.split("\n\n")[0])
+    p = CommandParser(prog="energyformers inspect", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "model_dir", nargs="?", help="a folder written by `energyformers train` (optional with --landscape)"
     )
@@ -1079,7 +1079,7 @@ def check_local_model(args: argparse.Namespace, folder: Path) -> None:
     config = local_config(folder)
     check_model_type(folder, config, MODEL_TYPES)
     try:
-        check_weights_readable(folder, flag=str(folder))
+        check_weights_readable(folder)
     except (OSError, ValueError) as err:
         raise InspectError(str(err)) from None
     architecture = masked_image_modeling_head(config.get("architectures"))

@@ -44,7 +44,7 @@ from typing import Any
 
 from ..auto_registration import AUTO_HEADS
 from .arguments import check_attn_implementation
-from .cli import UsageError, check_model_source, run_command
+from .cli import CommandParser, UsageError, check_model_source, run_command
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -114,7 +114,7 @@ MODEL_TYPES = (*AUTO_HEADS, "vit")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="energyformers predict", description=__doc__.split("\n\n")[0])
+    p = CommandParser(prog="energyformers predict", description=__doc__.split("\n\n")[0])
     p.add_argument("model_dir", help="a folder written by `energyformers train` (or a Hub repo id)")
     p.add_argument(
         "inputs",
@@ -265,7 +265,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         config = local_config(folder)
         check_model_type(folder, config, MODEL_TYPES, args.trust_remote_code)
         try:
-            check_weights_readable(folder, flag=str(folder))
+            check_weights_readable(folder)
         except (OSError, ValueError) as err:
             raise UsageError(str(err)) from None
         architecture = masked_image_modeling_head(config.get("architectures"))

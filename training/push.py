@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .cli import CommandFailed, UsageError, run_command
+from .cli import CommandFailed, CommandParser, UsageError, run_command
 
 
 class PushError(CommandFailed):
@@ -43,6 +43,30 @@ def check_repo_id(repo_id: str, flag: str = "repo_id") -> None:
         validate_repo_id(repo_id)
     except HFValidationError as err:
         raise ValueError(f"{flag} {repo_id!r}: not a Hub repository id ({err})") from None
+
+
+def missing_token_message(token_flag: str) -> str:
+    """The line for no token at all, naming the command's own token flag (`push --token`, `train --hub_token`)."""
+    return f"no Hugging Face token found: pass {token_flag}, {HOW_TO_LOGIN}"
+
+
+def check_push_request(repo_id: str, token: str | None, *, repo_flag: str, token_flag: str) -> None:
+    """What an upload at the end of a long run needs, checked before the run starts (`train --push_to_hub`): a repo
+    id the Hub accepts, a token (`token`, else HF_TOKEN or the stored login) and a Hub that is not switched off.
+    A `UsageError` (status 2, the words `energyformers push` uses) for each; nothing goes out."""
+    from huggingface_hub import constants, get_token
+
+    try:
+        check_repo_id(repo_id, flag=repo_flag)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if not (token or get_token()):
+        raise UsageError(missing_token_message(token_flag))
+    if constants.HF_HUB_OFFLINE:
+        raise UsageError(
+            "--push_to_hub: the Hub is offline (HF_HUB_OFFLINE=1), so the finished run could not be uploaded; "
+            "unset HF_HUB_OFFLINE, or drop --push_to_hub and run `energyformers push` later"
+        )
 
 
 # huggingface_hub raises its HTTP client's transport errors (connection refused, timeouts) unwrapped.
@@ -121,7 +145,7 @@ def push_model_dir(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="energyformers push", description="Export a model folder and upload it to the Hugging Face Hub."
     )
     parser.add_argument("model_dir", help="folder written by `energyformers train`")
@@ -160,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
             token=args.token,
         )
     except MissingTokenError:
-        raise UsageError(f"no Hugging Face token found: pass --token, {HOW_TO_LOGIN}") from None
+        raise UsageError(missing_token_message("--token")) from None
     except (FileNotFoundError, FileExistsError, ValueError) as err:  # the folder's content
         raise UsageError(str(err)) from None
     print(url)

@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .cli import UsageError, run_command
+from .cli import CommandParser, UsageError, run_command
 
 REFERENCE_DATASETS = ("digits", "fashion_mnist", "rotten_tomatoes")
 # The built-in datasets of `energyformers train` (the keys of `training.data.BUILTIN_DATASETS`, known without
@@ -138,7 +138,7 @@ def inspect_command(run_dir: Path) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="energyformers release",
         description="Train (or take) the reference checkpoints and export Hub-ready folders under dist/. "
         "Arguments after `--` are passed to every `energyformers train` run.",

@@ -216,7 +216,7 @@ def check_pretrained_source(source: str) -> None:
     if not (path / "config.json").is_file():
         raise UsageError(f"--from_pretrained {source!r}: the folder has no config.json (not a model folder)")
     try:
-        check_weights_readable(path, flag=f"--from_pretrained {source!r}")
+        check_weights_readable(source, label="--from_pretrained")
     except (OSError, ValueError) as err:
         raise UsageError(str(err)) from None
 

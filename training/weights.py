@@ -8,25 +8,34 @@ Weights are safetensors only; pickle checkpoints are never read.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
 
 
-def weight_files(model_dir: Path) -> list[str]:
-    """`model.safetensors`, or the index and its shards; FileNotFoundError naming what is missing."""
-    model_dir = Path(model_dir)
+def weight_files(model_dir: str | os.PathLike) -> list[str]:
+    """`model.safetensors`, or the index and its shards; FileNotFoundError (ValueError for a broken index) naming
+    the folder and what is missing."""
+    try:
+        return _weight_files(Path(model_dir).expanduser())
+    except (FileNotFoundError, ValueError) as err:
+        raise type(err)(f"{model_dir}: {err}") from None
+
+
+def _weight_files(model_dir: Path) -> list[str]:
+    """`weight_files`, with messages that do not name the folder: each caller names it once, in its own words."""
     if (model_dir / "model.safetensors").is_file():
         return ["model.safetensors"]
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, AttributeError) as err:
-            raise ValueError(f"{index}: not a safetensors index ({err})") from err
+        except (ValueError, KeyError, AttributeError, TypeError) as err:
+            raise ValueError(f"{index.name} is not a safetensors index ({err})") from None
         missing = [s for s in shards if not (model_dir / s).is_file()]
         if missing:
-            raise FileNotFoundError(f"{model_dir}: shards listed in {index.name} are missing: {missing}")
+            raise FileNotFoundError(f"shards listed in {index.name} are missing: {missing}")
         return [index.name, *shards]
     pickles = [name for name in PICKLE_WEIGHTS if (model_dir / name).exists()]
     hint = (
@@ -34,32 +43,33 @@ def weight_files(model_dir: Path) -> list[str]:
         if pickles
         else ""
     )
-    raise FileNotFoundError(f"{model_dir}: missing model.safetensors{hint}.")
+    raise FileNotFoundError(f"missing model.safetensors{hint}.")
 
 
-def check_weights_readable(model_dir: Path, flag: str = "model folder") -> None:
+def check_weights_readable(model_dir: str | os.PathLike, label: str = "model folder") -> None:
     """Open every safetensors file of `model_dir` (header and size check, no tensor is loaded).
 
-    Raises ValueError naming `flag` and the file when one is truncated or corrupt, FileNotFoundError when
-    there are no safetensors weights.
+    The message is `<label> <model_dir>: <problem>`: `label` says which argument the folder is (`model folder`,
+    `--from_pretrained`), never the path, which this function adds itself, spelled as the caller passed it, so the
+    folder is named once. ValueError when a file is truncated or corrupt (or the index is broken),
+    FileNotFoundError when there are no safetensors weights.
     """
     from safetensors import safe_open
 
-    model_dir = Path(model_dir)
+    folder = Path(model_dir).expanduser()
     try:
-        names = weight_files(model_dir)
-    except FileNotFoundError as err:
-        raise FileNotFoundError(f"{flag}: {err}") from None
+        names = _weight_files(folder)
+    except (FileNotFoundError, ValueError) as err:
+        raise type(err)(f"{label} {model_dir}: {err}") from None
     for name in names:
         if not name.endswith(".safetensors"):
             continue
-        path = model_dir / name
         try:
-            with safe_open(str(path), framework="numpy"):  # numpy: the check needs no torch
+            with safe_open(str(folder / name), framework="numpy"):  # numpy: the check needs no torch
                 pass
         except Exception as err:  # safetensors raises its own SafetensorError (no public base class)
             raise ValueError(
-                f"{flag}: {path} cannot be read ({err}); the file is truncated or corrupt. Copy or "
+                f"{label} {model_dir}: {name} cannot be read ({err}); the file is truncated or corrupt. Copy or "
                 "download it again, or re-save the model with save_pretrained"
             ) from None
 
