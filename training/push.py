@@ -20,12 +20,18 @@ from .cli import CommandFailed, CommandParser, UsageError, run_command
 
 class PushError(CommandFailed):
     """A push that cannot proceed: no token, offline mode, unreachable endpoint, or a refusal by the Hub (exit
-    status 1: the arguments were fine, the upload could not be made)."""
+    status 1: the arguments were fine, the upload could not be made; the subclasses below are the user's own
+    settings, status 2)."""
 
 
 class MissingTokenError(PushError):
     """No Hugging Face token at all. `energyformers push` reports it as bad input (status 2, like a missing
     argument: the user supplies one and runs the command again); a token the Hub rejects stays a `PushError`."""
+
+
+class HubOfflineError(PushError):
+    """`HF_HUB_OFFLINE` is set: as with a missing token, the user's setting, reported as bad input (status 2),
+    as `train --push_to_hub` reports it; an endpoint that cannot be reached stays a `PushError`."""
 
 
 # How to provide a token (and `--token` on the command line): the two ways huggingface_hub's `get_token` reads.
@@ -104,7 +110,9 @@ def push_model_dir(
     if not token:
         raise MissingTokenError(f"no Hugging Face token found: {HOW_TO_LOGIN}.")
     if constants.HF_HUB_OFFLINE:
-        raise PushError("HF_HUB_OFFLINE is set, so the Hub cannot be reached; unset it to push.")
+        raise HubOfflineError(
+            "the Hub is offline (HF_HUB_OFFLINE=1), so nothing can be pushed; unset HF_HUB_OFFLINE"
+        )
     api = HfApi(token=token)
     with tempfile.TemporaryDirectory(prefix="energyformers-push-") as tmp:
         # Export first: a broken folder fails here, before the network, and the temp folder always goes.
@@ -185,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
         )
     except MissingTokenError:
         raise UsageError(missing_token_message("--token")) from None
+    except HubOfflineError as err:
+        raise UsageError(str(err)) from None
     except (FileNotFoundError, FileExistsError, ValueError) as err:  # the folder's content
         raise UsageError(str(err)) from None
     print(url)
