@@ -89,6 +89,9 @@ def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
+# --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
+
+
 def config_choice(config: PreTrainedConfig, name: str, choices: dict[str, object]) -> object:
     """What `choices` maps the value of field `name` to. A field the config's checks cover is read through its
     table, never by an `if`/`else` whose `else` would run for any other value: a config edited by attribute
@@ -99,9 +102,6 @@ def config_choice(config: PreTrainedConfig, name: str, choices: dict[str, object
             f"{type(config).__name__}: invalid {name}={value!r}; expected one of {list(choices)}."
         )
     return choices[value]
-
-
-# --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
 
 
 def _is_tracing() -> bool:

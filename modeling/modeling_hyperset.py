@@ -114,18 +114,6 @@ def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
-def config_choice(config: PreTrainedConfig, name: str, choices: dict[str, object]) -> object:
-    """What `choices` maps the value of field `name` to. A field the config's checks cover is read through its
-    table, never by an `if`/`else` whose `else` would run for any other value: a config edited by attribute
-    assignment after its checks ran raises here, in the config's words, instead of running another model."""
-    value = getattr(config, name)
-    if value not in choices:
-        raise ValueError(
-            f"{type(config).__name__}: invalid {name}={value!r}; expected one of {list(choices)}."
-        )
-    return choices[value]
-
-
 def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
     """Fixed 1-D position encoding, sin/cos interleaved over channels (Vaswani et al.), `(num_positions, dim)`.
 
@@ -180,6 +168,18 @@ def iteration_embedding(steps: torch.Tensor, dim: int, dtype: torch.dtype = torc
 
 
 # --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
+
+
+def config_choice(config: PreTrainedConfig, name: str, choices: dict[str, object]) -> object:
+    """What `choices` maps the value of field `name` to. A field the config's checks cover is read through its
+    table, never by an `if`/`else` whose `else` would run for any other value: a config edited by attribute
+    assignment after its checks ran raises here, in the config's words, instead of running another model."""
+    value = getattr(config, name)
+    if value not in choices:
+        raise ValueError(
+            f"{type(config).__name__}: invalid {name}={value!r}; expected one of {list(choices)}."
+        )
+    return choices[value]
 
 
 def _is_tracing() -> bool:

@@ -90,6 +90,18 @@ def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
 # --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
 
 
+def config_choice(config: PreTrainedConfig, name: str, choices: dict[str, object]) -> object:
+    """What `choices` maps the value of field `name` to. A field the config's checks cover is read through its
+    table, never by an `if`/`else` whose `else` would run for any other value: a config edited by attribute
+    assignment after its checks ran raises here, in the config's words, instead of running another model."""
+    value = getattr(config, name)
+    if value not in choices:
+        raise ValueError(
+            f"{type(config).__name__}: invalid {name}={value!r}; expected one of {list(choices)}."
+        )
+    return choices[value]
+
+
 def _is_tracing() -> bool:
     """True under torch.compile / torch.export: checks that read tensor values into Python run eagerly only."""
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
