@@ -138,7 +138,11 @@ class _CheckedConfig:
         return loaded
 
     def validate(self) -> None:
-        """Raise the constructor's `ValueError` if a field now holds a value `__init__` would refuse."""
+        """transformers' own checks (architectures, layer types, RoPE, token ids; where this transformers has
+        them), then the constructor's: a `ValueError` if a field now holds a value `__init__` would refuse."""
+        parent = getattr(super(), "validate", None)
+        if parent is not None:
+            parent()
         _validate_config(self, {})
 
     def save_pretrained(

@@ -624,10 +624,8 @@ class HyperSetAttention(nn.Module):
             mixed, probs = attention_function(q, k, v, keep)
         mixed = mixed.transpose(1, 2).reshape(batch, length, width)  # (B, H, N, d_h) → (B, N, d)
         # output projection Wᵀ (tied) with g_v on its rows: row h·d_h + c scaled by g_v[c]
-        weight = self.qkv_proj.weight
-        output_weight = (weight.view(self.num_heads, self.head_dim, -1) * gain_v[:, None]).view_as(
-            weight
-        )  # (d, d)
+        rows = self.qkv_proj.weight.unflatten(0, (self.num_heads, self.head_dim))  # (H, d_h, d)
+        output_weight = (rows * gain_v[:, None]).flatten(0, 1)  # (d, d)
         return F.linear(mixed, output_weight.t()), probs
 
     @_energy_precision

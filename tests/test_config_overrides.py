@@ -173,6 +173,18 @@ def test_an_edited_config_is_refused_by_the_model_and_by_save(tmp_path, family, 
     assert not (tmp_path / "config.json").exists()
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_validate_keeps_the_checks_transformers_runs_at_save(tmp_path, family):
+    """Our `validate` adds the family's checks to transformers' own (here its layer-type check), not replaces them."""
+    config = FAMILIES[family].config()
+    config.layer_types = ["bogus"] * config.num_hidden_layers
+    with pytest.raises(Exception, match="layer_types"):
+        config.validate()
+    with pytest.raises(Exception, match="layer_types"):
+        config.save_pretrained(tmp_path)
+    assert not (tmp_path / "config.json").exists()
+
+
 @pytest.mark.parametrize("family", ["hyperset", "hyperbf"])
 def test_pooling_edited_after_the_model_was_built_raises_instead_of_mean_pooling(family):
     model = FAMILIES[family].head(FAMILIES[family].config()).eval()
@@ -192,8 +204,8 @@ def test_pooling_edited_after_the_model_was_built_raises_instead_of_mean_pooling
     ids=["hyperset", "looped-transformer"],
 )
 def test_activation_is_a_lookup_that_refuses_an_unknown_name(module, config):
-    """The feedforward modules read `hidden_act` through a table: an edited value raises, it does not build GELU
-    (Hyper-SET's old `else`) or whatever else transformers' ACT2FN knows by that name (the baseline's)."""
+    """The feedforward modules read `hidden_act` through a table of the config's choices: an edited value raises;
+    it builds neither a default activation nor another one transformers' ACT2FN knows by that name."""
     for value in ("bogus", "silu"):  # "silu": an activation ACT2FN has, not one of the config's choices
         edited = config()
         edited.hidden_act = value

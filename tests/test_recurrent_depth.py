@@ -273,7 +273,7 @@ ENERGY_TOLERANCE = 1.3e-3
 
 def test_energy_halting_keeps_iterating_while_the_energy_rises():
     """A rising energy is a change, not convergence: with γ < 0 every update climbs the energy by more than ε and
-    every sample runs the maximum depth (a test of the decrease alone stopped them all after one iteration)."""
+    every sample runs the maximum depth (a test of the decrease alone would stop each after one iteration)."""
     model, inputs, depth = constant_step_model(alpha=0.0, gamma=-1.0), pixels(), 12
     changes = _relative_energy_changes(model, inputs, depth)
     assert (changes > 1.1 * ENERGY_TOLERANCE).all(), (
