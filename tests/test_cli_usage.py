@@ -254,11 +254,80 @@ def test_a_missing_folder_is_named_without_asking_an_offline_hub(
     line = only_line(capsys.readouterr().err)
     assert line == (
         f"energyformers {command}: error: model folder 'nope_dir': no such local folder, and the Hub is offline "
-        "(HF_HUB_OFFLINE=1), so it cannot be a Hub repo either"
+        f"(HF_HUB_OFFLINE=1) and its cache ({constants.HF_HUB_CACHE}) holds no such repo, so it cannot be a Hub "
+        "repo either"
     ), line
     assert cli.main([command, "./nope_dir", *inputs, *extra]) == 2
     line = only_line(capsys.readouterr().err)
     assert line.endswith("model folder './nope_dir': the folder does not exist"), line
+
+
+def hub_cache_repo(cache: Path, repo_id: str, folder: Path) -> Path:
+    """Lay `folder`'s files out in `cache` as huggingface_hub's download writes a repo: each file a blob named by
+    its content hash, linked from `snapshots/<commit>/`, and `refs/main` naming that commit."""
+    import hashlib
+
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for path in sorted(folder.iterdir()):
+        data = path.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / path.name).symlink_to(os.path.relpath(blob, snapshot))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+def test_a_repo_in_the_hub_cache_predicts_offline(classifier, tmp_path):
+    """HF_HUB_OFFLINE=1 is how a model from the Hub cache is used: a repo id the cache holds is not refused as
+    'offline', and predicts as its local folder does."""
+    folder, image = classifier
+    cache = tmp_path / "cache"
+    hub_cache_repo(cache, "org/tiny", folder)
+    env = {**ENV, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    run = [sys.executable, "-m", "energyformers.training.cli", "predict"]
+    cached = subprocess.run(
+        [*run, "org/tiny", str(image), "--top_k", "2"], capture_output=True, text=True, env=env
+    )
+    assert cached.returncode == 0, cached.stderr
+    local = subprocess.run(
+        [*run, str(folder), str(image), "--top_k", "2"], capture_output=True, text=True, env=env
+    )
+    assert local.returncode == 0, local.stderr
+    # the same model and image: the same line after the input's name
+    assert cached.stdout.split("\t")[1:] == local.stdout.split("\t")[1:], (cached.stdout, local.stdout)
+    # a repo the cache does not hold is still refused before anything loads
+    missing = subprocess.run([*run, "org/other", str(image)], capture_output=True, text=True, env=env)
+    assert missing.returncode == 2, missing.stderr
+    assert only_line(missing.stderr) == (
+        f"energyformers predict: error: model folder 'org/other': no such local folder, and the Hub is offline "
+        f"(HF_HUB_OFFLINE=1) and its cache ({cache}) holds no such repo, so it cannot be a Hub repo either"
+    )
+
+
+def test_train_from_pretrained_takes_a_repo_in_the_hub_cache_offline(classifier, tmp_path, monkeypatch):
+    """`train --from_pretrained` shares the check (`setup.check_pretrained_source`): a cached repo id passes
+    offline, and transformers then loads its config from the cache; an uncached one is refused."""
+    from huggingface_hub import constants
+
+    from energyformers.training.setup import check_pretrained_source
+
+    folder, _ = classifier
+    cache = tmp_path / "cache"
+    hub_cache_repo(cache, "org/tiny", folder)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    check_pretrained_source("org/tiny")
+    config = transformers.AutoConfig.from_pretrained("org/tiny", cache_dir=cache)
+    assert config.model_type == "hyperset", config
+    with pytest.raises(
+        cli.UsageError, match=r"--from_pretrained 'org/other': no such local folder, and the Hub"
+    ):
+        check_pretrained_source("org/other")
 
 
 @pytest.mark.parametrize("command", ["predict", "inspect"])
