@@ -208,6 +208,41 @@ def test_inspect_refuses_bad_flag_values_as_predict_does(classifier, tmp_path, c
     assert not out.exists()
 
 
+def test_every_command_words_its_output_folder_check_alike(classifier, tmp_path, capsys, no_model_loads):
+    """train, inspect and export refuse a non-empty output folder, and those three and predict's --output_dir a
+    file, with one wording (`cli.check_output_folder`), naming each its flag and the flag that allows it."""
+    folder, image = classifier
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    commands = {  # command: (argv without the output, the output's flag, the flag that allows a non-empty one)
+        "train": (["train", "--max_steps", "1", "--output_dir"], "--output_dir", "--overwrite_output_dir"),
+        "inspect": (
+            ["inspect", str(folder), str(image), "--output_dir"],
+            "--output_dir",
+            "--overwrite_output_dir",
+        ),
+        "export": (["export", str(folder)], "OUT_DIR", "--overwrite"),
+    }
+    for command, (argv, flag, overwrite_flag) in commands.items():
+        assert cli.main([*argv, str(taken)]) == 2, command
+        assert only_line(capsys.readouterr().err) == (
+            f"energyformers {command}: error: {flag} {taken}: the folder exists and is not empty; pass "
+            f"{overwrite_flag} or choose another folder"
+        )
+        assert cli.main([*argv, str(a_file)]) == 2, command
+        assert only_line(capsys.readouterr().err) == (
+            f"energyformers {command}: error: {flag} {a_file}: is a file, not a folder; name a folder to write into"
+        )
+    assert cli.main(["predict", str(folder), str(image), "--output_dir", str(a_file)]) == 2
+    assert only_line(capsys.readouterr().err) == (
+        f"energyformers predict: error: --output_dir {a_file}: is a file, not a folder; name a folder to write into"
+    )
+    assert sorted(p.name for p in taken.iterdir()) == ["notes.txt"] and a_file.read_text() == "mine"
+
+
 def test_inspect_refuses_a_non_empty_output_folder_unless_told_to_write_into_it(classifier, tmp_path, capsys):
     folder, image = classifier
     taken = tmp_path / "existing_out"
@@ -216,7 +251,10 @@ def test_inspect_refuses_a_non_empty_output_folder_unless_told_to_write_into_it(
     argv = ["inspect", str(folder), str(image), "--output_dir", str(taken), "--max_iterations", "2"]
     assert cli.main(argv) == 2
     line = only_line(capsys.readouterr().err)
-    assert f"--output_dir {taken}: exists and is not empty" in line and "--overwrite_output_dir" in line, line
+    assert (
+        f"--output_dir {taken}: the folder exists and is not empty" in line
+        and "--overwrite_output_dir" in line
+    ), line
     assert sorted(p.name for p in taken.iterdir()) == ["notes.txt"]
     assert cli.main([*argv, "--overwrite_output_dir"]) == 0, capsys.readouterr().err
     assert (taken / "notes.txt").read_text() == "mine" and (taken / "inspect.json").is_file()

@@ -137,6 +137,34 @@ def in_hub_cache(repo_id: str) -> bool:
     return isinstance(found, str)
 
 
+def check_output_folder(
+    path: str | os.PathLike,
+    flag: str,
+    overwrite_flag: str | None,
+    *,
+    overwrite: bool = False,
+    allowed: str | os.PathLike | None = None,
+    error: type[Exception] = UsageError,
+) -> Path:
+    """The folder a command writes into, checked before any work: never a file (whatever the flags: a file there is
+    not what anyone meant to replace with a folder), and new or empty unless `overwrite` (`overwrite_flag`, how the
+    caller spells it, is named in the message) or it is `allowed` (inspect may write into the model folder itself).
+    `overwrite_flag=None`: a non-empty folder is fine (the command adds files of its own names beside the others).
+
+    Raises `error` (a `UsageError` for the command line; an API caller passes e.g. `FileExistsError`) worded
+    `<flag> <path>: ...`; returns the folder (`~` expanded). Light: reads the folder's entries only."""
+    folder = Path(path).expanduser()
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise error(f"{flag} {path}: is a file, not a folder; name a folder to write into")
+    if overwrite_flag is None or overwrite or not folder.is_dir() or not any(folder.iterdir()):
+        return folder
+    if allowed is not None and folder.resolve() == Path(allowed).expanduser().resolve():
+        return folder
+    raise error(
+        f"{flag} {path}: the folder exists and is not empty; pass {overwrite_flag} or choose another folder"
+    )
+
+
 def run_command(
     command: str,
     parse: Callable[[list[str]], Parsed],

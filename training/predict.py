@@ -44,7 +44,7 @@ from typing import Any
 
 from ..auto_registration import AUTO_HEADS
 from .arguments import check_attn_implementation
-from .cli import CommandParser, UsageError, check_model_source, run_command
+from .cli import CommandParser, UsageError, check_model_source, check_output_folder, run_command
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -199,8 +199,8 @@ def mim_arguments(args: argparse.Namespace) -> dict[str, Any]:
     given = {name: getattr(args, name) for name in MIM_FLAGS if getattr(args, name) is not None}
     check_ranges(given, MIM_RANGES)
     output_dir = given.pop("output_dir", None)
-    if output_dir is not None and Path(output_dir).expanduser().exists() and not Path(output_dir).is_dir():
-        raise UsageError(f"--output_dir {output_dir}: is a file; pass a folder (it is created if missing)")
+    if output_dir is not None:  # created if missing; the reconstructions go beside any files already there
+        check_output_folder(output_dir, "--output_dir", None)
     for name in MIM_PIPELINE_FLAGS:
         given.pop(name, None)
     return given
