@@ -347,6 +347,33 @@ def test_a_repo_in_the_hub_cache_predicts_offline(classifier, tmp_path):
     )
 
 
+def test_a_cached_repo_with_an_invalid_config_is_named_by_its_config_error(classifier, tmp_path):
+    """A repo the Hub served (here: the cache) whose config the family's checks refuse is reported in the config's
+    own words, one line, status 2, not as a repo the Hub did not serve."""
+    folder, image = classifier
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for path in folder.iterdir():
+        (bad / path.name).write_bytes(path.read_bytes())
+    config = json.loads((bad / "config.json").read_text())
+    config["patch_size"] = 3  # the 8 x 8 image is not divisible into 3 x 3 patches
+    (bad / "config.json").write_text(json.dumps(config))
+    cache = tmp_path / "cache"
+    hub_cache_repo(cache, "org/bad", bad)
+    env = {**ENV, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "energyformers.training.cli", "predict", "org/bad", str(image)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode == 2, result.stderr
+    line = only_line(result.stderr)
+    assert line.startswith("energyformers predict: error: cannot load a model from 'org/bad': "), line
+    assert "invalid image_size=8; both sides must be divisible by patch_size=3" in line, line
+    assert "did not serve" not in line, line
+
+
 def test_train_from_pretrained_takes_a_repo_in_the_hub_cache_offline(classifier, tmp_path, monkeypatch):
     """`train --from_pretrained` shares the check (`setup.check_pretrained_source`): a cached repo id passes
     offline, and transformers then loads its config from the cache; an uncached one is refused."""

@@ -573,11 +573,16 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
 
 
 def cannot_load(model_dir: str, err: Exception) -> str:
-    """The message for a model transformers could not load: a name that is no local folder was asked of the Hub."""
-    if Path(model_dir).expanduser().exists():
-        return f"cannot load a model from {model_dir!r}: {err}"
-    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return f"model folder {model_dir!r}: no such local folder, and the Hub did not serve it ({reason})"
+    """The one-line message for a model transformers could not load. Only an `OSError` (no such repo, no
+    connection, a file missing from it) of a name that is no local folder means the Hub did not serve it; any other
+    error (a `ValueError` of the config's own checks, an invalid value in it) is the model's, and its own words say
+    what is wrong."""
+    if isinstance(err, OSError) and not Path(model_dir).expanduser().exists():
+        # the first line says what was not found; transformers' further lines are advice on tokens and folders
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return f"model folder {model_dir!r}: no such local folder, and the Hub did not serve it ({reason})"
+    # the whole message, on one line (the command's contract)
+    return f"cannot load a model from {model_dir!r}: {' '.join(str(err).split()) or type(err).__name__}"
 
 
 def check_attn_implementation_runs(config: Any, value: str) -> None:
