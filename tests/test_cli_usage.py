@@ -179,6 +179,45 @@ def test_inspect_says_how_to_save_an_image_tokenizer_and_suggests_no_flag(tmp_pa
     assert "or pass one." not in str(raised.value), raised.value
 
 
+def test_predict_and_inspect_check_a_local_folder_with_one_function(classifier, tmp_path, capsys):
+    """`predict.check_local_model_folder` is the folder check both commands run: config and model type, weights,
+    then the command's flag check (told the masked-image-modelling head, else None, and the first architecture),
+    then the image tokenizer of such a head, then the inputs; it returns the config and that head."""
+    folder, image = classifier
+    seen: list[tuple[str | None, str]] = []
+    config, head = predict.check_local_model_folder(
+        folder,
+        str(folder),
+        predict.MODEL_TYPES,
+        check_flags=lambda *kind: seen.append(kind),
+        inputs=[str(image)],
+    )
+    assert (config["model_type"], head) == ("hyperset", None), (config, head)
+    assert seen == [(None, "HyperSetForImageClassification")], seen
+    text = tmp_path / "notes.txt"
+    text.write_text("not an image")
+    with pytest.raises(cli.UsageError, match=rf"{text}: not a readable image"):
+        predict.check_local_model_folder(folder, str(folder), predict.MODEL_TYPES, inputs=[str(text)])
+    with pytest.raises(cli.UsageError, match=r"model_type='hyperset' is not an energyformers family"):
+        predict.check_local_model_folder(folder, str(folder), ("imixer",))
+    # a masked-image-modelling head: the flag check sees it before the missing image tokenizer is named
+    torch.manual_seed(0)
+    mim_config = HyperSetConfig.from_preset(
+        "mim-1-12-d", hidden_size=16, num_attention_heads=4, intermediate_size=16, time_embedding_dim=16,
+        num_iterations=2, vocab_size=17, max_position_embeddings=64,
+    )  # fmt: skip
+    mim = tmp_path / "mim"
+    HyperSetForMaskedImageModeling(mim_config).save_pretrained(mim)
+    seen.clear()
+    with pytest.raises(
+        cli.UsageError, match=r"has no image tokenizer \(vq_tokenizer_config.json is missing\)"
+    ):
+        predict.check_local_model_folder(
+            mim, str(mim), predict.MODEL_TYPES, check_flags=lambda *k: seen.append(k)
+        )
+    assert seen == [("HyperSetForMaskedImageModeling", "HyperSetForMaskedImageModeling")], seen
+
+
 # ------------------------------------------------------------------------------- inspect's flags and output folder
 
 

@@ -47,12 +47,10 @@ from .cli import CommandParser, UsageError, check_model_source, check_output_fol
 from .predict import (
     MIM_RANGES,
     MIM_SCHEDULES,
-    check_image_tokenizer,
     check_inputs,
-    check_model_type,
+    check_local_model_folder,
     check_ranges,
     check_readable_images,
-    local_config,
     masked_image_modeling_head,
     no_image_tokenizer,
     refuse_mim_flags,
@@ -1076,33 +1074,21 @@ def check_numbers(args: argparse.Namespace) -> None:
 
 
 def check_local_model(args: argparse.Namespace, folder: Path) -> None:
-    """A local model folder, before torch loads: its config names a model inspect draws, its weights are readable,
-    the flags fit its kind (the decode-sequence flags only for a masked-image-modelling model, which needs its image
-    tokenizer and an image), and every input is what it takes (predict's checks)."""
-    from .weights import check_weights_readable
+    """A local model folder, before torch loads (predict's checks, `check_local_model_folder`): its config names a
+    model inspect draws, its weights are readable, the flags fit its kind (the decode-sequence flags only for a
+    masked-image-modelling model, which needs its image tokenizer and an image), and every input is what it takes;
+    without inputs or --dataset, a run log holding per-iteration eval accuracy to draw."""
 
-    config = local_config(folder)
-    check_model_type(folder, config, MODEL_TYPES)
-    try:
-        check_weights_readable(folder)
-    except (OSError, ValueError) as err:
-        raise InspectError(str(err)) from None
-    architecture = masked_image_modeling_head(config.get("architectures"))
-    if architecture is None:
-        refuse_mim_flags(
-            args.mim_flags,
-            args.model_dir,
-            str((config.get("architectures") or ["?"])[0]),
-            "inspect draws its dynamics",
-        )
-    if architecture is not None:
-        if args.dataset or not args.inputs:
+    def check_flags(architecture: str | None, first: str) -> None:
+        if architecture is None:
+            refuse_mim_flags(args.mim_flags, args.model_dir, first, "inspect draws its dynamics")
+        elif args.dataset or not args.inputs:
             raise InspectError(mim_needs_an_image(args.model_dir))
-        check_image_tokenizer(folder, args.model_dir)
-        check_inputs(args.model_dir, "mim", args.inputs)
-    elif args.inputs:
-        check_inputs(args.model_dir, config.get("input_type", "image"), args.inputs)
-    elif not args.dataset:
+
+    _, architecture = check_local_model_folder(
+        folder, args.model_dir, MODEL_TYPES, check_flags=check_flags, inputs=args.inputs
+    )
+    if architecture is None and not args.inputs and not args.dataset:
         found = run_log_history(folder)
         if found is None or not eval_depth_curves(found[0])[1]:
             raise InspectError(GIVE_INPUTS)
