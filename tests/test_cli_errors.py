@@ -154,7 +154,7 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         ),
         "inspect non-empty output": (
             ["inspect", "--landscape", "--output_dir", str(taken)],
-            f"--output_dir {taken}: exists and is not empty; pass --overwrite_output_dir",
+            f"--output_dir {taken}: the folder exists and is not empty; pass --overwrite_output_dir",
         ),
         "inspect output is a file": (
             ["inspect", "--landscape", "--output_dir", str(text_file)],

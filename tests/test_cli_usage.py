@@ -179,6 +179,45 @@ def test_inspect_says_how_to_save_an_image_tokenizer_and_suggests_no_flag(tmp_pa
     assert "or pass one." not in str(raised.value), raised.value
 
 
+def test_predict_and_inspect_check_a_local_folder_with_one_function(classifier, tmp_path, capsys):
+    """`predict.check_local_model_folder` is the folder check both commands run: config and model type, weights,
+    then the command's flag check (told the masked-image-modelling head, else None, and the first architecture),
+    then the image tokenizer of such a head, then the inputs; it returns the config and that head."""
+    folder, image = classifier
+    seen: list[tuple[str | None, str]] = []
+    config, head = predict.check_local_model_folder(
+        folder,
+        str(folder),
+        predict.MODEL_TYPES,
+        check_flags=lambda *kind: seen.append(kind),
+        inputs=[str(image)],
+    )
+    assert (config["model_type"], head) == ("hyperset", None), (config, head)
+    assert seen == [(None, "HyperSetForImageClassification")], seen
+    text = tmp_path / "notes.txt"
+    text.write_text("not an image")
+    with pytest.raises(cli.UsageError, match=rf"{text}: not a readable image"):
+        predict.check_local_model_folder(folder, str(folder), predict.MODEL_TYPES, inputs=[str(text)])
+    with pytest.raises(cli.UsageError, match=r"model_type='hyperset' is not an energyformers family"):
+        predict.check_local_model_folder(folder, str(folder), ("imixer",))
+    # a masked-image-modelling head: the flag check sees it before the missing image tokenizer is named
+    torch.manual_seed(0)
+    mim_config = HyperSetConfig.from_preset(
+        "mim-1-12-d", hidden_size=16, num_attention_heads=4, intermediate_size=16, time_embedding_dim=16,
+        num_iterations=2, vocab_size=17, max_position_embeddings=64,
+    )  # fmt: skip
+    mim = tmp_path / "mim"
+    HyperSetForMaskedImageModeling(mim_config).save_pretrained(mim)
+    seen.clear()
+    with pytest.raises(
+        cli.UsageError, match=r"has no image tokenizer \(vq_tokenizer_config.json is missing\)"
+    ):
+        predict.check_local_model_folder(
+            mim, str(mim), predict.MODEL_TYPES, check_flags=lambda *k: seen.append(k)
+        )
+    assert seen == [("HyperSetForMaskedImageModeling", "HyperSetForMaskedImageModeling")], seen
+
+
 # ------------------------------------------------------------------------------- inspect's flags and output folder
 
 
@@ -208,6 +247,41 @@ def test_inspect_refuses_bad_flag_values_as_predict_does(classifier, tmp_path, c
     assert not out.exists()
 
 
+def test_every_command_words_its_output_folder_check_alike(classifier, tmp_path, capsys, no_model_loads):
+    """train, inspect and export refuse a non-empty output folder, and those three and predict's --output_dir a
+    file, with one wording (`cli.check_output_folder`), naming each its flag and the flag that allows it."""
+    folder, image = classifier
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    commands = {  # command: (argv without the output, the output's flag, the flag that allows a non-empty one)
+        "train": (["train", "--max_steps", "1", "--output_dir"], "--output_dir", "--overwrite_output_dir"),
+        "inspect": (
+            ["inspect", str(folder), str(image), "--output_dir"],
+            "--output_dir",
+            "--overwrite_output_dir",
+        ),
+        "export": (["export", str(folder)], "OUT_DIR", "--overwrite"),
+    }
+    for command, (argv, flag, overwrite_flag) in commands.items():
+        assert cli.main([*argv, str(taken)]) == 2, command
+        assert only_line(capsys.readouterr().err) == (
+            f"energyformers {command}: error: {flag} {taken}: the folder exists and is not empty; pass "
+            f"{overwrite_flag} or choose another folder"
+        )
+        assert cli.main([*argv, str(a_file)]) == 2, command
+        assert only_line(capsys.readouterr().err) == (
+            f"energyformers {command}: error: {flag} {a_file}: is a file, not a folder; name a folder to write into"
+        )
+    assert cli.main(["predict", str(folder), str(image), "--output_dir", str(a_file)]) == 2
+    assert only_line(capsys.readouterr().err) == (
+        f"energyformers predict: error: --output_dir {a_file}: is a file, not a folder; name a folder to write into"
+    )
+    assert sorted(p.name for p in taken.iterdir()) == ["notes.txt"] and a_file.read_text() == "mine"
+
+
 def test_inspect_refuses_a_non_empty_output_folder_unless_told_to_write_into_it(classifier, tmp_path, capsys):
     folder, image = classifier
     taken = tmp_path / "existing_out"
@@ -216,7 +290,10 @@ def test_inspect_refuses_a_non_empty_output_folder_unless_told_to_write_into_it(
     argv = ["inspect", str(folder), str(image), "--output_dir", str(taken), "--max_iterations", "2"]
     assert cli.main(argv) == 2
     line = only_line(capsys.readouterr().err)
-    assert f"--output_dir {taken}: exists and is not empty" in line and "--overwrite_output_dir" in line, line
+    assert (
+        f"--output_dir {taken}: the folder exists and is not empty" in line
+        and "--overwrite_output_dir" in line
+    ), line
     assert sorted(p.name for p in taken.iterdir()) == ["notes.txt"]
     assert cli.main([*argv, "--overwrite_output_dir"]) == 0, capsys.readouterr().err
     assert (taken / "notes.txt").read_text() == "mine" and (taken / "inspect.json").is_file()
@@ -254,11 +331,107 @@ def test_a_missing_folder_is_named_without_asking_an_offline_hub(
     line = only_line(capsys.readouterr().err)
     assert line == (
         f"energyformers {command}: error: model folder 'nope_dir': no such local folder, and the Hub is offline "
-        "(HF_HUB_OFFLINE=1), so it cannot be a Hub repo either"
+        f"(HF_HUB_OFFLINE=1) and its cache ({constants.HF_HUB_CACHE}) holds no such repo, so it cannot be a Hub "
+        "repo either"
     ), line
     assert cli.main([command, "./nope_dir", *inputs, *extra]) == 2
     line = only_line(capsys.readouterr().err)
     assert line.endswith("model folder './nope_dir': the folder does not exist"), line
+
+
+def hub_cache_repo(cache: Path, repo_id: str, folder: Path) -> Path:
+    """Lay `folder`'s files out in `cache` as huggingface_hub's download writes a repo: each file a blob named by
+    its content hash, linked from `snapshots/<commit>/`, and `refs/main` naming that commit."""
+    import hashlib
+
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for path in sorted(folder.iterdir()):
+        data = path.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / path.name).symlink_to(os.path.relpath(blob, snapshot))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+def test_a_repo_in_the_hub_cache_predicts_offline(classifier, tmp_path):
+    """HF_HUB_OFFLINE=1 is how a model from the Hub cache is used: a repo id the cache holds is not refused as
+    'offline', and predicts as its local folder does."""
+    folder, image = classifier
+    cache = tmp_path / "cache"
+    hub_cache_repo(cache, "org/tiny", folder)
+    env = {**ENV, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    run = [sys.executable, "-m", "energyformers.training.cli", "predict"]
+    cached = subprocess.run(
+        [*run, "org/tiny", str(image), "--top_k", "2"], capture_output=True, text=True, env=env
+    )
+    assert cached.returncode == 0, cached.stderr
+    local = subprocess.run(
+        [*run, str(folder), str(image), "--top_k", "2"], capture_output=True, text=True, env=env
+    )
+    assert local.returncode == 0, local.stderr
+    # the same model and image: the same line after the input's name
+    assert cached.stdout.split("\t")[1:] == local.stdout.split("\t")[1:], (cached.stdout, local.stdout)
+    # a repo the cache does not hold is still refused before anything loads
+    missing = subprocess.run([*run, "org/other", str(image)], capture_output=True, text=True, env=env)
+    assert missing.returncode == 2, missing.stderr
+    assert only_line(missing.stderr) == (
+        f"energyformers predict: error: model folder 'org/other': no such local folder, and the Hub is offline "
+        f"(HF_HUB_OFFLINE=1) and its cache ({cache}) holds no such repo, so it cannot be a Hub repo either"
+    )
+
+
+def test_a_cached_repo_with_an_invalid_config_is_named_by_its_config_error(classifier, tmp_path):
+    """A repo the Hub served (here: the cache) whose config the family's checks refuse is reported in the config's
+    own words, one line, status 2, not as a repo the Hub did not serve."""
+    folder, image = classifier
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for path in folder.iterdir():
+        (bad / path.name).write_bytes(path.read_bytes())
+    config = json.loads((bad / "config.json").read_text())
+    config["patch_size"] = 3  # the 8 x 8 image is not divisible into 3 x 3 patches
+    (bad / "config.json").write_text(json.dumps(config))
+    cache = tmp_path / "cache"
+    hub_cache_repo(cache, "org/bad", bad)
+    env = {**ENV, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "energyformers.training.cli", "predict", "org/bad", str(image)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode == 2, result.stderr
+    line = only_line(result.stderr)
+    assert line.startswith("energyformers predict: error: cannot load a model from 'org/bad': "), line
+    assert "invalid image_size=8; both sides must be divisible by patch_size=3" in line, line
+    assert "did not serve" not in line, line
+
+
+def test_train_from_pretrained_takes_a_repo_in_the_hub_cache_offline(classifier, tmp_path, monkeypatch):
+    """`train --from_pretrained` shares the check (`setup.check_pretrained_source`): a cached repo id passes
+    offline, and transformers then loads its config from the cache; an uncached one is refused."""
+    from huggingface_hub import constants
+
+    from energyformers.training.setup import check_pretrained_source
+
+    folder, _ = classifier
+    cache = tmp_path / "cache"
+    hub_cache_repo(cache, "org/tiny", folder)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    check_pretrained_source("org/tiny")
+    config = transformers.AutoConfig.from_pretrained("org/tiny", cache_dir=cache)
+    assert config.model_type == "hyperset", config
+    with pytest.raises(
+        cli.UsageError, match=r"--from_pretrained 'org/other': no such local folder, and the Hub"
+    ):
+        check_pretrained_source("org/other")
 
 
 @pytest.mark.parametrize("command", ["predict", "inspect"])

@@ -485,7 +485,9 @@ def test_existing_output_needs_overwrite_and_is_replaced_whole(image_model_dir, 
     out = tmp_path / "out"
     out.mkdir()
     (out / "stale.txt").write_text("old")
-    with pytest.raises(FileExistsError, match=r"pass overwrite=True to replace it"):
+    with pytest.raises(
+        FileExistsError, match=r"out_dir .*: the folder exists and is not empty; pass overwrite=True"
+    ):
         export_model_dir(image_model_dir, out)
     assert (out / "stale.txt").exists()
     export_model_dir(image_model_dir, out, overwrite=True)
@@ -541,14 +543,61 @@ def test_cli_refuses_a_taken_output_before_the_models_load(image_model_dir, tmp_
     result = fresh_cli("export", image_model_dir, out, cwd=tmp_path)
     assert result["code"] == 2 and not result["models"], result
     assert result["err"] == (
-        f"energyformers export: error: OUT_DIR {out} already exists and is not empty; pass --overwrite to "
-        "replace it\n"
+        f"energyformers export: error: OUT_DIR {out}: the folder exists and is not empty; pass --overwrite or "
+        "choose another folder\n"
     )
     assert "overwrite=True" not in result["err"] and [p.name for p in out.iterdir()] == ["keep.txt"]
     result = fresh_cli("export", image_model_dir, image_model_dir, cwd=tmp_path)
     assert result["code"] == 2 and not result["models"] and "is MODEL_DIR itself" in result["err"], result
     assert export.main([str(image_model_dir), str(out), "--overwrite"]) == 0
     assert (out / "model.safetensors").is_file() and not (out / "keep.txt").exists()
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_an_out_dir_holding_the_model_dir_is_refused_and_the_model_survives(
+    image_model_dir, tmp_path, capsys
+):
+    """`export runs/x/model runs/x --overwrite` would replace runs/x, and the model in it: refused on the command
+    line before the models load (status 2) and by `export_model_dir` for API callers; nothing is moved or deleted."""
+    before = _files(tmp_path)
+    result = fresh_cli("export", image_model_dir, tmp_path, "--overwrite", cwd=tmp_path)
+    assert result["code"] == 2 and not result["models"], result
+    assert result["err"] == (
+        f"energyformers export: error: OUT_DIR {tmp_path} holds MODEL_DIR {image_model_dir}, which replacing "
+        "OUT_DIR would delete; name a folder outside it\n"
+    ), result
+    assert _files(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    with pytest.raises(
+        ValueError, match=r"out_dir .* holds model_dir .*, which replacing out_dir would delete"
+    ):
+        export_model_dir(image_model_dir, tmp_path, overwrite=True)
+    assert _files(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_an_out_dir_inside_the_model_dir_is_written_unless_it_holds_part_of_the_model(
+    image_model_dir, tmp_path, capsys
+):
+    """A folder inside MODEL_DIR may take the export (again with --overwrite: the export carries only the files it
+    lists, so it never nests); one holding part of the model (a VQGAN tokenizer's subfolder) is not replaced."""
+    hub = image_model_dir / "hub"
+    assert export.main([str(image_model_dir), str(hub)]) == 0, capsys.readouterr().err
+    assert export.main([str(image_model_dir), str(hub), "--overwrite"]) == 0, capsys.readouterr().err
+    assert (hub / "model.safetensors").is_file() and not (hub / "hub").exists()
+    # the layout `VQGANTokenizer.save_pretrained(model_dir)` writes: the tokenizer config naming its subfolder
+    (image_model_dir / "vq_tokenizer_config.json").write_text(json.dumps({"subfolder": "vqgan"}))
+    (image_model_dir / "vqgan").mkdir()
+    (image_model_dir / "vqgan" / "config.json").write_text("{}")
+    capsys.readouterr()
+    assert export.main([str(image_model_dir), str(image_model_dir / "vqgan"), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"energyformers export: error: OUT_DIR {image_model_dir / 'vqgan'} holds vqgan/config.json of MODEL_DIR "
+        f"{image_model_dir}, which --overwrite would delete; name a folder that holds no part of the model\n"
+    ), err
+    assert (image_model_dir / "vqgan" / "config.json").read_text() == "{}"
 
 
 def test_cli_names_a_folder_without_weights_once(image_model_dir, tmp_path, capsys):

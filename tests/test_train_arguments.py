@@ -73,7 +73,7 @@ def cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "output dir not empty": (
             ["train", "--output_dir", str(full), "--max_steps", "1"],
             f"energyformers train: error: --output_dir {full}: the folder exists and is not empty; pass "
-            "--overwrite_output_dir to replace it or choose another",
+            "--overwrite_output_dir or choose another folder",
         ),
     }
 

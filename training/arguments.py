@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cli import CommandParser, UsageError, UsageErrorParserMixin
+from .cli import CommandParser, UsageError, UsageErrorParserMixin, check_output_folder
 from .recipes import RECIPES, AugmentationArguments, split_recipe
 
 # Recurrent-depth flags (docs/hyperset.md, "Recurrent depth"): each sets the config field of the same name.
@@ -778,17 +778,7 @@ def check_output_dir(output_dir: str, overwrite: bool) -> None:
     there is refused whatever the flags, since replacing it with a model folder is not what anyone meant.
 
     Checked while the arguments are parsed (no torch yet) and again by `setup.output_paths` when the run starts."""
-    path = os.path.expanduser(output_dir)
-    if os.path.lexists(path) and not os.path.isdir(path):
-        raise UsageError(
-            f"--output_dir {output_dir}: is a file, not a folder; name a new or existing folder "
-            "(--overwrite_output_dir replaces folders only)"
-        )
-    if os.path.isdir(path) and not overwrite and any(os.scandir(path)):
-        raise UsageError(
-            f"--output_dir {output_dir}: the folder exists and is not empty; pass --overwrite_output_dir to "
-            "replace it or choose another"
-        )
+    path = str(check_output_folder(output_dir, "--output_dir", "--overwrite_output_dir", overwrite=overwrite))
     checkpoints = os.path.abspath(path).rstrip(os.sep) + ".checkpoints"
     if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
         raise UsageError(

@@ -91,9 +91,16 @@ class CommandParser(UsageErrorParserMixin, argparse.ArgumentParser):
     """The argument parser of every sub-command: argparse's, with its errors reported by `run_command`."""
 
 
+def looks_like_local_path(name: str) -> bool:
+    """Whether `name` can only mean a local path, never a Hub repo id ("name" or "org/name"): it starts with
+    `.`, `/` or `~`, or has more than one `/`. Light: the commands ask it before anything loads."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep in name[:1]
+
+
 def check_model_source(source: str, label: str) -> Path | None:
-    """The local model folder `source` names, or None for a Hub repo id (the Hub is asked later); a `UsageError`
-    worded `<label> '<source>': ...` for a missing folder, a file, or a repo id while the Hub is offline.
+    """The local model folder `source` names, or None for a Hub repo id (the Hub, or its cache, is asked later); a
+    `UsageError` worded `<label> '<source>': ...` for a missing folder, a file, or a repo id the Hub cannot serve
+    while it is offline (HF_HUB_OFFLINE=1) because the local Hub cache holds no config.json of it.
 
     Light (no torch, no transformers), so a command names a missing folder before it loads anything, instead of
     transformers' "couldn't connect to the Hub" after its retries. `label` is how the command names the argument
@@ -104,17 +111,58 @@ def check_model_source(source: str, label: str) -> Path | None:
     if path.exists():
         raise UsageError(f"{label} {source!r}: is a file, not a folder; pass a model folder")
     # a path (./x, /x, ~/x, a/b/c) or a name the Hub cannot hold is a local folder that is not there
-    looks_like_path = source.startswith((".", "/", "~")) or source.count("/") > 1 or os.sep in source[:1]
-    if looks_like_path or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
+    if looks_like_local_path(source) or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
         raise UsageError(f"{label} {source!r}: the folder does not exist")
     from huggingface_hub import constants  # light: the Hub client's settings, no network
 
-    if constants.HF_HUB_OFFLINE:
+    # Offline, transformers still loads a repo from the Hub cache (that is what HF_HUB_OFFLINE=1 is for); only a
+    # repo the cache does not hold cannot load.
+    if constants.HF_HUB_OFFLINE and not in_hub_cache(source):
         raise UsageError(
-            f"{label} {source!r}: no such local folder, and the Hub is offline (HF_HUB_OFFLINE=1), "
-            "so it cannot be a Hub repo either"
+            f"{label} {source!r}: no such local folder, and the Hub is offline (HF_HUB_OFFLINE=1) and its cache "
+            f"({constants.HF_HUB_CACHE}) holds no such repo, so it cannot be a Hub repo either"
         )
     return None
+
+
+def in_hub_cache(repo_id: str) -> bool:
+    """Whether the local Hub cache (HF_HUB_CACHE) holds `repo_id`'s config.json at its main revision, as
+    transformers finds it offline. Reads the cache's folders only: no network, no torch."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except ValueError:  # huggingface_hub's own repo-id validation (e.g. "a..b"): no repo of that name
+        return False
+    return isinstance(found, str)
+
+
+def check_output_folder(
+    path: str | os.PathLike,
+    flag: str,
+    overwrite_flag: str | None,
+    *,
+    overwrite: bool = False,
+    allowed: str | os.PathLike | None = None,
+    error: type[Exception] = UsageError,
+) -> Path:
+    """The folder a command writes into, checked before any work: never a file (whatever the flags: a file there is
+    not what anyone meant to replace with a folder), and new or empty unless `overwrite` (`overwrite_flag`, how the
+    caller spells it, is named in the message) or it is `allowed` (inspect may write into the model folder itself).
+    `overwrite_flag=None`: a non-empty folder is fine (the command adds files of its own names beside the others).
+
+    Raises `error` (a `UsageError` for the command line; an API caller passes e.g. `FileExistsError`) worded
+    `<flag> <path>: ...`; returns the folder (`~` expanded). Light: reads the folder's entries only."""
+    folder = Path(path).expanduser()
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise error(f"{flag} {path}: is a file, not a folder; name a folder to write into")
+    if overwrite_flag is None or overwrite or not folder.is_dir() or not any(folder.iterdir()):
+        return folder
+    if allowed is not None and folder.resolve() == Path(allowed).expanduser().resolve():
+        return folder
+    raise error(
+        f"{flag} {path}: the folder exists and is not empty; pass {overwrite_flag} or choose another folder"
+    )
 
 
 def run_command(

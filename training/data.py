@@ -34,7 +34,7 @@ from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
 from energyformers import INPUT_TYPES
 
 from .arguments import MIM_TASK
-from .cli import UsageError
+from .cli import UsageError, looks_like_local_path
 
 if TYPE_CHECKING:
     import torch
@@ -622,7 +622,7 @@ def load_data(
             raise DataError(
                 f"cannot read dataset {path}: {type(err).__name__}: {err} (is it empty?)"
             ) from err
-    elif name.startswith((".", "/", "~")) or name.count("/") > 1:  # Hub names are "name" or "org/name"
+    elif looks_like_local_path(name):  # Hub names are "name" or "org/name"
         raise DataError(f"dataset path {name!r} does not exist")
     else:
         raw = _load_hub(name)

@@ -230,13 +230,13 @@ def export_model_dir(
     `repo_id` only personalises the loading snippets of the card. An existing non-empty `out_dir` is replaced
     only with `overwrite=True`, and only after the new folder is complete.
     """
+    from .cli import check_output_folder
+
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    if out_dir.resolve() == model_dir.resolve():
-        raise ValueError(f"out_dir must differ from model_dir ({model_dir}).")
-    if _taken(out_dir) and not overwrite:
-        raise FileExistsError(
-            f"{out_dir} already exists and is not empty; pass overwrite=True to replace it."
-        )
+    problem = overlap_problem(model_dir, out_dir, overwrite, ("model_dir", "out_dir", "overwrite=True"))
+    if problem is not None:
+        raise ValueError(problem)
+    check_output_folder(out_dir, "out_dir", "overwrite=True", overwrite=overwrite, error=FileExistsError)
     info = inspect_model_dir(model_dir)
     sources = remote_code_sources(info["model_type"])  # fails before anything is written
     mim = info["auto_class"] == MIM_AUTO_CLASS
@@ -259,14 +259,11 @@ def export_model_dir(
             config["custom_pipelines"] = custom_pipelines()
         (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         render_model_card(info, repo_id=repo_id, num_parameters=num_parameters).save(staging / "README.md")
-        if out_dir.exists():
+        if out_dir.exists():  # a folder (`check_output_folder` refused a file), replaced whole
             old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
             out_dir.rename(old)
             staging.rename(out_dir)
-            if old.is_dir():
-                shutil.rmtree(old)
-            else:
-                old.unlink()
+            shutil.rmtree(old)
         else:
             staging.rename(out_dir)
     except BaseException:
@@ -291,9 +288,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _taken(out_dir: Path) -> bool:
-    """Whether writing `out_dir` would replace something: a file, or a folder that is not empty."""
-    return out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir()))
+def overlap_problem(
+    model_dir: Path,
+    out_dir: Path,
+    overwrite: bool,
+    names: tuple[str, str, str] = ("MODEL_DIR", "OUT_DIR", "--overwrite"),
+) -> str | None:
+    """Why writing the export of `model_dir` to `out_dir` would destroy the model, or None: OUT_DIR is MODEL_DIR,
+    or holds it (replacing OUT_DIR deletes the model with it), or is a folder inside it holding files of the model
+    (a VQGAN image tokenizer's subfolder) that `overwrite` would replace. Any other folder inside MODEL_DIR is fine:
+    the export lists the files it carries, so a later export of MODEL_DIR does not take it along.
+    `names`: how the caller spells MODEL_DIR, OUT_DIR and the overwrite flag. Light: reads JSON and folders only."""
+    model_name, out_name, overwrite_flag = names
+    model, out = model_dir.expanduser().resolve(), out_dir.expanduser().resolve()
+    if out == model:
+        return f"{out_name} {out_dir} is {model_name} itself; name another folder to write the export into"
+    if model.is_relative_to(out):
+        return (
+            f"{out_name} {out_dir} holds {model_name} {model_dir}, which replacing {out_name} would delete; name a "
+            "folder outside it"
+        )
+    if overwrite and out.is_relative_to(model) and out.is_dir():
+        try:
+            nested = vq_tokenizer_files(model)
+        except (OSError, ValueError):  # a broken tokenizer config: `inspect_model_dir` names it
+            nested = []
+        held = [name for name in nested if (model / name).resolve().is_relative_to(out)]
+        if held:
+            return (
+                f"{out_name} {out_dir} holds {held[0]} of {model_name} {model_dir}, which {overwrite_flag} would "
+                "delete; name a folder that holds no part of the model"
+            )
+    return None
 
 
 def check_model_dir(
@@ -304,9 +330,9 @@ def check_model_dir(
     flag: str = "model folder",
 ) -> None:
     """The checks `export`, `push` and `release --take` make before the models load: a model folder with a config
-    and readable weights; for `export`, an output that is a folder, not the model folder, and empty unless
-    `--overwrite`. A `UsageError` naming `flag` and the path (once)."""
-    from .cli import UsageError
+    and readable weights; for `export`, an output that is a folder, neither the model folder nor one holding it
+    (`overlap_problem`), and new or empty unless `--overwrite`. A `UsageError` naming `flag` and the path (once)."""
+    from .cli import UsageError, check_output_folder
 
     folder = Path(model_dir).expanduser()
     if not folder.is_dir():
@@ -320,15 +346,10 @@ def check_model_dir(
         raise UsageError(str(err)) from None
     if out_dir is None:
         return
-    out = Path(out_dir).expanduser()
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out_dir}: is a file, not a folder; name a folder to write the export into")
-    if out.resolve() == folder.resolve():
-        raise UsageError(
-            f"OUT_DIR {out_dir} is MODEL_DIR itself; name another folder to write the export into"
-        )
-    if _taken(out) and not overwrite:
-        raise UsageError(f"OUT_DIR {out_dir} already exists and is not empty; pass --overwrite to replace it")
+    problem = overlap_problem(Path(model_dir), Path(out_dir), overwrite)
+    if problem is not None:
+        raise UsageError(problem)
+    check_output_folder(out_dir, "OUT_DIR", "--overwrite", overwrite=overwrite)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -43,16 +43,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .cli import CommandParser, UsageError, check_model_source, run_command
+from .cli import CommandParser, UsageError, check_model_source, check_output_folder, run_command
 from .predict import (
     MIM_RANGES,
     MIM_SCHEDULES,
-    check_image_tokenizer,
     check_inputs,
-    check_model_type,
+    check_local_model_folder,
     check_ranges,
     check_readable_images,
-    local_config,
     masked_image_modeling_head,
     no_image_tokenizer,
     refuse_mim_flags,
@@ -1043,18 +1041,23 @@ def parse(argv: list[str]) -> argparse.Namespace:
     check_numbers(args)
     if args.model_dir is None and not args.landscape:
         raise InspectError("give a MODEL_DIR, or --landscape for the Hopfield energy landscapes alone")
-    output_dir = Path(args.output_dir).expanduser()
-    if output_dir.exists() and not output_dir.is_dir():
-        raise InspectError(
-            f"--output_dir {args.output_dir}: is a file, not a folder; name a folder to write into"
-        )
+    # a file there is refused first, before the model folder is read
+    check_output_folder(args.output_dir, "--output_dir", None)
     # the decode-sequence flags given (refused for a classifier, here for a local folder, after loading for a Hub
     # model); then their defaults
     args.mim_flags = [f"--{name}" for name in MIM_DEFAULTS if getattr(args, name) is not None]
     folder = check_model_source(args.model_dir, "model folder") if args.model_dir is not None else None
     if folder is not None:
         check_local_model(args, folder)
-    check_output_dir(args, folder)
+    # new or empty, as `train` and `export` want theirs, unless --overwrite_output_dir; the model folder itself may
+    # be written into (its figures and inspect.json go with it into `export`'s model card)
+    check_output_folder(
+        args.output_dir,
+        "--output_dir",
+        "--overwrite_output_dir",
+        overwrite=args.overwrite_output_dir,
+        allowed=folder,
+    )
     for name, value in MIM_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -1071,50 +1074,24 @@ def check_numbers(args: argparse.Namespace) -> None:
 
 
 def check_local_model(args: argparse.Namespace, folder: Path) -> None:
-    """A local model folder, before torch loads: its config names a model inspect draws, its weights are readable,
-    the flags fit its kind (the decode-sequence flags only for a masked-image-modelling model, which needs its image
-    tokenizer and an image), and every input is what it takes (predict's checks)."""
-    from .weights import check_weights_readable
+    """A local model folder, before torch loads (predict's checks, `check_local_model_folder`): its config names a
+    model inspect draws, its weights are readable, the flags fit its kind (the decode-sequence flags only for a
+    masked-image-modelling model, which needs its image tokenizer and an image), and every input is what it takes;
+    without inputs or --dataset, a run log holding per-iteration eval accuracy to draw."""
 
-    config = local_config(folder)
-    check_model_type(folder, config, MODEL_TYPES)
-    try:
-        check_weights_readable(folder)
-    except (OSError, ValueError) as err:
-        raise InspectError(str(err)) from None
-    architecture = masked_image_modeling_head(config.get("architectures"))
-    if architecture is None:
-        refuse_mim_flags(
-            args.mim_flags,
-            args.model_dir,
-            str((config.get("architectures") or ["?"])[0]),
-            "inspect draws its dynamics",
-        )
-    if architecture is not None:
-        if args.dataset or not args.inputs:
+    def check_flags(architecture: str | None, first: str) -> None:
+        if architecture is None:
+            refuse_mim_flags(args.mim_flags, args.model_dir, first, "inspect draws its dynamics")
+        elif args.dataset or not args.inputs:
             raise InspectError(mim_needs_an_image(args.model_dir))
-        check_image_tokenizer(folder, args.model_dir)
-        check_inputs(args.model_dir, "mim", args.inputs)
-    elif args.inputs:
-        check_inputs(args.model_dir, config.get("input_type", "image"), args.inputs)
-    elif not args.dataset:
+
+    _, architecture = check_local_model_folder(
+        folder, args.model_dir, MODEL_TYPES, check_flags=check_flags, inputs=args.inputs
+    )
+    if architecture is None and not args.inputs and not args.dataset:
         found = run_log_history(folder)
         if found is None or not eval_depth_curves(found[0])[1]:
             raise InspectError(GIVE_INPUTS)
-
-
-def check_output_dir(args: argparse.Namespace, model_folder: Path | None) -> None:
-    """`--output_dir` is new or empty, as `train` and `export` want theirs, unless `--overwrite_output_dir`; the
-    model folder itself may be written into (its figures and inspect.json go with it into `export`'s model card)."""
-    output_dir = Path(args.output_dir).expanduser()
-    if args.overwrite_output_dir or not output_dir.is_dir() or not any(output_dir.iterdir()):
-        return
-    if model_folder is not None and output_dir.resolve() == model_folder.resolve():
-        return
-    raise InspectError(
-        f"--output_dir {args.output_dir}: exists and is not empty; pass --overwrite_output_dir (inspect's files "
-        "are replaced, others kept) or choose another folder"
-    )
 
 
 def execute(args: argparse.Namespace) -> int:

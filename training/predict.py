@@ -44,7 +44,7 @@ from typing import Any
 
 from ..auto_registration import AUTO_HEADS
 from .arguments import check_attn_implementation
-from .cli import CommandParser, UsageError, check_model_source, run_command
+from .cli import CommandParser, UsageError, check_model_source, check_output_folder, run_command
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -199,8 +199,8 @@ def mim_arguments(args: argparse.Namespace) -> dict[str, Any]:
     given = {name: getattr(args, name) for name in MIM_FLAGS if getattr(args, name) is not None}
     check_ranges(given, MIM_RANGES)
     output_dir = given.pop("output_dir", None)
-    if output_dir is not None and Path(output_dir).expanduser().exists() and not Path(output_dir).is_dir():
-        raise UsageError(f"--output_dir {output_dir}: is a file; pass a folder (it is created if missing)")
+    if output_dir is not None:  # created if missing; the reconstructions go beside any files already there
+        check_output_folder(output_dir, "--output_dir", None)
     for name in MIM_PIPELINE_FLAGS:
         given.pop(name, None)
     return given
@@ -257,25 +257,21 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.mim = mim_arguments(args)
     folder = check_model_source(args.model_dir, "model folder")
     args.local_input_type = None
-    if (
-        folder is not None
-    ):  # a local folder: unreadable weights are named here, not in a safetensors traceback
-        from .weights import check_weights_readable
+    if folder is not None:  # a local folder: what is wrong with it is named here, before torch loads
 
-        config = local_config(folder)
-        check_model_type(folder, config, MODEL_TYPES, args.trust_remote_code)
-        try:
-            check_weights_readable(folder)
-        except (OSError, ValueError) as err:
-            raise UsageError(str(err)) from None
-        architecture = masked_image_modeling_head(config.get("architectures"))
-        check_flags_for_kind(
-            args, architecture or _first(config.get("architectures")), architecture is not None
+        def check_flags(architecture: str | None, first: str) -> None:
+            check_flags_for_kind(args, architecture or first, architecture is not None)
+
+        config, architecture = check_local_model_folder(
+            folder,
+            args.model_dir,
+            MODEL_TYPES,
+            trust_remote_code=args.trust_remote_code,
+            check_flags=check_flags,
         )
         if architecture is not None:
-            check_image_tokenizer(folder, args.model_dir)
             check_lpips_weights(args.lpips_weights)
-        args.local_input_type = "mim" if architecture else config.get("input_type", "image")
+        args.local_input_type = input_kind(config, architecture)
         check_attn_implementation(args.attn_implementation, str(config.get("model_type", "")))
     args.texts = (
         [line.rstrip("\n") for line in sys.stdin if line.strip()] if args.inputs == ["-"] else args.inputs
@@ -283,6 +279,45 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if args.local_input_type is not None:
         check_inputs(args.model_dir, args.local_input_type, args.texts)
     return args
+
+
+def check_local_model_folder(
+    folder: Path,
+    model_dir: str,
+    allowed: tuple[str, ...],
+    *,
+    trust_remote_code: bool = False,
+    check_flags: Callable[[str | None, str], None] | None = None,
+    inputs: list[str] | None = None,
+) -> tuple[dict[str, Any], str | None]:
+    """The checks `predict` and `inspect` make on a local model folder before torch loads, in this order: its
+    config.json is readable and names one of the `allowed` model_types, its weights are readable; then
+    `check_flags(mim_architecture, first_architecture)` (the command's own refusal of flags of the other kind of
+    model); a masked-image-modelling folder holds its image tokenizer; and each of `inputs` (when given) is what the
+    model takes. A `UsageError` for the first problem; returns (config as JSON, the masked-image-modelling head or
+    None)."""
+    from .weights import check_weights_readable
+
+    config = local_config(folder)
+    check_model_type(folder, config, allowed, trust_remote_code)
+    try:
+        check_weights_readable(folder)
+    except (OSError, ValueError) as err:  # unreadable weights named here, not in a safetensors traceback
+        raise UsageError(str(err)) from None
+    architecture = masked_image_modeling_head(config.get("architectures"))
+    if check_flags is not None:
+        check_flags(architecture, _first(config.get("architectures")))
+    if architecture is not None:
+        check_image_tokenizer(folder, model_dir)
+    if inputs:
+        check_inputs(model_dir, input_kind(config, architecture), inputs)
+    return config, architecture
+
+
+def input_kind(config: dict[str, Any], architecture: str | None) -> str:
+    """What a local model reads, as `check_inputs` names it: "mim" for a masked-image-modelling head (image files to
+    reconstruct), else its config's input_type ("image" or "sequence")."""
+    return "mim" if architecture is not None else str(config.get("input_type", "image"))
 
 
 def _first(architectures: Any) -> str:
@@ -573,11 +608,16 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
 
 
 def cannot_load(model_dir: str, err: Exception) -> str:
-    """The message for a model transformers could not load: a name that is no local folder was asked of the Hub."""
-    if Path(model_dir).expanduser().exists():
-        return f"cannot load a model from {model_dir!r}: {err}"
-    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return f"model folder {model_dir!r}: no such local folder, and the Hub did not serve it ({reason})"
+    """The one-line message for a model transformers could not load. Only an `OSError` (no such repo, no
+    connection, a file missing from it) of a name that is no local folder means the Hub did not serve it; any other
+    error (a `ValueError` of the config's own checks, an invalid value in it) is the model's, and its own words say
+    what is wrong."""
+    if isinstance(err, OSError) and not Path(model_dir).expanduser().exists():
+        # the first line says what was not found; transformers' further lines are advice on tokens and folders
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return f"model folder {model_dir!r}: no such local folder, and the Hub did not serve it ({reason})"
+    # the whole message, on one line (the command's contract)
+    return f"cannot load a model from {model_dir!r}: {' '.join(str(err).split()) or type(err).__name__}"
 
 
 def check_attn_implementation_runs(config: Any, value: str) -> None:
