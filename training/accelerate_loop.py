@@ -92,6 +92,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
     from .setup import (
         build,
         check_precision,
+        check_resume_arguments,
         continue_iteration_draws,
         enable_activation_checkpointing,
         find_checkpoint,
@@ -117,10 +118,14 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
     with leave_nothing_behind(work_dir, accelerator.is_main_process):
         set_seed(run_args.seed)
         built = build(args, accelerator.state)
+        if resume_from is not None:  # what was built against the record, before `load_state`
+            check_resume_arguments(args, built, work_dir, resume_from)
         model, data, task = built.model, built.data, built.task
         training_loss = TrainingLoss(args, built)
         if accelerator.is_main_process:
-            record_run_arguments(args, work_dir)  # what a --resume must repeat (`find_checkpoint`)
+            record_run_arguments(
+                args, built, work_dir
+            )  # what a --resume must repeat (`check_resume_arguments`)
             for warning in built.warnings:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
         with (
