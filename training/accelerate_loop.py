@@ -62,15 +62,6 @@ def evaluate_split(model: Any, loader: Any, accelerator: Any, task: str) -> dict
     return {"loss": torch.cat(losses).mean().item(), **task_metrics(task, p, r)}
 
 
-def main_process_writer(write: Callable[[str], Any], is_main_process: bool) -> Callable[[str], None]:
-    """`write` on the main process and a no-op on the others: every rank computes the same log entry (the
-    reduced loss, the gathered metrics), so it is printed once, as Trainer logs on rank 0 only. (`tqdm.write`
-    prints whether or not that rank's bar is disabled.)"""
-    if is_main_process:
-        return lambda line: write(line)
-    return lambda line: None
-
-
 def parse(argv: list[str]) -> Arguments:
     """The checked arguments (no torch, no model loaded: `cli.run_command` imports those afterwards)."""
     return parse_arguments(argv, PROG, DESCRIPTION)
@@ -244,7 +235,9 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
             disable=run_args.disable_tqdm or not accelerator.is_local_main_process,
             dynamic_ncols=True,
         )
-        log_line = main_process_writer(progress.write, accelerator.is_main_process)
+        # every rank computes the same log entry (the reduced loss, the gathered metrics): printed by the main
+        # process only, as Trainer logs; `tqdm.write` keeps the bar intact (and prints on ranks whose bar is off)
+        log_line = progress.write if accelerator.is_main_process else lambda line: None
         running, seen, start_step = torch.zeros((), device=accelerator.device), 0, step
         model.train()
         stop = StopRequest()
