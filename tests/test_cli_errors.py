@@ -306,9 +306,56 @@ def test_a_push_without_a_token_or_offline_is_status_2_as_in_train(tmp_path):
     done = subprocess.run([*program, "--token", "hf_x"], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().splitlines() == [
-        "energyformers push: error: the Hub is offline (HF_HUB_OFFLINE=1), so nothing can be pushed; "
+        "energyformers push: error: the Hub is offline (HF_HUB_OFFLINE=1), so nothing can be uploaded; "
         "unset HF_HUB_OFFLINE"
     ]
+
+
+def test_push_and_train_word_the_hub_checks_alike(tmp_path, monkeypatch):
+    """One check (`push.hub_access_error`) for push, train --push_to_hub and `push_model_dir`: the same lines, only
+    the flag named differs."""
+    from huggingface_hub import constants
+
+    from energyformers.training import push, train
+    from energyformers.training.arguments import UsageError
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-login"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    folder = model_folder(tmp_path / "model", "hyperset")
+    out = str(tmp_path / "run")
+    lines = {}
+    for route, call in {
+        "push": lambda: push.parse([str(folder), "org/name"]),
+        "train": lambda: train.parse(["--output_dir", out, "--push_to_hub", "--hub_model_id", "org/name"]),
+    }.items():
+        with pytest.raises(UsageError) as caught:
+            call()
+        lines[route] = str(caught.value)
+    with pytest.raises(push.MissingTokenError) as caught:
+        push.push_model_dir(folder, "org/name")
+    lines["api"] = str(caught.value)
+    assert lines == {
+        route: f"no Hugging Face token found: pass {flag}, set HF_TOKEN, or run `hf auth login` (a token with write "
+        "access)"
+        for route, flag in (("push", "--token"), ("train", "--hub_token"), ("api", "token="))
+    }, lines
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    offline = "the Hub is offline (HF_HUB_OFFLINE=1), so nothing can be uploaded; unset HF_HUB_OFFLINE"
+    with pytest.raises(UsageError) as caught:
+        push.parse([str(folder), "org/name", "--token", "hf_x"])
+    assert str(caught.value) == offline, caught.value
+    with pytest.raises(UsageError) as caught:
+        train.parse(
+            ["--output_dir", out, "--push_to_hub", "--hub_model_id", "org/name", "--hub_token", "hf_x"]
+        )
+    assert str(caught.value) == (
+        f"--push_to_hub: {offline}, or drop --push_to_hub and run `energyformers push` later"
+    ), caught.value
+    with pytest.raises(push.HubOfflineError) as caught:
+        push.push_model_dir(folder, "org/name", token="hf_x")
+    assert str(caught.value) == offline, caught.value
 
 
 def test_release_names_the_families_without_importing_them():

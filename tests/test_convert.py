@@ -776,8 +776,8 @@ def test_the_command_line_offers_exactly_the_converters_sources_and_dtypes():
 
 
 def test_the_command_line_knows_each_sources_model_folder():
-    """`convert_cli.SOURCE_MODELS` (read before torch loads) names each source's model type and head class."""
-    from energyformers.training.convert_cli import SOURCE_MODELS
+    """`convert.sources.SOURCE_MODELS` (read before torch loads) names each source's model type and head class."""
+    from energyformers.training.convert.sources import SOURCE_MODELS
 
     assert SOURCE_MODELS == {
         name: (source.head_class.config_class.model_type, source.head_class.__name__)

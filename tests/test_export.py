@@ -758,18 +758,57 @@ def test_release_refuses_two_taken_folders_with_one_release_name(tmp_path, capsy
 
 
 @pytest.mark.parametrize("dry_run", [["--dry_run"], []])
-def test_release_refuses_an_unknown_dataset_dry_run_or_not(dry_run, tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("dataset", "reason"),
+    [
+        (
+            "cifar99",
+            "nor a local path, and the Hub is offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)",
+        ),
+        ("./no_such_folder", "no such local folder or file"),
+        ("a/b/c", "no such local folder or file"),
+        ("not a name!", "not a built-in dataset, a local path or a Hub dataset id"),
+    ],
+)
+def test_release_refuses_an_unknown_dataset_dry_run_or_not(
+    dry_run, dataset, reason, tmp_path, capsys, monkeypatch
+):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # a Hub id cannot be a dataset offline
+    monkeypatch.chdir(tmp_path)
     runs, dist = tmp_path / "runs", tmp_path / "dist"
     status = release.main(
-        ["--datasets", "digits", "cifar99", *dry_run, "--runs_dir", str(runs), "--dist_dir", str(dist)]
+        ["--datasets", "digits", dataset, *dry_run, "--runs_dir", str(runs), "--dist_dir", str(dist)]
     )
     assert status == 2
     captured = capsys.readouterr()
-    assert (
-        "energyformers release: error: --datasets cifar99: not a built-in dataset of `energyformers train`; "
-        f"expected some of {list(release.TRAIN_DATASETS)}" in captured.err
-    ), captured.err
+    err = captured.err.strip()
+    assert err.startswith(f"energyformers release: error: --datasets {dataset}: "), err
+    assert f"{reason}; expected a built-in dataset of `energyformers train` (digits, " in err, err
     assert captured.out == "" and not runs.exists() and not dist.exists()
+
+
+@pytest.mark.parametrize("online", [False, True])
+def test_release_plans_local_folders_and_hub_datasets_as_train_takes_them(
+    online, tmp_path, capsys, monkeypatch
+):
+    """`train --dataset` takes local folders and (online) Hub ids; so does `release --datasets`, each trained into
+    one folder under --runs_dir named after the dataset's last part."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", not online)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0" if online else "1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_images").mkdir()
+    runs, dist = tmp_path / "runs", tmp_path / "dist"
+    datasets = ["./my_images", *(["someone/their-images"] if online else [])]
+    argv = ["--models", "hyperset", "--datasets", *datasets, "--dry_run", "--runs_dir", str(runs)]
+    assert release.main([*argv, "--dist_dir", str(dist)]) == 0
+    out = capsys.readouterr().out
+    assert f"--dataset ./my_images --output_dir {runs / 'hyperset-my_images'}" in out, out
+    if online:
+        assert f"--dataset someone/their-images --output_dir {runs / 'hyperset-their-images'}" in out, out
 
 
 def test_release_names_trains_built_in_datasets():

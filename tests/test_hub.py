@@ -476,6 +476,11 @@ def test_push_names_a_folder_of_another_model_before_the_token(hub, monkeypatch,
     ), err
     assert hub.requests == []
     _no_partial_export(tmp_path)
+    # the folder's kind comes before the repo id too, on the command line and through the API
+    assert push.main([str(bert), "org/x y"]) == 2
+    assert "model_type='bert' is not an energyformers family" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="model_type='bert' is not an energyformers family"):
+        push_model_dir(bert, "org/x y", token=STANDIN_TOKEN)
 
 
 @pytest.mark.parametrize("repo_id", ["org/x y", "org/-name", "org/name..git"])

@@ -107,7 +107,11 @@ def test_overwrite_output_dir_lets_parsing_pass(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------- --push_to_hub, checked before training
 
 NO_TOKEN = "no Hugging Face token found: pass --hub_token, set HF_TOKEN, or run `hf auth login` (a token with write access)"
-OFFLINE = "--push_to_hub: the Hub is offline (HF_HUB_OFFLINE=1), so the finished run could not be uploaded"
+# the line `energyformers push` prints offline (tests/test_cli_errors.py), naming the flag that asked for the upload
+OFFLINE = (
+    "--push_to_hub: the Hub is offline (HF_HUB_OFFLINE=1), so nothing can be uploaded; unset HF_HUB_OFFLINE, or drop "
+    "--push_to_hub and run `energyformers push` later"
+)
 PUSH = ["--push_to_hub", "--hub_model_id", "org/name"]
 
 

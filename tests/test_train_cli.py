@@ -291,6 +291,16 @@ def test_resume_after_sigterm_matches_an_uninterrupted_run(tmp_path: Path) -> No
         torch.testing.assert_close(b[key], a[key], atol=1e-6, rtol=1e-5)
 
 
+def built_run(argv: list[str]):
+    """`(args, Built)` of `argv` as `train.run` has them when it records / checks a resume."""
+    from accelerate import PartialState
+
+    from energyformers.training.setup import build
+
+    args = train.parse([*argv, "--output_dir", "unused", "--num_threads", "1"])
+    return args, build(args, PartialState())
+
+
 def interrupted_run(tmp_path: Path, argv: list[str], record: bool = True) -> tuple[Path, Path]:
     """(output folder, checkpoint) of a run of `argv` stopped after its step-5 checkpoint: the work folder as
     Trainer and `train.run` leave it (trainer_state.json, the checkpoint's config.json, `RUN_ARGUMENTS_FILE`)."""
@@ -304,7 +314,7 @@ def interrupted_run(tmp_path: Path, argv: list[str], record: bool = True) -> tup
     model = argv[argv.index("--model") + 1]
     (checkpoint / "config.json").write_text(json.dumps({"model_type": model}))
     if record:
-        record_run_arguments(train.parse([*argv, "--output_dir", str(out)]), work)
+        record_run_arguments(*built_run(argv), work)
     return out, checkpoint
 
 
@@ -318,11 +328,13 @@ RESUMED = ["--dataset", "digits", "--config", "hidden_size=32", "num_attention_h
             ["--model", "hyperset"],
             "has --model hyperset but the checkpoints in {work} were trained with --model hyperbf",
         ),
-        (["--model", "hyperbf", "--dataset", "rotten_tomatoes"], "--dataset rotten_tomatoes but"),
+        (["--model", "hyperbf", "--dataset", "rotten_tomatoes"], "--dataset rotten_tomatoes"),
         (
             ["--model", "hyperbf", "--config", "hidden_size=64", "num_attention_heads=4"],
-            "has --config hidden_size=64 num_attention_heads=4 but the checkpoints in {work} were trained with "
-            "--config hidden_size=32 num_attention_heads=4",
+            # the fields the run built differently, the derived sizes too
+            "has config hidden_size=64, config num_centers=256, config rbf_projection_dim=64 but the checkpoints "
+            "in {work} were trained with config hidden_size=32, config num_centers=128, config "
+            "rbf_projection_dim=32;",
         ),
     ],
     ids=["model", "dataset", "config"],
@@ -340,10 +352,10 @@ def test_resume_refuses_another_model_or_data_before_loading(
 
 
 def test_resume_allows_another_schedule_and_reads_old_checkpoints_family(tmp_path: Path, capsys) -> None:
-    from energyformers.training.setup import find_checkpoint
+    from energyformers.training.setup import check_resume_arguments
 
     argv = ["--model", "hyperbf", *RESUMED]
-    out, checkpoint = interrupted_run(tmp_path, argv)
+    _out, checkpoint = interrupted_run(tmp_path, argv)
     # the order of --config items, the learning rate and the step count are not the model's
     later = [
         "--model",
@@ -353,9 +365,10 @@ def test_resume_allows_another_schedule_and_reads_old_checkpoints_family(tmp_pat
         "hidden_size=32",
         "--max_steps",
         "20",
+        "--learning_rate",
+        "1e-4",
     ]
-    args = train.parse([*later, "--learning_rate", "1e-4", "--resume", "--output_dir", str(out)])
-    assert find_checkpoint(args, checkpoint.parent, [checkpoint]) == checkpoint
+    check_resume_arguments(*built_run(later), checkpoint.parent, checkpoint)
     # checkpoints written without the record: the family in the checkpoint's config.json still decides
     old_out, _ = interrupted_run(tmp_path / "old", argv, record=False)
     assert (
@@ -364,6 +377,90 @@ def test_resume_allows_another_schedule_and_reads_old_checkpoints_family(tmp_pat
     )
     err = capsys.readouterr().err
     assert "has --model hyperset but the checkpoints" in err and "--model hyperbf" in err, err
+
+
+@pytest.mark.parametrize(
+    ("before", "now"),
+    [
+        (["--preset", "cli-image"], []),  # the preset a 32×32 image run gets anyway
+        (["--vocab_size", "100", "--max_length", "64"], []),  # text-only flags on an image run
+        (["--image_column", "image", "--label_column", "label"], []),  # the columns detection picks
+    ],
+    ids=["preset", "text-flags-on-images", "columns"],
+)
+def test_resume_compares_what_was_built_not_the_flags_as_typed(tmp_path: Path, before, now) -> None:
+    """Flags that build the same model on the same data are the same run: a resume is allowed either way round."""
+    from energyformers.training.setup import check_resume_arguments, record_run_arguments
+
+    # a local folder (built-ins have fixed columns) of 32×32 images: the size the cli-image preset is made for,
+    # so the geometry derived from the data without --preset is the preset's (8×8 digits would get 16×16)
+    images = load_data("digits")["train"].select(range(40))
+    dataset = tmp_path / "digits32"
+    images.map(lambda row: {"image": row["image"].convert("L").resize((32, 32))}).save_to_disk(str(dataset))
+    common = [
+        "--model",
+        "hyperbf",
+        "--dataset",
+        str(dataset),
+        "--config",
+        "hidden_size=32",
+        "num_attention_heads=4",
+    ]
+    for first, second in ((before, now), (now, before)):
+        work = tmp_path / f"work-{len(first)}"
+        checkpoint = work / "checkpoint-5"
+        checkpoint.mkdir(parents=True)
+        record_run_arguments(*built_run([*common, *first]), work)
+        check_resume_arguments(*built_run([*common, *second]), work, checkpoint)
+
+
+def test_resume_refuses_another_column_of_a_local_dataset(tmp_path: Path) -> None:
+    """The columns after detection are compared: another input column of the same folder is another run."""
+    from energyformers.training.setup import check_resume_arguments, record_run_arguments
+
+    digits = load_data("digits")["train"].select(range(40))
+    mirrored = digits.map(lambda row: {"mirrored": row["image"].transpose(Image.Transpose.FLIP_LEFT_RIGHT)})
+    folder = tmp_path / "two_views"
+    mirrored.save_to_disk(str(folder))
+    common = [
+        "--model",
+        "hyperbf",
+        "--dataset",
+        str(folder),
+        "--config",
+        "hidden_size=32",
+        "num_attention_heads=4",
+    ]
+    work = tmp_path / "work"
+    (work / "checkpoint-5").mkdir(parents=True)
+    record_run_arguments(*built_run(common), work)
+    with pytest.raises(UsageError) as caught:
+        check_resume_arguments(
+            *built_run([*common, "--image_column", "mirrored"]), work, work / "checkpoint-5"
+        )
+    assert "has --image_column mirrored but" in str(caught.value), caught.value
+    assert "trained with --image_column image" in str(caught.value), caught.value
+
+
+def test_resume_checks_old_accelerate_checkpoints_by_their_weights(tmp_path: Path) -> None:
+    """An Accelerate `step_N/` folder written before the run record holds no config.json: the tensor names and
+    shapes of its model.safetensors decide, so another family (or size) is refused and the same model resumes."""
+    from safetensors.torch import save_model
+
+    from energyformers.training.setup import check_resume_arguments
+
+    common = ["--dataset", "digits", "--config", "hidden_size=32", "num_attention_heads=4"]
+    args, built = built_run(["--model", "hyperbf", *common])
+    step = tmp_path / "run.checkpoints" / "step_5"
+    step.mkdir(parents=True)
+    save_model(built.model, str(step / "model.safetensors"))  # as `Accelerator.save_state` writes it
+    check_resume_arguments(args, built, step.parent, step)
+    for changed in (["--model", "hyperset", *common], ["--model", "hyperbf", *common, "hidden_size=64"]):
+        with pytest.raises(
+            UsageError, match=r"--resume: the checkpoint .*step_5 holds another model"
+        ) as caught:
+            check_resume_arguments(*built_run(changed), step.parent, step)
+        assert "has shape" in str(caught.value), caught.value
 
 
 # ----------------------------------------------------------------------------------- bad input

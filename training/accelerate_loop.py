@@ -62,15 +62,6 @@ def evaluate_split(model: Any, loader: Any, accelerator: Any, task: str) -> dict
     return {"loss": torch.cat(losses).mean().item(), **task_metrics(task, p, r)}
 
 
-def main_process_writer(write: Callable[[str], Any], is_main_process: bool) -> Callable[[str], None]:
-    """`write` on the main process and a no-op on the others: every rank computes the same log entry (the
-    reduced loss, the gathered metrics), so it is printed once, as Trainer logs on rank 0 only. (`tqdm.write`
-    prints whether or not that rank's bar is disabled.)"""
-    if is_main_process:
-        return lambda line: write(line)
-    return lambda line: None
-
-
 def parse(argv: list[str]) -> Arguments:
     """The checked arguments (no torch, no model loaded: `cli.run_command` imports those afterwards)."""
     return parse_arguments(argv, PROG, DESCRIPTION)
@@ -92,6 +83,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
     from .setup import (
         build,
         check_precision,
+        check_resume_arguments,
         continue_iteration_draws,
         enable_activation_checkpointing,
         find_checkpoint,
@@ -117,10 +109,14 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
     with leave_nothing_behind(work_dir, accelerator.is_main_process):
         set_seed(run_args.seed)
         built = build(args, accelerator.state)
+        if resume_from is not None:  # what was built against the record, before `load_state`
+            check_resume_arguments(args, built, work_dir, resume_from)
         model, data, task = built.model, built.data, built.task
         training_loss = TrainingLoss(args, built)
         if accelerator.is_main_process:
-            record_run_arguments(args, work_dir)  # what a --resume must repeat (`find_checkpoint`)
+            record_run_arguments(
+                args, built, work_dir
+            )  # what a --resume must repeat (`check_resume_arguments`)
             for warning in built.warnings:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
         with (
@@ -239,7 +235,9 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
             disable=run_args.disable_tqdm or not accelerator.is_local_main_process,
             dynamic_ncols=True,
         )
-        log_line = main_process_writer(progress.write, accelerator.is_main_process)
+        # every rank computes the same log entry (the reduced loss, the gathered metrics): printed by the main
+        # process only, as Trainer logs; `tqdm.write` keeps the bar intact (and prints on ranks whose bar is off)
+        log_line = progress.write if accelerator.is_main_process else lambda line: None
         running, seen, start_step = torch.zeros((), device=accelerator.device), 0, step
         model.train()
         stop = StopRequest()

@@ -6,57 +6,18 @@ Kept apart so that `energyformers convert --help` answers without importing torc
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
 from .cli import CommandParser, UsageError, run_command
 from .convert.released import HUB_REPO, RELEASED, released_file, unavailable_message
+from .convert.sources import reverse_input_problem
 from .weights import checkpoint_format
 
 # The keys of `convert.SOURCES` and `convert.DTYPES` (a test checks they stay equal).
 SOURCE_NAMES = ("hyperbf", "hyperset-ic", "hyperset-mim", "hyperset-sudoku", "imixer")
 DTYPE_NAMES = ("float32", "float64")
-# Which model folder each source reverses: (config.json `model_type`, `architectures[0]`), the model type and class
-# name of `convert.SOURCES[source].head_class` (a test checks they stay equal), known without importing torch.
-SOURCE_MODELS = {
-    "hyperbf": ("hyperbf", "HyperBFForImageClassification"),
-    "hyperset-ic": ("hyperset", "HyperSetForImageClassification"),
-    "hyperset-mim": ("hyperset", "HyperSetForMaskedImageModeling"),
-    "hyperset-sudoku": ("hyperset", "HyperSetForTokenClassification"),
-    "imixer": ("imixer", "IMixerForImageClassification"),
-}
-
-
-def reverse_input_problem(source: str, model_dir: str | Path) -> str | None:
-    """Why `model_dir` cannot be reversed with `--source source`, read from its config.json alone (before anything
-    loads); None when it is a folder of the model that source describes."""
-    config_path = Path(model_dir) / "config.json"
-    if not config_path.is_file():
-        return f"{model_dir}: no config.json; with --reverse the input is our model folder (save_pretrained)"
-    try:
-        config = json.loads(config_path.read_text())
-        model_type, architectures = config.get("model_type"), config.get("architectures") or []
-    except (ValueError, AttributeError) as err:  # not JSON, or JSON that is not an object
-        return f"{config_path}: not a model config ({type(err).__name__}: {err})"
-    want_type, want_class = SOURCE_MODELS[source]
-    fitting = [name for name, model in SOURCE_MODELS.items() if model == (model_type, *architectures[:1])]
-    hint = f" (a {architectures[0]} folder goes with --source {fitting[0]})" if fitting else ""
-    if model_type != want_type:
-        return (
-            f"{model_dir} is a {model_type} model; --source {source} needs {_article(want_type)} folder{hint}"
-        )
-    if architectures[:1] != [want_class]:
-        return (
-            f"{model_dir} is a {model_type} model ({'/'.join(architectures) or 'no architectures'}); --source "
-            f"{source} needs {_article(want_class)} folder{hint}"
-        )
-    return None
-
-
-def _article(word: str) -> str:
-    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
 
 
 def build_parser() -> argparse.ArgumentParser:

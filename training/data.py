@@ -598,7 +598,10 @@ def normalize(
     for split in SPLITS:
         if len(out[split]) == 0:
             raise DataError(f"the {split!r} split is empty")
-    return DatasetDict({s: out[s] for s in SPLITS})
+    result = DatasetDict({s: out[s] for s in SPLITS})
+    # the columns read, after detection: a resumed run compares these (`setup.resume_identity`), not the flags
+    result.source_columns = {"image_column" if image else "text_column": source, "label_column": label}
+    return result
 
 
 def load_data(

@@ -51,28 +51,37 @@ def check_repo_id(repo_id: str, flag: str = "repo_id") -> None:
         raise ValueError(f"{flag} {repo_id!r}: not a Hub repository id ({err})") from None
 
 
-def missing_token_message(token_flag: str) -> str:
-    """The line for no token at all, naming the command's own token flag (`push --token`, `train --hub_token`)."""
-    return f"no Hugging Face token found: pass {token_flag}, {HOW_TO_LOGIN}"
+def hub_access_error(token: str | None, token_flag: str, upload_flag: str | None = None) -> PushError | None:
+    """Why nothing can be uploaded with these settings, worded once for every route: no token at all (`token`,
+    else HF_TOKEN or the stored login; `MissingTokenError`), or HF_HUB_OFFLINE set (`HubOfflineError`); None when
+    an upload may be tried. `token_flag` is the caller's way to give a token (`--token` for push, `--hub_token`
+    for train, `token=` for `push_model_dir`); `upload_flag` the flag that asked for the upload (train's
+    `--push_to_hub`), which the offline line names with the other way out. `push_model_dir` raises the error;
+    the commands report its text as bad input (`UsageError`, status 2) before any weights load."""
+    from huggingface_hub import constants, get_token
+
+    if not (token or get_token()):
+        return MissingTokenError(f"no Hugging Face token found: pass {token_flag}, {HOW_TO_LOGIN}")
+    if constants.HF_HUB_OFFLINE:
+        named = f"{upload_flag}: " if upload_flag else ""
+        later = f", or drop {upload_flag} and run `energyformers push` later" if upload_flag else ""
+        return HubOfflineError(
+            f"{named}the Hub is offline (HF_HUB_OFFLINE=1), so nothing can be uploaded; unset HF_HUB_OFFLINE{later}"
+        )
+    return None
 
 
 def check_push_request(repo_id: str, token: str | None, *, repo_flag: str, token_flag: str) -> None:
     """What an upload at the end of a long run needs, checked before the run starts (`train --push_to_hub`): a repo
-    id the Hub accepts, a token (`token`, else HF_TOKEN or the stored login) and a Hub that is not switched off.
+    id the Hub accepts (`check_repo_id`), then a token and a Hub that is not switched off (`hub_access_error`).
     A `UsageError` (status 2, the words `energyformers push` uses) for each; nothing goes out."""
-    from huggingface_hub import constants, get_token
-
     try:
         check_repo_id(repo_id, flag=repo_flag)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    if not (token or get_token()):
-        raise UsageError(missing_token_message(token_flag))
-    if constants.HF_HUB_OFFLINE:
-        raise UsageError(
-            "--push_to_hub: the Hub is offline (HF_HUB_OFFLINE=1), so the finished run could not be uploaded; "
-            "unset HF_HUB_OFFLINE, or drop --push_to_hub and run `energyformers push` later"
-        )
+    problem = hub_access_error(token, token_flag, upload_flag="--push_to_hub")
+    if problem is not None:
+        raise UsageError(str(problem))
 
 
 # huggingface_hub raises its HTTP client's transport errors (connection refused, timeouts) unwrapped.
@@ -95,25 +104,22 @@ def push_model_dir(
 ) -> str:
     """Export `model_dir` to a temporary folder and upload it to `repo_id`; returns the repo URL.
 
-    Checked before anything loads or goes out, in this order: `repo_id` (ValueError), the folder's content
-    (FileNotFoundError / ValueError, as `export_model_dir` checks it), a token (`MissingTokenError`), online mode.
+    Checked before any weights load or anything goes out, in the order `energyformers push` checks them: the
+    folder (FileNotFoundError / ValueError: a folder with config.json, of an energyformers model with its
+    processor, as `export_model_dir` needs it), then `repo_id` (ValueError), then a token (`MissingTokenError`)
+    and online mode (`HubOfflineError`), worded by `hub_access_error`.
     """
     from huggingface_hub import HfApi, constants, get_token
     from huggingface_hub.errors import HfHubHTTPError
 
     from .export import export_model_dir, inspect_model_dir
 
+    inspect_model_dir(model_dir)  # reads config.json and the weights' headers, loads no weights
     check_repo_id(repo_id)
-    # the wrong folder is named before a missing token is, and before any weights load
-    inspect_model_dir(model_dir)
-    token = token or get_token()
-    if not token:
-        raise MissingTokenError(f"no Hugging Face token found: {HOW_TO_LOGIN}.")
-    if constants.HF_HUB_OFFLINE:
-        raise HubOfflineError(
-            "the Hub is offline (HF_HUB_OFFLINE=1), so nothing can be pushed; unset HF_HUB_OFFLINE"
-        )
-    api = HfApi(token=token)
+    problem = hub_access_error(token, "token=")
+    if problem is not None:
+        raise problem
+    api = HfApi(token=token or get_token())
     with tempfile.TemporaryDirectory(prefix="energyformers-push-") as tmp:
         # Export first: a broken folder fails here, before the network, and the temp folder always goes.
         folder = export_model_dir(model_dir, Path(tmp) / "export", repo_id=repo_id)
@@ -166,14 +172,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    from .export import check_model_dir
+    """The arguments, checked in `push_model_dir`'s order before any weights load: the folder's basics (it exists,
+    config.json, readable weights), its kind (an energyformers model with its processor; this reads the configs
+    and imports the models, no weights), REPO_ID, then the token and online mode. Each a `UsageError`."""
+    from .export import check_model_dir, inspect_model_dir
 
     args = build_parser().parse_args(argv)
     check_model_dir(args.model_dir)
     try:
+        inspect_model_dir(args.model_dir)
         check_repo_id(args.repo_id, flag="REPO_ID")
-    except ValueError as err:
+    except (FileNotFoundError, ValueError) as err:  # the messages name the folder, its file or the repo id
         raise UsageError(str(err)) from None
+    problem = hub_access_error(args.token, "--token")
+    if problem is not None:
+        raise UsageError(str(problem))
     return args
 
 
@@ -191,11 +204,7 @@ def run(args: argparse.Namespace) -> int:
             commit_message=args.commit_message,
             token=args.token,
         )
-    except MissingTokenError:
-        raise UsageError(missing_token_message("--token")) from None
-    except HubOfflineError as err:
-        raise UsageError(str(err)) from None
-    except (FileNotFoundError, FileExistsError, ValueError) as err:  # the folder's content
+    except (FileNotFoundError, FileExistsError, ValueError) as err:  # the folder's content, found on export
         raise UsageError(str(err)) from None
     print(url)
     return 0

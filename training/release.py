@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -108,6 +110,41 @@ def check_taken_models(folders: list[Path]) -> dict[Path, str]:
     return names
 
 
+# A Hub dataset id: NAME or NAMESPACE/NAME (what `data.load_data` sends to the Hub).
+_HUB_DATASET_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def dataset_problem(name: str) -> str | None:
+    """Why `energyformers train --dataset NAME` could not load `name`, decided as its loader (`data.load_data`)
+    decides, without loading anything: a built-in, an existing local folder or file, or (the Hub being online) a
+    Hub dataset id are accepted; None then, else the reason as text (a Hub dataset that does not exist is only
+    found out by the training run)."""
+    from huggingface_hub import constants
+
+    if name in TRAIN_DATASETS or Path(name).expanduser().exists():
+        return None
+    allowed = (
+        f"expected a built-in dataset of `energyformers train` ({', '.join(TRAIN_DATASETS)}), an existing local "
+        "folder or file, or a Hub dataset id"
+    )
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:  # as load_data: a path, never a Hub id
+        return f"no such local folder or file; {allowed}"
+    if not _HUB_DATASET_ID.fullmatch(name):
+        return f"not a built-in dataset, a local path or a Hub dataset id; {allowed}"
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_DATASETS_OFFLINE") == "1":
+        return (
+            "not a built-in dataset of `energyformers train` nor a local path, and the Hub is offline "
+            f"(HF_HUB_OFFLINE / HF_DATASETS_OFFLINE); {allowed}"
+        )
+    return None
+
+
+def run_dir_name(model: str, dataset: str) -> str:
+    """`<model>-<dataset>` with a local path or Hub id as its last part: one folder under --runs_dir, named as
+    the release is (`_release_name`)."""
+    return f"{model}-{Path(dataset).name}"
+
+
 def train_command(model: str, dataset: str, run_dir: Path, train_args: list[str]) -> list[str]:
     return [
         sys.executable,
@@ -174,8 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=list(REFERENCE_DATASETS),
         metavar="DATASET",
-        help=f"built-in datasets to train each family on: some of {', '.join(TRAIN_DATASETS)} (default: "
-        f"{' '.join(REFERENCE_DATASETS)})",
+        help=f"datasets to train each family on, as `energyformers train --dataset` takes them: built-ins "
+        f"({', '.join(TRAIN_DATASETS)}), local folders or files, Hub ids (default: {' '.join(REFERENCE_DATASETS)})",
     )
     parser.add_argument(
         "--take",
@@ -217,12 +254,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
             parser.error(f"--{flag} trains; --take releases given folders: pass one of them")
     if args.models == [] and not args.mim:
         parser.error("--models with no name releases no family; name some, or add --mim MODEL")
-    wrong = [d for d in args.datasets if d not in TRAIN_DATASETS]
-    if wrong:  # refused in a dry run too: the plan it prints must be one that runs
-        parser.error(
-            f"--datasets {' '.join(wrong)}: not a built-in dataset of `energyformers train`; expected some of "
-            f"{list(TRAIN_DATASETS)}"
-        )
+    for dataset in args.datasets:  # refused in a dry run too: the plan it prints must be one that runs
+        problem = dataset_problem(dataset)
+        if problem:
+            parser.error(f"--datasets {dataset}: {problem}")
     if args.mim and not set(args.datasets) & set(IMAGE_DATASETS):
         parser.error(f"--mim trains on images: --datasets needs one of {list(IMAGE_DATASETS)}")
     for folder in args.take or ():
@@ -250,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             for model in args.models:
                 for dataset in args.datasets:
-                    run_dir = args.runs_dir / f"{model}-{dataset}"
+                    run_dir = args.runs_dir / run_dir_name(model, dataset)
                     needs_training = args.retrain or not _finished(run_dir)
                     plan.append(
                         (
@@ -260,14 +295,14 @@ def run(args: argparse.Namespace) -> int:
                     )
             for model in args.mim:  # masked image modelling: exported like the families, named apart
                 for dataset in [d for d in args.datasets if d in IMAGE_DATASETS]:
-                    run_dir = args.runs_dir / f"{model}-mim-{dataset}"
+                    run_dir = args.runs_dir / run_dir_name(f"{model}-mim", dataset)
                     command = train_command(model, dataset, run_dir, ["--task", "mim", *train_args])
                     plan.append((run_dir, command if args.retrain or not _finished(run_dir) else None))
         # Baselines: trained with the same command on the image datasets they take, reported, not exported.
         baselines: list[tuple[Path, list[str] | None]] = []
         for model in args.baselines:
             for dataset in [d for d in args.datasets if d in BASELINE_DATASETS[model]]:
-                run_dir = args.runs_dir / f"{model}-{dataset}"
+                run_dir = args.runs_dir / run_dir_name(model, dataset)
                 needs_training = args.retrain or not _finished(run_dir)
                 command = train_command(model, dataset, run_dir, train_args) if needs_training else None
                 baselines.append((run_dir, command))

@@ -67,6 +67,8 @@ class Built:
     warnings: list[str] = field(default_factory=list)  # printed now and recorded in metrics.json
     # masked image modelling: (model, split) -> the reconstruction metrics of that split after MaskGIT decoding
     masked_images: Any = None
+    # the dataset columns read, after detection (`data.normalize`); None for a built-in (fixed columns)
+    source_columns: dict[str, str] | None = None
 
 
 # --------------------------------------------------------------------------- registry
@@ -543,7 +545,9 @@ def build(args: Arguments, state: Any) -> Built:
     except Exception as err:
         raise DataError(f"a training batch does not fit the model: {err}") from err
     model.train()
-    return Built(model, data, processor, collator, task, warnings)
+    return Built(
+        model, data, processor, collator, task, warnings, source_columns=getattr(data, "source_columns", None)
+    )
 
 
 # --------------------------------------------------------------------------- masked image modelling
@@ -738,7 +742,16 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
         lpips_weights=d.lpips_weights,
         fid_weights=d.fid_weights,
     )
-    return Built(model, mim.datasets, mim.tokenizer, collator, MIM_TASK, warnings, masked_images=evaluation)
+    return Built(
+        model,
+        mim.datasets,
+        mim.tokenizer,
+        collator,
+        MIM_TASK,
+        warnings,
+        masked_images=evaluation,
+        source_columns=getattr(data, "source_columns", None),
+    )
 
 
 @dataclass
@@ -762,33 +775,26 @@ def output_paths(args: Arguments) -> tuple[Path, Path]:
     return output_dir, output_dir.with_name(output_dir.name + ".checkpoints")
 
 
-# Written by the main process into `<output_dir>.checkpoints/` when training starts: the flags a resumed run must
-# repeat (`resume_identity`), compared by `find_checkpoint` before a checkpoint is loaded.
+# Written by the main process into `<output_dir>.checkpoints/` when training starts: what the run built
+# (`resume_identity`), compared by `check_resume_arguments` before a resumed run loads a checkpoint.
 RUN_ARGUMENTS_FILE = "run_arguments.json"
-# The flags that decide what the checkpoint's weights are: the model's structure (family, preset, config, the
-# checkpoint fine-tuned from, the config-field flags that add parameters) and the data they map (dataset, columns,
-# labels; the vocabulary a text tokenizer or a VQ tokenizer gives). Everything else (learning rate, schedule, steps,
-# batch size, evaluation, sample limits) may change on --resume.
-RESUME_MODEL_FLAGS = (
-    "model",
-    "preset",
-    "config",
-    "from_pretrained",
-    "iteration_conditioning",
-    "halting_head",
+# Config keys that say nothing of the weights or the data they map: the library version, where the config was
+# read from, the dtype and the attention kernel (all may change on --resume).
+VOLATILE_CONFIG_KEYS = frozenset(
+    {
+        "transformers_version",
+        "_name_or_path",
+        "_commit_hash",
+        "dtype",
+        "torch_dtype",
+        "attn_implementation",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "_attn_implementation_internal",
+    }
 )
-RESUME_DATA_FLAGS = (
-    "dataset",
-    "image_column",
-    "text_column",
-    "label_column",
-    "task",
-    "tokenizer",
-    "codebook_size",
-    "tokenizer_patch_size",
-    "vocab_size",
-    "max_length",
-)
+# How many differing config fields a refusal lists (a change of dataset changes every label field).
+SHOWN_CONFIG_FIELDS = 4
 
 
 def _as_path(value: str | None) -> str | None:
@@ -800,70 +806,126 @@ def _as_path(value: str | None) -> str | None:
     return str(path.resolve()) if path.exists() else value
 
 
-def resume_identity(args: Arguments) -> dict[str, Any]:
-    """The values of the flags a `--resume`d run must repeat (`RESUME_MODEL_FLAGS`, `RESUME_DATA_FLAGS`), as JSON
-    values: `--model` unset is hyperset unless fine-tuning, `--config` a dict (order-free), paths absolute."""
-    m, d = args.model, args.data
-    identity = {name: getattr(m, name) for name in RESUME_MODEL_FLAGS}
-    identity.update({name: getattr(d, name) for name in RESUME_DATA_FLAGS})
-    if identity["model"] is None and not m.from_pretrained:
-        identity["model"] = "hyperset"
-    identity["config"] = parse_overrides(m.config)
-    for name in ("from_pretrained", "dataset", "tokenizer"):
-        identity[name] = _as_path(identity[name])
-    return identity
+def resume_identity(args: Arguments, built: Built) -> dict[str, Any]:
+    """What decides the checkpoint's weights and the data they map, as the run built them (not as the flags were
+    typed), as JSON values: the model family, the final model config (`to_dict()` less `VOLATILE_CONFIG_KEYS`:
+    --preset, --config, --vocab_size, --max_length, the config-field flags and the dataset's labels all end up
+    there, and only where they have an effect), the checkpoint fine-tuned from, the dataset (a path made
+    absolute), the task, the columns read after detection, and for masked image modelling the VQ tokenizer
+    (`--tokenizer`, or the codebook and patch size of the fitted one). The learning rate, schedule, steps, batch
+    size, evaluation and sample limits are left out: they may change on --resume."""
+    config = built.model.config
+    settings = {k: v for k, v in config.to_dict().items() if k not in VOLATILE_CONFIG_KEYS}
+    identity: dict[str, Any] = {
+        "model": config.model_type,
+        "from_pretrained": _as_path(args.model.from_pretrained),
+        "dataset": _as_path(args.data.dataset),
+        "task": built.task,
+        **(built.source_columns or {}),
+    }
+    if built.task == MIM_TASK:
+        tokenizer = built.processor
+        identity["tokenizer"] = _as_path(args.data.tokenizer)
+        identity["codebook_size"] = tokenizer.codebook_size
+        identity["tokenizer_patch_size"] = getattr(tokenizer, "patch_size", None)
+    identity["config"] = settings
+    # tuples become lists, keys strings: the form a reloaded record has
+    return json.loads(json.dumps(identity, default=str))
 
 
-def record_run_arguments(args: Arguments, work_dir: Path) -> None:
+def record_run_arguments(args: Arguments, built: Built, work_dir: Path) -> None:
     """Write `RUN_ARGUMENTS_FILE` into the work folder (main process, when training starts)."""
     work_dir.mkdir(parents=True, exist_ok=True)
-    record = {"identity": resume_identity(args), "argv": args.argv}
+    record = {"built": resume_identity(args, built), "argv": args.argv}
     (work_dir / RUN_ARGUMENTS_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
 
-def _flag_text(name: str, value: Any) -> str:
-    """`--name value` as a command line would say it (`--name unset` for a flag not given)."""
-    if value is None:
-        return f"--{name} unset"
-    if name == "config":
-        return "--config " + (" ".join(f"{k}={json.dumps(v)}" for k, v in sorted(value.items())) or "(none)")
-    return f"--{name} {value}"
+def _differences(before: dict[str, Any], now: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(this command's values, the recorded ones) of each entry that differs, as `--flag value` (`--flag unset`
+    for none) or `config field=value` for a model config field; a change of family is reported alone (every
+    config field differs with it)."""
+    names = ["model"] if before.get("model") != now.get("model") else [n for n in before if n in now]
+    given, recorded = [], []
+    for name in names:
+        if name == "config":
+            old, new = before[name], now[name]
+            fields = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+            for key in fields[:SHOWN_CONFIG_FIELDS]:
+                given.append(f"config {key}=" + (json.dumps(new[key]) if key in new else "unset"))
+                recorded.append(f"config {key}=" + (json.dumps(old[key]) if key in old else "unset"))
+            if len(fields) > SHOWN_CONFIG_FIELDS:
+                more = f"(and {len(fields) - SHOWN_CONFIG_FIELDS} more config fields)"
+                given.append(more)
+                recorded.append(more)
+        elif before[name] != now[name]:
+            given.append(f"--{name} {'unset' if now[name] is None else now[name]}")
+            recorded.append(f"--{name} {'unset' if before[name] is None else before[name]}")
+    return given, recorded
 
 
-def check_resume_arguments(args: Arguments, work_dir: Path, checkpoint: Path) -> None:
-    """A `UsageError` naming each flag whose value differs from the run that wrote the checkpoints (its
-    `RUN_ARGUMENTS_FILE`; for checkpoints written without one, the family in the checkpoint's config.json), before
-    any weights are loaded into a model of another shape."""
-    recorded_file = work_dir / RUN_ARGUMENTS_FILE
-    now = resume_identity(args)
+def _weights_mismatch(model: Any, checkpoint: Path) -> str | None:
+    """For a checkpoint without a run record or config.json (an Accelerate `step_N/` folder written before
+    `RUN_ARGUMENTS_FILE` existed): the first tensor of its `model.safetensors` that `model` lacks or holds in
+    another shape, as text; None when they fit or there is no such file. Reads the file's header only."""
+    from safetensors import safe_open
+
+    weights = checkpoint / "model.safetensors"
+    if not weights.is_file():
+        return None
+    here = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     try:
-        before = json.loads(recorded_file.read_text())["identity"]
+        with safe_open(str(weights), framework="pt") as saved:
+            for key in saved.keys():
+                name = key.removeprefix("module.").removeprefix("_orig_mod.")  # DDP / torch.compile wrappers
+                shape = tuple(saved.get_slice(key).get_shape())
+                if here.get(name) != shape:
+                    now = "absent" if name not in here else f"shape {list(here[name])}"
+                    return (
+                        f"{name} has shape {list(shape)} there but is {now} in the model this command builds"
+                    )
+    except (OSError, ValueError, RuntimeError):  # unreadable: loading it reports the problem
+        return None
+    return None
+
+
+def check_resume_arguments(args: Arguments, built: Built, work_dir: Path, checkpoint: Path) -> None:
+    """A `UsageError` naming each flag or config field whose effective value (`resume_identity`) differs from the
+    run that wrote the checkpoints, with both values, before the checkpoint's weights are loaded into a model of
+    another shape. Checkpoints written without the record: a Trainer checkpoint's family (its config.json's
+    `model_type`) must match; an Accelerate `step_N/` folder holds no config.json, so the tensor names and
+    shapes of its model.safetensors must fit the model built."""
+    recorded_file = work_dir / RUN_ARGUMENTS_FILE
+    now = resume_identity(args, built)
+    try:
+        before = json.loads(recorded_file.read_text())["built"]
     except (OSError, ValueError, KeyError, TypeError):
         before = None
-    if before is None:  # no record: the model family is all a checkpoint says of itself
+    if before is None:  # no record (or one of an older form): what the checkpoint says of itself
         try:
             before = {"model": json.loads((checkpoint / "config.json").read_text())["model_type"]}
         except (OSError, ValueError, KeyError, TypeError):
+            mismatch = _weights_mismatch(built.model, checkpoint)
+            if mismatch is not None:
+                raise UsageError(
+                    f"--resume: the checkpoint {checkpoint} holds another model than this command builds "
+                    f"({mismatch}); resume with the flags of the run that wrote it, or train in another "
+                    "--output_dir"
+                ) from None
             return
-        if now["model"] is None:  # fine-tuning without --model: the family comes from the folder
-            return
-    differing = [name for name in before if name in now and before[name] != now[name]]
-    if differing:
-        given = ", ".join(_flag_text(name, now[name]) for name in differing)
-        recorded_ = ", ".join(_flag_text(name, before[name]) for name in differing)
+    given, recorded = _differences(before, now)
+    if given:
         raise UsageError(
-            f"--resume: this command has {given} but the checkpoints in {work_dir} were trained with {recorded_}; "
-            "resume with those values, or train in another --output_dir"
+            f"--resume: this command has {', '.join(given)} but the checkpoints in {work_dir} were trained with "
+            f"{', '.join(recorded)}; resume with those values, or train in another --output_dir"
         )
 
 
 def find_checkpoint(args: Arguments, work_dir: Path, checkpoints: list[Path]) -> Path | None:
-    """The checkpoint to resume from (`--resume`), or None; refuses to silently restart over a killed run, and to
-    resume with another model or data (`check_resume_arguments`)."""
+    """The checkpoint to resume from (`--resume`), or None; refuses to silently restart over a killed run. The
+    model and data are compared with the checkpoint's once built (`check_resume_arguments`)."""
     if args.run.resume:
         if not checkpoints:
             raise UsageError(f"--resume: no checkpoint in {work_dir}; run without --resume to start training")
-        check_resume_arguments(args, work_dir, checkpoints[-1])
         return checkpoints[-1]
     if checkpoints:
         raise UsageError(

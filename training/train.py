@@ -245,7 +245,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
     from .evaluation import eval_depths, load_metrics, task_metrics
     from .optimization import TrainingLoss, check_schedule, plan_schedule
     from .run_folder import RunResult, finish_run, leave_nothing_behind
-    from .setup import build, find_checkpoint, output_paths, record_run_arguments
+    from .setup import build, check_resume_arguments, find_checkpoint, output_paths, record_run_arguments
 
     if args.run.num_threads:
         torch.set_num_threads(args.run.num_threads)
@@ -256,6 +256,8 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
     main_process = ta.process_index == 0
     with leave_nothing_behind(work_dir, main_process):
         built = build(args, PartialState())
+        if resume_from is not None:  # what was built against the record, before the checkpoint is loaded
+            check_resume_arguments(args, built, work_dir, resume_from)
         training_loss = TrainingLoss(args, built)
         schedule = plan_schedule(args, built.task, len(built.data["train"]), ta.world_size)
         ta.num_train_epochs = schedule.epochs + args.run.cooldown_epochs
@@ -268,7 +270,9 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
         if schedule.save_strategy == "steps":
             ta.save_steps = schedule.save_steps
         if main_process:
-            record_run_arguments(args, work_dir)  # what a --resume must repeat (`find_checkpoint`)
+            record_run_arguments(
+                args, built, work_dir
+            )  # what a --resume must repeat (`check_resume_arguments`)
             n = sum(p.numel() for p in built.model.parameters())
             print(
                 f"{built.model.config.model_type} {type(built.model).__name__}: {n:,} parameters; "

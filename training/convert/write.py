@@ -30,6 +30,7 @@ from .hyperset import HyperSetICSource, HyperSetSudokuSource
 from .imixer import IMixerSource
 from .mim import HyperSetMIMSource
 from .released import ReleasedFile, released_file, unavailable_message
+from .sources import reverse_input_problem  # the one check of the folder's kind, shared with the command line
 
 SOURCES: dict[str, OfficialSource] = {
     source.name: source
@@ -315,7 +316,6 @@ def export_official(
     for path in (output, sidecar):
         if path.exists() and not overwrite:
             raise ConversionError(f"{path} exists; pass --overwrite to replace it")
-    from ..convert_cli import reverse_input_problem  # the one check of the folder's kind, torch-free
 
     problem = reverse_input_problem(source, model_dir)
     if problem is not None:  # before loading: another model's folder would load with a report of missing keys
