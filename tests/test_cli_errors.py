@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import Case, cli_config, perturb
+from fixtures import CLI_ENV, Case, cli_config, perturb, run_cli_cases
 from PIL import Image
 from transformers import ViTImageProcessorPil
 
@@ -25,30 +24,7 @@ import energyformers
 from energyformers.training import cli, predict, release, train
 from energyformers.training.run_folder import has_checkpoint
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-# Modules an argument error must not import: torch, and the package's model code.
-HEAVY = ("torch", "energyformers.registry", "energyformers.modeling")
-
-# Runs `energyformers ARGS` for each case in one process, as the console script does (sys.argv[0] is the
-# script's name, so `import energyformers` defers the models), recording status, stderr, time and whether the
-# heavy modules were imported by then.
-RUN_CASES = """
-import contextlib, io, json, runpy, sys, time
-out, cases = sys.argv[1], json.loads(sys.argv[2])
-results = []
-for argv in cases:
-    sys.argv = ["energyformers", *argv]
-    err, start = io.StringIO(), time.perf_counter()
-    with contextlib.redirect_stderr(err):
-        try:
-            runpy.run_module("energyformers", run_name="__main__", alter_sys=True)
-            code = 0
-        except SystemExit as stop:
-            code = stop.code
-    heavy = sorted(m for m in sys.modules if m in HEAVY or m.startswith("energyformers.modeling"))
-    results.append({"code": code, "err": err.getvalue(), "seconds": time.perf_counter() - start, "heavy": heavy})
-open(out, "w").write(json.dumps(results))
-""".replace("HEAVY", repr(HEAVY))
+ENV = CLI_ENV
 
 
 def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
@@ -238,13 +214,9 @@ def _argv(name: str, argv: list[str]) -> list[str]:
 
 def test_every_command_reports_bad_input_in_one_line_with_status_2_before_loading_torch(tmp_path):
     cases = bad_inputs(tmp_path)
-    record = tmp_path / "results.json"
     argvs = [_argv(name, argv) for name, (argv, _) in cases.items()]
-    program = [sys.executable, "-c", RUN_CASES, str(record), json.dumps(argvs)]
     # in tmp_path: the relative paths of the argument-error rows (never reached) name nothing of the checkout
-    done = subprocess.run(program, capture_output=True, text=True, env=ENV, timeout=300, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = dict(zip(cases, json.loads(record.read_text())))
+    results = dict(zip(cases, run_cli_cases(argvs, cwd=tmp_path), strict=True))
     commands = {argv[0] for argv in argvs}
     assert set(cli.COMMANDS) <= commands, sorted(set(cli.COMMANDS) - commands)
     for name, (argv, fragment) in cases.items():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import ALL, Case, perturb
+from fixtures import ALL, Case, perturb, run_cli_cases
 from huggingface_hub import ModelCard
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast, ViTImageProcessorPil, pipeline
@@ -504,34 +504,11 @@ def test_cli_exports_and_reports_errors(image_model_dir, tmp_path, capsys):
     _assert_nothing_written(tmp_path / "out2")
 
 
-# Runs `energyformers ARGV` in a fresh process as the console script does and reports (status, stderr, whether the
-# models were imported by the time it returned): a check "before the models load" is one that leaves them unimported.
-FRESH_CLI = """
-import contextlib, io, json, runpy, sys
-sys.argv = ["energyformers", *json.loads(sys.argv[1])]
-err = io.StringIO()
-with contextlib.redirect_stderr(err):
-    try:
-        runpy.run_module("energyformers", run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as stop:
-        code = stop.code
-print(json.dumps({"code": code, "err": err.getvalue(), "models": "energyformers.registry" in sys.modules}))
-"""
-
-
 def fresh_cli(*argv: object, cwd: Path) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", FRESH_CLI, json.dumps([str(a) for a in argv])],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """`energyformers ARGV` in a fresh process as the console script runs it: its status, stderr and whether the
+    models were imported by the time it returned (a check "before the models load" leaves them unimported)."""
+    (result,) = run_cli_cases([list(argv)], cwd=cwd)
+    return {**result, "models": "energyformers.registry" in result["heavy"]}
 
 
 def test_cli_refuses_a_taken_output_before_the_models_load(image_model_dir, tmp_path):

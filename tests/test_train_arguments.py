@@ -5,14 +5,12 @@ with the sub-command's name, unknown flags, and a non-empty `--output_dir`.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from test_cli_errors import ENV, RUN_CASES
+from fixtures import run_cli_cases
+from test_cli_errors import ENV
 from transformers import get_scheduler
 from transformers.trainer_utils import SchedulerType
 
@@ -80,11 +78,8 @@ def cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
 
 def test_argument_errors_are_one_line_with_status_2_before_torch(tmp_path: Path) -> None:
     table = cases(tmp_path)
-    record = tmp_path / "results.json"
-    program = [sys.executable, "-c", RUN_CASES, str(record), json.dumps([argv for argv, _ in table.values()])]
-    done = subprocess.run(program, capture_output=True, text=True, env=ENV, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    for (name, (_, expected)), result in zip(table.items(), json.loads(record.read_text()), strict=True):
+    results = run_cli_cases([argv for argv, _ in table.values()], cwd=tmp_path, env=ENV, timeout=300)
+    for (name, (_, expected)), result in zip(table.items(), results, strict=True):
         lines = [line for line in result["err"].splitlines() if line.strip()]
         assert result["code"] == 2, (name, result)
         assert len(lines) == 1 and lines[0].startswith(expected), (name, expected, result["err"])
@@ -206,11 +201,8 @@ def test_push_to_hub_refusals_are_one_line_with_status_2_before_torch(tmp_path: 
         ),
         "train offline": (["train", *quick, "--hub_token", "hf_x"], f"energyformers train: error: {OFFLINE}"),
     }
-    record = tmp_path / "results.json"
-    program = [sys.executable, "-c", RUN_CASES, str(record), json.dumps([argv for argv, _ in table.values()])]
-    done = subprocess.run(program, capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    for (name, (_, expected)), result in zip(table.items(), json.loads(record.read_text()), strict=True):
+    results = run_cli_cases([argv for argv, _ in table.values()], cwd=tmp_path, env=env, timeout=600)
+    for (name, (_, expected)), result in zip(table.items(), results, strict=True):
         lines = [line for line in result["err"].splitlines() if line.strip()]
         assert result["code"] == 2, (name, result["code"], result["err"][-2000:])
         assert len(lines) == 1 and lines[0].startswith(expected), (name, expected, result["err"][-2000:])
