@@ -130,11 +130,8 @@ class _CheckedConfig:
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
-        loaded = super().from_dict(config_dict, **kwargs)
-        config = (
-            loaded[0] if isinstance(loaded, tuple) else loaded
-        )  # (config, unused) with return_unused_kwargs
-        config.validate()
+        loaded = super().from_dict(config_dict, **kwargs)  # (config, unused kwargs) with return_unused_kwargs
+        (loaded[0] if isinstance(loaded, tuple) else loaded).validate()
         return loaded
 
     def validate(self) -> None:
