@@ -158,14 +158,19 @@ def test_inspect_names_puzzles_of_different_lengths_when_the_tokenizer_cannot_pa
 # ------------------------------------------------------------------------------- a MIM folder without its tokenizer
 
 
-def test_inspect_says_how_to_save_an_image_tokenizer_and_suggests_no_flag(tmp_path, capsys, no_model_loads):
+def tiny_mim_folder(folder: Path) -> Path:
+    """A saved masked-image-modelling model (untrained, tiny) without its image tokenizer."""
     torch.manual_seed(0)
     config = HyperSetConfig.from_preset(
         "mim-1-12-d", hidden_size=16, num_attention_heads=4, intermediate_size=16, time_embedding_dim=16,
         num_iterations=2, vocab_size=17, max_position_embeddings=64,
     )  # fmt: skip
-    folder = tmp_path / "mim"
     HyperSetForMaskedImageModeling(config).save_pretrained(folder)
+    return folder
+
+
+def test_inspect_says_how_to_save_an_image_tokenizer_and_suggests_no_flag(tmp_path, capsys, no_model_loads):
+    folder = tiny_mim_folder(tmp_path / "mim")
     image = tmp_path / "digit.png"
     Image.new("L", (16, 16), 128).save(image)
     capsys.readouterr()  # save_pretrained's progress bar
@@ -201,13 +206,7 @@ def test_predict_and_inspect_check_a_local_folder_with_one_function(classifier, 
     with pytest.raises(cli.UsageError, match=r"model_type='hyperset' is not an energyformers family"):
         predict.check_local_model_folder(folder, str(folder), ("imixer",))
     # a masked-image-modelling head: the flag check sees it before the missing image tokenizer is named
-    torch.manual_seed(0)
-    mim_config = HyperSetConfig.from_preset(
-        "mim-1-12-d", hidden_size=16, num_attention_heads=4, intermediate_size=16, time_embedding_dim=16,
-        num_iterations=2, vocab_size=17, max_position_embeddings=64,
-    )  # fmt: skip
-    mim = tmp_path / "mim"
-    HyperSetForMaskedImageModeling(mim_config).save_pretrained(mim)
+    mim = tiny_mim_folder(tmp_path / "mim")
     seen.clear()
     with pytest.raises(
         cli.UsageError, match=r"has no image tokenizer \(vq_tokenizer_config.json is missing\)"

@@ -684,9 +684,8 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
             "needs images (e.g. digits, fashion_mnist, an image folder)"
         )
     tokenizer = _mim_tokenizer(args)
-    if (
-        tokenizer is None
-    ):  # the config checked now with the grid the fit will give: a bad --config costs no fit
+    if tokenizer is None:
+        # the config checked now with the grid the fit will give: a bad --config costs no fit
         planned = _planned_tokenizer_grid(args, data)
         if planned is not None:
             _masked_image_modeling_config(args, d.codebook_size, planned)
