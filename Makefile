@@ -9,7 +9,7 @@ TORCH   ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: install demo test lint data clean
+.PHONY: install demo test lint format data clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Rewrites the tree so that `lint` passes where ruff can fix it: the fixes first (import order, ...), then the
+# formatting, then a check that reports what is left to fix by hand.
+format: $(STAMP)
+	$(BIN)/ruff check --fix --exit-zero --quiet .
+	$(BIN)/ruff format .
+	$(BIN)/ruff check .
+
 data: $(STAMP)
 	bash .ci/install-data.sh
 
@@ -40,6 +47,7 @@ data: $(STAMP)
 # exactly: with several processes the seed fixes the order, not which process runs which test).
 TEST_WORKERS ?= 2
 
+# One file, without the data and lint steps: .venv/bin/python -m pytest tests/test_x.py (docs/development.md).
 test: $(STAMP) data lint
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 

@@ -93,8 +93,8 @@ HYPERSET_PRESETS["cli-mim"] = dict(
 )
 # The small models `energyformers train` builds from scratch (the dataset sets image geometry or vocabulary).
 # Images: digits at 16×16, patch 2, 12 epochs at lr 3e-3; mean pooling because with CLS pooling the CLS token stays
-# constant early on (the step sizes start at zero); the anchor energy and random depth in [2, 12] make test-time
-# depth extrapolate (benchmarks/results/recurrent_depth.md: within 1 point of the T = 4 accuracy at 2T, 4T, 10T).
+# constant early on (the step sizes start at zero); the anchor energy and random depth in [2, 12] are what lets
+# test-time depth extrapolate (measured in docs/benchmarks.md, "Recurrent depth: what makes Hyper-SET extrapolate").
 HYPERSET_PRESETS.update(
     {
         "cli-image": dict(
@@ -142,7 +142,8 @@ IMIXER_PRESETS: dict[str, dict[str, Any]] = {
 # The paper's Table 2 axes that its text fixes: h_r = 1 next to the best h_r = 2, and n = 0, the
 # vanilla MLP-Mixer of the same dimensions (its baseline row). Only settings whose parameter counts the paper
 # states are named here; accuracies are the paper's, not reproduced.
-for _name in list(IMIXER_PRESETS):
+_MIXER_NAMES = tuple(IMIXER_PRESETS)
+for _name in _MIXER_NAMES:
     IMIXER_PRESETS[f"{_name}-hr1"] = {**IMIXER_PRESETS[_name], "hidden_ratio": 1.0}
     IMIXER_PRESETS[f"{_name}-mixer"] = {**IMIXER_PRESETS[_name], "fixed_point_iterations": 0}
 del _name
@@ -224,6 +225,63 @@ LOOPED_TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# Where each row comes from, one entry per preset of every table above: the paper table or section it reproduces,
+# the authors' released model it is, or "ours: <why>" for a setting no paper gives (the CLI's small from-scratch
+# models, a test size). tests/test_presets.py checks that every row has one and is listed in its family's doc.
+_HYPERSET_IMAGE = "Hyper-SET paper, Table 1 / poster: image classification at 224², L = 1, M = d, T = 12"
+_CLI = (
+    "ours: the small model `energyformers train` builds from scratch; its accuracy is in docs/benchmarks.md"
+)
+PRESET_SOURCES: dict[str, dict[str, str]] = {
+    "hyperset": {
+        "cifar10-small": _HYPERSET_IMAGE,
+        "cifar10-small-scaleup": _HYPERSET_IMAGE,
+        "imagenet1k-640": _HYPERSET_IMAGE,
+        "sudoku": "Hyper-SET paper, Table 4 (T = 24); the structure of the authors' Sudoku model",
+        **{
+            f"{name}-authors": f"the authors' released checkpoint (energyformers convert --source {source})"
+            for name, source in (
+                ("cifar10-small", "hyperset-ic"),
+                ("cifar10-small-scaleup", "hyperset-ic"),
+                ("imagenet1k-640", "hyperset-ic"),
+                ("sudoku", "hyperset-sudoku"),
+            )
+        },
+        "mim-1-12-d": "Hyper-SET paper, Table 9 structure, Table 2 row 'Ours 1 / 12 / d' (3.94 M)",
+        "mim-1-24-8d": "Hyper-SET paper, Table 2 row 'Ours 1 / 24 / 8d' (8.07 M), the authors' released checkpoint",
+        "cli-mim": "ours: the small masked-image-modelling model `energyformers train --task mim` builds",
+        "cli-image": _CLI,
+        "cli-sequence": _CLI,
+    },
+    "imixer": {
+        **{
+            name: "MLP-Mixer sizes (Tolstikhin et al., Table 1) with iMixer's best h_r = 2, n = 2 (Ota & Taki, "
+            "Table 2)"
+            for name in _MIXER_NAMES
+        },
+        **{f"{name}-hr1": "iMixer paper, Table 2: h_r = 1" for name in _MIXER_NAMES},
+        **{
+            f"{name}-mixer": "iMixer paper, Table 2: n = 0, its MLP-Mixer baseline row"
+            for name in _MIXER_NAMES
+        },
+        "cli-image": _CLI,
+        "cli-sequence": _CLI,
+    },
+    "hyperbf": {
+        "cifar": "CBMM memo 143, CIFAR-10 experiments: D = 768, 4 heads, 4 blocks, patch 4, 32²",
+        "cifar100": "CBMM memo 143, CIFAR-100 experiments: the `cifar` setting with 100 labels",
+        "tiny": "ours: the smallest valid model, for tests",
+        "digits": "ours: a model that trains in minutes on 8×8 grey UCI digits on a CPU",
+        "cli-image": _CLI,
+        "cli-sequence": _CLI,
+    },
+    "looped-transformer": {
+        "mim-1-12-4d": "Hyper-SET paper, Table 2 row 'Transformer 1 / 12 / 4d' (8.85 M)",
+        "cli-mim": "ours: the CLI's small baseline beside Hyper-SET's `cli-mim`",
+    },
+}
+
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "hyperset": HYPERSET_PRESETS,
     "imixer": IMIXER_PRESETS,
@@ -256,5 +314,6 @@ __all__ = [
     "IMIXER_PRESETS",
     "LOOPED_TRANSFORMER_PRESETS",
     "PRESETS",
+    "PRESET_SOURCES",
     "preset_fields",
 ]

@@ -11,10 +11,24 @@ from pathlib import Path
 import pytest
 
 from energyformers import FAMILIES, HyperBFConfig, HyperSetConfig, IMixerConfig
-from energyformers.presets import PRESETS
+from energyformers import presets as presets_module
+from energyformers.presets import LOOPED_TRANSFORMER_PRESETS, PRESETS
 from energyformers.training.remote_code import check_remote_code, remote_code_sources
 
+ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"hyperset": HyperSetConfig, "imixer": IMixerConfig, "hyperbf": HyperBFConfig}
+# Every preset table and the page that documents its family (the baseline's rows are its masked-image-modelling
+# models, documented beside Hyper-SET's in docs/mim.md).
+TABLES = {**PRESETS, "looped-transformer": LOOPED_TRANSFORMER_PRESETS}
+FAMILY_DOCS = {
+    "hyperset": ROOT / "docs" / "hyperset.md",
+    "imixer": ROOT / "docs" / "imixer.md",
+    "hyperbf": ROOT / "docs" / "hyperbf.md",
+    "looped-transformer": ROOT / "docs" / "mim.md",
+}
+# A source names where a row comes from (docs/development.md, "Contributing"): a paper's table or section, the
+# authors' released checkpoint, or "ours: <why>" for a setting of this package's own.
+CITATION = re.compile(r"\bTable \d+|§\d|CBMM memo \d+|the authors' released checkpoint")
 
 
 def test_every_family_has_one_table_and_from_preset_reads_it():
@@ -30,6 +44,28 @@ def test_every_family_has_one_table_and_from_preset_reads_it():
             config = config_class.from_preset(name, **data)
             differs = {k: (getattr(config, k), v) for k, v in fields.items() if getattr(config, k) != v}
             assert not differs, f"{config_class.__name__}.from_preset({name!r}): (config, table) {differs}"
+
+
+@pytest.mark.parametrize("model_type", sorted(TABLES))
+def test_every_preset_row_cites_its_source_and_is_listed_in_its_family_doc(model_type):
+    sources = getattr(presets_module, "PRESET_SOURCES", {}).get(model_type, {})
+    names = set(TABLES[model_type])
+    assert set(sources) == names, (
+        f"{model_type}: presets without a source {sorted(names - set(sources))}, "
+        f"sources without a preset {sorted(set(sources) - names)} (energyformers/presets.py, PRESET_SOURCES)"
+    )
+    uncited = {
+        name: source
+        for name, source in sources.items()
+        if not (CITATION.search(source) or re.fullmatch(r"ours: \S.{9,}", source))
+    }
+    assert not uncited, (
+        f"{model_type}: sources that name no table, section or release and are not 'ours: <why>': {uncited}"
+    )
+    doc = FAMILY_DOCS[model_type]
+    text = doc.read_text(encoding="utf-8")
+    unlisted = sorted(name for name in names if f"`{name}`" not in text)
+    assert not unlisted, f"{model_type}: presets not listed as `name` in {doc.relative_to(ROOT)}: {unlisted}"
 
 
 @pytest.mark.parametrize("model_type", sorted(CONFIGS))
