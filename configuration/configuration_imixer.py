@@ -118,6 +118,9 @@ class _CheckedConfig:
       which bypasses `__init__`: a bad override raises the constructor's `ValueError` before any weights are read.
     * `validate` runs the checks on the config as it is now; transformers' `save_pretrained` calls it, and so do
       the model classes when they are built, so a config edited by attribute assignment is refused there too.
+    * `update` and `update_from_string` (transformers' bulk edits) check at once: a refused value raises the
+      constructor's `ValueError` and changes nothing. A single attribute assignment is not checked (a cross-field
+      rule may need two); the models read their choice fields through a table that refuses an unknown value.
     * `save_pretrained` keeps an exported folder whole: a config read from an export (it has `auto_map`) first has
       `folder_code_writer` write that folder's remote code beside it, so `auto_map` and `custom_pipelines` never
       name files the saved folder lacks (transformers' `custom_object_save` does this only for classes loaded as
@@ -133,6 +136,30 @@ class _CheckedConfig:
         loaded = super().from_dict(config_dict, **kwargs)  # (config, unused kwargs) with return_unused_kwargs
         (loaded[0] if isinstance(loaded, tuple) else loaded).validate()
         return loaded
+
+    def update(self, config_dict: dict[str, Any]) -> None:
+        """transformers' `update` (attribute assignment of every key), then the checks, all or nothing: a refused
+        value raises the constructor's `ValueError` and leaves every field as it was."""
+        self._apply_checked(lambda: super(_CheckedConfig, self).update(config_dict))
+
+    def update_from_string(self, update_str: str) -> None:
+        """transformers' `update_from_string` (`"a=1,b=x"`, each value parsed as the type of the field's current
+        value), then the checks, all or nothing as `update`."""
+        self._apply_checked(lambda: super(_CheckedConfig, self).update_from_string(update_str))
+
+    def _apply_checked(self, apply: Callable[[], None]) -> None:
+        """Run `apply` (attribute assignments), then `validate`; on any error restore the fields as they were and
+        re-raise. The checks run once, after every assignment, because a cross-field rule may need two new values
+        (hidden_size and num_attention_heads) that no single assignment could satisfy alone; they are not run on
+        each `setattr`, which transformers' own `__init__` and `from_dict` use field by field."""
+        before = dict(vars(self))  # every field, the label maps and the attention implementation included
+        try:
+            apply()
+            self.validate()
+        except BaseException:  # nothing half-applied, whatever stopped it (a parse error, an interrupt)
+            vars(self).clear()
+            vars(self).update(before)
+            raise
 
     def validate(self) -> None:
         """transformers' own checks (architectures, layer types, RoPE, token ids; where this transformers has

@@ -124,7 +124,8 @@ def route_main_input(
     backbone's `main_input_name` is `input_ids`, so `model(ids)` puts the ids in the first slot: integer ids there,
     with no `input_ids`, move to `input_ids`. Pixels given to a sequence backbone stay where they are and are
     rejected by name."""
-    if config.input_type == "sequence" and input_ids is None and pixel_values is not None:
+    tokens = config_choice(config, "input_type", {"image": False, "sequence": True})
+    if tokens and input_ids is None and pixel_values is not None:
         if not (pixel_values.is_floating_point() or pixel_values.is_complex()):
             return None, pixel_values
     return pixel_values, input_ids
@@ -138,7 +139,7 @@ def _check_inputs(
     attention_mask: torch.Tensor | None,
 ) -> None:
     """Exactly the input kind of `config.input_type`, with the shapes and dtypes the embeddings read."""
-    if config.input_type == "image":
+    if config_choice(config, "input_type", {"image": True, "sequence": False}):
         if pixel_values is None or input_ids is not None or inputs_embeds is not None:
             raise ValueError(
                 "this model takes images (config.input_type='image'): pass pixel_values, "

@@ -202,7 +202,8 @@ def route_main_input(
     backbone's `main_input_name` is `input_ids`, so `model(ids)` puts the ids in the first slot: integer ids there,
     with no `input_ids`, move to `input_ids`. Pixels given to a sequence backbone stay where they are and are
     rejected by name."""
-    if config.input_type == "sequence" and input_ids is None and pixel_values is not None:
+    tokens = config_choice(config, "input_type", {"image": False, "sequence": True})
+    if tokens and input_ids is None and pixel_values is not None:
         if not (pixel_values.is_floating_point() or pixel_values.is_complex()):
             return None, pixel_values
     return pixel_values, input_ids
@@ -216,7 +217,7 @@ def _check_inputs(
     attention_mask: torch.Tensor | None,
 ) -> None:
     """Exactly the input kind of `config.input_type`, with the shapes and dtypes the embeddings read."""
-    if config.input_type == "image":
+    if config_choice(config, "input_type", {"image": True, "sequence": False}):
         if pixel_values is None or input_ids is not None or inputs_embeds is not None:
             raise ValueError(
                 "this model takes images (config.input_type='image'): pass pixel_values, "
@@ -518,6 +519,10 @@ ALL_ATTENTION_FUNCTIONS = BiSoftmaxAttentionInterface()
 DEFAULT_ATTN_IMPLEMENTATION = "eager"
 
 
+# Whether each `attention_energy` is the bi-softmax, the one energy the fused implementations compute.
+COMPUTES_BISOFTMAX: dict[str, bool] = {"bisoftmax": True, "sigmoid": False, "linear": False}
+
+
 def check_attn_implementation(config: HyperSetConfig, requested: str) -> None:
     """A ValueError saying why the implementation `requested` cannot run for `config` on this machine, if it cannot."""
     valid = ALL_ATTENTION_FUNCTIONS.valid_keys()
@@ -533,7 +538,7 @@ def check_attn_implementation(config: HyperSetConfig, requested: str) -> None:
             f'Specified `attn_implementation="{requested}"` is not supported by Hyper-SET. The only possible '
             f"arguments are {names}, or None for the default{missing}."
         )
-    if requested != "eager" and config.attention_energy != "bisoftmax":
+    if requested != "eager" and not config_choice(config, "attention_energy", COMPUTES_BISOFTMAX):
         raise ValueError(
             f"Hyper-SET: attn_implementation={requested!r} computes the bi-softmax; "
             f"attention_energy={config.attention_energy!r} runs only with attn_implementation='eager'."
@@ -857,7 +862,16 @@ class HyperSetStepSizes(nn.Module):
     def constant_over_iterations(config: HyperSetConfig) -> bool:
         """Whether α, γ are the same at every iteration and layer: conditioned on the embedded input, with one
         condition c for all t (the Sudoku preset). The model then computes them once per forward."""
-        return config.step_size_condition == "input" and config.iteration_conditioning == "none"
+        on_input = config_choice(config, "step_size_condition", {"current": False, "input": True})
+        one_condition = config_choice(
+            config, "iteration_conditioning", {"none": True, "sinusoidal": False, "sinusoidal-no-mlp": False}
+        )
+        return on_input and one_condition
+
+
+# The values of the config's depth-schedule fields, in its order (`config_choice` lists them when it refuses one).
+ITERATION_SAMPLING: tuple[str, ...] = ("fixed", "uniform", "poisson-lognormal")
+DEEP_SUPERVISION: tuple[str, ...] = ("last", "all", "every", "random")
 
 
 def sample_num_iterations(config: HyperSetConfig, draw: int) -> int:
@@ -867,11 +881,12 @@ def sample_num_iterations(config: HyperSetConfig, draw: int) -> int:
     depth at the same step. `"poisson-lognormal"` (Geiping et al., *Scaling up Test-Time Compute with Latent
     Reasoning*): τ ~ N(log(T − 1) − σ²/2, σ), depth = 1 + Poisson(e^τ), mean T; clipped to the range.
     """
+    mode = config_choice(config, "iteration_sampling", {name: name for name in ITERATION_SAMPLING})
     low, high = config.iteration_range
-    if config.iteration_sampling == "fixed":
+    if mode == "fixed":
         return config.num_iterations
     generator = torch.Generator().manual_seed(draw)
-    if config.iteration_sampling == "uniform":
+    if mode == "uniform":
         return int(torch.randint(low, high + 1, (1,), generator=generator))
     sigma, rate = config.iteration_sampling_sigma, max(config.num_iterations - 1, 1e-6)
     tau = torch.normal(math.log(rate) - sigma**2 / 2, sigma, (1,), generator=generator)
@@ -889,7 +904,8 @@ def supervised_iterations(
     count, so every process of a distributed run supervises the same iterations) in a stream of its own (seed
     2**32 + draw: the depth draw of the same forward uses seed `draw`).
     """
-    mode, last = config.deep_supervision, num_iterations
+    mode = config_choice(config, "deep_supervision", {name: name for name in DEEP_SUPERVISION})
+    last = num_iterations
     if mode == "all":
         return list(range(1, last + 1))
     if mode == "every":
@@ -906,11 +922,8 @@ def supervised_iterations(
 
 def supervision_weights(config: PreTrainedConfig, iterations: list[int]) -> list[float]:
     """The weights of `iterations`' losses (sum 1): equal (`"uniform"`) or proportional to t (`"linear"`)."""
-    raw = (
-        [1.0] * len(iterations)
-        if config.deep_supervision_weights == "uniform"
-        else [float(t) for t in iterations]
-    )
+    linear = config_choice(config, "deep_supervision_weights", {"uniform": False, "linear": True})
+    raw = [float(t) for t in iterations] if linear else [1.0] * len(iterations)
     total = sum(raw)
     return [value / total for value in raw]
 
@@ -928,7 +941,10 @@ def _supervision_step(
     head on the states after the supervised iterations of the last layer (`supervised_iterations`, `draw` seeding a
     random subset), else the loss of the returned logits alone."""
     config = head.config
-    supervise = labels is not None and head.training and config.deep_supervision != "last"
+    beyond_last = config_choice(
+        config, "deep_supervision", {name: name != "last" for name in DEEP_SUPERVISION}
+    )
+    supervise = labels is not None and head.training and beyond_last
     if supervise:  # the per-iteration states; kept by autograd in training anyway
         backbone_inputs = {**backbone_inputs, "output_hidden_states": True}
     outputs = backbone(**backbone_inputs, return_dict=True)
@@ -1040,7 +1056,10 @@ def classify_with_deep_supervision(
             "with it (config.halting_head=True, supervision_steps > 1) in eval mode."
         )
     # one depth, and one random-subset draw, per forward: every process counts the same draws (RecurrentDepthMixin)
-    random_subset = labels is not None and head.training and config.deep_supervision == "random"
+    random_mode = config_choice(
+        config, "deep_supervision", {name: name == "random" for name in DEEP_SUPERVISION}
+    )
+    random_subset = labels is not None and head.training and random_mode
     first_draw = backbone.iteration_draws
     requested = backbone_inputs.get("num_iterations")
     num_iterations = backbone._num_iterations(requested)
@@ -1377,8 +1396,13 @@ class RecurrentDepthMixin:
     def _num_iterations(self, requested: int | None) -> int:
         """This call's T: the request, else a depth drawn by `iteration_sampling` (training), else the config's."""
         if requested is None:
-            random_subset = self.config.deep_supervision == "random"
-            if not self.training or (self.config.iteration_sampling == "fixed" and not random_subset):
+            random_subset = config_choice(
+                self.config, "deep_supervision", {name: name == "random" for name in DEEP_SUPERVISION}
+            )
+            fixed = config_choice(
+                self.config, "iteration_sampling", {name: name == "fixed" for name in ITERATION_SAMPLING}
+            )
+            if not self.training or (fixed and not random_subset):
                 return self.config.num_iterations
             self.iteration_draws += 1
             return sample_num_iterations(self.config, self.iteration_draws - 1)
@@ -1509,7 +1533,7 @@ class HyperSetPreTrainedModel(PreTrainedModel):
 
     def _warn_if_maps_need_eager(self, output_attentions: bool) -> None:
         if output_attentions and self.config._attn_implementation not in (None, "eager"):
-            if self.config.attention_energy == "bisoftmax":
+            if config_choice(self.config, "attention_energy", COMPUTES_BISOFTMAX):
                 logger.warning_once(
                     f"Hyper-SET: attn_implementation={self.config._attn_implementation!r} returns no attention "
                     "maps; this call with output_attentions=True runs the eager path. Load the model with "
@@ -1657,9 +1681,11 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             inputs_embeds=inputs_embeds,
         )
         embedded = hidden_states
+        # read once per forward, not per iteration: the step sizes' condition x₀ (the input) or the state
+        on_input = config_choice(self.config, "step_size_condition", {"current": False, "input": True})
         if initial_state is not None:
             hidden_states = check_initial_state(initial_state, embedded)
-        elif self.config.step_size_condition == "input" or self.config.input_anchor:
+        elif on_input or self.config.input_anchor:
             # the iterations read x₀ beside the state; torch.compile reuses one traced iteration for all of them,
             # which goes wrong when x₀ and the state are one tensor at the first call and two after it
             hidden_states = hidden_states.clone()
@@ -1692,6 +1718,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                     real_tokens,
                     iteration_conditions,
                     fixed_step_sizes,
+                    on_input,
                     *halting,
                 )
                 iterations_used += used
@@ -1700,7 +1727,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                 continue
             records = [self._diagnostics(layer, hidden_states, real_tokens)] if output_energies else None
             for t in range(num_iterations):
-                source = embedded if self.config.step_size_condition == "input" else hidden_states
+                source = embedded if on_input else hidden_states
                 source = None if fixed_step_sizes is not None else source  # [α | γ] given: not read
                 # truncated backpropagation through depth: only the last k of the L·T iterations build a graph
                 with self._iteration_grad(index, t, num_iterations, backprop_iterations, len(self.layers)):
@@ -1764,6 +1791,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         real_tokens: torch.Tensor,
         iteration_conditions: torch.Tensor,
         fixed_step_sizes: torch.Tensor | None,
+        on_input: bool,
         tolerance: float,
         criterion: str,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1780,7 +1808,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         energy = self._energy(layer, hidden_states, real_tokens) if criterion == "energy" else None
         for condition in iteration_conditions:
             current, tokens = hidden_states[active], real_tokens[active]  # (A, N, d), (A, N)
-            source = embedded[active] if self.config.step_size_condition == "input" else current
+            source = embedded[active] if on_input else current
             updated, _ = layer(
                 current,
                 condition,

@@ -122,7 +122,8 @@ def route_main_input(
     backbone's `main_input_name` is `input_ids`, so `model(ids)` puts the ids in the first slot: integer ids there,
     with no `input_ids`, move to `input_ids`. Pixels given to a sequence backbone stay where they are and are
     rejected by name."""
-    if config.input_type == "sequence" and input_ids is None and pixel_values is not None:
+    tokens = config_choice(config, "input_type", {"image": False, "sequence": True})
+    if tokens and input_ids is None and pixel_values is not None:
         if not (pixel_values.is_floating_point() or pixel_values.is_complex()):
             return None, pixel_values
     return pixel_values, input_ids
@@ -136,7 +137,7 @@ def _check_inputs(
     attention_mask: torch.Tensor | None,
 ) -> None:
     """Exactly the input kind of `config.input_type`, with the shapes and dtypes the embeddings read."""
-    if config.input_type == "image":
+    if config_choice(config, "input_type", {"image": True, "sequence": False}):
         if pixel_values is None or input_ids is not None or inputs_embeds is not None:
             raise ValueError(
                 "this model takes images (config.input_type='image'): pass pixel_values, "
@@ -1072,11 +1073,16 @@ class IMixerModel(IMixerPreTrainedModel):
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
         )
-        if self.training and self.config.spectral_norm_schedule != "per_call":
+        # None: "per_call" (refined inside the solve); else whether only a changed W is refined
+        changed_only = config_choice(
+            self.config,
+            "spectral_norm_schedule",
+            {"per_forward": False, "per_call": None, "per_optimizer_step": True},
+        )
+        if self.training and changed_only is not None:
             # Power iteration once per forward (or per weight update), before any block: all fixed-point steps of
             # this forward use one W_eff, and a gradient-checkpointing recompute of a block sees the same u, v as
             # its forward. ("per_call", the authors' schedule, refines at every step inside the solve instead.)
-            changed_only = self.config.spectral_norm_schedule == "per_optimizer_step"
             for layer in self.layers:
                 layer.token_mixing.update_spectral_norms(only_if_changed=changed_only)
 

@@ -1,7 +1,8 @@
 """A config is checked however it was made, not only by `__init__`: keyword overrides at load time (transformers'
 `from_dict` applies them by attribute assignment, after `__init__`), a config edited by attribute assignment and then
-given to a model or saved, and the model-side reads of choice fields (a table lookup, never an `else` that runs
-another model). Also the message of a head called without inputs, for every family and the looped baseline."""
+given to a model or saved, bulk edits (`update`, `update_from_string`: checked at once, all or nothing), and the
+model-side reads of choice fields after the build (a table lookup, never an `else` that runs another model). Also the
+message of a head called without inputs, for every family and the looped baseline."""
 
 from __future__ import annotations
 
@@ -216,6 +217,113 @@ def test_activation_is_a_lookup_that_refuses_an_unknown_name(module, config):
         )
         with pytest.raises(ValueError, match=invalid(type(edited), "hidden_act", value, allowed)):
             module(edited)
+
+
+# ---------------------------------------------------------------- bulk edits: update() and update_from_string()
+
+# BAD_OVERRIDES as update_from_string can spell them: it parses a value as the type of the field's current value, and
+# halting_tolerance is None by default (no type to parse as; transformers refuses the key with a TypeError).
+STRING_OVERRIDES = [row for row in BAD_OVERRIDES if row[1] != "halting_tolerance"]
+
+
+@pytest.mark.parametrize(("family", "name", "value", "allowed"), BAD_OVERRIDES)
+def test_update_refuses_a_bad_value_and_changes_nothing(family, name, value, allowed):
+    """transformers' `update` assigns key by key; ours checks after the last one and, refused, restores every field
+    (the good value applied before the bad one included)."""
+    config = FAMILIES[family].config()
+    before = config.to_dict()
+    good_name, good_value = FAMILIES[family].good
+    with pytest.raises(ValueError, match=invalid(type(config), name, value, allowed)):
+        config.update({good_name: good_value, name: value})
+    assert config.to_dict() == before, {k: v for k, v in config.to_dict().items() if before.get(k) != v}
+
+
+@pytest.mark.parametrize(("family", "name", "value", "allowed"), STRING_OVERRIDES)
+def test_update_from_string_refuses_a_bad_value_and_changes_nothing(family, name, value, allowed):
+    config = FAMILIES[family].config()
+    before = config.to_dict()
+    good_name, good_value = FAMILIES[family].good
+    with pytest.raises(ValueError, match=invalid(type(config), name, value, allowed)):
+        config.update_from_string(f"{good_name}={good_value},{name}={value}")
+    assert config.to_dict() == before, {k: v for k, v in config.to_dict().items() if before.get(k) != v}
+
+
+@cases(list(FAMILIES.values()))
+def test_update_applies_good_values_and_those_a_cross_field_rule_needs_together(case):
+    """Checked once after all assignments: hidden_size=18 alone breaks "divisible by num_attention_heads" (4 or 2),
+    as does num_attention_heads=3 alone (hidden_size 16 or 32); together they are valid."""
+    config = case.config()
+    name, value = case.good
+    config.update({name: value})
+    assert getattr(config, name) == value
+    config.update({"hidden_size": 18, "num_attention_heads": 3})
+    assert (config.hidden_size, config.num_attention_heads) == (18, 3)
+    config.update_from_string("hidden_size=20,num_attention_heads=5")
+    assert (config.hidden_size, config.num_attention_heads) == (20, 5)
+
+
+# ---------------------------------------------------------------- choice fields edited after the model was built
+
+
+@dataclasses.dataclass(frozen=True)
+class Edit:
+    """A choice field set to a typo on `model.config` after the build, and the call that reads it."""
+
+    family: str
+    name: str
+    choices: tuple[str, ...]
+    train: bool = False  # a training forward with labels (the depth schedule and deep supervision read there)
+    build: tuple[tuple[str, object], ...] = ()  # config overrides under which the field is read at all
+
+    def __str__(self) -> str:
+        return f"{self.family}-{self.name}"
+
+
+EDITS = [
+    *(Edit(family, "input_type", ("image", "sequence")) for family in FAMILIES),
+    Edit("hyperset", "step_size_condition", ("current", "input")),
+    Edit("hyperset", "iteration_conditioning", ("none", "sinusoidal", "sinusoidal-no-mlp")),
+    *(
+        Edit(family, "iteration_sampling", ("fixed", "uniform", "poisson-lognormal"), train=True)
+        for family in ("hyperset", "looped-transformer")
+    ),
+    *(
+        Edit(family, "deep_supervision", ("last", "all", "every", "random"), train=True)
+        for family in ("hyperset", "looped-transformer")
+    ),
+    Edit(
+        "hyperset",
+        "deep_supervision_weights",
+        ("uniform", "linear"),
+        train=True,
+        build=(("deep_supervision", "all"),),
+    ),
+    Edit("imixer", "spectral_norm_schedule", ("per_forward", "per_call", "per_optimizer_step"), train=True),
+]
+
+
+@cases(EDITS)
+def test_a_choice_field_edited_after_the_build_raises_in_forward(case):
+    """A typo (here "bogus") on `model.config` after the build, when the checks of build and save have run, is not
+    read as whatever the `else` of an `if field == ...` runs: the forward raises, naming the field, the value and
+    the choices."""
+    torch.manual_seed(0)
+    model = FAMILIES[case.family].head(FAMILIES[case.family].config(**dict(case.build))).train(case.train)
+    setattr(model.config, case.name, "bogus")
+    labels = torch.tensor([0, 1]) if case.train else None
+    allowed = f"expected one of {list(case.choices)}"
+    with pytest.raises(ValueError, match=invalid(type(model.config), case.name, "bogus", allowed)):
+        model(pixel_values=pixels(model.config), labels=labels)
+
+
+def test_attention_energy_edited_after_the_build_is_refused_when_the_implementation_is_switched():
+    """transformers' `set_attn_implementation` runs after the build: the check of the fused implementations reads
+    `attention_energy` through its table, so a typo is named as one, not taken for a non-bi-softmax energy."""
+    model = HyperSetForImageClassification(hyperset_config("image"))
+    model.config.attention_energy = "bogus"
+    allowed = "expected one of ['bisoftmax', 'sigmoid', 'linear']"
+    with pytest.raises(ValueError, match=invalid(HyperSetConfig, "attention_energy", "bogus", allowed)):
+        model.set_attn_implementation("sdpa")
 
 
 # ---------------------------------------------------------------- a head called without inputs
