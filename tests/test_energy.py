@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
@@ -216,7 +215,6 @@ class DigitsClassifier(nn.Module):
 
 def test_a_tiny_classifier_with_energy_attention_learns_digits():
     datasets = pytest.importorskip("sklearn.datasets")
-    start = time.perf_counter()
     digits = datasets.load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32) / 16.0
     labels = torch.tensor(digits.target)
@@ -235,7 +233,6 @@ def test_a_tiny_classifier_with_energy_attention_learns_digits():
     with torch.no_grad():
         accuracy = (model(images[test]).argmax(-1) == labels[test]).float().mean().item()
     assert accuracy > 0.8, f"held-out accuracy {accuracy:.3f} (chance 0.1)"
-    assert time.perf_counter() - start < 20
 
 
 def test_energies_are_measured_outside_a_bfloat16_autocast():

@@ -1,4 +1,4 @@
-"""iMixer's token mixer as an implicit layer (issue 15): solvers, gradients, contractivity, ablations, schedules.
+"""iMixer's token mixer as an implicit layer: solvers, gradients, contractivity, ablations, schedules.
 
 Float64 throughout where numbers are compared: every solver reaches the same fixed point, the implicit gradient
 matches autograd through a long converged unrolled solve and finite differences, and the phantom gradient
