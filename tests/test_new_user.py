@@ -147,7 +147,7 @@ def test_bad_numbers_fail_before_any_work_and_leave_nothing(tmp_path, capsys, mo
     status = LOOPS[loop](
         [*QUICK, "--output_dir", str(runs / "m"), flag, value]
     )  # the bad value last: it wins
-    assert started == [], f"{loop} started a run with {flag} {value}"
+    assert not started, f"{loop} started a run with {flag} {value}"
     assert status == 2, status
     assert named in only_line(capsys.readouterr().err)
     assert_nothing_written(runs)
