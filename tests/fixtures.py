@@ -289,6 +289,17 @@ def assert_same_structure_and_tensors(got: Any, expected: Any, path: str = "out"
 # ------------------------------------------------------------------ tolerances from dtype and magnitude
 
 
+def rounding(dtype: torch.dtype, roundings: float, magnitude: float = 1.0) -> float:
+    """A bound on the rounding error of a `dtype` result: `roundings` units in the last place of `magnitude`.
+
+    Each float operation rounds by at most eps/2 relative to its result, so `roundings` (the count of rounded
+    operations whose errors can add up: the length of a sum, the depth of a chain of layers) times eps times the
+    size of the largest quantity in the computation bounds what two orders of the same computation may differ by.
+    Callers state the count and the magnitude in a comment next to the call.
+    """
+    return roundings * torch.finfo(dtype).eps * magnitude
+
+
 def labelled(name: str) -> Callable[[str], str]:
     """`msg=` for `torch.testing.assert_close` that names the tensor and keeps torch's message with the numbers."""
     return lambda default: f"{name}: {default}"

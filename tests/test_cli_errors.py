@@ -2,7 +2,7 @@
 
 Bad input is one line `energyformers <command>: error: ...` on stderr and exit status 2, answered before torch
 or the models are imported; a failure of the work itself is status 1; an interruption is 130. Also the
-test-time depth flags of `predict`, and the defects of bad paths found by a new user (issue 22).
+test-time depth flags of `predict`, and bad paths (missing, empty, wrong kind) named in the error.
 """
 
 from __future__ import annotations

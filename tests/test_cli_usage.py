@@ -1,5 +1,5 @@
-"""Rough edges of `energyformers predict` / `inspect` found by a user audit, each answered as the error convention
-wants (`training/cli.py`): one line `energyformers <command>: error: ...`, status 2, before the model loads.
+"""Mistakes a user makes with `energyformers predict` / `inspect`, each answered as the error convention wants
+(`training/cli.py`): one line `energyformers <command>: error: ...`, status 2, before the model loads.
 
 The cases that need no torch at all are in `test_cli_errors.bad_inputs` (one subprocess checks that none of them
 imports torch); these are the ones that build a model folder or need a loaded config.

@@ -341,7 +341,7 @@ def test_sudoku_fixture_converts_to_the_authors_outputs(converted, dtype):
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_mim_fixture_converts_to_the_authors_outputs(converted, dtype):
     """`--source hyperset-mim` on the authors' `hyperset_mim` run: float64 logits within 1e-10 of theirs, float32
-    within 1e-5 (absolute, the issue's acceptance), through the Auto class of the folder."""
+    within 1e-5 (absolute), through the Auto class of the folder."""
     from transformers import AutoModelForMaskedImageModeling
 
     folder = converted("hyperset-mim", dtype)

@@ -251,7 +251,7 @@ def test_released_mim_file_converts_with_one_command(tmp_path, capsys):
 def test_authors_mim_fixture_in_the_released_layout_verifies(dtype, tolerance, tmp_path, capsys):
     """The authors' `hyperset_mim` tensors saved as `mim/trainer.py` saves them (`model_state_dict`, `module.`,
     optimizer state), read without --trust-pickle: the converted folder's logits on the authors' input are theirs
-    (the issue's acceptance: float64 within 1e-10, float32 within 1e-5, absolute)."""
+    (float64 within 1e-10, float32 within 1e-5, absolute: see the tolerance's comment)."""
     from transformers import AutoModelForMaskedImageModeling
 
     fixture = FIXTURES / "hyperset_mim.safetensors"

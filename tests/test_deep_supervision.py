@@ -1,5 +1,5 @@
-"""Deep supervision over iterations (issue 24; ../shared/specs/deep-supervision.md): the head of Hyper-SET and of
-the looped baseline applied after several iterations in training, the loss the weighted mean of their losses."""
+"""Deep supervision over iterations (docs/hyperset.md): the head of Hyper-SET and of the looped baseline
+applied after several iterations in training, the loss the weighted mean of their losses."""
 
 from __future__ import annotations
 

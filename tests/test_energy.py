@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
 import torch.nn.functional as F
+from fixtures import assert_close_to_scale, rounding
 from torch import nn
 
 from energyformers.energy import (
@@ -53,9 +53,10 @@ def test_one_unit_gradient_step_on_the_bare_energy_is_softmax_attention(kind, ma
     xi = state.clone().requires_grad_(True)
     (gradient,) = torch.autograd.grad(hopfield_energy(xi, stored, beta, heads, mask).sum(), xi)
     expected = softmax_attention(state, stored, stored, heads, beta, mask)
-    torch.testing.assert_close(state - 1.0 * gradient, expected, rtol=0, atol=1e-10)
+    # float64 softmax-weighted sums over the stored patterns, in another order: tens of ulps of the scale
+    assert_close_to_scale(state - 1.0 * gradient, expected, rounding(D, 64), "one descent step")
     closed_form, weights = hopfield_gradient(state, stored, beta, heads, mask)
-    torch.testing.assert_close(closed_form, gradient, rtol=0, atol=1e-10)
+    assert_close_to_scale(closed_form, gradient, rounding(D, 64), "closed-form gradient")
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, heads, 5, dtype=D))
 
 
@@ -72,7 +73,7 @@ def test_key_padding_and_per_head_beta_match_attention_and_fully_masked_states_d
         expected = softmax_attention(
             state[..., part], stored[..., part], stored[..., part], 1, b, keep[:, None, None, :]
         )
-        torch.testing.assert_close((state - gradient)[..., part], expected, rtol=0, atol=1e-10)
+        assert_close_to_scale((state - gradient)[..., part], expected, rounding(D, 64), f"head part {part}")
     # a state that sees no pattern has no energy and no gradient (no NaN)
     mask = torch.ones(2, 1, 4, 6, dtype=torch.bool)
     mask[0, 0, 2] = False
@@ -216,7 +217,6 @@ class DigitsClassifier(nn.Module):
 
 def test_a_tiny_classifier_with_energy_attention_learns_digits():
     datasets = pytest.importorskip("sklearn.datasets")
-    start = time.perf_counter()
     digits = datasets.load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32) / 16.0
     labels = torch.tensor(digits.target)
@@ -235,7 +235,6 @@ def test_a_tiny_classifier_with_energy_attention_learns_digits():
     with torch.no_grad():
         accuracy = (model(images[test]).argmax(-1) == labels[test]).float().mean().item()
     assert accuracy > 0.8, f"held-out accuracy {accuracy:.3f} (chance 0.1)"
-    assert time.perf_counter() - start < 20
 
 
 def test_energies_are_measured_outside_a_bfloat16_autocast():

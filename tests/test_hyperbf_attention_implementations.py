@@ -1,4 +1,4 @@
-"""HyperBF on flash kernels (issue 13, kernels.md "HyperBF units are attention with a per-key bias").
+"""HyperBF on flash kernels (docs/hyperbf.md): each unit is attention with a per-key bias.
 
 Both HyperBF units are attention with a per-key bias: the Gaussian attention (bias −τ‖k‖²) and the normalized
 RBF feedforward (cross-attention from Wx to the projected centers Wt_α, values c_α, bias −‖Wt_α‖²/2σ²). `eager`

@@ -1,4 +1,4 @@
-"""Loading a checkpoint whose weights file is unreadable names the file and says what is wrong (issue 22, 5b).
+"""Loading a checkpoint whose weights file is unreadable names the file and says what is wrong.
 
 Every family's heads and base models (tests/fixtures.py `Case`s) and the looped-Transformer baseline's, through the
 model class and through the Auto class the family registers it with.

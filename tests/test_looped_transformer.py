@@ -1,4 +1,4 @@
-"""The looped-Transformer baseline (specs/recurrent-depth.md): one weight-tied pre-norm layer iterated T times
+"""The looped-Transformer baseline (docs/hyperset.md): one weight-tied pre-norm layer iterated T times
 between Hyper-SET's embeddings and head, registered with the Auto classes but not exported (not in FAMILIES)."""
 
 from __future__ import annotations

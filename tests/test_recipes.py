@@ -1,4 +1,4 @@
-"""The papers' recipes in both training loops (issue 14, section 2): `--recipe` and the augmentation flags run end
+"""The papers' recipes in both training loops: `--recipe` and the augmentation flags run end
 to end on fashion_mnist (short CI variant with `--max_steps`), the augmentation changes the training batches
 (and only those), the loss uses the soft targets, and the preprocessing saved with the model is unchanged.
 """
@@ -157,7 +157,7 @@ def test_deit_recipe_holds_exactly_the_deit_values():
 def test_deit_recipe_alone_augments_training_batches_but_not_the_saved_preprocessing(
     tmp_path, fashion_mnist, spy, capsys, loop
 ):
-    """The CI variant of issue 14: `--recipe deit --max_steps 2` with no augmentation flag of its own."""
+    """The short CI run of the DeiT recipe: `--recipe deit --max_steps 2` with no augmentation flag of its own."""
     common = ["--dataset", fashion_mnist, "--config", *cli_config("hyperset"), *SHORT]
     out = tmp_path / "deit"
     assert LOOPS[loop]([*common, "--recipe", "deit", "--output_dir", str(out)]) == 0
@@ -252,7 +252,7 @@ def test_lr_floor_and_cooldown_reach_both_loops(tmp_path):
     assert rates["train"] == pytest.approx(expected) and rates["train-accelerate"] == pytest.approx(expected)
 
 
-# ------------------------------------------------------------------ the papers' own recipes (recipes.md)
+# ------------------------------------------------------------------ the papers' own recipes (training/recipes.py)
 # A value's comment must name its source: a table / section / appendix of a paper, the memo, a config file, or
 # DeiT's Table 9 / main.py; a value a paper does not give says "not given" and names what is filled in.
 CITATION = re.compile(

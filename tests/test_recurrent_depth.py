@@ -1,5 +1,5 @@
 """Hyper-SET's recurrent depth: time-invariant iterations, random-depth training, truncated backpropagation
-through depth and adaptive halting (issue 11; ../shared/specs/recurrent-depth.md)."""
+through depth and adaptive halting (docs/hyperset.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Test-time search (issue 24, item 4; ../shared/specs/deep-supervision.md): K perturbed trajectories per input in
+"""Test-time search (docs/hyperset.md): K perturbed trajectories per input in
 one batched forward, one kept per sample by the lowest final energy, the highest confidence, or a valid Sudoku board;
 as model call arguments, in the pipelines and in `energyformers predict`."""
 

@@ -1,8 +1,8 @@
-"""Sudoku as a task of the training CLI (issue 11, item 5): `--dataset sudoku` (our generator) and
+"""Sudoku as a task of the training CLI: `--dataset sudoku` (our generator) and
 `--dataset sudoku-hard` (the larsdoku 4.0.0 collection), token classification with board and blank-cell
 accuracy, a saved folder that `pipeline("token-classification")` reads puzzle strings with.
 
-Short CI variants; the brief's exact command (full validation and test splits) and the paper-size preset
+Short CI variants; the full-size command (full validation and test splits) and the paper-size preset
 are `slow`.
 """
 
@@ -133,7 +133,7 @@ def test_small_split_warning_counts_what_each_sudoku_metric_counts(small_generat
 
 
 def test_sudoku_hard_short_run(hard: data.DatasetDict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """The brief's command (reduced model, 64 puzzles, 3 steps), with small validation/test subsets."""
+    """The documented Sudoku command (reduced model, 64 puzzles, 3 steps), with small validation/test subsets."""
     out = tmp_path / "sudoku"
     argv = [
         "--model", "hyperset", "--dataset", "sudoku-hard", "--preset", "sudoku", "--config", *REDUCED,
@@ -183,7 +183,7 @@ def test_sudoku_needs_a_token_classification_head(
 
 @pytest.mark.slow
 def test_sudoku_hard_brief_command(hard: data.DatasetDict, tmp_path: Path) -> None:
-    """Exactly the brief's command: full 1,000-puzzle validation and 10,000-puzzle test split (15–60 s)."""
+    """The documented Sudoku command as is: full 1,000-puzzle validation and 10,000-puzzle test split (15–60 s)."""
     out = tmp_path / "sudoku"
     argv = [
         "--model", "hyperset", "--dataset", "sudoku-hard", "--preset", "sudoku", "--config", *REDUCED,

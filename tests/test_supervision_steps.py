@@ -1,6 +1,6 @@
-"""Supervision steps with a detached carry and the learned halting head (issue 24, item 2;
-../shared/specs/deep-supervision.md): S outer steps of T iterations, the state carried between steps without
-gradient, a loss per step averaged over steps, and a halting classifier that stops a sample's steps at inference."""
+"""Supervision steps with a detached carry and the learned halting head (docs/hyperset.md): S outer steps of T
+iterations, the state carried between steps without gradient, a loss per step averaged over steps, and a halting
+classifier that stops a sample's steps at inference."""
 
 from __future__ import annotations
 

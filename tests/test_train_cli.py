@@ -1,4 +1,4 @@
-"""`energyformers train` (Trainer CLI) and `energyformers predict`: short CI versions of the issue's checks.
+"""`energyformers train` (Trainer CLI) and `energyformers predict`: short CI versions of the end-to-end checks.
 
 Every family in `energyformers.FAMILIES` trains for two steps on a tiny subset of an image and a text
 dataset, and the saved folder reloads through `pipeline` in this process and in a fresh one. Runs go

@@ -1,4 +1,4 @@
-"""Recurrent-depth flags of both training loops (issue 11, items 2 and 3 of the CLI side):
+"""Recurrent-depth flags of both training loops:
 
 * `--iteration_conditioning`, `--iteration_sampling`, `--min_iterations`, `--max_iterations` and
   `--backprop_iterations` reach the saved `config.json` in `energyformers train` and `train-accelerate`;

@@ -43,7 +43,7 @@ def test_vit_is_transformers_own_model_and_is_not_registered_by_us():
 
 def test_cli_vit_is_parameter_matched_to_the_cli_hyperset():
     hyperset, vit = cli_image_parameters("hyperset"), cli_image_parameters("vit")
-    # the counts the issue and docs/training.md quote; "matched": within 5 % of each other
+    # the counts docs/training.md quotes; "matched": within 5 % of each other
     assert (hyperset, vit) == (69_890, 72_778), (hyperset, vit)
     assert abs(vit - hyperset) / hyperset < 0.05, (hyperset, vit)
 
