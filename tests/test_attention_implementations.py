@@ -37,6 +37,9 @@ IMPLEMENTATIONS = [
 HYPERSET = [case for case in ALL if case.family == "hyperset"]  # every head, both input types of the base
 # CPU always (Triton through its interpreter); CUDA where there is one, where the fused kernel is compiled for real
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+# Rounding counts are per CPU operation; on CUDA exp is approximate (ex2.approx, about 2 ulps) and cuBLAS picks its
+# own split of each sum, so a CUDA comparison allows four times the count
+ROUNDINGS_PER_OP = {"cpu": 1, "cuda": 4}
 
 
 def skip_unrunnable(name: str, device: str) -> None:
@@ -100,12 +103,13 @@ def test_float32_matches_eager(name, padded, length, head_dim, device):
     out, grads = run(name, z, scale, v, keep, grad_out)
     assert not out.isnan().any()
     # float32 sums over the N keys in another order (blocks, fused exp): tens of ulps of the largest entry
-    assert_close_to_scale(out, expected, rounding(torch.float32, 32), "output")
+    assert_close_to_scale(out, expected, rounding(torch.float32, 32 * ROUNDINGS_PER_OP[device]), "output")
     for got, want, label in zip(grads, expected_grads, "zcv"):
         # dc sums over every sample, head and token pair (B·H·N² terms); rounding errors of independent terms add
         # like the square root of their count: 8 × √(B·H·N²) ulps of the largest entry
         terms = z.shape[0] * z.shape[1] * length**2
-        assert_close_to_scale(got, want, rounding(torch.float32, 8 * math.sqrt(terms)), f"d{label}")
+        count = 8 * math.sqrt(terms) * ROUNDINGS_PER_OP[device]
+        assert_close_to_scale(got, want, rounding(torch.float32, count), f"d{label}")
     if padded and length > 1:  # sample 0 has no real token: exactly what eager gives, zeros
         assert out[0].abs().max() == 0
 
@@ -221,10 +225,11 @@ def test_every_head_gives_the_eager_result(case, name, device):
     (expected, expected_grads), (got, grads) = results["eager"], results[name]
     # float32, per unit of each tensor's largest entry (the paths sum the same terms in another order): tens of
     # ulps through one layer of two iterations; the gradients go back through all of it and sum over the batch
-    assert_close_to_scale(got, expected, rounding(torch.float32, 64), "output")
+    per_op = ROUNDINGS_PER_OP[device]
+    assert_close_to_scale(got, expected, rounding(torch.float32, 64 * per_op), "output")
     assert grads.keys() == expected_grads.keys()
     for key, grad in grads.items():
-        assert_close_to_scale(grad, expected_grads[key], rounding(torch.float32, 512), key)
+        assert_close_to_scale(grad, expected_grads[key], rounding(torch.float32, 512 * per_op), key)
 
 
 @cases(HYPERSET)
