@@ -45,6 +45,8 @@ METRIC_PREFIXES = {"validation": "eval", "test": "test", "train": "train"}
 EVAL_BATCH_SIZE = 256
 # transformers' names for labels a config was given no names for (`PreTrainedConfig`'s LABEL_0, LABEL_1, ...).
 DEFAULT_LABEL = "LABEL_{}"
+# The flags that name a dataset's columns, as `train` takes them.
+COLUMN_FLAGS = ("image_column", "text_column", "label_column")
 # How many label names a mismatch message shows of each side.
 SHOWN_LABELS = 6
 
@@ -229,7 +231,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import PrinterCallback, ProgressCallback, TrainingArguments
 
-    from .data import DataError, label_names, load_data, task_of
+    from .data import BUILTIN_DATASETS, DataError, label_names, load_data, task_of
     from .evaluation import (
         TrainerMetrics,
         argmax_logits,
@@ -249,6 +251,12 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             f"{sorted(MODEL_TYPES)}"
         )
     check_model_config(args, config.to_dict())  # again for a Hub model
+    columns = [f"--{name}" for name in COLUMN_FLAGS if getattr(args, name) is not None]
+    if columns and args.dataset in BUILTIN_DATASETS:  # load_data reads a built-in's own columns and no others
+        raise UsageError(
+            f"{columns[0]} {getattr(args, columns[0][2:])}: --dataset {args.dataset} is a built-in dataset with its "
+            "own columns; the column flags name columns of a local or Hub dataset. Drop the flag"
+        )
     data = load_data(
         args.dataset,
         image_column=args.image_column,
@@ -259,8 +267,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     task, model_task = task_of(data), task_for(config)
     if task != model_task:
         raise UsageError(
-            f"{args.model_dir} is a {model_task} model ({(config.architectures or ['?'])[0]}) and --dataset "
-            f"{args.dataset} is a {task} dataset"
+            f"{args.model_dir} is a model for {model_task} ({(config.architectures or ['?'])[0]}) and --dataset "
+            f"{args.dataset} is a dataset for {task}; evaluate it on a {model_task} dataset"
         )
     check_labels(args.model_dir, config, args.dataset, label_names(data))
     rows = data[args.split]
