@@ -42,6 +42,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "predict",
         "classify images or texts, or reconstruct masked images, with a saved model folder",
     ),
+    "evaluate": (
+        "evaluate",
+        "score a saved classifier on a dataset split (Trainer.evaluate, train's metrics)",
+    ),
     "export": ("export", "write a Hub-ready folder with remote code and a model card"),
     "push": ("push", "export and upload a model folder to the Hugging Face Hub"),
     "release": ("release", "train or take the reference checkpoints and export them under dist/"),

@@ -63,6 +63,27 @@ def task_metrics(task: str, predictions: Any, references: Any) -> dict[str, floa
     }
 
 
+@dataclass(frozen=True)
+class TrainerMetrics:
+    """`Trainer`'s `compute_metrics` for `task`: `task_metrics` on the predicted class ids that `argmax_logits`
+    kept. The one definition `energyformers train` and `energyformers evaluate` both hand to Trainer, so a split
+    scored by either reads the same."""
+
+    task: str
+
+    def __call__(self, eval_pred: Any) -> dict[str, float]:
+        predictions = eval_pred.predictions
+        if isinstance(predictions, tuple):
+            predictions = predictions[0]
+        return task_metrics(self.task, predictions, eval_pred.label_ids)
+
+
+def argmax_logits(logits: Any, labels: Any) -> Any:
+    """Trainer's `preprocess_logits_for_metrics`: keep only the predicted ids of each batch instead of all logits
+    (memory on 10k-example test sets)."""
+    return (logits[0] if isinstance(logits, tuple) else logits).argmax(-1)
+
+
 def eval_depths(model: Any, requested: list[int] | None) -> list[int]:
     """The iteration counts the training loops evaluate the head at besides its own (`depth_metrics`): the
     requested ones, else T/2, T and 2T of the model's `num_iterations`; none for a model without recurrent depth
@@ -322,6 +343,8 @@ __all__ = [
     "PLATEAU_CONSECUTIVE",
     "PLATEAU_MARGIN",
     "MaskedImageEvaluation",
+    "TrainerMetrics",
+    "argmax_logits",
     "chance_loss",
     "depth_metrics",
     "eval_depths",

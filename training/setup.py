@@ -462,9 +462,7 @@ def build(args: Arguments, state: Any) -> Built:
     """
     import torch
     import transformers
-    from transformers import DataCollatorWithPadding, default_data_collator
 
-    from .processing import cells_transform, image_transform, text_transform
     from .recipes import RECIPE_TASKS, drop_unapplied_recipe_values
 
     recipe = args.run.recipe
@@ -524,13 +522,7 @@ def build(args: Arguments, state: Any) -> Built:
         )
     if args.run.gradient_checkpointing and not model.supports_gradient_checkpointing:
         raise UsageError(f"--gradient_checkpointing: {type(model).__name__} does not support it")
-    if task == "token-classification":
-        transform, collator = cells_transform(), default_data_collator
-    elif config.input_type == "image":
-        transform, collator = image_transform(processor), default_data_collator
-    else:
-        transform = text_transform(processor, config.max_position_embeddings)
-        collator = DataCollatorWithPadding(processor)
+    transform, collator = preprocessing(task, config, processor)
     for split in data:
         data[split].set_transform(transform)
     if args.data.sudoku_augmentation:  # training split only: evaluation reads the puzzles as they are
@@ -548,6 +540,22 @@ def build(args: Arguments, state: Any) -> Built:
     return Built(
         model, data, processor, collator, task, warnings, source_columns=getattr(data, "source_columns", None)
     )
+
+
+def preprocessing(task: str, config: Any, processor: Any) -> tuple[Any, Any]:
+    """(`Dataset.set_transform` function, collator) of a classification split: the preprocessing of both training
+    loops, and of `energyformers evaluate` with the processor saved in the model folder, so a split is scored on
+    exactly the inputs training evaluated it on. Sudoku cells are already the ids; images go through the image
+    processor; texts are tokenized to the model's positions and padded per batch."""
+    from transformers import DataCollatorWithPadding, default_data_collator
+
+    from .processing import cells_transform, image_transform, text_transform
+
+    if task == "token-classification":
+        return cells_transform(), default_data_collator
+    if getattr(config, "input_type", "image") == "image":
+        return image_transform(processor), default_data_collator
+    return text_transform(processor, config.max_position_embeddings), DataCollatorWithPadding(processor)
 
 
 # --------------------------------------------------------------------------- masked image modelling
@@ -998,6 +1006,7 @@ __all__ = [
     "masked_image_modeling_config",
     "model_registry",
     "output_paths",
+    "preprocessing",
     "processor_keyword",
     "record_run_arguments",
     "resume_identity",

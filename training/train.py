@@ -242,7 +242,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
     import torch
     from accelerate import PartialState
 
-    from .evaluation import eval_depths, load_metrics, task_metrics
+    from .evaluation import TrainerMetrics, argmax_logits, eval_depths, load_metrics
     from .optimization import TrainingLoss, check_schedule, plan_schedule
     from .run_folder import RunResult, finish_run, leave_nothing_behind
     from .setup import build, check_resume_arguments, find_checkpoint, output_paths, record_run_arguments
@@ -291,16 +291,6 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
         with PartialState().local_main_process_first():  # evaluate copies the scripts into its module cache
             load_metrics()
 
-        def compute_metrics(eval_pred: Any) -> dict[str, float]:
-            predictions = eval_pred.predictions
-            if isinstance(predictions, tuple):
-                predictions = predictions[0]
-            return task_metrics(built.task, predictions, eval_pred.label_ids)
-
-        def argmax_logits(logits: Any, labels: Any) -> Any:
-            # Keep only predicted ids during evaluation instead of all logits (memory on 10k-example test sets).
-            return (logits[0] if isinstance(logits, tuple) else logits).argmax(-1)
-
         trainer = RecipeTrainer(
             model=built.model,
             args=ta,
@@ -308,7 +298,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             eval_dataset=built.data["validation"],
             processing_class=built.processor,
             data_collator=built.collator,
-            compute_metrics=compute_metrics,
+            compute_metrics=TrainerMetrics(built.task),
             preprocess_logits_for_metrics=argmax_logits,
             callbacks=[*extra, *(callbacks or [])],
             training_loss=training_loss,

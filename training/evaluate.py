@@ -1,0 +1,424 @@
+"""`energyformers evaluate MODEL --dataset D`: score a saved classifier on a split of a labelled dataset.
+
+    energyformers evaluate runs/demo-hyperset --dataset digits
+    energyformers evaluate runs/demo-hyperset --dataset digits --split validation --eval_iterations 2 4 8 16
+    energyformers evaluate runs/sudoku-hyperset --dataset sudoku --max_samples 200 --json --output_file eval.json
+
+transformers' `run_*.py --model_name_or_path MODEL --do_eval` without `--do_train`, for the models of this package:
+the dataset is loaded, its columns detected and its examples preprocessed exactly as `energyformers train` does for
+its validation and test splits (`data.load_data`, `setup.preprocessing`, with the processor saved in MODEL), and
+the split is scored by `transformers.Trainer.evaluate` with the training loops' metrics (`evaluation.TrainerMetrics`):
+loss, accuracy and macro-F1 for classification, blank-cell and board accuracy for Sudoku. The metric keys carry
+Trainer's `metric_key_prefix` of the split, as the training run names them: `eval_` for validation, `test_` for
+test, `train_` for train (`eval_accuracy`, `test_board_accuracy`, ...). `--eval_iterations T ...` adds the primary
+metric at each iteration count T (`<prefix>_<metric>_iterations_<T>`, `evaluation.depth_metrics`, as
+`train --eval_iterations` logs it); `--num_iterations T` runs the whole evaluation at depth T.
+
+The metrics are printed (a table, or one JSON object with `--json`) and, with `--output_file`, written to that file
+in one step; nothing else is written. Masked-image-modelling models are refused (their metrics need the run's
+tokenizer fit, masks and decoding settings: see the run's metrics.json and `energyformers predict`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .cli import CommandParser, UsageError, check_model_source, run_command
+from .predict import MODEL_TYPES, check_local_model_folder, check_ranges, masked_image_modeling_head
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+PROG = "energyformers evaluate"
+# The splits every dataset has after loading (`data.SPLITS`: a missing validation or test split is carved out of
+# train with a fixed seed, as `train` carves it); named here so that argument checks import no `datasets`.
+SPLITS = ("test", "validation", "train")
+# Trainer's `metric_key_prefix` of each split, as the training loops name their final evaluations.
+METRIC_PREFIXES = {"validation": "eval", "test": "test", "train": "train"}
+# The default batch size: the training loops' `--per_device_eval_batch_size`, so the batches are theirs.
+EVAL_BATCH_SIZE = 256
+# transformers' names for labels a config was given no names for (`PreTrainedConfig`'s LABEL_0, LABEL_1, ...).
+DEFAULT_LABEL = "LABEL_{}"
+# The flags that name a dataset's columns, as `train` takes them.
+COLUMN_FLAGS = ("image_column", "text_column", "label_column")
+# How many label names a mismatch message shows of each side.
+SHOWN_LABELS = 6
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "model_dir",
+        metavar="MODEL",
+        help="a model folder (`energyformers train` output, an export) or a Hub repo id",
+    )
+    p.add_argument(
+        "--dataset",
+        required=True,
+        help="a built-in name, a local folder or file, or a Hub dataset name (`energyformers train --dataset` names)",
+    )
+    p.add_argument("--split", choices=SPLITS, default="test", help="the split scored (default: test)")
+    p.add_argument("--image_column", help="image column; unset: image, img, ... (as train)")
+    p.add_argument("--text_column", help="text column; unset: text, sentence, ... (as train)")
+    p.add_argument("--label_column", help="label column; unset: label, labels, class or target (as train)")
+    p.add_argument("--max_samples", type=int, help="score the first N examples of the split (default: all)")
+    p.add_argument(
+        "--per_device_eval_batch_size",
+        type=int,
+        default=EVAL_BATCH_SIZE,
+        help=f"evaluation batch size (default {EVAL_BATCH_SIZE}, the training loops')",
+    )
+    p.add_argument(
+        "--eval_iterations",
+        type=int,
+        nargs="+",
+        metavar="T",
+        help="recurrent-depth models (Hyper-SET, looped Transformer): also the primary metric with each of these "
+        "iteration counts, one row each (<prefix>_<metric>_iterations_<T>)",
+    )
+    p.add_argument(
+        "--num_iterations",
+        type=int,
+        metavar="T",
+        help="recurrent-depth models: run the whole evaluation with T iterations (default: the config's)",
+    )
+    p.add_argument(
+        "--output_file", metavar="FILE", help="also write the metrics as JSON to FILE (replaced whole)"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--num_threads", type=int, help="torch CPU threads")
+    return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Parse and check what needs no model: the numbers, the output file, and a local model folder (its config,
+    model type and weights; a classifier, not a masked-image-modelling model; the depth flags it takes)."""
+    args = build_parser().parse_args(argv)
+    counts = ("max_samples", "per_device_eval_batch_size", "num_iterations", "num_threads")
+    given = {name: getattr(args, name) for name in counts if getattr(args, name) is not None}
+    check_ranges(given, {name: (lambda v: v >= 1, "an integer >= 1") for name in counts})
+    bad = [t for t in args.eval_iterations or () if t < 1]
+    if bad:
+        raise UsageError(
+            f"--eval_iterations {' '.join(map(str, args.eval_iterations))}: expected iteration counts >= 1"
+        )
+    if args.output_file is not None:
+        check_output_file(args.output_file)
+    folder = check_model_source(args.model_dir, "model folder")
+    if folder is not None:  # a local folder: what is wrong with it is named before torch loads
+        config, _ = check_local_model_folder(
+            folder,
+            args.model_dir,
+            MODEL_TYPES,
+            check_flags=lambda mim, first: refuse_mim(args.model_dir, mim),
+        )
+        check_model_config(args, config)
+    return args
+
+
+def check_output_file(path: str) -> None:
+    """`--output_file` names a file that can be written: not a folder, in an existing folder we may write into."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise UsageError(f"--output_file {path}: is a folder; name a file to write the metrics into")
+    folder = target.parent
+    if not folder.is_dir():
+        raise UsageError(f"--output_file {path}: the folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"--output_file {path}: the folder {folder} is not writable")
+
+
+def refuse_mim(model_dir: str, architecture: str | None) -> None:
+    """A masked-image-modelling model is refused, saying where its metrics are."""
+    if architecture is not None:
+        raise UsageError(
+            f"{model_dir} is a masked-image-modelling model ({architecture}); evaluate scores classifiers. Its "
+            "masked-token accuracy and reconstruction metrics are the eval/test entries of its run's metrics.json, "
+            f"and `energyformers predict {model_dir} IMAGE...` reconstructs images with PSNR/SSIM per image"
+        )
+
+
+def check_model_config(args: argparse.Namespace, config: Mapping[str, Any]) -> None:
+    """What a model's config (as JSON) says against the flags: a classification head, not a bare backbone or a
+    masked-image-modelling model; the depth flags only for a model with recurrent depth (`num_iterations`)."""
+    architecture = str((config.get("architectures") or ["?"])[0])
+    refuse_mim(args.model_dir, masked_image_modeling_head(config.get("architectures")))
+    if "For" not in architecture and architecture != "?":
+        raise UsageError(
+            f"{args.model_dir} is a bare backbone ({architecture}) without a classification head; evaluate scores "
+            "a model with one (a folder written by `energyformers train`)"
+        )
+    if "num_iterations" not in config:  # Hyper-SET's and the looped Transformer's field (RecurrentDepthMixin)
+        model_type = config.get("model_type")
+        if args.eval_iterations:
+            raise UsageError(
+                f"--eval_iterations {' '.join(map(str, args.eval_iterations))}: {model_type} has no recurrent "
+                "depth (no per-call num_iterations); drop the flag"
+            )
+        if args.num_iterations is not None:
+            raise UsageError(
+                f"--num_iterations {args.num_iterations}: {model_type} has no recurrent depth (no per-call "
+                "num_iterations); drop the flag"
+            )
+
+
+def check_labels(model_dir: str, config: Any, dataset: str, names: list[str]) -> None:
+    """The model predicts the dataset's labels, in its order: the same number, and the same names unless the model's
+    are transformers' placeholders (LABEL_0, ...). A `UsageError` showing both label sets otherwise."""
+    ours = [str(config.id2label.get(i, DEFAULT_LABEL.format(i))) for i in range(config.num_labels)]
+    placeholders = all(name == DEFAULT_LABEL.format(i) for i, name in enumerate(ours))
+    if len(ours) == len(names) and (placeholders or ours == names):
+        return
+
+    def shown(labels: list[str]) -> str:
+        listed = ", ".join(repr(n) for n in labels[:SHOWN_LABELS])
+        return f"[{listed}{', ...' if len(labels) > SHOWN_LABELS else ''}]"
+
+    raise UsageError(
+        f"{model_dir} predicts {len(ours)} labels {shown(ours)} but --dataset {dataset} has {len(names)} labels "
+        f"{shown(names)}; evaluate a model on a dataset of its own label set (names and order)"
+    )
+
+
+def load_config(model_dir: str) -> Any:
+    """The model's transformers config; a one-line `UsageError` (predict's words) when it cannot load."""
+    import transformers
+
+    from .predict import cannot_load
+
+    try:
+        return transformers.AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError) as err:
+        raise UsageError(cannot_load(model_dir, err)) from None
+
+
+def load_processor(model_dir: str, config: Any, task: str) -> Any:
+    """The processor saved with the model, as `train --from_pretrained` loads it: an image processor (built from the
+    config, as training builds it, when the folder has none), a tokenizer for texts; none for Sudoku cells."""
+    from .processing import build_image_processor
+    from .setup import auto_processor
+
+    input_type = getattr(config, "input_type", "image")
+    if task == "token-classification":
+        return None
+    if input_type == "image":
+        try:
+            return auto_processor(input_type).from_pretrained(model_dir, backend="pil")
+        except (OSError, ValueError):
+            try:
+                return build_image_processor(config)
+            except ValueError as err:
+                raise UsageError(
+                    f"{model_dir}: no image processor saved and none can be built ({err})"
+                ) from None
+    try:
+        return auto_processor(input_type).from_pretrained(model_dir)
+    except (OSError, ValueError) as err:
+        raise UsageError(
+            f"{model_dir} has no tokenizer (tokenizer.json); a text model folder holds the tokenizer it was trained "
+            f"with ({' '.join(str(err).split())})"
+        ) from None
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    """Load the model and the split, score it with Trainer; returns the report (`--json`'s object)."""
+    import torch
+    from transformers import PrinterCallback, ProgressCallback, TrainingArguments
+
+    from .data import BUILTIN_DATASETS, DataError, label_names, load_data, task_of
+    from .evaluation import (
+        TrainerMetrics,
+        argmax_logits,
+        depth_metrics,
+        eval_depths,
+        load_metrics,
+        primary_metric,
+    )
+    from .predict import cannot_load, task_for
+    from .setup import auto_head, preprocessing
+
+    config = load_config(args.model_dir)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in MODEL_TYPES:  # a Hub model (a local folder's model_type was checked in `parse`)
+        raise UsageError(
+            f"{args.model_dir} holds model_type={model_type!r}, not an energyformers model; expected one of "
+            f"{sorted(MODEL_TYPES)}"
+        )
+    check_model_config(args, config.to_dict())  # again for a Hub model
+    columns = [f"--{name}" for name in COLUMN_FLAGS if getattr(args, name) is not None]
+    if columns and args.dataset in BUILTIN_DATASETS:  # load_data reads a built-in's own columns and no others
+        raise UsageError(
+            f"{columns[0]} {getattr(args, columns[0][2:])}: --dataset {args.dataset} is a built-in dataset with its "
+            "own columns; the column flags name columns of a local or Hub dataset. Drop the flag"
+        )
+    data = load_data(
+        args.dataset,
+        image_column=args.image_column,
+        text_column=args.text_column,
+        label_column=args.label_column,
+        seed=0,  # the seed `train` carves missing validation/test splits with: the same examples
+    )
+    task, model_task = task_of(data), task_for(config)
+    if task != model_task:
+        raise UsageError(
+            f"{args.model_dir} is a model for {model_task} ({(config.architectures or ['?'])[0]}) and --dataset "
+            f"{args.dataset} is a dataset for {task}; evaluate it on a {model_task} dataset"
+        )
+    check_labels(args.model_dir, config, args.dataset, label_names(data))
+    rows = data[args.split]
+    if args.max_samples is not None:
+        rows = rows.select(range(min(args.max_samples, len(rows))))
+    processor = load_processor(args.model_dir, config, task)
+    transform, collator = preprocessing(task, config, processor)
+    rows.set_transform(transform)
+    try:
+        model = auto_head(getattr(config, "input_type", "image"), task).from_pretrained(args.model_dir)
+    except (OSError, RuntimeError, ValueError) as err:
+        raise UsageError(cannot_load(args.model_dir, err)) from None
+    model.eval()
+    try:  # one real batch, as training checks one before it starts: ids or sizes that do not fit fail here
+        batch = collator([rows[i] for i in range(min(2, len(rows)))])
+        with torch.no_grad():
+            model(**{k: v for k, v in batch.items() if k != "labels"})
+    except Exception as err:
+        raise DataError(
+            f"--dataset {args.dataset}: a batch of its {args.split} split does not fit the model: {err}"
+        ) from err
+    depths = eval_depths(model, args.eval_iterations) if args.eval_iterations else []
+    load_metrics()
+    prefix = METRIC_PREFIXES[args.split]
+    # Trainer makes its output_dir when it is created; it saves nothing there when it only evaluates
+    with tempfile.TemporaryDirectory(prefix="energyformers-evaluate-") as scratch:
+        training_args = TrainingArguments(
+            output_dir=scratch,
+            per_device_eval_batch_size=args.per_device_eval_batch_size,
+            use_cpu=not torch.cuda.is_available(),
+            remove_unused_columns=False,  # the set_transform columns are produced on the fly
+            disable_tqdm=True,
+            report_to="none",
+        )
+        call = {} if args.num_iterations is None else {"num_iterations": args.num_iterations}
+        trainer = _depth_trainer()(
+            model=model,
+            args=training_args,
+            data_collator=collator,
+            compute_metrics=TrainerMetrics(task),
+            preprocess_logits_for_metrics=argmax_logits,
+            call_arguments=call,
+        )
+        for callback in (PrinterCallback, ProgressCallback):  # the metrics are this command's output alone
+            trainer.remove_callback(callback)
+        metrics = trainer.evaluate(rows, metric_key_prefix=prefix)
+        metrics.pop("epoch", None)  # Trainer's training progress: 0 here, trained or not
+        if depths:
+            with trainer.autocast_smart_context_manager():
+                metrics.update(
+                    depth_metrics(
+                        trainer.model,
+                        trainer.get_eval_dataloader(rows),
+                        trainer.accelerator.gather_for_metrics,
+                        task,
+                        depths,
+                        f"{prefix}_",
+                    )
+                )
+    return {
+        "model": args.model_dir,
+        "model_type": model_type,
+        "architecture": type(model).__name__,
+        "dataset": args.dataset,
+        "split": args.split,
+        "num_samples": len(rows),
+        "num_iterations": args.num_iterations,
+        "eval_iterations": depths,
+        "primary_metric": f"{prefix}_{primary_metric(task)}",
+        "metrics": metrics,
+    }
+
+
+def _depth_trainer() -> type:
+    """Trainer that adds the `--num_iterations` call argument to every evaluation forward (defined on first use:
+    importing transformers.Trainer is slow)."""
+    from transformers import Trainer
+
+    class DepthTrainer(Trainer):
+        def __init__(self, *args: Any, call_arguments: dict[str, Any], **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.call_arguments = call_arguments
+
+        def prediction_step(
+            self, model: Any, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: Any = None
+        ) -> Any:
+            return super().prediction_step(
+                model, {**inputs, **self.call_arguments}, prediction_loss_only, ignore_keys
+            )
+
+    return DepthTrainer
+
+
+def table(report: dict[str, Any]) -> str:
+    """The report as text: what was scored, one line per metric, then one row per iteration count."""
+    depth = f", {report['num_iterations']} iterations" if report["num_iterations"] is not None else ""
+    lines = [
+        f"{report['model']} ({report['architecture']}) on {report['dataset']}: {report['split']} split, "
+        f"{report['num_samples']} examples{depth}"
+    ]
+    metrics = report["metrics"]
+    suffix = "_iterations_"
+    plain = {k: v for k, v in metrics.items() if suffix not in k}
+    width = max(len(k) for k in plain)
+    lines += [f"  {key:<{width}}  {_number(value)}" for key, value in plain.items()]
+    if report["eval_iterations"]:
+        name = report["primary_metric"]
+        lines.append(f"  {'iterations':>10}  {name}")
+        lines += [f"  {t:>10}  {_number(metrics[f'{name}{suffix}{t}'])}" for t in report["eval_iterations"]]
+    return "\n".join(lines)
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def write_json(report: dict[str, Any], path: str) -> Path:
+    """Write `report` to `path` through a temporary name beside it, so the file is never half written."""
+    target = Path(path).expanduser()
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Score the split (`evaluate`), print the metrics and write `--output_file`."""
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # `run_command` restores the caller's logging afterwards
+    transformers.utils.logging.disable_progress_bar()
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    report = evaluate(args)
+    print(json.dumps(report) if args.json else table(report), flush=True)
+    if args.output_file is not None:
+        write_json(report, args.output_file)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command("evaluate", parse, execute, list(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
