@@ -831,6 +831,7 @@ class CompileWorkers:
         self.results: dict[WarmItem, dict[str, Any]] = {}
         self._queue = deque(items)
         self._begun: set[tuple[str, str, str]] = set()
+        self._running: set[WarmItem] = set()
         self._lock = threading.Lock()
         self._command = command
         self._processes: list[subprocess.Popen] = []
@@ -858,8 +859,16 @@ class CompileWorkers:
             while self._queue:
                 item = self._queue.popleft()
                 if (item.group, item.mode, item.task) not in self._begun:
+                    self._running.add(item)
                     return item
         return None
+
+    def idle(self) -> bool:
+        """Whether no worker has more to do: every item handed out has its result, and no item is left or no
+        worker is left to take it."""
+        with self._lock:
+            left = bool(self._queue) and any(thread.is_alive() for thread in self._threads)
+            return not self._running and not left
 
     def _feed(self, index: int, process: subprocess.Popen) -> None:
         """Hand worker `index` one item at a time and collect its results, until the queue is empty."""
@@ -873,6 +882,7 @@ class CompileWorkers:
                     raise EOFError("it exited")
                 with self._lock:
                     self.results[item] = json.loads(line)
+                    self._running.discard(item)
             process.stdin.close()  # the worker exits at the end of its input
         except (OSError, EOFError, ValueError) as error:
             if process.poll() is None and item is not None:
@@ -887,6 +897,7 @@ class CompileWorkers:
             if item is not None:
                 with self._lock:
                     self.results.setdefault(item, {"error": f"the worker stopped ({type(error).__name__})"})
+                    self._running.discard(item)
 
     def begin(self, group: str, mode: str, task: str) -> None:
         """The main process begins (group, mode, task): its items are no longer handed to a worker."""
@@ -1497,6 +1508,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | list[Pass]:
                     min(args.compile_workers, len(items)), items, functools.partial(worker_command, args)
                 )
                 this_run["compile_workers"] = workers.count
+                if tasks:  # this process compiles the pass's first task at once: no worker starts it too
+                    workers.begin(group.name, mode, tasks[0])
                 workers.start()
             args.workers = workers
             measure_pass(mode, group, kept, tasks)
