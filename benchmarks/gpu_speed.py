@@ -41,16 +41,24 @@ smoke-mode timings are not measurements (they go to `gpu_speed_smoke.{json,md}`,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import functools
 import gc
 import json
+import os
 import platform
 import shlex
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -109,6 +117,9 @@ class Group:
     # T = 24 compile time, then the model-vs-baseline ratios of the kernels.md targets, the attention-alone
     # groups (a kernel against a kernel, which eager mode already measures) last.
     priority: int = 0
+    # False: the compile workers (--compile_workers) never compile this group ahead of the main process, and
+    # they start only after its compiled passes, so its first compiled call is measured cold and uncontended
+    warm: bool = True
 
     def members(self, mode: str) -> list[Variant]:
         """The variants measured in `mode`, the baseline last; none when the group does not run `mode`."""
@@ -375,12 +386,54 @@ def groups(smoke: bool) -> list[Group]:
             left_out_why="the compile-time target is about the default implementation's first compiled call; "
             "with no baseline, CUDA graphs and the other implementations compiled add nothing to it",
             priority=0,  # the compile-time target: measured first
+            # the target's first compiled call is a cold compile, measured without compile workers running
+            warm=False,
         )
     )
     return result
 
 
 # ------------------------------------------------------------------------------------------ measuring
+
+
+def compile_runner(model: nn.Module, mode: str, backend: str, fullgraph: bool = True) -> Callable:
+    """What `mode` calls: the model itself (eager), `torch.compile`d, or compiled with CUDA graphs (`fullgraph`
+    False: CUDA graphs between graph breaks). The measurement and the compile workers both build their runners
+    here: a worker's compile warms the main process's caches only for the identical graph and inductor config."""
+    if mode == "compiled":
+        return torch.compile(model, backend=backend, dynamic=False)
+    if mode == "cuda-graphs":  # inductor's CUDA-graph trees replay the whole fixed-T forward
+        return torch.compile(model, mode="reduce-overhead", fullgraph=fullgraph, dynamic=False)
+    return model
+
+
+def group_inputs(group: Group, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """The group's inputs of one call, floating point in bfloat16 (the measurement's and the workers')."""
+    torch.manual_seed(0)
+    inputs = group.inputs(batch, device)
+    return {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in inputs.items()}
+
+
+# torch's counters of the on-disk compile caches, read around a first compiled call: whether it compiled (misses)
+# or loaded an earlier compile of the same graph (hits), e.g. one a compile worker made
+CACHE_COUNTERS = (
+    ("inductor", "fxgraph_cache_hit"),
+    ("inductor", "fxgraph_cache_miss"),
+    ("aot_autograd", "autograd_cache_hit"),
+    ("aot_autograd", "autograd_cache_miss"),
+)
+
+
+def cache_counts() -> dict[str, int]:
+    from torch._dynamo.utils import counters
+
+    return {name: counters[kind][name] for kind, name in CACHE_COUNTERS}
+
+
+def cache_change(before: dict[str, int]) -> dict[str, int]:
+    """The counters that moved since `before` (empty for a backend without these caches, e.g. aot_eager)."""
+    after = cache_counts()
+    return {name: after[name] - before[name] for name in after if after[name] != before[name]}
 
 
 def synchronize(device: torch.device) -> None:
@@ -530,9 +583,8 @@ def measure_group(
     as they are (the count runs the model in float32 once more, and it does not depend on the mode)."""
     dtype = torch.bfloat16
     batch = args.batch or group.batch
-    torch.manual_seed(0)
-    inputs = group.inputs(batch, device)
-    inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
+    inputs = group_inputs(group, batch, device)
+    workers: CompileWorkers | None = getattr(args, "workers", None)
     measured = {mode: {variant.name for variant in group.members(mode)} for mode in args.modes}
     members = [
         variant
@@ -593,21 +645,23 @@ def measure_group(
         for name, model in models.items():
             if name not in measured[mode]:
                 continue
-            if mode == "compiled":
-                runners[name] = torch.compile(model, backend=args.compile_backend, dynamic=False)
-            elif mode == "cuda-graphs":  # inductor's CUDA-graph trees replay the whole fixed-T forward
-                runners[name] = torch.compile(model, mode="reduce-overhead", fullgraph=True, dynamic=False)
-            else:
-                runners[name] = model
+            runners[name] = compile_runner(model, mode, args.compile_backend)
         breaks: dict[str, str] = {}  # cuda-graphs: variants whose graph break failed fullgraph=True, and why
         for task in args.tasks:
             calls: dict[str, Callable] = {}
+            if workers is not None:  # from now on this process compiles these itself: no worker starts them
+                workers.begin(group.name, mode, task)
             for name, model in models.items():
                 if name not in runners:
                     continue
                 model.train(task == "train")
                 entry = record["variants"][name].setdefault(mode, {}).setdefault(task, {})
                 call = step_function(model, runners[name], inputs, task, graphs=mode == "cuda-graphs")
+                if workers is not None and mode != "eager":
+                    # whether a worker finished this compile before the first call: its first_call_s then
+                    # loads the worker's compile from the caches on disk (a warm-cache figure)
+                    entry["warm_cache"] = workers.warmed(WarmItem(group.name, mode, name, task))
+                before = cache_counts()
                 try:
                     first_calls(entry, call, device)
                 except Exception as error:  # record it (out of memory, a compile failure) and go on
@@ -617,7 +671,7 @@ def measure_group(
                         continue
                     # a graph break fails fullgraph=True: measure CUDA graphs between the breaks, saying why
                     breaks[name] = entry.pop("error")
-                    runners[name] = torch.compile(model, mode="reduce-overhead", dynamic=False)
+                    runners[name] = compile_runner(model, mode, args.compile_backend, fullgraph=False)
                     call = step_function(model, runners[name], inputs, task, graphs=True)
                     try:
                         first_calls(entry, call, device)
@@ -625,31 +679,17 @@ def measure_group(
                         entry["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
                         print(f"  {name} {mode} {task} (split graphs): {entry['error']}", flush=True)
                         continue
+                change = cache_change(before)
+                if mode != "eager" and change:
+                    entry["compile_cache"] = change
                 if name in breaks:
                     entry["graph_break"] = breaks[name]
                 calls[name] = call
-            times: dict[str, list[float]] = {name: [] for name in calls}
-            for _ in range(args.repeats):
-                for name, call in calls.items():  # each model keeps the train/eval mode set above
-                    times[name].append(timed(call, device))
-            for name, samples in times.items():
-                entry = record["variants"][name][mode][task]
-                entry["median_s"] = statistics.median(samples)
-                entry["samples_per_s"] = batch / entry["median_s"]
-                print(f"  {name:40s} {mode:8s} {task:9s} {1e3 * entry['median_s']:9.2f} ms", flush=True)
-            if (
-                on_task is not None
-            ):  # the timings saved before the profiles: a stop while profiling keeps them
-                on_task(record, mode, task)
-            profiled = calls if mode in args.profile_modes else {}
-            for name, call in profiled.items():
-                entry = record["variants"][name][mode][task]
-                try:  # one more call, profiled: what the measured time is made of
-                    entry["profile"] = profile_call(call, device)
-                except Exception as error:  # a profiler that cannot run here costs the profile, not the run
-                    entry["profile_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
-            if on_task is not None and profiled:
-                on_task(record, mode, task)  # again, with the profiles
+            # the compile workers are stopped (SIGSTOP) while this process times and profiles: no worker's CPU
+            # work or GPU kernels run beside the timed calls (benchmarks/gpu/README.md, "Compile workers")
+            pause = workers.paused() if workers is not None else contextlib.nullcontext()
+            with pause:
+                timed_and_profiled(calls, record, args, mode, task, batch, device, on_task)
         del runners
         torch._dynamo.reset()
     add_ratios(record, group.baseline.name if group.baseline else None)
@@ -658,6 +698,40 @@ def measure_group(
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return record
+
+
+def timed_and_profiled(
+    calls: dict[str, Callable],
+    record: dict[str, Any],
+    args: argparse.Namespace,
+    mode: str,
+    task: str,
+    batch: int,
+    device: torch.device,
+    on_task: Callable[[dict[str, Any], str, str], None] | None,
+) -> None:
+    """The interleaved timed repeats of `calls` (their first calls done), their medians into `record`, then one
+    profiled call each (in `args.profile_modes`); `on_task` after the timings and again after the profiles."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(args.repeats):
+        for name, call in calls.items():  # each model keeps the train/eval mode set above
+            times[name].append(timed(call, device))
+    for name, samples in times.items():
+        entry = record["variants"][name][mode][task]
+        entry["median_s"] = statistics.median(samples)
+        entry["samples_per_s"] = batch / entry["median_s"]
+        print(f"  {name:40s} {mode:8s} {task:9s} {1e3 * entry['median_s']:9.2f} ms", flush=True)
+    if on_task is not None:  # the timings saved before the profiles: a stop while profiling keeps them
+        on_task(record, mode, task)
+    profiled = calls if mode in args.profile_modes else {}
+    for name, call in profiled.items():
+        entry = record["variants"][name][mode][task]
+        try:  # one more call, profiled: what the measured time is made of
+            entry["profile"] = profile_call(call, device)
+        except Exception as error:  # a profiler that cannot run here costs the profile, not the run
+            entry["profile_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+    if on_task is not None and profiled:
+        on_task(record, mode, task)  # again, with the profiles
 
 
 def add_ratios(record: dict[str, Any], baseline: str | None) -> None:
@@ -689,6 +763,273 @@ def add_ratios(record: dict[str, Any], baseline: str | None) -> None:
             record.setdefault("best_ratio", {})[task] = base_best / min(model_best)
 
 
+# ------------------------------------------------------------------------------------------ compile workers
+
+
+class WarmItem(NamedTuple):
+    """One first compiled call a compile worker makes ahead of the main process."""
+
+    group: str
+    mode: str
+    variant: str
+    task: str
+
+    def describe(self) -> str:
+        return f"{self.group} / {self.mode} / {self.variant} / {self.task}"
+
+
+def warm_items(passes: list[Pass], device: torch.device) -> list[WarmItem]:
+    """The first compiled calls the run's compiled and CUDA-graph passes will make, in the order the main process
+    makes them (pass by pass in priority order; within a pass, inference then training, variant by variant), so
+    the workers warm first what the budget reaches first. Groups with `warm` False are left out."""
+    items = []
+    for mode, group, _, tasks in passes:
+        if mode == "eager" or not group.warm or (mode == "cuda-graphs" and not cuda_graphs_available(device)):
+            continue
+        items += [WarmItem(group.name, mode, v.name, task) for task in tasks for v in group.members(mode)]
+    return items
+
+
+def default_compile_workers() -> int:
+    """Half the CPU cores, at most 8: compiling is CPU-bound, and the main process keeps cores for itself."""
+    return min(8, (os.cpu_count() or 2) // 2)
+
+
+def worker_command(args: argparse.Namespace, index: int) -> list[str]:
+    """The command line of compile worker `index`: this script in its worker mode, with the run's settings that
+    decide the graphs it compiles (the groups' sizes, batch, backend, device)."""
+    return [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--compile_worker",
+        str(index),
+        "--compile_workers",
+        str(args.compile_workers),
+        "--device",
+        args.device,
+        "--compile_backend",
+        args.compile_backend,
+        *(["--smoke"] if args.smoke else []),
+        *(["--batch", str(args.batch)] if args.batch else []),
+    ]
+
+
+class CompileWorkers:
+    """`count` worker processes that make the first compiled call of the run's compiled passes ahead of the main
+    process, filling inductor's caches on disk (FX graph, AOTAutograd, Triton) that the main process's own
+    compile of the same (variant, task) then loads.
+
+    The items are handed out one at a time from one queue in priority order (a free worker takes the next), and
+    an item is not handed out once the main process has begun its (group, mode, task): the main process never
+    waits for a worker, it compiles cold what is not warmed yet. Each worker's result (its own first-call
+    seconds, cold, or the error) comes back on its stdout; only the main process writes result files. A worker
+    that fails an item reports it on stderr (run.log) and goes on; one that dies leaves its share to the others.
+    """
+
+    def __init__(self, count: int, items: list[WarmItem], command: Callable[[int], list[str]]) -> None:
+        self.count = count
+        self.results: dict[WarmItem, dict[str, Any]] = {}
+        self._queue = deque(items)
+        self._begun: set[tuple[str, str, str]] = set()
+        self._running: set[WarmItem] = set()
+        self._lock = threading.Lock()
+        self._command = command
+        self._processes: list[subprocess.Popen] = []
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        # one compile thread per worker (no subprocess pool): N workers use about N cores, and a SIGSTOP to the
+        # worker stops all of its compiling
+        env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        for index in range(self.count):
+            process = subprocess.Popen(
+                self._command(index), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
+            )
+            self._processes.append(process)
+            thread = threading.Thread(target=self._feed, args=(index, process), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        print(
+            f"compile workers: {self.count} started, {len(self._queue)} first compiled calls to warm",
+            flush=True,
+        )
+
+    def _next(self) -> WarmItem | None:
+        with self._lock:
+            while self._queue:
+                item = self._queue.popleft()
+                if (item.group, item.mode, item.task) not in self._begun:
+                    self._running.add(item)
+                    return item
+        return None
+
+    def idle(self) -> bool:
+        """Whether no worker has more to do: every item handed out has its result, and no item is left or no
+        worker is left to take it."""
+        with self._lock:
+            left = bool(self._queue) and any(thread.is_alive() for thread in self._threads)
+            return not self._running and not left
+
+    def _feed(self, index: int, process: subprocess.Popen) -> None:
+        """Hand worker `index` one item at a time and collect its results, until the queue is empty."""
+        item = None
+        try:
+            while (item := self._next()) is not None:
+                process.stdin.write(json.dumps(item._asdict()) + "\n")
+                process.stdin.flush()
+                line = process.stdout.readline()
+                if not line:
+                    raise EOFError("it exited")
+                with self._lock:
+                    self.results[item] = json.loads(line)
+                    self._running.discard(item)
+            process.stdin.close()  # the worker exits at the end of its input
+        except (OSError, EOFError, ValueError) as error:
+            if process.poll() is None and item is not None:
+                time.sleep(0.5)  # a worker dying: let its exit status arrive
+            what = f"while warming {item.describe()}" if item is not None else ""
+            print(
+                f"[compile worker {index}] stopped {what} ({type(error).__name__}: {error}; exit status "
+                f"{process.poll()}); the other workers and the main process go on",
+                file=sys.stderr,
+                flush=True,
+            )
+            if item is not None:
+                with self._lock:
+                    self.results.setdefault(item, {"error": f"the worker stopped ({type(error).__name__})"})
+                    self._running.discard(item)
+
+    def begin(self, group: str, mode: str, task: str) -> None:
+        """The main process begins (group, mode, task): its items are no longer handed to a worker."""
+        with self._lock:
+            self._begun.add((group, mode, task))
+
+    def warmed(self, item: WarmItem) -> bool:
+        with self._lock:
+            return "first_call_s" in self.results.get(item, {})
+
+    def _signal(self, number: int) -> None:
+        for process in self._processes:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(number)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The workers stopped (SIGSTOP) inside the block and continued after it: the main process times and
+        profiles with no worker running on the CPU or launching on the GPU. Stopping is instant, so the main
+        process waits for nothing; a stopped worker's item just takes longer."""
+        self._signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self._signal(signal.SIGCONT)
+
+    def annotate(self, records: dict[str, Any], run: int) -> None:
+        """Put each worker result beside the main process's measurement of the same item (this run's), as
+        `worker`: the worker's own cold first-call seconds and how many workers were compiling, or its error."""
+        with self._lock:
+            results = dict(self.results)
+        for item, result in results.items():
+            timing = (
+                records.get(item.group, {}).get("variants", {}).get(item.variant, {}).get(item.mode, {})
+            ).get(item.task)
+            if timing is not None and timing.get("run") == run:
+                timing["worker"] = result
+
+    def stop(self) -> None:
+        """End the workers (at the end of the run, or when it is stopped): continued, terminated, killed."""
+        self._signal(signal.SIGCONT)
+        self._signal(signal.SIGTERM)
+        for process in self._processes:
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+
+def die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies (prctl PR_SET_PDEATHSIG): a worker never outlives the
+    main process, whatever stopped it (the stage's timeout kills the process group too)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
+def compile_worker(args: argparse.Namespace) -> None:
+    """The worker mode (--compile_worker INDEX): read items (JSON lines) from stdin, make each one's first
+    compiled call exactly as the measurement does, and write the result (JSON line) to the original stdout."""
+    die_with_parent()
+    if os.getppid() == 1:  # the parent died before the request took effect
+        return
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # anything else printed goes to stderr (run.log), not into the results
+    device = torch.device(args.device)
+    if device.type == "cuda":  # the workers together at most half the device: the main process keeps the rest
+        torch.cuda.set_per_process_memory_fraction(0.5 / args.compile_workers, device)
+    definitions = {group.name: group for group in groups(args.smoke)}
+    for line in sys.stdin:
+        item = WarmItem(**json.loads(line))
+        protocol.write(json.dumps(warm_one(item, definitions, args, device)) + "\n")
+
+
+def warm_one(
+    item: WarmItem, definitions: dict[str, Group], args: argparse.Namespace, device: torch.device
+) -> dict[str, Any]:
+    """One item's first compiled call, as `measure_group` makes it (same model, inputs, dtype, train/eval mode,
+    runner and call); the model is freed afterwards. A failure is reported on stderr and returned, never raised."""
+    result: dict[str, Any] = {"workers": args.compile_workers}
+    model = runner = call = None
+    try:
+        group = definitions[item.group]
+        variant = next(v for v in group.members(item.mode) if v.name == item.variant)
+        inputs = group_inputs(group, args.batch or group.batch, device)
+        try:
+            torch.manual_seed(0)
+            model = variant.build().to(device=device, dtype=torch.bfloat16)
+        except (ValueError, ImportError, RuntimeError) as error:  # skipped by the measurement as well
+            return {**result, "skipped": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
+        model.train(item.task == "train")
+        graphs = item.mode == "cuda-graphs"
+        runner = compile_runner(model, item.mode, args.compile_backend)
+        call = step_function(model, runner, inputs, item.task, graphs=graphs)
+        before = cache_counts()
+        try:
+            result["first_call_s"] = timed(call, device)
+        except Exception as error:
+            if not graphs:
+                raise
+            # as the measurement does: a graph break fails fullgraph=True, so CUDA graphs between the breaks
+            result["graph_break"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+            torch._dynamo.reset()
+            runner = compile_runner(model, item.mode, args.compile_backend, fullgraph=False)
+            call = step_function(model, runner, inputs, item.task, graphs=True)
+            result["first_call_s"] = timed(call, device)
+        result["compile_cache"] = cache_change(before)
+        print(f"[compile worker {args.compile_worker}] warmed {item.describe()}: {result['first_call_s']:.1f} s",
+              file=sys.stderr, flush=True)  # fmt: skip
+    except Exception as error:
+        result["error"] = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
+        print(
+            f"[compile worker {args.compile_worker}] {item.describe()}: failed, not warmed ({result['error']})",
+            file=sys.stderr,
+            flush=True,
+        )
+    finally:
+        del model, runner, call
+        torch._dynamo.reset()
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return result
+
+
 # ------------------------------------------------------------------------------------------ report
 
 
@@ -718,7 +1059,21 @@ def _cell(entry: dict[str, Any], key: str, scale: float = 1.0, fmt: str = "{:.2f
 
 def run_line(run: dict[str, Any]) -> str:
     started = run.get("started") or "date not recorded"
-    return f"run {run['run']} ({started}): `{run.get('command')}`, repeats {run.get('repeats')}"
+    workers = f", {run['compile_workers']} compile workers" if run.get("compile_workers") else ""
+    return f"run {run['run']} ({started}): `{run.get('command')}`, repeats {run.get('repeats')}{workers}"
+
+
+def worker_cell(timing: dict[str, Any]) -> str:
+    """A compile worker's own first call of the item: its seconds (cold), `failed`, or `–` (none made)."""
+    worker = timing.get("worker") or {}
+    if "first_call_s" in worker:
+        return f"{worker['first_call_s']:.2f}"
+    return "failed" if "error" in worker else "–"
+
+
+def first_call_cell(timing: dict[str, Any]) -> str:
+    """The main process's first call; `(w)` where a compile worker had compiled the item before it."""
+    return _cell(timing, "first_call_s") + (" (w)" if timing.get("warm_cache") else "")
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -740,7 +1095,12 @@ def markdown(report: dict[str, Any]) -> str:
             "",
         ]
     elif runs:
-        provenance = [f"Command: `{runs[0]['command']}` ({runs[0]['started'] or 'date not recorded'})  "]
+        workers = runs[0].get("compile_workers")
+        provenance = [
+            f"Command: `{runs[0]['command']}` ({runs[0]['started'] or 'date not recorded'})"
+            + (f", {workers} compile workers" if workers else "")
+            + "  "
+        ]
     else:
         provenance = [f"Command: `{report['command']}`  "]
     lines = [
@@ -761,6 +1121,26 @@ def markdown(report: dict[str, Any]) -> str:
         "samples).",
         "",
     ]  # fmt: skip
+    timings = [
+        timing
+        for group in report["groups"].values()
+        for entry in group["variants"].values()
+        for mode in MODES
+        for timing in entry.get(mode, {}).values()
+    ]
+    if any("worker" in timing or "warm_cache" in timing for timing in timings):
+        lines += [
+            'Compile workers (`--compile_workers`; benchmarks/gpu/README.md, "Compile workers"): once the eager '
+            "passes and the compile-time group are done, worker processes make the compiled passes' first "
+            "compiled calls ahead of the measuring process, in priority order, filling inductor's caches on disk. "
+            "**first call s** is the measuring process's own first call: marked (w) where a worker had compiled "
+            "the same variant and task before it, so it is a warm-cache figure (tracing and loading the compiled "
+            "graph), not a compile time; unmarked, it compiled cold, beside the running workers. **worker first "
+            "call s** is the worker's own first call, a cold compile made while up to the run's other workers "
+            "compiled too (– where no worker made it). The compile-time group (T = 24) is never warmed: its "
+            "first call is cold and made before any worker starts.",
+            "",
+        ]
     for name, group in report["groups"].items():
         lines += [f"## {name}", "", f"batch {group['batch']}. {group['note']}".rstrip(), ""]
         if group.get("left_out"):  # a variant not measured in a mode has no row for it
@@ -768,16 +1148,26 @@ def markdown(report: dict[str, Any]) -> str:
         if "best_ratio" in group:
             best = ", ".join(f"{task} {ratio:.2f}×" for task, ratio in group["best_ratio"].items())
             lines += [f"Best mode of the family vs best mode of the baseline: {best}.", ""]
+        warmed = any(  # the group has figures of compile workers: their column
+            "worker" in timing
+            for entry in group["variants"].values()
+            for mode in MODES
+            for timing in entry.get(mode, {}).values()
+        )
         lines += [
             "| variant | mode | inference ms | samples/s | ratio | train ms | samples/s | ratio | "
-            "first call s (inf / train) | peak MiB (inf / train) | GFLOP/sample (fwd / train) |"
+            "first call s (inf / train) | "
+            + ("worker first call s (inf / train) | " if warmed else "")
+            + "peak MiB (inf / train) | GFLOP/sample (fwd / train) |"
             + (" run (inf / train) |" if several else ""),
-            "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if several else ""),
+            "|---|---|---|---|---|---|---|---|---|---|---|"
+            + ("---|" if several else "")
+            + ("---|" if warmed else ""),
         ]
         for variant, entry in group["variants"].items():
             if "skipped" in entry:
                 lines.append(
-                    f"| {variant} | skipped: {entry['skipped'][:160]} |" + " |" * (10 if several else 9)
+                    f"| {variant} | skipped: {entry['skipped'][:160]} |" + " |" * (9 + several + warmed)
                 )
                 continue
             flops = entry.get("flops") or {}
@@ -792,7 +1182,9 @@ def markdown(report: dict[str, Any]) -> str:
                     "–" if e.get("peak_memory_bytes") is None else f"{e['peak_memory_bytes'] / 2**20:.0f}"
                     for e in (inf, train)
                 )
-                first = f"{_cell(inf, 'first_call_s')} / {_cell(train, 'first_call_s')}"
+                first = f"{first_call_cell(inf)} / {first_call_cell(train)}"
+                if warmed:
+                    first += f" | {worker_cell(inf)} / {worker_cell(train)}"
                 lines.append(
                     f"| {variant} | {mode} | {_cell(inf, 'median_s', 1e3)} | "
                     f"{_cell(inf, 'samples_per_s', fmt='{:.0f}')} | {_cell(inf, 'ratio')} | "
@@ -897,7 +1289,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "transformers; smoke with smoke) is kept as it is and not measured again; the output has both, each row "
         "marked with its run. A file of another device or software is ignored, saying why",
     )
+    parser.add_argument(
+        "--compile_workers",
+        type=compile_workers_value,
+        default=None,
+        metavar="N",
+        help="processes that make the compiled passes' first compiled calls ahead of this one, in priority "
+        "order, so that its own compiles load them from inductor's caches on disk (started once the eager "
+        "passes and the compile-time group's cold compile are done; benchmarks/gpu/README.md, 'Compile "
+        f"workers'); 0: none. Default: half the CPU cores, at most 8 (here {default_compile_workers()}); smoke: 0",
+    )
+    # the worker mode, started by the run itself (CompileWorkers), not by hand
+    parser.add_argument("--compile_worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.compile_workers is None:
+        args.compile_workers = 0 if args.smoke else default_compile_workers()
     if args.repeats is None:
         args.repeats = 1 if args.smoke else 20
     if args.compile_backend is None:
@@ -921,6 +1327,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 "(or gpu_speed_smoke.json) an earlier run of this script wrote"
             )
     return args
+
+
+def compile_workers_value(text: str) -> int:
+    """--compile_workers: an integer >= 0 (argparse names the flag and the value when this raises)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer >= 0 (0: no compile workers); got {text!r}"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 (0: no compile workers); got {value}")
+    return value
 
 
 def resume_problem(previous: Any) -> str | None:
@@ -954,6 +1373,7 @@ def print_plan(args: argparse.Namespace) -> list[Pass]:
         adopt(report, args.previous, definitions, args.batch, args.resume)
     selected = [g for g in definitions if not args.groups or any(p in g.name for p in args.groups)]
     passes = plan_passes(selected, args.modes, args.tasks, report["groups"])
+    workers = args.compile_workers
     print("passes in order (mode, group: tasks to measure [kept]; variants measured):")
     for number, (mode, group, kept, tasks) in enumerate(passes, start=1):
         names = ", ".join(variant.name for variant in group.members(mode))
@@ -961,11 +1381,28 @@ def print_plan(args: argparse.Namespace) -> list[Pass]:
         print(f"{number:2d}. {mode} {group.name}: {todo}" + (f" [kept: {', '.join(kept)}]" if kept else ""))
         if tasks:
             print(f"      {names}")
+        if tasks and mode != "eager" and workers:
+            print(
+                f"      warmed ahead by the compile workers ({workers})"
+                if group.warm
+                else "      not warmed: compiled cold by this process before the compile workers start"
+            )
+    if workers:
+        # (the CUDA-graph items are warmed on CUDA only, as those passes run there only)
+        items = warm_items(passes, torch.device("cuda"))
+        print(f"compile workers: {workers}, warming {len(items)} first compiled calls in this order:")
+        for number, item in enumerate(items, start=1):
+            print(f"  {number:2d}. {item.describe()}")
+    else:
+        print("compile workers: none (--compile_workers 0): every compile is made by this process")
     return passes
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | list[Pass]:
     args = parse_args(argv)
+    if args.compile_worker is not None:
+        compile_worker(args)
+        return {}
     if args.plan:
         return print_plan(args)
     device = torch.device(args.device)
@@ -1007,6 +1444,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | list[Pass]:
         "command": report["command"],
         "repeats": args.repeats,
         "python": report["environment"]["python"],
+        "compile_workers": 0,  # how many were started (none when nothing was left to warm)
     }
     report["run"] = run
     selected = [
@@ -1019,8 +1457,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | list[Pass]:
     passes = plan_passes(selected, args.modes, args.tasks, report["groups"])
     pending = [(group.name, mode, task) for mode, group, _, tasks in passes for task in tasks]
 
+    items = warm_items(passes, device) if args.compile_workers else []
+    # the workers start before the first pass after every eager pass and every pass of a group kept cold
+    # (Group.warm False: the T = 24 compile time, first in priority order), so those run without them
+    cold = [n for n, p in enumerate(passes) if p.tasks and (p.mode == "eager" or not p.group.warm)]
+    start_at = max(cold, default=-1) + 1
+    workers: CompileWorkers | None = None
+
     def save() -> None:
         report["complete"] = not pending
+        if workers is not None:
+            workers.annotate(report["groups"], run)
         write_report(report, args.output_dir, stem, pending, order)
 
     def on_task(group: Group, record: dict[str, Any], mode: str, task: str) -> None:
@@ -1031,7 +1478,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | list[Pass]:
             pending.remove((group.name, mode, task))
         save()  # after every (group, mode, task): a run stopped by its budget keeps what it measured
 
-    for mode, group, kept, tasks in passes:
+    def measure_pass(mode: str, group: Group, kept: list[str], tasks: list[str]) -> None:
         if kept:
             runs = sorted({runs_of(report["groups"][group.name], mode, task) for task in kept})
             print(
@@ -1039,7 +1486,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | list[Pass]:
                 flush=True,
             )
         if not tasks:
-            continue
+            return
         print(f"{group.name} [{mode}]" + (f": {', '.join(tasks)}" if kept else ""), flush=True)
         pass_args = argparse.Namespace(**{**vars(args), "modes": [mode], "tasks": tasks})
         # the FLOPs counted by an earlier pass (of this run or a kept one) are not counted again
@@ -1048,6 +1495,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | list[Pass]:
         )
         # a mode this device cannot run (CUDA graphs without CUDA) is passed over, not left pending
         pending[:] = [p for p in pending if p[:2] != (group.name, mode)]
+
+    cache_dir = None
+    if items and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        # one cache folder for this run, shared with the workers, and new: cold compiles are cold
+        cache_dir = tempfile.mkdtemp(prefix="gpu-speed-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    try:
+        for number, (mode, group, kept, tasks) in enumerate(passes):
+            if number == start_at and items:
+                workers = CompileWorkers(
+                    min(args.compile_workers, len(items)), items, functools.partial(worker_command, args)
+                )
+                this_run["compile_workers"] = workers.count
+                if tasks:  # this process compiles the pass's first task at once: no worker starts it too
+                    workers.begin(group.name, mode, tasks[0])
+                workers.start()
+            args.workers = workers
+            measure_pass(mode, group, kept, tasks)
+    finally:
+        if workers is not None:
+            workers.stop()
+        if cache_dir is not None:
+            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+            shutil.rmtree(cache_dir, ignore_errors=True)
     save()
     print(f"wrote {args.output_dir / stem}.{{json,md}}")
     return report

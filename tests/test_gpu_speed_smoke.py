@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -598,3 +599,209 @@ def test_flops_of_another_batch_or_without_one_are_counted_again(gpu_speed, monk
         known = kept if flops is None else {name: {"flops": flops} for name in kept}
         gpu_speed.measure_group(group, args, torch.device("cpu"), known={"variants": known})
         assert counted == ([] if flops is None else expected), (flops, counted)
+
+
+# ------------------------------------------------------------------------------------------ compile workers
+
+# HyperBF's inference and training, eager then compiled (aot_eager in smoke mode): the shortest run with a warm
+# pass. The compiled pass's inference is begun by the main process as the workers start (not warmed); its
+# training is the workers' share
+HYPERBF_COMPILED = ["--device", "cpu", "--smoke", "--groups", "HyperBF", "--modes", "eager", "compiled",
+                    "--profile_modes"]  # fmt: skip
+
+
+def wait_for_workers(gpu_speed, monkeypatch) -> None:
+    """Patch measure_group to wait, before each compiled pass, until the workers have made every first call they
+    were given: which items a worker warms before the main process reaches them is then fixed, not a race."""
+    measure = gpu_speed.measure_group
+
+    def waiting(group, args, device, on_task=None, known=None):
+        workers = getattr(args, "workers", None)
+        if workers is not None and args.modes != ["eager"]:
+            deadline = time.monotonic() + 600
+            while not workers.idle() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        return measure(group, args, device, on_task, known)
+
+    monkeypatch.setattr(gpu_speed, "measure_group", waiting)
+
+
+def rows(report: dict) -> dict:
+    """What a run measured, without the figures that differ from run to run: (group, variant, mode, task) keys
+    and each variant's fixed fields (parameters, FLOPs, implementation)."""
+    measured = {}
+    for name, group in report["groups"].items():
+        for variant, entry in group["variants"].items():
+            fixed = {
+                k: entry.get(k) for k in ("params", "flops", "attn_implementation", "baseline", "skipped")
+            }
+            modes = {mode: sorted(entry.get(mode, {})) for mode in gpu_speed_modes() if mode in entry}
+            measured[(name, variant)] = (fixed, modes)
+    return measured
+
+
+def gpu_speed_modes() -> tuple:
+    return ("eager", "compiled", "cuda-graphs")
+
+
+def test_compile_workers_warm_the_compiled_pass_and_the_run_measures_the_same_rows(
+    gpu_speed, tmp_path, monkeypatch, capfd
+):
+    """--compile_workers 2: the workers make the compiled pass's training first calls (the inference the main
+    process begins at once itself); each warmed row records the worker's own cold first call and that the main
+    process's first call came after it (warm_cache), and the run measures exactly the rows a run without workers
+    does. The markdown shows both figures, saying which is which."""
+    plain = gpu_speed.main(
+        [*HYPERBF_COMPILED, "--compile_workers", "0", "--output_dir", str(tmp_path / "plain")]
+    )
+    wait_for_workers(gpu_speed, monkeypatch)
+    report = gpu_speed.main(
+        [*HYPERBF_COMPILED, "--compile_workers", "2", "--output_dir", str(tmp_path / "warm")]
+    )
+    err = capfd.readouterr().err
+    assert rows(report) == rows(plain), (rows(report), rows(plain))
+    assert [r["compile_workers"] for r in report["runs"]] == [2] and plain["runs"][0]["compile_workers"] == 0
+    (group_name,) = report["groups"]
+    for variant, entry in report["groups"][group_name]["variants"].items():
+        train, inference = entry["compiled"]["train"], entry["compiled"]["inference"]
+        worker = train["worker"]
+        assert worker["first_call_s"] > 0 and worker["workers"] == 2 and "error" not in worker, (
+            variant,
+            train,
+        )
+        assert train["warm_cache"] is True and train["median_s"] > 0, (variant, train)
+        assert inference["warm_cache"] is False and "worker" not in inference, (variant, inference)
+        assert all("warm_cache" not in t and "worker" not in t for t in entry["eager"].values()), entry
+        assert f"warmed {group_name} / compiled / {variant} / train: " in err, err
+    markdown = (tmp_path / "warm" / "gpu_speed_smoke.md").read_text()
+    assert (
+        "worker first call s (inf / train)" in markdown and "Compile workers (`--compile_workers`" in markdown
+    )
+    worker_s = report["groups"][group_name]["variants"]["HyperBF (eager)"]["compiled"]["train"]["worker"]
+    assert f" (w) | – / {worker_s['first_call_s']:.2f} |" in markdown, markdown
+    assert "worker first call" not in (tmp_path / "plain" / "gpu_speed_smoke.md").read_text()
+
+
+# a worker whose every compile raises, or which dies at its first item: loaded as the script, patched, then run
+FAILING_WORKER = """
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("gpu_speed", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+sys.modules["gpu_speed"] = module
+spec.loader.exec_module(module)
+def fail(*args, **kwargs):
+    if {die}:
+        os._exit(3)
+    raise RuntimeError("a compile that fails in the worker")
+module.compile_runner = fail
+module.main(sys.argv[2:])
+"""
+
+
+@pytest.mark.parametrize("die", [False, True], ids=["raises", "dies"])
+def test_a_failing_compile_worker_is_reported_and_the_run_completes(
+    gpu_speed, tmp_path, monkeypatch, capfd, die
+):
+    """A worker's failed item is reported on stderr (run.log) with the item's name and recorded beside the row as
+    failed; a worker that dies is reported with its exit status. The run measures every row all the same."""
+    command = gpu_speed.worker_command
+    monkeypatch.setattr(
+        gpu_speed,
+        "worker_command",
+        lambda args, index: [sys.executable, "-c", FAILING_WORKER.format(die=die), *command(args, index)[1:]],
+    )
+    wait_for_workers(gpu_speed, monkeypatch)
+    # compiled only (no eager pass): the workers start at once
+    arguments = [*HYPERBF_COMPILED[:-4], "compiled", "--profile_modes", "--compile_workers", "1"]
+    arguments += ["--output_dir", str(tmp_path)]
+    report = gpu_speed.main(arguments)
+    err = capfd.readouterr().err
+    assert report["complete"] is True, report
+    (group_name,) = report["groups"]
+    variants = report["groups"][group_name]["variants"]
+    for entry in variants.values():
+        assert all(entry["compiled"][task]["median_s"] > 0 for task in ("inference", "train")), entry
+    first = f"{group_name} / compiled / HyperBF (eager) / train"
+    if die:
+        assert f"[compile worker 0] stopped while warming {first}" in err and "exit status 3" in err, err
+        assert "error" in variants["HyperBF (eager)"]["compiled"]["train"]["worker"], variants
+    else:
+        for variant, entry in variants.items():
+            message = (
+                f"{group_name} / compiled / {variant} / train: failed, not warmed (RuntimeError: a compile"
+            )
+            assert message in err, err
+            assert entry["compiled"]["train"]["worker"]["error"].startswith("RuntimeError"), entry
+            assert entry["compiled"]["train"]["warm_cache"] is False, entry
+    assert (
+        " | failed / " not in (tmp_path / "gpu_speed_smoke.md").read_text()
+    )  # training is the second figure
+    assert "/ failed |" in (tmp_path / "gpu_speed_smoke.md").read_text()
+
+
+def test_compile_workers_start_after_the_eager_passes_and_the_cold_compile_time_group(
+    gpu_speed, tmp_path, monkeypatch
+):
+    """The T = 24 compile-time group is never warmed and its compiled pass runs before the workers start (cold and
+    uncontended); they start before the next compiled pass. No measuring here: the passes are noted."""
+    events = []
+
+    def note(group, args, device, on_task=None, known=None):
+        events.append((group.name.split(" (")[0], args.modes[0]))
+
+    monkeypatch.setattr(gpu_speed, "measure_group", note)
+    monkeypatch.setattr(
+        gpu_speed.CompileWorkers, "start", lambda self: events.append(("workers", self.count))
+    )
+    arguments = [
+        "--device",
+        "cpu",
+        "--smoke",
+        "--groups",
+        "HyperBF",
+        "sudoku",
+        "--modes",
+        "eager",
+        "compiled",
+    ]
+    gpu_speed.main([*arguments, "--compile_workers", "3", "--output_dir", str(tmp_path)])
+    assert events == [
+        ("HyperBF cifar", "eager"),
+        ("Hyper-SET sudoku", "eager"),
+        ("Hyper-SET sudoku", "compiled"),
+        ("workers", 3),
+        ("HyperBF cifar", "compiled"),
+    ], events
+    items = gpu_speed.warm_items(
+        gpu_speed.plan_passes(gpu_speed.groups(smoke=True), ["eager", "compiled"], ["inference"], {}),
+        torch.device("cpu"),
+    )
+    assert items and not any("sudoku" in item.group for item in items), items
+
+
+def test_plan_shows_which_compiles_the_workers_warm(gpu_speed, capsys):
+    committed = str(SCRIPT.parent / "results" / "gpu_speed.json")
+    gpu_speed.main(["--plan", "--resume", committed, "--compile_workers", "4"])
+    out = capsys.readouterr().out
+    sudoku = out.split("compiled Hyper-SET sudoku")[1].split("\n 9.")[0]
+    assert "not warmed: compiled cold by this process before the compile workers start" in sudoku, sudoku
+    assert "warmed ahead by the compile workers (4)" in out.split("\n 9.")[1], out
+    listed = out.split("compile workers: 4, warming ")[1].splitlines()
+    assert (
+        "Hyper-SET cifar10-small, 224²/16" in listed[1]
+        and "/ compiled / Hyper-SET (eager) / inference" in listed[1]
+    )
+    assert not any("sudoku" in line for line in listed), listed
+    gpu_speed.main(["--plan", "--device", "cpu", "--smoke"])  # smoke: none by default
+    assert "compile workers: none (--compile_workers 0)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", ["-1", "two", "1.5", ""])
+def test_a_bad_compile_workers_value_is_refused_before_any_work(gpu_speed, tmp_path, capsys, value):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as stopped:
+        gpu_speed.main([*SUDOKU_EAGER, "--compile_workers", value, "--output_dir", str(out)])
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and "argument --compile_workers: must be an integer >= 0" in error, error
+    assert (repr(value) if value != "-1" else "got -1") in error, error
+    assert not out.exists()

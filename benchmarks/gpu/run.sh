@@ -35,6 +35,9 @@ set -u
 SUDOKU_RECIPE=hyperset-sudoku-ds
 SUDOKU_STEPS=600
 SUDOKU_RESERVE=30 # seconds of the stage's budget kept for the final evaluation and writing its result
+# Processes that compile the speed stage's compiled passes ahead of its measuring process (gpu_speed.py
+# --compile_workers; benchmarks/gpu/README.md, "Compile workers"): half the cores, at most 8
+COMPILE_WORKERS=$(($(nproc) / 2 < 8 ? $(nproc) / 2 : 8))
 
 STAGE_NAMES=(install attention speed sudoku) # every stage, in the order they run
 usage() {
@@ -101,7 +104,7 @@ LOG=$OUT/run.log
 : >"$LOG"
 # the speed results so far, which the speed stage continues (benchmarks/gpu/README.md, "Results over sessions")
 SPEED_RESULTS=$ROOT/benchmarks/results/gpu_speed.json
-export PYTHON ROOT OUT SMOKE SCRATCH SUDOKU_RECIPE SUDOKU_STEPS SUDOKU_RESERVE SPEED_RESULTS
+export PYTHON ROOT OUT SMOKE SCRATCH SUDOKU_RECIPE SUDOKU_STEPS SUDOKU_RESERVE SPEED_RESULTS COMPILE_WORKERS
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 # Seconds per stage: 430 s, with the summary's 20 s and `timeout`'s grace periods at most 475 s (8 minutes: 480 s).
@@ -165,14 +168,20 @@ stage_speed() {
     # them) and only what they lack is measured, so GPU sessions add up; OUT gets the whole, old rows and new
     local resume=()
     [[ -f $SPEED_RESULTS ]] && resume=(--resume "$SPEED_RESULTS")
+    # one new inductor cache folder for the stage, shared by gpu_speed.py and its compile workers (what they
+    # compile, it loads), and empty at the start: a cold compile (the T = 24 compile time) is cold
+    export TORCHINDUCTOR_CACHE_DIR=$SCRATCH/inductor-cache
     if [[ $SMOKE == 1 ]]; then
         # the check covers resuming: the committed (real) results are read and refused for a smoke run; then a
         # second call resumed from the first's results keeps them all, measures nothing and rewrites both files
-        local smoke=(--device cpu --smoke --groups "Hyper-SET sudoku" --modes eager --output_dir "$OUT")
+        # (--compile_workers: passed as in a real run; with the eager mode alone there is nothing to warm)
+        local smoke=(--device cpu --smoke --groups "Hyper-SET sudoku" --modes eager --output_dir "$OUT"
+            --compile_workers "$COMPILE_WORKERS")
         "$PYTHON" benchmarks/gpu_speed.py "${smoke[@]}" "${resume[@]}" || return 1
         exec "$PYTHON" benchmarks/gpu_speed.py "${smoke[@]}" --resume "$OUT/gpu_speed_smoke.json"
     else
-        exec "$PYTHON" benchmarks/gpu_speed.py --repeats 10 "${resume[@]}" --output_dir "$OUT"
+        exec "$PYTHON" benchmarks/gpu_speed.py --repeats 10 --compile_workers "$COMPILE_WORKERS" "${resume[@]}" \
+            --output_dir "$OUT"
     fi
 }
 
