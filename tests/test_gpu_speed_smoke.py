@@ -644,6 +644,9 @@ def gpu_speed_modes() -> tuple:
     return ("eager", "compiled", "cuda-graphs")
 
 
+# two smoke runs and two worker processes: minutes on 2 cores; CI runs the failing-worker case, which goes through
+# the same start, queue and pipe
+@pytest.mark.slow
 def test_compile_workers_warm_the_compiled_pass_and_the_run_measures_the_same_rows(
     gpu_speed, tmp_path, monkeypatch, capfd
 ):
@@ -698,7 +701,8 @@ module.main(sys.argv[2:])
 """
 
 
-@pytest.mark.parametrize("die", [False, True], ids=["raises", "dies"])
+# CI runs "raises"; "dies" (the worker exits at its first item) is the long variant
+@pytest.mark.parametrize("die", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["raises", "dies"])
 def test_a_failing_compile_worker_is_reported_and_the_run_completes(
     gpu_speed, tmp_path, monkeypatch, capfd, die
 ):
