@@ -193,9 +193,10 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         """
         own = _own_presets(cls, name)
         cls._check_override_names(_shared_overrides(overrides), "from_preset")
-        if name not in own:
-            return cls.from_hyperset(HyperSetConfig.from_preset(name), **overrides)
-        kwargs = {**own[name], **overrides}
+        fields = cls.preset_fields(name)
+        if name not in own:  # as `from_hyperset`: the MLP is the baseline's own, not Hyper-SET's dictionary
+            fields = {k: v for k, v in fields.items() if k not in ("intermediate_size", "hidden_act")}
+        kwargs = {**fields, **overrides}
         if "id2label" in overrides:
             kwargs.pop("num_labels", None)
         return cls(**kwargs)
