@@ -249,8 +249,9 @@ class HyperBFConfig(_CheckedConfig, PreTrainedConfig):
         num_hidden_layers (`int`, *optional*, defaults to 4):
             Blocks (the memo uses 4).
         num_centers (`int`, *optional*):
-            Learned RBF centers K of each feedforward unit; `None` → 4·hidden_size, which puts a block within
-            ±15% of the parameters of a ViT block with MLP ratio 4 (see benchmarks/hyperbf_param_counts.py).
+            Learned RBF centers K of each feedforward unit; `None` → 4·hidden_size, which gives a block of
+            13·D² + 6·D + H + 1 parameters (H heads), less than 1/12 more than a ViT block with MLP ratio 4
+            (12·D² + 13·D).
             `intermediate_size` is an alias (the centers play the role of the MLP's hidden units).
         rbf_projection_dim (`int`, *optional*):
             Rows R of the metric W (‖a − b‖²_W = ‖W(a − b)‖², PSD by construction); `None` → hidden_size (full rank).

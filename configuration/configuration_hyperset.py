@@ -341,15 +341,15 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
         _validate_config(self, kwargs)
         super().__init__(**kwargs)
 
-    # `custom_pipelines` (an exported masked-image-modelling folder's own pipeline module: docs/hub.md) is kept whole
-    # in the instance dict, which is what `to_dict` and so `save_pretrained` / `push_to_hub` write, so a folder loaded
-    # and saved again still names its pipeline for users without the package. Reading the attribute, as
-    # transformers' `pipeline()` does, leaves out the tasks this process's transformers already serves (with the
-    # package imported, its registered `MaskedImageModelingPipeline`): `pipeline()` prefers a config's custom
-    # pipeline to a registered one and then demands `trust_remote_code=True`, so without the served entries
-    # `pipeline(task, model=folder)` builds the registered class as for a folder without the entry. Without the
-    # package nothing serves the task and the whole entry is seen. The property wins over the instance dict because
-    # it is a data descriptor.
+    # `custom_pipelines` (the pipeline module an exported masked-image-modelling folder carries beside its code, for
+    # users without the package; transformers' `config.custom_pipelines` mechanism) is kept whole in the instance
+    # dict, which is what `to_dict` and so `save_pretrained` / `push_to_hub` write, so a folder loaded and saved
+    # again still names its pipeline for users without the package. Reading the attribute, as transformers'
+    # `pipeline()` does, leaves out the tasks this process's transformers already serves (with the package imported,
+    # its registered `MaskedImageModelingPipeline`): `pipeline()` prefers a config's custom pipeline to a registered
+    # one and then demands `trust_remote_code=True`, so without the served entries `pipeline(task, model=folder)`
+    # builds the registered class as for a folder without the entry. Without the package nothing serves the task and
+    # the whole entry is seen. The property wins over the instance dict because it is a data descriptor.
 
     @property
     def custom_pipelines(self) -> dict[str, dict]:
@@ -511,8 +511,8 @@ class HyperSetConfig(RecurrentDepthConfig):
             λ of an anchor energy (λ/2)‖x − x₀‖² added to the layer's energy (x₀: the state entering the layer,
             for one layer the embedded input): every iteration also takes the step −λ(x_t − x₀). It makes the
             energy coercive, so the iteration has a fixed point and extra test-time iterations cannot drift
-            away (our addition, not the paper's: 0 = the paper's model; the CLI's from-scratch default is 0.5,
-            docs/hyperset.md, "Recurrent depth").
+            away (our addition, not the paper's: 0 = the paper's model; the from-scratch models of the package's
+            `energyformers train` use 0.5).
         iteration_sampling (`str`, *optional*, defaults to `"fixed"`):
             Depth of each training forward: `"fixed"` (num_iterations), `"uniform"` over [min_iterations,
             max_iterations], or `"poisson-lognormal"` with mean num_iterations (Geiping et al., *Scaling up
@@ -538,7 +538,7 @@ class HyperSetConfig(RecurrentDepthConfig):
             training forward, seeded by the model's depth-draw count). Iterations are those of the T drawn for
             the step (random depth); one run without gradient (before the last `backprop_iterations`) still adds
             its loss but trains only the head. Eval mode always reports the last iteration's loss, the loss of the
-            logits returned (docs/hyperset.md, "Deep supervision").
+            logits returned.
         deep_supervision_interval (`int`, *optional*, defaults to 2):
             k of `deep_supervision="every"`: the supervised iterations step back from T by k.
         deep_supervision_samples (`int`, *optional*, defaults to 2):
@@ -552,7 +552,7 @@ class HyperSetConfig(RecurrentDepthConfig):
             in, detached (no gradient flows between steps); in training each step adds its loss (with
             `deep_supervision` inside the step) and the loss is their mean, one optimizer step per batch; at
             inference the heads run S·T iterations unless the halting head stops a sample earlier. 1 = one
-            forward of T iterations, as the paper (docs/hyperset.md, "Supervision steps").
+            forward of T iterations, as the paper.
         halting_head (`bool`, *optional*, defaults to `False`):
             Add a Linear(d, 1) halting classifier on the normed pooled state after every outer step, trained
             with BCE to predict "this step's answer is correct" (every supervised token, or the sample's class);
