@@ -8,6 +8,9 @@ over learned centers with a learned metric in place of the MLP.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import inspect
 import math
 import os
 from collections.abc import Callable
@@ -43,6 +46,25 @@ def _require(
     (e.g. `"IMixerForImageClassification.forward"` for a per-call override)."""
     if not condition:
         raise ValueError(f"{where or type(config).__name__}: invalid {name}={value!r}; {allowed}.")
+
+
+def _transformers_keywords() -> frozenset[str]:
+    """The keyword arguments `PreTrainedConfig` itself takes (`num_labels`, `id2label`, `label2id`, `problem_type`,
+    `dtype`, `attn_implementation`, ...): its fields, its settable properties and the keywords its `__post_init__`
+    reads, plus the special-token ids that transformers' tokenizers and pipelines look up on a config."""
+    if dataclasses.is_dataclass(PreTrainedConfig):
+        names = {field.name for field in dataclasses.fields(PreTrainedConfig)}
+    else:  # a transformers whose configs are not dataclasses: its keywords are `__init__` parameters
+        names = set(inspect.signature(PreTrainedConfig.__init__).parameters) - {"self", "kwargs"}
+    for klass in PreTrainedConfig.__mro__:
+        names |= {
+            name
+            for name, value in vars(klass).items()
+            if isinstance(value, property) and value.fset is not None and not name.startswith("_")
+        }
+    popped = ("attn_implementation", "experts_implementation", "torch_dtype", "name_or_path", "num_labels")
+    tokens = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id")
+    return frozenset(names.union(popped, tokens))
 
 
 def _fields_of(config: PreTrainedConfig, names: tuple[str, ...]) -> list[str]:
@@ -148,6 +170,25 @@ class _CheckedConfig:
             vars(self).update(before)
             raise
 
+    @classmethod
+    def _check_override_names(cls, overrides: dict[str, Any], where: str) -> None:
+        """Refuse a keyword override (`from_preset`) that is neither a field of this config nor a `PreTrainedConfig`
+        keyword, naming the closest names: transformers keeps any other keyword as an attribute that nothing reads,
+        so a misspelt field would leave the preset's value in place without a word. `where`: the method named."""
+        fields = [
+            name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "kwargs")
+        ]
+        known = {*fields, *cls.attribute_map, *_transformers_keywords()}
+        for name, value in overrides.items():
+            if name in known:
+                continue
+            close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+            hint = f"closest names: {close}" if close else f"{cls.__name__}'s fields are {sorted(fields)}"
+            raise ValueError(
+                f"{cls.__name__}.{where}: unknown override {name}={value!r}; not a field of {cls.__name__} nor a "
+                f"transformers config keyword (num_labels, id2label, label2id, problem_type, ...); {hint}."
+            )
+
     def validate(self) -> None:
         """transformers' own checks (architectures, layer types, RoPE, token ids; where this transformers has
         them), then the constructor's: a `ValueError` if a field now holds a value `__init__` would refuse."""
@@ -208,8 +249,9 @@ class HyperBFConfig(_CheckedConfig, PreTrainedConfig):
         num_hidden_layers (`int`, *optional*, defaults to 4):
             Blocks (the memo uses 4).
         num_centers (`int`, *optional*):
-            Learned RBF centers K of each feedforward unit; `None` → 4·hidden_size, which puts a block within
-            ±15% of the parameters of a ViT block with MLP ratio 4 (see benchmarks/hyperbf_param_counts.py).
+            Learned RBF centers K of each feedforward unit; `None` → 4·hidden_size, which gives a block of
+            13·D² + 6·D + H + 1 parameters (H heads), less than 1/12 more than a ViT block with MLP ratio 4
+            (12·D² + 13·D).
             `intermediate_size` is an alias (the centers play the role of the MLP's hidden units).
         rbf_projection_dim (`int`, *optional*):
             Rows R of the metric W (‖a − b‖²_W = ‖W(a − b)‖², PSD by construction); `None` → hidden_size (full rank).
@@ -347,8 +389,12 @@ class HyperBFConfig(_CheckedConfig, PreTrainedConfig):
 
     @classmethod
     def preset_fields(cls, name: str) -> dict[str, Any]:
-        """The fields a named setting sets, as a new dict. The tables are in `energyformers.presets`, which the
-        Hub's remote code does not carry: without the package there are no presets, only explicit fields."""
+        """The fields preset `name` sets, as a new dict (the caller may change it).
+
+        The presets are the rows of the package's `energyformers.presets` (`PRESET_SOURCES` there says which paper
+        setting or released model each row reproduces); the Hub's remote code carries none of them, so without
+        the package there are no presets, only explicit fields.
+        """
         try:
             from energyformers.presets import preset_fields
         except ImportError:  # remote code loaded without the package (the import check skips try blocks)
@@ -361,8 +407,15 @@ class HyperBFConfig(_CheckedConfig, PreTrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> HyperBFConfig:
-        """Config of a named setting (`energyformers.presets`), with keyword overrides applied on top."""
-        kwargs = {**cls.preset_fields(name), **overrides}
+        """The config of preset `name` (`preset_fields`), with keyword `overrides` on top.
+
+        An override is a field of this config or a transformers config keyword (`num_labels`, `id2label`, ...;
+        an `id2label` replaces the preset's `num_labels`); any other name raises `ValueError` naming the closest
+        ones, so a misspelt field never leaves the preset's value in place.
+        """
+        fields = cls.preset_fields(name)
+        cls._check_override_names(overrides, "from_preset")
+        kwargs = {**fields, **overrides}
         if "id2label" in overrides:
             kwargs.pop("num_labels", None)
         return cls(**kwargs)

@@ -8,6 +8,8 @@ energy (attention) followed by one on a dictionary energy (feedforward).
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import inspect
 import math
 import os
@@ -45,6 +47,25 @@ def _require(
     (e.g. `"IMixerForImageClassification.forward"` for a per-call override)."""
     if not condition:
         raise ValueError(f"{where or type(config).__name__}: invalid {name}={value!r}; {allowed}.")
+
+
+def _transformers_keywords() -> frozenset[str]:
+    """The keyword arguments `PreTrainedConfig` itself takes (`num_labels`, `id2label`, `label2id`, `problem_type`,
+    `dtype`, `attn_implementation`, ...): its fields, its settable properties and the keywords its `__post_init__`
+    reads, plus the special-token ids that transformers' tokenizers and pipelines look up on a config."""
+    if dataclasses.is_dataclass(PreTrainedConfig):
+        names = {field.name for field in dataclasses.fields(PreTrainedConfig)}
+    else:  # a transformers whose configs are not dataclasses: its keywords are `__init__` parameters
+        names = set(inspect.signature(PreTrainedConfig.__init__).parameters) - {"self", "kwargs"}
+    for klass in PreTrainedConfig.__mro__:
+        names |= {
+            name
+            for name, value in vars(klass).items()
+            if isinstance(value, property) and value.fset is not None and not name.startswith("_")
+        }
+    popped = ("attn_implementation", "experts_implementation", "torch_dtype", "name_or_path", "num_labels")
+    tokens = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id")
+    return frozenset(names.union(popped, tokens))
 
 
 def _fields_of(config: PreTrainedConfig, names: tuple[str, ...]) -> list[str]:
@@ -149,6 +170,25 @@ class _CheckedConfig:
             vars(self).clear()
             vars(self).update(before)
             raise
+
+    @classmethod
+    def _check_override_names(cls, overrides: dict[str, Any], where: str) -> None:
+        """Refuse a keyword override (`from_preset`) that is neither a field of this config nor a `PreTrainedConfig`
+        keyword, naming the closest names: transformers keeps any other keyword as an attribute that nothing reads,
+        so a misspelt field would leave the preset's value in place without a word. `where`: the method named."""
+        fields = [
+            name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "kwargs")
+        ]
+        known = {*fields, *cls.attribute_map, *_transformers_keywords()}
+        for name, value in overrides.items():
+            if name in known:
+                continue
+            close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+            hint = f"closest names: {close}" if close else f"{cls.__name__}'s fields are {sorted(fields)}"
+            raise ValueError(
+                f"{cls.__name__}.{where}: unknown override {name}={value!r}; not a field of {cls.__name__} nor a "
+                f"transformers config keyword (num_labels, id2label, label2id, problem_type, ...); {hint}."
+            )
 
     def validate(self) -> None:
         """transformers' own checks (architectures, layer types, RoPE, token ids; where this transformers has
@@ -301,15 +341,15 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
         _validate_config(self, kwargs)
         super().__init__(**kwargs)
 
-    # `custom_pipelines` (an exported masked-image-modelling folder's own pipeline module: docs/hub.md) is kept whole
-    # in the instance dict, which is what `to_dict` and so `save_pretrained` / `push_to_hub` write, so a folder loaded
-    # and saved again still names its pipeline for users without the package. Reading the attribute, as
-    # transformers' `pipeline()` does, leaves out the tasks this process's transformers already serves (with the
-    # package imported, its registered `MaskedImageModelingPipeline`): `pipeline()` prefers a config's custom
-    # pipeline to a registered one and then demands `trust_remote_code=True`, so without the served entries
-    # `pipeline(task, model=folder)` builds the registered class as for a folder without the entry. Without the
-    # package nothing serves the task and the whole entry is seen. The property wins over the instance dict because
-    # it is a data descriptor.
+    # `custom_pipelines` (the pipeline module an exported masked-image-modelling folder carries beside its code, for
+    # users without the package; transformers' `config.custom_pipelines` mechanism) is kept whole in the instance
+    # dict, which is what `to_dict` and so `save_pretrained` / `push_to_hub` write, so a folder loaded and saved
+    # again still names its pipeline for users without the package. Reading the attribute, as transformers'
+    # `pipeline()` does, leaves out the tasks this process's transformers already serves (with the package imported,
+    # its registered `MaskedImageModelingPipeline`): `pipeline()` prefers a config's custom pipeline to a registered
+    # one and then demands `trust_remote_code=True`, so without the served entries `pipeline(task, model=folder)`
+    # builds the registered class as for a folder without the entry. Without the package nothing serves the task and
+    # the whole entry is seen. The property wins over the instance dict because it is a data descriptor.
 
     @property
     def custom_pipelines(self) -> dict[str, dict]:
@@ -471,8 +511,8 @@ class HyperSetConfig(RecurrentDepthConfig):
             λ of an anchor energy (λ/2)‖x − x₀‖² added to the layer's energy (x₀: the state entering the layer,
             for one layer the embedded input): every iteration also takes the step −λ(x_t − x₀). It makes the
             energy coercive, so the iteration has a fixed point and extra test-time iterations cannot drift
-            away (our addition, not the paper's: 0 = the paper's model; the CLI's from-scratch default is 0.5,
-            docs/hyperset.md, "Recurrent depth").
+            away (our addition, not the paper's: 0 = the paper's model; the from-scratch models of the package's
+            `energyformers train` use 0.5).
         iteration_sampling (`str`, *optional*, defaults to `"fixed"`):
             Depth of each training forward: `"fixed"` (num_iterations), `"uniform"` over [min_iterations,
             max_iterations], or `"poisson-lognormal"` with mean num_iterations (Geiping et al., *Scaling up
@@ -498,7 +538,7 @@ class HyperSetConfig(RecurrentDepthConfig):
             training forward, seeded by the model's depth-draw count). Iterations are those of the T drawn for
             the step (random depth); one run without gradient (before the last `backprop_iterations`) still adds
             its loss but trains only the head. Eval mode always reports the last iteration's loss, the loss of the
-            logits returned (docs/hyperset.md, "Deep supervision").
+            logits returned.
         deep_supervision_interval (`int`, *optional*, defaults to 2):
             k of `deep_supervision="every"`: the supervised iterations step back from T by k.
         deep_supervision_samples (`int`, *optional*, defaults to 2):
@@ -512,7 +552,7 @@ class HyperSetConfig(RecurrentDepthConfig):
             in, detached (no gradient flows between steps); in training each step adds its loss (with
             `deep_supervision` inside the step) and the loss is their mean, one optimizer step per batch; at
             inference the heads run S·T iterations unless the halting head stops a sample earlier. 1 = one
-            forward of T iterations, as the paper (docs/hyperset.md, "Supervision steps").
+            forward of T iterations, as the paper.
         halting_head (`bool`, *optional*, defaults to `False`):
             Add a Linear(d, 1) halting classifier on the normed pooled state after every outer step, trained
             with BCE to predict "this step's answer is correct" (every supervised token, or the sample's class);
@@ -661,8 +701,12 @@ class HyperSetConfig(RecurrentDepthConfig):
 
     @classmethod
     def preset_fields(cls, name: str) -> dict[str, Any]:
-        """The fields a named setting sets, as a new dict. The tables are in `energyformers.presets`, which the
-        Hub's remote code does not carry: without the package there are no presets, only explicit fields."""
+        """The fields preset `name` sets, as a new dict (the caller may change it).
+
+        The presets are the rows of the package's `energyformers.presets` (`PRESET_SOURCES` there says which paper
+        setting or released model each row reproduces); the Hub's remote code carries none of them, so without
+        the package there are no presets, only explicit fields.
+        """
         try:
             from energyformers.presets import preset_fields
         except ImportError:  # remote code loaded without the package (the import check skips try blocks)
@@ -675,8 +719,15 @@ class HyperSetConfig(RecurrentDepthConfig):
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> HyperSetConfig:
-        """Config of a named paper setting (`energyformers.presets`), with keyword overrides applied on top."""
-        kwargs = {**cls.preset_fields(name), **overrides}
+        """The config of preset `name` (`preset_fields`), with keyword `overrides` on top.
+
+        An override is a field of this config or a transformers config keyword (`num_labels`, `id2label`, ...;
+        an `id2label` replaces the preset's `num_labels`); any other name raises `ValueError` naming the closest
+        ones, so a misspelt field never leaves the preset's value in place.
+        """
+        fields = cls.preset_fields(name)
+        cls._check_override_names(overrides, "from_preset")
+        kwargs = {**fields, **overrides}
         if "id2label" in overrides:
             kwargs.pop("num_labels", None)
         return cls(**kwargs)

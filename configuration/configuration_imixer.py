@@ -8,6 +8,9 @@ x = (1 − F)⁻¹(fc1(t)) with `fixed_point_iterations` fixed-point steps (0 = 
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import inspect
 import math
 import os
 from collections.abc import Callable
@@ -56,6 +59,25 @@ def _require(
     (e.g. `"IMixerForImageClassification.forward"` for a per-call override)."""
     if not condition:
         raise ValueError(f"{where or type(config).__name__}: invalid {name}={value!r}; {allowed}.")
+
+
+def _transformers_keywords() -> frozenset[str]:
+    """The keyword arguments `PreTrainedConfig` itself takes (`num_labels`, `id2label`, `label2id`, `problem_type`,
+    `dtype`, `attn_implementation`, ...): its fields, its settable properties and the keywords its `__post_init__`
+    reads, plus the special-token ids that transformers' tokenizers and pipelines look up on a config."""
+    if dataclasses.is_dataclass(PreTrainedConfig):
+        names = {field.name for field in dataclasses.fields(PreTrainedConfig)}
+    else:  # a transformers whose configs are not dataclasses: its keywords are `__init__` parameters
+        names = set(inspect.signature(PreTrainedConfig.__init__).parameters) - {"self", "kwargs"}
+    for klass in PreTrainedConfig.__mro__:
+        names |= {
+            name
+            for name, value in vars(klass).items()
+            if isinstance(value, property) and value.fset is not None and not name.startswith("_")
+        }
+    popped = ("attn_implementation", "experts_implementation", "torch_dtype", "name_or_path", "num_labels")
+    tokens = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id")
+    return frozenset(names.union(popped, tokens))
 
 
 def _fields_of(config: PreTrainedConfig, names: tuple[str, ...]) -> list[str]:
@@ -160,6 +182,25 @@ class _CheckedConfig:
             vars(self).clear()
             vars(self).update(before)
             raise
+
+    @classmethod
+    def _check_override_names(cls, overrides: dict[str, Any], where: str) -> None:
+        """Refuse a keyword override (`from_preset`) that is neither a field of this config nor a `PreTrainedConfig`
+        keyword, naming the closest names: transformers keeps any other keyword as an attribute that nothing reads,
+        so a misspelt field would leave the preset's value in place without a word. `where`: the method named."""
+        fields = [
+            name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "kwargs")
+        ]
+        known = {*fields, *cls.attribute_map, *_transformers_keywords()}
+        for name, value in overrides.items():
+            if name in known:
+                continue
+            close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+            hint = f"closest names: {close}" if close else f"{cls.__name__}'s fields are {sorted(fields)}"
+            raise ValueError(
+                f"{cls.__name__}.{where}: unknown override {name}={value!r}; not a field of {cls.__name__} nor a "
+                f"transformers config keyword (num_labels, id2label, label2id, problem_type, ...); {hint}."
+            )
 
     def validate(self) -> None:
         """transformers' own checks (architectures, layer types, RoPE, token ids; where this transformers has
@@ -518,8 +559,12 @@ class IMixerConfig(_CheckedConfig, PreTrainedConfig):
 
     @classmethod
     def preset_fields(cls, name: str) -> dict[str, Any]:
-        """The fields a named setting sets, as a new dict. The tables are in `energyformers.presets`, which the
-        Hub's remote code does not carry: without the package there are no presets, only explicit fields."""
+        """The fields preset `name` sets, as a new dict (the caller may change it).
+
+        The presets are the rows of the package's `energyformers.presets` (`PRESET_SOURCES` there says which paper
+        setting or released model each row reproduces); the Hub's remote code carries none of them, so without
+        the package there are no presets, only explicit fields.
+        """
         try:
             from energyformers.presets import preset_fields
         except ImportError:  # remote code loaded without the package (the import check skips try blocks)
@@ -532,9 +577,15 @@ class IMixerConfig(_CheckedConfig, PreTrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> IMixerConfig:
-        """Config of a named paper setting (`energyformers.presets`: s16 … l32, each also as `-hr1` (h_r = 1) and
-        `-mixer` (n = 0, the vanilla Mixer)), overrides on top."""
-        kwargs = {**cls.preset_fields(name), **overrides}
+        """The config of preset `name` (`preset_fields`), with keyword `overrides` on top.
+
+        An override is a field of this config or a transformers config keyword (`num_labels`, `id2label`, ...;
+        an `id2label` replaces the preset's `num_labels`); any other name raises `ValueError` naming the closest
+        ones, so a misspelt field never leaves the preset's value in place.
+        """
+        fields = cls.preset_fields(name)
+        cls._check_override_names(overrides, "from_preset")
+        kwargs = {**fields, **overrides}
         if "id2label" in overrides:
             kwargs.pop("num_labels", None)
         return cls(**kwargs)

@@ -157,8 +157,10 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         """The baseline matching a Hyper-SET config: same embeddings, head, labels, width, heads and depth.
 
         The MLP width is the baseline's own (4 · hidden_size unless `intermediate_size` is overridden): Hyper-SET's
-        `intermediate_size` is the size of its dictionary, not an MLP width.
+        `intermediate_size` is the size of its dictionary, not an MLP width. `overrides` are checked as
+        `from_preset`'s.
         """
+        cls._check_override_names(_shared_overrides(overrides), "from_hyperset")
         kwargs = {name: getattr(config, name) for name in SHARED_FIELDS}
         if "num_labels" not in overrides and "id2label" not in overrides:
             kwargs["id2label"] = dict(config.id2label or {})
@@ -168,29 +170,62 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
 
     @classmethod
     def preset_fields(cls, name: str) -> dict[str, Any]:
-        """The fields a Hyper-SET preset (`HYPERSET_PRESETS`) sets that the baseline shares (same embeddings, head
-        and iteration count, for side-by-side comparisons), as a new dict; the baseline's own rows
-        (`presets.LOOPED_TRANSFORMER_PRESETS`, e.g. Table 2's `mim-1-12-4d`) as they are."""
-        own = _own_presets()
+        """The fields preset `name` sets, as a new dict (the caller may change it).
+
+        The presets are the baseline's own rows (`LOOPED_TRANSFORMER_PRESETS` of the package's
+        `energyformers.presets`, e.g. Table 2's `mim-1-12-4d`), as they are, and every Hyper-SET row
+        (`HYPERSET_PRESETS`), of which the baseline takes the fields it shares (same embeddings, head and iteration
+        count, for side-by-side comparisons); `PRESET_SOURCES` there says which paper setting each row reproduces.
+        """
+        own = _own_presets(cls, name)
         if name in own:
             return dict(own[name])
         return {k: v for k, v in HyperSetConfig.preset_fields(name).items() if k not in HYPERSET_ONLY_FIELDS}
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> LoopedTransformerConfig:
-        """The baseline of a Hyper-SET preset (`HYPERSET_PRESETS`), or one of the baseline's own rows, with
-        baseline keyword overrides on top."""
-        if name in _own_presets():
-            return cls(**{**cls.preset_fields(name), **overrides})
-        return cls.from_hyperset(HyperSetConfig.from_preset(name), **overrides)
+        """The config of preset `name` (`preset_fields`), with keyword `overrides` on top: one of the baseline's
+        own rows, or the baseline of a Hyper-SET row (`from_hyperset`: its MLP is 4 · hidden_size wide).
+
+        An override is a field of this config or a transformers config keyword (`num_labels`, `id2label`, ...;
+        an `id2label` replaces the preset's `num_labels`); any other name raises `ValueError` naming the closest
+        ones, so a misspelt field never leaves the preset's value in place.
+        """
+        own = _own_presets(cls, name)
+        cls._check_override_names(_shared_overrides(overrides), "from_preset")
+        fields = cls.preset_fields(name)
+        if name not in own:  # as `from_hyperset`: the MLP is the baseline's own, not Hyper-SET's dictionary
+            fields = {k: v for k, v in fields.items() if k not in ("intermediate_size", "hidden_act")}
+        kwargs = {**fields, **overrides}
+        if "id2label" in overrides:
+            kwargs.pop("num_labels", None)
+        return cls(**kwargs)
 
 
-def _own_presets() -> dict[str, dict[str, Any]]:
-    """The baseline's own preset rows (none without the package: remote code carries no preset tables)."""
+def _shared_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """`overrides` less the Hyper-SET-only options, which the constructor refuses with its own message (it says
+    whose option each is) rather than as an unknown name."""
+    return {name: value for name, value in overrides.items() if name not in HYPERSET_ONLY_FIELDS}
+
+
+def _own_presets(config_class: type, name: str) -> dict[str, dict[str, Any]]:
+    """The baseline's own preset rows, once `name` is known to be one of them or a Hyper-SET row: else a
+    `ValueError` naming `config_class` and every name its `from_preset` takes (an `ImportError` without the package:
+    remote code carries no preset tables)."""
     try:
-        from energyformers.presets import LOOPED_TRANSFORMER_PRESETS
-    except ImportError:
-        return {}
+        from energyformers.presets import HYPERSET_PRESETS, LOOPED_TRANSFORMER_PRESETS
+    except ImportError:  # remote code loaded without the package (the import check skips try blocks)
+        raise ImportError(
+            f"{config_class.__name__}.from_preset({name!r}): the named presets come with the energyformers "
+            f"package (pip install energyformers), which is not installed; build the config from explicit fields "
+            f"instead, e.g. {config_class.__name__}(hidden_size=...)."
+        ) from None
+    if name not in LOOPED_TRANSFORMER_PRESETS and name not in HYPERSET_PRESETS:
+        raise ValueError(
+            f"{config_class.__name__}: unknown preset name={name!r}; expected one of "
+            f"{sorted({*LOOPED_TRANSFORMER_PRESETS, *HYPERSET_PRESETS})} (the baseline's own rows and "
+            "Hyper-SET's)."
+        )
     return LOOPED_TRANSFORMER_PRESETS
 
 

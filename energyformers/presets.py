@@ -159,6 +159,10 @@ IMIXER_PRESETS["cli-sequence"] = dict(
 
 # The memo's experiments use 4 heads and 4 blocks at width 768 on 32×32 images with 4×4 patches
 # (CBMM memo 143, CIFAR / Tiny-ImageNet experiments); `tiny` is for tests, `digits` for 8×8 grey UCI digits on CPU.
+# `digits` keeps one input channel, the data's own (the parameter counts and timings recorded for it are of this
+# model): it takes 1-channel `pixel_values`. transformers' image pipelines and the package's image processor convert
+# every image to RGB, so a model served that way is built with `from_preset("digits", num_channels=3)`, as
+# `energyformers train --preset digits` does.
 HYPERBF_PRESETS: dict[str, dict[str, Any]] = {
     "cifar": dict(
         hidden_size=768,
@@ -271,7 +275,9 @@ PRESET_SOURCES: dict[str, dict[str, str]] = {
         "cifar": "CBMM memo 143, CIFAR-10 experiments: D = 768, 4 heads, 4 blocks, patch 4, 32²",
         "cifar100": "CBMM memo 143, CIFAR-100 experiments: the `cifar` setting with 100 labels",
         "tiny": "ours: the smallest valid model, for tests",
-        "digits": "ours: a model that trains in minutes on 8×8 grey UCI digits on a CPU",
+        "digits": "ours: a model that trains in minutes on 8×8 grey UCI digits on a CPU; grey input "
+        "(num_channels=1, 1-channel pixel_values): for pipeline() and the image processor, which give RGB, "
+        "build it with num_channels=3",
         "cli-image": _CLI,
         "cli-sequence": _CLI,
     },

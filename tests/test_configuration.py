@@ -374,3 +374,16 @@ def test_num_labels_must_be_a_non_negative_integer(family):
             ValueError, match=re.escape(f"invalid num_labels={value!r}; expected an integer >= 0")
         ):
             make(family, num_labels=value)
+
+
+def test_configuration_files_point_to_no_file_a_hub_user_lacks():
+    """The configuration files are the Hub's remote code, read through `help()`: a pointer to the repository's
+    docs/, benchmarks/ or tests/ leads nowhere there (the validation block's begin marker, which these tests find,
+    is the one exception)."""
+    pointers = [
+        f"{path.name}:{number}: {line.strip()}"
+        for path in sorted((ROOT / "configuration").glob("configuration_*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if line != BEGIN and re.search(r"\b(docs|benchmarks|tests)/", line)
+    ]
+    assert not pointers, "lines naming repository files:\n" + "\n".join(pointers)

@@ -3,16 +3,18 @@ absent from the Hub's remote code, whose `from_preset` says so."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import inspect
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
-from energyformers import FAMILIES, HyperBFConfig, HyperSetConfig, IMixerConfig
+from energyformers import FAMILIES, HyperBFConfig, HyperSetConfig, IMixerConfig, LoopedTransformerConfig
 from energyformers import presets as presets_module
-from energyformers.presets import LOOPED_TRANSFORMER_PRESETS, PRESETS
+from energyformers.presets import HYPERSET_PRESETS, LOOPED_TRANSFORMER_PRESETS, PRESET_SOURCES, PRESETS
 from energyformers.training.remote_code import check_remote_code, remote_code_sources
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,3 +124,99 @@ def test_remote_code_check_allows_only_the_guarded_presets_import():
     wrong_handler = guarded.replace("ImportError", "ValueError")
     with pytest.raises(ValueError, match=r"energyformers\.presets"):
         check_remote_code({"configuration_x.py": wrong_handler}, "x", "XConfig")
+
+
+# One preset of each config class, its own rows and, for the baseline, a Hyper-SET row (built through
+# `from_hyperset`) and one of its own rows.
+OVERRIDE_CASES = [
+    (HyperSetConfig, "cifar10-small"),
+    (IMixerConfig, "s16"),
+    (HyperBFConfig, "tiny"),
+    (LoopedTransformerConfig, "cifar10-small"),
+    (LoopedTransformerConfig, "mim-1-12-4d"),
+]
+
+
+@pytest.mark.parametrize(("config_class", "name"), OVERRIDE_CASES, ids=lambda v: getattr(v, "__name__", v))
+def test_from_preset_refuses_a_misspelt_override_naming_the_closest_field(config_class, name):
+    # transformers keeps an unknown keyword as an attribute nothing reads: the model would get the preset's width
+    with pytest.raises(ValueError) as raised:
+        config_class.from_preset(name, hiden_size=32)
+    message = str(raised.value)
+    assert f"{config_class.__name__}.from_preset" in message, message
+    assert "hiden_size=32" in message and "'hidden_size'" in message, message
+
+
+@pytest.mark.parametrize(("config_class", "name"), OVERRIDE_CASES, ids=lambda v: getattr(v, "__name__", v))
+def test_from_preset_takes_config_fields_and_transformers_keywords(config_class, name):
+    labels = {0: "cat", 1: "dog", 2: "fish"}
+    config = config_class.from_preset(
+        name,
+        hidden_size=96,  # divisible by every preset's head count
+        id2label=labels,
+        label2id={v: k for k, v in labels.items()},
+        problem_type="single_label_classification",
+        attn_implementation="eager",
+        output_hidden_states=True,
+    )
+    got = (config.hidden_size, config.num_labels, config.problem_type, config._attn_implementation)
+    assert got == (96, 3, "single_label_classification", "eager"), got
+    assert config.output_hidden_states is True
+    assert config_class.from_preset(name, num_labels=5).num_labels == 5
+
+
+def test_from_preset_closest_names_include_transformers_keywords():
+    with pytest.raises(ValueError, match=r"num_label=3.*'num_labels'"):
+        IMixerConfig.from_preset("s16", num_label=3)
+
+
+def test_from_hyperset_refuses_a_misspelt_override_and_leaves_hyperset_options_to_the_constructor():
+    source = HyperSetConfig.from_preset("cifar10-small")
+    with pytest.raises(
+        ValueError, match=r"LoopedTransformerConfig\.from_hyperset: unknown override hiden_size"
+    ):
+        LoopedTransformerConfig.from_hyperset(source, hiden_size=32)
+    # a Hyper-SET option is a known name, refused with the constructor's message that says whose option it is
+    with pytest.raises(ValueError, match=r"invalid qkv_norm='shared'; a Hyper-SET option"):
+        LoopedTransformerConfig.from_preset("cifar10-small", qkv_norm="shared")
+
+
+def test_looped_transformer_unknown_preset_names_its_class_and_every_preset_it_takes():
+    with pytest.raises(ValueError) as raised:
+        LoopedTransformerConfig.from_preset("bogus")
+    message = str(raised.value)
+    assert message.startswith("LoopedTransformerConfig: unknown preset name='bogus'"), message
+    listed = set(ast.literal_eval(re.search(r"expected one of (\[[^]]*\])", message).group(1)))
+    expected = {*LOOPED_TRANSFORMER_PRESETS, *HYPERSET_PRESETS}
+    assert listed == expected, f"listed {sorted(listed)}, takes {sorted(expected)}"
+    for name in listed:  # every listed name is one it takes (the CLI's sequence rows want a vocabulary)
+        LoopedTransformerConfig.from_preset(name, vocab_size=16)
+    with pytest.raises(ValueError, match=r"^LoopedTransformerConfig: unknown preset"):
+        LoopedTransformerConfig.preset_fields("bogus")
+
+
+def test_from_preset_and_preset_fields_read_alike_in_the_three_families():
+    """One wording: a reader of `help(IMixerConfig.from_preset)` learns what a reader of Hyper-SET's does."""
+    for method in ("from_preset", "preset_fields"):
+        docs = {cls.__name__: inspect.getdoc(getattr(cls, method)) for cls in CONFIGS.values()}
+        assert len(set(docs.values())) == 1, f"{method} docstrings differ: {docs}"
+    assert "PRESET_SOURCES" in inspect.getdoc(HyperSetConfig.preset_fields)  # where each row comes from
+
+
+def test_image_presets_are_rgb_unless_their_source_says_how_to_serve_them():
+    """transformers' image pipelines convert every image to RGB, and so does the CLI's image processor: a preset
+    with another channel count must say so where its row is described (PRESET_SOURCES)."""
+    unexplained = {
+        (model_type, name): fields["num_channels"]
+        for model_type, table in PRESETS.items()
+        for name, fields in table.items()
+        if fields.get("input_type", "image") == "image"
+        and fields.get("num_channels", 3) != 3
+        and not all(
+            text in PRESET_SOURCES[model_type][name]
+            for text in (f"num_channels={fields['num_channels']}", "num_channels=3", "RGB")
+        )
+    }
+    assert not unexplained, (
+        f"non-RGB image presets whose source does not say how to serve them: {unexplained}"
+    )
