@@ -85,10 +85,6 @@ class HyperBFSequenceClassifierOutput(SequenceClassifierOutput):
     rbf_diagnostics: HyperBFRBFDiagnostics | None = None
 
 
-def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
-
-
 # --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
 
 
@@ -217,15 +213,60 @@ def _check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
         )
 
 
+def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
+    """(height, width) of an `image_size` given as one int (a square) or a pair."""
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
+    if keep is None:
+        return values.mean(1)
+    # (B, N) → (B, N, 1, ...): broadcast over the feature axes
+    weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
+    return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+
+
+def pool_tokens(
+    config: PreTrainedConfig, hidden_states: torch.Tensor, keep: torch.Tensor | None, num_prefix_tokens: int
+) -> torch.Tensor:
+    """The classifier input `(B, D)` of a state `(B, N, D)` by `config.pooling`: the first token (`"cls"`) or the
+    mean over the real tokens after the `num_prefix_tokens` prefix tokens (`"mean"`): an image's CLS token is no
+    patch, so it stays out of the average, as in timm's and ViT's mean pooling."""
+    if config_choice(config, "pooling", {"cls": True, "mean": False}):  # True: the first token
+        return hidden_states[:, 0]
+    prefix = num_prefix_tokens
+    return masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
+
+
+def interpolate_positions(
+    positions: torch.Tensor, grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int
+) -> torch.Tensor:
+    """A position table `(1, P + gh·gw, D)` of P prefix tokens and a gh×gw patch grid (`grid`), its patch part
+    resampled bicubically to `new_grid` (h, w): the `interpolate_pos_encoding` of ViT, for images of another
+    resolution. The prefix tokens keep their positions; the native grid returns `positions` itself."""
+    if tuple(new_grid) == tuple(grid):
+        return positions
+    dim = positions.shape[-1]
+    prefix, patches = positions[:, :num_prefix_tokens], positions[:, num_prefix_tokens:]
+    patches = patches.reshape(1, grid[0], grid[1], dim).permute(0, 3, 1, 2)  # (1, gh·gw, D) → (1, D, gh, gw)
+    # (1, D, gh, gw) → (1, D, h, w)
+    patches = F.interpolate(patches, size=tuple(new_grid), mode="bicubic", align_corners=False)
+    # (1, D, h, w) → (1, h·w, D)
+    patches = patches.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim)
+    return torch.cat((prefix, patches), dim=1)
+
+
 # --- end of input checks ---
 
 
 class HyperBFEmbeddings(nn.Module):
     """The model's input, either kind, as tokens plus the padding mask.
 
-    Images: CLS token + non-overlapping p×p patches through a strided convolution (as in ViT) + learned positions for the configured grid (bicubically
-    interpolated for other resolutions on demand, as in HF ViT). Sequences: token embeddings (or
-    `inputs_embeds`) + learned absolute positions, no CLS token (pooling reads the first token or the mean).
+    Images: a CLS token, then non-overlapping p×p patches through a strided convolution (as in ViT), plus learned
+    positions for the configured grid (bicubically interpolated for other resolutions with
+    `interpolate_pos_encoding`, as in ViT). Sequences: token embeddings (or `inputs_embeds`) plus learned absolute
+    positions, no CLS token. `num_prefix_tokens` (1 for images, 0 for sequences) is what mean pooling skips.
     Returns `(tokens, keep)`, `keep` the `(B, N)` bool padding mask (None: every token is real).
     """
 
@@ -236,6 +277,7 @@ class HyperBFEmbeddings(nn.Module):
             self.image_size = _pair(config.image_size)
             self.grid = (self.image_size[0] // config.patch_size, self.image_size[1] // config.patch_size)
             self.cls_token = nn.Parameter(torch.empty(1, 1, config.hidden_size))
+            self.num_prefix_tokens = 1  # the CLS token is no patch (mean pooling)
             self.projection = nn.Conv2d(
                 config.num_channels,
                 config.hidden_size,
@@ -247,22 +289,14 @@ class HyperBFEmbeddings(nn.Module):
         else:
             self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            self.num_prefix_tokens = 0
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def interpolate_pos_encoding(self, height: int, width: int) -> torch.Tensor:
-        """Position table for a (height, width) input: bicubic resampling of the patch grid, as in HF ViT."""
-        grid_h, grid_w = self.grid
-        new_h, new_w = height // self.config.patch_size, width // self.config.patch_size
-        if (new_h, new_w) == (grid_h, grid_w):
-            return self.position_embeddings
-        dim = self.position_embeddings.shape[-1]
-        class_pos, patch_pos = self.position_embeddings[:, :1], self.position_embeddings[:, 1:]
-        patch_pos = patch_pos.reshape(1, grid_h, grid_w, dim).permute(
-            0, 3, 1, 2
-        )  # (1, gh·gw, D) → (1, D, gh, gw)
-        patch_pos = F.interpolate(patch_pos, size=(new_h, new_w), mode="bicubic", align_corners=False)
-        patch_pos = patch_pos.permute(0, 2, 3, 1).reshape(1, new_h * new_w, dim)  # (1, D, h, w) → (1, h·w, D)
-        return torch.cat((class_pos, patch_pos), dim=1)
+        """Position table `(1, 1 + h·w, D)` for a (height, width) input: the patch grid resampled bicubically, the
+        CLS position unchanged, as in ViT."""
+        new_grid = (height // self.config.patch_size, width // self.config.patch_size)
+        return interpolate_positions(self.position_embeddings, self.grid, new_grid, self.num_prefix_tokens)
 
     def forward(
         self,
@@ -289,14 +323,6 @@ class HyperBFEmbeddings(nn.Module):
             _check_length(tokens.shape[1], self.config.max_position_embeddings)
             positions = self.position_embeddings(torch.arange(tokens.shape[1], device=tokens.device))
         return self.dropout(tokens + positions), keep
-
-
-def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
-    if keep is None:
-        return values.mean(1)
-    weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
-    return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
 def eager_attention_forward(
@@ -726,8 +752,7 @@ class HyperBFModel(HyperBFPreTrainedModel):
                 attention_sigmas=torch.stack([layer.attention.sigma() for layer in self.layers]),  # (L, H)
             )
         hidden_states = self.layernorm(hidden_states)
-        first_token = config_choice(self.config, "pooling", {"cls": True, "mean": False})
-        pooled = hidden_states[:, 0] if first_token else masked_mean(hidden_states, keep)
+        pooled = pool_tokens(self.config, hidden_states, keep, self.embeddings.num_prefix_tokens)
         output = HyperBFModelOutput(
             last_hidden_state=hidden_states,
             pooler_output=pooled,

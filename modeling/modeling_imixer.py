@@ -83,10 +83,6 @@ class IMixerSequenceClassifierOutput(SequenceClassifierOutput):
     fixed_point_residuals: IMixerFixedPointDiagnostics | None = None
 
 
-def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
-
-
 # --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
 
 
@@ -215,6 +211,50 @@ def _check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
         )
 
 
+def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
+    """(height, width) of an `image_size` given as one int (a square) or a pair."""
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
+    if keep is None:
+        return values.mean(1)
+    # (B, N) → (B, N, 1, ...): broadcast over the feature axes
+    weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
+    return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+
+
+def pool_tokens(
+    config: PreTrainedConfig, hidden_states: torch.Tensor, keep: torch.Tensor | None, num_prefix_tokens: int
+) -> torch.Tensor:
+    """The classifier input `(B, D)` of a state `(B, N, D)` by `config.pooling`: the first token (`"cls"`) or the
+    mean over the real tokens after the `num_prefix_tokens` prefix tokens (`"mean"`): an image's CLS token is no
+    patch, so it stays out of the average, as in timm's and ViT's mean pooling."""
+    if config_choice(config, "pooling", {"cls": True, "mean": False}):  # True: the first token
+        return hidden_states[:, 0]
+    prefix = num_prefix_tokens
+    return masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
+
+
+def interpolate_positions(
+    positions: torch.Tensor, grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int
+) -> torch.Tensor:
+    """A position table `(1, P + gh·gw, D)` of P prefix tokens and a gh×gw patch grid (`grid`), its patch part
+    resampled bicubically to `new_grid` (h, w): the `interpolate_pos_encoding` of ViT, for images of another
+    resolution. The prefix tokens keep their positions; the native grid returns `positions` itself."""
+    if tuple(new_grid) == tuple(grid):
+        return positions
+    dim = positions.shape[-1]
+    prefix, patches = positions[:, :num_prefix_tokens], positions[:, num_prefix_tokens:]
+    patches = patches.reshape(1, grid[0], grid[1], dim).permute(0, 3, 1, 2)  # (1, gh·gw, D) → (1, D, gh, gw)
+    # (1, D, gh, gw) → (1, D, h, w)
+    patches = F.interpolate(patches, size=tuple(new_grid), mode="bicubic", align_corners=False)
+    # (1, D, h, w) → (1, h·w, D)
+    patches = patches.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim)
+    return torch.cat((prefix, patches), dim=1)
+
+
 # --- end of input checks ---
 
 
@@ -275,14 +315,6 @@ class IMixerEmbeddings(nn.Module):
         embeddings = canvas.scatter(1, slots.unsqueeze(-1).expand_as(tokens), tokens)  # (B, S + 1, D)
         slot_keep = torch.arange(num_tokens, device=tokens.device) < lengths[:, None]  # (B, S)
         return embeddings[:, :num_tokens], slot_keep  # (B, S, D)
-
-
-def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
-    if keep is None:
-        return values.mean(1)
-    weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
-    return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
 def _unit_start(like: torch.Tensor) -> torch.Tensor:
