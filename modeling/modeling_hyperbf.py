@@ -66,7 +66,8 @@ class HyperBFRBFDiagnostics(ModelOutput):
 
 @dataclass
 class HyperBFModelOutput(BaseModelOutputWithPooling):
-    """`BaseModelOutputWithPooling` plus `rbf_diagnostics` (a `HyperBFRBFDiagnostics`, with `output_rbf_diagnostics=True`).
+    """`BaseModelOutputWithPooling` plus `rbf_diagnostics` (a `HyperBFRBFDiagnostics`, with
+    `output_rbf_diagnostics=True`).
 
     `hidden_states` holds the embedding output and the output of every layer (1 + L tensors, before the final
     LayerNorm); `attentions` the attention maps of every layer (L tensors).
@@ -106,6 +107,8 @@ def _is_tracing() -> bool:
 
 
 def check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
+    """Refuse, at construction, a head built on a config of the other input type (an image head on a sequence
+    config, or the reverse): its `forward` could not take the inputs that config's embeddings read."""
     if input_type != required:
         raise ValueError(
             f"{type(head).__name__} needs config.input_type={required!r}; got input_type={input_type!r}."
@@ -354,7 +357,7 @@ def eager_attention_forward(
 # Widest head the fused CUDA attention kernels take (flash: `check_head_dim_size_flash`, cuDNN:
 # `check_cudnn_tensor_shapes`, both in torch's aten/src/ATen/native/transformers/cuda/sdp_utils.cpp). A wider
 # folded feedforward falls to the memory-efficient kernel, whose backward is much slower than the explicit
-# path's two matrix products, so past this width the feedforward stays explicit (docs/hyperbf.md).
+# path's two matrix products, so past this width the feedforward stays explicit.
 FUSED_ATTENTION_MAX_HEAD_DIM = 256
 
 
@@ -392,7 +395,7 @@ class HyperBFAttention(nn.Module):
     dot-product attention with scale 2τ and a per-key additive bias (memo 143).
     """
 
-    def __init__(self, config: HyperBFConfig):
+    def __init__(self, config: HyperBFConfig) -> None:
         super().__init__()
         self.config = config
         self.num_heads = config.num_attention_heads
@@ -460,10 +463,9 @@ class HyperBFAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, seq_len, _ = hidden_states.shape
         hidden_shape = (batch_size, seq_len, self.num_heads, self.head_dim)
-        # (B, N, D) -> (B, H, N, d)
-        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, N, D) -> (B, H, N, d)
+        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, N, D) -> (B, H, N, d)
+        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, N, D) -> (B, H, N, d)
 
         output, weights = self.attend(query, key, value, key_padding_mask, output_attentions)
         output = output.reshape(batch_size, seq_len, -1)  # (B, N, H, d) -> (B, N, D)
@@ -483,7 +485,7 @@ class HyperBFFeedForward(nn.Module):
     needs the weights themselves, stay on the explicit path. `folds` says which path `sdpa` takes.
     """
 
-    def __init__(self, config: HyperBFConfig):
+    def __init__(self, config: HyperBFConfig) -> None:
         super().__init__()
         self.config = config
         self.kernel = config.feedforward_kernel
@@ -501,9 +503,11 @@ class HyperBFFeedForward(nn.Module):
         self._eval_cache: dict[str, tuple[tuple, tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def sigma(self) -> torch.Tensor:
+        """Kernel width σ of the centers, shape (1,) or (K,) (`rbf_width="center"`)."""
         return self.log_sigma.exp()
 
     def train(self, mode: bool = True) -> HyperBFFeedForward:
+        """`nn.Module.train`, dropping the centers cached for eval forwards (`_cached`) when training starts."""
         if mode or self.training:  # cached centers last one eval phase (a repeated eval() keeps them)
             self._eval_cache.clear()
         return super().train(mode)
@@ -594,9 +598,10 @@ class HyperBFFeedForward(nn.Module):
 
 
 class HyperBFLayer(GradientCheckpointingLayer):
-    """Pre-norm block: z = x + Attention(LN1(x)); y = z + FeedForward(LN2(z)) (memo 143, read as the standard pre-norm pair)."""
+    """Pre-norm block: z = x + Attention(LN1(x)); y = z + FeedForward(LN2(z)) (memo 143, read as the standard
+    pre-norm pair)."""
 
-    def __init__(self, config: HyperBFConfig):
+    def __init__(self, config: HyperBFConfig) -> None:
         super().__init__()
         self.layernorm_before = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.attention = HyperBFAttention(config)

@@ -184,6 +184,8 @@ def _is_tracing() -> bool:
 
 
 def check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
+    """Refuse, at construction, a head built on a config of the other input type (an image head on a sequence
+    config, or the reverse): its `forward` could not take the inputs that config's embeddings read."""
     if input_type != required:
         raise ValueError(
             f"{type(head).__name__} needs config.input_type={required!r}; got input_type={input_type!r}."
@@ -634,6 +636,7 @@ class HyperSetAttention(nn.Module):
             projected = self.qkv_proj(hidden_states)
         else:  # the energy diagnostics run a bfloat16 / float16 model's states in float32: the weight follows
             projected = F.linear(hidden_states, weight.to(hidden_states.dtype))
+        # (B, N, d) → (B, N, H, d_h) → (B, H, N, d_h)
         z = projected.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         return F.rms_norm(z, (self.head_dim,), eps=self.eps)
 
@@ -849,8 +852,8 @@ class HyperSetStepSizes(nn.Module):
     `iteration_conditioning="none"` (default) c is one learned vector for every iteration: iteration t + 1
     applies the same map as iteration t, which is what the authors' trained models compute (their `time_mlp`
     is zero-initialised in both Linears, so c_t never learns to depend on t) and what lets the depth grow at
-    test time. `"sinusoidal"` makes c_t = time_mlp(sinusoid(t)) really depend on t (an ablation; it collapses
-    past the trained depth, docs/hyperset.md).
+    test time. `"sinusoidal"` makes c_t = time_mlp(sinusoid(t)) really depend on t (an ablation: its conditions
+    for t past the trained depth were never seen in training, so accuracy collapses there).
     """
 
     def __init__(self, config: HyperSetConfig) -> None:
@@ -2021,7 +2024,7 @@ class HyperSetForImageClassification(HyperSetHead):
             outer step whose halting probability exceeds this (in (0, 1); default 0.5).
         search_trajectories (`int`, *optional*):
             K: test-time search over K trajectories per input from perturbed starts, in one batched forward of
-            K·B (eval mode; docs/hyperset.md, "Test-time search"). None: no search.
+            K·B (eval mode), the one `search_selector` prefers kept per input. None: no search.
         search_noise (`float`, *optional*):
             σ ≥ 0: trajectory k > 0 starts from x₀ + σ·rms(x₀)·ε, ε ~ N(0, I); trajectory 0 from x₀ (default 0).
         search_seed (`int`, *optional*):

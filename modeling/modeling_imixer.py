@@ -104,6 +104,8 @@ def _is_tracing() -> bool:
 
 
 def check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
+    """Refuse, at construction, a head built on a config of the other input type (an image head on a sequence
+    config, or the reverse): its `forward` could not take the inputs that config's embeddings read."""
     if input_type != required:
         raise ValueError(
             f"{type(head).__name__} needs config.input_type={required!r}; got input_type={input_type!r}."
@@ -376,7 +378,8 @@ class IMixerSpectralNorm(nn.Module):
             # Eager shortcut, same result: W and the comparison state untouched since the last check (same
             # storage, same in-place versions) means the select below would keep u, v. It saves the k power
             # steps of every further forward between optimiser steps; under tracing the select decides alone.
-            # A write through `param.data` bumps no version W shares, so only the select sees it (docs/imixer.md).
+            # A write through `param.data` bumps no version W shares, so only the select sees it: write weights
+            # under `torch.no_grad()` (`p.copy_(...)`) or through `p.detach()`, which share W's version counter.
             if not _is_tracing() and self._untouched_since_last_check(weight):
                 return
         u, v = self.u, self.v
@@ -531,6 +534,7 @@ class _AndersonMixing:
         self.buffers: dict[str, torch.Tensor] = {}
 
     def __call__(self, state: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        # (B, D, D_S) → (B, D·D_S): one vector per sample; the history adds an axis, (B, h, D·D_S)
         states, images, gram = (
             self._history(state.flatten(1), image.flatten(1))
             if torch.is_grad_enabled() and (state.requires_grad or image.requires_grad)
@@ -548,7 +552,7 @@ class _AndersonMixing:
         mixed = alpha @ images  # (B, 1, D·D_S)
         if self.damping != 1.0:
             mixed = self.damping * mixed + (1.0 - self.damping) * (alpha @ states)
-        return mixed.reshape(state.shape)
+        return mixed.reshape(state.shape)  # (B, 1, D·D_S) → (B, D, D_S)
 
     def _history(
         self, state: torch.Tensor, image: torch.Tensor
@@ -662,7 +666,8 @@ _ACTIVATIONS: dict[str, type[nn.Module]] = {
 
 
 class IMixerTokenMixing(nn.Module):
-    """The iMLP: out = fc2(act(x)), x = (1 − F)⁻¹(fc1(t)) = fixed point of x ↦ fc1(t) + F(x), F = fc_sn2∘act∘fc_sn1∘act.
+    """The iMLP: out = fc2(act(x)), x = (1 − F)⁻¹(fc1(t)) = fixed point of x ↦ fc1(t) + F(x),
+    F = fc_sn2∘act∘fc_sn1∘act.
 
     fc1 (S → D_S) and fc2 (D_S → S) are the vanilla Mixer's token MLP; F (D_S → N_h → D_S) is built only
     when n > 0, so n = 0 has the Mixer's parameters exactly and none unused. By default n unrolled steps with
@@ -690,7 +695,7 @@ class IMixerTokenMixing(nn.Module):
                 self.norm_sn1 = nn.BatchNorm1d(contractive)
                 self.norm_sn2 = nn.BatchNorm1d(width)
         self.fc2 = nn.Linear(width, num_tokens)
-        self.activation = _ACTIVATIONS[config.token_mixing_activation]()
+        self.activation = config_choice(config, "token_mixing_activation", _ACTIVATIONS)()
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self._weight_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -701,6 +706,9 @@ class IMixerTokenMixing(nn.Module):
         return ()
 
     def update_spectral_norms(self, only_if_changed: bool = False) -> None:
+        """Refine the σ estimates (u, v) of F's spectrally normalised weights by power iteration (training-mode
+        forwards call it on the schedule of `config.spectral_norm_schedule`); with `only_if_changed`, only for a
+        weight that changed since the last refinement."""
         for layer in self.spectral_layers():
             layer.parametrizations.weight[0].power_iteration(
                 layer.parametrizations.weight.original, only_if_changed=only_if_changed
@@ -876,6 +884,8 @@ class IMixerChannelMixing(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(config.hidden_size, config.channel_mixing_size)
         self.fc2 = nn.Linear(config.channel_mixing_size, config.hidden_size)
+        # Fixed, no config field: the channel MLP is the MLP-Mixer's, GELU in Tolstikhin et al. (Eq. 1) and in the
+        # iMixer paper, which changes only the token-mixing MLP (whose activation `token_mixing_activation` picks).
         self.activation = nn.GELU()
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -1009,6 +1019,9 @@ def _stack_diagnostics(blocks: list[dict[str, torch.Tensor]]) -> dict[str, torch
 
 
 class IMixerModel(IMixerPreTrainedModel):
+    """The bare iMixer encoder: embeddings → `num_hidden_layers` Mixer blocks (token mixing by the iMLP's fixed-point
+    solve, then channel mixing) → final LayerNorm (+ the mean of the tokens as `pooler_output`)."""
+
     def __init__(self, config: IMixerConfig) -> None:
         super().__init__(config)
         self.embeddings = IMixerEmbeddings(config)
@@ -1138,7 +1151,9 @@ class IMixerModel(IMixerPreTrainedModel):
         hidden_states = self.layernorm(hidden_states)
         output = IMixerModelOutput(
             last_hidden_state=hidden_states,
-            pooler_output=masked_mean(hidden_states, keep),  # mean over the real tokens (timm's Mixer)
+            # Always the mean over the real tokens, as timm's Mixer: iMixer's config has no `pooling` field and its
+            # tokens have no prefix (no CLS token), so this is `pool_tokens`' "mean" with no prefix to skip.
+            pooler_output=masked_mean(hidden_states, keep),
             hidden_states=all_hidden_states,
             fixed_point_residuals=fixed_point_residuals,
         )
@@ -1146,9 +1161,9 @@ class IMixerModel(IMixerPreTrainedModel):
 
 
 class IMixerHead(IMixerPreTrainedModel):
-    """The base of iMixer's heads: backbone → the mean of the tokens → Linear (timm's Mixer head) (`nn.Identity()` when num_labels == 0) on the
-    pooled token. A head sets the input type it takes and its output class; its `forward` has the signature of
-    its input type and hands everything to `classify`."""
+    """The base of iMixer's heads: backbone → the mean of the tokens → Linear (timm's Mixer head; `nn.Identity()`
+    when num_labels == 0). A head sets the input type it takes and its output class; its `forward` has the
+    signature of its input type and hands everything to `classify`."""
 
     _input_type = "image"
     _output_class: type[ModelOutput] = IMixerImageClassifierOutput
