@@ -680,6 +680,8 @@ class IMixerTokenMixing(nn.Module):
         num_tokens, width, contractive = config.num_tokens, config.token_mixing_size, config.contractive_size
         self.normalization = config.contractive_normalization
         self.schedule = config.spectral_norm_schedule
+        # read through the table first: the slope table of the config's property is indexed by the same name
+        self.activation = config_choice(config, "token_mixing_activation", _ACTIVATIONS)()
         self.max_slope = config.activation_max_slope
         self.fc1 = nn.Linear(num_tokens, width)
         if config.fixed_point_iterations > 0:
@@ -695,7 +697,6 @@ class IMixerTokenMixing(nn.Module):
                 self.norm_sn1 = nn.BatchNorm1d(contractive)
                 self.norm_sn2 = nn.BatchNorm1d(width)
         self.fc2 = nn.Linear(width, num_tokens)
-        self.activation = config_choice(config, "token_mixing_activation", _ACTIVATIONS)()
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self._weight_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
