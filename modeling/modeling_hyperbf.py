@@ -66,7 +66,8 @@ class HyperBFRBFDiagnostics(ModelOutput):
 
 @dataclass
 class HyperBFModelOutput(BaseModelOutputWithPooling):
-    """`BaseModelOutputWithPooling` plus `rbf_diagnostics` (a `HyperBFRBFDiagnostics`, with `output_rbf_diagnostics=True`).
+    """`BaseModelOutputWithPooling` plus `rbf_diagnostics` (a `HyperBFRBFDiagnostics`, with
+    `output_rbf_diagnostics=True`).
 
     `hidden_states` holds the embedding output and the output of every layer (1 + L tensors, before the final
     LayerNorm); `attentions` the attention maps of every layer (L tensors).
@@ -83,10 +84,6 @@ class HyperBFImageClassifierOutput(ImageClassifierOutput):
 @dataclass
 class HyperBFSequenceClassifierOutput(SequenceClassifierOutput):
     rbf_diagnostics: HyperBFRBFDiagnostics | None = None
-
-
-def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
 # --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
@@ -110,6 +107,8 @@ def _is_tracing() -> bool:
 
 
 def check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
+    """Refuse, at construction, a head built on a config of the other input type (an image head on a sequence
+    config, or the reverse): its `forward` could not take the inputs that config's embeddings read."""
     if input_type != required:
         raise ValueError(
             f"{type(head).__name__} needs config.input_type={required!r}; got input_type={input_type!r}."
@@ -217,15 +216,60 @@ def _check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
         )
 
 
+def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
+    """(height, width) of an `image_size` given as one int (a square) or a pair."""
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
+    if keep is None:
+        return values.mean(1)
+    # (B, N) → (B, N, 1, ...): broadcast over the feature axes
+    weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
+    return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+
+
+def pool_tokens(
+    config: PreTrainedConfig, hidden_states: torch.Tensor, keep: torch.Tensor | None, num_prefix_tokens: int
+) -> torch.Tensor:
+    """The classifier input `(B, D)` of a state `(B, N, D)` by `config.pooling`: the first token (`"cls"`) or the
+    mean over the real tokens after the `num_prefix_tokens` prefix tokens (`"mean"`): an image's CLS token is no
+    patch, so it stays out of the average, as in timm's and ViT's mean pooling."""
+    if config_choice(config, "pooling", {"cls": True, "mean": False}):  # True: the first token
+        return hidden_states[:, 0]
+    prefix = num_prefix_tokens
+    return masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
+
+
+def interpolate_positions(
+    positions: torch.Tensor, grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int
+) -> torch.Tensor:
+    """A position table `(1, P + gh·gw, D)` of P prefix tokens and a gh×gw patch grid (`grid`), its patch part
+    resampled bicubically to `new_grid` (h, w): the `interpolate_pos_encoding` of ViT, for images of another
+    resolution. The prefix tokens keep their positions; the native grid returns `positions` itself."""
+    if tuple(new_grid) == tuple(grid):
+        return positions
+    dim = positions.shape[-1]
+    prefix, patches = positions[:, :num_prefix_tokens], positions[:, num_prefix_tokens:]
+    patches = patches.reshape(1, grid[0], grid[1], dim).permute(0, 3, 1, 2)  # (1, gh·gw, D) → (1, D, gh, gw)
+    # (1, D, gh, gw) → (1, D, h, w)
+    patches = F.interpolate(patches, size=tuple(new_grid), mode="bicubic", align_corners=False)
+    # (1, D, h, w) → (1, h·w, D)
+    patches = patches.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim)
+    return torch.cat((prefix, patches), dim=1)
+
+
 # --- end of input checks ---
 
 
 class HyperBFEmbeddings(nn.Module):
     """The model's input, either kind, as tokens plus the padding mask.
 
-    Images: CLS token + non-overlapping p×p patches through a strided convolution (as in ViT) + learned positions for the configured grid (bicubically
-    interpolated for other resolutions on demand, as in HF ViT). Sequences: token embeddings (or
-    `inputs_embeds`) + learned absolute positions, no CLS token (pooling reads the first token or the mean).
+    Images: a CLS token, then non-overlapping p×p patches through a strided convolution (as in ViT), plus learned
+    positions for the configured grid (bicubically interpolated for other resolutions with
+    `interpolate_pos_encoding`, as in ViT). Sequences: token embeddings (or `inputs_embeds`) plus learned absolute
+    positions, no CLS token. `num_prefix_tokens` (1 for images, 0 for sequences) is what mean pooling skips.
     Returns `(tokens, keep)`, `keep` the `(B, N)` bool padding mask (None: every token is real).
     """
 
@@ -236,6 +280,7 @@ class HyperBFEmbeddings(nn.Module):
             self.image_size = _pair(config.image_size)
             self.grid = (self.image_size[0] // config.patch_size, self.image_size[1] // config.patch_size)
             self.cls_token = nn.Parameter(torch.empty(1, 1, config.hidden_size))
+            self.num_prefix_tokens = 1  # the CLS token is no patch (mean pooling)
             self.projection = nn.Conv2d(
                 config.num_channels,
                 config.hidden_size,
@@ -247,22 +292,14 @@ class HyperBFEmbeddings(nn.Module):
         else:
             self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            self.num_prefix_tokens = 0
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def interpolate_pos_encoding(self, height: int, width: int) -> torch.Tensor:
-        """Position table for a (height, width) input: bicubic resampling of the patch grid, as in HF ViT."""
-        grid_h, grid_w = self.grid
-        new_h, new_w = height // self.config.patch_size, width // self.config.patch_size
-        if (new_h, new_w) == (grid_h, grid_w):
-            return self.position_embeddings
-        dim = self.position_embeddings.shape[-1]
-        class_pos, patch_pos = self.position_embeddings[:, :1], self.position_embeddings[:, 1:]
-        patch_pos = patch_pos.reshape(1, grid_h, grid_w, dim).permute(
-            0, 3, 1, 2
-        )  # (1, gh·gw, D) → (1, D, gh, gw)
-        patch_pos = F.interpolate(patch_pos, size=(new_h, new_w), mode="bicubic", align_corners=False)
-        patch_pos = patch_pos.permute(0, 2, 3, 1).reshape(1, new_h * new_w, dim)  # (1, D, h, w) → (1, h·w, D)
-        return torch.cat((class_pos, patch_pos), dim=1)
+        """Position table `(1, 1 + h·w, D)` for a (height, width) input: the patch grid resampled bicubically, the
+        CLS position unchanged, as in ViT."""
+        new_grid = (height // self.config.patch_size, width // self.config.patch_size)
+        return interpolate_positions(self.position_embeddings, self.grid, new_grid, self.num_prefix_tokens)
 
     def forward(
         self,
@@ -289,14 +326,6 @@ class HyperBFEmbeddings(nn.Module):
             _check_length(tokens.shape[1], self.config.max_position_embeddings)
             positions = self.position_embeddings(torch.arange(tokens.shape[1], device=tokens.device))
         return self.dropout(tokens + positions), keep
-
-
-def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
-    if keep is None:
-        return values.mean(1)
-    weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
-    return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
 def eager_attention_forward(
@@ -328,7 +357,7 @@ def eager_attention_forward(
 # Widest head the fused CUDA attention kernels take (flash: `check_head_dim_size_flash`, cuDNN:
 # `check_cudnn_tensor_shapes`, both in torch's aten/src/ATen/native/transformers/cuda/sdp_utils.cpp). A wider
 # folded feedforward falls to the memory-efficient kernel, whose backward is much slower than the explicit
-# path's two matrix products, so past this width the feedforward stays explicit (docs/hyperbf.md).
+# path's two matrix products, so past this width the feedforward stays explicit.
 FUSED_ATTENTION_MAX_HEAD_DIM = 256
 
 
@@ -366,7 +395,7 @@ class HyperBFAttention(nn.Module):
     dot-product attention with scale 2τ and a per-key additive bias (memo 143).
     """
 
-    def __init__(self, config: HyperBFConfig):
+    def __init__(self, config: HyperBFConfig) -> None:
         super().__init__()
         self.config = config
         self.num_heads = config.num_attention_heads
@@ -434,10 +463,9 @@ class HyperBFAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, seq_len, _ = hidden_states.shape
         hidden_shape = (batch_size, seq_len, self.num_heads, self.head_dim)
-        # (B, N, D) -> (B, H, N, d)
-        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, N, D) -> (B, H, N, d)
+        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, N, D) -> (B, H, N, d)
+        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, N, D) -> (B, H, N, d)
 
         output, weights = self.attend(query, key, value, key_padding_mask, output_attentions)
         output = output.reshape(batch_size, seq_len, -1)  # (B, N, H, d) -> (B, N, D)
@@ -457,7 +485,7 @@ class HyperBFFeedForward(nn.Module):
     needs the weights themselves, stay on the explicit path. `folds` says which path `sdpa` takes.
     """
 
-    def __init__(self, config: HyperBFConfig):
+    def __init__(self, config: HyperBFConfig) -> None:
         super().__init__()
         self.config = config
         self.kernel = config.feedforward_kernel
@@ -475,9 +503,11 @@ class HyperBFFeedForward(nn.Module):
         self._eval_cache: dict[str, tuple[tuple, tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def sigma(self) -> torch.Tensor:
+        """Kernel width σ of the centers, shape (1,) or (K,) (`rbf_width="center"`)."""
         return self.log_sigma.exp()
 
     def train(self, mode: bool = True) -> HyperBFFeedForward:
+        """`nn.Module.train`, dropping the centers cached for eval forwards (`_cached`) when training starts."""
         if mode or self.training:  # cached centers last one eval phase (a repeated eval() keeps them)
             self._eval_cache.clear()
         return super().train(mode)
@@ -568,9 +598,10 @@ class HyperBFFeedForward(nn.Module):
 
 
 class HyperBFLayer(GradientCheckpointingLayer):
-    """Pre-norm block: z = x + Attention(LN1(x)); y = z + FeedForward(LN2(z)) (memo 143, read as the standard pre-norm pair)."""
+    """Pre-norm block: z = x + Attention(LN1(x)); y = z + FeedForward(LN2(z)) (memo 143, read as the standard
+    pre-norm pair)."""
 
-    def __init__(self, config: HyperBFConfig):
+    def __init__(self, config: HyperBFConfig) -> None:
         super().__init__()
         self.layernorm_before = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.attention = HyperBFAttention(config)
@@ -726,8 +757,7 @@ class HyperBFModel(HyperBFPreTrainedModel):
                 attention_sigmas=torch.stack([layer.attention.sigma() for layer in self.layers]),  # (L, H)
             )
         hidden_states = self.layernorm(hidden_states)
-        first_token = config_choice(self.config, "pooling", {"cls": True, "mean": False})
-        pooled = hidden_states[:, 0] if first_token else masked_mean(hidden_states, keep)
+        pooled = pool_tokens(self.config, hidden_states, keep, self.embeddings.num_prefix_tokens)
         output = HyperBFModelOutput(
             last_hidden_state=hidden_states,
             pooler_output=pooled,

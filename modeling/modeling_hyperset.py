@@ -110,10 +110,6 @@ class HyperSetTokenClassifierOutput(RecurrentDepthHeadOutput, HyperSetHeadOutput
     pass
 
 
-def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
-
-
 def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
     """Fixed 1-D position encoding, sin/cos interleaved over channels (Vaswani et al.), `(num_positions, dim)`.
 
@@ -188,6 +184,8 @@ def _is_tracing() -> bool:
 
 
 def check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
+    """Refuse, at construction, a head built on a config of the other input type (an image head on a sequence
+    config, or the reverse): its `forward` could not take the inputs that config's embeddings read."""
     if input_type != required:
         raise ValueError(
             f"{type(head).__name__} needs config.input_type={required!r}; got input_type={input_type!r}."
@@ -295,6 +293,50 @@ def _check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
         )
 
 
+def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
+    """(height, width) of an `image_size` given as one int (a square) or a pair."""
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
+    if keep is None:
+        return values.mean(1)
+    # (B, N) → (B, N, 1, ...): broadcast over the feature axes
+    weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
+    return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+
+
+def pool_tokens(
+    config: PreTrainedConfig, hidden_states: torch.Tensor, keep: torch.Tensor | None, num_prefix_tokens: int
+) -> torch.Tensor:
+    """The classifier input `(B, D)` of a state `(B, N, D)` by `config.pooling`: the first token (`"cls"`) or the
+    mean over the real tokens after the `num_prefix_tokens` prefix tokens (`"mean"`): an image's CLS token is no
+    patch, so it stays out of the average, as in timm's and ViT's mean pooling."""
+    if config_choice(config, "pooling", {"cls": True, "mean": False}):  # True: the first token
+        return hidden_states[:, 0]
+    prefix = num_prefix_tokens
+    return masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
+
+
+def interpolate_positions(
+    positions: torch.Tensor, grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int
+) -> torch.Tensor:
+    """A position table `(1, P + gh·gw, D)` of P prefix tokens and a gh×gw patch grid (`grid`), its patch part
+    resampled bicubically to `new_grid` (h, w): the `interpolate_pos_encoding` of ViT, for images of another
+    resolution. The prefix tokens keep their positions; the native grid returns `positions` itself."""
+    if tuple(new_grid) == tuple(grid):
+        return positions
+    dim = positions.shape[-1]
+    prefix, patches = positions[:, :num_prefix_tokens], positions[:, num_prefix_tokens:]
+    patches = patches.reshape(1, grid[0], grid[1], dim).permute(0, 3, 1, 2)  # (1, gh·gw, D) → (1, D, gh, gw)
+    # (1, D, gh, gw) → (1, D, h, w)
+    patches = F.interpolate(patches, size=tuple(new_grid), mode="bicubic", align_corners=False)
+    # (1, D, h, w) → (1, h·w, D)
+    patches = patches.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim)
+    return torch.cat((prefix, patches), dim=1)
+
+
 # --- end of input checks ---
 
 
@@ -318,8 +360,10 @@ class HyperSetEmbeddings(nn.Module):
     """The model's input, either kind, as tokens plus the padding mask.
 
     Images: patches (features ordered dy, dx, channel) → LayerNorm → Linear → LayerNorm, a CLS token in
-    front, plus the fixed sinusoid. Sequences: token embeddings (or `inputs_embeds`) plus a fixed sinusoid,
-    learned positions or a fixed row/column table (`"sincos-2d"`; both for fixed layouts, e.g. Sudoku).
+    front, plus the fixed sinusoid laid over the configured grid (bicubically interpolated for other resolutions
+    with `interpolate_pos_encoding`, as ViT's learned table). Sequences: token embeddings (or `inputs_embeds`)
+    plus a fixed sinusoid, learned positions or a fixed row/column table (`"sincos-2d"`; both for fixed layouts,
+    e.g. Sudoku). `num_prefix_tokens` (1 for images, 0 for sequences) is what mean pooling skips.
     Returns `(tokens, keep)`, `keep` the `(B, N)` bool padding mask (None: every token is real).
     """
 
@@ -330,15 +374,14 @@ class HyperSetEmbeddings(nn.Module):
             self.image_size = _pair(config.image_size)
             self.patch_size = config.patch_size
             patch_dim = config.num_channels * config.patch_size**2
-            num_patches = (self.image_size[0] // self.patch_size) * (self.image_size[1] // self.patch_size)
+            self.grid = (self.image_size[0] // self.patch_size, self.image_size[1] // self.patch_size)
+            num_patches = self.grid[0] * self.grid[1]
             self.patch_norm = nn.LayerNorm(patch_dim, eps=config.layer_norm_eps)
             self.projection = nn.Linear(patch_dim, config.hidden_size)
             self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
             self.cls_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size))
-            self.num_prefix_tokens, num_positions = (
-                1,
-                num_patches + 1,
-            )  # the CLS token is no patch (mean pooling)
+            self.num_prefix_tokens = 1  # the CLS token is no patch (mean pooling)
+            num_positions = num_patches + 1
         else:
             self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
             self.num_prefix_tokens, num_positions = 0, config.max_position_embeddings
@@ -349,6 +392,8 @@ class HyperSetEmbeddings(nn.Module):
         )
 
     def embed_patches(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Tokens `(B, 1 + Hp·Wp, d)` of images `(B, C, H, W)`: the CLS token, then each p×p patch flattened (dy, dx,
+        channel), normalised, projected and normalised again; positions are added by `forward`."""
         batch, channels, height, width = pixel_values.shape
         p = self.patch_size
         patches = pixel_values.reshape(batch, channels, height // p, p, width // p, p)  # (B, C, Hp, p, Wp, p)
@@ -362,29 +407,27 @@ class HyperSetEmbeddings(nn.Module):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        interpolate_pos_encoding: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         _check_inputs(self.config, pixel_values, input_ids, inputs_embeds, attention_mask)
         keep = None if attention_mask is None else attention_mask.bool()
         if pixel_values is not None:
-            _check_image_size(pixel_values, self.image_size, self.patch_size)
+            _check_image_size(pixel_values, self.image_size, self.patch_size, interpolate_pos_encoding)
             # images arrive as float32 whatever the model's dtype (e.g. bfloat16), as in transformers' models
             tokens = self.embed_patches(pixel_values.to(self.projection.weight.dtype))
-        else:
-            _check_token_ids(input_ids, self.word_embeddings.num_embeddings)
-            tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
-            _check_length(tokens.shape[1], self.config.max_position_embeddings)
+            height, width = pixel_values.shape[-2:]
+            new_grid = (height // self.patch_size, width // self.patch_size)
+            positions = interpolate_positions(
+                self.position_encoding, self.grid, new_grid, self.num_prefix_tokens
+            )
+            return tokens + positions.to(tokens.dtype), keep
+        _check_token_ids(input_ids, self.word_embeddings.num_embeddings)
+        tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        _check_length(tokens.shape[1], self.config.max_position_embeddings)
         length = tokens.shape[1]
         if self.position_embeddings is not None:
             return tokens + self.position_embeddings.weight[:length], keep
         return tokens + self.position_encoding[:, :length].to(tokens.dtype), keep
-
-
-def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
-    if keep is None:
-        return values.mean(1)
-    weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
-    return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
 def check_initial_state(initial_state: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
@@ -593,6 +636,7 @@ class HyperSetAttention(nn.Module):
             projected = self.qkv_proj(hidden_states)
         else:  # the energy diagnostics run a bfloat16 / float16 model's states in float32: the weight follows
             projected = F.linear(hidden_states, weight.to(hidden_states.dtype))
+        # (B, N, d) → (B, N, H, d_h) → (B, H, N, d_h)
         z = projected.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         return F.rms_norm(z, (self.head_dim,), eps=self.eps)
 
@@ -808,8 +852,8 @@ class HyperSetStepSizes(nn.Module):
     `iteration_conditioning="none"` (default) c is one learned vector for every iteration: iteration t + 1
     applies the same map as iteration t, which is what the authors' trained models compute (their `time_mlp`
     is zero-initialised in both Linears, so c_t never learns to depend on t) and what lets the depth grow at
-    test time. `"sinusoidal"` makes c_t = time_mlp(sinusoid(t)) really depend on t (an ablation; it collapses
-    past the trained depth, docs/hyperset.md).
+    test time. `"sinusoidal"` makes c_t = time_mlp(sinusoid(t)) really depend on t (an ablation: its conditions
+    for t past the trained depth were never seen in training, so accuracy collapses there).
     """
 
     def __init__(self, config: HyperSetConfig) -> None:
@@ -1289,6 +1333,7 @@ def classify_with_search(
         input_ids=repeated.get("input_ids"),
         attention_mask=repeated.get("attention_mask"),
         inputs_embeds=repeated.get("inputs_embeds"),
+        interpolate_pos_encoding=bool(repeated.get("interpolate_pos_encoding")),
     )
     start = embedded
     if noise > 0 and trajectories > 1:
@@ -1424,12 +1469,9 @@ class RecurrentDepthMixin:
         return requested
 
     def _pool(self, hidden_states: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-        """The classifier input of a state `(B, N, d)`: its first token (`"cls"`) or the mean over the real tokens;
-        the image CLS token is no patch (timm's mean pooling)."""
-        if config_choice(self.config, "pooling", {"cls": True, "mean": False}):  # True: the first token
-            return hidden_states[:, 0]
-        prefix = self.embeddings.num_prefix_tokens
-        return masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
+        """The classifier input of a state `(B, N, d)` (`pool_tokens`: the first token or the mean over the real
+        tokens after the prefix); the deep-supervision steps pool the intermediate states with it too."""
+        return pool_tokens(self.config, hidden_states, keep, self.embeddings.num_prefix_tokens)
 
     @staticmethod
     def _iteration_grad(
@@ -1631,6 +1673,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         return_dict: bool | None = None,
         initial_state: torch.Tensor | None = None,
         output_final_energy: bool | None = None,
+        interpolate_pos_encoding: bool | None = None,
     ) -> HyperSetModelOutput | tuple:
         r"""
         num_iterations (`int`, *optional*):
@@ -1657,6 +1700,10 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         output_final_energy (`bool`, *optional*):
             Return `final_energy` `(batch,)`: Σ over layers of E_ATTN + E_FF of the state each layer's last
             iteration left (no gradient; what test-time search's energy selector compares).
+        interpolate_pos_encoding (`bool`, *optional*):
+            Images only: resample the position table bicubically to the patch grid of the input (another
+            resolution, a multiple of `patch_size`), the CLS position unchanged, as ViT's argument. Without it an
+            input of another size than `config.image_size` is refused.
         """
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = (
@@ -1679,6 +1726,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
+            interpolate_pos_encoding=bool(interpolate_pos_encoding),
         )
         embedded = hidden_states
         # read once per forward, not per iteration: the step sizes' condition x₀ (the input) or the state
@@ -1968,6 +2016,7 @@ class HyperSetForImageClassification(HyperSetHead):
         search_noise: float | None = None,
         search_seed: int | None = None,
         search_selector: str | None = None,
+        interpolate_pos_encoding: bool | None = None,
     ) -> HyperSetImageClassifierOutput | tuple:
         r"""
         halting_threshold (`float`, *optional*):
@@ -1975,7 +2024,7 @@ class HyperSetForImageClassification(HyperSetHead):
             outer step whose halting probability exceeds this (in (0, 1); default 0.5).
         search_trajectories (`int`, *optional*):
             K: test-time search over K trajectories per input from perturbed starts, in one batched forward of
-            K·B (eval mode; docs/hyperset.md, "Test-time search"). None: no search.
+            K·B (eval mode), the one `search_selector` prefers kept per input. None: no search.
         search_noise (`float`, *optional*):
             σ ≥ 0: trajectory k > 0 starts from x₀ + σ·rms(x₀)·ε, ε ~ N(0, I); trajectory 0 from x₀ (default 0).
         search_seed (`int`, *optional*):
@@ -1983,6 +2032,10 @@ class HyperSetForImageClassification(HyperSetHead):
         search_selector (`str`, *optional*):
             `"energy"` (default: the lowest final E_ATTN + E_FF), `"confidence"` or `"sudoku"` (a valid board,
             else the lowest energy).
+        interpolate_pos_encoding (`bool`, *optional*):
+            Resample the position table bicubically to the patch grid of the input (another
+            resolution, a multiple of `patch_size`), the CLS position unchanged, as ViT's argument. Without it an
+            input of another size than `config.image_size` is refused.
         """
         return self.classify(
             labels,
@@ -2000,6 +2053,7 @@ class HyperSetForImageClassification(HyperSetHead):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_energies=output_energies,
+            interpolate_pos_encoding=interpolate_pos_encoding,
         )
 
 

@@ -83,10 +83,6 @@ class IMixerSequenceClassifierOutput(SequenceClassifierOutput):
     fixed_point_residuals: IMixerFixedPointDiagnostics | None = None
 
 
-def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
-
-
 # --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
 
 
@@ -108,6 +104,8 @@ def _is_tracing() -> bool:
 
 
 def check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
+    """Refuse, at construction, a head built on a config of the other input type (an image head on a sequence
+    config, or the reverse): its `forward` could not take the inputs that config's embeddings read."""
     if input_type != required:
         raise ValueError(
             f"{type(head).__name__} needs config.input_type={required!r}; got input_type={input_type!r}."
@@ -215,6 +213,50 @@ def _check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
         )
 
 
+def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
+    """(height, width) of an `image_size` given as one int (a square) or a pair."""
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
+    if keep is None:
+        return values.mean(1)
+    # (B, N) → (B, N, 1, ...): broadcast over the feature axes
+    weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
+    return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+
+
+def pool_tokens(
+    config: PreTrainedConfig, hidden_states: torch.Tensor, keep: torch.Tensor | None, num_prefix_tokens: int
+) -> torch.Tensor:
+    """The classifier input `(B, D)` of a state `(B, N, D)` by `config.pooling`: the first token (`"cls"`) or the
+    mean over the real tokens after the `num_prefix_tokens` prefix tokens (`"mean"`): an image's CLS token is no
+    patch, so it stays out of the average, as in timm's and ViT's mean pooling."""
+    if config_choice(config, "pooling", {"cls": True, "mean": False}):  # True: the first token
+        return hidden_states[:, 0]
+    prefix = num_prefix_tokens
+    return masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
+
+
+def interpolate_positions(
+    positions: torch.Tensor, grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int
+) -> torch.Tensor:
+    """A position table `(1, P + gh·gw, D)` of P prefix tokens and a gh×gw patch grid (`grid`), its patch part
+    resampled bicubically to `new_grid` (h, w): the `interpolate_pos_encoding` of ViT, for images of another
+    resolution. The prefix tokens keep their positions; the native grid returns `positions` itself."""
+    if tuple(new_grid) == tuple(grid):
+        return positions
+    dim = positions.shape[-1]
+    prefix, patches = positions[:, :num_prefix_tokens], positions[:, num_prefix_tokens:]
+    patches = patches.reshape(1, grid[0], grid[1], dim).permute(0, 3, 1, 2)  # (1, gh·gw, D) → (1, D, gh, gw)
+    # (1, D, gh, gw) → (1, D, h, w)
+    patches = F.interpolate(patches, size=tuple(new_grid), mode="bicubic", align_corners=False)
+    # (1, D, h, w) → (1, h·w, D)
+    patches = patches.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim)
+    return torch.cat((prefix, patches), dim=1)
+
+
 # --- end of input checks ---
 
 
@@ -277,14 +319,6 @@ class IMixerEmbeddings(nn.Module):
         return embeddings[:, :num_tokens], slot_keep  # (B, S, D)
 
 
-def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
-    if keep is None:
-        return values.mean(1)
-    weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
-    return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
-
-
 def _unit_start(like: torch.Tensor) -> torch.Tensor:
     """The power iteration's fixed start: the unit vector along (1, …, 1)."""
     return torch.full_like(like, like.numel() ** -0.5)
@@ -344,7 +378,8 @@ class IMixerSpectralNorm(nn.Module):
             # Eager shortcut, same result: W and the comparison state untouched since the last check (same
             # storage, same in-place versions) means the select below would keep u, v. It saves the k power
             # steps of every further forward between optimiser steps; under tracing the select decides alone.
-            # A write through `param.data` bumps no version W shares, so only the select sees it (docs/imixer.md).
+            # A write through `param.data` bumps no version W shares, so only the select sees it: write weights
+            # under `torch.no_grad()` (`p.copy_(...)`) or through `p.detach()`, which share W's version counter.
             if not _is_tracing() and self._untouched_since_last_check(weight):
                 return
         u, v = self.u, self.v
@@ -499,6 +534,7 @@ class _AndersonMixing:
         self.buffers: dict[str, torch.Tensor] = {}
 
     def __call__(self, state: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        # (B, D, D_S) → (B, D·D_S): one vector per sample; the history adds an axis, (B, h, D·D_S)
         states, images, gram = (
             self._history(state.flatten(1), image.flatten(1))
             if torch.is_grad_enabled() and (state.requires_grad or image.requires_grad)
@@ -516,7 +552,7 @@ class _AndersonMixing:
         mixed = alpha @ images  # (B, 1, D·D_S)
         if self.damping != 1.0:
             mixed = self.damping * mixed + (1.0 - self.damping) * (alpha @ states)
-        return mixed.reshape(state.shape)
+        return mixed.reshape(state.shape)  # (B, 1, D·D_S) → (B, D, D_S)
 
     def _history(
         self, state: torch.Tensor, image: torch.Tensor
@@ -630,7 +666,8 @@ _ACTIVATIONS: dict[str, type[nn.Module]] = {
 
 
 class IMixerTokenMixing(nn.Module):
-    """The iMLP: out = fc2(act(x)), x = (1 − F)⁻¹(fc1(t)) = fixed point of x ↦ fc1(t) + F(x), F = fc_sn2∘act∘fc_sn1∘act.
+    """The iMLP: out = fc2(act(x)), x = (1 − F)⁻¹(fc1(t)) = fixed point of x ↦ fc1(t) + F(x),
+    F = fc_sn2∘act∘fc_sn1∘act.
 
     fc1 (S → D_S) and fc2 (D_S → S) are the vanilla Mixer's token MLP; F (D_S → N_h → D_S) is built only
     when n > 0, so n = 0 has the Mixer's parameters exactly and none unused. By default n unrolled steps with
@@ -643,6 +680,8 @@ class IMixerTokenMixing(nn.Module):
         num_tokens, width, contractive = config.num_tokens, config.token_mixing_size, config.contractive_size
         self.normalization = config.contractive_normalization
         self.schedule = config.spectral_norm_schedule
+        # read through the table first: the slope table of the config's property is indexed by the same name
+        self.activation = config_choice(config, "token_mixing_activation", _ACTIVATIONS)()
         self.max_slope = config.activation_max_slope
         self.fc1 = nn.Linear(num_tokens, width)
         if config.fixed_point_iterations > 0:
@@ -658,7 +697,6 @@ class IMixerTokenMixing(nn.Module):
                 self.norm_sn1 = nn.BatchNorm1d(contractive)
                 self.norm_sn2 = nn.BatchNorm1d(width)
         self.fc2 = nn.Linear(width, num_tokens)
-        self.activation = _ACTIVATIONS[config.token_mixing_activation]()
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self._weight_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -669,6 +707,9 @@ class IMixerTokenMixing(nn.Module):
         return ()
 
     def update_spectral_norms(self, only_if_changed: bool = False) -> None:
+        """Refine the σ estimates (u, v) of F's spectrally normalised weights by power iteration (training-mode
+        forwards call it on the schedule of `config.spectral_norm_schedule`); with `only_if_changed`, only for a
+        weight that changed since the last refinement."""
         for layer in self.spectral_layers():
             layer.parametrizations.weight[0].power_iteration(
                 layer.parametrizations.weight.original, only_if_changed=only_if_changed
@@ -844,6 +885,8 @@ class IMixerChannelMixing(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(config.hidden_size, config.channel_mixing_size)
         self.fc2 = nn.Linear(config.channel_mixing_size, config.hidden_size)
+        # Fixed, no config field: the channel MLP is the MLP-Mixer's, GELU in Tolstikhin et al. (Eq. 1) and in the
+        # iMixer paper, which changes only the token-mixing MLP (whose activation `token_mixing_activation` picks).
         self.activation = nn.GELU()
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -977,6 +1020,9 @@ def _stack_diagnostics(blocks: list[dict[str, torch.Tensor]]) -> dict[str, torch
 
 
 class IMixerModel(IMixerPreTrainedModel):
+    """The bare iMixer encoder: embeddings → `num_hidden_layers` Mixer blocks (token mixing by the iMLP's fixed-point
+    solve, then channel mixing) → final LayerNorm (+ the mean of the tokens as `pooler_output`)."""
+
     def __init__(self, config: IMixerConfig) -> None:
         super().__init__(config)
         self.embeddings = IMixerEmbeddings(config)
@@ -1106,7 +1152,9 @@ class IMixerModel(IMixerPreTrainedModel):
         hidden_states = self.layernorm(hidden_states)
         output = IMixerModelOutput(
             last_hidden_state=hidden_states,
-            pooler_output=masked_mean(hidden_states, keep),  # mean over the real tokens (timm's Mixer)
+            # Always the mean over the real tokens, as timm's Mixer: iMixer's config has no `pooling` field and its
+            # tokens have no prefix (no CLS token), so this is `pool_tokens`' "mean" with no prefix to skip.
+            pooler_output=masked_mean(hidden_states, keep),
             hidden_states=all_hidden_states,
             fixed_point_residuals=fixed_point_residuals,
         )
@@ -1114,9 +1162,9 @@ class IMixerModel(IMixerPreTrainedModel):
 
 
 class IMixerHead(IMixerPreTrainedModel):
-    """The base of iMixer's heads: backbone → the mean of the tokens → Linear (timm's Mixer head) (`nn.Identity()` when num_labels == 0) on the
-    pooled token. A head sets the input type it takes and its output class; its `forward` has the signature of
-    its input type and hands everything to `classify`."""
+    """The base of iMixer's heads: backbone → the mean of the tokens → Linear (timm's Mixer head; `nn.Identity()`
+    when num_labels == 0). A head sets the input type it takes and its output class; its `forward` has the
+    signature of its input type and hands everything to `classify`."""
 
     _input_type = "image"
     _output_class: type[ModelOutput] = IMixerImageClassifierOutput

@@ -254,6 +254,7 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         initial_state: torch.Tensor | None = None,
+        interpolate_pos_encoding: bool | None = None,
     ) -> BaseModelOutputWithPooling | tuple:
         r"""
         num_iterations (`int`, *optional*):
@@ -265,6 +266,10 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
             The state the first iteration starts from, in place of the embedding output (a carried state of the
             supervision steps, a perturbed start of test-time search); the inputs are still embedded for their
             padding mask, and `hidden_states` starts with it. None: the embedding output.
+        interpolate_pos_encoding (`bool`, *optional*):
+            Images only: resample the position table bicubically to the patch grid of the input (another
+            resolution, a multiple of `patch_size`), the CLS position unchanged, as ViT's argument. Without it an
+            input of another size than `config.image_size` is refused.
 
         `hidden_states`: the embedding output, then the state after every iteration of every layer (1 + L·T);
         `attentions`: the softmax maps of every iteration (L·T).
@@ -283,6 +288,7 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
+            interpolate_pos_encoding=bool(interpolate_pos_encoding),
         )
         if initial_state is not None:
             hidden_states = check_initial_state(initial_state, hidden_states)
@@ -350,10 +356,12 @@ class LoopedTransformerForImageClassification(LoopedTransformerHead):
         search_noise: float | None = None,
         search_seed: int | None = None,
         search_selector: str | None = None,
+        interpolate_pos_encoding: bool | None = None,
     ) -> ImageClassifierOutput | tuple:
         r"""
-        halting_threshold and the `search_*` arguments: as `HyperSetForImageClassification.forward` (the baseline
-        has no energy: the selector defaults to `"confidence"`, and `"energy"` is refused).
+        halting_threshold, the `search_*` arguments and `interpolate_pos_encoding`: as
+        `HyperSetForImageClassification.forward` (the baseline has no energy: the selector defaults to
+        `"confidence"`, and `"energy"` is refused).
         """
         return self.classify(
             labels,
@@ -368,6 +376,7 @@ class LoopedTransformerForImageClassification(LoopedTransformerHead):
             backprop_iterations=backprop_iterations,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            interpolate_pos_encoding=interpolate_pos_encoding,
         )
 
 

@@ -120,6 +120,21 @@ def test_per_call_depth_and_random_depth_in_training():
         model(pixel_values=images(), num_iterations=0)
 
 
+def test_interpolate_pos_encoding_takes_images_of_another_resolution():
+    """Hyper-SET's embeddings, so ViT's `interpolate_pos_encoding`: 16×16 images into the 8×8 model."""
+    model = build(LoopedTransformerForImageClassification, "image")
+    large = torch.randn(BATCH, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        outputs = model(pixel_values=large, interpolate_pos_encoding=True, output_hidden_states=True)
+        plain = model(pixel_values=images()).logits
+        flagged = model(pixel_values=images(), interpolate_pos_encoding=True).logits
+    assert outputs.logits.shape == (BATCH, LABELS)
+    assert outputs.hidden_states[0].shape == (BATCH, 1 + 8 * 8, WIDTH)
+    assert torch.equal(plain, flagged), f"max difference {(plain - flagged).abs().max().item():.3g}"
+    with pytest.raises(ValueError, match="interpolate_pos_encoding=True"):
+        model(pixel_values=large)
+
+
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_appending_padding_does_not_change_the_logits(pooling):
     model = build(LoopedTransformerForSequenceClassification, "sequence", pooling=pooling)

@@ -327,6 +327,22 @@ def test_interpolate_pos_encoding_handles_other_resolutions():
     torch.testing.assert_close(table[:, 1:], expected.permute(0, 2, 3, 1).reshape(1, 30, -1))
 
 
+def test_mean_pooling_of_an_image_skips_the_cls_token():
+    """`pooling="mean"` averages the patch tokens only (as Hyper-SET, timm and ViT): the CLS token is no patch."""
+    model = build(HyperBFModel, "image", pooling="mean")
+    pixels = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        outputs = model(pixel_values=pixels)
+    patches = outputs.last_hidden_state[:, 1:].mean(1)
+    # the same float32 mean, summed in another order: a few ulps of the LayerNorm'd (O(1)) values
+    torch.testing.assert_close(
+        outputs.pooler_output, patches, atol=8 * torch.finfo(torch.float32).eps, rtol=0
+    )
+    with_cls = outputs.last_hidden_state.mean(1)
+    assert (outputs.pooler_output - with_cls).abs().max() > 1e-3, "the CLS token entered the mean"
+    assert model.embeddings.num_prefix_tokens == 1  # the attribute's name and meaning as in Hyper-SET
+
+
 @pytest.mark.parametrize(
     "pixels, interpolate, message",
     [

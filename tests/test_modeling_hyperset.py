@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from fixtures import Case, step_once
+from fixtures import Case, perturb, step_once
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from energyformers import (
@@ -263,6 +263,56 @@ def test_iteration_sinusoid_and_position_encoding_follow_the_spec():
     div = torch.exp(torch.arange(0, 6, 2) * (-math.log(10000.0) / 6))
     torch.testing.assert_close(pe[3, 0::2], torch.sin(3 * div))
     torch.testing.assert_close(pe[3, 1::2], torch.cos(3 * div))
+
+
+def test_interpolate_pos_encoding_resamples_the_sinusoid_to_the_input_grid():
+    """ViT's `interpolate_pos_encoding`: a 64×64 image into a 32×32 model (4×4 grid of 8×8 patches → 8×8 grid)."""
+    model = perturb(
+        IMAGE.build(image_size=32, patch_size=8)
+    )  # perturbed: non-zero step sizes, positions matter
+    large = torch.randn(2, 1, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        outputs = model(pixel_values=large, interpolate_pos_encoding=True, output_hidden_states=True)
+    assert outputs.logits.shape == (2, IMAGE.tiny.labels) and torch.isfinite(outputs.logits).all()
+    assert outputs.hidden_states[0].shape == (2, 1 + 8 * 8, IMAGE.tiny.hidden)
+    with pytest.raises(
+        ValueError, match=r"64×64 but config.image_size is 32×32.*interpolate_pos_encoding=True"
+    ):
+        model(pixel_values=large)
+    # at the native size the flag changes nothing: the table is used as it is
+    native = torch.randn(2, 1, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        plain, flagged = (
+            model(pixel_values=native).logits,
+            model(native, interpolate_pos_encoding=True).logits,
+        )
+    assert torch.equal(plain, flagged), f"max difference {(plain - flagged).abs().max().item():.3g}"
+    # the positions added: the CLS row unchanged, the patch rows the bicubic resampling of the 4×4 sinusoid grid
+    embeddings = model.hyperset.embeddings
+    table = embeddings.position_encoding  # (1, 1 + 16, d)
+    with torch.no_grad():
+        tokens = embeddings.embed_patches(large)
+        added = embeddings(pixel_values=large, interpolate_pos_encoding=True)[0] - tokens
+    grid = table[:, 1:].reshape(1, 4, 4, -1).permute(0, 3, 1, 2)  # (1, 16, d) → (1, d, 4, 4)
+    expected = F.interpolate(grid, size=(8, 8), mode="bicubic", align_corners=False)
+    expected = torch.cat([table[:, :1], expected.permute(0, 2, 3, 1).reshape(1, 64, -1)], dim=1)  # (1, 65, d)
+    # `added` is (tokens + positions) − tokens in float32: off by the rounding of the sum, a few ulps of the
+    # largest term (|tokens| after LayerNorm and |positions| <= 1 are both O(1))
+    scale = max(tokens.abs().max().item(), 1.0)
+    torch.testing.assert_close(
+        added, expected.expand_as(added), atol=4 * torch.finfo(torch.float32).eps * scale, rtol=0
+    )
+
+
+def test_interpolate_pos_encoding_reaches_the_backbone_in_test_time_search():
+    model = perturb(IMAGE.build(image_size=32, patch_size=8))
+    large = torch.randn(2, 1, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = model(large, interpolate_pos_encoding=True).logits
+        searched = model(large, interpolate_pos_encoding=True, search_trajectories=2, search_seed=0).logits
+    assert searched.shape == plain.shape
+    # no noise: every trajectory starts from x₀, so the search returns the plain forward's answer
+    torch.testing.assert_close(searched, plain)
 
 
 def test_patch_features_are_ordered_dy_dx_channel():

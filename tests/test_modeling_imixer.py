@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from fixtures import Case, step_once
 
 from energyformers import IMixerConfig, IMixerForImageClassification, IMixerForSequenceClassification
-from energyformers.modeling.modeling_imixer import IMixerSpectralNorm
+from energyformers.modeling.modeling_imixer import IMixerSpectralNorm, IMixerTokenMixing
 
 # the shared tiny configs, inputs and models (tests/fixtures.py)
 IMAGE = Case.of(IMixerForImageClassification)
@@ -351,3 +351,14 @@ def test_trainer_learns_digits_quickly(tmp_path):
 @pytest.mark.slow
 def test_trainer_learns_digits_to_95_percent(tmp_path):
     assert digits_accuracy(tmp_path, epochs=8) >= 0.95
+
+
+def test_token_mixing_activation_edited_after_the_checks_is_refused_by_name():
+    """The activation is read through the config's table: a value set after the config's checks raises a
+    ValueError naming the field and the choices, not a bare KeyError."""
+    config = IMAGE.config()
+    config.token_mixing_activation = "swish"
+    with pytest.raises(
+        ValueError, match=r"invalid token_mixing_activation='swish'; expected one of \['gelu'"
+    ):
+        IMixerTokenMixing(config)
