@@ -166,6 +166,54 @@ def iteration_embedding(steps: torch.Tensor, dim: int, dtype: torch.dtype = torc
 # --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
 
 
+def select_attn_implementation(
+    model: PreTrainedModel,
+    requested: str | None,
+    is_init_check: bool,
+    choose: Callable[[str | None, bool], str],
+    note: str = "",
+) -> str:
+    """`get_correct_attn_implementation` of the model classes: transformers calls it for `attn_implementation=` in
+    `from_pretrained` / `from_config`, for `set_attn_implementation` and at `__init__`. A name outside the class's
+    `attn_implementations` is refused with a ValueError naming the model, the name and those it takes (transformers'
+    own message lists implementations these models do not run, or points at a Hub page made from the folder name);
+    `note` ends that message. None and the names it takes go on to `choose(requested, is_init_check)`: transformers'
+    own choice (None: "sdpa" where the class supports it, else "eager") or the family's."""
+    taken = list(model.attn_implementations)  # at call time: a registry can grow after import
+    if requested is not None and requested not in taken:
+        names = ", ".join(f'`"{name}"`' for name in taken)
+        raise ValueError(
+            f'Specified `attn_implementation="{requested}"` is not supported by {type(model).__name__}. The only '
+            f"possible arguments are {names}, or None for the default{note}."
+        )
+    return choose(requested, is_init_check)
+
+
+def load_naming_unreadable_file(
+    load: Callable[..., PreTrainedModel],
+    pretrained_model_name_or_path: object,
+    *model_args: object,
+    **kwargs: object,
+) -> PreTrainedModel:
+    """`load(pretrained_model_name_or_path, *model_args, **kwargs)` (transformers' `from_pretrained`), where an
+    unreadable safetensors file (truncated or corrupt) raises an `OSError` naming the file."""
+    try:
+        return load(pretrained_model_name_or_path, *model_args, **kwargs)
+    except Exception as error:
+        # safetensors' error class, matched by name: a model file imports only torch and transformers
+        if type(error).__name__ != "SafetensorError":
+            raise
+        # safetensors' message does not say which file: the innermost loader frame holding a path does
+        path, trace = pretrained_model_name_or_path, error.__traceback__
+        while trace is not None:
+            names = trace.tb_frame.f_locals.values()
+            path = next((v for v in names if isinstance(v, str) and v.endswith(".safetensors")), path)
+            trace = trace.tb_next
+        raise OSError(
+            f"{path} is not a readable safetensors file (truncated or corrupt): {error}; re-save or re-download it"
+        ) from error
+
+
 def config_choice(config: PreTrainedConfig, name: str, choices: dict[str, object]) -> object:
     """What `choices` maps the value of field `name` to. A field the config's checks cover is read through its
     table, never by an `if`/`else` whose `else` would run for any other value: a config edited by attribute
@@ -566,20 +614,23 @@ DEFAULT_ATTN_IMPLEMENTATION = "eager"
 COMPUTES_BISOFTMAX: dict[str, bool] = {"bisoftmax": True, "sigmoid": False, "linear": False}
 
 
+def missing_kernel_note() -> str:
+    """The end of the refusal of a name Hyper-SET does not take: where "triton" is not registered, what it needs."""
+    if "triton" in ALL_ATTENTION_FUNCTIONS:
+        return ""
+    return (
+        '; `"triton"`, the fused kernel, needs the energyformers package with Triton installed '
+        "(pip install 'energyformers[kernels]')"
+    )
+
+
 def check_attn_implementation(config: HyperSetConfig, requested: str) -> None:
     """A ValueError saying why the implementation `requested` cannot run for `config` on this machine, if it cannot."""
-    valid = ALL_ATTENTION_FUNCTIONS.valid_keys()
-    if requested not in valid:
-        names = ", ".join(f'`"{name}"`' for name in valid)
-        missing = ""
-        if "triton" not in valid:
-            missing = (
-                '; `"triton"`, the fused kernel, needs the energyformers package with Triton installed '
-                "(pip install 'energyformers[kernels]')"
-            )
+    if requested not in ALL_ATTENTION_FUNCTIONS:
+        names = ", ".join(f'`"{name}"`' for name in ALL_ATTENTION_FUNCTIONS)
         raise ValueError(  # worded as transformers' own message, which its tests and users match
             f'Specified `attn_implementation="{requested}"` is not supported by Hyper-SET. The only possible '
-            f"arguments are {names}, or None for the default{missing}."
+            f"arguments are {names}, or None for the default{missing_kernel_note()}."
         )
     if requested != "eager" and not config_choice(config, "attention_energy", COMPUTES_BISOFTMAX):
         raise ValueError(
@@ -590,6 +641,32 @@ def check_attn_implementation(config: HyperSetConfig, requested: str) -> None:
     reason = None if check is None else check(None)
     if reason is not None:
         raise ValueError(f"Hyper-SET: attn_implementation={requested!r} cannot run here: {reason}.")
+
+
+def choose_attn_implementation(
+    config: HyperSetConfig, requested: str | None, is_init_check: bool = False
+) -> str:
+    """What `attn_implementation=requested` runs: None → `DEFAULT_ATTN_IMPLEMENTATION`, a name of this file's
+    registry once `check_attn_implementation` passes it. `is_init_check`: transformers' argument, unused (no check
+    here depends on where the weights are)."""
+    if requested is None:
+        logger.info(
+            f"Hyper-SET attention: attn_implementation={DEFAULT_ATTN_IMPLEMENTATION!r} (the default)."
+        )
+        return DEFAULT_ATTN_IMPLEMENTATION
+    check_attn_implementation(config, requested)
+    return requested
+
+
+def warn_if_maps_need_eager(config: HyperSetConfig, output_attentions: bool) -> None:
+    """Once: attention maps were asked of an implementation that returns none, so that call runs eager."""
+    if output_attentions and config._attn_implementation not in (None, "eager"):
+        if config_choice(config, "attention_energy", COMPUTES_BISOFTMAX):
+            logger.warning_once(
+                f"Hyper-SET: attn_implementation={config._attn_implementation!r} returns no attention "
+                "maps; this call with output_attentions=True runs the eager path. Load the model with "
+                "attn_implementation='eager' to get maps without this warning."
+            )
 
 
 def _energy_precision(method: Callable) -> Callable:
@@ -1543,6 +1620,8 @@ class HyperSetLayer(GradientCheckpointingLayer):
 
 
 class HyperSetPreTrainedModel(PreTrainedModel):
+    """The base of every Hyper-SET model: its config class, weight initialisation, attention selection and loading."""
+
     config: HyperSetConfig
     config_class = HyperSetConfig
     base_model_prefix = "hyperset"
@@ -1552,35 +1631,20 @@ class HyperSetPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["HyperSetEmbeddings", "HyperSetLayer"]
     _supports_sdpa = True
 
+    # what `attn_implementation` takes: this file's bi-softmax registry, read at call time ("triton" registers there)
+    attn_implementations = ALL_ATTENTION_FUNCTIONS
+
     def __init__(self, config: HyperSetConfig, *inputs: object, **kwargs: object) -> None:
-        # The config's checks again, as it is now: one edited by attribute assignment since it was built or loaded
-        # is refused by name before any module reads it.
-        config.validate()
+        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
         super().__init__(config, *inputs, **kwargs)
 
     def get_correct_attn_implementation(
         self, requested_attention: str | None, is_init_check: bool = False
     ) -> str:
-        """The implementation `attn_implementation=requested_attention` selects, checked against Hyper-SET's own
-        registry (`ALL_ATTENTION_FUNCTIONS` of this file) rather than transformers' softmax one; None selects
-        `DEFAULT_ATTN_IMPLEMENTATION`. transformers calls this from `__init__`,
-        `from_pretrained` / `from_config(..., attn_implementation=...)` and `set_attn_implementation`, and keeps
-        the result in `config._attn_implementation`, which it does not save in config.json."""
-        if requested_attention is None:
-            chosen = DEFAULT_ATTN_IMPLEMENTATION
-            logger.info(f"Hyper-SET attention: attn_implementation={chosen!r} (the default).")
-            return chosen
-        check_attn_implementation(self.config, requested_attention)
-        return requested_attention
-
-    def _warn_if_maps_need_eager(self, output_attentions: bool) -> None:
-        if output_attentions and self.config._attn_implementation not in (None, "eager"):
-            if config_choice(self.config, "attention_energy", COMPUTES_BISOFTMAX):
-                logger.warning_once(
-                    f"Hyper-SET: attn_implementation={self.config._attn_implementation!r} returns no attention "
-                    "maps; this call with output_attentions=True runs the eager path. Load the model with "
-                    "attn_implementation='eager' to get maps without this warning."
-                )
+        choose = functools.partial(choose_attn_implementation, self.config)
+        return select_attn_implementation(
+            self, requested_attention, is_init_check, choose, missing_kernel_note()
+        )
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -1617,23 +1681,9 @@ class HyperSetPreTrainedModel(PreTrainedModel):
     def from_pretrained(
         cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
     ) -> PreTrainedModel:
-        """`PreTrainedModel.from_pretrained`; an unreadable safetensors file raises an `OSError` naming the file."""
-        try:
-            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        except Exception as error:
-            # safetensors' error class, matched by name: a model file imports only torch and transformers
-            if type(error).__name__ != "SafetensorError":
-                raise
-            # safetensors' message does not say which file: the innermost loader frame holding a path does
-            path, trace = pretrained_model_name_or_path, error.__traceback__
-            while trace is not None:
-                names = trace.tb_frame.f_locals.values()
-                path = next((v for v in names if isinstance(v, str) and v.endswith(".safetensors")), path)
-                trace = trace.tb_next
-            raise OSError(
-                f"{path} is not a readable safetensors file (truncated or corrupt): {error}; "
-                "re-save or re-download it"
-            ) from error
+        return load_naming_unreadable_file(
+            super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
+        )
 
 
 class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
@@ -1741,7 +1791,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep.float()
         )
         iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
-        self._warn_if_maps_need_eager(output_attentions)
+        warn_if_maps_need_eager(self.config, output_attentions)
         fixed_step_sizes = None  # [α | γ] once per forward where they do not change over iterations
         if HyperSetStepSizes.constant_over_iterations(self.config):
             fixed_step_sizes = self.step_sizes.project(iteration_conditions[0], embedded)  # (B, N, 2d)

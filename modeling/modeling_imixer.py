@@ -86,6 +86,54 @@ class IMixerSequenceClassifierOutput(SequenceClassifierOutput):
 # --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
 
 
+def select_attn_implementation(
+    model: PreTrainedModel,
+    requested: str | None,
+    is_init_check: bool,
+    choose: Callable[[str | None, bool], str],
+    note: str = "",
+) -> str:
+    """`get_correct_attn_implementation` of the model classes: transformers calls it for `attn_implementation=` in
+    `from_pretrained` / `from_config`, for `set_attn_implementation` and at `__init__`. A name outside the class's
+    `attn_implementations` is refused with a ValueError naming the model, the name and those it takes (transformers'
+    own message lists implementations these models do not run, or points at a Hub page made from the folder name);
+    `note` ends that message. None and the names it takes go on to `choose(requested, is_init_check)`: transformers'
+    own choice (None: "sdpa" where the class supports it, else "eager") or the family's."""
+    taken = list(model.attn_implementations)  # at call time: a registry can grow after import
+    if requested is not None and requested not in taken:
+        names = ", ".join(f'`"{name}"`' for name in taken)
+        raise ValueError(
+            f'Specified `attn_implementation="{requested}"` is not supported by {type(model).__name__}. The only '
+            f"possible arguments are {names}, or None for the default{note}."
+        )
+    return choose(requested, is_init_check)
+
+
+def load_naming_unreadable_file(
+    load: Callable[..., PreTrainedModel],
+    pretrained_model_name_or_path: object,
+    *model_args: object,
+    **kwargs: object,
+) -> PreTrainedModel:
+    """`load(pretrained_model_name_or_path, *model_args, **kwargs)` (transformers' `from_pretrained`), where an
+    unreadable safetensors file (truncated or corrupt) raises an `OSError` naming the file."""
+    try:
+        return load(pretrained_model_name_or_path, *model_args, **kwargs)
+    except Exception as error:
+        # safetensors' error class, matched by name: a model file imports only torch and transformers
+        if type(error).__name__ != "SafetensorError":
+            raise
+        # safetensors' message does not say which file: the innermost loader frame holding a path does
+        path, trace = pretrained_model_name_or_path, error.__traceback__
+        while trace is not None:
+            names = trace.tb_frame.f_locals.values()
+            path = next((v for v in names if isinstance(v, str) and v.endswith(".safetensors")), path)
+            trace = trace.tb_next
+        raise OSError(
+            f"{path} is not a readable safetensors file (truncated or corrupt): {error}; re-save or re-download it"
+        ) from error
+
+
 def config_choice(config: PreTrainedConfig, name: str, choices: dict[str, object]) -> object:
     """What `choices` maps the value of field `name` to. A field the config's checks cover is read through its
     table, never by an `if`/`else` whose `else` would run for any other value: a config edited by attribute
@@ -934,6 +982,8 @@ class IMixerClassifier(nn.Linear):
 
 
 class IMixerPreTrainedModel(PreTrainedModel):
+    """The base of every iMixer model: its config class, weight initialisation, attention selection and loading."""
+
     config: IMixerConfig
     config_class = IMixerConfig
     base_model_prefix = "imixer"
@@ -942,11 +992,19 @@ class IMixerPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["IMixerEmbeddings", "IMixerLayer"]
 
+    # what `attn_implementation` takes: "eager" only, iMixer mixes tokens with an MLP and has no attention
+    attn_implementations = ("eager",)
+
     def __init__(self, config: IMixerConfig, *inputs: object, **kwargs: object) -> None:
-        # The config's checks again, as it is now: one edited by attribute assignment since it was built or loaded
-        # is refused by name before any module reads it.
-        config.validate()
+        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
         super().__init__(config, *inputs, **kwargs)
+
+    def get_correct_attn_implementation(
+        self, requested_attention: str | None, is_init_check: bool = False
+    ) -> str:
+        return select_attn_implementation(
+            self, requested_attention, is_init_check, super().get_correct_attn_implementation
+        )
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -988,23 +1046,9 @@ class IMixerPreTrainedModel(PreTrainedModel):
     def from_pretrained(
         cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
     ) -> PreTrainedModel:
-        """`PreTrainedModel.from_pretrained`; an unreadable safetensors file raises an `OSError` naming the file."""
-        try:
-            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        except Exception as error:
-            # safetensors' error class, matched by name: a model file imports only torch and transformers
-            if type(error).__name__ != "SafetensorError":
-                raise
-            # safetensors' message does not say which file: the innermost loader frame holding a path does
-            path, trace = pretrained_model_name_or_path, error.__traceback__
-            while trace is not None:
-                names = trace.tb_frame.f_locals.values()
-                path = next((v for v in names if isinstance(v, str) and v.endswith(".safetensors")), path)
-                trace = trace.tb_next
-            raise OSError(
-                f"{path} is not a readable safetensors file (truncated or corrupt): {error}; "
-                "re-save or re-download it"
-            ) from error
+        return load_naming_unreadable_file(
+            super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
+        )
 
 
 def _stack_diagnostics(blocks: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

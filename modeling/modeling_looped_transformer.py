@@ -49,7 +49,9 @@ from .modeling_hyperset import (
     check_masked_image_modeling_head,
     config_choice,
     fixed_positions,
+    load_naming_unreadable_file,
     route_main_input,
+    select_attn_implementation,
 )
 
 
@@ -163,6 +165,9 @@ class LoopedTransformerLayer(GradientCheckpointingLayer):
 
 
 class LoopedTransformerPreTrainedModel(PreTrainedModel):
+    """The base of every looped-Transformer baseline model: config class, weight initialisation, attention
+    selection and loading."""
+
     config: LoopedTransformerConfig
     config_class = LoopedTransformerConfig
     base_model_prefix = "looped_transformer"
@@ -170,15 +175,21 @@ class LoopedTransformerPreTrainedModel(PreTrainedModel):
     input_modalities = ("image", "text")
     supports_gradient_checkpointing = True
     _no_split_modules = ["HyperSetEmbeddings", "LoopedTransformerLayer"]
-    _supports_sdpa = (
-        True  # transformers' default, "sdpa" on every device, as for its own softmax-attention models
-    )
+    _supports_sdpa = True  # transformers' default then, "sdpa" on every device, as for its own models
+
+    # what `attn_implementation` takes: softmax attention by transformers' functions
+    attn_implementations = ("eager", "sdpa")
 
     def __init__(self, config: LoopedTransformerConfig, *inputs: object, **kwargs: object) -> None:
-        # The config's checks again, as it is now: one edited by attribute assignment since it was built or loaded
-        # is refused by name before any module reads it.
-        config.validate()
+        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
         super().__init__(config, *inputs, **kwargs)
+
+    def get_correct_attn_implementation(
+        self, requested_attention: str | None, is_init_check: bool = False
+    ) -> str:
+        return select_attn_implementation(
+            self, requested_attention, is_init_check, super().get_correct_attn_implementation
+        )
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -207,23 +218,9 @@ class LoopedTransformerPreTrainedModel(PreTrainedModel):
     def from_pretrained(
         cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
     ) -> PreTrainedModel:
-        """`PreTrainedModel.from_pretrained`; an unreadable safetensors file raises an `OSError` naming the file."""
-        try:
-            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        except Exception as error:
-            # safetensors' error class, matched by name: a model file imports only torch and transformers
-            if type(error).__name__ != "SafetensorError":
-                raise
-            # safetensors' message does not say which file: the innermost loader frame holding a path does
-            path, trace = pretrained_model_name_or_path, error.__traceback__
-            while trace is not None:
-                names = trace.tb_frame.f_locals.values()
-                path = next((v for v in names if isinstance(v, str) and v.endswith(".safetensors")), path)
-                trace = trace.tb_next
-            raise OSError(
-                f"{path} is not a readable safetensors file (truncated or corrupt): {error}; "
-                "re-save or re-download it"
-            ) from error
+        return load_naming_unreadable_file(
+            super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
+        )
 
 
 class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedModel):

@@ -1,7 +1,10 @@
-"""Attention selection goes through transformers' own mechanism (Hyper-SET and the looped-Transformer baseline).
+"""Attention selection goes through transformers' own mechanism, in every family and the looped-Transformer baseline.
 
-No private `PreTrainedModel` hook is overridden in the model files, config.json holds what transformers writes (no
-implementation, no private flag), and model folders saved by the code before this rule load with the same outputs
+Each model class declares the names `attn_implementation` takes (`attn_implementations`); any other name is refused
+by the model's own message, however it is asked for (`from_pretrained`, `from_config`, `set_attn_implementation`),
+while the names it takes and None select as transformers selects them. No private `PreTrainedModel` hook is
+overridden in the model files, config.json holds what transformers writes (no implementation, no private flag), and
+model folders saved by the code before this rule load with the same outputs
 (tests/data/saved_before_attention_selection, written by that code).
 """
 
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import Case
+from fixtures import Case, hyperset_config
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForImageClassification,
@@ -22,12 +25,26 @@ from transformers import (
     PreTrainedModel,
 )
 
-from energyformers import HyperSetForImageClassification
-from energyformers.modeling import modeling_hyperset, modeling_looped_transformer
+from energyformers import (
+    HyperBFForImageClassification,
+    HyperSetForImageClassification,
+    IMixerForImageClassification,
+    LoopedTransformerConfig,
+    LoopedTransformerForImageClassification,
+)
+from energyformers.modeling import (
+    modeling_hyperbf,
+    modeling_hyperset,
+    modeling_imixer,
+    modeling_looped_transformer,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SAVED = Path(__file__).resolve().parent / "data" / "saved_before_attention_selection"
-MODEL_FILES = [Path(modeling_hyperset.__file__), Path(modeling_looped_transformer.__file__)]
+MODEL_FILES = [
+    Path(module.__file__)
+    for module in (modeling_hyperset, modeling_hyperbf, modeling_imixer, modeling_looped_transformer)
+]
 # transformers' documented extension point: every model file defines it
 ALLOWED_PRIVATE_OVERRIDES = {"_init_weights"}
 
@@ -146,3 +163,107 @@ def test_a_folder_saved_by_the_old_code_loads_with_the_same_outputs(
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert not [key for key in saved if "attn" in key], f"{folder}: re-saved config.json holds {saved.keys()}"
+
+
+# ------------------------------------------------------------------ what each family takes, however it is asked
+
+# Every family and the baseline: (image classifier, tiny config factory, the names it takes, its default with
+# attn_implementation=None, names it does not take). The default is transformers' own choice except for Hyper-SET
+# (`DEFAULT_ATTN_IMPLEMENTATION`): "sdpa" where the class supports it, else "eager" (iMixer has no attention).
+FAMILY_SELECTIONS = {
+    "hyperset": (
+        HyperSetForImageClassification,
+        lambda: Case.of(HyperSetForImageClassification, "image").config(),
+        ("eager", "sdpa"),
+        "eager",
+        ("flash_attention_2", "flex_attention", "paged|eager", "bogus"),
+    ),
+    "hyperbf": (
+        HyperBFForImageClassification,
+        lambda: Case.of(HyperBFForImageClassification, "image").config(),
+        ("eager", "sdpa"),
+        "sdpa",
+        ("flash_attention_2", "flex_attention", "paged|eager", "triton", "bogus"),
+    ),
+    "imixer": (
+        IMixerForImageClassification,
+        lambda: Case.of(IMixerForImageClassification, "image").config(),
+        ("eager",),
+        "eager",
+        ("sdpa", "flash_attention_2", "paged|eager", "triton", "bogus"),
+    ),
+    "looped-transformer": (
+        LoopedTransformerForImageClassification,
+        lambda: LoopedTransformerConfig.from_hyperset(hyperset_config("image")),
+        ("eager", "sdpa"),
+        "sdpa",
+        ("flash_attention_2", "flex_attention", "paged|eager", "triton", "bogus"),
+    ),
+}
+WAYS = ["from_pretrained", "from_config", "set_attn_implementation"]
+
+
+def select(family: str, way: str, name: str | None, folder: Path) -> PreTrainedModel:
+    """A model of `family` whose implementation was asked for as `name`, through `way`."""
+    model_class, config, _, _, _ = FAMILY_SELECTIONS[family]
+    if way == "from_pretrained":
+        torch.manual_seed(0)
+        model_class(config()).save_pretrained(folder)
+        return AutoModelForImageClassification.from_pretrained(folder, attn_implementation=name)
+    if way == "from_config":
+        return AutoModelForImageClassification.from_config(config(), attn_implementation=name)
+    model = model_class(config())
+    model.set_attn_implementation(name)
+    return model
+
+
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("family", list(FAMILY_SELECTIONS))
+def test_a_name_the_family_does_not_take_is_refused_by_the_model(family, way, tmp_path):
+    """The model's own message (its class, the name, the names it takes), never transformers' generic one, which
+    lists implementations these models do not run, asks to request support upstream or names a Hub page made of
+    the folder name."""
+    model_class, _, taken, _, refused = FAMILY_SELECTIONS[family]
+    for name in refused:
+        with pytest.raises(ValueError) as raised:
+            select(family, way, name, tmp_path / name.replace("|", "-"))
+        message = str(raised.value)
+        assert f'`attn_implementation="{name}"` is not supported by {model_class.__name__}' in message, (
+            message
+        )
+        listed = message.split("The only possible arguments are ", 1)[-1]
+        names = ", ".join(f'`"{taken_name}"`' for taken_name in model_class.attn_implementations)
+        assert listed.startswith(f"{names}, or None for the default"), (family, way, name, message)
+        assert set(taken) <= set(model_class.attn_implementations), (family, taken)
+        for generic in ("huggingface.co", "issues/", "whisper", 'paged|eager"`,', "yet"):
+            assert generic not in message, f"{family} {way} {name}: transformers' generic text: {message}"
+
+
+@pytest.mark.parametrize("family", list(FAMILY_SELECTIONS))
+def test_a_refused_set_attn_implementation_leaves_the_model_as_it_was(family):
+    model_class, config, _, default, refused = FAMILY_SELECTIONS[family]
+    model = model_class(config())
+    with pytest.raises(ValueError, match=model_class.__name__):
+        model.set_attn_implementation(refused[0])
+    assert model.config._attn_implementation == default
+
+
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("family", list(FAMILY_SELECTIONS))
+def test_the_names_a_family_takes_and_none_select_as_before(family, way, tmp_path):
+    """Each declared name selects itself; None selects the family's default (transformers' own for all but
+    Hyper-SET)."""
+    _, _, taken, default, _ = FAMILY_SELECTIONS[family]
+    for name in [*taken, None]:
+        model = select(family, way, name, tmp_path / str(name))
+        expected = default if name is None else name
+        assert model.config._attn_implementation == expected, (family, way, name)
+
+
+@pytest.mark.parametrize("family", list(FAMILY_SELECTIONS))
+def test_each_model_class_declares_what_it_takes(family):
+    """`attn_implementations`, read by the shared check: what the family documents (Hyper-SET: its registry, which
+    holds "triton" where the kernel is registered)."""
+    model_class, _, taken, _, refused = FAMILY_SELECTIONS[family]
+    declared = list(model_class.attn_implementations)
+    assert set(taken) <= set(declared) and not set(refused) & set(declared), (family, declared)
