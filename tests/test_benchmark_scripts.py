@@ -149,3 +149,55 @@ def test_recurrent_depth_writes_into_output_dir_and_the_md_embeds_its_plot(
     assert "default Hyper-SET for `fashion_mnist`" in md and "default digits" not in md, md[:900]
     assert "shared with other jobs" not in md, md[:900]
     assert json.loads((args.output_dir / f"{stem}.json").read_text())["run"]["seed"] == [0]
+
+
+# ------------------------------------------------------------------ speed.py --only
+
+
+def test_speed_only_merges_its_rows_into_the_existing_results(tmp_path, monkeypatch):
+    import speed
+
+    committed = json.loads((ROOT / "benchmarks" / "results" / "speed.json").read_text())
+    (tmp_path / "speed.json").write_text(json.dumps(committed))
+    hyperbf = next(row for row in committed["pairs"] if row["model"].startswith("HyperBF"))
+    # the HyperBF pair under its real name, with two tiny ViTs standing in so the measurement takes milliseconds
+    tiny = lambda: speed.vit_like(16, 2, 1, 8, 4)  # noqa: E731
+    monkeypatch.setattr(speed, "PAIRS", [(hyperbf["model"], tiny, hyperbf["baseline"], tiny, 8)])
+    before = committed_results()
+    speed.main(["--only", "HyperBF", "--batch", "1", "--repeats", "1", "--output_dir", str(tmp_path)])
+    assert committed_results() == before
+    merged = json.loads((tmp_path / "speed.json").read_text())
+    names = [row["model"] for row in merged["pairs"]]
+    assert names == [row["model"] for row in committed["pairs"]], names  # every row kept, in its place
+    new = next(row for row in merged["pairs"] if row["model"] == hyperbf["model"])
+    assert new["params"] != hyperbf["params"] and new["run"] == merged["run"], new
+    kept = [row for row in merged["pairs"] if row["model"] != hyperbf["model"]]
+    assert all(row["setting"] == committed["setting"] and "run" not in row for row in kept), kept
+    assert len(merged["compile_time"]) == len(committed["compile_time"]), merged["compile_time"]
+    md = (tmp_path / "speed.md").read_text()
+    assert md.count("|") > 0 and all(f"| {name}" in md for name in names), md
+    assert "[1]" in md and "Rows kept from earlier runs" in md, md
+    assert "Command: `python benchmarks/speed.py --only HyperBF --batch 1 --repeats 1 --output_dir" in md, md[
+        :400
+    ]
+
+
+def test_speed_only_that_matches_no_pair_is_refused_before_measuring(tmp_path, capsys):
+    import speed
+
+    with pytest.raises(SystemExit):
+        speed.main(["--only", "NoSuchModel", "--output_dir", str(tmp_path)])
+    assert "--only ['NoSuchModel'] matches no pair" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ scripts without a model to train
+
+
+def test_hyperset_checkpoint_memory_rejects_a_bad_batch_before_any_work(tmp_path, capsys):
+    import hyperset_checkpoint_memory
+
+    with pytest.raises(SystemExit):
+        hyperset_checkpoint_memory.main(["--batch", "0", "--output_dir", str(tmp_path)])
+    assert "--batch must be a positive integer, got 0" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
