@@ -201,3 +201,23 @@ def test_hyperset_checkpoint_memory_rejects_a_bad_batch_before_any_work(tmp_path
         hyperset_checkpoint_memory.main(["--batch", "0", "--output_dir", str(tmp_path)])
     assert "--batch must be a positive integer, got 0" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ gpu/summary.py
+
+
+def test_gpu_summary_reports_the_sudoku_steps_that_ran(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_summary", ROOT / "benchmarks" / "gpu" / "summary.py")
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+    committed = json.loads((ROOT / "benchmarks" / "results" / "gpu_sudoku.json").read_text())
+    stopped = tmp_path / "stopped.json"
+    stopped.write_text(json.dumps({**committed, "stopped_at_step": 382, "stopped_by": "train_seconds"}))
+    text = summary.sudoku_result(stopped)
+    assert "382 of 600 steps (stopped by its train_seconds budget)" in text, text
+    finished = tmp_path / "finished.json"
+    finished.write_text(json.dumps({k: v for k, v in committed.items() if not k.startswith("stopped")}))
+    text = summary.sudoku_result(finished)
+    assert f", {committed['max_steps']} steps, " in text and " of " not in text, text
