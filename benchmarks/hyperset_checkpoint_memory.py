@@ -2,14 +2,16 @@
 
 Counts the bytes of the tensors autograd saves for backward (through `saved_tensors_hooks`, so it is
 exact and device-independent) during one training forward of cifar10-small at 224²/16, and compares
-with HF ViT of the same width at the same depth. Results: benchmarks/results/hyperset_checkpoint_memory.md.
+with HF ViT of the same width at the same depth. Writes hyperset_checkpoint_memory.md into `--output_dir`
+(default benchmarks/results), replacing it. About a minute on CPU.
 
-    python benchmarks/hyperset_checkpoint_memory.py [--batch 2]
+    python benchmarks/hyperset_checkpoint_memory.py [--batch 2] [--output_dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
@@ -18,7 +20,10 @@ from transformers import ViTConfig, ViTForImageClassification
 from energyformers import HyperSetConfig, HyperSetForImageClassification
 from energyformers.training.setup import enable_activation_checkpointing
 
-RESULTS = Path(__file__).parent / "results"
+sys.path.insert(0, str(Path(__file__).parent))
+import provenance  # after the path insert: the benchmarks folder is not a package
+
+SEED = 0
 
 
 def saved_bytes(model: torch.nn.Module, pixels: torch.Tensor, **kwargs) -> int:
@@ -37,13 +42,19 @@ def saved_bytes(model: torch.nn.Module, pixels: torch.Tensor, **kwargs) -> int:
     return sum(storages.values())
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--batch", type=int, default=2)
-    args = parser.parse_args()
-    torch.manual_seed(0)
+    parser.add_argument(
+        "--output_dir", type=Path, default=provenance.RESULTS, help="default benchmarks/results"
+    )
+    args = parser.parse_args(argv)
+    if args.batch < 1:
+        parser.error(f"--batch must be a positive integer, got {args.batch}")
+    run = provenance.run_info(seed=SEED, argv=argv, script=__file__)
+    torch.manual_seed(SEED)
     pixels = torch.randn(args.batch, 3, 224, 224)
     hyperset = HyperSetForImageClassification(HyperSetConfig.from_preset("cifar10-small"))
     checkpointed = HyperSetForImageClassification(HyperSetConfig.from_preset("cifar10-small"))
@@ -51,8 +62,9 @@ def main() -> None:
     lines = [
         "# Hyper-SET activation memory vs iterations (per-iteration gradient checkpointing)",
         "",
-        f"Command: `python benchmarks/hyperset_checkpoint_memory.py --batch {args.batch}` — bytes of the tensors "
-        "autograd saves for backward in one training forward (224², patch 16, d = 384, 6 heads); "
+        *provenance.markdown_lines(run),
+        "",
+        f"Batch {args.batch}; bytes of the tensors autograd saves for backward in one training forward (224², patch 16, d = 384, 6 heads); "
         "weights saved for backward are included (once per storage). ViT: same width and heads, depth = T, MLP 4d.",
         "",
         "| T | Hyper-SET (MiB) | Hyper-SET, checkpointed (MiB) | ViT depth T (MiB) |",
@@ -71,8 +83,7 @@ def main() -> None:
         lines.append(f"| {iterations} | " + " | ".join(f"{b / 2**20:.1f}" for b in row) + " |")
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "hyperset_checkpoint_memory.md").write_text(text)
+    (provenance.output_dir(args.output_dir) / "hyperset_checkpoint_memory.md").write_text(text)
     print(text)
 
 

@@ -2,7 +2,7 @@
 
 Takes a trained Hyper-SET image classifier folder (e.g. the output of `make demo`), runs the test split
 of its dataset with `output_energies=True` at the trained depth and at other iteration counts, and
-writes benchmarks/results/hyperset_iterations.{md,json,png}:
+writes hyperset_iterations.{md,json,png} into `--output_dir` (default benchmarks/results), replacing them:
 
 * mean E_ATTN, E_FF, effective rank and pairwise angle per iteration t = 0..T' (T' = the largest
   iteration count evaluated, beyond the trained T);
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -28,7 +29,20 @@ from energyformers import HyperSetForImageClassification
 from energyformers.training.data import load_data
 from energyformers.training.processing import image_transform
 
-RESULTS = Path(__file__).parent / "results"
+sys.path.insert(0, str(Path(__file__).parent))
+import provenance  # after the path insert: the benchmarks folder is not a package
+
+# The model's configuration fields that decide how its iterations behave, recorded with the results.
+DYNAMICS_FIELDS = (
+    "num_iterations",
+    "iteration_conditioning",
+    "step_size_condition",
+    "input_anchor",
+    "iteration_sampling",
+    "min_iterations",
+    "max_iterations",
+    "backprop_iterations",
+)
 
 
 @torch.inference_mode()
@@ -43,7 +57,7 @@ def evaluate(model, batches, num_iterations: int) -> tuple[float, dict[str, torc
     return correct / total, {name: value / total for name, value in sums.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -53,7 +67,16 @@ def main() -> None:
         "--max_factor", type=float, default=3.0, help="evaluate up to this multiple of the trained T"
     )
     parser.add_argument("--batch_size", type=int, default=256)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--output_dir", type=Path, default=provenance.RESULTS, help="default benchmarks/results"
+    )
+    args = parser.parse_args(argv)
+    if args.max_factor <= 1:
+        parser.error(
+            f"--max_factor must be greater than 1 (a multiple of the trained T), got {args.max_factor:g}"
+        )
+    # evaluation is deterministic (eval mode, fixed data order); the seed the model was trained with is its own
+    run = provenance.run_info(seed=None, argv=argv, script=__file__)
 
     model = HyperSetForImageClassification.from_pretrained(args.model_dir).eval()
     trained = model.config.num_iterations
@@ -81,7 +104,8 @@ def main() -> None:
         "average_angle": trajectory["average_angle"][layer].mean(-1).tolist(),
     }
 
-    RESULTS.mkdir(exist_ok=True)
+    results = provenance.output_dir(args.output_dir)
+    dynamics = {k: getattr(model.config, k) for k in DYNAMICS_FIELDS if hasattr(model.config, k)}
     fig, axes = plt.subplots(1, 5, figsize=(20, 3.6))
     for ax, (name, values) in zip(axes, curves.items()):
         ax.plot(range(len(values)), values, marker=".")
@@ -94,20 +118,30 @@ def main() -> None:
     axes[-1].set_title(f"test accuracy ({args.dataset})")
     axes[-1].set_xlabel("iterations at test time")
     fig.tight_layout()
-    fig.savefig(RESULTS / "hyperset_iterations.png", dpi=110)
+    fig.savefig(results / "hyperset_iterations.png", dpi=110)
 
-    command = f"python benchmarks/hyperset_iterations.py {args.model_dir} --dataset {args.dataset}"
-    (RESULTS / "hyperset_iterations.json").write_text(
+    (results / "hyperset_iterations.json").write_text(
         json.dumps(
-            {"command": command, "trained_iterations": trained, "accuracy": accuracy, "curves": curves},
+            {
+                "run": run,
+                "model_config": dynamics,
+                "trained_iterations": trained,
+                "accuracy": accuracy,
+                "curves": curves,
+            },
             indent=2,
         )
     )
     lines = [
         "# Hyper-SET: energy per iteration and test-time depth",
         "",
-        f"Command: `{command}` (model trained with T = {trained}; test split of `{args.dataset}`, "
-        f"{sum(len(b['labels']) for b in batches)} images). Plot: `hyperset_iterations.png`.",
+        *provenance.markdown_lines(run),
+        "",
+        f"Model `{args.model_dir}`: "
+        + ", ".join(f"{k} = {v}" for k, v in dynamics.items())
+        + "; test split of "
+        f"`{args.dataset}`, {sum(len(b['labels']) for b in batches)} images, evaluated in eval mode (no sampling). "
+        "Plot: [`hyperset_iterations.png`](hyperset_iterations.png).",
         "",
         "| iterations at test time | " + " | ".join(str(c) for c in accuracy) + " |",
         "|---|" + "---|" * len(accuracy),
@@ -124,7 +158,7 @@ def main() -> None:
             f"{curves['feedforward_energy'][t]:.3f} | {curves['effective_rank'][t]:.3f} | {curves['average_angle'][t]:.2f} |"
         )
     text = "\n".join(lines) + "\n"
-    (RESULTS / "hyperset_iterations.md").write_text(text)
+    (results / "hyperset_iterations.md").write_text(text)
     print(text)
 
 

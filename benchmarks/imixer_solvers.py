@@ -11,7 +11,8 @@
   over 5 training steps after a warm-up step (VmHWM, reset through /proc/self/clear_refs, minus the RSS at
   the reset: includes the allocator's behaviour and the backward's temporaries).
 
-Results: benchmarks/results/imixer_solvers.{md,json}.
+Writes imixer_solvers.{md,json} into `--output_dir` (default benchmarks/results), replacing them;
+`--report_only` rewrites the md from the json there.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/imixer_solvers.py \
         --model digits=/tmp/imixer-demo --model fashion_mnist=/tmp/imixer-fashion --max_test_samples 2000
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
 import statistics
 import subprocess
 import sys
@@ -37,7 +37,10 @@ from energyformers.modeling import modeling_imixer
 from energyformers.training.data import load_data
 from energyformers.training.processing import image_transform
 
-RESULTS = Path(__file__).parent / "results"
+sys.path.insert(0, str(Path(__file__).parent))
+import provenance  # after the path insert: the benchmarks folder is not a package
+
+SEED = 0  # the random inputs of the training-memory section
 UNROLLED_STEPS = (0, 1, 2, 4, 8, 16, 32)
 TOLERANCES = (1e-1, 3e-2, 1e-2, 1e-3, 1e-4, 1e-5)
 GRADIENTS = ("unrolled", "implicit", "phantom")
@@ -142,7 +145,7 @@ def solver_section(name: str, model_dir: str, limit: int | None, max_steps: int,
 
 
 def _train_inputs(config: IMixerConfig, batch: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(SEED)
     side = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
     return dict(
         pixel_values=torch.randn(batch, config.num_channels, side, side, generator=g),
@@ -240,14 +243,18 @@ def training_section(model_dir: str, batch: int, repeats: int) -> dict:
 
 
 def report(args: argparse.Namespace, results: dict) -> str:
+    if "run" in results:
+        header = [*provenance.markdown_lines(results["run"]), ""]
+    else:  # a json written before the run header existed: what it recorded
+        header = [f"Command: `{results['command']}` — {results['machine']}.", ""]
     lines = [
         "# iMixer fixed-point solvers and gradient modes (issue 15)",
         "",
-        f"Command: `{results['command']}` — {results['machine']}, torch {torch.__version__}, "
+        *header,
         f"{args.num_threads} torch thread(s), no GPU; {results['minutes']:.1f} min in total. Times are medians of "
-        f"{args.repeats} passes over the test set ({3 * args.repeats} training steps) on 2 CPU cores shared with "
-        "other jobs: CPU time (process time, one torch thread) is the robust number, wall time is inflated by the "
-        "other jobs. Compare rows within a table, not across runs.",
+        f"{args.repeats} passes over the test set ({3 * args.repeats} training steps): CPU time (process time) is "
+        "the robust number, wall time also counts whatever else the machine ran. Compare rows within a table, not "
+        "across runs.",
         "",
     ]
     for section in results["solvers"]:
@@ -315,7 +322,7 @@ def _training_note(model_dir: str) -> list[str]:
     ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", default=[], help="DATASET=MODEL_DIR (repeatable)")
     parser.add_argument("--max_test_samples", type=int, default=None)
@@ -325,23 +332,29 @@ def main() -> None:
     parser.add_argument("--num_threads", type=int, default=1)
     parser.add_argument("--memory_worker", nargs=4, metavar=("MODEL_DIR", "BATCH", "GRADIENT", "N"))
     parser.add_argument("--report_only", action="store_true", help="rewrite the md from the saved json")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--output_dir", type=Path, default=provenance.RESULTS, help="default benchmarks/results"
+    )
+    args = parser.parse_args(argv)
     if args.report_only:
-        results = json.loads((RESULTS / "imixer_solvers.json").read_text())
-        (RESULTS / "imixer_solvers.md").write_text(report(argparse.Namespace(**results["args"]), results))
+        results = json.loads((args.output_dir / "imixer_solvers.json").read_text())
+        (args.output_dir / "imixer_solvers.md").write_text(
+            report(argparse.Namespace(**results["args"]), results)
+        )
         return
     if args.memory_worker:
         model_dir, batch, gradient, n = args.memory_worker
         memory_worker(model_dir, int(batch), gradient, int(n))
         return
+    bad = [spec for spec in args.model if "=" not in spec]
+    if not args.model or bad:
+        parser.error(f"--model takes DATASET=MODEL_DIR and is required at least once, got {args.model}")
     torch.set_num_threads(args.num_threads)
     begin = time.perf_counter()
     models = [spec.split("=", 1) for spec in args.model]
     results = dict(
         args=dict(num_threads=args.num_threads, repeats=args.repeats),
-        command="OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/imixer_solvers.py "
-        + " ".join(sys.argv[1:]),
-        machine=f"{platform.machine()} CPU ({platform.processor() or 'unknown'})",
+        run=provenance.run_info(seed=SEED, argv=argv, script=__file__),
         solvers=[
             solver_section(name, folder, args.max_test_samples, args.max_steps, args.repeats)
             for name, folder in models
@@ -349,9 +362,9 @@ def main() -> None:
         training=training_section(models[0][1], args.train_batch, args.repeats),
     )
     results["minutes"] = (time.perf_counter() - begin) / 60
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "imixer_solvers.json").write_text(json.dumps(results, indent=1) + "\n")
-    (RESULTS / "imixer_solvers.md").write_text(report(args, results))
+    folder = provenance.output_dir(args.output_dir)
+    (folder / "imixer_solvers.json").write_text(json.dumps(results, indent=1) + "\n")
+    (folder / "imixer_solvers.md").write_text(report(args, results))
     print(report(args, results))
 
 

@@ -1,6 +1,6 @@
 """Recurrent depth that extrapolates: Hyper-SET test accuracy vs test-time iterations, per training variant.
 
-Each variant trains Hyper-SET through the real CLI training code (`energyformers.training.train.run`, i.e.
+Each variant trains Hyper-SET through the real CLI training code (`energyformers.training.train.main`, i.e.
 `energyformers train --model hyperset --dataset digits ...` with the CLI's default digits config, T = 4, plus
 the variant's `--config` overrides), in its own subprocess; the saved folder is reloaded and its test
 accuracy measured at T/2, T, 2T, 4T, 10T (and 100T with `--long`), with and without adaptive halting
@@ -13,10 +13,11 @@ with the paper's dynamics (`input_anchor=0`), the same with the anchor energy (`
 0.5 with depth ~ U[2, 12]), and *experiments* (`x-...`, marked "experiment") that need a model change the
 package does not have: they are prototyped by monkeypatching inside that variant's worker process only.
 
-Writes benchmarks/results/recurrent_depth{_<dataset>}.{md,json,png}.
+Writes recurrent_depth{_<dataset>}.{md,json,png} into `--output_dir` (default benchmarks/results), replacing
+the files of that name there; the .md embeds the .png by the name it is written under.
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/recurrent_depth.py --long            # digits (~1 h)
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/recurrent_depth.py --dataset fashion_mnist \\
+    python benchmarks/recurrent_depth.py --long            # digits (~1 h)
+    python benchmarks/recurrent_depth.py --dataset fashion_mnist \\
         --variants default,none-fixed,anchor0.5-fixed --max_train_samples 10000 --max_test_samples 2000 \\
         --epochs 4 --extra_seeds ''
 """
@@ -25,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -35,9 +34,12 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).parent))
+import provenance  # after the path insert: the benchmarks folder is not a package
 
-RESULTS = Path(__file__).parent / "results"
+provenance.setdefault_env("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (README: CPU threads)
+
+RESULTS = provenance.RESULTS
 REPO = Path(__file__).resolve().parents[1]
 FACTORS = (0.5, 1, 2, 4, 10, 100)  # test-time depth as a multiple of the trained T (100T only with --long)
 TABLE_EPSILONS = (0.1, 0.03, 0.01)  # halting tolerances shown for every variant (max 10T)
@@ -290,7 +292,7 @@ def worker(args: argparse.Namespace) -> None:
     if overrides:
         argv += ["--config", *(f"{k}={json.dumps(v)}" for k, v in overrides.items())]
     start = time.time()
-    status = train.run(argv)
+    status = train.main(argv)
     train_seconds = time.time() - start
     if status != 0:
         raise SystemExit(f"training {args.worker} failed with status {status}")
@@ -381,7 +383,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="timing repeats (median)")
     parser.add_argument("--long", action="store_true", help="also evaluate 100T")
     parser.add_argument("--cache", default=None, help="reuse per-run JSON results found in this folder")
-    parser.add_argument("--no_write", action="store_true", help="print only; do not write results/")
+    parser.add_argument("--no_write", action="store_true", help="print only; do not write results")
+    parser.add_argument(
+        "--output_dir",
+        type=Path,
+        default=RESULTS,
+        help="where the .md/.json/.png go (default benchmarks/results)",
+    )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--json", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--time_halting", action="store_true", help=argparse.SUPPRESS)
@@ -391,7 +399,7 @@ def main() -> None:
         worker(args)
         return
     if args.replot:
-        plot(args, json.loads((RESULTS / f"{_stem(args)}.json").read_text())["runs"])
+        plot(args, json.loads((args.output_dir / f"{_stem(args)}.json").read_text())["runs"])
         return
 
     names = [n for n in args.variants.split(",") if n]
@@ -436,10 +444,11 @@ def main() -> None:
     # total compute of the runs (also those reused from --cache); this invocation's time if a run lacks it
     timed = [r.get("run_seconds") for r in results.values()]
     total = sum(timed) if all(timed) else time.time() - start
-    report = build_report(args, results, total)
+    run = provenance.run_info(seed=[args.seed, *extra])
+    report = build_report(args, results, total, run)
     print(report)
     if not args.no_write:
-        write_results(args, results, report, total)
+        write_results(args, results, report, total, run)
 
 
 def _label(factor: float) -> str:
@@ -453,13 +462,12 @@ def _seed_groups(results: dict) -> dict[str, list[dict]]:
     return groups
 
 
-def build_report(args: argparse.Namespace, results: dict, total: float) -> str:
+def build_report(args: argparse.Namespace, results: dict, total: float, run: dict) -> str:
     first = next(iter(results.values()))
     trained = first["trained_iterations"]
     factors = [f for f in FACTORS if str(max(1, round(f * trained))) in first["accuracy"]]
     depths = [str(max(1, round(f * trained))) for f in factors]
     labels = [f"{_label(f)} = {d}" for f, d in zip(factors, depths)]
-    argv = [a for a in sys.argv[1:] if not a.startswith("--cache") and "/" not in a]
     main_runs = {k: r for k, r in results.items() if "@" not in k}
     t = str(trained)
 
@@ -469,11 +477,11 @@ def build_report(args: argparse.Namespace, results: dict, total: float) -> str:
     lines = [
         f"# Recurrent depth: Hyper-SET test accuracy vs test-time iterations ({args.dataset})",
         "",
-        f"Command: `OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/recurrent_depth.py {shlex.join(argv)}`"
-        f" — {len(results)} training runs, {total / 60:.0f} min in total on a {platform.machine()} CPU "
-        f"({os.cpu_count()} cores shared with other jobs, {args.num_threads} torch threads), torch {_torch_version()}, "
-        "no GPU. Each run trains the CLI's default digits Hyper-SET (`energyformers train --model hyperset "
-        f"--dataset {args.dataset}`: d = 128, 4 heads, T = {trained}, mean pooling, seed {args.seed}"
+        *provenance.markdown_lines(run),
+        "",
+        f"{len(results)} training runs, {total / 60:.0f} min in total, {args.num_threads} torch threads each, "
+        f"no GPU. Each run trains the CLI's default Hyper-SET for `{args.dataset}` (`energyformers train --model "
+        f"hyperset --dataset {args.dataset}`: d = 128, 4 heads, T = {trained}, mean pooling, seed {args.seed}"
         + (f", {args.epochs:g} epochs" if args.epochs else ", the CLI's 12 epochs at lr 3e-3")
         + (f", the first {args.max_train_samples} training images" if args.max_train_samples else "")
         + f") with the variant's `--config`, reloads it and evaluates the {first['test_size']} test images"
@@ -585,26 +593,16 @@ def build_report(args: argparse.Namespace, results: dict, total: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _torch_version() -> str:
-    import torch
-
-    return torch.__version__
-
-
 def _stem(args: argparse.Namespace) -> str:
     return "recurrent_depth" if args.dataset == "digits" else f"recurrent_depth_{args.dataset}"
 
 
-def write_results(args: argparse.Namespace, results: dict, report: str, total: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-
-    RESULTS.mkdir(exist_ok=True)
+def write_results(args: argparse.Namespace, results: dict, report: str, total: float, run: dict) -> None:
+    folder = provenance.output_dir(args.output_dir)
     stem = _stem(args)
-    (RESULTS / f"{stem}.md").write_text(report)
-    payload = {"argv": sys.argv[1:], "total_seconds": round(total, 1), "runs": results}
-    (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (folder / f"{stem}.md").write_text(report)
+    payload = {"run": run, "argv": sys.argv[1:], "total_seconds": round(total, 1), "runs": results}
+    (folder / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
 
     plot(args, results)
 
@@ -656,7 +654,7 @@ def plot(args: argparse.Namespace, results: dict) -> None:
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.24), ncol=2, fontsize=8)
     fig.suptitle(f"Hyper-SET on {args.dataset} (trained T = {trained}): accuracy vs test-time depth")
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{_stem(args)}.png", dpi=110, bbox_inches="tight")
+    fig.savefig(provenance.output_dir(args.output_dir) / f"{_stem(args)}.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -20,15 +20,17 @@ alone: wrong maths, so not the model), the speed it would reach if its attention
 operation (softmax, norms, gains, step-size chain, updates) cost nothing.
 
 `--only` keeps the pairs whose model name contains one of the given strings (e.g. `--only attn=eager` while
-iterating on Hyper-SET; the results files are then partial).
+iterating on Hyper-SET) and merges them into the speed.{md,json} already in `--output_dir`: the rows measured
+now replace theirs, every other row is kept and marked with the run that measured it. Without `--only` the run
+is complete and replaces both files.
 
 `--compile-time` adds the time of the first call of `torch.compile(fullgraph=True)` (dynamo capture + backend
 compile + one run) of Hyper-SET at T = 4 and T = 24, with the layer step a nested compile region (compiled once
 and reused for every iteration, the model's code) and, for comparison, unrolled (the region removed). Results:
-benchmarks/results/speed.{md,json}.
+speed.{md,json} in `--output_dir` (default benchmarks/results).
 
     python benchmarks/speed.py [--batch 8] [--repeats 7] [--device cpu|cuda] [--num_threads N] [--compiled]
-        [--attention-bound] [--matmul-floor] [--only NAME_PART ...]
+        [--attention-bound] [--matmul-floor] [--only NAME_PART ...] [--output_dir DIR]
         [--compile-time [--compile-backends aot_eager inductor] [--compile-variants region unrolled]]
 """
 
@@ -38,7 +40,6 @@ import argparse
 import contextlib
 import inspect
 import json
-import platform
 import statistics
 import sys
 import time
@@ -60,7 +61,10 @@ from energyformers import (
 )
 from energyformers.modeling import modeling_hyperset
 
-RESULTS = Path(__file__).parent / "results"
+sys.path.insert(0, str(Path(__file__).parent))
+import provenance  # after the path insert: the benchmarks folder is not a package
+
+SEED = 0  # weights and inputs of every pair
 
 
 def vit_like(width: int, heads: int, depth: int, image: int, patch: int) -> ViTForImageClassification:
@@ -237,7 +241,7 @@ def compile_time(backend: str, depth: int, variant: str, device: str) -> float:
     return seconds[0] - seconds[1]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -262,27 +266,24 @@ def main() -> None:
         "--only", nargs="+", default=None, help="run only pairs whose name contains one of these"
     )
     parser.add_argument("--num_threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--output_dir", type=Path, default=provenance.RESULTS, help="default benchmarks/results"
+    )
+    args = parser.parse_args(argv)
     if args.matmul_floor and args.device != "cpu":
         parser.error(f"--matmul-floor profiles CPU matrix products; got --device {args.device}, expected cpu")
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
 
-    device_name = torch.cuda.get_device_name() if args.device == "cuda" else platform.machine()
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else provenance.cpu_model()
     setting = (
         f"batch {args.batch}, {args.repeats} interleaved repeats after one warm-up, device {args.device} "
-        f"({device_name}), torch {torch.__version__}, {torch.get_num_threads()} CPU threads, float32"
+        f"({device_name}), {torch.get_num_threads()} CPU threads, float32"
     )
-    lines = [
-        "# Speed: each family vs its baseline (same run)",
-        "",
-        f"Command: `python benchmarks/{Path(__file__).name} {' '.join(sys.argv[1:])}`  ",
-        f"Setting: {setting}",
-        "",
-        "| model | baseline | params (model / baseline) | forward s/batch (model / baseline) | ratio | "
-        "train step s/batch (model / baseline) | ratio |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    run = provenance.run_info(
+        seed=SEED, argv=argv, script=__file__, device=device_name if args.device != "cpu" else None
+    )
+    stamp = {"run": run, "setting": setting}
     records = []
     pairs = hyperset_pairs(args.device) + PAIRS
     if args.attention_bound:
@@ -307,9 +308,12 @@ def main() -> None:
             )
         )
     if args.only:
-        pairs = [pair for pair in pairs if any(part in pair[0] for part in args.only)]
+        kept = [pair for pair in pairs if any(part in pair[0] for part in args.only)]
+        if not kept and not (args.matmul_floor or args.compile_time):
+            parser.error(f"--only {args.only} matches no pair; the pairs are {[pair[0] for pair in pairs]}")
+        pairs = kept
     for name, build, baseline_name, build_baseline, side in pairs:
-        torch.manual_seed(0)
+        torch.manual_seed(SEED)
         models = {name: build().to(args.device), baseline_name: build_baseline().to(args.device)}
         pixels = torch.randn(args.batch, 3, side, side, device=args.device)
         # compiled pairs: inference only (compiling the backward too takes many minutes on CPU)
@@ -318,46 +322,133 @@ def main() -> None:
             models, pixels, args.repeats, ("forward",) if compiled else ("forward", "train_step")
         )
         params = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
-        fwd, step = medians["forward"], medians.get("train_step")
-        steps = "— | —" if step is None else (
-            f"{step[name]:.4f} / {step[baseline_name]:.4f} | {step[baseline_name] / step[name]:.2f}"
-        )  # fmt: skip
-        lines.append(
-            f"| {name} | {baseline_name} | {params[name]:,} / {params[baseline_name]:,} | "
-            f"{fwd[name]:.4f} / {fwd[baseline_name]:.4f} | {fwd[baseline_name] / fwd[name]:.2f} | {steps} |"
-        )
-        records.append({"model": name, "baseline": baseline_name, "params": params, **medians})
-        print(lines[-1], flush=True)
+        records.append({"model": name, "baseline": baseline_name, "params": params, **medians, **stamp})
+        print(table_row(records[-1]), flush=True)
     if args.matmul_floor:
-        torch.manual_seed(0)
+        torch.manual_seed(SEED)
         name = "Hyper-SET cifar10-small (T=12, attn=eager), its matrix products alone (bound, not the model)"
         baseline_name = "ViT d=384, 6 heads, 12 layers"
         pixels = torch.randn(args.batch, 3, 224, 224)
         floor = matmul_floor(
             lambda: hyperset("eager"), lambda: vit_like(384, 6, 12, 224, 16), pixels, args.repeats
         )
-        lines.append(
-            f"| {name} | {baseline_name} | — | {floor['matmul']:.4f} / {floor['baseline']:.4f} | "
-            f"{floor['baseline'] / floor['matmul']:.2f} | — | — |"
-        )
-        floor_note = (
-            f"Matrix products: {floor['matmul']:.4f} s of Hyper-SET's {floor['model']:.4f} s forward "
-            f"({100 * floor['matmul'] / floor['model']:.0f}%; forward ratio in that run "
-            f"{floor['baseline'] / floor['model']:.2f})."
-        )
-        records.append({"model": name, "baseline": baseline_name, "matmul_floor": floor})
-        print(lines[-1], flush=True)
-    lines += ["", "ratio = baseline time / model time (> 1: the model is faster than its baseline)."]
-    if args.matmul_floor:
-        lines.append(floor_note)
-    if args.device == "cpu":
-        lines.append(
-            "On a CPU shared with other jobs the absolute times are noisy; the ratios, from interleaved runs, "
-            "less so."
-        )
+        records.append({"model": name, "baseline": baseline_name, "matmul_floor": floor, **stamp})
+        print(table_row(records[-1]), flush=True)
     compile_records = []
     if args.compile_time:
         compile_time("eager", 1, "region", args.device)  # one-off start-up (imports) outside the measurements
+        for backend in args.compile_backends:
+            for variant in args.compile_variants:
+                seconds = {depth: compile_time(backend, depth, variant, args.device) for depth in (4, 24)}
+                compile_records.append({"backend": backend, "variant": variant, "seconds": seconds, **stamp})
+                print(compile_row(json.loads(json.dumps(compile_records[-1]))), flush=True)
+    result = {"run": run, "setting": setting, "pairs": records, "compile_time": compile_records}
+    folder = provenance.output_dir(args.output_dir)
+    if args.only:
+        result = merge(
+            json.loads((folder / "speed.json").read_text()) if (folder / "speed.json").exists() else None,
+            result,
+        )
+    result = json.loads(json.dumps(result))  # the same types whether a row was measured now or read back
+    text = render(result)
+    (folder / "speed.md").write_text(text)
+    (folder / "speed.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(text)
+
+
+def merge(previous: dict | None, measured: dict) -> dict:
+    """`--only`: the previous results with the rows measured now replacing theirs (same model name, or same
+    backend and variant for compile times) and every other row kept, with the run that measured it."""
+    if previous is None:
+        return measured
+    legacy = {"setting": previous.get("setting")}  # rows written before each row carried its run
+    if "run" in previous:
+        legacy["run"] = previous["run"]
+
+    def stamped(row: dict) -> dict:
+        return row if "run" in row or "setting" in row else {**row, **legacy}
+
+    def combine(old: list[dict], new: list[dict], key) -> list[dict]:
+        fresh = {key(row): row for row in new}
+        rows = [fresh.pop(key(row), None) or stamped(row) for row in old]
+        return rows + list(fresh.values())
+
+    return {
+        "run": measured["run"],
+        "setting": measured["setting"],
+        "pairs": combine(previous.get("pairs", []), measured["pairs"], lambda r: r["model"]),
+        "compile_time": combine(
+            previous.get("compile_time", []), measured["compile_time"], lambda r: (r["backend"], r["variant"])
+        ),
+    }
+
+
+def table_row(record: dict) -> str:
+    """One row of the speed table, for a measured pair or the matrix-product floor."""
+    name, baseline = record["model"], record["baseline"]
+    if "matmul_floor" in record:
+        floor = record["matmul_floor"]
+        return (
+            f"| {name} | {baseline} | — | {floor['matmul']:.4f} / {floor['baseline']:.4f} | "
+            f"{floor['baseline'] / floor['matmul']:.2f} | — | — |"
+        )
+    params, fwd, step = record["params"], record["forward"], record.get("train_step")
+    steps = "— | —" if step is None else (
+        f"{step[name]:.4f} / {step[baseline]:.4f} | {step[baseline] / step[name]:.2f}"
+    )  # fmt: skip
+    return (
+        f"| {name} | {baseline} | {params[name]:,} / {params[baseline]:,} | "
+        f"{fwd[name]:.4f} / {fwd[baseline]:.4f} | {fwd[baseline] / fwd[name]:.2f} | {steps} |"
+    )
+
+
+def compile_row(record: dict) -> str:
+    seconds = {int(k): v for k, v in record["seconds"].items()}
+    label = "one nested compile region" if record["variant"] == "region" else "unrolled"
+    return f"| {record['backend']} | {label} | {seconds[4]:.1f} | {seconds[24]:.1f} | {seconds[24] / seconds[4]:.2f} |"
+
+
+def render(result: dict) -> str:
+    """speed.md from speed.json: the latest run's header, then every row; rows kept from an earlier run (a
+    `--only` rerun merged into them) are marked with a number that names that run below the table."""
+    earlier: list[dict] = []
+
+    def mark(row: dict) -> str:
+        if row.get("run") == result["run"] and row.get("setting") == result["setting"]:
+            return ""
+        origin = {"run": row.get("run"), "setting": row.get("setting")}
+        if origin not in earlier:
+            earlier.append(origin)
+        return f" [{earlier.index(origin) + 1}]"
+
+    lines = [
+        "# Speed: each family vs its baseline (same run)",
+        "",
+        *provenance.markdown_lines(result["run"]),
+        f"Setting: {result['setting']}",
+        "",
+        "| model | baseline | params (model / baseline) | forward s/batch (model / baseline) | ratio | "
+        "train step s/batch (model / baseline) | ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in result["pairs"]:
+        cells = table_row(row)
+        lines.append(cells.replace(f"| {row['model']} |", f"| {row['model']}{mark(row)} |", 1))
+    lines += ["", "ratio = baseline time / model time (> 1: the model is faster than its baseline)."]
+    lines += [f"{row['model']}: {row['note']}." for row in result["pairs"] if row.get("note")]
+    for row in result["pairs"]:
+        if "matmul_floor" in row:
+            floor = row["matmul_floor"]
+            lines.append(
+                f"Matrix products: {floor['matmul']:.4f} s of Hyper-SET's {floor['model']:.4f} s forward "
+                f"({100 * floor['matmul'] / floor['model']:.0f}%; forward ratio in that run "
+                f"{floor['baseline'] / floor['model']:.2f})."
+            )
+    if "device cpu" in result["setting"]:
+        lines.append(
+            "On a CPU that runs other work the absolute times are noisy; the ratios, from interleaved runs, less so."
+        )
+    if result["compile_time"]:
         lines += [
             "",
             "## torch.compile time of Hyper-SET cifar10-small (first call minus a compiled one; batch 1, fullgraph, "
@@ -366,21 +457,20 @@ def main() -> None:
             "| backend | layer step | T = 4 (s) | T = 24 (s) | T=24 / T=4 |",
             "|---|---|---|---|---|",
         ]
-        for backend in args.compile_backends:
-            for variant in args.compile_variants:
-                seconds = {depth: compile_time(backend, depth, variant, args.device) for depth in (4, 24)}
-                label = "one nested compile region" if variant == "region" else "unrolled"
-                lines.append(
-                    f"| {backend} | {label} | {seconds[4]:.1f} | {seconds[24]:.1f} | {seconds[24] / seconds[4]:.2f} |"
-                )
-                compile_records.append({"backend": backend, "variant": variant, "seconds": seconds})
-                print(lines[-1], flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    text = "\n".join(lines) + "\n"
-    (RESULTS / "speed.md").write_text(text)
-    result = {"setting": setting, "pairs": records, "compile_time": compile_records}
-    (RESULTS / "speed.json").write_text(json.dumps(result, indent=2))
-    print(text)
+        for row in result["compile_time"]:
+            cells = compile_row(row)
+            lines.append(cells.replace(f"| {row['backend']} |", f"| {row['backend']}{mark(row)} |", 1))
+    if earlier:
+        lines += ["", "Rows kept from earlier runs (a later `--only` rerun replaced only its own rows):", ""]
+        for index, origin in enumerate(earlier, 1):
+            run = origin["run"]
+            source = (
+                f"`{run['command']}` ({run['date']}, commit {run['git_commit'] or 'unknown'}, torch {run['torch']})"
+                if run
+                else "a run that did not record its command"
+            )
+            lines.append(f"* [{index}] {source}; setting: {origin['setting']}")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

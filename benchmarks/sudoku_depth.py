@@ -7,11 +7,13 @@ initial weights per model) through the real training CLI (`python -m energyforme
 exactly the `energyformers train ...` command recorded in the results; `--max_parallel` runs at once, one thread
 each), only `--deep_supervision` differing (`--supervision last,all`). Each run logs its training loss every
 `--logging_steps` and its validation blank-cell accuracy at T/2, T, 2T, 4T every `--eval_steps` (the curve that
-shows the plateau and its end); the plateau exit is the first logged step where the mean of the last 5 logged
-training losses is below ln 9 - 0.05. Then each saved folder is reloaded and evaluated on a fixed test subset
+shows the plateau and its end); the plateau exit here is `plateau_exit`: the first logged step where the mean of
+the last 5 logged training losses is below ln 9 - 0.05 (not `energyformers inspect`'s `plateau_exit_step`, see
+`plateau_exit`). Then each saved folder is reloaded and evaluated on a fixed test subset
 (the first N puzzles of the sudoku-hard test split) at depths T/3 … 4T: blank-cell accuracy (the fraction of
 blank cells predicted right) and board accuracy (every blank of the puzzle right), one forward pass, argmax per
-cell. Writes benchmarks/results/sudoku_depth.{md,json,png}, with the spec's targets marked met or missed.
+cell. Writes `<--results>.{md,json,png}` (default benchmarks/results/sudoku_depth), with the spec's targets
+marked met or missed; the .md embeds the .png by the name it is written under.
 
 CPU (the default; a REDUCED model and budget: d = 64, H = 8, T = 8, 300 steps of batch 16; four runs):
 
@@ -43,15 +45,17 @@ import argparse
 import json
 import math
 import os
-import platform
 import shlex
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (README: CPU threads)
+sys.path.insert(0, str(Path(__file__).parent))
+import provenance  # after the path insert: the benchmarks folder is not a package
 
-RESULTS = Path(__file__).parent / "results"
+provenance.setdefault_env("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (README: CPU threads)
+
+RESULTS = provenance.RESULTS
 REPO = Path(__file__).resolve().parents[1]
 FACTORS = (1 / 3, 1 / 2, 2 / 3, 1, 3 / 2, 2, 3, 4)  # test-time depth as a multiple of the trained T
 MODELS = {"hyperset": "Hyper-SET", "looped-transformer": "looped Transformer"}
@@ -191,7 +195,14 @@ def plateau_exit(
     log_history: list[dict], margin: float = PLATEAU_MARGIN, window: int = PLATEAU_WINDOW
 ) -> int | None:
     """The first logged step where the mean of the last `window` logged training losses is below ln 9 - margin
-    (None: never in the run). The mean over a window keeps one lucky batch from counting as the exit."""
+    (None: never in the run). The mean over a window keeps one lucky batch from counting as the exit.
+
+    This is the benchmarks' own definition (sudoku_depth.py and sudoku_easy.py), and it differs from
+    `energyformers.training.evaluation.plateau_exit_step`, which `energyformers inspect` reports: that one takes
+    the first log below the threshold whose next `PLATEAU_CONSECUTIVE` - 1 logs are below it too (no averaging),
+    so on the same log history the two can name different steps (the trailing mean reaches the threshold later
+    after a sharp drop, earlier when single logs straddle it).
+    """
     losses = [(h["step"], h["loss"]) for h in log_history if "loss" in h]
     for i in range(window - 1, len(losses)):
         if sum(loss for _, loss in losses[i - window + 1 : i + 1]) / window < LN9 - margin:
@@ -523,7 +534,7 @@ def write_markdown(out: dict, path: Path) -> None:
             "",
         ]
     lines += [
-        f"Command: `{out['command']}`",
+        *(provenance.markdown_lines(out["run"]) if "run" in out else [f"Command: `{out['command']}`"]),
         "",
         f"* Machine: {out['machine']}; total wall time {out['wall_time_s'] / 60:.1f} min.",
     ]
@@ -615,7 +626,7 @@ def write_markdown(out: dict, path: Path) -> None:
                     "**met only vacuously** (deep-supervised Hyper-SET never left the plateau: near chance)"
                 )
             lines.append(f"* {verdict}: {c['target']} — {c['numbers']}.")
-    lines += ["", "![accuracy vs iterations and the plateau exit](sudoku_depth.png)", ""]
+    lines += ["", f"![accuracy vs iterations and the plateau exit]({path.with_suffix('.png').name})", ""]
     if out.get("notes"):
         lines += [out["notes"], ""]
     path.write_text("\n".join(lines) + "\n")
@@ -715,6 +726,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.iterations < 2:
         parser.error(f"--iterations must be >= 2 (T/2 is evaluated); got {args.iterations}")
     start = time.time()
+    run = provenance.run_info(seed=args.seed, argv=argv, script=__file__)
     if args.render_only:
         stem = Path(args.results)
         out = json.loads(stem.with_suffix(".json").read_text())
@@ -761,19 +773,10 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"{folder} holds a {res['model_type']!r} model, expected {key!r}")
         results[key if mode != "existing" else run_key(res["model_type"], res["supervision"])] = res
 
-    cpu = platform.processor() or platform.machine()
-    try:  # the CPU model name (Linux)
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        pass
     machine = (
-        torch.cuda.get_device_name(0)
+        f"{torch.cuda.get_device_name(0)} ({provenance.machine()})"
         if device.type == "cuda"
-        else f"{cpu}, {os.cpu_count()} cores shared with other work, CPU only"
+        else f"{provenance.machine()}, CPU only"
         + (
             f", at most {args.max_parallel} trainings at once with 1 torch thread each"
             if training and args.max_parallel > 1
@@ -782,8 +785,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     out = {
         "mode": mode,
-        "command": "OMP_WAIT_POLICY=PASSIVE .venv/bin/python "
-        + shlex.join(["benchmarks/sudoku_depth.py", *(sys.argv[1:] if argv is None else argv)]),
+        "run": run,
+        "command": run["command"],
         "machine": machine,
         "torch": torch.__version__,
         "budget": {

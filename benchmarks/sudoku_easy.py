@@ -6,7 +6,8 @@ iterations is what recurrent depth is for.
 Short probes first (`--stage probes`: each setting of `PROBES` for the same number of steps, its validation
 accuracy at T recorded), then the main run (`--stage main`: the chosen setting, `--max_steps` with a wall-time cap
 of `--minutes`, into `--output_dir`, which is kept for test-time search), then the evaluation and the result files
-benchmarks/results/sudoku_easy.{md,json,png}. Every training goes through the real training CLI
+`<--results>.{md,json,png}` (default benchmarks/results/sudoku_easy; the .md embeds the .png by the name it is
+written under). Every training goes through the real training CLI
 (`energyformers.training.train.main`, i.e. the `energyformers train ...` command recorded in the results) with
 one torch thread; a wall-time cap is a `TrainerCallback` that stops training after the step that crosses it (the
 CLI's final evaluation, test and save then run as usual).
@@ -20,16 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (README: CPU threads)
-
 sys.path.insert(0, str(Path(__file__).parent))
-import sudoku_depth  # after the path insert: the shared evaluation
+import provenance  # after the path insert: the benchmarks folder is not a package
+
+provenance.setdefault_env("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (README: CPU threads)
+import sudoku_depth  # noqa: E402  (after the environment default) the shared evaluation and `plateau_exit`
 
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parents[1]
@@ -218,7 +219,7 @@ def write_markdown(out: dict, path: Path) -> None:
     lines = [
         "# Easy Sudoku on a CPU budget: deep-supervised Hyper-SET, easy → hard",
         "",
-        f"Command: `{out['command']}`",
+        *(provenance.markdown_lines(out["run"]) if "run" in out else [f"Command: `{out['command']}`"]),
         "",
         f"* Machine: {out['machine']}.",
         f"* Main run: `{main['command']}`",
@@ -233,7 +234,7 @@ def write_markdown(out: dict, path: Path) -> None:
         + f". {main['num_parameters']:,} parameters. Saved model: `{main['folder']}` (git-ignored).",
         f"* Final validation (256 easy puzzles, at T = {T}): blank-cell {main['eval']['blank_cell_accuracy']:.4f}, "
         f"board {main['eval']['board_accuracy']:.4f}; mean training loss {main['train_loss']:.3f}; plateau exit "
-        f"(see sudoku_depth.md for the definition): "
+        f"(`sudoku_depth.plateau_exit`, not `energyformers inspect`'s; see sudoku_depth.md): "
         + ("never" if main["plateau_exit_step"] is None else f"step {main['plateau_exit_step']}")
         + ".",
         "",
@@ -255,7 +256,7 @@ def write_markdown(out: dict, path: Path) -> None:
         f"Easy: the first {easy['n_test']:,} puzzles of our generated test split; hard: the first {hard['n_test']:,} "
         "of the sudoku-hard test split.",
         "",
-        "![accuracy vs iterations](sudoku_easy.png)",
+        f"![accuracy vs iterations]({path.with_suffix('.png').name})",
         "",
     ]
     best_board = max(r["board_accuracy"] for r in easy["depths"].values())
@@ -292,20 +293,6 @@ def write_markdown(out: dict, path: Path) -> None:
     if out.get("notes"):
         lines += [out["notes"], ""]
     path.write_text("\n".join(lines) + "\n")
-
-
-def cpu_name() -> str:
-    """The CPU model name (Linux), else what `platform` knows."""
-    import platform
-
-    try:
-        return next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -346,9 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.minutes <= 0:
         parser.error(f"--minutes must be > 0; got {args.minutes}")
     work, stem = Path(args.work_dir), Path(args.results)
-    command = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python " + shlex.join(
-        ["benchmarks/sudoku_easy.py", *(sys.argv[1:] if argv is None else argv)]
-    )
+    run = provenance.run_info(seed=args.seed, argv=argv, script=__file__)
 
     if args.stage in ("all", "probes"):
         for name in probes:
@@ -381,9 +366,10 @@ def main(argv: list[str] | None = None) -> None:
         import torch
 
         out = {
-            "command": command,
-            "machine": f"{cpu_name()}, {os.cpu_count()} cores shared with other "
-            "work (at most two trainings at once), CPU only, 1 torch thread per training",
+            "run": run,
+            "command": run["command"],
+            "machine": f"{provenance.machine()} (at most two trainings at once), CPU only, 1 torch thread per "
+            "training",
             "torch": torch.__version__,
             "batch_size": args.batch_size,
             "probe_steps": args.probe_steps,

@@ -7,7 +7,7 @@
 * HyperBF (`runs/demo-hyperbf`): learned attention σ per head and feedforward σ per layer vs their
   initial values (memo 143 observes that attention units learn a smaller σ than feedforward units).
 
-Results: benchmarks/results/trained_diagnostics.md.
+Writes trained_diagnostics.md into `--output_dir` (default benchmarks/results), replacing it.
 
     make demo MODEL=imixer; make demo MODEL=hyperbf   # the two model folders
     python benchmarks/trained_diagnostics.py --imixer runs/demo-imixer --hyperbf runs/demo-hyperbf
@@ -16,6 +16,7 @@ Results: benchmarks/results/trained_diagnostics.md.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
@@ -25,7 +26,8 @@ from energyformers import HyperBFConfig, HyperBFForImageClassification, IMixerFo
 from energyformers.training.data import load_data
 from energyformers.training.processing import image_transform
 
-RESULTS = Path(__file__).parent / "results"
+sys.path.insert(0, str(Path(__file__).parent))
+import provenance  # after the path insert: the benchmarks folder is not a package
 
 
 def test_batches(model_dir: str, dataset: str, batch_size: int = 256) -> list[dict[str, torch.Tensor]]:
@@ -96,7 +98,7 @@ def hyperbf_section(model_dir: str) -> list[str]:
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -106,16 +108,18 @@ def main() -> None:
     parser.add_argument(
         "--longest", type=int, default=8, help="most fixed-point iterations evaluated for iMixer"
     )
-    args = parser.parse_args()
-    command = (
-        f"python benchmarks/trained_diagnostics.py --imixer {args.imixer} --hyperbf {args.hyperbf} "
-        f"--dataset {args.dataset} --longest {args.longest}"
+    parser.add_argument(
+        "--output_dir", type=Path, default=provenance.RESULTS, help="default benchmarks/results"
     )
-    lines = ["# Diagnostics of trained iMixer and HyperBF models", "", f"Command: `{command}`", ""]
+    args = parser.parse_args(argv)
+    if args.longest < 1:
+        parser.error(f"--longest must be a positive integer, got {args.longest}")
+    # evaluation only (eval mode, fixed data order): no randomness; the models' training seeds are their own
+    run = provenance.run_info(seed=None, argv=argv, script=__file__)
+    lines = ["# Diagnostics of trained iMixer and HyperBF models", "", *provenance.markdown_lines(run), ""]
     lines += [*imixer_section(args.imixer, args.dataset, args.longest), "", *hyperbf_section(args.hyperbf)]
     text = "\n".join(lines) + "\n"
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "trained_diagnostics.md").write_text(text)
+    (provenance.output_dir(args.output_dir) / "trained_diagnostics.md").write_text(text)
     print(text)
 
 

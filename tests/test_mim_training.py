@@ -206,8 +206,10 @@ def test_benchmark_script_smoke(tmp_path, capsys):
         assert message in capsys.readouterr().err, (bad, message)
     argv = ["--smoke", "--seeds", "0", "1", "--out", str(tmp_path), "--work", str(tmp_path / "runs")]
     assert module.main(argv) == 0
-    assert {"mim.md", "mim.json", "mim.png", "mim_decode.png"} <= {p.name for p in tmp_path.iterdir()}
-    results = json.loads((tmp_path / "mim.json").read_text())
+    # a smoke run writes mim_smoke.*, never the measurement's mim.* names
+    written = {p.name for p in tmp_path.iterdir() if p.is_file()}
+    assert written == {"mim_smoke.md", "mim_smoke.json", "mim_smoke.png", "mim_smoke_decode.png"}, written
+    results = json.loads((tmp_path / "mim_smoke.json").read_text())
     setup = results["setup"]
     assert results["seeds"] == [0, 1] and set(setup["train_wall_s"]) == {"0", "1"}, setup
     # One tokenizer for every run, fitted once; one run folder per seed.
@@ -236,8 +238,10 @@ def test_benchmark_script_smoke(tmp_path, capsys):
     for name in ("psnr", "decoded_token_accuracy"):
         expected = {seed: h[seed]["decode_24"][name] - b[seed]["decode_24"][name] for seed in ("0", "1")}
         assert differences[name] == expected, (name, differences[name], expected)  # one subtraction: exact
-    text = (tmp_path / "mim.md").read_text()
+    text = (tmp_path / "mim_smoke.md").read_text()
     assert "mean ± sample std over n = 2 seeds" in text, text
+    assert text.startswith("# SMOKE RUN (smoke, not a measurement): "), text[:200]
+    assert "](mim_smoke.png)" in text and "](mim_smoke_decode.png)" in text, text
     hyperset = results["models"]["hyperset"]
     hm, hs = hyperset["mean"]["decode_24"], hyperset["std"]["decode_24"]
     assert f"| {hm['psnr']:.2f} ± {hs['psnr']:.2f} |" in text, text

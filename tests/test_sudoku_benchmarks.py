@@ -162,3 +162,35 @@ def test_sudoku_easy_refuses_bad_arguments_before_training(tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err, (argv, err)
     assert not any(tmp_path.iterdir())
+
+
+def test_benchmark_plateau_exit_is_not_inspects_plateau_exit_step():
+    """The benchmarks' trailing-mean definition and `energyformers inspect`'s (two consecutive logs below the level)
+    name different steps on the same history; sudoku_depth.plateau_exit's docstring says so."""
+    from energyformers.training.evaluation import plateau_exit_step
+
+    level = math.log(9) - sudoku_depth.PLATEAU_MARGIN
+    # a drop 0.02 below the level after five logs at ln 9: two logs below suffice for inspect (step 60); the window
+    # mean is below only with four low logs of five (level + (0.05 - 4 × 0.07) / 5 < level; three leave it above)
+    losses = [math.log(9)] * 5 + [level - 0.02] * 5
+    history = [{"step": 10 * (i + 1), "loss": v} for i, v in enumerate(losses)]
+    benchmark, inspect = sudoku_depth.plateau_exit(history), plateau_exit_step(history, num_classes=9)
+    assert (benchmark, inspect) == (90, 60), (benchmark, inspect, losses)
+    assert "plateau_exit_step" in sudoku_depth.plateau_exit.__doc__
+
+
+@pytest.mark.parametrize("script", ["sudoku_depth", "sudoku_easy"])
+def test_render_embeds_the_plot_by_the_name_it_is_written_under(tmp_path, script):
+    """`--results /x/sd` writes sd.png, and sd.md must embed sd.png (not the default name)."""
+    committed = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / f"{script}.json"
+    stem = tmp_path / "sd"
+    stem.with_suffix(".json").write_text(committed.read_text())
+    if script == "sudoku_depth":
+        sudoku_depth.main(["--render_only", "--results", str(stem)])
+    else:
+        sudoku_easy.main(["--stage", "render", "--results", str(stem)])
+    md = stem.with_suffix(".md").read_text()
+    assert stem.with_suffix(".png").stat().st_size > 0
+    assert "](sd.png)" in md and f"]({script}.png)" not in md, [
+        line for line in md.splitlines() if ".png" in line
+    ]

@@ -108,8 +108,15 @@ def sudoku_result(path: Path) -> str:
     test = result.get("test") or {}
     if test.get("board_accuracy") is None:
         return f"no accuracy (exit code {result.get('exit_code')})"
+    # the steps that ran: a run stopped by --train_seconds records where (stopped_at_step), else it ran max_steps
+    stopped = result.get("stopped_at_step")
+    steps = (
+        f"{stopped} of {result['max_steps']} steps (stopped by its {result['stopped_by']} budget)"
+        if stopped is not None
+        else f"{result['max_steps']} steps"
+    )
     return (
-        f"recipe {result['recipe']}, {result['max_steps']} steps, {result['seconds']:.0f} s: test board accuracy "
+        f"recipe {result['recipe']}, {steps}, {result['seconds']:.0f} s: test board accuracy "
         f"{test['board_accuracy']:.4f}, blank-cell accuracy {test['blank_cell_accuracy']:.4f}"
     )
 

@@ -1,0 +1,223 @@
+"""The benchmark scripts' plumbing on tiny budgets: that they run what they say (recurrent_depth.py's training call),
+record the command and machine that actually ran (benchmarks/provenance.py), write where `--output_dir` says
+without touching the committed results, and merge a partial rerun (`speed.py --only`) into the existing results."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from energyformers.training.data import MissingDataError, load_data
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import provenance  # the benchmarks folder is not a package
+import recurrent_depth
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def committed_results() -> dict[str, float]:
+    """Modification times of the committed result files, to show a run left them alone."""
+    return {p.name: p.stat().st_mtime_ns for p in (ROOT / "benchmarks" / "results").iterdir()}
+
+
+@pytest.fixture(autouse=True)
+def _no_recorded_environment(monkeypatch) -> None:
+    """The commands the tests expect are those of a user who set none of the recorded variables (conftest sets
+    HF_HUB_OFFLINE for the suite)."""
+    for name in provenance.RECORDED_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+# ------------------------------------------------------------------ provenance
+
+
+def test_command_is_argv_as_given_with_only_the_environment_the_user_set(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["benchmarks/x.py", "--max_factor", "2", "runs/a b"])
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setattr(provenance, "_SCRIPT_DEFAULTS", set())
+    provenance.setdefault_env("OMP_WAIT_POLICY", "PASSIVE")  # the script's default, not the user's
+    try:
+        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+        got = provenance.command()
+    finally:
+        os.environ.pop("OMP_WAIT_POLICY", None)
+    assert got == "OMP_NUM_THREADS=3 python benchmarks/x.py --max_factor 2 'runs/a b'", got
+    # a main(argv) called from Python: its argv and the script path relative to the repository
+    got = provenance.command(["--seed", "1"], ROOT / "benchmarks" / "speed.py")
+    assert got == "OMP_NUM_THREADS=3 python benchmarks/speed.py --seed 1", got
+
+
+def test_machine_names_the_cpu_model_and_the_cores_this_process_may_use():
+    text = provenance.machine()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert text.endswith(f", {cores} cores available"), text
+    assert provenance.cpu_model() in text, text
+    assert "shared" not in text, text
+
+
+def test_run_info_has_every_header_field_and_renders_them():
+    info = provenance.run_info(
+        seed=7, argv=["--batch", "2"], script="benchmarks/hyperset_checkpoint_memory.py"
+    )
+    assert set(info) >= {
+        "date",
+        "command",
+        "git_commit",
+        "torch",
+        "transformers",
+        "python",
+        "machine",
+        "seed",
+    }, info
+    lines = provenance.markdown_lines(info)
+    assert lines[0].startswith("Command: `python benchmarks/hyperset_checkpoint_memory.py --batch 2`"), lines
+    for value in (info["torch"], info["transformers"], info["machine"], "seed 7"):
+        assert value in lines[1], (value, lines)
+
+
+# ------------------------------------------------------------------ recurrent_depth.py
+
+
+@pytest.fixture(scope="module")
+def recurrent_depth_run(tmp_path_factory) -> dict:
+    """One variant trained through the worker exactly as the driver's subprocess calls it, on 32 digits."""
+    try:
+        load_data("digits")
+    except MissingDataError as err:
+        pytest.skip(f"digits is not installed: {err.install_command}")
+    folder = tmp_path_factory.mktemp("recurrent-depth")
+    args = argparse.Namespace(
+        worker="none-fixed",
+        dataset="digits",
+        epochs=0.25,
+        max_train_samples=32,
+        max_test_samples=16,
+        seed=0,
+        num_threads=1,
+        repeats=1,
+        long=False,
+        time_halting=False,
+        json=str(folder / "run.json"),
+    )
+    recurrent_depth.worker(args)  # raised AttributeError when it passed the argv list to train.run
+    return json.loads((folder / "run.json").read_text())
+
+
+def test_recurrent_depth_worker_trains_through_the_cli_and_evaluates_every_depth(recurrent_depth_run):
+    run = recurrent_depth_run
+    trained = run["trained_iterations"]
+    expected = {str(max(1, round(f * trained))) for f in recurrent_depth.FACTORS[:-1]}
+    assert set(run["accuracy"]) == expected, run["accuracy"]
+    assert run["test_size"] == 16, run["test_size"]
+    assert run["effective_config"]["iteration_sampling"] == "fixed", run["effective_config"]
+    assert run["command"].startswith("energyformers train --model hyperset --dataset digits --epochs 0.25"), (
+        run
+    )
+
+
+def test_recurrent_depth_writes_into_output_dir_and_the_md_embeds_its_plot(
+    recurrent_depth_run, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(sys, "argv", ["benchmarks/recurrent_depth.py", "--dataset", "fashion_mnist"])
+    args = argparse.Namespace(
+        dataset="fashion_mnist",
+        seed=0,
+        epochs=None,
+        max_train_samples=None,
+        max_test_samples=None,
+        num_threads=1,
+    )
+    args.output_dir = tmp_path / "out"
+    results = {"none-fixed": recurrent_depth_run}
+    run = provenance.run_info(seed=[0])
+    report = recurrent_depth.build_report(args, results, 60.0, run)
+    before = committed_results()
+    recurrent_depth.write_results(args, results, report, 60.0, run)
+    written = sorted(p.name for p in args.output_dir.iterdir())
+    stem = "recurrent_depth_fashion_mnist"
+    assert written == [f"{stem}.json", f"{stem}.md", f"{stem}.png"], written
+    assert committed_results() == before
+    md = (args.output_dir / f"{stem}.md").read_text()
+    assert f"]({stem}.png)" in md, md[:600]
+    assert "Command: `python benchmarks/recurrent_depth.py --dataset fashion_mnist`" in md, md[:600]
+    assert "default Hyper-SET for `fashion_mnist`" in md and "default digits" not in md, md[:900]
+    assert "shared with other jobs" not in md, md[:900]
+    assert json.loads((args.output_dir / f"{stem}.json").read_text())["run"]["seed"] == [0]
+
+
+# ------------------------------------------------------------------ speed.py --only
+
+
+def test_speed_only_merges_its_rows_into_the_existing_results(tmp_path, monkeypatch):
+    import speed
+
+    committed = json.loads((ROOT / "benchmarks" / "results" / "speed.json").read_text())
+    (tmp_path / "speed.json").write_text(json.dumps(committed))
+    hyperbf = next(row for row in committed["pairs"] if row["model"].startswith("HyperBF"))
+    # the HyperBF pair under its real name, with two tiny ViTs standing in so the measurement takes milliseconds
+    tiny = lambda: speed.vit_like(16, 2, 1, 8, 4)  # noqa: E731
+    monkeypatch.setattr(speed, "PAIRS", [(hyperbf["model"], tiny, hyperbf["baseline"], tiny, 8)])
+    before = committed_results()
+    speed.main(["--only", "HyperBF", "--batch", "1", "--repeats", "1", "--output_dir", str(tmp_path)])
+    assert committed_results() == before
+    merged = json.loads((tmp_path / "speed.json").read_text())
+    names = [row["model"] for row in merged["pairs"]]
+    assert names == [row["model"] for row in committed["pairs"]], names  # every row kept, in its place
+    new = next(row for row in merged["pairs"] if row["model"] == hyperbf["model"])
+    assert new["params"] != hyperbf["params"] and new["run"] == merged["run"], new
+    kept = [row for row in merged["pairs"] if row["model"] != hyperbf["model"]]
+    assert all(row["setting"] == committed["setting"] and "run" not in row for row in kept), kept
+    assert len(merged["compile_time"]) == len(committed["compile_time"]), merged["compile_time"]
+    md = (tmp_path / "speed.md").read_text()
+    assert md.count("|") > 0 and all(f"| {name}" in md for name in names), md
+    assert "[1]" in md and "Rows kept from earlier runs" in md, md
+    assert "Command: `python benchmarks/speed.py --only HyperBF --batch 1 --repeats 1 --output_dir" in md, md[
+        :400
+    ]
+
+
+def test_speed_only_that_matches_no_pair_is_refused_before_measuring(tmp_path, capsys):
+    import speed
+
+    with pytest.raises(SystemExit):
+        speed.main(["--only", "NoSuchModel", "--output_dir", str(tmp_path)])
+    assert "--only ['NoSuchModel'] matches no pair" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ scripts without a model to train
+
+
+def test_hyperset_checkpoint_memory_rejects_a_bad_batch_before_any_work(tmp_path, capsys):
+    import hyperset_checkpoint_memory
+
+    with pytest.raises(SystemExit):
+        hyperset_checkpoint_memory.main(["--batch", "0", "--output_dir", str(tmp_path)])
+    assert "--batch must be a positive integer, got 0" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ gpu/summary.py
+
+
+def test_gpu_summary_reports_the_sudoku_steps_that_ran(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_summary", ROOT / "benchmarks" / "gpu" / "summary.py")
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+    committed = json.loads((ROOT / "benchmarks" / "results" / "gpu_sudoku.json").read_text())
+    stopped = tmp_path / "stopped.json"
+    stopped.write_text(json.dumps({**committed, "stopped_at_step": 382, "stopped_by": "train_seconds"}))
+    text = summary.sudoku_result(stopped)
+    assert "382 of 600 steps (stopped by its train_seconds budget)" in text, text
+    finished = tmp_path / "finished.json"
+    finished.write_text(json.dumps({k: v for k, v in committed.items() if not k.startswith("stopped")}))
+    text = summary.sudoku_result(finished)
+    assert f", {committed['max_steps']} steps, " in text and " of " not in text, text
