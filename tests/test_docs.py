@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -19,7 +20,13 @@ import pytest
 import torch
 from fixtures import hyperset_config, run_at_once
 
-from energyformers import HyperSetForImageClassification
+from energyformers import (
+    HyperSetConfig,
+    HyperSetForImageClassification,
+    HyperSetForTokenClassification,
+    LoopedTransformerConfig,
+    LoopedTransformerForTokenClassification,
+)
 from energyformers.training.processing import build_image_processor
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,3 +209,70 @@ def test_model_card_output_flags_are_forward_arguments(family, card):
     assert flags <= accepted, (
         f"{family}: card flags {sorted(flags - accepted)} not in forward({sorted(accepted)})"
     )
+
+
+# ------------------------------------------------------------------------- numbers quoted from result files
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def flowing(path: Path) -> str:
+    """The file's text with every run of whitespace as one space, so a quote wrapped over lines is found."""
+    return " ".join(path.read_text(encoding="utf-8").split())
+
+
+def test_flop_counts_quoted_in_the_speed_section_are_those_of_the_gpu_speed_results():
+    groups = json.loads((RESULTS / "gpu_speed.json").read_text(encoding="utf-8"))["groups"]
+    hyperset_group = groups["Hyper-SET cifar10-small, 224²/16 (197 tokens, T=12)"]["variants"]
+    imixer_group = groups["iMixer-S/16 (n=2) vs Mixer (n=0)"]["variants"]
+    hyperset = hyperset_group["Hyper-SET (eager)"]["flops"]["forward"]
+    vit = hyperset_group["ViT 384×6h×12 (sdpa)"]["flops"]["forward"]
+    imixer = imixer_group["iMixer-S/16"]["flops"]["forward"]
+    mixer = imixer_group["Mixer-S/16 (n=0)"]["flops"]["forward"]
+    quotes = [
+        f"FLOP ratio against ViT is {vit / hyperset:.2f}",
+        f"{vit / 1e9:.2f} GFLOP per image for ViT against {hyperset / 1e9:.2f} for Hyper-SET",
+        f"counts {imixer / 1e9:.2f} GFLOP per image (forward) for iMixer-S/16 (n = 2) against {mixer / 1e9:.2f}",
+    ]
+    text = flowing(ROOT / "docs" / "benchmarks.md")
+    missing = [quote for quote in quotes if quote not in text]
+    assert not missing, f"docs/benchmarks.md does not quote gpu_speed.json's FLOP counts as: {missing}"
+
+
+@pytest.mark.parametrize(
+    ("result", "script"),
+    [("sudoku_search.json", "benchmarks/sudoku_search.py"), ("sudoku_easy.md", "benchmarks/sudoku_easy.py")],
+)
+def test_the_documented_benchmark_command_is_the_recorded_one(result, script):
+    """The command docs/benchmarks.md gives for a result is the one its result file records (interpreter and
+    environment variables aside), so a reader who runs it gets that model folder and those flags."""
+    source = RESULTS / result
+    if source.suffix == ".json":
+        recorded = json.loads(source.read_text(encoding="utf-8"))["command"]
+    else:
+        recorded = re.search(r"^Command: `([^`]*)`", source.read_text(encoding="utf-8"), re.MULTILINE).group(
+            1
+        )
+    arguments = recorded[recorded.index(script) :]
+    documented = flowing(ROOT / "docs" / "benchmarks.md")
+    assert arguments in documented, (
+        f"docs/benchmarks.md does not give the command recorded in {result}: {arguments!r}"
+    )
+
+
+def test_paper_size_sudoku_parameter_counts_quoted_are_what_the_preset_builds():
+    def count(model: torch.nn.Module) -> int:
+        return sum(p.numel() for p in model.parameters())
+
+    with torch.device("meta"):  # shapes only: the counts need no weights
+        hyperset = count(HyperSetForTokenClassification(HyperSetConfig.from_preset("sudoku")))
+        authors = count(HyperSetForTokenClassification(HyperSetConfig.from_preset("sudoku-authors")))
+        looped = count(LoopedTransformerForTokenClassification(LoopedTransformerConfig.from_preset("sudoku")))
+    quotes = {
+        "benchmarks/results/sudoku_depth.md": f"Hyper-SET {hyperset:,} and looped Transformer {looped:,} parameters",
+        "docs/benchmarks.md": f"`--preset sudoku` builds {hyperset:,} Hyper-SET parameters, the `sudoku-authors` "
+        f"structure with the authors' time MLP {authors:,}, the looped Transformer {looped:,}",
+        "docs/hyperset.md": f"| {authors:,} | {hyperset:,} |",
+    }
+    wrong = [f"{path}: {quote!r}" for path, quote in quotes.items() if quote not in flowing(ROOT / path)]
+    assert not wrong, "Sudoku preset counts quoted otherwise than built:\n" + "\n".join(wrong)

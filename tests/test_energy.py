@@ -233,8 +233,11 @@ def test_a_tiny_classifier_with_energy_attention_learns_digits():
         loss.backward()
         optimizer.step()
     with torch.no_grad():
-        accuracy = (model(images[test]).argmax(-1) == labels[test]).float().mean().item()
-    assert accuracy > 0.8, f"held-out accuracy {accuracy:.3f} (chance 0.1)"
+        correct = int((model(images[test]).argmax(-1) == labels[test]).sum())
+    accuracy = correct / len(test)
+    # docs/dynamics.md quotes the accuracy this seeded setting reaches; the bound is looser because float rounding
+    # differs between machines and torch versions, and 300 training steps can carry that into a few predictions
+    assert accuracy > 0.8, f"held-out accuracy {accuracy:.3f} ({correct} of {len(test)} images; chance 0.1)"
 
 
 def test_energies_are_measured_outside_a_bfloat16_autocast():
