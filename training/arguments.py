@@ -79,10 +79,10 @@ ATTN_IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def check_attn_implementation(
-    value: str | None, model_type: str, flag: str = "--attn_implementation"
-) -> None:
-    """A `UsageError` naming the flag, the value and the family's implementations when `value` is not one."""
+def check_attn_flag(value: str | None, model_type: str, flag: str = "--attn_implementation") -> None:
+    """A `UsageError` naming the flag, the value and the family's implementations when `value` is not one of the
+    names `model_type` knows (`ATTN_IMPLEMENTATIONS`; read without torch). Whether a known name can run here (e.g.
+    a kernel that needs CUDA) is the model's own `check_attn_implementation(config, value)`, asked later."""
     allowed = ATTN_IMPLEMENTATIONS.get(model_type)
     if value is not None and allowed is not None and value not in allowed:
         raise UsageError(f"{flag} {value}: {model_type} models take one of {', '.join(allowed)}")
@@ -770,7 +770,7 @@ def _take_attn_implementation_from_config(m: ModelArguments) -> None:
             model_type = None
     elif model_type is None:
         model_type = "hyperset"
-    check_attn_implementation(m.attn_implementation, model_type or "")
+    check_attn_flag(m.attn_implementation, model_type or "")
 
 
 def check_output_dir(output_dir: str, overwrite: bool) -> None:
@@ -848,7 +848,7 @@ __all__ = [
     "RunArguments",
     "UsageError",
     "build_parser",
-    "check_attn_implementation",
+    "check_attn_flag",
     "check_output_dir",
     "config_flags",
     "parse_arguments",

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..auto_registration import AUTO_HEADS
-from .arguments import check_attn_implementation
+from .arguments import check_attn_flag
 from .cli import CommandParser, UsageError, check_model_source, check_output_folder, run_command
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -272,7 +272,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         if architecture is not None:
             check_lpips_weights(args.lpips_weights)
         args.local_input_type = input_kind(config, architecture)
-        check_attn_implementation(args.attn_implementation, str(config.get("model_type", "")))
+        check_attn_flag(args.attn_implementation, str(config.get("model_type", "")))
     args.texts = (
         [line.rstrip("\n") for line in sys.stdin if line.strip()] if args.inputs == ["-"] else args.inputs
     )
@@ -452,7 +452,7 @@ def check_inputs(model_dir: str, input_type: str, inputs: list[str]) -> None:
         check_readable_images(inputs)
 
 
-def task_for(config) -> str:
+def task_for(config: Any) -> str:
     """Pipeline task of a saved config: its head's task (`energyformers.task_of`), else the input type's default."""
     import energyformers
     from energyformers import FAMILIES, INPUT_TYPES, task_of
@@ -480,6 +480,22 @@ def pipeline_class(task: str) -> type:
         "text-classification": pipelines.TextClassificationPipeline,
         "token-classification": pipelines.TokenClassificationPipeline,
     }[task]
+
+
+def pipeline_kwargs(args: argparse.Namespace, config: Any) -> dict[str, Any]:
+    """The `transformers.pipeline` keywords both kinds of model take from the flags: `--trust_remote_code`,
+    `--attn_implementation` (checked against the loaded config: a Hub model's family is known only now) and
+    `--lpips_weights` (a keyword of the pipeline class, which `transformers.pipeline()` hands on; checked again for
+    a Hub model, a local folder's in `parse`)."""
+    check_lpips_weights(args.lpips_weights)
+    kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
+    if args.attn_implementation is not None:
+        check_attn_flag(args.attn_implementation, config.model_type)
+        check_attn_implementation_runs(config, args.attn_implementation)
+        kwargs["model_kwargs"] = {"attn_implementation": args.attn_implementation}
+    if args.lpips_weights is not None:
+        kwargs["lpips_weights"] = args.lpips_weights
+    return kwargs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -522,14 +538,7 @@ def run(args: argparse.Namespace) -> int:
         from .processing import to_rgb
 
         inputs = [to_rgb(Image.open(x)) for x in inputs]  # any mode (RGBA, P, 16-bit grey) → RGB
-    check_lpips_weights(args.lpips_weights)  # again for a Hub model (a local one's was checked in parse)
-    kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
-    if args.attn_implementation is not None:
-        check_attn_implementation(args.attn_implementation, config.model_type)  # a Hub model's family
-        check_attn_implementation_runs(config, args.attn_implementation)
-        kwargs["model_kwargs"] = {"attn_implementation": args.attn_implementation}
-    if args.lpips_weights is not None:  # a keyword of the pipeline class: transformers.pipeline() hands it on
-        kwargs["lpips_weights"] = args.lpips_weights
+    kwargs = pipeline_kwargs(args, config)
     if input_type == "image":
         processor_class = getattr(transformers, INPUT_TYPES[input_type].processor_class)
         kwargs["image_processor"] = processor_class.from_pretrained(args.model_dir, backend="pil")
@@ -565,14 +574,7 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
         args.model_dir, "mim", args.inputs
     )  # again for a Hub model (a local one was checked in parse)
     paths = reconstruction_paths(args.inputs, args.output_dir)
-    check_lpips_weights(args.lpips_weights)  # again for a Hub model (a local one's was checked in parse)
-    kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
-    if args.attn_implementation is not None:
-        check_attn_implementation(args.attn_implementation, config.model_type)  # a Hub model's family
-        check_attn_implementation_runs(config, args.attn_implementation)
-        kwargs["model_kwargs"] = {"attn_implementation": args.attn_implementation}
-    if args.lpips_weights is not None:  # a keyword of the pipeline class: transformers.pipeline() hands it on
-        kwargs["lpips_weights"] = args.lpips_weights
+    kwargs = pipeline_kwargs(args, config)
     try:
         pipe = transformers.pipeline("masked-image-modeling", model=args.model_dir, **kwargs)
     except FileNotFoundError:  # a Hub repo without an image tokenizer (a local folder's was checked)
