@@ -88,6 +88,26 @@ def check_attn_flag(value: str | None, model_type: str, flag: str = "--attn_impl
         raise UsageError(f"{flag} {value}: {model_type} models take one of {', '.join(allowed)}")
 
 
+# The flags that name a dataset's columns (`train`, `evaluate`).
+COLUMN_FLAGS = ("image_column", "text_column", "label_column")
+
+
+def check_column_flags(dataset: str, columns: dict[str, str | None]) -> None:
+    """The column flags (`COLUMN_FLAGS`, their values in `columns`) name columns of a local or Hub dataset; a
+    built-in dataset is read with its own columns and no others (`data.load_data`), so a column flag given with one
+    is a `UsageError` naming the flag, its value and the dataset, rather than a flag silently ignored."""
+    given = [name for name in COLUMN_FLAGS if columns.get(name) is not None]
+    if not given:
+        return
+    from .data import BUILTIN_DATASETS  # imports `datasets` (seconds): only when a column flag is given
+
+    if dataset in BUILTIN_DATASETS:
+        raise UsageError(
+            f"--{given[0]} {columns[given[0]]}: --dataset {dataset} is a built-in dataset with its own columns; "
+            "the column flags name columns of a local or Hub dataset. Drop the flag"
+        )
+
+
 @dataclass
 class ModelArguments:
     """Which model to train and the config fields the command line sets directly."""
@@ -621,6 +641,7 @@ def validate(args: Arguments) -> None:
             f"--sudoku_augmentation: --dataset {d.dataset} is not a Sudoku dataset; the symmetries apply to the "
             f"built-in boards only ({', '.join(SUDOKU_DATASETS)})"
         )
+    check_column_flags(d.dataset, {name: getattr(d, name) for name in COLUMN_FLAGS})
     _check("vocab_size", d.vocab_size, d.vocab_size >= 8, "an integer >= 8 (special tokens + characters)")
     _validate_mim(d, args.explicit)
 
@@ -836,6 +857,7 @@ def quiet_libraries() -> None:
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
+    "COLUMN_FLAGS",
     "CONFIG_FIELDS",
     "DATACLASSES",
     "DEPTH_FIELDS",
@@ -849,6 +871,7 @@ __all__ = [
     "UsageError",
     "build_parser",
     "check_attn_flag",
+    "check_column_flags",
     "check_output_dir",
     "config_flags",
     "parse_arguments",
