@@ -46,7 +46,7 @@ from .remote_code import (
     mim_pipeline_sources,
     remote_code_sources,
 )
-from .weights import PICKLE_WEIGHTS, check_weights_readable, weight_files
+from .weights import PICKLE_WEIGHTS, check_model_folder, check_weights_readable, weight_files
 
 logger = logging.getLogger(__name__)
 
@@ -338,12 +338,7 @@ def check_model_dir(
     if not folder.is_dir():
         what = "is a file, not a folder" if folder.exists() else "does not exist"
         raise UsageError(f"{flag} {model_dir} {what}; pass a folder written by `energyformers train`")
-    if not (folder / "config.json").is_file():
-        raise UsageError(f"{flag} {model_dir}: missing config.json (write the folder with save_pretrained)")
-    try:
-        check_weights_readable(model_dir, label=flag)
-    except (OSError, ValueError) as err:
-        raise UsageError(str(err)) from None
+    check_model_folder(model_dir, label=flag)
     if out_dir is None:
         return
     problem = overlap_problem(Path(model_dir), Path(out_dir), overwrite)

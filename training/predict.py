@@ -219,22 +219,6 @@ def check_lpips_weights(path: str | None) -> None:
         raise UsageError(str(err)) from None
 
 
-def local_config(folder: Path) -> dict[str, Any]:
-    """config.json of a local model folder as plain JSON (read without transformers, for the early checks)."""
-    path = folder / "config.json"
-    if not path.is_file():
-        raise UsageError(
-            f"model folder {folder}: no config.json; expected a folder written by save_pretrained"
-        )
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise UsageError(f"{path}: not a readable JSON config ({err})") from None
-    if not isinstance(config, dict):
-        raise UsageError(f"{path}: holds a JSON {type(config).__name__}, not a config object")
-    return config
-
-
 def check_model_type(
     folder: Path, config: dict[str, Any], allowed: tuple[str, ...], trust_remote_code: bool = False
 ) -> None:
@@ -296,14 +280,11 @@ def check_local_model_folder(
     model); a masked-image-modelling folder holds its image tokenizer; and each of `inputs` (when given) is what the
     model takes. A `UsageError` for the first problem; returns (config as JSON, the masked-image-modelling head or
     None)."""
-    from .weights import check_weights_readable
+    from .weights import check_model_folder
 
-    config = local_config(folder)
-    check_model_type(folder, config, allowed, trust_remote_code)
-    try:
-        check_weights_readable(folder)
-    except (OSError, ValueError) as err:  # unreadable weights named here, not in a safetensors traceback
-        raise UsageError(str(err)) from None
+    config = check_model_folder(
+        model_dir, check_config=lambda config: check_model_type(folder, config, allowed, trust_remote_code)
+    )
     architecture = masked_image_modeling_head(config.get("architectures"))
     if check_flags is not None:
         check_flags(architecture, _first(config.get("architectures")))

@@ -30,7 +30,7 @@ from .arguments import (
 )
 from .cli import check_model_source
 from .data import DataError, batches_done, input_type_of, label_names, load_data, task_of
-from .weights import check_weights_readable
+from .weights import check_model_folder
 
 # Small configs used when no --preset is given, per (family, input_type): the CLI's model sizes. They are sized
 # for the built-in datasets on a 2-core CPU (`make demo` trains digits in a few minutes).
@@ -216,12 +216,7 @@ def check_pretrained_source(source: str) -> None:
     path = check_model_source(source, "--from_pretrained")
     if path is None:  # a Hub repo id: asked when the model loads
         return
-    if not (path / "config.json").is_file():
-        raise UsageError(f"--from_pretrained {source!r}: the folder has no config.json (not a model folder)")
-    try:
-        check_weights_readable(source, label="--from_pretrained")
-    except (OSError, ValueError) as err:
-        raise UsageError(str(err)) from None
+    check_model_folder(source, label="--from_pretrained")
 
 
 def build_config_and_processor(args: Arguments, data: Any, state: Any) -> tuple[Any, Any]:
