@@ -51,6 +51,7 @@ SHOWN_LABELS = 6
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `energyformers evaluate` argument parser."""
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument(
         "model_dir",
@@ -412,6 +413,7 @@ def execute(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """CLI entry point of `energyformers evaluate`; returns the exit status."""
     return run_command("evaluate", parse, execute, list(sys.argv[1:] if argv is None else argv))
 
 

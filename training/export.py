@@ -273,6 +273,7 @@ def export_model_dir(
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `energyformers export` argument parser."""
     from .cli import CommandParser
 
     parser = CommandParser(
@@ -348,12 +349,14 @@ def check_model_dir(
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
+    """The arguments, with the model folder and the output folder checked (`check_model_dir`)."""
     args = build_parser().parse_args(argv)
     check_model_dir(args.model_dir, args.out_dir, overwrite=args.overwrite)
     return args
 
 
 def run(args: argparse.Namespace) -> int:
+    """Export the folder; prints where it was written and returns the exit status."""
     from transformers.utils import logging as hf_logging
 
     from .cli import UsageError
@@ -368,6 +371,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """CLI entry point of `energyformers export`; returns the exit status."""
     from .cli import run_command
 
     return run_command("export", parse, run, list(sys.argv[1:] if argv is None else argv))

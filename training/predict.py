@@ -114,6 +114,7 @@ MODEL_TYPES = (*AUTO_HEADS, "vit")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `energyformers predict` argument parser."""
     p = CommandParser(prog="energyformers predict", description=__doc__.split("\n\n")[0])
     p.add_argument("model_dir", help="a folder written by `energyformers train` (or a Hub repo id)")
     p.add_argument(
@@ -639,6 +640,7 @@ def check_depth_arguments(model: Any, depth: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """CLI entry point of `energyformers predict`; returns the exit status."""
     return run_command("predict", parse, run, list(sys.argv[1:] if argv is None else argv))
 
 
