@@ -110,3 +110,24 @@ def test_fp16_on_cpu_is_refused_before_training(tmp_path: Path, capsys: pytest.C
     )
     assert "fp16 needs a GPU" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_both_loops_announce_a_run_alike(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """One banner (`setup.announce_run`): the same line naming the model, its parameter count, the splits and the
+    processes, then the same warnings, from the Accelerate loop and from Trainer's."""
+    from energyformers.training import train
+
+    argv = [*COMMON, *tiny(), "--max_steps", "1", "--batch_size", "8", "--disable_tqdm"]
+    seen = {}
+    for name, main in (("accelerate", accelerate_loop.main), ("trainer", train.main)):
+        capsys.readouterr()
+        assert main([*argv, "--output_dir", str(tmp_path / name)]) == 0
+        out, err = capsys.readouterr()
+        banner = [line for line in out.splitlines() if " parameters; digits: " in line]
+        warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
+        seen[name] = (banner, warnings)
+    banner, warnings = seen["accelerate"]
+    assert len(banner) == 1 and banner[0].endswith("; 1 process(es)"), seen
+    assert banner[0].startswith("hyperset HyperSetForImageClassification: "), seen
+    assert warnings, seen  # 16 validation / test examples: the small-split warnings
+    assert seen["trainer"] == seen["accelerate"], seen

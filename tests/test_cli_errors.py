@@ -511,3 +511,48 @@ def test_the_weights_check_names_the_folder_once_after_its_label(tmp_path):
     with pytest.raises(FileNotFoundError) as raised:  # the listing alone names the folder once too
         weight_files(empty)
     assert str(raised.value) == f"{empty}: missing model.safetensors.", raised.value
+
+
+# ------------------------------------------------------------------- one check of a model folder, one wording
+
+
+def test_every_command_words_a_broken_model_folder_alike(tmp_path):
+    """`weights.check_model_folder` is the one check of a local model folder (config.json, a JSON object, readable
+    weights): every command that takes a folder reports each problem in the same words, `<label> <folder>: ...`,
+    the label being how the command names the argument."""
+    image = tmp_path / "x.png"
+    Image.new("RGB", (8, 8)).save(image)
+    folders = {}
+    for name, config in (("no_config", None), ("list_config", "[1, 2]"), ("bad_json", "{model_type:")):
+        folder = folders[name] = tmp_path / name
+        folder.mkdir()
+        (folder / "notes.txt").write_text("not a model")
+        if config is not None:
+            (folder / "config.json").write_text(config)
+    problems = {
+        "no_config": "no config.json; expected a folder written by save_pretrained",
+        "list_config": "config.json holds a JSON list, not an object",
+        "bad_json": "config.json is not readable JSON (",
+    }
+    out = tmp_path / "out"
+    commands = {  # command -> (argv for a folder, the label its messages give the folder)
+        "train": (lambda f: ["train", "--from_pretrained", f, "--output_dir", out, "--num_threads", "1"]),
+        "export": (lambda f: ["export", f, out]),
+        "release": (lambda f: ["release", "--take", f]),
+        "predict": (lambda f: ["predict", f, image]),
+        "inspect": (lambda f: ["inspect", f, image, "--output_dir", out]),
+        "evaluate": (lambda f: ["evaluate", f, "--dataset", "digits"]),
+    }
+    labels = {"train": "--from_pretrained", "release": "--take"}
+    cases = [(command, name) for command in commands for name in folders]
+    results = run_cli_cases([commands[c](folders[n]) for c, n in cases], cwd=tmp_path)
+    for (command, name), result in zip(cases, results, strict=True):
+        expected = f"energyformers {command}: error: {labels.get(command, 'model folder')} {folders[name]}: "
+        expected += problems[name]
+        assert result["code"] == 2, (command, name, result)
+        assert result["err"].startswith(expected) and result["err"].count("\n") == 1, (
+            command,
+            name,
+            result["err"],
+        )
+    assert not out.exists()

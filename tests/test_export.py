@@ -682,6 +682,30 @@ def test_release_exports_taken_folders_with_cards_and_metrics(tmp_path, capsys):
             assert (folder / figure).is_file() and f"]({figure})" in card.text
 
 
+def test_card_of_a_folder_without_a_run_record_claims_no_training_or_metrics(tmp_path):
+    """Without metrics.json nothing is known of how the model was trained, or whether it was: its card names no
+    metrics in the front matter, no training, dataset, preset or benchmark; with the record, the same folder's card
+    says all of that."""
+    model_type = sorted(FAMILIES)[0]
+    bare = build_model_dir(
+        tmp_path / "bare", model_type, "AutoModelForImageClassification", "image", metrics=None
+    )
+    card = ModelCard.load(export_model_dir(bare, tmp_path / "bare-out") / "README.md")
+    text = " ".join(card.text.split())  # the template wraps its sentences
+    assert card.data.metrics is None and not card.data.eval_results, card.data
+    for claim in ("trained with energyformers", "trained on a small benchmark", "Preset:", "Data: **"):
+        assert claim not in text, (claim, text)
+    assert "No record of its training came with it (the model folder had no `metrics.json`)" in text, text
+    assert "No evaluation was recorded for this checkpoint" in text, text
+    trained = build_model_dir(tmp_path / "trained", model_type, "AutoModelForImageClassification", "image")
+    card = ModelCard.load(export_model_dir(trained, tmp_path / "trained-out") / "README.md")
+    text = " ".join(card.text.split())
+    assert card.data.metrics == ["accuracy", "f1"], card.data.metrics
+    for claim in ("trained with energyformers", "trained on a small benchmark", "Preset:", "Data: **"):
+        assert claim in text, (claim, text)
+    assert "No record of its training" not in text and "No evaluation was recorded" not in text, text
+
+
 def test_release_refuses_a_taken_folder_without_metrics_before_any_work(tmp_path, capsys):
     """A --take folder that cannot be released is bad input: one line naming it once, status 2, nothing written
     (no dist folder, no release.json), even when the other folders are fine."""

@@ -95,7 +95,7 @@ def test_givens_distribution():
 
 
 def test_load_sudoku_layout():
-    data = load_sudoku(20, 10, seed=0, givens=(38, 42))
+    data = load_sudoku({"train": 20, "test": 10}, seed=0, givens=(38, 42))
     assert set(data) == {"train", "test"} and len(data["train"]) == 20 and len(data["test"]) == 10
     assert set(data["train"].column_names) == {"input_ids", "labels", "givens"}
     x = np.array(data["train"]["input_ids"])
@@ -110,5 +110,5 @@ def test_load_sudoku_layout():
     train = {bytes(r) for r in x.astype(np.uint8)}
     test = {bytes(r) for r in np.array(data["test"]["input_ids"]).astype(np.uint8)}
     assert not train & test
-    again = load_sudoku(20, 10, seed=0, givens=(38, 42))
+    again = load_sudoku({"train": 20, "test": 10}, seed=0, givens=(38, 42))
     assert again["test"]["input_ids"] == data["test"]["input_ids"]

@@ -507,6 +507,15 @@ BAD_INPUTS = {
         "input_type",
     ),
     "unknown family": (lambda tmp: ["--model", "resnet"], "--model 'resnet' is not available"),
+    # a built-in dataset reads its own columns: the flag is refused as `evaluate` refuses it, not ignored
+    "column flag on a built-in dataset": (
+        lambda tmp: ["--dataset", "digits", "--image_column", "img"],
+        "--image_column img: --dataset digits is a built-in dataset with its own columns",
+    ),
+    "label column on a built-in dataset": (
+        lambda tmp: ["--dataset", "rotten_tomatoes", "--label_column", "stars"],
+        "--label_column stars: --dataset rotten_tomatoes is a built-in dataset with its own columns",
+    ),
     "resume without checkpoint": (lambda tmp: ["--resume"], "no checkpoint"),
     "attention the family lacks": (
         lambda tmp: ["--model", "imixer", "--attn_implementation", "sdpa"],

@@ -81,6 +81,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
     from .optimization import TrainingLoss, check_schedule, make_scheduler, param_groups, plan_schedule
     from .run_folder import RunResult, finish_run, leave_nothing_behind
     from .setup import (
+        announce_run,
         build,
         check_precision,
         check_resume_arguments,
@@ -117,8 +118,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
             record_run_arguments(
                 args, built, work_dir
             )  # what a --resume must repeat (`check_resume_arguments`)
-            for warning in built.warnings:
-                print(f"warning: {warning}", file=sys.stderr, flush=True)
+            announce_run(built, args.data.dataset, accelerator.num_processes)
         with (
             accelerator.local_main_process_first()
         ):  # evaluate copies the metric scripts into its module cache
@@ -220,15 +220,6 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
                     shutil.rmtree(old, ignore_errors=True)
             accelerator.wait_for_everyone()
 
-        if accelerator.is_main_process:
-            unwrapped = accelerator.unwrap_model(model)
-            n = sum(p.numel() for p in unwrapped.parameters())
-            print(
-                f"{unwrapped.config.model_type} {type(unwrapped).__name__}: {n:,} parameters; {args.data.dataset}: "
-                + ", ".join(f"{k} {len(v)}" for k, v in data.items())
-                + f"; {accelerator.num_processes} process(es)",
-                flush=True,
-            )
         progress = tqdm(
             total=total_steps,
             initial=step,

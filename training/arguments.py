@@ -79,13 +79,33 @@ ATTN_IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def check_attn_implementation(
-    value: str | None, model_type: str, flag: str = "--attn_implementation"
-) -> None:
-    """A `UsageError` naming the flag, the value and the family's implementations when `value` is not one."""
+def check_attn_flag(value: str | None, model_type: str, flag: str = "--attn_implementation") -> None:
+    """A `UsageError` naming the flag, the value and the family's implementations when `value` is not one of the
+    names `model_type` knows (`ATTN_IMPLEMENTATIONS`; read without torch). Whether a known name can run here (e.g.
+    a kernel that needs CUDA) is the model's own `check_attn_implementation(config, value)`, asked later."""
     allowed = ATTN_IMPLEMENTATIONS.get(model_type)
     if value is not None and allowed is not None and value not in allowed:
         raise UsageError(f"{flag} {value}: {model_type} models take one of {', '.join(allowed)}")
+
+
+# The flags that name a dataset's columns (`train`, `evaluate`).
+COLUMN_FLAGS = ("image_column", "text_column", "label_column")
+
+
+def check_column_flags(dataset: str, columns: dict[str, str | None]) -> None:
+    """The column flags (`COLUMN_FLAGS`, their values in `columns`) name columns of a local or Hub dataset; a
+    built-in dataset is read with its own columns and no others (`data.load_data`), so a column flag given with one
+    is a `UsageError` naming the flag, its value and the dataset, rather than a flag silently ignored."""
+    given = [name for name in COLUMN_FLAGS if columns.get(name) is not None]
+    if not given:
+        return
+    from .data import BUILTIN_DATASETS  # imports `datasets` (seconds): only when a column flag is given
+
+    if dataset in BUILTIN_DATASETS:
+        raise UsageError(
+            f"--{given[0]} {columns[given[0]]}: --dataset {dataset} is a built-in dataset with its own columns; "
+            "the column flags name columns of a local or Hub dataset. Drop the flag"
+        )
 
 
 @dataclass
@@ -621,6 +641,7 @@ def validate(args: Arguments) -> None:
             f"--sudoku_augmentation: --dataset {d.dataset} is not a Sudoku dataset; the symmetries apply to the "
             f"built-in boards only ({', '.join(SUDOKU_DATASETS)})"
         )
+    check_column_flags(d.dataset, {name: getattr(d, name) for name in COLUMN_FLAGS})
     _check("vocab_size", d.vocab_size, d.vocab_size >= 8, "an integer >= 8 (special tokens + characters)")
     _validate_mim(d, args.explicit)
 
@@ -770,7 +791,7 @@ def _take_attn_implementation_from_config(m: ModelArguments) -> None:
             model_type = None
     elif model_type is None:
         model_type = "hyperset"
-    check_attn_implementation(m.attn_implementation, model_type or "")
+    check_attn_flag(m.attn_implementation, model_type or "")
 
 
 def check_output_dir(output_dir: str, overwrite: bool) -> None:
@@ -836,6 +857,7 @@ def quiet_libraries() -> None:
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
+    "COLUMN_FLAGS",
     "CONFIG_FIELDS",
     "DATACLASSES",
     "DEPTH_FIELDS",
@@ -848,7 +870,8 @@ __all__ = [
     "RunArguments",
     "UsageError",
     "build_parser",
-    "check_attn_implementation",
+    "check_attn_flag",
+    "check_column_flags",
     "check_output_dir",
     "config_flags",
     "parse_arguments",

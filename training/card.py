@@ -205,6 +205,9 @@ def render_model_card(
     import energyformers
 
     config, metrics, task = info["config"], info["metrics"] or {}, info["task"]
+    # Without the run's metrics.json nothing is known of the training (data, recipe, evaluation, even whether the
+    # model was trained at all): the card then states only what the folder itself holds.
+    recorded = bool(metrics)
     mim = info["auto_class"] == MIM_AUTO_CLASS
     pipeline_tag = MIM_PIPELINE_TAG if mim else task
     dataset = metrics.get("dataset")
@@ -254,7 +257,8 @@ def render_model_card(
             *(["masked-image-modeling", "image-inpainting", "maskgit"] if mim else [task]),
         ],
         datasets=[hub_id] if hub_id else None,
-        metrics=["accuracy"] if mim else ["accuracy", "f1"],
+        # the metrics the card reports a value of (none without an evaluation)
+        metrics=list(dict.fromkeys(result.metric_type for result in eval_results)) or None,
         model_name=name,
         eval_results=eval_results or None,
     )
@@ -305,6 +309,7 @@ def render_model_card(
         else "not recorded",
         "eval_rows": "\n".join(rows),
         "has_metrics": bool(rows),
+        "recorded": recorded,
         "has_curve": "training_curve.png" in info["files"],
         "dynamics_figures": [
             name for name in info["files"] if name.endswith(".png") and name != "training_curve.png"

@@ -238,6 +238,7 @@ def version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `energyformers` command: dispatch to the sub-command named first; returns its exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help"}:
         print(_usage())

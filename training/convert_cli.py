@@ -21,6 +21,7 @@ DTYPE_NAMES = ("float32", "float64")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `energyformers convert` argument parser."""
     released = ", ".join(f.filename for f in RELEASED if f.source is not None)
     parser = CommandParser(
         prog="energyformers convert",
@@ -115,6 +116,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Convert the checkpoint (with --reverse: write ours in the official layout); returns the exit status."""
     from transformers.utils import logging as hf_logging
 
     from .convert import convert_checkpoint, export_official
@@ -147,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """CLI entry point of `energyformers convert`; returns the exit status."""
     return run_command("convert", parse, run, list(sys.argv[1:] if argv is None else argv))
 
 

@@ -105,6 +105,7 @@ def images_to_dataset(images: np.ndarray, labels: np.ndarray, names: list[str]) 
 
 
 def texts_to_dataset(texts: list[str], labels: list[int] | np.ndarray, names: list[str]) -> Dataset:
+    """A text-classification `Dataset` (`text`, `label` as a `ClassLabel` of `names`)."""
     features = Features({"text": Value("string"), "label": ClassLabel(names=names)})
     return Dataset.from_dict({"text": list(texts), "label": [int(x) for x in labels]}, features=features)
 
@@ -264,8 +265,8 @@ def _build_spam() -> DatasetDict:
     )
 
 
-# `sudoku`: our generator (training/sudoku.py), every puzzle proven unique; 36–45 givens (the generator builds
-# ~650 puzzles/s at that range, so the first use takes ~20 s; harder ranges are 3–10× slower).
+# `sudoku`: our generator (training/sudoku.py), every puzzle proven unique; 36–45 givens: the range the generator
+# builds fastest (first use generates and caches it; docs/training.md gives the time), fewer givens cost more.
 SUDOKU_SIZES = {"train": 10_000, "validation": 1_000, "test": 1_000}
 SUDOKU_GIVENS = (36, 45)
 # `sudoku-hard`: the larsdoku 4.0.0 collection (673,233 distinct hard puzzles with solutions, 20–29 givens plus
@@ -278,15 +279,14 @@ SUDOKU_HARD_GIVENS = (21, 29)
 
 
 def _build_sudoku() -> DatasetDict:
-    from .sudoku import generate_splits, to_dataset
+    from .sudoku import load_sudoku
 
     print(
         f"generating {sum(SUDOKU_SIZES.values()):,} Sudoku puzzles with unique solutions "
         f"({SUDOKU_GIVENS[0]}–{SUDOKU_GIVENS[1]} givens; once, then cached)",
         flush=True,
     )
-    splits = generate_splits(SUDOKU_SIZES, seed=0, givens=SUDOKU_GIVENS)
-    return DatasetDict({split: to_dataset(*splits[split]) for split in SPLITS})
+    return load_sudoku(SUDOKU_SIZES, seed=0, givens=SUDOKU_GIVENS)
 
 
 def _digit_rows(strings: list[bytes]) -> np.ndarray:
@@ -317,7 +317,8 @@ def _build_sudoku_hard() -> DatasetDict:
         )
     raw = gzip.decompress(path.read_bytes())  # 250 MB: {"meta": {...}, "<source>": [{record}, ...], ...}
     # Every record carries one "mask" (81 × 0/1, 1 = given) and one "solution" (81 digits); reading the two
-    # fields with a regex, in file order, takes ~1 s where json.loads takes ~10 s. The counts are checked.
+    # fields with a regex, in file order, is many times faster than json.loads of the whole file. The counts are
+    # checked.
     masks = re.findall(rb'"mask":\s*"([01]{81})"', raw)
     solutions = re.findall(rb'"solution":\s*"([1-9]{81})"', raw)
     total = re.search(rb'"total_puzzles":\s*(\d+)', raw)
@@ -657,6 +658,7 @@ def task_of(dd: DatasetDict) -> str:
 
 
 def label_names(dd: DatasetDict) -> list[str]:
+    """The class names of a normalised dataset: its `labels` feature's (token classification), else `label`'s."""
     if is_token_classification(dd):
         return list(dd["train"].features["labels"].feature.names)
     return list(dd["train"].features["label"].names)

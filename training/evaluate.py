@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .arguments import COLUMN_FLAGS, check_column_flags
 from .cli import CommandParser, UsageError, check_model_source, run_command
 from .predict import MODEL_TYPES, check_local_model_folder, check_ranges, masked_image_modeling_head
 
@@ -45,13 +46,12 @@ METRIC_PREFIXES = {"validation": "eval", "test": "test", "train": "train"}
 EVAL_BATCH_SIZE = 256
 # transformers' names for labels a config was given no names for (`PreTrainedConfig`'s LABEL_0, LABEL_1, ...).
 DEFAULT_LABEL = "LABEL_{}"
-# The flags that name a dataset's columns, as `train` takes them.
-COLUMN_FLAGS = ("image_column", "text_column", "label_column")
 # How many label names a mismatch message shows of each side.
 SHOWN_LABELS = 6
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `energyformers evaluate` argument parser."""
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument(
         "model_dir",
@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    """Parse and check what needs no model: the numbers, the output file, and a local model folder (its config,
+    """Parse and check what needs no model: the numbers, the column flags (none for a built-in dataset), the output
+    file, and a local model folder (its config,
     model type and weights; a classifier, not a masked-image-modelling model; the depth flags it takes)."""
     args = build_parser().parse_args(argv)
     counts = ("max_samples", "per_device_eval_batch_size", "num_iterations", "num_threads")
@@ -108,6 +109,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         raise UsageError(
             f"--eval_iterations {' '.join(map(str, args.eval_iterations))}: expected iteration counts >= 1"
         )
+    check_column_flags(args.dataset, {name: getattr(args, name) for name in COLUMN_FLAGS})
     if args.output_file is not None:
         check_output_file(args.output_file)
     folder = check_model_source(args.model_dir, "model folder")
@@ -231,7 +233,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import PrinterCallback, ProgressCallback, TrainingArguments
 
-    from .data import BUILTIN_DATASETS, DataError, label_names, load_data, task_of
+    from .data import DataError, label_names, load_data, task_of
     from .evaluation import (
         TrainerMetrics,
         argmax_logits,
@@ -251,12 +253,6 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             f"{sorted(MODEL_TYPES)}"
         )
     check_model_config(args, config.to_dict())  # again for a Hub model
-    columns = [f"--{name}" for name in COLUMN_FLAGS if getattr(args, name) is not None]
-    if columns and args.dataset in BUILTIN_DATASETS:  # load_data reads a built-in's own columns and no others
-        raise UsageError(
-            f"{columns[0]} {getattr(args, columns[0][2:])}: --dataset {args.dataset} is a built-in dataset with its "
-            "own columns; the column flags name columns of a local or Hub dataset. Drop the flag"
-        )
     data = load_data(
         args.dataset,
         image_column=args.image_column,
@@ -417,6 +413,7 @@ def execute(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """CLI entry point of `energyformers evaluate`; returns the exit status."""
     return run_command("evaluate", parse, execute, list(sys.argv[1:] if argv is None else argv))
 
 

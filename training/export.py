@@ -46,7 +46,7 @@ from .remote_code import (
     mim_pipeline_sources,
     remote_code_sources,
 )
-from .weights import PICKLE_WEIGHTS, check_weights_readable, weight_files
+from .weights import PICKLE_WEIGHTS, check_model_folder, check_weights_readable, weight_files
 
 logger = logging.getLogger(__name__)
 
@@ -273,6 +273,7 @@ def export_model_dir(
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `energyformers export` argument parser."""
     from .cli import CommandParser
 
     parser = CommandParser(
@@ -338,12 +339,7 @@ def check_model_dir(
     if not folder.is_dir():
         what = "is a file, not a folder" if folder.exists() else "does not exist"
         raise UsageError(f"{flag} {model_dir} {what}; pass a folder written by `energyformers train`")
-    if not (folder / "config.json").is_file():
-        raise UsageError(f"{flag} {model_dir}: missing config.json (write the folder with save_pretrained)")
-    try:
-        check_weights_readable(model_dir, label=flag)
-    except (OSError, ValueError) as err:
-        raise UsageError(str(err)) from None
+    check_model_folder(model_dir, label=flag)
     if out_dir is None:
         return
     problem = overlap_problem(Path(model_dir), Path(out_dir), overwrite)
@@ -353,12 +349,14 @@ def check_model_dir(
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
+    """The arguments, with the model folder and the output folder checked (`check_model_dir`)."""
     args = build_parser().parse_args(argv)
     check_model_dir(args.model_dir, args.out_dir, overwrite=args.overwrite)
     return args
 
 
 def run(args: argparse.Namespace) -> int:
+    """Export the folder; prints where it was written and returns the exit status."""
     from transformers.utils import logging as hf_logging
 
     from .cli import UsageError
@@ -373,6 +371,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """CLI entry point of `energyformers export`; returns the exit status."""
     from .cli import run_command
 
     return run_command("export", parse, run, list(sys.argv[1:] if argv is None else argv))

@@ -83,6 +83,7 @@ GIVE_INPUTS = (
 
 
 def mim_needs_an_image(model_dir: str) -> str:
+    """The message for a masked-image-modelling folder inspected without an image input."""
     return (
         f"{model_dir} is a masked-image-modelling model: give an image path as INPUTS (its decode sequence is "
         "drawn); --dataset is not read for it"
@@ -94,6 +95,7 @@ class InspectError(UsageError):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `energyformers inspect` argument parser."""
     p = CommandParser(prog="energyformers inspect", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "model_dir", nargs="?", help="a folder written by `energyformers train` (optional with --landscape)"
@@ -206,6 +208,7 @@ def _distinct(points: torch.Tensor, tolerance: float = 1e-2) -> torch.Tensor:
 
 
 def plot_landscape(result: dict[str, Any], path: Path) -> None:
+    """Draw the energy landscape of each β with its descent trajectories into `path`."""
     plt = _pyplot()
     betas = result["betas"]
     fig, axes = plt.subplots(1, len(betas), figsize=(4.6 * len(betas), 4.9), squeeze=False)
@@ -242,6 +245,7 @@ def plot_landscape(result: dict[str, Any], path: Path) -> None:
 
 
 def landscape_json(result: dict[str, Any]) -> dict[str, Any]:
+    """The landscape result as JSON-ready lists (rounded), for inspect.json."""
     return {
         "patterns": result["patterns"].tolist(),
         "betas": result["betas"],
@@ -437,6 +441,7 @@ def _shade_trained(ax: Any, trained: int, deepest: int) -> None:
 def inspect_hyperset(
     model: Any, inputs: dict[str, torch.Tensor], deepest: int, output_dir: Path
 ) -> dict[str, Any]:
+    """Hyper-SET's energies, effective rank and token angles over `deepest` iterations; figures into `output_dir`."""
     import torch
 
     config = model.config
@@ -509,6 +514,7 @@ def inspect_hyperset(
 def inspect_imixer(
     model: Any, inputs: dict[str, torch.Tensor], deepest: int, output_dir: Path
 ) -> dict[str, Any]:
+    """iMixer's fixed-point residuals over `deepest` solver steps; figures into `output_dir`."""
     import torch
 
     trained = model.config.fixed_point_iterations
@@ -556,6 +562,7 @@ def inspect_imixer(
 
 
 def inspect_hyperbf(model: Any, inputs: dict[str, torch.Tensor], output_dir: Path) -> dict[str, Any]:
+    """HyperBF's RBF widths per layer (attention heads, feedforward centers); figures into `output_dir`."""
     import torch
 
     with torch.no_grad():
@@ -612,6 +619,7 @@ def inspect_hyperbf(model: Any, inputs: dict[str, torch.Tensor], output_dir: Pat
 def plot_accuracy(
     depths: list[int], accuracies: list[float], trained: int, what: str, title: str, path: Path, chance: float
 ) -> None:
+    """Accuracy against depth, the trained depth shaded and chance drawn, into `path`."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ax.plot(depths, accuracies, "o-", label="accuracy")
@@ -1111,6 +1119,7 @@ def execute(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """CLI entry point of `energyformers inspect`; returns the exit status."""
     return run_command("inspect", parse, execute, list(sys.argv[1:] if argv is None else argv))
 
 

@@ -36,6 +36,14 @@ class Schedule:
     save_steps: int | None
 
 
+def cadence_strategies(args: Arguments) -> tuple[str, str]:
+    """(evaluation strategy, checkpoint strategy) of the run: the flags', else every few steps of a `--max_steps`
+    run and every epoch otherwise; checkpoints follow evaluation unless `--save_strategy` says otherwise."""
+    run = args.run
+    eval_strategy = run.eval_strategy or ("steps" if run.max_steps > 0 else "epoch")
+    return eval_strategy, run.save_strategy or eval_strategy
+
+
 def plan_schedule(args: Arguments, task: str, num_train_examples: int, world_size: int) -> Schedule:
     """Epochs, steps, warm-up, cooldown, logging/evaluation/checkpoint cadence of the run."""
     run = args.run
@@ -51,9 +59,9 @@ def plan_schedule(args: Arguments, task: str, num_train_examples: int, world_siz
     else:
         total = math.ceil(steps_per_epoch * epochs) + cooldown
     warmup = min(warmup_steps(args, total - cooldown, steps_per_epoch), total - cooldown)
-    eval_strategy = run.eval_strategy or ("steps" if run.max_steps > 0 else "epoch")
+    eval_strategy, save_strategy = cadence_strategies(args)
+    # four evaluations / checkpoints a run where they go by steps
     eval_steps = run.eval_steps or (max(1, total // 4) if eval_strategy == "steps" else None)
-    save_strategy = run.save_strategy or eval_strategy
     save_steps = run.save_steps or eval_steps or (max(1, total // 4) if save_strategy == "steps" else None)
     return Schedule(
         epochs=epochs,
@@ -174,6 +182,7 @@ class TrainingLoss:
 __all__ = [
     "Schedule",
     "TrainingLoss",
+    "cadence_strategies",
     "check_augmentation",
     "check_schedule",
     "make_scheduler",

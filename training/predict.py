@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..auto_registration import AUTO_HEADS
-from .arguments import check_attn_implementation
+from .arguments import check_attn_flag
 from .cli import CommandParser, UsageError, check_model_source, check_output_folder, run_command
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -114,6 +114,7 @@ MODEL_TYPES = (*AUTO_HEADS, "vit")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `energyformers predict` argument parser."""
     p = CommandParser(prog="energyformers predict", description=__doc__.split("\n\n")[0])
     p.add_argument("model_dir", help="a folder written by `energyformers train` (or a Hub repo id)")
     p.add_argument(
@@ -219,22 +220,6 @@ def check_lpips_weights(path: str | None) -> None:
         raise UsageError(str(err)) from None
 
 
-def local_config(folder: Path) -> dict[str, Any]:
-    """config.json of a local model folder as plain JSON (read without transformers, for the early checks)."""
-    path = folder / "config.json"
-    if not path.is_file():
-        raise UsageError(
-            f"model folder {folder}: no config.json; expected a folder written by save_pretrained"
-        )
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise UsageError(f"{path}: not a readable JSON config ({err})") from None
-    if not isinstance(config, dict):
-        raise UsageError(f"{path}: holds a JSON {type(config).__name__}, not a config object")
-    return config
-
-
 def check_model_type(
     folder: Path, config: dict[str, Any], allowed: tuple[str, ...], trust_remote_code: bool = False
 ) -> None:
@@ -272,7 +257,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         if architecture is not None:
             check_lpips_weights(args.lpips_weights)
         args.local_input_type = input_kind(config, architecture)
-        check_attn_implementation(args.attn_implementation, str(config.get("model_type", "")))
+        check_attn_flag(args.attn_implementation, str(config.get("model_type", "")))
     args.texts = (
         [line.rstrip("\n") for line in sys.stdin if line.strip()] if args.inputs == ["-"] else args.inputs
     )
@@ -296,14 +281,11 @@ def check_local_model_folder(
     model); a masked-image-modelling folder holds its image tokenizer; and each of `inputs` (when given) is what the
     model takes. A `UsageError` for the first problem; returns (config as JSON, the masked-image-modelling head or
     None)."""
-    from .weights import check_weights_readable
+    from .weights import check_model_folder
 
-    config = local_config(folder)
-    check_model_type(folder, config, allowed, trust_remote_code)
-    try:
-        check_weights_readable(folder)
-    except (OSError, ValueError) as err:  # unreadable weights named here, not in a safetensors traceback
-        raise UsageError(str(err)) from None
+    config = check_model_folder(
+        model_dir, check_config=lambda config: check_model_type(folder, config, allowed, trust_remote_code)
+    )
     architecture = masked_image_modeling_head(config.get("architectures"))
     if check_flags is not None:
         check_flags(architecture, _first(config.get("architectures")))
@@ -452,7 +434,7 @@ def check_inputs(model_dir: str, input_type: str, inputs: list[str]) -> None:
         check_readable_images(inputs)
 
 
-def task_for(config) -> str:
+def task_for(config: Any) -> str:
     """Pipeline task of a saved config: its head's task (`energyformers.task_of`), else the input type's default."""
     import energyformers
     from energyformers import FAMILIES, INPUT_TYPES, task_of
@@ -480,6 +462,22 @@ def pipeline_class(task: str) -> type:
         "text-classification": pipelines.TextClassificationPipeline,
         "token-classification": pipelines.TokenClassificationPipeline,
     }[task]
+
+
+def pipeline_kwargs(args: argparse.Namespace, config: Any) -> dict[str, Any]:
+    """The `transformers.pipeline` keywords both kinds of model take from the flags: `--trust_remote_code`,
+    `--attn_implementation` (checked against the loaded config: a Hub model's family is known only now) and
+    `--lpips_weights` (a keyword of the pipeline class, which `transformers.pipeline()` hands on; checked again for
+    a Hub model, a local folder's in `parse`)."""
+    check_lpips_weights(args.lpips_weights)
+    kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
+    if args.attn_implementation is not None:
+        check_attn_flag(args.attn_implementation, config.model_type)
+        check_attn_implementation_runs(config, args.attn_implementation)
+        kwargs["model_kwargs"] = {"attn_implementation": args.attn_implementation}
+    if args.lpips_weights is not None:
+        kwargs["lpips_weights"] = args.lpips_weights
+    return kwargs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -522,14 +520,7 @@ def run(args: argparse.Namespace) -> int:
         from .processing import to_rgb
 
         inputs = [to_rgb(Image.open(x)) for x in inputs]  # any mode (RGBA, P, 16-bit grey) → RGB
-    check_lpips_weights(args.lpips_weights)  # again for a Hub model (a local one's was checked in parse)
-    kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
-    if args.attn_implementation is not None:
-        check_attn_implementation(args.attn_implementation, config.model_type)  # a Hub model's family
-        check_attn_implementation_runs(config, args.attn_implementation)
-        kwargs["model_kwargs"] = {"attn_implementation": args.attn_implementation}
-    if args.lpips_weights is not None:  # a keyword of the pipeline class: transformers.pipeline() hands it on
-        kwargs["lpips_weights"] = args.lpips_weights
+    kwargs = pipeline_kwargs(args, config)
     if input_type == "image":
         processor_class = getattr(transformers, INPUT_TYPES[input_type].processor_class)
         kwargs["image_processor"] = processor_class.from_pretrained(args.model_dir, backend="pil")
@@ -565,14 +556,7 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
         args.model_dir, "mim", args.inputs
     )  # again for a Hub model (a local one was checked in parse)
     paths = reconstruction_paths(args.inputs, args.output_dir)
-    check_lpips_weights(args.lpips_weights)  # again for a Hub model (a local one's was checked in parse)
-    kwargs: dict[str, Any] = {"trust_remote_code": args.trust_remote_code}
-    if args.attn_implementation is not None:
-        check_attn_implementation(args.attn_implementation, config.model_type)  # a Hub model's family
-        check_attn_implementation_runs(config, args.attn_implementation)
-        kwargs["model_kwargs"] = {"attn_implementation": args.attn_implementation}
-    if args.lpips_weights is not None:  # a keyword of the pipeline class: transformers.pipeline() hands it on
-        kwargs["lpips_weights"] = args.lpips_weights
+    kwargs = pipeline_kwargs(args, config)
     try:
         pipe = transformers.pipeline("masked-image-modeling", model=args.model_dir, **kwargs)
     except FileNotFoundError:  # a Hub repo without an image tokenizer (a local folder's was checked)
@@ -656,6 +640,7 @@ def check_depth_arguments(model: Any, depth: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """CLI entry point of `energyformers predict`; returns the exit status."""
     return run_command("predict", parse, run, list(sys.argv[1:] if argv is None else argv))
 
 

@@ -159,6 +159,7 @@ def push_model_dir(
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `energyformers push` argument parser."""
     parser = CommandParser(
         prog="energyformers push", description="Export a model folder and upload it to the Hugging Face Hub."
     )
@@ -191,6 +192,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Export and upload the folder; prints the repository's URL and returns the exit status."""
     from transformers.utils import logging as hf_logging
 
     # export's check loads the weights once: its progress bar is noise here (`run_command` restores the setting)
@@ -211,4 +213,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """CLI entry point of `energyformers push`; returns the exit status."""
     return run_command("push", parse, run, list(sys.argv[1:] if argv is None else argv))

@@ -243,7 +243,7 @@ RECIPES: dict[str, dict[str, Any]] = {
         "min_learning_rate": 1e-7,  # not given in HS Table 3; the authors' public trainer: cosine down to 1e-7
         "warmup_epochs": 0,  # not given in HS Table 3; the authors' public trainer: no warm-up
         "max_grad_norm": 1.0,  # HS Table 3: gradient clipping 1.0
-        "deep_supervision": "all",  # measured here: benchmarks/results/sudoku_depth.md (all: 0.181 vs last: 0.136)
+        "deep_supervision": "all",  # measured here: benchmarks/results/sudoku_depth.md (last stays near chance)
         "deep_supervision_weights": "uniform",  # measured here: benchmarks/results/sudoku_depth.md (uniform, linear)
         "sudoku_augmentation": True,  # measured here: benchmarks/results/sudoku_easy.md (used, not compared without)
     },

@@ -146,6 +146,7 @@ def run_dir_name(model: str, dataset: str) -> str:
 
 
 def train_command(model: str, dataset: str, run_dir: Path, train_args: list[str]) -> list[str]:
+    """The `energyformers train` command line of one reference run (`train_args` appended)."""
     return [
         sys.executable,
         "-m",
@@ -175,6 +176,7 @@ def inspect_command(run_dir: Path) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `energyformers release` argument parser."""
     parser = CommandParser(
         prog="energyformers release",
         description="Train (or take) the reference checkpoints and export Hub-ready folders under dist/. "
@@ -417,4 +419,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """CLI entry point of `energyformers release`; returns the exit status."""
     return run_command("release", parse, run, list(sys.argv[1:] if argv is None else argv))

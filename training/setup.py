@@ -12,6 +12,7 @@ import inspect
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,14 +23,14 @@ from .arguments import (
     MIM_TASK,
     Arguments,
     UsageError,
-    check_attn_implementation,
+    check_attn_flag,
     check_output_dir,
     config_flags,
     parse_overrides,
 )
 from .cli import check_model_source
 from .data import DataError, batches_done, input_type_of, label_names, load_data, task_of
-from .weights import check_weights_readable
+from .weights import check_model_folder
 
 # Small configs used when no --preset is given, per (family, input_type): the CLI's model sizes. They are sized
 # for the built-in datasets on a 2-core CPU (`make demo` trains digits in a few minutes).
@@ -84,6 +85,7 @@ def model_registry() -> dict[str, energyformers.Family]:
 
 
 def family(model_type: str) -> energyformers.Family:
+    """The registered family or baseline of `model_type`; else a `UsageError` naming the registered ones."""
     registry = model_registry()
     if model_type not in registry:
         raise UsageError(f"--model {model_type!r} is not available; registered models are {sorted(registry)}")
@@ -116,6 +118,7 @@ def accepts(config_class: type, key: str) -> bool:
 
 
 def default_epochs(task: str) -> int:
+    """Epochs of a run given neither --num_train_epochs nor --max_steps, by task."""
     return 12 if task == "image-classification" else 5
 
 
@@ -204,7 +207,8 @@ def _image_geometry(data: Any) -> dict[str, Any]:
     width, height = data["train"][0]["image"].size
     side = max(height, width)
     if side <= 16:
-        return {"image_size": 16, "patch_size": 2}  # digits: 8×8 upsampled → 64 tokens (0.98 vs 0.89 at 8×8)
+        # digits: 8×8 upsampled → 64 tokens; more tokens than the native 8×8 grid gives, which trains less well
+        return {"image_size": 16, "patch_size": 2}
     if side <= 32:
         return {"image_size": 4 * math.ceil(side / 4), "patch_size": 4}  # 28×28 → 49 tokens of 4×4
     return {"image_size": 32, "patch_size": 4}
@@ -215,12 +219,7 @@ def check_pretrained_source(source: str) -> None:
     path = check_model_source(source, "--from_pretrained")
     if path is None:  # a Hub repo id: asked when the model loads
         return
-    if not (path / "config.json").is_file():
-        raise UsageError(f"--from_pretrained {source!r}: the folder has no config.json (not a model folder)")
-    try:
-        check_weights_readable(source, label="--from_pretrained")
-    except (OSError, ValueError) as err:
-        raise UsageError(str(err)) from None
+    check_model_folder(source, label="--from_pretrained")
 
 
 def build_config_and_processor(args: Arguments, data: Any, state: Any) -> tuple[Any, Any]:
@@ -484,7 +483,7 @@ def build(args: Arguments, state: Any) -> Built:
     # transformers' own selection: the model checks the name and sets `config._attn_implementation`
     chosen = {} if attention is None else {"attn_implementation": attention}
     if attention is not None:
-        check_attn_implementation(attention, config.model_type)  # the family of a Hub checkpoint
+        check_attn_flag(attention, config.model_type)  # the family of a Hub checkpoint
     if args.model.from_pretrained:
         source = args.model.from_pretrained
         try:
@@ -520,8 +519,7 @@ def build(args: Arguments, state: Any) -> Built:
             "the model, which would ignore the other steps and the halting loss; train without them, or with "
             "--supervision_steps 1 and no halting head"
         )
-    if args.run.gradient_checkpointing and not model.supports_gradient_checkpointing:
-        raise UsageError(f"--gradient_checkpointing: {type(model).__name__} does not support it")
+    check_checkpointing_support(args, model)
     transform, collator = preprocessing(task, config, processor)
     for split in data:
         data[split].set_transform(transform)
@@ -720,7 +718,7 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
     attention = m.attn_implementation
     chosen = {} if attention is None else {"attn_implementation": attention}
     if attention is not None:
-        check_attn_implementation(attention, config.model_type)
+        check_attn_flag(attention, config.model_type)
     try:
         if m.from_pretrained:
             model = head.from_pretrained(m.from_pretrained, config=config, **chosen)
@@ -728,8 +726,7 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
             model = head.from_config(config, **chosen)
     except (OSError, RuntimeError, ValueError) as err:
         raise UsageError(f"cannot build the masked-image-modelling model: {err}") from err
-    if args.run.gradient_checkpointing and not model.supports_gradient_checkpointing:
-        raise UsageError(f"--gradient_checkpointing: {type(model).__name__} does not support it")
+    check_checkpointing_support(args, model)
     collator = MaskedCodesCollator(
         model.mask_token_id, (0.0, d.mask_ratio_max), seed=args.run.seed + state.process_index
     )
@@ -953,11 +950,45 @@ def continue_iteration_draws(
         backbone.iteration_draws = batches_done(global_step, batches_per_epoch, gradient_accumulation_steps)
 
 
+def announce_run(built: Built, dataset: str, world_size: int) -> None:
+    """What both training loops print on the main process before the first step: one line naming the model, its
+    parameter count, the dataset's splits and the number of processes; then each warning of the run on stderr."""
+    model = built.model
+    n = sum(p.numel() for p in model.parameters())
+    splits = ", ".join(f"{name} {len(split)}" for name, split in built.data.items())
+    print(
+        f"{model.config.model_type} {type(model).__name__}: {n:,} parameters; {dataset}: {splits}; "
+        f"{world_size} process(es)",
+        flush=True,
+    )
+    for warning in built.warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+
+
+def checkpointing_name() -> str:
+    """The installed transformers' name for activation checkpointing, for the `TrainingArguments` field and the
+    model's `<name>_enable`: "activation_checkpointing" where both carry the new name, else "gradient_checkpointing"
+    (older versions have only that; newer ones keep it as a deprecated alias that warns)."""
+    import dataclasses
+
+    from transformers import PreTrainedModel, TrainingArguments
+
+    fields = {field.name for field in dataclasses.fields(TrainingArguments)}
+    renamed = "activation_checkpointing" in fields and hasattr(
+        PreTrainedModel, "activation_checkpointing_enable"
+    )
+    return "activation_checkpointing" if renamed else "gradient_checkpointing"
+
+
 def enable_activation_checkpointing(model: Any) -> None:
-    """transformers' activation checkpointing by the installed version's name: `activation_checkpointing_enable`,
-    `gradient_checkpointing_enable` before the rename (5.17 has only that; later versions warn on it)."""
-    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-    enable()
+    """transformers' activation checkpointing, by the installed version's name (`checkpointing_name`)."""
+    getattr(model, f"{checkpointing_name()}_enable")()
+
+
+def check_checkpointing_support(args: Arguments, model: Any) -> None:
+    """`--gradient_checkpointing` only for a model that supports it (a `UsageError` naming the model class)."""
+    if args.run.gradient_checkpointing and not model.supports_gradient_checkpointing:
+        raise UsageError(f"--gradient_checkpointing: {type(model).__name__} does not support it")
 
 
 def check_precision(precision: str) -> str:
@@ -988,18 +1019,22 @@ __all__ = [
     "AugmentedTransform",
     "Built",
     "accepts",
+    "announce_run",
     "auto_head",
     "auto_processor",
     "build",
     "build_config_and_processor",
     "build_masked_image_modeling",
+    "check_checkpointing_support",
     "check_precision",
     "check_pretrained_source",
     "check_resume_arguments",
+    "checkpointing_name",
     "cli_preset",
     "continue_iteration_draws",
     "default_epochs",
     "default_learning_rate",
+    "enable_activation_checkpointing",
     "family",
     "find_checkpoint",
     "load_and_check_data",

@@ -9,9 +9,9 @@ unique, until a target number of givens drawn uniformly from [min_givens, max_gi
 Very low targets (< ~22) are often unreachable by this greedy removal; the puzzle then keeps the
 fewest givens it reached, so always report `givens_distribution` of what was generated.
 
-Pure Python (the search is branchy; numpy does not help). Measured on one core of the development
-machine: 656 puzzles/s for 36-45 givens, 196/s for 24-30, 65/s for 17-22 (which actually lands on
-22-27 givens, mean 24.6).
+Pure Python (the search is branchy; numpy does not help). Fewer givens cost more: each removal tried is
+another uniqueness proof, and the searches grow as blanks accumulate; docs/training.md ("Datasets") gives the
+measured rates.
 """
 
 from __future__ import annotations
@@ -233,13 +233,10 @@ def generate_splits(
     return out
 
 
-def load_sudoku(n_train: int, n_test: int, seed: int = 0, givens: tuple[int, int] = (36, 45)) -> DatasetDict:
-    """`train`/`test` splits of generated puzzles (see `to_dataset` for the columns).
-
-    The two splits come from independent seeds; test puzzles that also occur in train are dropped, so
-    the test split can be slightly smaller than `n_test` (in practice it never is at these sizes).
-    """
-    splits = generate_splits({"train": n_train, "test": n_test}, seed, givens)
+def load_sudoku(sizes: dict[str, int], seed: int = 0, givens: tuple[int, int] = (36, 45)) -> DatasetDict:
+    """The splits of generated puzzles `generate_splits` draws, as datasets (see `to_dataset` for the columns); the
+    built-in `sudoku` dataset is this with `data.SUDOKU_SIZES`."""
+    splits = generate_splits(sizes, seed, givens)
     return DatasetDict({split: to_dataset(*arrays) for split, arrays in splits.items()})
 
 

@@ -11,7 +11,6 @@ one step, so `<output_dir>` is either complete or absent.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -185,16 +184,12 @@ def training_arguments(args: Any, work_dir: Path) -> Any:
     """transformers.TrainingArguments of the run; the data-dependent counts are set by `run` after setup."""
     from transformers import TrainingArguments
 
-    from .setup import check_precision
+    from .optimization import cadence_strategies
+    from .setup import check_precision, checkpointing_name
 
     run = args.run
     device_type = check_precision(run.precision)
-    eval_strategy = run.eval_strategy or ("steps" if run.max_steps > 0 else "epoch")
-    # transformers 5.x renamed the field gradient_checkpointing to activation_checkpointing after 5.0
-    fields = {field.name for field in dataclasses.fields(TrainingArguments)}
-    checkpointing = (
-        "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
-    )
+    eval_strategy, save_strategy = cadence_strategies(args)
     return TrainingArguments(
         output_dir=str(work_dir),
         num_train_epochs=1,  # set from the schedule in run()
@@ -213,13 +208,9 @@ def training_arguments(args: Any, work_dir: Path) -> Any:
         fp16=run.precision == "fp16",
         torch_compile=run.torch_compile,
         use_cpu=device_type == "cpu",
-        **{checkpointing: run.gradient_checkpointing},
-        eval_strategy=eval_strategy,
-        eval_steps=run.eval_steps or (max(1, run.max_steps // 4) if run.max_steps > 0 else None),
-        save_strategy=run.save_strategy or eval_strategy,
-        save_steps=run.save_steps
-        or run.eval_steps
-        or (max(1, run.max_steps // 4) if run.max_steps > 0 else 500),
+        **{checkpointing_name(): run.gradient_checkpointing},
+        eval_strategy=eval_strategy,  # eval_steps / save_steps: set from the schedule in run()
+        save_strategy=save_strategy,
         save_total_limit=run.save_total_limit,
         logging_strategy="steps",
         logging_steps=run.logging_steps or 10,  # set from the schedule in run()
@@ -245,7 +236,14 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
     from .evaluation import TrainerMetrics, argmax_logits, eval_depths, load_metrics
     from .optimization import TrainingLoss, check_schedule, plan_schedule
     from .run_folder import RunResult, finish_run, leave_nothing_behind
-    from .setup import build, check_resume_arguments, find_checkpoint, output_paths, record_run_arguments
+    from .setup import (
+        announce_run,
+        build,
+        check_resume_arguments,
+        find_checkpoint,
+        output_paths,
+        record_run_arguments,
+    )
 
     if args.run.num_threads:
         torch.set_num_threads(args.run.num_threads)
@@ -264,23 +262,16 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
         ta.learning_rate = schedule.learning_rate
         ta.warmup_steps = schedule.warmup_steps
         ta.logging_steps = schedule.logging_steps
-        # the same evaluation / checkpoint cadence as the Accelerate loop (`plan_schedule`)
-        if schedule.eval_strategy == "steps":
+        # the evaluation / checkpoint cadence of the Accelerate loop: `plan_schedule`'s, the one place it is set
+        if schedule.eval_steps is not None:
             ta.eval_steps = schedule.eval_steps
-        if schedule.save_strategy == "steps":
+        if schedule.save_steps is not None:
             ta.save_steps = schedule.save_steps
         if main_process:
             record_run_arguments(
                 args, built, work_dir
             )  # what a --resume must repeat (`check_resume_arguments`)
-            n = sum(p.numel() for p in built.model.parameters())
-            print(
-                f"{built.model.config.model_type} {type(built.model).__name__}: {n:,} parameters; "
-                f"{args.data.dataset}: " + ", ".join(f"{k} {len(v)}" for k, v in built.data.items()),
-                flush=True,
-            )
-            for warning in built.warnings:
-                print(f"warning: {warning}", file=sys.stderr, flush=True)
+            announce_run(built, args.data.dataset, ta.world_size)
         RecipeTrainer, StopOnSignal, LoopState = build_trainer_classes()
         stop = StopRequest()
         extra = [LoopState(built.collator), StopOnSignal(stop)]

@@ -1,6 +1,7 @@
 """The weight files of a model folder: which they are, and whether they can be read.
 
-`train --from_pretrained`, `predict` and `export` check a folder here first, so a truncated or corrupt
+`train --from_pretrained`, `predict`, `inspect`, `evaluate`, `export`, `push` and `release` check a folder here
+first (`check_model_folder`), so a truncated or corrupt
 `model.safetensors` is reported by file name in one line instead of a raw `SafetensorError` traceback.
 Weights are safetensors only; pickle checkpoints are never read.
 """
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
 
@@ -74,6 +77,41 @@ def check_weights_readable(model_dir: str | os.PathLike, label: str = "model fol
             ) from None
 
 
+def check_model_folder(
+    model_dir: str | os.PathLike,
+    label: str = "model folder",
+    check_config: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """The check every command makes of a local model folder before anything loads: a folder `save_pretrained`
+    wrote, with a config.json holding a JSON object and readable weights (`check_weights_readable`). Returns the
+    config as JSON.
+
+    `check_config` (the caller's own check of the config, e.g. its model_type) runs before the weights are opened,
+    so a folder of another kind of model is named as that, not by its weight files. Each problem is a `UsageError`
+    worded `<label> <model_dir>: <problem>` (`label` as in `check_weights_readable`)."""
+    from .cli import UsageError
+
+    folder = Path(model_dir).expanduser()
+    path = folder / "config.json"
+    if not path.is_file():
+        raise UsageError(f"{label} {model_dir}: no config.json; expected a folder written by save_pretrained")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise UsageError(f"{label} {model_dir}: config.json is not readable JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise UsageError(
+            f"{label} {model_dir}: config.json holds a JSON {type(config).__name__}, not an object"
+        )
+    if check_config is not None:
+        check_config(config)
+    try:
+        check_weights_readable(model_dir, label=label)
+    except (OSError, ValueError) as err:  # unreadable weights named here, not in a safetensors traceback
+        raise UsageError(str(err)) from None
+    return config
+
+
 # What `checkpoint_format` recognises, for its error message.
 CHECKPOINT_FORMATS = (
     "a .safetensors file, or a torch.save file (zip archive or legacy pickle: .pt/.pth/.ckpt/.bin)"
@@ -114,6 +152,7 @@ def checkpoint_format(path: str | Path) -> str:
 __all__ = [
     "CHECKPOINT_FORMATS",
     "PICKLE_WEIGHTS",
+    "check_model_folder",
     "check_weights_readable",
     "checkpoint_format",
     "weight_files",

@@ -31,6 +31,7 @@ class NotExpressible(ConversionError):
 
 
 def cholesky_or_refuse(matrix: torch.Tensor, what: str) -> torch.Tensor:
+    """The lower Cholesky factor of `matrix`; `NotExpressible` naming `what` when it is not positive definite."""
     lower, info = torch.linalg.cholesky_ex(matrix)
     if int(info) != 0:
         raise NotExpressible(
@@ -46,14 +47,17 @@ def rms_norm_eps(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
 
 
 def layer_norm_of(x: torch.Tensor, p: dict[str, torch.Tensor], name: str, eps: float) -> torch.Tensor:
+    """LayerNorm of `x` with the official parameters `<name>.weight` / `<name>.bias` of `p`."""
     return F.layer_norm(x, (x.shape[-1],), p[f"{name}.weight"], p[f"{name}.bias"], eps=eps)
 
 
 def linear_of(x: torch.Tensor, p: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """The official linear layer `name` of `p` applied to `x` (its bias where it has one)."""
     return F.linear(x, p[f"{name}.weight"], p.get(f"{name}.bias"))
 
 
 def make_image_processor(height: int, width: int, channels: int, mean: list[float], std: list[float]):
+    """The image processor saved with a converted folder: resize to height × width, the official mean/std."""
     return ViTImageProcessorPil(
         size={"height": height, "width": width},
         resample=PIL.Image.Resampling.BILINEAR,
@@ -64,6 +68,7 @@ def make_image_processor(height: int, width: int, channels: int, mean: list[floa
 
 
 def square_image_side(config: PreTrainedConfig, family: str) -> int:
+    """The side of the model's square images; `NotExpressible` for others (the official models take squares)."""
     size = config.image_size
     sides = (size, size) if isinstance(size, int) else tuple(size)
     if sides[0] != sides[1]:

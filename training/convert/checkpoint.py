@@ -22,6 +22,7 @@ from .base import (
 
 
 def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -60,6 +61,7 @@ def _inert_class(name: str) -> type:
 
 
 def refuse_pickle(path: Path, why: str) -> ConversionError:
+    """The error for a checkpoint that only full unpickling can read (`why`: what the safe reader found)."""
     return ConversionError(
         f"checkpoint {path} holds Python objects besides tensors that cannot be read safely ({why}); only full "
         "unpickling can read it, and unpickling can run arbitrary code. It was not loaded. If you trust the "
@@ -192,6 +194,7 @@ def read_checkpoint(
 
 
 def read_mapping(path: Path) -> Any:
+    """An official config file (JSON or YAML) as a mapping; `ConversionError` naming the file if unreadable."""
     try:
         text = path.read_text()
     except OSError as err:

@@ -35,9 +35,6 @@ class ReleasedFile:
     def filename(self) -> str:
         return Path(self.path).name
 
-    def download_command(self) -> str:
-        return f"huggingface-cli download {HUB_REPO} {self.path} --local-dir pretrained_weights"
-
     def provenance(self) -> dict[str, Any]:
         return {"repo": AUTHORS_REPOSITORY, "commit": AUTHORS_CONFIG_COMMIT, "config": self.config_origin}
 
