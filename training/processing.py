@@ -31,8 +31,9 @@ def build_image_processor(config: Any) -> ViTImageProcessorPil:
     """
     if getattr(config, "num_channels", 3) != 3:
         raise ValueError(
-            f"num_channels={config.num_channels}: image models trained here take RGB input (num_channels=3), "
-            "because pipeline('image-classification') always converts images to RGB; drop the override"
+            f"num_channels={config.num_channels} (an override, or HyperBF's grey preset 'digits'): image models "
+            "served here take RGB input, because pipeline('image-classification') converts every image to RGB; "
+            "build the config with num_channels=3"
         )
     height, width = _pair(config.image_size)
     return ViTImageProcessorPil(
