@@ -566,7 +566,7 @@ def test_docs_give_the_hub_repo_and_a_command_per_released_file():
     text = (Path(__file__).resolve().parents[1] / "docs" / "conversion.md").read_text()
     commands = [line for line in text.splitlines() if line.startswith("energyformers convert ")]
     for released in RELEASED:
-        assert f"huggingface-cli download {HUB_REPO} {released.path}" in text, released.path
+        assert f"hf download {HUB_REPO} {released.path}" in text, released.path
         mine = [line for line in commands if released.filename in line]
         assert mine, f"no convert command for {released.filename}"
         args = build_parser().parse_args(shlex.split(mine[0])[2:])

@@ -305,6 +305,7 @@ def test_interpolate_pos_encoding_resamples_the_sinusoid_to_the_input_grid():
 
 
 def test_interpolate_pos_encoding_reaches_the_backbone_in_test_time_search():
+    """Test-time search embeds the repeated inputs itself: the flag must reach those embeddings too."""
     model = perturb(IMAGE.build(image_size=32, patch_size=8))
     large = torch.randn(2, 1, 64, 64, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

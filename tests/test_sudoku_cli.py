@@ -182,7 +182,7 @@ def test_sudoku_needs_a_token_classification_head(
 
 
 @pytest.mark.slow
-def test_sudoku_hard_brief_command(hard: data.DatasetDict, tmp_path: Path) -> None:
+def test_sudoku_hard_documented_command(hard: data.DatasetDict, tmp_path: Path) -> None:
     """The documented Sudoku command as is: full 1,000-puzzle validation and 10,000-puzzle test split (15–60 s)."""
     out = tmp_path / "sudoku"
     argv = [
