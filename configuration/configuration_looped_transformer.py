@@ -175,12 +175,15 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         The presets are the baseline's own rows (`LOOPED_TRANSFORMER_PRESETS` of the package's
         `energyformers.presets`, e.g. Table 2's `mim-1-12-4d`), as they are, and every Hyper-SET row
         (`HYPERSET_PRESETS`), of which the baseline takes the fields it shares (same embeddings, head and iteration
-        count, for side-by-side comparisons); `PRESET_SOURCES` there says which paper setting each row reproduces.
+        count, for side-by-side comparisons; its MLP is its own, 4 · hidden_size wide); `PRESET_SOURCES` there says which paper setting each row reproduces.
         """
         own = _own_presets(cls, name)
         if name in own:
             return dict(own[name])
-        return {k: v for k, v in HyperSetConfig.preset_fields(name).items() if k not in HYPERSET_ONLY_FIELDS}
+        # as `from_hyperset`: the MLP is the baseline's own (4 · hidden_size), not Hyper-SET's dictionary
+        mlp = ("intermediate_size", "hidden_act")
+        fields = HyperSetConfig.preset_fields(name).items()
+        return {k: v for k, v in fields if k not in HYPERSET_ONLY_FIELDS and k not in mlp}
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> LoopedTransformerConfig:
@@ -191,12 +194,9 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         an `id2label` replaces the preset's `num_labels`); any other name raises `ValueError` naming the closest
         ones, so a misspelt field never leaves the preset's value in place.
         """
-        own = _own_presets(cls, name)
+        _own_presets(cls, name)  # an unknown name is refused before the overrides are looked at
         cls._check_override_names(_shared_overrides(overrides), "from_preset")
-        fields = cls.preset_fields(name)
-        if name not in own:  # as `from_hyperset`: the MLP is the baseline's own, not Hyper-SET's dictionary
-            fields = {k: v for k, v in fields.items() if k not in ("intermediate_size", "hidden_act")}
-        kwargs = {**fields, **overrides}
+        kwargs = {**cls.preset_fields(name), **overrides}
         if "id2label" in overrides:
             kwargs.pop("num_labels", None)
         return cls(**kwargs)

@@ -220,3 +220,19 @@ def test_image_presets_are_rgb_unless_their_source_says_how_to_serve_them():
     assert not unexplained, (
         f"non-RGB image presets whose source does not say how to serve them: {unexplained}"
     )
+
+
+@pytest.mark.parametrize("name", sorted(HYPERSET_PRESETS))
+def test_looped_preset_fields_build_what_from_preset_builds(name):
+    """The training CLI builds from `preset_fields` (plus the data's geometry), users from `from_preset`: both give
+    the baseline of a Hyper-SET row, with its own 4 · hidden_size MLP rather than Hyper-SET's dictionary size."""
+    fields = LoopedTransformerConfig.preset_fields(name)
+    data = {}
+    if fields.get("input_type") == "sequence" and fields.get("vocab_size") is None:
+        data = {"vocab_size": 16}  # a text row leaves it to the data (the CLI reads it from the tokenizer)
+    built = LoopedTransformerConfig(**{**fields, **data}).to_dict()
+    expected = LoopedTransformerConfig.from_preset(name, **data).to_dict()
+    assert built == expected, {
+        k: (built.get(k), expected.get(k)) for k in built if built.get(k) != expected.get(k)
+    }
+    assert built["intermediate_size"] == 4 * built["hidden_size"], built
