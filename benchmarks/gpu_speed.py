@@ -791,8 +791,9 @@ def warm_items(passes: list[Pass], device: torch.device) -> list[WarmItem]:
 
 
 def default_compile_workers() -> int:
-    """Half the CPU cores, at most 8: compiling is CPU-bound, and the main process keeps cores for itself."""
-    return min(8, (os.cpu_count() or 2) // 2)
+    """Half the CPU cores this process may use, at most 8: compiling is CPU-bound, and the main process keeps cores
+    for itself."""
+    return min(8, len(os.sched_getaffinity(0)) // 2)
 
 
 def worker_command(args: argparse.Namespace, index: int) -> list[str]:
