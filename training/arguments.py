@@ -772,10 +772,8 @@ def _refuse_fitting_flags(d: DataArguments, explicit: frozenset[str]) -> None:
     """With `--tokenizer` no tokenizer is fitted, so a fitting flag given as well would be ignored (and recorded in
     metrics.json as if used): refused, naming the flag and the given tokenizer's own value. The flags left at their
     defaults take the given tokenizer's values, so the run's recorded arguments say what it used."""
-    from energyformers.mim import CONFIG_NAME
-
-    try:
-        with open(os.path.join(os.path.expanduser(d.tokenizer), CONFIG_NAME)) as file:
+    try:  # energyformers.mim.CONFIG_NAME, spelled out: that module imports torch, and parsing must not
+        with open(os.path.join(os.path.expanduser(d.tokenizer), "vq_tokenizer_config.json")) as file:
             saved = json.load(file)
     except (OSError, ValueError):  # not a tokenizer folder: the run names that when it loads it
         saved = {}

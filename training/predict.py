@@ -373,13 +373,14 @@ def check_image_tokenizer(folder: Path, model_dir: str, config: dict[str, Any] |
     """A masked-image-modelling folder reconstructs pixels with the image tokenizer saved beside its weights, whose
     codebook and grid (as its `vq_tokenizer_config.json` records them) fit the model's `config` (config.json):
     checked before the weights load."""
-    from energyformers.mim import TokenizerMismatchError, check_tokenizer_fits, saved_tokenizer_numbers
-
     path = folder / TOKENIZER_CONFIG
     if not path.is_file():
         raise UsageError(no_image_tokenizer(model_dir, config))
     if config is None:
         return
+    # imported only here: a folder with a tokenizer goes on to load torch anyway, the other refusals need none
+    from energyformers.mim import TokenizerMismatchError, check_tokenizer_fits, saved_tokenizer_numbers
+
     try:
         settings = json.loads(path.read_text())
     except (OSError, ValueError) as err:
