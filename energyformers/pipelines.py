@@ -160,7 +160,13 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
     ) -> None:
         from pathlib import Path
 
-        from .mim import VQTokenizer, load_vq_tokenizer, perceptual_metrics
+        from .mim import (
+            TokenizerMismatchError,
+            VQTokenizer,
+            check_tokenizer_fits,
+            load_vq_tokenizer,
+            perceptual_metrics,
+        )
 
         # the weights first: a wrong path fails before the model is read
         self.perceptual = None if lpips_weights is None else perceptual_metrics(lpips_weights, None)
@@ -183,10 +189,12 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
                 f"{type(vq_tokenizer).__name__}."
             )
         if vq_tokenizer.codebook_size != model.codebook_size:
-            raise ValueError(
+            raise TokenizerMismatchError(
                 f"vq_tokenizer has codebook_size={vq_tokenizer.codebook_size}, the model predicts "
                 f"{model.codebook_size} codes; they must be equal."
             )
+        # the grid too: a tokenizer of another grid gives plausible-looking numbers from misplaced codes
+        check_tokenizer_fits(None, getattr(vq_tokenizer, "grid", None), model.config)
         self.vq_tokenizer = vq_tokenizer
         super().__init__(model=model, device=device, **kwargs)
         self.model.eval()

@@ -108,7 +108,8 @@ FAMILIES: dict[str, Family] = {
 }
 
 # Baselines the families are measured against: registered with the Auto classes like a family (a saved run
-# reloads with `AutoModelFor*.from_pretrained`), but not in `FAMILIES`, so they have no Hub export.
+# reloads with `AutoModelFor*.from_pretrained`), but not in `FAMILIES`: no Hub export, except the looped
+# Transformer's masked-image-modelling head (the other model of the paper's Table 2; docs/hub.md).
 BASELINES: dict[str, Family] = {
     "looped-transformer": Family(
         stem="looped_transformer",

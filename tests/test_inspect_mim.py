@@ -96,6 +96,22 @@ def test_inspect_refuses_a_mim_folder_without_an_image(mim_folder, tmp_path, cap
     assert "masked-image-modelling model: give an image path" in capsys.readouterr().err
 
 
+def test_inspect_refuses_a_tokenizer_whose_grid_is_not_the_models(mim_folder, tmp_path, capsys):
+    """The model has 64 positions (8 × 8); a tokenizer of 16 × 16 images in 4 × 4 patches gives 4 × 4 codes."""
+    folder, png = mim_folder
+    copy = tmp_path / "other-grid"
+    copy.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (copy / name).write_bytes((folder / name).read_bytes())
+    centroids = torch.rand(16, 16, generator=torch.Generator().manual_seed(0))
+    PatchKMeansTokenizer(centroids, 4, (16, 16), 1).save_pretrained(copy)
+    assert cli.main(["inspect", str(copy), str(png), "--output_dir", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 1 and "grid is 4 × 4 = 16 codes" in err and "8 × 8 grid" in err, err
+    assert not (tmp_path / "x").exists()
+
+
 def test_inspect_draws_the_looped_transformer_heads_decode_sequence_too(tmp_path, capsys):
     """Table 2's baseline takes its decoding from the Hyper-SET head: inspect draws it the same way."""
     from test_registry_tasks import build_mim_folder

@@ -113,6 +113,15 @@ def test_pipeline_errors_name_the_argument(model_folder, tmp_path):
     wrong = PatchKMeansTokenizer(torch.rand(8, 4), 2, (16, 16), 1)
     with pytest.raises(ValueError, match="vq_tokenizer has codebook_size=8, the model predicts 32"):
         MaskedImageModelingPipeline(model=model, vq_tokenizer=wrong)
+    # the model's 8 × 8 grid of positions against a tokenizer of 4 × 4 codes (8 × 8 images, patch 2): the codes would
+    # sit at the first 16 positions, not where the model learned them
+    small_grid = PatchKMeansTokenizer(
+        torch.rand(32, 4, generator=torch.Generator().manual_seed(0)), 2, (8, 8), 1
+    )
+    with pytest.raises(
+        ValueError, match=r"grid is 4 × 4 = 16 codes, .*max_position_embeddings=64 .*8 × 8 grid"
+    ):
+        MaskedImageModelingPipeline(model=model, vq_tokenizer=small_grid)
     bare = tmp_path / "bare"
     model.save_pretrained(bare)  # no tokenizer saved beside the weights
     with pytest.raises(FileNotFoundError, match=r"no vq_tokenizer_config\.json"):

@@ -78,16 +78,49 @@ def test_a_saved_tokenizer_is_reused_and_bad_flags_fail_before_work(tmp_path, ca
     first = tmp_path / "first"
     assert run("train", "hyperset", first) == 0
     second = tmp_path / "second"
-    # --tokenizer: the first run's codebook (no refit: the flags that would fit another are irrelevant)
-    assert run("train-accelerate", "looped-transformer", second, "--tokenizer", str(first)) == 0
+    # --tokenizer: the first run's codebook (no refit, so no fitting flags: COMMON's are dropped)
+    fitting = {"--codebook_size", "--tokenizer_fit_samples"}
+    without_fitting = [x for i, x in enumerate(COMMON) if x not in fitting and COMMON[i - 1] not in fitting]
+    config = ["--config", *SIZES["looped-transformer"], "num_iterations=2"]
+    argv = [*without_fitting, "--model", "looped-transformer", *config, "--output_dir", str(second)]
+    assert LOOPS["train-accelerate"]([*argv, "--tokenizer", str(first)]) == 0
+    recorded = json.loads((second / "metrics.json").read_text())["arguments"]["data"]
+    # the recorded arguments carry the given tokenizer's codebook and patch, not the fitting defaults (64, unset)
+    assert (recorded["codebook_size"], recorded["tokenizer_patch_size"]) == (16, 2), recorded
     saved = [PatchKMeansTokenizer.from_pretrained(f).centroids for f in (first, second)]
     assert torch.equal(*saved), "the second run must carry the given tokenizer"
     capsys.readouterr()
+    small_grid = tmp_path / "small-grid"  # 16 codes of 4 × 4 patches of the 16 × 16 digits: a 4 × 4 grid
+    PatchKMeansTokenizer(
+        torch.rand(16, 16, generator=torch.Generator().manual_seed(0)), 4, (16, 16), 1
+    ).save_pretrained(small_grid)
     for argv, message in (
         (["--dataset", "digits", "--codebook_size", "8"], "--codebook_size: a masked-image-modelling flag"),
         ([*COMMON, "--model", "imixer"], "--model imixer has no masked-image-modelling head"),
         ([*COMMON, "--mask_ratio_max", "1.5"], "--mask_ratio_max 1.5: expected a fraction in"),
         ([*COMMON, "--tokenizer", str(tmp_path / "nowhere")], "--tokenizer .*nowhere: no such folder"),
+        # the fitting flags with a given tokenizer, which they would not shape
+        (
+            [*without_fitting, "--tokenizer", str(first), "--codebook_size", "32"],
+            "--codebook_size 32: applies only when a tokenizer is fitted, .*its codebook_size is 16",
+        ),
+        (
+            [*without_fitting, "--tokenizer", str(first), "--tokenizer_patch_size", "4"],
+            "--tokenizer_patch_size 4: applies only when a tokenizer is fitted, .*its patch_size is 2",
+        ),
+        (
+            [*without_fitting, "--tokenizer", str(first), "--tokenizer_fit_samples", "50"],
+            "--tokenizer_fit_samples 50: applies only when a tokenizer is fitted, .*fitted already",
+        ),
+        # a checkpoint of an 8 × 8 grid with a tokenizer of 4 × 4 codes, and positions that contradict the tokenizer
+        (
+            [*without_fitting, "--from_pretrained", str(first), "--tokenizer", str(small_grid)],
+            "--from_pretrained .*grid is 4 × 4 = 16 codes, .*max_position_embeddings=64 .*8 × 8 grid",
+        ),
+        (
+            [*without_fitting, "--tokenizer", str(first), "--config", "max_position_embeddings=256"],
+            "--config max_position_embeddings=256: the image tokenizer sets max_position_embeddings=64",
+        ),
     ):
         out = tmp_path / "refused"
         assert train.main([*argv, "--output_dir", str(out)]) == 2, argv

@@ -167,6 +167,20 @@ def refusals(tmp: Path, mim: Path, classifier: Path, image: Path) -> dict[str, t
     twin = tmp / "twin"
     twin.mkdir()
     (twin / image.name).write_bytes(image.read_bytes())
+    # the folder's model (8 codes on a 4 × 4 grid) with a tokenizer of another grid, and one of another codebook:
+    # refused from the two config files, before the weights load
+    from energyformers.mim import PatchKMeansTokenizer
+
+    other_grid, other_codebook = tmp / "other-grid", tmp / "other-codebook"
+    generator = torch.Generator().manual_seed(0)
+    for folder, tokenizer in (
+        (other_grid, PatchKMeansTokenizer(torch.rand(8, 4, generator=generator), 2, (16, 16), 1)),
+        (other_codebook, PatchKMeansTokenizer(torch.rand(5, 4, generator=generator), 2, (8, 8), 1)),
+    ):
+        folder.mkdir()
+        for name in ("config.json", "model.safetensors"):
+            (folder / name).write_bytes((mim / name).read_bytes())
+        tokenizer.save_pretrained(folder)
     mim_kind, classifier_kind = "masked-image-modelling model (", "not a masked-image-modelling model ("
     return {
         "top_k on MIM": ([str(mim), str(image), "--top_k", "2"], ["--top_k", mim_kind]),
@@ -188,7 +202,21 @@ def refusals(tmp: Path, mim: Path, classifier: Path, image: Path) -> dict[str, t
         "unreadable image": ([str(mim), str(not_an_image)], [str(not_an_image), "not a readable image"]),
         "no tokenizer": (
             [str(bare), str(image)],
-            ["no image tokenizer", "vq_tokenizer_config.json", "--task"],
+            [
+                "no image tokenizer",
+                "vq_tokenizer_config.json",
+                "--task",
+                "8 codes on a 4 × 4 grid",
+                "must match",
+            ],
+        ),
+        "tokenizer of another grid": (
+            [str(other_grid), str(image)],
+            [str(other_grid), "grid is 8 × 8 = 64 codes", "max_position_embeddings=16", "4 × 4 grid"],
+        ),
+        "tokenizer of another codebook": (
+            [str(other_codebook), str(image)],
+            [str(other_codebook), "codebook_size=5", "predicts 8 codes"],
         ),
         "mask_ratio above 1": ([str(mim), str(image), "--mask_ratio", "1.5"], ["--mask_ratio 1.5", "[0, 1]"]),
         "mask_ratio below 0": (

@@ -756,6 +756,38 @@ def _validate_mim(d: DataArguments, explicit: frozenset[str]) -> None:
         _check(name, value, _finite(value) and 0 < value <= 1, "a fraction in (0, 1]")
     if d.tokenizer is not None and not os.path.isdir(os.path.expanduser(d.tokenizer)):
         raise UsageError(f"--tokenizer {d.tokenizer}: no such folder (a saved VQ tokenizer folder)")
+    if d.tokenizer is not None:
+        _refuse_fitting_flags(d, explicit)
+
+
+# The flags that shape the tokenizer a run fits, and the field of a saved tokenizer's config each one sets.
+TOKENIZER_FITTING_FLAGS = {
+    "codebook_size": "codebook_size",
+    "tokenizer_patch_size": "patch_size",
+    "tokenizer_fit_samples": None,  # not recorded: the saved tokenizer is fitted already
+}
+
+
+def _refuse_fitting_flags(d: DataArguments, explicit: frozenset[str]) -> None:
+    """With `--tokenizer` no tokenizer is fitted, so a fitting flag given as well would be ignored (and recorded in
+    metrics.json as if used): refused, naming the flag and the given tokenizer's own value. The flags left at their
+    defaults take the given tokenizer's values, so the run's recorded arguments say what it used."""
+    try:  # energyformers.mim.CONFIG_NAME, spelled out: that module imports torch, and parsing must not
+        with open(os.path.join(os.path.expanduser(d.tokenizer), "vq_tokenizer_config.json")) as file:
+            saved = json.load(file)
+    except (OSError, ValueError):  # not a tokenizer folder: the run names that when it loads it
+        saved = {}
+    saved = saved if isinstance(saved, dict) else {}
+    for flag, key in TOKENIZER_FITTING_FLAGS.items():
+        value = saved.get(key) if key else None
+        if flag in explicit:
+            has = f"its {key} is {value}" if value is not None else "it is fitted already"
+            raise UsageError(
+                f"--{flag} {getattr(d, flag)}: applies only when a tokenizer is fitted, and --tokenizer "
+                f"{d.tokenizer} gives one ({has}); drop --{flag}"
+            )
+        if isinstance(value, int) and not isinstance(value, bool):
+            setattr(d, flag, value)
     from energyformers.mim import check_perceptual_weights
 
     try:  # the message names the flag and its value itself (flags=True)

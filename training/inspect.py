@@ -893,7 +893,7 @@ def inspect_mim(model: Any, model_dir: str, images: list[str], args: argparse.Na
     try:
         tokenizer = load_vq_tokenizer(model_dir)
     except FileNotFoundError:  # the command takes no tokenizer: say how to save one into the folder
-        raise InspectError(no_image_tokenizer(model_dir)) from None
+        raise InspectError(no_image_tokenizer(model_dir, model.config)) from None
     except (ValueError, ImportError) as err:
         raise InspectError(f"{model_dir}: its image tokenizer cannot be loaded ({err})") from None
     if not Path(images[0]).is_file():

@@ -290,7 +290,7 @@ def check_local_model_folder(
     if check_flags is not None:
         check_flags(architecture, _first(config.get("architectures")))
     if architecture is not None:
-        check_image_tokenizer(folder, model_dir)
+        check_image_tokenizer(folder, model_dir, config)
     if inputs:
         check_inputs(model_dir, input_kind(config, architecture), inputs)
     return config, architecture
@@ -346,21 +346,51 @@ def check_flags_for_kind(args: argparse.Namespace, architecture: str, mim: bool)
         refuse_mim_flags(wrong, args.model_dir, architecture, "predict classifies with it")
 
 
-def no_image_tokenizer(model_dir: str) -> str:
+def no_image_tokenizer(model_dir: str, config: Any = None) -> str:
     """The command line's message for a masked-image-modelling model without an image tokenizer: how to save one
-    into the folder (the commands take no tokenizer flag; the Python pipeline's `vq_tokenizer=` is not one)."""
+    into the folder (the commands take no tokenizer flag; the Python pipeline's `vq_tokenizer=` is not one), and,
+    with the model's `config` (object or config.json dict), the codebook and grid that tokenizer must have."""
+    fits = ""
+    field = (
+        (lambda name: config.get(name))
+        if isinstance(config, dict)
+        else (lambda name: getattr(config, name, None))
+    )
+    vocab, positions = field("vocab_size"), field("max_position_embeddings")
+    if isinstance(vocab, int) and isinstance(positions, int):
+        side = math.isqrt(positions)
+        grid = f"a {side} × {side} grid" if side * side == positions else f"a grid of {positions} codes"
+        fits = f" ({vocab - 1} codes on {grid}: the tokenizer's codebook and grid must match the model's)"
     return (
         f"{model_dir} has no image tokenizer ({TOKENIZER_CONFIG} is missing), so its codes cannot be turned "
         "into pixels; a run folder of `energyformers train --task masked-image-modeling` holds one, else save "
-        f"one into the folder: PatchKMeansTokenizer.fit(images, ...).save_pretrained({model_dir!r}) or "
+        f"one into the folder{fits}: PatchKMeansTokenizer.fit(images, ...).save_pretrained({model_dir!r}) or "
         "VQGANTokenizer.save_pretrained (energyformers.mim)"
     )
 
 
-def check_image_tokenizer(folder: Path, model_dir: str) -> None:
-    """A masked-image-modelling folder reconstructs pixels with the image tokenizer saved beside its weights."""
-    if not (folder / TOKENIZER_CONFIG).is_file():
-        raise UsageError(no_image_tokenizer(model_dir))
+def check_image_tokenizer(folder: Path, model_dir: str, config: dict[str, Any] | None = None) -> None:
+    """A masked-image-modelling folder reconstructs pixels with the image tokenizer saved beside its weights, whose
+    codebook and grid (as its `vq_tokenizer_config.json` records them) fit the model's `config` (config.json):
+    checked before the weights load."""
+    path = folder / TOKENIZER_CONFIG
+    if not path.is_file():
+        raise UsageError(no_image_tokenizer(model_dir, config))
+    if config is None:
+        return
+    # imported only here: a folder with a tokenizer goes on to load torch anyway, the other refusals need none
+    from energyformers.mim import TokenizerMismatchError, check_tokenizer_fits, saved_tokenizer_numbers
+
+    try:
+        settings = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise UsageError(f"{path}: not a readable JSON file ({err})") from None
+    if not isinstance(settings, dict):
+        raise UsageError(f"{path}: expected a JSON object; got {type(settings).__name__}")
+    try:
+        check_tokenizer_fits(*saved_tokenizer_numbers(settings), config)
+    except TokenizerMismatchError as err:
+        raise UsageError(f"{model_dir}: {err}") from None
 
 
 def check_mim_inputs(model_dir: str, inputs: list[str]) -> None:
@@ -552,6 +582,8 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
     object) of metrics per image, and with `--output_dir` the reconstruction as `<stem>.reconstruction.png`."""
     import transformers
 
+    from energyformers.mim import TokenizerMismatchError
+
     check_inputs(
         args.model_dir, "mim", args.inputs
     )  # again for a Hub model (a local one was checked in parse)
@@ -560,7 +592,11 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
     try:
         pipe = transformers.pipeline("masked-image-modeling", model=args.model_dir, **kwargs)
     except FileNotFoundError:  # a Hub repo without an image tokenizer (a local folder's was checked)
-        raise UsageError(no_image_tokenizer(args.model_dir)) from None
+        raise UsageError(no_image_tokenizer(args.model_dir, config)) from None
+    except (
+        TokenizerMismatchError
+    ) as err:  # a Hub repo's tokenizer (a local folder's was checked from the files)
+        raise UsageError(f"{args.model_dir}: {err}") from None
     call = {
         **args.mim,
         **({"num_iterations": args.depth["num_iterations"]} if "num_iterations" in args.depth else {}),

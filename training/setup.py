@@ -590,6 +590,8 @@ def _masked_image_modeling_config(args: Arguments, codebook_size: int, grid_shap
     to be fitted will have, so a bad `--config` is refused before the fit."""
     from transformers import AutoConfig
 
+    from energyformers.mim import TokenizerMismatchError, check_tokenizer_fits
+
     m = args.model
     rows, columns = grid_shape
     grid = {"vocab_size": codebook_size + 1, "max_position_embeddings": rows * columns}
@@ -615,6 +617,12 @@ def _masked_image_modeling_config(args: Arguments, codebook_size: int, grid_shap
                 f"--from_pretrained {m.from_pretrained!r} predicts {getattr(config, 'vocab_size', 1) - 1} codes, "
                 f"the tokenizer has {codebook_size}; pass --tokenizer with the checkpoint's tokenizer"
             )
+        try:  # its positions too: the tokenizer's grid replaces them, which no checkpoint was trained on
+            check_tokenizer_fits(None, grid_shape, config)
+        except TokenizerMismatchError as err:
+            raise UsageError(
+                f"--from_pretrained {m.from_pretrained!r}: {err}; pass --tokenizer with the checkpoint's tokenizer"
+            ) from None
         config_class, model_type, fields = type(config), config.model_type, config.to_dict()
     else:
         model_type = m.model or "hyperset"
@@ -625,6 +633,13 @@ def _masked_image_modeling_config(args: Arguments, codebook_size: int, grid_shap
             )
         config_class, fields = family(model_type).config_class, {}
     _check_override_keys(config_class, overrides)
+    for key in ("vocab_size", "max_position_embeddings"):
+        if key in overrides and overrides[key] != grid[key]:
+            # the tokenizer sets both; another value leaves codes the model cannot read or misplaced
+            raise UsageError(
+                f"--config {key}={overrides[key]}: the image tokenizer sets {key}={grid[key]} ({codebook_size} "
+                f"codes + [MASK] on a {rows} × {columns} grid); drop it"
+            )
     flags = config_flag_overrides(args, config_class, model_type)
     fields = {**fields, "input_type": "sequence", **grid, **overrides, **flags}
     if not m.from_pretrained:
