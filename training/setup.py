@@ -996,8 +996,10 @@ def checkpointing_name() -> str:
 
 
 def enable_activation_checkpointing(model: Any) -> None:
-    """transformers' activation checkpointing, by the installed version's name (`checkpointing_name`)."""
-    getattr(model, f"{checkpointing_name()}_enable")()
+    """transformers' activation checkpointing, by the name the model has: `activation_checkpointing_enable` where
+    transformers has the new name (the old one then warns), else `gradient_checkpointing_enable`."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
 
 
 def check_checkpointing_support(args: Arguments, model: Any) -> None:
