@@ -174,9 +174,14 @@ def build_report(report: dict[str, Any]) -> str:
             f"{r['test_accuracy']:.4f} | {r['test_f1_macro']:.4f} | {r['wall_time_s']:.0f} |"
         )
     if report["missing"]:
-        lines += ["", f"Not measured in this file: {', '.join(report['missing'])}."]
+        missing = ",".join(report["missing"])
+        lines += [
+            "",
+            f"Not measured in this file: {missing} (`python benchmarks/cli_accuracy.py --rows {missing}`).",
+        ]
     lines += ["", "## Runs", ""]
     for r in rows:
+        validation = "none" if r["eval_accuracy"] is None else f"{r['eval_accuracy']:.4f}"
         lines += [
             f"* {r['id']}: `{r['command']}`",
             f"  — {r['date']}, commit {r['git_commit']}, torch {r['torch']}, transformers {r['transformers']}, "
@@ -184,7 +189,7 @@ def build_report(report: dict[str, Any]) -> str:
             f"thread(s), OMP_WAIT_POLICY={r['omp_wait_policy']}, load average "
             f"{r['load_average_at_start'][0]:.1f} at start and {r['load_average_at_end'][0]:.1f} at end; "
             f"lr {r['learning_rate']:g}, batch {r['batch_size']}, train loss {r['train_loss']:.4f}, "
-            f"validation accuracy {r['eval_accuracy']}.",
+            f"validation accuracy {validation}.",
         ]
     return "\n".join(lines) + "\n"
 
