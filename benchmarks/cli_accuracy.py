@@ -11,7 +11,7 @@ The result files are rewritten after every row, so an interrupted run keeps the 
 Writes `<output_dir>/cli_accuracy.{md,json}` (default benchmarks/results/). `--smoke` checks the script end to end
 (128 / 64 / 64 examples, 1 epoch) and writes `cli_accuracy_smoke.{md,json}` instead, marked as not a measurement.
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/cli_accuracy.py          # all six rows (hours on 2 cores)
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/cli_accuracy.py  # all six rows, one full training each
     .venv/bin/python benchmarks/cli_accuracy.py --rows hyperset-rotten_tomatoes,imixer-rotten_tomatoes
     .venv/bin/python benchmarks/cli_accuracy.py --dry_run                        # print the commands
     .venv/bin/python benchmarks/cli_accuracy.py --smoke --rows hyperbf-rotten_tomatoes --output_dir /tmp/acc
