@@ -1465,3 +1465,19 @@ def test_mim_card_lists_the_recurrent_depth_training_fields(mim_exported, model_
     text = (export_dir / "README.md").read_text()
     for field in RECURRENT_DEPTH_FIELDS:
         assert f"| `{field}` | `{json.dumps(config[field])}` |" in text, field
+
+
+@pytest.mark.parametrize("model_type", MIM_MODELS)
+def test_mim_card_without_a_repo_id_is_named_as_release_names_mim_folders(mim_exported, model_type):
+    """Without a repo id the card names the model `<model>-mim-<dataset>` (as `release` does), not like the
+    dataset's classifier; Hyper-SET's per-call depth example passes the masked codes as `input_ids`."""
+    from energyformers.training.card import render_model_card
+    from energyformers.training.export import inspect_model_dir
+
+    text = render_model_card(inspect_model_dir(mim_exported[model_type]["model_dir"])).text
+    assert f"# {model_type}-mim-digits" in text and f"<your-namespace>/{model_type}-mim-digits" in text, text[
+        :600
+    ]
+    assert f"# {model_type}-digits" not in text
+    if model_type == "hyperset":
+        assert "`model(input_ids=inputs, num_iterations=24)`" in text and "model(**inputs" not in text

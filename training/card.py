@@ -241,7 +241,10 @@ def render_model_card(
                 )
             )
     model_type = info["model_type"]
-    name = repo_id.split("/")[-1] if repo_id else info.get("name") or f"{model_type}-{dataset or 'model'}"
+    default_name = (
+        f"{model_type}-{'mim-' if mim else ''}{dataset or 'model'}"  # as `release` names its folders
+    )
+    name = repo_id.split("/")[-1] if repo_id else info.get("name") or default_name
     card_data = ModelCardData(
         library_name="transformers",
         pipeline_tag=pipeline_tag,
