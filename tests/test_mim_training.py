@@ -152,6 +152,21 @@ def test_a_narrower_mim_model_gets_a_sinusoid_of_its_width_and_a_bad_config_fail
     assert not out.exists() and not out.with_name("refused.checkpoints").exists()
 
 
+@pytest.mark.parametrize("model, ratio", [("hyperset", 1), ("looped-transformer", 4)])
+def test_a_narrower_mim_model_keeps_the_presets_feedforward_ratio(tmp_path, model, ratio):
+    """`--config hidden_size=64` alone keeps `cli-mim`'s structure: Hyper-SET's dictionary M = d, the baseline's
+    4d MLP (an explicit `intermediate_size` still wins)."""
+    from energyformers.training import setup
+    from energyformers.training.arguments import parse_arguments
+
+    tokenizer = PatchKMeansTokenizer(torch.rand(16, 4), 2, (16, 16), 1)
+    for extra, expected in (([], ratio * 64), (["intermediate_size=96"], 96)):
+        argv = [*COMMON, "--model", model, "--config", "hidden_size=64", "num_attention_heads=4", *extra]
+        args = parse_arguments([*argv, "--output_dir", str(tmp_path / "x")], train.PROG, "")
+        config = setup.masked_image_modeling_config(args, tokenizer)
+        assert (config.hidden_size, config.intermediate_size) == (64, expected), (model, extra, config)
+
+
 def test_collator_masks_every_training_batch_afresh_with_the_papers_ratios():
     codes = torch.arange(64).repeat(32, 1)  # (32, 64): any code works, [MASK] = 64
     collate = MaskedCodesCollator(64, (0.0, 0.4), seed=3)

@@ -643,7 +643,7 @@ def _masked_image_modeling_config(args: Arguments, codebook_size: int, grid_shap
     flags = config_flag_overrides(args, config_class, model_type)
     fields = {**fields, "input_type": "sequence", **grid, **overrides, **flags}
     if not m.from_pretrained:
-        fields.update(_derived_time_embedding(config_class, m.preset or "cli-mim", fields, overrides))
+        fields.update(_derived_widths(config_class, m.preset or "cli-mim", fields, overrides))
     try:
         if m.from_pretrained:
             return config_class(**fields)
@@ -652,24 +652,31 @@ def _masked_image_modeling_config(args: Arguments, codebook_size: int, grid_shap
         raise _config_error(err, flags, f"--preset/--config for {model_type} masked image modelling") from err
 
 
-def _derived_time_embedding(
+def _derived_widths(
     config_class: type, preset: str, fields: dict[str, Any], overrides: dict[str, Any]
 ) -> dict[str, Any]:
-    """`time_embedding_dim = hidden_size` when `--config` changes the width of a model whose iteration conditioning
-    is `sinusoidal-no-mlp` and leaves the sinusoid's width alone: that conditioning adds the sinusoid to the state,
-    so its width is the model's (the MIM presets' structure, HS Table 9), not a separate choice."""
-    if "hidden_size" not in overrides or "time_embedding_dim" in overrides:
-        return {}
-    if not accepts(config_class, "time_embedding_dim"):
+    """The widths that follow `hidden_size` when `--config` changes it and leaves them alone: `intermediate_size`
+    keeps the preset's ratio to the width (its M = d or 8d dictionary, the baseline's 4d MLP: the paper's
+    structure, HS Table 9 and Table 2), and `time_embedding_dim = hidden_size` where the iteration conditioning is
+    `sinusoidal-no-mlp`, which adds the sinusoid to the state (its width is the model's, not a separate choice)."""
+    if "hidden_size" not in overrides:
         return {}
     try:
         preset_fields = config_class.preset_fields(preset)
     except (AttributeError, ImportError, ValueError):  # no such preset: from_preset names the choices
         return {}
+    derived = {}
+    width, preset_width = overrides["hidden_size"], preset_fields.get("hidden_size")
+    if "intermediate_size" not in overrides and preset_width and preset_fields.get("intermediate_size"):
+        derived["intermediate_size"] = width * preset_fields["intermediate_size"] // preset_width
     conditioning = fields.get("iteration_conditioning", preset_fields.get("iteration_conditioning"))
-    if conditioning != "sinusoidal-no-mlp":
-        return {}
-    return {"time_embedding_dim": overrides["hidden_size"]}
+    if (
+        "time_embedding_dim" not in overrides
+        and accepts(config_class, "time_embedding_dim")
+        and conditioning == "sinusoidal-no-mlp"
+    ):
+        derived["time_embedding_dim"] = width
+    return derived
 
 
 def _planned_tokenizer_grid(args: Arguments, data: Any) -> tuple[int, int] | None:
