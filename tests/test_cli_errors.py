@@ -91,6 +91,10 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ],
             "is not a checkpoint",
         ),
+        "convert without --source": (
+            ["convert", str(text_file), "--official-config", str(config), "--output_dir", out],
+            "converting a checkpoint needs --source: only the authors' released files",
+        ),
         "inspect truncated weights": (
             ["inspect", str(truncated), str(image), "--output_dir", out],
             f"model folder {truncated}: model.safetensors cannot be read",

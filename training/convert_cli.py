@@ -89,10 +89,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if not args.output_dir:
         parser.error("converting a checkpoint needs --output_dir")
     if released is None and not (args.source and args.official_config):
+        missing = " and ".join(
+            flag
+            for flag, value in (("--source", args.source), ("--official-config", args.official_config))
+            if not value
+        )
         raise UsageError(
-            "converting a checkpoint needs --source and --official-config, except for the authors' released "
-            f"files of {HUB_REPO}, recognised by their published names: "
+            f"converting a checkpoint needs {missing}: only the authors' released files of {HUB_REPO} are "
+            "recognised by their published names ("
             + ", ".join(f.filename for f in RELEASED if f.source is not None)
+            + ")"
         )
     if released is not None and args.source not in (None, released.source):
         raise UsageError(
