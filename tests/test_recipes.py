@@ -383,8 +383,8 @@ def test_the_mim_recipe_is_refused_for_another_task(tmp_path, capsys, loop):
     err = capsys.readouterr().err
     assert (
         "--recipe hyperset-mim: the paper's masked-image-modeling recipe needs a masked-image-modelling run "
-        "over VQ codes (Hyper-SET paper Table 2): add --task masked-image-modeling; the data is a "
-        "image-classification task" in err
+        "over VQ codes (Hyper-SET paper Table 2): add --task masked-image-modeling; the data's task "
+        "is image-classification" in err
     )
     assert list(runs.iterdir()) == []
 

@@ -134,7 +134,7 @@ def check_augmentation(args: Arguments, task: str) -> None:
         given = f"--recipe {args.run.recipe}" if args.run.recipe else "the augmentation flags"
         raise UsageError(
             f"{given}: RandAugment, crop, flip, erasing and mixup/cutmix apply to image classification; "
-            f"{args.data.dataset!r} is a {task} dataset"
+            f"{args.data.dataset!r} is a dataset for {task}"
         )
 
 

@@ -418,7 +418,7 @@ def check_recipe_task(recipe: str | None, task: str | None) -> None:
     needed, what = RECIPE_TASKS[recipe]
     if task == needed:
         return
-    data = "no dataset here is that task" if task is None else f"the data is a {task} task"
+    data = "no dataset here is that task" if task is None else f"the data's task is {task}"
     raise ValueError(
         f"--recipe {recipe}: the paper's {needed} recipe needs {what}; {data}. Use it with that task, "
         f"or pick another recipe ({', '.join(sorted(set(RECIPES) - set(RECIPE_TASKS)))})"

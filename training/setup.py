@@ -232,7 +232,7 @@ def build_config_and_processor(args: Arguments, data: Any, state: Any) -> tuple[
     overrides = parse_overrides(m.config)
     if overrides.get("input_type", modality) != modality:
         raise UsageError(
-            f"--config input_type={overrides['input_type']!r} but {d.dataset!r} is a {task} dataset"
+            f"--config input_type={overrides['input_type']!r} but {d.dataset!r} is a dataset for {task}"
         )
     try:
         if m.from_pretrained:
@@ -264,7 +264,7 @@ def _pretrained_config_and_processor(
     if getattr(config, "input_type", None) != modality:
         raise UsageError(
             f"{source!r} takes input_type={getattr(config, 'input_type', None)!r}, "
-            f"but {args.data.dataset!r} is a {task} dataset"
+            f"but {args.data.dataset!r} is a dataset for {task}"
         )
     if modality == "image":
         try:
@@ -308,12 +308,12 @@ def _new_config_and_processor(
         text_heads = set(energyformers.INPUT_TYPES[modality].tasks.values()) - {"AutoModel"}
         if modality != "image" and not text_heads & set(family(model_type).heads):  # an image-only model
             raise UsageError(
-                f"--model {model_type} is an image model and --dataset {d.dataset} is a {task} dataset "
+                f"--model {model_type} is an image model and --dataset {d.dataset} is a dataset for {task} "
                 f"({modality} inputs); train {model_type} on an image dataset, or use one of {having} for "
                 f"{modality} data"
             )
         raise UsageError(
-            f"--dataset {d.dataset} is a {task} dataset and {model_type} has no {task} head; use one of {having}"
+            f"--dataset {d.dataset} is a dataset for {task} and {model_type} has no {task} head; use one of {having}"
         )
     flags = config_flag_overrides(args, config_class, model_type)
     fields: dict[str, Any] = {"input_type": modality}
@@ -708,7 +708,7 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
     data, warnings = load_and_check_data(args, state)
     if input_type_of(data) != "image":
         raise UsageError(
-            f"--task {MIM_TASK}: --dataset {d.dataset} is a {task_of(data)} dataset; masked image modelling "
+            f"--task {MIM_TASK}: --dataset {d.dataset} is a dataset for {task_of(data)}; masked image modelling "
             "needs images (e.g. digits, fashion_mnist, an image folder)"
         )
     tokenizer = _mim_tokenizer(args)
