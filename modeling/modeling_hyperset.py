@@ -324,7 +324,8 @@ def _check_length(length: int, limit: int) -> None:
     if length > limit:
         raise ValueError(
             f"sequence length {length} exceeds max_position_embeddings={limit}; truncate the inputs "
-            f"(tokenizer(..., truncation=True, max_length={limit})) or build the model with a larger "
+            f"(text: tokenizer(..., truncation=True, max_length={limit}); image codes: one per position of the "
+            "image tokenizer's grid, which must be the model's) or build the model with a larger "
             "max_position_embeddings."
         )
 
