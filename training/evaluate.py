@@ -170,6 +170,22 @@ def check_model_config(args: argparse.Namespace, config: Mapping[str, Any]) -> N
             )
 
 
+def check_dataset_fits(model_dir: str, config: Any, dataset: str, data: Any) -> None:
+    """The labelled `data` (a normalised `DatasetDict` of `--dataset`) is one the model can be scored on: the same
+    task (image, text or token classification) and the same labels (`check_labels`). `evaluate` and
+    `inspect --dataset` share it, so a model is never scored against another label set. A `UsageError` otherwise."""
+    from .data import label_names, task_of
+    from .predict import task_for
+
+    task, model_task = task_of(data), task_for(config)
+    if task != model_task:
+        raise UsageError(
+            f"{model_dir} is a model for {model_task} ({(config.architectures or ['?'])[0]}) and --dataset "
+            f"{dataset} is a dataset for {task}; score it on a {model_task} dataset"
+        )
+    check_labels(model_dir, config, dataset, label_names(data))
+
+
 def check_labels(model_dir: str, config: Any, dataset: str, names: list[str]) -> None:
     """The model predicts the dataset's labels, in its order: the same number, and the same names unless the model's
     are transformers' placeholders (LABEL_0, ...). A `UsageError` showing both label sets otherwise."""
@@ -184,7 +200,7 @@ def check_labels(model_dir: str, config: Any, dataset: str, names: list[str]) ->
 
     raise UsageError(
         f"{model_dir} predicts {len(ours)} labels {shown(ours)} but --dataset {dataset} has {len(names)} labels "
-        f"{shown(names)}; evaluate a model on a dataset of its own label set (names and order)"
+        f"{shown(names)}; score a model on a dataset of its own label set (names and order)"
     )
 
 
@@ -233,7 +249,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import PrinterCallback, ProgressCallback, TrainingArguments
 
-    from .data import DataError, label_names, load_data, task_of
+    from .data import DataError, load_data, task_of
     from .evaluation import (
         TrainerMetrics,
         argmax_logits,
@@ -242,7 +258,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         load_metrics,
         primary_metric,
     )
-    from .predict import cannot_load, task_for
+    from .predict import cannot_load
     from .setup import auto_head, preprocessing
 
     config = load_config(args.model_dir)
@@ -260,13 +276,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         label_column=args.label_column,
         seed=0,  # the seed `train` carves missing validation/test splits with: the same examples
     )
-    task, model_task = task_of(data), task_for(config)
-    if task != model_task:
-        raise UsageError(
-            f"{args.model_dir} is a model for {model_task} ({(config.architectures or ['?'])[0]}) and --dataset "
-            f"{args.dataset} is a dataset for {task}; evaluate it on a {model_task} dataset"
-        )
-    check_labels(args.model_dir, config, args.dataset, label_names(data))
+    check_dataset_fits(args.model_dir, config, args.dataset, data)
+    task = task_of(data)
     rows = data[args.split]
     if args.max_samples is not None:
         rows = rows.select(range(min(args.max_samples, len(rows))))
