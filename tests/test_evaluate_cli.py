@@ -211,6 +211,8 @@ def test_bad_flags_and_folders_are_one_line_with_status_2_before_torch_loads(tmp
     backbone = readable_folder(tmp_path / "backbone", "hyperset", "HyperSetModel", num_iterations=2)
     rbf = readable_folder(tmp_path / "rbf", "hyperbf", "HyperBFForImageClassification")
     fields = {"fixed_point_iterations": 2, "fixed_point_solver": "unrolled", "fixed_point_tolerance": 1e-4}
+    halting = readable_folder(tmp_path / "halting", "hyperset", "HyperSetForImageClassification", num_iterations=2,
+                              halting_tolerance=None, halting_criterion="state")  # fmt: skip
     mixer = readable_folder(tmp_path / "mixer", "imixer", "IMixerForImageClassification", **fields)
     looped = readable_folder(tmp_path / "looped", "looped-transformer", "LoopedTransformerForImageClassification",
                              num_iterations=2)  # fmt: skip
@@ -261,6 +263,10 @@ def test_bad_flags_and_folders_are_one_line_with_status_2_before_torch_loads(tmp
             ["evaluate", mixer, "--dataset", "digits", "--fixed_point_tolerance", "0"],
             "--fixed_point_tolerance 0.0: expected a finite number > 0",
         ),
+        "a halting criterion without a tolerance": (
+            ["evaluate", halting, "--dataset", "digits", "--halting_criterion", "energy"],
+            "--halting_criterion energy: what --halting_tolerance measures, and no tolerance is given",
+        ),
         "a depth flag's choices": (
             ["evaluate", mixer, "--dataset", "digits", "--fixed_point_solver", "newton"],
             "--fixed_point_solver: invalid choice: 'newton'",
@@ -274,6 +280,7 @@ def test_bad_flags_and_folders_are_one_line_with_status_2_before_torch_loads(tmp
     assert results[-1]["heavy"] == [], results[-1]["heavy"]  # none of them imported torch or the models
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "backbone",
+        "halting",
         "looped",
         "mim",
         "mixer",

@@ -139,3 +139,29 @@ def test_a_saved_halting_tolerance_is_off_and_recorded(tmp_path):
     halting = report.get("halting_tolerance")
     assert halting is not None and halting["saved"] == 1e-3 and halting["used"] is None, report.keys()
     assert "fixed depth" in halting["note"], halting
+
+
+def test_a_sudoku_models_curve_is_named_blank_cell_accuracy(tmp_path, monkeypatch):
+    """The givens' labels are -100: the accuracy counted is over blank cells, evaluate's blank_cell_accuracy."""
+    import torch
+
+    from energyformers import HyperSetForTokenClassification
+    from energyformers.training import data
+    from energyformers.training.sudoku import DIGITS, load_sudoku
+
+    # a few generated puzzles stand in for the built-in `sudoku` (the same generator and columns, fewer puzzles)
+    puzzles = load_sudoku({"train": 4, "validation": 4, "test": 4})
+    monkeypatch.setattr(data, "load_data", lambda name, **kwargs: puzzles)
+    torch.manual_seed(0)
+    config = HyperSetConfig(
+        input_type="sequence", vocab_size=10, max_position_embeddings=81, hidden_size=16, num_attention_heads=2,
+        intermediate_size=8, num_iterations=2, id2label=dict(enumerate(DIGITS)),
+    )  # fmt: skip
+    folder = tmp_path / "sudoku"
+    HyperSetForTokenClassification(config).save_pretrained(folder)
+    out = tmp_path / "out"
+    argv = [folder, "--dataset", "sudoku", "--max_iterations", "2", "--num_threads", "1"]
+    assert inspect(*argv, "--output_dir", out) == 0
+    curve = json.loads((out / "inspect.json").read_text())["accuracy_vs_iterations"]
+    assert curve["metric"] == "blank_cell_accuracy" and "accuracy" not in curve, curve
+    assert len(curve["blank_cell_accuracy"]) == 2 and curve["num_samples"] == 4, curve

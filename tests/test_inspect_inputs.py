@@ -1,5 +1,6 @@
 """The inputs `inspect` and `predict` share a check for (`predict.check_inputs`): a Sudoku model's puzzle strings are
-refused in one line with status 2 before torch loads unless they are 81 cells of 0-9 or '.'."""
+refused in one line with status 2 before torch loads unless they are 81 cells of 0-9 or '.'; and predict's
+`--halting_criterion` without a tolerance to apply it to."""
 
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ def test_a_puzzle_that_is_not_81_cells_is_one_line_before_torch_loads(tmp_path):
             "'12345' (5 cells)",
         ),
         "one bad among good": (["predict", model, PUZZLE, PUZZLE[:80] + "x"], "('x' is not a cell)"),
+        "predict: a halting criterion without a tolerance": (
+            ["predict", model, PUZZLE, "--halting_criterion", "energy"],
+            "pass --halting_tolerance as well",
+        ),
         "inspect": (
             ["inspect", model, "hello world", "--output_dir", tmp_path / "out"],
             "'hello world' ('h' is not a cell)",
@@ -51,7 +56,9 @@ def test_a_puzzle_that_is_not_81_cells_is_one_line_before_torch_loads(tmp_path):
     for (name, (argv, fragment)), result in zip(cases.items(), results, strict=True):
         lines = [line for line in result["err"].splitlines() if line.strip()]
         assert result["code"] == 2 and len(lines) == 1, (name, result)
-        expected = f"energyformers {argv[0]}: error: {model}: {SUDOKU_MESSAGE}"
+        expected = f"energyformers {argv[0]}: error: " + (
+            "" if "halting" in name else f"{model}: {SUDOKU_MESSAGE}"
+        )
         assert lines[0].startswith(expected) and lines[0].endswith(fragment), (name, lines[0])
         assert result["heavy"] == [], (name, result["heavy"])  # refused before torch or the models load
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sudoku"]

@@ -42,6 +42,7 @@ from .predict import (
     FIXED_POINT_SOLVERS,
     HALTING_CRITERIA,
     MODEL_TYPES,
+    check_halting_criterion,
     check_local_model_folder,
     check_ranges,
     depth_arguments,
@@ -217,6 +218,7 @@ def check_model_config(args: argparse.Namespace, config: Mapping[str, Any]) -> N
                 f"--{name} {value}: {model_type} does not take it; its depth flags are "
                 f"{' '.join(takes) or 'none (its depth is fixed)'}"
             )
+    check_halting_criterion(getattr(args, "depth", {}), config)
 
 
 def check_dataset_fits(model_dir: str, config: Any, dataset: str, data: Any) -> None:
@@ -230,7 +232,8 @@ def check_dataset_fits(model_dir: str, config: Any, dataset: str, data: Any) -> 
     if task != model_task:
         raise UsageError(
             f"{model_dir} is a model for {model_task} ({(config.architectures or ['?'])[0]}) and --dataset "
-            f"{dataset} is a dataset for {task}; score it on a {model_task} dataset"
+            f"{dataset} is a dataset for {task}; score it on {'an' if model_task[0] in 'aeiou' else 'a'} "
+            f"{model_task} dataset"
         )
     check_labels(model_dir, config, dataset, label_names(data))
 

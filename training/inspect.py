@@ -638,16 +638,24 @@ def inspect_hyperbf(model: Any, inputs: dict[str, torch.Tensor], output_dir: Pat
 
 
 def plot_accuracy(
-    depths: list[int], accuracies: list[float], trained: int, what: str, title: str, path: Path, chance: float
+    depths: list[int],
+    accuracies: list[float],
+    trained: int,
+    what: str,
+    title: str,
+    path: Path,
+    chance: float,
+    metric: str = "accuracy",
 ) -> None:
-    """Accuracy against depth, the trained depth shaded and chance drawn, into `path`."""
+    """Accuracy (`metric`, as the JSON names it) against depth, the trained depth shaded and chance drawn, into
+    `path`."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    ax.plot(depths, accuracies, "o-", label="accuracy")
+    ax.plot(depths, accuracies, "o-", label=metric.replace("_", " "))
     ax.axhline(chance, color="gray", ls=":", lw=1, label=f"chance ({chance:.2f})")
     _shade_trained(ax, trained, max(depths))
     ax.set_xlabel(what)
-    ax.set_ylabel("accuracy")
+    ax.set_ylabel(metric.replace("_", " "))
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(title)
     ax.legend(loc="best", fontsize=8)
@@ -954,6 +962,9 @@ def inspect_mim(model: Any, model_dir: str, images: list[str], args: argparse.Na
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Write the figures and `inspect.json` into `args.output_dir`; returns the JSON's content."""
+    from .evaluation import primary_metric
+    from .predict import task_for
+
     output_dir = Path(args.output_dir)
     report: dict[str, Any] = {"figures": []}
     model = None
@@ -1049,22 +1060,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             report[family] = section
         if batches:
             samples = sum(len(labels) for _, labels in batches)
-            entry: dict[str, Any] = {"dataset": args.dataset, "split": split, "num_samples": samples}
+            # a Sudoku model's labels are its blank cells' (givens are -100): its accuracy is evaluate's
+            # blank_cell_accuracy, and named so
+            metric = primary_metric(task_for(model.config))
+            entry: dict[str, Any] = {
+                "dataset": args.dataset,
+                "split": split,
+                "num_samples": samples,
+                "metric": metric,
+            }
             if depth_argument is None:
-                entry["accuracy"] = accuracy(model, batches)
+                entry[metric] = accuracy(model, batches)
             else:
                 depths = list(range(1, deepest + 1))
                 accuracies = [accuracy(model, batches, **{depth_argument: depth}) for depth in depths]
-                entry.update(iterations=depths, accuracy=accuracies, trained=trained, argument=depth_argument)
+                entry.update(iterations=depths, trained=trained, argument=depth_argument)
+                entry[metric] = accuracies
                 plot_accuracy(
                     depths,
                     accuracies,
                     trained,
                     what,
-                    f"{FAMILY_NAMES[family]}: accuracy vs {what.rsplit(' ', 1)[0]}\n"
+                    f"{FAMILY_NAMES[family]}: {metric.replace('_', ' ')} vs {what.rsplit(' ', 1)[0]}\n"
                     f"({args.dataset}, {split} split, {samples} samples)",
                     output_dir / "accuracy_vs_iterations.png",
                     chance=1 / max(model.config.num_labels, 1),
+                    metric=metric,
                 )
                 report["figures"].append("accuracy_vs_iterations.png")
             report["accuracy_vs_iterations" if depth_argument else "accuracy"] = entry

@@ -262,6 +262,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         if architecture is not None:
             check_lpips_weights(args.lpips_weights)
         args.local_input_type = input_kind(config, architecture)
+        check_halting_criterion(args.depth, config)
         check_attn_flag(args.attn_implementation, str(config.get("model_type", "")))
     args.texts = (
         [line.rstrip("\n") for line in sys.stdin if line.strip()] if args.inputs == ["-"] else args.inputs
@@ -456,6 +457,20 @@ def check_inputs(model_dir: str, input_type: str, inputs: list[str]) -> None:
         check_readable_images(inputs)
 
 
+def check_halting_criterion(depth: dict[str, Any], config: dict[str, Any]) -> None:
+    """`--halting_criterion` says what a halting tolerance measures: without `--halting_tolerance`, and with none
+    saved in the config (`config` as JSON), nothing halts and the flag would change nothing, so it is refused."""
+    if (
+        "halting_criterion" in depth
+        and "halting_tolerance" not in depth
+        and config.get("halting_tolerance") is None
+    ):
+        raise UsageError(
+            f"--halting_criterion {depth['halting_criterion']}: what --halting_tolerance measures, and no "
+            "tolerance is given (the model's config saves none); pass --halting_tolerance as well"
+        )
+
+
 def puzzle_problem(text: str) -> str | None:
     """Why `text` is not a Sudoku puzzle string (what is wrong, in a few words), None for one."""
     cells = re.sub(r"\s+", "", text)  # the cell tokenizer's normaliser drops whitespace and line breaks
@@ -546,6 +561,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = args.texts
     # again for a Hub model (a local one was checked already)
     check_inputs(args.model_dir, input_kind(config.to_dict(), None), inputs)
+    check_halting_criterion(args.depth, config.to_dict())
     if input_type == "image":
         from PIL import Image
 
