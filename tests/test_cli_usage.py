@@ -145,13 +145,14 @@ def test_inspect_takes_sudoku_puzzles_as_predict_does(sudoku_folder, tmp_path, c
     assert predict.main([str(sudoku_folder), PUZZLE]) == 0, capsys.readouterr().err
 
 
-def test_inspect_names_puzzles_of_different_lengths_when_the_tokenizer_cannot_pad(
-    sudoku_folder, tmp_path, capsys
-):
+def test_inspect_names_a_puzzle_that_is_not_81_cells(sudoku_folder, tmp_path, capsys):
+    """A puzzle is 81 cells: a shorter one is refused (predict's `check_inputs`) before the model loads."""
     out = tmp_path / "inspect"
     assert cli.main(["inspect", str(sudoku_folder), PUZZLE, PUZZLE[:9], "--output_dir", str(out)]) == 2
     line = only_line(capsys.readouterr().err)
-    assert "is 81 tokens" in line and f"{PUZZLE[:9]!r} is 9" in line and "no padding token" in line, line
+    assert "a Sudoku model takes 81-character puzzles" in line and f"got {PUZZLE[:9]!r} (9 cells)" in line, (
+        line
+    )
     assert not out.exists()
 
 

@@ -110,6 +110,35 @@ def test_num_iterations_sets_the_depth_of_every_forward(run_folder, capsys):
     assert deep != trained, (deep, trained)  # one iteration is another function than the trained two
 
 
+def test_the_train_split_has_its_own_prefix_and_no_preparation_time(run_folder, capsys):
+    """The run's `train_loss` is its running training loss: the train split's evaluation is named apart from it."""
+    argv = [run_folder, "--dataset", "digits", "--split", "train", "--max_samples", SAMPLES, "--json"]
+    assert evaluate(*argv) == 0, capsys.readouterr().err
+    report = json.loads(capsys.readouterr().out)
+    keys = sorted(report["metrics"])
+    assert report["primary_metric"] == "train_eval_accuracy", report["primary_metric"]
+    assert all(key.startswith("train_eval_") for key in keys), keys
+    assert {"train_eval_loss", "train_eval_accuracy", "train_eval_f1_macro"} <= set(keys), keys
+    assert not any(key.endswith("model_preparation_time") for key in keys), keys
+
+
+def test_predicts_depth_flags_reach_every_forward_and_every_depth_row(run_folder, capsys):
+    """A halting tolerance no update is above stops every sample after its first iteration: the whole evaluation
+    and each --eval_iterations row then equal one iteration's (the same forward, so the same numbers)."""
+    argv = [run_folder, "--dataset", "digits", "--split", "validation", "--max_samples", SAMPLES, "--json"]
+    assert evaluate(*argv, "--num_iterations", "1") == 0, capsys.readouterr().err
+    one = json.loads(capsys.readouterr().out)["metrics"]
+    assert evaluate(*argv, "--halting_tolerance", "1e9", "--eval_iterations", "1", "2") == 0, (
+        capsys.readouterr().err
+    )
+    report = json.loads(capsys.readouterr().out)
+    halted = report["metrics"]
+    assert report["depth_arguments"] == {"halting_tolerance": 1e9}, report["depth_arguments"]
+    assert halted["eval_loss"] == one["eval_loss"], (halted["eval_loss"], one["eval_loss"])
+    rows = [halted["eval_accuracy_iterations_1"], halted["eval_accuracy_iterations_2"]]
+    assert rows == [one["eval_accuracy"]] * 2, (rows, one["eval_accuracy"])
+
+
 # ----------------------------------------------------------------------------------------------- bad input
 
 
@@ -181,6 +210,12 @@ def test_bad_flags_and_folders_are_one_line_with_status_2_before_torch_loads(tmp
     mim = readable_folder(tmp_path / "mim", "hyperset", "HyperSetForMaskedImageModeling", num_iterations=2)
     backbone = readable_folder(tmp_path / "backbone", "hyperset", "HyperSetModel", num_iterations=2)
     rbf = readable_folder(tmp_path / "rbf", "hyperbf", "HyperBFForImageClassification")
+    fields = {"fixed_point_iterations": 2, "fixed_point_solver": "unrolled", "fixed_point_tolerance": 1e-4}
+    halting = readable_folder(tmp_path / "halting", "hyperset", "HyperSetForImageClassification", num_iterations=2,
+                              halting_tolerance=None, halting_criterion="state")  # fmt: skip
+    mixer = readable_folder(tmp_path / "mixer", "imixer", "IMixerForImageClassification", **fields)
+    looped = readable_folder(tmp_path / "looped", "looped-transformer", "LoopedTransformerForImageClassification",
+                             num_iterations=2)  # fmt: skip
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "todo.txt").write_text("not a model")
@@ -215,6 +250,27 @@ def test_bad_flags_and_folders_are_one_line_with_status_2_before_torch_loads(tmp
             ["evaluate", rbf, "--dataset", "digits", "--eval_iterations", "4"],
             "--eval_iterations 4: hyperbf has no recurrent depth",
         ),
+        "iMixer's depth is its solver steps": (
+            ["evaluate", mixer, "--dataset", "digits", "--num_iterations", "3"],
+            "--num_iterations 3: imixer has no recurrent depth (no per-call num_iterations); its depth flag is "
+            "--fixed_point_iterations",
+        ),
+        "a depth flag of another family": (
+            ["evaluate", looped, "--dataset", "digits", "--halting_tolerance", "0.1"],
+            "--halting_tolerance 0.1: looped-transformer does not take it; its depth flags are --num_iterations",
+        ),
+        "a depth flag out of range": (
+            ["evaluate", mixer, "--dataset", "digits", "--fixed_point_tolerance", "0"],
+            "--fixed_point_tolerance 0.0: expected a finite number > 0",
+        ),
+        "a halting criterion without a tolerance": (
+            ["evaluate", halting, "--dataset", "digits", "--halting_criterion", "energy"],
+            "--halting_criterion energy: what --halting_tolerance measures, and no tolerance is given",
+        ),
+        "a depth flag's choices": (
+            ["evaluate", mixer, "--dataset", "digits", "--fixed_point_solver", "newton"],
+            "--fixed_point_solver: invalid choice: 'newton'",
+        ),
     }
     results = run_cli_cases([argv for argv, _ in cases.values()], cwd=tmp_path)
     for (name, (_, fragment)), result in zip(cases.items(), results, strict=True):
@@ -222,4 +278,12 @@ def test_bad_flags_and_folders_are_one_line_with_status_2_before_torch_loads(tmp
         assert result["code"] == 2, (name, result)
         assert line.startswith("energyformers evaluate: error: ") and fragment in line, (name, line)
     assert results[-1]["heavy"] == [], results[-1]["heavy"]  # none of them imported torch or the models
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["backbone", "mim", "notes", "rbf"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "backbone",
+        "halting",
+        "looped",
+        "mim",
+        "mixer",
+        "notes",
+        "rbf",
+    ]

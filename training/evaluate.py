@@ -10,9 +10,14 @@ its validation and test splits (`data.load_data`, `setup.preprocessing`, with th
 the split is scored by `transformers.Trainer.evaluate` with the training loops' metrics (`evaluation.TrainerMetrics`):
 loss, accuracy and macro-F1 for classification, blank-cell and board accuracy for Sudoku. The metric keys carry
 Trainer's `metric_key_prefix` of the split, as the training run names them: `eval_` for validation, `test_` for
-test, `train_` for train (`eval_accuracy`, `test_board_accuracy`, ...). `--eval_iterations T ...` adds the primary
+test, `train_eval_` for train (`eval_accuracy`, `test_board_accuracy`, `train_eval_loss`, ...: a run's own
+`train_loss` is its running training loss, another number). `--eval_iterations T ...` adds the primary
 metric at each iteration count T (`<prefix>_<metric>_iterations_<T>`, `evaluation.depth_metrics`, as
-`train --eval_iterations` logs it); `--num_iterations T` runs the whole evaluation at depth T.
+`train --eval_iterations` logs it); `--num_iterations T` runs the whole evaluation at depth T. The other per-call
+depth flags of `energyformers predict` (`--halting_tolerance`, `--halting_criterion` for Hyper-SET;
+`--fixed_point_iterations`, `--fixed_point_solver`, `--fixed_point_tolerance` for iMixer) are passed on every
+forward the same way (the `--eval_iterations` rows too), checked as predict checks them; a flag the model's family
+does not take is refused before the model loads.
 
 The metrics are printed (a table, or one JSON object with `--json`) and, with `--output_file`, written to that file
 in one step; nothing else is written. Masked-image-modelling models are refused (their metrics need the run's
@@ -32,7 +37,17 @@ from typing import Any
 
 from .arguments import COLUMN_FLAGS, check_column_flags
 from .cli import CommandParser, UsageError, check_model_source, run_command
-from .predict import MODEL_TYPES, check_local_model_folder, check_ranges, masked_image_modeling_head
+from .predict import (
+    DEPTH_FLAGS,
+    FIXED_POINT_SOLVERS,
+    HALTING_CRITERIA,
+    MODEL_TYPES,
+    check_halting_criterion,
+    check_local_model_folder,
+    check_ranges,
+    depth_arguments,
+    masked_image_modeling_head,
+)
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -40,14 +55,25 @@ PROG = "energyformers evaluate"
 # The splits every dataset has after loading (`data.SPLITS`: a missing validation or test split is carved out of
 # train with a fixed seed, as `train` carves it); named here so that argument checks import no `datasets`.
 SPLITS = ("test", "validation", "train")
-# Trainer's `metric_key_prefix` of each split, as the training loops name their final evaluations.
-METRIC_PREFIXES = {"validation": "eval", "test": "test", "train": "train"}
+# Trainer's `metric_key_prefix` of each split, as the training loops name their final evaluations; the train split
+# has its own, since a run's `train_loss`, `train_runtime`, ... (metrics.json's "train") are the training's running
+# mean loss and time, not an evaluation of the trained model on that split.
+METRIC_PREFIXES = {"validation": "eval", "test": "test", "train": "train_eval"}
+# Trainer's per-evaluation timing of moving the model to its device: not a metric, and not in a run's metrics.json.
+NOT_METRICS = ("model_preparation_time", "epoch")
 # The default batch size: the training loops' `--per_device_eval_batch_size`, so the batches are theirs.
 EVAL_BATCH_SIZE = 256
 # transformers' names for labels a config was given no names for (`PreTrainedConfig`'s LABEL_0, LABEL_1, ...).
 DEFAULT_LABEL = "LABEL_{}"
 # How many label names a mismatch message shows of each side.
 SHOWN_LABELS = 6
+# predict's per-call depth flags (`predict.DEPTH_FLAGS`, the forward arguments of `energyformers.pipelines`) that
+# set the depth of a scored forward: the test-time search and the halting head's threshold are predict's alone.
+EVAL_DEPTH_FLAGS = tuple(
+    name for name in DEPTH_FLAGS if name != "halting_threshold" and not name.startswith("search_")
+)
+# Each family's own depth flag, named when it refuses another family's (iMixer's depth is its solver steps).
+FAMILY_DEPTH_FLAG = {"imixer": "fixed_point_iterations"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,12 +108,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="recurrent-depth models (Hyper-SET, looped Transformer): also the primary metric with each of these "
         "iteration counts, one row each (<prefix>_<metric>_iterations_<T>)",
     )
-    p.add_argument(
+    depth = p.add_argument_group(
+        "test-time depth (passed to every forward, as `energyformers predict` takes them)"
+    )
+    depth.add_argument(
         "--num_iterations",
         type=int,
         metavar="T",
         help="recurrent-depth models: run the whole evaluation with T iterations (default: the config's)",
     )
+    depth.add_argument("--halting_tolerance", type=float, help=DEPTH_FLAGS["halting_tolerance"])
+    depth.add_argument("--halting_criterion", choices=HALTING_CRITERIA, help=DEPTH_FLAGS["halting_criterion"])
+    depth.add_argument("--fixed_point_iterations", type=int, help=DEPTH_FLAGS["fixed_point_iterations"])
+    depth.add_argument(
+        "--fixed_point_solver", choices=FIXED_POINT_SOLVERS, help=DEPTH_FLAGS["fixed_point_solver"]
+    )
+    depth.add_argument("--fixed_point_tolerance", type=float, help=DEPTH_FLAGS["fixed_point_tolerance"])
     p.add_argument(
         "--output_file", metavar="FILE", help="also write the metrics as JSON to FILE (replaced whole)"
     )
@@ -101,9 +137,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     file, and a local model folder (its config,
     model type and weights; a classifier, not a masked-image-modelling model; the depth flags it takes)."""
     args = build_parser().parse_args(argv)
-    counts = ("max_samples", "per_device_eval_batch_size", "num_iterations", "num_threads")
+    counts = ("max_samples", "per_device_eval_batch_size", "num_threads")
     given = {name: getattr(args, name) for name in counts if getattr(args, name) is not None}
     check_ranges(given, {name: (lambda v: v >= 1, "an integer >= 1") for name in counts})
+    # predict's ranges of the depth flags: the flags evaluate lacks (search, top_k) are not given
+    flags = {name: getattr(args, name, None) for name in DEPTH_FLAGS}
+    args.depth = depth_arguments(argparse.Namespace(**flags, top_k=None))
     bad = [t for t in args.eval_iterations or () if t < 1]
     if bad:
         raise UsageError(
@@ -156,18 +195,47 @@ def check_model_config(args: argparse.Namespace, config: Mapping[str, Any]) -> N
             f"{args.model_dir} is a bare backbone ({architecture}) without a classification head; evaluate scores "
             "a model with one (a folder written by `energyformers train`)"
         )
-    if "num_iterations" not in config:  # Hyper-SET's and the looped Transformer's field (RecurrentDepthMixin)
-        model_type = config.get("model_type")
+    # a depth flag is a field of the config of the families that take it per call (num_iterations: Hyper-SET and
+    # the looped Transformer, RecurrentDepthMixin; halting_*: Hyper-SET; fixed_point_*: iMixer)
+    model_type = config.get("model_type")
+    takes = [f"--{name}" for name in EVAL_DEPTH_FLAGS if name in config]
+    if "num_iterations" not in config:
+        own = FAMILY_DEPTH_FLAG.get(str(model_type))
+        instead = f"its depth flag is --{own}" if own else "drop the flag"
         if args.eval_iterations:
             raise UsageError(
                 f"--eval_iterations {' '.join(map(str, args.eval_iterations))}: {model_type} has no recurrent "
-                "depth (no per-call num_iterations); drop the flag"
+                f"depth (no per-call num_iterations); {instead}"
             )
         if args.num_iterations is not None:
             raise UsageError(
                 f"--num_iterations {args.num_iterations}: {model_type} has no recurrent depth (no per-call "
-                "num_iterations); drop the flag"
+                f"num_iterations); {instead}"
             )
+    for name, value in getattr(args, "depth", {}).items():
+        if name not in config:
+            raise UsageError(
+                f"--{name} {value}: {model_type} does not take it; its depth flags are "
+                f"{' '.join(takes) or 'none (its depth is fixed)'}"
+            )
+    check_halting_criterion(getattr(args, "depth", {}), config)
+
+
+def check_dataset_fits(model_dir: str, config: Any, dataset: str, data: Any) -> None:
+    """The labelled `data` (a normalised `DatasetDict` of `--dataset`) is one the model can be scored on: the same
+    task (image, text or token classification) and the same labels (`check_labels`). `evaluate` and
+    `inspect --dataset` share it, so a model is never scored against another label set. A `UsageError` otherwise."""
+    from .data import label_names, task_of
+    from .predict import task_for
+
+    task, model_task = task_of(data), task_for(config)
+    if task != model_task:
+        raise UsageError(
+            f"{model_dir} is a model for {model_task} ({(config.architectures or ['?'])[0]}) and --dataset "
+            f"{dataset} is a dataset for {task}; score it on {'an' if model_task[0] in 'aeiou' else 'a'} "
+            f"{model_task} dataset"
+        )
+    check_labels(model_dir, config, dataset, label_names(data))
 
 
 def check_labels(model_dir: str, config: Any, dataset: str, names: list[str]) -> None:
@@ -184,7 +252,7 @@ def check_labels(model_dir: str, config: Any, dataset: str, names: list[str]) ->
 
     raise UsageError(
         f"{model_dir} predicts {len(ours)} labels {shown(ours)} but --dataset {dataset} has {len(names)} labels "
-        f"{shown(names)}; evaluate a model on a dataset of its own label set (names and order)"
+        f"{shown(names)}; score a model on a dataset of its own label set (names and order)"
     )
 
 
@@ -233,7 +301,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import PrinterCallback, ProgressCallback, TrainingArguments
 
-    from .data import DataError, label_names, load_data, task_of
+    from .data import DataError, load_data, task_of
     from .evaluation import (
         TrainerMetrics,
         argmax_logits,
@@ -242,7 +310,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         load_metrics,
         primary_metric,
     )
-    from .predict import cannot_load, task_for
+    from .predict import cannot_load, check_depth_arguments
     from .setup import auto_head, preprocessing
 
     config = load_config(args.model_dir)
@@ -260,13 +328,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         label_column=args.label_column,
         seed=0,  # the seed `train` carves missing validation/test splits with: the same examples
     )
-    task, model_task = task_of(data), task_for(config)
-    if task != model_task:
-        raise UsageError(
-            f"{args.model_dir} is a model for {model_task} ({(config.architectures or ['?'])[0]}) and --dataset "
-            f"{args.dataset} is a dataset for {task}; evaluate it on a {model_task} dataset"
-        )
-    check_labels(args.model_dir, config, args.dataset, label_names(data))
+    check_dataset_fits(args.model_dir, config, args.dataset, data)
+    task = task_of(data)
     rows = data[args.split]
     if args.max_samples is not None:
         rows = rows.select(range(min(args.max_samples, len(rows))))
@@ -286,6 +349,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         raise DataError(
             f"--dataset {args.dataset}: a batch of its {args.split} split does not fit the model: {err}"
         ) from err
+    check_depth_arguments(model, args.depth)  # again for a Hub model, against its forward
     depths = eval_depths(model, args.eval_iterations) if args.eval_iterations else []
     load_metrics()
     prefix = METRIC_PREFIXES[args.split]
@@ -299,7 +363,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             disable_tqdm=True,
             report_to="none",
         )
-        call = {} if args.num_iterations is None else {"num_iterations": args.num_iterations}
+        call = dict(args.depth)  # --num_iterations and the other depth flags given, on every forward
         trainer = _depth_trainer()(
             model=model,
             args=training_args,
@@ -311,12 +375,17 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         for callback in (PrinterCallback, ProgressCallback):  # the metrics are this command's output alone
             trainer.remove_callback(callback)
         metrics = trainer.evaluate(rows, metric_key_prefix=prefix)
-        metrics.pop("epoch", None)  # Trainer's training progress: 0 here, trained or not
+        # Trainer's training progress (0 here, trained or not) and its model preparation time are no metrics
+        for name in NOT_METRICS:
+            metrics.pop(name, None)
+            metrics.pop(f"{prefix}_{name}", None)
         if depths:
             with trainer.autocast_smart_context_manager():
+                # each row at its own T, with the other depth flags given (halting, ...) as the rest of the run
+                rows_call = {name: value for name, value in call.items() if name != "num_iterations"}
                 metrics.update(
                     depth_metrics(
-                        trainer.model,
+                        _WithArguments(trainer.model, rows_call),
                         trainer.get_eval_dataloader(rows),
                         trainer.accelerator.gather_for_metrics,
                         task,
@@ -332,14 +401,36 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         "split": args.split,
         "num_samples": len(rows),
         "num_iterations": args.num_iterations,
+        "depth_arguments": dict(args.depth),
         "eval_iterations": depths,
         "primary_metric": f"{prefix}_{primary_metric(task)}",
         "metrics": metrics,
     }
 
 
+class _WithArguments:
+    """A model called with fixed extra forward arguments (the depth flags), for `evaluation.depth_metrics`, which
+    sets `num_iterations` itself and reads and restores the model's train/eval mode."""
+
+    def __init__(self, model: Any, arguments: dict[str, Any]) -> None:
+        self.model, self.arguments = model, arguments
+
+    @property
+    def training(self) -> bool:
+        return self.model.training
+
+    def eval(self) -> Any:
+        return self.model.eval()
+
+    def train(self, mode: bool = True) -> Any:
+        return self.model.train(mode)
+
+    def __call__(self, **inputs: Any) -> Any:
+        return self.model(**inputs, **self.arguments)
+
+
 def _depth_trainer() -> type:
-    """Trainer that adds the `--num_iterations` call argument to every evaluation forward (defined on first use:
+    """Trainer that adds the depth flags' call arguments to every evaluation forward (defined on first use:
     importing transformers.Trainer is slow)."""
     from transformers import Trainer
 

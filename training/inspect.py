@@ -17,8 +17,11 @@ What a model's family draws (all on the INPUTS, or on `--max_samples` examples o
   `LoopedTransformerForMaskedImageModeling`, with the image tokenizer saved in its folder): the
   decode sequence of the first INPUT image, `--mask_ratio` of its codes masked, then the grid after each of
   `--steps` MaskGIT steps decoded to pixels, masked codes drawn grey (`mim_decode_sequence.png`).
-* With a labelled `--dataset`: accuracy against the number of iterations (Hyper-SET) or fixed-point steps
-  (iMixer), `accuracy_vs_iterations.png`; HyperBF (no iterations) reports its accuracy in the JSON.
+* With a labelled `--dataset` (checked against the model's labels as `evaluate` checks it, before the model
+  loads): accuracy against the number of iterations (Hyper-SET, the looped-Transformer baseline: its classifiers
+  draw this alone) or fixed-point steps (iMixer), `accuracy_vs_iterations.png`; HyperBF (no iterations) reports its
+  accuracy in the JSON. The per-iteration figures run at fixed depth: a saved `halting_tolerance` is off here (the
+  JSON's `halting_tolerance` records it).
 * A run folder whose log history (`metrics.json`, else `trainer_state.json`) holds per-iteration eval accuracy
   (`eval_<metric>_iterations_<t>`, `energyformers train --eval_iterations`): the training curve,
   `training_curve_by_iterations.png`: the training loss against the step with the chance loss ln(C) of a
@@ -44,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .cli import CommandParser, UsageError, check_model_source, check_output_folder, run_command
+from .evaluate import SPLITS
 from .predict import (
     MIM_RANGES,
     MIM_SCHEDULES,
@@ -51,6 +55,7 @@ from .predict import (
     check_local_model_folder,
     check_ranges,
     check_readable_images,
+    input_kind,
     masked_image_modeling_head,
     no_image_tokenizer,
     refuse_mim_flags,
@@ -69,13 +74,30 @@ LANDSCAPE_PATTERNS: tuple[tuple[float, float], ...] = tuple(
     for angle in (15, 95, 170, 230, 300)
 )
 LANDSCAPE_BETAS: tuple[float, ...] = (0.5, 2.0, 8.0)
-FAMILY_NAMES = {"hyperset": "Hyper-SET", "imixer": "iMixer", "hyperbf": "HyperBF"}
+FAMILY_NAMES = {
+    "hyperset": "Hyper-SET",
+    "imixer": "iMixer",
+    "hyperbf": "HyperBF",
+    "looped-transformer": "looped Transformer",
+}
 # The decode-sequence flags (masked-image-modelling models only) and their values when not given; not given, they
 # can be refused for a classifier, as `predict` refuses them.
 MIM_DEFAULTS: dict[str, Any] = {"mask_ratio": 0.4, "steps": 8, "schedule": "arccos", "seed": 0}
-# The model_types inspect reads from a local folder: the families, and the looped Transformer's masked-image-
-# modelling head (`load_model` refuses its classifiers, naming what it draws).
+# The model_types inspect reads from a local folder: the families, and the looped Transformer baseline (its
+# masked-image-modelling head's decode sequence; its classifiers' accuracy against the iterations, with --dataset).
 MODEL_TYPES = ("hyperset", "imixer", "hyperbf", "looped-transformer")
+# The looped Transformer's classifiers have no dynamics diagnostics of their own (no energies, no residuals): what
+# inspect draws of them is the accuracy against the iterations, which needs a labelled dataset.
+LOOPED_NEEDS_A_DATASET = (
+    "{model_dir} holds a 'looped-transformer' model ({architecture}), a classifier with no energies or residuals "
+    "to draw: inspect draws the baselines' masked-image-modelling heads (their decode sequence) and, with a "
+    "labelled --dataset, their classifiers' accuracy against the number of iterations; give --dataset"
+)
+# What the per-iteration figures run with: every sample every iteration, whatever halting the saved config sets.
+FIXED_DEPTH = (
+    "halting_tolerance={value} of the saved config is off here (None): the per-iteration curves run every sample "
+    "through every iteration (fixed depth); `predict --halting_tolerance` runs the model with halting"
+)
 GIVE_INPUTS = (
     "give INPUTS (image paths or texts) or a labelled --dataset to run the model on (a run folder whose log history "
     "holds per-iteration eval accuracy, `train --eval_iterations`, needs neither: its training curve is drawn)"
@@ -114,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dataset", help="a built-in or local labelled dataset (`energyformers train --dataset` names)"
     )
-    p.add_argument("--split", help="its split (default: test, else validation, else train)")
+    p.add_argument("--split", choices=SPLITS, default="test", help="its split (default: test)")
     p.add_argument("--max_samples", type=int, default=256, help="examples of --dataset used (default 256)")
     p.add_argument(
         "--max_iterations",
@@ -295,8 +317,9 @@ def load_config(model_dir: str) -> Any:
         raise InspectError(f"cannot load a model from {model_dir!r}: {err}") from None
 
 
-def load_model(model_dir: str) -> tuple[Any, str]:
-    """The saved model (its head, else the backbone) in eval mode, and its family's model_type."""
+def load_model(model_dir: str) -> tuple[Any, str, float | None]:
+    """The saved model (its head, else the backbone) in eval mode, its family's model_type, and the
+    halting_tolerance its config saved (set to None here: the per-iteration diagnostics run at fixed depth)."""
     import transformers
 
     from energyformers import BASELINES, FAMILIES
@@ -307,24 +330,21 @@ def load_model(model_dir: str) -> tuple[Any, str]:
         raise InspectError(f"cannot load a model from {model_dir!r}: {err}") from None
     architecture = (config.architectures or [None])[0]
     family = FAMILIES.get(config.model_type)
-    if family is None and str(architecture).endswith("ForMaskedImageModeling"):
-        family = BASELINES.get(
-            config.model_type
-        )  # Table 2's looped Transformer: its decode sequence is drawn
+    if family is None:  # Table 2's looped Transformer: its decode sequence, or its accuracy against depth
+        family = BASELINES.get(config.model_type)
     if family is None:
         raise InspectError(
             f"{model_dir} holds a {config.model_type!r} model ({architecture}); inspect draws {sorted(FAMILIES)} "
-            "(energyformers families) and the baselines' masked-image-modelling heads"
+            f"(energyformers families) and the {sorted(BASELINES)} baseline"
         )
     model_class = next(
         (h for h in family.heads.values() if h.__name__ == architecture), family.heads["AutoModel"]
     )
     model = model_class.from_pretrained(model_dir).eval()
-    if config.model_type == "hyperset" and model.config.halting_tolerance is not None:
-        model.config.halting_tolerance = (
-            None  # per-iteration diagnostics need every sample to run every iteration
-        )
-    return model, config.model_type
+    halting_tolerance = getattr(model.config, "halting_tolerance", None)
+    if halting_tolerance is not None:  # per-iteration diagnostics need every sample to run every iteration
+        model.config.halting_tolerance = None
+    return model, config.model_type, halting_tolerance
 
 
 def encode(model_dir: str, input_type: str, items: list[Any]) -> dict[str, torch.Tensor]:
@@ -373,16 +393,19 @@ def encode_texts(tokenizer: Any, texts: list[str]) -> dict[str, torch.Tensor]:
 
 
 def dataset_batches(
-    model_dir: str, input_type: str, name: str, split: str | None, max_samples: int, batch_size: int
-) -> tuple[list[tuple[dict[str, torch.Tensor], torch.Tensor]], str]:
-    """(inputs, labels) batches of the first `max_samples` examples of a split, and the split's name.
+    model_dir: str, config: Any, name: str, split: str, max_samples: int, batch_size: int
+) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+    """(inputs, labels) batches of the first `max_samples` examples of a split of the dataset `name`.
 
-    Loaded with `energyformers.training.data.load_data` (normalised columns: image/text/input_ids + label(s)).
+    Loaded with `energyformers.training.data.load_data` (normalised columns: image/text/input_ids + label(s)), and
+    refused unless the model predicts its labels (`evaluate.check_dataset_fits`, evaluate's own check).
     """
     import torch
 
     from .data import DataError, input_type_of, is_token_classification, load_data
+    from .evaluate import check_dataset_fits
 
+    input_type = getattr(config, "input_type", "image")
     try:
         data = load_data(name)
     except DataError as err:
@@ -391,9 +414,7 @@ def dataset_batches(
         raise InspectError(
             f"--dataset {name} holds {input_type_of(data)} inputs; this model takes {input_type} inputs"
         )
-    split = split or next(s for s in ("test", "validation", "train") if s in data)
-    if split not in data:
-        raise InspectError(f"--split {split!r} is not in {name}; it has {list(data)}")
+    check_dataset_fits(model_dir, config, name, data)
     rows = data[split].select(range(min(max_samples, len(data[split]))))
     per_token = is_token_classification(data)
     label_column = "labels" if per_token else "label"
@@ -405,7 +426,7 @@ def dataset_batches(
         else:
             inputs = encode(model_dir, input_type, chunk["image" if input_type == "image" else "text"])
         batches.append((inputs, torch.tensor(chunk[label_column])))
-    return batches, split
+    return batches
 
 
 def accuracy(model: Any, batches: list[tuple[dict[str, torch.Tensor], torch.Tensor]], **call: Any) -> float:
@@ -617,16 +638,24 @@ def inspect_hyperbf(model: Any, inputs: dict[str, torch.Tensor], output_dir: Pat
 
 
 def plot_accuracy(
-    depths: list[int], accuracies: list[float], trained: int, what: str, title: str, path: Path, chance: float
+    depths: list[int],
+    accuracies: list[float],
+    trained: int,
+    what: str,
+    title: str,
+    path: Path,
+    chance: float,
+    metric: str = "accuracy",
 ) -> None:
-    """Accuracy against depth, the trained depth shaded and chance drawn, into `path`."""
+    """Accuracy (`metric`, as the JSON names it) against depth, the trained depth shaded and chance drawn, into
+    `path`."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    ax.plot(depths, accuracies, "o-", label="accuracy")
+    ax.plot(depths, accuracies, "o-", label=metric.replace("_", " "))
     ax.axhline(chance, color="gray", ls=":", lw=1, label=f"chance ({chance:.2f})")
     _shade_trained(ax, trained, max(depths))
     ax.set_xlabel(what)
-    ax.set_ylabel("accuracy")
+    ax.set_ylabel(metric.replace("_", " "))
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(title)
     ax.legend(loc="best", fontsize=8)
@@ -933,6 +962,9 @@ def inspect_mim(model: Any, model_dir: str, images: list[str], args: argparse.Na
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Write the figures and `inspect.json` into `args.output_dir`; returns the JSON's content."""
+    from .evaluation import primary_metric
+    from .predict import task_for
+
     output_dir = Path(args.output_dir)
     report: dict[str, Any] = {"figures": []}
     model = None
@@ -952,12 +984,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     elif args.model_dir is not None:
         config = load_config(args.model_dir)
         architecture = (getattr(config, "architectures", None) or ["?"])[0]
+        # again for a Hub model (a local folder's flags, inputs and kind were checked in `parse`), before any weights
+        # load or data is read
         if masked_image_modeling_head(getattr(config, "architectures", None)) is None:
-            # again for a Hub model (a local folder's flags and inputs were checked in `parse`)
             refuse_mim_flags(args.mim_flags, args.model_dir, architecture, "inspect draws its dynamics")
             if args.inputs:
-                check_inputs(args.model_dir, getattr(config, "input_type", "image"), args.inputs)
-        model, family = load_model(args.model_dir)
+                check_inputs(args.model_dir, input_kind(config.to_dict(), None), args.inputs)
+            check_classifier_kind(args, config.to_dict())
+        elif args.dataset or not args.inputs:
+            raise InspectError(mim_needs_an_image(args.model_dir))
+        batches: list[tuple[dict[str, torch.Tensor], torch.Tensor]] = []
+        split = None
+        if args.dataset:  # read and checked against the model's labels before its weights load
+            split = args.split
+            batches = dataset_batches(
+                args.model_dir, config, args.dataset, split, args.max_samples, args.batch_size
+            )
+        model, family, saved_halting = load_model(args.model_dir)
         input_type = model.config.input_type
         if type(model).__name__.endswith("ForMaskedImageModeling"):  # Hyper-SET's or the looped Transformer's
             if args.dataset or not args.inputs:
@@ -970,16 +1013,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             add_training_curve(report, args.model_dir, model.config, output_dir)
             (output_dir / "inspect.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
             return report
-        if args.dataset and not hasattr(model, "classifier"):
-            raise InspectError(
-                f"{args.model_dir} is a bare backbone ({type(model).__name__}): accuracy needs a classification "
-                "head; pass INPUTS instead of --dataset"
-            )
-        batches, split = [], None
-        if args.dataset:
-            batches, split = dataset_batches(
-                args.model_dir, input_type, args.dataset, args.split, args.max_samples, args.batch_size
-            )
         inputs = encode(args.model_dir, input_type, args.inputs) if args.inputs else batches[0][0]
     output_dir.mkdir(parents=True, exist_ok=True)
     if model is not None:
@@ -992,6 +1025,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             else f"{args.dataset} ({split}, first batch)",
             num_inputs=len(next(iter(inputs.values()))),
         )
+        if saved_halting is not None:
+            report["halting_tolerance"] = {
+                "saved": saved_halting,
+                "used": None,
+                "note": FIXED_DEPTH.format(value=saved_halting),
+            }
         if family == "hyperset":
             trained = model.config.num_iterations
             deepest = args.max_iterations or 2 * trained
@@ -1006,29 +1045,47 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             deepest = args.max_iterations or max(2 * trained, 2)
             section = inspect_imixer(model, inputs, deepest, output_dir)
             depth_argument, what = "fixed_point_iterations", "fixed-point steps n"
+        elif (
+            family == "looped-transformer"
+        ):  # a classifier with --dataset (checked): its accuracy curve alone
+            trained = model.config.num_iterations
+            deepest = args.max_iterations or 2 * trained
+            section = {}
+            depth_argument, what = "num_iterations", "iterations per layer T"
         else:
             section = inspect_hyperbf(model, inputs, output_dir)
             depth_argument = None
-        report["figures"] += section.pop("figures")
-        report[family] = section
+        if section:
+            report["figures"] += section.pop("figures")
+            report[family] = section
         if batches:
             samples = sum(len(labels) for _, labels in batches)
-            entry: dict[str, Any] = {"dataset": args.dataset, "split": split, "num_samples": samples}
+            # a Sudoku model's labels are its blank cells' (givens are -100): its accuracy is evaluate's
+            # blank_cell_accuracy, and named so
+            metric = primary_metric(task_for(model.config))
+            entry: dict[str, Any] = {
+                "dataset": args.dataset,
+                "split": split,
+                "num_samples": samples,
+                "metric": metric,
+            }
             if depth_argument is None:
-                entry["accuracy"] = accuracy(model, batches)
+                entry[metric] = accuracy(model, batches)
             else:
                 depths = list(range(1, deepest + 1))
                 accuracies = [accuracy(model, batches, **{depth_argument: depth}) for depth in depths]
-                entry.update(iterations=depths, accuracy=accuracies, trained=trained, argument=depth_argument)
+                entry.update(iterations=depths, trained=trained, argument=depth_argument)
+                entry[metric] = accuracies
                 plot_accuracy(
                     depths,
                     accuracies,
                     trained,
                     what,
-                    f"{FAMILY_NAMES[family]}: accuracy vs {what.rsplit(' ', 1)[0]}\n"
+                    f"{FAMILY_NAMES[family]}: {metric.replace('_', ' ')} vs {what.rsplit(' ', 1)[0]}\n"
                     f"({args.dataset}, {split} split, {samples} samples)",
                     output_dir / "accuracy_vs_iterations.png",
                     chance=1 / max(model.config.num_labels, 1),
+                    metric=metric,
                 )
                 report["figures"].append("accuracy_vs_iterations.png")
             report["accuracy_vs_iterations" if depth_argument else "accuracy"] = entry
@@ -1093,13 +1150,28 @@ def check_local_model(args: argparse.Namespace, folder: Path) -> None:
         elif args.dataset or not args.inputs:
             raise InspectError(mim_needs_an_image(args.model_dir))
 
-    _, architecture = check_local_model_folder(
+    config, architecture = check_local_model_folder(
         folder, args.model_dir, MODEL_TYPES, check_flags=check_flags, inputs=args.inputs
     )
+    if architecture is None:
+        check_classifier_kind(args, config)
     if architecture is None and not args.inputs and not args.dataset:
         found = run_log_history(folder)
         if found is None or not eval_depth_curves(found[0])[1]:
             raise InspectError(GIVE_INPUTS)
+
+
+def check_classifier_kind(args: argparse.Namespace, config: dict[str, Any]) -> None:
+    """What a model that is no masked-image-modelling head (its config as JSON) draws against the flags: an accuracy
+    curve (`--dataset`) needs a classification head; a looped-Transformer classifier draws only that curve."""
+    architecture = str((config.get("architectures") or ["?"])[0])
+    if args.dataset and "For" not in architecture:
+        raise InspectError(
+            f"{args.model_dir} is a bare backbone ({architecture}): accuracy needs a classification head; pass "
+            "INPUTS instead of --dataset"
+        )
+    if config.get("model_type") == "looped-transformer" and args.inputs and not args.dataset:
+        raise InspectError(LOOPED_NEEDS_A_DATASET.format(model_dir=args.model_dir, architecture=architecture))
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -1109,6 +1181,9 @@ def execute(args: argparse.Namespace) -> int:
 
     transformers.logging.set_verbosity_error()  # `run_command` restores the caller's logging afterwards
     transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar among the paths printed
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # nor the dataset builders' (as evaluate)
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     report = run(args)

@@ -7,9 +7,10 @@ model folder.
 
 Uses `transformers.pipeline` on the folder (model + saved processor/tokenizer), exactly as a user would;
 the task follows the saved head (`config.architectures`): image, text or token classification.
-The depth flags (`--num_iterations`, `--halting_tolerance`, `--halting_criterion` for Hyper-SET and the looped
-Transformer; `--fixed_point_iterations`, `--fixed_point_solver`, `--fixed_point_tolerance` for iMixer) choose the
-test-time depth of every model call through `energyformers.pipelines`, without editing the saved config:
+The depth flags (`--num_iterations` for Hyper-SET and the looped Transformer; `--halting_tolerance`,
+`--halting_criterion` for Hyper-SET; `--fixed_point_iterations`, `--fixed_point_solver`, `--fixed_point_tolerance`
+for iMixer) choose the test-time depth of every model call through `energyformers.pipelines`, without editing the
+saved config:
 
     energyformers predict runs/demo-hyperset img.png --num_iterations 24 --halting_tolerance 1e-3
 
@@ -37,6 +38,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +52,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Suffixes of image files (the image-folder loader's list): such a path given to a text model is a mistake.
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+# A Sudoku puzzle string (`processing.cell_tokenizer`): 81 cells, each a digit (0 = blank) or '.' (blank).
+SUDOKU_CELLS = 81
+SUDOKU_CELL_CHARACTERS = frozenset("0123456789.")
 
 
 # Depth flags: the forward argument each sets (`energyformers.pipelines.DEPTH_ARGUMENTS`) and its help.
@@ -257,6 +262,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         if architecture is not None:
             check_lpips_weights(args.lpips_weights)
         args.local_input_type = input_kind(config, architecture)
+        check_halting_criterion(args.depth, config)
         check_attn_flag(args.attn_implementation, str(config.get("model_type", "")))
     args.texts = (
         [line.rstrip("\n") for line in sys.stdin if line.strip()] if args.inputs == ["-"] else args.inputs
@@ -297,9 +303,14 @@ def check_local_model_folder(
 
 
 def input_kind(config: dict[str, Any], architecture: str | None) -> str:
-    """What a local model reads, as `check_inputs` names it: "mim" for a masked-image-modelling head (image files to
-    reconstruct), else its config's input_type ("image" or "sequence")."""
-    return "mim" if architecture is not None else str(config.get("input_type", "image"))
+    """What a model reads, as `check_inputs` names it: "mim" for a masked-image-modelling head (image files to
+    reconstruct), "cells" for a token-classification head (the Sudoku models: puzzle strings), else its config's
+    input_type ("image" or "sequence")."""
+    if architecture is not None:
+        return "mim"
+    if _first(config.get("architectures")).endswith("ForTokenClassification"):
+        return "cells"
+    return str(config.get("input_type", "image"))
 
 
 def _first(architectures: Any) -> str:
@@ -447,7 +458,19 @@ def write_png(image: Any, path: Path) -> None:
 
 def check_inputs(model_dir: str, input_type: str, inputs: list[str]) -> None:
     """Image models take existing image files; text models take texts, not image files; masked-image-modelling
-    models (input_type "mim" here) take readable image files."""
+    models (input_type "mim" here) take readable image files; Sudoku models ("cells", `input_kind`) take puzzle
+    strings their cell tokenizer reads (`processing.cell_tokenizer`: 81 cells of 0-9 or '.', whitespace ignored), as
+    one puzzle is one sequence of 81 cells: a shorter or longer string, or another character, is refused here rather
+    than cut, padded or failed on by the tokenizer."""
+    if input_type == "cells":
+        for text in inputs:
+            problem = puzzle_problem(text)
+            if problem is not None:
+                shown = text if len(text) <= 40 else text[:37] + "..."
+                raise UsageError(
+                    f"{model_dir}: a Sudoku model takes {SUDOKU_CELLS}-character puzzles of digits 0-9 or '.' "
+                    f"(blank); got {shown!r} ({problem})"
+                )
     if input_type == "mim":
         check_mim_inputs(model_dir, inputs)
     if input_type == "sequence":  # a text model classifies strings: an image path would be classified as text
@@ -462,6 +485,31 @@ def check_inputs(model_dir: str, input_type: str, inputs: list[str]) -> None:
         if missing:
             raise UsageError(f"{model_dir} classifies images; no such file: {missing[0]}")
         check_readable_images(inputs)
+
+
+def check_halting_criterion(depth: dict[str, Any], config: dict[str, Any]) -> None:
+    """`--halting_criterion` says what a halting tolerance measures: without `--halting_tolerance`, and with none
+    saved in the config (`config` as JSON), nothing halts and the flag would change nothing, so it is refused."""
+    if (
+        "halting_criterion" in depth
+        and "halting_tolerance" not in depth
+        and config.get("halting_tolerance") is None
+    ):
+        raise UsageError(
+            f"--halting_criterion {depth['halting_criterion']}: what --halting_tolerance measures, and no "
+            "tolerance is given (the model's config saves none); pass --halting_tolerance as well"
+        )
+
+
+def puzzle_problem(text: str) -> str | None:
+    """Why `text` is not a Sudoku puzzle string (what is wrong, in a few words), None for one."""
+    cells = re.sub(r"\s+", "", text)  # the cell tokenizer's normaliser drops whitespace and line breaks
+    other = next((c for c in cells if c not in SUDOKU_CELL_CHARACTERS), None)
+    if other is not None:
+        return f"{other!r} is not a cell"
+    if len(cells) != SUDOKU_CELLS:
+        return f"{len(cells)} cells"
+    return None
 
 
 def task_for(config: Any) -> str:
@@ -541,9 +589,9 @@ def run(args: argparse.Namespace) -> int:
             "classification head"
         )
     inputs = args.texts
-    check_inputs(
-        args.model_dir, input_type, inputs
-    )  # again for a Hub model (a local one was checked already)
+    # again for a Hub model (a local one was checked already)
+    check_inputs(args.model_dir, input_kind(config.to_dict(), None), inputs)
+    check_halting_criterion(args.depth, config.to_dict())
     if input_type == "image":
         from PIL import Image
 
