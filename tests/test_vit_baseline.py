@@ -99,7 +99,9 @@ def test_vit_on_text_data_is_a_usage_error_before_anything_is_written(tmp_path, 
     argv = ["--model", "vit", "--dataset", str(data), *TINY, "--output_dir", str(runs / "m")]
     assert LOOPS[loop](argv) == 2
     err = capsys.readouterr().err
-    assert f"--model vit is an image model and --dataset {data} is a dataset for text-classification" in err, err
+    assert (
+        f"--model vit is an image model and --dataset {data} is a dataset for text-classification" in err
+    ), err
     assert list(runs.iterdir()) == []
 
 
