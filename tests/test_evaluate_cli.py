@@ -240,7 +240,8 @@ def test_bad_flags_and_folders_are_one_line_with_status_2_before_torch_loads(tmp
         ),
         "masked image modelling": (
             ["evaluate", mim, "--dataset", "digits"],
-            f"{mim} is a masked-image-modelling model (HyperSetForMaskedImageModeling); evaluate scores classifiers",
+            f"{mim} is a masked-image-modelling model (HyperSetForMaskedImageModeling); evaluate scores classifiers; "
+            "it holds no image tokenizer: save one into it",
         ),
         "bare backbone": (
             model,

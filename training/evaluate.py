@@ -177,12 +177,27 @@ def check_output_file(path: str) -> None:
 
 def refuse_mim(model_dir: str, architecture: str | None) -> None:
     """A masked-image-modelling model is refused, saying where its metrics are."""
-    if architecture is not None:
-        raise UsageError(
-            f"{model_dir} is a masked-image-modelling model ({architecture}); evaluate scores classifiers. Its "
-            "masked-token accuracy and reconstruction metrics are the eval/test entries of its run's metrics.json, "
-            f"and `energyformers predict {model_dir} IMAGE...` reconstructs images with PSNR/SSIM per image"
+    if architecture is None:
+        return
+    folder = Path(model_dir)
+    where = []  # what this folder has to offer instead
+    if (folder / "metrics.json").is_file():
+        where.append(
+            "its masked-token accuracy and reconstruction metrics are the eval/test entries of its metrics.json"
         )
+    if (folder / "vq_tokenizer_config.json").is_file():
+        where.append(
+            f"`energyformers predict {model_dir} IMAGE...` reconstructs images with PSNR/SSIM per image"
+        )
+    else:
+        where.append(
+            "it holds no image tokenizer: save one into it (`energyformers.mim.PatchKMeansTokenizer.fit(...).save_pretrained` "
+            "FOLDER) before `energyformers predict` can reconstruct images with it"
+        )
+    raise UsageError(
+        f"{model_dir} is a masked-image-modelling model ({architecture}); evaluate scores classifiers; "
+        + "; ".join(where)
+    )
 
 
 def check_model_config(args: argparse.Namespace, config: Mapping[str, Any]) -> None:
