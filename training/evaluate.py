@@ -39,9 +39,8 @@ from .arguments import COLUMN_FLAGS, check_column_flags
 from .cli import CommandParser, UsageError, check_model_source, run_command
 from .predict import (
     DEPTH_FLAGS,
-    FIXED_POINT_SOLVERS,
-    HALTING_CRITERIA,
     MODEL_TYPES,
+    add_halting_and_solver_flags,
     check_halting_criterion,
     check_local_model_folder,
     check_ranges,
@@ -117,13 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="T",
         help="recurrent-depth models: run the whole evaluation with T iterations (default: the config's)",
     )
-    depth.add_argument("--halting_tolerance", type=float, help=DEPTH_FLAGS["halting_tolerance"])
-    depth.add_argument("--halting_criterion", choices=HALTING_CRITERIA, help=DEPTH_FLAGS["halting_criterion"])
-    depth.add_argument("--fixed_point_iterations", type=int, help=DEPTH_FLAGS["fixed_point_iterations"])
-    depth.add_argument(
-        "--fixed_point_solver", choices=FIXED_POINT_SOLVERS, help=DEPTH_FLAGS["fixed_point_solver"]
-    )
-    depth.add_argument("--fixed_point_tolerance", type=float, help=DEPTH_FLAGS["fixed_point_tolerance"])
+    add_halting_and_solver_flags(depth)
     p.add_argument(
         "--output_file", metavar="FILE", help="also write the metrics as JSON to FILE (replaced whole)"
     )

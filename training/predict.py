@@ -79,6 +79,18 @@ HALTING_CRITERIA = ("state", "energy")
 SEARCH_SELECTORS = ("energy", "confidence", "sudoku")
 FIXED_POINT_SOLVERS = ("unrolled", "picard", "anderson")
 
+
+def add_halting_and_solver_flags(group: Any) -> None:
+    """Hyper-SET's halting and iMixer's fixed-point flags (`DEPTH_FLAGS`), as `predict` and `evaluate` take them."""
+    group.add_argument("--halting_tolerance", type=float, help=DEPTH_FLAGS["halting_tolerance"])
+    group.add_argument("--halting_criterion", choices=HALTING_CRITERIA, help=DEPTH_FLAGS["halting_criterion"])
+    group.add_argument("--fixed_point_iterations", type=int, help=DEPTH_FLAGS["fixed_point_iterations"])
+    group.add_argument(
+        "--fixed_point_solver", choices=FIXED_POINT_SOLVERS, help=DEPTH_FLAGS["fixed_point_solver"]
+    )
+    group.add_argument("--fixed_point_tolerance", type=float, help=DEPTH_FLAGS["fixed_point_tolerance"])
+
+
 # Masked-image-modelling flags: call arguments of `MaskedImageModelingPipeline` (`--num_iterations`, a depth flag, is
 # one as well), and `--output_dir`. `MIM_SCHEDULES` is `MASKGIT_SCHEDULES`' names (a test keeps them equal; naming
 # them here keeps argument parsing free of torch).
@@ -142,13 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         "test-time depth (passed to every model call; the flags the model's forward takes)"
     )
     depth.add_argument("--num_iterations", type=int, help=DEPTH_FLAGS["num_iterations"])
-    depth.add_argument("--halting_tolerance", type=float, help=DEPTH_FLAGS["halting_tolerance"])
-    depth.add_argument("--halting_criterion", choices=HALTING_CRITERIA, help=DEPTH_FLAGS["halting_criterion"])
-    depth.add_argument("--fixed_point_iterations", type=int, help=DEPTH_FLAGS["fixed_point_iterations"])
-    depth.add_argument(
-        "--fixed_point_solver", choices=FIXED_POINT_SOLVERS, help=DEPTH_FLAGS["fixed_point_solver"]
-    )
-    depth.add_argument("--fixed_point_tolerance", type=float, help=DEPTH_FLAGS["fixed_point_tolerance"])
+    add_halting_and_solver_flags(depth)
     search = p.add_argument_group("test-time search and halting (passed to every model call)")
     search.add_argument("--halting_threshold", type=float, help=DEPTH_FLAGS["halting_threshold"])
     search.add_argument("--search_trajectories", type=int, help=DEPTH_FLAGS["search_trajectories"])
