@@ -79,10 +79,19 @@ def tiny_config(model_type: str, input_type: str):
 
 
 def build_model_dir(
-    path: Path, model_type: str, auto_class: str, input_type: str, metrics: dict | None = FIXTURE_METRICS
+    path: Path,
+    model_type: str,
+    auto_class: str,
+    input_type: str,
+    metrics: dict | None = FIXTURE_METRICS,
+    labels: dict[int, str] | None = None,
 ) -> Path:
-    """A model folder like `energyformers train` writes: tiny random model + processor (+ metrics.json)."""
-    model = Case(model_type, auto_class, input_type).build(**export_overrides(input_type))
+    """A model folder like `energyformers train` writes: tiny random model + processor (+ metrics.json); `labels`
+    (default LABELS) for a folder that must match a dataset's label set."""
+    overrides = export_overrides(input_type)
+    if labels is not None:
+        overrides.update(num_labels=len(labels), id2label=labels, label2id={v: k for k, v in labels.items()})
+    model = Case(model_type, auto_class, input_type).build(**overrides)
     perturb(model)  # move off the initialisation (e.g. zero step sizes) so every code path matters
     model.save_pretrained(path)
     if input_type == "image":
@@ -637,8 +646,10 @@ def test_release_reuses_a_finished_run_instead_of_training(tmp_path, capsys):
 def test_release_exports_taken_folders_with_cards_and_metrics(tmp_path, capsys):
     """One folder of each family taken: each exported with its card, metrics and figures; the figures are drawn in
     copies under the dist folder (removed afterwards), so the taken folders stay byte for byte unchanged."""
+    digits = {i: str(i) for i in range(10)}  # release draws each folder's curves on its dataset, digits
     dirs = [
-        build_model_dir(tmp_path / m, m, "AutoModelForImageClassification", "image") for m in sorted(FAMILIES)
+        build_model_dir(tmp_path / m, m, "AutoModelForImageClassification", "image", labels=digits)
+        for m in sorted(FAMILIES)
     ]
 
     def snapshot() -> dict[str, bytes]:

@@ -758,6 +758,12 @@ def _validate_mim(d: DataArguments, explicit: frozenset[str]) -> None:
         raise UsageError(f"--tokenizer {d.tokenizer}: no such folder (a saved VQ tokenizer folder)")
     if d.tokenizer is not None:
         _refuse_fitting_flags(d, explicit)
+    from energyformers.mim import check_perceptual_weights
+
+    try:  # the message names the flag and its value itself (flags=True)
+        check_perceptual_weights(d.lpips_weights, d.fid_weights, flags=True)
+    except (OSError, ValueError, ImportError) as err:
+        raise UsageError(str(err)) from None
 
 
 # The flags that shape the tokenizer a run fits, and the field of a saved tokenizer's config each one sets.
@@ -788,12 +794,6 @@ def _refuse_fitting_flags(d: DataArguments, explicit: frozenset[str]) -> None:
             )
         if isinstance(value, int) and not isinstance(value, bool):
             setattr(d, flag, value)
-    from energyformers.mim import check_perceptual_weights
-
-    try:  # the message names the flag and its value itself (flags=True)
-        check_perceptual_weights(d.lpips_weights, d.fid_weights, flags=True)
-    except (OSError, ValueError, ImportError) as err:
-        raise UsageError(str(err)) from None
 
 
 def _take_attn_implementation_from_config(m: ModelArguments) -> None:
