@@ -289,6 +289,22 @@ def assert_same_structure_and_tensors(got: Any, expected: Any, path: str = "out"
 # ------------------------------------------------------------------ tolerances from dtype and magnitude
 
 
+@contextlib.contextmanager
+def loaded_script(path: Path, name: str) -> Iterator[Any]:
+    """A script of benchmarks/ imported as module `name` while the block runs (registered in `sys.modules` first:
+    its dataclasses look their module up while the file executes), and unregistered afterwards."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[name]
+
+
 def rounding(dtype: torch.dtype, roundings: float, magnitude: float = 1.0) -> float:
     """A bound on the rounding error of a `dtype` result: `roundings` units in the last place of `magnitude`.
 

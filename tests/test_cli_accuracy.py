@@ -4,26 +4,19 @@ measurements: they go to `cli_accuracy_smoke.{md,json}`, marked so."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from fixtures import loaded_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "cli_accuracy.py"
 
 
 @pytest.fixture
 def bench():
-    spec = importlib.util.spec_from_file_location("cli_accuracy", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with loaded_script(SCRIPT, "cli_accuracy") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def test_dry_run_prints_the_six_table_commands_and_trains_nothing(

@@ -6,7 +6,6 @@ A real run needs CUDA; without it the script exits with a message and writes not
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import loaded_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_speed.py"
 # a smoke run of the HyperBF group's inference only: the short runs of the modes and the profile checks
@@ -25,14 +25,8 @@ def gpu_speed(monkeypatch):
     # tests/conftest.py turns Triton's (very slow) CPU interpreter on; off, the fused kernel cannot run on CPU, and
     # the script must record Hyper-SET's "triton" as skipped rather than time it
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    spec = importlib.util.spec_from_file_location("gpu_speed", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while the file executes
-    try:
-        spec.loader.exec_module(module)
+    with loaded_script(SCRIPT, "gpu_speed") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke check of machines without CUDA")

@@ -4,12 +4,11 @@ and its refusals. The smoke numbers check the script, they are not measurements:
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from fixtures import loaded_script
 
 from energyformers.training import data
 
@@ -21,14 +20,8 @@ def search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     # `--dataset sudoku` with 40/8/8 generated puzzles, cached under tmp_path (the full set takes ~30 s to build)
     monkeypatch.setattr(data, "SUDOKU_SIZES", {"train": 40, "validation": 8, "test": 8})
     monkeypatch.setenv("ENERGYFORMERS_CACHE", str(tmp_path / "cache"))
-    spec = importlib.util.spec_from_file_location("sudoku_search", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with loaded_script(SCRIPT, "sudoku_search") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def test_smoke_run_writes_marked_files_with_every_selector_k_and_the_cost(search, tmp_path: Path) -> None:
