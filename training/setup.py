@@ -27,6 +27,7 @@ from .arguments import (
     check_attn_flag,
     check_output_dir,
     config_flags,
+    mim_tokenizer_source,
     parse_overrides,
 )
 from .cli import check_model_source
@@ -580,14 +581,12 @@ MIM_AUTO_CLASS = "AutoModelForMaskedImageModeling"
 def _mim_tokenizer(args: Arguments) -> Any:
     """The VQ tokenizer to use: `--tokenizer`, else the `--from_pretrained` folder's when it has one, else None
     (one is fitted on the training images)."""
-    from energyformers.mim import CONFIG_NAME, PatchKMeansTokenizer
+    from energyformers.mim import PatchKMeansTokenizer
 
-    source, flag = args.data.tokenizer, "--tokenizer"
-    pretrained = args.model.from_pretrained
-    if source is None and pretrained and (Path(pretrained).expanduser() / CONFIG_NAME).is_file():
-        source, flag = pretrained, "--from_pretrained"
-    if source is None:
+    given = mim_tokenizer_source(args.data.tokenizer, args.model.from_pretrained)
+    if given is None:
         return None
+    flag, source = given
     try:
         return PatchKMeansTokenizer.from_pretrained(Path(source).expanduser())
     except (OSError, ValueError, KeyError) as err:
