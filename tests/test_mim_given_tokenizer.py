@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import run_cli_cases
+from PIL import Image
 
 from energyformers import HyperSetConfig, HyperSetForMaskedImageModeling
 from energyformers.mim import PatchKMeansTokenizer
@@ -81,3 +83,34 @@ def test_the_fitting_flags_left_alone_record_the_checkpoint_tokenizers_values(fo
     argv = [*MIM, "--from_pretrained", str(folders["fits"]), "--output_dir", str(tmp_path / "out")]
     data = parse_arguments(argv, "energyformers train", "").data
     assert (data.codebook_size, data.tokenizer_patch_size) == (16, 2), data
+
+
+def test_a_tokenizer_that_does_not_fit_the_checkpoint_is_refused_before_torch_is_imported(folders, tmp_path):
+    """The codebook and grid are in the folders' JSON files: `train` (a checkpoint with `--tokenizer`, or with its
+    own tokenizer), `predict` and `inspect` refuse a mismatch from them, in a process that never imports torch."""
+    image = tmp_path / "digit.png"
+    Image.new("L", (16, 16), 128).save(image)
+    fits, bad, small = (str(folders[name]) for name in ("fits", "bad-grid", "small-grid"))
+    out = str(tmp_path / "out")
+    grid = (
+        "the image tokenizer's grid is 4 × 4 = 16 codes, the model has max_position_embeddings=64 positions"
+    )
+    cases = {
+        "train, --tokenizer": (
+            ["train", *MIM, "--from_pretrained", fits, "--tokenizer", small, "--output_dir", out],
+            f"--from_pretrained {fits!r}: {grid}",
+        ),
+        "train, its own tokenizer": (
+            ["train", *MIM, "--from_pretrained", bad, "--output_dir", out],
+            f"--from_pretrained {bad!r}: {grid}",
+        ),
+        "predict": (["predict", bad, str(image)], f"{bad}: {grid}"),
+        "inspect": (["inspect", bad, str(image), "--output_dir", out], f"{bad}: {grid}"),
+    }
+    results = run_cli_cases([argv for argv, _ in cases.values()], cwd=tmp_path)
+    for (name, (_, fragment)), result in zip(cases.items(), results, strict=True):
+        lines = [line for line in result["err"].splitlines() if line.strip()]
+        assert result["code"] == 2 and len(lines) == 1 and fragment in lines[0], (name, fragment, result)
+        # cumulative: what any case imported shows in every later case's list
+        assert result["heavy"] == [], (name, result["heavy"])
+    assert not Path(out).exists()

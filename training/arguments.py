@@ -761,6 +761,10 @@ def _validate_mim(d: DataArguments, explicit: frozenset[str], from_pretrained: s
     given = mim_tokenizer_source(d.tokenizer, from_pretrained)
     if given is not None:
         _refuse_fitting_flags(d, explicit, *given)
+        if from_pretrained:
+            _check_given_tokenizer_fits(from_pretrained, given[1])
+    if d.lpips_weights is None and d.fid_weights is None:
+        return  # nothing to check, and energyformers.mim imports torch
     from energyformers.mim import check_perceptual_weights
 
     try:  # the message names the flag and its value itself (flags=True)
@@ -816,6 +820,38 @@ def _refuse_fitting_flags(d: DataArguments, explicit: frozenset[str], flag_given
             )
         if isinstance(value, int) and not isinstance(value, bool):
             setattr(d, flag, value)
+
+
+def _check_given_tokenizer_fits(from_pretrained: str, tokenizer_folder: str) -> None:
+    """The codebook and grid the given tokenizer's vq_tokenizer_config.json records against the local
+    `--from_pretrained` folder's config.json (`energyformers.tokenizer_fit`, no torch): a mismatch is refused while
+    parsing, worded as the run's own check (`setup._masked_image_modeling_config`), which stays for what these
+    files do not say (a Hub checkpoint, a `--config` on top, a tokenizer whose file records no grid)."""
+    from energyformers.tokenizer_fit import (
+        TokenizerMismatchError,
+        check_tokenizer_fits,
+        saved_tokenizer_numbers,
+    )
+
+    settings = []
+    for path in (
+        os.path.join(os.path.expanduser(from_pretrained), "config.json"),
+        os.path.join(os.path.expanduser(tokenizer_folder), TOKENIZER_CONFIG_NAME),
+    ):
+        try:
+            with open(path) as file:
+                settings.append(json.load(file))
+        except (OSError, ValueError):  # a Hub id or an unreadable file: named where the run loads it
+            return
+    config, saved = settings
+    if not isinstance(config, dict) or not isinstance(saved, dict):
+        return
+    try:
+        check_tokenizer_fits(*saved_tokenizer_numbers(saved), config)
+    except TokenizerMismatchError as err:
+        raise UsageError(
+            f"--from_pretrained {from_pretrained!r}: {err}; pass --tokenizer with the checkpoint's tokenizer"
+        ) from None
 
 
 def _take_attn_implementation_from_config(m: ModelArguments) -> None:
