@@ -153,6 +153,13 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         super().__init__(**{name: arguments[name] for name in self.shared_fields()}, **kwargs)
 
     @classmethod
+    def _check_override_names(cls, overrides: dict[str, Any], where: str) -> None:
+        """The families' check of override names (`from_preset`, `from_hyperset`, the CLI's `--config`), less the
+        Hyper-SET-only options, which the constructor refuses with its own message (it says whose option each is)
+        rather than as an unknown name."""
+        super()._check_override_names(_shared_overrides(overrides), where)
+
+    @classmethod
     def from_hyperset(cls, config: HyperSetConfig, **overrides: Any) -> LoopedTransformerConfig:
         """The baseline matching a Hyper-SET config: same embeddings, head, labels, width, heads and depth.
 
@@ -160,7 +167,7 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         `intermediate_size` is the size of its dictionary, not an MLP width. `overrides` are checked as
         `from_preset`'s.
         """
-        cls._check_override_names(_shared_overrides(overrides), "from_hyperset")
+        cls._check_override_names(overrides, "from_hyperset")
         kwargs = {name: getattr(config, name) for name in SHARED_FIELDS}
         if "num_labels" not in overrides and "id2label" not in overrides:
             kwargs["id2label"] = dict(config.id2label or {})
@@ -195,7 +202,7 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         ones, so a misspelt field never leaves the preset's value in place.
         """
         _own_presets(cls, name)  # an unknown name is refused before the overrides are looked at
-        cls._check_override_names(_shared_overrides(overrides), "from_preset")
+        cls._check_override_names(overrides, "from_preset")
         kwargs = {**cls.preset_fields(name), **overrides}
         if "id2label" in overrides:
             kwargs.pop("num_labels", None)

@@ -643,7 +643,7 @@ def validate(args: Arguments) -> None:
         )
     check_column_flags(d.dataset, {name: getattr(d, name) for name in COLUMN_FLAGS})
     _check("vocab_size", d.vocab_size, d.vocab_size >= 8, "an integer >= 8 (special tokens + characters)")
-    _validate_mim(d, args.explicit)
+    _validate_mim(d, args.explicit, m.from_pretrained)
 
     lr = r.learning_rate
     _check("learning_rate", lr, lr is None or (_finite(lr) and lr > 0), "a finite learning rate > 0")
@@ -733,8 +733,10 @@ MIM_FLAGS = (
 )
 
 
-def _validate_mim(d: DataArguments, explicit: frozenset[str]) -> None:
-    """The masked-image-modelling flags in range, and none of them without `--task masked-image-modeling`."""
+def _validate_mim(d: DataArguments, explicit: frozenset[str], from_pretrained: str | None = None) -> None:
+    """The masked-image-modelling flags in range, and none of them without `--task masked-image-modeling`; no
+    tokenizer-fitting flag when the run is given a tokenizer (`--tokenizer`, or a `--from_pretrained` folder
+    that carries one)."""
     if d.task == "mim":
         d.task = MIM_TASK
     if d.task != MIM_TASK:
@@ -756,8 +758,13 @@ def _validate_mim(d: DataArguments, explicit: frozenset[str]) -> None:
         _check(name, value, _finite(value) and 0 < value <= 1, "a fraction in (0, 1]")
     if d.tokenizer is not None and not os.path.isdir(os.path.expanduser(d.tokenizer)):
         raise UsageError(f"--tokenizer {d.tokenizer}: no such folder (a saved VQ tokenizer folder)")
-    if d.tokenizer is not None:
-        _refuse_fitting_flags(d, explicit)
+    given = mim_tokenizer_source(d.tokenizer, from_pretrained)
+    if given is not None:
+        _refuse_fitting_flags(d, explicit, *given)
+        if from_pretrained:
+            _check_given_tokenizer_fits(from_pretrained, given[1])
+    if d.lpips_weights is None and d.fid_weights is None:
+        return  # nothing to check, and energyformers.mim imports torch
     from energyformers.mim import check_perceptual_weights
 
     try:  # the message names the flag and its value itself (flags=True)
@@ -774,26 +781,77 @@ TOKENIZER_FITTING_FLAGS = {
 }
 
 
-def _refuse_fitting_flags(d: DataArguments, explicit: frozenset[str]) -> None:
-    """With `--tokenizer` no tokenizer is fitted, so a fitting flag given as well would be ignored (and recorded in
-    metrics.json as if used): refused, naming the flag and the given tokenizer's own value. The flags left at their
-    defaults take the given tokenizer's values, so the run's recorded arguments say what it used."""
-    try:  # energyformers.mim.CONFIG_NAME, spelled out: that module imports torch, and parsing must not
-        with open(os.path.join(os.path.expanduser(d.tokenizer), "vq_tokenizer_config.json")) as file:
+# energyformers.mim.CONFIG_NAME, spelled out: that module imports torch, and parsing must not
+TOKENIZER_CONFIG_NAME = "vq_tokenizer_config.json"
+
+
+def mim_tokenizer_source(tokenizer: str | None, from_pretrained: str | None) -> tuple[str, str] | None:
+    """(flag, folder) of the image tokenizer a masked-image-modelling run is given, as `setup._mim_tokenizer`
+    loads it: `--tokenizer`, else a local `--from_pretrained` folder that holds one (its vq_tokenizer_config.json);
+    None when the run fits one."""
+    if tokenizer is not None:
+        return "--tokenizer", tokenizer
+    if from_pretrained and os.path.isfile(
+        os.path.join(os.path.expanduser(from_pretrained), TOKENIZER_CONFIG_NAME)
+    ):
+        return "--from_pretrained", from_pretrained
+    return None
+
+
+def _refuse_fitting_flags(d: DataArguments, explicit: frozenset[str], flag_given: str, folder: str) -> None:
+    """With a tokenizer given (`--tokenizer`, or the one a `--from_pretrained` folder carries, which that run
+    uses) none is fitted, so a fitting flag given as well would be ignored (and recorded in metrics.json as if
+    used): refused, naming the flag and the given tokenizer's own value. The flags left at their defaults take the
+    given tokenizer's values, so the run's recorded arguments say what it used."""
+    try:
+        with open(os.path.join(os.path.expanduser(folder), TOKENIZER_CONFIG_NAME)) as file:
             saved = json.load(file)
     except (OSError, ValueError):  # not a tokenizer folder: the run names that when it loads it
         saved = {}
     saved = saved if isinstance(saved, dict) else {}
+    whose = "" if flag_given == "--tokenizer" else "the checkpoint's tokenizer, which the run uses; "
     for flag, key in TOKENIZER_FITTING_FLAGS.items():
         value = saved.get(key) if key else None
         if flag in explicit:
             has = f"its {key} is {value}" if value is not None else "it is fitted already"
             raise UsageError(
-                f"--{flag} {getattr(d, flag)}: applies only when a tokenizer is fitted, and --tokenizer "
-                f"{d.tokenizer} gives one ({has}); drop --{flag}"
+                f"--{flag} {getattr(d, flag)}: applies only when a tokenizer is fitted, and {flag_given} "
+                f"{folder} gives one ({whose}{has}); drop --{flag}"
             )
         if isinstance(value, int) and not isinstance(value, bool):
             setattr(d, flag, value)
+
+
+def _check_given_tokenizer_fits(from_pretrained: str, tokenizer_folder: str) -> None:
+    """The codebook and grid the given tokenizer's vq_tokenizer_config.json records against the local
+    `--from_pretrained` folder's config.json (`energyformers.tokenizer_fit`, no torch): a mismatch is refused while
+    parsing, worded as the run's own check (`setup._masked_image_modeling_config`), which stays for what these
+    files do not say (a Hub checkpoint, a `--config` on top, a tokenizer whose file records no grid)."""
+    from energyformers.tokenizer_fit import (
+        TokenizerMismatchError,
+        check_tokenizer_fits,
+        saved_tokenizer_numbers,
+    )
+
+    settings = []
+    for path in (
+        os.path.join(os.path.expanduser(from_pretrained), "config.json"),
+        os.path.join(os.path.expanduser(tokenizer_folder), TOKENIZER_CONFIG_NAME),
+    ):
+        try:
+            with open(path) as file:
+                settings.append(json.load(file))
+        except (OSError, ValueError):  # a Hub id or an unreadable file: named where the run loads it
+            return
+    config, saved = settings
+    if not isinstance(config, dict) or not isinstance(saved, dict):
+        return
+    try:
+        check_tokenizer_fits(*saved_tokenizer_numbers(saved), config)
+    except TokenizerMismatchError as err:
+        raise UsageError(
+            f"--from_pretrained {from_pretrained!r}: {err}; pass --tokenizer with the checkpoint's tokenizer"
+        ) from None
 
 
 def _take_attn_implementation_from_config(m: ModelArguments) -> None:

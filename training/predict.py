@@ -395,8 +395,12 @@ def check_image_tokenizer(folder: Path, model_dir: str, config: dict[str, Any] |
         raise UsageError(no_image_tokenizer(model_dir, config))
     if config is None:
         return
-    # imported only here: a folder with a tokenizer goes on to load torch anyway, the other refusals need none
-    from energyformers.mim import TokenizerMismatchError, check_tokenizer_fits, saved_tokenizer_numbers
+    # the numbers' check without torch (energyformers.mim imports it): a mismatch is refused before torch loads
+    from energyformers.tokenizer_fit import (
+        TokenizerMismatchError,
+        check_tokenizer_fits,
+        saved_tokenizer_numbers,
+    )
 
     try:
         settings = json.loads(path.read_text())

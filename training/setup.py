@@ -14,6 +14,7 @@ import math
 import re
 import sys
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from .arguments import (
     check_attn_flag,
     check_output_dir,
     config_flags,
+    mim_tokenizer_source,
     parse_overrides,
 )
 from .cli import check_model_source
@@ -149,21 +151,36 @@ def cli_preset(model_type: str, modality: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- config
 
 
-def _check_override_keys(config_class: type, overrides: dict[str, Any]) -> None:
-    # PreTrainedConfig swallows unknown kwargs as attributes; a typo in --config must not be silently ignored.
-    import transformers
+# The label keywords a config takes: the CLI sets them from the dataset's labels (after `--config`), so one given in
+# `--config` would be replaced without a word (or, `num_labels`, leave a head of the wrong width).
+DATASET_LABEL_KEYWORDS = ("num_labels", "id2label", "label2id")
 
-    known = set(inspect.signature(config_class.__init__).parameters) | set(
-        transformers.PreTrainedConfig().to_dict()
-    )
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        allowed = sorted(
-            k for k in inspect.signature(config_class.__init__).parameters if k not in ("self", "kwargs")
-        )
-        raise UsageError(
-            f"--config {unknown}: not fields of {config_class.__name__}; its fields are {allowed}"
-        )
+
+def check_override_names(config_class: type, overrides: dict[str, Any]) -> None:
+    """`--config` names: the config class's own check of override names (`_check_override_names`, which
+    `from_preset` runs: its fields, its attribute aliases and transformers' config keywords; the closest names of a
+    misspelt one), so the CLI and the Python API accept the same names and word a refusal alike. A config class
+    without that check (transformers' own, e.g. ViT, or remote code) gets the families' rule read off its own
+    signature. The CLI-only rule on top: the label keywords (`DATASET_LABEL_KEYWORDS`) are the dataset's."""
+    # PreTrainedConfig keeps an unknown keyword as an attribute that nothing reads: a typo must not pass silently
+    from energyformers import HyperSetConfig
+
+    where = "__init__"
+    check = getattr(config_class, "_check_override_names", None)
+    if check is None:
+        check = partial(HyperSetConfig._check_override_names.__func__, config_class)
+    try:
+        check(overrides, where)
+    except ValueError as err:
+        # the config names itself and its method ("HyperSetConfig.__init__: "); the CLI names the flag instead
+        message = str(err).removeprefix(f"{config_class.__name__}.{where}: ")
+        raise UsageError(f"--config: {message}") from None
+    for name in DATASET_LABEL_KEYWORDS:
+        if name in overrides:
+            raise UsageError(
+                f"--config {name}={json.dumps(overrides[name])}: the labels come from the dataset (its label "
+                f"column or ClassLabel names); drop {name}"
+            )
 
 
 def config_flag_overrides(args: Arguments, config_class: type, model_type: str) -> dict[str, Any]:
@@ -279,7 +296,7 @@ def _pretrained_config_and_processor(
                 f"{source!r} has no tokenizer; a text checkpoint must ship the tokenizer its embeddings were "
                 "trained with"
             ) from err
-    _check_override_keys(type(config), overrides)
+    check_override_names(type(config), overrides)
     flags = config_flag_overrides(args, type(config), config.model_type)
     try:  # re-validate the merged config
         config = type(config)(**{**config.to_dict(), **overrides, **flags, **labels})
@@ -315,6 +332,7 @@ def _new_config_and_processor(
         raise UsageError(
             f"--dataset {d.dataset} is a dataset for {task} and {model_type} has no {task} head; use one of {having}"
         )
+    check_override_names(config_class, overrides)  # before a text tokenizer is trained
     flags = config_flag_overrides(args, config_class, model_type)
     fields: dict[str, Any] = {"input_type": modality}
     if not m.preset:
@@ -347,7 +365,6 @@ def _new_config_and_processor(
     fields.update(overrides)
     fields.update(flags)
     fields.update(labels)
-    _check_override_keys(config_class, overrides)
     try:
         config = config_class.from_preset(m.preset, **fields) if m.preset else config_class(**fields)
     except (TypeError, ValueError) as err:  # the config's own validation names the field and what is allowed
@@ -564,14 +581,12 @@ MIM_AUTO_CLASS = "AutoModelForMaskedImageModeling"
 def _mim_tokenizer(args: Arguments) -> Any:
     """The VQ tokenizer to use: `--tokenizer`, else the `--from_pretrained` folder's when it has one, else None
     (one is fitted on the training images)."""
-    from energyformers.mim import CONFIG_NAME, PatchKMeansTokenizer
+    from energyformers.mim import PatchKMeansTokenizer
 
-    source, flag = args.data.tokenizer, "--tokenizer"
-    pretrained = args.model.from_pretrained
-    if source is None and pretrained and (Path(pretrained).expanduser() / CONFIG_NAME).is_file():
-        source, flag = pretrained, "--from_pretrained"
-    if source is None:
+    given = mim_tokenizer_source(args.data.tokenizer, args.model.from_pretrained)
+    if given is None:
         return None
+    flag, source = given
     try:
         return PatchKMeansTokenizer.from_pretrained(Path(source).expanduser())
     except (OSError, ValueError, KeyError) as err:
@@ -632,7 +647,7 @@ def _masked_image_modeling_config(args: Arguments, codebook_size: int, grid_shap
                 f"--task {MIM_TASK}: --model {model_type} has no masked-image-modelling head; use one of {having}"
             )
         config_class, fields = family(model_type).config_class, {}
-    _check_override_keys(config_class, overrides)
+    check_override_names(config_class, overrides)
     for key in ("vocab_size", "max_position_embeddings"):
         if key in overrides and overrides[key] != grid[key]:
             # the tokenizer sets both; another value leaves codes the model cannot read or misplaced
