@@ -160,7 +160,7 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         `intermediate_size` is the size of its dictionary, not an MLP width. `overrides` are checked as
         `from_preset`'s.
         """
-        cls._check_override_names(_shared_overrides(overrides), "from_hyperset")
+        cls._check_override_names(overrides, "from_hyperset")
         kwargs = {name: getattr(config, name) for name in SHARED_FIELDS}
         if "num_labels" not in overrides and "id2label" not in overrides:
             kwargs["id2label"] = dict(config.id2label or {})
@@ -186,26 +186,12 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         return {k: v for k, v in fields if k not in HYPERSET_ONLY_FIELDS and k not in mlp}
 
     @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> LoopedTransformerConfig:
-        """The config of preset `name` (`preset_fields`), with keyword `overrides` on top: one of the baseline's
-        own rows, or the baseline of a Hyper-SET row (`from_hyperset`: its MLP is 4 · hidden_size wide).
-
-        An override is a field of this config or a transformers config keyword (`num_labels`, `id2label`, ...;
-        an `id2label` replaces the preset's `num_labels`); any other name raises `ValueError` naming the closest
-        ones, so a misspelt field never leaves the preset's value in place.
-        """
-        _own_presets(cls, name)  # an unknown name is refused before the overrides are looked at
-        cls._check_override_names(_shared_overrides(overrides), "from_preset")
-        kwargs = {**cls.preset_fields(name), **overrides}
-        if "id2label" in overrides:
-            kwargs.pop("num_labels", None)
-        return cls(**kwargs)
-
-
-def _shared_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
-    """`overrides` less the Hyper-SET-only options, which the constructor refuses with its own message (it says
-    whose option each is) rather than as an unknown name."""
-    return {name: value for name, value in overrides.items() if name not in HYPERSET_ONLY_FIELDS}
+    def _check_override_names(cls, overrides: dict[str, Any], where: str) -> None:
+        """As every config's (`from_preset`, which this class inherits, and `from_hyperset` call it), less the
+        Hyper-SET-only options: the constructor refuses those with its own message, which says whose option each
+        is, rather than as an unknown name."""
+        shared = {name: value for name, value in overrides.items() if name not in HYPERSET_ONLY_FIELDS}
+        super()._check_override_names(shared, where)
 
 
 def _own_presets(config_class: type, name: str) -> dict[str, dict[str, Any]]:

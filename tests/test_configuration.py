@@ -15,7 +15,12 @@ from typing import Any
 import pytest
 from fixtures import ARCHITECTURE, TINY
 
-from energyformers.configuration import configuration_hyperbf, configuration_hyperset, configuration_imixer
+from energyformers.configuration import (
+    configuration_hyperbf,
+    configuration_hyperset,
+    configuration_imixer,
+    configuration_looped_transformer,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN = (
@@ -210,6 +215,48 @@ def test_validation_blocks_are_identical_in_the_three_configuration_files():
             )
         )
         assert block == reference, f"validation blocks differ; copy the Hyper-SET one:\n{diff}"
+
+
+# What the validation block holds once for every family: the preset constructors and the shared cross-field rules
+# (their messages are the CROSS_FIELD entries of every family, checked there).
+SHARED_METHODS = ("preset_fields", "from_preset", "_check_common_rules")
+SHARED_RULE_MESSAGES = (
+    "it must be divisible by num_attention_heads=",
+    "both sides must be divisible by patch_size=",
+    'input_type="sequence" needs an integer vocab_size >= 1',
+)
+
+
+def test_presets_and_shared_rules_are_written_once_in_the_validation_block():
+    """`preset_fields`, `from_preset` and the rules every family shares are defined in the block's `_CheckedConfig`
+    alone; no config class (the looped baseline's included) nor any text outside the blocks repeats them."""
+    looped = configuration_looped_transformer.LoopedTransformerConfig
+    for name in SHARED_METHODS:
+        defined = [
+            klass.__qualname__
+            for module in (*MODULES.values(), configuration_looped_transformer)
+            for klass in vars(module).values()
+            if isinstance(klass, type) and klass.__module__ == module.__name__ and name in vars(klass)
+        ]
+        # the baseline's `preset_fields` is its own: it takes its own rows and the shared fields of Hyper-SET's
+        expected = ["_CheckedConfig"] * len(MODULES) + (
+            ["LoopedTransformerConfig"] if name == "preset_fields" else []
+        )
+        assert defined == expected, f"{name} is defined in {defined}, expected in {expected}"
+    for family in MODULES:
+        source = (ROOT / "configuration" / f"configuration_{family}.py").read_text(encoding="utf-8")
+        outside = source.replace(validation_block(family), "")
+        repeated = [text for text in (*SHARED_RULE_MESSAGES, "def preset_fields(") if text in outside]
+        assert not repeated, f"configuration_{family}.py repeats outside the validation block: {repeated}"
+    # the inherited constructor builds the class it is called on, the baseline's own rows and Hyper-SET's alike
+    presets = [
+        *zip(CONFIGS.values(), ("cifar10-small", "s16", "tiny")),
+        (looped, "cifar10-small"),
+        (looped, "mim-1-12-4d"),
+    ]
+    for config_class, preset in presets:
+        built = config_class.from_preset(preset)
+        assert type(built) is config_class, f"{config_class.__name__}.from_preset({preset!r}): {type(built)}"
 
 
 @pytest.mark.parametrize("family", MODULES)
