@@ -3,10 +3,12 @@
 
 The comparison of every table in Hu, Zou, Xu, *Hyperspherical Energy Transformer with Recurrent Depth*: one
 pre-norm Transformer layer (RMSNorm, bias-free, GELU MLP) applied `num_iterations` times with shared weights,
-with Hyper-SET's embeddings and classification head, so both models are measured side by side at the same
-width, heads and depth. Both configs derive from `RecurrentDepthConfig` (defined with Hyper-SET's, whose validation
-tables it uses); it is a baseline, not a Hub family (never exported, so importing the Hyper-SET configuration is
-fine here).
+with Hyper-SET's embeddings and its default classification head (LayerNorm → Linear with bias), so both models are
+measured side by side at the same width, heads and depth. The head's norm and bias are Hyper-SET options
+(`classifier_norm`, `classifier_bias`) the baseline does not have: against a Hyper-SET config that changes them
+(its Sudoku presets: RMSNorm → bias-free Linear) the two heads differ. Both configs derive from
+`RecurrentDepthConfig` (defined with Hyper-SET's, whose validation tables it uses); it is a baseline, not a Hub
+family (never exported, so importing the Hyper-SET configuration is fine here).
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ def _parameters(config_class: type) -> tuple[str, ...]:
     )
 
 
-# Hyper-SET options that have no meaning for a plain Transformer layer (energies, step sizes, halting, its head's
-# norm): the fields `HyperSetConfig` adds to the base both configs share. Rejected as arguments, so a baseline's
-# config.json never carries a setting it ignores.
+# Hyper-SET options that the baseline's model does not build (energies, step sizes, halting by state or energy
+# change, its head's norm and bias): the fields `HyperSetConfig` adds to the base both configs share. Rejected as
+# arguments, so a baseline's config.json never carries a setting it ignores.
 HYPERSET_ONLY_FIELDS: tuple[str, ...] = tuple(
     name for name in _parameters(HyperSetConfig) if name not in _parameters(RecurrentDepthConfig)
 )
@@ -102,7 +104,8 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         initializer_range (`float`, *optional*, defaults to 0.02):
             Std of the normal initialisation of linear and embedding weights.
 
-    Hyper-SET-only options (`HYPERSET_ONLY_FIELDS`: energies, step sizes, halting) raise `ValueError`.
+    Hyper-SET-only options (`HYPERSET_ONLY_FIELDS`: energies, step sizes, halting, the head's norm and bias) raise
+    `ValueError`.
     """
 
     model_type = "looped-transformer"
@@ -154,7 +157,11 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
 
     @classmethod
     def from_hyperset(cls, config: HyperSetConfig, **overrides: Any) -> LoopedTransformerConfig:
-        """The baseline matching a Hyper-SET config: same embeddings, head, labels, width, heads and depth.
+        """The baseline matching a Hyper-SET config: same embeddings, labels, width, heads and depth.
+
+        The classification head is the baseline's LayerNorm → Linear with bias, Hyper-SET's default head: a config
+        with another `classifier_norm` or `classifier_bias` (the Sudoku presets' RMSNorm → bias-free Linear) gets
+        a head that differs in those two, which the baseline's model has no option for.
 
         The MLP width is the baseline's own (4 · hidden_size unless `intermediate_size` is overridden): Hyper-SET's
         `intermediate_size` is the size of its dictionary, not an MLP width. `overrides` are checked as
@@ -174,8 +181,9 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
 
         The presets are the baseline's own rows (`LOOPED_TRANSFORMER_PRESETS` of the package's
         `energyformers.presets`, e.g. Table 2's `mim-1-12-4d`), as they are, and every Hyper-SET row
-        (`HYPERSET_PRESETS`), of which the baseline takes the fields it shares (same embeddings, head and iteration
-        count, for side-by-side comparisons; its MLP is its own, 4 · hidden_size wide); `PRESET_SOURCES` there says which paper setting each row reproduces.
+        (`HYPERSET_PRESETS`), of which the baseline takes the fields it shares (same embeddings and iteration count,
+        for side-by-side comparisons; its head is Hyper-SET's default one, as `from_hyperset` says, and its MLP is
+        its own, 4 · hidden_size wide); `PRESET_SOURCES` there says which paper setting each row reproduces.
         """
         own = _own_presets(cls, name)
         if name in own:
