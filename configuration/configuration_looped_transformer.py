@@ -100,9 +100,11 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         rms_norm_eps (`float`, *optional*):
             Epsilon of the two pre-norm RMSNorms; `None` uses torch's default, as Hyper-SET.
         layer_norm_eps (`float`, *optional*, defaults to 1e-5):
-            LayerNorm epsilon of the patch embedding and the classifier.
+            LayerNorm epsilon of the patch embedding and the classifier; Hyper-SET's, so the embeddings and head
+            the two models share normalise alike.
         initializer_range (`float`, *optional*, defaults to 0.02):
-            Std of the normal initialisation of linear and embedding weights.
+            Std of the normal initialisation of linear and embedding weights; Hyper-SET's, so a side-by-side run
+            starts both models from weights of the same scale.
 
     Hyper-SET-only options (`HYPERSET_ONLY_FIELDS`: energies, step sizes, halting, the head's norm and bias) raise
     `ValueError`.
