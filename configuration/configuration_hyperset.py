@@ -14,7 +14,8 @@ import inspect
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 
 from transformers import PreTrainedConfig
@@ -341,6 +342,10 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
     all of them against this file's tables (a table entry for a field a class does not set is skipped).
     """
 
+    # The values each choice field of this file's tables accepts (`choices["iteration_sampling"]`), read-only: the
+    # models' tables of implementations can be keyed by it instead of repeating the names.
+    choices: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(_CHOICES)
+
     def __init__(
         self,
         input_type: str = "image",
@@ -648,6 +653,8 @@ class HyperSetConfig(RecurrentDepthConfig):
     """
 
     model_type = "hyperset"
+    # the φ names `feature_map` accepts (`FEATURE_MAPS`), for the models' table of φ and φ'
+    feature_maps: ClassVar[tuple[str, ...]] = FEATURE_MAPS
 
     def __init__(
         self,

@@ -13,7 +13,8 @@ import difflib
 import inspect
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 
 from transformers import PreTrainedConfig
@@ -461,6 +462,9 @@ class IMixerConfig(_CheckedConfig, PreTrainedConfig):
     """
 
     model_type = "imixer"
+    # The values each choice field of this file's tables accepts (`choices["iteration_sampling"]`), read-only: the
+    # models' tables of implementations can be keyed by it instead of repeating the names.
+    choices: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(_CHOICES)
 
     def __init__(
         self,

@@ -14,7 +14,9 @@ family (never exported, so importing the Hyper-SET configuration is fine here).
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 from .configuration_hyperset import HyperSetConfig, RecurrentDepthConfig
 
@@ -111,6 +113,14 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
     """
 
     model_type = "looped-transformer"
+    # the baseline's choice fields only: the Hyper-SET options it refuses are left out
+    choices: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+        {
+            name: values
+            for name, values in RecurrentDepthConfig.choices.items()
+            if name not in HYPERSET_ONLY_FIELDS
+        }
+    )
 
     def __init__(
         self,

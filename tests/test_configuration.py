@@ -462,3 +462,31 @@ def test_the_looped_baseline_says_how_its_head_differs_from_hyper_sets():
     training = " ".join((ROOT / "docs" / "training.md").read_text(encoding="utf-8").split())
     quote = f"d + {baseline.num_labels} parameters ({extra} at d = {baseline.hidden_size})"
     assert quote in training, f"docs/training.md does not quote the head difference as {quote!r}"
+
+
+def test_choice_tables_are_public_read_only_views_on_the_config_classes():
+    """`Config.choices` is the file's `_CHOICES` table, readable through the config class alone (the one import a
+    modeling file has) and not writable, so a model keys its implementations by it rather than by a copy of the names;
+    it is class data, never a field config.json carries."""
+    hyperset = configuration_hyperset.HyperSetConfig
+    looped = configuration_looped_transformer.LoopedTransformerConfig
+    for family, module in MODULES.items():
+        view = CONFIGS[family].choices
+        assert dict(view) == module._CHOICES, (family, dict(view), module._CHOICES)
+        with pytest.raises(TypeError):
+            view["input_type"] = ("image",)  # type: ignore[index]
+        assert "choices" not in make(family).to_dict()
+    assert hyperset.choices["iteration_sampling"] == ("fixed", "uniform", "poisson-lognormal")
+    assert hyperset.choices["deep_supervision"] == ("last", "all", "every", "random")
+    assert hyperset.feature_maps == configuration_hyperset.FEATURE_MAPS
+    assert CONFIGS["imixer"].choices["token_mixing_activation"] == tuple(
+        configuration_imixer.ACTIVATION_MAX_SLOPES
+    )
+    # the baseline's view: its own choice fields, the Hyper-SET options it refuses left out
+    expected = {
+        name: values
+        for name, values in configuration_hyperset._CHOICES.items()
+        if name not in configuration_looped_transformer.HYPERSET_ONLY_FIELDS
+    }
+    assert dict(looped.choices) == expected, dict(looped.choices)
+    assert {"iteration_sampling", "deep_supervision"} <= set(looped.choices)
