@@ -13,7 +13,7 @@ import difflib
 import inspect
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 
@@ -364,8 +364,9 @@ class HyperBFConfig(_CheckedConfig, PreTrainedConfig):
 
     model_type = "hyperbf"
     # The values each choice field of this file's tables accepts (`choices["iteration_sampling"]`), read-only: the
-    # models' tables of implementations can be keyed by it instead of repeating the names.
-    choices: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(_CHOICES)
+    # models' tables of implementations can be keyed by it instead of repeating the names. Unannotated, as
+    # `model_type`: transformers makes every config class a dataclass, which reads the annotations of its body.
+    choices = MappingProxyType(_CHOICES)
     # Generic code (Trainer helpers, benchmarks) may ask for the MLP width; for HyperBF that is K.
     attribute_map = {"intermediate_size": "num_centers"}
 

@@ -14,7 +14,7 @@ import inspect
 import math
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 
@@ -343,8 +343,9 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
     """
 
     # The values each choice field of this file's tables accepts (`choices["iteration_sampling"]`), read-only: the
-    # models' tables of implementations can be keyed by it instead of repeating the names.
-    choices: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(_CHOICES)
+    # models' tables of implementations can be keyed by it instead of repeating the names. Unannotated, as
+    # `model_type`: transformers makes every config class a dataclass, which reads the annotations of its body.
+    choices = MappingProxyType(_CHOICES)
 
     def __init__(
         self,
@@ -654,7 +655,7 @@ class HyperSetConfig(RecurrentDepthConfig):
 
     model_type = "hyperset"
     # the φ names `feature_map` accepts (`FEATURE_MAPS`), for the models' table of φ and φ'
-    feature_maps: ClassVar[tuple[str, ...]] = FEATURE_MAPS
+    feature_maps = FEATURE_MAPS
 
     def __init__(
         self,

@@ -13,7 +13,7 @@ import difflib
 import inspect
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 
@@ -463,8 +463,9 @@ class IMixerConfig(_CheckedConfig, PreTrainedConfig):
 
     model_type = "imixer"
     # The values each choice field of this file's tables accepts (`choices["iteration_sampling"]`), read-only: the
-    # models' tables of implementations can be keyed by it instead of repeating the names.
-    choices: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(_CHOICES)
+    # models' tables of implementations can be keyed by it instead of repeating the names. Unannotated, as
+    # `model_type`: transformers makes every config class a dataclass, which reads the annotations of its body.
+    choices = MappingProxyType(_CHOICES)
 
     def __init__(
         self,

@@ -14,9 +14,8 @@ family (never exported, so importing the Hyper-SET configuration is fine here).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any
 
 from .configuration_hyperset import HyperSetConfig, RecurrentDepthConfig
 
@@ -114,7 +113,7 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
 
     model_type = "looped-transformer"
     # the baseline's choice fields only: the Hyper-SET options it refuses are left out
-    choices: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    choices = MappingProxyType(
         {
             name: values
             for name, values in RecurrentDepthConfig.choices.items()
