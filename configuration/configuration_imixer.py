@@ -14,7 +14,8 @@ import inspect
 import math
 import os
 from collections.abc import Callable
-from typing import Any, ClassVar
+from types import MappingProxyType
+from typing import Any, ClassVar, TypeVar
 
 from transformers import PreTrainedConfig
 
@@ -34,8 +35,9 @@ _TOLERANCE_SOLVERS = ("picard", "anderson")
 
 # --- validation: identical in the three configuration files (tests/test_configuration.py checks) ---
 # Per family only the tables below this block (_CHOICES, _POSITIVE_INTS, ...) and the config's
-# `_check_cross_field_rules` differ. The block is duplicated rather than shared because each file is copied
-# verbatim into Hub remote code, which may import only the standard library and transformers.
+# `_check_cross_field_rules` differ; that method starts from `_check_common_rules`, the rules every family shares.
+# The block is duplicated rather than shared because each file is copied verbatim into Hub remote code, which may
+# import only the standard library and transformers.
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -131,6 +133,10 @@ def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
     config._check_cross_field_rules()
 
 
+# What `from_preset` returns: an instance of the class it is called on.
+_Config = TypeVar("_Config", bound="_CheckedConfig")
+
+
 class _CheckedConfig:
     """The hooks every config of this file shares, so that a config is checked however it was made, not only by
     `__init__`:
@@ -149,6 +155,9 @@ class _CheckedConfig:
       remote code). The package sets the writer (its `configuration/__init__.py`); it stays None in the copy an
       exported folder carries, where `custom_object_save` copies the files and this module may not import the
       package's generator.
+
+    It also holds what every family's config does alike: the named presets (`preset_fields`, `from_preset`) and
+    the cross-field rules they share (`_check_common_rules`).
     """
 
     folder_code_writer: ClassVar[Callable[[Any, str | os.PathLike], Any] | None] = None
@@ -201,6 +210,66 @@ class _CheckedConfig:
                 f"{cls.__name__}.{where}: unknown override {name}={value!r}; not a field of {cls.__name__} nor a "
                 f"transformers config keyword (num_labels, id2label, label2id, problem_type, ...); {hint}."
             )
+
+    @classmethod
+    def preset_fields(cls, name: str) -> dict[str, Any]:
+        """The fields preset `name` sets, as a new dict (the caller may change it).
+
+        The presets are the rows of the package's `energyformers.presets` (`PRESET_SOURCES` there says which paper
+        setting or released model each row reproduces); the Hub's remote code carries none of them, so without
+        the package there are no presets, only explicit fields.
+        """
+        try:
+            from energyformers.presets import preset_fields
+        except ImportError:  # remote code loaded without the package (the import check skips try blocks)
+            raise ImportError(
+                f"{cls.__name__}.from_preset({name!r}): the named presets come with the energyformers package "
+                f"(pip install energyformers), which is not installed; build the config from explicit fields "
+                f"instead, e.g. {cls.__name__}(hidden_size=...)."
+            ) from None
+        return preset_fields(cls, name)
+
+    @classmethod
+    def from_preset(cls: type[_Config], name: str, **overrides: Any) -> _Config:
+        """The config of preset `name` (`preset_fields`), with keyword `overrides` on top.
+
+        An override is a field of this config or a transformers config keyword (`num_labels`, `id2label`, ...;
+        an `id2label` replaces the preset's `num_labels`); any other name raises `ValueError` naming the closest
+        ones, so a misspelt field never leaves the preset's value in place.
+        """
+        fields = cls.preset_fields(name)  # an unknown name is refused before the overrides are looked at
+        cls._check_override_names(overrides, "from_preset")
+        kwargs = {**fields, **overrides}
+        if "id2label" in overrides:
+            kwargs.pop("num_labels", None)
+        return cls(**kwargs)
+
+    def _check_common_rules(self) -> None:
+        """The cross-field rules of every family, which each config's `_check_cross_field_rules` runs: heads
+        that divide the width (for a config with heads: iMixer has none), patches that tile the image, and a
+        vocabulary for sequences."""
+        if "num_attention_heads" in vars(self):
+            _require(
+                self,
+                self.hidden_size % self.num_attention_heads == 0,
+                "hidden_size",
+                self.hidden_size,
+                f"it must be divisible by num_attention_heads={self.num_attention_heads}",
+            )
+        _require(
+            self,
+            all(side % self.patch_size == 0 for side in _image_sides(self.image_size)),
+            "image_size",
+            self.image_size,
+            f"both sides must be divisible by patch_size={self.patch_size}",
+        )
+        _require(
+            self,
+            self.input_type != "sequence" or (_is_int(self.vocab_size) and self.vocab_size >= 1),
+            "vocab_size",
+            self.vocab_size,
+            'input_type="sequence" needs an integer vocab_size >= 1',
+        )
 
     def validate(self) -> None:
         """transformers' own checks (architectures, layer types, RoPE, token ids; where this transformers has
@@ -393,6 +462,10 @@ class IMixerConfig(_CheckedConfig, PreTrainedConfig):
     """
 
     model_type = "imixer"
+    # The values each choice field of this file's tables accepts (`choices["iteration_sampling"]`), read-only: the
+    # models' tables of implementations can be keyed by it instead of repeating the names. Unannotated, as
+    # `model_type`: transformers makes every config class a dataclass, which reads the annotations of its body.
+    choices = MappingProxyType(_CHOICES)
 
     def __init__(
         self,
@@ -498,20 +571,7 @@ class IMixerConfig(_CheckedConfig, PreTrainedConfig):
             _require(
                 self, int(value * base) >= 1, name, value, f"it must give a width int({name} · {base}) >= 1"
             )
-        _require(
-            self,
-            all(side % self.patch_size == 0 for side in _image_sides(self.image_size)),
-            "image_size",
-            self.image_size,
-            f"both sides must be divisible by patch_size={self.patch_size}",
-        )
-        _require(
-            self,
-            self.input_type != "sequence" or (_is_int(self.vocab_size) and self.vocab_size >= 1),
-            "vocab_size",
-            self.vocab_size,
-            'input_type="sequence" needs an integer vocab_size >= 1',
-        )
+        self._check_common_rules()
 
     def check_fixed_point_settings(
         self, solver: str, gradient: str, tolerance: float, where: str | None = None
@@ -556,39 +616,6 @@ class IMixerConfig(_CheckedConfig, PreTrainedConfig):
     def contractive_size(self) -> int:
         """N_h = int(hidden_ratio · D_S), the width of the contractive block F."""
         return int(self.hidden_ratio * self.token_mixing_size)
-
-    @classmethod
-    def preset_fields(cls, name: str) -> dict[str, Any]:
-        """The fields preset `name` sets, as a new dict (the caller may change it).
-
-        The presets are the rows of the package's `energyformers.presets` (`PRESET_SOURCES` there says which paper
-        setting or released model each row reproduces); the Hub's remote code carries none of them, so without
-        the package there are no presets, only explicit fields.
-        """
-        try:
-            from energyformers.presets import preset_fields
-        except ImportError:  # remote code loaded without the package (the import check skips try blocks)
-            raise ImportError(
-                f"{cls.__name__}.from_preset({name!r}): the named presets come with the energyformers package "
-                f"(pip install energyformers), which is not installed; build the config from explicit fields "
-                f"instead, e.g. {cls.__name__}(hidden_size=...)."
-            ) from None
-        return preset_fields(cls, name)
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> IMixerConfig:
-        """The config of preset `name` (`preset_fields`), with keyword `overrides` on top.
-
-        An override is a field of this config or a transformers config keyword (`num_labels`, `id2label`, ...;
-        an `id2label` replaces the preset's `num_labels`); any other name raises `ValueError` naming the closest
-        ones, so a misspelt field never leaves the preset's value in place.
-        """
-        fields = cls.preset_fields(name)
-        cls._check_override_names(overrides, "from_preset")
-        kwargs = {**fields, **overrides}
-        if "id2label" in overrides:
-            kwargs.pop("num_labels", None)
-        return cls(**kwargs)
 
 
 __all__ = ["ACTIVATION_MAX_SLOPES", "IMixerConfig"]

@@ -3,15 +3,18 @@
 
 The comparison of every table in Hu, Zou, Xu, *Hyperspherical Energy Transformer with Recurrent Depth*: one
 pre-norm Transformer layer (RMSNorm, bias-free, GELU MLP) applied `num_iterations` times with shared weights,
-with Hyper-SET's embeddings and classification head, so both models are measured side by side at the same
-width, heads and depth. Both configs derive from `RecurrentDepthConfig` (defined with Hyper-SET's, whose validation
-tables it uses); it is a baseline, not a Hub family (never exported, so importing the Hyper-SET configuration is
-fine here).
+with Hyper-SET's embeddings and its default classification head (LayerNorm → Linear with bias), so both models are
+measured side by side at the same width, heads and depth. The head's norm and bias are Hyper-SET options
+(`classifier_norm`, `classifier_bias`) the baseline does not have: against a Hyper-SET config that changes them
+(its Sudoku presets: RMSNorm → bias-free Linear) the two heads differ. Both configs derive from
+`RecurrentDepthConfig` (defined with Hyper-SET's, whose validation tables it uses); it is a baseline, not a Hub
+family (never exported, so importing the Hyper-SET configuration is fine here).
 """
 
 from __future__ import annotations
 
 import inspect
+from types import MappingProxyType
 from typing import Any
 
 from .configuration_hyperset import HyperSetConfig, RecurrentDepthConfig
@@ -23,9 +26,9 @@ def _parameters(config_class: type) -> tuple[str, ...]:
     )
 
 
-# Hyper-SET options that have no meaning for a plain Transformer layer (energies, step sizes, halting, its head's
-# norm): the fields `HyperSetConfig` adds to the base both configs share. Rejected as arguments, so a baseline's
-# config.json never carries a setting it ignores.
+# Hyper-SET options that the baseline's model does not build (energies, step sizes, halting by state or energy
+# change, its head's norm and bias): the fields `HyperSetConfig` adds to the base both configs share. Rejected as
+# arguments, so a baseline's config.json never carries a setting it ignores.
 HYPERSET_ONLY_FIELDS: tuple[str, ...] = tuple(
     name for name in _parameters(HyperSetConfig) if name not in _parameters(RecurrentDepthConfig)
 )
@@ -98,14 +101,25 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         rms_norm_eps (`float`, *optional*):
             Epsilon of the two pre-norm RMSNorms; `None` uses torch's default, as Hyper-SET.
         layer_norm_eps (`float`, *optional*, defaults to 1e-5):
-            LayerNorm epsilon of the patch embedding and the classifier.
+            LayerNorm epsilon of the patch embedding and the classifier; Hyper-SET's, so the embeddings and head
+            the two models share normalise alike.
         initializer_range (`float`, *optional*, defaults to 0.02):
-            Std of the normal initialisation of linear and embedding weights.
+            Std of the normal initialisation of linear and embedding weights; Hyper-SET's, so a side-by-side run
+            starts both models from weights of the same scale.
 
-    Hyper-SET-only options (`HYPERSET_ONLY_FIELDS`: energies, step sizes, halting) raise `ValueError`.
+    Hyper-SET-only options (`HYPERSET_ONLY_FIELDS`: energies, step sizes, halting, the head's norm and bias) raise
+    `ValueError`.
     """
 
     model_type = "looped-transformer"
+    # the baseline's choice fields only: the Hyper-SET options it refuses are left out
+    choices = MappingProxyType(
+        {
+            name: values
+            for name, values in RecurrentDepthConfig.choices.items()
+            if name not in HYPERSET_ONLY_FIELDS
+        }
+    )
 
     def __init__(
         self,
@@ -153,15 +167,12 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         super().__init__(**{name: arguments[name] for name in self.shared_fields()}, **kwargs)
 
     @classmethod
-    def _check_override_names(cls, overrides: dict[str, Any], where: str) -> None:
-        """The families' check of override names (`from_preset`, `from_hyperset`, the CLI's `--config`), less the
-        Hyper-SET-only options, which the constructor refuses with its own message (it says whose option each is)
-        rather than as an unknown name."""
-        super()._check_override_names(_shared_overrides(overrides), where)
-
-    @classmethod
     def from_hyperset(cls, config: HyperSetConfig, **overrides: Any) -> LoopedTransformerConfig:
-        """The baseline matching a Hyper-SET config: same embeddings, head, labels, width, heads and depth.
+        """The baseline matching a Hyper-SET config: same embeddings, labels, width, heads and depth.
+
+        The classification head is the baseline's LayerNorm → Linear with bias, Hyper-SET's default head: a config
+        with another `classifier_norm` or `classifier_bias` (the Sudoku presets' RMSNorm → bias-free Linear) gets
+        a head that differs in those two, which the baseline's model has no option for.
 
         The MLP width is the baseline's own (4 · hidden_size unless `intermediate_size` is overridden): Hyper-SET's
         `intermediate_size` is the size of its dictionary, not an MLP width. `overrides` are checked as
@@ -181,8 +192,9 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
 
         The presets are the baseline's own rows (`LOOPED_TRANSFORMER_PRESETS` of the package's
         `energyformers.presets`, e.g. Table 2's `mim-1-12-4d`), as they are, and every Hyper-SET row
-        (`HYPERSET_PRESETS`), of which the baseline takes the fields it shares (same embeddings, head and iteration
-        count, for side-by-side comparisons; its MLP is its own, 4 · hidden_size wide); `PRESET_SOURCES` there says which paper setting each row reproduces.
+        (`HYPERSET_PRESETS`), of which the baseline takes the fields it shares (same embeddings and iteration count,
+        for side-by-side comparisons; its head is Hyper-SET's default one, as `from_hyperset` says, and its MLP is
+        its own, 4 · hidden_size wide); `PRESET_SOURCES` there says which paper setting each row reproduces.
         """
         own = _own_presets(cls, name)
         if name in own:
@@ -193,26 +205,12 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         return {k: v for k, v in fields if k not in HYPERSET_ONLY_FIELDS and k not in mlp}
 
     @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> LoopedTransformerConfig:
-        """The config of preset `name` (`preset_fields`), with keyword `overrides` on top: one of the baseline's
-        own rows, or the baseline of a Hyper-SET row (`from_hyperset`: its MLP is 4 · hidden_size wide).
-
-        An override is a field of this config or a transformers config keyword (`num_labels`, `id2label`, ...;
-        an `id2label` replaces the preset's `num_labels`); any other name raises `ValueError` naming the closest
-        ones, so a misspelt field never leaves the preset's value in place.
-        """
-        _own_presets(cls, name)  # an unknown name is refused before the overrides are looked at
-        cls._check_override_names(overrides, "from_preset")
-        kwargs = {**cls.preset_fields(name), **overrides}
-        if "id2label" in overrides:
-            kwargs.pop("num_labels", None)
-        return cls(**kwargs)
-
-
-def _shared_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
-    """`overrides` less the Hyper-SET-only options, which the constructor refuses with its own message (it says
-    whose option each is) rather than as an unknown name."""
-    return {name: value for name, value in overrides.items() if name not in HYPERSET_ONLY_FIELDS}
+    def _check_override_names(cls, overrides: dict[str, Any], where: str) -> None:
+        """As every config's (`from_preset`, which this class inherits, and `from_hyperset` call it), less the
+        Hyper-SET-only options: the constructor refuses those with its own message, which says whose option each
+        is, rather than as an unknown name."""
+        shared = {name: value for name, value in overrides.items() if name not in HYPERSET_ONLY_FIELDS}
+        super()._check_override_names(shared, where)
 
 
 def _own_presets(config_class: type, name: str) -> dict[str, dict[str, Any]]:

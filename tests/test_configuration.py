@@ -15,7 +15,12 @@ from typing import Any
 import pytest
 from fixtures import ARCHITECTURE, TINY
 
-from energyformers.configuration import configuration_hyperbf, configuration_hyperset, configuration_imixer
+from energyformers.configuration import (
+    configuration_hyperbf,
+    configuration_hyperset,
+    configuration_imixer,
+    configuration_looped_transformer,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN = (
@@ -212,6 +217,48 @@ def test_validation_blocks_are_identical_in_the_three_configuration_files():
         assert block == reference, f"validation blocks differ; copy the Hyper-SET one:\n{diff}"
 
 
+# What the validation block holds once for every family: the preset constructors and the shared cross-field rules
+# (their messages are the CROSS_FIELD entries of every family, checked there).
+SHARED_METHODS = ("preset_fields", "from_preset", "_check_common_rules")
+SHARED_RULE_MESSAGES = (
+    "it must be divisible by num_attention_heads=",
+    "both sides must be divisible by patch_size=",
+    'input_type="sequence" needs an integer vocab_size >= 1',
+)
+
+
+def test_presets_and_shared_rules_are_written_once_in_the_validation_block():
+    """`preset_fields`, `from_preset` and the rules every family shares are defined in the block's `_CheckedConfig`
+    alone; no config class (the looped baseline's included) nor any text outside the blocks repeats them."""
+    looped = configuration_looped_transformer.LoopedTransformerConfig
+    for name in SHARED_METHODS:
+        defined = [
+            klass.__qualname__
+            for module in (*MODULES.values(), configuration_looped_transformer)
+            for klass in vars(module).values()
+            if isinstance(klass, type) and klass.__module__ == module.__name__ and name in vars(klass)
+        ]
+        # the baseline's `preset_fields` is its own: it takes its own rows and the shared fields of Hyper-SET's
+        expected = ["_CheckedConfig"] * len(MODULES) + (
+            ["LoopedTransformerConfig"] if name == "preset_fields" else []
+        )
+        assert defined == expected, f"{name} is defined in {defined}, expected in {expected}"
+    for family in MODULES:
+        source = (ROOT / "configuration" / f"configuration_{family}.py").read_text(encoding="utf-8")
+        outside = source.replace(validation_block(family), "")
+        repeated = [text for text in (*SHARED_RULE_MESSAGES, "def preset_fields(") if text in outside]
+        assert not repeated, f"configuration_{family}.py repeats outside the validation block: {repeated}"
+    # the inherited constructor builds the class it is called on, the baseline's own rows and Hyper-SET's alike
+    presets = [
+        *zip(CONFIGS.values(), ("cifar10-small", "s16", "tiny")),
+        (looped, "cifar10-small"),
+        (looped, "mim-1-12-4d"),
+    ]
+    for config_class, preset in presets:
+        built = config_class.from_preset(preset)
+        assert type(built) is config_class, f"{config_class.__name__}.from_preset({preset!r}): {type(built)}"
+
+
 @pytest.mark.parametrize("family", MODULES)
 def test_tables_have_the_same_form_and_cover_every_argument(family):
     module, config_class = MODULES[family], CONFIGS[family]
@@ -387,3 +434,59 @@ def test_configuration_files_point_to_no_file_a_hub_user_lacks():
         if line != BEGIN and re.search(r"\b(docs|benchmarks|tests)/", line)
     ]
     assert not pointers, "lines naming repository files:\n" + "\n".join(pointers)
+
+
+def test_the_looped_baseline_says_how_its_head_differs_from_hyper_sets():
+    """The baseline's config has no head options: Hyper-SET's `classifier_norm` and `classifier_bias` are not carried,
+    so its head is Hyper-SET's default one (LayerNorm → Linear with bias). Where a Hyper-SET preset changes them (the
+    Sudoku one) the heads differ, and `from_hyperset` and docs/training.md say so instead of promising "the same
+    head"."""
+    looped = configuration_looped_transformer
+    hyperset = configuration_hyperset.HyperSetConfig
+    head = ("classifier_norm", "classifier_bias")
+    assert set(head) <= set(looped.HYPERSET_ONLY_FIELDS), looped.HYPERSET_ONLY_FIELDS
+    default_head = tuple(getattr(hyperset(), name) for name in head)
+    assert default_head == ("layernorm", True), default_head
+    sudoku = hyperset.from_preset("sudoku")
+    assert tuple(getattr(sudoku, name) for name in head) != default_head, (
+        "the Sudoku head is no longer different"
+    )
+    baseline = looped.LoopedTransformerConfig.from_hyperset(sudoku)
+    assert not [name for name in head if name in vars(baseline)], vars(baseline)
+
+    summary, *details = inspect.getdoc(looped.LoopedTransformerConfig.from_hyperset).splitlines()
+    assert not re.search(r"\bhead\b", summary), f"from_hyperset promises the same head: {summary!r}"
+    assert all(name in "\n".join(details) for name in head), details
+    # the extra LayerNorm bias (d) and classifier bias (one per label) of the baseline's head against Sudoku's
+    extra = baseline.hidden_size + baseline.num_labels
+    training = " ".join((ROOT / "docs" / "training.md").read_text(encoding="utf-8").split())
+    quote = f"d + {baseline.num_labels} parameters ({extra} at d = {baseline.hidden_size})"
+    assert quote in training, f"docs/training.md does not quote the head difference as {quote!r}"
+
+
+def test_choice_tables_are_public_read_only_views_on_the_config_classes():
+    """`Config.choices` is the file's `_CHOICES` table, readable through the config class alone (the one import a
+    modeling file has) and not writable, so a model keys its implementations by it rather than by a copy of the names;
+    it is class data, never a field config.json carries."""
+    hyperset = configuration_hyperset.HyperSetConfig
+    looped = configuration_looped_transformer.LoopedTransformerConfig
+    for family, module in MODULES.items():
+        view = CONFIGS[family].choices
+        assert dict(view) == module._CHOICES, (family, dict(view), module._CHOICES)
+        with pytest.raises(TypeError):
+            view["input_type"] = ("image",)  # type: ignore[index]
+        assert "choices" not in make(family).to_dict()
+    assert hyperset.choices["iteration_sampling"] == ("fixed", "uniform", "poisson-lognormal")
+    assert hyperset.choices["deep_supervision"] == ("last", "all", "every", "random")
+    assert hyperset.feature_maps == configuration_hyperset.FEATURE_MAPS
+    assert CONFIGS["imixer"].choices["token_mixing_activation"] == tuple(
+        configuration_imixer.ACTIVATION_MAX_SLOPES
+    )
+    # the baseline's view: its own choice fields, the Hyper-SET options it refuses left out
+    expected = {
+        name: values
+        for name, values in configuration_hyperset._CHOICES.items()
+        if name not in configuration_looped_transformer.HYPERSET_ONLY_FIELDS
+    }
+    assert dict(looped.choices) == expected, dict(looped.choices)
+    assert {"iteration_sampling", "deep_supervision"} <= set(looped.choices)
