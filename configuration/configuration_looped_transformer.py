@@ -206,7 +206,7 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
 
     @classmethod
     def _check_override_names(cls, overrides: dict[str, Any], where: str) -> None:
-        """As every config's (`from_preset`, which this class inherits, and `from_hyperset` call it), less the
+        """As every config's (`from_preset`, which this class inherits, `from_hyperset` and `--config` call it), less the
         Hyper-SET-only options: the constructor refuses those with its own message, which says whose option each
         is, rather than as an unknown name."""
         shared = {name: value for name, value in overrides.items() if name not in HYPERSET_ONLY_FIELDS}
