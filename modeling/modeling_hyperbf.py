@@ -86,7 +86,7 @@ class HyperBFSequenceClassifierOutput(SequenceClassifierOutput):
     rbf_diagnostics: HyperBFRBFDiagnostics | None = None
 
 
-# --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
+# --- shared helpers: identical in the three modeling files (tests/test_layout.py checks) ---
 
 
 def select_attn_implementation(
@@ -309,7 +309,7 @@ def interpolate_positions(
     return torch.cat((prefix, patches), dim=1)
 
 
-# --- end of input checks ---
+# --- end of shared helpers ---
 
 
 class HyperBFEmbeddings(nn.Module):

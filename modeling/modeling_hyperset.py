@@ -163,7 +163,7 @@ def iteration_embedding(steps: torch.Tensor, dim: int, dtype: torch.dtype = torc
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
-# --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
+# --- shared helpers: identical in the three modeling files (tests/test_layout.py checks) ---
 
 
 def select_attn_implementation(
@@ -386,7 +386,7 @@ def interpolate_positions(
     return torch.cat((prefix, patches), dim=1)
 
 
-# --- end of input checks ---
+# --- end of shared helpers ---
 
 
 def check_last_iteration_head(head: nn.Module, config: PreTrainedConfig) -> None:

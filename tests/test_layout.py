@@ -1,7 +1,8 @@
 """Static rules of the repository layout (docs/development.md), read from the source text.
 
-The three model files are siblings: the same input checks (one wording of each error), the same skeleton, and
-only `torch`, `transformers` and their own config imported, so the Hub export is a one-line rewrite.
+The three model files are siblings: the same shared helpers (input checks with one wording of each error, attention
+selection, loading, pooling), the same skeleton, and only `torch`, `transformers` and their own config imported,
+so the Hub export is a one-line rewrite.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from energyformers import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELING = {family: ROOT / "modeling" / f"modeling_{spec.stem}.py" for family, spec in FAMILIES.items()}
-CHECKS_BEGIN = "# --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---"
-CHECKS_END = "# --- end of input checks ---"
+SHARED_BEGIN = "# --- shared helpers: identical in the three modeling files (tests/test_layout.py checks) ---"
+SHARED_END = "# --- end of shared helpers ---"
 
 
 def marked_block(path: Path, begin: str, end: str) -> str:
@@ -26,10 +27,12 @@ def marked_block(path: Path, begin: str, end: str) -> str:
     return text[text.index(begin) : text.index(end)]
 
 
-def test_input_checks_are_identical_in_every_modeling_file():
-    blocks = {family: marked_block(path, CHECKS_BEGIN, CHECKS_END) for family, path in MODELING.items()}
+def test_shared_helpers_are_identical_in_every_modeling_file():
+    blocks = {family: marked_block(path, SHARED_BEGIN, SHARED_END) for family, path in MODELING.items()}
     reference = next(iter(blocks.values()))
-    assert "def _check_inputs(" in reference
+    # what the block holds besides the input checks: the marker names it for all of them
+    for name in ("_check_inputs", "select_attn_implementation", "load_naming_unreadable_file", "pool_tokens"):
+        assert f"def {name}(" in reference, f"{name} is not in the shared-helpers block"
     assert {family: block == reference for family, block in blocks.items()} == dict.fromkeys(blocks, True)
 
 
