@@ -991,6 +991,136 @@ class HyperSetStepSizes(nn.Module):
         return on_input and one_condition
 
 
+def _compile_region(function: Callable) -> Callable:
+    """The layer step as a nested compile region: torch.compile traces one iteration once and reuses it for all L·T
+    calls of a layer, so compile time does not grow with the depth T (torch ≥ 2.8; a no-op in eager mode).
+
+    Non-strict `torch.export` (its default) is the exception: there torch runs Dynamo on the region anew at every
+    call, L·T Dynamo compiles of the same step, several times the cost of tracing the loop unrolled. So under
+    export outside Dynamo the plain step is traced; Dynamo (torch.compile, strict export) still gets the region.
+    """
+    nested_compile_region = getattr(torch.compiler, "nested_compile_region", None)
+    if nested_compile_region is None:
+        return function
+
+    @functools.wraps(function)
+    def step(*args, **kwargs):
+        if torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling():
+            return function(*args, **kwargs)
+        return region(*args, **kwargs)
+
+    region = nested_compile_region(function)  # after `wraps`: its marks stay on `function`, off `step`
+    return step
+
+
+class HyperSetLayer(GradientCheckpointingLayer):
+    """One iteration: x ← x − α ⊙ Attn(x), then x ← x + γ ⊙ FF(x) (steps built on E_ATTN, then E_FF), and with
+    `input_anchor` λ > 0 the step −λ(x_t − x₀) on the anchor energy (λ/2)‖x − x₀‖²."""
+
+    def __init__(self, config: HyperSetConfig) -> None:
+        super().__init__()
+        self.attention = ATTENTION_CLASSES.get(config.attention_energy, HyperSetAttention)(config)
+        self.feedforward = FEEDFORWARD_CLASSES.get(config.feedforward_energy, HyperSetFeedForward)(config)
+        self.input_anchor = config.input_anchor
+
+    @_compile_region
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        iteration_condition: torch.Tensor,
+        condition_source: torch.Tensor,
+        step_sizes: HyperSetStepSizes,
+        keep: torch.Tensor | None = None,
+        anchor: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        fixed_step_sizes: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`fixed_step_sizes`: [α | γ] `(B, N, 2d)` when they do not change over iterations (computed once by the
+        model), else None and the step-size network computes them here."""
+        # The shared step-size network is passed in (it lives on the model) so that one whole iteration,
+        # step sizes included, is one checkpointed unit and memory does not grow with T.
+        if fixed_step_sizes is None:
+            alpha, gamma = step_sizes(iteration_condition, condition_source)
+        else:
+            alpha, gamma = fixed_step_sizes.chunk(2, dim=-1)
+        update, probs = self.attention(hidden_states, keep, output_attentions)
+        updated = torch.addcmul(hidden_states, alpha, update, value=-1)  # x − α ⊙ Attn(x) in one pass
+        updated = torch.addcmul(updated, gamma, self.feedforward(updated))  # x + γ ⊙ FF(x)
+        if self.input_anchor and anchor is not None:
+            updated = updated - self.input_anchor * (hidden_states - anchor)
+        return updated, probs
+
+
+class HyperSetPreTrainedModel(PreTrainedModel):
+    """The base of every Hyper-SET model: its config class, weight initialisation, attention selection and loading."""
+
+    config: HyperSetConfig
+    config_class = HyperSetConfig
+    base_model_prefix = "hyperset"
+    main_input_name = "pixel_values"
+    input_modalities = ("image", "text")
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["HyperSetEmbeddings", "HyperSetLayer"]
+    _supports_sdpa = True
+
+    # what `attn_implementation` takes: this file's bi-softmax registry, read at call time ("triton" registers there)
+    attn_implementations = ALL_ATTENTION_FUNCTIONS
+
+    def __init__(self, config: HyperSetConfig, *inputs: object, **kwargs: object) -> None:
+        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
+        super().__init__(config, *inputs, **kwargs)
+
+    def get_correct_attn_implementation(
+        self, requested_attention: str | None, is_init_check: bool = False
+    ) -> str:
+        choose = functools.partial(choose_attn_implementation, self.config)
+        return select_attn_implementation(
+            self, requested_attention, is_init_check, choose, missing_kernel_note()
+        )
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, HyperSetStepSizeProjection):
+            init.zeros_(module.weight)  # α = γ = 0: identity map at initialisation
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.RMSNorm):
+            init.ones_(module.weight)
+        elif isinstance(module, HyperSetAttention):
+            init.ones_(module.qkv_gain)
+        elif isinstance(module, HyperSetStepSizes) and hasattr(module, "condition"):
+            init.zeros_(module.condition)
+        elif isinstance(module, HyperSetEmbeddings):
+            if module.config.input_type == "image":
+                init.normal_(module.cls_token, mean=0.0, std=1.0)  # N(0, 1) as in the authors' code
+            if module.position_encoding is not None:
+                # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
+                init.copy_(
+                    module.position_encoding,
+                    fixed_positions(module.config, module.position_encoding.shape[1]),
+                )
+
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
+    ) -> PreTrainedModel:
+        return load_naming_unreadable_file(
+            super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
+        )
+
+
+# ------------------------------------------------------------------------ depth schedule
+# How many iterations a call of a weight-tied backbone runs and which of them are differentiated: the mixin of
+# `HyperSetModel` and of the looped baseline's `LoopedTransformerModel`.
 # The values of the config's depth-schedule fields, in its order (`config_choice` lists them when it refuses one).
 ITERATION_SAMPLING: tuple[str, ...] = ("fixed", "uniform", "poisson-lognormal")
 DEEP_SUPERVISION: tuple[str, ...] = ("last", "all", "every", "random")
@@ -1015,6 +1145,338 @@ def sample_num_iterations(config: HyperSetConfig, draw: int) -> int:
     return min(max(1 + int(torch.poisson(tau.exp(), generator=generator)), low), high)
 
 
+class RecurrentDepthMixin:
+    """The depth schedule of a backbone that iterates weight-tied layers (`self.layers`, each applied T times):
+    Hyper-SET's `HyperSetModel` and the looped-Transformer baseline's `LoopedTransformerModel` use this one
+    implementation, so both follow the same schedule in a side-by-side run.
+
+    * T of a call: the per-call value, else in training a draw of `config.iteration_sampling`
+      (`sample_num_iterations`, seeded by the count `iteration_draws`), else `config.num_iterations`;
+    * k, the iterations differentiated (truncated backpropagation through depth): the last k of all L·T;
+    * `iteration_draws`: training forwards that drew a depth or a random deep-supervision subset
+      (`supervised_iterations`), the seed of the next draw; one per forward, shared by both. Every process counts
+      its own forwards, so all ranks of a distributed run draw the same at each step; the training loops set it
+      from the global step when they resume. Nothing is counted when nothing is random, so a compiled fixed-depth
+      model sees no changing attribute.
+    """
+
+    iteration_draws: int = 0
+
+    def _num_iterations(self, requested: int | None) -> int:
+        """This call's T: the request, else a depth drawn by `iteration_sampling` (training), else the config's."""
+        if requested is None:
+            random_subset = config_choice(
+                self.config, "deep_supervision", {name: name == "random" for name in DEEP_SUPERVISION}
+            )
+            fixed = config_choice(
+                self.config, "iteration_sampling", {name: name == "fixed" for name in ITERATION_SAMPLING}
+            )
+            if not self.training or (fixed and not random_subset):
+                return self.config.num_iterations
+            self.iteration_draws += 1
+            return sample_num_iterations(self.config, self.iteration_draws - 1)
+        if not isinstance(requested, int) or isinstance(requested, bool) or requested < 1:
+            raise ValueError(f"num_iterations must be an integer >= 1; got {requested!r}.")
+        return requested
+
+    def _backprop_iterations(self, requested: int | None, num_iterations: int) -> int:
+        """This call's k, the iterations differentiated (the last k of all L·T): the request, the config's, or all."""
+        total = self.config.num_hidden_layers * num_iterations
+        if requested is None:
+            configured = self.config.backprop_iterations
+            return total if configured is None else min(configured, total)
+        if not isinstance(requested, int) or isinstance(requested, bool) or not 1 <= requested <= total:
+            raise ValueError(
+                f"backprop_iterations must be an integer in [1, num_hidden_layers × num_iterations = {total}]; "
+                f"got {requested!r}."
+            )
+        return requested
+
+    def _pool(self, hidden_states: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+        """The classifier input of a state `(B, N, d)` (`pool_tokens`: the first token or the mean over the real
+        tokens after the prefix); the deep-supervision steps pool the intermediate states with it too."""
+        return pool_tokens(self.config, hidden_states, keep, self.embeddings.num_prefix_tokens)
+
+    @staticmethod
+    def _iteration_grad(
+        layer_index: int, t: int, num_iterations: int, backprop_iterations: int, num_layers: int
+    ) -> contextlib.AbstractContextManager:
+        """The grad mode of iteration `t` of layer `layer_index`: `no_grad` for all but the last k of the L·T."""
+        frozen = num_layers * num_iterations - backprop_iterations
+        return torch.no_grad() if layer_index * num_iterations + t < frozen else contextlib.nullcontext()
+
+
+class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
+    """The Hyper-SET backbone: embeddings, then L weight-tied layers iterated T times (`RecurrentDepthMixin`).
+
+    One `forward` serves both input types: images ViT-style (`pixel_values` first) and sequences BERT-style
+    (`input_ids`, `attention_mask`, `inputs_embeds`); a sequence backbone's `main_input_name` is `input_ids`, and
+    `model(ids)` reads them (`route_main_input`). Pass the other inputs by name.
+    """
+
+    def __init__(self, config: HyperSetConfig) -> None:
+        super().__init__(config)
+        self.embeddings = HyperSetEmbeddings(config)
+        self.step_sizes = HyperSetStepSizes(config)
+        self.layers = nn.ModuleList([HyperSetLayer(config) for _ in range(config.num_hidden_layers)])
+        self.iteration_draws = 0  # RecurrentDepthMixin
+        # `get/set_input_embeddings` (transformers' defaults) find this table in `self.embeddings`.
+        self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
+        if config.input_type == "sequence":  # what processors, pipelines and `model(ids)` hand over first
+            self.main_input_name = "input_ids"
+        self.post_init()
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
+        inputs_embeds: torch.Tensor | None = None,
+        num_iterations: int | None = None,
+        backprop_iterations: int | None = None,
+        halting_tolerance: float | None = None,
+        halting_criterion: str | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_energies: bool | None = None,
+        return_dict: bool | None = None,
+        initial_state: torch.Tensor | None = None,
+        output_final_energy: bool | None = None,
+        interpolate_pos_encoding: bool | None = None,
+    ) -> HyperSetModelOutput | tuple:
+        r"""
+        num_iterations (`int`, *optional*):
+            Iterations per layer for this call (defaults to `config.num_iterations`, or in training a depth
+            drawn by `config.iteration_sampling`); larger values extrapolate in depth at test time.
+        backprop_iterations (`int`, *optional*):
+            Differentiate only the last k of the L·T iterations (defaults to `config.backprop_iterations`).
+        halting_tolerance (`float`, *optional*):
+            Adaptive halting in eval mode (defaults to `config.halting_tolerance`): each sample stops once its
+            relative state change (or the size of its relative energy change) is below this, `num_iterations`
+            being the maximum; the output's `iterations_used` says how many it ran. Not under torch.compile /
+            export (fixed T there).
+        halting_criterion (`str`, *optional*):
+            `"state"` or `"energy"` (defaults to `config.halting_criterion`).
+        output_energies (`bool`, *optional*):
+            Return `energies` (`HyperSetEnergies`): E_ATTN, E_FF, effective rank and mean angle per
+            layer for t = 0..T.
+        initial_state (`torch.Tensor` of shape `(batch, num_tokens, hidden_size)`, *optional*):
+            The state x the first iteration of the first layer starts from, in place of the embedding output
+            (a carried state of the supervision steps, or a perturbed start of test-time search). The inputs are
+            embedded all the same: the embedding output stays x₀ of the step sizes (`step_size_condition=
+            "input"`) and of the first layer's anchor energy (`input_anchor`), and the input's padding mask
+            applies; `hidden_states` then starts with `initial_state`. None: start from the embedding output.
+        output_final_energy (`bool`, *optional*):
+            Return `final_energy` `(batch,)`: Σ over layers of E_ATTN + E_FF of the state each layer's last
+            iteration left (no gradient; what test-time search's energy selector compares).
+        interpolate_pos_encoding (`bool`, *optional*):
+            Images only: resample the position table bicubically to the patch grid of the input (another
+            resolution, a multiple of `patch_size`), the CLS position unchanged, as ViT's argument. Without it an
+            input of another size than `config.image_size` is refused.
+        """
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = (
+            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        )
+        output_energies = bool(output_energies)
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        pixel_values, input_ids = route_main_input(self.config, pixel_values, input_ids)
+        num_iterations = self._num_iterations(num_iterations)
+        backprop_iterations = self._backprop_iterations(backprop_iterations, num_iterations)
+        halting = self._halting(halting_tolerance, halting_criterion)
+        if halting is not None and (output_attentions or output_hidden_states or output_energies):
+            raise ValueError(
+                "halting_tolerance cannot be combined with output_attentions, output_hidden_states or "
+                "output_energies (samples stop at different iterations); pass a fixed num_iterations instead."
+            )
+
+        hidden_states, keep = self.embeddings(
+            pixel_values=pixel_values,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            interpolate_pos_encoding=bool(interpolate_pos_encoding),
+        )
+        embedded = hidden_states
+        # read once per forward, not per iteration: the step sizes' condition x₀ (the input) or the state
+        on_input = config_choice(self.config, "step_size_condition", {"current": False, "input": True})
+        if initial_state is not None:
+            hidden_states = check_initial_state(initial_state, embedded)
+        elif on_input or self.config.input_anchor:
+            # the iterations read x₀ beside the state; torch.compile reuses one traced iteration for all of them,
+            # which goes wrong when x₀ and the state are one tensor at the first call and two after it
+            hidden_states = hidden_states.clone()
+        real_tokens = (
+            torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep.float()
+        )
+        iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
+        warn_if_maps_need_eager(self.config, output_attentions)
+        fixed_step_sizes = None  # [α | γ] once per forward where they do not change over iterations
+        if HyperSetStepSizes.constant_over_iterations(self.config):
+            fixed_step_sizes = self.step_sizes.project(iteration_conditions[0], embedded)  # (B, N, 2d)
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        iterations_used = None if halting is None else torch.zeros_like(real_tokens[:, 0], dtype=torch.long)
+        per_layer_diagnostics = []
+        final_energy = torch.zeros_like(real_tokens[:, 0]) if output_final_energy else None
+        for index, layer in enumerate(self.layers):
+            # x₀ of the anchor energy: the state entering this layer; for the first layer the embedded input, also
+            # when the iterations start from an `initial_state` (the anchor keeps tying the state to the input).
+            # A compiled region must not receive an unused tensor that aliases another input (torch.compile then
+            # reuses the traced iteration with its inputs shifted), so without an anchor energy it is None.
+            anchor = (embedded if index == 0 else hidden_states) if self.config.input_anchor else None
+            if halting is not None:
+                hidden_states, used = self._iterate_until_halted(
+                    layer,
+                    hidden_states,
+                    embedded,
+                    anchor,
+                    keep,
+                    real_tokens,
+                    iteration_conditions,
+                    fixed_step_sizes,
+                    on_input,
+                    *halting,
+                )
+                iterations_used += used
+                if output_final_energy:
+                    final_energy = final_energy + self._energy(layer, hidden_states, real_tokens)
+                continue
+            records = [self._diagnostics(layer, hidden_states, real_tokens)] if output_energies else None
+            for t in range(num_iterations):
+                source = embedded if on_input else hidden_states
+                source = None if fixed_step_sizes is not None else source  # [α | γ] given: not read
+                # truncated backpropagation through depth: only the last k of the L·T iterations build a graph
+                with self._iteration_grad(index, t, num_iterations, backprop_iterations, len(self.layers)):
+                    hidden_states, probs = layer(
+                        hidden_states,
+                        iteration_conditions[t],
+                        source,
+                        self.step_sizes,
+                        keep,
+                        anchor,
+                        output_attentions,
+                        fixed_step_sizes,
+                    )
+                if output_hidden_states:
+                    all_hidden_states += (hidden_states,)
+                if output_attentions:
+                    all_attentions += (probs,)
+                if output_energies:
+                    records.append(self._diagnostics(layer, hidden_states, real_tokens))
+            if output_final_energy:
+                final_energy = final_energy + self._energy(layer, hidden_states, real_tokens)
+            if output_energies:
+                per_layer_diagnostics.append([torch.stack(values, dim=1) for values in zip(*records)])
+
+        energies = None
+        if output_energies:
+            energies = HyperSetEnergies(
+                *(torch.stack(values, dim=1) for values in zip(*per_layer_diagnostics))  # (B, L, T + 1[, H])
+            )
+        pooled = self._pool(hidden_states, keep)
+        output = HyperSetModelOutput(
+            last_hidden_state=hidden_states,
+            pooler_output=pooled,
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+            energies=energies,
+            iterations_used=iterations_used,
+            final_energy=final_energy,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def _halting(self, tolerance: float | None, criterion: str | None) -> tuple[float, str] | None:
+        """(ε, criterion) when this call halts adaptively: eval mode, eager, a tolerance given; else None."""
+        tolerance = self.config.halting_tolerance if tolerance is None else tolerance
+        criterion = self.config.halting_criterion if criterion is None else criterion
+        if criterion not in ("state", "energy"):
+            raise ValueError(f"halting_criterion must be one of ['state', 'energy']; got {criterion!r}.")
+        if tolerance is None:
+            return None
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
+            raise ValueError(f"halting_tolerance must be a number > 0 (or None); got {tolerance!r}.")
+        return None if self.training or _is_tracing() else (float(tolerance), criterion)
+
+    def _iterate_until_halted(
+        self,
+        layer: HyperSetLayer,
+        hidden_states: torch.Tensor,
+        embedded: torch.Tensor,
+        anchor: torch.Tensor | None,
+        keep: torch.Tensor | None,
+        real_tokens: torch.Tensor,
+        iteration_conditions: torch.Tensor,
+        fixed_step_sizes: torch.Tensor | None,
+        on_input: bool,
+        tolerance: float,
+        criterion: str,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Iterate `layer` per sample until its relative change is below `tolerance`, T at most.
+
+        The change is ‖x_{t+1} − x_t‖ / ‖x_t‖ over the real tokens (`"state"`) or |E_t − E_{t+1}| / |E_t| with
+        E = E_ATTN + E_FF (`"energy"`): a sample keeps iterating while its energy still changes by ε or more, up
+        or down. A halted sample leaves the working batch, so it costs no more compute; its state is written back
+        in place. Returns the states and the iterations each sample ran, `(B,)`.
+        """
+        batch = hidden_states.shape[0]
+        active = torch.arange(batch, device=hidden_states.device)  # samples still iterating
+        used = torch.zeros(batch, dtype=torch.long, device=hidden_states.device)
+        energy = self._energy(layer, hidden_states, real_tokens) if criterion == "energy" else None
+        for condition in iteration_conditions:
+            current, tokens = hidden_states[active], real_tokens[active]  # (A, N, d), (A, N)
+            source = embedded[active] if on_input else current
+            updated, _ = layer(
+                current,
+                condition,
+                source,
+                self.step_sizes,
+                None if keep is None else keep[active],
+                None if anchor is None else anchor[active],
+                False,  # no maps: halting cannot return them
+                None if fixed_step_sizes is None else fixed_step_sizes[active],
+            )
+            hidden_states = hidden_states.index_copy(0, active, updated)
+            used[active] += 1
+            if criterion == "state":
+                weights = tokens.unsqueeze(-1).to(updated.dtype)  # padded tokens do not count
+                change = ((updated - current) * weights).flatten(1).norm(dim=1)
+                change = change / (current * weights).flatten(1).norm(dim=1).clamp_min(
+                    torch.finfo(change.dtype).tiny
+                )
+            else:
+                # The size of the change, up or down, as the state criterion measures a norm: a sample whose energy
+                # rises is still moving (the step sizes are learned, so an update need not descend) and must not
+                # read as converged.
+                new_energy = self._energy(layer, updated, tokens)
+                change = (energy[active] - new_energy).abs() / energy[active].abs().clamp_min(
+                    torch.finfo(new_energy.dtype).tiny
+                )
+                energy = energy.index_copy(0, active, new_energy)
+            active = active[change >= tolerance]
+            if active.numel() == 0:
+                break
+        return hidden_states, used
+
+    @staticmethod
+    def _energy(layer: HyperSetLayer, hidden_states: torch.Tensor, real_tokens: torch.Tensor) -> torch.Tensor:
+        """E_ATTN + E_FF per sample, `(B,)`."""
+        return layer.attention.energy(hidden_states, real_tokens) + layer.feedforward.energy(
+            hidden_states, real_tokens
+        )
+
+    @staticmethod
+    def _diagnostics(
+        layer: HyperSetLayer, hidden_states: torch.Tensor, keep: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        attention_energy, effective_rank, average_angle = layer.attention.diagnostics(hidden_states, keep)
+        return attention_energy, layer.feedforward.energy(hidden_states, keep), effective_rank, average_angle
+
+
+# ------------------------------------------------------------------------ recurrent-depth heads
+# What the classification heads of Hyper-SET and of the looped baseline run around their backbone: deep
+# supervision, the supervision steps with the halting head, test-time search (`run_head`), and the head mixin.
 def supervised_iterations(
     config: PreTrainedConfig, num_iterations: int, draw: int | None = None
 ) -> list[int]:
@@ -1499,469 +1961,6 @@ def run_head(
     )
 
 
-class RecurrentDepthMixin:
-    """The depth schedule of a backbone that iterates weight-tied layers (`self.layers`, each applied T times):
-    Hyper-SET's `HyperSetModel` and the looped-Transformer baseline's `LoopedTransformerModel` use this one
-    implementation, so both follow the same schedule in a side-by-side run.
-
-    * T of a call: the per-call value, else in training a draw of `config.iteration_sampling`
-      (`sample_num_iterations`, seeded by the count `iteration_draws`), else `config.num_iterations`;
-    * k, the iterations differentiated (truncated backpropagation through depth): the last k of all L·T;
-    * `iteration_draws`: training forwards that drew a depth or a random deep-supervision subset
-      (`supervised_iterations`), the seed of the next draw; one per forward, shared by both. Every process counts
-      its own forwards, so all ranks of a distributed run draw the same at each step; the training loops set it
-      from the global step when they resume. Nothing is counted when nothing is random, so a compiled fixed-depth
-      model sees no changing attribute.
-    """
-
-    iteration_draws: int = 0
-
-    def _num_iterations(self, requested: int | None) -> int:
-        """This call's T: the request, else a depth drawn by `iteration_sampling` (training), else the config's."""
-        if requested is None:
-            random_subset = config_choice(
-                self.config, "deep_supervision", {name: name == "random" for name in DEEP_SUPERVISION}
-            )
-            fixed = config_choice(
-                self.config, "iteration_sampling", {name: name == "fixed" for name in ITERATION_SAMPLING}
-            )
-            if not self.training or (fixed and not random_subset):
-                return self.config.num_iterations
-            self.iteration_draws += 1
-            return sample_num_iterations(self.config, self.iteration_draws - 1)
-        if not isinstance(requested, int) or isinstance(requested, bool) or requested < 1:
-            raise ValueError(f"num_iterations must be an integer >= 1; got {requested!r}.")
-        return requested
-
-    def _backprop_iterations(self, requested: int | None, num_iterations: int) -> int:
-        """This call's k, the iterations differentiated (the last k of all L·T): the request, the config's, or all."""
-        total = self.config.num_hidden_layers * num_iterations
-        if requested is None:
-            configured = self.config.backprop_iterations
-            return total if configured is None else min(configured, total)
-        if not isinstance(requested, int) or isinstance(requested, bool) or not 1 <= requested <= total:
-            raise ValueError(
-                f"backprop_iterations must be an integer in [1, num_hidden_layers × num_iterations = {total}]; "
-                f"got {requested!r}."
-            )
-        return requested
-
-    def _pool(self, hidden_states: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-        """The classifier input of a state `(B, N, d)` (`pool_tokens`: the first token or the mean over the real
-        tokens after the prefix); the deep-supervision steps pool the intermediate states with it too."""
-        return pool_tokens(self.config, hidden_states, keep, self.embeddings.num_prefix_tokens)
-
-    @staticmethod
-    def _iteration_grad(
-        layer_index: int, t: int, num_iterations: int, backprop_iterations: int, num_layers: int
-    ) -> contextlib.AbstractContextManager:
-        """The grad mode of iteration `t` of layer `layer_index`: `no_grad` for all but the last k of the L·T."""
-        frozen = num_layers * num_iterations - backprop_iterations
-        return torch.no_grad() if layer_index * num_iterations + t < frozen else contextlib.nullcontext()
-
-
-def _compile_region(function: Callable) -> Callable:
-    """The layer step as a nested compile region: torch.compile traces one iteration once and reuses it for all L·T
-    calls of a layer, so compile time does not grow with the depth T (torch ≥ 2.8; a no-op in eager mode).
-
-    Non-strict `torch.export` (its default) is the exception: there torch runs Dynamo on the region anew at every
-    call, L·T Dynamo compiles of the same step, several times the cost of tracing the loop unrolled. So under
-    export outside Dynamo the plain step is traced; Dynamo (torch.compile, strict export) still gets the region.
-    """
-    nested_compile_region = getattr(torch.compiler, "nested_compile_region", None)
-    if nested_compile_region is None:
-        return function
-
-    @functools.wraps(function)
-    def step(*args, **kwargs):
-        if torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling():
-            return function(*args, **kwargs)
-        return region(*args, **kwargs)
-
-    region = nested_compile_region(function)  # after `wraps`: its marks stay on `function`, off `step`
-    return step
-
-
-class HyperSetLayer(GradientCheckpointingLayer):
-    """One iteration: x ← x − α ⊙ Attn(x), then x ← x + γ ⊙ FF(x) (steps built on E_ATTN, then E_FF), and with
-    `input_anchor` λ > 0 the step −λ(x_t − x₀) on the anchor energy (λ/2)‖x − x₀‖²."""
-
-    def __init__(self, config: HyperSetConfig) -> None:
-        super().__init__()
-        self.attention = ATTENTION_CLASSES.get(config.attention_energy, HyperSetAttention)(config)
-        self.feedforward = FEEDFORWARD_CLASSES.get(config.feedforward_energy, HyperSetFeedForward)(config)
-        self.input_anchor = config.input_anchor
-
-    @_compile_region
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        iteration_condition: torch.Tensor,
-        condition_source: torch.Tensor,
-        step_sizes: HyperSetStepSizes,
-        keep: torch.Tensor | None = None,
-        anchor: torch.Tensor | None = None,
-        output_attentions: bool = False,
-        fixed_step_sizes: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`fixed_step_sizes`: [α | γ] `(B, N, 2d)` when they do not change over iterations (computed once by the
-        model), else None and the step-size network computes them here."""
-        # The shared step-size network is passed in (it lives on the model) so that one whole iteration,
-        # step sizes included, is one checkpointed unit and memory does not grow with T.
-        if fixed_step_sizes is None:
-            alpha, gamma = step_sizes(iteration_condition, condition_source)
-        else:
-            alpha, gamma = fixed_step_sizes.chunk(2, dim=-1)
-        update, probs = self.attention(hidden_states, keep, output_attentions)
-        updated = torch.addcmul(hidden_states, alpha, update, value=-1)  # x − α ⊙ Attn(x) in one pass
-        updated = torch.addcmul(updated, gamma, self.feedforward(updated))  # x + γ ⊙ FF(x)
-        if self.input_anchor and anchor is not None:
-            updated = updated - self.input_anchor * (hidden_states - anchor)
-        return updated, probs
-
-
-class HyperSetPreTrainedModel(PreTrainedModel):
-    """The base of every Hyper-SET model: its config class, weight initialisation, attention selection and loading."""
-
-    config: HyperSetConfig
-    config_class = HyperSetConfig
-    base_model_prefix = "hyperset"
-    main_input_name = "pixel_values"
-    input_modalities = ("image", "text")
-    supports_gradient_checkpointing = True
-    _no_split_modules = ["HyperSetEmbeddings", "HyperSetLayer"]
-    _supports_sdpa = True
-
-    # what `attn_implementation` takes: this file's bi-softmax registry, read at call time ("triton" registers there)
-    attn_implementations = ALL_ATTENTION_FUNCTIONS
-
-    def __init__(self, config: HyperSetConfig, *inputs: object, **kwargs: object) -> None:
-        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
-        super().__init__(config, *inputs, **kwargs)
-
-    def get_correct_attn_implementation(
-        self, requested_attention: str | None, is_init_check: bool = False
-    ) -> str:
-        choose = functools.partial(choose_attn_implementation, self.config)
-        return select_attn_implementation(
-            self, requested_attention, is_init_check, choose, missing_kernel_note()
-        )
-
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.initializer_range
-        if isinstance(module, HyperSetStepSizeProjection):
-            init.zeros_(module.weight)  # α = γ = 0: identity map at initialisation
-            init.zeros_(module.bias)
-        elif isinstance(module, nn.Linear):
-            init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, mean=0.0, std=std)
-        elif isinstance(module, nn.LayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
-        elif isinstance(module, nn.RMSNorm):
-            init.ones_(module.weight)
-        elif isinstance(module, HyperSetAttention):
-            init.ones_(module.qkv_gain)
-        elif isinstance(module, HyperSetStepSizes) and hasattr(module, "condition"):
-            init.zeros_(module.condition)
-        elif isinstance(module, HyperSetEmbeddings):
-            if module.config.input_type == "image":
-                init.normal_(module.cls_token, mean=0.0, std=1.0)  # N(0, 1) as in the authors' code
-            if module.position_encoding is not None:
-                # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
-                init.copy_(
-                    module.position_encoding,
-                    fixed_positions(module.config, module.position_encoding.shape[1]),
-                )
-
-    @classmethod
-    def from_pretrained(
-        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
-    ) -> PreTrainedModel:
-        return load_naming_unreadable_file(
-            super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
-        )
-
-
-class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
-    """The Hyper-SET backbone: embeddings, then L weight-tied layers iterated T times (`RecurrentDepthMixin`).
-
-    One `forward` serves both input types: images ViT-style (`pixel_values` first) and sequences BERT-style
-    (`input_ids`, `attention_mask`, `inputs_embeds`); a sequence backbone's `main_input_name` is `input_ids`, and
-    `model(ids)` reads them (`route_main_input`). Pass the other inputs by name.
-    """
-
-    def __init__(self, config: HyperSetConfig) -> None:
-        super().__init__(config)
-        self.embeddings = HyperSetEmbeddings(config)
-        self.step_sizes = HyperSetStepSizes(config)
-        self.layers = nn.ModuleList([HyperSetLayer(config) for _ in range(config.num_hidden_layers)])
-        self.iteration_draws = 0  # RecurrentDepthMixin
-        # `get/set_input_embeddings` (transformers' defaults) find this table in `self.embeddings`.
-        self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
-        if config.input_type == "sequence":  # what processors, pipelines and `model(ids)` hand over first
-            self.main_input_name = "input_ids"
-        self.post_init()
-
-    def forward(
-        self,
-        pixel_values: torch.Tensor | None = None,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
-        inputs_embeds: torch.Tensor | None = None,
-        num_iterations: int | None = None,
-        backprop_iterations: int | None = None,
-        halting_tolerance: float | None = None,
-        halting_criterion: str | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_energies: bool | None = None,
-        return_dict: bool | None = None,
-        initial_state: torch.Tensor | None = None,
-        output_final_energy: bool | None = None,
-        interpolate_pos_encoding: bool | None = None,
-    ) -> HyperSetModelOutput | tuple:
-        r"""
-        num_iterations (`int`, *optional*):
-            Iterations per layer for this call (defaults to `config.num_iterations`, or in training a depth
-            drawn by `config.iteration_sampling`); larger values extrapolate in depth at test time.
-        backprop_iterations (`int`, *optional*):
-            Differentiate only the last k of the L·T iterations (defaults to `config.backprop_iterations`).
-        halting_tolerance (`float`, *optional*):
-            Adaptive halting in eval mode (defaults to `config.halting_tolerance`): each sample stops once its
-            relative state change (or the size of its relative energy change) is below this, `num_iterations`
-            being the maximum; the output's `iterations_used` says how many it ran. Not under torch.compile /
-            export (fixed T there).
-        halting_criterion (`str`, *optional*):
-            `"state"` or `"energy"` (defaults to `config.halting_criterion`).
-        output_energies (`bool`, *optional*):
-            Return `energies` (`HyperSetEnergies`): E_ATTN, E_FF, effective rank and mean angle per
-            layer for t = 0..T.
-        initial_state (`torch.Tensor` of shape `(batch, num_tokens, hidden_size)`, *optional*):
-            The state x the first iteration of the first layer starts from, in place of the embedding output
-            (a carried state of the supervision steps, or a perturbed start of test-time search). The inputs are
-            embedded all the same: the embedding output stays x₀ of the step sizes (`step_size_condition=
-            "input"`) and of the first layer's anchor energy (`input_anchor`), and the input's padding mask
-            applies; `hidden_states` then starts with `initial_state`. None: start from the embedding output.
-        output_final_energy (`bool`, *optional*):
-            Return `final_energy` `(batch,)`: Σ over layers of E_ATTN + E_FF of the state each layer's last
-            iteration left (no gradient; what test-time search's energy selector compares).
-        interpolate_pos_encoding (`bool`, *optional*):
-            Images only: resample the position table bicubically to the patch grid of the input (another
-            resolution, a multiple of `patch_size`), the CLS position unchanged, as ViT's argument. Without it an
-            input of another size than `config.image_size` is refused.
-        """
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        output_hidden_states = (
-            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        )
-        output_energies = bool(output_energies)
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        pixel_values, input_ids = route_main_input(self.config, pixel_values, input_ids)
-        num_iterations = self._num_iterations(num_iterations)
-        backprop_iterations = self._backprop_iterations(backprop_iterations, num_iterations)
-        halting = self._halting(halting_tolerance, halting_criterion)
-        if halting is not None and (output_attentions or output_hidden_states or output_energies):
-            raise ValueError(
-                "halting_tolerance cannot be combined with output_attentions, output_hidden_states or "
-                "output_energies (samples stop at different iterations); pass a fixed num_iterations instead."
-            )
-
-        hidden_states, keep = self.embeddings(
-            pixel_values=pixel_values,
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            interpolate_pos_encoding=bool(interpolate_pos_encoding),
-        )
-        embedded = hidden_states
-        # read once per forward, not per iteration: the step sizes' condition x₀ (the input) or the state
-        on_input = config_choice(self.config, "step_size_condition", {"current": False, "input": True})
-        if initial_state is not None:
-            hidden_states = check_initial_state(initial_state, embedded)
-        elif on_input or self.config.input_anchor:
-            # the iterations read x₀ beside the state; torch.compile reuses one traced iteration for all of them,
-            # which goes wrong when x₀ and the state are one tensor at the first call and two after it
-            hidden_states = hidden_states.clone()
-        real_tokens = (
-            torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep.float()
-        )
-        iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
-        warn_if_maps_need_eager(self.config, output_attentions)
-        fixed_step_sizes = None  # [α | γ] once per forward where they do not change over iterations
-        if HyperSetStepSizes.constant_over_iterations(self.config):
-            fixed_step_sizes = self.step_sizes.project(iteration_conditions[0], embedded)  # (B, N, 2d)
-        all_hidden_states = (hidden_states,) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        iterations_used = None if halting is None else torch.zeros_like(real_tokens[:, 0], dtype=torch.long)
-        per_layer_diagnostics = []
-        final_energy = torch.zeros_like(real_tokens[:, 0]) if output_final_energy else None
-        for index, layer in enumerate(self.layers):
-            # x₀ of the anchor energy: the state entering this layer; for the first layer the embedded input, also
-            # when the iterations start from an `initial_state` (the anchor keeps tying the state to the input).
-            # A compiled region must not receive an unused tensor that aliases another input (torch.compile then
-            # reuses the traced iteration with its inputs shifted), so without an anchor energy it is None.
-            anchor = (embedded if index == 0 else hidden_states) if self.config.input_anchor else None
-            if halting is not None:
-                hidden_states, used = self._iterate_until_halted(
-                    layer,
-                    hidden_states,
-                    embedded,
-                    anchor,
-                    keep,
-                    real_tokens,
-                    iteration_conditions,
-                    fixed_step_sizes,
-                    on_input,
-                    *halting,
-                )
-                iterations_used += used
-                if output_final_energy:
-                    final_energy = final_energy + self._energy(layer, hidden_states, real_tokens)
-                continue
-            records = [self._diagnostics(layer, hidden_states, real_tokens)] if output_energies else None
-            for t in range(num_iterations):
-                source = embedded if on_input else hidden_states
-                source = None if fixed_step_sizes is not None else source  # [α | γ] given: not read
-                # truncated backpropagation through depth: only the last k of the L·T iterations build a graph
-                with self._iteration_grad(index, t, num_iterations, backprop_iterations, len(self.layers)):
-                    hidden_states, probs = layer(
-                        hidden_states,
-                        iteration_conditions[t],
-                        source,
-                        self.step_sizes,
-                        keep,
-                        anchor,
-                        output_attentions,
-                        fixed_step_sizes,
-                    )
-                if output_hidden_states:
-                    all_hidden_states += (hidden_states,)
-                if output_attentions:
-                    all_attentions += (probs,)
-                if output_energies:
-                    records.append(self._diagnostics(layer, hidden_states, real_tokens))
-            if output_final_energy:
-                final_energy = final_energy + self._energy(layer, hidden_states, real_tokens)
-            if output_energies:
-                per_layer_diagnostics.append([torch.stack(values, dim=1) for values in zip(*records)])
-
-        energies = None
-        if output_energies:
-            energies = HyperSetEnergies(
-                *(torch.stack(values, dim=1) for values in zip(*per_layer_diagnostics))  # (B, L, T + 1[, H])
-            )
-        pooled = self._pool(hidden_states, keep)
-        output = HyperSetModelOutput(
-            last_hidden_state=hidden_states,
-            pooler_output=pooled,
-            hidden_states=all_hidden_states,
-            attentions=all_attentions,
-            energies=energies,
-            iterations_used=iterations_used,
-            final_energy=final_energy,
-        )
-        return output if return_dict else output.to_tuple()
-
-    def _halting(self, tolerance: float | None, criterion: str | None) -> tuple[float, str] | None:
-        """(ε, criterion) when this call halts adaptively: eval mode, eager, a tolerance given; else None."""
-        tolerance = self.config.halting_tolerance if tolerance is None else tolerance
-        criterion = self.config.halting_criterion if criterion is None else criterion
-        if criterion not in ("state", "energy"):
-            raise ValueError(f"halting_criterion must be one of ['state', 'energy']; got {criterion!r}.")
-        if tolerance is None:
-            return None
-        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
-            raise ValueError(f"halting_tolerance must be a number > 0 (or None); got {tolerance!r}.")
-        return None if self.training or _is_tracing() else (float(tolerance), criterion)
-
-    def _iterate_until_halted(
-        self,
-        layer: HyperSetLayer,
-        hidden_states: torch.Tensor,
-        embedded: torch.Tensor,
-        anchor: torch.Tensor | None,
-        keep: torch.Tensor | None,
-        real_tokens: torch.Tensor,
-        iteration_conditions: torch.Tensor,
-        fixed_step_sizes: torch.Tensor | None,
-        on_input: bool,
-        tolerance: float,
-        criterion: str,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Iterate `layer` per sample until its relative change is below `tolerance`, T at most.
-
-        The change is ‖x_{t+1} − x_t‖ / ‖x_t‖ over the real tokens (`"state"`) or |E_t − E_{t+1}| / |E_t| with
-        E = E_ATTN + E_FF (`"energy"`): a sample keeps iterating while its energy still changes by ε or more, up
-        or down. A halted sample leaves the working batch, so it costs no more compute; its state is written back
-        in place. Returns the states and the iterations each sample ran, `(B,)`.
-        """
-        batch = hidden_states.shape[0]
-        active = torch.arange(batch, device=hidden_states.device)  # samples still iterating
-        used = torch.zeros(batch, dtype=torch.long, device=hidden_states.device)
-        energy = self._energy(layer, hidden_states, real_tokens) if criterion == "energy" else None
-        for condition in iteration_conditions:
-            current, tokens = hidden_states[active], real_tokens[active]  # (A, N, d), (A, N)
-            source = embedded[active] if on_input else current
-            updated, _ = layer(
-                current,
-                condition,
-                source,
-                self.step_sizes,
-                None if keep is None else keep[active],
-                None if anchor is None else anchor[active],
-                False,  # no maps: halting cannot return them
-                None if fixed_step_sizes is None else fixed_step_sizes[active],
-            )
-            hidden_states = hidden_states.index_copy(0, active, updated)
-            used[active] += 1
-            if criterion == "state":
-                weights = tokens.unsqueeze(-1).to(updated.dtype)  # padded tokens do not count
-                change = ((updated - current) * weights).flatten(1).norm(dim=1)
-                change = change / (current * weights).flatten(1).norm(dim=1).clamp_min(
-                    torch.finfo(change.dtype).tiny
-                )
-            else:
-                # The size of the change, up or down, as the state criterion measures a norm: a sample whose energy
-                # rises is still moving (the step sizes are learned, so an update need not descend) and must not
-                # read as converged.
-                new_energy = self._energy(layer, updated, tokens)
-                change = (energy[active] - new_energy).abs() / energy[active].abs().clamp_min(
-                    torch.finfo(new_energy.dtype).tiny
-                )
-                energy = energy.index_copy(0, active, new_energy)
-            active = active[change >= tolerance]
-            if active.numel() == 0:
-                break
-        return hidden_states, used
-
-    @staticmethod
-    def _energy(layer: HyperSetLayer, hidden_states: torch.Tensor, real_tokens: torch.Tensor) -> torch.Tensor:
-        """E_ATTN + E_FF per sample, `(B,)`."""
-        return layer.attention.energy(hidden_states, real_tokens) + layer.feedforward.energy(
-            hidden_states, real_tokens
-        )
-
-    @staticmethod
-    def _diagnostics(
-        layer: HyperSetLayer, hidden_states: torch.Tensor, keep: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
-        attention_energy, effective_rank, average_angle = layer.attention.diagnostics(hidden_states, keep)
-        return attention_energy, layer.feedforward.energy(hidden_states, keep), effective_rank, average_angle
-
-
-def _classifier_norm(config: HyperSetConfig) -> nn.Module:
-    """The norm before the classifier: LayerNorm (the paper's image models) or RMSNorm (their Sudoku model)."""
-    if config.classifier_norm == "rmsnorm":
-        return nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-
-
 class RecurrentDepthHeadMixin:
     """`classify` and `_loss` of the classification heads of Hyper-SET and of the looped baseline: a head sets the
     input type it takes, whether it classifies every token, its output class and the backbone output fields it
@@ -2020,6 +2019,13 @@ class RecurrentDepthHeadMixin:
         labels), the others (labels, logits)."""
         arguments = (logits, labels) if self._per_token else (labels, logits)
         return self.loss_function(*arguments, self.config)
+
+
+def _classifier_norm(config: HyperSetConfig) -> nn.Module:
+    """The norm before the classifier: LayerNorm (the paper's image models) or RMSNorm (their Sudoku model)."""
+    if config.classifier_norm == "rmsnorm":
+        return nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
 
 class HyperSetHead(RecurrentDepthHeadMixin, HyperSetPreTrainedModel):
@@ -2173,6 +2179,7 @@ class HyperSetForTokenClassification(HyperSetSequenceHead):
     _output_class = HyperSetTokenClassifierOutput
 
 
+# ------------------------------------------------------------------------ masked image modelling
 # MaskGIT's schedules (Chang et al. 2022, as `valeoai/Maskgit-pytorch` computes them, the code the authors' MIM
 # model follows): the weight w(r) of each decoding step, r running from 1 to 0 over the steps; step s unmasks a share
 # w_s / Σ w of the masked tokens. Every schedule starts near 0, so the first steps fix few tokens.
