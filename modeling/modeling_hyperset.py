@@ -386,6 +386,48 @@ def interpolate_positions(
     return torch.cat((prefix, patches), dim=1)
 
 
+class FamilyPreTrainedMixin:
+    """What every family's `PreTrainedModel` shares, listed before transformers' class in its bases: the config's
+    checks run again at construction, an `attn_implementation` outside the class's `attn_implementations` is refused
+    by name (`select_attn_implementation`), and an unreadable weight file is named (`load_naming_unreadable_file`).
+
+    A family that picks its own implementation (Hyper-SET's bi-softmax registry) overrides
+    `_choose_attn_implementation`, and `_attn_implementation_note` ends the refusal's message; the defaults are
+    transformers' own choice and no note.
+    """
+
+    def __init__(self, config: PreTrainedConfig, *inputs: object, **kwargs: object) -> None:
+        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
+        super().__init__(config, *inputs, **kwargs)
+
+    def get_correct_attn_implementation(
+        self, requested_attention: str | None, is_init_check: bool = False
+    ) -> str:
+        return select_attn_implementation(
+            self,
+            requested_attention,
+            is_init_check,
+            self._choose_attn_implementation,
+            self._attn_implementation_note(),
+        )
+
+    def _choose_attn_implementation(self, requested: str | None, is_init_check: bool) -> str:
+        """What a name this class takes (or None) runs: transformers' choice unless the family overrides it."""
+        return super().get_correct_attn_implementation(requested, is_init_check)
+
+    def _attn_implementation_note(self) -> str:
+        """The end of the refusal of a name the class does not take (none unless the family overrides it)."""
+        return ""
+
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
+    ) -> PreTrainedModel:
+        return load_naming_unreadable_file(
+            super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
+        )
+
+
 # --- end of shared helpers ---
 
 
@@ -1051,7 +1093,7 @@ class HyperSetLayer(GradientCheckpointingLayer):
         return updated, probs
 
 
-class HyperSetPreTrainedModel(PreTrainedModel):
+class HyperSetPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     """The base of every Hyper-SET model: its config class, weight initialisation, attention selection and loading."""
 
     config: HyperSetConfig
@@ -1066,17 +1108,11 @@ class HyperSetPreTrainedModel(PreTrainedModel):
     # what `attn_implementation` takes: this file's bi-softmax registry, read at call time ("triton" registers there)
     attn_implementations = ALL_ATTENTION_FUNCTIONS
 
-    def __init__(self, config: HyperSetConfig, *inputs: object, **kwargs: object) -> None:
-        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
-        super().__init__(config, *inputs, **kwargs)
+    def _choose_attn_implementation(self, requested: str | None, is_init_check: bool) -> str:
+        return choose_attn_implementation(self.config, requested, is_init_check)
 
-    def get_correct_attn_implementation(
-        self, requested_attention: str | None, is_init_check: bool = False
-    ) -> str:
-        choose = functools.partial(choose_attn_implementation, self.config)
-        return select_attn_implementation(
-            self, requested_attention, is_init_check, choose, missing_kernel_note()
-        )
+    def _attn_implementation_note(self) -> str:
+        return missing_kernel_note()
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -1108,14 +1144,6 @@ class HyperSetPreTrainedModel(PreTrainedModel):
                     module.position_encoding,
                     fixed_positions(module.config, module.position_encoding.shape[1]),
                 )
-
-    @classmethod
-    def from_pretrained(
-        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
-    ) -> PreTrainedModel:
-        return load_naming_unreadable_file(
-            super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
-        )
 
 
 # ------------------------------------------------------------------------ depth schedule

@@ -306,6 +306,48 @@ def interpolate_positions(
     return torch.cat((prefix, patches), dim=1)
 
 
+class FamilyPreTrainedMixin:
+    """What every family's `PreTrainedModel` shares, listed before transformers' class in its bases: the config's
+    checks run again at construction, an `attn_implementation` outside the class's `attn_implementations` is refused
+    by name (`select_attn_implementation`), and an unreadable weight file is named (`load_naming_unreadable_file`).
+
+    A family that picks its own implementation (Hyper-SET's bi-softmax registry) overrides
+    `_choose_attn_implementation`, and `_attn_implementation_note` ends the refusal's message; the defaults are
+    transformers' own choice and no note.
+    """
+
+    def __init__(self, config: PreTrainedConfig, *inputs: object, **kwargs: object) -> None:
+        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
+        super().__init__(config, *inputs, **kwargs)
+
+    def get_correct_attn_implementation(
+        self, requested_attention: str | None, is_init_check: bool = False
+    ) -> str:
+        return select_attn_implementation(
+            self,
+            requested_attention,
+            is_init_check,
+            self._choose_attn_implementation,
+            self._attn_implementation_note(),
+        )
+
+    def _choose_attn_implementation(self, requested: str | None, is_init_check: bool) -> str:
+        """What a name this class takes (or None) runs: transformers' choice unless the family overrides it."""
+        return super().get_correct_attn_implementation(requested, is_init_check)
+
+    def _attn_implementation_note(self) -> str:
+        """The end of the refusal of a name the class does not take (none unless the family overrides it)."""
+        return ""
+
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
+    ) -> PreTrainedModel:
+        return load_naming_unreadable_file(
+            super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
+        )
+
+
 # --- end of shared helpers ---
 
 
@@ -982,7 +1024,7 @@ class IMixerClassifier(nn.Linear):
     """Linear(D, num_labels); its own class so `_init_weights` can zero it (timm's Mixer head init)."""
 
 
-class IMixerPreTrainedModel(PreTrainedModel):
+class IMixerPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     """The base of every iMixer model: its config class, weight initialisation, attention selection and loading."""
 
     config: IMixerConfig
@@ -995,17 +1037,6 @@ class IMixerPreTrainedModel(PreTrainedModel):
 
     # what `attn_implementation` takes: "eager" only, iMixer mixes tokens with an MLP and has no attention
     attn_implementations = ("eager",)
-
-    def __init__(self, config: IMixerConfig, *inputs: object, **kwargs: object) -> None:
-        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
-        super().__init__(config, *inputs, **kwargs)
-
-    def get_correct_attn_implementation(
-        self, requested_attention: str | None, is_init_check: bool = False
-    ) -> str:
-        return select_attn_implementation(
-            self, requested_attention, is_init_check, super().get_correct_attn_implementation
-        )
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -1042,14 +1073,6 @@ class IMixerPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
         elif isinstance(module, IMixerEmbeddings) and module.config.input_type == "sequence":
             init.normal_(module.pad_embedding, mean=0.0, std=self.config.initializer_range)
-
-    @classmethod
-    def from_pretrained(
-        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
-    ) -> PreTrainedModel:
-        return load_naming_unreadable_file(
-            super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
-        )
 
 
 def _stack_diagnostics(blocks: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -39,6 +39,7 @@ from transformers.utils import ModelOutput
 
 from ..configuration.configuration_looped_transformer import LoopedTransformerConfig
 from .modeling_hyperset import (
+    FamilyPreTrainedMixin,
     HyperSetEmbeddings,
     MaskedImageModelingMixin,
     RecurrentDepthHeadMixin,
@@ -49,9 +50,7 @@ from .modeling_hyperset import (
     check_masked_image_modeling_head,
     config_choice,
     fixed_positions,
-    load_naming_unreadable_file,
     route_main_input,
-    select_attn_implementation,
 )
 
 
@@ -164,7 +163,7 @@ class LoopedTransformerLayer(GradientCheckpointingLayer):
         return hidden_states, probs
 
 
-class LoopedTransformerPreTrainedModel(PreTrainedModel):
+class LoopedTransformerPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     """The base of every looped-Transformer baseline model: config class, weight initialisation, attention
     selection and loading."""
 
@@ -179,17 +178,6 @@ class LoopedTransformerPreTrainedModel(PreTrainedModel):
 
     # what `attn_implementation` takes: softmax attention by transformers' functions
     attn_implementations = ("eager", "sdpa")
-
-    def __init__(self, config: LoopedTransformerConfig, *inputs: object, **kwargs: object) -> None:
-        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
-        super().__init__(config, *inputs, **kwargs)
-
-    def get_correct_attn_implementation(
-        self, requested_attention: str | None, is_init_check: bool = False
-    ) -> str:
-        return select_attn_implementation(
-            self, requested_attention, is_init_check, super().get_correct_attn_implementation
-        )
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -213,14 +201,6 @@ class LoopedTransformerPreTrainedModel(PreTrainedModel):
                     module.position_encoding,
                     fixed_positions(module.config, module.position_encoding.shape[1]),
                 )
-
-    @classmethod
-    def from_pretrained(
-        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
-    ) -> PreTrainedModel:
-        return load_naming_unreadable_file(
-            super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
-        )
 
 
 class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedModel):

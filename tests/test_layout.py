@@ -125,3 +125,37 @@ def test_no_module_imports_another_modules_private_names():
                         if a.name.startswith("_") and not a.name.endswith("__")  # dunders are public
                     ]
     assert private == []
+
+
+# The looped baseline's file is no family of `FAMILIES` (it is a baseline) but follows the same skeleton.
+PRETRAINED_BASES = {
+    **{
+        family: (path, f"{FAMILIES[family].config_class.__name__[: -len('Config')]}PreTrainedModel")
+        for family, path in MODELING.items()
+    },
+    "looped_transformer": (
+        ROOT / "modeling" / "modeling_looped_transformer.py",
+        "LoopedTransformerPreTrainedModel",
+    ),
+}
+
+
+@pytest.mark.parametrize("family", list(PRETRAINED_BASES))
+def test_pretrained_model_base_is_declarations_and_one_line_delegations(family):
+    """As ViT's `ViTPreTrainedModel`: the logic every family shares (config checks at construction, attention
+    selection, naming an unreadable weight file) lives once, in the shared-helpers block's `FamilyPreTrainedMixin`;
+    a family's base holds class attributes, its `_init_weights`, and overrides of at most one statement."""
+    path, class_name = PRETRAINED_BASES[family]
+    tree = ast.parse(path.read_text())
+    (base,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == class_name]
+    bases = [ast.unparse(b) for b in base.bases]
+    assert bases == ["FamilyPreTrainedMixin", "PreTrainedModel"], f"{class_name} has the bases {bases}"
+    long_methods = {
+        item.name: len(item.body)
+        for item in base.body
+        if isinstance(item, ast.FunctionDef) and item.name != "_init_weights" and len(item.body) > 1
+    }
+    assert long_methods == {}, f"{class_name}: methods of more than one statement {long_methods}"
+    shared = {"__init__", "get_correct_attn_implementation", "from_pretrained"}
+    own = {item.name for item in base.body if isinstance(item, ast.FunctionDef)} & shared
+    assert own == set(), f"{class_name} redefines {own}, which FamilyPreTrainedMixin holds"
