@@ -1319,22 +1319,16 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                 "output_energies (samples stop at different iterations); pass a fixed num_iterations instead."
             )
 
-        hidden_states, keep = self.embeddings(
+        embedded, keep = self.embeddings(
             pixel_values=pixel_values,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
             interpolate_pos_encoding=bool(interpolate_pos_encoding),
         )
-        embedded = hidden_states
         # read once per forward, not per iteration: the step sizes' condition x₀ (the input) or the state
         on_input = config_choice(self.config, "step_size_condition", {"current": False, "input": True})
-        if initial_state is not None:
-            hidden_states = check_initial_state(initial_state, embedded)
-        elif on_input or self.config.input_anchor:
-            # the iterations read x₀ beside the state; torch.compile reuses one traced iteration for all of them,
-            # which goes wrong when x₀ and the state are one tensor at the first call and two after it
-            hidden_states = hidden_states.clone()
+        hidden_states = self._starting_state(embedded, initial_state, on_input)
         real_tokens = (
             torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep.float()
         )
@@ -1368,45 +1362,41 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                     *halting,
                 )
                 iterations_used += used
-                if output_final_energy:
-                    final_energy = final_energy + self._energy(layer, hidden_states, real_tokens)
-                continue
-            records = [self._diagnostics(layer, hidden_states, real_tokens)] if output_energies else None
-            for t in range(num_iterations):
-                source = embedded if on_input else hidden_states
-                source = None if fixed_step_sizes is not None else source  # [α | γ] given: not read
-                # truncated backpropagation through depth: only the last k of the L·T iterations build a graph
-                with self._iteration_grad(index, t, num_iterations, backprop_iterations, len(self.layers)):
-                    hidden_states, probs = layer(
-                        hidden_states,
-                        iteration_conditions[t],
-                        source,
-                        self.step_sizes,
-                        keep,
-                        anchor,
-                        output_attentions,
-                        fixed_step_sizes,
-                    )
+            else:
+                hidden_states, states, maps, diagnostics = self._iterate_layer(
+                    index,
+                    layer,
+                    hidden_states,
+                    embedded,
+                    anchor,
+                    keep,
+                    real_tokens,
+                    iteration_conditions,
+                    fixed_step_sizes,
+                    on_input,
+                    num_iterations,
+                    backprop_iterations,
+                    output_attentions,
+                    output_hidden_states,
+                    output_energies,
+                )
                 if output_hidden_states:
-                    all_hidden_states += (hidden_states,)
+                    all_hidden_states += states
                 if output_attentions:
-                    all_attentions += (probs,)
+                    all_attentions += maps
                 if output_energies:
-                    records.append(self._diagnostics(layer, hidden_states, real_tokens))
+                    per_layer_diagnostics.append(diagnostics)
             if output_final_energy:
                 final_energy = final_energy + self._energy(layer, hidden_states, real_tokens)
-            if output_energies:
-                per_layer_diagnostics.append([torch.stack(values, dim=1) for values in zip(*records)])
 
         energies = None
         if output_energies:
             energies = HyperSetEnergies(
                 *(torch.stack(values, dim=1) for values in zip(*per_layer_diagnostics))  # (B, L, T + 1[, H])
             )
-        pooled = self._pool(hidden_states, keep)
         output = HyperSetModelOutput(
             last_hidden_state=hidden_states,
-            pooler_output=pooled,
+            pooler_output=self._pool(hidden_states, keep),
             hidden_states=all_hidden_states,
             attentions=all_attentions,
             energies=energies,
@@ -1414,6 +1404,66 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             final_energy=final_energy,
         )
         return output if return_dict else output.to_tuple()
+
+    def _starting_state(
+        self, embedded: torch.Tensor, initial_state: torch.Tensor | None, on_input: bool
+    ) -> torch.Tensor:
+        """The state the first iteration starts from: `initial_state` (checked against the embedded input) or the
+        embedding output, copied where the iterations also read the embedded input x₀."""
+        if initial_state is not None:
+            return check_initial_state(initial_state, embedded)
+        if on_input or self.config.input_anchor:
+            # the iterations read x₀ beside the state; torch.compile reuses one traced iteration for all of them,
+            # which goes wrong when x₀ and the state are one tensor at the first call and two after it
+            return embedded.clone()
+        return embedded
+
+    def _iterate_layer(
+        self,
+        index: int,
+        layer: HyperSetLayer,
+        hidden_states: torch.Tensor,
+        embedded: torch.Tensor,
+        anchor: torch.Tensor | None,
+        keep: torch.Tensor | None,
+        real_tokens: torch.Tensor,
+        iteration_conditions: torch.Tensor,
+        fixed_step_sizes: torch.Tensor | None,
+        on_input: bool,
+        num_iterations: int,
+        backprop_iterations: int,
+        output_attentions: bool,
+        output_hidden_states: bool,
+        output_energies: bool,
+    ) -> tuple[torch.Tensor, tuple, tuple, list[torch.Tensor] | None]:
+        """Layer `index` iterated T = `num_iterations` times: the last state, the states after each
+        iteration and the attention maps (empty unless asked for), and the energy diagnostics for t = 0..T stacked
+        along dim 1 (None unless asked for)."""
+        states, maps = (), ()
+        records = [self._diagnostics(layer, hidden_states, real_tokens)] if output_energies else None
+        for t in range(num_iterations):
+            source = embedded if on_input else hidden_states
+            source = None if fixed_step_sizes is not None else source  # [α | γ] given: not read
+            # truncated backpropagation through depth: only the last k of the L·T iterations build a graph
+            with self._iteration_grad(index, t, num_iterations, backprop_iterations, len(self.layers)):
+                hidden_states, probs = layer(
+                    hidden_states,
+                    iteration_conditions[t],
+                    source,
+                    self.step_sizes,
+                    keep,
+                    anchor,
+                    output_attentions,
+                    fixed_step_sizes,
+                )
+            if output_hidden_states:
+                states += (hidden_states,)
+            if output_attentions:
+                maps += (probs,)
+            if output_energies:
+                records.append(self._diagnostics(layer, hidden_states, real_tokens))
+        diagnostics = [torch.stack(values, dim=1) for values in zip(*records)] if output_energies else None
+        return hidden_states, states, maps, diagnostics
 
     def _halting(self, tolerance: float | None, criterion: str | None) -> tuple[float, str] | None:
         """(ε, criterion) when this call halts adaptively: eval mode, eager, a tolerance given; else None."""
@@ -1650,35 +1700,10 @@ def classify_with_deep_supervision(
     config = head.config
     steps = config.supervision_steps
     halting = getattr(head, "halting_classifier", None)
-    threshold = 0.5 if halting_threshold is None else halting_threshold
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
-        raise ValueError(f"halting_threshold must be a number in (0, 1); got {halting_threshold!r}.")
-    requested_states = backbone_inputs.get("output_hidden_states")
-    if requested_states is None:
-        requested_states = config.output_hidden_states
-    stop_early = halting is not None and steps > 1 and not head.training and not _is_tracing()
-    if stop_early and any(backbone_inputs.get(name) for name in ("output_attentions", "output_energies")):
-        raise ValueError(
-            "the halting head stops samples after different outer steps: output_attentions and output_energies "
-            "cannot be combined with it (config.halting_head=True, supervision_steps > 1) in eval mode."
-        )
-    if stop_early and requested_states:
-        raise ValueError(
-            "the halting head stops samples after different outer steps: output_hidden_states cannot be combined "
-            "with it (config.halting_head=True, supervision_steps > 1) in eval mode."
-        )
-    # one depth, and one random-subset draw, per forward: every process counts the same draws (RecurrentDepthMixin)
-    random_mode = config_choice(
-        config, "deep_supervision", {name: name == "random" for name in DEEP_SUPERVISION}
+    threshold, stop_early, requested_states = _check_outer_steps_call(
+        head, backbone_inputs, halting_threshold
     )
-    random_subset = labels is not None and head.training and random_mode
-    first_draw = backbone.iteration_draws
-    requested = backbone_inputs.get("num_iterations")
-    num_iterations = backbone._num_iterations(requested)
-    if random_subset and requested is not None:
-        backbone.iteration_draws += (
-            1  # the backbone drew nothing for a per-call T: one draw per forward still
-        )
+    random_subset, first_draw, num_iterations = _depth_of_forward(head, backbone, labels, backbone_inputs)
     inputs = {**backbone_inputs, "num_iterations": num_iterations}
     carry = inputs.pop("initial_state", None)
     step_labels = labels if head.training else None  # eval: the loss of the returned logits, at the end
@@ -1709,22 +1734,19 @@ def classify_with_deep_supervision(
             used[active] += 1
         if loss is not None:
             step_losses.append(loss)
-        merged = _merge_step(merged, step_outputs, active, batch)
+        merged = _merge_step(merged, step_outputs, active)
         logits = step_logits if active is None else logits.index_copy(0, active, step_logits)
         carry = step_outputs.last_hidden_state.detach()
         if halting is None:
             continue
-        mask = step_inputs.get("attention_mask")
-        pooled = backbone._pool(step_outputs.last_hidden_state, None if mask is None else mask.bool())
-        halting_logits = halting(head.layernorm(pooled)).squeeze(-1)  # (A,)
-        probability = torch.full((batch,), float("nan"), device=halting_logits.device)
-        index = slice(None) if active is None else active
-        probability[index] = halting_logits.detach().float().sigmoid()
+        probability, halting_loss = _halting_step(
+            head, backbone, step_inputs, step_outputs, step_logits, step_labels, active, batch
+        )
         probabilities.append(probability)
-        if step_labels is not None:
-            target = halting_targets(head, step_logits, step_labels)
-            halting_losses.append(F.binary_cross_entropy_with_logits(halting_logits.float(), target.float()))
+        if halting_loss is not None:
+            halting_losses.append(halting_loss)
         if stop_early and step < steps - 1:
+            index = slice(None) if active is None else active
             running = probability[index] <= threshold  # (A,)
             active = (torch.arange(batch, device=running.device) if active is None else active)[running]
             carry = carry[running]
@@ -1737,19 +1759,98 @@ def classify_with_deep_supervision(
             loss = loss + config.halting_loss_weight * torch.stack(halting_losses).mean()
     else:
         loss = None if labels is None else head._loss(logits, labels)
+    return merged, logits, loss, _step_fields(steps, halting is not None, used, probabilities, batch)
+
+
+def _check_outer_steps_call(
+    head: PreTrainedModel, backbone_inputs: dict, halting_threshold: float | None
+) -> tuple[float, bool, bool]:
+    """(the halting threshold, whether samples stop early, whether the call returns `hidden_states`) of a call of
+    `classify_with_deep_supervision`, or a `ValueError` for a threshold or output flags it cannot serve."""
+    config = head.config
+    threshold = 0.5 if halting_threshold is None else halting_threshold
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
+        raise ValueError(f"halting_threshold must be a number in (0, 1); got {halting_threshold!r}.")
+    requested_states = backbone_inputs.get("output_hidden_states")
+    if requested_states is None:
+        requested_states = config.output_hidden_states
+    halting = getattr(head, "halting_classifier", None)
+    stop_early = (
+        halting is not None and config.supervision_steps > 1 and not head.training and not _is_tracing()
+    )
+    if stop_early and any(backbone_inputs.get(name) for name in ("output_attentions", "output_energies")):
+        raise ValueError(
+            "the halting head stops samples after different outer steps: output_attentions and output_energies "
+            "cannot be combined with it (config.halting_head=True, supervision_steps > 1) in eval mode."
+        )
+    if stop_early and requested_states:
+        raise ValueError(
+            "the halting head stops samples after different outer steps: output_hidden_states cannot be combined "
+            "with it (config.halting_head=True, supervision_steps > 1) in eval mode."
+        )
+    return threshold, stop_early, requested_states
+
+
+def _depth_of_forward(
+    head: PreTrainedModel, backbone: nn.Module, labels: torch.Tensor | None, backbone_inputs: dict
+) -> tuple[bool, int, int]:
+    """(whether deep supervision draws a random subset, the draw count before this forward, T) of one forward:
+    one depth, and one random-subset draw, per forward, so every process counts the same draws
+    (`RecurrentDepthMixin`)."""
+    random_mode = config_choice(
+        head.config, "deep_supervision", {name: name == "random" for name in DEEP_SUPERVISION}
+    )
+    random_subset = labels is not None and head.training and random_mode
+    first_draw = backbone.iteration_draws
+    requested = backbone_inputs.get("num_iterations")
+    num_iterations = backbone._num_iterations(requested)
+    if random_subset and requested is not None:
+        backbone.iteration_draws += (
+            1  # the backbone drew nothing for a per-call T: one draw per forward still
+        )
+    return random_subset, first_draw, num_iterations
+
+
+def _halting_step(
+    head: PreTrainedModel,
+    backbone: nn.Module,
+    step_inputs: dict,
+    step_outputs: ModelOutput,
+    step_logits: torch.Tensor,
+    step_labels: torch.Tensor | None,
+    active: torch.Tensor | None,
+    batch: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The halting head after one outer step run on the samples `active` (None: all): the halting probability of
+    every sample `(B,)` (NaN for those that did not run) and, with labels, its BCE loss on `halting_targets`."""
+    mask = step_inputs.get("attention_mask")
+    pooled = backbone._pool(step_outputs.last_hidden_state, None if mask is None else mask.bool())
+    halting_logits = head.halting_classifier(head.layernorm(pooled)).squeeze(-1)  # (A,)
+    probability = torch.full((batch,), float("nan"), device=halting_logits.device)
+    index = slice(None) if active is None else active
+    probability[index] = halting_logits.detach().float().sigmoid()
+    if step_labels is None:
+        return probability, None
+    target = halting_targets(head, step_logits, step_labels)
+    return probability, F.binary_cross_entropy_with_logits(halting_logits.float(), target.float())
+
+
+def _step_fields(
+    steps: int, has_halting_head: bool, used: torch.Tensor, probabilities: list[torch.Tensor], batch: int
+) -> dict[str, torch.Tensor | None]:
+    """The output fields of the outer steps: `supervision_steps_used` `(B,)` and `halting_probabilities` `(B, S)`,
+    None with S = 1 and no halting head."""
     fields = {"supervision_steps_used": None, "halting_probabilities": None}
-    if steps > 1 or halting is not None:
+    if steps > 1 or has_halting_head:
         fields["supervision_steps_used"] = used
     if probabilities:
         missing = steps - len(probabilities)  # a batch that stopped early entirely
         nan = torch.full((batch,), float("nan"), device=probabilities[0].device)
         fields["halting_probabilities"] = torch.stack([*probabilities, *([nan] * missing)], dim=1)
-    return merged, logits, loss, fields
+    return fields
 
 
-def _merge_step(
-    merged: ModelOutput | None, step: ModelOutput, active: torch.Tensor | None, batch: int
-) -> ModelOutput:
+def _merge_step(merged: ModelOutput | None, step: ModelOutput, active: torch.Tensor | None) -> ModelOutput:
     """The backbone output of the steps so far, `merged`, with `step` (run on the samples `active`, None: all)
     folded in: states and maps appended (the step's starting state is the last one kept), iterations summed, the
     last state, pooled token, energies and final energy replaced where the step ran."""
