@@ -1247,7 +1247,6 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         self.embeddings = HyperSetEmbeddings(config)
         self.step_sizes = HyperSetStepSizes(config)
         self.layers = nn.ModuleList([HyperSetLayer(config) for _ in range(config.num_hidden_layers)])
-        self.iteration_draws = 0  # RecurrentDepthMixin
         # `get/set_input_embeddings` (transformers' defaults) find this table in `self.embeddings`.
         self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
         if config.input_type == "sequence":  # what processors, pipelines and `model(ids)` hand over first

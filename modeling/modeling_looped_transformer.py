@@ -212,7 +212,6 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
         super().__init__(config)
         self.embeddings = HyperSetEmbeddings(config)
         self.layers = nn.ModuleList([LoopedTransformerLayer(config) for _ in range(config.num_hidden_layers)])
-        self.iteration_draws = 0  # RecurrentDepthMixin
         self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
         if config.input_type == "sequence":  # what processors, pipelines and `model(ids)` hand over first
             self.main_input_name = "input_ids"
