@@ -546,8 +546,8 @@ def eager_bisoftmax_attention(
     """The reference: S and P = R + C materialised, `(B, H, N, N)`; the only implementation that returns P.
 
     Hyper-SET's scores are symmetric (q = z ⊙ c and k = z, so S = z diag(c) zᵀ): the column softmax of S is the
-    transposed row softmax, C = Rᵀ, and one softmax gives both (as fast as ViT's attention in eager mode on CPU;
-    half the exponentials of the two softmaxes). With padding, R leaves padded keys out, so Rᵀ leaves padded
+    transposed row softmax, C = Rᵀ, and one softmax gives both (half the exponentials of two softmaxes, the cost
+    of one ordinary softmax attention). With padding, R leaves padded keys out, so Rᵀ leaves padded
     queries out of the columns, as the column softmax does.
     """
     scores = q @ k.transpose(-1, -2)  # (B, H, N, N)
@@ -647,9 +647,10 @@ class BiSoftmaxAttentionInterface(AttentionInterface):
 ALL_ATTENTION_FUNCTIONS = BiSoftmaxAttentionInterface()
 
 
-# What `attn_implementation=None` selects on every device: the materialised eager path, the fastest measured on CPU
-# and on an H200 (bfloat16, eager and compiled, 81 to 785 tokens); "triton" uses the least memory, "sdpa" runs
-# without Triton (docs/hyperset.md, "Default").
+# What `attn_implementation=None` selects on every device: the materialised eager path, the reference that runs
+# everywhere and returns the maps. At these models' token counts the (N, N) scores are small, and one softmax
+# gives both directions (`eager_bisoftmax_attention`) where "sdpa" needs two fused calls; "triton" is the choice
+# when memory is short (no (N, N) map), "sdpa" a fused path without Triton.
 DEFAULT_ATTN_IMPLEMENTATION = "eager"
 
 
@@ -889,7 +890,7 @@ class HyperSetLinearAttention(HyperSetAttention):
 
     E_ATTN = (1/(2√d_h)) Σ_h Σ_{i,j} φ(z_i)·φ(z_j) = (1/(2√d_h)) Σ_h ‖Σ_i φ(z_i)‖², z = n(W_hᵀx): the bi-softmax
     energy with the kernel φ(z_i)·φ(z_j) in place of exp(z_i·z_j/√d_h), φ = `config.feature_map` (the feature maps
-    of the authors' `hyper-set-alt-attn` code; the energy is our choice; that code was not available to us). Its
+    named by the authors' `hyper-set-alt-attn` variant; the energy built on them is our choice, not theirs). Its
     gradient φ'(z_i) ⊙ Σ_j φ(z_j) / √d_h needs one sum per head and no (N, N) map,
     so the update costs O(N·d_h) per head and returns no attention maps. Gains: k inside φ, q inside φ', v on the
     result; with one shared gain g (`qkv_norm="shared"`) it is the exact gradient of E with z replaced by g ⊙ z.
@@ -968,7 +969,8 @@ class HyperSetStepSizeProjection(nn.Linear):
 class HyperSetStepSizes(nn.Module):
     """Per-token, per-channel step sizes [α, γ] = proj(GELU(c + RMSNorm(x))) from a condition c and the state.
 
-    Shared by all layers; only `proj` starts at zero (α = γ = 0: identity at init). With
+    Shared by all layers. `proj` starts at zero (α = γ = 0: identity at init), and so does the learned condition
+    `condition` (c of `iteration_conditioning="none"`; its gradient is zero until `proj` leaves zero). With
     `iteration_conditioning="none"` (default) c is one learned vector for every iteration: iteration t + 1
     applies the same map as iteration t, which is what the authors' trained models compute (their `time_mlp`
     is zero-initialised in both Linears, so c_t never learns to depend on t) and what lets the depth grow at
@@ -1690,8 +1692,8 @@ def classify_with_deep_supervision(
     loss is that of the returned logits. With the halting head in eval mode a sample stops after the first step
     whose halting probability exceeds `halting_threshold` (default 0.5) and leaves the batch (no further compute).
 
-    With S = 1 and no halting head this is one backbone call and the loss of deep supervision (S = 1 is the model
-    as it was). Outputs over S > 1 steps: `hidden_states` / `attentions` of all steps in order (the first step's
+    With S = 1 and no halting head this is one backbone call and the loss of deep supervision (no outer steps, no
+    carried state). Outputs over S > 1 steps: `hidden_states` / `attentions` of all steps in order (the first step's
     starting state once), `iterations_used` summed, `energies` and `final_energy` of the last step each sample ran.
     Step fields: `supervision_steps_used` `(B,)` and `halting_probabilities` `(B, S)` (NaN for steps a sample did
     not run), or None with S = 1 and no halting head.
@@ -1947,7 +1949,7 @@ def _pick(value: object, chosen: torch.Tensor, trajectories: int) -> object:
     every sample; tuples element-wise, `ModelOutput`s field-wise, anything else as it is."""
     if isinstance(value, torch.Tensor):
         grouped = value.view(-1, trajectories, *value.shape[1:])  # (B, K, ...)
-        index = chosen.to(value.device).view(-1, 1, *([1] * (value.ndim - 1)))
+        index = chosen.to(value.device).view(-1, 1, *([1] * (value.ndim - 1)))  # (B, 1, 1, ...)
         return grouped.gather(1, index.expand(-1, 1, *value.shape[1:])).squeeze(1)
     if isinstance(value, tuple):
         return tuple(_pick(item, chosen, trajectories) for item in value)
@@ -2021,13 +2023,14 @@ def classify_with_search(
         head, backbone, None, repeated, halting_threshold
     )
     batch = logits.shape[0] // trajectories
+    # (B·K,) → (B, K): trajectory k of sample b at b·K + k
     energies = None if not has_energy else outputs.final_energy.view(batch, trajectories)
     confidence = confidences(head, logits.detach(), repeated.get("attention_mask")).view(batch, trajectories)
     # the score each trajectory is ranked by, lower is better: its energy, or minus its confidence
     score = -confidence if selector == "confidence" or energies is None else energies.float()
     valid = None
     if sudoku_ids is not None:
-        valid = sudoku_boards_valid(repeated["input_ids"], logits).view(batch, trajectories)
+        valid = sudoku_boards_valid(repeated["input_ids"], logits).view(batch, trajectories)  # (B, K)
         # any valid board beats every invalid one; a sample without one ranks all its trajectories by the score
         score = torch.where(valid | ~valid.any(-1, keepdim=True), score, math.inf)
     chosen = score.argmin(-1)  # (B,); the first of equal minima
@@ -2414,10 +2417,13 @@ class MaskedImageModelingMixin:
 
         At each step the model predicts every position; a code is sampled at each masked position from
         softmax(logits / `temperature`); its confidence log p + g·(1 − s/S), g Gumbel noise of scale
-        `randomize_temperature` (the authors' 4.5; 0: no noise), ranks the masked positions, and the most
+        `randomize_temperature` (0: no noise), ranks the masked positions, and the most
         confident ones are kept, as many as `schedule` (`maskgit_schedule`) gives for this step; the rest stay
         masked. Known codes are never changed. Seeded by `generator`, else by `seed`, else by a draw from torch's
         global generator: the same seed gives the same codes. Runs the model as it is (call `eval()` first).
+
+        Defaults: 24 `steps`, the decoding steps the authors evaluate reconstruction with; `randomize_temperature`
+        4.5, the `r_temp` of the authors' MIM config; `temperature` 1 and the `"arccos"` schedule, MaskGIT's.
         """
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ValueError(f"steps must be an integer >= 1; got {steps!r}.")
@@ -2457,10 +2463,12 @@ class MaskedImageModelingMixin:
         for step in range(steps):
             logits = self(input_ids=codes, num_iterations=num_iterations, return_dict=True).logits
             probs = (logits.float() / temperature).softmax(-1)  # (B, N, K)
+            # (B·N, K) → (B·N, 1) → (B, N): one code per position
             sampled = torch.multinomial(probs.flatten(0, 1), 1, generator=generator).view(codes.shape)
             confidence = probs.gather(-1, sampled[..., None]).squeeze(-1)  # (B, N)
-            uniform = torch.rand(codes.shape, generator=generator, device=device, dtype=probs.dtype)
-            gumbel = -torch.log(-torch.log(uniform.clamp(torch.finfo(probs.dtype).tiny, 1 - 1e-7)))
+            uniform = torch.rand(codes.shape, generator=generator, device=device, dtype=probs.dtype)  # (B, N)
+            # our clamp: u in [tiny, 1 − 1e-7] keeps both logarithms finite (u = 0 or 1 would give ±inf noise)
+            gumbel = -torch.log(-torch.log(uniform.clamp(torch.finfo(probs.dtype).tiny, 1 - 1e-7)))  # (B, N)
             noisy = confidence.clamp_min(torch.finfo(probs.dtype).tiny).log()
             noisy = noisy + randomize_temperature * (1 - step / steps) * gumbel
             noisy = noisy.masked_fill(~masked, float("-inf"))  # known codes are not candidates

@@ -514,7 +514,8 @@ class IMixerSpectralNorm(nn.Module):
 
 
 # Divergence rule of the tolerance solvers, per sample, on the residual ‖f(x) − x‖: non-finite, this many times
-# its smallest so far, or grown in this many consecutive steps (Picard on a contraction never grows).
+# its smallest so far, or grown in this many consecutive steps (Picard on a contraction never grows). Both values
+# are our choice.
 _DIVERGENCE_FACTOR = 10.0
 _DIVERGENCE_PATIENCE = 5
 
@@ -632,7 +633,8 @@ class _AndersonMixing:
             else self._ring(state.flatten(1), image.flatten(1))
         )
         history = gram.shape[-1]
-        # Tikhonov term relative to the Gram's scale keeps the system solvable when residuals vanish or repeat
+        # Tikhonov term relative to the Gram's scale keeps the system solvable when residuals vanish or repeat;
+        # 1e-10 is our choice: far below the scale of distinct residuals, far above float64 round-off
         scale = (
             gram.diagonal(dim1=1, dim2=2).mean(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
         )
@@ -735,7 +737,7 @@ def _solve(
         if not bool(active.any()):
             break
         proposal = image if settings.solver == "picard" else anderson(state, image)
-        state = torch.where(active.reshape(keep.shape), proposal, state)
+        state = torch.where(active.reshape(keep.shape), proposal, state)  # active (B,) → (B, 1, 1) as keep
     if best is not None:
         record.final_absolute, record.final_relative = best, best_relative
     if bool(diverged.any()):
