@@ -753,7 +753,12 @@ class HyperBFPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
 
 
 class HyperBFModel(HyperBFPreTrainedModel):
-    """The bare HyperBF encoder: embeddings → `num_hidden_layers` blocks → final LayerNorm (+ pooled token)."""
+    """The bare HyperBF encoder: embeddings → `num_hidden_layers` blocks → final LayerNorm (+ pooled token).
+
+    `last_hidden_state` (and `pooler_output`) come after the final LayerNorm, as ViT's. Hyper-SET's and the looped
+    baseline's `Model` return the raw state instead (their heads hold the norm, since their recurrent-depth heads
+    carry the raw state between outer steps), so base-model features are normalised here and raw there.
+    """
 
     def __init__(self, config: HyperBFConfig) -> None:
         super().__init__(config)

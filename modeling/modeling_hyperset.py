@@ -1242,6 +1242,11 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
     One `forward` serves both input types: images ViT-style (`pixel_values` first) and sequences BERT-style
     (`input_ids`, `attention_mask`, `inputs_embeds`); a sequence backbone's `main_input_name` is `input_ids`, and
     `model(ids)` reads them (`route_main_input`). Pass the other inputs by name.
+
+    `last_hidden_state` (and the `pooler_output` taken from it) is the state the last iteration left, not
+    normalised: the heads hold the norm before their classifier (`layernorm`, LayerNorm or RMSNorm by `config.classifier_norm`), because the recurrent-depth
+    heads read the raw state (the supervision steps carry it into the next step as `initial_state`). iMixer's and
+    HyperBF's `Model` end in a LayerNorm (as ViT's), so their base-model features are normalised.
     """
 
     def __init__(self, config: HyperSetConfig) -> None:

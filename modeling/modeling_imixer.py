@@ -1091,7 +1091,12 @@ def _stack_diagnostics(blocks: list[dict[str, torch.Tensor]]) -> dict[str, torch
 
 class IMixerModel(IMixerPreTrainedModel):
     """The bare iMixer encoder: embeddings → `num_hidden_layers` Mixer blocks (token mixing by the iMLP's fixed-point
-    solve, then channel mixing) → final LayerNorm (+ the mean of the tokens as `pooler_output`)."""
+    solve, then channel mixing) → final LayerNorm (+ the mean of the tokens as `pooler_output`).
+
+    `last_hidden_state` (and `pooler_output`) come after the final LayerNorm, as ViT's. Hyper-SET's and the looped
+    baseline's `Model` return the raw state instead (their heads hold the norm, since their recurrent-depth heads
+    carry the raw state between outer steps), so base-model features are normalised here and raw there.
+    """
 
     def __init__(self, config: IMixerConfig) -> None:
         super().__init__(config)

@@ -206,7 +206,13 @@ class LoopedTransformerPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
 class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedModel):
     """The baseline backbone: Hyper-SET's embeddings, then L weight-tied pre-norm layers iterated T times. The
     depth of a call and its truncation are Hyper-SET's (`RecurrentDepthMixin`), so both models follow one
-    schedule in a side-by-side run; one `forward` serves both input types, as `HyperSetModel`'s."""
+    schedule in a side-by-side run; one `forward` serves both input types, as `HyperSetModel`'s.
+
+    `last_hidden_state` (and the `pooler_output` taken from it) is the state the last iteration left, not
+    normalised: the heads hold the norm before their classifier (`layernorm`), because the recurrent-depth
+    heads read the raw state (the supervision steps carry it into the next step as `initial_state`). iMixer's and
+    HyperBF's `Model` end in a LayerNorm (as ViT's), so their base-model features are normalised.
+    """
 
     def __init__(self, config: LoopedTransformerConfig) -> None:
         super().__init__(config)
