@@ -1244,9 +1244,10 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
     `model(ids)` reads them (`route_main_input`). Pass the other inputs by name.
 
     `last_hidden_state` (and the `pooler_output` taken from it) is the state the last iteration left, not
-    normalised: the heads hold the norm before their classifier (`layernorm`, LayerNorm or RMSNorm by `config.classifier_norm`), because the recurrent-depth
-    heads read the raw state (the supervision steps carry it into the next step as `initial_state`). iMixer's and
-    HyperBF's `Model` end in a LayerNorm (as ViT's), so their base-model features are normalised.
+    normalised: the heads hold the norm before their classifier (`layernorm`, LayerNorm or RMSNorm by
+    `config.classifier_norm`), because the recurrent-depth heads read the raw state (the supervision steps carry it
+    into the next step as `initial_state`). iMixer's and HyperBF's `Model` end in a LayerNorm (as ViT's), so their
+    base-model features are normalised.
     """
 
     def __init__(self, config: HyperSetConfig) -> None:
