@@ -86,7 +86,7 @@ class HyperBFSequenceClassifierOutput(SequenceClassifierOutput):
     rbf_diagnostics: HyperBFRBFDiagnostics | None = None
 
 
-# --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
+# --- shared helpers: identical in the three modeling files (tests/test_layout.py checks) ---
 
 
 def select_attn_implementation(
@@ -309,7 +309,49 @@ def interpolate_positions(
     return torch.cat((prefix, patches), dim=1)
 
 
-# --- end of input checks ---
+class FamilyPreTrainedMixin:
+    """What every family's `PreTrainedModel` shares, listed before transformers' class in its bases: the config's
+    checks run again at construction, an `attn_implementation` outside the class's `attn_implementations` is refused
+    by name (`select_attn_implementation`), and an unreadable weight file is named (`load_naming_unreadable_file`).
+
+    A family that picks its own implementation (Hyper-SET's bi-softmax registry) overrides
+    `_choose_attn_implementation`, and `_attn_implementation_note` ends the refusal's message; the defaults are
+    transformers' own choice and no note.
+    """
+
+    def __init__(self, config: PreTrainedConfig, *inputs: object, **kwargs: object) -> None:
+        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
+        super().__init__(config, *inputs, **kwargs)
+
+    def get_correct_attn_implementation(
+        self, requested_attention: str | None, is_init_check: bool = False
+    ) -> str:
+        return select_attn_implementation(
+            self,
+            requested_attention,
+            is_init_check,
+            self._choose_attn_implementation,
+            self._attn_implementation_note(),
+        )
+
+    def _choose_attn_implementation(self, requested: str | None, is_init_check: bool) -> str:
+        """What a name this class takes (or None) runs: transformers' choice unless the family overrides it."""
+        return super().get_correct_attn_implementation(requested, is_init_check)
+
+    def _attn_implementation_note(self) -> str:
+        """The end of the refusal of a name the class does not take (none unless the family overrides it)."""
+        return ""
+
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
+    ) -> PreTrainedModel:
+        return load_naming_unreadable_file(
+            super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
+        )
+
+
+# --- end of shared helpers ---
 
 
 class HyperBFEmbeddings(nn.Module):
@@ -674,7 +716,7 @@ class HyperBFLayer(GradientCheckpointingLayer):
         return hidden_states, attention_weights, rbf_weights
 
 
-class HyperBFPreTrainedModel(PreTrainedModel):
+class HyperBFPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     """The base of every HyperBF model: its config class, weight initialisation, attention selection and loading."""
 
     config: HyperBFConfig
@@ -688,17 +730,6 @@ class HyperBFPreTrainedModel(PreTrainedModel):
 
     # what `attn_implementation` takes: the reference with maps, or both units folded into SDPA (the default)
     attn_implementations = ("eager", "sdpa")
-
-    def __init__(self, config: HyperBFConfig, *inputs: object, **kwargs: object) -> None:
-        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
-        super().__init__(config, *inputs, **kwargs)
-
-    def get_correct_attn_implementation(
-        self, requested_attention: str | None, is_init_check: bool = False
-    ) -> str:
-        return select_attn_implementation(
-            self, requested_attention, is_init_check, super().get_correct_attn_implementation
-        )
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -720,17 +751,14 @@ class HyperBFPreTrainedModel(PreTrainedModel):
             sigma = self.config.rbf_sigma_init or math.sqrt(rank / math.log(max(num_centers, 2)))
             init.constant_(module.log_sigma, math.log(sigma))
 
-    @classmethod
-    def from_pretrained(
-        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
-    ) -> PreTrainedModel:
-        return load_naming_unreadable_file(
-            super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
-        )
-
 
 class HyperBFModel(HyperBFPreTrainedModel):
-    """The bare HyperBF encoder: embeddings → `num_hidden_layers` blocks → final LayerNorm (+ pooled token)."""
+    """The bare HyperBF encoder: embeddings → `num_hidden_layers` blocks → final LayerNorm (+ pooled token).
+
+    `last_hidden_state` (and `pooler_output`) come after the final LayerNorm, as ViT's. Hyper-SET's and the looped
+    baseline's `Model` return the raw state instead (their heads hold the norm, since their recurrent-depth heads
+    carry the raw state between outer steps), so base-model features are normalised here and raw there.
+    """
 
     def __init__(self, config: HyperBFConfig) -> None:
         super().__init__(config)

@@ -163,7 +163,7 @@ def iteration_embedding(steps: torch.Tensor, dim: int, dtype: torch.dtype = torc
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
-# --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
+# --- shared helpers: identical in the three modeling files (tests/test_layout.py checks) ---
 
 
 def select_attn_implementation(
@@ -386,7 +386,49 @@ def interpolate_positions(
     return torch.cat((prefix, patches), dim=1)
 
 
-# --- end of input checks ---
+class FamilyPreTrainedMixin:
+    """What every family's `PreTrainedModel` shares, listed before transformers' class in its bases: the config's
+    checks run again at construction, an `attn_implementation` outside the class's `attn_implementations` is refused
+    by name (`select_attn_implementation`), and an unreadable weight file is named (`load_naming_unreadable_file`).
+
+    A family that picks its own implementation (Hyper-SET's bi-softmax registry) overrides
+    `_choose_attn_implementation`, and `_attn_implementation_note` ends the refusal's message; the defaults are
+    transformers' own choice and no note.
+    """
+
+    def __init__(self, config: PreTrainedConfig, *inputs: object, **kwargs: object) -> None:
+        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
+        super().__init__(config, *inputs, **kwargs)
+
+    def get_correct_attn_implementation(
+        self, requested_attention: str | None, is_init_check: bool = False
+    ) -> str:
+        return select_attn_implementation(
+            self,
+            requested_attention,
+            is_init_check,
+            self._choose_attn_implementation,
+            self._attn_implementation_note(),
+        )
+
+    def _choose_attn_implementation(self, requested: str | None, is_init_check: bool) -> str:
+        """What a name this class takes (or None) runs: transformers' choice unless the family overrides it."""
+        return super().get_correct_attn_implementation(requested, is_init_check)
+
+    def _attn_implementation_note(self) -> str:
+        """The end of the refusal of a name the class does not take (none unless the family overrides it)."""
+        return ""
+
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
+    ) -> PreTrainedModel:
+        return load_naming_unreadable_file(
+            super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
+        )
+
+
+# --- end of shared helpers ---
 
 
 def check_last_iteration_head(head: nn.Module, config: PreTrainedConfig) -> None:
@@ -504,8 +546,8 @@ def eager_bisoftmax_attention(
     """The reference: S and P = R + C materialised, `(B, H, N, N)`; the only implementation that returns P.
 
     Hyper-SET's scores are symmetric (q = z ⊙ c and k = z, so S = z diag(c) zᵀ): the column softmax of S is the
-    transposed row softmax, C = Rᵀ, and one softmax gives both (as fast as ViT's attention in eager mode on CPU;
-    half the exponentials of the two softmaxes). With padding, R leaves padded keys out, so Rᵀ leaves padded
+    transposed row softmax, C = Rᵀ, and one softmax gives both (half the exponentials of two softmaxes, the cost
+    of one ordinary softmax attention). With padding, R leaves padded keys out, so Rᵀ leaves padded
     queries out of the columns, as the column softmax does.
     """
     scores = q @ k.transpose(-1, -2)  # (B, H, N, N)
@@ -605,9 +647,10 @@ class BiSoftmaxAttentionInterface(AttentionInterface):
 ALL_ATTENTION_FUNCTIONS = BiSoftmaxAttentionInterface()
 
 
-# What `attn_implementation=None` selects on every device: the materialised eager path, the fastest measured on CPU
-# and on an H200 (bfloat16, eager and compiled, 81 to 785 tokens); "triton" uses the least memory, "sdpa" runs
-# without Triton (docs/hyperset.md, "Default").
+# What `attn_implementation=None` selects on every device: the materialised eager path, the reference that runs
+# everywhere and returns the maps. At these models' token counts the (N, N) scores are small, and one softmax
+# gives both directions (`eager_bisoftmax_attention`) where "sdpa" needs two fused calls; "triton" is the choice
+# when memory is short (no (N, N) map), "sdpa" a fused path without Triton.
 DEFAULT_ATTN_IMPLEMENTATION = "eager"
 
 
@@ -847,7 +890,7 @@ class HyperSetLinearAttention(HyperSetAttention):
 
     E_ATTN = (1/(2√d_h)) Σ_h Σ_{i,j} φ(z_i)·φ(z_j) = (1/(2√d_h)) Σ_h ‖Σ_i φ(z_i)‖², z = n(W_hᵀx): the bi-softmax
     energy with the kernel φ(z_i)·φ(z_j) in place of exp(z_i·z_j/√d_h), φ = `config.feature_map` (the feature maps
-    of the authors' `hyper-set-alt-attn` code; the energy is our choice; that code was not available to us). Its
+    named by the authors' `hyper-set-alt-attn` variant; the energy built on them is our choice, not theirs). Its
     gradient φ'(z_i) ⊙ Σ_j φ(z_j) / √d_h needs one sum per head and no (N, N) map,
     so the update costs O(N·d_h) per head and returns no attention maps. Gains: k inside φ, q inside φ', v on the
     result; with one shared gain g (`qkv_norm="shared"`) it is the exact gradient of E with z replaced by g ⊙ z.
@@ -926,7 +969,8 @@ class HyperSetStepSizeProjection(nn.Linear):
 class HyperSetStepSizes(nn.Module):
     """Per-token, per-channel step sizes [α, γ] = proj(GELU(c + RMSNorm(x))) from a condition c and the state.
 
-    Shared by all layers; only `proj` starts at zero (α = γ = 0: identity at init). With
+    Shared by all layers. `proj` starts at zero (α = γ = 0: identity at init), and so does the learned condition
+    `condition` (c of `iteration_conditioning="none"`; its gradient is zero until `proj` leaves zero). With
     `iteration_conditioning="none"` (default) c is one learned vector for every iteration: iteration t + 1
     applies the same map as iteration t, which is what the authors' trained models compute (their `time_mlp`
     is zero-initialised in both Linears, so c_t never learns to depend on t) and what lets the depth grow at
@@ -991,6 +1035,122 @@ class HyperSetStepSizes(nn.Module):
         return on_input and one_condition
 
 
+def _compile_region(function: Callable) -> Callable:
+    """The layer step as a nested compile region: torch.compile traces one iteration once and reuses it for all L·T
+    calls of a layer, so compile time does not grow with the depth T (torch ≥ 2.8; a no-op in eager mode).
+
+    Non-strict `torch.export` (its default) is the exception: there torch runs Dynamo on the region anew at every
+    call, L·T Dynamo compiles of the same step, several times the cost of tracing the loop unrolled. So under
+    export outside Dynamo the plain step is traced; Dynamo (torch.compile, strict export) still gets the region.
+    """
+    nested_compile_region = getattr(torch.compiler, "nested_compile_region", None)
+    if nested_compile_region is None:
+        return function
+
+    @functools.wraps(function)
+    def step(*args, **kwargs):
+        if torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling():
+            return function(*args, **kwargs)
+        return region(*args, **kwargs)
+
+    region = nested_compile_region(function)  # after `wraps`: its marks stay on `function`, off `step`
+    return step
+
+
+class HyperSetLayer(GradientCheckpointingLayer):
+    """One iteration: x ← x − α ⊙ Attn(x), then x ← x + γ ⊙ FF(x) (steps built on E_ATTN, then E_FF), and with
+    `input_anchor` λ > 0 the step −λ(x_t − x₀) on the anchor energy (λ/2)‖x − x₀‖²."""
+
+    def __init__(self, config: HyperSetConfig) -> None:
+        super().__init__()
+        self.attention = ATTENTION_CLASSES.get(config.attention_energy, HyperSetAttention)(config)
+        self.feedforward = FEEDFORWARD_CLASSES.get(config.feedforward_energy, HyperSetFeedForward)(config)
+        self.input_anchor = config.input_anchor
+
+    @_compile_region
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        iteration_condition: torch.Tensor,
+        condition_source: torch.Tensor,
+        step_sizes: HyperSetStepSizes,
+        keep: torch.Tensor | None = None,
+        anchor: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        fixed_step_sizes: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`fixed_step_sizes`: [α | γ] `(B, N, 2d)` when they do not change over iterations (computed once by the
+        model), else None and the step-size network computes them here."""
+        # The shared step-size network is passed in (it lives on the model) so that one whole iteration,
+        # step sizes included, is one checkpointed unit and memory does not grow with T.
+        if fixed_step_sizes is None:
+            alpha, gamma = step_sizes(iteration_condition, condition_source)
+        else:
+            alpha, gamma = fixed_step_sizes.chunk(2, dim=-1)
+        update, probs = self.attention(hidden_states, keep, output_attentions)
+        updated = torch.addcmul(hidden_states, alpha, update, value=-1)  # x − α ⊙ Attn(x) in one pass
+        updated = torch.addcmul(updated, gamma, self.feedforward(updated))  # x + γ ⊙ FF(x)
+        if self.input_anchor and anchor is not None:
+            updated = updated - self.input_anchor * (hidden_states - anchor)
+        return updated, probs
+
+
+class HyperSetPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
+    """The base of every Hyper-SET model: its config class, weight initialisation, attention selection and loading."""
+
+    config: HyperSetConfig
+    config_class = HyperSetConfig
+    base_model_prefix = "hyperset"
+    main_input_name = "pixel_values"
+    input_modalities = ("image", "text")
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["HyperSetEmbeddings", "HyperSetLayer"]
+    _supports_sdpa = True
+
+    # what `attn_implementation` takes: this file's bi-softmax registry, read at call time ("triton" registers there)
+    attn_implementations = ALL_ATTENTION_FUNCTIONS
+
+    def _choose_attn_implementation(self, requested: str | None, is_init_check: bool) -> str:
+        return choose_attn_implementation(self.config, requested, is_init_check)
+
+    def _attn_implementation_note(self) -> str:
+        return missing_kernel_note()
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, HyperSetStepSizeProjection):
+            init.zeros_(module.weight)  # α = γ = 0: identity map at initialisation
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.RMSNorm):
+            init.ones_(module.weight)
+        elif isinstance(module, HyperSetAttention):
+            init.ones_(module.qkv_gain)
+        elif isinstance(module, HyperSetStepSizes) and hasattr(module, "condition"):
+            init.zeros_(module.condition)
+        elif isinstance(module, HyperSetEmbeddings):
+            if module.config.input_type == "image":
+                init.normal_(module.cls_token, mean=0.0, std=1.0)  # N(0, 1) as in the authors' code
+            if module.position_encoding is not None:
+                # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
+                init.copy_(
+                    module.position_encoding,
+                    fixed_positions(module.config, module.position_encoding.shape[1]),
+                )
+
+
+# ------------------------------------------------------------------------ depth schedule
+# How many iterations a call of a weight-tied backbone runs and which of them are differentiated: the mixin of
+# `HyperSetModel` and of the looped baseline's `LoopedTransformerModel`.
 # The values of the config's depth-schedule fields, in its order (`config_choice` lists them when it refuses one).
 ITERATION_SAMPLING: tuple[str, ...] = ("fixed", "uniform", "poisson-lognormal")
 DEEP_SUPERVISION: tuple[str, ...] = ("last", "all", "every", "random")
@@ -1015,6 +1175,393 @@ def sample_num_iterations(config: HyperSetConfig, draw: int) -> int:
     return min(max(1 + int(torch.poisson(tau.exp(), generator=generator)), low), high)
 
 
+class RecurrentDepthMixin:
+    """The depth schedule of a backbone that iterates weight-tied layers (`self.layers`, each applied T times):
+    Hyper-SET's `HyperSetModel` and the looped-Transformer baseline's `LoopedTransformerModel` use this one
+    implementation, so both follow the same schedule in a side-by-side run.
+
+    * T of a call: the per-call value, else in training a draw of `config.iteration_sampling`
+      (`sample_num_iterations`, seeded by the count `iteration_draws`), else `config.num_iterations`;
+    * k, the iterations differentiated (truncated backpropagation through depth): the last k of all L·T;
+    * `iteration_draws`: training forwards that drew a depth or a random deep-supervision subset
+      (`supervised_iterations`), the seed of the next draw; one per forward, shared by both. Every process counts
+      its own forwards, so all ranks of a distributed run draw the same at each step; the training loops set it
+      from the global step when they resume. Nothing is counted when nothing is random, so a compiled fixed-depth
+      model sees no changing attribute.
+    """
+
+    iteration_draws: int = 0
+
+    def _num_iterations(self, requested: int | None) -> int:
+        """This call's T: the request, else a depth drawn by `iteration_sampling` (training), else the config's."""
+        if requested is None:
+            random_subset = config_choice(
+                self.config, "deep_supervision", {name: name == "random" for name in DEEP_SUPERVISION}
+            )
+            fixed = config_choice(
+                self.config, "iteration_sampling", {name: name == "fixed" for name in ITERATION_SAMPLING}
+            )
+            if not self.training or (fixed and not random_subset):
+                return self.config.num_iterations
+            self.iteration_draws += 1
+            return sample_num_iterations(self.config, self.iteration_draws - 1)
+        if not isinstance(requested, int) or isinstance(requested, bool) or requested < 1:
+            raise ValueError(f"num_iterations must be an integer >= 1; got {requested!r}.")
+        return requested
+
+    def _backprop_iterations(self, requested: int | None, num_iterations: int) -> int:
+        """This call's k, the iterations differentiated (the last k of all L·T): the request, the config's, or all."""
+        total = self.config.num_hidden_layers * num_iterations
+        if requested is None:
+            configured = self.config.backprop_iterations
+            return total if configured is None else min(configured, total)
+        if not isinstance(requested, int) or isinstance(requested, bool) or not 1 <= requested <= total:
+            raise ValueError(
+                f"backprop_iterations must be an integer in [1, num_hidden_layers × num_iterations = {total}]; "
+                f"got {requested!r}."
+            )
+        return requested
+
+    def _pool(self, hidden_states: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+        """The classifier input of a state `(B, N, d)` (`pool_tokens`: the first token or the mean over the real
+        tokens after the prefix); the deep-supervision steps pool the intermediate states with it too."""
+        return pool_tokens(self.config, hidden_states, keep, self.embeddings.num_prefix_tokens)
+
+    @staticmethod
+    def _iteration_grad(
+        layer_index: int, t: int, num_iterations: int, backprop_iterations: int, num_layers: int
+    ) -> contextlib.AbstractContextManager:
+        """The grad mode of iteration `t` of layer `layer_index`: `no_grad` for all but the last k of the L·T."""
+        frozen = num_layers * num_iterations - backprop_iterations
+        return torch.no_grad() if layer_index * num_iterations + t < frozen else contextlib.nullcontext()
+
+
+class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
+    """The Hyper-SET backbone: embeddings, then L weight-tied layers iterated T times (`RecurrentDepthMixin`).
+
+    One `forward` serves both input types: images ViT-style (`pixel_values` first) and sequences BERT-style
+    (`input_ids`, `attention_mask`, `inputs_embeds`); a sequence backbone's `main_input_name` is `input_ids`, and
+    `model(ids)` reads them (`route_main_input`). Pass the other inputs by name.
+
+    `last_hidden_state` (and the `pooler_output` taken from it) is the state the last iteration left, not
+    normalised: the heads hold the norm before their classifier (`layernorm`, LayerNorm or RMSNorm by
+    `config.classifier_norm`), because the recurrent-depth heads read the raw state (the supervision steps carry it
+    into the next step as `initial_state`). iMixer's and HyperBF's `Model` end in a LayerNorm (as ViT's), so their
+    base-model features are normalised.
+    """
+
+    def __init__(self, config: HyperSetConfig) -> None:
+        super().__init__(config)
+        self.embeddings = HyperSetEmbeddings(config)
+        self.step_sizes = HyperSetStepSizes(config)
+        self.layers = nn.ModuleList([HyperSetLayer(config) for _ in range(config.num_hidden_layers)])
+        # `get/set_input_embeddings` (transformers' defaults) find this table in `self.embeddings`.
+        self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
+        if config.input_type == "sequence":  # what processors, pipelines and `model(ids)` hand over first
+            self.main_input_name = "input_ids"
+        self.post_init()
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
+        inputs_embeds: torch.Tensor | None = None,
+        num_iterations: int | None = None,
+        backprop_iterations: int | None = None,
+        halting_tolerance: float | None = None,
+        halting_criterion: str | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_energies: bool | None = None,
+        return_dict: bool | None = None,
+        initial_state: torch.Tensor | None = None,
+        output_final_energy: bool | None = None,
+        interpolate_pos_encoding: bool | None = None,
+    ) -> HyperSetModelOutput | tuple:
+        r"""
+        num_iterations (`int`, *optional*):
+            Iterations per layer for this call (defaults to `config.num_iterations`, or in training a depth
+            drawn by `config.iteration_sampling`); larger values extrapolate in depth at test time.
+        backprop_iterations (`int`, *optional*):
+            Differentiate only the last k of the L·T iterations (defaults to `config.backprop_iterations`).
+        halting_tolerance (`float`, *optional*):
+            Adaptive halting in eval mode (defaults to `config.halting_tolerance`): each sample stops once its
+            relative state change (or the size of its relative energy change) is below this, `num_iterations`
+            being the maximum; the output's `iterations_used` says how many it ran. Not under torch.compile /
+            export (fixed T there).
+        halting_criterion (`str`, *optional*):
+            `"state"` or `"energy"` (defaults to `config.halting_criterion`).
+        output_energies (`bool`, *optional*):
+            Return `energies` (`HyperSetEnergies`): E_ATTN, E_FF, effective rank and mean angle per
+            layer for t = 0..T.
+        initial_state (`torch.Tensor` of shape `(batch, num_tokens, hidden_size)`, *optional*):
+            The state x the first iteration of the first layer starts from, in place of the embedding output
+            (a carried state of the supervision steps, or a perturbed start of test-time search). The inputs are
+            embedded all the same: the embedding output stays x₀ of the step sizes (`step_size_condition=
+            "input"`) and of the first layer's anchor energy (`input_anchor`), and the input's padding mask
+            applies; `hidden_states` then starts with `initial_state`. None: start from the embedding output.
+        output_final_energy (`bool`, *optional*):
+            Return `final_energy` `(batch,)`: Σ over layers of E_ATTN + E_FF of the state each layer's last
+            iteration left (no gradient; what test-time search's energy selector compares).
+        interpolate_pos_encoding (`bool`, *optional*):
+            Images only: resample the position table bicubically to the patch grid of the input (another
+            resolution, a multiple of `patch_size`), the CLS position unchanged, as ViT's argument. Without it an
+            input of another size than `config.image_size` is refused.
+        """
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = (
+            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        )
+        output_energies = bool(output_energies)
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        pixel_values, input_ids = route_main_input(self.config, pixel_values, input_ids)
+        num_iterations = self._num_iterations(num_iterations)
+        backprop_iterations = self._backprop_iterations(backprop_iterations, num_iterations)
+        halting = self._halting(halting_tolerance, halting_criterion)
+        if halting is not None and (output_attentions or output_hidden_states or output_energies):
+            raise ValueError(
+                "halting_tolerance cannot be combined with output_attentions, output_hidden_states or "
+                "output_energies (samples stop at different iterations); pass a fixed num_iterations instead."
+            )
+
+        embedded, keep = self.embeddings(
+            pixel_values=pixel_values,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            interpolate_pos_encoding=bool(interpolate_pos_encoding),
+        )
+        # read once per forward, not per iteration: the step sizes' condition x₀ (the input) or the state
+        on_input = config_choice(self.config, "step_size_condition", {"current": False, "input": True})
+        hidden_states = self._starting_state(embedded, initial_state, on_input)
+        real_tokens = (
+            torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep.float()
+        )
+        iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
+        warn_if_maps_need_eager(self.config, output_attentions)
+        fixed_step_sizes = None  # [α | γ] once per forward where they do not change over iterations
+        if HyperSetStepSizes.constant_over_iterations(self.config):
+            fixed_step_sizes = self.step_sizes.project(iteration_conditions[0], embedded)  # (B, N, 2d)
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        iterations_used = None if halting is None else torch.zeros_like(real_tokens[:, 0], dtype=torch.long)
+        per_layer_diagnostics = []
+        final_energy = torch.zeros_like(real_tokens[:, 0]) if output_final_energy else None
+        for index, layer in enumerate(self.layers):
+            # x₀ of the anchor energy: the state entering this layer; for the first layer the embedded input, also
+            # when the iterations start from an `initial_state` (the anchor keeps tying the state to the input).
+            # A compiled region must not receive an unused tensor that aliases another input (torch.compile then
+            # reuses the traced iteration with its inputs shifted), so without an anchor energy it is None.
+            anchor = (embedded if index == 0 else hidden_states) if self.config.input_anchor else None
+            if halting is not None:
+                hidden_states, used = self._iterate_until_halted(
+                    layer,
+                    hidden_states,
+                    embedded,
+                    anchor,
+                    keep,
+                    real_tokens,
+                    iteration_conditions,
+                    fixed_step_sizes,
+                    on_input,
+                    *halting,
+                )
+                iterations_used += used
+            else:
+                hidden_states, states, maps, diagnostics = self._iterate_layer(
+                    index,
+                    layer,
+                    hidden_states,
+                    embedded,
+                    anchor,
+                    keep,
+                    real_tokens,
+                    iteration_conditions,
+                    fixed_step_sizes,
+                    on_input,
+                    num_iterations,
+                    backprop_iterations,
+                    output_attentions,
+                    output_hidden_states,
+                    output_energies,
+                )
+                if output_hidden_states:
+                    all_hidden_states += states
+                if output_attentions:
+                    all_attentions += maps
+                if output_energies:
+                    per_layer_diagnostics.append(diagnostics)
+            if output_final_energy:
+                final_energy = final_energy + self._energy(layer, hidden_states, real_tokens)
+
+        energies = None
+        if output_energies:
+            energies = HyperSetEnergies(
+                *(torch.stack(values, dim=1) for values in zip(*per_layer_diagnostics))  # (B, L, T + 1[, H])
+            )
+        output = HyperSetModelOutput(
+            last_hidden_state=hidden_states,
+            pooler_output=self._pool(hidden_states, keep),
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+            energies=energies,
+            iterations_used=iterations_used,
+            final_energy=final_energy,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def _starting_state(
+        self, embedded: torch.Tensor, initial_state: torch.Tensor | None, on_input: bool
+    ) -> torch.Tensor:
+        """The state the first iteration starts from: `initial_state` (checked against the embedded input) or the
+        embedding output, copied where the iterations also read the embedded input x₀."""
+        if initial_state is not None:
+            return check_initial_state(initial_state, embedded)
+        if on_input or self.config.input_anchor:
+            # the iterations read x₀ beside the state; torch.compile reuses one traced iteration for all of them,
+            # which goes wrong when x₀ and the state are one tensor at the first call and two after it
+            return embedded.clone()
+        return embedded
+
+    def _iterate_layer(
+        self,
+        index: int,
+        layer: HyperSetLayer,
+        hidden_states: torch.Tensor,
+        embedded: torch.Tensor,
+        anchor: torch.Tensor | None,
+        keep: torch.Tensor | None,
+        real_tokens: torch.Tensor,
+        iteration_conditions: torch.Tensor,
+        fixed_step_sizes: torch.Tensor | None,
+        on_input: bool,
+        num_iterations: int,
+        backprop_iterations: int,
+        output_attentions: bool,
+        output_hidden_states: bool,
+        output_energies: bool,
+    ) -> tuple[torch.Tensor, tuple, tuple, list[torch.Tensor] | None]:
+        """Layer `index` iterated T = `num_iterations` times: the last state, the states after each
+        iteration and the attention maps (empty unless asked for), and the energy diagnostics for t = 0..T stacked
+        along dim 1 (None unless asked for)."""
+        states, maps = (), ()
+        records = [self._diagnostics(layer, hidden_states, real_tokens)] if output_energies else None
+        for t in range(num_iterations):
+            source = embedded if on_input else hidden_states
+            source = None if fixed_step_sizes is not None else source  # [α | γ] given: not read
+            # truncated backpropagation through depth: only the last k of the L·T iterations build a graph
+            with self._iteration_grad(index, t, num_iterations, backprop_iterations, len(self.layers)):
+                hidden_states, probs = layer(
+                    hidden_states,
+                    iteration_conditions[t],
+                    source,
+                    self.step_sizes,
+                    keep,
+                    anchor,
+                    output_attentions,
+                    fixed_step_sizes,
+                )
+            if output_hidden_states:
+                states += (hidden_states,)
+            if output_attentions:
+                maps += (probs,)
+            if output_energies:
+                records.append(self._diagnostics(layer, hidden_states, real_tokens))
+        diagnostics = [torch.stack(values, dim=1) for values in zip(*records)] if output_energies else None
+        return hidden_states, states, maps, diagnostics
+
+    def _halting(self, tolerance: float | None, criterion: str | None) -> tuple[float, str] | None:
+        """(ε, criterion) when this call halts adaptively: eval mode, eager, a tolerance given; else None."""
+        tolerance = self.config.halting_tolerance if tolerance is None else tolerance
+        criterion = self.config.halting_criterion if criterion is None else criterion
+        if criterion not in ("state", "energy"):
+            raise ValueError(f"halting_criterion must be one of ['state', 'energy']; got {criterion!r}.")
+        if tolerance is None:
+            return None
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
+            raise ValueError(f"halting_tolerance must be a number > 0 (or None); got {tolerance!r}.")
+        return None if self.training or _is_tracing() else (float(tolerance), criterion)
+
+    def _iterate_until_halted(
+        self,
+        layer: HyperSetLayer,
+        hidden_states: torch.Tensor,
+        embedded: torch.Tensor,
+        anchor: torch.Tensor | None,
+        keep: torch.Tensor | None,
+        real_tokens: torch.Tensor,
+        iteration_conditions: torch.Tensor,
+        fixed_step_sizes: torch.Tensor | None,
+        on_input: bool,
+        tolerance: float,
+        criterion: str,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Iterate `layer` per sample until its relative change is below `tolerance`, T at most.
+
+        The change is ‖x_{t+1} − x_t‖ / ‖x_t‖ over the real tokens (`"state"`) or |E_t − E_{t+1}| / |E_t| with
+        E = E_ATTN + E_FF (`"energy"`): a sample keeps iterating while its energy still changes by ε or more, up
+        or down. A halted sample leaves the working batch, so it costs no more compute; its state is written back
+        in place. Returns the states and the iterations each sample ran, `(B,)`.
+        """
+        batch = hidden_states.shape[0]
+        active = torch.arange(batch, device=hidden_states.device)  # samples still iterating
+        used = torch.zeros(batch, dtype=torch.long, device=hidden_states.device)
+        energy = self._energy(layer, hidden_states, real_tokens) if criterion == "energy" else None
+        for condition in iteration_conditions:
+            current, tokens = hidden_states[active], real_tokens[active]  # (A, N, d), (A, N)
+            source = embedded[active] if on_input else current
+            updated, _ = layer(
+                current,
+                condition,
+                source,
+                self.step_sizes,
+                None if keep is None else keep[active],
+                None if anchor is None else anchor[active],
+                False,  # no maps: halting cannot return them
+                None if fixed_step_sizes is None else fixed_step_sizes[active],
+            )
+            hidden_states = hidden_states.index_copy(0, active, updated)
+            used[active] += 1
+            if criterion == "state":
+                weights = tokens.unsqueeze(-1).to(updated.dtype)  # padded tokens do not count
+                change = ((updated - current) * weights).flatten(1).norm(dim=1)
+                change = change / (current * weights).flatten(1).norm(dim=1).clamp_min(
+                    torch.finfo(change.dtype).tiny
+                )
+            else:
+                # The size of the change, up or down, as the state criterion measures a norm: a sample whose energy
+                # rises is still moving (the step sizes are learned, so an update need not descend) and must not
+                # read as converged.
+                new_energy = self._energy(layer, updated, tokens)
+                change = (energy[active] - new_energy).abs() / energy[active].abs().clamp_min(
+                    torch.finfo(new_energy.dtype).tiny
+                )
+                energy = energy.index_copy(0, active, new_energy)
+            active = active[change >= tolerance]
+            if active.numel() == 0:
+                break
+        return hidden_states, used
+
+    @staticmethod
+    def _energy(layer: HyperSetLayer, hidden_states: torch.Tensor, real_tokens: torch.Tensor) -> torch.Tensor:
+        """E_ATTN + E_FF per sample, `(B,)`."""
+        return layer.attention.energy(hidden_states, real_tokens) + layer.feedforward.energy(
+            hidden_states, real_tokens
+        )
+
+    @staticmethod
+    def _diagnostics(
+        layer: HyperSetLayer, hidden_states: torch.Tensor, keep: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        attention_energy, effective_rank, average_angle = layer.attention.diagnostics(hidden_states, keep)
+        return attention_energy, layer.feedforward.energy(hidden_states, keep), effective_rank, average_angle
+
+
+# ------------------------------------------------------------------------ recurrent-depth heads
+# What the classification heads of Hyper-SET and of the looped baseline run around their backbone: deep
+# supervision, the supervision steps with the halting head, test-time search (`run_head`), and the head mixin.
 def supervised_iterations(
     config: PreTrainedConfig, num_iterations: int, draw: int | None = None
 ) -> list[int]:
@@ -1151,8 +1698,8 @@ def classify_with_deep_supervision(
     loss is that of the returned logits. With the halting head in eval mode a sample stops after the first step
     whose halting probability exceeds `halting_threshold` (default 0.5) and leaves the batch (no further compute).
 
-    With S = 1 and no halting head this is one backbone call and the loss of deep supervision (S = 1 is the model
-    as it was). Outputs over S > 1 steps: `hidden_states` / `attentions` of all steps in order (the first step's
+    With S = 1 and no halting head this is one backbone call and the loss of deep supervision (no outer steps, no
+    carried state). Outputs over S > 1 steps: `hidden_states` / `attentions` of all steps in order (the first step's
     starting state once), `iterations_used` summed, `energies` and `final_energy` of the last step each sample ran.
     Step fields: `supervision_steps_used` `(B,)` and `halting_probabilities` `(B, S)` (NaN for steps a sample did
     not run), or None with S = 1 and no halting head.
@@ -1160,35 +1707,10 @@ def classify_with_deep_supervision(
     config = head.config
     steps = config.supervision_steps
     halting = getattr(head, "halting_classifier", None)
-    threshold = 0.5 if halting_threshold is None else halting_threshold
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
-        raise ValueError(f"halting_threshold must be a number in (0, 1); got {halting_threshold!r}.")
-    requested_states = backbone_inputs.get("output_hidden_states")
-    if requested_states is None:
-        requested_states = config.output_hidden_states
-    stop_early = halting is not None and steps > 1 and not head.training and not _is_tracing()
-    if stop_early and any(backbone_inputs.get(name) for name in ("output_attentions", "output_energies")):
-        raise ValueError(
-            "the halting head stops samples after different outer steps: output_attentions and output_energies "
-            "cannot be combined with it (config.halting_head=True, supervision_steps > 1) in eval mode."
-        )
-    if stop_early and requested_states:
-        raise ValueError(
-            "the halting head stops samples after different outer steps: output_hidden_states cannot be combined "
-            "with it (config.halting_head=True, supervision_steps > 1) in eval mode."
-        )
-    # one depth, and one random-subset draw, per forward: every process counts the same draws (RecurrentDepthMixin)
-    random_mode = config_choice(
-        config, "deep_supervision", {name: name == "random" for name in DEEP_SUPERVISION}
+    threshold, stop_early, requested_states = _check_outer_steps_call(
+        head, backbone_inputs, halting_threshold
     )
-    random_subset = labels is not None and head.training and random_mode
-    first_draw = backbone.iteration_draws
-    requested = backbone_inputs.get("num_iterations")
-    num_iterations = backbone._num_iterations(requested)
-    if random_subset and requested is not None:
-        backbone.iteration_draws += (
-            1  # the backbone drew nothing for a per-call T: one draw per forward still
-        )
+    random_subset, first_draw, num_iterations = _depth_of_forward(head, backbone, labels, backbone_inputs)
     inputs = {**backbone_inputs, "num_iterations": num_iterations}
     carry = inputs.pop("initial_state", None)
     step_labels = labels if head.training else None  # eval: the loss of the returned logits, at the end
@@ -1219,22 +1741,19 @@ def classify_with_deep_supervision(
             used[active] += 1
         if loss is not None:
             step_losses.append(loss)
-        merged = _merge_step(merged, step_outputs, active, batch)
+        merged = _merge_step(merged, step_outputs, active)
         logits = step_logits if active is None else logits.index_copy(0, active, step_logits)
         carry = step_outputs.last_hidden_state.detach()
         if halting is None:
             continue
-        mask = step_inputs.get("attention_mask")
-        pooled = backbone._pool(step_outputs.last_hidden_state, None if mask is None else mask.bool())
-        halting_logits = halting(head.layernorm(pooled)).squeeze(-1)  # (A,)
-        probability = torch.full((batch,), float("nan"), device=halting_logits.device)
-        index = slice(None) if active is None else active
-        probability[index] = halting_logits.detach().float().sigmoid()
+        probability, halting_loss = _halting_step(
+            head, backbone, step_inputs, step_outputs, step_logits, step_labels, active, batch
+        )
         probabilities.append(probability)
-        if step_labels is not None:
-            target = halting_targets(head, step_logits, step_labels)
-            halting_losses.append(F.binary_cross_entropy_with_logits(halting_logits.float(), target.float()))
+        if halting_loss is not None:
+            halting_losses.append(halting_loss)
         if stop_early and step < steps - 1:
+            index = slice(None) if active is None else active
             running = probability[index] <= threshold  # (A,)
             active = (torch.arange(batch, device=running.device) if active is None else active)[running]
             carry = carry[running]
@@ -1247,19 +1766,98 @@ def classify_with_deep_supervision(
             loss = loss + config.halting_loss_weight * torch.stack(halting_losses).mean()
     else:
         loss = None if labels is None else head._loss(logits, labels)
+    return merged, logits, loss, _step_fields(steps, halting is not None, used, probabilities, batch)
+
+
+def _check_outer_steps_call(
+    head: PreTrainedModel, backbone_inputs: dict, halting_threshold: float | None
+) -> tuple[float, bool, bool]:
+    """(the halting threshold, whether samples stop early, whether the call returns `hidden_states`) of a call of
+    `classify_with_deep_supervision`, or a `ValueError` for a threshold or output flags it cannot serve."""
+    config = head.config
+    threshold = 0.5 if halting_threshold is None else halting_threshold
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
+        raise ValueError(f"halting_threshold must be a number in (0, 1); got {halting_threshold!r}.")
+    requested_states = backbone_inputs.get("output_hidden_states")
+    if requested_states is None:
+        requested_states = config.output_hidden_states
+    halting = getattr(head, "halting_classifier", None)
+    stop_early = (
+        halting is not None and config.supervision_steps > 1 and not head.training and not _is_tracing()
+    )
+    if stop_early and any(backbone_inputs.get(name) for name in ("output_attentions", "output_energies")):
+        raise ValueError(
+            "the halting head stops samples after different outer steps: output_attentions and output_energies "
+            "cannot be combined with it (config.halting_head=True, supervision_steps > 1) in eval mode."
+        )
+    if stop_early and requested_states:
+        raise ValueError(
+            "the halting head stops samples after different outer steps: output_hidden_states cannot be combined "
+            "with it (config.halting_head=True, supervision_steps > 1) in eval mode."
+        )
+    return threshold, stop_early, requested_states
+
+
+def _depth_of_forward(
+    head: PreTrainedModel, backbone: nn.Module, labels: torch.Tensor | None, backbone_inputs: dict
+) -> tuple[bool, int, int]:
+    """(whether deep supervision draws a random subset, the draw count before this forward, T) of one forward:
+    one depth, and one random-subset draw, per forward, so every process counts the same draws
+    (`RecurrentDepthMixin`)."""
+    random_mode = config_choice(
+        head.config, "deep_supervision", {name: name == "random" for name in DEEP_SUPERVISION}
+    )
+    random_subset = labels is not None and head.training and random_mode
+    first_draw = backbone.iteration_draws
+    requested = backbone_inputs.get("num_iterations")
+    num_iterations = backbone._num_iterations(requested)
+    if random_subset and requested is not None:
+        backbone.iteration_draws += (
+            1  # the backbone drew nothing for a per-call T: one draw per forward still
+        )
+    return random_subset, first_draw, num_iterations
+
+
+def _halting_step(
+    head: PreTrainedModel,
+    backbone: nn.Module,
+    step_inputs: dict,
+    step_outputs: ModelOutput,
+    step_logits: torch.Tensor,
+    step_labels: torch.Tensor | None,
+    active: torch.Tensor | None,
+    batch: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The halting head after one outer step run on the samples `active` (None: all): the halting probability of
+    every sample `(B,)` (NaN for those that did not run) and, with labels, its BCE loss on `halting_targets`."""
+    mask = step_inputs.get("attention_mask")
+    pooled = backbone._pool(step_outputs.last_hidden_state, None if mask is None else mask.bool())
+    halting_logits = head.halting_classifier(head.layernorm(pooled)).squeeze(-1)  # (A,)
+    probability = torch.full((batch,), float("nan"), device=halting_logits.device)
+    index = slice(None) if active is None else active
+    probability[index] = halting_logits.detach().float().sigmoid()
+    if step_labels is None:
+        return probability, None
+    target = halting_targets(head, step_logits, step_labels)
+    return probability, F.binary_cross_entropy_with_logits(halting_logits.float(), target.float())
+
+
+def _step_fields(
+    steps: int, has_halting_head: bool, used: torch.Tensor, probabilities: list[torch.Tensor], batch: int
+) -> dict[str, torch.Tensor | None]:
+    """The output fields of the outer steps: `supervision_steps_used` `(B,)` and `halting_probabilities` `(B, S)`,
+    None with S = 1 and no halting head."""
     fields = {"supervision_steps_used": None, "halting_probabilities": None}
-    if steps > 1 or halting is not None:
+    if steps > 1 or has_halting_head:
         fields["supervision_steps_used"] = used
     if probabilities:
         missing = steps - len(probabilities)  # a batch that stopped early entirely
         nan = torch.full((batch,), float("nan"), device=probabilities[0].device)
         fields["halting_probabilities"] = torch.stack([*probabilities, *([nan] * missing)], dim=1)
-    return merged, logits, loss, fields
+    return fields
 
 
-def _merge_step(
-    merged: ModelOutput | None, step: ModelOutput, active: torch.Tensor | None, batch: int
-) -> ModelOutput:
+def _merge_step(merged: ModelOutput | None, step: ModelOutput, active: torch.Tensor | None) -> ModelOutput:
     """The backbone output of the steps so far, `merged`, with `step` (run on the samples `active`, None: all)
     folded in: states and maps appended (the step's starting state is the last one kept), iterations summed, the
     last state, pooled token, energies and final energy replaced where the step ran."""
@@ -1357,7 +1955,7 @@ def _pick(value: object, chosen: torch.Tensor, trajectories: int) -> object:
     every sample; tuples element-wise, `ModelOutput`s field-wise, anything else as it is."""
     if isinstance(value, torch.Tensor):
         grouped = value.view(-1, trajectories, *value.shape[1:])  # (B, K, ...)
-        index = chosen.to(value.device).view(-1, 1, *([1] * (value.ndim - 1)))
+        index = chosen.to(value.device).view(-1, 1, *([1] * (value.ndim - 1)))  # (B, 1, 1, ...)
         return grouped.gather(1, index.expand(-1, 1, *value.shape[1:])).squeeze(1)
     if isinstance(value, tuple):
         return tuple(_pick(item, chosen, trajectories) for item in value)
@@ -1431,13 +2029,14 @@ def classify_with_search(
         head, backbone, None, repeated, halting_threshold
     )
     batch = logits.shape[0] // trajectories
+    # (B·K,) → (B, K): trajectory k of sample b at b·K + k
     energies = None if not has_energy else outputs.final_energy.view(batch, trajectories)
     confidence = confidences(head, logits.detach(), repeated.get("attention_mask")).view(batch, trajectories)
     # the score each trajectory is ranked by, lower is better: its energy, or minus its confidence
     score = -confidence if selector == "confidence" or energies is None else energies.float()
     valid = None
     if sudoku_ids is not None:
-        valid = sudoku_boards_valid(repeated["input_ids"], logits).view(batch, trajectories)
+        valid = sudoku_boards_valid(repeated["input_ids"], logits).view(batch, trajectories)  # (B, K)
         # any valid board beats every invalid one; a sample without one ranks all its trajectories by the score
         score = torch.where(valid | ~valid.any(-1, keepdim=True), score, math.inf)
     chosen = score.argmin(-1)  # (B,); the first of equal minima
@@ -1499,469 +2098,6 @@ def run_head(
     )
 
 
-class RecurrentDepthMixin:
-    """The depth schedule of a backbone that iterates weight-tied layers (`self.layers`, each applied T times):
-    Hyper-SET's `HyperSetModel` and the looped-Transformer baseline's `LoopedTransformerModel` use this one
-    implementation, so both follow the same schedule in a side-by-side run.
-
-    * T of a call: the per-call value, else in training a draw of `config.iteration_sampling`
-      (`sample_num_iterations`, seeded by the count `iteration_draws`), else `config.num_iterations`;
-    * k, the iterations differentiated (truncated backpropagation through depth): the last k of all L·T;
-    * `iteration_draws`: training forwards that drew a depth or a random deep-supervision subset
-      (`supervised_iterations`), the seed of the next draw; one per forward, shared by both. Every process counts
-      its own forwards, so all ranks of a distributed run draw the same at each step; the training loops set it
-      from the global step when they resume. Nothing is counted when nothing is random, so a compiled fixed-depth
-      model sees no changing attribute.
-    """
-
-    iteration_draws: int = 0
-
-    def _num_iterations(self, requested: int | None) -> int:
-        """This call's T: the request, else a depth drawn by `iteration_sampling` (training), else the config's."""
-        if requested is None:
-            random_subset = config_choice(
-                self.config, "deep_supervision", {name: name == "random" for name in DEEP_SUPERVISION}
-            )
-            fixed = config_choice(
-                self.config, "iteration_sampling", {name: name == "fixed" for name in ITERATION_SAMPLING}
-            )
-            if not self.training or (fixed and not random_subset):
-                return self.config.num_iterations
-            self.iteration_draws += 1
-            return sample_num_iterations(self.config, self.iteration_draws - 1)
-        if not isinstance(requested, int) or isinstance(requested, bool) or requested < 1:
-            raise ValueError(f"num_iterations must be an integer >= 1; got {requested!r}.")
-        return requested
-
-    def _backprop_iterations(self, requested: int | None, num_iterations: int) -> int:
-        """This call's k, the iterations differentiated (the last k of all L·T): the request, the config's, or all."""
-        total = self.config.num_hidden_layers * num_iterations
-        if requested is None:
-            configured = self.config.backprop_iterations
-            return total if configured is None else min(configured, total)
-        if not isinstance(requested, int) or isinstance(requested, bool) or not 1 <= requested <= total:
-            raise ValueError(
-                f"backprop_iterations must be an integer in [1, num_hidden_layers × num_iterations = {total}]; "
-                f"got {requested!r}."
-            )
-        return requested
-
-    def _pool(self, hidden_states: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-        """The classifier input of a state `(B, N, d)` (`pool_tokens`: the first token or the mean over the real
-        tokens after the prefix); the deep-supervision steps pool the intermediate states with it too."""
-        return pool_tokens(self.config, hidden_states, keep, self.embeddings.num_prefix_tokens)
-
-    @staticmethod
-    def _iteration_grad(
-        layer_index: int, t: int, num_iterations: int, backprop_iterations: int, num_layers: int
-    ) -> contextlib.AbstractContextManager:
-        """The grad mode of iteration `t` of layer `layer_index`: `no_grad` for all but the last k of the L·T."""
-        frozen = num_layers * num_iterations - backprop_iterations
-        return torch.no_grad() if layer_index * num_iterations + t < frozen else contextlib.nullcontext()
-
-
-def _compile_region(function: Callable) -> Callable:
-    """The layer step as a nested compile region: torch.compile traces one iteration once and reuses it for all L·T
-    calls of a layer, so compile time does not grow with the depth T (torch ≥ 2.8; a no-op in eager mode).
-
-    Non-strict `torch.export` (its default) is the exception: there torch runs Dynamo on the region anew at every
-    call, L·T Dynamo compiles of the same step, several times the cost of tracing the loop unrolled. So under
-    export outside Dynamo the plain step is traced; Dynamo (torch.compile, strict export) still gets the region.
-    """
-    nested_compile_region = getattr(torch.compiler, "nested_compile_region", None)
-    if nested_compile_region is None:
-        return function
-
-    @functools.wraps(function)
-    def step(*args, **kwargs):
-        if torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling():
-            return function(*args, **kwargs)
-        return region(*args, **kwargs)
-
-    region = nested_compile_region(function)  # after `wraps`: its marks stay on `function`, off `step`
-    return step
-
-
-class HyperSetLayer(GradientCheckpointingLayer):
-    """One iteration: x ← x − α ⊙ Attn(x), then x ← x + γ ⊙ FF(x) (steps built on E_ATTN, then E_FF), and with
-    `input_anchor` λ > 0 the step −λ(x_t − x₀) on the anchor energy (λ/2)‖x − x₀‖²."""
-
-    def __init__(self, config: HyperSetConfig) -> None:
-        super().__init__()
-        self.attention = ATTENTION_CLASSES.get(config.attention_energy, HyperSetAttention)(config)
-        self.feedforward = FEEDFORWARD_CLASSES.get(config.feedforward_energy, HyperSetFeedForward)(config)
-        self.input_anchor = config.input_anchor
-
-    @_compile_region
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        iteration_condition: torch.Tensor,
-        condition_source: torch.Tensor,
-        step_sizes: HyperSetStepSizes,
-        keep: torch.Tensor | None = None,
-        anchor: torch.Tensor | None = None,
-        output_attentions: bool = False,
-        fixed_step_sizes: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`fixed_step_sizes`: [α | γ] `(B, N, 2d)` when they do not change over iterations (computed once by the
-        model), else None and the step-size network computes them here."""
-        # The shared step-size network is passed in (it lives on the model) so that one whole iteration,
-        # step sizes included, is one checkpointed unit and memory does not grow with T.
-        if fixed_step_sizes is None:
-            alpha, gamma = step_sizes(iteration_condition, condition_source)
-        else:
-            alpha, gamma = fixed_step_sizes.chunk(2, dim=-1)
-        update, probs = self.attention(hidden_states, keep, output_attentions)
-        updated = torch.addcmul(hidden_states, alpha, update, value=-1)  # x − α ⊙ Attn(x) in one pass
-        updated = torch.addcmul(updated, gamma, self.feedforward(updated))  # x + γ ⊙ FF(x)
-        if self.input_anchor and anchor is not None:
-            updated = updated - self.input_anchor * (hidden_states - anchor)
-        return updated, probs
-
-
-class HyperSetPreTrainedModel(PreTrainedModel):
-    """The base of every Hyper-SET model: its config class, weight initialisation, attention selection and loading."""
-
-    config: HyperSetConfig
-    config_class = HyperSetConfig
-    base_model_prefix = "hyperset"
-    main_input_name = "pixel_values"
-    input_modalities = ("image", "text")
-    supports_gradient_checkpointing = True
-    _no_split_modules = ["HyperSetEmbeddings", "HyperSetLayer"]
-    _supports_sdpa = True
-
-    # what `attn_implementation` takes: this file's bi-softmax registry, read at call time ("triton" registers there)
-    attn_implementations = ALL_ATTENTION_FUNCTIONS
-
-    def __init__(self, config: HyperSetConfig, *inputs: object, **kwargs: object) -> None:
-        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
-        super().__init__(config, *inputs, **kwargs)
-
-    def get_correct_attn_implementation(
-        self, requested_attention: str | None, is_init_check: bool = False
-    ) -> str:
-        choose = functools.partial(choose_attn_implementation, self.config)
-        return select_attn_implementation(
-            self, requested_attention, is_init_check, choose, missing_kernel_note()
-        )
-
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.initializer_range
-        if isinstance(module, HyperSetStepSizeProjection):
-            init.zeros_(module.weight)  # α = γ = 0: identity map at initialisation
-            init.zeros_(module.bias)
-        elif isinstance(module, nn.Linear):
-            init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, mean=0.0, std=std)
-        elif isinstance(module, nn.LayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
-        elif isinstance(module, nn.RMSNorm):
-            init.ones_(module.weight)
-        elif isinstance(module, HyperSetAttention):
-            init.ones_(module.qkv_gain)
-        elif isinstance(module, HyperSetStepSizes) and hasattr(module, "condition"):
-            init.zeros_(module.condition)
-        elif isinstance(module, HyperSetEmbeddings):
-            if module.config.input_type == "image":
-                init.normal_(module.cls_token, mean=0.0, std=1.0)  # N(0, 1) as in the authors' code
-            if module.position_encoding is not None:
-                # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
-                init.copy_(
-                    module.position_encoding,
-                    fixed_positions(module.config, module.position_encoding.shape[1]),
-                )
-
-    @classmethod
-    def from_pretrained(
-        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
-    ) -> PreTrainedModel:
-        return load_naming_unreadable_file(
-            super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
-        )
-
-
-class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
-    """The Hyper-SET backbone: embeddings, then L weight-tied layers iterated T times (`RecurrentDepthMixin`).
-
-    One `forward` serves both input types: images ViT-style (`pixel_values` first) and sequences BERT-style
-    (`input_ids`, `attention_mask`, `inputs_embeds`); a sequence backbone's `main_input_name` is `input_ids`, and
-    `model(ids)` reads them (`route_main_input`). Pass the other inputs by name.
-    """
-
-    def __init__(self, config: HyperSetConfig) -> None:
-        super().__init__(config)
-        self.embeddings = HyperSetEmbeddings(config)
-        self.step_sizes = HyperSetStepSizes(config)
-        self.layers = nn.ModuleList([HyperSetLayer(config) for _ in range(config.num_hidden_layers)])
-        self.iteration_draws = 0  # RecurrentDepthMixin
-        # `get/set_input_embeddings` (transformers' defaults) find this table in `self.embeddings`.
-        self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
-        if config.input_type == "sequence":  # what processors, pipelines and `model(ids)` hand over first
-            self.main_input_name = "input_ids"
-        self.post_init()
-
-    def forward(
-        self,
-        pixel_values: torch.Tensor | None = None,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
-        inputs_embeds: torch.Tensor | None = None,
-        num_iterations: int | None = None,
-        backprop_iterations: int | None = None,
-        halting_tolerance: float | None = None,
-        halting_criterion: str | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_energies: bool | None = None,
-        return_dict: bool | None = None,
-        initial_state: torch.Tensor | None = None,
-        output_final_energy: bool | None = None,
-        interpolate_pos_encoding: bool | None = None,
-    ) -> HyperSetModelOutput | tuple:
-        r"""
-        num_iterations (`int`, *optional*):
-            Iterations per layer for this call (defaults to `config.num_iterations`, or in training a depth
-            drawn by `config.iteration_sampling`); larger values extrapolate in depth at test time.
-        backprop_iterations (`int`, *optional*):
-            Differentiate only the last k of the L·T iterations (defaults to `config.backprop_iterations`).
-        halting_tolerance (`float`, *optional*):
-            Adaptive halting in eval mode (defaults to `config.halting_tolerance`): each sample stops once its
-            relative state change (or the size of its relative energy change) is below this, `num_iterations`
-            being the maximum; the output's `iterations_used` says how many it ran. Not under torch.compile /
-            export (fixed T there).
-        halting_criterion (`str`, *optional*):
-            `"state"` or `"energy"` (defaults to `config.halting_criterion`).
-        output_energies (`bool`, *optional*):
-            Return `energies` (`HyperSetEnergies`): E_ATTN, E_FF, effective rank and mean angle per
-            layer for t = 0..T.
-        initial_state (`torch.Tensor` of shape `(batch, num_tokens, hidden_size)`, *optional*):
-            The state x the first iteration of the first layer starts from, in place of the embedding output
-            (a carried state of the supervision steps, or a perturbed start of test-time search). The inputs are
-            embedded all the same: the embedding output stays x₀ of the step sizes (`step_size_condition=
-            "input"`) and of the first layer's anchor energy (`input_anchor`), and the input's padding mask
-            applies; `hidden_states` then starts with `initial_state`. None: start from the embedding output.
-        output_final_energy (`bool`, *optional*):
-            Return `final_energy` `(batch,)`: Σ over layers of E_ATTN + E_FF of the state each layer's last
-            iteration left (no gradient; what test-time search's energy selector compares).
-        interpolate_pos_encoding (`bool`, *optional*):
-            Images only: resample the position table bicubically to the patch grid of the input (another
-            resolution, a multiple of `patch_size`), the CLS position unchanged, as ViT's argument. Without it an
-            input of another size than `config.image_size` is refused.
-        """
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        output_hidden_states = (
-            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        )
-        output_energies = bool(output_energies)
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        pixel_values, input_ids = route_main_input(self.config, pixel_values, input_ids)
-        num_iterations = self._num_iterations(num_iterations)
-        backprop_iterations = self._backprop_iterations(backprop_iterations, num_iterations)
-        halting = self._halting(halting_tolerance, halting_criterion)
-        if halting is not None and (output_attentions or output_hidden_states or output_energies):
-            raise ValueError(
-                "halting_tolerance cannot be combined with output_attentions, output_hidden_states or "
-                "output_energies (samples stop at different iterations); pass a fixed num_iterations instead."
-            )
-
-        hidden_states, keep = self.embeddings(
-            pixel_values=pixel_values,
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            interpolate_pos_encoding=bool(interpolate_pos_encoding),
-        )
-        embedded = hidden_states
-        # read once per forward, not per iteration: the step sizes' condition x₀ (the input) or the state
-        on_input = config_choice(self.config, "step_size_condition", {"current": False, "input": True})
-        if initial_state is not None:
-            hidden_states = check_initial_state(initial_state, embedded)
-        elif on_input or self.config.input_anchor:
-            # the iterations read x₀ beside the state; torch.compile reuses one traced iteration for all of them,
-            # which goes wrong when x₀ and the state are one tensor at the first call and two after it
-            hidden_states = hidden_states.clone()
-        real_tokens = (
-            torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep.float()
-        )
-        iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
-        warn_if_maps_need_eager(self.config, output_attentions)
-        fixed_step_sizes = None  # [α | γ] once per forward where they do not change over iterations
-        if HyperSetStepSizes.constant_over_iterations(self.config):
-            fixed_step_sizes = self.step_sizes.project(iteration_conditions[0], embedded)  # (B, N, 2d)
-        all_hidden_states = (hidden_states,) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        iterations_used = None if halting is None else torch.zeros_like(real_tokens[:, 0], dtype=torch.long)
-        per_layer_diagnostics = []
-        final_energy = torch.zeros_like(real_tokens[:, 0]) if output_final_energy else None
-        for index, layer in enumerate(self.layers):
-            # x₀ of the anchor energy: the state entering this layer; for the first layer the embedded input, also
-            # when the iterations start from an `initial_state` (the anchor keeps tying the state to the input).
-            # A compiled region must not receive an unused tensor that aliases another input (torch.compile then
-            # reuses the traced iteration with its inputs shifted), so without an anchor energy it is None.
-            anchor = (embedded if index == 0 else hidden_states) if self.config.input_anchor else None
-            if halting is not None:
-                hidden_states, used = self._iterate_until_halted(
-                    layer,
-                    hidden_states,
-                    embedded,
-                    anchor,
-                    keep,
-                    real_tokens,
-                    iteration_conditions,
-                    fixed_step_sizes,
-                    on_input,
-                    *halting,
-                )
-                iterations_used += used
-                if output_final_energy:
-                    final_energy = final_energy + self._energy(layer, hidden_states, real_tokens)
-                continue
-            records = [self._diagnostics(layer, hidden_states, real_tokens)] if output_energies else None
-            for t in range(num_iterations):
-                source = embedded if on_input else hidden_states
-                source = None if fixed_step_sizes is not None else source  # [α | γ] given: not read
-                # truncated backpropagation through depth: only the last k of the L·T iterations build a graph
-                with self._iteration_grad(index, t, num_iterations, backprop_iterations, len(self.layers)):
-                    hidden_states, probs = layer(
-                        hidden_states,
-                        iteration_conditions[t],
-                        source,
-                        self.step_sizes,
-                        keep,
-                        anchor,
-                        output_attentions,
-                        fixed_step_sizes,
-                    )
-                if output_hidden_states:
-                    all_hidden_states += (hidden_states,)
-                if output_attentions:
-                    all_attentions += (probs,)
-                if output_energies:
-                    records.append(self._diagnostics(layer, hidden_states, real_tokens))
-            if output_final_energy:
-                final_energy = final_energy + self._energy(layer, hidden_states, real_tokens)
-            if output_energies:
-                per_layer_diagnostics.append([torch.stack(values, dim=1) for values in zip(*records)])
-
-        energies = None
-        if output_energies:
-            energies = HyperSetEnergies(
-                *(torch.stack(values, dim=1) for values in zip(*per_layer_diagnostics))  # (B, L, T + 1[, H])
-            )
-        pooled = self._pool(hidden_states, keep)
-        output = HyperSetModelOutput(
-            last_hidden_state=hidden_states,
-            pooler_output=pooled,
-            hidden_states=all_hidden_states,
-            attentions=all_attentions,
-            energies=energies,
-            iterations_used=iterations_used,
-            final_energy=final_energy,
-        )
-        return output if return_dict else output.to_tuple()
-
-    def _halting(self, tolerance: float | None, criterion: str | None) -> tuple[float, str] | None:
-        """(ε, criterion) when this call halts adaptively: eval mode, eager, a tolerance given; else None."""
-        tolerance = self.config.halting_tolerance if tolerance is None else tolerance
-        criterion = self.config.halting_criterion if criterion is None else criterion
-        if criterion not in ("state", "energy"):
-            raise ValueError(f"halting_criterion must be one of ['state', 'energy']; got {criterion!r}.")
-        if tolerance is None:
-            return None
-        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
-            raise ValueError(f"halting_tolerance must be a number > 0 (or None); got {tolerance!r}.")
-        return None if self.training or _is_tracing() else (float(tolerance), criterion)
-
-    def _iterate_until_halted(
-        self,
-        layer: HyperSetLayer,
-        hidden_states: torch.Tensor,
-        embedded: torch.Tensor,
-        anchor: torch.Tensor | None,
-        keep: torch.Tensor | None,
-        real_tokens: torch.Tensor,
-        iteration_conditions: torch.Tensor,
-        fixed_step_sizes: torch.Tensor | None,
-        on_input: bool,
-        tolerance: float,
-        criterion: str,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Iterate `layer` per sample until its relative change is below `tolerance`, T at most.
-
-        The change is ‖x_{t+1} − x_t‖ / ‖x_t‖ over the real tokens (`"state"`) or |E_t − E_{t+1}| / |E_t| with
-        E = E_ATTN + E_FF (`"energy"`): a sample keeps iterating while its energy still changes by ε or more, up
-        or down. A halted sample leaves the working batch, so it costs no more compute; its state is written back
-        in place. Returns the states and the iterations each sample ran, `(B,)`.
-        """
-        batch = hidden_states.shape[0]
-        active = torch.arange(batch, device=hidden_states.device)  # samples still iterating
-        used = torch.zeros(batch, dtype=torch.long, device=hidden_states.device)
-        energy = self._energy(layer, hidden_states, real_tokens) if criterion == "energy" else None
-        for condition in iteration_conditions:
-            current, tokens = hidden_states[active], real_tokens[active]  # (A, N, d), (A, N)
-            source = embedded[active] if on_input else current
-            updated, _ = layer(
-                current,
-                condition,
-                source,
-                self.step_sizes,
-                None if keep is None else keep[active],
-                None if anchor is None else anchor[active],
-                False,  # no maps: halting cannot return them
-                None if fixed_step_sizes is None else fixed_step_sizes[active],
-            )
-            hidden_states = hidden_states.index_copy(0, active, updated)
-            used[active] += 1
-            if criterion == "state":
-                weights = tokens.unsqueeze(-1).to(updated.dtype)  # padded tokens do not count
-                change = ((updated - current) * weights).flatten(1).norm(dim=1)
-                change = change / (current * weights).flatten(1).norm(dim=1).clamp_min(
-                    torch.finfo(change.dtype).tiny
-                )
-            else:
-                # The size of the change, up or down, as the state criterion measures a norm: a sample whose energy
-                # rises is still moving (the step sizes are learned, so an update need not descend) and must not
-                # read as converged.
-                new_energy = self._energy(layer, updated, tokens)
-                change = (energy[active] - new_energy).abs() / energy[active].abs().clamp_min(
-                    torch.finfo(new_energy.dtype).tiny
-                )
-                energy = energy.index_copy(0, active, new_energy)
-            active = active[change >= tolerance]
-            if active.numel() == 0:
-                break
-        return hidden_states, used
-
-    @staticmethod
-    def _energy(layer: HyperSetLayer, hidden_states: torch.Tensor, real_tokens: torch.Tensor) -> torch.Tensor:
-        """E_ATTN + E_FF per sample, `(B,)`."""
-        return layer.attention.energy(hidden_states, real_tokens) + layer.feedforward.energy(
-            hidden_states, real_tokens
-        )
-
-    @staticmethod
-    def _diagnostics(
-        layer: HyperSetLayer, hidden_states: torch.Tensor, keep: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
-        attention_energy, effective_rank, average_angle = layer.attention.diagnostics(hidden_states, keep)
-        return attention_energy, layer.feedforward.energy(hidden_states, keep), effective_rank, average_angle
-
-
-def _classifier_norm(config: HyperSetConfig) -> nn.Module:
-    """The norm before the classifier: LayerNorm (the paper's image models) or RMSNorm (their Sudoku model)."""
-    if config.classifier_norm == "rmsnorm":
-        return nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-
-
 class RecurrentDepthHeadMixin:
     """`classify` and `_loss` of the classification heads of Hyper-SET and of the looped baseline: a head sets the
     input type it takes, whether it classifies every token, its output class and the backbone output fields it
@@ -2020,6 +2156,13 @@ class RecurrentDepthHeadMixin:
         labels), the others (labels, logits)."""
         arguments = (logits, labels) if self._per_token else (labels, logits)
         return self.loss_function(*arguments, self.config)
+
+
+def _classifier_norm(config: HyperSetConfig) -> nn.Module:
+    """The norm before the classifier: LayerNorm (the paper's image models) or RMSNorm (their Sudoku model)."""
+    if config.classifier_norm == "rmsnorm":
+        return nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
 
 class HyperSetHead(RecurrentDepthHeadMixin, HyperSetPreTrainedModel):
@@ -2173,6 +2316,7 @@ class HyperSetForTokenClassification(HyperSetSequenceHead):
     _output_class = HyperSetTokenClassifierOutput
 
 
+# ------------------------------------------------------------------------ masked image modelling
 # MaskGIT's schedules (Chang et al. 2022, as `valeoai/Maskgit-pytorch` computes them, the code the authors' MIM
 # model follows): the weight w(r) of each decoding step, r running from 1 to 0 over the steps; step s unmasks a share
 # w_s / Σ w of the masked tokens. Every schedule starts near 0, so the first steps fix few tokens.
@@ -2279,10 +2423,13 @@ class MaskedImageModelingMixin:
 
         At each step the model predicts every position; a code is sampled at each masked position from
         softmax(logits / `temperature`); its confidence log p + g·(1 − s/S), g Gumbel noise of scale
-        `randomize_temperature` (the authors' 4.5; 0: no noise), ranks the masked positions, and the most
+        `randomize_temperature` (0: no noise), ranks the masked positions, and the most
         confident ones are kept, as many as `schedule` (`maskgit_schedule`) gives for this step; the rest stay
         masked. Known codes are never changed. Seeded by `generator`, else by `seed`, else by a draw from torch's
         global generator: the same seed gives the same codes. Runs the model as it is (call `eval()` first).
+
+        Defaults: 24 `steps`, the decoding steps the authors evaluate reconstruction with; `randomize_temperature`
+        4.5, the `r_temp` of the authors' MIM config; `temperature` 1 and the `"arccos"` schedule, MaskGIT's.
         """
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ValueError(f"steps must be an integer >= 1; got {steps!r}.")
@@ -2322,10 +2469,12 @@ class MaskedImageModelingMixin:
         for step in range(steps):
             logits = self(input_ids=codes, num_iterations=num_iterations, return_dict=True).logits
             probs = (logits.float() / temperature).softmax(-1)  # (B, N, K)
+            # (B·N, K) → (B·N, 1) → (B, N): one code per position
             sampled = torch.multinomial(probs.flatten(0, 1), 1, generator=generator).view(codes.shape)
             confidence = probs.gather(-1, sampled[..., None]).squeeze(-1)  # (B, N)
-            uniform = torch.rand(codes.shape, generator=generator, device=device, dtype=probs.dtype)
-            gumbel = -torch.log(-torch.log(uniform.clamp(torch.finfo(probs.dtype).tiny, 1 - 1e-7)))
+            uniform = torch.rand(codes.shape, generator=generator, device=device, dtype=probs.dtype)  # (B, N)
+            # our clamp: u in [tiny, 1 − 1e-7] keeps both logarithms finite (u = 0 or 1 would give ±inf noise)
+            gumbel = -torch.log(-torch.log(uniform.clamp(torch.finfo(probs.dtype).tiny, 1 - 1e-7)))  # (B, N)
             noisy = confidence.clamp_min(torch.finfo(probs.dtype).tiny).log()
             noisy = noisy + randomize_temperature * (1 - step / steps) * gumbel
             noisy = noisy.masked_fill(~masked, float("-inf"))  # known codes are not candidates

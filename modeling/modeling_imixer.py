@@ -83,7 +83,7 @@ class IMixerSequenceClassifierOutput(SequenceClassifierOutput):
     fixed_point_residuals: IMixerFixedPointDiagnostics | None = None
 
 
-# --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---
+# --- shared helpers: identical in the three modeling files (tests/test_layout.py checks) ---
 
 
 def select_attn_implementation(
@@ -306,7 +306,49 @@ def interpolate_positions(
     return torch.cat((prefix, patches), dim=1)
 
 
-# --- end of input checks ---
+class FamilyPreTrainedMixin:
+    """What every family's `PreTrainedModel` shares, listed before transformers' class in its bases: the config's
+    checks run again at construction, an `attn_implementation` outside the class's `attn_implementations` is refused
+    by name (`select_attn_implementation`), and an unreadable weight file is named (`load_naming_unreadable_file`).
+
+    A family that picks its own implementation (Hyper-SET's bi-softmax registry) overrides
+    `_choose_attn_implementation`, and `_attn_implementation_note` ends the refusal's message; the defaults are
+    transformers' own choice and no note.
+    """
+
+    def __init__(self, config: PreTrainedConfig, *inputs: object, **kwargs: object) -> None:
+        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
+        super().__init__(config, *inputs, **kwargs)
+
+    def get_correct_attn_implementation(
+        self, requested_attention: str | None, is_init_check: bool = False
+    ) -> str:
+        return select_attn_implementation(
+            self,
+            requested_attention,
+            is_init_check,
+            self._choose_attn_implementation,
+            self._attn_implementation_note(),
+        )
+
+    def _choose_attn_implementation(self, requested: str | None, is_init_check: bool) -> str:
+        """What a name this class takes (or None) runs: transformers' choice unless the family overrides it."""
+        return super().get_correct_attn_implementation(requested, is_init_check)
+
+    def _attn_implementation_note(self) -> str:
+        """The end of the refusal of a name the class does not take (none unless the family overrides it)."""
+        return ""
+
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
+    ) -> PreTrainedModel:
+        return load_naming_unreadable_file(
+            super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
+        )
+
+
+# --- end of shared helpers ---
 
 
 class IMixerEmbeddings(nn.Module):
@@ -472,7 +514,8 @@ class IMixerSpectralNorm(nn.Module):
 
 
 # Divergence rule of the tolerance solvers, per sample, on the residual ‖f(x) − x‖: non-finite, this many times
-# its smallest so far, or grown in this many consecutive steps (Picard on a contraction never grows).
+# its smallest so far, or grown in this many consecutive steps (Picard on a contraction never grows). Both values
+# are our choice.
 _DIVERGENCE_FACTOR = 10.0
 _DIVERGENCE_PATIENCE = 5
 
@@ -590,7 +633,8 @@ class _AndersonMixing:
             else self._ring(state.flatten(1), image.flatten(1))
         )
         history = gram.shape[-1]
-        # Tikhonov term relative to the Gram's scale keeps the system solvable when residuals vanish or repeat
+        # Tikhonov term relative to the Gram's scale keeps the system solvable when residuals vanish or repeat;
+        # 1e-10 is our choice: far below the scale of distinct residuals, far above float64 round-off
         scale = (
             gram.diagonal(dim1=1, dim2=2).mean(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
         )
@@ -693,7 +737,7 @@ def _solve(
         if not bool(active.any()):
             break
         proposal = image if settings.solver == "picard" else anderson(state, image)
-        state = torch.where(active.reshape(keep.shape), proposal, state)
+        state = torch.where(active.reshape(keep.shape), proposal, state)  # active (B,) → (B, 1, 1) as keep
     if best is not None:
         record.final_absolute, record.final_relative = best, best_relative
     if bool(diverged.any()):
@@ -982,7 +1026,7 @@ class IMixerClassifier(nn.Linear):
     """Linear(D, num_labels); its own class so `_init_weights` can zero it (timm's Mixer head init)."""
 
 
-class IMixerPreTrainedModel(PreTrainedModel):
+class IMixerPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     """The base of every iMixer model: its config class, weight initialisation, attention selection and loading."""
 
     config: IMixerConfig
@@ -995,17 +1039,6 @@ class IMixerPreTrainedModel(PreTrainedModel):
 
     # what `attn_implementation` takes: "eager" only, iMixer mixes tokens with an MLP and has no attention
     attn_implementations = ("eager",)
-
-    def __init__(self, config: IMixerConfig, *inputs: object, **kwargs: object) -> None:
-        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
-        super().__init__(config, *inputs, **kwargs)
-
-    def get_correct_attn_implementation(
-        self, requested_attention: str | None, is_init_check: bool = False
-    ) -> str:
-        return select_attn_implementation(
-            self, requested_attention, is_init_check, super().get_correct_attn_implementation
-        )
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -1043,14 +1076,6 @@ class IMixerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, IMixerEmbeddings) and module.config.input_type == "sequence":
             init.normal_(module.pad_embedding, mean=0.0, std=self.config.initializer_range)
 
-    @classmethod
-    def from_pretrained(
-        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
-    ) -> PreTrainedModel:
-        return load_naming_unreadable_file(
-            super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
-        )
-
 
 def _stack_diagnostics(blocks: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Per-block diagnostics → `(L, ...)` tensors; per-step series padded with NaN to the longest block's."""
@@ -1066,7 +1091,12 @@ def _stack_diagnostics(blocks: list[dict[str, torch.Tensor]]) -> dict[str, torch
 
 class IMixerModel(IMixerPreTrainedModel):
     """The bare iMixer encoder: embeddings → `num_hidden_layers` Mixer blocks (token mixing by the iMLP's fixed-point
-    solve, then channel mixing) → final LayerNorm (+ the mean of the tokens as `pooler_output`)."""
+    solve, then channel mixing) → final LayerNorm (+ the mean of the tokens as `pooler_output`).
+
+    `last_hidden_state` (and `pooler_output`) come after the final LayerNorm, as ViT's. Hyper-SET's and the looped
+    baseline's `Model` return the raw state instead (their heads hold the norm, since their recurrent-depth heads
+    carry the raw state between outer steps), so base-model features are normalised here and raw there.
+    """
 
     def __init__(self, config: IMixerConfig) -> None:
         super().__init__(config)

@@ -39,6 +39,7 @@ from transformers.utils import ModelOutput
 
 from ..configuration.configuration_looped_transformer import LoopedTransformerConfig
 from .modeling_hyperset import (
+    FamilyPreTrainedMixin,
     HyperSetEmbeddings,
     MaskedImageModelingMixin,
     RecurrentDepthHeadMixin,
@@ -49,9 +50,7 @@ from .modeling_hyperset import (
     check_masked_image_modeling_head,
     config_choice,
     fixed_positions,
-    load_naming_unreadable_file,
     route_main_input,
-    select_attn_implementation,
 )
 
 
@@ -164,7 +163,7 @@ class LoopedTransformerLayer(GradientCheckpointingLayer):
         return hidden_states, probs
 
 
-class LoopedTransformerPreTrainedModel(PreTrainedModel):
+class LoopedTransformerPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     """The base of every looped-Transformer baseline model: config class, weight initialisation, attention
     selection and loading."""
 
@@ -179,17 +178,6 @@ class LoopedTransformerPreTrainedModel(PreTrainedModel):
 
     # what `attn_implementation` takes: softmax attention by transformers' functions
     attn_implementations = ("eager", "sdpa")
-
-    def __init__(self, config: LoopedTransformerConfig, *inputs: object, **kwargs: object) -> None:
-        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
-        super().__init__(config, *inputs, **kwargs)
-
-    def get_correct_attn_implementation(
-        self, requested_attention: str | None, is_init_check: bool = False
-    ) -> str:
-        return select_attn_implementation(
-            self, requested_attention, is_init_check, super().get_correct_attn_implementation
-        )
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -214,25 +202,22 @@ class LoopedTransformerPreTrainedModel(PreTrainedModel):
                     fixed_positions(module.config, module.position_encoding.shape[1]),
                 )
 
-    @classmethod
-    def from_pretrained(
-        cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
-    ) -> PreTrainedModel:
-        return load_naming_unreadable_file(
-            super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
-        )
-
 
 class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedModel):
     """The baseline backbone: Hyper-SET's embeddings, then L weight-tied pre-norm layers iterated T times. The
     depth of a call and its truncation are Hyper-SET's (`RecurrentDepthMixin`), so both models follow one
-    schedule in a side-by-side run; one `forward` serves both input types, as `HyperSetModel`'s."""
+    schedule in a side-by-side run; one `forward` serves both input types, as `HyperSetModel`'s.
+
+    `last_hidden_state` (and the `pooler_output` taken from it) is the state the last iteration left, not
+    normalised: the heads hold the norm before their classifier (`layernorm`), because the recurrent-depth
+    heads read the raw state (the supervision steps carry it into the next step as `initial_state`). iMixer's and
+    HyperBF's `Model` end in a LayerNorm (as ViT's), so their base-model features are normalised.
+    """
 
     def __init__(self, config: LoopedTransformerConfig) -> None:
         super().__init__(config)
         self.embeddings = HyperSetEmbeddings(config)
         self.layers = nn.ModuleList([LoopedTransformerLayer(config) for _ in range(config.num_hidden_layers)])
-        self.iteration_draws = 0  # RecurrentDepthMixin
         self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
         if config.input_type == "sequence":  # what processors, pipelines and `model(ids)` hand over first
             self.main_input_name = "input_ids"

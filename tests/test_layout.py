@@ -1,7 +1,8 @@
 """Static rules of the repository layout (docs/development.md), read from the source text.
 
-The three model files are siblings: the same input checks (one wording of each error), the same skeleton, and
-only `torch`, `transformers` and their own config imported, so the Hub export is a one-line rewrite.
+The three model files are siblings: the same shared helpers (input checks with one wording of each error, attention
+selection, loading, pooling), the same skeleton, and only `torch`, `transformers` and their own config imported,
+so the Hub export is a one-line rewrite.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from energyformers import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELING = {family: ROOT / "modeling" / f"modeling_{spec.stem}.py" for family, spec in FAMILIES.items()}
-CHECKS_BEGIN = "# --- input checks: identical in the three modeling files (tests/test_layout.py checks) ---"
-CHECKS_END = "# --- end of input checks ---"
+SHARED_BEGIN = "# --- shared helpers: identical in the three modeling files (tests/test_layout.py checks) ---"
+SHARED_END = "# --- end of shared helpers ---"
 
 
 def marked_block(path: Path, begin: str, end: str) -> str:
@@ -26,10 +27,12 @@ def marked_block(path: Path, begin: str, end: str) -> str:
     return text[text.index(begin) : text.index(end)]
 
 
-def test_input_checks_are_identical_in_every_modeling_file():
-    blocks = {family: marked_block(path, CHECKS_BEGIN, CHECKS_END) for family, path in MODELING.items()}
+def test_shared_helpers_are_identical_in_every_modeling_file():
+    blocks = {family: marked_block(path, SHARED_BEGIN, SHARED_END) for family, path in MODELING.items()}
     reference = next(iter(blocks.values()))
-    assert "def _check_inputs(" in reference
+    # what the block holds besides the input checks: the marker names it for all of them
+    for name in ("_check_inputs", "select_attn_implementation", "load_naming_unreadable_file", "pool_tokens"):
+        assert f"def {name}(" in reference, f"{name} is not in the shared-helpers block"
     assert {family: block == reference for family, block in blocks.items()} == dict.fromkeys(blocks, True)
 
 
@@ -122,3 +125,37 @@ def test_no_module_imports_another_modules_private_names():
                         if a.name.startswith("_") and not a.name.endswith("__")  # dunders are public
                     ]
     assert private == []
+
+
+# The looped baseline's file is no family of `FAMILIES` (it is a baseline) but follows the same skeleton.
+PRETRAINED_BASES = {
+    **{
+        family: (path, f"{FAMILIES[family].config_class.__name__[: -len('Config')]}PreTrainedModel")
+        for family, path in MODELING.items()
+    },
+    "looped_transformer": (
+        ROOT / "modeling" / "modeling_looped_transformer.py",
+        "LoopedTransformerPreTrainedModel",
+    ),
+}
+
+
+@pytest.mark.parametrize("family", list(PRETRAINED_BASES))
+def test_pretrained_model_base_is_declarations_and_one_line_delegations(family):
+    """As ViT's `ViTPreTrainedModel`: the logic every family shares (config checks at construction, attention
+    selection, naming an unreadable weight file) lives once, in the shared-helpers block's `FamilyPreTrainedMixin`;
+    a family's base holds class attributes, its `_init_weights`, and overrides of at most one statement."""
+    path, class_name = PRETRAINED_BASES[family]
+    tree = ast.parse(path.read_text())
+    (base,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == class_name]
+    bases = [ast.unparse(b) for b in base.bases]
+    assert bases == ["FamilyPreTrainedMixin", "PreTrainedModel"], f"{class_name} has the bases {bases}"
+    long_methods = {
+        item.name: len(item.body)
+        for item in base.body
+        if isinstance(item, ast.FunctionDef) and item.name != "_init_weights" and len(item.body) > 1
+    }
+    assert long_methods == {}, f"{class_name}: methods of more than one statement {long_methods}"
+    shared = {"__init__", "get_correct_attn_implementation", "from_pretrained"}
+    own = {item.name for item in base.body if isinstance(item, ast.FunctionDef)} & shared
+    assert own == set(), f"{class_name} redefines {own}, which FamilyPreTrainedMixin holds"
