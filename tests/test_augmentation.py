@@ -451,16 +451,17 @@ def test_recipe_lr_schedule_warms_up_from_the_floor_decays_by_cosine_and_cools_d
         optimizer.step()
         scheduler.step()
     # the schedule's Python floats against the same formulas written here in another order: a cosine, a few
-    # products and sums, relative to the rate itself
+    # products and sums, relative to the rate itself (abs=0: approx would add an absolute 1e-12 otherwise)
     rel = rounding(torch.float64, 8)
-    assert lrs[0] == pytest.approx(start, rel=rel)
-    assert lrs[5] == pytest.approx(start + (base - start) / 2, rel=rel)
-    assert lrs[10] == pytest.approx(base, rel=rel)
-    assert lrs[10 + 40] == pytest.approx(
-        floor + (base - floor) / 2, rel=rel
-    )  # cosine midpoint: 80 decay steps
-    assert lrs[89] == pytest.approx(floor + 0.5 * (base - floor) * (1 + math.cos(math.pi * 79 / 80)), rel=rel)
-    assert lrs[90:] == pytest.approx([floor] * 20, rel=rel)
+    assert lrs[0] == pytest.approx(start, rel=rel, abs=0)
+    assert lrs[5] == pytest.approx(start + (base - start) / 2, rel=rel, abs=0)
+    assert lrs[10] == pytest.approx(base, rel=rel, abs=0)
+    # the cosine's midpoint: 80 decay steps
+    assert lrs[10 + 40] == pytest.approx(floor + (base - floor) / 2, rel=rel, abs=0)
+    assert lrs[89] == pytest.approx(
+        floor + 0.5 * (base - floor) * (1 + math.cos(math.pi * 79 / 80)), rel=rel, abs=0
+    )
+    assert lrs[90:] == pytest.approx([floor] * 20, rel=rel, abs=0)
     assert all(a >= b for a, b in itertools.pairwise(lrs[10:]))
     with pytest.raises(ValueError, match=r"warm-up \+ cooldown"):
         recipe_lr_schedule(optimizer, 10, 8, 8, base_lr=base, min_lr=floor, warmup_lr=start)
