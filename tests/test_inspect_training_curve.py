@@ -83,7 +83,8 @@ def test_plateau_exit_reads_the_accelerate_loops_history_and_ignores_eval_entrie
     assert plateau_exit_step(history, 9) == 40
     # exactly at the threshold is not below it
     assert plateau_exit_step([{"step": 1, "loss": LN9 - PLATEAU_MARGIN}] * 2, 9) is None
-    assert chance_loss(9) == pytest.approx(2.1972245773362196, abs=1e-15)
+    # exact: math.log(9) is the double nearest ln 9, written here to its 17 digits
+    assert chance_loss(9) == 2.1972245773362196 == LN9
 
 
 @pytest.mark.parametrize(
@@ -138,13 +139,14 @@ def test_inspect_draws_the_training_curve_of_a_run_folder_and_reports_its_platea
     assert_png(out / FIGURE)
     curve = report["training_curve"]
     assert curve["source"] == source and curve["num_classes"] == 9 and curve["trained_iterations"] == 4
-    assert curve["chance_loss"] == pytest.approx(LN9, abs=1e-12) and curve["metric"] == "blank_cell_accuracy"
+    # exact: math.log(9) through JSON, which writes a float's shortest round-tripping repr
+    assert curve["chance_loss"] == LN9 and curve["metric"] == "blank_cell_accuracy"
     assert curve["plateau_exit"]["step"] == 520, curve["plateau_exit"]
     assert curve["logging_window_steps"] == 10
     losses = training_losses(history)
     assert curve["loss"]["steps"] == [s for s, _ in losses]
-    # stored rounded to 6 decimals: equal to the logged losses within half a unit of the 6th decimal
-    assert np.allclose(curve["loss"]["values"], [v for _, v in losses], atol=5e-7, rtol=0)
+    # stored as Python's round(value, 6) of the logged float, through JSON (exact round trip): the same call here
+    assert curve["loss"]["values"] == [round(v, 6) for _, v in losses]
     assert sorted(curve["eval_by_iterations"], key=int) == ["2", "4", "8"]
     for t in (2, 4, 8):
         logged = {e["step"]: e[f"eval_blank_cell_accuracy_iterations_{t}"] for e in history if "epoch" in e and
@@ -153,7 +155,7 @@ def test_inspect_draws_the_training_curve_of_a_run_folder_and_reports_its_platea
         assert entry["steps"] == sorted(logged) == list(range(20, 1001, 20)), entry[
             "steps"
         ]  # the repeat: once
-        assert np.allclose(entry["values"], [logged[s] for s in entry["steps"]], atol=5e-7, rtol=0)
+        assert entry["values"] == [round(logged[s], 6) for s in entry["steps"]]  # as the losses above
 
 
 def test_inspect_on_a_folder_without_per_iteration_accuracy_still_asks_for_inputs(
@@ -193,11 +195,12 @@ def test_inspect_draws_the_curve_of_a_real_run_with_eval_iterations(
     assert_png(out / FIGURE)
     curve = report["training_curve"]
     history = json.loads((run / "metrics.json").read_text())["log_history"]
-    assert curve["loss"]["steps"] == [1, 2, 3, 4] and curve["chance_loss"] == pytest.approx(LN9, abs=1e-12)
+    assert curve["loss"]["steps"] == [1, 2, 3, 4] and curve["chance_loss"] == LN9  # exact: as above
     for t in (1, 2, 3):
         key = f"eval_blank_cell_accuracy_iterations_{t}"
         logged = {e["step"]: e[key] for e in history if key in e}
         entry = curve["eval_by_iterations"][str(t)]
         assert entry["steps"] == [2, 4] == sorted(logged), (t, entry, logged)
-        assert np.allclose(entry["values"], [logged[2], logged[4]], atol=5e-7, rtol=0)
+        # Python's round(value, 6) of the logged float, through JSON: exact, as above
+        assert entry["values"] == [round(logged[2], 6), round(logged[4], 6)], (t, entry, logged)
     assert curve["plateau_exit"]["step"] == plateau_exit_step(history, 9)
