@@ -321,6 +321,24 @@ def extract_definitions(
     return "from __future__ import annotations\n\n" + "".join(imports) + "\n\n" + "\n\n".join(rest)
 
 
+def _inline_package_imports(source: str, filename: str) -> str:
+    """`source` with each `from .module import ...` line replaced by that package module's statements (less its
+    docstring and `from __future__` line), so that what `source` takes from a sibling module (mim.py's
+    `tokenizer_fit` names) travels inside the one generated file instead of naming a file the folder lacks."""
+    lines = source.splitlines(keepends=True)
+    for node in reversed(ast.parse(source, filename=filename).body):  # from the end: line numbers stay valid
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            module_source = _read_source("", node.module)
+            body = [
+                ast.get_source_segment(module_source, statement) + "\n"
+                for statement in ast.parse(module_source).body
+                if not isinstance(statement, ast.Expr)  # the docstring
+                and not (isinstance(statement, ast.ImportFrom) and statement.module == "__future__")
+            ]
+            lines[node.lineno - 1 : node.end_lineno] = ["\n\n".join(body)]
+    return "".join(lines)
+
+
 def mim_pipeline_sources() -> dict[str, str]:
     """{filename: source} of the masked-image-modelling pipeline a MIM folder carries (`MIM_PIPELINE_FILE` and the
     `MIM_TOKENIZER_FILE` it imports), cut from the package sources and checked with `check_pipeline_code`."""
@@ -339,7 +357,10 @@ def mim_pipeline_sources() -> dict[str, str]:
         for alias in node.names
     }
     tokenizer = extract_definitions(
-        _read_source("", "mim"), "energyformers/mim.py", wanted, omit=MIM_OMITTED_METHODS
+        _inline_package_imports(_read_source("", "mim"), "energyformers/mim.py"),
+        "energyformers/mim.py",
+        wanted,
+        omit=MIM_OMITTED_METHODS,
     )
     sources = {
         MIM_PIPELINE_FILE: header.format(
