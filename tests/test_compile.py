@@ -13,7 +13,7 @@ import os
 
 import pytest
 import torch
-from fixtures import ALL, HEADS, Case, cases, labelled, main_output, perturb
+from fixtures import ALL, HEADS, Case, assert_close_to_scale, cases, labelled, main_output, perturb, rounding
 
 from energyformers import HyperSetForImageClassification, HyperSetForSequenceClassification
 from energyformers.modeling.modeling_hyperset import ALL_ATTENTION_FUNCTIONS
@@ -64,8 +64,13 @@ def test_inductor_compile_matches_eager(case):
     torch._dynamo.reset()
     model, inputs = build(case), case.inputs()
     compiled = torch.compile(model, fullgraph=True)
-    torch.testing.assert_close(
-        main_output(compiled(**inputs)), main_output(model(**inputs)), atol=1e-4, rtol=1e-4
+    # inductor fuses and reorders the float32 sums of the whole forward (2 layers × up to 3 iterations, each with
+    # sums over the tokens and channels): 256 roundings of the output's largest magnitude
+    assert_close_to_scale(
+        main_output(compiled(**inputs)),
+        main_output(model(**inputs)),
+        rounding(torch.float32, 256),
+        "inductor",
     )
 
 
@@ -170,8 +175,11 @@ def test_constant_step_sizes_are_computed_once(halting, monkeypatch):
     torch.testing.assert_close(logits, reference, atol=0, rtol=0)
     for grad, reference_grad in zip(grads, reference_grads):
         if reference_grad is not None:
-            # one sum of the step sizes' gradient over the iterations instead of one per iteration: rounding only
-            torch.testing.assert_close(grad, reference_grad, atol=1e-7, rtol=1e-5)
+            # one sum of the step sizes' gradient over the 3 iterations instead of one per iteration: the same
+            # terms added in another order, a few roundings of the largest
+            assert_close_to_scale(
+                grad, reference_grad, rounding(torch.float32, 4), "hoisted step sizes' gradient"
+            )
 
 
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])

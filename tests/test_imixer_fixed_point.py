@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from fixtures import Case, assert_close_to_scale, perturb, rounding
+from fixtures import Case, assert_close_to_scale, labelled, perturb, rounding
 from safetensors.torch import load_file
 
 from energyformers import IMixerConfig, IMixerForImageClassification
@@ -121,19 +121,20 @@ def test_every_solver_reaches_the_same_fixed_point_in_float64():
 
 
 def test_tolerance_solvers_stop_early_and_report_it():
+    tolerance = 1e-6  # the solvers' fixed_point_tolerance: they stop once the relative residual is below it
     model = contractive_model()
     out = model(
         pixel_values=pixels(),
         fixed_point_iterations=100,
         fixed_point_solver="picard",
-        fixed_point_tolerance=1e-6,
+        fixed_point_tolerance=tolerance,
         output_fixed_point_residuals=True,
     )
     d = out.fixed_point_residuals
     layers = model.config.num_hidden_layers
     assert d.iterations.shape == d.final_residuals.shape == d.final_relative_residuals.shape == (layers,)
     assert torch.all(d.iterations < 100) and torch.all(d.iterations >= 2)
-    assert torch.all(d.final_relative_residuals <= 1e-6)
+    assert torch.all(d.final_relative_residuals <= tolerance), d.final_relative_residuals
     steps = int(d.iterations.max())
     assert d.relative_residuals.shape == d.residuals.shape == d.cosines.shape == (layers, steps)
     # per block: the series stops (NaN) after the block's own last step
@@ -145,11 +146,11 @@ def test_tolerance_solvers_stop_early_and_report_it():
         pixel_values=pixels(),
         fixed_point_iterations=100,
         fixed_point_solver="anderson",
-        fixed_point_tolerance=1e-6,
+        fixed_point_tolerance=tolerance,
         output_fixed_point_residuals=True,
     ).fixed_point_residuals
     assert torch.all(anderson.iterations <= d.iterations)  # acceleration never needs more steps here
-    assert torch.all(anderson.final_relative_residuals <= 1e-6)
+    assert torch.all(anderson.final_relative_residuals <= tolerance), anderson.final_relative_residuals
 
 
 def test_paper_residual_is_the_step_norm_over_root_of_the_state_size():
@@ -204,7 +205,9 @@ def test_implicit_gradient_matches_autograd_through_a_long_converged_unrolled_so
     for name in reference:  # the backward solve is a fixed point of the same contraction (its transpose)
         scale = max(1.0, reference[name].abs().max().item())
         torch.testing.assert_close(got[name], reference[name], atol=converged(scale), rtol=0, msg=name)
-    assert any(g.abs().max() > 1e-3 for name, g in got.items() if "fc_sn" in name)  # F's weights learn
+    # F's weights learn: not a rounding bound, a gradient far from 0 (they are O(0.1) here)
+    largest = max(g.abs().max().item() for name, g in got.items() if "fc_sn" in name)
+    assert largest > 1e-3, f"F's largest gradient entry {largest:.3g}"
 
 
 def test_implicit_gradient_matches_finite_differences():
@@ -315,7 +318,8 @@ def test_lipschitz_bound_is_slope_squared_times_the_exact_spectral_norms():
     model = IMAGE.build()
     d = model(**IMAGE.inputs(), output_fixed_point_residuals=True).fixed_point_residuals
     slope = ACTIVATION_MAX_SLOPES["gelu"]
-    assert abs(slope - 1.1289) < 1e-4  # the 4-decimal value the docs quote
+    # 1.1289 to 4 decimals (docs/imixer.md rounds it to 1.129): within half a unit of the last decimal
+    assert abs(slope - 1.1289) <= 0.5e-4, f"slope {slope!r} is not 1.1289 to 4 decimals"
     for block, layer in enumerate(model.imixer.layers):
         mixing = layer.token_mixing
         sigmas = [torch.linalg.matrix_norm(m.weight, ord=2) for m in (mixing.fc_sn1, mixing.fc_sn2)]
@@ -515,6 +519,9 @@ def test_per_call_schedule_is_the_authors_training_forward():
         official[f"{layer}.weight_v"] = gold[f"golden/train/v0/{layer}"]
     config = source.config(kwargs)
     results = {}
+    # float64 here and in the authors' run, different code: a power step is two 16-long matrix-vector products and
+    # a normalisation, the logits two blocks of token / channel mixing sums; 256 roundings of the O(1) values
+    golden = rounding(torch.float64, 256)
     for schedule in ("per_call", "per_forward"):
         config.spectral_norm_schedule = schedule
         model = IMixerForImageClassification(config).double()
@@ -527,14 +534,16 @@ def test_per_call_schedule_is_the_authors_training_forward():
                         model.imixer.layers[block].token_mixing, f"fc_sn{index}"
                     ).parametrizations.weight[0]
                     layer = f"blocks.{block}.mlp_tokens.fc_sn{index}"
-                    torch.testing.assert_close(
-                        norm.u, gold[f"golden/train/u_after_f64/{layer}"], atol=1e-10, rtol=0
+                    assert_close_to_scale(
+                        norm.u, gold[f"golden/train/u_after_f64/{layer}"], golden, f"u {layer}"
                     )
-                    torch.testing.assert_close(
-                        norm.v, gold[f"golden/train/v_after_f64/{layer}"], atol=1e-10, rtol=0
+                    assert_close_to_scale(
+                        norm.v, gold[f"golden/train/v_after_f64/{layer}"], golden, f"v {layer}"
                     )
-    torch.testing.assert_close(results["per_call"], gold["golden/train/logits_f64"], atol=1e-10, rtol=0)
-    assert not torch.allclose(results["per_forward"], gold["golden/train/logits_f64"], atol=1e-10, rtol=0)
+    assert_close_to_scale(results["per_call"], gold["golden/train/logits_f64"], golden, "per_call logits")
+    # the other schedule is no rounding away from the authors' forward
+    apart = (results["per_forward"] - gold["golden/train/logits_f64"]).abs().max().item()
+    assert apart > 1e3 * golden, f"per_forward logits are only {apart:.3g} from the authors'"
 
 
 def test_per_optimizer_step_schedule_refines_once_per_weight_update():
@@ -588,7 +597,8 @@ def test_gradient_modes_work_under_gradient_checkpointing(gradient):
     assert model.imixer.layers[0].gradient_checkpointing
     _, checkpointed = loss_and_grads(model, **call)
     for name in plain:
-        torch.testing.assert_close(checkpointed[name], plain[name], atol=1e-10, rtol=1e-8, msg=name)
+        # the checkpoint recomputes the forward with the same kernels on the same inputs: the same bits
+        torch.testing.assert_close(checkpointed[name], plain[name], atol=0, rtol=0, msg=labelled(name))
 
 
 @pytest.mark.parametrize("gradient", ["unrolled", "phantom"])
@@ -615,7 +625,9 @@ def test_anderson_ring_buffers_match_the_history_lists(damping):
         with torch.no_grad():
             mixed = ring(state, image)
         tracked = lists(state.clone().requires_grad_(), image)
-        torch.testing.assert_close(mixed, tracked.detach(), atol=1e-12, rtol=1e-10)
+        # the ring grows the Gram matrix by one row, the lists rebuild it: 120-long dot products summed in other
+        # orders, then a 3 × 3 solve of a well-conditioned Gram matrix of random vectors
+        assert_close_to_scale(mixed, tracked.detach(), rounding(torch.float64, 256), "ring vs lists")
 
 
 # ---------------------------------------------------------------- every solver x gradient trains

@@ -12,7 +12,7 @@ import copy
 
 import pytest
 import torch
-from fixtures import Case, perturb
+from fixtures import Case, perturb, rounding
 
 from energyformers import IMixerForImageClassification
 
@@ -75,9 +75,10 @@ def test_compiled_training_forward_is_one_graph_and_follows_eager_over_accumulat
         for first, second in zip(record["estimates"][::2], record["estimates"][1::2]):
             for name in first:
                 assert torch.equal(first[name], second[name]), name
-    # float32 (eps ≈ 1.2e-7): aot_eager's decomposed ops may round differently from eager, and three SGD steps
-    # (lr 0.5) on O(1) values compound that; 1e-5 relative to the magnitude leaves room for ~100 ulps. A second
-    # refinement within a step would move u, v by a power step, orders of magnitude more.
+    # float32: aot_eager's decomposed ops may round differently from eager, and three SGD steps (lr 0.5) on O(1)
+    # values compound that: 64 ulps of the magnitude (3 steps × a forward and backward of ~20 roundings each). A
+    # second refinement within a step would move u, v by a power step, orders of magnitude more.
+    allowed = rounding(torch.float32, 64)
     for key in ("losses", "estimates", "grads"):
         for index, (want, got) in enumerate(zip(expected[key], actual[key])):
             pairs = (
@@ -86,7 +87,9 @@ def test_compiled_training_forward_is_one_graph_and_follows_eager_over_accumulat
             for name, a, b in pairs:
                 scale = max(1.0, a.abs().max().item())
                 error = (a - b).abs().max().item()
-                assert error <= 1e-5 * scale, f"{key}[{index}] {name}: max |eager - compiled| = {error:.3g}"
+                assert error <= allowed * scale, (
+                    f"{key}[{index}] {name}: max |eager - compiled| = {error:.3g} > {allowed * scale:.3g}"
+                )
 
 
 def test_a_change_is_a_change_of_the_weight_bits_not_of_its_version():

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import assert_close_to_scale, rounding
 from safetensors.torch import load_file
 
 from energyformers import (
@@ -89,9 +90,8 @@ def test_looped_baseline_loss_decode_and_reload_follow_the_hyperset_heads_contra
     out = model(inputs, labels=labels, output_hidden_states=True)
     assert out.logits.shape == (2, 16, 8) and len(out.hidden_states) == 1 + 3, (out.logits.shape,)
     expected = torch.nn.functional.cross_entropy(out.logits[masked], codes[masked])
-    torch.testing.assert_close(
-        out.loss, expected, rtol=0, atol=1e-6
-    )  # float32 rounding of a mean of ~16 terms
+    # float32 rounding of a mean of ~16 terms of size ~log 8, summed in another order
+    assert_close_to_scale(out.loss, expected, rounding(torch.float32, 16), "loss")
     first, again = model.decode(inputs, steps=4, seed=5), model.decode(inputs, steps=4, seed=5)
     assert torch.equal(first.codes, again.codes) and torch.equal(first.codes[~masked], codes[~masked])
     assert first.sequences.shape == (5, 2, 16) and not (first.codes == model.mask_token_id).any()
@@ -149,7 +149,8 @@ def test_loss_is_cross_entropy_on_the_masked_positions_only():
     labels = codes.masked_fill(~masked, -100)
     out = model(inputs, labels=labels)
     expected = torch.nn.functional.cross_entropy(out.logits[masked], codes[masked])
-    torch.testing.assert_close(out.loss, expected, rtol=0, atol=1e-6)  # float32 rounding of a mean of 5 terms
+    # float32 rounding of a mean of 5 terms of size ~log 8, summed in another order
+    assert_close_to_scale(out.loss, expected, rounding(torch.float32, 8), "loss")
     nothing = model(inputs, labels=torch.full_like(labels, -100)).loss
     assert nothing.item() == 0.0, f"no masked position must give loss 0, got {nothing.item()}"
     assert out.logits.shape == (2, 16, 8), out.logits.shape  # the codebook, no logit for [MASK]
@@ -344,13 +345,14 @@ def test_offline_end_to_end_tokenize_train_mask_decode_measure():
         f"SSIM {ours['ssim']:.3f} (bound {bound['ssim']:.3f})"
     )
     assert all(math.isfinite(v) for v in (*ours.values(), *bound.values())), (ours, bound)
-    # each patch's true code is its nearest centroid, so any other code can only raise that image's error
+    # each patch's true code is its nearest centroid, so any other code can only raise that image's error; equal
+    # codes decode to the same bits, so 1e-9 dB (far below a float32 ulp of a PSNR, ~2e-6 dB) allows no real excess
     assert ours["psnr"] <= bound["psnr"] + 1e-9, (ours, bound)
     # the bound is the tokenizer's own PSNR, computed independently here: 10 log10(1 / MSE) per image
     mse = (tokenizer.decode(true_codes).double() - test.double()).pow(2).flatten(1).mean(1)
     own = (10 * torch.log10(1 / mse)).mean().item()
     # torchmetrics holds data_range in float32: agreement to a few float32 epsilons of the value
-    assert abs(bound["psnr"] - own) < 1e-6 * own, (bound["psnr"], own)
+    assert abs(bound["psnr"] - own) <= rounding(torch.float32, 8, own), (bound["psnr"], own)
 
 
 @pytest.mark.parametrize(

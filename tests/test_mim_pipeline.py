@@ -9,6 +9,7 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
+from fixtures import rounding
 
 from energyformers import HyperSetConfig, HyperSetForMaskedImageModeling
 from energyformers.mim import PatchKMeansTokenizer, mask_codes
@@ -69,8 +70,11 @@ def test_pipeline_reconstructs_a_masked_image_and_measures_it(model_folder):
     assert (out["codes"] < 32).all()
     # PSNR is the reconstruction's against the input (10 log10(1 / MSE) for data range 1), computed here again
     mse = (out["pixel_values"].double() - torch.from_numpy(image).double()[None]).pow(2).mean().item()
-    assert abs(out["psnr"] - 10 * math.log10(1 / mse)) < 1e-4 * out["psnr"], (out["psnr"], mse)
-    # true codes are each patch's nearest centroid, so no other codes reconstruct better
+    # float32 pixels against this float64 MSE: a 256-pixel mean of squares, 256 float32 ulps of the PSNR
+    psnr = 10 * math.log10(1 / mse)
+    assert abs(out["psnr"] - psnr) <= rounding(torch.float32, 256, psnr), (out["psnr"], psnr)
+    # true codes are each patch's nearest centroid, so no other codes reconstruct better; equal codes decode to the
+    # same bits, so 1e-9 dB (far below a float32 ulp of a PSNR) allows no real excess
     assert out["psnr"] <= out["tokenizer_psnr"] + 1e-9, (out["psnr"], out["tokenizer_psnr"])
     assert 0.0 <= out["masked_accuracy"] <= 1.0
     assert out["decoding"].sequences.shape == (7, 1, 64)  # the grid before and after each of the 6 steps

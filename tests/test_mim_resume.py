@@ -43,10 +43,10 @@ COMMON = [
 def assert_same_weights(straight: Path, resumed: Path) -> None:
     a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
     assert a.keys() == b.keys()
-    for key in (
-        a
-    ):  # same seed, restored optimizer/scheduler/RNG state, data order and masks: equal to float rounding
-        torch.testing.assert_close(b[key], a[key], atol=1e-6, rtol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
+    # same seed, restored optimizer/scheduler/RNG state, data order and masks: the resumed run repeats the same
+    # float32 ops on the same values on the same machine, so the weights are the same bits
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=lambda m, key=key: f"{key}: {m}")
 
 
 def test_trainer_run_killed_after_a_save_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from fixtures import Case, step_once
+from fixtures import Case, assert_close_to_scale, rounding, step_once
 
 from energyformers import IMixerConfig, IMixerForImageClassification, IMixerForSequenceClassification
 from energyformers.modeling.modeling_imixer import IMixerSpectralNorm, IMixerTokenMixing
@@ -121,7 +121,9 @@ def test_training_forward_caps_spectral_norm_at_c():
     model.train()(**IMAGE.inputs())
     for layer in spectral_layers(model):
         sigma = torch.linalg.matrix_norm(layer.weight, ord=2).item()
-        assert coeff - 1e-3 <= sigma <= coeff + 1e-4
+        # not rounding: the accuracy of the σ that the training forward's 200 power steps estimate (looser below,
+        # where an estimate from a still-converging u, v errs)
+        assert coeff - 1e-3 <= sigma <= coeff + 1e-4, f"σ = {sigma!r}, c = {coeff!r}"
 
 
 def test_weight_below_c_is_used_unchanged():
@@ -183,7 +185,9 @@ def test_fixed_point_residuals_shrink_and_are_returned(case):
     residuals = diagnostics.relative_residuals
     # monotone decrease over every iteration, by a clear factor per step once F is normalised
     assert torch.all(residuals[:, 1:] < 0.5 * residuals[:, :-1])
-    assert torch.all(diagnostics.cosines[:, 1:] > diagnostics.cosines[:, :1] - 1e-6)
+    # the cosines are ≤ 1: a few float32 ulps of 1 of slack for the rounding of their norms
+    slack = rounding(torch.float32, 8)
+    assert torch.all(diagnostics.cosines[:, 1:] > diagnostics.cosines[:, :1] - slack), diagnostics.cosines
     assert torch.all(diagnostics.spectral_norms > 0)
     assert model(**case.inputs()).fixed_point_residuals is None
 
@@ -275,7 +279,9 @@ def test_sequence_logits_do_not_depend_on_left_padding_or_padding_beyond_s():
             span = slice(0, len(seq)) if side == "right" else slice(width - len(seq), width)
             ids[row, span], mask[row, span] = torch.tensor(seq), 1
         batched = model(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids)).logits
-        torch.testing.assert_close(batched, alone, atol=1e-5, rtol=0)
+        # the same per-sequence sums in batched kernels: 2 layers × 2 fixed-point steps, each mixing over at most
+        # 10 positions and 16 channels, about 64 roundings of the O(1) values
+        assert_close_to_scale(batched, alone, rounding(torch.float32, 64), f"width {width}, {side} padding")
 
 
 def test_sequence_too_long_for_token_mixing_raises():
