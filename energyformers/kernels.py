@@ -27,10 +27,15 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+from typing import TYPE_CHECKING
 
 import torch
+from torch.autograd.function import FunctionCtx
 
 from .modeling import modeling_hyperset
+
+if TYPE_CHECKING:  # Triton is optional ([kernels]): imported where a kernel is built
+    from triton.compiler import CompiledKernel
 
 __all__ = [
     "KERNELS",
@@ -38,7 +43,6 @@ __all__ = [
     "bisoftmax_backward",
     "bisoftmax_forward",
     "compile_ahead",
-    "triton_available",
     "triton_bisoftmax_attention",
     "triton_unavailable_reason",
 ]
@@ -68,10 +72,6 @@ def triton_unavailable_reason(device: torch.device | str | None = None) -> str |
             "only for tests: it is very slow)"
         )
     return None
-
-
-def triton_available(device: torch.device | str | None = None) -> bool:
-    return triton_unavailable_reason(device) is None
 
 
 # The kernels are plain functions here, made `triton.jit` functions on first use (`_build`): the decorator reads
@@ -385,7 +385,7 @@ def compile_ahead(
     has_mask: bool = True,
     arch: int = 90,
     **overrides: object,
-):  # -> triton.compiler.CompiledKernel (Triton is optional)
+) -> CompiledKernel:
     """Compile one kernel for a CUDA GPU of compute capability `arch` (90: H100/H200, 80: A100) without a GPU.
 
     The same constants and launch options as a launch on `(B, H, length, head_dim)` tensors of `dtype` on CUDA
@@ -464,7 +464,9 @@ def bisoftmax_forward(
 
 
 @bisoftmax_forward.register_fake
-def _(q, k, v, keep):
+def _(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
     return torch.empty_like(q), torch.empty_like(q), lse, torch.empty_like(lse)
 
@@ -503,17 +505,36 @@ def bisoftmax_backward(
 
 
 @bisoftmax_backward.register_fake
-def _(grad_out, q, k, v, keep, out_row, lse_row, lse_col):
+def _(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keep: torch.Tensor | None,
+    out_row: torch.Tensor,
+    lse_row: torch.Tensor,
+    lse_col: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _setup_context(ctx, inputs, output) -> None:
+def _setup_context(
+    ctx: FunctionCtx,
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
+    output: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+) -> None:
     q, k, v, keep = inputs
     _, out_row, lse_row, lse_col = output
     ctx.save_for_backward(q, k, v, keep, out_row, lse_row, lse_col)
 
 
-def _backward(ctx, grad_out, _grad_out_row, _grad_lse_row, _grad_lse_col):
+def _backward(
+    ctx: FunctionCtx,
+    grad_out: torch.Tensor,
+    _grad_out_row: torch.Tensor,
+    _grad_lse_row: torch.Tensor,
+    _grad_lse_col: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
     # only the first output is used downstream; the others are saved statistics
     q, k, v, keep, out_row, lse_row, lse_col = ctx.saved_tensors
     grad_q, grad_k, grad_v = bisoftmax_backward(grad_out, q, k, v, keep, out_row, lse_row, lse_col)
@@ -530,6 +551,8 @@ def triton_bisoftmax_attention(
     return bisoftmax_forward(q, k, v, keep)[0], None
 
 
-triton_bisoftmax_attention.unavailable_reason = triton_unavailable_reason  # read by the model's checks
+# The optional `unavailable_reason(device) -> str | None` of BiSoftmaxAttentionInterface's protocol
+# (modeling_hyperset): the model's checks read it to refuse "triton" with the reason before any launch.
+triton_bisoftmax_attention.unavailable_reason = triton_unavailable_reason
 if TRITON_INSTALLED:
     modeling_hyperset.BiSoftmaxAttentionInterface.register("triton", triton_bisoftmax_attention)

@@ -19,11 +19,14 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
 from .tokenizer_fit import TokenizerMismatchError, check_tokenizer_fits, saved_tokenizer_numbers
+
+if TYPE_CHECKING:  # diffusers is an optional extra ([vqgan]): imported where a VQGAN is loaded
+    from diffusers import VQModel
 
 
 @runtime_checkable
@@ -220,7 +223,7 @@ class VQGANTokenizer:
         pixel_range: (low, high), the pixel values the model was trained on.
     """
 
-    def __init__(self, model, pixel_range: tuple[float, float] = (-1.0, 1.0)) -> None:
+    def __init__(self, model: VQModel, pixel_range: tuple[float, float] = (-1.0, 1.0)) -> None:
         low, high = (float(v) for v in pixel_range)
         if not high > low:
             raise ValueError(f"pixel_range must be (low, high) with high > low; got {tuple(pixel_range)!r}.")
