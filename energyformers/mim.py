@@ -112,7 +112,7 @@ class PatchKMeansTokenizer:
         if not isinstance(codebook_size, int) or isinstance(codebook_size, bool) or codebook_size < 2:
             raise ValueError(f"codebook_size must be an integer >= 2; got {codebook_size!r}.")
         patches = _patches(images.float(), patch_size)  # raises for sizes that are not multiples of the patch
-        flat = patches.flatten(0, 1)
+        flat = patches.flatten(0, 1)  # (B·N, C·p·p): every patch of every image is one k-means sample
         if len(flat) < codebook_size:
             raise ValueError(
                 f"codebook_size={codebook_size} exceeds the {len(flat)} patches of the images; pass more images "
@@ -142,6 +142,8 @@ class PatchKMeansTokenizer:
             )
         p, channels = self.patch_size, self.num_channels
         patches = self.centroids.to(codes.device)[codes]  # (B, N, C·p·p)
+        # `_patches` undone: (B, N, C·p·p) → (B, rows, columns, C, p, p) → (B, C, rows, p, columns, p)
+        # → (B, C, rows·p, columns·p)
         patches = patches.view(len(codes), rows, columns, channels, p, p)
         return patches.permute(0, 3, 1, 4, 2, 5).reshape(len(codes), channels, rows * p, columns * p)
 
@@ -363,6 +365,7 @@ class VQGANTokenizer:
             )
         weight = self.model.quantize.embedding.weight
         quantized = weight[codes.to(weight.device)]  # (B, N, C)
+        # (B, side·side, C) → (B, side, side, C) → (B, C, side, side): the row-major grid `encode` flattened
         quantized = quantized.view(len(codes), side, side, -1).permute(0, 3, 1, 2)
         pixels = self.model.decode(quantized, force_not_quantize=True).sample
         low, high = self.pixel_range
@@ -466,12 +469,15 @@ def load_vq_tokenizer(
 
 
 def _patches(images: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """`(B, C, H, W)` → `(B, N, C·p·p)`, patches row-major over the grid, each in (channel, row, column) order."""
+    """`(B, C, H, W)` → `(B, N, C·p·p)`: the `N = (H / p)·(W / p)` patches of side `p = patch_size`."""
     batch, channels, height, width = images.shape
     if height % patch_size or width % patch_size:
         raise ValueError(f"image sides {height} × {width} must be multiples of patch_size={patch_size}.")
     p = patch_size
+    # (B, C, H, W) → (B, C, H/p, p, W/p, p) → (B, H/p, W/p, C, p, p): the grid's rows and columns first
     grid = images.reshape(batch, channels, height // p, p, width // p, p).permute(0, 2, 4, 1, 3, 5)
+    # → (B, N, C·p·p): patches row-major over the grid, each flattened in (channel, row, column) order (the order
+    # of the centroids' rows and of `decode`'s inverse)
     return grid.reshape(batch, (height // p) * (width // p), channels * p * p)
 
 
@@ -595,6 +601,7 @@ class _ScriptedInceptionFeatures(torch.nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         # 8-bit levels, as FID's reference statistics are computed on stored 8-bit images
         pixels = (images.clamp(0, 1) * 255).round().float()
+        # (B, F): one row of pool features per image, whatever extra dimensions the network keeps
         return self.net(pixels, return_features=True).reshape(len(images), -1)
 
 
