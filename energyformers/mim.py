@@ -23,7 +23,12 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
-from .tokenizer_fit import TokenizerMismatchError, check_tokenizer_fits, saved_tokenizer_numbers
+from .tokenizer_fit import (
+    TOKENIZER_CONFIG_NAME,
+    TokenizerMismatchError,
+    check_tokenizer_fits,
+    saved_tokenizer_numbers,
+)
 
 if TYPE_CHECKING:  # diffusers is an optional extra ([vqgan]): imported where a VQGAN is loaded
     from diffusers import VQModel
@@ -44,7 +49,6 @@ class VQTokenizer(Protocol):
         ...
 
 
-CONFIG_NAME = "vq_tokenizer_config.json"
 WEIGHTS_NAME = "vq_tokenizer.safetensors"
 
 
@@ -160,7 +164,7 @@ class PatchKMeansTokenizer:
             "num_channels": self.num_channels,
             "codebook_size": self.codebook_size,
         }
-        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        (folder / TOKENIZER_CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
 
     @classmethod
     def from_pretrained(
@@ -179,13 +183,13 @@ class PatchKMeansTokenizer:
         folder = tokenizer_folder(
             folder, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only
         )
-        for name in (CONFIG_NAME, WEIGHTS_NAME):
+        for name in (TOKENIZER_CONFIG_NAME, WEIGHTS_NAME):
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"{folder}: missing {name} (write it with save_pretrained).")
-        config = json.loads((folder / CONFIG_NAME).read_text())
+        config = json.loads((folder / TOKENIZER_CONFIG_NAME).read_text())
         if config.get("tokenizer_class") != cls.__name__:
             raise ValueError(
-                f"{folder / CONFIG_NAME}: tokenizer_class={config.get('tokenizer_class')!r}; expected {cls.__name__!r}."
+                f"{folder / TOKENIZER_CONFIG_NAME}: tokenizer_class={config.get('tokenizer_class')!r}; expected {cls.__name__!r}."
             )
         centroids = load_file(str(folder / WEIGHTS_NAME))["centroids"]
         return cls(centroids, config["patch_size"], tuple(config["image_size"]), config["num_channels"])
@@ -270,14 +274,14 @@ class VQGANTokenizer:
             raise FileNotFoundError(
                 f"path={str(path)!r}: no such folder; expected a diffusers VQModel folder (config.json and "
                 "diffusion_pytorch_model.safetensors, written by VQModel.save_pretrained) or a model folder with "
-                f"{CONFIG_NAME} and {VQGAN_SUBFOLDER}/."
+                f"{TOKENIZER_CONFIG_NAME} and {VQGAN_SUBFOLDER}/."
             )
         settings = {}
-        if (folder / CONFIG_NAME).is_file():
-            settings = json.loads((folder / CONFIG_NAME).read_text())
+        if (folder / TOKENIZER_CONFIG_NAME).is_file():
+            settings = json.loads((folder / TOKENIZER_CONFIG_NAME).read_text())
             if settings.get("tokenizer_class") != cls.__name__:
                 raise ValueError(
-                    f"{folder / CONFIG_NAME}: tokenizer_class={settings.get('tokenizer_class')!r}; expected "
+                    f"{folder / TOKENIZER_CONFIG_NAME}: tokenizer_class={settings.get('tokenizer_class')!r}; expected "
                     f"{cls.__name__!r}."
                 )
             folder = folder / settings.get("subfolder", VQGAN_SUBFOLDER)
@@ -328,7 +332,7 @@ class VQGANTokenizer:
             "pixel_range": list(self.pixel_range),
             "codebook_size": self.codebook_size,
         }
-        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        (folder / TOKENIZER_CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
 
     @torch.no_grad()
     def encode(self, pixel_values: torch.Tensor) -> torch.LongTensor:
@@ -430,7 +434,7 @@ def tokenizer_folder(
             )
         return Path(path)
 
-    config_path = fetch(CONFIG_NAME)
+    config_path = fetch(TOKENIZER_CONFIG_NAME)
     settings = json.loads(config_path.read_text())
     subfolder = settings.get("subfolder")
     if subfolder is None:
@@ -455,10 +459,10 @@ def load_vq_tokenizer(
     folder = tokenizer_folder(
         folder, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only
     )
-    path = Path(folder) / CONFIG_NAME
+    path = Path(folder) / TOKENIZER_CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(
-            f"{folder}: no {CONFIG_NAME}; save a tokenizer there (PatchKMeansTokenizer / VQGANTokenizer "
+            f"{folder}: no {TOKENIZER_CONFIG_NAME}; save a tokenizer there (PatchKMeansTokenizer / VQGANTokenizer "
             ".save_pretrained), or give the pipeline one (vq_tokenizer=...)."
         )
     name = json.loads(path.read_text()).get("tokenizer_class")
