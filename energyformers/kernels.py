@@ -76,17 +76,19 @@ def triton_unavailable_reason(device: torch.device | str | None = None) -> str |
 
 # The kernels are plain functions here, made `triton.jit` functions on first use (`_build`): the decorator reads
 # TRITON_INTERPRET, which the tests set to run them on CPU. `tl` is bound by `_build` too (Triton is optional).
+# Their pointer and integer arguments carry no type hints (`noqa: ANN001`): Triton reads a parameter's annotation
+# as part of its kernel signature (`tl.constexpr`: a compile-time constant) and types the others at launch.
 tl = None
 
 
-def _dot(a, b, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):
+def _dot(a, b, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):  # noqa: ANN001
     # DOT_FP32: the CPU interpreter's tl.dot gives garbage on bfloat16 tiles, so it multiplies them in float32
     if DOT_FP32:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PRECISION)
     return tl.dot(a, b, input_precision=PRECISION)
 
 
-def _load_keep(keep_ptr, batch, offsets, length, HAS_MASK: tl.constexpr):
+def _load_keep(keep_ptr, batch, offsets, length, HAS_MASK: tl.constexpr):  # noqa: ANN001
     # real tokens among `offsets`; masked scores use -1e30, not -inf, whose online max would give NaN
     inside = offsets < length
     if HAS_MASK:
@@ -95,7 +97,7 @@ def _load_keep(keep_ptr, batch, offsets, length, HAS_MASK: tl.constexpr):
 
 
 def _column_lse_kernel(
-    q_ptr, k_ptr, keep_ptr, lse_col_ptr, num_heads, length, head_dim,
+    q_ptr, k_ptr, keep_ptr, lse_col_ptr, num_heads, length, head_dim,  # noqa: ANN001
     HAS_MASK: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -130,8 +132,8 @@ def _column_lse_kernel(
 
 
 def _forward_kernel(
-    q_ptr, k_ptr, v_ptr, keep_ptr, lse_col_ptr, out_ptr, out_row_ptr, lse_row_ptr, num_heads, length,
-    head_dim,
+    q_ptr, k_ptr, v_ptr, keep_ptr, lse_col_ptr, out_ptr, out_row_ptr, lse_row_ptr, num_heads, length,  # noqa: ANN001
+    head_dim,  # noqa: ANN001
     HAS_MASK: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -176,8 +178,9 @@ def _forward_kernel(
 
 
 def _probabilities(
-    q, k, lse_row, lse_col, real_query, real_key, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr
-):
+    q, k, lse_row, lse_col, real_query, real_key,  # noqa: ANN001
+    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
     # R and C of one (query block, key block) tile, zero where the eager path has zeros.
     scores = _dot(q, tl.trans(k), DOT_FP32, PRECISION)
     both_real = real_query[:, None] & real_key[None, :]
@@ -189,7 +192,7 @@ def _probabilities(
 
 
 def _column_delta_kernel(
-    q_ptr, k_ptr, v_ptr, grad_ptr, keep_ptr, lse_col_ptr, delta_col_ptr, num_heads, length, head_dim,
+    q_ptr, k_ptr, v_ptr, grad_ptr, keep_ptr, lse_col_ptr, delta_col_ptr, num_heads, length, head_dim,  # noqa: ANN001
     HAS_MASK: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -219,8 +222,8 @@ def _column_delta_kernel(
 
 
 def _key_grad_kernel(
-    q_ptr, k_ptr, v_ptr, grad_ptr, keep_ptr, lse_row_ptr, lse_col_ptr, delta_row_ptr, delta_col_ptr,
-    grad_k_ptr, grad_v_ptr, num_heads, length, head_dim,
+    q_ptr, k_ptr, v_ptr, grad_ptr, keep_ptr, lse_row_ptr, lse_col_ptr, delta_row_ptr, delta_col_ptr,  # noqa: ANN001
+    grad_k_ptr, grad_v_ptr, num_heads, length, head_dim,  # noqa: ANN001
     HAS_MASK: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -259,8 +262,8 @@ def _key_grad_kernel(
 
 
 def _query_grad_kernel(
-    q_ptr, k_ptr, v_ptr, grad_ptr, keep_ptr, lse_row_ptr, lse_col_ptr, delta_row_ptr, delta_col_ptr,
-    grad_q_ptr, num_heads, length, head_dim,
+    q_ptr, k_ptr, v_ptr, grad_ptr, keep_ptr, lse_row_ptr, lse_col_ptr, delta_row_ptr, delta_col_ptr,  # noqa: ANN001
+    grad_q_ptr, num_heads, length, head_dim,  # noqa: ANN001
     HAS_MASK: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
