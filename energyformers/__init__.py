@@ -12,11 +12,15 @@ program that only needs the Auto classes never pays for the names it does not us
 from __future__ import annotations
 
 import sys
+from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
 from . import auto_registration
 
-__version__ = "0.1.0"
+# pyproject.toml's version, read from the installed distribution's metadata so it is written in one place. No
+# fallback for a source tree that is not installed: there the subpackages (mapped by setuptools' package-dir) do
+# not import either, so the package is unusable before `pip install` anyway.
+__version__ = version("energyformers")
 
 if TYPE_CHECKING:
     from .registry import (  # what IDEs, type checkers and ruff read; at run time `__getattr__` loads these

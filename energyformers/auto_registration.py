@@ -147,7 +147,9 @@ def register_heads(modeling_auto: ModuleType) -> None:
             getattr(modeling_auto, auto_class).register(config_class, head, exist_ok=True)
 
 
-def register_pipelines(pipelines: ModuleType) -> None:
+def register_pipelines(_pipelines: ModuleType) -> None:
+    """The hook on `transformers.pipelines` (`_pipelines`, unused: a hook receives the module it waits for):
+    `energyformers.pipelines` registers its pipeline with transformers' registry itself, when imported."""
     if "energyformers.pipelines" in sys.modules:
         return  # loading (its transformers classes load `transformers.pipelines`) or loaded: it registers itself
     importlib.import_module("energyformers.pipelines")  # registers at its end

@@ -67,6 +67,7 @@ def _check_beta(beta: float | torch.Tensor) -> None:
 def _head_beta(beta: float | torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     """β broadcastable to `(B, H, N_q)`: a 0-d tensor, or `(H, 1)` for one β per head."""
     beta = torch.as_tensor(beta, dtype=reference.dtype, device=reference.device)
+    # (H,) → (H, 1): one β per head, broadcast over the batch in front and the queries behind
     return beta.view(-1, 1) if beta.ndim == 1 else beta
 
 
@@ -95,6 +96,7 @@ def _heads_and_mask(
                 f"mask of shape {tuple(mask.shape)} does not broadcast to (batch, heads, queries, keys) = "
                 f"{target}; a key padding mask (batch, keys) goes in as mask[:, None, None, :]."
             ) from None
+        # leading 1s up to 4-D, as broadcasting reads it: (N_k,), (N_q, N_k), ... → (B|1, H|1, N_q|1, N_k)
         mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
     return xi, patterns, mask
 
@@ -247,7 +249,7 @@ def minimize_energy(
     while steps < max_steps:
         steps += 1
         new_state = state - step_size * gradient
-        change = (
+        change = (  # (B,): the step's length per batch item; a single unbatched state gives one
             (new_state - state).flatten(1).norm(dim=1)
             if state.ndim > 1
             else (new_state - state).norm().reshape(1)

@@ -27,10 +27,15 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+from typing import TYPE_CHECKING
 
 import torch
+from torch.autograd.function import FunctionCtx
 
 from .modeling import modeling_hyperset
+
+if TYPE_CHECKING:  # Triton is optional ([kernels]): imported where a kernel is built
+    from triton.compiler import CompiledKernel
 
 __all__ = [
     "KERNELS",
@@ -38,7 +43,6 @@ __all__ = [
     "bisoftmax_backward",
     "bisoftmax_forward",
     "compile_ahead",
-    "triton_available",
     "triton_bisoftmax_attention",
     "triton_unavailable_reason",
 ]
@@ -70,23 +74,21 @@ def triton_unavailable_reason(device: torch.device | str | None = None) -> str |
     return None
 
 
-def triton_available(device: torch.device | str | None = None) -> bool:
-    return triton_unavailable_reason(device) is None
-
-
 # The kernels are plain functions here, made `triton.jit` functions on first use (`_build`): the decorator reads
 # TRITON_INTERPRET, which the tests set to run them on CPU. `tl` is bound by `_build` too (Triton is optional).
+# Their pointer and integer arguments carry no type hints (`noqa: ANN001`): Triton reads a parameter's annotation
+# as part of its kernel signature (`tl.constexpr`: a compile-time constant) and types the others at launch.
 tl = None
 
 
-def _dot(a, b, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):
+def _dot(a, b, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):  # noqa: ANN001
     # DOT_FP32: the CPU interpreter's tl.dot gives garbage on bfloat16 tiles, so it multiplies them in float32
     if DOT_FP32:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PRECISION)
     return tl.dot(a, b, input_precision=PRECISION)
 
 
-def _load_keep(keep_ptr, batch, offsets, length, HAS_MASK: tl.constexpr):
+def _load_keep(keep_ptr, batch, offsets, length, HAS_MASK: tl.constexpr):  # noqa: ANN001
     # real tokens among `offsets`; masked scores use -1e30, not -inf, whose online max would give NaN
     inside = offsets < length
     if HAS_MASK:
@@ -95,7 +97,7 @@ def _load_keep(keep_ptr, batch, offsets, length, HAS_MASK: tl.constexpr):
 
 
 def _column_lse_kernel(
-    q_ptr, k_ptr, keep_ptr, lse_col_ptr, num_heads, length, head_dim,
+    q_ptr, k_ptr, keep_ptr, lse_col_ptr, num_heads, length, head_dim,  # noqa: ANN001
     HAS_MASK: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -130,8 +132,8 @@ def _column_lse_kernel(
 
 
 def _forward_kernel(
-    q_ptr, k_ptr, v_ptr, keep_ptr, lse_col_ptr, out_ptr, out_row_ptr, lse_row_ptr, num_heads, length,
-    head_dim,
+    q_ptr, k_ptr, v_ptr, keep_ptr, lse_col_ptr, out_ptr, out_row_ptr, lse_row_ptr, num_heads, length,  # noqa: ANN001
+    head_dim,  # noqa: ANN001
     HAS_MASK: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -176,8 +178,9 @@ def _forward_kernel(
 
 
 def _probabilities(
-    q, k, lse_row, lse_col, real_query, real_key, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr
-):
+    q, k, lse_row, lse_col, real_query, real_key,  # noqa: ANN001
+    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
     # R and C of one (query block, key block) tile, zero where the eager path has zeros.
     scores = _dot(q, tl.trans(k), DOT_FP32, PRECISION)
     both_real = real_query[:, None] & real_key[None, :]
@@ -189,7 +192,7 @@ def _probabilities(
 
 
 def _column_delta_kernel(
-    q_ptr, k_ptr, v_ptr, grad_ptr, keep_ptr, lse_col_ptr, delta_col_ptr, num_heads, length, head_dim,
+    q_ptr, k_ptr, v_ptr, grad_ptr, keep_ptr, lse_col_ptr, delta_col_ptr, num_heads, length, head_dim,  # noqa: ANN001
     HAS_MASK: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -219,8 +222,8 @@ def _column_delta_kernel(
 
 
 def _key_grad_kernel(
-    q_ptr, k_ptr, v_ptr, grad_ptr, keep_ptr, lse_row_ptr, lse_col_ptr, delta_row_ptr, delta_col_ptr,
-    grad_k_ptr, grad_v_ptr, num_heads, length, head_dim,
+    q_ptr, k_ptr, v_ptr, grad_ptr, keep_ptr, lse_row_ptr, lse_col_ptr, delta_row_ptr, delta_col_ptr,  # noqa: ANN001
+    grad_k_ptr, grad_v_ptr, num_heads, length, head_dim,  # noqa: ANN001
     HAS_MASK: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -259,8 +262,8 @@ def _key_grad_kernel(
 
 
 def _query_grad_kernel(
-    q_ptr, k_ptr, v_ptr, grad_ptr, keep_ptr, lse_row_ptr, lse_col_ptr, delta_row_ptr, delta_col_ptr,
-    grad_q_ptr, num_heads, length, head_dim,
+    q_ptr, k_ptr, v_ptr, grad_ptr, keep_ptr, lse_row_ptr, lse_col_ptr, delta_row_ptr, delta_col_ptr,  # noqa: ANN001
+    grad_q_ptr, num_heads, length, head_dim,  # noqa: ANN001
     HAS_MASK: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -385,7 +388,7 @@ def compile_ahead(
     has_mask: bool = True,
     arch: int = 90,
     **overrides: object,
-):  # -> triton.compiler.CompiledKernel (Triton is optional)
+) -> CompiledKernel:
     """Compile one kernel for a CUDA GPU of compute capability `arch` (90: H100/H200, 80: A100) without a GPU.
 
     The same constants and launch options as a launch on `(B, H, length, head_dim)` tensors of `dtype` on CUDA
@@ -464,7 +467,9 @@ def bisoftmax_forward(
 
 
 @bisoftmax_forward.register_fake
-def _(q, k, v, keep):
+def _(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
     return torch.empty_like(q), torch.empty_like(q), lse, torch.empty_like(lse)
 
@@ -503,17 +508,36 @@ def bisoftmax_backward(
 
 
 @bisoftmax_backward.register_fake
-def _(grad_out, q, k, v, keep, out_row, lse_row, lse_col):
+def _(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keep: torch.Tensor | None,
+    out_row: torch.Tensor,
+    lse_row: torch.Tensor,
+    lse_col: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _setup_context(ctx, inputs, output) -> None:
+def _setup_context(
+    ctx: FunctionCtx,
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
+    output: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+) -> None:
     q, k, v, keep = inputs
     _, out_row, lse_row, lse_col = output
     ctx.save_for_backward(q, k, v, keep, out_row, lse_row, lse_col)
 
 
-def _backward(ctx, grad_out, _grad_out_row, _grad_lse_row, _grad_lse_col):
+def _backward(
+    ctx: FunctionCtx,
+    grad_out: torch.Tensor,
+    _grad_out_row: torch.Tensor,
+    _grad_lse_row: torch.Tensor,
+    _grad_lse_col: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
     # only the first output is used downstream; the others are saved statistics
     q, k, v, keep, out_row, lse_row, lse_col = ctx.saved_tensors
     grad_q, grad_k, grad_v = bisoftmax_backward(grad_out, q, k, v, keep, out_row, lse_row, lse_col)
@@ -530,6 +554,8 @@ def triton_bisoftmax_attention(
     return bisoftmax_forward(q, k, v, keep)[0], None
 
 
-triton_bisoftmax_attention.unavailable_reason = triton_unavailable_reason  # read by the model's checks
+# The optional `unavailable_reason(device) -> str | None` of BiSoftmaxAttentionInterface's protocol
+# (modeling_hyperset): the model's checks read it to refuse "triton" with the reason before any launch.
+triton_bisoftmax_attention.unavailable_reason = triton_unavailable_reason
 if TRITON_INSTALLED:
     modeling_hyperset.BiSoftmaxAttentionInterface.register("triton", triton_bisoftmax_attention)

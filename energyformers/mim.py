@@ -19,11 +19,19 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
-from .tokenizer_fit import TokenizerMismatchError, check_tokenizer_fits, saved_tokenizer_numbers
+from .tokenizer_fit import (
+    TOKENIZER_CONFIG_NAME,
+    TokenizerMismatchError,
+    check_tokenizer_fits,
+    saved_tokenizer_numbers,
+)
+
+if TYPE_CHECKING:  # diffusers is an optional extra ([vqgan]): imported where a VQGAN is loaded
+    from diffusers import VQModel
 
 
 @runtime_checkable
@@ -41,7 +49,6 @@ class VQTokenizer(Protocol):
         ...
 
 
-CONFIG_NAME = "vq_tokenizer_config.json"
 WEIGHTS_NAME = "vq_tokenizer.safetensors"
 
 
@@ -109,7 +116,7 @@ class PatchKMeansTokenizer:
         if not isinstance(codebook_size, int) or isinstance(codebook_size, bool) or codebook_size < 2:
             raise ValueError(f"codebook_size must be an integer >= 2; got {codebook_size!r}.")
         patches = _patches(images.float(), patch_size)  # raises for sizes that are not multiples of the patch
-        flat = patches.flatten(0, 1)
+        flat = patches.flatten(0, 1)  # (B·N, C·p·p): every patch of every image is one k-means sample
         if len(flat) < codebook_size:
             raise ValueError(
                 f"codebook_size={codebook_size} exceeds the {len(flat)} patches of the images; pass more images "
@@ -139,6 +146,8 @@ class PatchKMeansTokenizer:
             )
         p, channels = self.patch_size, self.num_channels
         patches = self.centroids.to(codes.device)[codes]  # (B, N, C·p·p)
+        # `_patches` undone: (B, N, C·p·p) → (B, rows, columns, C, p, p) → (B, C, rows, p, columns, p)
+        # → (B, C, rows·p, columns·p)
         patches = patches.view(len(codes), rows, columns, channels, p, p)
         return patches.permute(0, 3, 1, 4, 2, 5).reshape(len(codes), channels, rows * p, columns * p)
 
@@ -155,7 +164,7 @@ class PatchKMeansTokenizer:
             "num_channels": self.num_channels,
             "codebook_size": self.codebook_size,
         }
-        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        (folder / TOKENIZER_CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
 
     @classmethod
     def from_pretrained(
@@ -174,13 +183,13 @@ class PatchKMeansTokenizer:
         folder = tokenizer_folder(
             folder, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only
         )
-        for name in (CONFIG_NAME, WEIGHTS_NAME):
+        for name in (TOKENIZER_CONFIG_NAME, WEIGHTS_NAME):
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"{folder}: missing {name} (write it with save_pretrained).")
-        config = json.loads((folder / CONFIG_NAME).read_text())
+        config = json.loads((folder / TOKENIZER_CONFIG_NAME).read_text())
         if config.get("tokenizer_class") != cls.__name__:
             raise ValueError(
-                f"{folder / CONFIG_NAME}: tokenizer_class={config.get('tokenizer_class')!r}; expected {cls.__name__!r}."
+                f"{folder / TOKENIZER_CONFIG_NAME}: tokenizer_class={config.get('tokenizer_class')!r}; expected {cls.__name__!r}."
             )
         centroids = load_file(str(folder / WEIGHTS_NAME))["centroids"]
         return cls(centroids, config["patch_size"], tuple(config["image_size"]), config["num_channels"])
@@ -220,7 +229,7 @@ class VQGANTokenizer:
         pixel_range: (low, high), the pixel values the model was trained on.
     """
 
-    def __init__(self, model, pixel_range: tuple[float, float] = (-1.0, 1.0)) -> None:
+    def __init__(self, model: VQModel, pixel_range: tuple[float, float] = (-1.0, 1.0)) -> None:
         low, high = (float(v) for v in pixel_range)
         if not high > low:
             raise ValueError(f"pixel_range must be (low, high) with high > low; got {tuple(pixel_range)!r}.")
@@ -265,14 +274,14 @@ class VQGANTokenizer:
             raise FileNotFoundError(
                 f"path={str(path)!r}: no such folder; expected a diffusers VQModel folder (config.json and "
                 "diffusion_pytorch_model.safetensors, written by VQModel.save_pretrained) or a model folder with "
-                f"{CONFIG_NAME} and {VQGAN_SUBFOLDER}/."
+                f"{TOKENIZER_CONFIG_NAME} and {VQGAN_SUBFOLDER}/."
             )
         settings = {}
-        if (folder / CONFIG_NAME).is_file():
-            settings = json.loads((folder / CONFIG_NAME).read_text())
+        if (folder / TOKENIZER_CONFIG_NAME).is_file():
+            settings = json.loads((folder / TOKENIZER_CONFIG_NAME).read_text())
             if settings.get("tokenizer_class") != cls.__name__:
                 raise ValueError(
-                    f"{folder / CONFIG_NAME}: tokenizer_class={settings.get('tokenizer_class')!r}; expected "
+                    f"{folder / TOKENIZER_CONFIG_NAME}: tokenizer_class={settings.get('tokenizer_class')!r}; expected "
                     f"{cls.__name__!r}."
                 )
             folder = folder / settings.get("subfolder", VQGAN_SUBFOLDER)
@@ -323,7 +332,7 @@ class VQGANTokenizer:
             "pixel_range": list(self.pixel_range),
             "codebook_size": self.codebook_size,
         }
-        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        (folder / TOKENIZER_CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
 
     @torch.no_grad()
     def encode(self, pixel_values: torch.Tensor) -> torch.LongTensor:
@@ -360,6 +369,7 @@ class VQGANTokenizer:
             )
         weight = self.model.quantize.embedding.weight
         quantized = weight[codes.to(weight.device)]  # (B, N, C)
+        # (B, side·side, C) → (B, side, side, C) → (B, C, side, side): the row-major grid `encode` flattened
         quantized = quantized.view(len(codes), side, side, -1).permute(0, 3, 1, 2)
         pixels = self.model.decode(quantized, force_not_quantize=True).sample
         low, high = self.pixel_range
@@ -424,7 +434,7 @@ def tokenizer_folder(
             )
         return Path(path)
 
-    config_path = fetch(CONFIG_NAME)
+    config_path = fetch(TOKENIZER_CONFIG_NAME)
     settings = json.loads(config_path.read_text())
     subfolder = settings.get("subfolder")
     if subfolder is None:
@@ -449,10 +459,10 @@ def load_vq_tokenizer(
     folder = tokenizer_folder(
         folder, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only
     )
-    path = Path(folder) / CONFIG_NAME
+    path = Path(folder) / TOKENIZER_CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(
-            f"{folder}: no {CONFIG_NAME}; save a tokenizer there (PatchKMeansTokenizer / VQGANTokenizer "
+            f"{folder}: no {TOKENIZER_CONFIG_NAME}; save a tokenizer there (PatchKMeansTokenizer / VQGANTokenizer "
             ".save_pretrained), or give the pipeline one (vq_tokenizer=...)."
         )
     name = json.loads(path.read_text()).get("tokenizer_class")
@@ -463,12 +473,15 @@ def load_vq_tokenizer(
 
 
 def _patches(images: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """`(B, C, H, W)` → `(B, N, C·p·p)`, patches row-major over the grid, each in (channel, row, column) order."""
+    """`(B, C, H, W)` → `(B, N, C·p·p)`: the `N = (H / p)·(W / p)` patches of side `p = patch_size`."""
     batch, channels, height, width = images.shape
     if height % patch_size or width % patch_size:
         raise ValueError(f"image sides {height} × {width} must be multiples of patch_size={patch_size}.")
     p = patch_size
+    # (B, C, H, W) → (B, C, H/p, p, W/p, p) → (B, H/p, W/p, C, p, p): the grid's rows and columns first
     grid = images.reshape(batch, channels, height // p, p, width // p, p).permute(0, 2, 4, 1, 3, 5)
+    # → (B, N, C·p·p): patches row-major over the grid, each flattened in (channel, row, column) order (the order
+    # of the centroids' rows and of `decode`'s inverse)
     return grid.reshape(batch, (height // p) * (width // p), channels * p * p)
 
 
@@ -592,6 +605,7 @@ class _ScriptedInceptionFeatures(torch.nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         # 8-bit levels, as FID's reference statistics are computed on stored 8-bit images
         pixels = (images.clamp(0, 1) * 255).round().float()
+        # (B, F): one row of pool features per image, whatever extra dimensions the network keeps
         return self.net(pixels, return_features=True).reshape(len(images), -1)
 
 

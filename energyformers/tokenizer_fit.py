@@ -1,12 +1,17 @@
 """Whether an image tokenizer fits a masked-image-modelling model, from numbers alone: the codebook size and code
 grid a saved tokenizer records (its `vq_tokenizer_config.json`) against the model's config (a config object or its
 config.json as a dict). Kept apart from `energyformers.mim`, which imports torch, so that the command lines can
-refuse a mismatched folder while they parse their arguments; `energyformers.mim` re-exports all three names."""
+refuse a mismatched folder while they parse their arguments; `energyformers.mim` re-exports the error and the two
+functions."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+# The file of a saved image tokenizer's settings (its class, codebook size, grid), beside the model's config.json.
+# Here, with no torch, so the command lines' argument checks name and read it before torch loads.
+TOKENIZER_CONFIG_NAME = "vq_tokenizer_config.json"
 
 
 class TokenizerMismatchError(ValueError):

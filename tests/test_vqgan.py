@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from energyformers.mim import CONFIG_NAME, VQGANTokenizer, VQTokenizer, load_vq_tokenizer
+from energyformers.mim import VQGANTokenizer, VQTokenizer, load_vq_tokenizer
+from energyformers.tokenizer_fit import TOKENIZER_CONFIG_NAME
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -75,7 +76,9 @@ def test_save_into_a_model_folder_and_load_back(saved, tmp_path):
     tokenizer = VQGANTokenizer.from_pretrained(folder, pixel_range=(0.0, 1.0))
     model_folder = tmp_path / "model"
     tokenizer.save_pretrained(model_folder)
-    assert (model_folder / CONFIG_NAME).is_file() and (model_folder / "vqgan" / "config.json").is_file()
+    assert (model_folder / TOKENIZER_CONFIG_NAME).is_file() and (
+        model_folder / "vqgan" / "config.json"
+    ).is_file()
     loaded = load_vq_tokenizer(model_folder)
     assert isinstance(loaded, VQGANTokenizer) and loaded.pixel_range == (0.0, 1.0)
     pixels = images()

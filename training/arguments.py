@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..tokenizer_fit import TOKENIZER_CONFIG_NAME
 from .cli import CommandParser, UsageError, UsageErrorParserMixin, check_output_folder
 from .recipes import RECIPES, AugmentationArguments, split_recipe
 
@@ -779,10 +780,6 @@ TOKENIZER_FITTING_FLAGS = {
     "tokenizer_patch_size": "patch_size",
     "tokenizer_fit_samples": None,  # not recorded: the saved tokenizer is fitted already
 }
-
-
-# energyformers.mim.CONFIG_NAME, spelled out: that module imports torch, and parsing must not
-TOKENIZER_CONFIG_NAME = "vq_tokenizer_config.json"
 
 
 def mim_tokenizer_source(tokenizer: str | None, from_pretrained: str | None) -> tuple[str, str] | None:

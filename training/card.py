@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..tokenizer_fit import TOKENIZER_CONFIG_NAME
+
 logger = logging.getLogger(__name__)
 
 # Template folders: the repository's model_cards/ (editable installs), or where a wheel's data-files put them.
@@ -118,10 +120,10 @@ def provenance(metrics: dict[str, Any], dataset_name: str) -> str:
 
 def _vq_tokenizer_class(info: dict[str, Any]) -> str | None:
     """The image tokenizer class a MIM folder carries (named in its `vq_tokenizer_config.json`), None without one."""
-    if "vq_tokenizer_config.json" not in info["files"]:
+    if TOKENIZER_CONFIG_NAME not in info["files"]:
         return None
     if "model_dir" in info:  # an export reads the folder; a run's card is written before its folder is final
-        return json.loads((Path(info["model_dir"]) / "vq_tokenizer_config.json").read_text()).get(
+        return json.loads((Path(info["model_dir"]) / TOKENIZER_CONFIG_NAME).read_text()).get(
             "tokenizer_class"
         )
     # what `energyformers.mim` writes: a codebook beside the config, or a VQGAN in a subfolder

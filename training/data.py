@@ -504,9 +504,8 @@ def _load_hub(name: str) -> DatasetDict:
         raise DataError(f"unknown dataset {name!r}: loading it from the Hub failed ({err}); {known}") from err
 
 
-def _pick(
-    column: str | None, candidates: tuple[str, ...], available: list[str], what: str, flag: str
-) -> str | None:
+def _pick(column: str | None, candidates: tuple[str, ...], available: list[str], flag: str) -> str | None:
+    """`column` (from `flag`) if it is one of `available`, else the first of `candidates` there, or None."""
     if column is not None:
         if column not in available:
             raise DataError(f"{flag} {column!r} is not a column of the dataset; columns are {available}")
@@ -540,18 +539,18 @@ def normalize(
         raise DataError("the training split is empty")
     columns = splits["train"].column_names
     features = splits["train"].features
-    label = _pick(label_column, ("label", "labels", "class", "target"), columns, "label", "--label_column")
+    label = _pick(label_column, ("label", "labels", "class", "target"), columns, "--label_column")
     if label is None:
         raise DataError(f"no label column found; pass --label_column (columns are {columns})")
     image = (
-        _pick(image_column, ("image", "img", "pixel_values"), columns, "image", "--image_column")
+        _pick(image_column, ("image", "img", "pixel_values"), columns, "--image_column")
         if text_column is None
         else None
     )
     text = (
         None
         if image
-        else _pick(text_column, ("text", "sentence", "content", "review"), columns, "text", "--text_column")
+        else _pick(text_column, ("text", "sentence", "content", "review"), columns, "--text_column")
     )
     if image is None and text is None:
         raise DataError(

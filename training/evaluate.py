@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..tokenizer_fit import TOKENIZER_CONFIG_NAME
 from .arguments import COLUMN_FLAGS, check_column_flags
 from .cli import CommandParser, UsageError, check_model_source, run_command
 from .predict import (
@@ -178,7 +179,7 @@ def refuse_mim(model_dir: str, architecture: str | None) -> None:
         where.append(
             "its masked-token accuracy and reconstruction metrics are the eval/test entries of its metrics.json"
         )
-    if (folder / "vq_tokenizer_config.json").is_file():
+    if (folder / TOKENIZER_CONFIG_NAME).is_file():
         where.append(
             f"`energyformers predict {model_dir} IMAGE...` reconstructs images with PSNR/SSIM per image"
         )

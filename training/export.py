@@ -38,6 +38,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..tokenizer_fit import TOKENIZER_CONFIG_NAME
 from .card import render_model_card
 from .remote_code import (
     auto_map,
@@ -72,16 +73,13 @@ INSPECT_REPORT = "inspect.json"
 # beside it by `energyformers train --task mim`; a converted checkpoint has none (the paper's VQGAN is not part of
 # it), so the tokenizer is carried when present and never required.
 MIM_AUTO_CLASS = "AutoModelForMaskedImageModeling"
-VQ_TOKENIZER_CONFIG = (
-    "vq_tokenizer_config.json"  # = energyformers.mim.CONFIG_NAME (a test checks they stay equal)
-)
 VQ_TOKENIZER_WEIGHTS = "vq_tokenizer.safetensors"  # = energyformers.mim.WEIGHTS_NAME
 
 
 def vq_tokenizer_files(model_dir: Path) -> list[str]:
     """The image tokenizer files of a masked-image-modelling folder, as paths relative to it (a VQGAN's diffusers
     folder included); [] when the folder has none. A tokenizer config without the files it names is refused."""
-    config_path = model_dir / VQ_TOKENIZER_CONFIG
+    config_path = model_dir / TOKENIZER_CONFIG_NAME
     if not config_path.is_file():
         return []
     try:
@@ -92,10 +90,10 @@ def vq_tokenizer_files(model_dir: Path) -> list[str]:
     if subfolder is None:  # PatchKMeansTokenizer: its codebook beside the config
         if not (model_dir / VQ_TOKENIZER_WEIGHTS).is_file():
             raise FileNotFoundError(
-                f"{model_dir}: {VQ_TOKENIZER_CONFIG} without {VQ_TOKENIZER_WEIGHTS}; save the image tokenizer "
+                f"{model_dir}: {TOKENIZER_CONFIG_NAME} without {VQ_TOKENIZER_WEIGHTS}; save the image tokenizer "
                 "again (PatchKMeansTokenizer.save_pretrained(model_dir))."
             )
-        return [VQ_TOKENIZER_CONFIG, VQ_TOKENIZER_WEIGHTS]
+        return [TOKENIZER_CONFIG_NAME, VQ_TOKENIZER_WEIGHTS]
     folder = model_dir / str(subfolder)
     inside = folder.resolve().is_relative_to(model_dir.resolve()) and Path(str(subfolder)).parts[:1] != (
         "..",
@@ -106,7 +104,7 @@ def vq_tokenizer_files(model_dir: Path) -> list[str]:
             "VQGANTokenizer.save_pretrained(model_dir) has its config.json there)."
         )
     nested = sorted(str(path.relative_to(model_dir)) for path in folder.rglob("*") if path.is_file())
-    return [VQ_TOKENIZER_CONFIG, *nested]
+    return [TOKENIZER_CONFIG_NAME, *nested]
 
 
 def dynamics_figures(model_dir: Path) -> list[str]:

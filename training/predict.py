@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ..auto_registration import AUTO_HEADS
+from ..tokenizer_fit import TOKENIZER_CONFIG_NAME
 from .arguments import check_attn_flag
 from .cli import CommandParser, UsageError, check_model_source, check_output_folder, run_command
 
@@ -123,8 +124,6 @@ MIM_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
 # runs no halting or search.
 CLASSIFICATION_FLAGS = ("top_k", *(name for name in DEPTH_FLAGS if name != "num_iterations"))
 MIM_SUFFIX = ".reconstruction.png"
-# = energyformers.mim.CONFIG_NAME (a test keeps them equal): that module imports torch, which argument checks do not.
-TOKENIZER_CONFIG = "vq_tokenizer_config.json"
 # The model_types predict runs: the package's families and baselines (`energyformers.auto_registration`, light) and
 # transformers' own baselines the training CLI trains (`registry.TRANSFORMERS_BASELINES`; a test keeps them equal).
 MODEL_TYPES = (*AUTO_HEADS, "vit")
@@ -379,7 +378,7 @@ def no_image_tokenizer(model_dir: str, config: Any = None) -> str:
         grid = f"a {side} × {side} grid" if side * side == positions else f"a grid of {positions} codes"
         fits = f" ({vocab - 1} codes on {grid}: the tokenizer's codebook and grid must match the model's)"
     return (
-        f"{model_dir} has no image tokenizer ({TOKENIZER_CONFIG} is missing), so its codes cannot be turned "
+        f"{model_dir} has no image tokenizer ({TOKENIZER_CONFIG_NAME} is missing), so its codes cannot be turned "
         "into pixels; a run folder of `energyformers train --task masked-image-modeling` holds one, else save "
         f"one into the folder{fits}: PatchKMeansTokenizer.fit(images, ...).save_pretrained({model_dir!r}) or "
         "VQGANTokenizer.save_pretrained (energyformers.mim)"
@@ -390,7 +389,7 @@ def check_image_tokenizer(folder: Path, model_dir: str, config: dict[str, Any] |
     """A masked-image-modelling folder reconstructs pixels with the image tokenizer saved beside its weights, whose
     codebook and grid (as its `vq_tokenizer_config.json` records them) fit the model's `config` (config.json):
     checked before the weights load."""
-    path = folder / TOKENIZER_CONFIG
+    path = folder / TOKENIZER_CONFIG_NAME
     if not path.is_file():
         raise UsageError(no_image_tokenizer(model_dir, config))
     if config is None:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 ALLOWED_TOP_LEVEL = frozenset(sys.stdlib_module_names) | {"torch", "transformers"}
-PACKAGES = ("configuration", "modeling")
 
 
 def exportable_models() -> dict:

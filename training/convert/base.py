@@ -9,7 +9,7 @@ from typing import Any
 import PIL.Image
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedConfig, PreTrainedModel, ViTImageProcessorPil
+from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase, ViTImageProcessorPil
 
 from ..cli import UsageError
 
@@ -19,6 +19,9 @@ REFERENCE_PREFIX = "golden/"
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 DEFAULT_ATOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 REQUIRED = object()  # marks an official constructor argument without a known default
+# What `OfficialSource.processor` saves with a converted folder: an image processor for image inputs, the cell
+# tokenizer for token ids.
+ProcessorLike = ViTImageProcessorPil | PreTrainedTokenizerBase
 
 
 class ConversionError(UsageError):
@@ -56,7 +59,9 @@ def linear_of(x: torch.Tensor, p: dict[str, torch.Tensor], name: str) -> torch.T
     return F.linear(x, p[f"{name}.weight"], p.get(f"{name}.bias"))
 
 
-def make_image_processor(height: int, width: int, channels: int, mean: list[float], std: list[float]):
+def make_image_processor(
+    height: int, width: int, channels: int, mean: list[float], std: list[float]
+) -> ViTImageProcessorPil:
     """The image processor saved with a converted folder: resize to height × width, the official mean/std."""
     return ViTImageProcessorPil(
         size={"height": height, "width": width},
@@ -203,7 +208,9 @@ class OfficialSource:
         with torch.no_grad():
             return model(inputs.to(dtype)).logits
 
-    def processor(self, config: PreTrainedConfig, mean: list[float], std: list[float]):
+    def processor(
+        self, config: PreTrainedConfig, mean: list[float], std: list[float]
+    ) -> ProcessorLike | None:
         return None
 
     def processor_note(self, kwargs: dict[str, Any]) -> str:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers import PreTrainedConfig
 
 from ...configuration.configuration_hyperbf import HyperBFConfig
 from ...modeling.modeling_hyperbf import HyperBFForImageClassification
@@ -14,6 +16,7 @@ from .base import (
     ConversionError,
     NotExpressible,
     OfficialSource,
+    ProcessorLike,
     cholesky_or_refuse,
     layer_norm_of,
     linear_of,
@@ -79,13 +82,13 @@ class HyperBFSource(OfficialSource):
         )
     )
 
-    def check_kwargs(self, kwargs, where):
+    def check_kwargs(self, kwargs: dict[str, Any], where: str) -> None:
         if kwargs["qkv_bias"]:
             raise NotExpressible(f"{where}: qkv_bias=True; our q/k/v projections have no bias")
         if kwargs["embed_dim"] % kwargs["num_heads"]:
             raise ConversionError(f"{where}: embed_dim is not divisible by num_heads")
 
-    def layout(self, kwargs):
+    def layout(self, kwargs: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str | None]]:
         dim, heads, k = kwargs["embed_dim"], kwargs["num_heads"], self.num_centers
         p, c = kwargs["patch_size"], kwargs["in_chans"]
         tokens = (kwargs["img_size"] // p) ** 2 + 1
@@ -118,7 +121,7 @@ class HyperBFSource(OfficialSource):
             out["head.bias"] = ((kwargs["num_classes"],), "classifier.bias")
         return out
 
-    def config(self, kwargs):
+    def config(self, kwargs: dict[str, Any]) -> HyperBFConfig:
         return HyperBFConfig(
             hidden_size=kwargs["embed_dim"],
             num_attention_heads=kwargs["num_heads"],
@@ -137,7 +140,7 @@ class HyperBFSource(OfficialSource):
             num_labels=kwargs["num_classes"],
         )
 
-    def kwargs_from_config(self, config):
+    def kwargs_from_config(self, config: PreTrainedConfig) -> dict[str, Any]:
         checks = (
             (
                 config.input_type == "image",
@@ -176,7 +179,7 @@ class HyperBFSource(OfficialSource):
             "drop_path_rate": 0.0,
         }
 
-    def derive(self, state, kwargs):
+    def derive(self, state: dict[str, torch.Tensor], kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
         dim, heads = kwargs["embed_dim"], kwargs["num_heads"]
         dh = dim // heads
         out = {}
@@ -218,7 +221,7 @@ class HyperBFSource(OfficialSource):
             out[o + "feedforward.values.weight"] = state[b + "mlp.fc.weight"] * torch.exp(-beta * delta)
         return out
 
-    def derive_back(self, ours, config):
+    def derive_back(self, ours: dict[str, torch.Tensor], config: PreTrainedConfig) -> dict[str, torch.Tensor]:
         dim, heads, k = config.hidden_size, config.num_attention_heads, config.num_centers
         dh = dim // heads
         out = {}
@@ -242,7 +245,7 @@ class HyperBFSource(OfficialSource):
             out[b + "mlp.fc.weight"] = ours[o + "feedforward.values.weight"]
         return out
 
-    def structure_notes(self, kwargs):
+    def structure_notes(self, kwargs: dict[str, Any]) -> list[str]:
         return [
             "Attention: the official non-symmetric metric M (d_h×d_h) and scalar scale are folded exactly into "
             "the q and k projections (Cholesky factor of the symmetric part) with τ = |scale| for every head.",
@@ -255,7 +258,9 @@ class HyperBFSource(OfficialSource):
             "other sizes is not reproduced.",
         ]
 
-    def official_logits(self, state, kwargs, inputs, dtype):
+    def official_logits(
+        self, state: dict[str, torch.Tensor], kwargs: dict[str, Any], inputs: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
         p = {key: value.to(dtype) for key, value in state.items()}
         dim, heads = kwargs["embed_dim"], kwargs["num_heads"]
         eps = self.layer_norm_eps
@@ -296,6 +301,8 @@ class HyperBFSource(OfficialSource):
         cls = layer_norm_of(x, p, "norm", eps)[:, 0]
         return linear_of(cls, p, "head") if kwargs["num_classes"] > 0 else cls
 
-    def processor(self, config, mean, std):
+    def processor(
+        self, config: PreTrainedConfig, mean: list[float], std: list[float]
+    ) -> ProcessorLike | None:
         size = square_image_side(config, "Hyper_ViT")
         return make_image_processor(size, size, config.num_channels, mean, std)

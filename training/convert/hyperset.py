@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from transformers import PreTrainedConfig, PreTrainedModel
 
 from ...configuration.configuration_hyperset import HyperSetConfig
 from ...modeling.modeling_hyperset import HyperSetForImageClassification, HyperSetForTokenClassification
@@ -18,6 +20,7 @@ from .base import (
     ConversionError,
     NotExpressible,
     OfficialSource,
+    ProcessorLike,
     layer_norm_of,
     linear_of,
     make_image_processor,
@@ -101,7 +104,7 @@ class HyperSetICSource(OfficialSource):
     ignored = {}
     training_only = ("dropout",)
 
-    def check_kwargs(self, kwargs, where):
+    def check_kwargs(self, kwargs: dict[str, Any], where: str) -> None:
         if kwargs["type"] != "hyper-set":
             raise NotExpressible(f"{where}: model type {kwargs['type']!r}; only 'hyper-set' converts")
         if not kwargs["use_cls_token"]:
@@ -115,7 +118,7 @@ class HyperSetICSource(OfficialSource):
         if kwargs["n_embd"] % kwargs["head"]:
             raise ConversionError(f"{where}: n_embd is not divisible by head")
 
-    def layout(self, kwargs):
+    def layout(self, kwargs: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str | None]]:
         d, m, te = kwargs["n_embd"], kwargs["mlp_hidden"], kwargs["time_embed"]
         dh, features = d // kwargs["head"], (kwargs["img_size"] // kwargs["patch"]) ** 2 * 3
         e, s = "hyperset.embeddings.", "hyperset.step_sizes."
@@ -152,7 +155,7 @@ class HyperSetICSource(OfficialSource):
             out["fc.1.bias"] = ((kwargs["num_classes"],), "classifier.bias")
         return out
 
-    def config(self, kwargs):
+    def config(self, kwargs: dict[str, Any]) -> HyperSetConfig:
         return HyperSetConfig(
             input_type="image",
             hidden_size=kwargs["n_embd"],
@@ -176,7 +179,7 @@ class HyperSetICSource(OfficialSource):
             num_labels=kwargs["num_classes"],
         )
 
-    def kwargs_from_config(self, config):
+    def kwargs_from_config(self, config: PreTrainedConfig) -> dict[str, Any]:
         required = {
             "input_type": "image",
             "num_channels": 3,
@@ -211,7 +214,7 @@ class HyperSetICSource(OfficialSource):
             "type": "hyper-set",
         }
 
-    def derive(self, state, kwargs):
+    def derive(self, state: dict[str, torch.Tensor], kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
         return {
             f"hyperset.layers.{i}.attention.qkv_gain": torch.stack(
                 [state[f"enc.{i}.attn.ln1_{role}.weight"] for role in (1, 2, 3)]
@@ -219,7 +222,7 @@ class HyperSetICSource(OfficialSource):
             for i in range(kwargs["n_layer"])
         }
 
-    def derive_back(self, ours, config):
+    def derive_back(self, ours: dict[str, torch.Tensor], config: PreTrainedConfig) -> dict[str, torch.Tensor]:
         out = {}
         for i in range(config.num_hidden_layers):
             gains = ours[f"hyperset.layers.{i}.attention.qkv_gain"]
@@ -227,7 +230,7 @@ class HyperSetICSource(OfficialSource):
                 out[f"enc.{i}.attn.ln1_{role}.weight"] = gains[role - 1]
         return out
 
-    def structure_notes(self, kwargs):
+    def structure_notes(self, kwargs: dict[str, Any]) -> list[str]:
         return [
             'Feedforward activation: **GELU** (`hidden_act="gelu"`), as in the official image model; the '
             "presets of this package use ReLU, the exact gradient of the paper's energy.",
@@ -238,7 +241,9 @@ class HyperSetICSource(OfficialSource):
             f"Training-only settings not represented: `dropout` (kept in config.json `{KEPT_KWARGS}`).",
         ]
 
-    def official_logits(self, state, kwargs, inputs, dtype):
+    def official_logits(
+        self, state: dict[str, torch.Tensor], kwargs: dict[str, Any], inputs: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
         p = {key: value.to(dtype) for key, value in state.items()}
         d, heads, steps = kwargs["n_embd"], kwargs["head"], kwargs["n_recur"]
         ps, eps = kwargs["img_size"] // kwargs["patch"], self.layer_norm_eps
@@ -273,7 +278,9 @@ class HyperSetICSource(OfficialSource):
         cls = layer_norm_of(x[:, 0], p, "fc.0", eps)
         return linear_of(cls, p, "fc.1") if kwargs["num_classes"] > 0 else cls
 
-    def processor(self, config, mean, std):
+    def processor(
+        self, config: PreTrainedConfig, mean: list[float], std: list[float]
+    ) -> ProcessorLike | None:
         size = square_image_side(config, "HyperSET")
         return make_image_processor(size, size, 3, mean, std)
 
@@ -319,7 +326,7 @@ class HyperSetSudokuSource(OfficialSource):
     ignored = {}
     training_only = ("resid_pdrop", "attn_pdrop", "embd_pdrop")
 
-    def check_kwargs(self, kwargs, where):
+    def check_kwargs(self, kwargs: dict[str, Any], where: str) -> None:
         fixed = {"model_type": "hyper-set", "adaptive_mode": "gd_with_learnable_step_size", "phi_func": None}
         for name, value in fixed.items():
             if kwargs[name] != value:
@@ -339,7 +346,7 @@ class HyperSetSudokuSource(OfficialSource):
                     f"and n_embd divisible by 4 (got {kwargs['n_embd']})"
                 )
 
-    def layout(self, kwargs):
+    def layout(self, kwargs: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str | None]]:
         d, n, te = kwargs["n_embd"], kwargs["block_size"], kwargs["time_emb"]
         m, dh = kwargs["multiplier"] * d, d // kwargs["n_head"]
         s = "hyperset.step_sizes."
@@ -365,7 +372,7 @@ class HyperSetSudokuSource(OfficialSource):
         out["head.weight"] = ((kwargs["num_classes"], d), "classifier.weight")
         return out
 
-    def config(self, kwargs):
+    def config(self, kwargs: dict[str, Any]) -> HyperSetConfig:
         return HyperSetConfig(
             input_type="sequence",
             hidden_size=kwargs["n_embd"],
@@ -388,7 +395,7 @@ class HyperSetSudokuSource(OfficialSource):
             **SUDOKU_FIELDS,
         )
 
-    def labels(self, kwargs):
+    def labels(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The config's labels: the digits on a Sudoku board (ten cell values, nine classes), as `energyformers
         train --dataset sudoku` names them; transformers' LABEL_k for any other board."""
         if kwargs["vocab_size"] == 10 and kwargs["num_classes"] == len(SUDOKU_DIGITS):
@@ -398,7 +405,7 @@ class HyperSetSudokuSource(OfficialSource):
             }
         return {"num_labels": kwargs["num_classes"]}
 
-    def kwargs_from_config(self, config):
+    def kwargs_from_config(self, config: PreTrainedConfig) -> dict[str, Any]:
         required = {
             "input_type": "sequence",
             "qkv_norm": "shared",
@@ -445,7 +452,7 @@ class HyperSetSudokuSource(OfficialSource):
             "input_cond": config.step_size_condition == "input",
         }
 
-    def derive(self, state, kwargs):
+    def derive(self, state: dict[str, torch.Tensor], kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
         out = {}
         if kwargs["pos_emb"] == "learnable":
             out["hyperset.embeddings.position_embeddings.weight"] = state["pos_emb"][0]
@@ -453,7 +460,7 @@ class HyperSetSudokuSource(OfficialSource):
             out[f"hyperset.layers.{i}.attention.qkv_gain"] = state[f"blocks.{i}.attn.ln1.weight"][None]
         return out
 
-    def derive_back(self, ours, config):
+    def derive_back(self, ours: dict[str, torch.Tensor], config: PreTrainedConfig) -> dict[str, torch.Tensor]:
         n = config.max_position_embeddings
         out = {}
         if config.position_embedding_type == "learned":
@@ -463,7 +470,7 @@ class HyperSetSudokuSource(OfficialSource):
             out[f"blocks.{i}.attn.mask"] = torch.tril(torch.ones(n, n, dtype=torch.float64)).view(1, 1, n, n)
         return out
 
-    def structure_notes(self, kwargs):
+    def structure_notes(self, kwargs: dict[str, Any]) -> list[str]:
         return [
             'Feedforward activation: **ReLU** (`hidden_act="relu"`), as in the official Sudoku model.',
             'One shared q/k/v RMSNorm gain (`qkv_norm="shared"`); step sizes from Linear-GELU-Linear over the '
@@ -482,7 +489,9 @@ class HyperSetSudokuSource(OfficialSource):
             f"`{KEPT_KWARGS}`).",
         ]
 
-    def official_logits(self, state, kwargs, inputs, dtype):
+    def official_logits(
+        self, state: dict[str, torch.Tensor], kwargs: dict[str, Any], inputs: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
         p = {key: value.to(dtype) for key, value in state.items()}
         heads, steps = kwargs["n_head"], kwargs["n_recur"]
         if kwargs["pos_emb"] == "learnable":
@@ -509,13 +518,15 @@ class HyperSetSudokuSource(OfficialSource):
                 )
         return F.linear(rms_norm_eps(x, p["ln_f.weight"]), p["head.weight"])
 
-    def example_inputs(self, kwargs):
+    def example_inputs(self, kwargs: dict[str, Any]) -> torch.Tensor:
         generator = torch.Generator().manual_seed(0)
         return torch.randint(0, kwargs["vocab_size"], (2, kwargs["block_size"]), generator=generator)
 
-    def model_logits(self, model, inputs):
+    def model_logits(self, model: PreTrainedModel, inputs: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             return model(input_ids=inputs).logits
 
-    def processor(self, config, mean, std):
+    def processor(
+        self, config: PreTrainedConfig, mean: list[float], std: list[float]
+    ) -> ProcessorLike | None:
         return cell_tokenizer(config.max_position_embeddings) if config.vocab_size == 10 else None

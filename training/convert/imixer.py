@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers import PreTrainedConfig
 
 from ...configuration.configuration_imixer import IMixerConfig
 from ...modeling.modeling_imixer import IMixerForImageClassification
@@ -13,6 +14,7 @@ from .base import (
     REQUIRED,
     NotExpressible,
     OfficialSource,
+    ProcessorLike,
     layer_norm_of,
     linear_of,
     make_image_processor,
@@ -66,7 +68,7 @@ class IMixerSource(OfficialSource):
         channel_width = int(kwargs["mlp_ratio"][1] * dim)
         return dim, tokens, token_width, channel_width, int(kwargs["hidden_ratio"] * token_width)
 
-    def layout(self, kwargs):
+    def layout(self, kwargs: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str | None]]:
         dim, tokens, ds, dc, nh = self.sizes(kwargs)
         p, c = kwargs["patch_size"], kwargs["in_chans"]
         out = {
@@ -101,7 +103,7 @@ class IMixerSource(OfficialSource):
             out["head.bias"] = ((kwargs["num_classes"],), "classifier.bias")
         return out
 
-    def config(self, kwargs):
+    def config(self, kwargs: dict[str, Any]) -> IMixerConfig:
         return IMixerConfig(
             hidden_size=kwargs["embed_dim"],
             num_hidden_layers=kwargs["num_blocks"],
@@ -120,7 +122,7 @@ class IMixerSource(OfficialSource):
             num_labels=kwargs["num_classes"],
         )
 
-    def kwargs_from_config(self, config):
+    def kwargs_from_config(self, config: PreTrainedConfig) -> dict[str, Any]:
         if config.input_type != "image" or config.fixed_point_iterations < 1:
             raise NotExpressible("the official MlpMixer takes images and has the contractive block (n >= 1)")
         fixed = (
@@ -153,7 +155,7 @@ class IMixerSource(OfficialSource):
             "n_repeat": config.fixed_point_iterations,
         }
 
-    def derive_back(self, ours, config):
+    def derive_back(self, ours: dict[str, torch.Tensor], config: PreTrainedConfig) -> dict[str, torch.Tensor]:
         out = {}
         for i in range(config.num_hidden_layers):
             for layer in ("fc_sn1", "fc_sn2"):
@@ -165,7 +167,7 @@ class IMixerSource(OfficialSource):
                 ).reshape(1)
         return out
 
-    def structure_notes(self, kwargs):
+    def structure_notes(self, kwargs: dict[str, Any]) -> list[str]:
         return [
             f"iMLP token mixer with n = {kwargs['n_repeat']} fixed-point steps, soft spectral normalisation "
             f"c = {self.coeff} from the stored power-iteration vectors u, v (eval mode uses them as stored).",
@@ -173,7 +175,9 @@ class IMixerSource(OfficialSource):
             "`weight_sigma` buffers are logging only (no effect on outputs) and are not part of our model.",
         ]
 
-    def official_logits(self, state, kwargs, inputs, dtype):
+    def official_logits(
+        self, state: dict[str, torch.Tensor], kwargs: dict[str, Any], inputs: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
         p = {key: value.to(dtype) for key, value in state.items()}
         one = torch.ones(1, dtype=dtype)
         x = F.conv2d(
@@ -206,6 +210,8 @@ class IMixerSource(OfficialSource):
         pooled = layer_norm_of(x, p, "norm", eps).mean(1)
         return linear_of(pooled, p, "head") if kwargs["num_classes"] > 0 else pooled
 
-    def processor(self, config, mean, std):
+    def processor(
+        self, config: PreTrainedConfig, mean: list[float], std: list[float]
+    ) -> ProcessorLike | None:
         size = square_image_side(config, "MlpMixer")
         return make_image_processor(size, size, config.num_channels, mean, std)

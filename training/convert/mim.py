@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers import PreTrainedConfig, PreTrainedModel
 
 from ...configuration.configuration_hyperset import HyperSetConfig
 from ...modeling.modeling_hyperset import HyperSetForMaskedImageModeling
@@ -89,7 +91,7 @@ class HyperSetMIMSource(OfficialSource):
     # embeds no label).
     training_only = ("n_layer", "dropout", "nclass")
 
-    def check_kwargs(self, kwargs, where):
+    def check_kwargs(self, kwargs: dict[str, Any], where: str) -> None:
         fixed = {"model": "hyper-set", "phi_func": None, "adaptive_mode": "gd_with_learnable_step_size"}
         for name, value in fixed.items():
             if kwargs[name] != value:
@@ -110,10 +112,10 @@ class HyperSetMIMSource(OfficialSource):
             )
 
     @staticmethod
-    def side(kwargs) -> int:
+    def side(kwargs: dict[str, Any]) -> int:
         return kwargs["img_size"] // GRID_DIVISOR
 
-    def layout(self, kwargs):
+    def layout(self, kwargs: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str | None]]:
         d, k = kwargs["n_embd"], kwargs["codebook_size"]
         m, dh = kwargs["multiplier"] * d, d // kwargs["head"]
         shapes = {
@@ -133,7 +135,7 @@ class HyperSetMIMSource(OfficialSource):
             key: (shape, None if key in _DERIVED else OFFICIAL_TO_OURS[key]) for key, shape in shapes.items()
         }
 
-    def config(self, kwargs):
+    def config(self, kwargs: dict[str, Any]) -> HyperSetConfig:
         d = kwargs["n_embd"]
         return HyperSetConfig(
             hidden_size=d,
@@ -146,7 +148,7 @@ class HyperSetMIMSource(OfficialSource):
             **MIM_FIELDS,
         )
 
-    def kwargs_from_config(self, config):
+    def kwargs_from_config(self, config: PreTrainedConfig) -> dict[str, Any]:
         for name, official in MIM_FIELDS.items():
             if getattr(config, name, None) != official:
                 raise NotExpressible(
@@ -177,13 +179,13 @@ class HyperSetMIMSource(OfficialSource):
             "adaptive_mode": "gd_with_learnable_step_size",
         }
 
-    def derive(self, state, kwargs):
+    def derive(self, state: dict[str, torch.Tensor], kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
         return {"hyperset.layers.0.attention.qkv_gain": state["transformer.ln1.weight"][None]}
 
-    def derive_back(self, ours, config):
+    def derive_back(self, ours: dict[str, torch.Tensor], config: PreTrainedConfig) -> dict[str, torch.Tensor]:
         return {"transformer.ln1.weight": ours["hyperset.layers.0.attention.qkv_gain"][0]}
 
-    def structure_notes(self, kwargs):
+    def structure_notes(self, kwargs: dict[str, Any]) -> list[str]:
         side = self.side(kwargs)
         return [
             f"Input: a {side} × {side} grid of VQ codes in [0, {kwargs['codebook_size']}), [MASK] = "
@@ -201,7 +203,9 @@ class HyperSetMIMSource(OfficialSource):
             "`dropout`, `nclass`.",
         ]
 
-    def official_logits(self, state, kwargs, inputs, dtype):
+    def official_logits(
+        self, state: dict[str, torch.Tensor], kwargs: dict[str, Any], inputs: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
         """The computation order of the `hyperset_mim` fixture JSON, `inputs` `(B, side, side)` or `(B, N)` codes."""
         p = {key: value.to(dtype) for key, value in state.items()}
         d, heads, steps = kwargs["n_embd"], kwargs["head"], kwargs["n_recur"]
@@ -220,7 +224,7 @@ class HyperSetMIMSource(OfficialSource):
             x = x + beta * F.linear(feedforward, dictionary.t())
         return linear_of(rms_norm_eps(x, p["lm_head.0.weight"]), p, "lm_head.1")
 
-    def example_inputs(self, kwargs):
+    def example_inputs(self, kwargs: dict[str, Any]) -> torch.Tensor:
         # one grid, 40 % of it [MASK] (the paper's evaluation ratio): a full-size check stays a single forward
         generator = torch.Generator().manual_seed(0)
         side, k = self.side(kwargs), kwargs["codebook_size"]
@@ -228,11 +232,11 @@ class HyperSetMIMSource(OfficialSource):
         hidden = torch.rand(1, side, side, generator=generator) < 0.4
         return codes.masked_fill(hidden, k)
 
-    def model_logits(self, model, inputs):
+    def model_logits(self, model: PreTrainedModel, inputs: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             return model(input_ids=inputs.reshape(inputs.shape[0], -1)).logits
 
-    def processor_note(self, kwargs):
+    def processor_note(self, kwargs: dict[str, Any]) -> str:
         return (
             "No processor: the model reads VQ codes. An image tokenizer (MaskGIT's VQGAN, f16, codebook "
             f"{kwargs['codebook_size']}, for the authors' model) turns images into codes and back."

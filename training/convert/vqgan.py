@@ -16,12 +16,15 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .base import ConversionError, NotExpressible
 from .checkpoint import InertObject, load_raw, read_mapping, refuse_pickle
+
+if TYPE_CHECKING:  # diffusers is an optional extra ([vqgan]): imported where a VQGAN is built
+    from diffusers import VQModel
 
 logger = logging.getLogger(__name__)
 
@@ -278,7 +281,7 @@ def read_taming_state(path: str | Path, trust_pickle: bool = False) -> dict[str,
 
 def load_taming_vqgan(
     checkpoint: str | Path, config: str | Path, trust_pickle: bool = False, dtype: torch.dtype = torch.float32
-):
+) -> VQModel:
     """A diffusers `VQModel` holding the weights of a taming VQGAN checkpoint, in eval mode. Everything is checked
     before the model is built; a problem raises `ConversionError` naming the file and the key."""
     from diffusers import VQModel

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +150,7 @@ def convert_checkpoint(
     atol: float | None = None,
     image_mean: list[float] | None = None,
     image_std: list[float] | None = None,
-    log=print,
+    log: Callable[[str], object] = print,
 ) -> Path:
     """Official checkpoint → verified model folder. Raises `ConversionError` before writing anything.
 
@@ -305,7 +306,7 @@ def export_official(
     *,
     overwrite: bool = False,
     atol: float | None = None,
-    log=print,
+    log: Callable[[str], object] = print,
 ) -> Path:
     """Our model folder → official-layout bare state_dict (safetensors) + `<output>.json` with the kwargs."""
     family = SOURCES[source]

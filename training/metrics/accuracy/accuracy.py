@@ -6,6 +6,7 @@ Same name, inputs and output as the Hub's `accuracy` metric: {"accuracy": fracti
 import datasets
 import evaluate
 import numpy as np
+from numpy.typing import ArrayLike
 
 _DESCRIPTION = "Fraction of predictions equal to the references (optionally weighted by sample_weight)."
 _KWARGS_DESCRIPTION = """
@@ -31,7 +32,13 @@ class Accuracy(evaluate.Metric):
             ),
         )
 
-    def _compute(self, predictions, references, normalize=True, sample_weight=None):
+    def _compute(
+        self,
+        predictions: ArrayLike,
+        references: ArrayLike,
+        normalize: bool = True,
+        sample_weight: ArrayLike | None = None,
+    ) -> dict[str, float]:
         correct = (np.asarray(predictions) == np.asarray(references)).astype(np.float64)
         if sample_weight is not None:
             correct = correct * np.asarray(sample_weight, dtype=np.float64)

@@ -7,6 +7,7 @@ training CLI reports as `f1_macro`. Computed with numpy from the confusion count
 import datasets
 import evaluate
 import numpy as np
+from numpy.typing import ArrayLike
 
 _DESCRIPTION = (
     "Harmonic mean of precision and recall, per class or averaged (binary, micro, macro, weighted)."
@@ -35,7 +36,14 @@ class F1(evaluate.Metric):
             ),
         )
 
-    def _compute(self, predictions, references, labels=None, pos_label=1, average="binary"):
+    def _compute(
+        self,
+        predictions: ArrayLike,
+        references: ArrayLike,
+        labels: ArrayLike | None = None,
+        pos_label: int = 1,
+        average: str = "binary",
+    ) -> dict[str, float]:
         pred, ref = np.asarray(predictions), np.asarray(references)
         if average == "binary":
             labels = [pos_label]
