@@ -6,6 +6,7 @@ in the trunk only; folders saved before the baseline had the two fields load wit
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ from energyformers.configuration.configuration_looped_transformer import HYPERSE
 from energyformers.training.setup import check_override_names
 
 HEAD_FIELDS = ("classifier_norm", "classifier_bias")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def head_structure(model: torch.nn.Module, names: tuple[str, ...]) -> dict[str, object]:
@@ -206,3 +208,17 @@ def test_masked_image_modeling_baseline_head_is_hypersets():
     for name, model in (("from_hyperset", looped), ("mim-1-12-4d", table_2)):
         got = head_structure(model, heads)
         assert got == expected, f"{name}: baseline MIM head {got} != Hyper-SET's {expected}"
+
+
+def test_docs_say_the_heads_are_the_same():
+    """docs/training.md's baseline section says the two models share the head fields and differ in the trunk only,
+    and no longer quotes a head difference; `from_hyperset` promises the head in its summary line."""
+    training = " ".join((ROOT / "docs" / "training.md").read_text(encoding="utf-8").split())
+    for quote in (
+        "`classifier_norm` and `classifier_bias` are fields of both configs",
+        "differ in the trunk only",
+    ):
+        assert quote in training, f"docs/training.md does not say {quote!r}"
+    assert "the baseline's head has a LayerNorm bias and a classifier bias more" not in training
+    summary = (LoopedTransformerConfig.from_hyperset.__doc__ or "").strip().splitlines()[0]
+    assert "head" in summary, f"from_hyperset's summary does not promise the head: {summary!r}"
