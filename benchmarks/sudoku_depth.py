@@ -514,7 +514,7 @@ def write_markdown(out: dict, path: Path) -> None:
         "(`python benchmarks/sudoku_depth.py --paper --supervision last` runs all three; add `all` to the list for the "
         "deep-supervised pair.) Both training commands were checked to start and run on CPU with `--max_steps 2 "
         "--max_eval_samples 16 --max_test_samples 16` appended (bf16 and `torch.compile` included and working on CPU; "
-        "Hyper-SET 4,211,776 and looped Transformer 7,157,769 parameters at this size). 125,000 steps in ~80 min means "
+        "Hyper-SET 4,211,776 and looped Transformer 7,156,992 parameters at this size). 125,000 steps in ~80 min means "
         "~26 steps/s: an estimate from the spec, not measured here (no GPU).",
         "",
         "## Measured here"

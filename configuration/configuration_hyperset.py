@@ -375,6 +375,8 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
         max_position_embeddings: int = 512,
         position_embedding_type: str = "sinusoidal",
         pooling: str = "cls",
+        classifier_norm: str = "layernorm",
+        classifier_bias: bool = True,
         rms_norm_eps: float | None = None,
         layer_norm_eps: float = 1e-5,
         initializer_range: float = 0.02,
@@ -409,6 +411,9 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
         self.max_position_embeddings = max_position_embeddings
         self.position_embedding_type = position_embedding_type
         self.pooling = pooling
+        # the head: the norm before the classifier and the classifier's bias (Hyper-SET's and its baseline's alike)
+        self.classifier_norm = classifier_norm
+        self.classifier_bias = classifier_bias
         self.rms_norm_eps = rms_norm_eps
         self.layer_norm_eps = layer_norm_eps
         self.initializer_range = initializer_range
@@ -714,8 +719,6 @@ class HyperSetConfig(RecurrentDepthConfig):
         self.input_anchor = input_anchor
         self.halting_tolerance = halting_tolerance
         self.halting_criterion = halting_criterion
-        self.classifier_norm = classifier_norm
-        self.classifier_bias = classifier_bias
         arguments = locals()  # the shared fields, as this signature received them
         super().__init__(**{name: arguments[name] for name in self.shared_fields()}, **kwargs)
 

@@ -3,10 +3,8 @@
 
 The comparison of every table in Hu, Zou, Xu, *Hyperspherical Energy Transformer with Recurrent Depth*: one
 pre-norm Transformer layer (RMSNorm, bias-free, GELU MLP) applied `num_iterations` times with shared weights,
-with Hyper-SET's embeddings and its default classification head (LayerNorm → Linear with bias), so both models are
-measured side by side at the same width, heads and depth. The head's norm and bias are Hyper-SET options
-(`classifier_norm`, `classifier_bias`) the baseline does not have: against a Hyper-SET config that changes them
-(its Sudoku presets: RMSNorm → bias-free Linear) the two heads differ. Both configs derive from
+with Hyper-SET's embeddings and classification head (the norm and bias of `classifier_norm`, `classifier_bias`), so
+both models are measured side by side at the same width, heads and depth. Both configs derive from
 `RecurrentDepthConfig` (defined with Hyper-SET's, whose validation tables it uses); it is a baseline, not a Hub
 family (never exported, so importing the Hyper-SET configuration is fine here).
 """
@@ -27,7 +25,7 @@ def _parameters(config_class: type) -> tuple[str, ...]:
 
 
 # Hyper-SET options that the baseline's model does not build (energies, step sizes, halting by state or energy
-# change, its head's norm and bias): the fields `HyperSetConfig` adds to the base both configs share. Rejected as
+# change): the fields `HyperSetConfig` adds to the base both configs share. Rejected as
 # arguments, so a baseline's config.json never carries a setting it ignores.
 HYPERSET_ONLY_FIELDS: tuple[str, ...] = tuple(
     name for name in _parameters(HyperSetConfig) if name not in _parameters(RecurrentDepthConfig)
@@ -38,6 +36,13 @@ HYPERSET_ONLY_FIELDS: tuple[str, ...] = tuple(
 SHARED_FIELDS: tuple[str, ...] = (
     *(name for name in _parameters(RecurrentDepthConfig) if name not in ("intermediate_size", "hidden_act")),
     "problem_type",
+)
+
+
+# The head norm of a folder saved before `classifier_norm` was a field of the baseline, by its architecture, where it
+# was not the default: the masked-image-modelling head has always been RMSNorm → Linear with bias (bias: the default).
+LEGACY_CLASSIFIER_NORMS: MappingProxyType[str, str] = MappingProxyType(
+    {"LoopedTransformerForMaskedImageModeling": "rmsnorm"}
 )
 
 
@@ -98,8 +103,14 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
             (the fixed row/column table of a square board, e.g. Sudoku); images always use the fixed 1-D sinusoid.
         pooling (`str`, *optional*, defaults to `"cls"`):
             Classifier input: first token (`"cls"`) or masked mean over the real tokens (`"mean"`).
+        classifier_norm (`str`, *optional*, defaults to `"layernorm"`):
+            Norm before the classifier, as Hyper-SET's: `"layernorm"` (its image models) or `"rmsnorm"` (its Sudoku
+            and masked-image-modelling models). A config saved without the field loads with the head it was saved
+            with: LayerNorm for the classifiers, RMSNorm for the masked-image-modelling head.
+        classifier_bias (`bool`, *optional*, defaults to `True`):
+            Whether the classifier Linear (the masked-image-modelling head's code head) has a bias, as Hyper-SET's.
         rms_norm_eps (`float`, *optional*):
-            Epsilon of the two pre-norm RMSNorms; `None` uses torch's default, as Hyper-SET.
+            Epsilon of the two pre-norm RMSNorms and of an RMSNorm head; `None` uses torch's default, as Hyper-SET.
         layer_norm_eps (`float`, *optional*, defaults to 1e-5):
             LayerNorm epsilon of the patch embedding and the classifier; Hyper-SET's, so the embeddings and head
             the two models share normalise alike.
@@ -107,7 +118,7 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
             Std of the normal initialisation of linear and embedding weights; Hyper-SET's, so a side-by-side run
             starts both models from weights of the same scale.
 
-    Hyper-SET-only options (`HYPERSET_ONLY_FIELDS`: energies, step sizes, halting, the head's norm and bias) raise
+    Hyper-SET-only options (`HYPERSET_ONLY_FIELDS`: energies, step sizes, halting by state or energy change) raise
     `ValueError`.
     """
 
@@ -149,6 +160,8 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         max_position_embeddings: int = 512,
         position_embedding_type: str = "sinusoidal",
         pooling: str = "cls",
+        classifier_norm: str = "layernorm",
+        classifier_bias: bool = True,
         rms_norm_eps: float | None = None,
         layer_norm_eps: float = 1e-5,
         initializer_range: float = 0.02,
@@ -168,13 +181,10 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
 
     @classmethod
     def from_hyperset(cls, config: HyperSetConfig, **overrides: Any) -> LoopedTransformerConfig:
-        """The baseline matching a Hyper-SET config: same embeddings, labels, width, heads and depth.
+        """The baseline matching a Hyper-SET config: same embeddings, labels, width, heads, depth and head.
 
-        The classification head is the baseline's LayerNorm → Linear with bias, Hyper-SET's default head: a config
-        with another `classifier_norm` or `classifier_bias` (the Sudoku presets' RMSNorm → bias-free Linear) gets
-        a head that differs in those two, which the baseline's model has no option for.
-
-        The MLP width is the baseline's own (4 · hidden_size unless `intermediate_size` is overridden): Hyper-SET's
+        The head's `classifier_norm` and `classifier_bias` are copied, so the baseline of a Sudoku preset has its
+        RMSNorm → bias-free Linear. The MLP width is the baseline's own (4 · hidden_size unless `intermediate_size` is overridden): Hyper-SET's
         `intermediate_size` is the size of its dictionary, not an MLP width. `overrides` are checked as
         `from_preset`'s.
         """
@@ -193,8 +203,8 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         The presets are the baseline's own rows (`LOOPED_TRANSFORMER_PRESETS` of the package's
         `energyformers.presets`, e.g. Table 2's `mim-1-12-4d`), as they are, and every Hyper-SET row
         (`HYPERSET_PRESETS`), of which the baseline takes the fields it shares (same embeddings and iteration count,
-        for side-by-side comparisons; its head is Hyper-SET's default one, as `from_hyperset` says, and its MLP is
-        its own, 4 · hidden_size wide); `PRESET_SOURCES` there says which paper setting each row reproduces.
+        for side-by-side comparisons, the head's norm and bias included, as `from_hyperset`; its MLP is its own,
+        4 · hidden_size wide); `PRESET_SOURCES` there says which paper setting each row reproduces.
         """
         own = _own_presets(cls, name)
         if name in own:
@@ -203,6 +213,17 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         mlp = ("intermediate_size", "hidden_act")
         fields = HyperSetConfig.preset_fields(name).items()
         return {k: v for k, v in fields if k not in HYPERSET_ONLY_FIELDS and k not in mlp}
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
+        """As every config's, and a config.json without `classifier_norm` (saved before the baseline had the field)
+        keeps the head its weights were saved with: the default LayerNorm for the classifiers, RMSNorm for the
+        masked-image-modelling head (`LEGACY_CLASSIFIER_NORMS`). A new config always writes the field."""
+        architectures = config_dict.get("architectures") or []
+        legacy = {LEGACY_CLASSIFIER_NORMS[name] for name in architectures if name in LEGACY_CLASSIFIER_NORMS}
+        if "classifier_norm" not in config_dict and len(legacy) == 1:
+            config_dict = {**config_dict, "classifier_norm": legacy.pop()}
+        return super().from_dict(config_dict, **kwargs)
 
     @classmethod
     def _check_override_names(cls, overrides: dict[str, Any], where: str) -> None:

@@ -222,6 +222,8 @@ _MIM_BASELINE = dict(
     vocab_size=1025,
     max_position_embeddings=256,
     position_embedding_type="learned",
+    classifier_norm="rmsnorm",
+    classifier_bias=True,
 )
 LOOPED_TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
     "mim-1-12-4d": _MIM_BASELINE,

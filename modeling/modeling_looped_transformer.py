@@ -45,6 +45,7 @@ from .modeling_hyperset import (
     RecurrentDepthHeadMixin,
     RecurrentDepthHeadOutput,
     RecurrentDepthMixin,
+    _classifier_norm,
     check_head_input_type,
     check_initial_state,
     check_masked_image_modeling_head,
@@ -301,9 +302,10 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
 
 
 class LoopedTransformerHead(RecurrentDepthHeadMixin, LoopedTransformerPreTrainedModel):
-    """The base of the baseline's heads, as Hyper-SET's (`HyperSetHead`): backbone → LayerNorm → Linear
-    (`nn.Identity()` when num_labels == 0) on the pooled token or, per token, on every token; `classify` is
-    Hyper-SET's (`RecurrentDepthHeadMixin`). The baseline has no energy: test-time search selects by confidence
+    """The base of the baseline's heads, as Hyper-SET's (`HyperSetHead`): backbone → Hyper-SET's head, its
+    LayerNorm or RMSNorm (`classifier_norm`) → Linear with or without bias (`classifier_bias`; `nn.Identity()` when
+    num_labels == 0), on the pooled token or, per token, on every token; `classify` is Hyper-SET's
+    (`RecurrentDepthHeadMixin`). The baseline has no energy: test-time search selects by confidence
     unless told otherwise, refuses the energy selector, and leaves `search_energies` None."""
 
     _output_class: type[ModelOutput] = LoopedTransformerImageClassifierOutput
@@ -312,9 +314,12 @@ class LoopedTransformerHead(RecurrentDepthHeadMixin, LoopedTransformerPreTrained
         super().__init__(config)
         check_head_input_type(self, config.input_type, self._input_type)
         self.looped_transformer = LoopedTransformerModel(config)
-        self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        # Hyper-SET's head, built by its own function, so a side-by-side pair differs in the trunk only
+        self.layernorm = _classifier_norm(config)
         self.classifier = (
-            nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
+            nn.Linear(config.hidden_size, config.num_labels, bias=config.classifier_bias)
+            if config.num_labels > 0
+            else nn.Identity()
         )
         # the learned halting signal of the supervision steps, as Hyper-SET's (config.halting_head)
         self.halting_classifier = nn.Linear(config.hidden_size, 1) if config.halting_head else None
@@ -442,8 +447,9 @@ class LoopedTransformerForMaskedImageModeling(MaskedImageModelingMixin, LoopedTr
 
     Same inputs, outputs and `decode` as `HyperSetForMaskedImageModeling`: `input_ids` `(B, N)` codes in [0, K)
     with [MASK] = K = `config.vocab_size − 1`; logits `(B, N, K)`; `labels` the true codes where the loss is taken
-    and −100 elsewhere. Structure: the sequence backbone, then RMSNorm → Linear(d, K) with bias, the head of
-    Hyper-SET's MIM model, so the two differ in the trunk only.
+    and −100 elsewhere. Structure: the sequence backbone, then the head of Hyper-SET's MIM model, the classifier norm
+    (`classifier_norm`) → Linear(d, K) (bias: `classifier_bias`); the presets' is RMSNorm → Linear with bias, as
+    Hyper-SET's, so the two differ in the trunk only.
     """
 
     main_input_name = "input_ids"
@@ -452,10 +458,10 @@ class LoopedTransformerForMaskedImageModeling(MaskedImageModelingMixin, LoopedTr
         super().__init__(config)
         check_masked_image_modeling_head(self, config)
         self.looped_transformer = LoopedTransformerModel(config)
-        self.layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.layernorm = _classifier_norm(config)
         # K outputs: [MASK] is an input id only. Named as Hyper-SET's MIM head (not `lm_head`, which transformers
         # would resize with the vocabulary)
-        self.code_head = nn.Linear(config.hidden_size, config.vocab_size - 1, bias=True)
+        self.code_head = nn.Linear(config.hidden_size, config.vocab_size - 1, bias=config.classifier_bias)
         self.post_init()
 
     def forward(

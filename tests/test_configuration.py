@@ -436,34 +436,6 @@ def test_configuration_files_point_to_no_file_a_hub_user_lacks():
     assert not pointers, "lines naming repository files:\n" + "\n".join(pointers)
 
 
-def test_the_looped_baseline_says_how_its_head_differs_from_hyper_sets():
-    """The baseline's config has no head options: Hyper-SET's `classifier_norm` and `classifier_bias` are not carried,
-    so its head is Hyper-SET's default one (LayerNorm → Linear with bias). Where a Hyper-SET preset changes them (the
-    Sudoku one) the heads differ, and `from_hyperset` and docs/training.md say so instead of promising "the same
-    head"."""
-    looped = configuration_looped_transformer
-    hyperset = configuration_hyperset.HyperSetConfig
-    head = ("classifier_norm", "classifier_bias")
-    assert set(head) <= set(looped.HYPERSET_ONLY_FIELDS), looped.HYPERSET_ONLY_FIELDS
-    default_head = tuple(getattr(hyperset(), name) for name in head)
-    assert default_head == ("layernorm", True), default_head
-    sudoku = hyperset.from_preset("sudoku")
-    assert tuple(getattr(sudoku, name) for name in head) != default_head, (
-        "the Sudoku head is no longer different"
-    )
-    baseline = looped.LoopedTransformerConfig.from_hyperset(sudoku)
-    assert not [name for name in head if name in vars(baseline)], vars(baseline)
-
-    summary, *details = inspect.getdoc(looped.LoopedTransformerConfig.from_hyperset).splitlines()
-    assert not re.search(r"\bhead\b", summary), f"from_hyperset promises the same head: {summary!r}"
-    assert all(name in "\n".join(details) for name in head), details
-    # the extra LayerNorm bias (d) and classifier bias (one per label) of the baseline's head against Sudoku's
-    extra = baseline.hidden_size + baseline.num_labels
-    training = " ".join((ROOT / "docs" / "training.md").read_text(encoding="utf-8").split())
-    quote = f"d + {baseline.num_labels} parameters ({extra} at d = {baseline.hidden_size})"
-    assert quote in training, f"docs/training.md does not quote the head difference as {quote!r}"
-
-
 def test_choice_tables_are_public_read_only_views_on_the_config_classes():
     """`Config.choices` is the file's `_CHOICES` table, readable through the config class alone (the one import a
     modeling file has) and not writable, so a model keys its implementations by it rather than by a copy of the names;

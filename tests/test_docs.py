@@ -268,11 +268,27 @@ def test_paper_size_sudoku_parameter_counts_quoted_are_what_the_preset_builds():
         hyperset = count(HyperSetForTokenClassification(HyperSetConfig.from_preset("sudoku")))
         authors = count(HyperSetForTokenClassification(HyperSetConfig.from_preset("sudoku-authors")))
         looped = count(LoopedTransformerForTokenClassification(LoopedTransformerConfig.from_preset("sudoku")))
-    quotes = {
-        "benchmarks/results/sudoku_depth.md": f"Hyper-SET {hyperset:,} and looped Transformer {looped:,} parameters",
-        "docs/benchmarks.md": f"`--preset sudoku` builds {hyperset:,} Hyper-SET parameters, the `sudoku-authors` "
-        f"structure with the authors' time MLP {authors:,}, the looped Transformer {looped:,}",
-        "docs/hyperset.md": f"| {authors:,} | {hyperset:,} |",
-    }
-    wrong = [f"{path}: {quote!r}" for path, quote in quotes.items() if quote not in flowing(ROOT / path)]
+    # The committed result was measured when the baseline's Sudoku head was LayerNorm → Linear with bias, d + 9
+    # parameters more than Hyper-SET's RMSNorm → bias-free Linear it has now: it may quote that count while
+    # docs/benchmarks.md says beside it that the page predates the change (a rerun quotes the current count).
+    sudoku = LoopedTransformerConfig.from_preset("sudoku")
+    old_head = looped + sudoku.hidden_size + sudoku.num_labels
+    result = flowing(ROOT / "benchmarks/results/sudoku_depth.md")
+    measured = next(
+        (n for n in (looped, old_head) if f"and looped Transformer {n:,} parameters" in result), None
+    )
+    assert measured is not None, f"sudoku_depth.md quotes neither {looped:,} nor the old head's {old_head:,}"
+    quotes = [
+        (
+            "docs/benchmarks.md",
+            f"`--preset sudoku` builds {hyperset:,} Hyper-SET parameters, the `sudoku-authors` structure with the "
+            f"authors' time MLP {authors:,}, the looped Transformer {looped:,}",
+        ),
+        ("docs/hyperset.md", f"| {authors:,} | {hyperset:,} |"),
+    ]
+    if measured == old_head:
+        quotes.append(
+            ("docs/benchmarks.md", f"its quoted paper-size count {old_head:,} against {looped:,} now")
+        )
+    wrong = [f"{path}: {quote!r}" for path, quote in quotes if quote not in flowing(ROOT / path)]
     assert not wrong, "Sudoku preset counts quoted otherwise than built:\n" + "\n".join(wrong)

@@ -257,7 +257,7 @@ def test_size_is_comparable_to_hyperset(make):
     two RMSNorm gains, Hyper-SET W (d²), its dictionary D (Md) and norms, plus one shared step-size net (2d² + 4d).
 
     Parameter counts baseline / Hyper-SET (ratio), measured: cifar10-small (d = 384, M = d, 224² images)
-    2,072,842 / 894,538 (2.32; 1.33 with the baseline's MLP at width M = d); sudoku (d = 768, M = 4d) 7,157,769 /
+    2,072,842 / 894,538 (2.32; 1.33 with the baseline's MLP at width M = d); sudoku (d = 768, M = 4d) 7,156,992 /
     4,211,776 (1.70); the tiny image config (d = 16, M = 24, L = 2) 6,444 / 2,164 (2.98; 1.79 at width M)."""
     hyperset_config_ = make()
     with torch.device("meta"):
