@@ -204,7 +204,10 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
         model=save_directory)` rebuilds this pipeline where `energyformers` is installed (`kwargs`, e.g.
         `push_to_hub=True`, go to the model's `save_pretrained`). A model read from an exported folder (its config
         has `auto_map`) also writes that folder's remote code, its pipeline files and `custom_pipelines` included, so
-        the saved folder runs without the package as the export did (docs/hub.md).
+        the saved folder runs without the package as the export did (docs/hub.md). The copy of this class an
+        exported folder carries does the same without the package: transformers copies the configuration and
+        modeling files, and the config's `save_pretrained` the pipeline files from the folder or Hub repo the model
+        was loaded from (a file it cannot find is a warning naming it; the weights are still saved).
 
         transformers' own `Pipeline.save_pretrained` saves no image tokenizer, and for a registered pipeline it
         copies this class's module as remote code, which imports the package; so neither is done here."""

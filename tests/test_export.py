@@ -201,9 +201,11 @@ with open(args["result_path"], "w") as f:
 
 
 def run_without_package(
-    tmp: Path, cases: list[dict], env: dict[str, str] | None = None, timeout: int = 600
+    tmp: Path, cases: list[dict], env: dict[str, str] | None = None, timeout: int = 600, child: str = CHILD
 ) -> dict:
-    """Run CHILD in `python -I -S` (no site, so no editable finder) with only site-packages added; return its JSON."""
+    """Run `child` (CHILD unless given: a script that reads the same JSON argument and writes its result to
+    `result_path`) in `python -I -S` (no site, so no editable finder) with only site-packages added; return its
+    JSON."""
     tmp.mkdir(parents=True, exist_ok=True)
     site_packages = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
     args = {"site_packages": site_packages, "cases": cases, "result_path": str(tmp / "result.json")}
@@ -219,7 +221,7 @@ def run_without_package(
         **(env or {}),
     }
     proc = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", CHILD, json.dumps(args)],
+        [sys.executable, "-I", "-S", "-c", child, json.dumps(args)],
         cwd=tmp,  # not the repo root, whose energyformers/ folder would otherwise be importable
         env=child_env,
         capture_output=True,
