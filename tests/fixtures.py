@@ -443,12 +443,39 @@ def run_at_once(
                 returncode = proc.wait(timeout=timeout)
                 out.seek(0), err.seek(0)
                 done[key] = subprocess.CompletedProcess(proc.args, returncode, out.read(), err.read())
+        except subprocess.TimeoutExpired as expired:
+            _stop(running)
+            # what each child had written by then: where it was stuck, which the bare timeout does not say
+            tails = "\n".join(
+                f"--- {key!r} ({_state(proc)}), last {TAIL} characters of {name}:\n{_tail(stream)}"
+                for key, (proc, out, err) in running.items()
+                for name, stream in (("stdout", out), ("stderr", err))
+            )
+            raise AssertionError(
+                f"{expired.cmd!r} ran past {timeout} s; the processes' output:\n{tails}"
+            ) from None
         finally:
-            for proc, _, _ in running.values():
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+            _stop(running)
         return done
+
+
+TAIL = 3000  # characters of each stream `run_at_once` shows of a timed-out run: a traceback or the last lines
+
+
+def _stop(running: dict[Any, tuple[subprocess.Popen, Any, Any]]) -> None:
+    for proc, _, _ in running.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _state(proc: subprocess.Popen) -> str:
+    return "killed at the timeout" if proc.returncode == -9 else f"exit status {proc.returncode}"
+
+
+def _tail(stream: Any) -> str:
+    stream.seek(0)
+    return stream.read()[-TAIL:] or "(empty)"
 
 
 # The environment of the command-line tests: one thread, offline.
