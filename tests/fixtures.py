@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -19,7 +20,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import torch
@@ -27,6 +28,84 @@ import transformers
 from transformers.utils import ModelOutput
 
 from energyformers import FAMILIES, INPUT_TYPES, HyperBFConfig, HyperSetConfig, IMixerConfig
+
+# ---------------------------------------------------------------- what a test needs from the machine
+
+
+def in_ci() -> bool:
+    """Whether the suite runs in CI: the `CI` variable that CI services set (`CI=true`) is 1, true or yes."""
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def skip_or_fail(reason: str) -> NoReturn:
+    """A test whose prerequisite (data, fixtures) this machine lacks: skipped on a developer's machine, failed under
+    `CI=true`, where a skip would report a check that never ran as passed."""
+    if in_ci():
+        pytest.fail(f"{reason} (CI=true: this test may not be skipped in CI)", pytrace=False)
+    pytest.skip(reason)
+
+
+# The authors' fixtures: outputs of the authors' own code (official weights under official names, inputs,
+# float64/float32 outputs and intermediates), one `NAME.safetensors` and its `NAME.json` notes each. They live
+# beside the checkout (`../shared/fixtures/authors`) unless `$ENERGYFORMERS_AUTHOR_FIXTURES` names another folder.
+AUTHOR_FIXTURES = Path(
+    os.environ.get("ENERGYFORMERS_AUTHOR_FIXTURES")
+    or Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "authors"
+)
+AUTHOR_FIXTURE_NAMES = (
+    "imixer_tiny",
+    "hyperbf_vit_tiny",
+    "hyperset_ic_m32",
+    "hyperset_sudoku",
+    "hyperset_mim",
+)
+
+
+def require_author_fixtures(*names: str) -> Path:
+    """`AUTHOR_FIXTURES`, once the files of fixtures `names` (default: all of them) are there; otherwise the test
+    is skipped, or failed under `CI=true` (`skip_or_fail`), with the missing files and where they were looked for."""
+    unknown = sorted(set(names) - set(AUTHOR_FIXTURE_NAMES))
+    if unknown:
+        raise ValueError(
+            f"names={unknown}: not an author fixture; the fixtures are {list(AUTHOR_FIXTURE_NAMES)}"
+        )
+    files = [
+        f"{name}{suffix}" for name in names or AUTHOR_FIXTURE_NAMES for suffix in (".safetensors", ".json")
+    ]
+    missing = [file for file in files if not (AUTHOR_FIXTURES / file).is_file()]
+    if missing:
+        what = f"missing: {', '.join(missing)}" if AUTHOR_FIXTURES.is_dir() else "no such folder"
+        skip_or_fail(
+            f"the authors' fixtures are not at {AUTHOR_FIXTURES} ({what}); "
+            "set ENERGYFORMERS_AUTHOR_FIXTURES to their folder"
+        )
+    return AUTHOR_FIXTURES
+
+
+def needs_author_fixtures(test: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator: `require_author_fixtures()` before the test runs. Checked when the test runs, not when the module
+    is collected, so that under `CI=true` each such test fails on its own instead of the whole file erroring."""
+
+    @functools.wraps(test)  # keeps the signature (pytest's fixtures and parameters) and the marks
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        require_author_fixtures()
+        return test(*args, **kwargs)
+
+    return checked
+
+
+def require_dataset(name: str) -> Any:
+    """The built-in dataset `name` (`load_data(name)`, a `DatasetDict`) when its data package is installed
+    (`.ci/install-data.sh`); otherwise the test is skipped, or failed under `CI=true`, with the install command."""
+    # imported here: the data module pulls in `datasets`, which most test files never need
+    from energyformers.training.data import MissingDataError, load_data
+
+    try:
+        return load_data(name)
+    except MissingDataError as err:
+        reason = f"{name} is not installed: {err.install_command}"
+    skip_or_fail(reason)  # outside the `except`: the report shows the reason, not the error chained to it
+
 
 # ---------------------------------------------------------------- tiny configs, one per family and input type
 
@@ -364,12 +443,39 @@ def run_at_once(
                 returncode = proc.wait(timeout=timeout)
                 out.seek(0), err.seek(0)
                 done[key] = subprocess.CompletedProcess(proc.args, returncode, out.read(), err.read())
+        except subprocess.TimeoutExpired as expired:
+            _stop(running)
+            # what each child had written by then: where it was stuck, which the bare timeout does not say
+            tails = "\n".join(
+                f"--- {key!r} ({_state(proc)}), last {TAIL} characters of {name}:\n{_tail(stream)}"
+                for key, (proc, out, err) in running.items()
+                for name, stream in (("stdout", out), ("stderr", err))
+            )
+            raise AssertionError(
+                f"{expired.cmd!r} ran past {timeout} s; the processes' output:\n{tails}"
+            ) from None
         finally:
-            for proc, _, _ in running.values():
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+            _stop(running)
         return done
+
+
+TAIL = 3000  # characters of each stream `run_at_once` shows of a timed-out run: a traceback or the last lines
+
+
+def _stop(running: dict[Any, tuple[subprocess.Popen, Any, Any]]) -> None:
+    for proc, _, _ in running.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _state(proc: subprocess.Popen) -> str:
+    return "killed at the timeout" if proc.returncode == -9 else f"exit status {proc.returncode}"
+
+
+def _tail(stream: Any) -> str:
+    stream.seek(0)
+    return stream.read()[-TAIL:] or "(empty)"
 
 
 # The environment of the command-line tests: one thread, offline.

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fixtures import loaded_script
+from fixtures import loaded_script, require_dataset
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "cli_accuracy.py"
 
@@ -40,6 +40,7 @@ def test_dry_run_prints_the_six_table_commands_and_trains_nothing(
 
 
 def test_smoke_row_writes_marked_files_with_the_numbers_and_their_provenance(bench, tmp_path: Path) -> None:
+    require_dataset("rotten_tomatoes")  # the smoke row trains on it
     out = tmp_path / "results"
     report = bench.main(["--smoke", "--rows", "hyperbf-rotten_tomatoes", "--output_dir", str(out)])
     assert sorted(p.name for p in out.iterdir()) == ["cli_accuracy_smoke.json", "cli_accuracy_smoke.md"]

@@ -384,7 +384,12 @@ def test_inputs_embeds_replace_input_ids(case):
         # the same rows looked up and the same float32 operations after them: a few ulps at most
         assert_close_to_scale(got, expected, rounding(torch.float32, 8), "inputs_embeds vs input_ids")
         # other embeddings give other outputs: the model really reads inputs_embeds
-        assert not torch.allclose(main_output(model(inputs_embeds=embeds.flip(0), **inputs)), expected)
+        flipped = main_output(model(inputs_embeds=embeds.flip(0), **inputs))
+        # `not allclose` alone would pass on NaN
+        assert torch.isfinite(flipped).all(), flipped
+        assert not torch.allclose(flipped, expected), (
+            f"flipped embeddings, max |Δ| {(flipped - expected).abs().max():.3g}"
+        )
         for both_or_neither in ({"input_ids": ids, "inputs_embeds": embeds}, {}):
             with pytest.raises(ValueError, match="inputs_embeds"):
                 model(**both_or_neither, **inputs)
@@ -419,7 +424,11 @@ def test_input_embeddings_can_be_read_and_replaced(case):
         before = main_output(model(**inputs))
         model.set_input_embeddings(new)
         assert model.get_input_embeddings() is new
-        assert not torch.allclose(main_output(model(**inputs)), before)
+        replaced = main_output(model(**inputs))
+        assert torch.isfinite(replaced).all(), replaced  # `not allclose` alone would pass on NaN
+        assert not torch.allclose(replaced, before), (
+            f"new embeddings, max |Δ| {(replaced - before).abs().max():.3g}"
+        )
         model.set_input_embeddings(old)
         assert torch.equal(main_output(model(**inputs)), before)
 
@@ -438,7 +447,10 @@ def test_resize_token_embeddings_then_new_ids_work(case):
         # old rows kept: the same float32 computation on the same rows, a few ulps at most
         assert_close_to_scale(main_output(model(**inputs)), before, rounding(torch.float32, 8), "old rows")
         after = main_output(model(**{**inputs, "input_ids": new_ids}))
-    assert torch.isfinite(after).all() and not torch.allclose(after, before)
+    assert torch.isfinite(after).all(), after
+    assert not torch.allclose(after, before), (
+        f"a new id changed no output: max |Δ| {(after - before).abs().max():.3g}"
+    )
 
 
 # ---------------------------------------------------------------- gradient checkpointing

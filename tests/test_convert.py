@@ -2,8 +2,9 @@
 
 The fixtures (`../shared/fixtures/authors`, or `$ENERGYFORMERS_AUTHOR_FIXTURES`) are outputs of the authors'
 own code: official weights under official names, inputs, float64/float32 outputs and intermediates. The
-fixture tests are skipped when that folder is absent; the failure-mode tests use a synthetic official iMixer
-checkpoint built from the official key layout and run everywhere.
+fixture tests are skipped when they are absent, and fail under `CI=true` (`fixtures.require_author_fixtures`);
+the failure-mode tests use a synthetic official iMixer checkpoint built from the official key layout and run
+everywhere.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import shutil
 from pathlib import Path
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures import rounding
+from fixtures import AUTHOR_FIXTURES, labelled, needs_author_fixtures, rounding
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForImageClassification, AutoModelForTokenClassification
@@ -36,15 +36,6 @@ from energyformers.training.convert import (
     sha256_file,
 )
 
-FIXTURES = Path(
-    os.environ.get(
-        "ENERGYFORMERS_AUTHOR_FIXTURES",
-        Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "authors",
-    )
-)
-needs_fixtures = pytest.mark.skipif(
-    not FIXTURES.is_dir(), reason=f"the authors' fixtures are not at {FIXTURES}"
-)
 NAMES = {
     "imixer": "imixer_tiny",
     "hyperbf": "hyperbf_vit_tiny",
@@ -71,7 +62,7 @@ def run(*args: object) -> int:
 
 
 def fixture(name: str) -> dict[str, torch.Tensor]:
-    return load_file(str(FIXTURES / f"{name}.safetensors"))
+    return load_file(str(AUTHOR_FIXTURES / f"{name}.safetensors"))
 
 
 def official_keys(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -98,7 +89,7 @@ def converted(tmp_path_factory):
     def get(source: str, dtype: str) -> Path:
         if (source, dtype) not in cache:
             name, out = NAMES[source], root / f"{source}-{dtype}"
-            checkpoint, config = FIXTURES / f"{name}.safetensors", FIXTURES / f"{name}.json"
+            checkpoint, config = AUTHOR_FIXTURES / f"{name}.safetensors", AUTHOR_FIXTURES / f"{name}.json"
             rc = run(
                 "--source",
                 source,
@@ -238,7 +229,7 @@ CHECKS = {"imixer": check_imixer, "hyperbf": check_hyperbf, "hyperset-ic": check
 # ------------------------------------------------------------------------- fixtures through the CLI
 
 
-@needs_fixtures
+@needs_author_fixtures
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("source", ["imixer", "hyperbf", "hyperset-ic"])
 def test_fixture_converts_to_the_authors_outputs(converted, source, dtype):
@@ -249,7 +240,7 @@ def test_fixture_converts_to_the_authors_outputs(converted, source, dtype):
         p.name for p in folder.iterdir()
     }
     card = (folder / "README.md").read_text()
-    assert sha256_file(FIXTURES / f"{name}.safetensors") in card and "golden/" in card
+    assert sha256_file(AUTHOR_FIXTURES / f"{name}.safetensors") in card and "golden/" in card
     kwargs = {"attn_implementation": "eager"} if source == "hyperbf" else {}
     model = AutoModelForImageClassification.from_pretrained(folder, dtype=DTYPE[dtype], **kwargs).eval()
     with torch.no_grad():
@@ -282,7 +273,7 @@ def test_one_card_template_the_convert_card_comes_from_card_py(synthetic, tmp_pa
     assert not templates, f"model-card templates outside model_cards/card.md: {templates}"
 
 
-@needs_fixtures
+@needs_author_fixtures
 def test_card_states_the_feedforward_activation(converted):
     card = (converted("hyperset-ic", "float32") / "README.md").read_text()
     assert "**GELU**" in card and "hidden_act" in card
@@ -291,7 +282,7 @@ def test_card_states_the_feedforward_activation(converted):
     )
 
 
-@needs_fixtures
+@needs_author_fixtures
 @pytest.mark.parametrize("source", sorted(NAMES))
 def test_round_trip_official_ours_official_is_exact(converted, source, tmp_path, capsys):
     name = NAMES[source]
@@ -306,13 +297,13 @@ def test_round_trip_official_ours_official_is_exact(converted, source, tmp_path,
     # every tensor came back bit for bit, and the command says so (not "function-equivalent")
     wrote = capsys.readouterr().out.splitlines()[0]
     assert f"({len(original)} official keys, exact" in wrote and "equivalent" not in wrote, wrote
-    reference = json.loads((FIXTURES / f"{name}.json").read_text())["constructor"]["kwargs"]
+    reference = json.loads((AUTHOR_FIXTURES / f"{name}.json").read_text())["constructor"]["kwargs"]
     kwargs, _ = read_official_config(out.with_suffix(".json"), SOURCES[source])
-    assert kwargs == read_official_config(FIXTURES / f"{name}.json", SOURCES[source])[0]
+    assert kwargs == read_official_config(AUTHOR_FIXTURES / f"{name}.json", SOURCES[source])[0]
     assert {k: v for k, v in kwargs.items() if k in reference} == reference
 
 
-@needs_fixtures
+@needs_author_fixtures
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_hyperbf_reverse_without_extras_is_function_equivalent(converted, dtype, tmp_path, capsys):
     """Without the stored originals (e.g. after fine-tuning) the reverse emits M = I and folded temperatures."""
@@ -340,19 +331,19 @@ def test_hyperbf_reverse_without_extras_is_function_equivalent(converted, dtype,
     )
 
 
-@needs_fixtures
+@needs_author_fixtures
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("source", sorted(NAMES))
 def test_official_computation_matches_the_authors_run(source, dtype):
     """`official_logits` (used to verify real checkpoints) is the authors' computation, Sudoku included."""
     gold, family = fixture(NAMES[source]), SOURCES[source]
-    kwargs, _ = read_official_config(FIXTURES / f"{NAMES[source]}.json", family)
+    kwargs, _ = read_official_config(AUTHOR_FIXTURES / f"{NAMES[source]}.json", family)
     inputs = gold[family.reference_input_key()]
     logits = family.official_logits(official_keys(gold), kwargs, inputs, DTYPE[dtype])
     close(logits, gold[f"golden/{TAG[dtype]}/logits"], ROUNDINGS[source], "logits")
 
 
-@needs_fixtures
+@needs_author_fixtures
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_sudoku_fixture_converts_to_the_authors_outputs(converted, dtype):
     folder = converted("hyperset-sudoku", dtype)
@@ -363,7 +354,7 @@ def test_sudoku_fixture_converts_to_the_authors_outputs(converted, dtype):
     close(logits, gold[f"golden/{TAG[dtype]}/logits"], ROUNDINGS["hyperset-sudoku"], "per-cell logits")
 
 
-@needs_fixtures
+@needs_author_fixtures
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_mim_fixture_converts_to_the_authors_outputs(converted, dtype):
     """`--source hyperset-mim` on the authors' `hyperset_mim` run: logits and states within rounding of theirs
@@ -437,7 +428,7 @@ def test_sincos_2d_is_the_authors_row_column_table(cells, dim):
     assert torch.equal(embedded[0], word + board_table(cells, dim).double())
 
 
-@needs_fixtures
+@needs_author_fixtures
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_sudoku_sincos_checkpoint_converts_and_round_trips(dtype, tmp_path, capsys):
     """The Sudoku fixture's weights without `pos_emb`, with `pos_emb="sincos"`: convert, compare, reverse."""
@@ -447,7 +438,7 @@ def test_sudoku_sincos_checkpoint_converts_and_round_trips(dtype, tmp_path, caps
     checkpoint = tmp_path / "sudoku_sincos.safetensors"
     save_file(state, str(checkpoint))
     kwargs = {
-        **json.loads((FIXTURES / "hyperset_sudoku.json").read_text())["constructor"]["kwargs"],
+        **json.loads((AUTHOR_FIXTURES / "hyperset_sudoku.json").read_text())["constructor"]["kwargs"],
         "pos_emb": "sincos",
     }
     (tmp_path / "kwargs.json").write_text(json.dumps(kwargs))
@@ -474,7 +465,7 @@ def test_sudoku_sincos_checkpoint_converts_and_round_trips(dtype, tmp_path, caps
     family = SOURCES["hyperset-sudoku"]
     table = board_table(81, 32)[None]
     assert not torch.equal(table, learned)
-    reference_kwargs = read_official_config(FIXTURES / "hyperset_sudoku.json", family)[0]
+    reference_kwargs = read_official_config(AUTHOR_FIXTURES / "hyperset_sudoku.json", family)[0]
     idx = gold["golden/input/idx"]
     reference = family.official_logits({**state, "pos_emb": table}, reference_kwargs, idx, DTYPE[dtype])
     with torch.no_grad():
@@ -574,7 +565,7 @@ def test_readme_commands_give_the_kwargs_of_the_authors_presets():
 # ------------------------------------------------------------------------- exported folders
 
 
-@needs_fixtures
+@needs_author_fixtures
 # every source, `hyperset-mim` included: a masked-image-modelling folder exports without a text tokenizer (and without
 # an image tokenizer, which a converted checkpoint does not have)
 @pytest.mark.parametrize("source", sorted(NAMES))
@@ -586,7 +577,9 @@ def test_round_trip_through_an_exported_folder_is_exact(converted, source, tmp_p
     assert run("--reverse", "--source", source, exported, "--output", out) == 0
     family, name = SOURCES[source], NAMES[source]
     kwargs = read_official_config(out.with_suffix(".json"), family)[0]
-    assert kwargs == read_official_config(FIXTURES / f"{name}.json", family)[0]  # dropout rates included
+    assert (
+        kwargs == read_official_config(AUTHOR_FIXTURES / f"{name}.json", family)[0]
+    )  # dropout rates included
     original, back = official_keys(fixture(name)), load_file(str(out))
     assert back.keys() == original.keys()
     for key, value in original.items():
@@ -761,9 +754,14 @@ def test_checkpoint_layouts_convert_to_the_same_weights(synthetic, tmp_path):
     for path in (checkpoint, native, lightning):
         folders.append(tmp_path / f"out-{path.stem}")
         assert run("--source", "imixer", path, "--official-config", config, "--output_dir", folders[-1]) == 0
-    weights = [load_file(str(folder / "model.safetensors")) for folder in folders]
-    assert all(w.keys() == weights[0].keys() for w in weights)
-    assert all(torch.equal(w[k], weights[0][k]) for w in weights for k in w)
+    first, *others = [load_file(str(folder / "model.safetensors")) for folder in folders]
+    for folder, weights in zip(folders[1:], others):
+        assert weights.keys() == first.keys(), (folder.name, sorted(weights.keys() ^ first.keys()))
+        for key, tensor in weights.items():
+            # the same tensors copied under other key prefixes: bit for bit
+            torch.testing.assert_close(
+                tensor, first[key], rtol=0, atol=0, msg=labelled(f"{folder.name} {key}")
+            )
 
 
 def test_failed_verification_writes_nothing(synthetic, tmp_path, capsys):
@@ -875,7 +873,7 @@ def test_sudoku_label_names_are_the_training_datas():
     assert SUDOKU_DIGITS == DIGITS
 
 
-@needs_fixtures
+@needs_author_fixtures
 def test_converted_sudoku_folder_names_the_digits(converted, capsys):
     """A converted Sudoku folder labels class k as the digit k + 1, as `energyformers train --dataset sudoku` does,
     so `energyformers predict` prints digits, not LABEL_k."""

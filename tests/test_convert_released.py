@@ -2,7 +2,7 @@
 
 The released files themselves are not downloaded here; each test builds a checkpoint of the published structure
 and file layout (bare state_dict, PyTorch Lightning `.ckpt`, dict with `model_state_dict`) from seeded random
-tensors under the official key names, or from the authors' fixture tensors (`../shared/fixtures/authors`).
+tensors under the official key names, or from the authors' fixture tensors (`fixtures.AUTHOR_FIXTURES`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import argparse
 import collections
 import json
 import math
-import os
 import re
 import shlex
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from fixtures import rounding
+from fixtures import AUTHOR_FIXTURES, needs_author_fixtures, rounding
 from safetensors.torch import load_file
 from transformers import AutoModelForImageClassification
 
@@ -27,15 +26,6 @@ from energyformers import HyperSetConfig
 from energyformers.training import cli
 from energyformers.training.convert import SOURCES
 
-FIXTURES = Path(
-    os.environ.get(
-        "ENERGYFORMERS_AUTHOR_FIXTURES",
-        Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "authors",
-    )
-)
-needs_fixtures = pytest.mark.skipif(
-    not FIXTURES.is_dir(), reason=f"the authors' fixtures are not at {FIXTURES}"
-)
 SUDOKU_FILE = "Sudoku_layer1_recur24_dim768_multiplier4.pth"
 IMAGENET_FILE = "IC_ImageNet1k_layer12_recur1_dim768_multiplier1.ckpt"
 MIM_FILE = "MIM_ImageNet100_layer1_recur24_dim768_multiplier8.pth"
@@ -247,7 +237,7 @@ def test_released_mim_file_converts_with_one_command(tmp_path, capsys):
     assert torch.equal(ours["hyperset.layers.0.attention.qkv_gain"][0], state["transformer.ln1.weight"])
 
 
-@needs_fixtures
+@needs_author_fixtures
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_authors_mim_fixture_in_the_released_layout_verifies(dtype, tmp_path, capsys):
     """The authors' `hyperset_mim` tensors saved as `mim/trainer.py` saves them (`model_state_dict`, `module.`,
@@ -255,13 +245,19 @@ def test_authors_mim_fixture_in_the_released_layout_verifies(dtype, tmp_path, ca
     (within rounding of the logits' scale: see the bound's comment)."""
     from transformers import AutoModelForMaskedImageModeling
 
-    fixture = FIXTURES / "hyperset_mim.safetensors"
+    fixture = AUTHOR_FIXTURES / "hyperset_mim.safetensors"
     tensors = load_file(str(fixture))
     state = {key: value for key, value in tensors.items() if "/" not in key}
     checkpoint = tmp_path / "MIM_tiny.pth"
     torch.save(mim_payload(state), checkpoint)
     out = tmp_path / "out"
-    args = ("--source", "hyperset-mim", checkpoint, "--official-config", FIXTURES / "hyperset_mim.json")
+    args = (
+        "--source",
+        "hyperset-mim",
+        checkpoint,
+        "--official-config",
+        AUTHOR_FIXTURES / "hyperset_mim.json",
+    )
     assert run(*args, "--reference", fixture, "--dtype", dtype, "--output_dir", out) == 0, (
         capsys.readouterr().err
     )
@@ -435,13 +431,13 @@ def test_imagenet_structure_at_tiny_size_matches_an_independent_reference(tmp_pa
 # ------------------------------------------------------------------------- layouts, read without unpickling code
 
 
-@needs_fixtures
+@needs_author_fixtures
 @pytest.mark.parametrize("layout", ["lightning", "lightning-ddp", "model_state_dict"])
 def test_authors_ic_fixture_in_the_released_layouts_verifies_without_trust(layout, tmp_path, capsys):
     """The authors' `hyperset_ic_m32` tensors saved as their trainers save them (Lightning `.ckpt` with `model.`
     and DDP `module.` prefixes, optimizer and loop state and a Namespace; a `model_state_dict` dict with optimizer
     state), read without --trust-pickle and verified against the authors' own float64 logits."""
-    fixture = FIXTURES / "hyperset_ic_m32.safetensors"
+    fixture = AUTHOR_FIXTURES / "hyperset_ic_m32.safetensors"
     state = {key: value for key, value in load_file(str(fixture)).items() if "/" not in key}
     if layout == "model_state_dict":
         payload = {
@@ -456,7 +452,13 @@ def test_authors_ic_fixture_in_the_released_layouts_verifies_without_trust(layou
         checkpoint = tmp_path / "IC_tiny.ckpt"
     torch.save(payload, checkpoint)
     out = tmp_path / "out"
-    args = ("--source", "hyperset-ic", checkpoint, "--official-config", FIXTURES / "hyperset_ic_m32.json")
+    args = (
+        "--source",
+        "hyperset-ic",
+        checkpoint,
+        "--official-config",
+        AUTHOR_FIXTURES / "hyperset_ic_m32.json",
+    )
     assert run(*args, "--reference", fixture, "--dtype", "float64", "--output_dir", out) == 0, (
         capsys.readouterr().err
     )

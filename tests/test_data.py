@@ -14,6 +14,7 @@ import evaluate
 import numpy as np
 import pytest
 from datasets import ClassLabel, Dataset, DatasetDict, Image
+from fixtures import skip_or_fail
 from PIL import Image as PILImage
 from sklearn.metrics import f1_score
 from transformers import AutoImageProcessor, AutoTokenizer
@@ -37,7 +38,8 @@ def built(name: str, cache: bool = True) -> DatasetDict:
     try:
         return load_data(name) if cache else BUILTIN_DATASETS[name][0]()
     except MissingDataError as err:
-        pytest.skip(f"{name} is not installed; install with: {err.install_command}")
+        reason = f"{name} is not installed; install with: {err.install_command}"
+    skip_or_fail(reason)
 
 
 def fingerprint(ds: Dataset) -> str:

@@ -162,8 +162,13 @@ def test_a_fully_padded_row_stays_finite(implementation):
     model.train()
     outputs = model(**inputs)
     outputs.loss.backward()
-    assert torch.isfinite(outputs.logits).all()
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+    assert torch.isfinite(outputs.logits).all(), outputs.logits
+    nonfinite = {
+        name: int((~torch.isfinite(p.grad)).sum())
+        for name, p in model.named_parameters()
+        if not p.grad.isfinite().all()
+    }
+    assert not nonfinite, f"parameters with non-finite gradient entries (count): {nonfinite}"
 
 
 # ------------------------------------------------------------------- no mask, no scores, flash kernels
@@ -387,7 +392,11 @@ def test_cached_centers_follow_an_optimiser_step(switch_to_train, implementation
         reference = copy.deepcopy(model)
         reference.set_attn_implementation("eager")
         expected = main_output(reference(**inputs))
-    assert not torch.allclose(after, before)
+    # `not allclose` alone would pass on NaN; a stale cache would give `before` again
+    assert torch.isfinite(after).all(), after
+    assert not torch.allclose(after, before), (
+        f"the step changed no output: max |Δ| {(after - before).abs().max():.3g}"
+    )
     assert_close_to_scale(after, expected, TOLERANCES[torch.float32][0], "after the step vs eager")
 
 

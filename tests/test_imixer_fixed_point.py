@@ -11,12 +11,11 @@ import itertools
 import logging
 import math
 import re
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from fixtures import Case, assert_close_to_scale, labelled, perturb, rounding
+from fixtures import Case, assert_close_to_scale, labelled, perturb, require_author_fixtures, rounding
 from safetensors.torch import load_file
 
 from energyformers import IMixerConfig, IMixerForImageClassification
@@ -37,9 +36,6 @@ def converged(magnitude: float) -> float:
     `magnitude`: each within SOLVER_TOLERANCE / (1 − c) of the fixed point, plus the rounding of the few hundred
     operations of a solve and of the layers after it."""
     return (2 * SOLVER_TOLERANCE / (1 - CONTRACTION)) * magnitude + rounding(F64, 256, magnitude)
-
-
-FIXTURES = Path("/work/shared/fixtures/authors")
 
 
 def contractive_model(contraction: float = 0.5, **overrides) -> IMixerForImageClassification:
@@ -499,14 +495,14 @@ def _authors_fixture() -> tuple:
     """(converter source, official kwargs, official state dict, all fixture tensors) of `imixer_tiny`."""
     from energyformers.training.convert import SOURCES, read_official_config
 
+    folder = require_author_fixtures("imixer_tiny")
     source = SOURCES["imixer"]
-    gold = load_file(str(FIXTURES / "imixer_tiny.safetensors"))
-    kwargs, _ = read_official_config(FIXTURES / "imixer_tiny.json", source)
+    gold = load_file(str(folder / "imixer_tiny.safetensors"))
+    kwargs, _ = read_official_config(folder / "imixer_tiny.json", source)
     official = {k: v for k, v in gold.items() if "/" not in k}
     return source, kwargs, official, gold
 
 
-@pytest.mark.skipif(not (FIXTURES / "imixer_tiny.safetensors").exists(), reason="authors' fixtures absent")
 def test_per_call_schedule_is_the_authors_training_forward():
     source, kwargs, official, gold = _authors_fixture()
     for layer in (

@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
-from fixtures import assert_close_to_scale, rounding
+from fixtures import assert_close_to_scale, require_author_fixtures, rounding
 from safetensors.torch import load_file
 
 from energyformers import (
@@ -21,9 +20,6 @@ from energyformers.mim import PatchKMeansTokenizer, VQTokenizer, mask_codes, rec
 from energyformers.modeling.modeling_hyperset import MASKGIT_SCHEDULES, maskgit_schedule
 from energyformers.training.convert.mim import official_to_ours
 
-FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "authors" / "hyperset_mim.safetensors"
-FIXTURE = FIXTURE if FIXTURE.is_file() else Path("/work/shared/fixtures/authors/hyperset_mim.safetensors")
-
 
 def fixture_config(**overrides) -> HyperSetConfig:
     """The fixture's size (hyperset_mim.json constructor) in the paper's MIM structure (the preset's fields)."""
@@ -33,7 +29,7 @@ def fixture_config(**overrides) -> HyperSetConfig:
 
 
 def fixture_model(dtype: torch.dtype) -> tuple[HyperSetForMaskedImageModeling, dict[str, torch.Tensor]]:
-    tensors = load_file(FIXTURE)
+    tensors = load_file(require_author_fixtures("hyperset_mim") / "hyperset_mim.safetensors")
     model = HyperSetForMaskedImageModeling(fixture_config()).eval()
     # the converter's key mapping (`energyformers convert --source hyperset-mim`)
     state = official_to_ours({key: value for key, value in tensors.items() if "/" not in key})

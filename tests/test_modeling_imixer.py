@@ -165,9 +165,13 @@ def test_training_forward_updates_u_v_and_eval_forward_does_not(case):
             )
     start = buffers(model)
     model.eval()(**case.inputs())
-    assert all(torch.equal(start[k], b) for k, b in model.named_buffers())
+    moved = {
+        k: (b - start[k]).abs().max().item() for k, b in model.named_buffers() if not torch.equal(start[k], b)
+    }
+    assert not moved, f"an eval forward moved these buffers (max |change|): {moved}"
     model.train()(**case.inputs())
-    assert all(not torch.equal(start[k], b) for k, b in model.named_buffers())
+    kept = [k for k, b in model.named_buffers() if torch.equal(start[k], b)]
+    assert not kept, f"a training forward left these buffers unchanged: {kept}"
 
 
 # ---------------------------------------------------------------- fixed-point diagnostics

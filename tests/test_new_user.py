@@ -15,8 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from fixtures import cli_config
 from PIL import Image
+from safetensors.torch import load_file
 
 import energyformers
 from energyformers.training import accelerate_loop, export, predict, train
@@ -171,17 +173,41 @@ def test_a_failure_during_training_leaves_no_empty_checkpoint_folder(tmp_path, c
 # ------------------------------------------------------------------------------- checkpoints
 
 
-@pytest.fixture(scope="module")
-def image_model(tmp_path_factory) -> Path:
-    """A tiny Hyper-SET image model folder (config, safetensors, image processor), saved without training."""
-    folder = tmp_path_factory.mktemp("model") / "hyperset-tiny"
+def save_image_model(folder: Path, seed: int = 0) -> Path:
+    """A tiny Hyper-SET image model folder (config, safetensors, image processor), saved without training.
+
+    Its weights are drawn from a generator seeded here: the module fixture below is built before the per-test
+    reseed (conftest's function-scoped `_seeded`), from whatever random state the tests before it left. The global
+    state is restored afterwards, so building it changes no later draw either."""
     config = energyformers.HyperSetConfig(
         hidden_size=16, num_attention_heads=2, intermediate_size=16, num_iterations=2, image_size=16,
         patch_size=4, num_labels=10, id2label={i: str(i) for i in range(10)},
     )  # fmt: skip
-    energyformers.HyperSetForImageClassification(config).save_pretrained(folder)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        energyformers.HyperSetForImageClassification(config).save_pretrained(folder)
     build_image_processor(config).save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def image_model(tmp_path_factory) -> Path:
+    return save_image_model(tmp_path_factory.mktemp("model") / "hyperset-tiny")
+
+
+def test_the_image_model_is_the_same_whatever_random_state_came_before(tmp_path: Path) -> None:
+    folders = []
+    for state in (1, 2):  # two different random states left by earlier tests
+        torch.manual_seed(state)
+        folders.append(save_image_model(tmp_path / f"after-{state}"))
+    first, second = (load_file(str(folder / "model.safetensors")) for folder in folders)
+    assert first.keys() == second.keys(), sorted(first.keys() ^ second.keys())
+    differ = {
+        key: (first[key] - second[key]).abs().max().item()
+        for key in first
+        if not torch.equal(first[key], second[key])
+    }
+    assert not differ, f"weights that depend on the random state before the build (max |Δ|): {differ}"
 
 
 @pytest.fixture

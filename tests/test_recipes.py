@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 import torch
-from fixtures import cli_config, rounding
+from fixtures import cli_config, require_dataset, rounding
 
 import energyformers
 from energyformers.training import accelerate_loop, optimization, recipes, train
-from energyformers.training.data import MissingDataError, load_data
+from energyformers.training.data import load_data
 from energyformers.training.recipes import RECIPES, AugmentationArguments, split_recipe
 
 LOOPS = {"train": train.main, "train-accelerate": accelerate_loop.main}
@@ -43,10 +43,7 @@ SHORT += ["--max_train_samples", "16", "--max_eval_samples", "8", "--max_test_sa
 
 @pytest.fixture(scope="module")
 def fashion_mnist() -> str:
-    try:
-        load_data("fashion_mnist")
-    except MissingDataError as err:
-        pytest.skip(f"fashion_mnist is not installed: {err.install_command}")
+    require_dataset("fashion_mnist")
     return "fashion_mnist"
 
 
@@ -406,10 +403,7 @@ def test_the_sudoku_default_is_the_papers_recipe_plus_the_measured_values():
 
 
 def test_the_sudoku_default_recipe_trains_deep_supervised_with_the_symmetries(tmp_path):
-    try:
-        load_data("sudoku-hard")
-    except MissingDataError as err:
-        pytest.skip(f"sudoku-hard is not installed: {err.install_command}")
+    require_dataset("sudoku-hard")
     out = tmp_path / "sudoku"
     config = ["hidden_size=16", "num_attention_heads=2", "intermediate_size=32", "num_iterations=2"]
     argv = ["--model", "hyperset", "--dataset", "sudoku-hard", "--preset", "sudoku", "--config", *config]

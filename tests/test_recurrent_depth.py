@@ -56,7 +56,8 @@ def test_without_iteration_conditioning_every_iteration_applies_the_same_map():
 
 def test_sinusoidal_conditioning_applies_a_different_map_per_iteration():
     states, stepped = _states_and_one_step(image_model(step_scale=5.0, iteration_conditioning="sinusoidal"))
-    torch.testing.assert_close(stepped[0], states[0])  # iteration 1 is iteration 1's map
+    # iteration 1 is iteration 1's map
+    torch.testing.assert_close(stepped[0], states[0], msg=labelled("iteration 1"))
     # a liveness margin far above one iteration's rounding (about 1e-5 at states up to 4)
     gaps = [float((again - state).abs().max()) for again, state in zip(stepped[1:], states[1:])]
     assert min(gaps) > 1e-4, f"iterations 2.. applied iteration 1's map: max |Δ| per iteration {gaps}"

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from energyformers.training.data import MissingDataError, load_data
+from fixtures import require_dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import sudoku_depth  # the benchmarks folder is not a package
@@ -19,10 +18,7 @@ import sudoku_easy
 
 
 def needs(dataset: str) -> None:
-    try:
-        load_data(dataset)
-    except MissingDataError as err:
-        pytest.skip(f"{dataset} is not installed: {err.install_command}")
+    require_dataset(dataset)
 
 
 def test_plateau_exit_is_the_first_step_whose_window_mean_is_below_the_level():

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures import require_dataset
 from transformers import AutoTokenizer, pipeline
 
 from energyformers.training import accelerate_loop, data, train
@@ -35,10 +36,7 @@ FIRST_HARD = {
 
 @pytest.fixture(scope="module")
 def hard() -> data.DatasetDict:
-    try:
-        return load_data("sudoku-hard")
-    except MissingDataError as err:
-        pytest.skip(f"sudoku-hard is not installed: {err.install_command}")
+    return require_dataset("sudoku-hard")
 
 
 @pytest.fixture

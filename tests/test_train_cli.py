@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures import assert_close_to_scale, cli_architecture, cli_config, labelled, rounding
+from fixtures import assert_close_to_scale, cli_architecture, cli_config, labelled, require_dataset, rounding
 from PIL import Image
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForImageClassification, pipeline
@@ -25,7 +25,7 @@ from transformers import AutoConfig, AutoModelForImageClassification, pipeline
 import energyformers
 from energyformers.training import predict, train
 from energyformers.training.arguments import UsageError, parse_overrides
-from energyformers.training.data import MissingDataError, load_data
+from energyformers.training.data import load_data
 
 FAMILIES = sorted(energyformers.FAMILIES)
 QUICK = ["--max_steps", "2", "--per_device_train_batch_size", "8", "--num_threads", "1", "--disable_tqdm"]
@@ -47,10 +47,7 @@ def run_cli(*argv: str) -> int:
 
 
 def dataset_or_skip(name: str) -> str:
-    try:
-        load_data(name)
-    except MissingDataError as err:
-        pytest.skip(f"{name} is not installed: {err.install_command}")
+    require_dataset(name)
     return name
 
 
