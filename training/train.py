@@ -129,13 +129,14 @@ def build_trainer_classes() -> tuple[type, type, type]:
             return self.lr_scheduler
 
     class StopOnSignal(TrainerCallback):
-        """SIGTERM or SIGINT (`interrupt.StopRequest`) → save a checkpoint at the end of this step and stop."""
+        """SIGTERM or SIGINT (`interrupt.StopRequest`) → save a checkpoint at the end of this step and stop; with
+        several processes all ranks decide together (Trainer calls this on every rank; its save is collective)."""
 
         def __init__(self, request: StopRequest) -> None:
             self.request = request
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if self.request.received:
+            if self.request.should_stop(args.device):
                 control.should_save = True
                 control.should_training_stop = True
 
@@ -303,9 +304,11 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             initial_step = json.loads((resume_from / "trainer_state.json").read_text())["global_step"]
             if main_process:
                 print(f"resuming from step {initial_step} ({resume_from})", flush=True)
-        with stop.installed(enabled=ta.world_size == 1):
+        with stop.installed(several_processes=ta.world_size > 1, announce=main_process):
             train_result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    if stop.received:
+    # what the ranks agreed on, not a signal that came after the last step's agreement: with several processes a
+    # rank acting on that alone would skip the evaluation the others wait in
+    if stop.agreed:
         if main_process:
             return stop.report("train", args.argv, trainer.state.global_step, work_dir)
         return 128 + int(stop.signum or 0)
