@@ -56,8 +56,8 @@ def start_ranks(command: list[str], tmp_path: Path, name: str) -> list[subproces
             **ENV, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
         }  # fmt: skip
-        out = open(tmp_path / f"{name}.rank{rank}.out", "w")  # noqa: SIM115 - the child owns it
-        err = open(tmp_path / f"{name}.rank{rank}.err", "w")  # noqa: SIM115
+        out = open(tmp_path / f"{name}.rank{rank}.out", "w")  # the child writes; our copy closes below
+        err = open(tmp_path / f"{name}.rank{rank}.err", "w")
         ranks.append(subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=tmp_path))
         out.close(), err.close()
     return ranks
@@ -102,6 +102,8 @@ def test_trainer_sigterm_to_one_rank_stops_both_and_resume_continues(tmp_path: P
     assert "stopped by SIGTERM at step 2" in text["stop.rank0.err"]
     assert "Continue with:" not in text["stop.rank1.err"], text["stop.rank1.err"][-2500:]
     assert "Traceback" not in text["stop.rank0.err"] + text["stop.rank1.err"]
+    # Trainer wraps the model in DDP without searching for unused parameters (every parameter gets a gradient)
+    assert "find_unused_parameters" not in text["stop.rank0.err"] + text["stop.rank1.err"]
 
     resume = [sys.executable, "-m", "energyformers", "train", *args(out, 6), "--resume"]
     statuses = wait_all(start_ranks(resume, tmp_path, "resume"))
@@ -153,7 +155,9 @@ def test_torchrun_forwards_the_signal_and_the_workers_save_in_its_grace_period(
     command = [*launcher, "-m", "energyformers", "train", *args(out, 5000)]
     log = tmp_path / "torchrun.out"
     with open(log, "w") as f:
-        proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=ENV, cwd=tmp_path, start_new_session=True)
+        proc = subprocess.Popen(
+            command, stdout=f, stderr=subprocess.STDOUT, env=ENV, cwd=tmp_path, start_new_session=True
+        )
     first_logged_step_trainer(log, proc)
     # Ctrl-C reaches every process of the terminal's group; SIGTERM from a scheduler reaches the launcher
     if sig == signal.SIGINT:

@@ -217,6 +217,10 @@ def training_arguments(args: Any, work_dir: Path) -> Any:
         logging_steps=run.logging_steps or 10,  # set from the schedule in run()
         dataloader_num_workers=run.dataloader_num_workers,
         remove_unused_columns=False,  # the set_transform columns are produced on the fly
+        # every parameter of every model the CLI builds gets a gradient at every step (halting head, deep
+        # supervision and random depth included; tests/test_ddp_unused_parameters.py), as the Accelerate loop
+        # assumes with DDP's own default: Trainer's default (True) costs an extra graph walk per step and a warning
+        ddp_find_unused_parameters=False,
         disable_tqdm=run.disable_tqdm,
         report_to="none",
     )
