@@ -39,6 +39,23 @@ def accelerate_checkpoints(work_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
 
+def sample_losses(logits: Any, labels: Any) -> tuple[Any, Any]:
+    """Per sample: the sum of its cross-entropy terms and their count (1 per classified sample, its labelled
+    tokens or masked positions otherwise; label -100 is ignored, as in the models' loss). Summed over a split and
+    divided, they give the split's loss whatever the batches and processes: a batch mean cannot, since a process's
+    last batch may hold a sample repeated to even out the processes, and its mean counts that sample."""
+    import torch.nn.functional as F
+
+    terms = F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none"
+    ).reshape(labels.shape)
+    valid = labels != -100
+    dims = tuple(range(1, labels.dim()))
+    if not dims:
+        return terms, valid.float()
+    return terms.sum(dims), valid.sum(dims).float()
+
+
 def evaluate_split(model: Any, loader: Any, accelerator: Any, task: str) -> dict[str, float]:
     """Loss and the task's metrics (`evaluation.task_metrics`) over a whole split, gathered across processes
     (duplicates dropped)."""
@@ -47,19 +64,26 @@ def evaluate_split(model: Any, loader: Any, accelerator: Any, task: str) -> dict
     from .evaluation import task_metrics
 
     model.eval()
-    predictions, references, losses = [], [], []
+    predictions, references, loss_sums, counts = [], [], [], []
     with torch.no_grad():
         for batch in loader:
             out = model(**batch)
             preds, labels = accelerator.gather_for_metrics((out.logits.argmax(-1), batch["labels"]))
-            losses.append(
-                accelerator.gather_for_metrics(out.loss.detach().float().repeat(len(batch["labels"])))
-            )
+            if batch["labels"].is_floating_point():  # not a class index: no per-sample cross-entropy
+                # (no task of the CLI: kept for models whose loss is another; exact unless a batch is padded)
+                sums = out.loss.detach().float().repeat(len(batch["labels"]))
+                sample_counts = torch.ones_like(sums)
+            else:
+                sums, sample_counts = sample_losses(out.logits, batch["labels"])
+            sums, sample_counts = accelerator.gather_for_metrics((sums, sample_counts))
+            loss_sums.append(sums.cpu())
+            counts.append(sample_counts.cpu())
             predictions.append(preds.cpu())
             references.append(labels.cpu())
     model.train()
     p, r = torch.cat(predictions).numpy(), torch.cat(references).numpy()
-    return {"loss": torch.cat(losses).mean().item(), **task_metrics(task, p, r)}
+    loss = (torch.cat(loss_sums).sum() / torch.cat(counts).sum()).item()
+    return {"loss": loss, **task_metrics(task, p, r)}
 
 
 def parse(argv: list[str]) -> Arguments:
