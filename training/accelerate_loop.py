@@ -39,6 +39,23 @@ def accelerate_checkpoints(work_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
 
+def sample_losses(logits: Any, labels: Any) -> tuple[Any, Any]:
+    """Per sample: the sum of its cross-entropy terms and their count (1 per classified sample, its labelled
+    tokens or masked positions otherwise; label -100 is ignored, as in the models' loss). Summed over a split and
+    divided, they give the split's loss whatever the batches and processes: a batch mean cannot, since a process's
+    last batch may hold a sample repeated to even out the processes, and its mean counts that sample."""
+    import torch.nn.functional as F
+
+    terms = F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none"
+    ).reshape(labels.shape)
+    valid = labels != -100
+    dims = tuple(range(1, labels.dim()))
+    if not dims:
+        return terms, valid.float()
+    return terms.sum(dims), valid.sum(dims).float()
+
+
 def evaluate_split(model: Any, loader: Any, accelerator: Any, task: str) -> dict[str, float]:
     """Loss and the task's metrics (`evaluation.task_metrics`) over a whole split, gathered across processes
     (duplicates dropped)."""
@@ -47,19 +64,26 @@ def evaluate_split(model: Any, loader: Any, accelerator: Any, task: str) -> dict
     from .evaluation import task_metrics
 
     model.eval()
-    predictions, references, losses = [], [], []
+    predictions, references, loss_sums, counts = [], [], [], []
     with torch.no_grad():
         for batch in loader:
             out = model(**batch)
             preds, labels = accelerator.gather_for_metrics((out.logits.argmax(-1), batch["labels"]))
-            losses.append(
-                accelerator.gather_for_metrics(out.loss.detach().float().repeat(len(batch["labels"])))
-            )
+            if batch["labels"].is_floating_point():  # not a class index: no per-sample cross-entropy
+                # (no task of the CLI: kept for models whose loss is another; exact unless a batch is padded)
+                sums = out.loss.detach().float().repeat(len(batch["labels"]))
+                sample_counts = torch.ones_like(sums)
+            else:
+                sums, sample_counts = sample_losses(out.logits, batch["labels"])
+            sums, sample_counts = accelerator.gather_for_metrics((sums, sample_counts))
+            loss_sums.append(sums.cpu())
+            counts.append(sample_counts.cpu())
             predictions.append(preds.cpu())
             references.append(labels.cpu())
     model.train()
     p, r = torch.cat(predictions).numpy(), torch.cat(references).numpy()
-    return {"loss": torch.cat(losses).mean().item(), **task_metrics(task, p, r)}
+    loss = (torch.cat(loss_sums).sum() / torch.cat(counts).sum()).item()
+    return {"loss": loss, **task_metrics(task, p, r)}
 
 
 def parse(argv: list[str]) -> Arguments:
@@ -158,6 +182,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
             ema = ExponentialMovingAverage(accelerator.unwrap_model(model), run_args.ema_decay)
 
         step, history, loss_sum = 0, [], 0.0
+        saved_at: int | None = None  # the step of this run's last checkpoint (the same on every rank)
         if resume_from is not None:
             accelerator.load_state(str(resume_from))
             saved = json.loads((resume_from / STATE_FILE).read_text())
@@ -205,6 +230,8 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
             seen = 0
 
         def save_checkpoint() -> None:
+            nonlocal saved_at
+            saved_at = step
             if seen:  # log the open window first, so the saved loss sum covers every step up to here
                 log_window({})
             target = work_dir / f"step_{step}"
@@ -232,8 +259,11 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
         running, seen, start_step = torch.zeros((), device=accelerator.device), 0, step
         model.train()
         stop = StopRequest()
-        with stop.installed(enabled=accelerator.num_processes == 1):
-            while step < total_steps and not stop.received:
+        several = accelerator.num_processes > 1
+        with stop.installed(several_processes=several, announce=accelerator.is_main_process):
+            # `stop.agreed` (the ranks' common answer, `StopRequest.should_stop` after every optimizer step), never
+            # a rank's own signal: every rank must leave the loop after the same step
+            while step < total_steps and not stop.agreed:
                 epoch, done_in_epoch = divmod(step, steps_per_epoch)
                 train_dl.set_epoch(epoch)
                 # After a resume, skip the micro-batches this epoch already consumed (same order: seedable sampler).
@@ -272,7 +302,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
                         log_line(json.dumps({k: round(v, 5) for k, v in history[-1].items()}))
                     if schedule.save_strategy == "steps" and step % schedule.save_steps == 0:  # as Trainer
                         save_checkpoint()
-                    if step >= total_steps or stop.received:  # a stop request ends the run after this step
+                    if stop.should_stop(accelerator.device) or step >= total_steps:  # stop after this step
                         break
                 end_of_epoch = step % steps_per_epoch == 0 or step >= total_steps
                 if end_of_epoch and schedule.eval_strategy == "epoch":
@@ -282,11 +312,13 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
                 if end_of_epoch and schedule.save_strategy == "epoch":
                     save_checkpoint()
         progress.close()
-        if stop.received:
-            if not (work_dir / f"step_{step}" / STATE_FILE).is_file():
+        if stop.agreed:
+            if saved_at != step:  # not a file check: another machine's ranks may not see rank 0's files
                 save_checkpoint()
             accelerator.end_training()
-            return stop.report("train-accelerate", args.argv, step, work_dir)
+            if accelerator.is_main_process:
+                return stop.report("train-accelerate", args.argv, step, work_dir)
+            return 128 + int(stop.signum or 0)
         train_time = time.time() - start
 
         if on_train_end is not None:

@@ -3,6 +3,10 @@
 Both loops treat the two signals alike: the step in progress finishes, a checkpoint is saved in
 `<output_dir>.checkpoints/`, and the command prints how to continue (`--resume`) and exits with 128 + the signal
 number (143, 130). A second Ctrl-C stops at once (`KeyboardInterrupt`) for whoever cannot wait for the step.
+
+With several processes every rank handles the signals too, and the ranks decide together: after each optimizer
+step they all-reduce one flag (`StopRequest.should_stop`), so all of them stop after the same step and save the
+checkpoint together, whichever rank (or all, as a launcher forwards the signal) was signalled.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import shlex
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,30 +24,71 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class StopRequest:
-    """Records the first stop signal; the training loop polls `received` after each optimizer step."""
+    """Records the first stop signal; the training loop asks `should_stop` after each optimizer step."""
+
+    # With several processes a Ctrl-C reaches each worker twice: from the terminal (the whole foreground process
+    # group) and forwarded by the launcher a moment later. A repeat this soon after the first is that same
+    # request, not a second Ctrl-C.
+    FORWARDED_REPEAT_S = 2.0
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.agreed = False  # every rank decided to stop after this step (`should_stop`)
+        self._first_at = 0.0
+        self._several_processes = False
+        self._announce = True
 
     @property
     def received(self) -> bool:
         return self.signum is not None
 
     def handler(self, signum: int, frame: Any) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # the second Ctrl-C: do not wait for the checkpoint
-        if self.signum is None and signum == signal.SIGINT:
+        if self.signum is not None:
+            forwarded = (
+                self._several_processes and time.monotonic() - self._first_at < self.FORWARDED_REPEAT_S
+            )
+            if signum == signal.SIGINT and not forwarded:
+                raise KeyboardInterrupt  # the second Ctrl-C: do not wait for the checkpoint
+            return
+        self.signum, self._first_at = signum, time.monotonic()
+        if signum == signal.SIGINT and self._announce:
             print(
                 "\ninterrupted: saving a checkpoint after this step (Ctrl-C again to stop without one)",
                 file=sys.stderr,
                 flush=True,
             )
-        self.signum = signum
+
+    def should_stop(self, device: Any = None) -> bool:
+        """Whether to stop after the step that just ended; call it on every rank at every optimizer step.
+
+        One process: whether a signal came. Several (a `torch.distributed` process group is up): one all-reduce
+        (max) of the signal number on `device` (the process group's device: CUDA for NCCL), so every rank gets
+        the same answer at the same step even when the signal reached only some of them, or reached them while
+        others had already passed this step. The answer, not a later local signal, is what the loop must act
+        on (`agreed`): a rank that stopped alone would leave the others waiting in their next collective."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            import torch
+
+            flag = torch.tensor([self.signum or 0], dtype=torch.int32, device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            agreed_signum = int(flag.item())
+            if agreed_signum and self.signum is None:
+                self.signum = agreed_signum  # another rank's signal: report and exit with its status
+            self.agreed = agreed_signum != 0
+        else:
+            self.agreed = self.received
+        return self.agreed
 
     @contextmanager
-    def installed(self, enabled: bool = True) -> Iterator[StopRequest]:
-        """Handle SIGTERM and SIGINT while the block runs (not at all when `enabled` is false: with several
-        processes one rank stopping alone would hang the others in all-reduce); the old handlers come back after."""
+    def installed(
+        self, enabled: bool = True, *, several_processes: bool = False, announce: bool = True
+    ) -> Iterator[StopRequest]:
+        """Handle SIGTERM and SIGINT while the block runs (not at all when `enabled` is false); the old handlers
+        come back after. `several_processes`: the ranks of one run, where a launcher forwards the terminal's
+        Ctrl-C (`FORWARDED_REPEAT_S`); `announce`: print the Ctrl-C notice (the main process only)."""
+        self._several_processes, self._announce = several_processes, announce
         previous = {signum: signal.getsignal(signum) for signum in SIGNALS} if enabled else {}
         for signum in previous:
             signal.signal(signum, self.handler)
@@ -54,7 +100,8 @@ class StopRequest:
 
     def report(self, command: str, argv: list[str], step: int, work_dir: Path) -> int:
         """Print where the checkpoint is and the command that continues the run; returns the exit status."""
-        assert self.signum is not None
+        if self.signum is None:
+            raise ValueError("StopRequest.report: no stop signal was received")
         resume = [*argv] if "--resume" in argv else [*argv, "--resume"]
         print(
             f"energyformers {command}: stopped by {signal.Signals(self.signum).name} at step {step}; checkpoint "

@@ -129,13 +129,14 @@ def build_trainer_classes() -> tuple[type, type, type]:
             return self.lr_scheduler
 
     class StopOnSignal(TrainerCallback):
-        """SIGTERM or SIGINT (`interrupt.StopRequest`) → save a checkpoint at the end of this step and stop."""
+        """SIGTERM or SIGINT (`interrupt.StopRequest`) → save a checkpoint at the end of this step and stop; with
+        several processes all ranks decide together (Trainer calls this on every rank; its save is collective)."""
 
         def __init__(self, request: StopRequest) -> None:
             self.request = request
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if self.request.received:
+            if self.request.should_stop(args.device):
                 control.should_save = True
                 control.should_training_stop = True
 
@@ -216,6 +217,10 @@ def training_arguments(args: Any, work_dir: Path) -> Any:
         logging_steps=run.logging_steps or 10,  # set from the schedule in run()
         dataloader_num_workers=run.dataloader_num_workers,
         remove_unused_columns=False,  # the set_transform columns are produced on the fly
+        # every parameter of every model the CLI builds gets a gradient at every step (halting head, deep
+        # supervision and random depth included; tests/test_ddp_unused_parameters.py), as the Accelerate loop
+        # assumes with DDP's own default: Trainer's default (True) costs an extra graph walk per step and a warning
+        ddp_find_unused_parameters=False,
         disable_tqdm=run.disable_tqdm,
         report_to="none",
     )
@@ -303,9 +308,11 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             initial_step = json.loads((resume_from / "trainer_state.json").read_text())["global_step"]
             if main_process:
                 print(f"resuming from step {initial_step} ({resume_from})", flush=True)
-        with stop.installed(enabled=ta.world_size == 1):
+        with stop.installed(several_processes=ta.world_size > 1, announce=main_process):
             train_result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    if stop.received:
+    # what the ranks agreed on, not a signal that came after the last step's agreement: with several processes a
+    # rank acting on that alone would skip the evaluation the others wait in
+    if stop.agreed:
         if main_process:
             return stop.report("train", args.argv, trainer.state.global_step, work_dir)
         return 128 + int(stop.signum or 0)
