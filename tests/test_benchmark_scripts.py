@@ -8,9 +8,11 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from energyformers.training.data import MissingDataError, load_data
 
@@ -85,8 +87,9 @@ def test_run_info_has_every_header_field_and_renders_them():
 
 
 @pytest.fixture(scope="module")
-def recurrent_depth_run(tmp_path_factory) -> dict:
-    """One variant trained through the worker exactly as the driver's subprocess calls it, on 32 digits."""
+def recurrent_depth_worker(tmp_path_factory) -> tuple[dict, list[str]]:
+    """One variant trained through the worker exactly as the driver's subprocess calls it, on 32 digits: its
+    recorded results, and what it left in the temporary directory."""
     try:
         load_data("digits")
     except MissingDataError as err:
@@ -105,8 +108,23 @@ def recurrent_depth_run(tmp_path_factory) -> dict:
         time_halting=False,
         json=str(folder / "run.json"),
     )
-    recurrent_depth.worker(args)  # raised AttributeError when it passed the argv list to train.run
-    return json.loads((folder / "run.json").read_text())
+    # The worker is a subprocess of the driver: in this process, its thread count and the temporary folders it
+    # makes are put back and watched here (`tempfile.tempdir`: where the worker's mkdtemp-style folders go).
+    scratch = tmp_path_factory.mktemp("recurrent-depth-tmp")
+    threads = torch.get_num_threads()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(tempfile, "tempdir", str(scratch))
+            recurrent_depth.worker(args)  # raised AttributeError when it passed the argv list to train.run
+    finally:
+        torch.set_num_threads(threads)
+    return json.loads((folder / "run.json").read_text()), sorted(p.name for p in scratch.iterdir())
+
+
+@pytest.fixture(scope="module")
+def recurrent_depth_run(recurrent_depth_worker) -> dict:
+    """The worker's recorded results."""
+    return recurrent_depth_worker[0]
 
 
 def test_recurrent_depth_worker_trains_through_the_cli_and_evaluates_every_depth(recurrent_depth_run):
@@ -119,6 +137,12 @@ def test_recurrent_depth_worker_trains_through_the_cli_and_evaluates_every_depth
     assert run["command"].startswith("energyformers train --model hyperset --dataset digits --epochs 0.25"), (
         run
     )
+
+
+def test_recurrent_depth_worker_removes_its_model_folder(recurrent_depth_worker):
+    """The worker's trained model is scratch: nothing of it stays in the temporary directory."""
+    _, left = recurrent_depth_worker
+    assert left == [], f"the worker left {left} in its temporary directory"
 
 
 def test_recurrent_depth_writes_into_output_dir_and_the_md_embeds_its_plot(
