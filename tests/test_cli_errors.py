@@ -438,6 +438,28 @@ def test_an_in_process_command_gives_the_caller_its_logging_state_back(hyperset_
     assert after == (transformers.logging.INFO, True), f"(verbosity, progress bars) after predict: {after}"
 
 
+def test_an_in_process_command_gives_the_caller_its_thread_count_back(hyperset_folder, tmp_path, capsys):
+    """`--num_threads` is the command's: a notebook (or a test) that runs one in-process keeps its own torch thread
+    count afterwards."""
+    # the package's command, not the standard library's `inspect` this file imports
+    from energyformers.training import inspect as inspect_command
+
+    folder, image = hyperset_folder
+    before = torch.get_num_threads()
+    caller = before + 1  # never 1, so the command's `--num_threads 1` is a change
+    argv = [str(folder), str(image), "--output_dir", str(tmp_path / "out"), "--num_threads", "1"]
+    torch.set_num_threads(caller)
+    try:
+        status = inspect_command.main(argv)
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert status == 0, capsys.readouterr().err[-3000:]
+    assert after == caller, (
+        f"torch's thread count was {caller} before `inspect --num_threads 1`, {after} after"
+    )
+
+
 def test_predict_refuses_a_depth_flag_the_model_does_not_take(hyperset_folder, capsys):
     folder, image = hyperset_folder
     assert predict.main([str(folder), str(image), "--fixed_point_solver", "anderson"]) == 2

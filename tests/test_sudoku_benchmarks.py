@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from energyformers.training.data import MissingDataError, load_data
 
@@ -99,6 +100,8 @@ def test_sudoku_depth_trains_each_model_and_supervision_and_writes_its_files(tmp
     tiny += ["--batch_size", "8", "--n_test", "8", "--logging_steps", "1", "--eval_steps", "1"]
     argv = [*tiny, "--work_dir", str(work), "--results", str(stem), "--supervision", "last,all"]
     argv += ["--models", ",".join(models)]
+    # main sets torch's thread count in this process: the suite's own, which the rest of the suite runs with
+    argv += ["--threads", str(torch.get_num_threads())]
     sudoku_depth.main(argv)
     out = json.loads(stem.with_suffix(".json").read_text())
     keys = [f"{model}-{supervision}" for model in models for supervision in ("last", "all")]
