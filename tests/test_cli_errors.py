@@ -238,10 +238,9 @@ def test_every_command_reports_bad_input_in_one_line_with_status_2_before_loadin
         )
         assert result["code"] == 2, (name, result)
         assert len(lines) == 1 and lines[0].startswith(prefix) and fragment in lines[0], (name, result["err"])
-        # The first case pays for Python's and the argument parsers' imports; the models take seconds more,
-        # so a generous bound still tells the two apart on a loaded two-core machine.
-        assert result["seconds"] < 10, (name, result["seconds"])
-    assert results[list(cases)[-1]]["heavy"] == [], results[list(cases)[-1]]["heavy"]
+        # Refused before the work starts: by the time the case returned, neither torch nor the package's model code
+        # (fixtures.HEAVY) was imported. The cases share one process, so each list also covers the cases before it.
+        assert result["heavy"] == [], f"{name}: {argv} imported {result['heavy']} before refusing"
 
 
 @pytest.mark.parametrize("argv", [["trian"], ["train", "--learning_rate", "nan", "--output_dir", "x"]])
