@@ -13,19 +13,31 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import loaded_script
 
 from energyformers.training.data import MissingDataError, load_data
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import provenance  # the benchmarks folder is not a package
-import recurrent_depth
-
 ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+
+# The benchmarks folder is not a package: its scripts import each other as top-level modules, and each puts the
+# folder on sys.path when imported. Both only while they are imported here, so no other test file finds a
+# top-level `speed` or `mim` by accident (MonkeyPatch puts back the whole sys.path, the scripts' inserts included).
+with pytest.MonkeyPatch.context() as _patch:
+    _patch.syspath_prepend(str(BENCHMARKS))
+    import provenance
+    import recurrent_depth
+
+
+@pytest.fixture(autouse=True)
+def _benchmarks_importable(monkeypatch) -> None:
+    """The folder on sys.path during each test (the scripts a test loads import provenance), removed afterwards."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
 
 
 def committed_results() -> dict[str, float]:
     """Modification times of the committed result files, to show a run left them alone."""
-    return {p.name: p.stat().st_mtime_ns for p in (ROOT / "benchmarks" / "results").iterdir()}
+    return {p.name: p.stat().st_mtime_ns for p in (BENCHMARKS / "results").iterdir()}
 
 
 @pytest.fixture(autouse=True)
@@ -178,9 +190,13 @@ def test_recurrent_depth_writes_into_output_dir_and_the_md_embeds_its_plot(
 # ------------------------------------------------------------------ speed.py --only
 
 
-def test_speed_only_merges_its_rows_into_the_existing_results(tmp_path, monkeypatch):
-    import speed
+@pytest.fixture
+def speed():
+    with loaded_script(BENCHMARKS / "speed.py", "speed") as module:
+        yield module
 
+
+def test_speed_only_merges_its_rows_into_the_existing_results(speed, tmp_path, monkeypatch):
     committed = json.loads((ROOT / "benchmarks" / "results" / "speed.json").read_text())
     (tmp_path / "speed.json").write_text(json.dumps(committed))
     hyperbf = next(row for row in committed["pairs"] if row["model"].startswith("HyperBF"))
@@ -206,11 +222,10 @@ def test_speed_only_merges_its_rows_into_the_existing_results(tmp_path, monkeypa
     ]
 
 
-def test_speed_only_that_matches_no_pair_is_refused_before_measuring(tmp_path, capsys):
-    import speed
-
-    with pytest.raises(SystemExit):
+def test_speed_only_that_matches_no_pair_is_refused_before_measuring(speed, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
         speed.main(["--only", "NoSuchModel", "--output_dir", str(tmp_path)])
+    assert stopped.value.code == 2, f"exit status {stopped.value.code!r}, argparse's usage error is 2"
     assert "--only ['NoSuchModel'] matches no pair" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
@@ -219,10 +234,12 @@ def test_speed_only_that_matches_no_pair_is_refused_before_measuring(tmp_path, c
 
 
 def test_hyperset_checkpoint_memory_rejects_a_bad_batch_before_any_work(tmp_path, capsys):
-    import hyperset_checkpoint_memory
-
-    with pytest.raises(SystemExit):
-        hyperset_checkpoint_memory.main(["--batch", "0", "--output_dir", str(tmp_path)])
+    with (
+        loaded_script(BENCHMARKS / "hyperset_checkpoint_memory.py", "hyperset_checkpoint_memory") as script,
+        pytest.raises(SystemExit) as stopped,
+    ):
+        script.main(["--batch", "0", "--output_dir", str(tmp_path)])
+    assert stopped.value.code == 2, f"exit status {stopped.value.code!r}, argparse's usage error is 2"
     assert "--batch must be a positive integer, got 0" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 

@@ -14,9 +14,20 @@ import torch
 
 from energyformers.training.data import MissingDataError, load_data
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import sudoku_depth  # the benchmarks folder is not a package
-import sudoku_easy
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+# The benchmarks folder is not a package: its scripts import each other as top-level modules, and each puts the
+# folder on sys.path when imported. Both only while they are imported here, so no other test file finds a
+# top-level `speed` or `mim` by accident (MonkeyPatch puts back the whole sys.path, the scripts' inserts included).
+with pytest.MonkeyPatch.context() as _patch:
+    _patch.syspath_prepend(str(BENCHMARKS))
+    import sudoku_depth
+    import sudoku_easy
+
+
+def test_importing_the_scripts_leaves_sys_path_as_it_was():
+    folders = [entry for entry in sys.path if Path(entry or ".").resolve() == BENCHMARKS]
+    assert folders == [], f"benchmarks/ left on sys.path by the imports above: {folders}"
 
 
 def needs(dataset: str) -> None:
@@ -160,10 +171,13 @@ def test_sudoku_easy_refuses_bad_arguments_before_training(tmp_path, capsys):
         (["--setting", "nope"], "--setting"),
         (["--minutes", "0"], "--minutes must be > 0"),
     ):
-        with pytest.raises(SystemExit):
+        with pytest.raises(SystemExit) as stopped:
             sudoku_easy.main([*argv, "--work_dir", str(tmp_path)])
         err = capsys.readouterr().err
         assert message in err, (argv, err)
+        assert stopped.value.code == 2, (
+            f"{argv}: exit status {stopped.value.code!r}, argparse's usage error is 2"
+        )
     assert not any(tmp_path.iterdir())
 
 
@@ -185,7 +199,7 @@ def test_benchmark_plateau_exit_is_not_inspects_plateau_exit_step():
 @pytest.mark.parametrize("script", ["sudoku_depth", "sudoku_easy"])
 def test_render_embeds_the_plot_by_the_name_it_is_written_under(tmp_path, script):
     """`--results /x/sd` writes sd.png, and sd.md must embed sd.png (not the default name)."""
-    committed = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / f"{script}.json"
+    committed = BENCHMARKS / "results" / f"{script}.json"
     stem = tmp_path / "sd"
     stem.with_suffix(".json").write_text(committed.read_text())
     if script == "sudoku_depth":
