@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -272,6 +273,13 @@ def _time_forwards(model, pixels, calls: dict, repeats: int) -> dict:
 
 
 def worker(args: argparse.Namespace) -> None:
+    """Train and measure one variant (the driver's subprocess). The trained model folder is scratch, removed
+    however the run ends: what is kept is the JSON written to `args.json`."""
+    with tempfile.TemporaryDirectory(prefix=f"recurrent-depth-{args.worker}-") as scratch:
+        _train_and_measure(args, Path(scratch))
+
+
+def _train_and_measure(args: argparse.Namespace, workdir: Path) -> None:
     import torch
 
     torch.set_num_threads(args.num_threads)
@@ -280,7 +288,6 @@ def worker(args: argparse.Namespace) -> None:
     from energyformers import HyperSetForImageClassification
     from energyformers.training import train
 
-    workdir = Path(tempfile.mkdtemp(prefix=f"recurrent-depth-{args.worker}-"))
     argv = ["--model", "hyperset", "--dataset", args.dataset, "--output_dir", str(workdir / "model")]
     if args.epochs is not None:
         argv += ["--epochs", f"{args.epochs:g}"]
@@ -382,7 +389,12 @@ def main() -> None:
     parser.add_argument("--num_threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7, help="timing repeats (median)")
     parser.add_argument("--long", action="store_true", help="also evaluate 100T")
-    parser.add_argument("--cache", default=None, help="reuse per-run JSON results found in this folder")
+    parser.add_argument(
+        "--cache",
+        default=None,
+        help="keep the per-run JSON results in this folder and reuse those found there "
+        "(default: a temporary folder, removed at the end)",
+    )
     parser.add_argument("--no_write", action="store_true", help="print only; do not write results")
     parser.add_argument(
         "--output_dir",
@@ -425,22 +437,27 @@ def main() -> None:
             passthrough += [f"--{flag}", f"{getattr(args, flag):g}"]
     start = time.time()
     results: dict[str, dict] = {}
-    for name, seed in runs:
-        key = name if seed == args.seed else f"{name}@{seed}"
-        path = cache / f"{args.dataset}-{name}-{seed}.json"
-        if not (args.cache and path.is_file()):
-            command = [sys.executable, __file__, "--worker", name, "--seed", str(seed), "--json", str(path)]
-            if name == "default" and seed == args.seed:
-                command.append("--time_halting")
-            print(f"[{time.time() - start:6.0f} s] {key}", flush=True)
-            run_start = time.time()
-            subprocess.run(command + passthrough, check=True, cwd=REPO)
-            result = json.loads(path.read_text())
-            result["run_seconds"] = round(
-                time.time() - run_start, 1
-            )  # training + evaluation, this process tree
-            path.write_text(json.dumps(result, indent=2))
-        results[key] = json.loads(path.read_text())
+    try:
+        for name, seed in runs:
+            key = name if seed == args.seed else f"{name}@{seed}"
+            path = cache / f"{args.dataset}-{name}-{seed}.json"
+            if not (args.cache and path.is_file()):
+                command = [sys.executable, __file__, "--worker", name, "--seed", str(seed)]
+                command += ["--json", str(path)]
+                if name == "default" and seed == args.seed:
+                    command.append("--time_halting")
+                print(f"[{time.time() - start:6.0f} s] {key}", flush=True)
+                run_start = time.time()
+                subprocess.run(command + passthrough, check=True, cwd=REPO)
+                result = json.loads(path.read_text())
+                result["run_seconds"] = round(
+                    time.time() - run_start, 1
+                )  # training + evaluation, this process tree
+                path.write_text(json.dumps(result, indent=2))
+            results[key] = json.loads(path.read_text())
+    finally:
+        if not args.cache:  # runs kept only where the user asked for them (--cache)
+            shutil.rmtree(cache, ignore_errors=True)
     # total compute of the runs (also those reused from --cache); this invocation's time if a run lacks it
     timed = [r.get("run_seconds") for r in results.values()]
     total = sum(timed) if all(timed) else time.time() - start

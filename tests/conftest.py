@@ -17,6 +17,7 @@ if not torch.cuda.is_available():
 # Tiny test models are dominated by thread hand-off on 2 shared cores; one thread is much faster. The suite must pass
 # with any count (reductions split differently across threads): `ENERGYFORMERS_TEST_THREADS=2 make test` checks 2.
 torch.set_num_threads(int(os.environ.get("ENERGYFORMERS_TEST_THREADS", "1")))
+THREADS = torch.get_num_threads()
 
 # The seed every test starts from (Python's `random`, NumPy and torch, CPU and CUDA).
 SEED = 0
@@ -47,6 +48,24 @@ def _logging_kept() -> Iterator[None]:
         pytest.fail(
             f"transformers' (verbosity, progress bars) changed from {before} to {after} and was not restored"
         )
+
+
+@pytest.fixture(autouse=True)
+def _threads_kept() -> Iterator[None]:
+    """A test that leaves torch's thread count changed (a command or benchmark run in-process with `--num_threads`)
+    fails here, and the suite's count is put back, so every later test runs with the count the suite was started
+    with. Compared with the suite's count, not only with the count before the test: a module-scoped fixture runs
+    before this one, so its change shows as a test that starts with another count."""
+    before = torch.get_num_threads()
+    yield
+    after = torch.get_num_threads()
+    if before == after == THREADS:
+        return
+    torch.set_num_threads(THREADS)
+    pytest.fail(
+        f"torch's thread count was {before} when the test started and {after} when it ended; the suite runs with "
+        f"{THREADS} (ENERGYFORMERS_TEST_THREADS), and what changes it must put it back"
+    )
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

@@ -8,22 +8,36 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+import torch
+from fixtures import loaded_script
 
 from energyformers.training.data import MissingDataError, load_data
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import provenance  # the benchmarks folder is not a package
-import recurrent_depth
-
 ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+
+# The benchmarks folder is not a package: its scripts import each other as top-level modules, and each puts the
+# folder on sys.path when imported. Both only while they are imported here, so no other test file finds a
+# top-level `speed` or `mim` by accident (MonkeyPatch puts back the whole sys.path, the scripts' inserts included).
+with pytest.MonkeyPatch.context() as _patch:
+    _patch.syspath_prepend(str(BENCHMARKS))
+    import provenance
+    import recurrent_depth
+
+
+@pytest.fixture(autouse=True)
+def _benchmarks_importable(monkeypatch) -> None:
+    """The folder on sys.path during each test (the scripts a test loads import provenance), removed afterwards."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
 
 
 def committed_results() -> dict[str, float]:
     """Modification times of the committed result files, to show a run left them alone."""
-    return {p.name: p.stat().st_mtime_ns for p in (ROOT / "benchmarks" / "results").iterdir()}
+    return {p.name: p.stat().st_mtime_ns for p in (BENCHMARKS / "results").iterdir()}
 
 
 @pytest.fixture(autouse=True)
@@ -85,8 +99,9 @@ def test_run_info_has_every_header_field_and_renders_them():
 
 
 @pytest.fixture(scope="module")
-def recurrent_depth_run(tmp_path_factory) -> dict:
-    """One variant trained through the worker exactly as the driver's subprocess calls it, on 32 digits."""
+def recurrent_depth_worker(tmp_path_factory) -> tuple[dict, list[str]]:
+    """One variant trained through the worker exactly as the driver's subprocess calls it, on 32 digits: its
+    recorded results, and what it left in the temporary directory."""
     try:
         load_data("digits")
     except MissingDataError as err:
@@ -105,8 +120,23 @@ def recurrent_depth_run(tmp_path_factory) -> dict:
         time_halting=False,
         json=str(folder / "run.json"),
     )
-    recurrent_depth.worker(args)  # raised AttributeError when it passed the argv list to train.run
-    return json.loads((folder / "run.json").read_text())
+    # The worker is a subprocess of the driver: in this process, its thread count and the temporary folders it
+    # makes are put back and watched here (`tempfile.tempdir`: where the worker's mkdtemp-style folders go).
+    scratch = tmp_path_factory.mktemp("recurrent-depth-tmp")
+    threads = torch.get_num_threads()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(tempfile, "tempdir", str(scratch))
+            recurrent_depth.worker(args)  # raised AttributeError when it passed the argv list to train.run
+    finally:
+        torch.set_num_threads(threads)
+    return json.loads((folder / "run.json").read_text()), sorted(p.name for p in scratch.iterdir())
+
+
+@pytest.fixture(scope="module")
+def recurrent_depth_run(recurrent_depth_worker) -> dict:
+    """The worker's recorded results."""
+    return recurrent_depth_worker[0]
 
 
 def test_recurrent_depth_worker_trains_through_the_cli_and_evaluates_every_depth(recurrent_depth_run):
@@ -119,6 +149,12 @@ def test_recurrent_depth_worker_trains_through_the_cli_and_evaluates_every_depth
     assert run["command"].startswith("energyformers train --model hyperset --dataset digits --epochs 0.25"), (
         run
     )
+
+
+def test_recurrent_depth_worker_removes_its_model_folder(recurrent_depth_worker):
+    """The worker's trained model is scratch: nothing of it stays in the temporary directory."""
+    _, left = recurrent_depth_worker
+    assert left == [], f"the worker left {left} in its temporary directory"
 
 
 def test_recurrent_depth_writes_into_output_dir_and_the_md_embeds_its_plot(
@@ -154,9 +190,13 @@ def test_recurrent_depth_writes_into_output_dir_and_the_md_embeds_its_plot(
 # ------------------------------------------------------------------ speed.py --only
 
 
-def test_speed_only_merges_its_rows_into_the_existing_results(tmp_path, monkeypatch):
-    import speed
+@pytest.fixture
+def speed():
+    with loaded_script(BENCHMARKS / "speed.py", "speed") as module:
+        yield module
 
+
+def test_speed_only_merges_its_rows_into_the_existing_results(speed, tmp_path, monkeypatch):
     committed = json.loads((ROOT / "benchmarks" / "results" / "speed.json").read_text())
     (tmp_path / "speed.json").write_text(json.dumps(committed))
     hyperbf = next(row for row in committed["pairs"] if row["model"].startswith("HyperBF"))
@@ -182,11 +222,10 @@ def test_speed_only_merges_its_rows_into_the_existing_results(tmp_path, monkeypa
     ]
 
 
-def test_speed_only_that_matches_no_pair_is_refused_before_measuring(tmp_path, capsys):
-    import speed
-
-    with pytest.raises(SystemExit):
+def test_speed_only_that_matches_no_pair_is_refused_before_measuring(speed, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
         speed.main(["--only", "NoSuchModel", "--output_dir", str(tmp_path)])
+    assert stopped.value.code == 2, f"exit status {stopped.value.code!r}, argparse's usage error is 2"
     assert "--only ['NoSuchModel'] matches no pair" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
@@ -195,10 +234,12 @@ def test_speed_only_that_matches_no_pair_is_refused_before_measuring(tmp_path, c
 
 
 def test_hyperset_checkpoint_memory_rejects_a_bad_batch_before_any_work(tmp_path, capsys):
-    import hyperset_checkpoint_memory
-
-    with pytest.raises(SystemExit):
-        hyperset_checkpoint_memory.main(["--batch", "0", "--output_dir", str(tmp_path)])
+    with (
+        loaded_script(BENCHMARKS / "hyperset_checkpoint_memory.py", "hyperset_checkpoint_memory") as script,
+        pytest.raises(SystemExit) as stopped,
+    ):
+        script.main(["--batch", "0", "--output_dir", str(tmp_path)])
+    assert stopped.value.code == 2, f"exit status {stopped.value.code!r}, argparse's usage error is 2"
     assert "--batch must be a positive integer, got 0" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 

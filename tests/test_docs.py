@@ -113,13 +113,21 @@ def test_the_readme_has_a_runnable_example_with_test_time_depth():
 @pytest.fixture(scope="module")
 def block_runs(demo_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
     """name -> (code run, finished process) of every runnable block, each in a fresh interpreter (in this one other
-    tests have already imported submodules a reader's process has not) in a folder of its own, run at once."""
+    tests have already imported submodules a reader's process has not) in a folder of its own, run at once.
+
+    Each block also gets a TMPDIR of its own under pytest's temporary folder, so whatever a block leaves in its
+    temporary directory (a `tempfile` folder, torch's or transformers' caches) is pytest's to clean, never the
+    caller's TMPDIR's."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
     codes = {name: block.replace(DEMO_FOLDER, demo_folder.as_posix()) for name, block in runnable_blocks()}
-    commands = {
-        name: dict(args=[sys.executable, "-c", code], cwd=tmp_path_factory.mktemp("block"), env=env)
-        for name, code in codes.items()
-    }
+    commands = {}
+    for name, code in codes.items():
+        folder = tmp_path_factory.mktemp("block")
+        temporary = folder / "tmp"
+        temporary.mkdir()
+        commands[name] = dict(
+            args=[sys.executable, "-c", code], cwd=folder, env={**env, "TMPDIR": temporary.as_posix()}
+        )
     done = run_at_once(commands, timeout=300)
     return {name: (codes[name], done[name]) for name in codes}
 

@@ -414,7 +414,7 @@ def test_fits_a_small_batch(kernel):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["normalized"])
-def test_trainer_learns_digits_with_the_digits_preset(kernel, tmp_path):
+def test_trainer_learns_digits_with_the_digits_preset(kernel, tmp_path, request):
     # The long variant of test_fits_a_small_batch: UCI digits (bundled with scikit-learn), stratified 80/20
     # split with seed 0, `transformers.Trainer`, 20 epochs (~1-2 min on 2 CPU cores).
     import numpy as np
@@ -423,6 +423,8 @@ def test_trainer_learns_digits_with_the_digits_preset(kernel, tmp_path):
     from sklearn.model_selection import train_test_split
     from transformers import Trainer, TrainingArguments
 
+    threads = torch.get_num_threads()  # put back afterwards: the rest of the suite runs with its own count
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
     torch.set_num_threads(2)
     images, labels = load_digits(return_X_y=True)
     images = (images.reshape(-1, 1, 8, 8) / 8.0 - 1.0).astype(np.float32)  # 0..16 -> -1..1

@@ -10,11 +10,23 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from fixtures import require_dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import sudoku_depth  # the benchmarks folder is not a package
-import sudoku_easy
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+# The benchmarks folder is not a package: its scripts import each other as top-level modules, and each puts the
+# folder on sys.path when imported. Both only while they are imported here, so no other test file finds a
+# top-level `speed` or `mim` by accident (MonkeyPatch puts back the whole sys.path, the scripts' inserts included).
+with pytest.MonkeyPatch.context() as _patch:
+    _patch.syspath_prepend(str(BENCHMARKS))
+    import sudoku_depth
+    import sudoku_easy
+
+
+def test_importing_the_scripts_leaves_sys_path_as_it_was():
+    folders = [entry for entry in sys.path if Path(entry or ".").resolve() == BENCHMARKS]
+    assert folders == [], f"benchmarks/ left on sys.path by the imports above: {folders}"
 
 
 def needs(dataset: str) -> None:
@@ -95,6 +107,8 @@ def test_sudoku_depth_trains_each_model_and_supervision_and_writes_its_files(tmp
     tiny += ["--batch_size", "8", "--n_test", "8", "--logging_steps", "1", "--eval_steps", "1"]
     argv = [*tiny, "--work_dir", str(work), "--results", str(stem), "--supervision", "last,all"]
     argv += ["--models", ",".join(models)]
+    # main sets torch's thread count in this process: the suite's own, which the rest of the suite runs with
+    argv += ["--threads", str(torch.get_num_threads())]
     sudoku_depth.main(argv)
     out = json.loads(stem.with_suffix(".json").read_text())
     keys = [f"{model}-{supervision}" for model in models for supervision in ("last", "all")]
@@ -153,10 +167,13 @@ def test_sudoku_easy_refuses_bad_arguments_before_training(tmp_path, capsys):
         (["--setting", "nope"], "--setting"),
         (["--minutes", "0"], "--minutes must be > 0"),
     ):
-        with pytest.raises(SystemExit):
+        with pytest.raises(SystemExit) as stopped:
             sudoku_easy.main([*argv, "--work_dir", str(tmp_path)])
         err = capsys.readouterr().err
         assert message in err, (argv, err)
+        assert stopped.value.code == 2, (
+            f"{argv}: exit status {stopped.value.code!r}, argparse's usage error is 2"
+        )
     assert not any(tmp_path.iterdir())
 
 
@@ -178,7 +195,7 @@ def test_benchmark_plateau_exit_is_not_inspects_plateau_exit_step():
 @pytest.mark.parametrize("script", ["sudoku_depth", "sudoku_easy"])
 def test_render_embeds_the_plot_by_the_name_it_is_written_under(tmp_path, script):
     """`--results /x/sd` writes sd.png, and sd.md must embed sd.png (not the default name)."""
-    committed = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / f"{script}.json"
+    committed = BENCHMARKS / "results" / f"{script}.json"
     stem = tmp_path / "sd"
     stem.with_suffix(".json").write_text(committed.read_text())
     if script == "sudoku_depth":

@@ -271,12 +271,17 @@ def test_sampled_depth_is_identical_on_both_ranks_under_torchrun(tmp_path: Path)
     script = tmp_path / "run_trainer.py"
     script.write_text(TRAINER_SCRIPT.replace("{OUT}", str(tmp_path)))
     out = tmp_path / "model"
+    # torchrun as a module of this interpreter: the console script's shebang may name another environment's python
     argv = [
-        str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", str(script),
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
         *loop_argv("train", "--batch_size", 4, "--max_steps", 8, "--eval_strategy", "no", "--output_dir", out),
         *SAMPLING,
     ]  # fmt: skip
-    proc = subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=400, cwd=tmp_path)
+    # torch elastic makes a torchelastic_* log folder in TMPDIR per launch and leaves it: this one is pytest's to clean
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    env = {**ENV, "TMPDIR": str(temporary)}
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=400, cwd=tmp_path)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     config = HyperSetConfig.from_pretrained(out)

@@ -181,10 +181,14 @@ def run_command(
     """
     prog = f"energyformers {command}"
     logging_state = _transformers_logging_state()
+    # torch's thread count, read once torch is loaded (after parsing: `--help` and bad arguments stay light) and put
+    # back afterwards, as the logging is: `--num_threads` is this command's, not the calling notebook's or test's.
+    threads = None
     try:
         parsed = parse(argv)
         import energyformers.registry  # noqa: F401  (the models load, and register, only for good arguments)
 
+        threads = _torch_threads()
         return int(execute(parsed) or 0)
     except UsageError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
@@ -203,6 +207,21 @@ def run_command(
         return RUNTIME_ERROR
     finally:
         _restore_transformers_logging(logging_state)
+        if threads is not None:
+            _set_torch_threads(threads)
+
+
+def _torch_threads() -> int | None:
+    """torch's intra-op thread count when torch is loaded, else None (nothing is imported for it)."""
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch.get_num_threads()
+
+
+def _set_torch_threads(threads: int) -> None:
+    """Put back `threads` (`_torch_threads`) where a command changed it; an unchanged count is left alone."""
+    torch = sys.modules["torch"]
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 def _transformers_logging_state() -> tuple[int, bool] | None:
