@@ -1,0 +1,72 @@
+"""The model card (`training/card.py`, `model_cards/`): what it says of each kind of run, and that its code runs.
+
+Run folders here are real `energyformers train` runs of tiny models on a few generated Sudoku puzzles
+(`card_fixtures.py`); the card's snippets are executed on the exported folder, the repo id replaced by its path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from card_fixtures import python_blocks, tiny_sudoku, train_sudoku_run
+from huggingface_hub import ModelCard
+
+from energyformers.training.export import export_model_dir
+
+REPO = "org/hyperset-sudoku"
+
+
+@pytest.fixture(scope="module")
+def sudoku_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """The run folder of a Hyper-SET Sudoku run and its export (remote code, `REPO` in the snippets)."""
+    root = tmp_path_factory.mktemp("sudoku")
+    with tiny_sudoku(root / "cache"):
+        run = train_sudoku_run(root / "hyperset-sudoku")
+        yield {"run": run, "export": export_model_dir(run, root / "export", repo_id=REPO)}
+
+
+@pytest.mark.parametrize("folder", ["run", "export"])
+def test_sudoku_card_reports_the_sudoku_metrics_and_speaks_of_puzzles(sudoku_runs, folder):
+    """The run's blank-cell and board accuracy are the card's model-index results and its table; no language (the
+    inputs are digits), and none of the text classifier's or the image benchmarks' wording."""
+    card = ModelCard.load(sudoku_runs[folder] / "README.md")
+    test = json.loads((sudoku_runs["run"] / "metrics.json").read_text())["test"]
+    results = {
+        (r.metric_name, r.metric_type, r.dataset_split): r.metric_value for r in card.data.eval_results or []
+    }
+    expected = {
+        ("blank-cell accuracy", "accuracy", "test"): test["blank_cell_accuracy"],
+        ("board accuracy", "accuracy", "test"): test["board_accuracy"],
+    }
+    assert results == expected, (results, expected)
+    assert card.data.language is None and card.data.metrics == ["accuracy"], card.data
+    text = card.text
+    row = f"| test | {test['blank_cell_accuracy']:.4f} | {test['board_accuracy']:.4f} |"
+    assert "| dataset | split | blank-cell accuracy | board accuracy |" in text and row in text, text
+    for wrong in ("No evaluation was recorded", "text classifier", "unknown token", "CIFAR", "macro F1"):
+        assert wrong not in text, (wrong, text)
+    assert "Palm et al." in text and "81 cells" in text, text
+
+
+def test_sudoku_card_snippets_run_on_the_exported_folder(sudoku_runs):
+    """Both loading blocks of the exported card run; the remote-code one fills the example puzzle's blanks with the
+    pipeline's digits and keeps its givens."""
+    folder = sudoku_runs["export"]
+    blocks = [
+        b.replace(f'"{REPO}"', repr(str(folder))) for b in python_blocks((folder / "README.md").read_text())
+    ]
+    assert len(blocks) == 2, blocks
+    exec(blocks[0], {})  # with the package
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(blocks[1], {})  # the repository's own code (in this process the package is importable too)
+    board = printed.getvalue().strip()
+    puzzle = re.search(r'puzzle = "(\d{81})"', blocks[1]).group(1)
+    assert len(board) == 81 and set(board) <= set("123456789"), board
+    assert all(cell == given for cell, given in zip(board, puzzle) if given != "0"), (puzzle, board)
