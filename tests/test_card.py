@@ -17,6 +17,7 @@ import pytest
 from card_fixtures import python_blocks, tiny_sudoku, train_sudoku_run
 from huggingface_hub import ModelCard
 
+from energyformers.training.card import find_template, read_sections
 from energyformers.training.export import export_model_dir
 
 REPO = "org/hyperset-sudoku"
@@ -24,11 +25,16 @@ REPO = "org/hyperset-sudoku"
 
 @pytest.fixture(scope="module")
 def sudoku_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
-    """The run folder of a Hyper-SET Sudoku run and its export (remote code, `REPO` in the snippets)."""
+    """The run folder of a Hyper-SET Sudoku run, its export (remote code, `REPO` in the snippets) and the run folder
+    of the looped-Transformer baseline on the same puzzles."""
     root = tmp_path_factory.mktemp("sudoku")
     with tiny_sudoku(root / "cache"):
         run = train_sudoku_run(root / "hyperset-sudoku")
-        yield {"run": run, "export": export_model_dir(run, root / "export", repo_id=REPO)}
+        yield {
+            "run": run,
+            "export": export_model_dir(run, root / "export", repo_id=REPO),
+            "looped": train_sudoku_run(root / "looped-transformer-sudoku", model="looped-transformer"),
+        }
 
 
 @pytest.mark.parametrize("folder", ["run", "export"])
@@ -70,3 +76,21 @@ def test_sudoku_card_snippets_run_on_the_exported_folder(sudoku_runs):
     puzzle = re.search(r'puzzle = "(\d{81})"', blocks[1]).group(1)
     assert len(board) == 81 and set(board) <= set("123456789"), board
     assert all(cell == given for cell, given in zip(board, puzzle) if given != "0"), (puzzle, board)
+
+
+def citation(card_text: str) -> str:
+    """The card's BibTeX block."""
+    return re.search(r"```bibtex\n(.*?)```", card_text, flags=re.S).group(1).strip()
+
+
+def test_baseline_card_cites_the_paper_it_reproduces_and_is_not_tagged_energy_based(sudoku_runs):
+    """The looped Transformer is the Hyper-SET paper's baseline: its card cites that paper with the entry Hyper-SET's
+    own card uses, and it is not tagged as an energy-based model (the families are)."""
+    looped, family = (ModelCard.load(sudoku_runs[key] / "README.md") for key in ("looped", "run"))
+    assert "energy-based" not in looped.data.tags and "looped-transformer" in looped.data.tags, (
+        looped.data.tags
+    )
+    assert "energy-based" in family.data.tags, family.data.tags
+    entry = read_sections(find_template("hyperset.md"))["citation"]
+    assert entry.startswith("@misc{hu2025hyperset,"), entry
+    assert citation(looped.text).endswith(entry) and citation(family.text) == entry, citation(looped.text)

@@ -266,7 +266,8 @@ def render_model_card(
         tags=[
             "energyformers",
             model_type,
-            "energy-based",
+            # a baseline (the looped Transformer) is a plain Transformer, not an energy-based model
+            *([] if model_type in getattr(energyformers, "BASELINES", {}) else ["energy-based"]),
             *(["custom_code"] if remote_code else []),
             *(["converted-checkpoint"] if conversion else []),
             *(["masked-image-modeling", "image-inpainting", "maskgit"] if mim else [task]),
