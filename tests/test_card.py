@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from card_fixtures import python_blocks, tiny_sudoku, train_sudoku_run
+from card_fixtures import MIM_SIDE, build_mim_folder, python_blocks, tiny_sudoku, train_sudoku_run
 from huggingface_hub import ModelCard
 
 from energyformers.training.card import find_template, read_sections
@@ -94,3 +94,35 @@ def test_baseline_card_cites_the_paper_it_reproduces_and_is_not_tagged_energy_ba
     entry = read_sections(find_template("hyperset.md"))["citation"]
     assert entry.startswith("@misc{hu2025hyperset,"), entry
     assert citation(looped.text).endswith(entry) and citation(family.text) == entry, citation(looped.text)
+
+
+@pytest.mark.parametrize("tokenizer_class", ["PatchKMeansTokenizer", "VQGANTokenizer"])
+def test_mim_card_snippets_run_as_written(tokenizer_class, tmp_path, monkeypatch):
+    """Every code block of an exported MIM card runs in a fresh namespace, given only an image file at the path it
+    names: nothing is left for the reader to define (the first block builds the images it encodes)."""
+    import huggingface_hub
+    from PIL import Image
+
+    folder = export_model_dir(
+        build_mim_folder(tmp_path / "run", tokenizer_class), tmp_path / "export", repo_id="org/hyperset-mim"
+    )
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id: str(folder))
+    monkeypatch.chdir(tmp_path)  # the pipeline block saves reconstruction.png into the working folder
+    image = tmp_path / "image.png"
+    # an image of another size and mode than the tokenizer's: the snippet converts and resizes it
+    Image.radial_gradient("L").convert("RGB").save(image)
+    text = (folder / "README.md").read_text()
+    blocks = [
+        block.replace('"org/hyperset-mim"', repr(str(folder))).replace("path/to/image.png", str(image))
+        for block in python_blocks(text)
+    ]
+    assert len(blocks) == 4, blocks
+    scopes = [{} for _ in blocks]
+    for block, scope in zip(blocks, scopes):
+        exec(
+            block, scope
+        )  # in this process the package is importable; the remote-code blocks load the folder's code
+    channels = 1 if tokenizer_class == "PatchKMeansTokenizer" else 3
+    reconstruction = scopes[0]["reconstruction"]
+    assert reconstruction.shape == (1, channels, MIM_SIDE, MIM_SIDE), reconstruction.shape
+    assert (tmp_path / "reconstruction.png").is_file()

@@ -1352,13 +1352,13 @@ def test_mim_card_snippets_run(mim_exported, monkeypatch):
     ]
     assert len(blocks) == 4, blocks
     images = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
-    scope = {"images": images}
-    exec(blocks[0], scope)  # package + tokenizer + decode
-    assert scope["reconstruction"].shape == (2, 1, 8, 8)
     from PIL import Image
 
     image = folder.parent / "digit.png"
     Image.fromarray((images[0, 0].numpy() * 255).astype("uint8")).save(image)
+    scope = {}
+    exec(blocks[0].replace("path/to/image.png", str(image)), scope)  # package + tokenizer + decode
+    assert scope["reconstruction"].shape == (1, 1, 8, 8)
     pipeline_code = (
         blocks[1]
         .replace("path/to/image.png", str(image))
