@@ -126,3 +126,18 @@ def test_mim_card_snippets_run_as_written(tokenizer_class, tmp_path, monkeypatch
     reconstruction = scopes[0]["reconstruction"]
     assert reconstruction.shape == (1, channels, MIM_SIDE, MIM_SIDE), reconstruction.shape
     assert (tmp_path / "reconstruction.png").is_file()
+
+
+def test_mim_card_names_every_generated_code_file_of_the_folder(tmp_path):
+    """The card's list of files generated from the package sources is exactly the folder's Python files: the
+    modeling code and the pipeline's (`pipeline_mim.py`, `mim.py`)."""
+    folder = export_model_dir(build_mim_folder(tmp_path / "run", "PatchKMeansTokenizer"), tmp_path / "export")
+    text = " ".join((folder / "README.md").read_text().split())  # the template wraps its sentences
+    listed = re.search(r"((?:`\w+\.py`, )*`\w+\.py`) in this repository are generated", text)
+    assert listed, text
+    names = sorted(name.strip("`") for name in listed.group(1).split(", "))
+    assert names == sorted(p.name for p in folder.glob("*.py")), (
+        names,
+        sorted(p.name for p in folder.glob("*.py")),
+    )
+    assert {"pipeline_mim.py", "mim.py"} <= set(names), names

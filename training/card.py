@@ -285,9 +285,14 @@ def render_model_card(
     stem = getattr(models.get(model_type), "stem", model_type)
     remote_files = []
     if remote_code and model_type in models:
-        from .remote_code import remote_code_sources
+        from .remote_code import MIM_PIPELINE_FILE, MIM_TOKENIZER_FILE, remote_code_sources
 
-        remote_files = [f"`{name}`" for name in sorted(remote_code_sources(model_type))]
+        # a MIM export also carries its pipeline (`export_model_dir`), cut from the package sources as well
+        generated = [
+            *remote_code_sources(model_type),
+            *([MIM_PIPELINE_FILE, MIM_TOKENIZER_FILE] if mim else []),
+        ]
+        remote_files = [f"`{name}`" for name in sorted(generated)]
     variables = {
         "model_name": name,
         "repo_id": repo_id or f"<your-namespace>/{name}",
