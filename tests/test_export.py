@@ -44,6 +44,12 @@ FIXTURE_METRICS = {
     "test": {"accuracy": 0.375, "f1_macro": 0.1875},
     "wall_time_s": 0.0,
 }
+# A token-classification head is the Sudoku model: its run records board and blank-cell accuracy (placeholders too).
+SUDOKU_FIXTURE_METRICS = {
+    **FIXTURE_METRICS,
+    "eval": {"blank_cell_accuracy": 0.25, "board_accuracy": 0.125},
+    "test": {"blank_cell_accuracy": 0.375, "board_accuracy": 0.1875},
+}
 
 
 # Heads whose pipeline needs more than the folders of this table hold: masked image modelling over VQ codes (its task
@@ -102,6 +108,11 @@ def build_model_dir(
         make_tokenizer().save_pretrained(path)
     if metrics is not None:
         task = "image-classification" if input_type == "image" else "text-classification"
+        if auto_class == "AutoModelForTokenClassification":
+            task, metrics = (
+                "token-classification",
+                SUDOKU_FIXTURE_METRICS if metrics is FIXTURE_METRICS else metrics,
+            )
         (path / "metrics.json").write_text(json.dumps({"model": model_type, "task": task, **metrics}))
     return path
 
@@ -358,8 +369,11 @@ def test_card_renders_metadata_and_measured_metrics(exported, case_id):
     assert card.data.pipeline_tag == case["task"]
     assert card.data.license == "apache-2.0"
     assert case["model_type"] in card.data.tags
-    metrics = {(r.metric_type, r.dataset_split): r.metric_value for r in card.data.eval_results}
-    assert metrics == {("accuracy", "test"): 0.375, ("f1", "test"): 0.1875}
+    metrics = {(r.metric_name, r.dataset_split): r.metric_value for r in card.data.eval_results}
+    names = ("Accuracy", "F1 (macro)")
+    if case["task"] == "token-classification":  # the Sudoku head
+        names = ("blank-cell accuracy", "board accuracy")
+    assert metrics == {(names[0], "test"): 0.375, (names[1], "test"): 0.1875}, metrics
     assert "trust_remote_code=True" in card.text and "## Citation" in card.text
     assert "0.3750" in card.text and "0.1250" in card.text  # test and eval rows of the table
 
@@ -1354,13 +1368,13 @@ def test_mim_card_snippets_run(mim_exported, monkeypatch):
     ]
     assert len(blocks) == 4, blocks
     images = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
-    scope = {"images": images}
-    exec(blocks[0], scope)  # package + tokenizer + decode
-    assert scope["reconstruction"].shape == (2, 1, 8, 8)
     from PIL import Image
 
     image = folder.parent / "digit.png"
     Image.fromarray((images[0, 0].numpy() * 255).astype("uint8")).save(image)
+    scope = {}
+    exec(blocks[0].replace("path/to/image.png", str(image)), scope)  # package + tokenizer + decode
+    assert scope["reconstruction"].shape == (1, 1, 8, 8)
     pipeline_code = (
         blocks[1]
         .replace("path/to/image.png", str(image))

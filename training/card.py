@@ -80,6 +80,19 @@ MIM_METRICS = (
     ("tokenizer_psnr", "psnr", "tokenizer PSNR (dB)"),
 )
 SEQUENCE_ONLY_KEYS = frozenset({"vocab_size", "max_position_embeddings"})
+# A token-classification head is the package's Sudoku model (`energyformers train --dataset sudoku|sudoku-hard`,
+# docs/training.md): its inputs are 81-cell puzzles and its run logs these metrics (`evaluation.task_metrics`).
+SUDOKU_TASK = "token-classification"
+SUDOKU_METRICS = (
+    ("blank_cell_accuracy", "accuracy", "blank-cell accuracy"),
+    ("board_accuracy", "accuracy", "board accuracy"),
+)
+CLASSIFICATION_METRICS = (("accuracy", "accuracy", "Accuracy"), ("f1_macro", "f1", "F1 (macro)"))
+# The card's example puzzle: a well-known 30-given board with one solution, row by row, 0 = blank (the cell
+# tokenizer of `training/processing.py` also reads "." as blank and ignores whitespace).
+SUDOKU_EXAMPLE = "530070000600195000098000060800060003400080001700020006060000280000419005000080079"
+# The text classifiers' example sentence: words of the movie-review vocabulary the reference runs train on.
+TEXT_EXAMPLE = "a gripping, well acted film"
 
 
 def find_template(name: str) -> Path | None:
@@ -215,9 +228,8 @@ def render_model_card(
     dataset = metrics.get("dataset")
     display, hub_id, description = dataset_card_fields(dataset)
     # (metrics.json key, model-index type, name): what the run measured for this head
-    measured = (
-        MIM_METRICS if mim else (("accuracy", "accuracy", "Accuracy"), ("f1_macro", "f1", "F1 (macro)"))
-    )
+    sudoku = not mim and task == SUDOKU_TASK
+    measured = MIM_METRICS if mim else SUDOKU_METRICS if sudoku else CLASSIFICATION_METRICS
     eval_results, rows = [], []
     for split in ("test", "eval"):
         split_metrics = metrics.get(split) or {}
@@ -251,12 +263,13 @@ def render_model_card(
         library_name="transformers",
         pipeline_tag=pipeline_tag,
         license="apache-2.0",
-        # a MIM head reads image codes, not text, although its input_type is "sequence"
-        language="en" if info["input_type"] == "sequence" and not mim else None,
+        # a MIM head reads image codes and a Sudoku head digits, not text, although their input_type is "sequence"
+        language="en" if info["input_type"] == "sequence" and not (mim or sudoku) else None,
         tags=[
             "energyformers",
             model_type,
-            "energy-based",
+            # a baseline (the looped Transformer) is a plain Transformer, not an energy-based model
+            *([] if model_type in getattr(energyformers, "BASELINES", {}) else ["energy-based"]),
             *(["custom_code"] if remote_code else []),
             *(["converted-checkpoint"] if conversion else []),
             *(["masked-image-modeling", "image-inpainting", "maskgit"] if mim else [task]),
@@ -274,9 +287,14 @@ def render_model_card(
     stem = getattr(models.get(model_type), "stem", model_type)
     remote_files = []
     if remote_code and model_type in models:
-        from .remote_code import remote_code_sources
+        from .remote_code import MIM_PIPELINE_FILE, MIM_TOKENIZER_FILE, remote_code_sources
 
-        remote_files = [f"`{name}`" for name in sorted(remote_code_sources(model_type))]
+        # a MIM export also carries its pipeline (`export_model_dir`), cut from the package sources as well
+        generated = [
+            *remote_code_sources(model_type),
+            *([MIM_PIPELINE_FILE, MIM_TOKENIZER_FILE] if mim else []),
+        ]
+        remote_files = [f"`{name}`" for name in sorted(generated)]
     variables = {
         "model_name": name,
         "repo_id": repo_id or f"<your-namespace>/{name}",
@@ -289,13 +307,18 @@ def render_model_card(
         else task,
         "pipeline_tag": pipeline_tag,
         "mim": mim,
+        "sudoku": sudoku,
         "vq_tokenizer": _vq_tokenizer_class(info) if mim else None,
         "remote_files": ", ".join(remote_files),
         "input_type": info["input_type"],
         "processor_class": energyformers.INPUT_TYPES[info["input_type"]].processor_class,
-        "example_input": '"path/to/image.png"'
-        if info["input_type"] == "image"
-        else '"a gripping, well acted film"',
+        "example_input": json.dumps(
+            "path/to/image.png"
+            if info["input_type"] == "image"
+            else SUDOKU_EXAMPLE
+            if sudoku
+            else TEXT_EXAMPLE
+        ),
         # a MIM head has no classes (its outputs are codes; config.id2label is transformers' default)
         "labels": "" if mim else _label_list(list((config.get("id2label") or {}).values())),
         "num_parameters": f"{num_parameters:,}" if num_parameters else _fmt(metrics.get("num_parameters")),

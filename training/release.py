@@ -272,12 +272,77 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _number(value: float | None, digits: int = 4) -> str:
+    """A metric of the summary table, "—" where the run did not record it."""
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def summary_row(name: str, test: dict) -> str:
+    """One line of the printed summary: a classifier's test accuracy and macro F1 under the table's header, a Sudoku
+    model's blank-cell and board accuracy, a masked-image-modelling model's reconstruction metrics; "—" for a
+    metric its run did not record."""
+    if "masked_token_accuracy" in test:  # masked image modelling: no classes, reconstruction metrics
+        return (
+            f"{name:<32} masked-token accuracy {_number(test['masked_token_accuracy'])}, PSNR "
+            f"{_number(test.get('psnr'), 2)} dB (tokenizer bound {_number(test.get('tokenizer_psnr'), 2)} dB)"
+        )
+    if "blank_cell_accuracy" in test or "board_accuracy" in test:  # Sudoku (token classification)
+        return (
+            f"{name:<32} blank-cell accuracy {_number(test.get('blank_cell_accuracy'))}, board accuracy "
+            f"{_number(test.get('board_accuracy'))}"
+        )
+    return f"{name:<32} {_number(test.get('accuracy')):>9} {_number(test.get('f1_macro')):>9}"
+
+
+def publish(staged: dict[str, Path], dist_dir: Path, summary: dict, aside: Path) -> None:
+    """Move each staged export to `dist_dir/<name>` (replacing an older one) and write `dist_dir/release.json`, all
+    or nothing: a failure on the way puts the older folders back and removes the new ones, so `dist_dir` holds
+    either the whole release or what it held before. `aside` is an empty folder on the same filesystem where the
+    replaced folders wait until the release is complete."""
+    placed: list[Path] = []
+    replaced: list[tuple[Path, Path]] = []  # (dist_dir/<name>, where the older folder waits)
+    record = aside / "release.json"
+    record.write_text(json.dumps(summary, indent=2) + "\n")
+    try:
+        for name, folder in staged.items():
+            final = dist_dir / name
+            if os.path.lexists(final):
+                final.rename(aside / name)
+                replaced.append((final, aside / name))
+            folder.rename(final)
+            placed.append(final)
+        # the last step: once release.json is there, the release is complete
+        os.replace(record, dist_dir / "release.json")
+    except BaseException:
+        for final in reversed(placed):
+            shutil.rmtree(final, ignore_errors=True)
+        for final, older in reversed(replaced):
+            older.rename(final)
+        raise
+
+
 def run(args: argparse.Namespace) -> int:
-    """Train, inspect and export as planned; returns 1 when any folder failed (the others still ship)."""
-    from .export import export_model_dir
+    """Train, inspect and export as planned; returns 1 when any folder failed (the others still ship).
+
+    Nothing under `--dist_dir` changes until every folder is exported and the summary is written: the inspected
+    copies of `--take` folders and the new exports are staged in a hidden folder there, moved into place together
+    at the end (`publish`), and removed, with a `--dist_dir` this run created, when anything fails before."""
+    from .export import export_model_dir, overlap_problem
 
     train_args = args.train_args
-    staging: Path | None = None  # copies of --take folders that need figures (removed at the end)
+    dist_dir = args.dist_dir
+    created_dist = not os.path.lexists(dist_dir)
+    staging: Path | None = (
+        None  # dist_dir/.release-*: inspected copies, exports, replaced folders (removed at the end)
+    )
+
+    def staged(*parts: str) -> Path:
+        nonlocal staging
+        if staging is None:
+            dist_dir.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=".release-", dir=dist_dir))
+        return staging.joinpath(*parts)
+
     try:
         # 1. Which model folders to release: given, already trained, or to be trained now.
         plan: list[tuple[Path, list[str] | None]] = []
@@ -328,7 +393,7 @@ def run(args: argparse.Namespace) -> int:
 
         # 3. Draw each finished folder's dynamics (`energyformers inspect` on its test split) for its card. A run
         # trained here is release's own output and gets the figures; a folder given with --take is the user's and is
-        # not written to: it is copied under the dist folder, inspected and exported from there.
+        # not written to: it is copied into the staging folder, inspected and exported from there.
         sources = {run_dir: run_dir for run_dir, _ in plan}
         for index, (run_dir, _) in enumerate(plan):
             if str(run_dir) in failures or (run_dir / "inspect.json").is_file():
@@ -339,16 +404,19 @@ def run(args: argparse.Namespace) -> int:
                 # `inspect` draws a MIM model's decode sequence of a given image, not dataset dynamics; the card
                 # has the run's training curve and reconstruction metrics
                 continue
+            printed_as: tuple[str, str] | None = (
+                None  # (staged copy, where its files end up) in inspect's output
+            )
             if args.take:
-                args.dist_dir.mkdir(parents=True, exist_ok=True)
-                staging = staging or Path(tempfile.mkdtemp(prefix=".release-take-", dir=args.dist_dir))
-                sources[run_dir] = staging / str(index) / run_dir.name
+                sources[run_dir] = staged("take", str(index), run_dir.name)
                 shutil.copytree(run_dir, sources[run_dir], symlinks=True)
+                printed_as = (str(sources[run_dir]), str(dist_dir / _release_name(run_dir)))
             command = inspect_command(sources[run_dir])
-            if subprocess.run(command).returncode != 0:
+            if _run_printing(command, printed_as) != 0:
                 failures[str(run_dir)] = f"inspect failed: {shlex.join(['energyformers', *command[3:]])}"
 
-        # 4. Export each finished folder to dist/<model>-<dataset>/ (atomic; replaces an older export).
+        # 4. Export each finished folder into the staging folder, bound for dist/<model>-<dataset>/.
+        exports: dict[str, Path] = {}
         released: dict[str, dict] = {}
         for run_dir, _ in plan:
             if str(run_dir) in failures:
@@ -357,15 +425,21 @@ def run(args: argparse.Namespace) -> int:
                 name = _release_name(run_dir)
                 if name in released:
                     raise ValueError(f"two folders would both be released as {name!r}")
-                repo_id = f"{args.namespace}/{name}" if args.namespace else None
-                out = export_model_dir(
-                    sources[run_dir], args.dist_dir / name, repo_id=repo_id, overwrite=True
+                final = dist_dir / name
+                problem = overlap_problem(
+                    run_dir, final, True, ("the folder", "its release folder", "release")
                 )
+                if problem is None and os.path.lexists(final) and not final.is_dir():
+                    problem = f"{final}: is a file, not a folder; release replaces folders only"
+                if problem is not None:
+                    raise ValueError(problem)
+                repo_id = f"{args.namespace}/{name}" if args.namespace else None
+                exports[name] = export_model_dir(sources[run_dir], staged("export", name), repo_id=repo_id)
             except (FileNotFoundError, ValueError) as err:
                 failures[str(run_dir)] = str(err)
                 continue
-            metrics = json.loads((out / "metrics.json").read_text())
-            released[name] = {"source": str(run_dir), "folder": str(out), "test": metrics.get("test") or {}}
+            metrics = json.loads((exports[name] / "metrics.json").read_text())
+            released[name] = {"source": str(run_dir), "folder": str(final), "test": metrics.get("test") or {}}
 
         compared: dict[str, dict] = {}  # the baselines' measured test metrics, for side-by-side reading
         for run_dir, _ in baselines:
@@ -379,43 +453,47 @@ def run(args: argparse.Namespace) -> int:
             metrics = json.loads((run_dir / "metrics.json").read_text())
             compared[name] = {"source": str(run_dir), "test": metrics.get("test") or {}}
 
-        args.dist_dir.mkdir(parents=True, exist_ok=True)
+        # 5. What will be printed, formatted before anything is published (a failure here leaves dist untouched).
         summary = {"released": released, "failed": failures}
         if args.baselines:
             summary["baselines"] = compared
-        (args.dist_dir / "release.json").write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"\n{'release':<32} {'test acc':>9} {'macro F1':>9}")
-        for name, entry in released.items():
-            test = entry["test"]
-            if "masked_token_accuracy" in test:  # masked image modelling: no classes, reconstruction metrics
-                print(
-                    f"{name:<32} masked-token accuracy {test['masked_token_accuracy']:.4f}, PSNR "
-                    f"{test.get('psnr', float('nan')):.2f} dB (tokenizer bound "
-                    f"{test.get('tokenizer_psnr', float('nan')):.2f} dB)"
-                )
-                continue
-            acc, f1 = test.get("accuracy"), test.get("f1_macro")
-            print(
-                f"{name:<32} {acc if acc is None else f'{acc:.4f}':>9} {f1 if f1 is None else f'{f1:.4f}':>9}"
-            )
-        for name, entry in compared.items():
-            test = entry["test"]
-            acc, f1 = test.get("accuracy"), test.get("f1_macro")
-            label = f"{name} (baseline)"
-            print(
-                f"{label:<32} {acc if acc is None else f'{acc:.4f}':>9} {f1 if f1 is None else f'{f1:.4f}':>9}"
-            )
+        lines = [f"\n{'release':<32} {'test acc':>9} {'macro F1':>9}"]
+        lines += [summary_row(name, entry["test"]) for name, entry in released.items()]
+        lines += [summary_row(f"{name} (baseline)", entry["test"]) for name, entry in compared.items()]
         namespace = args.namespace or "<your-namespace>"
         if released:
-            print("\npush with:")
-            for name, entry in released.items():
-                print(f"  energyformers push {entry['folder']} {namespace}/{name}")
+            lines.append("\npush with:")
+            lines += [
+                f"  energyformers push {entry['folder']} {namespace}/{name}"
+                for name, entry in released.items()
+            ]
+        aside = staged("aside")
+        aside.mkdir()
+        publish(exports, dist_dir, summary, aside)
+        print("\n".join(lines), flush=True)
         for source, reason in failures.items():
             print(f"energyformers release: error: {source}: {reason}", file=sys.stderr)
         return 1 if failures else 0
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+        if created_dist and dist_dir.is_dir() and not any(dist_dir.iterdir()):
+            dist_dir.rmdir()  # a --dist_dir this run created and left empty (a failure before publishing)
+
+
+def _run_printing(command: list[str], printed_as: tuple[str, str] | None) -> int:
+    """Run `command`, its output shown as it comes; with `printed_as` = (staged, final), a printed path under the
+    staged copy is shown where the export puts that file (the staged copy is removed at the end). The exit status."""
+    if printed_as is None:
+        return subprocess.run(command).returncode
+    staged, final = printed_as
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as process:
+        assert process.stdout is not None  # stdout=PIPE
+        for line in process.stdout:
+            if line.startswith(staged + os.sep):
+                line = final + line[len(staged) :]
+            print(line, end="", flush=True)
+    return process.returncode
 
 
 def main(argv: list[str] | None = None) -> int:

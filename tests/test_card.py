@@ -1,0 +1,143 @@
+"""The model card (`training/card.py`, `model_cards/`): what it says of each kind of run, and that its code runs.
+
+Run folders here are real `energyformers train` runs of tiny models on a few generated Sudoku puzzles
+(`card_fixtures.py`); the card's snippets are executed on the exported folder, the repo id replaced by its path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from card_fixtures import MIM_SIDE, build_mim_folder, python_blocks, tiny_sudoku, train_sudoku_run
+from huggingface_hub import ModelCard
+
+from energyformers.training.card import find_template, read_sections
+from energyformers.training.export import export_model_dir
+
+REPO = "org/hyperset-sudoku"
+
+
+@pytest.fixture(scope="module")
+def sudoku_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """The run folder of a Hyper-SET Sudoku run, its export (remote code, `REPO` in the snippets) and the run folder
+    of the looped-Transformer baseline on the same puzzles."""
+    root = tmp_path_factory.mktemp("sudoku")
+    with tiny_sudoku(root / "cache"):
+        run = train_sudoku_run(root / "hyperset-sudoku")
+        yield {
+            "run": run,
+            "export": export_model_dir(run, root / "export", repo_id=REPO),
+            "looped": train_sudoku_run(root / "looped-transformer-sudoku", model="looped-transformer"),
+        }
+
+
+@pytest.mark.parametrize("folder", ["run", "export"])
+def test_sudoku_card_reports_the_sudoku_metrics_and_speaks_of_puzzles(sudoku_runs, folder):
+    """The run's blank-cell and board accuracy are the card's model-index results and its table; no language (the
+    inputs are digits), and none of the text classifier's or the image benchmarks' wording."""
+    card = ModelCard.load(sudoku_runs[folder] / "README.md")
+    test = json.loads((sudoku_runs["run"] / "metrics.json").read_text())["test"]
+    results = {
+        (r.metric_name, r.metric_type, r.dataset_split): r.metric_value for r in card.data.eval_results or []
+    }
+    expected = {
+        ("blank-cell accuracy", "accuracy", "test"): test["blank_cell_accuracy"],
+        ("board accuracy", "accuracy", "test"): test["board_accuracy"],
+    }
+    assert results == expected, (results, expected)
+    assert card.data.language is None and card.data.metrics == ["accuracy"], card.data
+    text = card.text
+    row = f"| test | {test['blank_cell_accuracy']:.4f} | {test['board_accuracy']:.4f} |"
+    assert "| dataset | split | blank-cell accuracy | board accuracy |" in text and row in text, text
+    for wrong in ("No evaluation was recorded", "text classifier", "unknown token", "CIFAR", "macro F1"):
+        assert wrong not in text, (wrong, text)
+    assert "Palm et al." in text and "81 cells" in text, text
+
+
+def test_sudoku_card_snippets_run_on_the_exported_folder(sudoku_runs):
+    """Both loading blocks of the exported card run; the remote-code one fills the example puzzle's blanks with the
+    pipeline's digits and keeps its givens."""
+    folder = sudoku_runs["export"]
+    blocks = [
+        b.replace(f'"{REPO}"', repr(str(folder))) for b in python_blocks((folder / "README.md").read_text())
+    ]
+    assert len(blocks) == 2, blocks
+    exec(blocks[0], {})  # with the package
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(blocks[1], {})  # the repository's own code (in this process the package is importable too)
+    board = printed.getvalue().strip()
+    puzzle = re.search(r'puzzle = "(\d{81})"', blocks[1]).group(1)
+    assert len(board) == 81 and set(board) <= set("123456789"), board
+    assert all(cell == given for cell, given in zip(board, puzzle) if given != "0"), (puzzle, board)
+
+
+def citation(card_text: str) -> str:
+    """The card's BibTeX block."""
+    return re.search(r"```bibtex\n(.*?)```", card_text, flags=re.S).group(1).strip()
+
+
+def test_baseline_card_cites_the_paper_it_reproduces_and_is_not_tagged_energy_based(sudoku_runs):
+    """The looped Transformer is the Hyper-SET paper's baseline: its card cites that paper with the entry Hyper-SET's
+    own card uses, and it is not tagged as an energy-based model (the families are)."""
+    looped, family = (ModelCard.load(sudoku_runs[key] / "README.md") for key in ("looped", "run"))
+    assert "energy-based" not in looped.data.tags and "looped-transformer" in looped.data.tags, (
+        looped.data.tags
+    )
+    assert "energy-based" in family.data.tags, family.data.tags
+    entry = read_sections(find_template("hyperset.md"))["citation"]
+    assert entry.startswith("@misc{hu2025hyperset,"), entry
+    assert citation(looped.text).endswith(entry) and citation(family.text) == entry, citation(looped.text)
+
+
+@pytest.mark.parametrize("tokenizer_class", ["PatchKMeansTokenizer", "VQGANTokenizer"])
+def test_mim_card_snippets_run_as_written(tokenizer_class, tmp_path, monkeypatch):
+    """Every code block of an exported MIM card runs in a fresh namespace, given only an image file at the path it
+    names: nothing is left for the reader to define (the first block builds the images it encodes)."""
+    import huggingface_hub
+    from PIL import Image
+
+    folder = export_model_dir(
+        build_mim_folder(tmp_path / "run", tokenizer_class), tmp_path / "export", repo_id="org/hyperset-mim"
+    )
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id: str(folder))
+    monkeypatch.chdir(tmp_path)  # the pipeline block saves reconstruction.png into the working folder
+    image = tmp_path / "image.png"
+    # an image of another size and mode than the tokenizer's: the snippet converts and resizes it
+    Image.radial_gradient("L").convert("RGB").save(image)
+    text = (folder / "README.md").read_text()
+    blocks = [
+        block.replace('"org/hyperset-mim"', repr(str(folder))).replace("path/to/image.png", str(image))
+        for block in python_blocks(text)
+    ]
+    assert len(blocks) == 4, blocks
+    scopes = [{} for _ in blocks]
+    for block, scope in zip(blocks, scopes):
+        exec(
+            block, scope
+        )  # in this process the package is importable; the remote-code blocks load the folder's code
+    channels = 1 if tokenizer_class == "PatchKMeansTokenizer" else 3
+    reconstruction = scopes[0]["reconstruction"]
+    assert reconstruction.shape == (1, channels, MIM_SIDE, MIM_SIDE), reconstruction.shape
+    assert (tmp_path / "reconstruction.png").is_file()
+
+
+def test_mim_card_names_every_generated_code_file_of_the_folder(tmp_path):
+    """The card's list of files generated from the package sources is exactly the folder's Python files: the
+    modeling code and the pipeline's (`pipeline_mim.py`, `mim.py`)."""
+    folder = export_model_dir(build_mim_folder(tmp_path / "run", "PatchKMeansTokenizer"), tmp_path / "export")
+    text = " ".join((folder / "README.md").read_text().split())  # the template wraps its sentences
+    listed = re.search(r"((?:`\w+\.py`, )*`\w+\.py`) in this repository are generated", text)
+    assert listed, text
+    names = sorted(name.strip("`") for name in listed.group(1).split(", "))
+    assert names == sorted(p.name for p in folder.glob("*.py")), (
+        names,
+        sorted(p.name for p in folder.glob("*.py")),
+    )
+    assert {"pipeline_mim.py", "mim.py"} <= set(names), names
