@@ -2158,7 +2158,7 @@ class RecurrentDepthHeadMixin:
         return self.loss_function(*arguments, self.config)
 
 
-def _classifier_norm(config: HyperSetConfig) -> nn.Module:
+def classifier_norm_layer(config: HyperSetConfig) -> nn.Module:
     """The norm before the classifier: LayerNorm (the paper's image models) or RMSNorm (their Sudoku model)."""
     if config.classifier_norm == "rmsnorm":
         return nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -2179,7 +2179,7 @@ class HyperSetHead(RecurrentDepthHeadMixin, HyperSetPreTrainedModel):
         super().__init__(config)
         check_head_input_type(self, config.input_type, self._input_type)
         self.hyperset = HyperSetModel(config)
-        self.layernorm = _classifier_norm(config)
+        self.layernorm = classifier_norm_layer(config)
         self.classifier = (
             nn.Linear(config.hidden_size, config.num_labels, bias=config.classifier_bias)
             if config.num_labels > 0
@@ -2539,7 +2539,7 @@ class HyperSetForMaskedImageModeling(MaskedImageModelingMixin, HyperSetPreTraine
         super().__init__(config)
         check_masked_image_modeling_head(self, config)
         self.hyperset = HyperSetModel(config)
-        self.layernorm = _classifier_norm(config)
+        self.layernorm = classifier_norm_layer(config)
         # K = vocab_size − 1 outputs: [MASK] is an input id only, never a prediction. Its own name (not the
         # classification heads' `classifier`, not `lm_head`, which transformers resizes with the vocabulary): a
         # classifier checkpoint loads its backbone here with a fresh code head, as into any other head

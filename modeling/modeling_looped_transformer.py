@@ -45,10 +45,10 @@ from .modeling_hyperset import (
     RecurrentDepthHeadMixin,
     RecurrentDepthHeadOutput,
     RecurrentDepthMixin,
-    _classifier_norm,
     check_head_input_type,
     check_initial_state,
     check_masked_image_modeling_head,
+    classifier_norm_layer,
     config_choice,
     fixed_positions,
     route_main_input,
@@ -315,7 +315,7 @@ class LoopedTransformerHead(RecurrentDepthHeadMixin, LoopedTransformerPreTrained
         check_head_input_type(self, config.input_type, self._input_type)
         self.looped_transformer = LoopedTransformerModel(config)
         # Hyper-SET's head, built by its own function, so a side-by-side pair differs in the trunk only
-        self.layernorm = _classifier_norm(config)
+        self.layernorm = classifier_norm_layer(config)
         self.classifier = (
             nn.Linear(config.hidden_size, config.num_labels, bias=config.classifier_bias)
             if config.num_labels > 0
@@ -458,7 +458,7 @@ class LoopedTransformerForMaskedImageModeling(MaskedImageModelingMixin, LoopedTr
         super().__init__(config)
         check_masked_image_modeling_head(self, config)
         self.looped_transformer = LoopedTransformerModel(config)
-        self.layernorm = _classifier_norm(config)
+        self.layernorm = classifier_norm_layer(config)
         # K outputs: [MASK] is an input id only. Named as Hyper-SET's MIM head (not `lm_head`, which transformers
         # would resize with the vocabulary)
         self.code_head = nn.Linear(config.hidden_size, config.vocab_size - 1, bias=config.classifier_bias)
