@@ -783,7 +783,9 @@ def validate_best_model(args: Arguments, prog: str) -> None:
     transformers requires (the same strategy, other than "no"; by steps, `save_steps` a multiple of `eval_steps`),
     worked out from the cadence `optimization.plan_schedule` will use; and a metric the run logs."""
     r, d = args.run, args.data
-    given = [f"--{name}" for name in ("load_best_model_at_end", "metric_for_best_model") if name in args.explicit]
+    given = [
+        f"--{name}" for name in ("load_best_model_at_end", "metric_for_best_model") if name in args.explicit
+    ]
     if given and prog == ACCELERATE_PROG:
         raise UsageError(
             f"{given[0]}: {prog} does not track the best checkpoint; use energyformers train (the Trainer loop), "
