@@ -54,8 +54,8 @@ def build_trainer_classes() -> tuple[type, type, type]:
     """The Trainer subclass and callbacks (defined on first use: importing transformers.Trainer is slow)."""
     from transformers import Trainer, TrainerCallback
 
+    from .callbacks import ContinueIterationDraws
     from .optimization import make_scheduler
-    from .setup import continue_iteration_draws
 
     class RecipeTrainer(Trainer):
         """Trainer with the recipe's training loss (augmentation, soft targets) and lr schedule (floors,
@@ -140,10 +140,10 @@ def build_trainer_classes() -> tuple[type, type, type]:
                 control.should_save = True
                 control.should_training_stop = True
 
-    class LoopState(TrainerCallback):
-        """Continue the sampled depths where a resumed run stopped and the training masks (a collator with
-        `continue_after`) where each epoch starts, and log the loss at every checkpoint step (so the logged
-        windows end exactly at each checkpoint: `whole_run_train_loss`)."""
+    class LoopState(ContinueIterationDraws):
+        """Continue the sampled depths where a resumed run stopped (`ContinueIterationDraws`) and the training
+        masks (a collator with `continue_after`) where each epoch starts, and log the loss at every checkpoint step
+        (so the logged windows end exactly at each checkpoint: `whole_run_train_loss`)."""
 
         def __init__(self, collator: Any = None) -> None:
             self.collator = collator
@@ -157,9 +157,8 @@ def build_trainer_classes() -> tuple[type, type, type]:
             train_dataloader: Any = None,
             **kwargs: Any,
         ) -> None:
-            # the prepared loader's length: this process's batches an epoch
-            continue_iteration_draws(
-                model, state.global_step, len(train_dataloader), args.gradient_accumulation_steps
+            super().on_train_begin(
+                args, state, control, model=model, train_dataloader=train_dataloader, **kwargs
             )
             if hasattr(self.collator, "check_loader"):
                 self.collator.check_loader(train_dataloader)
