@@ -466,6 +466,24 @@ class RunArguments:
     keep_checkpoints: bool = field(
         default=False, metadata={"help": "keep <output_dir>.checkpoints after success"}
     )
+    load_best_model_at_end: bool = field(
+        default=False,
+        metadata={
+            "help": "`energyformers train` only: the output folder gets the weights of the checkpoint with the best "
+            "--metric_for_best_model (as transformers' TrainingArguments; checkpoints must follow the evaluations: "
+            "the same strategy, --save_steps a multiple of --eval_steps); unset: the last step's weights (the "
+            "EMA with --ema_decay)"
+        },
+    )
+    metric_for_best_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "with --load_best_model_at_end: the evaluation metric that picks the checkpoint, as the run "
+            "logs it, with or without eval_ (classification: accuracy, f1_macro; Sudoku: blank_cell_accuracy, "
+            "board_accuracy; masked image modelling: masked_token_accuracy, decoded_token_accuracy, psnr, ssim; "
+            "any task: loss, the only one where lower is better); unset: loss"
+        },
+    )
     disable_tqdm: bool = field(default=False, metadata={"help": "no progress bar (log lines only)"})
     num_predictions: int = field(
         default=5, metadata={"help": "pipeline predictions on test examples printed at the end"}
@@ -563,6 +581,7 @@ def parse_arguments(argv: list[str], prog: str, description: str) -> Arguments:
     model, data, run, augmentation = parsed
     args = Arguments(model, data, run, augmentation, list(argv), _explicit(parser, argv))
     validate(args)
+    validate_best_model(args, prog)
     return args
 
 
@@ -717,6 +736,114 @@ def validate(args: Arguments) -> None:
 
         check_push_request(r.hub_model_id, r.hub_token, repo_flag="--hub_model_id", token_flag="--hub_token")
     check_output_dir(r.output_dir, r.overwrite_output_dir)
+
+
+# --------------------------------------------------------------------------- best checkpoint
+
+# The metrics each task's evaluation logs (`evaluation.task_metrics`, plus the decoded reconstruction metrics of
+# masked image modelling), by the names `--metric_for_best_model` takes: higher is better for all but `loss`,
+# so transformers' default direction (lower only for a name ending in "loss") is right and no
+# `--greater_is_better` is needed. LPIPS / FID (lower is better, present only with their weight files) and the
+# per-depth `<metric>_iterations_<t>` entries are left out.
+BEST_MODEL_METRICS: dict[str, tuple[str, ...]] = {
+    "classification": ("accuracy", "f1_macro", "loss"),
+    "token-classification": ("blank_cell_accuracy", "board_accuracy", "loss"),
+    MIM_TASK: ("masked_token_accuracy", "decoded_token_accuracy", "psnr", "ssim", "loss"),
+}
+# The command that has no best-checkpoint tracking (its own loop): the flags are refused there.
+ACCELERATE_PROG = "energyformers train-accelerate"
+
+
+def best_model_metrics(task: str) -> tuple[str, ...]:
+    """The `--metric_for_best_model` names a run of `task` (a pipeline task, or `MIM_TASK`) can pick."""
+    return BEST_MODEL_METRICS.get(task, BEST_MODEL_METRICS["classification"])
+
+
+def check_best_model_metric(metric: str, task: str, dataset: str) -> None:
+    """A `UsageError` naming `--metric_for_best_model`, its value and the metrics `task`'s evaluation logs, when
+    `metric` (with or without the `eval_` prefix) is not one of them. Called while parsing with the task the flags
+    imply and again by `energyformers train` with the task of the data as loaded (a local per-token dataset)."""
+    allowed = best_model_metrics(task)
+    if metric.removeprefix("eval_") not in allowed:
+        raise UsageError(
+            f"--metric_for_best_model {metric}: --dataset {dataset} ({task}) logs {', '.join(allowed)} at each "
+            "evaluation (with or without the eval_ prefix)"
+        )
+
+
+def _builtin_datasets() -> frozenset[str]:
+    from .data import BUILTIN_DATASETS  # imports `datasets` (seconds): only when a metric is named
+
+    return frozenset(BUILTIN_DATASETS)
+
+
+def validate_best_model(args: Arguments, prog: str) -> None:
+    """`--load_best_model_at_end` / `--metric_for_best_model`: `energyformers train` only (Trainer tracks the best
+    checkpoint; the Accelerate loop does not); a checkpoint at every evaluation that can be the best one, as
+    transformers requires (the same strategy, other than "no"; by steps, `save_steps` a multiple of `eval_steps`),
+    worked out from the cadence `optimization.plan_schedule` will use; and a metric the run logs."""
+    r, d = args.run, args.data
+    given = [
+        f"--{name}" for name in ("load_best_model_at_end", "metric_for_best_model") if name in args.explicit
+    ]
+    if given and prog == ACCELERATE_PROG:
+        raise UsageError(
+            f"{given[0]}: {prog} does not track the best checkpoint; use energyformers train (the Trainer loop), "
+            "which takes the same flags"
+        )
+    if r.metric_for_best_model is not None and not r.load_best_model_at_end:
+        raise UsageError(
+            f"--metric_for_best_model {r.metric_for_best_model}: picks the checkpoint --load_best_model_at_end "
+            "loads; add --load_best_model_at_end or drop it"
+        )
+    if not r.load_best_model_at_end:
+        return
+    # the cadence as `optimization.cadence_strategies` / `plan_schedule` resolve it (no torch needed)
+    eval_strategy = r.eval_strategy or ("steps" if r.max_steps > 0 else "epoch")
+    save_strategy = r.save_strategy or eval_strategy
+    if eval_strategy == "no" or save_strategy == "no":
+        which = "--eval_strategy no" if eval_strategy == "no" else "--save_strategy no"
+        raise UsageError(
+            f"--load_best_model_at_end: {which} leaves no evaluated checkpoint to pick from; evaluate and save "
+            "with the same strategy (steps or epoch)"
+        )
+    if eval_strategy != save_strategy:
+        raise UsageError(
+            f"--load_best_model_at_end: evaluation by {eval_strategy} and checkpoints by {save_strategy}; "
+            "evaluate and save with the same strategy (steps or epoch), so each evaluation has its checkpoint"
+        )
+    if eval_strategy == "steps":
+        eval_steps = r.eval_steps
+        if eval_steps is None and r.save_steps is not None:
+            if r.max_steps <= 0:  # a quarter of a run whose length waits for the data: unknown here
+                raise UsageError(
+                    f"--load_best_model_at_end with --save_steps {r.save_steps} needs --eval_steps too (a "
+                    "divisor of it): unset, evaluation comes every quarter of the run"
+                )
+            eval_steps = max(1, r.max_steps // 4)
+        save_steps = r.save_steps or eval_steps
+        if eval_steps is not None and save_steps % eval_steps:
+            raise UsageError(
+                f"--load_best_model_at_end: --save_steps {save_steps} is not a multiple of --eval_steps "
+                f"{eval_steps}, so the best evaluation may have no checkpoint; make it one (e.g. --save_steps "
+                f"{eval_steps})"
+            )
+    if r.metric_for_best_model is not None:
+        if d.task == MIM_TASK:
+            check_best_model_metric(r.metric_for_best_model, MIM_TASK, d.dataset)
+        elif d.dataset in SUDOKU_DATASETS:
+            check_best_model_metric(r.metric_for_best_model, "token-classification", d.dataset)
+        elif d.dataset in _builtin_datasets():  # the other built-ins classify images or texts
+            check_best_model_metric(r.metric_for_best_model, "classification", d.dataset)
+        elif r.metric_for_best_model.removeprefix("eval_") not in {
+            *BEST_MODEL_METRICS["classification"],
+            *BEST_MODEL_METRICS["token-classification"],
+        }:  # a local or Hub dataset may be per-token: checked again once loaded
+            raise UsageError(
+                f"--metric_for_best_model {r.metric_for_best_model}: classification logs "
+                f"{', '.join(BEST_MODEL_METRICS['classification'])}, per-token datasets (Sudoku) "
+                f"{', '.join(BEST_MODEL_METRICS['token-classification'])}, each with or without the eval_ prefix"
+            )
 
 
 # The flags that only mean something with `--task masked-image-modeling`.
@@ -943,7 +1070,9 @@ def quiet_libraries() -> None:
 
 
 __all__ = [
+    "ACCELERATE_PROG",
     "ATTN_IMPLEMENTATIONS",
+    "BEST_MODEL_METRICS",
     "COLUMN_FLAGS",
     "CONFIG_FIELDS",
     "DATACLASSES",
@@ -956,8 +1085,10 @@ __all__ = [
     "ModelArguments",
     "RunArguments",
     "UsageError",
+    "best_model_metrics",
     "build_parser",
     "check_attn_flag",
+    "check_best_model_metric",
     "check_column_flags",
     "check_output_dir",
     "config_flags",
@@ -966,4 +1097,5 @@ __all__ = [
     "quiet_libraries",
     "recorded",
     "validate",
+    "validate_best_model",
 ]

@@ -53,6 +53,8 @@ class RunResult:
     start_time: float
     resumed_from: str | None = None
     warnings: list[str] = field(default_factory=list)
+    # which weights the folder holds (`train.restore_best_weights`); None: the last step's
+    saved_weights: dict[str, Any] | None = None
 
 
 def dataset_name(args: Arguments) -> str:
@@ -110,6 +112,8 @@ def run_metrics(result: RunResult) -> dict[str, Any]:
         "eval": result.eval,
         "test": result.test,
         "warnings": result.warnings,
+        "saved_weights": result.saved_weights
+        or {"weights": "last", "step": result.global_step, "ema": run.ema_decay is not None},
         "log_history": result.log_history,  # the training curve's data
         "wall_time_s": round(time.time() - result.start_time, 2),
     }

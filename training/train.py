@@ -21,7 +21,7 @@ from typing import Any
 # Concise logs: silence tokenizers fork warnings before transformers is imported.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from .arguments import Arguments, parse_arguments, quiet_libraries
+from .arguments import Arguments, check_best_model_metric, parse_arguments, quiet_libraries
 from .cli import run_command
 from .interrupt import StopRequest
 
@@ -54,8 +54,8 @@ def build_trainer_classes() -> tuple[type, type, type]:
     """The Trainer subclass and callbacks (defined on first use: importing transformers.Trainer is slow)."""
     from transformers import Trainer, TrainerCallback
 
+    from .callbacks import ContinueIterationDraws
     from .optimization import make_scheduler
-    from .setup import continue_iteration_draws
 
     class RecipeTrainer(Trainer):
         """Trainer with the recipe's training loss (augmentation, soft targets) and lr schedule (floors,
@@ -140,10 +140,10 @@ def build_trainer_classes() -> tuple[type, type, type]:
                 control.should_save = True
                 control.should_training_stop = True
 
-    class LoopState(TrainerCallback):
-        """Continue the sampled depths where a resumed run stopped and the training masks (a collator with
-        `continue_after`) where each epoch starts, and log the loss at every checkpoint step (so the logged
-        windows end exactly at each checkpoint: `whole_run_train_loss`)."""
+    class LoopState(ContinueIterationDraws):
+        """Continue the sampled depths where a resumed run stopped (`ContinueIterationDraws`) and the training
+        masks (a collator with `continue_after`) where each epoch starts, and log the loss at every checkpoint step
+        (so the logged windows end exactly at each checkpoint: `whole_run_train_loss`)."""
 
         def __init__(self, collator: Any = None) -> None:
             self.collator = collator
@@ -157,9 +157,8 @@ def build_trainer_classes() -> tuple[type, type, type]:
             train_dataloader: Any = None,
             **kwargs: Any,
         ) -> None:
-            # the prepared loader's length: this process's batches an epoch
-            continue_iteration_draws(
-                model, state.global_step, len(train_dataloader), args.gradient_accumulation_steps
+            super().on_train_begin(
+                args, state, control, model=model, train_dataloader=train_dataloader, **kwargs
             )
             if hasattr(self.collator, "check_loader"):
                 self.collator.check_loader(train_dataloader)
@@ -179,6 +178,45 @@ def build_trainer_classes() -> tuple[type, type, type]:
                 control.should_log = True
 
     return RecipeTrainer, StopOnSignal, LoopState
+
+
+def restore_best_weights(trainer: Any, args: Arguments) -> dict[str, Any]:
+    """After `trainer.train()`: which weights the model now holds, as metrics.json's `saved_weights` records it.
+
+    Without `--load_best_model_at_end`: the last step's (the EMA of the last step with `--ema_decay`). With it,
+    Trainer has loaded the best checkpoint's `model.safetensors`; with `--ema_decay` too, the evaluations that
+    ranked the checkpoints ran on the EMA weights (`EMACallback` swaps them in), so those are the ones the best
+    step earned: they are read from the same checkpoint's EMA file, over the EMA of the last step that
+    `EMACallback.on_train_end` left in the model. The buffers (not averaged) stay the checkpoint's."""
+    state, run = trainer.state, args.run
+    ema = run.ema_decay is not None
+    if not run.load_best_model_at_end or state.best_model_checkpoint is None:
+        saved: dict[str, Any] = {"weights": "last", "step": state.global_step, "ema": ema}
+        if run.load_best_model_at_end:  # no evaluation came before the last step
+            saved["reason"] = "no evaluation during training to pick a best checkpoint from"
+        return saved
+    best = Path(state.best_model_checkpoint)
+    if ema:
+        import torch
+        from safetensors.torch import load_file
+
+        from .augmentation import EMA_WEIGHTS_NAME
+
+        averaged = load_file(str(best / EMA_WEIGHTS_NAME))
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.copy_(averaged[name].to(param.device, param.dtype))
+    metric = trainer.args.metric_for_best_model
+    return {
+        "weights": "best",
+        "step": int(best.name.rsplit("-", 1)[-1]),
+        "metric": metric if metric.startswith("eval_") else f"eval_{metric}",
+        "value": state.best_metric,
+        "greater_is_better": trainer.args.greater_is_better,
+        "ema": ema,
+        "last_step": state.global_step,
+    }
 
 
 def training_arguments(args: Any, work_dir: Path) -> Any:
@@ -259,6 +297,8 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
     main_process = ta.process_index == 0
     with leave_nothing_behind(work_dir, main_process):
         built = build(args, PartialState())
+        if args.run.metric_for_best_model is not None:  # the task as loaded: a local dataset may be per-token
+            check_best_model_metric(args.run.metric_for_best_model, built.task, args.data.dataset)
         if resume_from is not None:  # what was built against the record, before the checkpoint is loaded
             check_resume_arguments(args, built, work_dir, resume_from)
         training_loss = TrainingLoss(args, built)
@@ -272,6 +312,13 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             ta.eval_steps = schedule.eval_steps
         if schedule.save_steps is not None:
             ta.save_steps = schedule.save_steps
+        if args.run.load_best_model_at_end:
+            # set here, with the cadence, rather than in `training_arguments`: TrainingArguments checks save_steps
+            # against eval_steps when it is built, before the run's own steps are known (`validate_best_model`
+            # has checked those); the direction is transformers' default, lower only for a "loss"
+            ta.load_best_model_at_end = True
+            ta.metric_for_best_model = args.run.metric_for_best_model or "loss"
+            ta.greater_is_better = not ta.metric_for_best_model.endswith("loss")
         if main_process:
             record_run_arguments(
                 args, built, work_dir
@@ -317,6 +364,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             return stop.report("train", args.argv, trainer.state.global_step, work_dir)
         return 128 + int(stop.signum or 0)
 
+    saved_weights = restore_best_weights(trainer, args)
     eval_metrics = trainer.evaluate(built.data["validation"], metric_key_prefix="eval")
     test_metrics = trainer.evaluate(built.data["test"], metric_key_prefix="test")
     stage = work_dir / "final"
@@ -350,6 +398,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             start_time=start,
             resumed_from=str(resume_from) if resume_from else None,
             warnings=built.warnings,
+            saved_weights=saved_weights,
         )
         finish_run(stage, result, output_dir, work_dir)
     trainer.accelerator.wait_for_everyone()
