@@ -1151,9 +1151,8 @@ class HyperSetPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
 # ------------------------------------------------------------------------ depth schedule
 # How many iterations a call of a weight-tied backbone runs and which of them are differentiated: the mixin of
 # `HyperSetModel` and of the looped baseline's `LoopedTransformerModel`.
-# The values of the config's depth-schedule fields, in its order (`config_choice` lists them when it refuses one).
-ITERATION_SAMPLING: tuple[str, ...] = ("fixed", "uniform", "poisson-lognormal")
-DEEP_SUPERVISION: tuple[str, ...] = ("last", "all", "every", "random")
+# The values of the depth-schedule fields are read from the config class's `choices` (the looped baseline's config
+# shares that table), so a value added there needs no second list here; `config_choice` names them when it refuses one.
 
 
 def sample_num_iterations(config: HyperSetConfig, draw: int) -> int:
@@ -1163,16 +1162,21 @@ def sample_num_iterations(config: HyperSetConfig, draw: int) -> int:
     depth at the same step. `"poisson-lognormal"` (Geiping et al., *Scaling up Test-Time Compute with Latent
     Reasoning*): τ ~ N(log(T − 1) − σ²/2, σ), depth = 1 + Poisson(e^τ), mean T; clipped to the range.
     """
-    mode = config_choice(config, "iteration_sampling", {name: name for name in ITERATION_SAMPLING})
+    mode = config_choice(
+        config, "iteration_sampling", {name: name for name in HyperSetConfig.choices["iteration_sampling"]}
+    )
     low, high = config.iteration_range
     if mode == "fixed":
         return config.num_iterations
     generator = torch.Generator().manual_seed(draw)
     if mode == "uniform":
         return int(torch.randint(low, high + 1, (1,), generator=generator))
-    sigma, rate = config.iteration_sampling_sigma, max(config.num_iterations - 1, 1e-6)
-    tau = torch.normal(math.log(rate) - sigma**2 / 2, sigma, (1,), generator=generator)
-    return min(max(1 + int(torch.poisson(tau.exp(), generator=generator)), low), high)
+    if mode == "poisson-lognormal":
+        sigma, rate = config.iteration_sampling_sigma, max(config.num_iterations - 1, 1e-6)
+        tau = torch.normal(math.log(rate) - sigma**2 / 2, sigma, (1,), generator=generator)
+        return min(max(1 + int(torch.poisson(tau.exp(), generator=generator)), low), high)
+    # the names come from the config's table: one added there without a branch here must not run another schedule
+    raise NotImplementedError(f"iteration_sampling={mode!r} has no depth sampler in this model file.")
 
 
 class RecurrentDepthMixin:
@@ -1196,10 +1200,14 @@ class RecurrentDepthMixin:
         """This call's T: the request, else a depth drawn by `iteration_sampling` (training), else the config's."""
         if requested is None:
             random_subset = config_choice(
-                self.config, "deep_supervision", {name: name == "random" for name in DEEP_SUPERVISION}
+                self.config,
+                "deep_supervision",
+                {name: name == "random" for name in HyperSetConfig.choices["deep_supervision"]},
             )
             fixed = config_choice(
-                self.config, "iteration_sampling", {name: name == "fixed" for name in ITERATION_SAMPLING}
+                self.config,
+                "iteration_sampling",
+                {name: name == "fixed" for name in HyperSetConfig.choices["iteration_sampling"]},
             )
             if not self.training or (fixed and not random_subset):
                 return self.config.num_iterations
@@ -1476,8 +1484,9 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         """(ε, criterion) when this call halts adaptively: eval mode, eager, a tolerance given; else None."""
         tolerance = self.config.halting_tolerance if tolerance is None else tolerance
         criterion = self.config.halting_criterion if criterion is None else criterion
-        if criterion not in ("state", "energy"):
-            raise ValueError(f"halting_criterion must be one of ['state', 'energy']; got {criterion!r}.")
+        criteria = HyperSetConfig.choices["halting_criterion"]
+        if criterion not in criteria:
+            raise ValueError(f"halting_criterion must be one of {list(criteria)}; got {criterion!r}.")
         if tolerance is None:
             return None
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
@@ -1530,7 +1539,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                 change = change / (current * weights).flatten(1).norm(dim=1).clamp_min(
                     torch.finfo(change.dtype).tiny
                 )
-            else:
+            elif criterion == "energy":
                 # The size of the change, up or down, as the state criterion measures a norm: a sample whose energy
                 # rises is still moving (the step sizes are learned, so an update need not descend) and must not
                 # read as converged.
@@ -1539,6 +1548,10 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                     torch.finfo(new_energy.dtype).tiny
                 )
                 energy = energy.index_copy(0, active, new_energy)
+            else:  # `_halting` accepts the config's names: one added there without a measure here must not pass
+                raise NotImplementedError(
+                    f"halting_criterion={criterion!r} has no change measure in this model file."
+                )
             active = active[change >= tolerance]
             if active.numel() == 0:
                 break
@@ -1573,7 +1586,9 @@ def supervised_iterations(
     count, so every process of a distributed run supervises the same iterations) in a stream of its own (seed
     2**32 + draw: the depth draw of the same forward uses seed `draw`).
     """
-    mode = config_choice(config, "deep_supervision", {name: name for name in DEEP_SUPERVISION})
+    mode = config_choice(
+        config, "deep_supervision", {name: name for name in HyperSetConfig.choices["deep_supervision"]}
+    )
     last = num_iterations
     if mode == "all":
         return list(range(1, last + 1))
@@ -1586,7 +1601,10 @@ def supervised_iterations(
         generator = torch.Generator().manual_seed((1 << 32) + draw)
         picked = (torch.randperm(last - 1, generator=generator)[:extra] + 1).tolist()
         return [*sorted(picked), last]
-    return [last]
+    if mode == "last":
+        return [last]
+    # the names come from the config's table: one added there without a branch here must not supervise another set
+    raise NotImplementedError(f"deep_supervision={mode!r} has no iteration subset in this model file.")
 
 
 def supervision_weights(config: PreTrainedConfig, iterations: list[int]) -> list[float]:
@@ -1611,7 +1629,9 @@ def _supervision_step(
     random subset), else the loss of the returned logits alone."""
     config = head.config
     beyond_last = config_choice(
-        config, "deep_supervision", {name: name != "last" for name in DEEP_SUPERVISION}
+        config,
+        "deep_supervision",
+        {name: name != "last" for name in HyperSetConfig.choices["deep_supervision"]},
     )
     supervise = labels is not None and head.training and beyond_last
     if supervise:  # the per-iteration states; kept by autograd in training anyway
@@ -1805,7 +1825,9 @@ def _depth_of_forward(
     one depth, and one random-subset draw, per forward, so every process counts the same draws
     (`RecurrentDepthMixin`)."""
     random_mode = config_choice(
-        head.config, "deep_supervision", {name: name == "random" for name in DEEP_SUPERVISION}
+        head.config,
+        "deep_supervision",
+        {name: name == "random" for name in HyperSetConfig.choices["deep_supervision"]},
     )
     random_subset = labels is not None and head.training and random_mode
     first_draw = backbone.iteration_draws

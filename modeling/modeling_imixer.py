@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from transformers import PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
+from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
@@ -750,14 +751,6 @@ def _solve(
     return answer
 
 
-_ACTIVATIONS: dict[str, type[nn.Module]] = {
-    "gelu": nn.GELU,
-    "silu": nn.SiLU,
-    "relu": nn.ReLU,
-    "tanh": nn.Tanh,
-}
-
-
 class IMixerTokenMixing(nn.Module):
     """The iMLP: out = fc2(act(x)), x = (1 − F)⁻¹(fc1(t)) = fixed point of x ↦ fc1(t) + F(x),
     F = fc_sn2∘act∘fc_sn1∘act.
@@ -773,8 +766,14 @@ class IMixerTokenMixing(nn.Module):
         num_tokens, width, contractive = config.num_tokens, config.token_mixing_size, config.contractive_size
         self.normalization = config.contractive_normalization
         self.schedule = config.spectral_norm_schedule
-        # read through the table first: the slope table of the config's property is indexed by the same name
-        self.activation = config_choice(config, "token_mixing_activation", _ACTIVATIONS)()
+        # The config's names (the keys of its slope table) are transformers' activation names, so ACT2FN builds the
+        # activation whose largest slope `activation_max_slope` states, with no second list of names here.
+        name = config_choice(
+            config,
+            "token_mixing_activation",
+            {name: name for name in IMixerConfig.choices["token_mixing_activation"]},
+        )
+        self.activation = ACT2FN[name]
         self.max_slope = config.activation_max_slope
         self.fc1 = nn.Linear(num_tokens, width)
         if config.fixed_point_iterations > 0:

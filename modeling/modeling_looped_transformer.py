@@ -132,9 +132,11 @@ class LoopedTransformerMLP(nn.Module):
     def __init__(self, config: LoopedTransformerConfig) -> None:
         super().__init__()
         self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        # the config's two choices, not any name ACT2FN knows: another value raises rather than running its activation
+        # the config's choices, not any name ACT2FN knows: another value raises rather than running its activation
         self.activation = config_choice(
-            config, "hidden_act", {name: ACT2FN[name] for name in ("gelu", "relu")}
+            config,
+            "hidden_act",
+            {name: ACT2FN[name] for name in LoopedTransformerConfig.choices["hidden_act"]},
         )
         self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
