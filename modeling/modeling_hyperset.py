@@ -145,7 +145,9 @@ def sincos_2d_positions(num_positions: int, dim: int) -> torch.Tensor:
 
 def fixed_positions(config: HyperSetConfig, num_positions: int) -> torch.Tensor:
     """The `(1, num_positions, d)` fixed position table of `config`: row/column for "sincos-2d", else 1-D."""
-    if config.position_embedding_type == "sincos-2d":  # sequences on a square board (the config checks)
+    # also run by `_init_weights` after the build: read through the table (sincos-2d: sequences on a square board)
+    row_column = {"sinusoidal": False, "learned": False, "sincos-2d": True}
+    if config_choice(config, "position_embedding_type", row_column):
         return sincos_2d_positions(num_positions, config.hidden_size)[None]
     return sinusoidal_positions(num_positions, config.hidden_size)[None]
 
@@ -215,9 +217,11 @@ def load_naming_unreadable_file(
 
 
 def config_choice(config: PreTrainedConfig, name: str, choices: dict[str, object]) -> object:
-    """What `choices` maps the value of field `name` to. A field the config's checks cover is read through its
-    table, never by an `if`/`else` whose `else` would run for any other value: a config edited by attribute
-    assignment after its checks ran raises here, in the config's words, instead of running another model."""
+    """What `choices` maps the value of field `name` to. Code that runs after the model is built (a forward, a
+    depth draw, `_init_weights`) reads a choice field through such a table, never by an `if`/`else` whose `else`
+    would run for any other value: a value edited onto `model.config` after the build raises here, in the config's
+    words, instead of running another model. A module's `__init__` may compare the value directly: the model's
+    construction checks the config first (`FamilyPreTrainedMixin`), and a value it stores is the checked one."""
     value = getattr(config, name)
     if value not in choices:
         raise ValueError(
@@ -1138,7 +1142,7 @@ class HyperSetPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
         elif isinstance(module, HyperSetStepSizes) and hasattr(module, "condition"):
             init.zeros_(module.condition)
         elif isinstance(module, HyperSetEmbeddings):
-            if module.config.input_type == "image":
+            if config_choice(module.config, "input_type", {"image": True, "sequence": False}):
                 init.normal_(module.cls_token, mean=0.0, std=1.0)  # N(0, 1) as in the authors' code
             if module.position_encoding is not None:
                 # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device

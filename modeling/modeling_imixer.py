@@ -136,9 +136,11 @@ def load_naming_unreadable_file(
 
 
 def config_choice(config: PreTrainedConfig, name: str, choices: dict[str, object]) -> object:
-    """What `choices` maps the value of field `name` to. A field the config's checks cover is read through its
-    table, never by an `if`/`else` whose `else` would run for any other value: a config edited by attribute
-    assignment after its checks ran raises here, in the config's words, instead of running another model."""
+    """What `choices` maps the value of field `name` to. Code that runs after the model is built (a forward, a
+    depth draw, `_init_weights`) reads a choice field through such a table, never by an `if`/`else` whose `else`
+    would run for any other value: a value edited onto `model.config` after the build raises here, in the config's
+    words, instead of running another model. A module's `__init__` may compare the value directly: the model's
+    construction checks the config first (`FamilyPreTrainedMixin`), and a value it stores is the checked one."""
     value = getattr(config, name)
     if value not in choices:
         raise ValueError(
@@ -1072,7 +1074,9 @@ class IMixerPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
                 init.zeros_(module.num_batches_tracked)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
-        elif isinstance(module, IMixerEmbeddings) and module.config.input_type == "sequence":
+        elif isinstance(module, IMixerEmbeddings) and config_choice(
+            module.config, "input_type", {"image": False, "sequence": True}
+        ):
             init.normal_(module.pad_embedding, mean=0.0, std=self.config.initializer_range)
 
 

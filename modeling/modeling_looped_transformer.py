@@ -195,7 +195,7 @@ class LoopedTransformerPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
         elif isinstance(module, nn.RMSNorm):
             init.ones_(module.weight)
         elif isinstance(module, HyperSetEmbeddings):  # as Hyper-SET's own initialisation
-            if module.config.input_type == "image":
+            if config_choice(module.config, "input_type", {"image": True, "sequence": False}):
                 init.normal_(module.cls_token, mean=0.0, std=1.0)
             if module.position_encoding is not None:
                 # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
