@@ -734,6 +734,26 @@ def _energy_precision(method: Callable) -> Callable:
     return wrapped
 
 
+class HyperSetRMSNorm(nn.RMSNorm):
+    """`nn.RMSNorm` that computes under autocast as CUDA's autocast runs it on every device: in float32.
+
+    CUDA's autocast lists `rms_norm` among the ops it runs in float32 (inputs cast up, float32 out); CPU's lists it
+    nowhere, so a bfloat16 input meets the float32 weight, and torch warns that it cannot use its fused kernel and
+    takes a slower path, rounding the output to bfloat16. Here a half-precision input under autocast is normalised
+    in float32 on every device (what CUDA does already, so there nothing changes); outside autocast, and for float32
+    inputs, this is `nn.RMSNorm` itself. Same parameters and state-dict keys.
+    """
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        kind = hidden_states.device.type
+        half = hidden_states.dtype in (torch.float16, torch.bfloat16)
+        if half and torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+            weight = None if self.weight is None else self.weight.float()
+            with torch.autocast(kind, enabled=False):
+                return F.rms_norm(hidden_states.float(), self.normalized_shape, weight, self.eps)
+        return super().forward(hidden_states)
+
+
 class HyperSetAttention(nn.Module):
     """Symmetric (bi-softmax) attention: the exact update −Wᵀ ∂E_ATTN/∂z of the hyperspherical energy.
 
@@ -843,7 +863,7 @@ class HyperSetFeedForward(nn.Module):
         self.activation = config_choice(config, "hidden_act", {"relu": nn.ReLU, "gelu": nn.GELU})()
         self.eps = config.rms_norm_eps
         self.dictionary = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.norm = nn.RMSNorm(config.intermediate_size, eps=config.rms_norm_eps)
+        self.norm = HyperSetRMSNorm(config.intermediate_size, eps=config.rms_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         projected = self.norm(self.dictionary(hidden_states))
@@ -991,7 +1011,7 @@ class HyperSetStepSizes(nn.Module):
         self.norm_sum = config.step_size_norm == "rmsnorm-sum"
 
         def norm() -> nn.Module:
-            return nn.RMSNorm(width, eps=eps) if normed else nn.Identity()
+            return HyperSetRMSNorm(width, eps=eps) if normed else nn.Identity()
 
         if config.iteration_conditioning in ("sinusoidal", "sinusoidal-no-mlp"):
             self.time_embedding_dim = config.time_embedding_dim
@@ -1003,7 +1023,7 @@ class HyperSetStepSizes(nn.Module):
                 )
         else:
             self.condition = nn.Parameter(torch.zeros(width))  # c (the authors' time_mlp output, folded)
-        self.condition_norm = nn.RMSNorm(width, eps=eps) if self.norm_sum else norm()
+        self.condition_norm = HyperSetRMSNorm(width, eps=eps) if self.norm_sum else norm()
         self.proj = HyperSetStepSizeProjection(width, 2 * width)
 
     def iteration_conditions(self, num_iterations: int, reference: torch.Tensor) -> torch.Tensor:
@@ -2187,7 +2207,7 @@ class RecurrentDepthHeadMixin:
 def _classifier_norm(config: HyperSetConfig) -> nn.Module:
     """The norm before the classifier: LayerNorm (the paper's image models) or RMSNorm (their Sudoku model)."""
     if config.classifier_norm == "rmsnorm":
-        return nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        return HyperSetRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
     return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
 

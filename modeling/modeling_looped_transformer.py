@@ -41,6 +41,7 @@ from ..configuration.configuration_looped_transformer import LoopedTransformerCo
 from .modeling_hyperset import (
     FamilyPreTrainedMixin,
     HyperSetEmbeddings,
+    HyperSetRMSNorm,
     MaskedImageModelingMixin,
     RecurrentDepthHeadMixin,
     RecurrentDepthHeadOutput,
@@ -149,9 +150,9 @@ class LoopedTransformerLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: LoopedTransformerConfig) -> None:
         super().__init__()
-        self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = HyperSetRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.self_attn = LoopedTransformerAttention(config)
-        self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = HyperSetRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = LoopedTransformerMLP(config)
 
     def forward(
