@@ -138,9 +138,11 @@ def load_naming_unreadable_file(
 
 
 def config_choice(config: PreTrainedConfig, name: str, choices: dict[str, object]) -> object:
-    """What `choices` maps the value of field `name` to. A field the config's checks cover is read through its
-    table, never by an `if`/`else` whose `else` would run for any other value: a config edited by attribute
-    assignment after its checks ran raises here, in the config's words, instead of running another model."""
+    """What `choices` maps the value of field `name` to. Code that runs after the model is built (a forward, a
+    depth draw, `_init_weights`) reads a choice field through such a table, never by an `if`/`else` whose `else`
+    would run for any other value: a value edited onto `model.config` after the build raises here, in the config's
+    words, instead of running another model. A module's `__init__` may compare the value directly: the model's
+    construction checks the config first (`FamilyPreTrainedMixin`), and a value it stores is the checked one."""
     value = getattr(config, name)
     if value not in choices:
         raise ValueError(
@@ -735,7 +737,9 @@ class HyperBFPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
         std = self.config.initializer_range
-        if isinstance(module, HyperBFEmbeddings) and module.config.input_type == "image":
+        if isinstance(module, HyperBFEmbeddings) and config_choice(
+            module.config, "input_type", {"image": True, "sequence": False}
+        ):
             init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
             init.trunc_normal_(module.cls_token, mean=0.0, std=std)
         elif isinstance(module, HyperBFAttention):

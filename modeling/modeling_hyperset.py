@@ -145,7 +145,9 @@ def sincos_2d_positions(num_positions: int, dim: int) -> torch.Tensor:
 
 def fixed_positions(config: HyperSetConfig, num_positions: int) -> torch.Tensor:
     """The `(1, num_positions, d)` fixed position table of `config`: row/column for "sincos-2d", else 1-D."""
-    if config.position_embedding_type == "sincos-2d":  # sequences on a square board (the config checks)
+    # also run by `_init_weights` after the build: read through the table (sincos-2d: sequences on a square board)
+    row_column = {"sinusoidal": False, "learned": False, "sincos-2d": True}
+    if config_choice(config, "position_embedding_type", row_column):
         return sincos_2d_positions(num_positions, config.hidden_size)[None]
     return sinusoidal_positions(num_positions, config.hidden_size)[None]
 
@@ -215,9 +217,11 @@ def load_naming_unreadable_file(
 
 
 def config_choice(config: PreTrainedConfig, name: str, choices: dict[str, object]) -> object:
-    """What `choices` maps the value of field `name` to. A field the config's checks cover is read through its
-    table, never by an `if`/`else` whose `else` would run for any other value: a config edited by attribute
-    assignment after its checks ran raises here, in the config's words, instead of running another model."""
+    """What `choices` maps the value of field `name` to. Code that runs after the model is built (a forward, a
+    depth draw, `_init_weights`) reads a choice field through such a table, never by an `if`/`else` whose `else`
+    would run for any other value: a value edited onto `model.config` after the build raises here, in the config's
+    words, instead of running another model. A module's `__init__` may compare the value directly: the model's
+    construction checks the config first (`FamilyPreTrainedMixin`), and a value it stores is the checked one."""
     value = getattr(config, name)
     if value not in choices:
         raise ValueError(
@@ -730,6 +734,26 @@ def _energy_precision(method: Callable) -> Callable:
     return wrapped
 
 
+class HyperSetRMSNorm(nn.RMSNorm):
+    """`nn.RMSNorm` that computes under autocast as CUDA's autocast runs it on every device: in float32.
+
+    CUDA's autocast lists `rms_norm` among the ops it runs in float32 (inputs cast up, float32 out); CPU's lists it
+    nowhere, so a bfloat16 input meets the float32 weight, and torch warns that it cannot use its fused kernel and
+    takes a slower path, rounding the output to bfloat16. Here a half-precision input under autocast is normalised
+    in float32 on every device (what CUDA does already, so there nothing changes); outside autocast, and for float32
+    inputs, this is `nn.RMSNorm` itself. Same parameters and state-dict keys.
+    """
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        kind = hidden_states.device.type
+        half = hidden_states.dtype in (torch.float16, torch.bfloat16)
+        if half and torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+            weight = None if self.weight is None else self.weight.float()
+            with torch.autocast(kind, enabled=False):
+                return F.rms_norm(hidden_states.float(), self.normalized_shape, weight, self.eps)
+        return super().forward(hidden_states)
+
+
 class HyperSetAttention(nn.Module):
     """Symmetric (bi-softmax) attention: the exact update −Wᵀ ∂E_ATTN/∂z of the hyperspherical energy.
 
@@ -839,7 +863,7 @@ class HyperSetFeedForward(nn.Module):
         self.activation = config_choice(config, "hidden_act", {"relu": nn.ReLU, "gelu": nn.GELU})()
         self.eps = config.rms_norm_eps
         self.dictionary = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.norm = nn.RMSNorm(config.intermediate_size, eps=config.rms_norm_eps)
+        self.norm = HyperSetRMSNorm(config.intermediate_size, eps=config.rms_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         projected = self.norm(self.dictionary(hidden_states))
@@ -987,7 +1011,7 @@ class HyperSetStepSizes(nn.Module):
         self.norm_sum = config.step_size_norm == "rmsnorm-sum"
 
         def norm() -> nn.Module:
-            return nn.RMSNorm(width, eps=eps) if normed else nn.Identity()
+            return HyperSetRMSNorm(width, eps=eps) if normed else nn.Identity()
 
         if config.iteration_conditioning in ("sinusoidal", "sinusoidal-no-mlp"):
             self.time_embedding_dim = config.time_embedding_dim
@@ -999,7 +1023,7 @@ class HyperSetStepSizes(nn.Module):
                 )
         else:
             self.condition = nn.Parameter(torch.zeros(width))  # c (the authors' time_mlp output, folded)
-        self.condition_norm = nn.RMSNorm(width, eps=eps) if self.norm_sum else norm()
+        self.condition_norm = HyperSetRMSNorm(width, eps=eps) if self.norm_sum else norm()
         self.proj = HyperSetStepSizeProjection(width, 2 * width)
 
     def iteration_conditions(self, num_iterations: int, reference: torch.Tensor) -> torch.Tensor:
@@ -1138,7 +1162,7 @@ class HyperSetPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
         elif isinstance(module, HyperSetStepSizes) and hasattr(module, "condition"):
             init.zeros_(module.condition)
         elif isinstance(module, HyperSetEmbeddings):
-            if module.config.input_type == "image":
+            if config_choice(module.config, "input_type", {"image": True, "sequence": False}):
                 init.normal_(module.cls_token, mean=0.0, std=1.0)  # N(0, 1) as in the authors' code
             if module.position_encoding is not None:
                 # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
@@ -1151,9 +1175,8 @@ class HyperSetPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
 # ------------------------------------------------------------------------ depth schedule
 # How many iterations a call of a weight-tied backbone runs and which of them are differentiated: the mixin of
 # `HyperSetModel` and of the looped baseline's `LoopedTransformerModel`.
-# The values of the config's depth-schedule fields, in its order (`config_choice` lists them when it refuses one).
-ITERATION_SAMPLING: tuple[str, ...] = ("fixed", "uniform", "poisson-lognormal")
-DEEP_SUPERVISION: tuple[str, ...] = ("last", "all", "every", "random")
+# The values of the depth-schedule fields are read from the config class's `choices` (the looped baseline's config
+# shares that table), so a value added there needs no second list here; `config_choice` names them when it refuses one.
 
 
 def sample_num_iterations(config: HyperSetConfig, draw: int) -> int:
@@ -1163,16 +1186,21 @@ def sample_num_iterations(config: HyperSetConfig, draw: int) -> int:
     depth at the same step. `"poisson-lognormal"` (Geiping et al., *Scaling up Test-Time Compute with Latent
     Reasoning*): τ ~ N(log(T − 1) − σ²/2, σ), depth = 1 + Poisson(e^τ), mean T; clipped to the range.
     """
-    mode = config_choice(config, "iteration_sampling", {name: name for name in ITERATION_SAMPLING})
+    mode = config_choice(
+        config, "iteration_sampling", {name: name for name in HyperSetConfig.choices["iteration_sampling"]}
+    )
     low, high = config.iteration_range
     if mode == "fixed":
         return config.num_iterations
     generator = torch.Generator().manual_seed(draw)
     if mode == "uniform":
         return int(torch.randint(low, high + 1, (1,), generator=generator))
-    sigma, rate = config.iteration_sampling_sigma, max(config.num_iterations - 1, 1e-6)
-    tau = torch.normal(math.log(rate) - sigma**2 / 2, sigma, (1,), generator=generator)
-    return min(max(1 + int(torch.poisson(tau.exp(), generator=generator)), low), high)
+    if mode == "poisson-lognormal":
+        sigma, rate = config.iteration_sampling_sigma, max(config.num_iterations - 1, 1e-6)
+        tau = torch.normal(math.log(rate) - sigma**2 / 2, sigma, (1,), generator=generator)
+        return min(max(1 + int(torch.poisson(tau.exp(), generator=generator)), low), high)
+    # the names come from the config's table: one added there without a branch here must not run another schedule
+    raise NotImplementedError(f"iteration_sampling={mode!r} has no depth sampler in this model file.")
 
 
 class RecurrentDepthMixin:
@@ -1196,10 +1224,14 @@ class RecurrentDepthMixin:
         """This call's T: the request, else a depth drawn by `iteration_sampling` (training), else the config's."""
         if requested is None:
             random_subset = config_choice(
-                self.config, "deep_supervision", {name: name == "random" for name in DEEP_SUPERVISION}
+                self.config,
+                "deep_supervision",
+                {name: name == "random" for name in HyperSetConfig.choices["deep_supervision"]},
             )
             fixed = config_choice(
-                self.config, "iteration_sampling", {name: name == "fixed" for name in ITERATION_SAMPLING}
+                self.config,
+                "iteration_sampling",
+                {name: name == "fixed" for name in HyperSetConfig.choices["iteration_sampling"]},
             )
             if not self.training or (fixed and not random_subset):
                 return self.config.num_iterations
@@ -1476,8 +1508,9 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         """(ε, criterion) when this call halts adaptively: eval mode, eager, a tolerance given; else None."""
         tolerance = self.config.halting_tolerance if tolerance is None else tolerance
         criterion = self.config.halting_criterion if criterion is None else criterion
-        if criterion not in ("state", "energy"):
-            raise ValueError(f"halting_criterion must be one of ['state', 'energy']; got {criterion!r}.")
+        criteria = HyperSetConfig.choices["halting_criterion"]
+        if criterion not in criteria:
+            raise ValueError(f"halting_criterion must be one of {list(criteria)}; got {criterion!r}.")
         if tolerance is None:
             return None
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
@@ -1530,7 +1563,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                 change = change / (current * weights).flatten(1).norm(dim=1).clamp_min(
                     torch.finfo(change.dtype).tiny
                 )
-            else:
+            elif criterion == "energy":
                 # The size of the change, up or down, as the state criterion measures a norm: a sample whose energy
                 # rises is still moving (the step sizes are learned, so an update need not descend) and must not
                 # read as converged.
@@ -1539,6 +1572,10 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                     torch.finfo(new_energy.dtype).tiny
                 )
                 energy = energy.index_copy(0, active, new_energy)
+            else:  # `_halting` accepts the config's names: one added there without a measure here must not pass
+                raise NotImplementedError(
+                    f"halting_criterion={criterion!r} has no change measure in this model file."
+                )
             active = active[change >= tolerance]
             if active.numel() == 0:
                 break
@@ -1573,7 +1610,9 @@ def supervised_iterations(
     count, so every process of a distributed run supervises the same iterations) in a stream of its own (seed
     2**32 + draw: the depth draw of the same forward uses seed `draw`).
     """
-    mode = config_choice(config, "deep_supervision", {name: name for name in DEEP_SUPERVISION})
+    mode = config_choice(
+        config, "deep_supervision", {name: name for name in HyperSetConfig.choices["deep_supervision"]}
+    )
     last = num_iterations
     if mode == "all":
         return list(range(1, last + 1))
@@ -1586,7 +1625,10 @@ def supervised_iterations(
         generator = torch.Generator().manual_seed((1 << 32) + draw)
         picked = (torch.randperm(last - 1, generator=generator)[:extra] + 1).tolist()
         return [*sorted(picked), last]
-    return [last]
+    if mode == "last":
+        return [last]
+    # the names come from the config's table: one added there without a branch here must not supervise another set
+    raise NotImplementedError(f"deep_supervision={mode!r} has no iteration subset in this model file.")
 
 
 def supervision_weights(config: PreTrainedConfig, iterations: list[int]) -> list[float]:
@@ -1611,7 +1653,9 @@ def _supervision_step(
     random subset), else the loss of the returned logits alone."""
     config = head.config
     beyond_last = config_choice(
-        config, "deep_supervision", {name: name != "last" for name in DEEP_SUPERVISION}
+        config,
+        "deep_supervision",
+        {name: name != "last" for name in HyperSetConfig.choices["deep_supervision"]},
     )
     supervise = labels is not None and head.training and beyond_last
     if supervise:  # the per-iteration states; kept by autograd in training anyway
@@ -1805,7 +1849,9 @@ def _depth_of_forward(
     one depth, and one random-subset draw, per forward, so every process counts the same draws
     (`RecurrentDepthMixin`)."""
     random_mode = config_choice(
-        head.config, "deep_supervision", {name: name == "random" for name in DEEP_SUPERVISION}
+        head.config,
+        "deep_supervision",
+        {name: name == "random" for name in HyperSetConfig.choices["deep_supervision"]},
     )
     random_subset = labels is not None and head.training and random_mode
     first_draw = backbone.iteration_draws
@@ -2161,7 +2207,7 @@ class RecurrentDepthHeadMixin:
 def classifier_norm_layer(config: HyperSetConfig) -> nn.Module:
     """The norm before the classifier: LayerNorm (the paper's image models) or RMSNorm (their Sudoku model)."""
     if config.classifier_norm == "rmsnorm":
-        return nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        return HyperSetRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
     return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
 

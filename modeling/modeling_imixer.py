@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from transformers import PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
+from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
@@ -135,9 +136,11 @@ def load_naming_unreadable_file(
 
 
 def config_choice(config: PreTrainedConfig, name: str, choices: dict[str, object]) -> object:
-    """What `choices` maps the value of field `name` to. A field the config's checks cover is read through its
-    table, never by an `if`/`else` whose `else` would run for any other value: a config edited by attribute
-    assignment after its checks ran raises here, in the config's words, instead of running another model."""
+    """What `choices` maps the value of field `name` to. Code that runs after the model is built (a forward, a
+    depth draw, `_init_weights`) reads a choice field through such a table, never by an `if`/`else` whose `else`
+    would run for any other value: a value edited onto `model.config` after the build raises here, in the config's
+    words, instead of running another model. A module's `__init__` may compare the value directly: the model's
+    construction checks the config first (`FamilyPreTrainedMixin`), and a value it stores is the checked one."""
     value = getattr(config, name)
     if value not in choices:
         raise ValueError(
@@ -750,14 +753,6 @@ def _solve(
     return answer
 
 
-_ACTIVATIONS: dict[str, type[nn.Module]] = {
-    "gelu": nn.GELU,
-    "silu": nn.SiLU,
-    "relu": nn.ReLU,
-    "tanh": nn.Tanh,
-}
-
-
 class IMixerTokenMixing(nn.Module):
     """The iMLP: out = fc2(act(x)), x = (1 − F)⁻¹(fc1(t)) = fixed point of x ↦ fc1(t) + F(x),
     F = fc_sn2∘act∘fc_sn1∘act.
@@ -773,8 +768,14 @@ class IMixerTokenMixing(nn.Module):
         num_tokens, width, contractive = config.num_tokens, config.token_mixing_size, config.contractive_size
         self.normalization = config.contractive_normalization
         self.schedule = config.spectral_norm_schedule
-        # read through the table first: the slope table of the config's property is indexed by the same name
-        self.activation = config_choice(config, "token_mixing_activation", _ACTIVATIONS)()
+        # The config's names (the keys of its slope table) are transformers' activation names, so ACT2FN builds the
+        # activation whose largest slope `activation_max_slope` states, with no second list of names here.
+        name = config_choice(
+            config,
+            "token_mixing_activation",
+            {name: name for name in IMixerConfig.choices["token_mixing_activation"]},
+        )
+        self.activation = ACT2FN[name]
         self.max_slope = config.activation_max_slope
         self.fc1 = nn.Linear(num_tokens, width)
         if config.fixed_point_iterations > 0:
@@ -1073,7 +1074,9 @@ class IMixerPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
                 init.zeros_(module.num_batches_tracked)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
-        elif isinstance(module, IMixerEmbeddings) and module.config.input_type == "sequence":
+        elif isinstance(module, IMixerEmbeddings) and config_choice(
+            module.config, "input_type", {"image": False, "sequence": True}
+        ):
             init.normal_(module.pad_embedding, mean=0.0, std=self.config.initializer_range)
 
 

@@ -41,6 +41,7 @@ from ..configuration.configuration_looped_transformer import LoopedTransformerCo
 from .modeling_hyperset import (
     FamilyPreTrainedMixin,
     HyperSetEmbeddings,
+    HyperSetRMSNorm,
     MaskedImageModelingMixin,
     RecurrentDepthHeadMixin,
     RecurrentDepthHeadOutput,
@@ -132,9 +133,11 @@ class LoopedTransformerMLP(nn.Module):
     def __init__(self, config: LoopedTransformerConfig) -> None:
         super().__init__()
         self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        # the config's two choices, not any name ACT2FN knows: another value raises rather than running its activation
+        # the config's choices, not any name ACT2FN knows: another value raises rather than running its activation
         self.activation = config_choice(
-            config, "hidden_act", {name: ACT2FN[name] for name in ("gelu", "relu")}
+            config,
+            "hidden_act",
+            {name: ACT2FN[name] for name in LoopedTransformerConfig.choices["hidden_act"]},
         )
         self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
@@ -147,9 +150,9 @@ class LoopedTransformerLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: LoopedTransformerConfig) -> None:
         super().__init__()
-        self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = HyperSetRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.self_attn = LoopedTransformerAttention(config)
-        self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = HyperSetRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = LoopedTransformerMLP(config)
 
     def forward(
@@ -193,7 +196,7 @@ class LoopedTransformerPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
         elif isinstance(module, nn.RMSNorm):
             init.ones_(module.weight)
         elif isinstance(module, HyperSetEmbeddings):  # as Hyper-SET's own initialisation
-            if module.config.input_type == "image":
+            if config_choice(module.config, "input_type", {"image": True, "sequence": False}):
                 init.normal_(module.cls_token, mean=0.0, std=1.0)
             if module.position_encoding is not None:
                 # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device

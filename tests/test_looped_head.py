@@ -182,7 +182,7 @@ def test_old_masked_image_modeling_folder_loads_with_its_rmsnorm_head(tmp_path):
 
     loaded, info = LoopedTransformerForMaskedImageModeling.from_pretrained(tmp_path, output_loading_info=True)
     loaded.eval()
-    assert type(loaded.layernorm) is torch.nn.RMSNorm, loaded.layernorm
+    assert isinstance(loaded.layernorm, torch.nn.RMSNorm), loaded.layernorm
     assert (loaded.config.classifier_norm, loaded.config.classifier_bias) == ("rmsnorm", True)
     problems = {
         kind: info[kind] for kind in ("missing_keys", "unexpected_keys", "mismatched_keys") if info[kind]
