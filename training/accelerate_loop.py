@@ -130,7 +130,9 @@ class LoopState:
 
     step: int
     history: list[dict[str, float]]
-    loss_sum: float  # the sum of the logged windows' summed losses: / step is the whole run's mean loss
+    loss_sum: (
+        float  # the logged steps' losses (each the processes' mean) summed: / step is the run's mean loss
+    )
     running: Any  # the window's summed loss since the last log (a scalar tensor on the device)
     start_step: int  # the step this process started from (after a resume, the checkpoint's)
     seen: int = 0  # optimizer steps in the open window
@@ -421,9 +423,8 @@ def train(parts: LoopParts, state: LoopState, stop: StopRequest) -> None:
                 state.running += loss.detach().float() / run_args.gradient_accumulation_steps
                 if not accelerator.sync_gradients:
                     continue
-                learning_rate = parts.scheduler.get_last_lr()[
-                    0
-                ]  # the rate this step used (what Trainer logs)
+                # the rate this step used (what Trainer logs), before the scheduler moves on
+                learning_rate = parts.scheduler.get_last_lr()[0]
                 parts.scheduler.step()
                 if parts.ema is not None:
                     parts.ema.update(parts.unwrapped)
