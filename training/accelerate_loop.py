@@ -17,15 +17,23 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from .arguments import Arguments, parse_arguments, quiet_libraries
+from .arguments import Arguments, RunArguments, parse_arguments, quiet_libraries
 from .cli import run_command
 from .interrupt import StopRequest
+
+if TYPE_CHECKING:  # annotations only: the CLI parses the flags before torch and accelerate are imported
+    from accelerate import Accelerator
+
+    from .augmentation import ExponentialMovingAverage
+    from .optimization import Schedule, TrainingLoss
+    from .setup import Built
 
 PROG = "energyformers train-accelerate"
 DESCRIPTION = "Train a Hyper-SET / iMixer / HyperBF model with a plain Accelerate loop (no Trainer)."
@@ -91,276 +99,445 @@ def parse(argv: list[str]) -> Arguments:
     return parse_arguments(argv, PROG, DESCRIPTION)
 
 
-def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None) -> int:
-    """Train as `args` say; returns the exit status (0, or 128 + the signal when stopped by SIGTERM/SIGINT)."""
-    start = time.time()
-    quiet_libraries()
+@dataclass
+class LoopParts:
+    """What the setup builds once and every step reads: the prepared model, optimizer, scheduler and loaders."""
+
+    args: Arguments
+    accelerator: Accelerator
+    built: Built  # the model before `prepare`, the data, collator, processor, task
+    model: Any  # `accelerator.prepare`d (DDP-wrapped with several processes)
+    optimizer: Any
+    scheduler: Any
+    train_dl: Any
+    eval_dl: Any
+    test_dl: Any
+    schedule: Schedule
+    training_loss: TrainingLoss
+    ema: ExponentialMovingAverage | None
+    depths: list[int]  # the iteration counts each evaluation also reports (`evaluation.depth_metrics`)
+    work_dir: Path  # the checkpoints (`<output_dir>.checkpoints/`)
+
+    @property
+    def unwrapped(self) -> Any:
+        """The model without its DDP/compile wrappers (what the EMA, decoding and saving act on)."""
+        return self.accelerator.unwrap_model(self.model)
+
+
+@dataclass
+class LoopState:
+    """Where training stands: what a checkpoint saves (`step`, `history`, `loss_sum`) and the open log window."""
+
+    step: int
+    history: list[dict[str, float]]
+    loss_sum: (
+        float  # the logged steps' losses (each the processes' mean) summed: / step is the run's mean loss
+    )
+    running: Any  # the window's summed loss since the last log (a scalar tensor on the device)
+    start_step: int  # the step this process started from (after a resume, the checkpoint's)
+    seen: int = 0  # optimizer steps in the open window
+    saved_at: int | None = None  # the step of this run's last checkpoint (the same on every rank)
+
+
+def make_accelerator(run_args: RunArguments) -> Accelerator:
+    """The `Accelerator` of the run: accumulation and precision from the flags; the scheduler is ours to step."""
     import torch
     from accelerate import Accelerator, DataLoaderConfiguration
-    from accelerate.utils import set_seed
-    from torch.utils.data import DataLoader
-    from tqdm.auto import tqdm
 
-    from .evaluation import depth_metrics, eval_depths, load_metrics
-    from .optimization import TrainingLoss, check_schedule, make_scheduler, param_groups, plan_schedule
-    from .run_folder import RunResult, finish_run, leave_nothing_behind
-    from .setup import (
-        announce_run,
-        build,
-        check_precision,
-        check_resume_arguments,
-        continue_iteration_draws,
-        enable_activation_checkpointing,
-        find_checkpoint,
-        output_paths,
-        record_run_arguments,
-    )
-
-    run_args = args.run
-    if run_args.num_threads:
-        torch.set_num_threads(run_args.num_threads)
-    check_precision(run_args.precision)
-    output_dir, work_dir = output_paths(args)
-    resume_from = find_checkpoint(args, work_dir, accelerate_checkpoints(work_dir))
-    check_schedule(args)
-
-    accelerator = Accelerator(
+    return Accelerator(
         cpu=not torch.cuda.is_available(),  # required for real multi-process DDP over gloo on a CPU machine
         gradient_accumulation_steps=run_args.gradient_accumulation_steps,
         mixed_precision=run_args.precision,
         step_scheduler_with_optimizer=False,  # we step the scheduler once per optimizer step ourselves
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),  # same order on resume
     )
+
+
+def make_loaders(built: Built, run_args: RunArguments) -> tuple[Any, Any, Any]:
+    """The train (shuffled), validation and test `DataLoader`s, before `prepare`."""
+    from torch.utils.data import DataLoader
+
+    def loader(split: str, batch_size: int, shuffle: bool) -> DataLoader:
+        return DataLoader(
+            built.data[split],
+            batch_size=batch_size,
+            shuffle=shuffle,
+            collate_fn=built.collator,
+            num_workers=run_args.dataloader_num_workers,
+        )
+
+    return (
+        loader("train", run_args.per_device_train_batch_size, True),
+        loader("validation", run_args.per_device_eval_batch_size, False),
+        loader("test", run_args.per_device_eval_batch_size, False),
+    )
+
+
+def prepare_training(
+    args: Arguments, accelerator: Accelerator, work_dir: Path, resume_from: Path | None
+) -> LoopParts:
+    """Build the model and data, record the run's arguments, make the optimizer and scheduler and `prepare` them
+    with the loaders; the EMA starts from the built weights (a resume loads its own afterwards)."""
+    import torch
+    from accelerate.utils import set_seed
+
+    from .evaluation import eval_depths, load_metrics
+    from .optimization import TrainingLoss, make_scheduler, param_groups, plan_schedule
+    from .setup import (
+        announce_run,
+        build,
+        check_resume_arguments,
+        enable_activation_checkpointing,
+        record_run_arguments,
+    )
+
+    run_args = args.run
+    set_seed(run_args.seed)
+    built = build(args, accelerator.state)
+    if resume_from is not None:  # what was built against the record, before `load_state`
+        check_resume_arguments(args, built, work_dir, resume_from)
+    training_loss = TrainingLoss(args, built)
+    if accelerator.is_main_process:
+        record_run_arguments(args, built, work_dir)  # what a --resume must repeat (`check_resume_arguments`)
+        announce_run(built, args.data.dataset, accelerator.num_processes)
+    with accelerator.local_main_process_first():  # evaluate copies the metric scripts into its module cache
+        load_metrics()
+    schedule = plan_schedule(args, built.task, len(built.data["train"]), accelerator.num_processes)
+    train_dl, eval_dl, test_dl = make_loaders(built, run_args)
+    model = built.model
+    if run_args.gradient_checkpointing:
+        enable_activation_checkpointing(model)
+    optimizer = torch.optim.AdamW(
+        param_groups(model, run_args.weight_decay),
+        lr=schedule.learning_rate,
+        betas=(run_args.adam_beta1, run_args.adam_beta2),
+    )
+    if run_args.torch_compile:  # in place (nn.Module.compile): same module, same state_dict keys
+        model.compile()
+    model, optimizer, train_dl, eval_dl, test_dl = accelerator.prepare(
+        model, optimizer, train_dl, eval_dl, test_dl
+    )
+    scheduler = accelerator.prepare(make_scheduler(args, optimizer, schedule))  # save_state includes it
+    ema = None
+    if run_args.ema_decay is not None:
+        from .augmentation import ExponentialMovingAverage
+
+        ema = ExponentialMovingAverage(accelerator.unwrap_model(model), run_args.ema_decay)
+    return LoopParts(
+        args=args,
+        accelerator=accelerator,
+        built=built,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        train_dl=train_dl,
+        eval_dl=eval_dl,
+        test_dl=test_dl,
+        schedule=schedule,
+        training_loss=training_loss,
+        ema=ema,
+        depths=eval_depths(accelerator.unwrap_model(model), run_args.eval_iterations),
+        work_dir=work_dir,
+    )
+
+
+def restore_progress(parts: LoopParts, resume_from: Path | None) -> LoopState:
+    """Step 0, or the checkpoint's model, optimizer, scheduler, RNG, EMA and loop state; the sampled depths and
+    training masks then continue from the step the run stands at."""
+    import torch
+
+    from .setup import continue_iteration_draws
+
+    accelerator, run_args = parts.accelerator, parts.args.run
+    step, history, loss_sum = 0, [], 0.0
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from))
+        saved = json.loads((resume_from / STATE_FILE).read_text())
+        step, history, loss_sum = saved["step"], saved["history"], saved.get("loss_sum", 0.0)
+        if parts.ema is not None and (resume_from / EMA_FILE).is_file():
+            from safetensors.torch import load_file
+
+            parts.ema.load_state_dict(load_file(str(resume_from / EMA_FILE), device=str(accelerator.device)))
+        accelerator.print(f"resuming from step {step} ({resume_from})")
+    # sampled depths (iteration_sampling) continue where the interrupted run stopped
+    continue_iteration_draws(parts.unwrapped, step, len(parts.train_dl), run_args.gradient_accumulation_steps)
+    collator = parts.built.collator
+    if hasattr(collator, "check_loader"):  # masks that DataLoader workers can number exactly
+        collator.check_loader(parts.train_dl)
+    running = torch.zeros((), device=accelerator.device)
+    return LoopState(step=step, history=history, loss_sum=loss_sum, running=running, start_step=step)
+
+
+def log_entry(parts: LoopParts, state: LoopState, entry: dict[str, float]) -> None:
+    """Add `entry` to the log history and print it, rounded. Every rank computes the same entry (the reduced loss,
+    the gathered metrics): the main process prints it, as Trainer logs; `tqdm.write` keeps the bar intact."""
+    from tqdm.auto import tqdm
+
+    state.history.append(entry)
+    if parts.accelerator.is_main_process:
+        tqdm.write(json.dumps({k: round(v, 5) for k, v in entry.items()}))
+
+
+def log_window(parts: LoopParts, state: LoopState, extra: dict[str, float]) -> None:
+    """Log the mean loss since the last log and add the window to the run's loss sum."""
+    window = parts.accelerator.reduce(state.running, reduction="mean").item()
+    state.loss_sum += window
+    log_entry(parts, state, {"step": state.step, "loss": window / state.seen, **extra})
+    state.running.zero_()
+    state.seen = 0
+
+
+def evaluate_validation(parts: LoopParts) -> dict[str, float]:
+    """The validation split's loss and metrics, for masked image modelling the reconstruction metrics after
+    decoding, and the accuracy at each depth of `parts.depths` (`depth_metrics`)."""
+    from .evaluation import depth_metrics
+
+    accelerator, task = parts.accelerator, parts.built.task
+    metrics = evaluate_split(parts.model, parts.eval_dl, accelerator, task)
+    if parts.built.masked_images is not None:
+        with accelerator.autocast():
+            metrics.update(parts.built.masked_images(parts.unwrapped, "validation"))
+    if parts.depths:
+        metrics.update(
+            depth_metrics(parts.model, parts.eval_dl, accelerator.gather_for_metrics, task, parts.depths)
+        )
+    return metrics
+
+
+def evaluate_test(parts: LoopParts) -> dict[str, float]:
+    """The test split's loss and metrics, for masked image modelling the reconstruction metrics after decoding."""
+    metrics = evaluate_split(parts.model, parts.test_dl, parts.accelerator, parts.built.task)
+    if parts.built.masked_images is not None:
+        with parts.accelerator.autocast():
+            metrics.update(parts.built.masked_images(parts.unwrapped, "test"))
+    return metrics
+
+
+def log_evaluation(parts: LoopParts, state: LoopState) -> None:
+    """Evaluate on the validation split (with the EMA's averaged weights when there is one) and log it."""
+    if parts.ema is None:
+        metrics = evaluate_validation(parts)
+    else:
+        with parts.ema.averaged_weights(parts.unwrapped):
+            metrics = evaluate_validation(parts)
+    log_entry(parts, state, {"step": state.step, **{f"eval_{k}": v for k, v in metrics.items()}})
+
+
+def save_checkpoint(parts: LoopParts, state: LoopState) -> None:
+    """`save_state` in `step_<step>/`, the EMA and the loop state beside it (STATE_FILE last: the checkpoint is
+    complete), then drop the checkpoints beyond `--save_total_limit`."""
+    accelerator, work_dir = parts.accelerator, parts.work_dir
+    state.saved_at = state.step
+    if state.seen:  # log the open window first, so the saved loss sum covers every step up to here
+        log_window(parts, state, {})
+    target = work_dir / f"step_{state.step}"
+    accelerator.save_state(str(target), safe_serialization=True)
+    if accelerator.is_main_process:
+        if parts.ema is not None:
+            from safetensors.torch import save_file
+
+            save_file({k: v.cpu() for k, v in parts.ema.state_dict().items()}, str(target / EMA_FILE))
+        saved = {"step": state.step, "history": state.history, "loss_sum": state.loss_sum}
+        (target / STATE_FILE).write_text(json.dumps(saved))
+        for old in accelerate_checkpoints(work_dir)[: -parts.args.run.save_total_limit]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+
+
+def epoch_batches(parts: LoopParts, step: int) -> Iterable[Any]:
+    """The training batches of the epoch that `step` is in, from where `step` stands in it."""
+    run_args = parts.args.run
+    epoch, done_in_epoch = divmod(step, parts.schedule.steps_per_epoch)
+    parts.train_dl.set_epoch(epoch)
+    # After a resume, skip the micro-batches this epoch already consumed (same order: seedable sampler).
+    skip = done_in_epoch * run_args.gradient_accumulation_steps
+    batches = parts.accelerator.skip_first_batches(parts.train_dl, skip) if skip else parts.train_dl
+    # The training masks continue where the run stands: the index of this epoch's first batch to collate (the
+    # prepared loader's length: this process's batches an epoch), set before the iterator starts the DataLoader
+    # workers, which number their batches from it.
+    if hasattr(parts.built.collator, "continue_after"):
+        parts.built.collator.continue_after(step, len(parts.train_dl), run_args.gradient_accumulation_steps)
+    return batches
+
+
+def train_step(parts: LoopParts, batch: dict[str, Any]) -> Any:
+    """Forward and backward of one micro-batch; the optimizer steps when the accumulation window is complete.
+    Returns the micro-batch's loss."""
+    accelerator, model, run_args = parts.accelerator, parts.model, parts.args.run
+    with accelerator.accumulate(model):
+        if parts.training_loss.active:
+            loss, _ = parts.training_loss(model, batch)
+        else:
+            loss = model(**batch).loss
+        accelerator.backward(loss)  # divides by gradient_accumulation_steps itself
+        if accelerator.sync_gradients and run_args.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(model.parameters(), run_args.max_grad_norm)
+        parts.optimizer.step()  # a no-op until the accumulation window is complete
+        parts.optimizer.zero_grad()
+    return loss
+
+
+def after_optimizer_step(parts: LoopParts, state: LoopState, learning_rate: float) -> None:
+    """Log, evaluate and save at the step boundaries of the schedule (`--logging_steps`, `--eval_steps`,
+    `--save_steps`)."""
+    schedule, step = parts.schedule, state.step
+    if step % schedule.logging_steps == 0 or step == schedule.total_steps:
+        log_window(parts, state, {"learning_rate": learning_rate})
+    if schedule.eval_strategy == "steps" and step % schedule.eval_steps == 0:
+        log_evaluation(parts, state)
+    if schedule.save_strategy == "steps" and step % schedule.save_steps == 0:  # as Trainer
+        save_checkpoint(parts, state)
+
+
+def after_epoch(parts: LoopParts, state: LoopState) -> None:
+    """Evaluate and save at the end of an epoch (or of the run) with the `epoch` strategies."""
+    schedule = parts.schedule
+    if not (state.step % schedule.steps_per_epoch == 0 or state.step >= schedule.total_steps):
+        return  # left the epoch early: stopped on request
+    if schedule.eval_strategy == "epoch":
+        log_evaluation(parts, state)
+    if schedule.save_strategy == "epoch":
+        save_checkpoint(parts, state)
+
+
+def train(parts: LoopParts, state: LoopState, stop: StopRequest) -> None:
+    """Optimizer steps until the schedule's last, or until the ranks agree to stop on SIGTERM/SIGINT (`stop`)."""
+    from tqdm.auto import tqdm
+
+    accelerator, run_args, schedule = parts.accelerator, parts.args.run, parts.schedule
+    progress = tqdm(
+        total=schedule.total_steps,
+        initial=state.step,
+        disable=run_args.disable_tqdm or not accelerator.is_local_main_process,
+        dynamic_ncols=True,
+    )
+    parts.model.train()
+    with stop.installed(
+        several_processes=accelerator.num_processes > 1, announce=accelerator.is_main_process
+    ):
+        # `stop.agreed` (the ranks' common answer, `StopRequest.should_stop` after every optimizer step), never a
+        # rank's own signal: every rank must leave the loop after the same step
+        while state.step < schedule.total_steps and not stop.agreed:
+            for batch in epoch_batches(parts, state.step):
+                loss = train_step(parts, batch)
+                state.running += loss.detach().float() / run_args.gradient_accumulation_steps
+                if not accelerator.sync_gradients:
+                    continue
+                # the rate this step used (what Trainer logs), before the scheduler moves on
+                learning_rate = parts.scheduler.get_last_lr()[0]
+                parts.scheduler.step()
+                if parts.ema is not None:
+                    parts.ema.update(parts.unwrapped)
+                state.step, state.seen = state.step + 1, state.seen + 1
+                progress.update(1)
+                after_optimizer_step(parts, state, learning_rate)
+                if stop.should_stop(accelerator.device) or state.step >= schedule.total_steps:
+                    break  # stop after this step
+            after_epoch(parts, state)
+    progress.close()
+
+
+def stop_with_checkpoint(parts: LoopParts, state: LoopState, stop: StopRequest) -> int:
+    """After an agreed stop: save the step reached unless just saved, print how to resume; the exit status."""
+    if state.saved_at != state.step:  # not a file check: another machine's ranks may not see rank 0's files
+        save_checkpoint(parts, state)
+    parts.accelerator.end_training()
+    if parts.accelerator.is_main_process:
+        return stop.report("train-accelerate", parts.args.argv, state.step, parts.work_dir)
+    return 128 + int(stop.signum or 0)
+
+
+def write_model_folder(
+    parts: LoopParts,
+    state: LoopState,
+    *,
+    output_dir: Path,
+    eval_metrics: dict[str, float],
+    test_metrics: dict[str, float],
+    start: float,
+    train_time: float,
+    resume_from: Path | None,
+) -> None:
+    """The finished run folder in `output_dir` (main process): the model and processor, staged in the work
+    directory, with the metrics, curve and card (`run_folder.finish_run`)."""
+    from .run_folder import RunResult, finish_run
+
+    accelerator, built, step = parts.accelerator, parts.built, state.step
+    stage = parts.work_dir / "final"
+    shutil.rmtree(stage, ignore_errors=True)
+    unwrapped = parts.unwrapped
+    unwrapped.save_pretrained(stage, state_dict=accelerator.get_state_dict(parts.model))
+    built.processor.save_pretrained(stage)
+    result = RunResult(
+        loop="train-accelerate",
+        args=parts.args,
+        model=unwrapped,
+        data=built.data,
+        task=built.task,
+        epochs=parts.schedule.epochs,
+        learning_rate=parts.schedule.learning_rate,
+        world_size=accelerator.num_processes,
+        global_step=step,
+        train={
+            "train_runtime": round(train_time, 2),
+            "train_loss": state.loss_sum / step if step else None,  # the whole run, resumed parts included
+            "global_step": step,
+            "steps_this_process": step - state.start_step,
+        },
+        eval=eval_metrics,
+        test=test_metrics,
+        log_history=state.history,
+        start_time=start,
+        resumed_from=str(resume_from) if resume_from else None,
+        warnings=built.warnings,
+    )
+    finish_run(stage, result, output_dir, parts.work_dir)
+
+
+def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None) -> int:
+    """Train as `args` say; returns the exit status (0, or 128 + the signal when stopped by SIGTERM/SIGINT)."""
+    start = time.time()
+    quiet_libraries()
+    import torch
+
+    from .optimization import check_schedule
+    from .run_folder import leave_nothing_behind
+    from .setup import check_precision, find_checkpoint, output_paths
+
+    if args.run.num_threads:
+        torch.set_num_threads(args.run.num_threads)
+    check_precision(args.run.precision)
+    output_dir, work_dir = output_paths(args)
+    resume_from = find_checkpoint(args, work_dir, accelerate_checkpoints(work_dir))
+    check_schedule(args)
+
+    accelerator = make_accelerator(args.run)
     with leave_nothing_behind(work_dir, accelerator.is_main_process):
-        set_seed(run_args.seed)
-        built = build(args, accelerator.state)
-        if resume_from is not None:  # what was built against the record, before `load_state`
-            check_resume_arguments(args, built, work_dir, resume_from)
-        model, data, task = built.model, built.data, built.task
-        training_loss = TrainingLoss(args, built)
-        if accelerator.is_main_process:
-            record_run_arguments(
-                args, built, work_dir
-            )  # what a --resume must repeat (`check_resume_arguments`)
-            announce_run(built, args.data.dataset, accelerator.num_processes)
-        with (
-            accelerator.local_main_process_first()
-        ):  # evaluate copies the metric scripts into its module cache
-            load_metrics()
-        schedule = plan_schedule(args, task, len(data["train"]), accelerator.num_processes)
-
-        def loader(split: str, batch_size: int, shuffle: bool) -> DataLoader:
-            return DataLoader(
-                data[split],
-                batch_size=batch_size,
-                shuffle=shuffle,
-                collate_fn=built.collator,
-                num_workers=run_args.dataloader_num_workers,
-            )
-
-        train_dl = loader("train", run_args.per_device_train_batch_size, True)
-        eval_dl = loader("validation", run_args.per_device_eval_batch_size, False)
-        test_dl = loader("test", run_args.per_device_eval_batch_size, False)
-        if run_args.gradient_checkpointing:
-            enable_activation_checkpointing(model)
-        optimizer = torch.optim.AdamW(
-            param_groups(model, run_args.weight_decay),
-            lr=schedule.learning_rate,
-            betas=(run_args.adam_beta1, run_args.adam_beta2),
-        )
-        if run_args.torch_compile:  # in place (nn.Module.compile): same module, same state_dict keys
-            model.compile()
-        model, optimizer, train_dl, eval_dl, test_dl = accelerator.prepare(
-            model, optimizer, train_dl, eval_dl, test_dl
-        )
-        total_steps, steps_per_epoch = schedule.total_steps, schedule.steps_per_epoch
-        scheduler = accelerator.prepare(make_scheduler(args, optimizer, schedule))  # save_state includes it
-        ema = None
-        if run_args.ema_decay is not None:
-            from .augmentation import ExponentialMovingAverage
-
-            ema = ExponentialMovingAverage(accelerator.unwrap_model(model), run_args.ema_decay)
-
-        step, history, loss_sum = 0, [], 0.0
-        saved_at: int | None = None  # the step of this run's last checkpoint (the same on every rank)
-        if resume_from is not None:
-            accelerator.load_state(str(resume_from))
-            saved = json.loads((resume_from / STATE_FILE).read_text())
-            step, history, loss_sum = saved["step"], saved["history"], saved.get("loss_sum", 0.0)
-            if ema is not None and (resume_from / EMA_FILE).is_file():
-                from safetensors.torch import load_file
-
-                ema.load_state_dict(load_file(str(resume_from / EMA_FILE), device=str(accelerator.device)))
-            accelerator.print(f"resuming from step {step} ({resume_from})")
-        # sampled depths (iteration_sampling) continue where the interrupted run stopped
-        continue_iteration_draws(
-            accelerator.unwrap_model(model), step, len(train_dl), run_args.gradient_accumulation_steps
-        )
-        if hasattr(built.collator, "check_loader"):  # masks that DataLoader workers can number exactly
-            built.collator.check_loader(train_dl)
-
-        depths = eval_depths(accelerator.unwrap_model(model), run_args.eval_iterations)
-
-        def with_depths(loader_: DataLoader) -> dict[str, float]:
-            """The split's loss and metrics, for masked image modelling the reconstruction metrics after decoding,
-            and the accuracy at each depth of `depths` (`depth_metrics`)."""
-            metrics = evaluate_split(model, loader_, accelerator, task)
-            if built.masked_images is not None:
-                split = "test" if loader_ is test_dl else "validation"
-                with accelerator.autocast():
-                    metrics.update(built.masked_images(accelerator.unwrap_model(model), split))
-            if depths:
-                metrics.update(depth_metrics(model, loader_, accelerator.gather_for_metrics, task, depths))
-            return metrics
-
-        def evaluate(loader_: DataLoader) -> dict[str, float]:
-            if ema is None:
-                return with_depths(loader_)
-            with ema.averaged_weights(accelerator.unwrap_model(model)):
-                return with_depths(loader_)
-
-        def log_window(extra: dict[str, float]) -> None:
-            """Log the mean loss since the last log and add the window to the run's loss sum."""
-            nonlocal loss_sum, seen
-            window = accelerator.reduce(running, reduction="mean").item()
-            loss_sum += window
-            history.append({"step": step, "loss": window / seen, **extra})
-            log_line(json.dumps({k: round(v, 5) for k, v in history[-1].items()}))
-            running.zero_()
-            seen = 0
-
-        def save_checkpoint() -> None:
-            nonlocal saved_at
-            saved_at = step
-            if seen:  # log the open window first, so the saved loss sum covers every step up to here
-                log_window({})
-            target = work_dir / f"step_{step}"
-            accelerator.save_state(str(target), safe_serialization=True)
-            if accelerator.is_main_process:
-                if ema is not None:
-                    from safetensors.torch import save_file
-
-                    save_file({k: v.cpu() for k, v in ema.state_dict().items()}, str(target / EMA_FILE))
-                state = {"step": step, "history": history, "loss_sum": loss_sum}
-                (target / STATE_FILE).write_text(json.dumps(state))
-                for old in accelerate_checkpoints(work_dir)[: -run_args.save_total_limit]:
-                    shutil.rmtree(old, ignore_errors=True)
-            accelerator.wait_for_everyone()
-
-        progress = tqdm(
-            total=total_steps,
-            initial=step,
-            disable=run_args.disable_tqdm or not accelerator.is_local_main_process,
-            dynamic_ncols=True,
-        )
-        # every rank computes the same log entry (the reduced loss, the gathered metrics): printed by the main
-        # process only, as Trainer logs; `tqdm.write` keeps the bar intact (and prints on ranks whose bar is off)
-        log_line = progress.write if accelerator.is_main_process else lambda line: None
-        running, seen, start_step = torch.zeros((), device=accelerator.device), 0, step
-        model.train()
+        parts = prepare_training(args, accelerator, work_dir, resume_from)
+        state = restore_progress(parts, resume_from)
         stop = StopRequest()
-        several = accelerator.num_processes > 1
-        with stop.installed(several_processes=several, announce=accelerator.is_main_process):
-            # `stop.agreed` (the ranks' common answer, `StopRequest.should_stop` after every optimizer step), never
-            # a rank's own signal: every rank must leave the loop after the same step
-            while step < total_steps and not stop.agreed:
-                epoch, done_in_epoch = divmod(step, steps_per_epoch)
-                train_dl.set_epoch(epoch)
-                # After a resume, skip the micro-batches this epoch already consumed (same order: seedable sampler).
-                skip = done_in_epoch * run_args.gradient_accumulation_steps
-                batches = accelerator.skip_first_batches(train_dl, skip) if skip else train_dl
-                # The training masks continue where the run stands: the index of this epoch's first batch to
-                # collate (the prepared loader's length: this process's batches an epoch), set before the
-                # iterator starts the DataLoader workers, which number their batches from it.
-                if hasattr(built.collator, "continue_after"):
-                    built.collator.continue_after(step, len(train_dl), run_args.gradient_accumulation_steps)
-                for batch in batches:
-                    with accelerator.accumulate(model):
-                        if training_loss.active:
-                            loss, _ = training_loss(model, batch)
-                        else:
-                            loss = model(**batch).loss
-                        accelerator.backward(loss)  # divides by gradient_accumulation_steps itself
-                        if accelerator.sync_gradients and run_args.max_grad_norm > 0:
-                            accelerator.clip_grad_norm_(model.parameters(), run_args.max_grad_norm)
-                        optimizer.step()  # a no-op until the accumulation window is complete
-                        optimizer.zero_grad()
-                    running += loss.detach().float() / run_args.gradient_accumulation_steps
-                    if not accelerator.sync_gradients:
-                        continue
-                    learning_rate = scheduler.get_last_lr()[0]  # the rate this step used (what Trainer logs)
-                    scheduler.step()
-                    if ema is not None:
-                        ema.update(accelerator.unwrap_model(model))
-                    step, seen = step + 1, seen + 1
-                    progress.update(1)
-                    if step % schedule.logging_steps == 0 or step == total_steps:
-                        log_window({"learning_rate": learning_rate})
-                    if schedule.eval_strategy == "steps" and step % schedule.eval_steps == 0:
-                        metrics = evaluate(eval_dl)
-                        history.append({"step": step, **{f"eval_{k}": v for k, v in metrics.items()}})
-                        log_line(json.dumps({k: round(v, 5) for k, v in history[-1].items()}))
-                    if schedule.save_strategy == "steps" and step % schedule.save_steps == 0:  # as Trainer
-                        save_checkpoint()
-                    if stop.should_stop(accelerator.device) or step >= total_steps:  # stop after this step
-                        break
-                end_of_epoch = step % steps_per_epoch == 0 or step >= total_steps
-                if end_of_epoch and schedule.eval_strategy == "epoch":
-                    metrics = evaluate(eval_dl)
-                    history.append({"step": step, **{f"eval_{k}": v for k, v in metrics.items()}})
-                    log_line(json.dumps({k: round(v, 5) for k, v in history[-1].items()}))
-                if end_of_epoch and schedule.save_strategy == "epoch":
-                    save_checkpoint()
-        progress.close()
+        train(parts, state, stop)
         if stop.agreed:
-            if saved_at != step:  # not a file check: another machine's ranks may not see rank 0's files
-                save_checkpoint()
-            accelerator.end_training()
-            if accelerator.is_main_process:
-                return stop.report("train-accelerate", args.argv, step, work_dir)
-            return 128 + int(stop.signum or 0)
+            return stop_with_checkpoint(parts, state, stop)
         train_time = time.time() - start
 
         if on_train_end is not None:
-            on_train_end(accelerator.unwrap_model(model), accelerator)
-        if ema is not None:  # the saved and evaluated model is the average
-            ema.copy_to(accelerator.unwrap_model(model))
-        eval_metrics = with_depths(eval_dl)
-        test_metrics = evaluate_split(model, test_dl, accelerator, task)
-        if built.masked_images is not None:
-            with accelerator.autocast():
-                test_metrics.update(built.masked_images(accelerator.unwrap_model(model), "test"))
+            on_train_end(parts.unwrapped, accelerator)
+        if parts.ema is not None:  # the saved and evaluated model is the average
+            parts.ema.copy_to(parts.unwrapped)
+        eval_metrics, test_metrics = evaluate_validation(parts), evaluate_test(parts)
         accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        stage = work_dir / "final"
-        shutil.rmtree(stage, ignore_errors=True)
-        unwrapped = accelerator.unwrap_model(model)
-        unwrapped.save_pretrained(stage, state_dict=accelerator.get_state_dict(model))
-        built.processor.save_pretrained(stage)
-        result = RunResult(
-            loop="train-accelerate",
-            args=args,
-            model=unwrapped,
-            data=data,
-            task=task,
-            epochs=schedule.epochs,
-            learning_rate=schedule.learning_rate,
-            world_size=accelerator.num_processes,
-            global_step=step,
-            train={
-                "train_runtime": round(train_time, 2),
-                "train_loss": loss_sum / step if step else None,  # the whole run, resumed parts included
-                "global_step": step,
-                "steps_this_process": step - start_step,
-            },
-            eval=eval_metrics,
-            test=test_metrics,
-            log_history=history,
-            start_time=start,
-            resumed_from=str(resume_from) if resume_from else None,
-            warnings=built.warnings,
+        write_model_folder(
+            parts,
+            state,
+            output_dir=output_dir,
+            eval_metrics=eval_metrics,
+            test_metrics=test_metrics,
+            start=start,
+            train_time=train_time,
+            resume_from=resume_from,
         )
-        finish_run(stage, result, output_dir, work_dir)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return 0
