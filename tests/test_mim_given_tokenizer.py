@@ -98,7 +98,7 @@ def test_a_tokenizer_that_does_not_fit_the_checkpoint_is_refused_before_torch_is
     cases = {
         "train, --tokenizer": (
             ["train", *MIM, "--from_pretrained", fits, "--tokenizer", small, "--output_dir", out],
-            f"--from_pretrained {fits!r}: {grid}",
+            f"--tokenizer {small!r} does not fit --from_pretrained {fits!r}: {grid}",  # blames the given one
         ),
         "train, its own tokenizer": (
             ["train", *MIM, "--from_pretrained", bad, "--output_dir", out],

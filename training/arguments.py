@@ -890,7 +890,7 @@ def _validate_mim(d: DataArguments, explicit: frozenset[str], from_pretrained: s
     if given is not None:
         _refuse_fitting_flags(d, explicit, *given)
         if from_pretrained:
-            _check_given_tokenizer_fits(from_pretrained, given[1])
+            _check_given_tokenizer_fits(from_pretrained, *given)
     if d.lpips_weights is None and d.fid_weights is None:
         return  # nothing to check, and energyformers.mim imports torch
     from energyformers.mim import check_perceptual_weights
@@ -946,11 +946,12 @@ def _refuse_fitting_flags(d: DataArguments, explicit: frozenset[str], flag_given
             setattr(d, flag, value)
 
 
-def _check_given_tokenizer_fits(from_pretrained: str, tokenizer_folder: str) -> None:
-    """The codebook and grid the given tokenizer's vq_tokenizer_config.json records against the local
-    `--from_pretrained` folder's config.json (`energyformers.tokenizer_fit`, no torch): a mismatch is refused while
-    parsing, worded as the run's own check (`setup._masked_image_modeling_config`), which stays for what these
-    files do not say (a Hub checkpoint, a `--config` on top, a tokenizer whose file records no grid)."""
+def _check_given_tokenizer_fits(from_pretrained: str, flag_given: str, tokenizer_folder: str) -> None:
+    """The codebook and grid the given tokenizer's vq_tokenizer_config.json records (the `flag_given` folder:
+    `--tokenizer`, or the `--from_pretrained` folder's own) against the local `--from_pretrained` folder's
+    config.json (`energyformers.tokenizer_fit`, no torch): a mismatch is refused while parsing, worded as the run's
+    own check (`setup._masked_image_modeling_config`), which stays for what these files do not say (a Hub
+    checkpoint, a `--config` on top, a tokenizer whose file records no grid)."""
     from energyformers.tokenizer_fit import (
         TokenizerMismatchError,
         check_tokenizer_fits,
@@ -973,7 +974,11 @@ def _check_given_tokenizer_fits(from_pretrained: str, tokenizer_folder: str) -> 
     try:
         check_tokenizer_fits(*saved_tokenizer_numbers(saved), config)
     except TokenizerMismatchError as err:
-        raise UsageError(
+        if flag_given == "--tokenizer":  # the tokenizer the user chose is the one that does not fit
+            raise UsageError(
+                f"--tokenizer {tokenizer_folder!r} does not fit --from_pretrained {from_pretrained!r}: {err}"
+            ) from None
+        raise UsageError(  # the folder's own tokenizer: another one can be given
             f"--from_pretrained {from_pretrained!r}: {err}; pass --tokenizer with the checkpoint's tokenizer"
         ) from None
 
