@@ -6,7 +6,8 @@ pre-norm Transformer layer (RMSNorm, bias-free, GELU MLP) applied `num_iteration
 with Hyper-SET's embeddings and classification head (the norm and bias of `classifier_norm`, `classifier_bias`), so
 both models are measured side by side at the same width, heads and depth. Both configs derive from
 `RecurrentDepthConfig` (defined with Hyper-SET's, whose validation tables it uses); it is a baseline, not a Hub
-family (never exported, so importing the Hyper-SET configuration is fine here).
+family: only its masked-image-modelling head is exported, with Hyper-SET's files beside it, so importing the
+Hyper-SET configuration works there too.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ depth controls (per-call `num_iterations`, random depth in training, truncated b
 No transformers layer fits as is: the RMSNorm, bias-free families (Llama and its descendants) are causal with
 rotary positions and a gated MLP; the bidirectional vision encoders with a plain GELU MLP (ViT, SigLIP, InternVL)
 use biases and LayerNorm or layer scale. So the layer is a compact own one on `scaled_dot_product_attention`.
-This file is never exported to the Hub, so it imports Hyper-SET's embeddings and depth schedule
-(`RecurrentDepthMixin`) directly.
+Only its masked-image-modelling head is exported to the Hub, with Hyper-SET's files beside it, so it imports
+Hyper-SET's embeddings and depth schedule (`RecurrentDepthMixin`) directly.
 """
 
 from __future__ import annotations

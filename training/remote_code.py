@@ -368,7 +368,7 @@ def mim_pipeline_sources() -> dict[str, str]:
         + pipeline,
         MIM_TOKENIZER_FILE: header.format(
             what="Image tokenizers, masking and metrics of the masked-image-modelling pipeline",
-            origin="mim.py",
+            origin="mim.py and tokenizer_fit.py",
             task=MIM_PIPELINE_TASK,
         )
         + tokenizer,
