@@ -1300,7 +1300,9 @@ def test_mim_pipeline_code_is_cut_from_the_package_sources():
     assert (
         "register_pipelines" not in sources["pipeline_mim.py"]
     )  # no registration as a side effect of loading
-    assert remote_code.MIM_PIPELINE_TASK == energyformers.pipelines.MASKED_IMAGE_MODELING_TASK
+    from energyformers.tokenizer_fit import MIM_TASK
+
+    assert list(remote_code.custom_pipelines()) == [MIM_TASK], remote_code.custom_pipelines()
 
 
 @pytest.mark.parametrize(

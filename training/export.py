@@ -38,7 +38,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..tokenizer_fit import TOKENIZER_CONFIG_NAME
+from ..tokenizer_fit import MIM_AUTO_CLASS, TOKENIZER_CONFIG_NAME
 from .card import render_model_card
 from .remote_code import (
     auto_map,
@@ -72,7 +72,6 @@ INSPECT_REPORT = "inspect.json"
 # The head of masked image modelling: its inputs are the codes of an image tokenizer (`energyformers.mim`), saved
 # beside it by `energyformers train --task mim`; a converted checkpoint has none (the paper's VQGAN is not part of
 # it), so the tokenizer is carried when present and never required.
-MIM_AUTO_CLASS = "AutoModelForMaskedImageModeling"
 VQ_TOKENIZER_WEIGHTS = "vq_tokenizer.safetensors"  # = energyformers.mim.WEIGHTS_NAME
 
 
