@@ -15,6 +15,8 @@ from typing import Any
 # The file of a saved image tokenizer's settings (its class, codebook size, grid), beside the model's config.json.
 # Here, with no torch, so the command lines' argument checks name and read it before torch loads.
 TOKENIZER_CONFIG_NAME = "vq_tokenizer_config.json"
+# Beside it, the codebook of a `PatchKMeansTokenizer` (a VQGAN is saved in a subfolder instead).
+TOKENIZER_WEIGHTS_NAME = "vq_tokenizer.safetensors"
 # The task of the masked-image-modelling heads: `MaskedImageModelingPipeline`'s name in transformers'
 # `PIPELINE_REGISTRY` (`pipeline("masked-image-modeling", model=folder)`), `energyformers.INPUT_TYPES`' task of
 # `MIM_AUTO_CLASS`, the training CLI's `--task` and the task a run's metrics.json records. Not transformers'

@@ -1448,12 +1448,6 @@ def test_a_baseline_head_other_than_mim_is_still_refused(tmp_path):
     _assert_nothing_written(tmp_path / "out")
 
 
-def test_vq_tokenizer_file_names_match_the_tokenizer_module():
-    from energyformers import mim
-
-    assert export.VQ_TOKENIZER_WEIGHTS == mim.WEIGHTS_NAME, (export.VQ_TOKENIZER_WEIGHTS, mim.WEIGHTS_NAME)
-
-
 def test_release_takes_mim_folders(mim_exported, tmp_path, capsys):
     dirs = [mim_exported[m]["model_dir"] for m in MIM_MODELS]
     dist = tmp_path / "dist"

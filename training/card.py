@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..tokenizer_fit import MIM_AUTO_CLASS, MIM_TASK, TOKENIZER_CONFIG_NAME
+from ..tokenizer_fit import MIM_AUTO_CLASS, MIM_TASK, TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def _vq_tokenizer_class(info: dict[str, Any]) -> str | None:
             "tokenizer_class"
         )
     # what `energyformers.mim` writes: a codebook beside the config, or a VQGAN in a subfolder
-    return "PatchKMeansTokenizer" if "vq_tokenizer.safetensors" in info["files"] else "VQGANTokenizer"
+    return "PatchKMeansTokenizer" if TOKENIZER_WEIGHTS_NAME in info["files"] else "VQGANTokenizer"
 
 
 def dataset_card_fields(dataset: str | None) -> tuple[str | None, str | None, str]:
