@@ -25,6 +25,7 @@ import torch
 
 from .tokenizer_fit import (
     TOKENIZER_CONFIG_NAME,
+    TOKENIZER_WEIGHTS_NAME,
     TokenizerMismatchError,
     check_tokenizer_fits,
     saved_tokenizer_numbers,
@@ -47,9 +48,6 @@ class VQTokenizer(Protocol):
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """`(B, N)` codes → `(B, C, H, W)` pixels."""
         ...
-
-
-WEIGHTS_NAME = "vq_tokenizer.safetensors"
 
 
 class PatchKMeansTokenizer:
@@ -156,7 +154,7 @@ class PatchKMeansTokenizer:
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        save_file({"centroids": self.centroids}, str(folder / WEIGHTS_NAME))
+        save_file({"centroids": self.centroids}, str(folder / TOKENIZER_WEIGHTS_NAME))
         config = {
             "tokenizer_class": type(self).__name__,
             "patch_size": self.patch_size,
@@ -183,7 +181,7 @@ class PatchKMeansTokenizer:
         folder = tokenizer_folder(
             folder, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only
         )
-        for name in (TOKENIZER_CONFIG_NAME, WEIGHTS_NAME):
+        for name in (TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME):
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"{folder}: missing {name} (write it with save_pretrained).")
         config = json.loads((folder / TOKENIZER_CONFIG_NAME).read_text())
@@ -191,7 +189,7 @@ class PatchKMeansTokenizer:
             raise ValueError(
                 f"{folder / TOKENIZER_CONFIG_NAME}: tokenizer_class={config.get('tokenizer_class')!r}; expected {cls.__name__!r}."
             )
-        centroids = load_file(str(folder / WEIGHTS_NAME))["centroids"]
+        centroids = load_file(str(folder / TOKENIZER_WEIGHTS_NAME))["centroids"]
         return cls(centroids, config["patch_size"], tuple(config["image_size"]), config["num_channels"])
 
     def _check_pixels(self, pixel_values: torch.Tensor) -> None:
@@ -438,7 +436,7 @@ def tokenizer_folder(
     settings = json.loads(config_path.read_text())
     subfolder = settings.get("subfolder")
     if subfolder is None:
-        fetch(WEIGHTS_NAME)
+        fetch(TOKENIZER_WEIGHTS_NAME)
     else:  # a VQGAN: diffusers' VQModel folder, as VQModel.save_pretrained writes it
         fetch("config.json", str(subfolder))
         fetch("diffusion_pytorch_model.safetensors", str(subfolder))

@@ -27,6 +27,8 @@ from typing import Any
 import transformers
 from torch import nn
 
+from .tokenizer_fit import MIM_TASK
+
 # Forward arguments a pipeline call may set, when the model's forward takes them.
 DEPTH_ARGUMENTS = (
     "num_iterations",
@@ -45,11 +47,6 @@ SEARCH_ARGUMENTS = (
     "search_selector",
 )
 CALL_ARGUMENTS = (*DEPTH_ARGUMENTS, *SEARCH_ARGUMENTS)
-# The pipeline task of the masked-image-modelling heads: `MaskedImageModelingPipeline`'s name in transformers'
-# `PIPELINE_REGISTRY` (registered below), so `pipeline("masked-image-modeling", model=folder)` builds it. It is also
-# `energyformers.INPUT_TYPES`' task of `AutoModelForMaskedImageModeling` and the training CLI's `--task` (a test
-# keeps the three equal). transformers' "fill-mask" is masked *language* modelling (text in, `AutoModelForMaskedLM`).
-MASKED_IMAGE_MODELING_TASK = "masked-image-modeling"
 
 
 @contextlib.contextmanager
@@ -99,7 +96,6 @@ class TokenClassificationPipeline(_DepthArgumentsMixin, transformers.TokenClassi
 __all__ = [
     "CALL_ARGUMENTS",
     "DEPTH_ARGUMENTS",
-    "MASKED_IMAGE_MODELING_TASK",
     "SEARCH_ARGUMENTS",
     "ImageClassificationPipeline",
     "TextClassificationPipeline",
@@ -113,7 +109,7 @@ __all__ = [
 class MaskedImageModelingPipeline(transformers.Pipeline):
     """Masked image modelling inference: image → VQ codes → a fraction masked → MaskGIT decoding → image.
 
-    Registered with transformers as the task "masked-image-modeling" (`MASKED_IMAGE_MODELING_TASK`), so
+    Registered with transformers as the task "masked-image-modeling" (`energyformers.tokenizer_fit.MIM_TASK`), so
     `transformers.pipeline("masked-image-modeling", model=folder)` builds this class once `energyformers` is
     imported (any further keyword, e.g. `vq_tokenizer=` or `lpips_weights=`, reaches `__init__`).
 
@@ -350,13 +346,12 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
 
 def register_pipelines() -> None:
     """Register `MaskedImageModelingPipeline` with transformers' `PIPELINE_REGISTRY` under
-    `MASKED_IMAGE_MODELING_TASK` (once; `energyformers.auto_registration` calls this when transformers' pipelines
-    load)."""
+    `MIM_TASK` (once; `energyformers.auto_registration` calls this when transformers' pipelines load)."""
     from transformers.pipelines import PIPELINE_REGISTRY
 
-    if MASKED_IMAGE_MODELING_TASK not in PIPELINE_REGISTRY.get_supported_tasks():
+    if MIM_TASK not in PIPELINE_REGISTRY.get_supported_tasks():
         PIPELINE_REGISTRY.register_pipeline(
-            MASKED_IMAGE_MODELING_TASK,
+            MIM_TASK,
             pipeline_class=MaskedImageModelingPipeline,
             pt_model=transformers.AutoModelForMaskedImageModeling,
             type="image",  # an image goes in (and comes out); the codes are the pipeline's business
@@ -365,4 +360,7 @@ def register_pipelines() -> None:
 
 register_pipelines()
 
-__all__ += ["MaskedImageModelingPipeline", "register_pipelines"]
+# The task its pipeline is registered under, as this module names it.
+MASKED_IMAGE_MODELING_TASK = MIM_TASK
+
+__all__ += ["MASKED_IMAGE_MODELING_TASK", "MaskedImageModelingPipeline", "register_pipelines"]

@@ -45,6 +45,7 @@ from .modeling.modeling_looped_transformer import (
     LoopedTransformerForTokenClassification,
     LoopedTransformerModel,
 )
+from .tokenizer_fit import MIM_AUTO_CLASS, MIM_TASK
 
 
 @dataclass(frozen=True)
@@ -158,10 +159,10 @@ INPUT_TYPES: dict[str, InputType] = {
             "token-classification": "AutoModelForTokenClassification",
             "feature-extraction": "AutoModel",
             # masked image modelling over the codes of an image tokenizer: the task `MaskedImageModelingPipeline`
-            # is registered as with transformers (`energyformers.pipelines.MASKED_IMAGE_MODELING_TASK`, the training
+            # is registered as with transformers (`energyformers.tokenizer_fit.MIM_TASK`, the training
             # CLI's `--task`); not "fill-mask", transformers' masked-language-model task. The Hub has no such task:
             # the model card's pipeline_tag is "image-to-image" (training/card.py).
-            "masked-image-modeling": "AutoModelForMaskedImageModeling",
+            MIM_TASK: MIM_AUTO_CLASS,
         },
     ),
 }

@@ -2,7 +2,10 @@
 grid a saved tokenizer records (its `vq_tokenizer_config.json`) against the model's config (a config object or its
 config.json as a dict). Kept apart from `energyformers.mim`, which imports torch, so that the command lines can
 refuse a mismatched folder while they parse their arguments; `energyformers.mim` re-exports the error and the two
-functions."""
+functions.
+
+It also spells, once for the package and without torch, the names the masked-image-modelling code shares: the task
+(`MIM_TASK`) and its heads' Auto class (`MIM_AUTO_CLASS`), which the training CLI checks while it parses."""
 
 from __future__ import annotations
 
@@ -12,6 +15,15 @@ from typing import Any
 # The file of a saved image tokenizer's settings (its class, codebook size, grid), beside the model's config.json.
 # Here, with no torch, so the command lines' argument checks name and read it before torch loads.
 TOKENIZER_CONFIG_NAME = "vq_tokenizer_config.json"
+# Beside it, the codebook of a `PatchKMeansTokenizer` (a VQGAN is saved in a subfolder instead).
+TOKENIZER_WEIGHTS_NAME = "vq_tokenizer.safetensors"
+# The task of the masked-image-modelling heads: `MaskedImageModelingPipeline`'s name in transformers'
+# `PIPELINE_REGISTRY` (`pipeline("masked-image-modeling", model=folder)`), `energyformers.INPUT_TYPES`' task of
+# `MIM_AUTO_CLASS`, the training CLI's `--task` and the task a run's metrics.json records. Not transformers'
+# "fill-mask", which is masked *language* modelling (text in, `AutoModelForMaskedLM`).
+MIM_TASK = "masked-image-modeling"
+# The Auto class the masked-image-modelling heads register with (`…ForMaskedImageModeling`).
+MIM_AUTO_CLASS = "AutoModelForMaskedImageModeling"
 
 
 class TokenizerMismatchError(ValueError):

@@ -1300,7 +1300,9 @@ def test_mim_pipeline_code_is_cut_from_the_package_sources():
     assert (
         "register_pipelines" not in sources["pipeline_mim.py"]
     )  # no registration as a side effect of loading
-    assert remote_code.MIM_PIPELINE_TASK == energyformers.pipelines.MASKED_IMAGE_MODELING_TASK
+    from energyformers.tokenizer_fit import MIM_TASK
+
+    assert list(remote_code.custom_pipelines()) == [MIM_TASK], remote_code.custom_pipelines()
 
 
 @pytest.mark.parametrize(
@@ -1444,12 +1446,6 @@ def test_a_baseline_head_other_than_mim_is_still_refused(tmp_path):
     with pytest.raises(ValueError, match="is a baseline for side-by-side measurements"):
         export_model_dir(model_dir, tmp_path / "out")
     _assert_nothing_written(tmp_path / "out")
-
-
-def test_vq_tokenizer_file_names_match_the_tokenizer_module():
-    from energyformers import mim
-
-    assert export.VQ_TOKENIZER_WEIGHTS == mim.WEIGHTS_NAME, (export.VQ_TOKENIZER_WEIGHTS, mim.WEIGHTS_NAME)
 
 
 def test_release_takes_mim_folders(mim_exported, tmp_path, capsys):

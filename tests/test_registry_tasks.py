@@ -70,17 +70,16 @@ def image_path(tmp_path_factory) -> Path:
 
 
 def test_every_masked_image_modelling_head_has_the_package_pipeline_task():
-    from energyformers.pipelines import MASKED_IMAGE_MODELING_TASK
+    from transformers.pipelines import PIPELINE_REGISTRY
 
     # one name in the three places that say it: the registry, the registered pipeline, the training CLI's --task
-    assert MASKED_IMAGE_MODELING_TASK == MIM_TASK == "masked-image-modeling", (
-        MASKED_IMAGE_MODELING_TASK,
-        MIM_TASK,
-    )
+    # (all `energyformers.tokenizer_fit.MIM_TASK`, tests/test_mim_names.py)
+    assert MIM_TASK == "masked-image-modeling", MIM_TASK
+    assert MIM_TASK in PIPELINE_REGISTRY.get_supported_tasks(), PIPELINE_REGISTRY.get_supported_tasks()
     for model_type, family in {**FAMILIES, **BASELINES}.items():
         if MIM_HEAD in family.heads:
             input_type = family.config_class.from_preset("cli-mim").input_type  # code ids: "sequence"
-            assert task_of(input_type, MIM_HEAD) == MASKED_IMAGE_MODELING_TASK, (model_type, input_type)
+            assert task_of(input_type, MIM_HEAD) == MIM_TASK, (model_type, input_type)
     tasks = [task for kind in energyformers.INPUT_TYPES.values() for task in kind.tasks]
     assert "fill-mask" not in tasks, tasks
 

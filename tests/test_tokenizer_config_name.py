@@ -1,5 +1,6 @@
-"""The file name of a saved image tokenizer's settings is spelled once, in `energyformers.tokenizer_fit` (torch-free,
-so the argument checks import it before torch loads); every other module imports that constant."""
+"""The file names of a saved image tokenizer (its settings and its codebook) are spelled once, in
+`energyformers.tokenizer_fit` (torch-free, so the argument checks import them before torch loads); every other
+module imports those constants."""
 
 from __future__ import annotations
 
@@ -8,20 +9,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-from energyformers.tokenizer_fit import TOKENIZER_CONFIG_NAME
+import pytest
+
+from energyformers.tokenizer_fit import TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_FOLDERS = ("energyformers", "training", "configuration", "modeling")
 
 
-def test_the_file_name_is_a_literal_in_one_module_only():
+@pytest.mark.parametrize("name", [TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME])
+def test_the_file_name_is_a_literal_in_one_module_only(name: str):
     # string constants equal to the name, not prose that mentions it (docstrings and messages hold longer strings)
     spelled = sorted(
         f"{path.relative_to(ROOT)}:{node.lineno}"
         for folder in PACKAGE_FOLDERS
         for path in sorted((ROOT / folder).rglob("*.py"))
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-        if isinstance(node, ast.Constant) and node.value == TOKENIZER_CONFIG_NAME
+        if isinstance(node, ast.Constant) and node.value == name
     )
     assert len(spelled) == 1 and spelled[0].startswith("energyformers/tokenizer_fit.py:"), spelled
 

@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..tokenizer_fit import TOKENIZER_CONFIG_NAME
+from ..tokenizer_fit import MIM_TASK, TOKENIZER_CONFIG_NAME
 from .cli import CommandParser, UsageError, UsageErrorParserMixin, check_output_folder
 from .recipes import RECIPES, AugmentationArguments, split_recipe
 
@@ -43,8 +43,6 @@ DEPTH_FIELDS = (
     "halting_head",
     "halting_loss_weight",
 )
-# The task of `--task masked-image-modeling` (the Hyper-SET paper's third task, docs/mim.md).
-MIM_TASK = "masked-image-modeling"
 # The built-in datasets `--sudoku_augmentation` applies to (9 × 9 boards, training/sudoku.py).
 SUDOKU_DATASETS = ("sudoku", "sudoku-hard")
 # Model-config fields a flag of ModelArguments may set (None = not given: the config's value stays).

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..tokenizer_fit import TOKENIZER_CONFIG_NAME
+from ..tokenizer_fit import MIM_AUTO_CLASS, MIM_TASK, TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,6 @@ IMAGE_ONLY_KEYS = frozenset({"image_size", "patch_size", "num_channels"})
 # the task `MaskedImageModelingPipeline` is registered as with transformers), is not a Hub task, so it is a tag. Not
 # "fill-mask": that is the Hub's text task (its widget and transformers' pipeline of that name take text with a mask
 # token).
-MIM_AUTO_CLASS = "AutoModelForMaskedImageModeling"
 MIM_PIPELINE_TAG = "image-to-image"
 # (metrics.json key, model-index metric type, display name) of the metrics a MIM run logs, in table order
 MIM_METRICS = (
@@ -140,7 +139,7 @@ def _vq_tokenizer_class(info: dict[str, Any]) -> str | None:
             "tokenizer_class"
         )
     # what `energyformers.mim` writes: a codebook beside the config, or a VQGAN in a subfolder
-    return "PatchKMeansTokenizer" if "vq_tokenizer.safetensors" in info["files"] else "VQGANTokenizer"
+    return "PatchKMeansTokenizer" if TOKENIZER_WEIGHTS_NAME in info["files"] else "VQGANTokenizer"
 
 
 def dataset_card_fields(dataset: str | None) -> tuple[str | None, str | None, str]:
@@ -272,7 +271,7 @@ def render_model_card(
             *([] if model_type in getattr(energyformers, "BASELINES", {}) else ["energy-based"]),
             *(["custom_code"] if remote_code else []),
             *(["converted-checkpoint"] if conversion else []),
-            *(["masked-image-modeling", "image-inpainting", "maskgit"] if mim else [task]),
+            *([MIM_TASK, "image-inpainting", "maskgit"] if mim else [task]),
         ],
         datasets=[hub_id] if hub_id else None,
         # the metrics the card reports a value of (none without an evaluation)

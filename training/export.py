@@ -38,7 +38,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..tokenizer_fit import TOKENIZER_CONFIG_NAME
+from ..tokenizer_fit import MIM_AUTO_CLASS, TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME
 from .card import render_model_card
 from .remote_code import (
     auto_map,
@@ -69,13 +69,11 @@ PROCESSOR_FILES = (
 # checkpoint's official extras make the reverse conversion of the exported folder exact.
 EXTRA_FILES = ("metrics.json", "training_curve.png", "official_extras.safetensors", "inspect.json")
 INSPECT_REPORT = "inspect.json"
+
+
 # The head of masked image modelling: its inputs are the codes of an image tokenizer (`energyformers.mim`), saved
 # beside it by `energyformers train --task mim`; a converted checkpoint has none (the paper's VQGAN is not part of
 # it), so the tokenizer is carried when present and never required.
-MIM_AUTO_CLASS = "AutoModelForMaskedImageModeling"
-VQ_TOKENIZER_WEIGHTS = "vq_tokenizer.safetensors"  # = energyformers.mim.WEIGHTS_NAME
-
-
 def vq_tokenizer_files(model_dir: Path) -> list[str]:
     """The image tokenizer files of a masked-image-modelling folder, as paths relative to it (a VQGAN's diffusers
     folder included); [] when the folder has none. A tokenizer config without the files it names is refused."""
@@ -88,12 +86,12 @@ def vq_tokenizer_files(model_dir: Path) -> list[str]:
         raise ValueError(f"{config_path}: not valid JSON ({err}).") from None
     subfolder = settings.get("subfolder")
     if subfolder is None:  # PatchKMeansTokenizer: its codebook beside the config
-        if not (model_dir / VQ_TOKENIZER_WEIGHTS).is_file():
+        if not (model_dir / TOKENIZER_WEIGHTS_NAME).is_file():
             raise FileNotFoundError(
-                f"{model_dir}: {TOKENIZER_CONFIG_NAME} without {VQ_TOKENIZER_WEIGHTS}; save the image tokenizer "
+                f"{model_dir}: {TOKENIZER_CONFIG_NAME} without {TOKENIZER_WEIGHTS_NAME}; save the image tokenizer "
                 "again (PatchKMeansTokenizer.save_pretrained(model_dir))."
             )
-        return [TOKENIZER_CONFIG_NAME, VQ_TOKENIZER_WEIGHTS]
+        return [TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME]
     folder = model_dir / str(subfolder)
     inside = folder.resolve().is_relative_to(model_dir.resolve()) and Path(str(subfolder)).parts[:1] != (
         "..",

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ..auto_registration import AUTO_HEADS
-from ..tokenizer_fit import TOKENIZER_CONFIG_NAME
+from ..tokenizer_fit import MIM_TASK, TOKENIZER_CONFIG_NAME
 from .arguments import check_attn_flag
 from .cli import CommandParser, UsageError, check_model_source, check_output_folder, run_command
 
@@ -647,7 +647,7 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
     paths = reconstruction_paths(args.inputs, args.output_dir)
     kwargs = pipeline_kwargs(args, config)
     try:
-        pipe = transformers.pipeline("masked-image-modeling", model=args.model_dir, **kwargs)
+        pipe = transformers.pipeline(MIM_TASK, model=args.model_dir, **kwargs)
     except FileNotFoundError:  # a Hub repo without an image tokenizer (a local folder's was checked)
         raise UsageError(no_image_tokenizer(args.model_dir, config)) from None
     except (

@@ -47,6 +47,8 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ..tokenizer_fit import MIM_TASK
+
 # kornia's RandAugment has 15 candidate operations (its `default_policy`); N cannot exceed it (drawn without
 # replacement). Magnitudes are on timm's / the RandAugment paper's 0-10 scale ("rand-m9"); kornia's is 0-30.
 RAND_AUGMENT_NUM_OPS = 15
@@ -404,7 +406,7 @@ RECIPES: dict[str, dict[str, Any]] = {
 # task is refused before the model is built (`check_recipe_task`).
 RECIPE_TASKS: dict[str, tuple[str, str]] = {
     "hyperset-mim": (
-        "masked-image-modeling",
+        MIM_TASK,
         "a masked-image-modelling run over VQ codes (Hyper-SET paper Table 2): add --task masked-image-modeling",
     ),
 }

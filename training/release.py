@@ -36,6 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..tokenizer_fit import MIM_TASK
 from .cli import CommandParser, UsageError, run_command
 
 REFERENCE_DATASETS = ("digits", "fashion_mnist", "rotten_tomatoes")
@@ -73,7 +74,7 @@ def _release_name(model_dir: Path) -> str:
             f"dataset; {type(err).__name__}: {err})"
         ) from None
     # a masked-image-modelling run is named apart from the same model's classifier on the same dataset
-    task = "-mim" if metrics.get("task") == "masked-image-modeling" else ""
+    task = "-mim" if metrics.get("task") == MIM_TASK else ""
     return f"{model}{task}-{Path(str(dataset)).name}"
 
 
@@ -165,7 +166,7 @@ def train_command(model: str, dataset: str, run_dir: Path, train_args: list[str]
 
 def _masked_image_modelling(run_dir: Path) -> bool:
     """Whether a folder's metrics.json records a masked-image-modelling run (`energyformers train --task mim`)."""
-    return json.loads((run_dir / "metrics.json").read_text()).get("task") == "masked-image-modeling"
+    return json.loads((run_dir / "metrics.json").read_text()).get("task") == MIM_TASK
 
 
 def inspect_command(run_dir: Path) -> list[str]:

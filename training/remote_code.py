@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..tokenizer_fit import MIM_AUTO_CLASS, MIM_TASK
+
 ALLOWED_TOP_LEVEL = frozenset(sys.stdlib_module_names) | {"torch", "transformers"}
 
 
@@ -222,9 +224,6 @@ __all__ = [
 # The module is cut from the package's own sources: `MaskedImageModelingPipeline` from energyformers/pipelines.py
 # and, as the same-folder `mim.py` its `from .mim import ...` lines name, the definitions of energyformers/mim.py it
 # needs (transitively).
-MIM_PIPELINE_TASK = (
-    "masked-image-modeling"  # = energyformers.pipelines.MASKED_IMAGE_MODELING_TASK (a test checks)
-)
 MIM_PIPELINE_CLASS = "MaskedImageModelingPipeline"
 MIM_PIPELINE_FILE = "pipeline_mim.py"
 MIM_TOKENIZER_FILE = "mim.py"
@@ -363,13 +362,13 @@ def mim_pipeline_sources() -> dict[str, str]:
     )
     sources = {
         MIM_PIPELINE_FILE: header.format(
-            what="The masked-image-modelling pipeline", origin="pipelines.py", task=MIM_PIPELINE_TASK
+            what="The masked-image-modelling pipeline", origin="pipelines.py", task=MIM_TASK
         )
         + pipeline,
         MIM_TOKENIZER_FILE: header.format(
             what="Image tokenizers, masking and metrics of the masked-image-modelling pipeline",
             origin="mim.py and tokenizer_fit.py",
-            task=MIM_PIPELINE_TASK,
+            task=MIM_TASK,
         )
         + tokenizer,
     }
@@ -429,9 +428,9 @@ def check_pipeline_code(sources: dict[str, str]) -> None:
 def custom_pipelines() -> dict[str, dict]:
     """config.json's `custom_pipelines` of a MIM folder: the task, the folder's pipeline class, its Auto class."""
     return {
-        MIM_PIPELINE_TASK: {
+        MIM_TASK: {
             "impl": f"{MIM_PIPELINE_FILE.removesuffix('.py')}.{MIM_PIPELINE_CLASS}",
-            "pt": ["AutoModelForMaskedImageModeling"],
+            "pt": [MIM_AUTO_CLASS],
             "type": "image",
         }
     }
@@ -439,7 +438,6 @@ def custom_pipelines() -> dict[str, dict]:
 
 __all__ += [
     "MIM_PIPELINE_FILE",
-    "MIM_PIPELINE_TASK",
     "MIM_TOKENIZER_FILE",
     "check_pipeline_code",
     "custom_pipelines",
@@ -459,7 +457,7 @@ def write_folder_code(config: Any, folder: str | os.PathLike) -> list[Path]:
     are not remote code, so a folder loaded with the package and saved again would otherwise name files it lacks."""
     stored = dict(config.to_dict().get("custom_pipelines") or {})
     sources = remote_code_sources(config.model_type)  # refuses before anything is written
-    if MIM_PIPELINE_TASK in stored:
+    if MIM_TASK in stored:
         sources.update(mim_pipeline_sources())
         stored.update(custom_pipelines())
         config.custom_pipelines = stored

@@ -20,6 +20,7 @@ from typing import Any
 
 import energyformers
 
+from ..tokenizer_fit import MIM_AUTO_CLASS
 from .arguments import (
     MIM_TASK,
     Arguments,
@@ -574,8 +575,6 @@ def preprocessing(task: str, config: Any, processor: Any) -> tuple[Any, Any]:
 
 
 # --------------------------------------------------------------------------- masked image modelling
-
-MIM_AUTO_CLASS = "AutoModelForMaskedImageModeling"
 
 
 def _mim_tokenizer(args: Arguments) -> Any:
