@@ -46,6 +46,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -741,8 +742,31 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     given = {"hyperset": args.hyperset_dir, "looped-transformer": args.looped_dir}
+    if args.work_dir or args.paper or any(given.values()):
+        benchmark(args, given, models, supervision, run, start, Path(args.work_dir or "runs"))
+        return
+    # No --work_dir: the trained folders are this run's scratch, removed once evaluated or when the run fails
+    scratch = Path(tempfile.mkdtemp(prefix="sudoku-depth-"))
+    try:
+        benchmark(args, given, models, supervision, run, start, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def benchmark(
+    args: argparse.Namespace,
+    given: dict[str, str | None],
+    models: list[str],
+    supervision: list[str],
+    run: dict,
+    start: float,
+    work: Path,
+) -> None:
+    """Train (into `work`, unless `given` names both folders), evaluate and write the results of checked `args`."""
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     training = {}
     mode = "existing"
     if all(given.values()):
@@ -751,7 +775,6 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("give both --hyperset_dir and --looped_dir, or neither (then both are trained)")
     else:
         mode = "paper" if args.paper else "reduced"
-        work = Path(args.work_dir or ("runs" if args.paper else tempfile.mkdtemp(prefix="sudoku-depth-")))
         parallel = 1 if args.paper else args.max_parallel  # one GPU: one run at a time
         threads = 1 if parallel > 1 else args.threads
         base = PAPER_FLAGS if args.paper else reduced_flags(args, threads)

@@ -579,7 +579,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import torch
 
+    # `--num_threads` is this run's: a caller that runs main in-process (a notebook, a test) gets its own count back
+    threads = torch.get_num_threads()
     torch.set_num_threads(args.num_threads)
+    try:
+        return run(args, argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
+    """The benchmark for checked `args` (`argv` is only recorded in the report); `main` has set torch's threads."""
+    import torch
+
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = args.model_dir or tiny_model(Path(scratch) / "tiny-sudoku-hyperset")
         model = load_model(model_dir, args.device)

@@ -395,6 +395,24 @@ def rounding(dtype: torch.dtype, roundings: float, magnitude: float = 1.0) -> fl
     return roundings * torch.finfo(dtype).eps * magnitude
 
 
+def assert_differs(
+    got: torch.Tensor, other: torch.Tensor, what: str, *, beyond_allclose: bool = False
+) -> None:
+    """`got` differs from `other`, and both are finite. `not torch.equal` / `not torch.allclose` alone also passes
+    when either holds a NaN (NaN equals nothing), so a broken result would count as "changed". `beyond_allclose`:
+    the difference must exceed `torch.allclose`'s default tolerances, not only be nonzero."""
+    for name, tensor in (("got", got), ("other", other)):
+        bad = int((~torch.isfinite(tensor)).sum())
+        assert bad == 0, f"{what}: {name} has {bad} non-finite values out of {tensor.numel()}"
+    same = torch.allclose(got, other) if beyond_allclose else torch.equal(got, other)
+    delta = (
+        (got.double() - other.double()).abs().max().item()
+        if got.shape == other.shape and got.numel()
+        else None
+    )
+    assert not same, f"{what}: expected a difference, got max |Δ| = {delta} (shapes {tuple(got.shape)})"
+
+
 def labelled(name: str) -> Callable[[str], str]:
     """`msg=` for `torch.testing.assert_close` that names the tensor and keeps torch's message with the numbers."""
     return lambda default: f"{name}: {default}"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import Case, hyperset_config
+from fixtures import Case, assert_differs, hyperset_config
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForImageClassification,
@@ -125,7 +125,7 @@ def test_the_kernels_module_registers_through_the_public_registration():
         model.set_attn_implementation("doubled")  # looked up at call time, switched without rebuilding
         assert model.config._attn_implementation == "doubled"
         changed = model(**inputs).logits
-        assert not torch.allclose(changed, reference), "the registered implementation was not used"
+        assert_differs(changed, reference, "the registered implementation was not used", beyond_allclose=True)
     finally:
         interface._global_mapping = saved
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from fixtures import rounding
+from fixtures import assert_differs, rounding
 from safetensors.torch import load_file
 from transformers import HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
 
@@ -201,7 +201,7 @@ def test_deterministic_under_manual_seed():
         torch.manual_seed(seed)
         runs.append(aug(pixel_values, labels))
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
-    assert not torch.equal(runs[0][0], runs[2][0])
+    assert_differs(runs[2][0], runs[0][0], "another seed's augmented images")
 
 
 def test_grey_images_work_without_the_rgb_only_colour_op():
@@ -232,7 +232,8 @@ def test_recipe_augmentation_changes_cli_training_batches_but_not_the_saved_proc
     )
     torch.manual_seed(0)
     out, targets = aug(pixel_values, torch.arange(8))
-    assert not torch.equal(out, pixel_values) and targets.shape == (8, NUM_LABELS)
+    assert_differs(out, pixel_values, "augmented images")
+    assert targets.shape == (8, NUM_LABELS), targets.shape
     assert processor.to_dict() == before
 
 

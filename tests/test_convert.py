@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures import AUTHOR_FIXTURES, labelled, needs_author_fixtures, rounding
+from fixtures import AUTHOR_FIXTURES, assert_differs, labelled, needs_author_fixtures, rounding
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForImageClassification, AutoModelForTokenClassification
@@ -464,7 +464,7 @@ def test_sudoku_sincos_checkpoint_converts_and_round_trips(dtype, tmp_path, caps
     # test_official_computation_matches_the_authors_run), here holding the sincos table built above
     family = SOURCES["hyperset-sudoku"]
     table = board_table(81, 32)[None]
-    assert not torch.equal(table, learned)
+    assert_differs(table, learned, "the sincos table vs the learned positions")
     reference_kwargs = read_official_config(AUTHOR_FIXTURES / "hyperset_sudoku.json", family)[0]
     idx = gold["golden/input/idx"]
     reference = family.official_logits({**state, "pos_emb": table}, reference_kwargs, idx, DTYPE[dtype])

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from fixtures import AUTHOR_FIXTURES, needs_author_fixtures, rounding
+from fixtures import AUTHOR_FIXTURES, assert_differs, needs_author_fixtures, rounding
 from safetensors.torch import load_file
 from transformers import AutoModelForImageClassification
 
@@ -157,8 +157,10 @@ def test_released_imagenet_file_converts_with_one_command(tmp_path, capsys):
         assert torch.equal(
             ours[f"hyperset.layers.{i}.attention.qkv_proj.weight"], state[f"enc.{i}.attn.qkv.weight"]
         )
-    assert not torch.equal(
-        ours["hyperset.layers.0.attention.qkv_proj.weight"], state["enc.1.attn.qkv.weight"]
+    assert_differs(
+        ours["hyperset.layers.0.attention.qkv_proj.weight"],
+        state["enc.1.attn.qkv.weight"],
+        "layer 0 vs enc.1",
     )
 
 

@@ -62,3 +62,24 @@ def test_a_timed_out_run_shows_what_each_process_wrote() -> None:
     for expected in ("'quick' (exit status 0)", "quick out", "quick err", "'stuck' (killed at the timeout)"):
         assert expected in message, f"{expected!r} not in:\n{message}"
     assert "stuck before the wait" in message, message
+
+
+def test_assert_differs_refuses_a_nan_that_not_equal_would_let_through() -> None:
+    import torch
+
+    reference = torch.tensor([1.0, 2.0])
+    broken = torch.tensor([1.0, float("nan")])
+    assert not torch.equal(broken, reference) and not torch.allclose(
+        broken, reference
+    )  # what the old asserts saw
+    for beyond_allclose in (False, True):
+        with pytest.raises(AssertionError, match="logits: got has 1 non-finite values out of 2"):
+            fixtures.assert_differs(broken, reference, "logits", beyond_allclose=beyond_allclose)
+    with pytest.raises(AssertionError, match=r"expected a difference, got max \|Δ\| = 0.0"):
+        fixtures.assert_differs(reference.clone(), reference, "logits")
+    # within allclose's tolerances (rtol 1e-5): different, but not beyond_allclose
+    nearby = reference + 1e-7
+    fixtures.assert_differs(nearby, reference, "logits")
+    with pytest.raises(AssertionError, match="expected a difference"):
+        fixtures.assert_differs(nearby, reference, "logits", beyond_allclose=True)
+    fixtures.assert_differs(reference + 1, reference, "logits", beyond_allclose=True)

@@ -15,7 +15,15 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from fixtures import Case, assert_close_to_scale, labelled, perturb, require_author_fixtures, rounding
+from fixtures import (
+    Case,
+    assert_close_to_scale,
+    assert_differs,
+    labelled,
+    perturb,
+    require_author_fixtures,
+    rounding,
+)
 from safetensors.torch import load_file
 
 from energyformers import IMixerConfig, IMixerForImageClassification
@@ -551,7 +559,7 @@ def test_per_optimizer_step_schedule_refines_once_per_weight_update():
     before = norm.u.clone()
     model(**inputs).loss.backward()
     after_first = norm.u.clone()
-    assert not torch.equal(after_first, before)
+    assert_differs(after_first, before, "u after the first backward")
     model(**inputs).loss.backward()  # same weights (gradient accumulation): no further power steps
     assert torch.equal(norm.u, after_first)
     optimizer.step()
@@ -562,9 +570,9 @@ def test_per_optimizer_step_schedule_refines_once_per_weight_update():
     per_forward(**inputs)
     u1 = per_forward.imixer.layers[0].token_mixing.fc_sn1.parametrizations.weight[0].u.clone()
     per_forward(**inputs)
-    assert not torch.equal(u0, u1) and not torch.equal(
-        per_forward.imixer.layers[0].token_mixing.fc_sn1.parametrizations.weight[0].u, u1
-    )
+    assert_differs(u1, u0, "u after the first forward")
+    u2 = per_forward.imixer.layers[0].token_mixing.fc_sn1.parametrizations.weight[0].u
+    assert_differs(u2, u1, "u after the second forward")
 
 
 def test_eval_reuses_the_normalised_weights_until_they_change():
@@ -578,7 +586,7 @@ def test_eval_reuses_the_normalised_weights_until_they_change():
         second = mixing.contractive_weights()
         assert second[0] is not first[0]
         torch.testing.assert_close(second[0], mixing.fc_sn1.weight)
-        assert not torch.equal(model(**IMAGE.inputs()).logits, before)
+        assert_differs(model(**IMAGE.inputs()).logits, before, "logits after the weights changed")
     with torch.enable_grad():  # with autograd: fresh weights carrying the graph
         assert mixing.contractive_weights()[0].requires_grad
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,60 @@ def test_sudoku_depth_trains_each_model_and_supervision_and_writes_its_files(tmp
     again = json.loads(stem.with_suffix(".json").read_text())
     assert all(t.get("reused") for t in again["training"].values()), again["training"]
     assert again["results"]["hyperset-all"]["depths"] == out["results"]["hyperset-all"]["depths"]
+
+
+TINY_DEPTH = ["--hidden_size", "16", "--heads", "2", "--iterations", "2", "--n_train", "16", "--steps", "2"]
+TINY_DEPTH += ["--batch_size", "8", "--n_test", "8", "--logging_steps", "1", "--eval_steps", "1"]
+
+
+def test_sudoku_depth_without_work_dir_trains_in_a_temporary_folder_it_removes(tmp_path, monkeypatch):
+    needs("sudoku-hard")
+    # the script's mkdtemp goes here (`tempfile.tempdir`), so what it leaves behind shows
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    stem = tmp_path / "depth"
+    argv = [*TINY_DEPTH, "--models", "hyperset", "--supervision", "last", "--results", str(stem)]
+    sudoku_depth.main([*argv, "--threads", str(torch.get_num_threads())])  # the suite's count (see above)
+    out = json.loads(stem.with_suffix(".json").read_text())
+    assert list(out["results"]) == ["hyperset-last"], list(out["results"])
+    left = sorted(p.name for p in scratch.iterdir())
+    assert left == [], f"sudoku_depth left {left} in its temporary directory"
+
+
+@pytest.mark.parametrize("work_dir", [False, True], ids=["temporary", "work_dir"])
+def test_sudoku_depth_removes_only_its_own_folder_when_training_fails(tmp_path, monkeypatch, work_dir):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    trained_into = []
+
+    def failing_training(plan, work, *args, **kwargs):
+        trained_into.append(work)
+        (work / "sudoku-hyperset-last").mkdir(parents=True)  # a run's folder, half written
+        raise RuntimeError("training failed")
+
+    monkeypatch.setattr(sudoku_depth, "train_models", failing_training)
+    argv = [
+        *TINY_DEPTH,
+        "--models",
+        "hyperset",
+        "--supervision",
+        "last",
+        "--results",
+        str(tmp_path / "depth"),
+    ]
+    argv += ["--threads", str(torch.get_num_threads())]
+    user = tmp_path / "runs"
+    with pytest.raises(RuntimeError, match="training failed"):
+        sudoku_depth.main([*argv, "--work_dir", str(user)] if work_dir else argv)
+    left = sorted(p.name for p in scratch.iterdir())
+    assert left == [], f"sudoku_depth left {left} in its temporary directory"
+    if work_dir:  # the user's folder is the user's: kept, with what the run wrote
+        assert trained_into == [user], trained_into
+        assert sorted(p.name for p in user.iterdir()) == ["sudoku-hyperset-last"], list(user.iterdir())
+    else:
+        assert len(trained_into) == 1 and trained_into[0].parent == scratch, (trained_into, scratch)
 
 
 def test_sudoku_easy_probe_capped_main_run_and_easy_to_hard_evaluation(tmp_path, monkeypatch):

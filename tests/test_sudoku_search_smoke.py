@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from fixtures import loaded_script
 
 from energyformers.training import data
@@ -73,6 +74,34 @@ def test_a_seeded_run_repeats_its_numbers(search, tmp_path: Path) -> None:
     keys = ("board_accuracy", "blank_cell_accuracy", "chosen_energy_mean", "share_not_trajectory_0")
     for a, b in zip(first["datasets"][0]["rows"][1:], second["datasets"][0]["rows"][1:]):
         assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
+
+
+def test_num_threads_holds_for_the_run_and_the_callers_count_comes_back(
+    search, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a count other than the caller's, so a count left behind shows
+    caller, asked = torch.get_num_threads(), torch.get_num_threads() + 1
+    seen: list[int] = []
+    evaluate_dataset = search.evaluate_dataset
+
+    def counting(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return evaluate_dataset(*args, **kwargs)
+
+    monkeypatch.setattr(search, "evaluate_dataset", counting)
+    argv = ["--smoke", "--dataset", "sudoku", "--trajectories", "1", "--num_threads", str(asked)]
+    report = search.main([*argv, "--output_dir", str(tmp_path / "out")])
+    assert torch.get_num_threads() == caller, (torch.get_num_threads(), caller)
+    assert (seen, report["environment"]["threads"]) == ([asked], asked), (seen, report["environment"])
+
+    # and when the run fails part-way
+    def failing(*args, **kwargs):
+        raise RuntimeError("the run failed")
+
+    monkeypatch.setattr(search, "evaluate_dataset", failing)
+    with pytest.raises(RuntimeError, match="the run failed"):
+        search.main([*argv, "--output_dir", str(tmp_path / "failed")])
+    assert torch.get_num_threads() == caller, (torch.get_num_threads(), caller)
 
 
 @pytest.mark.parametrize(
