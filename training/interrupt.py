@@ -83,8 +83,9 @@ class StopRequest:
 
     @contextmanager
     def installed(self, *, several_processes: bool = False, announce: bool = True) -> Iterator[StopRequest]:
-        """Handle SIGTERM and SIGINT while the block runs; the old handlers come back after. `several_processes`: the ranks of one run, where a launcher forwards the terminal's
-        Ctrl-C (`FORWARDED_REPEAT_S`); `announce`: print the Ctrl-C notice (the main process only)."""
+        """Handle SIGTERM and SIGINT while the block runs; the old handlers come back after. `several_processes`:
+        the ranks of one run, where a launcher forwards the terminal's Ctrl-C (`FORWARDED_REPEAT_S`); `announce`:
+        print the Ctrl-C notice (the main process only)."""
         self._several_processes, self._announce = several_processes, announce
         previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
         for signum in previous:
