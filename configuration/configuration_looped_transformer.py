@@ -185,9 +185,9 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         """The baseline matching a Hyper-SET config: same embeddings, labels, width, heads, depth and head.
 
         The head's `classifier_norm` and `classifier_bias` are copied, so the baseline of a Sudoku preset has its
-        RMSNorm → bias-free Linear. The MLP width is the baseline's own (4 · hidden_size unless `intermediate_size` is overridden): Hyper-SET's
-        `intermediate_size` is the size of its dictionary, not an MLP width. `overrides` are checked as
-        `from_preset`'s.
+        RMSNorm → bias-free Linear. The MLP width is the baseline's own (4 · hidden_size unless
+        `intermediate_size` is overridden): Hyper-SET's `intermediate_size` is the size of its dictionary, not an
+        MLP width. `overrides` are checked as `from_preset`'s.
         """
         cls._check_override_names(overrides, "from_hyperset")
         kwargs = {name: getattr(config, name) for name in SHARED_FIELDS}
@@ -228,9 +228,9 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
 
     @classmethod
     def _check_override_names(cls, overrides: dict[str, Any], where: str) -> None:
-        """As every config's (`from_preset`, which this class inherits, `from_hyperset` and `--config` call it), less the
-        Hyper-SET-only options: the constructor refuses those with its own message, which says whose option each
-        is, rather than as an unknown name."""
+        """As every config's (`from_preset`, which this class inherits, `from_hyperset` and `--config` call it),
+        less the Hyper-SET-only options: the constructor refuses those with its own message, which says whose
+        option each is, rather than as an unknown name."""
         shared = {name: value for name, value in overrides.items() if name not in HYPERSET_ONLY_FIELDS}
         super()._check_override_names(shared, where)
 
