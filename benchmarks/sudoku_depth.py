@@ -721,6 +721,7 @@ def main(argv: list[str] | None = None) -> None:
         "n_train",
         "n_test",
         "max_parallel",
+        "threads",
     ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be an integer >= 1; got {getattr(args, name)}")
@@ -741,17 +742,22 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    torch.set_num_threads(args.threads)
     given = {"hyperset": args.hyperset_dir, "looped-transformer": args.looped_dir}
-    if args.work_dir or args.paper or any(given.values()):
-        benchmark(args, given, models, supervision, run, start, Path(args.work_dir or "runs"))
-        return
-    # No --work_dir: the trained folders are this run's scratch, removed once evaluated or when the run fails
-    scratch = Path(tempfile.mkdtemp(prefix="sudoku-depth-"))
+    # `--threads` is this run's: a caller that runs main in-process (a notebook, a test) gets its own count back
+    caller_threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
     try:
-        benchmark(args, given, models, supervision, run, start, scratch)
+        if args.work_dir or args.paper or any(given.values()):
+            benchmark(args, given, models, supervision, run, start, Path(args.work_dir or "runs"))
+            return
+        # No --work_dir: the trained folders are this run's scratch, removed once evaluated or when the run fails
+        scratch = Path(tempfile.mkdtemp(prefix="sudoku-depth-"))
+        try:
+            benchmark(args, given, models, supervision, run, start, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        torch.set_num_threads(caller_threads)
 
 
 def benchmark(

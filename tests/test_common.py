@@ -30,6 +30,7 @@ from fixtures import (
     TINY,
     Case,
     assert_close_to_scale,
+    assert_differs,
     assert_same_structure_and_tensors,
     cases,
     main_output,
@@ -385,11 +386,7 @@ def test_inputs_embeds_replace_input_ids(case):
         assert_close_to_scale(got, expected, rounding(torch.float32, 8), "inputs_embeds vs input_ids")
         # other embeddings give other outputs: the model really reads inputs_embeds
         flipped = main_output(model(inputs_embeds=embeds.flip(0), **inputs))
-        # `not allclose` alone would pass on NaN
-        assert torch.isfinite(flipped).all(), flipped
-        assert not torch.allclose(flipped, expected), (
-            f"flipped embeddings, max |Δ| {(flipped - expected).abs().max():.3g}"
-        )
+        assert_differs(flipped, expected, "flipped embeddings", beyond_allclose=True)
         for both_or_neither in ({"input_ids": ids, "inputs_embeds": embeds}, {}):
             with pytest.raises(ValueError, match="inputs_embeds"):
                 model(**both_or_neither, **inputs)
@@ -425,10 +422,7 @@ def test_input_embeddings_can_be_read_and_replaced(case):
         model.set_input_embeddings(new)
         assert model.get_input_embeddings() is new
         replaced = main_output(model(**inputs))
-        assert torch.isfinite(replaced).all(), replaced  # `not allclose` alone would pass on NaN
-        assert not torch.allclose(replaced, before), (
-            f"new embeddings, max |Δ| {(replaced - before).abs().max():.3g}"
-        )
+        assert_differs(replaced, before, "new embeddings", beyond_allclose=True)
         model.set_input_embeddings(old)
         assert torch.equal(main_output(model(**inputs)), before)
 
@@ -447,10 +441,7 @@ def test_resize_token_embeddings_then_new_ids_work(case):
         # old rows kept: the same float32 computation on the same rows, a few ulps at most
         assert_close_to_scale(main_output(model(**inputs)), before, rounding(torch.float32, 8), "old rows")
         after = main_output(model(**{**inputs, "input_ids": new_ids}))
-    assert torch.isfinite(after).all(), after
-    assert not torch.allclose(after, before), (
-        f"a new id changed no output: max |Δ| {(after - before).abs().max():.3g}"
-    )
+    assert_differs(after, before, "a new id", beyond_allclose=True)
 
 
 # ---------------------------------------------------------------- gradient checkpointing

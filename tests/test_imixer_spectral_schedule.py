@@ -12,7 +12,7 @@ import copy
 
 import pytest
 import torch
-from fixtures import Case, perturb, rounding
+from fixtures import Case, assert_differs, perturb, rounding
 
 from energyformers import IMixerForImageClassification
 
@@ -140,7 +140,7 @@ def test_stored_weight_stays_out_of_the_state_dict_and_save_load_is_exact(tmp_pa
     first = estimates(loaded)
     loaded(**inputs)
     for name, value in estimates(loaded).items():
-        assert not torch.equal(first[name], before[name]), name
+        assert_differs(first[name], before[name], f"{name}: u after the first training forward")
         assert torch.equal(value, first[name]), name
 
 
@@ -148,7 +148,10 @@ def test_init_weights_resets_the_comparison_state():
     model = schedule_model()
     model(**IMAGE.inputs(labels=True))
     norm = spectral_norms(model)["layers.0.fc_sn1"]
-    assert norm.refined.item() and not torch.equal(norm.refined_weight, torch.zeros_like(norm.refined_weight))
+    assert norm.refined.item()
+    assert_differs(
+        norm.refined_weight, torch.zeros_like(norm.refined_weight), "refined_weight after a training forward"
+    )
     model._init_weights(norm)
     assert not norm.refined.item()
     assert torch.equal(norm.refined_weight, torch.zeros_like(norm.refined_weight))
@@ -156,7 +159,8 @@ def test_init_weights_resets_the_comparison_state():
     # untouched weights sees that the comparison state was written)
     before = norm.u.clone()
     model(**IMAGE.inputs(labels=True))
-    assert not torch.equal(norm.u, before) and norm.refined.item()
+    assert_differs(norm.u, before, "u after the training forward that follows _init_weights")
+    assert norm.refined.item()
 
 
 def test_only_if_changed_without_the_stored_weight_raises():

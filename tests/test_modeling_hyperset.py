@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from fixtures import Case, assert_close_to_scale, perturb, rounding, step_once
+from fixtures import Case, assert_close_to_scale, assert_differs, perturb, rounding, step_once
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from energyformers import (
@@ -343,8 +343,8 @@ def test_num_iterations_override_changes_output_and_extrapolates():
         same = model(**inputs, num_iterations=3).logits
         longer = model(**inputs, num_iterations=12, output_hidden_states=True)
     assert torch.equal(default, same)
-    assert not torch.allclose(default, longer.logits)
-    assert len(longer.hidden_states) == 1 + 2 * 12 and torch.isfinite(longer.logits).all()
+    assert_differs(longer.logits, default, "logits, 12 vs 3 iterations", beyond_allclose=True)
+    assert len(longer.hidden_states) == 1 + 2 * 12
     with pytest.raises(ValueError, match="num_iterations must be an integer >= 1; got 0"):
         model(**inputs, num_iterations=0)
 

@@ -91,6 +91,47 @@ def test_bad_supervision_list_is_refused_naming_the_flag():
             sudoku_depth.main(["--supervision", text, "--render_only"])
 
 
+@pytest.mark.parametrize("work_dir", [False, True], ids=["temporary", "work_dir"])
+def test_threads_hold_for_the_run_and_the_callers_count_comes_back(tmp_path, monkeypatch, work_dir):
+    # `benchmark` stands in for the training and evaluation, so no run trains: only main's thread handling runs.
+    # A count other than the caller's, so a count left behind shows.
+    caller, asked = torch.get_num_threads(), torch.get_num_threads() + 1
+    seen: list[int] = []
+
+    def counting(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+
+    monkeypatch.setattr(sudoku_depth, "benchmark", counting)
+    argv = [
+        *TINY_DEPTH,
+        "--models",
+        "hyperset",
+        "--supervision",
+        "last",
+        "--results",
+        str(tmp_path / "depth"),
+    ]
+    argv += ["--threads", str(asked)] + (["--work_dir", str(tmp_path / "runs")] if work_dir else [])
+    sudoku_depth.main(argv)
+    assert (seen, torch.get_num_threads()) == ([asked], caller), (seen, torch.get_num_threads(), caller)
+
+    # and when the run fails part-way
+    def failing(*args, **kwargs):
+        raise RuntimeError("the run failed")
+
+    monkeypatch.setattr(sudoku_depth, "benchmark", failing)
+    with pytest.raises(RuntimeError, match="the run failed"):
+        sudoku_depth.main(argv)
+    assert torch.get_num_threads() == caller, (torch.get_num_threads(), caller)
+
+
+def test_threads_below_one_are_refused_naming_the_flag(tmp_path, capsys):
+    # --results in tmp_path: were the flag let through, --render_only would rewrite that stem, not the repository's
+    with pytest.raises(SystemExit):
+        sudoku_depth.main(["--threads", "0", "--render_only", "--results", str(tmp_path / "depth")])
+    assert "--threads must be an integer >= 1; got 0" in capsys.readouterr().err
+
+
 # Each training is a process of its own (most of its time is importing torch and transformers): the default run
 # trains Hyper-SET's two supervision modes (the plateau-exit and no-fall targets); `-m slow` adds the looped
 # Transformer (four runs, the "within 2 points" target too).
