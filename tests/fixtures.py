@@ -371,17 +371,20 @@ def assert_same_structure_and_tensors(got: Any, expected: Any, path: str = "out"
 @contextlib.contextmanager
 def loaded_script(path: Path, name: str) -> Iterator[Any]:
     """A script of benchmarks/ imported as module `name` while the block runs (registered in `sys.modules` first:
-    its dataclasses look their module up while the file executes), and unregistered afterwards."""
+    its dataclasses look their module up while the file executes), and unregistered afterwards, with `sys.path` as
+    it was (each script puts its folder on it when imported)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    path_before = list(sys.path)
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
         yield module
     finally:
         del sys.modules[name]
+        sys.path[:] = path_before
 
 
 def rounding(dtype: torch.dtype, roundings: float, magnitude: float = 1.0) -> float:

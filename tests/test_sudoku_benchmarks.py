@@ -23,11 +23,12 @@ with pytest.MonkeyPatch.context() as _patch:
     _patch.syspath_prepend(str(BENCHMARKS))
     import sudoku_depth
     import sudoku_easy
+# what the imports above left on sys.path, read at once: later tests of the session may put the folder there too
+_LEFT_ON_PATH = [entry for entry in sys.path if Path(entry or ".").resolve() == BENCHMARKS]
 
 
 def test_importing_the_scripts_leaves_sys_path_as_it_was():
-    folders = [entry for entry in sys.path if Path(entry or ".").resolve() == BENCHMARKS]
-    assert folders == [], f"benchmarks/ left on sys.path by the imports above: {folders}"
+    assert _LEFT_ON_PATH == [], f"benchmarks/ left on sys.path by the imports above: {_LEFT_ON_PATH}"
 
 
 def needs(dataset: str) -> None:
