@@ -86,10 +86,11 @@ def test_targets_say_met_or_missed_with_the_numbers():
     assert not checks[0]["met"] and [c["vacuous"] for c in checks[1:]] == [True, True], checks
 
 
-def test_bad_supervision_list_is_refused_naming_the_flag():
+def test_bad_supervision_list_is_refused_naming_the_flag(tmp_path):
+    # --results in tmp_path: were a list let through, --render_only would rewrite that stem, not the repository's
     for text in ("last,sometimes", "", "all,all"):
         with pytest.raises(SystemExit, match="--supervision"):
-            sudoku_depth.main(["--supervision", text, "--render_only"])
+            sudoku_depth.main(["--supervision", text, "--render_only", "--results", str(tmp_path / "depth")])
 
 
 @pytest.mark.parametrize("work_dir", [False, True], ids=["temporary", "work_dir"])
