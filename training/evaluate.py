@@ -321,6 +321,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     )
     from .predict import cannot_load, check_depth_arguments
     from .setup import auto_head, preprocessing
+    from .trainer import DepthTrainer
 
     config = load_config(args.model_dir)
     model_type = getattr(config, "model_type", None)
@@ -373,7 +374,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             report_to="none",
         )
         call = dict(args.depth)  # --num_iterations and the other depth flags given, on every forward
-        trainer = _depth_trainer()(
+        trainer = DepthTrainer(
             model=model,
             args=training_args,
             data_collator=collator,
@@ -436,26 +437,6 @@ class _WithArguments:
 
     def __call__(self, **inputs: Any) -> Any:
         return self.model(**inputs, **self.arguments)
-
-
-def _depth_trainer() -> type:
-    """Trainer that adds the depth flags' call arguments to every evaluation forward (defined on first use:
-    importing transformers.Trainer is slow)."""
-    from transformers import Trainer
-
-    class DepthTrainer(Trainer):
-        def __init__(self, *args: Any, call_arguments: dict[str, Any], **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.call_arguments = call_arguments
-
-        def prediction_step(
-            self, model: Any, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: Any = None
-        ) -> Any:
-            return super().prediction_step(
-                model, {**inputs, **self.call_arguments}, prediction_loss_only, ignore_keys
-            )
-
-    return DepthTrainer
 
 
 def table(report: dict[str, Any]) -> str:

@@ -50,136 +50,6 @@ def whole_run_train_loss(
     return (total + loss_since * (global_step - initial_step)) / global_step
 
 
-def build_trainer_classes() -> tuple[type, type, type]:
-    """The Trainer subclass and callbacks (defined on first use: importing transformers.Trainer is slow)."""
-    from transformers import Trainer, TrainerCallback
-
-    from .callbacks import ContinueIterationDraws
-    from .optimization import make_scheduler
-
-    class RecipeTrainer(Trainer):
-        """Trainer with the recipe's training loss (augmentation, soft targets) and lr schedule (floors,
-        cooldown); evaluation keeps the model's plain loss."""
-
-        def __init__(
-            self, *args: Any, training_loss: Any, run_args: Any, schedule: Any, **kwargs: Any
-        ) -> None:
-            super().__init__(*args, **kwargs)
-            self.training_loss, self.run_args, self.schedule = training_loss, run_args, schedule
-            if training_loss.active:
-                self.loss_is_scaled_for_ga = (
-                    False  # a per-batch mean: Trainer divides by the accumulation steps
-                )
-
-        def compute_loss(
-            self,
-            model: Any,
-            inputs: dict[str, Any],
-            return_outputs: bool = False,
-            num_items_in_batch: Any = None,
-        ) -> Any:
-            if not (self.training_loss.active and model.training):
-                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            loss, outputs = self.training_loss(model, inputs)
-            return (loss, outputs) if return_outputs else loss
-
-        # (task, depths) of the per-iteration accuracy logged at every evaluation (`evaluation.depth_metrics`)
-        depth_evaluation: tuple[str, list[int]] | None = None
-        # masked image modelling: (model, split) -> reconstruction metrics after decoding (`Built.masked_images`)
-        masked_images: Any = None
-
-        def evaluate(
-            self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"
-        ) -> dict[str, float]:
-            """Trainer's evaluation; for masked image modelling also the reconstruction metrics after MaskGIT
-            decoding; on the validation split also the accuracy at each depth of `depth_evaluation`; each logged as
-            its own entry at the same step and returned with the metrics."""
-            metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
-            if self.masked_images is not None and metric_key_prefix in ("eval", "test"):
-                split = "validation" if metric_key_prefix == "eval" else "test"
-                with self.autocast_smart_context_manager():
-                    decoded = self.masked_images(self.model, split)
-                decoded = {f"{metric_key_prefix}_{k}": v for k, v in decoded.items()}
-                self.log(decoded)
-                metrics = {**metrics, **decoded}
-            if self.depth_evaluation is None or metric_key_prefix != "eval" or not self.depth_evaluation[1]:
-                return metrics
-            from .evaluation import depth_metrics
-
-            task, depths = self.depth_evaluation
-            loader = self.get_eval_dataloader(eval_dataset)
-            with self.autocast_smart_context_manager():
-                extra = depth_metrics(
-                    self.model,
-                    loader,
-                    self.accelerator.gather_for_metrics,
-                    task,
-                    depths,
-                    f"{metric_key_prefix}_",
-                )
-            self.log(extra)
-            return {**metrics, **extra}
-
-        def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
-            if self.lr_scheduler is None:
-                self.lr_scheduler = make_scheduler(
-                    self.run_args, optimizer or self.optimizer, self.schedule, num_training_steps
-                )
-                self._created_lr_scheduler = True
-            return self.lr_scheduler
-
-    class StopOnSignal(TrainerCallback):
-        """SIGTERM or SIGINT (`interrupt.StopRequest`) → save a checkpoint at the end of this step and stop; with
-        several processes all ranks decide together (Trainer calls this on every rank; its save is collective)."""
-
-        def __init__(self, request: StopRequest) -> None:
-            self.request = request
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if self.request.should_stop(args.device):
-                control.should_save = True
-                control.should_training_stop = True
-
-    class LoopState(ContinueIterationDraws):
-        """Continue the sampled depths where a resumed run stopped (`ContinueIterationDraws`) and the training
-        masks (a collator with `continue_after`) where each epoch starts, and log the loss at every checkpoint step
-        (so the logged windows end exactly at each checkpoint: `whole_run_train_loss`)."""
-
-        def __init__(self, collator: Any = None) -> None:
-            self.collator = collator
-
-        def on_train_begin(
-            self,
-            args: Any,
-            state: Any,
-            control: Any,
-            model: Any = None,
-            train_dataloader: Any = None,
-            **kwargs: Any,
-        ) -> None:
-            super().on_train_begin(
-                args, state, control, model=model, train_dataloader=train_dataloader, **kwargs
-            )
-            if hasattr(self.collator, "check_loader"):
-                self.collator.check_loader(train_dataloader)
-
-        def on_epoch_begin(
-            self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any
-        ) -> None:
-            # before the epoch's loader iterator (and its DataLoader workers) starts: its first batch's index in
-            # the mask stream, past the batches a resumed epoch skips (Trainer's `steps_trained_in_current_epoch`)
-            if hasattr(self.collator, "continue_after"):
-                self.collator.continue_after(
-                    state.global_step, len(train_dataloader), args.gradient_accumulation_steps
-                )
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if control.should_save:
-                control.should_log = True
-
-    return RecipeTrainer, StopOnSignal, LoopState
-
-
 def restore_best_weights(trainer: Any, args: Arguments) -> dict[str, Any]:
     """After `trainer.train()`: which weights the model now holds, as metrics.json's `saved_weights` records it.
 
@@ -287,6 +157,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
         output_paths,
         record_run_arguments,
     )
+    from .trainer import LoopState, RecipeTrainer, StopOnSignal
 
     if args.run.num_threads:
         torch.set_num_threads(args.run.num_threads)
@@ -324,7 +195,6 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
                 args, built, work_dir
             )  # what a --resume must repeat (`check_resume_arguments`)
             announce_run(built, args.data.dataset, ta.world_size)
-        RecipeTrainer, StopOnSignal, LoopState = build_trainer_classes()
         stop = StopRequest()
         extra = [LoopState(built.collator), StopOnSignal(stop)]
         if args.run.ema_decay is not None:
@@ -347,9 +217,9 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             training_loss=training_loss,
             run_args=args,
             schedule=schedule,
+            depth_evaluation=(built.task, eval_depths(built.model, args.run.eval_iterations)),
+            masked_images=built.masked_images,
         )
-        trainer.depth_evaluation = (built.task, eval_depths(built.model, args.run.eval_iterations))
-        trainer.masked_images = built.masked_images
         initial_step = 0
         if resume_from is not None:
             initial_step = json.loads((resume_from / "trainer_state.json").read_text())["global_step"]
