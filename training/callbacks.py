@@ -5,7 +5,7 @@
     trainer = Trainer(model=model, args=args, ..., callbacks=[ContinueIterationDraws()])
     trainer.train(resume_from_checkpoint=True)
 
-`energyformers train` uses the same callback (its `trainer.LoopState` builds on it); `energyformers train-accelerate` calls
+`energyformers train` uses the same callback (its `trainer.ContinueRunCallback` builds on it); `energyformers train-accelerate` calls
 `setup.continue_iteration_draws` itself.
 """
 

@@ -157,7 +157,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
         output_paths,
         record_run_arguments,
     )
-    from .trainer import LoopState, RecipeTrainer, StopOnSignal
+    from .trainer import ContinueRunCallback, RecipeTrainer, StopOnSignal
 
     if args.run.num_threads:
         torch.set_num_threads(args.run.num_threads)
@@ -196,7 +196,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             )  # what a --resume must repeat (`check_resume_arguments`)
             announce_run(built, args.data.dataset, ta.world_size)
         stop = StopRequest()
-        extra = [LoopState(built.collator), StopOnSignal(stop)]
+        extra = [ContinueRunCallback(built.collator), StopOnSignal(stop)]
         if args.run.ema_decay is not None:
             from .augmentation import EMACallback
 

@@ -124,7 +124,7 @@ class StopOnSignal(TrainerCallback):
             control.should_training_stop = True
 
 
-class LoopState(ContinueIterationDraws):
+class ContinueRunCallback(ContinueIterationDraws):
     """Continue the sampled depths where a resumed run stopped (`ContinueIterationDraws`) and the training
     masks (a collator with `continue_after`) where each epoch starts, and log the loss at every checkpoint step
     (so the logged windows end exactly at each checkpoint: `train.whole_run_train_loss`)."""
@@ -160,4 +160,4 @@ class LoopState(ContinueIterationDraws):
             control.should_log = True
 
 
-__all__ = ["DepthTrainer", "LoopState", "RecipeTrainer", "StopOnSignal"]
+__all__ = ["ContinueRunCallback", "DepthTrainer", "RecipeTrainer", "StopOnSignal"]
