@@ -110,6 +110,36 @@ def select_attn_implementation(
     return choose(requested, is_init_check)
 
 
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float = 1.0,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(scaling·q·kᵀ + attention_mask) v with the maps, in the signature and layout of transformers' attention
+    functions: the reference and the maps-returning path of every standard softmax attention here (HyperBF's, whose
+    distances become a per-key bias in the mask, and the looped baseline's).
+
+    query/key/value: (B, H, N, d); attention_mask: additive, broadcastable to (B, H, N, N). Output: (B, N, H, d).
+    """
+    # q is scaled before the product, transformers' eager functions scale the product: the same value, rounded
+    # differently unless `scaling` is a power of two (this order is the looped baseline's, HyperBF passes 1)
+    scores = torch.matmul(query * scaling, key.transpose(-1, -2))  # (B, H, N, N)
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    # Softmax in at least float32, as transformers' (half-precision scores lose the small weights); float64 stays.
+    weights = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(
+        query.dtype
+    )
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, H, N, d) -> (B, N, H, d)
+    return output, weights
+
+
 def load_naming_unreadable_file(
     load: Callable[..., PreTrainedModel],
     pretrained_model_name_or_path: object,
@@ -316,12 +346,22 @@ class FamilyPreTrainedMixin:
 
     A family that picks its own implementation (Hyper-SET's bi-softmax registry) overrides
     `_choose_attn_implementation`, and `_attn_implementation_note` ends the refusal's message; the defaults are
-    transformers' own choice and no note.
+    transformers' own choice and no note. A backbone's `__init__` names its inputs by `config.input_type`
+    (`_set_input_names`).
     """
 
     def __init__(self, config: PreTrainedConfig, *inputs: object, **kwargs: object) -> None:
         config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
         super().__init__(config, *inputs, **kwargs)
+
+    def _set_input_names(self) -> None:
+        """The input names of a backbone of `config.input_type`, set before `post_init`: `_input_embed_layer`, the
+        table in `self.embeddings` that `get/set_input_embeddings` (transformers' defaults) find, and
+        `main_input_name`, what processors, pipelines and `model(ids)` hand over first (`input_ids` for
+        sequences; images keep the class's `pixel_values`)."""
+        self._input_embed_layer = "projection" if self.config.input_type == "image" else "word_embeddings"
+        if self.config.input_type == "sequence":
+            self.main_input_name = "input_ids"
 
     def get_correct_attn_implementation(
         self, requested_attention: str | None, is_init_check: bool = False
@@ -495,6 +535,7 @@ class IMixerSpectralNorm(nn.Module):
     def _fingerprint(self, weight: torch.Tensor) -> tuple[int, ...] | None:
         """Storage and in-place version of W and of the comparison state (None for inference tensors, which
         track no version)."""
+        # `_version` (private): no public API reads it, and optimizer/load hooks miss `w.mul_(2)` under no_grad
         try:
             return tuple(t._version for t in (weight, self.refined_weight, self.refined)) + tuple(
                 t.data_ptr() for t in (weight, self.refined_weight, self.refined)
@@ -830,6 +871,7 @@ class IMixerTokenMixing(nn.Module):
         cached while W, u and v are unchanged, so repeated forwards do not renormalise them."""
         if self.training or torch.is_grad_enabled() or _is_tracing() or not self.spectral_layers():
             return self.fc_sn1.weight, self.fc_sn2.weight
+        # `_version` (private): no public API reads it, and optimizer/load hooks miss `w.mul_(2)` under no_grad
         try:
             key = tuple(
                 (tensor.data_ptr(), tensor._version, tensor.dtype, tensor.device)
@@ -1106,10 +1148,7 @@ class IMixerModel(IMixerPreTrainedModel):
         self.embeddings = IMixerEmbeddings(config)
         self.layers = nn.ModuleList([IMixerLayer(config) for _ in range(config.num_hidden_layers)])
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        # `get/set_input_embeddings` (transformers' defaults) find this table in `self.embeddings`.
-        self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
-        if config.input_type == "sequence":  # what processors, pipelines and `model(ids)` hand over first
-            self.main_input_name = "input_ids"
+        self._set_input_names()
         self.post_init()
 
     def _call_settings(

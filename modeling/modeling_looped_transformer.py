@@ -21,7 +21,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
@@ -51,6 +50,7 @@ from .modeling_hyperset import (
     check_masked_image_modeling_head,
     classifier_norm_layer,
     config_choice,
+    eager_attention_forward,
     fixed_positions,
     route_main_input,
 )
@@ -71,24 +71,6 @@ class LoopedTransformerSequenceClassifierOutput(RecurrentDepthHeadOutput, Sequen
 @dataclass
 class LoopedTransformerTokenClassifierOutput(RecurrentDepthHeadOutput, TokenClassifierOutput):
     pass
-
-
-def eager_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs: object,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference softmax attention, with the maps: `(B, H, N, d_h)` tensors → (`(B, N, H, d_h)`, `(B, H, N, N)`),
-    the signature and layout of transformers' attention functions."""
-    scores = (query * scaling) @ key.transpose(-1, -2)  # (B, H, N, N)
-    probs = (scores if attention_mask is None else scores + attention_mask).softmax(-1)
-    probs = F.dropout(probs, p=dropout, training=module.training)
-    return (probs @ value).transpose(1, 2).contiguous(), probs
 
 
 class LoopedTransformerAttention(nn.Module):
@@ -222,9 +204,7 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
         super().__init__(config)
         self.embeddings = HyperSetEmbeddings(config)
         self.layers = nn.ModuleList([LoopedTransformerLayer(config) for _ in range(config.num_hidden_layers)])
-        self._input_embed_layer = "projection" if config.input_type == "image" else "word_embeddings"
-        if config.input_type == "sequence":  # what processors, pipelines and `model(ids)` hand over first
-            self.main_input_name = "input_ids"
+        self._set_input_names()
         self.post_init()
 
     def forward(

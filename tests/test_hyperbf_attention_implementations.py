@@ -411,6 +411,30 @@ def test_cached_centers_follow_load_state_dict(implementation, cache):
         torch.testing.assert_close(main_output(model(**inputs)), main_output(other(**inputs)), atol=0, rtol=0)
 
 
+@CACHES
+@pytest.mark.parametrize("write", ["no_grad", "detach"])
+def test_cached_centers_follow_an_in_place_write(write, implementation, cache):
+    """A weight written in place with no optimiser step or `load_state_dict` (`w.mul_(2)` under `torch.no_grad()`,
+    or through `w.detach()`) leaves the cache too: why its stamp reads the parameters' in-place versions."""
+    case = Case.of(HyperBFForImageClassification)
+    model, _ = pair(case, implementation)
+    fresh, _ = pair(case, implementation)  # no cache: computes the centers of the weights it is given
+    inputs = case.inputs()
+    with torch.no_grad():
+        before = main_output(model(**inputs))  # fills the cache
+        assert all(cache in ff._eval_cache for ff in _feedforwards(model))
+        for ff in _feedforwards(model):
+            if write == "no_grad":
+                ff.centers.mul_(2.0)
+            else:
+                ff.centers.detach().mul_(2.0)
+        after = main_output(model(**inputs))
+        fresh.load_state_dict(model.state_dict())
+        expected = main_output(fresh(**inputs))
+    assert_differs(after, before, "output after the in-place write", beyond_allclose=True)  # stale: `before`
+    torch.testing.assert_close(after, expected, atol=0, rtol=0)
+
+
 # ------------------------------------------------------------------- choosing the implementation
 
 

@@ -31,9 +31,48 @@ def test_shared_helpers_are_identical_in_every_modeling_file():
     blocks = {family: marked_block(path, SHARED_BEGIN, SHARED_END) for family, path in MODELING.items()}
     reference = next(iter(blocks.values()))
     # what the block holds besides the input checks: the marker names it for all of them
-    for name in ("_check_inputs", "select_attn_implementation", "load_naming_unreadable_file", "pool_tokens"):
+    shared = (
+        "select_attn_implementation",
+        "eager_attention_forward",
+        "load_naming_unreadable_file",
+        "pool_tokens",
+    )
+    for name in ("_check_inputs", *shared):
         assert f"def {name}(" in reference, f"{name} is not in the shared-helpers block"
     assert {family: block == reference for family, block in blocks.items()} == dict.fromkeys(blocks, True)
+
+
+def test_softmax_attention_reference_is_the_shared_blocks():
+    """One `eager_attention_forward` (softmax attention returning the maps), in the shared-helpers block: HyperBF
+    calls its copy, the looped baseline imports Hyper-SET's; no modeling file keeps one of its own."""
+    own = []
+    for path in sorted((ROOT / "modeling").glob("modeling_*.py")):
+        text = path.read_text()
+        if SHARED_BEGIN in text:
+            text = text.replace(marked_block(path, SHARED_BEGIN, SHARED_END), "")
+        own += [path.name] * text.count("def eager_attention_forward(")
+    assert own == [], f"eager_attention_forward defined outside the shared-helpers block in {own}"
+
+
+def test_backbones_name_their_inputs_through_the_mixin():
+    """`_input_embed_layer` and a backbone's `main_input_name` follow `config.input_type` in one place,
+    `FamilyPreTrainedMixin._set_input_names`, which every backbone's `__init__` calls."""
+    names = {"_input_embed_layer", "main_input_name"}
+    writers, callers = set(), set()
+    for path in sorted((ROOT / "modeling").glob("modeling_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for inner in ast.walk(node):
+                stored = isinstance(inner, ast.Attribute) and isinstance(inner.ctx, ast.Store)
+                if stored and inner.attr in names and ast.unparse(inner.value) == "self":
+                    writers.add(f"{path.name}:{node.name}")
+                if isinstance(inner, ast.Call) and ast.unparse(inner.func) == "self._set_input_names":
+                    callers.add(node.name)
+    mixins = {f"modeling_{spec.stem}.py:FamilyPreTrainedMixin" for spec in FAMILIES.values()}
+    assert writers == mixins, f"set by {sorted(writers)}; only FamilyPreTrainedMixin sets them"
+    backbones = {spec.heads["AutoModel"].__name__ for spec in FAMILIES.values()} | {"LoopedTransformerModel"}
+    assert callers == backbones, f"called by {sorted(callers)}; the backbones are {sorted(backbones)}"
 
 
 def _class_method(tree: ast.Module, class_name: str, method: str) -> ast.FunctionDef:

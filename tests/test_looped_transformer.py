@@ -162,6 +162,21 @@ def test_appending_padding_does_not_change_the_logits(pooling):
     assert read == [0.0] * len(maps), f"largest attention to sample 0's padded keys, per layer: {read}"
 
 
+def test_attention_maps_under_autocast_have_the_query_dtype_with_and_without_padding():
+    """The maps of the eager attention (HyperBF's, shared) are in the dtype of the attention inputs, as transformers'
+    eager functions return them: under autocast the queries are bfloat16 and the padding bias float32, which must
+    not turn the padded batch's maps (and only them) into float32."""
+    model = build(LoopedTransformerForSequenceClassification, "sequence")
+    mask = torch.ones(BATCH, LENGTH, dtype=torch.long)
+    mask[0, 4:] = 0
+    dtypes = {}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for name, attention_mask in (("padded", mask), ("unpadded", None)):
+            maps = model(input_ids=tokens(), attention_mask=attention_mask, output_attentions=True).attentions
+            dtypes[name] = {p.dtype for p in maps}
+    assert dtypes == {"padded": {torch.bfloat16}, "unpadded": {torch.bfloat16}}, dtypes
+
+
 def test_gradient_checkpointing_equals_plain_backprop():
     def gradients(checkpointing: bool) -> dict[str, torch.Tensor]:
         model = build(LoopedTransformerForImageClassification, "image").train()
