@@ -365,7 +365,7 @@ def test_mean_pooling_of_an_image_skips_the_cls_token():
     patches = outputs.last_hidden_state[:, 1:].mean(1)
     # the same float32 mean, summed in another order: a few ulps of the LayerNorm'd (O(1)) values
     torch.testing.assert_close(
-        outputs.pooler_output, patches, atol=8 * torch.finfo(torch.float32).eps, rtol=0
+        outputs.pooler_output, patches, atol=rounding(torch.float32, 8), rtol=0, msg=labelled("pooler output")
     )
     with_cls = outputs.last_hidden_state.mean(1)
     assert (outputs.pooler_output - with_cls).abs().max() > 1e-3, "the CLS token entered the mean"

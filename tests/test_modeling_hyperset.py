@@ -304,7 +304,7 @@ def test_interpolate_pos_encoding_resamples_the_sinusoid_to_the_input_grid():
     # largest term (|tokens| after LayerNorm and |positions| <= 1 are both O(1))
     scale = max(tokens.abs().max().item(), 1.0)
     torch.testing.assert_close(
-        added, expected.expand_as(added), atol=4 * torch.finfo(torch.float32).eps * scale, rtol=0
+        added, expected.expand_as(added), atol=rounding(torch.float32, 4, scale), rtol=0
     )
 
 
