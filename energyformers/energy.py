@@ -51,10 +51,27 @@ def _split_heads(tensor: torch.Tensor, num_heads: int, name: str) -> torch.Tenso
     return tensor.view(batch, length, num_heads, width // num_heads).transpose(1, 2)
 
 
-def _check_beta(beta: float | torch.Tensor) -> None:
+def _check_num_heads(num_heads: int) -> None:
+    if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
+        raise ValueError(f"num_heads must be an integer >= 1; got {num_heads!r}.")
+
+
+def _check_beta(beta: float | torch.Tensor, num_heads: int) -> None:
+    """β is a finite number > 0, or a tensor of such: 0-d (one for all heads) or `(num_heads,)` (one per head)."""
     if isinstance(beta, torch.Tensor):
-        if not bool((beta > 0).all()):
-            raise ValueError(f"beta must be > 0; got a tensor with minimum {beta.min().item()}.")
+        if beta.dtype == torch.bool or beta.is_complex():
+            raise ValueError(f"beta must be a real tensor; got dtype {beta.dtype}.")
+        if beta.ndim != 0 and tuple(beta.shape) != (num_heads,):
+            raise ValueError(
+                f"a beta tensor must be 0-d (one beta for all heads) or of shape (num_heads,) = ({num_heads},) "
+                f"(one beta per head); got shape {tuple(beta.shape)}."
+            )
+        bad = ~(torch.isfinite(beta) & (beta > 0))
+        if bool(bad.any()):
+            raise ValueError(
+                f"beta must be finite and > 0 (inverse temperature); got a tensor holding "
+                f"{beta.detach()[bad].flatten()[0].item()!r}."
+            )
     elif (
         isinstance(beta, bool)
         or not isinstance(beta, (int, float))
@@ -71,33 +88,57 @@ def _head_beta(beta: float | torch.Tensor, reference: torch.Tensor) -> torch.Ten
     return beta.view(-1, 1) if beta.ndim == 1 else beta
 
 
+def _bool_mask(
+    mask: torch.Tensor, shape: tuple[int, int, int, int], name: str, key_padding: bool
+) -> torch.Tensor:
+    """`mask` checked and as bool `(B|1, H|1, N_q|1, N_k|1)` for `shape` = (B, H, N_q, N_k).
+
+    Accepted: 4-D `(B, H, N_q, N_k)`, and with `key_padding` also 2-D `(B, N_k)` (a key padding mask); any size
+    may be 1 to broadcast; bool (True: the pair interacts) or integer 0/1 (1: the pair interacts). Other ranks are
+    refused rather than broadcast, since a 2-D or 3-D mask reads differently depending on which sizes happen to
+    coincide ((N_q, N_k) vs (B, N_k), (B, N_q, N_k) vs (H, N_q, N_k)); float masks are refused because 0 means
+    "attend" in an additive mask and "masked" in a 0/1 one.
+    """
+    batch, keys = shape[0], shape[3]
+    forms = f"4-D (batch, heads, queries, keys) = {shape}"
+    if key_padding:
+        forms = f"2-D key padding (batch, keys) = ({batch}, {keys}) or " + forms
+    if not isinstance(mask, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor, {forms}; got {type(mask).__name__}.")
+    if mask.dtype.is_floating_point or mask.is_complex():
+        raise ValueError(
+            f"{name} must be bool (True: attend) or integer 0/1 (1: attend); got dtype {mask.dtype}. A float mask "
+            f"is ambiguous: a 0/1 keep-mask converts with `{name}.bool()`, an additive one (0: attend, -inf or a "
+            f"large negative number: masked) with `{name} == 0`."
+        )
+    expected = (batch, keys) if mask.ndim == 2 and key_padding else shape if mask.ndim == 4 else None
+    if expected is None or any(size not in (1, full) for size, full in zip(mask.shape, expected)):
+        padding = "" if key_padding else f", a (batch, keys) key padding mask as {name}[:, None, None, :]"
+        raise ValueError(
+            f"{name} of shape {tuple(mask.shape)} is not {forms} (any size may be 1 to broadcast). A "
+            f"(queries, keys) mask such as a causal one goes in as {name}[None, None], a (batch, queries, keys) one "
+            f"as {name}[:, None]{padding}."
+        )
+    if mask.dtype != torch.bool:
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            bad = mask[(mask != 0) & (mask != 1)].flatten()[0].item()
+            raise ValueError(f"an integer {name} must hold only 0 and 1 (1: attend); got {bad}.")
+        mask = mask.bool()
+    return mask[:, None, None, :] if mask.ndim == 2 else mask
+
+
 def _heads_and_mask(
     state: torch.Tensor, stored: torch.Tensor, num_heads: int, mask: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """States and patterns per head `(B, H, N, d_h)`, and the mask as bool `(B|1, H|1, N_q|1, N_k)`."""
-    if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
-        raise ValueError(f"num_heads must be an integer >= 1; got {num_heads!r}.")
+    """States and patterns per head `(B, H, N, d_h)`, and the mask as bool `(B|1, H|1, N_q|1, N_k|1)`."""
     xi, patterns = _split_heads(state, num_heads, "state"), _split_heads(stored, num_heads, "stored")
     if xi.shape[0] != patterns.shape[0] or xi.shape[-1] != patterns.shape[-1]:
         raise ValueError(
             f"state {tuple(state.shape)} and stored {tuple(stored.shape)} must share batch size and width."
         )
     if mask is not None:
-        if mask.dtype != torch.bool:
-            raise ValueError(
-                f"mask must be a bool tensor (True: the pair interacts); got dtype {mask.dtype}."
-            )
-        target = (xi.shape[0], num_heads, xi.shape[2], patterns.shape[2])
-        try:
-            if torch.broadcast_shapes(mask.shape, target) != target:
-                raise RuntimeError
-        except RuntimeError:
-            raise ValueError(
-                f"mask of shape {tuple(mask.shape)} does not broadcast to (batch, heads, queries, keys) = "
-                f"{target}; a key padding mask (batch, keys) goes in as mask[:, None, None, :]."
-            ) from None
-        # leading 1s up to 4-D, as broadcasting reads it: (N_k,), (N_q, N_k), ... → (B|1, H|1, N_q|1, N_k)
-        mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+        shape = (xi.shape[0], num_heads, xi.shape[2], patterns.shape[2])
+        mask = _bool_mask(mask, shape, "mask", key_padding=False)
     return xi, patterns, mask
 
 
@@ -134,13 +175,16 @@ def hopfield_energy(
     mask: torch.Tensor | None = None,
     constants: bool = True,
 ) -> torch.Tensor:
-    """The modern Hopfield energy E(ξ) per sample, `(B,)` (Ramsauer et al. 2020, Eq. (2); module docstring).
+    """The modern Hopfield energy E(ξ) per sample, `(B,)` (Ramsauer et al. 2021, Eq. (2); module docstring).
 
-    state: ξ `(B, N_q, H·d_h)`; stored: X `(B, N_k, H·d_h)`; beta: inverse temperature, a number or one per
-    head `(H,)`; mask: bool, broadcastable to `(B, H, N_q, N_k)`, True where state i sees pattern j;
-    constants: include β⁻¹ log N + ½ M² (N, M over the patterns each state sees), so that E >= 0.
+    state: ξ `(B, N_q, H·d_h)`; stored: X `(B, N_k, H·d_h)`; beta: inverse temperature, a finite number > 0 or
+    a tensor of them, 0-d or one per head `(H,)`; mask: 4-D `(B, H, N_q, N_k)`, any size may be 1 to broadcast,
+    bool (True where state i sees pattern j) or integer 0/1 — other ranks and float (additive) masks are refused,
+    a key padding mask `(B, N_k)` goes in as `mask[:, None, None, :]`; constants: include β⁻¹ log N + ½ M²
+    (N, M over the patterns each state sees), so that E >= 0.
     """
-    _check_beta(beta)
+    _check_num_heads(num_heads)
+    _check_beta(beta, num_heads)
     with _outside_autocast(state.device):  # an energy is a measurement: in the inputs' dtype, not autocast's
         return _hopfield_energy(state, stored, beta, num_heads, mask, constants)
 
@@ -179,9 +223,11 @@ def hopfield_gradient(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """∇_ξ E in closed form, `(B, N_q, H·d_h)`, and the attention weights softmax(β X ξ) `(B, H, N_q, N_k)`.
 
-    ∇_{ξ_i} E = ξ_i − Σ_j p_ij x_j; a state that sees no pattern has zero gradient (and zero weights).
+    ∇_{ξ_i} E = ξ_i − Σ_j p_ij x_j; a state that sees no pattern has zero gradient (and zero weights). The
+    arguments are those of `hopfield_energy`.
     """
-    _check_beta(beta)
+    _check_num_heads(num_heads)
+    _check_beta(beta, num_heads)
     xi, patterns, mask = _heads_and_mask(state, stored, num_heads, mask)
     scores, present = _scores(xi, patterns, _head_beta(beta, xi), mask)
     weights = scores.softmax(-1)
@@ -217,11 +263,15 @@ def minimize_energy(
     tolerance: float | None = None,
     record_trajectory: bool = True,
 ) -> DescentResult:
-    """Gradient descent x ← x − η ∇E(x) with `torch.autograd`, usable inside `torch.no_grad()` code.
+    """Gradient descent x ← x − η ∇E(x) with `torch.autograd`, usable inside `torch.no_grad()` and
+    `torch.inference_mode()` code.
 
     energy_fn maps a state like `initial` to an energy (a scalar or one per sample; the sum is differentiated,
     so per-sample energies descend independently). Gradients are enabled locally and the iterates are detached:
-    nothing is recorded for backpropagation through the descent. Stops after `max_steps`, or earlier once the
+    nothing is recorded for backpropagation through the descent. Inside `torch.inference_mode()`, where autograd
+    cannot be switched back on for tensors made there (the stored patterns, a model's outputs), the gradient comes
+    from `torch.func.grad` instead, so energy_fn must then be a function `torch.func` can transform (no in-place
+    changes to tensors it did not create). Stops after `max_steps`, or earlier once the
     largest step ‖x_{t+1} − x_t‖ (per sample, over all but the first axis) is at most `tolerance`.
     For the Hopfield energy any 0 < η ≤ 2 is monotone (module docstring); for another energy with an
     L-Lipschitz gradient, η ≤ 2/L.
@@ -235,12 +285,21 @@ def minimize_energy(
     ):
         raise ValueError(f"tolerance must be None or a number >= 0; got {tolerance!r}.")
 
+    def summed(point: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        energy = energy_fn(point)
+        return energy.sum(), energy.detach()
+
     def evaluate(point: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.is_inference_mode_enabled():
+            # enable_grad does not reach tensors made in inference mode, and such tensors cannot be saved for
+            # backward even with inference mode switched off; torch.func.grad differentiates through them
+            gradient, energy = torch.func.grad(summed, has_aux=True)(point)
+            return energy, gradient
         with torch.enable_grad():
             point = point.detach().requires_grad_(True)
-            energy = energy_fn(point)
-            (gradient,) = torch.autograd.grad(energy.sum(), point)
-        return energy.detach(), gradient
+            total, energy = summed(point)
+            (gradient,) = torch.autograd.grad(total, point)
+        return energy, gradient
 
     state = initial.detach()
     energy, gradient = evaluate(state)
@@ -272,7 +331,7 @@ def minimize_energy(
 
 
 class EnergyAttention(nn.Module):
-    """Attention as k gradient steps on the multi-head Hopfield energy (Ramsauer et al. 2020).
+    """Attention as k gradient steps on the multi-head Hopfield energy (Ramsauer et al. 2021).
 
     The state starts at the queries q = W_Q r and descends ξ ← ξ − η ∇E(ξ) on the energy of the keys
     K = W_K y (y = r for self-attention, the encoder states for cross-attention); the output is
@@ -318,7 +377,7 @@ class EnergyAttention(nn.Module):
         self.num_heads, self.num_steps, self.step_size = num_heads, num_steps, float(step_size)
         self.head_dim = hidden_size // num_heads
         self.beta = 1.0 / math.sqrt(self.head_dim) if beta is None else beta
-        _check_beta(self.beta)
+        _check_beta(self.beta, num_heads)
         key_value_size = hidden_size if key_value_size is None else key_value_size
         self.q_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
         self.k_proj = nn.Linear(key_value_size, hidden_size, bias=bias)
@@ -333,21 +392,22 @@ class EnergyAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns the output `(B, N_q, hidden_size)` and the energy trace `(B, k + 1)` (detached).
 
-        attention_mask: bool, broadcastable to `(B, H, N_q, N_k)` (True: attend), or a key padding mask
-        `(B, N_k)`. num_steps: overrides k for this call.
+        attention_mask: bool (True: attend) or integer 0/1 (1: attend), either a key padding mask `(B, N_k)` —
+        a 2-D mask is always read as one, also when its shape matches (N_q, N_k) — or 4-D `(B, H, N_q, N_k)`; any
+        size may be 1 to broadcast. Other ranks and float (additive) masks are refused. num_steps: overrides k for
+        this call.
         """
         steps = self.num_steps if num_steps is None else num_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"num_steps must be an integer >= 1; got {steps!r}.")
         source = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+        for name, tensor in (("hidden_states", hidden_states), ("encoder_hidden_states", source)):
+            if tensor.ndim != 3:
+                raise ValueError(f"{name} must have shape (batch, length, width); got {tuple(tensor.shape)}.")
         mask = attention_mask
-        if mask is not None and mask.ndim == 2:
-            if mask.shape != source.shape[:2]:
-                raise ValueError(
-                    f"a 2-D attention_mask is a key padding mask of shape (batch, keys) = {tuple(source.shape[:2])}; "
-                    f"got {tuple(mask.shape)}."
-                )
-            mask = mask.bool()[:, None, None, :]  # (B, 1, 1, N_k)
+        if mask is not None:
+            shape = (hidden_states.shape[0], self.num_heads, hidden_states.shape[1], source.shape[1])
+            mask = _bool_mask(mask, shape, "attention_mask", key_padding=True)
         state, keys = self.q_proj(hidden_states), self.k_proj(source)
         # the trace in at least float32 whatever autocast made of the projections (half-precision energies lose
         # the small decreases the trace is there to show)

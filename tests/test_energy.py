@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -165,10 +167,10 @@ def test_bad_arguments_are_rejected_before_any_work():
         hopfield_energy(x, x, beta=0.0)
     with pytest.raises(ValueError, match="width 4 is not divisible by num_heads=3"):
         hopfield_energy(x, x, num_heads=3)
-    with pytest.raises(ValueError, match=r"mask of shape \(3,\) does not broadcast"):
+    with pytest.raises(ValueError, match=r"mask of shape \(3,\) is not 4-D \(batch, heads, queries, keys\)"):
         hopfield_energy(x, x, mask=torch.ones(3, dtype=torch.bool))
-    with pytest.raises(ValueError, match="mask must be a bool tensor"):
-        hopfield_energy(x, x, mask=torch.ones(2, 2))
+    with pytest.raises(ValueError, match=r"mask must be bool .* or integer 0/1 .*; got dtype torch.float32"):
+        hopfield_energy(x, x, mask=torch.ones(1, 1, 2, 2))
     with pytest.raises(ValueError, match="step_size must be a number > 0; got -1"):
         minimize_energy(lambda xi: xi.pow(2).sum(), x, step_size=-1)
     with pytest.raises(ValueError, match=r"step_size must be in \(0, 2.0\]"):
@@ -271,3 +273,117 @@ def test_energies_are_measured_outside_a_bfloat16_autocast():
     assert trace.dtype == torch.float32, trace.dtype
     start = hopfield_energy(queries.float(), keys.float(), module.beta, module.num_heads)
     torch.testing.assert_close(trace[:, 0], start, msg=lambda m: f"trace[:, 0] under autocast: {m}")
+
+
+def test_a_beta_tensor_must_be_0_d_or_one_per_head_and_finite():
+    torch.manual_seed(8)
+    state, stored = torch.randn(2, 3, 8, dtype=D), torch.randn(2, 4, 8, dtype=D)
+    # a 0-d tensor is the same as the number
+    assert_close_to_scale(
+        hopfield_energy(state, stored, torch.tensor(0.5, dtype=D), 2),
+        hopfield_energy(state, stored, 0.5, 2),
+        rounding(D, 1),
+        "0-d beta",
+    )
+    for function in (hopfield_energy, hopfield_gradient):
+        # two values for one head used to make two pseudo-heads (two energies per sample, a doubled gradient)
+        with pytest.raises(ValueError, match=r"shape \(num_heads,\) = \(1,\) .*; got shape \(2,\)"):
+            function(state, stored, torch.tensor([1.0, 2.0], dtype=D), num_heads=1)
+        with pytest.raises(ValueError, match=r"shape \(num_heads,\) = \(2,\) .*; got shape \(3,\)"):
+            function(state, stored, torch.tensor([1.0, 2.0, 3.0], dtype=D), num_heads=2)
+        with pytest.raises(ValueError, match=r"shape \(num_heads,\) = \(2,\) .*; got shape \(2, 1\)"):
+            function(state, stored, torch.ones(2, 1, dtype=D), num_heads=2)
+        # a float inf is refused, so is a tensor one (it made NaN energies)
+        for bad in (math.inf, math.nan, -1.0):
+            with pytest.raises(ValueError, match=rf"beta must be finite and > 0 .*holding {bad}"):
+                function(state, stored, torch.tensor([1.0, bad], dtype=D), num_heads=2)
+    with pytest.raises(ValueError, match=r"shape \(num_heads,\) = \(2,\) .*; got shape \(3,\)"):
+        EnergyAttention(8, 2, beta=torch.tensor([1.0, 2.0, 3.0]))
+
+
+def test_masks_are_2_d_key_padding_or_4_d_bool_or_0_1_and_ambiguous_forms_are_refused():
+    torch.manual_seed(9)
+    heads, length = 2, 3
+    module = EnergyAttention(8, heads, num_steps=2).double()
+    hidden = torch.randn(length, length, 8, dtype=D)  # batch == length == 3: shapes that used to be confused
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    # a float mask, 2-D or 4-D, is refused: [[0, 0, -inf]] as an additive mask used to become the inverted mask
+    additive = torch.tensor([[0.0, 0.0, -math.inf]]).expand(length, -1)
+    for mask in (additive, additive[:, None, None, :]):
+        with pytest.raises(ValueError, match=r"attention_mask must be bool .*got dtype torch.float32.*== 0"):
+            module(hidden, attention_mask=mask)
+    # a 3-D (batch, queries, keys) mask is refused: it used to be read as (heads, queries, keys) where batch == heads
+    with pytest.raises(ValueError, match=r"attention_mask of shape \(3, 3, 3\) is not 2-D key padding"):
+        module(hidden, attention_mask=causal.expand(length, -1, -1))
+    with pytest.raises(ValueError, match=r"mask of shape \(2, 3, 3\) is not 4-D"):
+        hopfield_energy(hidden[:heads], hidden[:heads], 1.0, heads, causal.expand(heads, -1, -1))
+    # hopfield_energy refuses 2-D masks (it used to read one as (queries, keys), EnergyAttention as (batch, keys))
+    with pytest.raises(
+        ValueError, match=r"mask of shape \(3, 3\) is not 4-D.*causal one goes in as mask\[None, None\]"
+    ):
+        hopfield_energy(hidden, hidden, 1.0, heads, causal)
+    # a 2-D causal mask whose shape is not (batch, keys) is refused with the 4-D form to use instead
+    with pytest.raises(
+        ValueError,
+        match=r"attention_mask of shape \(3, 3\) is not 2-D key padding \(batch, keys\) = \(2, 3\)",
+    ):
+        module(hidden[:2], attention_mask=causal)
+    # an integer mask must be 0/1
+    with pytest.raises(ValueError, match=r"integer mask must hold only 0 and 1 .*got 2"):
+        hopfield_energy(hidden, hidden, 1.0, heads, torch.full((1, 1, 1, length), 2))
+
+    # accepted: a 4-D bool causal mask is causal softmax attention; the same mask as 0/1 integers gives the same
+    queries, keys = module.q_proj(hidden), module.k_proj(hidden)
+    expected = module.o_proj(softmax_attention(queries, keys, keys, heads, module.beta, causal[None, None]))
+    out, _ = module(hidden, attention_mask=causal[None, None], num_steps=1)
+    # 4-long dot products, softmax over 3 keys, 8-wide projections, in another order than SDPA's
+    assert_close_to_scale(out, expected, rounding(D, 64), "causal 4-D mask vs softmax attention")
+    for mask in (causal[None, None], causal[:, None, None, :]):  # 4-D, and 2-D key padding (batch, keys)
+        as_bool, _ = module(hidden, attention_mask=mask if mask.ndim == 4 else mask[:, 0, 0])
+        as_int, _ = module(hidden, attention_mask=(mask if mask.ndim == 4 else mask[:, 0, 0]).long())
+        torch.testing.assert_close(as_int, as_bool, rtol=0, atol=0)
+    # a 2-D mask is key padding (batch, keys), the same as its 4-D form
+    padding, _ = module(hidden, attention_mask=causal)
+    explicit, _ = module(hidden, attention_mask=causal[:, None, None, :])
+    torch.testing.assert_close(padding, explicit, rtol=0, atol=0)
+    energy = hopfield_energy(hidden, hidden, 1.0, heads, causal[None, None])
+    torch.testing.assert_close(
+        hopfield_energy(hidden, hidden, 1.0, heads, causal[None, None].to(torch.uint8)),
+        energy,
+        rtol=0,
+        atol=0,
+    )
+
+
+def test_minimiser_runs_inside_inference_mode_on_tensors_made_there():
+    torch.manual_seed(10)
+    stored, start = torch.randn(2, 5, 6, dtype=D), torch.randn(2, 3, 6, dtype=D)
+    projection = nn.Linear(6, 6).double()  # parameters made outside inference mode, as a model's are
+
+    def energy_fn(stored):
+        return lambda xi: hopfield_energy(projection(xi), stored, 2.0, 2)
+
+    with torch.no_grad():
+        expected = minimize_energy(energy_fn(stored), start, step_size=0.5, max_steps=5)
+    with torch.inference_mode():
+        made_here = stored.clone(), start.clone()  # inference tensors: autograd cannot save them for backward
+        result = minimize_energy(energy_fn(made_here[0]), made_here[1], step_size=0.5, max_steps=5)
+    # the same operations through torch.func instead of torch.autograd: equal up to a few roundings of the scale
+    assert_close_to_scale(result.trajectory, expected.trajectory, rounding(D, 16), "trajectory")
+    assert_close_to_scale(result.energies, expected.energies, rounding(D, 16), "energies")
+    assert result.steps == 5 and result.energies.shape == (6, 2)
+
+
+def test_ramsauer_et_al_is_cited_as_2021_everywhere():
+    root = Path(__file__).resolve().parents[1]
+    files = [*sorted((root / "energyformers").rglob("*.py")), *sorted((root / "docs").glob("*.md"))]
+    citations = [
+        (path.relative_to(root).as_posix(), match.group(1))
+        for path in files
+        for match in re.finditer(r"Ramsauer et al\.[^0-9]{0,80}?(\d{4})", path.read_text(encoding="utf-8"))
+    ]
+    assert citations, "no citation of Ramsauer et al. found"
+    wrong = [citation for citation in citations if citation[1] != "2021"]
+    assert not wrong, (
+        f"Ramsauer et al., Hopfield Networks is All You Need, is ICLR 2021; cited otherwise: {wrong}"
+    )
