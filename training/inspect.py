@@ -489,7 +489,8 @@ def _shade_trained(ax: Any, trained: dict[str, Any], deepest: int) -> None:
     if low == high:
         ax.axvline(high, color="tab:green", ls="--", lw=1, label=f"trained depth ({high})")
     else:  # every depth in [low, high] ended some training forwards
-        label = f"trained depths {low}–{high} ({trained['iteration_sampling']} sampling; T = {trained['default']})"
+        # two short lines: the geometry figure's legend sits in a narrow margin right of the axes
+        label = f"trained depths {low}–{high}\n({trained['iteration_sampling']}; T = {trained['default']})"
         ax.axvspan(low, high, color="tab:green", alpha=0.12, lw=0, label=label)
         ax.axvline(high, color="tab:green", ls="--", lw=1)
     if deepest > high:
