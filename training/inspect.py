@@ -6,9 +6,9 @@
 
 What a model's family draws (all on the INPUTS, or on `--max_samples` examples of `--dataset`):
 
-* Hyper-SET: E_ATTN and E_FF per iteration up to `--max_iterations` (default twice the trained depth, the trained
-  range shaded), the effective rank and the mean pairwise angle of every head (`hyperset_energy.png`,
-  `hyperset_geometry.png`).
+* Hyper-SET: E_ATTN and E_FF per iteration up to `--max_iterations` (default the largest trained depth plus T),
+  the depths run in training shaded (up to T at fixed depth, the sampled range darker with `iteration_sampling`),
+  the effective rank and the mean pairwise angle of every head (`hyperset_energy.png`, `hyperset_geometry.png`).
 * iMixer: the fixed-point residual of every block at every solver step, past the trained number of steps
   (`imixer_residuals.png`).
 * HyperBF: the kernel widths σ of every layer, per attention head and for the feedforward RBF unit
@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max_iterations",
         type=int,
-        help="deepest iteration count shown (default: twice the trained iterations / fixed-point steps)",
+        help="deepest iteration count shown (default: the largest trained depth plus the configured one, i.e. "
+        "twice the trained iterations / fixed-point steps at fixed depth)",
     )
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--landscape", action="store_true", help="also draw the Hopfield energy landscapes")
@@ -446,16 +447,55 @@ def accuracy(model: Any, batches: list[tuple[dict[str, torch.Tensor], torch.Tens
 # ----------------------------------------------------------------------------- per family
 
 
-def _shade_trained(ax: Any, trained: int, deepest: int) -> None:
-    """Shade the trained range [0, trained], mark its end, label what lies beyond; integer ticks on x."""
+# What one depth is to a model, by the depths its training forwards ran (`depth_regime`)
+INTERMEDIATE, TRAINED, BEYOND = "intermediate", "trained", "beyond"
+
+
+def trained_depths(config: Any, argument: str) -> dict[str, Any]:
+    """The depths a model was trained at, as `inspect.json` records them (`trained_depths`): the depth `argument`
+    (`num_iterations`, `fixed_point_iterations`), its config value (`default`, the depth of eval mode), the
+    `iteration_sampling` of training and the smallest and largest depth a training forward ran (`min`, `max`):
+    the config value at fixed depth, the sampled range (`min_iterations`/`max_iterations` or their defaults,
+    `config.iteration_range`) when the depth was drawn per forward."""
+    default = int(getattr(config, argument))
+    sampling = getattr(config, "iteration_sampling", "fixed") if argument == "num_iterations" else "fixed"
+    low, high = (default, default) if sampling == "fixed" else config.iteration_range
+    return {"argument": argument, "iteration_sampling": sampling, "default": default, "min": low, "max": high}
+
+
+def depth_regime(depth: int, trained: dict[str, Any]) -> str:
+    """What `depth` is to a model trained at the depths `trained` (`trained_depths`): `TRAINED` (a depth a training
+    forward ended at, `min` ≤ depth ≤ `max`), `INTERMEDIATE` (below `min`: run inside every training forward, never
+    its output) or `BEYOND` (past `max`: never run in training, extrapolation)."""
+    if depth > trained["max"]:
+        return BEYOND
+    return TRAINED if depth >= trained["min"] else INTERMEDIATE
+
+
+def default_deepest(trained: dict[str, Any]) -> int:
+    """The deepest depth shown without `--max_iterations`: the config's depth past the largest trained depth (2T at
+    fixed depth), at least 2, so every plot reaches beyond what training ran."""
+    return max(trained["max"] + trained["default"], 2)
+
+
+def _shade_trained(ax: Any, trained: dict[str, Any], deepest: int) -> None:
+    """Shade the depths run in training (up to the largest trained depth, `trained_depths`), the trained depths
+    darker when sampled, mark the largest, label what lies beyond it; integer ticks on x."""
     from matplotlib.ticker import MaxNLocator
 
+    low, high = trained["min"], trained["max"]
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.axvspan(0, trained, color="tab:green", alpha=0.08, lw=0)
-    ax.axvline(trained, color="tab:green", ls="--", lw=1, label=f"trained depth ({trained})")
-    if deepest > trained:
+    ax.axvspan(0, high, color="tab:green", alpha=0.08, lw=0)
+    if low == high:
+        ax.axvline(high, color="tab:green", ls="--", lw=1, label=f"trained depth ({high})")
+    else:  # every depth in [low, high] ended some training forwards
+        # two short lines: the geometry figure's legend sits in a narrow margin right of the axes
+        label = f"trained depths {low}–{high}\n({trained['iteration_sampling']}; T = {trained['default']})"
+        ax.axvspan(low, high, color="tab:green", alpha=0.12, lw=0, label=label)
+        ax.axvline(high, color="tab:green", ls="--", lw=1)
+    if deepest > high:
         ax.text(
-            trained, 1.0, " beyond →", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="gray"
+            high, 1.0, " beyond →", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="gray"
         )
 
 
@@ -466,7 +506,7 @@ def inspect_hyperset(
     import torch
 
     config = model.config
-    trained = config.num_iterations
+    trained = trained_depths(config, "num_iterations")
     with torch.no_grad():
         energies = model(**inputs, num_iterations=deepest, output_energies=True).energies
     steps = list(range(deepest + 1))
@@ -491,7 +531,7 @@ def inspect_hyperset(
         ax.set_title(f"{label} per iteration")
         ax.ticklabel_format(axis="y", useOffset=False)  # absolute energies, not offsets from a constant
         ax.legend(loc="best", fontsize=8)
-    fig.suptitle("Hyper-SET: energies along the iterations (shaded: trained range)")
+    fig.suptitle("Hyper-SET: energies along the iterations (shaded: depths run in training)")
     fig.tight_layout()
     fig.savefig(output_dir / "hyperset_energy.png", dpi=100)
     plt.close(fig)
@@ -517,7 +557,7 @@ def inspect_hyperset(
     fig.savefig(output_dir / "hyperset_geometry.png", dpi=100)
     plt.close(fig)
     return {
-        "trained_iterations": trained,
+        "trained_iterations": trained["default"],
         "iterations": steps,
         "layers": [
             {
@@ -538,7 +578,7 @@ def inspect_imixer(
     """iMixer's fixed-point residuals over `deepest` solver steps; figures into `output_dir`."""
     import torch
 
-    trained = model.config.fixed_point_iterations
+    trained = trained_depths(model.config, "fixed_point_iterations")
     with torch.no_grad():
         outputs = model(**inputs, fixed_point_iterations=deepest, output_fixed_point_residuals=True)
     diagnostics = getattr(outputs, "fixed_point_residuals", None)
@@ -579,7 +619,12 @@ def inspect_imixer(
     fig.savefig(output_dir / "imixer_residuals.png", dpi=100)
     plt.close(fig)
     numbers = {name: _rounded(value) for name, value in fields.items()}
-    return {"trained_steps": trained, "steps_run": deepest, **numbers, "figures": ["imixer_residuals.png"]}
+    return {
+        "trained_steps": trained["default"],
+        "steps_run": deepest,
+        **numbers,
+        "figures": ["imixer_residuals.png"],
+    }
 
 
 def inspect_hyperbf(model: Any, inputs: dict[str, torch.Tensor], output_dir: Path) -> dict[str, Any]:
@@ -640,15 +685,15 @@ def inspect_hyperbf(model: Any, inputs: dict[str, torch.Tensor], output_dir: Pat
 def plot_accuracy(
     depths: list[int],
     accuracies: list[float],
-    trained: int,
+    trained: dict[str, Any],
     what: str,
     title: str,
     path: Path,
     chance: float,
     metric: str = "accuracy",
 ) -> None:
-    """Accuracy (`metric`, as the JSON names it) against depth, the trained depth shaded and chance drawn, into
-    `path`."""
+    """Accuracy (`metric`, as the JSON names it) against depth, the depths run in training shaded
+    (`trained_depths`) and chance drawn, into `path`."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ax.plot(depths, accuracies, "o-", label=metric.replace("_", " "))
@@ -754,6 +799,7 @@ def training_curve(
     chance = chance_loss(classes) if classes else None
     exit_step = plateau_exit_step(log_history, classes) if classes else None
     trained = getattr(config, "num_iterations", None)
+    depths = trained_depths(config, "num_iterations") if trained else None
 
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.3))
@@ -769,19 +815,21 @@ def training_curve(
         left.axhline(chance, color="gray", ls=":", lw=1, label=f"chance ln {classes} = {chance:.3f}")
         left.axhline(chance - PLATEAU_MARGIN, color="gray", ls="--", lw=0.7, alpha=0.6,
                      label=f"exit threshold (chance − {PLATEAU_MARGIN:g})")  # fmt: skip
+    left.set_title("training loss")
     if chance is not None and values and max(values) > 1.5 * chance:
-        # the first logs of a wide init sit far above chance; clipped, the plateau and its end stay readable
+        # the first logs of a wide init sit far above chance; clipped, the plateau and its end stay readable. The
+        # note goes in the title, where the legend (placed "best" inside the axes) cannot cover it
         left.set_ylim(min(min(values), chance - PLATEAU_MARGIN) - 0.05 * chance, 1.5 * chance)
-        left.text(0.99, 0.99, "y clipped at 1.5 × chance", transform=left.transAxes, ha="right", va="top",
-                  fontsize=7, color="gray")  # fmt: skip
+        left.set_title("training loss (y clipped at 1.5 × chance)")
     left.set_xlabel("optimizer step")
     left.set_ylabel("training loss (nats)")
-    left.set_title("training loss")
     pretty = (metric or "accuracy").replace("_", " ")
     for t, points in curves.items():
         label = f"t = {t}"
         if trained:
-            label += " (trained T)" if t == trained else f" ({t / trained:g}T)"
+            label += " (T" if t == trained else f" ({t / trained:g}T"
+            # with sampled depth, T is one of the trained depths, not the only one: only past them is new
+            label += ", beyond training)" if depth_regime(t, depths) == BEYOND else ")"
         right.plot([s for s, _ in points], [v for _, v in points], "o-", ms=3, lw=1.2, label=label,
                    color="black" if t == trained else None)  # fmt: skip
     if classes:
@@ -1032,29 +1080,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "note": FIXED_DEPTH.format(value=saved_halting),
             }
         if family == "hyperset":
-            trained = model.config.num_iterations
-            deepest = args.max_iterations or 2 * trained
+            trained = trained_depths(model.config, "num_iterations")
+            deepest = args.max_iterations or default_deepest(trained)
             section = inspect_hyperset(model, inputs, deepest, output_dir)
             depth_argument, what = "num_iterations", "iterations per layer T"
         elif family == "imixer":
-            trained = model.config.fixed_point_iterations
-            if trained == 0:
+            if model.config.fixed_point_iterations == 0:
                 raise InspectError(
                     "this iMixer has fixed_point_iterations=0 (no fixed-point block): nothing to inspect"
                 )
-            deepest = args.max_iterations or max(2 * trained, 2)
+            trained = trained_depths(model.config, "fixed_point_iterations")
+            deepest = args.max_iterations or default_deepest(trained)
             section = inspect_imixer(model, inputs, deepest, output_dir)
             depth_argument, what = "fixed_point_iterations", "fixed-point steps n"
         elif (
             family == "looped-transformer"
         ):  # a classifier with --dataset (checked): its accuracy curve alone
-            trained = model.config.num_iterations
-            deepest = args.max_iterations or 2 * trained
+            trained = trained_depths(model.config, "num_iterations")
+            deepest = args.max_iterations or default_deepest(trained)
             section = {}
             depth_argument, what = "num_iterations", "iterations per layer T"
         else:
             section = inspect_hyperbf(model, inputs, output_dir)
             depth_argument = None
+        if depth_argument is not None:
+            report["trained_depths"] = trained
         if section:
             report["figures"] += section.pop("figures")
             report[family] = section
@@ -1074,7 +1124,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 depths = list(range(1, deepest + 1))
                 accuracies = [accuracy(model, batches, **{depth_argument: depth}) for depth in depths]
-                entry.update(iterations=depths, trained=trained, argument=depth_argument)
+                entry.update(iterations=depths, trained=trained["default"], argument=depth_argument)
                 entry[metric] = accuracies
                 plot_accuracy(
                     depths,
