@@ -503,12 +503,17 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
     from .optimization import check_schedule
     from .run_folder import leave_nothing_behind
     from .setup import check_precision, find_checkpoint, output_paths
+    from .train import trainer_checkpoints
 
     if args.run.num_threads:
         torch.set_num_threads(args.run.num_threads)
     check_precision(args.run.precision)
     output_dir, work_dir = output_paths(args)
-    resume_from = find_checkpoint(args, work_dir, accelerate_checkpoints(work_dir))
+    checkpoints = {
+        "train": trainer_checkpoints(work_dir),
+        "train-accelerate": accelerate_checkpoints(work_dir),
+    }
+    resume_from = find_checkpoint(args, work_dir, "train-accelerate", checkpoints)
     check_schedule(args)
 
     accelerator = make_accelerator(args.run)

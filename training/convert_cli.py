@@ -65,10 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_normalization(mean: list[float] | None, std: list[float] | None) -> None:
+    """`--image-mean` finite and `--image-std` finite and > 0 (the processor divides by it), or a `UsageError`;
+    None is a flag not given (the default 0.5)."""
+    for flag, values, positive in (("--image-mean", mean, False), ("--image-std", std, True)):
+        if values is not None and not all(math.isfinite(v) and (v > 0 or not positive) for v in values):
+            allowed = "finite values > 0" if positive else "finite values"
+            raise UsageError(f"{flag} {' '.join(str(v) for v in values)}: expected {len(values)} {allowed}")
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     """Parse and check what needs no torch: the flags that go together, and that the checkpoint is one."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_normalization(args.image_mean, args.image_std)
     if args.reverse:
         if not args.source:
             parser.error("--reverse needs --source")

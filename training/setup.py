@@ -12,6 +12,7 @@ import inspect
 import json
 import math
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -960,14 +961,31 @@ def check_resume_arguments(args: Arguments, built: Built, work_dir: Path, checkp
         )
 
 
-def find_checkpoint(args: Arguments, work_dir: Path, checkpoints: list[Path]) -> Path | None:
+def find_checkpoint(
+    args: Arguments, work_dir: Path, command: str, checkpoints: dict[str, list[Path]]
+) -> Path | None:
     """The checkpoint to resume from (`--resume`), or None; refuses to silently restart over a killed run. The
-    model and data are compared with the checkpoint's once built (`check_resume_arguments`)."""
+    model and data are compared with the checkpoint's once built (`check_resume_arguments`).
+
+    `checkpoints`: each training loop's complete checkpoints in `work_dir`, by its sub-command ("train",
+    "train-accelerate"). A loop resumes only its own (`command`'s) and refuses a folder that holds another loop's:
+    it could not load them, and a finished run removes its whole work folder."""
+    for other, found in checkpoints.items():
+        if other != command and found:
+            resume = args.argv if "--resume" in args.argv else [*args.argv, "--resume"]
+            error = UsageError(
+                f"{work_dir} holds checkpoints of an interrupted `energyformers {other}` run "
+                f"({', '.join(p.name for p in found)}); only `energyformers {other}` can continue it, or delete the "
+                "folder"
+            )
+            error.hint = f"continue with: {shlex.join(['energyformers', other, *resume])}"
+            raise error
+    own = checkpoints[command]
     if args.run.resume:
-        if not checkpoints:
+        if not own:
             raise UsageError(f"--resume: no checkpoint in {work_dir}; run without --resume to start training")
-        return checkpoints[-1]
-    if checkpoints:
+        return own[-1]
+    if own:
         raise UsageError(
             f"{work_dir} holds checkpoints of an interrupted run; pass --resume to continue it or delete the folder"
         )

@@ -146,6 +146,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
     import torch
     from accelerate import PartialState
 
+    from .accelerate_loop import accelerate_checkpoints
     from .evaluation import TrainerMetrics, argmax_logits, eval_depths, load_metrics
     from .optimization import TrainingLoss, check_schedule, plan_schedule
     from .run_folder import RunResult, finish_run, leave_nothing_behind
@@ -162,7 +163,11 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
     if args.run.num_threads:
         torch.set_num_threads(args.run.num_threads)
     output_dir, work_dir = output_paths(args)
-    resume_from = find_checkpoint(args, work_dir, trainer_checkpoints(work_dir))
+    checkpoints = {
+        "train": trainer_checkpoints(work_dir),
+        "train-accelerate": accelerate_checkpoints(work_dir),
+    }
+    resume_from = find_checkpoint(args, work_dir, "train", checkpoints)
     check_schedule(args)
     ta = training_arguments(args, work_dir)  # sets up the process group; writes no files
     main_process = ta.process_index == 0
