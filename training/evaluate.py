@@ -322,6 +322,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from .predict import cannot_load, check_depth_arguments
     from .setup import auto_head, preprocessing
     from .trainer import DepthTrainer
+    from .weights import load_fitting_weights
 
     config = load_config(args.model_dir)
     model_type = getattr(config, "model_type", None)
@@ -347,8 +348,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     transform, collator = preprocessing(task, config, processor)
     rows.set_transform(transform)
     try:
-        model = auto_head(getattr(config, "input_type", "image"), task).from_pretrained(args.model_dir)
+        model = load_fitting_weights(auto_head(getattr(config, "input_type", "image"), task), args.model_dir)
     except (OSError, RuntimeError, ValueError) as err:
+        if "weights do not match" in str(err):  # already one line naming the folder and the tensors
+            raise UsageError(str(err)) from None
         raise UsageError(cannot_load(args.model_dir, err)) from None
     model.eval()
     try:  # one real batch, as training checks one before it starts: ids or sizes that do not fit fail here

@@ -197,19 +197,16 @@ def processor_kind(processor_class: str) -> str:
 
 
 def check_weights_load(info: dict[str, Any]) -> int:
-    """Load the folder with the in-package class; refuse weights that do not match the config."""
+    """Load the folder with the in-package class; refuse weights that do not match the config
+    (`load_fitting_weights`, the check every command makes)."""
     from .remote_code import exportable_models
+    from .weights import load_fitting_weights
 
     model_class = exportable_models()[info["model_type"]].heads[info["auto_class"]]
     try:
-        model, loading = model_class.from_pretrained(info["model_dir"], output_loading_info=True)
-    except (RuntimeError, OSError, ValueError) as err:  # e.g. size mismatches, unreadable safetensors
+        model = load_fitting_weights(model_class, info["model_dir"])
+    except (OSError, RuntimeError) as err:  # e.g. unreadable safetensors
         raise ValueError(f"{info['model_dir']}: weights do not match config.json: {err}") from err
-    problems = {key: value for key, value in loading.items() if value and key != "error_msgs"}
-    if problems or loading.get("error_msgs"):
-        raise ValueError(
-            f"{info['model_dir']}: weights do not match config.json: {problems or loading['error_msgs']}"
-        )
     return model.num_parameters()
 
 

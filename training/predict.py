@@ -567,6 +567,26 @@ def pipeline_kwargs(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     return kwargs
 
 
+def pipeline_model(task: str, model_dir: str, kwargs: dict[str, Any]) -> Any:
+    """The model `task`'s pipeline runs, loaded here rather than by `transformers.pipeline` (which drops the loading
+    report) so weights that do not fit the config are refused (`load_fitting_weights`), not run randomly
+    initialised. Takes `pipeline_kwargs`' `model_kwargs` out of `kwargs` (they are the model's)."""
+    from transformers.pipelines import PIPELINE_REGISTRY
+
+    from .weights import load_fitting_weights
+
+    model_class = PIPELINE_REGISTRY.check_task(task)[1]["pt"][0]
+    model_kwargs = kwargs.pop("model_kwargs", {})
+    try:
+        return load_fitting_weights(
+            model_class, model_dir, trust_remote_code=kwargs["trust_remote_code"], **model_kwargs
+        )
+    except (OSError, RuntimeError, ValueError) as err:
+        if "weights do not match" in str(err):  # already one line naming the folder and the tensors
+            raise UsageError(str(err)) from None
+        raise UsageError(cannot_load(model_dir, err)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Classify the inputs with the model; prints one line (or JSON object) per input."""
     import transformers
@@ -611,9 +631,8 @@ def run(args: argparse.Namespace) -> int:
     if input_type == "image":
         processor_class = getattr(transformers, INPUT_TYPES[input_type].processor_class)
         kwargs["image_processor"] = processor_class.from_pretrained(args.model_dir, backend="pil")
-    classify = transformers.pipeline(
-        task, model=args.model_dir, pipeline_class=pipeline_class(task), **kwargs
-    )
+    model = pipeline_model(task, args.model_dir, kwargs)
+    classify = transformers.pipeline(task, model=model, pipeline_class=pipeline_class(task), **kwargs)
     check_depth_arguments(classify.model, args.depth)
     if task == "token-classification":  # one prediction per token; --top_k does not apply
         call: dict[str, Any] = {}
@@ -646,8 +665,9 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
     )  # again for a Hub model (a local one was checked in parse)
     paths = reconstruction_paths(args.inputs, args.output_dir)
     kwargs = pipeline_kwargs(args, config)
+    model = pipeline_model(MIM_TASK, args.model_dir, kwargs)
     try:
-        pipe = transformers.pipeline(MIM_TASK, model=args.model_dir, **kwargs)
+        pipe = transformers.pipeline(MIM_TASK, model=model, **kwargs)
     except FileNotFoundError:  # a Hub repo without an image tokenizer (a local folder's was checked)
         raise UsageError(no_image_tokenizer(args.model_dir, config)) from None
     except (

@@ -34,7 +34,7 @@ from .arguments import (
 )
 from .cli import check_model_source
 from .data import DataError, batches_done, input_type_of, label_names, load_data, task_of
-from .weights import check_model_folder
+from .weights import check_model_folder, load_fitting_weights
 
 # Small configs used when no --preset is given, per (family, input_type): the CLI's model sizes. They are sized
 # for the built-in datasets on a 2-core CPU (`make demo` trains digits in a few minutes).
@@ -101,6 +101,20 @@ def auto_head(input_type: str, task: str) -> type:
     import transformers
 
     return getattr(transformers, energyformers.INPUT_TYPES[input_type].tasks[task])
+
+
+# The head module whose shape follows the label set: `train --from_pretrained` re-initialises it when the labels
+# change (every family and the baseline name it so); the halting head is new or dropped by `--halting_head`
+CLASSIFIER_MODULE = "classifier"
+HALTING_MODULE = "halting_classifier"
+
+
+def new_head_tensors(kind: str, name: str) -> bool:
+    """The tensors `train --from_pretrained` may leave re-initialised (`load_fitting_weights`'s `allowed`): the
+    classifier's, whose shape changes with the label set, and the halting head's, which `--halting_head` adds to
+    or drops from a checkpoint (missing or unexpected, never another shape)."""
+    module = name.split(".", 1)[0]
+    return module == CLASSIFIER_MODULE or (module == HALTING_MODULE and kind != "mismatched")
 
 
 def auto_processor(input_type: str) -> type:
@@ -506,10 +520,15 @@ def build(args: Arguments, state: Any) -> Built:
     if args.model.from_pretrained:
         source = args.model.from_pretrained
         try:
-            model = head.from_pretrained(source, config=config, ignore_mismatched_sizes=True, **chosen)
+            # a changed label set re-initialises the classifier; every other tensor must load as saved
+            model = load_fitting_weights(
+                head, source, allowed=new_head_tensors, config=config, ignore_mismatched_sizes=True, **chosen
+            )
         except (OSError, RuntimeError, ValueError) as err:  # unreadable or mismatched weights
             if attention is not None and "attn_implementation" in str(err):
                 raise UsageError(f"--attn_implementation {attention}: {err}") from err
+            if "weights do not match" in str(err):  # one line naming the folder and the tensors
+                raise UsageError(f"--from_pretrained {err}") from err
             raise UsageError(f"--from_pretrained {source!r}: cannot load the weights ({err})") from err
     else:
         try:
@@ -1071,7 +1090,9 @@ def warmup_steps(args: Arguments, total_steps: int, steps_per_epoch: int) -> int
 
 
 __all__ = [
+    "CLASSIFIER_MODULE",
     "DEFAULT_MAX_LENGTH",
+    "HALTING_MODULE",
     "AugmentedTransform",
     "Built",
     "accepts",
@@ -1096,6 +1117,7 @@ __all__ = [
     "load_and_check_data",
     "masked_image_modeling_config",
     "model_registry",
+    "new_head_tensors",
     "output_paths",
     "preprocessing",
     "processor_keyword",

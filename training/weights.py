@@ -3,6 +3,8 @@
 `train --from_pretrained`, `predict`, `inspect`, `evaluate`, `export`, `push` and `release` check a folder here
 first (`check_model_folder`), so a truncated or corrupt
 `model.safetensors` is reported by file name in one line instead of a raw `SafetensorError` traceback.
+They load the weights through `load_fitting_weights`, so weights that do not fit the config (another model_type,
+another size) are refused instead of leaving the model randomly initialised.
 Weights are safetensors only; pickle checkpoints are never read.
 """
 
@@ -112,6 +114,61 @@ def check_model_folder(
     return config
 
 
+# How many tensor names a weights-fit message shows of each kind
+SHOWN_TENSORS = 3
+
+
+def weights_fit_problem(
+    source: str | os.PathLike,
+    loading: dict[str, Any],
+    allowed: Callable[[str, str], bool] | None = None,
+) -> str | None:
+    """What `from_pretrained(..., output_loading_info=True)`'s `loading` says does not fit, in one line naming
+    `source` and the first few tensors of each kind (missing, unexpected, mismatched), or None when all fits.
+
+    `allowed(kind, name)` (kind "missing", "unexpected" or "mismatched") exempts tensors the caller re-initialises
+    on purpose, e.g. a classifier whose label set changed."""
+    parts = []
+    for kind in ("missing", "unexpected", "mismatched"):
+        entries = loading.get(f"{kind}_keys") or ()
+        # mismatched entries are (name, saved shape, model shape)
+        named = sorted((e if isinstance(e, tuple) else (e,)) for e in entries)
+        named = [e for e in named if allowed is None or not allowed(kind, e[0])]
+        if not named:
+            continue
+        shown = [
+            f"{e[0]} {tuple(e[1])} saved, {tuple(e[2])} in the model" if len(e) == 3 else e[0]
+            for e in named[:SHOWN_TENSORS]
+        ]
+        more = f", ... ({len(named)} in all)" if len(named) > SHOWN_TENSORS else ""
+        parts.append(f"{kind} {', '.join(shown)}{more}")
+    errors = [" ".join(str(e).split()) for e in loading.get("error_msgs") or ()]
+    if errors:
+        parts.append(f"errors {errors[0]}")
+    if not parts:
+        return None
+    return (
+        f"{source}: weights do not match config.json (model_type, sizes): {'; '.join(parts)}; "
+        "the model would run with randomly initialised tensors"
+    )
+
+
+def load_fitting_weights(
+    model_class: Any,
+    source: str | os.PathLike,
+    allowed: Callable[[str, str], bool] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """`model_class.from_pretrained(source, **kwargs)`, refusing weights that do not fit the config: a
+    ValueError worded by `weights_fit_problem` (the loader's own errors pass through). Shared by predict,
+    evaluate, inspect, export and `train --from_pretrained`, so every command refuses the same folders."""
+    model, loading = model_class.from_pretrained(source, output_loading_info=True, **kwargs)
+    problem = weights_fit_problem(source, loading, allowed)
+    if problem is not None:
+        raise ValueError(problem)
+    return model
+
+
 # What `checkpoint_format` recognises, for its error message.
 CHECKPOINT_FORMATS = (
     "a .safetensors file, or a torch.save file (zip archive or legacy pickle: .pt/.pth/.ckpt/.bin)"
@@ -152,8 +209,11 @@ def checkpoint_format(path: str | Path) -> str:
 __all__ = [
     "CHECKPOINT_FORMATS",
     "PICKLE_WEIGHTS",
+    "SHOWN_TENSORS",
     "check_model_folder",
     "check_weights_readable",
     "checkpoint_format",
+    "load_fitting_weights",
     "weight_files",
+    "weights_fit_problem",
 ]
