@@ -654,17 +654,20 @@ def eager_bisoftmax_attention(
     Hyper-SET's scores are symmetric (q = z ⊙ c and k = z, so S = z diag(c) zᵀ): the column softmax of S is the
     transposed row softmax, C = Rᵀ, and one softmax gives both (half the exponentials of two softmaxes, the cost
     of one ordinary softmax attention). With padding, R leaves padded keys out, so Rᵀ leaves padded
-    queries out of the columns, as the column softmax does.
+    queries out of the columns, as the column softmax does. R + Rᵀ is formed in at least float32 and rounded to the
+    input dtype once, as transformers' eager attention rounds its weights.
     """
     scores = q @ k.transpose(-1, -2)  # (B, H, N, N)
+    dtype = torch.promote_types(scores.dtype, torch.float32)  # half-precision weights: one rounding, not two
     if keep is None:
-        row = scores.softmax(-1)
+        row = scores.softmax(-1, dtype=dtype)
         probs = row + row.transpose(-1, -2)
     else:
-        key_keep = keep[:, None, None, :].to(scores.dtype)  # (B, 1, 1, N)
-        # a large finite negative (not −inf) keeps a fully padded sequence NaN-free
-        row = scores.masked_fill(key_keep == 0, torch.finfo(scores.dtype).min).softmax(-1)  # padded keys out
+        key_keep = keep[:, None, None, :].to(dtype)  # (B, 1, 1, N)
+        # a large finite negative (not −inf) keeps a fully padded sequence NaN-free; padded keys out
+        row = scores.masked_fill(key_keep == 0, torch.finfo(scores.dtype).min).softmax(-1, dtype=dtype)
         probs = (row + row.transpose(-1, -2)) * key_keep  # no real token reads a padded key through either
+    probs = probs.to(q.dtype)
     return probs @ v, probs
 
 

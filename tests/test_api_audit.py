@@ -365,3 +365,57 @@ def test_a_config_asking_for_attention_maps_saves_with_the_default_implementatio
     model.save_pretrained(tmp_path)
     loaded = HyperBFForImageClassification.from_pretrained(tmp_path)
     assert loaded.config.output_attentions and loaded.config._attn_implementation == "eager"
+
+
+# ---------------------------------------------------------------- Hyper-SET's eager bi-softmax in half precision
+
+
+def _symmetric_heads(dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, ...]:
+    """q = z·c, k = z, v as Hyper-SET's attention forms them (symmetric scores), in `dtype`, and a padding mask."""
+    g = torch.Generator().manual_seed(seed)
+    z = (
+        torch.nn.functional.normalize(torch.randn(2, 3, 24, 8, generator=g, dtype=torch.float64), dim=-1)
+        * 8**0.5
+    )
+    q = z * ((0.5 + torch.rand(3, 1, 8, generator=g, dtype=torch.float64)) * 4 / 8**0.5)
+    v = torch.randn(2, 3, 24, 8, generator=g, dtype=torch.float64)
+    keep = torch.ones(2, 24, dtype=torch.bool)
+    keep[1, 15:] = False
+    return q.to(dtype), z.to(dtype), v.to(dtype), keep
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_eager_bisoftmax_maps_are_rounded_once_in_half_precision(dtype):
+    """P = R + Rᵀ formed in float32 and rounded once to the input dtype (as the shared eager softmax attention):
+    every entry within half an eps (one rounding) plus a few float32 eps of the exact P of the same scores; rounding
+    R first and the sum again gives up to 1.5 eps/2."""
+    from energyformers.modeling.modeling_hyperset import eager_bisoftmax_attention
+
+    for seed in range(3):
+        q, k, v, keep = _symmetric_heads(dtype, seed)
+        _, probs = eager_bisoftmax_attention(q, k, v, keep)
+        assert probs.dtype == dtype
+        scores = (q @ k.transpose(-1, -2)).double()  # the scores in the input dtype, as the function has them
+        mask = keep[:, None, None, :]
+        row = scores.masked_fill(~mask, -torch.inf).softmax(-1)
+        exact = (row + row.transpose(-1, -2)) * mask
+        relative = (probs.double() - exact).abs() / exact.abs().clamp_min(torch.finfo(torch.float32).tiny)
+        bound = rounding(dtype, 0.5) + rounding(torch.float32, 8)
+        worst = relative[exact >= torch.finfo(dtype).tiny].max().item()  # the normal range: no underflow
+        assert worst <= bound, (
+            f"seed {seed}: max relative error of P {worst:.3e} > {bound:.3e} (one rounding)"
+        )
+        assert torch.equal(probs[exact == 0], torch.zeros_like(probs[exact == 0]))  # padded entries exactly 0
+
+
+def test_eager_bisoftmax_in_float32_is_the_plain_softmax_formula_bit_for_bit():
+    """In float32 the promotion changes nothing: the maps and output are those of one float32 softmax."""
+    from energyformers.modeling.modeling_hyperset import eager_bisoftmax_attention
+
+    q, k, v, keep = _symmetric_heads(torch.float32, 0)
+    output, probs = eager_bisoftmax_attention(q, k, v, keep)
+    mask = keep[:, None, None, :].to(torch.float32)
+    row = (q @ k.transpose(-1, -2)).masked_fill(mask == 0, torch.finfo(torch.float32).min).softmax(-1)
+    expected = (row + row.transpose(-1, -2)) * mask
+    torch.testing.assert_close(probs, expected, atol=0, rtol=0)
+    torch.testing.assert_close(output, expected @ v, atol=0, rtol=0)
