@@ -25,9 +25,11 @@ memo's D = 768, it keeps the explicit path, which is faster there.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -109,6 +111,10 @@ def select_attn_implementation(
             f'Specified `attn_implementation="{requested}"` is not supported by {type(model).__name__}. The only '
             f"possible arguments are {names}, or None for the default{note}."
         )
+    if requested is None and model.config.output_attentions:
+        # a config whose every call asks for maps gets the implementation that computes them, as transformers'
+        # config does when output_attentions is set before an implementation is chosen
+        requested = "eager"
     return choose(requested, is_init_check)
 
 
@@ -297,6 +303,37 @@ def _check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
         )
 
 
+def _check_position_ids(
+    config: PreTrainedConfig, position_ids: torch.Tensor | None, shape: tuple[int, ...] | None
+) -> None:
+    """`position_ids` of a call: none for images (their positions are those of the patch grid), else integer
+    positions of the inputs' shape `(batch, sequence_length)` in [0, max_position_embeddings), the rows of the
+    position table; the values are read in eager mode only."""
+    if position_ids is None:
+        return
+    if config_choice(config, "input_type", {"image": True, "sequence": False}):
+        raise ValueError(
+            "position_ids apply to token inputs; this model takes images (config.input_type='image'), whose "
+            "positions are those of the patch grid: pass no position_ids."
+        )
+    integer = not (
+        position_ids.is_floating_point() or position_ids.is_complex() or position_ids.dtype == torch.bool
+    )
+    if not integer or tuple(position_ids.shape) != tuple(shape):
+        raise ValueError(
+            f"position_ids must be integer positions of the inputs' shape (batch, sequence_length) = {tuple(shape)}; "
+            f"got shape {tuple(position_ids.shape)} and dtype {position_ids.dtype}."
+        )
+    if not position_ids.numel() or _is_tracing():
+        return
+    low, high, limit = int(position_ids.min()), int(position_ids.max()), config.max_position_embeddings
+    if low < 0 or high >= limit:
+        raise ValueError(
+            f"position_ids must lie in [0, max_position_embeddings={limit}); got values in [{low}, {high}]. For "
+            "left-padded inputs pass (attention_mask.cumsum(-1) - 1).clamp(min=0)."
+        )
+
+
 def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
     """(height, width) of an `image_size` given as one int (a square) or a pair."""
     return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
@@ -353,7 +390,14 @@ class FamilyPreTrainedMixin:
     """
 
     def __init__(self, config: PreTrainedConfig, *inputs: object, **kwargs: object) -> None:
-        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
+        # A config edited by attribute assignment since its checks ran is refused by name. transformers' check of
+        # output_attentions beside a non-eager implementation is left out (as BERT's construction does): a call
+        # that asks for maps runs eager attention, and a head's backbone is built after the head chose sdpa.
+        checked = config
+        if config.output_attentions and config._attn_implementation not in (None, "eager"):
+            checked = copy.copy(config)
+            checked.output_attentions = False
+        checked.validate()
         super().__init__(config, *inputs, **kwargs)
 
     def _set_input_names(self) -> None:
@@ -384,6 +428,17 @@ class FamilyPreTrainedMixin:
         """The end of the refusal of a name the class does not take (none unless the family overrides it)."""
         return ""
 
+    def check_activation_checkpointing(self) -> None:
+        """A ValueError if activation (gradient) checkpointing cannot train this model as built (none unless the
+        family overrides it); `activation_checkpointing_enable` and `gradient_checkpointing_enable` call it before
+        changing anything."""
+
+    def _set_gradient_checkpointing(self, enable: bool = True, *args: object, **kwargs: object) -> None:
+        # transformers' one step of every way to turn checkpointing on, before any module is changed
+        if enable:
+            self.check_activation_checkpointing()
+        super()._set_gradient_checkpointing(enable, *args, **kwargs)
+
     @classmethod
     def from_pretrained(
         cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
@@ -402,7 +457,7 @@ class HyperBFEmbeddings(nn.Module):
     Images: a CLS token, then non-overlapping p×p patches through a strided convolution (as in ViT), plus learned
     positions for the configured grid (bicubically interpolated for other resolutions with
     `interpolate_pos_encoding`, as in ViT). Sequences: token embeddings (or `inputs_embeds`) plus learned absolute
-    positions, no CLS token. `num_prefix_tokens` (1 for images, 0 for sequences) is what mean pooling skips.
+    positions (0..N−1, or the rows `position_ids` `(B, N)` names), no CLS token. `num_prefix_tokens` (1 for images, 0 for sequences) is what mean pooling skips.
     Returns `(tokens, keep)`, `keep` the `(B, N)` bool padding mask (None: every token is real).
     """
 
@@ -441,10 +496,12 @@ class HyperBFEmbeddings(nn.Module):
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         interpolate_pos_encoding: bool = False,
+        position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         _check_inputs(self.config, pixel_values, input_ids, inputs_embeds, attention_mask)
         keep = None if attention_mask is None else attention_mask.bool()
         if pixel_values is not None:
+            _check_position_ids(self.config, position_ids, None)
             _check_image_size(pixel_values, self.image_size, self.config.patch_size, interpolate_pos_encoding)
             height, width = pixel_values.shape[-2:]
             tokens = self.projection(pixel_values.to(self.projection.weight.dtype))
@@ -457,7 +514,10 @@ class HyperBFEmbeddings(nn.Module):
             _check_token_ids(input_ids, self.word_embeddings.num_embeddings)
             tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
             _check_length(tokens.shape[1], self.config.max_position_embeddings)
-            positions = self.position_embeddings(torch.arange(tokens.shape[1], device=tokens.device))
+            _check_position_ids(self.config, position_ids, tokens.shape[:2])
+            if position_ids is None:
+                position_ids = torch.arange(tokens.shape[1], device=tokens.device)
+            positions = self.position_embeddings(position_ids)  # (N, D), or (B, N, D) for given ids
         return self.dropout(tokens + positions), keep
 
 
@@ -605,30 +665,28 @@ class HyperBFFeedForward(nn.Module):
         key_dim = config.rbf_projection_dim + (2 if config.rbf_width == "center" else 1)
         self.folded_width = _folded_width(key_dim, config.hidden_size)
         self.folds = self.kernel == "normalized" and self.folded_width <= FUSED_ATTENTION_MAX_HEAD_DIM
-        # What the centers give in the last no-grad eval forward ("folded", "projected": `_cached`), with the
-        # dtype and parameter versions it came from.
+        # Whether no-grad eval forwards reuse what the centers give (`HyperBFPreTrainedModel.cached_centers`), and
+        # that ("folded", "projected": `_cached`) with the dtype and parameter versions it came from.
+        self.reuse_centers = False
         self._eval_cache: dict[str, tuple[tuple, tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def sigma(self) -> torch.Tensor:
         """Kernel width σ of the centers, shape (1,) or (K,) (`rbf_width="center"`)."""
         return self.log_sigma.exp()
 
-    def train(self, mode: bool = True) -> HyperBFFeedForward:
-        """`nn.Module.train`, dropping the centers cached for eval forwards (`_cached`) when training starts."""
-        if mode or self.training:  # cached centers last one eval phase (a repeated eval() keeps them)
-            self._eval_cache.clear()
-        return super().train(mode)
-
     def _cached(
         self, name: str, dtype: torch.dtype, compute: Callable[[], tuple[torch.Tensor, torch.Tensor]]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`compute()`, kept across no-grad eval forwards (inference over many batches) until a parameter changes
-        (its version counter moves: an optimiser step, `load_state_dict`) or `train()` is called."""
-        if self.training or torch.is_grad_enabled() or _is_tracing():
+        """`compute()`, kept across no-grad eval forwards while `reuse_centers` is set (`cached_centers`) and the
+        parameters keep their storage and in-place versions; else computed at every call."""
+        if not self.reuse_centers or self.training or torch.is_grad_enabled() or _is_tracing():
             return compute()
         parameters = (self.centers, self.metric, self.log_sigma, self.values.weight)
         # `_version` (private): no public API reads it, and optimizer/load hooks miss `w.mul_(2)` under no_grad
-        stamp = (dtype, *((p.data_ptr(), p._version) for p in parameters))
+        try:
+            stamp = (dtype, *((p.data_ptr(), p._version) for p in parameters))
+        except RuntimeError:  # inference tensors track no version: no cache
+            return compute()
         hit = self._eval_cache.get(name)
         if hit is None or hit[0] != stamp:
             hit = self._eval_cache[name] = (stamp, compute())
@@ -660,7 +718,7 @@ class HyperBFFeedForward(nn.Module):
         With s_α = 1/(2σ_α²), u = Wx and v_α = Wt_α the logit is −s_α‖u‖² + 2s_α u·v_α − s_α‖v_α‖², so
         q' = [u, 1, ‖u‖²] and k'_α = [2s_α v_α, −s_α‖v_α‖², −s_α]. With one width per layer the first term is
         the same for every α and cancels in the softmax, so both last columns are dropped. Values are c_α,
-        zero-padded to w. Computed once per forward, kept across no-grad eval forwards (`_cached`).
+        zero-padded to w. Computed once per forward, or once for many inside `cached_centers` (`_cached`).
         """
         return self._cached("folded", dtype, functools.partial(self._fold_centers, dtype))
 
@@ -733,6 +791,28 @@ class HyperBFLayer(GradientCheckpointingLayer):
         return hidden_states, attention_weights, rbf_weights
 
 
+@contextlib.contextmanager
+def reusing_centers(model: nn.Module) -> Iterator[None]:
+    """Inside this block, no-grad eval forwards of `model` compute what each feedforward needs from its centers
+    (the projected centers Wt_α and their norms, or the folded keys and values) once and reuse it; leaving the
+    block drops it. Without it that work is redone at every forward: K·R·D multiply-adds per layer, about what
+    D/2 tokens cost at the default K = 4D, R = D, so it pays at small batches. A parameter written in place
+    through `param.data` inside the block is not seen (such a write leaves the parameter's storage and version
+    as they were); optimiser steps, `load_state_dict` and writes under `torch.no_grad()` are. What
+    `HyperBFPreTrainedModel.cached_centers` runs."""
+    feedforwards = [module for module in model.modules() if isinstance(module, HyperBFFeedForward)]
+    previous = [module.reuse_centers for module in feedforwards]
+    for module in feedforwards:
+        module.reuse_centers = True
+    try:
+        yield
+    finally:
+        for module, reuse in zip(feedforwards, previous):
+            module.reuse_centers = reuse
+            if not reuse:
+                module._eval_cache.clear()
+
+
 class HyperBFPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     """The base of every HyperBF model: its config class, weight initialisation, attention selection and loading."""
 
@@ -747,6 +827,10 @@ class HyperBFPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
 
     # what `attn_implementation` takes: the reference with maps, or both units folded into SDPA (the default)
     attn_implementations = ("eager", "sdpa")
+
+    # `with model.cached_centers():` reuses what the centers give across no-grad eval forwards (`reusing_centers`)
+    def cached_centers(self) -> contextlib.AbstractContextManager[None]:
+        return reusing_centers(self)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -799,6 +883,7 @@ class HyperBFModel(HyperBFPreTrainedModel):
         output_hidden_states: bool | None = None,
         output_rbf_diagnostics: bool | None = None,
         return_dict: bool | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> HyperBFModelOutput | tuple:
         r"""
         interpolate_pos_encoding (`bool`, *optional*):
@@ -806,6 +891,9 @@ class HyperBFModel(HyperBFPreTrainedModel):
         output_rbf_diagnostics (`bool`, *optional*):
             Return `rbf_diagnostics` (`HyperBFRBFDiagnostics`): the feedforward center weights of every layer
             and the kernel widths σ of both HyperBF units.
+        position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+            Sequences only: the row of the position table each token takes (None: 0..N−1), e.g.
+            `(attention_mask.cumsum(-1) - 1).clamp(min=0)` for left-padded inputs (docs/usage.md).
         """
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = (
@@ -821,6 +909,7 @@ class HyperBFModel(HyperBFPreTrainedModel):
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
             interpolate_pos_encoding=bool(interpolate_pos_encoding),
+            position_ids=position_ids,
         )
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
@@ -935,13 +1024,19 @@ class HyperBFForSequenceClassification(HyperBFHead):
         output_hidden_states: bool | None = None,
         output_rbf_diagnostics: bool | None = None,
         return_dict: bool | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> HyperBFSequenceClassifierOutput | tuple:
+        r"""
+        position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+            As `HyperBFModel.forward`'s: the row of the position table each token takes (None: 0..N−1).
+        """
         return self.classify(
             labels,
             return_dict,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
+            position_ids=position_ids,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_rbf_diagnostics=output_rbf_diagnostics,

@@ -13,6 +13,7 @@ embedding, so the number of iterations can be changed at test time.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import math
 from collections.abc import Callable
@@ -188,6 +189,10 @@ def select_attn_implementation(
             f'Specified `attn_implementation="{requested}"` is not supported by {type(model).__name__}. The only '
             f"possible arguments are {names}, or None for the default{note}."
         )
+    if requested is None and model.config.output_attentions:
+        # a config whose every call asks for maps gets the implementation that computes them, as transformers'
+        # config does when output_attentions is set before an implementation is chosen
+        requested = "eager"
     return choose(requested, is_init_check)
 
 
@@ -376,6 +381,37 @@ def _check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
         )
 
 
+def _check_position_ids(
+    config: PreTrainedConfig, position_ids: torch.Tensor | None, shape: tuple[int, ...] | None
+) -> None:
+    """`position_ids` of a call: none for images (their positions are those of the patch grid), else integer
+    positions of the inputs' shape `(batch, sequence_length)` in [0, max_position_embeddings), the rows of the
+    position table; the values are read in eager mode only."""
+    if position_ids is None:
+        return
+    if config_choice(config, "input_type", {"image": True, "sequence": False}):
+        raise ValueError(
+            "position_ids apply to token inputs; this model takes images (config.input_type='image'), whose "
+            "positions are those of the patch grid: pass no position_ids."
+        )
+    integer = not (
+        position_ids.is_floating_point() or position_ids.is_complex() or position_ids.dtype == torch.bool
+    )
+    if not integer or tuple(position_ids.shape) != tuple(shape):
+        raise ValueError(
+            f"position_ids must be integer positions of the inputs' shape (batch, sequence_length) = {tuple(shape)}; "
+            f"got shape {tuple(position_ids.shape)} and dtype {position_ids.dtype}."
+        )
+    if not position_ids.numel() or _is_tracing():
+        return
+    low, high, limit = int(position_ids.min()), int(position_ids.max()), config.max_position_embeddings
+    if low < 0 or high >= limit:
+        raise ValueError(
+            f"position_ids must lie in [0, max_position_embeddings={limit}); got values in [{low}, {high}]. For "
+            "left-padded inputs pass (attention_mask.cumsum(-1) - 1).clamp(min=0)."
+        )
+
+
 def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
     """(height, width) of an `image_size` given as one int (a square) or a pair."""
     return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
@@ -432,7 +468,14 @@ class FamilyPreTrainedMixin:
     """
 
     def __init__(self, config: PreTrainedConfig, *inputs: object, **kwargs: object) -> None:
-        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
+        # A config edited by attribute assignment since its checks ran is refused by name. transformers' check of
+        # output_attentions beside a non-eager implementation is left out (as BERT's construction does): a call
+        # that asks for maps runs eager attention, and a head's backbone is built after the head chose sdpa.
+        checked = config
+        if config.output_attentions and config._attn_implementation not in (None, "eager"):
+            checked = copy.copy(config)
+            checked.output_attentions = False
+        checked.validate()
         super().__init__(config, *inputs, **kwargs)
 
     def _set_input_names(self) -> None:
@@ -462,6 +505,17 @@ class FamilyPreTrainedMixin:
     def _attn_implementation_note(self) -> str:
         """The end of the refusal of a name the class does not take (none unless the family overrides it)."""
         return ""
+
+    def check_activation_checkpointing(self) -> None:
+        """A ValueError if activation (gradient) checkpointing cannot train this model as built (none unless the
+        family overrides it); `activation_checkpointing_enable` and `gradient_checkpointing_enable` call it before
+        changing anything."""
+
+    def _set_gradient_checkpointing(self, enable: bool = True, *args: object, **kwargs: object) -> None:
+        # transformers' one step of every way to turn checkpointing on, before any module is changed
+        if enable:
+            self.check_activation_checkpointing()
+        super()._set_gradient_checkpointing(enable, *args, **kwargs)
 
     @classmethod
     def from_pretrained(
@@ -498,7 +552,8 @@ class HyperSetEmbeddings(nn.Module):
     front, plus the fixed sinusoid laid over the configured grid (bicubically interpolated for other resolutions
     with `interpolate_pos_encoding`, as ViT's learned table). Sequences: token embeddings (or `inputs_embeds`)
     plus a fixed sinusoid, learned positions or a fixed row/column table (`"sincos-2d"`; both for fixed layouts,
-    e.g. Sudoku). `num_prefix_tokens` (1 for images, 0 for sequences) is what mean pooling skips.
+    e.g. Sudoku), at positions 0..N−1 or at the table rows `position_ids` `(B, N)` names. `num_prefix_tokens`
+    (1 for images, 0 for sequences) is what mean pooling skips.
     Returns `(tokens, keep)`, `keep` the `(B, N)` bool padding mask (None: every token is real).
     """
 
@@ -543,10 +598,12 @@ class HyperSetEmbeddings(nn.Module):
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         interpolate_pos_encoding: bool = False,
+        position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         _check_inputs(self.config, pixel_values, input_ids, inputs_embeds, attention_mask)
         keep = None if attention_mask is None else attention_mask.bool()
         if pixel_values is not None:
+            _check_position_ids(self.config, position_ids, None)
             _check_image_size(pixel_values, self.image_size, self.patch_size, interpolate_pos_encoding)
             # images arrive as float32 whatever the model's dtype (e.g. bfloat16), as in transformers' models
             tokens = self.embed_patches(pixel_values.to(self.projection.weight.dtype))
@@ -560,6 +617,11 @@ class HyperSetEmbeddings(nn.Module):
         tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         _check_length(tokens.shape[1], self.config.max_position_embeddings)
         length = tokens.shape[1]
+        if position_ids is not None:  # (B, N) rows of the table
+            _check_position_ids(self.config, position_ids, tokens.shape[:2])
+            if self.position_embeddings is not None:
+                return tokens + self.position_embeddings(position_ids), keep
+            return tokens + self.position_encoding[0][position_ids].to(tokens.dtype), keep
         if self.position_embeddings is not None:
             return tokens + self.position_embeddings.weight[:length], keep
         return tokens + self.position_encoding[:, :length].to(tokens.dtype), keep
@@ -592,17 +654,20 @@ def eager_bisoftmax_attention(
     Hyper-SET's scores are symmetric (q = z ⊙ c and k = z, so S = z diag(c) zᵀ): the column softmax of S is the
     transposed row softmax, C = Rᵀ, and one softmax gives both (half the exponentials of two softmaxes, the cost
     of one ordinary softmax attention). With padding, R leaves padded keys out, so Rᵀ leaves padded
-    queries out of the columns, as the column softmax does.
+    queries out of the columns, as the column softmax does. R + Rᵀ is formed in at least float32 and rounded to the
+    input dtype once, as transformers' eager attention rounds its weights.
     """
     scores = q @ k.transpose(-1, -2)  # (B, H, N, N)
+    dtype = torch.promote_types(scores.dtype, torch.float32)  # half-precision weights: one rounding, not two
     if keep is None:
-        row = scores.softmax(-1)
+        row = scores.softmax(-1, dtype=dtype)
         probs = row + row.transpose(-1, -2)
     else:
-        key_keep = keep[:, None, None, :].to(scores.dtype)  # (B, 1, 1, N)
-        # a large finite negative (not −inf) keeps a fully padded sequence NaN-free
-        row = scores.masked_fill(key_keep == 0, torch.finfo(scores.dtype).min).softmax(-1)  # padded keys out
+        key_keep = keep[:, None, None, :].to(dtype)  # (B, 1, 1, N)
+        # a large finite negative (not −inf) keeps a fully padded sequence NaN-free; padded keys out
+        row = scores.masked_fill(key_keep == 0, torch.finfo(scores.dtype).min).softmax(-1, dtype=dtype)
         probs = (row + row.transpose(-1, -2)) * key_keep  # no real token reads a padded key through either
+    probs = probs.to(q.dtype)
     return probs @ v, probs
 
 
@@ -1348,6 +1413,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         initial_state: torch.Tensor | None = None,
         output_final_energy: bool | None = None,
         interpolate_pos_encoding: bool | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> HyperSetModelOutput | tuple:
         r"""
         num_iterations (`int`, *optional*):
@@ -1378,6 +1444,9 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             Images only: resample the position table bicubically to the patch grid of the input (another
             resolution, a multiple of `patch_size`), the CLS position unchanged, as ViT's argument. Without it an
             input of another size than `config.image_size` is refused.
+        position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+            Sequences only: the row of the position table each token takes (None: 0..N−1), e.g.
+            `(attention_mask.cumsum(-1) - 1).clamp(min=0)` for left-padded inputs (docs/usage.md).
         """
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = (
@@ -1401,6 +1470,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
             interpolate_pos_encoding=bool(interpolate_pos_encoding),
+            position_ids=position_ids,
         )
         # read once per forward, not per iteration: the step sizes' condition x₀ (the input) or the state
         on_input = config_choice(self.config, "step_size_condition", {"current": False, "input": True})
@@ -1758,7 +1828,14 @@ def _batch_size(config: PreTrainedConfig, backbone_inputs: dict) -> int:
 
 
 # Batch-first inputs of a backbone call, subset for the samples still running under the halting head.
-_BATCH_INPUTS = ("pixel_values", "input_ids", "attention_mask", "inputs_embeds", "initial_state")
+_BATCH_INPUTS = (
+    "pixel_values",
+    "input_ids",
+    "attention_mask",
+    "inputs_embeds",
+    "initial_state",
+    "position_ids",
+)
 
 
 def classify_with_deep_supervision(
@@ -2093,6 +2170,7 @@ def classify_with_search(
         attention_mask=repeated.get("attention_mask"),
         inputs_embeds=repeated.get("inputs_embeds"),
         interpolate_pos_encoding=bool(repeated.get("interpolate_pos_encoding")),
+        position_ids=repeated.get("position_ids"),
     )
     start = embedded
     if noise > 0 and trajectories > 1:
@@ -2360,10 +2438,11 @@ class HyperSetSequenceHead(HyperSetHead):
         search_noise: float | None = None,
         search_seed: int | None = None,
         search_selector: str | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> ModelOutput | tuple:
         r"""
         The depth arguments, `halting_threshold` and the `search_*` arguments of test-time search are those of
-        `HyperSetForImageClassification.forward`.
+        `HyperSetForImageClassification.forward`; `position_ids` is that of `HyperSetModel.forward`.
         """
         return self.classify(
             labels,
@@ -2376,6 +2455,7 @@ class HyperSetSequenceHead(HyperSetHead):
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
+            position_ids=position_ids,
             num_iterations=num_iterations,
             backprop_iterations=backprop_iterations,
             halting_tolerance=halting_tolerance,

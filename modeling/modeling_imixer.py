@@ -16,6 +16,7 @@ phantom gradient (Geng et al.), so training memory does not grow with the number
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -107,6 +108,10 @@ def select_attn_implementation(
             f'Specified `attn_implementation="{requested}"` is not supported by {type(model).__name__}. The only '
             f"possible arguments are {names}, or None for the default{note}."
         )
+    if requested is None and model.config.output_attentions:
+        # a config whose every call asks for maps gets the implementation that computes them, as transformers'
+        # config does when output_attentions is set before an implementation is chosen
+        requested = "eager"
     return choose(requested, is_init_check)
 
 
@@ -295,6 +300,37 @@ def _check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
         )
 
 
+def _check_position_ids(
+    config: PreTrainedConfig, position_ids: torch.Tensor | None, shape: tuple[int, ...] | None
+) -> None:
+    """`position_ids` of a call: none for images (their positions are those of the patch grid), else integer
+    positions of the inputs' shape `(batch, sequence_length)` in [0, max_position_embeddings), the rows of the
+    position table; the values are read in eager mode only."""
+    if position_ids is None:
+        return
+    if config_choice(config, "input_type", {"image": True, "sequence": False}):
+        raise ValueError(
+            "position_ids apply to token inputs; this model takes images (config.input_type='image'), whose "
+            "positions are those of the patch grid: pass no position_ids."
+        )
+    integer = not (
+        position_ids.is_floating_point() or position_ids.is_complex() or position_ids.dtype == torch.bool
+    )
+    if not integer or tuple(position_ids.shape) != tuple(shape):
+        raise ValueError(
+            f"position_ids must be integer positions of the inputs' shape (batch, sequence_length) = {tuple(shape)}; "
+            f"got shape {tuple(position_ids.shape)} and dtype {position_ids.dtype}."
+        )
+    if not position_ids.numel() or _is_tracing():
+        return
+    low, high, limit = int(position_ids.min()), int(position_ids.max()), config.max_position_embeddings
+    if low < 0 or high >= limit:
+        raise ValueError(
+            f"position_ids must lie in [0, max_position_embeddings={limit}); got values in [{low}, {high}]. For "
+            "left-padded inputs pass (attention_mask.cumsum(-1) - 1).clamp(min=0)."
+        )
+
+
 def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
     """(height, width) of an `image_size` given as one int (a square) or a pair."""
     return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
@@ -351,7 +387,14 @@ class FamilyPreTrainedMixin:
     """
 
     def __init__(self, config: PreTrainedConfig, *inputs: object, **kwargs: object) -> None:
-        config.validate()  # a config edited by attribute assignment since its checks ran is refused by name
+        # A config edited by attribute assignment since its checks ran is refused by name. transformers' check of
+        # output_attentions beside a non-eager implementation is left out (as BERT's construction does): a call
+        # that asks for maps runs eager attention, and a head's backbone is built after the head chose sdpa.
+        checked = config
+        if config.output_attentions and config._attn_implementation not in (None, "eager"):
+            checked = copy.copy(config)
+            checked.output_attentions = False
+        checked.validate()
         super().__init__(config, *inputs, **kwargs)
 
     def _set_input_names(self) -> None:
@@ -381,6 +424,17 @@ class FamilyPreTrainedMixin:
     def _attn_implementation_note(self) -> str:
         """The end of the refusal of a name the class does not take (none unless the family overrides it)."""
         return ""
+
+    def check_activation_checkpointing(self) -> None:
+        """A ValueError if activation (gradient) checkpointing cannot train this model as built (none unless the
+        family overrides it); `activation_checkpointing_enable` and `gradient_checkpointing_enable` call it before
+        changing anything."""
+
+    def _set_gradient_checkpointing(self, enable: bool = True, *args: object, **kwargs: object) -> None:
+        # transformers' one step of every way to turn checkpointing on, before any module is changed
+        if enable:
+            self.check_activation_checkpointing()
+        super()._set_gradient_checkpointing(enable, *args, **kwargs)
 
     @classmethod
     def from_pretrained(
@@ -833,7 +887,6 @@ class IMixerTokenMixing(nn.Module):
                 self.norm_sn2 = nn.BatchNorm1d(width)
         self.fc2 = nn.Linear(width, num_tokens)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self._weight_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def spectral_layers(self) -> tuple[nn.Linear, ...]:
         """F's linear layers when they are spectrally normalised (n > 0, `contractive_normalization="spectral"`)."""
@@ -867,26 +920,9 @@ class IMixerTokenMixing(nn.Module):
         return torch.stack(sigmas).float()
 
     def contractive_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """F's two weights as used (W / max(1, σ/c) when spectrally normalised). In eval without autograd they are
-        cached while W, u and v are unchanged, so repeated forwards do not renormalise them."""
-        if self.training or torch.is_grad_enabled() or _is_tracing() or not self.spectral_layers():
-            return self.fc_sn1.weight, self.fc_sn2.weight
-        # `_version` (private): no public API reads it, and optimizer/load hooks miss `w.mul_(2)` under no_grad
-        try:
-            key = tuple(
-                (tensor.data_ptr(), tensor._version, tensor.dtype, tensor.device)
-                for layer in (self.fc_sn1, self.fc_sn2)
-                for tensor in (
-                    layer.parametrizations.weight.original,
-                    layer.parametrizations.weight[0].u,
-                    layer.parametrizations.weight[0].v,
-                )
-            )
-        except RuntimeError:  # inference tensors track no version: no cache
-            return self.fc_sn1.weight, self.fc_sn2.weight
-        if self._weight_cache is None or self._weight_cache[0] != key:
-            self._weight_cache = (key, (self.fc_sn1.weight, self.fc_sn2.weight))
-        return self._weight_cache[1]
+        """F's two weights as used (W / max(1, σ/c) when spectrally normalised), from W, u and v as they are now:
+        σ = uᵀWv is one elementwise pass over each weight, little next to the fixed-point steps that use them."""
+        return self.fc_sn1.weight, self.fc_sn2.weight
 
     def residual_branch(
         self, state: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor]
@@ -1069,6 +1105,26 @@ class IMixerClassifier(nn.Linear):
     """Linear(D, num_labels); its own class so `_init_weights` can zero it (timm's Mixer head init)."""
 
 
+def refuse_per_call_checkpointing(model: nn.Module) -> None:
+    """A ValueError if a token mixer of `model` refines its σ estimates with `spectral_norm_schedule="per_call"`:
+    every application of F runs power steps first, so the recompute of a checkpointed block would run them again
+    and differentiate other weights than its forward used. What iMixer's `check_activation_checkpointing` runs."""
+    per_call = [
+        module
+        for module in model.modules()
+        if isinstance(module, IMixerTokenMixing)
+        and module.schedule == "per_call"
+        and module.spectral_layers()
+    ]
+    if per_call:
+        raise ValueError(
+            f"{type(model).__name__}: spectral_norm_schedule='per_call' cannot be trained with activation "
+            "(gradient) checkpointing: the recompute of a checkpointed block runs its power steps again, so its "
+            "gradients would be those of other weights. Build the model with spectral_norm_schedule="
+            "'per_forward' (the default) or 'per_optimizer_step' to use checkpointing, or train without it."
+        )
+
+
 class IMixerPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     """The base of every iMixer model: its config class, weight initialisation, attention selection and loading."""
 
@@ -1082,6 +1138,10 @@ class IMixerPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
 
     # what `attn_implementation` takes: "eager" only, iMixer mixes tokens with an MLP and has no attention
     attn_implementations = ("eager",)
+
+    # the per-call schedule cannot be checkpointed (`refuse_per_call_checkpointing`)
+    def check_activation_checkpointing(self) -> None:
+        refuse_per_call_checkpointing(self)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

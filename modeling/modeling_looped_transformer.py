@@ -221,6 +221,7 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
         return_dict: bool | None = None,
         initial_state: torch.Tensor | None = None,
         interpolate_pos_encoding: bool | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> BaseModelOutputWithPooling | tuple:
         r"""
         num_iterations (`int`, *optional*):
@@ -236,6 +237,8 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
             Images only: resample the position table bicubically to the patch grid of the input (another
             resolution, a multiple of `patch_size`), the CLS position unchanged, as ViT's argument. Without it an
             input of another size than `config.image_size` is refused.
+        position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+            As `HyperSetModel.forward`'s: sequences only, the row of the position table each token takes.
 
         `hidden_states`: the embedding output, then the state after every iteration of every layer (1 + L·T);
         `attentions`: the softmax maps of every iteration (L·T).
@@ -255,6 +258,7 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
             interpolate_pos_encoding=bool(interpolate_pos_encoding),
+            position_ids=position_ids,
         )
         if initial_state is not None:
             hidden_states = check_initial_state(initial_state, hidden_states)
@@ -373,10 +377,12 @@ class LoopedTransformerSequenceHead(LoopedTransformerHead):
         search_noise: float | None = None,
         search_seed: int | None = None,
         search_selector: str | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> ModelOutput | tuple:
         r"""
         halting_threshold and the `search_*` arguments: as `HyperSetForImageClassification.forward` (the baseline
-        has no energy: the selector defaults to `"confidence"`, and `"energy"` is refused).
+        has no energy: the selector defaults to `"confidence"`, and `"energy"` is refused); `position_ids`: as
+        `HyperSetModel.forward`.
         """
         return self.classify(
             labels,
@@ -389,6 +395,7 @@ class LoopedTransformerSequenceHead(LoopedTransformerHead):
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
+            position_ids=position_ids,
             num_iterations=num_iterations,
             backprop_iterations=backprop_iterations,
             output_attentions=output_attentions,

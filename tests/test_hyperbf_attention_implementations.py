@@ -5,8 +5,9 @@ RBF feedforward (cross-attention from Wx to the projected centers Wt_α, values 
 is the reference (explicit scores, additive mask, the only path that returns maps and center weights); every
 other `attn_implementation` folds the bias into one extra head dimension and calls mask-free attention. These
 tests hold every other implementation to the eager result on every head (padding included), check that no mask
-and no (B, H, N, N) / (B·N, K) tensor is built, and that the eval-mode cache of the folded centers follows the
-parameters, and that the feedforward folds only where its folded head fits the fused CUDA kernels (256).
+and no (B, H, N, N) / (B·N, K) tensor is built, that the centers are cached only inside `cached_centers` and
+the cache follows the parameters there, and that the feedforward folds only where its folded head fits the fused
+CUDA kernels (256).
 """
 
 from __future__ import annotations
@@ -345,29 +346,35 @@ CACHES = pytest.mark.parametrize(("implementation", "cache"), [("sdpa", "folded"
 
 
 @CACHES
-def test_centers_are_cached_in_eval_inference_only(implementation, cache):
+def test_centers_are_cached_only_inside_cached_centers_in_eval_inference(implementation, cache):
     case = Case.of(HyperBFForImageClassification)
     model, reference = pair(case, implementation)
     inputs = case.inputs()
     model.eval()
     with torch.no_grad():
-        first = main_output(model(**inputs))
-        cached = [ff._eval_cache[cache][1][0] for ff in _feedforwards(model)]
-        second = main_output(model(**inputs))
+        plain = main_output(model(**inputs))
+    assert all(not ff._eval_cache for ff in _feedforwards(model))  # outside the block: nothing kept
+    with model.cached_centers():
+        with torch.no_grad():
+            first = main_output(model(**inputs))
+            cached = [ff._eval_cache[cache][1][0] for ff in _feedforwards(model)]
+            second = main_output(model(**inputs))
+        assert all(
+            ff._eval_cache[cache][1][0] is keys for ff, keys in zip(_feedforwards(model), cached)
+        )  # reused
+        # With autograd on (eval-mode fine-tuning, saliency), the centers are recomputed so gradients reach them.
+        main_output(model(**inputs)).sum().backward()
+        assert all(
+            ff.centers.grad is not None and ff.centers.grad.abs().sum() > 0 for ff in _feedforwards(model)
+        )
     assert all(
-        ff._eval_cache[cache][1][0] is keys for ff, keys in zip(_feedforwards(model), cached)
-    )  # reused
+        not ff._eval_cache and not ff.reuse_centers for ff in _feedforwards(model)
+    )  # the block drops it
+    torch.testing.assert_close(first, plain, atol=0, rtol=0)  # the same computation, once
     torch.testing.assert_close(second, first, atol=0, rtol=0)
     assert_close_to_scale(
         first, main_output(reference(**inputs)), TOLERANCES[torch.float32][0], "cached vs eager"
     )
-    # With autograd on (eval-mode fine-tuning, saliency), the centers are recomputed so gradients reach them.
-    main_output(model(**inputs)).sum().backward()
-    assert all(ff.centers.grad is not None and ff.centers.grad.abs().sum() > 0 for ff in _feedforwards(model))
-    model.eval()  # already in eval mode (an evaluation loop calling eval() again): the cache stays
-    assert all(ff._eval_cache[cache][1][0] is keys for ff, keys in zip(_feedforwards(model), cached))
-    model.train()
-    assert all(not ff._eval_cache for ff in _feedforwards(model))  # train() drops the cache
 
 
 @CACHES
@@ -377,18 +384,20 @@ def test_cached_centers_follow_an_optimiser_step(switch_to_train, implementation
     model, _ = pair(case, implementation)
     inputs = case.inputs(labels=True)
     model.eval()
+    with model.cached_centers():
+        with torch.no_grad():
+            before = main_output(model(**inputs))  # fills the cache
+        assert all(cache in ff._eval_cache for ff in _feedforwards(model))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        if switch_to_train:
+            model.train()
+        model(**inputs).loss.backward()
+        optimizer.step()  # the parameter versions alone must invalidate the cache
+        if switch_to_train:
+            model.eval()
+        with torch.no_grad():
+            after = main_output(model(**inputs))
     with torch.no_grad():
-        before = main_output(model(**inputs))  # fills the cache
-    assert all(cache in ff._eval_cache for ff in _feedforwards(model))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    if switch_to_train:
-        model.train()
-    model(**inputs).loss.backward()
-    optimizer.step()  # without a train()/eval() call, the parameter versions alone must invalidate the cache
-    if switch_to_train:
-        model.eval()
-    with torch.no_grad():
-        after = main_output(model(**inputs))
         reference = copy.deepcopy(model)
         reference.set_attn_implementation("eager")
         expected = main_output(reference(**inputs))
@@ -404,7 +413,7 @@ def test_cached_centers_follow_load_state_dict(implementation, cache):
     other, _ = pair(case, implementation)
     perturb(other, seed=7)
     inputs = case.inputs()
-    with torch.no_grad():
+    with torch.no_grad(), model.cached_centers():
         model(**inputs)  # fills the cache
         assert all(cache in ff._eval_cache for ff in _feedforwards(model))
         model.load_state_dict(other.state_dict())
@@ -414,13 +423,14 @@ def test_cached_centers_follow_load_state_dict(implementation, cache):
 @CACHES
 @pytest.mark.parametrize("write", ["no_grad", "detach"])
 def test_cached_centers_follow_an_in_place_write(write, implementation, cache):
-    """A weight written in place with no optimiser step or `load_state_dict` (`w.mul_(2)` under `torch.no_grad()`,
-    or through `w.detach()`) leaves the cache too: why its stamp reads the parameters' in-place versions."""
+    """Inside `cached_centers`, a weight written in place with no optimiser step or `load_state_dict` (`w.mul_(2)`
+    under `torch.no_grad()`, or through `w.detach()`) leaves the cache too: why its stamp reads the parameters'
+    in-place versions."""
     case = Case.of(HyperBFForImageClassification)
     model, _ = pair(case, implementation)
     fresh, _ = pair(case, implementation)  # no cache: computes the centers of the weights it is given
     inputs = case.inputs()
-    with torch.no_grad():
+    with torch.no_grad(), model.cached_centers():
         before = main_output(model(**inputs))  # fills the cache
         assert all(cache in ff._eval_cache for ff in _feedforwards(model))
         for ff in _feedforwards(model):

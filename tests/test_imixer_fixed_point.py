@@ -579,22 +579,6 @@ def test_per_optimizer_step_schedule_refines_once_per_weight_update():
     assert_differs(u2, u1, "u after the second forward")
 
 
-def test_eval_reuses_the_normalised_weights_until_they_change():
-    model = perturb(IMAGE.build())
-    mixing = model.imixer.layers[0].token_mixing
-    with torch.no_grad():
-        first = mixing.contractive_weights()
-        assert all(a is b for a, b in zip(first, mixing.contractive_weights()))
-        before = model(**IMAGE.inputs()).logits
-        mixing.fc_sn1.parametrizations.weight.original.mul_(2.0)
-        second = mixing.contractive_weights()
-        assert second[0] is not first[0]
-        torch.testing.assert_close(second[0], mixing.fc_sn1.weight)
-        assert_differs(model(**IMAGE.inputs()).logits, before, "logits after the weights changed")
-    with torch.enable_grad():  # with autograd: fresh weights carrying the graph
-        assert mixing.contractive_weights()[0].requires_grad
-
-
 @pytest.mark.parametrize("gradient", ["implicit", "phantom"])
 def test_gradient_modes_work_under_gradient_checkpointing(gradient):
     # training mode (checkpointing is off in eval), without power steps between the two runs

@@ -112,6 +112,7 @@ def test_modeling_file_imports_only_torch_transformers_and_its_config(family):
         "math",
         "collections",
         "contextlib",
+        "copy",
         "functools",
         "dataclasses",
         "torch",

@@ -1061,9 +1061,18 @@ def enable_activation_checkpointing(model: Any) -> None:
 
 
 def check_checkpointing_support(args: Arguments, model: Any) -> None:
-    """`--gradient_checkpointing` only for a model that supports it (a `UsageError` naming the model class)."""
-    if args.run.gradient_checkpointing and not model.supports_gradient_checkpointing:
+    """`--gradient_checkpointing` only for a model that supports it, as built (a `UsageError` naming the model class,
+    or saying what the model's own check refuses), before any training work."""
+    if not args.run.gradient_checkpointing:
+        return
+    if not model.supports_gradient_checkpointing:
         raise UsageError(f"--gradient_checkpointing: {type(model).__name__} does not support it")
+    check = getattr(model, "check_activation_checkpointing", None)  # iMixer: not with the per-call schedule
+    if check is not None:
+        try:
+            check()
+        except ValueError as err:
+            raise UsageError(f"--gradient_checkpointing: {err}") from err
 
 
 def check_precision(precision: str) -> str:
