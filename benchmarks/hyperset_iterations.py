@@ -8,6 +8,10 @@ writes hyperset_iterations.{md,json,png} into `--output_dir` (default benchmarks
   iteration count evaluated, beyond the trained T);
 * test accuracy for each iteration count (test-time depth extrapolation).
 
+The plots mark the depths the model was trained at as `energyformers inspect` does: the fixed T, or the range
+`iteration_sampling` drew from (`config.iteration_range`) for a model trained at sampled depth. The results name
+the model's training command where its folder records one (`metrics.json`, written by `energyformers train`).
+
     python benchmarks/hyperset_iterations.py runs/demo-hyperset --dataset digits
 """
 
@@ -17,6 +21,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -45,6 +50,38 @@ DYNAMICS_FIELDS = (
 )
 
 
+def trained_range(config: Any) -> tuple[int, int]:
+    """(smallest, largest) depth the model's training forwards ran: (T, T) at fixed depth, the range
+    `iteration_sampling` drew from otherwise."""
+    if getattr(config, "iteration_sampling", "fixed") == "fixed":
+        return config.num_iterations, config.num_iterations
+    return config.iteration_range
+
+
+def training_command(model_dir: str | Path) -> str | None:
+    """The command that trained the model in `model_dir`, as `energyformers train` records it in metrics.json."""
+    metrics = Path(model_dir) / "metrics.json"
+    if not metrics.is_file():
+        return None
+    return (json.loads(metrics.read_text(encoding="utf-8")).get("recipe") or {}).get("command")
+
+
+def mark_trained(ax: Any, trained: int, low: int, high: int, label: bool) -> None:
+    """The trained depth T as a dashed line; the sampled range [low, high] shaded when training drew the depth."""
+    if low == high:
+        ax.axvline(trained, color="grey", linestyle="--", label=f"trained T = {trained}" if label else None)
+        return
+    ax.axvspan(
+        low,
+        high,
+        color="tab:green",
+        alpha=0.12,
+        lw=0,
+        label=f"trained depths {low}–{high}" if label else None,
+    )
+    ax.axvline(trained, color="grey", linestyle="--", label=f"T = {trained} (eval mode)" if label else None)
+
+
 @torch.inference_mode()
 def evaluate(model, batches, num_iterations: int) -> tuple[float, dict[str, torch.Tensor]]:
     correct, total, sums = 0, 0, {}
@@ -55,6 +92,19 @@ def evaluate(model, batches, num_iterations: int) -> tuple[float, dict[str, torc
         for name, value in out.energies.items():  # (B, L, T + 1[, H]) → summed over the batch
             sums[name] = sums.get(name, 0) + value.sum(0)
     return correct / total, {name: value / total for name, value in sums.items()}
+
+
+def depth_note(t: int, trained: int, low: int, high: int) -> str:
+    """The table's mark of iteration t: the trained T at fixed depth; at sampled depth T (eval mode) and the ends
+    of the trained range."""
+    if low == high:
+        return " (trained T)" if t == trained else ""
+    notes = [
+        note
+        for note, at in (("trained min", low), ("T, eval mode", trained), ("trained max", high))
+        if t == at
+    ]
+    return f" ({', '.join(notes)})" if notes else ""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,13 +130,14 @@ def main(argv: list[str] | None = None) -> None:
 
     model = HyperSetForImageClassification.from_pretrained(args.model_dir).eval()
     trained = model.config.num_iterations
+    low, high = trained_range(model.config)
     test = load_data(args.dataset)["test"].with_transform(
         image_transform(AutoImageProcessor.from_pretrained(args.model_dir))
     )
     batches = [test[i : i + args.batch_size] for i in range(0, len(test), args.batch_size)]
     batches = [{"pixel_values": b["pixel_values"], "labels": torch.as_tensor(b["labels"])} for b in batches]
 
-    longest = max(trained + 1, round(args.max_factor * trained))
+    longest = max(high + 1, round(args.max_factor * trained))  # past every depth training ran
     counts = sorted(
         {1, max(1, trained // 2), trained, 2 * trained, longest}
         | set(range(1, longest + 1, max(1, trained // 4)))
@@ -106,15 +157,16 @@ def main(argv: list[str] | None = None) -> None:
 
     results = provenance.output_dir(args.output_dir)
     dynamics = {k: getattr(model.config, k) for k in DYNAMICS_FIELDS if hasattr(model.config, k)}
+    trained_by = training_command(args.model_dir)
     fig, axes = plt.subplots(1, 5, figsize=(20, 3.6))
-    for ax, (name, values) in zip(axes, curves.items()):
+    for index, (ax, (name, values)) in enumerate(zip(axes, curves.items())):
         ax.plot(range(len(values)), values, marker=".")
-        ax.axvline(trained, color="grey", linestyle="--", label=f"trained T = {trained}")
+        mark_trained(ax, trained, low, high, label=index == 0)
         ax.set_title(name.replace("_", " "))
         ax.set_xlabel("iteration t")
     axes[0].legend()
     axes[-1].plot(list(accuracy), list(accuracy.values()), marker="o")
-    axes[-1].axvline(trained, color="grey", linestyle="--")
+    mark_trained(axes[-1], trained, low, high, label=False)
     axes[-1].set_title(f"test accuracy ({args.dataset})")
     axes[-1].set_xlabel("iterations at test time")
     fig.tight_layout()
@@ -125,7 +177,9 @@ def main(argv: list[str] | None = None) -> None:
             {
                 "run": run,
                 "model_config": dynamics,
+                "model_training_command": trained_by,
                 "trained_iterations": trained,
+                "trained_iteration_range": [low, high],
                 "accuracy": accuracy,
                 "curves": curves,
             },
@@ -139,9 +193,16 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"Model `{args.model_dir}`: "
         + ", ".join(f"{k} = {v}" for k, v in dynamics.items())
+        + (f"; trained at depths {low}–{high}" if low != high else "")
         + "; test split of "
         f"`{args.dataset}`, {sum(len(b['labels']) for b in batches)} images, evaluated in eval mode (no sampling). "
         "Plot: [`hyperset_iterations.png`](hyperset_iterations.png).",
+        "",
+        (
+            f"Model trained with `{trained_by}` (its `metrics.json`)."
+            if trained_by
+            else f"`{args.model_dir}` records no training command (no `metrics.json` from `energyformers train`)."
+        ),
         "",
         "| iterations at test time | " + " | ".join(str(c) for c in accuracy) + " |",
         "|---|" + "---|" * len(accuracy),
@@ -154,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     for t in range(len(curves["attention_energy"])):
         lines.append(
-            f"| {t}{' (trained T)' if t == trained else ''} | {curves['attention_energy'][t]:.2f} | "
+            f"| {t}{depth_note(t, trained, low, high)} | {curves['attention_energy'][t]:.2f} | "
             f"{curves['feedforward_energy'][t]:.3f} | {curves['effective_rank'][t]:.3f} | {curves['average_angle'][t]:.2f} |"
         )
     text = "\n".join(lines) + "\n"

@@ -7,7 +7,7 @@
 * HyperBF (`runs/demo-hyperbf`): learned attention σ per head and feedforward σ per layer vs their
   initial values (memo 143 observes that attention units learn a smaller σ than feedforward units).
 
-Writes trained_diagnostics.md into `--output_dir` (default benchmarks/results), replacing it.
+Writes trained_diagnostics.{md,json} into `--output_dir` (default benchmarks/results), replacing them.
 
     make demo MODEL=imixer; make demo MODEL=hyperbf   # the two model folders
     python benchmarks/trained_diagnostics.py --imixer runs/demo-imixer --hyperbf runs/demo-hyperbf
@@ -16,6 +16,7 @@ Writes trained_diagnostics.md into `--output_dir` (default benchmarks/results), 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -30,6 +31,21 @@ sys.path.insert(0, str(Path(__file__).parent))
 import provenance  # after the path insert: the benchmarks folder is not a package
 
 
+def training_command(model_dir: str | Path) -> str | None:
+    """The command that trained the model in `model_dir`, as `energyformers train` records it in metrics.json."""
+    metrics = Path(model_dir) / "metrics.json"
+    if not metrics.is_file():
+        return None
+    return (json.loads(metrics.read_text(encoding="utf-8")).get("recipe") or {}).get("command")
+
+
+def trained_by_line(model_dir: str) -> str:
+    command = training_command(model_dir)
+    if command is None:
+        return f"`{model_dir}` records no training command (no `metrics.json` from `energyformers train`)."
+    return f"Trained with `{command}` (its `metrics.json`)."
+
+
 def test_batches(model_dir: str, dataset: str, batch_size: int = 256) -> list[dict[str, torch.Tensor]]:
     test = load_data(dataset)["test"].with_transform(
         image_transform(AutoImageProcessor.from_pretrained(model_dir))
@@ -39,7 +55,7 @@ def test_batches(model_dir: str, dataset: str, batch_size: int = 256) -> list[di
 
 
 @torch.inference_mode()
-def imixer_section(model_dir: str, dataset: str, longest: int) -> list[str]:
+def imixer_section(model_dir: str, dataset: str, longest: int) -> tuple[list[str], dict]:
     model = IMixerForImageClassification.from_pretrained(model_dir).eval()
     trained = model.config.fixed_point_iterations
     batches = test_batches(model_dir, dataset)
@@ -61,6 +77,8 @@ def imixer_section(model_dir: str, dataset: str, longest: int) -> list[str]:
     lines = [
         f"## iMixer: fixed-point solve on `{model_dir}` (trained with n = {trained}; `{dataset}` test split)",
         "",
+        trained_by_line(model_dir),
+        "",
         f"Relative residual per iteration a (mean over blocks and test images), solving for {longest} iterations:",
         "",
         "| a | " + " | ".join(str(a) for a in range(1, longest + 1)) + " |",
@@ -73,20 +91,38 @@ def imixer_section(model_dir: str, dataset: str, longest: int) -> list[str]:
         "|---|" + "---|" * len(accuracy),
         "| accuracy | " + " | ".join(f"{a:.4f}" for a in accuracy.values()) + " |",
     ]
-    return lines
+    data = {
+        "model_dir": model_dir,
+        "dataset": dataset,
+        "training_command": training_command(model_dir),
+        "trained_fixed_point_iterations": trained,
+        "relative_residuals": residuals.tolist(),
+        "accuracy": accuracy,
+    }
+    return lines, data
 
 
 @torch.no_grad()
-def hyperbf_section(model_dir: str) -> list[str]:
+def hyperbf_section(model_dir: str) -> tuple[list[str], dict]:
     model = HyperBFForImageClassification.from_pretrained(model_dir).eval()
     fresh = HyperBFForImageClassification(HyperBFConfig.from_pretrained(model_dir))
     lines = [
         f"## HyperBF: learned kernel widths on `{model_dir}`",
         "",
+        trained_by_line(model_dir),
+        "",
         "| layer | attention σ per head (init) | attention σ per head (trained) | feedforward σ (init) | feedforward σ (trained) |",
         "|---|---|---|---|---|",
     ]
+    layers = []
     for index, (trained, initial) in enumerate(zip(model.hyperbf.layers, fresh.hyperbf.layers)):
+        sigmas = {
+            "attention_init": initial.attention.sigma().flatten().tolist(),
+            "attention_trained": trained.attention.sigma().flatten().tolist(),
+            "feedforward_init": initial.feedforward.sigma().flatten().tolist(),
+            "feedforward_trained": trained.feedforward.sigma().flatten().tolist(),
+        }
+        layers.append(sigmas)
 
         def fmt(t: torch.Tensor) -> str:
             return ", ".join(f"{v:.2f}" for v in t.flatten().tolist()[:8])
@@ -95,7 +131,11 @@ def hyperbf_section(model_dir: str) -> list[str]:
             f"| {index} | {fmt(initial.attention.sigma())} | {fmt(trained.attention.sigma())} | "
             f"{fmt(initial.feedforward.sigma())} | {fmt(trained.feedforward.sigma())} |"
         )
-    return lines
+    return lines, {
+        "model_dir": model_dir,
+        "training_command": training_command(model_dir),
+        "sigma_per_layer": layers,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -117,9 +157,15 @@ def main(argv: list[str] | None = None) -> None:
     # evaluation only (eval mode, fixed data order): no randomness; the models' training seeds are their own
     run = provenance.run_info(seed=None, argv=argv, script=__file__)
     lines = ["# Diagnostics of trained iMixer and HyperBF models", "", *provenance.markdown_lines(run), ""]
-    lines += [*imixer_section(args.imixer, args.dataset, args.longest), "", *hyperbf_section(args.hyperbf)]
+    imixer_lines, imixer = imixer_section(args.imixer, args.dataset, args.longest)
+    hyperbf_lines, hyperbf = hyperbf_section(args.hyperbf)
+    lines += [*imixer_lines, "", *hyperbf_lines]
     text = "\n".join(lines) + "\n"
-    (provenance.output_dir(args.output_dir) / "trained_diagnostics.md").write_text(text)
+    results = provenance.output_dir(args.output_dir)
+    (results / "trained_diagnostics.json").write_text(
+        json.dumps({"run": run, "imixer": imixer, "hyperbf": hyperbf}, indent=2)
+    )
+    (results / "trained_diagnostics.md").write_text(text)
     print(text)
 
 

@@ -640,7 +640,7 @@ class HyperSetConfig(RecurrentDepthConfig):
             `None` otherwise (no other energy has a φ, so a value there would be silently ignored).
         iteration_conditioning (`str`, *optional*, defaults to `"none"`):
             `"none"`: the step sizes see one learned condition c at every iteration, so iteration t + 1 applies
-            the same map as iteration t and more iterations at test time continue the same descent (what the
+            the same map as iteration t at any test-time depth, a map that need not lower any energy (what the
             authors' trained models compute: their zero-initialised time MLP never learns to depend on t);
             `"sinusoidal"`: c_t = MLP(sinusoid(t)), an ablation that does not extrapolate in depth;
             `"sinusoidal-no-mlp"`: c_t = sinusoid(t) itself, of width `time_embedding_dim` = `hidden_size` (the
