@@ -959,3 +959,24 @@ def test_good_normalization_is_written_to_the_processor(
     assert status == 0, capsys.readouterr().err
     saved = json.loads((output / "preprocessor_config.json").read_text())
     assert (saved["image_mean"], saved["image_std"]) == (mean, std), saved
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("atol", ["nan", "0", "-0.5", "1e999"])
+def test_bad_atol_is_refused_in_both_directions(synthetic, reverse, atol, tmp_path, capsys):
+    """--atol scales the verification of either direction: a tolerance that is not finite and > 0 is a usage error
+    before the checkpoint or folder is read, and nothing is written."""
+    _, weights, config = synthetic
+    before = sorted(tmp_path.iterdir())
+    if reverse:
+        folder = tmp_path / "folder"  # not read: the flag check comes first
+        argv = ["--reverse", "--source", "imixer", folder, "--output", tmp_path / "official.safetensors"]
+    else:
+        argv = ["--source", "imixer", weights, "--official-config", config, "--output_dir", tmp_path / "out"]
+    status = run(*argv, "--atol", atol)
+    err = capsys.readouterr().err
+    assert status == 2, f"--atol {atol}: exit status {status}, expected 2; stderr: {err!r}"
+    assert (
+        err.strip() == f"energyformers convert: error: --atol {float(atol)}: expected a finite tolerance > 0"
+    ), err
+    assert sorted(tmp_path.iterdir()) == before, "a refused conversion wrote files"

@@ -79,6 +79,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_normalization(args.image_mean, args.image_std)
+    if args.atol is not None and not (math.isfinite(args.atol) and args.atol > 0):
+        raise UsageError(f"--atol {args.atol}: expected a finite tolerance > 0")
     if args.reverse:
         if not args.source:
             parser.error("--reverse needs --source")
@@ -115,8 +117,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
             f"--source {args.source}: {released.filename} is the authors' {released.description}; it converts "
             f"with --source {released.source} (or no --source)"
         )
-    if args.atol is not None and not (math.isfinite(args.atol) and args.atol > 0):
-        raise UsageError(f"--atol {args.atol}: expected a finite tolerance > 0")
     checkpoint_format(
         args.checkpoint
     )  # a file that is no checkpoint at all is named here, before torch loads
