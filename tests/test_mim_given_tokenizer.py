@@ -114,3 +114,29 @@ def test_a_tokenizer_that_does_not_fit_the_checkpoint_is_refused_before_torch_is
         # cumulative: what any case imported shows in every later case's list
         assert result["heavy"] == [], (name, result["heavy"])
     assert not Path(out).exists()
+
+
+def test_a_checkpoint_whose_weights_do_not_fit_its_config_is_refused(folders, tmp_path, capsys):
+    """`train --task mim --from_pretrained` loads every tensor as saved (the model predicts the tokenizer's codes):
+    a folder missing one is refused in one line naming it, not trained on with that tensor re-initialised."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from energyformers.training import cli
+
+    folder = tmp_path / "missing-one"
+    shutil.copytree(folders["fits"], folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    dropped = sorted(weights)[-1]
+    save_file(
+        {k: v for k, v in weights.items() if k != dropped},
+        str(folder / "model.safetensors"),
+        {"format": "pt"},
+    )
+    out = tmp_path / "out"
+    status = cli.main(["train", *MIM, "--from_pretrained", str(folder), "--output_dir", str(out)])
+    err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert status == 2 and len(err) == 1, (status, err)
+    assert "weights do not match" in err[0] and dropped in err[0] and str(folder) in err[0], err
+    assert not out.exists()

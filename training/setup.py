@@ -776,11 +776,13 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
     if attention is not None:
         check_attn_flag(attention, config.model_type)
     try:
-        if m.from_pretrained:
-            model = head.from_pretrained(m.from_pretrained, config=config, **chosen)
+        if m.from_pretrained:  # every tensor must load as saved: the head's codes are the tokenizer's
+            model = load_fitting_weights(head, m.from_pretrained, config=config, **chosen)
         else:
             model = head.from_config(config, **chosen)
     except (OSError, RuntimeError, ValueError) as err:
+        if "weights do not match" in str(err):  # one line naming the folder and the tensors
+            raise UsageError(f"--from_pretrained {err}") from err
         raise UsageError(f"cannot build the masked-image-modelling model: {err}") from err
     check_checkpointing_support(args, model)
     collator = MaskedCodesCollator(
