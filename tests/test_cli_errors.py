@@ -8,6 +8,7 @@ test-time depth flags of `predict`, and bad paths (missing, empty, wrong kind) n
 from __future__ import annotations
 
 import inspect
+import io
 import json
 import queue
 import signal
@@ -107,6 +108,10 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
             f"error: model folder {no_weights}: missing model.safetensors.",
         ),
         "predict not an image": ([str(classifier), str(text_file)], f"{text_file}: not a readable image"),
+        "predict a folder as an image": (
+            [str(classifier), str(taken)],
+            f"{taken}: is a folder, not an image file",
+        ),
         "predict another model type": (
             [str(bert), "hello"],
             f"{bert / 'config.json'}: model_type='bert' is not an energyformers family",
@@ -632,3 +637,15 @@ def test_every_command_words_a_broken_model_folder_alike(tmp_path):
             result["err"],
         )
     assert not out.exists()
+
+
+def test_predict_refuses_standard_input_without_a_line(tmp_path, capsys, monkeypatch):
+    """`predict MODEL -` reads one input per line: blank input is a usage error (status 2), not an IndexError."""
+    classifier = readable_folder(tmp_path / "classifier", "hyperset", "HyperSetForImageClassification")
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n   \n"))
+    status = predict.main([str(classifier), "-"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1, (status, err)
+    assert err[0].startswith(
+        "energyformers predict: error: inputs -: standard input held no non-empty line"
+    ), err

@@ -272,6 +272,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.texts = (
         [line.rstrip("\n") for line in sys.stdin if line.strip()] if args.inputs == ["-"] else args.inputs
     )
+    if not args.texts:
+        raise UsageError("inputs -: standard input held no non-empty line; pass one input per line")
     if args.local_input_type is not None:
         check_inputs(args.model_dir, args.local_input_type, args.texts)
     return args
@@ -492,7 +494,8 @@ def check_inputs(model_dir: str, input_type: str, inputs: list[str]) -> None:
     if input_type == "image":
         missing = [x for x in inputs if not Path(x).is_file()]
         if missing:
-            raise UsageError(f"{model_dir} classifies images; no such file: {missing[0]}")
+            what = "is a folder, not an image file" if Path(missing[0]).is_dir() else "no such file"
+            raise UsageError(f"{model_dir} classifies images; {missing[0]}: {what}")
         check_readable_images(inputs)
 
 
