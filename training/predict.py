@@ -634,6 +634,8 @@ def run(args: argparse.Namespace) -> int:
     if input_type == "image":
         processor_class = getattr(transformers, INPUT_TYPES[input_type].processor_class)
         kwargs["image_processor"] = processor_class.from_pretrained(args.model_dir, backend="pil")
+    else:  # given a loaded model, transformers.pipeline no longer looks for the tokenizer beside it
+        kwargs["tokenizer"] = args.model_dir
     model = pipeline_model(task, args.model_dir, kwargs)
     classify = transformers.pipeline(task, model=model, pipeline_class=pipeline_class(task), **kwargs)
     check_depth_arguments(classify.model, args.depth)
