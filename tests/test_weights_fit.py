@@ -122,7 +122,7 @@ def test_train_from_pretrained_refuses_a_backbone_that_does_not_fit(fitting, ima
 
 def test_a_changed_label_set_re_initialises_only_the_classifier(fitting):
     from energyformers.training.setup import new_head_tensors
-    from energyformers.training.weights import load_fitting_weights
+    from energyformers.training.weights import WeightsMismatchError, load_fitting_weights
 
     head = transformers.AutoModelForImageClassification
     fewer = transformers.AutoConfig.from_pretrained(fitting, num_labels=3)
@@ -133,7 +133,9 @@ def test_a_changed_label_set_re_initialises_only_the_classifier(fitting):
     kept = {name for name, tensor in loaded.state_dict().items() if torch.equal(tensor, saved[name])}
     assert set(saved) - kept == {"classifier.weight", "classifier.bias"}, sorted(set(saved) - kept)
     wider = transformers.AutoConfig.from_pretrained(fitting, hidden_size=32)
-    with pytest.raises(ValueError, match=r"weights do not match config.json.*mismatched hyperset\."):
+    with pytest.raises(
+        WeightsMismatchError, match=r"weights do not match config.json.*mismatched hyperset\."
+    ):
         load_fitting_weights(
             head, fitting, allowed=new_head_tensors, config=wider, ignore_mismatched_sizes=True
         )

@@ -19,6 +19,11 @@ from typing import Any
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
 
 
+class WeightsMismatchError(ValueError):
+    """Weights that do not fit the config (`load_fitting_weights`): the message is one line naming the folder and
+    the tensors, so a command shows it as it is rather than wrapping it as an unreadable folder."""
+
+
 def weight_files(model_dir: str | os.PathLike) -> list[str]:
     """`model.safetensors`, or the index and its shards; FileNotFoundError (ValueError for a broken index) naming
     the folder and what is missing."""
@@ -160,12 +165,12 @@ def load_fitting_weights(
     **kwargs: Any,
 ) -> Any:
     """`model_class.from_pretrained(source, **kwargs)`, refusing weights that do not fit the config: a
-    ValueError worded by `weights_fit_problem` (the loader's own errors pass through). Shared by predict,
+    `WeightsMismatchError` worded by `weights_fit_problem` (the loader's own errors pass through). Shared by predict,
     evaluate, inspect, export and `train --from_pretrained`, so every command refuses the same folders."""
     model, loading = model_class.from_pretrained(source, output_loading_info=True, **kwargs)
     problem = weights_fit_problem(source, loading, allowed)
     if problem is not None:
-        raise ValueError(problem)
+        raise WeightsMismatchError(problem)
     return model
 
 
@@ -210,6 +215,7 @@ __all__ = [
     "CHECKPOINT_FORMATS",
     "PICKLE_WEIGHTS",
     "SHOWN_TENSORS",
+    "WeightsMismatchError",
     "check_model_folder",
     "check_weights_readable",
     "checkpoint_format",
