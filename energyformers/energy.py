@@ -344,7 +344,8 @@ class EnergyAttention(nn.Module):
         num_heads: heads H; hidden_size must be divisible by it.
         num_steps: gradient steps k (>= 1).
         step_size: η, in (0, 2] (the monotone range, module docstring).
-        beta: inverse temperature (None: 1/√d_h).
+        beta: inverse temperature, a finite number > 0 or a tensor of them, 0-d (one for all heads) or
+            `(num_heads,)` (one per head); None: 1/√d_h.
         key_value_size: width of the cross-attention inputs y (None: hidden_size).
         bias: biases in the projections.
     """
@@ -355,7 +356,7 @@ class EnergyAttention(nn.Module):
         num_heads: int = 1,
         num_steps: int = 1,
         step_size: float = 1.0,
-        beta: float | None = None,
+        beta: float | torch.Tensor | None = None,
         key_value_size: int | None = None,
         bias: bool = True,
     ) -> None:

@@ -684,7 +684,9 @@ def _sink_attention(
     k' = [k, 0], sink [0, 1]); two extra value channels carry 1 for the real keys and 1 for the sink. Their outputs
     are a_i = Σ_j e^{S_ij} / Z_i and p_i = e^{s_i} / Z_i (Z_i = e^{s_i} + Σ_j e^{S_ij}, p_i ≥ 1/(N + 1)), so
     ℓ_i = s_i + log a_i − log p_i and Σ_j e^{S_ij} values_j = out_i e^{s_i} / p_i, both differentiable through
-    SDPA's own backward. Returns (out `(…, N, d_v)`, a, p, s), the last three `(…, N, 1)`.
+    SDPA's own backward. Returns (out `(…, N, d_v)`, a, p, s), the last three `(…, N, 1)`: out in the input dtype,
+    a, p and s in at least float32 (s as the call saw it, rounded to the input dtype), so that the log-sum-exp
+    arithmetic of the caller runs in float32 on these per-row statistics while SDPA runs in the input dtype.
     """
     *lead, length, head_dim = keys.shape
     real = keys.detach().norm(dim=-1, keepdim=True)  # (…, N, 1)
@@ -703,7 +705,11 @@ def _sink_attention(
     queries, keys = (F.pad(x, (0, -x.shape[-1] % multiple)) for x in (queries, keys))
     values = F.pad(values, (0, -values.shape[-1] % multiple))  # (…, N + 1, ≥ d_v + 2)
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=1.0)
-    return out[..., :width], out[..., width : width + 1], out[..., width + 1 : width + 2], sink_score
+    # half-precision statistics: ℓ_i = s_i + log a_i − log p_i in 16 bits would round s_i (tens) by a sizeable
+    # fraction of a unit, an error of that fraction in every weight e^{S_ij − ℓ_i}
+    stats = torch.promote_types(out.dtype, torch.float32)
+    sums, sinks = (out[..., at : at + 1].to(stats) for at in (width, width + 1))
+    return out[..., :width], sums, sinks, sink_score.to(stats)
 
 
 def sdpa_bisoftmax_attention(
@@ -730,12 +736,14 @@ def sdpa_bisoftmax_attention(
         shift = lse_col.detach().masked_fill(~real, float("-inf")).amax(-2, keepdim=True)
         shift = shift.masked_fill(shift == float("-inf"), 0.0)
         weighted = v * torch.exp(torch.where(real, shift - lse_col, 0.0)) * real
-    out, row_sum, row_sink, row_score = _sink_attention(q, k, torch.cat([v, weighted], -1), mask)
+    # the ℓᶜ arithmetic above ran in at least float32 (`_sink_attention`'s statistics); SDPA takes the input dtype,
+    # so the weighted values are rounded to it once
+    out, row_sum, row_sink, row_score = _sink_attention(q, k, torch.cat([v, weighted.to(v.dtype)], -1), mask)
     row = out[..., :head_dim] / torch.where(row_sum > 0, row_sum, 1.0)  # R v; no real key: 0
     col = out[..., head_dim:] * torch.exp(row_score - shift - row_sink.log())  # C v
     if real is not None:
         col = col * real  # padded queries are out of the column softmax
-    return row + col, None
+    return (row + col).to(v.dtype), None  # R v + C v formed in at least float32, rounded once
 
 
 class BiSoftmaxAttentionInterface(AttentionInterface):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import typing
 from pathlib import Path
 
 import pytest
@@ -299,6 +300,28 @@ def test_a_beta_tensor_must_be_0_d_or_one_per_head_and_finite():
                 function(state, stored, torch.tensor([1.0, bad], dtype=D), num_heads=2)
     with pytest.raises(ValueError, match=r"shape \(num_heads,\) = \(2,\) .*; got shape \(3,\)"):
         EnergyAttention(8, 2, beta=torch.tensor([1.0, 2.0, 3.0]))
+
+
+def test_energy_attention_takes_one_beta_per_head_as_its_signature_says():
+    """EnergyAttention's beta hint names the tensor it accepts; with one β per head a unit step is each head's
+    softmax attention at its own temperature."""
+    assert typing.get_type_hints(EnergyAttention.__init__)["beta"] == float | torch.Tensor | None
+    torch.manual_seed(10)
+    beta = torch.tensor([0.5, 2.0], dtype=D)
+    module = EnergyAttention(8, num_heads=2, beta=beta).double()
+    hidden = torch.randn(2, 5, 8, dtype=D)
+    out, trace = module(hidden)
+    q, k = module.q_proj(hidden), module.k_proj(hidden)
+    heads = [
+        softmax_attention(
+            q[..., h * 4 : (h + 1) * 4], k[..., h * 4 : (h + 1) * 4], k[..., h * 4 : (h + 1) * 4], 1, b
+        )
+        for h, b in enumerate(beta.tolist())
+    ]
+    expected = module.o_proj(torch.cat(heads, -1))  # V = K, W_V in o_proj
+    # the same sums in another order: 4-long dot products, a softmax over 5 keys, the 8-wide projections
+    assert_close_to_scale(out, expected, rounding(D, 64), "per-head beta vs per-head softmax attention")
+    assert trace.shape == (2, 2) and (trace[:, 1] <= trace[:, 0]).all()
 
 
 def test_masks_are_2_d_key_padding_or_4_d_bool_or_0_1_and_ambiguous_forms_are_refused():
