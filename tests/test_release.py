@@ -116,3 +116,84 @@ def test_a_failure_while_publishing_puts_the_older_release_back(inspected_run, t
     assert release.main(["--take", str(inspected_run), "--dist_dir", str(dist)]) == 1
     assert "Input/output error" in capsys.readouterr().err
     assert tree(dist) == before, sorted(tree(dist))
+
+
+# ------------------------------------------------------------------------- the train flags after `--`
+
+
+@pytest.mark.parametrize(
+    ("forwarded", "message"),
+    [
+        (
+            ["--output_dir", "elsewhere"],
+            "--output_dir elsewhere (after --): release sets --output_dir itself",
+        ),
+        (["--output-dir=elsewhere"], "--output-dir elsewhere (after --): release sets --output_dir itself"),
+        (["--overwrite_output_dir", "False"], "--overwrite_output_dir False (after --): release sets"),
+        (["--task", "mim"], "--task mim (after --): release sets --task itself"),
+        (["--model", "imixer"], "--model imixer (after --): release sets --model itself"),
+        (["--dataset", "spam"], "--dataset spam (after --): release sets --dataset itself"),
+        (["--help"], "--help (after --): `energyformers train --help` lists the flags"),
+        (
+            ["--max_steps", "0"],
+            "--max_steps 0: expected -1 (off) or an integer >= 1 (in `energyformers train ",
+        ),
+        (["--bogus"], "unrecognized arguments: --bogus (in `energyformers train --model hyperset --dataset"),
+        (
+            ["--sudoku_augmentation"],
+            "--sudoku_augmentation: --dataset digits is not a Sudoku dataset; the symmetries apply to the built-in "
+            "boards only (sudoku, sudoku-hard) (in `energyformers train --model hyperset --dataset digits ",
+        ),
+    ],
+    ids=[
+        "output_dir",
+        "output-dir=",
+        "overwrite_output_dir",
+        "task",
+        "model",
+        "dataset",
+        "help",
+        "bad-value",
+        "unknown",
+        "not-for-this-dataset",
+    ],
+)
+def test_release_refuses_bad_or_its_own_train_flags_in_a_dry_run(tmp_path, capsys, forwarded, message):
+    """The flags after `--` are read by train's own parser, for each run, before the plan is printed; a flag release
+    sets itself would override its own (the last one wins) and is refused, saying why."""
+    runs, dist = tmp_path / "runs", tmp_path / "dist"
+    argv = ["--models", "hyperset", "--datasets", "digits", "--runs_dir", str(runs), "--dist_dir", str(dist)]
+    assert release.main([*argv, "--dry_run", "--", *forwarded]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"energyformers release: error: {message}"), (
+        message,
+        lines,
+    )
+    assert captured.out == "" and list(tmp_path.iterdir()) == [], (captured.out, list(tmp_path.iterdir()))
+
+
+def test_a_bad_train_flag_is_a_usage_error_before_any_run_starts(tmp_path, capsys):
+    """Not a training run that fails (status 1) with an empty release.json: status 2 and nothing written."""
+    runs, dist = tmp_path / "runs", tmp_path / "dist"
+    argv = ["--models", "hyperset", "--datasets", "digits", "--runs_dir", str(runs), "--dist_dir", str(dist)]
+    assert release.main([*argv, "--", "--learning_rate", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "energyformers release: error: --learning_rate -1.0: expected a finite learning rate"
+    ), err
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+
+
+def test_release_refuses_train_flags_with_take(inspected_run, tmp_path, capsys):
+    """--take trains nothing, so flags for the training runs would be dropped without a word: refused."""
+    dist = tmp_path / "dist"
+    assert (
+        release.main(["--take", str(inspected_run), "--dist_dir", str(dist), "--", "--max_steps", "2"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert err == (
+        "energyformers release: error: -- --max_steps 2: flags for the training runs, but --take trains nothing; "
+        "leave them out\n"
+    ), err
+    assert not dist.exists()

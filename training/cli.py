@@ -151,15 +151,20 @@ def check_output_folder(
     error: type[Exception] = UsageError,
 ) -> Path:
     """The folder a command writes into, checked before any work: never a file (whatever the flags: a file there is
-    not what anyone meant to replace with a folder), and new or empty unless `overwrite` (`overwrite_flag`, how the
-    caller spells it, is named in the message) or it is `allowed` (inspect may write into the model folder itself).
-    `overwrite_flag=None`: a non-empty folder is fine (the command adds files of its own names beside the others).
+    not what anyone meant to replace with a folder), nor under one, and writable (the folder, or where it does not
+    exist yet, the nearest folder above it, in which it is created); and new or empty unless `overwrite`
+    (`overwrite_flag`, how the caller spells it, is named in the message) or it is `allowed` (inspect may write into
+    the model folder itself). `overwrite_flag=None`: a non-empty folder is fine (the command adds files of its own
+    names beside the others).
 
     Raises `error` (a `UsageError` for the command line; an API caller passes e.g. `FileExistsError`) worded
     `<flag> <path>: ...`; returns the folder (`~` expanded). Light: reads the folder's entries only."""
     folder = Path(path).expanduser()
     if os.path.lexists(folder) and not folder.is_dir():
         raise error(f"{flag} {path}: is a file, not a folder; name a folder to write into")
+    problem = _where_written_problem(folder)
+    if problem is not None:
+        raise error(f"{flag} {path}: {problem}")
     if overwrite_flag is None or overwrite or not folder.is_dir() or not any(folder.iterdir()):
         return folder
     if allowed is not None and folder.resolve() == Path(allowed).expanduser().resolve():
@@ -167,6 +172,45 @@ def check_output_folder(
     raise error(
         f"{flag} {path}: the folder exists and is not empty; pass {overwrite_flag} or choose another folder"
     )
+
+
+def check_output_file(
+    path: str | os.PathLike,
+    flag: str,
+    overwrite_flag: str | None = None,
+    *,
+    overwrite: bool = False,
+    error: type[Exception] = UsageError,
+) -> Path:
+    """The file a command writes, checked before any work: not a folder, not under a file, in a writable folder (or,
+    where its folder does not exist yet, under a writable one, in which the command creates it), and not there yet
+    unless `overwrite` (`overwrite_flag`, how the caller spells it, is named in the message; `None`: an existing
+    file is replaced). Raises `error` worded `<flag> <path>: ...`; returns the file's path (`~` expanded)."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise error(f"{flag} {path}: is a folder, not a file; name a file to write")
+    problem = _where_written_problem(target.parent)
+    if problem is not None:
+        raise error(f"{flag} {path}: {problem}")
+    if overwrite_flag is not None and not overwrite and os.path.lexists(target):
+        raise error(f"{flag} {path}: the file exists; pass {overwrite_flag} or choose another name")
+    return target
+
+
+def _where_written_problem(folder: Path) -> str | None:
+    """Why nothing can be written in `folder` (created, with the folders above it, where missing), or None: the
+    nearest of it and the folders above it that exists is not a folder (a path under a file cannot be created) or
+    is not writable (`os.access`: permissions for a user, a read-only filesystem for root too)."""
+    for existing in (folder, *folder.parents):
+        if not os.path.lexists(existing):
+            continue
+        if not existing.is_dir():
+            what = "a file" if existing.is_file() else "not a folder (a broken link or a special file)"
+            return f"{existing} is {what}, so nothing can be created under it; name a folder to write into"
+        if not os.access(existing, os.W_OK | os.X_OK):
+            return f"the folder {existing} is not writable; choose another folder"
+        return None
+    return None
 
 
 def run_command(

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from ..tokenizer_fit import MIM_TASK
-from .cli import CommandParser, UsageError, run_command
+from .cli import CommandParser, UsageError, check_output_folder, run_command
 
 REFERENCE_DATASETS = ("digits", "fashion_mnist", "rotten_tomatoes")
 # The built-in datasets of `energyformers train` (the keys of `training.data.BUILTIN_DATASETS`, known without
@@ -52,6 +52,19 @@ BASELINE_DATASETS = {"vit": IMAGE_DATASETS}
 # The models with a masked-image-modelling head (the registry's `AutoModelForMaskedImageModeling` entries; a test
 # checks they stay equal): Hyper-SET and Table 2's looped-Transformer baseline, both exported (docs/mim.md).
 MIM_MODELS = ("hyperset", "looped-transformer")
+# The `energyformers train` flags release sets itself on every run it trains (`train_command`), by their dests, with
+# why: the same flag after `--` would override release's own (argparse keeps the last), so it is refused.
+RELEASE_SETS = {
+    "model": "release sets --model itself, to each model of --models, --mim and --baselines",
+    "dataset": "release sets --dataset itself, to each of --datasets",
+    "output_dir": "release sets --output_dir itself, to --runs_dir/<model>-<dataset>, where it finds the run again "
+    "to export it; choose the folder with --runs_dir",
+    "overwrite_output_dir": "release sets --overwrite_output_dir itself on every run it trains; --retrain trains "
+    "finished runs again",
+    "task": "release sets --task itself: the families train on their datasets' task, the models of --mim with "
+    "--task mim",
+    "help": "`energyformers train --help` lists the flags that can follow --",
+}
 
 
 def _finished(run_dir: Path) -> bool:
@@ -176,6 +189,95 @@ def inspect_command(run_dir: Path) -> list[str]:
     return command + (["--dataset", dataset] if dataset else [])
 
 
+def training_runs(
+    args: argparse.Namespace,
+) -> tuple[list[tuple[Path, list[str]]], list[tuple[Path, list[str]]]]:
+    """The run folder and `energyformers train` command of every run release trains when it is not finished yet (or
+    with --retrain): the models' (the families', then the --mim heads', named apart), which are exported, and the
+    baselines', which are only reported. None with --take."""
+    models: list[tuple[Path, list[str]]] = []
+    baselines: list[tuple[Path, list[str]]] = []
+    if args.take:
+        return models, baselines
+    for model in args.models:
+        for dataset in args.datasets:
+            run_dir = args.runs_dir / run_dir_name(model, dataset)
+            models.append((run_dir, train_command(model, dataset, run_dir, args.train_args)))
+    for model in args.mim:  # masked image modelling: exported like the families, named apart
+        for dataset in [d for d in args.datasets if d in IMAGE_DATASETS]:
+            run_dir = args.runs_dir / run_dir_name(f"{model}-mim", dataset)
+            models.append(
+                (run_dir, train_command(model, dataset, run_dir, ["--task", "mim", *args.train_args]))
+            )
+    for model in args.baselines:  # trained with the same command on the image datasets they take
+        for dataset in [d for d in args.datasets if d in BASELINE_DATASETS[model]]:
+            run_dir = args.runs_dir / run_dir_name(model, dataset)
+            baselines.append((run_dir, train_command(model, dataset, run_dir, args.train_args)))
+    return models, baselines
+
+
+class _GivenFlag(argparse.Action):
+    """Records a flag as it was given: its option string and values, as one shell-quoted string."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | list[str] | None,
+        option_string: str | None = None,
+    ) -> None:
+        values = [] if values is None else [values] if isinstance(values, str) else list(values)
+        setattr(namespace, self.dest, shlex.join([option_string or "", *values]))
+
+
+def given_train_flags(train_args: list[str]) -> dict[str, str]:
+    """The `energyformers train` flags among `train_args`, as {dest: the flag with its values as given}, matched as
+    train's own parser matches them (aliases such as --output-dir, unambiguous abbreviations such as --output); {}
+    where train's parser cannot read them (it names the mistake itself)."""
+    from .arguments import build_parser as build_train_parser
+
+    quiet = CommandParser(add_help=False, argument_default=argparse.SUPPRESS)
+    for action in build_train_parser("energyformers train", "")._actions:
+        if action.option_strings:
+            quiet.add_argument(
+                *action.option_strings, dest=action.dest, nargs=action.nargs, action=_GivenFlag
+            )
+    try:
+        given, _ = quiet.parse_known_args(train_args)
+    except UsageError:
+        return {}
+    return vars(given)
+
+
+def check_train_args(args: argparse.Namespace) -> None:
+    """The flags after `--`, checked before any work: none that release sets itself (`RELEASE_SETS`), and every run
+    release may train (`training_runs`) accepted by `energyformers train`'s own checks, as it will run it. A
+    `UsageError` naming the flag; with --take (nothing trained) the flags are refused."""
+    if args.take:
+        if args.train_args:
+            raise UsageError(
+                f"-- {shlex.join(args.train_args)}: flags for the training runs, but --take trains nothing; "
+                "leave them out"
+            )
+        return
+    given = given_train_flags(args.train_args)
+    for dest, why in RELEASE_SETS.items():
+        if dest in given:
+            raise UsageError(f"{given[dest]} (after --): {why}")
+    from .train import parse as parse_train  # light: the arguments only, no torch
+
+    models, baselines = training_runs(args)
+    for _, command in [*models, *baselines]:
+        try:
+            parse_train(command[4:])
+        except UsageError as err:
+            refused = UsageError(
+                f"{err} (in `energyformers {shlex.join(command[3:])}`, a run release trains)"
+            )
+            refused.hint = err.hint
+            raise refused from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `energyformers release` argument parser."""
     parser = CommandParser(
@@ -265,11 +367,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--mim trains on images: --datasets needs one of {list(IMAGE_DATASETS)}")
     for folder in args.take or ():
         check_taken_folder(folder)
-    for flag in ("runs_dir", "dist_dir"):
-        path = getattr(args, flag)
-        if path.exists() and not path.is_dir():
-            raise UsageError(f"--{flag} {path}: is a file, not a folder")
+    for flag in ("runs_dir", "dist_dir"):  # release adds folders of its own names to them
+        check_output_folder(getattr(args, flag), f"--{flag}", None)
     args.models = list(FAMILY_NAMES) if args.models is None else args.models
+    check_train_args(args)
     return args
 
 
@@ -330,7 +431,6 @@ def run(args: argparse.Namespace) -> int:
     at the end (`publish`), and removed, with a `--dist_dir` this run created, when anything fails before."""
     from .export import export_model_dir, overlap_problem
 
-    train_args = args.train_args
     dist_dir = args.dist_dir
     created_dist = not os.path.lexists(dist_dir)
     staging: Path | None = (
@@ -346,34 +446,19 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         # 1. Which model folders to release: given, already trained, or to be trained now.
-        plan: list[tuple[Path, list[str] | None]] = []
         if args.take:
             check_taken_models(args.take)  # bad input: refused before any folder is inspected or written
-            plan = [(Path(d), None) for d in args.take]
-        else:
-            for model in args.models:
-                for dataset in args.datasets:
-                    run_dir = args.runs_dir / run_dir_name(model, dataset)
-                    needs_training = args.retrain or not _finished(run_dir)
-                    plan.append(
-                        (
-                            run_dir,
-                            train_command(model, dataset, run_dir, train_args) if needs_training else None,
-                        )
-                    )
-            for model in args.mim:  # masked image modelling: exported like the families, named apart
-                for dataset in [d for d in args.datasets if d in IMAGE_DATASETS]:
-                    run_dir = args.runs_dir / run_dir_name(f"{model}-mim", dataset)
-                    command = train_command(model, dataset, run_dir, ["--task", "mim", *train_args])
-                    plan.append((run_dir, command if args.retrain or not _finished(run_dir) else None))
+        models, trained_baselines = training_runs(args)  # none with --take
+        # a finished run is taken as it is (None: nothing to train) unless --retrain
+        plan: list[tuple[Path, list[str] | None]] = [(Path(d), None) for d in args.take or ()] + [
+            (run_dir, command if args.retrain or not _finished(run_dir) else None)
+            for run_dir, command in models
+        ]
         # Baselines: trained with the same command on the image datasets they take, reported, not exported.
-        baselines: list[tuple[Path, list[str] | None]] = []
-        for model in args.baselines:
-            for dataset in [d for d in args.datasets if d in BASELINE_DATASETS[model]]:
-                run_dir = args.runs_dir / run_dir_name(model, dataset)
-                needs_training = args.retrain or not _finished(run_dir)
-                command = train_command(model, dataset, run_dir, train_args) if needs_training else None
-                baselines.append((run_dir, command))
+        baselines: list[tuple[Path, list[str] | None]] = [
+            (run_dir, command if args.retrain or not _finished(run_dir) else None)
+            for run_dir, command in trained_baselines
+        ]
         for run_dir, command in [*plan, *baselines]:
             print(
                 f"train  {shlex.join(['energyformers', *command[3:]])}" if command else f"take   {run_dir}",
