@@ -849,12 +849,13 @@ def test_release_names_trains_built_in_datasets():
 def test_release_plans_masked_image_modelling_on_the_image_datasets(tmp_path, capsys):
     runs, dist = tmp_path / "runs", tmp_path / "dist"
     argv = ["--models", "--mim", *release.MIM_MODELS, "--datasets", "digits", "rotten_tomatoes"]
+    forwarded = ["--", "--max_steps", "2"]  # checked as train reads them: a real flag
     assert (
-        release.main([*argv, "--dry_run", "--runs_dir", str(runs), "--dist_dir", str(dist), "--", "-x"]) == 0
+        release.main([*argv, "--dry_run", "--runs_dir", str(runs), "--dist_dir", str(dist), *forwarded]) == 0
     )
     expected = [
         f"train  energyformers train --model {m} --dataset digits --output_dir {runs / f'{m}-mim-digits'} "
-        "--overwrite_output_dir --task mim -x"
+        "--overwrite_output_dir --task mim --max_steps 2"
         for m in release.MIM_MODELS
     ]  # no family (`--models` alone), no text dataset
     assert capsys.readouterr().out.splitlines() == expected
