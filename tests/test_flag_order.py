@@ -80,6 +80,10 @@ EARLY = [
         ["--preset", "no_such_preset"],
         "invalid --preset/--config for hyperset: HyperSetConfig: unknown preset name='no_such_preset'",
     ),
+    (  # a traceback (status 1) once the data had loaded
+        ["--model", "vit", "--preset", "cli-image"],
+        "--preset cli-image: vit has no presets (ViTConfig is transformers' own config); size it with --config",
+    ),
     (  # the CLI's width (128 for images and texts alike) against a --config head count
         ["--config", "num_attention_heads=5"],
         "invalid --preset/--config for hyperset: HyperSetConfig: invalid hidden_size=128; it must be divisible by "
@@ -141,13 +145,26 @@ def test_a_flag_error_that_needs_no_data_comes_before_the_data_loads(
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("flags, message", [EARLY[1], EARLY[11], EARLY[12]], ids=["config", "dsup", "mim"])
+# One of each kind for the Accelerate loop (it builds through the same `setup.build`).
+ACCELERATE = [
+    case
+    for case in EARLY
+    if case[0]
+    in (
+        ["--config", "hidden_size=-3"],
+        ["--deep_supervision", "all", "--label_smoothing", "0.1"],
+        ["--task", "masked-image-modeling", "--deep_supervision", "all"],
+    )
+]
+
+
+@pytest.mark.parametrize("flags, message", ACCELERATE, ids=[" ".join(flags) for flags, _ in ACCELERATE])
 def test_the_accelerate_loop_refuses_them_before_the_data_too(flags, message, no_data, tmp_path, capsys):
+    assert len(ACCELERATE) == 3
     status, err = run("train-accelerate", ["--dataset", "digits", *flags], tmp_path, capsys)
     assert (no_data, status) == ([], 2), f"loaded {no_data}, status {status}, stderr:\n{err}"
-    assert err == f"energyformers train-accelerate: error: {message}" or err.startswith(
-        f"energyformers train-accelerate: error: {message}"
-    ), err
+    assert err.startswith(f"energyformers train-accelerate: error: {message}"), err
+    assert len(err.splitlines()) == 1, err
 
 
 def _saved_image_classifier(folder: Path) -> Path:

@@ -1,6 +1,7 @@
 """Config, processor, model and data of a training run, built from the parsed arguments (both loops).
 
-`build(args, state)` loads and checks the data, builds the config (CLI preset, `--preset`, `--config`,
+`build(args, state)` first checks the model flags as far as they can be judged without the data
+(`check_flags_before_data`), then loads and checks the data, builds the config (CLI preset, `--preset`, `--config`,
 `--from_pretrained`, config-field flags) and the processor saved with the model, creates or loads the model
 and runs one real batch through it, so every mismatch surfaces before training and before anything is written.
 Input errors are `UsageError` (bad flags) or `DataError` (bad data): one line each, no traceback.
@@ -599,7 +600,7 @@ def check_flags_before_data(args: Arguments) -> None:
     (a large dataset is not read for a usage error), worded as when they ran after it: `--from_pretrained` (source,
     config, family), `--preset`, the `--config` names and the config-field flags, `--attn_implementation`,
     `--eval_iterations` for a model without recurrent depth, a `--config` value the config refuses whatever the
-    data sets (`_trial_config`), and batch augmentation beside deep supervision or supervision steps. What
+    data sets (`_trial_configs`), and batch augmentation beside deep supervision or supervision steps. What
     depends on the data (its task and input type, image size, vocabulary, labels) is checked after it loads."""
     m = args.model
     overrides = parse_overrides(m.config)
@@ -620,7 +621,12 @@ def check_flags_before_data(args: Arguments) -> None:
         check_override_names(config_class, overrides)
         flags = config_flag_overrides(args, config_class, model_type)
         what = f"--preset/--config for {model_type}"
-        if m.preset and hasattr(config_class, "preset_fields"):
+        if m.preset and not hasattr(config_class, "from_preset"):  # transformers' own config classes (ViT)
+            raise UsageError(
+                f"--preset {m.preset}: {model_type} has no presets ({config_class.__name__} is transformers' own "
+                "config); size it with --config"
+            )
+        if m.preset:
             try:
                 config_class.preset_fields(m.preset)
             except ValueError as err:  # an unknown preset name
