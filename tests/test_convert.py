@@ -980,3 +980,119 @@ def test_bad_atol_is_refused_in_both_directions(synthetic, reverse, atol, tmp_pa
         err.strip() == f"energyformers convert: error: --atol {float(atol)}: expected a finite tolerance > 0"
     ), err
     assert sorted(tmp_path.iterdir()) == before, "a refused conversion wrote files"
+
+
+# A flag that does nothing in the direction asked for is refused in one line naming it (status 2), before the
+# checkpoint or folder is read, instead of being ignored.
+
+REVERSE_IGNORED = [
+    (["--official-config", "kwargs.json"], "--official-config kwargs.json"),
+    (["--output_dir", "out"], "--output_dir out"),
+    (["--dtype", "float64"], "--dtype float64"),
+    (["--dtype", "float32"], "--dtype float32"),  # the default, given: still nothing it could change
+    (["--trust-pickle"], "--trust-pickle"),
+    (["--reference", "golden.safetensors"], "--reference golden.safetensors"),
+    (["--image-mean", "0.5", "0.5", "0.5"], "--image-mean 0.5 0.5 0.5"),
+    (["--image-std", "0.2", "0.2", "0.2"], "--image-std 0.2 0.2 0.2"),
+]
+
+
+@pytest.mark.parametrize("flags, shown", REVERSE_IGNORED, ids=[shown for _, shown in REVERSE_IGNORED])
+def test_a_conversion_flag_with_reverse_is_refused_naming_it(flags, shown, tmp_path, capsys):
+    folder = tmp_path / "folder"  # not read: the flag check comes first
+    before = sorted(tmp_path.iterdir())
+    status = run(
+        "--reverse", "--source", "imixer", folder, "--output", tmp_path / "official.safetensors", *flags
+    )
+    err = capsys.readouterr().err
+    assert status == 2, f"{shown}: exit status {status}, expected 2; stderr: {err!r}"
+    assert err.strip() == (
+        f"energyformers convert: error: {shown}: applies to converting an official checkpoint, not with --reverse "
+        "(which reads our model folder and writes the official file --output names, in the folder's own dtype)"
+    ), err
+    assert sorted(tmp_path.iterdir()) == before, "a refused conversion wrote files"
+
+
+def test_output_without_reverse_is_refused_naming_it(synthetic, tmp_path, capsys):
+    _, weights, config = synthetic
+    before = sorted(tmp_path.iterdir())
+    status = run(
+        "--source",
+        "imixer",
+        weights,
+        "--official-config",
+        config,
+        "--output",
+        tmp_path / "official.safetensors",
+    )
+    err = capsys.readouterr().err
+    assert status == 2, f"exit status {status}, expected 2; stderr: {err!r}"
+    assert err.strip() == (
+        f"energyformers convert: error: --output {tmp_path / 'official.safetensors'}: applies with --reverse only "
+        "(the official file it writes); converting an official checkpoint writes the folder --output_dir names"
+    ), err
+    assert sorted(tmp_path.iterdir()) == before, "a refused conversion wrote files"
+
+
+@pytest.mark.parametrize(
+    "argv, source",
+    [
+        (
+            ["--source", "hyperset-sudoku", "sudoku.pth", "--official-config", "kwargs.json"],
+            "hyperset-sudoku",
+        ),
+        (["--source", "hyperset-mim", "mim.pth", "--official-config", "kwargs.json"], "hyperset-mim"),
+        (["Sudoku_layer1_recur24_dim768_multiplier4.pth"], "hyperset-sudoku"),  # the released file's source
+    ],
+    ids=["sudoku", "mim", "released-sudoku"],
+)
+@pytest.mark.parametrize("flag", ["--image-mean", "--image-std"])
+def test_image_normalization_for_a_model_without_images_is_refused(argv, source, flag, tmp_path, capsys):
+    before = sorted(tmp_path.iterdir())
+    status = run(*argv, "--output_dir", tmp_path / "out", flag, "0.5", "0.5", "0.5")
+    err = capsys.readouterr().err
+    assert status == 2, f"{flag} with {source}: exit status {status}, expected 2; stderr: {err!r}"
+    assert err.strip() == (
+        f"energyformers convert: error: {flag} 0.5 0.5 0.5: applies to models that read images (--source "
+        f"hyperbf, hyperset-ic, imixer); a {source} model reads no images, its folder has no image processor"
+    ), err
+    assert sorted(tmp_path.iterdir()) == before, "a refused conversion wrote files"
+
+
+def test_the_image_sources_are_the_converters_image_models():
+    from energyformers.training.convert_cli import IMAGE_SOURCES
+
+    assert sorted(IMAGE_SOURCES) == sorted(
+        name for name, family in SOURCES.items() if family.input_kind == "image"
+    )
+
+
+def test_trust_pickle_with_a_safetensors_checkpoint_is_refused(synthetic, tmp_path, capsys):
+    _, weights, config = synthetic
+    before = sorted(tmp_path.iterdir())
+    status = run(
+        "--source",
+        "imixer",
+        weights,
+        "--official-config",
+        config,
+        "--output_dir",
+        tmp_path / "out",
+        "--trust-pickle",
+    )
+    err = capsys.readouterr().err
+    assert status == 2, f"exit status {status}, expected 2; stderr: {err!r}"
+    assert err.strip() == (
+        f"energyformers convert: error: --trust-pickle: {weights} is a safetensors file, read without unpickling; "
+        "the flag applies to torch.save checkpoints (zip or pickle)"
+    ), err
+    assert sorted(tmp_path.iterdir()) == before, "a refused conversion wrote files"
+
+
+def test_the_dtype_defaults_to_float32_when_converting(synthetic, tmp_path, capsys):
+    _, weights, config = synthetic
+    assert (
+        run("--source", "imixer", weights, "--official-config", config, "--output_dir", tmp_path / "out") == 0
+    )
+    saved = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert {tensor.dtype for tensor in saved.values()} == {torch.float32}, capsys.readouterr().err

@@ -12,12 +12,28 @@ from pathlib import Path
 
 from .cli import CommandParser, UsageError, run_command
 from .convert.released import HUB_REPO, RELEASED, released_file, unavailable_message
-from .convert.sources import reverse_input_problem
+from .convert.sources import SOURCE_MODELS, reverse_input_problem
 from .weights import checkpoint_format
 
 # The keys of `convert.SOURCES` and `convert.DTYPES` (a test checks they stay equal).
 SOURCE_NAMES = ("hyperbf", "hyperset-ic", "hyperset-mim", "hyperset-sudoku", "imixer")
 DTYPE_NAMES = ("float32", "float64")
+DEFAULT_DTYPE = "float32"
+# The sources whose models read images (their folder gets an image processor, normalised by --image-mean/--image-std),
+# known without torch from the head class each source converts to (a test checks them against the converters).
+IMAGE_SOURCES = tuple(s for s, (_, head) in SOURCE_MODELS.items() if head.endswith("ForImageClassification"))
+# The flags of one direction only, as --help spells them: given in the other direction they would be ignored, so they
+# are refused there. Forward: an official checkpoint -> our folder; --reverse: our folder -> an official file.
+FORWARD_FLAGS = {
+    "official_config": "--official-config",
+    "output_dir": "--output_dir",
+    "dtype": "--dtype",
+    "trust_pickle": "--trust-pickle",
+    "reference": "--reference",
+    "image_mean": "--image-mean",
+    "image_std": "--image-std",
+}
+REVERSE_FLAGS = {"output": "--output"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--output_dir", "--output-dir", dest="output_dir", help="model folder to write")
     parser.add_argument(
-        "--dtype", choices=DTYPE_NAMES, default="float32", help="dtype of the written weights"
+        "--dtype", choices=DTYPE_NAMES, help=f"dtype of the written weights (default {DEFAULT_DTYPE})"
     )
     parser.add_argument(
         "--trust-pickle", action="store_true", help="allow full unpickling of a trusted checkpoint"
@@ -74,10 +90,51 @@ def check_normalization(mean: list[float] | None, std: list[float] | None) -> No
             raise UsageError(f"{flag} {' '.join(str(v) for v in values)}: expected {len(values)} {allowed}")
 
 
+def _shown(flag: str, value: object) -> str:
+    """A flag as the user gave it: `--flag` for a switch, else `--flag value` (a list as its values)."""
+    if value is True:
+        return flag
+    return f"{flag} {' '.join(map(str, value)) if isinstance(value, list) else value}"
+
+
+def check_applicable(args: argparse.Namespace) -> None:
+    """A `UsageError` naming a flag that does nothing in the direction asked for, and when it applies: the
+    conversion's flags with --reverse, --output without it, and the image normalisation for a model that reads no
+    images (the source given, or the one the authors' released file converts with)."""
+    if args.reverse:
+        for dest, flag in FORWARD_FLAGS.items():
+            value = getattr(args, dest)
+            if value not in (None, False):
+                raise UsageError(
+                    f"{_shown(flag, value)}: applies to converting an official checkpoint, not with --reverse "
+                    "(which reads our model folder and writes the official file --output names, in the folder's "
+                    "own dtype)"
+                )
+        return
+    for dest, flag in REVERSE_FLAGS.items():
+        value = getattr(args, dest)
+        if value is not None:
+            raise UsageError(
+                f"{_shown(flag, value)}: applies with --reverse only (the official file it writes); converting "
+                "an official checkpoint writes the folder --output_dir names"
+            )
+    released = released_file(args.checkpoint)
+    source = args.source or (released.source if released is not None else None)
+    if source is None or source in IMAGE_SOURCES:
+        return
+    for flag, value in (("--image-mean", args.image_mean), ("--image-std", args.image_std)):
+        if value is not None:
+            raise UsageError(
+                f"{_shown(flag, value)}: applies to models that read images (--source "
+                f"{', '.join(IMAGE_SOURCES)}); a {source} model reads no images, its folder has no image processor"
+            )
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
-    """Parse and check what needs no torch: the flags that go together, and that the checkpoint is one."""
+    """Parse and check what needs no torch: the flags that go together and apply, and that the checkpoint is one."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_applicable(args)
     check_normalization(args.image_mean, args.image_std)
     if args.atol is not None and not (math.isfinite(args.atol) and args.atol > 0):
         raise UsageError(f"--atol {args.atol}: expected a finite tolerance > 0")
@@ -117,9 +174,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
             f"--source {args.source}: {released.filename} is the authors' {released.description}; it converts "
             f"with --source {released.source} (or no --source)"
         )
-    checkpoint_format(
-        args.checkpoint
-    )  # a file that is no checkpoint at all is named here, before torch loads
+    # a file that is no checkpoint at all is named here, before torch loads
+    if checkpoint_format(args.checkpoint) == "safetensors" and args.trust_pickle:
+        raise UsageError(
+            f"--trust-pickle: {args.checkpoint} is a safetensors file, read without unpickling; the flag applies to "
+            "torch.save checkpoints (zip or pickle)"
+        )
     if args.official_config and not Path(args.official_config).is_file():
         raise UsageError(
             f"--official-config {args.official_config}: no such file; expected a JSON file of constructor "
@@ -128,6 +188,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     output = Path(args.output_dir)
     if output.exists() and not output.is_dir():
         raise UsageError(f"--output_dir {args.output_dir}: is a file, not a folder")
+    args.dtype = args.dtype or DEFAULT_DTYPE
     return args
 
 

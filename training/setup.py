@@ -1,6 +1,7 @@
 """Config, processor, model and data of a training run, built from the parsed arguments (both loops).
 
-`build(args, state)` loads and checks the data, builds the config (CLI preset, `--preset`, `--config`,
+`build(args, state)` first checks the model flags as far as they can be judged without the data
+(`check_flags_before_data`), then loads and checks the data, builds the config (CLI preset, `--preset`, `--config`,
 `--from_pretrained`, config-field flags) and the processor saved with the model, creates or loads the model
 and runs one real batch through it, so every mismatch surfaces before training and before anything is written.
 Input errors are `UsageError` (bad flags) or `DataError` (bad data): one line each, no traceback.
@@ -277,12 +278,10 @@ def build_config_and_processor(args: Arguments, data: Any, state: Any) -> tuple[
         raise UsageError(f"invalid --config for {m.model or 'the model'}: {err}") from err
 
 
-def _pretrained_config_and_processor(
-    args: Arguments, overrides: dict[str, Any], labels: dict[str, Any], modality: str, task: str
-) -> tuple[Any, Any]:
+def _pretrained_config(args: Arguments) -> Any:
+    """The config of the `--from_pretrained` checkpoint as saved, after the checks that need only the flags and the
+    checkpoint: no `--preset` beside it, an existing source, a readable config, `--model` (if given) its family."""
     from transformers import AutoConfig
-
-    from .processing import build_image_processor
 
     m, source = args.model, args.model.from_pretrained
     if m.preset:
@@ -294,6 +293,16 @@ def _pretrained_config_and_processor(
         raise UsageError(f"--from_pretrained {source!r}: cannot load a config ({err})") from err
     if m.model and m.model != config.model_type:
         raise UsageError(f"--model {m.model} but {source!r} is a {config.model_type!r} checkpoint")
+    return config
+
+
+def _pretrained_config_and_processor(
+    args: Arguments, overrides: dict[str, Any], labels: dict[str, Any], modality: str, task: str
+) -> tuple[Any, Any]:
+    from .processing import build_image_processor
+
+    source = args.model.from_pretrained
+    config = _pretrained_config(args)
     if getattr(config, "input_type", None) != modality:
         raise UsageError(
             f"{source!r} takes input_type={getattr(config, 'input_type', None)!r}, "
@@ -486,6 +495,177 @@ def _recipe_task(recipe: str | None, task: str | None) -> None:
         raise UsageError(str(err)) from None
 
 
+# --------------------------------------------------------------------------- flags checked before the data loads
+
+# The config fields a classification run sets from its data (`_new_config_and_processor`): its input type, the
+# image geometry, the vocabulary and positions of its tokenizer, and its labels. Before the data loads, a config
+# refusal that names one of them (and no flag sets it) waits for the data's value.
+DATA_FIELDS = (
+    "input_type",
+    "image_size",
+    "patch_size",
+    "num_channels",
+    "vocab_size",
+    "max_position_embeddings",
+    "pad_token_id",
+    "position_embedding_type",
+    *DATASET_LABEL_KEYWORDS,
+)
+# The config fields a masked-image-modelling run takes from its image tokenizer's grid (`--config` may only repeat
+# them): unknown before the data loads when the tokenizer is fitted on it.
+MIM_GRID_FIELDS = ("vocab_size", "max_position_embeddings")
+
+
+def _config_field_names(config_class: type) -> set[str]:
+    """The field names of `config_class`: its constructor's keywords, its attribute aliases and what a default
+    instance holds (transformers' own fields among them)."""
+    names = set(inspect.signature(config_class.__init__).parameters) - {"self", "kwargs"}
+    names |= set(getattr(config_class, "attribute_map", {}))
+    try:
+        names |= set(config_class().to_dict())
+    except Exception:  # a config without defaults for every field: its keywords are what is known
+        pass
+    return names
+
+
+def _trial_configs(
+    config_class: type, makers: list[Any], unknown: set[str], flags: dict[str, Any], what: str
+) -> list[Any]:
+    """The configs `makers` build before the data loads (one per input type the data may turn out to have), each
+    with stand-ins for the fields the data will set (`unknown`); the refusals are left out.
+
+    A refusal is raised, as `build` words it (`_config_error`), only when it is certain to recur with the data's
+    values: every maker refuses with the same message, and that message names config fields, none of them
+    `unknown`. A refusal naming a field the data sets is left to the build after loading, which words it with the
+    data's value.
+    """
+    built, refusals = [], []
+    for make in makers:
+        try:
+            built.append(make())
+        except Exception as err:  # judged below; the build after loading words every other refusal
+            refusals.append(err)
+    messages = {str(err) for err in refusals}
+    if (
+        refusals
+        and len(refusals) == len(makers)
+        and len(messages) == 1
+        and isinstance(refusals[0], ValueError)
+    ):
+        named = set(re.findall(r"[A-Za-z_]\w*", messages.pop())) & _config_field_names(config_class)
+        if named and not named & unknown:
+            raise _config_error(refusals[0], flags, what) from refusals[0]
+    return built
+
+
+def _refuse_eval_iterations(args: Arguments, model_type: str) -> None:
+    raise UsageError(
+        f"--eval_iterations {' '.join(map(str, args.run.eval_iterations))}: {model_type} has no "
+        "recurrent depth (no per-call num_iterations); drop the flag"
+    )
+
+
+def check_supervision_flags(args: Arguments, config: Any) -> None:
+    """A `UsageError` for deep supervision, supervision steps or a halting head beside this run's batch
+    augmentation or label smoothing (which compute the loss from the last logits outside the model)."""
+    augmented = args.augmentation.enabled or args.augmentation.label_smoothing > 0
+    supervised = getattr(config, "deep_supervision", "last")
+    if supervised != "last" and augmented:
+        raise UsageError(
+            f"--deep_supervision {supervised}: the batch augmentation / label smoothing of this run computes the "
+            "training loss from the last logits outside the model, which would ignore the other iterations; "
+            "train without them or with --deep_supervision last"
+        )
+    stepped = getattr(config, "supervision_steps", 1) > 1 or getattr(config, "halting_head", False)
+    if stepped and augmented:
+        raise UsageError(
+            f"--supervision_steps {config.supervision_steps} / --halting_head {config.halting_head}: the batch "
+            "augmentation / label smoothing of this run computes the training loss from the last logits outside "
+            "the model, which would ignore the other steps and the halting loss; train without them, or with "
+            "--supervision_steps 1 and no halting head"
+        )
+
+
+def _model_type_before_data(args: Arguments) -> str:
+    """The model family of the run: `--model`, else the `--from_pretrained` checkpoint's, else Hyper-SET."""
+    if args.model.model:
+        return args.model.model
+    if args.model.from_pretrained:
+        return _pretrained_config(args).model_type
+    return "hyperset"
+
+
+def check_flags_before_data(args: Arguments) -> None:
+    """The checks of a classification run's model flags that need no data, run by `build` before the dataset loads
+    (a large dataset is not read for a usage error), worded as when they ran after it: `--from_pretrained` (source,
+    config, family), `--preset`, the `--config` names and the config-field flags, `--attn_implementation`,
+    `--eval_iterations` for a model without recurrent depth, a `--config` value the config refuses whatever the
+    data sets (`_trial_configs`), and batch augmentation beside deep supervision or supervision steps. What
+    depends on the data (its task and input type, image size, vocabulary, labels) is checked after it loads."""
+    m = args.model
+    overrides = parse_overrides(m.config)
+    if m.from_pretrained:
+        config = _pretrained_config(args)
+        config_class, model_type = type(config), config.model_type
+        check_override_names(config_class, overrides)
+        flags = config_flag_overrides(args, config_class, model_type)
+        saved = config.to_dict()
+        makers = [partial(config_class, **{**saved, **overrides, **flags})]
+        if overrides.get("input_type", saved.get("input_type")) != saved.get("input_type"):
+            makers = []  # refused against the data's input type once it loads
+        unknown = set(DATASET_LABEL_KEYWORDS)  # the checkpoint's labels stand in for the data's
+        what = f"--config for {model_type}"
+    else:
+        model_type = m.model or "hyperset"
+        config_class = family(model_type).config_class
+        check_override_names(config_class, overrides)
+        flags = config_flag_overrides(args, config_class, model_type)
+        what = f"--preset/--config for {model_type}"
+        if m.preset and not hasattr(config_class, "from_preset"):  # transformers' own config classes (ViT)
+            raise UsageError(
+                f"--preset {m.preset}: {model_type} has no presets ({config_class.__name__} is transformers' own "
+                "config); size it with --config"
+            )
+        if m.preset:
+            try:
+                config_class.preset_fields(m.preset)
+            except ValueError as err:  # an unknown preset name
+                raise _config_error(err, flags, what) from err
+        # one trial per input type the data may have (`_new_config_and_processor` sets the same fields from it)
+        modalities = list(energyformers.INPUT_TYPES)
+        if "input_type" in overrides:  # refused after loading unless it is the data's
+            modalities = [overrides["input_type"]]
+        makers = []
+        for modality in modalities if set(modalities) <= set(energyformers.INPUT_TYPES) else ():
+            fields = {"input_type": modality, **({} if m.preset else cli_preset(model_type, modality))}
+            if modality == "image":
+                fields["num_channels"] = 3
+            else:  # a stand-in vocabulary: the trained tokenizer's size is known once the texts are read
+                fields["vocab_size"] = args.data.vocab_size
+            fields = {**fields, **overrides, **flags}
+            if m.preset:
+                makers.append(partial(config_class.from_preset, m.preset, **fields))
+            else:
+                makers.append(partial(config_class, **fields))
+        unknown = set(DATA_FIELDS) - set(overrides) - set(flags)  # what is given wins over the data's value
+    if m.attn_implementation is not None:
+        check_attn_flag(m.attn_implementation, model_type)
+    registered = model_registry().get(model_type)
+    backbone = registered.heads.get("AutoModel") if registered is not None else None
+    if args.run.eval_iterations and backbone is not None and not hasattr(backbone, "iteration_draws"):
+        _refuse_eval_iterations(args, model_type)
+    # the supervision fields are the flags', the preset's or the checkpoint's, never the data's
+    configs = _trial_configs(config_class, makers, unknown, flags, what)
+    refusals = []
+    for config in configs:
+        try:
+            check_supervision_flags(args, config)
+        except UsageError as err:
+            refusals.append(err)
+    if refusals and len(refusals) == len(configs) and len({str(err) for err in refusals}) == 1:
+        raise refusals[0]  # whichever input type the data has
+
+
 def build(args: Arguments, state: Any) -> Built:
     """Dataset (with preprocessing attached), processor, collator and model from the parsed arguments.
 
@@ -505,6 +685,7 @@ def build(args: Arguments, state: Any) -> Built:
     # a recipe for a task no dataset here can be: refused before the data loads
     if recipe in RECIPE_TASKS and RECIPE_TASKS[recipe][0] not in served:
         _recipe_task(recipe, None)
+    check_flags_before_data(args)
     data, warnings = load_and_check_data(args, state)
     task = task_of(data)
     _recipe_task(recipe, task)
@@ -538,25 +719,8 @@ def build(args: Arguments, state: Any) -> Built:
                 raise
             raise UsageError(f"--attn_implementation {attention}: {err}") from err
     if args.run.eval_iterations and not hasattr(getattr(model, "base_model", model), "iteration_draws"):
-        raise UsageError(
-            f"--eval_iterations {' '.join(map(str, args.run.eval_iterations))}: {config.model_type} has no "
-            "recurrent depth (no per-call num_iterations); drop the flag"
-        )
-    supervised = getattr(config, "deep_supervision", "last")
-    if supervised != "last" and (args.augmentation.enabled or args.augmentation.label_smoothing > 0):
-        raise UsageError(
-            f"--deep_supervision {supervised}: the batch augmentation / label smoothing of this run computes the "
-            "training loss from the last logits outside the model, which would ignore the other iterations; "
-            "train without them or with --deep_supervision last"
-        )
-    stepped = getattr(config, "supervision_steps", 1) > 1 or getattr(config, "halting_head", False)
-    if stepped and (args.augmentation.enabled or args.augmentation.label_smoothing > 0):
-        raise UsageError(
-            f"--supervision_steps {config.supervision_steps} / --halting_head {config.halting_head}: the batch "
-            "augmentation / label smoothing of this run computes the training loss from the last logits outside "
-            "the model, which would ignore the other steps and the halting loss; train without them, or with "
-            "--supervision_steps 1 and no halting head"
-        )
+        _refuse_eval_iterations(args, config.model_type)
+    check_supervision_flags(args, config)
     check_checkpointing_support(args, model)
     transform, collator = preprocessing(task, config, processor)
     for split in data:
@@ -619,40 +783,31 @@ def masked_image_modeling_config(args: Arguments, tokenizer: Any) -> Any:
     return _masked_image_modeling_config(args, tokenizer.codebook_size, tokenizer.grid)
 
 
-def _masked_image_modeling_config(args: Arguments, codebook_size: int, grid_shape: tuple[int, int]) -> Any:
+def _masked_image_modeling_config(
+    args: Arguments, codebook_size: int, grid_shape: tuple[int, int] | None
+) -> Any:
     """`masked_image_modeling_config` from the tokenizer's numbers: also called with the numbers a tokenizer about
-    to be fitted will have, so a bad `--config` is refused before the fit."""
-    from transformers import AutoConfig
-
+    to be fitted will have, so a bad `--config` is refused before the fit; and with `grid_shape=None` before the
+    data loads (the grid of a tokenizer yet to be fitted follows the images): then only what the grid does not
+    decide is checked (`check_flags_before_data`), with the messages of the full check, and None is returned."""
     from energyformers.mim import TokenizerMismatchError, check_tokenizer_fits
 
     m = args.model
-    rows, columns = grid_shape
-    grid = {"vocab_size": codebook_size + 1, "max_position_embeddings": rows * columns}
+    grid = {"vocab_size": codebook_size + 1}
+    if grid_shape is not None:
+        rows, columns = grid_shape
+        grid["max_position_embeddings"] = rows * columns
     overrides = parse_overrides(m.config)
     if m.from_pretrained:
-        if m.preset:
-            raise UsageError(
-                "--preset and --from_pretrained exclude each other (the checkpoint has its config)"
-            )
-        check_pretrained_source(m.from_pretrained)
-        try:
-            config = AutoConfig.from_pretrained(m.from_pretrained)
-        except (OSError, ValueError) as err:
-            raise UsageError(
-                f"--from_pretrained {m.from_pretrained!r}: cannot load a config ({err})"
-            ) from err
-        if m.model and m.model != config.model_type:
-            raise UsageError(
-                f"--model {m.model} but {m.from_pretrained!r} is a {config.model_type!r} checkpoint"
-            )
+        config = _pretrained_config(args)
         if getattr(config, "vocab_size", None) != grid["vocab_size"]:
             raise UsageError(
                 f"--from_pretrained {m.from_pretrained!r} predicts {getattr(config, 'vocab_size', 1) - 1} codes, "
                 f"the tokenizer has {codebook_size}; pass --tokenizer with the checkpoint's tokenizer"
             )
         try:  # its positions too: the tokenizer's grid replaces them, which no checkpoint was trained on
-            check_tokenizer_fits(None, grid_shape, config)
+            if grid_shape is not None:
+                check_tokenizer_fits(None, grid_shape, config)
         except TokenizerMismatchError as err:
             raise UsageError(
                 f"--from_pretrained {m.from_pretrained!r}: {err}; pass --tokenizer with the checkpoint's tokenizer"
@@ -667,7 +822,7 @@ def _masked_image_modeling_config(args: Arguments, codebook_size: int, grid_shap
             )
         config_class, fields = family(model_type).config_class, {}
     check_override_names(config_class, overrides)
-    for key in ("vocab_size", "max_position_embeddings"):
+    for key in ("vocab_size", "max_position_embeddings") if grid_shape is not None else ():
         if key in overrides and overrides[key] != grid[key]:
             # the tokenizer sets both; another value leaves codes the model cannot read or misplaced
             raise UsageError(
@@ -678,12 +833,39 @@ def _masked_image_modeling_config(args: Arguments, codebook_size: int, grid_shap
     fields = {**fields, "input_type": "sequence", **grid, **overrides, **flags}
     if not m.from_pretrained:
         fields.update(_derived_widths(config_class, m.preset or "cli-mim", fields, overrides))
-    try:
+    what = f"--preset/--config for {model_type} masked image modelling"
+
+    def make() -> Any:
         if m.from_pretrained:
             return config_class(**fields)
         return config_class.from_preset(m.preset or "cli-mim", **fields)
+
+    if grid_shape is None:
+        if m.preset and not m.from_pretrained:
+            try:
+                config_class.preset_fields(m.preset)
+            except ValueError as err:  # an unknown preset name
+                raise _config_error(err, flags, what) from err
+        # the tokenizer sets both MIM_GRID_FIELDS (a --config value of them must be its, checked after the fit)
+        # the supervision fields are the flags', the preset's or the checkpoint's, never the grid's
+        for config in _trial_configs(config_class, [make], set(MIM_GRID_FIELDS), flags, what):
+            check_mim_supervision(config)
+        return None
+    try:
+        return make()
     except (TypeError, ValueError) as err:
-        raise _config_error(err, flags, f"--preset/--config for {model_type} masked image modelling") from err
+        raise _config_error(err, flags, what) from err
+
+
+def check_mim_supervision(config: Any) -> None:
+    """A `UsageError` for a masked-image-modelling config with deep supervision, supervision steps or a halting
+    head: its heads take the loss at the last iteration only."""
+    for flag, default in (("deep_supervision", "last"), ("supervision_steps", 1), ("halting_head", False)):
+        if getattr(config, flag, default) != default:
+            raise UsageError(
+                f"--{flag} {getattr(config, flag)}: the masked-image-modelling heads take the loss at the last "
+                f"iteration only; use --{flag} {default}"
+            )
 
 
 def _derived_widths(
@@ -739,13 +921,20 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
             f"--task {MIM_TASK}: image augmentation and label smoothing are for image classification; the "
             "masking is this task's augmentation. Drop those flags"
         )
+    # before the data loads: a given tokenizer (its grid known) and the flags checked as far as they can be
+    tokenizer = _mim_tokenizer(args)
+    if tokenizer is not None:
+        check_mim_supervision(masked_image_modeling_config(args, tokenizer))
+    else:
+        _masked_image_modeling_config(args, d.codebook_size, None)
+    if m.attn_implementation is not None:
+        check_attn_flag(m.attn_implementation, _model_type_before_data(args))
     data, warnings = load_and_check_data(args, state)
     if input_type_of(data) != "image":
         raise UsageError(
             f"--task {MIM_TASK}: --dataset {d.dataset} is a dataset for {task_of(data)}; masked image modelling "
             "needs images (e.g. digits, fashion_mnist, an image folder)"
         )
-    tokenizer = _mim_tokenizer(args)
     if tokenizer is None:
         # the config checked now with the grid the fit will give: a bad --config costs no fit
         planned = _planned_tokenizer_grid(args, data)
@@ -763,12 +952,7 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
         log=log,
     )
     config = masked_image_modeling_config(args, mim.tokenizer)
-    for flag, default in (("deep_supervision", "last"), ("supervision_steps", 1), ("halting_head", False)):
-        if getattr(config, flag, default) != default:
-            raise UsageError(
-                f"--{flag} {getattr(config, flag)}: the masked-image-modelling heads take the loss at the last "
-                f"iteration only; use --{flag} {default}"
-            )
+    check_mim_supervision(config)
     transformers.set_seed(args.run.seed)
     head = transformers.AutoModelForMaskedImageModeling
     attention = m.attn_implementation
@@ -1102,8 +1286,10 @@ def warmup_steps(args: Arguments, total_steps: int, steps_per_epoch: int) -> int
 
 __all__ = [
     "CLASSIFIER_MODULE",
+    "DATA_FIELDS",
     "DEFAULT_MAX_LENGTH",
     "HALTING_MODULE",
+    "MIM_GRID_FIELDS",
     "AugmentedTransform",
     "Built",
     "accepts",
@@ -1114,9 +1300,12 @@ __all__ = [
     "build_config_and_processor",
     "build_masked_image_modeling",
     "check_checkpointing_support",
+    "check_flags_before_data",
+    "check_mim_supervision",
     "check_precision",
     "check_pretrained_source",
     "check_resume_arguments",
+    "check_supervision_flags",
     "checkpointing_name",
     "cli_preset",
     "continue_iteration_draws",
