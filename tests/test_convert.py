@@ -15,6 +15,7 @@ import math
 import re
 import shutil
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from transformers import AutoModelForImageClassification, AutoModelForTokenClass
 
 from energyformers import HyperSetConfig, HyperSetForImageClassification, HyperSetForTokenClassification
 from energyformers.modeling.modeling_hyperset import sincos_2d_positions
-from energyformers.training import cli
+from energyformers.training import cli, convert_cli
 from energyformers.training.convert import (
     EXTRAS_FILE,
     SOURCES,
@@ -1096,3 +1097,44 @@ def test_the_dtype_defaults_to_float32_when_converting(synthetic, tmp_path, caps
     )
     saved = load_file(str(tmp_path / "out" / "model.safetensors"))
     assert {tensor.dtype for tensor in saved.values()} == {torch.float32}, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("where", ["under a file", "existing"])
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(
+    synthetic, reverse, where, tmp_path, capsys
+):
+    """The output path is checked with the arguments: a path under a file, or an existing output without
+    --overwrite, is one line (status 2) naming the flag, before the checkpoint or folder is read."""
+    _, weights, config = synthetic
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("mine")
+    flag = "--output" if reverse else "--output_dir"
+    if where == "under a file":
+        target = blocker / ("official.safetensors" if reverse else "out")
+    elif reverse:
+        target = tmp_path / "official.safetensors"
+        target.write_bytes(b"kept")
+    else:
+        target = tmp_path / "out"
+        target.mkdir()
+        (target / "keep.txt").write_text("mine")
+    if reverse:  # config.json alone: the folder's kind is all the argument checks read
+        folder = tmp_path / "folder"
+        folder.mkdir()
+        (folder / "config.json").write_text(
+            json.dumps({"model_type": "imixer", "architectures": ["IMixerForImageClassification"]})
+        )
+        argv = ["--reverse", "--source", "imixer", folder, "--output", target]
+    else:
+        argv = ["--source", "imixer", weights, "--official-config", config, "--output_dir", target]
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    with patch.object(convert_cli, "run", side_effect=AssertionError("the conversion ran")):
+        status = cli.main(["convert", *map(str, argv)])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith(f"energyformers convert: error: {flag} {target}: "), (status, err)
+    assert len(err.strip().splitlines()) == 1, err
+    assert "--overwrite" in err if where == "existing" else "is a file" in err, err
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before, (
+        "a refused conversion wrote files"
+    )

@@ -10,7 +10,7 @@ import math
 import sys
 from pathlib import Path
 
-from .cli import CommandParser, UsageError, run_command
+from .cli import CommandParser, UsageError, check_output_file, check_output_folder, run_command
 from .convert.released import HUB_REPO, RELEASED, released_file, unavailable_message
 from .convert.sources import SOURCE_MODELS, reverse_input_problem
 from .weights import checkpoint_format
@@ -151,6 +151,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         problem = reverse_input_problem(args.source, args.checkpoint)
         if problem is not None:
             raise UsageError(problem)
+        check_output_file(args.output, "--output", "--overwrite", overwrite=args.overwrite)
         return args
     released = released_file(args.checkpoint)
     if released is not None and released.source is None:  # refused before the file is even opened
@@ -185,9 +186,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
             f"--official-config {args.official_config}: no such file; expected a JSON file of constructor "
             "kwargs, a fixture JSON or a YAML file"
         )
-    output = Path(args.output_dir)
-    if output.exists() and not output.is_dir():
-        raise UsageError(f"--output_dir {args.output_dir}: is a file, not a folder")
+    check_output_folder(args.output_dir, "--output_dir", "--overwrite", overwrite=args.overwrite)
     args.dtype = args.dtype or DEFAULT_DTYPE
     return args
 
