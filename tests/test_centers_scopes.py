@@ -4,8 +4,8 @@ once for all the batches; the answers are the same as without the cache, bit for
 
 The centre computations are counted by wrapping `HyperBFFeedForward._projected_centers`, the work both paths start
 from (the explicit path's projected centers, and the folded path's keys, which are built from them). The reference
-"without the cache" is the same call with `cached_centers` hidden from the model, i.e. how the pipelines and
-evaluate ran before they opened the scope.
+"without the cache" is the same call with `cached_centers` hidden from the model: the pipelines and evaluate then
+open no scope, as for the other families.
 """
 
 from __future__ import annotations
