@@ -19,9 +19,12 @@ graph, CUDA only; a model with a graph break, which fails `fullgraph=True`, is m
 its breaks and the row says why; the compiled modes measure fewer variants, `Variant.modes`: Hyper-SET's sdpa
 implementation and the Sudoku group's other implementations run in eager mode only, and each group's compiled
 passes come in the order of `Group.priority`, the T = 24 compile time first), for inference (`torch.inference_mode`, eval) and a training step (forward +
-backward of the loss, train mode; no optimiser step). Weights and inputs are bfloat16. Per variant the table gives the median of
-`--repeats` interleaved calls (A, B, …, A, B, … so machine noise hits all alike) after the first call and one
-warm-up call, throughput, the ratio baseline time / model time (> 1: the model is faster; same task and same
+backward of the loss, train mode; no optimiser step). A model with `cached_centers` (HyperBF) is timed in inference
+inside that block, as `energyformers.pipelines` and `energyformers evaluate` run it: what its centers give is computed
+by the first call and reused by the timed ones, and its forward FLOPs leave that work out (compiled, the centers are
+computed in every call: a compiled forward does not read the cache). Weights and inputs are bfloat16. Per variant
+the table gives the median of `--repeats` interleaved calls (A, B, …, A, B, … so machine noise hits all alike)
+after the first call and one warm-up call, throughput, the ratio baseline time / model time (> 1: the model is faster; same task and same
 mode), the first-call time (with compilation for compiled variants), the peak memory of one call
 above what was allocated before it (`torch.cuda.max_memory_allocated`), and FLOPs per image counted with
 `torch.utils.flop_counter.FlopCounterMode` on the eager-implementation model (every matmul, convolution and
@@ -336,7 +339,9 @@ def groups(smoke: bool) -> list[Group]:
                 AutoModelForImageClassification,
                 lambda: HyperBFConfig.from_preset("cifar", **hyperbf),
                 hyperbf_names,
-                revisions={"sdpa": 1},  # 1: the feedforward stopped folding at D = 768 (docs/hyperbf.md)
+                # sdpa 1: the feedforward stopped folding at D = 768 (docs/hyperbf.md); both 1 and 2: inference is
+                # timed inside `cached_centers`
+                revisions={"eager": 1, "sdpa": 2},
             ),
             vit(
                 bf.hidden_size, bf.num_attention_heads, bf.num_hidden_layers, hyperbf_side, bf.patch_size, 10
@@ -469,6 +474,14 @@ def step_function(
     return infer if task == "inference" else train
 
 
+def inference_scope(model: nn.Module, task: str) -> contextlib.AbstractContextManager:
+    """Where `task`'s calls of `model` run: inference of a model with `cached_centers` (HyperBF) inside it, the scope
+    a pipeline call or an evaluation gives it (what the centers give computed once, by the first call, then reused);
+    everything else as it is."""
+    scope = getattr(model, "cached_centers", None)
+    return scope() if task == "inference" and scope is not None else contextlib.nullcontext()
+
+
 def timed(function: Callable, device: torch.device) -> float:
     synchronize(device)
     start = time.perf_counter()
@@ -542,12 +555,18 @@ def profile_call(function: Callable, device: torch.device) -> dict[str, Any]:
 
 
 def call_flops(model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[float, float]:
-    """FLOPs of one forward (eval) and of one training step (train: forward + backward) on all of `inputs`."""
+    """FLOPs of one forward (eval) and of one training step (train: forward + backward) on all of `inputs`; the
+    forward of a model with `cached_centers` as it is timed, inside that block after a call that filled it."""
     features = {k: v for k, v in inputs.items() if k != "labels"}
     model.eval()
-    # (not under no_grad: there its module tracker trips on some models)
-    with FlopCounterMode(display=False) as counter:
-        model(**features)
+    with contextlib.ExitStack() as stack:
+        if hasattr(model, "cached_centers"):  # the cache needs no_grad; HyperBF counts there
+            stack.enter_context(torch.no_grad())
+            stack.enter_context(inference_scope(model, "inference"))
+            model(**features)
+        # (the others not under no_grad: there its module tracker trips on some models)
+        with FlopCounterMode(display=False) as counter:
+            model(**features)
     forward = counter.get_total_flops()
     model.train()
     with FlopCounterMode(display=False) as counter:
@@ -560,7 +579,8 @@ def count_flops(model: nn.Module, inputs: dict[str, torch.Tensor], batch: int) -
     """FLOPs per sample of a forward and of a training step (forward + backward) in a call of `batch` samples.
 
     Counted at batches 1 and 2: the difference is the per-sample work, the rest is work done once per call whatever
-    the batch (HyperBF's centre projection), shared by the `batch` samples, as in the timed calls. Exact where the
+    the batch (HyperBF's centre projection in a training step; its inference reuses it, `inference_scope`), shared
+    by the `batch` samples, as in the timed calls. Exact where the
     count is affine in the batch, as for every matmul, convolution and attention call here."""
     one = call_flops(model, {k: v[:1] for k, v in inputs.items()})
     two = call_flops(model, {k: v[:2] for k, v in inputs.items()}) if batch > 1 else (2 * one[0], 2 * one[1])
@@ -648,48 +668,52 @@ def measure_group(
             runners[name] = compile_runner(model, mode, args.compile_backend)
         breaks: dict[str, str] = {}  # cuda-graphs: variants whose graph break failed fullgraph=True, and why
         for task in args.tasks:
-            calls: dict[str, Callable] = {}
-            if workers is not None:  # from now on this process compiles these itself: no worker starts them
-                workers.begin(group.name, mode, task)
-            for name, model in models.items():
-                if name not in runners:
-                    continue
-                model.train(task == "train")
-                entry = record["variants"][name].setdefault(mode, {}).setdefault(task, {})
-                call = step_function(model, runners[name], inputs, task, graphs=mode == "cuda-graphs")
-                if workers is not None and mode != "eager":
-                    # whether a worker finished this compile before the first call: its first_call_s then
-                    # loads the worker's compile from the caches on disk (a warm-cache figure)
-                    entry["warm_cache"] = workers.warmed(WarmItem(group.name, mode, name, task))
-                before = cache_counts()
-                try:
-                    first_calls(entry, call, device)
-                except Exception as error:  # record it (out of memory, a compile failure) and go on
-                    entry["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
-                    print(f"  {name} {mode} {task}: {entry['error']}", flush=True)
-                    if mode != "cuda-graphs" or name in breaks:
+            # each model's inference scope (`inference_scope`), open over its first, timed and profiled calls
+            with contextlib.ExitStack() as scopes:
+                calls: dict[str, Callable] = {}
+                # from now on this process compiles these itself: no worker starts them
+                if workers is not None:
+                    workers.begin(group.name, mode, task)
+                for name, model in models.items():
+                    if name not in runners:
                         continue
-                    # a graph break fails fullgraph=True: measure CUDA graphs between the breaks, saying why
-                    breaks[name] = entry.pop("error")
-                    runners[name] = compile_runner(model, mode, args.compile_backend, fullgraph=False)
-                    call = step_function(model, runners[name], inputs, task, graphs=True)
+                    model.train(task == "train")
+                    scopes.enter_context(inference_scope(model, task))
+                    entry = record["variants"][name].setdefault(mode, {}).setdefault(task, {})
+                    call = step_function(model, runners[name], inputs, task, graphs=mode == "cuda-graphs")
+                    if workers is not None and mode != "eager":
+                        # whether a worker finished this compile before the first call: its first_call_s then
+                        # loads the worker's compile from the caches on disk (a warm-cache figure)
+                        entry["warm_cache"] = workers.warmed(WarmItem(group.name, mode, name, task))
+                    before = cache_counts()
                     try:
                         first_calls(entry, call, device)
-                    except Exception as error:
+                    except Exception as error:  # record it (out of memory, a compile failure) and go on
                         entry["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
-                        print(f"  {name} {mode} {task} (split graphs): {entry['error']}", flush=True)
-                        continue
-                change = cache_change(before)
-                if mode != "eager" and change:
-                    entry["compile_cache"] = change
-                if name in breaks:
-                    entry["graph_break"] = breaks[name]
-                calls[name] = call
-            # the compile workers are stopped (SIGSTOP) while this process times and profiles: no worker's CPU
-            # work or GPU kernels run beside the timed calls (benchmarks/gpu/README.md, "Compile workers")
-            pause = workers.paused() if workers is not None else contextlib.nullcontext()
-            with pause:
-                timed_and_profiled(calls, record, args, mode, task, batch, device, on_task)
+                        print(f"  {name} {mode} {task}: {entry['error']}", flush=True)
+                        if mode != "cuda-graphs" or name in breaks:
+                            continue
+                        # a graph break fails fullgraph=True: measure CUDA graphs between the breaks, saying why
+                        breaks[name] = entry.pop("error")
+                        runners[name] = compile_runner(model, mode, args.compile_backend, fullgraph=False)
+                        call = step_function(model, runners[name], inputs, task, graphs=True)
+                        try:
+                            first_calls(entry, call, device)
+                        except Exception as error:
+                            entry["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+                            print(f"  {name} {mode} {task} (split graphs): {entry['error']}", flush=True)
+                            continue
+                    change = cache_change(before)
+                    if mode != "eager" and change:
+                        entry["compile_cache"] = change
+                    if name in breaks:
+                        entry["graph_break"] = breaks[name]
+                    calls[name] = call
+                # the compile workers are stopped (SIGSTOP) while this process times and profiles: no worker's CPU
+                # work or GPU kernels run beside the timed calls (benchmarks/gpu/README.md, "Compile workers")
+                pause = workers.paused() if workers is not None else contextlib.nullcontext()
+                with pause:
+                    timed_and_profiled(calls, record, args, mode, task, batch, device, on_task)
         del runners
         torch._dynamo.reset()
     add_ratios(record, group.baseline.name if group.baseline else None)
@@ -987,6 +1011,7 @@ def warm_one(
     runner and call); the model is freed afterwards. A failure is reported on stderr and returned, never raised."""
     result: dict[str, Any] = {"workers": args.compile_workers}
     model = runner = call = None
+    stack = contextlib.ExitStack()
     try:
         group = definitions[item.group]
         variant = next(v for v in group.members(item.mode) if v.name == item.variant)
@@ -997,6 +1022,7 @@ def warm_one(
         except (ValueError, ImportError, RuntimeError) as error:  # skipped by the measurement as well
             return {**result, "skipped": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
         model.train(item.task == "train")
+        stack.enter_context(inference_scope(model, item.task))  # as the measurement calls it
         graphs = item.mode == "cuda-graphs"
         runner = compile_runner(model, item.mode, args.compile_backend)
         call = step_function(model, runner, inputs, item.task, graphs=graphs)
@@ -1023,6 +1049,7 @@ def warm_one(
             flush=True,
         )
     finally:
+        stack.close()
         del model, runner, call
         torch._dynamo.reset()
         gc.collect()
@@ -1115,11 +1142,15 @@ def markdown(report: dict[str, Any]) -> str:
         + f" interleaved repeats after the first call and one warm-up; compile backend "
         f"`{report['compile_backend']}`; train = forward + backward (no optimiser step).",
         "",
+        "HyperBF inference runs inside `model.cached_centers()`, as a pipeline call and `energyformers evaluate` run "
+        "it: what its centers give is computed by the first call and reused by the timed ones (compiled, every call "
+        "computes it), and its forward GFLOP/sample leave that work out.",
+        "",
         "ratio = baseline time / model time, same task and mode (> 1: the model is faster). "
         "first call includes compilation. peak = `max_memory_allocated` of one call above what was allocated "
         "before it. GFLOP/sample: `FlopCounterMode`, eager implementation, forward / training step, per sample of "
-        "a call of the group's batch (work done once per call, such as HyperBF's centre projection, shared by its "
-        "samples).",
+        "a call of the group's batch (work done once per call, such as HyperBF's centre projection in a training "
+        "step, shared by its samples).",
         "",
     ]  # fmt: skip
     timings = [

@@ -13,6 +13,9 @@ every model call, so depth and search can be chosen per call without editing the
     classify = pipeline("image-classification", model="runs/demo-hyperset", pipeline_class=ImageClassificationPipeline)
     classify(image, num_iterations=16, halting_tolerance=1e-3)
     classify(image, search_trajectories=8, search_noise=0.1, search_seed=0, search_selector="energy")
+
+A call of these pipelines on a model with `cached_centers` (HyperBF) runs inside it, so a list of inputs computes
+what the centers give once rather than at every batch (`_CenterCacheMixin`); the outputs are the same.
 """
 
 from __future__ import annotations
@@ -81,15 +84,33 @@ class _DepthArgumentsMixin:
             return super()._forward(model_inputs, **forward_params)
 
 
-class ImageClassificationPipeline(_DepthArgumentsMixin, transformers.ImageClassificationPipeline):
+class _CenterCacheMixin:
+    """One call runs inside the model's `cached_centers()` where the model has it (HyperBF): the weights cannot
+    change during a call over many inputs, so what the centers give is computed once for all its batches instead of
+    at every forward. A dataset or generator is answered with an iterator the caller drains later, between steps of
+    its own that may write the weights, so those forwards run outside the block and compute it each time."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        scope = getattr(self.model, "cached_centers", None)
+        with scope() if scope is not None else contextlib.nullcontext():
+            return super().__call__(*args, **kwargs)
+
+
+class ImageClassificationPipeline(
+    _CenterCacheMixin, _DepthArgumentsMixin, transformers.ImageClassificationPipeline
+):
     """`image-classification` with the model's depth arguments as call arguments."""
 
 
-class TextClassificationPipeline(_DepthArgumentsMixin, transformers.TextClassificationPipeline):
+class TextClassificationPipeline(
+    _CenterCacheMixin, _DepthArgumentsMixin, transformers.TextClassificationPipeline
+):
     """`text-classification` with the model's depth arguments as call arguments."""
 
 
-class TokenClassificationPipeline(_DepthArgumentsMixin, transformers.TokenClassificationPipeline):
+class TokenClassificationPipeline(
+    _CenterCacheMixin, _DepthArgumentsMixin, transformers.TokenClassificationPipeline
+):
     """`token-classification` with the model's depth arguments as call arguments."""
 
 

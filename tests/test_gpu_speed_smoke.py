@@ -341,8 +341,8 @@ def test_the_committed_gpu_results_resume_with_every_eager_task_kept(gpu_speed):
     the same machine: every group's eager inference and training are kept, the compiled modes are still to do. A
     renamed group or variant would make the next GPU session measure eager again, so the groups measured again are
     named here with the reason: the attention-alone groups came later, HyperBF's variants changed (its sdpa
-    path stopped folding the feedforward at D = 768, so its committed sdpa row timed code that no longer runs),
-    and so did Hyper-SET's (its attention reads the gains as views, no index or repeat per iteration)."""
+    path stopped folding the feedforward at D = 768, so its committed sdpa row timed code that no longer runs, and
+    both implementations' inference is now timed inside `cached_centers`), and so did Hyper-SET's (its attention reads the gains as views, no index or repeat per iteration)."""
     measured_again = ("Bi-softmax attention alone", "HyperBF cifar", "Hyper-SET")
     committed = json.loads((SCRIPT.parent / "results" / "gpu_speed.json").read_text())
     assert gpu_speed.resume_problem(committed) is None
@@ -393,8 +393,8 @@ def test_a_bad_resume_file_is_refused_before_any_work(gpu_speed, tmp_path, capsy
 
 def test_the_committed_gpu_results_plan_the_missing_tasks_compile_time_first(gpu_speed, tmp_path):
     """The next GPU session's speed stage, planned from benchmarks/results/gpu_speed.json without measuring: the
-    eager tasks the committed file lacks (the attention-alone groups came later; HyperBF's sdpa variant and
-    Hyper-SET's variants changed, revision 1, and a task is measured again as a whole), then every compiled and
+    eager tasks the committed file lacks (the attention-alone groups came later; HyperBF's variants and
+    Hyper-SET's changed, a new revision each, and a task is measured again as a whole), then every compiled and
     CUDA-graph pass, group by group in priority order, the T = 24 compile time first. Hyper-SET's sdpa
     implementation is measured in eager mode only; HyperBF's sdpa is its default and stays in every mode."""
     committed = json.loads((SCRIPT.parent / "results" / "gpu_speed.json").read_text())
@@ -547,9 +547,13 @@ def test_the_compiled_modes_leave_hyperset_sdpa_out_and_count_flops_once(gpu_spe
 
 
 def test_flops_per_sample_share_the_work_done_once_per_call_over_the_batch(gpu_speed):
-    """HyperBF projects its centres once per call, whatever the batch: per sample of a batch-B call that work
-    counts 1/B, so the count (from batches 1 and 2) equals FlopCounterMode over a real batch-B call divided by B
-    (forward and training step), not the batch-one count, which charged it whole to one sample."""
+    """HyperBF projects its centres once per training step, whatever the batch: per sample of a batch-B call that
+    work counts 1/B, so the count (from batches 1 and 2) equals FlopCounterMode over a real batch-B call divided by B
+    (forward and training step), not the batch-one count, which charged it whole to one sample. Its forward is
+    counted as its inference is timed, inside `cached_centers` after a call that filled it: no centre work is left,
+    so the forward count per sample is the same at every batch, below a forward that computes the centres."""
+    from torch.utils.flop_counter import FlopCounterMode
+
     from energyformers import HyperBFConfig
 
     batch = 6
@@ -567,8 +571,51 @@ def test_flops_per_sample_share_the_work_done_once_per_call_over_the_batch(gpu_s
     assert counted["forward"] == pytest.approx(forward, rel=rel), (counted, forward)
     assert counted["train"] == pytest.approx(train, rel=rel), (counted, train)
     one = gpu_speed.count_flops(model, inputs, 1)
-    assert one["forward"] > counted["forward"], (one, counted)  # the once-per-call work, whole at batch one
+    assert one["train"] > counted["train"], (one, counted)  # the once-per-step work, whole at batch one
+    # no once-per-call work in a cached forward: the same integer count per sample at batch one and six
+    assert one["forward"] == pytest.approx(counted["forward"], rel=rel), (one, counted)
+    model.eval()
+    with FlopCounterMode(display=False) as uncached:  # autograd on: the centres computed in the call
+        model(pixel_values=inputs["pixel_values"][:1])
+    assert uncached.get_total_flops() > one["forward"], (uncached.get_total_flops(), one)
     assert isinstance(model.config, HyperBFConfig)
+
+
+def test_hyperbf_inference_is_timed_inside_cached_centers(gpu_speed, monkeypatch):
+    """HyperBF's inference runs as a pipeline call or an evaluation runs it, inside `cached_centers`: each
+    feedforward computes what its centres give in the first call only, and the warm-up, timed and profiled calls
+    reuse it (counted in inference mode, where the script's inference calls run). The training step is not in a
+    scope: it computes them at every call, and no scope is left open on the models afterwards."""
+    from energyformers.modeling.modeling_hyperbf import HyperBFFeedForward
+
+    counts = {"inference": {}, "train": {}}
+    modules = []
+    compute = HyperBFFeedForward._projected_centers
+
+    def counted(self):
+        task = "inference" if torch.is_inference_mode_enabled() else "train" if self.training else None
+        if task is not None:
+            counts[task][id(self)] = counts[task].get(id(self), 0) + 1
+            if self not in modules:
+                modules.append(self)
+        return compute(self)
+
+    monkeypatch.setattr(HyperBFFeedForward, "_projected_centers", counted)
+    group = next(g for g in gpu_speed.groups(smoke=True) if g.name.startswith("HyperBF"))
+    args = gpu_speed.parse_args(["--device", "cpu", "--smoke", "--modes", "eager", "--repeats", "3"])
+    record = gpu_speed.measure_group(group, args, torch.device("cpu"))
+    variants = [name for name, entry in record["variants"].items() if not entry["baseline"]]
+    assert len(variants) == 2 and all(
+        "median_s" in record["variants"][v]["eager"]["inference"] for v in variants
+    )
+    layers = group.variants[0].build().config.num_hidden_layers
+    assert len(modules) == 2 * layers, modules  # both implementations' models
+    assert counts["inference"] == {id(m): 1 for m in modules}, f"inference: {counts['inference']}"
+    # training: at least the first call, the warm-up, 3 timed repeats and the profiled call each compute them (the
+    # eager variant's FLOP count adds its own training steps)
+    calls = 1 + 1 + args.repeats + 1
+    assert all(counts["train"].get(id(m), 0) >= calls for m in modules), f"train: {counts['train']}, {calls}"
+    assert all(not m.reuse_centers and not m._eval_cache for m in modules)
 
 
 def test_flops_of_another_batch_or_without_one_are_counted_again(gpu_speed, monkeypatch):

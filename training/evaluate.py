@@ -27,6 +27,7 @@ tokenizer fit, masks and decoding settings: see the run's metrics.json and `ener
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -387,7 +388,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         )
         for callback in (PrinterCallback, ProgressCallback):  # the metrics are this command's output alone
             trainer.remove_callback(callback)
-        metrics = trainer.evaluate(rows, metric_key_prefix=prefix)
+        with centers_scope(model):
+            metrics = trainer.evaluate(rows, metric_key_prefix=prefix)
         # Trainer's training progress (0 here, trained or not) and its model preparation time are no metrics
         for name in NOT_METRICS:
             metrics.pop(name, None)
@@ -419,6 +421,14 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         "primary_metric": f"{prefix}_{primary_metric(task)}",
         "metrics": metrics,
     }
+
+
+def centers_scope(model: Any) -> contextlib.AbstractContextManager:
+    """`model.cached_centers()` where the model has it (HyperBF): nothing writes the weights during an evaluation,
+    so what the centers give is computed once for all its batches instead of at every forward (the metrics are the
+    same); for the other families, nothing."""
+    scope = getattr(model, "cached_centers", None)
+    return scope() if scope is not None else contextlib.nullcontext()
 
 
 class _WithArguments:

@@ -1,0 +1,219 @@
+"""HyperBF's centers cache (`cached_centers`) where inference scopes it: one call of the package's classification
+pipelines, and the scored loop of `energyformers evaluate`. Inside, each feedforward computes what its centers give
+once for all the batches; the answers are the same as without the cache, bit for bit; outside, nothing is cached.
+
+The centre computations are counted by wrapping `HyperBFFeedForward._projected_centers`, the work both paths start
+from (the explicit path's projected centers, and the folded path's keys, which are built from them). The reference
+"without the cache" is the same call with `cached_centers` hidden from the model: the pipelines and evaluate then
+open no scope, as for the other families.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fixtures import hyperbf_config, perturb
+from PIL import Image
+from transformers import pipeline
+
+from energyformers import HyperBFForImageClassification, HyperBFForSequenceClassification
+from energyformers.modeling.modeling_hyperbf import HyperBFFeedForward, HyperBFPreTrainedModel
+from energyformers.pipelines import ImageClassificationPipeline, TextClassificationPipeline
+from energyformers.training import cli
+from energyformers.training.processing import build_image_processor, train_tokenizer
+
+IMAGES = 6
+
+
+@pytest.fixture
+def centre_computations(monkeypatch) -> Counter:
+    """Per feedforward module (its id), how often it computed its projected centers in a no-grad eval forward: the
+    forwards the cache may serve."""
+    counts: Counter = Counter()
+    compute = HyperBFFeedForward._projected_centers
+
+    def counted(self):
+        if not self.training and not torch.is_grad_enabled():
+            counts[id(self)] += 1
+        return compute(self)
+
+    monkeypatch.setattr(HyperBFFeedForward, "_projected_centers", counted)
+    return counts
+
+
+def without_cache(monkeypatch) -> None:
+    """The model no longer offers `cached_centers`: the pipelines and evaluate then run as other families do."""
+    monkeypatch.delattr(HyperBFPreTrainedModel, "cached_centers")
+
+
+def feedforwards(model: torch.nn.Module) -> list[HyperBFFeedForward]:
+    return [module for module in model.modules() if isinstance(module, HyperBFFeedForward)]
+
+
+def assert_nothing_cached(model: torch.nn.Module) -> None:
+    left = [(ff.reuse_centers, sorted(ff._eval_cache)) for ff in feedforwards(model)]
+    assert all(not reuse and not cache for reuse, cache in left), f"left after the call: {left}"
+
+
+def images(count: int = IMAGES) -> list[Image.Image]:
+    rng = np.random.default_rng(0)
+    return [Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)) for _ in range(count)]
+
+
+def image_pipeline(implementation: str) -> tuple[torch.nn.Module, ImageClassificationPipeline]:
+    torch.manual_seed(0)
+    config = hyperbf_config("image", attn_implementation=implementation)
+    model = perturb(HyperBFForImageClassification(config), seed=2).eval()
+    classify = pipeline(
+        "image-classification",
+        model=model,
+        image_processor=build_image_processor(model.config),
+        pipeline_class=ImageClassificationPipeline,
+    )
+    return model, classify
+
+
+# sdpa folds the feedforward at the fixtures' width (its cached keys and values), eager takes the explicit path
+# (its cached projected centers)
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_one_image_pipeline_call_computes_the_centers_once_with_the_same_answers(
+    implementation, batch_size, centre_computations, monkeypatch
+):
+    model, classify = image_pipeline(implementation)
+    layers = feedforwards(model)
+    # both paths are covered: the width folds, and the implementation decides whether it does
+    assert all(ff.folds for ff in layers) and model.config._attn_implementation == implementation
+    cached = classify(images(), batch_size=batch_size, top_k=None)
+    once = dict(centre_computations)
+    assert_nothing_cached(model)  # the scope ends with the call
+
+    centre_computations.clear()
+    without_cache(monkeypatch)
+    plain = classify(images(), batch_size=batch_size, top_k=None)
+    batches = -(-IMAGES // batch_size)
+    assert once == {id(ff): 1 for ff in layers}, f"cached call: {once}, expected 1 per layer"
+    assert dict(centre_computations) == {id(ff): batches for ff in layers}, (
+        f"without the cache: {dict(centre_computations)}, expected {batches} per layer (one per batch)"
+    )
+    # the same keys and values enter the same operations: equal, not close
+    assert cached == plain, f"with the cache {cached}\nwithout {plain}"
+
+
+def test_one_text_pipeline_call_computes_the_centers_once_with_the_same_answers(
+    centre_computations, monkeypatch
+):
+    texts = ["a good film", "a bad film", "good good", "bad bad film"]
+    tokenizer = train_tokenizer(texts * 4, vocab_size=16, max_length=12)
+    torch.manual_seed(0)
+    config = hyperbf_config("sequence", vocab_size=len(tokenizer))
+    model = perturb(HyperBFForSequenceClassification(config), seed=2).eval()
+    classify = pipeline(
+        "text-classification", model=model, tokenizer=tokenizer, pipeline_class=TextClassificationPipeline
+    )
+    cached = classify(texts, top_k=None)
+    once = dict(centre_computations)
+    centre_computations.clear()
+    without_cache(monkeypatch)
+    plain = classify(texts, top_k=None)
+    layers = feedforwards(model)
+    assert once == {id(ff): 1 for ff in layers}, once
+    assert dict(centre_computations) == {id(ff): len(texts) for ff in layers}, dict(centre_computations)
+    assert cached == plain, f"with the cache {cached}\nwithout {plain}"
+    assert_nothing_cached(model)
+
+
+def test_a_write_through_data_between_pipeline_calls_is_seen():
+    """`param.data` writes are invisible to the cache's stamp, which is why it lives only inside a scope: the next
+    call opens a new one and computes the centers of the weights as they are then."""
+    model, classify = image_pipeline("sdpa")
+    before = classify(images(2), top_k=None)
+    for ff in feedforwards(model):
+        ff.centers.data.mul_(2.0)
+    after = classify(images(2), top_k=None)
+    _, fresh = image_pipeline("sdpa")
+    fresh.model.load_state_dict(model.state_dict())
+    assert after == fresh(images(2), top_k=None)  # the written weights, as a model built with them answers
+    assert after != before, "the write changed nothing: the check above proves nothing"
+
+
+def test_a_lazy_call_runs_outside_the_scope_so_a_write_between_its_items_is_seen():
+    """A generator is answered with an iterator the caller drains later, between steps of its own: its forwards run
+    outside `cached_centers`, so a `param.data` write between two items is seen by the next one."""
+    model, classify = image_pipeline("sdpa")
+    _, reference = image_pipeline("sdpa")
+    first, second = images(2)
+    stream = iter(classify((image for image in (first, second)), top_k=None))
+    assert next(stream) == reference(first, top_k=None)
+    for ff in feedforwards(model):
+        ff.centers.data.mul_(2.0)
+    reference.model.load_state_dict(model.state_dict())
+    written = next(stream)
+    assert written == reference(second, top_k=None)
+    assert_nothing_cached(model)
+
+
+def test_other_families_run_the_pipeline_as_before():
+    """Only a model with `cached_centers` is put in a scope: a Hyper-SET model, which has none, answers a call over
+    several batches as before."""
+    from fixtures import hyperset_config
+
+    from energyformers import HyperSetForImageClassification
+
+    torch.manual_seed(0)
+    model = HyperSetForImageClassification(hyperset_config("image", num_channels=3)).eval()
+    assert not hasattr(model, "cached_centers")
+    classify = pipeline(
+        "image-classification",
+        model=model,
+        image_processor=build_image_processor(model.config),
+        pipeline_class=ImageClassificationPipeline,
+    )
+    assert len(classify(images(2), batch_size=2)) == 2
+
+
+# ------------------------------------------------------------------------------------------------ evaluate
+
+EVAL_SAMPLES, EVAL_BATCH = 12, 4
+
+
+@pytest.fixture(scope="module")
+def hyperbf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny HyperBF digits classifier saved as `energyformers train` saves one (weights and image processor)."""
+    torch.manual_seed(0)
+    config = hyperbf_config("image", num_labels=10)
+    model = perturb(HyperBFForImageClassification(config), seed=2)
+    folder = tmp_path_factory.mktemp("centers") / "hyperbf-digits"
+    model.save_pretrained(folder)
+    build_image_processor(config).save_pretrained(folder)
+    return folder
+
+
+def evaluate_metrics(folder: Path, capsys) -> dict:
+    argv = ["evaluate", str(folder), "--dataset", "digits", "--max_samples", str(EVAL_SAMPLES)]
+    argv += ["--per_device_eval_batch_size", str(EVAL_BATCH), "--json"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)["metrics"]
+
+
+def test_evaluate_computes_the_centers_once_for_the_split_with_the_same_metrics(
+    hyperbf_folder, centre_computations, capsys, monkeypatch
+):
+    cached = evaluate_metrics(hyperbf_folder, capsys)
+    once = sorted(centre_computations.values())
+    centre_computations.clear()
+    without_cache(monkeypatch)
+    plain = evaluate_metrics(hyperbf_folder, capsys)
+    layers = hyperbf_config("image").num_hidden_layers
+    batches = EVAL_SAMPLES // EVAL_BATCH
+    # per layer: the check of one batch before scoring (outside the scope), then the scored batches
+    assert once == [1 + 1] * layers, f"with the cache: {once}, expected {[2] * layers}"
+    assert sorted(centre_computations.values()) == [1 + batches] * layers, dict(centre_computations)
+    scores = ("test_loss", "test_accuracy", "test_f1_macro")
+    # the same logits from the same keys: the metrics are equal, not close
+    assert {k: cached[k] for k in scores} == {k: plain[k] for k in scores}, (cached, plain)
