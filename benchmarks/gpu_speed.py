@@ -82,6 +82,7 @@ from transformers.modeling_outputs import ImageClassifierOutput
 import energyformers  # noqa: F401  (registers the families with the Auto classes)
 from energyformers import HyperBFConfig, HyperSetConfig, IMixerConfig
 from energyformers.modeling.modeling_hyperset import ALL_ATTENTION_FUNCTIONS, check_attn_implementation
+from energyformers.pipelines import centers_scope
 
 RESULTS = Path(__file__).parent / "results"
 TASKS = ("inference", "train")
@@ -478,8 +479,7 @@ def inference_scope(model: nn.Module, task: str) -> contextlib.AbstractContextMa
     """Where `task`'s calls of `model` run: inference of a model with `cached_centers` (HyperBF) inside it, the scope
     a pipeline call or an evaluation gives it (what the centers give computed once, by the first call, then reused);
     everything else as it is."""
-    scope = getattr(model, "cached_centers", None)
-    return scope() if task == "inference" and scope is not None else contextlib.nullcontext()
+    return centers_scope(model) if task == "inference" else contextlib.nullcontext()
 
 
 def timed(function: Callable, device: torch.device) -> float:

@@ -91,9 +91,16 @@ class _CenterCacheMixin:
     its own that may write the weights, so those forwards run outside the block and compute it each time."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        scope = getattr(self.model, "cached_centers", None)
-        with scope() if scope is not None else contextlib.nullcontext():
+        with centers_scope(self.model):
             return super().__call__(*args, **kwargs)
+
+
+def centers_scope(model: nn.Module) -> contextlib.AbstractContextManager:
+    """`model.cached_centers()` where the model has it (HyperBF), else nothing: for a stretch of no-grad eval forwards
+    in which nothing writes the weights (a pipeline call, an evaluation), so what the centers give is computed once
+    for all of them instead of at every forward (the outputs are the same)."""
+    scope = getattr(model, "cached_centers", None)
+    return scope() if scope is not None else contextlib.nullcontext()
 
 
 class ImageClassificationPipeline(
@@ -121,6 +128,7 @@ __all__ = [
     "ImageClassificationPipeline",
     "TextClassificationPipeline",
     "TokenClassificationPipeline",
+    "centers_scope",
 ]
 
 

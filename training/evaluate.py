@@ -27,7 +27,6 @@ tokenizer fit, masks and decoding settings: see the run's metrics.json and `ener
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -311,6 +310,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import PrinterCallback, ProgressCallback, TrainingArguments
 
+    from ..pipelines import centers_scope
     from .data import DataError, load_data, task_of
     from .evaluation import (
         TrainerMetrics,
@@ -421,14 +421,6 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         "primary_metric": f"{prefix}_{primary_metric(task)}",
         "metrics": metrics,
     }
-
-
-def centers_scope(model: Any) -> contextlib.AbstractContextManager:
-    """`model.cached_centers()` where the model has it (HyperBF): nothing writes the weights during an evaluation,
-    so what the centers give is computed once for all its batches instead of at every forward (the metrics are the
-    same); for the other families, nothing."""
-    scope = getattr(model, "cached_centers", None)
-    return scope() if scope is not None else contextlib.nullcontext()
 
 
 class _WithArguments:
