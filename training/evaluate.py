@@ -323,7 +323,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from .predict import cannot_load, check_depth_arguments
     from .setup import auto_head, preprocessing
     from .trainer import DepthTrainer
-    from .weights import load_fitting_weights
+    from .weights import WeightsMismatchError, load_fitting_weights
 
     config = load_config(args.model_dir)
     model_type = getattr(config, "model_type", None)
@@ -351,7 +351,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     try:
         model = load_fitting_weights(auto_head(getattr(config, "input_type", "image"), task), args.model_dir)
     except (OSError, RuntimeError, ValueError) as err:
-        if "weights do not match" in str(err):  # already one line naming the folder and the tensors
+        if isinstance(err, WeightsMismatchError):  # already one line naming the folder and the tensors
             raise UsageError(str(err)) from None
         raise UsageError(cannot_load(args.model_dir, err)) from None
     model.eval()

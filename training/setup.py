@@ -35,7 +35,7 @@ from .arguments import (
 )
 from .cli import check_model_source
 from .data import DataError, batches_done, input_type_of, label_names, load_data, task_of
-from .weights import check_model_folder, load_fitting_weights
+from .weights import WeightsMismatchError, check_model_folder, load_fitting_weights
 
 # Small configs used when no --preset is given, per (family, input_type): the CLI's model sizes. They are sized
 # for the built-in datasets on a 2-core CPU (`make demo` trains digits in a few minutes).
@@ -708,7 +708,7 @@ def build(args: Arguments, state: Any) -> Built:
         except (OSError, RuntimeError, ValueError) as err:  # unreadable or mismatched weights
             if attention is not None and "attn_implementation" in str(err):
                 raise UsageError(f"--attn_implementation {attention}: {err}") from err
-            if "weights do not match" in str(err):  # one line naming the folder and the tensors
+            if isinstance(err, WeightsMismatchError):  # one line naming the folder and the tensors
                 raise UsageError(f"--from_pretrained {err}") from err
             raise UsageError(f"--from_pretrained {source!r}: cannot load the weights ({err})") from err
     else:
@@ -965,7 +965,7 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
         else:
             model = head.from_config(config, **chosen)
     except (OSError, RuntimeError, ValueError) as err:
-        if "weights do not match" in str(err):  # one line naming the folder and the tensors
+        if isinstance(err, WeightsMismatchError):  # one line naming the folder and the tensors
             raise UsageError(f"--from_pretrained {err}") from err
         raise UsageError(f"cannot build the masked-image-modelling model: {err}") from err
     check_checkpointing_support(args, model)
