@@ -271,3 +271,29 @@ def test_the_model_card_describes_every_builtin_dataset_from_the_one_table():
         assert builtin.display_name and builtin.description.endswith("."), (name, builtin)
     assert card.dataset_card_fields("my/own-data") == ("my/own-data", None, "")
     assert card.dataset_card_fields(None) == (None, None, "")
+
+
+def test_a_tokenizer_sent_to_the_other_ranks_is_the_one_trained(tmp_path: Path) -> None:
+    """With several processes, every rank takes rank 0's trained tokenizer (sent as its `to_str()`): what a rank
+    gets back encodes, pads and saves as the trained one. One process over gloo stands in for rank 0."""
+    from types import SimpleNamespace
+
+    from energyformers.training.setup import _share_tokenizer
+
+    trained = train_tokenizer(
+        ["the film was great fun", "the plot was dull"] * 20, vocab_size=200, max_length=16
+    )
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        shared = _share_tokenizer(trained, SimpleNamespace(num_processes=2, is_main_process=True))
+    finally:
+        torch.distributed.destroy_process_group()
+    texts = ["The film was DULL zzz", "fun"]
+    assert shared(texts, padding=True) == trained(texts, padding=True)
+    assert shared.backend_tokenizer.to_str() == trained.backend_tokenizer.to_str()
+    for tokenizer, folder in ((trained, tmp_path / "trained"), (shared, tmp_path / "shared")):
+        tokenizer.save_pretrained(folder)
+    saved = {p.name: p.read_bytes() for p in (tmp_path / "trained").iterdir()}
+    assert {p.name: p.read_bytes() for p in (tmp_path / "shared").iterdir()} == saved

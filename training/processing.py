@@ -93,6 +93,12 @@ def train_tokenizer(
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A", pair="[CLS] $A $B", special_tokens=[("[CLS]", cls_id)]
     )
+    return wrap_tokenizer(tokenizer, max_length)
+
+
+def wrap_tokenizer(tokenizer: Tokenizer, max_length: int) -> PreTrainedTokenizerFast:
+    """The transformers tokenizer of a `tokenizers.Tokenizer` that `train_tokenizer` trained (or one read back
+    from its `to_str()`): its special tokens, length and input names."""
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         unk_token="[UNK]",
@@ -157,4 +163,5 @@ __all__ = [
     "text_transform",
     "to_rgb",
     "train_tokenizer",
+    "wrap_tokenizer",
 ]

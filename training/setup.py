@@ -412,8 +412,9 @@ def _share_tokenizer(tokenizer: Any, state: Any) -> Any:
     torch.distributed.broadcast_object_list(payload, src=0)
     from tokenizers import Tokenizer
 
-    tokenizer._tokenizer = Tokenizer.from_str(payload[0])
-    return tokenizer
+    from .processing import wrap_tokenizer
+
+    return wrap_tokenizer(Tokenizer.from_str(payload[0]), tokenizer.model_max_length)
 
 
 # --------------------------------------------------------------------------- data and model
