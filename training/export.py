@@ -7,7 +7,8 @@ registered Auto classes, and without it through `trust_remote_code=True`, becaus
 * `config.json` with `auto_map` naming every Auto class of the family in `energyformers.FAMILIES`,
 * the image processor or tokenizer files; a masked-image-modelling head's image tokenizer
   (`vq_tokenizer_config.json` + `vq_tokenizer.safetensors`, or a VQGAN's subfolder: `energyformers.mim`) instead
-  of a text tokenizer, which such a head has none of (its inputs are the codes of that image tokenizer),
+  of a text tokenizer, which such a head has none of (its inputs are the codes of that image tokenizer); each is
+  loaded and tried first as a user of the export loads it (`load_processor`), so a broken one is never published,
 * flat remote code `configuration_<stem>.py` + `modeling_<stem>.py`, generated from the package sources by
   rewriting the single `from ..configuration.configuration_<stem> import <Arch>Config` line; anything else
   that would not import without the package (other relative imports, `energyformers`, third-party modules
@@ -277,7 +278,7 @@ def load_image_processor(model_dir: str | os.PathLike, path: Path, config: dict[
             f"{path}: the image processor fails on an image ({one_line(err)}); {again}"
         ) from None
     expected = (channels, height, width)
-    if isinstance(height, int) and isinstance(width, int) and tuple(values.shape[1:]) != expected:
+    if all(isinstance(n, int) for n in expected) and tuple(values.shape[1:]) != expected:
         got = "×".join(str(n) for n in values.shape[1:])
         raise ValueError(
             f"{path}: turns an image into {got} pixel values and the model takes "
