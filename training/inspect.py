@@ -56,8 +56,8 @@ from .predict import (
     check_ranges,
     check_readable_images,
     input_kind,
+    load_processor_or_refuse,
     masked_image_modeling_head,
-    no_image_tokenizer,
     refuse_mim_flags,
 )
 from .weights import load_fitting_weights
@@ -354,10 +354,9 @@ def load_model(model_dir: str) -> tuple[Any, str, float | None]:
     return model, config.model_type, halting_tolerance
 
 
-def encode(model_dir: str, input_type: str, items: list[Any]) -> dict[str, torch.Tensor]:
-    """Images (paths or PIL) or texts → model inputs through the processor saved with the model."""
-    import transformers
-
+def encode(model_dir: str, input_type: str, items: list[Any], processor: Any) -> dict[str, torch.Tensor]:
+    """Images (paths or PIL) or texts → model inputs through `processor`, the one saved with the model
+    (`load_processor_or_refuse`)."""
     from .processing import to_rgb
 
     if input_type == "image":
@@ -371,10 +370,8 @@ def encode(model_dir: str, input_type: str, items: list[Any]) -> dict[str, torch
                 check_readable_images([str(item)])
                 item = Image.open(item)
             images.append(to_rgb(item))
-        processor = transformers.AutoImageProcessor.from_pretrained(model_dir, backend="pil")
         return {"pixel_values": processor(images, return_tensors="pt")["pixel_values"]}
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    return encode_texts(tokenizer, list(items))
+    return encode_texts(processor, list(items))
 
 
 def encode_texts(tokenizer: Any, texts: list[str]) -> dict[str, torch.Tensor]:
@@ -400,9 +397,10 @@ def encode_texts(tokenizer: Any, texts: list[str]) -> dict[str, torch.Tensor]:
 
 
 def dataset_batches(
-    model_dir: str, config: Any, name: str, split: str, max_samples: int, batch_size: int
+    model_dir: str, config: Any, name: str, split: str, max_samples: int, batch_size: int, processor: Any
 ) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
-    """(inputs, labels) batches of the first `max_samples` examples of a split of the dataset `name`.
+    """(inputs, labels) batches of the first `max_samples` examples of a split of the dataset `name`, encoded by
+    `processor` (`encode`).
 
     Loaded with `energyformers.training.data.load_data` (normalised columns: image/text/input_ids + label(s)), and
     refused unless the model predicts its labels (`evaluate.check_dataset_fits`, evaluate's own check).
@@ -431,7 +429,9 @@ def dataset_batches(
         if per_token:  # grid cells are already the token ids
             inputs = {"input_ids": torch.tensor(chunk["input_ids"])}
         else:
-            inputs = encode(model_dir, input_type, chunk["image" if input_type == "image" else "text"])
+            inputs = encode(
+                model_dir, input_type, chunk["image" if input_type == "image" else "text"], processor
+            )
         batches.append((inputs, torch.tensor(chunk[label_column])))
     return batches
 
@@ -969,16 +969,11 @@ def plot_decode_sequence(sequence: dict[str, Any], path: Path, title: str) -> in
     return drawn
 
 
-def inspect_mim(model: Any, model_dir: str, images: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    """The decode sequence of the first image (`mim_decode_sequence.png`) and its numbers."""
-    from energyformers.mim import load_vq_tokenizer
-
-    try:
-        tokenizer = load_vq_tokenizer(model_dir)
-    except FileNotFoundError:  # the command takes no tokenizer: say how to save one into the folder
-        raise InspectError(no_image_tokenizer(model_dir, model.config)) from None
-    except (ValueError, ImportError) as err:
-        raise InspectError(f"{model_dir}: its image tokenizer cannot be loaded ({err})") from None
+def inspect_mim(
+    model: Any, tokenizer: Any, model_dir: str, images: list[str], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The decode sequence of the first image (`mim_decode_sequence.png`) and its numbers; `tokenizer`: the model's
+    image tokenizer (`load_processor_or_refuse`)."""
     if not Path(images[0]).is_file():
         raise InspectError(f"{model_dir} inspects images; no such file: {images[0]}")
     try:
@@ -1047,12 +1042,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             check_classifier_kind(args, config.to_dict())
         elif args.dataset or not args.inputs:
             raise InspectError(mim_needs_an_image(args.model_dir))
+        # the processor (image processor, tokenizer or a masked-image-modelling head's image tokenizer) before the
+        # data is read, the weights load or the output folder is made: a broken file is refused, named
+        mim = masked_image_modeling_head(getattr(config, "architectures", None)) is not None
+        processor = load_processor_or_refuse(args.model_dir, config.to_dict(), mim=mim)
         batches: list[tuple[dict[str, torch.Tensor], torch.Tensor]] = []
         split = None
         if args.dataset:  # read and checked against the model's labels before its weights load
             split = args.split
             batches = dataset_batches(
-                args.model_dir, config, args.dataset, split, args.max_samples, args.batch_size
+                args.model_dir, config, args.dataset, split, args.max_samples, args.batch_size, processor
             )
         model, family, saved_halting = load_model(args.model_dir)
         input_type = model.config.input_type
@@ -1060,14 +1059,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.dataset or not args.inputs:
                 raise InspectError(mim_needs_an_image(args.model_dir))
             output_dir.mkdir(parents=True, exist_ok=True)
-            section = inspect_mim(model, args.model_dir, args.inputs, args)
+            section = inspect_mim(model, processor, args.model_dir, args.inputs, args)
             report["figures"] += section.pop("figures")
             report.update(model_dir=str(args.model_dir), model_type=family, architecture=type(model).__name__)
             report["mim"] = section
             add_training_curve(report, args.model_dir, model.config, output_dir)
             (output_dir / "inspect.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
             return report
-        inputs = encode(args.model_dir, input_type, args.inputs) if args.inputs else batches[0][0]
+        inputs = encode(args.model_dir, input_type, args.inputs, processor) if args.inputs else batches[0][0]
     output_dir.mkdir(parents=True, exist_ok=True)
     if model is not None:
         report.update(

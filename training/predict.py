@@ -631,11 +631,9 @@ def run(args: argparse.Namespace) -> int:
 
         inputs = [to_rgb(Image.open(x)) for x in inputs]  # any mode (RGBA, P, 16-bit grey) → RGB
     kwargs = pipeline_kwargs(args, config)
-    if input_type == "image":
-        processor_class = getattr(transformers, INPUT_TYPES[input_type].processor_class)
-        kwargs["image_processor"] = processor_class.from_pretrained(args.model_dir, backend="pil")
-    else:  # given a loaded model, transformers.pipeline no longer looks for the tokenizer beside it
-        kwargs["tokenizer"] = args.model_dir
+    # given a loaded model, transformers.pipeline no longer looks for the processor beside it
+    processor = load_processor_or_refuse(args.model_dir, config.to_dict())
+    kwargs["image_processor" if input_type == "image" else "tokenizer"] = processor
     model = pipeline_model(task, args.model_dir, kwargs)
     classify = transformers.pipeline(task, model=model, pipeline_class=pipeline_class(task), **kwargs)
     check_depth_arguments(classify.model, args.depth)
@@ -663,22 +661,14 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
     object) of metrics per image, and with `--output_dir` the reconstruction as `<stem>.reconstruction.png`."""
     import transformers
 
-    from energyformers.mim import TokenizerMismatchError
-
     check_inputs(
         args.model_dir, "mim", args.inputs
     )  # again for a Hub model (a local one was checked in parse)
     paths = reconstruction_paths(args.inputs, args.output_dir)
     kwargs = pipeline_kwargs(args, config)
+    kwargs["vq_tokenizer"] = load_processor_or_refuse(args.model_dir, config.to_dict(), mim=True)
     model = pipeline_model(MIM_TASK, args.model_dir, kwargs)
-    try:
-        pipe = transformers.pipeline(MIM_TASK, model=model, **kwargs)
-    except FileNotFoundError:  # a Hub repo without an image tokenizer (a local folder's was checked)
-        raise UsageError(no_image_tokenizer(args.model_dir, config)) from None
-    except (
-        TokenizerMismatchError
-    ) as err:  # a Hub repo's tokenizer (a local folder's was checked from the files)
-        raise UsageError(f"{args.model_dir}: {err}") from None
+    pipe = transformers.pipeline(MIM_TASK, model=model, **kwargs)
     call = {
         **args.mim,
         **({"num_iterations": args.depth["num_iterations"]} if "num_iterations" in args.depth else {}),
@@ -707,6 +697,21 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
             )
             print(f"{shown}\t{numbers}" + (f"\t{path}" if path is not None else ""), flush=True)
     return 0
+
+
+def load_processor_or_refuse(model_dir: str, config: dict[str, Any], mim: bool = False) -> Any:
+    """The processor saved with the model (`export.load_processor`: its image processor or tokenizer, or with `mim`
+    a masked-image-modelling head's image tokenizer), loaded before the weights; a `UsageError` naming the file and
+    what is wrong with it (a missing image tokenizer: how to save one)."""
+    from .export import load_processor
+
+    try:
+        processor = load_processor(model_dir, config, mim=mim)
+    except (OSError, ValueError) as err:  # the messages name the folder's file
+        raise UsageError(str(err)) from None
+    if mim and processor is None:
+        raise UsageError(no_image_tokenizer(model_dir, config))
+    return processor
 
 
 def cannot_load(model_dir: str, err: Exception) -> str:

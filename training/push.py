@@ -106,8 +106,8 @@ def push_model_dir(
 
     Checked before any weights load or anything goes out, in the order `energyformers push` checks them: the
     folder (FileNotFoundError / ValueError: a folder with config.json, of an energyformers model with its
-    processor, as `export_model_dir` needs it), then `repo_id` (ValueError), then a token (`MissingTokenError`)
-    and online mode (`HubOfflineError`), worded by `hub_access_error`.
+    processor, which loads, as `export_model_dir` needs it), then `repo_id` (ValueError), then a token
+    (`MissingTokenError`) and online mode (`HubOfflineError`), worded by `hub_access_error`.
     """
     from huggingface_hub import HfApi, constants, get_token
     from huggingface_hub.errors import HfHubHTTPError
@@ -174,8 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     """The arguments, checked in `push_model_dir`'s order before any weights load: the folder's basics (it exists,
-    config.json, readable weights), its kind (an energyformers model with its processor; this reads the configs
-    and imports the models, no weights), REPO_ID, then the token and online mode. Each a `UsageError`."""
+    config.json, readable weights), its kind (an energyformers model with its processor, which loads: this reads
+    the configs, imports the models and loads the processor, no weights), REPO_ID, then the token and online mode.
+    Each a `UsageError`."""
     from .export import check_model_dir, inspect_model_dir
 
     args = build_parser().parse_args(argv)

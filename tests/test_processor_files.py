@@ -1,0 +1,203 @@
+"""A model folder whose processor files are broken (invalid or truncated JSON, a field of the wrong type, a missing
+size) is refused by `predict`, `inspect`, `export` and `push` in one line naming the file, before the model runs or
+anything is written or uploaded: the shared check is `export.load_processor`.
+
+Folders: a digits-size image classifier (8×8 RGB), a text classifier and a Sudoku model (their tokenizer files), and
+a masked-image-modelling head (its image tokenizer, the processor of that head).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import huggingface_hub
+import numpy as np
+import pytest
+from card_fixtures import build_mim_folder
+from fixtures import Case
+from huggingface_hub import constants
+from PIL import Image
+from test_export import build_model_dir
+from transformers import ViTImageProcessorPil
+
+from energyformers.training import export, inspect, predict, push
+from energyformers.training.processing import cell_tokenizer
+
+PUZZLE = "0" * 81
+
+
+def _invalid(path: Path) -> None:
+    path.write_text("{not json")
+
+
+def _truncated(path: Path) -> None:
+    text = path.read_bytes()
+    path.write_bytes(text[: len(text) // 2])
+
+
+def _json_list(path: Path) -> None:
+    path.write_text("[]")
+
+
+def _field(key: str, value: object = None, delete: bool = False) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        settings = json.loads(path.read_text())
+        if delete:
+            settings.pop(key)
+        else:
+            settings[key] = value
+        path.write_text(json.dumps(settings))
+
+    damage.__name__ = f"{key}-deleted" if delete else f"{key}={value!r}"
+    return damage
+
+
+# (folder, damaged file, damage, words of the refusal after the file's path)
+CASES = [
+    ("image", "preprocessor_config.json", _invalid, "not valid JSON"),
+    ("image", "preprocessor_config.json", _truncated, "not valid JSON"),
+    ("image", "preprocessor_config.json", _json_list, "holds a JSON list, not an object"),
+    ("image", "preprocessor_config.json", _field("image_mean", "abc"), "fails on an image"),
+    ("image", "preprocessor_config.json", _field("image_std", [0.5]), "fails on an image"),
+    # without its size the processor resizes to transformers' default 224 × 224, which the 8 × 8 model refuses
+    (
+        "image",
+        "preprocessor_config.json",
+        _field("size", delete=True),
+        "turns an image into 3×224×224 pixel values and the model takes 3×8×8",
+    ),
+    ("image", "preprocessor_config.json", _field("size", "abc"), "AutoImageProcessor cannot load it"),
+    ("text", "tokenizer.json", _truncated, "not valid JSON"),
+    ("text", "tokenizer.json", _field("model", "abc"), "not a tokenizer the tokenizers library reads"),
+    ("text", "tokenizer_config.json", _invalid, "not valid JSON"),
+    ("text", "tokenizer_config.json", _field("pad_token", 5), "AutoTokenizer cannot load the tokenizer"),
+    ("text", "tokenizer_config.json", _field("model_max_length", "abc"), "the tokenizer fails on a text"),
+    ("sudoku", "tokenizer.json", _truncated, "not valid JSON"),
+    ("sudoku", "tokenizer.json", _field("normalizer", "x"), "not a tokenizer the tokenizers library reads"),
+    ("sudoku", "tokenizer_config.json", _json_list, "holds a JSON list, not an object"),
+    ("sudoku", "tokenizer_config.json", _field("model_max_length", "abc"), "the tokenizer fails on a text"),
+    ("mim", "vq_tokenizer_config.json", _field("patch_size", "abc"), "the image tokenizer does not load"),
+    (
+        "mim",
+        "vq_tokenizer_config.json",
+        _field("tokenizer_class", delete=True),
+        "the image tokenizer does not load",
+    ),
+    ("mim", "vq_tokenizer.safetensors", _truncated, "cannot be read"),
+]
+IDS = [f"{folder}-{name}-{damage.__name__.lstrip('_')}" for folder, name, damage, _ in CASES]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    """The four intact folders and an input of each (an 8×8 RGB image, a text, a puzzle, an 8×8 grey image)."""
+    root = tmp_path_factory.mktemp("processor-files")
+    sudoku = root / "sudoku"
+    Case("hyperset", "AutoModelForTokenClassification", "sequence").build(
+        vocab_size=10, num_labels=10, max_position_embeddings=81
+    ).save_pretrained(sudoku)
+    cell_tokenizer().save_pretrained(sudoku)
+    pixels = (np.arange(8 * 8 * 3).reshape(8, 8, 3) * 5 % 256).astype(np.uint8)
+    Image.fromarray(pixels).save(root / "rgb.png")
+    Image.fromarray(pixels[..., 0]).save(root / "grey.png")
+    return {
+        "image": build_model_dir(root / "image", "hyperset", "AutoModelForImageClassification", "image"),
+        "text": build_model_dir(root / "text", "hyperset", "AutoModelForSequenceClassification", "sequence"),
+        "sudoku": sudoku,
+        "mim": build_mim_folder(root / "mim", "PatchKMeansTokenizer"),
+        "image-input": root / "rgb.png",
+        "text-input": "a good film",
+        "sudoku-input": PUZZLE,
+        "mim-input": root / "grey.png",
+    }
+
+
+@pytest.fixture
+def no_model_runs(monkeypatch):
+    """Loading a model's weights fails the test: a broken processor is refused before."""
+
+    def loaded(model_class, source, *args, **kwargs):
+        raise AssertionError(f"the weights of {source} were loaded")
+
+    monkeypatch.setattr("energyformers.training.weights.load_fitting_weights", loaded)
+    monkeypatch.setattr("energyformers.training.inspect.load_fitting_weights", loaded)
+
+
+def _damaged(folders: dict[str, Path], tmp_path: Path, folder: str, name: str, damage) -> Path:
+    model_dir = shutil.copytree(folders[folder], tmp_path / folder)
+    damage(model_dir / name)
+    return model_dir
+
+
+def _refusal(err: str, command: str, path: Path, words: str) -> None:
+    """`err` is one line, `energyformers COMMAND: error: PATH: ...WORDS...`."""
+    assert err.count("\n") == 1 and err.startswith(f"energyformers {command}: error: {path}: "), err
+    assert words in err, f"{words!r} is not in {err!r}"
+
+
+@pytest.mark.parametrize("folder, name, damage, words", CASES, ids=IDS)
+def test_predict_and_inspect_refuse_a_broken_processor_before_the_model_runs(
+    folders, tmp_path, capsys, no_model_runs, folder, name, damage, words
+):
+    model_dir = _damaged(folders, tmp_path, folder, name, damage)
+    given = str(folders[f"{folder}-input"])
+    capsys.readouterr()
+    assert predict.main([str(model_dir), given]) == 2
+    captured = capsys.readouterr()
+    _refusal(captured.err, "predict", model_dir / name, words)
+    assert captured.out == ""
+    out = tmp_path / "inspect-out"
+    assert inspect.main([str(model_dir), given, "--output_dir", str(out)]) == 2
+    _refusal(capsys.readouterr().err, "inspect", model_dir / name, words)
+    assert not out.exists(), "inspect made its output folder for a folder it refused"
+
+
+@pytest.mark.parametrize("folder, name, damage, words", CASES, ids=IDS)
+def test_export_refuses_a_broken_processor_and_writes_nothing(
+    folders, tmp_path, capsys, no_model_runs, folder, name, damage, words
+):
+    model_dir = _damaged(folders, tmp_path, folder, name, damage)
+    out = tmp_path / "exports" / "hub"
+    capsys.readouterr()
+    assert export.main([str(model_dir), str(out)]) == 2
+    _refusal(capsys.readouterr().err, "export", model_dir / name, words)
+    written = sorted(p.name for p in out.parent.iterdir()) if out.parent.exists() else []
+    assert written == [], f"export left {written} behind"
+
+
+@pytest.mark.parametrize("folder, name, damage, words", CASES, ids=IDS)
+def test_push_refuses_a_broken_processor_before_any_upload(
+    folders, tmp_path, capsys, monkeypatch, folder, name, damage, words
+):
+    """Online, with a token: only the folder's processor stops the upload (which would fail the test)."""
+    model_dir = _damaged(folders, tmp_path, folder, name, damage)
+
+    def upload(*args, **kwargs):
+        raise AssertionError("push reached the Hub with a broken processor")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", upload)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", "hf_not_used")
+    capsys.readouterr()
+    assert push.main([str(model_dir), "org/broken"]) == 2
+    _refusal(capsys.readouterr().err, "push", model_dir / name, words)
+    with pytest.raises(ValueError, match=words):
+        push.push_model_dir(model_dir, "org/broken")
+
+
+def test_a_grey_models_processor_is_probed_with_a_grey_image(tmp_path):
+    """A one-channel model (a converted MNIST-style checkpoint) keeps a processor that does not convert to RGB: the
+    probe image is grey for it, and the export goes through."""
+    model_dir = tmp_path / "grey"
+    Case("hyperset", "AutoModelForImageClassification", "image").build(num_channels=1).save_pretrained(
+        model_dir
+    )
+    ViTImageProcessorPil(
+        size={"height": 8, "width": 8}, image_mean=[0.5], image_std=[0.5], do_convert_rgb=False
+    ).save_pretrained(model_dir)
+    export.export_model_dir(model_dir, tmp_path / "out")
+    assert (tmp_path / "out" / "preprocessor_config.json").is_file()
