@@ -1404,17 +1404,30 @@ def test_mim_folder_without_an_image_tokenizer_exports_and_says_so(tmp_path):
 
 
 def test_mim_vqgan_subfolder_travels_and_a_broken_tokenizer_is_refused(tmp_path):
+    import diffusers
+
+    from energyformers.mim import VQGANTokenizer
+
     model_dir = build_mim_dir(tmp_path / "src", "hyperset")
     (model_dir / "vq_tokenizer.safetensors").unlink()
-    # what VQGANTokenizer.save_pretrained writes: the diffusers VQModel folder in vqgan/, its settings beside it
-    vqgan = model_dir / "vqgan"
-    vqgan.mkdir()
-    (vqgan / "config.json").write_text(
-        json.dumps({"_class_name": "VQModel", "num_vq_embeddings": MIM_CODEBOOK})
+    # a tiny random VQGAN of the model's codebook (export loads the image tokenizer before it writes anything), saved
+    # as VQGANTokenizer.save_pretrained saves it: the diffusers VQModel folder in vqgan/, its settings beside it
+    torch.manual_seed(0)
+    vq_model = diffusers.VQModel(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D", "AttnDownEncoderBlock2D"),
+        up_block_types=("AttnUpDecoderBlock2D", "UpDecoderBlock2D"),
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        latent_channels=4,
+        num_vq_embeddings=MIM_CODEBOOK,
+        norm_num_groups=4,
+        sample_size=8,
     )
-    (vqgan / "diffusion_pytorch_model.safetensors").write_bytes(b"weights of the VQGAN")
-    settings = {"tokenizer_class": "VQGANTokenizer", "subfolder": "vqgan", "pixel_range": [-1.0, 1.0]}
-    (model_dir / "vq_tokenizer_config.json").write_text(json.dumps(settings))
+    VQGANTokenizer(vq_model.eval()).save_pretrained(model_dir)
+    vqgan = model_dir / "vqgan"
+    settings = json.loads((model_dir / "vq_tokenizer_config.json").read_text())
     out = export_model_dir(model_dir, tmp_path / "out")
     for name in (
         "vq_tokenizer_config.json",
