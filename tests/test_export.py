@@ -28,6 +28,7 @@ import energyformers
 from energyformers import FAMILIES, INPUT_TYPES, task_of
 from energyformers.training import export, release
 from energyformers.training.export import export_model_dir, generate_remote_code, remote_code_sources
+from energyformers.training.weights import WeightsMismatchError
 
 # --------------------------------------------------------------------------------------------- helpers
 WORDS = "[PAD] [UNK] [CLS] [SEP] a an the good bad great boring film movie plot acting and not".split()
@@ -491,7 +492,7 @@ def test_weights_not_matching_config_are_refused(image_model_dir, tmp_path):
     config = json.loads((image_model_dir / "config.json").read_text())
     config["hidden_size"] *= 2  # the checkpoint no longer fits the architecture
     (image_model_dir / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="weights do not match"):
+    with pytest.raises(WeightsMismatchError, match="weights do not match"):
         export_model_dir(image_model_dir, tmp_path / "out")
     _assert_nothing_written(tmp_path / "out")
 

@@ -92,6 +92,27 @@ def assert_names_the_tensors(line: str, folder: Path) -> None:
         assert found and int(found[2]) > SHOWN_TENSORS, (kind, line)
 
 
+@pytest.fixture(scope="module")
+def widened(root: Path) -> Path:
+    """A Hyper-SET folder whose config.json says twice the width: the same tensor names, other shapes."""
+    width = json.loads((tiny_folder(root / "widened") / "config.json").read_text())["hidden_size"]
+    return tiny_folder(root / "widened", hidden_size=2 * width)
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate", "inspect"])
+def test_tensors_of_another_shape_are_named_as_a_mismatch(command, widened, images, root, capsys):
+    """A tensor of another shape is reported as the weights-fit refusal (the tensor, its saved and model shapes),
+    as a missing or unexpected one is, not as a folder that cannot be loaded."""
+    argv = {
+        "predict": [images / "a" / "0.png"],
+        "evaluate": ["--dataset", images, "--split", "train"],
+        "inspect": [images / "a" / "0.png", "--output_dir", root / f"inspect-{command}"],
+    }[command]
+    line = refused(capsys, command, widened, *argv)
+    assert f"{widened}: weights do not match config.json" in line, line
+    assert "mismatched classifier.weight (4, 16) saved, (4, 32) in the model" in line, line
+
+
 def test_predict_refuses_weights_that_do_not_fit(relabelled, images, capsys):
     line = refused(capsys, "predict", relabelled, images / "a" / "0.png")
     assert_names_the_tensors(line, relabelled)

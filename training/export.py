@@ -372,8 +372,10 @@ def check_weights_load(info: dict[str, Any]) -> int:
     model_class = exportable_models()[info["model_type"]].heads[info["auto_class"]]
     try:
         model = load_fitting_weights(model_class, info["model_dir"])
-    except (OSError, RuntimeError) as err:  # e.g. unreadable safetensors
-        raise ValueError(f"{info['model_dir']}: weights do not match config.json: {err}") from err
+    except (OSError, RuntimeError) as err:  # e.g. a shard that safetensors cannot read
+        raise ValueError(
+            f"{info['model_dir']}: cannot load the weights ({' '.join(str(err).split())})"
+        ) from err
     return model.num_parameters()
 
 

@@ -60,7 +60,7 @@ from .predict import (
     masked_image_modeling_head,
     refuse_mim_flags,
 )
-from .weights import load_fitting_weights
+from .weights import WeightsMismatchError, load_fitting_weights
 
 if TYPE_CHECKING:  # torch is imported where it is used, so `inspect --help` does not pay for it
     import torch
@@ -345,7 +345,7 @@ def load_model(model_dir: str) -> tuple[Any, str, float | None]:
     try:
         model = load_fitting_weights(model_class, model_dir).eval()
     except (OSError, RuntimeError, ValueError) as err:
-        if "weights do not match" in str(err):  # already one line naming the folder and the tensors
+        if isinstance(err, WeightsMismatchError):  # already one line naming the folder and the tensors
             raise InspectError(str(err)) from None
         raise InspectError(f"cannot load a model from {model_dir!r}: {' '.join(str(err).split())}") from None
     halting_tolerance = getattr(model.config, "halting_tolerance", None)

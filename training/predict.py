@@ -576,7 +576,7 @@ def pipeline_model(task: str, model_dir: str, kwargs: dict[str, Any]) -> Any:
     initialised. Takes `pipeline_kwargs`' `model_kwargs` out of `kwargs` (they are the model's)."""
     from transformers.pipelines import PIPELINE_REGISTRY
 
-    from .weights import load_fitting_weights
+    from .weights import WeightsMismatchError, load_fitting_weights
 
     model_class = PIPELINE_REGISTRY.check_task(task)[1]["pt"][0]
     model_kwargs = kwargs.pop("model_kwargs", {})
@@ -585,7 +585,7 @@ def pipeline_model(task: str, model_dir: str, kwargs: dict[str, Any]) -> Any:
             model_class, model_dir, trust_remote_code=kwargs["trust_remote_code"], **model_kwargs
         )
     except (OSError, RuntimeError, ValueError) as err:
-        if "weights do not match" in str(err):  # already one line naming the folder and the tensors
+        if isinstance(err, WeightsMismatchError):  # already one line naming the folder and the tensors
             raise UsageError(str(err)) from None
         raise UsageError(cannot_load(model_dir, err)) from None
 

@@ -167,6 +167,8 @@ def load_fitting_weights(
     """`model_class.from_pretrained(source, **kwargs)`, refusing weights that do not fit the config: a
     `WeightsMismatchError` worded by `weights_fit_problem` (the loader's own errors pass through). Shared by predict,
     evaluate, inspect, export and `train --from_pretrained`, so every command refuses the same folders."""
+    # a tensor of another shape is reported in `loading` (and refused below) instead of raised as a size mismatch
+    kwargs.setdefault("ignore_mismatched_sizes", True)
     model, loading = model_class.from_pretrained(source, output_loading_info=True, **kwargs)
     problem = weights_fit_problem(source, loading, allowed)
     if problem is not None:
