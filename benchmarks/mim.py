@@ -18,7 +18,7 @@ replacing them. `--smoke` (tiny models, two steps; about three minutes on two co
 and writes mim_smoke.{md,json,png} and mim_smoke_decode.png instead, marked as not a measurement, so it never
 replaces the committed results.
 
-    python benchmarks/mim.py --seeds 0 1 2                      # ~23 min on 2 cores
+    python benchmarks/mim.py --seeds 0 1 2                      # the result file records its wall time
     python benchmarks/mim.py --smoke --output_dir /tmp/mim-smoke
 """
 

@@ -14,11 +14,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from card_fixtures import MIM_SIDE, build_mim_folder, python_blocks, tiny_sudoku, train_sudoku_run
+from datasets import Dataset, DatasetDict
+from fixtures import hyperset_config
 from huggingface_hub import ModelCard
 
+from energyformers import HyperSetForImageClassification, HyperSetForSequenceClassification
+from energyformers.training.arguments import parse_arguments
 from energyformers.training.card import find_template, read_sections
 from energyformers.training.export import export_model_dir
+from energyformers.training.run_folder import RunResult, run_metrics
 
 REPO = "org/hyperset-sudoku"
 
@@ -58,6 +64,9 @@ def test_sudoku_card_reports_the_sudoku_metrics_and_speaks_of_puzzles(sudoku_run
     for wrong in ("No evaluation was recorded", "text classifier", "unknown token", "CIFAR", "macro F1"):
         assert wrong not in text, (wrong, text)
     assert "Palm et al." in text and "81 cells" in text, text
+    # no --preset: the run built the family's `cli-sequence` preset (with --config on top), and the card says so
+    preset = [line for line in text.splitlines() if line.startswith("* Preset:")]
+    assert preset == ["* Preset: cli-sequence"], preset
 
 
 def test_sudoku_card_snippets_run_on_the_exported_folder(sudoku_runs):
@@ -141,3 +150,46 @@ def test_mim_card_names_every_generated_code_file_of_the_folder(tmp_path):
         sorted(p.name for p in folder.glob("*.py")),
     )
     assert {"pipeline_mim.py", "mim.py"} <= set(names), names
+
+
+def recorded_preset(argv: list[str], model: torch.nn.Module, task: str, columns: list[str]) -> str | None:
+    """`metrics.json`'s "preset" of a run of `argv` that built `model` from data with `columns`."""
+    args = parse_arguments([*argv, "--output_dir", "unused"], "energyformers train", "")
+    data = DatasetDict({"train": Dataset.from_dict({column: [0] for column in columns})})
+    result = RunResult(
+        loop="train", args=args, model=model, data=data, task=task, epochs=1.0, learning_rate=1e-3,
+        world_size=1, global_step=1, train={}, eval={}, test={}, log_history=[], start_time=0.0,
+    )  # fmt: skip
+    return run_metrics(result)["preset"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "family", "input_type", "task", "expected"),
+    [
+        (["--dataset", "digits"], "hyperset", "image", "image-classification", "cli-image"),
+        (["--dataset", "rotten_tomatoes"], "hyperset", "sequence", "text-classification", "cli-sequence"),
+        (["--model", "vit", "--dataset", "digits"], "vit", "image", "image-classification", "cli-image"),
+        (["--dataset", "digits", "--task", "mim"], "hyperset", "sequence", "masked-image-modeling", "cli-mim"),
+        (["--dataset", "digits", "--preset", "cifar10-s"], "hyperset", "image", "image-classification", "cifar10-s"),
+        (
+            ["--dataset", "digits", "--from_pretrained", "runs/demo-hyperset"],
+            "hyperset", "image", "image-classification", "from runs/demo-hyperset's config",
+        ),
+    ],
+)  # fmt: skip
+def test_metrics_record_the_preset_the_model_was_built_from(argv, family, input_type, task, expected):
+    """Without `--preset` the CLI builds the family's `cli-<input type>` preset (`cli-mim` for masked image
+    modelling): metrics.json, and the card's "Preset:" line rendered from it, name that preset, not "none"."""
+    torch.manual_seed(0)
+    if family == "vit":
+        from transformers import ViTConfig, ViTForImageClassification
+
+        config = ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8,
+                           image_size=4, patch_size=2, num_labels=2)  # fmt: skip
+        model = ViTForImageClassification(config)
+    else:
+        head = HyperSetForImageClassification if input_type == "image" else HyperSetForSequenceClassification
+        model = head(hyperset_config(input_type))
+    columns = ["image", "label"] if input_type == "image" else ["text", "label"]
+    preset = recorded_preset(argv, model, task, columns)
+    assert preset == expected, f"{argv}: recorded preset {preset!r}, expected {expected!r}"

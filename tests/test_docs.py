@@ -4,7 +4,7 @@
   a tiny Hyper-SET image classifier saved where the examples say `runs/demo-hyperset` (the folder `make demo`
   writes). Blocks without that line are illustrative (they name files or checkpoints a test cannot have).
 * Every relative link and every repository path in the shipped Markdown resolves to a file of the repository, and no
-  shipped file (Markdown, package code) points to material a user does not have.
+  shipped file (Markdown, package code, CI scripts) points to material a user does not have.
 * README.md stays a getting-started page.
 """
 
@@ -33,11 +33,16 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 CARDS = sorted((ROOT / "model_cards").glob("*.md"))
-# What an installed package or a clone gives a user: the Markdown above and the package's code.
+# What an installed package or a clone gives a user: the Markdown above, the package's code and the CI scripts.
 SHIPPED_CODE = sorted(
-    path
-    for folder in ("energyformers", "modeling", "configuration", "training")
-    for path in (ROOT / folder).rglob("*.py")
+    [
+        *(
+            path
+            for folder in ("energyformers", "modeling", "configuration", "training")
+            for path in (ROOT / folder).rglob("*.py")
+        ),
+        *(path for path in (ROOT / ".ci").iterdir() if path.is_file()),
+    ]
 )
 RUNNABLE = "# runnable"
 DEMO_FOLDER = "runs/demo-hyperset"

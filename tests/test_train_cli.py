@@ -101,7 +101,9 @@ def test_output_folder_is_complete(trained, family: str, modality: str) -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_metrics_json_schema(trained, family: str, modality: str) -> None:
     metrics = json.loads((trained(family, modality) / "metrics.json").read_text())
-    assert metrics["model"] == family and metrics["preset"] is None
+    # no --preset: the family's CLI preset of the input type, the --config sizes on top
+    expected = "cli-image" if modality == "image" else "cli-sequence"
+    assert metrics["model"] == family and metrics["preset"] == expected, (metrics["preset"], expected)
     assert metrics["task"] == ("image-classification" if modality == "image" else "text-classification")
     assert isinstance(metrics["num_parameters"], int) and metrics["num_parameters"] > 0
     recipe = metrics["recipe"]

@@ -325,7 +325,7 @@ def render_model_card(
         "dataset_name": display or "not recorded",
         "dataset_description": description,
         "provenance": provenance(metrics, f"`{dataset}`" if dataset else ""),
-        "preset": metrics.get("preset") or "none (explicit config)",
+        "preset": metrics.get("preset") or "not recorded",
         "recipe_command": recipe.get("command") or "not recorded",
         "recipe_summary": ", ".join(
             f"{k}={v}" for k, v in recipe.items() if k != "command" and isinstance(v, (int, float, str))

@@ -25,7 +25,7 @@ from .arguments import MIM_TASK, Arguments, config_flags, parse_overrides, recor
 from .card import render_model_card
 from .data import BUILTIN_DATASETS, input_type_of
 from .evaluation import primary_metric, summary
-from .setup import auto_head, auto_processor, model_registry, processor_keyword
+from .setup import auto_head, auto_processor, cli_preset, model_registry, processor_keyword
 
 CURVE = "training_curve.png"
 METRICS = "metrics.json"
@@ -72,12 +72,28 @@ def data_summary(data: Any) -> dict[str, str] | None:
     return {split: format_givens_counts(ds.with_format(None)["givens"]) for split, ds in data.items()}
 
 
+def preset_used(result: RunResult) -> str:
+    """The preset the run's model was built from, as the card names it: `--preset`, else the CLI's default for the
+    task and input type (`cli-mim`, `cli-image`, `cli-sequence`; `setup.cli_preset`), or the checkpoint's config of
+    `--from_pretrained`; "none" where no preset applied (the config class's defaults under `--config`)."""
+    m = result.args.model
+    if m.from_pretrained:
+        return f"from {m.from_pretrained}'s config"
+    if m.preset:
+        return m.preset
+    if result.task == MIM_TASK:
+        return "cli-mim"
+    config = result.model.config
+    modality = getattr(config, "input_type", None) or input_type_of(result.data)
+    return f"cli-{modality}" if cli_preset(config.model_type, modality) else "none"
+
+
 def run_metrics(result: RunResult) -> dict[str, Any]:
     """The `metrics.json` record of a run (the same schema for both loops)."""
     args, run = result.args, result.args.run
     return {
         "model": result.model.config.model_type,
-        "preset": args.model.preset,
+        "preset": preset_used(result),
         "dataset": args.data.dataset,
         "task": result.task,
         "loop": result.loop,
