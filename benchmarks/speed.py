@@ -1,7 +1,8 @@
 """Speed of each family against its baseline, measured side by side in one run.
 
 * Hyper-SET (cifar10-small: d = 384, 6 heads, T = 12, M = d) vs HF ViT of the same width, heads and depth
-  (MLP 4d). The FLOP budget at 224²/16 (d = 384, 12 iterations / layers): ≈ 4.9 vs ≈ 9.2 GFLOP per image, so ≈ 1.8–1.9×.
+  (MLP 4d). The FLOP budget at 224²/16 (d = 384, 12 iterations / layers): ≈ 4.9 vs ≈ 9.2 GFLOP per image,
+  so ≈ 1.8–1.9×.
 * iMixer-S/16 (h_r = 2, n = 2) vs the vanilla MLP-Mixer-S/16 (the same trunk with n = 0, = timm's Mixer).
 * HyperBF (memo CIFAR setting: D = 768, 4 heads, 4 blocks, 32²/4) vs HF ViT with the same width, heads,
   depth and MLP 4D.
