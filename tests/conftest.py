@@ -68,6 +68,17 @@ def _threads_kept() -> Iterator[None]:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test`), whole test files go to one process rather than single tests (`--dist
+    loadfile` in place of xdist's default `load`): a module-scoped fixture (a trained folder, a fresh process's
+    outputs) is then built by one process instead of by each process that runs one of its file's tests. A `--dist`
+    given on the command line or in PYTEST_ADDOPTS is kept."""
+    given = [*config.invocation_params.args, *os.environ.get("PYTEST_ADDOPTS", "").split()]
+    chosen = any(str(arg).startswith("--dist") or str(arg) == "-d" for arg in given)
+    if getattr(config.option, "dist", "no") == "load" and not chosen:
+        config.option.dist = "loadfile"
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     """The order's seed, also under `-q` (which hides pytest-randomly's header): replay with --randomly-seed=N."""
     seed = getattr(config.option, "randomly_seed", None)

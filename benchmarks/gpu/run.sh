@@ -156,8 +156,9 @@ stage_attention() {
     # smoke: one short length of each check (the interpreter runs the Triton kernel slowly on CPU)
     [[ $SMOKE == 1 ]] && select=(-k "(float32_matches_eager and N17-d64-padded) or (bfloat16_no_worse and 17) or default_is_the_same_on_cuda")
     # GPU: most of this stage is Triton compiling each launch configuration for the GPU, one at a time per
-    # process; pytest-xdist (in the GPU image) spreads the tests, hence the compiles, over 4 processes
-    [[ $SMOKE == 0 ]] && "$PYTHON" -c "import xdist" 2>/dev/null && workers=(-n 4)
+    # process; pytest-xdist (in the GPU image) spreads the tests, hence the compiles, over 4 processes (test by
+    # test: `--dist load`, as tests/conftest.py would otherwise give each of the two files to one process)
+    [[ $SMOKE == 0 ]] && "$PYTHON" -c "import xdist" 2>/dev/null && workers=(-n 4 --dist load)
     exec "$PYTHON" -m pytest tests/test_attention_implementations.py tests/test_hyperbf_attention_implementations.py \
         -p no:randomly -p no:cacheprovider -q -rfE --durations=15 "${workers[@]}" "${select[@]}" \
         --junitxml "$OUT/attention.xml"
