@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fixtures import tiny_vq_model
 
 from energyformers.training import data, train
 
@@ -70,19 +71,7 @@ def build_mim_folder(path: Path, tokenizer_class: str) -> Path:
             centroids, patch_size=2, image_size=(MIM_SIDE, MIM_SIDE), num_channels=1
         )
     else:
-        diffusers = pytest.importorskip("diffusers")
-        vq_model = diffusers.VQModel(
-            in_channels=3,
-            out_channels=3,
-            down_block_types=("DownEncoderBlock2D", "AttnDownEncoderBlock2D"),
-            up_block_types=("AttnUpDecoderBlock2D", "UpDecoderBlock2D"),
-            block_out_channels=(8, 16),
-            layers_per_block=1,
-            latent_channels=4,
-            num_vq_embeddings=16,
-            norm_num_groups=4,
-            sample_size=MIM_SIDE,
-        ).eval()
+        vq_model = tiny_vq_model(sample_size=MIM_SIDE)
         tokenizer = VQGANTokenizer(vq_model)
     config = energyformers.HyperSetConfig.from_preset(
         "cli-mim",

@@ -140,6 +140,25 @@ class Tiny:
     positions: int  # max_position_embeddings of the sequence config
 
 
+def tiny_vq_model(codebook_size: int = 16, sample_size: int = 8) -> torch.nn.Module:
+    """A tiny random diffusers VQModel in eval mode, seeded: two levels (downsampling factor 2), 4-channel latents."""
+    import diffusers
+
+    torch.manual_seed(0)
+    return diffusers.VQModel(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D", "AttnDownEncoderBlock2D"),
+        up_block_types=("AttnUpDecoderBlock2D", "UpDecoderBlock2D"),
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        latent_channels=4,
+        num_vq_embeddings=codebook_size,
+        norm_num_groups=4,
+        sample_size=sample_size,
+    ).eval()
+
+
 def hyperset_config(input_type: str, **overrides: Any) -> HyperSetConfig:
     kwargs = dict(**ARCHITECTURE["hyperset"], num_labels=4)
     if input_type == "image":

@@ -62,6 +62,18 @@ def run(*args: object) -> int:
     return cli.main(["convert", *map(str, args)])
 
 
+def refused_line(capsys: pytest.CaptureFixture, folder: Path, *args: object) -> str:
+    """Run `energyformers convert ARGS`; assert status 2 and that nothing was written in `folder`; return the one
+    stderr line with the command's prefix removed."""
+    before = sorted(folder.rglob("*"))
+    status = run(*args)
+    err = capsys.readouterr().err
+    assert status == 2, f"exit status {status}, expected 2; stderr: {err!r}"
+    assert len(err.strip().splitlines()) == 1, err
+    assert sorted(folder.rglob("*")) == before, "a refused conversion wrote files"
+    return err.strip().removeprefix("energyformers convert: error: ")
+
+
 def fixture(name: str) -> dict[str, torch.Tensor]:
     return load_file(str(AUTHOR_FIXTURES / f"{name}.safetensors"))
 
@@ -1001,38 +1013,23 @@ REVERSE_IGNORED = [
 @pytest.mark.parametrize("flags, shown", REVERSE_IGNORED, ids=[shown for _, shown in REVERSE_IGNORED])
 def test_a_conversion_flag_with_reverse_is_refused_naming_it(flags, shown, tmp_path, capsys):
     folder = tmp_path / "folder"  # not read: the flag check comes first
-    before = sorted(tmp_path.iterdir())
-    status = run(
-        "--reverse", "--source", "imixer", folder, "--output", tmp_path / "official.safetensors", *flags
-    )
-    err = capsys.readouterr().err
-    assert status == 2, f"{shown}: exit status {status}, expected 2; stderr: {err!r}"
-    assert err.strip() == (
-        f"energyformers convert: error: {shown}: applies to converting an official checkpoint, not with --reverse "
+    output = tmp_path / "official.safetensors"
+    assert refused_line(
+        capsys, tmp_path, "--reverse", "--source", "imixer", folder, "--output", output, *flags
+    ) == (
+        f"{shown}: applies to converting an official checkpoint, not with --reverse "
         "(which reads our model folder and writes the official file --output names, in the folder's own dtype)"
-    ), err
-    assert sorted(tmp_path.iterdir()) == before, "a refused conversion wrote files"
+    )
 
 
 def test_output_without_reverse_is_refused_naming_it(synthetic, tmp_path, capsys):
     _, weights, config = synthetic
-    before = sorted(tmp_path.iterdir())
-    status = run(
-        "--source",
-        "imixer",
-        weights,
-        "--official-config",
-        config,
-        "--output",
-        tmp_path / "official.safetensors",
-    )
-    err = capsys.readouterr().err
-    assert status == 2, f"exit status {status}, expected 2; stderr: {err!r}"
-    assert err.strip() == (
-        f"energyformers convert: error: --output {tmp_path / 'official.safetensors'}: applies with --reverse only "
+    output = tmp_path / "official.safetensors"
+    argv = ["--source", "imixer", weights, "--official-config", config, "--output", output]
+    assert refused_line(capsys, tmp_path, *argv) == (
+        f"--output {output}: applies with --reverse only "
         "(the official file it writes); converting an official checkpoint writes the folder --output_dir names"
-    ), err
-    assert sorted(tmp_path.iterdir()) == before, "a refused conversion wrote files"
+    )
 
 
 @pytest.mark.parametrize(
@@ -1049,15 +1046,12 @@ def test_output_without_reverse_is_refused_naming_it(synthetic, tmp_path, capsys
 )
 @pytest.mark.parametrize("flag", ["--image-mean", "--image-std"])
 def test_image_normalization_for_a_model_without_images_is_refused(argv, source, flag, tmp_path, capsys):
-    before = sorted(tmp_path.iterdir())
-    status = run(*argv, "--output_dir", tmp_path / "out", flag, "0.5", "0.5", "0.5")
-    err = capsys.readouterr().err
-    assert status == 2, f"{flag} with {source}: exit status {status}, expected 2; stderr: {err!r}"
-    assert err.strip() == (
-        f"energyformers convert: error: {flag} 0.5 0.5 0.5: applies to models that read images (--source "
+    assert refused_line(
+        capsys, tmp_path, *argv, "--output_dir", tmp_path / "out", flag, "0.5", "0.5", "0.5"
+    ) == (
+        f"{flag} 0.5 0.5 0.5: applies to models that read images (--source "
         f"hyperbf, hyperset-ic, imixer); a {source} model reads no images, its folder has no image processor"
-    ), err
-    assert sorted(tmp_path.iterdir()) == before, "a refused conversion wrote files"
+    )
 
 
 def test_the_image_sources_are_the_converters_image_models():
@@ -1070,24 +1064,11 @@ def test_the_image_sources_are_the_converters_image_models():
 
 def test_trust_pickle_with_a_safetensors_checkpoint_is_refused(synthetic, tmp_path, capsys):
     _, weights, config = synthetic
-    before = sorted(tmp_path.iterdir())
-    status = run(
-        "--source",
-        "imixer",
-        weights,
-        "--official-config",
-        config,
-        "--output_dir",
-        tmp_path / "out",
-        "--trust-pickle",
-    )
-    err = capsys.readouterr().err
-    assert status == 2, f"exit status {status}, expected 2; stderr: {err!r}"
-    assert err.strip() == (
-        f"energyformers convert: error: --trust-pickle: {weights} is a safetensors file, read without unpickling; "
+    argv = ["--source", "imixer", weights, "--official-config", config, "--output_dir", tmp_path / "out"]
+    assert refused_line(capsys, tmp_path, *argv, "--trust-pickle") == (
+        f"--trust-pickle: {weights} is a safetensors file, read without unpickling; "
         "the flag applies to torch.save checkpoints (zip or pickle)"
-    ), err
-    assert sorted(tmp_path.iterdir()) == before, "a refused conversion wrote files"
+    )
 
 
 def test_the_dtype_defaults_to_float32_when_converting(synthetic, tmp_path, capsys):

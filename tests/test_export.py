@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import ALL, Case, perturb, run_cli_cases
+from fixtures import ALL, Case, perturb, run_cli_cases, tiny_vq_model
 from huggingface_hub import ModelCard
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast, ViTImageProcessorPil, pipeline
@@ -1405,28 +1405,14 @@ def test_mim_folder_without_an_image_tokenizer_exports_and_says_so(tmp_path):
 
 
 def test_mim_vqgan_subfolder_travels_and_a_broken_tokenizer_is_refused(tmp_path):
-    import diffusers
-
     from energyformers.mim import VQGANTokenizer
 
     model_dir = build_mim_dir(tmp_path / "src", "hyperset")
     (model_dir / "vq_tokenizer.safetensors").unlink()
     # a tiny random VQGAN of the model's codebook (export loads the image tokenizer before it writes anything), saved
     # as VQGANTokenizer.save_pretrained saves it: the diffusers VQModel folder in vqgan/, its settings beside it
-    torch.manual_seed(0)
-    vq_model = diffusers.VQModel(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D", "AttnDownEncoderBlock2D"),
-        up_block_types=("AttnUpDecoderBlock2D", "UpDecoderBlock2D"),
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        latent_channels=4,
-        num_vq_embeddings=MIM_CODEBOOK,
-        norm_num_groups=4,
-        sample_size=8,
-    )
-    VQGANTokenizer(vq_model.eval()).save_pretrained(model_dir)
+    vq_model = tiny_vq_model(MIM_CODEBOOK)
+    VQGANTokenizer(vq_model).save_pretrained(model_dir)
     vqgan = model_dir / "vqgan"
     settings = json.loads((model_dir / "vq_tokenizer_config.json").read_text())
     out = export_model_dir(model_dir, tmp_path / "out")

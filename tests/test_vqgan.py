@@ -9,28 +9,10 @@ import sys
 
 import pytest
 import torch
+from fixtures import tiny_vq_model
 
 from energyformers.mim import VQGANTokenizer, VQTokenizer, load_vq_tokenizer
 from energyformers.tokenizer_fit import TOKENIZER_CONFIG_NAME
-
-diffusers = pytest.importorskip("diffusers")
-
-
-def tiny_vq_model():
-    """Two levels (downsampling factor 2), codebook 16, 4-channel latents; seeded."""
-    torch.manual_seed(0)
-    return diffusers.VQModel(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D", "AttnDownEncoderBlock2D"),
-        up_block_types=("AttnUpDecoderBlock2D", "UpDecoderBlock2D"),
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        latent_channels=4,
-        num_vq_embeddings=16,
-        norm_num_groups=4,
-        sample_size=8,
-    ).eval()
 
 
 @pytest.fixture
