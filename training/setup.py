@@ -1,7 +1,8 @@
 """Config, processor, model and data of a training run, built from the parsed arguments (both loops).
 
 `build(args, state)` first checks the model flags as far as they can be judged without the data
-(`check_flags_before_data`), then loads and checks the data, builds the config (CLI preset, `--preset`, `--config`,
+(`check_flags_before_data`) and loads the `--from_pretrained` checkpoint's processor (`pretrained_processor`),
+then loads and checks the data, builds the config (CLI preset, `--preset`, `--config`,
 `--from_pretrained`, config-field flags) and the processor saved with the model, creates or loads the model
 and runs one real batch through it, so every mismatch surfaces before training and before anything is written.
 Input errors are `UsageError` (bad flags) or `DataError` (bad data): one line each, no traceback.
