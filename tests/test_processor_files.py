@@ -312,3 +312,28 @@ def test_a_checkpoint_without_an_image_processor_is_fine_tuned_with_the_one_trai
     built = json.loads((out / "preprocessor_config.json").read_text())
     assert built["size"] == {"height": 8, "width": 8}, built
     assert (built["image_mean"], built["image_std"]) == ([0.5] * 3, [0.5] * 3), built
+
+
+def test_push_loads_the_processor_once(folders, tmp_path, capsys, monkeypatch):
+    """The command checks the folder (its processor loaded and tried) once and hands the result to the export."""
+    import transformers
+
+    loads = []
+    original = transformers.AutoImageProcessor.from_pretrained
+
+    def counted(*args, **kwargs):
+        loads.append(args[0])
+        return original(*args, **kwargs)
+
+    uploaded = []
+    monkeypatch.setattr(transformers.AutoImageProcessor, "from_pretrained", counted)
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: f"hub/{repo_id}")
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", lambda self, **kw: uploaded.append(kw))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", "hf_not_used")
+    model_dir = shutil.copytree(folders["image"], tmp_path / "image")
+    capsys.readouterr()
+    assert push.main([str(model_dir), "org/once"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.strip() == "hub/org/once"
+    assert len(uploaded) == 1, uploaded
+    assert loads == [model_dir], f"the image processor was loaded {len(loads)} times: {loads}"
