@@ -1,6 +1,8 @@
 """A model folder whose processor files are broken (invalid or truncated JSON, a field of the wrong type, a missing
-size) is refused by `predict`, `inspect`, `export` and `push` in one line naming the file, before the model runs or
-anything is written or uploaded: the shared check is `export.load_processor`.
+size) is refused by `predict`, `inspect`, `export`, `push`, `evaluate` and `train --from_pretrained` in one line naming
+the file, before the model runs or anything is written or uploaded (evaluate and train: before the dataset loads):
+the shared check is `processing.load_processor`. A folder without an image processor is evaluated and fine-tuned
+with the one training builds from the config.
 
 Folders: a digits-size image classifier (8×8 RGB), a text classifier and a Sudoku model (their tokenizer files), and
 a masked-image-modelling head (its image tokenizer, the processor of that head).
@@ -23,7 +25,8 @@ from PIL import Image
 from test_export import build_model_dir
 from transformers import ViTImageProcessorPil
 
-from energyformers.training import export, inspect, predict, push
+# setup imported here, before any test patches the `weights` and `data` functions it binds at its import
+from energyformers.training import cli, export, inspect, predict, push, setup, train
 from energyformers.training.processing import cell_tokenizer
 
 PUZZLE = "0" * 81
@@ -201,3 +204,136 @@ def test_a_grey_models_processor_is_probed_with_a_grey_image(tmp_path):
     ).save_pretrained(model_dir)
     export.export_model_dir(model_dir, tmp_path / "out")
     assert (tmp_path / "out" / "preprocessor_config.json").is_file()
+
+
+# what evaluate and train --from_pretrained load: an image processor or a text tokenizer (evaluate needs no Sudoku
+# tokenizer, the cells being the ids; train --from_pretrained loads the checkpoint's, as the other commands do)
+EVALUATE_CASES = [case for case in CASES if case[0] in ("image", "text")]
+TRAIN_CASES = [case for case in CASES if case[0] in ("image", "text", "sudoku")]
+DATASETS = {"image": "digits", "text": "spam", "sudoku": "sudoku"}
+
+
+def _ids(cases: list) -> list[str]:
+    return [f"{folder}-{name}-{damage.__name__.lstrip('_')}" for folder, name, damage, _ in cases]
+
+
+@pytest.fixture
+def no_data_loads(monkeypatch):
+    """Loading the dataset fails the test: a broken processor is refused before."""
+
+    def loaded(name, *args, **kwargs):
+        raise AssertionError(f"the dataset {name!r} was loaded")
+
+    monkeypatch.setattr("energyformers.training.data.load_data", loaded)
+    monkeypatch.setattr(setup, "load_data", loaded)
+    monkeypatch.setattr(setup, "load_fitting_weights", loaded)
+
+
+@pytest.mark.parametrize("folder, name, damage, words", EVALUATE_CASES, ids=_ids(EVALUATE_CASES))
+def test_evaluate_refuses_a_broken_processor_before_the_dataset_loads(
+    folders, tmp_path, capsys, no_model_runs, no_data_loads, folder, name, damage, words
+):
+    model_dir = _damaged(folders, tmp_path, folder, name, damage)
+    output = tmp_path / "metrics.json"
+    capsys.readouterr()
+    code = cli.main(["evaluate", str(model_dir), "--dataset", DATASETS[folder], "--output_file", str(output)])
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    _refusal(captured.err, "evaluate", model_dir / name, words)
+    assert captured.out == "" and not output.exists()
+
+
+@pytest.mark.parametrize("folder, name, damage, words", TRAIN_CASES, ids=_ids(TRAIN_CASES))
+def test_train_from_pretrained_refuses_a_broken_processor_before_the_dataset_loads(
+    folders, tmp_path, capsys, no_model_runs, no_data_loads, folder, name, damage, words
+):
+    model_dir = _damaged(folders, tmp_path, folder, name, damage)
+    out = tmp_path / "finetuned"
+    capsys.readouterr()
+    code = train.main(
+        ["--from_pretrained", str(model_dir), "--dataset", DATASETS[folder], "--output_dir", str(out)]
+    )
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"energyformers train: error: --from_pretrained {model_dir / name}: "), err
+    assert words in err, f"{words!r} is not in {err!r}"
+    assert not out.exists(), "train made its output folder for a checkpoint it refused"
+
+
+DIGITS = {i: str(i) for i in range(10)}  # the label set of the built-in digits
+
+
+def test_a_folder_without_an_image_processor_is_evaluated_with_the_one_training_builds(tmp_path, capsys):
+    """The built processor is the saved one's twin (digits' 8×8 images, scaled to [-1, 1]): the same metrics."""
+    saved = build_model_dir(
+        tmp_path / "saved", "hyperset", "AutoModelForImageClassification", "image", labels=DIGITS
+    )
+    bare = shutil.copytree(saved, tmp_path / "bare")
+    (bare / "preprocessor_config.json").unlink()
+    reports = []
+    for model_dir in (saved, bare):
+        argv = ["evaluate", str(model_dir), "--dataset", "digits", "--max_samples", "16", "--json"]
+        assert cli.main(argv) == 0, capsys.readouterr().err
+        metrics = json.loads(capsys.readouterr().out)["metrics"]
+        reports.append({key: metrics[f"test_{key}"] for key in ("loss", "accuracy", "f1_macro")})
+    # the same pixels through the same model in one process: equal exactly
+    assert reports[0] == reports[1], reports
+    assert sorted(p.name for p in bare.iterdir()) == sorted(
+        p.name for p in saved.iterdir() if p.name != "preprocessor_config.json"
+    ), "evaluate wrote into the model folder"
+
+
+def test_a_checkpoint_without_an_image_processor_is_fine_tuned_with_the_one_training_builds(tmp_path, capsys):
+    source = build_model_dir(tmp_path / "bare", "hyperset", "AutoModelForImageClassification", "image")
+    (source / "preprocessor_config.json").unlink()
+    out = tmp_path / "finetuned"
+    argv = [
+        "--from_pretrained",
+        str(source),
+        "--dataset",
+        "digits",
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "1",
+    ]
+    argv += ["--max_train_samples", "16", "--max_eval_samples", "8", "--max_test_samples", "8"]
+    argv += [
+        "--per_device_train_batch_size",
+        "8",
+        "--num_threads",
+        "1",
+        "--disable_tqdm",
+        "--num_predictions",
+        "0",
+    ]
+    assert train.main(argv) == 0, capsys.readouterr().err
+    built = json.loads((out / "preprocessor_config.json").read_text())
+    assert built["size"] == {"height": 8, "width": 8}, built
+    assert (built["image_mean"], built["image_std"]) == ([0.5] * 3, [0.5] * 3), built
+
+
+def test_push_loads_the_processor_once(folders, tmp_path, capsys, monkeypatch):
+    """The command checks the folder (its processor loaded and tried) once and hands the result to the export."""
+    import transformers
+
+    loads = []
+    original = transformers.AutoImageProcessor.from_pretrained
+
+    def counted(*args, **kwargs):
+        loads.append(args[0])
+        return original(*args, **kwargs)
+
+    uploaded = []
+    monkeypatch.setattr(transformers.AutoImageProcessor, "from_pretrained", counted)
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: f"hub/{repo_id}")
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", lambda self, **kw: uploaded.append(kw))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", "hf_not_used")
+    model_dir = shutil.copytree(folders["image"], tmp_path / "image")
+    capsys.readouterr()
+    assert push.main([str(model_dir), "org/once"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.strip() == "hub/org/once"
+    assert len(uploaded) == 1, uploaded
+    assert loads == [model_dir], f"the image processor was loaded {len(loads)} times: {loads}"

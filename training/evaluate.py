@@ -277,32 +277,16 @@ def load_config(model_dir: str) -> Any:
         raise UsageError(cannot_load(model_dir, err)) from None
 
 
-def load_processor(model_dir: str, config: Any, task: str) -> Any:
-    """The processor saved with the model, as `train --from_pretrained` loads it: an image processor (built from the
-    config, as training builds it, when the folder has none), a tokenizer for texts; none for Sudoku cells."""
-    from .processing import build_image_processor
-    from .setup import auto_processor
+def saved_processor(model_dir: str, config: Any, task: str) -> Any:
+    """The processor saved with the model, loaded and tried as `train --from_pretrained` loads it
+    (`predict.load_processor_or_refuse`): an image processor (built from the config, as training builds it, when the
+    folder has none), a tokenizer for texts; none for Sudoku cells, which already are the ids. A broken file is a
+    one-line `UsageError` naming it."""
+    from .predict import load_processor_or_refuse
 
-    input_type = getattr(config, "input_type", "image")
     if task == "token-classification":
         return None
-    if input_type == "image":
-        try:
-            return auto_processor(input_type).from_pretrained(model_dir, backend="pil")
-        except (OSError, ValueError):
-            try:
-                return build_image_processor(config)
-            except ValueError as err:
-                raise UsageError(
-                    f"{model_dir}: no image processor saved and none can be built ({err})"
-                ) from None
-    try:
-        return auto_processor(input_type).from_pretrained(model_dir)
-    except (OSError, ValueError) as err:
-        raise UsageError(
-            f"{model_dir} has no tokenizer (tokenizer.json); a text model folder holds the tokenizer it was trained "
-            f"with ({' '.join(str(err).split())})"
-        ) from None
+    return load_processor_or_refuse(model_dir, config.to_dict(), build_missing=True)
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
@@ -320,7 +304,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         load_metrics,
         primary_metric,
     )
-    from .predict import cannot_load, check_depth_arguments
+    from .predict import cannot_load, check_depth_arguments, task_for
     from .setup import auto_head, preprocessing
     from .trainer import DepthTrainer
     from .weights import WeightsMismatchError, load_fitting_weights
@@ -333,6 +317,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             f"{sorted(MODEL_TYPES)}"
         )
     check_model_config(args, config.to_dict())  # again for a Hub model
+    # before the data loads: the dataset's task must be the model's (`check_dataset_fits`)
+    processor = saved_processor(args.model_dir, config, task_for(config))
     data = load_data(
         args.dataset,
         image_column=args.image_column,
@@ -345,7 +331,6 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     rows = data[args.split]
     if args.max_samples is not None:
         rows = rows.select(range(min(args.max_samples, len(rows))))
-    processor = load_processor(args.model_dir, config, task)
     transform, collator = preprocessing(task, config, processor)
     rows.set_transform(transform)
     try:

@@ -8,7 +8,8 @@ registered Auto classes, and without it through `trust_remote_code=True`, becaus
 * the image processor or tokenizer files; a masked-image-modelling head's image tokenizer
   (`vq_tokenizer_config.json` + `vq_tokenizer.safetensors`, or a VQGAN's subfolder: `energyformers.mim`) instead
   of a text tokenizer, which such a head has none of (its inputs are the codes of that image tokenizer); each is
-  loaded and tried first as a user of the export loads it (`load_processor`), so a broken one is never published,
+  loaded and tried first as a user of the export loads it (`processing.load_processor`), so a broken one is never
+  published,
 * flat remote code `configuration_<stem>.py` + `modeling_<stem>.py`, generated from the package sources by
   rewriting the single `from ..configuration.configuration_<stem> import <Arch>Config` line; anything else
   that would not import without the package (other relative imports, `energyformers`, third-party modules
@@ -32,7 +33,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -52,22 +52,9 @@ from .weights import PICKLE_WEIGHTS, check_model_folder, check_weights_readable,
 
 logger = logging.getLogger(__name__)
 
-# Files a processor may consist of; copied when present. The ones *required* are the input type's
-# `processor_files` in `energyformers.INPUT_TYPES`.
-PROCESSOR_FILES = (
-    "preprocessor_config.json",
-    "processor_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.txt",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-)
-# Carried along when present: the card links the metrics, curve and `energyformers inspect` figures; a converted
-# checkpoint's official extras make the reverse conversion of the exported folder exact.
+# Carried along when present, beside the processor's files (`processing.PROCESSOR_FILES`): the card links the
+# metrics, curve and `energyformers inspect` figures; a converted checkpoint's official extras make the reverse
+# conversion of the exported folder exact.
 EXTRA_FILES = ("metrics.json", "training_curve.png", "official_extras.safetensors", "inspect.json")
 INSPECT_REPORT = "inspect.json"
 
@@ -121,6 +108,7 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
     import energyformers
     from energyformers import FAMILIES, INPUT_TYPES, task_of
 
+    from .processing import PROCESSOR_FILES, load_processor  # loads transformers: not at this module's import
     from .remote_code import exportable_models
 
     model_dir = Path(model_dir)
@@ -186,183 +174,6 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
     }
 
 
-def processor_kind(processor_class: str) -> str:
-    """The processor's name in messages: AutoImageProcessor -> "image processor", AutoTokenizer -> "tokenizer"."""
-    return " ".join(re.findall(r"[A-Z][a-z]*", processor_class.removeprefix("Auto"))).lower()
-
-
-# The text a loaded tokenizer is tried on: a Sudoku cell tokenizer reads digits only, any other reads it too.
-PROBE_TEXT = "0"
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`; a ValueError naming the file when it is not valid JSON or holds another value."""
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
-        raise ValueError(f"{path}: not valid JSON ({err}); save it again with save_pretrained.") from None
-    if not isinstance(value, dict):
-        raise ValueError(
-            f"{path}: holds a JSON {type(value).__name__}, not an object; save it again with save_pretrained."
-        )
-    return value
-
-
-def one_line(err: BaseException) -> str:
-    """An exception's message on one line (the commands' contract), its type where it has none."""
-    return " ".join(str(err).split()) or type(err).__name__
-
-
-def load_processor(model_dir: str | os.PathLike, config: dict[str, Any], *, mim: bool = False) -> Any:
-    """The processor saved with the model in `model_dir` (a folder, or a Hub repo id), loaded as a user of the folder
-    loads it, and tried once on a probe input. Shared by predict, inspect, export and push, so a folder whose
-    processor files are broken is refused, naming the file, before any of them runs the model or writes anything.
-
-    `config` is the model's config.json as a dict. The processor is the input type's `processor_class`
-    (`energyformers.INPUT_TYPES`): an image processor (`AutoImageProcessor`, the PIL backend), whose pixel values of
-    a probe image must have the model's channels and image size (a processor without its `size` resizes to
-    transformers' default, which the model does not take), or a tokenizer (`AutoTokenizer`), which must tokenize a
-    probe text. With `mim`, a masked-image-modelling head's image tokenizer (`energyformers.mim.load_vq_tokenizer`),
-    whose codebook and grid must fit the model; None when the folder has none (the tokenizer is optional in an
-    export; the commands that need it word its absence themselves).
-
-    FileNotFoundError for a processor file that is missing, ValueError (`TokenizerMismatchError` for an image
-    tokenizer that does not fit) naming the file and what is wrong with it."""
-    folder = Path(model_dir).expanduser()
-    local = folder.is_dir()  # else a Hub repo id: its files are the loader's to fetch and report
-    if mim:
-        return load_image_tokenizer(model_dir, folder, local, config)
-    from energyformers import INPUT_TYPES
-
-    input_type = config.get("input_type", "image")
-    processor_class = INPUT_TYPES[input_type].processor_class
-    if local:
-        missing = [name for name in INPUT_TYPES[input_type].processor_files if not (folder / name).is_file()]
-        if missing:
-            kind = processor_kind(processor_class)
-            raise FileNotFoundError(
-                f"{model_dir}: missing {kind} file(s) {missing}; save the {kind} into the model folder "
-                "(processor.save_pretrained(model_dir)) so the model can preprocess its inputs."
-            )
-        for name in PROCESSOR_FILES:
-            if name.endswith(".json") and (folder / name).is_file():
-                read_json_object(folder / name)
-    if processor_class == "AutoImageProcessor":
-        return load_image_processor(model_dir, folder / "preprocessor_config.json", config)
-    return load_tokenizer(model_dir, folder, local)
-
-
-def load_image_processor(model_dir: str | os.PathLike, path: Path, config: dict[str, Any]) -> Any:
-    """`load_processor` of an image model: `path` is its preprocessor_config.json, named in every refusal."""
-    import numpy as np
-    import transformers
-    from PIL import Image
-
-    again = "save the image processor again (processor.save_pretrained(model_dir))"
-    try:
-        processor = transformers.AutoImageProcessor.from_pretrained(model_dir, backend="pil")
-    except Exception as err:  # the file is valid JSON: whatever the loader fails on is in its fields
-        raise ValueError(f"{path}: AutoImageProcessor cannot load it ({one_line(err)}); {again}") from None
-    size = config.get("image_size")
-    pair = isinstance(size, (list, tuple)) and len(size) == 2
-    height, width = (size, size) if isinstance(size, int) else tuple(size) if pair else (None, None)
-    channels = config.get("num_channels", 3)
-    # a probe of another size than the model's, so the resizing runs too; grey for a one-channel model
-    side_h, side_w = (height or 8) + 5, (width or 8) + 3
-    pixels = (np.arange(side_h * side_w * 3).reshape(side_h, side_w, 3) % 256).astype(np.uint8)
-    probe = Image.fromarray(pixels).convert("L" if channels == 1 else "RGB")
-    try:
-        values = np.asarray(processor([probe], return_tensors="np")["pixel_values"])
-    except Exception as err:  # a field of the wrong type (image_mean "abc", ...) fails only on an image
-        raise ValueError(
-            f"{path}: the image processor fails on an image ({one_line(err)}); {again}"
-        ) from None
-    expected = (channels, height, width)
-    if all(isinstance(n, int) for n in expected) and tuple(values.shape[1:]) != expected:
-        got = "×".join(str(n) for n in values.shape[1:])
-        raise ValueError(
-            f"{path}: turns an image into {got} pixel values and the model takes "
-            f"{'×'.join(str(n) for n in expected)} (config.json num_channels, image_size); {again} with the "
-            "model's size"
-        )
-    if not np.isfinite(values).all():
-        raise ValueError(f"{path}: gives non-finite pixel values (a zero in image_std?); {again}")
-    return processor
-
-
-def load_tokenizer(model_dir: str | os.PathLike, folder: Path, local: bool) -> Any:
-    """`load_processor` of a text or Sudoku model: tokenizer.json read alone first (so a broken one is named as
-    such), then `AutoTokenizer` on the folder, whose remaining input is tokenizer_config.json."""
-    import transformers
-
-    again = "save the tokenizer again (tokenizer.save_pretrained(model_dir))"
-    if local:
-        from tokenizers import Tokenizer
-
-        try:
-            Tokenizer.from_file(str(folder / "tokenizer.json"))
-        except Exception as err:  # the tokenizers library raises a bare Exception
-            raise ValueError(
-                f"{folder / 'tokenizer.json'}: not a tokenizer the tokenizers library reads ({one_line(err)}); {again}"
-            ) from None
-    path = folder / "tokenizer_config.json"
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    except Exception as err:  # tokenizer.json reads: what the loader fails on is the config's
-        raise ValueError(
-            f"{path}: AutoTokenizer cannot load the tokenizer ({one_line(err)}); {again}"
-        ) from None
-    try:
-        tokenizer([PROBE_TEXT], truncation=True, padding=tokenizer.pad_token is not None)
-    except Exception as err:  # e.g. a model_max_length that is no number fails only on a text
-        raise ValueError(f"{path}: the tokenizer fails on a text ({one_line(err)}); {again}") from None
-    return tokenizer
-
-
-def load_image_tokenizer(
-    model_dir: str | os.PathLike, folder: Path, local: bool, config: dict[str, Any]
-) -> Any:
-    """`load_processor` of a masked-image-modelling head: its image tokenizer's files (JSON and safetensors headers)
-    read one by one, then the tokenizer loaded and its codebook and grid checked against the model."""
-    from safetensors import safe_open
-
-    from energyformers.mim import TokenizerMismatchError, check_tokenizer_fits, load_vq_tokenizer
-
-    path = folder / TOKENIZER_CONFIG_NAME
-    if local:
-        if not path.is_file():
-            return None
-        read_json_object(path)
-        for name in vq_tokenizer_files(folder):
-            if name.endswith(".json"):
-                read_json_object(folder / name)
-            elif name.endswith(".safetensors"):
-                try:
-                    with safe_open(str(folder / name), framework="numpy"):
-                        pass
-                except Exception as err:  # safetensors' SafetensorError has no public base class
-                    raise ValueError(
-                        f"{folder / name}: cannot be read ({one_line(err)}); the file is truncated or corrupt: "
-                        "save the image tokenizer again"
-                    ) from None
-    try:
-        tokenizer = load_vq_tokenizer(model_dir)
-    except FileNotFoundError:
-        if not local:  # a Hub repo without an image tokenizer
-            return None
-        raise
-    except Exception as err:  # its files read: what the loader fails on is in the settings
-        raise ValueError(
-            f"{path}: the image tokenizer does not load ({one_line(err)}); save it again (PatchKMeansTokenizer / "
-            "VQGANTokenizer .save_pretrained(model_dir))"
-        ) from None
-    try:
-        check_tokenizer_fits(tokenizer.codebook_size, getattr(tokenizer, "grid", None), config)
-    except TokenizerMismatchError as err:
-        raise TokenizerMismatchError(f"{model_dir}: {err}") from None
-    return tokenizer
-
-
 def check_weights_load(info: dict[str, Any]) -> int:
     """Load the folder with the in-package class; refuse weights that do not match the config
     (`load_fitting_weights`, the check every command makes)."""
@@ -386,11 +197,13 @@ def export_model_dir(
     *,
     repo_id: str | None = None,
     overwrite: bool = False,
+    info: dict[str, Any] | None = None,
 ) -> Path:
     """Write a Hub-ready copy of `model_dir` to `out_dir` (see the module docstring); returns `out_dir`.
 
     `repo_id` only personalises the loading snippets of the card. An existing non-empty `out_dir` is replaced
-    only with `overwrite=True`, and only after the new folder is complete.
+    only with `overwrite=True`, and only after the new folder is complete. `info` is `inspect_model_dir(model_dir)`
+    where the caller has it already (push), so the folder is checked and its processor loaded once per command.
     """
     from .cli import check_output_folder
 
@@ -399,7 +212,7 @@ def export_model_dir(
     if problem is not None:
         raise ValueError(problem)
     check_output_folder(out_dir, "out_dir", "overwrite=True", overwrite=overwrite, error=FileExistsError)
-    info = inspect_model_dir(model_dir)
+    info = inspect_model_dir(model_dir) if info is None else info
     sources = remote_code_sources(info["model_type"])  # fails before anything is written
     mim = info["auto_class"] == MIM_AUTO_CLASS
     if mim:  # the pipeline too: transformers has no masked-image-modelling task of its own
@@ -543,14 +356,11 @@ __all__ = [
     "EXTRA_FILES",
     "MIM_AUTO_CLASS",
     "PICKLE_WEIGHTS",
-    "PROCESSOR_FILES",
     "auto_map",
     "check_weights_load",
     "export_model_dir",
     "generate_remote_code",
     "inspect_model_dir",
-    "load_processor",
-    "processor_kind",
     "remote_code_sources",
     "render_model_card",
     "vq_tokenizer_files",

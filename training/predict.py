@@ -699,14 +699,18 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
     return 0
 
 
-def load_processor_or_refuse(model_dir: str, config: dict[str, Any], mim: bool = False) -> Any:
-    """The processor saved with the model (`export.load_processor`: its image processor or tokenizer, or with `mim`
-    a masked-image-modelling head's image tokenizer), loaded before the weights; a `UsageError` naming the file and
-    what is wrong with it (a missing image tokenizer: how to save one)."""
-    from .export import load_processor
+def load_processor_or_refuse(
+    model_dir: str, config: dict[str, Any], mim: bool = False, build_missing: bool = False
+) -> Any:
+    """The processor saved with the model (`processing.load_processor`: its image processor or tokenizer, or with
+    `mim` a masked-image-modelling head's image tokenizer; with `build_missing`, an image processor built from the
+    config when the folder has none), loaded before the weights; a `UsageError` naming the file and what is wrong
+    with it (a missing image tokenizer: how to save one). Shared by predict, inspect, evaluate and
+    `train --from_pretrained`."""
+    from .processing import load_processor
 
     try:
-        processor = load_processor(model_dir, config, mim=mim)
+        processor = load_processor(model_dir, config, mim=mim, build_missing=build_missing)
     except (OSError, ValueError) as err:  # the messages name the folder's file
         raise UsageError(str(err)) from None
     if mim and processor is None:

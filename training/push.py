@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from .cli import CommandFailed, CommandParser, UsageError, run_command
 
@@ -101,20 +102,23 @@ def push_model_dir(
     revision: str | None = None,
     commit_message: str | None = None,
     token: str | None = None,
+    info: dict[str, Any] | None = None,
 ) -> str:
     """Export `model_dir` to a temporary folder and upload it to `repo_id`; returns the repo URL.
 
     Checked before any weights load or anything goes out, in the order `energyformers push` checks them: the
     folder (FileNotFoundError / ValueError: a folder with config.json, of an energyformers model with its
     processor, which loads, as `export_model_dir` needs it), then `repo_id` (ValueError), then a token
-    (`MissingTokenError`) and online mode (`HubOfflineError`), worded by `hub_access_error`.
+    (`MissingTokenError`) and online mode (`HubOfflineError`), worded by `hub_access_error`. `info` is
+    `export.inspect_model_dir(model_dir)` where the caller checked the folder already (`energyformers push`).
     """
     from huggingface_hub import HfApi, constants, get_token
     from huggingface_hub.errors import HfHubHTTPError
 
     from .export import export_model_dir, inspect_model_dir
 
-    inspect_model_dir(model_dir)  # reads config.json and the weights' headers, loads no weights
+    if info is None:  # reads config.json and the weights' headers, loads the processor, loads no weights
+        info = inspect_model_dir(model_dir)
     check_repo_id(repo_id)
     problem = hub_access_error(token, "token=")
     if problem is not None:
@@ -122,7 +126,7 @@ def push_model_dir(
     api = HfApi(token=token or get_token())
     with tempfile.TemporaryDirectory(prefix="energyformers-push-") as tmp:
         # Export first: a broken folder fails here, before the network, and the temp folder always goes.
-        folder = export_model_dir(model_dir, Path(tmp) / "export", repo_id=repo_id)
+        folder = export_model_dir(model_dir, Path(tmp) / "export", repo_id=repo_id, info=info)
         step = "create the repository"
         try:
             url = api.create_repo(repo_id, private=private, exist_ok=True)
@@ -182,7 +186,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     check_model_dir(args.model_dir)
     try:
-        inspect_model_dir(args.model_dir)
+        args.info = inspect_model_dir(args.model_dir)  # passed on to the export: the processor loads once
         check_repo_id(args.repo_id, flag="REPO_ID")
     except (FileNotFoundError, ValueError) as err:  # the messages name the folder, its file or the repo id
         raise UsageError(str(err)) from None
@@ -206,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
             revision=args.revision,
             commit_message=args.commit_message,
             token=args.token,
+            info=args.info,
         )
     except (FileNotFoundError, FileExistsError, ValueError) as err:  # the folder's content, found on export
         raise UsageError(str(err)) from None

@@ -1,7 +1,8 @@
 """Config, processor, model and data of a training run, built from the parsed arguments (both loops).
 
 `build(args, state)` first checks the model flags as far as they can be judged without the data
-(`check_flags_before_data`), then loads and checks the data, builds the config (CLI preset, `--preset`, `--config`,
+(`check_flags_before_data`) and loads the `--from_pretrained` checkpoint's processor (`pretrained_processor`),
+then loads and checks the data, builds the config (CLI preset, `--preset`, `--config`,
 `--from_pretrained`, config-field flags) and the processor saved with the model, creates or loads the model
 and runs one real batch through it, so every mismatch surfaces before training and before anything is written.
 Input errors are `UsageError` (bad flags) or `DataError` (bad data): one line each, no traceback.
@@ -256,8 +257,12 @@ def check_pretrained_source(source: str) -> None:
     check_model_folder(source, label="--from_pretrained")
 
 
-def build_config_and_processor(args: Arguments, data: Any, state: Any) -> tuple[Any, Any]:
-    """The model config and the processor saved with it, from the model flags and the data."""
+def build_config_and_processor(
+    args: Arguments, data: Any, state: Any, processor: Any = None
+) -> tuple[Any, Any]:
+    """The model config and the processor saved with it, from the model flags and the data. `processor`: the
+    `--from_pretrained` checkpoint's (`pretrained_processor`) where `build` loaded it before the data; else it is
+    loaded here."""
     m, d = args.model, args.data
     task = task_of(data)
     modality = input_type_of(data)
@@ -270,7 +275,7 @@ def build_config_and_processor(args: Arguments, data: Any, state: Any) -> tuple[
         )
     try:
         if m.from_pretrained:
-            return _pretrained_config_and_processor(args, overrides, labels, modality, task)
+            return _pretrained_config_and_processor(args, overrides, labels, modality, task, processor)
         return _new_config_and_processor(args, data, state, overrides, labels, modality, task)
     except (TypeError, ValueError) as err:  # e.g. the image processor refusing num_channels=1
         if isinstance(err, (UsageError, DataError)):
@@ -296,11 +301,28 @@ def _pretrained_config(args: Arguments) -> Any:
     return config
 
 
-def _pretrained_config_and_processor(
-    args: Arguments, overrides: dict[str, Any], labels: dict[str, Any], modality: str, task: str
-) -> tuple[Any, Any]:
-    from .processing import build_image_processor
+def pretrained_processor(args: Arguments) -> Any:
+    """The `--from_pretrained` checkpoint's processor, loaded and tried as every command loads a model folder's
+    (`processing.load_processor`): its image processor, or one built from its config as training builds it when it
+    has none; its tokenizer, which a text or Sudoku checkpoint must ship (its embeddings were trained with it). A
+    missing tokenizer or a broken file is a one-line `UsageError` naming it."""
+    from .processing import load_processor
 
+    config = _pretrained_config(args)
+    try:
+        return load_processor(args.model.from_pretrained, config.to_dict(), build_missing=True)
+    except (OSError, ValueError) as err:  # the messages name the checkpoint's file
+        raise UsageError(f"--from_pretrained {err}") from None
+
+
+def _pretrained_config_and_processor(
+    args: Arguments,
+    overrides: dict[str, Any],
+    labels: dict[str, Any],
+    modality: str,
+    task: str,
+    processor: Any = None,
+) -> tuple[Any, Any]:
     source = args.model.from_pretrained
     config = _pretrained_config(args)
     if getattr(config, "input_type", None) != modality:
@@ -308,19 +330,8 @@ def _pretrained_config_and_processor(
             f"{source!r} takes input_type={getattr(config, 'input_type', None)!r}, "
             f"but {args.data.dataset!r} is a dataset for {task}"
         )
-    if modality == "image":
-        try:
-            processor = auto_processor(modality).from_pretrained(source, backend="pil")
-        except (OSError, ValueError):
-            processor = build_image_processor(config)
-    else:
-        try:
-            processor = auto_processor(modality).from_pretrained(source)
-        except (OSError, ValueError) as err:
-            raise UsageError(
-                f"{source!r} has no tokenizer; a text checkpoint must ship the tokenizer its embeddings were "
-                "trained with"
-            ) from err
+    if processor is None:
+        processor = pretrained_processor(args)
     check_override_names(type(config), overrides)
     flags = config_flag_overrides(args, type(config), config.model_type)
     try:  # re-validate the merged config
@@ -687,10 +698,12 @@ def build(args: Arguments, state: Any) -> Built:
     if recipe in RECIPE_TASKS and RECIPE_TASKS[recipe][0] not in served:
         _recipe_task(recipe, None)
     check_flags_before_data(args)
+    # a broken processor file of the checkpoint is refused before the dataset loads
+    processor = pretrained_processor(args) if args.model.from_pretrained else None
     data, warnings = load_and_check_data(args, state)
     task = task_of(data)
     _recipe_task(recipe, task)
-    config, processor = build_config_and_processor(args, data, state)
+    config, processor = build_config_and_processor(args, data, state, processor)
     warnings += drop_unapplied_recipe_values(args, config)  # a recipe value this model has no field for
     transformers.set_seed(args.run.seed)  # same initial weights on every rank and every rerun
     head = auto_head(config.input_type, task)
@@ -1321,6 +1334,7 @@ __all__ = [
     "new_head_tensors",
     "output_paths",
     "preprocessing",
+    "pretrained_processor",
     "processor_keyword",
     "record_run_arguments",
     "resume_identity",
