@@ -319,11 +319,14 @@ def test_export_folder_contents(exported, case_id):
     export_dir, model_dir = case["export_dir"], case["model_dir"]
     family = FAMILIES[case["model_type"]]
     stem, processor = family.stem, INPUT_TYPES[case["input_type"]].processor_files
-    expected = {"config.json", "model.safetensors", "metrics.json", "README.md", *processor}
+    expected = {"config.json", "model.safetensors", "metrics.json", "README.md", "LICENSE", *processor}
     expected |= {f"configuration_{stem}.py", f"modeling_{stem}.py"}
     if case["auto_class"] == "AutoModelForMaskedImageModeling":  # and its pipeline (transformers has none)
         expected |= {"pipeline_mim.py", "mim.py"}
     assert {p.name for p in export_dir.iterdir()} == expected
+    # the license of the code it carries, as the repository has it (Apache-2.0 §4(a))
+    license_file = Path(__file__).resolve().parents[1] / "LICENSE"
+    assert (export_dir / "LICENSE").read_bytes() == license_file.read_bytes()
     assert (export_dir / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
     config = json.loads((export_dir / "config.json").read_text())
     assert config["auto_map"] == {
@@ -1070,7 +1073,7 @@ def test_mim_folder_exports_with_its_image_tokenizer(mim_exported, model_type):
     stems = ["hyperset"] if model_type == "hyperset" else ["hyperset", "looped_transformer"]
     code = {f"{kind}_{stem}.py" for kind in ("configuration", "modeling") for stem in stems}
     code |= {"pipeline_mim.py", "mim.py"}  # the pipeline transformers lacks, and what it imports
-    expected = {"config.json", "model.safetensors", "metrics.json", "README.md", *code}
+    expected = {"config.json", "model.safetensors", "metrics.json", "README.md", "LICENSE", *code}
     tokenizer = {"vq_tokenizer_config.json", "vq_tokenizer.safetensors"}
     assert {p.name for p in export_dir.iterdir()} == expected | tokenizer
     for name in ("model.safetensors", *tokenizer):

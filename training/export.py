@@ -18,6 +18,7 @@ registered Auto classes, and without it through `trust_remote_code=True`, becaus
   `MaskedImageModelingPipeline` and the `energyformers.mim` definitions it uses (`remote_code.mim_pipeline_sources`),
   named in config.json's `custom_pipelines`, so `transformers.pipeline("masked-image-modeling", model=...,
   trust_remote_code=True)` runs it without the package,
+* `LICENSE`: the package's Apache-2.0 text, the license of the code the folder carries,
 * `README.md`: the model card (`training/card.py`: `model_cards/card.md` with the family's sections) rendered
   with `huggingface_hub.ModelCard` and the run's measured metrics (`metrics.json`) as `model-index` results.
 
@@ -42,9 +43,11 @@ from typing import Any
 from ..tokenizer_fit import MIM_AUTO_CLASS, TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME
 from .card import render_model_card
 from .remote_code import (
+    LICENSE_FILE,
     auto_map,
     custom_pipelines,
     generate_remote_code,
+    license_text,
     mim_pipeline_sources,
     remote_code_sources,
 )
@@ -217,6 +220,7 @@ def export_model_dir(
     mim = info["auto_class"] == MIM_AUTO_CLASS
     if mim:  # the pipeline too: transformers has no masked-image-modelling task of its own
         sources.update(mim_pipeline_sources())
+    sources[LICENSE_FILE] = license_text()  # the license of the code it carries
     num_parameters = check_weights_load(info)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,31 @@ from ..tokenizer_fit import MIM_AUTO_CLASS, MIM_TASK
 
 ALLOWED_TOP_LEVEL = frozenset(sys.stdlib_module_names) | {"torch", "transformers"}
 
+# The package's license, written beside the remote code it copies: Apache-2.0 §4(a) asks that a redistribution of
+# the work give its recipients a copy of the license.
+LICENSE_FILE = "LICENSE"
+
+
+def license_text() -> str:
+    """The package's LICENSE text: from the source checkout (an editable install, a clone) or from the installed
+    distribution's metadata (a wheel keeps it in `*.dist-info/licenses/`). FileNotFoundError when neither has it."""
+    import importlib.metadata
+
+    checkout = Path(__file__).resolve().parents[1] / LICENSE_FILE
+    if checkout.is_file():
+        return checkout.read_text(encoding="utf-8")
+    try:
+        files = importlib.metadata.distribution("energyformers").files or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for file in files:
+        if file.name == LICENSE_FILE and Path(file.locate()).is_file():
+            return Path(file.locate()).read_text(encoding="utf-8")
+    raise FileNotFoundError(
+        "the energyformers package's LICENSE file is neither in its source folder nor in its installed metadata; "
+        "reinstall the package"
+    )
+
 
 def exportable_models() -> dict:
     """model_type -> `Family` of everything whose code can be exported: the families and the package's own
@@ -449,7 +474,7 @@ __all__ += [
 def write_folder_code(config: Any, folder: str | os.PathLike) -> list[Path]:
     """Write the remote code an exported folder carries into `folder`, for `config` being saved there (the package's
     `RecurrentDepthConfig.save_pretrained` calls it when the config has `auto_map`, i.e. was read from an export):
-    the family's configuration and modeling files, and when the config's stored `custom_pipelines` names the
+    the family's configuration and modeling files with the package's LICENSE, and when the config's stored `custom_pipelines` names the
     masked-image-modelling pipeline, that pipeline's files too. `auto_map` and that entry are set to what the
     written files define, as `export` writes them. Returns the paths written.
 
@@ -462,6 +487,7 @@ def write_folder_code(config: Any, folder: str | os.PathLike) -> list[Path]:
         stored.update(custom_pipelines())
         config.custom_pipelines = stored
     config.auto_map = auto_map(config.model_type)
+    sources[LICENSE_FILE] = license_text()
     os.makedirs(folder, exist_ok=True)
     written = []
     for name, source in sources.items():
@@ -471,4 +497,4 @@ def write_folder_code(config: Any, folder: str | os.PathLike) -> list[Path]:
     return written
 
 
-__all__ += ["write_folder_code"]
+__all__ += ["LICENSE_FILE", "license_text", "write_folder_code"]
