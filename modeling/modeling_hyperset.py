@@ -720,7 +720,20 @@ def sdpa_bisoftmax_attention(
     R v = SDPA(q, k, v), and C v = Σ_j e^{S_ij − ℓᶜ_j} v_j = e^{ℓʳ_i} SDPA(q, k, v ⊙ e^{−ℓᶜ})_i, max_j ℓᶜ_j factored
     out to stay in range. The column LSE ℓᶜ comes from SDPA with the roles of q and k swapped; both LSEs come from
     a sink key (`_sink_attention`), so the row part, the column part and ℓʳ share one call: two SDPA calls in all.
+    Float16 inputs, or float16 autocast, run both calls in float32 (below); other dtypes run them in their own.
     """
+    kind = q.device.type
+    autocast = torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)
+    if (torch.get_autocast_dtype(kind) if autocast else q.dtype) == torch.float16:
+        # Float16's range is too narrow for this identity: the sink score (a bound on a row's largest score) can
+        # sit units above the log-sum-exp, which pushes SDPA's weights below float16's normal numbers, and the
+        # column factors e^{max ℓᶜ − ℓᶜ_j} span e^{range of ℓᶜ}, which overflows float16 once that range passes
+        # about 11 (NaN forward, and backward earlier). Both SDPA calls then run in float32 (so does an enclosing
+        # float16 autocast, which would cast them back), and the result is rounded to the output dtype once.
+        with torch.autocast(kind, enabled=False):
+            wide = torch.promote_types(q.dtype, torch.float32)
+            out, _ = sdpa_bisoftmax_attention(q.to(wide), k.to(wide), v.to(wide), keep)
+        return out.to(v.dtype), None
     batch, heads, length, head_dim = q.shape
     real = None if keep is None else keep[:, None, :, None]  # (B, 1, N, 1)
     # SDPA's boolean mask over the N keys plus the sink (which every query reads: no row is empty, no NaN)
