@@ -217,6 +217,11 @@ LATE = [
         ["--task", "masked-image-modeling", "--config", "max_position_embeddings=7"],
         "--config max_position_embeddings=7: the image tokenizer sets max_position_embeddings=64",
     ),
+    (  # a preset made for Sudoku boards is not re-purposed as an image model
+        ["--preset", "sudoku"],
+        "--preset sudoku: a preset for sequence inputs, and --dataset digits (image-classification) has image "
+        "inputs; use one of ['cifar10-small',",
+    ),
 ]
 
 
@@ -244,6 +249,7 @@ BUILDS = [
         "max_position_embeddings=64",
     ],
     ["--dataset", "digits", "--task", "masked-image-modeling", "--config", "hidden_size=64"],
+    ["--dataset", "sudoku", "--preset", "sudoku", "--config", "hidden_size=24", "num_attention_heads=2"],
 ]
 
 

@@ -341,6 +341,25 @@ def _pretrained_config_and_processor(
     return config, processor
 
 
+def check_preset_input_type(config_class: type, preset: str, modality: str, data: str) -> None:
+    """A `UsageError` when `preset` is made for other inputs than `modality` (the data's); a preset that sets no
+    input type sizes a model for any. An unknown preset name is left to the config build, which words it."""
+    try:
+        made_for = config_class.preset_fields(preset).get("input_type")
+    except ValueError:
+        return
+    if made_for in (None, modality):
+        return
+    from energyformers.presets import PRESETS
+
+    table = PRESETS.get(config_class.model_type, {})
+    fitting = sorted(name for name, fields in table.items() if fields.get("input_type") in (None, modality))
+    raise UsageError(
+        f"--preset {preset}: a preset for {made_for} inputs, and {data} has {modality} inputs; use one of "
+        f"{fitting} or no --preset"
+    )
+
+
 def _new_config_and_processor(
     args: Arguments,
     data: Any,
@@ -368,6 +387,8 @@ def _new_config_and_processor(
         raise UsageError(
             f"--dataset {d.dataset} is a dataset for {task} and {model_type} has no {task} head; use one of {having}"
         )
+    if m.preset:  # a preset made for other inputs (Sudoku's on images) would be silently re-purposed
+        check_preset_input_type(config_class, m.preset, modality, f"--dataset {d.dataset} ({task})")
     check_override_names(config_class, overrides)  # before a text tokenizer is trained
     flags = config_flag_overrides(args, config_class, model_type)
     fields: dict[str, Any] = {"input_type": modality}
