@@ -340,8 +340,8 @@ def groups(smoke: bool) -> list[Group]:
                 AutoModelForImageClassification,
                 lambda: HyperBFConfig.from_preset("cifar", **hyperbf),
                 hyperbf_names,
-                # sdpa 1: the feedforward stopped folding at D = 768 (docs/hyperbf.md); both 1 and 2: inference is
-                # timed inside `cached_centers`
+                # rows measured before these revisions (sdpa folding at D = 768, inference outside
+                # `cached_centers`) are not what this script measures now, so --resume re-measures them
                 revisions={"eager": 1, "sdpa": 2},
             ),
             vit(

@@ -27,7 +27,7 @@ from transformers import ViTImageProcessorPil
 
 # setup imported here, before any test patches the `weights` and `data` functions it binds at its import
 from energyformers.training import cli, export, inspect, predict, push, setup, train
-from energyformers.training.processing import cell_tokenizer
+from energyformers.training.processing import cell_tokenizer, load_processor
 
 PUZZLE = "0" * 81
 
@@ -337,3 +337,25 @@ def test_push_loads_the_processor_once(folders, tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().out.strip() == "hub/org/once"
     assert len(uploaded) == 1, uploaded
     assert loads == [model_dir], f"the image processor was loaded {len(loads)} times: {loads}"
+
+
+def test_a_processor_that_does_not_resize_passes_for_inputs_of_the_models_size(folders, tmp_path, capsys):
+    """`do_resize=False` is valid for inputs already of the model's size: the probe is of that size, so the folder
+    predicts, and the prediction is the resizing processor's (an 8×8 image is left as it is by either)."""
+    model_dir = tmp_path / "no-resize"
+    shutil.copytree(folders["image"], model_dir)
+    config = json.loads((model_dir / "preprocessor_config.json").read_text())
+    (model_dir / "preprocessor_config.json").write_text(json.dumps({**config, "do_resize": False}))
+    outputs = []
+    for folder in (folders["image"], model_dir):
+        assert cli.main(["predict", str(folder), str(folders["image-input"])]) == 0, capsys.readouterr().err
+        outputs.append(capsys.readouterr().out.split("\t", 1)[1])
+    assert outputs[0] == outputs[1], outputs
+
+
+def test_a_folder_named_with_a_tilde_loads(folders, monkeypatch):
+    """`~` is expanded for the loaders too, not only for the folder test."""
+    monkeypatch.setenv("HOME", str(folders["image"].parent))
+    config = json.loads((folders["image"] / "config.json").read_text())
+    processor = load_processor(f"~/{folders['image'].name}", config)
+    assert processor.size == {"height": 8, "width": 8}, processor.size

@@ -192,3 +192,20 @@ def test_a_pipeline_file_missing_from_the_source_is_a_warning_and_the_weights_ar
         "files"
     ]
     assert "mim.py" not in case["files"]["model"], case["files"]
+
+
+def test_a_folder_saved_again_gets_the_code_license_and_keeps_a_license_of_its_own(tmp_path):
+    """Saving a config read from an export writes the remote code with the package's LICENSE, unless the folder
+    already has a LICENSE: that one (a weights' license may differ from the code's) is kept as it is."""
+    from energyformers import HyperSetConfig
+
+    license_text = (Path(__file__).resolve().parents[1] / "LICENSE").read_text()
+    for folder, own in ((tmp_path / "new", None), (tmp_path / "own", "My weights: CC-BY-NC-4.0\n")):
+        folder.mkdir()
+        if own is not None:
+            (folder / "LICENSE").write_text(own)
+        config = HyperSetConfig()
+        config.auto_map = {"AutoConfig": "configuration_hyperset.HyperSetConfig"}
+        config.save_pretrained(folder)
+        assert (folder / "modeling_hyperset.py").is_file(), sorted(p.name for p in folder.iterdir())
+        assert (folder / "LICENSE").read_text() == (own or license_text)

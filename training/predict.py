@@ -700,19 +700,23 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
 
 
 def load_processor_or_refuse(
-    model_dir: str, config: dict[str, Any], mim: bool = False, build_missing: bool = False
+    model_dir: str,
+    config: dict[str, Any],
+    mim: bool = False,
+    build_missing: bool = False,
+    flag: str | None = None,
 ) -> Any:
     """The processor saved with the model (`processing.load_processor`: its image processor or tokenizer, or with
     `mim` a masked-image-modelling head's image tokenizer; with `build_missing`, an image processor built from the
     config when the folder has none), loaded before the weights; a `UsageError` naming the file and what is wrong
-    with it (a missing image tokenizer: how to save one). Shared by predict, inspect, evaluate and
-    `train --from_pretrained`."""
+    with it (a missing image tokenizer: how to save one), after `flag` where the folder came from one. Shared by
+    predict, inspect, evaluate and `train --from_pretrained`."""
     from .processing import load_processor
 
     try:
         processor = load_processor(model_dir, config, mim=mim, build_missing=build_missing)
     except (OSError, ValueError) as err:  # the messages name the folder's file
-        raise UsageError(str(err)) from None
+        raise UsageError(f"{flag} {err}" if flag else str(err)) from None
     if mim and processor is None:
         raise UsageError(no_image_tokenizer(model_dir, config))
     return processor

@@ -229,6 +229,8 @@ def load_processor(
     tokenizer that does not fit) naming the file and what is wrong with it."""
     folder = Path(model_dir).expanduser()
     local = folder.is_dir()  # else a Hub repo id: its files are the loader's to fetch and report
+    if local:
+        model_dir = folder  # `~` expanded for the loaders too
     if mim:
         return load_image_tokenizer(model_dir, folder, local, config)
     from energyformers import INPUT_TYPES
@@ -277,16 +279,21 @@ def load_image_processor(
     again = "save the image processor again (processor.save_pretrained(model_dir))"
     try:
         processor = transformers.AutoImageProcessor.from_pretrained(model_dir, backend="pil")
-    except Exception as err:  # the file is valid JSON: whatever the loader fails on is in its fields
+    except Exception as err:  # a local file is valid JSON: whatever the loader fails on is in its fields
         if build_missing and isinstance(err, OSError):  # a Hub repo without the file
             return built_image_processor(model_dir, config)
+        if not Path(
+            model_dir
+        ).is_dir():  # a Hub repo: not found, offline, no such file; nothing to save again
+            raise OSError(f"{model_dir}: cannot load its image processor ({one_line(err)})") from None
         raise ValueError(f"{path}: AutoImageProcessor cannot load it ({one_line(err)}); {again}") from None
     size = config.get("image_size")
     pair = isinstance(size, (list, tuple)) and len(size) == 2
     height, width = (size, size) if isinstance(size, int) else tuple(size) if pair else (None, None)
     channels = config.get("num_channels", 3)
-    # a probe of another size than the model's, so the resizing runs too; grey for a one-channel model
-    side_h, side_w = (height or 8) + 5, (width or 8) + 3
+    # a probe of the model's own size, which a processor that resizes and one that does not (do_resize=False, for
+    # inputs of the model's size) both must give back at that size; grey for a one-channel model
+    side_h, side_w = height or 8, width or 8
     pixels = (np.arange(side_h * side_w * 3).reshape(side_h, side_w, 3) % 256).astype(np.uint8)
     probe = PIL.Image.fromarray(pixels).convert("L" if channels == 1 else "RGB")
     try:
@@ -325,6 +332,8 @@ def load_tokenizer(model_dir: str | os.PathLike, folder: Path, local: bool) -> A
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     except Exception as err:  # tokenizer.json reads: what the loader fails on is the config's
+        if not local:  # a Hub repo: not found, offline, no such file; nothing to save again
+            raise OSError(f"{model_dir}: cannot load its tokenizer ({one_line(err)})") from None
         raise ValueError(
             f"{path}: AutoTokenizer cannot load the tokenizer ({one_line(err)}); {again}"
         ) from None

@@ -232,7 +232,7 @@ class _GivenFlag(argparse.Action):
 
 def given_train_flags(train_args: list[str]) -> dict[str, str]:
     """The `energyformers train` flags among `train_args`, as {dest: the flag with its values as given}, matched as
-    train's own parser matches them (aliases such as --output-dir, unambiguous abbreviations such as --output); {}
+    train's own parser matches them (aliases such as --output-dir, unambiguous abbreviations such as --output_d); {}
     where train's parser cannot read them (it names the mistake itself)."""
     from .arguments import build_parser as build_train_parser
 

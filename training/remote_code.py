@@ -474,7 +474,8 @@ __all__ += [
 def write_folder_code(config: Any, folder: str | os.PathLike) -> list[Path]:
     """Write the remote code an exported folder carries into `folder`, for `config` being saved there (the package's
     `RecurrentDepthConfig.save_pretrained` calls it when the config has `auto_map`, i.e. was read from an export):
-    the family's configuration and modeling files with the package's LICENSE, and when the config's stored `custom_pipelines` names the
+    the family's configuration and modeling files with the package's LICENSE (unless the folder has a LICENSE of its
+    own), and when the config's stored `custom_pipelines` names the
     masked-image-modelling pipeline, that pipeline's files too. `auto_map` and that entry are set to what the
     written files define, as `export` writes them. Returns the paths written.
 
@@ -487,7 +488,8 @@ def write_folder_code(config: Any, folder: str | os.PathLike) -> list[Path]:
         stored.update(custom_pipelines())
         config.custom_pipelines = stored
     config.auto_map = auto_map(config.model_type)
-    sources[LICENSE_FILE] = license_text()
+    if not (Path(folder) / LICENSE_FILE).exists():  # a license of the folder's own (its weights') is kept
+        sources[LICENSE_FILE] = license_text()
     os.makedirs(folder, exist_ok=True)
     written = []
     for name, source in sources.items():

@@ -306,13 +306,10 @@ def pretrained_processor(args: Arguments) -> Any:
     (`processing.load_processor`): its image processor, or one built from its config as training builds it when it
     has none; its tokenizer, which a text or Sudoku checkpoint must ship (its embeddings were trained with it). A
     missing tokenizer or a broken file is a one-line `UsageError` naming it."""
-    from .processing import load_processor
+    from .predict import load_processor_or_refuse
 
-    config = _pretrained_config(args)
-    try:
-        return load_processor(args.model.from_pretrained, config.to_dict(), build_missing=True)
-    except (OSError, ValueError) as err:  # the messages name the checkpoint's file
-        raise UsageError(f"--from_pretrained {err}") from None
+    source, config = args.model.from_pretrained, _pretrained_config(args).to_dict()
+    return load_processor_or_refuse(source, config, build_missing=True, flag="--from_pretrained")
 
 
 def _pretrained_config_and_processor(
