@@ -1045,7 +1045,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # the processor (image processor, tokenizer or a masked-image-modelling head's image tokenizer) before the
         # data is read, the weights load or the output folder is made: a broken file is refused, named
         mim = masked_image_modeling_head(getattr(config, "architectures", None)) is not None
-        processor = load_processor_or_refuse(args.model_dir, config.to_dict(), mim=mim)
+        # a Sudoku dataset's cells are already the ids: without puzzles given, no tokenizer is read (as in evaluate)
+        cells = not args.inputs and any(
+            name.endswith("ForTokenClassification") for name in getattr(config, "architectures", None) or ()
+        )
+        processor = None if cells else load_processor_or_refuse(args.model_dir, config.to_dict(), mim=mim)
         batches: list[tuple[dict[str, torch.Tensor], torch.Tensor]] = []
         split = None
         if args.dataset:  # read and checked against the model's labels before its weights load
