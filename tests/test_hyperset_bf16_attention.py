@@ -99,8 +99,15 @@ def test_sdpa_half_precision_error_is_a_few_roundings_at_any_score_magnitude(
     )
 
 
-def test_sdpa_runs_in_the_input_dtype(monkeypatch):
-    """Only the per-row statistics go to float32: both SDPA calls take bfloat16 q, k, v (no N×N float32 work)."""
+@pytest.mark.parametrize(
+    "dtype, computed",
+    [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32)],
+    ids=["bfloat16", "float16"],
+)
+def test_sdpa_computes_in_the_dtype_that_holds_the_sink_identity(dtype, computed, monkeypatch):
+    """bfloat16 q, k, v reach both SDPA calls as they are (only the per-row statistics go to float32: no N×N float32
+    work); float16 ones as float32 (float16's range cannot hold the sink identity's intermediates). The output comes
+    back in the input dtype."""
     seen = []
     sdpa = F.scaled_dot_product_attention
 
@@ -109,27 +116,10 @@ def test_sdpa_runs_in_the_input_dtype(monkeypatch):
         return sdpa(query, key, value, *args, **kwargs)
 
     monkeypatch.setattr(modeling_hyperset.F, "scaled_dot_product_attention", recording)
-    q, k, v, keep = symmetric_heads(16, torch.bfloat16, padded=True)
+    q, k, v, keep = symmetric_heads(16, dtype, padded=True)
     out, _ = sdpa_bisoftmax_attention(q, k, v, keep)
-    assert out.dtype == torch.bfloat16
-    assert seen == [(torch.bfloat16,) * 3] * 2, seen
-
-
-def test_sdpa_runs_float16_in_float32(monkeypatch):
-    """Float16 q, k, v reach both SDPA calls as float32 (float16's range cannot hold the sink identity's
-    intermediates); the output comes back in float16."""
-    seen = []
-    sdpa = F.scaled_dot_product_attention
-
-    def recording(query, key, value, *args, **kwargs):
-        seen.append((query.dtype, key.dtype, value.dtype))
-        return sdpa(query, key, value, *args, **kwargs)
-
-    monkeypatch.setattr(modeling_hyperset.F, "scaled_dot_product_attention", recording)
-    q, k, v, keep = symmetric_heads(16, torch.float16, padded=True)
-    out, _ = sdpa_bisoftmax_attention(q, k, v, keep)
-    assert out.dtype == torch.float16
-    assert seen == [(torch.float32,) * 3] * 2, seen
+    assert out.dtype == dtype
+    assert seen == [(computed,) * 3] * 2, seen
 
 
 def exact_bisoftmax_gradients(
