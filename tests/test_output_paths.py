@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,20 @@ def test_check_output_file_refuses_what_cannot_be_written_and_allows_new_folders
     assert cli.check_output_file(new, "--output", "--overwrite") == new
     with pytest.raises(FileExistsError, match="the file exists"):
         cli.check_output_file(notes, "out", "overwrite=True", error=FileExistsError)
+
+
+def test_an_api_caller_gets_the_os_error_of_a_folder_that_cannot_be_written(tmp_path, locked):
+    """The Python API's `error` (export_model_dir: FileExistsError) is for the target itself; an output under a file
+    or in a folder that is not writable is the NotADirectoryError / PermissionError it is."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    cases = {
+        notes / "out": (NotADirectoryError, f"{notes} is a file"),
+        locked / "out": (PermissionError, f"the folder {locked} is not writable"),
+    }
+    for path, (kind, fragment) in cases.items():
+        for check in (cli.check_output_folder, cli.check_output_file):
+            with pytest.raises(kind, match=re.escape(fragment)):
+                check(path, "out_dir", "overwrite=True", error=FileExistsError)
+    with pytest.raises(FileExistsError, match="is a file, not a folder"):
+        cli.check_output_folder(notes, "out_dir", "overwrite=True", error=FileExistsError)

@@ -158,13 +158,13 @@ def check_output_folder(
     names beside the others).
 
     Raises `error` (a `UsageError` for the command line; an API caller passes e.g. `FileExistsError`) worded
-    `<flag> <path>: ...`; returns the folder (`~` expanded). Light: reads the folder's entries only."""
+    `<flag> <path>: ...`, except that for an API caller a folder that cannot be created or written there is the
+    `NotADirectoryError` / `PermissionError` it is; returns the folder (`~` expanded). Light: reads the folder's
+    entries only."""
     folder = Path(path).expanduser()
     if os.path.lexists(folder) and not folder.is_dir():
         raise error(f"{flag} {path}: is a file, not a folder; name a folder to write into")
-    problem = _where_written_problem(folder)
-    if problem is not None:
-        raise error(f"{flag} {path}: {problem}")
+    _refuse_where_written(folder, flag, path, error)
     if overwrite_flag is None or overwrite or not folder.is_dir() or not any(folder.iterdir()):
         return folder
     if allowed is not None and folder.resolve() == Path(allowed).expanduser().resolve():
@@ -185,32 +185,34 @@ def check_output_file(
     """The file a command writes, checked before any work: not a folder, not under a file, in a writable folder (or,
     where its folder does not exist yet, under a writable one, in which the command creates it), and not there yet
     unless `overwrite` (`overwrite_flag`, how the caller spells it, is named in the message; `None`: an existing
-    file is replaced). Raises `error` worded `<flag> <path>: ...`; returns the file's path (`~` expanded)."""
+    file is replaced). Raises `error` worded `<flag> <path>: ...` (where it is written: as `check_output_folder`);
+    returns the file's path (`~` expanded)."""
     target = Path(path).expanduser()
     if target.is_dir():
         raise error(f"{flag} {path}: is a folder, not a file; name a file to write")
-    problem = _where_written_problem(target.parent)
-    if problem is not None:
-        raise error(f"{flag} {path}: {problem}")
+    _refuse_where_written(target.parent, flag, path, error)
     if overwrite_flag is not None and not overwrite and os.path.lexists(target):
         raise error(f"{flag} {path}: the file exists; pass {overwrite_flag} or choose another name")
     return target
 
 
-def _where_written_problem(folder: Path) -> str | None:
-    """Why nothing can be written in `folder` (created, with the folders above it, where missing), or None: the
-    nearest of it and the folders above it that exists is not a folder (a path under a file cannot be created) or
-    is not writable (`os.access`: permissions for a user, a read-only filesystem for root too)."""
+def _refuse_where_written(folder: Path, flag: str, path: str | os.PathLike, error: type[Exception]) -> None:
+    """Raise when nothing can be written in `folder` (created, with the folders above it, where missing): the nearest
+    of it and the folders above it that exists is not a folder (a path under a file cannot be created) or is not
+    writable (`os.access`: permissions for a user, a read-only filesystem for root too). A `UsageError` for the
+    command line, else the `NotADirectoryError` / `PermissionError` it is."""
     for existing in (folder, *folder.parents):
         if not os.path.lexists(existing):
             continue
         if not existing.is_dir():
             what = "a file" if existing.is_file() else "not a folder (a broken link or a special file)"
-            return f"{existing} is {what}, so nothing can be created under it; name a folder to write into"
-        if not os.access(existing, os.W_OK | os.X_OK):
-            return f"the folder {existing} is not writable; choose another folder"
-        return None
-    return None
+            kind: type[Exception] = NotADirectoryError
+            problem = f"{existing} is {what}, so nothing can be created under it; name a folder to write into"
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            kind, problem = PermissionError, f"the folder {existing} is not writable; choose another folder"
+        else:
+            return
+        raise (error if issubclass(error, UsageError) else kind)(f"{flag} {path}: {problem}")
 
 
 def run_command(

@@ -205,7 +205,8 @@ def export_model_dir(
     """Write a Hub-ready copy of `model_dir` to `out_dir` (see the module docstring); returns `out_dir`.
 
     `repo_id` only personalises the loading snippets of the card. An existing non-empty `out_dir` is replaced
-    only with `overwrite=True`, and only after the new folder is complete. `info` is `inspect_model_dir(model_dir)`
+    only with `overwrite=True`, and only after the new folder is complete (else FileExistsError, as for a file
+    there; NotADirectoryError / PermissionError when it cannot be created or written). `info` is `inspect_model_dir(model_dir)`
     where the caller has it already (push), so the folder is checked and its processor loaded once per command.
     """
     from .cli import check_output_folder
