@@ -557,7 +557,7 @@ def _baseline_metrics(baselines: list[_Run], failures: dict[str, str]) -> dict[s
             continue
         try:
             name = _release_name(run_dir)
-        except FileNotFoundError as err:
+        except (FileNotFoundError, ValueError) as err:  # as a model folder's: reported, the others still ship
             failures[str(run_dir)] = str(err)
             continue
         metrics = json.loads((run_dir / "metrics.json").read_text())
