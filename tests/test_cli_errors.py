@@ -348,7 +348,7 @@ def test_push_and_train_word_the_hub_checks_alike(tmp_path, monkeypatch):
 
 
 def test_release_names_the_families_without_importing_them():
-    assert sorted(release.FAMILY_NAMES) == sorted(energyformers.FAMILIES)
+    assert sorted(release.RELEASED_MODEL_TYPES) == sorted(energyformers.FAMILIES)
 
 
 # ------------------------------------------------------------------------------- train --output_dir a file

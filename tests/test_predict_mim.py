@@ -304,6 +304,29 @@ def test_predicts_fixed_names_are_the_packages():
     )
 
 
+def _package_choices(name: str) -> tuple[str, ...]:
+    """The package's own values that `predict` copies as `name` (its `--help` imports no torch)."""
+    from energyformers.configuration.configuration_hyperset import HyperSetConfig
+    from energyformers.configuration.configuration_imixer import IMixerConfig
+    from energyformers.modeling.modeling_hyperset import SEARCH_SELECTORS
+
+    return {
+        "HALTING_CRITERIA": tuple(HyperSetConfig.choices["halting_criterion"]),
+        "SEARCH_SELECTORS": tuple(SEARCH_SELECTORS),
+        "FIXED_POINT_SOLVERS": tuple(IMixerConfig.choices["fixed_point_solver"]),
+    }[name]
+
+
+@pytest.mark.parametrize("name", ["HALTING_CRITERIA", "SEARCH_SELECTORS", "FIXED_POINT_SOLVERS"])
+def test_predicts_flag_choices_are_the_packages(name):
+    """The choices of --halting_criterion, --search_selector and --fixed_point_solver, kept by `predict` without
+    importing torch, are the values the config / the search accept, in their order (the order `--help` lists)."""
+    assert tuple(getattr(predict, name)) == _package_choices(name), (
+        getattr(predict, name),
+        _package_choices(name),
+    )
+
+
 # why torchvision (LPIPS's backbone) cannot import here, or None
 TORCHVISION_PROBLEM = mim._torchvision_problem()
 

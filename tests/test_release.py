@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -197,3 +198,26 @@ def test_release_refuses_train_flags_with_take(inspected_run, tmp_path, capsys):
         "leave them out\n"
     ), err
     assert not dist.exists()
+
+
+def test_a_baseline_with_an_unreadable_metrics_json_is_a_failure_of_its_own(tmp_path, capsys, monkeypatch):
+    """A finished baseline run whose metrics.json is not a train run's is reported as failed, as an unreadable
+    model folder is, and release.json still records the rest; not a crash that publishes nothing."""
+    runs, dist = tmp_path / "runs", tmp_path / "dist"
+    baseline = runs / "vit-digits"
+    baseline.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        (baseline / name).write_text("{}")
+    (baseline / "metrics.json").write_text("not json\n")
+    # the family's run is the one trained here, and its training fails: only the baseline is left to read
+    monkeypatch.setattr(
+        release.subprocess, "run", lambda command, **kwargs: subprocess.CompletedProcess(command, 1)
+    )
+    argv = ["--models", "hyperset", "--baselines", "vit", "--datasets", "digits", "--runs_dir", str(runs)]
+    assert release.main([*argv, "--dist_dir", str(dist)]) == 1
+    err = capsys.readouterr().err
+    summary = json.loads((dist / "release.json").read_text())
+    assert sorted(summary["failed"]) == sorted([str(runs / "hyperset-digits"), str(baseline)]), (summary, err)
+    assert "not the metrics.json of an `energyformers train` run" in summary["failed"][str(baseline)], summary
+    assert summary["baselines"] == {} and summary["released"] == {}, summary
+    assert f"energyformers release: error: {baseline}: " in err and "Traceback" not in err, err

@@ -624,10 +624,21 @@ def _finite(value: Any) -> bool:
 def validate(args: Arguments) -> None:
     """Every numeric flag in its range, and flags that replace each other not in conflict.
 
-    Runs before any data is loaded or any file is written; also resolves the alias flags
-    (`--warmup_ratio`, `--checkpointing_steps`, `--label_smoothing_factor`, `--bf16`) into their canonical ones.
+    Runs before any data is loaded or any file is written; the first problem found is the one reported, in the
+    order below. Once the flags are in range and agree, resolves the alias flags (`--warmup_ratio`, `--checkpointing_steps`,
+    `--label_smoothing_factor`) into their canonical ones (`--bf16` is read through `RunArguments.precision`).
     """
-    m, d, r, a = args.model, args.data, args.run, args.augmentation
+    _validate_model_flags(args.model)
+    _validate_data_flags(args.data, args.explicit, args.model.from_pretrained)
+    _validate_optimizer_flags(args.run, args.augmentation, args.explicit)
+    _validate_run_flags(args.run)
+    _resolve_alias_flags(args.run, args.augmentation)
+    _validate_output_flags(args.run)
+
+
+def _validate_model_flags(m: ModelArguments) -> None:
+    """`--attn_implementation` (also as `--config attn_implementation=NAME`) and the iteration and regularisation
+    flags of the model."""
     _take_attn_implementation_from_config(m)
     for name in (
         "min_iterations",
@@ -651,6 +662,11 @@ def validate(args: Arguments) -> None:
         m.drop_path_rate is None or (_finite(m.drop_path_rate) and 0.0 <= m.drop_path_rate < 1.0),
         "a probability in [0, 1)",
     )
+
+
+def _validate_data_flags(d: DataArguments, explicit: frozenset[str], from_pretrained: str | None) -> None:
+    """The sample limits, the dataset's columns and augmentation, the tokenizer size and the masked-image-modelling
+    flags."""
     for name in ("max_train_samples", "max_eval_samples", "max_test_samples", "max_length"):
         value = getattr(d, name)
         _check(name, value, value is None or value >= 1, "an integer >= 1 (or leave it unset)")
@@ -661,8 +677,13 @@ def validate(args: Arguments) -> None:
         )
     check_column_flags(d.dataset, {name: getattr(d, name) for name in COLUMN_FLAGS})
     _check("vocab_size", d.vocab_size, d.vocab_size >= 8, "an integer >= 8 (special tokens + characters)")
-    _validate_mim(d, args.explicit, m.from_pretrained)
+    _validate_mim(d, explicit, from_pretrained)
 
+
+def _validate_optimizer_flags(r: RunArguments, a: AugmentationArguments, explicit: frozenset[str]) -> None:
+    """The learning rate and its schedule, the run length and batch sizes, the optimizer's and the loss's settings;
+    an alias flag that disagrees with the flag it stands for is refused here, in its place in this order (it is
+    resolved by `_resolve_alias_flags`)."""
     lr = r.learning_rate
     _check("learning_rate", lr, lr is None or (_finite(lr) and lr > 0), "a finite learning rate > 0")
     epochs = r.num_train_epochs
@@ -678,9 +699,8 @@ def validate(args: Arguments) -> None:
     _check("warmup_steps", r.warmup_steps, _finite(r.warmup_steps) and r.warmup_steps >= 0, "a value >= 0")
     if r.warmup_ratio is not None:
         _check("warmup_ratio", r.warmup_ratio, _finite(r.warmup_ratio) and 0 <= r.warmup_ratio < 1, "[0, 1)")
-        if "warmup_steps" in args.explicit and r.warmup_steps != r.warmup_ratio:
+        if "warmup_steps" in explicit and r.warmup_steps != r.warmup_ratio:
             raise UsageError("--warmup_ratio and --warmup_steps both set the warm-up; pass one of them")
-        r.warmup_steps = r.warmup_ratio
     for name in ("warmup_epochs", "cooldown_epochs"):
         value = getattr(r, name)
         _check(name, value, value is None or (_finite(value) and value >= 0), "a number of epochs >= 0")
@@ -700,36 +720,61 @@ def validate(args: Arguments) -> None:
         _finite(r.label_smoothing_factor) and 0 <= r.label_smoothing_factor < 1,
         "a value in [0, 1)",
     )
-    if r.label_smoothing_factor > 0:  # one label smoothing, done by the batch augmentation in both loops
-        if a.label_smoothing > 0 and a.label_smoothing != r.label_smoothing_factor:
-            raise UsageError(
-                f"--label_smoothing_factor {r.label_smoothing_factor} and --label_smoothing {a.label_smoothing} "
-                "disagree; pass one of them"
-            )
-        a.label_smoothing = r.label_smoothing_factor
-    r.label_smoothing_factor = a.label_smoothing
+    if (
+        r.label_smoothing_factor > 0
+        and a.label_smoothing > 0
+        and a.label_smoothing != r.label_smoothing_factor
+    ):
+        raise UsageError(
+            f"--label_smoothing_factor {r.label_smoothing_factor} and --label_smoothing {a.label_smoothing} "
+            "disagree; pass one of them"
+        )
     if r.ema_decay is not None:
         _check("ema_decay", r.ema_decay, _finite(r.ema_decay) and 0 < r.ema_decay < 1, "a decay in (0, 1)")
     if r.bf16 and r.mixed_precision not in (None, "bf16"):
         raise UsageError(f"--bf16 and --mixed_precision {r.mixed_precision} disagree; pass one of them")
+
+
+def _validate_run_flags(r: RunArguments) -> None:
+    """The evaluation, checkpointing and logging intervals, the seed and the run's other counts; `--checkpointing_steps`
+    that disagrees with `--save_strategy` / `--save_steps` is refused in its place in this order."""
     for name in ("eval_steps", "save_steps", "checkpointing_steps", "logging_steps", "num_threads"):
         value = getattr(r, name)
         _check(name, value, value is None or value >= 1, "an integer >= 1 (or leave it unset)")
     for value in r.eval_iterations or ():
         _check("eval_iterations", value, value >= 1, "iteration counts >= 1")
-    if r.checkpointing_steps is not None:
-        if r.save_strategy not in (None, "steps") or r.save_steps not in (None, r.checkpointing_steps):
-            raise UsageError("--checkpointing_steps N is --save_strategy steps --save_steps N; pass one form")
-        r.save_strategy, r.save_steps = "steps", r.checkpointing_steps
+    if r.checkpointing_steps is not None and (
+        r.save_strategy not in (None, "steps") or r.save_steps not in (None, r.checkpointing_steps)
+    ):
+        raise UsageError("--checkpointing_steps N is --save_strategy steps --save_steps N; pass one form")
     _check("seed", r.seed, 0 <= r.seed < 2**32, "an integer in [0, 2**32) (numpy's seed range)")
     _check("save_total_limit", r.save_total_limit, r.save_total_limit >= 1, "an integer >= 1")
     _check(
         "dataloader_num_workers", r.dataloader_num_workers, r.dataloader_num_workers >= 0, "an integer >= 0"
     )
     _check("num_predictions", r.num_predictions, r.num_predictions >= 0, "an integer >= 0")
+
+
+def _resolve_alias_flags(r: RunArguments, a: AugmentationArguments) -> None:
+    """The alias flags, already checked, written into the flags they stand for: `--warmup_ratio` into
+    `--warmup_steps` (a value < 1 is a ratio there), `--label_smoothing_factor` into the batch augmentation's
+    `--label_smoothing` (one label smoothing in both loops; both then hold it), `--checkpointing_steps N` into
+    `--save_strategy steps --save_steps N`."""
+    if r.warmup_ratio is not None:
+        r.warmup_steps = r.warmup_ratio
+    if r.label_smoothing_factor > 0:
+        a.label_smoothing = r.label_smoothing_factor
+    r.label_smoothing_factor = a.label_smoothing
+    if r.checkpointing_steps is not None:
+        r.save_strategy, r.save_steps = "steps", r.checkpointing_steps
+
+
+def _validate_output_flags(r: RunArguments) -> None:
+    """What `--push_to_hub` needs (the upload comes after the whole run, so it is checked before the run starts),
+    and `--output_dir` usable."""
     if r.push_to_hub and not r.hub_model_id:
         raise UsageError("--push_to_hub needs --hub_model_id ORG/NAME")
-    if r.push_to_hub:  # the upload comes after the whole run: what it needs is checked before the run starts
+    if r.push_to_hub:
         from .push import check_push_request
 
         check_push_request(r.hub_model_id, r.hub_token, repo_flag="--hub_model_id", token_flag="--hub_token")

@@ -513,19 +513,9 @@ def _pick(column: str | None, candidates: tuple[str, ...], available: list[str],
     return next((c for c in candidates if c in available), None)
 
 
-def normalize(
-    raw: DatasetDict,
-    *,
-    image_column: str | None = None,
-    text_column: str | None = None,
-    label_column: str | None = None,
-    seed: int = 0,
-) -> DatasetDict:
-    """Any `DatasetDict` → train/validation/test with `image` or `text` plus a `ClassLabel` `label`.
-
-    Missing validation/test splits are carved out of train with `seed` (stratified when possible).
-    Raises `DataError` for every problem that would otherwise surface mid-training.
-    """
+def _find_splits(raw: DatasetDict) -> dict[str, Dataset]:
+    """The splits of `raw` under their canonical names (`SPLIT_ALIASES`); a dataset of one split is its train
+    split. A `DataError` when there is no train split, or it is empty."""
     splits = {}
     for split, aliases in SPLIT_ALIASES.items():
         found = next((a for a in aliases if a in raw), None)
@@ -537,8 +527,16 @@ def normalize(
         splits["train"] = next(iter(raw.values()))
     if len(splits["train"]) == 0:
         raise DataError("the training split is empty")
-    columns = splits["train"].column_names
-    features = splits["train"].features
+    return splits
+
+
+def _detect_columns(
+    train: Dataset, image_column: str | None, text_column: str | None, label_column: str | None
+) -> tuple[str | None, str | None, str]:
+    """The (image, text, label) columns of the train split: the ones the flags name, else the first of the usual
+    names; exactly one of image and text. A `DataError` when one is missing or of the wrong type."""
+    columns = train.column_names
+    features = train.features
     label = _pick(label_column, ("label", "labels", "class", "target"), columns, "--label_column")
     if label is None:
         raise DataError(f"no label column found; pass --label_column (columns are {columns})")
@@ -556,31 +554,53 @@ def normalize(
         raise DataError(
             f"no image or text column found; pass --image_column or --text_column (columns are {columns})"
         )
-    source = image or text
     if image and not isinstance(features[image], Image):
         raise DataError(
             f"image column {image!r} has type {features[image]}; expected a datasets.Image feature"
         )
     if text and getattr(features[text], "dtype", None) not in ("string", "large_string"):
         raise DataError(f"text column {text!r} has type {features[text]}; expected strings")
+    return image, text, label
 
-    feature = features[label]
+
+def _class_label(splits: dict[str, Dataset], label: str) -> ClassLabel:
+    """The `ClassLabel` of the label column: its own, or "0".."K-1" for integer ids (K from the largest id in any
+    split). A `DataError` for negative ids or any other type."""
+    feature = splits["train"].features[label]
     if isinstance(feature, ClassLabel):
-        class_label = feature
-    elif isinstance(feature, Value) and feature.dtype.startswith(("int", "uint")):
+        return feature
+    if isinstance(feature, Value) and feature.dtype.startswith(("int", "uint")):
         values = np.concatenate([np.asarray(s[label]) for s in splits.values()])
         if values.size and values.min() < 0:
             raise DataError(f"label column {label!r} has negative ids (min {values.min()}); expected 0..K-1")
-        class_label = ClassLabel(names=[str(i) for i in range(int(values.max()) + 1 if values.size else 0)])
-    else:
-        raise DataError(
-            f"label column {label!r} has type {feature}; expected integer class ids or a ClassLabel. Convert it "
-            f"first, e.g. `ds = ds.class_encode_column({label!r})` and `ds.save_to_disk('folder')`, and pass "
-            "--dataset folder"
-        )
+        return ClassLabel(names=[str(i) for i in range(int(values.max()) + 1 if values.size else 0)])
+    raise DataError(
+        f"label column {label!r} has type {feature}; expected integer class ids or a ClassLabel. Convert it "
+        f"first, e.g. `ds = ds.class_encode_column({label!r})` and `ds.save_to_disk('folder')`, and pass "
+        "--dataset folder"
+    )
+
+
+def normalize(
+    raw: DatasetDict,
+    *,
+    image_column: str | None = None,
+    text_column: str | None = None,
+    label_column: str | None = None,
+    seed: int = 0,
+) -> DatasetDict:
+    """Any `DatasetDict` → train/validation/test with `image` or `text` plus a `ClassLabel` `label`.
+
+    Missing validation/test splits are carved out of train with `seed` (stratified when possible).
+    Raises `DataError` for every problem that would otherwise surface mid-training.
+    """
+    splits = _find_splits(raw)
+    image, text, label = _detect_columns(splits["train"], image_column, text_column, label_column)
+    source = image or text
+    class_label = _class_label(splits, label)
 
     out = {}
-    for split, ds in splits.items():
+    for split, ds in splits.items():  # the same rows: only columns are selected, renamed and cast
         ds = ds.select_columns([source, label]).rename_columns(
             {source: "image" if image else "text", label: "label"}
         )
@@ -589,8 +609,6 @@ def normalize(
             raise DataError(f"label column {label!r} has missing values in split {split!r}")
         if text and out[split].data.column("text").null_count:
             raise DataError(f"text column {text!r} has missing values in split {split!r}")
-    if len(out["train"]) == 0:
-        raise DataError("the training split is empty")
     if "test" not in out:
         out["train"], out["test"] = split_off(out["train"], 0.1, seed)
     if "validation" not in out:

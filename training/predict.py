@@ -76,6 +76,8 @@ DEPTH_FLAGS = {
     "search_selector": "which trajectory to keep: lowest final energy (Hyper-SET), highest mean confidence, or a "
     "valid Sudoku board (else lowest energy / highest confidence); default: energy (Hyper-SET), confidence (looped)",
 }
+# The package's own choices (`HyperSetConfig.choices["halting_criterion"]`, `modeling_hyperset.SEARCH_SELECTORS`,
+# `IMixerConfig.choices["fixed_point_solver"]`), copied so `--help` imports no torch; a test keeps them equal.
 HALTING_CRITERIA = ("state", "energy")
 SEARCH_SELECTORS = ("energy", "confidence", "sudoku")
 FIXED_POINT_SOLVERS = ("unrolled", "picard", "anderson")

@@ -45,7 +45,7 @@ REFERENCE_DATASETS = ("digits", "fashion_mnist", "rotten_tomatoes")
 TRAIN_DATASETS = ("digits", "fashion_mnist", "mnist5k", "rotten_tomatoes", "spam", "sudoku", "sudoku-hard")
 IMAGE_DATASETS = ("digits", "fashion_mnist")  # the reference datasets of images
 # The keys of `energyformers.FAMILIES`, known without importing the models (a test checks they stay equal).
-FAMILY_NAMES = ("hyperbf", "hyperset", "imixer")
+RELEASED_MODEL_TYPES = ("hyperbf", "hyperset", "imixer")
 # transformers' own baselines (`energyformers.registry.TRANSFORMERS_BASELINES`; a test checks they stay equal) and
 # the reference datasets each can train on: trained beside the families for comparison, never exported.
 BASELINE_DATASETS = {"vit": IMAGE_DATASETS}
@@ -271,9 +271,7 @@ def check_train_args(args: argparse.Namespace) -> None:
         try:
             parse_train(command[4:])
         except UsageError as err:
-            refused = UsageError(
-                f"{err} (in `energyformers {shlex.join(command[3:])}`, a run release trains)"
-            )
+            refused = UsageError(f"{err} (in `{_shown(command)}`, a run release trains)")
             refused.hint = err.hint
             raise refused from None
 
@@ -290,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         default=None,
         metavar="MODEL",
-        help=f"families to release: some of {', '.join(FAMILY_NAMES)} (default: all; none: `--models` alone, "
+        help=f"families to release: some of {', '.join(RELEASED_MODEL_TYPES)} (default: all; none: `--models` alone, "
         "with --mim)",
     )
     parser.add_argument(
@@ -341,11 +339,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv[:split])
     args.train_args = argv[split + 1 :]
-    unknown = [m for m in args.models or () if m not in FAMILY_NAMES]
+    unknown = [m for m in args.models or () if m not in RELEASED_MODEL_TYPES]
     if unknown:
         hint = [m for m in unknown if m in BASELINE_DATASETS]
         also = f" ({' '.join(hint)} is a baseline: pass --baselines {' '.join(hint)})" if hint else ""
-        parser.error(f"--models {' '.join(unknown)}: unknown; expected some of {sorted(FAMILY_NAMES)}{also}")
+        parser.error(
+            f"--models {' '.join(unknown)}: unknown; expected some of {sorted(RELEASED_MODEL_TYPES)}{also}"
+        )
     wrong = [m for m in args.baselines if m not in BASELINE_DATASETS]
     if wrong:
         parser.error(f"--baselines {' '.join(wrong)}: unknown; expected some of {sorted(BASELINE_DATASETS)}")
@@ -369,7 +369,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         check_taken_folder(folder)
     for flag in ("runs_dir", "dist_dir"):  # release adds folders of its own names to them
         check_output_folder(getattr(args, flag), f"--{flag}", None)
-    args.models = list(FAMILY_NAMES) if args.models is None else args.models
+    args.models = list(RELEASED_MODEL_TYPES) if args.models is None else args.models
     check_train_args(args)
     return args
 
@@ -423,137 +423,187 @@ def publish(staged: dict[str, Path], dist_dir: Path, summary: dict, aside: Path)
         raise
 
 
+def _shown(command: list[str]) -> str:
+    """A `python -m energyformers ...` command line as the user types it: `energyformers ...`."""
+    return shlex.join(["energyformers", *command[3:]])
+
+
+# A folder to release or report, and the `energyformers train` command that trains it first (None: taken as it is).
+_Run = tuple[Path, list[str] | None]
+
+
+class _Staging:
+    """`dist_dir/.release-*`, made on first use: the inspected copies of `--take` folders, the exports and the
+    folders a release replaces wait there until `publish`; `remove` deletes it at the end."""
+
+    def __init__(self, dist_dir: Path) -> None:
+        self.dist_dir = dist_dir
+        self.folder: Path | None = None
+
+    def path(self, *parts: str) -> Path:
+        """`parts` under the staging folder, which is made (with `dist_dir`) the first time."""
+        if self.folder is None:
+            self.dist_dir.mkdir(parents=True, exist_ok=True)
+            self.folder = Path(tempfile.mkdtemp(prefix=".release-", dir=self.dist_dir))
+        return self.folder.joinpath(*parts)
+
+    def remove(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _plan(args: argparse.Namespace) -> tuple[list[_Run], list[_Run]]:
+    """Step 1: the model folders to release (given, already trained, or to be trained now) and the baselines to
+    report (trained with the same command on the image datasets they take, never exported). A finished run is taken
+    as it is (no command) unless --retrain."""
+    if args.take:
+        check_taken_models(args.take)  # bad input: refused before any folder is inspected or written
+    models, baselines = training_runs(args)  # none with --take
+
+    def pending(runs: list[tuple[Path, list[str]]]) -> list[_Run]:
+        return [
+            (run_dir, command if args.retrain or not _finished(run_dir) else None)
+            for run_dir, command in runs
+        ]
+
+    return [(Path(d), None) for d in args.take or ()] + pending(models), pending(baselines)
+
+
+def _train_missing(runs: list[_Run]) -> dict[str, str]:
+    """Step 2: train each run that has a command; {run folder: why} for each that failed (the others still ship)."""
+    failures: dict[str, str] = {}
+    for run_dir, command in runs:
+        if command is not None:
+            start = time.perf_counter()
+            if subprocess.run(command).returncode != 0:
+                failures[str(run_dir)] = f"training failed: {_shown(command)}"
+            else:
+                print(f"trained {run_dir} in {time.perf_counter() - start:.0f} s", flush=True)
+    return failures
+
+
+def _inspect_finished(
+    plan: list[_Run], taken: bool, staging: _Staging, failures: dict[str, str]
+) -> dict[Path, Path]:
+    """Step 3: draw each finished folder's dynamics (`energyformers inspect` on its test split) for its card; the
+    folder each one is exported from, by run folder. A run trained here is release's own output and gets the
+    figures; a folder given with --take (`taken`) is the user's and is not written to: it is copied into the staging
+    folder, inspected and exported from there. A failed inspect is added to `failures`."""
+    sources = {run_dir: run_dir for run_dir, _ in plan}
+    for index, (run_dir, _) in enumerate(plan):
+        if str(run_dir) in failures or (run_dir / "inspect.json").is_file():
+            continue
+        if not (run_dir / "metrics.json").is_file():
+            continue  # not releasable: the export reports it
+        if _masked_image_modelling(run_dir):
+            # `inspect` draws a MIM model's decode sequence of a given image, not dataset dynamics; the card has the
+            # run's training curve and reconstruction metrics
+            continue
+        # (staged copy, where its files end up) in inspect's output
+        printed_as: tuple[str, str] | None = None
+        if taken:
+            sources[run_dir] = staging.path("take", str(index), run_dir.name)
+            shutil.copytree(run_dir, sources[run_dir], symlinks=True)
+            printed_as = (str(sources[run_dir]), str(staging.dist_dir / _release_name(run_dir)))
+        command = inspect_command(sources[run_dir])
+        if _run_printing(command, printed_as) != 0:
+            failures[str(run_dir)] = f"inspect failed: {_shown(command)}"
+    return sources
+
+
+def _export_finished(
+    plan: list[_Run],
+    sources: dict[Path, Path],
+    staging: _Staging,
+    namespace: str | None,
+    failures: dict[str, str],
+) -> tuple[dict[str, Path], dict[str, dict]]:
+    """Step 4: export each finished folder into the staging folder, bound for `dist_dir/<model>-<dataset>/`. The
+    staged exports and the release.json entries, by release name; a folder that cannot be exported is added to
+    `failures`."""
+    from .export import export_model_dir, overlap_problem
+
+    exports: dict[str, Path] = {}
+    released: dict[str, dict] = {}
+    for run_dir, _ in plan:
+        if str(run_dir) in failures:
+            continue
+        try:
+            name = _release_name(run_dir)
+            if name in released:
+                raise ValueError(f"two folders would both be released as {name!r}")
+            final = staging.dist_dir / name
+            problem = overlap_problem(run_dir, final, True, ("the folder", "its release folder", "release"))
+            if problem is None and os.path.lexists(final) and not final.is_dir():
+                problem = f"{final}: is a file, not a folder; release replaces folders only"
+            if problem is not None:
+                raise ValueError(problem)
+            repo_id = f"{namespace}/{name}" if namespace else None
+            exports[name] = export_model_dir(sources[run_dir], staging.path("export", name), repo_id=repo_id)
+        except (FileNotFoundError, ValueError) as err:
+            failures[str(run_dir)] = str(err)
+            continue
+        metrics = json.loads((exports[name] / "metrics.json").read_text())
+        released[name] = {"source": str(run_dir), "folder": str(final), "test": metrics.get("test") or {}}
+    return exports, released
+
+
+def _baseline_metrics(baselines: list[_Run], failures: dict[str, str]) -> dict[str, dict]:
+    """The baselines' measured test metrics, for side-by-side reading, by release name; a baseline without them is
+    added to `failures`."""
+    compared: dict[str, dict] = {}
+    for run_dir, _ in baselines:
+        if str(run_dir) in failures:
+            continue
+        try:
+            name = _release_name(run_dir)
+        except (FileNotFoundError, ValueError) as err:  # as a model folder's: reported, the others still ship
+            failures[str(run_dir)] = str(err)
+            continue
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+        compared[name] = {"source": str(run_dir), "test": metrics.get("test") or {}}
+    return compared
+
+
+def _summary_lines(released: dict[str, dict], compared: dict[str, dict], namespace: str | None) -> list[str]:
+    """Step 5: the printed summary: the metrics table, then the commands that push the released folders."""
+    lines = [f"\n{'release':<32} {'test acc':>9} {'macro F1':>9}"]
+    lines += [summary_row(name, entry["test"]) for name, entry in released.items()]
+    lines += [summary_row(f"{name} (baseline)", entry["test"]) for name, entry in compared.items()]
+    if released:
+        lines.append("\npush with:")
+        lines += [
+            f"  energyformers push {entry['folder']} {namespace or '<your-namespace>'}/{name}"
+            for name, entry in released.items()
+        ]
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     """Train, inspect and export as planned; returns 1 when any folder failed (the others still ship).
 
     Nothing under `--dist_dir` changes until every folder is exported and the summary is written: the inspected
     copies of `--take` folders and the new exports are staged in a hidden folder there, moved into place together
     at the end (`publish`), and removed, with a `--dist_dir` this run created, when anything fails before."""
-    from .export import export_model_dir, overlap_problem
-
     dist_dir = args.dist_dir
     created_dist = not os.path.lexists(dist_dir)
-    staging: Path | None = (
-        None  # dist_dir/.release-*: inspected copies, exports, replaced folders (removed at the end)
-    )
-
-    def staged(*parts: str) -> Path:
-        nonlocal staging
-        if staging is None:
-            dist_dir.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=".release-", dir=dist_dir))
-        return staging.joinpath(*parts)
-
+    staging = _Staging(dist_dir)
     try:
-        # 1. Which model folders to release: given, already trained, or to be trained now.
-        if args.take:
-            check_taken_models(args.take)  # bad input: refused before any folder is inspected or written
-        models, trained_baselines = training_runs(args)  # none with --take
-        # a finished run is taken as it is (None: nothing to train) unless --retrain
-        plan: list[tuple[Path, list[str] | None]] = [(Path(d), None) for d in args.take or ()] + [
-            (run_dir, command if args.retrain or not _finished(run_dir) else None)
-            for run_dir, command in models
-        ]
-        # Baselines: trained with the same command on the image datasets they take, reported, not exported.
-        baselines: list[tuple[Path, list[str] | None]] = [
-            (run_dir, command if args.retrain or not _finished(run_dir) else None)
-            for run_dir, command in trained_baselines
-        ]
+        plan, baselines = _plan(args)
         for run_dir, command in [*plan, *baselines]:
-            print(
-                f"train  {shlex.join(['energyformers', *command[3:]])}" if command else f"take   {run_dir}",
-                flush=True,
-            )
+            print(f"train  {_shown(command)}" if command else f"take   {run_dir}", flush=True)
         if args.dry_run:
             return 0
-
-        # 2. Train what is missing (a failed run is reported and skipped, the others still ship).
-        failures: dict[str, str] = {}
-        for run_dir, command in [*plan, *baselines]:
-            if command is not None:
-                start = time.perf_counter()
-                if subprocess.run(command).returncode != 0:
-                    failures[str(run_dir)] = f"training failed: {shlex.join(['energyformers', *command[3:]])}"
-                else:
-                    print(f"trained {run_dir} in {time.perf_counter() - start:.0f} s", flush=True)
-
-        # 3. Draw each finished folder's dynamics (`energyformers inspect` on its test split) for its card. A run
-        # trained here is release's own output and gets the figures; a folder given with --take is the user's and is
-        # not written to: it is copied into the staging folder, inspected and exported from there.
-        sources = {run_dir: run_dir for run_dir, _ in plan}
-        for index, (run_dir, _) in enumerate(plan):
-            if str(run_dir) in failures or (run_dir / "inspect.json").is_file():
-                continue
-            if not (run_dir / "metrics.json").is_file():
-                continue  # not releasable: step 4 reports it
-            if _masked_image_modelling(run_dir):
-                # `inspect` draws a MIM model's decode sequence of a given image, not dataset dynamics; the card
-                # has the run's training curve and reconstruction metrics
-                continue
-            printed_as: tuple[str, str] | None = (
-                None  # (staged copy, where its files end up) in inspect's output
-            )
-            if args.take:
-                sources[run_dir] = staged("take", str(index), run_dir.name)
-                shutil.copytree(run_dir, sources[run_dir], symlinks=True)
-                printed_as = (str(sources[run_dir]), str(dist_dir / _release_name(run_dir)))
-            command = inspect_command(sources[run_dir])
-            if _run_printing(command, printed_as) != 0:
-                failures[str(run_dir)] = f"inspect failed: {shlex.join(['energyformers', *command[3:]])}"
-
-        # 4. Export each finished folder into the staging folder, bound for dist/<model>-<dataset>/.
-        exports: dict[str, Path] = {}
-        released: dict[str, dict] = {}
-        for run_dir, _ in plan:
-            if str(run_dir) in failures:
-                continue
-            try:
-                name = _release_name(run_dir)
-                if name in released:
-                    raise ValueError(f"two folders would both be released as {name!r}")
-                final = dist_dir / name
-                problem = overlap_problem(
-                    run_dir, final, True, ("the folder", "its release folder", "release")
-                )
-                if problem is None and os.path.lexists(final) and not final.is_dir():
-                    problem = f"{final}: is a file, not a folder; release replaces folders only"
-                if problem is not None:
-                    raise ValueError(problem)
-                repo_id = f"{args.namespace}/{name}" if args.namespace else None
-                exports[name] = export_model_dir(sources[run_dir], staged("export", name), repo_id=repo_id)
-            except (FileNotFoundError, ValueError) as err:
-                failures[str(run_dir)] = str(err)
-                continue
-            metrics = json.loads((exports[name] / "metrics.json").read_text())
-            released[name] = {"source": str(run_dir), "folder": str(final), "test": metrics.get("test") or {}}
-
-        compared: dict[str, dict] = {}  # the baselines' measured test metrics, for side-by-side reading
-        for run_dir, _ in baselines:
-            if str(run_dir) in failures:
-                continue
-            try:
-                name = _release_name(run_dir)
-            except FileNotFoundError as err:
-                failures[str(run_dir)] = str(err)
-                continue
-            metrics = json.loads((run_dir / "metrics.json").read_text())
-            compared[name] = {"source": str(run_dir), "test": metrics.get("test") or {}}
-
-        # 5. What will be printed, formatted before anything is published (a failure here leaves dist untouched).
+        failures = _train_missing([*plan, *baselines])
+        sources = _inspect_finished(plan, bool(args.take), staging, failures)
+        exports, released = _export_finished(plan, sources, staging, args.namespace, failures)
+        compared = _baseline_metrics(baselines, failures)
+        # formatted before anything is published: a failure here leaves dist untouched
         summary = {"released": released, "failed": failures}
         if args.baselines:
             summary["baselines"] = compared
-        lines = [f"\n{'release':<32} {'test acc':>9} {'macro F1':>9}"]
-        lines += [summary_row(name, entry["test"]) for name, entry in released.items()]
-        lines += [summary_row(f"{name} (baseline)", entry["test"]) for name, entry in compared.items()]
-        namespace = args.namespace or "<your-namespace>"
-        if released:
-            lines.append("\npush with:")
-            lines += [
-                f"  energyformers push {entry['folder']} {namespace}/{name}"
-                for name, entry in released.items()
-            ]
-        aside = staged("aside")
+        lines = _summary_lines(released, compared, args.namespace)
+        aside = staging.path("aside")
         aside.mkdir()
         publish(exports, dist_dir, summary, aside)
         print("\n".join(lines), flush=True)
@@ -561,8 +611,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"energyformers release: error: {source}: {reason}", file=sys.stderr)
         return 1 if failures else 0
     finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
+        staging.remove()
         if created_dist and dist_dir.is_dir() and not any(dist_dir.iterdir()):
             dist_dir.rmdir()  # a --dist_dir this run created and left empty (a failure before publishing)
 
