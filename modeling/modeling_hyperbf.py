@@ -585,7 +585,7 @@ class HyperBFAttention(nn.Module):
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
-        key_padding_mask: torch.Tensor | None = None,
+        keep: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """softmax_j(−τ_h‖q_i − k_j‖²) v_j for per-head (B, H, N, d) tensors -> ((B, N, H, d), maps or None).
@@ -599,17 +599,15 @@ class HyperBFAttention(nn.Module):
         implementation = self.config._attn_implementation
         if output_attentions or implementation in (None, "eager"):
             key_bias = -tau * key.pow(2).sum(-1).unsqueeze(-2)  # (B, H, 1, N)
-            if key_padding_mask is not None:
+            if keep is not None:
                 # (B, N) bool, True = real token -> (B, 1, 1, N)
-                key_bias = key_bias.masked_fill(
-                    ~key_padding_mask[:, None, None, :], torch.finfo(key_bias.dtype).min
-                )
+                key_bias = key_bias.masked_fill(~keep[:, None, None, :], torch.finfo(key_bias.dtype).min)
             return eager_attention_forward(self, query * (2 * tau), key, value, key_bias, dropout=dropout)
 
         key_bias = -tau * key.pow(2).sum(-1, keepdim=True)  # (B, H, N, 1)
-        if key_padding_mask is not None:
+        if keep is not None:
             # (B, N) bool, True = real token -> (B, 1, N, 1); a finite bias keeps fully padded rows NaN-free
-            key_bias = key_bias.masked_fill(~key_padding_mask[:, None, :, None], _padded_key_bias(key.dtype))
+            key_bias = key_bias.masked_fill(~keep[:, None, :, None], _padded_key_bias(key.dtype))
         width = _folded_width(self.head_dim + 1, self.head_dim)
         query, key = _fold_bias(query * (2 * tau), key, key_bias, width)  # (B, H, N, width) each
         # (B, H, N, d) -> (B, H, N, width): flash kernels want v as wide as q and k
@@ -625,7 +623,7 @@ class HyperBFAttention(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        key_padding_mask: torch.Tensor | None = None,
+        keep: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, seq_len, _ = hidden_states.shape
@@ -634,7 +632,7 @@ class HyperBFAttention(nn.Module):
         key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, N, D) -> (B, H, N, d)
         value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, N, D) -> (B, H, N, d)
 
-        output, weights = self.attend(query, key, value, key_padding_mask, output_attentions)
+        output, weights = self.attend(query, key, value, keep, output_attentions)
         output = output.reshape(batch_size, seq_len, -1)  # (B, N, H, d) -> (B, N, D)
         return self.o_proj(output), weights
 
@@ -778,12 +776,12 @@ class HyperBFLayer(GradientCheckpointingLayer):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        key_padding_mask: torch.Tensor | None = None,
+        keep: torch.Tensor | None = None,
         output_attentions: bool = False,
         output_center_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         attended, attention_weights = self.attention(
-            self.layernorm_before(hidden_states), key_padding_mask, output_attentions
+            self.layernorm_before(hidden_states), keep, output_attentions
         )
         hidden_states = hidden_states + self.dropout(attended)
         fed, rbf_weights = self.feedforward(self.layernorm_after(hidden_states), output_center_weights)
