@@ -890,8 +890,9 @@ class HyperBFModel(HyperBFPreTrainedModel):
             Return `rbf_diagnostics` (`HyperBFRBFDiagnostics`): the feedforward center weights of every layer
             and the kernel widths σ of both HyperBF units.
         position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
-            Sequences only: the row of the position table each token takes (None: 0..N−1), e.g.
-            `(attention_mask.cumsum(-1) - 1).clamp(min=0)` for left-padded inputs (docs/usage.md).
+            Sequences only: the row of the position table each token takes (None: 0..N−1). A left-padded batch
+            passes `(attention_mask.cumsum(-1) - 1).clamp(min=0)`, so each real token keeps the position it has
+            unpadded.
         """
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = (
