@@ -506,9 +506,8 @@ class HyperBFEmbeddings(nn.Module):
             height, width = pixel_values.shape[-2:]
             tokens = self.projection(pixel_values.to(self.projection.weight.dtype))
             tokens = tokens.flatten(2).transpose(1, 2)  # (B, D, H/p, W/p) → (B, N, D)
-            tokens = torch.cat(
-                (self.cls_token.expand(tokens.shape[0], -1, -1), tokens), dim=1
-            )  # (B, 1 + N, D)
+            # (B, 1 + N, D)
+            tokens = torch.cat((self.cls_token.expand(tokens.shape[0], -1, -1), tokens), dim=1)
             positions = self.interpolate_pos_encoding(height, width)
         else:
             _check_token_ids(input_ids, self.word_embeddings.num_embeddings)
@@ -754,9 +753,10 @@ class HyperBFFeedForward(nn.Module):
             implementation, eager_attention_forward
         )
         keys, values = keys[None, None], values[None, None]  # (K, w) -> (1, 1, K, w)
+        # (1, B·N, 1, w)
         output, _ = attention_interface(
             self, folded, keys, values, None, scaling=1.0, dropout=0.0, is_causal=False
-        )  # (1, B·N, 1, w)
+        )
         output = output[..., : self.values.out_features].reshape(*hidden_states.shape[:-1], -1)  # (..., D)
         return output + self.values.bias.to(output.dtype), None
 

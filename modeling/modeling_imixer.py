@@ -499,9 +499,8 @@ class IMixerEmbeddings(nn.Module):
         # S, which eager mode rejects above) goes to a spare slot S that is dropped.
         rank = keep.cumsum(1) - 1  # (B, L)
         slots = torch.where(keep & (rank < num_tokens), rank, num_tokens)  # (B, L)
-        canvas = self.pad_embedding.to(tokens.dtype).expand(
-            tokens.shape[0], num_tokens + 1, -1
-        )  # (B, S + 1, D)
+        # (B, S + 1, D)
+        canvas = self.pad_embedding.to(tokens.dtype).expand(tokens.shape[0], num_tokens + 1, -1)
         embeddings = canvas.scatter(1, slots.unsqueeze(-1).expand_as(tokens), tokens)  # (B, S + 1, D)
         slot_keep = torch.arange(num_tokens, device=tokens.device) < lengths[:, None]  # (B, S)
         return embeddings[:, :num_tokens], slot_keep  # (B, S, D)
@@ -767,9 +766,8 @@ class _AndersonMixing:
             if self.damping != 1.0:
                 self.buffers["states"] = state.new_zeros(batch, self.memory, size)
         slot, self.count = self.count % self.memory, self.count + 1
-        history = min(
-            self.count, self.memory
-        )  # the slots in use are 0..history−1; their order does not matter
+        # the slots in use are 0..history−1; their order does not matter
+        history = min(self.count, self.memory)
         buffers = self.buffers
         buffers["images"][:, slot] = image
         torch.sub(image, state, out=buffers["gaps"][:, slot])
