@@ -832,9 +832,17 @@ class HyperBFPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        super()._init_weights(module)
+        # Every module is initialised here, as in the other families, rather than partly by transformers' generic
+        # `PreTrainedModel._init_weights`, whose choices belong to transformers and may change between releases.
         std = self.config.initializer_range
-        if isinstance(module, HyperBFEmbeddings) and config_choice(
+        if isinstance(module, (nn.Linear, nn.Conv2d, nn.Embedding)):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:  # an Embedding has none
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, HyperBFEmbeddings) and config_choice(
             module.config, "input_type", {"image": True, "sequence": False}
         ):
             init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
