@@ -21,10 +21,8 @@ what the centers give once rather than at every batch (`_CenterCacheMixin`); the
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import transformers
@@ -52,19 +50,10 @@ SEARCH_ARGUMENTS = (
 CALL_ARGUMENTS = (*DEPTH_ARGUMENTS, *SEARCH_ARGUMENTS)
 
 
-@contextlib.contextmanager
-def _forward_arguments(model: nn.Module, arguments: dict[str, Any]) -> Iterator[None]:
-    """Bind `arguments` to every call of `model` inside the block (through its instance `forward`)."""
-    model.forward = functools.partial(model.forward, **arguments)  # every model's forward is its class's
-    try:
-        yield
-    finally:
-        del model.forward
-
-
 class _DepthArgumentsMixin:
     """Takes `CALL_ARGUMENTS` (depth and search) out of the call's keyword arguments and hands them to the model
-    call."""
+    call as keyword arguments of that call (transformers' classification pipelines call `self.model(**model_inputs)`),
+    so the model instance is never patched and concurrent calls over one model cannot see each other's."""
 
     def _sanitize_parameters(self, **kwargs: Any) -> tuple[dict, dict, dict]:
         accepted = inspect.signature(self.model.forward).parameters
@@ -80,8 +69,17 @@ class _DepthArgumentsMixin:
 
     def _forward(self, model_inputs: dict[str, Any], **forward_params: Any) -> Any:
         depth = {name: forward_params.pop(name) for name in CALL_ARGUMENTS if name in forward_params}
-        with _forward_arguments(self.model, depth) if depth else contextlib.nullcontext():
+        if not depth:
             return super()._forward(model_inputs, **forward_params)
+        outputs = super()._forward({**model_inputs, **depth}, **forward_params)
+        # The token-classification pipeline returns its model inputs with the logits; the arguments added here are
+        # no inputs to un-batch per item or hand to `postprocess`. Only the objects added are dropped: a model
+        # output (returned as it is by the other pipelines) may have a field of the same name.
+        if isinstance(outputs, dict) and not isinstance(outputs, transformers.utils.ModelOutput):
+            for name, value in depth.items():
+                if name in outputs and outputs[name] is value:
+                    del outputs[name]
+        return outputs
 
 
 class _CenterCacheMixin:

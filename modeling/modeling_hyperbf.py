@@ -506,9 +506,8 @@ class HyperBFEmbeddings(nn.Module):
             height, width = pixel_values.shape[-2:]
             tokens = self.projection(pixel_values.to(self.projection.weight.dtype))
             tokens = tokens.flatten(2).transpose(1, 2)  # (B, D, H/p, W/p) → (B, N, D)
-            tokens = torch.cat(
-                (self.cls_token.expand(tokens.shape[0], -1, -1), tokens), dim=1
-            )  # (B, 1 + N, D)
+            # (B, 1 + N, D)
+            tokens = torch.cat((self.cls_token.expand(tokens.shape[0], -1, -1), tokens), dim=1)
             positions = self.interpolate_pos_encoding(height, width)
         else:
             _check_token_ids(input_ids, self.word_embeddings.num_embeddings)
@@ -585,7 +584,7 @@ class HyperBFAttention(nn.Module):
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
-        key_padding_mask: torch.Tensor | None = None,
+        keep: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """softmax_j(−τ_h‖q_i − k_j‖²) v_j for per-head (B, H, N, d) tensors -> ((B, N, H, d), maps or None).
@@ -599,17 +598,15 @@ class HyperBFAttention(nn.Module):
         implementation = self.config._attn_implementation
         if output_attentions or implementation in (None, "eager"):
             key_bias = -tau * key.pow(2).sum(-1).unsqueeze(-2)  # (B, H, 1, N)
-            if key_padding_mask is not None:
+            if keep is not None:
                 # (B, N) bool, True = real token -> (B, 1, 1, N)
-                key_bias = key_bias.masked_fill(
-                    ~key_padding_mask[:, None, None, :], torch.finfo(key_bias.dtype).min
-                )
+                key_bias = key_bias.masked_fill(~keep[:, None, None, :], torch.finfo(key_bias.dtype).min)
             return eager_attention_forward(self, query * (2 * tau), key, value, key_bias, dropout=dropout)
 
         key_bias = -tau * key.pow(2).sum(-1, keepdim=True)  # (B, H, N, 1)
-        if key_padding_mask is not None:
+        if keep is not None:
             # (B, N) bool, True = real token -> (B, 1, N, 1); a finite bias keeps fully padded rows NaN-free
-            key_bias = key_bias.masked_fill(~key_padding_mask[:, None, :, None], _padded_key_bias(key.dtype))
+            key_bias = key_bias.masked_fill(~keep[:, None, :, None], _padded_key_bias(key.dtype))
         width = _folded_width(self.head_dim + 1, self.head_dim)
         query, key = _fold_bias(query * (2 * tau), key, key_bias, width)  # (B, H, N, width) each
         # (B, H, N, d) -> (B, H, N, width): flash kernels want v as wide as q and k
@@ -625,7 +622,7 @@ class HyperBFAttention(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        key_padding_mask: torch.Tensor | None = None,
+        keep: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, seq_len, _ = hidden_states.shape
@@ -634,7 +631,7 @@ class HyperBFAttention(nn.Module):
         key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, N, D) -> (B, H, N, d)
         value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, N, D) -> (B, H, N, d)
 
-        output, weights = self.attend(query, key, value, key_padding_mask, output_attentions)
+        output, weights = self.attend(query, key, value, keep, output_attentions)
         output = output.reshape(batch_size, seq_len, -1)  # (B, N, H, d) -> (B, N, D)
         return self.o_proj(output), weights
 
@@ -756,9 +753,10 @@ class HyperBFFeedForward(nn.Module):
             implementation, eager_attention_forward
         )
         keys, values = keys[None, None], values[None, None]  # (K, w) -> (1, 1, K, w)
+        # (1, B·N, 1, w)
         output, _ = attention_interface(
             self, folded, keys, values, None, scaling=1.0, dropout=0.0, is_causal=False
-        )  # (1, B·N, 1, w)
+        )
         output = output[..., : self.values.out_features].reshape(*hidden_states.shape[:-1], -1)  # (..., D)
         return output + self.values.bias.to(output.dtype), None
 
@@ -778,12 +776,12 @@ class HyperBFLayer(GradientCheckpointingLayer):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        key_padding_mask: torch.Tensor | None = None,
+        keep: torch.Tensor | None = None,
         output_attentions: bool = False,
         output_center_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         attended, attention_weights = self.attention(
-            self.layernorm_before(hidden_states), key_padding_mask, output_attentions
+            self.layernorm_before(hidden_states), keep, output_attentions
         )
         hidden_states = hidden_states + self.dropout(attended)
         fed, rbf_weights = self.feedforward(self.layernorm_after(hidden_states), output_center_weights)
@@ -834,9 +832,17 @@ class HyperBFPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        super()._init_weights(module)
+        # Every module is initialised here, as in the other families, rather than partly by transformers' generic
+        # `PreTrainedModel._init_weights`, whose choices belong to transformers and may change between releases.
         std = self.config.initializer_range
-        if isinstance(module, HyperBFEmbeddings) and config_choice(
+        if isinstance(module, (nn.Linear, nn.Conv2d, nn.Embedding)):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:  # an Embedding has none
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, HyperBFEmbeddings) and config_choice(
             module.config, "input_type", {"image": True, "sequence": False}
         ):
             init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
@@ -892,8 +898,9 @@ class HyperBFModel(HyperBFPreTrainedModel):
             Return `rbf_diagnostics` (`HyperBFRBFDiagnostics`): the feedforward center weights of every layer
             and the kernel widths σ of both HyperBF units.
         position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
-            Sequences only: the row of the position table each token takes (None: 0..N−1), e.g.
-            `(attention_mask.cumsum(-1) - 1).clamp(min=0)` for left-padded inputs (docs/usage.md).
+            Sequences only: the row of the position table each token takes (None: 0..N−1). A left-padded batch
+            passes `(attention_mask.cumsum(-1) - 1).clamp(min=0)`, so each real token keeps the position it has
+            unpadded.
         """
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = (

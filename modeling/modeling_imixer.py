@@ -499,9 +499,8 @@ class IMixerEmbeddings(nn.Module):
         # S, which eager mode rejects above) goes to a spare slot S that is dropped.
         rank = keep.cumsum(1) - 1  # (B, L)
         slots = torch.where(keep & (rank < num_tokens), rank, num_tokens)  # (B, L)
-        canvas = self.pad_embedding.to(tokens.dtype).expand(
-            tokens.shape[0], num_tokens + 1, -1
-        )  # (B, S + 1, D)
+        # (B, S + 1, D)
+        canvas = self.pad_embedding.to(tokens.dtype).expand(tokens.shape[0], num_tokens + 1, -1)
         embeddings = canvas.scatter(1, slots.unsqueeze(-1).expand_as(tokens), tokens)  # (B, S + 1, D)
         slot_keep = torch.arange(num_tokens, device=tokens.device) < lengths[:, None]  # (B, S)
         return embeddings[:, :num_tokens], slot_keep  # (B, S, D)
@@ -767,9 +766,8 @@ class _AndersonMixing:
             if self.damping != 1.0:
                 self.buffers["states"] = state.new_zeros(batch, self.memory, size)
         slot, self.count = self.count % self.memory, self.count + 1
-        history = min(
-            self.count, self.memory
-        )  # the slots in use are 0..history−1; their order does not matter
+        # the slots in use are 0..history−1; their order does not matter
+        history = min(self.count, self.memory)
         buffers = self.buffers
         buffers["images"][:, slot] = image
         torch.sub(image, state, out=buffers["gaps"][:, slot])
@@ -953,17 +951,17 @@ class IMixerTokenMixing(nn.Module):
     def forward(
         self,
         tokens: torch.Tensor,
-        num_iterations: int,
+        fixed_point_iterations: int,
         output_diagnostics: bool = False,
         settings: _FixedPointSettings | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
-        settings = _FixedPointSettings(num_iterations) if settings is None else settings
+        settings = _FixedPointSettings(fixed_point_iterations) if settings is None else settings
         # tokens: (B, D, S), token axis last so every Linear mixes tokens with one matmul
         start = self.fc1(tokens)  # (B, D, D_S): G(t), no activation yet
         state, record = start, _SolveRecord(output_diagnostics)
         weights = None
-        if num_iterations > 0:
-            state, weights = self.solve(start, num_iterations, settings, record)
+        if fixed_point_iterations > 0:
+            state, weights = self.solve(start, fixed_point_iterations, settings, record)
         output = self.dropout(self.fc2(self.dropout(self.activation(state))))  # (B, D, S)
         if not output_diagnostics:
             return output, None
@@ -982,7 +980,11 @@ class IMixerTokenMixing(nn.Module):
         return output, diagnostics
 
     def solve(
-        self, start: torch.Tensor, num_iterations: int, settings: _FixedPointSettings, record: _SolveRecord
+        self,
+        start: torch.Tensor,
+        fixed_point_iterations: int,
+        settings: _FixedPointSettings,
+        record: _SolveRecord,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """The fixed point of x ↦ start + F(x) with the chosen solver and gradient; returns it and F's weights."""
         per_call = self.schedule == "per_call" and self.training
@@ -997,25 +999,31 @@ class IMixerTokenMixing(nn.Module):
 
         tracked = torch.is_grad_enabled() and (start.requires_grad or any(w.requires_grad for w in weights))
         if settings.gradient == "unrolled" or not tracked:
-            return _solve(step, start, num_iterations, settings, record), weights
+            return _solve(step, start, fixed_point_iterations, settings, record), weights
         unrolled = settings.solver == "unrolled"
         if settings.gradient == "implicit":
             # x* without a graph, then one step x = start + F(x*) with one (the unrolled solver's last step):
             # the hook on x turns ∂L/∂x into the adjoint solution g = Jᵀg + ∂L/∂x, J = ∂F/∂x at x*.
             with torch.no_grad():
-                free_steps = num_iterations - 1 if unrolled else num_iterations
+                free_steps = fixed_point_iterations - 1 if unrolled else fixed_point_iterations
                 fixed_point = _solve(step, start, free_steps, settings, record).detach()
             state = step(fixed_point)
             record.add(state, fixed_point)
             if state.requires_grad:
-                state.register_hook(self._adjoint_hook(fixed_point, weights, num_iterations, settings))
+                state.register_hook(
+                    self._adjoint_hook(fixed_point, weights, fixed_point_iterations, settings)
+                )
             return state, weights
         # phantom (Geng et al.): the solution detached, then k damped steps with backprop; for the unrolled
         # solver these are the last min(k, n) of its n steps
-        steps = min(settings.phantom_steps, num_iterations) if unrolled else settings.phantom_steps
+        steps = min(settings.phantom_steps, fixed_point_iterations) if unrolled else settings.phantom_steps
         with torch.no_grad():
             state = _solve(
-                step, start, num_iterations - steps if unrolled else num_iterations, settings, record
+                step,
+                start,
+                fixed_point_iterations - steps if unrolled else fixed_point_iterations,
+                settings,
+                record,
             )
         state, damping = state.detach(), settings.phantom_damping
         for _ in range(steps):
@@ -1030,7 +1038,7 @@ class IMixerTokenMixing(nn.Module):
         self,
         fixed_point: torch.Tensor,
         weights: tuple[torch.Tensor, torch.Tensor],
-        num_iterations: int,
+        fixed_point_iterations: int,
         settings: _FixedPointSettings,
     ) -> Callable[[torch.Tensor], torch.Tensor]:
         weights = tuple(w.detach() for w in weights)
@@ -1045,7 +1053,9 @@ class IMixerTokenMixing(nn.Module):
                 return pulled + grad
 
             with torch.no_grad():
-                return _solve(adjoint_step, grad, num_iterations, settings, _SolveRecord(False), "adjoint")
+                return _solve(
+                    adjoint_step, grad, fixed_point_iterations, settings, _SolveRecord(False), "adjoint"
+                )
 
         return hook
 
@@ -1089,12 +1099,12 @@ class IMixerLayer(GradientCheckpointingLayer):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        num_iterations: int = 0,
+        fixed_point_iterations: int = 0,
         output_diagnostics: bool = False,
         settings: _FixedPointSettings | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
         tokens = self.layernorm_before(hidden_states).transpose(1, 2)  # (B, S, D) → (B, D, S)
-        mixed, diagnostics = self.token_mixing(tokens, num_iterations, output_diagnostics, settings)
+        mixed, diagnostics = self.token_mixing(tokens, fixed_point_iterations, output_diagnostics, settings)
         hidden_states = hidden_states + self.drop_path(mixed.transpose(1, 2))  # (B, D, S) → (B, S, D)
         mixed = self.channel_mixing(self.layernorm_after(hidden_states))
         hidden_states = hidden_states + self.drop_path(mixed)
@@ -1222,28 +1232,32 @@ class IMixerModel(IMixerPreTrainedModel):
         """The fixed-point step count and settings of one call: the config's, with the call's overrides, checked.
         An error names `where`, the forward the user called (a head checks before its backbone), since a bad value
         there came from the call: the config was checked when it was built or loaded."""
-        num_iterations = (
+        fixed_point_iterations = (
             self.config.fixed_point_iterations if fixed_point_iterations is None else fixed_point_iterations
         )
-        if not isinstance(num_iterations, int) or isinstance(num_iterations, bool) or num_iterations < 0:
+        if (
+            not isinstance(fixed_point_iterations, int)
+            or isinstance(fixed_point_iterations, bool)
+            or fixed_point_iterations < 0
+        ):
             raise ValueError(
-                f"{where}: invalid fixed_point_iterations={num_iterations!r}; expected an integer >= 0."
+                f"{where}: invalid fixed_point_iterations={fixed_point_iterations!r}; expected an integer >= 0."
             )
-        if num_iterations > 0 and self.config.fixed_point_iterations == 0:
+        if fixed_point_iterations > 0 and self.config.fixed_point_iterations == 0:
             raise ValueError(
-                f"{where}: invalid fixed_point_iterations={num_iterations}; it needs the contractive block F, but "
+                f"{where}: invalid fixed_point_iterations={fixed_point_iterations}; it needs the contractive block F, but "
                 "this model was built with config.fixed_point_iterations=0 (vanilla MLP-Mixer, no F): pass 0 or "
                 "build it with n >= 1."
             )
         settings = _FixedPointSettings.of(
             self.config,
-            num_iterations,
+            fixed_point_iterations,
             solver=fixed_point_solver,
             tolerance=fixed_point_tolerance,
             gradient=fixed_point_gradient,
         )
         self.config.check_fixed_point_settings(settings.solver, settings.gradient, settings.tolerance, where)
-        return num_iterations, settings
+        return fixed_point_iterations, settings
 
     def forward(
         self,
@@ -1282,7 +1296,7 @@ class IMixerModel(IMixerPreTrainedModel):
         output_fixed_point_residuals = bool(output_fixed_point_residuals)
         return_dict = self.config.return_dict if return_dict is None else return_dict
         pixel_values, input_ids = route_main_input(self.config, pixel_values, input_ids)
-        num_iterations, settings = self._call_settings(
+        fixed_point_iterations, settings = self._call_settings(
             f"{type(self).__name__}.forward",
             fixed_point_iterations,
             fixed_point_solver,
@@ -1314,7 +1328,7 @@ class IMixerModel(IMixerPreTrainedModel):
         for layer in self.layers:
             hidden_states, diagnostics = layer(
                 hidden_states,
-                num_iterations=num_iterations,
+                fixed_point_iterations=fixed_point_iterations,
                 output_diagnostics=output_fixed_point_residuals,
                 settings=settings,
             )

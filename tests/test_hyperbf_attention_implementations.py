@@ -116,7 +116,7 @@ def test_attention_unit_matches_eager_with_padding(implementation, seq_len, dtyp
     results = []
     for unit in units:
         tensors = [t.clone().requires_grad_() for t in base]
-        output, weights = unit.attend(*tensors, key_padding_mask=mask)
+        output, weights = unit.attend(*tensors, keep=mask)
         output.pow(2).sum().backward()
         results.append((output, weights, [t.grad for t in tensors], unit.log_temperature.grad))
     (got, none, got_grads, got_tau), (expected, maps, grads, tau) = results

@@ -83,7 +83,7 @@ def test_unrolled_defaults_are_the_plain_unrolled_loop():
     for _ in range(2):
         state = start + mixing.fc_sn2(F.gelu(mixing.fc_sn1(F.gelu(state))))
     by_hand = mixing.fc2(F.gelu(state))
-    assert torch.equal(mixing(tokens, num_iterations=2)[0], by_hand)
+    assert torch.equal(mixing(tokens, fixed_point_iterations=2)[0], by_hand)
     settings = _FixedPointSettings.of(model.config, 2)
     assert (settings.solver, settings.gradient) == ("unrolled", "unrolled")
 

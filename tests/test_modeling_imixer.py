@@ -81,7 +81,7 @@ def test_vanilla_token_mixing_is_fc2_gelu_fc1():
     by_hand = F.linear(
         F.gelu(F.linear(tokens, mixing.fc1.weight, mixing.fc1.bias)), mixing.fc2.weight, mixing.fc2.bias
     )
-    output, _ = mixing(tokens, num_iterations=0)
+    output, _ = mixing(tokens, fixed_point_iterations=0)
     assert torch.equal(output, by_hand)
 
 

@@ -13,9 +13,14 @@ from transformers import pipeline
 from energyformers import (
     HyperSetForImageClassification,
     HyperSetForSequenceClassification,
+    HyperSetForTokenClassification,
     IMixerForImageClassification,
 )
-from energyformers.pipelines import ImageClassificationPipeline, TextClassificationPipeline
+from energyformers.pipelines import (
+    ImageClassificationPipeline,
+    TextClassificationPipeline,
+    TokenClassificationPipeline,
+)
 from energyformers.training.processing import build_image_processor, train_tokenizer
 
 
@@ -66,6 +71,57 @@ def test_image_pipeline_passes_depth_arguments_to_the_model(image_classifier, de
     # the argument mattered: a liveness margin far above that rounding (the depth moves these by 5e-3 or more)
     assert got != pytest.approx(_direct_scores(model, dict(inputs)), abs=1e-4)
     assert "forward" not in model.__dict__  # the model is left as it was
+
+
+def test_depth_arguments_reach_the_model_call_without_patching_the_instance(image_classifier):
+    """The arguments go into the model call itself: an instance `forward` bound for the call would be shared with
+    every other caller of the model (another pipeline in another thread) and outlive a call that fails."""
+    model, _, classify = image_classifier
+    seen = []
+
+    def record(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        seen.append(("forward" in vars(module), kwargs.get("num_iterations")))
+
+    handle = model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        classify(_image(), num_iterations=3)
+    finally:
+        handle.remove()
+    # per model call: (an instance forward bound, num_iterations in the call's arguments)
+    assert seen == [(False, 3)], seen
+    assert "forward" not in vars(model)
+
+
+def _token_scores(results: list[list[dict]]) -> list[list[tuple[str, str, float]]]:
+    return [[(entry["word"], entry["entity"], entry["score"]) for entry in result] for result in results]
+
+
+def test_token_pipeline_takes_depth_arguments_in_batches():
+    """Token classification returns its model inputs with the logits and un-batches them per item when
+    batch_size > 1: the depth argument added to the call must not be among them."""
+    torch.manual_seed(0)
+    texts = ["a good film", "a bad film", "good good", "bad bad film"] * 4
+    tokenizer = train_tokenizer(texts, vocab_size=30, max_length=16)
+    config = hyperset_config("sequence", num_hidden_layers=1, vocab_size=len(tokenizer))
+    model = perturb(HyperSetForTokenClassification(config), seed=2).eval()
+    with torch.no_grad():
+        model.hyperset.step_sizes.proj.weight.mul_(20)  # so the depth moves the scores (checked below)
+    tag = pipeline(
+        "token-classification", model=model, tokenizer=tokenizer, pipeline_class=TokenClassificationPipeline
+    )
+    # 4, 3 and 4 tokens with [CLS]: the first batch of two is padded
+    inputs = ["a good film", "bad film", "good good bad"]
+    one = _token_scores(tag(inputs, batch_size=1, num_iterations=9, ignore_labels=[]))
+    two = _token_scores(tag(inputs, batch_size=2, num_iterations=9, ignore_labels=[]))
+    assert [[entry[:2] for entry in result] for result in two] == [[entry[:2] for entry in r] for r in one]
+    # one sample alone vs padded to its batch's longest: the same float32 sums over the unmasked keys up to the
+    # order of a handful of additions per layer and iteration; 9 iterations of a few roundings of scores up to 1
+    got = [entry[2] for result in two for entry in result]
+    expected = [entry[2] for result in one for entry in result]
+    assert got == pytest.approx(expected, abs=rounding(torch.float32, 9 * 16)), (got, expected)
+    # the argument mattered
+    default = [entry[2] for result in _token_scores(tag(inputs, ignore_labels=[])) for entry in result]
+    assert default != pytest.approx(expected, abs=1e-4), (default, expected)
 
 
 def test_text_pipeline_passes_depth_arguments_to_the_model():
