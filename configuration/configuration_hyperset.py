@@ -758,8 +758,6 @@ class HyperSetConfig(RecurrentDepthConfig):
     """
 
     model_type = "hyperset"
-    # the φ names `feature_map` accepts (`FEATURE_MAPS`), for the models' table of φ and φ'
-    feature_maps = FEATURE_MAPS
 
     def __init__(
         self,

@@ -484,7 +484,6 @@ def test_choice_tables_are_public_read_only_views_on_the_config_classes():
         assert "choices" not in make(family).to_dict()
     assert hyperset.choices["iteration_sampling"] == ("fixed", "uniform", "poisson-lognormal")
     assert hyperset.choices["deep_supervision"] == ("last", "all", "every", "random")
-    assert hyperset.feature_maps == configuration_hyperset.FEATURE_MAPS
     assert CONFIGS["imixer"].choices["token_mixing_activation"] == tuple(
         configuration_imixer.ACTIVATION_MAX_SLOPES
     )
