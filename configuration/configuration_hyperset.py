@@ -431,7 +431,9 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
     and the head. Not a model of its own (no `model_type`); the fields are documented in `HyperSetConfig`.
 
     A subclass sets its own fields first, then calls this `__init__`, which sets the shared ones and validates
-    all of them against this file's tables (a table entry for a field a class does not set is skipped).
+    all of them against this file's tables (a table entry for a field a class does not set is skipped). Every shared
+    field is passed by keyword and none has a default here: the defaults are each subclass's own (its signature and
+    `Args:`), which a config.json saved without a field loads with.
     """
 
     # The values each choice field of this file's tables accepts (`choices["iteration_sampling"]`), read-only: the
@@ -441,37 +443,38 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
 
     def __init__(
         self,
-        input_type: str = "image",
-        hidden_size: int = 384,
-        num_attention_heads: int = 6,
-        intermediate_size: int = 384,
-        num_hidden_layers: int = 1,
-        num_iterations: int = 12,
-        hidden_act: str = "relu",
-        iteration_sampling: str = "fixed",
-        min_iterations: int | None = None,
-        max_iterations: int | None = None,
-        iteration_sampling_sigma: float = 0.5,
-        backprop_iterations: int | None = None,
-        deep_supervision: str = "last",
-        deep_supervision_interval: int = 2,
-        deep_supervision_samples: int = 2,
-        deep_supervision_weights: str = "uniform",
-        supervision_steps: int = 1,
-        halting_head: bool = False,
-        halting_loss_weight: float = 0.5,
-        image_size: int | list[int] = 224,
-        patch_size: int = 16,
-        num_channels: int = 3,
-        vocab_size: int | None = None,
-        max_position_embeddings: int = 512,
-        position_embedding_type: str = "sinusoidal",
-        pooling: str = "cls",
-        classifier_norm: str = "layernorm",
-        classifier_bias: bool = True,
-        rms_norm_eps: float | None = None,
-        layer_norm_eps: float = 1e-5,
-        initializer_range: float = 0.02,
+        *,
+        input_type: str,
+        hidden_size: int,
+        num_attention_heads: int,
+        intermediate_size: int,
+        num_hidden_layers: int,
+        num_iterations: int,
+        hidden_act: str,
+        iteration_sampling: str,
+        min_iterations: int | None,
+        max_iterations: int | None,
+        iteration_sampling_sigma: float,
+        backprop_iterations: int | None,
+        deep_supervision: str,
+        deep_supervision_interval: int,
+        deep_supervision_samples: int,
+        deep_supervision_weights: str,
+        supervision_steps: int,
+        halting_head: bool,
+        halting_loss_weight: float,
+        image_size: int | list[int],
+        patch_size: int,
+        num_channels: int,
+        vocab_size: int | None,
+        max_position_embeddings: int,
+        position_embedding_type: str,
+        pooling: str,
+        classifier_norm: str,
+        classifier_bias: bool,
+        rms_norm_eps: float | None,
+        layer_norm_eps: float,
+        initializer_range: float,
         **kwargs: Any,
     ) -> None:
         self.input_type = input_type

@@ -261,6 +261,32 @@ def test_presets_and_shared_rules_are_written_once_in_the_shared_block():
         assert type(built) is config_class, f"{config_class.__name__}.from_preset({preset!r}): {type(built)}"
 
 
+def test_recurrent_depth_base_has_no_defaults_and_each_subclass_defaults_every_shared_field():
+    """`RecurrentDepthConfig.__init__` takes every shared field by keyword, with no default (one there would be a
+    copy no call reads: Hyper-SET and its baseline pass every shared field, each with defaults of its own), so a
+    subclass that forgot one fails at once; each subclass's signature gives every shared field a default, so a
+    config.json saved without the field loads."""
+    base = configuration_hyperset.RecurrentDepthConfig
+    parameters = inspect.signature(base.__init__).parameters
+    shared = [parameters[name] for name in base.shared_fields()]
+    assert len(shared) == len(parameters) - 2, list(parameters)  # all but self and kwargs
+    loose = [
+        (p.name, p.kind.name, p.default)
+        for p in shared
+        if p.kind is not p.KEYWORD_ONLY or p.default is not p.empty
+    ]
+    assert loose == [], (
+        f"RecurrentDepthConfig.__init__ parameters with a default or not keyword-only: {loose}"
+    )
+    for subclass in (
+        configuration_hyperset.HyperSetConfig,
+        configuration_looped_transformer.LoopedTransformerConfig,
+    ):
+        own = inspect.signature(subclass.__init__).parameters
+        undefaulted = [name for name in base.shared_fields() if own[name].default is inspect.Parameter.empty]
+        assert undefaulted == [], f"{subclass.__name__}: shared fields without a default {undefaulted}"
+
+
 def test_save_without_the_package_copies_pipeline_code_of_recurrent_depth_configs(tmp_path, monkeypatch):
     """Without the package's remote-code writer (`folder_code_writer` None, as in the copy an exported folder
     carries) `save_pretrained` runs the shared block's `_save_extra_code` hook. Hyper-SET's (`RecurrentDepthConfig`,
