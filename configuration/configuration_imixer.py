@@ -470,7 +470,7 @@ class IMixerConfig(_CheckedConfig, PreTrainedConfig):
     """
 
     model_type = "imixer"
-    # The values each choice field of this file's tables accepts (`choices["iteration_sampling"]`), read-only: the
+    # The values each choice field of this file's tables accepts (`choices["fixed_point_solver"]`), read-only: the
     # models' tables of implementations can be keyed by it instead of repeating the names. Unannotated, as
     # `model_type`: transformers makes every config class a dataclass, which reads the annotations of its body.
     choices = MappingProxyType(_CHOICES)
