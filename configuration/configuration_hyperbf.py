@@ -210,12 +210,18 @@ class _CheckedConfig:
         try:
             from energyformers.presets import preset_fields
         except ImportError:  # remote code loaded without the package (the import check skips try blocks)
-            raise ImportError(
-                f"{cls.__name__}.from_preset({name!r}): the named presets come with the energyformers package "
-                f"(pip install energyformers), which is not installed; build the config from explicit fields "
-                f"instead, e.g. {cls.__name__}(hidden_size=...)."
-            ) from None
+            raise cls._presets_need_the_package(name) from None
         return preset_fields(cls, name)
+
+    @classmethod
+    def _presets_need_the_package(cls, name: str) -> ImportError:
+        """The error of `from_preset(name)` where the energyformers package, which holds the presets, cannot be
+        imported (the Hub's remote code carries no presets)."""
+        return ImportError(
+            f"{cls.__name__}.from_preset({name!r}): the named presets come with the energyformers package "
+            f"(pip install energyformers), which is not installed; build the config from explicit fields "
+            f"instead, e.g. {cls.__name__}(hidden_size=...)."
+        )
 
     @classmethod
     def from_preset(cls: type[_Config], name: str, **overrides: Any) -> _Config:

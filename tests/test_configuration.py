@@ -8,6 +8,7 @@ import difflib
 import inspect
 import math
 import re
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -285,6 +286,23 @@ def test_recurrent_depth_base_has_no_defaults_and_each_subclass_defaults_every_s
         own = inspect.signature(subclass.__init__).parameters
         undefaulted = [name for name in base.shared_fields() if own[name].default is inspect.Parameter.empty]
         assert undefaulted == [], f"{subclass.__name__}: shared fields without a default {undefaulted}"
+
+
+@pytest.mark.parametrize(
+    "config_class", [*CONFIGS.values(), configuration_looped_transformer.LoopedTransformerConfig]
+)
+def test_from_preset_without_the_package_names_the_class_and_the_way_out(config_class, monkeypatch):
+    """Where `energyformers.presets` cannot be imported (the Hub's remote code without the package), every config's
+    `from_preset`, the looped baseline's own presets included, raises the one message of the shared block."""
+    monkeypatch.setitem(sys.modules, "energyformers.presets", None)  # its import raises ImportError
+    name = config_class.__name__
+    expected = (
+        f"{name}.from_preset('cifar10-small'): the named presets come with the energyformers package "
+        f"(pip install energyformers), which is not installed; build the config from explicit fields instead, e.g. "
+        f"{name}(hidden_size=...)."
+    )
+    with pytest.raises(ImportError, match="^" + re.escape(expected) + "$"):
+        config_class.from_preset("cifar10-small")
 
 
 def test_save_without_the_package_copies_pipeline_code_of_recurrent_depth_configs(tmp_path, monkeypatch):
