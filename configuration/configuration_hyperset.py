@@ -24,7 +24,7 @@ from typing import Any, ClassVar, TypeVar
 from transformers import PreTrainedConfig
 
 
-# --- validation: identical in the three configuration files (tests/test_configuration.py checks) ---
+# --- shared config machinery: identical in the three configuration files (tests/test_configuration.py checks) ---
 # Per family only the tables below this block (_CHOICES, _POSITIVE_INTS, ...) and the config's
 # `_check_cross_field_rules` differ; that method starts from `_check_common_rules`, the rules every family shares.
 # The block is duplicated rather than shared because each file is copied verbatim into Hub remote code, which may
@@ -124,6 +124,231 @@ def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
     config._check_cross_field_rules()
 
 
+# What `from_preset` returns: an instance of the class it is called on.
+_Config = TypeVar("_Config", bound="_CheckedConfig")
+
+
+class _CheckedConfig:
+    """The hooks every config of this file shares, so that a config is checked however it was made, not only by
+    `__init__`:
+
+    * `from_dict` (what `from_pretrained`, `AutoConfig.from_pretrained` and the model classes' `from_pretrained`
+      call) checks the config again after transformers has applied the keyword overrides by attribute assignment,
+      which bypasses `__init__`: a bad override raises the constructor's `ValueError` before any weights are read.
+    * `validate` runs the checks on the config as it is now; transformers' `save_pretrained` calls it, and so do
+      the model classes when they are built, so a config edited by attribute assignment is refused there too.
+    * `update` and `update_from_string` (transformers' bulk edits) check at once: a refused value raises the
+      constructor's `ValueError` and changes nothing. A single attribute assignment is not checked (a cross-field
+      rule may need two); the models read their choice fields through a table that refuses an unknown value.
+    * `save_pretrained` keeps an exported folder whole: a config read from an export (it has `auto_map`) first has
+      `folder_code_writer` write that folder's remote code beside it, so `auto_map` and `custom_pipelines` never
+      name files the saved folder lacks (transformers' `custom_object_save` does this only for classes loaded as
+      remote code). The package sets the writer (its `configuration/__init__.py`); it stays None in the copy an
+      exported folder carries, where `custom_object_save` copies the model's and config's files and this module
+      may not import the package's generator; there `_save_extra_code` writes what else the folder's config.json
+      names (a masked-image-modelling folder's pipeline files, `RecurrentDepthConfig`'s override).
+
+    It also holds what every family's config does alike: the named presets (`preset_fields`, `from_preset`) and
+    the cross-field rules they share (`_check_common_rules`).
+    """
+
+    folder_code_writer: ClassVar[Callable[[Any, str | os.PathLike], Any] | None] = None
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
+        loaded = super().from_dict(config_dict, **kwargs)  # (config, unused kwargs) with return_unused_kwargs
+        (loaded[0] if isinstance(loaded, tuple) else loaded).validate()
+        return loaded
+
+    def update(self, config_dict: dict[str, Any]) -> None:
+        """transformers' `update` (attribute assignment of every key), then the checks, all or nothing: a refused
+        value raises the constructor's `ValueError` and leaves every field as it was."""
+        self._apply_checked(lambda: super(_CheckedConfig, self).update(config_dict))
+
+    def update_from_string(self, update_str: str) -> None:
+        """transformers' `update_from_string` (`"a=1,b=x"`, each value parsed as the type of the field's current
+        value), then the checks, all or nothing as `update`."""
+        self._apply_checked(lambda: super(_CheckedConfig, self).update_from_string(update_str))
+
+    def _apply_checked(self, apply: Callable[[], None]) -> None:
+        """Run `apply` (attribute assignments), then `validate`; on any error restore the fields as they were and
+        re-raise. The checks run once, after every assignment, because a cross-field rule may need two new values
+        (hidden_size and num_attention_heads) that no single assignment could satisfy alone; they are not run on
+        each `setattr`, which transformers' own `__init__` and `from_dict` use field by field."""
+        before = dict(vars(self))  # every field, the label maps and the attention implementation included
+        try:
+            apply()
+            self.validate()
+        except BaseException:  # nothing half-applied, whatever stopped it (a parse error, an interrupt)
+            vars(self).clear()
+            vars(self).update(before)
+            raise
+
+    @classmethod
+    def _check_override_names(cls, overrides: dict[str, Any], where: str) -> None:
+        """Refuse a keyword override (`from_preset`) that is neither a field of this config nor a `PreTrainedConfig`
+        keyword, naming the closest names: transformers keeps any other keyword as an attribute that nothing reads,
+        so a misspelt field would leave the preset's value in place without a word. `where`: the method named."""
+        fields = [
+            name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "kwargs")
+        ]
+        known = {*fields, *cls.attribute_map, *_transformers_keywords()}
+        for name, value in overrides.items():
+            if name in known:
+                continue
+            close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+            hint = f"closest names: {close}" if close else f"{cls.__name__}'s fields are {sorted(fields)}"
+            raise ValueError(
+                f"{cls.__name__}.{where}: unknown override {name}={value!r}; not a field of {cls.__name__} nor a "
+                f"transformers config keyword (num_labels, id2label, label2id, problem_type, ...); {hint}."
+            )
+
+    @classmethod
+    def preset_fields(cls, name: str) -> dict[str, Any]:
+        """The fields preset `name` sets, as a new dict (the caller may change it).
+
+        The presets are the rows of the package's `energyformers.presets` (`PRESET_SOURCES` there says which paper
+        setting or released model each row reproduces); the Hub's remote code carries none of them, so without
+        the package there are no presets, only explicit fields.
+        """
+        try:
+            from energyformers.presets import preset_fields
+        except ImportError:  # remote code loaded without the package (the import check skips try blocks)
+            raise cls._presets_need_the_package(name) from None
+        return preset_fields(cls, name)
+
+    @classmethod
+    def _presets_need_the_package(cls, name: str) -> ImportError:
+        """The error of `from_preset(name)` where the energyformers package, which holds the presets, cannot be
+        imported (the Hub's remote code carries no presets)."""
+        return ImportError(
+            f"{cls.__name__}.from_preset({name!r}): the named presets come with the energyformers package "
+            f"(pip install energyformers), which is not installed; build the config from explicit fields "
+            f"instead, e.g. {cls.__name__}(hidden_size=...)."
+        )
+
+    @classmethod
+    def from_preset(cls: type[_Config], name: str, **overrides: Any) -> _Config:
+        """The config of preset `name` (`preset_fields`), with keyword `overrides` on top.
+
+        An override is a field of this config or a transformers config keyword (`num_labels`, `id2label`, ...;
+        an `id2label` replaces the preset's `num_labels`); any other name raises `ValueError` naming the closest
+        ones, so a misspelt field never leaves the preset's value in place.
+        """
+        fields = cls.preset_fields(name)  # an unknown name is refused before the overrides are looked at
+        cls._check_override_names(overrides, "from_preset")
+        kwargs = {**fields, **overrides}
+        if "id2label" in overrides:
+            kwargs.pop("num_labels", None)
+        return cls(**kwargs)
+
+    def _check_common_rules(self) -> None:
+        """The cross-field rules of every family, which each config's `_check_cross_field_rules` runs: heads
+        that divide the width (for a config with heads: iMixer has none), patches that tile the image, and a
+        vocabulary for sequences."""
+        if "num_attention_heads" in vars(self):
+            _require(
+                self,
+                self.hidden_size % self.num_attention_heads == 0,
+                "hidden_size",
+                self.hidden_size,
+                f"it must be divisible by num_attention_heads={self.num_attention_heads}",
+            )
+        _require(
+            self,
+            all(side % self.patch_size == 0 for side in _image_sides(self.image_size)),
+            "image_size",
+            self.image_size,
+            f"both sides must be divisible by patch_size={self.patch_size}",
+        )
+        _require(
+            self,
+            self.input_type != "sequence" or (_is_int(self.vocab_size) and self.vocab_size >= 1),
+            "vocab_size",
+            self.vocab_size,
+            'input_type="sequence" needs an integer vocab_size >= 1',
+        )
+
+    def validate(self) -> None:
+        """transformers' own checks (architectures, layer types, RoPE, token ids; where this transformers has
+        them), then the constructor's: a `ValueError` if a field now holds a value `__init__` would refuse."""
+        parent = getattr(super(), "validate", None)
+        if parent is not None:
+            parent()
+        _validate_config(self, {})
+
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs: Any
+    ) -> None:
+        self.validate()  # before the remote code is written: a refused config leaves no partial folder
+        writer = type(self).folder_code_writer  # read on the class: a plain function, not a bound method
+        if writer is not None and self.__dict__.get("auto_map"):
+            writer(self, save_directory)
+        elif writer is None:  # the copy an exported folder carries, run by transformers alone
+            self._save_extra_code(save_directory)
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+
+    def _save_extra_code(self, save_directory: str | os.PathLike) -> None:
+        """Hook of `save_pretrained` without the package (no `folder_code_writer`): write beside config.json the code
+        files it names that transformers' own save does not copy. Nothing by default; `RecurrentDepthConfig` copies
+        the pipeline files of its `custom_pipelines`."""
+
+
+# --- end of shared config machinery ---
+
+
+# Validation tables of Hyper-SET (the form is the same in the three configuration files).
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "input_type": ("image", "sequence"),
+    "qkv_norm": ("separate", "shared"),
+    "step_size_condition": ("current", "input"),
+    "hidden_act": ("relu", "gelu"),
+    "attention_energy": ("bisoftmax", "sigmoid", "linear"),
+    "feedforward_energy": ("relu", "softmax", "gated"),
+    "position_embedding_type": ("sinusoidal", "learned", "sincos-2d"),
+    "pooling": ("cls", "mean"),
+    "iteration_conditioning": ("none", "sinusoidal", "sinusoidal-no-mlp"),
+    "iteration_sampling": ("fixed", "uniform", "poisson-lognormal"),
+    "halting_criterion": ("state", "energy"),
+    "step_size_norm": ("rmsnorm", "none", "rmsnorm-sum"),
+    "classifier_norm": ("layernorm", "rmsnorm"),
+    "deep_supervision": ("last", "all", "every", "random"),
+    "deep_supervision_weights": ("uniform", "linear"),
+}
+_BOOLEANS: tuple[str, ...] = ("classifier_bias", "halting_head")
+_POSITIVE_INTS: tuple[str, ...] = (
+    "hidden_size",
+    "num_attention_heads",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_iterations",
+    "time_embedding_dim",
+    "patch_size",
+    "num_channels",
+    "max_position_embeddings",
+    "deep_supervision_interval",
+    "deep_supervision_samples",
+    "supervision_steps",
+)
+_NON_NEGATIVE_INTS: tuple[str, ...] = ()
+_OPTIONAL_POSITIVE_INTS: tuple[str, ...] = ("min_iterations", "max_iterations", "backprop_iterations")
+_PROBABILITIES: tuple[str, ...] = ()
+_POSITIVE_FLOATS: tuple[str, ...] = (
+    "layer_norm_eps",
+    "initializer_range",
+    "iteration_sampling_sigma",
+    "halting_loss_weight",
+)
+_OPTIONAL_POSITIVE_FLOATS: tuple[str, ...] = ("rms_norm_eps", "halting_tolerance")
+_IMAGE_SIZES: tuple[str, ...] = ("image_size",)
+# φ of attention_energy="linear" and feedforward_energy="gated" (the authors' `hyper-set-alt-attn` choices); `None`
+# otherwise. Not a `_CHOICES` entry: it is required by those two energies and meaningless for the others, a
+# cross-field rule.
+FEATURE_MAPS: tuple[str, ...] = ("sigmoid", "relu", "tanh", "softplus", "silu", "gelu", "elu", "elu+1")
+
+
+# The pipeline code of a masked-image-modelling folder (the only folders whose config.json has `custom_pipelines`),
+# copied by `RecurrentDepthConfig._save_extra_code` when the folder is saved again without the package.
 def _pipeline_code_files(custom_pipelines: dict[str, Any]) -> list[str]:
     """The module files the `custom_pipelines` entries of config.json name (`"impl": "pipeline_mim.Class"` ->
     `pipeline_mim.py`). An entry in another repo (`"repo--module.Class"`) is left out: transformers reads it there."""
@@ -199,221 +424,8 @@ def _copy_pipeline_code(config: PreTrainedConfig, save_directory: str | os.PathL
             "pipeline(..., trust_remote_code=True) fails there until those files are copied into it (the exported "
             "folder or Hub repo the model came from has them).",
             UserWarning,
-            stacklevel=3,
+            stacklevel=4,  # the caller of save_pretrained (through _save_extra_code)
         )
-
-
-# What `from_preset` returns: an instance of the class it is called on.
-_Config = TypeVar("_Config", bound="_CheckedConfig")
-
-
-class _CheckedConfig:
-    """The hooks every config of this file shares, so that a config is checked however it was made, not only by
-    `__init__`:
-
-    * `from_dict` (what `from_pretrained`, `AutoConfig.from_pretrained` and the model classes' `from_pretrained`
-      call) checks the config again after transformers has applied the keyword overrides by attribute assignment,
-      which bypasses `__init__`: a bad override raises the constructor's `ValueError` before any weights are read.
-    * `validate` runs the checks on the config as it is now; transformers' `save_pretrained` calls it, and so do
-      the model classes when they are built, so a config edited by attribute assignment is refused there too.
-    * `update` and `update_from_string` (transformers' bulk edits) check at once: a refused value raises the
-      constructor's `ValueError` and changes nothing. A single attribute assignment is not checked (a cross-field
-      rule may need two); the models read their choice fields through a table that refuses an unknown value.
-    * `save_pretrained` keeps an exported folder whole: a config read from an export (it has `auto_map`) first has
-      `folder_code_writer` write that folder's remote code beside it, so `auto_map` and `custom_pipelines` never
-      name files the saved folder lacks (transformers' `custom_object_save` does this only for classes loaded as
-      remote code). The package sets the writer (its `configuration/__init__.py`); it stays None in the copy an
-      exported folder carries, where `custom_object_save` copies the model's and config's files and this module
-      may not import the package's generator; there a config naming `custom_pipelines` copies the pipeline files
-      from where it was loaded (`_copy_pipeline_code`: a file not found is a warning, the weights still save).
-
-    It also holds what every family's config does alike: the named presets (`preset_fields`, `from_preset`) and
-    the cross-field rules they share (`_check_common_rules`).
-    """
-
-    folder_code_writer: ClassVar[Callable[[Any, str | os.PathLike], Any] | None] = None
-
-    @classmethod
-    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
-        loaded = super().from_dict(config_dict, **kwargs)  # (config, unused kwargs) with return_unused_kwargs
-        (loaded[0] if isinstance(loaded, tuple) else loaded).validate()
-        return loaded
-
-    def update(self, config_dict: dict[str, Any]) -> None:
-        """transformers' `update` (attribute assignment of every key), then the checks, all or nothing: a refused
-        value raises the constructor's `ValueError` and leaves every field as it was."""
-        self._apply_checked(lambda: super(_CheckedConfig, self).update(config_dict))
-
-    def update_from_string(self, update_str: str) -> None:
-        """transformers' `update_from_string` (`"a=1,b=x"`, each value parsed as the type of the field's current
-        value), then the checks, all or nothing as `update`."""
-        self._apply_checked(lambda: super(_CheckedConfig, self).update_from_string(update_str))
-
-    def _apply_checked(self, apply: Callable[[], None]) -> None:
-        """Run `apply` (attribute assignments), then `validate`; on any error restore the fields as they were and
-        re-raise. The checks run once, after every assignment, because a cross-field rule may need two new values
-        (hidden_size and num_attention_heads) that no single assignment could satisfy alone; they are not run on
-        each `setattr`, which transformers' own `__init__` and `from_dict` use field by field."""
-        before = dict(vars(self))  # every field, the label maps and the attention implementation included
-        try:
-            apply()
-            self.validate()
-        except BaseException:  # nothing half-applied, whatever stopped it (a parse error, an interrupt)
-            vars(self).clear()
-            vars(self).update(before)
-            raise
-
-    @classmethod
-    def _check_override_names(cls, overrides: dict[str, Any], where: str) -> None:
-        """Refuse a keyword override (`from_preset`) that is neither a field of this config nor a `PreTrainedConfig`
-        keyword, naming the closest names: transformers keeps any other keyword as an attribute that nothing reads,
-        so a misspelt field would leave the preset's value in place without a word. `where`: the method named."""
-        fields = [
-            name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "kwargs")
-        ]
-        known = {*fields, *cls.attribute_map, *_transformers_keywords()}
-        for name, value in overrides.items():
-            if name in known:
-                continue
-            close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
-            hint = f"closest names: {close}" if close else f"{cls.__name__}'s fields are {sorted(fields)}"
-            raise ValueError(
-                f"{cls.__name__}.{where}: unknown override {name}={value!r}; not a field of {cls.__name__} nor a "
-                f"transformers config keyword (num_labels, id2label, label2id, problem_type, ...); {hint}."
-            )
-
-    @classmethod
-    def preset_fields(cls, name: str) -> dict[str, Any]:
-        """The fields preset `name` sets, as a new dict (the caller may change it).
-
-        The presets are the rows of the package's `energyformers.presets` (`PRESET_SOURCES` there says which paper
-        setting or released model each row reproduces); the Hub's remote code carries none of them, so without
-        the package there are no presets, only explicit fields.
-        """
-        try:
-            from energyformers.presets import preset_fields
-        except ImportError:  # remote code loaded without the package (the import check skips try blocks)
-            raise ImportError(
-                f"{cls.__name__}.from_preset({name!r}): the named presets come with the energyformers package "
-                f"(pip install energyformers), which is not installed; build the config from explicit fields "
-                f"instead, e.g. {cls.__name__}(hidden_size=...)."
-            ) from None
-        return preset_fields(cls, name)
-
-    @classmethod
-    def from_preset(cls: type[_Config], name: str, **overrides: Any) -> _Config:
-        """The config of preset `name` (`preset_fields`), with keyword `overrides` on top.
-
-        An override is a field of this config or a transformers config keyword (`num_labels`, `id2label`, ...;
-        an `id2label` replaces the preset's `num_labels`); any other name raises `ValueError` naming the closest
-        ones, so a misspelt field never leaves the preset's value in place.
-        """
-        fields = cls.preset_fields(name)  # an unknown name is refused before the overrides are looked at
-        cls._check_override_names(overrides, "from_preset")
-        kwargs = {**fields, **overrides}
-        if "id2label" in overrides:
-            kwargs.pop("num_labels", None)
-        return cls(**kwargs)
-
-    def _check_common_rules(self) -> None:
-        """The cross-field rules of every family, which each config's `_check_cross_field_rules` runs: heads
-        that divide the width (for a config with heads: iMixer has none), patches that tile the image, and a
-        vocabulary for sequences."""
-        if "num_attention_heads" in vars(self):
-            _require(
-                self,
-                self.hidden_size % self.num_attention_heads == 0,
-                "hidden_size",
-                self.hidden_size,
-                f"it must be divisible by num_attention_heads={self.num_attention_heads}",
-            )
-        _require(
-            self,
-            all(side % self.patch_size == 0 for side in _image_sides(self.image_size)),
-            "image_size",
-            self.image_size,
-            f"both sides must be divisible by patch_size={self.patch_size}",
-        )
-        _require(
-            self,
-            self.input_type != "sequence" or (_is_int(self.vocab_size) and self.vocab_size >= 1),
-            "vocab_size",
-            self.vocab_size,
-            'input_type="sequence" needs an integer vocab_size >= 1',
-        )
-
-    def validate(self) -> None:
-        """transformers' own checks (architectures, layer types, RoPE, token ids; where this transformers has
-        them), then the constructor's: a `ValueError` if a field now holds a value `__init__` would refuse."""
-        parent = getattr(super(), "validate", None)
-        if parent is not None:
-            parent()
-        _validate_config(self, {})
-
-    def save_pretrained(
-        self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs: Any
-    ) -> None:
-        self.validate()  # before the remote code is written: a refused config leaves no partial folder
-        writer = type(self).folder_code_writer  # read on the class: a plain function, not a bound method
-        if writer is not None and self.__dict__.get("auto_map"):
-            writer(self, save_directory)
-        elif writer is None and self.__dict__.get("custom_pipelines") and not os.path.isfile(save_directory):
-            # the copy an exported folder carries, run by transformers alone (a file is left to transformers' error)
-            _copy_pipeline_code(self, save_directory)
-        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
-
-
-# --- end of validation block ---
-
-
-# Validation tables of Hyper-SET (the form is the same in the three configuration files).
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "input_type": ("image", "sequence"),
-    "qkv_norm": ("separate", "shared"),
-    "step_size_condition": ("current", "input"),
-    "hidden_act": ("relu", "gelu"),
-    "attention_energy": ("bisoftmax", "sigmoid", "linear"),
-    "feedforward_energy": ("relu", "softmax", "gated"),
-    "position_embedding_type": ("sinusoidal", "learned", "sincos-2d"),
-    "pooling": ("cls", "mean"),
-    "iteration_conditioning": ("none", "sinusoidal", "sinusoidal-no-mlp"),
-    "iteration_sampling": ("fixed", "uniform", "poisson-lognormal"),
-    "halting_criterion": ("state", "energy"),
-    "step_size_norm": ("rmsnorm", "none", "rmsnorm-sum"),
-    "classifier_norm": ("layernorm", "rmsnorm"),
-    "deep_supervision": ("last", "all", "every", "random"),
-    "deep_supervision_weights": ("uniform", "linear"),
-}
-_BOOLEANS: tuple[str, ...] = ("classifier_bias", "halting_head")
-_POSITIVE_INTS: tuple[str, ...] = (
-    "hidden_size",
-    "num_attention_heads",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_iterations",
-    "time_embedding_dim",
-    "patch_size",
-    "num_channels",
-    "max_position_embeddings",
-    "deep_supervision_interval",
-    "deep_supervision_samples",
-    "supervision_steps",
-)
-_NON_NEGATIVE_INTS: tuple[str, ...] = ()
-_OPTIONAL_POSITIVE_INTS: tuple[str, ...] = ("min_iterations", "max_iterations", "backprop_iterations")
-_PROBABILITIES: tuple[str, ...] = ()
-_POSITIVE_FLOATS: tuple[str, ...] = (
-    "layer_norm_eps",
-    "initializer_range",
-    "iteration_sampling_sigma",
-    "halting_loss_weight",
-)
-_OPTIONAL_POSITIVE_FLOATS: tuple[str, ...] = ("rms_norm_eps", "halting_tolerance")
-_IMAGE_SIZES: tuple[str, ...] = ("image_size",)
-# φ of attention_energy="linear" and feedforward_energy="gated" (the authors' `hyper-set-alt-attn` choices); `None`
-# otherwise. Not a `_CHOICES` entry: it is required by those two energies and meaningless for the others, a
-# cross-field rule.
-FEATURE_MAPS: tuple[str, ...] = ("sigmoid", "relu", "tanh", "softplus", "silu", "gelu", "elu", "elu+1")
 
 
 # The fields Hyper-SET shares with its looped-Transformer baseline (configuration_looped_transformer.py): the
@@ -425,7 +437,9 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
     and the head. Not a model of its own (no `model_type`); the fields are documented in `HyperSetConfig`.
 
     A subclass sets its own fields first, then calls this `__init__`, which sets the shared ones and validates
-    all of them against this file's tables (a table entry for a field a class does not set is skipped).
+    all of them against this file's tables (a table entry for a field a class does not set is skipped). Every shared
+    field is passed by keyword and none has a default here: the defaults are each subclass's own (its signature and
+    `Args:`), which a config.json saved without a field loads with.
     """
 
     # The values each choice field of this file's tables accepts (`choices["iteration_sampling"]`), read-only: the
@@ -435,37 +449,38 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
 
     def __init__(
         self,
-        input_type: str = "image",
-        hidden_size: int = 384,
-        num_attention_heads: int = 6,
-        intermediate_size: int = 384,
-        num_hidden_layers: int = 1,
-        num_iterations: int = 12,
-        hidden_act: str = "relu",
-        iteration_sampling: str = "fixed",
-        min_iterations: int | None = None,
-        max_iterations: int | None = None,
-        iteration_sampling_sigma: float = 0.5,
-        backprop_iterations: int | None = None,
-        deep_supervision: str = "last",
-        deep_supervision_interval: int = 2,
-        deep_supervision_samples: int = 2,
-        deep_supervision_weights: str = "uniform",
-        supervision_steps: int = 1,
-        halting_head: bool = False,
-        halting_loss_weight: float = 0.5,
-        image_size: int | list[int] = 224,
-        patch_size: int = 16,
-        num_channels: int = 3,
-        vocab_size: int | None = None,
-        max_position_embeddings: int = 512,
-        position_embedding_type: str = "sinusoidal",
-        pooling: str = "cls",
-        classifier_norm: str = "layernorm",
-        classifier_bias: bool = True,
-        rms_norm_eps: float | None = None,
-        layer_norm_eps: float = 1e-5,
-        initializer_range: float = 0.02,
+        *,
+        input_type: str,
+        hidden_size: int,
+        num_attention_heads: int,
+        intermediate_size: int,
+        num_hidden_layers: int,
+        num_iterations: int,
+        hidden_act: str,
+        iteration_sampling: str,
+        min_iterations: int | None,
+        max_iterations: int | None,
+        iteration_sampling_sigma: float,
+        backprop_iterations: int | None,
+        deep_supervision: str,
+        deep_supervision_interval: int,
+        deep_supervision_samples: int,
+        deep_supervision_weights: str,
+        supervision_steps: int,
+        halting_head: bool,
+        halting_loss_weight: float,
+        image_size: int | list[int],
+        patch_size: int,
+        num_channels: int,
+        vocab_size: int | None,
+        max_position_embeddings: int,
+        position_embedding_type: str,
+        pooling: str,
+        classifier_norm: str,
+        classifier_bias: bool,
+        rms_norm_eps: float | None,
+        layer_norm_eps: float,
+        initializer_range: float,
         **kwargs: Any,
     ) -> None:
         self.input_type = input_type
@@ -533,6 +548,13 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
     @custom_pipelines.deleter
     def custom_pipelines(self) -> None:
         del self.__dict__["custom_pipelines"]
+
+    def _save_extra_code(self, save_directory: str | os.PathLike) -> None:
+        """Saved without the package: copy the pipeline files the stored `custom_pipelines` names, from where the
+        config was loaded (`_copy_pipeline_code`: a file not found is a warning, the weights still save). A
+        `save_directory` that is a file is left to transformers' own error."""
+        if self.__dict__.get("custom_pipelines") and not os.path.isfile(save_directory):
+            _copy_pipeline_code(self, save_directory)
 
     @staticmethod
     def shared_fields() -> tuple[str, ...]:
@@ -745,8 +767,6 @@ class HyperSetConfig(RecurrentDepthConfig):
     """
 
     model_type = "hyperset"
-    # the φ names `feature_map` accepts (`FEATURE_MAPS`), for the models' table of φ and φ'
-    feature_maps = FEATURE_MAPS
 
     def __init__(
         self,

@@ -13,10 +13,6 @@ import difflib
 import inspect
 import math
 import os
-import re
-import shutil
-import sys
-import warnings
 from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
@@ -37,7 +33,7 @@ ACTIVATION_MAX_SLOPES: dict[str, float] = {
 _TOLERANCE_SOLVERS = ("picard", "anderson")
 
 
-# --- validation: identical in the three configuration files (tests/test_configuration.py checks) ---
+# --- shared config machinery: identical in the three configuration files (tests/test_configuration.py checks) ---
 # Per family only the tables below this block (_CHOICES, _POSITIVE_INTS, ...) and the config's
 # `_check_cross_field_rules` differ; that method starts from `_check_common_rules`, the rules every family shares.
 # The block is duplicated rather than shared because each file is copied verbatim into Hub remote code, which may
@@ -137,85 +133,6 @@ def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
     config._check_cross_field_rules()
 
 
-def _pipeline_code_files(custom_pipelines: dict[str, Any]) -> list[str]:
-    """The module files the `custom_pipelines` entries of config.json name (`"impl": "pipeline_mim.Class"` ->
-    `pipeline_mim.py`). An entry in another repo (`"repo--module.Class"`) is left out: transformers reads it there."""
-    files = []
-    for entry in custom_pipelines.values():
-        impl = entry.get("impl") if isinstance(entry, dict) else None
-        if isinstance(impl, str) and "." in impl and "--" not in impl:
-            files.append(impl.split(".")[0] + ".py")
-    return sorted(set(files))
-
-
-def _loaded_revision(config: PreTrainedConfig) -> str | None:
-    """The commit a Hub repo's config was loaded at, or None. The config does not keep it, but transformers copies a
-    repo's remote code into `transformers_modules/<repo>/<commit hash>/`, from where this module then runs; saving
-    must copy the pipeline files of that commit, not of whatever the repo's main branch holds now."""
-    module_file = getattr(sys.modules.get(type(config).__module__), "__file__", None) or ""
-    folder = os.path.basename(os.path.dirname(module_file))
-    return folder if re.fullmatch(r"[0-9a-f]{40}", folder) else None
-
-
-def _find_code_file(source: str, filename: str, revision: str | None) -> str | None:
-    """The local path of `filename` from `source` (a folder, or a Hub repo id through transformers' cache, which
-    offline answers from what an earlier load downloaded); None where it is not to be had."""
-    if os.path.isdir(source):
-        path = os.path.join(source, filename)
-        return path if os.path.isfile(path) else None
-    from transformers.utils import cached_file
-
-    try:
-        return cached_file(source, filename, revision=revision)
-    except (OSError, ValueError):
-        return None  # not in the repo, no such repo, offline without a cached copy, or not a repo id
-
-
-def _copy_pipeline_code(config: PreTrainedConfig, save_directory: str | os.PathLike) -> None:
-    """Copy the pipeline files `config`'s `custom_pipelines` names, and the files they import relatively
-    (transitively), from where the config was loaded into `save_directory`; warn, naming them, about any not found.
-
-    transformers copies a remote model's and config's own files on save, and a pipeline's only when that pipeline was
-    registered in the process, which a pipeline read from `custom_pipelines` is not; so without this a folder loaded
-    with only transformers and saved again names a pipeline module it lacks. A missing file is a warning, not an
-    error: the weights and config.json (what a Trainer checkpoint needs, and all `from_pretrained` reads) are still
-    written, and copying the named file into the folder later makes `pipeline()` work."""
-    from transformers.dynamic_module_utils import get_relative_imports
-
-    source = str(config.name_or_path or "")
-    revision = _loaded_revision(config)
-    pending = _pipeline_code_files(config.__dict__["custom_pipelines"])
-    found: dict[str, str] = {}
-    missing: list[str] = []
-    while pending:
-        filename = pending.pop()
-        if filename in found or filename in missing:
-            continue
-        path = _find_code_file(source, filename, revision) if source else None
-        if path is None:
-            missing.append(filename)
-            continue
-        found[filename] = path
-        # the rule transformers applies to decide which files a remote module needs
-        pending += [f"{module}.py" for module in get_relative_imports(path)]
-    os.makedirs(save_directory, exist_ok=True)
-    for filename, path in sorted(found.items()):
-        target = os.path.join(save_directory, filename)
-        if not (os.path.exists(target) and os.path.samefile(path, target)):  # saving over the source folder
-            shutil.copyfile(path, target)
-    if missing:
-        where = f"{source!r}" if source else "nowhere: the config does not say where it was loaded from"
-        warnings.warn(
-            f"{type(config).__name__}.save_pretrained: config.json names custom_pipelines "
-            f"{sorted(config.__dict__['custom_pipelines'])} whose code {sorted(missing)} was not found in {where}; "
-            f"{str(save_directory)!r} gets the weights and config, and from_pretrained reads it, but "
-            "pipeline(..., trust_remote_code=True) fails there until those files are copied into it (the exported "
-            "folder or Hub repo the model came from has them).",
-            UserWarning,
-            stacklevel=3,
-        )
-
-
 # What `from_preset` returns: an instance of the class it is called on.
 _Config = TypeVar("_Config", bound="_CheckedConfig")
 
@@ -237,8 +154,8 @@ class _CheckedConfig:
       name files the saved folder lacks (transformers' `custom_object_save` does this only for classes loaded as
       remote code). The package sets the writer (its `configuration/__init__.py`); it stays None in the copy an
       exported folder carries, where `custom_object_save` copies the model's and config's files and this module
-      may not import the package's generator; there a config naming `custom_pipelines` copies the pipeline files
-      from where it was loaded (`_copy_pipeline_code`: a file not found is a warning, the weights still save).
+      may not import the package's generator; there `_save_extra_code` writes what else the folder's config.json
+      names (a masked-image-modelling folder's pipeline files, `RecurrentDepthConfig`'s override).
 
     It also holds what every family's config does alike: the named presets (`preset_fields`, `from_preset`) and
     the cross-field rules they share (`_check_common_rules`).
@@ -306,12 +223,18 @@ class _CheckedConfig:
         try:
             from energyformers.presets import preset_fields
         except ImportError:  # remote code loaded without the package (the import check skips try blocks)
-            raise ImportError(
-                f"{cls.__name__}.from_preset({name!r}): the named presets come with the energyformers package "
-                f"(pip install energyformers), which is not installed; build the config from explicit fields "
-                f"instead, e.g. {cls.__name__}(hidden_size=...)."
-            ) from None
+            raise cls._presets_need_the_package(name) from None
         return preset_fields(cls, name)
+
+    @classmethod
+    def _presets_need_the_package(cls, name: str) -> ImportError:
+        """The error of `from_preset(name)` where the energyformers package, which holds the presets, cannot be
+        imported (the Hub's remote code carries no presets)."""
+        return ImportError(
+            f"{cls.__name__}.from_preset({name!r}): the named presets come with the energyformers package "
+            f"(pip install energyformers), which is not installed; build the config from explicit fields "
+            f"instead, e.g. {cls.__name__}(hidden_size=...)."
+        )
 
     @classmethod
     def from_preset(cls: type[_Config], name: str, **overrides: Any) -> _Config:
@@ -370,13 +293,17 @@ class _CheckedConfig:
         writer = type(self).folder_code_writer  # read on the class: a plain function, not a bound method
         if writer is not None and self.__dict__.get("auto_map"):
             writer(self, save_directory)
-        elif writer is None and self.__dict__.get("custom_pipelines") and not os.path.isfile(save_directory):
-            # the copy an exported folder carries, run by transformers alone (a file is left to transformers' error)
-            _copy_pipeline_code(self, save_directory)
+        elif writer is None:  # the copy an exported folder carries, run by transformers alone
+            self._save_extra_code(save_directory)
         super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
 
+    def _save_extra_code(self, save_directory: str | os.PathLike) -> None:
+        """Hook of `save_pretrained` without the package (no `folder_code_writer`): write beside config.json the code
+        files it names that transformers' own save does not copy. Nothing by default; `RecurrentDepthConfig` copies
+        the pipeline files of its `custom_pipelines`."""
 
-# --- end of validation block ---
+
+# --- end of shared config machinery ---
 
 
 # Validation tables of iMixer (the form is the same in the three configuration files).
@@ -549,7 +476,7 @@ class IMixerConfig(_CheckedConfig, PreTrainedConfig):
     """
 
     model_type = "imixer"
-    # The values each choice field of this file's tables accepts (`choices["iteration_sampling"]`), read-only: the
+    # The values each choice field of this file's tables accepts (`choices["fixed_point_solver"]`), read-only: the
     # models' tables of implementations can be keyed by it instead of repeating the names. Unannotated, as
     # `model_type`: transformers makes every config class a dataclass, which reads the annotations of its body.
     choices = MappingProxyType(_CHOICES)

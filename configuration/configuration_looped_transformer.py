@@ -235,18 +235,14 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         super()._check_override_names(shared, where)
 
 
-def _own_presets(config_class: type, name: str) -> dict[str, dict[str, Any]]:
+def _own_presets(config_class: type[LoopedTransformerConfig], name: str) -> dict[str, dict[str, Any]]:
     """The baseline's own preset rows, once `name` is known to be one of them or a Hyper-SET row: else a
     `ValueError` naming `config_class` and every name its `from_preset` takes (an `ImportError` without the package:
     remote code carries no preset tables)."""
     try:
         from energyformers.presets import HYPERSET_PRESETS, LOOPED_TRANSFORMER_PRESETS
     except ImportError:  # remote code loaded without the package (the import check skips try blocks)
-        raise ImportError(
-            f"{config_class.__name__}.from_preset({name!r}): the named presets come with the energyformers "
-            f"package (pip install energyformers), which is not installed; build the config from explicit fields "
-            f"instead, e.g. {config_class.__name__}(hidden_size=...)."
-        ) from None
+        raise config_class._presets_need_the_package(name) from None
     if name not in LOOPED_TRANSFORMER_PRESETS and name not in HYPERSET_PRESETS:
         raise ValueError(
             f"{config_class.__name__}: unknown preset name={name!r}; expected one of "

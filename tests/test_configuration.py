@@ -8,6 +8,8 @@ import difflib
 import inspect
 import math
 import re
+import sys
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -24,9 +26,10 @@ from energyformers.configuration import (
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN = (
-    "# --- validation: identical in the three configuration files (tests/test_configuration.py checks) ---"
+    "# --- shared config machinery: identical in the three configuration files "
+    "(tests/test_configuration.py checks) ---"
 )
-END = "# --- end of validation block ---"
+END = "# --- end of shared config machinery ---"
 
 MODULES: dict[str, ModuleType] = {
     "hyperset": configuration_hyperset,
@@ -191,7 +194,7 @@ def table_cases(table: str) -> list[Any]:
 # ---------------------------------------------------------------- one form in the three files
 
 
-def validation_block(family: str) -> str:
+def shared_block(family: str) -> str:
     lines = (ROOT / "configuration" / f"configuration_{family}.py").read_text(encoding="utf-8").splitlines()
     assert lines.count(BEGIN) == 1 and lines.count(END) == 1, (
         f"{family}: expected one begin and one end marker"
@@ -201,11 +204,11 @@ def validation_block(family: str) -> str:
     return "\n".join(lines[start : end + 1]) + "\n"
 
 
-def test_validation_blocks_are_identical_in_the_three_configuration_files():
-    reference = validation_block("hyperset")
+def test_shared_blocks_are_identical_in_the_three_configuration_files():
+    reference = shared_block("hyperset")
     assert "def _validate_config(" in reference and "def _require(" in reference
     for family in ("imixer", "hyperbf"):
-        block = validation_block(family)
+        block = shared_block(family)
         diff = "".join(
             difflib.unified_diff(
                 reference.splitlines(keepends=True),
@@ -214,10 +217,10 @@ def test_validation_blocks_are_identical_in_the_three_configuration_files():
                 f"configuration_{family}.py",
             )
         )
-        assert block == reference, f"validation blocks differ; copy the Hyper-SET one:\n{diff}"
+        assert block == reference, f"shared blocks differ; copy the Hyper-SET one:\n{diff}"
 
 
-# What the validation block holds once for every family: the preset constructors and the shared cross-field rules
+# What the shared block holds once for every family: the preset constructors and the shared cross-field rules
 # (their messages are the CROSS_FIELD entries of every family, checked there).
 SHARED_METHODS = ("preset_fields", "from_preset", "_check_common_rules")
 SHARED_RULE_MESSAGES = (
@@ -227,7 +230,7 @@ SHARED_RULE_MESSAGES = (
 )
 
 
-def test_presets_and_shared_rules_are_written_once_in_the_validation_block():
+def test_presets_and_shared_rules_are_written_once_in_the_shared_block():
     """`preset_fields`, `from_preset` and the rules every family shares are defined in the block's `_CheckedConfig`
     alone; no config class (the looped baseline's included) nor any text outside the blocks repeats them."""
     looped = configuration_looped_transformer.LoopedTransformerConfig
@@ -245,9 +248,9 @@ def test_presets_and_shared_rules_are_written_once_in_the_validation_block():
         assert defined == expected, f"{name} is defined in {defined}, expected in {expected}"
     for family in MODULES:
         source = (ROOT / "configuration" / f"configuration_{family}.py").read_text(encoding="utf-8")
-        outside = source.replace(validation_block(family), "")
+        outside = source.replace(shared_block(family), "")
         repeated = [text for text in (*SHARED_RULE_MESSAGES, "def preset_fields(") if text in outside]
-        assert not repeated, f"configuration_{family}.py repeats outside the validation block: {repeated}"
+        assert not repeated, f"configuration_{family}.py repeats outside the shared block: {repeated}"
     # the inherited constructor builds the class it is called on, the baseline's own rows and Hyper-SET's alike
     presets = [
         *zip(CONFIGS.values(), ("cifar10-small", "s16", "tiny")),
@@ -257,6 +260,81 @@ def test_presets_and_shared_rules_are_written_once_in_the_validation_block():
     for config_class, preset in presets:
         built = config_class.from_preset(preset)
         assert type(built) is config_class, f"{config_class.__name__}.from_preset({preset!r}): {type(built)}"
+
+
+def test_recurrent_depth_base_has_no_defaults_and_each_subclass_defaults_every_shared_field():
+    """`RecurrentDepthConfig.__init__` takes every shared field by keyword, with no default (one there would be a
+    copy no call reads: Hyper-SET and its baseline pass every shared field, each with defaults of its own), so a
+    subclass that forgot one fails at once; each subclass's signature gives every shared field a default, so a
+    config.json saved without the field loads."""
+    base = configuration_hyperset.RecurrentDepthConfig
+    parameters = inspect.signature(base.__init__).parameters
+    shared = [parameters[name] for name in base.shared_fields()]
+    assert len(shared) == len(parameters) - 2, list(parameters)  # all but self and kwargs
+    loose = [
+        (p.name, p.kind.name, p.default)
+        for p in shared
+        if p.kind is not p.KEYWORD_ONLY or p.default is not p.empty
+    ]
+    assert loose == [], (
+        f"RecurrentDepthConfig.__init__ parameters with a default or not keyword-only: {loose}"
+    )
+    for subclass in (
+        configuration_hyperset.HyperSetConfig,
+        configuration_looped_transformer.LoopedTransformerConfig,
+    ):
+        own = inspect.signature(subclass.__init__).parameters
+        undefaulted = [name for name in base.shared_fields() if own[name].default is inspect.Parameter.empty]
+        assert undefaulted == [], f"{subclass.__name__}: shared fields without a default {undefaulted}"
+
+
+@pytest.mark.parametrize(
+    "config_class", [*CONFIGS.values(), configuration_looped_transformer.LoopedTransformerConfig]
+)
+def test_from_preset_without_the_package_names_the_class_and_the_way_out(config_class, monkeypatch):
+    """Where `energyformers.presets` cannot be imported (the Hub's remote code without the package), every config's
+    `from_preset`, the looped baseline's own presets included, raises the one message of the shared block."""
+    monkeypatch.setitem(sys.modules, "energyformers.presets", None)  # its import raises ImportError
+    name = config_class.__name__
+    expected = (
+        f"{name}.from_preset('cifar10-small'): the named presets come with the energyformers package "
+        f"(pip install energyformers), which is not installed; build the config from explicit fields instead, e.g. "
+        f"{name}(hidden_size=...)."
+    )
+    with pytest.raises(ImportError, match="^" + re.escape(expected) + "$"):
+        config_class.from_preset("cifar10-small")
+
+
+def test_save_without_the_package_copies_pipeline_code_of_recurrent_depth_configs(tmp_path, monkeypatch):
+    """Without the package's remote-code writer (`folder_code_writer` None, as in the copy an exported folder
+    carries) `save_pretrained` runs the shared block's `_save_extra_code` hook. Hyper-SET's (`RecurrentDepthConfig`,
+    whose masked-image-modelling folders are the only ones with `custom_pipelines`) copies the pipeline file from
+    where the config was loaded and warns, at the caller's line, about the module it imports that is missing there;
+    the other families' hook writes nothing."""
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "pipeline_x.py").write_text("from .helper_x import VALUE\n", encoding="utf-8")
+    entry = {"task-x": {"impl": "pipeline_x.XPipeline", "pt": ["AutoModel"], "type": "image"}}
+    for config_class in (configuration_hyperset.RecurrentDepthConfig, *CONFIGS.values()):
+        monkeypatch.setattr(config_class, "folder_code_writer", None)
+    for family in CONFIGS:
+        config = make(family)
+        config.custom_pipelines = dict(entry)
+        config.name_or_path = str(source)
+        target = tmp_path / family
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            config.save_pretrained(target)
+        found = [w for w in caught if "names custom_pipelines" in str(w.message)]
+        files = sorted(path.name for path in target.iterdir())
+        if family == "hyperset":
+            assert files == ["config.json", "pipeline_x.py"], files
+            assert len(found) == 1 and "['helper_x.py']" in str(found[0].message), [
+                str(w.message) for w in found
+            ]
+            assert found[0].filename == __file__, (found[0].filename, found[0].lineno)
+        else:
+            assert (files, found) == (["config.json"], []), (family, files, [str(w.message) for w in found])
 
 
 @pytest.mark.parametrize("family", MODULES)
@@ -425,7 +503,7 @@ def test_num_labels_must_be_a_non_negative_integer(family):
 
 def test_configuration_files_point_to_no_file_a_hub_user_lacks():
     """The configuration files are the Hub's remote code, read through `help()`: a pointer to the repository's
-    docs/, benchmarks/ or tests/ leads nowhere there (the validation block's begin marker, which these tests find,
+    docs/, benchmarks/ or tests/ leads nowhere there (the shared block's begin marker, which these tests find,
     is the one exception)."""
     pointers = [
         f"{path.name}:{number}: {line.strip()}"
@@ -450,7 +528,6 @@ def test_choice_tables_are_public_read_only_views_on_the_config_classes():
         assert "choices" not in make(family).to_dict()
     assert hyperset.choices["iteration_sampling"] == ("fixed", "uniform", "poisson-lognormal")
     assert hyperset.choices["deep_supervision"] == ("last", "all", "every", "random")
-    assert hyperset.feature_maps == configuration_hyperset.FEATURE_MAPS
     assert CONFIGS["imixer"].choices["token_mixing_activation"] == tuple(
         configuration_imixer.ACTIVATION_MAX_SLOPES
     )

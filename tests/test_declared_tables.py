@@ -1,7 +1,8 @@
 """Tables written out twice on purpose, kept equal: the command line's copies (read while the arguments are parsed,
 before torch loads) against what the models declare and the configs' choices. Each test fails when one side changes
-alone. The modeling files read the names of a config choice from the config class (`Config.choices`,
-`HyperSetConfig.feature_maps`) and keep no copy; what stays to check there is that they implement every name."""
+alone. The modeling files read the names of a config choice from the config class (`Config.choices`) and keep no
+copy; what stays to check there is that they implement every name, and that Hyper-SET's table of φ and φ' (code, so
+written in the modeling file) is keyed by the names the config accepts."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from fixtures import hyperset_config, imixer_config
 
 import energyformers
 from energyformers import HyperSetConfig, HyperSetModel, IMixerConfig, IMixerModel, kernels
+from energyformers.configuration.configuration_hyperset import FEATURE_MAPS
 from energyformers.configuration.configuration_imixer import ACTIVATION_MAX_SLOPES
 from energyformers.modeling import modeling_hyperset
 from energyformers.training.arguments import ATTN_IMPLEMENTATIONS, ModelArguments
@@ -69,10 +71,10 @@ def test_every_halting_criterion_of_the_config_has_a_change_measure(criterion: s
 
 
 def test_the_feature_map_table_is_keyed_by_the_configs_names() -> None:
-    """`FEATURE_MAP_FUNCTIONS` holds each φ and φ' (code, so written in the modeling file), keyed in the order of
-    `HyperSetConfig.feature_maps`, the one list of names `feature_map` accepts."""
+    """`FEATURE_MAP_FUNCTIONS`, which the models index by `config.feature_map`, holds each φ and φ' keyed in the
+    order of the configuration's `FEATURE_MAPS`, the one list of names `feature_map` accepts."""
     keys = tuple(modeling_hyperset.FEATURE_MAP_FUNCTIONS)
-    assert keys == tuple(HyperSetConfig.feature_maps), (keys, HyperSetConfig.feature_maps)
+    assert keys == FEATURE_MAPS, (keys, FEATURE_MAPS)
 
 
 @pytest.mark.parametrize("name", IMixerConfig.choices["token_mixing_activation"])
