@@ -307,7 +307,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from .predict import cannot_load, check_depth_arguments, task_for
     from .setup import auto_head, preprocessing
     from .trainer import DepthTrainer
-    from .weights import WeightsMismatchError, load_fitting_weights
+    from .weights import load_or_refuse
 
     config = load_config(args.model_dir)
     model_type = getattr(config, "model_type", None)
@@ -333,12 +333,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         rows = rows.select(range(min(args.max_samples, len(rows))))
     transform, collator = preprocessing(task, config, processor)
     rows.set_transform(transform)
-    try:
-        model = load_fitting_weights(auto_head(getattr(config, "input_type", "image"), task), args.model_dir)
-    except (OSError, RuntimeError, ValueError) as err:
-        if isinstance(err, WeightsMismatchError):  # already one line naming the folder and the tensors
-            raise UsageError(str(err)) from None
-        raise UsageError(cannot_load(args.model_dir, err)) from None
+    head = auto_head(getattr(config, "input_type", "image"), task)
+    model = load_or_refuse(
+        head, args.model_dir, error=UsageError, message=lambda err: cannot_load(args.model_dir, err)
+    )
     model.eval()
     try:  # one real batch, as training checks one before it starts: ids or sizes that do not fit fail here
         batch = collator([rows[i] for i in range(min(2, len(rows)))])

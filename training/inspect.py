@@ -60,7 +60,7 @@ from .predict import (
     masked_image_modeling_head,
     refuse_mim_flags,
 )
-from .weights import WeightsMismatchError, load_fitting_weights
+from .weights import load_or_refuse
 
 if TYPE_CHECKING:  # torch is imported where it is used, so `inspect --help` does not pay for it
     import torch
@@ -342,12 +342,12 @@ def load_model(model_dir: str) -> tuple[Any, str, float | None]:
     model_class = next(
         (h for h in family.heads.values() if h.__name__ == architecture), family.heads["AutoModel"]
     )
-    try:
-        model = load_fitting_weights(model_class, model_dir).eval()
-    except (OSError, RuntimeError, ValueError) as err:
-        if isinstance(err, WeightsMismatchError):  # already one line naming the folder and the tensors
-            raise InspectError(str(err)) from None
-        raise InspectError(f"cannot load a model from {model_dir!r}: {' '.join(str(err).split())}") from None
+    model = load_or_refuse(
+        model_class,
+        model_dir,
+        error=InspectError,
+        message=lambda err: f"cannot load a model from {model_dir!r}: {' '.join(str(err).split())}",
+    ).eval()
     halting_tolerance = getattr(model.config, "halting_tolerance", None)
     if halting_tolerance is not None:  # per-iteration diagnostics need every sample to run every iteration
         model.config.halting_tolerance = None

@@ -36,7 +36,7 @@ from .arguments import (
 )
 from .cli import check_model_source
 from .data import DataError, batches_done, input_type_of, label_names, load_data, task_of
-from .weights import WeightsMismatchError, check_model_folder, load_fitting_weights
+from .weights import check_model_folder, load_or_refuse
 
 # Small configs used when no --preset is given, per (family, input_type): the CLI's model sizes. They are sized
 # for the built-in datasets on a 2-core CPU (`make demo` trains digits in a few minutes).
@@ -732,17 +732,24 @@ def build(args: Arguments, state: Any) -> Built:
         check_attn_flag(attention, config.model_type)  # the family of a Hub checkpoint
     if args.model.from_pretrained:
         source = args.model.from_pretrained
-        try:
-            # a changed label set re-initialises the classifier; every other tensor must load as saved
-            model = load_fitting_weights(
-                head, source, allowed=new_head_tensors, config=config, ignore_mismatched_sizes=True, **chosen
-            )
-        except (OSError, RuntimeError, ValueError) as err:  # unreadable or mismatched weights
+
+        def cannot_load(err: Exception) -> str:
             if attention is not None and "attn_implementation" in str(err):
-                raise UsageError(f"--attn_implementation {attention}: {err}") from err
-            if isinstance(err, WeightsMismatchError):  # one line naming the folder and the tensors
-                raise UsageError(f"--from_pretrained {err}") from err
-            raise UsageError(f"--from_pretrained {source!r}: cannot load the weights ({err})") from err
+                return f"--attn_implementation {attention}: {err}"
+            return f"--from_pretrained {source!r}: cannot load the weights ({err})"
+
+        # a changed label set re-initialises the classifier; every other tensor must load as saved
+        model = load_or_refuse(
+            head,
+            source,
+            error=UsageError,
+            message=cannot_load,
+            label="--from_pretrained",
+            allowed=new_head_tensors,
+            config=config,
+            ignore_mismatched_sizes=True,
+            **chosen,
+        )
     else:
         try:
             model = head.from_config(config, **chosen)
@@ -991,15 +998,25 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
     chosen = {} if attention is None else {"attn_implementation": attention}
     if attention is not None:
         check_attn_flag(attention, config.model_type)
-    try:
-        if m.from_pretrained:  # every tensor must load as saved: the head's codes are the tokenizer's
-            model = load_fitting_weights(head, m.from_pretrained, config=config, **chosen)
-        else:
+
+    def cannot_build(err: Exception) -> str:
+        return f"cannot build the masked-image-modelling model: {err}"
+
+    if m.from_pretrained:  # every tensor must load as saved: the head's codes are the tokenizer's
+        model = load_or_refuse(
+            head,
+            m.from_pretrained,
+            error=UsageError,
+            message=cannot_build,
+            label="--from_pretrained",
+            config=config,
+            **chosen,
+        )
+    else:
+        try:
             model = head.from_config(config, **chosen)
-    except (OSError, RuntimeError, ValueError) as err:
-        if isinstance(err, WeightsMismatchError):  # one line naming the folder and the tensors
-            raise UsageError(f"--from_pretrained {err}") from err
-        raise UsageError(f"cannot build the masked-image-modelling model: {err}") from err
+        except (OSError, RuntimeError, ValueError) as err:
+            raise UsageError(cannot_build(err)) from err
     check_checkpointing_support(args, model)
     collator = MaskedCodesCollator(
         model.mask_token_id, (0.0, d.mask_ratio_max), seed=args.run.seed + state.process_index
