@@ -125,7 +125,8 @@ def no_model_runs(monkeypatch):
     def loaded(model_class, source, *args, **kwargs):
         raise AssertionError(f"the weights of {source} were loaded")
 
-    monkeypatch.setattr("energyformers.training.weights.load_fitting_weights", loaded)  # every command's loader
+    # every command loads the weights through it (`weights.load_or_refuse`)
+    monkeypatch.setattr("energyformers.training.weights.load_fitting_weights", loaded)
 
 
 def _damaged(folders: dict[str, Path], tmp_path: Path, folder: str, name: str, damage) -> Path:

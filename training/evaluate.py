@@ -295,7 +295,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import PrinterCallback, ProgressCallback, TrainingArguments
 
     from ..pipelines import centers_scope
-    from .data import DataError, load_data, task_of
+    from .data import load_data, task_of
     from .evaluation import (
         TrainerMetrics,
         argmax_logits,
@@ -305,7 +305,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         primary_metric,
     )
     from .predict import cannot_load, check_depth_arguments, task_for
-    from .setup import auto_head, preprocessing
+    from .setup import auto_head, check_one_batch, preprocessing
     from .trainer import DepthTrainer
     from .weights import load_or_refuse
 
@@ -337,15 +337,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     model = load_or_refuse(
         head, args.model_dir, error=UsageError, message=lambda err: cannot_load(args.model_dir, err)
     )
-    model.eval()
-    try:  # one real batch, as training checks one before it starts: ids or sizes that do not fit fail here
-        batch = collator([rows[i] for i in range(min(2, len(rows)))])
-        with torch.no_grad():
-            model(**{k: v for k, v in batch.items() if k != "labels"})
-    except Exception as err:
-        raise DataError(
-            f"--dataset {args.dataset}: a batch of its {args.split} split does not fit the model: {err}"
-        ) from err
+    # one real batch, as training checks one before it starts: ids or sizes that do not fit fail here
+    check_one_batch(model, collator, rows, f"--dataset {args.dataset}: a batch of its {args.split} split")
     check_depth_arguments(model, args.depth)  # again for a Hub model, against its forward
     depths = eval_depths(model, args.eval_iterations) if args.eval_iterations else []
     load_metrics()

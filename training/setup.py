@@ -702,7 +702,6 @@ def build(args: Arguments, state: Any) -> Built:
     Shared by both training loops; `state` is the (already initialised) `accelerate.PartialState`. Runs one real
     batch through the model so mismatches surface here, before any training or writing.
     """
-    import torch
     import transformers
 
     from .recipes import RECIPE_TASKS, drop_unapplied_recipe_values
@@ -769,16 +768,27 @@ def build(args: Arguments, state: Any) -> Built:
 
         augmentation = SudokuAugmentation(seed=args.run.seed + state.process_index)  # a stream per process
         data["train"].set_transform(AugmentedTransform(augmentation, transform))
-    try:  # the real preprocessing + forward on two examples: wrong sizes/ids fail now, not after an epoch
-        batch = collator([data["train"][i] for i in range(min(2, len(data["train"])))])
-        with torch.no_grad():
-            model.eval()(**{k: v for k, v in batch.items() if k != "labels"})
-    except Exception as err:
-        raise DataError(f"a training batch does not fit the model: {err}") from err
+    # the real preprocessing + forward on two examples: wrong sizes/ids fail now, not after an epoch
+    check_one_batch(model, collator, data["train"], "a training batch")
     model.train()
     return Built(
         model, data, processor, collator, task, warnings, source_columns=getattr(data, "source_columns", None)
     )
+
+
+def check_one_batch(model: Any, collator: Any, rows: Any, what: str, *, labels: bool = False) -> None:
+    """Run the first two of `rows` (a split, with its transform set) through `collator` and `model` in eval mode,
+    without gradients, so data the model cannot read fails before any training or scoring: a `DataError` worded
+    `<what> does not fit the model: <why>`. The labels are left out of the forward unless `labels`. The model is
+    left in eval mode."""
+    import torch
+
+    try:
+        batch = collator([rows[i] for i in range(min(2, len(rows)))])
+        with torch.no_grad():
+            model.eval()(**{k: v for k, v in batch.items() if labels or k != "labels"})
+    except Exception as err:
+        raise DataError(f"{what} does not fit the model: {err}") from err
 
 
 def preprocessing(task: str, config: Any, processor: Any) -> tuple[Any, Any]:
@@ -948,7 +958,6 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
     """`build` for `--task masked-image-modeling`: the image dataset tokenized into code grids (the VQ tokenizer
     loaded or fitted on the training images), a masked-image-modelling head over them, the collator that masks
     every training batch afresh (`data.MaskedCodesCollator`) and the reconstruction metrics after decoding."""
-    import torch
     import transformers
 
     from .data import MaskedCodesCollator, masked_image_data
@@ -1021,13 +1030,9 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
     collator = MaskedCodesCollator(
         model.mask_token_id, (0.0, d.mask_ratio_max), seed=args.run.seed + state.process_index
     )
-    try:  # one real batch through the model: a grid that does not fit fails now (a copy: the stream stays at 0)
-        rows = [mim.datasets["train"][i] for i in range(min(2, len(mim.datasets["train"])))]
-        batch = replace(collator)(rows)
-        with torch.no_grad():
-            model.eval()(**batch)
-    except Exception as err:
-        raise DataError(f"a training batch does not fit the model: {err}") from err
+    # one real batch through the model, its loss too: a grid that does not fit fails now (a copy of the collator:
+    # its masking stream stays at 0)
+    check_one_batch(model, replace(collator), mim.datasets["train"], "a training batch", labels=True)
     model.train()
     evaluation = MaskedImageEvaluation(
         mim,
@@ -1351,6 +1356,7 @@ __all__ = [
     "check_checkpointing_support",
     "check_flags_before_data",
     "check_mim_supervision",
+    "check_one_batch",
     "check_precision",
     "check_pretrained_source",
     "check_resume_arguments",
