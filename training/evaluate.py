@@ -265,8 +265,9 @@ def check_labels(model_dir: str, config: Any, dataset: str, names: list[str]) ->
     )
 
 
-def load_config(model_dir: str) -> Any:
-    """The model's transformers config; a one-line `UsageError` (predict's words) when it cannot load."""
+def load_config(model_dir: str, error: type[UsageError]) -> Any:
+    """The model's transformers config; when it cannot load, a one-line `error` (the command's `UsageError` class)
+    in predict's words (`predict.cannot_load`). Shared by evaluate and inspect."""
     import transformers
 
     from .predict import cannot_load
@@ -274,7 +275,7 @@ def load_config(model_dir: str) -> Any:
     try:
         return transformers.AutoConfig.from_pretrained(model_dir)
     except (OSError, ValueError) as err:
-        raise UsageError(cannot_load(model_dir, err)) from None
+        raise error(cannot_load(model_dir, err)) from None
 
 
 def saved_processor(model_dir: str, config: Any, task: str) -> Any:
@@ -309,7 +310,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from .trainer import DepthTrainer
     from .weights import load_or_refuse
 
-    config = load_config(args.model_dir)
+    config = load_config(args.model_dir, UsageError)
     model_type = getattr(config, "model_type", None)
     if model_type not in MODEL_TYPES:  # a Hub model (a local folder's model_type was checked in `parse`)
         raise UsageError(

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .cli import CommandParser, UsageError, check_model_source, check_output_folder, run_command
-from .evaluate import SPLITS
+from .evaluate import SPLITS, load_config
 from .predict import (
     MIM_RANGES,
     MIM_SCHEDULES,
@@ -307,29 +307,12 @@ def _rounded(tensor: torch.Tensor, digits: int = 6) -> Any:
     return clean(values)
 
 
-def load_config(model_dir: str) -> Any:
-    """The saved model's config (energyformers families registered), or an `InspectError` saying why not."""
-    import transformers
-
-    import energyformers  # noqa: F401  (registers the families with the Auto classes)
-
-    try:
-        return transformers.AutoConfig.from_pretrained(model_dir)
-    except (OSError, ValueError) as err:
-        raise InspectError(f"cannot load a model from {model_dir!r}: {err}") from None
-
-
 def load_model(model_dir: str) -> tuple[Any, str, float | None]:
     """The saved model (its head, else the backbone) in eval mode, its family's model_type, and the
     halting_tolerance its config saved (set to None here: the per-iteration diagnostics run at fixed depth)."""
-    import transformers
-
     from energyformers import BASELINES, FAMILIES
 
-    try:
-        config = transformers.AutoConfig.from_pretrained(model_dir)
-    except (OSError, ValueError) as err:
-        raise InspectError(f"cannot load a model from {model_dir!r}: {err}") from None
+    config = load_config(model_dir, InspectError)
     architecture = (config.architectures or [None])[0]
     family = FAMILIES.get(config.model_type)
     if family is None:  # Table 2's looped Transformer: its decode sequence, or its accuracy against depth
@@ -1022,7 +1005,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if found is None or not eval_depth_curves(found[0])[1]:
             raise InspectError(GIVE_INPUTS)
         # the training curve alone: the log history and the config, no model run
-        config = load_config(args.model_dir)
+        config = load_config(args.model_dir, InspectError)
         output_dir.mkdir(parents=True, exist_ok=True)
         report.update(
             model_dir=str(args.model_dir),
@@ -1031,7 +1014,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         add_training_curve(report, args.model_dir, config, output_dir)
     elif args.model_dir is not None:
-        config = load_config(args.model_dir)
+        config = load_config(args.model_dir, InspectError)
         architecture = (getattr(config, "architectures", None) or ["?"])[0]
         # again for a Hub model (a local folder's flags, inputs and kind were checked in `parse`), before any weights
         # load or data is read
