@@ -237,6 +237,14 @@ def _config_error(err: Exception, flags: dict[str, Any], what: str) -> UsageErro
     return UsageError(f"invalid {what}: {message}")
 
 
+def _check_preset_name(config_class: type, preset: str, flags: dict[str, Any], what: str) -> None:
+    """An unknown `--preset` name of `config_class`, refused before any data loads, as `_config_error` words it."""
+    try:
+        config_class.preset_fields(preset)
+    except ValueError as err:  # the message names the presets there are
+        raise _config_error(err, flags, what) from err
+
+
 def _image_geometry(data: Any) -> dict[str, Any]:
     """Native image size of the dataset → image_size/patch_size giving ≤ 64 patch tokens."""
     width, height = data["train"][0]["image"].size
@@ -657,10 +665,7 @@ def check_flags_before_data(args: Arguments) -> None:
                 "config); size it with --config"
             )
         if m.preset:
-            try:
-                config_class.preset_fields(m.preset)
-            except ValueError as err:  # an unknown preset name
-                raise _config_error(err, flags, what) from err
+            _check_preset_name(config_class, m.preset, flags, what)
         # one trial per input type the data may have (`_new_config_and_processor` sets the same fields from it)
         modalities = list(energyformers.INPUT_TYPES)
         if "input_type" in overrides:  # refused after loading unless it is the data's
@@ -891,10 +896,7 @@ def _masked_image_modeling_config(
 
     if grid_shape is None:
         if m.preset and not m.from_pretrained:
-            try:
-                config_class.preset_fields(m.preset)
-            except ValueError as err:  # an unknown preset name
-                raise _config_error(err, flags, what) from err
+            _check_preset_name(config_class, m.preset, flags, what)
         # the tokenizer sets both MIM_GRID_FIELDS (a --config value of them must be its, checked after the fit)
         # the supervision fields are the flags', the preset's or the checkpoint's, never the grid's
         for config in _trial_configs(config_class, [make], set(MIM_GRID_FIELDS), flags, what):
