@@ -72,8 +72,15 @@ SHOWN_LABELS = 6
 EVAL_DEPTH_FLAGS = tuple(
     name for name in DEPTH_FLAGS if name != "halting_threshold" and not name.startswith("search_")
 )
-# Each family's own depth flag, named when it refuses another family's (iMixer's depth is its solver steps).
-FAMILY_DEPTH_FLAG = {"imixer": "fixed_point_iterations"}
+# Each family's per-call depth argument, the forward argument (and flag) that sets how deep it runs: the recurrent
+# iterations, iMixer's fixed-point solver steps; None where the depth is fixed (HyperBF). Named when evaluate
+# refuses another family's flag; inspect's accuracy-against-depth curves vary it.
+FAMILY_DEPTH_ARGUMENTS: dict[str, str | None] = {
+    "hyperset": "num_iterations",
+    "looped-transformer": "num_iterations",
+    "imixer": "fixed_point_iterations",
+    "hyperbf": None,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -209,8 +216,9 @@ def check_model_config(args: argparse.Namespace, config: Mapping[str, Any]) -> N
     model_type = config.get("model_type")
     takes = [f"--{name}" for name in EVAL_DEPTH_FLAGS if name in config]
     if "num_iterations" not in config:
-        own = FAMILY_DEPTH_FLAG.get(str(model_type))
-        instead = f"its depth flag is --{own}" if own else "drop the flag"
+        own = FAMILY_DEPTH_ARGUMENTS.get(str(model_type))
+        # a family whose depth argument is num_iterations (a config without it) has no other to name
+        instead = f"its depth flag is --{own}" if own not in (None, "num_iterations") else "drop the flag"
         if args.eval_iterations:
             raise UsageError(
                 f"--eval_iterations {' '.join(map(str, args.eval_iterations))}: {model_type} has no recurrent "
