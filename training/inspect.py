@@ -76,7 +76,7 @@ LANDSCAPE_PATTERNS: tuple[tuple[float, float], ...] = tuple(
     for angle in (15, 95, 170, 230, 300)
 )
 LANDSCAPE_BETAS: tuple[float, ...] = (0.5, 2.0, 8.0)
-FAMILY_NAMES = {
+FAMILY_TITLES = {
     "hyperset": "Hyper-SET",
     "imixer": "iMixer",
     "hyperbf": "HyperBF",
@@ -1206,7 +1206,7 @@ def _accuracy_section(
         accuracies,
         trained,
         what,
-        f"{FAMILY_NAMES[family]}: {metric.replace('_', ' ')} vs {what.rsplit(' ', 1)[0]}\n"
+        f"{FAMILY_TITLES[family]}: {metric.replace('_', ' ')} vs {what.rsplit(' ', 1)[0]}\n"
         f"({args.dataset}, {loaded.split} split, {samples} samples)",
         output_dir / "accuracy_vs_iterations.png",
         chance=1 / max(model.config.num_labels, 1),
