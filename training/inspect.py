@@ -76,6 +76,7 @@ LANDSCAPE_PATTERNS: tuple[tuple[float, float], ...] = tuple(
     for angle in (15, 95, 170, 230, 300)
 )
 LANDSCAPE_BETAS: tuple[float, ...] = (0.5, 2.0, 8.0)
+# Each model_type's name in figure titles.
 FAMILY_TITLES = {
     "hyperset": "Hyper-SET",
     "imixer": "iMixer",
@@ -191,9 +192,8 @@ def energy_landscape(
     angles = (torch.arange(num_starts) + 0.5 * torch.rand(num_starts, generator=generator)) * (
         2 * math.pi / num_starts
     )
-    starts = (
-        0.9 * extent * torch.stack([angles.cos(), angles.sin()], -1).to(torch.float64)[:, None]
-    )  # (S, 1, 2)
+    # (S, 1, 2)
+    starts = 0.9 * extent * torch.stack([angles.cos(), angles.sin()], -1).to(torch.float64)[:, None]
     energies, trajectories, distances, minima = [], [], [], []
     for beta in betas:
         energy = hopfield_energy(points, stored.expand(points.shape[0], -1, -1), beta)
@@ -275,9 +275,8 @@ def landscape_json(result: dict[str, Any]) -> dict[str, Any]:
         "patterns": result["patterns"].tolist(),
         "betas": result["betas"],
         "step_size": result["step_size"],
-        "trajectories": [
-            _rounded(path.transpose(0, 1)) for path in result["trajectories"]
-        ],  # [β][start][step]
+        # [β][start][step]
+        "trajectories": [_rounded(path.transpose(0, 1)) for path in result["trajectories"]],
         "end_distance_to_nearest_pattern": result["end_distance_to_nearest_pattern"].tolist(),
         "distinct_end_points": [points.tolist() for points in result["end_points"]],
         "energy_range": [[float(e.min()), float(e.max())] for e in result["energies"]],
@@ -504,10 +503,8 @@ def inspect_hyperset(
     mean = {
         name: getattr(energies, name).float().mean(0) for name in ("attention_energy", "feedforward_energy")
     }
-    rank, angle = (
-        energies.effective_rank.float().mean(0),
-        energies.average_angle.float().mean(0),
-    )  # (L, T + 1, H)
+    # (L, T + 1, H)
+    rank, angle = energies.effective_rank.float().mean(0), energies.average_angle.float().mean(0)
     layers = rank.shape[0]
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -799,9 +796,8 @@ def training_curve(
     metric, curves = eval_depth_curves(log_history)
     steps, values = [s for s, _ in losses], [v for _, v in losses]
     gaps = sorted(b - a for a, b in itertools.pairwise(steps))
-    logging_window = (
-        gaps[len(gaps) // 2] if gaps else None
-    )  # the logging interval (the median gap between logs)
+    # the logging interval (the median gap between logs)
+    logging_window = gaps[len(gaps) // 2] if gaps else None
     smoothed = moving_average(values, SMOOTHING_LOGS)
     classes = classes_of(config, task)
     chance = chance_loss(classes) if classes else None
