@@ -125,8 +125,8 @@ def no_model_runs(monkeypatch):
     def loaded(model_class, source, *args, **kwargs):
         raise AssertionError(f"the weights of {source} were loaded")
 
+    # every command loads the weights through it (`weights.load_or_refuse`)
     monkeypatch.setattr("energyformers.training.weights.load_fitting_weights", loaded)
-    monkeypatch.setattr("energyformers.training.inspect.load_fitting_weights", loaded)
 
 
 def _damaged(folders: dict[str, Path], tmp_path: Path, folder: str, name: str, damage) -> Path:
@@ -226,7 +226,7 @@ def no_data_loads(monkeypatch):
 
     monkeypatch.setattr("energyformers.training.data.load_data", loaded)
     monkeypatch.setattr(setup, "load_data", loaded)
-    monkeypatch.setattr(setup, "load_fitting_weights", loaded)
+    monkeypatch.setattr("energyformers.training.weights.load_fitting_weights", loaded)
 
 
 @pytest.mark.parametrize("folder, name, damage, words", EVALUATE_CASES, ids=_ids(EVALUATE_CASES))

@@ -72,8 +72,15 @@ SHOWN_LABELS = 6
 EVAL_DEPTH_FLAGS = tuple(
     name for name in DEPTH_FLAGS if name != "halting_threshold" and not name.startswith("search_")
 )
-# Each family's own depth flag, named when it refuses another family's (iMixer's depth is its solver steps).
-FAMILY_DEPTH_FLAG = {"imixer": "fixed_point_iterations"}
+# Each family's per-call depth argument, the forward argument (and flag) that sets how deep it runs: the recurrent
+# iterations, iMixer's fixed-point solver steps; None where the depth is fixed (HyperBF). Named when evaluate
+# refuses another family's flag; inspect's accuracy-against-depth curves vary it.
+FAMILY_DEPTH_ARGUMENTS: dict[str, str | None] = {
+    "hyperset": "num_iterations",
+    "looped-transformer": "num_iterations",
+    "imixer": "fixed_point_iterations",
+    "hyperbf": None,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -209,8 +216,9 @@ def check_model_config(args: argparse.Namespace, config: Mapping[str, Any]) -> N
     model_type = config.get("model_type")
     takes = [f"--{name}" for name in EVAL_DEPTH_FLAGS if name in config]
     if "num_iterations" not in config:
-        own = FAMILY_DEPTH_FLAG.get(str(model_type))
-        instead = f"its depth flag is --{own}" if own else "drop the flag"
+        own = FAMILY_DEPTH_ARGUMENTS.get(str(model_type))
+        # a family whose depth argument is num_iterations (a config without it) has no other to name
+        instead = f"its depth flag is --{own}" if own not in (None, "num_iterations") else "drop the flag"
         if args.eval_iterations:
             raise UsageError(
                 f"--eval_iterations {' '.join(map(str, args.eval_iterations))}: {model_type} has no recurrent "
@@ -265,8 +273,9 @@ def check_labels(model_dir: str, config: Any, dataset: str, names: list[str]) ->
     )
 
 
-def load_config(model_dir: str) -> Any:
-    """The model's transformers config; a one-line `UsageError` (predict's words) when it cannot load."""
+def load_config(model_dir: str, error: type[UsageError]) -> Any:
+    """The model's transformers config; when it cannot load, a one-line `error` (the command's `UsageError` class)
+    in predict's words (`predict.cannot_load`). Shared by evaluate and inspect."""
     import transformers
 
     from .predict import cannot_load
@@ -274,7 +283,7 @@ def load_config(model_dir: str) -> Any:
     try:
         return transformers.AutoConfig.from_pretrained(model_dir)
     except (OSError, ValueError) as err:
-        raise UsageError(cannot_load(model_dir, err)) from None
+        raise error(cannot_load(model_dir, err)) from None
 
 
 def saved_processor(model_dir: str, config: Any, task: str) -> Any:
@@ -295,7 +304,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import PrinterCallback, ProgressCallback, TrainingArguments
 
     from ..pipelines import centers_scope
-    from .data import DataError, load_data, task_of
+    from .data import load_data, task_of
     from .evaluation import (
         TrainerMetrics,
         argmax_logits,
@@ -305,11 +314,11 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         primary_metric,
     )
     from .predict import cannot_load, check_depth_arguments, task_for
-    from .setup import auto_head, preprocessing
+    from .setup import auto_head, check_one_batch, preprocessing
     from .trainer import DepthTrainer
-    from .weights import WeightsMismatchError, load_fitting_weights
+    from .weights import load_or_refuse
 
-    config = load_config(args.model_dir)
+    config = load_config(args.model_dir, UsageError)
     model_type = getattr(config, "model_type", None)
     if model_type not in MODEL_TYPES:  # a Hub model (a local folder's model_type was checked in `parse`)
         raise UsageError(
@@ -333,21 +342,12 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         rows = rows.select(range(min(args.max_samples, len(rows))))
     transform, collator = preprocessing(task, config, processor)
     rows.set_transform(transform)
-    try:
-        model = load_fitting_weights(auto_head(getattr(config, "input_type", "image"), task), args.model_dir)
-    except (OSError, RuntimeError, ValueError) as err:
-        if isinstance(err, WeightsMismatchError):  # already one line naming the folder and the tensors
-            raise UsageError(str(err)) from None
-        raise UsageError(cannot_load(args.model_dir, err)) from None
-    model.eval()
-    try:  # one real batch, as training checks one before it starts: ids or sizes that do not fit fail here
-        batch = collator([rows[i] for i in range(min(2, len(rows)))])
-        with torch.no_grad():
-            model(**{k: v for k, v in batch.items() if k != "labels"})
-    except Exception as err:
-        raise DataError(
-            f"--dataset {args.dataset}: a batch of its {args.split} split does not fit the model: {err}"
-        ) from err
+    head = auto_head(getattr(config, "input_type", "image"), task)
+    model = load_or_refuse(
+        head, args.model_dir, error=UsageError, message=lambda err: cannot_load(args.model_dir, err)
+    )
+    # one real batch, as training checks one before it starts: ids or sizes that do not fit fail here
+    check_one_batch(model, collator, rows, f"--dataset {args.dataset}: a batch of its {args.split} split")
     check_depth_arguments(model, args.depth)  # again for a Hub model, against its forward
     depths = eval_depths(model, args.eval_iterations) if args.eval_iterations else []
     load_metrics()

@@ -43,11 +43,12 @@ import math
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .cli import CommandParser, UsageError, check_model_source, check_output_folder, run_command
-from .evaluate import SPLITS
+from .evaluate import FAMILY_DEPTH_ARGUMENTS, SPLITS, load_config
 from .predict import (
     MIM_RANGES,
     MIM_SCHEDULES,
@@ -60,7 +61,7 @@ from .predict import (
     masked_image_modeling_head,
     refuse_mim_flags,
 )
-from .weights import WeightsMismatchError, load_fitting_weights
+from .weights import load_or_refuse
 
 if TYPE_CHECKING:  # torch is imported where it is used, so `inspect --help` does not pay for it
     import torch
@@ -75,7 +76,8 @@ LANDSCAPE_PATTERNS: tuple[tuple[float, float], ...] = tuple(
     for angle in (15, 95, 170, 230, 300)
 )
 LANDSCAPE_BETAS: tuple[float, ...] = (0.5, 2.0, 8.0)
-FAMILY_NAMES = {
+# Each model_type's name in figure titles.
+FAMILY_TITLES = {
     "hyperset": "Hyper-SET",
     "imixer": "iMixer",
     "hyperbf": "HyperBF",
@@ -190,9 +192,8 @@ def energy_landscape(
     angles = (torch.arange(num_starts) + 0.5 * torch.rand(num_starts, generator=generator)) * (
         2 * math.pi / num_starts
     )
-    starts = (
-        0.9 * extent * torch.stack([angles.cos(), angles.sin()], -1).to(torch.float64)[:, None]
-    )  # (S, 1, 2)
+    # (S, 1, 2)
+    starts = 0.9 * extent * torch.stack([angles.cos(), angles.sin()], -1).to(torch.float64)[:, None]
     energies, trajectories, distances, minima = [], [], [], []
     for beta in betas:
         energy = hopfield_energy(points, stored.expand(points.shape[0], -1, -1), beta)
@@ -274,9 +275,8 @@ def landscape_json(result: dict[str, Any]) -> dict[str, Any]:
         "patterns": result["patterns"].tolist(),
         "betas": result["betas"],
         "step_size": result["step_size"],
-        "trajectories": [
-            _rounded(path.transpose(0, 1)) for path in result["trajectories"]
-        ],  # [β][start][step]
+        # [β][start][step]
+        "trajectories": [_rounded(path.transpose(0, 1)) for path in result["trajectories"]],
         "end_distance_to_nearest_pattern": result["end_distance_to_nearest_pattern"].tolist(),
         "distinct_end_points": [points.tolist() for points in result["end_points"]],
         "energy_range": [[float(e.min()), float(e.max())] for e in result["energies"]],
@@ -307,29 +307,12 @@ def _rounded(tensor: torch.Tensor, digits: int = 6) -> Any:
     return clean(values)
 
 
-def load_config(model_dir: str) -> Any:
-    """The saved model's config (energyformers families registered), or an `InspectError` saying why not."""
-    import transformers
-
-    import energyformers  # noqa: F401  (registers the families with the Auto classes)
-
-    try:
-        return transformers.AutoConfig.from_pretrained(model_dir)
-    except (OSError, ValueError) as err:
-        raise InspectError(f"cannot load a model from {model_dir!r}: {err}") from None
-
-
 def load_model(model_dir: str) -> tuple[Any, str, float | None]:
     """The saved model (its head, else the backbone) in eval mode, its family's model_type, and the
     halting_tolerance its config saved (set to None here: the per-iteration diagnostics run at fixed depth)."""
-    import transformers
-
     from energyformers import BASELINES, FAMILIES
 
-    try:
-        config = transformers.AutoConfig.from_pretrained(model_dir)
-    except (OSError, ValueError) as err:
-        raise InspectError(f"cannot load a model from {model_dir!r}: {err}") from None
+    config = load_config(model_dir, InspectError)
     architecture = (config.architectures or [None])[0]
     family = FAMILIES.get(config.model_type)
     if family is None:  # Table 2's looped Transformer: its decode sequence, or its accuracy against depth
@@ -342,12 +325,12 @@ def load_model(model_dir: str) -> tuple[Any, str, float | None]:
     model_class = next(
         (h for h in family.heads.values() if h.__name__ == architecture), family.heads["AutoModel"]
     )
-    try:
-        model = load_fitting_weights(model_class, model_dir).eval()
-    except (OSError, RuntimeError, ValueError) as err:
-        if isinstance(err, WeightsMismatchError):  # already one line naming the folder and the tensors
-            raise InspectError(str(err)) from None
-        raise InspectError(f"cannot load a model from {model_dir!r}: {' '.join(str(err).split())}") from None
+    model = load_or_refuse(
+        model_class,
+        model_dir,
+        error=InspectError,
+        message=lambda err: f"cannot load a model from {model_dir!r}: {' '.join(str(err).split())}",
+    ).eval()
     halting_tolerance = getattr(model.config, "halting_tolerance", None)
     if halting_tolerance is not None:  # per-iteration diagnostics need every sample to run every iteration
         model.config.halting_tolerance = None
@@ -512,17 +495,16 @@ def inspect_hyperset(
     import torch
 
     config = model.config
-    trained = trained_depths(config, "num_iterations")
+    argument = FAMILY_DEPTH_ARGUMENTS["hyperset"]
+    trained = trained_depths(config, argument)
     with torch.no_grad():
-        energies = model(**inputs, num_iterations=deepest, output_energies=True).energies
+        energies = model(**inputs, **{argument: deepest}, output_energies=True).energies
     steps = list(range(deepest + 1))
     mean = {
         name: getattr(energies, name).float().mean(0) for name in ("attention_energy", "feedforward_energy")
     }
-    rank, angle = (
-        energies.effective_rank.float().mean(0),
-        energies.average_angle.float().mean(0),
-    )  # (L, T + 1, H)
+    # (L, T + 1, H)
+    rank, angle = energies.effective_rank.float().mean(0), energies.average_angle.float().mean(0)
     layers = rank.shape[0]
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -581,12 +563,16 @@ def inspect_hyperset(
 def inspect_imixer(
     model: Any, inputs: dict[str, torch.Tensor], deepest: int, output_dir: Path
 ) -> dict[str, Any]:
-    """iMixer's fixed-point residuals over `deepest` solver steps; figures into `output_dir`."""
+    """iMixer's fixed-point residuals over `deepest` solver steps; figures into `output_dir`. An `InspectError` for an
+    iMixer without a fixed-point block (fixed_point_iterations=0)."""
     import torch
 
-    trained = trained_depths(model.config, "fixed_point_iterations")
+    argument = FAMILY_DEPTH_ARGUMENTS["imixer"]
+    if getattr(model.config, argument) == 0:
+        raise InspectError(f"this iMixer has {argument}=0 (no fixed-point block): nothing to inspect")
+    trained = trained_depths(model.config, argument)
     with torch.no_grad():
-        outputs = model(**inputs, fixed_point_iterations=deepest, output_fixed_point_residuals=True)
+        outputs = model(**inputs, **{argument: deepest}, output_fixed_point_residuals=True)
     diagnostics = getattr(outputs, "fixed_point_residuals", None)
     if diagnostics is None:
         raise InspectError(
@@ -686,6 +672,19 @@ def inspect_hyperbf(model: Any, inputs: dict[str, torch.Tensor], output_dir: Pat
     if isinstance(weights, torch.Tensor):  # (B, L, N, K): how much each center is used, per layer
         result["mean_center_weights"] = _rounded(weights.float().mean((0, 2)))
     return result
+
+
+# Each family's dynamics section on the inputs (`_family_section`): `inspect_<family>(model, inputs, deepest,
+# output_dir)` for a family with a depth argument (`FAMILY_DEPTH_ARGUMENTS`), HyperBF's without `deepest`; None for
+# the looped Transformer's classifiers, which draw the accuracy against the iterations alone.
+FAMILY_SECTIONS: dict[str, Callable[..., dict[str, Any]] | None] = {
+    "hyperset": inspect_hyperset,
+    "imixer": inspect_imixer,
+    "hyperbf": inspect_hyperbf,
+    "looped-transformer": None,
+}
+# What each depth argument counts: the x axis of the accuracy figure.
+DEPTH_AXES = {"num_iterations": "iterations per layer T", "fixed_point_iterations": "fixed-point steps n"}
 
 
 def plot_accuracy(
@@ -797,9 +796,8 @@ def training_curve(
     metric, curves = eval_depth_curves(log_history)
     steps, values = [s for s, _ in losses], [v for _, v in losses]
     gaps = sorted(b - a for a, b in itertools.pairwise(steps))
-    logging_window = (
-        gaps[len(gaps) // 2] if gaps else None
-    )  # the logging interval (the median gap between logs)
+    # the logging interval (the median gap between logs)
+    logging_window = gaps[len(gaps) // 2] if gaps else None
     smoothed = moving_average(values, SMOOTHING_LOGS)
     classes = classes_of(config, task)
     chance = chance_loss(classes) if classes else None
@@ -1011,151 +1009,212 @@ def inspect_mim(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Write the figures and `inspect.json` into `args.output_dir`; returns the JSON's content."""
-    from .evaluation import primary_metric
-    from .predict import task_for
-
     output_dir = Path(args.output_dir)
     report: dict[str, Any] = {"figures": []}
-    model = None
     if args.model_dir is not None and not args.inputs and not args.dataset:
-        found = run_log_history(args.model_dir) if Path(args.model_dir).is_dir() else None
-        if found is None or not eval_depth_curves(found[0])[1]:
-            raise InspectError(GIVE_INPUTS)
-        # the training curve alone: the log history and the config, no model run
-        config = load_config(args.model_dir)
-        output_dir.mkdir(parents=True, exist_ok=True)
-        report.update(
-            model_dir=str(args.model_dir),
-            model_type=config.model_type,
-            architecture=(config.architectures or [None])[0],
-        )
-        add_training_curve(report, args.model_dir, config, output_dir)
+        _curve_only_report(args, report, output_dir)
     elif args.model_dir is not None:
-        config = load_config(args.model_dir)
-        architecture = (getattr(config, "architectures", None) or ["?"])[0]
-        # again for a Hub model (a local folder's flags, inputs and kind were checked in `parse`), before any weights
-        # load or data is read
-        if masked_image_modeling_head(getattr(config, "architectures", None)) is None:
-            refuse_mim_flags(args.mim_flags, args.model_dir, architecture, "inspect draws its dynamics")
-            if args.inputs:
-                check_inputs(args.model_dir, input_kind(config.to_dict(), None), args.inputs)
-            check_classifier_kind(args, config.to_dict())
-        elif args.dataset or not args.inputs:
-            raise InspectError(mim_needs_an_image(args.model_dir))
-        # the processor (image processor, tokenizer or a masked-image-modelling head's image tokenizer) before the
-        # data is read, the weights load or the output folder is made: a broken file is refused, named
-        mim = masked_image_modeling_head(getattr(config, "architectures", None)) is not None
-        # a Sudoku dataset's cells are already the ids: without puzzles given, no tokenizer is read (as in evaluate)
-        cells = not args.inputs and any(
-            name.endswith("ForTokenClassification") for name in getattr(config, "architectures", None) or ()
-        )
-        processor = None if cells else load_processor_or_refuse(args.model_dir, config.to_dict(), mim=mim)
-        batches: list[tuple[dict[str, torch.Tensor], torch.Tensor]] = []
-        split = None
-        if args.dataset:  # read and checked against the model's labels before its weights load
-            split = args.split
-            batches = dataset_batches(
-                args.model_dir, config, args.dataset, split, args.max_samples, args.batch_size, processor
-            )
-        model, family, saved_halting = load_model(args.model_dir)
-        input_type = model.config.input_type
-        if type(model).__name__.endswith("ForMaskedImageModeling"):  # Hyper-SET's or the looped Transformer's
-            if args.dataset or not args.inputs:
-                raise InspectError(mim_needs_an_image(args.model_dir))
-            output_dir.mkdir(parents=True, exist_ok=True)
-            section = inspect_mim(model, processor, args.model_dir, args.inputs, args)
-            report["figures"] += section.pop("figures")
-            report.update(model_dir=str(args.model_dir), model_type=family, architecture=type(model).__name__)
-            report["mim"] = section
-            add_training_curve(report, args.model_dir, model.config, output_dir)
-            (output_dir / "inspect.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        loaded = _load_for_inspection(args)
+        # Hyper-SET's or the looped Transformer's masked-image-modelling head
+        if type(loaded.model).__name__.endswith("ForMaskedImageModeling"):
+            _mim_report(args, loaded, report, output_dir)
+            _write_report(report, output_dir)
             return report
-        inputs = encode(args.model_dir, input_type, args.inputs, processor) if args.inputs else batches[0][0]
+        _model_report(args, loaded, report, output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    if model is not None:
-        report.update(
-            model_dir=str(args.model_dir),
-            model_type=family,
-            architecture=type(model).__name__,
-            inputs=f"{len(args.inputs)} given inputs"
-            if args.inputs
-            else f"{args.dataset} ({split}, first batch)",
-            num_inputs=len(next(iter(inputs.values()))),
-        )
-        if saved_halting is not None:
-            report["halting_tolerance"] = {
-                "saved": saved_halting,
-                "used": None,
-                "note": FIXED_DEPTH.format(value=saved_halting),
-            }
-        if family == "hyperset":
-            trained = trained_depths(model.config, "num_iterations")
-            deepest = args.max_iterations or default_deepest(trained)
-            section = inspect_hyperset(model, inputs, deepest, output_dir)
-            depth_argument, what = "num_iterations", "iterations per layer T"
-        elif family == "imixer":
-            if model.config.fixed_point_iterations == 0:
-                raise InspectError(
-                    "this iMixer has fixed_point_iterations=0 (no fixed-point block): nothing to inspect"
-                )
-            trained = trained_depths(model.config, "fixed_point_iterations")
-            deepest = args.max_iterations or default_deepest(trained)
-            section = inspect_imixer(model, inputs, deepest, output_dir)
-            depth_argument, what = "fixed_point_iterations", "fixed-point steps n"
-        elif (
-            family == "looped-transformer"
-        ):  # a classifier with --dataset (checked): its accuracy curve alone
-            trained = trained_depths(model.config, "num_iterations")
-            deepest = args.max_iterations or default_deepest(trained)
-            section = {}
-            depth_argument, what = "num_iterations", "iterations per layer T"
-        else:
-            section = inspect_hyperbf(model, inputs, output_dir)
-            depth_argument = None
-        if depth_argument is not None:
-            report["trained_depths"] = trained
-        if section:
-            report["figures"] += section.pop("figures")
-            report[family] = section
-        if batches:
-            samples = sum(len(labels) for _, labels in batches)
-            # a Sudoku model's labels are its blank cells' (givens are -100): its accuracy is evaluate's
-            # blank_cell_accuracy, and named so
-            metric = primary_metric(task_for(model.config))
-            entry: dict[str, Any] = {
-                "dataset": args.dataset,
-                "split": split,
-                "num_samples": samples,
-                "metric": metric,
-            }
-            if depth_argument is None:
-                entry[metric] = accuracy(model, batches)
-            else:
-                depths = list(range(1, deepest + 1))
-                accuracies = [accuracy(model, batches, **{depth_argument: depth}) for depth in depths]
-                entry.update(iterations=depths, trained=trained["default"], argument=depth_argument)
-                entry[metric] = accuracies
-                plot_accuracy(
-                    depths,
-                    accuracies,
-                    trained,
-                    what,
-                    f"{FAMILY_NAMES[family]}: {metric.replace('_', ' ')} vs {what.rsplit(' ', 1)[0]}\n"
-                    f"({args.dataset}, {split} split, {samples} samples)",
-                    output_dir / "accuracy_vs_iterations.png",
-                    chance=1 / max(model.config.num_labels, 1),
-                    metric=metric,
-                )
-                report["figures"].append("accuracy_vs_iterations.png")
-            report["accuracy_vs_iterations" if depth_argument else "accuracy"] = entry
-        add_training_curve(report, args.model_dir, model.config, output_dir)
     if args.landscape:
         result = energy_landscape()
         plot_landscape(result, output_dir / "energy_landscape.png")
         report["landscape"] = landscape_json(result)
         report["figures"].append("energy_landscape.png")
-    (output_dir / "inspect.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    _write_report(report, output_dir)
     return report
+
+
+def _curve_only_report(args: argparse.Namespace, report: dict[str, Any], output_dir: Path) -> None:
+    """A run folder inspected without INPUTS or --dataset: its training curve alone, from the log history and the
+    config (no model runs); `GIVE_INPUTS` when its log holds no per-iteration eval accuracy."""
+    found = run_log_history(args.model_dir) if Path(args.model_dir).is_dir() else None
+    if found is None or not eval_depth_curves(found[0])[1]:
+        raise InspectError(GIVE_INPUTS)
+    config = load_config(args.model_dir, InspectError)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    report.update(
+        model_dir=str(args.model_dir),
+        model_type=config.model_type,
+        architecture=(config.architectures or [None])[0],
+    )
+    add_training_curve(report, args.model_dir, config, output_dir)
+
+
+class _Loaded(NamedTuple):
+    """What `_load_for_inspection` loads: the model, its family's model_type, the halting_tolerance its config saved
+    (`load_model`), its processor, and the --dataset batches (empty without one) of `split`."""
+
+    model: Any
+    family: str
+    saved_halting: float | None
+    processor: Any
+    batches: list[tuple[dict[str, torch.Tensor], torch.Tensor]]
+    split: str | None
+
+
+def _load_for_inspection(args: argparse.Namespace) -> _Loaded:
+    """The config checked against the flags and inputs (again for a Hub model: a local folder's were checked in
+    `parse`), then the processor, the --dataset batches (checked against the model's labels) and last the model:
+    a broken file or a dataset of other labels is refused before any weights load or the output folder is made."""
+    config = load_config(args.model_dir, InspectError)
+    architectures = getattr(config, "architectures", None)
+    mim = masked_image_modeling_head(architectures) is not None
+    if not mim:
+        architecture = (architectures or ["?"])[0]
+        refuse_mim_flags(args.mim_flags, args.model_dir, architecture, "inspect draws its dynamics")
+        if args.inputs:
+            check_inputs(args.model_dir, input_kind(config.to_dict(), None), args.inputs)
+        check_classifier_kind(args, config.to_dict())
+    elif args.dataset or not args.inputs:
+        raise InspectError(mim_needs_an_image(args.model_dir))
+    # the processor: an image processor, a tokenizer or a masked-image-modelling head's image tokenizer; a Sudoku
+    # dataset's cells are already the ids, so without puzzles given no tokenizer is read (as in evaluate)
+    cells = not args.inputs and any(name.endswith("ForTokenClassification") for name in architectures or ())
+    processor = None if cells else load_processor_or_refuse(args.model_dir, config.to_dict(), mim=mim)
+    batches: list[tuple[dict[str, torch.Tensor], torch.Tensor]] = []
+    split = None
+    if args.dataset:
+        split = args.split
+        batches = dataset_batches(
+            args.model_dir, config, args.dataset, split, args.max_samples, args.batch_size, processor
+        )
+    model, family, saved_halting = load_model(args.model_dir)
+    return _Loaded(model, family, saved_halting, processor, batches, split)
+
+
+def _mim_report(args: argparse.Namespace, loaded: _Loaded, report: dict[str, Any], output_dir: Path) -> None:
+    """A masked-image-modelling model's decode sequence of the first INPUT image (`inspect_mim`) and its training
+    curve."""
+    if args.dataset or not args.inputs:
+        raise InspectError(mim_needs_an_image(args.model_dir))
+    output_dir.mkdir(parents=True, exist_ok=True)
+    section = inspect_mim(loaded.model, loaded.processor, args.model_dir, args.inputs, args)
+    report["figures"] += section.pop("figures")
+    report.update(
+        model_dir=str(args.model_dir), model_type=loaded.family, architecture=type(loaded.model).__name__
+    )
+    report["mim"] = section
+    add_training_curve(report, args.model_dir, loaded.model.config, output_dir)
+
+
+def _model_report(
+    args: argparse.Namespace, loaded: _Loaded, report: dict[str, Any], output_dir: Path
+) -> None:
+    """A classifier's or backbone's report: what it ran on, its family's dynamics (`_family_section`), the accuracy
+    with --dataset (`_accuracy_section`) and the training curve."""
+    model, family = loaded.model, loaded.family
+    if args.inputs:
+        inputs = encode(args.model_dir, model.config.input_type, args.inputs, loaded.processor)
+    else:
+        inputs = loaded.batches[0][0]
+    output_dir.mkdir(parents=True, exist_ok=True)
+    report.update(
+        model_dir=str(args.model_dir),
+        model_type=family,
+        architecture=type(model).__name__,
+        inputs=f"{len(args.inputs)} given inputs"
+        if args.inputs
+        else f"{args.dataset} ({loaded.split}, first batch)",
+        num_inputs=len(next(iter(inputs.values()))),
+    )
+    if loaded.saved_halting is not None:
+        report["halting_tolerance"] = {
+            "saved": loaded.saved_halting,
+            "used": None,
+            "note": FIXED_DEPTH.format(value=loaded.saved_halting),
+        }
+    trained, deepest = _family_section(args, model, family, inputs, report, output_dir)
+    if loaded.batches:
+        _accuracy_section(args, loaded, trained, deepest, report, output_dir)
+    add_training_curve(report, args.model_dir, model.config, output_dir)
+
+
+def _family_section(
+    args: argparse.Namespace,
+    model: Any,
+    family: str,
+    inputs: dict[str, torch.Tensor],
+    report: dict[str, Any],
+    output_dir: Path,
+) -> tuple[dict[str, Any] | None, int | None]:
+    """The family's dynamics (`FAMILY_SECTIONS`) on `inputs` into `report`, up to `--max_iterations` (default:
+    `default_deepest`) where the family has a depth argument (`FAMILY_DEPTH_ARGUMENTS`, its `trained_depths`
+    recorded). Returns (the trained depths, the deepest depth run), (None, None) for a family of fixed depth."""
+    argument = FAMILY_DEPTH_ARGUMENTS[family]
+    draw = FAMILY_SECTIONS[family]
+    trained = deepest = None
+    if argument is None:
+        section = draw(model, inputs, output_dir)
+    else:
+        trained = trained_depths(model.config, argument)
+        deepest = args.max_iterations or default_deepest(trained)
+        section = {} if draw is None else draw(model, inputs, deepest, output_dir)
+        report["trained_depths"] = trained
+    if section:
+        report["figures"] += section.pop("figures")
+        report[family] = section
+    return trained, deepest
+
+
+def _accuracy_section(
+    args: argparse.Namespace,
+    loaded: _Loaded,
+    trained: dict[str, Any] | None,
+    deepest: int | None,
+    report: dict[str, Any],
+    output_dir: Path,
+) -> None:
+    """The model's accuracy on the --dataset batches into `report`: at each depth 1 ... `deepest` of its family's
+    depth argument (`accuracy_vs_iterations`, and its figure), else once (`accuracy`: a family of fixed depth)."""
+    from .evaluation import primary_metric
+    from .predict import task_for
+
+    model, family, batches = loaded.model, loaded.family, loaded.batches
+    argument = FAMILY_DEPTH_ARGUMENTS[family]
+    samples = sum(len(labels) for _, labels in batches)
+    # a Sudoku model's labels are its blank cells' (givens are -100): its accuracy is evaluate's
+    # blank_cell_accuracy, and named so
+    metric = primary_metric(task_for(model.config))
+    entry: dict[str, Any] = {
+        "dataset": args.dataset,
+        "split": loaded.split,
+        "num_samples": samples,
+        "metric": metric,
+    }
+    if argument is None:
+        entry[metric] = accuracy(model, batches)
+        report["accuracy"] = entry
+        return
+    depths = list(range(1, deepest + 1))
+    accuracies = [accuracy(model, batches, **{argument: depth}) for depth in depths]
+    entry.update(iterations=depths, trained=trained["default"], argument=argument)
+    entry[metric] = accuracies
+    what = DEPTH_AXES[argument]
+    plot_accuracy(
+        depths,
+        accuracies,
+        trained,
+        what,
+        f"{FAMILY_TITLES[family]}: {metric.replace('_', ' ')} vs {what.rsplit(' ', 1)[0]}\n"
+        f"({args.dataset}, {loaded.split} split, {samples} samples)",
+        output_dir / "accuracy_vs_iterations.png",
+        chance=1 / max(model.config.num_labels, 1),
+        metric=metric,
+    )
+    report["figures"].append("accuracy_vs_iterations.png")
+    report["accuracy_vs_iterations"] = entry
+
+
+def _write_report(report: dict[str, Any], output_dir: Path) -> None:
+    """`inspect.json`: everything plotted, as numbers."""
+    (output_dir / "inspect.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

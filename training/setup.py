@@ -36,7 +36,7 @@ from .arguments import (
 )
 from .cli import check_model_source
 from .data import DataError, batches_done, input_type_of, label_names, load_data, task_of
-from .weights import WeightsMismatchError, check_model_folder, load_fitting_weights
+from .weights import check_model_folder, load_or_refuse
 
 # Small configs used when no --preset is given, per (family, input_type): the CLI's model sizes. They are sized
 # for the built-in datasets on a 2-core CPU (`make demo` trains digits in a few minutes).
@@ -235,6 +235,14 @@ def _config_error(err: Exception, flags: dict[str, Any], what: str) -> UsageErro
             named = [f"--{n} {flags[n]}" for n in related.get(name, (name,)) if n in flags]
             return UsageError(f"invalid {' and '.join(named)}: {message}")
     return UsageError(f"invalid {what}: {message}")
+
+
+def _check_preset_name(config_class: type, preset: str, flags: dict[str, Any], what: str) -> None:
+    """An unknown `--preset` name of `config_class`, refused before any data loads, as `_config_error` words it."""
+    try:
+        config_class.preset_fields(preset)
+    except ValueError as err:  # the message names the presets there are
+        raise _config_error(err, flags, what) from err
 
 
 def _image_geometry(data: Any) -> dict[str, Any]:
@@ -657,10 +665,7 @@ def check_flags_before_data(args: Arguments) -> None:
                 "config); size it with --config"
             )
         if m.preset:
-            try:
-                config_class.preset_fields(m.preset)
-            except ValueError as err:  # an unknown preset name
-                raise _config_error(err, flags, what) from err
+            _check_preset_name(config_class, m.preset, flags, what)
         # one trial per input type the data may have (`_new_config_and_processor` sets the same fields from it)
         modalities = list(energyformers.INPUT_TYPES)
         if "input_type" in overrides:  # refused after loading unless it is the data's
@@ -702,7 +707,6 @@ def build(args: Arguments, state: Any) -> Built:
     Shared by both training loops; `state` is the (already initialised) `accelerate.PartialState`. Runs one real
     batch through the model so mismatches surface here, before any training or writing.
     """
-    import torch
     import transformers
 
     from .recipes import RECIPE_TASKS, drop_unapplied_recipe_values
@@ -732,17 +736,24 @@ def build(args: Arguments, state: Any) -> Built:
         check_attn_flag(attention, config.model_type)  # the family of a Hub checkpoint
     if args.model.from_pretrained:
         source = args.model.from_pretrained
-        try:
-            # a changed label set re-initialises the classifier; every other tensor must load as saved
-            model = load_fitting_weights(
-                head, source, allowed=new_head_tensors, config=config, ignore_mismatched_sizes=True, **chosen
-            )
-        except (OSError, RuntimeError, ValueError) as err:  # unreadable or mismatched weights
+
+        def cannot_load(err: Exception) -> str:
             if attention is not None and "attn_implementation" in str(err):
-                raise UsageError(f"--attn_implementation {attention}: {err}") from err
-            if isinstance(err, WeightsMismatchError):  # one line naming the folder and the tensors
-                raise UsageError(f"--from_pretrained {err}") from err
-            raise UsageError(f"--from_pretrained {source!r}: cannot load the weights ({err})") from err
+                return f"--attn_implementation {attention}: {err}"
+            return f"--from_pretrained {source!r}: cannot load the weights ({err})"
+
+        # a changed label set re-initialises the classifier; every other tensor must load as saved
+        model = load_or_refuse(
+            head,
+            source,
+            error=UsageError,
+            message=cannot_load,
+            label="--from_pretrained",
+            allowed=new_head_tensors,
+            config=config,
+            ignore_mismatched_sizes=True,
+            **chosen,
+        )
     else:
         try:
             model = head.from_config(config, **chosen)
@@ -762,16 +773,27 @@ def build(args: Arguments, state: Any) -> Built:
 
         augmentation = SudokuAugmentation(seed=args.run.seed + state.process_index)  # a stream per process
         data["train"].set_transform(AugmentedTransform(augmentation, transform))
-    try:  # the real preprocessing + forward on two examples: wrong sizes/ids fail now, not after an epoch
-        batch = collator([data["train"][i] for i in range(min(2, len(data["train"])))])
-        with torch.no_grad():
-            model.eval()(**{k: v for k, v in batch.items() if k != "labels"})
-    except Exception as err:
-        raise DataError(f"a training batch does not fit the model: {err}") from err
+    # the real preprocessing + forward on two examples: wrong sizes/ids fail now, not after an epoch
+    check_one_batch(model, collator, data["train"], "a training batch")
     model.train()
     return Built(
         model, data, processor, collator, task, warnings, source_columns=getattr(data, "source_columns", None)
     )
+
+
+def check_one_batch(model: Any, collator: Any, rows: Any, what: str, *, labels: bool = False) -> None:
+    """Run the first two of `rows` (a split, with its transform set) through `collator` and `model` in eval mode,
+    without gradients, so data the model cannot read fails before any training or scoring: a `DataError` worded
+    `<what> does not fit the model: <why>`. The labels are left out of the forward unless `labels`. The model is
+    left in eval mode."""
+    import torch
+
+    try:
+        batch = collator([rows[i] for i in range(min(2, len(rows)))])
+        with torch.no_grad():
+            model.eval()(**{k: v for k, v in batch.items() if labels or k != "labels"})
+    except Exception as err:
+        raise DataError(f"{what} does not fit the model: {err}") from err
 
 
 def preprocessing(task: str, config: Any, processor: Any) -> tuple[Any, Any]:
@@ -874,10 +896,7 @@ def _masked_image_modeling_config(
 
     if grid_shape is None:
         if m.preset and not m.from_pretrained:
-            try:
-                config_class.preset_fields(m.preset)
-            except ValueError as err:  # an unknown preset name
-                raise _config_error(err, flags, what) from err
+            _check_preset_name(config_class, m.preset, flags, what)
         # the tokenizer sets both MIM_GRID_FIELDS (a --config value of them must be its, checked after the fit)
         # the supervision fields are the flags', the preset's or the checkpoint's, never the grid's
         for config in _trial_configs(config_class, [make], set(MIM_GRID_FIELDS), flags, what):
@@ -941,7 +960,6 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
     """`build` for `--task masked-image-modeling`: the image dataset tokenized into code grids (the VQ tokenizer
     loaded or fitted on the training images), a masked-image-modelling head over them, the collator that masks
     every training batch afresh (`data.MaskedCodesCollator`) and the reconstruction metrics after decoding."""
-    import torch
     import transformers
 
     from .data import MaskedCodesCollator, masked_image_data
@@ -991,26 +1009,32 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
     chosen = {} if attention is None else {"attn_implementation": attention}
     if attention is not None:
         check_attn_flag(attention, config.model_type)
-    try:
-        if m.from_pretrained:  # every tensor must load as saved: the head's codes are the tokenizer's
-            model = load_fitting_weights(head, m.from_pretrained, config=config, **chosen)
-        else:
+
+    def cannot_build(err: Exception) -> str:
+        return f"cannot build the masked-image-modelling model: {err}"
+
+    if m.from_pretrained:  # every tensor must load as saved: the head's codes are the tokenizer's
+        model = load_or_refuse(
+            head,
+            m.from_pretrained,
+            error=UsageError,
+            message=cannot_build,
+            label="--from_pretrained",
+            config=config,
+            **chosen,
+        )
+    else:
+        try:
             model = head.from_config(config, **chosen)
-    except (OSError, RuntimeError, ValueError) as err:
-        if isinstance(err, WeightsMismatchError):  # one line naming the folder and the tensors
-            raise UsageError(f"--from_pretrained {err}") from err
-        raise UsageError(f"cannot build the masked-image-modelling model: {err}") from err
+        except (OSError, RuntimeError, ValueError) as err:
+            raise UsageError(cannot_build(err)) from err
     check_checkpointing_support(args, model)
     collator = MaskedCodesCollator(
         model.mask_token_id, (0.0, d.mask_ratio_max), seed=args.run.seed + state.process_index
     )
-    try:  # one real batch through the model: a grid that does not fit fails now (a copy: the stream stays at 0)
-        rows = [mim.datasets["train"][i] for i in range(min(2, len(mim.datasets["train"])))]
-        batch = replace(collator)(rows)
-        with torch.no_grad():
-            model.eval()(**batch)
-    except Exception as err:
-        raise DataError(f"a training batch does not fit the model: {err}") from err
+    # one real batch through the model, its loss too: a grid that does not fit fails now (a copy of the collator:
+    # its masking stream stays at 0)
+    check_one_batch(model, replace(collator), mim.datasets["train"], "a training batch", labels=True)
     model.train()
     evaluation = MaskedImageEvaluation(
         mim,
@@ -1334,6 +1358,7 @@ __all__ = [
     "check_checkpointing_support",
     "check_flags_before_data",
     "check_mim_supervision",
+    "check_one_batch",
     "check_precision",
     "check_pretrained_source",
     "check_resume_arguments",

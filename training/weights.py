@@ -4,7 +4,8 @@
 first (`check_model_folder`), so a truncated or corrupt
 `model.safetensors` is reported by file name in one line instead of a raw `SafetensorError` traceback.
 They load the weights through `load_fitting_weights`, so weights that do not fit the config (another model_type,
-another size) are refused instead of leaving the model randomly initialised.
+another size) are refused instead of leaving the model randomly initialised; `load_or_refuse` words its failures as
+the command's one-line error.
 Weights are safetensors only; pickle checkpoints are never read.
 """
 
@@ -176,6 +177,28 @@ def load_fitting_weights(
     return model
 
 
+def load_or_refuse(
+    model_class: Any,
+    source: str | os.PathLike,
+    *,
+    error: type[Exception],
+    message: Callable[[Exception], str],
+    label: str | None = None,
+    allowed: Callable[[str, str], bool] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """`load_fitting_weights(model_class, source, allowed, **kwargs)`, its failures raised as the command's one-line
+    `error` (its `UsageError` class): weights that do not fit in `WeightsMismatchError`'s words, already one line
+    naming the folder and the tensors (after `label`, how the command names the argument, when given); any other
+    `OSError`, `RuntimeError` or `ValueError` of the loader in the words `message(err)` gives it."""
+    try:
+        return load_fitting_weights(model_class, source, allowed, **kwargs)
+    except (OSError, RuntimeError, ValueError) as err:  # unreadable or mismatched weights
+        if isinstance(err, WeightsMismatchError):
+            raise error(str(err) if label is None else f"{label} {err}") from err
+        raise error(message(err)) from err
+
+
 # What `checkpoint_format` recognises, for its error message.
 CHECKPOINT_FORMATS = (
     "a .safetensors file, or a torch.save file (zip archive or legacy pickle: .pt/.pth/.ckpt/.bin)"
@@ -222,6 +245,7 @@ __all__ = [
     "check_weights_readable",
     "checkpoint_format",
     "load_fitting_weights",
+    "load_or_refuse",
     "weight_files",
     "weights_fit_problem",
 ]
