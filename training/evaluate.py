@@ -382,15 +382,15 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         if depths:
             with trainer.autocast_smart_context_manager():
                 # each row at its own T, with the other depth flags given (halting, ...) as the rest of the run
-                rows_call = {name: value for name, value in call.items() if name != "num_iterations"}
                 metrics.update(
                     depth_metrics(
-                        _WithArguments(trainer.model, rows_call),
+                        trainer.model,
                         trainer.get_eval_dataloader(rows),
                         trainer.accelerator.gather_for_metrics,
                         task,
                         depths,
                         f"{prefix}_",
+                        call_arguments=call,
                     )
                 )
     return {
@@ -406,27 +406,6 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         "primary_metric": f"{prefix}_{primary_metric(task)}",
         "metrics": metrics,
     }
-
-
-class _WithArguments:
-    """A model called with fixed extra forward arguments (the depth flags), for `evaluation.depth_metrics`, which
-    sets `num_iterations` itself and reads and restores the model's train/eval mode."""
-
-    def __init__(self, model: Any, arguments: dict[str, Any]) -> None:
-        self.model, self.arguments = model, arguments
-
-    @property
-    def training(self) -> bool:
-        return self.model.training
-
-    def eval(self) -> Any:
-        return self.model.eval()
-
-    def train(self, mode: bool = True) -> Any:
-        return self.model.train(mode)
-
-    def __call__(self, **inputs: Any) -> Any:
-        return self.model(**inputs, **self.arguments)
 
 
 def table(report: dict[str, Any]) -> str:

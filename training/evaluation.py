@@ -99,11 +99,19 @@ def eval_depths(model: Any, requested: list[int] | None) -> list[int]:
 
 
 def depth_metrics(
-    model: Any, loader: Any, gather: Any, task: str, depths: list[int], prefix: str = ""
+    model: Any,
+    loader: Any,
+    gather: Any,
+    task: str,
+    depths: list[int],
+    prefix: str = "",
+    call_arguments: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
     """`<prefix><primary metric>_iterations_<t>` for each t of `depths`: the split of `loader` classified with
     `num_iterations=t` (eval mode, no gradient), predictions gathered across processes by `gather`
-    (`accelerator.gather_for_metrics`). Logged at every evaluation, they show a plateau in depth and its end."""
+    (`accelerator.gather_for_metrics`). Logged at every evaluation, they show a plateau in depth and its end.
+    `call_arguments` (`energyformers evaluate`'s depth flags, as `trainer.DepthTrainer` adds them) are added to
+    every forward; each row's `num_iterations=t` overrides theirs."""
     import torch
 
     name = primary_metric(task)
@@ -116,7 +124,7 @@ def depth_metrics(
             inputs = {k: v for k, v in batch.items() if k != "labels"}
             references.append(gather(batch["labels"]).cpu().numpy())
             for t in depths:
-                logits = model(**inputs, num_iterations=t).logits
+                logits = model(**{**inputs, **(call_arguments or {}), "num_iterations": t}).logits
                 predictions[t].append(gather(logits.argmax(-1)).cpu().numpy())
     model.train(was_training)
     truth = _stack(references, fill=-100)
