@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -200,15 +201,29 @@ def test_release_refuses_train_flags_with_take(inspected_run, tmp_path, capsys):
     assert not dist.exists()
 
 
-def test_a_baseline_with_an_unreadable_metrics_json_is_a_failure_of_its_own(tmp_path, capsys, monkeypatch):
-    """A finished baseline run whose metrics.json is not a train run's is reported as failed, as an unreadable
-    model folder is, and release.json still records the rest; not a crash that publishes nothing."""
+@pytest.mark.parametrize(
+    ("metrics_json", "reason"),
+    [
+        ("not json\n", "not the metrics.json of an `energyformers train` run"),
+        (
+            '{"model": "vit", "dataset": "digits", "test": {"accuracy": "high"}}',
+            "test={'accuracy': 'high'}; expected the run's test metrics, an object of numbers",
+        ),
+    ],
+    ids=["not-json", "test-not-numbers"],
+)
+def test_a_baseline_with_an_unreadable_metrics_json_is_a_failure_of_its_own(
+    tmp_path, capsys, monkeypatch, metrics_json, reason
+):
+    """A finished baseline run whose metrics.json is not a train run's, or holds test metrics the summary cannot
+    show, is reported as failed, as an unreadable model folder is, and release.json still records the rest; not a
+    crash that publishes nothing."""
     runs, dist = tmp_path / "runs", tmp_path / "dist"
     baseline = runs / "vit-digits"
     baseline.mkdir(parents=True)
     for name in ("config.json", "model.safetensors"):
         (baseline / name).write_text("{}")
-    (baseline / "metrics.json").write_text("not json\n")
+    (baseline / "metrics.json").write_text(metrics_json)
     # the family's run is the one trained here, and its training fails: only the baseline is left to read
     monkeypatch.setattr(
         release.subprocess, "run", lambda command, **kwargs: subprocess.CompletedProcess(command, 1)
@@ -218,6 +233,137 @@ def test_a_baseline_with_an_unreadable_metrics_json_is_a_failure_of_its_own(tmp_
     err = capsys.readouterr().err
     summary = json.loads((dist / "release.json").read_text())
     assert sorted(summary["failed"]) == sorted([str(runs / "hyperset-digits"), str(baseline)]), (summary, err)
-    assert "not the metrics.json of an `energyformers train` run" in summary["failed"][str(baseline)], summary
+    assert reason in summary["failed"][str(baseline)], (reason, summary)
     assert summary["baselines"] == {} and summary["released"] == {}, summary
     assert f"energyformers release: error: {baseline}: " in err and "Traceback" not in err, err
+
+
+# ------------------------------------------------------------------ one run's broken file fails that run only
+
+
+def _released_beside(inspected_run: Path, runs: Path, dataset: str | None = None, **metrics) -> Path:
+    """A finished, already inspected copy of the Sudoku run under `runs`, released as `hyperset-<dataset>`
+    (its metrics.json updated with `metrics`); release reuses it as it is."""
+    dataset = dataset or json.loads((inspected_run / "metrics.json").read_text())["dataset"]
+    folder = runs / release.run_dir_name("hyperset", dataset)
+    shutil.copytree(inspected_run, folder)
+    record = json.loads((folder / "metrics.json").read_text())
+    (folder / "metrics.json").write_text(json.dumps({**record, "dataset": dataset, **metrics}))
+    return folder
+
+
+def _assert_failed_alone(dist: Path, broken: Path, reason: str, released: list[str], err: str) -> None:
+    """release.json lists `broken` as the one failure, for `reason`, and publishes the `released` runs."""
+    summary = json.loads((dist / "release.json").read_text())
+    assert list(summary["failed"]) == [str(broken)], (summary, err)
+    assert reason in summary["failed"][str(broken)], (reason, summary)
+    assert sorted(summary["released"]) == released, summary
+    assert sorted(p.name for p in dist.iterdir()) == [*released, "release.json"], sorted(dist.iterdir())
+    assert f"energyformers release: error: {broken}: " in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("metrics_json", "unreadable", "reason"),
+    [
+        ("not json\n", False, "not the metrics.json of an `energyformers train` run"),
+        ("[]\n", False, "not the metrics.json of an `energyformers train` run"),
+        ('{"model": "hyperset", "dataset": ["digits"]}', False, "dataset=['digits']; expected names"),
+        (
+            '{"model": "hyperset", "dataset": "digits"}',
+            True,
+            "metrics.json: cannot be read (Permission denied)",
+        ),
+    ],
+    ids=["not-json", "not-an-object", "dataset-not-a-name", "unreadable"],
+)
+def test_a_run_trained_here_with_a_broken_metrics_json_is_a_failure_of_its_own(
+    inspected_run, tmp_path, capsys, monkeypatch, metrics_json, unreadable, reason
+):
+    """A run release trains whose metrics.json it cannot read (the folders of --take are checked up front, these
+    only once trained) is reported as failed before it is inspected; the finished run beside it is published."""
+    runs, dist = tmp_path / "runs", tmp_path / "dist"
+    good = _released_beside(inspected_run, runs)
+    broken = runs / "hyperset-digits"
+    commands: list[list[str]] = []
+
+    def fake_run(command, **kwargs):  # the training writes the folder; an `inspect` of it would fail
+        shlex.join(command)  # refuses an argument that is not text, as subprocess does
+        commands.append(command)
+        if command[3] != "train":
+            return subprocess.CompletedProcess(command, 1)
+        broken.mkdir(parents=True)
+        for name in ("config.json", "model.safetensors"):
+            (broken / name).write_text("{}")
+        (broken / "metrics.json").write_text(metrics_json)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(release.subprocess, "run", fake_run)
+    if unreadable:  # root reads any file, whatever its mode: the read itself fails
+        read_text = Path.read_text
+
+        def denied(self, *args, **kwargs):
+            if self == broken / "metrics.json":
+                raise PermissionError(13, "Permission denied", str(self))
+            return read_text(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "read_text", denied)
+    argv = ["--models", "hyperset", "--datasets", "digits", "sudoku", "--runs_dir", str(runs)]
+    assert release.main([*argv, "--dist_dir", str(dist)]) == 1
+    err = capsys.readouterr().err
+    _assert_failed_alone(dist, broken, reason, [good.name], err)
+    assert [command[3] for command in commands] == ["train"], commands  # never inspected
+
+
+@pytest.mark.parametrize(
+    ("metrics", "reason"),
+    [
+        ({"test": {"board_accuracy": "high"}}, "expected the run's test metrics, an object of numbers"),
+        ({"test": [0.5]}, "test=[0.5]; expected the run's test metrics"),
+        ({}, "[Errno 13] Permission denied"),
+    ],
+    ids=["test-not-numbers", "test-not-an-object", "weights-unreadable"],
+)
+def test_a_finished_run_that_cannot_be_exported_or_summed_up_is_a_failure_of_its_own(
+    inspected_run, tmp_path, capsys, monkeypatch, metrics, reason
+):
+    """A finished run that release reuses, with test metrics the summary cannot show or a file the export cannot
+    read, is reported as failed; the run beside it is published (not a crash that publishes nothing)."""
+    runs, dist = tmp_path / "runs", tmp_path / "dist"
+    good = _released_beside(inspected_run, runs)
+    broken = _released_beside(inspected_run, runs, "sudoku-hard", **metrics)
+    copyfile = shutil.copyfile
+
+    def denied(src, dst, *args, **kwargs):
+        if not metrics and Path(src) == broken / "model.safetensors":
+            raise PermissionError(13, "Permission denied", str(src))
+        return copyfile(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "copyfile", denied)
+    argv = ["--models", "hyperset", "--datasets", "sudoku", "sudoku-hard", "--runs_dir", str(runs)]
+    assert release.main([*argv, "--dist_dir", str(dist)]) == 1
+    _assert_failed_alone(dist, broken, reason, [good.name], capsys.readouterr().err)
+
+
+def test_a_taken_folder_that_cannot_be_copied_is_a_failure_of_its_own(
+    inspected_run, tmp_path, capsys, monkeypatch
+):
+    """A --take folder is inspected in a copy; a file of it that cannot be read fails that folder, and the other
+    folder taken is published."""
+    broken = tmp_path / "taken" / "hyperset-sudoku-hard"
+    shutil.copytree(inspected_run, broken, ignore=shutil.ignore_patterns("inspect.json"))  # to be inspected
+    record = json.loads((broken / "metrics.json").read_text())
+    (broken / "metrics.json").write_text(json.dumps({**record, "dataset": "sudoku-hard"}))
+    copytree = shutil.copytree
+
+    def denied(src, dst, *args, **kwargs):
+        if Path(src) == broken:
+            raise shutil.Error(
+                [(str(broken / "training_curve.png"), str(dst), "[Errno 13] Permission denied")]
+            )
+        return copytree(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "copytree", denied)
+    dist = tmp_path / "dist"
+    assert release.main(["--take", str(broken), str(inspected_run), "--dist_dir", str(dist)]) == 1
+    reason = "cannot copy it to inspect it: "
+    _assert_failed_alone(dist, broken, reason, ["hyperset-sudoku"], capsys.readouterr().err)

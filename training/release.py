@@ -71,24 +71,46 @@ def _finished(run_dir: Path) -> bool:
     return all((run_dir / name).is_file() for name in ("config.json", "model.safetensors", "metrics.json"))
 
 
-def _release_name(model_dir: Path) -> str:
-    metrics_path = model_dir / "metrics.json"
+def _run_record(run_dir: Path) -> dict:
+    """The metrics.json of a finished run, with what release reads of it checked: the model and the dataset it is
+    released under (text; `inspect` runs on that dataset) and its test metrics (an object of numbers, or none: the
+    summary's). FileNotFoundError when it is missing, ValueError naming the file for anything else (unreadable, not
+    JSON, not a train run's)."""
+    metrics_path = run_dir / "metrics.json"
     if not metrics_path.is_file():
         raise FileNotFoundError(
-            f"{model_dir}: missing metrics.json; a release needs the run's measured metrics (train with "
+            f"{run_dir}: missing metrics.json; a release needs the run's measured metrics (train with "
             "`energyformers train`, which writes it)."
         )
     try:
         metrics = json.loads(metrics_path.read_text())
         model, dataset = metrics["model"], metrics["dataset"]
+        if not (isinstance(model, str) and model and isinstance(dataset, str) and dataset):
+            raise TypeError(f"model={model!r}, dataset={dataset!r}; expected names")
+    except OSError as err:  # e.g. no permission to read it
+        raise ValueError(f"{metrics_path}: cannot be read ({err.strerror or err})") from None
     except (ValueError, KeyError, TypeError) as err:  # not JSON, not an object, or without the run's names
         raise ValueError(
             f"{metrics_path}: not the metrics.json of an `energyformers train` run (it names the model and the "
             f"dataset; {type(err).__name__}: {err})"
         ) from None
+    test = metrics.get("test") or {}
+    if not isinstance(test, dict) or not all(
+        value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+        for value in test.values()
+    ):
+        raise ValueError(
+            f"{metrics_path}: test={test!r}; expected the run's test metrics, an object of numbers"
+        )
+    return metrics
+
+
+def _release_name(metrics: dict) -> str:
+    """The release name of a run from its `_run_record`: `<model>-<dataset>`, `<model>-mim-<dataset>` for masked
+    image modelling."""
     # a masked-image-modelling run is named apart from the same model's classifier on the same dataset
     task = "-mim" if metrics.get("task") == MIM_TASK else ""
-    return f"{model}{task}-{Path(str(dataset)).name}"
+    return f"{metrics['model']}{task}-{Path(metrics['dataset']).name}"
 
 
 def check_taken_folder(folder: Path) -> None:
@@ -114,7 +136,7 @@ def check_taken_models(folders: list[Path]) -> dict[Path, str]:
     for folder in folders:
         try:
             inspect_model_dir(folder)
-            name = _release_name(folder)
+            name = _release_name(_run_record(folder))
         except (FileNotFoundError, ValueError) as err:  # the messages name the folder or its file
             raise UsageError(f"--take: {err}") from None
         twin = next((other for other, taken in names.items() if taken == name), None)
@@ -177,16 +199,10 @@ def train_command(model: str, dataset: str, run_dir: Path, train_args: list[str]
     ]
 
 
-def _masked_image_modelling(run_dir: Path) -> bool:
-    """Whether a folder's metrics.json records a masked-image-modelling run (`energyformers train --task mim`)."""
-    return json.loads((run_dir / "metrics.json").read_text()).get("task") == MIM_TASK
-
-
-def inspect_command(run_dir: Path) -> list[str]:
-    """`energyformers inspect` of a run folder into itself, on the dataset its metrics.json names (if any)."""
-    dataset = json.loads((run_dir / "metrics.json").read_text()).get("dataset")
+def inspect_command(run_dir: Path, dataset: str) -> list[str]:
+    """`energyformers inspect` of a run folder into itself, on `dataset` (the one its metrics.json names)."""
     command = [sys.executable, "-m", "energyformers", "inspect", str(run_dir), "--output_dir", str(run_dir)]
-    return command + (["--dataset", dataset] if dataset else [])
+    return [*command, "--dataset", dataset]
 
 
 def training_runs(
@@ -482,20 +498,33 @@ def _train_missing(runs: list[_Run]) -> dict[str, str]:
     return failures
 
 
+def _records(runs: list[_Run], failures: dict[str, str]) -> dict[Path, dict]:
+    """Step 3: the `_run_record` of each run that did not fail, by run folder, read once for the steps after it; a
+    run whose metrics.json cannot be read is added to `failures` (the others still ship)."""
+    records: dict[Path, dict] = {}
+    for run_dir, _ in runs:
+        if str(run_dir) in failures:
+            continue
+        try:
+            records[run_dir] = _run_record(run_dir)
+        except (FileNotFoundError, ValueError) as err:
+            failures[str(run_dir)] = str(err)
+    return records
+
+
 def _inspect_finished(
-    plan: list[_Run], taken: bool, staging: _Staging, failures: dict[str, str]
+    plan: list[_Run], records: dict[Path, dict], taken: bool, staging: _Staging, failures: dict[str, str]
 ) -> dict[Path, Path]:
-    """Step 3: draw each finished folder's dynamics (`energyformers inspect` on its test split) for its card; the
+    """Step 4: draw each finished folder's dynamics (`energyformers inspect` on its test split) for its card; the
     folder each one is exported from, by run folder. A run trained here is release's own output and gets the
     figures; a folder given with --take (`taken`) is the user's and is not written to: it is copied into the staging
-    folder, inspected and exported from there. A failed inspect is added to `failures`."""
+    folder, inspected and exported from there. A failed copy or inspect is added to `failures`."""
     sources = {run_dir: run_dir for run_dir, _ in plan}
     for index, (run_dir, _) in enumerate(plan):
-        if str(run_dir) in failures or (run_dir / "inspect.json").is_file():
+        if run_dir not in records or str(run_dir) in failures or (run_dir / "inspect.json").is_file():
             continue
-        if not (run_dir / "metrics.json").is_file():
-            continue  # not releasable: the export reports it
-        if _masked_image_modelling(run_dir):
+        record = records[run_dir]
+        if record.get("task") == MIM_TASK:
             # `inspect` draws a MIM model's decode sequence of a given image, not dataset dynamics; the card has the
             # run's training curve and reconstruction metrics
             continue
@@ -503,9 +532,13 @@ def _inspect_finished(
         printed_as: tuple[str, str] | None = None
         if taken:
             sources[run_dir] = staging.path("take", str(index), run_dir.name)
-            shutil.copytree(run_dir, sources[run_dir], symlinks=True)
-            printed_as = (str(sources[run_dir]), str(staging.dist_dir / _release_name(run_dir)))
-        command = inspect_command(sources[run_dir])
+            try:
+                shutil.copytree(run_dir, sources[run_dir], symlinks=True)
+            except OSError as err:  # a file of the folder that cannot be read (shutil.Error lists them)
+                failures[str(run_dir)] = f"cannot copy it to inspect it: {err}"
+                continue
+            printed_as = (str(sources[run_dir]), str(staging.dist_dir / _release_name(record)))
+        command = inspect_command(sources[run_dir], record["dataset"])
         if _run_printing(command, printed_as) != 0:
             failures[str(run_dir)] = f"inspect failed: {_shown(command)}"
     return sources
@@ -513,12 +546,13 @@ def _inspect_finished(
 
 def _export_finished(
     plan: list[_Run],
+    records: dict[Path, dict],
     sources: dict[Path, Path],
     staging: _Staging,
     namespace: str | None,
     failures: dict[str, str],
 ) -> tuple[dict[str, Path], dict[str, dict]]:
-    """Step 4: export each finished folder into the staging folder, bound for `dist_dir/<model>-<dataset>/`. The
+    """Step 5: export each finished folder into the staging folder, bound for `dist_dir/<model>-<dataset>/`. The
     staged exports and the release.json entries, by release name; a folder that cannot be exported is added to
     `failures`."""
     from .export import export_model_dir, overlap_problem
@@ -526,13 +560,13 @@ def _export_finished(
     exports: dict[str, Path] = {}
     released: dict[str, dict] = {}
     for run_dir, _ in plan:
-        if str(run_dir) in failures:
+        if run_dir not in records or str(run_dir) in failures:
             continue
+        name = _release_name(records[run_dir])
+        final = staging.dist_dir / name
         try:
-            name = _release_name(run_dir)
             if name in released:
                 raise ValueError(f"two folders would both be released as {name!r}")
-            final = staging.dist_dir / name
             problem = overlap_problem(run_dir, final, True, ("the folder", "its release folder", "release"))
             if problem is None and os.path.lexists(final) and not final.is_dir():
                 problem = f"{final}: is a file, not a folder; release replaces folders only"
@@ -540,33 +574,26 @@ def _export_finished(
                 raise ValueError(problem)
             repo_id = f"{namespace}/{name}" if namespace else None
             exports[name] = export_model_dir(sources[run_dir], staging.path("export", name), repo_id=repo_id)
-        except (FileNotFoundError, ValueError) as err:
+        except (OSError, ValueError) as err:  # the folder's content, or a file of it that cannot be read
             failures[str(run_dir)] = str(err)
             continue
-        metrics = json.loads((exports[name] / "metrics.json").read_text())
-        released[name] = {"source": str(run_dir), "folder": str(final), "test": metrics.get("test") or {}}
+        test = records[run_dir].get("test") or {}
+        released[name] = {"source": str(run_dir), "folder": str(final), "test": test}
     return exports, released
 
 
-def _baseline_metrics(baselines: list[_Run], failures: dict[str, str]) -> dict[str, dict]:
-    """The baselines' measured test metrics, for side-by-side reading, by release name; a baseline without them is
-    added to `failures`."""
-    compared: dict[str, dict] = {}
-    for run_dir, _ in baselines:
-        if str(run_dir) in failures:
-            continue
-        try:
-            name = _release_name(run_dir)
-        except (FileNotFoundError, ValueError) as err:  # as a model folder's: reported, the others still ship
-            failures[str(run_dir)] = str(err)
-            continue
-        metrics = json.loads((run_dir / "metrics.json").read_text())
-        compared[name] = {"source": str(run_dir), "test": metrics.get("test") or {}}
-    return compared
+def _baseline_metrics(baselines: list[_Run], records: dict[Path, dict]) -> dict[str, dict]:
+    """The baselines' measured test metrics, for side-by-side reading, by release name (those whose metrics.json
+    could be read: the others failed in `_records`)."""
+    return {
+        _release_name(records[run_dir]): {"source": str(run_dir), "test": records[run_dir].get("test") or {}}
+        for run_dir, _ in baselines
+        if run_dir in records
+    }
 
 
 def _summary_lines(released: dict[str, dict], compared: dict[str, dict], namespace: str | None) -> list[str]:
-    """Step 5: the printed summary: the metrics table, then the commands that push the released folders."""
+    """Step 6: the printed summary: the metrics table, then the commands that push the released folders."""
     lines = [f"\n{'release':<32} {'test acc':>9} {'macro F1':>9}"]
     lines += [summary_row(name, entry["test"]) for name, entry in released.items()]
     lines += [summary_row(f"{name} (baseline)", entry["test"]) for name, entry in compared.items()]
@@ -595,9 +622,10 @@ def run(args: argparse.Namespace) -> int:
         if args.dry_run:
             return 0
         failures = _train_missing([*plan, *baselines])
-        sources = _inspect_finished(plan, bool(args.take), staging, failures)
-        exports, released = _export_finished(plan, sources, staging, args.namespace, failures)
-        compared = _baseline_metrics(baselines, failures)
+        records = _records([*plan, *baselines], failures)
+        sources = _inspect_finished(plan, records, bool(args.take), staging, failures)
+        exports, released = _export_finished(plan, records, sources, staging, args.namespace, failures)
+        compared = _baseline_metrics(baselines, records)
         # formatted before anything is published: a failure here leaves dist untouched
         summary = {"released": released, "failed": failures}
         if args.baselines:
