@@ -41,13 +41,33 @@ def _image_sides(value: Any) -> tuple[int, int]:
     return 0, 0
 
 
+class ConfigValueError(ValueError):
+    """A config value refused, saying which fields the refusal involves: `fields` is the refused field first, then
+    every other field the rule that refused it reads (`("hidden_size", "num_attention_heads")` for heads that do
+    not divide the width), so a caller can tell which settings a refusal depends on without reading its message.
+    Each configuration file defines its own copy of this class (Hub remote code shares no module), so a caller reads
+    `fields` by duck typing (`getattr(err, "fields", None)`) rather than by catching one class."""
+
+    def __init__(self, message: str, fields: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.fields = tuple(fields)
+
+
 def _require(
-    config: PreTrainedConfig, condition: bool, name: str, value: Any, allowed: str, where: str | None = None
+    config: PreTrainedConfig,
+    condition: bool,
+    name: str,
+    value: Any,
+    allowed: str,
+    where: str | None = None,
+    depends_on: tuple[str, ...] = (),
 ) -> None:
     """`where`: what the message names as the source of the value, the config's class unless a call passed it
-    (e.g. `"IMixerForImageClassification.forward"` for a per-call override)."""
+    (e.g. `"IMixerForImageClassification.forward"` for a per-call override). `depends_on`: the other fields the
+    rule reads, which the error's `fields` names after `name` (a cross-field rule's; none for a table check)."""
     if not condition:
-        raise ValueError(f"{where or type(config).__name__}: invalid {name}={value!r}; {allowed}.")
+        message = f"{where or type(config).__name__}: invalid {name}={value!r}; {allowed}."
+        raise ConfigValueError(message, (name, *depends_on))
 
 
 def _transformers_keywords() -> frozenset[str]:
@@ -194,9 +214,10 @@ class _CheckedConfig:
                 continue
             close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
             hint = f"closest names: {close}" if close else f"{cls.__name__}'s fields are {sorted(fields)}"
-            raise ValueError(
+            raise ConfigValueError(
                 f"{cls.__name__}.{where}: unknown override {name}={value!r}; not a field of {cls.__name__} nor a "
-                f"transformers config keyword (num_labels, id2label, label2id, problem_type, ...); {hint}."
+                f"transformers config keyword (num_labels, id2label, label2id, problem_type, ...); {hint}.",
+                (name,),
             )
 
     @classmethod
@@ -249,6 +270,7 @@ class _CheckedConfig:
                 "hidden_size",
                 self.hidden_size,
                 f"it must be divisible by num_attention_heads={self.num_attention_heads}",
+                depends_on=("num_attention_heads",),
             )
         _require(
             self,
@@ -256,6 +278,7 @@ class _CheckedConfig:
             "image_size",
             self.image_size,
             f"both sides must be divisible by patch_size={self.patch_size}",
+            depends_on=("patch_size",),
         )
         _require(
             self,
@@ -263,6 +286,7 @@ class _CheckedConfig:
             "vocab_size",
             self.vocab_size,
             'input_type="sequence" needs an integer vocab_size >= 1',
+            depends_on=("input_type",),
         )
 
     def validate(self) -> None:
@@ -416,6 +440,7 @@ class HyperBFConfig(_CheckedConfig, PreTrainedConfig):
             "intermediate_size",
             intermediate_size,
             f"it is an alias of num_centers={num_centers!r} and disagrees with it; pass only one of them",
+            depends_on=("num_centers",),
         )
         num_centers = num_centers if num_centers is not None else intermediate_size
         if num_centers is None and _is_int(hidden_size):

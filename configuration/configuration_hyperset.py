@@ -45,13 +45,33 @@ def _image_sides(value: Any) -> tuple[int, int]:
     return 0, 0
 
 
+class ConfigValueError(ValueError):
+    """A config value refused, saying which fields the refusal involves: `fields` is the refused field first, then
+    every other field the rule that refused it reads (`("hidden_size", "num_attention_heads")` for heads that do
+    not divide the width), so a caller can tell which settings a refusal depends on without reading its message.
+    Each configuration file defines its own copy of this class (Hub remote code shares no module), so a caller reads
+    `fields` by duck typing (`getattr(err, "fields", None)`) rather than by catching one class."""
+
+    def __init__(self, message: str, fields: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.fields = tuple(fields)
+
+
 def _require(
-    config: PreTrainedConfig, condition: bool, name: str, value: Any, allowed: str, where: str | None = None
+    config: PreTrainedConfig,
+    condition: bool,
+    name: str,
+    value: Any,
+    allowed: str,
+    where: str | None = None,
+    depends_on: tuple[str, ...] = (),
 ) -> None:
     """`where`: what the message names as the source of the value, the config's class unless a call passed it
-    (e.g. `"IMixerForImageClassification.forward"` for a per-call override)."""
+    (e.g. `"IMixerForImageClassification.forward"` for a per-call override). `depends_on`: the other fields the
+    rule reads, which the error's `fields` names after `name` (a cross-field rule's; none for a table check)."""
     if not condition:
-        raise ValueError(f"{where or type(config).__name__}: invalid {name}={value!r}; {allowed}.")
+        message = f"{where or type(config).__name__}: invalid {name}={value!r}; {allowed}."
+        raise ConfigValueError(message, (name, *depends_on))
 
 
 def _transformers_keywords() -> frozenset[str]:
@@ -198,9 +218,10 @@ class _CheckedConfig:
                 continue
             close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
             hint = f"closest names: {close}" if close else f"{cls.__name__}'s fields are {sorted(fields)}"
-            raise ValueError(
+            raise ConfigValueError(
                 f"{cls.__name__}.{where}: unknown override {name}={value!r}; not a field of {cls.__name__} nor a "
-                f"transformers config keyword (num_labels, id2label, label2id, problem_type, ...); {hint}."
+                f"transformers config keyword (num_labels, id2label, label2id, problem_type, ...); {hint}.",
+                (name,),
             )
 
     @classmethod
@@ -253,6 +274,7 @@ class _CheckedConfig:
                 "hidden_size",
                 self.hidden_size,
                 f"it must be divisible by num_attention_heads={self.num_attention_heads}",
+                depends_on=("num_attention_heads",),
             )
         _require(
             self,
@@ -260,6 +282,7 @@ class _CheckedConfig:
             "image_size",
             self.image_size,
             f"both sides must be divisible by patch_size={self.patch_size}",
+            depends_on=("patch_size",),
         )
         _require(
             self,
@@ -267,6 +290,7 @@ class _CheckedConfig:
             "vocab_size",
             self.vocab_size,
             'input_type="sequence" needs an integer vocab_size >= 1',
+            depends_on=("input_type",),
         )
 
     def validate(self) -> None:
@@ -572,6 +596,8 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
             "min_iterations",
             self.min_iterations,
             f"it must not exceed max_iterations={high}",
+            # the bound is `iteration_range`'s, which reads the sampling and the depth when either is None
+            depends_on=("max_iterations", "iteration_sampling", "num_iterations"),
         )
         _require(
             self,
@@ -580,6 +606,7 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
             "backprop_iterations",
             self.backprop_iterations,
             f"it must not exceed num_hidden_layers × num_iterations = {self.num_hidden_layers * self.num_iterations}",
+            depends_on=("num_hidden_layers", "num_iterations"),
         )
         if self.position_embedding_type == "sincos-2d":  # a fixed table of rows and columns of a square board
             _require(
@@ -589,6 +616,7 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
                 self.position_embedding_type,
                 'the row/column table is for input_type="sequence" (cells of a board); images always use the '
                 '1-D sinusoid over their patches (use "sinusoidal")',
+                depends_on=("input_type",),
             )
             side = math.isqrt(self.max_position_embeddings)
             _require(
@@ -598,6 +626,7 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
                 self.max_position_embeddings,
                 'position_embedding_type="sincos-2d" lays the positions out on a square board: expected a '
                 "square number (81 = 9 × 9 for Sudoku)",
+                depends_on=("position_embedding_type",),
             )
             _require(
                 self,
@@ -606,6 +635,7 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
                 self.hidden_size,
                 'position_embedding_type="sincos-2d" gives rows and columns hidden_size/2 channels each, as '
                 "[sin | cos] halves: expected a multiple of 4",
+                depends_on=("position_embedding_type",),
             )
 
     @property
@@ -852,6 +882,7 @@ class HyperSetConfig(RecurrentDepthConfig):
             self.time_embedding_dim,
             f"iteration_conditioning='sinusoidal-no-mlp' adds the sinusoid to the state: expected hidden_size="
             f"{self.hidden_size}",
+            depends_on=("iteration_conditioning", "hidden_size"),
         )
         uses_feature_map = self.attention_energy == "linear" or self.feedforward_energy == "gated"
         _require(
@@ -862,6 +893,7 @@ class HyperSetConfig(RecurrentDepthConfig):
             f"attention_energy='linear' and feedforward_energy='gated' need one of {list(FEATURE_MAPS)}"
             if uses_feature_map
             else "only attention_energy='linear' and feedforward_energy='gated' use a feature map: leave it None",
+            depends_on=("attention_energy", "feedforward_energy"),
         )
 
 

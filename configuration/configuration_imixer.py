@@ -54,13 +54,33 @@ def _image_sides(value: Any) -> tuple[int, int]:
     return 0, 0
 
 
+class ConfigValueError(ValueError):
+    """A config value refused, saying which fields the refusal involves: `fields` is the refused field first, then
+    every other field the rule that refused it reads (`("hidden_size", "num_attention_heads")` for heads that do
+    not divide the width), so a caller can tell which settings a refusal depends on without reading its message.
+    Each configuration file defines its own copy of this class (Hub remote code shares no module), so a caller reads
+    `fields` by duck typing (`getattr(err, "fields", None)`) rather than by catching one class."""
+
+    def __init__(self, message: str, fields: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.fields = tuple(fields)
+
+
 def _require(
-    config: PreTrainedConfig, condition: bool, name: str, value: Any, allowed: str, where: str | None = None
+    config: PreTrainedConfig,
+    condition: bool,
+    name: str,
+    value: Any,
+    allowed: str,
+    where: str | None = None,
+    depends_on: tuple[str, ...] = (),
 ) -> None:
     """`where`: what the message names as the source of the value, the config's class unless a call passed it
-    (e.g. `"IMixerForImageClassification.forward"` for a per-call override)."""
+    (e.g. `"IMixerForImageClassification.forward"` for a per-call override). `depends_on`: the other fields the
+    rule reads, which the error's `fields` names after `name` (a cross-field rule's; none for a table check)."""
     if not condition:
-        raise ValueError(f"{where or type(config).__name__}: invalid {name}={value!r}; {allowed}.")
+        message = f"{where or type(config).__name__}: invalid {name}={value!r}; {allowed}."
+        raise ConfigValueError(message, (name, *depends_on))
 
 
 def _transformers_keywords() -> frozenset[str]:
@@ -207,9 +227,10 @@ class _CheckedConfig:
                 continue
             close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
             hint = f"closest names: {close}" if close else f"{cls.__name__}'s fields are {sorted(fields)}"
-            raise ValueError(
+            raise ConfigValueError(
                 f"{cls.__name__}.{where}: unknown override {name}={value!r}; not a field of {cls.__name__} nor a "
-                f"transformers config keyword (num_labels, id2label, label2id, problem_type, ...); {hint}."
+                f"transformers config keyword (num_labels, id2label, label2id, problem_type, ...); {hint}.",
+                (name,),
             )
 
     @classmethod
@@ -262,6 +283,7 @@ class _CheckedConfig:
                 "hidden_size",
                 self.hidden_size,
                 f"it must be divisible by num_attention_heads={self.num_attention_heads}",
+                depends_on=("num_attention_heads",),
             )
         _require(
             self,
@@ -269,6 +291,7 @@ class _CheckedConfig:
             "image_size",
             self.image_size,
             f"both sides must be divisible by patch_size={self.patch_size}",
+            depends_on=("patch_size",),
         )
         _require(
             self,
@@ -276,6 +299,7 @@ class _CheckedConfig:
             "vocab_size",
             self.vocab_size,
             'input_type="sequence" needs an integer vocab_size >= 1',
+            depends_on=("input_type",),
         )
 
     def validate(self) -> None:
@@ -387,6 +411,7 @@ def check_fixed_point_settings(
             f"fixed_point_gradient={gradient!r} has no fixed point to converge to or differentiate; use the "
             "'unrolled' solver and gradient",
             where,
+            depends_on=("fixed_point_solver", "fixed_point_gradient"),
         )
 
 
@@ -572,18 +597,28 @@ class IMixerConfig(_CheckedConfig, PreTrainedConfig):
             self.fixed_point_contraction,
             f"it caps the spectral norm, which contractive_normalization={self.contractive_normalization!r} "
             "does not apply; use 'spectral'",
+            depends_on=("contractive_normalization",),
         )
         check_fixed_point_settings(
             self, self.fixed_point_solver, self.fixed_point_gradient, self.fixed_point_tolerance
         )
-        for name, base in (
-            ("token_mixing_ratio", self.hidden_size),
-            ("channel_mixing_ratio", self.hidden_size),
-            ("hidden_ratio", int(self.token_mixing_ratio * self.hidden_size)),
+        for name, base, depends_on in (
+            ("token_mixing_ratio", self.hidden_size, ("hidden_size",)),
+            ("channel_mixing_ratio", self.hidden_size, ("hidden_size",)),
+            (
+                "hidden_ratio",
+                int(self.token_mixing_ratio * self.hidden_size),
+                ("token_mixing_ratio", "hidden_size"),
+            ),
         ):
             value = getattr(self, name)
             _require(
-                self, int(value * base) >= 1, name, value, f"it must give a width int({name} · {base}) >= 1"
+                self,
+                int(value * base) >= 1,
+                name,
+                value,
+                f"it must give a width int({name} · {base}) >= 1",
+                depends_on=depends_on,
             )
         self._check_common_rules()
 

@@ -16,7 +16,7 @@ import inspect
 from types import MappingProxyType
 from typing import Any
 
-from .configuration_hyperset import HyperSetConfig, RecurrentDepthConfig
+from .configuration_hyperset import ConfigValueError, HyperSetConfig, RecurrentDepthConfig
 
 
 def _parameters(config_class: type) -> tuple[str, ...]:
@@ -170,9 +170,10 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
     ) -> None:
         for name in HYPERSET_ONLY_FIELDS:
             if name in kwargs:
-                raise ValueError(
+                raise ConfigValueError(
                     f"{type(self).__name__}: invalid {name}={kwargs[name]!r}; a Hyper-SET option that the "
-                    "looped-Transformer baseline does not have (build a HyperSetConfig for it)."
+                    "looped-Transformer baseline does not have (build a HyperSetConfig for it).",
+                    (name,),
                 )
         width_known = isinstance(hidden_size, int) and not isinstance(hidden_size, bool)
         if intermediate_size is None and width_known:

@@ -73,42 +73,92 @@ UNTABLED = {
     "imixer": {"vocab_size"},
     "hyperbf": {"vocab_size", "intermediate_size"},
 }
-# Each cross-field rule of `_check_cross_field_rules`, with overrides that break only that rule.
-CROSS_FIELD: dict[str, list[tuple[dict[str, Any], str]]] = {
+# Each cross-field rule of `_check_cross_field_rules`, with overrides that break only that rule, the start of its
+# message and the fields its refusal declares (`ConfigValueError.fields`: the refused one, then those the rule reads).
+CROSS_FIELD: dict[str, list[tuple[dict[str, Any], str, tuple[str, ...]]]] = {
     "hyperset": [
-        (dict(hidden_size=18), "hidden_size=18; it must be divisible by num_attention_heads=4"),
-        (dict(image_size=9), "image_size=9; both sides must be divisible by patch_size=2"),
-        (dict(image_size=[8, 9]), "image_size=[8, 9]; both sides must be divisible by patch_size=2"),
-        (dict(input_type="sequence", vocab_size=None), 'vocab_size=None; input_type="sequence" needs'),
-        (dict(input_type="sequence", vocab_size=0), 'vocab_size=0; input_type="sequence" needs'),
-        (dict(time_embedding_dim=7), "time_embedding_dim=7; expected an even integer >= 4"),
-        (dict(time_embedding_dim=2), "time_embedding_dim=2; expected an even integer >= 4"),
+        (
+            dict(hidden_size=18),
+            "hidden_size=18; it must be divisible by num_attention_heads=4",
+            ("hidden_size", "num_attention_heads"),
+        ),
+        (
+            dict(image_size=9),
+            "image_size=9; both sides must be divisible by patch_size=2",
+            ("image_size", "patch_size"),
+        ),
+        (
+            dict(image_size=[8, 9]),
+            "image_size=[8, 9]; both sides must be divisible by patch_size=2",
+            ("image_size", "patch_size"),
+        ),
+        (
+            dict(input_type="sequence", vocab_size=None),
+            'vocab_size=None; input_type="sequence" needs',
+            ("vocab_size", "input_type"),
+        ),
+        (
+            dict(input_type="sequence", vocab_size=0),
+            'vocab_size=0; input_type="sequence" needs',
+            ("vocab_size", "input_type"),
+        ),
+        (
+            dict(time_embedding_dim=7),
+            "time_embedding_dim=7; expected an even integer >= 4",
+            ("time_embedding_dim",),
+        ),
+        (
+            dict(time_embedding_dim=2),
+            "time_embedding_dim=2; expected an even integer >= 4",
+            ("time_embedding_dim",),
+        ),
         (
             dict(iteration_conditioning="sinusoidal-no-mlp", time_embedding_dim=8),
             "time_embedding_dim=8; iteration_conditioning='sinusoidal-no-mlp' adds the sinusoid to the state",
+            ("time_embedding_dim", "iteration_conditioning", "hidden_size"),
         ),
-        (dict(input_anchor=1.5), "input_anchor=1.5; expected a float in [0, 1]"),
-        (dict(input_anchor=-0.1), "input_anchor=-0.1; expected a float in [0, 1]"),
-        (dict(input_anchor="0.5"), "input_anchor='0.5'; expected a float in [0, 1]"),
+        (dict(input_anchor=1.5), "input_anchor=1.5; expected a float in [0, 1]", ("input_anchor",)),
+        (dict(input_anchor=-0.1), "input_anchor=-0.1; expected a float in [0, 1]", ("input_anchor",)),
+        (dict(input_anchor="0.5"), "input_anchor='0.5'; expected a float in [0, 1]", ("input_anchor",)),
         (
             dict(iteration_sampling="uniform", min_iterations=9, max_iterations=8),
             "min_iterations=9; it must not",
+            ("min_iterations", "max_iterations", "iteration_sampling", "num_iterations"),
         ),
         (
             dict(backprop_iterations=7),
             "backprop_iterations=7; it must not exceed num_hidden_layers × num_iter",
+            ("backprop_iterations", "num_hidden_layers", "num_iterations"),
         ),
-        (dict(attention_energy="linear"), "feature_map=None; attention_energy='linear' and feedforward"),
-        (dict(feedforward_energy="gated"), "feature_map=None; attention_energy='linear' and feedforward"),
-        (dict(attention_energy="linear", feature_map="exp"), "feature_map='exp'; attention_energy='linear'"),
-        (dict(feature_map="relu"), "feature_map='relu'; only attention_energy='linear' and feedforward"),
+        (
+            dict(attention_energy="linear"),
+            "feature_map=None; attention_energy='linear' and feedforward",
+            ("feature_map", "attention_energy", "feedforward_energy"),
+        ),
+        (
+            dict(feedforward_energy="gated"),
+            "feature_map=None; attention_energy='linear' and feedforward",
+            ("feature_map", "attention_energy", "feedforward_energy"),
+        ),
+        (
+            dict(attention_energy="linear", feature_map="exp"),
+            "feature_map='exp'; attention_energy='linear'",
+            ("feature_map", "attention_energy", "feedforward_energy"),
+        ),
+        (
+            dict(feature_map="relu"),
+            "feature_map='relu'; only attention_energy='linear' and feedforward",
+            ("feature_map", "attention_energy", "feedforward_energy"),
+        ),
         (
             dict(position_embedding_type="sincos-2d"),
             "position_embedding_type='sincos-2d'; the row/column table",
+            ("position_embedding_type", "input_type"),
         ),
         (
             dict(input_type="sequence", position_embedding_type="sincos-2d", max_position_embeddings=12),
             'max_position_embeddings=12; position_embedding_type="sincos-2d" lays the positions out on a square',
+            ("max_position_embeddings", "position_embedding_type"),
         ),
         (
             dict(
@@ -118,47 +168,102 @@ CROSS_FIELD: dict[str, list[tuple[dict[str, Any], str]]] = {
                 num_attention_heads=2,
             ),
             'hidden_size=18; position_embedding_type="sincos-2d" gives rows and columns hidden_size/2',
+            ("hidden_size", "position_embedding_type"),
         ),
     ],
     "imixer": [
-        (dict(spectral_norm_coeff=1.0), "spectral_norm_coeff=1.0; expected 0 < c < 1"),
+        (
+            dict(spectral_norm_coeff=1.0),
+            "spectral_norm_coeff=1.0; expected 0 < c < 1",
+            ("spectral_norm_coeff",),
+        ),
         (
             dict(token_mixing_ratio=0.05),
             "token_mixing_ratio=0.05; it must give a width int(token_mixing_ratio · 16)",
+            ("token_mixing_ratio", "hidden_size"),
         ),
-        (dict(channel_mixing_ratio=0.05), "channel_mixing_ratio=0.05; it must give a width"),
-        (dict(hidden_ratio=0.1), "hidden_ratio=0.1; it must give a width int(hidden_ratio · 8) >= 1"),
-        (dict(image_size=[8, 9]), "image_size=[8, 9]; both sides must be divisible by patch_size=2"),
-        (dict(input_type="sequence", vocab_size=None), 'vocab_size=None; input_type="sequence" needs'),
-        (dict(input_type="sequence", vocab_size=True), 'vocab_size=True; input_type="sequence" needs'),
-        (dict(anderson_damping=1.5), "anderson_damping=1.5; expected a damping in (0, 1]"),
-        (dict(phantom_gradient_damping=2.0), "phantom_gradient_damping=2.0; expected a damping in (0, 1]"),
+        (
+            dict(channel_mixing_ratio=0.05),
+            "channel_mixing_ratio=0.05; it must give a width",
+            ("channel_mixing_ratio", "hidden_size"),
+        ),
+        (
+            dict(hidden_ratio=0.1),
+            "hidden_ratio=0.1; it must give a width int(hidden_ratio · 8) >= 1",
+            ("hidden_ratio", "token_mixing_ratio", "hidden_size"),
+        ),
+        (
+            dict(image_size=[8, 9]),
+            "image_size=[8, 9]; both sides must be divisible by patch_size=2",
+            ("image_size", "patch_size"),
+        ),
+        (
+            dict(input_type="sequence", vocab_size=None),
+            'vocab_size=None; input_type="sequence" needs',
+            ("vocab_size", "input_type"),
+        ),
+        (
+            dict(input_type="sequence", vocab_size=True),
+            'vocab_size=True; input_type="sequence" needs',
+            ("vocab_size", "input_type"),
+        ),
+        (
+            dict(anderson_damping=1.5),
+            "anderson_damping=1.5; expected a damping in (0, 1]",
+            ("anderson_damping",),
+        ),
+        (
+            dict(phantom_gradient_damping=2.0),
+            "phantom_gradient_damping=2.0; expected a damping in (0, 1]",
+            ("phantom_gradient_damping",),
+        ),
         (
             dict(fixed_point_contraction=1.0),
             "fixed_point_contraction=1.0; expected None or a Lipschitz bound",
+            ("fixed_point_contraction",),
         ),
         (
             dict(fixed_point_contraction=0.9, contractive_normalization="none"),
             "fixed_point_contraction=0.9; it caps the spectral norm",
+            ("fixed_point_contraction", "contractive_normalization"),
         ),
         (
             dict(contractive_normalization="batch_norm", fixed_point_solver="picard"),
             "contractive_normalization='batch_norm'; 'batch_norm' changes F between fixed-point steps",
+            ("contractive_normalization", "fixed_point_solver", "fixed_point_gradient"),
         ),
         (
             dict(contractive_normalization="batch_norm", fixed_point_gradient="implicit"),
             "contractive_normalization='batch_norm'; 'batch_norm' changes F between fixed-point steps",
+            ("contractive_normalization", "fixed_point_solver", "fixed_point_gradient"),
         ),
         (
             dict(spectral_norm_schedule="per_call", fixed_point_solver="anderson"),
             "spectral_norm_schedule='per_call'; 'per_call' changes F between fixed-point steps",
+            ("spectral_norm_schedule", "fixed_point_solver", "fixed_point_gradient"),
         ),
     ],
     "hyperbf": [
-        (dict(hidden_size=33), "hidden_size=33; it must be divisible by num_attention_heads=2"),
-        (dict(image_size=[9, 8]), "image_size=[9, 8]; both sides must be divisible by patch_size=2"),
-        (dict(input_type="sequence", vocab_size=None), 'vocab_size=None; input_type="sequence" needs'),
-        (dict(num_centers=8, intermediate_size=9), "intermediate_size=9; it is an alias of num_centers=8"),
+        (
+            dict(hidden_size=33),
+            "hidden_size=33; it must be divisible by num_attention_heads=2",
+            ("hidden_size", "num_attention_heads"),
+        ),
+        (
+            dict(image_size=[9, 8]),
+            "image_size=[9, 8]; both sides must be divisible by patch_size=2",
+            ("image_size", "patch_size"),
+        ),
+        (
+            dict(input_type="sequence", vocab_size=None),
+            'vocab_size=None; input_type="sequence" needs',
+            ("vocab_size", "input_type"),
+        ),
+        (
+            dict(num_centers=8, intermediate_size=9),
+            "intermediate_size=9; it is an alias of num_centers=8",
+            ("intermediate_size", "num_centers"),
+        ),
     ],
 }
 
@@ -176,11 +281,20 @@ def make(family: str, **overrides: Any):
     return CONFIGS[family](**{**BASE[family], **overrides})
 
 
+def declared_fields(err: BaseException) -> tuple[str, ...] | None:
+    """The fields a refusal declares, read as `training/setup.py` reads them (each configuration file defines its
+    own `ConfigValueError`)."""
+    return getattr(err, "fields", None)
+
+
 def expect_invalid(family: str, name: str, value: Any, **overrides: Any) -> None:
-    """The config rejects `name=value` with "<Config>: invalid <name>=<value>; ..." naming argument and value."""
+    """The config rejects `name=value` with "<Config>: invalid <name>=<value>; ..." naming argument and value, and
+    the refusal declares `name` as the field it refuses (the first of its `fields`)."""
     message = f"{CONFIGS[family].__name__}: invalid {name}={value!r}; "
-    with pytest.raises(ValueError, match="^" + re.escape(message)):
+    with pytest.raises(ValueError, match="^" + re.escape(message)) as caught:
         make(family, **{name: value, **overrides})
+    fields = declared_fields(caught.value)
+    assert fields and fields[0] == name, f"{family} {name}={value!r}: declared fields {fields!r}"
 
 
 def table_cases(table: str) -> list[Any]:
@@ -451,16 +565,19 @@ def test_hidden_dropout_prob_above_one_is_rejected(family):
 
 
 @pytest.mark.parametrize(
-    ("family", "overrides", "message"),
+    ("family", "overrides", "message", "fields"),
     [
-        pytest.param(family, overrides, message, id=f"{family}-{message.split(';')[0]}")
+        pytest.param(family, overrides, message, fields, id=f"{family}-{message.split(';')[0]}")
         for family, rules in CROSS_FIELD.items()
-        for overrides, message in rules
+        for overrides, message, fields in rules
     ],
 )
-def test_every_cross_field_rule_fires(family, overrides, message):
-    with pytest.raises(ValueError, match=re.escape(f"{CONFIGS[family].__name__}: invalid {message}")):
+def test_every_cross_field_rule_fires_and_declares_the_fields_it_reads(family, overrides, message, fields):
+    with pytest.raises(
+        ValueError, match=re.escape(f"{CONFIGS[family].__name__}: invalid {message}")
+    ) as caught:
         make(family, **overrides)
+    assert declared_fields(caught.value) == fields, (family, message, declared_fields(caught.value), fields)
 
 
 # ---------------------------------------------------------------- num_labels (ViT: 0 = no classifier)
@@ -497,8 +614,13 @@ def test_num_labels_must_be_a_non_negative_integer(family):
     for value in (-1, -10, True, 2.0, "3", None):
         with pytest.raises(
             ValueError, match=re.escape(f"invalid num_labels={value!r}; expected an integer >= 0")
-        ):
+        ) as caught:
             make(family, num_labels=value)
+        assert declared_fields(caught.value) == ("num_labels",), (
+            family,
+            value,
+            declared_fields(caught.value),
+        )
 
 
 def test_configuration_files_point_to_no_file_a_hub_user_lacks():
@@ -539,3 +661,70 @@ def test_choice_tables_are_public_read_only_views_on_the_config_classes():
     }
     assert dict(looped.choices) == expected, dict(looped.choices)
     assert {"iteration_sampling", "deep_supervision"} <= set(looped.choices)
+
+
+# ---------------------------------------------------------------- refusals declare their fields
+
+# One value each table refuses, whatever the field.
+REFUSED_BY_TABLE = {
+    "_CHOICES": "bogus",
+    "_POSITIVE_INTS": 0,
+    "_NON_NEGATIVE_INTS": -1,
+    "_OPTIONAL_POSITIVE_INTS": 0,
+    "_PROBABILITIES": 1.5,
+    "_POSITIVE_FLOATS": 0.0,
+    "_OPTIONAL_POSITIVE_FLOATS": -1.0,
+    "_IMAGE_SIZES": 0,
+    "_BOOLEANS": "yes",
+}
+LOOPED = configuration_looped_transformer.LoopedTransformerConfig
+LOOPED_FIELDS = set(inspect.signature(LOOPED.__init__).parameters) - {"self", "kwargs"}
+
+
+def test_every_table_has_a_refused_value():
+    assert set(REFUSED_BY_TABLE) == set(TABLES)
+
+
+@pytest.mark.parametrize(
+    ("table", "name"),
+    [
+        pytest.param(table, name, id=name)
+        for table in TABLES
+        for name in getattr(configuration_hyperset, table)
+        if name in LOOPED_FIELDS
+    ],
+)
+def test_the_looped_baseline_declares_the_field_of_a_refused_value(table, name):
+    """The baseline validates against Hyper-SET's tables (its shared fields): each refusal names its field."""
+    value = REFUSED_BY_TABLE[table]
+    with pytest.raises(
+        ValueError, match=re.escape(f"LoopedTransformerConfig: invalid {name}={value!r}; ")
+    ) as caught:
+        LOOPED(**{name: value})
+    assert declared_fields(caught.value) == (name,), (name, declared_fields(caught.value))
+
+
+@pytest.mark.parametrize("name", configuration_looped_transformer.HYPERSET_ONLY_FIELDS)
+def test_a_hyperset_option_refused_by_the_looped_baseline_declares_it(name):
+    value = getattr(configuration_hyperset.HyperSetConfig(), name)
+    with pytest.raises(
+        ValueError, match=re.escape("a Hyper-SET option that the looped-Transformer")
+    ) as caught:
+        LOOPED(**{name: value})
+    assert declared_fields(caught.value) == (name,), (name, declared_fields(caught.value))
+
+
+@pytest.mark.parametrize("config_class", [*CONFIGS.values(), LOOPED])
+def test_an_unknown_override_declares_its_name_and_fields_survive_pickling(config_class):
+    import pickle
+
+    with pytest.raises(ValueError, match="unknown override hidden_sise=8") as caught:
+        config_class.from_preset("cli-image", hidden_sise=8)
+    assert declared_fields(caught.value) == ("hidden_sise",), declared_fields(caught.value)
+    # an error crossing a process boundary (a DataLoader worker, a launcher) keeps what it declares
+    copy = pickle.loads(pickle.dumps(caught.value))
+    assert (type(copy), str(copy), declared_fields(copy)) == (
+        type(caught.value),
+        str(caught.value),
+        ("hidden_sise",),
+    )

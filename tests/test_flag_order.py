@@ -6,6 +6,7 @@ data loaded; what depends on the data (its input type, image size, vocabulary, l
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 import energyformers
 from energyformers.training import accelerate_loop, setup, train
 from energyformers.training.arguments import parse_arguments
+from energyformers.training.cli import UsageError
 
 MAIN = {"train": train.main, "train-accelerate": accelerate_loop.main}
 # What every run here adds: small limits, so a run that does load the data builds quickly.
@@ -93,6 +95,11 @@ EARLY = [
         ["--min_iterations", "9", "--max_iterations", "3", "--config", "iteration_sampling=uniform"],
         "invalid --min_iterations 9 and --max_iterations 3: HyperSetConfig: invalid min_iterations=9; it must not "
         "exceed max_iterations=3.",
+    ),
+    (  # the message names no field of the baseline's config; the refusal declares the one it refuses
+        ["--model", "looped-transformer", "--config", "qkv_norm=shared"],
+        "invalid --preset/--config for looped-transformer: LoopedTransformerConfig: invalid qkv_norm='shared'; a "
+        "Hyper-SET option that the looped-Transformer baseline does not have",
     ),
     (
         ["--model", "vit", "--min_iterations", "2"],
@@ -284,3 +291,43 @@ def test_the_fields_the_data_sets_are_the_listed_ones(dataset):
     assert differing <= set(setup.DATA_FIELDS), (
         f"set from the data but not listed: {differing - set(setup.DATA_FIELDS)}"
     )
+
+
+class OtherFileConfigError(ValueError):
+    """A refusal as another configuration file's own `ConfigValueError` class words it: only `fields` in common."""
+
+    def __init__(self, message: str, fields: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+
+def refusing(err: Exception) -> Any:
+    def make() -> Any:
+        raise err
+
+    return make
+
+
+def test_a_trial_refusal_is_judged_by_the_fields_it_declares_not_by_its_words():
+    """`_trial_configs` raises a refusal before the data loads only when every trial declares the fields it involves
+    and none of them is one the data sets; what the message happens to mention does not count."""
+    unknown = {"image_size", "patch_size", "vocab_size"}
+    what = "--preset/--config for fake"
+    # involves hidden_size alone, mentions the data's image_size in passing: certain to recur, raised now
+    passing = "FakeConfig: invalid hidden_size=7; too narrow for any image_size."
+    with pytest.raises(UsageError, match=re.escape(f"invalid {what}: {passing}")):
+        setup._trial_configs(
+            [refusing(OtherFileConfigError(passing, ("hidden_size",)))] * 2, unknown, {}, what
+        )
+    # involves patch_size, which the data sets, though the words name no field: left to the build after loading
+    unnamed = "FakeConfig: invalid tiling; the patches do not tile the image."
+    declared = OtherFileConfigError(unnamed, ("hidden_size", "patch_size"))
+    assert setup._trial_configs([refusing(declared)], unknown, {}, what) == []
+    # a refusal that declares nothing (transformers' own configs) is not judged by its words either
+    bare = ValueError("FakeConfig: invalid hidden_size=7; expected an integer >= 8.")
+    assert setup._trial_configs([refusing(bare)], unknown, {}, what) == []
+    # one trial declaring nothing leaves the refusal to the build, whatever the others declare
+    same = OtherFileConfigError(bare.args[0], ("hidden_size",))
+    assert setup._trial_configs([refusing(same), refusing(bare)], unknown, {}, what) == []
+    # one trial that builds leaves it too: the data may have that trial's input type
+    assert setup._trial_configs([refusing(same), lambda: "built"], unknown, {}, what) == ["built"]

@@ -537,7 +537,7 @@ def _recipe_task(recipe: str | None, task: str | None) -> None:
 
 # The config fields a classification run sets from its data (`_new_config_and_processor`): its input type, the
 # image geometry, the vocabulary and positions of its tokenizer, and its labels. Before the data loads, a config
-# refusal that names one of them (and no flag sets it) waits for the data's value.
+# refusal that involves one of them (its `fields`; and no flag sets it) waits for the data's value.
 DATA_FIELDS = (
     "input_type",
     "image_size",
@@ -554,28 +554,16 @@ DATA_FIELDS = (
 MIM_GRID_FIELDS = ("vocab_size", "max_position_embeddings")
 
 
-def _config_field_names(config_class: type) -> set[str]:
-    """The field names of `config_class`: its constructor's keywords, its attribute aliases and what a default
-    instance holds (transformers' own fields among them)."""
-    names = set(inspect.signature(config_class.__init__).parameters) - {"self", "kwargs"}
-    names |= set(getattr(config_class, "attribute_map", {}))
-    try:
-        names |= set(config_class().to_dict())
-    except Exception:  # a config without defaults for every field: its keywords are what is known
-        pass
-    return names
-
-
-def _trial_configs(
-    config_class: type, makers: list[Any], unknown: set[str], flags: dict[str, Any], what: str
-) -> list[Any]:
+def _trial_configs(makers: list[Any], unknown: set[str], flags: dict[str, Any], what: str) -> list[Any]:
     """The configs `makers` build before the data loads (one per input type the data may turn out to have), each
     with stand-ins for the fields the data will set (`unknown`); the refusals are left out.
 
     A refusal is raised, as `build` words it (`_config_error`), only when it is certain to recur with the data's
-    values: every maker refuses with the same message, and that message names config fields, none of them
-    `unknown`. A refusal naming a field the data sets is left to the build after loading, which words it with the
-    data's value.
+    values: every maker refuses with the same message, and every refusal declares the config fields it involves
+    (the `fields` of the configuration files' `ConfigValueError`: the refused field and those its rule reads), none
+    of them `unknown`. A refusal involving a field the data sets is left to the build after loading, which words it
+    with the data's value; so is one that declares no fields (transformers' own configs, remote code whose configs
+    declare none), since nothing says which values it depends on.
     """
     built, refusals = [], []
     for make in makers:
@@ -583,15 +571,16 @@ def _trial_configs(
             built.append(make())
         except Exception as err:  # judged below; the build after loading words every other refusal
             refusals.append(err)
-    messages = {str(err) for err in refusals}
     if (
         refusals
         and len(refusals) == len(makers)
-        and len(messages) == 1
+        and len({str(err) for err in refusals}) == 1
         and isinstance(refusals[0], ValueError)
     ):
-        named = set(re.findall(r"[A-Za-z_]\w*", messages.pop())) & _config_field_names(config_class)
-        if named and not named & unknown:
+        # each configuration file defines its own ConfigValueError class (Hub remote code), so read it by its field
+        declared = [getattr(err, "fields", None) for err in refusals]
+        involved = {name for fields in declared for name in fields or ()}
+        if all(declared) and not involved & unknown:
             raise _config_error(refusals[0], flags, what) from refusals[0]
     return built
 
@@ -690,7 +679,7 @@ def check_flags_before_data(args: Arguments) -> None:
     if args.run.eval_iterations and backbone is not None and not hasattr(backbone, "iteration_draws"):
         _refuse_eval_iterations(args, model_type)
     # the supervision fields are the flags', the preset's or the checkpoint's, never the data's
-    configs = _trial_configs(config_class, makers, unknown, flags, what)
+    configs = _trial_configs(makers, unknown, flags, what)
     refusals = []
     for config in configs:
         try:
@@ -899,7 +888,7 @@ def _masked_image_modeling_config(
             _check_preset_name(config_class, m.preset, flags, what)
         # the tokenizer sets both MIM_GRID_FIELDS (a --config value of them must be its, checked after the fit)
         # the supervision fields are the flags', the preset's or the checkpoint's, never the grid's
-        for config in _trial_configs(config_class, [make], set(MIM_GRID_FIELDS), flags, what):
+        for config in _trial_configs([make], set(MIM_GRID_FIELDS), flags, what):
             check_mim_supervision(config)
         return None
     try:
