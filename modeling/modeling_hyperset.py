@@ -6,7 +6,7 @@ weight-tied layers is applied `num_iterations` times; one iteration is a step al
 respect to the normalised projections (not x: no monotone descent is guaranteed, model card), of the
 attention energy E_ATTN = √d_h Σ_h Σ_i logsumexp_j(z_i·z_j/√d_h), z = n(W_hᵀx) (tokens spread out on
 each head's sphere), then one on the feedforward energy E_FF = −½ Σ_i ‖ReLU(n(Dx_i))‖² (tokens align
-with dictionary directions). Step sizes α, γ are predicted per token and channel from an iteration
+with dictionary directions; with a GELU feedforward, the GELU's potential in place of ½ReLU²). Step sizes α, γ are predicted per token and channel from an iteration
 embedding, so the number of iterations can be changed at test time.
 """
 
@@ -980,13 +980,29 @@ class HyperSetAttention(nn.Module):
         return energy, effective_rank, average_angle
 
 
+def relu_potential(u: torch.Tensor) -> torch.Tensor:
+    """½ReLU(u)², elementwise: the potential whose derivative is ReLU(u)."""
+    return 0.5 * F.relu(u).pow(2)
+
+
+def gelu_potential(u: torch.Tensor) -> torch.Tensor:
+    """∫₀ᵘ tΦ(t) dt = ½[(u² − 1)Φ(u) + uϕ(u)] + ¼, elementwise: the potential whose derivative is the exact (erf)
+    GELU uΦ(u) (differentiate: uΦ + ½(u² − 1)ϕ + ½ϕ − ½u²ϕ = uΦ, with ϕ' = −uϕ), 0 at u = 0."""
+    gaussian = torch.exp(-0.5 * u * u) / math.sqrt(2 * math.pi)
+    return 0.5 * ((u * u - 1) * torch.special.ndtr(u) + u * gaussian) + 0.25
+
+
 class HyperSetFeedForward(nn.Module):
-    """Symmetric feedforward act(n_M(Dx)) Dᵀ: the update −Dᵀ ∂E_FF/∂u, u = n_M(Dx), with a tied dictionary D."""
+    """Symmetric feedforward act(n_M(Dx)) Dᵀ: the update −Dᵀ ∂E_FF/∂u, u = n_M(Dx), with a tied dictionary D.
+
+    E_FF = −Σ_i Σ_m P(u_im) with P' = act: ½ReLU(u)² for ReLU (the paper's energy), ∫₀ᵘ tΦ(t) dt for the exact
+    GELU (`gelu_potential`), so the reported energy is the one the update descends for either activation."""
 
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__()
         self.energy_kind = config.feedforward_energy
         self.activation = config_choice(config, "hidden_act", {"relu": nn.ReLU, "gelu": nn.GELU})()
+        self.potential = config_choice(config, "hidden_act", {"relu": relu_potential, "gelu": gelu_potential})
         self.eps = config.rms_norm_eps
         self.dictionary = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.norm = HyperSetRMSNorm(config.intermediate_size, eps=config.rms_norm_eps)
@@ -1006,8 +1022,8 @@ class HyperSetFeedForward(nn.Module):
         )
         if self.energy_kind == "softmax":
             per_token = -projected.logsumexp(-1)
-        else:
-            per_token = -0.5 * self.activation(projected).pow(2).sum(-1)
+        else:  # for ReLU the paper's −½‖ReLU(u)‖² to the bit: scaling by ½ commutes with the rounded sum
+            per_token = -self.potential(projected).sum(-1)
         return (per_token * keep).sum(-1)
 
 
