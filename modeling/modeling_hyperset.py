@@ -111,6 +111,31 @@ class HyperSetTokenClassifierOutput(RecurrentDepthHeadOutput, HyperSetHeadOutput
     pass
 
 
+@dataclass
+class MaskGITDecoderOutput(ModelOutput):
+    """The result of `HyperSetForMaskedImageModeling.decode`.
+
+    codes: `(B, N)` the decoded grid (no [MASK] left). sequences: `(S + 1, B, N)` the grid before the first step and
+    after every step, [MASK] where a code is still open. unmasked: `(S, B, N)` bool, the positions each step fixed.
+    confidences: `(S, B, N)` the probability the model gave the code it sampled at each position that was masked at
+    that step (before MaskGIT's Gumbel noise), 0 elsewhere.
+    """
+
+    codes: torch.LongTensor | None = None
+    sequences: torch.LongTensor | None = None
+    unmasked: torch.BoolTensor | None = None
+    confidences: torch.FloatTensor | None = None
+
+
+@dataclass
+class HyperSetMaskedImageModelingOutput(MaskedLMOutput):
+    """`MaskedLMOutput` (what BEiT's masked-image-modelling head returns: logits over visual-token ids) plus
+    `energies` and `iterations_used`, as the other Hyper-SET outputs."""
+
+    energies: HyperSetEnergies | None = None
+    iterations_used: torch.LongTensor | None = None
+
+
 def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
     """Fixed 1-D position encoding, sin/cos interleaved over channels (Vaswani et al.), `(num_positions, dim)`.
 
@@ -2552,31 +2577,6 @@ def maskgit_schedule(num_masked: torch.Tensor, steps: int, schedule: str = "arcc
         [counts.new_zeros(len(counts), 1), counts.cumsum(-1)[:, :-1]], -1
     )
     return torch.minimum(counts, before.clamp_min(0))
-
-
-@dataclass
-class MaskGITDecoderOutput(ModelOutput):
-    """The result of `HyperSetForMaskedImageModeling.decode`.
-
-    codes: `(B, N)` the decoded grid (no [MASK] left). sequences: `(S + 1, B, N)` the grid before the first step and
-    after every step, [MASK] where a code is still open. unmasked: `(S, B, N)` bool, the positions each step fixed.
-    confidences: `(S, B, N)` the probability the model gave the code it sampled at each position that was masked at
-    that step (before MaskGIT's Gumbel noise), 0 elsewhere.
-    """
-
-    codes: torch.LongTensor | None = None
-    sequences: torch.LongTensor | None = None
-    unmasked: torch.BoolTensor | None = None
-    confidences: torch.FloatTensor | None = None
-
-
-@dataclass
-class HyperSetMaskedImageModelingOutput(MaskedLMOutput):
-    """`MaskedLMOutput` (what BEiT's masked-image-modelling head returns: logits over visual-token ids) plus
-    `energies` and `iterations_used`, as the other Hyper-SET outputs."""
-
-    energies: HyperSetEnergies | None = None
-    iterations_used: torch.LongTensor | None = None
 
 
 def check_masked_image_modeling_head(head: nn.Module, config: PreTrainedConfig) -> None:

@@ -416,17 +416,6 @@ class LoopedTransformerForTokenClassification(LoopedTransformerSequenceHead):
     _output_class = LoopedTransformerTokenClassifierOutput
 
 
-__all__ = [
-    "LoopedTransformerForImageClassification",
-    "LoopedTransformerForSequenceClassification",
-    "LoopedTransformerForTokenClassification",
-    "LoopedTransformerHead",
-    "LoopedTransformerModel",
-    "LoopedTransformerPreTrainedModel",
-    "LoopedTransformerSequenceHead",
-]
-
-
 # ------------------------------------------------------------------------ masked image modelling (Table 2)
 # The baseline's head for the paper's third task, with the contract of `HyperSetForMaskedImageModeling`: code ids
 # in, logits over the codebook out; the checks, the masked cross-entropy and MaskGIT decoding are Hyper-SET's
@@ -495,4 +484,13 @@ class LoopedTransformerForMaskedImageModeling(MaskedImageModelingMixin, LoopedTr
         return output if return_dict else output.to_tuple()
 
 
-__all__ += ["LoopedTransformerForMaskedImageModeling"]
+__all__ = [
+    "LoopedTransformerForImageClassification",
+    "LoopedTransformerForMaskedImageModeling",
+    "LoopedTransformerForSequenceClassification",
+    "LoopedTransformerForTokenClassification",
+    "LoopedTransformerHead",
+    "LoopedTransformerModel",
+    "LoopedTransformerPreTrainedModel",
+    "LoopedTransformerSequenceHead",
+]
