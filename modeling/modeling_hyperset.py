@@ -1508,7 +1508,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             input of another size than `config.image_size` is refused.
         position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
             Sequences only: the row of the position table each token takes (None: 0..N−1), e.g.
-            `(attention_mask.cumsum(-1) - 1).clamp(min=0)` for left-padded inputs (docs/usage.md).
+            `(attention_mask.cumsum(-1) - 1).clamp(min=0)` for left-padded inputs, so each real token keeps its position.
         """
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = (
@@ -2131,7 +2131,7 @@ def check_search_arguments(
 
 def sudoku_boards_valid(input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """`(B,)` bool: the board of given digits (`input_ids` 1-9, 0 = blank) and predicted digits on the blanks
-    (`logits` `(B, 81, 9)`, class k = digit k + 1, training/sudoku.py's encoding) has every row, column and box
+    (`logits` `(B, 81, 9)`, class k = digit k + 1) has every row, column and box
     a permutation of 1-9. The givens are kept, so a valid board is consistent with them."""
     board = torch.where(input_ids > 0, input_ids.long(), logits.argmax(-1) + 1).view(-1, 9, 9)  # (B, 9, 9)
     boxes = board.view(-1, 3, 3, 3, 3).transpose(2, 3).reshape(-1, 9, 9)  # (B, box, cell of the box)
@@ -2156,7 +2156,7 @@ def _check_sudoku(head: PreTrainedModel, backbone_inputs: dict) -> torch.Tensor:
         raise ValueError(
             "search_selector='sudoku' needs a Sudoku token-classification call: a ForTokenClassification head "
             "with num_labels=9 (class k = digit k + 1) and input_ids of shape (batch, 81) with 0 = blank and 1-9 "
-            f"= given digits (training/sudoku.py); got {type(head).__name__}, num_labels={head.config.num_labels}, "
+            f"= given digits; got {type(head).__name__}, num_labels={head.config.num_labels}, "
             f"input_ids shape {shape}."
         )
     return input_ids
