@@ -652,6 +652,19 @@ class HyperSetEmbeddings(nn.Module):
         return tokens + self.position_encoding[:, :length].to(tokens.dtype), keep
 
 
+def initialize_embeddings(module: HyperSetEmbeddings) -> None:
+    """`_init_weights` of `HyperSetEmbeddings`, in Hyper-SET and in the looped baseline (which embeds as Hyper-SET):
+    the CLS token N(0, 1), and the fixed position table rebuilt."""
+    if config_choice(module.config, "input_type", {"image": True, "sequence": False}):
+        init.normal_(module.cls_token, mean=0.0, std=1.0)  # N(0, 1) as in the authors' code
+    if module.position_encoding is not None:
+        # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
+        # the table the config names (1-D sinusoid, or the row/column table of "sincos-2d")
+        init.copy_(
+            module.position_encoding, fixed_positions(module.config, module.position_encoding.shape[1])
+        )
+
+
 def check_initial_state(initial_state: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
     """`initial_state` checked against the embedding output `(B, N, d)` it replaces, in the model's dtype."""
     if not isinstance(initial_state, torch.Tensor) or initial_state.shape != embedded.shape:
@@ -1329,14 +1342,7 @@ class HyperSetPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
         elif isinstance(module, HyperSetStepSizes) and hasattr(module, "condition"):
             init.zeros_(module.condition)
         elif isinstance(module, HyperSetEmbeddings):
-            if config_choice(module.config, "input_type", {"image": True, "sequence": False}):
-                init.normal_(module.cls_token, mean=0.0, std=1.0)  # N(0, 1) as in the authors' code
-            if module.position_encoding is not None:
-                # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
-                init.copy_(
-                    module.position_encoding,
-                    fixed_positions(module.config, module.position_encoding.shape[1]),
-                )
+            initialize_embeddings(module)
 
 
 # ------------------------------------------------------------------------ depth schedule
@@ -2380,6 +2386,19 @@ class RecurrentDepthHeadMixin:
         arguments = (logits, labels) if self._per_token else (labels, logits)
         return self.loss_function(*arguments, self.config)
 
+    def _build_head(self, config: PreTrainedConfig) -> None:
+        """The modules after the backbone, one structure for both models so a side-by-side pair differs in the trunk
+        only: the classifier norm (`classifier_norm`) → Linear (bias: `classifier_bias`; `nn.Identity()` when
+        num_labels == 0), and the halting classifier of the supervision steps (`config.halting_head`)."""
+        self.layernorm = classifier_norm_layer(config)
+        self.classifier = (
+            nn.Linear(config.hidden_size, config.num_labels, bias=config.classifier_bias)
+            if config.num_labels > 0
+            else nn.Identity()
+        )
+        # "is this step's answer complete and correct?" on the normed pooled state
+        self.halting_classifier = nn.Linear(config.hidden_size, 1) if config.halting_head else None
+
 
 def classifier_norm_layer(config: HyperSetConfig) -> nn.Module:
     """The norm before the classifier: LayerNorm (the paper's image models) or RMSNorm (their Sudoku model)."""
@@ -2402,14 +2421,7 @@ class HyperSetHead(RecurrentDepthHeadMixin, HyperSetPreTrainedModel):
         super().__init__(config)
         check_head_input_type(self, config.input_type, self._input_type)
         self.hyperset = HyperSetModel(config)
-        self.layernorm = classifier_norm_layer(config)
-        self.classifier = (
-            nn.Linear(config.hidden_size, config.num_labels, bias=config.classifier_bias)
-            if config.num_labels > 0
-            else nn.Identity()
-        )
-        # "is this step's answer complete and correct?" on the normed pooled state (config.halting_head)
-        self.halting_classifier = nn.Linear(config.hidden_size, 1) if config.halting_head else None
+        self._build_head(config)
         self.post_init()
 
 
@@ -2592,11 +2604,41 @@ def check_masked_image_modeling_head(head: nn.Module, config: PreTrainedConfig) 
 
 
 class MaskedImageModelingMixin:
-    """What the masked-image-modelling heads of Hyper-SET and of the looped baseline share, read through their
-    `code_head` (Linear(d, K)) and `self(...)` alone: K and [MASK], the masked cross-entropy and MaskGIT decoding —
-    one implementation for both models of a side-by-side run."""
+    """What the masked-image-modelling heads of Hyper-SET and of the looped baseline share: the modules after the
+    backbone, the `forward` (`predict_codes`), K and [MASK], the masked cross-entropy and MaskGIT decoding — one
+    implementation for both models of a side-by-side run. A head sets its output class and the backbone output
+    fields it passes on, builds its backbone under `base_model_prefix`, then calls `_build_code_head`."""
 
     code_head: nn.Linear
+    _output_class: type[MaskedLMOutput]
+    _backbone_output_fields: tuple[str, ...] = ()
+
+    def _build_code_head(self, config: PreTrainedConfig) -> None:
+        """The modules after the backbone: the classifier norm (`classifier_norm`) → Linear(d, K) (bias:
+        `classifier_bias`)."""
+        self.layernorm = classifier_norm_layer(config)
+        # K = vocab_size − 1 outputs: [MASK] is an input id only, never a prediction. Its own name (not the
+        # classification heads' `classifier`, not `lm_head`, which transformers resizes with the vocabulary): a
+        # classifier checkpoint loads its backbone here with a fresh code head, as into any other head
+        self.code_head = nn.Linear(config.hidden_size, config.vocab_size - 1, bias=config.classifier_bias)
+
+    def predict_codes(
+        self, labels: torch.Tensor | None, return_dict: bool | None, **backbone_inputs: object
+    ) -> MaskedLMOutput | tuple:
+        """The backbone on `backbone_inputs`, logits `(B, N, K)` over the codes at every position, and the masked
+        cross-entropy of `labels`: what each head's `forward` hands over, as the classification heads' `classify`."""
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = getattr(self, self.base_model_prefix)(**backbone_inputs, return_dict=True)
+        logits = self.code_head(self.layernorm(outputs.last_hidden_state))  # (B, N, K)
+        loss = None if labels is None else self._masked_loss(logits, labels)
+        output = self._output_class(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            **{name: getattr(outputs, name) for name in self._backbone_output_fields},
+        )
+        return output if return_dict else output.to_tuple()
 
     @property
     def codebook_size(self) -> int:
@@ -2734,16 +2776,14 @@ class HyperSetForMaskedImageModeling(MaskedImageModelingMixin, HyperSetPreTraine
     """
 
     main_input_name = "input_ids"
+    _output_class = HyperSetMaskedImageModelingOutput
+    _backbone_output_fields = ("energies", "iterations_used")
 
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__(config)
         check_masked_image_modeling_head(self, config)
         self.hyperset = HyperSetModel(config)
-        self.layernorm = classifier_norm_layer(config)
-        # K = vocab_size − 1 outputs: [MASK] is an input id only, never a prediction. Its own name (not the
-        # classification heads' `classifier`, not `lm_head`, which transformers resizes with the vocabulary): a
-        # classifier checkpoint loads its backbone here with a fresh code head, as into any other head
-        self.code_head = nn.Linear(config.hidden_size, config.vocab_size - 1, bias=config.classifier_bias)
+        self._build_code_head(config)
         self.post_init()
 
     def forward(
@@ -2767,8 +2807,9 @@ class HyperSetForMaskedImageModeling(MaskedImageModelingMixin, HyperSetPreTraine
             The true code of every position where the loss is taken (the masked ones), −100 elsewhere; the loss is
             the mean cross-entropy over those positions (0 where there are none).
         """
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.hyperset(
+        return self.predict_codes(
+            labels,
+            return_dict,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
@@ -2779,19 +2820,7 @@ class HyperSetForMaskedImageModeling(MaskedImageModelingMixin, HyperSetPreTraine
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_energies=output_energies,
-            return_dict=True,
         )
-        logits = self.code_head(self.layernorm(outputs.last_hidden_state))  # (B, N, K)
-        loss = None if labels is None else self._masked_loss(logits, labels)
-        output = HyperSetMaskedImageModelingOutput(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            energies=outputs.energies,
-            iterations_used=outputs.iterations_used,
-        )
-        return output if return_dict else output.to_tuple()
 
 
 __all__ = [
