@@ -2513,7 +2513,7 @@ class HyperSetSequenceHead(HyperSetHead):
         search_seed: int | None = None,
         search_selector: str | None = None,
         position_ids: torch.Tensor | None = None,
-    ) -> ModelOutput | tuple:
+    ) -> HyperSetSequenceClassifierOutput | HyperSetTokenClassifierOutput | tuple:
         r"""
         The depth arguments, `halting_threshold` and the `search_*` arguments of test-time search are those of
         `HyperSetForImageClassification.forward`; `position_ids` is that of `HyperSetModel.forward`.

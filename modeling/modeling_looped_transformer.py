@@ -314,7 +314,7 @@ class LoopedTransformerForImageClassification(LoopedTransformerHead):
         search_seed: int | None = None,
         search_selector: str | None = None,
         interpolate_pos_encoding: bool | None = None,
-    ) -> ImageClassifierOutput | tuple:
+    ) -> LoopedTransformerImageClassifierOutput | tuple:
         r"""
         halting_threshold, the `search_*` arguments and `interpolate_pos_encoding`: as
         `HyperSetForImageClassification.forward` (the baseline has no energy: the selector defaults to
@@ -361,7 +361,7 @@ class LoopedTransformerSequenceHead(LoopedTransformerHead):
         search_seed: int | None = None,
         search_selector: str | None = None,
         position_ids: torch.Tensor | None = None,
-    ) -> ModelOutput | tuple:
+    ) -> LoopedTransformerSequenceClassifierOutput | LoopedTransformerTokenClassifierOutput | tuple:
         r"""
         halting_threshold and the `search_*` arguments: as `HyperSetForImageClassification.forward` (the baseline
         has no energy: the selector defaults to `"confidence"`, and `"energy"` is refused); `position_ids`: as
