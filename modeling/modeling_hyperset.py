@@ -1441,6 +1441,31 @@ class RecurrentDepthMixin:
         return torch.no_grad() if layer_index * num_iterations + t < frozen else contextlib.nullcontext()
 
 
+@dataclass
+class _CallSettings:
+    """One `HyperSetModel.forward` call's settings: the arguments with the config's defaults, checked."""
+
+    num_iterations: int
+    backprop_iterations: int
+    halting: tuple[float, str] | None  # (tolerance, criterion) when this call halts adaptively
+    output_attentions: bool
+    output_hidden_states: bool
+    output_energies: bool
+    return_dict: bool
+
+
+@dataclass
+class _LayerInputs:
+    """What every iteration of every layer reads beside the state, fixed for one forward."""
+
+    embedded: torch.Tensor  # x₀, the embedding output
+    keep: torch.Tensor | None  # (B, N) bool, None without padding
+    real_tokens: torch.Tensor  # (B, N) float: 1 for a real token, 0 for padding
+    iteration_conditions: torch.Tensor  # (T, …) the condition of each iteration
+    fixed_step_sizes: torch.Tensor | None  # [α | γ] (B, N, 2d) where they do not change over iterations
+    on_input: bool  # the step sizes read x₀ (`step_size_condition="input"`), else the state
+
+
 class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
     """The Hyper-SET backbone: embeddings, then L weight-tied layers iterated T times (`RecurrentDepthMixin`).
 
@@ -1516,22 +1541,17 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             Sequences only: the row of the position table each token takes (None: 0..N−1), e.g.
             `(attention_mask.cumsum(-1) - 1).clamp(min=0)` for left-padded inputs, so each real token keeps its position.
         """
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        output_hidden_states = (
-            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        )
-        output_energies = bool(output_energies)
-        return_dict = self.config.return_dict if return_dict is None else return_dict
         pixel_values, input_ids = route_main_input(self.config, pixel_values, input_ids)
-        num_iterations = self._num_iterations(num_iterations)
-        backprop_iterations = self._backprop_iterations(backprop_iterations, num_iterations)
-        halting = self._halting(halting_tolerance, halting_criterion)
-        if halting is not None and (output_attentions or output_hidden_states or output_energies):
-            raise ValueError(
-                "halting_tolerance cannot be combined with output_attentions, output_hidden_states or "
-                "output_energies (samples stop at different iterations); pass a fixed num_iterations instead."
-            )
-
+        settings = self._call_settings(
+            num_iterations,
+            backprop_iterations,
+            halting_tolerance,
+            halting_criterion,
+            output_attentions,
+            output_hidden_states,
+            output_energies,
+            return_dict,
+        )
         embedded, keep = self.embeddings(
             pixel_values=pixel_values,
             input_ids=input_ids,
@@ -1540,71 +1560,42 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             interpolate_pos_encoding=bool(interpolate_pos_encoding),
             position_ids=position_ids,
         )
-        # read once per forward, not per iteration: the step sizes' condition x₀ (the input) or the state
-        on_input = config_choice(self.config, "step_size_condition", {"current": False, "input": True})
-        hidden_states = self._starting_state(embedded, initial_state, on_input)
-        real_tokens = (
-            torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep.float()
+        hidden_states, inputs = self._layer_inputs(embedded, keep, initial_state, settings.num_iterations)
+        warn_if_maps_need_eager(self.config, settings.output_attentions)
+        all_hidden_states = (hidden_states,) if settings.output_hidden_states else None
+        all_attentions = () if settings.output_attentions else None
+        first_token = inputs.real_tokens[:, 0]  # (B,)
+        iterations_used = (
+            None if settings.halting is None else torch.zeros_like(first_token, dtype=torch.long)
         )
-        iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
-        warn_if_maps_need_eager(self.config, output_attentions)
-        fixed_step_sizes = None  # [α | γ] once per forward where they do not change over iterations
-        if HyperSetStepSizes.constant_over_iterations(self.config):
-            fixed_step_sizes = self.step_sizes.project(iteration_conditions[0], embedded)  # (B, N, 2d)
-        all_hidden_states = (hidden_states,) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        iterations_used = None if halting is None else torch.zeros_like(real_tokens[:, 0], dtype=torch.long)
         per_layer_diagnostics = []
-        final_energy = torch.zeros_like(real_tokens[:, 0]) if output_final_energy else None
+        final_energy = torch.zeros_like(first_token) if output_final_energy else None
         for index, layer in enumerate(self.layers):
             # x₀ of the anchor energy: the state entering this layer; for the first layer the embedded input, also
             # when the iterations start from an `initial_state` (the anchor keeps tying the state to the input).
             # A compiled region must not receive an unused tensor that aliases another input (torch.compile then
             # reuses the traced iteration with its inputs shifted), so without an anchor energy it is None.
             anchor = (embedded if index == 0 else hidden_states) if self.config.input_anchor else None
-            if halting is not None:
+            if settings.halting is not None:
                 hidden_states, used = self._iterate_until_halted(
-                    layer,
-                    hidden_states,
-                    embedded,
-                    anchor,
-                    keep,
-                    real_tokens,
-                    iteration_conditions,
-                    fixed_step_sizes,
-                    on_input,
-                    *halting,
+                    layer, hidden_states, anchor, inputs, *settings.halting
                 )
                 iterations_used += used
             else:
                 hidden_states, states, maps, diagnostics = self._iterate_layer(
-                    index,
-                    layer,
-                    hidden_states,
-                    embedded,
-                    anchor,
-                    keep,
-                    real_tokens,
-                    iteration_conditions,
-                    fixed_step_sizes,
-                    on_input,
-                    num_iterations,
-                    backprop_iterations,
-                    output_attentions,
-                    output_hidden_states,
-                    output_energies,
+                    index, layer, hidden_states, anchor, inputs, settings
                 )
-                if output_hidden_states:
+                if settings.output_hidden_states:
                     all_hidden_states += states
-                if output_attentions:
+                if settings.output_attentions:
                     all_attentions += maps
-                if output_energies:
+                if settings.output_energies:
                     per_layer_diagnostics.append(diagnostics)
             if output_final_energy:
-                final_energy = final_energy + self._energy(layer, hidden_states, real_tokens)
+                final_energy = final_energy + self._energy(layer, hidden_states, inputs.real_tokens)
 
         energies = None
-        if output_energies:
+        if settings.output_energies:
             energies = HyperSetEnergies(
                 *(torch.stack(values, dim=1) for values in zip(*per_layer_diagnostics))  # (B, L, T + 1[, H])
             )
@@ -1617,7 +1608,61 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             iterations_used=iterations_used,
             final_energy=final_energy,
         )
-        return output if return_dict else output.to_tuple()
+        return output if settings.return_dict else output.to_tuple()
+
+    def _call_settings(
+        self,
+        num_iterations: int | None,
+        backprop_iterations: int | None,
+        halting_tolerance: float | None,
+        halting_criterion: str | None,
+        output_attentions: bool | None,
+        output_hidden_states: bool | None,
+        output_energies: bool | None,
+        return_dict: bool | None,
+    ) -> _CallSettings:
+        """The call's arguments with the config's defaults, checked before anything runs."""
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = (
+            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        )
+        num_iterations = self._num_iterations(num_iterations)
+        halting = self._halting(halting_tolerance, halting_criterion)
+        if halting is not None and (output_attentions or output_hidden_states or output_energies):
+            raise ValueError(
+                "halting_tolerance cannot be combined with output_attentions, output_hidden_states or "
+                "output_energies (samples stop at different iterations); pass a fixed num_iterations instead."
+            )
+        return _CallSettings(
+            num_iterations=num_iterations,
+            backprop_iterations=self._backprop_iterations(backprop_iterations, num_iterations),
+            halting=halting,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            output_energies=bool(output_energies),
+            return_dict=self.config.return_dict if return_dict is None else return_dict,
+        )
+
+    def _layer_inputs(
+        self,
+        embedded: torch.Tensor,
+        keep: torch.Tensor | None,
+        initial_state: torch.Tensor | None,
+        num_iterations: int,
+    ) -> tuple[torch.Tensor, _LayerInputs]:
+        """The state the first iteration starts from, and what every iteration of every layer reads beside it."""
+        # read once per forward, not per iteration: the step sizes' condition x₀ (the input) or the state
+        on_input = config_choice(self.config, "step_size_condition", {"current": False, "input": True})
+        hidden_states = self._starting_state(embedded, initial_state, on_input)
+        real_tokens = (
+            torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep.float()
+        )
+        iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
+        fixed_step_sizes = None  # [α | γ] once per forward where they do not change over iterations
+        if HyperSetStepSizes.constant_over_iterations(self.config):
+            fixed_step_sizes = self.step_sizes.project(iteration_conditions[0], embedded)  # (B, N, 2d)
+        inputs = _LayerInputs(embedded, keep, real_tokens, iteration_conditions, fixed_step_sizes, on_input)
+        return hidden_states, inputs
 
     def _starting_state(
         self, embedded: torch.Tensor, initial_state: torch.Tensor | None, on_input: bool
@@ -1637,46 +1682,43 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         index: int,
         layer: HyperSetLayer,
         hidden_states: torch.Tensor,
-        embedded: torch.Tensor,
         anchor: torch.Tensor | None,
-        keep: torch.Tensor | None,
-        real_tokens: torch.Tensor,
-        iteration_conditions: torch.Tensor,
-        fixed_step_sizes: torch.Tensor | None,
-        on_input: bool,
-        num_iterations: int,
-        backprop_iterations: int,
-        output_attentions: bool,
-        output_hidden_states: bool,
-        output_energies: bool,
+        inputs: _LayerInputs,
+        settings: _CallSettings,
     ) -> tuple[torch.Tensor, tuple, tuple, list[torch.Tensor] | None]:
-        """Layer `index` iterated T = `num_iterations` times: the last state, the states after each
+        """Layer `index` iterated T = `settings.num_iterations` times: the last state, the states after each
         iteration and the attention maps (empty unless asked for), and the energy diagnostics for t = 0..T stacked
         along dim 1 (None unless asked for)."""
         states, maps = (), ()
-        records = [self._diagnostics(layer, hidden_states, real_tokens)] if output_energies else None
+        num_iterations, real_tokens = settings.num_iterations, inputs.real_tokens
+        records = [self._diagnostics(layer, hidden_states, real_tokens)] if settings.output_energies else None
         for t in range(num_iterations):
-            source = embedded if on_input else hidden_states
-            source = None if fixed_step_sizes is not None else source  # [α | γ] given: not read
+            source = inputs.embedded if inputs.on_input else hidden_states
+            source = None if inputs.fixed_step_sizes is not None else source  # [α | γ] given: not read
             # truncated backpropagation through depth: only the last k of the L·T iterations build a graph
-            with self._iteration_grad(index, t, num_iterations, backprop_iterations, len(self.layers)):
+            with self._iteration_grad(
+                index, t, num_iterations, settings.backprop_iterations, len(self.layers)
+            ):
+                # positional: gradient checkpointing (reentrant) differentiates the positional tensors only
                 hidden_states, probs = layer(
                     hidden_states,
-                    iteration_conditions[t],
+                    inputs.iteration_conditions[t],
                     source,
                     self.step_sizes,
-                    keep,
+                    inputs.keep,
                     anchor,
-                    output_attentions,
-                    fixed_step_sizes,
+                    settings.output_attentions,
+                    inputs.fixed_step_sizes,
                 )
-            if output_hidden_states:
+            if settings.output_hidden_states:
                 states += (hidden_states,)
-            if output_attentions:
+            if settings.output_attentions:
                 maps += (probs,)
-            if output_energies:
+            if settings.output_energies:
                 records.append(self._diagnostics(layer, hidden_states, real_tokens))
-        diagnostics = [torch.stack(values, dim=1) for values in zip(*records)] if output_energies else None
+        diagnostics = (
+            [torch.stack(values, dim=1) for values in zip(*records)] if records is not None else None
+        )
         return hidden_states, states, maps, diagnostics
 
     def _halting(self, tolerance: float | None, criterion: str | None) -> tuple[float, str] | None:
@@ -1696,13 +1738,8 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         self,
         layer: HyperSetLayer,
         hidden_states: torch.Tensor,
-        embedded: torch.Tensor,
         anchor: torch.Tensor | None,
-        keep: torch.Tensor | None,
-        real_tokens: torch.Tensor,
-        iteration_conditions: torch.Tensor,
-        fixed_step_sizes: torch.Tensor | None,
-        on_input: bool,
+        inputs: _LayerInputs,
         tolerance: float,
         criterion: str,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1716,10 +1753,11 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         batch = hidden_states.shape[0]
         active = torch.arange(batch, device=hidden_states.device)  # samples still iterating
         used = torch.zeros(batch, dtype=torch.long, device=hidden_states.device)
-        energy = self._energy(layer, hidden_states, real_tokens) if criterion == "energy" else None
-        for condition in iteration_conditions:
-            current, tokens = hidden_states[active], real_tokens[active]  # (A, N, d), (A, N)
-            source = embedded[active] if on_input else current
+        keep, fixed_step_sizes = inputs.keep, inputs.fixed_step_sizes
+        energy = self._energy(layer, hidden_states, inputs.real_tokens) if criterion == "energy" else None
+        for condition in inputs.iteration_conditions:
+            current, tokens = hidden_states[active], inputs.real_tokens[active]  # (A, N, d), (A, N)
+            source = inputs.embedded[active] if inputs.on_input else current
             updated, _ = layer(
                 current,
                 condition,
