@@ -6,7 +6,7 @@ weight-tied layers is applied `num_iterations` times; one iteration is a step al
 respect to the normalised projections (not x: no monotone descent is guaranteed, model card), of the
 attention energy E_ATTN = √d_h Σ_h Σ_i logsumexp_j(z_i·z_j/√d_h), z = n(W_hᵀx) (tokens spread out on
 each head's sphere), then one on the feedforward energy E_FF = −½ Σ_i ‖ReLU(n(Dx_i))‖² (tokens align
-with dictionary directions). Step sizes α, γ are predicted per token and channel from an iteration
+with dictionary directions; with a GELU feedforward, the GELU's potential in place of ½ReLU²). Step sizes α, γ are predicted per token and channel from an iteration
 embedding, so the number of iterations can be changed at test time.
 """
 
@@ -109,6 +109,31 @@ class HyperSetSequenceClassifierOutput(
 @dataclass
 class HyperSetTokenClassifierOutput(RecurrentDepthHeadOutput, HyperSetHeadOutput, TokenClassifierOutput):
     pass
+
+
+@dataclass
+class MaskGITDecoderOutput(ModelOutput):
+    """The result of `HyperSetForMaskedImageModeling.decode`.
+
+    codes: `(B, N)` the decoded grid (no [MASK] left). sequences: `(S + 1, B, N)` the grid before the first step and
+    after every step, [MASK] where a code is still open. unmasked: `(S, B, N)` bool, the positions each step fixed.
+    confidences: `(S, B, N)` the probability the model gave the code it sampled at each position that was masked at
+    that step (before MaskGIT's Gumbel noise), 0 elsewhere.
+    """
+
+    codes: torch.LongTensor | None = None
+    sequences: torch.LongTensor | None = None
+    unmasked: torch.BoolTensor | None = None
+    confidences: torch.FloatTensor | None = None
+
+
+@dataclass
+class HyperSetMaskedImageModelingOutput(MaskedLMOutput):
+    """`MaskedLMOutput` (what BEiT's masked-image-modelling head returns: logits over visual-token ids) plus
+    `energies` and `iterations_used`, as the other Hyper-SET outputs."""
+
+    energies: HyperSetEnergies | None = None
+    iterations_used: torch.LongTensor | None = None
 
 
 def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
@@ -627,6 +652,19 @@ class HyperSetEmbeddings(nn.Module):
         return tokens + self.position_encoding[:, :length].to(tokens.dtype), keep
 
 
+def initialize_embeddings(module: HyperSetEmbeddings) -> None:
+    """`_init_weights` of `HyperSetEmbeddings`, in Hyper-SET and in the looped baseline (which embeds as Hyper-SET):
+    the CLS token N(0, 1), and the fixed position table rebuilt."""
+    if config_choice(module.config, "input_type", {"image": True, "sequence": False}):
+        init.normal_(module.cls_token, mean=0.0, std=1.0)  # N(0, 1) as in the authors' code
+    if module.position_encoding is not None:
+        # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
+        # the table the config names (1-D sinusoid, or the row/column table of "sincos-2d")
+        init.copy_(
+            module.position_encoding, fixed_positions(module.config, module.position_encoding.shape[1])
+        )
+
+
 def check_initial_state(initial_state: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
     """`initial_state` checked against the embedding output `(B, N, d)` it replaces, in the model's dtype."""
     if not isinstance(initial_state, torch.Tensor) or initial_state.shape != embedded.shape:
@@ -980,13 +1018,29 @@ class HyperSetAttention(nn.Module):
         return energy, effective_rank, average_angle
 
 
+def relu_potential(u: torch.Tensor) -> torch.Tensor:
+    """½ReLU(u)², elementwise: the potential whose derivative is ReLU(u)."""
+    return 0.5 * F.relu(u).pow(2)
+
+
+def gelu_potential(u: torch.Tensor) -> torch.Tensor:
+    """∫₀ᵘ tΦ(t) dt = ½[(u² − 1)Φ(u) + uϕ(u)] + ¼, elementwise: the potential whose derivative is the exact (erf)
+    GELU uΦ(u) (differentiate: uΦ + ½(u² − 1)ϕ + ½ϕ − ½u²ϕ = uΦ, with ϕ' = −uϕ), 0 at u = 0."""
+    gaussian = torch.exp(-0.5 * u * u) / math.sqrt(2 * math.pi)
+    return 0.5 * ((u * u - 1) * torch.special.ndtr(u) + u * gaussian) + 0.25
+
+
 class HyperSetFeedForward(nn.Module):
-    """Symmetric feedforward act(n_M(Dx)) Dᵀ: the update −Dᵀ ∂E_FF/∂u, u = n_M(Dx), with a tied dictionary D."""
+    """Symmetric feedforward act(n_M(Dx)) Dᵀ: the update −Dᵀ ∂E_FF/∂u, u = n_M(Dx), with a tied dictionary D.
+
+    E_FF = −Σ_i Σ_m P(u_im) with P' = act: ½ReLU(u)² for ReLU (the paper's energy), ∫₀ᵘ tΦ(t) dt for the exact
+    GELU (`gelu_potential`), so the reported energy is the one the update descends for either activation."""
 
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__()
         self.energy_kind = config.feedforward_energy
         self.activation = config_choice(config, "hidden_act", {"relu": nn.ReLU, "gelu": nn.GELU})()
+        self.potential = config_choice(config, "hidden_act", {"relu": relu_potential, "gelu": gelu_potential})
         self.eps = config.rms_norm_eps
         self.dictionary = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.norm = HyperSetRMSNorm(config.intermediate_size, eps=config.rms_norm_eps)
@@ -1006,8 +1060,8 @@ class HyperSetFeedForward(nn.Module):
         )
         if self.energy_kind == "softmax":
             per_token = -projected.logsumexp(-1)
-        else:
-            per_token = -0.5 * self.activation(projected).pow(2).sum(-1)
+        else:  # for ReLU the paper's −½‖ReLU(u)‖² to the bit: scaling by ½ commutes with the rounded sum
+            per_token = -self.potential(projected).sum(-1)
         return (per_token * keep).sum(-1)
 
 
@@ -1288,14 +1342,7 @@ class HyperSetPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
         elif isinstance(module, HyperSetStepSizes) and hasattr(module, "condition"):
             init.zeros_(module.condition)
         elif isinstance(module, HyperSetEmbeddings):
-            if config_choice(module.config, "input_type", {"image": True, "sequence": False}):
-                init.normal_(module.cls_token, mean=0.0, std=1.0)  # N(0, 1) as in the authors' code
-            if module.position_encoding is not None:
-                # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
-                init.copy_(
-                    module.position_encoding,
-                    fixed_positions(module.config, module.position_encoding.shape[1]),
-                )
+            initialize_embeddings(module)
 
 
 # ------------------------------------------------------------------------ depth schedule
@@ -1394,6 +1441,31 @@ class RecurrentDepthMixin:
         return torch.no_grad() if layer_index * num_iterations + t < frozen else contextlib.nullcontext()
 
 
+@dataclass
+class _CallSettings:
+    """One `HyperSetModel.forward` call's settings: the arguments with the config's defaults, checked."""
+
+    num_iterations: int
+    backprop_iterations: int
+    halting: tuple[float, str] | None  # (tolerance, criterion) when this call halts adaptively
+    output_attentions: bool
+    output_hidden_states: bool
+    output_energies: bool
+    return_dict: bool
+
+
+@dataclass
+class _LayerInputs:
+    """What every iteration of every layer reads beside the state, fixed for one forward."""
+
+    embedded: torch.Tensor  # x₀, the embedding output
+    keep: torch.Tensor | None  # (B, N) bool, None without padding
+    real_tokens: torch.Tensor  # (B, N) float: 1 for a real token, 0 for padding
+    iteration_conditions: torch.Tensor  # (T, …) the condition of each iteration
+    fixed_step_sizes: torch.Tensor | None  # [α | γ] (B, N, 2d) where they do not change over iterations
+    on_input: bool  # the step sizes read x₀ (`step_size_condition="input"`), else the state
+
+
 class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
     """The Hyper-SET backbone: embeddings, then L weight-tied layers iterated T times (`RecurrentDepthMixin`).
 
@@ -1467,24 +1539,19 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             input of another size than `config.image_size` is refused.
         position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
             Sequences only: the row of the position table each token takes (None: 0..N−1), e.g.
-            `(attention_mask.cumsum(-1) - 1).clamp(min=0)` for left-padded inputs (docs/usage.md).
+            `(attention_mask.cumsum(-1) - 1).clamp(min=0)` for left-padded inputs, so each real token keeps its position.
         """
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        output_hidden_states = (
-            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        )
-        output_energies = bool(output_energies)
-        return_dict = self.config.return_dict if return_dict is None else return_dict
         pixel_values, input_ids = route_main_input(self.config, pixel_values, input_ids)
-        num_iterations = self._num_iterations(num_iterations)
-        backprop_iterations = self._backprop_iterations(backprop_iterations, num_iterations)
-        halting = self._halting(halting_tolerance, halting_criterion)
-        if halting is not None and (output_attentions or output_hidden_states or output_energies):
-            raise ValueError(
-                "halting_tolerance cannot be combined with output_attentions, output_hidden_states or "
-                "output_energies (samples stop at different iterations); pass a fixed num_iterations instead."
-            )
-
+        settings = self._call_settings(
+            num_iterations,
+            backprop_iterations,
+            halting_tolerance,
+            halting_criterion,
+            output_attentions,
+            output_hidden_states,
+            output_energies,
+            return_dict,
+        )
         embedded, keep = self.embeddings(
             pixel_values=pixel_values,
             input_ids=input_ids,
@@ -1493,71 +1560,42 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             interpolate_pos_encoding=bool(interpolate_pos_encoding),
             position_ids=position_ids,
         )
-        # read once per forward, not per iteration: the step sizes' condition x₀ (the input) or the state
-        on_input = config_choice(self.config, "step_size_condition", {"current": False, "input": True})
-        hidden_states = self._starting_state(embedded, initial_state, on_input)
-        real_tokens = (
-            torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep.float()
+        hidden_states, inputs = self._layer_inputs(embedded, keep, initial_state, settings.num_iterations)
+        warn_if_maps_need_eager(self.config, settings.output_attentions)
+        all_hidden_states = (hidden_states,) if settings.output_hidden_states else None
+        all_attentions = () if settings.output_attentions else None
+        first_token = inputs.real_tokens[:, 0]  # (B,)
+        iterations_used = (
+            None if settings.halting is None else torch.zeros_like(first_token, dtype=torch.long)
         )
-        iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
-        warn_if_maps_need_eager(self.config, output_attentions)
-        fixed_step_sizes = None  # [α | γ] once per forward where they do not change over iterations
-        if HyperSetStepSizes.constant_over_iterations(self.config):
-            fixed_step_sizes = self.step_sizes.project(iteration_conditions[0], embedded)  # (B, N, 2d)
-        all_hidden_states = (hidden_states,) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        iterations_used = None if halting is None else torch.zeros_like(real_tokens[:, 0], dtype=torch.long)
         per_layer_diagnostics = []
-        final_energy = torch.zeros_like(real_tokens[:, 0]) if output_final_energy else None
+        final_energy = torch.zeros_like(first_token) if output_final_energy else None
         for index, layer in enumerate(self.layers):
             # x₀ of the anchor energy: the state entering this layer; for the first layer the embedded input, also
             # when the iterations start from an `initial_state` (the anchor keeps tying the state to the input).
             # A compiled region must not receive an unused tensor that aliases another input (torch.compile then
             # reuses the traced iteration with its inputs shifted), so without an anchor energy it is None.
             anchor = (embedded if index == 0 else hidden_states) if self.config.input_anchor else None
-            if halting is not None:
+            if settings.halting is not None:
                 hidden_states, used = self._iterate_until_halted(
-                    layer,
-                    hidden_states,
-                    embedded,
-                    anchor,
-                    keep,
-                    real_tokens,
-                    iteration_conditions,
-                    fixed_step_sizes,
-                    on_input,
-                    *halting,
+                    layer, hidden_states, anchor, inputs, *settings.halting
                 )
                 iterations_used += used
             else:
                 hidden_states, states, maps, diagnostics = self._iterate_layer(
-                    index,
-                    layer,
-                    hidden_states,
-                    embedded,
-                    anchor,
-                    keep,
-                    real_tokens,
-                    iteration_conditions,
-                    fixed_step_sizes,
-                    on_input,
-                    num_iterations,
-                    backprop_iterations,
-                    output_attentions,
-                    output_hidden_states,
-                    output_energies,
+                    index, layer, hidden_states, anchor, inputs, settings
                 )
-                if output_hidden_states:
+                if settings.output_hidden_states:
                     all_hidden_states += states
-                if output_attentions:
+                if settings.output_attentions:
                     all_attentions += maps
-                if output_energies:
+                if settings.output_energies:
                     per_layer_diagnostics.append(diagnostics)
             if output_final_energy:
-                final_energy = final_energy + self._energy(layer, hidden_states, real_tokens)
+                final_energy = final_energy + self._energy(layer, hidden_states, inputs.real_tokens)
 
         energies = None
-        if output_energies:
+        if settings.output_energies:
             energies = HyperSetEnergies(
                 *(torch.stack(values, dim=1) for values in zip(*per_layer_diagnostics))  # (B, L, T + 1[, H])
             )
@@ -1570,7 +1608,61 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             iterations_used=iterations_used,
             final_energy=final_energy,
         )
-        return output if return_dict else output.to_tuple()
+        return output if settings.return_dict else output.to_tuple()
+
+    def _call_settings(
+        self,
+        num_iterations: int | None,
+        backprop_iterations: int | None,
+        halting_tolerance: float | None,
+        halting_criterion: str | None,
+        output_attentions: bool | None,
+        output_hidden_states: bool | None,
+        output_energies: bool | None,
+        return_dict: bool | None,
+    ) -> _CallSettings:
+        """The call's arguments with the config's defaults, checked before anything runs."""
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = (
+            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        )
+        num_iterations = self._num_iterations(num_iterations)
+        halting = self._halting(halting_tolerance, halting_criterion)
+        if halting is not None and (output_attentions or output_hidden_states or output_energies):
+            raise ValueError(
+                "halting_tolerance cannot be combined with output_attentions, output_hidden_states or "
+                "output_energies (samples stop at different iterations); pass a fixed num_iterations instead."
+            )
+        return _CallSettings(
+            num_iterations=num_iterations,
+            backprop_iterations=self._backprop_iterations(backprop_iterations, num_iterations),
+            halting=halting,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            output_energies=bool(output_energies),
+            return_dict=self.config.return_dict if return_dict is None else return_dict,
+        )
+
+    def _layer_inputs(
+        self,
+        embedded: torch.Tensor,
+        keep: torch.Tensor | None,
+        initial_state: torch.Tensor | None,
+        num_iterations: int,
+    ) -> tuple[torch.Tensor, _LayerInputs]:
+        """The state the first iteration starts from, and what every iteration of every layer reads beside it."""
+        # read once per forward, not per iteration: the step sizes' condition x₀ (the input) or the state
+        on_input = config_choice(self.config, "step_size_condition", {"current": False, "input": True})
+        hidden_states = self._starting_state(embedded, initial_state, on_input)
+        real_tokens = (
+            torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep.float()
+        )
+        iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
+        fixed_step_sizes = None  # [α | γ] once per forward where they do not change over iterations
+        if HyperSetStepSizes.constant_over_iterations(self.config):
+            fixed_step_sizes = self.step_sizes.project(iteration_conditions[0], embedded)  # (B, N, 2d)
+        inputs = _LayerInputs(embedded, keep, real_tokens, iteration_conditions, fixed_step_sizes, on_input)
+        return hidden_states, inputs
 
     def _starting_state(
         self, embedded: torch.Tensor, initial_state: torch.Tensor | None, on_input: bool
@@ -1590,46 +1682,43 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         index: int,
         layer: HyperSetLayer,
         hidden_states: torch.Tensor,
-        embedded: torch.Tensor,
         anchor: torch.Tensor | None,
-        keep: torch.Tensor | None,
-        real_tokens: torch.Tensor,
-        iteration_conditions: torch.Tensor,
-        fixed_step_sizes: torch.Tensor | None,
-        on_input: bool,
-        num_iterations: int,
-        backprop_iterations: int,
-        output_attentions: bool,
-        output_hidden_states: bool,
-        output_energies: bool,
+        inputs: _LayerInputs,
+        settings: _CallSettings,
     ) -> tuple[torch.Tensor, tuple, tuple, list[torch.Tensor] | None]:
-        """Layer `index` iterated T = `num_iterations` times: the last state, the states after each
+        """Layer `index` iterated T = `settings.num_iterations` times: the last state, the states after each
         iteration and the attention maps (empty unless asked for), and the energy diagnostics for t = 0..T stacked
         along dim 1 (None unless asked for)."""
         states, maps = (), ()
-        records = [self._diagnostics(layer, hidden_states, real_tokens)] if output_energies else None
+        num_iterations, real_tokens = settings.num_iterations, inputs.real_tokens
+        records = [self._diagnostics(layer, hidden_states, real_tokens)] if settings.output_energies else None
         for t in range(num_iterations):
-            source = embedded if on_input else hidden_states
-            source = None if fixed_step_sizes is not None else source  # [α | γ] given: not read
+            source = inputs.embedded if inputs.on_input else hidden_states
+            source = None if inputs.fixed_step_sizes is not None else source  # [α | γ] given: not read
             # truncated backpropagation through depth: only the last k of the L·T iterations build a graph
-            with self._iteration_grad(index, t, num_iterations, backprop_iterations, len(self.layers)):
+            with self._iteration_grad(
+                index, t, num_iterations, settings.backprop_iterations, len(self.layers)
+            ):
+                # positional: gradient checkpointing (reentrant) differentiates the positional tensors only
                 hidden_states, probs = layer(
                     hidden_states,
-                    iteration_conditions[t],
+                    inputs.iteration_conditions[t],
                     source,
                     self.step_sizes,
-                    keep,
+                    inputs.keep,
                     anchor,
-                    output_attentions,
-                    fixed_step_sizes,
+                    settings.output_attentions,
+                    inputs.fixed_step_sizes,
                 )
-            if output_hidden_states:
+            if settings.output_hidden_states:
                 states += (hidden_states,)
-            if output_attentions:
+            if settings.output_attentions:
                 maps += (probs,)
-            if output_energies:
+            if settings.output_energies:
                 records.append(self._diagnostics(layer, hidden_states, real_tokens))
-        diagnostics = [torch.stack(values, dim=1) for values in zip(*records)] if output_energies else None
+        diagnostics = (
+            [torch.stack(values, dim=1) for values in zip(*records)] if records is not None else None
+        )
         return hidden_states, states, maps, diagnostics
 
     def _halting(self, tolerance: float | None, criterion: str | None) -> tuple[float, str] | None:
@@ -1649,13 +1738,8 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         self,
         layer: HyperSetLayer,
         hidden_states: torch.Tensor,
-        embedded: torch.Tensor,
         anchor: torch.Tensor | None,
-        keep: torch.Tensor | None,
-        real_tokens: torch.Tensor,
-        iteration_conditions: torch.Tensor,
-        fixed_step_sizes: torch.Tensor | None,
-        on_input: bool,
+        inputs: _LayerInputs,
         tolerance: float,
         criterion: str,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1669,10 +1753,11 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         batch = hidden_states.shape[0]
         active = torch.arange(batch, device=hidden_states.device)  # samples still iterating
         used = torch.zeros(batch, dtype=torch.long, device=hidden_states.device)
-        energy = self._energy(layer, hidden_states, real_tokens) if criterion == "energy" else None
-        for condition in iteration_conditions:
-            current, tokens = hidden_states[active], real_tokens[active]  # (A, N, d), (A, N)
-            source = embedded[active] if on_input else current
+        keep, fixed_step_sizes = inputs.keep, inputs.fixed_step_sizes
+        energy = self._energy(layer, hidden_states, inputs.real_tokens) if criterion == "energy" else None
+        for condition in inputs.iteration_conditions:
+            current, tokens = hidden_states[active], inputs.real_tokens[active]  # (A, N, d), (A, N)
+            source = inputs.embedded[active] if inputs.on_input else current
             updated, _ = layer(
                 current,
                 condition,
@@ -2090,7 +2175,7 @@ def check_search_arguments(
 
 def sudoku_boards_valid(input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """`(B,)` bool: the board of given digits (`input_ids` 1-9, 0 = blank) and predicted digits on the blanks
-    (`logits` `(B, 81, 9)`, class k = digit k + 1, training/sudoku.py's encoding) has every row, column and box
+    (`logits` `(B, 81, 9)`, class k = digit k + 1) has every row, column and box
     a permutation of 1-9. The givens are kept, so a valid board is consistent with them."""
     board = torch.where(input_ids > 0, input_ids.long(), logits.argmax(-1) + 1).view(-1, 9, 9)  # (B, 9, 9)
     boxes = board.view(-1, 3, 3, 3, 3).transpose(2, 3).reshape(-1, 9, 9)  # (B, box, cell of the box)
@@ -2115,7 +2200,7 @@ def _check_sudoku(head: PreTrainedModel, backbone_inputs: dict) -> torch.Tensor:
         raise ValueError(
             "search_selector='sudoku' needs a Sudoku token-classification call: a ForTokenClassification head "
             "with num_labels=9 (class k = digit k + 1) and input_ids of shape (batch, 81) with 0 = blank and 1-9 "
-            f"= given digits (training/sudoku.py); got {type(head).__name__}, num_labels={head.config.num_labels}, "
+            f"= given digits; got {type(head).__name__}, num_labels={head.config.num_labels}, "
             f"input_ids shape {shape}."
         )
     return input_ids
@@ -2339,6 +2424,19 @@ class RecurrentDepthHeadMixin:
         arguments = (logits, labels) if self._per_token else (labels, logits)
         return self.loss_function(*arguments, self.config)
 
+    def _build_head(self, config: PreTrainedConfig) -> None:
+        """The modules after the backbone, one structure for both models so a side-by-side pair differs in the trunk
+        only: the classifier norm (`classifier_norm`) → Linear (bias: `classifier_bias`; `nn.Identity()` when
+        num_labels == 0), and the halting classifier of the supervision steps (`config.halting_head`)."""
+        self.layernorm = classifier_norm_layer(config)
+        self.classifier = (
+            nn.Linear(config.hidden_size, config.num_labels, bias=config.classifier_bias)
+            if config.num_labels > 0
+            else nn.Identity()
+        )
+        # "is this step's answer complete and correct?" on the normed pooled state
+        self.halting_classifier = nn.Linear(config.hidden_size, 1) if config.halting_head else None
+
 
 def classifier_norm_layer(config: HyperSetConfig) -> nn.Module:
     """The norm before the classifier: LayerNorm (the paper's image models) or RMSNorm (their Sudoku model)."""
@@ -2361,14 +2459,7 @@ class HyperSetHead(RecurrentDepthHeadMixin, HyperSetPreTrainedModel):
         super().__init__(config)
         check_head_input_type(self, config.input_type, self._input_type)
         self.hyperset = HyperSetModel(config)
-        self.layernorm = classifier_norm_layer(config)
-        self.classifier = (
-            nn.Linear(config.hidden_size, config.num_labels, bias=config.classifier_bias)
-            if config.num_labels > 0
-            else nn.Identity()
-        )
-        # "is this step's answer complete and correct?" on the normed pooled state (config.halting_head)
-        self.halting_classifier = nn.Linear(config.hidden_size, 1) if config.halting_head else None
+        self._build_head(config)
         self.post_init()
 
 
@@ -2460,7 +2551,7 @@ class HyperSetSequenceHead(HyperSetHead):
         search_seed: int | None = None,
         search_selector: str | None = None,
         position_ids: torch.Tensor | None = None,
-    ) -> ModelOutput | tuple:
+    ) -> HyperSetSequenceClassifierOutput | HyperSetTokenClassifierOutput | tuple:
         r"""
         The depth arguments, `halting_threshold` and the `search_*` arguments of test-time search are those of
         `HyperSetForImageClassification.forward`; `position_ids` is that of `HyperSetModel.forward`.
@@ -2538,31 +2629,6 @@ def maskgit_schedule(num_masked: torch.Tensor, steps: int, schedule: str = "arcc
     return torch.minimum(counts, before.clamp_min(0))
 
 
-@dataclass
-class MaskGITDecoderOutput(ModelOutput):
-    """The result of `HyperSetForMaskedImageModeling.decode`.
-
-    codes: `(B, N)` the decoded grid (no [MASK] left). sequences: `(S + 1, B, N)` the grid before the first step and
-    after every step, [MASK] where a code is still open. unmasked: `(S, B, N)` bool, the positions each step fixed.
-    confidences: `(S, B, N)` the probability the model gave the code it sampled at each position that was masked at
-    that step (before MaskGIT's Gumbel noise), 0 elsewhere.
-    """
-
-    codes: torch.LongTensor | None = None
-    sequences: torch.LongTensor | None = None
-    unmasked: torch.BoolTensor | None = None
-    confidences: torch.FloatTensor | None = None
-
-
-@dataclass
-class HyperSetMaskedImageModelingOutput(MaskedLMOutput):
-    """`MaskedLMOutput` (what BEiT's masked-image-modelling head returns: logits over visual-token ids) plus
-    `energies` and `iterations_used`, as the other Hyper-SET outputs."""
-
-    energies: HyperSetEnergies | None = None
-    iterations_used: torch.LongTensor | None = None
-
-
 def check_masked_image_modeling_head(head: nn.Module, config: PreTrainedConfig) -> None:
     """The checks of a masked-image-modelling head's config: sequence input, a last-iteration head (no deep
     supervision, supervision steps or halting head), and a vocabulary of codes plus [MASK]."""
@@ -2576,11 +2642,41 @@ def check_masked_image_modeling_head(head: nn.Module, config: PreTrainedConfig) 
 
 
 class MaskedImageModelingMixin:
-    """What the masked-image-modelling heads of Hyper-SET and of the looped baseline share, read through their
-    `code_head` (Linear(d, K)) and `self(...)` alone: K and [MASK], the masked cross-entropy and MaskGIT decoding —
-    one implementation for both models of a side-by-side run."""
+    """What the masked-image-modelling heads of Hyper-SET and of the looped baseline share: the modules after the
+    backbone, the `forward` (`predict_codes`), K and [MASK], the masked cross-entropy and MaskGIT decoding — one
+    implementation for both models of a side-by-side run. A head sets its output class and the backbone output
+    fields it passes on, builds its backbone under `base_model_prefix`, then calls `_build_code_head`."""
 
     code_head: nn.Linear
+    _output_class: type[MaskedLMOutput]
+    _backbone_output_fields: tuple[str, ...] = ()
+
+    def _build_code_head(self, config: PreTrainedConfig) -> None:
+        """The modules after the backbone: the classifier norm (`classifier_norm`) → Linear(d, K) (bias:
+        `classifier_bias`)."""
+        self.layernorm = classifier_norm_layer(config)
+        # K = vocab_size − 1 outputs: [MASK] is an input id only, never a prediction. Its own name (not the
+        # classification heads' `classifier`, not `lm_head`, which transformers resizes with the vocabulary): a
+        # classifier checkpoint loads its backbone here with a fresh code head, as into any other head
+        self.code_head = nn.Linear(config.hidden_size, config.vocab_size - 1, bias=config.classifier_bias)
+
+    def predict_codes(
+        self, labels: torch.Tensor | None, return_dict: bool | None, **backbone_inputs: object
+    ) -> MaskedLMOutput | tuple:
+        """The backbone on `backbone_inputs`, logits `(B, N, K)` over the codes at every position, and the masked
+        cross-entropy of `labels`: what each head's `forward` hands over, as the classification heads' `classify`."""
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = getattr(self, self.base_model_prefix)(**backbone_inputs, return_dict=True)
+        logits = self.code_head(self.layernorm(outputs.last_hidden_state))  # (B, N, K)
+        loss = None if labels is None else self._masked_loss(logits, labels)
+        output = self._output_class(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            **{name: getattr(outputs, name) for name in self._backbone_output_fields},
+        )
+        return output if return_dict else output.to_tuple()
 
     @property
     def codebook_size(self) -> int:
@@ -2718,16 +2814,14 @@ class HyperSetForMaskedImageModeling(MaskedImageModelingMixin, HyperSetPreTraine
     """
 
     main_input_name = "input_ids"
+    _output_class = HyperSetMaskedImageModelingOutput
+    _backbone_output_fields = ("energies", "iterations_used")
 
     def __init__(self, config: HyperSetConfig) -> None:
         super().__init__(config)
         check_masked_image_modeling_head(self, config)
         self.hyperset = HyperSetModel(config)
-        self.layernorm = classifier_norm_layer(config)
-        # K = vocab_size − 1 outputs: [MASK] is an input id only, never a prediction. Its own name (not the
-        # classification heads' `classifier`, not `lm_head`, which transformers resizes with the vocabulary): a
-        # classifier checkpoint loads its backbone here with a fresh code head, as into any other head
-        self.code_head = nn.Linear(config.hidden_size, config.vocab_size - 1, bias=config.classifier_bias)
+        self._build_code_head(config)
         self.post_init()
 
     def forward(
@@ -2751,8 +2845,9 @@ class HyperSetForMaskedImageModeling(MaskedImageModelingMixin, HyperSetPreTraine
             The true code of every position where the loss is taken (the masked ones), −100 elsewhere; the loss is
             the mean cross-entropy over those positions (0 where there are none).
         """
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.hyperset(
+        return self.predict_codes(
+            labels,
+            return_dict,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
@@ -2763,19 +2858,7 @@ class HyperSetForMaskedImageModeling(MaskedImageModelingMixin, HyperSetPreTraine
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_energies=output_energies,
-            return_dict=True,
         )
-        logits = self.code_head(self.layernorm(outputs.last_hidden_state))  # (B, N, K)
-        loss = None if labels is None else self._masked_loss(logits, labels)
-        output = HyperSetMaskedImageModelingOutput(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            energies=outputs.energies,
-            iterations_used=outputs.iterations_used,
-        )
-        return output if return_dict else output.to_tuple()
 
 
 __all__ = [

@@ -48,10 +48,9 @@ from .modeling_hyperset import (
     check_head_input_type,
     check_initial_state,
     check_masked_image_modeling_head,
-    classifier_norm_layer,
     config_choice,
     eager_attention_forward,
-    fixed_positions,
+    initialize_embeddings,
     route_main_input,
 )
 
@@ -178,15 +177,7 @@ class LoopedTransformerPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
         elif isinstance(module, nn.RMSNorm):
             init.ones_(module.weight)
         elif isinstance(module, HyperSetEmbeddings):  # as Hyper-SET's own initialisation
-            if config_choice(module.config, "input_type", {"image": True, "sequence": False}):
-                init.normal_(module.cls_token, mean=0.0, std=1.0)
-            if module.position_encoding is not None:
-                # non-persistent, so absent from checkpoints: rebuilt here when loading from the meta device
-                # the table the config names (1-D sinusoid, or the row/column table of "sincos-2d")
-                init.copy_(
-                    module.position_encoding,
-                    fixed_positions(module.config, module.position_encoding.shape[1]),
-                )
+            initialize_embeddings(module)
 
 
 class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedModel):
@@ -301,15 +292,7 @@ class LoopedTransformerHead(RecurrentDepthHeadMixin, LoopedTransformerPreTrained
         super().__init__(config)
         check_head_input_type(self, config.input_type, self._input_type)
         self.looped_transformer = LoopedTransformerModel(config)
-        # Hyper-SET's head, built by its own function, so a side-by-side pair differs in the trunk only
-        self.layernorm = classifier_norm_layer(config)
-        self.classifier = (
-            nn.Linear(config.hidden_size, config.num_labels, bias=config.classifier_bias)
-            if config.num_labels > 0
-            else nn.Identity()
-        )
-        # the learned halting signal of the supervision steps, as Hyper-SET's (config.halting_head)
-        self.halting_classifier = nn.Linear(config.hidden_size, 1) if config.halting_head else None
+        self._build_head(config)  # Hyper-SET's head, so a side-by-side pair differs in the trunk only
         self.post_init()
 
 
@@ -331,7 +314,7 @@ class LoopedTransformerForImageClassification(LoopedTransformerHead):
         search_seed: int | None = None,
         search_selector: str | None = None,
         interpolate_pos_encoding: bool | None = None,
-    ) -> ImageClassifierOutput | tuple:
+    ) -> LoopedTransformerImageClassifierOutput | tuple:
         r"""
         halting_threshold, the `search_*` arguments and `interpolate_pos_encoding`: as
         `HyperSetForImageClassification.forward` (the baseline has no energy: the selector defaults to
@@ -378,7 +361,7 @@ class LoopedTransformerSequenceHead(LoopedTransformerHead):
         search_seed: int | None = None,
         search_selector: str | None = None,
         position_ids: torch.Tensor | None = None,
-    ) -> ModelOutput | tuple:
+    ) -> LoopedTransformerSequenceClassifierOutput | LoopedTransformerTokenClassifierOutput | tuple:
         r"""
         halting_threshold and the `search_*` arguments: as `HyperSetForImageClassification.forward` (the baseline
         has no energy: the selector defaults to `"confidence"`, and `"energy"` is refused); `position_ids`: as
@@ -416,17 +399,6 @@ class LoopedTransformerForTokenClassification(LoopedTransformerSequenceHead):
     _output_class = LoopedTransformerTokenClassifierOutput
 
 
-__all__ = [
-    "LoopedTransformerForImageClassification",
-    "LoopedTransformerForSequenceClassification",
-    "LoopedTransformerForTokenClassification",
-    "LoopedTransformerHead",
-    "LoopedTransformerModel",
-    "LoopedTransformerPreTrainedModel",
-    "LoopedTransformerSequenceHead",
-]
-
-
 # ------------------------------------------------------------------------ masked image modelling (Table 2)
 # The baseline's head for the paper's third task, with the contract of `HyperSetForMaskedImageModeling`: code ids
 # in, logits over the codebook out; the checks, the masked cross-entropy and MaskGIT decoding are Hyper-SET's
@@ -443,15 +415,13 @@ class LoopedTransformerForMaskedImageModeling(MaskedImageModelingMixin, LoopedTr
     """
 
     main_input_name = "input_ids"
+    _output_class = MaskedLMOutput
 
     def __init__(self, config: LoopedTransformerConfig) -> None:
         super().__init__(config)
         check_masked_image_modeling_head(self, config)
         self.looped_transformer = LoopedTransformerModel(config)
-        self.layernorm = classifier_norm_layer(config)
-        # K outputs: [MASK] is an input id only. Named as Hyper-SET's MIM head (not `lm_head`, which transformers
-        # would resize with the vocabulary)
-        self.code_head = nn.Linear(config.hidden_size, config.vocab_size - 1, bias=config.classifier_bias)
+        self._build_code_head(config)
         self.post_init()
 
     def forward(
@@ -476,8 +446,9 @@ class LoopedTransformerForMaskedImageModeling(MaskedImageModelingMixin, LoopedTr
         backprop_iterations (`int`, *optional*):
             Differentiate only the last k of the L·T iterations (defaults to `config.backprop_iterations`).
         """
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.looped_transformer(
+        return self.predict_codes(
+            labels,
+            return_dict,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
@@ -485,14 +456,16 @@ class LoopedTransformerForMaskedImageModeling(MaskedImageModelingMixin, LoopedTr
             backprop_iterations=backprop_iterations,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            return_dict=True,
         )
-        logits = self.code_head(self.layernorm(outputs.last_hidden_state))  # (B, N, K)
-        loss = None if labels is None else self._masked_loss(logits, labels)
-        output = MaskedLMOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if return_dict else output.to_tuple()
 
 
-__all__ += ["LoopedTransformerForMaskedImageModeling"]
+__all__ = [
+    "LoopedTransformerForImageClassification",
+    "LoopedTransformerForMaskedImageModeling",
+    "LoopedTransformerForSequenceClassification",
+    "LoopedTransformerForTokenClassification",
+    "LoopedTransformerHead",
+    "LoopedTransformerModel",
+    "LoopedTransformerPreTrainedModel",
+    "LoopedTransformerSequenceHead",
+]

@@ -164,20 +164,64 @@ def test_attention_reads_its_gains_without_index_or_repeat_kernels(qkv_norm, ene
     assert attention.qkv_gain.grad is not None and torch.isfinite(attention.qkv_gain.grad).all()
 
 
-@pytest.mark.parametrize("energy", ["relu", "softmax"])
-def test_feedforward_update_is_minus_d_transpose_times_energy_gradient(energy):
-    config = SEQUENCE.config(feedforward_energy=energy)
+def _gelu_energy(u: torch.Tensor) -> torch.Tensor:
+    """−Σ ∫₀ᵘ tΦ(t) dt written out: −Σ (½[(u² − 1)Φ(u) + uϕ(u)] + ¼)."""
+    cdf = 0.5 * (1 + torch.erf(u / math.sqrt(2)))
+    pdf = torch.exp(-0.5 * u * u) / math.sqrt(2 * math.pi)
+    return -(0.5 * ((u * u - 1) * cdf + u * pdf) + 0.25).sum()
+
+
+# E_FF of u = n(Dx) for each (feedforward_energy, hidden_act), written from the definitions
+FEEDFORWARD_ENERGIES = {
+    ("relu", "relu"): lambda u: -0.5 * F.relu(u).pow(2).sum(),
+    ("relu", "gelu"): _gelu_energy,
+    ("softmax", "relu"): lambda u: (-u.logsumexp(-1)).sum(),
+}
+
+
+@pytest.mark.parametrize(("energy", "act"), list(FEEDFORWARD_ENERGIES))
+def test_feedforward_update_is_minus_d_transpose_times_energy_gradient(energy, act):
+    config = SEQUENCE.config(feedforward_energy=energy, hidden_act=act)
     torch.manual_seed(0)
     feedforward = HyperSetModel(config).double().layers[0].feedforward
     with torch.no_grad():
         feedforward.norm.weight.uniform_(0.5, 1.5)  # the update must hold with learnable gains too
     x = torch.randn(2, 6, 16, dtype=torch.float64)
     u = feedforward.norm(feedforward.dictionary(x)).detach().requires_grad_(True)
-    total = (-u.logsumexp(-1)).sum() if energy == "softmax" else -0.5 * F.relu(u).pow(2).sum()
-    (grad_u,) = torch.autograd.grad(total, u)
+    (grad_u,) = torch.autograd.grad(FEEDFORWARD_ENERGIES[energy, act](u), u)
     expected = -grad_u @ feedforward.dictionary.weight  # −Dᵀ ∂E/∂u per token
     # the same sums as autograd's in another order: over the 24 dictionary atoms, then the 16 channels
     assert_close_to_scale(feedforward(x), expected, rounding(torch.float64, 64), "update vs autograd")
+
+
+@pytest.mark.parametrize(("energy", "act"), list(FEEDFORWARD_ENERGIES))
+def test_reported_feedforward_energy_is_the_potential_of_the_update(energy, act):
+    # The reported E_FF(x) = E(u(x)), u = n(Dx) without gains, must have ∂E/∂u = −act(u): then its gradient in x is
+    # the pullback of −act(u) through u(x). With a square orthogonal D and unit gains, act(u) = D FF(x) exactly.
+    config = SEQUENCE.config(feedforward_energy=energy, hidden_act=act, intermediate_size=16)
+    torch.manual_seed(0)
+    feedforward = HyperSetModel(config).double().layers[0].feedforward
+    with torch.no_grad():
+        feedforward.dictionary.weight.copy_(torch.linalg.qr(torch.randn(16, 16, dtype=torch.float64))[0])
+    x = torch.randn(2, 6, 16, dtype=torch.float64, requires_grad=True)
+    keep = torch.ones(2, 6, dtype=torch.float64)
+    with torch.enable_grad():  # the energy methods run without autograd; call the undecorated one
+        (grad_energy,) = torch.autograd.grad(
+            type(feedforward).energy.__wrapped__(feedforward, x, keep).sum(), x
+        )
+        u = F.rms_norm(feedforward.dictionary(x), (16,), eps=feedforward.eps)
+        coefficients = feedforward(x).detach() @ feedforward.dictionary.weight.t()  # D Dᵀ act(u) = act(u)
+        (expected,) = torch.autograd.grad(u, x, -coefficients)
+    # sums of 16 terms, a few in a row (D, the norm, Dᵀ, the pullback) in another order
+    assert_close_to_scale(
+        grad_energy, expected, rounding(torch.float64, 256), "∂E_FF/∂x vs pullback of −act(u)"
+    )
+    with torch.no_grad():
+        u = F.rms_norm(feedforward.dictionary(x), (16,), eps=feedforward.eps)
+        stated = torch.stack([FEEDFORWARD_ENERGIES[energy, act](row) for row in u])
+        assert_close_to_scale(feedforward.energy(x, keep), stated, rounding(torch.float64, 256), "E_FF")
+        if act == "relu" and energy == "relu":  # the paper's energy, to the bit
+            assert torch.equal(feedforward.energy(x, keep), -0.5 * F.relu(u).pow(2).sum(-1).sum(-1))
 
 
 def test_bisoftmax_maps_are_symmetric_with_shared_qkv_norm():
