@@ -14,8 +14,7 @@ from test_export import build_model_dir
 
 from energyformers import FAMILIES
 from energyformers.mim import PatchKMeansTokenizer, VQGANTokenizer, load_vq_tokenizer
-from energyformers.training import cli, export, push
-from energyformers.training.weights import read_json_object
+from energyformers.training import cli, export, push, weights
 
 # (file, its new text, or config.json changes; a part of the message after the file's path)
 FOLDER_CASES = {
@@ -203,7 +202,7 @@ def test_read_json_object_names_the_field_and_its_type(tmp_path, text, expected)
     path = tmp_path / "f.json"
     path.write_text(text)
     with pytest.raises(ValueError) as raised:
-        read_json_object(path, {"n": int}, optional={"x": (int, float)}, remedy="fix it")
+        weights.read_json_object(path, {"n": int}, optional={"x": (int, float)}, remedy="fix it")
     assert str(raised.value) == f"{path}: {expected}; fix it.", str(raised.value)
     path.write_text('{"n": 1, "x": null}')
-    assert read_json_object(path, {"n": int}, optional={"x": (int, float)}) == {"n": 1, "x": None}
+    assert weights.read_json_object(path, {"n": int}, optional={"x": (int, float)}) == {"n": 1, "x": None}
