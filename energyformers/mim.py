@@ -35,6 +35,35 @@ if TYPE_CHECKING:  # diffusers is an optional extra ([vqgan]): imported where a 
     from diffusers import VQModel
 
 
+def read_tokenizer_settings(
+    path: Path, fields: dict[str, type | tuple[type, ...]] | None = None, optional: tuple[str, ...] = ()
+) -> dict:
+    """The settings a saved image tokenizer holds in `path` (its vq_tokenizer_config.json): a JSON object with each
+    of `fields` (name: type) and, where present and not null, each of `optional` as a string. A ValueError naming
+    the file and what was expected otherwise. Its own reader rather than the training package's because the
+    exported pipeline code carries it, and that code imports nothing of energyformers."""
+    again = "save the image tokenizer again (PatchKMeansTokenizer / VQGANTokenizer .save_pretrained)"
+    try:
+        settings = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
+        raise ValueError(f"{path}: not valid JSON ({' '.join(str(err).split())}); {again}.") from None
+    if not isinstance(settings, dict):
+        raise ValueError(f"{path}: holds a JSON {type(settings).__name__}, not an object; {again}.")
+    expected = {**dict.fromkeys(optional, str), **(fields or {})}
+    for key, kind in expected.items():
+        value = settings.get(key)
+        if value is None and key not in (fields or {}):
+            continue
+        if isinstance(value, bool) or not isinstance(value, kind):
+            found = "missing" if key not in settings else json.dumps(value)[:40]
+            named = {int: "an integer", list: "a list", str: "a string"}
+            names = " or ".join(
+                named.get(t, t.__name__) for t in (kind if isinstance(kind, tuple) else (kind,))
+            )
+            raise ValueError(f"{path}: {key}={found}; expected {names}; {again}.")
+    return settings
+
+
 @runtime_checkable
 class VQTokenizer(Protocol):
     """What the masked-image-modelling loop needs of an image tokenizer."""
@@ -184,7 +213,11 @@ class PatchKMeansTokenizer:
         for name in (TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME):
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"{folder}: missing {name} (write it with save_pretrained).")
-        config = json.loads((folder / TOKENIZER_CONFIG_NAME).read_text())
+        config = read_tokenizer_settings(
+            folder / TOKENIZER_CONFIG_NAME,
+            {"patch_size": int, "image_size": list, "num_channels": int},
+            optional=("tokenizer_class",),
+        )
         if config.get("tokenizer_class") != cls.__name__:
             raise ValueError(
                 f"{folder / TOKENIZER_CONFIG_NAME}: tokenizer_class={config.get('tokenizer_class')!r}; expected {cls.__name__!r}."
@@ -276,7 +309,9 @@ class VQGANTokenizer:
             )
         settings = {}
         if (folder / TOKENIZER_CONFIG_NAME).is_file():
-            settings = json.loads((folder / TOKENIZER_CONFIG_NAME).read_text())
+            settings = read_tokenizer_settings(
+                folder / TOKENIZER_CONFIG_NAME, optional=("tokenizer_class", "subfolder")
+            )
             if settings.get("tokenizer_class") != cls.__name__:
                 raise ValueError(
                     f"{folder / TOKENIZER_CONFIG_NAME}: tokenizer_class={settings.get('tokenizer_class')!r}; expected "
@@ -433,7 +468,7 @@ def tokenizer_folder(
         return Path(path)
 
     config_path = fetch(TOKENIZER_CONFIG_NAME)
-    settings = json.loads(config_path.read_text())
+    settings = read_tokenizer_settings(config_path, optional=("subfolder",))
     subfolder = settings.get("subfolder")
     if subfolder is None:
         fetch(TOKENIZER_WEIGHTS_NAME)
@@ -463,7 +498,7 @@ def load_vq_tokenizer(
             f"{folder}: no {TOKENIZER_CONFIG_NAME}; save a tokenizer there (PatchKMeansTokenizer / VQGANTokenizer "
             ".save_pretrained), or give the pipeline one (vq_tokenizer=...)."
         )
-    name = json.loads(path.read_text()).get("tokenizer_class")
+    name = read_tokenizer_settings(path, optional=("tokenizer_class",)).get("tokenizer_class")
     classes = {cls.__name__: cls for cls in (PatchKMeansTokenizer, VQGANTokenizer)}
     if name not in classes:
         raise ValueError(f"{path}: tokenizer_class={name!r}; expected one of {sorted(classes)}.")
@@ -774,6 +809,7 @@ __all__ = [
     "load_vq_tokenizer",
     "mask_codes",
     "perceptual_metrics",
+    "read_tokenizer_settings",
     "reconstruction_metrics",
     "saved_tokenizer_numbers",
     "tokenizer_folder",

@@ -47,6 +47,23 @@ def accelerate_checkpoints(work_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
 
+def read_loop_state(checkpoint: Path) -> dict[str, Any]:
+    """The loop state `save_checkpoint` wrote into `checkpoint` (its step, log history and loss sum), read before
+    any work (`run`) and again to resume; a `UsageError` naming the file when it is not that."""
+    from .cli import UsageError
+    from .weights import read_json_object
+
+    try:
+        return read_json_object(
+            checkpoint / STATE_FILE,
+            {"step": int, "history": list},
+            optional={"loss_sum": (int, float)},
+            remedy=f"delete {checkpoint} to resume from an earlier checkpoint, or {checkpoint.parent} to start again",
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
 def sample_losses(logits: Any, labels: Any) -> tuple[Any, Any]:
     """Per sample: the sum of its cross-entropy terms and their count (1 per classified sample, its labelled
     tokens or masked positions otherwise; label -100 is ignored, as in the models' loss). Summed over a split and
@@ -252,8 +269,8 @@ def restore_progress(parts: LoopParts, resume_from: Path | None) -> LoopState:
     step, history, loss_sum = 0, [], 0.0
     if resume_from is not None:
         accelerator.load_state(str(resume_from))
-        saved = json.loads((resume_from / STATE_FILE).read_text())
-        step, history, loss_sum = saved["step"], saved["history"], saved.get("loss_sum", 0.0)
+        saved = read_loop_state(resume_from)
+        step, history, loss_sum = saved["step"], saved["history"], saved.get("loss_sum") or 0.0
         if parts.ema is not None and (resume_from / EMA_FILE).is_file():
             from safetensors.torch import load_file
 
@@ -514,6 +531,8 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
         "train-accelerate": accelerate_checkpoints(work_dir),
     }
     resume_from = find_checkpoint(args, work_dir, "train-accelerate", checkpoints)
+    if resume_from is not None:  # a damaged state file refused before any work, not after the data is built
+        read_loop_state(resume_from)
     check_schedule(args)
 
     accelerator = make_accelerator(args.run)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..tokenizer_fit import MIM_AUTO_CLASS, MIM_TASK, TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME
+from .weights import read_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +119,33 @@ def _fmt(value: Any) -> str:
     return f"{value:.4f}" if isinstance(value, float) else "—" if value is None else str(value)
 
 
+# The fields of a run's metrics.json the card reads, each with the type it must have where present (not null).
+METRICS_FIELDS = {
+    "dataset": str,
+    "preset": str,
+    "recipe": dict,
+    "eval": dict,
+    "test": dict,
+    "wall_time_s": (int, float),
+    "warnings": list,
+}
+METRICS_REMEDY = "it is the run's record, written by `energyformers train`: restore it, or delete it to publish the model without metrics"
+
+
+def read_run_metrics(path: Path) -> dict[str, Any]:
+    """A run's metrics.json as the card reads it: an object whose fields (`METRICS_FIELDS`, the recipe's
+    from_pretrained, the warnings) have the types the card renders; a ValueError naming the file otherwise."""
+    metrics = read_json_object(path, optional=METRICS_FIELDS, remedy=METRICS_REMEDY)
+    source = (metrics.get("recipe") or {}).get("from_pretrained")
+    if source is not None and not isinstance(source, str):
+        raise ValueError(
+            f"{path}: recipe.from_pretrained={json.dumps(source)} is not a string; {METRICS_REMEDY}."
+        )
+    if not all(isinstance(warning, str) for warning in metrics.get("warnings") or []):
+        raise ValueError(f"{path}: warnings holds a value that is not a string; {METRICS_REMEDY}.")
+    return metrics
+
+
 def provenance(metrics: dict[str, Any], dataset_name: str) -> str:
     """ "This model was trained from scratch on X." or "This model is a fine-tuned version of Y on X."."""
     source = (metrics.get("recipe") or {}).get("from_pretrained")
@@ -135,9 +163,8 @@ def _vq_tokenizer_class(info: dict[str, Any]) -> str | None:
     if TOKENIZER_CONFIG_NAME not in info["files"]:
         return None
     if "model_dir" in info:  # an export reads the folder; a run's card is written before its folder is final
-        return json.loads((Path(info["model_dir"]) / TOKENIZER_CONFIG_NAME).read_text()).get(
-            "tokenizer_class"
-        )
+        path = Path(info["model_dir"]) / TOKENIZER_CONFIG_NAME
+        return read_json_object(path, optional={"tokenizer_class": str}).get("tokenizer_class")
     # what `energyformers.mim` writes: a codebook beside the config, or a VQGAN in a subfolder
     return "PatchKMeansTokenizer" if TOKENIZER_WEIGHTS_NAME in info["files"] else "VQGANTokenizer"
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..tokenizer_fit import MIM_AUTO_CLASS, TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME
-from .card import render_model_card
+from .card import read_run_metrics, render_model_card
 from .remote_code import (
     LICENSE_FILE,
     auto_map,
@@ -51,7 +51,13 @@ from .remote_code import (
     mim_pipeline_sources,
     remote_code_sources,
 )
-from .weights import PICKLE_WEIGHTS, check_model_folder, check_weights_readable, weight_files
+from .weights import (
+    PICKLE_WEIGHTS,
+    check_model_folder,
+    check_weights_readable,
+    read_json_object,
+    weight_files,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +66,10 @@ logger = logging.getLogger(__name__)
 # conversion of the exported folder exact.
 EXTRA_FILES = ("metrics.json", "training_curve.png", "official_extras.safetensors", "inspect.json")
 INSPECT_REPORT = "inspect.json"
+INSPECT_REMEDY = "run `energyformers inspect` on the folder again, or delete the file"
+TOKENIZER_REMEDY = (
+    "save the image tokenizer again (PatchKMeansTokenizer / VQGANTokenizer .save_pretrained(model_dir))"
+)
 
 
 # The head of masked image modelling: its inputs are the codes of an image tokenizer (`energyformers.mim`), saved
@@ -71,10 +81,7 @@ def vq_tokenizer_files(model_dir: Path) -> list[str]:
     config_path = model_dir / TOKENIZER_CONFIG_NAME
     if not config_path.is_file():
         return []
-    try:
-        settings = json.loads(config_path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{config_path}: not valid JSON ({err}).") from None
+    settings = read_json_object(config_path, optional={"subfolder": str}, remedy=TOKENIZER_REMEDY)
     subfolder = settings.get("subfolder")
     if subfolder is None:  # PatchKMeansTokenizer: its codebook beside the config
         if not (model_dir / TOKENIZER_WEIGHTS_NAME).is_file():
@@ -101,8 +108,12 @@ def dynamics_figures(model_dir: Path) -> list[str]:
     report = model_dir / INSPECT_REPORT
     if not report.is_file():
         return []
-    names = json.loads(report.read_text()).get("figures") or []
-    return [name for name in names if Path(name).name == name and (model_dir / name).is_file()]
+    names = read_json_object(report, optional={"figures": list}, remedy=INSPECT_REMEDY).get("figures") or []
+    return [
+        name
+        for name in names
+        if isinstance(name, str) and Path(name).name == name and (model_dir / name).is_file()
+    ]
 
 
 # ---------------------------------------------------------------------------------------- model folder
@@ -120,7 +131,9 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{model_dir}: missing config.json (write the folder with save_pretrained).")
-    config = json.loads(config_path.read_text())
+    config = read_json_object(
+        config_path, optional={"model_type": str, "architectures": list, "input_type": str}
+    )
     model_type = config.get("model_type")
     baselines = getattr(energyformers, "BASELINES", {})
     models = exportable_models()
@@ -130,7 +143,7 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
         )
     heads = {head.__name__: auto for auto, head in models[model_type].heads.items()}
     architectures = config.get("architectures") or []
-    unknown = [a for a in architectures if a not in heads]
+    unknown = [a for a in architectures if not isinstance(a, str) or a not in heads]
     if len(architectures) != 1 or unknown:
         raise ValueError(
             f"{config_path}: architectures={architectures!r}; expected exactly one of {sorted(heads)}."
@@ -163,7 +176,7 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
     files += vq_tokenizer_files(model_dir) if mim else []
     files += dynamics_figures(model_dir)
     metrics_path = model_dir / "metrics.json"
-    metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else None
+    metrics = read_run_metrics(metrics_path) if metrics_path.is_file() else None
     return {
         "model_dir": model_dir,
         "config": config,

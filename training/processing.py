@@ -7,7 +7,6 @@ All load back with `AutoImageProcessor` / `AutoTokenizer` from the output folder
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -21,6 +20,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import PreTrainedTokenizerFast, ViTImageProcessorPil
 
 from ..tokenizer_fit import TOKENIZER_CONFIG_NAME
+from .weights import read_json_object
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]"]  # PAD = 0 so zero-padding and the padding id agree
 
@@ -186,19 +186,6 @@ def processor_kind(processor_class: str) -> str:
 
 # The text a loaded tokenizer is tried on: a Sudoku cell tokenizer reads digits only, any other reads it too.
 PROBE_TEXT = "0"
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`; a ValueError naming the file when it is not valid JSON or holds another value."""
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
-        raise ValueError(f"{path}: not valid JSON ({err}); save it again with save_pretrained.") from None
-    if not isinstance(value, dict):
-        raise ValueError(
-            f"{path}: holds a JSON {type(value).__name__}, not an object; save it again with save_pretrained."
-        )
-    return value
 
 
 def one_line(err: BaseException) -> str:

@@ -11,7 +11,6 @@ one step, so `<output_dir>` is either complete or absent.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -33,6 +32,24 @@ def trainer_checkpoints(work_dir: Path) -> list[Path]:
     """Trainer's complete checkpoints in `work_dir` (trainer_state.json is written last), oldest first."""
     found = [p for p in work_dir.glob("checkpoint-*") if (p / "trainer_state.json").is_file()]
     return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    """The step Trainer's `checkpoint` stands at (its trainer_state.json's global_step), read before any work; a
+    `UsageError` naming the file when it is not a state Trainer wrote."""
+    from .cli import UsageError
+    from .weights import read_json_object
+
+    try:
+        state = read_json_object(
+            checkpoint / "trainer_state.json",
+            {"global_step": int},
+            optional={"log_history": list},
+            remedy=f"delete {checkpoint} to resume from an earlier checkpoint, or {checkpoint.parent} to start again",
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    return state["global_step"]
 
 
 def whole_run_train_loss(
@@ -168,6 +185,8 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
         "train-accelerate": accelerate_checkpoints(work_dir),
     }
     resume_from = find_checkpoint(args, work_dir, "train", checkpoints)
+    # a damaged state file refused before any work, not after the data is built
+    initial_step = 0 if resume_from is None else checkpoint_step(resume_from)
     check_schedule(args)
     ta = training_arguments(args, work_dir)  # sets up the process group; writes no files
     main_process = ta.process_index == 0
@@ -225,9 +244,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             depth_evaluation=(built.task, eval_depths(built.model, args.run.eval_iterations)),
             masked_images=built.masked_images,
         )
-        initial_step = 0
         if resume_from is not None:
-            initial_step = json.loads((resume_from / "trainer_state.json").read_text())["global_step"]
             if main_process:
                 print(f"resuming from step {initial_step} ({resume_from})", flush=True)
         with stop.installed(several_processes=ta.world_size > 1, announce=main_process):

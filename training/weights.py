@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,59 @@ PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt
 class WeightsMismatchError(ValueError):
     """Weights that do not fit the config (`load_fitting_weights`): the message is one line naming the folder and
     the tensors, so a command shows it as it is rather than wrapping it as an unreadable folder."""
+
+
+# How `read_json_object` words the type a field should have.
+JSON_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+JSON_TYPE_NAMES.update({list: "a list", dict: "an object"})
+JsonTypes = type | tuple[type, ...]
+SHOWN_JSON = 40  # the characters of a refused value a message shows
+
+
+def _json_type_name(types: JsonTypes) -> str:
+    names = [JSON_TYPE_NAMES.get(t, t.__name__) for t in (types if isinstance(types, tuple) else (types,))]
+    return "a number" if set(names) == {"an integer", "a number"} else " or ".join(names)
+
+
+def _has_type(value: Any, types: JsonTypes) -> bool:
+    # JSON's true/false are Python bools, which are ints too: an integer field does not take them
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        return False
+    return isinstance(value, types)
+
+
+def read_json_object(
+    path: str | os.PathLike,
+    fields: Mapping[str, JsonTypes] | None = None,
+    *,
+    optional: Mapping[str, JsonTypes] | None = None,
+    remedy: str = "save it again with save_pretrained",
+) -> dict[str, Any]:
+    """The JSON object in `path`, the one reader of the files a user can edit or a broken run leaves behind
+    (config.json, metrics.json, inspect.json, an image tokenizer's settings, a checkpoint's state file).
+
+    `fields` are keys the object must have, each with a value of the given type(s); `optional` keys may be absent
+    or null, and have that type otherwise. A ValueError in one line naming the file, what it holds and what was
+    expected, then `remedy` (how to get a good file), when the file cannot be read, is not valid JSON, holds
+    another value than an object, or lacks a field or holds one of another type. Light (json only), so the
+    argument checks use it before anything heavy loads."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
+        raise ValueError(f"{path}: not valid JSON ({' '.join(str(err).split())}); {remedy}.") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: holds a JSON {type(value).__name__}, not an object; {remedy}.")
+    for key, types in {**(optional or {}), **(fields or {})}.items():
+        if key not in value or value[key] is None:
+            if fields and key in fields:
+                raise ValueError(f"{path}: no {key!r} ({_json_type_name(types)}); {remedy}.")
+            continue
+        if not _has_type(value[key], types):
+            shown = json.dumps(value[key])
+            shown = shown if len(shown) <= SHOWN_JSON else f"{shown[: SHOWN_JSON - 3]}..."
+            raise ValueError(f"{path}: {key}={shown} is not {_json_type_name(types)}; {remedy}.")
+    return value
 
 
 def weight_files(model_dir: str | os.PathLike) -> list[str]:
@@ -42,7 +95,9 @@ def _weight_files(model_dir: Path) -> list[str]:
     if index.is_file():
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, AttributeError, TypeError) as err:
+            if not all(isinstance(shard, str) for shard in shards):
+                raise TypeError("a weight_map value is not a file name")
+        except (OSError, ValueError, KeyError, AttributeError, TypeError) as err:
             raise ValueError(f"{index.name} is not a safetensors index ({err})") from None
         missing = [s for s in shards if not (model_dir / s).is_file()]
         if missing:
