@@ -62,7 +62,9 @@ def read_json_object(
     path = Path(path)
     try:
         value = json.loads(path.read_text())
-    except (OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
+    except OSError as err:  # e.g. no permission to read it
+        raise ValueError(f"{path}: cannot be read ({err.strerror or err}); {remedy}.") from None
+    except ValueError as err:  # UnicodeDecodeError is a ValueError
         raise ValueError(f"{path}: not valid JSON ({' '.join(str(err).split())}); {remedy}.") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path}: holds a JSON {type(value).__name__}, not an object; {remedy}.")
