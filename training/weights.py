@@ -44,6 +44,8 @@ def _has_type(value: Any, types: JsonTypes) -> bool:
     return isinstance(value, types)
 
 
+# `energyformers.mim.read_tokenizer_settings` keeps a copy of this reader (the exported pipeline code cannot import
+# the training package): the two word a refused file alike and must stay in step (tests/test_json_shapes.py).
 def read_json_object(
     path: str | os.PathLike,
     fields: Mapping[str, JsonTypes] | None = None,
