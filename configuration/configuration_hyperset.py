@@ -366,8 +366,9 @@ _POSITIVE_FLOATS: tuple[str, ...] = (
 _OPTIONAL_POSITIVE_FLOATS: tuple[str, ...] = ("rms_norm_eps", "halting_tolerance")
 _IMAGE_SIZES: tuple[str, ...] = ("image_size",)
 # φ of attention_energy="linear" and feedforward_energy="gated" (the authors' `hyper-set-alt-attn` choices); `None`
-# otherwise. Not a `_CHOICES` entry: it is required by those two energies and meaningless for the others, a
-# cross-field rule.
+# otherwise. Not a `_CHOICES` entry (so not in `HyperSetConfig.choices`): `_validate_config` refuses a value outside
+# its tuple, None included, while feature_map is required by those two energies and must be None for the others, a
+# cross-field rule (`HyperSetConfig._check_cross_field_rules`). This tuple is the public list of the accepted names.
 FEATURE_MAPS: tuple[str, ...] = ("sigmoid", "relu", "tanh", "softplus", "silu", "gelu", "elu", "elu+1")
 
 

@@ -35,32 +35,57 @@ if TYPE_CHECKING:  # diffusers is an optional extra ([vqgan]): imported where a 
     from diffusers import VQModel
 
 
+# `read_tokenizer_settings` words a refused file as `training.weights.read_json_object` does, and the two must stay
+# in step (tests/test_json_shapes.py compares them); its own copy because the exported pipeline code carries this
+# module, and that code imports nothing of the training package.
+_TOKENIZER_REMEDY = (
+    "save the image tokenizer again (PatchKMeansTokenizer / VQGANTokenizer .save_pretrained(model_dir))"
+)
+_JSON_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+_JSON_TYPE_NAMES.update({list: "a list", dict: "an object"})
+_SHOWN_JSON = 40  # the characters of a refused value a message shows
+
+
+def _json_type_name(types: type | tuple[type, ...]) -> str:
+    names = [_JSON_TYPE_NAMES.get(t, t.__name__) for t in (types if isinstance(types, tuple) else (types,))]
+    return "a number" if set(names) == {"an integer", "a number"} else " or ".join(names)
+
+
+def _has_type(value: object, types: type | tuple[type, ...]) -> bool:
+    # JSON's true/false are Python bools, which are ints too: an integer field does not take them
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        return False
+    return isinstance(value, types)
+
+
 def read_tokenizer_settings(
     path: Path, fields: dict[str, type | tuple[type, ...]] | None = None, optional: tuple[str, ...] = ()
 ) -> dict:
     """The settings a saved image tokenizer holds in `path` (its vq_tokenizer_config.json): a JSON object with each
     of `fields` (name: type) and, where present and not null, each of `optional` as a string. A ValueError naming
-    the file and what was expected otherwise. Its own reader rather than the training package's because the
-    exported pipeline code carries it, and that code imports nothing of energyformers."""
-    again = "save the image tokenizer again (PatchKMeansTokenizer / VQGANTokenizer .save_pretrained)"
+    the file, what it holds and what was expected otherwise, in `read_json_object`'s words."""
+    path = Path(path)
     try:
-        settings = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
-        raise ValueError(f"{path}: not valid JSON ({' '.join(str(err).split())}); {again}.") from None
+        settings = json.loads(path.read_text())
+    except OSError as err:  # e.g. no permission to read it
+        raise ValueError(f"{path}: cannot be read ({err.strerror or err}); {_TOKENIZER_REMEDY}.") from None
+    except ValueError as err:  # UnicodeDecodeError is a ValueError
+        raise ValueError(
+            f"{path}: not valid JSON ({' '.join(str(err).split())}); {_TOKENIZER_REMEDY}."
+        ) from None
     if not isinstance(settings, dict):
-        raise ValueError(f"{path}: holds a JSON {type(settings).__name__}, not an object; {again}.")
-    expected = {**dict.fromkeys(optional, str), **(fields or {})}
-    for key, kind in expected.items():
-        value = settings.get(key)
-        if value is None and key not in (fields or {}):
+        raise ValueError(
+            f"{path}: holds a JSON {type(settings).__name__}, not an object; {_TOKENIZER_REMEDY}."
+        )
+    for key, types in {**dict.fromkeys(optional, str), **(fields or {})}.items():
+        if key not in settings or settings[key] is None:
+            if fields and key in fields:
+                raise ValueError(f"{path}: no {key!r} ({_json_type_name(types)}); {_TOKENIZER_REMEDY}.")
             continue
-        if isinstance(value, bool) or not isinstance(value, kind):
-            found = "missing" if key not in settings else json.dumps(value)[:40]
-            named = {int: "an integer", list: "a list", str: "a string"}
-            names = " or ".join(
-                named.get(t, t.__name__) for t in (kind if isinstance(kind, tuple) else (kind,))
-            )
-            raise ValueError(f"{path}: {key}={found}; expected {names}; {again}.")
+        if not _has_type(settings[key], types):
+            shown = json.dumps(settings[key])
+            shown = shown if len(shown) <= _SHOWN_JSON else f"{shown[: _SHOWN_JSON - 3]}..."
+            raise ValueError(f"{path}: {key}={shown} is not {_json_type_name(types)}; {_TOKENIZER_REMEDY}.")
     return settings
 
 

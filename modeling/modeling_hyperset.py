@@ -1626,7 +1626,10 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         output_hidden_states = (
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
+        # the iteration counts first (backprop_iterations' range depends on num_iterations), then halting and
+        # its clash with the output flags: a call with several bad arguments is told about its iteration counts
         num_iterations = self._num_iterations(num_iterations)
+        backprop_iterations = self._backprop_iterations(backprop_iterations, num_iterations)
         halting = self._halting(halting_tolerance, halting_criterion)
         if halting is not None and (output_attentions or output_hidden_states or output_energies):
             raise ValueError(
@@ -1635,7 +1638,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             )
         return _CallSettings(
             num_iterations=num_iterations,
-            backprop_iterations=self._backprop_iterations(backprop_iterations, num_iterations),
+            backprop_iterations=backprop_iterations,
             halting=halting,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,

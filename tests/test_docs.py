@@ -314,3 +314,19 @@ def test_paper_size_sudoku_parameter_counts_quoted_are_what_the_preset_builds():
         )
     wrong = [f"{path}: {quote!r}" for path, quote in quotes if quote not in flowing(ROOT / path)]
     assert not wrong, "Sudoku preset counts quoted otherwise than built:\n" + "\n".join(wrong)
+
+
+def test_the_option_list_names_the_feature_maps_the_config_accepts():
+    """`HyperSetConfig.choices` has no `feature_map` (a cross-field rule, not a choice table): the option list of
+    docs/hyperset.md names the public constant that lists them, and lists the same names."""
+    from energyformers.configuration.configuration_hyperset import FEATURE_MAPS
+
+    text = " ".join((ROOT / "docs" / "hyperset.md").read_text().split())
+    entry = re.search(
+        r"`feature_map` \(φ of `linear`/`gated`: (?P<names>[^,]+), listed in `(?P<where>[\w.]+)`", text
+    )
+    assert entry is not None, "docs/hyperset.md: no feature_map entry naming its list"
+    assert tuple(re.findall(r"`([^`]+)`", entry["names"])) == FEATURE_MAPS, (entry["names"], FEATURE_MAPS)
+    module, _, name = entry["where"].rpartition(".")
+    assert getattr(__import__(module, fromlist=[name]), name) is FEATURE_MAPS, entry["where"]
+    assert "feature_map" not in HyperSetConfig.choices

@@ -16,7 +16,7 @@ from PIL import Image
 from energyformers import HyperSetConfig, HyperSetForSequenceClassification
 from energyformers.energy import hopfield_energy
 from energyformers.training import cli, train
-from energyformers.training.inspect import LANDSCAPE_PATTERNS, energy_landscape
+from energyformers.training.inspect import LANDSCAPE_PATTERNS, InspectError, energy_landscape, run_log_history
 from energyformers.training.processing import train_tokenizer
 
 FIGURES = {
@@ -219,3 +219,28 @@ def test_a_truncated_model_and_an_output_file_are_one_line_errors(demo, tmp_path
         == f"energyformers inspect: error: --output_dir {taken}: is a file, not a folder; name a folder to write into"
     ), err
     assert taken.read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("metrics.json", "[]", "metrics.json: holds a JSON list, not an object"),
+        ("metrics.json", "{", "metrics.json: not valid JSON"),
+        ("trainer_state.json", '"x"', "trainer_state.json: holds a JSON str, not an object"),
+    ],
+)
+def test_a_log_history_file_of_the_wrong_shape_is_refused_in_the_shared_words(tmp_path, name, text, expected):
+    """A run's record that is not a JSON object is refused as export refuses it, with what to do about it."""
+    (tmp_path / name).write_text(text)
+    with pytest.raises(InspectError) as caught:
+        run_log_history(tmp_path)
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path / name}: ") and expected in message, message
+    assert message.endswith("delete it to inspect the folder without its training curve."), message
+
+
+def test_a_log_history_file_without_log_history_falls_through_to_the_next(tmp_path):
+    (tmp_path / "metrics.json").write_text('{"model": "hyperset"}')
+    assert run_log_history(tmp_path) is None
+    (tmp_path / "trainer_state.json").write_text('{"log_history": [{"step": 1}, 3]}')
+    assert run_log_history(tmp_path) == ([{"step": 1}], "trainer_state.json")

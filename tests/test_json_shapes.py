@@ -13,7 +13,7 @@ from test_checkpoint_layouts import ARGV, LAYOUTS, tree
 from test_export import build_model_dir
 
 from energyformers import FAMILIES
-from energyformers.mim import PatchKMeansTokenizer, VQGANTokenizer, load_vq_tokenizer
+from energyformers.mim import PatchKMeansTokenizer, VQGANTokenizer, load_vq_tokenizer, read_tokenizer_settings
 from energyformers.training import cli, export, push, weights
 
 # (file, its new text, or config.json changes; a part of the message after the file's path)
@@ -151,8 +151,8 @@ TOKENIZER_LOADERS = {
 }
 TOKENIZER_CASES = {
     "list": (lambda s: [], "holds a JSON list, not an object"),
-    "class_list": (lambda s: {**s, "tokenizer_class": ["x"]}, 'tokenizer_class=["x"]; expected a string'),
-    "subfolder_number": (lambda s: {**s, "subfolder": 3}, "subfolder=3; expected a string"),
+    "class_list": (lambda s: {**s, "tokenizer_class": ["x"]}, 'tokenizer_class=["x"] is not a string'),
+    "subfolder_number": (lambda s: {**s, "subfolder": 3}, "subfolder=3 is not a string"),
 }
 
 
@@ -185,7 +185,7 @@ def test_a_codebook_tokenizer_without_a_setting_is_named(tokenizer_dir, tmp_path
     settings = json.loads((tmp_path / "vq_tokenizer_config.json").read_text())
     del settings[key]
     (tmp_path / "vq_tokenizer_config.json").write_text(json.dumps(settings))
-    with pytest.raises(ValueError, match=rf"vq_tokenizer_config.json: {key}=missing; expected an? "):
+    with pytest.raises(ValueError, match=rf"vq_tokenizer_config.json: no '{key}' \(an? "):
         load_vq_tokenizer(tmp_path)
 
 
@@ -206,3 +206,56 @@ def test_read_json_object_names_the_field_and_its_type(tmp_path, text, expected)
     assert str(raised.value) == f"{path}: {expected}; fix it.", str(raised.value)
     path.write_text('{"n": 1, "x": null}')
     assert weights.read_json_object(path, {"n": int}, optional={"x": (int, float)}) == {"n": 1, "x": None}
+
+
+# The same bad file for both readers: mim's copy (which the exported pipeline code carries) and the training
+# package's must word it alike, remedy included (both tell the user to save the image tokenizer again).
+READER_CASES = {
+    "invalid": "{",
+    "not_utf8": b"\xff\xfe{",
+    "list": "[]",
+    "string": '"x"',
+    "missing": '{"image_size": [8, 8]}',
+    "null": '{"patch_size": null, "image_size": [8, 8]}',
+    "bool_for_int": '{"patch_size": true, "image_size": [8, 8]}',
+    "float_for_int": '{"patch_size": 2.5, "image_size": [8, 8]}',
+    "long_value": '{"patch_size": 2, "image_size": "' + "y" * 60 + '"}',
+    "value_of_40": '{"patch_size": 2, "image_size": "' + "y" * 38 + '"}',
+    "value_of_41": '{"patch_size": 2, "image_size": "' + "y" * 39 + '"}',
+    "optional_number": '{"patch_size": 2, "image_size": [8, 8], "subfolder": 3}',
+    "a_folder": None,
+}
+
+
+@pytest.mark.parametrize("case", sorted(READER_CASES))
+def test_mims_json_reader_words_a_bad_file_as_the_shared_reader_does(tmp_path, case):
+    content, path = READER_CASES[case], tmp_path / "vq_tokenizer_config.json"
+    if content is None:
+        path.mkdir()  # exists, but cannot be read as a file
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    fields = {"patch_size": int, "image_size": list}
+    messages = []
+    for read in (
+        lambda: read_tokenizer_settings(path, fields, optional=("subfolder",)),
+        lambda: weights.read_json_object(
+            path, fields, optional={"subfolder": str}, remedy=export.TOKENIZER_REMEDY
+        ),
+    ):
+        with pytest.raises(ValueError) as raised:
+            read()
+        messages.append(str(raised.value))
+    assert messages[0] == messages[1], messages
+    assert messages[0].startswith(f"{path}: ") and messages[0].endswith(f"; {export.TOKENIZER_REMEDY}."), (
+        messages
+    )
+
+
+def test_mims_json_reader_and_the_shared_reader_accept_the_same_file(tmp_path):
+    path = tmp_path / "vq_tokenizer_config.json"
+    path.write_text('{"patch_size": 2, "image_size": [8, 8], "subfolder": null}')
+    fields = {"patch_size": int, "image_size": list}
+    read = read_tokenizer_settings(path, fields, optional=("subfolder",))
+    assert read == weights.read_json_object(path, fields, optional={"subfolder": str}), read

@@ -181,6 +181,11 @@ def refusals(tmp: Path, mim: Path, classifier: Path, image: Path) -> dict[str, t
         for name in ("config.json", "model.safetensors"):
             (folder / name).write_bytes((mim / name).read_bytes())
         tokenizer.save_pretrained(folder)
+    listed = tmp / "tokenizer-a-list"  # valid JSON of the wrong shape: refused as export and mim refuse it
+    listed.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (listed / name).write_bytes((mim / name).read_bytes())
+    (listed / "vq_tokenizer_config.json").write_text("[]")
     mim_kind, classifier_kind = "masked-image-modelling model (", "not a masked-image-modelling model ("
     return {
         "top_k on MIM": ([str(mim), str(image), "--top_k", "2"], ["--top_k", mim_kind]),
@@ -208,6 +213,13 @@ def refusals(tmp: Path, mim: Path, classifier: Path, image: Path) -> dict[str, t
                 "--task",
                 "8 codes on a 4 × 4 grid",
                 "must match",
+            ],
+        ),
+        "tokenizer settings a list": (
+            [str(listed), str(image)],
+            [
+                f"{listed / 'vq_tokenizer_config.json'}: holds a JSON list, not an object",
+                "save the image tokenizer again",
             ],
         ),
         "tokenizer of another grid": (

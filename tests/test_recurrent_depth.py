@@ -393,3 +393,19 @@ def test_bad_recurrent_depth_arguments_fail_before_any_work(kwargs, name):
     model = image_model()
     with pytest.raises(ValueError, match=name):
         model(pixel_values=pixels(), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "first"),
+    [
+        (dict(backprop_iterations=99, halting_tolerance=1e-3, output_attentions=True), "backprop_iterations"),
+        (dict(backprop_iterations=-1, halting_tolerance=-5.0), "backprop_iterations"),
+        (dict(backprop_iterations=99, halting_criterion="loss"), "backprop_iterations"),
+        (dict(num_iterations=0, backprop_iterations=99, halting_tolerance=-5.0), "num_iterations"),
+    ],
+)
+def test_a_call_with_several_bad_arguments_names_the_iteration_counts_first(kwargs, first):
+    """Order: num_iterations, backprop_iterations, then halting and its clash with the output flags."""
+    with pytest.raises(ValueError) as caught:
+        image_model()(pixel_values=pixels(), **kwargs)
+    assert str(caught.value).startswith(f"{first} must"), f"{kwargs}: {caught.value}"

@@ -204,7 +204,7 @@ def test_release_refuses_train_flags_with_take(inspected_run, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("metrics_json", "reason"),
     [
-        ("not json\n", "not the metrics.json of an `energyformers train` run"),
+        ("not json\n", "metrics.json: not valid JSON"),
         (
             '{"model": "vit", "dataset": "digits", "test": {"accuracy": "high"}}',
             "test={'accuracy': 'high'}; expected the run's test metrics, an object of numbers",
@@ -265,16 +265,18 @@ def _assert_failed_alone(dist: Path, broken: Path, reason: str, released: list[s
 @pytest.mark.parametrize(
     ("metrics_json", "unreadable", "reason"),
     [
-        ("not json\n", False, "not the metrics.json of an `energyformers train` run"),
-        ("[]\n", False, "not the metrics.json of an `energyformers train` run"),
-        ('{"model": "hyperset", "dataset": ["digits"]}', False, "dataset=['digits']; expected names"),
+        ("not json\n", False, "metrics.json: not valid JSON"),
+        ("[]\n", False, "metrics.json: holds a JSON list, not an object"),
+        ('{"model": "hyperset", "dataset": ["digits"]}', False, 'dataset=["digits"] is not a string'),
+        ('{"model": "hyperset"}', False, "metrics.json: no 'dataset' (a string)"),
+        ('{"model": "", "dataset": "digits"}', False, 'metrics.json: model="" is not a name'),
         (
             '{"model": "hyperset", "dataset": "digits"}',
             True,
             "metrics.json: cannot be read (Permission denied)",
         ),
     ],
-    ids=["not-json", "not-an-object", "dataset-not-a-name", "unreadable"],
+    ids=["not-json", "not-an-object", "dataset-not-a-name", "no-dataset", "empty-model", "unreadable"],
 )
 def test_a_run_trained_here_with_a_broken_metrics_json_is_a_failure_of_its_own(
     inspected_run, tmp_path, capsys, monkeypatch, metrics_json, unreadable, reason

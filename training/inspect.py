@@ -61,7 +61,7 @@ from .predict import (
     masked_image_modeling_head,
     refuse_mim_flags,
 )
-from .weights import load_or_refuse
+from .weights import load_or_refuse, read_json_object
 
 if TYPE_CHECKING:  # torch is imported where it is used, so `inspect --help` does not pay for it
     import torch
@@ -722,6 +722,12 @@ SMOOTHING_LOGS = 5  # the moving average drawn over the logged training losses, 
 DEPTH_KEY = re.compile(r"^eval_(?P<metric>.+)_iterations_(?P<t>[0-9]+)$")
 
 
+LOG_HISTORY_REMEDY = (
+    "it is the run's record (`energyformers train` writes metrics.json, Trainer trainer_state.json): restore it, "
+    "or delete it to inspect the folder without its training curve"
+)
+
+
 def run_log_history(model_dir: str | Path) -> tuple[list[dict[str, Any]], str] | None:
     """The log history of a run folder and the file it came from: `metrics.json` (written by both training
     loops), else `trainer_state.json` (Trainer's); None if the folder has neither."""
@@ -730,10 +736,10 @@ def run_log_history(model_dir: str | Path) -> tuple[list[dict[str, Any]], str] |
         if not path.is_file():
             continue
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise InspectError(f"{path}: not a readable JSON file ({err})") from None
-        history = record.get("log_history") if isinstance(record, dict) else None
+            record = read_json_object(path, remedy=LOG_HISTORY_REMEDY)
+        except ValueError as err:
+            raise InspectError(str(err)) from None
+        history = record.get("log_history")
         if isinstance(history, list):
             return [entry for entry in history if isinstance(entry, dict)], name
     return None

@@ -405,12 +405,13 @@ def check_image_tokenizer(folder: Path, model_dir: str, config: dict[str, Any] |
         saved_tokenizer_numbers,
     )
 
+    from .export import TOKENIZER_REMEDY
+    from .weights import read_json_object
+
     try:
-        settings = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise UsageError(f"{path}: not a readable JSON file ({err})") from None
-    if not isinstance(settings, dict):
-        raise UsageError(f"{path}: expected a JSON object; got {type(settings).__name__}")
+        settings = read_json_object(path, remedy=TOKENIZER_REMEDY)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     try:
         check_tokenizer_fits(*saved_tokenizer_numbers(settings), config)
     except TokenizerMismatchError as err:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from ..tokenizer_fit import MIM_TASK
 from .cli import CommandParser, UsageError, check_output_folder, run_command
+from .weights import read_json_object
 
 REFERENCE_DATASETS = ("digits", "fashion_mnist", "rotten_tomatoes")
 # The built-in datasets of `energyformers train` (the keys of `training.data.BUILTIN_DATASETS`, known without
@@ -71,6 +72,12 @@ def _finished(run_dir: Path) -> bool:
     return all((run_dir / name).is_file() for name in ("config.json", "model.safetensors", "metrics.json"))
 
 
+# What to do about a metrics.json release cannot use, the end of its one-line message.
+RUN_RECORD_REMEDY = (
+    "it is the run's record, written by `energyformers train`: restore it or train the run again"
+)
+
+
 def _run_record(run_dir: Path) -> dict:
     """The metrics.json of a finished run, with what release reads of it checked: the model and the dataset it is
     released under (text; `inspect` runs on that dataset) and its test metrics (an object of numbers, or none: the
@@ -82,18 +89,10 @@ def _run_record(run_dir: Path) -> dict:
             f"{run_dir}: missing metrics.json; a release needs the run's measured metrics (train with "
             "`energyformers train`, which writes it)."
         )
-    try:
-        metrics = json.loads(metrics_path.read_text())
-        model, dataset = metrics["model"], metrics["dataset"]
-        if not (isinstance(model, str) and model and isinstance(dataset, str) and dataset):
-            raise TypeError(f"model={model!r}, dataset={dataset!r}; expected names")
-    except OSError as err:  # e.g. no permission to read it
-        raise ValueError(f"{metrics_path}: cannot be read ({err.strerror or err})") from None
-    except (ValueError, KeyError, TypeError) as err:  # not JSON, not an object, or without the run's names
-        raise ValueError(
-            f"{metrics_path}: not the metrics.json of an `energyformers train` run (it names the model and the "
-            f"dataset; {type(err).__name__}: {err})"
-        ) from None
+    metrics = read_json_object(metrics_path, {"model": str, "dataset": str}, remedy=RUN_RECORD_REMEDY)
+    for key in ("model", "dataset"):
+        if not metrics[key]:
+            raise ValueError(f'{metrics_path}: {key}="" is not a name; {RUN_RECORD_REMEDY}.')
     test = metrics.get("test") or {}
     if not isinstance(test, dict) or not all(
         value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))

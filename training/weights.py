@@ -44,6 +44,8 @@ def _has_type(value: Any, types: JsonTypes) -> bool:
     return isinstance(value, types)
 
 
+# `energyformers.mim.read_tokenizer_settings` keeps a copy of this reader (the exported pipeline code cannot import
+# the training package): the two word a refused file alike and must stay in step (tests/test_json_shapes.py).
 def read_json_object(
     path: str | os.PathLike,
     fields: Mapping[str, JsonTypes] | None = None,
@@ -62,7 +64,9 @@ def read_json_object(
     path = Path(path)
     try:
         value = json.loads(path.read_text())
-    except (OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
+    except OSError as err:  # e.g. no permission to read it
+        raise ValueError(f"{path}: cannot be read ({err.strerror or err}); {remedy}.") from None
+    except ValueError as err:  # UnicodeDecodeError is a ValueError
         raise ValueError(f"{path}: not valid JSON ({' '.join(str(err).split())}); {remedy}.") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path}: holds a JSON {type(value).__name__}, not an object; {remedy}.")
