@@ -369,10 +369,9 @@ TOKENS = [[2.0, 0, 0, 0], [0, 2.0, 0, 0], [math.sqrt(2), math.sqrt(2), 0, 0], [0
 
 
 def _identity_layer(**overrides):
-    # an eps large enough to be seen: z = x / √(mean x² + eps)
-    config = SEQUENCE.config(
-        hidden_size=4, num_attention_heads=1, intermediate_size=4, rms_norm_eps=0.01, **overrides
-    )
+    # by default an eps large enough to be seen: z = x / √(mean x² + eps)
+    overrides = {"rms_norm_eps": 0.01, **overrides}
+    config = SEQUENCE.config(hidden_size=4, num_attention_heads=1, intermediate_size=4, **overrides)
     layer = HyperSetModel(config).double().layers[0]
     with torch.no_grad():
         layer.attention.qkv_proj.weight.copy_(torch.eye(4, dtype=D))
@@ -405,3 +404,48 @@ def test_softmax_feedforward_energy_by_hand():
     got = layer.feedforward.energy(x, keep).item()
     # three log-sum-exps of 4 terms, each of size ≤ 3: a few ulps of 7
     assert abs(got - expected) <= rounding(D, 16, 7.0), f"E_FF {got!r} vs {expected!r}"
+
+
+# ---------------------------------------------------------------- geometry diagnostics by hand
+@pytest.mark.parametrize(
+    ("energy", "feature_map"), [("bisoftmax", None), ("sigmoid", None), ("linear", "elu+1")]
+)
+def test_geometry_diagnostics_by_hand_and_blind_to_padding(energy, feature_map):
+    # W = I, d_h = 4, one head: 3 tokens along e1 and 1 along e2 give z = 2c·e1 (×3) and 2c·e2, whose singular
+    # values are (√3, 1)·2c. The effective rank is exp(H(p)) with p ∝ σ (not σ²: p ∝ (3, 1) gives another
+    # number), and of the 12 ordered pairs of distinct tokens 6 are at 90° and 6 at 0°: a mean angle of 45°
+    # (the diagonal counted as pairs would give 540/16 = 33.75°). A second sample, 2 tokens at 60° beside 4 padded
+    # ones, has the Gram matrix 4·[[1, ½], [½, 1]], σ = (√6, √2) ∝ (√3, 1): the same rank, a mean angle of 60° (the
+    # angle of the unit vectors: raw z·z of 2 would clamp to 0°).
+    # eps = float64's (the default): z = 2·x/|x| to the last bits for these mean squares ≥ 1/4
+    layer, _ = _identity_layer(attention_energy=energy, feature_map=feature_map, rms_norm_eps=None)
+    tokens = [[1.5, 0, 0, 0], [4.0, 0, 0, 0], [7.0, 0, 0, 0], [0, 3.0, 0, 0]]
+    pad = [
+        [0.3, -5.0, 1.0, 7.0],
+        [9.0, 9.0, -9.0, 1.0],
+        [-2.0, 0.1, 0, 0],
+        [0, 0, 4.0, 0],
+    ]  # arbitrary states
+    at_60 = [[1.0, 0, 0, 0], [1.0, math.sqrt(3), 0, 0]]
+    p = torch.tensor([math.sqrt(3), 1.0], dtype=D) / (math.sqrt(3) + 1)
+    rank = math.exp(-(p * p.log()).sum().item())
+    plain = layer.attention.diagnostics(torch.tensor([tokens], dtype=D), torch.ones(1, 4, dtype=D))
+    with_padding = layer.attention.diagnostics(
+        torch.tensor([pad[:1] + tokens + pad[1:2], pad[2:] + at_60 + pad[:2]], dtype=D),
+        torch.tensor([[0.0, 1, 1, 1, 1, 0], [0, 0, 1, 1, 0, 0]], dtype=D),
+    )
+    for name, (_, got_rank, got_angle), angles in (
+        ("unpadded", plain, [45.0]),
+        ("padded", with_padding, [45.0, 60.0]),
+    ):
+        for sample, angle in enumerate(angles):
+            where = f"{name}, sample {sample}"
+            # an SVD of a ≤ 6 × 4 float64 matrix and a log of 2 terms: a few tens of ulps of the rank ≈ 1.9
+            assert abs(got_rank[sample].item() - rank) <= rounding(D, 64, 2.0), (
+                f"{where}: effective rank {got_rank[sample].item()!r} vs {rank!r}"
+            )
+            # acos near 1 turns a rounding δ of a unit dot product into √(2δ) rad ≈ 1e-6°: far below the 11.25°
+            # of a diagonal counted as pairs or the degrees a padded token counted would add
+            assert abs(got_angle[sample].item() - angle) <= 1e-5, (
+                f"{where}: mean angle {got_angle[sample].item()!r} vs {angle}°"
+            )
