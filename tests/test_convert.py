@@ -1119,3 +1119,90 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work(
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before, (
         "a refused conversion wrote files"
     )
+
+
+# ------------------------------------------------------------------------- key mappings without the fixtures
+# A random official state_dict whose q, k and v (projection blocks, RMSNorm gains) differ in scale, so that a
+# mapping that swaps two of them changes the logits; the converted model must give the logits of the package's own
+# re-implementation of the official computation (`official_logits`, convert's verification), in float64.
+
+SYNTHETIC_KWARGS = {
+    "hyperbf": {
+        "img_size": 8,
+        "patch_size": 4,
+        "num_classes": 3,
+        "embed_dim": 8,
+        "depth": 2,
+        "num_heads": 2,
+    },
+    "hyperset-ic": {
+        "num_classes": 3,
+        "img_size": 8,
+        "patch": 2,
+        "n_layer": 2,
+        "n_recur": 2,
+        "n_embd": 8,
+        "head": 2,
+        "mlp_hidden": 16,
+        "time_embed": 8,
+    },
+}
+QKV_SCALES = (1.0, 2.0, 0.5)  # q, k, v
+
+
+def synthetic_official_state(source: str, kwargs: dict) -> dict[str, torch.Tensor]:
+    """float64 official tensors: norm gains near 1, q/k/v scaled by QKV_SCALES, metrics with a positive-definite
+    symmetric part, positive β and attention scale (what the Gaussian-kernel form needs)."""
+    generator = torch.Generator().manual_seed(0)
+    state = {}
+    for key, (shape, _) in SOURCES[source].layout(kwargs).items():
+        noise = torch.randn(shape, generator=generator, dtype=torch.float64)
+        if re.search(r"(norm\d?|emb\.[02]|ln\w*|time_mlp\.0\.[246]|fc\.0)\.weight$", key):
+            value = 1 + 0.3 * noise
+        elif key.endswith(("attn.M", "mlp.M_RBF")):
+            value = torch.eye(shape[0], dtype=torch.float64) + 0.1 * noise
+        elif key.endswith("attn.scale"):
+            value = torch.tensor(0.7, dtype=torch.float64)
+        elif key.endswith("mlp.beta"):
+            value = 0.2 + 0.5 * noise.abs()
+        else:
+            value = 0.3 * noise
+        if key.endswith("attn.qkv.weight") and source == "hyperbf":  # rows: q, k, v blocks
+            value = torch.cat([s * block for s, block in zip(QKV_SCALES, value.chunk(3), strict=True)])
+        if match := re.search(r"attn\.ln1_(\d)\.weight$", key):  # Hyper-SET's q, k, v gains
+            value = QKV_SCALES[int(match[1]) - 1] * value
+        state[key] = value
+    return state
+
+
+def swapped_roles(source: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state with k and v exchanged (Hyper-SET's gains; the score is symmetric in g_q and g_k) or, for HyperBF,
+    q and k (its projection blocks)."""
+    out = dict(state)
+    for key, value in state.items():
+        if source == "hyperbf" and key.endswith("attn.qkv.weight"):
+            q, k, v = value.chunk(3)
+            out[key] = torch.cat([k, q, v])
+        elif match := re.search(r"attn\.ln1_([23])\.weight$", key):
+            out[key] = state[key.replace(f"ln1_{match[1]}", f"ln1_{5 - int(match[1])}")]
+    return out
+
+
+@pytest.mark.parametrize("source", sorted(SYNTHETIC_KWARGS))
+def test_converted_synthetic_checkpoint_gives_the_official_computation(source):
+    family = SOURCES[source]
+    kwargs = family.normalise_kwargs(dict(SYNTHETIC_KWARGS[source]))
+    state = synthetic_official_state(source, kwargs)
+    family.check_state(state, kwargs, "synthetic")
+    model = family.head_class(family.config(kwargs)).double().eval()
+    missing, unexpected = model.load_state_dict(family.to_ours(state, kwargs), strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    inputs = family.example_inputs(kwargs)
+    official = family.official_logits(state, kwargs, inputs, torch.float64)
+    ours = family.model_logits(model, inputs)
+    # the same computation in another order and, for HyperBF, through Cholesky factors and solves of
+    # near-identity 4 × 4 and 8 × 8 metrics: sums of width 8-16 through 2 layers (× 2 iterations)
+    close(ours, official, 32 * 4, f"{source}: converted model vs official computation")
+    # the premise: a mapping that exchanged two roles would be seen, far beyond that bound
+    other = family.official_logits(swapped_roles(source, state), kwargs, inputs, torch.float64)
+    assert (other - official).abs().max() > 1e-3, f"{source}: logits insensitive to the role swap"

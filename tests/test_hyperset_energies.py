@@ -14,6 +14,7 @@ from energyformers import HyperSetConfig, HyperSetForSequenceClassification, Hyp
 from energyformers.configuration.configuration_hyperset import FEATURE_MAPS
 from energyformers.modeling.modeling_hyperset import (
     FEATURE_MAP_FUNCTIONS,
+    HyperSetAttention,
     HyperSetGatedFeedForward,
     HyperSetLinearAttention,
 )
@@ -281,3 +282,170 @@ def test_energies_are_float32_under_a_bfloat16_autocast(attention_energy, feedfo
         assert value.dtype == torch.float32, f"{name}: {value.dtype} under autocast"
         # the same float32 computation: float32's default tolerances (bf16 products are off by ~1e-3 relative)
         torch.testing.assert_close(value, reference, msg=lambda m, name=name: f"{name} under autocast: {m}")
+
+
+# ---------------------------------------------------------------- each update is the pull-back of the module's own energy
+# With a square orthogonal projection (W, resp. D) and unit gains, the update gives ∂E/∂z (resp. −∂E/∂u) exactly:
+# z-space coefficients = update · Wᵀ. Their pull-back through the token-wise normalisation z(x) must then equal
+# autograd of the module's own reported energy in x. A reported energy that is not the one the update descends (a
+# dropped factor, a flipped sign, another potential) fails here, whatever formula a test would write for it.
+
+
+def _orthogonal_layer(**overrides):
+    torch.manual_seed(0)
+    config = SEQUENCE.config(intermediate_size=16, **overrides)
+    layer = HyperSetModel(config).double().layers[0]
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        layer.attention.qkv_proj.weight.copy_(torch.linalg.qr(torch.randn(16, 16, generator=g, dtype=D))[0])
+        layer.feedforward.dictionary.weight.copy_(
+            torch.linalg.qr(torch.randn(16, 16, generator=g, dtype=D))[0]
+        )
+    assert (layer.attention.qkv_gain == 1).all() and (layer.feedforward.norm.weight == 1).all()
+    return layer
+
+
+def _own_energy_gradient(module, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """∂(Σ_b module.energy(x, keep)_b)/∂x by autograd through the module's own (undecorated) energy method."""
+    # the energy methods run without autograd (`_energy_precision`); the attention's energy is its diagnostics[0]
+    if isinstance(module, HyperSetAttention):
+        undecorated = lambda y: type(module).diagnostics.__wrapped__(module, y, keep, geometry=False)[0]  # noqa: E731
+    else:
+        undecorated = lambda y: type(module).energy.__wrapped__(module, y, keep)  # noqa: E731
+    with torch.enable_grad():
+        y = x.detach().requires_grad_(True)
+        reported = undecorated(y)
+        (grad,) = torch.autograd.grad(reported.sum(), y)
+    assert torch.equal(reported.detach(), module.energy(x, keep)), "energy() is not what was differentiated"
+    return grad
+
+
+ATTENTION_KINDS = [("bisoftmax", None), ("sigmoid", None)] + [("linear", phi) for phi in FEATURE_MAPS]
+
+
+@pytest.mark.parametrize(("energy", "feature_map"), ATTENTION_KINDS)
+def test_attention_update_is_the_pullback_of_its_reported_energy(energy, feature_map):
+    layer = _orthogonal_layer(attention_energy=energy, feature_map=feature_map)
+    attention = layer.attention
+    x, keep = torch.randn(2, 6, 16, dtype=D, generator=torch.Generator().manual_seed(1)), _keep(True)
+    real = keep.bool()
+    update, _ = attention(x, real)
+    grad_energy = _own_energy_gradient(attention, x, keep)
+    # the update is W-mixed ∂E/∂z: with W orthogonal, update·Wᵀ is ∂E/∂z per token, (B, N, H·d_h)
+    coefficients = (update @ attention.qkv_proj.weight.t()).detach()
+    heads = coefficients.view(2, 6, attention.num_heads, attention.head_dim).transpose(1, 2)
+    with torch.enable_grad():
+        y = x.detach().requires_grad_(True)
+        (expected,) = torch.autograd.grad(attention.normalized_heads(y), y, heads)
+    # a padded token has no energy (its gradient is 0); its update is no gradient and is not compared
+    assert torch.equal(grad_energy[~real], torch.zeros_like(grad_energy[~real]))
+    # sums over 6 tokens × 4 head channels, then W, Wᵀ and the norm's pull-back over 16 channels, in another order
+    assert_close_to_scale(grad_energy[real], expected[real], rounding(D, 256), f"∂E_ATTN/∂x ({energy})")
+    assert grad_energy[real].abs().max() > 1e-3, "a vanishing gradient would make the comparison void"
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_gated_feedforward_update_is_the_pullback_of_its_reported_energy(feature_map):
+    # (the ReLU, GELU and softmax feedforward energies: test_modeling_hyperset.py's
+    # test_reported_feedforward_energy_is_the_potential_of_the_update)
+    feedforward = _orthogonal_layer(feedforward_energy="gated", feature_map=feature_map).feedforward
+    x, keep = torch.randn(2, 6, 16, dtype=D, generator=torch.Generator().manual_seed(1)), _keep(True)
+    grad_energy = _own_energy_gradient(feedforward, x, keep)
+    # FF(x) = −(∂E/∂u) D, so −FF(x)·Dᵀ = ∂E/∂u
+    coefficients = -(feedforward(x) @ feedforward.dictionary.weight.t()).detach()
+    with torch.enable_grad():
+        y = x.detach().requires_grad_(True)
+        u = torch.nn.functional.rms_norm(feedforward.dictionary(y), (16,), eps=feedforward.eps)
+        (expected,) = torch.autograd.grad(u, y, coefficients * keep[..., None])
+    # sums of 16 terms, a few in a row (D, the norm, Dᵀ, the pull-back), in another order
+    assert_close_to_scale(grad_energy, expected, rounding(D, 256), f"∂E_FF/∂x (gated, {feature_map})")
+    assert grad_energy.abs().max() > 1e-3, "a vanishing gradient would make the comparison void"
+
+
+# ---------------------------------------------------------------- energies by hand on a tiny input
+# d = d_h = M = 4, one head, W = D = I: tokens e1·2, e2·2 and (√2, √2, 0, 0) all have mean square 1, so
+# z = u = c·x with c² = 1/(1 + eps), and a 4th, padded token holds an arbitrary state.
+TOKENS = [[2.0, 0, 0, 0], [0, 2.0, 0, 0], [math.sqrt(2), math.sqrt(2), 0, 0], [0.3, -5.0, 1.0, 7.0]]
+
+
+def _identity_layer(**overrides):
+    # by default an eps large enough to be seen: z = x / √(mean x² + eps)
+    overrides = {"rms_norm_eps": 0.01, **overrides}
+    config = SEQUENCE.config(hidden_size=4, num_attention_heads=1, intermediate_size=4, **overrides)
+    layer = HyperSetModel(config).double().layers[0]
+    with torch.no_grad():
+        layer.attention.qkv_proj.weight.copy_(torch.eye(4, dtype=D))
+        layer.feedforward.dictionary.weight.copy_(torch.eye(4, dtype=D))
+    return layer, config.rms_norm_eps
+
+
+def _sigmoid(t: float) -> float:
+    return 1 / (1 + math.exp(-t))
+
+
+def test_sigmoid_attention_energy_by_hand():
+    layer, eps = _identity_layer(attention_energy="sigmoid")
+    x, keep = torch.tensor([TOKENS], dtype=D), torch.tensor([[1.0, 1, 1, 0]], dtype=D)
+    c2 = 1 / (1 + eps)
+    # E = ½√d_h Σ_ij σ(z_i·z_j/√d_h), √d_h = 2: scores 2c² on the diagonal (3), √2c² between token 3 and the
+    # others (4 ordered pairs), 0 between tokens 1 and 2 (2 pairs)
+    expected = 0.5 * 2 * (3 * _sigmoid(2 * c2) + 4 * _sigmoid(math.sqrt(2) * c2) + 2 * _sigmoid(0.0))
+    got = layer.attention.energy(x, keep).item()
+    # a sum of 9 sigmoids of size ≤ 1: a few ulps of 9
+    assert abs(got - expected) <= rounding(D, 16, 9.0), f"E_ATTN {got!r} vs {expected!r}"
+
+
+def test_softmax_feedforward_energy_by_hand():
+    layer, eps = _identity_layer(feedforward_energy="softmax")
+    x, keep = torch.tensor([TOKENS], dtype=D), torch.tensor([[1.0, 1, 1, 0]], dtype=D)
+    c = 1 / math.sqrt(1 + eps)
+    # E_FF = −Σ_i logsumexp_m u_im, u = c·x
+    expected = -(2 * math.log(math.exp(2 * c) + 3) + math.log(2 * math.exp(math.sqrt(2) * c) + 2))
+    got = layer.feedforward.energy(x, keep).item()
+    # three log-sum-exps of 4 terms, each of size ≤ 3: a few ulps of 7
+    assert abs(got - expected) <= rounding(D, 16, 7.0), f"E_FF {got!r} vs {expected!r}"
+
+
+# ---------------------------------------------------------------- geometry diagnostics by hand
+@pytest.mark.parametrize(
+    ("energy", "feature_map"), [("bisoftmax", None), ("sigmoid", None), ("linear", "elu+1")]
+)
+def test_geometry_diagnostics_by_hand_and_blind_to_padding(energy, feature_map):
+    # W = I, d_h = 4, one head: 3 tokens along e1 and 1 along e2 give z = 2c·e1 (×3) and 2c·e2, whose singular
+    # values are (√3, 1)·2c. The effective rank is exp(H(p)) with p ∝ σ (not σ²: p ∝ (3, 1) gives another
+    # number), and of the 12 ordered pairs of distinct tokens 6 are at 90° and 6 at 0°: a mean angle of 45°
+    # (the diagonal counted as pairs would give 540/16 = 33.75°). A second sample, 2 tokens at 60° beside 4 padded
+    # ones, has the Gram matrix 4·[[1, ½], [½, 1]], σ = (√6, √2) ∝ (√3, 1): the same rank, a mean angle of 60° (the
+    # angle of the unit vectors: raw z·z of 2 would clamp to 0°).
+    # eps = float64's (the default): z = 2·x/|x| to the last bits for these mean squares ≥ 1/4
+    layer, _ = _identity_layer(attention_energy=energy, feature_map=feature_map, rms_norm_eps=None)
+    tokens = [[1.5, 0, 0, 0], [4.0, 0, 0, 0], [7.0, 0, 0, 0], [0, 3.0, 0, 0]]
+    pad = [
+        [0.3, -5.0, 1.0, 7.0],
+        [9.0, 9.0, -9.0, 1.0],
+        [-2.0, 0.1, 0, 0],
+        [0, 0, 4.0, 0],
+    ]  # arbitrary states
+    at_60 = [[1.0, 0, 0, 0], [1.0, math.sqrt(3), 0, 0]]
+    p = torch.tensor([math.sqrt(3), 1.0], dtype=D) / (math.sqrt(3) + 1)
+    rank = math.exp(-(p * p.log()).sum().item())
+    plain = layer.attention.diagnostics(torch.tensor([tokens], dtype=D), torch.ones(1, 4, dtype=D))
+    with_padding = layer.attention.diagnostics(
+        torch.tensor([pad[:1] + tokens + pad[1:2], pad[2:] + at_60 + pad[:2]], dtype=D),
+        torch.tensor([[0.0, 1, 1, 1, 1, 0], [0, 0, 1, 1, 0, 0]], dtype=D),
+    )
+    for name, (_, got_rank, got_angle), angles in (
+        ("unpadded", plain, [45.0]),
+        ("padded", with_padding, [45.0, 60.0]),
+    ):
+        for sample, angle in enumerate(angles):
+            where = f"{name}, sample {sample}"
+            # an SVD of a ≤ 6 × 4 float64 matrix and a log of 2 terms: a few tens of ulps of the rank ≈ 1.9
+            assert abs(got_rank[sample].item() - rank) <= rounding(D, 64, 2.0), (
+                f"{where}: effective rank {got_rank[sample].item()!r} vs {rank!r}"
+            )
+            # acos near 1 turns a rounding δ of a unit dot product into √(2δ) rad ≈ 1e-6°: far below the 11.25°
+            # of a diagonal counted as pairs or the degrees a padded token counted would add
+            assert abs(got_angle[sample].item() - angle) <= 1e-5, (
+                f"{where}: mean angle {got_angle[sample].item()!r} vs {angle}°"
+            )

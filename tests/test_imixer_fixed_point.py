@@ -157,6 +157,43 @@ def test_tolerance_solvers_stop_early_and_report_it():
     assert torch.all(anderson.final_relative_residuals <= tolerance), anderson.final_relative_residuals
 
 
+@pytest.mark.parametrize("solver", ["picard", "anderson"])
+@pytest.mark.parametrize("scale", [1e3, 1e-3])
+def test_tolerance_solvers_stop_on_the_relative_residual_whatever_the_state_scale(solver, scale):
+    # The tolerance is on ‖f(x) − x‖ / ‖x‖; the paper's residual ‖f(x) − x‖ / √numel is that times the state's rms.
+    # With fc1 (weight and bias) scaled, the start fc1(t) and the fixed point scale with it (F's biases zeroed so
+    # F(0) = 0 and the small state stays small): the two residuals cross the tolerance steps apart, and the solve
+    # must stop at the first step whose relative residual is <= the tolerance. Batch of 1: the recorded per-step
+    # means are that sample's residuals.
+    tolerance = 1e-6
+    model = contractive_model()
+    with torch.no_grad():
+        for layer in model.imixer.layers:
+            mixing = layer.token_mixing
+            mixing.fc1.weight.mul_(scale)
+            mixing.fc1.bias.mul_(scale)
+            mixing.fc_sn1.bias.zero_()
+            mixing.fc_sn2.bias.zero_()
+    d = model(
+        pixel_values=pixels()[:1],
+        fixed_point_iterations=200,
+        fixed_point_solver=solver,
+        fixed_point_tolerance=tolerance,
+        output_fixed_point_residuals=True,
+    ).fixed_point_residuals
+    for block in range(model.config.num_hidden_layers):
+        ran = int(d.iterations[block])
+        relative, absolute = d.relative_residuals[block, :ran].tolist(), d.residuals[block, :ran].tolist()
+        first = next((step + 1 for step, value in enumerate(relative) if value <= tolerance), None)
+        crossed = next((step + 1 for step, value in enumerate(absolute) if value <= tolerance), None)
+        where = f"block {block}, {solver}, scale {scale}: relative {relative}, paper's residual {absolute}"
+        # the premise: the state's rms is far from 1, so the paper's residual crosses elsewhere (or not yet)
+        assert 0.01 < relative[0] and crossed != first and (crossed is None) == (scale > 1), where
+        assert ran == first, (
+            f"{where}: stopped after {ran} steps, not at the first relative residual <= {tolerance}"
+        )
+
+
 def test_paper_residual_is_the_step_norm_over_root_of_the_state_size():
     model = IMAGE.build(num_hidden_layers=1, fixed_point_iterations=3)
     mixing = model.imixer.layers[0].token_mixing

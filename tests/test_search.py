@@ -220,6 +220,24 @@ def test_sudoku_board_validity():
     assert modeling_hyperset.sudoku_boards_valid(puzzles, on_given).tolist() == [True] * 3
 
 
+def test_sudoku_board_validity_checks_the_boxes():
+    """A Latin square that is no Sudoku (rows and columns permutations, boxes not) is invalid, given as
+    predictions on blanks, as givens, or mixed; a real solution in the same batch stays valid."""
+    from test_sudoku import LATIN_NOT_SUDOKU, PUZZLE, SOLUTION
+
+    latin, puzzle, solution = (
+        torch.tensor([int(d) for d in g]) for g in (LATIN_NOT_SUDOKU, PUZZLE, SOLUTION)
+    )
+    half = torch.where(torch.arange(81) % 2 == 0, latin, 0)  # the even cells given, the odd ones predicted
+    input_ids = torch.stack(
+        [torch.zeros(81, dtype=torch.long), latin, half, puzzle, torch.zeros(81, dtype=torch.long)]
+    )
+    boards = torch.stack([latin, latin, latin, solution, solution])
+    logits = torch.nn.functional.one_hot(boards - 1, 9).float()  # (5, 81, 9)
+    got = modeling_hyperset.sudoku_boards_valid(input_ids, logits).tolist()
+    assert got == [False, False, False, True, True], got
+
+
 def sudoku_model(looped: bool = False):
     config = hyperset_config(
         "sequence", vocab_size=10, max_position_embeddings=81, num_labels=9, num_hidden_layers=1

@@ -36,6 +36,25 @@ def test_solver_no_solution_and_clash():
     assert not is_valid_solution(bad)
 
 
+# Rows and columns are permutations of 1-9, boxes are not (box 0 holds 1,2,3 / 2,3,4 / 3,4,5): only the box
+# check can reject it, and a box reshape that yields rows or columns instead of boxes accepts it.
+LATIN_NOT_SUDOKU = [(r + c) % 9 + 1 for r in range(9) for c in range(9)]
+
+
+def test_a_latin_square_that_is_no_sudoku_is_invalid():
+    g = np.asarray(LATIN_NOT_SUDOKU).reshape(9, 9)
+    want = np.arange(1, 10)
+    assert (np.sort(g, 1) == want).all() and (np.sort(g.T, 1) == want).all(), g  # the premise
+    assert not is_valid_solution(LATIN_NOT_SUDOKU)
+    assert not is_valid_solution(np.asarray(LATIN_NOT_SUDOKU, dtype=np.uint8))
+    # every box a permutation but no row or column: the box check alone must not accept it either
+    boxes_only = [(r % 3) * 3 + c % 3 + 1 for r in range(9) for c in range(9)]
+    assert not is_valid_solution(boxes_only)
+    assert is_valid_solution(
+        _grid(SOLUTION)
+    )  # a real solution, whose boxes are only right if box = 3x3 block
+
+
 def _deadly_rectangle(g: list[int]) -> tuple[int, int, int, int] | None:
     """Cells (r1,c1),(r1,c2),(r2,c1),(r2,c2) in two boxes holding a,b / b,a: swapping them is another solution."""
     for r1, r2 in itertools.combinations(range(9), 2):
