@@ -85,7 +85,7 @@ class IMixerSequenceClassifierOutput(SequenceClassifierOutput):
     fixed_point_residuals: IMixerFixedPointDiagnostics | None = None
 
 
-# --- shared helpers: identical in the three modeling files (tests/test_layout.py checks) ---
+# --- shared helpers: identical in energyformers' three family model files (its test suite checks) ---
 
 
 def select_attn_implementation(
