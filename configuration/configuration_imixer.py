@@ -33,7 +33,7 @@ ACTIVATION_MAX_SLOPES: dict[str, float] = {
 _TOLERANCE_SOLVERS = ("picard", "anderson")
 
 
-# --- shared config machinery: identical in the three configuration files (tests/test_configuration.py checks) ---
+# --- shared config machinery: identical in energyformers' three family configs (its test suite checks) ---
 # Per family only the tables below this block (_CHOICES, _POSITIVE_INTS, ...) and the config's
 # `_check_cross_field_rules` differ; that method starts from `_check_common_rules`, the rules every family shares.
 # The block is duplicated rather than shared because each file is copied verbatim into Hub remote code, which may

@@ -345,7 +345,8 @@ class EnergyAttention(nn.Module):
         num_steps: gradient steps k (>= 1).
         step_size: η, in (0, 2] (the monotone range, module docstring).
         beta: inverse temperature, a finite number > 0 or a tensor of them, 0-d (one for all heads) or
-            `(num_heads,)` (one per head); None: 1/√d_h.
+            `(num_heads,)` (one per head); None: 1/√d_h. A tensor is kept as a non-persistent buffer (it moves
+            and casts with the module, and is not in the state dict), an `nn.Parameter` as a parameter.
         key_value_size: width of the cross-attention inputs y (None: hidden_size).
         bias: biases in the projections.
     """
@@ -377,8 +378,14 @@ class EnergyAttention(nn.Module):
             )
         self.num_heads, self.num_steps, self.step_size = num_heads, num_steps, float(step_size)
         self.head_dim = hidden_size // num_heads
-        self.beta = 1.0 / math.sqrt(self.head_dim) if beta is None else beta
-        _check_beta(self.beta, num_heads)
+        beta = 1.0 / math.sqrt(self.head_dim) if beta is None else beta
+        _check_beta(beta, num_heads)
+        if isinstance(beta, torch.Tensor) and not isinstance(beta, nn.Parameter):
+            # a buffer, so β follows the module's `.to()` / `.double()` / `.cuda()` as its weights do; not
+            # persistent, as a number β is not: the state dict holds the weights only
+            self.register_buffer("beta", beta, persistent=False)
+        else:  # a number, or an nn.Parameter (which assignment registers, so β can be learnt)
+            self.beta = beta
         key_value_size = hidden_size if key_value_size is None else key_value_size
         self.q_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
         self.k_proj = nn.Linear(key_value_size, hidden_size, bias=bias)

@@ -35,9 +35,9 @@ if TYPE_CHECKING:  # diffusers is an optional extra ([vqgan]): imported where a 
     from diffusers import VQModel
 
 
-# `read_tokenizer_settings` words a refused file as `training.weights.read_json_object` does, and the two must stay
-# in step (tests/test_json_shapes.py compares them); its own copy because the exported pipeline code carries this
-# module, and that code imports nothing of the training package.
+# `read_tokenizer_settings` words a refused file as the JSON reader of energyformers' training package does, and
+# the two must stay in step (the package's test suite compares them); its own copy because the exported pipeline
+# code carries this module, and that code imports nothing of the training package.
 _TOKENIZER_REMEDY = (
     "save the image tokenizer again (PatchKMeansTokenizer / VQGANTokenizer .save_pretrained(model_dir))"
 )

@@ -88,7 +88,7 @@ class HyperBFSequenceClassifierOutput(SequenceClassifierOutput):
     rbf_diagnostics: HyperBFRBFDiagnostics | None = None
 
 
-# --- shared helpers: identical in the three modeling files (tests/test_layout.py checks) ---
+# --- shared helpers: identical in energyformers' three family model files (its test suite checks) ---
 
 
 def select_attn_implementation(

@@ -191,7 +191,7 @@ def iteration_embedding(steps: torch.Tensor, dim: int, dtype: torch.dtype = torc
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
-# --- shared helpers: identical in the three modeling files (tests/test_layout.py checks) ---
+# --- shared helpers: identical in energyformers' three family model files (its test suite checks) ---
 
 
 def select_attn_implementation(

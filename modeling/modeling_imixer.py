@@ -85,7 +85,7 @@ class IMixerSequenceClassifierOutput(SequenceClassifierOutput):
     fixed_point_residuals: IMixerFixedPointDiagnostics | None = None
 
 
-# --- shared helpers: identical in the three modeling files (tests/test_layout.py checks) ---
+# --- shared helpers: identical in energyformers' three family model files (its test suite checks) ---
 
 
 def select_attn_implementation(
@@ -657,6 +657,16 @@ def _residuals(new: torch.Tensor, old: torch.Tensor) -> tuple[torch.Tensor, torc
     return distance / new.shape[1] ** 0.5, relative
 
 
+def _at_most(tolerance: float, dtype: torch.dtype) -> float:
+    """The largest value of `dtype` that is <= `tolerance`. A tensor compared with a Python float rounds the float
+    to the tensor's dtype, to nearest and so possibly upward; comparing residuals of `dtype` with this bound
+    instead decides exactly as comparing their values with the tolerance itself."""
+    bound = torch.tensor(tolerance, dtype=dtype)
+    if bound.item() > tolerance:
+        bound = torch.nextafter(bound, bound.new_full((), -torch.inf))
+    return bound.item()
+
+
 class _SolveRecord:
     """What the diagnostics report of one block's solve: per-step batch means over the samples still iterating
     (relative residual, the paper's residual, cosine; only with `track`), the steps run, and each sample's
@@ -807,6 +817,7 @@ def _solve(
     diverged = torch.zeros_like(active)
     growth = torch.zeros(batch, dtype=torch.long, device=state.device)
     best = previous = best_relative = None  # (B,) each, in the residuals' dtype from the first step on
+    threshold = settings.tolerance
     answer = state
     anderson = _AndersonMixing(settings.anderson_memory, settings.anderson_damping)
     for _ in range(num_steps):
@@ -817,6 +828,9 @@ def _solve(
         with torch.no_grad():
             if best is None:
                 best = previous = best_relative = torch.full_like(absolute, torch.inf)
+                # the record keeps these residuals as computed: a sample stops exactly when the value recorded
+                # for it is <= the tolerance
+                threshold = _at_most(settings.tolerance, relative.dtype)
             # divergence is judged on the absolute residual: a blowing-up state can keep its relative one flat
             finite = torch.isfinite(absolute) & torch.isfinite(relative)
             improved = active & finite & (absolute < best)
@@ -827,7 +841,7 @@ def _solve(
             best_relative = torch.where(improved, relative, best_relative)
             previous = absolute
             # a new tensor, not `&=`: the previous step's torch.where saved `active` for the unrolled gradient
-            active = active & ~blown & ~(relative <= settings.tolerance)
+            active = active & ~blown & ~(relative <= threshold)
         keep = improved.reshape(batch, *([1] * (state.ndim - 1)))  # (B, 1, 1)
         answer = torch.where(keep, image, answer)
         if not bool(active.any()):

@@ -25,10 +25,8 @@ from energyformers.configuration import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-BEGIN = (
-    "# --- shared config machinery: identical in the three configuration files "
-    "(tests/test_configuration.py checks) ---"
-)
+# The marker names no file of tests/: the config files are copied verbatim into Hub repositories, which have none.
+BEGIN = "# --- shared config machinery: identical in energyformers' three family configs (its test suite checks) ---"
 END = "# --- end of shared config machinery ---"
 
 MODULES: dict[str, ModuleType] = {
@@ -73,35 +71,45 @@ UNTABLED = {
     "imixer": {"vocab_size"},
     "hyperbf": {"vocab_size", "intermediate_size"},
 }
+
+
+def make(family: str, **overrides: Any):
+    return CONFIGS[family](**{**BASE[family], **overrides})
+
+
 # Each cross-field rule of `_check_cross_field_rules`, with overrides that break only that rule, the start of its
-# message and the fields its refusal declares (`ConfigValueError.fields`: the refused one, then those the rule reads).
-CROSS_FIELD: dict[str, list[tuple[dict[str, Any], str, tuple[str, ...]]]] = {
+# message and the fields its refusal declares (`ConfigValueError.fields`: the refused one, then those the rule reads):
+# the rules every family runs (`_check_common_rules`, `shared_cross_field`), then each family's own.
+CrossFieldCase = tuple[dict[str, Any], str, tuple[str, ...]]
+
+
+def shared_cross_field(family: str) -> list[CrossFieldCase]:
+    """The cases of the shared rules for `family`, from its tiny config: heads that divide the width (a family with
+    heads), patches that tile the image (either side), a vocabulary >= 1 for sequences (None, 0, a bool)."""
+    config = make(family)
+    cases: list[CrossFieldCase] = []
+    if "num_attention_heads" in inspect.signature(CONFIGS[family].__init__).parameters:
+        heads = config.num_attention_heads
+        assert heads >= 2, f"{family}: a width that no head count divides needs >= 2 heads; got {heads}"
+        width = config.hidden_size + heads // 2  # between two multiples of the head count
+        message = f"hidden_size={width}; it must be divisible by num_attention_heads={heads}"
+        cases.append((dict(hidden_size=width), message, ("hidden_size", "num_attention_heads")))
+    patch, side = (
+        config.patch_size,
+        config.image_size,
+    )  # the tiny configs' square images tile: side % patch == 0
+    assert isinstance(side, int) and patch >= 2, f"{family}: the cases need a square image, patch >= 2"
+    for size in (side + 1, [side, side + 1], [side + 1, side]):  # one side, or the other, off by one
+        message = f"image_size={size!r}; both sides must be divisible by patch_size={patch}"
+        cases.append((dict(image_size=size), message, ("image_size", "patch_size")))
+    for vocab in (None, 0, True):
+        message = f'vocab_size={vocab!r}; input_type="sequence" needs'
+        cases.append((dict(input_type="sequence", vocab_size=vocab), message, ("vocab_size", "input_type")))
+    return cases
+
+
+OWN_CROSS_FIELD: dict[str, list[CrossFieldCase]] = {
     "hyperset": [
-        (
-            dict(hidden_size=18),
-            "hidden_size=18; it must be divisible by num_attention_heads=4",
-            ("hidden_size", "num_attention_heads"),
-        ),
-        (
-            dict(image_size=9),
-            "image_size=9; both sides must be divisible by patch_size=2",
-            ("image_size", "patch_size"),
-        ),
-        (
-            dict(image_size=[8, 9]),
-            "image_size=[8, 9]; both sides must be divisible by patch_size=2",
-            ("image_size", "patch_size"),
-        ),
-        (
-            dict(input_type="sequence", vocab_size=None),
-            'vocab_size=None; input_type="sequence" needs',
-            ("vocab_size", "input_type"),
-        ),
-        (
-            dict(input_type="sequence", vocab_size=0),
-            'vocab_size=0; input_type="sequence" needs',
-            ("vocab_size", "input_type"),
-        ),
         (
             dict(time_embedding_dim=7),
             "time_embedding_dim=7; expected an even integer >= 4",
@@ -193,21 +201,6 @@ CROSS_FIELD: dict[str, list[tuple[dict[str, Any], str, tuple[str, ...]]]] = {
             ("hidden_ratio", "token_mixing_ratio", "hidden_size"),
         ),
         (
-            dict(image_size=[8, 9]),
-            "image_size=[8, 9]; both sides must be divisible by patch_size=2",
-            ("image_size", "patch_size"),
-        ),
-        (
-            dict(input_type="sequence", vocab_size=None),
-            'vocab_size=None; input_type="sequence" needs',
-            ("vocab_size", "input_type"),
-        ),
-        (
-            dict(input_type="sequence", vocab_size=True),
-            'vocab_size=True; input_type="sequence" needs',
-            ("vocab_size", "input_type"),
-        ),
-        (
             dict(anderson_damping=1.5),
             "anderson_damping=1.5; expected a damping in (0, 1]",
             ("anderson_damping",),
@@ -245,26 +238,14 @@ CROSS_FIELD: dict[str, list[tuple[dict[str, Any], str, tuple[str, ...]]]] = {
     ],
     "hyperbf": [
         (
-            dict(hidden_size=33),
-            "hidden_size=33; it must be divisible by num_attention_heads=2",
-            ("hidden_size", "num_attention_heads"),
-        ),
-        (
-            dict(image_size=[9, 8]),
-            "image_size=[9, 8]; both sides must be divisible by patch_size=2",
-            ("image_size", "patch_size"),
-        ),
-        (
-            dict(input_type="sequence", vocab_size=None),
-            'vocab_size=None; input_type="sequence" needs',
-            ("vocab_size", "input_type"),
-        ),
-        (
             dict(num_centers=8, intermediate_size=9),
             "intermediate_size=9; it is an alias of num_centers=8",
             ("intermediate_size", "num_centers"),
         ),
     ],
+}
+CROSS_FIELD: dict[str, list[CrossFieldCase]] = {
+    family: shared_cross_field(family) + own for family, own in OWN_CROSS_FIELD.items()
 }
 
 
@@ -275,10 +256,6 @@ CHOICE_NEEDS: dict[tuple[str, str, str], dict[str, Any]] = {
     ("hyperset", "feedforward_energy", "gated"): dict(feature_map="elu+1"),
     ("hyperset", "iteration_conditioning", "sinusoidal-no-mlp"): dict(time_embedding_dim=16),  # = hidden_size
 }
-
-
-def make(family: str, **overrides: Any):
-    return CONFIGS[family](**{**BASE[family], **overrides})
 
 
 def declared_fields(err: BaseException) -> tuple[str, ...] | None:

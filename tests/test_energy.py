@@ -324,6 +324,34 @@ def test_energy_attention_takes_one_beta_per_head_as_its_signature_says():
     assert trace.shape == (2, 2) and (trace[:, 1] <= trace[:, 0]).all()
 
 
+def test_a_beta_tensor_moves_and_casts_with_the_module_and_stays_out_of_the_state_dict():
+    """A tensor β is module state as the weights are: `.double()` / `.to(device)` convert it, deepcopy and pickle
+    copy it; it is not in the state dict (a number β is not either). An `nn.Parameter` β stays a parameter."""
+    import copy
+    import pickle
+
+    torch.manual_seed(11)
+    module = EnergyAttention(8, num_heads=2, beta=torch.tensor([0.5, 2.0]))  # float32, exact in float64 too
+    weights = list(module.state_dict())
+    assert weights == [f"{p}_proj.{w}" for p in "qko" for w in ("weight", "bias")], weights
+    module.double()
+    assert module.beta.dtype == D, f"beta is {module.beta.dtype} in a {module.q_proj.weight.dtype} module"
+    assert list(module.state_dict()) == weights
+    # the same computation as a module given float64 β (the values are exact in float32)
+    reference = EnergyAttention(8, num_heads=2, beta=torch.tensor([0.5, 2.0], dtype=D)).double()
+    reference.load_state_dict(module.state_dict())
+    hidden = torch.randn(2, 5, 8, dtype=D)
+    for got, expected in zip(module(hidden), reference(hidden)):
+        torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    for copied in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
+        assert copied.beta.dtype == D and copied.beta.tolist() == [0.5, 2.0], copied.beta
+        assert copied.beta.data_ptr() != module.beta.data_ptr(), "a copy shares β's storage"
+    module.to("meta")
+    assert module.beta.device.type == "meta", f"beta on {module.beta.device}, the weights on meta"
+    learnt = EnergyAttention(8, num_heads=2, beta=nn.Parameter(torch.tensor([0.5, 2.0])))
+    assert "beta" in dict(learnt.named_parameters()), "an nn.Parameter beta must stay a parameter"
+
+
 def test_masks_are_2_d_key_padding_or_4_d_bool_or_0_1_and_ambiguous_forms_are_refused():
     torch.manual_seed(9)
     heads, length = 2, 3

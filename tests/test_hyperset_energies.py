@@ -17,6 +17,7 @@ from energyformers.modeling.modeling_hyperset import (
     HyperSetAttention,
     HyperSetGatedFeedForward,
     HyperSetLinearAttention,
+    eager_bisoftmax_attention,
 )
 
 SEQUENCE = Case.of(HyperSetForSequenceClassification)
@@ -323,13 +324,17 @@ def _own_energy_gradient(module, x: torch.Tensor, keep: torch.Tensor) -> torch.T
 ATTENTION_KINDS = [("bisoftmax", None), ("sigmoid", None)] + [("linear", phi) for phi in FEATURE_MAPS]
 
 
+@pytest.mark.parametrize("masked", [True, False], ids=["padded", "no mask"])
 @pytest.mark.parametrize(("energy", "feature_map"), ATTENTION_KINDS)
-def test_attention_update_is_the_pullback_of_its_reported_energy(energy, feature_map):
+def test_attention_update_is_the_pullback_of_its_reported_energy(energy, feature_map, masked):
+    # "no mask": the update runs with keep=None, the branch of each implementation that reads no mask, and is
+    # compared with the energy of all tokens
     layer = _orthogonal_layer(attention_energy=energy, feature_map=feature_map)
     attention = layer.attention
-    x, keep = torch.randn(2, 6, 16, dtype=D, generator=torch.Generator().manual_seed(1)), _keep(True)
+    assert attention.config._attn_implementation == "eager"  # the reference path, which also returns the maps
+    x, keep = torch.randn(2, 6, 16, dtype=D, generator=torch.Generator().manual_seed(1)), _keep(masked)
     real = keep.bool()
-    update, _ = attention(x, real)
+    update, _ = attention(x, real if masked else None)
     grad_energy = _own_energy_gradient(attention, x, keep)
     # the update is W-mixed ∂E/∂z: with W orthogonal, update·Wᵀ is ∂E/∂z per token, (B, N, H·d_h)
     coefficients = (update @ attention.qkv_proj.weight.t()).detach()
@@ -342,6 +347,25 @@ def test_attention_update_is_the_pullback_of_its_reported_energy(energy, feature
     # sums over 6 tokens × 4 head channels, then W, Wᵀ and the norm's pull-back over 16 channels, in another order
     assert_close_to_scale(grad_energy[real], expected[real], rounding(D, 256), f"∂E_ATTN/∂x ({energy})")
     assert grad_energy[real].abs().max() > 1e-3, "a vanishing gradient would make the comparison void"
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_eager_bisoftmax_without_a_mask_is_bit_for_bit_the_masked_path_with_every_token_kept(dtype):
+    # the two branches of the reference implementation compute the same R + Rᵀ: with no token padded, the mask
+    # fills nothing and multiplies by exact ones, so the outputs and the maps agree to the bit
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 3, 6, 4, generator=g, dtype=D).to(dtype) for _ in range(3))
+    unmasked = eager_bisoftmax_attention(q, k, v, None)
+    masked = eager_bisoftmax_attention(q, k, v, torch.ones(2, 6, dtype=torch.bool))
+    for name, got, expected in zip(("output", "maps"), unmasked, masked):
+        assert torch.equal(got, expected), (
+            f"{name}: largest difference {(got - expected).abs().max().item()!r}"
+        )
+    # and the maps are R + Rᵀ with R the row softmax of q kᵀ (written here independently)
+    row = (q @ k.transpose(-1, -2)).double().softmax(-1)
+    assert_close_to_scale(
+        unmasked[1].double(), row + row.transpose(-1, -2), rounding(dtype, 16), "P = R + Rᵀ without a mask"
+    )
 
 
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)

@@ -712,3 +712,33 @@ def test_refused_combinations_name_the_fields():
             continue
         with pytest.raises(ValueError, match="fixed_point"):
             IMAGE.config(fixed_point_solver=solver, fixed_point_gradient=gradient)
+
+
+@pytest.mark.parametrize("solver", ["picard", "anderson"])
+def test_tolerance_solvers_stop_exactly_when_the_recorded_residual_is_within_the_tolerance(solver):
+    # float32 residuals, tolerance 1e-3: float32(1e-3) rounds above 1e-3, so a residual of exactly that value is
+    # above the tolerance. The first step below has that relative residual ([1, 0] → [1, v], ‖·‖ exact), each
+    # later one half the step before (residuals falling, as in a contraction): the solve must go on to the
+    # second step, whose residual is within the tolerance, and record what it compared.
+    tolerance = 1e-3
+    v = torch.tensor(tolerance, dtype=torch.float32)
+    assert v.item() > tolerance, "the case needs a tolerance that rounds up in float32"
+    offset = torch.tensor([[[0.0, v.item()]]])  # (B=1, D=1, D_S=2)
+    calls = []
+
+    def step(state: torch.Tensor) -> torch.Tensor:
+        calls.append(state)
+        return state + offset / 2 ** (len(calls) - 1)
+
+    record = _SolveRecord(True)
+    settings = _FixedPointSettings(10, solver=solver, tolerance=tolerance)
+    modeling_imixer._solve(step, torch.tensor([[[1.0, 0.0]]]), 10, settings, record)
+    recorded = [r.item() for r in record.relative]
+    assert recorded[0] == v.item(), f"the case's first relative residual is {recorded[0]!r}, not {v.item()!r}"
+    # every step but the last was recorded above the tolerance, the last one within it
+    stops = [r <= tolerance for r in recorded]
+    assert stops == [False] * (len(stops) - 1) + [True], (
+        f"recorded relative residuals {recorded}, tol {tolerance}"
+    )
+    assert len(recorded) == 2, f"recorded relative residuals {recorded}: the second is within {tolerance}"
+    assert record.final_relative.item() <= tolerance, (record.final_relative.item(), tolerance)

@@ -17,7 +17,10 @@ from energyformers import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELING = {family: ROOT / "modeling" / f"modeling_{spec.stem}.py" for family, spec in FAMILIES.items()}
-SHARED_BEGIN = "# --- shared helpers: identical in the three modeling files (tests/test_layout.py checks) ---"
+# The marker names no file of tests/: the model files are copied verbatim into Hub repositories, which have none.
+SHARED_BEGIN = (
+    "# --- shared helpers: identical in energyformers' three family model files (its test suite checks) ---"
+)
 SHARED_END = "# --- end of shared helpers ---"
 
 
@@ -201,3 +204,22 @@ def test_pretrained_model_base_is_declarations_and_one_line_delegations(family):
     shared = {"__init__", "get_correct_attn_implementation", "from_pretrained"}
     own = {item.name for item in base.body if isinstance(item, ast.FunctionDef)} & shared
     assert own == set(), f"{class_name} redefines {own}, which FamilyPreTrainedMixin holds"
+
+
+# Copied into Hub repositories as remote code (the whole file, or for mim.py the definitions the exported pipeline
+# needs, with the comments above them), where no tests/ folder exists.
+REMOTE_CODE_FILES = [
+    *sorted(ROOT.glob("modeling/modeling_*.py")),
+    *sorted(ROOT.glob("configuration/configuration_*.py")),
+    ROOT / "energyformers" / "mim.py",
+]
+
+
+@pytest.mark.parametrize("path", REMOTE_CODE_FILES, ids=lambda path: f"{path.parent.name}/{path.name}")
+def test_remote_code_names_no_file_of_the_test_suite(path):
+    named = [
+        f"{number}: {line.strip()}"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "tests/" in line or "test_" in line.replace("test_time", "")
+    ]
+    assert named == [], f"{path.name} names test files its Hub copy does not have:\n" + "\n".join(named)
