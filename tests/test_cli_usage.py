@@ -446,6 +446,30 @@ def test_inspect_words_weights_that_cannot_load_as_predict_does(classifier, tmp_
     assert not (tmp_path / "out").exists()
 
 
+def test_a_cached_repo_with_a_broken_config_file_is_named_as_the_broken_copy(classifier, tmp_path):
+    """A repo whose copy in the Hub cache has a config.json that is no JSON (a download cut short) is reported as
+    that broken copy, naming the file, not as a repo the Hub did not serve."""
+    folder, image = classifier
+    env = _cached_copy_of(folder, tmp_path, "config.json")
+    result = subprocess.run(
+        [sys.executable, "-m", "energyformers.training.cli", "predict", "org/broken", str(image)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode == 2, result.stderr
+    line = only_line(result.stderr)
+    cache = env["HF_HUB_CACHE"]
+    assert line.startswith(
+        f"energyformers predict: error: model folder 'org/broken': no such local folder, and its copy in the Hub "
+        f"cache ({cache}) is broken ("
+    ), line
+    assert (
+        f"{cache}/models--org--broken/snapshots/" in line and "config.json' is not a valid JSON file" in line
+    ), line
+    assert "did not serve" not in line, line
+
+
 def test_train_from_pretrained_takes_a_repo_in_the_hub_cache_offline(classifier, tmp_path, monkeypatch):
     """`train --from_pretrained` shares the check (`setup.check_pretrained_source`): a cached repo id passes
     offline, and transformers then loads its config from the cache; an uncached one is refused."""
