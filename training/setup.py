@@ -10,6 +10,7 @@ Input errors are `UsageError` (bad flags) or `DataError` (bad data): one line ea
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import math
@@ -299,10 +300,13 @@ def _pretrained_config(args: Arguments) -> Any:
     if m.preset:
         raise UsageError("--preset and --from_pretrained exclude each other (the checkpoint has its config)")
     check_pretrained_source(source)
-    try:
-        config = AutoConfig.from_pretrained(source)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"--from_pretrained {source!r}: cannot load a config ({err})") from err
+    key = f"config of {source}"
+    if key not in args.loaded:  # read once per run: every step of its setup asks for it
+        try:
+            args.loaded[key] = AutoConfig.from_pretrained(source)
+        except (OSError, ValueError) as err:
+            raise UsageError(f"--from_pretrained {source!r}: cannot load a config ({err})") from err
+    config = copy.deepcopy(args.loaded[key])  # a caller's changes stay its own
     if m.model and m.model != config.model_type:
         raise UsageError(f"--model {m.model} but {source!r} is a {config.model_type!r} checkpoint")
     return config
