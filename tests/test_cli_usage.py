@@ -414,6 +414,62 @@ def test_a_cached_repo_with_an_invalid_config_is_named_by_its_config_error(class
     assert "did not serve" not in line, line
 
 
+def _cached_copy_of(classifier_folder: Path, tmp_path: Path, broken: str) -> dict[str, str]:
+    """`org/broken` in a Hub cache under `tmp_path`: the classifier's files with `broken` cut to its first 100
+    bytes (a download that stopped); the environment that loads it offline from there."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for path in classifier_folder.iterdir():
+        data = path.read_bytes()
+        (bad / path.name).write_bytes(data[:100] if path.name == broken else data)
+    cache = tmp_path / "cache"
+    hub_cache_repo(cache, "org/broken", bad)
+    return {**ENV, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+
+
+def test_inspect_words_weights_that_cannot_load_as_predict_does(classifier, tmp_path):
+    """inspect and predict report the same weights that cannot load in the same words (`predict.cannot_load`)."""
+    folder, image = classifier
+    env = _cached_copy_of(folder, tmp_path, "model.safetensors")
+    lines = {}
+    for command, extra in (("predict", []), ("inspect", ["--output_dir", str(tmp_path / "out")])):
+        result = subprocess.run(
+            [sys.executable, "-m", "energyformers.training.cli", command, "org/broken", str(image), *extra],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert result.returncode == 2, (command, result.stderr)
+        lines[command] = only_line(result.stderr).removeprefix(f"energyformers {command}: error: ")
+    assert lines["inspect"] == lines["predict"], lines
+    assert "model.safetensors" in lines["inspect"], lines
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_cached_repo_with_a_broken_config_file_is_named_as_the_broken_copy(classifier, tmp_path):
+    """A repo whose copy in the Hub cache has a config.json that is no JSON (a download cut short) is reported as
+    that broken copy, naming the file, not as a repo the Hub did not serve."""
+    folder, image = classifier
+    env = _cached_copy_of(folder, tmp_path, "config.json")
+    result = subprocess.run(
+        [sys.executable, "-m", "energyformers.training.cli", "predict", "org/broken", str(image)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode == 2, result.stderr
+    line = only_line(result.stderr)
+    cache = env["HF_HUB_CACHE"]
+    assert line.startswith(
+        f"energyformers predict: error: model folder 'org/broken': no such local folder, and its copy in the Hub "
+        f"cache ({cache}) is broken ("
+    ), line
+    assert (
+        f"{cache}/models--org--broken/snapshots/" in line and "config.json' is not a valid JSON file" in line
+    ), line
+    assert "did not serve" not in line, line
+
+
 def test_train_from_pretrained_takes_a_repo_in_the_hub_cache_offline(classifier, tmp_path, monkeypatch):
     """`train --from_pretrained` shares the check (`setup.check_pretrained_source`): a cached repo id passes
     offline, and transformers then loads its config from the cache; an uncached one is refused."""

@@ -879,6 +879,32 @@ def test_reverse_refuses_another_models_folder_before_loading(
         export_official(source, folder, out)
 
 
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("architectures", 5, "a list of model class names (strings)"),
+        ("architectures", "HyperSetForImageClassification", "a list of model class names (strings)"),
+        ("architectures", [5], "a list of model class names (strings)"),
+        ("model_type", ["hyperset"], "a model type name (a string)"),
+    ],
+    ids=["number", "string", "list-of-numbers", "model-type-list"],
+)
+def test_reverse_refuses_a_config_field_of_the_wrong_type_naming_it(field, value, expected, tmp_path, capsys):
+    """A config.json whose `architectures` is no list of names (or whose `model_type` is no name) is refused in one
+    line naming the file and the field (status 2), not read character by character or raised as a TypeError."""
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    config = {"model_type": "hyperset", "architectures": ["HyperSetForImageClassification"], field: value}
+    (folder / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "official.safetensors"
+    assert run("--reverse", "--source", "hyperset-ic", folder, "--output", out) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (
+        f"energyformers convert: error: {folder / 'config.json'}: {field}={value!r}; expected {expected}"
+    ), captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+
+
 def test_sudoku_label_names_are_the_training_datas():
     from energyformers.training.convert.hyperset import SUDOKU_DIGITS
     from energyformers.training.sudoku import DIGITS

@@ -224,6 +224,11 @@ LATE = [
         ["--task", "masked-image-modeling", "--config", "max_position_embeddings=7"],
         "--config max_position_embeddings=7: the image tokenizer sets max_position_embeddings=64",
     ),
+    (  # a cross-field rule refusing the image preset's min_iterations=2 (a text run's sets none): named by the
+        # flag among the fields the rule reads, though the message starts with another field
+        ["--max_iterations", "1"],
+        "invalid --max_iterations 1: HyperSetConfig: invalid min_iterations=2; it must not exceed max_iterations=1.",
+    ),
     (  # a preset made for Sudoku boards is not re-purposed as an image model
         ["--preset", "sudoku"],
         "--preset sudoku: a preset for sequence inputs, and --dataset digits (image-classification) has image "

@@ -106,7 +106,30 @@ def test_an_image_tokenizer_config_of_the_wrong_shape_does_not_stop_the_overlap_
 
 # The file each training loop reads to resume, damaged in ways a killed run or an edit leaves it.
 STATE_CASES = {
-    "train": [("[]", "holds a JSON list, not an object"), ('{"step": 3}', "no 'global_step' (an integer)")],
+    "train": [
+        ("[]", "holds a JSON list, not an object"),
+        ('{"step": 3}', "no 'global_step' (an integer)"),
+        # what transformers' TrainerState (its loader, its field types) and Trainer's resume could not read
+        (
+            '{"global_step": 3, "bogus": 1}',
+            "not a state transformers' Trainer reads (TrainerState.__init__() got an unexpected keyword argument "
+            "'bogus')",
+        ),
+        ('{"global_step": 3, "total_flos": "1e9"}', 'total_flos="1e9" is not of TrainerState\'s type float'),
+        ('{"global_step": 3, "logging_steps": true}', "logging_steps=true is not of TrainerState's type int"),
+        (
+            '{"global_step": 3, "best_model_checkpoint": 5}',
+            "best_model_checkpoint=5 is not of TrainerState's type str | None",
+        ),
+        (
+            '{"global_step": 3, "stateful_callbacks": {"TrainerControl": 1}}',
+            "stateful_callbacks is not an object of callback names to saved states (objects)",
+        ),
+        (
+            '{"global_step": 3, "log_history": [{"loss": "x", "step": 1}]}',
+            'log_history holds {"loss": "x", "step": 1}, not an object of logged numbers',
+        ),
+    ],
     "train-accelerate": [
         ("[]", "holds a JSON list, not an object"),
         ('{"step": 3}', "no 'history' (a list)"),

@@ -52,6 +52,7 @@ from .evaluate import FAMILY_DEPTH_ARGUMENTS, SPLITS, load_config
 from .predict import (
     MIM_RANGES,
     MIM_SCHEDULES,
+    cannot_load,
     check_inputs,
     check_local_model_folder,
     check_ranges,
@@ -326,10 +327,7 @@ def load_model(model_dir: str) -> tuple[Any, str, float | None]:
         (h for h in family.heads.values() if h.__name__ == architecture), family.heads["AutoModel"]
     )
     model = load_or_refuse(
-        model_class,
-        model_dir,
-        error=InspectError,
-        message=lambda err: f"cannot load a model from {model_dir!r}: {' '.join(str(err).split())}",
+        model_class, model_dir, error=InspectError, message=lambda err: cannot_load(model_dir, err)
     ).eval()
     halting_tolerance = getattr(model.config, "halting_tolerance", None)
     if halting_tolerance is not None:  # per-iteration diagnostics need every sample to run every iteration

@@ -47,7 +47,7 @@ from typing import Any
 from ..auto_registration import AUTO_HEADS
 from ..tokenizer_fit import MIM_TASK, TOKENIZER_CONFIG_NAME
 from .arguments import check_attn_flag
-from .cli import CommandParser, UsageError, check_model_source, check_output_folder, run_command
+from .cli import CommandParser, UsageError, check_model_source, check_output_folder, in_hub_cache, run_command
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -726,13 +726,22 @@ def load_processor_or_refuse(
 
 
 def cannot_load(model_dir: str, err: Exception) -> str:
-    """The one-line message for a model transformers could not load. Only an `OSError` (no such repo, no
-    connection, a file missing from it) of a name that is no local folder means the Hub did not serve it; any other
-    error (a `ValueError` of the config's own checks, an invalid value in it) is the model's, and its own words say
-    what is wrong."""
+    """The one-line message for a model transformers could not load. An `OSError` of a name that is no local folder
+    means the Hub did not serve it, unless the Hub cache holds the repo and the file that failed is that copy's (the
+    error names a file in the cache, or the Hub is offline, so the cache is all transformers read): then the cached
+    copy is broken, and the error's words name the file. Any other error (a `ValueError` of the config's own checks,
+    an invalid value in it) is the model's, and its own words say what is wrong."""
     if isinstance(err, OSError) and not Path(model_dir).expanduser().exists():
+        from huggingface_hub import constants
+
         # the first line says what was not found; transformers' further lines are advice on tokens and folders
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        cache = str(constants.HF_HUB_CACHE)
+        if in_hub_cache(model_dir) and (constants.HF_HUB_OFFLINE or cache in str(err)):
+            return (
+                f"model folder {model_dir!r}: no such local folder, and its copy in the Hub cache ({cache}) is broken "
+                f"({reason})"
+            )
         return f"model folder {model_dir!r}: no such local folder, and the Hub did not serve it ({reason})"
     # the whole message, on one line (the command's contract)
     return f"cannot load a model from {model_dir!r}: {' '.join(str(err).split()) or type(err).__name__}"

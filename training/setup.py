@@ -10,6 +10,7 @@ Input errors are `UsageError` (bad flags) or `DataError` (bad data): one line ea
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import math
@@ -226,15 +227,14 @@ def config_flag_overrides(args: Arguments, config_class: type, model_type: str) 
 
 
 def _config_error(err: Exception, flags: dict[str, Any], what: str) -> UsageError:
-    """A config validation error as a usage error naming the flag behind the field it names, if a flag set it."""
-    message = str(err)
-    related = {"min_iterations": ("min_iterations", "max_iterations")}
-    related["max_iterations"] = related["min_iterations"]
-    for name in flags:
-        if f"invalid {name}=" in message:
-            named = [f"--{n} {flags[n]}" for n in related.get(name, (name,)) if n in flags]
-            return UsageError(f"invalid {' and '.join(named)}: {message}")
-    return UsageError(f"invalid {what}: {message}")
+    """A config validation error as a usage error naming the flags behind the fields it involves: the `fields` of
+    the configuration files' `ConfigValueError` (the refused field, then those its rule reads), each of them a flag
+    gave. A refusal that declares no fields (an unknown preset name, transformers' own configs, which no config
+    flag sets) is named by `what`."""
+    # each configuration file defines its own ConfigValueError class (Hub remote code), so read it by its field
+    declared = dict.fromkeys(getattr(err, "fields", None) or ())
+    named = [f"--{name} {flags[name]}" for name in declared if name in flags]
+    return UsageError(f"invalid {' and '.join(named) if named else what}: {err}")
 
 
 def _check_preset_name(config_class: type, preset: str, flags: dict[str, Any], what: str) -> None:
@@ -300,10 +300,13 @@ def _pretrained_config(args: Arguments) -> Any:
     if m.preset:
         raise UsageError("--preset and --from_pretrained exclude each other (the checkpoint has its config)")
     check_pretrained_source(source)
-    try:
-        config = AutoConfig.from_pretrained(source)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"--from_pretrained {source!r}: cannot load a config ({err})") from err
+    key = f"config of {source}"
+    if key not in args.loaded:  # read once per run: every step of its setup asks for it
+        try:
+            args.loaded[key] = AutoConfig.from_pretrained(source)
+        except (OSError, ValueError) as err:
+            raise UsageError(f"--from_pretrained {source!r}: cannot load a config ({err})") from err
+    config = copy.deepcopy(args.loaded[key])  # a caller's changes stay its own
     if m.model and m.model != config.model_type:
         raise UsageError(f"--model {m.model} but {source!r} is a {config.model_type!r} checkpoint")
     return config

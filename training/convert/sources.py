@@ -28,6 +28,13 @@ def reverse_input_problem(source: str, model_dir: str | Path) -> str | None:
         model_type, architectures = config.get("model_type"), config.get("architectures") or []
     except (ValueError, AttributeError) as err:  # not JSON, or JSON that is not an object
         return f"{config_path}: not a model config ({type(err).__name__}: {err})"
+    # transformers writes a list of class names; anything else would be read character by character, or not at all
+    if not isinstance(architectures, list) or not all(isinstance(name, str) for name in architectures):
+        return (
+            f"{config_path}: architectures={architectures!r}; expected a list of model class names (strings)"
+        )
+    if model_type is not None and not isinstance(model_type, str):
+        return f"{config_path}: model_type={model_type!r}; expected a model type name (a string)"
     want_type, want_class = SOURCE_MODELS[source]
     fitting = [name for name, model in SOURCE_MODELS.items() if model == (model_type, *architectures[:1])]
     hint = f" (a {architectures[0]} folder goes with --source {fitting[0]})" if fitting else ""
