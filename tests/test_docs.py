@@ -361,6 +361,31 @@ def test_paper_preset_counts_quoted_for_both_iteration_conditionings_are_what_th
         assert expected in comment, f"energyformers/presets.py's sudoku row does not say: {expected!r}"
 
 
+def test_test_time_search_is_an_argument_of_the_classification_heads_only():
+    """docs/mim.md ("The heads") and docs/hyperset.md ("Test-time search"): the classification heads of Hyper-SET and
+    the looped baseline take `search_trajectories`, the masked-image-modelling heads do not (their refusal of deep
+    supervision, supervision steps and the halting head is tests/test_mim.py's)."""
+    import inspect
+
+    import energyformers
+
+    heads = {
+        name: "search_trajectories" in inspect.signature(getattr(energyformers, name).forward).parameters
+        for family in ("HyperSet", "LoopedTransformer")
+        for task in (
+            "ImageClassification",
+            "SequenceClassification",
+            "TokenClassification",
+            "MaskedImageModeling",
+        )
+        for name in (f"{family}For{task}",)
+    }
+    wrong = {name: takes for name, takes in heads.items() if takes == name.endswith("MaskedImageModeling")}
+    assert not wrong, (
+        f"heads whose search_trajectories argument is not as the docs say (True: takes it): {wrong}"
+    )
+
+
 def test_the_option_list_names_the_feature_maps_the_config_accepts():
     """`HyperSetConfig.choices` has no `feature_map` (a cross-field rule, not a choice table): the option list of
     docs/hyperset.md names the public constant that lists them, and lists the same names."""
