@@ -30,7 +30,7 @@ EXPECTED = {
     "fashion_mnist": ("image", 55000, 5000, 10000, 10),
     "mnist5k": ("image", 3600, 400, 1000, 10),
     "rotten_tomatoes": ("text", 10200, 1276, 1276, 2),
-    "spam": ("text", 4748, 594, 594, 2),
+    "spam": ("text", 4673, 585, 585, 2),
 }
 IMAGE_SIDE = {"digits": 8, "fashion_mnist": 28, "mnist5k": 28}
 
@@ -100,6 +100,66 @@ def test_texts_are_deduplicated() -> None:
         dd = built(name)
         texts = [t for split in dd.values() for t in split["text"]]
         assert len(texts) == len(set(texts))
+
+
+def spam_bodies() -> list[str]:
+    """The body (what follows the headers' blank line) of every e-mail in the spam tarball, read here without
+    the loader's code."""
+    import io
+    import json
+    import tarfile
+
+    tarball = data_module.cache_root() / data_module.SPAM_TARBALL
+    if not tarball.is_file():
+        skip_or_fail(f"spam is not installed; install with: bash .ci/install-data.sh ({tarball} is missing)")
+    bodies = []
+    with tarfile.open(tarball, "r:gz") as tar:
+        for member in tar:
+            parts = member.name.split("/")
+            if (
+                member.isfile()
+                and parts[:2] == ["package", "data"]
+                and len(parts) == 4
+                and parts[3].endswith(".json")
+            ):
+                raw = json.load(io.TextIOWrapper(tar.extractfile(member), encoding="utf-8"))["text"]
+                bodies.append(raw.partition("\n\n")[2].strip())
+    return bodies
+
+
+def test_spam_keeps_one_email_per_body_and_no_body_in_two_splits() -> None:
+    # data.md: "remove duplicate bodies before splitting". The corpus resends bodies under other subjects; a
+    # key of subject + body would leave them in several splits. Bodies are compared over the loader's text cap.
+    bodies = spam_bodies()
+    unique = {b[: data_module.EMAIL_MAX_CHARS] for b in bodies}
+    dd = built("spam")
+    # a row's text is "subject\nbody" (the subject is one header line)
+    split_bodies = {name: [t.partition("\n")[2] for t in split["text"]] for name, split in dd.items()}
+    n_rows = sum(len(v) for v in split_bodies.values())
+    assert n_rows == len(unique), f"{n_rows} rows for {len(unique)} unique bodies ({len(bodies)} e-mails)"
+    for a, b in (("train", "validation"), ("train", "test"), ("validation", "test")):
+        shared = set(split_bodies[a]) & set(split_bodies[b])
+        assert not shared, f"{len(shared)} bodies in both {a} and {b}"
+    every = [body for v in split_bodies.values() for body in v]
+    assert len(set(every)) == len(every), f"{len(every) - len(set(every))} repeated bodies"
+
+
+def test_a_cache_of_an_older_spam_build_is_not_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # The spam build changed (de-duplication on the body): a cache written by the earlier build must be ignored.
+    tarball = data_module.cache_root() / data_module.SPAM_TARBALL
+    if not tarball.is_file():
+        skip_or_fail(f"spam is not installed; install with: bash .ci/install-data.sh ({tarball} is missing)")
+    monkeypatch.setenv("ENERGYFORMERS_CACHE", str(tmp_path))
+    (tmp_path / data_module.SPAM_TARBALL).symlink_to(tarball)
+    stale = data_module.texts_to_dataset(["stale\nbody"] * 2, [0, 1], ["ham", "spam"])
+    DatasetDict(train=stale, validation=stale, test=stale).save_to_disk(
+        str(tmp_path / "datasets" / "spam-v1")
+    )
+    dd = load_data("spam")
+    assert "stale\nbody" not in dd["test"]["text"], "load_data('spam') returned the cache of the old build"
+    assert {k: len(v) for k, v in dd.items()} == dict(
+        zip(("train", "validation", "test"), EXPECTED["spam"][1:4])
+    )
 
 
 def test_missing_package_error_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

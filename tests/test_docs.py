@@ -316,6 +316,76 @@ def test_paper_size_sudoku_parameter_counts_quoted_are_what_the_preset_builds():
     assert not wrong, "Sudoku preset counts quoted otherwise than built:\n" + "\n".join(wrong)
 
 
+@pytest.mark.parametrize(
+    ("preset", "head"),
+    [
+        ("cifar10-small", HyperSetForImageClassification),
+        ("cifar10-small-scaleup", HyperSetForImageClassification),
+        ("imagenet1k-640", HyperSetForImageClassification),
+        ("sudoku", HyperSetForTokenClassification),
+    ],
+)
+def test_paper_preset_counts_quoted_for_both_iteration_conditionings_are_what_the_preset_builds(preset, head):
+    """docs/hyperset.md's table gives each paper row's count with `iteration_conditioning="sinusoidal"` (the
+    paper's) and with the default `"none"`; energyformers/presets.py quotes the Sudoku row's two."""
+    counts = {}
+    for conditioning in ("sinusoidal", "none"):
+        with torch.device("meta"):  # shapes only: the counts need no weights
+            model = head(HyperSetConfig.from_preset(preset, iteration_conditioning=conditioning))
+        counts[conditioning] = sum(p.numel() for p in model.parameters())
+    row = next(
+        (
+            line
+            for line in (ROOT / "docs/hyperset.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith(f"| `{preset}`")
+        ),
+        None,
+    )
+    assert row is not None, f"docs/hyperset.md has no table row for `{preset}`"
+    quoted = row.rstrip(" |").split(" | ")[-2:]
+    built = [f"{counts['sinusoidal']:,}", f"{counts['none']:,}"]
+    assert quoted == built, f"{preset}: docs/hyperset.md quotes (sinusoidal, none) = {quoted}, built {built}"
+    # the page's arithmetic: "d parameters in place of the MLP's 512·d + d² + 5d (512·d + d² + 2d in the Sudoku
+    # model ...)", the sinusoid being 512 wide
+    d, width = model.config.hidden_size, HyperSetConfig.from_preset(preset).time_embedding_dim
+    time_mlp = width * d + d * d + (2 if preset == "sudoku" else 5) * d
+    assert (width, counts["sinusoidal"] - counts["none"]) == (512, time_mlp - d), (
+        f"{preset}: time MLP of {counts['sinusoidal'] - counts['none'] + d:,} parameters, the page says {time_mlp:,}"
+    )
+    if preset == "sudoku":
+        comment = flowing(ROOT / "energyformers/presets.py")
+        expected = (
+            f'the paper\'s # {counts["sinusoidal"]:,} parameters with iteration_conditioning="sinusoidal", '
+            f'{counts["none"]:,} with the default "none"'
+        )
+        assert expected in comment, f"energyformers/presets.py's sudoku row does not say: {expected!r}"
+
+
+def test_test_time_search_is_an_argument_of_the_classification_heads_only():
+    """docs/mim.md ("The heads") and docs/hyperset.md ("Test-time search"): the classification heads of Hyper-SET and
+    the looped baseline take `search_trajectories`, the masked-image-modelling heads do not (their refusal of deep
+    supervision, supervision steps and the halting head is tests/test_mim.py's)."""
+    import inspect
+
+    import energyformers
+
+    heads = {
+        name: "search_trajectories" in inspect.signature(getattr(energyformers, name).forward).parameters
+        for family in ("HyperSet", "LoopedTransformer")
+        for task in (
+            "ImageClassification",
+            "SequenceClassification",
+            "TokenClassification",
+            "MaskedImageModeling",
+        )
+        for name in (f"{family}For{task}",)
+    }
+    wrong = {name: takes for name, takes in heads.items() if takes == name.endswith("MaskedImageModeling")}
+    assert not wrong, (
+        f"heads whose search_trajectories argument is not as the docs say (True: takes it): {wrong}"
+    )
+
+
 def test_the_option_list_names_the_feature_maps_the_config_accepts():
     """`HyperSetConfig.choices` has no `feature_map` (a cross-field rule, not a choice table): the option list of
     docs/hyperset.md names the public constant that lists them, and lists the same names."""

@@ -198,9 +198,11 @@ TRAINING_KEYS: tuple[str, ...] = (
 # keys: each recipe names the preset that carries them.
 # `deit` (last): DeiT's published from-scratch recipe, not a value of any of the three papers.
 RECIPES: dict[str, dict[str, Any]] = {
-    # Hyper-SET image classification, CIFAR at 224² (model: preset `cifar10-small`, HS Table 6; Table 7's
-    # Scale-up / Base: `cifar10-small-scaleup`, d = 768). The paper uses Adam with no weight decay: AdamW with
-    # weight_decay 0 is the same update. No augmentation is stated (HS §5.2), so none is switched on.
+    # Hyper-SET image classification, CIFAR at 224² (model: preset `cifar10-small`, HS Table 6; Table 7's Small
+    # Scale-up, d = 512 / H = 8: `cifar10-small-scaleup`; its Base, d = 768 / H = 12, has no preset:
+    # `--preset cifar10-small --config hidden_size=768 num_attention_heads=12 intermediate_size=768`). The paper
+    # uses Adam with no weight decay: AdamW with weight_decay 0 is the same update. No augmentation is stated
+    # (HS §5.2), so none is switched on.
     "hyperset-ic": {
         "num_train_epochs": 200,  # HS Table 5: epochs 200
         "per_device_train_batch_size": 128,  # HS Table 5: batch size 128 (one RTX 3090: global = per device)
