@@ -1,0 +1,89 @@
+"""A model card is read on the Hub, where nothing of this repository is: the README.md of every exported folder (each
+head of each family, the masked-image-modelling heads with their image tokenizer and measured metrics, the
+looped-Transformer baseline's), of a training run and of a converted checkpoint names no file of the repository
+(`docs/…`, `tests/…`, `model_cards/…`); it states the fact itself.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from test_export import CASE_IDS, CASES, MIM_MODELS, build_mim_dir, build_model_dir, single_thread
+
+from energyformers.training.card import conversion_record, render_model_card
+from energyformers.training.export import export_model_dir, inspect_model_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+# The repository's top-level folders that hold sources or documentation (docs, tests, benchmarks, training,
+# model_cards, ...), read from the checkout so a new folder is covered; and its root files other than the LICENSE
+# an export carries and the README a card would name as itself.
+FOLDERS = sorted(
+    p.name
+    for p in ROOT.iterdir()
+    if p.is_dir()
+    and p.name not in (".git", ".venv")
+    and not p.name.endswith(".egg-info")
+    and any(f.suffix in (".py", ".md") for f in p.rglob("*"))
+)
+ROOT_FILES = ("pyproject.toml", "Makefile")
+# a folder name followed by "/" that is not part of a longer path or URL (huggingface.co/<namespace>/...)
+REPOSITORY_PATH = re.compile(
+    r"(?<![\w./-])(?:" + "|".join(re.escape(name) for name in FOLDERS) + r")/[\w./-]*"
+    r"|\b(?:" + "|".join(re.escape(name) for name in ROOT_FILES) + r")\b"
+)
+
+
+def test_the_pattern_knows_the_repository_folders():
+    """The folders the cards once pointed into are among those checked (the list is read from the checkout)."""
+    assert {"docs", "tests", "benchmarks", "training", "model_cards", "modeling"} <= set(FOLDERS), FOLDERS
+    text = "see docs/mim.md, (`tests/test_x.py` finds), huggingface.co/docs/x, path/to/a"
+    found = REPOSITORY_PATH.findall(text)
+    assert found == ["docs/mim.md", "tests/test_x.py"], found
+
+
+def repository_paths(card: str) -> list[str]:
+    """The lines of `card` that name a repository file, with what they name."""
+    return [
+        f"{number}: {REPOSITORY_PATH.findall(line)} in {line.strip()!r}"
+        for number, line in enumerate(card.splitlines(), 1)
+        if REPOSITORY_PATH.search(line)
+    ]
+
+
+@pytest.fixture(scope="module")
+def cards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The README.md of every exported folder, and the cards of a run folder and of a converted checkpoint."""
+    root = tmp_path_factory.mktemp("card-paths")
+    out = {}
+    with single_thread():
+        for case_id, (model_type, auto_class, input_type, _) in zip(CASE_IDS, CASES):
+            model_dir = build_model_dir(root / f"{case_id}-src", model_type, auto_class, input_type)
+            out[f"export {case_id}"] = (export_model_dir(model_dir, root / case_id) / "README.md").read_text()
+            if auto_class == "AutoModelForImageClassification":
+                info = inspect_model_dir(model_dir)
+                out[f"run {case_id}"] = str(render_model_card(info, remote_code=False))
+                record = conversion_record(
+                    official_class="Official", repository="https://example.org/official", commit="0" * 40,
+                    checkpoint="official.pth", sha256="0" * 64, layout="state_dict", dtype="float32",
+                    kwargs={"dim": 16}, notes=["a structure note"], processor="an image processor",
+                    extras_file="official_extras.safetensors", extras=["head.bias"], input_description="random images",
+                    checks=[("official logits", 1e-7, 1e-5)],
+                )  # fmt: skip
+                out[f"convert {case_id}"] = str(render_model_card(info, conversion=record))
+        # with an image tokenizer and the MIM metrics (their table and its notes)
+        for model_type in MIM_MODELS:
+            model_dir = build_mim_dir(root / f"{model_type}-mim-src", model_type)
+            folder = export_model_dir(model_dir, root / f"{model_type}-mim", repo_id=f"org/{model_type}-mim")
+            out[f"export {model_type}-mim"] = (folder / "README.md").read_text()
+    return out
+
+
+def test_cards_name_no_repository_file(cards):
+    """No card points to `docs/`, `tests/`, `model_cards/` or any other file of the repository."""
+    assert len(cards) == len(CASES) + 2 * sum(c[1] == "AutoModelForImageClassification" for c in CASES) + 2
+    # the MIM table's notes were rendered
+    assert all("the tokenizer's own bound" in cards[f"export {m}-mim"] for m in MIM_MODELS), MIM_MODELS
+    found = {name: paths for name, card in cards.items() if (paths := repository_paths(card))}
+    assert not found, "\n".join(f"{name}:\n  " + "\n  ".join(paths) for name, paths in found.items())
