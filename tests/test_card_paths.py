@@ -87,3 +87,19 @@ def test_cards_name_no_repository_file(cards):
     assert all("the tokenizer's own bound" in cards[f"export {m}-mim"] for m in MIM_MODELS), MIM_MODELS
     found = {name: paths for name, card in cards.items() if (paths := repository_paths(card))}
     assert not found, "\n".join(f"{name}:\n  " + "\n  ".join(paths) for name, paths in found.items())
+
+
+def test_only_classification_cards_describe_deep_supervision(cards):
+    """Deep supervision is a classification heads' training option (the masked-image-modelling heads refuse it), so
+    only their cards explain it (the config table still lists the field's value, `"last"`, on every card)."""
+    # the Hyper-SET classification cards explain it; the MIM cards (Hyper-SET's and the looped baseline's) and the
+    # families without recurrent depth (iMixer, HyperBF) do not
+    wrong = {
+        name: said
+        for name, card in cards.items()
+        if (said := "loss on several iterations" in card)
+        != ("hyperset" in name and not name.endswith("-mim") and "MaskedImageModeling" not in name)
+    }
+    assert not wrong, (
+        f"cards that describe deep supervision (True) or do not (False) against their head: {wrong}"
+    )
