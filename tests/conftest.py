@@ -23,6 +23,13 @@ THREADS = torch.get_num_threads()
 SEED = 0
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The seed before any fixture of the test is set up, so a module-scoped fixture, built for whichever of its
+    module's tests runs first, draws the same in every order too."""
+    transformers.set_seed(SEED)
+
+
 @pytest.fixture(autouse=True)
 def _seeded() -> None:
     """Every test draws from the same random state whichever tests ran before it and whatever the order's seed, so

@@ -58,19 +58,28 @@ PROBE = """
 import json, os, random
 
 import numpy
+import pytest
 import torch
 
 
-def test_probe():
-    draws = {"random": random.random(), "numpy": float(numpy.random.rand()), "torch": float(torch.rand(1))}
+def draw():
+    return {"random": random.random(), "numpy": float(numpy.random.rand()), "torch": float(torch.rand(1))}
+
+
+@pytest.fixture(scope="module")
+def module_draws():
+    return draw()
+
+
+def test_probe(module_draws):
     with open(os.environ["PROBE_OUT"], "w") as out:
-        json.dump(draws, out)
+        json.dump({"module fixture": module_draws, "test body": draw()}, out)
 """
 
 
-def test_a_test_body_draws_the_same_under_every_order_seed(tmp_path):
-    """conftest's seed holds inside the test body for Python's `random`, NumPy and torch alike: pytest-randomly's
-    --randomly-seed changes the order only, not what a test draws."""
+def test_a_test_and_its_module_fixtures_draw_the_same_under_every_order_seed(tmp_path):
+    """conftest's seed holds inside the test body, and in a module-scoped fixture, for Python's `random`, NumPy and
+    torch alike: pytest-randomly's --randomly-seed changes the order only, not what a test draws."""
     (tmp_path / "conftest.py").symlink_to(Path(conftest.__file__))
     (tmp_path / "test_probe.py").write_text(PROBE)
     env = {key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"}
@@ -101,7 +110,8 @@ def test_a_test_body_draws_the_same_under_every_order_seed(tmp_path):
         assert f"pytest-randomly seed {seed}" in output, output
         draws[seed] = json.loads((tmp_path / f"{seed}.json").read_text())
     transformers.set_seed(conftest.SEED)
-    expected = {"random": random.random(), "numpy": float(numpy.random.rand()), "torch": float(torch.rand(1))}
+    first = {"random": random.random(), "numpy": float(numpy.random.rand()), "torch": float(torch.rand(1))}
+    expected = {"module fixture": first, "test body": first}
     assert draws[1] == draws[2] == expected, (
         f"first draws by --randomly-seed {draws}, after conftest's seed {expected}"
     )
