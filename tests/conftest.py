@@ -23,10 +23,17 @@ THREADS = torch.get_num_threads()
 SEED = 0
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The seed before any fixture of the test is set up, so a module-scoped fixture, built for whichever of its
+    module's tests runs first, draws the same in every order too."""
+    transformers.set_seed(SEED)
+
+
 @pytest.fixture(autouse=True)
 def _seeded() -> None:
-    """Every test draws from the same random state whichever tests ran before it, so the suite passes in any order
-    (pytest-randomly shuffles it; its own reseeding covers `random` and NumPy but not torch)."""
+    """Every test draws from the same random state whichever tests ran before it and whatever the order's seed, so
+    the suite passes in any order (pytest-randomly shuffles it; `pytest_configure` stops its reseeding)."""
     transformers.set_seed(SEED)
 
 
@@ -69,10 +76,17 @@ def _threads_kept() -> Iterator[None]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist (`make test`), whole test files go to one process rather than single tests (`--dist
+    """pytest-randomly only shuffles the order (its `--randomly-dont-reset-seed`): it would otherwise reseed Python's
+    `random` and NumPy from its seed and the test's id just before each test body, after `_seeded`, so a test body
+    would draw differently under each --randomly-seed. Set here rather than in addopts, which would be an unknown
+    option under `-p no:randomly`.
+
+    Under pytest-xdist (`make test`), whole test files go to one process rather than single tests (`--dist
     loadfile` in place of xdist's default `load`): a module-scoped fixture (a trained folder, a fresh process's
     outputs) is then built by one process instead of by each process that runs one of its file's tests. A `--dist`
     given on the command line or in PYTEST_ADDOPTS is kept."""
+    if hasattr(config.option, "randomly_reset_seed"):
+        config.option.randomly_reset_seed = False
     given = [*config.invocation_params.args, *os.environ.get("PYTEST_ADDOPTS", "").split()]
     chosen = any(str(arg).startswith("--dist") or str(arg) == "-d" for arg in given)
     if getattr(config.option, "dist", "no") == "load" and not chosen:

@@ -1,7 +1,7 @@
 """transformers' own common model tests, fetched for the installed transformers, and what they need from us.
 
-`sdist.load` downloads transformers' source distribution, extracts its common test files and imports them as
-the package `transformers_tests`. The sdist lacks three modules those files import; this folder is the second
+`sdist.fetch` (run by `make data`) downloads transformers' source distribution and extracts its common test files;
+`sdist.load` imports them, offline, as the package `transformers_tests`. The sdist lacks three modules those files import; this folder is the second
 half of that package's path and supplies them under the same names:
 
 * `exporters/test_export.py`: `ExportTesterMixin` (the `torch.export` tests `ModelTesterMixin` inherits);

@@ -1,20 +1,22 @@
-"""Fetch transformers' common test files for the installed transformers and import them as `transformers_tests`.
+"""transformers' common test files for the installed transformers, imported as `transformers_tests`.
 
-`load(cache)` downloads the source distribution of the installed version from the package index (through pip,
-once; the archive is kept in `cache`), extracts `tests/test_modeling_common.py`,
-`tests/test_configuration_common.py` and whatever they import from `tests/` that the sdist has, and imports
-them as the package `transformers_tests` (our own `tests/` folder is no package; a distinct name keeps the two
-apart). That package's path is the extracted folder, then this folder: the modules the sdist lacks come from
-the stand-ins here. Raises `IndexUnreachable` when pip cannot connect to the index, and `RuntimeError` for
-any other failure (an unknown version, a module neither the sdist nor the stand-ins provide).
+`fetch(cache)` downloads the source distribution of the installed version from the package index (through pip,
+into `cache`) and extracts `tests/test_modeling_common.py`, `tests/test_configuration_common.py` and whatever they
+import from `tests/` that the sdist has. It is the network step, run before pytest by `make data`
+(`.ci/install-data.sh` runs this file: `python tests/transformers_suite/sdist.py`). `load(cache)` only reads
+`cache`, so the test suite stays offline: it imports the files as the package `transformers_tests` (our own
+`tests/` folder is no package; a distinct name keeps the two apart), whose path is the extracted folder, then this
+folder: the modules the sdist lacks come from the stand-ins here. `load` raises `SuiteMissing` when the sdist is not
+in `cache`, and `RuntimeError` for any other failure (a module neither the sdist nor the stand-ins provide).
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.metadata
 import importlib.util
-import re
+import os
 import subprocess
 import sys
 import tarfile
@@ -22,28 +24,34 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-import transformers
-
 PACKAGE = "transformers_tests"
 SUITE = ("test_modeling_common.py", "test_configuration_common.py")
 STANDINS = Path(__file__).resolve().parent
-
-# What pip prints when it cannot reach the index (the only case in which the suite is skipped).
-_UNREACHABLE = re.compile(
-    r"NewConnectionError|Failed to establish a new connection|ConnectTimeout|ReadTimeout|Max retries exceeded"
-    r"|Temporary failure in name resolution|Name or service not known|Network is unreachable|No route to host"
-    r"|ProxyError|connection broken"
+# Where `fetch` puts the sdist and `load` reads it: the folder `request.config.cache.mkdir("transformers-sdist")`
+# returns (the suite is needed at import time, before any fixture runs), or $ENERGYFORMERS_TRANSFORMERS_SUITE_CACHE.
+CACHE = Path(
+    os.environ.get("ENERGYFORMERS_TRANSFORMERS_SUITE_CACHE")
+    or STANDINS.parents[1] / ".pytest_cache" / "d" / "transformers-sdist"
 )
+FETCH = "`make data` (or `.venv/bin/python tests/transformers_suite/sdist.py`)"
+# Not `transformers.__version__`: running this file to fetch should not pay for importing transformers.
+VERSION = importlib.metadata.version("transformers")
 
 
-class IndexUnreachable(RuntimeError):
-    """pip could not connect to the package index."""
+class SuiteMissing(RuntimeError):
+    """The sdist is not in the cache: `fetch` (`make data`) has not run, or could not reach the index."""
 
 
-def load(cache: Path, version: str = transformers.__version__) -> tuple[ModuleType, ModuleType]:
-    """transformers' `tests.test_modeling_common` and `tests.test_configuration_common` for `version`."""
-    cache.mkdir(parents=True, exist_ok=True)
-    tests = extract(download(cache, version), cache / version, version)
+def load(cache: Path = CACHE, version: str = VERSION) -> tuple[ModuleType, ModuleType]:
+    """transformers' `tests.test_modeling_common` and `tests.test_configuration_common` for `version`, from
+    `cache` only (no network)."""
+    sdist = cache / f"transformers-{version}.tar.gz"
+    if not sdist.is_file():
+        raise SuiteMissing(
+            f"transformers' common test files (the transformers=={version} sdist) are not in {cache}; "
+            f"fetch them with {FETCH}"
+        )
+    tests = extract(sdist, cache / version, version)
     if PACKAGE not in sys.modules:
         spec = importlib.util.spec_from_file_location(
             PACKAGE, tests / "__init__.py", submodule_search_locations=[str(tests), str(STANDINS)]
@@ -52,6 +60,13 @@ def load(cache: Path, version: str = transformers.__version__) -> tuple[ModuleTy
         sys.modules[PACKAGE] = package
         spec.loader.exec_module(package)
     return tuple(importlib.import_module(f"{PACKAGE}.{Path(name).stem}") for name in SUITE)
+
+
+def fetch(cache: Path = CACHE, version: str = VERSION) -> Path:
+    """Download (unless it is there) and extract the sdist of transformers `version` into `cache`: the folder
+    `load` reads its test files from."""
+    cache.mkdir(parents=True, exist_ok=True)
+    return extract(download(cache, version), cache / version, version)
 
 
 def download(cache: Path, version: str) -> Path:
@@ -65,9 +80,6 @@ def download(cache: Path, version: str) -> Path:
         result = subprocess.run(command, capture_output=True, text=True)
         output = f"$ {' '.join(command)}\n{result.stdout}{result.stderr}"
         if result.returncode != 0:
-            if match := _UNREACHABLE.search(output):
-                line = next(line for line in output.splitlines() if match.group() in line)
-                raise IndexUnreachable(f"pip cannot reach the package index: {line.strip()}")
             raise RuntimeError(f"pip could not download the transformers=={version} sdist:\n{output}")
         found = sorted(Path(staging).glob("transformers-*.tar.gz"))
         if len(found) != 1:
@@ -124,3 +136,10 @@ def _local_imports(source: bytes, name: str) -> list[str]:
             base = here[: len(here) - node.level + 1]
             found.append("/".join([*base, *node.module.split(".")]) + ".py")
     return found
+
+
+if __name__ == "__main__":
+    try:
+        print(f"transformers' common test files: {fetch()}")
+    except RuntimeError as error:
+        sys.exit(f"{Path(__file__).name}: {error}")
