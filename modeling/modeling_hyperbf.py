@@ -18,7 +18,9 @@ distance d²/2σ² starts near ln K and every center weight near 1/K.
 `attn_implementation` (transformers' standard names): `"eager"` is the reference, explicit scores with the
 per-key bias as an additive mask, and the only path that returns attention maps and center weights; `"sdpa"`
 (the default) runs both units as mask-free `scaled_dot_product_attention` with the per-key bias folded into
-one extra head dimension (q' = [q, 1], k' = [k, b]): flash kernels apply, no scores are built. The feedforward
+one extra head dimension (q' = [q, 1], k' = [k, b]): flash kernels apply, no scores are built. A function
+registered in transformers' registry (`AttentionInterface.register`) is taken too and gets the same folded,
+mask-free call in place of SDPA. The feedforward
 folds only while its folded head fits the fused kernels (`FUSED_ATTENTION_MAX_HEAD_DIM`); wider, as at the
 memo's D = 768, it keeps the explicit path, which is faster there.
 """
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedConfig, PreTrainedModel
+from transformers import AttentionInterface, PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -45,6 +47,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import ModelOutput, logging
+from transformers.utils.generic import is_flash_attention_requested
 
 from ..configuration.configuration_hyperbf import HyperBFConfig
 
@@ -116,6 +119,26 @@ def select_attn_implementation(
         # config does when output_attentions is set before an implementation is chosen
         requested = "eager"
     return choose(requested, is_init_check)
+
+
+class SoftmaxAttentionNames:
+    """The `attn_implementations` of a class whose attention is standard softmax attention computed by transformers'
+    attention functions (HyperBF's, the looped baseline's): "eager" and every name of transformers'
+    `AttentionInterface` registry, read at each access, so a function registered with
+    `AttentionInterface.register(name, function)` is taken as a ViT takes it. Left out: the names transformers refuses
+    a class that does not declare them (flash attention without `_supports_flash_attn`, flex attention without
+    `_supports_flex_attn`), and "paged|" ones, which serve transformers' paged-cache batching of generation."""
+
+    def __get__(self, instance: object, owner: type) -> tuple[str, ...]:
+        names = ["eager"]
+        for name in AttentionInterface():
+            flash = is_flash_attention_requested(requested_attention_implementation=name)
+            if name.startswith("paged|") or (flash and not owner._supports_flash_attn):
+                continue
+            if "flex_attention" in name and not owner._supports_flex_attn:
+                continue
+            names.append(name)
+        return tuple(names)
 
 
 def eager_attention_forward(
@@ -823,8 +846,10 @@ class HyperBFPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     _no_split_modules = ["HyperBFEmbeddings", "HyperBFLayer"]
     _supports_sdpa = True
 
-    # what `attn_implementation` takes: the reference with maps, or both units folded into SDPA (the default)
-    attn_implementations = ("eager", "sdpa")
+    # what `attn_implementation` takes: "eager", the reference with maps, or any softmax attention function of
+    # transformers' registry ("sdpa", the default, or one registered with `AttentionInterface.register`), which
+    # gets both units with the bias folded into q and k and no mask
+    attn_implementations = SoftmaxAttentionNames()
 
     # `with model.cached_centers():` reuses what the centers give across no-grad eval forwards (`reusing_centers`)
     def cached_centers(self) -> contextlib.AbstractContextManager[None]:

@@ -33,6 +33,7 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.utils import ModelOutput, logging
+from transformers.utils.generic import is_flash_attention_requested
 
 from ..configuration.configuration_hyperset import HyperSetConfig
 
@@ -219,6 +220,26 @@ def select_attn_implementation(
         # config does when output_attentions is set before an implementation is chosen
         requested = "eager"
     return choose(requested, is_init_check)
+
+
+class SoftmaxAttentionNames:
+    """The `attn_implementations` of a class whose attention is standard softmax attention computed by transformers'
+    attention functions (HyperBF's, the looped baseline's): "eager" and every name of transformers'
+    `AttentionInterface` registry, read at each access, so a function registered with
+    `AttentionInterface.register(name, function)` is taken as a ViT takes it. Left out: the names transformers refuses
+    a class that does not declare them (flash attention without `_supports_flash_attn`, flex attention without
+    `_supports_flex_attn`), and "paged|" ones, which serve transformers' paged-cache batching of generation."""
+
+    def __get__(self, instance: object, owner: type) -> tuple[str, ...]:
+        names = ["eager"]
+        for name in AttentionInterface():
+            flash = is_flash_attention_requested(requested_attention_implementation=name)
+            if name.startswith("paged|") or (flash and not owner._supports_flash_attn):
+                continue
+            if "flex_attention" in name and not owner._supports_flex_attn:
+                continue
+            names.append(name)
+        return tuple(names)
 
 
 def eager_attention_forward(
