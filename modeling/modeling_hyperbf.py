@@ -31,6 +31,7 @@ import contextlib
 import copy
 import functools
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -171,6 +172,10 @@ def eager_attention_forward(
     return output, weights
 
 
+# weight files transformers would unpickle (`pytorch_model.bin` and its shards, torch.save's usual suffixes)
+PICKLE_WEIGHT_SUFFIXES = (".bin", ".bin.index.json", ".pt", ".pth", ".ckpt", ".pkl")
+
+
 def load_naming_unreadable_file(
     load: Callable[..., PreTrainedModel],
     pretrained_model_name_or_path: object,
@@ -178,9 +183,23 @@ def load_naming_unreadable_file(
     **kwargs: object,
 ) -> PreTrainedModel:
     """`load(pretrained_model_name_or_path, *model_args, **kwargs)` (transformers' `from_pretrained`), where an
-    unreadable safetensors file (truncated or corrupt) raises an `OSError` naming the file."""
+    unreadable safetensors file (truncated or corrupt) raises an `OSError` naming the file, and a local folder that
+    transformers refuses under `use_safetensors=True` while it holds pickle weights raises one `OSError` naming the
+    folder and those files."""
     try:
         return load(pretrained_model_name_or_path, *model_args, **kwargs)
+    except OSError as error:
+        subfolder = kwargs.get("subfolder")
+        folder = os.path.join(str(pretrained_model_name_or_path), *([str(subfolder)] if subfolder else []))
+        names = sorted(os.listdir(folder)) if kwargs.get("use_safetensors") and os.path.isdir(folder) else []
+        pickles = [name for name in names if name.endswith(PICKLE_WEIGHT_SUFFIXES)]
+        if not pickles or any(name.endswith(".safetensors") for name in names):
+            raise
+        raise OSError(
+            f"{folder} holds pickle weights ({', '.join(pickles)}) and no model.safetensors: weights are loaded from "
+            "safetensors only, never unpickled. Where the pickle file is trusted, load its state dict yourself and "
+            "re-save the model with save_pretrained, which writes model.safetensors."
+        ) from error
     except Exception as error:
         # safetensors' error class, matched by name: a model file imports only torch and transformers
         if type(error).__name__ != "SafetensorError":
@@ -466,6 +485,9 @@ class FamilyPreTrainedMixin:
     def from_pretrained(
         cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
     ) -> PreTrainedModel:
+        # Weights are safetensors only: transformers' own switch, unless the caller sets it, refuses a checkpoint
+        # that only a pickle file holds instead of unpickling it
+        kwargs.setdefault("use_safetensors", True)
         return load_naming_unreadable_file(
             super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
         )

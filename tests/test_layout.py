@@ -116,6 +116,7 @@ def test_modeling_file_imports_only_torch_transformers_and_its_config(family):
         "collections",
         "contextlib",
         "copy",
+        "os",
         "functools",
         "dataclasses",
         "torch",
