@@ -935,6 +935,7 @@ class HyperBFModel(HyperBFPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_rbf_diagnostics: bool | None = None,
+        output_rbf_weights: bool | None = None,
         return_dict: bool | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> HyperBFModelOutput | tuple:
@@ -944,6 +945,9 @@ class HyperBFModel(HyperBFPreTrainedModel):
         output_rbf_diagnostics (`bool`, *optional*):
             Return `rbf_diagnostics` (`HyperBFRBFDiagnostics`): the feedforward center weights of every layer
             and the kernel widths σ of both HyperBF units.
+        output_rbf_weights (`bool`, *optional*):
+            The HyperBF specification's name of `output_rbf_diagnostics`, the same switch: either name set to True
+            returns `rbf_diagnostics`; set both, they must agree.
         position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
             Sequences only: the row of the position table each token takes (None: 0..N−1). A left-padded batch
             passes `(attention_mask.cumsum(-1) - 1).clamp(min=0)`, so each real token keeps the position it has
@@ -953,6 +957,15 @@ class HyperBFModel(HyperBFPreTrainedModel):
         output_hidden_states = (
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
+        if output_rbf_weights is not None:  # the specification's name of the same switch
+            if output_rbf_diagnostics is not None and bool(output_rbf_diagnostics) != bool(
+                output_rbf_weights
+            ):
+                raise ValueError(
+                    f"output_rbf_weights={output_rbf_weights!r} is an alias of output_rbf_diagnostics="
+                    f"{output_rbf_diagnostics!r} and disagrees with it; pass only one"
+                )
+            output_rbf_diagnostics = output_rbf_weights
         output_rbf_diagnostics = bool(output_rbf_diagnostics)
         return_dict = self.config.return_dict if return_dict is None else return_dict
         pixel_values, input_ids = route_main_input(self.config, pixel_values, input_ids)
@@ -1047,6 +1060,7 @@ class HyperBFForImageClassification(HyperBFHead):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_rbf_diagnostics: bool | None = None,
+        output_rbf_weights: bool | None = None,
         return_dict: bool | None = None,
     ) -> HyperBFImageClassifierOutput | tuple:
         return self.classify(
@@ -1057,6 +1071,7 @@ class HyperBFForImageClassification(HyperBFHead):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_rbf_diagnostics=output_rbf_diagnostics,
+            output_rbf_weights=output_rbf_weights,
         )
 
 
@@ -1077,6 +1092,7 @@ class HyperBFForSequenceClassification(HyperBFHead):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_rbf_diagnostics: bool | None = None,
+        output_rbf_weights: bool | None = None,
         return_dict: bool | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> HyperBFSequenceClassifierOutput | tuple:
@@ -1094,6 +1110,7 @@ class HyperBFForSequenceClassification(HyperBFHead):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_rbf_diagnostics=output_rbf_diagnostics,
+            output_rbf_weights=output_rbf_weights,
         )
 
 
