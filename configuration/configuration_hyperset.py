@@ -163,7 +163,7 @@ class _CheckedConfig:
     * `save_pretrained` keeps an exported folder whole: a config read from an export (it has `auto_map`) first has
       `folder_code_writer` write that folder's remote code beside it, so `auto_map` and `custom_pipelines` never
       name files the saved folder lacks (transformers' `custom_object_save` does this only for classes loaded as
-      remote code). The package sets the writer (its `configuration/__init__.py`); it stays None in the copy an
+      remote code). The energyformers package sets the writer when it is imported; it stays None in the copy an
       exported folder carries, where `custom_object_save` copies the model's and config's files and this module
       may not import the package's generator; there `_save_extra_code` writes what else the folder's config.json
       names (a masked-image-modelling folder's pipeline files, `RecurrentDepthConfig`'s override).
@@ -458,7 +458,7 @@ def _copy_pipeline_code(config: PreTrainedConfig, save_directory: str | os.PathL
         )
 
 
-# The fields Hyper-SET shares with its looped-Transformer baseline (configuration_looped_transformer.py): the
+# The fields Hyper-SET shares with its looped-Transformer baseline (the package's `LoopedTransformerConfig`): the
 # embeddings, the width and heads, the recurrent-depth schedule and the classification head.
 class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
     r"""The fields of a model that iterates weight-tied layers: Hyper-SET (`HyperSetConfig`) and the
