@@ -742,7 +742,7 @@ def eager_bisoftmax_attention(
     dtype = torch.promote_types(scores.dtype, torch.float32)  # half-precision weights: one rounding, not two
     if keep is None:
         row = scores.softmax(-1, dtype=dtype)
-        probs = row + row.transpose(-1, -2)
+        probs = row + row.transpose(-1, -2)  # R + Rᵀ: (B, H, N, N), C = Rᵀ swaps the last two axes
     else:
         key_keep = keep[:, None, None, :].to(dtype)  # (B, 1, 1, N)
         # a large finite negative (not −inf) keeps a fully padded sequence NaN-free; padded keys out
@@ -1055,6 +1055,7 @@ class HyperSetAttention(nn.Module):
         p = singular / singular.sum(-1, keepdim=True).clamp_min(torch.finfo(singular.dtype).tiny)
         effective_rank = torch.exp(-torch.special.xlogy(p, p).sum(-1))
         unit = F.normalize(z, dim=-1)
+        # (B, H, N, d_h) @ (B, H, d_h, N) → (B, H, N, N): the angle between every pair of tokens, per head
         angles = torch.rad2deg(torch.acos((unit @ unit.transpose(-1, -2)).clamp(-1.0, 1.0)))
         off_diagonal = pair_keep * (1 - torch.eye(z.shape[2], device=z.device))
         average_angle = (angles * off_diagonal).sum((-1, -2)) / off_diagonal.sum((-1, -2)).clamp_min(1.0)
@@ -1958,7 +1959,7 @@ def halting_targets(head: PreTrainedModel, logits: torch.Tensor, labels: torch.T
     logits, labels = logits.detach(), labels.to(logits.device)
     if head._per_token:
         right = (logits.argmax(-1) == labels) | (labels == -100)
-        return right.flatten(1).all(-1).to(logits.dtype)
+        return right.flatten(1).all(-1).to(logits.dtype)  # (B, N, ...) → (B, N·...) → (B,)
     if head.config.problem_type == "regression" or head.config.num_labels == 1:
         raise ValueError(
             "halting_head=True needs a classification target (a correct / wrong answer); this head's "
@@ -2836,6 +2837,7 @@ class MaskedImageModelingMixin:
                     f"{labels[bad][0].item()}."
                 )
         labels = labels.to(logits.device)
+        # logits (B, N, codebook_size) → (B·N, codebook_size), labels (B, N) → (B·N,)
         losses = F.cross_entropy(
             logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="none"
         )

@@ -560,6 +560,7 @@ _SAME_SIZE_INTEGERS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.
 def _bits_differ(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
     """0-dim bool: whether any element of `new` and `old` differs bit for bit (so NaN = NaN and -0 ≠ 0: exact)."""
     integers = _SAME_SIZE_INTEGERS[new.element_size()]
+    # view(dtype) of the same element size: the same shape, the bits read as integers
     return (new.view(integers) != old.view(integers)).any()
 
 
@@ -744,6 +745,7 @@ class _SolveRecord:
         active: torch.Tensor | None,
     ) -> None:
         absolute, relative = _residuals(new, old) if residuals is None else residuals
+        # (B, D, D_S) → (B, D·D_S): one cosine per sample
         cosine = F.cosine_similarity(
             new.flatten(1).to(relative.dtype), old.flatten(1).to(relative.dtype), dim=1
         )
