@@ -20,9 +20,9 @@ per-key bias as an additive mask, and the only path that returns attention maps 
 (the default) runs both units as mask-free `scaled_dot_product_attention` with the per-key bias folded into
 one extra head dimension (q' = [q, 1], k' = [k, b]): flash kernels apply, no scores are built. A function
 registered in transformers' registry (`AttentionInterface.register`) is taken too and gets the same folded,
-mask-free call in place of SDPA. The feedforward
-folds only while its folded head fits the fused kernels (`FUSED_ATTENTION_MAX_HEAD_DIM`); wider, as at the
-memo's D = 768, it keeps the explicit path, which is faster there.
+mask-free call in place of SDPA. The feedforward folds only while its folded head fits the fused kernels
+(`FUSED_ATTENTION_MAX_HEAD_DIM`); wider, as at the memo's D = 768, it keeps the explicit path, which is faster
+there.
 """
 
 from __future__ import annotations
@@ -172,8 +172,9 @@ def eager_attention_forward(
     return output, weights
 
 
-# weight files transformers would unpickle (`pytorch_model.bin` and its shards, torch.save's usual suffixes)
-PICKLE_WEIGHT_SUFFIXES = (".bin", ".bin.index.json", ".pt", ".pth", ".ckpt", ".pkl")
+# pickle weight files: transformers' (`pytorch_model.bin`, its shards and index) and torch.save's usual suffixes;
+# not every .bin (Trainer's `training_args.bin` holds no weights)
+PICKLE_WEIGHT_PREFIX, PICKLE_WEIGHT_SUFFIXES = "pytorch_model", (".pt", ".pth", ".ckpt", ".pkl")
 
 
 def load_naming_unreadable_file(
@@ -192,7 +193,9 @@ def load_naming_unreadable_file(
         subfolder = kwargs.get("subfolder")
         folder = os.path.join(str(pretrained_model_name_or_path), *([str(subfolder)] if subfolder else []))
         names = sorted(os.listdir(folder)) if kwargs.get("use_safetensors") and os.path.isdir(folder) else []
-        pickles = [name for name in names if name.endswith(PICKLE_WEIGHT_SUFFIXES)]
+        pickles = [
+            n for n in names if n.startswith(PICKLE_WEIGHT_PREFIX) or n.endswith(PICKLE_WEIGHT_SUFFIXES)
+        ]
         if not pickles or any(name.endswith(".safetensors") for name in names):
             raise
         raise OSError(

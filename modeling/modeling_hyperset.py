@@ -273,8 +273,9 @@ def eager_attention_forward(
     return output, weights
 
 
-# weight files transformers would unpickle (`pytorch_model.bin` and its shards, torch.save's usual suffixes)
-PICKLE_WEIGHT_SUFFIXES = (".bin", ".bin.index.json", ".pt", ".pth", ".ckpt", ".pkl")
+# pickle weight files: transformers' (`pytorch_model.bin`, its shards and index) and torch.save's usual suffixes;
+# not every .bin (Trainer's `training_args.bin` holds no weights)
+PICKLE_WEIGHT_PREFIX, PICKLE_WEIGHT_SUFFIXES = "pytorch_model", (".pt", ".pth", ".ckpt", ".pkl")
 
 
 def load_naming_unreadable_file(
@@ -293,7 +294,9 @@ def load_naming_unreadable_file(
         subfolder = kwargs.get("subfolder")
         folder = os.path.join(str(pretrained_model_name_or_path), *([str(subfolder)] if subfolder else []))
         names = sorted(os.listdir(folder)) if kwargs.get("use_safetensors") and os.path.isdir(folder) else []
-        pickles = [name for name in names if name.endswith(PICKLE_WEIGHT_SUFFIXES)]
+        pickles = [
+            n for n in names if n.startswith(PICKLE_WEIGHT_PREFIX) or n.endswith(PICKLE_WEIGHT_SUFFIXES)
+        ]
         if not pickles or any(name.endswith(".safetensors") for name in names):
             raise
         raise OSError(

@@ -57,3 +57,13 @@ def test_save_pretrained_writes_safetensors_and_no_pickle(family, tmp_path):
     assert written == ["config.json", "model.safetensors"], (family, written)
     reloaded = model_class.from_pretrained(tmp_path)
     assert type(reloaded) is model_class, family
+
+
+def test_a_non_weight_pickle_is_not_named_as_weights(tmp_path):
+    """Trainer's `training_args.bin` beside no weights: transformers' own missing-file error, not the pickle one."""
+    model_class, config = MODELS["hyperset"]
+    model_class(config()).config.save_pretrained(tmp_path)
+    torch.save({"learning_rate": 1e-3}, tmp_path / "training_args.bin")
+    with pytest.raises(OSError) as raised:
+        model_class.from_pretrained(tmp_path)
+    assert "pickle weights" not in str(raised.value), str(raised.value)
