@@ -163,7 +163,7 @@ class _CheckedConfig:
     * `save_pretrained` keeps an exported folder whole: a config read from an export (it has `auto_map`) first has
       `folder_code_writer` write that folder's remote code beside it, so `auto_map` and `custom_pipelines` never
       name files the saved folder lacks (transformers' `custom_object_save` does this only for classes loaded as
-      remote code). The package sets the writer (its `configuration/__init__.py`); it stays None in the copy an
+      remote code). The energyformers package sets the writer when it is imported; it stays None in the copy an
       exported folder carries, where `custom_object_save` copies the model's and config's files and this module
       may not import the package's generator; there `_save_extra_code` writes what else the folder's config.json
       names (a masked-image-modelling folder's pipeline files, `RecurrentDepthConfig`'s override).
@@ -258,6 +258,11 @@ class _CheckedConfig:
         """
         fields = cls.preset_fields(name)  # an unknown name is refused before the overrides are looked at
         cls._check_override_names(overrides, "from_preset")
+        for alias, field in cls.attribute_map.items():
+            if (
+                alias in overrides
+            ):  # the alias sets that field: the preset's value of it gives way, as to the field
+                fields.pop(field, None)
         kwargs = {**fields, **overrides}
         if "id2label" in overrides:
             kwargs.pop("num_labels", None)
@@ -453,7 +458,7 @@ def _copy_pipeline_code(config: PreTrainedConfig, save_directory: str | os.PathL
         )
 
 
-# The fields Hyper-SET shares with its looped-Transformer baseline (configuration_looped_transformer.py): the
+# The fields Hyper-SET shares with its looped-Transformer baseline (the package's `LoopedTransformerConfig`): the
 # embeddings, the width and heads, the recurrent-depth schedule and the classification head.
 class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
     r"""The fields of a model that iterates weight-tied layers: Hyper-SET (`HyperSetConfig`) and the
@@ -471,6 +476,8 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
     # models' tables of implementations can be keyed by it instead of repeating the names. Unannotated, as
     # `model_type`: transformers makes every config class a dataclass, which reads the annotations of its body.
     choices = MappingProxyType(_CHOICES)
+    # `num_layers`, the name Hyper-SET's specification gives L, reads and sets num_hidden_layers (transformers' aliases)
+    attribute_map = {"num_layers": "num_hidden_layers"}
 
     def __init__(
         self,
@@ -512,6 +519,19 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
         self.hidden_size = hidden_size
         self.num_attention_heads = num_attention_heads
         self.intermediate_size = intermediate_size
+        if "num_layers" in kwargs:
+            # the alias, taken here rather than by transformers' `__init__` after the checks below
+            num_layers = kwargs.pop("num_layers")
+            default = inspect.signature(type(self).__init__).parameters["num_hidden_layers"].default
+            _require(
+                self,
+                num_hidden_layers in (default, num_layers),
+                "num_layers",
+                num_layers,
+                f"it is an alias of num_hidden_layers={num_hidden_layers!r} and disagrees with it; pass only one",
+                depends_on=("num_hidden_layers",),
+            )
+            num_hidden_layers = num_layers
         self.num_hidden_layers = num_hidden_layers
         self.num_iterations = num_iterations
         self.hidden_act = hidden_act
@@ -669,7 +689,8 @@ class HyperSetConfig(RecurrentDepthConfig):
         intermediate_size (`int`, *optional*, defaults to 384):
             Dictionary size M of the feedforward energy (the paper uses M = d for images).
         num_hidden_layers (`int`, *optional*, defaults to 1):
-            Distinct weight-tied layers L, applied one after the other.
+            Distinct weight-tied layers L, applied one after the other. `num_layers` is an alias: it reads
+            and sets this field (`config.num_layers`, `num_layers=` in the constructor and `from_preset`).
         num_iterations (`int`, *optional*, defaults to 12):
             Iterations T of each layer (effective depth L·T); can be overridden per forward call.
         qkv_norm (`str`, *optional*, defaults to `"separate"`):

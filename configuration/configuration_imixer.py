@@ -172,7 +172,7 @@ class _CheckedConfig:
     * `save_pretrained` keeps an exported folder whole: a config read from an export (it has `auto_map`) first has
       `folder_code_writer` write that folder's remote code beside it, so `auto_map` and `custom_pipelines` never
       name files the saved folder lacks (transformers' `custom_object_save` does this only for classes loaded as
-      remote code). The package sets the writer (its `configuration/__init__.py`); it stays None in the copy an
+      remote code). The energyformers package sets the writer when it is imported; it stays None in the copy an
       exported folder carries, where `custom_object_save` copies the model's and config's files and this module
       may not import the package's generator; there `_save_extra_code` writes what else the folder's config.json
       names (a masked-image-modelling folder's pipeline files, `RecurrentDepthConfig`'s override).
@@ -267,6 +267,11 @@ class _CheckedConfig:
         """
         fields = cls.preset_fields(name)  # an unknown name is refused before the overrides are looked at
         cls._check_override_names(overrides, "from_preset")
+        for alias, field in cls.attribute_map.items():
+            if (
+                alias in overrides
+            ):  # the alias sets that field: the preset's value of it gives way, as to the field
+                fields.pop(field, None)
         kwargs = {**fields, **overrides}
         if "id2label" in overrides:
             kwargs.pop("num_labels", None)

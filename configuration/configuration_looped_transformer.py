@@ -60,7 +60,8 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         intermediate_size (`int`, *optional*):
             Width of the GELU MLP; `None` = 4 · hidden_size, the standard Transformer ratio.
         num_hidden_layers (`int`, *optional*, defaults to 1):
-            Distinct weight-tied layers L, applied one after the other.
+            Distinct weight-tied layers L, applied one after the other. `num_layers` is an alias: it reads
+            and sets this field (`config.num_layers`, `num_layers=` in the constructor and `from_preset`).
         num_iterations (`int`, *optional*, defaults to 12):
             Iterations T of each layer (effective depth L·T); can be overridden per forward call.
         hidden_act (`str`, *optional*, defaults to `"gelu"`):

@@ -18,9 +18,11 @@ distance d²/2σ² starts near ln K and every center weight near 1/K.
 `attn_implementation` (transformers' standard names): `"eager"` is the reference, explicit scores with the
 per-key bias as an additive mask, and the only path that returns attention maps and center weights; `"sdpa"`
 (the default) runs both units as mask-free `scaled_dot_product_attention` with the per-key bias folded into
-one extra head dimension (q' = [q, 1], k' = [k, b]): flash kernels apply, no scores are built. The feedforward
-folds only while its folded head fits the fused kernels (`FUSED_ATTENTION_MAX_HEAD_DIM`); wider, as at the
-memo's D = 768, it keeps the explicit path, which is faster there.
+one extra head dimension (q' = [q, 1], k' = [k, b]): flash kernels apply, no scores are built. A function
+registered in transformers' registry (`AttentionInterface.register`) is taken too and gets the same folded,
+mask-free call in place of SDPA. The feedforward folds only while its folded head fits the fused kernels
+(`FUSED_ATTENTION_MAX_HEAD_DIM`); wider, as at the memo's D = 768, it keeps the explicit path, which is faster
+there.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ import contextlib
 import copy
 import functools
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedConfig, PreTrainedModel
+from transformers import AttentionInterface, PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -45,6 +48,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import ModelOutput, logging
+from transformers.utils.generic import is_flash_attention_requested
 
 from ..configuration.configuration_hyperbf import HyperBFConfig
 
@@ -118,6 +122,26 @@ def select_attn_implementation(
     return choose(requested, is_init_check)
 
 
+class SoftmaxAttentionNames:
+    """The `attn_implementations` of a class whose attention is standard softmax attention computed by transformers'
+    attention functions (HyperBF's, the looped baseline's): "eager" and every name of transformers'
+    `AttentionInterface` registry, read at each access, so a function registered with
+    `AttentionInterface.register(name, function)` is taken as a ViT takes it. Left out: the names transformers refuses
+    a class that does not declare them (flash attention without `_supports_flash_attn`, flex attention without
+    `_supports_flex_attn`), and "paged|" ones, which serve transformers' paged-cache batching of generation."""
+
+    def __get__(self, instance: object, owner: type) -> tuple[str, ...]:
+        names = ["eager"]
+        for name in AttentionInterface():
+            flash = is_flash_attention_requested(requested_attention_implementation=name)
+            if name.startswith("paged|") or (flash and not owner._supports_flash_attn):
+                continue
+            if "flex_attention" in name and not owner._supports_flex_attn:
+                continue
+            names.append(name)
+        return tuple(names)
+
+
 def eager_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -148,6 +172,11 @@ def eager_attention_forward(
     return output, weights
 
 
+# pickle weight files: transformers' (`pytorch_model.bin`, its shards and index) and torch.save's usual suffixes;
+# not every .bin (Trainer's `training_args.bin` holds no weights)
+PICKLE_WEIGHT_PREFIX, PICKLE_WEIGHT_SUFFIXES = "pytorch_model", (".pt", ".pth", ".ckpt", ".pkl")
+
+
 def load_naming_unreadable_file(
     load: Callable[..., PreTrainedModel],
     pretrained_model_name_or_path: object,
@@ -155,9 +184,25 @@ def load_naming_unreadable_file(
     **kwargs: object,
 ) -> PreTrainedModel:
     """`load(pretrained_model_name_or_path, *model_args, **kwargs)` (transformers' `from_pretrained`), where an
-    unreadable safetensors file (truncated or corrupt) raises an `OSError` naming the file."""
+    unreadable safetensors file (truncated or corrupt) raises an `OSError` naming the file, and a local folder that
+    transformers refuses under `use_safetensors=True` while it holds pickle weights raises one `OSError` naming the
+    folder and those files."""
     try:
         return load(pretrained_model_name_or_path, *model_args, **kwargs)
+    except OSError as error:
+        subfolder = kwargs.get("subfolder")
+        folder = os.path.join(str(pretrained_model_name_or_path), *([str(subfolder)] if subfolder else []))
+        names = sorted(os.listdir(folder)) if kwargs.get("use_safetensors") and os.path.isdir(folder) else []
+        pickles = [
+            n for n in names if n.startswith(PICKLE_WEIGHT_PREFIX) or n.endswith(PICKLE_WEIGHT_SUFFIXES)
+        ]
+        if not pickles or any(name.endswith(".safetensors") for name in names):
+            raise
+        raise OSError(
+            f"{folder} holds pickle weights ({', '.join(pickles)}) and no model.safetensors: weights are loaded from "
+            "safetensors only, never unpickled. Where the pickle file is trusted, load its state dict yourself and "
+            "re-save the model with save_pretrained, which writes model.safetensors."
+        ) from error
     except Exception as error:
         # safetensors' error class, matched by name: a model file imports only torch and transformers
         if type(error).__name__ != "SafetensorError":
@@ -443,6 +488,9 @@ class FamilyPreTrainedMixin:
     def from_pretrained(
         cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
     ) -> PreTrainedModel:
+        # Weights are safetensors only: transformers' own switch, unless the caller sets it, refuses a checkpoint
+        # that only a pickle file holds instead of unpickling it
+        kwargs.setdefault("use_safetensors", True)
         return load_naming_unreadable_file(
             super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
         )
@@ -823,8 +871,10 @@ class HyperBFPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     _no_split_modules = ["HyperBFEmbeddings", "HyperBFLayer"]
     _supports_sdpa = True
 
-    # what `attn_implementation` takes: the reference with maps, or both units folded into SDPA (the default)
-    attn_implementations = ("eager", "sdpa")
+    # what `attn_implementation` takes: "eager", the reference with maps, or any softmax attention function of
+    # transformers' registry ("sdpa", the default, or one registered with `AttentionInterface.register`), which
+    # gets both units with the bias folded into q and k and no mask
+    attn_implementations = SoftmaxAttentionNames()
 
     # `with model.cached_centers():` reuses what the centers give across no-grad eval forwards (`reusing_centers`)
     def cached_centers(self) -> contextlib.AbstractContextManager[None]:
@@ -888,6 +938,7 @@ class HyperBFModel(HyperBFPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_rbf_diagnostics: bool | None = None,
+        output_rbf_weights: bool | None = None,
         return_dict: bool | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> HyperBFModelOutput | tuple:
@@ -897,6 +948,9 @@ class HyperBFModel(HyperBFPreTrainedModel):
         output_rbf_diagnostics (`bool`, *optional*):
             Return `rbf_diagnostics` (`HyperBFRBFDiagnostics`): the feedforward center weights of every layer
             and the kernel widths σ of both HyperBF units.
+        output_rbf_weights (`bool`, *optional*):
+            The HyperBF specification's name of `output_rbf_diagnostics`, the same switch: either name set to True
+            returns `rbf_diagnostics`; set both, they must agree.
         position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
             Sequences only: the row of the position table each token takes (None: 0..N−1). A left-padded batch
             passes `(attention_mask.cumsum(-1) - 1).clamp(min=0)`, so each real token keeps the position it has
@@ -906,6 +960,15 @@ class HyperBFModel(HyperBFPreTrainedModel):
         output_hidden_states = (
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
+        if output_rbf_weights is not None:  # the specification's name of the same switch
+            if output_rbf_diagnostics is not None and bool(output_rbf_diagnostics) != bool(
+                output_rbf_weights
+            ):
+                raise ValueError(
+                    f"output_rbf_weights={output_rbf_weights!r} is an alias of output_rbf_diagnostics="
+                    f"{output_rbf_diagnostics!r} and disagrees with it; pass only one"
+                )
+            output_rbf_diagnostics = output_rbf_weights
         output_rbf_diagnostics = bool(output_rbf_diagnostics)
         return_dict = self.config.return_dict if return_dict is None else return_dict
         pixel_values, input_ids = route_main_input(self.config, pixel_values, input_ids)
@@ -1000,6 +1063,7 @@ class HyperBFForImageClassification(HyperBFHead):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_rbf_diagnostics: bool | None = None,
+        output_rbf_weights: bool | None = None,
         return_dict: bool | None = None,
     ) -> HyperBFImageClassifierOutput | tuple:
         return self.classify(
@@ -1010,6 +1074,7 @@ class HyperBFForImageClassification(HyperBFHead):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_rbf_diagnostics=output_rbf_diagnostics,
+            output_rbf_weights=output_rbf_weights,
         )
 
 
@@ -1030,6 +1095,7 @@ class HyperBFForSequenceClassification(HyperBFHead):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_rbf_diagnostics: bool | None = None,
+        output_rbf_weights: bool | None = None,
         return_dict: bool | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> HyperBFSequenceClassifierOutput | tuple:
@@ -1047,6 +1113,7 @@ class HyperBFForSequenceClassification(HyperBFHead):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_rbf_diagnostics=output_rbf_diagnostics,
+            output_rbf_weights=output_rbf_weights,
         )
 
 

@@ -16,6 +16,7 @@ import contextlib
 import copy
 import functools
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.utils import ModelOutput, logging
+from transformers.utils.generic import is_flash_attention_requested
 
 from ..configuration.configuration_hyperset import HyperSetConfig
 
@@ -221,6 +223,26 @@ def select_attn_implementation(
     return choose(requested, is_init_check)
 
 
+class SoftmaxAttentionNames:
+    """The `attn_implementations` of a class whose attention is standard softmax attention computed by transformers'
+    attention functions (HyperBF's, the looped baseline's): "eager" and every name of transformers'
+    `AttentionInterface` registry, read at each access, so a function registered with
+    `AttentionInterface.register(name, function)` is taken as a ViT takes it. Left out: the names transformers refuses
+    a class that does not declare them (flash attention without `_supports_flash_attn`, flex attention without
+    `_supports_flex_attn`), and "paged|" ones, which serve transformers' paged-cache batching of generation."""
+
+    def __get__(self, instance: object, owner: type) -> tuple[str, ...]:
+        names = ["eager"]
+        for name in AttentionInterface():
+            flash = is_flash_attention_requested(requested_attention_implementation=name)
+            if name.startswith("paged|") or (flash and not owner._supports_flash_attn):
+                continue
+            if "flex_attention" in name and not owner._supports_flex_attn:
+                continue
+            names.append(name)
+        return tuple(names)
+
+
 def eager_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -251,6 +273,11 @@ def eager_attention_forward(
     return output, weights
 
 
+# pickle weight files: transformers' (`pytorch_model.bin`, its shards and index) and torch.save's usual suffixes;
+# not every .bin (Trainer's `training_args.bin` holds no weights)
+PICKLE_WEIGHT_PREFIX, PICKLE_WEIGHT_SUFFIXES = "pytorch_model", (".pt", ".pth", ".ckpt", ".pkl")
+
+
 def load_naming_unreadable_file(
     load: Callable[..., PreTrainedModel],
     pretrained_model_name_or_path: object,
@@ -258,9 +285,25 @@ def load_naming_unreadable_file(
     **kwargs: object,
 ) -> PreTrainedModel:
     """`load(pretrained_model_name_or_path, *model_args, **kwargs)` (transformers' `from_pretrained`), where an
-    unreadable safetensors file (truncated or corrupt) raises an `OSError` naming the file."""
+    unreadable safetensors file (truncated or corrupt) raises an `OSError` naming the file, and a local folder that
+    transformers refuses under `use_safetensors=True` while it holds pickle weights raises one `OSError` naming the
+    folder and those files."""
     try:
         return load(pretrained_model_name_or_path, *model_args, **kwargs)
+    except OSError as error:
+        subfolder = kwargs.get("subfolder")
+        folder = os.path.join(str(pretrained_model_name_or_path), *([str(subfolder)] if subfolder else []))
+        names = sorted(os.listdir(folder)) if kwargs.get("use_safetensors") and os.path.isdir(folder) else []
+        pickles = [
+            n for n in names if n.startswith(PICKLE_WEIGHT_PREFIX) or n.endswith(PICKLE_WEIGHT_SUFFIXES)
+        ]
+        if not pickles or any(name.endswith(".safetensors") for name in names):
+            raise
+        raise OSError(
+            f"{folder} holds pickle weights ({', '.join(pickles)}) and no model.safetensors: weights are loaded from "
+            "safetensors only, never unpickled. Where the pickle file is trusted, load its state dict yourself and "
+            "re-save the model with save_pretrained, which writes model.safetensors."
+        ) from error
     except Exception as error:
         # safetensors' error class, matched by name: a model file imports only torch and transformers
         if type(error).__name__ != "SafetensorError":
@@ -546,6 +589,9 @@ class FamilyPreTrainedMixin:
     def from_pretrained(
         cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
     ) -> PreTrainedModel:
+        # Weights are safetensors only: transformers' own switch, unless the caller sets it, refuses a checkpoint
+        # that only a pickle file holds instead of unpickling it
+        kwargs.setdefault("use_safetensors", True)
         return load_naming_unreadable_file(
             super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
         )
@@ -699,7 +745,7 @@ def eager_bisoftmax_attention(
     dtype = torch.promote_types(scores.dtype, torch.float32)  # half-precision weights: one rounding, not two
     if keep is None:
         row = scores.softmax(-1, dtype=dtype)
-        probs = row + row.transpose(-1, -2)
+        probs = row + row.transpose(-1, -2)  # R + Rᵀ: (B, H, N, N), C = Rᵀ swaps the last two axes
     else:
         key_keep = keep[:, None, None, :].to(dtype)  # (B, 1, 1, N)
         # a large finite negative (not −inf) keeps a fully padded sequence NaN-free; padded keys out
@@ -1012,6 +1058,7 @@ class HyperSetAttention(nn.Module):
         p = singular / singular.sum(-1, keepdim=True).clamp_min(torch.finfo(singular.dtype).tiny)
         effective_rank = torch.exp(-torch.special.xlogy(p, p).sum(-1))
         unit = F.normalize(z, dim=-1)
+        # (B, H, N, d_h) @ (B, H, d_h, N) → (B, H, N, N): the angle between every pair of tokens, per head
         angles = torch.rad2deg(torch.acos((unit @ unit.transpose(-1, -2)).clamp(-1.0, 1.0)))
         off_diagonal = pair_keep * (1 - torch.eye(z.shape[2], device=z.device))
         average_angle = (angles * off_diagonal).sum((-1, -2)) / off_diagonal.sum((-1, -2)).clamp_min(1.0)
@@ -1915,7 +1962,7 @@ def halting_targets(head: PreTrainedModel, logits: torch.Tensor, labels: torch.T
     logits, labels = logits.detach(), labels.to(logits.device)
     if head._per_token:
         right = (logits.argmax(-1) == labels) | (labels == -100)
-        return right.flatten(1).all(-1).to(logits.dtype)
+        return right.flatten(1).all(-1).to(logits.dtype)  # (B, N, ...) → (B, N·...) → (B,)
     if head.config.problem_type == "regression" or head.config.num_labels == 1:
         raise ValueError(
             "halting_head=True needs a classification target (a correct / wrong answer); this head's "
@@ -2793,6 +2840,7 @@ class MaskedImageModelingMixin:
                     f"{labels[bad][0].item()}."
                 )
         labels = labels.to(logits.device)
+        # logits (B, N, codebook_size) → (B·N, codebook_size), labels (B, N) → (B·N,)
         losses = F.cross_entropy(
             logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="none"
         )

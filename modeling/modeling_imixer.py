@@ -17,6 +17,7 @@ phantom gradient (Geng et al.), so training memory does not grow with the number
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
-from transformers import PreTrainedConfig, PreTrainedModel
+from transformers import AttentionInterface, PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -34,6 +35,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
 )
 from transformers.utils import ModelOutput, logging
+from transformers.utils.generic import is_flash_attention_requested
 
 from ..configuration.configuration_imixer import IMixerConfig
 
@@ -115,6 +117,26 @@ def select_attn_implementation(
     return choose(requested, is_init_check)
 
 
+class SoftmaxAttentionNames:
+    """The `attn_implementations` of a class whose attention is standard softmax attention computed by transformers'
+    attention functions (HyperBF's, the looped baseline's): "eager" and every name of transformers'
+    `AttentionInterface` registry, read at each access, so a function registered with
+    `AttentionInterface.register(name, function)` is taken as a ViT takes it. Left out: the names transformers refuses
+    a class that does not declare them (flash attention without `_supports_flash_attn`, flex attention without
+    `_supports_flex_attn`), and "paged|" ones, which serve transformers' paged-cache batching of generation."""
+
+    def __get__(self, instance: object, owner: type) -> tuple[str, ...]:
+        names = ["eager"]
+        for name in AttentionInterface():
+            flash = is_flash_attention_requested(requested_attention_implementation=name)
+            if name.startswith("paged|") or (flash and not owner._supports_flash_attn):
+                continue
+            if "flex_attention" in name and not owner._supports_flex_attn:
+                continue
+            names.append(name)
+        return tuple(names)
+
+
 def eager_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -145,6 +167,11 @@ def eager_attention_forward(
     return output, weights
 
 
+# pickle weight files: transformers' (`pytorch_model.bin`, its shards and index) and torch.save's usual suffixes;
+# not every .bin (Trainer's `training_args.bin` holds no weights)
+PICKLE_WEIGHT_PREFIX, PICKLE_WEIGHT_SUFFIXES = "pytorch_model", (".pt", ".pth", ".ckpt", ".pkl")
+
+
 def load_naming_unreadable_file(
     load: Callable[..., PreTrainedModel],
     pretrained_model_name_or_path: object,
@@ -152,9 +179,25 @@ def load_naming_unreadable_file(
     **kwargs: object,
 ) -> PreTrainedModel:
     """`load(pretrained_model_name_or_path, *model_args, **kwargs)` (transformers' `from_pretrained`), where an
-    unreadable safetensors file (truncated or corrupt) raises an `OSError` naming the file."""
+    unreadable safetensors file (truncated or corrupt) raises an `OSError` naming the file, and a local folder that
+    transformers refuses under `use_safetensors=True` while it holds pickle weights raises one `OSError` naming the
+    folder and those files."""
     try:
         return load(pretrained_model_name_or_path, *model_args, **kwargs)
+    except OSError as error:
+        subfolder = kwargs.get("subfolder")
+        folder = os.path.join(str(pretrained_model_name_or_path), *([str(subfolder)] if subfolder else []))
+        names = sorted(os.listdir(folder)) if kwargs.get("use_safetensors") and os.path.isdir(folder) else []
+        pickles = [
+            n for n in names if n.startswith(PICKLE_WEIGHT_PREFIX) or n.endswith(PICKLE_WEIGHT_SUFFIXES)
+        ]
+        if not pickles or any(name.endswith(".safetensors") for name in names):
+            raise
+        raise OSError(
+            f"{folder} holds pickle weights ({', '.join(pickles)}) and no model.safetensors: weights are loaded from "
+            "safetensors only, never unpickled. Where the pickle file is trusted, load its state dict yourself and "
+            "re-save the model with save_pretrained, which writes model.safetensors."
+        ) from error
     except Exception as error:
         # safetensors' error class, matched by name: a model file imports only torch and transformers
         if type(error).__name__ != "SafetensorError":
@@ -440,6 +483,9 @@ class FamilyPreTrainedMixin:
     def from_pretrained(
         cls, pretrained_model_name_or_path: object, *model_args: object, **kwargs: object
     ) -> PreTrainedModel:
+        # Weights are safetensors only: transformers' own switch, unless the caller sets it, refuses a checkpoint
+        # that only a pickle file holds instead of unpickling it
+        kwargs.setdefault("use_safetensors", True)
         return load_naming_unreadable_file(
             super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
         )
@@ -517,6 +563,7 @@ _SAME_SIZE_INTEGERS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.
 def _bits_differ(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
     """0-dim bool: whether any element of `new` and `old` differs bit for bit (so NaN = NaN and -0 ≠ 0: exact)."""
     integers = _SAME_SIZE_INTEGERS[new.element_size()]
+    # view(dtype) of the same element size: the same shape, the bits read as integers
     return (new.view(integers) != old.view(integers)).any()
 
 
@@ -701,6 +748,7 @@ class _SolveRecord:
         active: torch.Tensor | None,
     ) -> None:
         absolute, relative = _residuals(new, old) if residuals is None else residuals
+        # (B, D, D_S) → (B, D·D_S): one cosine per sample
         cosine = F.cosine_similarity(
             new.flatten(1).to(relative.dtype), old.flatten(1).to(relative.dtype), dim=1
         )

@@ -45,6 +45,7 @@ from .modeling_hyperset import (
     RecurrentDepthHeadMixin,
     RecurrentDepthHeadOutput,
     RecurrentDepthMixin,
+    SoftmaxAttentionNames,
     check_head_input_type,
     check_initial_state,
     check_masked_image_modeling_head,
@@ -161,8 +162,9 @@ class LoopedTransformerPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     _no_split_modules = ["HyperSetEmbeddings", "LoopedTransformerLayer"]
     _supports_sdpa = True  # transformers' default then, "sdpa" on every device, as for its own models
 
-    # what `attn_implementation` takes: softmax attention by transformers' functions
-    attn_implementations = ("eager", "sdpa")
+    # what `attn_implementation` takes: softmax attention by transformers' functions ("eager", "sdpa", or one
+    # registered with `AttentionInterface.register`), read from its registry at call time
+    attn_implementations = SoftmaxAttentionNames()
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

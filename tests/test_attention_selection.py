@@ -19,11 +19,13 @@ import torch
 from fixtures import Case, assert_differs, hyperset_config
 from safetensors.torch import load_file
 from transformers import (
+    AttentionInterface,
     AutoModelForImageClassification,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     PreTrainedModel,
 )
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from energyformers import (
     HyperBFForImageClassification,
@@ -267,3 +269,67 @@ def test_each_model_class_declares_what_it_takes(family):
     model_class, _, taken, _, refused = FAMILY_SELECTIONS[family]
     declared = list(model_class.attn_implementations)
     assert set(taken) <= set(declared) and not set(refused) & set(declared), (family, declared)
+
+
+# ------------------------------------------------------------------ attention functions a user registers
+
+SOFTMAX_FAMILIES = ["hyperbf", "looped-transformer"]  # standard softmax attention: transformers' functions
+
+
+@pytest.fixture
+def counted_sdpa(monkeypatch):
+    """transformers' sdpa under a new name, registered as a user registers one (`AttentionInterface.register`),
+    counting its calls; the registration is undone after the test, so other tests see transformers' registry."""
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return sdpa_attention_forward(*args, **kwargs)
+
+    # what `AttentionInterface.register` writes, through monkeypatch so that it is removed again
+    monkeypatch.setitem(AttentionInterface._global_mapping, "counted_sdpa", counted)
+    return calls
+
+
+@pytest.mark.parametrize("family", SOFTMAX_FAMILIES)
+def test_a_registered_attention_function_is_selected_and_run(family, counted_sdpa, tmp_path):
+    """from_pretrained, from_config and set_attn_implementation all take the registered name, the forward calls it,
+    and the logits are sdpa's (the same function under another name: equal bit for bit)."""
+    model_class, config, _, _, _ = FAMILY_SELECTIONS[family]
+    torch.manual_seed(0)
+    model_class(config()).save_pretrained(tmp_path)
+    shape = (2, config().num_channels, config().image_size, config().image_size)
+    pixels = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    assert "counted_sdpa" in model_class.attn_implementations, list(model_class.attn_implementations)
+
+    reference = AutoModelForImageClassification.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        expected = reference(pixel_values=pixels).logits
+    assert not counted_sdpa, f"{family}: sdpa called the registered function"
+
+    loaded = AutoModelForImageClassification.from_pretrained(
+        tmp_path, attn_implementation="counted_sdpa"
+    ).eval()
+    switched = AutoModelForImageClassification.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    switched.set_attn_implementation("counted_sdpa")
+    built = AutoModelForImageClassification.from_config(config(), attn_implementation="counted_sdpa")
+    assert built.config._attn_implementation == "counted_sdpa", family
+    for way, model in (("from_pretrained", loaded), ("set_attn_implementation", switched)):
+        assert model.config._attn_implementation == "counted_sdpa", (family, way)
+        before = len(counted_sdpa)
+        with torch.no_grad():
+            got = model(pixel_values=pixels).logits
+        assert len(counted_sdpa) > before, f"{family} {way}: the registered function was never called"
+        difference = (got - expected).abs().max().item()
+        assert torch.equal(got, expected), f"{family} {way}: max |registered - sdpa| = {difference:.3g}"
+
+
+@pytest.mark.parametrize("family", ["hyperset", "imixer"])
+def test_a_registered_softmax_function_is_not_taken_by_the_other_families(family, counted_sdpa):
+    """Hyper-SET's bi-softmax has its own registry and iMixer no attention: a name registered in transformers'
+    registry is refused by them, with their own message."""
+    model_class, config, _, _, _ = FAMILY_SELECTIONS[family]
+    assert "counted_sdpa" not in list(model_class.attn_implementations), family
+    model = model_class(config())
+    with pytest.raises(ValueError, match=f'"counted_sdpa"` is not supported by {model_class.__name__}'):
+        model.set_attn_implementation("counted_sdpa")

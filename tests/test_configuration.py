@@ -705,3 +705,51 @@ def test_an_unknown_override_declares_its_name_and_fields_survive_pickling(confi
         str(caught.value),
         ("hidden_sise",),
     )
+
+
+# ------------------------------------------------------------------ `num_layers`: the specification's name of L
+
+RECURRENT_DEPTH_CONFIGS = [
+    configuration_hyperset.HyperSetConfig,
+    configuration_looped_transformer.LoopedTransformerConfig,
+]
+
+
+@pytest.mark.parametrize("config_class", RECURRENT_DEPTH_CONFIGS, ids=lambda c: c.__name__)
+def test_num_layers_reads_and_sets_num_hidden_layers(config_class):
+    """transformers' `attribute_map`: the constructor, attribute reads and writes; config.json keeps the field."""
+    config = config_class(num_layers=3)
+    assert (config.num_hidden_layers, config.num_layers) == (3, 3), vars(config)
+    assert "num_layers" not in config.to_dict() and config.to_dict()["num_hidden_layers"] == 3
+    assert config_class.from_dict(config.to_dict()).num_hidden_layers == 3
+    config.num_layers = 2
+    assert config.num_hidden_layers == 2
+    assert config_class(num_layers=3, num_hidden_layers=3).num_hidden_layers == 3  # agreeing: accepted
+
+
+@pytest.mark.parametrize("config_class", RECURRENT_DEPTH_CONFIGS, ids=lambda c: c.__name__)
+def test_num_layers_is_checked_and_refused_beside_a_disagreeing_num_hidden_layers(config_class):
+    with pytest.raises(ValueError, match=r"invalid num_hidden_layers=0; expected an integer >= 1"):
+        config_class(num_layers=0)
+    with pytest.raises(ValueError, match=r"invalid num_layers=2; it is an alias of num_hidden_layers=3"):
+        config_class(num_layers=2, num_hidden_layers=3)
+
+
+def test_num_layers_builds_that_many_layers():
+    from energyformers import HyperSetModel
+
+    config = configuration_hyperset.HyperSetConfig(
+        num_layers=2, hidden_size=16, num_attention_heads=2, intermediate_size=16, image_size=8, patch_size=4
+    )
+    assert len(HyperSetModel(config).layers) == 2
+
+
+def test_from_preset_takes_num_layers_over_the_presets_num_hidden_layers(monkeypatch):
+    """An alias override replaces the preset's value of its field, as the field's own name would."""
+    config_class = configuration_hyperset.HyperSetConfig
+    assert config_class.from_preset("cifar10-small", num_layers=2).num_hidden_layers == 2
+    # a preset that sets the field to a value other than the default (no such row today)
+    monkeypatch.setattr(
+        config_class, "preset_fields", classmethod(lambda cls, name: {"num_hidden_layers": 3})
+    )
+    assert config_class.from_preset("any", num_layers=2).num_hidden_layers == 2

@@ -8,6 +8,7 @@ so the Hub export is a one-line rewrite.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,7 @@ def test_modeling_file_imports_only_torch_transformers_and_its_config(family):
         "collections",
         "contextlib",
         "copy",
+        "os",
         "functools",
         "dataclasses",
         "torch",
@@ -223,3 +225,36 @@ def test_remote_code_names_no_file_of_the_test_suite(path):
         if "tests/" in line or "test_" in line.replace("test_time", "")
     ]
     assert named == [], f"{path.name} names test files its Hub copy does not have:\n" + "\n".join(named)
+
+
+# What an export writes beside each remote-code file: its family's configuration and modeling files (Hyper-SET's too
+# for the looped baseline, whose exported head imports them).
+SHIPPED_BESIDE = {
+    "hyperset": {"hyperset"},
+    "hyperbf": {"hyperbf"},
+    "imixer": {"imixer"},
+    "looped_transformer": {"looped_transformer", "hyperset"},
+}
+
+
+@pytest.mark.parametrize("path", REMOTE_CODE_FILES, ids=lambda path: f"{path.parent.name}/{path.name}")
+def test_remote_code_names_no_package_file_its_hub_copy_lacks(path):
+    """A file of the package named in remote code (`configuration/__init__.py`, another family's files, the
+    training code) is one a Hub user does not have, unless the export writes it beside this file."""
+    package_files = {
+        file.relative_to(ROOT).as_posix()
+        for folder in ("configuration", "modeling", "energyformers", "training")
+        for file in (ROOT / folder).rglob("*.py")
+    }
+    stem = path.stem.split("_", 1)[1] if path.parent.name in ("configuration", "modeling") else path.stem
+    shipped = {path.name}
+    for family in SHIPPED_BESIDE.get(stem, ()):
+        shipped |= {f"configuration_{family}.py", f"modeling_{family}.py"}
+    named = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        for relative in package_files:
+            name = relative.rsplit("/", 1)[-1]
+            mentioned = relative in line or re.search(rf"(?<![\w/]){re.escape(name)}", line)
+            if mentioned and name not in shipped:
+                named.append(f"{number}: {relative}: {line.strip()}")
+    assert named == [], f"{path.name} names package files its Hub copy does not have:\n" + "\n".join(named)

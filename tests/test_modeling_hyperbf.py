@@ -128,6 +128,31 @@ def test_output_rbf_diagnostics(case, kernel, rbf_width):
     assert model(**case.inputs()).rbf_diagnostics is None
 
 
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_output_rbf_weights_is_the_specifications_name_of_output_rbf_diagnostics(case):
+    """The model and every head take `output_rbf_weights` and return what `output_rbf_diagnostics` returns, bit for
+    bit (the same switch); set both, they must agree."""
+    model = case.build().eval()
+    inputs = case.inputs()
+    with torch.no_grad():
+        expected = model(**inputs, output_rbf_diagnostics=True).rbf_diagnostics
+        got = model(**inputs, output_rbf_weights=True).rbf_diagnostics
+        assert model(**inputs, output_rbf_weights=False).rbf_diagnostics is None
+        assert (
+            model(**inputs, output_rbf_weights=True, output_rbf_diagnostics=True).rbf_diagnostics is not None
+        )
+    assert got is not None, f"{case}: output_rbf_weights=True returned no rbf_diagnostics"
+    for name in ("center_weights", "feedforward_sigmas", "attention_sigmas"):
+        difference = (getattr(got, name) - getattr(expected, name)).abs().max().item()
+        assert torch.equal(getattr(got, name), getattr(expected, name)), (
+            f"{case} {name}: max diff {difference:.3g}"
+        )
+    with pytest.raises(
+        ValueError, match="output_rbf_weights=False is an alias of output_rbf_diagnostics=True"
+    ):
+        model(**inputs, output_rbf_weights=False, output_rbf_diagnostics=True)
+
+
 # ----------------------------------------------------------------- initialisation: the public code's bug
 
 
