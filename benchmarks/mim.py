@@ -56,7 +56,6 @@ def sizes(width: int, iterations: int) -> dict[str, list[str]]:
             f"hidden_size={width}",
             f"num_attention_heads={heads}",
             f"intermediate_size={width}",
-            f"time_embedding_dim={width}",
             f"num_iterations={iterations}",
         ],
         "looped-transformer": [
@@ -339,8 +338,9 @@ def markdown(results: dict) -> str:
         f"of 64 codes), {s['steps']} steps of batch 64, lr {s['lr']}, training seeds {', '.join(map(str, seeds))} "
         "(each model trained once per seed), the paper's masking (r ~ U[0, 0.4] per image, fresh per batch). "
         f"Reduced sizes (the paper: d = 768, 1024 codes, 16 × 16 grid): width {s['width']}, one layer × "
-        f"T = {s['iterations']}; Hyper-SET with dictionary M = d (the paper's 1/T/d row), the baseline with MLP 4d "
-        "(its 1/T/4d row). Test split: fixed 40 % masks on "
+        f"T = {s['iterations']}; Hyper-SET with dictionary M = d (the paper's 1/T/d row) and "
+        f"iteration_conditioning='{s['hyperset_iteration_conditioning']}' (the paper: 'sinusoidal-no-mlp'), the "
+        "baseline with MLP 4d (its 1/T/4d row). Test split: fixed 40 % masks on "
         f"{results['models']['hyperset']['test_images']} images, MaskGIT decoding with the arccos schedule, seed 0 "
         "(the same for every training seed).",
         "",
@@ -608,6 +608,10 @@ def main(argv: list[str] | None = None) -> int:
         "smoke": args.smoke,
         **perceptual,
         "train_arguments": train_arguments,
+        # the step sizes' dependence on t decides how accuracy holds past the trained T (the depth table)
+        "hyperset_iteration_conditioning": json.loads((first / "hyperset" / "config.json").read_text())[
+            "iteration_conditioning"
+        ],
     }
     results["reading"] = reading(results)
     (args.out / names["json"]).write_text(json.dumps(results, indent=2) + "\n")

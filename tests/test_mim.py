@@ -18,13 +18,15 @@ from energyformers import (
 )
 from energyformers.mim import PatchKMeansTokenizer, VQTokenizer, mask_codes, reconstruction_metrics
 from energyformers.modeling.modeling_hyperset import MASKGIT_SCHEDULES, maskgit_schedule
-from energyformers.training.convert.mim import official_to_ours
+from energyformers.training.convert.mim import MIM_FIELDS, official_to_ours
 
 
 def fixture_config(**overrides) -> HyperSetConfig:
-    """The fixture's size (hyperset_mim.json constructor) in the paper's MIM structure (the preset's fields)."""
+    """The fixture's size (hyperset_mim.json constructor) in the authors' MIM structure: the preset's fields with
+    the paper's iteration conditioning, as the converter sets it (`MIM_FIELDS`)."""
     # intermediate_size 64: multiplier 2
     size = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, time_embedding_dim=32)
+    size["iteration_conditioning"] = MIM_FIELDS["iteration_conditioning"]
     return HyperSetConfig.from_preset("mim-1-12-d", **{**size, "num_iterations": 3, **overrides})
 
 
@@ -40,12 +42,29 @@ def fixture_model(dtype: torch.dtype) -> tuple[HyperSetForMaskedImageModeling, d
 
 @pytest.mark.parametrize("preset, paper", [("mim-1-12-d", 3.94e6), ("mim-1-24-8d", 8.07e6)])
 def test_presets_have_the_papers_parameter_counts(preset, paper):
-    with torch.device("meta"):
-        model = HyperSetForMaskedImageModeling(HyperSetConfig.from_preset(preset))
-    count = model.num_parameters()
-    # the paper rounds to 0.01 M (Table 2); the exact counts follow from the structure of mim.md
-    assert round(count / 1e6, 2) == paper / 1e6, f"{preset}: {count} parameters, paper {paper / 1e6:.2f} M"
-    assert count == {"mim-1-12-d": 3_937_856, "mim-1-24-8d": 8_072_000}[preset], count
+    """Exactly the paper's count with its conditioning (sinusoid(t), no parameters); the default "none" learns the
+    vector c in its place (hidden_size = 768 more), still the paper's count at its rounding."""
+    exact = {"mim-1-12-d": 3_937_856, "mim-1-24-8d": 8_072_000}[preset]
+    for conditioning, expected in (("sinusoidal-no-mlp", exact), ("none", exact + 768)):
+        with torch.device("meta"):
+            config = HyperSetConfig.from_preset(preset, iteration_conditioning=conditioning)
+            count = HyperSetForMaskedImageModeling(config).num_parameters()
+        # the paper rounds to 0.01 M (Table 2); the exact counts follow from the structure of mim.md
+        assert round(count / 1e6, 2) == paper / 1e6, (
+            f"{preset}, {conditioning}: {count}, paper {paper / 1e6:.2f} M"
+        )
+        assert count == expected, f"{preset}, {conditioning}: {count} parameters, expected {expected}"
+
+
+@pytest.mark.parametrize("preset", ["mim-1-12-d", "mim-1-24-8d", "cli-mim"])
+def test_mim_presets_have_time_invariant_step_sizes(preset):
+    """recurrent-depth.md: iteration_conditioning="none" is every preset's default (the paper's t-conditioned step
+    sizes lose accuracy past the trained T); the paper's conditioning stays an override, valid at the preset's
+    time_embedding_dim = hidden_size."""
+    config = HyperSetConfig.from_preset(preset)
+    assert config.iteration_conditioning == "none", f"{preset}: {config.iteration_conditioning!r}"
+    paper = HyperSetConfig.from_preset(preset, iteration_conditioning="sinusoidal-no-mlp")
+    assert paper.time_embedding_dim == paper.hidden_size, (paper.time_embedding_dim, paper.hidden_size)
 
 
 def test_looped_transformer_baseline_preset_has_table_2s_parameter_count():

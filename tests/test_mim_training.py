@@ -130,20 +130,30 @@ def test_a_saved_tokenizer_is_reused_and_bad_flags_fail_before_work(tmp_path, ca
         assert not out.exists() and not out.with_name("refused.checkpoints").exists()
 
 
-def test_a_narrower_mim_model_gets_a_sinusoid_of_its_width_and_a_bad_config_fails_before_the_fit(
-    tmp_path, capsys
-):
-    """`--config hidden_size=32` alone: the `cli-mim` preset's sinusoid (added to the state, no MLP) follows the
-    width; a `time_embedding_dim` that contradicts it is refused before the tokenizer is fitted."""
+def test_mim_step_sizes_are_time_invariant_unless_the_papers_conditioning_is_asked_for(tmp_path, capsys):
+    """`train --task mim` builds time-invariant step sizes (iteration_conditioning "none", recurrent-depth.md's
+    default); `--iteration_conditioning sinusoidal-no-mlp` (or its `--config` key) gives the paper's, whose sinusoid
+    (added to the state, no MLP) follows `--config hidden_size=32`; a `time_embedding_dim` that contradicts it is
+    refused before the tokenizer is fitted."""
     from energyformers.training import setup
     from energyformers.training.arguments import parse_arguments
 
     narrow = ["--config", "hidden_size=32", "num_attention_heads=4", "intermediate_size=32"]
-    args = parse_arguments([*COMMON, *narrow, "--output_dir", str(tmp_path / "x")], train.PROG, "")
-    config = setup.masked_image_modeling_config(args, PatchKMeansTokenizer(torch.rand(16, 4), 2, (16, 16), 1))
-    assert (config.hidden_size, config.time_embedding_dim) == (32, 32), config
+    tokenizer = PatchKMeansTokenizer(torch.rand(16, 4), 2, (16, 16), 1)
+
+    def config_of(*argv: str):
+        args = parse_arguments([*COMMON, *argv, "--output_dir", str(tmp_path / "x")], train.PROG, "")
+        return setup.masked_image_modeling_config(args, tokenizer)
+
+    default = config_of(*narrow)
+    assert (default.iteration_conditioning, default.hidden_size) == ("none", 32), default
+    paper = ["--iteration_conditioning", "sinusoidal-no-mlp"]
+    for argv in ([*paper, *narrow], [*narrow, "iteration_conditioning=sinusoidal-no-mlp"]):
+        config = config_of(*argv)
+        got = (config.iteration_conditioning, config.hidden_size, config.time_embedding_dim)
+        assert got == ("sinusoidal-no-mlp", 32, 32), (argv, got)
     out = tmp_path / "refused"
-    argv = [*COMMON, *narrow, "time_embedding_dim=64", "--output_dir", str(out)]
+    argv = [*COMMON, *paper, *narrow, "time_embedding_dim=64", "--output_dir", str(out)]
     assert train.main(argv) == 2
     captured = capsys.readouterr()
     assert "invalid time_embedding_dim=64" in captured.err and "expected hidden_size=32" in captured.err, (

@@ -236,3 +236,34 @@ def test_looped_preset_fields_build_what_from_preset_builds(name):
         k: (built.get(k), expected.get(k)) for k in built if built.get(k) != expected.get(k)
     }
     assert built["intermediate_size"] == 4 * built["hidden_size"], built
+
+
+def test_every_preset_but_the_authors_checkpoints_has_time_invariant_step_sizes():
+    """recurrent-depth.md: iteration_conditioning="none" is every preset's default; only the `-authors` presets
+    (what `energyformers convert` builds from the authors' checkpoints) keep their t-conditioned step sizes."""
+    default = inspect.signature(HyperSetConfig).parameters["iteration_conditioning"].default
+    assert default == "none", default
+    rows = {name: {"iteration_conditioning": default, **HYPERSET_PRESETS[name]} for name in HYPERSET_PRESETS}
+    conditioned = {
+        name: row["iteration_conditioning"]
+        for name, row in rows.items()
+        if row["iteration_conditioning"] != "none"
+    }
+    assert all(name.endswith("-authors") for name in conditioned), conditioned
+
+
+def test_sudoku_preset_head_and_step_size_norms_account_for_the_image_structures_count():
+    """docs/hyperset.md: the authors' image structure on the Sudoku preset (with their time MLP) has 5,199,433
+    parameters: the RMSNorms of the step-size network (3 × 1024 weights) and a LayerNorm + biased head (d + d + 9)."""
+    import torch
+
+    from energyformers import HyperSetForTokenClassification
+
+    def count(**overrides) -> int:
+        config = HyperSetConfig.from_preset("sudoku", iteration_conditioning="sinusoidal", **overrides)
+        with torch.device("meta"):
+            return HyperSetForTokenClassification(config).num_parameters()
+
+    head = dict(classifier_norm="layernorm", classifier_bias=True)
+    counts = (count(), count(**head), count(**head, step_size_norm="rmsnorm"))
+    assert counts == (5_195_584, 5_196_361, 5_199_433), counts

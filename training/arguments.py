@@ -47,6 +47,16 @@ DEPTH_FIELDS = (
 SUDOKU_DATASETS = ("sudoku", "sudoku-hard")
 # Model-config fields a flag of ModelArguments may set (None = not given: the config's value stays).
 CONFIG_FIELDS = (*DEPTH_FIELDS, "drop_path_rate")
+# The values of the depth flags that have a fixed set: the config tables' (`HyperSetConfig.choices`, which the looped
+# baseline's `choices` repeat where it has the field). Written out rather than read from the config class, whose
+# import pulls in torch before the flags are parsed (`train --help` would pay it); tests/test_cli_depth_choices.py
+# checks them against every family's table.
+DEPTH_CHOICES = {
+    "iteration_conditioning": ("none", "sinusoidal", "sinusoidal-no-mlp"),
+    "iteration_sampling": ("fixed", "uniform", "poisson-lognormal"),
+    "deep_supervision": ("last", "all", "every", "random"),
+    "deep_supervision_weights": ("uniform", "linear"),
+}
 
 # The `--lr_scheduler_type` names: transformers' `SchedulerType` values that `get_scheduler` builds from the warm-up
 # and step counts alone, as both loops call it. Left out: reduce_lr_on_plateau and greedy step on an evaluation
@@ -134,15 +144,17 @@ class ModelArguments:
     iteration_conditioning: str | None = field(
         default=None,
         metadata={
-            "choices": ["none", "sinusoidal"],
-            "help": "recurrent depth (Hyper-SET, looped baseline): 'none' = one time-invariant map that "
-            "extrapolates in depth, 'sinusoidal' = t-conditioned (ablation); unset: the config's",
+            "choices": list(DEPTH_CHOICES["iteration_conditioning"]),
+            "help": "step sizes of Hyper-SET's recurrent depth (the looped baseline has no such setting): 'none' = "
+            "one time-invariant map that extrapolates in depth (every preset's default); t-conditioned ablations: "
+            "'sinusoidal' = through a time MLP, 'sinusoidal-no-mlp' = sinusoid(t) added to x₀, the paper's MIM "
+            "conditioning (time_embedding_dim = hidden_size); unset: the config's",
         },
     )
     iteration_sampling: str | None = field(
         default=None,
         metadata={
-            "choices": ["fixed", "uniform", "poisson-lognormal"],
+            "choices": list(DEPTH_CHOICES["iteration_sampling"]),
             "help": "depth of each training forward: num_iterations, uniform over [min, max], or "
             "poisson-lognormal with mean num_iterations; unset: the config's",
         },
@@ -160,7 +172,7 @@ class ModelArguments:
     deep_supervision: str | None = field(
         default=None,
         metadata={
-            "choices": ["last", "all", "every", "random"],
+            "choices": list(DEPTH_CHOICES["deep_supervision"]),
             "help": "iterations the training loss reads (Hyper-SET, looped baseline): 'last' (the paper), 'all', "
             "'every' k-th back from the last, or a 'random' subset per step; unset: the config's",
         },
@@ -177,7 +189,7 @@ class ModelArguments:
     deep_supervision_weights: str | None = field(
         default=None,
         metadata={
-            "choices": ["uniform", "linear"],
+            "choices": list(DEPTH_CHOICES["deep_supervision_weights"]),
             "help": "weights of the supervised iterations' losses ('linear': iteration t weighs t); unset: "
             "the config's",
         },
