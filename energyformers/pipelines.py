@@ -157,7 +157,7 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
     the tokenizer's own bound. With `lpips_weights` (a local file of the LPIPS backbone, see
     `energyformers.mim.PerceptualMetrics`; checked and loaded when the pipeline is built, never downloaded) also
     `lpips` and `tokenizer_lpips`. FID compares sets of images, so it is not a per-image output: it is reported by
-    the training evaluation and `benchmarks/mim.py` (`fid_weights`).
+    the training evaluation and the masked-image-modelling benchmark (their `fid_weights`).
 
         from energyformers.pipelines import MaskedImageModelingPipeline
 
@@ -227,7 +227,7 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
         model=save_directory)` rebuilds this pipeline where `energyformers` is installed (`kwargs`, e.g.
         `push_to_hub=True`, go to the model's `save_pretrained`). A model read from an exported folder (its config
         has `auto_map`) also writes that folder's remote code, its pipeline files and `custom_pipelines` included, so
-        the saved folder runs without the package as the export did (docs/hub.md). The copy of this class an
+        the saved folder runs without the package as the export did. The copy of this class an
         exported folder carries does the same without the package: transformers copies the configuration and
         modeling files, and the config's `save_pretrained` the pipeline files from the folder or Hub repo the model
         was loaded from (a file it cannot find is a warning naming it; the weights are still saved).

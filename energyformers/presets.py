@@ -23,8 +23,7 @@ HYPERSET_PRESETS: dict[str, dict[str, Any]] = {
         hidden_size=640, num_attention_heads=10, intermediate_size=640, patch_size=14, num_labels=1000
     ),
     # 9×9 grid as 81 tokens (0 = blank), one of 9 digits per cell; the paper conditions step sizes on
-    # the puzzle itself and uses learned positions for the fixed layout; T = 24 (Table 4). It has the paper's
-    # 5,195,584 parameters with iteration_conditioning="sinusoidal", 4,211,776 with the default "none".
+    # the puzzle itself and uses learned positions for the fixed layout; T = 24 (Table 4).
     "sudoku": dict(
         input_type="sequence",
         hidden_size=768,

@@ -1,7 +1,7 @@
 """A model card is read on the Hub, where nothing of this repository is: the README.md of every exported folder (each
 head of each family, the masked-image-modelling heads with their image tokenizer and measured metrics, the
 looped-Transformer baseline's), of a training run and of a converted checkpoint names no file of the repository
-(`docs/…`, `tests/…`, `model_cards/…`); it states the fact itself.
+(`docs/…`, `tests/…`, `model_cards/…`); it states the fact itself. Nor does the code an exported folder ships.
 """
 
 from __future__ import annotations
@@ -53,14 +53,16 @@ def repository_paths(card: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def cards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The README.md of every exported folder, and the cards of a run folder and of a converted checkpoint."""
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], dict[str, Path]]:
+    """The README.md of every exported folder, and the cards of a run folder and of a converted checkpoint; and the
+    exported folders themselves (by the same names), whose code ships beside the card."""
     root = tmp_path_factory.mktemp("card-paths")
-    out = {}
+    out, folders = {}, {}
     with single_thread():
         for case_id, (model_type, auto_class, input_type, _) in zip(CASE_IDS, CASES):
             model_dir = build_model_dir(root / f"{case_id}-src", model_type, auto_class, input_type)
-            out[f"export {case_id}"] = (export_model_dir(model_dir, root / case_id) / "README.md").read_text()
+            folders[f"export {case_id}"] = export_model_dir(model_dir, root / case_id)
+            out[f"export {case_id}"] = (folders[f"export {case_id}"] / "README.md").read_text()
             if auto_class == "AutoModelForImageClassification":
                 info = inspect_model_dir(model_dir)
                 out[f"run {case_id}"] = str(render_model_card(info, remote_code=False))
@@ -77,7 +79,13 @@ def cards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
             model_dir = build_mim_dir(root / f"{model_type}-mim-src", model_type)
             folder = export_model_dir(model_dir, root / f"{model_type}-mim", repo_id=f"org/{model_type}-mim")
             out[f"export {model_type}-mim"] = (folder / "README.md").read_text()
-    return out
+            folders[f"export {model_type}-mim"] = folder
+    return out, folders
+
+
+@pytest.fixture(scope="module")
+def cards(built: tuple[dict[str, str], dict[str, Path]]) -> dict[str, str]:
+    return built[0]
 
 
 def test_cards_name_no_repository_file(cards):
@@ -86,6 +94,23 @@ def test_cards_name_no_repository_file(cards):
     # the MIM table's notes were rendered
     assert all("the tokenizer's own bound" in cards[f"export {m}-mim"] for m in MIM_MODELS), MIM_MODELS
     found = {name: paths for name, card in cards.items() if (paths := repository_paths(card))}
+    assert not found, "\n".join(f"{name}:\n  " + "\n  ".join(paths) for name, paths in found.items())
+
+
+def test_shipped_code_names_no_repository_file(built):
+    """The code an export ships (configuration, modeling, the MIM heads' pipeline and tokenizer files) is read
+    on the Hub too, without this repository: its comments and docstrings name no file of it either."""
+    folders = built[1]
+    assert len(folders) == len(CASES) + len(MIM_MODELS), sorted(folders)
+    code = {
+        f"{name}/{path.name}": path.read_text()
+        for name, folder in folders.items()
+        for path in folder.glob("*.py")
+    }
+    # each folder ships its modeling file; the MIM folders their pipeline file as well
+    assert all(any(key.startswith(f"{name}/modeling_") for key in code) for name in folders), sorted(code)
+    assert any(key.endswith("/pipeline_mim.py") for key in code), sorted(code)
+    found = {name: paths for name, text in code.items() if (paths := repository_paths(text))}
     assert not found, "\n".join(f"{name}:\n  " + "\n  ".join(paths) for name, paths in found.items())
 
 

@@ -327,7 +327,7 @@ def test_paper_size_sudoku_parameter_counts_quoted_are_what_the_preset_builds():
 )
 def test_paper_preset_counts_quoted_for_both_iteration_conditionings_are_what_the_preset_builds(preset, head):
     """docs/hyperset.md's table gives each paper row's count with `iteration_conditioning="sinusoidal"` (the
-    paper's) and with the default `"none"`; energyformers/presets.py quotes the Sudoku row's two."""
+    paper's) and with the default `"none"`."""
     counts = {}
     for conditioning in ("sinusoidal", "none"):
         with torch.device("meta"):  # shapes only: the counts need no weights
@@ -352,13 +352,6 @@ def test_paper_preset_counts_quoted_for_both_iteration_conditionings_are_what_th
     assert (width, counts["sinusoidal"] - counts["none"]) == (512, time_mlp - d), (
         f"{preset}: time MLP of {counts['sinusoidal'] - counts['none'] + d:,} parameters, the page says {time_mlp:,}"
     )
-    if preset == "sudoku":
-        comment = flowing(ROOT / "energyformers/presets.py")
-        expected = (
-            f'the paper\'s # {counts["sinusoidal"]:,} parameters with iteration_conditioning="sinusoidal", '
-            f'{counts["none"]:,} with the default "none"'
-        )
-        assert expected in comment, f"energyformers/presets.py's sudoku row does not say: {expected!r}"
 
 
 def test_test_time_search_is_an_argument_of_the_classification_heads_only():
