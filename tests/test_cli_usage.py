@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +20,11 @@ import torch
 import transformers
 from fixtures import Case, perturb
 from PIL import Image
+from test_mim_given_tokenizer import mim_folder
 from transformers import ViTImageProcessorPil
 
 import energyformers
-from energyformers import HyperSetConfig, HyperSetForMaskedImageModeling, HyperSetForTokenClassification
+from energyformers import HyperSetConfig, HyperSetForTokenClassification
 from energyformers.kernels import triton_unavailable_reason
 from energyformers.mim import load_vq_tokenizer
 from energyformers.training import cli, inspect, predict
@@ -36,6 +38,19 @@ def only_line(err: str) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
     return lines[0]
+
+
+def cli_error(command: str, *argv: str, env: dict[str, str]) -> str:
+    """The one error line of `energyformers <command> <argv>` run in a fresh process with `env`, which must exit
+    with status 2."""
+    result = subprocess.run(
+        [sys.executable, "-m", "energyformers.training.cli", command, *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode == 2, (command, argv, result.returncode, result.stderr)
+    return only_line(result.stderr)
 
 
 @pytest.fixture(scope="module")
@@ -162,13 +177,7 @@ def test_inspect_names_a_puzzle_that_is_not_81_cells(sudoku_folder, tmp_path, ca
 
 def tiny_mim_folder(folder: Path) -> Path:
     """A saved masked-image-modelling model (untrained, tiny) without its image tokenizer."""
-    torch.manual_seed(0)
-    config = HyperSetConfig.from_preset(
-        "mim-1-12-d", hidden_size=16, num_attention_heads=4, intermediate_size=16, time_embedding_dim=16,
-        num_iterations=2, vocab_size=17, max_position_embeddings=64,
-    )  # fmt: skip
-    HyperSetForMaskedImageModeling(config).save_pretrained(folder)
-    return folder
+    return mim_folder(folder, tokenizer_patch_size=None)
 
 
 def test_inspect_says_how_to_save_an_image_tokenizer_and_suggests_no_flag(tmp_path, capsys, no_model_loads):
@@ -379,9 +388,7 @@ def test_a_repo_in_the_hub_cache_predicts_offline(classifier, tmp_path):
     # the same model and image: the same line after the input's name
     assert cached.stdout.split("\t")[1:] == local.stdout.split("\t")[1:], (cached.stdout, local.stdout)
     # a repo the cache does not hold is still refused before anything loads
-    missing = subprocess.run([*run, "org/other", str(image)], capture_output=True, text=True, env=env)
-    assert missing.returncode == 2, missing.stderr
-    assert only_line(missing.stderr) == (
+    assert cli_error("predict", "org/other", str(image), env=env) == (
         f"energyformers predict: error: model folder 'org/other': no such local folder, and the Hub is offline "
         f"(HF_HUB_OFFLINE=1) and its cache ({cache}) holds no such repo, so it cannot be a Hub repo either"
     )
@@ -391,37 +398,31 @@ def test_a_cached_repo_with_an_invalid_config_is_named_by_its_config_error(class
     """A repo the Hub served (here: the cache) whose config the family's checks refuse is reported in the config's
     own words, one line, status 2, not as a repo the Hub did not serve."""
     folder, image = classifier
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    for path in folder.iterdir():
-        (bad / path.name).write_bytes(path.read_bytes())
-    config = json.loads((bad / "config.json").read_text())
-    config["patch_size"] = 3  # the 8 x 8 image is not divisible into 3 x 3 patches
-    (bad / "config.json").write_text(json.dumps(config))
-    cache = tmp_path / "cache"
-    hub_cache_repo(cache, "org/bad", bad)
-    env = {**ENV, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "energyformers.training.cli", "predict", "org/bad", str(image)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert result.returncode == 2, result.stderr
-    line = only_line(result.stderr)
-    assert line.startswith("energyformers predict: error: cannot load a model from 'org/bad': "), line
+
+    def patch_size_3(data: bytes) -> bytes:  # the 8 x 8 image is not divisible into 3 x 3 patches
+        return json.dumps({**json.loads(data), "patch_size": 3}).encode()
+
+    env = _cached_copy_of(folder, tmp_path, "config.json", patch_size_3)
+    line = cli_error("predict", "org/broken", str(image), env=env)
+    assert line.startswith("energyformers predict: error: cannot load a model from 'org/broken': "), line
     assert "invalid image_size=8; both sides must be divisible by patch_size=3" in line, line
     assert "did not serve" not in line, line
 
 
-def _cached_copy_of(classifier_folder: Path, tmp_path: Path, broken: str) -> dict[str, str]:
-    """`org/broken` in a Hub cache under `tmp_path`: the classifier's files with `broken` cut to its first 100
-    bytes (a download that stopped); the environment that loads it offline from there."""
+def _cached_copy_of(
+    classifier_folder: Path,
+    tmp_path: Path,
+    broken: str,
+    change: Callable[[bytes], bytes] = lambda data: data[:100],
+) -> dict[str, str]:
+    """`org/broken` in a Hub cache under `tmp_path`: the classifier's files with `broken` changed by `change`
+    (by default cut to its first 100 bytes, a download that stopped); the environment that loads it offline from
+    there."""
     bad = tmp_path / "bad"
     bad.mkdir()
     for path in classifier_folder.iterdir():
         data = path.read_bytes()
-        (bad / path.name).write_bytes(data[:100] if path.name == broken else data)
+        (bad / path.name).write_bytes(change(data) if path.name == broken else data)
     cache = tmp_path / "cache"
     hub_cache_repo(cache, "org/broken", bad)
     return {**ENV, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
@@ -433,14 +434,8 @@ def test_inspect_words_weights_that_cannot_load_as_predict_does(classifier, tmp_
     env = _cached_copy_of(folder, tmp_path, "model.safetensors")
     lines = {}
     for command, extra in (("predict", []), ("inspect", ["--output_dir", str(tmp_path / "out")])):
-        result = subprocess.run(
-            [sys.executable, "-m", "energyformers.training.cli", command, "org/broken", str(image), *extra],
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        assert result.returncode == 2, (command, result.stderr)
-        lines[command] = only_line(result.stderr).removeprefix(f"energyformers {command}: error: ")
+        line = cli_error(command, "org/broken", str(image), *extra, env=env)
+        lines[command] = line.removeprefix(f"energyformers {command}: error: ")
     assert lines["inspect"] == lines["predict"], lines
     assert "model.safetensors" in lines["inspect"], lines
     assert not (tmp_path / "out").exists()
@@ -451,14 +446,7 @@ def test_a_cached_repo_with_a_broken_config_file_is_named_as_the_broken_copy(cla
     that broken copy, naming the file, not as a repo the Hub did not serve."""
     folder, image = classifier
     env = _cached_copy_of(folder, tmp_path, "config.json")
-    result = subprocess.run(
-        [sys.executable, "-m", "energyformers.training.cli", "predict", "org/broken", str(image)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert result.returncode == 2, result.stderr
-    line = only_line(result.stderr)
+    line = cli_error("predict", "org/broken", str(image), env=env)
     cache = env["HF_HUB_CACHE"]
     assert line.startswith(
         f"energyformers predict: error: model folder 'org/broken': no such local folder, and its copy in the Hub "

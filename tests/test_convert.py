@@ -882,16 +882,21 @@ def test_reverse_refuses_another_models_folder_before_loading(
 @pytest.mark.parametrize(
     "field, value, expected",
     [
-        ("architectures", 5, "a list of model class names (strings)"),
-        ("architectures", "HyperSetForImageClassification", "a list of model class names (strings)"),
-        ("architectures", [5], "a list of model class names (strings)"),
-        ("model_type", ["hyperset"], "a model type name (a string)"),
+        ("architectures", 5, "architectures=5 is not a list"),
+        (
+            "architectures",
+            "HyperSetForImageClassification",
+            'architectures="HyperSetForImageClassification" is not a list',
+        ),
+        ("architectures", [5], "architectures holds a value that is not a string"),
+        ("model_type", ["hyperset"], 'model_type=["hyperset"] is not a string'),
     ],
     ids=["number", "string", "list-of-numbers", "model-type-list"],
 )
 def test_reverse_refuses_a_config_field_of_the_wrong_type_naming_it(field, value, expected, tmp_path, capsys):
     """A config.json whose `architectures` is no list of names (or whose `model_type` is no name) is refused in one
-    line naming the file and the field (status 2), not read character by character or raised as a TypeError."""
+    line naming the file and the field (status 2), as every command refuses a config.json field of another type
+    (`weights.read_json_object`), not read character by character or raised as a TypeError."""
     folder = tmp_path / "folder"
     folder.mkdir()
     config = {"model_type": "hyperset", "architectures": ["HyperSetForImageClassification"], field: value}
@@ -900,7 +905,7 @@ def test_reverse_refuses_a_config_field_of_the_wrong_type_naming_it(field, value
     assert run("--reverse", "--source", "hyperset-ic", folder, "--output", out) == 2
     captured = capsys.readouterr()
     assert captured.err.strip() == (
-        f"energyformers convert: error: {folder / 'config.json'}: {field}={value!r}; expected {expected}"
+        f"energyformers convert: error: {folder / 'config.json'}: {expected}; save it again with save_pretrained."
     ), captured.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
 

@@ -1,6 +1,6 @@
-"""`train --from_pretrained` reads the checkpoint's config once per run: every check and build step that needs it
-(the flag checks before the data, the processor, the config built with the data's labels, the masked-image-modelling
-config before and after the tokenizer) takes the one loaded for that run's arguments."""
+"""`train --from_pretrained` checks and reads the checkpoint's config once per run: every check and build step that
+needs it (the flag checks before the data, the processor, the config built with the data's labels, the
+masked-image-modelling config before and after the tokenizer) takes the one loaded for that run's arguments."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import transformers
+from test_mim_given_tokenizer import mim_folder
 
-from energyformers import HyperSetConfig, HyperSetForImageClassification, HyperSetForMaskedImageModeling
-from energyformers.mim import PatchKMeansTokenizer
+from energyformers import HyperSetConfig, HyperSetForImageClassification
 from energyformers.training import setup
 from energyformers.training.arguments import parse_arguments
 from energyformers.training.processing import build_image_processor
@@ -34,6 +33,20 @@ def config_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return loads
 
 
+@pytest.fixture
+def source_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each `check_pretrained_source` source (it reads the folder's config and weight headers), in call order."""
+    checks: list[str] = []
+    check = setup.check_pretrained_source
+
+    def counting(source: str) -> None:
+        checks.append(source)
+        check(source)
+
+    monkeypatch.setattr(setup, "check_pretrained_source", counting)
+    return checks
+
+
 def built(argv: list[str], tmp_path: Path) -> Any:
     from accelerate import PartialState
 
@@ -41,7 +54,7 @@ def built(argv: list[str], tmp_path: Path) -> Any:
     return setup.build(args, PartialState())
 
 
-def test_an_image_classification_run_loads_the_checkpoint_config_once(config_loads, tmp_path):
+def test_an_image_classification_run_loads_the_checkpoint_config_once(config_loads, source_checks, tmp_path):
     folder = tmp_path / "model"
     config = HyperSetConfig.from_preset(
         "cli-image", image_size=16, patch_size=4, num_labels=10, hidden_size=32, num_attention_heads=4
@@ -53,18 +66,11 @@ def test_an_image_classification_run_loads_the_checkpoint_config_once(config_loa
     )
     assert result.model.config.model_type == "hyperset"
     assert config_loads.count(str(folder)) == 1, config_loads
+    assert source_checks == [str(folder)], source_checks
 
 
-def test_a_masked_image_modelling_run_loads_the_checkpoint_config_once(config_loads, tmp_path):
-    folder = tmp_path / "model"
-    torch.manual_seed(0)
-    config = HyperSetConfig.from_preset(
-        "mim-1-12-d", hidden_size=16, num_attention_heads=4, intermediate_size=16, time_embedding_dim=16,
-        num_iterations=2, vocab_size=17, max_position_embeddings=64,
-    )  # fmt: skip
-    HyperSetForMaskedImageModeling(config).save_pretrained(folder)
-    centroids = torch.rand(16, 4, generator=torch.Generator().manual_seed(0))
-    PatchKMeansTokenizer(centroids, 2, (16, 16), 1).save_pretrained(folder)
+def test_a_masked_image_modelling_run_loads_the_checkpoint_config_once(config_loads, source_checks, tmp_path):
+    folder = mim_folder(tmp_path / "model")
     argv = [
         "--task",
         "mim",
@@ -78,3 +84,4 @@ def test_a_masked_image_modelling_run_loads_the_checkpoint_config_once(config_lo
     result = built(argv, tmp_path)
     assert result.model.config.model_type == "hyperset"
     assert config_loads.count(str(folder)) == 1, config_loads
+    assert source_checks == [str(folder)], source_checks

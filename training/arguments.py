@@ -521,9 +521,9 @@ class Arguments:
     augmentation: AugmentationArguments
     argv: list[str]  # the command line as given (recorded in metrics.json)
     explicit: frozenset[str]  # flags given on the command line (dest names), as opposed to defaults
-    # what the run's setup loads once and reads again, by what it is (the `--from_pretrained` checkpoint's config,
-    # which `setup` asks for at each step): held by the run's arguments, so nothing outlives the run
-    loaded: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # the `--from_pretrained` checkpoint's config, checked and loaded once (`setup` asks for it at each step): held
+    # by the run's arguments, so it does not outlive the run
+    pretrained_config: Any = field(default=None, init=False, repr=False, compare=False)
 
 
 @dataclass

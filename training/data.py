@@ -141,7 +141,7 @@ def three_way(
     return DatasetDict(train=train, validation=validation, test=test)
 
 
-def _cached(name: str, build: Callable[[], DatasetDict], version: int = 1) -> DatasetDict:
+def _cached(name: str, build: Callable[[], DatasetDict], version: int) -> DatasetDict:
     """Load a built-in from the Arrow cache, building and atomically publishing it on first use.
 
     The folder is named `<name>-v<version>`: a built-in whose content or split changes gets a new version
@@ -365,9 +365,8 @@ class BuiltinDataset(NamedTuple):
     display_name: str  # the model card's dataset name
     description: str  # the model card's sentence on the data and its split
     hub_id: str | None = None  # the Hub dataset id, only when the data *and the split* are the Hub's
-    cache_version: int = (
-        1  # raise it when the build's content or split changes: the old cache is then ignored
-    )
+    # raise it when the build's content or split changes: the old cache is then ignored
+    cache_version: int = 1
 
 
 BUILTIN_DATASETS: dict[str, BuiltinDataset] = {

@@ -10,7 +10,6 @@ Input errors are `UsageError` (bad flags) or `DataError` (bad data): one line ea
 
 from __future__ import annotations
 
-import copy
 import inspect
 import json
 import math
@@ -293,22 +292,23 @@ def build_config_and_processor(
 
 def _pretrained_config(args: Arguments) -> Any:
     """The config of the `--from_pretrained` checkpoint as saved, after the checks that need only the flags and the
-    checkpoint: no `--preset` beside it, an existing source, a readable config, `--model` (if given) its family."""
+    checkpoint: no `--preset` beside it, an existing source, a readable config, `--model` (if given) its family.
+    Checked and loaded once per run (`Arguments.pretrained_config`); callers must not change it."""
     from transformers import AutoConfig
 
+    if args.pretrained_config is not None:  # checked and read once per run: each setup step asks for it
+        return args.pretrained_config
     m, source = args.model, args.model.from_pretrained
     if m.preset:
         raise UsageError("--preset and --from_pretrained exclude each other (the checkpoint has its config)")
     check_pretrained_source(source)
-    key = f"config of {source}"
-    if key not in args.loaded:  # read once per run: every step of its setup asks for it
-        try:
-            args.loaded[key] = AutoConfig.from_pretrained(source)
-        except (OSError, ValueError) as err:
-            raise UsageError(f"--from_pretrained {source!r}: cannot load a config ({err})") from err
-    config = copy.deepcopy(args.loaded[key])  # a caller's changes stay its own
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--from_pretrained {source!r}: cannot load a config ({err})") from err
     if m.model and m.model != config.model_type:
         raise UsageError(f"--model {m.model} but {source!r} is a {config.model_type!r} checkpoint")
+    args.pretrained_config = config  # the callers read it or rebuild from its to_dict(), never change it
     return config
 
 

@@ -34,6 +34,16 @@ def trainer_checkpoints(work_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
 
 
+# The fields of a checkpoint's trainer_state.json that Trainer's resume (or `whole_run_train_loss`) computes with;
+# Trainer overwrites or only compares the others, so it resumes whatever they hold.
+RESUMED_STATE_FIELDS = {
+    "log_history": list,
+    "total_flos": (int, float),
+    "num_input_tokens_seen": int,
+    "best_metric": (int, float),
+}
+
+
 def checkpoint_step(checkpoint: Path) -> int:
     """The step Trainer's `checkpoint` stands at (its trainer_state.json's global_step), read before any work; a
     `UsageError` naming the file when it is not a state Trainer wrote or one its resume cannot read
@@ -46,7 +56,7 @@ def checkpoint_step(checkpoint: Path) -> int:
         f"delete {checkpoint} to resume from an earlier checkpoint, or {checkpoint.parent} to start again"
     )
     try:
-        state = read_json_object(path, {"global_step": int}, optional={"log_history": list}, remedy=remedy)
+        state = read_json_object(path, {"global_step": int}, optional=RESUMED_STATE_FIELDS, remedy=remedy)
         check_trainer_state(path, state, remedy)
     except ValueError as err:
         raise UsageError(str(err)) from None
@@ -54,80 +64,27 @@ def checkpoint_step(checkpoint: Path) -> int:
 
 
 def check_trainer_state(path: Path, state: dict[str, Any], remedy: str) -> None:
-    """A ValueError in one line naming `path` (then `remedy`) when transformers' Trainer could not resume from the
-    state `path` holds (`state`, its JSON object): its own loader (`TrainerState.load_from_json`, which refuses a key
-    TrainerState has no field for) fails, a field holds another type than TrainerState declares (Trainer does
-    arithmetic with the counts and compares the best metric), the callback states are not the name → object(s)
-    Trainer restores them from, or a log entry is not an object (`whole_run_train_loss` reads their loss/step)."""
-    import dataclasses
-    import json
-    import typing
-
+    """A ValueError in one line naming `path` (then `remedy`) when transformers' own loader
+    (`TrainerState.load_from_json`) refuses the state `path` holds (`state`, its JSON object), e.g. a key
+    TrainerState has no field for, or a log entry is not an object whose loss and step are numbers
+    (`whole_run_train_loss` adds them up). The fields Trainer computes with are `checkpoint_step`'s."""
     from transformers.trainer_callback import TrainerState
 
-    def refuse(what: str) -> ValueError:
-        return ValueError(f"{path}: {' '.join(what.split())}; {remedy}.")
+    from .weights import has_type
 
     try:
         TrainerState.load_from_json(str(path))
     except (TypeError, ValueError) as err:
-        raise refuse(f"not a state transformers' Trainer reads ({err})") from None
-    declared = typing.get_type_hints(TrainerState)
-    for field in dataclasses.fields(TrainerState):
-        if field.name not in state or field.name in ("stateful_callbacks", "log_history"):
-            continue
-        value = state[field.name]
-        if not _fits(value, declared[field.name]):
-            shown = json.dumps(value)
-            shown = shown if len(shown) <= 40 else f"{shown[:37]}..."
-            raise refuse(
-                f"{field.name}={shown} is not of TrainerState's type {_type_name(declared[field.name])}"
-            )
-    callbacks = state.get("stateful_callbacks")
-    if callbacks is not None and not (
-        isinstance(callbacks, dict)
-        and all(
-            isinstance(saved, dict) or (isinstance(saved, list) and all(isinstance(s, dict) for s in saved))
-            for saved in callbacks.values()
-        )
-    ):
-        raise refuse("stateful_callbacks is not an object of callback names to saved states (objects)")
-    for entry in state.get("log_history") or []:
+        raise ValueError(
+            f"{path}: not a state transformers' Trainer reads ({' '.join(str(err).split())}); {remedy}."
+        ) from None
+    for index, entry in enumerate(state.get("log_history") or []):
         if not isinstance(entry, dict) or not all(
-            _fits(entry[key], float) for key in ("loss", "step") if key in entry
+            has_type(entry[key], (int, float)) for key in ("loss", "step") if key in entry
         ):
-            raise refuse(f"log_history holds {json.dumps(entry)[:40]}, not an object of logged numbers")
-
-
-def _fits(value: Any, annotation: Any) -> bool:
-    """Whether a JSON value has the type `annotation` declares (an int is a float; a bool is neither); True for an
-    annotation this does not know, which is left to transformers."""
-    import types
-    import typing
-
-    origin, arguments = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, argument) for argument in arguments)
-    if annotation is type(None):
-        return value is None
-    if annotation is bool:
-        return isinstance(value, bool)
-    if annotation in (int, float):
-        numbers = int if annotation is int else (int, float)
-        return isinstance(value, numbers) and not isinstance(value, bool)
-    if annotation is str:
-        return isinstance(value, str)
-    if origin is list:
-        return isinstance(value, list) and all(_fits(item, arguments[0]) for item in value if arguments)
-    if origin is dict:
-        return isinstance(value, dict) and all(
-            _fits(key, arguments[0]) and _fits(item, arguments[1]) for key, item in value.items() if arguments
-        )
-    return True
-
-
-def _type_name(annotation: Any) -> str:
-    return annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
+            raise ValueError(
+                f"{path}: log_history[{index}] is not an object whose loss and step are numbers; {remedy}."
+            )
 
 
 def whole_run_train_loss(

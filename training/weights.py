@@ -37,7 +37,8 @@ def _json_type_name(types: JsonTypes) -> str:
     return "a number" if set(names) == {"an integer", "a number"} else " or ".join(names)
 
 
-def _has_type(value: Any, types: JsonTypes) -> bool:
+def has_type(value: Any, types: JsonTypes) -> bool:
+    """Whether a JSON value is of `types`, as `read_json_object` checks a field."""
     # JSON's true/false are Python bools, which are ints too: an integer field does not take them
     if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
         return False
@@ -75,7 +76,7 @@ def read_json_object(
             if fields and key in fields:
                 raise ValueError(f"{path}: no {key!r} ({_json_type_name(types)}); {remedy}.")
             continue
-        if not _has_type(value[key], types):
+        if not has_type(value[key], types):
             shown = json.dumps(value[key])
             shown = shown if len(shown) <= SHOWN_JSON else f"{shown[: SHOWN_JSON - 3]}..."
             raise ValueError(f"{path}: {key}={shown} is not {_json_type_name(types)}; {remedy}.")

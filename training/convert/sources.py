@@ -3,8 +3,9 @@ the command line (`convert_cli`, before anything loads) and the converters (`wri
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from ..weights import read_json_object
 
 # Which model folder each source reverses: (config.json `model_type`, `architectures[0]`), the model type and class
 # name of `convert.SOURCES[source].head_class` (a test checks they stay equal), known without importing torch.
@@ -24,17 +25,13 @@ def reverse_input_problem(source: str, model_dir: str | Path) -> str | None:
     if not config_path.is_file():
         return f"{model_dir}: no config.json; with --reverse the input is our model folder (save_pretrained)"
     try:
-        config = json.loads(config_path.read_text())
-        model_type, architectures = config.get("model_type"), config.get("architectures") or []
-    except (ValueError, AttributeError) as err:  # not JSON, or JSON that is not an object
-        return f"{config_path}: not a model config ({type(err).__name__}: {err})"
-    # transformers writes a list of class names; anything else would be read character by character, or not at all
-    if not isinstance(architectures, list) or not all(isinstance(name, str) for name in architectures):
-        return (
-            f"{config_path}: architectures={architectures!r}; expected a list of model class names (strings)"
-        )
-    if model_type is not None and not isinstance(model_type, str):
-        return f"{config_path}: model_type={model_type!r}; expected a model type name (a string)"
+        config = read_json_object(config_path, optional={"model_type": str, "architectures": list})
+    except ValueError as err:
+        return str(err)
+    model_type, architectures = config.get("model_type"), config.get("architectures") or []
+    # transformers writes a list of class names; anything else would be read character by character
+    if not all(isinstance(name, str) for name in architectures):
+        return f"{config_path}: architectures holds a value that is not a string; save it again with save_pretrained."
     want_type, want_class = SOURCE_MODELS[source]
     fitting = [name for name, model in SOURCE_MODELS.items() if model == (model_type, *architectures[:1])]
     hint = f" (a {architectures[0]} folder goes with --source {fitting[0]})" if fitting else ""
