@@ -258,10 +258,9 @@ class _CheckedConfig:
         """
         fields = cls.preset_fields(name)  # an unknown name is refused before the overrides are looked at
         cls._check_override_names(overrides, "from_preset")
+        # an alias (transformers' attribute_map) sets its field, so the preset's value of that field gives way to it
         for alias, field in cls.attribute_map.items():
-            if (
-                alias in overrides
-            ):  # the alias sets that field: the preset's value of it gives way, as to the field
+            if alias in overrides:
                 fields.pop(field, None)
         kwargs = {**fields, **overrides}
         if "id2label" in overrides:
