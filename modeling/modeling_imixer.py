@@ -850,9 +850,11 @@ def _solve(
     """Iterate `step` from `state`: exactly `num_steps` times (unrolled), or per sample until the relative
     residual is <= the tolerance (picard / anderson), at most `num_steps` times.
 
-    A tolerance solver returns, per sample, the evaluation f(x) of its lowest-residual iterate; a sample whose
-    residual turns non-finite or grows (`_DIVERGENCE_FACTOR`, `_DIVERGENCE_PATIENCE`) stops there, with a
-    warning, rather than returning a silently wrong answer.
+    A tolerance solver returns, per sample, the evaluation f(x) of its iterate with the lowest relative residual
+    (the measure it stops on, so a converged sample returns the step that met the tolerance, and the record's
+    final residuals are that iterate's); a sample whose residual turns non-finite or grows
+    (`_DIVERGENCE_FACTOR`, `_DIVERGENCE_PATIENCE`) stops there, with a warning, rather than returning a silently
+    wrong answer.
     """
     if settings.solver == "unrolled":
         for _ in range(num_steps):
@@ -864,7 +866,9 @@ def _solve(
     active = torch.ones(batch, dtype=torch.bool, device=state.device)
     diverged = torch.zeros_like(active)
     growth = torch.zeros(batch, dtype=torch.long, device=state.device)
-    best = previous = best_relative = None  # (B,) each, in the residuals' dtype from the first step on
+    # (B,) each, in the residuals' dtype from the first step on: the returned iterate's residuals (chosen by the
+    # relative one), and the smallest and previous absolute residuals (the divergence rule's)
+    best_relative = best_absolute = smallest = previous = None
     threshold = settings.tolerance
     answer = state
     anderson = _AndersonMixing(settings.anderson_memory, settings.anderson_damping)
@@ -874,19 +878,22 @@ def _solve(
             absolute, relative = _residuals(image, state)
         record.add(image, state, (absolute, relative), active)
         with torch.no_grad():
-            if best is None:
-                best = previous = best_relative = torch.full_like(absolute, torch.inf)
+            if best_relative is None:
+                best_relative = best_absolute = smallest = previous = torch.full_like(absolute, torch.inf)
                 # the record keeps these residuals as computed: a sample stops exactly when the value recorded
                 # for it is <= the tolerance
                 threshold = _at_most(settings.tolerance, relative.dtype)
             # divergence is judged on the absolute residual: a blowing-up state can keep its relative one flat
             finite = torch.isfinite(absolute) & torch.isfinite(relative)
-            improved = active & finite & (absolute < best)
             growth = torch.where(absolute > previous, growth + 1, 0)
-            blown = ~finite | (absolute > _DIVERGENCE_FACTOR * best) | (growth >= _DIVERGENCE_PATIENCE)
+            blown = ~finite | (absolute > _DIVERGENCE_FACTOR * smallest) | (growth >= _DIVERGENCE_PATIENCE)
             diverged = diverged | (active & blown)
-            best = torch.where(improved, absolute, best)
+            # the iterate kept is chosen on the relative residual, the measure the tolerance is on; the step that
+            # trips the divergence rule is never kept, since its state may already have blown up
+            improved = active & ~blown & (relative < best_relative)
             best_relative = torch.where(improved, relative, best_relative)
+            best_absolute = torch.where(improved, absolute, best_absolute)
+            smallest = torch.where(active & finite, torch.minimum(smallest, absolute), smallest)
             previous = absolute
             # a new tensor, not `&=`: the previous step's torch.where saved `active` for the unrolled gradient
             active = active & ~blown & ~(relative <= threshold)
@@ -896,14 +903,14 @@ def _solve(
             break
         proposal = image if settings.solver == "picard" else anderson(state, image)
         state = torch.where(active.reshape(keep.shape), proposal, state)  # active (B,) → (B, 1, 1) as keep
-    if best is not None:
-        record.final_absolute, record.final_relative = best, best_relative
+    if best_relative is not None:
+        record.final_absolute, record.final_relative = best_absolute, best_relative
     if bool(diverged.any()):
         logger.warning(
             f"iMixer {what} solve ({settings.solver}) diverged in {int(diverged.sum())} of {batch} samples "
-            f"(residual growing or non-finite after {record.steps} steps); returning each "
-            "such sample's lowest-residual iterate. Set fixed_point_contraction to guarantee a contraction, or "
-            "use fewer fixed_point_iterations."
+            f"(residual growing or non-finite after {record.steps} steps); returning each such sample's "
+            "iterate with the lowest relative residual. Set fixed_point_contraction to guarantee a contraction, "
+            "or use fewer fixed_point_iterations."
         )
     return answer
 
