@@ -385,7 +385,7 @@ class HyperBFConfig(_CheckedConfig, PreTrainedConfig):
         attention_probs_dropout_prob (`float`, *optional*, defaults to 0.0):
             Dropout on the attention weights (0 = off, ViT's default).
         image_size (`int` or `list[int]`, *optional*, defaults to 32):
-            Input resolution (height, width) (the memo's CIFAR setting, 32 × 32); non-square sizes are allowed.
+            Input resolution (height, width): the memo's CIFAR setting, 32 × 32; non-square sizes are allowed.
         patch_size (`int`, *optional*, defaults to 4):
             Side of the square patches (the memo's CIFAR setting).
         num_channels (`int`, *optional*, defaults to 3):

@@ -67,7 +67,7 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
             Iterations T of each layer (as Hyper-SET's CIFAR-10 Small model); effective depth L·T; can be
             overridden per forward call.
         hidden_act (`str`, *optional*, defaults to `"gelu"`):
-            MLP activation, `"gelu"` (the GELU MLP of the paper's looped-Transformer baseline) or `"relu"`.
+            MLP activation, `"gelu"` (the paper's looped-Transformer baseline) or `"relu"`.
         iteration_sampling (`str`, *optional*, defaults to `"fixed"`):
             Depth of each training forward, as Hyper-SET's: `"fixed"`, `"uniform"` or `"poisson-lognormal"`.
         min_iterations (`int`, *optional*):
@@ -93,7 +93,7 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         halting_loss_weight (`float`, *optional*, defaults to 0.5):
             Weight of the halting head's BCE in the training loss, as Hyper-SET's.
         image_size (`int` or `list[int]`, *optional*, defaults to 224):
-            Input resolution (height, width) (as Hyper-SET's CIFAR-10 Small model).
+            Input resolution (height, width), as Hyper-SET's CIFAR-10 Small model.
         patch_size (`int`, *optional*, defaults to 16):
             Side of the square patches (as Hyper-SET's CIFAR-10 Small model).
         num_channels (`int`, *optional*, defaults to 3):
