@@ -370,7 +370,8 @@ class HyperBFConfig(_CheckedConfig, PreTrainedConfig):
             `"normalized"`: softmax over centers (normalized RBF, the memo's choice); `"gaussian"`: unnormalised
             exp(−d²/2σ²) as in classic HyperBF networks.
         rbf_width (`str`, *optional*, defaults to `"layer"`):
-            Learnable width σ of the feedforward kernel: one per layer (`"layer"`) or one per center (`"center"`).
+            Learnable width σ of the feedforward kernel: one per layer (`"layer"`; the normalized kernel then drops
+            ‖Wx‖², the same for every center) or one per center (`"center"`).
         rbf_sigma_init (`float`, *optional*):
             Initial σ of the feedforward kernel; `None` → √(rbf_projection_dim / ln num_centers). At init
             ‖W(x − t)‖² ≈ 2·rbf_projection_dim for LayerNorm'd inputs (metric std 1/√D, centers N(0, 1)), so every
@@ -382,19 +383,19 @@ class HyperBFConfig(_CheckedConfig, PreTrainedConfig):
         hidden_dropout_prob (`float`, *optional*, defaults to 0.0):
             Dropout on embeddings and on each residual branch (the memo trains without it).
         attention_probs_dropout_prob (`float`, *optional*, defaults to 0.0):
-            Dropout on the attention weights.
+            Dropout on the attention weights (0 = off, ViT's default).
         image_size (`int` or `list[int]`, *optional*, defaults to 32):
-            Input resolution (height, width); non-square sizes are allowed.
+            Input resolution (height, width): the memo's CIFAR setting, 32 × 32; non-square sizes are allowed.
         patch_size (`int`, *optional*, defaults to 4):
             Side of the square patches (the memo's CIFAR setting).
         num_channels (`int`, *optional*, defaults to 3):
-            Image channels.
+            Image channels (RGB).
         vocab_size (`int`, *optional*):
             Token vocabulary for `input_type="sequence"` (required there).
         max_position_embeddings (`int`, *optional*, defaults to 512):
-            Longest sequence accepted; the size of the learned position table.
+            Longest sequence accepted; the size of the learned position table (512, BERT's default; sequences only).
         pooling (`str`, *optional*, defaults to `"cls"`):
-            Classifier input: first token (`"cls"`; the CLS token for images) or masked mean (`"mean"`).
+            Classifier input: first token (`"cls"`; the CLS token for images, as in ViT) or masked mean (`"mean"`).
         layer_norm_eps (`float`, *optional*, defaults to 1e-5):
             LayerNorm epsilon (torch's default).
         initializer_range (`float`, *optional*, defaults to 0.02):
@@ -481,6 +482,7 @@ class HyperBFConfig(_CheckedConfig, PreTrainedConfig):
 
     @property
     def head_dim(self) -> int:
+        """Width d_h of one attention head: hidden_size // num_attention_heads."""
         return self.hidden_size // self.num_attention_heads
 
 

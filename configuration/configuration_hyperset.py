@@ -343,7 +343,6 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "deep_supervision": ("last", "all", "every", "random"),
     "deep_supervision_weights": ("uniform", "linear"),
 }
-_BOOLEANS: tuple[str, ...] = ("classifier_bias", "halting_head")
 _POSITIVE_INTS: tuple[str, ...] = (
     "hidden_size",
     "num_attention_heads",
@@ -369,6 +368,7 @@ _POSITIVE_FLOATS: tuple[str, ...] = (
 )
 _OPTIONAL_POSITIVE_FLOATS: tuple[str, ...] = ("rms_norm_eps", "halting_tolerance")
 _IMAGE_SIZES: tuple[str, ...] = ("image_size",)
+_BOOLEANS: tuple[str, ...] = ("classifier_bias", "halting_head")
 # φ of attention_energy="linear" and feedforward_energy="gated" (the authors' `hyper-set-alt-attn` choices); `None`
 # otherwise. Not a `_CHOICES` entry (so not in `HyperSetConfig.choices`): `_validate_config` refuses a value outside
 # its tuple, None included, while feature_map is required by those two energies and must be None for the others, a
@@ -672,6 +672,7 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
 
     @property
     def head_dim(self) -> int:
+        """Width d_h of one attention head: hidden_size // num_attention_heads."""
         return self.hidden_size // self.num_attention_heads
 
 
@@ -682,16 +683,19 @@ class HyperSetConfig(RecurrentDepthConfig):
         input_type (`str`, *optional*, defaults to `"image"`):
             `"image"` (patch embedding + CLS token) or `"sequence"` (token embedding of `input_ids`).
         hidden_size (`int`, *optional*, defaults to 384):
-            Token width d (the paper's CIFAR-10 Small model).
+            Token width d (the paper's CIFAR-10 Small model, Table 6).
         num_attention_heads (`int`, *optional*, defaults to 6):
-            Heads H; each works in a d/H-dimensional subspace of the shared projection W.
+            Heads H (the paper's CIFAR-10 Small model, Table 6); each works in a d/H-dimensional subspace of the
+            shared projection W.
         intermediate_size (`int`, *optional*, defaults to 384):
             Dictionary size M of the feedforward energy (the paper uses M = d for images).
         num_hidden_layers (`int`, *optional*, defaults to 1):
-            Distinct weight-tied layers L, applied one after the other. `num_layers` is an alias: it reads
-            and sets this field (`config.num_layers`, `num_layers=` in the constructor and `from_preset`).
+            Distinct weight-tied layers L, applied one after the other (the paper's CIFAR-10 Small model, Table 6).
+            `num_layers` is an alias: it reads and sets this field (`config.num_layers`, `num_layers=` in the
+            constructor and `from_preset`).
         num_iterations (`int`, *optional*, defaults to 12):
-            Iterations T of each layer (effective depth L·T); can be overridden per forward call.
+            Iterations T of each layer (the paper's CIFAR-10 Small model, Table 6); effective depth L·T; can be
+            overridden per forward call.
         qkv_norm (`str`, *optional*, defaults to `"separate"`):
             `"separate"`: three RMSNorm gains for q, k, v (images); `"shared"`: one gain (Sudoku).
         step_size_condition (`str`, *optional*, defaults to `"current"`):
@@ -700,13 +704,14 @@ class HyperSetConfig(RecurrentDepthConfig):
         hidden_act (`str`, *optional*, defaults to `"relu"`):
             Feedforward activation, `"relu"` (the energy's exact gradient) or `"gelu"`.
         attention_energy (`str`, *optional*, defaults to `"bisoftmax"`):
-            `"bisoftmax"`: E = √d_h Σ logsumexp (row + column softmax update); `"sigmoid"`:
+            `"bisoftmax"`: E = √d_h Σ logsumexp (row + column softmax update; the paper's energy); `"sigmoid"`:
             E = (√d_h/2) Σ σ(S) (update σ'(S)), a variant from the authors' poster; `"linear"`:
             E = (1/(2√d_h)) Σ_h ‖Σ_i φ(z_i)‖², the kernel φ(z_i)·φ(z_j) in place of exp(S_ij), whose update
             φ'(z_i) ⊙ Σ_j φ(z_j) costs O(N) per head (needs `feature_map`).
         feedforward_energy (`str`, *optional*, defaults to `"relu"`):
-            `"relu"`: E = −½ Σ ‖act(n(Dx))‖²; `"softmax"`: E = −Σ logsumexp(n(Dx)) (update Dᵀ softmax);
-            `"gated"`: E = −½ Σ_i (Σ_m φ(u_im))², u = n(Dx), update Dᵀ[(Σ_m φ(u_m)) φ'(u)] (needs `feature_map`).
+            `"relu"`: E = −½ Σ ‖act(n(Dx))‖² (the paper's energy); `"softmax"`: E = −Σ logsumexp(n(Dx))
+            (update Dᵀ softmax); `"gated"`: E = −½ Σ_i (Σ_m φ(u_im))², u = n(Dx), update Dᵀ[(Σ_m φ(u_m)) φ'(u)]
+            (needs `feature_map`).
         feature_map (`str`, *optional*):
             φ of the `"linear"` attention and `"gated"` feedforward energies, one of `FEATURE_MAPS` (sigmoid,
             relu, tanh, softplus, silu, gelu, elu, elu+1: the authors' choices); required by those energies and
@@ -758,10 +763,10 @@ class HyperSetConfig(RecurrentDepthConfig):
             its loss but trains only the head. Eval mode always reports the last iteration's loss, the loss of the
             logits returned.
         deep_supervision_interval (`int`, *optional*, defaults to 2):
-            k of `deep_supervision="every"`: the supervised iterations step back from T by k.
+            k of `deep_supervision="every"`: the supervised iterations step back from T by k (2: k = 1 is `"all"`).
         deep_supervision_samples (`int`, *optional*, defaults to 2):
             n of `deep_supervision="random"`: iterations supervised per training forward, the last included (at
-            most T).
+            most T; 2: n = 1 is `"last"`).
         deep_supervision_weights (`str`, *optional*, defaults to `"uniform"`):
             Weights of the supervised iterations' losses: `"uniform"` or `"linear"` (iteration t weighs t, so
             later iterations count more); normalised to sum to 1.
@@ -783,25 +788,27 @@ class HyperSetConfig(RecurrentDepthConfig):
             change ‖x_{t+1} − x_t‖ / ‖x_t‖ (or relative energy change) falls below ε, at num_iterations at
             the latest, and costs no further compute. `None`: every sample runs num_iterations.
         halting_criterion (`str`, *optional*, defaults to `"state"`):
-            What halting measures: `"state"` change or `"energy"` change |E_t − E_{t+1}| / |E_t| of E_ATTN +
-            E_FF, its size whether the energy falls or rises.
+            What halting measures: `"state"` change (the default: it needs no energy evaluation) or `"energy"`
+            change |E_t − E_{t+1}| / |E_t| of E_ATTN + E_FF, its size whether the energy falls or rises.
         image_size (`int` or `list[int]`, *optional*, defaults to 224):
-            Input resolution (height, width); non-square sizes are allowed.
+            Input resolution (height, width): the paper resizes CIFAR images to 224 (Table 5); non-square sizes
+            are allowed.
         patch_size (`int`, *optional*, defaults to 16):
-            Side of the square patches.
+            Side of the square patches (the paper's CIFAR-10 Small model, Table 6).
         num_channels (`int`, *optional*, defaults to 3):
-            Image channels.
+            Image channels (RGB).
         vocab_size (`int`, *optional*):
             Token vocabulary for `input_type="sequence"` (required there).
         max_position_embeddings (`int`, *optional*, defaults to 512):
-            Longest sequence accepted; the size of the learned position table.
+            Longest sequence accepted; the size of the position table (512, BERT's default; sequences only).
         position_embedding_type (`str`, *optional*, defaults to `"sinusoidal"`):
             Position encoding of sequences: `"sinusoidal"` (fixed, 1-D), `"learned"`, or `"sincos-2d"`, the
             fixed row/column table of the authors' Sudoku `sincos` option (max_position_embeddings cells of
             a square board, row-major). Images always use the fixed 1-D sinusoid over the patch tokens, as in
             the paper.
         pooling (`str`, *optional*, defaults to `"cls"`):
-            Classifier input: first token (`"cls"`; the CLS token for images) or masked mean (`"mean"`).
+            Classifier input: first token (`"cls"`; the CLS token for images, which the paper's image head reads) or
+            masked mean (`"mean"`).
         classifier_norm (`str`, *optional*, defaults to `"layernorm"`):
             Norm before the classifier: `"layernorm"` (the paper's image models) or `"rmsnorm"` (their Sudoku model).
         classifier_bias (`bool`, *optional*, defaults to `True`):
@@ -809,9 +816,9 @@ class HyperSetConfig(RecurrentDepthConfig):
         rms_norm_eps (`float`, *optional*):
             RMSNorm epsilon; `None` uses torch's default (machine epsilon of the dtype), as the authors do.
         layer_norm_eps (`float`, *optional*, defaults to 1e-5):
-            LayerNorm epsilon of the patch embedding and the classifier.
+            LayerNorm epsilon of the patch embedding and the classifier (torch's default, as the authors' model).
         initializer_range (`float`, *optional*, defaults to 0.02):
-            Std of the normal initialisation of linear and embedding weights.
+            Std of the normal initialisation of linear and embedding weights (as in ViT).
         num_labels (`int`, *optional*, defaults to 2):
             Classes of the classification heads (a `PreTrainedConfig` argument, checked here to be >= 0);
             0 = the heads use `nn.Identity()` as classifier and return the features (as in ViT).

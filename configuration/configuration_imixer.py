@@ -19,19 +19,6 @@ from typing import Any, ClassVar, TypeVar
 
 from transformers import PreTrainedConfig
 
-# Largest slope of each token-mixing activation: the Lipschitz constant an activation contributes to the residual
-# branch F = fc_sn2 ∘ act ∘ fc_sn1 ∘ act. GELU: Φ(√2) + √2 φ(√2) ≈ 1.1289 (at x = √2); SiLU: ≈ 1.0998 (at x ≈ 2.40,
-# numerically); ReLU and tanh: 1.
-ACTIVATION_MAX_SLOPES: dict[str, float] = {
-    "gelu": 0.5 * (1.0 + math.erf(1.0)) + math.exp(-1.0) / math.sqrt(math.pi),
-    "silu": 1.0998393201288648,
-    "relu": 1.0,
-    "tanh": 1.0,
-}
-# Solvers that stop on a tolerance: they look for the fixed point of one fixed map, which batch statistics (a
-# BatchNorm F changes with every iterate in training) and per-call power iterations (W changes per step) are not.
-_TOLERANCE_SOLVERS = ("picard", "anderson")
-
 
 # --- shared config machinery: identical in energyformers' three family configs (its test suite checks) ---
 # Per family only the tables below this block (_CHOICES, _POSITIVE_INTS, ...) and the config's
@@ -334,6 +321,16 @@ class _CheckedConfig:
 # --- end of shared config machinery ---
 
 
+# Largest slope of each token-mixing activation: the Lipschitz constant an activation contributes to the residual
+# branch F = fc_sn2 ∘ act ∘ fc_sn1 ∘ act. GELU: Φ(√2) + √2 φ(√2) ≈ 1.1289 (at x = √2); SiLU: ≈ 1.0998 (at x ≈ 2.40,
+# numerically); ReLU and tanh: 1. Its keys are the `token_mixing_activation` choices of the tables below.
+ACTIVATION_MAX_SLOPES: dict[str, float] = {
+    "gelu": 0.5 * (1.0 + math.erf(1.0)) + math.exp(-1.0) / math.sqrt(math.pi),
+    "silu": 1.0998393201288648,
+    "relu": 1.0,
+    "tanh": 1.0,
+}
+
 # Validation tables of iMixer (the form is the same in the three configuration files).
 _CHOICES: dict[str, tuple[str, ...]] = {
     "input_type": ("image", "sequence"),
@@ -370,6 +367,9 @@ _POSITIVE_FLOATS: tuple[str, ...] = (
 _OPTIONAL_POSITIVE_FLOATS: tuple[str, ...] = ("fixed_point_contraction",)
 _IMAGE_SIZES: tuple[str, ...] = ("image_size",)
 _BOOLEANS: tuple[str, ...] = ()
+# Solvers that stop on a tolerance: they look for the fixed point of one fixed map, which batch statistics (a
+# BatchNorm F changes with every iterate in training) and per-call power iterations (W changes per step) are not.
+_TOLERANCE_SOLVERS = ("picard", "anderson")
 
 
 def check_fixed_point_settings(
@@ -432,9 +432,10 @@ class IMixerConfig(_CheckedConfig, PreTrainedConfig):
         patch_size (`int`, *optional*, defaults to 16):
             Side of the square, non-overlapping patches (Mixer-S/16).
         image_size (`int` or `list[int]`, *optional*, defaults to 224):
-            Input resolution (height, width); it fixes the token-mixing length S = (H/p)(W/p).
+            Input resolution (height, width): the paper resizes CIFAR-10 to 224 × 224; it fixes the token-mixing
+            length S = (H/p)(W/p).
         num_channels (`int`, *optional*, defaults to 3):
-            Image channels.
+            Image channels (RGB).
         token_mixing_ratio (`float`, *optional*, defaults to 0.5):
             Token-mixing width D_S = int(ratio · D) (timm's Mixer `mlp_ratio[0]`).
         channel_mixing_ratio (`float`, *optional*, defaults to 4.0):
@@ -465,7 +466,8 @@ class IMixerConfig(_CheckedConfig, PreTrainedConfig):
             k of the phantom gradient; k = 1 with damping 1 is the one-step (Jacobian-free, Fung et al.)
             gradient. With the unrolled solver they are the last min(k, n) of its n steps.
         phantom_gradient_damping (`float`, *optional*, defaults to 1.0):
-            λ in (0, 1] of the phantom steps x ← (1 − λ) x + λ (x₀ + F(x)) (Geng et al. use e.g. 0.5).
+            λ in (0, 1] of the phantom steps x ← (1 − λ) x + λ (x₀ + F(x)) (Geng et al. use e.g. 0.5); the
+            default 1 makes the default k = 1 the one-step gradient.
         fixed_point_contraction (`float`, *optional*):
             Target Lipschitz bound L < 1 of F: caps each weight at c = min(spectral_norm_coeff,
             √L / s) with s the activation's largest slope (GELU: 1.1289), so s² c² <= L. None = the paper's
@@ -474,7 +476,8 @@ class IMixerConfig(_CheckedConfig, PreTrainedConfig):
             How F's weights are kept small (the paper's Table 3 ablation): `"spectral"` (soft spectral
             norm), `"none"`, or `"batch_norm"` (BatchNorm1d after each of F's linear layers instead).
         token_mixing_activation (`str`, *optional*, defaults to `"gelu"`):
-            Activation of the token-mixing MLP (inside F and before fc2): gelu, silu, relu or tanh.
+            Activation of the token-mixing MLP (inside F and before fc2): gelu (the paper's, exact), silu, relu
+            or tanh.
         spectral_norm_schedule (`str`, *optional*, defaults to `"per_forward"`):
             When training refines the σ estimates: `"per_forward"` (k power steps once per forward, before
             the blocks), `"per_call"` (the authors' code: k steps at every fixed-point step, so n·k per

@@ -56,16 +56,18 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         hidden_size (`int`, *optional*, defaults to 384):
             Token width d (as Hyper-SET's CIFAR-10 Small model).
         num_attention_heads (`int`, *optional*, defaults to 6):
-            Heads H of the softmax attention.
+            Heads H of the softmax attention (as Hyper-SET's CIFAR-10 Small model).
         intermediate_size (`int`, *optional*):
             Width of the GELU MLP; `None` = 4 · hidden_size, the standard Transformer ratio.
         num_hidden_layers (`int`, *optional*, defaults to 1):
-            Distinct weight-tied layers L, applied one after the other. `num_layers` is an alias: it reads
-            and sets this field (`config.num_layers`, `num_layers=` in the constructor and `from_preset`).
+            Distinct weight-tied layers L, applied one after the other (as Hyper-SET's CIFAR-10 Small model).
+            `num_layers` is an alias: it reads and sets this field (`config.num_layers`, `num_layers=` in the
+            constructor and `from_preset`).
         num_iterations (`int`, *optional*, defaults to 12):
-            Iterations T of each layer (effective depth L·T); can be overridden per forward call.
+            Iterations T of each layer (as Hyper-SET's CIFAR-10 Small model); effective depth L·T; can be
+            overridden per forward call.
         hidden_act (`str`, *optional*, defaults to `"gelu"`):
-            MLP activation, `"gelu"` (the baseline's) or `"relu"`.
+            MLP activation, `"gelu"` (the paper's looped-Transformer baseline) or `"relu"`.
         iteration_sampling (`str`, *optional*, defaults to `"fixed"`):
             Depth of each training forward, as Hyper-SET's: `"fixed"`, `"uniform"` or `"poisson-lognormal"`.
         min_iterations (`int`, *optional*):
@@ -73,15 +75,15 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         max_iterations (`int`, *optional*):
             Largest sampled depth (Hyper-SET's defaults).
         iteration_sampling_sigma (`float`, *optional*, defaults to 0.5):
-            σ of the log-normal rate of `"poisson-lognormal"`.
+            σ of the log-normal rate of `"poisson-lognormal"` (Hyper-SET's default).
         backprop_iterations (`int`, *optional*):
             Differentiate only the last k of the L·T iterations (truncated backpropagation through depth).
         deep_supervision (`str`, *optional*, defaults to `"last"`):
             Which iterations the training loss reads, as Hyper-SET's: `"last"`, `"all"`, `"every"` or `"random"`.
         deep_supervision_interval (`int`, *optional*, defaults to 2):
-            k of `"every"` (iterations T, T − k, …).
+            k of `"every"` (iterations T, T − k, …; 2: k = 1 is `"all"`).
         deep_supervision_samples (`int`, *optional*, defaults to 2):
-            n of `"random"` (the last iteration plus n − 1 drawn per training forward).
+            n of `"random"` (the last iteration plus n − 1 drawn per training forward; 2: n = 1 is `"last"`).
         deep_supervision_weights (`str`, *optional*, defaults to `"uniform"`):
             `"uniform"` or `"linear"` (iteration t weighs t) weights of the supervised iterations' losses.
         supervision_steps (`int`, *optional*, defaults to 1):
@@ -91,20 +93,21 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         halting_loss_weight (`float`, *optional*, defaults to 0.5):
             Weight of the halting head's BCE in the training loss, as Hyper-SET's.
         image_size (`int` or `list[int]`, *optional*, defaults to 224):
-            Input resolution (height, width).
+            Input resolution (height, width), as Hyper-SET's CIFAR-10 Small model.
         patch_size (`int`, *optional*, defaults to 16):
-            Side of the square patches.
+            Side of the square patches (as Hyper-SET's CIFAR-10 Small model).
         num_channels (`int`, *optional*, defaults to 3):
-            Image channels.
+            Image channels (RGB).
         vocab_size (`int`, *optional*):
             Token vocabulary for `input_type="sequence"` (required there).
         max_position_embeddings (`int`, *optional*, defaults to 512):
-            Longest sequence accepted; the size of the learned position table.
+            Longest sequence accepted; the size of the position table (512, BERT's default; sequences only).
         position_embedding_type (`str`, *optional*, defaults to `"sinusoidal"`):
             Positions of sequences, as Hyper-SET's: `"sinusoidal"` (fixed, 1-D), `"learned"`, or `"sincos-2d"`
             (the fixed row/column table of a square board, e.g. Sudoku); images always use the fixed 1-D sinusoid.
         pooling (`str`, *optional*, defaults to `"cls"`):
-            Classifier input: first token (`"cls"`) or masked mean over the real tokens (`"mean"`).
+            Classifier input: first token (`"cls"`; the CLS token for images, as Hyper-SET's head) or masked mean
+            over the real tokens (`"mean"`).
         classifier_norm (`str`, *optional*, defaults to `"layernorm"`):
             Norm before the classifier, as Hyper-SET's: `"layernorm"` (its image models) or `"rmsnorm"` (its Sudoku
             and masked-image-modelling models). A config saved without the field loads with the head it was saved
