@@ -6,7 +6,7 @@ remaining values) and stops after `limit` solutions, so `count_solutions(p, 2) =
 puzzle unique. Generation: fill a random full grid with the same search (candidates in random
 order), then blank cells in random order, keeping each removal only while the solution stays
 unique, until a target number of givens drawn uniformly from [min_givens, max_givens] is reached.
-Very low targets (< ~22) are often unreachable by this greedy removal; the puzzle then keeps the
+Very low targets are often unreachable by this greedy removal; the puzzle then keeps the
 fewest givens it reached, so always report `givens_distribution` of what was generated.
 
 Pure Python (the search is branchy; numpy does not help). Fewer givens cost more: each removal tried is
@@ -193,7 +193,7 @@ DIGITS = [str(d) for d in range(1, 10)]  # label names: label k is digit k + 1
 def to_dataset(puzzles: np.ndarray, solutions: np.ndarray) -> Dataset:
     """(N, 81) puzzles (0 = blank) and solutions → a token-classification `Dataset`: `input_ids` (the 81 cells),
     `labels` (solution digit − 1 on blank cells, −100 on given cells; a `ClassLabel` of the digits, as a NER
-    dataset's tags) and `givens` (count of given cells). Built as Arrow columns: 100k puzzles in well under 1 s.
+    dataset's tags) and `givens` (count of given cells). Built as Arrow columns (no Python object per puzzle).
     """
     puzzles, solutions = np.asarray(puzzles, np.uint8), np.asarray(solutions, np.uint8)
     labels = np.where(puzzles == 0, solutions.astype(np.int64) - 1, -100)  # loss on blanks only
