@@ -409,7 +409,8 @@ class VQGANTokenizer:
         low, high = self.pixel_range
         pixels = pixel_values.to(weight.device, weight.dtype) * (high - low) + low
         latents = self.model.encode(pixels).latents  # (B, C, h, w), before quantisation
-        flat = latents.permute(0, 2, 3, 1).reshape(len(latents), -1, latents.shape[1])  # row-major grid
+        # (B, C, h, w) → (B, h·w, C), the grid in row-major order
+        flat = latents.permute(0, 2, 3, 1).reshape(len(latents), -1, latents.shape[1])
         return torch.cdist(flat, weight[None].expand(len(flat), -1, -1)).argmin(-1)
 
     @torch.no_grad()

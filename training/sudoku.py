@@ -115,8 +115,9 @@ def solve(puzzle: Sequence[int]) -> list[int] | None:
 
 def is_valid_solution(grid: Sequence[int]) -> bool:
     """Every row, column and box of a full grid is a permutation of 1-9."""
-    g = np.asarray(grid).reshape(9, 9)
+    g = np.asarray(grid).reshape(9, 9)  # (81,) → (9, 9)
     want = np.arange(1, 10)
+    # (box row, row in box, box column, column in box) → (box, cell in box) = (9, 9)
     boxes = g.reshape(3, 3, 3, 3).transpose(0, 2, 1, 3).reshape(9, 9)
     return all((np.sort(block, axis=1) == want).all() for block in (g, g.T, boxes))
 
@@ -204,6 +205,7 @@ def to_dataset(puzzles: np.ndarray, solutions: np.ndarray) -> Dataset:
             "givens": Value("int16"),
         }
     )
+    # (N, 81) → (N·81,), regrouped into 81-cell lists
     table = pa.table(
         {
             "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(puzzles.reshape(-1).astype(np.int8)), 81),
@@ -257,7 +259,7 @@ def random_symmetry(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     if rng.random() < 0.5:
         cells = cells.T
     digits = np.concatenate([[0], 1 + rng.permutation(9)])  # (10,): old digit -> new digit
-    return cells.reshape(81), digits
+    return cells.reshape(81), digits  # cells (9, 9) → (81,)
 
 
 def augment(
