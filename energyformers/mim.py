@@ -141,6 +141,7 @@ class PatchKMeansTokenizer:
 
     @property
     def codebook_size(self) -> int:
+        """Number of codes: the centroids' rows."""
         return self.centroids.shape[0]
 
     @property
@@ -294,6 +295,7 @@ class VQGANTokenizer:
 
     @property
     def codebook_size(self) -> int:
+        """Number of codes in the VQGAN's codebook."""
         return int(self.model.config.num_vq_embeddings)
 
     @property
@@ -303,6 +305,7 @@ class VQGANTokenizer:
 
     @property
     def num_channels(self) -> int:
+        """Channels of the images the VQGAN encodes."""
         return int(self.model.config.in_channels)
 
     @classmethod

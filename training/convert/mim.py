@@ -113,6 +113,7 @@ class HyperSetMIMSource(OfficialSource):
 
     @staticmethod
     def side(kwargs: dict[str, Any]) -> int:
+        """Side of the square code grid: img_size // GRID_DIVISOR."""
         return kwargs["img_size"] // GRID_DIVISOR
 
     def layout(self, kwargs: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str | None]]:
