@@ -1,9 +1,9 @@
 """GPU speed of the three families against their baselines, in one run on whatever CUDA device is present.
 
-Groups (model variants and their baseline, measured interleaved in the same process; issue 13, kernels.md):
+Groups (model variants and their baseline, measured interleaved in the same process):
 
 * Hyper-SET's bi-softmax attention alone (eager / sdpa / triton) vs one plain SDPA call of the same shape, at the
-  two Hyper-SET shapes below (kernels.md's target for the fused kernel);
+  two Hyper-SET shapes below (the shapes the fused kernel is tuned for);
 * Hyper-SET `cifar10-small` (224²/16: 197 tokens, T = 12) vs HF `ViTForImageClassification` of the same width and
   heads and depth T (MLP 4d, SDPA);
 * the same at patch 8 (785 tokens);
@@ -116,10 +116,10 @@ class Group:
     modes: tuple[str, ...] = MODES
     # why some variants (or modes) are not measured, for the report beside `left_out()`
     left_out_why: str = ""
-    # Order of the compiled and CUDA-graph passes (lowest first; eager goes over every group before them). A GPU
-    # session's speed budget holds a few compiles only, so they go first to the numbers acceptance lacks: the
-    # T = 24 compile time, then the model-vs-baseline ratios of the kernels.md targets, the attention-alone
-    # groups (a kernel against a kernel, which eager mode already measures) last.
+    # Order of the compiled and CUDA-graph passes (lowest first; eager goes over every group before them).
+    # Compiles are slow and a run stopped by its time budget keeps what it measured (save() after every task), so
+    # the most informative go first: the T = 24 compile time, then the model-vs-baseline ratios, the
+    # attention-alone groups (a kernel against a kernel, which eager mode already measures) last.
     priority: int = 0
     # False: the compile workers (--compile_workers) never compile this group ahead of the main process, and
     # they start only after its compiled passes, so its first compiled call is measured cold and uncontended
@@ -206,7 +206,7 @@ class AttentionAlone(nn.Module):
     """One attention call as a model, on Hyper-SET's inputs: z = x ⊙ g (a learned gain, so a training step
     differentiates q, k and v as in the model), q = z ⊙ c with the temperature folded into c, k = v = z; the loss
     of a training step is mean(out²). `function(q, k, v)` is a bi-softmax implementation (`keep` None) or one
-    plain SDPA call of the same shape, the baseline of kernels.md's target."""
+    plain SDPA call of the same shape, the baseline the fused kernel is compared against."""
 
     def __init__(self, function: Callable, heads: int, head_dim: int) -> None:
         super().__init__()
@@ -277,13 +277,12 @@ def groups(smoke: bool) -> list[Group]:
     hyperbf_names = ("eager", "sdpa")
     # Hyper-SET's sdpa implementation in eager mode only: the compiled modes measure its default (eager) and the
     # fused kernel (triton), the two a user would compile; sdpa, the slowest of the three in eager mode with the
-    # most kernel launches per call, would only add compile time to a session's budget
+    # most kernel launches per call, would only add compile time to the run's budget
     hyperset_modes = {"sdpa": ("eager",)}
-    # 1: the attention reads its gains as views (no index built on the host, no repeat at every iteration)
     hyperset_revisions = dict.fromkeys(hyperset_names, 1)
     hyperset_why = (
         "the compiled modes measure the default implementation and the fused kernel; sdpa, the slowest in eager "
-        "mode, is left out of them to spend the GPU session's compile time on those two"
+        "mode, is left out of them to spend the run's compile time on those two"
     )
     result = []
     head_dim = width // heads
@@ -329,7 +328,7 @@ def groups(smoke: bool) -> list[Group]:
                 images(side, 10),
                 batches[key],
                 left_out_why=hyperset_why,
-                priority={"coarse": 1, "fine": 3}[key],  # 197 tokens: kernels.md's main targets
+                priority={"coarse": 1, "fine": 3}[key],  # 197 tokens: the shape the fused kernel is tuned for
             )
         )
     result.append(
@@ -340,8 +339,6 @@ def groups(smoke: bool) -> list[Group]:
                 AutoModelForImageClassification,
                 lambda: HyperBFConfig.from_preset("cifar", **hyperbf),
                 hyperbf_names,
-                # rows measured before these revisions (sdpa folding at D = 768, inference outside
-                # `cached_centers`) are not what this script measures now, so --resume re-measures them
                 revisions={"eager": 1, "sdpa": 2},
             ),
             vit(

@@ -1,4 +1,4 @@
-"""iMixer as an implicit layer: fixed-point solvers and gradient modes on trained models (issue 15).
+"""iMixer as an implicit layer: fixed-point solvers and gradient modes on trained models.
 
 * Accuracy and wall time vs tolerance for each solver, on trained iMixer folders (each with the dataset it
   was trained on): `unrolled` for n = 0..32 steps (the paper's solver; n = 0 is the vanilla-Mixer path on the
@@ -248,7 +248,7 @@ def report(args: argparse.Namespace, results: dict) -> str:
     else:  # a json written before the run header existed: what it recorded
         header = [f"Command: `{results['command']}` — {results['machine']}.", ""]
     lines = [
-        "# iMixer fixed-point solvers and gradient modes (issue 15)",
+        "# iMixer fixed-point solvers and gradient modes",
         "",
         *header,
         f"{args.num_threads} torch thread(s), no GPU; {results['minutes']:.1f} min in total. Times are medians of "

@@ -7,8 +7,8 @@ settings spill and marks the one a launch uses (`kernels._constants`): the launc
 dimension, the largest block that compiles without spills. Whether that is also the fastest is measured on a GPU
 (`benchmarks/gpu_speed.py`); this file only shows why those settings were chosen.
 
-It has no short mode: every kernel × block size × warp count is one ptxas compile on the CPU, about 20 minutes in
-all on two cores (the run behind the committed table took 1,198 s).
+It has no short mode: every kernel × block size × warp count is one ptxas compile on the CPU (the wall time of the
+committed run: benchmarks/results/kernel_resources.md).
 
     .venv/bin/python benchmarks/kernel_resources.py [--arch 90] [--output benchmarks/results/kernel_resources.md]
 """

@@ -16,7 +16,7 @@ package does not have: they are prototyped by monkeypatching inside that variant
 Writes recurrent_depth{_<dataset>}.{md,json,png} into `--output_dir` (default benchmarks/results), replacing
 the files of that name there; the .md embeds the .png by the name it is written under.
 
-    python benchmarks/recurrent_depth.py --long            # digits (~1 h)
+    python benchmarks/recurrent_depth.py --long            # digits, also evaluated at 100T
     python benchmarks/recurrent_depth.py --dataset fashion_mnist \\
         --variants default,none-fixed,anchor0.5-fixed --max_train_samples 10000 --max_test_samples 2000 \\
         --epochs 4 --extra_seeds ''

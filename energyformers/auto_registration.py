@@ -133,11 +133,13 @@ def lazy_head(config_class: type, stem: str, auto_class: str) -> type:
 
 
 def register_configs(configuration_auto: ModuleType) -> None:
+    """Register every family's config class with AutoConfig (the hook on `configuration_auto`; see `install`)."""
     for model_type, config_class in config_classes().items():
         configuration_auto.AutoConfig.register(model_type, config_class, exist_ok=True)
 
 
 def register_heads(modeling_auto: ModuleType) -> None:
+    """Register a stand-in per head with the Auto model classes, unless the registry registers the real ones."""
     if "energyformers.registry" in sys.modules:
         return  # the registry is loading (it imports `modeling_auto`) or loaded: it registers the real classes
     for model_type, config_class in config_classes().items():

@@ -141,6 +141,7 @@ class PatchKMeansTokenizer:
 
     @property
     def codebook_size(self) -> int:
+        """Number of codes: the centroids' rows."""
         return self.centroids.shape[0]
 
     @property
@@ -294,6 +295,7 @@ class VQGANTokenizer:
 
     @property
     def codebook_size(self) -> int:
+        """Number of codes in the VQGAN's codebook."""
         return int(self.model.config.num_vq_embeddings)
 
     @property
@@ -303,6 +305,7 @@ class VQGANTokenizer:
 
     @property
     def num_channels(self) -> int:
+        """Channels of the images the VQGAN encodes."""
         return int(self.model.config.in_channels)
 
     @classmethod
@@ -409,7 +412,8 @@ class VQGANTokenizer:
         low, high = self.pixel_range
         pixels = pixel_values.to(weight.device, weight.dtype) * (high - low) + low
         latents = self.model.encode(pixels).latents  # (B, C, h, w), before quantisation
-        flat = latents.permute(0, 2, 3, 1).reshape(len(latents), -1, latents.shape[1])  # row-major grid
+        # (B, C, h, w) → (B, h·w, C), the grid in row-major order
+        flat = latents.permute(0, 2, 3, 1).reshape(len(latents), -1, latents.shape[1])
         return torch.cdist(flat, weight[None].expand(len(flat), -1, -1)).argmin(-1)
 
     @torch.no_grad()

@@ -306,7 +306,7 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
         if pixels.ndim == 2:
             pixels = pixels[None]
         elif pixels.shape[0] not in (1, 3) and pixels.shape[-1] in (1, 3):  # (H, W, C)
-            pixels = pixels.permute(2, 0, 1)
+            pixels = pixels.permute(2, 0, 1)  # (H, W, C) → (C, H, W)
         if pixels.shape[0] != channels:
             if pixels.shape[0] == 1:
                 pixels = pixels.expand(channels, -1, -1)
@@ -353,6 +353,7 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
             bound.update(self.perceptual(bound_pixels, reference))
         masked = input_ids == self.model.mask_token_id
         hits = (codes == true_codes)[masked]
+        # (C, H, W) → (H, W, C) uint8, PIL's layout
         image = (reconstruction[0].clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
         return {
             "reconstruction": PIL.Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image),

@@ -71,6 +71,7 @@ def sample_losses(logits: Any, labels: Any) -> tuple[Any, Any]:
     last batch may hold a sample repeated to even out the processes, and its mean counts that sample."""
     import torch.nn.functional as F
 
+    # logits (B, V) or (B, N, V) → (M, V) and labels → (M,), M = B or B·N; the terms go back to labels' shape
     terms = F.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none"
     ).reshape(labels.shape)

@@ -131,6 +131,7 @@ class BatchAugmentation(torch.nn.Module):
             )
         x = pixel_values.float()
         if self.args.image_ops:
+            # (C,) → (1, C, 1, 1): broadcast over the batch and the pixels
             mean = pixel_values.new_tensor(self.image_mean, dtype=torch.float32).view(1, -1, 1, 1)
             std = pixel_values.new_tensor(self.image_std, dtype=torch.float32).view(1, -1, 1, 1)
             x = (x * std + mean).clamp(0.0, 1.0)  # (B, C, H, W) in [0, 1], what kornia's colour ops expect

@@ -198,7 +198,7 @@ def energy_landscape(
     energies, trajectories, distances, minima = [], [], [], []
     for beta in betas:
         energy = hopfield_energy(points, stored.expand(points.shape[0], -1, -1), beta)
-        energies.append(energy.reshape(resolution, resolution))
+        energies.append(energy.reshape(resolution, resolution))  # (R²,) → (R, R): rows y, columns x
         result = minimize_energy(
             lambda xi, beta=beta: hopfield_energy(xi, stored.expand(xi.shape[0], -1, -1), beta),
             starts,
@@ -941,6 +941,7 @@ def decode_sequence(
         hidden = grid == mask_id
         # masked positions are decoded as their true code and then greyed out: only their place is shown
         pixels = tokenizer.decode(torch.where(hidden, truth, grid)[None]).cpu().float()[0]
+        # (N,) → (rows, columns) token grid → (rows·cell_h, columns·cell_w) pixels
         cover = hidden.view(rows, -1).repeat_interleave(cell_h, 0).repeat_interleave(cell_w, 1)
         frames.append(pixels.masked_fill(cover[None].expand(channels, -1, -1), MASKED_GREY))
     titles = ["input", f"masked {mask_ratio:.0%}"] + [f"step {step}" for step in range(1, len(sequences))]
@@ -960,7 +961,7 @@ def plot_decode_sequence(sequence: dict[str, Any], path: Path, title: str) -> in
         ax.axis("off")
         if index >= len(frames):
             continue
-        image = frames[index].clamp(0, 1).permute(1, 2, 0).numpy()
+        image = frames[index].clamp(0, 1).permute(1, 2, 0).numpy()  # (C, H, W) → (H, W, C) for imshow
         ax.imshow(image[..., 0] if image.shape[-1] == 1 else image, cmap="gray", vmin=0, vmax=1)
         ax.set_title(titles[index], fontsize=9)
         drawn += 1

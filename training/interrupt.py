@@ -40,9 +40,12 @@ class StopRequest:
 
     @property
     def received(self) -> bool:
+        """Whether a stop signal is recorded: this process's own, or another rank's once `should_stop` shared it."""
         return self.signum is not None
 
     def handler(self, signum: int, frame: Any) -> None:
+        """The handler `installed` sets: records the first signal (announcing a Ctrl-C); a second Ctrl-C, not a
+        launcher's forwarded repeat, raises `KeyboardInterrupt`."""
         if self.signum is not None:
             forwarded = (
                 self._several_processes and time.monotonic() - self._first_at < self.FORWARDED_REPEAT_S

@@ -170,6 +170,7 @@ class TrainingLoss:
             return soft_target_cross_entropy(outputs.logits, targets), outputs
         outputs = model(**inputs)
         logits = outputs.logits
+        # logits (B, V) or (B, N, V) → (M, V) and labels → (M,), M = B or B·N
         loss = F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).float(),
             labels.reshape(-1),

@@ -281,6 +281,7 @@ def load_image_processor(
     # a probe of the model's own size, which a processor that resizes and one that does not (do_resize=False, for
     # inputs of the model's size) both must give back at that size; grey for a one-channel model
     side_h, side_w = height or 8, width or 8
+    # (h·w·3,) → (h, w, 3)
     pixels = (np.arange(side_h * side_w * 3).reshape(side_h, side_w, 3) % 256).astype(np.uint8)
     probe = PIL.Image.fromarray(pixels).convert("L" if channels == 1 else "RGB")
     try:

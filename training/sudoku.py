@@ -6,7 +6,7 @@ remaining values) and stops after `limit` solutions, so `count_solutions(p, 2) =
 puzzle unique. Generation: fill a random full grid with the same search (candidates in random
 order), then blank cells in random order, keeping each removal only while the solution stays
 unique, until a target number of givens drawn uniformly from [min_givens, max_givens] is reached.
-Very low targets (< ~22) are often unreachable by this greedy removal; the puzzle then keeps the
+Very low targets are often unreachable by this greedy removal; the puzzle then keeps the
 fewest givens it reached, so always report `givens_distribution` of what was generated.
 
 Pure Python (the search is branchy; numpy does not help). Fewer givens cost more: each removal tried is
@@ -115,8 +115,9 @@ def solve(puzzle: Sequence[int]) -> list[int] | None:
 
 def is_valid_solution(grid: Sequence[int]) -> bool:
     """Every row, column and box of a full grid is a permutation of 1-9."""
-    g = np.asarray(grid).reshape(9, 9)
+    g = np.asarray(grid).reshape(9, 9)  # (81,) → (9, 9)
     want = np.arange(1, 10)
+    # (box row, row in box, box column, column in box) → (box, cell in box) = (9, 9)
     boxes = g.reshape(3, 3, 3, 3).transpose(0, 2, 1, 3).reshape(9, 9)
     return all((np.sort(block, axis=1) == want).all() for block in (g, g.T, boxes))
 
@@ -193,7 +194,7 @@ DIGITS = [str(d) for d in range(1, 10)]  # label names: label k is digit k + 1
 def to_dataset(puzzles: np.ndarray, solutions: np.ndarray) -> Dataset:
     """(N, 81) puzzles (0 = blank) and solutions → a token-classification `Dataset`: `input_ids` (the 81 cells),
     `labels` (solution digit − 1 on blank cells, −100 on given cells; a `ClassLabel` of the digits, as a NER
-    dataset's tags) and `givens` (count of given cells). Built as Arrow columns: 100k puzzles in well under 1 s.
+    dataset's tags) and `givens` (count of given cells). Built as Arrow columns (no Python object per puzzle).
     """
     puzzles, solutions = np.asarray(puzzles, np.uint8), np.asarray(solutions, np.uint8)
     labels = np.where(puzzles == 0, solutions.astype(np.int64) - 1, -100)  # loss on blanks only
@@ -204,6 +205,7 @@ def to_dataset(puzzles: np.ndarray, solutions: np.ndarray) -> Dataset:
             "givens": Value("int16"),
         }
     )
+    # (N, 81) → (N·81,), regrouped into 81-cell lists
     table = pa.table(
         {
             "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(puzzles.reshape(-1).astype(np.int8)), 81),
@@ -257,7 +259,7 @@ def random_symmetry(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     if rng.random() < 0.5:
         cells = cells.T
     digits = np.concatenate([[0], 1 + rng.permutation(9)])  # (10,): old digit -> new digit
-    return cells.reshape(81), digits
+    return cells.reshape(81), digits  # cells (9, 9) → (81,)
 
 
 def augment(

@@ -103,6 +103,8 @@ class OfficialSource:
 
     # --- official config ---
     def normalise_kwargs(self, raw: dict[str, Any], where: str = "official config") -> dict[str, Any]:
+        """Every `spec` argument, from `raw` or its default, then `check_kwargs`; `ConversionError` for an unknown
+        or missing one."""
         unknown = [key for key in raw if key not in self.spec and key not in self.ignored]
         if unknown:
             raise ConversionError(
@@ -132,6 +134,7 @@ class OfficialSource:
         raise NotImplementedError
 
     def check_state(self, state: dict[str, torch.Tensor], kwargs: dict[str, Any], what: str) -> None:
+        """`ConversionError` unless `state` has exactly `layout(kwargs)`'s keys and shapes, in floating point."""
         layout = self.layout(kwargs)
         problems = []
         for key, tensor in state.items():
@@ -154,12 +157,15 @@ class OfficialSource:
 
     # --- configs ---
     def config(self, kwargs: dict[str, Any]) -> PreTrainedConfig:
+        """Our config for the official `kwargs`; `NotExpressible` for a structure our model lacks."""
         raise NotImplementedError
 
     def kwargs_from_config(self, config: PreTrainedConfig) -> dict[str, Any]:
+        """The official constructor kwargs of `config`: the reverse of `config()`."""
         raise NotImplementedError
 
     def structure_notes(self, kwargs: dict[str, Any]) -> list[str]:
+        """Lines for the conversion record on how the official structure maps onto our config."""
         return []
 
     # --- weights (float64 in, float64 out) ---
@@ -172,6 +178,7 @@ class OfficialSource:
         return {}
 
     def to_ours(self, state: dict[str, torch.Tensor], kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Our state_dict from the official `state`: `layout`'s plain copies plus `derive`'s tensors."""
         ours = {our: state[key] for key, (_, our) in self.layout(kwargs).items() if our is not None}
         ours.update(self.derive(state, kwargs))
         return ours
@@ -184,6 +191,8 @@ class OfficialSource:
     def to_official(
         self, ours: dict[str, torch.Tensor], config: PreTrainedConfig
     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The canonical official state_dict (`layout`'s keys, in order) and constructor kwargs for our `ours` and
+        `config`, with the kept training-only kwargs."""
         kwargs = self.kwargs_from_config(config)
         kept = getattr(config, KEPT_KWARGS, None) or {}
         kwargs.update({key: kept[key] for key in self.training_only if key in kept})
@@ -196,14 +205,17 @@ class OfficialSource:
     def official_logits(
         self, state: dict[str, torch.Tensor], kwargs: dict[str, Any], inputs: torch.Tensor, dtype: torch.dtype
     ) -> torch.Tensor:
+        """The official model's logits on `inputs`: its forward re-implemented on `state` in `dtype`."""
         raise NotImplementedError
 
     def example_inputs(self, kwargs: dict[str, Any]) -> torch.Tensor:
+        """A seeded input of the official model's kind and size, for checks without the authors' reference input."""
         generator = torch.Generator().manual_seed(0)
         size = kwargs["img_size"]
         return torch.randn(2, kwargs.get("in_chans", 3), size, size, generator=generator)
 
     def model_logits(self, model: PreTrainedModel, inputs: torch.Tensor) -> torch.Tensor:
+        """Our `model`'s logits on `inputs` (those `official_logits` takes), without gradients."""
         dtype = next(model.parameters()).dtype
         with torch.no_grad():
             return model(inputs.to(dtype)).logits
@@ -211,6 +223,7 @@ class OfficialSource:
     def processor(
         self, config: PreTrainedConfig, mean: list[float], std: list[float]
     ) -> ProcessorLike | None:
+        """The image processor or tokenizer saved with the converted folder; None: none is saved."""
         return None
 
     def processor_note(self, kwargs: dict[str, Any]) -> str:
@@ -218,6 +231,7 @@ class OfficialSource:
         return "Tokenizer: one token per cell, digits 0-9 (0 = blank)."
 
     def reference_input_key(self) -> str:
+        """The fixture key of the reference input: `reference_input`, else the default for `input_kind`."""
         if self.reference_input is not None:
             return self.reference_input
         return "golden/input/images" if self.input_kind == "image" else "golden/input/idx"

@@ -237,6 +237,7 @@ class HyperBFSource(OfficialSource):
                 ]
             )
             out[b + "attn.M"] = torch.eye(dh, dtype=tau.dtype)
+            # 0-d, as the official attn.scale: head 0's τ (the other heads' ratios to it are folded into q and k)
             out[b + "attn.scale"] = tau[0].reshape(())
             metric = ours[o + "feedforward.metric"]
             out[b + "mlp.M_RBF"] = metric.T @ metric
@@ -276,6 +277,7 @@ class HyperBFSource(OfficialSource):
         for i in range(kwargs["depth"]):
             b = f"blocks.{i}."
             y = layer_norm_of(x, p, b + "norm1", eps)
+            # (B, N, 3D) → (B, N, 3, H, dh) → (3, B, H, N, dh)
             qkv = (
                 F.linear(y, p[b + "attn.qkv.weight"])
                 .reshape(batch, tokens, 3, heads, dim // heads)
@@ -288,6 +290,7 @@ class HyperBFSource(OfficialSource):
             kmk = (k * (k @ metric)).sum(-1, keepdim=True).transpose(-2, -1)
             dists = qmq + kmk + (-2 * (q_m @ k.transpose(-2, -1)))
             attn = torch.softmax(-dists * p[b + "attn.scale"], dim=-1)
+            # (B, H, N, dh) → (B, N, H, dh) → (B, N, D)
             x = x + linear_of((attn @ v).transpose(1, 2).reshape(batch, tokens, dim), p, b + "attn.proj")
             z = layer_norm_of(x, p, b + "norm2", eps)
             rbf, centers = p[b + "mlp.M_RBF"], p[b + "mlp.centers"]

@@ -74,7 +74,7 @@ def hyperset_attention(
     n1, n2, n3 = (rms_norm_eps(w, gain) for gain in gains)
     scores = torch.einsum("bhif,bhjf->bhij", n1, n2) / math.sqrt(dh)
     probs = scores.softmax(-1) + scores.softmax(-2)
-    y = torch.einsum("bhij,bhjf->bihf", probs, n3).flatten(2)
+    y = torch.einsum("bhij,bhjf->bihf", probs, n3).flatten(2)  # (B, N, H, dh) → (B, N, d)
     return F.linear(y, weight.t())
 
 
@@ -249,6 +249,7 @@ class HyperSetICSource(OfficialSource):
         ps, eps = kwargs["img_size"] // kwargs["patch"], self.layer_norm_eps
         images = inputs.to(dtype)
         batch = images.shape[0]
+        # (B, C, H, W) → (B, C, P, P, ps, ps) → (B, P, P, ps, ps, C) → (B, P², ps·ps·C), P = kwargs["patch"]
         words = (
             images.unfold(2, ps, ps)
             .unfold(3, ps, ps)
@@ -467,6 +468,7 @@ class HyperSetSudokuSource(OfficialSource):
             out["pos_emb"] = ours["hyperset.embeddings.position_embeddings.weight"][None]
         for i in range(config.num_hidden_layers):
             out[f"blocks.{i}.attn.ln1.weight"] = ours[f"hyperset.layers.{i}.attention.qkv_gain"][0]
+            # (n, n) → (1, 1, n, n): the official causal-mask buffer
             out[f"blocks.{i}.attn.mask"] = torch.tril(torch.ones(n, n, dtype=torch.float64)).view(1, 1, n, n)
         return out
 

@@ -62,6 +62,7 @@ class IMixerSource(OfficialSource):
             raise NotExpressible(f"{where}: n_repeat={kwargs['n_repeat']}; the converter needs n >= 1")
 
     def sizes(self, kwargs: dict[str, Any]) -> tuple[int, int, int, int, int]:
+        """(D, tokens N, token-mixing width, channel-mixing width, the iMLP's hidden width) of the official kwargs."""
         dim = kwargs["embed_dim"]
         tokens = (kwargs["img_size"] // kwargs["patch_size"]) ** 2
         token_width = int(kwargs["mlp_ratio"][0] * dim)

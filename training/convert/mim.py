@@ -113,6 +113,7 @@ class HyperSetMIMSource(OfficialSource):
 
     @staticmethod
     def side(kwargs: dict[str, Any]) -> int:
+        """Side of the square code grid: img_size // GRID_DIVISOR."""
         return kwargs["img_size"] // GRID_DIVISOR
 
     def layout(self, kwargs: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str | None]]:
@@ -209,7 +210,7 @@ class HyperSetMIMSource(OfficialSource):
         """The computation order of the `hyperset_mim` fixture JSON, `inputs` `(B, side, side)` or `(B, N)` codes."""
         p = {key: value.to(dtype) for key, value in state.items()}
         d, heads, steps = kwargs["n_embd"], kwargs["head"], kwargs["n_recur"]
-        tokens = inputs.reshape(inputs.shape[0], -1)
+        tokens = inputs.reshape(inputs.shape[0], -1)  # (B, side, side) or (B, N) → (B, N)
         positions = official_board_positions(self.side(kwargs) ** 2, d)[None]  # float32, promoted when added
         x0 = F.embedding(tokens, p["tok_emb.weight"]) + positions.to(dtype)
         e = official_time_sinusoid(steps, d, dtype)
@@ -234,6 +235,7 @@ class HyperSetMIMSource(OfficialSource):
 
     def model_logits(self, model: PreTrainedModel, inputs: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
+            # (B, side, side) or (B, N) → (B, N)
             return model(input_ids=inputs.reshape(inputs.shape[0], -1)).logits
 
     def processor_note(self, kwargs: dict[str, Any]) -> str:

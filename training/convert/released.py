@@ -33,9 +33,11 @@ class ReleasedFile:
 
     @property
     def filename(self) -> str:
+        """The file name as published, without its folder in the Hub repository."""
         return Path(self.path).name
 
     def provenance(self) -> dict[str, Any]:
+        """Where `kwargs` come from, for the conversion record: the authors' repository, commit and config files."""
         return {"repo": AUTHORS_REPOSITORY, "commit": AUTHORS_CONFIG_COMMIT, "config": self.config_origin}
 
 

@@ -230,9 +230,8 @@ def taming_state_to_diffusers(
             )
         shape = expected[name]
         if len(shape) == 2 and tuple(value.shape) == (*shape, 1, 1):
-            value = value.reshape(
-                shape
-            )  # attention projection: taming's 1 × 1 conv is diffusers' linear layer
+            # (out, in, 1, 1) → (out, in): an attention projection, taming's 1 × 1 conv is diffusers' linear layer
+            value = value.reshape(shape)
         if value.shape != shape:
             wanted = (
                 (*shape, 1, 1) if len(shape) == 2 and value.ndim == 4 else tuple(shape)
