@@ -348,7 +348,8 @@ def _build_sudoku_hard() -> DatasetDict:
     keep = (givens >= SUDOKU_HARD_GIVENS[0]) & (givens <= SUDOKU_HARD_GIVENS[1]) & _valid_solutions(solution)
     puzzles = np.where(mask, solution, 0).astype(np.uint8)[keep]
     solution = solution[keep]
-    _, first = np.unique(puzzles.view("V81").ravel(), return_index=True)  # repeated puzzles, dropped
+    # (N, 81) uint8 seen as (N, 1) 81-byte records → (N,): one comparable value per puzzle; repeats dropped
+    _, first = np.unique(puzzles.view("V81").ravel(), return_index=True)
     first.sort()
     puzzles, solution = puzzles[first], solution[first]
     order = np.random.default_rng(0).permutation(len(puzzles))

@@ -10,8 +10,7 @@ Very low targets are often unreachable by this greedy removal; the puzzle then k
 fewest givens it reached, so always report `givens_distribution` of what was generated.
 
 Pure Python (the search is branchy; numpy does not help). Fewer givens cost more: each removal tried is
-another uniqueness proof, and the searches grow as blanks accumulate; docs/training.md ("Datasets") gives the
-measured rates.
+another uniqueness proof, and the searches grow as blanks accumulate.
 """
 
 from __future__ import annotations
