@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -666,21 +666,23 @@ _DIVERGENCE_PATIENCE = 5
 
 @dataclass(frozen=True)
 class _FixedPointSettings:
-    """Solver and gradient of one forward's fixed-point solves: the config's, with the call's overrides."""
+    """Solver and gradient of one forward's fixed-point solves: the config's, with the call's overrides. No field
+    has a default: `of` builds them from the config, so the defaults live in IMixerConfig alone."""
 
     iterations: int
-    solver: str = "unrolled"
-    tolerance: float = 1e-4
-    gradient: str = "unrolled"
-    anderson_memory: int = 5
-    anderson_damping: float = 1.0
-    phantom_steps: int = 1
-    phantom_damping: float = 1.0
+    solver: str
+    tolerance: float
+    gradient: str
+    anderson_memory: int
+    anderson_damping: float
+    phantom_steps: int
+    phantom_damping: float
 
     @classmethod
     def of(
         cls, config: IMixerConfig, iterations: int, **overrides: str | float | None
     ) -> _FixedPointSettings:
+        """`config`'s settings with `iterations` steps; an override that is None keeps the config's value."""
         values = dict(
             solver=config.fixed_point_solver,
             tolerance=config.fixed_point_tolerance,
@@ -954,6 +956,7 @@ class IMixerTokenMixing(nn.Module):
                 self.norm_sn2 = nn.BatchNorm1d(width)
         self.fc2 = nn.Linear(width, num_tokens)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.config_settings = _FixedPointSettings.of(config, config.fixed_point_iterations)
 
     def spectral_layers(self) -> tuple[nn.Linear, ...]:
         """F's linear layers when they are spectrally normalised (n > 0, `contractive_normalization="spectral"`)."""
@@ -1024,7 +1027,9 @@ class IMixerTokenMixing(nn.Module):
         output_diagnostics: bool = False,
         settings: _FixedPointSettings | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
-        settings = _FixedPointSettings(fixed_point_iterations) if settings is None else settings
+        # called on its own, without a model forward's per-call settings: the config's, as that forward's
+        if settings is None:
+            settings = replace(self.config_settings, iterations=fixed_point_iterations)
         # tokens: (B, D, S), token axis last so every Linear mixes tokens with one matmul
         start = self.fc1(tokens)  # (B, D, D_S): G(t), no activation yet
         state, record = start, _SolveRecord(output_diagnostics)
