@@ -257,7 +257,7 @@ def eager_attention_forward(
     functions: the reference and the maps-returning path of every standard softmax attention here (HyperBF's, whose
     distances become a per-key bias in the mask, and the looped baseline's).
 
-    query/key/value: (B, H, N, d); attention_mask: additive, broadcastable to (B, H, N, N). Output: (B, N, H, d).
+    query/key/value: (B, H, N, d_h); attention_mask: additive, broadcastable to (B, H, N, N). Output: (B, N, H, d_h).
     """
     # q is scaled before the product, transformers' eager functions scale the product: the same value, rounded
     # differently unless `scaling` is a power of two (this order is the looped baseline's, HyperBF passes 1)
@@ -269,7 +269,7 @@ def eager_attention_forward(
         query.dtype
     )
     weights = F.dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, H, N, d) -> (B, N, H, d)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, H, N, d_h) → (B, N, H, d_h)
     return output, weights
 
 
@@ -509,17 +509,17 @@ def pool_tokens(
 def interpolate_positions(
     positions: torch.Tensor, grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int
 ) -> torch.Tensor:
-    """A position table `(1, P + gh·gw, D)` of P prefix tokens and a gh×gw patch grid (`grid`), its patch part
-    resampled bicubically to `new_grid` (h, w): the `interpolate_pos_encoding` of ViT, for images of another
+    """A position table `(1, P + Hp·Wp, D)` of P prefix tokens and an Hp×Wp patch grid (`grid`), its patch part
+    resampled bicubically to `new_grid` (Hp', Wp'): the `interpolate_pos_encoding` of ViT, for images of another
     resolution. The prefix tokens keep their positions; the native grid returns `positions` itself."""
     if tuple(new_grid) == tuple(grid):
         return positions
     dim = positions.shape[-1]
     prefix, patches = positions[:, :num_prefix_tokens], positions[:, num_prefix_tokens:]
-    patches = patches.reshape(1, grid[0], grid[1], dim).permute(0, 3, 1, 2)  # (1, gh·gw, D) → (1, D, gh, gw)
-    # (1, D, gh, gw) → (1, D, h, w)
+    patches = patches.reshape(1, grid[0], grid[1], dim).permute(0, 3, 1, 2)  # (1, Hp·Wp, D) → (1, D, Hp, Wp)
+    # (1, D, Hp, Wp) → (1, D, Hp', Wp')
     patches = F.interpolate(patches, size=tuple(new_grid), mode="bicubic", align_corners=False)
-    # (1, D, h, w) → (1, h·w, D)
+    # (1, D, Hp', Wp') → (1, Hp'·Wp', D)
     patches = patches.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim)
     return torch.cat((prefix, patches), dim=1)
 
@@ -1822,6 +1822,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             used[active] += 1
             if criterion == "state":
                 weights = tokens.unsqueeze(-1).to(updated.dtype)  # padded tokens do not count
+                # (A, N, d) → (A, N·d) → (A,): one relative change per active sample
                 change = ((updated - current) * weights).flatten(1).norm(dim=1)
                 change = change / (current * weights).flatten(1).norm(dim=1).clamp_min(
                     torch.finfo(change.dtype).tiny
@@ -2231,7 +2232,7 @@ def sudoku_boards_valid(input_ids: torch.Tensor, logits: torch.Tensor) -> torch.
     boxes = board.view(-1, 3, 3, 3, 3).transpose(2, 3).reshape(-1, 9, 9)  # (B, box, cell of the box)
     groups = torch.cat([board, board.transpose(1, 2), boxes], dim=1)  # (B, 27, 9): rows, columns, boxes
     counts = F.one_hot(groups - 1, 9).sum(-2)  # (B, 27, 9): how often each digit occurs in each group
-    return (counts == 1).flatten(1).all(-1)
+    return (counts == 1).flatten(1).all(-1)  # (B, 27, 9) → (B, 243) → (B,)
 
 
 def _check_sudoku(head: PreTrainedModel, backbone_inputs: dict) -> torch.Tensor:
@@ -2334,7 +2335,8 @@ def classify_with_search(
         generator = torch.Generator(device)
         generator.manual_seed(int(torch.randint(0, 2**62, (1,))) if seed is None else seed)
         epsilon = torch.randn(embedded.shape, generator=generator, device=device, dtype=torch.float32)
-        epsilon.view(-1, trajectories, *embedded.shape[1:])[:, 0] = 0  # trajectory 0: the plain start
+        # (B·K, N, d) seen as (B, K, N, d): trajectory 0, the plain start, gets no noise
+        epsilon.view(-1, trajectories, *embedded.shape[1:])[:, 0] = 0
         scale = embedded.detach().float().pow(2).mean(-1, keepdim=True).sqrt()  # (B·K, N, 1) per-token rms
         if keep is not None:
             scale = scale * keep[..., None]  # padded tokens stay as embedded
@@ -2346,7 +2348,7 @@ def classify_with_search(
         head, backbone, None, repeated, halting_threshold
     )
     batch = logits.shape[0] // trajectories
-    # (B·K,) → (B, K): trajectory k of sample b at b·K + k
+    # (B·K,) → (B, K), energies and confidences: trajectory k of sample b at b·K + k
     energies = None if not has_energy else outputs.final_energy.view(batch, trajectories)
     confidence = confidences(head, logits.detach(), repeated.get("attention_mask")).view(batch, trajectories)
     # the score each trajectory is ranked by, lower is better: its energy, or minus its confidence

@@ -151,7 +151,7 @@ def eager_attention_forward(
     functions: the reference and the maps-returning path of every standard softmax attention here (HyperBF's, whose
     distances become a per-key bias in the mask, and the looped baseline's).
 
-    query/key/value: (B, H, N, d); attention_mask: additive, broadcastable to (B, H, N, N). Output: (B, N, H, d).
+    query/key/value: (B, H, N, d_h); attention_mask: additive, broadcastable to (B, H, N, N). Output: (B, N, H, d_h).
     """
     # q is scaled before the product, transformers' eager functions scale the product: the same value, rounded
     # differently unless `scaling` is a power of two (this order is the looped baseline's, HyperBF passes 1)
@@ -163,7 +163,7 @@ def eager_attention_forward(
         query.dtype
     )
     weights = F.dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, H, N, d) -> (B, N, H, d)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, H, N, d_h) → (B, N, H, d_h)
     return output, weights
 
 
@@ -403,17 +403,17 @@ def pool_tokens(
 def interpolate_positions(
     positions: torch.Tensor, grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int
 ) -> torch.Tensor:
-    """A position table `(1, P + gh·gw, D)` of P prefix tokens and a gh×gw patch grid (`grid`), its patch part
-    resampled bicubically to `new_grid` (h, w): the `interpolate_pos_encoding` of ViT, for images of another
+    """A position table `(1, P + Hp·Wp, D)` of P prefix tokens and an Hp×Wp patch grid (`grid`), its patch part
+    resampled bicubically to `new_grid` (Hp', Wp'): the `interpolate_pos_encoding` of ViT, for images of another
     resolution. The prefix tokens keep their positions; the native grid returns `positions` itself."""
     if tuple(new_grid) == tuple(grid):
         return positions
     dim = positions.shape[-1]
     prefix, patches = positions[:, :num_prefix_tokens], positions[:, num_prefix_tokens:]
-    patches = patches.reshape(1, grid[0], grid[1], dim).permute(0, 3, 1, 2)  # (1, gh·gw, D) → (1, D, gh, gw)
-    # (1, D, gh, gw) → (1, D, h, w)
+    patches = patches.reshape(1, grid[0], grid[1], dim).permute(0, 3, 1, 2)  # (1, Hp·Wp, D) → (1, D, Hp, Wp)
+    # (1, D, Hp, Wp) → (1, D, Hp', Wp')
     patches = F.interpolate(patches, size=tuple(new_grid), mode="bicubic", align_corners=False)
-    # (1, D, h, w) → (1, h·w, D)
+    # (1, D, Hp', Wp') → (1, Hp'·Wp', D)
     patches = patches.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim)
     return torch.cat((prefix, patches), dim=1)
 
