@@ -546,6 +546,7 @@ class HyperBFEmbeddings(nn.Module):
         interpolate_pos_encoding: bool = False,
         position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Tokens `(B, N, D)` (images: `(B, 1 + Hp·Wp, D)`, CLS first) and `keep` `(B, N)` or None."""
         _check_inputs(self.config, pixel_values, input_ids, inputs_embeds, attention_mask)
         keep = None if attention_mask is None else attention_mask.bool()
         if pixel_values is not None:
@@ -673,6 +674,7 @@ class HyperBFAttention(nn.Module):
         keep: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`(B, N, D)` → `(B, N, D)`, the maps `(B, H, N, N)` (eager, forced by `output_attentions`) or None."""
         batch_size, seq_len, _ = hidden_states.shape
         hidden_shape = (batch_size, seq_len, self.num_heads, self.head_dim)
         query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, N, D) → (B, H, N, d_h)
@@ -828,6 +830,7 @@ class HyperBFLayer(GradientCheckpointingLayer):
         output_attentions: bool = False,
         output_center_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """`(B, N, D)` → `(B, N, D)`, the maps and center weights `(B, N, K)` or None: one pre-norm block."""
         attended, attention_weights = self.attention(
             self.layernorm_before(hidden_states), keep, output_attentions
         )
@@ -934,23 +937,23 @@ class HyperBFModel(HyperBFPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
         inputs_embeds: torch.Tensor | None = None,
-        interpolate_pos_encoding: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_rbf_diagnostics: bool | None = None,
         output_rbf_weights: bool | None = None,
         return_dict: bool | None = None,
+        interpolate_pos_encoding: bool | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> HyperBFModelOutput | tuple:
         r"""
-        interpolate_pos_encoding (`bool`, *optional*):
-            Resample the position table for images of another resolution (a multiple of `patch_size`).
         output_rbf_diagnostics (`bool`, *optional*):
             Return `rbf_diagnostics` (`HyperBFRBFDiagnostics`): the feedforward center weights of every layer
             and the kernel widths σ of both HyperBF units.
         output_rbf_weights (`bool`, *optional*):
             The HyperBF specification's name of `output_rbf_diagnostics`, the same switch: either name set to True
             returns `rbf_diagnostics`; set both, they must agree.
+        interpolate_pos_encoding (`bool`, *optional*):
+            Resample the position table for images of another resolution (a multiple of `patch_size`).
         position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
             Sequences only: the row of the position table each token takes (None: 0..N−1). A left-padded batch
             passes `(attention_mask.cumsum(-1) - 1).clamp(min=0)`, so each real token keeps the position it has
@@ -1059,13 +1062,14 @@ class HyperBFForImageClassification(HyperBFHead):
         self,
         pixel_values: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        interpolate_pos_encoding: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_rbf_diagnostics: bool | None = None,
         output_rbf_weights: bool | None = None,
         return_dict: bool | None = None,
+        interpolate_pos_encoding: bool | None = None,
     ) -> HyperBFImageClassifierOutput | tuple:
+        """Images `(B, C, H, W)` → logits `(B, num_labels)`, loss with `labels`; rest as `HyperBFModel`'s."""
         return self.classify(
             labels,
             return_dict,

@@ -671,6 +671,7 @@ class HyperSetEmbeddings(nn.Module):
         interpolate_pos_encoding: bool = False,
         position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Tokens `(B, N, d)` (images: `(B, 1 + Hp·Wp, d)`, CLS first) and `keep` `(B, N)` or None."""
         _check_inputs(self.config, pixel_values, input_ids, inputs_embeds, attention_mask)
         keep = None if attention_mask is None else attention_mask.bool()
         if pixel_values is not None:
@@ -955,6 +956,7 @@ class HyperSetRMSNorm(nn.RMSNorm):
     """
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """`(..., d)` → `(..., d)`: a half-precision input under autocast in float32, else `nn.RMSNorm`'s."""
         kind = hidden_states.device.type
         half = hidden_states.dtype in (torch.float16, torch.bfloat16)
         if half and torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
@@ -1093,6 +1095,7 @@ class HyperSetFeedForward(nn.Module):
         self.norm = HyperSetRMSNorm(config.intermediate_size, eps=config.rms_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """`(B, N, d)` → `(B, N, d)`: the update act(n_M(Dx)) Dᵀ (softmax over the M atoms for `softmax`)."""
         projected = self.norm(self.dictionary(hidden_states))
         coefficients = projected.softmax(-1) if self.energy_kind == "softmax" else self.activation(projected)
         return F.linear(coefficients, self.dictionary.weight.t())
@@ -1157,6 +1160,7 @@ class HyperSetLinearAttention(HyperSetAttention):
         keep: torch.Tensor | None = None,
         output_attentions: bool = False,  # one implementation, which returns no maps; accepted for the layer's call
     ) -> tuple[torch.Tensor, None]:
+        """`(B, N, d)` → `(B, N, d)`: the update Wᵀ ∂E/∂z, and None for the maps."""
         batch, length, width = hidden_states.shape
         z = self.normalized_heads(hidden_states)  # (B, H, N, d_h)
         gain_q, gain_k, gain_v = self.gains()
@@ -1193,6 +1197,7 @@ class HyperSetGatedFeedForward(HyperSetFeedForward):
         self.feature_map, self.feature_map_derivative = FEATURE_MAP_FUNCTIONS[config.feature_map]
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """`(B, N, d)` → `(B, N, d)`: the update (Σ_m φ(u_m)) φ'(u) Dᵀ, u = n_M(Dx) `(B, N, M)`."""
         projected = self.norm(self.dictionary(hidden_states))  # (B, N, M)
         gate = self.feature_map(projected).sum(-1, keepdim=True)  # (B, N, 1)
         return F.linear(gate * self.feature_map_derivative(projected), self.dictionary.weight.t())
@@ -1266,6 +1271,7 @@ class HyperSetStepSizes(nn.Module):
     def forward(
         self, iteration_condition: torch.Tensor, state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(α, γ)`, each shaped as `state` `(B, N, d)`, from the condition and the state."""
         alpha, gamma = self.project(iteration_condition, state).chunk(2, dim=-1)
         return alpha, gamma
 

@@ -527,6 +527,7 @@ class IMixerEmbeddings(nn.Module):
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Tokens `(B, S, D)` and `keep` `(B, S)` (None for images)."""
         _check_inputs(self.config, pixel_values, input_ids, inputs_embeds, attention_mask)
         if pixel_values is not None:
             _check_image_size(pixel_values, self.image_size, self.config.patch_size)
@@ -654,6 +655,7 @@ class IMixerSpectralNorm(nn.Module):
         return (weight * torch.outer(self.u, self.v)).sum()
 
     def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        """The weight as used: W / max(1, σ/c), same shape as `weight`."""
         return weight / torch.clamp(self.sigma(weight) / self.coeff, min=1.0)
 
 
@@ -1027,6 +1029,7 @@ class IMixerTokenMixing(nn.Module):
         output_diagnostics: bool = False,
         settings: _FixedPointSettings | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        """`(B, D, S)` → `(B, D, S)`: fc2(act(x)), x = fc1(t) + F(x) in n steps; diagnostics or None."""
         # called on its own, without a model forward's per-call settings: the config's, as that forward's
         if settings is None:
             settings = replace(self.config_settings, iterations=fixed_point_iterations)
@@ -1147,6 +1150,7 @@ class IMixerChannelMixing(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """`(B, S, D)` → `(B, S, D)`: the channel MLP on each token."""
         return self.dropout(self.fc2(self.dropout(self.activation(self.fc1(hidden_states)))))
 
 
@@ -1177,6 +1181,7 @@ class IMixerLayer(GradientCheckpointingLayer):
         output_diagnostics: bool = False,
         settings: _FixedPointSettings | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        """`(B, S, D)` → `(B, S, D)`, the token mixer's diagnostics or None: one pre-norm Mixer block."""
         tokens = self.layernorm_before(hidden_states).transpose(1, 2)  # (B, S, D) → (B, D, S)
         mixed, diagnostics = self.token_mixing(tokens, fixed_point_iterations, output_diagnostics, settings)
         hidden_states = hidden_states + self.drop_path(mixed.transpose(1, 2))  # (B, D, S) → (B, S, D)
@@ -1486,6 +1491,7 @@ class IMixerForImageClassification(IMixerHead):
         output_fixed_point_residuals: bool | None = None,
         return_dict: bool | None = None,
     ) -> IMixerImageClassifierOutput | tuple:
+        """Images `(B, C, H, W)` → logits `(B, num_labels)`, loss with `labels`; rest as `IMixerModel`'s."""
         return self.classify(
             labels,
             return_dict,
@@ -1521,6 +1527,7 @@ class IMixerForSequenceClassification(IMixerHead):
         output_fixed_point_residuals: bool | None = None,
         return_dict: bool | None = None,
     ) -> IMixerSequenceClassifierOutput | tuple:
+        """Sequences `(B, L)` → logits `(B, num_labels)`, loss with `labels`; rest as `IMixerModel`'s."""
         return self.classify(
             labels,
             return_dict,
