@@ -1398,7 +1398,7 @@ class HyperSetPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
             initialize_embeddings(module)
 
 
-# ------------------------------------------------------------------------ depth schedule
+# --- depth schedule ---
 # How many iterations a call of a weight-tied backbone runs and which of them are differentiated: the mixin of
 # `HyperSetModel` and of the looped baseline's `LoopedTransformerModel`.
 # The values of the depth-schedule fields are read from the config class's `choices` (the looped baseline's config
@@ -1866,7 +1866,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         return attention_energy, layer.feedforward.energy(hidden_states, keep), effective_rank, average_angle
 
 
-# ------------------------------------------------------------------------ recurrent-depth heads
+# --- recurrent-depth heads ---
 # What the classification heads of Hyper-SET and of the looped baseline run around their backbone: deep
 # supervision, the supervision steps with the halting head, test-time search (`run_head`), and the head mixin.
 def supervised_iterations(
@@ -2649,7 +2649,7 @@ class HyperSetForTokenClassification(HyperSetSequenceHead):
     _output_class = HyperSetTokenClassifierOutput
 
 
-# ------------------------------------------------------------------------ masked image modelling
+# --- masked image modelling ---
 # MaskGIT's schedules (Chang et al. 2022, as `valeoai/Maskgit-pytorch` computes them, the code the authors' MIM
 # model follows): the weight w(r) of each decoding step, r running from 1 to 0 over the steps; step s unmasks a share
 # w_s / Σ w of the masked tokens. Every schedule starts near 0, so the first steps fix few tokens.

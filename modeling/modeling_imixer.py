@@ -1190,10 +1190,6 @@ class IMixerLayer(GradientCheckpointingLayer):
         return hidden_states, diagnostics
 
 
-class IMixerClassifier(nn.Linear):
-    """Linear(D, num_labels); its own class so `_init_weights` can zero it (timm's Mixer head init)."""
-
-
 def refuse_per_call_checkpointing(model: nn.Module) -> None:
     """A ValueError if a token mixer of `model` refines its σ estimates with `spectral_norm_schedule="per_call"`:
     every application of F runs power steps first, so the recompute of a checkpointed block would run them again
@@ -1429,6 +1425,10 @@ class IMixerModel(IMixerPreTrainedModel):
             fixed_point_residuals=fixed_point_residuals,
         )
         return output if return_dict else output.to_tuple()
+
+
+class IMixerClassifier(nn.Linear):
+    """Linear(D, num_labels); its own class so `_init_weights` can zero it (timm's Mixer head init)."""
 
 
 class IMixerHead(IMixerPreTrainedModel):

@@ -403,7 +403,7 @@ class LoopedTransformerForTokenClassification(LoopedTransformerSequenceHead):
     _output_class = LoopedTransformerTokenClassifierOutput
 
 
-# ------------------------------------------------------------------------ masked image modelling (Table 2)
+# --- masked image modelling ---
 # The baseline's head for the paper's third task, with the contract of `HyperSetForMaskedImageModeling`: code ids
 # in, logits over the codebook out; the checks, the masked cross-entropy and MaskGIT decoding are Hyper-SET's
 # (`MaskedImageModelingMixin`).
