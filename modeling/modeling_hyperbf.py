@@ -84,11 +84,15 @@ class HyperBFModelOutput(BaseModelOutputWithPooling):
 
 @dataclass
 class HyperBFImageClassifierOutput(ImageClassifierOutput):
+    """`ImageClassifierOutput` plus `rbf_diagnostics` (with `output_rbf_diagnostics=True`)."""
+
     rbf_diagnostics: HyperBFRBFDiagnostics | None = None
 
 
 @dataclass
 class HyperBFSequenceClassifierOutput(SequenceClassifierOutput):
+    """`SequenceClassifierOutput` plus `rbf_diagnostics` (with `output_rbf_diagnostics=True`)."""
+
     rbf_diagnostics: HyperBFRBFDiagnostics | None = None
 
 
@@ -879,8 +883,8 @@ class HyperBFPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     # gets both units with the bias folded into q and k and no mask
     attn_implementations = SoftmaxAttentionNames()
 
-    # `with model.cached_centers():` reuses what the centers give across no-grad eval forwards (`reusing_centers`)
     def cached_centers(self) -> contextlib.AbstractContextManager[None]:
+        """`with model.cached_centers():` no-grad eval forwards reuse what the centers give (`reusing_centers`)."""
         return reusing_centers(self)
 
     @torch.no_grad()

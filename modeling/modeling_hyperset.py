@@ -98,19 +98,19 @@ class HyperSetHeadOutput(ModelOutput):
 
 @dataclass
 class HyperSetImageClassifierOutput(RecurrentDepthHeadOutput, HyperSetHeadOutput, ImageClassifierOutput):
-    pass
+    """`ImageClassifierOutput` plus the recurrent-depth and Hyper-SET fields (`HyperSetHead.classify`)."""
 
 
 @dataclass
 class HyperSetSequenceClassifierOutput(
     RecurrentDepthHeadOutput, HyperSetHeadOutput, SequenceClassifierOutput
 ):
-    pass
+    """`SequenceClassifierOutput` plus the recurrent-depth and Hyper-SET fields (`HyperSetHead.classify`)."""
 
 
 @dataclass
 class HyperSetTokenClassifierOutput(RecurrentDepthHeadOutput, HyperSetHeadOutput, TokenClassifierOutput):
-    pass
+    """`TokenClassifierOutput` plus the recurrent-depth and Hyper-SET fields (`HyperSetHead.classify`)."""
 
 
 @dataclass
@@ -2743,6 +2743,7 @@ class MaskedImageModelingMixin:
 
     @property
     def mask_token_id(self) -> int:
+        """The id of [MASK] in `input_ids`: K, one past the last code."""
         return self.codebook_size
 
     @torch.no_grad()

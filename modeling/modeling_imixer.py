@@ -79,11 +79,15 @@ class IMixerModelOutput(BaseModelOutputWithPooling):
 
 @dataclass
 class IMixerImageClassifierOutput(ImageClassifierOutput):
+    """`ImageClassifierOutput` plus `fixed_point_residuals` (with `output_fixed_point_residuals=True`)."""
+
     fixed_point_residuals: IMixerFixedPointDiagnostics | None = None
 
 
 @dataclass
 class IMixerSequenceClassifierOutput(SequenceClassifierOutput):
+    """`SequenceClassifierOutput` plus `fixed_point_residuals` (with `output_fixed_point_residuals=True`)."""
+
     fixed_point_residuals: IMixerFixedPointDiagnostics | None = None
 
 
@@ -649,6 +653,7 @@ class IMixerSpectralNorm(nn.Module):
         return last is not None and last == self._fingerprint(weight)
 
     def sigma(self, weight: torch.Tensor) -> torch.Tensor:
+        """σ = uᵀWv of `weight` with the current u, v: the 0-d estimate, differentiable in W."""
         # Σ_ij u_i W_ij v_j elementwise: BLAS gemv (torch.mv) rounds differently for differently aligned
         # buffers (safetensors loads are not 64-byte aligned), and eval outputs must match bit for bit after
         # save → load. The product also copies u, v, which a later training forward updates in place.

@@ -60,17 +60,17 @@ from .modeling_hyperset import (
 # Hyper-SET's (`RecurrentDepthHeadOutput`, documented in `HyperSetHead.classify`)
 @dataclass
 class LoopedTransformerImageClassifierOutput(RecurrentDepthHeadOutput, ImageClassifierOutput):
-    pass
+    """`ImageClassifierOutput` plus the supervision-step and search fields (`RecurrentDepthHeadOutput`)."""
 
 
 @dataclass
 class LoopedTransformerSequenceClassifierOutput(RecurrentDepthHeadOutput, SequenceClassifierOutput):
-    pass
+    """`SequenceClassifierOutput` plus the supervision-step and search fields (`RecurrentDepthHeadOutput`)."""
 
 
 @dataclass
 class LoopedTransformerTokenClassifierOutput(RecurrentDepthHeadOutput, TokenClassifierOutput):
-    pass
+    """`TokenClassifierOutput` plus the supervision-step and search fields (`RecurrentDepthHeadOutput`)."""
 
 
 class LoopedTransformerAttention(nn.Module):
