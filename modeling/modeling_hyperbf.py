@@ -84,11 +84,15 @@ class HyperBFModelOutput(BaseModelOutputWithPooling):
 
 @dataclass
 class HyperBFImageClassifierOutput(ImageClassifierOutput):
+    """`ImageClassifierOutput` plus `rbf_diagnostics` (with `output_rbf_diagnostics=True`)."""
+
     rbf_diagnostics: HyperBFRBFDiagnostics | None = None
 
 
 @dataclass
 class HyperBFSequenceClassifierOutput(SequenceClassifierOutput):
+    """`SequenceClassifierOutput` plus `rbf_diagnostics` (with `output_rbf_diagnostics=True`)."""
+
     rbf_diagnostics: HyperBFRBFDiagnostics | None = None
 
 
@@ -156,7 +160,7 @@ def eager_attention_forward(
     functions: the reference and the maps-returning path of every standard softmax attention here (HyperBF's, whose
     distances become a per-key bias in the mask, and the looped baseline's).
 
-    query/key/value: (B, H, N, d); attention_mask: additive, broadcastable to (B, H, N, N). Output: (B, N, H, d).
+    query/key/value: (B, H, N, d_h); attention_mask: additive, broadcastable to (B, H, N, N). Output: (B, N, H, d_h).
     """
     # q is scaled before the product, transformers' eager functions scale the product: the same value, rounded
     # differently unless `scaling` is a power of two (this order is the looped baseline's, HyperBF passes 1)
@@ -168,7 +172,7 @@ def eager_attention_forward(
         query.dtype
     )
     weights = F.dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, H, N, d) -> (B, N, H, d)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, H, N, d_h) → (B, N, H, d_h)
     return output, weights
 
 
@@ -408,17 +412,17 @@ def pool_tokens(
 def interpolate_positions(
     positions: torch.Tensor, grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int
 ) -> torch.Tensor:
-    """A position table `(1, P + gh·gw, D)` of P prefix tokens and a gh×gw patch grid (`grid`), its patch part
-    resampled bicubically to `new_grid` (h, w): the `interpolate_pos_encoding` of ViT, for images of another
+    """A position table `(1, P + Hp·Wp, D)` of P prefix tokens and an Hp×Wp patch grid (`grid`), its patch part
+    resampled bicubically to `new_grid` (Hp', Wp'): the `interpolate_pos_encoding` of ViT, for images of another
     resolution. The prefix tokens keep their positions; the native grid returns `positions` itself."""
     if tuple(new_grid) == tuple(grid):
         return positions
     dim = positions.shape[-1]
     prefix, patches = positions[:, :num_prefix_tokens], positions[:, num_prefix_tokens:]
-    patches = patches.reshape(1, grid[0], grid[1], dim).permute(0, 3, 1, 2)  # (1, gh·gw, D) → (1, D, gh, gw)
-    # (1, D, gh, gw) → (1, D, h, w)
+    patches = patches.reshape(1, grid[0], grid[1], dim).permute(0, 3, 1, 2)  # (1, Hp·Wp, D) → (1, D, Hp, Wp)
+    # (1, D, Hp, Wp) → (1, D, Hp', Wp')
     patches = F.interpolate(patches, size=tuple(new_grid), mode="bicubic", align_corners=False)
-    # (1, D, h, w) → (1, h·w, D)
+    # (1, D, Hp', Wp') → (1, Hp'·Wp', D)
     patches = patches.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim)
     return torch.cat((prefix, patches), dim=1)
 
@@ -546,6 +550,7 @@ class HyperBFEmbeddings(nn.Module):
         interpolate_pos_encoding: bool = False,
         position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Tokens `(B, N, D)` (images: `(B, 1 + Hp·Wp, D)`, CLS first) and `keep` `(B, N)` or None."""
         _check_inputs(self.config, pixel_values, input_ids, inputs_embeds, attention_mask)
         keep = None if attention_mask is None else attention_mask.bool()
         if pixel_values is not None:
@@ -553,7 +558,7 @@ class HyperBFEmbeddings(nn.Module):
             _check_image_size(pixel_values, self.image_size, self.config.patch_size, interpolate_pos_encoding)
             height, width = pixel_values.shape[-2:]
             tokens = self.projection(pixel_values.to(self.projection.weight.dtype))
-            tokens = tokens.flatten(2).transpose(1, 2)  # (B, D, H/p, W/p) → (B, N, D)
+            tokens = tokens.flatten(2).transpose(1, 2)  # (B, D, Hp, Wp) → (B, N, D)
             # (B, 1 + N, D)
             tokens = torch.cat((self.cls_token.expand(tokens.shape[0], -1, -1), tokens), dim=1)
             positions = self.interpolate_pos_encoding(height, width)
@@ -635,7 +640,7 @@ class HyperBFAttention(nn.Module):
         keep: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """softmax_j(−τ_h‖q_i − k_j‖²) v_j for per-head (B, H, N, d) tensors -> ((B, N, H, d), maps or None).
+        """softmax_j(−τ_h‖q_i − k_j‖²) v_j for per-head (B, H, N, d_h) tensors → ((B, N, H, d_h), maps or None).
 
         `eager` (and any call that returns the maps) is the reference: the per-key bias −τ‖k_j‖² enters as an
         additive (B, H, 1, N) float mask. Every other implementation gets the bias folded into one extra head
@@ -647,17 +652,17 @@ class HyperBFAttention(nn.Module):
         if output_attentions or implementation in (None, "eager"):
             key_bias = -tau * key.pow(2).sum(-1).unsqueeze(-2)  # (B, H, 1, N)
             if keep is not None:
-                # (B, N) bool, True = real token -> (B, 1, 1, N)
+                # (B, N) bool, True = real token → (B, 1, 1, N)
                 key_bias = key_bias.masked_fill(~keep[:, None, None, :], torch.finfo(key_bias.dtype).min)
             return eager_attention_forward(self, query * (2 * tau), key, value, key_bias, dropout=dropout)
 
         key_bias = -tau * key.pow(2).sum(-1, keepdim=True)  # (B, H, N, 1)
         if keep is not None:
-            # (B, N) bool, True = real token -> (B, 1, N, 1); a finite bias keeps fully padded rows NaN-free
+            # (B, N) bool, True = real token → (B, 1, N, 1); a finite bias keeps fully padded rows NaN-free
             key_bias = key_bias.masked_fill(~keep[:, None, :, None], _padded_key_bias(key.dtype))
         width = _folded_width(self.head_dim + 1, self.head_dim)
         query, key = _fold_bias(query * (2 * tau), key, key_bias, width)  # (B, H, N, width) each
-        # (B, H, N, d) -> (B, H, N, width): flash kernels want v as wide as q and k
+        # (B, H, N, d_h) → (B, H, N, width): flash kernels want v as wide as q and k
         value = F.pad(value, (0, width - self.head_dim))
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             implementation, eager_attention_forward
@@ -665,7 +670,7 @@ class HyperBFAttention(nn.Module):
         output, _ = attention_interface(
             self, query, key, value, None, scaling=1.0, dropout=dropout, is_causal=False
         )
-        return output[..., : self.head_dim], None  # (B, N, H, width) -> (B, N, H, d)
+        return output[..., : self.head_dim], None  # (B, N, H, width) → (B, N, H, d_h)
 
     def forward(
         self,
@@ -673,14 +678,15 @@ class HyperBFAttention(nn.Module):
         keep: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`(B, N, D)` → `(B, N, D)`, the maps `(B, H, N, N)` (eager, forced by `output_attentions`) or None."""
         batch_size, seq_len, _ = hidden_states.shape
         hidden_shape = (batch_size, seq_len, self.num_heads, self.head_dim)
-        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, N, D) -> (B, H, N, d)
-        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, N, D) -> (B, H, N, d)
-        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, N, D) -> (B, H, N, d)
+        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, N, D) → (B, H, N, d_h)
+        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, N, D) → (B, H, N, d_h)
+        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, N, D) → (B, H, N, d_h)
 
         output, weights = self.attend(query, key, value, keep, output_attentions)
-        output = output.reshape(batch_size, seq_len, -1)  # (B, N, H, d) -> (B, N, D)
+        output = output.reshape(batch_size, seq_len, -1)  # (B, N, H, d_h) → (B, N, D)
         return self.o_proj(output), weights
 
 
@@ -755,7 +761,7 @@ class HyperBFFeedForward(nn.Module):
             sq_dist = (partial + flat.pow(2).sum(-1, keepdim=True)).clamp_min(0.0)  # (B·N, K)
             logits = -0.5 * sq_dist * torch.exp(-2.0 * self.log_sigma)  # −d²/(2σ²), always <= 0
             weights = F.softmax(logits, dim=-1) if self.kernel == "normalized" else torch.exp(logits)
-        return weights.reshape(*projected.shape[:-1], -1)
+        return weights.reshape(*projected.shape[:-1], -1)  # (B·N, K) → (..., K), the input's leading axes
 
     def folded_centers(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (K, w) and values (K, w) of the normalized kernel as attention with the bias folded in.
@@ -775,7 +781,7 @@ class HyperBFFeedForward(nn.Module):
             key_columns.append(-scale)
         width = self.folded_width
         keys = _concat_padded(key_columns, width).to(dtype)  # (K, w)
-        # (D, K) -> (K, D) -> (K, w)
+        # (D, K) → (K, D) → (K, w)
         values = F.pad(self.values.weight.t(), (0, width - self.values.out_features)).to(dtype)
         return keys, values
 
@@ -796,11 +802,11 @@ class HyperBFFeedForward(nn.Module):
             query_columns.append(queries.pow(2).sum(-1, keepdim=True))
         # Every token of every sequence queries the same K centers: one attention call over B·N queries.
         width = keys.shape[-1]
-        folded = _concat_padded(query_columns, width).reshape(1, 1, -1, width)  # (..., w) -> (1, 1, B·N, w)
+        folded = _concat_padded(query_columns, width).reshape(1, 1, -1, width)  # (..., w) → (1, 1, B·N, w)
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             implementation, eager_attention_forward
         )
-        keys, values = keys[None, None], values[None, None]  # (K, w) -> (1, 1, K, w)
+        keys, values = keys[None, None], values[None, None]  # (K, w) → (1, 1, K, w)
         # (1, B·N, 1, w)
         output, _ = attention_interface(
             self, folded, keys, values, None, scaling=1.0, dropout=0.0, is_causal=False
@@ -828,6 +834,7 @@ class HyperBFLayer(GradientCheckpointingLayer):
         output_attentions: bool = False,
         output_center_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """`(B, N, D)` → `(B, N, D)`, the maps and center weights `(B, N, K)` or None: one pre-norm block."""
         attended, attention_weights = self.attention(
             self.layernorm_before(hidden_states), keep, output_attentions
         )
@@ -876,8 +883,8 @@ class HyperBFPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     # gets both units with the bias folded into q and k and no mask
     attn_implementations = SoftmaxAttentionNames()
 
-    # `with model.cached_centers():` reuses what the centers give across no-grad eval forwards (`reusing_centers`)
     def cached_centers(self) -> contextlib.AbstractContextManager[None]:
+        """`with model.cached_centers():` no-grad eval forwards reuse what the centers give (`reusing_centers`)."""
         return reusing_centers(self)
 
     @torch.no_grad()
@@ -934,23 +941,23 @@ class HyperBFModel(HyperBFPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,  # accepted for tokenizers that emit it; unused
         inputs_embeds: torch.Tensor | None = None,
-        interpolate_pos_encoding: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_rbf_diagnostics: bool | None = None,
         output_rbf_weights: bool | None = None,
         return_dict: bool | None = None,
+        interpolate_pos_encoding: bool | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> HyperBFModelOutput | tuple:
         r"""
-        interpolate_pos_encoding (`bool`, *optional*):
-            Resample the position table for images of another resolution (a multiple of `patch_size`).
         output_rbf_diagnostics (`bool`, *optional*):
             Return `rbf_diagnostics` (`HyperBFRBFDiagnostics`): the feedforward center weights of every layer
             and the kernel widths σ of both HyperBF units.
         output_rbf_weights (`bool`, *optional*):
             The HyperBF specification's name of `output_rbf_diagnostics`, the same switch: either name set to True
             returns `rbf_diagnostics`; set both, they must agree.
+        interpolate_pos_encoding (`bool`, *optional*):
+            Resample the position table for images of another resolution (a multiple of `patch_size`).
         position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
             Sequences only: the row of the position table each token takes (None: 0..N−1). A left-padded batch
             passes `(attention_mask.cumsum(-1) - 1).clamp(min=0)`, so each real token keeps the position it has
@@ -1059,13 +1066,14 @@ class HyperBFForImageClassification(HyperBFHead):
         self,
         pixel_values: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        interpolate_pos_encoding: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_rbf_diagnostics: bool | None = None,
         output_rbf_weights: bool | None = None,
         return_dict: bool | None = None,
+        interpolate_pos_encoding: bool | None = None,
     ) -> HyperBFImageClassifierOutput | tuple:
+        """Images `(B, C, H, W)` → logits `(B, num_labels)`, loss with `labels`; rest as `HyperBFModel`'s."""
         return self.classify(
             labels,
             return_dict,

@@ -98,19 +98,19 @@ class HyperSetHeadOutput(ModelOutput):
 
 @dataclass
 class HyperSetImageClassifierOutput(RecurrentDepthHeadOutput, HyperSetHeadOutput, ImageClassifierOutput):
-    pass
+    """`ImageClassifierOutput` plus the recurrent-depth and Hyper-SET fields (`HyperSetHead.classify`)."""
 
 
 @dataclass
 class HyperSetSequenceClassifierOutput(
     RecurrentDepthHeadOutput, HyperSetHeadOutput, SequenceClassifierOutput
 ):
-    pass
+    """`SequenceClassifierOutput` plus the recurrent-depth and Hyper-SET fields (`HyperSetHead.classify`)."""
 
 
 @dataclass
 class HyperSetTokenClassifierOutput(RecurrentDepthHeadOutput, HyperSetHeadOutput, TokenClassifierOutput):
-    pass
+    """`TokenClassifierOutput` plus the recurrent-depth and Hyper-SET fields (`HyperSetHead.classify`)."""
 
 
 @dataclass
@@ -257,7 +257,7 @@ def eager_attention_forward(
     functions: the reference and the maps-returning path of every standard softmax attention here (HyperBF's, whose
     distances become a per-key bias in the mask, and the looped baseline's).
 
-    query/key/value: (B, H, N, d); attention_mask: additive, broadcastable to (B, H, N, N). Output: (B, N, H, d).
+    query/key/value: (B, H, N, d_h); attention_mask: additive, broadcastable to (B, H, N, N). Output: (B, N, H, d_h).
     """
     # q is scaled before the product, transformers' eager functions scale the product: the same value, rounded
     # differently unless `scaling` is a power of two (this order is the looped baseline's, HyperBF passes 1)
@@ -269,7 +269,7 @@ def eager_attention_forward(
         query.dtype
     )
     weights = F.dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, H, N, d) -> (B, N, H, d)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, H, N, d_h) → (B, N, H, d_h)
     return output, weights
 
 
@@ -509,17 +509,17 @@ def pool_tokens(
 def interpolate_positions(
     positions: torch.Tensor, grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int
 ) -> torch.Tensor:
-    """A position table `(1, P + gh·gw, D)` of P prefix tokens and a gh×gw patch grid (`grid`), its patch part
-    resampled bicubically to `new_grid` (h, w): the `interpolate_pos_encoding` of ViT, for images of another
+    """A position table `(1, P + Hp·Wp, D)` of P prefix tokens and an Hp×Wp patch grid (`grid`), its patch part
+    resampled bicubically to `new_grid` (Hp', Wp'): the `interpolate_pos_encoding` of ViT, for images of another
     resolution. The prefix tokens keep their positions; the native grid returns `positions` itself."""
     if tuple(new_grid) == tuple(grid):
         return positions
     dim = positions.shape[-1]
     prefix, patches = positions[:, :num_prefix_tokens], positions[:, num_prefix_tokens:]
-    patches = patches.reshape(1, grid[0], grid[1], dim).permute(0, 3, 1, 2)  # (1, gh·gw, D) → (1, D, gh, gw)
-    # (1, D, gh, gw) → (1, D, h, w)
+    patches = patches.reshape(1, grid[0], grid[1], dim).permute(0, 3, 1, 2)  # (1, Hp·Wp, D) → (1, D, Hp, Wp)
+    # (1, D, Hp, Wp) → (1, D, Hp', Wp')
     patches = F.interpolate(patches, size=tuple(new_grid), mode="bicubic", align_corners=False)
-    # (1, D, h, w) → (1, h·w, D)
+    # (1, D, Hp', Wp') → (1, Hp'·Wp', D)
     patches = patches.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim)
     return torch.cat((prefix, patches), dim=1)
 
@@ -671,6 +671,7 @@ class HyperSetEmbeddings(nn.Module):
         interpolate_pos_encoding: bool = False,
         position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Tokens `(B, N, d)` (images: `(B, 1 + Hp·Wp, d)`, CLS first) and `keep` `(B, N)` or None."""
         _check_inputs(self.config, pixel_values, input_ids, inputs_embeds, attention_mask)
         keep = None if attention_mask is None else attention_mask.bool()
         if pixel_values is not None:
@@ -955,6 +956,7 @@ class HyperSetRMSNorm(nn.RMSNorm):
     """
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """`(..., d)` → `(..., d)`: a half-precision input under autocast in float32, else `nn.RMSNorm`'s."""
         kind = hidden_states.device.type
         half = hidden_states.dtype in (torch.float16, torch.bfloat16)
         if half and torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
@@ -1093,6 +1095,7 @@ class HyperSetFeedForward(nn.Module):
         self.norm = HyperSetRMSNorm(config.intermediate_size, eps=config.rms_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """`(B, N, d)` → `(B, N, d)`: the update act(n_M(Dx)) Dᵀ (softmax over the M atoms for `softmax`)."""
         projected = self.norm(self.dictionary(hidden_states))
         coefficients = projected.softmax(-1) if self.energy_kind == "softmax" else self.activation(projected)
         return F.linear(coefficients, self.dictionary.weight.t())
@@ -1157,6 +1160,7 @@ class HyperSetLinearAttention(HyperSetAttention):
         keep: torch.Tensor | None = None,
         output_attentions: bool = False,  # one implementation, which returns no maps; accepted for the layer's call
     ) -> tuple[torch.Tensor, None]:
+        """`(B, N, d)` → `(B, N, d)`: the update Wᵀ ∂E/∂z, and None for the maps."""
         batch, length, width = hidden_states.shape
         z = self.normalized_heads(hidden_states)  # (B, H, N, d_h)
         gain_q, gain_k, gain_v = self.gains()
@@ -1193,6 +1197,7 @@ class HyperSetGatedFeedForward(HyperSetFeedForward):
         self.feature_map, self.feature_map_derivative = FEATURE_MAP_FUNCTIONS[config.feature_map]
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """`(B, N, d)` → `(B, N, d)`: the update (Σ_m φ(u_m)) φ'(u) Dᵀ, u = n_M(Dx) `(B, N, M)`."""
         projected = self.norm(self.dictionary(hidden_states))  # (B, N, M)
         gate = self.feature_map(projected).sum(-1, keepdim=True)  # (B, N, 1)
         return F.linear(gate * self.feature_map_derivative(projected), self.dictionary.weight.t())
@@ -1266,6 +1271,7 @@ class HyperSetStepSizes(nn.Module):
     def forward(
         self, iteration_condition: torch.Tensor, state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(α, γ)`, each shaped as `state` `(B, N, d)`, from the condition and the state."""
         alpha, gamma = self.project(iteration_condition, state).chunk(2, dim=-1)
         return alpha, gamma
 
@@ -1392,7 +1398,7 @@ class HyperSetPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
             initialize_embeddings(module)
 
 
-# ------------------------------------------------------------------------ depth schedule
+# --- depth schedule ---
 # How many iterations a call of a weight-tied backbone runs and which of them are differentiated: the mixin of
 # `HyperSetModel` and of the looped baseline's `LoopedTransformerModel`.
 # The values of the depth-schedule fields are read from the config class's `choices` (the looped baseline's config
@@ -1822,6 +1828,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             used[active] += 1
             if criterion == "state":
                 weights = tokens.unsqueeze(-1).to(updated.dtype)  # padded tokens do not count
+                # (A, N, d) → (A, N·d) → (A,): one relative change per active sample
                 change = ((updated - current) * weights).flatten(1).norm(dim=1)
                 change = change / (current * weights).flatten(1).norm(dim=1).clamp_min(
                     torch.finfo(change.dtype).tiny
@@ -1859,7 +1866,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         return attention_energy, layer.feedforward.energy(hidden_states, keep), effective_rank, average_angle
 
 
-# ------------------------------------------------------------------------ recurrent-depth heads
+# --- recurrent-depth heads ---
 # What the classification heads of Hyper-SET and of the looped baseline run around their backbone: deep
 # supervision, the supervision steps with the halting head, test-time search (`run_head`), and the head mixin.
 def supervised_iterations(
@@ -2231,7 +2238,7 @@ def sudoku_boards_valid(input_ids: torch.Tensor, logits: torch.Tensor) -> torch.
     boxes = board.view(-1, 3, 3, 3, 3).transpose(2, 3).reshape(-1, 9, 9)  # (B, box, cell of the box)
     groups = torch.cat([board, board.transpose(1, 2), boxes], dim=1)  # (B, 27, 9): rows, columns, boxes
     counts = F.one_hot(groups - 1, 9).sum(-2)  # (B, 27, 9): how often each digit occurs in each group
-    return (counts == 1).flatten(1).all(-1)
+    return (counts == 1).flatten(1).all(-1)  # (B, 27, 9) → (B, 243) → (B,)
 
 
 def _check_sudoku(head: PreTrainedModel, backbone_inputs: dict) -> torch.Tensor:
@@ -2334,7 +2341,8 @@ def classify_with_search(
         generator = torch.Generator(device)
         generator.manual_seed(int(torch.randint(0, 2**62, (1,))) if seed is None else seed)
         epsilon = torch.randn(embedded.shape, generator=generator, device=device, dtype=torch.float32)
-        epsilon.view(-1, trajectories, *embedded.shape[1:])[:, 0] = 0  # trajectory 0: the plain start
+        # (B·K, N, d) seen as (B, K, N, d): trajectory 0, the plain start, gets no noise
+        epsilon.view(-1, trajectories, *embedded.shape[1:])[:, 0] = 0
         scale = embedded.detach().float().pow(2).mean(-1, keepdim=True).sqrt()  # (B·K, N, 1) per-token rms
         if keep is not None:
             scale = scale * keep[..., None]  # padded tokens stay as embedded
@@ -2346,7 +2354,7 @@ def classify_with_search(
         head, backbone, None, repeated, halting_threshold
     )
     batch = logits.shape[0] // trajectories
-    # (B·K,) → (B, K): trajectory k of sample b at b·K + k
+    # (B·K,) → (B, K), energies and confidences: trajectory k of sample b at b·K + k
     energies = None if not has_energy else outputs.final_energy.view(batch, trajectories)
     confidence = confidences(head, logits.detach(), repeated.get("attention_mask")).view(batch, trajectories)
     # the score each trajectory is ranked by, lower is better: its energy, or minus its confidence
@@ -2641,7 +2649,7 @@ class HyperSetForTokenClassification(HyperSetSequenceHead):
     _output_class = HyperSetTokenClassifierOutput
 
 
-# ------------------------------------------------------------------------ masked image modelling
+# --- masked image modelling ---
 # MaskGIT's schedules (Chang et al. 2022, as `valeoai/Maskgit-pytorch` computes them, the code the authors' MIM
 # model follows): the weight w(r) of each decoding step, r running from 1 to 0 over the steps; step s unmasks a share
 # w_s / Σ w of the masked tokens. Every schedule starts near 0, so the first steps fix few tokens.
@@ -2735,6 +2743,7 @@ class MaskedImageModelingMixin:
 
     @property
     def mask_token_id(self) -> int:
+        """The id of [MASK] in `input_ids`: K, one past the last code."""
         return self.codebook_size
 
     @torch.no_grad()

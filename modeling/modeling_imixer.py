@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -79,11 +79,15 @@ class IMixerModelOutput(BaseModelOutputWithPooling):
 
 @dataclass
 class IMixerImageClassifierOutput(ImageClassifierOutput):
+    """`ImageClassifierOutput` plus `fixed_point_residuals` (with `output_fixed_point_residuals=True`)."""
+
     fixed_point_residuals: IMixerFixedPointDiagnostics | None = None
 
 
 @dataclass
 class IMixerSequenceClassifierOutput(SequenceClassifierOutput):
+    """`SequenceClassifierOutput` plus `fixed_point_residuals` (with `output_fixed_point_residuals=True`)."""
+
     fixed_point_residuals: IMixerFixedPointDiagnostics | None = None
 
 
@@ -151,7 +155,7 @@ def eager_attention_forward(
     functions: the reference and the maps-returning path of every standard softmax attention here (HyperBF's, whose
     distances become a per-key bias in the mask, and the looped baseline's).
 
-    query/key/value: (B, H, N, d); attention_mask: additive, broadcastable to (B, H, N, N). Output: (B, N, H, d).
+    query/key/value: (B, H, N, d_h); attention_mask: additive, broadcastable to (B, H, N, N). Output: (B, N, H, d_h).
     """
     # q is scaled before the product, transformers' eager functions scale the product: the same value, rounded
     # differently unless `scaling` is a power of two (this order is the looped baseline's, HyperBF passes 1)
@@ -163,7 +167,7 @@ def eager_attention_forward(
         query.dtype
     )
     weights = F.dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, H, N, d) -> (B, N, H, d)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, H, N, d_h) → (B, N, H, d_h)
     return output, weights
 
 
@@ -403,17 +407,17 @@ def pool_tokens(
 def interpolate_positions(
     positions: torch.Tensor, grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int
 ) -> torch.Tensor:
-    """A position table `(1, P + gh·gw, D)` of P prefix tokens and a gh×gw patch grid (`grid`), its patch part
-    resampled bicubically to `new_grid` (h, w): the `interpolate_pos_encoding` of ViT, for images of another
+    """A position table `(1, P + Hp·Wp, D)` of P prefix tokens and an Hp×Wp patch grid (`grid`), its patch part
+    resampled bicubically to `new_grid` (Hp', Wp'): the `interpolate_pos_encoding` of ViT, for images of another
     resolution. The prefix tokens keep their positions; the native grid returns `positions` itself."""
     if tuple(new_grid) == tuple(grid):
         return positions
     dim = positions.shape[-1]
     prefix, patches = positions[:, :num_prefix_tokens], positions[:, num_prefix_tokens:]
-    patches = patches.reshape(1, grid[0], grid[1], dim).permute(0, 3, 1, 2)  # (1, gh·gw, D) → (1, D, gh, gw)
-    # (1, D, gh, gw) → (1, D, h, w)
+    patches = patches.reshape(1, grid[0], grid[1], dim).permute(0, 3, 1, 2)  # (1, Hp·Wp, D) → (1, D, Hp, Wp)
+    # (1, D, Hp, Wp) → (1, D, Hp', Wp')
     patches = F.interpolate(patches, size=tuple(new_grid), mode="bicubic", align_corners=False)
-    # (1, D, h, w) → (1, h·w, D)
+    # (1, D, Hp', Wp') → (1, Hp'·Wp', D)
     patches = patches.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim)
     return torch.cat((prefix, patches), dim=1)
 
@@ -527,6 +531,7 @@ class IMixerEmbeddings(nn.Module):
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Tokens `(B, S, D)` and `keep` `(B, S)` (None for images)."""
         _check_inputs(self.config, pixel_values, input_ids, inputs_embeds, attention_mask)
         if pixel_values is not None:
             _check_image_size(pixel_values, self.image_size, self.config.patch_size)
@@ -648,12 +653,14 @@ class IMixerSpectralNorm(nn.Module):
         return last is not None and last == self._fingerprint(weight)
 
     def sigma(self, weight: torch.Tensor) -> torch.Tensor:
+        """σ = uᵀWv of `weight` with the current u, v: the 0-d estimate, differentiable in W."""
         # Σ_ij u_i W_ij v_j elementwise: BLAS gemv (torch.mv) rounds differently for differently aligned
         # buffers (safetensors loads are not 64-byte aligned), and eval outputs must match bit for bit after
         # save → load. The product also copies u, v, which a later training forward updates in place.
         return (weight * torch.outer(self.u, self.v)).sum()
 
     def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        """The weight as used: W / max(1, σ/c), same shape as `weight`."""
         return weight / torch.clamp(self.sigma(weight) / self.coeff, min=1.0)
 
 
@@ -666,21 +673,23 @@ _DIVERGENCE_PATIENCE = 5
 
 @dataclass(frozen=True)
 class _FixedPointSettings:
-    """Solver and gradient of one forward's fixed-point solves: the config's, with the call's overrides."""
+    """Solver and gradient of one forward's fixed-point solves: the config's, with the call's overrides. No field
+    has a default: `of` builds them from the config, so the defaults live in IMixerConfig alone."""
 
     iterations: int
-    solver: str = "unrolled"
-    tolerance: float = 1e-4
-    gradient: str = "unrolled"
-    anderson_memory: int = 5
-    anderson_damping: float = 1.0
-    phantom_steps: int = 1
-    phantom_damping: float = 1.0
+    solver: str
+    tolerance: float
+    gradient: str
+    anderson_memory: int
+    anderson_damping: float
+    phantom_steps: int
+    phantom_damping: float
 
     @classmethod
     def of(
         cls, config: IMixerConfig, iterations: int, **overrides: str | float | None
     ) -> _FixedPointSettings:
+        """`config`'s settings with `iterations` steps; an override that is None keeps the config's value."""
         values = dict(
             solver=config.fixed_point_solver,
             tolerance=config.fixed_point_tolerance,
@@ -954,6 +963,7 @@ class IMixerTokenMixing(nn.Module):
                 self.norm_sn2 = nn.BatchNorm1d(width)
         self.fc2 = nn.Linear(width, num_tokens)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.config_settings = _FixedPointSettings.of(config, config.fixed_point_iterations)
 
     def spectral_layers(self) -> tuple[nn.Linear, ...]:
         """F's linear layers when they are spectrally normalised (n > 0, `contractive_normalization="spectral"`)."""
@@ -1024,7 +1034,10 @@ class IMixerTokenMixing(nn.Module):
         output_diagnostics: bool = False,
         settings: _FixedPointSettings | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
-        settings = _FixedPointSettings(fixed_point_iterations) if settings is None else settings
+        """`(B, D, S)` → `(B, D, S)`: fc2(act(x)), x = fc1(t) + F(x) in n steps; diagnostics or None."""
+        # called on its own, without a model forward's per-call settings: the config's, as that forward's
+        if settings is None:
+            settings = replace(self.config_settings, iterations=fixed_point_iterations)
         # tokens: (B, D, S), token axis last so every Linear mixes tokens with one matmul
         start = self.fc1(tokens)  # (B, D, D_S): G(t), no activation yet
         state, record = start, _SolveRecord(output_diagnostics)
@@ -1142,6 +1155,7 @@ class IMixerChannelMixing(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """`(B, S, D)` → `(B, S, D)`: the channel MLP on each token."""
         return self.dropout(self.fc2(self.dropout(self.activation(self.fc1(hidden_states)))))
 
 
@@ -1172,16 +1186,13 @@ class IMixerLayer(GradientCheckpointingLayer):
         output_diagnostics: bool = False,
         settings: _FixedPointSettings | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        """`(B, S, D)` → `(B, S, D)`, the token mixer's diagnostics or None: one pre-norm Mixer block."""
         tokens = self.layernorm_before(hidden_states).transpose(1, 2)  # (B, S, D) → (B, D, S)
         mixed, diagnostics = self.token_mixing(tokens, fixed_point_iterations, output_diagnostics, settings)
         hidden_states = hidden_states + self.drop_path(mixed.transpose(1, 2))  # (B, D, S) → (B, S, D)
         mixed = self.channel_mixing(self.layernorm_after(hidden_states))
         hidden_states = hidden_states + self.drop_path(mixed)
         return hidden_states, diagnostics
-
-
-class IMixerClassifier(nn.Linear):
-    """Linear(D, num_labels); its own class so `_init_weights` can zero it (timm's Mixer head init)."""
 
 
 def refuse_per_call_checkpointing(model: nn.Module) -> None:
@@ -1421,6 +1432,10 @@ class IMixerModel(IMixerPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
+class IMixerClassifier(nn.Linear):
+    """Linear(D, num_labels); its own class so `_init_weights` can zero it (timm's Mixer head init)."""
+
+
 class IMixerHead(IMixerPreTrainedModel):
     """The base of iMixer's heads: backbone → the mean of the tokens → Linear (timm's Mixer head; `nn.Identity()`
     when num_labels == 0). A head sets the input type it takes and its output class; its `forward` has the
@@ -1481,6 +1496,7 @@ class IMixerForImageClassification(IMixerHead):
         output_fixed_point_residuals: bool | None = None,
         return_dict: bool | None = None,
     ) -> IMixerImageClassifierOutput | tuple:
+        """Images `(B, C, H, W)` → logits `(B, num_labels)`, loss with `labels`; rest as `IMixerModel`'s."""
         return self.classify(
             labels,
             return_dict,
@@ -1516,6 +1532,7 @@ class IMixerForSequenceClassification(IMixerHead):
         output_fixed_point_residuals: bool | None = None,
         return_dict: bool | None = None,
     ) -> IMixerSequenceClassifierOutput | tuple:
+        """Sequences `(B, L)` → logits `(B, num_labels)`, loss with `labels`; rest as `IMixerModel`'s."""
         return self.classify(
             labels,
             return_dict,

@@ -60,17 +60,17 @@ from .modeling_hyperset import (
 # Hyper-SET's (`RecurrentDepthHeadOutput`, documented in `HyperSetHead.classify`)
 @dataclass
 class LoopedTransformerImageClassifierOutput(RecurrentDepthHeadOutput, ImageClassifierOutput):
-    pass
+    """`ImageClassifierOutput` plus the supervision-step and search fields (`RecurrentDepthHeadOutput`)."""
 
 
 @dataclass
 class LoopedTransformerSequenceClassifierOutput(RecurrentDepthHeadOutput, SequenceClassifierOutput):
-    pass
+    """`SequenceClassifierOutput` plus the supervision-step and search fields (`RecurrentDepthHeadOutput`)."""
 
 
 @dataclass
 class LoopedTransformerTokenClassifierOutput(RecurrentDepthHeadOutput, TokenClassifierOutput):
-    pass
+    """`TokenClassifierOutput` plus the supervision-step and search fields (`RecurrentDepthHeadOutput`)."""
 
 
 class LoopedTransformerAttention(nn.Module):
@@ -124,6 +124,7 @@ class LoopedTransformerMLP(nn.Module):
         self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """`(B, N, d)` → `(B, N, d)`: fc2(act(fc1(x)))."""
         return self.fc2(self.activation(self.fc1(hidden_states)))
 
 
@@ -143,6 +144,7 @@ class LoopedTransformerLayer(GradientCheckpointingLayer):
         attention_bias: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`(B, N, d)` → `(B, N, d)`, the maps `(B, H, N, N)` or None: one pre-norm Transformer block."""
         update, probs = self.self_attn(self.input_layernorm(hidden_states), attention_bias, output_attentions)
         hidden_states = hidden_states + update
         hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
@@ -401,7 +403,7 @@ class LoopedTransformerForTokenClassification(LoopedTransformerSequenceHead):
     _output_class = LoopedTransformerTokenClassifierOutput
 
 
-# ------------------------------------------------------------------------ masked image modelling (Table 2)
+# --- masked image modelling ---
 # The baseline's head for the paper's third task, with the contract of `HyperSetForMaskedImageModeling`: code ids
 # in, logits over the codebook out; the checks, the masked cross-entropy and MaskGIT decoding are Hyper-SET's
 # (`MaskedImageModelingMixin`).

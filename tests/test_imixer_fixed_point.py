@@ -88,6 +88,22 @@ def test_unrolled_defaults_are_the_plain_unrolled_loop():
     assert (settings.solver, settings.gradient) == ("unrolled", "unrolled")
 
 
+def test_token_mixing_called_without_settings_uses_the_configs_solver():
+    """A token mixer called on its own (no per-call settings from a model's forward) solves with its config's
+    solver and tolerance, not with defaults of its own: a Picard solve to a loose tolerance stops early."""
+    steps, tolerance = 50, 1e-3
+    model = contractive_model(fixed_point_solver="picard", fixed_point_tolerance=tolerance)
+    mixing = model.imixer.layers[0].token_mixing
+    tokens = torch.randn(3, 16, mixing.fc1.in_features, dtype=F64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        output, diagnostics = mixing(tokens, steps, output_diagnostics=True)
+        explicit, _ = mixing(tokens, steps, settings=_FixedPointSettings.of(model.config, steps))
+    ran, final = int(diagnostics["iterations"]), diagnostics["final_relative_residuals"].item()
+    assert 1 <= ran < steps, f"ran {ran} of {steps} steps: not the config's picard solve to {tolerance}"
+    assert final <= tolerance, f"final relative residual {final} above the config's tolerance {tolerance}"
+    assert torch.equal(output, explicit), (output - explicit).abs().max().item()
+
+
 # ---------------------------------------------------------------- solvers reach the same fixed point
 
 
@@ -98,7 +114,7 @@ def test_every_solver_reaches_the_same_fixed_point_in_float64():
     points = {}
     with torch.no_grad():
         for solver in ("unrolled", "picard", "anderson"):
-            settings = _FixedPointSettings(300, solver=solver, tolerance=SOLVER_TOLERANCE)
+            settings = _FixedPointSettings.of(model.config, 300, solver=solver, tolerance=SOLVER_TOLERANCE)
             points[solver], _ = mixing.solve(start, 300, settings, _SolveRecord(False))
     weights = mixing.contractive_weights()
     for solver, point in points.items():
@@ -290,8 +306,14 @@ def test_phantom_gradient_matches_its_definition(solver, steps, damping):
     mixing = model.imixer.layers[0].token_mixing
     tokens = torch.randn(3, 16, mixing.fc1.in_features, dtype=torch.float64, requires_grad=True)
     cotangent = torch.randn(3, 16, mixing.fc2.out_features, dtype=torch.float64)
-    settings = _FixedPointSettings(
-        n, solver=solver, tolerance=1e-12, gradient="phantom", phantom_steps=steps, phantom_damping=damping
+    settings = _FixedPointSettings.of(
+        model.config,
+        n,
+        solver=solver,
+        tolerance=1e-12,
+        gradient="phantom",
+        phantom_steps=steps,
+        phantom_damping=damping,
     )
     output, _ = mixing(tokens, n, settings=settings)
     got = torch.autograd.grad((output * cotangent).sum(), [tokens, *mixing.parameters()])
@@ -731,7 +753,7 @@ def test_tolerance_solvers_stop_exactly_when_the_recorded_residual_is_within_the
         return state + offset / 2 ** (len(calls) - 1)
 
     record = _SolveRecord(True)
-    settings = _FixedPointSettings(10, solver=solver, tolerance=tolerance)
+    settings = _FixedPointSettings.of(IMixerConfig(), 10, solver=solver, tolerance=tolerance)
     modeling_imixer._solve(step, torch.tensor([[[1.0, 0.0]]]), 10, settings, record)
     recorded = [r.item() for r in record.relative]
     assert recorded[0] == v.item(), f"the case's first relative residual is {recorded[0]!r}, not {v.item()!r}"
@@ -757,7 +779,9 @@ def _scripted_solve(
         return torch.tensor([[images[len(states) - 1]]], dtype=F64)
 
     record = _SolveRecord(True)
-    settings = _FixedPointSettings(len(images), solver=solver, tolerance=tolerance, anderson_memory=1)
+    settings = _FixedPointSettings.of(
+        IMixerConfig(), len(images), solver=solver, tolerance=tolerance, anderson_memory=1
+    )
     answer = modeling_imixer._solve(
         step, torch.tensor([[[1.0, 0.0]]], dtype=F64), len(images), settings, record
     )

@@ -191,16 +191,21 @@ PRETRAINED_BASES = {
 def test_pretrained_model_base_is_declarations_and_one_line_delegations(family):
     """As ViT's `ViTPreTrainedModel`: the logic every family shares (config checks at construction, attention
     selection, naming an unreadable weight file) lives once, in the shared-helpers block's `FamilyPreTrainedMixin`;
-    a family's base holds class attributes, its `_init_weights`, and overrides of at most one statement."""
+    a family's base holds class attributes, its `_init_weights`, and methods of at most one statement (a
+    docstring aside)."""
     path, class_name = PRETRAINED_BASES[family]
     tree = ast.parse(path.read_text())
     (base,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == class_name]
     bases = [ast.unparse(b) for b in base.bases]
     assert bases == ["FamilyPreTrainedMixin", "PreTrainedModel"], f"{class_name} has the bases {bases}"
+
+    def statements(method: ast.FunctionDef) -> int:
+        return len(method.body) - (ast.get_docstring(method) is not None)
+
     long_methods = {
-        item.name: len(item.body)
+        item.name: statements(item)
         for item in base.body
-        if isinstance(item, ast.FunctionDef) and item.name != "_init_weights" and len(item.body) > 1
+        if isinstance(item, ast.FunctionDef) and item.name != "_init_weights" and statements(item) > 1
     }
     assert long_methods == {}, f"{class_name}: methods of more than one statement {long_methods}"
     shared = {"__init__", "get_correct_attn_implementation", "from_pretrained"}
