@@ -11,10 +11,12 @@ import inspect
 import io
 import json
 import queue
+import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO
 
@@ -258,6 +260,100 @@ def test_the_console_script_exits_2_on_bad_arguments(argv):
         pytest.skip(f"no console script next to {sys.executable}")
     done = subprocess.run([str(script), *argv], capture_output=True, text=True, env=ENV, timeout=120)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+# ------------------------------------------------------------------------------- under a launcher: reported once
+
+LAUNCHED = {k: v for k, v in ENV.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+
+
+@pytest.mark.parametrize(
+    ("ranks", "rank"),
+    [
+        ({}, 0),
+        ({"RANK": "0", "LOCAL_RANK": "0"}, 0),
+        ({"RANK": "1", "LOCAL_RANK": "1"}, 1),
+        ({"LOCAL_RANK": "1"}, 1),
+        ({"RANK": "2", "LOCAL_RANK": "0"}, 2),
+        ({"RANK": "x"}, 0),
+    ],
+    ids=["none", "rank0", "rank1", "local_rank_only", "second_machine", "not_a_number"],
+)
+def test_the_launch_rank_is_the_global_rank(monkeypatch, ranks, rank):
+    for name in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in ranks.items():
+        monkeypatch.setenv(name, value)
+    assert cli.launch_rank() == rank, (ranks, cli.launch_rank())
+
+
+def test_under_a_launcher_rank_0_prints_a_usage_error_and_another_rank_stays_silent(tmp_path):
+    """torchrun starts every rank with the same arguments, and each refuses them with status 2: rank 0 prints the one
+    line at once, another rank prints nothing while the launcher, which ends the remaining workers once one has
+    failed, still has it to end (as here, where the test is the launcher)."""
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "energyformers", "train", "--learning_rate", "-1", "--output_dir", str(out)]
+    ranks = [
+        subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+            env={**LAUNCHED, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank)},
+        )
+        for rank in (0, 1)
+    ]  # fmt: skip
+    try:
+        _, err0 = ranks[0].communicate(timeout=120)
+        assert ranks[0].returncode == 2 and err0.strip().splitlines() == [
+            "energyformers train: error: --learning_rate -1.0: expected a finite learning rate > 0"
+        ], (ranks[0].returncode, err0)
+        # rank 1 did the same work, so it has refused the arguments too; it waits for the launcher silently
+        time.sleep(3)
+        assert ranks[1].poll() is None, ("rank 1 exited before the launcher ended it", ranks[1].returncode)
+    finally:
+        ranks[1].terminate()  # as torchrun ends the remaining workers
+        _, err1 = ranks[1].communicate(timeout=60)
+    assert err1 == "", err1
+    assert not out.exists()
+
+
+def test_a_usage_error_of_another_rank_alone_is_printed_after_the_grace(monkeypatch, capsys):
+    """A rank the launcher did not end within `LAUNCH_GRACE_S` had an error rank 0 did not: it prints it (once) and
+    exits with status 2 too, the dispatcher's and a command's errors alike."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(cli, "LAUNCH_GRACE_S", 0.5)
+    for argv, line in [
+        (["trian"], "energyformers: error: unknown command 'trian'"),
+        (
+            ["train", "--learning_rate", "-1", "--output_dir", "x"],
+            "energyformers train: error: --learning_rate -1.0",
+        ),
+    ]:
+        start = time.perf_counter()
+        status = cli.main(argv)
+        waited = time.perf_counter() - start
+        err = capsys.readouterr().err.strip().splitlines()
+        assert status == 2 and len(err) == 1 and err[0].startswith(line), (argv, status, err)
+        assert waited >= cli.LAUNCH_GRACE_S, (argv, waited, cli.LAUNCH_GRACE_S)
+
+
+@pytest.mark.skipif(
+    shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
+    reason="torchrun not installed in the venv",
+)
+def test_a_usage_error_under_torchrun_is_printed_once(tmp_path):
+    """A real 2-process torchrun of bad arguments (a few seconds: the ranks refuse them before torch loads)."""
+    out = tmp_path / "out"
+    temporary = tmp_path / "tmp"  # torch elastic leaves a torchelastic_* folder in TMPDIR: pytest's to clean
+    temporary.mkdir()
+    # torchrun as a module of this interpreter: the console script's shebang may name another environment's python
+    argv = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        "-m", "energyformers", "train", "--learning_rate", "-1", "--output_dir", str(out),
+    ]  # fmt: skip
+    env = {**LAUNCHED, "TMPDIR": str(temporary)}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    errors = [line for line in done.stderr.splitlines() if "energyformers train: error:" in line]
+    assert done.returncode != 0 and len(errors) == 1, (done.returncode, done.stderr[-4000:])
+    assert not out.exists()
 
 
 def test_failures_map_to_status_1_and_an_interruption_to_130(capsys):

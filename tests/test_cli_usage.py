@@ -441,6 +441,36 @@ def test_inspect_words_weights_that_cannot_load_as_predict_does(classifier, tmp_
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("broken", "change"),
+    [
+        ("config.json", lambda data: data[:100]),  # a download cut short: the cached copy is broken
+        (
+            "config.json",
+            lambda data: json.dumps({**json.loads(data), "patch_size": 3}).encode(),
+        ),  # the config's check
+        ("model.safetensors", lambda data: data[:100]),
+    ],
+    ids=["config-cut", "config-invalid", "weights-cut"],
+)
+def test_train_words_a_checkpoint_that_cannot_load_as_predict_does(classifier, tmp_path, broken, change):
+    """`train --from_pretrained` reports a repo whose config or weights cannot load in predict's words
+    (`predict.cannot_load`), the argument named as train names it, on one line."""
+    folder, image = classifier
+    env = _cached_copy_of(folder, tmp_path, broken, change)
+    out = tmp_path / "out"
+    predicted = cli_error("predict", "org/broken", str(image), env=env)
+    trained = cli_error(
+        "train", "--from_pretrained", "org/broken", "--dataset", "digits", "--max_train_samples", "8",
+        "--max_eval_samples", "8", "--max_test_samples", "8", "--output_dir", str(out), env=env,
+    )  # fmt: skip
+    expected = predicted.removeprefix("energyformers predict: error: ").replace(
+        "model folder ", "--from_pretrained ", 1
+    )
+    assert trained == f"energyformers train: error: {expected}", (trained, predicted)
+    assert not out.exists()
+
+
 def test_a_cached_repo_with_a_broken_config_file_is_named_as_the_broken_copy(classifier, tmp_path):
     """A repo whose copy in the Hub cache has a config.json that is no JSON (a download cut short) is reported as
     that broken copy, naming the file, not as a repo the Hub did not serve."""

@@ -13,6 +13,9 @@ Every sub-command follows one convention, kept here in `run_command` and nowhere
 * an expected failure of the work itself (the Hub refused an upload): one line and status 1 (`CommandFailed`);
 * any other exception (a bug, a failing disk): its traceback and status 1;
 * interrupted (Ctrl-C): status 130 (128 + SIGINT);
+* under a launcher (torchrun, `accelerate launch`) every rank parses the same arguments and refuses them alike, and
+  the error is printed once, by rank 0: another rank waits (`LAUNCH_GRACE_S`) for the launcher to end it, as it
+  does every rank once one fails, and prints only when it outlives that wait (an error of its own);
 * a command may quiet transformers' logging and progress bars for itself; `run_command` gives an in-process
   caller (a notebook, a test) its own logging state back afterwards.
 
@@ -29,6 +32,7 @@ import os
 import re
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -59,6 +63,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 USAGE_ERROR = 2  # argparse's status for bad arguments
 RUNTIME_ERROR = 1
 INTERRUPTED = 128 + signal.SIGINT
+# How long a non-zero rank, refusing its arguments, waits before it prints them too. Every rank refuses the same
+# arguments at about the same moment; a rank that exited at once could have the launcher (which ends every worker
+# when one fails) end rank 0 before rank 0 printed, and the error would be read nowhere.
+LAUNCH_GRACE_S = 20.0
 
 
 class UsageError(ValueError):
@@ -215,6 +223,29 @@ def _refuse_where_written(folder: Path, flag: str, path: str | os.PathLike, erro
         raise (error if issubclass(error, UsageError) else kind)(f"{flag} {path}: {problem}")
 
 
+def launch_rank() -> int:
+    """This process's global rank under a launcher (torchrun and `accelerate launch` set RANK, and LOCAL_RANK);
+    0 outside one, or where the rank is not a number."""
+    # RANK first: on a second machine LOCAL_RANK 0 is global rank 2 or more
+    rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+    try:
+        return int(rank)
+    except ValueError:
+        return 0
+
+
+def report_usage_error(*lines: str) -> None:
+    """Print a usage error's `lines` on stderr once per launch: at once on rank 0 (or outside a launcher); on
+    another rank only after `LAUNCH_GRACE_S`, which under a launcher it does not live to see when rank 0 refused the
+    same arguments (the launcher ends the remaining workers), so it prints only an error rank 0 did not have."""
+    if launch_rank() != 0:
+        try:
+            time.sleep(LAUNCH_GRACE_S)
+        except KeyboardInterrupt:  # the launcher passed a Ctrl-C on: rank 0 has the terminal
+            return
+    print(*lines, sep="\n", file=sys.stderr)
+
+
 def run_command(
     command: str,
     parse: Callable[[list[str]], Parsed],
@@ -237,9 +268,7 @@ def run_command(
         threads = _torch_threads()
         return int(execute(parsed) or 0)
     except UsageError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
-        if err.hint:
-            print(f"  {err.hint}", file=sys.stderr)
+        report_usage_error(f"{prog}: error: {err}", *([f"  {err.hint}"] if err.hint else []))
         return USAGE_ERROR
     except CommandFailed as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
@@ -313,10 +342,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(
+        report_usage_error(
             f"energyformers: error: unknown command {command!r}; expected one of {', '.join(COMMANDS)} "
-            "(energyformers --help lists them)",
-            file=sys.stderr,
+            "(energyformers --help lists them)"
         )
         return USAGE_ERROR
     module: Any = importlib.import_module(f"energyformers.training.{COMMANDS[command][0]}")

@@ -725,12 +725,14 @@ def load_processor_or_refuse(
     return processor
 
 
-def cannot_load(model_dir: str, err: Exception) -> str:
-    """The one-line message for a model transformers could not load. An `OSError` of a name that is no local folder
-    means the Hub did not serve it, unless the Hub cache holds the repo and the file that failed is that copy's (the
-    error names a file in the cache, or the Hub is offline, so the cache is all transformers read): then the cached
-    copy is broken, and the error's words name the file. Any other error (a `ValueError` of the config's own checks,
-    an invalid value in it) is the model's, and its own words say what is wrong."""
+def cannot_load(model_dir: str, err: Exception, label: str = "model folder") -> str:
+    """The one-line message for a model (its config or its weights) transformers could not load, in the same words
+    in every command; `label` is how the command names the argument (`--from_pretrained`). An `OSError` of a name
+    that is no local folder means the Hub did not serve it, unless the Hub cache holds the repo and the file that
+    failed is that copy's (the error names a file in the cache, or the Hub is offline, so the cache is all
+    transformers read): then the cached copy is broken, and the error's words name the file. Any other error (a
+    `ValueError` of the config's own checks, an invalid value in it) is the model's, and its own words say what is
+    wrong."""
     if isinstance(err, OSError) and not Path(model_dir).expanduser().exists():
         from huggingface_hub import constants
 
@@ -739,10 +741,10 @@ def cannot_load(model_dir: str, err: Exception) -> str:
         cache = str(constants.HF_HUB_CACHE)
         if in_hub_cache(model_dir) and (constants.HF_HUB_OFFLINE or cache in str(err)):
             return (
-                f"model folder {model_dir!r}: no such local folder, and its copy in the Hub cache ({cache}) is broken "
+                f"{label} {model_dir!r}: no such local folder, and its copy in the Hub cache ({cache}) is broken "
                 f"({reason})"
             )
-        return f"model folder {model_dir!r}: no such local folder, and the Hub did not serve it ({reason})"
+        return f"{label} {model_dir!r}: no such local folder, and the Hub did not serve it ({reason})"
     # the whole message, on one line (the command's contract)
     return f"cannot load a model from {model_dir!r}: {' '.join(str(err).split()) or type(err).__name__}"
 

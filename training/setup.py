@@ -36,6 +36,7 @@ from .arguments import (
 )
 from .cli import check_model_source
 from .data import DataError, batches_done, input_type_of, label_names, load_data, task_of
+from .predict import cannot_load
 from .weights import check_model_folder, load_or_refuse
 
 # Small configs used when no --preset is given, per (family, input_type): the CLI's model sizes. They are sized
@@ -305,7 +306,7 @@ def _pretrained_config(args: Arguments) -> Any:
     try:
         config = AutoConfig.from_pretrained(source)
     except (OSError, ValueError) as err:
-        raise UsageError(f"--from_pretrained {source!r}: cannot load a config ({err})") from err
+        raise UsageError(cannot_load(source, err, label="--from_pretrained")) from err
     if m.model and m.model != config.model_type:
         raise UsageError(f"--model {m.model} but {source!r} is a {config.model_type!r} checkpoint")
     args.pretrained_config = config  # the callers read it or rebuild from its to_dict(), never change it
@@ -729,17 +730,17 @@ def build(args: Arguments, state: Any) -> Built:
     if args.model.from_pretrained:
         source = args.model.from_pretrained
 
-        def cannot_load(err: Exception) -> str:
+        def refused(err: Exception) -> str:
             if attention is not None and "attn_implementation" in str(err):
                 return f"--attn_implementation {attention}: {err}"
-            return f"--from_pretrained {source!r}: cannot load the weights ({err})"
+            return cannot_load(source, err, label="--from_pretrained")
 
         # a changed label set re-initialises the classifier; every other tensor must load as saved
         model = load_or_refuse(
             head,
             source,
             error=UsageError,
-            message=cannot_load,
+            message=refused,
             label="--from_pretrained",
             allowed=new_head_tensors,
             config=config,
