@@ -226,7 +226,7 @@ class ModelArguments:
         default=None,
         metadata={
             "help": "attention implementation, as transformers' attn_implementation (hyperset: eager, sdpa, "
-            "triton; hyperbf: eager, sdpa; imixer and the looped baseline: eager); unset: the model's default"
+            "triton; hyperbf, looped-transformer: eager, sdpa; imixer: eager); unset: the model's default"
         },
     )
 

@@ -148,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="deepest iteration count shown (default: the largest trained depth plus the configured one, i.e. "
         "twice the trained iterations / fixed-point steps at fixed depth)",
     )
-    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument(
+        "--batch_size", type=int, default=64, help="examples of --dataset per forward pass (default 64)"
+    )
     p.add_argument("--landscape", action="store_true", help="also draw the Hopfield energy landscapes")
     p.add_argument("--num_threads", type=int, help="torch CPU threads")
     mim = p.add_argument_group("masked image modelling (a *ForMaskedImageModeling folder with its tokenizer)")

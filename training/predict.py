@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--attn_implementation",
         help="attention implementation, as transformers' attn_implementation (hyperset: eager, sdpa, triton; "
-        "hyperbf: eager, sdpa; imixer: eager); unset: the model's default",
+        "hyperbf, looped-transformer: eager, sdpa; imixer: eager); unset: the model's default",
     )
     depth = p.add_argument_group(
         "test-time depth (passed to every model call; the flags the model's forward takes)"
