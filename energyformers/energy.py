@@ -37,6 +37,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+# the models' mask check: one wording of the refusal for the models and this module
+from .modeling.modeling_hyperset import check_keep_mask
+
 # Gradient descent on the Hopfield energy is monotone for every step size in (0, HOPFIELD_STEP_SIZE_BOUND].
 HOPFIELD_STEP_SIZE_BOUND = 2.0
 
@@ -105,12 +108,7 @@ def _bool_mask(
         forms = f"2-D key padding (batch, keys) = ({batch}, {keys}) or " + forms
     if not isinstance(mask, torch.Tensor):
         raise ValueError(f"{name} must be a tensor, {forms}; got {type(mask).__name__}.")
-    if mask.dtype.is_floating_point or mask.is_complex():
-        raise ValueError(
-            f"{name} must be bool (True: attend) or integer 0/1 (1: attend); got dtype {mask.dtype}. A float mask "
-            f"is ambiguous: a 0/1 keep-mask converts with `{name}.bool()`, an additive one (0: attend, -inf or a "
-            f"large negative number: masked) with `{name} == 0`."
-        )
+    check_keep_mask(mask, name, read_values=False)  # the dtype, before the shape
     expected = (batch, keys) if mask.ndim == 2 and key_padding else shape if mask.ndim == 4 else None
     if expected is None or any(size not in (1, full) for size, full in zip(mask.shape, expected)):
         padding = "" if key_padding else f", a (batch, keys) key padding mask as {name}[:, None, None, :]"
@@ -119,11 +117,7 @@ def _bool_mask(
             f"(queries, keys) mask such as a causal one goes in as {name}[None, None], a (batch, queries, keys) one "
             f"as {name}[:, None]{padding}."
         )
-    if mask.dtype != torch.bool:
-        if not bool(((mask == 0) | (mask == 1)).all()):
-            bad = mask[(mask != 0) & (mask != 1)].flatten()[0].item()
-            raise ValueError(f"an integer {name} must hold only 0 and 1 (1: attend); got {bad}.")
-        mask = mask.bool()
+    mask = check_keep_mask(mask, name)
     return mask[:, None, None, :] if mask.ndim == 2 else mask
 
 
