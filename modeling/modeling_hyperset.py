@@ -563,6 +563,39 @@ def interpolate_positions(
     return torch.cat((prefix, patches), dim=1)
 
 
+# what `from_pretrained` passes on to locate config.json (a Hub repository's revision, cache, subfolder)
+CONFIG_LOCATION_KWARGS = (
+    "cache_dir",
+    "force_download",
+    "proxies",
+    "token",
+    "local_files_only",
+    "revision",
+    "subfolder",
+)
+
+
+def check_folder_model_type(model_class: type, pretrained_model_name_or_path: object, kwargs: dict) -> None:
+    """Refuse, before any weights load, a folder whose config.json names another `model_type` than the class's
+    config (another family's model, a ViT): transformers would only log it and return a randomly initialised
+    model. A config.json that cannot be read, or names no model_type, is left to transformers' own loading."""
+    if pretrained_model_name_or_path is None:
+        return
+    expected = model_class.config_class.model_type
+    location = {name: kwargs[name] for name in CONFIG_LOCATION_KWARGS if name in kwargs}
+    try:
+        config_dict, _ = PreTrainedConfig.get_config_dict(pretrained_model_name_or_path, **location)
+    except OSError:
+        return
+    found = config_dict.get("model_type")
+    if found and found != expected:
+        raise ValueError(
+            f"{pretrained_model_name_or_path} holds a {found!r} model (config.json model_type); "
+            f"{model_class.__name__} loads {expected!r} models. Load it with a class of its model type, or with "
+            "transformers' AutoModel classes, which pick the class from config.json."
+        )
+
+
 class FamilyPreTrainedMixin:
     """What every family's `PreTrainedModel` shares, listed before transformers' class in its bases: the config's
     checks run again at construction, an `attn_implementation` outside the class's `attn_implementations` is refused
@@ -631,6 +664,9 @@ class FamilyPreTrainedMixin:
         # Weights are safetensors only: transformers' own switch, unless the caller sets it, refuses a checkpoint
         # that only a pickle file holds instead of unpickling it
         kwargs.setdefault("use_safetensors", True)
+        # a config given (as the Auto classes give it) is the caller's choice
+        if kwargs.get("config") is None:
+            check_folder_model_type(cls, pretrained_model_name_or_path, kwargs)
         return load_naming_unreadable_file(
             super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
         )

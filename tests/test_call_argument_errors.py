@@ -9,11 +9,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+import transformers
 from fixtures import SEQUENCE, Case, hyperset_config, perturb
 
-from energyformers import LoopedTransformerConfig, LoopedTransformerForSequenceClassification
+from energyformers import (
+    FAMILIES,
+    LoopedTransformerConfig,
+    LoopedTransformerForImageClassification,
+    LoopedTransformerForSequenceClassification,
+)
 from energyformers.energy import EnergyAttention
 
 # ------------------------------------------------------------------------------------------- attention_mask
@@ -86,3 +94,63 @@ def test_the_energy_module_refuses_masks_in_the_models_words():
         attention(state, attention_mask=torch.zeros(2, 3))
     with pytest.raises(ValueError, match="must hold only 0 and 1"):
         attention(state, attention_mask=torch.full((2, 3), 2))
+
+
+# ------------------------------------------------------------------------------------- from_pretrained model_type
+
+
+@pytest.fixture(scope="module")
+def saved_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One tiny saved image classifier per model type: the three families, the looped baseline and a ViT."""
+    root = tmp_path_factory.mktemp("model-types")
+    folders = {}
+    for family in FAMILIES:
+        case = Case.of(FAMILIES[family].heads["AutoModelForImageClassification"])
+        case.build().save_pretrained(root / family)
+        folders[family] = root / family
+    torch.manual_seed(0)
+    looped = LoopedTransformerConfig.from_hyperset(hyperset_config("image"))
+    LoopedTransformerForImageClassification(looped).save_pretrained(root / "looped_transformer")
+    folders["looped_transformer"] = root / "looped_transformer"
+    vit = transformers.ViTConfig(
+        image_size=8,
+        patch_size=2,
+        num_channels=1,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=4,
+    )
+    transformers.ViTForImageClassification(vit).save_pretrained(root / "vit")
+    folders["vit"] = root / "vit"
+    return folders
+
+
+IMAGE_CLASSES = {
+    **{family: spec.heads["AutoModelForImageClassification"] for family, spec in FAMILIES.items()},
+    "looped_transformer": LoopedTransformerForImageClassification,
+}
+
+
+@pytest.mark.parametrize("target", list(IMAGE_CLASSES))
+@pytest.mark.parametrize("source", [*IMAGE_CLASSES, "vit"])
+def test_from_pretrained_refuses_a_folder_of_another_model_type(saved_folders, source, target):
+    model_class, folder = IMAGE_CLASSES[target], saved_folders[source]
+    if source == target:
+        model, loading = model_class.from_pretrained(folder, output_loading_info=True)
+        assert type(model) is model_class and not any(loading.values()), loading
+        return
+    with pytest.raises(ValueError) as refused:
+        model_class.from_pretrained(folder)
+    expected = model_class.config_class.model_type
+    found = "vit" if source == "vit" else IMAGE_CLASSES[source].config_class.model_type
+    message = str(refused.value)
+    assert f"{folder} holds a '{found}' model" in message, message
+    assert f"{model_class.__name__} loads '{expected}' models" in message, message
+
+
+@pytest.mark.parametrize("source", list(IMAGE_CLASSES))
+def test_auto_classes_still_load_every_model_type(saved_folders, source):
+    model = transformers.AutoModelForImageClassification.from_pretrained(saved_folders[source])
+    assert type(model) is IMAGE_CLASSES[source]
