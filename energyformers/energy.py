@@ -270,14 +270,23 @@ def minimize_energy(
     For the Hopfield energy any 0 < η ≤ 2 is monotone (module docstring); for another energy with an
     L-Lipschitz gradient, η ≤ 2/L.
     """
-    if isinstance(step_size, bool) or not isinstance(step_size, (int, float)) or not step_size > 0:
-        raise ValueError(f"step_size must be a number > 0; got {step_size!r}.")
+    # NaN or inf: a step that makes every iterate non-finite, a tolerance no step can meet
+    if (
+        isinstance(step_size, bool)
+        or not isinstance(step_size, (int, float))
+        or not math.isfinite(step_size)
+        or not step_size > 0
+    ):
+        raise ValueError(f"step_size must be a finite number > 0; got {step_size!r}.")
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0:
         raise ValueError(f"max_steps must be an integer >= 0; got {max_steps!r}.")
     if tolerance is not None and (
-        isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or tolerance < 0
+        isinstance(tolerance, bool)
+        or not isinstance(tolerance, (int, float))
+        or not math.isfinite(tolerance)
+        or tolerance < 0
     ):
-        raise ValueError(f"tolerance must be None or a number >= 0; got {tolerance!r}.")
+        raise ValueError(f"tolerance must be None or a finite number >= 0; got {tolerance!r}.")
 
     def summed(point: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         energy = energy_fn(point)

@@ -1854,11 +1854,19 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
 
     def _halting(self, tolerance: float | None, criterion: str | None) -> tuple[float, str] | None:
         """(ε, criterion) when this call halts adaptively: eval mode, eager, a tolerance given; else None."""
+        requested_criterion = criterion
         tolerance = self.config.halting_tolerance if tolerance is None else tolerance
         criterion = self.config.halting_criterion if criterion is None else criterion
         criteria = HyperSetConfig.choices["halting_criterion"]
         if criterion not in criteria:
             raise ValueError(f"halting_criterion must be one of {list(criteria)}; got {criterion!r}.")
+        if tolerance is None and requested_criterion is not None:
+            # the criterion says what a tolerance measures: without one nothing halts, and the argument would
+            # change nothing
+            raise ValueError(
+                f"halting_criterion={requested_criterion!r} says what halting_tolerance measures, and this call has "
+                "no tolerance (none passed, config.halting_tolerance is None); pass halting_tolerance as well."
+            )
         if tolerance is None:
             return None
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
@@ -2178,6 +2186,12 @@ def _check_outer_steps_call(
     if requested_states is None:
         requested_states = config.output_hidden_states
     halting = getattr(head, "halting_classifier", None)
+    if halting is None and halting_threshold is not None:
+        raise ValueError(
+            f"halting_threshold={halting_threshold!r} is what the halting head's probability is compared with, and "
+            f"{type(head).__name__} has no halting head (config.halting_head=False); pass no halting_threshold "
+            "(halting_tolerance halts the iterations by the state's change)."
+        )
     stop_early = (
         halting is not None and config.supervision_steps > 1 and not head.training and not _is_tracing()
     )
@@ -2453,6 +2467,15 @@ def classify_with_search(
     return outputs, logits, loss, fields
 
 
+def refuse_search_without_trajectories(given: dict[str, object]) -> None:
+    """A ValueError for search arguments (`given`: the non-None ones) of a call without `search_trajectories`."""
+    if given:
+        raise ValueError(
+            f"{', '.join(f'{k}={v!r}' for k, v in given.items())} given without search_trajectories; pass "
+            "search_trajectories=K (an integer >= 1) to run test-time search."
+        )
+
+
 def run_head(
     head: PreTrainedModel,
     backbone: nn.Module,
@@ -2477,11 +2500,7 @@ def run_head(
             )
             if value is not None
         }
-        if given:
-            raise ValueError(
-                f"{', '.join(f'{k}={v!r}' for k, v in given.items())} given without search_trajectories; pass "
-                "search_trajectories=K (an integer >= 1) to run test-time search."
-            )
+        refuse_search_without_trajectories(given)
         return classify_with_deep_supervision(head, backbone, labels, backbone_inputs, halting_threshold)
     if search_selector is None:
         search_selector = "energy" if isinstance(backbone, HyperSetModel) else "confidence"
@@ -2550,6 +2569,31 @@ class RecurrentDepthHeadMixin:
             **fields,
         )
         return output if return_dict else output.to_tuple()
+
+    def check_call_arguments(self, **arguments: object) -> None:
+        """A ValueError for a bad depth, halting or search argument among `arguments` (what a call would pass;
+        others are ignored), as the forward raises it, without running the model: what the pipelines check when
+        they are built."""
+        backbone = getattr(self, self.base_model_prefix)
+        has_energy = isinstance(
+            backbone, HyperSetModel
+        )  # the baseline has no energy and no halting tolerance
+        if arguments.get("num_iterations") is not None:
+            backbone._num_iterations(arguments["num_iterations"])
+        if has_energy:
+            backbone._halting(arguments.get("halting_tolerance"), arguments.get("halting_criterion"))
+        if arguments.get("halting_threshold") is not None:
+            _check_outer_steps_call(self, {}, arguments["halting_threshold"])
+        noise, seed, selector = (arguments.get(f"search_{name}") for name in ("noise", "seed", "selector"))
+        trajectories = arguments.get("search_trajectories")
+        if trajectories is None:
+            given = {"search_noise": noise, "search_seed": seed, "search_selector": selector}
+            refuse_search_without_trajectories(
+                {name: value for name, value in given.items() if value is not None}
+            )
+            return
+        selector = ("energy" if has_energy else "confidence") if selector is None else selector
+        check_search_arguments(trajectories, 0.0 if noise is None else noise, seed, selector, has_energy)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The loss of `logits` by `config.problem_type`; transformers' token-classification loss takes (logits,
@@ -2857,6 +2901,13 @@ class MaskedImageModelingMixin:
             or not randomize_temperature >= 0
         ):
             raise ValueError(f"randomize_temperature must be a number >= 0; got {randomize_temperature!r}.")
+        # torch.Generator.manual_seed would take -1 as 2**64 - 1 (another seed's codes) and name no argument
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63
+        ):
+            raise ValueError(f"seed must be None or an integer in [0, 2**63); got {seed!r}.")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator must be None or a torch.Generator; got {type(generator).__name__}.")
         if (
             not isinstance(input_ids, torch.Tensor)
             or input_ids.ndim != 2

@@ -1412,6 +1412,13 @@ class IMixerModel(IMixerPreTrainedModel):
             gradient=fixed_point_gradient,
         )
         self.config.check_fixed_point_settings(settings.solver, settings.gradient, settings.tolerance, where)
+        if fixed_point_tolerance is not None and settings.solver == "unrolled":
+            # only picard and anderson stop at a residual: the unrolled solver runs its n steps whatever it is
+            raise ValueError(
+                f"{where}: fixed_point_tolerance={fixed_point_tolerance!r} is where the picard and anderson solvers "
+                "stop, and this call's fixed_point_solver is 'unrolled', which runs all fixed_point_iterations: "
+                "pass fixed_point_solver='picard' or 'anderson' with it, or no fixed_point_tolerance."
+            )
         return fixed_point_iterations, settings
 
     def forward(
@@ -1530,6 +1537,18 @@ class IMixerHead(IMixerPreTrainedModel):
         )
         self.post_init()
 
+    def check_call_arguments(self, **arguments: object) -> None:
+        """A ValueError naming this head's forward for a bad per-call solver argument among `arguments` (the
+        `fixed_point_*` ones; others are ignored), as the forward raises it, without running the model: what the
+        pipelines check when they are built."""
+        self.imixer._call_settings(
+            f"{type(self).__name__}.forward",
+            *(
+                arguments.get(f"fixed_point_{name}")
+                for name in ("iterations", "solver", "tolerance", "gradient")
+            ),
+        )
+
     def classify(
         self, labels: torch.Tensor | None, return_dict: bool | None, **backbone_inputs: object
     ) -> ModelOutput | tuple:
@@ -1537,13 +1556,7 @@ class IMixerHead(IMixerPreTrainedModel):
         `config.problem_type` (transformers' `loss_function` for this head's class name)."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
         # the per-call solver arguments checked under this head's name, before the backbone (which checks them too)
-        self.imixer._call_settings(
-            f"{type(self).__name__}.forward",
-            *(
-                backbone_inputs.get(f"fixed_point_{name}")
-                for name in ("iterations", "solver", "tolerance", "gradient")
-            ),
-        )
+        self.check_call_arguments(**backbone_inputs)
         outputs = self.imixer(**backbone_inputs, return_dict=True)
         logits = self.classifier(outputs.pooler_output)
         loss = None if labels is None else self.loss_function(labels, logits, self.config)

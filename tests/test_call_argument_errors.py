@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,15 @@ from fixtures import SEQUENCE, Case, hyperset_config, perturb
 
 from energyformers import (
     FAMILIES,
+    INPUT_TYPES,
+    HyperSetForImageClassification,
+    IMixerForImageClassification,
     LoopedTransformerConfig,
     LoopedTransformerForImageClassification,
     LoopedTransformerForSequenceClassification,
+    task_of,
 )
-from energyformers.energy import EnergyAttention
+from energyformers.energy import EnergyAttention, minimize_energy
 
 # ------------------------------------------------------------------------------------------- attention_mask
 
@@ -154,3 +159,152 @@ def test_from_pretrained_refuses_a_folder_of_another_model_type(saved_folders, s
 def test_auto_classes_still_load_every_model_type(saved_folders, source):
     model = transformers.AutoModelForImageClassification.from_pretrained(saved_folders[source])
     assert type(model) is IMAGE_CLASSES[source]
+
+
+# ------------------------------------------------------------------------------ per-call arguments a call ignores
+
+
+def _image_head(model_class: type, **overrides: object) -> tuple[torch.nn.Module, torch.Tensor]:
+    if model_class is LoopedTransformerForImageClassification:
+        torch.manual_seed(0)
+        config = LoopedTransformerConfig.from_hyperset(hyperset_config("image"), **overrides)
+        model = perturb(model_class(config)).eval()
+    else:
+        model = perturb(Case.of(model_class).build(**overrides))
+    shape = (2, model.config.num_channels, model.config.image_size, model.config.image_size)
+    return model, torch.randn(shape, generator=torch.Generator().manual_seed(3))
+
+
+def test_halting_criterion_without_a_tolerance_is_refused():
+    model, pixels = _image_head(HyperSetForImageClassification)
+    assert model.config.halting_tolerance is None
+    with pytest.raises(ValueError, match=r"halting_criterion='energy' says what halting_tolerance measures"):
+        model(pixel_values=pixels, halting_criterion="energy")
+    with torch.no_grad():  # with a tolerance, of the call or of the config, the criterion is read
+        model(pixel_values=pixels, halting_criterion="energy", halting_tolerance=1e-3)
+        model.config.halting_tolerance = 1e-3
+        model(pixel_values=pixels, halting_criterion="energy")
+
+
+@pytest.mark.parametrize(
+    "model_class",
+    [HyperSetForImageClassification, LoopedTransformerForImageClassification],
+    ids=["hyperset", "looped"],
+)
+def test_halting_threshold_without_a_halting_head_is_refused(model_class):
+    model, pixels = _image_head(model_class)
+    assert not model.config.halting_head
+    with pytest.raises(ValueError, match=r"halting_threshold=0.5 is what the halting head's probability"):
+        model(pixel_values=pixels, halting_threshold=0.5)
+    halting, pixels = _image_head(model_class, halting_head=True, supervision_steps=2)
+    with torch.no_grad():
+        halting(pixel_values=pixels, halting_threshold=0.5)
+
+
+def test_imixer_fixed_point_tolerance_with_the_unrolled_solver_is_refused():
+    model, pixels = _image_head(IMixerForImageClassification)
+    assert model.config.fixed_point_solver == "unrolled"
+    with pytest.raises(
+        ValueError, match=r"fixed_point_tolerance=0.5 is where the picard and anderson solvers stop"
+    ):
+        model(pixel_values=pixels, fixed_point_tolerance=0.5)
+    with torch.no_grad():
+        model(pixel_values=pixels, fixed_point_tolerance=0.5, fixed_point_solver="picard")
+
+
+# ------------------------------------------------------------------------------------------------ smaller cases
+
+
+@pytest.mark.parametrize(("seed", "shown"), [(-1, "-1"), (2**64, str(2**64)), (1.5, "1.5"), (True, "True")])
+def test_decode_refuses_a_seed_outside_0_to_2_63(seed, shown):
+    from test_mim import tiny_trained_free_model
+
+    model = tiny_trained_free_model()
+    codes = torch.full((1, 16), model.mask_token_id)
+    with pytest.raises(
+        ValueError, match=re.escape(f"seed must be None or an integer in [0, 2**63); got {shown}.")
+    ):
+        model.decode(codes, steps=1, seed=seed)
+    with pytest.raises(ValueError, match=r"generator must be None or a torch\.Generator; got str"):
+        model.decode(codes, steps=1, generator="x")
+
+
+@pytest.mark.parametrize(
+    ("argument", "value", "message"),
+    [
+        ("tolerance", float("nan"), "tolerance must be None or a finite number >= 0; got nan"),
+        ("tolerance", float("inf"), "tolerance must be None or a finite number >= 0; got inf"),
+        ("step_size", float("inf"), "step_size must be a finite number > 0; got inf"),
+    ],
+)
+def test_minimize_energy_refuses_non_finite_tolerance_and_step_size(argument, value, message):
+    state = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        minimize_energy(lambda x: x.pow(2).sum(-1), state, **{argument: value})
+
+
+def test_task_of_an_unknown_input_type_lists_the_input_types_and_their_tasks():
+    with pytest.raises(ValueError) as refused:
+        task_of("video", "AutoModel")
+    message = str(refused.value)
+    assert "input_type='video' is not an input type; expected one of ['image', 'sequence']" in message, (
+        message
+    )
+    for spec in INPUT_TYPES.values():
+        assert all(task in message for task in spec.tasks), message
+
+
+@pytest.mark.parametrize(
+    ("model_class", "call", "message"),
+    [
+        (
+            HyperSetForImageClassification,
+            dict(num_iterations=0),
+            "num_iterations must be an integer >= 1; got 0",
+        ),
+        (
+            HyperSetForImageClassification,
+            dict(halting_criterion="energy"),
+            "says what halting_tolerance measures",
+        ),
+        (
+            HyperSetForImageClassification,
+            dict(search_seed=1),
+            r"search_seed=1 given without search_trajectories",
+        ),
+        (
+            HyperSetForImageClassification,
+            dict(search_trajectories=2, search_noise=-1.0),
+            "search_noise must be",
+        ),
+        (HyperSetForImageClassification, dict(halting_threshold=0.5), "has no halting head"),
+        (
+            LoopedTransformerForImageClassification,
+            dict(num_iterations=-1),
+            "num_iterations must be an integer",
+        ),
+        (IMixerForImageClassification, dict(fixed_point_iterations=-1), "invalid fixed_point_iterations=-1"),
+        (
+            IMixerForImageClassification,
+            dict(fixed_point_tolerance=0.5),
+            "the picard and anderson solvers stop",
+        ),
+    ],
+    ids=lambda value: value.__name__ if isinstance(value, type) else None,
+)
+def test_depth_pipelines_check_their_arguments_when_built(model_class, call, message):
+    from transformers import pipeline
+
+    from energyformers.pipelines import ImageClassificationPipeline
+    from energyformers.training.processing import build_image_processor
+
+    model, _ = _image_head(model_class, num_channels=3)  # the pipeline converts every image to RGB
+    processor = build_image_processor(model.config)
+    with pytest.raises(ValueError, match=message):
+        pipeline(
+            "image-classification",
+            model=model,
+            image_processor=processor,
+            pipeline_class=ImageClassificationPipeline,
+            **call,
+        )
