@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import PIL.Image
 import pytest
 import torch
 import transformers
@@ -308,3 +309,27 @@ def test_depth_pipelines_check_their_arguments_when_built(model_class, call, mes
             pipeline_class=ImageClassificationPipeline,
             **call,
         )
+
+
+@pytest.mark.parametrize(
+    ("family", "flags", "message"),
+    [
+        ("hyperset", ["--halting_threshold", "0.5"], "has no halting head"),
+        ("imixer", ["--fixed_point_tolerance", "0.5"], "the picard and anderson solvers stop"),
+    ],
+)
+def test_predict_refuses_a_flag_the_model_call_would_ignore_in_one_line(
+    tmp_path, capsys, family, flags, message
+):
+    from test_cli_errors import model_folder
+
+    from energyformers.training import predict
+
+    folder = model_folder(tmp_path / family, family)
+    image = tmp_path / "x.png"
+    pixels = torch.rand(8, 8, 3, generator=torch.Generator().manual_seed(3))
+    PIL.Image.fromarray((pixels * 255).byte().numpy()).save(image)
+    capsys.readouterr()  # the save's progress bar
+    assert predict.main([str(folder), str(image), *flags]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"energyformers predict: error: {' '.join(flags)}: ") and message in line, line
