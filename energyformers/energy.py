@@ -37,6 +37,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+# the models' mask check: one wording of the refusal for the models and this module
+from .modeling.modeling_hyperset import check_keep_mask
+
 # Gradient descent on the Hopfield energy is monotone for every step size in (0, HOPFIELD_STEP_SIZE_BOUND].
 HOPFIELD_STEP_SIZE_BOUND = 2.0
 
@@ -105,12 +108,7 @@ def _bool_mask(
         forms = f"2-D key padding (batch, keys) = ({batch}, {keys}) or " + forms
     if not isinstance(mask, torch.Tensor):
         raise ValueError(f"{name} must be a tensor, {forms}; got {type(mask).__name__}.")
-    if mask.dtype.is_floating_point or mask.is_complex():
-        raise ValueError(
-            f"{name} must be bool (True: attend) or integer 0/1 (1: attend); got dtype {mask.dtype}. A float mask "
-            f"is ambiguous: a 0/1 keep-mask converts with `{name}.bool()`, an additive one (0: attend, -inf or a "
-            f"large negative number: masked) with `{name} == 0`."
-        )
+    check_keep_mask(mask, name, read_values=False)  # the dtype, before the shape
     expected = (batch, keys) if mask.ndim == 2 and key_padding else shape if mask.ndim == 4 else None
     if expected is None or any(size not in (1, full) for size, full in zip(mask.shape, expected)):
         padding = "" if key_padding else f", a (batch, keys) key padding mask as {name}[:, None, None, :]"
@@ -119,11 +117,7 @@ def _bool_mask(
             f"(queries, keys) mask such as a causal one goes in as {name}[None, None], a (batch, queries, keys) one "
             f"as {name}[:, None]{padding}."
         )
-    if mask.dtype != torch.bool:
-        if not bool(((mask == 0) | (mask == 1)).all()):
-            bad = mask[(mask != 0) & (mask != 1)].flatten()[0].item()
-            raise ValueError(f"an integer {name} must hold only 0 and 1 (1: attend); got {bad}.")
-        mask = mask.bool()
+    mask = check_keep_mask(mask, name)
     return mask[:, None, None, :] if mask.ndim == 2 else mask
 
 
@@ -276,14 +270,23 @@ def minimize_energy(
     For the Hopfield energy any 0 < η ≤ 2 is monotone (module docstring); for another energy with an
     L-Lipschitz gradient, η ≤ 2/L.
     """
-    if isinstance(step_size, bool) or not isinstance(step_size, (int, float)) or not step_size > 0:
-        raise ValueError(f"step_size must be a number > 0; got {step_size!r}.")
+    # NaN or inf: a step that makes every iterate non-finite, a tolerance no step can meet
+    if (
+        isinstance(step_size, bool)
+        or not isinstance(step_size, (int, float))
+        or not math.isfinite(step_size)
+        or not step_size > 0
+    ):
+        raise ValueError(f"step_size must be a finite number > 0; got {step_size!r}.")
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0:
         raise ValueError(f"max_steps must be an integer >= 0; got {max_steps!r}.")
     if tolerance is not None and (
-        isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or tolerance < 0
+        isinstance(tolerance, bool)
+        or not isinstance(tolerance, (int, float))
+        or not math.isfinite(tolerance)
+        or tolerance < 0
     ):
-        raise ValueError(f"tolerance must be None or a number >= 0; got {tolerance!r}.")
+        raise ValueError(f"tolerance must be None or a finite number >= 0; got {tolerance!r}.")
 
     def summed(point: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         energy = energy_fn(point)

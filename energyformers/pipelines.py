@@ -64,6 +64,10 @@ class _DepthArgumentsMixin:
                 f"{type(self.model).__name__} takes no {unknown} argument(s); this model's depth and search "
                 f"arguments are {[name for name in CALL_ARGUMENTS if name in accepted]}."
             )
+        # the values too, by the model's own checks (where it has any): at construction, not at the first forward
+        check = getattr(self.model, "check_call_arguments", None)
+        if depth and check is not None:
+            check(**depth)
         preprocess, forward, postprocess = super()._sanitize_parameters(**kwargs)
         return preprocess, {**forward, **depth}, postprocess
 
@@ -265,8 +269,8 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
                 raise ValueError(f"mask_ratio must be a fraction in [0, 1]; got {mask_ratio!r}.")
             preprocess["mask_ratio"] = float(mask_ratio)
         if seed is not None:
-            if isinstance(seed, bool) or not isinstance(seed, int):
-                raise ValueError(f"seed must be an integer; got {seed!r}.")
+            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+                raise ValueError(f"seed must be an integer in [0, 2**63); got {seed!r}.")
             preprocess["seed"] = forward["seed"] = seed
         return preprocess, forward, {}
 

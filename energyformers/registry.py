@@ -170,6 +170,12 @@ INPUT_TYPES: dict[str, InputType] = {
 
 def task_of(input_type: str, auto_class: str) -> str:
     """The pipeline task a head of `auto_class` serves for `input_type` inputs (`ValueError` if none)."""
+    if input_type not in INPUT_TYPES:
+        served = "; ".join(f"{name}: {sorted(spec.tasks)}" for name, spec in INPUT_TYPES.items())
+        raise ValueError(
+            f"input_type={input_type!r} is not an input type; expected one of {list(INPUT_TYPES)} (their tasks: "
+            f"{served})."
+        )
     for task, head in INPUT_TYPES[input_type].tasks.items():
         if head == auto_class:
             return task

@@ -241,6 +241,35 @@ def _is_tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
+def check_keep_mask(
+    mask: torch.Tensor, name: str = "attention_mask", read_values: bool = True
+) -> torch.Tensor:
+    """`mask` as bool (True: attend): a bool mask as it is, an integer one of 0/1 (1: attend) converted. A float or
+    complex mask is refused, since 0 means "attend" in an additive mask and "masked" in a 0/1 one; an integer mask
+    holding another value is refused, its values read when `read_values` and not tracing (a host read: a caller
+    that already reads other values from the device reads `stray_mask_values` with them instead)."""
+    if mask.dtype.is_floating_point or mask.is_complex():
+        raise ValueError(
+            f"{name} must be bool (True: attend) or integer 0/1 (1: attend); got dtype {mask.dtype}. A float mask "
+            f"is ambiguous: a 0/1 keep-mask converts with `{name}.bool()`, an additive one (0: attend, -inf or a "
+            f"large negative number: masked) with `{name} == 0`."
+        )
+    if mask.dtype == torch.bool:
+        return mask
+    if read_values and mask.numel() and not _is_tracing() and int(stray_mask_values(mask)):
+        bad = mask[(mask != 0) & (mask != 1)].flatten()[0].item()
+        raise ValueError(f"an integer {name} must hold only 0 and 1 (1: attend); got {bad}.")
+    return mask.bool()
+
+
+def stray_mask_values(mask: torch.Tensor | None) -> torch.Tensor:
+    """How many entries of an integer `mask` are neither 0 nor 1, as a 0-d int64 tensor on its device (0 for none
+    or a bool mask)."""
+    if mask is None or mask.dtype == torch.bool:
+        return torch.zeros((), dtype=torch.int64)
+    return ((mask != 0) & (mask != 1)).sum()
+
+
 def check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
     """Refuse, at construction, a head built on a config of the other input type (an image head on a sequence
     config, or the reverse): its `forward` could not take the inputs that config's embeddings read."""
@@ -272,7 +301,11 @@ def _check_inputs(
     inputs_embeds: torch.Tensor | None,
     attention_mask: torch.Tensor | None,
 ) -> None:
-    """Exactly the input kind of `config.input_type`, with the shapes and dtypes the embeddings read."""
+    """Exactly the input kind of `config.input_type`, with the shapes and dtypes the embeddings read. The mask's
+    values are read here only on the CPU without input_ids; otherwise `_check_token_ids` reads them with the ids'
+    range, in the one host read a call with ids makes anyway (a device mask beside inputs_embeds: dtype only)."""
+    if attention_mask is not None:
+        check_keep_mask(attention_mask, read_values=input_ids is None and attention_mask.device.type == "cpu")
     if config_choice(config, "input_type", {"image": True, "sequence": False}):
         if pixel_values is None or input_ids is not None or inputs_embeds is not None:
             raise ValueError(
@@ -340,11 +373,17 @@ def _check_length(length: int, limit: int) -> None:
         )
 
 
-def _check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
-    """Ids inside the vocabulary, read from the (possibly resized) embedding table; eager mode only."""
+def _check_token_ids(
+    input_ids: torch.Tensor | None, vocab_size: int, attention_mask: torch.Tensor | None = None
+) -> None:
+    """Ids inside the vocabulary, read from the (possibly resized) embedding table, and an integer mask of 0/1
+    only, in one host read; eager mode only."""
     if input_ids is None or not input_ids.numel() or _is_tracing():
         return
-    low, high = int(input_ids.min()), int(input_ids.max())
+    values = (input_ids.min(), input_ids.max(), stray_mask_values(attention_mask).to(input_ids.device))
+    low, high, stray = torch.stack([value.to(torch.int64) for value in values]).tolist()
+    if stray:
+        check_keep_mask(attention_mask)
     if low < 0 or high >= vocab_size:
         raise ValueError(
             f"input_ids must lie in [0, vocab_size={vocab_size}); got values in [{low}, {high}]. Use the "
@@ -427,6 +466,39 @@ def interpolate_positions(
     return torch.cat((prefix, patches), dim=1)
 
 
+# what `from_pretrained` passes on to locate config.json (a Hub repository's revision, cache, subfolder)
+CONFIG_LOCATION_KWARGS = (
+    "cache_dir",
+    "force_download",
+    "proxies",
+    "token",
+    "local_files_only",
+    "revision",
+    "subfolder",
+)
+
+
+def check_folder_model_type(model_class: type, pretrained_model_name_or_path: object, kwargs: dict) -> None:
+    """Refuse, before any weights load, a folder whose config.json names another `model_type` than the class's
+    config (another family's model, a ViT): transformers would only log it and return a randomly initialised
+    model. A config.json that cannot be read, or names no model_type, is left to transformers' own loading."""
+    if pretrained_model_name_or_path is None:
+        return
+    expected = model_class.config_class.model_type
+    location = {name: kwargs[name] for name in CONFIG_LOCATION_KWARGS if name in kwargs}
+    try:
+        config_dict, _ = PreTrainedConfig.get_config_dict(pretrained_model_name_or_path, **location)
+    except OSError:
+        return
+    found = config_dict.get("model_type")
+    if found and found != expected:
+        raise ValueError(
+            f"{pretrained_model_name_or_path} holds a {found!r} model (config.json model_type); "
+            f"{model_class.__name__} loads {expected!r} models. Load it with a class of its model type, or with "
+            "transformers' AutoModel classes, which pick the class from config.json."
+        )
+
+
 class FamilyPreTrainedMixin:
     """What every family's `PreTrainedModel` shares, listed before transformers' class in its bases: the config's
     checks run again at construction, an `attn_implementation` outside the class's `attn_implementations` is refused
@@ -495,6 +567,9 @@ class FamilyPreTrainedMixin:
         # Weights are safetensors only: transformers' own switch, unless the caller sets it, refuses a checkpoint
         # that only a pickle file holds instead of unpickling it
         kwargs.setdefault("use_safetensors", True)
+        # a config given (as the Auto classes give it) is the caller's choice
+        if kwargs.get("config") is None:
+            check_folder_model_type(cls, pretrained_model_name_or_path, kwargs)
         return load_naming_unreadable_file(
             super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
         )
@@ -563,7 +638,7 @@ class HyperBFEmbeddings(nn.Module):
             tokens = torch.cat((self.cls_token.expand(tokens.shape[0], -1, -1), tokens), dim=1)
             positions = self.interpolate_pos_encoding(height, width)
         else:
-            _check_token_ids(input_ids, self.word_embeddings.num_embeddings)
+            _check_token_ids(input_ids, self.word_embeddings.num_embeddings, attention_mask)
             tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
             _check_length(tokens.shape[1], self.config.max_position_embeddings)
             _check_position_ids(self.config, position_ids, tokens.shape[:2])

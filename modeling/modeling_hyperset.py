@@ -338,6 +338,35 @@ def _is_tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
+def check_keep_mask(
+    mask: torch.Tensor, name: str = "attention_mask", read_values: bool = True
+) -> torch.Tensor:
+    """`mask` as bool (True: attend): a bool mask as it is, an integer one of 0/1 (1: attend) converted. A float or
+    complex mask is refused, since 0 means "attend" in an additive mask and "masked" in a 0/1 one; an integer mask
+    holding another value is refused, its values read when `read_values` and not tracing (a host read: a caller
+    that already reads other values from the device reads `stray_mask_values` with them instead)."""
+    if mask.dtype.is_floating_point or mask.is_complex():
+        raise ValueError(
+            f"{name} must be bool (True: attend) or integer 0/1 (1: attend); got dtype {mask.dtype}. A float mask "
+            f"is ambiguous: a 0/1 keep-mask converts with `{name}.bool()`, an additive one (0: attend, -inf or a "
+            f"large negative number: masked) with `{name} == 0`."
+        )
+    if mask.dtype == torch.bool:
+        return mask
+    if read_values and mask.numel() and not _is_tracing() and int(stray_mask_values(mask)):
+        bad = mask[(mask != 0) & (mask != 1)].flatten()[0].item()
+        raise ValueError(f"an integer {name} must hold only 0 and 1 (1: attend); got {bad}.")
+    return mask.bool()
+
+
+def stray_mask_values(mask: torch.Tensor | None) -> torch.Tensor:
+    """How many entries of an integer `mask` are neither 0 nor 1, as a 0-d int64 tensor on its device (0 for none
+    or a bool mask)."""
+    if mask is None or mask.dtype == torch.bool:
+        return torch.zeros((), dtype=torch.int64)
+    return ((mask != 0) & (mask != 1)).sum()
+
+
 def check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
     """Refuse, at construction, a head built on a config of the other input type (an image head on a sequence
     config, or the reverse): its `forward` could not take the inputs that config's embeddings read."""
@@ -369,7 +398,11 @@ def _check_inputs(
     inputs_embeds: torch.Tensor | None,
     attention_mask: torch.Tensor | None,
 ) -> None:
-    """Exactly the input kind of `config.input_type`, with the shapes and dtypes the embeddings read."""
+    """Exactly the input kind of `config.input_type`, with the shapes and dtypes the embeddings read. The mask's
+    values are read here only on the CPU without input_ids; otherwise `_check_token_ids` reads them with the ids'
+    range, in the one host read a call with ids makes anyway (a device mask beside inputs_embeds: dtype only)."""
+    if attention_mask is not None:
+        check_keep_mask(attention_mask, read_values=input_ids is None and attention_mask.device.type == "cpu")
     if config_choice(config, "input_type", {"image": True, "sequence": False}):
         if pixel_values is None or input_ids is not None or inputs_embeds is not None:
             raise ValueError(
@@ -437,11 +470,17 @@ def _check_length(length: int, limit: int) -> None:
         )
 
 
-def _check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
-    """Ids inside the vocabulary, read from the (possibly resized) embedding table; eager mode only."""
+def _check_token_ids(
+    input_ids: torch.Tensor | None, vocab_size: int, attention_mask: torch.Tensor | None = None
+) -> None:
+    """Ids inside the vocabulary, read from the (possibly resized) embedding table, and an integer mask of 0/1
+    only, in one host read; eager mode only."""
     if input_ids is None or not input_ids.numel() or _is_tracing():
         return
-    low, high = int(input_ids.min()), int(input_ids.max())
+    values = (input_ids.min(), input_ids.max(), stray_mask_values(attention_mask).to(input_ids.device))
+    low, high, stray = torch.stack([value.to(torch.int64) for value in values]).tolist()
+    if stray:
+        check_keep_mask(attention_mask)
     if low < 0 or high >= vocab_size:
         raise ValueError(
             f"input_ids must lie in [0, vocab_size={vocab_size}); got values in [{low}, {high}]. Use the "
@@ -524,6 +563,39 @@ def interpolate_positions(
     return torch.cat((prefix, patches), dim=1)
 
 
+# what `from_pretrained` passes on to locate config.json (a Hub repository's revision, cache, subfolder)
+CONFIG_LOCATION_KWARGS = (
+    "cache_dir",
+    "force_download",
+    "proxies",
+    "token",
+    "local_files_only",
+    "revision",
+    "subfolder",
+)
+
+
+def check_folder_model_type(model_class: type, pretrained_model_name_or_path: object, kwargs: dict) -> None:
+    """Refuse, before any weights load, a folder whose config.json names another `model_type` than the class's
+    config (another family's model, a ViT): transformers would only log it and return a randomly initialised
+    model. A config.json that cannot be read, or names no model_type, is left to transformers' own loading."""
+    if pretrained_model_name_or_path is None:
+        return
+    expected = model_class.config_class.model_type
+    location = {name: kwargs[name] for name in CONFIG_LOCATION_KWARGS if name in kwargs}
+    try:
+        config_dict, _ = PreTrainedConfig.get_config_dict(pretrained_model_name_or_path, **location)
+    except OSError:
+        return
+    found = config_dict.get("model_type")
+    if found and found != expected:
+        raise ValueError(
+            f"{pretrained_model_name_or_path} holds a {found!r} model (config.json model_type); "
+            f"{model_class.__name__} loads {expected!r} models. Load it with a class of its model type, or with "
+            "transformers' AutoModel classes, which pick the class from config.json."
+        )
+
+
 class FamilyPreTrainedMixin:
     """What every family's `PreTrainedModel` shares, listed before transformers' class in its bases: the config's
     checks run again at construction, an `attn_implementation` outside the class's `attn_implementations` is refused
@@ -592,6 +664,9 @@ class FamilyPreTrainedMixin:
         # Weights are safetensors only: transformers' own switch, unless the caller sets it, refuses a checkpoint
         # that only a pickle file holds instead of unpickling it
         kwargs.setdefault("use_safetensors", True)
+        # a config given (as the Auto classes give it) is the caller's choice
+        if kwargs.get("config") is None:
+            check_folder_model_type(cls, pretrained_model_name_or_path, kwargs)
         return load_naming_unreadable_file(
             super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
         )
@@ -685,7 +760,7 @@ class HyperSetEmbeddings(nn.Module):
                 self.position_encoding, self.grid, new_grid, self.num_prefix_tokens
             )
             return tokens + positions.to(tokens.dtype), keep
-        _check_token_ids(input_ids, self.word_embeddings.num_embeddings)
+        _check_token_ids(input_ids, self.word_embeddings.num_embeddings, attention_mask)
         tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         _check_length(tokens.shape[1], self.config.max_position_embeddings)
         length = tokens.shape[1]
@@ -1779,11 +1854,19 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
 
     def _halting(self, tolerance: float | None, criterion: str | None) -> tuple[float, str] | None:
         """(ε, criterion) when this call halts adaptively: eval mode, eager, a tolerance given; else None."""
+        requested_criterion = criterion
         tolerance = self.config.halting_tolerance if tolerance is None else tolerance
         criterion = self.config.halting_criterion if criterion is None else criterion
         criteria = HyperSetConfig.choices["halting_criterion"]
         if criterion not in criteria:
             raise ValueError(f"halting_criterion must be one of {list(criteria)}; got {criterion!r}.")
+        if tolerance is None and requested_criterion is not None:
+            # the criterion says what a tolerance measures: without one nothing halts, and the argument would
+            # change nothing
+            raise ValueError(
+                f"halting_criterion={requested_criterion!r} says what halting_tolerance measures, and this call has "
+                "no tolerance (none passed, config.halting_tolerance is None); pass halting_tolerance as well."
+            )
         if tolerance is None:
             return None
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
@@ -2103,6 +2186,12 @@ def _check_outer_steps_call(
     if requested_states is None:
         requested_states = config.output_hidden_states
     halting = getattr(head, "halting_classifier", None)
+    if halting is None and halting_threshold is not None:
+        raise ValueError(
+            f"halting_threshold={halting_threshold!r} is what the halting head's probability is compared with, and "
+            f"{type(head).__name__} has no halting head (config.halting_head=False); pass no halting_threshold "
+            "(halting_tolerance halts the iterations by the state's change)."
+        )
     stop_early = (
         halting is not None and config.supervision_steps > 1 and not head.training and not _is_tracing()
     )
@@ -2378,6 +2467,15 @@ def classify_with_search(
     return outputs, logits, loss, fields
 
 
+def refuse_search_without_trajectories(given: dict[str, object]) -> None:
+    """A ValueError for search arguments (`given`: the non-None ones) of a call without `search_trajectories`."""
+    if given:
+        raise ValueError(
+            f"{', '.join(f'{k}={v!r}' for k, v in given.items())} given without search_trajectories; pass "
+            "search_trajectories=K (an integer >= 1) to run test-time search."
+        )
+
+
 def run_head(
     head: PreTrainedModel,
     backbone: nn.Module,
@@ -2402,11 +2500,7 @@ def run_head(
             )
             if value is not None
         }
-        if given:
-            raise ValueError(
-                f"{', '.join(f'{k}={v!r}' for k, v in given.items())} given without search_trajectories; pass "
-                "search_trajectories=K (an integer >= 1) to run test-time search."
-            )
+        refuse_search_without_trajectories(given)
         return classify_with_deep_supervision(head, backbone, labels, backbone_inputs, halting_threshold)
     if search_selector is None:
         search_selector = "energy" if isinstance(backbone, HyperSetModel) else "confidence"
@@ -2475,6 +2569,31 @@ class RecurrentDepthHeadMixin:
             **fields,
         )
         return output if return_dict else output.to_tuple()
+
+    def check_call_arguments(self, **arguments: object) -> None:
+        """A ValueError for a bad depth, halting or search argument among `arguments` (what a call would pass;
+        others are ignored), as the forward raises it, without running the model: what the pipelines check when
+        they are built."""
+        backbone = getattr(self, self.base_model_prefix)
+        has_energy = isinstance(
+            backbone, HyperSetModel
+        )  # the baseline has no energy and no halting tolerance
+        if arguments.get("num_iterations") is not None:
+            backbone._num_iterations(arguments["num_iterations"])
+        if has_energy:
+            backbone._halting(arguments.get("halting_tolerance"), arguments.get("halting_criterion"))
+        if arguments.get("halting_threshold") is not None:
+            _check_outer_steps_call(self, {}, arguments["halting_threshold"])
+        noise, seed, selector = (arguments.get(f"search_{name}") for name in ("noise", "seed", "selector"))
+        trajectories = arguments.get("search_trajectories")
+        if trajectories is None:
+            given = {"search_noise": noise, "search_seed": seed, "search_selector": selector}
+            refuse_search_without_trajectories(
+                {name: value for name, value in given.items() if value is not None}
+            )
+            return
+        selector = ("energy" if has_energy else "confidence") if selector is None else selector
+        check_search_arguments(trajectories, 0.0 if noise is None else noise, seed, selector, has_energy)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The loss of `logits` by `config.problem_type`; transformers' token-classification loss takes (logits,
@@ -2782,6 +2901,13 @@ class MaskedImageModelingMixin:
             or not randomize_temperature >= 0
         ):
             raise ValueError(f"randomize_temperature must be a number >= 0; got {randomize_temperature!r}.")
+        # torch.Generator.manual_seed would take -1 as 2**64 - 1 (another seed's codes) and name no argument
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63
+        ):
+            raise ValueError(f"seed must be None or an integer in [0, 2**63); got {seed!r}.")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator must be None or a torch.Generator; got {type(generator).__name__}.")
         if (
             not isinstance(input_ids, torch.Tensor)
             or input_ids.ndim != 2

@@ -236,6 +236,35 @@ def _is_tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
+def check_keep_mask(
+    mask: torch.Tensor, name: str = "attention_mask", read_values: bool = True
+) -> torch.Tensor:
+    """`mask` as bool (True: attend): a bool mask as it is, an integer one of 0/1 (1: attend) converted. A float or
+    complex mask is refused, since 0 means "attend" in an additive mask and "masked" in a 0/1 one; an integer mask
+    holding another value is refused, its values read when `read_values` and not tracing (a host read: a caller
+    that already reads other values from the device reads `stray_mask_values` with them instead)."""
+    if mask.dtype.is_floating_point or mask.is_complex():
+        raise ValueError(
+            f"{name} must be bool (True: attend) or integer 0/1 (1: attend); got dtype {mask.dtype}. A float mask "
+            f"is ambiguous: a 0/1 keep-mask converts with `{name}.bool()`, an additive one (0: attend, -inf or a "
+            f"large negative number: masked) with `{name} == 0`."
+        )
+    if mask.dtype == torch.bool:
+        return mask
+    if read_values and mask.numel() and not _is_tracing() and int(stray_mask_values(mask)):
+        bad = mask[(mask != 0) & (mask != 1)].flatten()[0].item()
+        raise ValueError(f"an integer {name} must hold only 0 and 1 (1: attend); got {bad}.")
+    return mask.bool()
+
+
+def stray_mask_values(mask: torch.Tensor | None) -> torch.Tensor:
+    """How many entries of an integer `mask` are neither 0 nor 1, as a 0-d int64 tensor on its device (0 for none
+    or a bool mask)."""
+    if mask is None or mask.dtype == torch.bool:
+        return torch.zeros((), dtype=torch.int64)
+    return ((mask != 0) & (mask != 1)).sum()
+
+
 def check_head_input_type(head: nn.Module, input_type: str, required: str) -> None:
     """Refuse, at construction, a head built on a config of the other input type (an image head on a sequence
     config, or the reverse): its `forward` could not take the inputs that config's embeddings read."""
@@ -267,7 +296,11 @@ def _check_inputs(
     inputs_embeds: torch.Tensor | None,
     attention_mask: torch.Tensor | None,
 ) -> None:
-    """Exactly the input kind of `config.input_type`, with the shapes and dtypes the embeddings read."""
+    """Exactly the input kind of `config.input_type`, with the shapes and dtypes the embeddings read. The mask's
+    values are read here only on the CPU without input_ids; otherwise `_check_token_ids` reads them with the ids'
+    range, in the one host read a call with ids makes anyway (a device mask beside inputs_embeds: dtype only)."""
+    if attention_mask is not None:
+        check_keep_mask(attention_mask, read_values=input_ids is None and attention_mask.device.type == "cpu")
     if config_choice(config, "input_type", {"image": True, "sequence": False}):
         if pixel_values is None or input_ids is not None or inputs_embeds is not None:
             raise ValueError(
@@ -335,11 +368,17 @@ def _check_length(length: int, limit: int) -> None:
         )
 
 
-def _check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
-    """Ids inside the vocabulary, read from the (possibly resized) embedding table; eager mode only."""
+def _check_token_ids(
+    input_ids: torch.Tensor | None, vocab_size: int, attention_mask: torch.Tensor | None = None
+) -> None:
+    """Ids inside the vocabulary, read from the (possibly resized) embedding table, and an integer mask of 0/1
+    only, in one host read; eager mode only."""
     if input_ids is None or not input_ids.numel() or _is_tracing():
         return
-    low, high = int(input_ids.min()), int(input_ids.max())
+    values = (input_ids.min(), input_ids.max(), stray_mask_values(attention_mask).to(input_ids.device))
+    low, high, stray = torch.stack([value.to(torch.int64) for value in values]).tolist()
+    if stray:
+        check_keep_mask(attention_mask)
     if low < 0 or high >= vocab_size:
         raise ValueError(
             f"input_ids must lie in [0, vocab_size={vocab_size}); got values in [{low}, {high}]. Use the "
@@ -422,6 +461,39 @@ def interpolate_positions(
     return torch.cat((prefix, patches), dim=1)
 
 
+# what `from_pretrained` passes on to locate config.json (a Hub repository's revision, cache, subfolder)
+CONFIG_LOCATION_KWARGS = (
+    "cache_dir",
+    "force_download",
+    "proxies",
+    "token",
+    "local_files_only",
+    "revision",
+    "subfolder",
+)
+
+
+def check_folder_model_type(model_class: type, pretrained_model_name_or_path: object, kwargs: dict) -> None:
+    """Refuse, before any weights load, a folder whose config.json names another `model_type` than the class's
+    config (another family's model, a ViT): transformers would only log it and return a randomly initialised
+    model. A config.json that cannot be read, or names no model_type, is left to transformers' own loading."""
+    if pretrained_model_name_or_path is None:
+        return
+    expected = model_class.config_class.model_type
+    location = {name: kwargs[name] for name in CONFIG_LOCATION_KWARGS if name in kwargs}
+    try:
+        config_dict, _ = PreTrainedConfig.get_config_dict(pretrained_model_name_or_path, **location)
+    except OSError:
+        return
+    found = config_dict.get("model_type")
+    if found and found != expected:
+        raise ValueError(
+            f"{pretrained_model_name_or_path} holds a {found!r} model (config.json model_type); "
+            f"{model_class.__name__} loads {expected!r} models. Load it with a class of its model type, or with "
+            "transformers' AutoModel classes, which pick the class from config.json."
+        )
+
+
 class FamilyPreTrainedMixin:
     """What every family's `PreTrainedModel` shares, listed before transformers' class in its bases: the config's
     checks run again at construction, an `attn_implementation` outside the class's `attn_implementations` is refused
@@ -490,6 +562,9 @@ class FamilyPreTrainedMixin:
         # Weights are safetensors only: transformers' own switch, unless the caller sets it, refuses a checkpoint
         # that only a pickle file holds instead of unpickling it
         kwargs.setdefault("use_safetensors", True)
+        # a config given (as the Auto classes give it) is the caller's choice
+        if kwargs.get("config") is None:
+            check_folder_model_type(cls, pretrained_model_name_or_path, kwargs)
         return load_naming_unreadable_file(
             super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
         )
@@ -538,7 +613,7 @@ class IMixerEmbeddings(nn.Module):
             # images arrive as float32 whatever the model's dtype (e.g. bfloat16), as in transformers' models
             patches = self.projection(pixel_values.to(self.projection.weight.dtype))  # (B, D, Hp, Wp)
             return patches.flatten(2).transpose(1, 2), None  # (B, D, Hp, Wp) → (B, S, D)
-        _check_token_ids(input_ids, self.word_embeddings.num_embeddings)
+        _check_token_ids(input_ids, self.word_embeddings.num_embeddings, attention_mask)
         tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, L, D)
         keep = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
         keep = keep if attention_mask is None else attention_mask.bool()  # (B, L)
@@ -1337,6 +1412,13 @@ class IMixerModel(IMixerPreTrainedModel):
             gradient=fixed_point_gradient,
         )
         self.config.check_fixed_point_settings(settings.solver, settings.gradient, settings.tolerance, where)
+        if fixed_point_tolerance is not None and settings.solver == "unrolled":
+            # only picard and anderson stop at a residual: the unrolled solver runs its n steps whatever it is
+            raise ValueError(
+                f"{where}: fixed_point_tolerance={fixed_point_tolerance!r} is where the picard and anderson solvers "
+                "stop, and this call's fixed_point_solver is 'unrolled', which runs all fixed_point_iterations: "
+                "pass fixed_point_solver='picard' or 'anderson' with it, or no fixed_point_tolerance."
+            )
         return fixed_point_iterations, settings
 
     def forward(
@@ -1455,6 +1537,18 @@ class IMixerHead(IMixerPreTrainedModel):
         )
         self.post_init()
 
+    def check_call_arguments(self, **arguments: object) -> None:
+        """A ValueError naming this head's forward for a bad per-call solver argument among `arguments` (the
+        `fixed_point_*` ones; others are ignored), as the forward raises it, without running the model: what the
+        pipelines check when they are built."""
+        self.imixer._call_settings(
+            f"{type(self).__name__}.forward",
+            *(
+                arguments.get(f"fixed_point_{name}")
+                for name in ("iterations", "solver", "tolerance", "gradient")
+            ),
+        )
+
     def classify(
         self, labels: torch.Tensor | None, return_dict: bool | None, **backbone_inputs: object
     ) -> ModelOutput | tuple:
@@ -1462,13 +1556,7 @@ class IMixerHead(IMixerPreTrainedModel):
         `config.problem_type` (transformers' `loss_function` for this head's class name)."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
         # the per-call solver arguments checked under this head's name, before the backbone (which checks them too)
-        self.imixer._call_settings(
-            f"{type(self).__name__}.forward",
-            *(
-                backbone_inputs.get(f"fixed_point_{name}")
-                for name in ("iterations", "solver", "tolerance", "gradient")
-            ),
-        )
+        self.check_call_arguments(**backbone_inputs)
         outputs = self.imixer(**backbone_inputs, return_dict=True)
         logits = self.classifier(outputs.pooler_output)
         loss = None if labels is None else self.loss_function(labels, logits, self.config)

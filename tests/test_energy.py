@@ -172,7 +172,7 @@ def test_bad_arguments_are_rejected_before_any_work():
         hopfield_energy(x, x, mask=torch.ones(3, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"mask must be bool .* or integer 0/1 .*; got dtype torch.float32"):
         hopfield_energy(x, x, mask=torch.ones(1, 1, 2, 2))
-    with pytest.raises(ValueError, match="step_size must be a number > 0; got -1"):
+    with pytest.raises(ValueError, match="step_size must be a finite number > 0; got -1"):
         minimize_energy(lambda xi: xi.pow(2).sum(), x, step_size=-1)
     with pytest.raises(ValueError, match=r"step_size must be in \(0, 2.0\]"):
         EnergyAttention(8, 2, step_size=2.5)

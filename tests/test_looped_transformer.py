@@ -62,7 +62,7 @@ def test_forward_shapes_states_and_maps(model_class, input_type):
         inputs, tokens_per_sample = {"pixel_values": images()}, 1 + 16
     else:
         inputs, tokens_per_sample = (
-            {"input_ids": tokens(), "attention_mask": torch.ones(BATCH, LENGTH)},
+            {"input_ids": tokens(), "attention_mask": torch.ones(BATCH, LENGTH, dtype=torch.long)},
             LENGTH,
         )
     out = model(**inputs, output_hidden_states=True, output_attentions=True)

@@ -113,6 +113,9 @@ def test_pipeline_errors_name_the_argument(model_folder, tmp_path):
         reconstruct(image, top_k=3)
     with pytest.raises(ValueError, match="schedule must be one of"):
         reconstruct(image, schedule="cubic")
+    # torch would read -1 as the seed 2**64 - 1
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*63\); got -1"):
+        reconstruct(image, seed=-1)
     model = HyperSetForMaskedImageModeling.from_pretrained(folder)
     wrong = PatchKMeansTokenizer(torch.rand(8, 4), 2, (16, 16), 1)
     with pytest.raises(ValueError, match="vq_tokenizer has codebook_size=8, the model predicts 32"):

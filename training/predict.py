@@ -771,7 +771,9 @@ def check_attn_implementation_runs(config: Any, value: str) -> None:
 
 
 def check_depth_arguments(model: Any, depth: dict[str, Any]) -> None:
-    """Every depth flag given is an argument of the loaded model's forward (a `UsageError` naming both)."""
+    """Every depth flag given is an argument of the loaded model's forward (a `UsageError` naming both), with a
+    value the model takes (its `check_call_arguments`, where it has one: a flag the call would ignore, such as
+    --halting_threshold without a halting head, included)."""
     import inspect
 
     accepted = inspect.signature(model.forward).parameters
@@ -782,6 +784,13 @@ def check_depth_arguments(model: Any, depth: dict[str, Any]) -> None:
             f"--{unknown[0]}: {type(model).__name__} ({model.config.model_type}) does not take it; "
             f"its depth flags are {takes or 'none (its depth is fixed)'}"
         )
+    check = getattr(model, "check_call_arguments", None)
+    if depth and check is not None:
+        try:
+            check(**depth)
+        except ValueError as err:
+            given = " ".join(f"--{name} {value}" for name, value in depth.items())
+            raise UsageError(f"{given}: {err}") from err
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,335 @@
+"""Call-time arguments that used to be accepted and then read wrongly or not at all, refused by name:
+
+* a float (additive or 0/1) `attention_mask`, or an integer one holding values other than 0 and 1, in every family's
+  models (the wording of `energyformers.energy`);
+* `from_pretrained` of a folder that holds another model type;
+* per-call depth arguments that the call would ignore;
+* `decode(seed=)`, `minimize_energy`'s tolerance and step size, `task_of`'s task, the depth pipelines' arguments.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import PIL.Image
+import pytest
+import torch
+import transformers
+from fixtures import SEQUENCE, Case, hyperset_config, perturb
+
+from energyformers import (
+    FAMILIES,
+    INPUT_TYPES,
+    HyperSetForImageClassification,
+    IMixerForImageClassification,
+    LoopedTransformerConfig,
+    LoopedTransformerForImageClassification,
+    LoopedTransformerForSequenceClassification,
+    task_of,
+)
+from energyformers.energy import EnergyAttention, minimize_energy
+
+# ------------------------------------------------------------------------------------------- attention_mask
+
+MASK_CASES = [
+    *SEQUENCE,
+    # the looped baseline (no family of FAMILIES) reads its mask through Hyper-SET's embeddings
+    pytest.param(None, id="looped"),
+]
+
+
+def _model_and_inputs(case: Case | None) -> tuple[torch.nn.Module, dict]:
+    if case is None:
+        torch.manual_seed(0)
+        config = LoopedTransformerConfig.from_hyperset(hyperset_config("sequence"))
+        model = perturb(LoopedTransformerForSequenceClassification(config)).eval()
+        return model, _sequence_inputs()
+    return perturb(case.build()), case.inputs()
+
+
+def _sequence_inputs() -> dict:
+    ids = torch.randint(1, 20, (3, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[0, -2:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+FLOAT_MESSAGE = (
+    "attention_mask must be bool (True: attend) or integer 0/1 (1: attend); got dtype torch.float32"
+)
+
+
+@pytest.mark.parametrize("case", MASK_CASES, ids=str)
+@pytest.mark.parametrize("form", ["additive", "keep"])
+def test_a_float_attention_mask_is_refused_in_every_model(case, form):
+    model, inputs = _model_and_inputs(case)
+    mask = inputs["attention_mask"]
+    inputs["attention_mask"] = (1 - mask).float() * -1e9 if form == "additive" else mask.float()
+    with pytest.raises(ValueError, match=FLOAT_MESSAGE.replace("(", r"\(").replace(")", r"\)")):
+        model(**inputs)
+
+
+@pytest.mark.parametrize("case", MASK_CASES, ids=str)
+@pytest.mark.parametrize("through", ["input_ids", "inputs_embeds"])
+def test_an_integer_attention_mask_other_than_0_1_is_refused_in_every_model(case, through):
+    model, inputs = _model_and_inputs(case)
+    inputs["attention_mask"] = inputs["attention_mask"] * 2
+    if through == "inputs_embeds":
+        inputs["inputs_embeds"] = model.get_input_embeddings()(inputs.pop("input_ids"))
+    with pytest.raises(
+        ValueError, match=r"an integer attention_mask must hold only 0 and 1 \(1: attend\); got 2"
+    ):
+        model(**inputs)
+
+
+@pytest.mark.parametrize("case", MASK_CASES, ids=str)
+def test_bool_and_integer_0_1_masks_give_the_same_outputs(case):
+    model, inputs = _model_and_inputs(case)
+    with torch.no_grad():
+        integer = model(**inputs)[0]
+        inputs["attention_mask"] = inputs["attention_mask"].bool()
+        boolean = model(**inputs)[0]
+    torch.testing.assert_close(boolean, integer, atol=0, rtol=0)
+
+
+def test_the_energy_module_refuses_masks_in_the_models_words():
+    attention = EnergyAttention(8, 2)
+    state = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="attention_mask must be bool"):
+        attention(state, attention_mask=torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="must hold only 0 and 1"):
+        attention(state, attention_mask=torch.full((2, 3), 2))
+
+
+# ------------------------------------------------------------------------------------- from_pretrained model_type
+
+
+@pytest.fixture(scope="module")
+def saved_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One tiny saved image classifier per model type: the three families, the looped baseline and a ViT."""
+    root = tmp_path_factory.mktemp("model-types")
+    folders = {}
+    for family in FAMILIES:
+        case = Case.of(FAMILIES[family].heads["AutoModelForImageClassification"])
+        case.build().save_pretrained(root / family)
+        folders[family] = root / family
+    torch.manual_seed(0)
+    looped = LoopedTransformerConfig.from_hyperset(hyperset_config("image"))
+    LoopedTransformerForImageClassification(looped).save_pretrained(root / "looped_transformer")
+    folders["looped_transformer"] = root / "looped_transformer"
+    vit = transformers.ViTConfig(
+        image_size=8,
+        patch_size=2,
+        num_channels=1,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=4,
+    )
+    transformers.ViTForImageClassification(vit).save_pretrained(root / "vit")
+    folders["vit"] = root / "vit"
+    return folders
+
+
+IMAGE_CLASSES = {
+    **{family: spec.heads["AutoModelForImageClassification"] for family, spec in FAMILIES.items()},
+    "looped_transformer": LoopedTransformerForImageClassification,
+}
+
+
+@pytest.mark.parametrize("target", list(IMAGE_CLASSES))
+@pytest.mark.parametrize("source", [*IMAGE_CLASSES, "vit"])
+def test_from_pretrained_refuses_a_folder_of_another_model_type(saved_folders, source, target):
+    model_class, folder = IMAGE_CLASSES[target], saved_folders[source]
+    if source == target:
+        model, loading = model_class.from_pretrained(folder, output_loading_info=True)
+        assert type(model) is model_class and not any(loading.values()), loading
+        return
+    with pytest.raises(ValueError) as refused:
+        model_class.from_pretrained(folder)
+    expected = model_class.config_class.model_type
+    found = "vit" if source == "vit" else IMAGE_CLASSES[source].config_class.model_type
+    message = str(refused.value)
+    assert f"{folder} holds a '{found}' model" in message, message
+    assert f"{model_class.__name__} loads '{expected}' models" in message, message
+
+
+@pytest.mark.parametrize("source", list(IMAGE_CLASSES))
+def test_auto_classes_still_load_every_model_type(saved_folders, source):
+    model = transformers.AutoModelForImageClassification.from_pretrained(saved_folders[source])
+    assert type(model) is IMAGE_CLASSES[source]
+
+
+# ------------------------------------------------------------------------------ per-call arguments a call ignores
+
+
+def _image_head(model_class: type, **overrides: object) -> tuple[torch.nn.Module, torch.Tensor]:
+    if model_class is LoopedTransformerForImageClassification:
+        torch.manual_seed(0)
+        config = LoopedTransformerConfig.from_hyperset(hyperset_config("image"), **overrides)
+        model = perturb(model_class(config)).eval()
+    else:
+        model = perturb(Case.of(model_class).build(**overrides))
+    shape = (2, model.config.num_channels, model.config.image_size, model.config.image_size)
+    return model, torch.randn(shape, generator=torch.Generator().manual_seed(3))
+
+
+def test_halting_criterion_without_a_tolerance_is_refused():
+    model, pixels = _image_head(HyperSetForImageClassification)
+    assert model.config.halting_tolerance is None
+    with pytest.raises(ValueError, match=r"halting_criterion='energy' says what halting_tolerance measures"):
+        model(pixel_values=pixels, halting_criterion="energy")
+    with torch.no_grad():  # with a tolerance, of the call or of the config, the criterion is read
+        model(pixel_values=pixels, halting_criterion="energy", halting_tolerance=1e-3)
+        model.config.halting_tolerance = 1e-3
+        model(pixel_values=pixels, halting_criterion="energy")
+
+
+@pytest.mark.parametrize(
+    "model_class",
+    [HyperSetForImageClassification, LoopedTransformerForImageClassification],
+    ids=["hyperset", "looped"],
+)
+def test_halting_threshold_without_a_halting_head_is_refused(model_class):
+    model, pixels = _image_head(model_class)
+    assert not model.config.halting_head
+    with pytest.raises(ValueError, match=r"halting_threshold=0.5 is what the halting head's probability"):
+        model(pixel_values=pixels, halting_threshold=0.5)
+    halting, pixels = _image_head(model_class, halting_head=True, supervision_steps=2)
+    with torch.no_grad():
+        halting(pixel_values=pixels, halting_threshold=0.5)
+
+
+def test_imixer_fixed_point_tolerance_with_the_unrolled_solver_is_refused():
+    model, pixels = _image_head(IMixerForImageClassification)
+    assert model.config.fixed_point_solver == "unrolled"
+    with pytest.raises(
+        ValueError, match=r"fixed_point_tolerance=0.5 is where the picard and anderson solvers stop"
+    ):
+        model(pixel_values=pixels, fixed_point_tolerance=0.5)
+    with torch.no_grad():
+        model(pixel_values=pixels, fixed_point_tolerance=0.5, fixed_point_solver="picard")
+
+
+# ------------------------------------------------------------------------------------------------ smaller cases
+
+
+@pytest.mark.parametrize(("seed", "shown"), [(-1, "-1"), (2**64, str(2**64)), (1.5, "1.5"), (True, "True")])
+def test_decode_refuses_a_seed_outside_0_to_2_63(seed, shown):
+    from test_mim import tiny_trained_free_model
+
+    model = tiny_trained_free_model()
+    codes = torch.full((1, 16), model.mask_token_id)
+    with pytest.raises(
+        ValueError, match=re.escape(f"seed must be None or an integer in [0, 2**63); got {shown}.")
+    ):
+        model.decode(codes, steps=1, seed=seed)
+    with pytest.raises(ValueError, match=r"generator must be None or a torch\.Generator; got str"):
+        model.decode(codes, steps=1, generator="x")
+
+
+@pytest.mark.parametrize(
+    ("argument", "value", "message"),
+    [
+        ("tolerance", float("nan"), "tolerance must be None or a finite number >= 0; got nan"),
+        ("tolerance", float("inf"), "tolerance must be None or a finite number >= 0; got inf"),
+        ("step_size", float("inf"), "step_size must be a finite number > 0; got inf"),
+    ],
+)
+def test_minimize_energy_refuses_non_finite_tolerance_and_step_size(argument, value, message):
+    state = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        minimize_energy(lambda x: x.pow(2).sum(-1), state, **{argument: value})
+
+
+def test_task_of_an_unknown_input_type_lists_the_input_types_and_their_tasks():
+    with pytest.raises(ValueError) as refused:
+        task_of("video", "AutoModel")
+    message = str(refused.value)
+    assert "input_type='video' is not an input type; expected one of ['image', 'sequence']" in message, (
+        message
+    )
+    for spec in INPUT_TYPES.values():
+        assert all(task in message for task in spec.tasks), message
+
+
+@pytest.mark.parametrize(
+    ("model_class", "call", "message"),
+    [
+        (
+            HyperSetForImageClassification,
+            dict(num_iterations=0),
+            "num_iterations must be an integer >= 1; got 0",
+        ),
+        (
+            HyperSetForImageClassification,
+            dict(halting_criterion="energy"),
+            "says what halting_tolerance measures",
+        ),
+        (
+            HyperSetForImageClassification,
+            dict(search_seed=1),
+            r"search_seed=1 given without search_trajectories",
+        ),
+        (
+            HyperSetForImageClassification,
+            dict(search_trajectories=2, search_noise=-1.0),
+            "search_noise must be",
+        ),
+        (HyperSetForImageClassification, dict(halting_threshold=0.5), "has no halting head"),
+        (
+            LoopedTransformerForImageClassification,
+            dict(num_iterations=-1),
+            "num_iterations must be an integer",
+        ),
+        (IMixerForImageClassification, dict(fixed_point_iterations=-1), "invalid fixed_point_iterations=-1"),
+        (
+            IMixerForImageClassification,
+            dict(fixed_point_tolerance=0.5),
+            "the picard and anderson solvers stop",
+        ),
+    ],
+    ids=lambda value: value.__name__ if isinstance(value, type) else None,
+)
+def test_depth_pipelines_check_their_arguments_when_built(model_class, call, message):
+    from transformers import pipeline
+
+    from energyformers.pipelines import ImageClassificationPipeline
+    from energyformers.training.processing import build_image_processor
+
+    model, _ = _image_head(model_class, num_channels=3)  # the pipeline converts every image to RGB
+    processor = build_image_processor(model.config)
+    with pytest.raises(ValueError, match=message):
+        pipeline(
+            "image-classification",
+            model=model,
+            image_processor=processor,
+            pipeline_class=ImageClassificationPipeline,
+            **call,
+        )
+
+
+@pytest.mark.parametrize(
+    ("family", "flags", "message"),
+    [
+        ("hyperset", ["--halting_threshold", "0.5"], "has no halting head"),
+        ("imixer", ["--fixed_point_tolerance", "0.5"], "the picard and anderson solvers stop"),
+    ],
+)
+def test_predict_refuses_a_flag_the_model_call_would_ignore_in_one_line(
+    tmp_path, capsys, family, flags, message
+):
+    from test_cli_errors import model_folder
+
+    from energyformers.training import predict
+
+    folder = model_folder(tmp_path / family, family)
+    image = tmp_path / "x.png"
+    pixels = torch.rand(8, 8, 3, generator=torch.Generator().manual_seed(3))
+    PIL.Image.fromarray((pixels * 255).byte().numpy()).save(image)
+    capsys.readouterr()  # the save's progress bar
+    assert predict.main([str(folder), str(image), *flags]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"energyformers predict: error: {' '.join(flags)}: ") and message in line, line
