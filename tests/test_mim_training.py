@@ -303,9 +303,15 @@ def test_benchmark_script_smoke(tmp_path, capsys):
     schedules = setup["depth_schedule"]
     assert schedules == {
         "hyperset": {"iteration_sampling": "uniform", "iteration_range": [1, 3], "input_anchor": 0.5},
-        "looped-transformer": {"iteration_sampling": "uniform", "iteration_range": [1, 3], "input_anchor": None},
+        "looped-transformer": {
+            "iteration_sampling": "uniform",
+            "iteration_range": [1, 3],
+            "input_anchor": None,
+        },
     }, schedules
-    expected = "Training depth: Hyper-SET uniform in [1, 3], anchor λ = 0.5; looped Transformer uniform in [1, 3]."
+    expected = (
+        "Training depth: Hyper-SET uniform in [1, 3], anchor λ = 0.5; looped Transformer uniform in [1, 3]."
+    )
     assert expected in text, text
     assert text.startswith("# SMOKE RUN (smoke, not a measurement): "), text[:200]
     assert "](mim_smoke.png)" in text and "](mim_smoke_decode.png)" in text, text
