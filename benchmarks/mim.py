@@ -168,6 +168,18 @@ def measure(
     return result
 
 
+def depth_schedule(folder: Path) -> dict:
+    """How a saved run drew its training depths: the sampling, the range it drew from, the anchor energy's λ."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(folder)
+    return {
+        "iteration_sampling": config.iteration_sampling,
+        "iteration_range": list(config.iteration_range),
+        "input_anchor": getattr(config, "input_anchor", None),  # Hyper-SET only
+    }
+
+
 def decode_picture(folder: Path, path: Path, count: int = 3, steps: int = 8) -> None:
     """Original, tokenized, 40 %-masked, the grid after several decoding steps and the final grid, in pixels."""
     import matplotlib
@@ -319,6 +331,24 @@ def markdown(results: dict) -> str:
         f"{LABELS[m]} {statistics.fmean(w[m] for w in s['train_wall_s'].values()):.0f} s" for m in MODELS
     )
     over = f"mean ± sample std over n = {n} seeds" if n > 1 else f"one seed (n = 1, seed {seeds[0]})"
+
+    def schedule(d: dict) -> str:
+        low, high = d["iteration_range"]
+        drawn = (
+            f"T = {low}"
+            if d["iteration_sampling"] == "fixed"
+            else f"{d['iteration_sampling']} in [{low}, {high}]"
+        )
+        return drawn + (f", anchor λ = {d['input_anchor']:g}" if d["input_anchor"] else "")
+
+    depths = (
+        "; ".join(
+            f"{LABELS[m]} {schedule(s['depth_schedule'][m])}"
+            for m in MODELS
+            if m in s.get("depth_schedule", {})
+        )
+        or "as configured"
+    )
     names = output_names(s["smoke"])
     title = "Masked image modelling on CPU: Hyper-SET vs the looped Transformer"
     run = results.get("run")
@@ -340,7 +370,7 @@ def markdown(results: dict) -> str:
         f"Reduced sizes (the paper: d = 768, 1024 codes, 16 × 16 grid): width {s['width']}, one layer × "
         f"T = {s['iterations']}; Hyper-SET with dictionary M = d (the paper's 1/T/d row) and "
         f"iteration_conditioning='{s['hyperset_iteration_conditioning']}' (the paper: 'sinusoidal-no-mlp'), the "
-        "baseline with MLP 4d (its 1/T/4d row). Test split: fixed 40 % masks on "
+        f"baseline with MLP 4d (its 1/T/4d row). Training depth: {depths}. Test split: fixed 40 % masks on "
         f"{results['models']['hyperset']['test_images']} images, MaskGIT decoding with the arccos schedule, seed 0 "
         "(the same for every training seed).",
         "",
@@ -612,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
         "hyperset_iteration_conditioning": json.loads((first / "hyperset" / "config.json").read_text())[
             "iteration_conditioning"
         ],
+        # so do the training depths and the anchor energy (each model's saved config)
+        "depth_schedule": {model: depth_schedule(first / model) for model in MODELS},
     }
     results["reading"] = reading(results)
     (args.out / names["json"]).write_text(json.dumps(results, indent=2) + "\n")

@@ -734,8 +734,8 @@ class HyperSetConfig(RecurrentDepthConfig):
             λ of an anchor energy (λ/2)‖x − x₀‖² added to the layer's energy (x₀: the state entering the layer,
             for one layer the embedded input): every iteration also takes the step −λ(x_t − x₀). It makes the
             energy coercive, so the iteration has a fixed point and extra test-time iterations cannot drift
-            away (our addition, not the paper's: 0 = the paper's model; the from-scratch models of the package's
-            `energyformers train` use 0.5).
+            away (our addition, not the paper's: 0 = the paper's model; the `cli-image` and `cli-mim` presets,
+            which `energyformers train` builds for images and masked image modelling, use 0.5).
         iteration_sampling (`str`, *optional*, defaults to `"fixed"`):
             Depth of each training forward: `"fixed"` (num_iterations), `"uniform"` over [min_iterations,
             max_iterations], or `"poisson-lognormal"` with mean num_iterations (Geiping et al., *Scaling up

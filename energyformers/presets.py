@@ -90,10 +90,14 @@ HYPERSET_PRESETS.update(
 )
 # The small masked-image-modelling model `energyformers train --task masked-image-modeling` builds from scratch: the
 # paper's MIM structure (the rows above) at width 128, T = 12 as Table 2; the tokenizer sets vocabulary and grid.
+# As `cli-image`, the anchor energy and random depth (uniform in [T/2, 3T/2], mean T: the training compute of a fixed
+# T) keep the accuracy flat past the trained T, where fixed-depth training falls (docs/mim.md, "Measured").
 HYPERSET_PRESETS["cli-mim"] = dict(
     **{**_MIM, "hidden_size": 128, "num_attention_heads": 4, "time_embedding_dim": 128},
     intermediate_size=128,
     num_iterations=12,
+    input_anchor=0.5,
+    iteration_sampling="uniform",
 )
 # The small models `energyformers train` builds from scratch (the dataset sets image geometry or vocabulary).
 # Images: digits at 16×16, patch 2, 12 epochs at lr 3e-3; mean pooling because with CLS pooling the CLS token stays
@@ -214,7 +218,7 @@ HYPERBF_PRESETS["cli-sequence"] = dict(
 # fixes the positions: with Hyper-SET's fixed sin-cos table the model has 8,654,848 parameters (8.65 M); a learned
 # table of 256 × 768 adds 196,608, giving 8,851,456 = Table 2's 8.85 M (MaskGIT's transformer learns its
 # positions too). Asserted in tests/test_mim.py. `cli-mim`: the CLI's small baseline beside Hyper-SET's `cli-mim`
-# (same width, heads, T and head), with the MLP of width 4d.
+# (same width, heads, T, depth sampling and head), with the MLP of width 4d.
 _MIM_BASELINE = dict(
     input_type="sequence",
     hidden_size=768,
@@ -231,7 +235,13 @@ _MIM_BASELINE = dict(
 )
 LOOPED_TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
     "mim-1-12-4d": _MIM_BASELINE,
-    "cli-mim": {**_MIM_BASELINE, "hidden_size": 128, "num_attention_heads": 4, "intermediate_size": 512},
+    "cli-mim": {
+        **_MIM_BASELINE,
+        "hidden_size": 128,
+        "num_attention_heads": 4,
+        "intermediate_size": 512,
+        "iteration_sampling": "uniform",
+    },
 }
 
 

@@ -299,6 +299,20 @@ def test_benchmark_script_smoke(tmp_path, capsys):
         assert differences[name] == expected, (name, differences[name], expected)  # one subtraction: exact
     text = (tmp_path / "mim_smoke.md").read_text()
     assert "mean ± sample std over n = 2 seeds" in text, text
+    # the `cli-mim` presets' depth schedule at T = 2 (uniform in [T - T // 2, T + T // 2]), read from each saved config
+    schedules = setup["depth_schedule"]
+    assert schedules == {
+        "hyperset": {"iteration_sampling": "uniform", "iteration_range": [1, 3], "input_anchor": 0.5},
+        "looped-transformer": {
+            "iteration_sampling": "uniform",
+            "iteration_range": [1, 3],
+            "input_anchor": None,
+        },
+    }, schedules
+    expected = (
+        "Training depth: Hyper-SET uniform in [1, 3], anchor λ = 0.5; looped Transformer uniform in [1, 3]."
+    )
+    assert expected in text, text
     assert text.startswith("# SMOKE RUN (smoke, not a measurement): "), text[:200]
     assert "](mim_smoke.png)" in text and "](mim_smoke_decode.png)" in text, text
     hyperset = results["models"]["hyperset"]
