@@ -3,6 +3,7 @@
 Both loops treat the two signals alike: the step in progress finishes, a checkpoint is saved in
 `<output_dir>.checkpoints/`, and the command prints how to continue (`--resume`) and exits with 128 + the signal
 number (143, 130). A second Ctrl-C stops at once (`KeyboardInterrupt`) for whoever cannot wait for the step.
+In the Trainer loop an evaluation during training ends at its next prediction step (`trainer.StopOnSignal`).
 
 With several processes every rank handles the signals too, and the ranks decide together: after each optimizer
 step they all-reduce one flag (`StopRequest.should_stop`), so all of them stop after the same step and save the
