@@ -345,7 +345,9 @@ def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
     assert proc.returncode == 128 + 15, proc.stderr[-3000:]
     assert "stopped by SIGTERM at step 2" in proc.stderr and "--resume" in proc.stderr, proc.stderr[-3000:]
     steps = json.loads(seen.read_text())
-    assert steps == expected_steps, f"prediction steps seen (their global steps) {steps}, expected {expected_steps}"
+    assert steps == expected_steps, (
+        f"prediction steps seen (their global steps) {steps}, expected {expected_steps}"
+    )
     work = out.with_name("run.checkpoints")
     checkpoints = sorted(p.name for p in work.glob("checkpoint-*"))
     assert checkpoints == ["checkpoint-2"], checkpoints
