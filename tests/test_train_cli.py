@@ -325,17 +325,23 @@ sys.exit(status)
 """
 
 
-@pytest.mark.parametrize(("during", "expected_steps"), [("training", []), ("evaluation", [2])])
+@pytest.mark.parametrize(
+    ("during", "expected_steps", "best"),
+    [("training", [], False), ("evaluation", [2], False), ("evaluation", [2], True)],
+    ids=["training", "evaluation", "evaluation-best-model"],
+)
 def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
-    tmp_path: Path, during: str, expected_steps: list[int]
+    tmp_path: Path, during: str, expected_steps: list[int], best: bool
 ) -> None:
     """SIGTERM during the step before an evaluation, or during the evaluation (which on a CPU can outlast many
     training steps): the evaluation does not start, or ends at its next prediction step; the step just trained is
-    checkpointed without metrics of an abandoned evaluation, and the run resumes from it.
-    `--load_best_model_at_end`: Trainer looks up the best-model metric of every evaluation, a cut-short one too."""
+    checkpointed without metrics of an abandoned evaluation, and the run resumes from it to the uninterrupted
+    run's weights. `--load_best_model_at_end`: Trainer looks up the best-model metric of every evaluation, a
+    cut-short one too (the abandoned step cannot be the best, so the weights may differ there)."""
     argv = ["--dataset", "digits", "--config", *cli_config("hyperset"), *SUBSET, "--max_steps", "6"]
     argv += ["--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "4"]  # 4 prediction steps
-    argv += ["--eval_strategy", "steps", "--eval_steps", "2", "--save_steps", "4", "--load_best_model_at_end"]
+    argv += ["--eval_strategy", "steps", "--eval_steps", "2", "--save_steps", "4"]
+    argv += ["--load_best_model_at_end"] if best else []
     argv += ["--num_threads", "1", "--disable_tqdm"]
     out = tmp_path / "run"
     script, seen = tmp_path / "stop.py", tmp_path / "seen.json"
@@ -357,6 +363,12 @@ def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
     assert run_cli(*argv, "--output_dir", out, "--resume") == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["recipe"]["resumed_from"].endswith("checkpoint-2"), metrics["recipe"]
+    if best:
+        return
+    assert run_cli(*argv, "--output_dir", tmp_path / "straight") == 0
+    a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(out / "model.safetensors")
+    for key in a:  # exact, as after a stop between evaluations (`test_resume_after_sigterm_matches_...`)
+        torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
 
 
 def built_run(argv: list[str]):

@@ -13,7 +13,7 @@ from transformers import Trainer, TrainerCallback
 
 from .callbacks import ContinueIterationDraws
 from .evaluation import depth_metrics
-from .interrupt import StopRequest
+from .interrupt import EvaluationStopped, StopRequest
 from .optimization import make_scheduler
 
 
@@ -132,19 +132,13 @@ class DepthTrainer(Trainer):
         )
 
 
-class EvaluationStopped(Exception):
-    """Raised by `StopOnSignal` to end a training run's evaluation at a stop request; `RecipeTrainer.evaluate`
-    turns it into the checkpoint and the stop."""
-
-
 class StopOnSignal(TrainerCallback):
     """SIGTERM or SIGINT (`interrupt.StopRequest`) → save a checkpoint at the end of this step and stop; with
     several processes all ranks decide together (Trainer calls this on every rank; its save is collective).
 
-    An evaluation during training ends at its next prediction step (`EvaluationStopped`, which `RecipeTrainer`
-    handles): on a CPU one evaluation can take longer than many training steps. It is abandoned, not finished:
-    none of its metrics are logged, and a resumed run does not repeat it. An evaluation after the stop step
-    does not start."""
+    An evaluation during training ends at its next prediction step (`interrupt.EvaluationStopped`, which
+    `RecipeTrainer.evaluate` handles), abandoned: none of its metrics are logged, and a resumed run does not repeat
+    it. An evaluation after the stop step does not start."""
 
     def __init__(self, request: StopRequest) -> None:
         self.request = request
@@ -204,4 +198,4 @@ class ContinueRunCallback(ContinueIterationDraws):
             control.should_log = True
 
 
-__all__ = ["ContinueRunCallback", "DepthTrainer", "EvaluationStopped", "RecipeTrainer", "StopOnSignal"]
+__all__ = ["ContinueRunCallback", "DepthTrainer", "RecipeTrainer", "StopOnSignal"]
