@@ -1,5 +1,6 @@
 """SIGTERM in a real 2-process run on CPU (gloo): the ranks agree to stop after the same step (or at the same
-prediction step of an evaluation during training), save one checkpoint together, exit with 143 and print the "Continue with" line once (rank 0); `--resume` continues the run.
+prediction step of an evaluation during training), save one checkpoint together, exit with 143 and print the
+"Continue with" line once (rank 0); `--resume` continues the run.
 
 The ranks are started as a launcher starts them (RANK, WORLD_SIZE, MASTER_ADDR, ... in the environment) but by
 this test, so each rank's own exit status can be checked; under torchrun the launcher's status is torchrun's. The
