@@ -7,7 +7,10 @@ uninterrupted run; gradient accumulation (4 × 2) matches the unaccumulated batc
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,6 +88,67 @@ def test_resume_from_saved_state_matches_the_uninterrupted_run(tmp_path: Path) -
     for key in a:
         # exact: the same seed, restored optimizer, scheduler and RNG state and data order, one thread: the same
         # float operations in the same order as the uninterrupted run
+        torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
+
+
+# Run as a script: SIGTERM (a real signal) while step 2 trains (argv[1] "training"; step 2 ends at an evaluation
+# step) or at the first batch of its evaluation ("evaluation"); argv[2] gets the number of evaluation batches run.
+STOP_AROUND_AN_EVALUATION = """
+import json, os, signal, sys
+from energyformers.training import accelerate_loop
+
+train_steps, eval_batches = [], []
+train_step, sample_losses = accelerate_loop.train_step, accelerate_loop.sample_losses
+
+def counting_train_step(*args, **kwargs):
+    train_steps.append(1)
+    if sys.argv[1] == "training" and len(train_steps) == 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return train_step(*args, **kwargs)
+
+def counting_sample_losses(*args, **kwargs):  # once per evaluation batch
+    eval_batches.append(1)
+    if sys.argv[1] == "evaluation" and len(eval_batches) == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return sample_losses(*args, **kwargs)
+
+accelerate_loop.train_step, accelerate_loop.sample_losses = counting_train_step, counting_sample_losses
+status = accelerate_loop.main(sys.argv[3:])
+open(sys.argv[2], "w").write(json.dumps(len(eval_batches)))
+sys.exit(status)
+"""
+
+
+@pytest.mark.parametrize(("during", "batches"), [("training", 0), ("evaluation", 1)])
+def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
+    tmp_path: Path, during: str, batches: int
+) -> None:
+    """As in `train`: the evaluation after the stop step does not start, one in progress ends at its next batch
+    (of 4), unlogged; the step just trained is checkpointed and the run resumes from it."""
+    argv = [*COMMON, *tiny(), "--max_steps", "6", "--batch_size", "8", "--per_device_eval_batch_size", "4"]
+    argv += ["--eval_strategy", "steps", "--eval_steps", "2", "--save_steps", "4", "--disable_tqdm"]
+    out = tmp_path / "run"
+    script, seen = tmp_path / "stop.py", tmp_path / "seen.json"
+    script.write_text(STOP_AROUND_AN_EVALUATION)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, str(script), during, str(seen), *argv, "--output_dir", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 128 + 15, proc.stderr[-3000:]
+    assert "stopped by SIGTERM at step 2" in proc.stderr and "--resume" in proc.stderr, proc.stderr[-3000:]
+    assert json.loads(seen.read_text()) == batches, (
+        f"evaluation batches run: {seen.read_text()}, expected {batches}"
+    )
+    work = out.with_name("run.checkpoints")
+    assert sorted(p.name for p in work.glob("step_*")) == ["step_2"], sorted(p.name for p in work.iterdir())
+    history = json.loads((work / "step_2" / accelerate_loop.STATE_FILE).read_text())["history"]
+    assert not [entry for entry in history if any(key.startswith("eval_") for key in entry)], history
+
+    assert accelerate_loop.main([*argv, "--output_dir", str(out), "--resume"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["recipe"]["resumed_from"].endswith("step_2"), metrics["recipe"]
+    assert accelerate_loop.main([*argv, "--output_dir", str(tmp_path / "straight")]) == 0
+    a, b = weights(tmp_path / "straight"), weights(out)
+    for key in a:  # exact, as after a stop between evaluations (`test_resume_from_saved_state_...`)
         torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
 
 

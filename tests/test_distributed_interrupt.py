@@ -1,5 +1,6 @@
-"""SIGTERM in a real 2-process run on CPU (gloo): the ranks agree to stop after the same step, save one checkpoint
-together, exit with 143 and print the "Continue with" line once (rank 0); `--resume` continues the run.
+"""SIGTERM in a real 2-process run on CPU (gloo): the ranks agree to stop after the same step (or at the same
+prediction step of an evaluation during training), save one checkpoint together, exit with 143 and print the
+"Continue with" line once (rank 0); `--resume` continues the run.
 
 The ranks are started as a launcher starts them (RANK, WORLD_SIZE, MASTER_ADDR, ... in the environment) but by
 this test, so each rank's own exit status can be checked; under torchrun the launcher's status is torchrun's. The
@@ -115,6 +116,54 @@ def test_trainer_sigterm_to_one_rank_stops_both_and_resume_continues(tmp_path: P
     recipe = json.loads((out / "metrics.json").read_text())["recipe"]
     assert (recipe["global_step"], recipe["world_size"]) == (6, 2), recipe
     assert recipe["resumed_from"].endswith("checkpoint-2"), recipe
+
+
+# rank 1 sends itself SIGTERM at its first prediction step of the step-2 evaluation; each rank writes the number
+# of prediction steps it ran to argv[1].rank<r>
+TRAINER_EVALUATION_SCRIPT = """
+import os, signal, sys
+from transformers import TrainerCallback
+from energyformers.training import train
+
+class SignalRankOneInEvaluation(TrainerCallback):
+    steps = 0
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        type(self).steps += 1
+        if args.process_index == 1 and self.steps == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+status = train.main(sys.argv[2:], callbacks=[SignalRankOneInEvaluation()])
+open(f"{sys.argv[1]}.rank{os.environ['RANK']}", "w").write(str(SignalRankOneInEvaluation.steps))
+sys.exit(status)
+"""
+
+
+@pytest.mark.slow  # a 2-process launch
+def test_trainer_sigterm_to_one_rank_during_an_evaluation_stops_both_at_the_next_prediction_step(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "signal_rank_one.py"
+    script.write_text(TRAINER_EVALUATION_SCRIPT)
+    out = tmp_path / "model"
+    argv = args(out, 6)
+    argv[argv.index("--eval_strategy") + 1] = "steps"
+    argv += [
+        "--eval_steps",
+        "2",
+        "--per_device_eval_batch_size",
+        "2",
+    ]  # 16 samples: 4 prediction steps per rank
+    command = [sys.executable, str(script), str(tmp_path / "steps"), *argv]
+    statuses = wait_all(start_ranks(command, tmp_path, "stop"))
+    text = logs(tmp_path, "stop")
+    assert statuses == [143, 143], (statuses, {k: v[-2500:] for k, v in text.items()})
+    steps = [int((tmp_path / f"steps.rank{rank}").read_text()) for rank in (0, 1)]
+    assert steps == [1, 1], f"prediction steps run per rank: {steps} (of 4)"
+    checkpoints = sorted(p.name for p in (tmp_path / "model.checkpoints").glob("checkpoint-*"))
+    assert checkpoints == ["checkpoint-2"], (checkpoints, text["stop.rank0.err"][-2500:])
+    assert "stopped by SIGTERM at step 2" in text["stop.rank0.err"], text["stop.rank0.err"][-2500:]
+    assert "Traceback" not in text["stop.rank0.err"] + text["stop.rank1.err"]
 
 
 def first_logged_step(path: Path, ranks: list[subprocess.Popen]) -> None:

@@ -340,6 +340,16 @@ def test_help_gives_every_option_a_text_and_each_default_once(prog):
     assert "--num-train-epochs" not in text  # one spelling per option
 
 
+def test_the_command_list_says_train_trains_new_models_too(capsys):
+    """`energyformers --help`: the README's first command trains from scratch with `train`, which only
+    fine-tunes with --from_pretrained."""
+    from energyformers.training import cli
+
+    assert cli.main(["--help"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.split()[:1] == ["train"]]
+    assert "new model" in line and "--from_pretrained" in line, line
+
+
 # Modules `--help` must not import (start-up time): the answer is a page of text, so neither
 # torch nor the model files (the Auto registration) nor the training stack are loaded to print it.
 HELP_MUST_NOT_IMPORT = (

@@ -300,6 +300,77 @@ def test_resume_after_sigterm_matches_an_uninterrupted_run(tmp_path: Path) -> No
         torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
 
 
+STOP_AROUND_AN_EVALUATION = """
+import json, os, signal, sys
+from transformers import TrainerCallback
+from energyformers.training import train
+
+class StopAtStep2(TrainerCallback):
+    # argv[1]: "training", SIGTERM while step 2 (whose end is an evaluation step) trains, or "evaluation", at the
+    # first prediction step of its evaluation; argv[2]: a file for the global step of every prediction step seen
+    steps = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if sys.argv[1] == "training" and state.global_step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # a real signal
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        self.steps.append(state.global_step)
+        if sys.argv[1] == "evaluation" and len(self.steps) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+status = train.main(sys.argv[3:], callbacks=[StopAtStep2()])
+open(sys.argv[2], "w").write(json.dumps(StopAtStep2.steps))
+sys.exit(status)
+"""
+
+
+@pytest.mark.parametrize(
+    ("during", "expected_steps", "best"),
+    [("training", [], False), ("evaluation", [2], False), ("evaluation", [2], True)],
+    ids=["training", "evaluation", "evaluation-best-model"],
+)
+def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
+    tmp_path: Path, during: str, expected_steps: list[int], best: bool
+) -> None:
+    """SIGTERM during the step before an evaluation, or during the evaluation (which on a CPU can outlast many
+    training steps): the evaluation does not start, or ends at its next prediction step; the step just trained is
+    checkpointed without metrics of an abandoned evaluation, and the run resumes from it to the uninterrupted
+    run's weights. `--load_best_model_at_end`: Trainer looks up the best-model metric of every evaluation, a
+    cut-short one too (the abandoned step cannot be the best, so the weights may differ there)."""
+    argv = ["--dataset", "digits", "--config", *cli_config("hyperset"), *SUBSET, "--max_steps", "6"]
+    argv += ["--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "4"]  # 4 prediction steps
+    argv += ["--eval_strategy", "steps", "--eval_steps", "2", "--save_steps", "4"]
+    argv += ["--load_best_model_at_end"] if best else []
+    argv += ["--num_threads", "1", "--disable_tqdm"]
+    out = tmp_path / "run"
+    script, seen = tmp_path / "stop.py", tmp_path / "seen.json"
+    script.write_text(STOP_AROUND_AN_EVALUATION)
+    command = [sys.executable, str(script), during, str(seen), *map(str, argv), "--output_dir", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 128 + 15, proc.stderr[-3000:]
+    assert "stopped by SIGTERM at step 2" in proc.stderr and "--resume" in proc.stderr, proc.stderr[-3000:]
+    steps = json.loads(seen.read_text())
+    assert steps == expected_steps, (
+        f"prediction steps seen (their global steps) {steps}, expected {expected_steps}"
+    )
+    work = out.with_name("run.checkpoints")
+    checkpoints = sorted(p.name for p in work.glob("checkpoint-*"))
+    assert checkpoints == ["checkpoint-2"], checkpoints
+    history = json.loads((work / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+    assert not [entry for entry in history if any(key.startswith("eval_") for key in entry)], history
+
+    assert run_cli(*argv, "--output_dir", out, "--resume") == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["recipe"]["resumed_from"].endswith("checkpoint-2"), metrics["recipe"]
+    if best:
+        return
+    assert run_cli(*argv, "--output_dir", tmp_path / "straight") == 0
+    a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(out / "model.safetensors")
+    for key in a:  # exact, as after a stop between evaluations (`test_resume_after_sigterm_matches_...`)
+        torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
+
+
 def built_run(argv: list[str]):
     """`(args, Built)` of `argv` as `train.run` has them when it records / checks a resume."""
     from accelerate import PartialState

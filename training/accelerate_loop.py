@@ -26,7 +26,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from .arguments import Arguments, RunArguments, parse_arguments, quiet_libraries
 from .cli import run_command
-from .interrupt import StopRequest
+from .interrupt import EvaluationStopped, StopRequest
 
 if TYPE_CHECKING:  # annotations only: the CLI parses the flags before torch and accelerate are imported
     from accelerate import Accelerator
@@ -82,9 +82,11 @@ def sample_losses(logits: Any, labels: Any) -> tuple[Any, Any]:
     return terms.sum(dims), valid.sum(dims).float()
 
 
-def evaluate_split(model: Any, loader: Any, accelerator: Any, task: str) -> dict[str, float]:
+def evaluate_split(
+    model: Any, loader: Any, accelerator: Any, task: str, stop: StopRequest | None = None
+) -> dict[str, float]:
     """Loss and the task's metrics (`evaluation.task_metrics`) over a whole split, gathered across processes
-    (duplicates dropped)."""
+    (duplicates dropped). With `stop`, the ranks ask it before each batch and raise `EvaluationStopped` together."""
     import torch
 
     from .evaluation import task_metrics
@@ -93,6 +95,9 @@ def evaluate_split(model: Any, loader: Any, accelerator: Any, task: str) -> dict
     predictions, references, loss_sums, counts = [], [], [], []
     with torch.no_grad():
         for batch in loader:
+            if stop is not None and stop.should_stop(accelerator.device):
+                model.train()
+                raise EvaluationStopped
             out = model(**batch)
             preds, labels = accelerator.gather_for_metrics((out.logits.argmax(-1), batch["labels"]))
             if batch["labels"].is_floating_point():  # not a class index: no per-sample cross-entropy
@@ -305,13 +310,13 @@ def log_window(parts: LoopParts, state: LoopState, extra: dict[str, float]) -> N
     state.seen = 0
 
 
-def evaluate_validation(parts: LoopParts) -> dict[str, float]:
+def evaluate_validation(parts: LoopParts, stop: StopRequest | None = None) -> dict[str, float]:
     """The validation split's loss and metrics, for masked image modelling the reconstruction metrics after
-    decoding, and the accuracy at each depth of `parts.depths` (`depth_metrics`)."""
+    decoding, and the accuracy at each depth of `parts.depths` (`depth_metrics`); `stop`: `evaluate_split`'s."""
     from .evaluation import depth_metrics
 
     accelerator, task = parts.accelerator, parts.built.task
-    metrics = evaluate_split(parts.model, parts.eval_dl, accelerator, task)
+    metrics = evaluate_split(parts.model, parts.eval_dl, accelerator, task, stop)
     if parts.built.masked_images is not None:
         with accelerator.autocast():
             metrics.update(parts.built.masked_images(parts.unwrapped, "validation"))
@@ -331,13 +336,16 @@ def evaluate_test(parts: LoopParts) -> dict[str, float]:
     return metrics
 
 
-def log_evaluation(parts: LoopParts, state: LoopState) -> None:
-    """Evaluate on the validation split (with the EMA's averaged weights when there is one) and log it."""
+def log_evaluation(parts: LoopParts, state: LoopState, stop: StopRequest) -> None:
+    """Evaluate on the validation split (with the EMA's averaged weights when there is one) and log it; at a stop
+    request (`stop`), none starts and one in progress ends at its next batch (`EvaluationStopped`), unlogged."""
+    if stop.agreed:
+        return
     if parts.ema is None:
-        metrics = evaluate_validation(parts)
+        metrics = evaluate_validation(parts, stop)
     else:
         with parts.ema.averaged_weights(parts.unwrapped):
-            metrics = evaluate_validation(parts)
+            metrics = evaluate_validation(parts, stop)
     log_entry(parts, state, {"step": state.step, **{f"eval_{k}": v for k, v in metrics.items()}})
 
 
@@ -395,25 +403,26 @@ def train_step(parts: LoopParts, batch: dict[str, Any]) -> Any:
     return loss
 
 
-def after_optimizer_step(parts: LoopParts, state: LoopState, learning_rate: float) -> None:
+def after_optimizer_step(parts: LoopParts, state: LoopState, learning_rate: float, stop: StopRequest) -> None:
     """Log, evaluate and save at the step boundaries of the schedule (`--logging_steps`, `--eval_steps`,
-    `--save_steps`)."""
+    `--save_steps`); `stop`: `log_evaluation`'s."""
     schedule, step = parts.schedule, state.step
     if step % schedule.logging_steps == 0 or step == schedule.total_steps:
         log_window(parts, state, {"learning_rate": learning_rate})
     if schedule.eval_strategy == "steps" and step % schedule.eval_steps == 0:
-        log_evaluation(parts, state)
+        log_evaluation(parts, state, stop)
     if schedule.save_strategy == "steps" and step % schedule.save_steps == 0:  # as Trainer
         save_checkpoint(parts, state)
 
 
-def after_epoch(parts: LoopParts, state: LoopState) -> None:
-    """Evaluate and save at the end of an epoch (or of the run) with the `epoch` strategies."""
+def after_epoch(parts: LoopParts, state: LoopState, stop: StopRequest) -> None:
+    """Evaluate and save at the end of an epoch (or of the run) with the `epoch` strategies; `stop`:
+    `log_evaluation`'s."""
     schedule = parts.schedule
     if not (state.step % schedule.steps_per_epoch == 0 or state.step >= schedule.total_steps):
         return  # left the epoch early: stopped on request
     if schedule.eval_strategy == "epoch":
-        log_evaluation(parts, state)
+        log_evaluation(parts, state, stop)
     if schedule.save_strategy == "epoch":
         save_checkpoint(parts, state)
 
@@ -448,10 +457,18 @@ def train(parts: LoopParts, state: LoopState, stop: StopRequest) -> None:
                     parts.ema.update(parts.unwrapped)
                 state.step, state.seen = state.step + 1, state.seen + 1
                 progress.update(1)
-                after_optimizer_step(parts, state, learning_rate)
-                if stop.should_stop(accelerator.device) or state.step >= schedule.total_steps:
+                # asked before the step's evaluation, which then does not start (`log_evaluation`)
+                stop.should_stop(accelerator.device)
+                try:
+                    after_optimizer_step(parts, state, learning_rate, stop)
+                except EvaluationStopped:
+                    pass  # `stop.agreed`: the ranks stop after this step
+                if stop.agreed or state.step >= schedule.total_steps:
                     break  # stop after this step
-            after_epoch(parts, state)
+            try:
+                after_epoch(parts, state, stop)
+            except EvaluationStopped:
+                pass
     progress.close()
 
 

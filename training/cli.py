@@ -40,7 +40,10 @@ from typing import Any, NoReturn, TypeVar
 
 # sub-command -> (module under energyformers.training, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("train", "fine-tune a model with transformers.Trainer"),
+    "train": (
+        "train",
+        "train a new model, or fine-tune a saved one (--from_pretrained), with transformers.Trainer",
+    ),
     "train-accelerate": ("accelerate_loop", "the same training with a plain Accelerate loop"),
     "predict": (
         "predict",

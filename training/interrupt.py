@@ -3,10 +3,13 @@
 Both loops treat the two signals alike: the step in progress finishes, a checkpoint is saved in
 `<output_dir>.checkpoints/`, and the command prints how to continue (`--resume`) and exits with 128 + the signal
 number (143, 130). A second Ctrl-C stops at once (`KeyboardInterrupt`) for whoever cannot wait for the step.
+An evaluation during training ends at its next batch (`EvaluationStopped`), abandoned: it can take longer than
+many training steps.
 
 With several processes every rank handles the signals too, and the ranks decide together: after each optimizer
-step they all-reduce one flag (`StopRequest.should_stop`), so all of them stop after the same step and save the
-checkpoint together, whichever rank (or all, as a launcher forwards the signal) was signalled.
+step, and at each batch of an evaluation during training, they all-reduce one flag (`StopRequest.should_stop`), so
+all of them stop at the same point and save the checkpoint together, whichever rank (or all, as a launcher forwards
+the signal) was signalled.
 """
 
 from __future__ import annotations
@@ -21,6 +24,11 @@ from pathlib import Path
 from typing import Any
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class EvaluationStopped(Exception):
+    """An evaluation during training ended at a stop request, every rank at the same batch; the loop saves the
+    checkpoint of the step just trained and stops."""
 
 
 class StopRequest:
@@ -113,4 +121,4 @@ class StopRequest:
         return 128 + self.signum
 
 
-__all__ = ["SIGNALS", "StopRequest"]
+__all__ = ["SIGNALS", "EvaluationStopped", "StopRequest"]

@@ -146,23 +146,26 @@ def plot_training_curve(
 
     train = [(h["step"], h["loss"]) for h in log_history if "loss" in h]
     evals = [(h["step"], h["eval_loss"], h.get(f"eval_{metric}")) for h in log_history if "eval_loss" in h]
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    # one legend below the axes: inside them the rising metric (right axis) ran through it
+    fig, ax = plt.subplots(figsize=(6, 3.8), layout="constrained")
     if train:
         ax.plot(*zip(*train), label="train loss")
     if evals:
         ax.plot([e[0] for e in evals], [e[1] for e in evals], "o-", label="eval loss")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss")
+    axes = [ax]
     if evals and evals[0][2] is not None:
         acc = ax.twinx()
         acc.plot(
             [e[0] for e in evals], [e[2] for e in evals], "s--", color="tab:green", label=f"eval {metric}"
         )
         acc.set_ylabel(metric.replace("_", " "))
-        acc.legend(loc="center right")
-    ax.legend(loc="upper right")
+        axes.append(acc)
+    handles = [handle for axis in axes for handle in axis.get_legend_handles_labels()[0]]
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)
     ax.set_title(title)
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 

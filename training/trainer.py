@@ -6,13 +6,14 @@ at their own import, so `energyformers COMMAND --help` and an argument error sta
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
 from .callbacks import ContinueIterationDraws
 from .evaluation import depth_metrics
-from .interrupt import StopRequest
+from .interrupt import EvaluationStopped, StopRequest
 from .optimization import make_scheduler
 
 
@@ -62,7 +63,16 @@ class RecipeTrainer(Trainer):
         """Trainer's evaluation; for masked image modelling also the reconstruction metrics after MaskGIT
         decoding; on the validation split also the accuracy at each depth of `depth_evaluation`; each logged as
         its own entry at the same step and returned with the metrics."""
-        metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        try:
+            metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        except EvaluationStopped:
+            if not self.is_in_train:
+                raise
+            # a stop request during a training run's evaluation: no metrics are logged, the checkpoint of the
+            # step just ended is saved and training stops (as `StopOnSignal.on_step_end` would have decided)
+            self.control.should_save = True
+            self.control.should_training_stop = True
+            return self.unfinished_evaluation(metric_key_prefix)
         if self.masked_images is not None and metric_key_prefix in ("eval", "test"):
             split = "validation" if metric_key_prefix == "eval" else "test"
             with self.autocast_smart_context_manager():
@@ -85,6 +95,17 @@ class RecipeTrainer(Trainer):
             )
         self.log(extra)
         return {**metrics, **extra}
+
+    def unfinished_evaluation(self, metric_key_prefix: str) -> dict[str, float]:
+        """What an evaluation cut short returns to Trainer: the best-model metric as NaN, which no comparison
+        makes a new best (Trainer looks the metric up after every evaluation when `metric_for_best_model` is
+        set), and nothing else."""
+        metric = self.args.metric_for_best_model
+        if metric is None:
+            return {}
+        if not metric.startswith(f"{metric_key_prefix}_"):
+            metric = f"{metric_key_prefix}_{metric}"
+        return {metric: math.nan}
 
     def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
         if self.lr_scheduler is None:
@@ -113,15 +134,32 @@ class DepthTrainer(Trainer):
 
 class StopOnSignal(TrainerCallback):
     """SIGTERM or SIGINT (`interrupt.StopRequest`) → save a checkpoint at the end of this step and stop; with
-    several processes all ranks decide together (Trainer calls this on every rank; its save is collective)."""
+    several processes all ranks decide together (Trainer calls this on every rank; its save is collective).
+
+    An evaluation during training ends at its next prediction step (`interrupt.EvaluationStopped`, which
+    `RecipeTrainer.evaluate` handles), abandoned: none of its metrics are logged, and a resumed run does not repeat
+    it. An evaluation after the stop step does not start."""
 
     def __init__(self, request: StopRequest) -> None:
         self.request = request
+        self.training = False  # the run's final evaluations, after `train()`, are not cut short
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.training = True
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.training = False
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.request.should_stop(args.device):
             control.should_save = True
             control.should_training_stop = True
+            control.should_evaluate = False
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # every rank runs the same prediction steps (each gathers the batch's outputs), so all of them agree here
+        if self.training and self.request.should_stop(args.device):
+            raise EvaluationStopped
 
 
 class ContinueRunCallback(ContinueIterationDraws):
