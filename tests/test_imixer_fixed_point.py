@@ -820,12 +820,12 @@ def test_tolerance_solvers_return_the_iterate_that_met_the_tolerance_not_an_earl
 
 
 @pytest.mark.parametrize("solver", ["picard", "anderson"])
-def test_a_diverging_solve_returns_its_lowest_relative_residual_iterate_before_the_divergence(solver):
+def test_a_diverging_solve_returns_its_lowest_absolute_residual_iterate_not_its_lowest_relative_one(solver):
     # Each image is the state times 1 + r, r = 1, 0.9, …, 0.5: the relative residual r falls while the state, and
     # with it ‖f(x) − x‖ = r‖x‖, grows. The sixth step is the fifth growing one in a row (`_DIVERGENCE_PATIENCE`),
-    # still under 10× the first (`_DIVERGENCE_FACTOR`): the sample stops as diverged there, and returns the fifth
-    # step's evaluation, the lowest relative residual of the steps before the one that tripped the rule (the
-    # first step has the lowest paper's residual).
+    # still under 10× the first (`_DIVERGENCE_FACTOR`): the sample stops as diverged there, and returns the first
+    # step's evaluation, the lowest paper's residual, not the fifth's (the lowest relative residual before the
+    # step that tripped the rule, a state 9× larger).
     assert modeling_imixer._DIVERGENCE_PATIENCE == 5 and modeling_imixer._DIVERGENCE_FACTOR == 10.0
     images, norm = [], 1.0
     for r in (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4):
@@ -838,10 +838,53 @@ def test_a_diverging_solve_returns_its_lowest_relative_residual_iterate_before_t
     assert len(relative) == 6 and absolute[-1] < 10 * absolute[0], (
         where
     )  # stopped by patience, not the factor
-    assert answer.flatten().tolist() == images[4], f"{where}: returned {answer.flatten().tolist()}"
-    assert record.final_relative.float().item() == relative[4], (
+    assert answer.flatten().tolist() == images[0], f"{where}: returned {answer.flatten().tolist()}"
+    assert record.final_relative.float().item() == relative[0], (
         f"{where}: reported final relative residual {record.final_relative.item()}"
     )
-    assert record.final_absolute.float().item() == absolute[4], (
+    assert record.final_absolute.float().item() == absolute[0], (
         f"{where}: reported final residual {record.final_absolute.item()}"
     )
+
+
+@pytest.mark.parametrize("solver", ["picard", "anderson"])
+def test_a_diverging_non_contractive_model_reports_its_lowest_absolute_residual_iterate(solver):
+    # F's weights scaled 2× with no normalisation: the Lipschitz bound is far above 1 and the solve blows up, its
+    # state growing faster than its step, so the relative residual falls step by step. The block must report (and
+    # return) the iterate with the lowest paper's residual, not the latest, most grown one.
+    torch.manual_seed(0)
+    config = IMixerConfig(
+        hidden_size=16,
+        num_hidden_layers=1,
+        image_size=8,
+        patch_size=2,
+        num_labels=2,
+        contractive_normalization="none",
+    )
+    model = IMixerForImageClassification(config).double().eval()
+    with torch.no_grad():
+        for layer in model.imixer.layers:
+            for linear in (layer.token_mixing.fc_sn1, layer.token_mixing.fc_sn2):
+                linear.weight.mul_(2.0)
+    records = _Records()
+    modeling_imixer.logger.addHandler(records)
+    try:
+        with torch.no_grad():
+            out = model(
+                pixel_values=torch.randn(1, 3, 8, 8, dtype=F64),  # B = 1: the per-step means are the sample's
+                fixed_point_iterations=40,
+                fixed_point_solver=solver,
+                fixed_point_tolerance=1e-6,
+                output_fixed_point_residuals=True,
+            ).fixed_point_residuals
+    finally:
+        modeling_imixer.logger.removeHandler(records)
+    steps = int(out.iterations[0])
+    absolute, relative = out.residuals[0, :steps].tolist(), out.relative_residuals[0, :steps].tolist()
+    where = f"{solver}: per-step paper's residuals {absolute}, relative residuals {relative}"
+    assert any("diverged" in message for message in records.messages), f"{where}: no divergence warning"
+    # the premise: the two measures pick different steps, the relative one a later, larger step
+    least = absolute.index(min(absolute))
+    assert min(relative[: steps - 1]) < relative[least] and absolute[-1] > 2 * absolute[least], where
+    reported = (out.final_residuals[0].item(), out.final_relative_residuals[0].item())
+    assert reported == (absolute[least], relative[least]), f"{where}: reported final residuals {reported}"
