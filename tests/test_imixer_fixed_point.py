@@ -25,6 +25,7 @@ from fixtures import (
     rounding,
 )
 from safetensors.torch import load_file
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from energyformers import IMixerConfig, IMixerForImageClassification
 from energyformers.configuration.configuration_imixer import ACTIVATION_MAX_SLOPES
@@ -459,6 +460,49 @@ def test_a_diverging_solve_stops_with_a_warning_and_finite_output(solver):
     assert torch.isfinite(out.logits).all()
     assert torch.all(out.fixed_point_residuals.iterations < 200)  # stopped, not run to the cap
     assert torch.all(out.fixed_point_residuals.lipschitz_bounds > 1)
+
+
+# ---------------------------------------------------------------- the input checks' one host read
+
+
+class _Ops(TorchDispatchMode):
+    """Records the name of every aten op dispatched inside the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_ids_check_makes_no_mask_tensor_without_a_mask_and_counts_a_bool_mask_on_its_device():
+    # `_check_token_ids` (the shared block, identical in every model file) reads the ids' range and an integer
+    # mask's stray values in one host read. Without a mask it must create no tensor: a CPU zero would be copied
+    # to an accelerator's ids on every forward. A bool mask's zero count is made on the mask's device (meta here,
+    # where a CPU-made count would show), so the move to the ids' device is free when they share it.
+    ids = torch.tensor([[1, 2, 3]])
+    created = (
+        "aten.zeros",
+        "aten.empty",
+        "aten.full",
+        "aten.scalar_tensor",
+        "aten._to_copy",
+        "aten.lift_fresh",
+    )
+    with _Ops() as ops:
+        modeling_imixer._check_token_ids(ids, 10)
+    made = [name for name in ops.names if name.startswith(created)]
+    assert made == [], f"ops dispatched without a mask: {ops.names}"
+    count = modeling_imixer.stray_mask_values(torch.ones(1, 3, dtype=torch.bool, device="meta"))
+    assert count.device.type == "meta", f"a bool mask's count is made on {count.device}"
+    # the checks themselves still refuse: ids outside the vocabulary, and an integer mask holding a 2
+    with pytest.raises(ValueError, match=r"got values in \[1, 3\]"):
+        modeling_imixer._check_token_ids(ids, 3)
+    with pytest.raises(ValueError, match="attention_mask"):
+        modeling_imixer._check_token_ids(ids, 10, torch.tensor([[1, 2, 0]]))
+    modeling_imixer._check_token_ids(ids, 10, torch.tensor([[1, 1, 0]]))  # a 0/1 integer mask passes
 
 
 # ---------------------------------------------------------------- per-call settings and their validation
