@@ -37,9 +37,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-# the models' mask check: one wording of the refusal for the models and this module
-from .modeling.modeling_hyperset import check_keep_mask
-
 # Gradient descent on the Hopfield energy is monotone for every step size in (0, HOPFIELD_STEP_SIZE_BOUND].
 HOPFIELD_STEP_SIZE_BOUND = 2.0
 
@@ -108,6 +105,10 @@ def _bool_mask(
         forms = f"2-D key padding (batch, keys) = ({batch}, {keys}) or " + forms
     if not isinstance(mask, torch.Tensor):
         raise ValueError(f"{name} must be a tensor, {forms}; got {type(mask).__name__}.")
+    # the models' mask check (one wording of the refusal for the models and this module), imported here so that
+    # this torch-only module loads transformers and the Hyper-SET model file only on its first masked call
+    from .modeling.modeling_hyperset import check_keep_mask
+
     check_keep_mask(mask, name, read_values=False)  # the dtype, before the shape
     expected = (batch, keys) if mask.ndim == 2 and key_padding else shape if mask.ndim == 4 else None
     if expected is None or any(size not in (1, full) for size, full in zip(mask.shape, expected)):

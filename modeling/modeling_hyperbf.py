@@ -263,10 +263,12 @@ def check_keep_mask(
 
 
 def stray_mask_values(mask: torch.Tensor | None) -> torch.Tensor:
-    """How many entries of an integer `mask` are neither 0 nor 1, as a 0-d int64 tensor on its device (0 for none
-    or a bool mask)."""
-    if mask is None or mask.dtype == torch.bool:
+    """How many entries of an integer `mask` are neither 0 nor 1, as a 0-d int64 tensor on its device (0 for a
+    bool mask; a CPU 0 for none)."""
+    if mask is None:
         return torch.zeros((), dtype=torch.int64)
+    if mask.dtype == torch.bool:
+        return torch.zeros((), dtype=torch.int64, device=mask.device)
     return ((mask != 0) & (mask != 1)).sum()
 
 
@@ -380,9 +382,11 @@ def _check_token_ids(
     only, in one host read; eager mode only."""
     if input_ids is None or not input_ids.numel() or _is_tracing():
         return
-    values = (input_ids.min(), input_ids.max(), stray_mask_values(attention_mask).to(input_ids.device))
-    low, high, stray = torch.stack([value.to(torch.int64) for value in values]).tolist()
-    if stray:
+    values = [input_ids.min(), input_ids.max()]
+    if attention_mask is not None:  # no count, and no tensor to copy to the ids' device, without a mask
+        values.append(stray_mask_values(attention_mask).to(input_ids.device))
+    low, high, *stray = torch.stack([value.to(torch.int64) for value in values]).tolist()
+    if any(stray):
         check_keep_mask(attention_mask)
     if low < 0 or high >= vocab_size:
         raise ValueError(

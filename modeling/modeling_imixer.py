@@ -258,10 +258,12 @@ def check_keep_mask(
 
 
 def stray_mask_values(mask: torch.Tensor | None) -> torch.Tensor:
-    """How many entries of an integer `mask` are neither 0 nor 1, as a 0-d int64 tensor on its device (0 for none
-    or a bool mask)."""
-    if mask is None or mask.dtype == torch.bool:
+    """How many entries of an integer `mask` are neither 0 nor 1, as a 0-d int64 tensor on its device (0 for a
+    bool mask; a CPU 0 for none)."""
+    if mask is None:
         return torch.zeros((), dtype=torch.int64)
+    if mask.dtype == torch.bool:
+        return torch.zeros((), dtype=torch.int64, device=mask.device)
     return ((mask != 0) & (mask != 1)).sum()
 
 
@@ -375,9 +377,11 @@ def _check_token_ids(
     only, in one host read; eager mode only."""
     if input_ids is None or not input_ids.numel() or _is_tracing():
         return
-    values = (input_ids.min(), input_ids.max(), stray_mask_values(attention_mask).to(input_ids.device))
-    low, high, stray = torch.stack([value.to(torch.int64) for value in values]).tolist()
-    if stray:
+    values = [input_ids.min(), input_ids.max()]
+    if attention_mask is not None:  # no count, and no tensor to copy to the ids' device, without a mask
+        values.append(stray_mask_values(attention_mask).to(input_ids.device))
+    low, high, *stray = torch.stack([value.to(torch.int64) for value in values]).tolist()
+    if any(stray):
         check_keep_mask(attention_mask)
     if low < 0 or high >= vocab_size:
         raise ValueError(
@@ -935,10 +939,11 @@ def _solve(
     residual is <= the tolerance (picard / anderson), at most `num_steps` times.
 
     A tolerance solver returns, per sample, the evaluation f(x) of its iterate with the lowest relative residual
-    (the measure it stops on, so a converged sample returns the step that met the tolerance, and the record's
-    final residuals are that iterate's); a sample whose residual turns non-finite or grows
+    (the measure it stops on, so a converged sample returns the step that met the tolerance), and the record's
+    final residuals are the returned iterate's. A sample whose residual turns non-finite or grows
     (`_DIVERGENCE_FACTOR`, `_DIVERGENCE_PATIENCE`) stops there, with a warning, rather than returning a silently
-    wrong answer.
+    wrong answer, and returns its iterate with the lowest absolute residual instead: on a blowing-up state the
+    relative residual falls as the state grows, so it would pick the latest, largest iterate.
     """
     if settings.solver == "unrolled":
         for _ in range(num_steps):
@@ -947,14 +952,16 @@ def _solve(
             state = update
         return state
     batch = state.shape[0]
+    per_sample = (batch, *([1] * (state.ndim - 1)))  # a (B,) mask → (B, 1, 1), to select whole states
     active = torch.ones(batch, dtype=torch.bool, device=state.device)
     diverged = torch.zeros_like(active)
     growth = torch.zeros(batch, dtype=torch.long, device=state.device)
-    # (B,) each, in the residuals' dtype from the first step on: the returned iterate's residuals (chosen by the
-    # relative one), and the smallest and previous absolute residuals (the divergence rule's)
-    best_relative = best_absolute = smallest = previous = None
+    # (B,) each, in the residuals' dtype from the first step on: the residuals of the iterate with the lowest
+    # relative residual (a converging sample's answer) and of the one with the lowest absolute residual (a diverged
+    # sample's answer; `smallest` is also the divergence rule's reference), and the previous absolute residual
+    best_relative = best_absolute = smallest = smallest_relative = previous = None
     threshold = settings.tolerance
-    answer = state
+    answer = least_moved = state
     anderson = _AndersonMixing(settings.anderson_memory, settings.anderson_damping)
     for _ in range(num_steps):
         image = step(state)
@@ -963,7 +970,9 @@ def _solve(
         record.add(image, state, (absolute, relative), active)
         with torch.no_grad():
             if best_relative is None:
-                best_relative = best_absolute = smallest = previous = torch.full_like(absolute, torch.inf)
+                best_relative = best_absolute = smallest = smallest_relative = previous = torch.full_like(
+                    absolute, torch.inf
+                )
                 # the record keeps these residuals as computed: a sample stops exactly when the value recorded
                 # for it is <= the tolerance
                 threshold = _at_most(settings.tolerance, relative.dtype)
@@ -977,23 +986,28 @@ def _solve(
             improved = active & ~blown & (relative < best_relative)
             best_relative = torch.where(improved, relative, best_relative)
             best_absolute = torch.where(improved, absolute, best_absolute)
-            smallest = torch.where(active & finite, torch.minimum(smallest, absolute), smallest)
+            # the tripping step never lowers the absolute residual (it is non-finite, or above `smallest`)
+            lowered = active & finite & (absolute < smallest)
+            smallest = torch.where(lowered, absolute, smallest)
+            smallest_relative = torch.where(lowered, relative, smallest_relative)
             previous = absolute
             # a new tensor, not `&=`: the previous step's torch.where saved `active` for the unrolled gradient
             active = active & ~blown & ~(relative <= threshold)
-        keep = improved.reshape(batch, *([1] * (state.ndim - 1)))  # (B, 1, 1)
-        answer = torch.where(keep, image, answer)
+        answer = torch.where(improved.reshape(per_sample), image, answer)
+        least_moved = torch.where(lowered.reshape(per_sample), image, least_moved)
         if not bool(active.any()):
             break
         proposal = image if settings.solver == "picard" else anderson(state, image)
-        state = torch.where(active.reshape(keep.shape), proposal, state)  # active (B,) → (B, 1, 1) as keep
+        state = torch.where(active.reshape(per_sample), proposal, state)
     if best_relative is not None:
-        record.final_absolute, record.final_relative = best_absolute, best_relative
+        answer = torch.where(diverged.reshape(per_sample), least_moved, answer)
+        record.final_absolute = torch.where(diverged, smallest, best_absolute)
+        record.final_relative = torch.where(diverged, smallest_relative, best_relative)
     if bool(diverged.any()):
         logger.warning(
             f"iMixer {what} solve ({settings.solver}) diverged in {int(diverged.sum())} of {batch} samples "
             f"(residual growing or non-finite after {record.steps} steps); returning each such sample's "
-            "iterate with the lowest relative residual. Set fixed_point_contraction to guarantee a contraction, "
+            "iterate with the lowest residual ‖f(x) − x‖. Set fixed_point_contraction to guarantee a contraction, "
             "or use fewer fixed_point_iterations."
         )
     return answer

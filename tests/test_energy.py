@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
+import sys
 import typing
 from pathlib import Path
 
@@ -438,3 +440,23 @@ def test_ramsauer_et_al_is_cited_as_2021_everywhere():
     assert not wrong, (
         f"Ramsauer et al., Hopfield Networks is All You Need, is ICLR 2021; cited otherwise: {wrong}"
     )
+
+
+def test_importing_the_energy_module_loads_neither_transformers_nor_a_model_file():
+    """The Hopfield energy and `EnergyAttention` are torch utilities: a fresh process that imports them pays for
+    torch only; the models' mask check (and with it transformers) loads on the first masked call."""
+    probe = (
+        "import sys\n"
+        "import torch\n"
+        "import energyformers.energy as energy\n"
+        "print(sorted(m for m in sys.modules if m == 'transformers' or m.endswith('modeling_hyperset')))\n"
+        "attention = energy.EnergyAttention(8, 2)\n"
+        "attention(torch.zeros(1, 3, 8), attention_mask=torch.ones(1, 3, dtype=torch.bool))\n"
+        "print(sorted(m for m in sys.modules if m == 'transformers' or m.endswith('modeling_hyperset')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    after_import, after_masked_call = done.stdout.splitlines()
+    assert after_import == "[]", f"loaded by `import energyformers.energy`: {after_import}"
+    # the control: the probe does see the modules once the mask check has run
+    assert "'transformers'" in after_masked_call, f"after a masked call: {after_masked_call}"

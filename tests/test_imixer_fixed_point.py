@@ -25,6 +25,7 @@ from fixtures import (
     rounding,
 )
 from safetensors.torch import load_file
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from energyformers import IMixerConfig, IMixerForImageClassification
 from energyformers.configuration.configuration_imixer import ACTIVATION_MAX_SLOPES
@@ -461,6 +462,49 @@ def test_a_diverging_solve_stops_with_a_warning_and_finite_output(solver):
     assert torch.all(out.fixed_point_residuals.lipschitz_bounds > 1)
 
 
+# ---------------------------------------------------------------- the input checks' one host read
+
+
+class _Ops(TorchDispatchMode):
+    """Records the name of every aten op dispatched inside the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_ids_check_makes_no_mask_tensor_without_a_mask_and_counts_a_bool_mask_on_its_device():
+    # `_check_token_ids` (the shared block, identical in every model file) reads the ids' range and an integer
+    # mask's stray values in one host read. Without a mask it must create no tensor: a CPU zero would be copied
+    # to an accelerator's ids on every forward. A bool mask's zero count is made on the mask's device (meta here,
+    # where a CPU-made count would show), so the move to the ids' device is free when they share it.
+    ids = torch.tensor([[1, 2, 3]])
+    created = (
+        "aten.zeros",
+        "aten.empty",
+        "aten.full",
+        "aten.scalar_tensor",
+        "aten._to_copy",
+        "aten.lift_fresh",
+    )
+    with _Ops() as ops:
+        modeling_imixer._check_token_ids(ids, 10)
+    made = [name for name in ops.names if name.startswith(created)]
+    assert made == [], f"ops dispatched without a mask: {ops.names}"
+    count = modeling_imixer.stray_mask_values(torch.ones(1, 3, dtype=torch.bool, device="meta"))
+    assert count.device.type == "meta", f"a bool mask's count is made on {count.device}"
+    # the checks themselves still refuse: ids outside the vocabulary, and an integer mask holding a 2
+    with pytest.raises(ValueError, match=r"got values in \[1, 3\]"):
+        modeling_imixer._check_token_ids(ids, 3)
+    with pytest.raises(ValueError, match="attention_mask"):
+        modeling_imixer._check_token_ids(ids, 10, torch.tensor([[1, 2, 0]]))
+    modeling_imixer._check_token_ids(ids, 10, torch.tensor([[1, 1, 0]]))  # a 0/1 integer mask passes
+
+
 # ---------------------------------------------------------------- per-call settings and their validation
 
 
@@ -820,12 +864,12 @@ def test_tolerance_solvers_return_the_iterate_that_met_the_tolerance_not_an_earl
 
 
 @pytest.mark.parametrize("solver", ["picard", "anderson"])
-def test_a_diverging_solve_returns_its_lowest_relative_residual_iterate_before_the_divergence(solver):
+def test_a_diverging_solve_returns_its_lowest_absolute_residual_iterate_not_its_lowest_relative_one(solver):
     # Each image is the state times 1 + r, r = 1, 0.9, …, 0.5: the relative residual r falls while the state, and
     # with it ‖f(x) − x‖ = r‖x‖, grows. The sixth step is the fifth growing one in a row (`_DIVERGENCE_PATIENCE`),
-    # still under 10× the first (`_DIVERGENCE_FACTOR`): the sample stops as diverged there, and returns the fifth
-    # step's evaluation, the lowest relative residual of the steps before the one that tripped the rule (the
-    # first step has the lowest paper's residual).
+    # still under 10× the first (`_DIVERGENCE_FACTOR`): the sample stops as diverged there, and returns the first
+    # step's evaluation, the lowest paper's residual, not the fifth's (the lowest relative residual before the
+    # step that tripped the rule, a state 9× larger).
     assert modeling_imixer._DIVERGENCE_PATIENCE == 5 and modeling_imixer._DIVERGENCE_FACTOR == 10.0
     images, norm = [], 1.0
     for r in (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4):
@@ -838,10 +882,53 @@ def test_a_diverging_solve_returns_its_lowest_relative_residual_iterate_before_t
     assert len(relative) == 6 and absolute[-1] < 10 * absolute[0], (
         where
     )  # stopped by patience, not the factor
-    assert answer.flatten().tolist() == images[4], f"{where}: returned {answer.flatten().tolist()}"
-    assert record.final_relative.float().item() == relative[4], (
+    assert answer.flatten().tolist() == images[0], f"{where}: returned {answer.flatten().tolist()}"
+    assert record.final_relative.float().item() == relative[0], (
         f"{where}: reported final relative residual {record.final_relative.item()}"
     )
-    assert record.final_absolute.float().item() == absolute[4], (
+    assert record.final_absolute.float().item() == absolute[0], (
         f"{where}: reported final residual {record.final_absolute.item()}"
     )
+
+
+@pytest.mark.parametrize("solver", ["picard", "anderson"])
+def test_a_diverging_non_contractive_model_reports_its_lowest_absolute_residual_iterate(solver):
+    # F's weights scaled 2× with no normalisation: the Lipschitz bound is far above 1 and the solve blows up, its
+    # state growing faster than its step, so the relative residual falls step by step. The block must report (and
+    # return) the iterate with the lowest paper's residual, not the latest, most grown one.
+    torch.manual_seed(0)
+    config = IMixerConfig(
+        hidden_size=16,
+        num_hidden_layers=1,
+        image_size=8,
+        patch_size=2,
+        num_labels=2,
+        contractive_normalization="none",
+    )
+    model = IMixerForImageClassification(config).double().eval()
+    with torch.no_grad():
+        for layer in model.imixer.layers:
+            for linear in (layer.token_mixing.fc_sn1, layer.token_mixing.fc_sn2):
+                linear.weight.mul_(2.0)
+    records = _Records()
+    modeling_imixer.logger.addHandler(records)
+    try:
+        with torch.no_grad():
+            out = model(
+                pixel_values=torch.randn(1, 3, 8, 8, dtype=F64),  # B = 1: the per-step means are the sample's
+                fixed_point_iterations=40,
+                fixed_point_solver=solver,
+                fixed_point_tolerance=1e-6,
+                output_fixed_point_residuals=True,
+            ).fixed_point_residuals
+    finally:
+        modeling_imixer.logger.removeHandler(records)
+    steps = int(out.iterations[0])
+    absolute, relative = out.residuals[0, :steps].tolist(), out.relative_residuals[0, :steps].tolist()
+    where = f"{solver}: per-step paper's residuals {absolute}, relative residuals {relative}"
+    assert any("diverged" in message for message in records.messages), f"{where}: no divergence warning"
+    # the premise: the two measures pick different steps, the relative one a later, larger step
+    least = absolute.index(min(absolute))
+    assert min(relative[: steps - 1]) < relative[least] and absolute[-1] > 2 * absolute[least], where
+    reported = (out.final_residuals[0].item(), out.final_relative_residuals[0].item())
+    assert reported == (absolute[least], relative[least]), f"{where}: reported final residuals {reported}"
