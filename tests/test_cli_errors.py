@@ -271,28 +271,56 @@ LAUNCHED = {k: v for k, v in ENV.items() if k not in ("RANK", "LOCAL_RANK", "WOR
     ("ranks", "rank"),
     [
         ({}, 0),
-        ({"RANK": "0", "LOCAL_RANK": "0"}, 0),
-        ({"RANK": "1", "LOCAL_RANK": "1"}, 1),
-        ({"LOCAL_RANK": "1"}, 1),
-        ({"RANK": "2", "LOCAL_RANK": "0"}, 2),
-        ({"RANK": "x"}, 0),
+        ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}, 0),
+        ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}, 1),
+        ({"WORLD_SIZE": "2", "LOCAL_RANK": "1"}, 1),
+        ({"WORLD_SIZE": "4", "RANK": "2", "LOCAL_RANK": "0"}, 2),
+        ({"WORLD_SIZE": "2", "RANK": "x"}, 0),
+        # not launched: a RANK without a launcher's WORLD_SIZE (a job's pod, a command started from a worker)
+        ({"RANK": "1", "LOCAL_RANK": "1"}, 0),
+        ({"WORLD_SIZE": "1", "RANK": "1"}, 0),
+        ({"WORLD_SIZE": "x", "RANK": "1"}, 0),
     ],
-    ids=["none", "rank0", "rank1", "local_rank_only", "second_machine", "not_a_number"],
-)
+    ids=[
+        "none", "rank0", "rank1", "local_rank_only", "second_machine", "not_a_number",
+        "rank_without_world_size", "world_size_1", "world_size_not_a_number",
+    ],
+)  # fmt: skip
 def test_the_launch_rank_is_the_global_rank(monkeypatch, ranks, rank):
-    for name in ("RANK", "LOCAL_RANK"):
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     for name, value in ranks.items():
         monkeypatch.setenv(name, value)
     assert cli.launch_rank() == rank, (ranks, cli.launch_rank())
 
 
+# `python -m energyformers` that writes a file (argv[1]) when it starts the launcher's grace wait
+ANNOUNCE_THE_GRACE = """
+import pathlib, sys, time
+from energyformers.training import cli
+
+sleep = time.sleep
+
+def announced(seconds):
+    if seconds == cli.LAUNCH_GRACE_S:
+        pathlib.Path(sys.argv[1]).write_text("waiting")
+    sleep(seconds)
+
+time.sleep = announced
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
 def test_under_a_launcher_rank_0_prints_a_usage_error_and_another_rank_stays_silent(tmp_path):
     """torchrun starts every rank with the same arguments, and each refuses them with status 2: rank 0 prints the one
     line at once, another rank prints nothing while the launcher, which ends the remaining workers once one has
-    failed, still has it to end (as here, where the test is the launcher)."""
+    failed, still has it to end (as here, where the test is the launcher). Rank 1 says when it has reached its wait,
+    so a rank 1 that printed or exited instead fails the test however slowly it started."""
     out = tmp_path / "out"
-    argv = [sys.executable, "-m", "energyformers", "train", "--learning_rate", "-1", "--output_dir", str(out)]
+    arguments = ["train", "--learning_rate", "-1", "--output_dir", str(out)]
+    script, waiting = tmp_path / "rank.py", tmp_path / "waiting"
+    script.write_text(ANNOUNCE_THE_GRACE)
+    argv = [sys.executable, str(script), str(waiting), *arguments]
     ranks = [
         subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
@@ -305,9 +333,12 @@ def test_under_a_launcher_rank_0_prints_a_usage_error_and_another_rank_stays_sil
         assert ranks[0].returncode == 2 and err0.strip().splitlines() == [
             "energyformers train: error: --learning_rate -1.0: expected a finite learning rate > 0"
         ], (ranks[0].returncode, err0)
-        # rank 1 did the same work, so it has refused the arguments too; it waits for the launcher silently
-        time.sleep(3)
+        # rank 1 does the same work, so it refuses the arguments too, and then waits for the launcher silently
+        deadline = time.monotonic() + 120
+        while not waiting.exists() and ranks[1].poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert ranks[1].poll() is None, ("rank 1 exited before the launcher ended it", ranks[1].returncode)
+        assert waiting.exists(), "rank 1 did not reach the launcher's grace wait within 120 s"
     finally:
         ranks[1].terminate()  # as torchrun ends the remaining workers
         _, err1 = ranks[1].communicate(timeout=60)
@@ -315,9 +346,28 @@ def test_under_a_launcher_rank_0_prints_a_usage_error_and_another_rank_stays_sil
     assert not out.exists()
 
 
+def test_a_usage_error_with_a_rank_but_no_launcher_is_printed_at_once(monkeypatch, capsys):
+    """RANK without a launcher's WORLD_SIZE > 1 (a job's pod, a command a worker starts): no rank 0 prints for this
+    process, so it does not wait."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(cli, "LAUNCH_GRACE_S", 5.0)
+    for world_size in (None, "1"):
+        if world_size is not None:
+            monkeypatch.setenv("WORLD_SIZE", world_size)
+        start = time.perf_counter()
+        status = cli.main(["trian"])
+        waited = time.perf_counter() - start
+        err = capsys.readouterr().err.strip().splitlines()
+        assert status == 2 and len(err) == 1, (world_size, status, err)
+        assert err[0].startswith("energyformers: error: unknown command 'trian'"), (world_size, err)
+        assert waited < cli.LAUNCH_GRACE_S, (world_size, waited, cli.LAUNCH_GRACE_S)
+
+
 def test_a_usage_error_of_another_rank_alone_is_printed_after_the_grace(monkeypatch, capsys):
     """A rank the launcher did not end within `LAUNCH_GRACE_S` had an error rank 0 did not: it prints it (once) and
     exits with status 2 too, the dispatcher's and a command's errors alike."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setattr(cli, "LAUNCH_GRACE_S", 0.5)
     for argv, line in [

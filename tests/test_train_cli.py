@@ -302,45 +302,67 @@ def test_resume_after_sigterm_matches_an_uninterrupted_run(tmp_path: Path) -> No
 
 STOP_AROUND_AN_EVALUATION = """
 import json, os, signal, sys
-from transformers import TrainerCallback
+from transformers import Trainer, TrainerCallback
 from energyformers.training import train
 
+# argv[1]: "training", SIGTERM while step 2 trains, or "evaluation", after the first batch of an evaluation;
+# argv[2]: a file for the global steps of every evaluation batch predicted and of every checkpoint save
+predicted = []
+prediction_step = Trainer.prediction_step
+
+def record_prediction_step(self, *args, **kwargs):
+    # here, not in a callback's on_prediction_step: the stop callback raises there first, after the batch ran
+    predicted.append(self.state.global_step)
+    return prediction_step(self, *args, **kwargs)
+
+Trainer.prediction_step = record_prediction_step
+
 class StopAtStep2(TrainerCallback):
-    # argv[1]: "training", SIGTERM while step 2 (whose end is an evaluation step) trains, or "evaluation", at the
-    # first prediction step of its evaluation; argv[2]: a file for the global step of every prediction step seen
-    steps = []
+    saves = []
 
     def on_step_begin(self, args, state, control, **kwargs):
         if sys.argv[1] == "training" and state.global_step == 1:
             os.kill(os.getpid(), signal.SIGTERM)  # a real signal
 
     def on_prediction_step(self, args, state, control, **kwargs):
-        self.steps.append(state.global_step)
-        if sys.argv[1] == "evaluation" and len(self.steps) == 1:
+        if sys.argv[1] == "evaluation" and len(predicted) == 1:
             os.kill(os.getpid(), signal.SIGTERM)
 
+    def on_save(self, args, state, control, **kwargs):
+        self.saves.append(state.global_step)
+
 status = train.main(sys.argv[3:], callbacks=[StopAtStep2()])
-open(sys.argv[2], "w").write(json.dumps(StopAtStep2.steps))
+open(sys.argv[2], "w").write(json.dumps({"predicted": predicted, "saves": StopAtStep2.saves}))
 sys.exit(status)
 """
 
 
+# every 2 steps of 6; or by epoch (the CLI's default without --max_steps): 32 samples, 4 steps an epoch, 2 epochs
+BY_STEPS = ["--max_steps", "6", "--eval_strategy", "steps", "--eval_steps", "2", "--save_steps", "4"]
+BY_EPOCH = ["--num_train_epochs", "2", "--eval_strategy", "epoch", "--save_strategy", "epoch"]
+
+
 @pytest.mark.parametrize(
-    ("during", "expected_steps", "best"),
-    [("training", [], False), ("evaluation", [2], False), ("evaluation", [2], True)],
-    ids=["training", "evaluation", "evaluation-best-model"],
+    ("during", "cadence", "expected_batches", "best"),
+    [
+        ("training", BY_STEPS, [], False),
+        ("evaluation", BY_STEPS, [2, 2], False),  # the batch that asks, then stops
+        ("evaluation", BY_STEPS, [2, 2], True),
+        ("training", BY_EPOCH, [], False),
+    ],
+    ids=["training", "evaluation", "evaluation-best-model", "training-mid-epoch"],
 )
 def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
-    tmp_path: Path, during: str, expected_steps: list[int], best: bool
+    tmp_path: Path, during: str, cadence: list[str], expected_batches: list[int], best: bool
 ) -> None:
     """SIGTERM during the step before an evaluation, or during the evaluation (which on a CPU can outlast many
     training steps): the evaluation does not start, or ends at its next prediction step; the step just trained is
-    checkpointed without metrics of an abandoned evaluation, and the run resumes from it to the uninterrupted
-    run's weights. `--load_best_model_at_end`: Trainer looks up the best-model metric of every evaluation, a
-    cut-short one too (the abandoned step cannot be the best, so the weights may differ there)."""
-    argv = ["--dataset", "digits", "--config", *cli_config("hyperset"), *SUBSET, "--max_steps", "6"]
+    checkpointed once, without metrics of an abandoned evaluation, and the run resumes from it to the uninterrupted
+    run's weights. By epoch: Trainer ends the epoch after the stop step and asks for the epoch's evaluation and
+    checkpoint, which must not run. `--load_best_model_at_end`: Trainer looks up the best-model metric of every
+    evaluation, a cut-short one too (the abandoned step cannot be the best, so the weights may differ there)."""
+    argv = ["--dataset", "digits", "--config", *cli_config("hyperset"), *SUBSET, *cadence]
     argv += ["--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "4"]  # 4 prediction steps
-    argv += ["--eval_strategy", "steps", "--eval_steps", "2", "--save_steps", "4"]
     argv += ["--load_best_model_at_end"] if best else []
     argv += ["--num_threads", "1", "--disable_tqdm"]
     out = tmp_path / "run"
@@ -350,9 +372,12 @@ def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
     proc = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
     assert proc.returncode == 128 + 15, proc.stderr[-3000:]
     assert "stopped by SIGTERM at step 2" in proc.stderr and "--resume" in proc.stderr, proc.stderr[-3000:]
-    steps = json.loads(seen.read_text())
-    assert steps == expected_steps, (
-        f"prediction steps seen (their global steps) {steps}, expected {expected_steps}"
+    recorded = json.loads(seen.read_text())
+    assert recorded["predicted"] == expected_batches, (
+        f"evaluation batches predicted (their global steps) {recorded['predicted']}, expected {expected_batches}"
+    )
+    assert recorded["saves"] == [2], (
+        f"checkpoint saves (their global steps) {recorded['saves']}, expected [2]"
     )
     work = out.with_name("run.checkpoints")
     checkpoints = sorted(p.name for p in work.glob("checkpoint-*"))

@@ -13,9 +13,10 @@ Every sub-command follows one convention, kept here in `run_command` and nowhere
 * an expected failure of the work itself (the Hub refused an upload): one line and status 1 (`CommandFailed`);
 * any other exception (a bug, a failing disk): its traceback and status 1;
 * interrupted (Ctrl-C): status 130 (128 + SIGINT);
-* under a launcher (torchrun, `accelerate launch`) every rank parses the same arguments and refuses them alike, and
-  the error is printed once, by rank 0: another rank waits (`LAUNCH_GRACE_S`) for the launcher to end it, as it
-  does every rank once one fails, and prints only when it outlives that wait (an error of its own);
+* under a launcher (torchrun, `accelerate launch`: WORLD_SIZE > 1) every rank parses the same arguments and
+  refuses them alike, and the error is printed once, by rank 0: another rank waits (`LAUNCH_GRACE_S`) for the
+  launcher to end it, as it does every rank once one fails, and prints only when it outlives that wait (an error
+  of its own);
 * a command may quiet transformers' logging and progress bars for itself; `run_command` gives an in-process
   caller (a notebook, a test) its own logging state back afterwards.
 
@@ -228,11 +229,14 @@ def _refuse_where_written(folder: Path, flag: str, path: str | os.PathLike, erro
 
 def launch_rank() -> int:
     """This process's global rank under a launcher (torchrun and `accelerate launch` set RANK, and LOCAL_RANK);
-    0 outside one, or where the rank is not a number."""
-    # RANK first: on a second machine LOCAL_RANK 0 is global rank 2 or more
-    rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+    0 outside one, or where the rank is not a number. Launched means WORLD_SIZE > 1 (both launchers set it): a
+    RANK alone is also exported by a job's pod, a scheduler's wrapper, or a script run under a launcher that then
+    starts a command of its own, none of which has a rank 0 that prints for it."""
     try:
-        return int(rank)
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return 0
+        # RANK first: on a second machine LOCAL_RANK 0 is global rank 2 or more
+        return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
     except ValueError:
         return 0
 

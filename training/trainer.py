@@ -138,7 +138,8 @@ class StopOnSignal(TrainerCallback):
 
     An evaluation during training ends at its next prediction step (`interrupt.EvaluationStopped`, which
     `RecipeTrainer.evaluate` handles), abandoned: none of its metrics are logged, and a resumed run does not repeat
-    it. An evaluation after the stop step does not start."""
+    it. An evaluation after the stop step does not start (the epoch's neither, which Trainer asks for after a stop
+    too), and the stop step's checkpoint is saved once."""
 
     def __init__(self, request: StopRequest) -> None:
         self.request = request
@@ -155,6 +156,15 @@ class StopOnSignal(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
             control.should_evaluate = False
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # Trainer ends the epoch after a stop too, and DefaultFlowCallback (called before this) then asks for the
+        # epoch's evaluation and save: the stop step's checkpoint is already saved (`on_step_end`, or
+        # `RecipeTrainer.evaluate` after an evaluation cut short), so neither runs again. `agreed` is every
+        # rank's shared answer, so this needs no collective.
+        if self.request.agreed:
+            control.should_evaluate = False
+            control.should_save = False
 
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # every rank runs the same prediction steps (each gathers the batch's outputs), so all of them agree here
