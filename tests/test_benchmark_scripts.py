@@ -262,3 +262,29 @@ def test_gpu_summary_reports_the_sudoku_steps_that_ran(tmp_path):
     finished.write_text(json.dumps({k: v for k, v in committed.items() if not k.startswith("stopped")}))
     text = summary.sudoku_result(finished)
     assert f", {committed['max_steps']} steps, " in text and " of " not in text, text
+
+
+@pytest.mark.parametrize(
+    ("at_10t", "expected"),
+    [
+        # seed 43 drops 1.4 points at 10T: the mean drops (0 + 1.4 + 0.6) / 3 = 0.67 points
+        (
+            (0.960, 0.955, 0.954),
+            "met on the mean of the 3 seeds (worst drop 0.7 points); missed on seed 43 by 0.4 points.",
+        ),
+        ((0.960, 0.969, 0.960), "met on the mean of the 3 seeds (worst drop 0.0 points); met on every seed."),
+        (
+            (0.940, 0.949, 0.950),
+            "MISSED by 0.7 points on the mean of the 3 seeds (worst drop 1.7 points); missed on seed 42 by 1.0 points, "
+            "seed 43 by 1.0 points.",
+        ),
+    ],
+)
+def test_recurrent_depth_target_line_judges_the_mean_and_each_seed(at_10t, expected):
+    """The result file states the spec's target (2T/4T/10T within 1.0 point of T) as met or missed, by how much."""
+    group = [
+        {"seed": seed, "accuracy": {"4": at_t, "8": at_t, "16": at_t, "40": last}}
+        for seed, at_t, last in zip((42, 43, 44), (0.960, 0.969, 0.960), at_10t)
+    ]
+    line = recurrent_depth.target_line(group, 4)
+    assert expected in line, line
