@@ -212,7 +212,7 @@ def test_step_sizes_computed_once_compile_and_train(attn_implementation):
             torch.testing.assert_close(compiled_grads[name], parameter.grad, msg=labelled(name))
 
 
-def _mim_model(model_type: str) -> torch.nn.Module:
+def _mim_model(model_type: str, **overrides: object) -> torch.nn.Module:
     """Both masked-image-modelling heads of the paper's Table 2 at a tiny size of their `cli-mim` presets (the paper's
     structure: sin-cos 2-D / learned positions, input-conditioned step sizes): a 4 × 4 grid, codebook 8 + [MASK]."""
     from energyformers import (
@@ -223,7 +223,12 @@ def _mim_model(model_type: str) -> torch.nn.Module:
     )
 
     size = dict(
-        hidden_size=16, num_attention_heads=4, num_iterations=3, vocab_size=9, max_position_embeddings=16
+        hidden_size=16,
+        num_attention_heads=4,
+        num_iterations=3,
+        vocab_size=9,
+        max_position_embeddings=16,
+        **overrides,
     )
     torch.manual_seed(0)
     if model_type == "hyperset":
@@ -253,7 +258,8 @@ def test_masked_image_modelling_heads_compile_train_and_export(model_type):
     """Both MIM heads on masked code grids: one graph (fullgraph, aot_eager) forward and training step matching
     eager mode, and `torch.export`; the seeded MaskGIT decoding runs the compiled forward to the same codes."""
     torch._dynamo.reset()
-    eager, compiled_model = _mim_model(model_type), _mim_model(model_type)
+    # one graph needs a fixed training depth: the presets' random depth is drawn on the host (the next test)
+    eager, compiled_model = (_mim_model(model_type, iteration_sampling="fixed") for _ in range(2))
     compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
     batch = _mim_batch(0)
     eager.train()(**batch).loss.backward()
@@ -273,3 +279,22 @@ def test_masked_image_modelling_heads_compile_train_and_export(model_type):
     compiled_model.forward = compiled  # the module calls `self(...)`; route it through the compiled graph
     got = type(compiled_model).decode(compiled_model, inputs["input_ids"], steps=3, seed=0)
     assert torch.equal(got.codes, reference.codes), (got.codes, reference.codes)
+
+
+@pytest.mark.parametrize("model_type", ["hyperset", "looped-transformer"])
+def test_random_depth_training_compiles_with_a_graph_break_and_matches_eager(model_type):
+    """The `cli-mim` presets draw each training forward's depth on the host (`iteration_sampling="uniform"`): without
+    fullgraph the compiled model breaks the graph there, draws the same depths and gives eager's losses and grads."""
+    torch._dynamo.reset()
+    eager, compiled_model = _mim_model(model_type), _mim_model(model_type)
+    assert eager.config.iteration_sampling == "uniform", eager.config.iteration_sampling
+    compiled = torch.compile(compiled_model, backend="aot_eager")
+    eager.train(), compiled_model.train()
+    for step in range(3):
+        batch = _mim_batch(step)
+        expected, got = eager(**batch).loss, compiled(**batch).loss
+        expected.backward(), got.backward()
+        torch.testing.assert_close(got, expected, msg=f"step {step}")
+    for (name, a), b in zip(eager.named_parameters(), compiled_model.parameters()):
+        if a.grad is not None:
+            torch.testing.assert_close(b.grad, a.grad, msg=labelled(name))
