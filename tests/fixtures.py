@@ -27,7 +27,14 @@ import torch
 import transformers
 from transformers.utils import ModelOutput
 
-from energyformers import FAMILIES, INPUT_TYPES, HyperBFConfig, HyperSetConfig, IMixerConfig
+from energyformers import (
+    FAMILIES,
+    INPUT_TYPES,
+    HyperBFConfig,
+    HyperSetConfig,
+    IMixerConfig,
+    LoopedTransformerConfig,
+)
 
 # ---------------------------------------------------------------- what a test needs from the machine
 
@@ -201,6 +208,19 @@ TINY = {
     "hyperbf": Tiny(
         hyperbf_config, batch=2, length=12, image=8, channels=3, vocab=16, labels=3, hidden=32, positions=12
     ),
+}
+
+
+def looped_transformer_config(input_type: str, **overrides: Any) -> LoopedTransformerConfig:
+    """The baseline of the tiny Hyper-SET config (`from_hyperset`: same embeddings, width, heads, depth and head;
+    its own MLP of width 4d); `overrides` are the baseline's fields."""
+    return LoopedTransformerConfig.from_hyperset(hyperset_config(input_type), **overrides)
+
+
+# The baselines' tiny configs (`energyformers.BASELINES`), as `TINY` for the families; a baseline shares the
+# inputs of the family it is measured against.
+BASELINE_TINY = {
+    "looped-transformer": dataclasses.replace(TINY["hyperset"], config=looped_transformer_config)
 }
 
 

@@ -1,6 +1,6 @@
 """transformers' common model tests (`ModelTesterMixin`, `ConfigTester`) on the looped-Transformer baseline's
-masked-image-modelling head, exactly as `test_transformers_common.py` runs them on Hyper-SET's (the baseline is not
-in `FAMILIES`, so that module's tables do not list it: this one adds it to the masked-LM table the mixin reads)."""
+masked-image-modelling head, exactly as `test_transformers_common.py` runs them on Hyper-SET's and on the baseline's
+other heads (that module's tables fixture is its own: this one adds the head to the masked-LM table the mixin reads)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from unittest import mock
 
 import pytest
 import test_transformers_common as common  # the suite and its testers (skips as that module does)
-from transformers import PreTrainedConfig
 from transformers.models.auto import modeling_auto
 
-from energyformers import LoopedTransformerConfig, LoopedTransformerForMaskedImageModeling
+from energyformers import LoopedTransformerForMaskedImageModeling
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -23,15 +22,13 @@ def _baseline_in_the_masked_lm_table():
         yield
 
 
-class LoopedTransformerMaskedImageModelingTester(common.HyperSetModelTester):
-    """The baseline of the tiny Hyper-SET sequence config (one layer iterated twice, codebook 19 + [MASK]) with the
-    learned positions of the `mim-1-12-4d` preset."""
+class LoopedTransformerMaskedImageModelingTester(common.LoopedTransformerModelTester):
+    """The baseline's tester (one layer iterated twice; as a sequence, codebook 19 + [MASK]) with the learned
+    positions of the `mim-1-12-4d` preset."""
 
-    overrides: ClassVar[dict[str, Any]] = dict(common.HyperSetModelTester.overrides)
-
-    def get_config(self) -> PreTrainedConfig:
-        hyperset = common.CONFIGS["hyperset"](self.input_type, **self.overrides)
-        return LoopedTransformerConfig.from_hyperset(hyperset, position_embedding_type="learned")
+    overrides: ClassVar[dict[str, Any]] = dict(
+        common.LoopedTransformerModelTester.overrides, position_embedding_type="learned"
+    )
 
 
 class LoopedTransformerMaskedImageModelingTest(common._SequenceTests, unittest.TestCase):

@@ -1,4 +1,5 @@
-"""transformers' own common model tests (`ModelTesterMixin`, `ConfigTester`) on every head of every family.
+"""transformers' own common model tests (`ModelTesterMixin`, `ConfigTester`) on every head of every family and of
+the looped-Transformer baseline (`BASELINES`; its masked-image-modelling head: `test_mim_common.py`).
 
 Vendor nothing: the tests are transformers' `tests/test_modeling_common.py` and `tests/test_configuration_common.py`
 of the *installed* transformers version, taken from its source distribution on the package index. Fetching it is a
@@ -19,8 +20,8 @@ package names:
 * `utils/test_configuration_utils.py`: `config_common_kwargs`, every public key of `PreTrainedConfig().__dict__`
   with a non-default value.
 
-One test class per family and input type runs the mixin over that input type's heads (the base model takes
-both, so it is in both classes), with the family's tiny config from `fixtures` and a tester in the style of
+One test class per family (or baseline) and input type runs the mixin over that input type's heads (the base
+model takes both, so it is in both classes), with the tiny config from `fixtures` and a tester in the style of
 transformers' `tests/models/vit/test_modeling_vit.py`; `test_config` runs `ConfigTester`. The mixin reads the
 `MODEL_*_MAPPING_NAMES` tables to choose labels and which classes train; our model types are added to them
 for this module's tests and removed afterwards.
@@ -36,13 +37,22 @@ from typing import Any, ClassVar
 from unittest import mock
 
 import pytest
-from fixtures import TINY, hyperbf_config, hyperset_config, imixer_config, in_ci
+from fixtures import (
+    BASELINE_TINY,
+    TINY,
+    hyperbf_config,
+    hyperset_config,
+    imixer_config,
+    in_ci,
+    looped_transformer_config,
+)
 from torch import nn
 from transformers import PreTrainedConfig
 from transformers.models.auto import modeling_auto
 from transformers_suite import sdist
 
 from energyformers import (
+    BASELINES,
     FAMILIES,
     HyperBFForImageClassification,
     HyperBFForSequenceClassification,
@@ -55,6 +65,10 @@ from energyformers import (
     IMixerForImageClassification,
     IMixerForSequenceClassification,
     IMixerModel,
+    LoopedTransformerForImageClassification,
+    LoopedTransformerForSequenceClassification,
+    LoopedTransformerForTokenClassification,
+    LoopedTransformerModel,
 )
 
 # Why this module's tests cannot run: None when transformers' suite imported.
@@ -86,7 +100,12 @@ floats_tensor = getattr(modeling_common, "floats_tensor", None)
 ids_tensor = getattr(modeling_common, "ids_tensor", None)
 random_attention_mask = getattr(modeling_common, "random_attention_mask", None)
 
-CONFIGS = {"hyperset": hyperset_config, "imixer": imixer_config, "hyperbf": hyperbf_config}
+CONFIGS = {
+    "hyperset": hyperset_config,
+    "imixer": imixer_config,
+    "hyperbf": hyperbf_config,
+    "looped-transformer": looped_transformer_config,
+}
 
 # The model tables the mixin reads, by the Auto class a head registers with in `FAMILIES`.
 AUTO_TABLES = {
@@ -102,9 +121,10 @@ AUTO_TABLES = {
 
 @pytest.fixture(scope="module", autouse=True)
 def _our_models_in_auto_tables():
-    """Every head in the `MODEL_*_MAPPING_NAMES` table of its Auto class while this module's tests run."""
+    """Every head (of the families and the baselines) in the `MODEL_*_MAPPING_NAMES` table of its Auto class
+    while this module's tests run."""
     entries: dict[str, dict[str, str]] = {auto_name: {} for auto_name in AUTO_TABLES}
-    for model_type, family in FAMILIES.items():
+    for model_type, family in {**FAMILIES, **BASELINES}.items():
         for auto_name, head in family.heads.items():
             entries[auto_name][model_type] = head.__name__
     patches = [mock.patch.dict(AUTO_TABLES[auto_name], names) for auto_name, names in entries.items()]
@@ -130,7 +150,7 @@ class EnergyModelTester:
     def __init__(self, parent: unittest.TestCase, input_type: str) -> None:
         self.parent = parent
         self.input_type = input_type
-        tiny = TINY[self.family]
+        tiny = {**TINY, **BASELINE_TINY}[self.family]
         config = self.get_config()
         self.batch_size = tiny.batch
         self.is_training = True
@@ -204,6 +224,12 @@ class HyperSetMaskedImageModelingTester(HyperSetModelTester):
         step_size_norm="rmsnorm-sum",
         classifier_norm="rmsnorm",
     )
+
+
+class LoopedTransformerModelTester(HyperSetModelTester):
+    """The baseline of Hyper-SET's tester: the same embeddings and depth (one weight-tied layer iterated twice)."""
+
+    family = "looped-transformer"
 
 
 class IMixerModelTester(EnergyModelTester):
@@ -327,3 +353,17 @@ class HyperBFImageModelTest(_ImageTests, unittest.TestCase):
 class HyperBFSequenceModelTest(_SequenceTests, unittest.TestCase):
     model_tester_class = HyperBFModelTester
     all_model_classes = (HyperBFModel, HyperBFForSequenceClassification)
+
+
+class LoopedTransformerImageModelTest(_ImageTests, unittest.TestCase):
+    model_tester_class = LoopedTransformerModelTester
+    all_model_classes = (LoopedTransformerModel, LoopedTransformerForImageClassification)
+
+
+class LoopedTransformerSequenceModelTest(_SequenceTests, unittest.TestCase):
+    model_tester_class = LoopedTransformerModelTester
+    all_model_classes = (
+        LoopedTransformerModel,
+        LoopedTransformerForSequenceClassification,
+        LoopedTransformerForTokenClassification,
+    )
