@@ -320,7 +320,8 @@ def counting_all_reduce(*args, **kwargs):
 
 dist.all_reduce = counting_all_reduce
 seen = {}
-for name, signal_at, check_s in (("whole", None, StopRequest.EVALUATION_CHECK_S), ("stopped", 5, 0.05)):
+default_check_s = getattr(StopRequest, "EVALUATION_CHECK_S", 1.0)
+for name, signal_at, check_s in (("whole", None, default_check_s), ("stopped", 5, 0.05)):
     StopRequest.EVALUATION_CHECK_S = check_s
     model, stop, stopped = Slow(signal_at), StopRequest(), False
     reductions.clear()
@@ -331,6 +332,7 @@ for name, signal_at, check_s in (("whole", None, StopRequest.EVALUATION_CHECK_S)
             stopped = True
     seen[name] = {"batches": model.batches, "all_reduce": len(reductions), "stopped": stopped}
 open(f"{sys.argv[1]}.rank{rank}", "w").write(json.dumps(seen))
+dist.destroy_process_group()  # not left to interpreter exit, where gloo's threads may abort the process
 """
 
 
@@ -348,9 +350,11 @@ def test_an_evaluation_agrees_on_a_stop_every_few_batches_and_all_ranks_stop_at_
     assert statuses == [0, 0], (statuses, {k: v[-2500:] for k, v in text.items()})
     seen = [json.loads((tmp_path / f"seen.rank{rank}").read_text()) for rank in (0, 1)]
     whole, stopped = [s["whole"] for s in seen], [s["stopped"] for s in seen]
-    # 20 batches of >= 10 ms: an agreement after the first, then not before 1 s of batches (the whole pass)
+    # 20 batches of >= 10 ms: an agreement after the first, then after about 1 s of batches (the whole pass), a
+    # little sooner when the first batch, which sizes the interval, was slow (a loader's start): 1 to 3 in all
     assert [(s["batches"], s["stopped"]) for s in whole] == [(20, False)] * 2, whole
-    assert [s["all_reduce"] for s in whole] == [2, 2], f"all-reduces of a 20-batch evaluation: {whole}"
+    counts = [s["all_reduce"] for s in whole]
+    assert counts[0] == counts[1] and 1 <= counts[0] <= 3, f"all-reduces of a 20-batch evaluation: {whole}"
     assert stopped[0] == stopped[1] and stopped[0]["stopped"], stopped
     # the signal in batch 5; agreements after batch 1 and then every ~5 batches (>= 10 ms each of 0.05 s)
     assert 5 <= stopped[0]["batches"] <= 11 and stopped[0]["all_reduce"] < stopped[0]["batches"], stopped
