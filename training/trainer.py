@@ -50,7 +50,9 @@ class RecipeTrainer(Trainer):
         self.masked_images = masked_images
         self.stop = stop
         self.evaluation_check: Any = None  # the pass of Trainer's prediction steps in progress
-        self.held_logs: list[tuple[Any, ...]] | None = None  # an evaluation's logs, until it is complete
+        self.held_logs: list[tuple[Any, ...]] | None = (
+            None  # an evaluation's `log` calls, until it is complete
+        )
         if training_loss.active:
             self.loss_is_scaled_for_ga = False  # a per-batch mean: Trainer divides by the accumulation steps
 
@@ -85,8 +87,8 @@ class RecipeTrainer(Trainer):
             return self.unfinished_evaluation(metric_key_prefix)
         finally:
             held, self.held_logs, self.evaluation_check = self.held_logs, None, None
-        for logs in held:
-            self.log(*logs)
+        for logs, args, kwargs in held:
+            self.log(logs, *args, **kwargs)
         return metrics
 
     def complete_evaluation(
@@ -124,7 +126,7 @@ class RecipeTrainer(Trainer):
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         # within `evaluate`: held until every pass is complete, so an evaluation cut short logs nothing
         if self.held_logs is not None:
-            self.held_logs.append((logs, *args))
+            self.held_logs.append((logs, args, kwargs))
             return
         super().log(logs, *args, **kwargs)
 
