@@ -119,11 +119,15 @@ def test_trainer_sigterm_to_one_rank_stops_both_and_resume_continues(tmp_path: P
 
 
 # rank 1 sends itself SIGTERM at its first prediction step of the step-2 evaluation; each rank writes the number
-# of prediction steps it ran to argv[1].rank<r>
+# of prediction steps it ran to argv[1].rank<r>. The ranks agree after every batch (`EVALUATION_CHECK_S` 0), so
+# the batch they stop at is known (`test_an_evaluation_agrees_on_a_stop_every_few_batches...`: the default)
 TRAINER_EVALUATION_SCRIPT = """
 import os, signal, sys
 from transformers import TrainerCallback
 from energyformers.training import train
+from energyformers.training.interrupt import StopRequest
+
+StopRequest.EVALUATION_CHECK_S = 0
 
 class SignalRankOneInEvaluation(TrainerCallback):
     steps = 0
@@ -271,3 +275,86 @@ def first_logged_step_trainer(path: Path, proc: subprocess.Popen) -> None:
     while "'loss'" not in path.read_text():
         assert proc.poll() is None and time.monotonic() < deadline, path.read_text()[-2500:]
         time.sleep(0.05)
+
+
+# Two evaluations of 20 batches (of about 10 ms each) per rank with `accelerate_loop.evaluate_split`, every
+# `dist.all_reduce` counted: one without a signal at the default `EVALUATION_CHECK_S`, then one where rank 1 sends
+# itself SIGTERM in its 5th batch, agreeing about every 5 batches; each rank writes what it saw to argv[1].rank<r>
+EVALUATION_COLLECTIVES_SCRIPT = """
+import json, os, signal, sys, time
+from types import SimpleNamespace
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+from energyformers.training import accelerate_loop
+from energyformers.training.arguments import MIM_TASK
+from energyformers.training.interrupt import EvaluationStopped, StopRequest
+
+accelerator = Accelerator(cpu=True)
+rank = accelerator.process_index
+
+class Slow(torch.nn.Module):
+    def __init__(self, signal_at=None):
+        super().__init__()
+        self.linear, self.batches, self.signal_at = torch.nn.Linear(4, 3), 0, signal_at
+
+    def forward(self, x, labels):
+        self.batches += 1
+        if rank == 1 and self.batches == self.signal_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        logits = self.linear(x)
+        return SimpleNamespace(logits=logits, loss=torch.nn.functional.cross_entropy(logits, labels))
+
+generator = torch.Generator().manual_seed(0)
+rows = [(torch.randn(4, generator=generator), i % 3) for i in range(80)]
+collate = lambda rows: {"x": torch.stack([x for x, _ in rows]), "labels": torch.tensor([y for _, y in rows])}
+loader = accelerator.prepare(DataLoader(rows, batch_size=2, collate_fn=collate))
+reductions = []
+all_reduce = dist.all_reduce
+
+def counting_all_reduce(*args, **kwargs):
+    reductions.append(1)
+    return all_reduce(*args, **kwargs)
+
+dist.all_reduce = counting_all_reduce
+seen = {}
+default_check_s = getattr(StopRequest, "EVALUATION_CHECK_S", 1.0)
+for name, signal_at, check_s in (("whole", None, default_check_s), ("stopped", 5, 0.05)):
+    StopRequest.EVALUATION_CHECK_S = check_s
+    model, stop, stopped = Slow(signal_at), StopRequest(), False
+    reductions.clear()
+    with stop.installed(several_processes=True, announce=False):
+        try:
+            accelerate_loop.evaluate_split(model, loader, accelerator, MIM_TASK, stop)
+        except EvaluationStopped:
+            stopped = True
+    seen[name] = {"batches": model.batches, "all_reduce": len(reductions), "stopped": stopped}
+open(f"{sys.argv[1]}.rank{rank}", "w").write(json.dumps(seen))
+dist.destroy_process_group()  # not left to interpreter exit, where gloo's threads may abort the process
+"""
+
+
+def test_an_evaluation_agrees_on_a_stop_every_few_batches_and_all_ranks_stop_at_the_same_one(
+    tmp_path: Path,
+) -> None:
+    """Fewer collectives than batches (one per batch before): about one a second (`EVALUATION_CHECK_S`), sized
+    from the slowest rank's batch time that the same all-reduce shares; with the signal at one rank only, both
+    ranks still stop after the same batch, a few after the signal."""
+    script = tmp_path / "evaluate.py"
+    script.write_text(EVALUATION_COLLECTIVES_SCRIPT)
+    command = [sys.executable, str(script), str(tmp_path / "seen")]
+    statuses = wait_all(start_ranks(command, tmp_path, "evaluate"))
+    text = logs(tmp_path, "evaluate")
+    assert statuses == [0, 0], (statuses, {k: v[-2500:] for k, v in text.items()})
+    seen = [json.loads((tmp_path / f"seen.rank{rank}").read_text()) for rank in (0, 1)]
+    whole, stopped = [s["whole"] for s in seen], [s["stopped"] for s in seen]
+    # 20 batches of >= 10 ms: an agreement after the first, then after about 1 s of batches (the whole pass), a
+    # little sooner when the first batch, which sizes the interval, was slow (a loader's start): 1 to 3 in all
+    assert [(s["batches"], s["stopped"]) for s in whole] == [(20, False)] * 2, whole
+    counts = [s["all_reduce"] for s in whole]
+    assert counts[0] == counts[1] and 1 <= counts[0] <= 3, f"all-reduces of a 20-batch evaluation: {whole}"
+    assert stopped[0] == stopped[1] and stopped[0]["stopped"], stopped
+    # the signal in batch 5; agreements after batch 1 and then every ~5 batches (>= 10 ms each of 0.05 s)
+    assert 5 <= stopped[0]["batches"] <= 11 and stopped[0]["all_reduce"] < stopped[0]["batches"], stopped

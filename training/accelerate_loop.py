@@ -86,18 +86,17 @@ def evaluate_split(
     model: Any, loader: Any, accelerator: Any, task: str, stop: StopRequest | None = None
 ) -> dict[str, float]:
     """Loss and the task's metrics (`evaluation.task_metrics`) over a whole split, gathered across processes
-    (duplicates dropped). With `stop`, the ranks ask it before each batch and raise `EvaluationStopped` together."""
+    (duplicates dropped). With `stop`, the ranks ask it after each batch (`StopRequest.evaluation_check`) and
+    raise `EvaluationStopped` together."""
     import torch
 
     from .evaluation import task_metrics
 
     model.eval()
     predictions, references, loss_sums, counts = [], [], [], []
+    check = stop.evaluation_check(accelerator.device) if stop is not None else None
     with torch.no_grad():
         for batch in loader:
-            if stop is not None and stop.should_stop(accelerator.device):
-                model.train()
-                raise EvaluationStopped
             out = model(**batch)
             preds, labels = accelerator.gather_for_metrics((out.logits.argmax(-1), batch["labels"]))
             if batch["labels"].is_floating_point():  # not a class index: no per-sample cross-entropy
@@ -111,6 +110,12 @@ def evaluate_split(
             counts.append(sample_counts.cpu())
             predictions.append(preds.cpu())
             references.append(labels.cpu())
+            if check is not None:
+                try:
+                    check.batch_done()
+                except EvaluationStopped:
+                    model.train()
+                    raise
     model.train()
     p, r = torch.cat(predictions).numpy(), torch.cat(references).numpy()
     loss = (torch.cat(loss_sums).sum() / torch.cat(counts).sum()).item()
@@ -159,7 +164,8 @@ class LoopState:
     running: Any  # the window's summed loss since the last log (a scalar tensor on the device)
     start_step: int  # the step this process started from (after a resume, the checkpoint's)
     seen: int = 0  # optimizer steps in the open window
-    saved_at: int | None = None  # the step of this run's last checkpoint (the same on every rank)
+    # the step of the last checkpoint, resumed from or saved (the same on every rank)
+    saved_at: int | None = None
 
 
 def make_accelerator(run_args: RunArguments) -> Accelerator:
@@ -288,7 +294,10 @@ def restore_progress(parts: LoopParts, resume_from: Path | None) -> LoopState:
     if hasattr(collator, "check_loader"):  # masks that DataLoader workers can number exactly
         collator.check_loader(parts.train_dl)
     running = torch.zeros((), device=accelerator.device)
-    return LoopState(step=step, history=history, loss_sum=loss_sum, running=running, start_step=step)
+    saved_at = step if resume_from is not None else None
+    return LoopState(
+        step=step, history=history, loss_sum=loss_sum, running=running, start_step=step, saved_at=saved_at
+    )
 
 
 def log_entry(parts: LoopParts, state: LoopState, entry: dict[str, float]) -> None:
@@ -312,27 +321,28 @@ def log_window(parts: LoopParts, state: LoopState, extra: dict[str, float]) -> N
 
 def evaluate_validation(parts: LoopParts, stop: StopRequest | None = None) -> dict[str, float]:
     """The validation split's loss and metrics, for masked image modelling the reconstruction metrics after
-    decoding, and the accuracy at each depth of `parts.depths` (`depth_metrics`); `stop`: `evaluate_split`'s."""
+    decoding, and the accuracy at each depth of `parts.depths` (`depth_metrics`); with `stop`, each of these
+    passes ends at its next batch once a stop is agreed (`EvaluationStopped`)."""
     from .evaluation import depth_metrics
 
     accelerator, task = parts.accelerator, parts.built.task
     metrics = evaluate_split(parts.model, parts.eval_dl, accelerator, task, stop)
     if parts.built.masked_images is not None:
         with accelerator.autocast():
-            metrics.update(parts.built.masked_images(parts.unwrapped, "validation"))
+            metrics.update(parts.built.masked_images(parts.unwrapped, "validation", stop=stop))
     if parts.depths:
-        metrics.update(
-            depth_metrics(parts.model, parts.eval_dl, accelerator.gather_for_metrics, task, parts.depths)
-        )
+        gather = accelerator.gather_for_metrics
+        metrics.update(depth_metrics(parts.model, parts.eval_dl, gather, task, parts.depths, stop=stop))
     return metrics
 
 
-def evaluate_test(parts: LoopParts) -> dict[str, float]:
-    """The test split's loss and metrics, for masked image modelling the reconstruction metrics after decoding."""
-    metrics = evaluate_split(parts.model, parts.test_dl, parts.accelerator, parts.built.task)
+def evaluate_test(parts: LoopParts, stop: StopRequest | None = None) -> dict[str, float]:
+    """The test split's loss and metrics, for masked image modelling the reconstruction metrics after decoding;
+    `stop`: `evaluate_validation`'s."""
+    metrics = evaluate_split(parts.model, parts.test_dl, parts.accelerator, parts.built.task, stop)
     if parts.built.masked_images is not None:
         with parts.accelerator.autocast():
-            metrics.update(parts.built.masked_images(parts.unwrapped, "test"))
+            metrics.update(parts.built.masked_images(parts.unwrapped, "test", stop=stop))
     return metrics
 
 
@@ -428,7 +438,8 @@ def after_epoch(parts: LoopParts, state: LoopState, stop: StopRequest) -> None:
 
 
 def train(parts: LoopParts, state: LoopState, stop: StopRequest) -> None:
-    """Optimizer steps until the schedule's last, or until the ranks agree to stop on SIGTERM/SIGINT (`stop`)."""
+    """Optimizer steps until the schedule's last, or until the ranks agree to stop on SIGTERM/SIGINT (`stop`,
+    whose handlers the caller installs)."""
     from tqdm.auto import tqdm
 
     accelerator, run_args, schedule = parts.accelerator, parts.args.run, parts.schedule
@@ -439,46 +450,48 @@ def train(parts: LoopParts, state: LoopState, stop: StopRequest) -> None:
         dynamic_ncols=True,
     )
     parts.model.train()
-    with stop.installed(
-        several_processes=accelerator.num_processes > 1, announce=accelerator.is_main_process
-    ):
-        # `stop.agreed` (the ranks' common answer, `StopRequest.should_stop` after every optimizer step), never a
-        # rank's own signal: every rank must leave the loop after the same step
-        while state.step < schedule.total_steps and not stop.agreed:
-            for batch in epoch_batches(parts, state.step):
-                loss = train_step(parts, batch)
-                state.running += loss.detach().float() / run_args.gradient_accumulation_steps
-                if not accelerator.sync_gradients:
-                    continue
-                # the rate this step used (what Trainer logs), before the scheduler moves on
-                learning_rate = parts.scheduler.get_last_lr()[0]
-                parts.scheduler.step()
-                if parts.ema is not None:
-                    parts.ema.update(parts.unwrapped)
-                state.step, state.seen = state.step + 1, state.seen + 1
-                progress.update(1)
-                # asked before the step's evaluation, which then does not start (`log_evaluation`)
-                stop.should_stop(accelerator.device)
-                try:
-                    after_optimizer_step(parts, state, learning_rate, stop)
-                except EvaluationStopped:
-                    pass  # `stop.agreed`: the ranks stop after this step
-                if stop.agreed or state.step >= schedule.total_steps:
-                    break  # stop after this step
+    # `stop.agreed` (the ranks' common answer, `StopRequest.should_stop` after every optimizer step), never a
+    # rank's own signal: every rank must leave the loop after the same step
+    while state.step < schedule.total_steps and not stop.agreed:
+        for batch in epoch_batches(parts, state.step):
+            loss = train_step(parts, batch)
+            state.running += loss.detach().float() / run_args.gradient_accumulation_steps
+            if not accelerator.sync_gradients:
+                continue
+            # the rate this step used (what Trainer logs), before the scheduler moves on
+            learning_rate = parts.scheduler.get_last_lr()[0]
+            parts.scheduler.step()
+            if parts.ema is not None:
+                parts.ema.update(parts.unwrapped)
+            state.step, state.seen = state.step + 1, state.seen + 1
+            progress.update(1)
+            # asked before the step's evaluation, which then does not start (`log_evaluation`)
+            stop.should_stop(accelerator.device)
             try:
-                after_epoch(parts, state, stop)
+                after_optimizer_step(parts, state, learning_rate, stop)
             except EvaluationStopped:
-                pass
+                pass  # `stop.agreed`: the ranks stop after this step
+            if stop.agreed or state.step >= schedule.total_steps:
+                break  # stop after this step
+        try:
+            after_epoch(parts, state, stop)
+        except EvaluationStopped:
+            pass
     progress.close()
 
 
-def stop_with_checkpoint(parts: LoopParts, state: LoopState, stop: StopRequest) -> int:
-    """After an agreed stop: save the step reached unless just saved, print how to resume; the exit status."""
+def stop_with_checkpoint(
+    parts: LoopParts, state: LoopState, stop: StopRequest, final_evaluation: bool = False
+) -> int:
+    """After an agreed stop: save the step reached unless just saved, print how to resume; the exit status.
+    `final_evaluation`: the stop came in the evaluations after the last step (`StopRequest.report`)."""
     if state.saved_at != state.step:  # not a file check: another machine's ranks may not see rank 0's files
         save_checkpoint(parts, state)
     parts.accelerator.end_training()
     if parts.accelerator.is_main_process:
-        return stop.report("train-accelerate", parts.args.argv, state.step, parts.work_dir)
+        return stop.report(
+            "train-accelerate", parts.args.argv, state.step, parts.work_dir, final_evaluation=final_evaluation
+        )
     return 128 + int(stop.signum or 0)
 
 
@@ -558,16 +571,26 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
         parts = prepare_training(args, accelerator, work_dir, resume_from)
         state = restore_progress(parts, resume_from)
         stop = StopRequest()
-        train(parts, state, stop)
-        if stop.agreed:
-            return stop_with_checkpoint(parts, state, stop)
-        train_time = time.time() - start
+        # the handlers stay for the final evaluations: a stop there ends them at their next batch too, and the
+        # run, its last step checkpointed first, resumes to them
+        with stop.installed(
+            several_processes=accelerator.num_processes > 1, announce=accelerator.is_main_process
+        ):
+            train(parts, state, stop)
+            if stop.agreed:
+                return stop_with_checkpoint(parts, state, stop)
+            train_time = time.time() - start
+            if state.saved_at != state.step:  # the live weights, before the EMA replaces them below
+                save_checkpoint(parts, state)
 
-        if on_train_end is not None:
-            on_train_end(parts.unwrapped, accelerator)
-        if parts.ema is not None:  # the saved and evaluated model is the average
-            parts.ema.copy_to(parts.unwrapped)
-        eval_metrics, test_metrics = evaluate_validation(parts), evaluate_test(parts)
+            if on_train_end is not None:
+                on_train_end(parts.unwrapped, accelerator)
+            if parts.ema is not None:  # the saved and evaluated model is the average
+                parts.ema.copy_to(parts.unwrapped)
+            try:
+                eval_metrics, test_metrics = evaluate_validation(parts, stop), evaluate_test(parts, stop)
+            except EvaluationStopped:
+                return stop_with_checkpoint(parts, state, stop, final_evaluation=True)
         accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         write_model_folder(

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .arguments import MIM_TASK
+from .interrupt import StopRequest
 
 METRICS_DIR = Path(__file__).parent / "metrics"
 
@@ -106,12 +107,14 @@ def depth_metrics(
     depths: list[int],
     prefix: str = "",
     call_arguments: Mapping[str, Any] | None = None,
+    stop: StopRequest | None = None,
 ) -> dict[str, float]:
     """`<prefix><primary metric>_iterations_<t>` for each t of `depths`: the split of `loader` classified with
     `num_iterations=t` (eval mode, no gradient), predictions gathered across processes by `gather`
     (`accelerator.gather_for_metrics`). Logged at every evaluation, they show a plateau in depth and its end.
     `call_arguments` (`energyformers evaluate`'s depth flags, as `trainer.DepthTrainer` adds them) are added to
-    every forward; each row's `num_iterations=t` overrides theirs."""
+    every forward; each row's `num_iterations=t` overrides theirs. With `stop` (a training run's), the pass
+    ends at its next batch once a stop is agreed (`StopRequest.evaluation_check`: `EvaluationStopped`)."""
     import torch
 
     name = primary_metric(task)
@@ -119,14 +122,19 @@ def depth_metrics(
     model.eval()
     predictions: dict[int, list[Any]] = {t: [] for t in depths}
     references = []
-    with torch.no_grad():
-        for batch in loader:
-            inputs = {k: v for k, v in batch.items() if k != "labels"}
-            references.append(gather(batch["labels"]).cpu().numpy())
-            for t in depths:
-                logits = model(**{**inputs, **(call_arguments or {}), "num_iterations": t}).logits
-                predictions[t].append(gather(logits.argmax(-1)).cpu().numpy())
-    model.train(was_training)
+    check = stop.evaluation_check(next(model.parameters()).device) if stop is not None else None
+    try:
+        with torch.no_grad():
+            for batch in loader:
+                inputs = {k: v for k, v in batch.items() if k != "labels"}
+                references.append(gather(batch["labels"]).cpu().numpy())
+                for t in depths:
+                    logits = model(**{**inputs, **(call_arguments or {}), "num_iterations": t}).logits
+                    predictions[t].append(gather(logits.argmax(-1)).cpu().numpy())
+                if check is not None:
+                    check.batch_done()
+    finally:
+        model.train(was_training)
     truth = _stack(references, fill=-100)
     return {
         f"{prefix}{name}_iterations_{t}": task_metrics(task, _stack(predictions[t], fill=0), truth)[name]
@@ -248,6 +256,7 @@ def masked_image_metrics(
     num_iterations: int | None = None,
     lpips_weights: str | None = None,
     fid_weights: str | None = None,
+    stop: StopRequest | None = None,
 ) -> dict[str, float]:
     """Reconstruction of masked code grids by MaskGIT decoding (`model.decode`, arccos schedule, seeded), as the
     paper measures its masked-image-modelling models.
@@ -258,6 +267,8 @@ def masked_image_metrics(
     those of the true codes: the tokenizer's own bound, which no decoding exceeds for a nearest-centroid
     tokenizer. With `lpips_weights` / `fid_weights` (local files, `energyformers.mim.PerceptualMetrics`) also
     `lpips` / `fid` and their `tokenizer_` bounds. Runs the model in eval mode, restoring its mode afterwards.
+    With `stop` (a training run's), the decoding ends at its next batch once a stop is agreed (every rank decodes
+    the same batches: `StopRequest.evaluation_check`, `EvaluationStopped`).
     """
     import torch
 
@@ -268,10 +279,17 @@ def masked_image_metrics(
     device = next(model.parameters()).device
     generator = torch.Generator(device).manual_seed(seed)  # one stream over the batches: deterministic
     decoded = []
-    for batch in inputs.split(batch_size):
-        out = model.decode(batch.to(device), steps=steps, generator=generator, num_iterations=num_iterations)
-        decoded.append(out.codes.cpu())
-    model.train(was_training)
+    check = stop.evaluation_check(device) if stop is not None else None
+    try:
+        for batch in inputs.split(batch_size):
+            out = model.decode(
+                batch.to(device), steps=steps, generator=generator, num_iterations=num_iterations
+            )
+            decoded.append(out.codes.cpu())
+            if check is not None:
+                check.batch_done()
+    finally:
+        model.train(was_training)
     decoded = torch.cat(decoded)
     masked = inputs == model.mask_token_id
     perceptual = {"lpips_weights": lpips_weights, "fid_weights": fid_weights}
@@ -293,7 +311,7 @@ def masked_image_metrics(
 class MaskedImageEvaluation:
     """The reconstruction metrics of a masked-image-modelling run (`masked_image_metrics`) on the first `samples`
     images of a split of `data` (a `data.MaskedImageData`), with its fixed masks: `(model, split) -> metrics`;
-    LPIPS / FID too where `lpips_weights` / `fid_weights` name local files."""
+    LPIPS / FID too where `lpips_weights` / `fid_weights` name local files; `stop`: `masked_image_metrics`'s."""
 
     data: Any
     steps: int
@@ -302,7 +320,9 @@ class MaskedImageEvaluation:
     lpips_weights: str | None = None
     fid_weights: str | None = None
 
-    def __call__(self, model: Any, split: str, num_iterations: int | None = None) -> dict[str, float]:
+    def __call__(
+        self, model: Any, split: str, num_iterations: int | None = None, stop: StopRequest | None = None
+    ) -> dict[str, float]:
         n = min(self.samples, len(self.data.codes[split]))
         return masked_image_metrics(
             model,
@@ -315,6 +335,7 @@ class MaskedImageEvaluation:
             num_iterations=num_iterations,
             lpips_weights=self.lpips_weights,
             fid_weights=self.fid_weights,
+            stop=stop,
         )
 
 

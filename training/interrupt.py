@@ -3,13 +3,14 @@
 Both loops treat the two signals alike: the step in progress finishes, a checkpoint is saved in
 `<output_dir>.checkpoints/`, and the command prints how to continue (`--resume`) and exits with 128 + the signal
 number (143, 130). A second Ctrl-C stops at once (`KeyboardInterrupt`) for whoever cannot wait for the step.
-An evaluation during training ends at its next batch (`EvaluationStopped`), abandoned: it can take longer than
-many training steps.
+An evaluation, during training or the final ones after it, ends at its next batch (`EvaluationStopped`),
+abandoned: it can take longer than many training steps.
 
 With several processes every rank handles the signals too, and the ranks decide together: after each optimizer
-step, and at each batch of an evaluation during training, they all-reduce one flag (`StopRequest.should_stop`), so
-all of them stop at the same point and save the checkpoint together, whichever rank (or all, as a launcher forwards
-the signal) was signalled.
+step they all-reduce one flag (`StopRequest.should_stop`), so all of them stop at the same point and save the
+checkpoint together, whichever rank (or all, as a launcher forwards the signal) was signalled. In an evaluation
+they do so only every few batches (`EvaluationCheck`), as many as take about `EVALUATION_CHECK_S` seconds on the
+slowest rank.
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ class EvaluationStopped(Exception):
 
 
 class StopRequest:
-    """Records the first stop signal; the training loop asks `should_stop` after each optimizer step."""
+    """Records the first stop signal; the training loop asks `should_stop` after each optimizer step, an
+    evaluation its `evaluation_check` after each batch."""
+
+    # With several processes an evaluation's ranks agree (one all-reduce) about this often: after as many batches
+    # as the slowest rank ran in this time, at least after every batch. A stop waits about this long, plus a
+    # batch, instead of a collective per batch on fast batches.
+    EVALUATION_CHECK_S = 1.0
 
     # With several processes a Ctrl-C reaches each worker twice: from the terminal (the whole foreground process
     # group) and forwarded by the launcher a moment later. A repeat this soon after the first is that same
@@ -77,20 +84,30 @@ class StopRequest:
         the same answer at the same step even when the signal reached only some of them, or reached them while
         others had already passed this step. The answer, not a later local signal, is what the loop must act
         on (`agreed`): a rank that stopped alone would leave the others waiting in their next collective."""
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            import torch
-
-            flag = torch.tensor([self.signum or 0], dtype=torch.int32, device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            agreed_signum = int(flag.item())
-            if agreed_signum and self.signum is None:
-                self.signum = agreed_signum  # another rank's signal: report and exit with its status
-            self.agreed = agreed_signum != 0
+        if several_processes():
+            self.agree(device)
         else:
             self.agreed = self.received
         return self.agreed
+
+    def agree(self, device: Any, seconds: float = 0.0) -> float:
+        """One all-reduce (max) of this rank's signal number and of `seconds`; sets `agreed` (and `signum` from
+        another rank's signal) and returns the largest `seconds` of the ranks."""
+        import torch
+        import torch.distributed as dist
+
+        # one float64 tensor for both: a signal number is exact in it
+        flag = torch.tensor([float(self.signum or 0), seconds], dtype=torch.float64, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        agreed_signum, slowest = (float(x) for x in flag.tolist())
+        if agreed_signum and self.signum is None:
+            self.signum = int(agreed_signum)  # another rank's signal: report and exit with its status
+        self.agreed = agreed_signum != 0
+        return slowest
+
+    def evaluation_check(self, device: Any = None) -> EvaluationCheck:
+        """The stop check of one evaluation pass (`EvaluationCheck`): a new one for each pass over a split."""
+        return EvaluationCheck(self, device)
 
     @contextmanager
     def installed(self, *, several_processes: bool = False, announce: bool = True) -> Iterator[StopRequest]:
@@ -107,18 +124,67 @@ class StopRequest:
             for signum, old in previous.items():
                 signal.signal(signum, old)
 
-    def report(self, command: str, argv: list[str], step: int, work_dir: Path) -> int:
-        """Print where the checkpoint is and the command that continues the run; returns the exit status."""
+    def report(
+        self, command: str, argv: list[str], step: int, work_dir: Path, *, final_evaluation: bool = False
+    ) -> int:
+        """Print where the checkpoint is and the command that continues the run; returns the exit status.
+        `final_evaluation`: the stop came in the evaluations after the last step, which the resumed run runs."""
         if self.signum is None:
             raise ValueError("StopRequest.report: no stop signal was received")
         resume = [*argv] if "--resume" in argv else [*argv, "--resume"]
+        name = signal.Signals(self.signum).name
+        where = (
+            f"in the final evaluation after the last step ({step})" if final_evaluation else f"at step {step}"
+        )
+        then = " (it runs the final evaluation and writes the model folder)" if final_evaluation else ""
         print(
-            f"energyformers {command}: stopped by {signal.Signals(self.signum).name} at step {step}; checkpoint "
-            f"saved in {work_dir}. Continue with:\n  {shlex.join(['energyformers', command, *resume])}",
+            f"energyformers {command}: stopped by {name} {where}; checkpoint saved in {work_dir}. Continue "
+            f"with{then}:\n  {shlex.join(['energyformers', command, *resume])}",
             file=sys.stderr,
             flush=True,
         )
         return 128 + self.signum
 
 
-__all__ = ["SIGNALS", "EvaluationStopped", "StopRequest"]
+class EvaluationCheck:
+    """Whether one evaluation pass stops: `batch_done` after each of its batches raises `EvaluationStopped` once a
+    stop is agreed, on every rank after the same batch (call it on every rank after every batch).
+
+    One process: after the first batch that follows the signal. Several: the ranks agree (`StopRequest.agree`)
+    after the first batch, then after as many batches as the slowest rank ran in `StopRequest.EVALUATION_CHECK_S`
+    (at least 1), measured since the previous agreement and shared by the same all-reduce, so every rank counts
+    the same batches to the next one."""
+
+    def __init__(self, request: StopRequest, device: Any = None) -> None:
+        self.request, self.device = request, device
+        self.several = several_processes()
+        self.batches = 0  # batches done in this pass
+        self.agreed_at = 0  # the batch after which the ranks last agreed (0: not yet)
+        self.next_at = 1  # the batch after which they agree next
+        self.since = time.monotonic()  # when the batches since the last agreement began
+        self.agreements = 0  # all-reduces this pass made
+
+    def batch_done(self) -> None:
+        """Raise `EvaluationStopped` if the pass stops after this batch."""
+        self.batches += 1
+        if not self.several:
+            self.request.agreed = self.request.received
+        elif self.batches >= self.next_at:
+            now = time.monotonic()
+            per_batch = (now - self.since) / (self.batches - self.agreed_at)
+            slowest = self.request.agree(self.device, per_batch)
+            self.agreements += 1
+            interval = int(StopRequest.EVALUATION_CHECK_S / slowest) if slowest > 0 else 1
+            self.agreed_at, self.next_at, self.since = self.batches, self.batches + max(1, interval), now
+        if self.request.agreed:
+            raise EvaluationStopped
+
+
+def several_processes() -> bool:
+    """Whether a `torch.distributed` process group of more than one process is up."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+__all__ = ["SIGNALS", "EvaluationCheck", "EvaluationStopped", "StopRequest", "several_processes"]

@@ -22,7 +22,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from .arguments import Arguments, check_best_model_metric, parse_arguments, quiet_libraries
 from .cli import run_command
-from .interrupt import StopRequest
+from .interrupt import EvaluationStopped, StopRequest
 
 PROG = "energyformers train"
 DESCRIPTION = "Train a Hyper-SET / iMixer / HyperBF model with transformers.Trainer."
@@ -278,22 +278,31 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             schedule=schedule,
             depth_evaluation=(built.task, eval_depths(built.model, args.run.eval_iterations)),
             masked_images=built.masked_images,
+            stop=stop,
         )
         if resume_from is not None:
             if main_process:
                 print(f"resuming from step {initial_step} ({resume_from})", flush=True)
+        # the handlers stay for the final evaluations: a stop there ends them at their next batch too, and the
+        # run, its last step checkpointed (`StopOnSignal`), resumes to them
+        final_evaluation = False
         with stop.installed(several_processes=ta.world_size > 1, announce=main_process):
             train_result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    # what the ranks agreed on, not a signal that came after the last step's agreement: with several processes a
-    # rank acting on that alone would skip the evaluation the others wait in
+            # what the ranks agreed on, not a signal that came after the last step's agreement: with several
+            # processes a rank acting on that alone would skip the evaluation the others wait in
+            if not stop.agreed:
+                saved_weights = restore_best_weights(trainer, args)
+                try:
+                    eval_metrics = trainer.evaluate(built.data["validation"], metric_key_prefix="eval")
+                    test_metrics = trainer.evaluate(built.data["test"], metric_key_prefix="test")
+                except EvaluationStopped:
+                    final_evaluation = True
     if stop.agreed:
         if main_process:
-            return stop.report("train", args.argv, trainer.state.global_step, work_dir)
+            step = trainer.state.global_step
+            return stop.report("train", args.argv, step, work_dir, final_evaluation=final_evaluation)
         return 128 + int(stop.signum or 0)
 
-    saved_weights = restore_best_weights(trainer, args)
-    eval_metrics = trainer.evaluate(built.data["validation"], metric_key_prefix="eval")
-    test_metrics = trainer.evaluate(built.data["test"], metric_key_prefix="test")
     stage = work_dir / "final"
     if main_process:
         import shutil

@@ -26,7 +26,12 @@ class RecipeTrainer(Trainer):
     schedule; `depth_evaluation`, `(task, depths)`, adds the per-iteration accuracy at each depth to every
     evaluation of the validation split (`evaluation.depth_metrics`); `masked_images`, a callable
     `(model, split) -> metrics` (`setup.Built.masked_images`), adds the masked-image-modelling reconstruction
-    metrics after decoding to every validation and test evaluation. Left None, each adds nothing."""
+    metrics after decoding to every validation and test evaluation. Left None, each adds nothing.
+
+    `stop` (the run's `interrupt.StopRequest`): every pass of an evaluation (Trainer's prediction steps, the
+    decoding, the depths) ends at its next batch once a stop is agreed (`EvaluationStopped`), abandoned: none of
+    the evaluation's metrics are logged. During training the checkpoint of the step just ended is then saved and
+    training stops; after it (the final evaluations) `evaluate` raises `EvaluationStopped` to its caller."""
 
     def __init__(
         self,
@@ -36,12 +41,18 @@ class RecipeTrainer(Trainer):
         schedule: Any,
         depth_evaluation: tuple[str, list[int]] | None = None,
         masked_images: Any = None,
+        stop: StopRequest | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.training_loss, self.run_args, self.schedule = training_loss, run_args, schedule
         self.depth_evaluation = depth_evaluation
         self.masked_images = masked_images
+        self.stop = stop
+        self.evaluation_check: Any = None  # the pass of Trainer's prediction steps in progress
+        self.held_logs: list[tuple[Any, ...]] | None = (
+            None  # an evaluation's `log` calls, until it is complete
+        )
         if training_loss.active:
             self.loss_is_scaled_for_ga = False  # a per-batch mean: Trainer divides by the accumulation steps
 
@@ -62,9 +73,10 @@ class RecipeTrainer(Trainer):
     ) -> dict[str, float]:
         """Trainer's evaluation; for masked image modelling also the reconstruction metrics after MaskGIT
         decoding; on the validation split also the accuracy at each depth of `depth_evaluation`; each logged as
-        its own entry at the same step and returned with the metrics."""
+        its own entry at the same step, once all are complete, and returned with the metrics."""
+        self.held_logs = []
         try:
-            metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+            metrics = self.complete_evaluation(eval_dataset, ignore_keys, metric_key_prefix)
         except EvaluationStopped:
             if not self.is_in_train:
                 raise
@@ -73,10 +85,24 @@ class RecipeTrainer(Trainer):
             self.control.should_save = True
             self.control.should_training_stop = True
             return self.unfinished_evaluation(metric_key_prefix)
+        finally:
+            held, self.held_logs, self.evaluation_check = self.held_logs, None, None
+        for logs, args, kwargs in held:
+            self.log(logs, *args, **kwargs)
+        return metrics
+
+    def complete_evaluation(
+        self, eval_dataset: Any, ignore_keys: Any, metric_key_prefix: str
+    ) -> dict[str, float]:
+        """`evaluate`'s passes, their logs held back (`log`)."""
+        if self.stop is not None:
+            self.evaluation_check = self.stop.evaluation_check(self.args.device)
+        metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        self.evaluation_check = None
         if self.masked_images is not None and metric_key_prefix in ("eval", "test"):
             split = "validation" if metric_key_prefix == "eval" else "test"
             with self.autocast_smart_context_manager():
-                decoded = self.masked_images(self.model, split)
+                decoded = self.masked_images(self.model, split, stop=self.stop)
             decoded = {f"{metric_key_prefix}_{k}": v for k, v in decoded.items()}
             self.log(decoded)
             metrics = {**metrics, **decoded}
@@ -92,9 +118,26 @@ class RecipeTrainer(Trainer):
                 task,
                 depths,
                 f"{metric_key_prefix}_",
+                stop=self.stop,
             )
         self.log(extra)
         return {**metrics, **extra}
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        # within `evaluate`: held until every pass is complete, so an evaluation cut short logs nothing
+        if self.held_logs is not None:
+            self.held_logs.append((logs, args, kwargs))
+            return
+        super().log(logs, *args, **kwargs)
+
+    def prediction_step(
+        self, model: Any, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: Any = None
+    ) -> Any:
+        outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        # every rank runs the same prediction steps (each gathers the batch's outputs), so all of them agree here
+        if self.evaluation_check is not None:
+            self.evaluation_check.batch_done()
+        return outputs
 
     def unfinished_evaluation(self, metric_key_prefix: str) -> dict[str, float]:
         """What an evaluation cut short returns to Trainer: the best-model metric as NaN, which no comparison
@@ -136,26 +179,23 @@ class StopOnSignal(TrainerCallback):
     """SIGTERM or SIGINT (`interrupt.StopRequest`) → save a checkpoint at the end of this step and stop; with
     several processes all ranks decide together (Trainer calls this on every rank; its save is collective).
 
-    An evaluation during training ends at its next prediction step (`interrupt.EvaluationStopped`, which
-    `RecipeTrainer.evaluate` handles), abandoned: none of its metrics are logged, and a resumed run does not repeat
-    it. An evaluation after the stop step does not start (the epoch's neither, which Trainer asks for after a stop
-    too), and the stop step's checkpoint is saved once."""
+    An evaluation ends at its next batch (`RecipeTrainer`'s `stop`). An evaluation after the stop step does not
+    start (the epoch's neither, which Trainer asks for after a stop too), and the stop step's checkpoint is saved
+    once. The last step is always checkpointed (Trainer does so itself unless `--save_strategy no`), so a stop in
+    the final evaluations after training leaves the trained run to resume from."""
 
     def __init__(self, request: StopRequest) -> None:
         self.request = request
-        self.training = False  # the run's final evaluations, after `train()`, are not cut short
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.training = True
-
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.training = False
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.request.should_stop(args.device):
             control.should_save = True
             control.should_training_stop = True
             control.should_evaluate = False
+        elif state.global_step >= state.max_steps and args.save_strategy == "no":
+            # the checkpoint a stop in the final evaluations resumes from (Trainer saves the last step itself
+            # with the steps and epoch strategies); logged, as every checkpoint step is (`ContinueRunCallback`)
+            control.should_save = control.should_log = True
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # Trainer ends the epoch after a stop too, and DefaultFlowCallback (called before this) then asks for the
@@ -165,11 +205,6 @@ class StopOnSignal(TrainerCallback):
         if self.request.agreed:
             control.should_evaluate = False
             control.should_save = False
-
-    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        # every rank runs the same prediction steps (each gathers the batch's outputs), so all of them agree here
-        if self.training and self.request.should_stop(args.device):
-            raise EvaluationStopped
 
 
 class ContinueRunCallback(ContinueIterationDraws):
