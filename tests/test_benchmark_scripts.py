@@ -1,20 +1,24 @@
 """The benchmark scripts' plumbing on tiny budgets: that they run what they say (recurrent_depth.py's training call),
 record the command and machine that actually ran (benchmarks/provenance.py), write where `--output_dir` says
-without touching the committed results, and merge a partial rerun (`speed.py --only`) into the existing results."""
+without touching the committed results, merge a partial rerun (`speed.py --only`) into the existing results, and
+render the same md again from their json (`imixer_solvers.py --report_only`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
-from fixtures import loaded_script
+from fixtures import imixer_config, loaded_script, require_dataset
+from transformers import ViTImageProcessorPil
 
+from energyformers import IMixerForImageClassification
 from energyformers.training.data import MissingDataError, load_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -228,6 +232,55 @@ def test_speed_only_that_matches_no_pair_is_refused_before_measuring(speed, tmp_
     assert stopped.value.code == 2, f"exit status {stopped.value.code!r}, argparse's usage error is 2"
     assert "--only ['NoSuchModel'] matches no pair" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ imixer_solvers.py
+
+
+def test_imixer_solvers_records_its_run_and_report_only_rewrites_the_same_md(tmp_path, monkeypatch):
+    """One tiny iMixer folder on 8 digits, one row per solver and one gradient mode (the memory worker runs in its
+    subprocess as in a real run): the results land in `--output_dir` with the run header (command, commit,
+    machine, seed), the committed results are untouched, and `--report_only` renders the same md from the json."""
+    require_dataset("digits")
+    torch.manual_seed(0)
+    folder = tmp_path / "imixer"
+    IMixerForImageClassification(imixer_config("image", num_channels=3, num_labels=10)).save_pretrained(
+        folder
+    )
+    ViTImageProcessorPil(
+        size={"height": 8, "width": 8}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    ).save_pretrained(folder)
+    out = tmp_path / "out"
+    argv = ["--model", f"digits={folder}", "--max_test_samples", "8", "--max_steps", "4", "--repeats", "1"]
+    argv += ["--train_batch", "2", "--output_dir", str(out)]
+    before = committed_results()
+    threads = torch.get_num_threads()
+    try:
+        with loaded_script(BENCHMARKS / "imixer_solvers.py", "imixer_solvers") as script:
+            monkeypatch.setattr(script, "UNROLLED_STEPS", (0, 2))
+            monkeypatch.setattr(script, "TOLERANCES", (1e-1,))
+            monkeypatch.setattr(script, "TRAIN_STEPS", (2,))
+            monkeypatch.setattr(script, "GRADIENTS", ("phantom",))
+            script.main(argv)
+            written = (out / "imixer_solvers.md").read_text()
+            (out / "imixer_solvers.md").unlink()
+            script.main(["--report_only", "--output_dir", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert committed_results() == before
+    assert sorted(p.name for p in out.iterdir()) == ["imixer_solvers.json", "imixer_solvers.md"]
+    results = json.loads((out / "imixer_solvers.json").read_text())
+    run = results["run"]
+    assert run["command"] == shlex.join(["python", "benchmarks/imixer_solvers.py", *argv]), run
+    assert run["seed"] == 0 and run["machine"] == provenance.machine(), run
+    lines = written.splitlines()
+    assert lines[0] == "# iMixer fixed-point solvers and gradient modes", lines[0]
+    assert lines[2:4] == provenance.markdown_lines(run), (lines[2:4], run)
+    assert f"commit {provenance.git_commit()}" in lines[3], lines[3]
+    rows = [(row["solver"], row.get("tolerance")) for row in results["solvers"][0]["rows"]]
+    assert rows == [("unrolled", None), ("unrolled", None), ("picard", 0.1), ("anderson", 0.1)], rows
+    assert results["training"]["rows"][0]["peak_rss_increase"] is not None, results["training"]
+    assert (out / "imixer_solvers.md").read_text() == written
 
 
 # ------------------------------------------------------------------ scripts without a model to train
