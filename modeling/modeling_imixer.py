@@ -645,10 +645,79 @@ _SAME_SIZE_INTEGERS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.
 
 
 def _bits_differ(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    """0-dim bool: whether any element of `new` and `old` differs bit for bit (so NaN = NaN and -0 ≠ 0: exact)."""
+    """`(G,)` bool for stacked `(G, ...)` tensors: whether any element of `new[g]` and `old[g]` differs bit for bit
+    (so NaN = NaN and -0 ≠ 0: exact)."""
     integers = _SAME_SIZE_INTEGERS[new.element_size()]
     # view(dtype) of the same element size: the same shape, the bits read as integers
-    return (new.view(integers) != old.view(integers)).any()
+    return (new.view(integers) != old.view(integers)).flatten(1).any(1)
+
+
+def _normalized(rows: torch.Tensor) -> torch.Tensor:
+    """Each row scaled to unit length, a zero row kept at zero: `F.normalize(rows, dim=-1)`."""
+    return rows / torch.linalg.vector_norm(rows, dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+@torch.no_grad()
+def refine_spectral_norms(
+    targets: list[tuple[IMixerSpectralNorm, torch.Tensor]],
+    num_iterations: int | None = None,
+    only_if_changed: bool = False,
+) -> None:
+    """`IMixerSpectralNorm.power_iteration` of each (parametrization, W) pair of `targets`, the weights of one
+    shape, dtype and device stacked into one batch: k steps v ← n(Wᵀu), u ← n(Wv) for all of them at once.
+
+    Per weight the result is that of its own power iteration, up to rounding: the batched products sum in
+    another order than a matrix-vector product of one weight. One batch rather than a loop over weights keeps
+    the number of (tiny) kernels per training forward independent of the number of blocks.
+    """
+    groups: dict[tuple, list[tuple[IMixerSpectralNorm, torch.Tensor]]] = {}
+    for norm, weight in targets:
+        if only_if_changed and not hasattr(norm, "refined_weight"):
+            raise ValueError(
+                "power_iteration(only_if_changed=True) needs the stored weight of "
+                "spectral_norm_schedule='per_optimizer_step', but this model was built with "
+                "another schedule; build it with config.spectral_norm_schedule='per_optimizer_step'."
+            )
+        steps = norm.num_power_iterations if num_iterations is None else num_iterations
+        key = (tuple(weight.shape), weight.dtype, weight.device, steps)
+        groups.setdefault(key, []).append((norm, weight))
+    for (*_, steps), group in groups.items():
+        norms = [norm for norm, _ in group]
+        weights = [weight for _, weight in group]
+        # Eager shortcut, same result: W and the comparison state untouched since the last check (same storage,
+        # same in-place versions) means the select below would keep u, v. It saves the k power steps of every
+        # further forward between optimiser steps; under tracing the select decides alone. A write through
+        # `param.data` bumps no version W shares, so only the select sees it: write weights under
+        # `torch.no_grad()` (`p.copy_(...)`) or through `p.detach()`, which share W's version counter.
+        if (
+            only_if_changed
+            and not _is_tracing()
+            and all(norm._untouched_since_last_check(weight) for norm, weight in group)
+        ):
+            continue
+        stacked = torch.stack(weights)  # (G, out, in)
+        first_u = u = torch.stack([norm.u for norm in norms])  # (G, out)
+        first_v = v = torch.stack([norm.v for norm in norms])  # (G, in)
+        for _ in range(steps):
+            v = _normalized(torch.bmm(u.unsqueeze(1), stacked).squeeze(1))  # (Wᵀu)ᵀ = uᵀW: (G, in)
+            u = _normalized(torch.bmm(stacked, v.unsqueeze(2)).squeeze(2))  # (G, out)
+        if only_if_changed:
+            # The steps always run and a select keeps them or the old u, v: no Python branch on a tensor
+            # value, so a compiled training forward is one graph, and the result is the same as skipping them.
+            stored = torch.stack([norm.refined_weight for norm in norms])
+            refined = torch.stack([norm.refined for norm in norms])
+            changed = refined.logical_not() | _bits_differ(stacked, stored)  # (G,)
+            u = torch.where(changed[:, None], u, first_u)
+            v = torch.where(changed[:, None], v, first_v)
+            torch._foreach_copy_([norm.refined_weight for norm in norms], weights)
+            torch._foreach_copy_([norm.refined for norm in norms], [changed.new_ones(())] * len(norms))
+        # one batched copy into the G pairs of buffers
+        torch._foreach_copy_(
+            [norm.u for norm in norms] + [norm.v for norm in norms], [*u.unbind(0), *v.unbind(0)]
+        )
+        if only_if_changed and not _is_tracing():
+            for norm, weight in group:
+                norm._last_check = norm._fingerprint(weight)
 
 
 class IMixerSpectralNorm(nn.Module):
@@ -680,41 +749,12 @@ class IMixerSpectralNorm(nn.Module):
                 "refined", torch.zeros((), dtype=torch.bool, device=weight.device), persistent=False
             )
 
-    @torch.no_grad()
     def power_iteration(
         self, weight: torch.Tensor, num_iterations: int | None = None, only_if_changed: bool = False
     ) -> None:
         """k steps v ← n(Wᵀu), u ← n(Wv), written into the buffers; with `only_if_changed`, kept only when W
         changed (any bit, as an optimiser step changes it) since the last refinement, or there was none."""
-        if only_if_changed:
-            if not hasattr(self, "refined_weight"):
-                raise ValueError(
-                    "power_iteration(only_if_changed=True) needs the stored weight of "
-                    "spectral_norm_schedule='per_optimizer_step', but this model was built with "
-                    "another schedule; build it with config.spectral_norm_schedule='per_optimizer_step'."
-                )
-            # Eager shortcut, same result: W and the comparison state untouched since the last check (same
-            # storage, same in-place versions) means the select below would keep u, v. It saves the k power
-            # steps of every further forward between optimiser steps; under tracing the select decides alone.
-            # A write through `param.data` bumps no version W shares, so only the select sees it: write weights
-            # under `torch.no_grad()` (`p.copy_(...)`) or through `p.detach()`, which share W's version counter.
-            if not _is_tracing() and self._untouched_since_last_check(weight):
-                return
-        u, v = self.u, self.v
-        for _ in range(self.num_power_iterations if num_iterations is None else num_iterations):
-            v = F.normalize(torch.mv(weight.t(), u), dim=0)
-            u = F.normalize(torch.mv(weight, v), dim=0)
-        if only_if_changed:
-            # The steps always run and a select keeps them or the old u, v: no Python branch on a tensor
-            # value, so a compiled training forward is one graph, and the result is the same as skipping them.
-            changed = self.refined.logical_not() | _bits_differ(weight, self.refined_weight)
-            u, v = torch.where(changed, u, self.u), torch.where(changed, v, self.v)
-            self.refined_weight.copy_(weight)
-            self.refined.fill_(True)
-        self.u.copy_(u)
-        self.v.copy_(v)
-        if only_if_changed and not _is_tracing():
-            self._last_check = self._fingerprint(weight)
+        refine_spectral_norms([(self, weight)], num_iterations, only_if_changed)
 
     def _fingerprint(self, weight: torch.Tensor) -> tuple[int, ...] | None:
         """Storage and in-place version of W and of the comparison state (None for inference tensors, which
@@ -1064,10 +1104,14 @@ class IMixerTokenMixing(nn.Module):
         """Refine the σ estimates (u, v) of F's spectrally normalised weights by power iteration (training-mode
         forwards call it on the schedule of `config.spectral_norm_schedule`); with `only_if_changed`, only for a
         weight that changed since the last refinement."""
-        for layer in self.spectral_layers():
-            layer.parametrizations.weight[0].power_iteration(
-                layer.parametrizations.weight.original, only_if_changed=only_if_changed
-            )
+        refine_spectral_norms(self.spectral_norm_targets(), only_if_changed=only_if_changed)
+
+    def spectral_norm_targets(self) -> list[tuple[IMixerSpectralNorm, torch.Tensor]]:
+        """(parametrization, W) of each spectrally normalised weight of F: what `refine_spectral_norms` takes."""
+        return [
+            (layer.parametrizations.weight[0], layer.parametrizations.weight.original)
+            for layer in self.spectral_layers()
+        ]
 
     @torch.no_grad()
     def spectral_norm_estimates(self) -> torch.Tensor:
@@ -1496,8 +1540,11 @@ class IMixerModel(IMixerPreTrainedModel):
             # Power iteration once per forward (or per weight update), before any block: all fixed-point steps of
             # this forward use one W_eff, and a gradient-checkpointing recompute of a block sees the same u, v as
             # its forward. ("per_call", the authors' schedule, refines at every step inside the solve instead.)
-            for layer in self.layers:
-                layer.token_mixing.update_spectral_norms(only_if_changed=changed_only)
+            # All blocks' weights in one call, so the weights of one shape are refined as one batch.
+            refine_spectral_norms(
+                [target for layer in self.layers for target in layer.token_mixing.spectral_norm_targets()],
+                only_if_changed=changed_only,
+            )
 
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_diagnostics = []
