@@ -619,12 +619,19 @@ class IMixerEmbeddings(nn.Module):
             return patches.flatten(2).transpose(1, 2), None  # (B, D, Hp, Wp) → (B, S, D)
         _check_token_ids(input_ids, self.word_embeddings.num_embeddings, attention_mask)
         tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, L, D)
-        keep = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
-        keep = keep if attention_mask is None else attention_mask.bool()  # (B, L)
+        if attention_mask is None:
+            keep = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
+        else:
+            keep = attention_mask.bool()  # (B, L)
         lengths = keep.sum(1)  # (B,)
         num_tokens = self.config.max_position_embeddings
         if lengths.numel() and not _is_tracing():
-            _check_length(int(lengths.max()), num_tokens)
+            # A count of real tokens is at most the length L, known on the host: only a mask over more than S
+            # positions needs its counts read from the device (a host read, a sync on an accelerator).
+            if attention_mask is None:
+                _check_length(tokens.shape[1], num_tokens)
+            elif tokens.shape[1] > num_tokens:
+                _check_length(int(lengths.max()), num_tokens)
         # Slot of each real token = its rank among the real tokens; padding (and, when traced, any token past
         # S, which eager mode rejects above) goes to a spare slot S that is dropped.
         rank = keep.cumsum(1) - 1  # (B, L)
@@ -1002,6 +1009,7 @@ def _solve(
     best_relative = best_absolute = smallest = smallest_relative = previous = None
     threshold = settings.tolerance
     answer = least_moved = state
+    any_diverged = False
     anderson = _AndersonMixing(settings.anderson_memory, settings.anderson_damping)
     for _ in range(num_steps):
         image = step(state)
@@ -1035,7 +1043,10 @@ def _solve(
             active = active & ~blown & ~(relative <= threshold)
         answer = torch.where(improved.reshape(per_sample), image, answer)
         least_moved = torch.where(lowered.reshape(per_sample), image, least_moved)
-        if not bool(active.any()):
+        # one host read per step: whether to go on, and (for the warning) whether a sample diverged so far;
+        # `diverged` changes nowhere after the last step's read, so no read after the loop is needed
+        going_on, any_diverged = torch.stack((active, diverged)).any(1).tolist()
+        if not going_on:
             break
         proposal = image if settings.solver == "picard" else anderson(state, image)
         state = torch.where(active.reshape(per_sample), proposal, state)
@@ -1043,7 +1054,7 @@ def _solve(
         answer = torch.where(diverged.reshape(per_sample), least_moved, answer)
         record.final_absolute = torch.where(diverged, smallest, best_absolute)
         record.final_relative = torch.where(diverged, smallest_relative, best_relative)
-    if bool(diverged.any()):
+    if any_diverged:
         logger.warning(
             f"iMixer {what} solve ({settings.solver}) diverged in {int(diverged.sum())} of {batch} samples "
             f"(residual growing or non-finite after {record.steps} steps); returning each such sample's "
@@ -1151,9 +1162,9 @@ class IMixerTokenMixing(nn.Module):
     def lipschitz_bound(self, weights: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Upper bound of F's Lipschitz constant: s² σ(W₁) σ(W₂) with s the activation's largest slope and σ the
         exact spectral norms of the weights as used (with BatchNorm: its eval-mode per-feature scales too)."""
-        bound = torch.tensor(self.max_slope**2, device=weights[0].device)
-        for weight in weights:
-            bound = bound * torch.linalg.matrix_norm(weight.float(), ord=2)
+        # s² as a Python number: a tensor made from it would be a host-to-device copy on an accelerator
+        first, second = (torch.linalg.matrix_norm(weight.float(), ord=2) for weight in weights)
+        bound = first * self.max_slope**2 * second
         if self.normalization == "batch_norm":
             for norm in (self.norm_sn1, self.norm_sn2):
                 scale = norm.weight.float().abs() / (norm.running_var.float() + norm.eps).sqrt()
@@ -1187,7 +1198,8 @@ class IMixerTokenMixing(nn.Module):
             cosines=torch.stack(record.cosines) if record.cosines else empty,
             spectral_norms=self.spectral_norm_estimates(),
             residuals=torch.stack(record.absolute) if record.absolute else empty,
-            iterations=torch.tensor(record.steps, device=start.device),
+            # filled on the device: torch.tensor(steps, device=...) would copy from the host
+            iterations=torch.full((), record.steps, device=start.device),
             final_residuals=record.final_absolute.float().mean() if final else empty.new_zeros(()),
             final_relative_residuals=record.final_relative.float().mean() if final else empty.new_zeros(()),
             lipschitz_bounds=self.lipschitz_bound(weights) if weights is not None else empty.new_zeros(()),
