@@ -619,12 +619,19 @@ class IMixerEmbeddings(nn.Module):
             return patches.flatten(2).transpose(1, 2), None  # (B, D, Hp, Wp) → (B, S, D)
         _check_token_ids(input_ids, self.word_embeddings.num_embeddings, attention_mask)
         tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, L, D)
-        keep = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
-        keep = keep if attention_mask is None else attention_mask.bool()  # (B, L)
+        if attention_mask is None:
+            keep = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
+        else:
+            keep = attention_mask.bool()  # (B, L)
         lengths = keep.sum(1)  # (B,)
         num_tokens = self.config.max_position_embeddings
         if lengths.numel() and not _is_tracing():
-            _check_length(int(lengths.max()), num_tokens)
+            # A count of real tokens is at most the length L, known on the host: only a mask over more than S
+            # positions needs its counts read from the device (a host read, a sync on an accelerator).
+            if attention_mask is None:
+                _check_length(tokens.shape[1], num_tokens)
+            elif tokens.shape[1] > num_tokens:
+                _check_length(int(lengths.max()), num_tokens)
         # Slot of each real token = its rank among the real tokens; padding (and, when traced, any token past
         # S, which eager mode rejects above) goes to a spare slot S that is dropped.
         rank = keep.cumsum(1) - 1  # (B, L)
@@ -645,10 +652,79 @@ _SAME_SIZE_INTEGERS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.
 
 
 def _bits_differ(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    """0-dim bool: whether any element of `new` and `old` differs bit for bit (so NaN = NaN and -0 ≠ 0: exact)."""
+    """`(G,)` bool for stacked `(G, ...)` tensors: whether any element of `new[g]` and `old[g]` differs bit for bit
+    (so NaN = NaN and -0 ≠ 0: exact)."""
     integers = _SAME_SIZE_INTEGERS[new.element_size()]
     # view(dtype) of the same element size: the same shape, the bits read as integers
-    return (new.view(integers) != old.view(integers)).any()
+    return (new.view(integers) != old.view(integers)).flatten(1).any(1)
+
+
+def _normalized(rows: torch.Tensor) -> torch.Tensor:
+    """Each row scaled to unit length, a zero row kept at zero: `F.normalize(rows, dim=-1)`."""
+    return rows / torch.linalg.vector_norm(rows, dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+@torch.no_grad()
+def refine_spectral_norms(
+    targets: list[tuple[IMixerSpectralNorm, torch.Tensor]],
+    num_iterations: int | None = None,
+    only_if_changed: bool = False,
+) -> None:
+    """`IMixerSpectralNorm.power_iteration` of each (parametrization, W) pair of `targets`, the weights of one
+    shape, dtype and device stacked into one batch: k steps v ← n(Wᵀu), u ← n(Wv) for all of them at once.
+
+    Per weight the result is that of its own power iteration, up to rounding: the batched products sum in
+    another order than a matrix-vector product of one weight. One batch rather than a loop over weights keeps
+    the number of (tiny) kernels per training forward independent of the number of blocks.
+    """
+    groups: dict[tuple, list[tuple[IMixerSpectralNorm, torch.Tensor]]] = {}
+    for norm, weight in targets:
+        if only_if_changed and not hasattr(norm, "refined_weight"):
+            raise ValueError(
+                "power_iteration(only_if_changed=True) needs the stored weight of "
+                "spectral_norm_schedule='per_optimizer_step', but this model was built with "
+                "another schedule; build it with config.spectral_norm_schedule='per_optimizer_step'."
+            )
+        steps = norm.num_power_iterations if num_iterations is None else num_iterations
+        key = (tuple(weight.shape), weight.dtype, weight.device, steps)
+        groups.setdefault(key, []).append((norm, weight))
+    for (*_, steps), group in groups.items():
+        norms = [norm for norm, _ in group]
+        weights = [weight for _, weight in group]
+        # Eager shortcut, same result: W and the comparison state untouched since the last check (same storage,
+        # same in-place versions) means the select below would keep u, v. It saves the k power steps of every
+        # further forward between optimiser steps; under tracing the select decides alone. A write through
+        # `param.data` bumps no version W shares, so only the select sees it: write weights under
+        # `torch.no_grad()` (`p.copy_(...)`) or through `p.detach()`, which share W's version counter.
+        if (
+            only_if_changed
+            and not _is_tracing()
+            and all(norm._untouched_since_last_check(weight) for norm, weight in group)
+        ):
+            continue
+        stacked = torch.stack(weights)  # (G, out, in)
+        first_u = u = torch.stack([norm.u for norm in norms])  # (G, out)
+        first_v = v = torch.stack([norm.v for norm in norms])  # (G, in)
+        for _ in range(steps):
+            v = _normalized(torch.bmm(u.unsqueeze(1), stacked).squeeze(1))  # (Wᵀu)ᵀ = uᵀW: (G, in)
+            u = _normalized(torch.bmm(stacked, v.unsqueeze(2)).squeeze(2))  # (G, out)
+        if only_if_changed:
+            # The steps always run and a select keeps them or the old u, v: no Python branch on a tensor
+            # value, so a compiled training forward is one graph, and the result is the same as skipping them.
+            stored = torch.stack([norm.refined_weight for norm in norms])
+            refined = torch.stack([norm.refined for norm in norms])
+            changed = refined.logical_not() | _bits_differ(stacked, stored)  # (G,)
+            u = torch.where(changed[:, None], u, first_u)
+            v = torch.where(changed[:, None], v, first_v)
+            torch._foreach_copy_([norm.refined_weight for norm in norms], weights)
+            torch._foreach_copy_([norm.refined for norm in norms], [changed.new_ones(())] * len(norms))
+        # one batched copy into the G pairs of buffers
+        torch._foreach_copy_(
+            [norm.u for norm in norms] + [norm.v for norm in norms], [*u.unbind(0), *v.unbind(0)]
+        )
+        if only_if_changed and not _is_tracing():
+            for norm, weight in group:
+                norm._last_check = norm._fingerprint(weight)
 
 
 class IMixerSpectralNorm(nn.Module):
@@ -680,41 +756,12 @@ class IMixerSpectralNorm(nn.Module):
                 "refined", torch.zeros((), dtype=torch.bool, device=weight.device), persistent=False
             )
 
-    @torch.no_grad()
     def power_iteration(
         self, weight: torch.Tensor, num_iterations: int | None = None, only_if_changed: bool = False
     ) -> None:
         """k steps v ← n(Wᵀu), u ← n(Wv), written into the buffers; with `only_if_changed`, kept only when W
         changed (any bit, as an optimiser step changes it) since the last refinement, or there was none."""
-        if only_if_changed:
-            if not hasattr(self, "refined_weight"):
-                raise ValueError(
-                    "power_iteration(only_if_changed=True) needs the stored weight of "
-                    "spectral_norm_schedule='per_optimizer_step', but this model was built with "
-                    "another schedule; build it with config.spectral_norm_schedule='per_optimizer_step'."
-                )
-            # Eager shortcut, same result: W and the comparison state untouched since the last check (same
-            # storage, same in-place versions) means the select below would keep u, v. It saves the k power
-            # steps of every further forward between optimiser steps; under tracing the select decides alone.
-            # A write through `param.data` bumps no version W shares, so only the select sees it: write weights
-            # under `torch.no_grad()` (`p.copy_(...)`) or through `p.detach()`, which share W's version counter.
-            if not _is_tracing() and self._untouched_since_last_check(weight):
-                return
-        u, v = self.u, self.v
-        for _ in range(self.num_power_iterations if num_iterations is None else num_iterations):
-            v = F.normalize(torch.mv(weight.t(), u), dim=0)
-            u = F.normalize(torch.mv(weight, v), dim=0)
-        if only_if_changed:
-            # The steps always run and a select keeps them or the old u, v: no Python branch on a tensor
-            # value, so a compiled training forward is one graph, and the result is the same as skipping them.
-            changed = self.refined.logical_not() | _bits_differ(weight, self.refined_weight)
-            u, v = torch.where(changed, u, self.u), torch.where(changed, v, self.v)
-            self.refined_weight.copy_(weight)
-            self.refined.fill_(True)
-        self.u.copy_(u)
-        self.v.copy_(v)
-        if only_if_changed and not _is_tracing():
-            self._last_check = self._fingerprint(weight)
+        refine_spectral_norms([(self, weight)], num_iterations, only_if_changed)
 
     def _fingerprint(self, weight: torch.Tensor) -> tuple[int, ...] | None:
         """Storage and in-place version of W and of the comparison state (None for inference tensors, which
@@ -962,6 +1009,7 @@ def _solve(
     best_relative = best_absolute = smallest = smallest_relative = previous = None
     threshold = settings.tolerance
     answer = least_moved = state
+    any_diverged = False
     anderson = _AndersonMixing(settings.anderson_memory, settings.anderson_damping)
     for _ in range(num_steps):
         image = step(state)
@@ -995,7 +1043,10 @@ def _solve(
             active = active & ~blown & ~(relative <= threshold)
         answer = torch.where(improved.reshape(per_sample), image, answer)
         least_moved = torch.where(lowered.reshape(per_sample), image, least_moved)
-        if not bool(active.any()):
+        # one host read per step: whether to go on, and (for the warning) whether a sample diverged so far;
+        # `diverged` changes nowhere after the last step's read, so no read after the loop is needed
+        going_on, any_diverged = torch.stack((active, diverged)).any(1).tolist()
+        if not going_on:
             break
         proposal = image if settings.solver == "picard" else anderson(state, image)
         state = torch.where(active.reshape(per_sample), proposal, state)
@@ -1003,7 +1054,7 @@ def _solve(
         answer = torch.where(diverged.reshape(per_sample), least_moved, answer)
         record.final_absolute = torch.where(diverged, smallest, best_absolute)
         record.final_relative = torch.where(diverged, smallest_relative, best_relative)
-    if bool(diverged.any()):
+    if any_diverged:
         logger.warning(
             f"iMixer {what} solve ({settings.solver}) diverged in {int(diverged.sum())} of {batch} samples "
             f"(residual growing or non-finite after {record.steps} steps); returning each such sample's "
@@ -1064,10 +1115,14 @@ class IMixerTokenMixing(nn.Module):
         """Refine the σ estimates (u, v) of F's spectrally normalised weights by power iteration (training-mode
         forwards call it on the schedule of `config.spectral_norm_schedule`); with `only_if_changed`, only for a
         weight that changed since the last refinement."""
-        for layer in self.spectral_layers():
-            layer.parametrizations.weight[0].power_iteration(
-                layer.parametrizations.weight.original, only_if_changed=only_if_changed
-            )
+        refine_spectral_norms(self.spectral_norm_targets(), only_if_changed=only_if_changed)
+
+    def spectral_norm_targets(self) -> list[tuple[IMixerSpectralNorm, torch.Tensor]]:
+        """(parametrization, W) of each spectrally normalised weight of F: what `refine_spectral_norms` takes."""
+        return [
+            (layer.parametrizations.weight[0], layer.parametrizations.weight.original)
+            for layer in self.spectral_layers()
+        ]
 
     @torch.no_grad()
     def spectral_norm_estimates(self) -> torch.Tensor:
@@ -1107,9 +1162,9 @@ class IMixerTokenMixing(nn.Module):
     def lipschitz_bound(self, weights: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Upper bound of F's Lipschitz constant: s² σ(W₁) σ(W₂) with s the activation's largest slope and σ the
         exact spectral norms of the weights as used (with BatchNorm: its eval-mode per-feature scales too)."""
-        bound = torch.tensor(self.max_slope**2, device=weights[0].device)
-        for weight in weights:
-            bound = bound * torch.linalg.matrix_norm(weight.float(), ord=2)
+        # s² as a Python number: a tensor made from it would be a host-to-device copy on an accelerator
+        first, second = (torch.linalg.matrix_norm(weight.float(), ord=2) for weight in weights)
+        bound = first * self.max_slope**2 * second
         if self.normalization == "batch_norm":
             for norm in (self.norm_sn1, self.norm_sn2):
                 scale = norm.weight.float().abs() / (norm.running_var.float() + norm.eps).sqrt()
@@ -1143,7 +1198,8 @@ class IMixerTokenMixing(nn.Module):
             cosines=torch.stack(record.cosines) if record.cosines else empty,
             spectral_norms=self.spectral_norm_estimates(),
             residuals=torch.stack(record.absolute) if record.absolute else empty,
-            iterations=torch.tensor(record.steps, device=start.device),
+            # filled on the device: torch.tensor(steps, device=...) would copy from the host
+            iterations=torch.full((), record.steps, device=start.device),
             final_residuals=record.final_absolute.float().mean() if final else empty.new_zeros(()),
             final_relative_residuals=record.final_relative.float().mean() if final else empty.new_zeros(()),
             lipschitz_bounds=self.lipschitz_bound(weights) if weights is not None else empty.new_zeros(()),
@@ -1496,8 +1552,11 @@ class IMixerModel(IMixerPreTrainedModel):
             # Power iteration once per forward (or per weight update), before any block: all fixed-point steps of
             # this forward use one W_eff, and a gradient-checkpointing recompute of a block sees the same u, v as
             # its forward. ("per_call", the authors' schedule, refines at every step inside the solve instead.)
-            for layer in self.layers:
-                layer.token_mixing.update_spectral_norms(only_if_changed=changed_only)
+            # All blocks' weights in one call, so the weights of one shape are refined as one batch.
+            refine_spectral_norms(
+                [target for layer in self.layers for target in layer.token_mixing.spectral_norm_targets()],
+                only_if_changed=changed_only,
+            )
 
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_diagnostics = []

@@ -99,6 +99,8 @@ def _run(func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         return out  # .cpu(), .to("cpu"): a plain CPU tensor
     if not (on_accelerator or creates):
         return out
+    if not func._schema.returns:
+        return None  # in place on lists of tensors (`torch._foreach_copy_`, ...): the op returns nothing
     if func is _aten.copy_.default or (func._schema.is_mutable and func.__name__.split(".")[0].endswith("_")):
         return args[0]  # in place: the wrapper whose contents changed
     return tree_map(lambda t: Accelerated(t) if type(t) is torch.Tensor else t, out)

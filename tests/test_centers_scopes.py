@@ -1,6 +1,8 @@
-"""HyperBF's centers cache (`cached_centers`) where inference scopes it: one call of the package's classification
-pipelines, and the scored loop of `energyformers evaluate`. Inside, each feedforward computes what its centers give
-once for all the batches; the answers are the same as without the cache, bit for bit; outside, nothing is cached.
+"""HyperBF's centers cache (`cached_centers`) and iMixer's cached parametrizations (`parametrize.cached()`) where
+inference scopes them (`centers_scope`): one call of the package's classification pipelines, and the scored loop of
+`energyformers evaluate`. Inside, each feedforward computes what its centers give, and each spectrally normalised
+weight its W / max(1, σ/c), once for all the batches; the answers are the same as without the cache, bit for bit;
+outside, nothing is cached.
 
 The centre computations are counted by wrapping `HyperBFFeedForward._projected_centers`, the work both paths start
 from (the explicit path's projected centers, and the folded path's keys, which are built from them). The reference
@@ -10,6 +12,7 @@ open no scope, as for the other families.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -17,13 +20,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures import hyperbf_config, perturb
+from fixtures import hyperbf_config, imixer_config, perturb
 from PIL import Image
+from torch.nn.utils import parametrize
 from transformers import pipeline
 
-from energyformers import HyperBFForImageClassification, HyperBFForSequenceClassification
+from energyformers import (
+    HyperBFForImageClassification,
+    HyperBFForSequenceClassification,
+    IMixerForImageClassification,
+)
 from energyformers.modeling.modeling_hyperbf import HyperBFFeedForward, HyperBFPreTrainedModel
-from energyformers.pipelines import ImageClassificationPipeline, TextClassificationPipeline
+from energyformers.modeling.modeling_imixer import IMixerSpectralNorm
+from energyformers.pipelines import ImageClassificationPipeline, TextClassificationPipeline, centers_scope
 from energyformers.training import cli
 from energyformers.training.processing import build_image_processor, train_tokenizer
 
@@ -216,4 +225,118 @@ def test_evaluate_computes_the_centers_once_for_the_split_with_the_same_metrics(
     assert sorted(centre_computations.values()) == [1 + batches] * layers, dict(centre_computations)
     scores = ("test_loss", "test_accuracy", "test_f1_macro")
     # the same logits from the same keys: the metrics are equal, not close
+    assert {k: cached[k] for k in scores} == {k: plain[k] for k in scores}, (cached, plain)
+
+
+# ------------------------------------------------------------------------------------- iMixer's parametrizations
+# iMixer's spectrally normalised weights are `torch.nn.utils.parametrize` parametrizations: every read of
+# `fc_sn*.weight` computes W / max(1, σ/c) (`IMixerSpectralNorm.forward`). Inside `centers_scope` the reads share one
+# computation per weight (`parametrize.cached()`), counted here per parametrization module in no-grad eval forwards.
+
+
+@pytest.fixture
+def normalisations(monkeypatch) -> Counter:
+    """Per `IMixerSpectralNorm` (its id), how often it computed its weight in a no-grad eval forward."""
+    counts: Counter = Counter()
+    compute = IMixerSpectralNorm.forward
+
+    def counted(self, weight):
+        if not self.training and not torch.is_grad_enabled():
+            counts[id(self)] += 1
+        return compute(self, weight)
+
+    monkeypatch.setattr(IMixerSpectralNorm, "forward", counted)
+    return counts
+
+
+def uncached(monkeypatch) -> None:
+    """`parametrize.cached()` made a no-op: the scopes then cache nothing of iMixer, as before."""
+    monkeypatch.setattr(parametrize, "cached", contextlib.nullcontext)
+
+
+def spectral_norms(model: torch.nn.Module) -> list[IMixerSpectralNorm]:
+    return [module for module in model.modules() if isinstance(module, IMixerSpectralNorm)]
+
+
+def imixer_image_model(**overrides) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return perturb(IMixerForImageClassification(imixer_config("image", **overrides)), seed=2).eval()
+
+
+def test_imixer_eval_forwards_inside_centers_scope_normalise_each_weight_once_with_the_same_logits(
+    normalisations,
+):
+    model = imixer_image_model()
+    norms = spectral_norms(model)
+    pixels = [torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(seed)) for seed in range(3)]
+    with torch.no_grad():
+        plain = [model(pixel_values=x).logits for x in pixels]
+        assert dict(normalisations) == {id(n): len(pixels) for n in norms}, dict(normalisations)
+        normalisations.clear()
+        with centers_scope(model):
+            scoped = [model(pixel_values=x).logits for x in pixels]
+        assert dict(normalisations) == {id(n): 1 for n in norms}, f"inside the scope: {dict(normalisations)}"
+        # the same weights enter the same operations: equal, not close
+        for index, (a, b) in enumerate(zip(plain, scoped)):
+            assert torch.equal(a, b), f"batch {index}: max |diff| = {(a - b).abs().max().item():.3g}"
+        # the cache ends with the scope: a `.data` write after it is seen by the next forward
+        normalisations.clear()
+        weight = model.imixer.layers[0].token_mixing.fc_sn1.parametrizations.weight.original
+        weight.data.mul_(0.5)
+        after = model(pixel_values=pixels[0]).logits
+    assert dict(normalisations) == {id(n): 1 for n in norms}, dict(normalisations)
+    assert not torch.equal(after, plain[0]), "the write after the scope was not seen"
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_one_imixer_pipeline_call_normalises_each_weight_once_with_the_same_answers(
+    batch_size, normalisations, monkeypatch
+):
+    model = imixer_image_model(num_channels=3)
+    classify = pipeline(
+        "image-classification",
+        model=model,
+        image_processor=build_image_processor(model.config),
+        pipeline_class=ImageClassificationPipeline,
+    )
+    norms = spectral_norms(model)
+    cached = classify(images(), batch_size=batch_size, top_k=None)
+    once = dict(normalisations)
+    normalisations.clear()
+    uncached(monkeypatch)
+    plain = classify(images(), batch_size=batch_size, top_k=None)
+    batches = -(-IMAGES // batch_size)
+    assert once == {id(n): 1 for n in norms}, f"cached call: {once}, expected 1 per weight"
+    assert dict(normalisations) == {id(n): batches for n in norms}, (
+        f"without the cache: {dict(normalisations)}, expected {batches} per weight (one per batch)"
+    )
+    assert cached == plain, f"with the cache {cached}\nwithout {plain}"
+
+
+@pytest.fixture(scope="module")
+def imixer_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny iMixer digits classifier saved as `energyformers train` saves one (weights and image processor)."""
+    torch.manual_seed(0)
+    config = imixer_config("image", num_labels=10, num_channels=3)
+    model = perturb(IMixerForImageClassification(config), seed=2)
+    folder = tmp_path_factory.mktemp("centers") / "imixer-digits"
+    model.save_pretrained(folder)
+    build_image_processor(config).save_pretrained(folder)
+    return folder
+
+
+def test_evaluate_normalises_each_imixer_weight_once_for_the_split_with_the_same_metrics(
+    imixer_folder, normalisations, capsys, monkeypatch
+):
+    cached = evaluate_metrics(imixer_folder, capsys)
+    once = sorted(normalisations.values())
+    normalisations.clear()
+    uncached(monkeypatch)
+    plain = evaluate_metrics(imixer_folder, capsys)
+    weights = 2 * imixer_config("image").num_hidden_layers
+    batches = EVAL_SAMPLES // EVAL_BATCH
+    # per weight: the check of one batch before scoring (outside the scope), then the scored batches
+    assert once == [1 + 1] * weights, f"with the cache: {once}, expected {[2] * weights}"
+    assert sorted(normalisations.values()) == [1 + batches] * weights, dict(normalisations)
+    scores = ("test_loss", "test_accuracy", "test_f1_macro")
     assert {k: cached[k] for k in scores} == {k: plain[k] for k in scores}, (cached, plain)

@@ -68,6 +68,17 @@ def test_the_stand_in_rejects_what_cuda_rejects() -> None:
         assert not on_accelerator(x.cpu()) and x.sum().item() == 6.0
 
 
+def test_in_place_ops_on_lists_of_tensors_write_the_stand_in_tensors() -> None:
+    """`torch._foreach_copy_` (iMixer's power iteration writes its u, v buffers with one): its aten op returns
+    nothing, which the stand-in must hand back as such, and it writes every destination."""
+    targets = [to_accelerator(torch.zeros(2)), to_accelerator(torch.zeros(3))]
+    with accelerator():
+        sources = [torch.ones(2, device=targets[0].device), torch.full((3,), 2.0, device=targets[0].device)]
+        torch._foreach_copy_(targets, sources)
+    assert all(on_accelerator(t) for t in targets)
+    assert [t.tolist() for t in targets] == [[1.0, 1.0], [2.0, 2.0, 2.0]], targets
+
+
 @cases(ALL)
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_every_head_runs_on_the_stand_in(case: Case, train: bool) -> None:
