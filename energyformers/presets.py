@@ -90,8 +90,9 @@ HYPERSET_PRESETS.update(
 )
 # The small masked-image-modelling model `energyformers train --task masked-image-modeling` builds from scratch: the
 # paper's MIM structure (the rows above) at width 128, T = 12 as Table 2; the tokenizer sets vocabulary and grid.
-# As `cli-image`, the anchor energy and random depth (uniform in [T/2, 3T/2], mean T: the training compute of a fixed
-# T) keep the accuracy flat past the trained T, where fixed-depth training falls (docs/mim.md, "Measured").
+# As in `cli-image`, the anchor energy and random depth keep the accuracy flat past the trained T, where fixed-depth
+# training falls (docs/mim.md, "Measured"); here the depth is uniform in [T/2, 3T/2] (the default range), mean T: the
+# training compute of a fixed T.
 HYPERSET_PRESETS["cli-mim"] = dict(
     **{**_MIM, "hidden_size": 128, "num_attention_heads": 4, "time_embedding_dim": 128},
     intermediate_size=128,
@@ -103,6 +104,8 @@ HYPERSET_PRESETS["cli-mim"] = dict(
 # Images: digits at 16×16, patch 2, 12 epochs at lr 3e-3; mean pooling because with CLS pooling the CLS token stays
 # constant early on (the step sizes start at zero); the anchor energy and random depth in [2, 12] are what lets
 # test-time depth extrapolate (measured in docs/benchmarks.md, "Recurrent depth: what makes Hyper-SET extrapolate").
+# The depth range is not centred on T = 4: the mean training depth is 7, so a training step costs about 1.75× a step at
+# T (3× at depth 12) while eval runs T; size training time from the training step, not from eval throughput.
 HYPERSET_PRESETS.update(
     {
         "cli-image": dict(

@@ -1080,21 +1080,34 @@ class HyperSetAttention(nn.Module):
         """(g_q, g_k, g_v), each `(d_h,)`: views of `qkv_gain`, no kernel (the attention runs once per iteration)."""
         return self.qkv_gain.expand(3, -1).unbind(0)  # "shared": one row, read three times
 
+    def iteration_weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The weight-only factors of `forward`: the q·k scale g_q g_k/√d_h `(d_h,)` and the output projection W
+        with g_v on its rows `(d, d)`. They depend on the parameters alone, so the model computes them once per
+        forward and passes them to every iteration rather than rebuilding them L·T times."""
+        gain_q, gain_k, gain_v = self.gains()
+        # S = (z g_q)(z g_k)ᵀ/√d_h = (z g_q g_k/√d_h) zᵀ and P (z g_v) W = (P z)(g_v-scaled rows of W): the gains and
+        # the temperature go into one (N, d_h) multiply and a (d, d) one, so k = v = z needs no pass of its own
+        rows = self.qkv_proj.weight.unflatten(0, (self.num_heads, self.head_dim))  # (H, d_h, d)
+        # row h·d_h + c of W scaled by g_v[c]
+        return gain_q * gain_k / math.sqrt(self.head_dim), (rows * gain_v[:, None]).flatten(0, 1)
+
     def forward(
         self,
         hidden_states: torch.Tensor,
         keep: torch.Tensor | None = None,
         output_attentions: bool = False,
+        qk_scale: torch.Tensor | None = None,
+        output_weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The update and the maps P `(B, H, N, N)` (eager only, else None), computed by the implementation
-        `config._attn_implementation` names in `ALL_ATTENTION_FUNCTIONS`, or by eager where maps are asked for."""
+        `config._attn_implementation` names in `ALL_ATTENTION_FUNCTIONS`, or by eager where maps are asked for.
+        `qk_scale`, `output_weight`: `iteration_weights()` computed once by the caller (None: computed here)."""
         batch, length, width = hidden_states.shape
+        if qk_scale is None or output_weight is None:
+            qk_scale, output_weight = self.iteration_weights()
         # one copy into (B, H, N, d_h) order here rather than one per batched product of q, k, v below
         z = self.normalized_heads(hidden_states).contiguous()
-        gain_q, gain_k, gain_v = self.gains()
-        # S = (z g_q)(z g_k)ᵀ/√d_h = (z g_q g_k/√d_h) zᵀ and P (z g_v) W = (P z)(g_v-scaled rows of W): the gains and
-        # the temperature go into one (N, d_h) multiply and a (d, d) one, so k = v = z needs no pass of its own
-        q, k, v = z * (gain_q * gain_k / math.sqrt(self.head_dim)), z, z
+        q, k, v = z * qk_scale, z, z
         if self.energy_kind == "sigmoid":
             sig = torch.sigmoid(q @ k.transpose(-1, -2))  # (B, H, N, N)
             probs = sig * (1 - sig)  # σ'(S): symmetric already
@@ -1108,10 +1121,7 @@ class HyperSetAttention(nn.Module):
             )
             mixed, probs = attention_function(q, k, v, keep)
         mixed = mixed.transpose(1, 2).reshape(batch, length, width)  # (B, H, N, d_h) → (B, N, d)
-        # output projection Wᵀ (tied) with g_v on its rows: row h·d_h + c scaled by g_v[c]
-        rows = self.qkv_proj.weight.unflatten(0, (self.num_heads, self.head_dim))  # (H, d_h, d)
-        output_weight = (rows * gain_v[:, None]).flatten(0, 1)  # (d, d)
-        return F.linear(mixed, output_weight.t()), probs
+        return F.linear(mixed, output_weight.t()), probs  # output projection Wᵀ (tied), g_v on its rows
 
     @_energy_precision
     def energy(self, hidden_states: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -1233,11 +1243,17 @@ class HyperSetLinearAttention(HyperSetAttention):
         super().__init__(config)
         self.feature_map, self.feature_map_derivative = FEATURE_MAP_FUNCTIONS[config.feature_map]
 
+    def iteration_weights(self) -> tuple[None, None]:
+        """None: this update has no weight-only product (W enters as a view, each gain on its own)."""
+        return None, None
+
     def forward(
         self,
         hidden_states: torch.Tensor,
         keep: torch.Tensor | None = None,
         output_attentions: bool = False,  # one implementation, which returns no maps; accepted for the layer's call
+        qk_scale: None = None,  # `iteration_weights()`: none here (the gains act inside φ and φ')
+        output_weight: None = None,
     ) -> tuple[torch.Tensor, None]:
         """`(B, N, d)` → `(B, N, d)`: the update Wᵀ ∂E/∂z, and None for the maps."""
         batch, length, width = hidden_states.shape
@@ -1414,20 +1430,24 @@ class HyperSetLayer(GradientCheckpointingLayer):
         anchor: torch.Tensor | None = None,
         output_attentions: bool = False,
         fixed_step_sizes: torch.Tensor | None = None,
+        qk_scale: torch.Tensor | None = None,
+        output_weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`fixed_step_sizes`: [α | γ] `(B, N, 2d)` when they do not change over iterations (computed once by the
-        model), else None and the step-size network computes them here."""
+        model), else None and the step-size network computes them here. `qk_scale`, `output_weight`: the
+        attention's `iteration_weights()`, computed once per forward by the model (None: computed here)."""
         # The shared step-size network is passed in (it lives on the model) so that one whole iteration,
         # step sizes included, is one checkpointed unit and memory does not grow with T.
         if fixed_step_sizes is None:
             alpha, gamma = step_sizes(iteration_condition, condition_source)
         else:
             alpha, gamma = fixed_step_sizes.chunk(2, dim=-1)
-        update, probs = self.attention(hidden_states, keep, output_attentions)
+        update, probs = self.attention(hidden_states, keep, output_attentions, qk_scale, output_weight)
         updated = torch.addcmul(hidden_states, alpha, update, value=-1)  # x − α ⊙ Attn(x) in one pass
         updated = torch.addcmul(updated, gamma, self.feedforward(updated))  # x + γ ⊙ FF(x)
         if self.input_anchor and anchor is not None:
-            updated = updated - self.input_anchor * (hidden_states - anchor)
+            # x − λ(x_t − x₀): the scale rides on the subtraction (`alpha`), no kernel of its own
+            updated = torch.add(updated, hidden_states - anchor, alpha=-self.input_anchor)
         return updated, probs
 
 
@@ -1592,7 +1612,9 @@ class _LayerInputs:
 
     embedded: torch.Tensor  # x₀, the embedding output
     keep: torch.Tensor | None  # (B, N) bool, None without padding
-    real_tokens: torch.Tensor  # (B, N) float: 1 for a real token, 0 for padding
+    # (B, N) float: 1 for a real token, 0 for padding; None where nothing reads it (no energies, halting or
+    # final energy), so a forward without padding builds no all-ones mask
+    real_tokens: torch.Tensor | None
     iteration_conditions: torch.Tensor  # (T, …) the condition of each iteration
     fixed_step_sizes: torch.Tensor | None  # [α | γ] (B, N, 2d) where they do not change over iterations
     on_input: bool  # the step sizes read x₀ (`step_size_condition="input"`), else the state
@@ -1692,16 +1714,20 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             interpolate_pos_encoding=bool(interpolate_pos_encoding),
             position_ids=position_ids,
         )
-        hidden_states, inputs = self._layer_inputs(embedded, keep, initial_state, settings.num_iterations)
+        reads_real_tokens = (
+            settings.output_energies or settings.halting is not None or bool(output_final_energy)
+        )
+        hidden_states, inputs = self._layer_inputs(
+            embedded, keep, initial_state, settings.num_iterations, reads_real_tokens
+        )
         warn_if_maps_need_eager(self.config, settings.output_attentions)
         all_hidden_states = (hidden_states,) if settings.output_hidden_states else None
         all_attentions = () if settings.output_attentions else None
-        first_token = inputs.real_tokens[:, 0]  # (B,)
         iterations_used = (
-            None if settings.halting is None else torch.zeros_like(first_token, dtype=torch.long)
+            None if settings.halting is None else torch.zeros_like(inputs.real_tokens[:, 0], dtype=torch.long)
         )
         per_layer_diagnostics = []
-        final_energy = torch.zeros_like(first_token) if output_final_energy else None
+        final_energy = torch.zeros_like(inputs.real_tokens[:, 0]) if output_final_energy else None
         for index, layer in enumerate(self.layers):
             # x₀ of the anchor energy: the state entering this layer; for the first layer the embedded input, also
             # when the iterations start from an `initial_state` (the anchor keeps tying the state to the input).
@@ -1784,14 +1810,20 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         keep: torch.Tensor | None,
         initial_state: torch.Tensor | None,
         num_iterations: int,
+        reads_real_tokens: bool,
     ) -> tuple[torch.Tensor, _LayerInputs]:
-        """The state the first iteration starts from, and what every iteration of every layer reads beside it."""
+        """The state the first iteration starts from, and what every iteration of every layer reads beside it
+        (`real_tokens` only where `reads_real_tokens`)."""
         # read once per forward, not per iteration: the step sizes' condition x₀ (the input) or the state
         on_input = config_choice(self.config, "step_size_condition", {"current": False, "input": True})
         hidden_states = self._starting_state(embedded, initial_state, on_input)
-        real_tokens = (
-            torch.ones(hidden_states.shape[:2], device=hidden_states.device) if keep is None else keep.float()
-        )
+        real_tokens = None
+        if reads_real_tokens:
+            real_tokens = (
+                torch.ones(hidden_states.shape[:2], device=hidden_states.device)
+                if keep is None
+                else keep.float()
+            )
         iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
         fixed_step_sizes = None  # [α | γ] once per forward where they do not change over iterations
         if HyperSetStepSizes.constant_over_iterations(self.config):
@@ -1827,6 +1859,9 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         states, maps = (), ()
         num_iterations, real_tokens = settings.num_iterations, inputs.real_tokens
         records = [self._diagnostics(layer, hidden_states, real_tokens)] if settings.output_energies else None
+        # weight-only factors, once per layer and forward; positional tensors below, so that reentrant gradient
+        # checkpointing differentiates them and the compile region sees them as inputs
+        qk_scale, output_weight = layer.attention.iteration_weights()
         for t in range(num_iterations):
             source = inputs.embedded if inputs.on_input else hidden_states
             source = None if inputs.fixed_step_sizes is not None else source  # [α | γ] given: not read
@@ -1844,6 +1879,8 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                     anchor,
                     settings.output_attentions,
                     inputs.fixed_step_sizes,
+                    qk_scale,
+                    output_weight,
                 )
             if settings.output_hidden_states:
                 states += (hidden_states,)
@@ -1898,6 +1935,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         used = torch.zeros(batch, dtype=torch.long, device=hidden_states.device)
         keep, fixed_step_sizes = inputs.keep, inputs.fixed_step_sizes
         energy = self._energy(layer, hidden_states, inputs.real_tokens) if criterion == "energy" else None
+        qk_scale, output_weight = layer.attention.iteration_weights()  # once, as in `_iterate_layer`
         for condition in inputs.iteration_conditions:
             current, tokens = hidden_states[active], inputs.real_tokens[active]  # (A, N, d), (A, N)
             source = inputs.embedded[active] if inputs.on_input else current
@@ -1910,6 +1948,8 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                 None if anchor is None else anchor[active],
                 False,  # no maps: halting cannot return them
                 None if fixed_step_sizes is None else fixed_step_sizes[active],
+                qk_scale,
+                output_weight,
             )
             hidden_states = hidden_states.index_copy(0, active, updated)
             used[active] += 1
@@ -2037,10 +2077,9 @@ def _supervision_step(
         state = states[(num_layers - 1) * num_iterations + t]  # after iteration t of the last layer
         features = state if head._per_token else backbone._pool(state, keep)
         losses.append(head._loss(head.classifier(head.layernorm(features)), labels))
-    weights = torch.tensor(
-        supervision_weights(config, chosen), dtype=losses[0].dtype, device=losses[0].device
-    )
-    loss = (torch.stack(losses) * weights).sum()
+    # the weights as Python numbers: a weight tensor would be copied to the device at every step (a host sync)
+    weights = supervision_weights(config, chosen)
+    loss = torch.stack([weight * term for weight, term in zip(weights, losses)]).sum()
     if not requested_states:
         outputs.hidden_states = None
     return outputs, logits, loss
@@ -2128,7 +2167,8 @@ def classify_with_deep_supervision(
     active = None  # indices of the samples still running (None: all)
     logits = step_outputs = merged = None
     step_losses, halting_losses, probabilities = [], [], []
-    used = torch.zeros(batch, dtype=torch.long, device=device)
+    # the steps each sample ran: an output field only with outer steps or a halting head (`_step_fields`)
+    used = torch.zeros(batch, dtype=torch.long, device=device) if steps > 1 or halting is not None else None
     for step in range(steps):
         step_inputs = dict(inputs)
         if active is not None:
@@ -2142,11 +2182,12 @@ def classify_with_deep_supervision(
         step_outputs, step_logits, loss = _supervision_step(
             head, backbone, step_labels, step_inputs, draw, requested_states
         )
-        used = used.to(step_logits.device)
-        if active is None:
-            used += 1
-        else:
-            used[active] += 1
+        if used is not None:
+            used = used.to(step_logits.device)
+            if active is None:
+                used += 1
+            else:
+                used[active] += 1
         if loss is not None:
             step_losses.append(loss)
         merged = _merge_step(merged, step_outputs, active)
@@ -2259,7 +2300,11 @@ def _halting_step(
 
 
 def _step_fields(
-    steps: int, has_halting_head: bool, used: torch.Tensor, probabilities: list[torch.Tensor], batch: int
+    steps: int,
+    has_halting_head: bool,
+    used: torch.Tensor | None,
+    probabilities: list[torch.Tensor],
+    batch: int,
 ) -> dict[str, torch.Tensor | None]:
     """The output fields of the outer steps: `supervision_steps_used` `(B,)` and `halting_probabilities` `(B, S)`,
     None with S = 1 and no halting head."""

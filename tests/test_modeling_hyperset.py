@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from fixtures import Case, assert_close_to_scale, assert_differs, perturb, rounding, step_once
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from energyformers import (
     HyperSetConfig,
@@ -162,6 +163,105 @@ def test_attention_reads_its_gains_without_index_or_repeat_kernels(qkv_norm, ene
     avoided = {"aten.index", "aten.index_put", "aten._index_put_impl_", "aten.repeat", "aten.lift_fresh"}
     assert not probe.ops & avoided, f"ops: {sorted(probe.ops & avoided)} among {sorted(probe.ops)}"
     assert attention.qkv_gain.grad is not None and torch.isfinite(attention.qkv_gain.grad).all()
+
+
+class _WeightOnlyKernels(TorchDispatchMode):
+    """Counts all dispatched aten ops, and the kernels (non-view ops) whose every tensor input derives from the
+    parameters alone: work that gives the same result at every iteration of a forward."""
+
+    def __init__(self, parameters) -> None:
+        super().__init__()
+        self.held = list(parameters)  # alive, so no other tensor takes the id of a weight-derived one
+        self.ids = {id(t) for t in self.held}
+        self.total, self.weight_only = 0, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.total += 1
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if inputs and all(id(t) in self.ids for t in inputs):
+            outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            self.held += outputs
+            self.ids.update(id(t) for t in outputs)
+            if not func.is_view:
+                self.weight_only.append(str(func))
+        return out
+
+
+@pytest.mark.parametrize(
+    ("overrides", "call"),
+    [
+        ({}, {}),
+        ({"attention_energy": "sigmoid", "input_anchor": 0.5}, {}),
+        ({"qkv_norm": "shared"}, {"halting_tolerance": 1e-30}),  # runs every iteration, by the halting loop
+    ],
+)
+def test_weight_only_products_are_computed_once_per_forward_not_per_iteration(overrides, call):
+    # The attention's q·k scale g_q g_k/√d_h and its g_v-scaled output weight depend on the parameters alone: the
+    # model computes them once per layer and forward, so these kernels do not grow with the depth T (each would be
+    # a launch, and its backward one more, at every one of the L·T iterations).
+    model = trained(IMAGE, **overrides).eval()  # non-zero step sizes: the halting loop runs all T iterations
+    inputs = IMAGE.inputs()
+    counted = {}
+    for depth in (4, 12):
+        with torch.no_grad(), _WeightOnlyKernels(model.parameters()) as probe:
+            out = model(**inputs, num_iterations=depth, **call)
+        if "halting_tolerance" in call:
+            assert (out.iterations_used == depth * model.config.num_hidden_layers).all(), out.iterations_used
+        counted[depth] = probe
+    short, long = counted[4], counted[12]
+    assert long.weight_only == short.weight_only, (
+        f"weight-only kernels at T=4: {len(short.weight_only)}, at T=12: {len(long.weight_only)} "
+        f"({sorted(set(long.weight_only))}); all dispatched ops: {short.total} at T=4, {long.total} at T=12"
+    )
+    assert short.weight_only, "the probe saw no weight-only kernel at all: it tracks nothing"
+
+
+class _Dispatched(TorchDispatchMode):
+    """The aten ops that run, in order, and those that build a tensor from no tensor (`zeros`, `ones`, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self.from_nothing: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.append(str(func))
+        if isinstance(out, torch.Tensor) and not any(
+            isinstance(t, torch.Tensor) for t in tree_flatten((args, kwargs))[0]
+        ):
+            self.from_nothing.append(str(func))
+        return out
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_a_plain_forward_builds_no_tensor_from_nothing(training):
+    # Without padding, energies, halting, final energy, outer steps or a halting head nothing reads a token mask or
+    # a step counter: the forward builds neither (each is a kernel, and a buffer, on every call).
+    model, inputs = trained(IMAGE).train(training), IMAGE.inputs(labels=training)
+    with _Dispatched() as probe:
+        out = model(**inputs)
+        if training:
+            out.loss.backward()
+    assert probe.from_nothing == [], f"tensors built from no tensor: {probe.from_nothing}"
+    assert out.supervision_steps_used is None and out.iterations_used is None
+
+
+def test_the_anchor_step_costs_two_kernels_per_iteration():
+    # x − λ(x_t − x₀): the difference, then one subtraction that carries λ; counted as the ops one more iteration
+    # adds with the anchor energy, less those it adds without.
+    per_iteration = {}
+    for anchor in (0.0, 0.5):
+        model, inputs = trained(IMAGE, input_anchor=anchor).eval(), IMAGE.inputs()
+        counts = []
+        for depth in (4, 5):
+            with torch.no_grad(), _Dispatched() as probe:
+                model(**inputs, num_iterations=depth)
+            counts.append(len(probe.ops))
+        per_iteration[anchor] = (counts[1] - counts[0]) / model.config.num_hidden_layers
+    extra = per_iteration[0.5] - per_iteration[0.0]
+    assert extra == 2, f"ops per iteration and layer: {per_iteration} (the anchor adds {extra})"
 
 
 def _gelu_energy(u: torch.Tensor) -> torch.Tensor:
