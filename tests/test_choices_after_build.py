@@ -8,13 +8,12 @@ import re
 
 import pytest
 import torch
-from fixtures import hyperbf_config, hyperset_config, imixer_config
+from fixtures import hyperbf_config, hyperset_config, imixer_config, looped_transformer_config
 
 from energyformers import (
     HyperBFModel,
     HyperSetModel,
     IMixerModel,
-    LoopedTransformerConfig,
     LoopedTransformerModel,
 )
 
@@ -22,12 +21,7 @@ MODELS = {
     "hyperset": (HyperSetModel, hyperset_config),
     "imixer": (IMixerModel, imixer_config),
     "hyperbf": (HyperBFModel, hyperbf_config),
-    "looped-transformer": (
-        LoopedTransformerModel,
-        lambda input_type, **overrides: LoopedTransformerConfig.from_hyperset(
-            hyperset_config(input_type), **overrides
-        ),
-    ),
+    "looped-transformer": (LoopedTransformerModel, looped_transformer_config),
 }
 
 

@@ -10,12 +10,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.nn.functional as F
-from fixtures import hyperset_config
+from fixtures import hyperset_config, looped_transformer_config
 
 from energyformers import (
     HyperSetForImageClassification,
     HyperSetForSequenceClassification,
-    LoopedTransformerConfig,
     LoopedTransformerForImageClassification,
 )
 from energyformers.modeling.modeling_hyperset import HyperSetRMSNorm
@@ -53,7 +52,7 @@ MODELS = {
         hyperset_config("sequence", step_size_norm="rmsnorm-sum", classifier_norm="rmsnorm")
     ),
     "looped-transformer": lambda: LoopedTransformerForImageClassification(
-        LoopedTransformerConfig.from_hyperset(hyperset_config("image"), classifier_norm="rmsnorm")
+        looped_transformer_config("image", classifier_norm="rmsnorm")
     ),
 }
 
