@@ -49,6 +49,7 @@ def test_init_weights_refuses_a_position_table_edited_after_the_build(family: st
     model_class, config = MODELS[family]
     torch.manual_seed(0)
     model = model_class(config("sequence", position_embedding_type="sincos-2d"))
+    assert model.config.position_embedding_type == "sincos-2d", model.config.position_embedding_type
     table = model.embeddings.position_encoding.clone()
     model.config.position_embedding_type = "sincos2d"
     with pytest.raises(ValueError, match=refused(model.config, "position_embedding_type", "sincos2d")):
