@@ -25,6 +25,8 @@ from typing import Any, NoReturn
 import pytest
 import torch
 import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from transformers.utils import ModelOutput
 
 from energyformers import (
@@ -402,6 +404,45 @@ def assert_same_structure_and_tensors(got: Any, expected: Any, path: str = "out"
         assert len(got_tensors) == len(expected_tensors), path
         for i, (a, b) in enumerate(zip(got_tensors, expected_tensors)):
             assert torch.equal(a, b), f"{path}:{i}"
+
+
+# ------------------------------------------------------------------ the aten ops a call dispatches
+
+
+class DispatchedOps(TorchDispatchMode):
+    """Every aten op dispatched inside the block, in order (the backward too: autograd runs it under the same modes).
+
+    `ops`: their names (`aten.add.Tensor`); `packets`: the names without the overload (`aten.add`); `kernels`: how
+    many are not views (the kernels a GPU launches); `from_nothing`: the names of those that built a tensor from no
+    tensor argument (`zeros`, `ones`, `full`, ...: a kernel, and an allocation, at every call).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.funcs: list[Any] = []
+        self.from_nothing: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.funcs.append(func)
+        if isinstance(out, torch.Tensor) and not any(
+            isinstance(t, torch.Tensor) for t in tree_flatten((args, kwargs))[0]
+        ):
+            self.from_nothing.append(str(func))
+        return out
+
+    @property
+    def ops(self) -> list[str]:
+        return [str(func) for func in self.funcs]
+
+    @property
+    def packets(self) -> set[str]:
+        return {str(func.overloadpacket) for func in self.funcs}
+
+    @property
+    def kernels(self) -> int:
+        return sum(not func.is_view for func in self.funcs)
 
 
 # ------------------------------------------------------------------ tolerances from dtype and magnitude

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from device_proxy import STAND_IN, Accelerated, accelerator, on_accelerator
-from torch.utils._python_dispatch import TorchDispatchMode
+from fixtures import DispatchedOps
 from torch.utils._pytree import tree_flatten
 
 _aten = torch.ops.aten
@@ -76,20 +76,19 @@ def _host_index(indices: Any) -> bool:
     return any(isinstance(i, torch.Tensor) and not on_accelerator(i) for i in indices or ())
 
 
-class HostSyncs(TorchDispatchMode):
-    """The syncs seen (`found`), and every aten op seen (`ops`, by name: a check that the probe saw the backward)."""
+class HostSyncs(DispatchedOps):
+    """The syncs seen (`found`), and every aten op seen (`DispatchedOps`: `ops` shows that the probe saw the
+    backward)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.found: list[Sync] = []
-        self.ops: list[str] = []
 
     def record(self, kind: str) -> None:
         self.found.append(Sync(kind, _call_site()))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        self.ops.append(str(func))
         on_device = any(
             on_accelerator(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
         )
@@ -108,7 +107,7 @@ class HostSyncs(TorchDispatchMode):
                 self.record("device-to-host copy")
         elif func is _aten.copy_.default and on_accelerator(args[0]) != on_accelerator(args[1]):
             self.record("host-to-device copy" if on_accelerator(args[0]) else "device-to-host copy")
-        return func(*args, **kwargs)
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 @contextlib.contextmanager

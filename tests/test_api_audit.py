@@ -23,6 +23,7 @@ from fixtures import (
     cli_config,
     hyperbf_config,
     hyperset_config,
+    looped_transformer_config,
     perturb,
     rounding,
 )
@@ -115,7 +116,7 @@ def test_hyperbf_reuses_the_centers_inside_cached_centers_only(implementation):
 def build(model_class: type, input_type: str, **overrides: object) -> torch.nn.Module:
     """The tiny model of the test suite (the looped baseline: that of the tiny Hyper-SET config), perturbed, eval."""
     if model_class.config_class is LoopedTransformerConfig:
-        config = LoopedTransformerConfig.from_hyperset(hyperset_config(input_type), **overrides)
+        config = looped_transformer_config(input_type, **overrides)
     else:
         make = {HyperSetConfig: hyperset_config, HyperBFConfig: hyperbf_config}[model_class.config_class]
         config = make(input_type, **overrides)

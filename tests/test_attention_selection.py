@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import Case, assert_differs, hyperset_config
+from fixtures import Case, assert_differs, looped_transformer_config
 from safetensors.torch import load_file
 from transformers import (
     AttentionInterface,
@@ -31,7 +31,6 @@ from energyformers import (
     HyperBFForImageClassification,
     HyperSetForImageClassification,
     IMixerForImageClassification,
-    LoopedTransformerConfig,
     LoopedTransformerForImageClassification,
 )
 from energyformers.modeling import (
@@ -196,7 +195,7 @@ FAMILY_SELECTIONS = {
     ),
     "looped-transformer": (
         LoopedTransformerForImageClassification,
-        lambda: LoopedTransformerConfig.from_hyperset(hyperset_config("image")),
+        lambda: looped_transformer_config("image"),
         ("eager", "sdpa"),
         "sdpa",
         ("flash_attention_2", "flex_attention", "paged|eager", "triton", "bogus"),

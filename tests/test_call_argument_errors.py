@@ -16,14 +16,13 @@ import PIL.Image
 import pytest
 import torch
 import transformers
-from fixtures import SEQUENCE, Case, hyperset_config, perturb
+from fixtures import SEQUENCE, Case, looped_transformer_config, perturb
 
 from energyformers import (
     FAMILIES,
     INPUT_TYPES,
     HyperSetForImageClassification,
     IMixerForImageClassification,
-    LoopedTransformerConfig,
     LoopedTransformerForImageClassification,
     LoopedTransformerForSequenceClassification,
     task_of,
@@ -42,7 +41,7 @@ MASK_CASES = [
 def _model_and_inputs(case: Case | None) -> tuple[torch.nn.Module, dict]:
     if case is None:
         torch.manual_seed(0)
-        config = LoopedTransformerConfig.from_hyperset(hyperset_config("sequence"))
+        config = looped_transformer_config("sequence")
         model = perturb(LoopedTransformerForSequenceClassification(config)).eval()
         return model, _sequence_inputs()
     return perturb(case.build()), case.inputs()
@@ -115,7 +114,7 @@ def saved_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         case.build().save_pretrained(root / family)
         folders[family] = root / family
     torch.manual_seed(0)
-    looped = LoopedTransformerConfig.from_hyperset(hyperset_config("image"))
+    looped = looped_transformer_config("image")
     LoopedTransformerForImageClassification(looped).save_pretrained(root / "looped_transformer")
     folders["looped_transformer"] = root / "looped_transformer"
     vit = transformers.ViTConfig(
@@ -168,7 +167,7 @@ def test_auto_classes_still_load_every_model_type(saved_folders, source):
 def _image_head(model_class: type, **overrides: object) -> tuple[torch.nn.Module, torch.Tensor]:
     if model_class is LoopedTransformerForImageClassification:
         torch.manual_seed(0)
-        config = LoopedTransformerConfig.from_hyperset(hyperset_config("image"), **overrides)
+        config = looped_transformer_config("image", **overrides)
         model = perturb(model_class(config)).eval()
     else:
         model = perturb(Case.of(model_class).build(**overrides))

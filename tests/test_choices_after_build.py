@@ -8,13 +8,12 @@ import re
 
 import pytest
 import torch
-from fixtures import hyperbf_config, hyperset_config, imixer_config
+from fixtures import hyperbf_config, hyperset_config, imixer_config, looped_transformer_config
 
 from energyformers import (
     HyperBFModel,
     HyperSetModel,
     IMixerModel,
-    LoopedTransformerConfig,
     LoopedTransformerModel,
 )
 
@@ -22,12 +21,7 @@ MODELS = {
     "hyperset": (HyperSetModel, hyperset_config),
     "imixer": (IMixerModel, imixer_config),
     "hyperbf": (HyperBFModel, hyperbf_config),
-    "looped-transformer": (
-        LoopedTransformerModel,
-        lambda input_type, **overrides: LoopedTransformerConfig.from_hyperset(
-            hyperset_config(input_type), **overrides
-        ),
-    ),
+    "looped-transformer": (LoopedTransformerModel, looped_transformer_config),
 }
 
 
@@ -55,6 +49,7 @@ def test_init_weights_refuses_a_position_table_edited_after_the_build(family: st
     model_class, config = MODELS[family]
     torch.manual_seed(0)
     model = model_class(config("sequence", position_embedding_type="sincos-2d"))
+    assert model.config.position_embedding_type == "sincos-2d", model.config.position_embedding_type
     table = model.embeddings.position_encoding.clone()
     model.config.position_embedding_type = "sincos2d"
     with pytest.raises(ValueError, match=refused(model.config, "position_embedding_type", "sincos2d")):

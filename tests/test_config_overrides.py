@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from fixtures import HEADS, cases, hyperbf_config, hyperset_config, imixer_config
+from fixtures import HEADS, cases, hyperbf_config, hyperset_config, imixer_config, looped_transformer_config
 
 from energyformers import (
     HyperBFConfig,
@@ -67,7 +67,7 @@ FAMILIES = {
     "looped-transformer": Family(
         "looped-transformer",
         LoopedTransformerForImageClassification,
-        lambda **o: LoopedTransformerConfig.from_hyperset(hyperset_config("image"), **o),
+        lambda **o: looped_transformer_config("image", **o),
         ("num_iterations", 5),
     ),
 }
@@ -200,7 +200,7 @@ def test_pooling_edited_after_the_model_was_built_raises_instead_of_mean_pooling
     ("module", "config"),
     [
         (HyperSetFeedForward, lambda: hyperset_config("image")),
-        (LoopedTransformerMLP, lambda: LoopedTransformerConfig.from_hyperset(hyperset_config("image"))),
+        (LoopedTransformerMLP, lambda: looped_transformer_config("image")),
     ],
     ids=["hyperset", "looped-transformer"],
 )
@@ -350,7 +350,7 @@ def test_a_head_called_without_inputs_names_the_inputs_it_takes(case):
     ids=lambda v: getattr(v, "__name__", v),
 )
 def test_a_looped_head_called_without_inputs_names_the_inputs_it_takes(head, input_type):
-    model = head(LoopedTransformerConfig.from_hyperset(hyperset_config(input_type))).eval()
+    model = head(looped_transformer_config(input_type)).eval()
     with pytest.raises(ValueError, match=re.escape(_missing_input_message(input_type))):
         model()
 

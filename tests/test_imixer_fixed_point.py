@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from fixtures import (
     Case,
+    DispatchedOps,
     assert_close_to_scale,
     assert_differs,
     labelled,
@@ -25,7 +26,6 @@ from fixtures import (
     rounding,
 )
 from safetensors.torch import load_file
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from energyformers import IMixerConfig, IMixerForImageClassification
 from energyformers.configuration.configuration_imixer import ACTIVATION_MAX_SLOPES
@@ -465,18 +465,6 @@ def test_a_diverging_solve_stops_with_a_warning_and_finite_output(solver):
 # ---------------------------------------------------------------- the input checks' one host read
 
 
-class _Ops(TorchDispatchMode):
-    """Records the name of every aten op dispatched inside the block."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def test_the_ids_check_makes_no_mask_tensor_without_a_mask_and_counts_a_bool_mask_on_its_device():
     # `_check_token_ids` (the shared block, identical in every model file) reads the ids' range and an integer
     # mask's stray values in one host read. Without a mask it must create no tensor: a CPU zero would be copied
@@ -491,10 +479,10 @@ def test_the_ids_check_makes_no_mask_tensor_without_a_mask_and_counts_a_bool_mas
         "aten._to_copy",
         "aten.lift_fresh",
     )
-    with _Ops() as ops:
+    with DispatchedOps() as ops:
         modeling_imixer._check_token_ids(ids, 10)
-    made = [name for name in ops.names if name.startswith(created)]
-    assert made == [], f"ops dispatched without a mask: {ops.names}"
+    made = [name for name in ops.ops if name.startswith(created)]
+    assert made == [], f"ops dispatched without a mask: {ops.ops}"
     count = modeling_imixer.stray_mask_values(torch.ones(1, 3, dtype=torch.bool, device="meta"))
     assert count.device.type == "meta", f"a bool mask's count is made on {count.device}"
     # the checks themselves still refuse: ids outside the vocabulary, and an integer mask holding a 2

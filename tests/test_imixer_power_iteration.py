@@ -9,27 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from fixtures import Case, perturb, rounding
-from torch.utils._python_dispatch import TorchDispatchMode
+from fixtures import Case, DispatchedOps, perturb, rounding
 
 from energyformers import IMixerForImageClassification
 
 IMAGE = Case.of(IMixerForImageClassification)
 STEPS = 8  # the paper's k, the config's default
-
-
-class _Dispatched(TorchDispatchMode):
-    """Every aten op dispatched inside, and how many of them are not views (the kernels a GPU launches)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-        self.kernels = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        self.kernels += not func.is_view
-        return func(*args, **(kwargs or {}))
 
 
 def spectral_norms(model) -> list[tuple[str, torch.nn.Module, torch.Tensor]]:
@@ -66,11 +51,11 @@ def power_iteration_ops(blocks: int) -> tuple[int, int]:
         ).train()
         training_step(model, inputs)  # per_optimizer_step: the first refinement
         before = [norm.u.clone() for _, norm, _ in spectral_norms(model)]
-        with _Dispatched() as dispatched:
+        with DispatchedOps() as dispatched:
             training_step(model, inputs)
         refined = any(not torch.equal(norm.u, b) for (_, norm, _), b in zip(spectral_norms(model), before))
         assert refined == (schedule == "per_forward"), f"{schedule}: u refined = {refined}"
-        counts.append((dispatched.ops, dispatched.kernels))
+        counts.append((len(dispatched.ops), dispatched.kernels))
     (ops, kernels), (base_ops, base_kernels) = counts
     return ops - base_ops, kernels - base_kernels
 

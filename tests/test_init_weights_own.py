@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixtures import hyperbf_config, hyperset_config, imixer_config
+from fixtures import hyperbf_config, hyperset_config, imixer_config, looped_transformer_config
 from transformers import PreTrainedModel
 
 from energyformers import (
@@ -16,15 +16,9 @@ from energyformers import (
     HyperSetForSequenceClassification,
     IMixerForImageClassification,
     IMixerForSequenceClassification,
-    LoopedTransformerConfig,
     LoopedTransformerForImageClassification,
     LoopedTransformerForSequenceClassification,
 )
-
-
-def _looped_config(input_type: str) -> LoopedTransformerConfig:
-    return LoopedTransformerConfig.from_hyperset(hyperset_config(input_type))
-
 
 HEADS = {
     "hyperset": (HyperSetForImageClassification, HyperSetForSequenceClassification, hyperset_config),
@@ -33,7 +27,7 @@ HEADS = {
     "looped-transformer": (
         LoopedTransformerForImageClassification,
         LoopedTransformerForSequenceClassification,
-        _looped_config,
+        looped_transformer_config,
     ),
 }
 

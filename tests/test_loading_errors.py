@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from fixtures import ALL, Case, hyperset_config
+from fixtures import ALL, Case, looped_transformer_config
 
-from energyformers import BASELINES, LoopedTransformerConfig
+from energyformers import BASELINES
 
 
 def _baseline_models() -> list[tuple[str, type, str]]:
@@ -36,7 +36,7 @@ def _build(model: Case | tuple[str, type, str]) -> tuple[torch.nn.Module, str]:
         return model.build(), model.auto_name
     auto_name, model_class, input_type = model
     torch.manual_seed(0)
-    return model_class(LoopedTransformerConfig.from_hyperset(hyperset_config(input_type))), auto_name
+    return model_class(looped_transformer_config(input_type)), auto_name
 
 
 MODELS = [*ALL, *_baseline_models()]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from fixtures import assert_close_to_scale, hyperset_config, perturb, rounding
+from fixtures import assert_close_to_scale, hyperset_config, looped_transformer_config, perturb, rounding
 
 from energyformers import (
     BASELINES,
@@ -28,14 +28,9 @@ BATCH, LENGTH, LABELS, WIDTH = 3, 7, 4, 16
 FORWARD = rounding(torch.float32, 64)
 
 
-def baseline_config(input_type: str, **overrides) -> LoopedTransformerConfig:
-    """The baseline of the tiny Hyper-SET config of the test suite (L = 2, T = 3, d = 16, H = 4)."""
-    return LoopedTransformerConfig.from_hyperset(hyperset_config(input_type), **overrides)
-
-
 def build(model_class, input_type: str, seed: int = 0, **overrides):
     torch.manual_seed(seed)
-    return perturb(model_class(baseline_config(input_type, **overrides))).eval()
+    return perturb(model_class(looped_transformer_config(input_type, **overrides))).eval()
 
 
 def images(seed: int = 0) -> torch.Tensor:
@@ -88,7 +83,7 @@ def test_heads_compute_a_loss_and_reject_the_other_input_type():
     labels = torch.randint(0, LABELS, (BATCH, LENGTH))
     assert model(input_ids=tokens(), labels=labels).loss.ndim == 0
     with pytest.raises(ValueError, match="input_type"):
-        LoopedTransformerForImageClassification(baseline_config("sequence"))
+        LoopedTransformerForImageClassification(looped_transformer_config("sequence"))
     assert isinstance(
         build(LoopedTransformerForImageClassification, "image", num_labels=0).classifier, torch.nn.Identity
     )
@@ -98,8 +93,8 @@ def test_weights_are_tied_across_iterations():
     def count(model):
         return sum(p.numel() for p in model.parameters())
 
-    shallow = LoopedTransformerForImageClassification(baseline_config("image", num_iterations=1))
-    deep = LoopedTransformerForImageClassification(baseline_config("image", num_iterations=7))
+    shallow = LoopedTransformerForImageClassification(looped_transformer_config("image", num_iterations=1))
+    deep = LoopedTransformerForImageClassification(looped_transformer_config("image", num_iterations=7))
     assert count(shallow) == count(deep)
     # every iteration of layer l applies the same module: state t + 1 = layers[l](state t)
     model = build(LoopedTransformerModel, "image")

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from fixtures import Case, assert_close_to_scale, assert_differs, perturb, rounding, step_once
+from fixtures import Case, DispatchedOps, assert_close_to_scale, assert_differs, perturb, rounding, step_once
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -135,18 +135,6 @@ def test_attention_update_is_w_transpose_times_energy_gradient(energy, masked):
     assert_close_to_scale(update[real], expected[real], rounding(torch.float64, 64), "update vs autograd")
 
 
-class _OpNames(TorchDispatchMode):
-    """The aten ops that run (forward and backward)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: set[str] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.add(str(func.overloadpacket))
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("qkv_norm", ["separate", "shared"])
 @pytest.mark.parametrize("energy", ["bisoftmax", "linear"])
 def test_attention_reads_its_gains_without_index_or_repeat_kernels(qkv_norm, energy):
@@ -158,10 +146,11 @@ def test_attention_reads_its_gains_without_index_or_repeat_kernels(qkv_norm, ene
         SEQUENCE.build(qkv_norm=qkv_norm, attention_energy=energy, **extra).hyperset.layers[0].attention
     )
     x = torch.randn(2, 6, 16, requires_grad=True)
-    with _OpNames() as probe:
+    with DispatchedOps() as probe:
         attention(x)[0].square().sum().backward()
     avoided = {"aten.index", "aten.index_put", "aten._index_put_impl_", "aten.repeat", "aten.lift_fresh"}
-    assert not probe.ops & avoided, f"ops: {sorted(probe.ops & avoided)} among {sorted(probe.ops)}"
+    ran = probe.packets
+    assert not ran & avoided, f"ops: {sorted(ran & avoided)} among {sorted(ran)}"
     assert attention.qkv_gain.grad is not None and torch.isfinite(attention.qkv_gain.grad).all()
 
 
@@ -217,30 +206,12 @@ def test_weight_only_products_are_computed_once_per_forward_not_per_iteration(ov
     assert short.weight_only, "the probe saw no weight-only kernel at all: it tracks nothing"
 
 
-class _Dispatched(TorchDispatchMode):
-    """The aten ops that run, in order, and those that build a tensor from no tensor (`zeros`, `ones`, ...)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-        self.from_nothing: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.ops.append(str(func))
-        if isinstance(out, torch.Tensor) and not any(
-            isinstance(t, torch.Tensor) for t in tree_flatten((args, kwargs))[0]
-        ):
-            self.from_nothing.append(str(func))
-        return out
-
-
 @pytest.mark.parametrize("training", [False, True])
 def test_a_plain_forward_builds_no_tensor_from_nothing(training):
     # Without padding, energies, halting, final energy, outer steps or a halting head nothing reads a token mask or
     # a step counter: the forward builds neither (each is a kernel, and a buffer, on every call).
     model, inputs = trained(IMAGE).train(training), IMAGE.inputs(labels=training)
-    with _Dispatched() as probe:
+    with DispatchedOps() as probe:
         out = model(**inputs)
         if training:
             out.loss.backward()
@@ -256,7 +227,7 @@ def test_the_anchor_step_costs_two_kernels_per_iteration():
         model, inputs = trained(IMAGE, input_anchor=anchor).eval(), IMAGE.inputs()
         counts = []
         for depth in (4, 5):
-            with torch.no_grad(), _Dispatched() as probe:
+            with torch.no_grad(), DispatchedOps() as probe:
                 model(**inputs, num_iterations=depth)
             counts.append(len(probe.ops))
         per_iteration[anchor] = (counts[1] - counts[0]) / model.config.num_hidden_layers

@@ -10,12 +10,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.nn.functional as F
-from fixtures import hyperset_config
+from fixtures import hyperset_config, looped_transformer_config
 
 from energyformers import (
     HyperSetForImageClassification,
     HyperSetForSequenceClassification,
-    LoopedTransformerConfig,
     LoopedTransformerForImageClassification,
 )
 from energyformers.modeling.modeling_hyperset import HyperSetRMSNorm
@@ -53,7 +52,7 @@ MODELS = {
         hyperset_config("sequence", step_size_norm="rmsnorm-sum", classifier_norm="rmsnorm")
     ),
     "looped-transformer": lambda: LoopedTransformerForImageClassification(
-        LoopedTransformerConfig.from_hyperset(hyperset_config("image"), classifier_norm="rmsnorm")
+        looped_transformer_config("image", classifier_norm="rmsnorm")
     ),
 }
 
@@ -64,6 +63,8 @@ def test_a_bf16_autocast_training_step_on_cpu_warns_of_no_dtype_mismatch(
 ) -> None:
     torch.manual_seed(0)
     model = MODELS[name]()
+    # each model's config asks for the classifier's RMSNorm: a config that lost the override would test a LayerNorm
+    assert isinstance(model.layernorm, HyperSetRMSNorm), f"{name}: classifier norm {model.layernorm}"
     generator = torch.Generator().manual_seed(1)
     if model.config.input_type == "image":
         inputs = {"pixel_values": torch.randn(2, 1, 8, 8, generator=generator)}

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixtures import Case, hyperset_config
+from fixtures import Case, looped_transformer_config
 from transformers import AutoModelForImageClassification
 
 from energyformers import (
     HyperBFForImageClassification,
     HyperSetForImageClassification,
     IMixerForImageClassification,
-    LoopedTransformerConfig,
     LoopedTransformerForImageClassification,
 )
 
@@ -29,7 +28,7 @@ MODELS = {
     "imixer": (IMixerForImageClassification, lambda: Case.of(IMixerForImageClassification, "image").config()),
     "looped-transformer": (
         LoopedTransformerForImageClassification,
-        lambda: LoopedTransformerConfig.from_hyperset(hyperset_config("image")),
+        lambda: looped_transformer_config("image"),
     ),
 }
 
