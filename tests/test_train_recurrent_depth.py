@@ -33,7 +33,7 @@ from energyformers.training import accelerate_loop, train
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 TINY = cli_config("hyperset")  # num_iterations=2, one layer
-BASELINE_TINY = ["hidden_size=16", "num_attention_heads=4", "intermediate_size=24", "num_iterations=2"]
+LOOPED_TINY_FLAGS = ["hidden_size=16", "num_attention_heads=4", "intermediate_size=24", "num_iterations=2"]
 SUBSET = ["--max_train_samples", "32", "--max_eval_samples", "8", "--max_test_samples", "8"]
 LOOPS = {"train": train.main, "train-accelerate": accelerate_loop.main}
 # uniform depth in 1..6 around T = 2: the draws of the first steps differ (asserted where it matters)
@@ -159,7 +159,7 @@ if "looped-transformer" in getattr(energyformers, "BASELINES", {}):
 CONFIGS = {
     "imixer": cli_config("imixer"),
     "hyperbf": cli_config("hyperbf"),
-    "looped-transformer": BASELINE_TINY,
+    "looped-transformer": LOOPED_TINY_FLAGS,
 }
 
 
