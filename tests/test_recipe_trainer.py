@@ -4,6 +4,7 @@ arguments, and `evaluate` adds exactly what it was given."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,9 +12,10 @@ import pytest
 import torch
 from datasets import Dataset
 from fixtures import hyperset_config
-from transformers import TrainingArguments
+from transformers import TrainerCallback, TrainingArguments
 
 from energyformers import HyperSetForImageClassification
+from energyformers.training.augmentation import EMACallback
 from energyformers.training.evaluation import TrainerMetrics, argmax_logits
 from energyformers.training.trainer import RecipeTrainer
 
@@ -53,7 +55,7 @@ class MaskedImages:
     def __init__(self) -> None:
         self.calls: list[tuple[object, str]] = []
 
-    def __call__(self, model: object, split: str) -> dict[str, float]:
+    def __call__(self, model: object, split: str, stop: object = None) -> dict[str, float]:
         self.calls.append((model, split))
         return dict(RECONSTRUCTION)
 
@@ -116,3 +118,117 @@ def test_evaluate_adds_nothing_without_them(tmp_path: Path) -> None:
     metrics = trainer.evaluate()
     assert sorted(k for k in metrics if "_iterations_" in k or "psnr" in k) == [], metrics
     assert "eval_accuracy" in metrics, metrics
+
+
+class WeightsSeen:
+    """Which weights each pass of an evaluation during training scores: at every evaluation forward (Trainer's
+    pass, and the depth pass, the forwards given `num_iterations`), decoding call (a `masked_images` stand-in)
+    and training forward after the first step, whether the model holds the EMA's averaged parameters, the live
+    ones (`LiveWeights`' copy after the last optimizer step), or neither."""
+
+    def __init__(self, model: torch.nn.Module, ema: EMACallback) -> None:
+        self.model, self.ema, self.live, self.step = model, ema, None, 0
+        self.seen: list[tuple[int, str, str]] = []  # (step, pass, weights)
+        forward = model.forward
+
+        @functools.wraps(forward)  # its signature: Trainer passes what forward takes
+        def recording_forward(*args: object, **kwargs: object) -> object:
+            if not model.training:
+                self.record("depths" if "num_iterations" in kwargs else "trainer")
+            elif self.live is not None:  # a training step after the first
+                self.record("training")
+            return forward(*args, **kwargs)
+
+        model.forward = recording_forward
+
+    def record(self, evaluation_pass: str) -> None:
+        now = list(self.model.parameters())
+        averaged = all(map(torch.equal, now, self.ema.ema.averaged.module.parameters()))
+        live = all(map(torch.equal, now, self.live))
+        # after the first step the average is that step's weights (equal to the live ones)
+        weights = {(True, False): "averaged", (False, True): "live", (True, True): "both"}.get(
+            (averaged, live), "neither"
+        )
+        self.seen.append((self.step, evaluation_pass, weights))
+
+    def __call__(self, model: object, split: str, stop: object = None) -> dict[str, float]:
+        self.record("decoding")
+        return dict(RECONSTRUCTION)
+
+
+class LiveWeights(TrainerCallback):
+    """Registered before the EMA: a copy of the live weights right after each optimizer step."""
+
+    def __init__(self, seen: WeightsSeen) -> None:
+        self.seen = seen
+
+    def on_step_end(
+        self, args: object, state: object, control: object, model: object = None, **_: object
+    ) -> None:
+        self.seen.step = state.global_step
+        self.seen.live = [p.detach().clone() for p in model.parameters()]
+
+
+def test_every_pass_of_an_evaluation_during_training_scores_the_ema_weights(tmp_path: Path) -> None:
+    """With an EMA (`ema`), Trainer's pass, the decoding and the accuracy at each depth of an evaluation during
+    training all score the averaged weights; the depth T pass then repeats Trainer's accuracy. Between the
+    evaluations the model trains on its live weights (the forwards of the training steps see them)."""
+    model = depth_model().train()
+    depth = model.config.num_iterations  # the depth Trainer's own pass runs at
+    ema = EMACallback(0.99, swap_for_evaluation=False)
+    seen = WeightsSeen(model, ema)
+    # a large step against the labels of the wide weights: the live weights move away from their average
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=4,
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=10,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="no",
+        logging_steps=1,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+        remove_unused_columns=False,
+        seed=0,
+    )
+    data = examples(model)
+    trainer = RecipeTrainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        eval_dataset=data,
+        compute_metrics=TrainerMetrics(TASK),
+        preprocess_logits_for_metrics=argmax_logits,
+        optimizers=(optimizer, schedule),
+        callbacks=[LiveWeights(seen), ema],
+        training_loss=SimpleNamespace(active=False),
+        run_args=None,
+        schedule=None,
+        depth_evaluation=(TASK, [depth]),
+        masked_images=seen,
+        ema=ema,
+    )
+    trainer.train()
+    passes = sorted({(step, evaluation_pass) for step, evaluation_pass, _ in seen.seen})
+    expected = [(s, p) for s in (2, 4) for p in ("decoding", "depths", "trainer")]
+    expected += [(s, "training") for s in (1, 2, 3)]
+    assert passes == sorted(expected), seen.seen
+    # the evaluated steps' live weights differ from their average (else the test could not tell them apart)
+    wrong = [e for e in seen.seen if e[2] not in (("live", "both") if e[1] == "training" else ("averaged",))]
+    assert not wrong, (
+        f"(step, pass, weights): evaluations must see the averaged weights, training the live: {wrong}"
+    )
+    # accuracies over 24 examples of the same weights, same data: equal
+    main = {e["step"]: e["eval_accuracy"] for e in trainer.state.log_history if "eval_accuracy" in e}
+    key = f"eval_accuracy_iterations_{depth}"
+    at_depth = {e["step"]: e[key] for e in trainer.state.log_history if key in e}
+    assert main == at_depth and sorted(main) == [2, 4], f"eval_accuracy {main}; {key} {at_depth}"
+
+
+def test_an_ema_that_swaps_itself_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="swap_for_evaluation=False"):
+        recipe_trainer(tmp_path, ema=EMACallback(0.9))

@@ -349,8 +349,9 @@ BY_EPOCH = ["--num_train_epochs", "2", "--eval_strategy", "epoch", "--save_strat
         ("evaluation", BY_STEPS, [2, 2], False),  # the batch that asks, then stops
         ("evaluation", BY_STEPS, [2, 2], True),
         ("training", BY_EPOCH, [], False),
+        ("evaluation", [*BY_STEPS, "--ema_decay", "0.9"], [2, 2], False),
     ],
-    ids=["training", "evaluation", "evaluation-best-model", "training-mid-epoch"],
+    ids=["training", "evaluation", "evaluation-best-model", "training-mid-epoch", "evaluation-ema"],
 )
 def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
     tmp_path: Path, during: str, cadence: list[str], expected_batches: list[int], best: bool
@@ -358,11 +359,15 @@ def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
     """SIGTERM during the step before an evaluation, or during the evaluation (which on a CPU can outlast many
     training steps): the evaluation does not start, or ends at its next prediction step; the step just trained is
     checkpointed once, without metrics of an abandoned evaluation, and the run resumes from it to the uninterrupted
-    run's weights. By epoch: Trainer ends the epoch after the stop step and asks for the epoch's evaluation and
-    checkpoint, which must not run. `--load_best_model_at_end`: Trainer looks up the best-model metric of every
-    evaluation, a cut-short one too (the abandoned step cannot be the best, so the weights may differ there)."""
+    run's weights and whole-run training loss; the stop step (2) is not a logging step (every 3), yet its
+    checkpoint ends a logged window, as every checkpoint's does. By epoch: Trainer ends the epoch after the stop
+    step and asks for the epoch's evaluation and checkpoint, which must not run. `--load_best_model_at_end`:
+    Trainer looks up the best-model metric of every evaluation, a cut-short one too (the abandoned step cannot be
+    the best, so the weights may differ there). `--ema_decay`: the evaluation cut short was scoring the averaged
+    weights, and the checkpoint still holds the live ones."""
     argv = ["--dataset", "digits", "--config", *cli_config("hyperset"), *SUBSET, *cadence]
     argv += ["--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "4"]  # 4 prediction steps
+    argv += ["--logging_steps", "3"]
     argv += ["--load_best_model_at_end"] if best else []
     argv += ["--num_threads", "1", "--disable_tqdm"]
     out = tmp_path / "run"
@@ -384,6 +389,8 @@ def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
     assert checkpoints == ["checkpoint-2"], checkpoints
     history = json.loads((work / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
     assert not [entry for entry in history if any(key.startswith("eval_") for key in entry)], history
+    logged = [entry["step"] for entry in history if "loss" in entry]
+    assert logged == [2], f"training losses logged at steps {logged}; expected the stop's checkpoint step [2]"
 
     assert run_cli(*argv, "--output_dir", out, "--resume") == 0
     metrics = json.loads((out / "metrics.json").read_text())
@@ -394,6 +401,12 @@ def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
     a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(out / "model.safetensors")
     for key in a:  # exact, as after a stop between evaluations (`test_resume_after_sigterm_matches_...`)
         torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
+    straight = json.loads((tmp_path / "straight" / "metrics.json").read_text())["train"]["train_loss"]
+    # the same float32 step losses (the same weights), summed in other windows: one rounding each of at most 8
+    # steps' sums of about 2.3, and the float64 arithmetic of `whole_run_train_loss` on them
+    assert metrics["train"]["train_loss"] == pytest.approx(straight, rel=rounding(torch.float32, 8)), (
+        f"whole-run train loss resumed {metrics['train']['train_loss']} vs uninterrupted {straight}"
+    )
 
 
 def built_run(argv: list[str]):

@@ -267,14 +267,21 @@ class EMACallback(TrainerCallback):
     `use_averaged_at_end`, left in the model when training ends so the saved model is the averaged one.
 
     Checkpoints keep the live weights (the optimizer state belongs to them); the swap relies on Trainer
-    calling `on_step_end`/`on_epoch_end` (which set `should_evaluate`) before evaluating, then `on_evaluate`.
+    calling `on_step_end`/`on_epoch_end` (which set `should_evaluate`) before evaluating, then `on_evaluate`,
+    which ends Trainer's own pass. A Trainer whose evaluation has more passes after it, or one an interruption
+    may cut short before `on_evaluate`, makes it with `swap_for_evaluation=False` and swaps the averages in
+    itself around the whole evaluation (`callback.ema.averaged_weights(model)`), as `energyformers train`'s
+    `RecipeTrainer` does.
     """
 
-    def __init__(self, decay: float, use_averaged_at_end: bool = True) -> None:
+    def __init__(
+        self, decay: float, use_averaged_at_end: bool = True, swap_for_evaluation: bool = True
+    ) -> None:
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay < 1.0:
             raise ValueError(f"ema_decay={decay!r}: expected a value in (0, 1), e.g. 0.9998")
         self.decay = float(decay)
         self.use_averaged_at_end = use_averaged_at_end
+        self.swap_for_evaluation = swap_for_evaluation
         self.ema: ExponentialMovingAverage | None = None
         self._live: list[torch.Tensor] | None = None  # live weights while the averages are swapped in
 
@@ -315,7 +322,12 @@ class EMACallback(TrainerCallback):
             self.ema.copy_to(model)
 
     def _swap_in_for_evaluation(self, control: Any, model: torch.nn.Module) -> None:
-        if control.should_evaluate and self._live is None and self.ema is not None:
+        if (
+            self.swap_for_evaluation
+            and control.should_evaluate
+            and self._live is None
+            and self.ema is not None
+        ):
             with torch.no_grad():
                 self._live = [p.detach().clone() for p in model.parameters()]
             self.ema.copy_to(model)

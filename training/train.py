@@ -107,7 +107,7 @@ def restore_best_weights(trainer: Any, args: Arguments) -> dict[str, Any]:
 
     Without `--load_best_model_at_end`: the last step's (the EMA of the last step with `--ema_decay`). With it,
     Trainer has loaded the best checkpoint's `model.safetensors`; with `--ema_decay` too, the evaluations that
-    ranked the checkpoints ran on the EMA weights (`EMACallback` swaps them in), so those are the ones the best
+    ranked the checkpoints ran on the EMA weights (`RecipeTrainer` swaps them in), so those are the ones the best
     step earned: they are read from the same checkpoint's EMA file, over the EMA of the last step that
     `EMACallback.on_train_end` left in the model. The buffers (not averaged) stay the checkpoint's."""
     state, run = trainer.state, args.run
@@ -256,10 +256,13 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             announce_run(built, args.data.dataset, ta.world_size)
         stop = StopRequest()
         extra = [ContinueRunCallback(built.collator), StopOnSignal(stop)]
+        ema = None
         if args.run.ema_decay is not None:
             from .augmentation import EMACallback
 
-            extra.append(EMACallback(args.run.ema_decay))
+            # RecipeTrainer swaps the averages in for each whole evaluation (its depth and decoding passes too)
+            ema = EMACallback(args.run.ema_decay, swap_for_evaluation=False)
+            extra.append(ema)
         with PartialState().local_main_process_first():  # evaluate copies the scripts into its module cache
             load_metrics()
 
@@ -279,6 +282,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             depth_evaluation=(built.task, eval_depths(built.model, args.run.eval_iterations)),
             masked_images=built.masked_images,
             stop=stop,
+            ema=ema,
         )
         if resume_from is not None:
             if main_process:

@@ -7,6 +7,7 @@ at their own import, so `energyformers COMMAND --help` and an argument error sta
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from transformers import Trainer, TrainerCallback
@@ -28,10 +29,16 @@ class RecipeTrainer(Trainer):
     `(model, split) -> metrics` (`setup.Built.masked_images`), adds the masked-image-modelling reconstruction
     metrics after decoding to every validation and test evaluation. Left None, each adds nothing.
 
+    `ema` (the run's `augmentation.EMACallback`, made with `swap_for_evaluation=False`): every evaluation during
+    training scores its averaged weights, in all of its passes (Trainer's, the decoding, the depths), and the
+    live weights come back when it ends, cut short or not, so checkpoints keep them (the callback's own swap ends
+    with Trainer's pass, before the others).
+
     `stop` (the run's `interrupt.StopRequest`): every pass of an evaluation (Trainer's prediction steps, the
     decoding, the depths) ends at its next batch once a stop is agreed (`EvaluationStopped`), abandoned: none of
-    the evaluation's metrics are logged. During training the checkpoint of the step just ended is then saved and
-    training stops; after it (the final evaluations) `evaluate` raises `EvaluationStopped` to its caller."""
+    the evaluation's metrics are logged. During training the training loss since the last log is logged, the
+    checkpoint of the step just ended saved and training stops; after it (the final evaluations) `evaluate`
+    raises `EvaluationStopped` to its caller."""
 
     def __init__(
         self,
@@ -42,13 +49,20 @@ class RecipeTrainer(Trainer):
         depth_evaluation: tuple[str, list[int]] | None = None,
         masked_images: Any = None,
         stop: StopRequest | None = None,
+        ema: Any = None,
         **kwargs: Any,
     ) -> None:
+        if ema is not None and ema.swap_for_evaluation:
+            raise ValueError(
+                "RecipeTrainer(ema=...) swaps the averaged weights in for each evaluation itself: make the "
+                "EMACallback with swap_for_evaluation=False"
+            )
         super().__init__(*args, **kwargs)
         self.training_loss, self.run_args, self.schedule = training_loss, run_args, schedule
         self.depth_evaluation = depth_evaluation
         self.masked_images = masked_images
         self.stop = stop
+        self.ema = ema
         self.evaluation_check: Any = None  # the pass of Trainer's prediction steps in progress
         self.held_logs: list[tuple[Any, ...]] | None = (
             None  # an evaluation's `log` calls, until it is complete
@@ -75,21 +89,54 @@ class RecipeTrainer(Trainer):
         decoding; on the validation split also the accuracy at each depth of `depth_evaluation`; each logged as
         its own entry at the same step, once all are complete, and returned with the metrics."""
         self.held_logs = []
+        stopped = False
         try:
-            metrics = self.complete_evaluation(eval_dataset, ignore_keys, metric_key_prefix)
+            with self.evaluation_weights():
+                metrics = self.complete_evaluation(eval_dataset, ignore_keys, metric_key_prefix)
         except EvaluationStopped:
             if not self.is_in_train:
                 raise
+            stopped = True
+        finally:
+            held, self.held_logs, self.evaluation_check = self.held_logs, None, None
+        if stopped:
             # a stop request during a training run's evaluation: no metrics are logged, the checkpoint of the
             # step just ended is saved and training stops (as `StopOnSignal.on_step_end` would have decided)
+            self.log_open_window()
             self.control.should_save = True
             self.control.should_training_stop = True
             return self.unfinished_evaluation(metric_key_prefix)
-        finally:
-            held, self.held_logs, self.evaluation_check = self.held_logs, None, None
         for logs, args, kwargs in held:
             self.log(logs, *args, **kwargs)
         return metrics
+
+    def evaluation_weights(self) -> AbstractContextManager[Any]:
+        """The weights an evaluation scores: during training with `ema`, its averaged ones, swapped in for the
+        whole evaluation; otherwise the model's own (after training the EMA is already in it)."""
+        average = self.ema.ema if self.ema is not None and self.is_in_train else None
+        return nullcontext() if average is None else average.averaged_weights(self.model)
+
+    def log_open_window(self) -> None:
+        """Log the training loss of the steps since the last log, as Trainer does at a logging step. Trainer
+        decides whether to log before it evaluates, so a stop's checkpoint that an evaluation cut short asks
+        for needs this to end a logged window, as every checkpoint does (`train.whole_run_train_loss`)."""
+        if self.state.global_step <= self._globalstep_last_logged:
+            return
+        control = self.control
+        flags = control.should_log, control.should_evaluate, control.should_save
+        control.should_log, control.should_evaluate, control.should_save = True, False, False
+        try:  # Trainer's own logging step: only the log, neither the evaluation nor the checkpoint
+            self._maybe_log_save_evaluate(
+                tr_loss=self._tr_loss,
+                grad_norm=None,
+                model=self.model,
+                trial=None,
+                epoch=self.state.epoch,
+                ignore_keys_for_eval=None,
+                start_time=None,
+            )
+        finally:
+            self.control.should_log, self.control.should_evaluate, self.control.should_save = flags
 
     def complete_evaluation(
         self, eval_dataset: Any, ignore_keys: Any, metric_key_prefix: str
@@ -189,7 +236,9 @@ class StopOnSignal(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.request.should_stop(args.device):
-            control.should_save = True
+            # the checkpoint ends a logged window, as every checkpoint does (`ContinueRunCallback`, called
+            # before this, saw no save to log for)
+            control.should_save = control.should_log = True
             control.should_training_stop = True
             control.should_evaluate = False
         elif state.global_step >= state.max_steps and args.save_strategy == "no":
@@ -210,7 +259,8 @@ class StopOnSignal(TrainerCallback):
 class ContinueRunCallback(ContinueIterationDraws):
     """Continue the sampled depths where a resumed run stopped (`ContinueIterationDraws`) and the training
     masks (a collator with `continue_after`) where each epoch starts, and log the loss at every checkpoint step
-    (so the logged windows end exactly at each checkpoint: `train.whole_run_train_loss`)."""
+    (so the logged windows end exactly at each checkpoint: `train.whole_run_train_loss`; a stop's checkpoint is
+    logged by `StopOnSignal`, or `RecipeTrainer.evaluate` when an evaluation is cut short)."""
 
     def __init__(self, collator: Any = None) -> None:
         self.collator = collator
