@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -150,6 +151,63 @@ def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
     a, b = weights(tmp_path / "straight"), weights(out)
     for key in a:  # exact, as after a stop between evaluations (`test_resume_from_saved_state_...`)
         torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
+
+
+@pytest.mark.parametrize(
+    ("during", "max_steps", "where"),
+    [
+        ("a save step", 4, "at step 2"),
+        ("the final evaluation", 2, "in the final evaluation after the last step (2)"),
+    ],
+    ids=["save-step", "final-evaluation"],
+)
+def test_a_stop_right_after_a_checkpoint_does_not_save_it_again(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    during: str,
+    max_steps: int,
+    where: str,
+) -> None:
+    """The stop's checkpoint is the slowest thing a stop does, inside a preemption's grace period: a stop in step 2
+    of `--save_steps 2`, or in the final evaluation (the last step saved before it), saves that step once. In this
+    process: SIGTERM to itself, with a handler of the test's below the loop's, which only a loop that left its own
+    uninstalled would reach."""
+    argv = [*COMMON, *tiny(), "--max_steps", str(max_steps), "--batch_size", "8"]
+    argv += ["--per_device_eval_batch_size", "4", "--eval_strategy", "no", "--save_strategy", "steps"]
+    argv += ["--save_steps", "2", "--disable_tqdm"]
+    train_steps, eval_batches, saves, unhandled = [], [], [], []
+    train_step, sample_losses = accelerate_loop.train_step, accelerate_loop.sample_losses
+    save_checkpoint = accelerate_loop.save_checkpoint
+
+    def counting_train_step(*args, **kwargs):
+        train_steps.append(1)
+        if during == "a save step" and len(train_steps) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return train_step(*args, **kwargs)
+
+    def counting_sample_losses(*args, **kwargs):  # once per evaluation batch
+        eval_batches.append(1)
+        if during == "the final evaluation" and len(eval_batches) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return sample_losses(*args, **kwargs)
+
+    def counting_save_checkpoint(parts, state):
+        saves.append(state.step)
+        return save_checkpoint(parts, state)
+
+    monkeypatch.setattr(accelerate_loop, "train_step", counting_train_step)
+    monkeypatch.setattr(accelerate_loop, "sample_losses", counting_sample_losses)
+    monkeypatch.setattr(accelerate_loop, "save_checkpoint", counting_save_checkpoint)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: unhandled.append(signum))
+    try:
+        status = accelerate_loop.main([*argv, "--output_dir", str(tmp_path / "run")])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    err = capsys.readouterr().err
+    assert status == 128 + 15 and not unhandled, (status, unhandled, err[-3000:])
+    assert f"stopped by SIGTERM {where}" in err, err[-3000:]
+    assert saves == [2], f"checkpoints saved at steps {saves}, expected [2]"
 
 
 def test_gradient_accumulation_matches_the_full_batch(tmp_path: Path) -> None:

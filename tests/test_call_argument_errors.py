@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from pathlib import Path
 
 import PIL.Image
@@ -78,6 +80,22 @@ def test_an_integer_attention_mask_other_than_0_1_is_refused_in_every_model(case
         inputs["inputs_embeds"] = model.get_input_embeddings()(inputs.pop("input_ids"))
     with pytest.raises(
         ValueError, match=r"an integer attention_mask must hold only 0 and 1 \(1: attend\); got 2"
+    ):
+        model(**inputs)
+
+
+@pytest.mark.parametrize("case", MASK_CASES, ids=str)
+@pytest.mark.parametrize("through", ["input_ids", "inputs_embeds"])
+def test_a_negative_integer_attention_mask_value_is_refused_in_every_model(case, through):
+    # a -1 (a padding sentinel copied from labels, say) would read as "attend" through `mask.bool()`
+    model, inputs = _model_and_inputs(case)
+    mask = inputs["attention_mask"].clone()
+    mask[0, 0] = -1  # one stray value, on a position that is otherwise attended
+    inputs["attention_mask"] = mask
+    if through == "inputs_embeds":
+        inputs["inputs_embeds"] = model.get_input_embeddings()(inputs.pop("input_ids"))
+    with pytest.raises(
+        ValueError, match=r"an integer attention_mask must hold only 0 and 1 \(1: attend\); got -1"
     ):
         model(**inputs)
 
@@ -159,6 +177,32 @@ def test_from_pretrained_refuses_a_folder_of_another_model_type(saved_folders, s
 def test_auto_classes_still_load_every_model_type(saved_folders, source):
     model = transformers.AutoModelForImageClassification.from_pretrained(saved_folders[source])
     assert type(model) is IMAGE_CLASSES[source]
+
+
+@pytest.mark.parametrize("target", list(IMAGE_CLASSES))
+def test_the_model_type_check_reads_config_json_in_the_subfolder_from_pretrained_loads(saved_folders, target):
+    # `saved_folders`' root holds no config.json, each model type's folder under it one: a check that looked at
+    # the root (not `subfolder=`) would find nothing and let transformers load a randomly initialised model
+    model_class, root = IMAGE_CLASSES[target], saved_folders[target].parent
+    model, loading = model_class.from_pretrained(root, subfolder=target, output_loading_info=True)
+    assert type(model) is model_class and not any(loading.values()), loading
+    other = next(source for source in IMAGE_CLASSES if source != target)
+    found = IMAGE_CLASSES[other].config_class.model_type
+    with pytest.raises(ValueError) as refused:
+        model_class.from_pretrained(root, subfolder=other)
+    message = str(refused.value)
+    assert f"holds a '{found}' model" in message, message
+
+
+@pytest.mark.parametrize("target", list(IMAGE_CLASSES))
+def test_a_folder_whose_config_names_no_model_type_is_left_to_transformers(saved_folders, target, tmp_path):
+    model_class, folder = IMAGE_CLASSES[target], tmp_path / target
+    shutil.copytree(saved_folders[target], folder)
+    config = json.loads((folder / "config.json").read_text())
+    del config["model_type"]
+    (folder / "config.json").write_text(json.dumps(config))
+    model, loading = model_class.from_pretrained(folder, output_loading_info=True)
+    assert type(model) is model_class and not any(loading.values()), loading
 
 
 # ------------------------------------------------------------------------------ per-call arguments a call ignores

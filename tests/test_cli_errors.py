@@ -385,6 +385,27 @@ def test_a_usage_error_of_another_rank_alone_is_printed_after_the_grace(monkeypa
         assert waited >= cli.LAUNCH_GRACE_S, (argv, waited, cli.LAUNCH_GRACE_S)
 
 
+def test_a_ctrl_c_during_another_ranks_grace_wait_prints_nothing(monkeypatch, capsys):
+    """Under a launcher a Ctrl-C reaches rank 0, which has printed the error, and every other rank while it waits
+    out `LAUNCH_GRACE_S`: that rank ends silently, with the usage error's status."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    waits = []
+    sleep = time.sleep
+
+    def interrupted(seconds: float) -> None:
+        if seconds != cli.LAUNCH_GRACE_S:
+            return sleep(seconds)
+        waits.append(seconds)
+        raise KeyboardInterrupt  # the Ctrl-C the launcher passes on, during the wait
+
+    monkeypatch.setattr(cli.time, "sleep", interrupted)
+    status = cli.main(["trian"])
+    err = capsys.readouterr().err
+    assert waits == [cli.LAUNCH_GRACE_S], waits  # the premise: the rank reached its grace wait
+    assert status == 2 and err == "", (status, err)
+
+
 @pytest.mark.skipif(
     shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
     reason="torchrun not installed in the venv",

@@ -18,10 +18,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from fixtures import cli_config, rounding
+
+from energyformers.training import interrupt
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 TINY = cli_config("hyperset")
@@ -275,6 +278,40 @@ def first_logged_step_trainer(path: Path, proc: subprocess.Popen) -> None:
     while "'loss'" not in path.read_text():
         assert proc.poll() is None and time.monotonic() < deadline, path.read_text()[-2500:]
         time.sleep(0.05)
+
+
+def test_a_launchers_forwarded_copy_of_a_ctrl_c_is_not_a_second_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a launcher one Ctrl-C reaches each worker twice, from the terminal's process group and forwarded by
+    the launcher: a repeat within `FORWARDED_REPEAT_S` of the first is the same request; a later one, or any repeat
+    in one process, is a second Ctrl-C (`KeyboardInterrupt`: stop without the checkpoint). The slow torchrun Ctrl-C
+    test above passes without the repeat rule; here the handler runs on the test's clock."""
+    now = [100.0]
+    monkeypatch.setattr(interrupt, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    repeat_s = interrupt.StopRequest.FORWARDED_REPEAT_S
+
+    def second_ctrl_c(request: interrupt.StopRequest, after_s: float) -> bool:
+        """Whether a Ctrl-C `after_s` seconds after the first one raised KeyboardInterrupt."""
+        now[0] = 100.0
+        request.handler(signal.SIGINT, None)
+        now[0] += after_s
+        try:
+            request.handler(signal.SIGINT, None)
+        except KeyboardInterrupt:
+            return True
+        return False
+
+    for several, after_s, raises in [
+        (True, 0.0, False),
+        (True, repeat_s / 2, False),
+        (True, repeat_s * 1.5, True),
+        (False, 0.0, True),
+    ]:
+        request = interrupt.StopRequest()
+        with request.installed(several_processes=several, announce=False):
+            raised = second_ctrl_c(request, after_s)
+        where = f"several processes: {several}, a second Ctrl-C {after_s} s after the first (repeat window {repeat_s} s)"
+        assert raised == raises, f"{where}: KeyboardInterrupt raised {raised}, expected {raises}"
+        assert request.signum == signal.SIGINT, (where, request.signum)
 
 
 # Two evaluations of 20 batches (of about 10 ms each) per rank with `accelerate_loop.evaluate_split`, every

@@ -852,6 +852,46 @@ def test_tolerance_solvers_return_the_iterate_that_met_the_tolerance_not_an_earl
 
 
 @pytest.mark.parametrize("solver", ["picard", "anderson"])
+def test_a_relative_residual_exactly_at_the_tolerance_stops_the_solve(solver):
+    # "stops when the relative residual is <= the tolerance", at equality too: the first step, [1, 0] → [1, 0.5],
+    # has relative residual exactly 0.5 (‖[0, 0.5]‖ / ‖[1, 0]‖, exact in float64), and 0.5 is the tolerance
+    tolerance = 0.5
+    images = [[1.0, 0.5], [1.0, 0.75], [1.0, 0.8]]
+    answer, record = _scripted_solve(solver, images, tolerance)
+    relative = [r.item() for r in record.relative]
+    where = f"{solver}: per-step relative residuals {relative}, tolerance {tolerance}"
+    assert relative[0] == tolerance, f"{where}: the case needs a first residual exactly at the tolerance"
+    assert record.steps == 1 and len(relative) == 1, f"{where}: ran {record.steps} steps, not 1"
+    assert answer.flatten().tolist() == images[0], f"{where}: returned {answer.flatten().tolist()}"
+
+
+@pytest.mark.parametrize("solver", ["picard", "anderson"])
+def test_a_residual_that_grows_now_and_then_while_falling_is_not_taken_for_divergence(solver):
+    # Step sizes 1, 0.9, 1, 0.8, 0.9, …: ‖f(x) − x‖ grows at 5 steps (`_DIVERGENCE_PATIENCE`), never 2 in a row, and
+    # falls overall, as a slow non-monotone (Anderson) solve's does. The rule counts consecutive growths only: the
+    # solve runs to its cap with no warning and returns its last iterate (the lowest relative residual).
+    assert modeling_imixer._DIVERGENCE_PATIENCE == 5 and modeling_imixer._DIVERGENCE_FACTOR == 10.0
+    sizes = [1.0, 0.9, 1.0, 0.8, 0.9, 0.7, 0.8, 0.6, 0.7, 0.5, 0.6, 0.4]
+    images, position = [], 0.0
+    for size in sizes:
+        position += size
+        images.append([1.0, position])
+    records = _Records()
+    modeling_imixer.logger.addHandler(records)
+    try:
+        answer, record = _scripted_solve(solver, images, 1e-12)
+    finally:
+        modeling_imixer.logger.removeHandler(records)
+    absolute = [a.item() for a in record.absolute]
+    where = f"{solver}: per-step paper's residuals {absolute}, warnings {records.messages}"
+    growths = sum(later > earlier for earlier, later in itertools.pairwise(absolute))
+    assert growths == modeling_imixer._DIVERGENCE_PATIENCE and max(absolute) < 10 * min(absolute), where
+    assert record.steps == len(images), f"{where}: stopped after {record.steps} of {len(images)} steps"
+    assert not any("diverged" in message for message in records.messages), where
+    assert answer.flatten().tolist() == images[-1], f"{where}: returned {answer.flatten().tolist()}"
+
+
+@pytest.mark.parametrize("solver", ["picard", "anderson"])
 def test_a_diverging_solve_returns_its_lowest_absolute_residual_iterate_not_its_lowest_relative_one(solver):
     # Each image is the state times 1 + r, r = 1, 0.9, …, 0.5: the relative residual r falls while the state, and
     # with it ‖f(x) − x‖ = r‖x‖, grows. The sixth step is the fifth growing one in a row (`_DIVERGENCE_PATIENCE`),
