@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -1103,7 +1103,7 @@ class IMixerTokenMixing(nn.Module):
                 self.norm_sn2 = nn.BatchNorm1d(width)
         self.fc2 = nn.Linear(width, num_tokens)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.config_settings = _FixedPointSettings.of(config, config.fixed_point_iterations)
+        self.config = config  # read at call time when called on its own, as the model's forward reads it
 
     def spectral_layers(self) -> tuple[nn.Linear, ...]:
         """F's linear layers when they are spectrally normalised (n > 0, `contractive_normalization="spectral"`)."""
@@ -1181,7 +1181,7 @@ class IMixerTokenMixing(nn.Module):
         """`(B, D, S)` → `(B, D, S)`: fc2(act(x)), x = fc1(t) + F(x) in n steps; diagnostics or None."""
         # called on its own, without a model forward's per-call settings: the config's, as that forward's
         if settings is None:
-            settings = replace(self.config_settings, iterations=fixed_point_iterations)
+            settings = _FixedPointSettings.of(self.config, fixed_point_iterations)
         # tokens: (B, D, S), token axis last so every Linear mixes tokens with one matmul
         start = self.fc1(tokens)  # (B, D, D_S): G(t), no activation yet
         state, record = start, _SolveRecord(output_diagnostics)

@@ -105,6 +105,22 @@ def test_token_mixing_called_without_settings_uses_the_configs_solver():
     assert torch.equal(output, explicit), (output - explicit).abs().max().item()
 
 
+def test_token_mixing_called_without_settings_reads_the_config_at_call_time():
+    """The model's forward reads its config on every call; a token mixer called on its own does too: a solver
+    chosen in the config after the model was built is the one it solves with."""
+    steps, tolerance = 50, 1e-3
+    model = contractive_model()
+    model.config.fixed_point_solver, model.config.fixed_point_tolerance = "picard", tolerance
+    mixing = model.imixer.layers[0].token_mixing
+    tokens = torch.randn(3, 16, mixing.fc1.in_features, dtype=F64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _, diagnostics = mixing(tokens, steps, output_diagnostics=True)
+    ran = int(diagnostics["iterations"])
+    assert 1 <= ran < steps, (
+        f"ran {ran} of {steps} steps: not the picard solve to {tolerance} set in the config"
+    )
+
+
 # ---------------------------------------------------------------- solvers reach the same fixed point
 
 
