@@ -167,9 +167,9 @@ def test_a_lazy_call_runs_outside_the_scope_so_a_write_between_its_items_is_seen
     assert_nothing_cached(model)
 
 
-def test_other_families_run_the_pipeline_as_before():
-    """Only a model with `cached_centers` is put in a scope: a Hyper-SET model, which has none, answers a call over
-    several batches as before."""
+def test_a_family_with_nothing_to_cache_runs_the_pipeline():
+    """A model with neither `cached_centers` nor parametrized weights (Hyper-SET) gets an empty scope: it answers a
+    call over several batches."""
     from fixtures import hyperset_config
 
     from energyformers import HyperSetForImageClassification
@@ -250,7 +250,7 @@ def normalisations(monkeypatch) -> Counter:
 
 
 def uncached(monkeypatch) -> None:
-    """`parametrize.cached()` made a no-op: the scopes then cache nothing of iMixer, as before."""
+    """`parametrize.cached()` made a no-op: the scopes then cache nothing of iMixer (each forward rebuilds W_eff)."""
     monkeypatch.setattr(parametrize, "cached", contextlib.nullcontext)
 
 

@@ -376,7 +376,7 @@ dist.destroy_process_group()  # not left to interpreter exit, where gloo's threa
 def test_an_evaluation_agrees_on_a_stop_every_few_batches_and_all_ranks_stop_at_the_same_one(
     tmp_path: Path,
 ) -> None:
-    """Fewer collectives than batches (one per batch before): about one a second (`EVALUATION_CHECK_S`), sized
+    """Fewer collectives than batches, not one per batch: about one a second (`EVALUATION_CHECK_S`), sized
     from the slowest rank's batch time that the same all-reduce shares; with the signal at one rank only, both
     ranks still stop after the same batch, a few after the signal."""
     script = tmp_path / "evaluate.py"

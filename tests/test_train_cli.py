@@ -319,8 +319,11 @@ Trainer.prediction_step = record_prediction_step
 
 class StopAtStep2(TrainerCallback):
     saves = []
+    step_2_learning_rate = None
 
     def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == 1:  # the rate step 2 trains with, as a logging step at 2 would log it
+            StopAtStep2.step_2_learning_rate = kwargs["optimizer"].param_groups[0]["lr"]
         if sys.argv[1] == "training" and state.global_step == 1:
             os.kill(os.getpid(), signal.SIGTERM)  # a real signal
 
@@ -332,7 +335,8 @@ class StopAtStep2(TrainerCallback):
         self.saves.append(state.global_step)
 
 status = train.main(sys.argv[3:], callbacks=[StopAtStep2()])
-open(sys.argv[2], "w").write(json.dumps({"predicted": predicted, "saves": StopAtStep2.saves}))
+record = {"predicted": predicted, "saves": StopAtStep2.saves, "learning_rate": StopAtStep2.step_2_learning_rate}
+open(sys.argv[2], "w").write(json.dumps(record))
 sys.exit(status)
 """
 
@@ -389,8 +393,14 @@ def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
     assert checkpoints == ["checkpoint-2"], checkpoints
     history = json.loads((work / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
     assert not [entry for entry in history if any(key.startswith("eval_") for key in entry)], history
-    logged = [entry["step"] for entry in history if "loss" in entry]
-    assert logged == [2], f"training losses logged at steps {logged}; expected the stop's checkpoint step [2]"
+    logged = [entry for entry in history if "loss" in entry]
+    assert [entry["step"] for entry in logged] == [2], (
+        f"training losses logged at {logged}; expected one, at the stop's checkpoint step 2"
+    )
+    # the row a logging step at 2 would write: step 2's learning rate (not the next step's) and gradient norm
+    assert logged[0]["learning_rate"] == recorded["learning_rate"] and "grad_norm" in logged[0], (
+        f"logged {logged[0]}; step 2 trained with learning rate {recorded['learning_rate']}"
+    )
 
     assert run_cli(*argv, "--output_dir", out, "--resume") == 0
     metrics = json.loads((out / "metrics.json").read_text())

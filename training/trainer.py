@@ -67,6 +67,9 @@ class RecipeTrainer(Trainer):
         self.held_logs: list[tuple[Any, ...]] | None = (
             None  # an evaluation's `log` calls, until it is complete
         )
+        self.step_end_call: tuple[tuple[Any, ...], dict[str, Any]] | None = (
+            None  # (`_maybe_log_save_evaluate`)
+        )
         if training_loss.active:
             self.loss_is_scaled_for_ga = False  # a per-batch mean: Trainer divides by the accumulation steps
 
@@ -116,25 +119,29 @@ class RecipeTrainer(Trainer):
         average = self.ema.ema if self.ema is not None and self.is_in_train else None
         return nullcontext() if average is None else average.averaged_weights(self.model)
 
+    def _maybe_log_save_evaluate(self, *args: Any, **kwargs: Any) -> None:
+        # Trainer's step-end call (log, evaluate, save) with the step's loss, gradient norm and learning rate:
+        # kept for `log_open_window` while an evaluation it starts runs
+        self.step_end_call = args, kwargs
+        try:
+            super()._maybe_log_save_evaluate(*args, **kwargs)
+        finally:
+            self.step_end_call = None
+
     def log_open_window(self) -> None:
         """Log the training loss of the steps since the last log, as Trainer does at a logging step. Trainer
         decides whether to log before it evaluates, so a stop's checkpoint that an evaluation cut short asks
-        for needs this to end a logged window, as every checkpoint does (`train.whole_run_train_loss`)."""
-        if self.state.global_step <= self._globalstep_last_logged:
+        for needs this to end a logged window, as every checkpoint does (`train.whole_run_train_loss`). The row
+        is that of a logging step at this step: the step-end call's gradient norm and learning rate (the
+        scheduler has stepped since)."""
+        if self.step_end_call is None:
             return
+        args, kwargs = self.step_end_call
         control = self.control
         flags = control.should_log, control.should_evaluate, control.should_save
         control.should_log, control.should_evaluate, control.should_save = True, False, False
-        try:  # Trainer's own logging step: only the log, neither the evaluation nor the checkpoint
-            self._maybe_log_save_evaluate(
-                tr_loss=self._tr_loss,
-                grad_norm=None,
-                model=self.model,
-                trial=None,
-                epoch=self.state.epoch,
-                ignore_keys_for_eval=None,
-                start_time=None,
-            )
+        try:  # Trainer's own step-end call again: only the log (a no-op if this step is logged already)
+            super()._maybe_log_save_evaluate(*args, **kwargs)
         finally:
             self.control.should_log, self.control.should_evaluate, self.control.should_save = flags
 
