@@ -17,7 +17,7 @@ import copy
 import functools
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -725,9 +725,6 @@ class HyperSetEmbeddings(nn.Module):
         else:
             self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
             self.num_prefix_tokens, num_positions = 0, config.max_position_embeddings
-        # True while the outer supervision steps after the first embed the ids the first step checked (or a subset
-        # of them): the check's host read is not repeated per step (`_token_ids_checked`)
-        self.token_ids_checked = False
         learned = config.input_type == "sequence" and config.position_embedding_type == "learned"
         self.position_embeddings = nn.Embedding(num_positions, config.hidden_size) if learned else None
         self.register_buffer(
@@ -767,8 +764,7 @@ class HyperSetEmbeddings(nn.Module):
                 self.position_encoding, self.grid, new_grid, self.num_prefix_tokens
             )
             return tokens + positions.to(tokens.dtype), keep
-        if not self.token_ids_checked:
-            _check_token_ids(input_ids, self.word_embeddings.num_embeddings, attention_mask)
+        _check_token_ids(input_ids, self.word_embeddings.num_embeddings, attention_mask)
         tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         _check_length(tokens.shape[1], self.config.max_position_embeddings)
         length = tokens.shape[1]
@@ -2183,10 +2179,9 @@ def classify_with_deep_supervision(
         if carry is not None:  # already the running samples' own
             step_inputs["initial_state"] = carry
         draw = first_draw * steps + step if random_subset else None
-        with _token_ids_checked(backbone.embeddings, step > 0):
-            step_outputs, step_logits, loss = _supervision_step(
-                head, backbone, step_labels, step_inputs, draw, requested_states
-            )
+        step_outputs, step_logits, loss = _supervision_step(
+            head, backbone, step_labels, step_inputs, draw, requested_states
+        )
         if used is not None:
             used = used.to(step_logits.device)
             if active is None:
@@ -2223,22 +2218,6 @@ def classify_with_deep_supervision(
     else:
         loss = None if labels is None else head._loss(logits, labels)
     return merged, logits, loss, _step_fields(steps, halting is not None, used, probabilities, batch)
-
-
-@contextlib.contextmanager
-def _token_ids_checked(embeddings: HyperSetEmbeddings, checked: bool) -> Iterator[None]:
-    """Inside: `embeddings` skip the token-id check when `checked` (an outer step after the first: the same ids as
-    the first step's, or the running samples' rows of them), so its host read happens once per forward, not per
-    step. Eager only: the check does not read values under torch.compile / export, and a traced forward must not
-    set module attributes."""
-    if not checked or _is_tracing():
-        yield
-        return
-    embeddings.token_ids_checked = True
-    try:
-        yield
-    finally:
-        embeddings.token_ids_checked = False
 
 
 def _check_outer_steps_call(

@@ -175,39 +175,6 @@ def test_random_subsets_differ_per_step_from_one_draw():
     assert_loss_close(output.loss, torch.stack(losses).mean().detach(), "random subsets per step")
 
 
-@pytest.mark.parametrize("name", ["hyperset-token", "looped-sequence"])
-def test_the_token_ids_are_checked_by_the_first_step_only(name, monkeypatch):
-    """The steps embed the same ids: one check (one host read) per forward, at the first step, which still refuses
-    bad ids and masks; the embeddings check again in the next call."""
-    model, batch = build(name, supervision_steps=3), inputs_of(name)
-    embeddings = backbone_of(model).embeddings
-    calls = []
-    check = modeling_hyperset._check_token_ids
-    monkeypatch.setattr(
-        modeling_hyperset, "_check_token_ids", lambda *args: calls.append(args[0]) or check(*args)
-    )
-    for mode in (model.train, model.eval):
-        mode()
-        calls.clear()
-        model(**batch)
-        assert len(calls) == 1 and calls[0] is batch["input_ids"], f"{len(calls)} checks in {model.training=}"
-        assert embeddings.token_ids_checked is False
-    bad_ids = batch["input_ids"].clone()
-    bad_ids[1, 0] = model.config.vocab_size
-    bad_mask = batch["attention_mask"].clone()
-    bad_mask[1, 0] = 2
-    for bad, match in (
-        ({"input_ids": bad_ids}, "vocab_size"),
-        ({"attention_mask": bad_mask}, "attention_mask"),
-    ):
-        with pytest.raises(ValueError, match=match):
-            model(**{**batch, **bad})
-        assert embeddings.token_ids_checked is False, "a refused call left the check switched off"
-    calls.clear()
-    backbone_of(model)(**backbone_inputs(batch))
-    assert len(calls) == 1, f"{len(calls)} checks in a plain backbone call after the steps"
-
-
 # ---------------------------------------------------------------- initial_state
 
 
