@@ -2203,8 +2203,10 @@ def classify_with_deep_supervision(
             halting_losses.append(halting_loss)
         if stop_early and step < steps - 1:
             index = slice(None) if active is None else active
-            running = probability[index] <= threshold  # (A,)
-            active = (torch.arange(batch, device=running.device) if active is None else active)[running]
+            # the positions of the running samples among the active ones: the one host read of a step, by design
+            # (the batch size of the next step); both selections below index with them on the device
+            running = (probability[index] <= threshold).nonzero().squeeze(1)  # (A',)
+            active = running if active is None else active[running]
             carry = carry[running]
             if active.numel() == 0:
                 break

@@ -1,10 +1,12 @@
 """No host-device synchronisation in the default image paths: every family's image classifier, eval forward and
-training step (forward and backward), makes none; Hyper-SET's deep-supervised training step neither. Found on CPU
-with `host_syncs.counting_host_syncs` (what it counts and what it cannot see: its docstring). At these model sizes
-a GPU step is launch-bound, and one sync stalls the launch queue until the device has drained it.
+training step (forward and backward), makes none; Hyper-SET's (and the looped baseline's) deep-supervised training
+step and S > 1 supervision steps neither. Found on CPU with `host_syncs.counting_host_syncs` (what it counts and
+what it cannot see: its docstring). At these model sizes a GPU step is launch-bound, and one sync stalls the launch
+queue until the device has drained it.
 
-Sequence inputs of Hyper-SET and HyperBF make exactly one, by design: the input check reads the ids' range (and an
-integer mask's stray values) in one stacked `.tolist()`.
+Sequence inputs make exactly one per forward, by design: the input check reads the ids' range (and an integer
+mask's stray values) in one stacked `.tolist()`, once also over S supervision steps. The halting head's early
+stop reads which samples go on once per step boundary, by design.
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ from energyformers import (
     IMixerForImageClassification,
 )
 from energyformers.configuration.configuration_looped_transformer import LoopedTransformerConfig
-from energyformers.modeling.modeling_looped_transformer import LoopedTransformerForImageClassification
+from energyformers.modeling.modeling_hyperset import HyperSetForTokenClassification
+from energyformers.modeling.modeling_looped_transformer import (
+    LoopedTransformerForImageClassification,
+    LoopedTransformerForSequenceClassification,
+    LoopedTransformerForTokenClassification,
+)
 from energyformers.training.setup import cli_preset
 
 HYPERSET = Case.of(HyperSetForImageClassification)
@@ -160,25 +167,94 @@ def test_an_image_classifier_makes_no_host_sync(family, sizes, train):
     ],
     ids=lambda supervision: supervision["deep_supervision"],
 )
+@pytest.mark.parametrize("steps", [1, 2], ids=["S1", "S2"])
 @pytest.mark.parametrize("family", ["hyperset", "looped-transformer"])
-def test_a_deep_supervised_training_step_makes_no_host_sync(family, supervision):
+def test_a_deep_supervised_training_step_makes_no_host_sync(family, supervision, steps):
     # the loss weights are Python numbers: a weight tensor would be copied to the device at every step
-    model, inputs = _image_classifier(family, "cli", labels=True, **supervision)
+    model, inputs = _image_classifier(family, "cli", labels=True, supervision_steps=steps, **supervision)
     probe = _syncs(model, inputs, train=True)
     assert not probe.found, _report(probe)
+
+
+@pytest.mark.parametrize("sizes", ["tiny", "cli"])
+@pytest.mark.parametrize("family", ["hyperset", "looped-transformer"])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_supervision_steps_make_no_host_sync(family, sizes, train):
+    # the step counts and the carry stay on the device; eval runs all S·T iterations
+    model, inputs = _image_classifier(family, sizes, labels=train, supervision_steps=3)
+    probe = _syncs(model, inputs, train=train)
+    assert not probe.found, _report(probe)
+
+
+@pytest.mark.parametrize("family", ["hyperset", "looped-transformer"])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_the_halting_head_reads_the_device_once_per_step_boundary_in_eval(family, train):
+    steps = 3
+    model, inputs = _image_classifier(
+        family, "tiny", labels=train, supervision_steps=steps, halting_head=True
+    )
+    probe = _syncs(model, inputs, train=train)
+    # eval: which samples go on sets the next step's batch size, one read after each step but the last (by
+    # design); training runs every sample through all S steps
+    expected = 0 if train else steps - 1
+    assert len(probe.found) == expected, _report(probe)
+    assert all(
+        sync.kind == "nonzero" and "classify_with_deep_supervision" in sync.where for sync in probe.found
+    ), _report(probe)
 
 
 # ---------------------------------------------------------------- sequence inputs: the one input-check read
 
 
-@pytest.mark.parametrize("model_class", [HyperSetForSequenceClassification, HyperBFForSequenceClassification])
+# the looped baseline's sequence heads, and the Hyper-SET head whose inputs (and tiny geometry) they share
+LOOPED_SEQUENCE = {
+    LoopedTransformerForSequenceClassification: HyperSetForSequenceClassification,
+    LoopedTransformerForTokenClassification: HyperSetForTokenClassification,
+}
+
+
+def _sequence_classifier(model_class: type, **overrides: object) -> tuple[torch.nn.Module, Case]:
+    """The tiny model (the config's defaults) and the case whose inputs it takes."""
+    if model_class in LOOPED_SEQUENCE:
+        torch.manual_seed(0)
+        model = model_class(looped_transformer_config("sequence", **overrides))
+        return model, Case.of(LOOPED_SEQUENCE[model_class])
+    case = Case.of(model_class)
+    return case.build(**overrides), case
+
+
+def _assert_input_check_reads(probe: HostSyncs, reads: int = 1) -> None:
+    assert len(probe.found) == reads, _report(probe)
+    assert all(f.kind == "tolist" and "_check_token_ids" in f.where for f in probe.found), _report(probe)
+
+
+@pytest.mark.parametrize(
+    "model_class",
+    [
+        HyperSetForSequenceClassification,
+        HyperSetForTokenClassification,
+        HyperBFForSequenceClassification,
+        *LOOPED_SEQUENCE,
+    ],
+    ids=lambda model_class: model_class.__name__,
+)
 @pytest.mark.parametrize("mask", [True, False], ids=["mask", "no-mask"])
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_a_sequence_classifier_reads_the_device_once_in_its_input_check(model_class, mask, train):
-    case = Case.of(model_class)
+    model, case = _sequence_classifier(model_class)
     inputs = case.inputs(labels=train)  # padding in the first row
     if not mask:
         del inputs["attention_mask"]
-    probe = _syncs(case.build(), inputs, train=train)
-    assert len(probe.found) == 1, _report(probe)
-    assert probe.found[0].kind == "tolist" and "_check_token_ids" in probe.found[0].where, _report(probe)
+    _assert_input_check_reads(_syncs(model, inputs, train=train))
+
+
+@pytest.mark.parametrize(
+    "model_class",
+    [HyperSetForSequenceClassification, HyperSetForTokenClassification, *LOOPED_SEQUENCE],
+    ids=lambda model_class: model_class.__name__,
+)
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_supervision_steps_check_the_token_ids_once_per_step(model_class, train):
+    # each step is a backbone call that checks its ids: one read per step, by design (no per-call state to skip it)
+    model, case = _sequence_classifier(model_class, supervision_steps=3)
+    _assert_input_check_reads(_syncs(model, case.inputs(labels=train), train=train), reads=3)
