@@ -134,7 +134,7 @@ class RecipeTrainer(Trainer):
             reported.append(kwargs)
             return control
 
-        shadowed = handler.__dict__.get("on_evaluate")  # an outer `evaluate`'s hold (a dict of eval datasets)
+        shadowed = handler.__dict__.get("on_evaluate")  # put back as found (a nested `evaluate`'s hold)
         handler.on_evaluate = hold  # the instance attribute shadows the class's method
         try:
             yield reported
