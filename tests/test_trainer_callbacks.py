@@ -1,20 +1,32 @@
 """`energyformers.training.callbacks.ContinueIterationDraws` with a plain `transformers.Trainer` (a user's own
 fine-tuning script, not the CLI): resuming a random-depth Hyper-SET run from a checkpoint gives exactly the weights
-of the uninterrupted run, because the depth-draw counter continues where the checkpoint's step left it."""
+of the uninterrupted run, because the depth-draw counter continues where the checkpoint's step left it. And a
+user's callbacks with `energyformers train`'s `RecipeTrainer`: `on_evaluate` once per evaluation, with every pass's
+metrics."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+import os
+import signal
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from datasets import Dataset
 from fixtures import hyperset_config
 from safetensors.torch import load_file
-from transformers import Trainer, TrainingArguments
+from test_recipe_trainer import DEPTHS, TASK, MaskedImages, depth_model, examples
+from transformers import EarlyStoppingCallback, Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import CallbackHandler
 
 from energyformers import HyperSetForImageClassification
 from energyformers.training.callbacks import ContinueIterationDraws
+from energyformers.training.evaluation import TrainerMetrics, argmax_logits
+from energyformers.training.interrupt import StopRequest
+from energyformers.training.trainer import RecipeTrainer
 
 # 20 examples in batches of 4 with 2 accumulation steps: 5 batches an epoch, 3 optimizer steps (the last one
 # takes the leftover batch), so checkpoint-4 sits inside the second epoch and its count of forwards (5 + 2 = 7)
@@ -130,3 +142,145 @@ def test_saved_folder_keeps_random_depth_training(uninterrupted) -> None:
         str(whole / f"checkpoint-{MAX_STEPS}"), iteration_sampling="fixed"
     )
     assert fixed.config.iteration_sampling == "fixed"
+
+
+# --------------------------------------------------------------------------- on_evaluate in energyformers train
+# `RecipeTrainer` (the Trainer of `energyformers train`) runs passes after Trainer's own in each evaluation: the
+# accuracy at each depth and the masked-image-modelling decoding (here `test_recipe_trainer.MaskedImages`, a
+# stand-in returning fixed reconstruction metrics). A user's callback hears of each evaluation once, after all of
+# them, with every metric; of an evaluation a stop cut short, never.
+
+
+class ReportedEvaluations(TrainerCallback):
+    """(step, metrics) of every `on_evaluate` call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, dict]] = []
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.calls.append((state.global_step, dict(metrics)))
+
+
+def training_recipe_trainer(
+    output_dir: Path, callbacks: list, max_steps: int, lr: float, **settings: object
+) -> RecipeTrainer:
+    """A RecipeTrainer training the wide-weight Hyper-SET of tests/test_recipe_trainer.py on its 24 examples,
+    evaluated every 2 steps with the accuracy at depths 1 and 5 and the stand-in decoding metrics."""
+    model = depth_model().train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    metric = settings.pop("metric_for_best_model", None)
+    args = TrainingArguments(
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=10,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="no",
+        logging_steps=1,
+        metric_for_best_model=metric,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+        remove_unused_columns=False,
+        seed=0,
+    )
+    data = examples(model)
+    return RecipeTrainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        eval_dataset=data,
+        compute_metrics=TrainerMetrics(TASK),
+        preprocess_logits_for_metrics=argmax_logits,
+        optimizers=(optimizer, schedule),
+        callbacks=callbacks,
+        training_loss=SimpleNamespace(active=False),
+        run_args=None,
+        schedule=None,
+        depth_evaluation=(TASK, DEPTHS),
+        masked_images=MaskedImages(),
+        **settings,
+    )
+
+
+EVERY_PASS = {"eval_loss", "eval_accuracy", "eval_psnr", *(f"eval_accuracy_iterations_{t}" for t in DEPTHS)}
+
+
+def test_on_evaluate_gets_every_pass_once_per_evaluation(tmp_path: Path) -> None:
+    # what RecipeTrainer relies on to hold Trainer's call back and make it later: the handler's public method
+    # with these leading parameters (checked on transformers 5.17.0 and 5.24.0, whose Trainer.evaluate calls it
+    # once, positionally, as `on_evaluate(args, state, control, output.metrics)`)
+    parameters = list(inspect.signature(CallbackHandler.on_evaluate).parameters)
+    assert parameters[:5] == ["self", "args", "state", "control", "metrics"], parameters
+    reported = ReportedEvaluations()
+    trainer = training_recipe_trainer(tmp_path, [reported], max_steps=4, lr=0.5)
+    trainer.train()
+    assert [step for step, _ in reported.calls] == [2, 4], reported.calls
+    for step, metrics in reported.calls:
+        assert EVERY_PASS <= metrics.keys(), (step, sorted(metrics))
+        # every metric logged at that evaluation, with the value logged
+        logged = {
+            key: value
+            for entry in trainer.state.log_history
+            if entry["step"] == step
+            for key, value in entry.items()
+            if key.startswith("eval_")
+        }
+        assert logged == {k: metrics[k] for k in logged} and EVERY_PASS <= logged.keys(), (
+            step,
+            logged,
+            metrics,
+        )
+    # an evaluation of the caller's, after training: the dict `evaluate` returns, in the one call
+    returned = trainer.evaluate()
+    assert len(reported.calls) == 3 and reported.calls[-1][1] == returned, (reported.calls[-1], returned)
+    returned = trainer.evaluate(metric_key_prefix="test")
+    assert len(reported.calls) == 4 and reported.calls[-1][1] == returned, (reported.calls[-1], returned)
+    assert "test_psnr" in returned, returned
+
+
+def test_early_stopping_and_the_best_metric_follow_a_depth_metric(tmp_path: Path) -> None:
+    """`metric_for_best_model` naming the accuracy at a depth: with a learning rate of 0 it never improves, so
+    `EarlyStoppingCallback` (patience 1) stops at the second evaluation, and Trainer's best metric is the first's."""
+    key = f"eval_accuracy_iterations_{DEPTHS[0]}"
+    reported = ReportedEvaluations()
+    trainer = training_recipe_trainer(
+        tmp_path,
+        [reported, EarlyStoppingCallback(early_stopping_patience=1)],
+        max_steps=8,
+        lr=0.0,
+        metric_for_best_model=key.removeprefix("eval_"),
+    )
+    trainer.train()
+    assert trainer.state.global_step == 4, (
+        f"stopped at step {trainer.state.global_step}; expected 4 (evaluations at 2 and 4 both "
+        f"{key}={[m.get(key) for _, m in reported.calls]})"
+    )
+    first = reported.calls[0][1][key]
+    assert trainer.state.best_metric == first, (trainer.state.best_metric, reported.calls)
+
+
+def test_an_evaluation_a_stop_cuts_short_calls_no_on_evaluate(tmp_path: Path) -> None:
+    """SIGTERM at the first forward of the depth pass of the step-4 evaluation (after Trainer's own pass): the run
+    stops at step 4, and callbacks heard only of the step-2 evaluation."""
+    reported = ReportedEvaluations()
+    stop = StopRequest()
+    trainer = training_recipe_trainer(tmp_path, [reported], max_steps=6, lr=0.5, stop=stop)
+    model, signalled = trainer.model, []
+    forward = model.forward
+
+    @functools.wraps(forward)  # its signature: Trainer passes what forward takes
+    def signalling_forward(*args: object, **kwargs: object) -> object:
+        if "num_iterations" in kwargs and trainer.state.global_step == 4 and not signalled:
+            signalled.append(os.kill(os.getpid(), signal.SIGTERM))  # a real signal
+        return forward(*args, **kwargs)
+
+    model.forward = signalling_forward
+    with stop.installed(announce=False):
+        trainer.train()
+    assert signalled and stop.signum == signal.SIGTERM, (signalled, stop.signum)
+    assert trainer.state.global_step == 4, f"stopped at step {trainer.state.global_step}; expected 4"
+    assert [step for step, _ in reported.calls] == [2], reported.calls
+    assert EVERY_PASS <= reported.calls[0][1].keys(), reported.calls

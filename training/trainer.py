@@ -7,7 +7,8 @@ at their own import, so `energyformers COMMAND --help` and an argument error sta
 from __future__ import annotations
 
 import math
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from transformers import Trainer, TrainerCallback
@@ -32,7 +33,7 @@ class RecipeTrainer(Trainer):
     `ema` (the run's `augmentation.EMACallback`, made with `swap_for_evaluation=False`): every evaluation during
     training scores its averaged weights, in all of its passes (Trainer's, the decoding, the depths), and the
     live weights come back when it ends, cut short or not, so checkpoints keep them (the callback's own swap ends
-    with Trainer's pass, before the others).
+    at `on_evaluate`, which an evaluation cut short never calls: the stop's checkpoint would hold the averages).
 
     `stop` (the run's `interrupt.StopRequest`): every pass of an evaluation (Trainer's prediction steps, the
     decoding, the depths) ends at its next batch once a stop is agreed (`EvaluationStopped`), abandoned: none of
@@ -90,11 +91,12 @@ class RecipeTrainer(Trainer):
     ) -> dict[str, float]:
         """Trainer's evaluation; for masked image modelling also the reconstruction metrics after MaskGIT
         decoding; on the validation split also the accuracy at each depth of `depth_evaluation`; each logged as
-        its own entry at the same step, once all are complete, and returned with the metrics."""
+        its own entry at the same step, once all are complete, and returned with the metrics. Callbacks'
+        `on_evaluate` is called once, after those logs, with the metrics returned (`held_on_evaluate`)."""
         self.held_logs = []
         stopped = False
         try:
-            with self.evaluation_weights():
+            with self.evaluation_weights(), self.held_on_evaluate() as reported:
                 metrics = self.complete_evaluation(eval_dataset, ignore_keys, metric_key_prefix)
         except EvaluationStopped:
             if not self.is_in_train:
@@ -103,15 +105,44 @@ class RecipeTrainer(Trainer):
         finally:
             held, self.held_logs, self.evaluation_check = self.held_logs, None, None
         if stopped:
-            # a stop request during a training run's evaluation: no metrics are logged, the checkpoint of the
-            # step just ended is saved and training stops (as `StopOnSignal.on_step_end` would have decided)
+            # a stop request during a training run's evaluation: no metrics are logged, no callback hears of it
+            # (`on_evaluate`), the checkpoint of the step just ended is saved and training stops (as
+            # `StopOnSignal.on_step_end` would have decided)
             self.log_open_window()
             self.control.should_save = True
             self.control.should_training_stop = True
             return self.unfinished_evaluation(metric_key_prefix)
         for logs, args, kwargs in held:
             self.log(logs, *args, **kwargs)
+        extra = reported[0] if reported else {}
+        self.control = self.callback_handler.on_evaluate(
+            self.args, self.state, self.control, metrics, **extra
+        )
         return metrics
+
+    @contextmanager
+    def held_on_evaluate(self) -> Iterator[list[dict[str, Any]]]:
+        """Within it, Trainer's `callback_handler.on_evaluate` (which `Trainer.evaluate` calls with its own pass's
+        metrics, before the decoding and depth passes) is held back: the yielded list gets each call's keyword
+        arguments besides `metrics`, and `evaluate` makes the one call itself once every pass is complete, with
+        all the metrics, or none for an evaluation cut short (callbacks such as `EarlyStoppingCallback` read a
+        depth metric there)."""
+        handler = self.callback_handler
+        reported: list[dict[str, Any]] = []
+
+        def hold(args: Any, state: Any, control: Any, metrics: Any, **kwargs: Any) -> Any:
+            reported.append(kwargs)
+            return control
+
+        shadowed = handler.__dict__.get("on_evaluate")  # put back as found (a nested `evaluate`'s hold)
+        handler.on_evaluate = hold  # the instance attribute shadows the class's method
+        try:
+            yield reported
+        finally:
+            if shadowed is None:
+                del handler.on_evaluate
+            else:
+                handler.on_evaluate = shadowed
 
     def evaluation_weights(self) -> AbstractContextManager[Any]:
         """The weights an evaluation scores: during training with `ema`, its averaged ones, swapped in for the
