@@ -39,7 +39,7 @@ from hyperbf_feedforward_paths import cpu_name
 from recipe_accuracy import CLI, REPO, RESULTS, run
 
 FAMILY = {"hyperset": "Hyper-SET", "imixer": "iMixer", "hyperbf": "HyperBF"}
-# (family, dataset, epochs): the rows of docs/benchmarks.md's "Measured accuracy" table, in its order
+# (family, dataset, epochs): the rows of the table this script writes (benchmarks/results/cli_accuracy.md), in order
 ROWS = [
     ("hyperset", "fashion_mnist", 5),
     ("imixer", "fashion_mnist", 3),
