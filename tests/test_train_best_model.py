@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from energyformers.training import accelerate_loop, train
+from energyformers.training.cli import UsageError
 
 MAX_STEPS, EVAL_STEPS = 8, 2
 TINY = [
@@ -21,6 +22,8 @@ TINY = [
     "--seed", "0", "--lr", "3e-2",
 ]  # fmt: skip
 BEST = ["--load_best_model_at_end", "--metric_for_best_model", "accuracy"]
+# the metric to follow comes next
+BY_METRIC = ["--max_steps", "8", "--load_best_model_at_end", "--metric_for_best_model"]  # fmt: skip
 
 
 def best_run(out: Path, *extra: str) -> dict:
@@ -126,6 +129,25 @@ REFUSED = {
         ["--max_steps", "8", "--metric_for_best_model", "accuracy"],
         "--metric_for_best_model accuracy: picks the checkpoint --load_best_model_at_end loads",
     ),
+    # per-depth names: the depth pass logs the task's primary metric only, at the depths the run evaluates
+    "depth name of a metric the depth pass does not log": (
+        [*BY_METRIC, "f1_macro_iterations_4"],
+        "--metric_for_best_model f1_macro_iterations_4: --dataset digits (classification) logs accuracy, "
+        "f1_macro, loss, accuracy_iterations_<t>",
+    ),
+    "depth not in --eval_iterations": (
+        [*BY_METRIC, "eval_accuracy_iterations_4", "--eval_iterations", "1", "8"],
+        "--metric_for_best_model eval_accuracy_iterations_4: the run evaluates accuracy_iterations_<t> at t = 1, 8",
+    ),
+    "depth not among the defaults": (  # T = 4 of the built model (cli-image): T/2, T and 2T; checked once built
+        [*BY_METRIC, "accuracy_iterations_3"],
+        "--metric_for_best_model accuracy_iterations_3: the run evaluates accuracy_iterations_<t> at t = 2, 4, 8",
+    ),
+    "model without the depth pass": (
+        [*BY_METRIC, "accuracy_iterations_4", "--model", "imixer"],
+        "--metric_for_best_model accuracy_iterations_4: imixer has no recurrent depth (no per-call "
+        "num_iterations), so the run has no depth pass",
+    ),
 }
 
 
@@ -175,3 +197,110 @@ def test_train_accelerate_refuses_the_flags(flags: list[str], tmp_path: Path, ca
     assert rc == 2, f"exit status {rc}, stderr {err!r}"
     assert f"{flags[0]}: energyformers train-accelerate does not track the best checkpoint" in err, err
     assert "use energyformers train" in err and not out.exists(), err
+
+
+# A run that learns within 16 steps, evaluated every 2 at depths 1 and 8 besides its T = 4: one iteration peaks
+# early while the trained depth keeps improving, so the two metrics pick different checkpoints.
+DEPTH_RUN = [
+    "--dataset", "digits", "--config", "hidden_size=64", "num_attention_heads=4",
+    "--max_train_samples", "512", "--max_eval_samples", "64", "--max_test_samples", "16",
+    "--batch_size", "32", "--num_threads", "1", "--disable_tqdm", "--num_predictions", "0",
+    "--seed", "0", "--lr", "3e-3", "--warmup_steps", "0",
+    "--max_steps", "16", "--eval_steps", "2", "--eval_iterations", "1", "8", "--keep_checkpoints",
+]  # fmt: skip
+DEPTH_KEY = "eval_accuracy_iterations_1"
+
+
+def first_best(evaluations: dict[int, float]) -> int:
+    """The step transformers picks: the first of the highest values (a later one must be strictly better)."""
+    best = max(evaluations.values())
+    return min(step for step, value in evaluations.items() if value == best)
+
+
+def test_best_checkpoint_by_a_depth_metric(tmp_path: Path) -> None:
+    """`--metric_for_best_model accuracy_iterations_1`: the saved weights are those of the checkpoint whose logged
+    accuracy at one iteration (trainer_state.json's log_history) is the best, not the one the trained depth's
+    accuracy would pick."""
+    out = tmp_path / "run"
+    argv = [*DEPTH_RUN, "--load_best_model_at_end", "--metric_for_best_model", "accuracy_iterations_1"]
+    assert train.main([*argv, "--output_dir", str(out)]) == 0
+    checkpoints = Path(f"{out}.checkpoints")
+    state = json.loads((checkpoints / "checkpoint-16" / "trainer_state.json").read_text())
+    depth = {h["step"]: h[DEPTH_KEY] for h in state["log_history"] if DEPTH_KEY in h}
+    accuracy = {h["step"]: h["eval_accuracy"] for h in state["log_history"] if "eval_accuracy" in h}
+    assert sorted(depth) == list(range(2, 17, 2)), f"evaluations logged {DEPTH_KEY} at steps {sorted(depth)}"
+    best_step = first_best(depth)
+    # the run must tell the metrics apart, or this test could not see which one picked the checkpoint
+    assert best_step not in (first_best(accuracy), 16), (
+        f"{DEPTH_KEY} {depth} and eval_accuracy {accuracy} pick the same checkpoint ({best_step}) or the last"
+    )
+    saved = json.loads((out / "metrics.json").read_text())["saved_weights"]
+    assert saved == {
+        "weights": "best",
+        "step": best_step,
+        "metric": DEPTH_KEY,
+        "value": depth[best_step],
+        "greater_is_better": True,
+        "ema": False,
+        "last_step": 16,
+    }, f"saved_weights {saved}; {DEPTH_KEY} by step {depth}"
+    weights = load_file(str(out / "model.safetensors"))
+    best = load_file(str(checkpoints / f"checkpoint-{best_step}" / "model.safetensors"))
+    assert_same_weights(weights, best, f"checkpoint-{best_step}")
+
+
+def test_depth_metrics_parse_when_the_run_evaluates_that_depth() -> None:
+    base = [*TINY, "--max_steps", "8", "--load_best_model_at_end", "--output_dir", "unused"]
+    for extra in (
+        ["--metric_for_best_model", "accuracy_iterations_16", "--eval_iterations", "4", "16"],
+        ["--metric_for_best_model", "eval_accuracy_iterations_8"],  # T unknown until built (the cli preset's)
+        ["--metric_for_best_model", "accuracy_iterations_3", "--config", "num_iterations=6"],  # T/2 of 6
+        ["--dataset", "sudoku", "--metric_for_best_model", "blank_cell_accuracy_iterations_2"],
+    ):
+        run = train.parse([*base, *extra]).run
+        assert run.metric_for_best_model == extra[extra.index("--metric_for_best_model") + 1], (
+            f"{extra}: {run}"
+        )
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (  # --config num_iterations=6: T/2, T and 2T known while parsing
+            ["--config", "num_iterations=6", "--metric_for_best_model", "accuracy_iterations_4"],
+            "--metric_for_best_model accuracy_iterations_4: the run evaluates accuracy_iterations_<t> at t = 3, 6, 12",
+        ),
+        (  # a local checkpoint's model type and T, read from its config.json
+            ["--from_pretrained", "{folder}", "--metric_for_best_model", "accuracy_iterations_4"],
+            "--metric_for_best_model accuracy_iterations_4: hyperbf has no recurrent depth",
+        ),
+        (
+            ["--dataset", "sudoku", "--metric_for_best_model", "board_accuracy_iterations_4"],
+            "--dataset sudoku (token-classification) logs blank_cell_accuracy, board_accuracy, loss, "
+            "blank_cell_accuracy_iterations_<t>",
+        ),
+        (  # leading zeros: not the name the depth pass logs
+            ["--metric_for_best_model", "accuracy_iterations_08"],
+            "--metric_for_best_model accuracy_iterations_08: --dataset digits (classification) logs",
+        ),
+    ],
+)
+def test_depth_metrics_are_refused_while_parsing(extra: list[str], expected: str, tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "hyperbf", "num_iterations": 4}))
+    extra = [item.replace("{folder}", str(folder)) for item in extra]
+    argv = [*TINY[:2], "--max_steps", "8", "--load_best_model_at_end", *extra, "--output_dir", "unused"]
+    with pytest.raises(UsageError) as refused:
+        train.parse(argv)
+    assert expected in str(refused.value), f"{refused.value!s} does not say {expected!r}"
+
+
+def test_depth_pass_table_matches_the_models() -> None:
+    """`DEPTH_PASS` (read while parsing, without torch) against the models: the backbones with recurrent depth."""
+    from energyformers import registry
+    from energyformers.training.arguments import DEPTH_PASS
+
+    families = {**registry.FAMILIES, **registry.BASELINES, **registry.TRANSFORMERS_BASELINES}
+    actual = {name: hasattr(f.heads["AutoModel"], "iteration_draws") for name, f in families.items()}
+    assert DEPTH_PASS == actual, f"DEPTH_PASS {DEPTH_PASS}; the models {actual}"

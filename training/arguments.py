@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -491,7 +492,9 @@ class RunArguments:
             "help": "with --load_best_model_at_end: the evaluation metric that picks the checkpoint, as the run "
             "logs it, with or without eval_ (classification: accuracy, f1_macro; Sudoku: blank_cell_accuracy, "
             "board_accuracy; masked image modelling: masked_token_accuracy, decoded_token_accuracy, psnr, ssim; "
-            "any task: loss, the only one where lower is better); unset: loss"
+            "any task: loss, the only one where lower is better; models with recurrent depth also "
+            "<metric>_iterations_<t> of the task's first metric at a depth t the run evaluates, "
+            "--eval_iterations or unset T/2, T and 2T, e.g. accuracy_iterations_16); unset: loss"
         },
     )
     disable_tqdm: bool = field(default=False, metadata={"help": "no progress bar (log lines only)"})
@@ -801,32 +804,132 @@ def _validate_output_flags(r: RunArguments) -> None:
 # The metrics each task's evaluation logs (`evaluation.task_metrics`, plus the decoded reconstruction metrics of
 # masked image modelling), by the names `--metric_for_best_model` takes: higher is better for all but `loss`,
 # so transformers' default direction (lower only for a name ending in "loss") is right and no
-# `--greater_is_better` is needed. LPIPS / FID (lower is better, present only with their weight files) and the
-# per-depth `<metric>_iterations_<t>` entries are left out.
+# `--greater_is_better` is needed. LPIPS / FID (lower is better, present only with their weight files) are left
+# out. The depth pass (`evaluation.depth_metrics`) adds `<primary metric>_iterations_<t>` (higher is better) for
+# each depth t the run evaluates: not listed here, since the depths depend on the run; `check_best_model_metric`
+# accepts them by name, checked against the depths where they are known.
 BEST_MODEL_METRICS: dict[str, tuple[str, ...]] = {
     "classification": ("accuracy", "f1_macro", "loss"),
     "token-classification": ("blank_cell_accuracy", "board_accuracy", "loss"),
     MIM_TASK: ("masked_token_accuracy", "decoded_token_accuracy", "psnr", "ssim", "loss"),
+}
+# Whether each model type the CLI builds has the depth pass (a backbone with recurrent depth, whose calls take
+# `num_iterations`: `evaluation.eval_depths`), written out so a per-depth metric is checked while parsing,
+# before torch loads; tests/test_train_best_model.py checks it against the registry. A type not listed (remote
+# code) is checked once the model is built.
+DEPTH_PASS: dict[str, bool] = {
+    "hyperset": True,
+    "looped-transformer": True,
+    "imixer": False,
+    "hyperbf": False,
+    "vit": False,
 }
 # The command that has no best-checkpoint tracking (its own loop): the flags are refused there.
 ACCELERATE_PROG = "energyformers train-accelerate"
 
 
 def best_model_metrics(task: str) -> tuple[str, ...]:
-    """The `--metric_for_best_model` names a run of `task` (a pipeline task, or `MIM_TASK`) can pick."""
+    """The `--metric_for_best_model` names a run of `task` (a pipeline task, or `MIM_TASK`) can pick besides the
+    per-depth ones (`depth_metric`)."""
     return BEST_MODEL_METRICS.get(task, BEST_MODEL_METRICS["classification"])
 
 
-def check_best_model_metric(metric: str, task: str, dataset: str) -> None:
+def depth_metric(metric: str) -> tuple[str, int] | None:
+    """(metric, t) of a per-depth name `[eval_]<metric>_iterations_<t>` as the depth pass logs it (t written
+    without leading zeros); None for any other name."""
+    match = re.fullmatch(r"(?:eval_)?(.+)_iterations_([1-9][0-9]*)", metric)
+    return None if match is None else (match[1], int(match[2]))
+
+
+def check_best_model_metric(
+    metric: str,
+    task: str | None,
+    dataset: str,
+    depths: list[int] | None = None,
+    model_type: str | None = None,
+) -> None:
     """A `UsageError` naming `--metric_for_best_model`, its value and the metrics `task`'s evaluation logs, when
-    `metric` (with or without the `eval_` prefix) is not one of them. Called while parsing with the task the flags
-    imply and again by `energyformers train` with the task of the data as loaded (a local per-token dataset)."""
-    allowed = best_model_metrics(task)
-    if metric.removeprefix("eval_") not in allowed:
-        raise UsageError(
-            f"--metric_for_best_model {metric}: --dataset {dataset} ({task}) logs {', '.join(allowed)} at each "
-            "evaluation (with or without the eval_ prefix)"
+    `metric` (with or without the `eval_` prefix) is not one of them. `task` None: not known yet (a local or Hub
+    dataset, classification or per-token). A per-depth name `<metric>_iterations_<t>` (`depth_metric`) must name
+    the task's primary metric (the one the depth pass logs) and one of `depths`, the depths the run evaluates:
+    None while they are not known, [] when the run has no depth pass (`model_type` has no recurrent depth).
+    Called while parsing with what the flags say and again by `energyformers train` with the task of the data as
+    loaded (a local per-token dataset) and the depths of the model as built (T/2, T and 2T of its
+    `num_iterations` unless `--eval_iterations`)."""
+    from .evaluation import primary_metric  # numpy only: no torch while parsing
+
+    tasks = ("classification", "token-classification") if task is None else (task,)
+    name = metric.removeprefix("eval_")
+    if any(name in best_model_metrics(t) for t in tasks):
+        return
+    if task is not None:
+        allowed = f"--dataset {dataset} ({task}) logs {_logged_metrics(task, depths)}"
+    else:
+        allowed = (
+            f"classification logs {_logged_metrics('classification', depths)}, per-token datasets (Sudoku) "
+            f"{_logged_metrics('token-classification', depths)}"
         )
+    split = depth_metric(name)
+    if split is not None and split[0] in {primary_metric(t) for t in tasks}:
+        base, t = split
+        if depths is None or t in depths:
+            return
+        if not depths:
+            raise UsageError(
+                f"--metric_for_best_model {metric}: {model_type} has no recurrent depth (no per-call "
+                f"num_iterations), so the run has no depth pass and logs no {base}_iterations_<t>; {allowed}"
+            )
+        raise UsageError(
+            f"--metric_for_best_model {metric}: the run evaluates {base}_iterations_<t> at t = "
+            f"{', '.join(map(str, depths))} (--eval_iterations; unset: T/2, T and 2T of the model's "
+            "num_iterations); pick one of those depths or add it to --eval_iterations"
+        )
+    raise UsageError(
+        f"--metric_for_best_model {metric}: {allowed} at each evaluation (with or without the eval_ prefix)"
+    )
+
+
+def _logged_metrics(task: str, depths: list[int] | None) -> str:
+    """What `task`'s evaluations log, by `--metric_for_best_model` name, for a refusal: the per-depth name with its
+    depths when known, none without the depth pass."""
+    from .evaluation import primary_metric
+
+    names = list(best_model_metrics(task))
+    if depths is None:
+        names.append(f"{primary_metric(task)}_iterations_<t> (t a depth the run evaluates)")
+    elif depths:
+        names.append(f"{primary_metric(task)}_iterations_<t> (t = {', '.join(map(str, depths))})")
+    return ", ".join(names)
+
+
+def _depths_while_parsing(args: Arguments) -> tuple[list[int] | None, str | None]:
+    """(the depths the run evaluates, or None where the built model decides them; the model type, None when
+    unknown) as far as the flags say: [] for a model type without the depth pass (`DEPTH_PASS`), else
+    `--eval_iterations` (a model without the pass refuses them), else T/2, T and 2T of a T given by `--config
+    num_iterations=T` or the local `--from_pretrained` folder's config.json. A preset's T, or a Hub checkpoint's,
+    is read once the model is built (`energyformers train` checks the metric again then)."""
+    from .evaluation import default_eval_depths
+
+    m = args.model
+    saved: Any = {}
+    if m.from_pretrained:
+        try:
+            with open(os.path.join(os.path.expanduser(m.from_pretrained), "config.json")) as file:
+                saved = json.load(file)
+        except (OSError, ValueError):  # a Hub id or a broken folder: checked where it loads
+            saved = {}
+        saved = saved if isinstance(saved, dict) else {}
+    model_type = m.model or saved.get("model_type") or (None if m.from_pretrained else "hyperset")
+    has_pass = DEPTH_PASS.get(model_type) if isinstance(model_type, str) else None
+    if has_pass is False:
+        return [], model_type
+    if args.run.eval_iterations:
+        return sorted(set(args.run.eval_iterations)), model_type
+    overrides = parse_overrides(m.config)
+    trained = overrides.get("num_iterations", saved.get("num_iterations"))
+    if has_pass and isinstance(trained, int) and not isinstance(trained, bool) and trained >= 1:
+        return default_eval_depths(trained), model_type
+    return None, model_type
 
 
 def _builtin_datasets() -> frozenset[str]:
@@ -888,20 +991,14 @@ def validate_best_model(args: Arguments, prog: str) -> None:
             )
     if r.metric_for_best_model is not None:
         if d.task == MIM_TASK:
-            check_best_model_metric(r.metric_for_best_model, MIM_TASK, d.dataset)
+            task: str | None = MIM_TASK
         elif d.dataset in SUDOKU_DATASETS:
-            check_best_model_metric(r.metric_for_best_model, "token-classification", d.dataset)
+            task = "token-classification"
         elif d.dataset in _builtin_datasets():  # the other built-ins classify images or texts
-            check_best_model_metric(r.metric_for_best_model, "classification", d.dataset)
-        elif r.metric_for_best_model.removeprefix("eval_") not in {
-            *BEST_MODEL_METRICS["classification"],
-            *BEST_MODEL_METRICS["token-classification"],
-        }:  # a local or Hub dataset may be per-token: checked again once loaded
-            raise UsageError(
-                f"--metric_for_best_model {r.metric_for_best_model}: classification logs "
-                f"{', '.join(BEST_MODEL_METRICS['classification'])}, per-token datasets (Sudoku) "
-                f"{', '.join(BEST_MODEL_METRICS['token-classification'])}, each with or without the eval_ prefix"
-            )
+            task = "classification"
+        else:  # a local or Hub dataset may be per-token: checked again once loaded
+            task = None
+        check_best_model_metric(r.metric_for_best_model, task, d.dataset, *_depths_while_parsing(args))
 
 
 # The flags that only mean something with `--task masked-image-modeling`.
@@ -1140,6 +1237,7 @@ __all__ = [
     "CONFIG_FIELDS",
     "DATACLASSES",
     "DEPTH_FIELDS",
+    "DEPTH_PASS",
     "LR_SCHEDULER_TYPES",
     "SUDOKU_DATASETS",
     "Arguments",
@@ -1155,6 +1253,7 @@ __all__ = [
     "check_column_flags",
     "check_output_dir",
     "config_flags",
+    "depth_metric",
     "parse_arguments",
     "parse_overrides",
     "quiet_libraries",

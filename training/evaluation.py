@@ -95,7 +95,13 @@ def eval_depths(model: Any, requested: list[int] | None) -> list[int]:
         return []
     if requested:
         return sorted(set(requested))
-    trained = model.config.num_iterations
+    return default_eval_depths(model.config.num_iterations)
+
+
+def default_eval_depths(trained: int) -> list[int]:
+    """`eval_depths` of a model trained at `trained` iterations when none are requested: T/2, T and 2T.
+    (`arguments.validate_best_model` also reads it, to check a per-depth `--metric_for_best_model` while
+    parsing when T is known there.)"""
     return sorted({max(1, trained // 2), trained, 2 * trained})
 
 
@@ -375,6 +381,7 @@ __all__ = [
     "TrainerMetrics",
     "argmax_logits",
     "chance_loss",
+    "default_eval_depths",
     "depth_metrics",
     "eval_depths",
     "load_metrics",

@@ -227,8 +227,17 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
     main_process = ta.process_index == 0
     with leave_nothing_behind(work_dir, main_process):
         built = build(args, PartialState())
-        if args.run.metric_for_best_model is not None:  # the task as loaded: a local dataset may be per-token
-            check_best_model_metric(args.run.metric_for_best_model, built.task, args.data.dataset)
+        depths = eval_depths(built.model, args.run.eval_iterations)
+        if args.run.metric_for_best_model is not None:
+            # the task as loaded (a local dataset may be per-token) and the depths the model as built is evaluated
+            # at (unset --eval_iterations: its config's T decides them)
+            check_best_model_metric(
+                args.run.metric_for_best_model,
+                built.task,
+                args.data.dataset,
+                depths,
+                built.model.config.model_type,
+            )
         if resume_from is not None:  # what was built against the record, before the checkpoint is loaded
             check_resume_arguments(args, built, work_dir, resume_from)
         training_loss = TrainingLoss(args, built)
@@ -279,7 +288,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             training_loss=training_loss,
             run_args=args,
             schedule=schedule,
-            depth_evaluation=(built.task, eval_depths(built.model, args.run.eval_iterations)),
+            depth_evaluation=(built.task, depths),
             masked_images=built.masked_images,
             stop=stop,
             ema=ema,
