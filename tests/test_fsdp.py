@@ -2,8 +2,8 @@
 
 Asked for with TrainingArguments' flags (`--fsdp`, `--fsdp_config`) or by `accelerate launch --use_fsdp` (the
 ACCELERATE_USE_FSDP variable it sets, which `Accelerator()` reads): one usage-error line, status 2, before torch is
-imported and before anything is written. Without the refusal, the launch below trains on CPU as DDP while the user
-asked for sharding, and writes a model folder.
+imported and before anything is written. Without the refusal, one process trains unsharded as if FSDP had not been
+asked for, and the 2-process launch ends in a traceback from each rank (accelerate's FSDP plugin wants a GPU).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_a_false_fsdp_variable_is_no_request(tmp_path):
 
 def test_accelerate_launch_use_fsdp_is_refused_once_on_two_processes(tmp_path):
     """The real launch: `accelerate launch --use_fsdp` with 2 processes on CPU. Rank 0 prints the one error, and no
-    folder is written (accelerate would otherwise run the 2 processes as DDP)."""
+    folder is written."""
     out = tmp_path / "out"
     temporary = tmp_path / "tmp"  # torch elastic leaves a torchelastic_* folder in TMPDIR: pytest's to clean
     temporary.mkdir()
