@@ -592,6 +592,7 @@ def parse_arguments(argv: list[str], prog: str, description: str) -> Arguments:
         raise
     except ValueError as err:  # AugmentationArguments.__post_init__ names the flag
         raise UsageError(str(err)) from None
+    refuse_sharding(unknown)
     if unknown:  # argparse's own wording, as the other sub-commands report them
         raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
     model, data, run, augmentation = parsed
@@ -599,6 +600,35 @@ def parse_arguments(argv: list[str], prog: str, description: str) -> Arguments:
     validate(args)
     validate_best_model(args, prog)
     return args
+
+
+# FSDP, asked for with TrainingArguments' flags or by `accelerate launch --use_fsdp` (the variable it sets, read by
+# `Accelerator()` exactly as here), is refused by both loops: docs/training.md, "Sharding with FSDP", says why.
+FSDP_FLAGS = ("--fsdp", "--fsdp_config")
+FSDP_VARIABLE = "ACCELERATE_USE_FSDP"
+FSDP_REFUSAL = (
+    "FSDP is not supported; several processes train with DDP (torchrun, accelerate launch --multi_gpu); why: "
+    'docs/training.md, "Sharding with FSDP"'
+)
+
+
+def refuse_sharding(unknown: list[str]) -> None:
+    """A `UsageError` when FSDP is asked for: a TrainingArguments FSDP flag among the strings the parser did not take
+    (`unknown`, named with its value), or `accelerate launch --use_fsdp` (its environment variable). On CPU accelerate
+    would run the processes as DDP whatever the FSDP settings; on GPUs its FSDP2 wrapping fails on these models."""
+    for index, token in enumerate(unknown):
+        flag, equals, value = token.partition("=")
+        if flag in FSDP_FLAGS:
+            if not equals and index + 1 < len(unknown) and not unknown[index + 1].startswith("--"):
+                value = unknown[index + 1]
+            named = f"{flag} {value}" if value else flag
+            raise UsageError(f"{named}: {FSDP_REFUSAL}")
+    value = os.environ.get(FSDP_VARIABLE, "")
+    if value.lower() == "true":
+        raise UsageError(
+            f"{FSDP_VARIABLE} {value} (accelerate launch --use_fsdp, or an accelerate config with FSDP): "
+            f"{FSDP_REFUSAL}"
+        )
 
 
 def _recipe_name(argv: list[str], prog: str) -> str | None:
@@ -1238,6 +1268,8 @@ __all__ = [
     "DATACLASSES",
     "DEPTH_FIELDS",
     "DEPTH_PASS",
+    "FSDP_FLAGS",
+    "FSDP_VARIABLE",
     "LR_SCHEDULER_TYPES",
     "SUDOKU_DATASETS",
     "Arguments",
@@ -1258,6 +1290,7 @@ __all__ = [
     "parse_overrides",
     "quiet_libraries",
     "recorded",
+    "refuse_sharding",
     "validate",
     "validate_best_model",
 ]
