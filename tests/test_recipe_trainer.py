@@ -232,3 +232,74 @@ def test_every_pass_of_an_evaluation_during_training_scores_the_ema_weights(tmp_
 def test_an_ema_that_swaps_itself_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="swap_for_evaluation=False"):
         recipe_trainer(tmp_path, ema=EMACallback(0.9))
+
+
+class ReportedMetrics(TrainerCallback):
+    """The metrics of every `on_evaluate` call."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.calls.append(dict(metrics))
+
+
+def relabelled(data: Dataset, model: HyperSetForImageClassification, depth: int) -> Dataset:
+    """`data`'s images labelled with `model`'s predictions at `depth`: accuracy 1 there."""
+    pixels = data[:]["pixel_values"]
+    labels = predictions(model, pixels, depth)
+    return Dataset.from_dict({"pixel_values": pixels.tolist(), "labels": labels.tolist()}).with_format("torch")
+
+
+def depth_accuracies(model: HyperSetForImageClassification, data: Dataset, prefix: str) -> dict[str, float]:
+    rows = data[:]
+    return {
+        f"{prefix}_accuracy_iterations_{t}": (predictions(model, rows["pixel_values"], t) == rows["labels"])
+        .double()
+        .mean()
+        .item()
+        for t in DEPTHS
+    }
+
+
+def test_a_dict_of_eval_datasets_is_evaluated_per_name_as_trainer_does(tmp_path: Path) -> None:
+    """`eval_dataset={"a": ..., "b": ...}` (Trainer's multiple evaluation datasets): each named dataset is
+    evaluated with the prefix `eval_<name>`, the accuracy at each depth of its own examples included, logged and
+    reported to callbacks (`on_evaluate`) once per name with that evaluation's metrics; the decoding, which reads
+    the run's own split, once under `eval`. A dict given to `evaluate` works the same way."""
+    masked_images, reported = MaskedImages(), ReportedMetrics()
+    trainer = recipe_trainer(
+        tmp_path, depth_evaluation=(TASK, DEPTHS), masked_images=masked_images, callbacks=[reported]
+    )
+    # b: the first 12 images labelled at the shallow depth, so the two datasets' depth accuracies differ
+    a = trainer.eval_dataset
+    b = relabelled(a.select(range(12)), trainer.model, DEPTHS[0])
+    trainer.eval_dataset = {"a": a, "b": b}
+    expected = {**depth_accuracies(trainer.model, a, "eval_a"), **depth_accuracies(trainer.model, b, "eval_b")}
+    assert expected["eval_a_accuracy_iterations_1"] != expected["eval_b_accuracy_iterations_1"], expected
+
+    metrics = trainer.evaluate()
+    # accuracies over 24 and 12 examples: multiples of 1/24, the same counts both ways
+    assert {k: metrics.get(k) for k in expected} == pytest.approx(expected, abs=1e-9), metrics
+    assert {"eval_a_loss", "eval_a_accuracy", "eval_b_loss", "eval_b_accuracy", "eval_psnr"} <= metrics.keys()
+    unprefixed = sorted(k for k in metrics if k.startswith("eval_") and not k.startswith(("eval_a_", "eval_b_")))
+    assert unprefixed == ["eval_psnr"], unprefixed
+    assert [split for _, split in masked_images.calls] == ["validation"], masked_images.calls
+    # one on_evaluate per named evaluation with all of its metrics, then the decoding's
+    names = [sorted({k.split("_")[1] for k in call if k.startswith("eval_")}) for call in reported.calls]
+    assert names == [["a"], ["b"], ["psnr"]], [sorted(call) for call in reported.calls]
+    for call in reported.calls:
+        different = {k: (v, metrics.get(k)) for k, v in call.items() if k != "epoch" and metrics.get(k) != v}
+        assert not different, f"on_evaluate's metrics (reported, returned) differ: {different}"
+    for key in expected:
+        assert key in reported.calls[0 if "_a_" in key else 1], (key, reported.calls)
+    # every metric logged once, with the value returned
+    logged = [(k, v) for entry in trainer.state.log_history for k, v in entry.items() if k.startswith("eval_")]
+    assert sorted(k for k, _ in logged) == sorted(k for k in metrics if k.startswith("eval_")), logged
+    assert all(metrics[k] == v for k, v in logged), logged
+
+    # a dict given to `evaluate`, as the test split: no depth rows (the validation split's), the decoding's once
+    metrics = trainer.evaluate({"c": b}, metric_key_prefix="test")
+    assert "test_c_accuracy" in metrics and metrics["test_psnr"] == RECONSTRUCTION["psnr"], metrics
+    assert not [k for k in metrics if "_iterations_" in k], metrics
+    assert [split for _, split in masked_images.calls] == ["validation", "test"], masked_images.calls
