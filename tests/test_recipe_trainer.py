@@ -248,7 +248,9 @@ def relabelled(data: Dataset, model: HyperSetForImageClassification, depth: int)
     """`data`'s images labelled with `model`'s predictions at `depth`: accuracy 1 there."""
     pixels = data[:]["pixel_values"]
     labels = predictions(model, pixels, depth)
-    return Dataset.from_dict({"pixel_values": pixels.tolist(), "labels": labels.tolist()}).with_format("torch")
+    return Dataset.from_dict({"pixel_values": pixels.tolist(), "labels": labels.tolist()}).with_format(
+        "torch"
+    )
 
 
 def depth_accuracies(model: HyperSetForImageClassification, data: Dataset, prefix: str) -> dict[str, float]:
@@ -275,14 +277,19 @@ def test_a_dict_of_eval_datasets_is_evaluated_per_name_as_trainer_does(tmp_path:
     a = trainer.eval_dataset
     b = relabelled(a.select(range(12)), trainer.model, DEPTHS[0])
     trainer.eval_dataset = {"a": a, "b": b}
-    expected = {**depth_accuracies(trainer.model, a, "eval_a"), **depth_accuracies(trainer.model, b, "eval_b")}
+    expected = {
+        **depth_accuracies(trainer.model, a, "eval_a"),
+        **depth_accuracies(trainer.model, b, "eval_b"),
+    }
     assert expected["eval_a_accuracy_iterations_1"] != expected["eval_b_accuracy_iterations_1"], expected
 
     metrics = trainer.evaluate()
     # accuracies over 24 and 12 examples: multiples of 1/24, the same counts both ways
     assert {k: metrics.get(k) for k in expected} == pytest.approx(expected, abs=1e-9), metrics
     assert {"eval_a_loss", "eval_a_accuracy", "eval_b_loss", "eval_b_accuracy", "eval_psnr"} <= metrics.keys()
-    unprefixed = sorted(k for k in metrics if k.startswith("eval_") and not k.startswith(("eval_a_", "eval_b_")))
+    unprefixed = sorted(
+        k for k in metrics if k.startswith("eval_") and not k.startswith(("eval_a_", "eval_b_"))
+    )
     assert unprefixed == ["eval_psnr"], unprefixed
     assert [split for _, split in masked_images.calls] == ["validation"], masked_images.calls
     # one on_evaluate per named evaluation with all of its metrics, then the decoding's
@@ -294,7 +301,9 @@ def test_a_dict_of_eval_datasets_is_evaluated_per_name_as_trainer_does(tmp_path:
     for key in expected:
         assert key in reported.calls[0 if "_a_" in key else 1], (key, reported.calls)
     # every metric logged once, with the value returned
-    logged = [(k, v) for entry in trainer.state.log_history for k, v in entry.items() if k.startswith("eval_")]
+    logged = [
+        (k, v) for entry in trainer.state.log_history for k, v in entry.items() if k.startswith("eval_")
+    ]
     assert sorted(k for k, _ in logged) == sorted(k for k in metrics if k.startswith("eval_")), logged
     assert all(metrics[k] == v for k, v in logged), logged
 
