@@ -312,3 +312,79 @@ def test_a_dict_of_eval_datasets_is_evaluated_per_name_as_trainer_does(tmp_path:
     assert "test_c_accuracy" in metrics and metrics["test_psnr"] == RECONSTRUCTION["psnr"], metrics
     assert not [k for k in metrics if "_iterations_" in k], metrics
     assert [split for _, split in masked_images.calls] == ["validation", "test"], masked_images.calls
+
+
+# Runs in a fresh process (transformers' module cache in a temporary folder): loads each exported folder with
+# `trust_remote_code=True` before the package is imported (once imported, its registered classes win over a folder's
+# code), so the model is the folder's own code, then imports the package and records what its predicate and the
+# depths the training loops evaluate make of that model.
+REMOTE_DEPTH = r"""
+import json, sys
+import transformers
+models = {
+    model_type: transformers.AutoModelForImageClassification.from_pretrained(path, trust_remote_code=True)
+    for model_type, path in json.loads(sys.argv[1]).items()
+}
+imported_before = sorted(name for name in sys.modules if name.split(".")[0] == "energyformers")
+from energyformers.modeling.modeling_hyperset import RecurrentDepthMixin
+from energyformers.training.evaluation import default_eval_depths, eval_depths, has_recurrent_depth
+result = {"imported_before": imported_before}
+for model_type, model in models.items():
+    backbone = model.base_model
+    trained = getattr(model.config, "num_iterations", None)
+    result[model_type] = {
+        "module": type(backbone).__module__,
+        "subclass_of_the_package_mixin": isinstance(backbone, RecurrentDepthMixin),
+        "has_recurrent_depth": [has_recurrent_depth(x) for x in (model, backbone, type(backbone))],
+        "eval_depths": eval_depths(model, None),
+        "default_depths": None if trained is None else default_eval_depths(trained),
+    }
+print(json.dumps(result))
+"""
+
+
+def test_a_model_loaded_with_remote_code_is_judged_by_its_recurrent_depth(tmp_path: Path) -> None:
+    """A model loaded with `trust_remote_code=True` from an exported folder runs the folder's own modeling code,
+    whose depth mixin is not the package's class: `has_recurrent_depth` (used by `eval_depths` and the training
+    setup) still finds Hyper-SET's depth, and none in iMixer's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from test_export import build_model_dir
+
+    from energyformers.training.export import export_model_dir
+
+    kinds = {"hyperset": True, "imixer": False}
+    folders = {}
+    for model_type in kinds:
+        source = build_model_dir(
+            tmp_path / f"{model_type}-src", model_type, "AutoModelForImageClassification", "image"
+        )
+        folders[model_type] = str(export_model_dir(source, tmp_path / model_type))
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_MODULES_CACHE": str(tmp_path / "hf_modules"),
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", REMOTE_DEPTH, json.dumps(folders)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["imported_before"] == [], result["imported_before"]
+    for model_type, recurrent in kinds.items():
+        seen = result[model_type]
+        # the premise: the folder's own classes, not the package's
+        assert seen["module"].startswith("transformers_modules"), (model_type, seen)
+        assert not seen["subclass_of_the_package_mixin"], (model_type, seen)
+        assert seen["has_recurrent_depth"] == [recurrent] * 3, (model_type, seen)
+        expected = seen["default_depths"] if recurrent else []
+        assert seen["eval_depths"] == expected and (expected or not recurrent), (model_type, seen)
