@@ -232,3 +232,159 @@ def test_every_pass_of_an_evaluation_during_training_scores_the_ema_weights(tmp_
 def test_an_ema_that_swaps_itself_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="swap_for_evaluation=False"):
         recipe_trainer(tmp_path, ema=EMACallback(0.9))
+
+
+class ReportedMetrics(TrainerCallback):
+    """The metrics of every `on_evaluate` call."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.calls.append(dict(metrics))
+
+
+def relabelled(data: Dataset, model: HyperSetForImageClassification, depth: int) -> Dataset:
+    """`data`'s images labelled with `model`'s predictions at `depth`: accuracy 1 there."""
+    pixels = data[:]["pixel_values"]
+    labels = predictions(model, pixels, depth)
+    return Dataset.from_dict({"pixel_values": pixels.tolist(), "labels": labels.tolist()}).with_format(
+        "torch"
+    )
+
+
+def depth_accuracies(model: HyperSetForImageClassification, data: Dataset, prefix: str) -> dict[str, float]:
+    rows = data[:]
+    return {
+        f"{prefix}_accuracy_iterations_{t}": (predictions(model, rows["pixel_values"], t) == rows["labels"])
+        .double()
+        .mean()
+        .item()
+        for t in DEPTHS
+    }
+
+
+def test_a_dict_of_eval_datasets_is_evaluated_per_name_as_trainer_does(tmp_path: Path) -> None:
+    """`eval_dataset={"a": ..., "b": ...}` (Trainer's multiple evaluation datasets): each named dataset is
+    evaluated with the prefix `eval_<name>`, the accuracy at each depth of its own examples included, logged and
+    reported to callbacks (`on_evaluate`) once per name with that evaluation's metrics; the decoding, which reads
+    the run's own split, once under `eval`. A dict given to `evaluate` works the same way."""
+    masked_images, reported = MaskedImages(), ReportedMetrics()
+    trainer = recipe_trainer(
+        tmp_path, depth_evaluation=(TASK, DEPTHS), masked_images=masked_images, callbacks=[reported]
+    )
+    # b: the first 12 images labelled at the shallow depth, so the two datasets' depth accuracies differ
+    a = trainer.eval_dataset
+    b = relabelled(a.select(range(12)), trainer.model, DEPTHS[0])
+    trainer.eval_dataset = {"a": a, "b": b}
+    expected = {
+        **depth_accuracies(trainer.model, a, "eval_a"),
+        **depth_accuracies(trainer.model, b, "eval_b"),
+    }
+    assert expected["eval_a_accuracy_iterations_1"] != expected["eval_b_accuracy_iterations_1"], expected
+
+    metrics = trainer.evaluate()
+    # accuracies over 24 and 12 examples: multiples of 1/24, the same counts both ways
+    assert {k: metrics.get(k) for k in expected} == pytest.approx(expected, abs=1e-9), metrics
+    assert {"eval_a_loss", "eval_a_accuracy", "eval_b_loss", "eval_b_accuracy", "eval_psnr"} <= metrics.keys()
+    unprefixed = sorted(
+        k for k in metrics if k.startswith("eval_") and not k.startswith(("eval_a_", "eval_b_"))
+    )
+    assert unprefixed == ["eval_psnr"], unprefixed
+    assert [split for _, split in masked_images.calls] == ["validation"], masked_images.calls
+    # one on_evaluate per named evaluation with all of its metrics, then the decoding's
+    names = [sorted({k.split("_")[1] for k in call if k.startswith("eval_")}) for call in reported.calls]
+    assert names == [["a"], ["b"], ["psnr"]], [sorted(call) for call in reported.calls]
+    for call in reported.calls:
+        different = {k: (v, metrics.get(k)) for k, v in call.items() if k != "epoch" and metrics.get(k) != v}
+        assert not different, f"on_evaluate's metrics (reported, returned) differ: {different}"
+    for key in expected:
+        assert key in reported.calls[0 if "_a_" in key else 1], (key, reported.calls)
+    # every metric logged once, with the value returned
+    logged = [
+        (k, v) for entry in trainer.state.log_history for k, v in entry.items() if k.startswith("eval_")
+    ]
+    assert sorted(k for k, _ in logged) == sorted(k for k in metrics if k.startswith("eval_")), logged
+    assert all(metrics[k] == v for k, v in logged), logged
+
+    # a dict given to `evaluate`, as the test split: no depth rows (the validation split's), the decoding's once
+    metrics = trainer.evaluate({"c": b}, metric_key_prefix="test")
+    assert "test_c_accuracy" in metrics and metrics["test_psnr"] == RECONSTRUCTION["psnr"], metrics
+    assert not [k for k in metrics if "_iterations_" in k], metrics
+    assert [split for _, split in masked_images.calls] == ["validation", "test"], masked_images.calls
+
+
+# Runs in a fresh process (transformers' module cache in a temporary folder): loads each exported folder with
+# `trust_remote_code=True` before the package is imported (once imported, its registered classes win over a folder's
+# code), so the model is the folder's own code, then imports the package and records what its predicate and the
+# depths the training loops evaluate make of that model.
+REMOTE_DEPTH = r"""
+import json, sys
+import transformers
+models = {
+    model_type: transformers.AutoModelForImageClassification.from_pretrained(path, trust_remote_code=True)
+    for model_type, path in json.loads(sys.argv[1]).items()
+}
+imported_before = sorted(name for name in sys.modules if name.split(".")[0] == "energyformers")
+from energyformers.modeling.modeling_hyperset import RecurrentDepthMixin
+from energyformers.training.evaluation import default_eval_depths, eval_depths, has_recurrent_depth
+result = {"imported_before": imported_before}
+for model_type, model in models.items():
+    backbone = model.base_model
+    trained = getattr(model.config, "num_iterations", None)
+    result[model_type] = {
+        "module": type(backbone).__module__,
+        "subclass_of_the_package_mixin": isinstance(backbone, RecurrentDepthMixin),
+        "has_recurrent_depth": [has_recurrent_depth(x) for x in (model, backbone, type(backbone))],
+        "eval_depths": eval_depths(model, None),
+        "default_depths": None if trained is None else default_eval_depths(trained),
+    }
+print(json.dumps(result))
+"""
+
+
+def test_a_model_loaded_with_remote_code_is_judged_by_its_recurrent_depth(tmp_path: Path) -> None:
+    """A model loaded with `trust_remote_code=True` from an exported folder runs the folder's own modeling code,
+    whose depth mixin is not the package's class: `has_recurrent_depth` (used by `eval_depths` and the training
+    setup) still finds Hyper-SET's depth, and none in iMixer's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from test_export import build_model_dir
+
+    from energyformers.training.export import export_model_dir
+
+    kinds = {"hyperset": True, "imixer": False}
+    folders = {}
+    for model_type in kinds:
+        source = build_model_dir(
+            tmp_path / f"{model_type}-src", model_type, "AutoModelForImageClassification", "image"
+        )
+        folders[model_type] = str(export_model_dir(source, tmp_path / model_type))
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_MODULES_CACHE": str(tmp_path / "hf_modules"),
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", REMOTE_DEPTH, json.dumps(folders)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["imported_before"] == [], result["imported_before"]
+    for model_type, recurrent in kinds.items():
+        seen = result[model_type]
+        # the premise: the folder's own classes, not the package's
+        assert seen["module"].startswith("transformers_modules"), (model_type, seen)
+        assert not seen["subclass_of_the_package_mixin"], (model_type, seen)
+        assert seen["has_recurrent_depth"] == [recurrent] * 3, (model_type, seen)
+        expected = seen["default_depths"] if recurrent else []
+        assert seen["eval_depths"] == expected and (expected or not recurrent), (model_type, seen)

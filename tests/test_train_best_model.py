@@ -300,7 +300,8 @@ def test_depth_pass_table_matches_the_models() -> None:
     """`DEPTH_PASS` (read while parsing, without torch) against the models: the backbones with recurrent depth."""
     from energyformers import registry
     from energyformers.training.arguments import DEPTH_PASS
+    from energyformers.training.evaluation import has_recurrent_depth
 
     families = {**registry.FAMILIES, **registry.BASELINES, **registry.TRANSFORMERS_BASELINES}
-    actual = {name: hasattr(f.heads["AutoModel"], "iteration_draws") for name, f in families.items()}
+    actual = {name: has_recurrent_depth(f.heads["AutoModel"]) for name, f in families.items()}
     assert DEPTH_PASS == actual, f"DEPTH_PASS {DEPTH_PASS}; the models {actual}"

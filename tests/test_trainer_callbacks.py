@@ -284,3 +284,76 @@ def test_an_evaluation_a_stop_cuts_short_calls_no_on_evaluate(tmp_path: Path) ->
     assert trainer.state.global_step == 4, f"stopped at step {trainer.state.global_step}; expected 4"
     assert [step for step, _ in reported.calls] == [2], reported.calls
     assert EVERY_PASS <= reported.calls[0][1].keys(), reported.calls
+
+
+# --------------------------------------------------------------------------- a dict of evaluation datasets
+# Trainer's `eval_dataset={"a": ..., "b": ...}`: each named dataset evaluated in turn as `eval_<name>` (its own
+# depth pass included), logged and reported once per name; a stop during any of them ends the whole evaluation.
+
+
+def named_datasets(trainer: RecipeTrainer) -> dict[str, Dataset]:
+    """The trainer's 24 examples as "a", and its first 12 as "b"."""
+    data = trainer.eval_dataset
+    return {"a": data, "b": data.select(range(12))}
+
+
+def test_with_a_dict_the_best_metric_and_early_stopping_follow_one_named_depth_metric(tmp_path: Path) -> None:
+    """`metric_for_best_model` naming the accuracy at a depth of dataset "a" (as Trainer requires with a dict):
+    with a learning rate of 0 it never improves, so `EarlyStoppingCallback` (patience 1) stops at the second
+    evaluation, and Trainer's best metric is the first's (the evaluation of "b", which lacks it, is skipped by the
+    callback, as with Trainer)."""
+    key = f"eval_a_accuracy_iterations_{DEPTHS[0]}"
+    reported = ReportedEvaluations()
+    trainer = training_recipe_trainer(
+        tmp_path,
+        [reported, EarlyStoppingCallback(early_stopping_patience=1)],
+        max_steps=8,
+        lr=0.0,
+        metric_for_best_model=key,
+    )
+    trainer.eval_dataset = named_datasets(trainer)
+    trainer.train()
+    assert [step for step, _ in reported.calls] == [2, 2, 2, 4, 4, 4], reported.calls
+    assert trainer.state.global_step == 4, (
+        f"stopped at step {trainer.state.global_step}; expected 4 (evaluations at 2 and 4 both "
+        f"{key}={[m.get(key) for _, m in reported.calls]})"
+    )
+    first = reported.calls[0][1][key]
+    assert trainer.state.best_metric == first, (trainer.state.best_metric, reported.calls)
+    for prefix, (_, metrics) in zip(("eval_a_", "eval_b_"), reported.calls[:2], strict=True):
+        assert {f"{prefix}{k.removeprefix('eval_')}" for k in EVERY_PASS - {"eval_psnr"}} <= metrics.keys(), (
+            prefix,
+            sorted(metrics),
+        )
+    assert "eval_psnr" in reported.calls[2][1], reported.calls[2]
+
+
+def test_a_stop_in_the_second_named_evaluation_ends_the_whole_evaluation(tmp_path: Path) -> None:
+    """SIGTERM at the first forward of dataset "b"'s depth pass in the step-4 evaluation ("a" is complete by
+    then): the run stops at step 4, nothing of that evaluation is logged ("a"'s neither), and callbacks heard only
+    of the step-2 evaluations."""
+    reported = ReportedEvaluations()
+    stop = StopRequest()
+    trainer = training_recipe_trainer(tmp_path, [reported], max_steps=6, lr=0.5, stop=stop)
+    trainer.eval_dataset = named_datasets(trainer)
+    model, signalled = trainer.model, []
+    forward = model.forward
+
+    @functools.wraps(forward)  # its signature: Trainer passes what forward takes
+    def signalling_forward(*args: object, **kwargs: object) -> object:
+        held = [k for logs, _, _ in trainer.held_logs or [] for k in logs]
+        if "num_iterations" in kwargs and trainer.state.global_step == 4 and "eval_b_loss" in held:
+            if not signalled:
+                signalled.append(os.kill(os.getpid(), signal.SIGTERM))  # a real signal
+        return forward(*args, **kwargs)
+
+    model.forward = signalling_forward
+    with stop.installed(announce=False):
+        trainer.train()
+    assert signalled and stop.signum == signal.SIGTERM, (signalled, stop.signum)
+    assert trainer.state.global_step == 4, f"stopped at step {trainer.state.global_step}; expected 4"
+    assert [step for step, _ in reported.calls] == [2, 2, 2], reported.calls
+    evaluated = sorted(
+        {entry["step"] for entry in trainer.state.log_history if any(k.startswith("eval_") for k in entry)}
+    )
+    assert evaluated == [2], trainer.state.log_history

@@ -85,13 +85,21 @@ def argmax_logits(logits: Any, labels: Any) -> Any:
     return (logits[0] if isinstance(logits, tuple) else logits).argmax(-1)
 
 
+def has_recurrent_depth(model: Any) -> bool:
+    """Whether `model` (a model or its backbone, or a backbone class) has recurrent depth: a backbone with the
+    depth schedule of `RecurrentDepthMixin` (Hyper-SET, the looped Transformer), whose calls take
+    `num_iterations`. Judged by the mixin's public `iteration_draws`, not by `isinstance`: a model loaded with
+    `trust_remote_code=True` runs its folder's own copy of the modeling code (`energyformers export`), whose
+    mixin is another class than the package's."""
+    backbone = model if isinstance(model, type) else getattr(model, "base_model", model)
+    return hasattr(backbone, "iteration_draws")
+
+
 def eval_depths(model: Any, requested: list[int] | None) -> list[int]:
     """The iteration counts the training loops evaluate the head at besides its own (`depth_metrics`): the
     requested ones, else T/2, T and 2T of the model's `num_iterations`; none for a model without recurrent depth
-    (a backbone other than `RecurrentDepthMixin`'s, which has no per-call `num_iterations`)."""
-    from ..modeling.modeling_hyperset import RecurrentDepthMixin
-
-    if not isinstance(getattr(model, "base_model", model), RecurrentDepthMixin):
+    (`has_recurrent_depth`: no per-call `num_iterations`)."""
+    if not has_recurrent_depth(model):
         return []
     if requested:
         return sorted(set(requested))
@@ -384,6 +392,7 @@ __all__ = [
     "default_eval_depths",
     "depth_metrics",
     "eval_depths",
+    "has_recurrent_depth",
     "load_metrics",
     "masked_image_metrics",
     "metric",

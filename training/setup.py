@@ -36,6 +36,7 @@ from .arguments import (
 )
 from .cli import check_model_source
 from .data import DataError, batches_done, input_type_of, label_names, load_data, task_of
+from .evaluation import has_recurrent_depth
 from .predict import cannot_load
 from .weights import check_model_folder, load_or_refuse
 
@@ -680,7 +681,7 @@ def check_flags_before_data(args: Arguments) -> None:
         check_attn_flag(m.attn_implementation, model_type)
     registered = model_registry().get(model_type)
     backbone = registered.heads.get("AutoModel") if registered is not None else None
-    if args.run.eval_iterations and backbone is not None and not hasattr(backbone, "iteration_draws"):
+    if args.run.eval_iterations and backbone is not None and not has_recurrent_depth(backbone):
         _refuse_eval_iterations(args, model_type)
     # the supervision fields are the flags', the preset's or the checkpoint's, never the data's
     configs = _trial_configs(makers, unknown, flags, what)
@@ -754,7 +755,7 @@ def build(args: Arguments, state: Any) -> Built:
             if attention is None:
                 raise
             raise UsageError(f"--attn_implementation {attention}: {err}") from err
-    if args.run.eval_iterations and not hasattr(getattr(model, "base_model", model), "iteration_draws"):
+    if args.run.eval_iterations and not has_recurrent_depth(model):
         _refuse_eval_iterations(args, config.model_type)
     check_supervision_flags(args, config)
     check_checkpointing_support(args, model)
@@ -1254,7 +1255,7 @@ def continue_iteration_draws(
     step may take fewer batches), so a resumed run continues the sequence of sampled depths where it stopped.
     `batches_per_epoch`: this process's; every process sets the same value, so ranks stay in lock-step."""
     backbone = getattr(model, "base_model", model)
-    if hasattr(backbone, "iteration_draws"):
+    if has_recurrent_depth(backbone):
         backbone.iteration_draws = batches_done(global_step, batches_per_epoch, gradient_accumulation_steps)
 
 

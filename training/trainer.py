@@ -7,8 +7,9 @@ at their own import, so `energyformers COMMAND --help` and an argument error sta
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from functools import partial
 from typing import Any
 
 from transformers import Trainer, TrainerCallback
@@ -92,18 +93,29 @@ class RecipeTrainer(Trainer):
         """Trainer's evaluation; for masked image modelling also the reconstruction metrics after MaskGIT
         decoding; on the validation split also the accuracy at each depth of `depth_evaluation`; each logged as
         its own entry at the same step, once all are complete, and returned with the metrics. Callbacks'
-        `on_evaluate` is called once, after those logs, with the metrics returned (`held_on_evaluate`)."""
-        self.held_logs = []
+        `on_evaluate` is called once, after those logs, with the metrics returned (`held_on_evaluate`).
+
+        A dict of datasets (given, or the trainer's `eval_dataset`) is evaluated as `Trainer` does: each named
+        dataset in turn with the prefix `<metric_key_prefix>_<name>`, its own logs and its own `on_evaluate`
+        with its metrics, on the validation split its accuracy at each depth too (`eval_<name>_<metric>_
+        iterations_<t>`). The decoding reads the run's own split (`masked_images`), not a given dataset, so it
+        runs once, after the named ones, as an evaluation of its own under `metric_key_prefix` (`eval_psnr`).
+        A stop request during any of them ends the whole evaluation: nothing of it is logged or reported."""
         stopped = False
+        completed: list[tuple[list[tuple[Any, ...]], dict[str, float], dict[str, Any]]] = []
         try:
-            with self.evaluation_weights(), self.held_on_evaluate() as reported:
-                metrics = self.complete_evaluation(eval_dataset, ignore_keys, metric_key_prefix)
+            with self.evaluation_weights():
+                for evaluation in self.evaluations(eval_dataset, ignore_keys, metric_key_prefix):
+                    self.held_logs = []
+                    with self.held_on_evaluate() as reported:
+                        metrics = evaluation()
+                    completed.append((self.held_logs, metrics, reported[0] if reported else {}))
         except EvaluationStopped:
             if not self.is_in_train:
                 raise
             stopped = True
         finally:
-            held, self.held_logs, self.evaluation_check = self.held_logs, None, None
+            self.held_logs, self.evaluation_check = None, None
         if stopped:
             # a stop request during a training run's evaluation: no metrics are logged, no callback hears of it
             # (`on_evaluate`), the checkpoint of the step just ended is saved and training stops (as
@@ -112,13 +124,39 @@ class RecipeTrainer(Trainer):
             self.control.should_save = True
             self.control.should_training_stop = True
             return self.unfinished_evaluation(metric_key_prefix)
-        for logs, args, kwargs in held:
-            self.log(logs, *args, **kwargs)
-        extra = reported[0] if reported else {}
-        self.control = self.callback_handler.on_evaluate(
-            self.args, self.state, self.control, metrics, **extra
-        )
-        return metrics
+        returned: dict[str, float] = {}
+        for held, metrics, extra in completed:
+            for logs, args, kwargs in held:
+                self.log(logs, *args, **kwargs)
+            self.control = self.callback_handler.on_evaluate(
+                self.args, self.state, self.control, metrics, **extra
+            )
+            returned.update(metrics)
+        return returned
+
+    def evaluations(
+        self, eval_dataset: Any, ignore_keys: Any, metric_key_prefix: str
+    ) -> Iterator[Callable[[], dict[str, float]]]:
+        """The evaluations one `evaluate` call makes, each a call returning its metrics: one
+        (`complete_evaluation`), or for a dict of datasets one per named dataset and the decoding's."""
+        given = eval_dataset is not None
+        datasets = eval_dataset if given else self.eval_dataset
+        if not isinstance(datasets, dict):
+            yield partial(self.complete_evaluation, eval_dataset, ignore_keys, metric_key_prefix)
+            return
+        depths = metric_key_prefix == "eval"  # the named datasets of the validation split
+        for name, dataset in datasets.items():
+            # a name picks the trainer's own dataset (Trainer's `get_eval_dataloader` keeps a loader per name)
+            yield partial(
+                self.complete_evaluation,
+                dataset if given else name,
+                ignore_keys,
+                f"{metric_key_prefix}_{name}",
+                decoding=False,
+                depths=depths,
+            )
+        if self.masked_images is not None and metric_key_prefix in ("eval", "test"):
+            yield partial(self.decoding_metrics, metric_key_prefix)
 
     @contextmanager
     def held_on_evaluate(self) -> Iterator[list[dict[str, Any]]]:
@@ -177,23 +215,27 @@ class RecipeTrainer(Trainer):
             self.control.should_log, self.control.should_evaluate, self.control.should_save = flags
 
     def complete_evaluation(
-        self, eval_dataset: Any, ignore_keys: Any, metric_key_prefix: str
+        self,
+        eval_dataset: Any,
+        ignore_keys: Any,
+        metric_key_prefix: str,
+        decoding: bool = True,
+        depths: bool | None = None,
     ) -> dict[str, float]:
-        """`evaluate`'s passes, their logs held back (`log`)."""
+        """`evaluate`'s passes over one dataset, their logs held back (`log`): Trainer's; the decoding (for
+        `metric_key_prefix` "eval" or "test", unless `decoding` is False); the depths (`depths`, by default for
+        the prefix "eval")."""
         if self.stop is not None:
             self.evaluation_check = self.stop.evaluation_check(self.args.device)
         metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
         self.evaluation_check = None
-        if self.masked_images is not None and metric_key_prefix in ("eval", "test"):
-            split = "validation" if metric_key_prefix == "eval" else "test"
-            with self.autocast_smart_context_manager():
-                decoded = self.masked_images(self.model, split, stop=self.stop)
-            decoded = {f"{metric_key_prefix}_{k}": v for k, v in decoded.items()}
-            self.log(decoded)
-            metrics = {**metrics, **decoded}
-        if self.depth_evaluation is None or metric_key_prefix != "eval" or not self.depth_evaluation[1]:
+        if decoding and self.masked_images is not None and metric_key_prefix in ("eval", "test"):
+            metrics = {**metrics, **self.decoding_metrics(metric_key_prefix)}
+        if depths is None:
+            depths = metric_key_prefix == "eval"
+        if self.depth_evaluation is None or not depths or not self.depth_evaluation[1]:
             return metrics
-        task, depths = self.depth_evaluation
+        task, iterations = self.depth_evaluation
         loader = self.get_eval_dataloader(eval_dataset)
         with self.autocast_smart_context_manager():
             extra = depth_metrics(
@@ -201,12 +243,22 @@ class RecipeTrainer(Trainer):
                 loader,
                 self.accelerator.gather_for_metrics,
                 task,
-                depths,
+                iterations,
                 f"{metric_key_prefix}_",
                 stop=self.stop,
             )
         self.log(extra)
         return {**metrics, **extra}
+
+    def decoding_metrics(self, metric_key_prefix: str) -> dict[str, float]:
+        """The reconstruction metrics after MaskGIT decoding (`masked_images`) of the run's validation split
+        ("eval") or test split ("test"), logged (held back within `evaluate`) and returned with the prefix."""
+        split = "validation" if metric_key_prefix == "eval" else "test"
+        with self.autocast_smart_context_manager():
+            decoded = self.masked_images(self.model, split, stop=self.stop)
+        decoded = {f"{metric_key_prefix}_{k}": v for k, v in decoded.items()}
+        self.log(decoded)
+        return decoded
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         # within `evaluate`: held until every pass is complete, so an evaluation cut short logs nothing
