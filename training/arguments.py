@@ -844,7 +844,7 @@ BEST_MODEL_METRICS: dict[str, tuple[str, ...]] = {
     MIM_TASK: ("masked_token_accuracy", "decoded_token_accuracy", "psnr", "ssim", "loss"),
 }
 # Whether each model type the CLI builds has the depth pass (a backbone with recurrent depth, whose calls take
-# `num_iterations`: `evaluation.eval_depths`), written out so a per-depth metric is checked while parsing,
+# `num_iterations`: `evaluation.has_recurrent_depth`), written out so a per-depth metric is checked while parsing,
 # before torch loads; tests/test_train_best_model.py checks it against the registry. A type not listed (remote
 # code) is checked once the model is built.
 DEPTH_PASS: dict[str, bool] = {
