@@ -386,8 +386,8 @@ def hub_cache_runs(classifier, tmp_path_factory) -> dict[str, Any]:
     rather than one per command, most of whose time would be importing torch and transformers.
 
     The cache holds `org/tiny` (the classifier) and the `BROKEN` repos; each command's output folder is under
-    `root`, kept empty by a command that must fail. Returns the cache, the root, the image, the classifier's folder
-    and `runs`: name -> `run_cli_cases`' result."""
+    `root`, kept empty by a command that must fail. Returns the cache, the root and `runs`: name -> `run_cli_cases`'
+    result."""
     folder, image = classifier
     root = tmp_path_factory.mktemp("hub_cache")
     cache = root / "cache"
@@ -410,7 +410,7 @@ def hub_cache_runs(classifier, tmp_path_factory) -> dict[str, Any]:
     env = {**ENV, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     results = run_cli_cases(list(commands.values()), cwd=root, env=env)
     runs = dict(zip(commands, results, strict=True))
-    return {"cache": cache, "root": root, "image": image, "folder": folder, "runs": runs}
+    return {"cache": cache, "root": root, "runs": runs}
 
 
 def error_line(result: dict[str, Any]) -> str:
@@ -428,7 +428,7 @@ def test_a_repo_in_the_hub_cache_predicts_offline(hub_cache_runs):
     assert local["code"] == 0, local["err"]
     # the same model and image: the same line after the input's name
     assert cached["out"].split("\t")[1:] == local["out"].split("\t")[1:], (cached["out"], local["out"])
-    assert len(cached["out"].split("\t")) > 1, cached["out"]
+    assert len(cached["out"].split("\t")) > 1, cached["out"]  # a prediction line, not two empty outputs
     # a repo the cache does not hold is still refused before anything loads
     assert error_line(runs["predict org/other"]) == (
         f"energyformers predict: error: model folder 'org/other': no such local folder, and the Hub is offline "
