@@ -585,23 +585,26 @@ CLI_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZ
 HEAVY = ("torch", "energyformers.registry", "energyformers.modeling")
 
 # Runs `energyformers ARGS` for each case in one process, as the console script does (sys.argv[0] is the
-# script's name, so `import energyformers` defers the models), recording status, stderr, time and which heavy
-# modules were imported by then.
+# script's name, so `import energyformers` defers the models), recording status, stderr, stdout, time and which
+# heavy modules were imported by then.
 _CLI_CASES = """
 import contextlib, io, json, runpy, sys, time
 out, cases = sys.argv[1], json.loads(sys.argv[2])
 results = []
 for argv in cases:
     sys.argv = ["energyformers", *argv]
-    err, start = io.StringIO(), time.perf_counter()
-    with contextlib.redirect_stderr(err):
+    err, printed, start = io.StringIO(), io.StringIO(), time.perf_counter()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(printed):
         try:
             runpy.run_module("energyformers", run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as stop:
             code = stop.code
     heavy = sorted(m for m in sys.modules if m in HEAVY or m.startswith("energyformers.modeling"))
-    results.append({"code": code, "err": err.getvalue(), "seconds": time.perf_counter() - start, "heavy": heavy})
+    results.append({
+        "code": code, "err": err.getvalue(), "out": printed.getvalue(), "seconds": time.perf_counter() - start,
+        "heavy": heavy,
+    })
 open(out, "w").write(json.dumps(results))
 """.replace("HEAVY", repr(HEAVY))
 
@@ -610,7 +613,8 @@ def run_cli_cases(
     argvs: list[list[Any]], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
 ) -> list[dict[str, Any]]:
     """`energyformers ARGV` for each argv, in order, in one fresh process: per case its exit `code`, its `err`
-    (stderr), `seconds` and the `heavy` modules imported by the time it returned. `cwd` also holds the record."""
+    (stderr), `out` (stdout), `seconds` and the `heavy` modules imported by the time it returned. `cwd` also holds
+    the record."""
     record = Path(cwd) / ".cli-cases.json"
     cases = json.dumps([[str(a) for a in argv] for argv in argvs])
     program = [sys.executable, "-c", _CLI_CASES, str(record), cases]

@@ -452,16 +452,16 @@ def test_a_push_without_a_token_or_offline_is_status_2_as_in_train(tmp_path):
     folder = model_folder(tmp_path / "model", "hyperset")
     env = {k: v for k, v in ENV.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
     env["HF_HOME"] = str(tmp_path / "hf-home")  # no stored login
-    program = [sys.executable, "-m", "energyformers", "push", str(folder), "org/name"]
-    done = subprocess.run(program, capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stderr.strip().splitlines() == [
+    # both in one fresh process (huggingface_hub reads HF_HOME, where a stored login would be, when imported)
+    argv = ["push", folder, "org/name"]
+    without_token, offline = run_cli_cases([argv, [*argv, "--token", "hf_x"]], cwd=tmp_path, env=env)
+    assert without_token["code"] == 2, without_token["err"][-2000:]
+    assert without_token["err"].strip().splitlines() == [
         "energyformers push: error: no Hugging Face token found: pass --token, set HF_TOKEN, or run `hf auth login` "
         "(a token with write access)"
     ]
-    done = subprocess.run([*program, "--token", "hf_x"], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stderr.strip().splitlines() == [
+    assert offline["code"] == 2, offline["err"][-2000:]
+    assert offline["err"].strip().splitlines() == [
         "energyformers push: error: the Hub is offline (HF_HUB_OFFLINE=1), so nothing can be uploaded; "
         "unset HF_HUB_OFFLINE"
     ]

@@ -11,14 +11,14 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import transformers
-from fixtures import Case, perturb
+from fixtures import Case, perturb, run_cli_cases
 from PIL import Image
 from test_mim_given_tokenizer import mim_folder
 from transformers import ViTImageProcessorPil
@@ -38,19 +38,6 @@ def only_line(err: str) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
     return lines[0]
-
-
-def cli_error(command: str, *argv: str, env: dict[str, str]) -> str:
-    """The one error line of `energyformers <command> <argv>` run in a fresh process with `env`, which must exit
-    with status 2."""
-    result = subprocess.run(
-        [sys.executable, "-m", "energyformers.training.cli", command, *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert result.returncode == 2, (command, argv, result.returncode, result.stderr)
-    return only_line(result.stderr)
 
 
 @pytest.fixture(scope="module")
@@ -369,121 +356,137 @@ def hub_cache_repo(cache: Path, repo_id: str, folder: Path) -> Path:
     return snapshot
 
 
-def test_a_repo_in_the_hub_cache_predicts_offline(classifier, tmp_path):
+def _cut(data: bytes) -> bytes:  # a download that stopped
+    return data[:100]
+
+
+def _patch_size_3(data: bytes) -> bytes:  # the 8 x 8 image is not divisible into 3 x 3 patches
+    return json.dumps({**json.loads(data), "patch_size": 3}).encode()
+
+
+# Repos in the Hub cache of `hub_cache_runs`, each the classifier's files with one changed: repo -> (file, change)
+BROKEN = {
+    "org/config-cut": ("config.json", _cut),  # a download cut short: the cached copy is broken
+    "org/config-invalid": ("config.json", _patch_size_3),  # the config's check refuses it
+    "org/weights-cut": ("model.safetensors", _cut),
+}
+
+
+def _train_from(repo: str, out: Path) -> list[Any]:
+    return [
+        "train", "--from_pretrained", repo, "--dataset", "digits", "--max_train_samples", "8",
+        "--max_eval_samples", "8", "--max_test_samples", "8", "--output_dir", out,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def hub_cache_runs(classifier, tmp_path_factory) -> dict[str, Any]:
+    """The commands of the tests below that read a Hub cache, all run offline in one fresh process
+    (`run_cli_cases`, HF_HUB_CACHE set: huggingface_hub reads it when imported, so not in this process): one process
+    rather than one per command, most of whose time would be importing torch and transformers.
+
+    The cache holds `org/tiny` (the classifier) and the `BROKEN` repos; each command's output folder is under
+    `root`, kept empty by a command that must fail. Returns the cache, the root and `runs`: name -> `run_cli_cases`'
+    result."""
+    folder, image = classifier
+    root = tmp_path_factory.mktemp("hub_cache")
+    cache = root / "cache"
+    hub_cache_repo(cache, "org/tiny", folder)
+    for repo, (broken, change) in BROKEN.items():
+        bad = root / "copies" / repo
+        bad.mkdir(parents=True)
+        for path in folder.iterdir():
+            data = path.read_bytes()
+            (bad / path.name).write_bytes(change(data) if path.name == broken else data)
+        hub_cache_repo(cache, repo, bad)
+    commands = {
+        **{f"predict {repo}": ["predict", repo, image] for repo in BROKEN},
+        **{f"train {repo}": _train_from(repo, root / "train" / repo) for repo in BROKEN},
+        "inspect org/weights-cut": ["inspect", "org/weights-cut", image, "--output_dir", root / "inspect"],
+        "predict org/tiny": ["predict", "org/tiny", image, "--top_k", "2"],
+        "predict local": ["predict", folder, image, "--top_k", "2"],
+        "predict org/other": ["predict", "org/other", image],
+    }
+    env = {**ENV, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    results = run_cli_cases(list(commands.values()), cwd=root, env=env)
+    runs = dict(zip(commands, results, strict=True))
+    return {"cache": cache, "root": root, "runs": runs}
+
+
+def error_line(result: dict[str, Any]) -> str:
+    """The one error line of a `run_cli_cases` result, which must have exited with status 2."""
+    assert result["code"] == 2, (result["code"], result["err"])
+    return only_line(result["err"])
+
+
+def test_a_repo_in_the_hub_cache_predicts_offline(hub_cache_runs):
     """HF_HUB_OFFLINE=1 is how a model from the Hub cache is used: a repo id the cache holds is not refused as
     'offline', and predicts as its local folder does."""
-    folder, image = classifier
-    cache = tmp_path / "cache"
-    hub_cache_repo(cache, "org/tiny", folder)
-    env = {**ENV, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    run = [sys.executable, "-m", "energyformers.training.cli", "predict"]
-    cached = subprocess.run(
-        [*run, "org/tiny", str(image), "--top_k", "2"], capture_output=True, text=True, env=env
-    )
-    assert cached.returncode == 0, cached.stderr
-    local = subprocess.run(
-        [*run, str(folder), str(image), "--top_k", "2"], capture_output=True, text=True, env=env
-    )
-    assert local.returncode == 0, local.stderr
+    runs, cache = hub_cache_runs["runs"], hub_cache_runs["cache"]
+    cached, local = runs["predict org/tiny"], runs["predict local"]
+    assert cached["code"] == 0, cached["err"]
+    assert local["code"] == 0, local["err"]
     # the same model and image: the same line after the input's name
-    assert cached.stdout.split("\t")[1:] == local.stdout.split("\t")[1:], (cached.stdout, local.stdout)
+    assert cached["out"].split("\t")[1:] == local["out"].split("\t")[1:], (cached["out"], local["out"])
+    assert len(cached["out"].split("\t")) > 1, cached["out"]  # a prediction line, not two empty outputs
     # a repo the cache does not hold is still refused before anything loads
-    assert cli_error("predict", "org/other", str(image), env=env) == (
+    assert error_line(runs["predict org/other"]) == (
         f"energyformers predict: error: model folder 'org/other': no such local folder, and the Hub is offline "
         f"(HF_HUB_OFFLINE=1) and its cache ({cache}) holds no such repo, so it cannot be a Hub repo either"
     )
 
 
-def test_a_cached_repo_with_an_invalid_config_is_named_by_its_config_error(classifier, tmp_path):
+def test_a_cached_repo_with_an_invalid_config_is_named_by_its_config_error(hub_cache_runs):
     """A repo the Hub served (here: the cache) whose config the family's checks refuse is reported in the config's
     own words, one line, status 2, not as a repo the Hub did not serve."""
-    folder, image = classifier
-
-    def patch_size_3(data: bytes) -> bytes:  # the 8 x 8 image is not divisible into 3 x 3 patches
-        return json.dumps({**json.loads(data), "patch_size": 3}).encode()
-
-    env = _cached_copy_of(folder, tmp_path, "config.json", patch_size_3)
-    line = cli_error("predict", "org/broken", str(image), env=env)
-    assert line.startswith("energyformers predict: error: cannot load a model from 'org/broken': "), line
+    line = error_line(hub_cache_runs["runs"]["predict org/config-invalid"])
+    assert line.startswith("energyformers predict: error: cannot load a model from 'org/config-invalid': "), (
+        line
+    )
     assert "invalid image_size=8; both sides must be divisible by patch_size=3" in line, line
     assert "did not serve" not in line, line
 
 
-def _cached_copy_of(
-    classifier_folder: Path,
-    tmp_path: Path,
-    broken: str,
-    change: Callable[[bytes], bytes] = lambda data: data[:100],
-) -> dict[str, str]:
-    """`org/broken` in a Hub cache under `tmp_path`: the classifier's files with `broken` changed by `change`
-    (by default cut to its first 100 bytes, a download that stopped); the environment that loads it offline from
-    there."""
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    for path in classifier_folder.iterdir():
-        data = path.read_bytes()
-        (bad / path.name).write_bytes(change(data) if path.name == broken else data)
-    cache = tmp_path / "cache"
-    hub_cache_repo(cache, "org/broken", bad)
-    return {**ENV, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-
-
-def test_inspect_words_weights_that_cannot_load_as_predict_does(classifier, tmp_path):
+def test_inspect_words_weights_that_cannot_load_as_predict_does(hub_cache_runs):
     """inspect and predict report the same weights that cannot load in the same words (`predict.cannot_load`)."""
-    folder, image = classifier
-    env = _cached_copy_of(folder, tmp_path, "model.safetensors")
-    lines = {}
-    for command, extra in (("predict", []), ("inspect", ["--output_dir", str(tmp_path / "out")])):
-        line = cli_error(command, "org/broken", str(image), *extra, env=env)
-        lines[command] = line.removeprefix(f"energyformers {command}: error: ")
+    runs = hub_cache_runs["runs"]
+    lines = {
+        command: error_line(runs[f"{command} org/weights-cut"]).removeprefix(
+            f"energyformers {command}: error: "
+        )
+        for command in ("predict", "inspect")
+    }
     assert lines["inspect"] == lines["predict"], lines
     assert "model.safetensors" in lines["inspect"], lines
-    assert not (tmp_path / "out").exists()
+    assert not (hub_cache_runs["root"] / "inspect").exists()
 
 
-@pytest.mark.parametrize(
-    ("broken", "change"),
-    [
-        ("config.json", lambda data: data[:100]),  # a download cut short: the cached copy is broken
-        (
-            "config.json",
-            lambda data: json.dumps({**json.loads(data), "patch_size": 3}).encode(),
-        ),  # the config's check
-        ("model.safetensors", lambda data: data[:100]),
-    ],
-    ids=["config-cut", "config-invalid", "weights-cut"],
-)
-def test_train_words_a_checkpoint_that_cannot_load_as_predict_does(classifier, tmp_path, broken, change):
+@pytest.mark.parametrize("repo", list(BROKEN))
+def test_train_words_a_checkpoint_that_cannot_load_as_predict_does(hub_cache_runs, repo):
     """`train --from_pretrained` reports a repo whose config or weights cannot load in predict's words
     (`predict.cannot_load`), the argument named as train names it, on one line."""
-    folder, image = classifier
-    env = _cached_copy_of(folder, tmp_path, broken, change)
-    out = tmp_path / "out"
-    predicted = cli_error("predict", "org/broken", str(image), env=env)
-    trained = cli_error(
-        "train", "--from_pretrained", "org/broken", "--dataset", "digits", "--max_train_samples", "8",
-        "--max_eval_samples", "8", "--max_test_samples", "8", "--output_dir", str(out), env=env,
-    )  # fmt: skip
+    runs = hub_cache_runs["runs"]
+    predicted = error_line(runs[f"predict {repo}"])
+    trained = error_line(runs[f"train {repo}"])
     expected = predicted.removeprefix("energyformers predict: error: ").replace(
         "model folder ", "--from_pretrained ", 1
     )
     assert trained == f"energyformers train: error: {expected}", (trained, predicted)
-    assert not out.exists()
+    assert not (hub_cache_runs["root"] / "train" / repo).exists()
 
 
-def test_a_cached_repo_with_a_broken_config_file_is_named_as_the_broken_copy(classifier, tmp_path):
+def test_a_cached_repo_with_a_broken_config_file_is_named_as_the_broken_copy(hub_cache_runs):
     """A repo whose copy in the Hub cache has a config.json that is no JSON (a download cut short) is reported as
     that broken copy, naming the file, not as a repo the Hub did not serve."""
-    folder, image = classifier
-    env = _cached_copy_of(folder, tmp_path, "config.json")
-    line = cli_error("predict", "org/broken", str(image), env=env)
-    cache = env["HF_HUB_CACHE"]
+    line = error_line(hub_cache_runs["runs"]["predict org/config-cut"])
+    cache = hub_cache_runs["cache"]
     assert line.startswith(
-        f"energyformers predict: error: model folder 'org/broken': no such local folder, and its copy in the Hub "
-        f"cache ({cache}) is broken ("
+        f"energyformers predict: error: model folder 'org/config-cut': no such local folder, and its copy in the "
+        f"Hub cache ({cache}) is broken ("
     ), line
     assert (
-        f"{cache}/models--org--broken/snapshots/" in line and "config.json' is not a valid JSON file" in line
+        f"{cache}/models--org--config-cut/snapshots/" in line
+        and "config.json' is not a valid JSON file" in line
     ), line
     assert "did not serve" not in line, line
 

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -274,9 +275,32 @@ def exported(tmp_path_factory) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def remote(exported, tmp_path_factory) -> dict:
-    """Outputs of every exported folder loaded in one fresh process where energyformers is not importable."""
-    child_cases = [
+def remote_runs(exported, mim_exported, mim_resaved, tmp_path_factory) -> dict:
+    """Every remote-code case of this file (`remote_cases`, `mim_remote_cases`, `mim_resaved_cases`: each a folder
+    of its own) loaded in ONE fresh interpreter where energyformers is not importable (`run_without_package`)."""
+    cases = [
+        *remote_cases(exported),
+        *mim_remote_cases(mim_exported),
+        *mim_resaved_cases(mim_resaved),
+    ]
+    ids = [case["id"] for case in cases]
+    assert len(set(ids)) == len(ids), ids
+    return run_without_package(tmp_path_factory.mktemp("remote"), cases)
+
+
+def remote_part(runs: dict, ids: Iterable[str]) -> dict:
+    """`remote_runs` with only the cases of `ids`."""
+    return {**runs, "cases": {case_id: runs["cases"][case_id] for case_id in ids}}
+
+
+@pytest.fixture(scope="module")
+def remote(exported, remote_runs) -> dict:
+    """Outputs of every exported folder loaded in a fresh process where energyformers is not importable."""
+    return remote_part(remote_runs, exported)
+
+
+def remote_cases(exported: dict[str, dict]) -> list[dict]:
+    return [
         {
             "id": case_id,
             "auto_class": case["auto_class"],
@@ -288,7 +312,6 @@ def remote(exported, tmp_path_factory) -> dict:
         }
         for case_id, case in exported.items()
     ]
-    return run_without_package(tmp_path_factory.mktemp("remote"), child_cases)
 
 
 # ------------------------------------------------------------------------------- loading without package
@@ -1047,8 +1070,12 @@ def mim_exported(tmp_path_factory) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def mim_remote(mim_exported, tmp_path_factory) -> dict:
-    cases = [
+def mim_remote(mim_exported, remote_runs) -> dict:
+    return remote_part(remote_runs, mim_exported)
+
+
+def mim_remote_cases(mim_exported: dict[str, dict]) -> list[dict]:
+    return [
         {
             "id": model_type,
             "auto_class": "AutoModelForMaskedImageModeling",
@@ -1063,7 +1090,6 @@ def mim_remote(mim_exported, tmp_path_factory) -> dict:
         }
         for model_type, case in mim_exported.items()
     ]
-    return run_without_package(tmp_path_factory.mktemp("mim-remote"), cases)
 
 
 @pytest.mark.parametrize("model_type", MIM_MODELS)
@@ -1173,8 +1199,12 @@ def resaved_model_type(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def mim_resaved_remote(mim_resaved, tmp_path_factory) -> dict:
-    cases = [
+def mim_resaved_remote(mim_resaved, remote_runs) -> dict:
+    return remote_part(remote_runs, mim_resaved)
+
+
+def mim_resaved_cases(mim_resaved: dict[str, Path]) -> list[dict]:
+    return [
         {
             "id": name,
             "auto_class": "AutoModelForMaskedImageModeling",
@@ -1189,7 +1219,6 @@ def mim_resaved_remote(mim_resaved, tmp_path_factory) -> dict:
         }
         for name, folder in mim_resaved.items()
     ]
-    return run_without_package(tmp_path_factory.mktemp("mim-resaved-remote"), cases)
 
 
 @pytest.mark.parametrize("name", ["model-hyperset", "model-looped-transformer", "pipeline-hyperset"])
