@@ -18,6 +18,7 @@ from fixtures import (
     ALL,
     BASELINE_TINY,
     Case,
+    DispatchedOps,
     assert_close_to_scale,
     assert_differs,
     in_ci,
@@ -171,6 +172,26 @@ def test_an_adapter_changes_the_logits_and_merging_gives_the_adapted_model(subje
     merged = logits(wrapped.merge_and_unload(), inputs)
     assert_close_to_scale(
         merged, with_adapter, MERGE_TOLERANCE, f"{subject.name}: merged vs adapted ({target})"
+    )
+
+
+def test_hyperset_reads_a_wrapped_tied_weight_once_per_layer_and_forward():
+    # (module(I) − module(0))ᵀ is built beside the weight-only products, not at each of the T iterations; a plain
+    # Linear builds nothing
+    case = Case.of(HyperSetForImageClassification)
+    inputs, model = case.inputs(), perturb(case.build())
+
+    def identities(model: nn.Module) -> int:
+        with torch.no_grad(), DispatchedOps() as probe:
+            model(**inputs)
+        return sum(str(func.overloadpacket) == "aten.eye" for func in probe.funcs)
+
+    assert identities(model) == 0
+    wrapped = adapted(model, peft.LoraConfig(r=2, target_modules=["qkv_proj", "dictionary"]))
+    layers, iterations = model.config.num_hidden_layers, model.config.num_iterations
+    built = identities(wrapped)
+    assert iterations > 1 and built == 2 * layers, (
+        f"{built} built; 2 per layer expected ({layers} layers, T = {iterations})"
     )
 
 
