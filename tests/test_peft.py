@@ -217,6 +217,14 @@ def test_imixer_refuses_adapters_on_its_contractive_block(model_class: type):
         ValueError, match=r"layers\.0\.token_mixing\.fc_sn2 is a peft\..*‖W‖₂.*exclude_modules"
     ):
         wrapped(**inputs)
+    # without the spectral norm too: the solver reads F's weights as tensors whatever keeps them small
+    unnormalised = adapted(
+        perturb(case.build(contractive_normalization="none")), peft.LoraConfig(r=2, target_modules=["fc_sn1"])
+    )
+    with pytest.raises(
+        ValueError, match=r"layers\.0\.token_mixing\.fc_sn1 is a peft\..*ignored.*exclude_modules"
+    ):
+        unnormalised(**inputs)
     # what the message advises: every other Linear adapted, F left alone
     config = peft.LoraConfig(r=2, target_modules="all-linear", exclude_modules=list(CONTRACTIVE))
     wrapped = adapted(perturb(case.build()), config)
