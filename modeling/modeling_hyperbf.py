@@ -378,8 +378,9 @@ def _check_length(length: int, limit: int) -> None:
 def _check_token_ids(
     input_ids: torch.Tensor | None, vocab_size: int, attention_mask: torch.Tensor | None = None
 ) -> None:
-    """Ids inside the vocabulary, read from the (possibly resized) embedding table, and an integer mask of 0/1
-    only, in one host read; eager mode only."""
+    """Ids inside the vocabulary and an integer mask of 0/1 only, in one host read; eager mode only. Callers pass
+    `config.vocab_size` (kept by `resize_token_embeddings`), not the table's own size: a wrapped table (a PEFT
+    LoRA `Embedding`) has no `num_embeddings`."""
     if input_ids is None or not input_ids.numel() or _is_tracing():
         return
     values = [input_ids.min(), input_ids.max()]
@@ -642,7 +643,7 @@ class HyperBFEmbeddings(nn.Module):
             tokens = torch.cat((self.cls_token.expand(tokens.shape[0], -1, -1), tokens), dim=1)
             positions = self.interpolate_pos_encoding(height, width)
         else:
-            _check_token_ids(input_ids, self.word_embeddings.num_embeddings, attention_mask)
+            _check_token_ids(input_ids, self.config.vocab_size, attention_mask)
             tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
             _check_length(tokens.shape[1], self.config.max_position_embeddings)
             _check_position_ids(self.config, position_ids, tokens.shape[:2])
@@ -779,7 +780,8 @@ class HyperBFFeedForward(nn.Module):
     with the bias folded into the head dimension and builds no (B·N, K) weights either, when that head
     (`folded_width`: max(R + 1, D), or R + 2 with per-center widths, padded to 8) is no wider than the fused
     kernels take (`FUSED_ATTENTION_MAX_HEAD_DIM`); a wider one, and the unnormalised Gaussian kernel, which
-    needs the weights themselves, stay on the explicit path. `folds` says which path `sdpa` takes.
+    needs the weights themselves, stay on the explicit path. `folds` says which path `sdpa` takes (the explicit
+    one whenever `values` is wrapped, as by a PEFT adapter).
     """
 
     def __init__(self, config: HyperBFConfig) -> None:
@@ -868,9 +870,12 @@ class HyperBFFeedForward(nn.Module):
         self, hidden_states: torch.Tensor, output_center_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(out, w_α(x) or None): the weights are returned by the explicit path, which also runs for `eager`,
-        whenever the folded one does not apply (`folds` false) and for every call that asks for them."""
+        whenever the folded one does not apply (`folds` false), for every call that asks for them, and when
+        `values` is no plain `nn.Linear` (e.g. wrapped by a PEFT LoRA adapter): the folded path reads its weight
+        and bias as tensors, so only the explicit one calls the module and lets the adapter act."""
         implementation = self.config._attn_implementation
-        if output_center_weights or not self.folds or implementation in (None, "eager"):
+        explicit = output_center_weights or not self.folds or not isinstance(self.values, nn.Linear)
+        if explicit or implementation in (None, "eager"):
             weights = self.center_weights(hidden_states)
             return self.values(weights), weights
 

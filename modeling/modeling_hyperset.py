@@ -475,8 +475,9 @@ def _check_length(length: int, limit: int) -> None:
 def _check_token_ids(
     input_ids: torch.Tensor | None, vocab_size: int, attention_mask: torch.Tensor | None = None
 ) -> None:
-    """Ids inside the vocabulary, read from the (possibly resized) embedding table, and an integer mask of 0/1
-    only, in one host read; eager mode only."""
+    """Ids inside the vocabulary and an integer mask of 0/1 only, in one host read; eager mode only. Callers pass
+    `config.vocab_size` (kept by `resize_token_embeddings`), not the table's own size: a wrapped table (a PEFT
+    LoRA `Embedding`) has no `num_embeddings`."""
     if input_ids is None or not input_ids.numel() or _is_tracing():
         return
     values = [input_ids.min(), input_ids.max()]
@@ -764,7 +765,7 @@ class HyperSetEmbeddings(nn.Module):
                 self.position_encoding, self.grid, new_grid, self.num_prefix_tokens
             )
             return tokens + positions.to(tokens.dtype), keep
-        _check_token_ids(input_ids, self.word_embeddings.num_embeddings, attention_mask)
+        _check_token_ids(input_ids, self.config.vocab_size, attention_mask)
         tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         _check_length(tokens.shape[1], self.config.max_position_embeddings)
         length = tokens.shape[1]
@@ -774,7 +775,9 @@ class HyperSetEmbeddings(nn.Module):
                 return tokens + self.position_embeddings(position_ids), keep
             return tokens + self.position_encoding[0][position_ids].to(tokens.dtype), keep
         if self.position_embeddings is not None:
-            return tokens + self.position_embeddings.weight[:length], keep
+            # the module is called (not its `.weight` sliced), so an adapter wrapping it (PEFT's LoRA) takes part
+            positions = self.position_embeddings(torch.arange(length, device=tokens.device))  # (N, d)
+            return tokens + positions, keep
         return tokens + self.position_encoding[:, :length].to(tokens.dtype), keep
 
 
@@ -1024,6 +1027,19 @@ def _energy_precision(method: Callable) -> Callable:
     return wrapped
 
 
+def tied_weight(linear: nn.Module, in_features: int, like: torch.Tensor) -> torch.Tensor | None:
+    """The weight `(out, in)` a tied projection applies, when it is no plain `nn.Linear` (e.g. a PEFT LoRA or DoRA
+    layer wrapping one): (module(I) − module(0))ᵀ, exact for any affine wrapper, so the transposed use of the tie
+    sees the adapter too and the model trained is the one `merge_and_unload()` gives. None for a plain
+    `nn.Linear`, whose module and `.weight` are used as they are. `like`: a parameter of the model's dtype and
+    device. Called once per layer and forward (`iteration_weights`): in training mode an adapter's dropout
+    draws one sample there for every use in that forward."""
+    if isinstance(linear, nn.Linear):
+        return None
+    identity = torch.eye(in_features, dtype=like.dtype, device=like.device)
+    return (linear(identity) - linear(torch.zeros_like(identity[:1]))).t()
+
+
 class HyperSetRMSNorm(nn.RMSNorm):
     """`nn.RMSNorm` that computes under autocast as CUDA's autocast runs it on every device: in float32.
 
@@ -1064,11 +1080,17 @@ class HyperSetAttention(nn.Module):
         # RMSNorm gains over d_h: q, k, v each ("separate") or one for all three ("shared").
         self.qkv_gain = nn.Parameter(torch.ones(3 if config.qkv_norm == "separate" else 1, self.head_dim))
 
-    def normalized_heads(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Gain-free z = n(W_hᵀx) on the sphere of radius √d_h: `(B, N, d)` → `(B, H, N, d_h)`."""
+    def projection_weight(self) -> torch.Tensor:
+        """W `(d, d)` as `qkv_proj` applies it: its `.weight`, or the effective weight of a wrapped one."""
+        tied = tied_weight(self.qkv_proj, self.config.hidden_size, self.qkv_gain)
+        return self.qkv_proj.weight if tied is None else tied
+
+    def normalized_heads(self, hidden_states: torch.Tensor, tied: torch.Tensor | None = None) -> torch.Tensor:
+        """Gain-free z = n(W_hᵀx) on the sphere of radius √d_h: `(B, N, d)` → `(B, H, N, d_h)`. `tied`: the
+        effective W of a wrapped `qkv_proj` (`iteration_weights`); None: `projection_weight()`."""
         batch, length, _ = hidden_states.shape
-        weight = self.qkv_proj.weight
-        if hidden_states.dtype == weight.dtype:
+        weight = self.projection_weight() if tied is None else tied
+        if hidden_states.dtype == weight.dtype and isinstance(self.qkv_proj, nn.Linear):
             projected = self.qkv_proj(hidden_states)
         else:  # the energy diagnostics run a bfloat16 / float16 model's states in float32: the weight follows
             projected = F.linear(hidden_states, weight.to(hidden_states.dtype))
@@ -1080,16 +1102,19 @@ class HyperSetAttention(nn.Module):
         """(g_q, g_k, g_v), each `(d_h,)`: views of `qkv_gain`, no kernel (the attention runs once per iteration)."""
         return self.qkv_gain.expand(3, -1).unbind(0)  # "shared": one row, read three times
 
-    def iteration_weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The weight-only factors of `forward`: the q·k scale g_q g_k/√d_h `(d_h,)` and the output projection W
-        with g_v on its rows `(d, d)`. They depend on the parameters alone, so the model computes them once per
-        forward and passes them to every iteration rather than rebuilding them L·T times."""
+    def iteration_weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """The weight-only factors of `forward`: the q·k scale g_q g_k/√d_h `(d_h,)`, the output projection W
+        with g_v on its rows `(d, d)`, and W itself when `qkv_proj` is wrapped (`tied_weight`; None for a plain
+        Linear). They depend on the parameters alone, so the model computes them once per forward and passes
+        them to every iteration rather than rebuilding them L·T times."""
         gain_q, gain_k, gain_v = self.gains()
+        tied = tied_weight(self.qkv_proj, self.config.hidden_size, self.qkv_gain)
+        weight = self.qkv_proj.weight if tied is None else tied
         # S = (z g_q)(z g_k)ᵀ/√d_h = (z g_q g_k/√d_h) zᵀ and P (z g_v) W = (P z)(g_v-scaled rows of W): the gains and
         # the temperature go into one (N, d_h) multiply and a (d, d) one, so k = v = z needs no pass of its own
-        rows = self.qkv_proj.weight.unflatten(0, (self.num_heads, self.head_dim))  # (H, d_h, d)
+        rows = weight.unflatten(0, (self.num_heads, self.head_dim))  # (H, d_h, d)
         # row h·d_h + c of W scaled by g_v[c]
-        return gain_q * gain_k / math.sqrt(self.head_dim), (rows * gain_v[:, None]).flatten(0, 1)
+        return gain_q * gain_k / math.sqrt(self.head_dim), (rows * gain_v[:, None]).flatten(0, 1), tied
 
     def forward(
         self,
@@ -1098,15 +1123,17 @@ class HyperSetAttention(nn.Module):
         output_attentions: bool = False,
         qk_scale: torch.Tensor | None = None,
         output_weight: torch.Tensor | None = None,
+        tied: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The update and the maps P `(B, H, N, N)` (eager only, else None), computed by the implementation
         `config._attn_implementation` names in `ALL_ATTENTION_FUNCTIONS`, or by eager where maps are asked for.
-        `qk_scale`, `output_weight`: `iteration_weights()` computed once by the caller (None: computed here)."""
+        `qk_scale`, `output_weight`, `tied`: `iteration_weights()` computed once by the caller (None: computed
+        here)."""
         batch, length, width = hidden_states.shape
         if qk_scale is None or output_weight is None:
-            qk_scale, output_weight = self.iteration_weights()
+            qk_scale, output_weight, tied = self.iteration_weights()
         # one copy into (B, H, N, d_h) order here rather than one per batched product of q, k, v below
-        z = self.normalized_heads(hidden_states).contiguous()
+        z = self.normalized_heads(hidden_states, tied).contiguous()
         q, k, v = z * qk_scale, z, z
         if self.energy_kind == "sigmoid":
             sig = torch.sigmoid(q @ k.transpose(-1, -2))  # (B, H, N, N)
@@ -1180,20 +1207,43 @@ class HyperSetFeedForward(nn.Module):
         self.activation = config_choice(config, "hidden_act", {"relu": nn.ReLU, "gelu": nn.GELU})()
         self.potential = config_choice(config, "hidden_act", {"relu": relu_potential, "gelu": gelu_potential})
         self.eps = config.rms_norm_eps
+        self.hidden_size = config.hidden_size
         self.dictionary = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.norm = HyperSetRMSNorm(config.intermediate_size, eps=config.rms_norm_eps)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """`(B, N, d)` → `(B, N, d)`: the update act(n_M(Dx)) Dᵀ (softmax over the M atoms for `softmax`)."""
-        projected = self.norm(self.dictionary(hidden_states))
+    def iteration_weights(self) -> torch.Tensor | None:
+        """D `(M, d)` when `dictionary` is wrapped (`tied_weight`), computed once per forward by the model; None
+        for a plain Linear."""
+        return tied_weight(self.dictionary, self.hidden_size, self.norm.weight)
+
+    def project(
+        self, hidden_states: torch.Tensor, tied: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """u = n_M(Dx) `(B, N, M)` and the D `(M, d)` of the transposed use: through the module and its `.weight`
+        for a plain Linear, else both from the effective `tied` (None: `iteration_weights()`)."""
+        if tied is None:
+            tied = self.iteration_weights()
+        if tied is None:
+            return self.norm(self.dictionary(hidden_states)), self.dictionary.weight
+        return self.norm(F.linear(hidden_states, tied)), tied
+
+    def forward(self, hidden_states: torch.Tensor, tied: torch.Tensor | None = None) -> torch.Tensor:
+        """`(B, N, d)` → `(B, N, d)`: the update act(n_M(Dx)) Dᵀ (softmax over the M atoms for `softmax`). `tied`:
+        `iteration_weights()` computed once by the caller."""
+        projected, dictionary = self.project(hidden_states, tied)
         coefficients = projected.softmax(-1) if self.energy_kind == "softmax" else self.activation(projected)
-        return F.linear(coefficients, self.dictionary.weight.t())
+        return F.linear(coefficients, dictionary.t())
+
+    def dictionary_weight(self) -> torch.Tensor:
+        """D `(M, d)` as `dictionary` applies it: its `.weight`, or the effective weight of a wrapped one."""
+        tied = self.iteration_weights()
+        return self.dictionary.weight if tied is None else tied
 
     @_energy_precision
     def energy(self, hidden_states: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """E_FF `(B,)` over real tokens, gain-free normalisation."""
         dtype = torch.promote_types(hidden_states.dtype, torch.float32)
-        dictionary = self.dictionary.weight.to(dtype)
+        dictionary = self.dictionary_weight().to(dtype)
         projected = F.rms_norm(
             F.linear(hidden_states.to(dtype), dictionary), (dictionary.shape[0],), eps=self.eps
         )
@@ -1243,9 +1293,10 @@ class HyperSetLinearAttention(HyperSetAttention):
         super().__init__(config)
         self.feature_map, self.feature_map_derivative = FEATURE_MAP_FUNCTIONS[config.feature_map]
 
-    def iteration_weights(self) -> tuple[None, None]:
-        """None: this update has no weight-only product (W enters as a view, each gain on its own)."""
-        return None, None
+    def iteration_weights(self) -> tuple[None, None, torch.Tensor | None]:
+        """No weight-only product (W enters as a view, each gain on its own): None, None, and W when `qkv_proj`
+        is wrapped (`tied_weight`; None for a plain Linear)."""
+        return None, None, tied_weight(self.qkv_proj, self.config.hidden_size, self.qkv_gain)
 
     def forward(
         self,
@@ -1254,10 +1305,14 @@ class HyperSetLinearAttention(HyperSetAttention):
         output_attentions: bool = False,  # one implementation, which returns no maps; accepted for the layer's call
         qk_scale: None = None,  # `iteration_weights()`: none here (the gains act inside φ and φ')
         output_weight: None = None,
+        tied: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, None]:
-        """`(B, N, d)` → `(B, N, d)`: the update Wᵀ ∂E/∂z, and None for the maps."""
+        """`(B, N, d)` → `(B, N, d)`: the update Wᵀ ∂E/∂z, and None for the maps. `tied`: W of a wrapped
+        `qkv_proj` from `iteration_weights()` (None: computed here; None again for a plain Linear)."""
         batch, length, width = hidden_states.shape
-        z = self.normalized_heads(hidden_states)  # (B, H, N, d_h)
+        if tied is None:
+            tied = self.iteration_weights()[2]
+        z = self.normalized_heads(hidden_states, tied)  # (B, H, N, d_h)
         gain_q, gain_k, gain_v = self.gains()
         features = self.feature_map(z * gain_k)
         if keep is not None:  # padded tokens are no part of the energy (φ(0) need not be 0)
@@ -1265,7 +1320,7 @@ class HyperSetLinearAttention(HyperSetAttention):
         total = features.sum(2, keepdim=True) / math.sqrt(self.head_dim)  # (B, H, 1, d_h)
         mixed = gain_v * self.feature_map_derivative(z * gain_q) * total  # (B, H, N, d_h)
         mixed = mixed.transpose(1, 2).reshape(batch, length, width)  # (B, H, N, d_h) → (B, N, d)
-        return F.linear(mixed, self.qkv_proj.weight.t()), None
+        return F.linear(mixed, (self.qkv_proj.weight if tied is None else tied).t()), None
 
     @_energy_precision
     def diagnostics(
@@ -1291,17 +1346,17 @@ class HyperSetGatedFeedForward(HyperSetFeedForward):
         super().__init__(config)
         self.feature_map, self.feature_map_derivative = FEATURE_MAP_FUNCTIONS[config.feature_map]
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, tied: torch.Tensor | None = None) -> torch.Tensor:
         """`(B, N, d)` → `(B, N, d)`: the update (Σ_m φ(u_m)) φ'(u) Dᵀ, u = n_M(Dx) `(B, N, M)`."""
-        projected = self.norm(self.dictionary(hidden_states))  # (B, N, M)
+        projected, dictionary = self.project(hidden_states, tied)  # (B, N, M), (M, d)
         gate = self.feature_map(projected).sum(-1, keepdim=True)  # (B, N, 1)
-        return F.linear(gate * self.feature_map_derivative(projected), self.dictionary.weight.t())
+        return F.linear(gate * self.feature_map_derivative(projected), dictionary.t())
 
     @_energy_precision
     def energy(self, hidden_states: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """E_FF `(B,)` over real tokens, gain-free normalisation, in at least float32."""
         precision = torch.promote_types(hidden_states.dtype, torch.float32)
-        dictionary = self.dictionary.weight.to(precision)
+        dictionary = self.dictionary_weight().to(precision)
         projected = F.rms_norm(
             F.linear(hidden_states.to(precision), dictionary), (dictionary.shape[0],), eps=self.eps
         )
@@ -1432,19 +1487,24 @@ class HyperSetLayer(GradientCheckpointingLayer):
         fixed_step_sizes: torch.Tensor | None = None,
         qk_scale: torch.Tensor | None = None,
         output_weight: torch.Tensor | None = None,
+        tied_projection: torch.Tensor | None = None,
+        tied_dictionary: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`fixed_step_sizes`: [α | γ] `(B, N, 2d)` when they do not change over iterations (computed once by the
-        model), else None and the step-size network computes them here. `qk_scale`, `output_weight`: the
-        attention's `iteration_weights()`, computed once per forward by the model (None: computed here)."""
+        model), else None and the step-size network computes them here. `qk_scale`, `output_weight`,
+        `tied_projection`: the attention's `iteration_weights()`, `tied_dictionary`: the feedforward's, computed
+        once per forward by the model (None: computed here; the tied ones are None for plain Linears)."""
         # The shared step-size network is passed in (it lives on the model) so that one whole iteration,
         # step sizes included, is one checkpointed unit and memory does not grow with T.
         if fixed_step_sizes is None:
             alpha, gamma = step_sizes(iteration_condition, condition_source)
         else:
             alpha, gamma = fixed_step_sizes.chunk(2, dim=-1)
-        update, probs = self.attention(hidden_states, keep, output_attentions, qk_scale, output_weight)
+        update, probs = self.attention(
+            hidden_states, keep, output_attentions, qk_scale, output_weight, tied_projection
+        )
         updated = torch.addcmul(hidden_states, alpha, update, value=-1)  # x − α ⊙ Attn(x) in one pass
-        updated = torch.addcmul(updated, gamma, self.feedforward(updated))  # x + γ ⊙ FF(x)
+        updated = torch.addcmul(updated, gamma, self.feedforward(updated, tied_dictionary))  # x + γ ⊙ FF(x)
         if self.input_anchor and anchor is not None:
             # x − λ(x_t − x₀): the scale rides on the subtraction (`alpha`), no kernel of its own
             updated = torch.add(updated, hidden_states - anchor, alpha=-self.input_anchor)
@@ -1861,7 +1921,8 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         records = [self._diagnostics(layer, hidden_states, real_tokens)] if settings.output_energies else None
         # weight-only factors, once per layer and forward; positional tensors below, so that reentrant gradient
         # checkpointing differentiates them and the compile region sees them as inputs
-        qk_scale, output_weight = layer.attention.iteration_weights()
+        qk_scale, output_weight, tied_projection = layer.attention.iteration_weights()
+        tied_dictionary = layer.feedforward.iteration_weights()  # None for plain Linears: no work
         for t in range(num_iterations):
             source = inputs.embedded if inputs.on_input else hidden_states
             source = None if inputs.fixed_step_sizes is not None else source  # [α | γ] given: not read
@@ -1881,6 +1942,8 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                     inputs.fixed_step_sizes,
                     qk_scale,
                     output_weight,
+                    tied_projection,
+                    tied_dictionary,
                 )
             if settings.output_hidden_states:
                 states += (hidden_states,)
@@ -1935,7 +1998,9 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         used = torch.zeros(batch, dtype=torch.long, device=hidden_states.device)
         keep, fixed_step_sizes = inputs.keep, inputs.fixed_step_sizes
         energy = self._energy(layer, hidden_states, inputs.real_tokens) if criterion == "energy" else None
-        qk_scale, output_weight = layer.attention.iteration_weights()  # once, as in `_iterate_layer`
+        # once, as in `_iterate_layer`
+        qk_scale, output_weight, tied_projection = layer.attention.iteration_weights()
+        tied_dictionary = layer.feedforward.iteration_weights()
         for condition in inputs.iteration_conditions:
             current, tokens = hidden_states[active], inputs.real_tokens[active]  # (A, N, d), (A, N)
             source = inputs.embedded[active] if inputs.on_input else current
@@ -1950,6 +2015,8 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                 None if fixed_step_sizes is None else fixed_step_sizes[active],
                 qk_scale,
                 output_weight,
+                tied_projection,
+                tied_dictionary,
             )
             hidden_states = hidden_states.index_copy(0, active, updated)
             used[active] += 1

@@ -373,8 +373,9 @@ def _check_length(length: int, limit: int) -> None:
 def _check_token_ids(
     input_ids: torch.Tensor | None, vocab_size: int, attention_mask: torch.Tensor | None = None
 ) -> None:
-    """Ids inside the vocabulary, read from the (possibly resized) embedding table, and an integer mask of 0/1
-    only, in one host read; eager mode only."""
+    """Ids inside the vocabulary and an integer mask of 0/1 only, in one host read; eager mode only. Callers pass
+    `config.vocab_size` (kept by `resize_token_embeddings`), not the table's own size: a wrapped table (a PEFT
+    LoRA `Embedding`) has no `num_embeddings`."""
     if input_ids is None or not input_ids.numel() or _is_tracing():
         return
     values = [input_ids.min(), input_ids.max()]
@@ -617,7 +618,7 @@ class IMixerEmbeddings(nn.Module):
             # images arrive as float32 whatever the model's dtype (e.g. bfloat16), as in transformers' models
             patches = self.projection(pixel_values.to(self.projection.weight.dtype))  # (B, D, Hp, Wp)
             return patches.flatten(2).transpose(1, 2), None  # (B, D, Hp, Wp) → (B, S, D)
-        _check_token_ids(input_ids, self.word_embeddings.num_embeddings, attention_mask)
+        _check_token_ids(input_ids, self.config.vocab_size, attention_mask)
         tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, L, D)
         if attention_mask is None:
             keep = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
@@ -1111,6 +1112,36 @@ class IMixerTokenMixing(nn.Module):
             return (self.fc_sn1, self.fc_sn2)
         return ()
 
+    def check_contractive_layers(self, where: str, prefix: str) -> None:
+        """A ValueError if fc_sn1 or fc_sn2 is no longer the model's own Linear (spectrally parametrized under
+        `contractive_normalization="spectral"`), e.g. wrapped by a PEFT LoRA adapter: the solve reads F's weights
+        as tensors, so a wrapper would be ignored, and an update outside the spectral norm would void the bound
+        that keeps the token mixer invertible. `where` names the forward called, `prefix` this module."""
+        for name in ("fc_sn1", "fc_sn2"):
+            layer = getattr(self, name, None)
+            if layer is None:  # n = 0: no F
+                return
+            spectral = self.normalization == "spectral"
+            if isinstance(layer, nn.Linear) and (
+                not spectral or parametrize.is_parametrized(layer, "weight")
+            ):
+                continue
+            kind = f"{type(layer).__module__}.{type(layer).__qualname__}"
+            why = (
+                "the token mixer is invertible only while F is a contraction, which the spectral normalisation "
+                "keeps by holding ‖W‖₂ <= c (config.spectral_norm_coeff) on both of F's weights; the solver reads "
+                "those normalised weights directly, so an adapter there is ignored (and merging it is lost in the "
+                "parametrization), and a weight change outside the normalisation would break the bound"
+                if spectral
+                else "the fixed-point solver reads F's weights directly, so an adapter there would be ignored"
+            )
+            raise ValueError(
+                f"{where}: {prefix}.{name} is a {kind}, not the model's own Linear: F's layers fc_sn1 and fc_sn2 "
+                f"cannot be adapted: {why}. Leave them out of the adapter's target_modules, e.g. "
+                "LoraConfig(target_modules=..., exclude_modules=['fc_sn1', 'fc_sn2']) (PEFT >= 0.14), and adapt "
+                "fc1, fc2 and the channel mixing instead."
+            )
+
     def update_spectral_norms(self, only_if_changed: bool = False) -> None:
         """Refine the σ estimates (u, v) of F's spectrally normalised weights by power iteration (training-mode
         forwards call it on the schedule of `config.spectral_norm_schedule`); with `only_if_changed`, only for a
@@ -1535,6 +1566,11 @@ class IMixerModel(IMixerPreTrainedModel):
             fixed_point_tolerance,
             fixed_point_gradient,
         )
+
+        for index, layer in enumerate(self.layers):
+            layer.token_mixing.check_contractive_layers(
+                f"{type(self).__name__}.forward", f"layers.{index}.token_mixing"
+            )
 
         hidden_states, keep = self.embeddings(
             pixel_values=pixel_values,
