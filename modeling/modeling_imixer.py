@@ -575,6 +575,16 @@ class FamilyPreTrainedMixin:
         )
 
 
+
+def is_dispatched(module: nn.Module) -> bool:
+    """Whether accelerate hooks run inside `module` (`from_pretrained(..., device_map=...)` with cpu/disk offload or
+    a multi-device split, `dispatch_model`, `cpu_offload`): a hooked module's parameters may be on `meta` outside
+    its own forward, and its outputs on its own device. The model then takes its hook-safe path: every parameter
+    read inside its owner's call, no product hoisted out of a layer or batched across layers. A `device_map` that
+    puts the whole model on one device attaches no hook and keeps the fast path."""
+    return any(hasattr(submodule, "_hf_hook") for submodule in module.modules())
+
+
 # --- end of shared helpers ---
 
 

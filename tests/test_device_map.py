@@ -1,0 +1,155 @@
+"""Big-model inference: `from_pretrained(folder, device_map=..., offload_folder=...)` with cpu/disk offload gives the
+logits of the model loaded whole, for every family's image and sequence head and the looped baseline.
+
+Two maps: every module that holds tensors on "disk" as its own entry (the finest map accelerate takes: a parameter
+is loaded only inside its owner's forward), and the layers on "disk" with the rest on "cpu" (a layer loads whole).
+A dispatched model takes the hook-safe path (docs/usage.md, "Large-model inference"); an undispatched one runs the
+same ops as before (`test_undispatched_model_runs_the_fast_path`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from fixtures import (
+    BASELINE_TINY,
+    Case,
+    DispatchedOps,
+    main_output,
+    perturb,
+)
+from torch import nn
+
+from energyformers import BASELINES, FAMILIES
+
+pytest.importorskip("accelerate")
+
+IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+@dataclasses.dataclass(frozen=True)
+class Subject:
+    """A tiny head to load with a device map: its name, auto class, config factory and inputs."""
+
+    name: str
+    auto_name: str
+    model_class: type
+    config: Callable[..., transformers.PretrainedConfig]
+    inputs: Callable[[], dict[str, torch.Tensor]]
+
+    def build(self, **overrides: object) -> nn.Module:
+        torch.manual_seed(0)
+        # perturbed: zero-initialised step sizes and classifiers would hide a wrong or skipped read
+        return perturb(self.model_class(self.config(**overrides))).eval()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def subjects() -> list[Subject]:
+    found = []
+    heads = [(family, spec.heads) for family, spec in FAMILIES.items()]
+    heads += [(name, spec.heads) for name, spec in BASELINES.items()]
+    for family, family_heads in heads:
+        for auto_name, input_type in (
+            ("AutoModelForImageClassification", "image"),
+            ("AutoModelForSequenceClassification", "sequence"),
+        ):
+            cls = family_heads[auto_name]
+            # the baseline shares the tiny inputs of the family it is measured against
+            case = Case("hyperset" if family in BASELINES else family, auto_name, input_type)
+            tiny = BASELINE_TINY[family] if family in BASELINES else case.tiny
+            found.append(
+                Subject(
+                    f"{cls.__name__}-{input_type}",
+                    auto_name,
+                    cls,
+                    lambda it=input_type, tiny=tiny, **o: tiny.config(it, **o),
+                    case.inputs,
+                )
+            )
+    return found
+
+
+SUBJECTS = subjects()
+
+
+def holders(model: nn.Module) -> list[str]:
+    """The names of the modules that hold a parameter or buffer of their own."""
+    return [
+        name
+        for name, module in model.named_modules()
+        if next(module.parameters(recurse=False), None) is not None
+        or next(module.buffers(recurse=False), None) is not None
+    ]
+
+
+def leaf_disk(model: nn.Module) -> dict[str, str]:
+    """Every tensor-holding module on "disk" as its own entry: each parameter is loaded only inside its owner."""
+    return dict.fromkeys(holders(model), "disk")
+
+
+def layers_disk(model: nn.Module) -> dict[str, str]:
+    """The layers on "disk" (each loads whole), every other tensor-holding module on "cpu"."""
+    base = getattr(model, model.base_model_prefix)
+    prefix = f"{model.base_model_prefix}.layers"
+    device_map = {f"{prefix}.{i}": "disk" for i in range(len(base.layers))}
+    device_map.update({name: "cpu" for name in holders(model) if not name.startswith(prefix)})
+    return device_map
+
+
+MAPS = {"leaf-disk": leaf_disk, "layers-disk": layers_disk}
+
+
+def load_dispatched(
+    subject: Subject, model: nn.Module, folder: Path, device_map: dict[str, str], implementation: str
+) -> nn.Module:
+    auto_class = getattr(transformers, subject.auto_name)
+    loaded = auto_class.from_pretrained(
+        folder,
+        device_map=device_map,
+        offload_folder=folder / "offload",
+        attn_implementation=implementation,
+    ).eval()
+    assert loaded.hf_device_map == device_map
+    return loaded
+
+
+def implementations(model: nn.Module) -> list[str]:
+    return [name for name in IMPLEMENTATIONS if name in type(model).attn_implementations]
+
+
+def check_offloaded_logits(subject: Subject, tmp_path: Path, **overrides: object) -> None:
+    model = subject.build(**overrides)
+    model.save_pretrained(tmp_path)
+    inputs = subject.inputs()
+    for implementation in implementations(model):
+        model.set_attn_implementation(implementation)
+        with torch.no_grad():
+            expected = main_output(model(**inputs))
+        for map_name, make_map in MAPS.items():
+            loaded = load_dispatched(subject, model, tmp_path, make_map(model), implementation)
+            with torch.no_grad():
+                got = main_output(loaded(**inputs))
+            # the same arithmetic in the same order: the hook-safe path reads W through the module (x·I is exact in
+            # float32) and recomputes per layer what the fast path computes once, so equality is exact
+            delta = (got - expected).abs().max().item()
+            assert torch.equal(got, expected), f"{subject} {implementation} {map_name}: max |Δ| = {delta:.3g}"
+
+
+@pytest.mark.parametrize("subject", SUBJECTS, ids=str)
+def test_offloaded_model_gives_the_logits_of_the_whole_model(subject: Subject, tmp_path: Path) -> None:
+    check_offloaded_logits(subject, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "subject", [s for s in SUBJECTS if s.name.startswith(("HyperSet", "Looped"))], ids=str
+)
+def test_offloaded_supervision_steps(subject: Subject, tmp_path: Path) -> None:
+    """Outer supervision steps count the steps each sample ran on a device of the inputs, not the classifier's."""
+    check_offloaded_logits(subject, tmp_path, supervision_steps=2)
