@@ -677,7 +677,6 @@ class FamilyPreTrainedMixin:
         )
 
 
-
 def is_dispatched(module: nn.Module) -> bool:
     """Whether accelerate hooks run inside `module` (`from_pretrained(..., device_map=...)` with cpu/disk offload or
     a multi-device split, `dispatch_model`, `cpu_offload`): a hooked module's parameters may be on `meta` outside
@@ -1039,14 +1038,18 @@ def _energy_precision(method: Callable) -> Callable:
 
 def tied_weight(linear: nn.Module, in_features: int, like: torch.Tensor) -> torch.Tensor | None:
     """The weight `(out, in)` a tied projection applies, when it is no plain `nn.Linear` (e.g. a PEFT LoRA or DoRA
-    layer wrapping one): (module(I) − module(0))ᵀ, exact for any affine wrapper, so the transposed use of the tie
-    sees the adapter too and the model trained is the one `merge_and_unload()` gives. None for a plain
-    `nn.Linear`, whose module and `.weight` are used as they are. `like`: a parameter of the model's dtype and
-    device. Called once per layer and forward (`iteration_weights`): in training mode an adapter's dropout
-    draws one sample there for every use in that forward."""
-    if isinstance(linear, nn.Linear):
+    layer wrapping one) or a hooked one (`is_dispatched`: its `.weight` may be on `meta` outside its own call):
+    (module(I) − module(0))ᵀ, exact for any affine wrapper (and for a plain float32 Linear: x·1 and sums with
+    exact zeros round nothing), so the transposed use of the tie sees the adapter too and the model trained is the
+    one `merge_and_unload()` gives. None for a plain unhooked `nn.Linear`, whose module and `.weight` are used as
+    they are. `like`: a tensor on the device the product is wanted on (a parameter of the model's dtype, or the
+    state inside the owner's call). Called once per layer and forward (`iteration_weights`; per iteration on the
+    hook-safe path): in training mode an adapter's dropout draws one sample there for every use in that forward."""
+    plain = isinstance(linear, nn.Linear)
+    if plain and not is_dispatched(linear):
         return None
-    identity = torch.eye(in_features, dtype=like.dtype, device=like.device)
+    # a plain Linear's dtype is known even when offloaded (a meta tensor keeps it); a wrapper's is `like`'s
+    identity = torch.eye(in_features, dtype=linear.weight.dtype if plain else like.dtype, device=like.device)
     return (linear(identity) - linear(torch.zeros_like(identity[:1]))).t()
 
 
@@ -1231,8 +1234,8 @@ class HyperSetFeedForward(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """u = n_M(Dx) `(B, N, M)` and the D `(M, d)` of the transposed use: through the module and its `.weight`
         for a plain Linear, else both from the effective `tied` (None: `iteration_weights()`)."""
-        if tied is None:
-            tied = self.iteration_weights()
+        if tied is None:  # the state, not `norm.weight`: an offloaded norm's weight is on meta here
+            tied = tied_weight(self.dictionary, self.hidden_size, hidden_states)
         if tied is None:
             return self.norm(self.dictionary(hidden_states)), self.dictionary.weight
         return self.norm(F.linear(hidden_states, tied)), tied
@@ -1429,10 +1432,17 @@ class HyperSetStepSizes(nn.Module):
         return self.time_mlp(sinusoid) if hasattr(self, "time_mlp") else sinusoid
 
     def forward(
-        self, iteration_condition: torch.Tensor, state: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(α, γ)`, each shaped as `state` `(B, N, d)`, from the condition and the state."""
-        alpha, gamma = self.project(iteration_condition, state).chunk(2, dim=-1)
+        self, iteration_condition: torch.Tensor | None, state: torch.Tensor, joined: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+        """`(α, γ)`, each shaped as `state` `(B, N, d)`, from the condition and the state (`joined`: [α | γ] in
+        one tensor, `(B, N, 2d)`). `iteration_condition` None: the learned `condition`, read here, inside this
+        module's call (the hook-safe path: an offloaded `condition` is on meta outside it)."""
+        if iteration_condition is None:
+            iteration_condition = self.condition.to(state.dtype)
+        projected = self.project(iteration_condition, state)
+        if joined:
+            return projected
+        alpha, gamma = projected.chunk(2, dim=-1)
         return alpha, gamma
 
     def project(self, iteration_condition: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
@@ -1508,6 +1518,8 @@ class HyperSetLayer(GradientCheckpointingLayer):
         # step sizes included, is one checkpointed unit and memory does not grow with T.
         if fixed_step_sizes is None:
             alpha, gamma = step_sizes(iteration_condition, condition_source)
+            # the shared network may sit on another device of a split (a no-op on one device)
+            alpha, gamma = alpha.to(hidden_states.device), gamma.to(hidden_states.device)
         else:
             alpha, gamma = fixed_step_sizes.chunk(2, dim=-1)
         update, probs = self.attention(
@@ -1530,7 +1542,7 @@ class HyperSetPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     main_input_name = "pixel_values"
     input_modalities = ("image", "text")
     supports_gradient_checkpointing = True
-    _no_split_modules = ["HyperSetEmbeddings", "HyperSetLayer"]
+    _no_split_modules = ["HyperSetEmbeddings", "HyperSetLayer", "HyperSetStepSizes"]
     _supports_sdpa = True
 
     # what `attn_implementation` takes: this file's bi-softmax registry, read at call time ("triton" registers there)
@@ -1688,6 +1700,8 @@ class _LayerInputs:
     iteration_conditions: torch.Tensor  # (T, …) the condition of each iteration
     fixed_step_sizes: torch.Tensor | None  # [α | γ] (B, N, 2d) where they do not change over iterations
     on_input: bool  # the step sizes read x₀ (`step_size_condition="input"`), else the state
+    # `is_dispatched`: no weight product hoisted out of a layer, the learned condition read by the step sizes
+    hook_safe: bool = False
 
 
 class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
@@ -1894,11 +1908,18 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                 if keep is None
                 else keep.float()
             )
-        iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
+        hook_safe = is_dispatched(self)
+        if hook_safe and not hasattr(self.step_sizes, "time_embedding_dim"):
+            # the learned condition is read inside the step sizes' call (None), where an offload hook loads it
+            iteration_conditions = (None,) * num_iterations
+        else:
+            iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
         fixed_step_sizes = None  # [α | γ] once per forward where they do not change over iterations
         if HyperSetStepSizes.constant_over_iterations(self.config):
-            fixed_step_sizes = self.step_sizes.project(iteration_conditions[0], embedded)  # (B, N, 2d)
-        inputs = _LayerInputs(embedded, keep, real_tokens, iteration_conditions, fixed_step_sizes, on_input)
+            fixed_step_sizes = self.step_sizes(iteration_conditions[0], embedded, joined=True)  # (B, N, 2d)
+        inputs = _LayerInputs(
+            embedded, keep, real_tokens, iteration_conditions, fixed_step_sizes, on_input, hook_safe
+        )
         return hidden_states, inputs
 
     def _starting_state(
@@ -1930,9 +1951,9 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         num_iterations, real_tokens = settings.num_iterations, inputs.real_tokens
         records = [self._diagnostics(layer, hidden_states, real_tokens)] if settings.output_energies else None
         # weight-only factors, once per layer and forward; positional tensors below, so that reentrant gradient
-        # checkpointing differentiates them and the compile region sees them as inputs
-        qk_scale, output_weight, tied_projection = layer.attention.iteration_weights()
-        tied_dictionary = layer.feedforward.iteration_weights()  # None for plain Linears: no work
+        # checkpointing differentiates them and the compile region sees them as inputs (hook-safe: None, each
+        # layer call computes them inside its own modules' calls)
+        qk_scale, output_weight, tied_projection, tied_dictionary = self._iteration_weights(layer, inputs)
         for t in range(num_iterations):
             source = inputs.embedded if inputs.on_input else hidden_states
             source = None if inputs.fixed_step_sizes is not None else source  # [α | γ] given: not read
@@ -1965,6 +1986,15 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             [torch.stack(values, dim=1) for values in zip(*records)] if records is not None else None
         )
         return hidden_states, states, maps, diagnostics
+
+    @staticmethod
+    def _iteration_weights(layer: HyperSetLayer, inputs: _LayerInputs) -> tuple[torch.Tensor | None, ...]:
+        """The layer's weight-only factors (the attention's `iteration_weights()`, then the feedforward's), once per
+        layer and forward; all None on the hook-safe path, where they read offloaded parameters outside their
+        owners' calls, so every layer call computes its own."""
+        if inputs.hook_safe:
+            return None, None, None, None
+        return (*layer.attention.iteration_weights(), layer.feedforward.iteration_weights())
 
     def _halting(self, tolerance: float | None, criterion: str | None) -> tuple[float, str] | None:
         """(ε, criterion) when this call halts adaptively: eval mode, eager, a tolerance given; else None."""
@@ -2009,8 +2039,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         keep, fixed_step_sizes = inputs.keep, inputs.fixed_step_sizes
         energy = self._energy(layer, hidden_states, inputs.real_tokens) if criterion == "energy" else None
         # once, as in `_iterate_layer`
-        qk_scale, output_weight, tied_projection = layer.attention.iteration_weights()
-        tied_dictionary = layer.feedforward.iteration_weights()
+        qk_scale, output_weight, tied_projection, tied_dictionary = self._iteration_weights(layer, inputs)
         for condition in inputs.iteration_conditions:
             current, tokens = hidden_states[active], inputs.real_tokens[active]  # (A, N, d), (A, N)
             source = inputs.embedded[active] if inputs.on_input else current
@@ -2240,7 +2269,9 @@ def classify_with_deep_supervision(
     step_labels = labels if head.training else None  # eval: the loss of the returned logits, at the end
 
     batch = _batch_size(config, inputs)
-    device = head.classifier.weight.device if hasattr(head.classifier, "weight") else None
+    # the inputs' device, not the classifier's: an offloaded classifier's weight is on meta (moved to the logits'
+    # device at each step)
+    device = next(v.device for v in inputs.values() if isinstance(v, torch.Tensor))
     active = None  # indices of the samples still running (None: all)
     logits = step_outputs = merged = None
     step_losses, halting_losses, probabilities = [], [], []

@@ -575,7 +575,6 @@ class FamilyPreTrainedMixin:
         )
 
 
-
 def is_dispatched(module: nn.Module) -> bool:
     """Whether accelerate hooks run inside `module` (`from_pretrained(..., device_map=...)` with cpu/disk offload or
     a multi-device split, `dispatch_model`, `cpu_offload`): a hooked module's parameters may be on `meta` outside

@@ -19,7 +19,6 @@ import transformers
 from fixtures import (
     BASELINE_TINY,
     Case,
-    DispatchedOps,
     main_output,
     perturb,
 )
