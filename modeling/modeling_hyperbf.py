@@ -880,10 +880,12 @@ class HyperBFFeedForward(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(out, w_α(x) or None): the weights are returned by the explicit path, which also runs for `eager`,
         whenever the folded one does not apply (`folds` false), for every call that asks for them, and when
-        `values` is no plain `nn.Linear` (e.g. wrapped by a PEFT LoRA adapter): the folded path reads its weight
-        and bias as tensors, so only the explicit one calls the module and lets the adapter act."""
+        `values` is no plain `nn.Linear` (e.g. wrapped by a PEFT LoRA adapter) or is hooked (`is_dispatched`: an
+        offloaded weight is on meta outside its own call): the folded path reads its weight and bias as tensors,
+        so only the explicit one calls the module and lets the adapter, or the offload hook, act."""
         implementation = self.config._attn_implementation
-        explicit = output_center_weights or not self.folds or not isinstance(self.values, nn.Linear)
+        explicit = output_center_weights or not self.folds
+        explicit = explicit or not isinstance(self.values, nn.Linear) or is_dispatched(self.values)
         if explicit or implementation in (None, "eager"):
             weights = self.center_weights(hidden_states)
             return self.values(weights), weights

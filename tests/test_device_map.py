@@ -19,8 +19,10 @@ import transformers
 from fixtures import (
     BASELINE_TINY,
     Case,
+    assert_close_to_scale,
     main_output,
     perturb,
+    rounding,
 )
 from torch import nn
 
@@ -135,10 +137,19 @@ def check_offloaded_logits(subject: Subject, tmp_path: Path, **overrides: object
             loaded = load_dispatched(subject, model, tmp_path, make_map(model), implementation)
             with torch.no_grad():
                 got = main_output(loaded(**inputs))
+            what = f"{subject} {implementation} {map_name}"
+            if subject.name.startswith("HyperBF") and implementation != "eager":
+                # a hooked `values` takes the explicit RBF feedforward, the undispatched model the folded one (one
+                # sdpa call): the same softmax over K centers, its logits summed in another order, a dot product of
+                # the folded width w = hidden + 2 per layer, each rounding relative to the logits' size (≤ 1 here:
+                # the scale of assert_close_to_scale)
+                width, layers = model.config.hidden_size + 2, model.config.num_hidden_layers
+                assert_close_to_scale(got, expected, rounding(torch.float32, width * layers), what)
+                continue
             # the same arithmetic in the same order: the hook-safe path reads W through the module (x·I is exact in
             # float32) and recomputes per layer what the fast path computes once, so equality is exact
             delta = (got - expected).abs().max().item()
-            assert torch.equal(got, expected), f"{subject} {implementation} {map_name}: max |Δ| = {delta:.3g}"
+            assert torch.equal(got, expected), f"{what}: max |Δ| = {delta:.3g}"
 
 
 @pytest.mark.parametrize("subject", SUBJECTS, ids=str)
