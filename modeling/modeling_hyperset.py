@@ -533,8 +533,9 @@ def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor
     """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
     if keep is None:
         return values.mean(1)
-    # (B, N) → (B, N, 1, ...): broadcast over the feature axes
-    weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
+    # (B, N) → (B, N, 1, ...): broadcast over the feature axes; on the states' device, which a multi-device
+    # split may have moved away from the mask's
+    weights = keep.to(values.device, values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
     return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
