@@ -1037,20 +1037,23 @@ def _energy_precision(method: Callable) -> Callable:
     return wrapped
 
 
-def tied_weight(linear: nn.Module, in_features: int, like: torch.Tensor) -> torch.Tensor | None:
+def tied_weight(
+    linear: nn.Module, in_features: int, like: torch.Tensor, device: torch.device | None = None
+) -> torch.Tensor | None:
     """The weight `(out, in)` a tied projection applies, when it is no plain `nn.Linear` (e.g. a PEFT LoRA or DoRA
     layer wrapping one) or a hooked one (`is_dispatched`: its `.weight` may be on `meta` outside its own call):
     (module(I) − module(0))ᵀ, exact for any affine wrapper (and for a plain float32 Linear: x·1 and sums with
     exact zeros round nothing), so the transposed use of the tie sees the adapter too and the model trained is the
     one `merge_and_unload()` gives. None for a plain unhooked `nn.Linear`, whose module and `.weight` are used as
-    they are. `like`: a tensor on the device the product is wanted on (a parameter of the model's dtype, or the
-    state inside the owner's call). Called once per layer and forward (`iteration_weights`; per iteration on the
+    they are. `like`: a parameter of the model's dtype and device; `device`: where the product is wanted instead
+    (an input's device: an offloaded `like` is on meta outside its owner's call). Called once per layer and forward (`iteration_weights`; per iteration on the
     hook-safe path): in training mode an adapter's dropout draws one sample there for every use in that forward."""
     plain = isinstance(linear, nn.Linear)
     if plain and not is_dispatched(linear):
         return None
     # a plain Linear's dtype is known even when offloaded (a meta tensor keeps it); a wrapper's is `like`'s
-    identity = torch.eye(in_features, dtype=linear.weight.dtype if plain else like.dtype, device=like.device)
+    dtype = linear.weight.dtype if plain else like.dtype
+    identity = torch.eye(in_features, dtype=dtype, device=like.device if device is None else device)
     return (linear(identity) - linear(torch.zeros_like(identity[:1]))).t()
 
 
@@ -1094,16 +1097,17 @@ class HyperSetAttention(nn.Module):
         # RMSNorm gains over d_h: q, k, v each ("separate") or one for all three ("shared").
         self.qkv_gain = nn.Parameter(torch.ones(3 if config.qkv_norm == "separate" else 1, self.head_dim))
 
-    def projection_weight(self) -> torch.Tensor:
-        """W `(d, d)` as `qkv_proj` applies it: its `.weight`, or the effective weight of a wrapped one."""
-        tied = tied_weight(self.qkv_proj, self.config.hidden_size, self.qkv_gain)
+    def projection_weight(self, device: torch.device | None = None) -> torch.Tensor:
+        """W `(d, d)` as `qkv_proj` applies it: its `.weight`, or the effective weight of a wrapped or hooked one
+        (on `device`, where given)."""
+        tied = tied_weight(self.qkv_proj, self.config.hidden_size, self.qkv_gain, device)
         return self.qkv_proj.weight if tied is None else tied
 
     def normalized_heads(self, hidden_states: torch.Tensor, tied: torch.Tensor | None = None) -> torch.Tensor:
         """Gain-free z = n(W_hᵀx) on the sphere of radius √d_h: `(B, N, d)` → `(B, H, N, d_h)`. `tied`: the
         effective W of a wrapped `qkv_proj` (`iteration_weights`); None: `projection_weight()`."""
         batch, length, _ = hidden_states.shape
-        weight = self.projection_weight() if tied is None else tied
+        weight = self.projection_weight(hidden_states.device) if tied is None else tied
         if hidden_states.dtype == weight.dtype and isinstance(self.qkv_proj, nn.Linear):
             projected = self.qkv_proj(hidden_states)
         else:  # the energy diagnostics run a bfloat16 / float16 model's states in float32: the weight follows
@@ -1235,8 +1239,8 @@ class HyperSetFeedForward(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """u = n_M(Dx) `(B, N, M)` and the D `(M, d)` of the transposed use: through the module and its `.weight`
         for a plain Linear, else both from the effective `tied` (None: `iteration_weights()`)."""
-        if tied is None:  # the state, not `norm.weight`: an offloaded norm's weight is on meta here
-            tied = tied_weight(self.dictionary, self.hidden_size, hidden_states)
+        if tied is None:  # on the state's device: an offloaded norm's weight is on meta here
+            tied = tied_weight(self.dictionary, self.hidden_size, self.norm.weight, hidden_states.device)
         if tied is None:
             return self.norm(self.dictionary(hidden_states)), self.dictionary.weight
         return self.norm(F.linear(hidden_states, tied)), tied
@@ -1248,16 +1252,17 @@ class HyperSetFeedForward(nn.Module):
         coefficients = projected.softmax(-1) if self.energy_kind == "softmax" else self.activation(projected)
         return F.linear(coefficients, dictionary.t())
 
-    def dictionary_weight(self) -> torch.Tensor:
-        """D `(M, d)` as `dictionary` applies it: its `.weight`, or the effective weight of a wrapped one."""
-        tied = self.iteration_weights()
+    def dictionary_weight(self, device: torch.device | None = None) -> torch.Tensor:
+        """D `(M, d)` as `dictionary` applies it: its `.weight`, or the effective weight of a wrapped or hooked one
+        (on `device`, where given)."""
+        tied = tied_weight(self.dictionary, self.hidden_size, self.norm.weight, device)
         return self.dictionary.weight if tied is None else tied
 
     @_energy_precision
     def energy(self, hidden_states: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """E_FF `(B,)` over real tokens, gain-free normalisation."""
         dtype = torch.promote_types(hidden_states.dtype, torch.float32)
-        dictionary = self.dictionary_weight().to(dtype)
+        dictionary = self.dictionary_weight(hidden_states.device).to(dtype)
         projected = F.rms_norm(
             F.linear(hidden_states.to(dtype), dictionary), (dictionary.shape[0],), eps=self.eps
         )
@@ -1370,7 +1375,7 @@ class HyperSetGatedFeedForward(HyperSetFeedForward):
     def energy(self, hidden_states: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """E_FF `(B,)` over real tokens, gain-free normalisation, in at least float32."""
         precision = torch.promote_types(hidden_states.dtype, torch.float32)
-        dictionary = self.dictionary_weight().to(precision)
+        dictionary = self.dictionary_weight(hidden_states.device).to(precision)
         projected = F.rms_norm(
             F.linear(hidden_states.to(precision), dictionary), (dictionary.shape[0],), eps=self.eps
         )

@@ -97,8 +97,8 @@ def leaf_disk(model: nn.Module) -> dict[str, str]:
 
 def layers_disk(model: nn.Module) -> dict[str, str]:
     """The layers on "disk" (each loads whole), every other tensor-holding module on "cpu"."""
-    base = getattr(model, model.base_model_prefix)
-    prefix = f"{model.base_model_prefix}.layers"
+    base = getattr(model, model.base_model_prefix, model)  # a head's backbone, or the base model itself
+    prefix = f"{model.base_model_prefix}.layers" if base is not model else "layers"
     device_map = {f"{prefix}.{i}": "disk" for i in range(len(base.layers))}
     device_map.update({name: "cpu" for name in holders(model) if not name.startswith(prefix)})
     return device_map
@@ -163,3 +163,29 @@ def test_offloaded_model_gives_the_logits_of_the_whole_model(subject: Subject, t
 def test_offloaded_supervision_steps(subject: Subject, tmp_path: Path) -> None:
     """Outer supervision steps count the steps each sample ran on a device of the inputs, not the classifier's."""
     check_offloaded_logits(subject, tmp_path, supervision_steps=2)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [dict(output_final_energy=True), dict(halting_tolerance=1e-3, halting_criterion="energy")],
+    ids=["final-energy", "energy-halting"],
+)
+def test_offloaded_hyperset_energies(call: dict, tmp_path: Path) -> None:
+    """The energies are computed outside the layers' forwards (by the model, between iterations): on the hook-safe
+    path W and D come from calls of their hooked Linears on the state's device, so they equal the whole model's."""
+    case = Case("hyperset", "AutoModel", "image")
+    model = perturb(case.build())
+    model.save_pretrained(tmp_path)
+    inputs = case.inputs()
+    with torch.no_grad():
+        expected = model(**inputs, **call)
+    loaded = transformers.AutoModel.from_pretrained(
+        tmp_path, device_map=leaf_disk(model), offload_folder=tmp_path / "offload"
+    ).eval()
+    with torch.no_grad():
+        got = loaded(**inputs, **call)
+    for name in ("last_hidden_state", "final_energy", "iterations_used"):
+        if getattr(expected, name) is None:
+            continue
+        delta = (getattr(got, name).double() - getattr(expected, name).double()).abs().max().item()
+        assert torch.equal(getattr(got, name), getattr(expected, name)), f"{name}: max |Δ| = {delta:.3g}"
