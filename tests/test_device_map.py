@@ -19,6 +19,7 @@ import transformers
 from fixtures import (
     BASELINE_TINY,
     Case,
+    DispatchedOps,
     assert_close_to_scale,
     main_output,
     perturb,
@@ -189,3 +190,45 @@ def test_offloaded_hyperset_energies(call: dict, tmp_path: Path) -> None:
             continue
         delta = (getattr(got, name).double() - getattr(expected, name).double()).abs().max().item()
         assert torch.equal(getattr(got, name), getattr(expected, name)), f"{name}: max |Δ| = {delta:.3g}"
+
+
+@pytest.mark.parametrize(
+    "subject", [s for s in SUBJECTS if s.auto_name == "AutoModelForImageClassification"], ids=str
+)
+def test_undispatched_model_runs_the_fast_path(subject: Subject) -> None:
+    """The path is chosen per call by `is_dispatched` (accelerate's `_hf_hook` on a module): with do-nothing hooks
+    on every tensor-holding module a family whose fast path reads parameters outside their owners runs other ops
+    (the hook-safe path) and gives the same logits; once the hooks are removed it runs exactly the ops it ran
+    before they were attached."""
+    from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_submodules
+
+    model = subject.build()
+    inputs = subject.inputs()
+    for implementation in implementations(model):
+        model.set_attn_implementation(implementation)
+        runs = {}
+        for stage in ("before", "hooked", "after"):
+            if stage == "hooked":
+                for name in holders(model):
+                    add_hook_to_module(model.get_submodule(name), ModelHook())
+            if stage == "after":
+                remove_hook_from_submodules(model)
+            with torch.no_grad(), DispatchedOps() as ops:
+                logits = model(**inputs).logits
+            runs[stage] = (ops.ops, logits)
+        what = f"{subject} {implementation}"
+        assert runs["after"][0] == runs["before"][0], (
+            f"{what}: the fast path's ops changed after the hooks left"
+        )
+        assert torch.equal(runs["after"][1], runs["before"][1]), what
+        # the baseline, and HyperBF's eager (explicit) feedforward, read every parameter inside its owner: one path
+        if subject.name.startswith("Looped") or (
+            subject.name.startswith("HyperBF") and implementation == "eager"
+        ):
+            assert runs["hooked"][0] == runs["before"][0], f"{what}: no hook-safe path expected"
+            continue
+        assert runs["hooked"][0] != runs["before"][0], f"{what}: hooked, the model still ran the fast path"
+        if subject.name.startswith("HyperBF") and implementation != "eager":
+            continue  # explicit vs folded feedforward: test_offloaded_model_gives_the_logits_of_the_whole_model
+        delta = (runs["hooked"][1] - runs["before"][1]).abs().max().item()
+        assert torch.equal(runs["hooked"][1], runs["before"][1]), f"{what}: max |Δ| = {delta:.3g}"
