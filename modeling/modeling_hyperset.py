@@ -1524,8 +1524,6 @@ class HyperSetLayer(GradientCheckpointingLayer):
         # step sizes included, is one checkpointed unit and memory does not grow with T.
         if fixed_step_sizes is None:
             alpha, gamma = step_sizes(iteration_condition, condition_source)
-            # the shared network may sit on another device of a split (a no-op on one device)
-            alpha, gamma = alpha.to(hidden_states.device), gamma.to(hidden_states.device)
         else:
             alpha, gamma = fixed_step_sizes.chunk(2, dim=-1)
         update, probs = self.attention(
@@ -1967,16 +1965,18 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             with self._iteration_grad(
                 index, t, num_iterations, settings.backprop_iterations, len(self.layers)
             ):
+                condition = inputs.iteration_conditions[t]
+                step_sizes, fixed_step_sizes = self._step_sizes_of(inputs, condition, source)
                 # positional: gradient checkpointing (reentrant) differentiates the positional tensors only
                 hidden_states, probs = layer(
                     hidden_states,
-                    inputs.iteration_conditions[t],
+                    condition,
                     source,
-                    self.step_sizes,
+                    step_sizes,
                     inputs.keep,
                     anchor,
                     settings.output_attentions,
-                    inputs.fixed_step_sizes,
+                    fixed_step_sizes,
                     qk_scale,
                     output_weight,
                     tied_projection,
@@ -1992,6 +1992,23 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             [torch.stack(values, dim=1) for values in zip(*records)] if records is not None else None
         )
         return hidden_states, states, maps, diagnostics
+
+    def _step_sizes_of(
+        self,
+        inputs: _LayerInputs,
+        condition: torch.Tensor | None,
+        source: torch.Tensor | None,
+        fixed: torch.Tensor | str | None = "inputs",
+    ) -> tuple[HyperSetStepSizes | None, torch.Tensor | None]:
+        """What a layer call gets for its step sizes: the shared network and `fixed` ([α | γ] where they do not
+        change over iterations; "inputs": `inputs.fixed_step_sizes`). On the hook-safe path [α | γ] are computed
+        here, by the network's own call, and the layer gets no module: a hook moves every argument of its module's
+        call to that module's device, a module argument included, which would move the shared network's
+        parameters away from its own hook's device."""
+        fixed = inputs.fixed_step_sizes if isinstance(fixed, str) else fixed
+        if not inputs.hook_safe or fixed is not None:
+            return self.step_sizes, fixed
+        return None, self.step_sizes(condition, source, joined=True)
 
     @staticmethod
     def _iteration_weights(layer: HyperSetLayer, inputs: _LayerInputs) -> tuple[torch.Tensor | None, ...]:
@@ -2049,15 +2066,17 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         for condition in inputs.iteration_conditions:
             current, tokens = hidden_states[active], inputs.real_tokens[active]  # (A, N, d), (A, N)
             source = inputs.embedded[active] if inputs.on_input else current
+            given = None if fixed_step_sizes is None else fixed_step_sizes[active]
+            step_sizes, given = self._step_sizes_of(inputs, condition, source, given)
             updated, _ = layer(
                 current,
                 condition,
                 source,
-                self.step_sizes,
+                step_sizes,
                 None if keep is None else keep[active],
                 None if anchor is None else anchor[active],
                 False,  # no maps: halting cannot return them
-                None if fixed_step_sizes is None else fixed_step_sizes[active],
+                given,
                 qk_scale,
                 output_weight,
                 tied_projection,
