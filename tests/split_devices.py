@@ -72,7 +72,9 @@ def _run(func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         plain = [t for t in flat if type(t) is torch.Tensor and t.dim() > 0]
         if len(indices) > 1 or plain or (target is not None and {target} != indices):
             shapes = [tuple(t.shape) for t in plain]
-            raise DeviceMismatch(f"{func}: tensors on meta:{sorted(indices)} and CPU tensors of shapes {shapes}")
+            raise DeviceMismatch(
+                f"{func}: tensors on meta:{sorted(indices)} and CPU tensors of shapes {shapes}"
+            )
     if target is not None:
         kwargs = {**kwargs, "device": torch.device("cpu")}
     unwrap = lambda value: value.elem if isinstance(value, OnDevice) else value  # noqa: E731

@@ -25,6 +25,7 @@ from fixtures import (
     perturb,
     rounding,
 )
+from split_devices import OnDevice, place, split_devices
 from torch import nn
 
 from energyformers import BASELINES, FAMILIES
@@ -232,3 +233,44 @@ def test_undispatched_model_runs_the_fast_path(subject: Subject) -> None:
             continue  # explicit vs folded feedforward: test_offloaded_model_gives_the_logits_of_the_whole_model
         delta = (runs["hooked"][1] - runs["before"][1]).abs().max().item()
         assert torch.equal(runs["hooked"][1], runs["before"][1]), f"{what}: max |Δ| = {delta:.3g}"
+
+
+def auto_map(model: nn.Module, devices: int) -> dict[str, int]:
+    """transformers' own `device_map="auto"` for `devices` GPUs of equal memory (what `from_pretrained` computes:
+    the balanced per-device budget, then `infer_auto_device_map` with the model's `_no_split_modules`)."""
+    from transformers.integrations.accelerate import get_balanced_memory, infer_auto_device_map
+
+    budget = {**dict.fromkeys(range(devices), 10**9), "cpu": 10**10}
+    balanced = get_balanced_memory(model, max_memory=budget, no_split_module_classes=model._no_split_modules)
+    return dict(
+        infer_auto_device_map(model, max_memory=balanced, no_split_module_classes=model._no_split_modules)
+    )
+
+
+@pytest.mark.filterwarnings("ignore:Device .* is not available")
+@pytest.mark.parametrize("devices", [2, 4])
+@pytest.mark.parametrize("subject", SUBJECTS, ids=str)
+def test_split_over_devices_gives_the_logits_of_the_whole_model(subject: Subject, devices: int) -> None:
+    """`device_map="auto"` over 2 and 4 accelerators (`tests/split_devices.py`: stand-ins under accelerate's own
+    hooks) runs without a device mix and returns the logits on the inputs' device. Eager attention: a tensor
+    subclass takes torch's math sdpa, another kernel than the CPU model's, so only eager compares bit for bit."""
+    model = subject.build()
+    model.set_attn_implementation("eager")
+    inputs = subject.inputs()
+    with torch.no_grad():
+        expected = main_output(model(**inputs))
+    device_map = auto_map(model, devices)
+    with split_devices():
+        place(model, device_map)
+        if "" in device_map:  # all on one device: no hooks, the caller moves the inputs (as for one GPU)
+            inputs = {name: value.to(f"meta:{device_map['']}") for name, value in inputs.items()}
+        with torch.no_grad():
+            got = main_output(model(**inputs))
+    # the root hook returns the outputs on the inputs' device (`io_same_device`)
+    first = next(iter(inputs.values()))
+    assert got.device == first.device, (
+        f"{subject} over {device_map}: logits on {got.device}, inputs on {first.device}"
+    )
+    got = got.elem if isinstance(got, OnDevice) else got
+    delta = (got - expected).abs().max().item()
+    assert torch.equal(got, expected), f"{subject} over {device_map}: max |Δ| = {delta:.3g}"
