@@ -1,10 +1,12 @@
-"""Big-model inference: `from_pretrained(folder, device_map=..., offload_folder=...)` with cpu/disk offload gives the
-logits of the model loaded whole, for every family's image and sequence head and the looped baseline.
+"""Big-model inference: `from_pretrained(folder, device_map=..., offload_folder=...)` with cpu/disk offload, and
+transformers' `device_map="auto"` split over several accelerators, give the logits of the model loaded whole, for
+every family's image and sequence head and the looped baseline.
 
-Two maps: every module that holds tensors on "disk" as its own entry (the finest map accelerate takes: a parameter
-is loaded only inside its owner's forward), and the layers on "disk" with the rest on "cpu" (a layer loads whole).
-A dispatched model takes the hook-safe path (docs/usage.md, "Large-model inference"); an undispatched one runs the
-same ops as before (`test_undispatched_model_runs_the_fast_path`).
+Offload maps: every module that holds tensors on "disk" as its own entry (each parameter is loaded only inside its
+owner's forward), and the layers on "disk" with the rest on "cpu". Splits run on CPU stand-ins of 2 and 4
+accelerators under accelerate's own hooks (`tests/split_devices.py`). A dispatched model takes the hook-safe path
+(docs/usage.md, "Large-model inference"); an undispatched one runs the same ops as before
+(`test_undispatched_model_runs_the_fast_path`).
 """
 
 from __future__ import annotations
