@@ -1919,8 +1919,11 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         else:
             iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
         fixed_step_sizes = None  # [α | γ] once per forward where they do not change over iterations
-        if HyperSetStepSizes.constant_over_iterations(self.config):
+        if HyperSetStepSizes.constant_over_iterations(self.config) and hook_safe:
+            # through the network's own call, which reads the learned condition (None) where its hook loads it
             fixed_step_sizes = self.step_sizes(iteration_conditions[0], embedded, joined=True)  # (B, N, 2d)
+        elif HyperSetStepSizes.constant_over_iterations(self.config):
+            fixed_step_sizes = self.step_sizes.project(iteration_conditions[0], embedded)  # (B, N, 2d)
         inputs = _LayerInputs(
             embedded, keep, real_tokens, iteration_conditions, fixed_step_sizes, on_input, hook_safe
         )

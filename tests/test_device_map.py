@@ -170,6 +170,18 @@ def test_offloaded_supervision_steps(subject: Subject, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "overrides",
+    [dict(step_size_condition="input"), dict(iteration_conditioning="sinusoidal")],
+    ids=["constant-step-sizes", "sinusoidal-conditions"],
+)
+def test_offloaded_hyperset_step_size_variants(overrides: dict, tmp_path: Path) -> None:
+    """Step sizes computed once per forward (conditioned on the input, one condition) and per-iteration conditions
+    from the time MLP: both read the step-size network's parameters through its own calls."""
+    subject = next(s for s in SUBJECTS if s.name.startswith("HyperSetForImageClassification"))
+    check_offloaded_logits(subject, tmp_path, **overrides)
+
+
+@pytest.mark.parametrize(
     "call",
     [dict(output_final_energy=True), dict(halting_tolerance=1e-3, halting_criterion="energy")],
     ids=["final-energy", "energy-halting"],
