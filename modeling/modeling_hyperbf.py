@@ -436,8 +436,9 @@ def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor
     """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
     if keep is None:
         return values.mean(1)
-    # (B, N) → (B, N, 1, ...): broadcast over the feature axes
-    weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
+    # (B, N) → (B, N, 1, ...): broadcast over the feature axes; on the states' device, which a multi-device
+    # split may have moved away from the mask's
+    weights = keep.to(values.device, values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
     return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
@@ -578,6 +579,15 @@ class FamilyPreTrainedMixin:
         return load_naming_unreadable_file(
             super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
         )
+
+
+def is_dispatched(module: nn.Module) -> bool:
+    """Whether accelerate hooks run inside `module` (`from_pretrained(..., device_map=...)` with cpu/disk offload or
+    a multi-device split, `dispatch_model`, `cpu_offload`): a hooked module's parameters may be on `meta` outside
+    its own forward, and its outputs on its own device. The model then takes its hook-safe path: every parameter
+    read inside its owner's call, no product hoisted out of a layer or batched across layers. A `device_map` that
+    puts the whole model on one device attaches no hook and keeps the fast path."""
+    return any(hasattr(submodule, "_hf_hook") for submodule in module.modules())
 
 
 # --- end of shared helpers ---
@@ -871,10 +881,12 @@ class HyperBFFeedForward(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(out, w_α(x) or None): the weights are returned by the explicit path, which also runs for `eager`,
         whenever the folded one does not apply (`folds` false), for every call that asks for them, and when
-        `values` is no plain `nn.Linear` (e.g. wrapped by a PEFT LoRA adapter): the folded path reads its weight
-        and bias as tensors, so only the explicit one calls the module and lets the adapter act."""
+        `values` is no plain `nn.Linear` (e.g. wrapped by a PEFT LoRA adapter) or is hooked (`is_dispatched`: an
+        offloaded weight is on meta outside its own call): the folded path reads its weight and bias as tensors,
+        so only the explicit one calls the module and lets the adapter, or the offload hook, act."""
         implementation = self.config._attn_implementation
-        explicit = output_center_weights or not self.folds or not isinstance(self.values, nn.Linear)
+        explicit = output_center_weights or not self.folds
+        explicit = explicit or not isinstance(self.values, nn.Linear) or is_dispatched(self.values)
         if explicit or implementation in (None, "eager"):
             weights = self.center_weights(hidden_states)
             return self.values(weights), weights

@@ -533,8 +533,9 @@ def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor
     """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
     if keep is None:
         return values.mean(1)
-    # (B, N) → (B, N, 1, ...): broadcast over the feature axes
-    weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
+    # (B, N) → (B, N, 1, ...): broadcast over the feature axes; on the states' device, which a multi-device
+    # split may have moved away from the mask's
+    weights = keep.to(values.device, values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
     return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
@@ -675,6 +676,15 @@ class FamilyPreTrainedMixin:
         return load_naming_unreadable_file(
             super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
         )
+
+
+def is_dispatched(module: nn.Module) -> bool:
+    """Whether accelerate hooks run inside `module` (`from_pretrained(..., device_map=...)` with cpu/disk offload or
+    a multi-device split, `dispatch_model`, `cpu_offload`): a hooked module's parameters may be on `meta` outside
+    its own forward, and its outputs on its own device. The model then takes its hook-safe path: every parameter
+    read inside its owner's call, no product hoisted out of a layer or batched across layers. A `device_map` that
+    puts the whole model on one device attaches no hook and keeps the fast path."""
+    return any(hasattr(submodule, "_hf_hook") for submodule in module.modules())
 
 
 # --- end of shared helpers ---
@@ -1027,16 +1037,23 @@ def _energy_precision(method: Callable) -> Callable:
     return wrapped
 
 
-def tied_weight(linear: nn.Module, in_features: int, like: torch.Tensor) -> torch.Tensor | None:
+def tied_weight(
+    linear: nn.Module, in_features: int, like: torch.Tensor, device: torch.device | None = None
+) -> torch.Tensor | None:
     """The weight `(out, in)` a tied projection applies, when it is no plain `nn.Linear` (e.g. a PEFT LoRA or DoRA
-    layer wrapping one): (module(I) − module(0))ᵀ, exact for any affine wrapper, so the transposed use of the tie
-    sees the adapter too and the model trained is the one `merge_and_unload()` gives. None for a plain
-    `nn.Linear`, whose module and `.weight` are used as they are. `like`: a parameter of the model's dtype and
-    device. Called once per layer and forward (`iteration_weights`): in training mode an adapter's dropout
-    draws one sample there for every use in that forward."""
-    if isinstance(linear, nn.Linear):
+    layer wrapping one) or a hooked one (`is_dispatched`: its `.weight` may be on `meta` outside its own call):
+    (module(I) − module(0))ᵀ, exact for any affine wrapper (and for a plain float32 Linear: x·1 and sums with
+    exact zeros round nothing), so the transposed use of the tie sees the adapter too and the model trained is the
+    one `merge_and_unload()` gives. None for a plain unhooked `nn.Linear`, whose module and `.weight` are used as
+    they are. `like`: a parameter of the model's dtype and device; `device`: where the product is wanted instead
+    (an input's device: an offloaded `like` is on meta outside its owner's call). Called once per layer and forward (`iteration_weights`; per iteration on the
+    hook-safe path): in training mode an adapter's dropout draws one sample there for every use in that forward."""
+    plain = isinstance(linear, nn.Linear)
+    if plain and not is_dispatched(linear):
         return None
-    identity = torch.eye(in_features, dtype=like.dtype, device=like.device)
+    # a plain Linear's dtype is known even when offloaded (a meta tensor keeps it); a wrapper's is `like`'s
+    dtype = linear.weight.dtype if plain else like.dtype
+    identity = torch.eye(in_features, dtype=dtype, device=like.device if device is None else device)
     return (linear(identity) - linear(torch.zeros_like(identity[:1]))).t()
 
 
@@ -1080,16 +1097,17 @@ class HyperSetAttention(nn.Module):
         # RMSNorm gains over d_h: q, k, v each ("separate") or one for all three ("shared").
         self.qkv_gain = nn.Parameter(torch.ones(3 if config.qkv_norm == "separate" else 1, self.head_dim))
 
-    def projection_weight(self) -> torch.Tensor:
-        """W `(d, d)` as `qkv_proj` applies it: its `.weight`, or the effective weight of a wrapped one."""
-        tied = tied_weight(self.qkv_proj, self.config.hidden_size, self.qkv_gain)
+    def projection_weight(self, device: torch.device | None = None) -> torch.Tensor:
+        """W `(d, d)` as `qkv_proj` applies it: its `.weight`, or the effective weight of a wrapped or hooked one
+        (on `device`, where given)."""
+        tied = tied_weight(self.qkv_proj, self.config.hidden_size, self.qkv_gain, device)
         return self.qkv_proj.weight if tied is None else tied
 
     def normalized_heads(self, hidden_states: torch.Tensor, tied: torch.Tensor | None = None) -> torch.Tensor:
         """Gain-free z = n(W_hᵀx) on the sphere of radius √d_h: `(B, N, d)` → `(B, H, N, d_h)`. `tied`: the
         effective W of a wrapped `qkv_proj` (`iteration_weights`); None: `projection_weight()`."""
         batch, length, _ = hidden_states.shape
-        weight = self.projection_weight() if tied is None else tied
+        weight = self.projection_weight(hidden_states.device) if tied is None else tied
         if hidden_states.dtype == weight.dtype and isinstance(self.qkv_proj, nn.Linear):
             projected = self.qkv_proj(hidden_states)
         else:  # the energy diagnostics run a bfloat16 / float16 model's states in float32: the weight follows
@@ -1221,8 +1239,8 @@ class HyperSetFeedForward(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """u = n_M(Dx) `(B, N, M)` and the D `(M, d)` of the transposed use: through the module and its `.weight`
         for a plain Linear, else both from the effective `tied` (None: `iteration_weights()`)."""
-        if tied is None:
-            tied = self.iteration_weights()
+        if tied is None:  # on the state's device: an offloaded norm's weight is on meta here
+            tied = tied_weight(self.dictionary, self.hidden_size, self.norm.weight, hidden_states.device)
         if tied is None:
             return self.norm(self.dictionary(hidden_states)), self.dictionary.weight
         return self.norm(F.linear(hidden_states, tied)), tied
@@ -1234,16 +1252,17 @@ class HyperSetFeedForward(nn.Module):
         coefficients = projected.softmax(-1) if self.energy_kind == "softmax" else self.activation(projected)
         return F.linear(coefficients, dictionary.t())
 
-    def dictionary_weight(self) -> torch.Tensor:
-        """D `(M, d)` as `dictionary` applies it: its `.weight`, or the effective weight of a wrapped one."""
-        tied = self.iteration_weights()
+    def dictionary_weight(self, device: torch.device | None = None) -> torch.Tensor:
+        """D `(M, d)` as `dictionary` applies it: its `.weight`, or the effective weight of a wrapped or hooked one
+        (on `device`, where given)."""
+        tied = tied_weight(self.dictionary, self.hidden_size, self.norm.weight, device)
         return self.dictionary.weight if tied is None else tied
 
     @_energy_precision
     def energy(self, hidden_states: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """E_FF `(B,)` over real tokens, gain-free normalisation."""
         dtype = torch.promote_types(hidden_states.dtype, torch.float32)
-        dictionary = self.dictionary_weight().to(dtype)
+        dictionary = self.dictionary_weight(hidden_states.device).to(dtype)
         projected = F.rms_norm(
             F.linear(hidden_states.to(dtype), dictionary), (dictionary.shape[0],), eps=self.eps
         )
@@ -1356,7 +1375,7 @@ class HyperSetGatedFeedForward(HyperSetFeedForward):
     def energy(self, hidden_states: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """E_FF `(B,)` over real tokens, gain-free normalisation, in at least float32."""
         precision = torch.promote_types(hidden_states.dtype, torch.float32)
-        dictionary = self.dictionary_weight().to(precision)
+        dictionary = self.dictionary_weight(hidden_states.device).to(precision)
         projected = F.rms_norm(
             F.linear(hidden_states.to(precision), dictionary), (dictionary.shape[0],), eps=self.eps
         )
@@ -1419,10 +1438,17 @@ class HyperSetStepSizes(nn.Module):
         return self.time_mlp(sinusoid) if hasattr(self, "time_mlp") else sinusoid
 
     def forward(
-        self, iteration_condition: torch.Tensor, state: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(α, γ)`, each shaped as `state` `(B, N, d)`, from the condition and the state."""
-        alpha, gamma = self.project(iteration_condition, state).chunk(2, dim=-1)
+        self, iteration_condition: torch.Tensor | None, state: torch.Tensor, joined: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+        """`(α, γ)`, each shaped as `state` `(B, N, d)`, from the condition and the state (`joined`: [α | γ] in
+        one tensor, `(B, N, 2d)`). `iteration_condition` None: the learned `condition`, read here, inside this
+        module's call (the hook-safe path: an offloaded `condition` is on meta outside it)."""
+        if iteration_condition is None:
+            iteration_condition = self.condition.to(state.dtype)
+        projected = self.project(iteration_condition, state)
+        if joined:
+            return projected
+        alpha, gamma = projected.chunk(2, dim=-1)
         return alpha, gamma
 
     def project(self, iteration_condition: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
@@ -1520,7 +1546,7 @@ class HyperSetPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     main_input_name = "pixel_values"
     input_modalities = ("image", "text")
     supports_gradient_checkpointing = True
-    _no_split_modules = ["HyperSetEmbeddings", "HyperSetLayer"]
+    _no_split_modules = ["HyperSetEmbeddings", "HyperSetLayer", "HyperSetStepSizes"]
     _supports_sdpa = True
 
     # what `attn_implementation` takes: this file's bi-softmax registry, read at call time ("triton" registers there)
@@ -1678,6 +1704,8 @@ class _LayerInputs:
     iteration_conditions: torch.Tensor  # (T, …) the condition of each iteration
     fixed_step_sizes: torch.Tensor | None  # [α | γ] (B, N, 2d) where they do not change over iterations
     on_input: bool  # the step sizes read x₀ (`step_size_condition="input"`), else the state
+    # `is_dispatched`: no weight product hoisted out of a layer, the learned condition read by the step sizes
+    hook_safe: bool = False
 
 
 class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
@@ -1884,11 +1912,21 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
                 if keep is None
                 else keep.float()
             )
-        iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
+        hook_safe = is_dispatched(self)
+        if hook_safe and not hasattr(self.step_sizes, "time_embedding_dim"):
+            # the learned condition is read inside the step sizes' call (None), where an offload hook loads it
+            iteration_conditions = (None,) * num_iterations
+        else:
+            iteration_conditions = self.step_sizes.iteration_conditions(num_iterations, hidden_states)
         fixed_step_sizes = None  # [α | γ] once per forward where they do not change over iterations
-        if HyperSetStepSizes.constant_over_iterations(self.config):
+        if HyperSetStepSizes.constant_over_iterations(self.config) and hook_safe:
+            # through the network's own call, which reads the learned condition (None) where its hook loads it
+            fixed_step_sizes = self.step_sizes(iteration_conditions[0], embedded, joined=True)  # (B, N, 2d)
+        elif HyperSetStepSizes.constant_over_iterations(self.config):
             fixed_step_sizes = self.step_sizes.project(iteration_conditions[0], embedded)  # (B, N, 2d)
-        inputs = _LayerInputs(embedded, keep, real_tokens, iteration_conditions, fixed_step_sizes, on_input)
+        inputs = _LayerInputs(
+            embedded, keep, real_tokens, iteration_conditions, fixed_step_sizes, on_input, hook_safe
+        )
         return hidden_states, inputs
 
     def _starting_state(
@@ -1920,9 +1958,9 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         num_iterations, real_tokens = settings.num_iterations, inputs.real_tokens
         records = [self._diagnostics(layer, hidden_states, real_tokens)] if settings.output_energies else None
         # weight-only factors, once per layer and forward; positional tensors below, so that reentrant gradient
-        # checkpointing differentiates them and the compile region sees them as inputs
-        qk_scale, output_weight, tied_projection = layer.attention.iteration_weights()
-        tied_dictionary = layer.feedforward.iteration_weights()  # None for plain Linears: no work
+        # checkpointing differentiates them and the compile region sees them as inputs (hook-safe: None, each
+        # layer call computes them inside its own modules' calls)
+        qk_scale, output_weight, tied_projection, tied_dictionary = self._iteration_weights(layer, inputs)
         for t in range(num_iterations):
             source = inputs.embedded if inputs.on_input else hidden_states
             source = None if inputs.fixed_step_sizes is not None else source  # [α | γ] given: not read
@@ -1930,16 +1968,18 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             with self._iteration_grad(
                 index, t, num_iterations, settings.backprop_iterations, len(self.layers)
             ):
+                condition = inputs.iteration_conditions[t]
+                step_sizes, fixed_step_sizes = self._step_sizes_of(inputs, condition, source)
                 # positional: gradient checkpointing (reentrant) differentiates the positional tensors only
                 hidden_states, probs = layer(
                     hidden_states,
-                    inputs.iteration_conditions[t],
+                    condition,
                     source,
-                    self.step_sizes,
+                    step_sizes,
                     inputs.keep,
                     anchor,
                     settings.output_attentions,
-                    inputs.fixed_step_sizes,
+                    fixed_step_sizes,
                     qk_scale,
                     output_weight,
                     tied_projection,
@@ -1955,6 +1995,32 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             [torch.stack(values, dim=1) for values in zip(*records)] if records is not None else None
         )
         return hidden_states, states, maps, diagnostics
+
+    def _step_sizes_of(
+        self,
+        inputs: _LayerInputs,
+        condition: torch.Tensor | None,
+        source: torch.Tensor | None,
+        fixed: torch.Tensor | str | None = "inputs",
+    ) -> tuple[HyperSetStepSizes | None, torch.Tensor | None]:
+        """What a layer call gets for its step sizes: the shared network and `fixed` ([α | γ] where they do not
+        change over iterations; "inputs": `inputs.fixed_step_sizes`). On the hook-safe path [α | γ] are computed
+        here, by the network's own call, and the layer gets no module: a hook moves every argument of its module's
+        call to that module's device, a module argument included, which would move the shared network's
+        parameters away from its own hook's device."""
+        fixed = inputs.fixed_step_sizes if isinstance(fixed, str) else fixed
+        if not inputs.hook_safe or fixed is not None:
+            return self.step_sizes, fixed
+        return None, self.step_sizes(condition, source, joined=True)
+
+    @staticmethod
+    def _iteration_weights(layer: HyperSetLayer, inputs: _LayerInputs) -> tuple[torch.Tensor | None, ...]:
+        """The layer's weight-only factors (the attention's `iteration_weights()`, then the feedforward's), once per
+        layer and forward; all None on the hook-safe path, where they read offloaded parameters outside their
+        owners' calls, so every layer call computes its own."""
+        if inputs.hook_safe:
+            return None, None, None, None
+        return (*layer.attention.iteration_weights(), layer.feedforward.iteration_weights())
 
     def _halting(self, tolerance: float | None, criterion: str | None) -> tuple[float, str] | None:
         """(ε, criterion) when this call halts adaptively: eval mode, eager, a tolerance given; else None."""
@@ -1999,20 +2065,21 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         keep, fixed_step_sizes = inputs.keep, inputs.fixed_step_sizes
         energy = self._energy(layer, hidden_states, inputs.real_tokens) if criterion == "energy" else None
         # once, as in `_iterate_layer`
-        qk_scale, output_weight, tied_projection = layer.attention.iteration_weights()
-        tied_dictionary = layer.feedforward.iteration_weights()
+        qk_scale, output_weight, tied_projection, tied_dictionary = self._iteration_weights(layer, inputs)
         for condition in inputs.iteration_conditions:
             current, tokens = hidden_states[active], inputs.real_tokens[active]  # (A, N, d), (A, N)
             source = inputs.embedded[active] if inputs.on_input else current
+            given = None if fixed_step_sizes is None else fixed_step_sizes[active]
+            step_sizes, given = self._step_sizes_of(inputs, condition, source, given)
             updated, _ = layer(
                 current,
                 condition,
                 source,
-                self.step_sizes,
+                step_sizes,
                 None if keep is None else keep[active],
                 None if anchor is None else anchor[active],
                 False,  # no maps: halting cannot return them
-                None if fixed_step_sizes is None else fixed_step_sizes[active],
+                given,
                 qk_scale,
                 output_weight,
                 tied_projection,
@@ -2230,7 +2297,9 @@ def classify_with_deep_supervision(
     step_labels = labels if head.training else None  # eval: the loss of the returned logits, at the end
 
     batch = _batch_size(config, inputs)
-    device = head.classifier.weight.device if hasattr(head.classifier, "weight") else None
+    # the inputs' device, not the classifier's: an offloaded classifier's weight is on meta (moved to the logits'
+    # device at each step)
+    device = next(v.device for v in inputs.values() if isinstance(v, torch.Tensor))
     active = None  # indices of the samples still running (None: all)
     logits = step_outputs = merged = None
     step_losses, halting_losses, probabilities = [], [], []

@@ -431,8 +431,9 @@ def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor
     """Mean over the token axis (dim 1) of `values` (B, N, ...) over the tokens `keep` (B, N) marks real."""
     if keep is None:
         return values.mean(1)
-    # (B, N) → (B, N, 1, ...): broadcast over the feature axes
-    weights = keep.to(values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
+    # (B, N) → (B, N, 1, ...): broadcast over the feature axes; on the states' device, which a multi-device
+    # split may have moved away from the mask's
+    weights = keep.to(values.device, values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
     return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
@@ -573,6 +574,15 @@ class FamilyPreTrainedMixin:
         return load_naming_unreadable_file(
             super().from_pretrained, pretrained_model_name_or_path, *model_args, **kwargs
         )
+
+
+def is_dispatched(module: nn.Module) -> bool:
+    """Whether accelerate hooks run inside `module` (`from_pretrained(..., device_map=...)` with cpu/disk offload or
+    a multi-device split, `dispatch_model`, `cpu_offload`): a hooked module's parameters may be on `meta` outside
+    its own forward, and its outputs on its own device. The model then takes its hook-safe path: every parameter
+    read inside its owner's call, no product hoisted out of a layer or batched across layers. A `device_map` that
+    puts the whole model on one device attaches no hook and keeps the fast path."""
+    return any(hasattr(submodule, "_hf_hook") for submodule in module.modules())
 
 
 # --- end of shared helpers ---
@@ -1179,12 +1189,17 @@ class IMixerTokenMixing(nn.Module):
     def residual_branch(
         self, state: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
-        """F(x) = fc_sn2(act(fc_sn1(act(x)))), BatchNorm after each linear layer in the `batch_norm` ablation."""
+        """F(x) = fc_sn2(act(fc_sn1(act(x)))), BatchNorm after each linear layer in the `batch_norm` ablation.
+        `weights`: `contractive_weights()`, read once per solve; hooked layers (`is_dispatched`: an offloaded bias
+        is on meta outside its layer's call) are called instead, which recomputes the same normalised weight."""
+        hooked = is_dispatched(self.fc_sn1) or is_dispatched(self.fc_sn2)
         # (B, D, D_S) → (B, D, N_h) → (B, D, D_S)
-        hidden = F.linear(self.activation(state), weights[0], self.fc_sn1.bias)
+        activated = self.activation(state)
+        hidden = self.fc_sn1(activated) if hooked else F.linear(activated, weights[0], self.fc_sn1.bias)
         if self.normalization == "batch_norm":
             hidden = self.norm_sn1(hidden.flatten(0, 1)).view_as(hidden)  # (B·D, N_h): BatchNorm1d's layout
-        output = F.linear(self.activation(hidden), weights[1], self.fc_sn2.bias)
+        activated = self.activation(hidden)
+        output = self.fc_sn2(activated) if hooked else F.linear(activated, weights[1], self.fc_sn2.bias)
         if self.normalization == "batch_norm":
             output = self.norm_sn2(output.flatten(0, 1)).view_as(output)  # (B·D, D_S)
         return output

@@ -1,0 +1,290 @@
+"""Big-model inference: `from_pretrained(folder, device_map=..., offload_folder=...)` with cpu/disk offload, and
+transformers' `device_map="auto"` split over several accelerators, give the logits of the model loaded whole, for
+every family's image and sequence head and the looped baseline.
+
+Offload maps: every module that holds tensors on "disk" as its own entry (each parameter is loaded only inside its
+owner's forward), and the layers on "disk" with the rest on "cpu". Splits run on CPU stand-ins of 2 and 4
+accelerators under accelerate's own hooks (`tests/split_devices.py`). A dispatched model takes the hook-safe path
+(docs/usage.md, "Large-model inference"); an undispatched one runs the same ops as before
+(`test_undispatched_model_runs_the_fast_path`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from fixtures import (
+    BASELINE_TINY,
+    Case,
+    DispatchedOps,
+    assert_close_to_scale,
+    main_output,
+    perturb,
+    rounding,
+)
+from split_devices import OnDevice, place, split_devices
+from torch import nn
+
+from energyformers import BASELINES, FAMILIES
+
+pytest.importorskip("accelerate")
+
+IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+@dataclasses.dataclass(frozen=True)
+class Subject:
+    """A tiny head to load with a device map: its name, auto class, config factory and inputs."""
+
+    name: str
+    auto_name: str
+    model_class: type
+    config: Callable[..., transformers.PretrainedConfig]
+    inputs: Callable[[], dict[str, torch.Tensor]]
+
+    def build(self, **overrides: object) -> nn.Module:
+        torch.manual_seed(0)
+        # perturbed: zero-initialised step sizes and classifiers would hide a wrong or skipped read
+        return perturb(self.model_class(self.config(**overrides))).eval()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def subjects() -> list[Subject]:
+    found = []
+    heads = [(family, spec.heads) for family, spec in FAMILIES.items()]
+    heads += [(name, spec.heads) for name, spec in BASELINES.items()]
+    for family, family_heads in heads:
+        for auto_name, input_type in (
+            ("AutoModelForImageClassification", "image"),
+            ("AutoModelForSequenceClassification", "sequence"),
+        ):
+            cls = family_heads[auto_name]
+            # the baseline shares the tiny inputs of the family it is measured against
+            case = Case("hyperset" if family in BASELINES else family, auto_name, input_type)
+            tiny = BASELINE_TINY[family] if family in BASELINES else case.tiny
+            found.append(
+                Subject(
+                    f"{cls.__name__}-{input_type}",
+                    auto_name,
+                    cls,
+                    lambda it=input_type, tiny=tiny, **o: tiny.config(it, **o),
+                    case.inputs,
+                )
+            )
+    return found
+
+
+SUBJECTS = subjects()
+
+
+def holders(model: nn.Module) -> list[str]:
+    """The names of the modules that hold a parameter or buffer of their own."""
+    return [
+        name
+        for name, module in model.named_modules()
+        if next(module.parameters(recurse=False), None) is not None
+        or next(module.buffers(recurse=False), None) is not None
+    ]
+
+
+def leaf_disk(model: nn.Module) -> dict[str, str]:
+    """Every tensor-holding module on "disk" as its own entry: each parameter is loaded only inside its owner."""
+    return dict.fromkeys(holders(model), "disk")
+
+
+def layers_disk(model: nn.Module) -> dict[str, str]:
+    """The layers on "disk" (each loads whole), every other tensor-holding module on "cpu"."""
+    base = getattr(model, model.base_model_prefix, model)  # a head's backbone, or the base model itself
+    prefix = f"{model.base_model_prefix}.layers" if base is not model else "layers"
+    device_map = {f"{prefix}.{i}": "disk" for i in range(len(base.layers))}
+    device_map.update({name: "cpu" for name in holders(model) if not name.startswith(prefix)})
+    return device_map
+
+
+MAPS = {"leaf-disk": leaf_disk, "layers-disk": layers_disk}
+
+
+def load_dispatched(
+    subject: Subject, model: nn.Module, folder: Path, device_map: dict[str, str], implementation: str
+) -> nn.Module:
+    auto_class = getattr(transformers, subject.auto_name)
+    loaded = auto_class.from_pretrained(
+        folder,
+        device_map=device_map,
+        offload_folder=folder / "offload",
+        attn_implementation=implementation,
+    ).eval()
+    assert loaded.hf_device_map == device_map
+    return loaded
+
+
+def implementations(model: nn.Module) -> list[str]:
+    return [name for name in IMPLEMENTATIONS if name in type(model).attn_implementations]
+
+
+def check_offloaded_logits(subject: Subject, tmp_path: Path, **overrides: object) -> None:
+    model = subject.build(**overrides)
+    model.save_pretrained(tmp_path)
+    inputs = subject.inputs()
+    for implementation in implementations(model):
+        model.set_attn_implementation(implementation)
+        with torch.no_grad():
+            expected = main_output(model(**inputs))
+        for map_name, make_map in MAPS.items():
+            loaded = load_dispatched(subject, model, tmp_path, make_map(model), implementation)
+            with torch.no_grad():
+                got = main_output(loaded(**inputs))
+            what = f"{subject} {implementation} {map_name}"
+            if subject.name.startswith("HyperBF") and implementation != "eager":
+                # a hooked `values` takes the explicit RBF feedforward, the undispatched model the folded one (one
+                # sdpa call): the same softmax over K centers, its logits summed in another order, a dot product of
+                # the folded width w = hidden + 2 per layer, each rounding relative to the logits' size (≤ 1 here:
+                # the scale of assert_close_to_scale)
+                width, layers = model.config.hidden_size + 2, model.config.num_hidden_layers
+                assert_close_to_scale(got, expected, rounding(torch.float32, width * layers), what)
+                continue
+            # the same arithmetic in the same order: the hook-safe path reads W through the module (x·I is exact in
+            # float32) and recomputes per layer what the fast path computes once, so equality is exact
+            delta = (got - expected).abs().max().item()
+            assert torch.equal(got, expected), f"{what}: max |Δ| = {delta:.3g}"
+
+
+@pytest.mark.parametrize("subject", SUBJECTS, ids=str)
+def test_offloaded_model_gives_the_logits_of_the_whole_model(subject: Subject, tmp_path: Path) -> None:
+    check_offloaded_logits(subject, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "subject", [s for s in SUBJECTS if s.name.startswith(("HyperSet", "Looped"))], ids=str
+)
+def test_offloaded_supervision_steps(subject: Subject, tmp_path: Path) -> None:
+    """Outer supervision steps count the steps each sample ran on a device of the inputs, not the classifier's."""
+    check_offloaded_logits(subject, tmp_path, supervision_steps=2)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(step_size_condition="input"), dict(iteration_conditioning="sinusoidal")],
+    ids=["constant-step-sizes", "sinusoidal-conditions"],
+)
+def test_offloaded_hyperset_step_size_variants(overrides: dict, tmp_path: Path) -> None:
+    """Step sizes computed once per forward (conditioned on the input, one condition) and per-iteration conditions
+    from the time MLP: both read the step-size network's parameters through its own calls."""
+    subject = next(s for s in SUBJECTS if s.name.startswith("HyperSetForImageClassification"))
+    check_offloaded_logits(subject, tmp_path, **overrides)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [dict(output_final_energy=True), dict(halting_tolerance=1e-3, halting_criterion="energy")],
+    ids=["final-energy", "energy-halting"],
+)
+def test_offloaded_hyperset_energies(call: dict, tmp_path: Path) -> None:
+    """The energies are computed outside the layers' forwards (by the model, between iterations): on the hook-safe
+    path W and D come from calls of their hooked Linears on the state's device, so they equal the whole model's."""
+    case = Case("hyperset", "AutoModel", "image")
+    model = perturb(case.build())
+    model.save_pretrained(tmp_path)
+    inputs = case.inputs()
+    with torch.no_grad():
+        expected = model(**inputs, **call)
+    loaded = transformers.AutoModel.from_pretrained(
+        tmp_path, device_map=leaf_disk(model), offload_folder=tmp_path / "offload"
+    ).eval()
+    with torch.no_grad():
+        got = loaded(**inputs, **call)
+    for name in ("last_hidden_state", "final_energy", "iterations_used"):
+        if getattr(expected, name) is None:
+            continue
+        delta = (getattr(got, name).double() - getattr(expected, name).double()).abs().max().item()
+        assert torch.equal(getattr(got, name), getattr(expected, name)), f"{name}: max |Δ| = {delta:.3g}"
+
+
+@pytest.mark.parametrize(
+    "subject", [s for s in SUBJECTS if s.auto_name == "AutoModelForImageClassification"], ids=str
+)
+def test_undispatched_model_runs_the_fast_path(subject: Subject) -> None:
+    """The path is chosen per call by `is_dispatched` (accelerate's `_hf_hook` on a module): with do-nothing hooks
+    on every tensor-holding module a family whose fast path reads parameters outside their owners runs other ops
+    (the hook-safe path) and gives the same logits; once the hooks are removed it runs exactly the ops it ran
+    before they were attached."""
+    from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_submodules
+
+    model = subject.build()
+    inputs = subject.inputs()
+    for implementation in implementations(model):
+        model.set_attn_implementation(implementation)
+        runs = {}
+        for stage in ("before", "hooked", "after"):
+            if stage == "hooked":
+                for name in holders(model):
+                    add_hook_to_module(model.get_submodule(name), ModelHook())
+            if stage == "after":
+                remove_hook_from_submodules(model)
+            with torch.no_grad(), DispatchedOps() as ops:
+                logits = model(**inputs).logits
+            runs[stage] = (ops.ops, logits)
+        what = f"{subject} {implementation}"
+        assert runs["after"][0] == runs["before"][0], (
+            f"{what}: the fast path's ops changed after the hooks left"
+        )
+        assert torch.equal(runs["after"][1], runs["before"][1]), what
+        # the baseline, and HyperBF's eager (explicit) feedforward, read every parameter inside its owner: one path
+        if subject.name.startswith("Looped") or (
+            subject.name.startswith("HyperBF") and implementation == "eager"
+        ):
+            assert runs["hooked"][0] == runs["before"][0], f"{what}: no hook-safe path expected"
+            continue
+        assert runs["hooked"][0] != runs["before"][0], f"{what}: hooked, the model still ran the fast path"
+        if subject.name.startswith("HyperBF") and implementation != "eager":
+            continue  # explicit vs folded feedforward: test_offloaded_model_gives_the_logits_of_the_whole_model
+        delta = (runs["hooked"][1] - runs["before"][1]).abs().max().item()
+        assert torch.equal(runs["hooked"][1], runs["before"][1]), f"{what}: max |Δ| = {delta:.3g}"
+
+
+def auto_map(model: nn.Module, devices: int) -> dict[str, int]:
+    """transformers' own `device_map="auto"` for `devices` GPUs of equal memory (what `from_pretrained` computes:
+    the balanced per-device budget, then `infer_auto_device_map` with the model's `_no_split_modules`)."""
+    from transformers.integrations.accelerate import get_balanced_memory, infer_auto_device_map
+
+    budget = {**dict.fromkeys(range(devices), 10**9), "cpu": 10**10}
+    balanced = get_balanced_memory(model, max_memory=budget, no_split_module_classes=model._no_split_modules)
+    return dict(
+        infer_auto_device_map(model, max_memory=balanced, no_split_module_classes=model._no_split_modules)
+    )
+
+
+@pytest.mark.filterwarnings("ignore:Device .* is not available")
+@pytest.mark.parametrize("devices", [2, 4])
+@pytest.mark.parametrize("subject", SUBJECTS, ids=str)
+def test_split_over_devices_gives_the_logits_of_the_whole_model(subject: Subject, devices: int) -> None:
+    """`device_map="auto"` over 2 and 4 accelerators (`tests/split_devices.py`: stand-ins under accelerate's own
+    hooks) runs without a device mix and returns the logits on the inputs' device. Eager attention: a tensor
+    subclass takes torch's math sdpa, another kernel than the CPU model's, so only eager compares bit for bit."""
+    model = subject.build()
+    model.set_attn_implementation("eager")
+    inputs = subject.inputs()
+    with torch.no_grad():
+        expected = main_output(model(**inputs))
+    device_map = auto_map(model, devices)
+    with split_devices():
+        place(model, device_map)
+        if "" in device_map:  # all on one device: no hooks, the caller moves the inputs (as for one GPU)
+            inputs = {name: value.to(f"meta:{device_map['']}") for name, value in inputs.items()}
+        with torch.no_grad():
+            got = main_output(model(**inputs))
+    # the root hook returns the outputs on the inputs' device (`io_same_device`)
+    first = next(iter(inputs.values()))
+    assert got.device == first.device, (
+        f"{subject} over {device_map}: logits on {got.device}, inputs on {first.device}"
+    )
+    got = got.elem if isinstance(got, OnDevice) else got
+    delta = (got - expected).abs().max().item()
+    assert torch.equal(got, expected), f"{subject} over {device_map}: max |Δ| = {delta:.3g}"
