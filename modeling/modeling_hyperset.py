@@ -3110,7 +3110,10 @@ class MaskedImageModelingMixin:
                 f"input_ids must be codes in [0, {mask_id}) or [MASK] = {mask_id}; got values in "
                 f"[{int(input_ids.min())}, {int(input_ids.max())}]."
             )
-        device = self.code_head.weight.device
+        # a dispatched model (`is_dispatched`) may hold its head on meta (offloaded) or on another device than its
+        # first layer: it decodes on the inputs' device, which its hooks move each module's inputs from and return
+        # the logits to; an undispatched one on its own device, whatever the ids' device
+        device = input_ids.device if is_dispatched(self) else self.code_head.weight.device
         if generator is None:
             seed = int(torch.randint(0, 2**62, (1,))) if seed is None else seed
             generator = torch.Generator(device).manual_seed(seed)
