@@ -3071,7 +3071,8 @@ class MaskedImageModelingMixin:
         `randomize_temperature` (0: no noise), ranks the masked positions, and the most
         confident ones are kept, as many as `schedule` (`maskgit_schedule`) gives for this step; the rest stay
         masked. Known codes are never changed. Seeded by `generator`, else by `seed`, else by a draw from torch's
-        global generator: the same seed gives the same codes. Runs the model as it is (call `eval()` first).
+        global generator: the same seed gives the same codes. Runs the model as it is (call `eval()` first), on its
+        device, or a dispatched one (`device_map`) on the device of `input_ids`.
 
         Defaults: 24 `steps`, the decoding steps the authors evaluate reconstruction with; `randomize_temperature`
         4.5, the `r_temp` of the authors' MIM config; `temperature` 1 and the `"arccos"` schedule, MaskGIT's.
