@@ -6,7 +6,9 @@ Offload maps: every module that holds tensors on "disk" as its own entry (each p
 owner's forward), and the layers on "disk" with the rest on "cpu". Splits run on CPU stand-ins of 2 and 4
 accelerators under accelerate's own hooks (`tests/split_devices.py`). A dispatched model takes the hook-safe path
 (docs/usage.md, "Large-model inference"); an undispatched one runs the same ops as before
-(`test_undispatched_model_runs_the_fast_path`).
+(`test_undispatched_model_runs_the_fast_path`). Beyond the logits: Hyper-SET's energies, the masked-image-modelling
+heads' MaskGIT decoding, HyperBF's centers cache, and the image-classification and masked-image-modelling pipelines
+loaded with a `device_map`.
 """
 
 from __future__ import annotations
@@ -519,3 +521,26 @@ def test_mim_pipeline_on_a_dispatched_model(tmp_path: Path) -> None:
     for name in ("codes", "input_codes", "pixel_values"):
         assert torch.equal(got[name], expected[name]), f"{name}: {got[name]} vs {expected[name]}"
     assert got["psnr"] == expected["psnr"], (got["psnr"], expected["psnr"])
+
+
+@pytest.mark.filterwarnings("ignore:Device .* is not available")
+def test_split_mim_head_decodes_as_the_whole_model() -> None:
+    """Over 2 stand-in accelerators the code head sits on the second: decoding runs on the ids' device (here the
+    CPU), to which the root hook returns the logits, and gives the whole model's codes."""
+    model_class, case = MIM_HEADS["hyperset"]
+    torch.manual_seed(0)
+    model = perturb(model_class(case.tiny.config("sequence"))).eval()
+    model.set_attn_implementation("eager")  # the stand-ins' math sdpa is another kernel (see the split test)
+    input_ids = case.inputs()["input_ids"].clamp_max(model.mask_token_id - 1)
+    input_ids[:, ::2] = model.mask_token_id
+    expected = model.decode(input_ids, steps=3, seed=0)
+    device_map = auto_map(model, 2)
+    assert device_map["code_head"] != device_map["hyperset.embeddings"], device_map
+    with split_devices():
+        place(model, device_map)
+        got = model.decode(input_ids, steps=3, seed=0)
+    assert got.codes.device == input_ids.device
+    for name in ("sequences", "unmasked", "confidences"):
+        assert torch.equal(getattr(got, name), getattr(expected, name)), (
+            f"{name} over {device_map}: {getattr(got, name)} vs {getattr(expected, name)}"
+        )
