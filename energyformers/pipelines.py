@@ -235,6 +235,10 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
         # the grid too: a tokenizer of another grid gives plausible-looking numbers from misplaced codes
         check_tokenizer_fits(None, getattr(vq_tokenizer, "grid", None), model.config)
         self.vq_tokenizer = vq_tokenizer
+        if device == -1 and getattr(model, "hf_device_map", None) is not None:
+            # loaded with a `device_map` (`pipeline(..., device_map=...)`): accelerate places it, and transformers
+            # refuses any `device` for such a model, so the default is left to transformers' choice
+            device = None
         super().__init__(model=model, device=device, **kwargs)
         self.model.eval()
 

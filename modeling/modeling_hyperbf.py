@@ -670,6 +670,14 @@ class HyperBFEmbeddings(nn.Module):
 FUSED_ATTENTION_MAX_HEAD_DIM = 256
 
 
+def _reloads_tensors(module: nn.Module) -> bool:
+    """Whether an accelerate hook on `module` itself (alone or in a chain of hooks) loads its tensors from an offload
+    store before each call and drops them after (`offload=True`: cpu/disk offload): each call then sees a fresh copy,
+    whose storage and version say nothing, and a write to it is dropped, so it cannot change between calls."""
+    hook = getattr(module, "_hf_hook", None)
+    return any(getattr(one, "offload", False) for one in getattr(hook, "hooks", (hook,)))
+
+
 def _folded_width(query_key_dim: int, value_dim: int) -> int:
     """Head width of bias-folded attention inputs: flash kernels want q, k, v of one width, a multiple of 8"""
     return -(-max(query_key_dim, value_dim) // 8) * 8
@@ -823,10 +831,21 @@ class HyperBFFeedForward(nn.Module):
         parameters keep their storage and in-place versions; else computed at every call."""
         if not self.reuse_centers or self.training or torch.is_grad_enabled() or _is_tracing():
             return compute()
-        parameters = (self.centers, self.metric, self.log_sigma, self.values.weight)
-        # `_version` (private): no public API reads it, and optimizer/load hooks miss `w.mul_(2)` under no_grad
+        own, values = _reloads_tensors(self), any(_reloads_tensors(m) for m in self.values.modules())
+        parameters = (
+            (self.centers, own),
+            (self.metric, own),
+            (self.log_sigma, own),
+            (self.values.weight, values),
+        )
+        # `_version` (private): no public API reads it, and optimizer/load hooks miss `w.mul_(2)` under no_grad. An
+        # offloaded parameter is stamped as such: its copy is new at every call (between calls it is on meta, whose
+        # data_ptr is 0) and cannot change, so storage and version would only make hits depend on the allocator
         try:
-            stamp = (dtype, *((p.data_ptr(), p._version) for p in parameters))
+            stamp = (
+                dtype,
+                *(("offloaded",) if offloaded else (p.data_ptr(), p._version) for p, offloaded in parameters),
+            )
         except RuntimeError:  # inference tensors track no version: no cache
             return compute()
         hit = self._eval_cache.get(name)

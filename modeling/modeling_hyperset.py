@@ -3071,7 +3071,8 @@ class MaskedImageModelingMixin:
         `randomize_temperature` (0: no noise), ranks the masked positions, and the most
         confident ones are kept, as many as `schedule` (`maskgit_schedule`) gives for this step; the rest stay
         masked. Known codes are never changed. Seeded by `generator`, else by `seed`, else by a draw from torch's
-        global generator: the same seed gives the same codes. Runs the model as it is (call `eval()` first).
+        global generator: the same seed gives the same codes. Runs the model as it is (call `eval()` first), on its
+        device, or a dispatched one (`device_map`) on the device of `input_ids`.
 
         Defaults: 24 `steps`, the decoding steps the authors evaluate reconstruction with; `randomize_temperature`
         4.5, the `r_temp` of the authors' MIM config; `temperature` 1 and the `"arccos"` schedule, MaskGIT's.
@@ -3110,7 +3111,10 @@ class MaskedImageModelingMixin:
                 f"input_ids must be codes in [0, {mask_id}) or [MASK] = {mask_id}; got values in "
                 f"[{int(input_ids.min())}, {int(input_ids.max())}]."
             )
-        device = self.code_head.weight.device
+        # a dispatched model (`is_dispatched`) may hold its head on meta (offloaded) or on another device than its
+        # first layer: it decodes on the inputs' device, which its hooks move each module's inputs from and return
+        # the logits to; an undispatched one on its own device, whatever the ids' device
+        device = input_ids.device if is_dispatched(self) else self.code_head.weight.device
         if generator is None:
             seed = int(torch.randint(0, 2**62, (1,))) if seed is None else seed
             generator = torch.Generator(device).manual_seed(seed)

@@ -6,7 +6,9 @@ Offload maps: every module that holds tensors on "disk" as its own entry (each p
 owner's forward), and the layers on "disk" with the rest on "cpu". Splits run on CPU stand-ins of 2 and 4
 accelerators under accelerate's own hooks (`tests/split_devices.py`). A dispatched model takes the hook-safe path
 (docs/usage.md, "Large-model inference"); an undispatched one runs the same ops as before
-(`test_undispatched_model_runs_the_fast_path`).
+(`test_undispatched_model_runs_the_fast_path`). Beyond the logits: Hyper-SET's energies, the masked-image-modelling
+heads' MaskGIT decoding, HyperBF's centers cache, and the image-classification and masked-image-modelling pipelines
+loaded with a `device_map`.
 """
 
 from __future__ import annotations
@@ -183,12 +185,17 @@ def test_offloaded_hyperset_step_size_variants(overrides: dict, tmp_path: Path) 
 
 @pytest.mark.parametrize(
     "call",
-    [dict(output_final_energy=True), dict(halting_tolerance=1e-3, halting_criterion="energy")],
-    ids=["final-energy", "energy-halting"],
+    [
+        dict(output_final_energy=True),
+        dict(halting_tolerance=1e-3, halting_criterion="energy"),
+        dict(output_energies=True),
+    ],
+    ids=["final-energy", "energy-halting", "energy-traces"],
 )
 def test_offloaded_hyperset_energies(call: dict, tmp_path: Path) -> None:
     """The energies are computed outside the layers' forwards (by the model, between iterations): on the hook-safe
-    path W and D come from calls of their hooked Linears on the state's device, so they equal the whole model's."""
+    path W and D come from calls of their hooked Linears on the state's device, so they equal the whole model's,
+    the per-iteration traces of `output_energies` (E_ATTN, E_FF, effective rank, mean angle) included."""
     case = Case("hyperset", "AutoModel", "image")
     model = perturb(case.build())
     model.save_pretrained(tmp_path)
@@ -200,11 +207,17 @@ def test_offloaded_hyperset_energies(call: dict, tmp_path: Path) -> None:
     ).eval()
     with torch.no_grad():
         got = loaded(**inputs, **call)
-    for name in ("last_hidden_state", "final_energy", "iterations_used"):
-        if getattr(expected, name) is None:
+    fields = [
+        (name, getattr(got, name), getattr(expected, name)) for name in ("last_hidden_state", "final_energy")
+    ]
+    fields.append(("iterations_used", got.iterations_used, expected.iterations_used))
+    if expected.energies is not None:
+        fields += [(name, got.energies[name], value) for name, value in expected.energies.items()]
+    for name, got_value, expected_value in fields:
+        if expected_value is None:
             continue
-        delta = (getattr(got, name).double() - getattr(expected, name).double()).abs().max().item()
-        assert torch.equal(getattr(got, name), getattr(expected, name)), f"{name}: max |Δ| = {delta:.3g}"
+        delta = (got_value.double() - expected_value.double()).abs().max().item()
+        assert torch.equal(got_value, expected_value), f"{name}: max |Δ| = {delta:.3g}"
 
 
 @pytest.mark.parametrize(
@@ -288,3 +301,246 @@ def test_split_over_devices_gives_the_logits_of_the_whole_model(subject: Subject
     got = got.elem if isinstance(got, OnDevice) else got
     delta = (got - expected).abs().max().item()
     assert torch.equal(got, expected), f"{subject} over {device_map}: max |Δ| = {delta:.3g}"
+
+
+MIM_HEADS = {
+    "hyperset": (
+        FAMILIES["hyperset"].heads["AutoModelForMaskedImageModeling"],
+        Case("hyperset", "AutoModel", "sequence"),
+    ),
+    "looped-transformer": (
+        BASELINES["looped-transformer"].heads["AutoModelForMaskedImageModeling"],
+        Case("hyperset", "AutoModel", "sequence"),
+    ),
+}
+
+
+@pytest.mark.parametrize("family", MIM_HEADS)
+def test_offloaded_mim_head_predicts_and_decodes_as_the_whole_model(family: str, tmp_path: Path) -> None:
+    """MaskGIT decoding of a dispatched head runs on the ids' device (its code head is on meta between calls): the
+    same seed gives the whole model's logits and codes."""
+    model_class, case = MIM_HEADS[family]
+    tiny = BASELINE_TINY[family] if family in BASELINES else case.tiny
+    torch.manual_seed(0)
+    model = perturb(model_class(tiny.config("sequence"))).eval()
+    model.save_pretrained(tmp_path)
+    input_ids = case.inputs()["input_ids"].clamp_max(model.mask_token_id - 1)
+    input_ids[:, ::2] = model.mask_token_id
+    with torch.no_grad():
+        expected = model(input_ids=input_ids).logits
+    decoded = model.decode(input_ids, steps=3, seed=0)
+    loaded = transformers.AutoModelForMaskedImageModeling.from_pretrained(
+        tmp_path, device_map=leaf_disk(model), offload_folder=tmp_path / "offload"
+    ).eval()
+    assert (
+        loaded.code_head.weight.device.type == "meta"
+    )  # offloaded: what the old decoding read its device from
+    with torch.no_grad():
+        got = loaded(input_ids=input_ids).logits
+    delta = (got - expected).abs().max().item()
+    assert torch.equal(got, expected), f"{family}: max |Δ| = {delta:.3g}"
+    again = loaded.decode(input_ids, steps=3, seed=0)
+    assert again.codes.device == input_ids.device
+    for name in ("sequences", "unmasked", "confidences"):
+        assert torch.equal(getattr(again, name), getattr(decoded, name)), (
+            f"{family} {name}: {getattr(again, name)} vs {getattr(decoded, name)}"
+        )
+
+
+class CopyingStore:
+    """An offload store whose every read is a fresh copy kept alive, as a load onto an accelerator gives a new
+    allocation at every call whose address no one promises to reuse (on CPU a disk-offloaded parameter is a view of
+    the store's memory map, whose address stays put)."""
+
+    def __init__(self, store: object) -> None:
+        self.store, self.copies = store, []
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        self.copies.append(self.store[name].clone())
+        return self.copies[-1]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.store
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("map_name", MAPS)
+def test_offloaded_hyperbf_reuses_its_centers_in_a_scope(
+    implementation: str, map_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside `centers_scope` (`cached_centers`) a dispatched HyperBF computes its projected centers once per layer
+    for all forwards, as the whole model does, wherever each call's copy of an offloaded parameter lands: such a
+    copy cannot change (between calls the parameter is on meta), so its storage does not stamp the cache."""
+    from accelerate.hooks import AlignDevicesHook
+
+    from energyformers.modeling.modeling_hyperbf import HyperBFFeedForward
+    from energyformers.pipelines import centers_scope
+
+    subject = next(s for s in SUBJECTS if s.name == "HyperBFForImageClassification-image")
+    model = subject.build()
+    model.save_pretrained(tmp_path)
+    inputs = subject.inputs()
+    loaded = load_dispatched(subject, model, tmp_path, MAPS[map_name](model), implementation)
+    with torch.no_grad():
+        expected = loaded(**inputs).logits
+    for module in loaded.modules():
+        hook = getattr(module, "_hf_hook", None)
+        for one in getattr(hook, "hooks", (hook,)):
+            if isinstance(one, AlignDevicesHook) and one.offload:
+                one.weights_map = CopyingStore(one.weights_map)
+    computed = []
+    projected_centers = HyperBFFeedForward._projected_centers
+
+    def counted(self: HyperBFFeedForward) -> tuple[torch.Tensor, torch.Tensor]:
+        computed.append(self)
+        return projected_centers(self)
+
+    monkeypatch.setattr(HyperBFFeedForward, "_projected_centers", counted)
+    forwards = 3
+    with torch.no_grad(), centers_scope(loaded):
+        outputs = [loaded(**inputs).logits for _ in range(forwards)]
+    layers = model.config.num_hidden_layers
+    assert len(computed) == layers, (
+        f"{implementation} {map_name}: projected centers computed {len(computed)} times in {forwards} forwards "
+        f"of {layers} layers (once per layer expected)"
+    )
+    for got in outputs:
+        delta = (got - expected).abs().max().item()
+        assert torch.equal(got, expected), f"{implementation} {map_name}: max |Δ| = {delta:.3g}"
+
+
+def cpu_first(model: nn.Module) -> dict[str, str]:
+    """`leaf_disk` with the first module on "cpu": a pipeline takes the first device of the map as its own (and
+    "disk" is no torch device), as for every transformers pipeline."""
+    device_map = leaf_disk(model)
+    # one without tensor-holding submodules or ancestors: a module on "cpu" places its submodules' tensors too, and
+    # one under a "disk" module is placed by that module's hook; not the code head, whose offload is tested
+    first = next(
+        name
+        for name in device_map
+        if name != "code_head"
+        and not any(other.startswith(f"{name}.") or name.startswith(f"{other}.") for other in device_map)
+    )
+    return {first: "cpu", **{name: device for name, device in device_map.items() if name != first}}
+
+
+def image_classifiers() -> dict[str, Callable[[], nn.Module]]:
+    from fixtures import hyperbf_config, hyperset_config, imixer_config
+
+    return {
+        "hyperset": lambda: FAMILIES["hyperset"].heads["AutoModelForImageClassification"](
+            hyperset_config("image", num_channels=3)
+        ),
+        "hyperbf": lambda: FAMILIES["hyperbf"].heads["AutoModelForImageClassification"](
+            hyperbf_config("image")
+        ),
+        "imixer": lambda: FAMILIES["imixer"].heads["AutoModelForImageClassification"](
+            imixer_config("image", num_channels=3)
+        ),
+    }
+
+
+@pytest.mark.parametrize("family", ["hyperset", "hyperbf", "imixer"])
+def test_image_pipeline_on_a_dispatched_model(family: str, tmp_path: Path) -> None:
+    """`pipeline(task, model=folder, device_map=...)`: transformers loads the model dispatched; our pipeline's call
+    runs inside `centers_scope` (HyperBF's centers cache, iMixer's `parametrize.cached()` under hooks) and gives the
+    scores of the model loaded whole from the same folder, depth arguments included."""
+    import numpy as np
+    from PIL import Image
+
+    from energyformers.pipelines import ImageClassificationPipeline
+    from energyformers.training.processing import build_image_processor
+
+    torch.manual_seed(0)
+    model = perturb(image_classifiers()[family](), seed=2).eval()
+    model.save_pretrained(tmp_path)
+    build_image_processor(model.config).save_pretrained(tmp_path)
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)) for _ in range(3)]
+    depth = {"hyperset": dict(num_iterations=3), "imixer": dict(fixed_point_iterations=3)}.get(family, {})
+    whole = transformers.pipeline(
+        "image-classification", model=str(tmp_path), pipeline_class=ImageClassificationPipeline
+    )
+    dispatched = transformers.pipeline(
+        "image-classification",
+        model=str(tmp_path),
+        device_map=cpu_first(model),
+        model_kwargs=dict(offload_folder=str(tmp_path / "offload")),
+        pipeline_class=ImageClassificationPipeline,
+    )
+    assert dispatched.model.hf_device_map == cpu_first(model)
+    expected, got = whole(images, top_k=None, **depth), dispatched(images, top_k=None, **depth)
+    if family == "hyperbf":  # the explicit feedforward against the folded one (sdpa): to rounding, as above
+        width, layers = model.config.hidden_size + 2, model.config.num_hidden_layers
+        for got_scores, expected_scores in zip(got, expected):
+            scores = {entry["label"]: entry["score"] for entry in expected_scores}
+            # probabilities ≤ 1 through a softmax of logits within that bound
+            bound = rounding(torch.float32, width * layers)
+            assert all(abs(entry["score"] - scores[entry["label"]]) <= bound for entry in got_scores), (
+                got_scores,
+                expected_scores,
+            )
+        return
+    assert got == expected
+
+
+def test_mim_pipeline_on_a_dispatched_model(tmp_path: Path) -> None:
+    """`pipeline("masked-image-modeling", model=folder, device_map=...)`: the pipeline leaves the device to the map
+    (transformers refuses one for a dispatched model) and decodes with the code head offloaded, giving the codes and
+    reconstruction of the model loaded whole."""
+    from energyformers import HyperSetConfig
+    from energyformers.mim import PatchKMeansTokenizer
+
+    generator = torch.Generator().manual_seed(0)
+    # 8 codes of 2 × 2 one-channel patches drawn at random (no k-means fit: the codebook's quality is not tested)
+    tokenizer = PatchKMeansTokenizer(torch.rand(8, 4, generator=generator), 2, (8, 8), 1)
+    config = HyperSetConfig.from_preset(
+        "mim-1-12-d",
+        hidden_size=16,
+        num_attention_heads=2,
+        intermediate_size=32,
+        time_embedding_dim=16,
+        num_iterations=2,
+        vocab_size=tokenizer.codebook_size + 1,
+        max_position_embeddings=16,  # the 4 × 4 grid
+    )
+    torch.manual_seed(0)
+    model = perturb(FAMILIES["hyperset"].heads["AutoModelForMaskedImageModeling"](config)).eval()
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    image = torch.rand(8, 8, generator=generator).numpy()
+    expected = transformers.pipeline("masked-image-modeling", model=str(tmp_path))(image, steps=3, seed=1)
+    dispatched = transformers.pipeline(
+        "masked-image-modeling",
+        model=str(tmp_path),
+        device_map=cpu_first(model),
+        model_kwargs=dict(offload_folder=str(tmp_path / "offload")),
+    )
+    assert dispatched.model.code_head.weight.device.type == "meta"
+    got = dispatched(image, steps=3, seed=1)
+    for name in ("codes", "input_codes", "pixel_values"):
+        assert torch.equal(got[name], expected[name]), f"{name}: {got[name]} vs {expected[name]}"
+    assert got["psnr"] == expected["psnr"], (got["psnr"], expected["psnr"])
+
+
+@pytest.mark.filterwarnings("ignore:Device .* is not available")
+def test_split_mim_head_decodes_as_the_whole_model() -> None:
+    """Over 2 stand-in accelerators the code head sits on the second: decoding runs on the ids' device (here the
+    CPU), to which the root hook returns the logits, and gives the whole model's codes."""
+    model_class, case = MIM_HEADS["hyperset"]
+    torch.manual_seed(0)
+    model = perturb(model_class(case.tiny.config("sequence"))).eval()
+    model.set_attn_implementation("eager")  # the stand-ins' math sdpa is another kernel (see the split test)
+    input_ids = case.inputs()["input_ids"].clamp_max(model.mask_token_id - 1)
+    input_ids[:, ::2] = model.mask_token_id
+    expected = model.decode(input_ids, steps=3, seed=0)
+    device_map = auto_map(model, 2)
+    assert device_map["code_head"] != device_map["hyperset.embeddings"], device_map
+    with split_devices():
+        place(model, device_map)
+        got = model.decode(input_ids, steps=3, seed=0)
+    assert got.codes.device == input_ids.device
+    for name in ("sequences", "unmasked", "confidences"):
+        assert torch.equal(getattr(got, name), getattr(expected, name)), (
+            f"{name} over {device_map}: {getattr(got, name)} vs {getattr(expected, name)}"
+        )
