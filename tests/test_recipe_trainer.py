@@ -60,6 +60,27 @@ class MaskedImages:
         return dict(RECONSTRUCTION)
 
 
+def training_arguments(output_dir: Path, max_steps: int, **settings: object) -> TrainingArguments:
+    """A training run of `max_steps` on CPU, batches of 8, evaluated every 2 steps (batches of 10, the last one
+    partial), logged at every step, no checkpoints."""
+    return TrainingArguments(
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=10,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="no",
+        logging_steps=1,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+        remove_unused_columns=False,
+        seed=0,
+        **settings,
+    )
+
+
 def recipe_trainer(output_dir: Path, **settings: object) -> RecipeTrainer:
     model = depth_model()
     args = TrainingArguments(
@@ -180,21 +201,7 @@ def test_every_pass_of_an_evaluation_during_training_scores_the_ema_weights(tmp_
     # a large step against the labels of the wide weights: the live weights move away from their average
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
-        max_steps=4,
-        per_device_train_batch_size=8,
-        per_device_eval_batch_size=10,
-        eval_strategy="steps",
-        eval_steps=2,
-        save_strategy="no",
-        logging_steps=1,
-        report_to="none",
-        disable_tqdm=True,
-        use_cpu=True,
-        remove_unused_columns=False,
-        seed=0,
-    )
+    args = training_arguments(tmp_path, max_steps=4)
     data = examples(model)
     trainer = RecipeTrainer(
         model=model,

@@ -10,6 +10,7 @@ import functools
 import inspect
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +19,7 @@ import torch
 from datasets import Dataset
 from fixtures import hyperset_config
 from safetensors.torch import load_file
-from test_recipe_trainer import DEPTHS, TASK, MaskedImages, depth_model, examples
+from test_recipe_trainer import DEPTHS, TASK, MaskedImages, depth_model, examples, training_arguments
 from transformers import EarlyStoppingCallback, Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import CallbackHandler
 
@@ -170,22 +171,7 @@ def training_recipe_trainer(
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     metric = settings.pop("metric_for_best_model", None)
-    args = TrainingArguments(
-        output_dir=str(output_dir),
-        max_steps=max_steps,
-        per_device_train_batch_size=8,
-        per_device_eval_batch_size=10,
-        eval_strategy="steps",
-        eval_steps=2,
-        save_strategy="no",
-        logging_steps=1,
-        metric_for_best_model=metric,
-        report_to="none",
-        disable_tqdm=True,
-        use_cpu=True,
-        remove_unused_columns=False,
-        seed=0,
-    )
+    args = training_arguments(output_dir, max_steps, metric_for_best_model=metric)
     data = examples(model)
     return RecipeTrainer(
         model=model,
@@ -206,6 +192,22 @@ def training_recipe_trainer(
 
 
 EVERY_PASS = {"eval_loss", "eval_accuracy", "eval_psnr", *(f"eval_accuracy_iterations_{t}" for t in DEPTHS)}
+
+
+def sigterm_in_depth_pass(trainer: RecipeTrainer, ready: Callable[[], bool]) -> list:
+    """Sends a real SIGTERM once, at the first forward of a depth pass (a call with `num_iterations`) in the
+    step-4 evaluation for which `ready()` holds; the returned list gets an entry when it is sent."""
+    model, signalled = trainer.model, []
+    forward = model.forward
+
+    @functools.wraps(forward)  # its signature: Trainer passes what forward takes
+    def signalling_forward(*args: object, **kwargs: object) -> object:
+        if "num_iterations" in kwargs and trainer.state.global_step == 4 and not signalled and ready():
+            signalled.append(os.kill(os.getpid(), signal.SIGTERM))
+        return forward(*args, **kwargs)
+
+    model.forward = signalling_forward
+    return signalled
 
 
 def test_on_evaluate_gets_every_pass_once_per_evaluation(tmp_path: Path) -> None:
@@ -268,16 +270,7 @@ def test_an_evaluation_a_stop_cuts_short_calls_no_on_evaluate(tmp_path: Path) ->
     reported = ReportedEvaluations()
     stop = StopRequest()
     trainer = training_recipe_trainer(tmp_path, [reported], max_steps=6, lr=0.5, stop=stop)
-    model, signalled = trainer.model, []
-    forward = model.forward
-
-    @functools.wraps(forward)  # its signature: Trainer passes what forward takes
-    def signalling_forward(*args: object, **kwargs: object) -> object:
-        if "num_iterations" in kwargs and trainer.state.global_step == 4 and not signalled:
-            signalled.append(os.kill(os.getpid(), signal.SIGTERM))  # a real signal
-        return forward(*args, **kwargs)
-
-    model.forward = signalling_forward
+    signalled = sigterm_in_depth_pass(trainer, lambda: True)
     with stop.installed(announce=False):
         trainer.train()
     assert signalled and stop.signum == signal.SIGTERM, (signalled, stop.signum)
@@ -336,18 +329,9 @@ def test_a_stop_in_the_second_named_evaluation_ends_the_whole_evaluation(tmp_pat
     stop = StopRequest()
     trainer = training_recipe_trainer(tmp_path, [reported], max_steps=6, lr=0.5, stop=stop)
     trainer.eval_dataset = named_datasets(trainer)
-    model, signalled = trainer.model, []
-    forward = model.forward
-
-    @functools.wraps(forward)  # its signature: Trainer passes what forward takes
-    def signalling_forward(*args: object, **kwargs: object) -> object:
-        held = [k for logs, _, _ in trainer.held_logs or [] for k in logs]
-        if "num_iterations" in kwargs and trainer.state.global_step == 4 and "eval_b_loss" in held:
-            if not signalled:
-                signalled.append(os.kill(os.getpid(), signal.SIGTERM))  # a real signal
-        return forward(*args, **kwargs)
-
-    model.forward = signalling_forward
+    signalled = sigterm_in_depth_pass(
+        trainer, lambda: "eval_b_loss" in [k for logs, _, _ in trainer.held_logs or [] for k in logs]
+    )
     with stop.installed(announce=False):
         trainer.train()
     assert signalled and stop.signum == signal.SIGTERM, (signalled, stop.signum)
