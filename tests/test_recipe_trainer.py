@@ -81,6 +81,40 @@ def training_arguments(output_dir: Path, max_steps: int, **settings: object) -> 
     )
 
 
+def training_recipe_trainer(
+    output_dir: Path,
+    callbacks: list,
+    max_steps: int,
+    lr: float,
+    model: HyperSetForImageClassification | None = None,
+    **settings: object,
+) -> RecipeTrainer:
+    """A RecipeTrainer training `model` (default: the wide-weight Hyper-SET, `depth_model`) on its 24 examples
+    with SGD at a constant `lr`, evaluated every 2 steps; unless `settings` say otherwise, with the accuracy at
+    depths `DEPTHS` and the stand-in decoding metrics (`MaskedImages`)."""
+    model = depth_model().train() if model is None else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    metric = settings.pop("metric_for_best_model", None)
+    args = training_arguments(output_dir, max_steps, metric_for_best_model=metric)
+    data = examples(model)
+    settings = {"depth_evaluation": (TASK, DEPTHS), "masked_images": MaskedImages(), **settings}
+    return RecipeTrainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        eval_dataset=data,
+        compute_metrics=TrainerMetrics(TASK),
+        preprocess_logits_for_metrics=argmax_logits,
+        optimizers=(optimizer, schedule),
+        callbacks=callbacks,
+        training_loss=SimpleNamespace(active=False),
+        run_args=None,
+        schedule=None,
+        **settings,
+    )
+
+
 def recipe_trainer(output_dir: Path, **settings: object) -> RecipeTrainer:
     model = depth_model()
     args = TrainingArguments(
@@ -199,22 +233,12 @@ def test_every_pass_of_an_evaluation_during_training_scores_the_ema_weights(tmp_
     ema = EMACallback(0.99, swap_for_evaluation=False)
     seen = WeightsSeen(model, ema)
     # a large step against the labels of the wide weights: the live weights move away from their average
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    args = training_arguments(tmp_path, max_steps=4)
-    data = examples(model)
-    trainer = RecipeTrainer(
+    trainer = training_recipe_trainer(
+        tmp_path,
+        [LiveWeights(seen), ema],
+        max_steps=4,
+        lr=0.5,
         model=model,
-        args=args,
-        train_dataset=data,
-        eval_dataset=data,
-        compute_metrics=TrainerMetrics(TASK),
-        preprocess_logits_for_metrics=argmax_logits,
-        optimizers=(optimizer, schedule),
-        callbacks=[LiveWeights(seen), ema],
-        training_loss=SimpleNamespace(active=False),
-        run_args=None,
-        schedule=None,
         depth_evaluation=(TASK, [depth]),
         masked_images=seen,
         ema=ema,

@@ -12,20 +12,18 @@ import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 from datasets import Dataset
 from fixtures import hyperset_config
 from safetensors.torch import load_file
-from test_recipe_trainer import DEPTHS, TASK, MaskedImages, depth_model, examples, training_arguments
+from test_recipe_trainer import DEPTHS, training_recipe_trainer
 from transformers import EarlyStoppingCallback, Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import CallbackHandler
 
 from energyformers import HyperSetForImageClassification
 from energyformers.training.callbacks import ContinueIterationDraws
-from energyformers.training.evaluation import TrainerMetrics, argmax_logits
 from energyformers.training.interrupt import StopRequest
 from energyformers.training.trainer import RecipeTrainer
 
@@ -160,35 +158,6 @@ class ReportedEvaluations(TrainerCallback):
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         self.calls.append((state.global_step, dict(metrics)))
-
-
-def training_recipe_trainer(
-    output_dir: Path, callbacks: list, max_steps: int, lr: float, **settings: object
-) -> RecipeTrainer:
-    """A RecipeTrainer training the wide-weight Hyper-SET of tests/test_recipe_trainer.py on its 24 examples,
-    evaluated every 2 steps with the accuracy at depths 1 and 5 and the stand-in decoding metrics."""
-    model = depth_model().train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    metric = settings.pop("metric_for_best_model", None)
-    args = training_arguments(output_dir, max_steps, metric_for_best_model=metric)
-    data = examples(model)
-    return RecipeTrainer(
-        model=model,
-        args=args,
-        train_dataset=data,
-        eval_dataset=data,
-        compute_metrics=TrainerMetrics(TASK),
-        preprocess_logits_for_metrics=argmax_logits,
-        optimizers=(optimizer, schedule),
-        callbacks=callbacks,
-        training_loss=SimpleNamespace(active=False),
-        run_args=None,
-        schedule=None,
-        depth_evaluation=(TASK, DEPTHS),
-        masked_images=MaskedImages(),
-        **settings,
-    )
 
 
 EVERY_PASS = {"eval_loss", "eval_accuracy", "eval_psnr", *(f"eval_accuracy_iterations_{t}" for t in DEPTHS)}
