@@ -109,18 +109,27 @@ def split_devices() -> Iterator[None]:
 
 
 def place(module: torch.nn.Module, device_map: dict[str, int]) -> torch.nn.Module:
-    """Every parameter and buffer of each `device_map` entry (a module name, "" for the root) on its stand-in device,
+    """Every parameter and buffer of each `device_map` entry (a module name, "" for the root, or a split module's own
+    tensor) on its stand-in device,
     then accelerate's `dispatch_model` hooks, as `from_pretrained(..., device_map=...)` attaches them for GPUs."""
     from accelerate import dispatch_model
 
     for name, index in device_map.items():
-        for sub in module.get_submodule(name).modules():
-            for key, parameter in list(sub._parameters.items()):
-                if parameter is not None:
-                    wrapped = OnDevice(parameter.detach().clone(), index)
-                    sub._parameters[key] = torch.nn.Parameter(wrapped, requires_grad=parameter.requires_grad)
-            for key, buffer in list(sub._buffers.items()):
-                if buffer is not None:
-                    sub._buffers[key] = OnDevice(buffer.clone(), index)
+        owner, _, leaf = name.rpartition(".")
+        parent = module.get_submodule(owner)
+        if (
+            leaf in parent._parameters or leaf in parent._buffers
+        ):  # a split module's own tensor, as its own entry
+            tensors = [(parent, leaf)]
+        else:
+            subs = module.get_submodule(name).modules()
+            tensors = [(sub, key) for sub in subs for key in (*sub._parameters, *sub._buffers)]
+        for sub, key in tensors:
+            if sub._parameters.get(key) is not None:
+                parameter = sub._parameters[key]
+                wrapped = OnDevice(parameter.detach().clone(), index)
+                sub._parameters[key] = torch.nn.Parameter(wrapped, requires_grad=parameter.requires_grad)
+            elif sub._buffers.get(key) is not None:
+                sub._buffers[key] = OnDevice(sub._buffers[key].clone(), index)
     stand_in = {name: device(index) for name, index in device_map.items()}
     return dispatch_model(module, device_map=stand_in, main_device=device(min(device_map.values())))

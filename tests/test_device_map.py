@@ -303,6 +303,71 @@ def test_split_over_devices_gives_the_logits_of_the_whole_model(subject: Subject
     assert torch.equal(got, expected), f"{subject} over {device_map}: max |Δ| = {delta:.3g}"
 
 
+def first_device_budgets(model: nn.Module, step: int = 16) -> dict[int, dict[str, int]]:
+    """transformers' map over 2 devices for every budget of the first device from 0 to the model's size in `step`
+    bytes (the second holds the rest): {budget: map}, which moves the device boundary through every module."""
+    from accelerate.utils import compute_module_sizes
+    from transformers.integrations.accelerate import infer_auto_device_map
+
+    total = compute_module_sizes(model)[""]
+    return {
+        budget: dict(
+            infer_auto_device_map(
+                model,
+                max_memory={0: budget, 1: 10 * total, "cpu": 10 * total},
+                no_split_module_classes=model._no_split_modules,
+            )
+        )
+        for budget in range(0, total + step, step)
+    }
+
+
+@pytest.mark.filterwarnings("ignore:Device .* is not available")
+@pytest.mark.parametrize(
+    ("subject", "overrides"),
+    [
+        (next(s for s in SUBJECTS if s.name == "HyperSetForImageClassification-image"), {}),
+        (next(s for s in SUBJECTS if s.name == "HyperSetForSequenceClassification-sequence"), {}),
+        (
+            next(s for s in SUBJECTS if s.name == "HyperSetForImageClassification-image"),
+            dict(iteration_conditioning="sinusoidal"),
+        ),
+    ],
+    ids=["image", "sequence", "image-sinusoidal"],
+)
+def test_split_keeps_the_hyperset_step_size_network_on_one_device(subject: Subject, overrides: dict) -> None:
+    """`HyperSetStepSizes` is one `_no_split_modules` block: wherever the device boundary falls between the
+    embeddings and the layers, the network lands whole on one device. Split, its condition (the `condition`
+    parameter, or the time MLP) would sit on one device and its norm and projection on the next, and its forward,
+    which adds the condition to the normalised state, would mix devices; each map that keeps it whole gives the
+    whole model's logits."""
+    model = subject.build(**overrides)
+    model.set_attn_implementation("eager")  # the stand-ins' math sdpa is another kernel (see the split test)
+    inputs = subject.inputs()
+    with torch.no_grad():
+        expected = main_output(model(**inputs))
+    straddling = [
+        device_map
+        for device_map in first_device_budgets(model).values()
+        if device_map.get("hyperset.embeddings") == 0
+        and device_map.get("hyperset.layers.0", device_map.get("hyperset.layers")) == 1
+    ]
+    assert straddling, "no budget puts the embeddings and the layers on two devices"
+    maps = {tuple(sorted(device_map.items())) for device_map in straddling}
+    for device_map in map(dict, maps):
+        parts = [name for name in device_map if name.startswith("hyperset.step_sizes.")]
+        assert not parts, f"{subject}: the step-size network split over {device_map}"
+        placed = subject.build(**overrides)  # `place` moves a model's tensors for good: one model per map
+        placed.set_attn_implementation("eager")
+        with split_devices():
+            place(placed, device_map)
+            with torch.no_grad():
+                got = main_output(placed(**inputs))
+        got = got.elem if isinstance(got, OnDevice) else got
+        delta = (got - expected).abs().max().item()
+        assert torch.equal(got, expected), f"{subject} over {device_map}: max |Δ| = {delta:.3g}"
+
+
 MIM_HEADS = {
     "hyperset": (
         FAMILIES["hyperset"].heads["AutoModelForMaskedImageModeling"],
