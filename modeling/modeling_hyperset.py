@@ -1037,20 +1037,44 @@ def _energy_precision(method: Callable) -> Callable:
     return wrapped
 
 
+def refuse_tied_offset(linear: nn.Module, name: str) -> None:
+    """A ValueError if `linear`, the tied projection `name` (`qkv_proj`, `dictionary`), carries an active PEFT LoRA
+    adapter with `lora_bias=True`. The tie has no place for an offset: module(I) − module(0) drops it, so the
+    adapter's bias would be ignored (and gets no gradient), and no merged model holds it: PEFT refuses to merge a
+    LoRA bias into a bias-free layer, and Hyper-SET's config has no bias there. Read from the wrapper's structure,
+    not its values: a bias initialised to zero is refused at the first forward, with no host read."""
+    biased = getattr(linear, "lora_bias", None)
+    if not biased or getattr(linear, "disable_adapters", False):
+        return
+    adapters = [adapter for adapter in getattr(linear, "active_adapters", ()) if biased.get(adapter)]
+    if adapters:
+        kind = f"{type(linear).__module__}.{type(linear).__qualname__}"
+        raise ValueError(
+            f"Hyper-SET's tied {name} is a {kind} whose adapter {adapters[0]!r} has lora_bias=True: {name} is "
+            "bias-free and used twice (W on the input, Wᵀ for the update), so a LoRA bias on it would be ignored, "
+            "and PEFT cannot merge it into a bias-free layer. Use LoraConfig(lora_bias=False), or keep lora_bias "
+            "for the layers with a bias and leave the tied ones out: "
+            "LoraConfig(..., lora_bias=True, exclude_modules=['qkv_proj', 'dictionary'])."
+        )
+
+
 def tied_weight(
-    linear: nn.Module, in_features: int, like: torch.Tensor, device: torch.device | None = None
+    linear: nn.Module, name: str, in_features: int, like: torch.Tensor, device: torch.device | None = None
 ) -> torch.Tensor | None:
     """The weight `(out, in)` a tied projection applies, when it is no plain `nn.Linear` (e.g. a PEFT LoRA or DoRA
     layer wrapping one) or a hooked one (`is_dispatched`: its `.weight` may be on `meta` outside its own call):
     (module(I) − module(0))ᵀ, exact for any affine wrapper (and for a plain float32 Linear: x·1 and sums with
     exact zeros round nothing), so the transposed use of the tie sees the adapter too and the model trained is the
     one `merge_and_unload()` gives. None for a plain unhooked `nn.Linear`, whose module and `.weight` are used as
-    they are. `like`: a parameter of the model's dtype and device; `device`: where the product is wanted instead
-    (an input's device: an offloaded `like` is on meta outside its owner's call). Called once per layer and forward (`iteration_weights`; per iteration on the
-    hook-safe path): in training mode an adapter's dropout draws one sample there for every use in that forward."""
+    they are. An adapter's offset module(0) has no place in the tie and is refused (`refuse_tied_offset`; `name`:
+    the projection's attribute, for its message). `like`: a parameter of the model's dtype and device; `device`:
+    where the product is wanted instead (an input's device: an offloaded `like` is on meta outside its owner's
+    call). Called once per layer and forward (`iteration_weights`; per iteration on the hook-safe path): in
+    training mode an adapter's dropout draws one sample there for every use in that forward."""
     plain = isinstance(linear, nn.Linear)
     if plain and not is_dispatched(linear):
         return None
+    refuse_tied_offset(linear, name)
     # a plain Linear's dtype is known even when offloaded (a meta tensor keeps it); a wrapper's is `like`'s
     dtype = linear.weight.dtype if plain else like.dtype
     identity = torch.eye(in_features, dtype=dtype, device=like.device if device is None else device)
@@ -1100,7 +1124,7 @@ class HyperSetAttention(nn.Module):
     def projection_weight(self, device: torch.device | None = None) -> torch.Tensor:
         """W `(d, d)` as `qkv_proj` applies it: its `.weight`, or the effective weight of a wrapped or hooked one
         (on `device`, where given)."""
-        tied = tied_weight(self.qkv_proj, self.config.hidden_size, self.qkv_gain, device)
+        tied = tied_weight(self.qkv_proj, "qkv_proj", self.config.hidden_size, self.qkv_gain, device)
         return self.qkv_proj.weight if tied is None else tied
 
     def normalized_heads(self, hidden_states: torch.Tensor, tied: torch.Tensor | None = None) -> torch.Tensor:
@@ -1126,7 +1150,7 @@ class HyperSetAttention(nn.Module):
         Linear). They depend on the parameters alone, so the model computes them once per forward and passes
         them to every iteration rather than rebuilding them L·T times."""
         gain_q, gain_k, gain_v = self.gains()
-        tied = tied_weight(self.qkv_proj, self.config.hidden_size, self.qkv_gain)
+        tied = tied_weight(self.qkv_proj, "qkv_proj", self.config.hidden_size, self.qkv_gain)
         weight = self.qkv_proj.weight if tied is None else tied
         # S = (z g_q)(z g_k)ᵀ/√d_h = (z g_q g_k/√d_h) zᵀ and P (z g_v) W = (P z)(g_v-scaled rows of W): the gains and
         # the temperature go into one (N, d_h) multiply and a (d, d) one, so k = v = z needs no pass of its own
@@ -1232,7 +1256,7 @@ class HyperSetFeedForward(nn.Module):
     def iteration_weights(self) -> torch.Tensor | None:
         """D `(M, d)` when `dictionary` is wrapped (`tied_weight`), computed once per forward by the model; None
         for a plain Linear."""
-        return tied_weight(self.dictionary, self.hidden_size, self.norm.weight)
+        return tied_weight(self.dictionary, "dictionary", self.hidden_size, self.norm.weight)
 
     def project(
         self, hidden_states: torch.Tensor, tied: torch.Tensor | None
@@ -1240,7 +1264,9 @@ class HyperSetFeedForward(nn.Module):
         """u = n_M(Dx) `(B, N, M)` and the D `(M, d)` of the transposed use: through the module and its `.weight`
         for a plain Linear, else both from the effective `tied` (None: `iteration_weights()`)."""
         if tied is None:  # on the state's device: an offloaded norm's weight is on meta here
-            tied = tied_weight(self.dictionary, self.hidden_size, self.norm.weight, hidden_states.device)
+            tied = tied_weight(
+                self.dictionary, "dictionary", self.hidden_size, self.norm.weight, hidden_states.device
+            )
         if tied is None:
             return self.norm(self.dictionary(hidden_states)), self.dictionary.weight
         return self.norm(F.linear(hidden_states, tied)), tied
@@ -1255,7 +1281,7 @@ class HyperSetFeedForward(nn.Module):
     def dictionary_weight(self, device: torch.device | None = None) -> torch.Tensor:
         """D `(M, d)` as `dictionary` applies it: its `.weight`, or the effective weight of a wrapped or hooked one
         (on `device`, where given)."""
-        tied = tied_weight(self.dictionary, self.hidden_size, self.norm.weight, device)
+        tied = tied_weight(self.dictionary, "dictionary", self.hidden_size, self.norm.weight, device)
         return self.dictionary.weight if tied is None else tied
 
     @_energy_precision
@@ -1315,7 +1341,7 @@ class HyperSetLinearAttention(HyperSetAttention):
     def iteration_weights(self) -> tuple[None, None, torch.Tensor | None]:
         """No weight-only product (W enters as a view, each gain on its own): None, None, and W when `qkv_proj`
         is wrapped (`tied_weight`; None for a plain Linear)."""
-        return None, None, tied_weight(self.qkv_proj, self.config.hidden_size, self.qkv_gain)
+        return None, None, tied_weight(self.qkv_proj, "qkv_proj", self.config.hidden_size, self.qkv_gain)
 
     def forward(
         self,

@@ -4,7 +4,7 @@ every family's image and sequence head and the looped baseline.
 
 Offload maps: every module that holds tensors on "disk" as its own entry (each parameter is loaded only inside its
 owner's forward), and the layers on "disk" with the rest on "cpu". Splits run on CPU stand-ins of 2 and 4
-accelerators under accelerate's own hooks (`tests/split_devices.py`). A dispatched model takes the hook-safe path
+accelerators under accelerate's own hooks (`tests/device_proxy.py`). A dispatched model takes the hook-safe path
 (docs/usage.md, "Large-model inference"); an undispatched one runs the same ops as before
 (`test_undispatched_model_runs_the_fast_path`). Beyond the logits: Hyper-SET's energies, the masked-image-modelling
 heads' MaskGIT decoding, HyperBF's centers cache, and the image-classification and masked-image-modelling pipelines
@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from device_proxy import Accelerated, accelerator, place
 from fixtures import (
     BASELINE_TINY,
     Case,
@@ -29,7 +30,6 @@ from fixtures import (
     perturb,
     rounding,
 )
-from split_devices import OnDevice, place, split_devices
 from torch import nn
 
 from energyformers import BASELINES, FAMILIES
@@ -278,7 +278,7 @@ def auto_map(model: nn.Module, devices: int) -> dict[str, int]:
 @pytest.mark.parametrize("devices", [2, 4])
 @pytest.mark.parametrize("subject", SUBJECTS, ids=str)
 def test_split_over_devices_gives_the_logits_of_the_whole_model(subject: Subject, devices: int) -> None:
-    """`device_map="auto"` over 2 and 4 accelerators (`tests/split_devices.py`: stand-ins under accelerate's own
+    """`device_map="auto"` over 2 and 4 accelerators (`tests/device_proxy.py`: stand-ins under accelerate's own
     hooks) runs without a device mix and returns the logits on the inputs' device. Eager attention: a tensor
     subclass takes torch's math sdpa, another kernel than the CPU model's, so only eager compares bit for bit."""
     model = subject.build()
@@ -287,7 +287,7 @@ def test_split_over_devices_gives_the_logits_of_the_whole_model(subject: Subject
     with torch.no_grad():
         expected = main_output(model(**inputs))
     device_map = auto_map(model, devices)
-    with split_devices():
+    with accelerator():
         place(model, device_map)
         if "" in device_map:  # all on one device: no hooks, the caller moves the inputs (as for one GPU)
             inputs = {name: value.to(f"meta:{device_map['']}") for name, value in inputs.items()}
@@ -298,9 +298,74 @@ def test_split_over_devices_gives_the_logits_of_the_whole_model(subject: Subject
     assert got.device == first.device, (
         f"{subject} over {device_map}: logits on {got.device}, inputs on {first.device}"
     )
-    got = got.elem if isinstance(got, OnDevice) else got
+    got = got.elem if isinstance(got, Accelerated) else got
     delta = (got - expected).abs().max().item()
     assert torch.equal(got, expected), f"{subject} over {device_map}: max |Δ| = {delta:.3g}"
+
+
+def first_device_budgets(model: nn.Module, step: int = 16) -> dict[int, dict[str, int]]:
+    """transformers' map over 2 devices for every budget of the first device from 0 to the model's size in `step`
+    bytes (the second holds the rest): {budget: map}, which moves the device boundary through every module."""
+    from accelerate.utils import compute_module_sizes
+    from transformers.integrations.accelerate import infer_auto_device_map
+
+    total = compute_module_sizes(model)[""]
+    return {
+        budget: dict(
+            infer_auto_device_map(
+                model,
+                max_memory={0: budget, 1: 10 * total, "cpu": 10 * total},
+                no_split_module_classes=model._no_split_modules,
+            )
+        )
+        for budget in range(0, total + step, step)
+    }
+
+
+@pytest.mark.filterwarnings("ignore:Device .* is not available")
+@pytest.mark.parametrize(
+    ("subject", "overrides"),
+    [
+        (next(s for s in SUBJECTS if s.name == "HyperSetForImageClassification-image"), {}),
+        (next(s for s in SUBJECTS if s.name == "HyperSetForSequenceClassification-sequence"), {}),
+        (
+            next(s for s in SUBJECTS if s.name == "HyperSetForImageClassification-image"),
+            dict(iteration_conditioning="sinusoidal"),
+        ),
+    ],
+    ids=["image", "sequence", "image-sinusoidal"],
+)
+def test_split_keeps_the_hyperset_step_size_network_on_one_device(subject: Subject, overrides: dict) -> None:
+    """`HyperSetStepSizes` is one `_no_split_modules` block: wherever the device boundary falls between the
+    embeddings and the layers, the network lands whole on one device. Split, its condition (the `condition`
+    parameter, or the time MLP) would sit on one device and its norm and projection on the next, and its forward,
+    which adds the condition to the normalised state, would mix devices; each map that keeps it whole gives the
+    whole model's logits."""
+    model = subject.build(**overrides)
+    model.set_attn_implementation("eager")  # the stand-ins' math sdpa is another kernel (see the split test)
+    inputs = subject.inputs()
+    with torch.no_grad():
+        expected = main_output(model(**inputs))
+    straddling = [
+        device_map
+        for device_map in first_device_budgets(model).values()
+        if device_map.get("hyperset.embeddings") == 0
+        and device_map.get("hyperset.layers.0", device_map.get("hyperset.layers")) == 1
+    ]
+    assert straddling, "no budget puts the embeddings and the layers on two devices"
+    maps = {tuple(sorted(device_map.items())) for device_map in straddling}
+    for device_map in map(dict, sorted(maps)):
+        parts = [name for name in device_map if name.startswith("hyperset.step_sizes.")]
+        assert not parts, f"{subject}: the step-size network split over {device_map}"
+        placed = subject.build(**overrides)  # `place` moves a model's tensors for good: one model per map
+        placed.set_attn_implementation("eager")
+        with accelerator():
+            place(placed, device_map)
+            with torch.no_grad():
+                got = main_output(placed(**inputs))
+        got = got.elem if isinstance(got, Accelerated) else got
+        delta = (got - expected).abs().max().item()
+        assert torch.equal(got, expected), f"{subject} over {device_map}: max |Δ| = {delta:.3g}"
 
 
 MIM_HEADS = {
@@ -536,7 +601,7 @@ def test_split_mim_head_decodes_as_the_whole_model() -> None:
     expected = model.decode(input_ids, steps=3, seed=0)
     device_map = auto_map(model, 2)
     assert device_map["code_head"] != device_map["hyperset.embeddings"], device_map
-    with split_devices():
+    with accelerator():
         place(model, device_map)
         got = model.decode(input_ids, steps=3, seed=0)
     assert got.codes.device == input_ids.device

@@ -195,6 +195,50 @@ def test_hyperset_reads_a_wrapped_tied_weight_once_per_layer_and_forward():
     )
 
 
+HYPERSET_HEADS = [HyperSetForImageClassification, sequence_head("hyperset")]
+
+
+# PEFT's own warning at get_peft_model: a LoRA bias on a bias-free layer cannot be merged
+@pytest.mark.filterwarnings("ignore:`lora_bias=True` was passed")
+@pytest.mark.parametrize("target", ["qkv_proj", "dictionary"])
+@pytest.mark.parametrize("model_class", HYPERSET_HEADS, ids=lambda c: c.__name__)
+def test_hyperset_refuses_a_lora_bias_on_its_tied_projections(model_class: type, target: str):
+    # the tie has no place for the adapter's offset module(0) (W_eff drops it), and no merged model holds it: PEFT
+    # refuses to merge a LoRA bias into a bias-free layer. Refused at the first forward, the bias still zero
+    case = Case.of(model_class)
+    wrapped = peft.get_peft_model(
+        perturb(case.build()), peft.LoraConfig(r=2, target_modules=[target], lora_bias=True)
+    )
+    with pytest.raises(ValueError, match=rf"tied {target} is a peft\..*lora_bias=True.*exclude_modules"):
+        wrapped(**case.inputs())
+    # the base model through the wrapper, adapters off: nothing to refuse
+    with wrapped.disable_adapter():
+        assert torch.isfinite(logits(wrapped, case.inputs())).all()
+
+
+@pytest.mark.filterwarnings("ignore:`lora_bias=True` was passed")
+@pytest.mark.parametrize("model_class", HYPERSET_HEADS, ids=lambda c: c.__name__)
+def test_hyperset_lora_bias_without_its_tied_projections_merges_into_the_adapted_model(model_class: type):
+    # what the refusal advises: lora_bias on the Linears that have a bias, the tied ones left out
+    case = Case.of(model_class)
+    inputs = case.inputs()
+    model = perturb(case.build())
+    config = peft.LoraConfig(
+        r=2, target_modules="all-linear", exclude_modules=["qkv_proj", "dictionary"], lora_bias=True
+    )
+    wrapped = adapted(model, config)
+    assert wrapped.targeted_module_names, "all-linear wrapped nothing"
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        biases = [p for name, p in wrapped.named_parameters() if re.search(r"lora_B\..*\.bias$", name)]
+        assert biases, "no LoRA bias was created"
+        for bias in biases:  # zero-initialised: drawn so that merging them is tested
+            bias.copy_(0.5 * torch.randn(bias.shape, generator=g))
+    with_adapter = logits(wrapped, inputs)
+    merged = logits(wrapped.merge_and_unload(), inputs)
+    assert_close_to_scale(merged, with_adapter, MERGE_TOLERANCE, f"{case}: merged vs adapted (lora_bias)")
+
+
 def test_hyperbf_values_adapter_gives_the_same_logits_under_every_attention_implementation():
     # sdpa folds the feedforward into one attention call over the values' tensors; with `values` wrapped it runs
     # the explicit path as eager does, so both give the adapted model: the same sums in at most 32-term products
