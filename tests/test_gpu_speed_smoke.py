@@ -307,8 +307,7 @@ def test_a_run_stopped_inside_a_group_keeps_its_finished_task_and_a_resumed_run_
 
 def test_each_run_records_its_commit_machine_and_device_in_both_files(gpu_speed, tmp_path):
     """benchmarks/provenance.py's run info, per run (a resumed file lists every run with its own commit)."""
-    import provenance  # the script put the benchmarks folder on sys.path
-
+    provenance = gpu_speed.provenance  # benchmarks/provenance.py, as the script imported it
     first, second = tmp_path / "first", tmp_path / "second"
     argv = [*SUDOKU_EAGER, "--tasks", "inference", "--profile_modes"]
     report = gpu_speed.main([*argv, "--output_dir", str(first)])
