@@ -3,9 +3,10 @@
 Each row is one `energyformers train --model FAMILY --dataset DATASET --epochs N --seed 42` subprocess with every
 other flag left at the CLI's default (the model is the CLI's small config of the family, as a user gets it), in a
 temporary run folder. Test accuracy, macro-F1, the parameter count and the run's wall time come from that folder's
-`metrics.json`; the model's `config.json` is kept in the JSON. Every row records its own date, command, git commit,
-torch / transformers versions, CPU, usable cores, torch thread count and load average, because `--rows` reruns
-only some rows and merges them into the existing result file (rows measured elsewhere keep their own record).
+`metrics.json`; the model's `config.json` is kept in the JSON. Every row records its own run (`"run"`:
+benchmarks/provenance.py's date, command, commit, versions, machine and seed), torch thread count and load average,
+because `--rows` reruns only some rows and merges them into the existing result file (rows measured elsewhere keep
+their own record).
 The result files are rewritten after every row, so an interrupted run keeps the rows it finished.
 
 Writes `<output_dir>/cli_accuracy.{md,json}` (default benchmarks/results/). `--smoke` checks the script end to end
@@ -20,7 +21,6 @@ Writes `<output_dir>/cli_accuracy.{md,json}` (default benchmarks/results/). `--s
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shlex
@@ -31,12 +31,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported, here and in the subprocesses
-
 sys.path.insert(0, str(Path(__file__).parent))
-# after the path insert: the CLI command, its subprocess runner and the processor name are shared
-from hyperbf_feedforward_paths import cpu_name
-from recipe_accuracy import CLI, REPO, RESULTS, run
+import provenance  # after the path insert: the benchmarks folder is not a package
+
+# before torch is imported, here and in the subprocesses
+provenance.setdefault_env("OMP_WAIT_POLICY", "PASSIVE")
+
+# after the environment default: the CLI command and its subprocess runner are shared
+from recipe_accuracy import CLI, RESULTS, run  # noqa: E402
 
 FAMILY = {"hyperset": "Hyper-SET", "imixer": "iMixer", "hyperbf": "HyperBF"}
 # (family, dataset, epochs): the rows of the table this script writes (benchmarks/results/cli_accuracy.md), in order
@@ -77,51 +79,30 @@ def row_command(
     return [*CLI, *flags, "--output_dir", str(output_dir)]
 
 
-def git_commit() -> str:
-    """HEAD, with `+dirty` when tracked files that can change a measurement differ from it."""
-
-    def git(*cmd: str) -> str:
-        return subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=REPO).stdout.strip()
-
-    commit = git("rev-parse", "HEAD") or "unknown"
-    # the result files are rewritten during the run, and docs and tests do not run: none makes the code dirty
-    dirty = git(
-        "status",
-        "--porcelain",
-        "--untracked-files=no",
-        "--",
-        ".",
-        ":!benchmarks/results",
-        ":!docs",
-        ":!tests",
-    )
-    return commit + ("+dirty" if dirty else "")
-
-
-def provenance(num_threads: int) -> dict[str, Any]:
-    """Where and with what a row was measured (recorded per row: `--rows` merges rows of different runs)."""
-    import torch
-    import transformers
-
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git_commit(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "cpu": cpu_name(),
-        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "num_threads": num_threads,
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-    }
+def upgraded(row: dict[str, Any]) -> dict[str, Any]:
+    """A row of a file written before rows recorded `"run"`, in today's shape (its benchmark command was not
+    recorded)."""
+    if "run" in row:
+        return row
+    flat = ("date", "git_commit", "python", "torch", "transformers", "cpu", "usable_cores")
+    old = {key: row[key] for key in flat}
+    rest = {key: value for key, value in row.items() if key not in flat}
+    machine = f"{old['cpu']}, {old['usable_cores']} cores available"
+    run_info = {**{key: old[key] for key in flat[:5]}, "command": "not recorded", "machine": machine}
+    return {**rest, "run": {**run_info, "seed": row["seed"]}}
 
 
 def measure(model: str, dataset: str, epochs: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Train one row in `workdir` and read its numbers back from the run folder."""
     output_dir = workdir / f"{model}-{dataset}"
     record = {"id": f"{model}-{dataset}", "model": model, "dataset": dataset, "seed": SEED}
-    record.update(provenance(args.num_threads))
+    # per row: `--rows` merges rows of different runs
+    record["run"] = provenance.run_info(seed=SEED, argv=args.argv, script=__file__)
+    record.update(
+        num_threads=args.num_threads,
+        omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"),
+        load_average_at_start=[round(x, 2) for x in os.getloadavg()],
+    )
     result = run(row_command(model, dataset, epochs, args, output_dir), output_dir)
     metrics = json.loads((output_dir / "metrics.json").read_text())
     config = json.loads((output_dir / "config.json").read_text())
@@ -182,10 +163,11 @@ def build_report(report: dict[str, Any]) -> str:
     lines += ["", "## Runs", ""]
     for r in rows:
         validation = "none" if r["eval_accuracy"] is None else f"{r['eval_accuracy']:.4f}"
+        command, details = provenance.markdown_lines(r["run"])
         lines += [
             f"* {r['id']}: `{r['command']}`",
-            f"  — {r['date']}, commit {r['git_commit']}, torch {r['torch']}, transformers {r['transformers']}, "
-            f"Python {r['python']}; {r['cpu']}, {r['usable_cores']} usable cores, {r['num_threads']} torch "
+            f"  {command}",
+            f"  {details} {r['num_threads']} torch "
             f"thread(s), OMP_WAIT_POLICY={r['omp_wait_policy']}, load average "
             f"{r['load_average_at_start'][0]:.1f} at start and {r['load_average_at_end'][0]:.1f} at end; "
             f"lr {r['learning_rate']:g}, batch {r['batch_size']}, train loss {r['train_loss']:.4f}, "
@@ -222,6 +204,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--dry_run", action="store_true", help="print the commands; train nothing")
     args = parser.parse_args(argv)
+    args.argv = argv  # recorded in each row's run (None: sys.argv)
     args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = [r for r in args.rows if r not in ROW_IDS]
     if unknown or not args.rows:
@@ -251,7 +234,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     kept = (
         {}
         if args.smoke or not existing.exists()
-        else {r["id"]: r for r in json.loads(existing.read_text())["rows"]}
+        else {r["id"]: upgraded(r) for r in json.loads(existing.read_text())["rows"]}
     )
     report: dict[str, Any] = {"benchmark": "cli_accuracy", "smoke": args.smoke, "rows": [], "missing": []}
     start = time.time()

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import provenance  # after the path insert: the benchmarks folder is not a package
 
 COMMANDS = {
     "import torch": ["-c", "import torch"],
@@ -66,7 +68,7 @@ def time_once(argv: list[str], env: dict[str, str]) -> float:
     return elapsed
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=7, help="cold runs per command (the median is reported)")
     parser.add_argument("--label", default="this tree", help="column label of the installed package")
@@ -74,7 +76,7 @@ def main() -> None:
         "--compare", action="append", default=[], metavar="LABEL=DIR", help="also time the package under DIR"
     )
     parser.add_argument("--output", type=Path, default=RESULTS, help="markdown file to write")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs {args.runs}: expected >= 1")
     variants = {}
@@ -97,6 +99,7 @@ def main() -> None:
     }
     if len(set(origins.values())) < len(origins):
         raise SystemExit(f"the compared copies resolve to the same package: {origins}")
+    run_info = provenance.run_info(seed=None, argv=argv, script=__file__)
     load = os.getloadavg()[0]
     times: dict[tuple[str, str], list[float]] = {(c, v): [] for c in COMMANDS for v in variants}
     for run in range(args.runs):
@@ -117,12 +120,12 @@ def main() -> None:
     print(table)
     sources = "\n".join(f"* {label}: `{origin}`" for label, origin in origins.items())
     args.output.parent.mkdir(parents=True, exist_ok=True)
+    header = "\n".join(provenance.markdown_lines(run_info))
     args.output.write_text(
-        "# CLI start-up time\n\n"
-        f"`python benchmarks/cli_startup.py --runs {args.runs}` (see its docstring): wall time of cold subprocesses, "
-        f"{args.runs} interleaved runs per command and package copy; {platform.machine()}, {os.cpu_count()} CPUs "
-        f"shared with other jobs (load average {load:.1f} at the start, {load_end:.1f} at the end); "
-        f"Python {platform.python_version()}.\n\n{sources}\n\n{table}\n"
+        f"# CLI start-up time\n\n{header}\n\n"
+        f"Wall time of cold subprocesses (see the script's docstring), {args.runs} interleaved runs per command and "
+        f"package copy, on CPUs shared with other jobs (load average {load:.1f} at the start, {load_end:.1f} at the "
+        f"end).\n\n{sources}\n\n{table}\n"
     )
     print(f"wrote {args.output}")
 

@@ -51,7 +51,6 @@ import gc
 import json
 import os
 import platform
-import shlex
 import shutil
 import signal
 import statistics
@@ -83,6 +82,9 @@ import energyformers  # noqa: F401  (registers the families with the Auto classe
 from energyformers import HyperBFConfig, HyperSetConfig, IMixerConfig
 from energyformers.modeling.modeling_hyperset import ALL_ATTENTION_FUNCTIONS, check_attn_implementation
 from energyformers.pipelines import centers_scope
+
+sys.path.insert(0, str(Path(__file__).parent))
+import provenance  # after the path insert: the benchmarks folder is not a package (benchmarks/gpu/run.sh runs it)
 
 RESULTS = Path(__file__).parent / "results"
 TASKS = ("inference", "train")
@@ -1082,10 +1084,18 @@ def _cell(entry: dict[str, Any], key: str, scale: float = 1.0, fmt: str = "{:.2f
     return "–" if value is None else fmt.format(value * scale)
 
 
+# What a run records of provenance.run_info beside its number, start ("started": run_info's date), command,
+# repeats and compile workers (runs recorded before they did so lack them)
+RUN_INFO_KEYS = ("git_commit", "torch", "transformers", "python", "machine", "device", "seed")
+
+
 def run_line(run: dict[str, Any]) -> str:
     started = run.get("started") or "date not recorded"
+    commit = f", commit {run['git_commit'] or 'unknown'}" if "git_commit" in run else ""
     workers = f", {run['compile_workers']} compile workers" if run.get("compile_workers") else ""
-    return f"run {run['run']} ({started}): `{run.get('command')}`, repeats {run.get('repeats')}{workers}"
+    return (
+        f"run {run['run']} ({started}{commit}): `{run.get('command')}`, repeats {run.get('repeats')}{workers}"
+    )
 
 
 def worker_cell(timing: dict[str, Any]) -> str:
@@ -1113,25 +1123,29 @@ def markdown(report: dict[str, Any]) -> str:
     else:
         title = "# GPU speed: each family vs its baseline (one run)"
     if several:  # a later run (--resume) measured only what the earlier ones had not
-        provenance = [
+        header = [
             "Runs, each measuring what the earlier ones had not (the tables' run column says which measured a row):",
             "",
             *(f"- {run_line(run)}" for run in runs),
             "",
         ]
+    elif runs and "git_commit" in runs[0]:
+        workers = runs[0].get("compile_workers")
+        command, details = provenance.markdown_lines({**runs[0], "date": runs[0]["started"]})
+        header = [command, details + "  ", *([f"Compile workers: {workers}.  "] if workers else [])]
     elif runs:
         workers = runs[0].get("compile_workers")
-        provenance = [
+        header = [
             f"Command: `{runs[0]['command']}` ({runs[0]['started'] or 'date not recorded'})"
             + (f", {workers} compile workers" if workers else "")
             + "  "
         ]
     else:
-        provenance = [f"Command: `{report['command']}`  "]
+        header = [f"Command: `{report['command']}`  "]
     lines = [
         title,
         "",
-        *provenance,
+        *header,
         f"Device: {env['device']}; torch {env['torch']} (CUDA {env['cuda']}), triton {env['triton']}, "
         f"transformers {env['transformers']}  ",
         "Setting: bfloat16 weights and inputs; median of "
@@ -1446,13 +1460,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | list[Pass]:
             f"gpu_speed.py: --device {args.device} is only for --smoke (a check of the script, not a "
             "measurement); CPU timings are benchmarks/speed.py's job."
         )
-    command = "python benchmarks/gpu_speed.py " + " ".join(
-        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
-    )
+    env = environment(device)
+    info = provenance.run_info(seed=0, argv=argv, script=__file__, device=env["device"])
     report: dict[str, Any] = {
-        "command": command.strip(),
+        "command": info["command"],
         "smoke": args.smoke,
-        "environment": environment(device),
+        "environment": env,
         "repeats": args.repeats,
         "compile_backend": args.compile_backend,
         "dtype": "bfloat16",
@@ -1469,10 +1482,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | list[Pass]:
     run = max((r["run"] for r in report["runs"]), default=0) + 1
     this_run = {
         "run": run,
-        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "started": info["date"],
         "command": report["command"],
         "repeats": args.repeats,
-        "python": report["environment"]["python"],
+        **{key: info[key] for key in RUN_INFO_KEYS},
         "compile_workers": 0,  # how many were started (none when nothing was left to warm)
     }
     report["run"] = run

@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import platform
 import re
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +29,9 @@ import torch
 import triton
 
 from energyformers import kernels
+
+sys.path.insert(0, str(Path(__file__).parent))
+import provenance  # after the path insert: the benchmarks folder is not a package
 
 DTYPES = {  # label: (dtype, PRECISION of the float products)
     "bfloat16": (torch.bfloat16, "tf32"),  # tensor cores; the precision flag only concerns float32 operands
@@ -93,14 +96,17 @@ def measure(arch: int) -> list[dict[str, object]]:
     return rows
 
 
-def write_table(rows: list[dict[str, object]], arch: int, path: Path, seconds: float) -> None:
+def write_table(
+    rows: list[dict[str, object]], arch: int, path: Path, seconds: float, run: dict[str, object]
+) -> None:
     limit = kernels.SHARED_MEMORY_LIMIT.get(arch)
     lines = [
         f"# Fused bi-softmax kernels: registers, spills and shared memory, compiled for sm_{arch}",
         "",
-        f"Written by `benchmarks/kernel_resources.py --arch {arch}` (Triton {triton.__version__}, torch "
-        f"{torch.__version__}; compiled on {platform.machine()} with Triton's bundled ptxas, no GPU; "
-        f"{seconds:.0f} s). Each row: the five kernels compiled for length {LENGTH}, with padding; the largest "
+        *provenance.markdown_lines(run),
+        "",
+        f"Triton {triton.__version__}; compiled for sm_{arch} on this CPU with Triton's bundled ptxas, no GPU; "
+        f"{seconds:.0f} s. Each row: the five kernels compiled for length {LENGTH}, with padding; the largest "
         "registers per thread, stack frame (bytes of spilled registers per thread) and shared memory among them. "
         "**chosen**: the setting a launch uses (`energyformers/kernels.py`, `_constants`). Speed is measured by "
         "`benchmarks/gpu_speed.py` on a GPU, not here.",
@@ -123,21 +129,22 @@ def write_table(rows: list[dict[str, object]], arch: int, path: Path, seconds: f
     path.write_text("\n".join(lines) + "\n")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--arch", type=int, default=90, help="compute capability ×10 (90: H100/H200, 80: A100)"
     )
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/kernel_resources.md"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.arch < 75:
         parser.error(f"--arch {args.arch}: Triton compiles for compute capability 75 and newer (e.g. 80, 90)")
     os.environ.setdefault(
         "TRITON_DEFAULT_FP_FUSION", "1"
     )  # Triton's current default, said aloud (no warning)
+    run = provenance.run_info(seed=None, argv=argv, script=__file__)
     start = time.perf_counter()
     rows = measure(args.arch)
-    write_table(rows, args.arch, args.output, time.perf_counter() - start)
+    write_table(rows, args.arch, args.output, time.perf_counter() - start, run)
     print(f"wrote {args.output}")
 
 

@@ -88,8 +88,14 @@ def machine() -> str:
     return f"{platform.system()} {platform.machine()}, {cpu_model()}, {available_cores()} cores available"
 
 
+# Tracked paths whose changes do not change a measurement: a script rewriting its results as it goes (or a docs or
+# test edit) does not make the code it measures dirty.
+NOT_MEASURED = ("benchmarks/results", "docs", "tests")
+
+
 def git_commit() -> str | None:
-    """The short commit of the repository, with `-dirty` when tracked files differ; None outside a git checkout."""
+    """The short commit of the repository, with `-dirty` when tracked files that can change a measurement differ
+    (all but NOT_MEASURED); None outside a git checkout."""
     try:
         head = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
@@ -100,7 +106,8 @@ def git_commit() -> str | None:
         if head.returncode != 0:
             return None
         dirty = subprocess.run(
-            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "--", "."]
+            + [f":!{path}" for path in NOT_MEASURED],
             capture_output=True,
             text=True,
             timeout=10,

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -37,10 +35,14 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).parent))
+import provenance  # after the path insert: the benchmarks folder is not a package
 
-RESULTS = Path(__file__).parent / "results"
-REPO = Path(__file__).resolve().parents[1]
+# before torch is imported, here and in the subprocesses
+provenance.setdefault_env("OMP_WAIT_POLICY", "PASSIVE")
+
+RESULTS = provenance.RESULTS
+REPO = provenance.REPO
 CLI = [sys.executable, "-m", "energyformers", "train"]
 
 
@@ -57,7 +59,8 @@ def parse_variants(args: argparse.Namespace) -> dict[str, list[str]]:
         variants[f"recipe {args.recipe}"] = ["--recipe", args.recipe]
     for item in args.variant:
         name, sep, flags = item.partition("=")
-        if not sep or not name.strip() or name.strip() in variants:
+        # "run" is the JSON's key of the run's provenance, beside the variants
+        if not sep or not name.strip() or name.strip() in {*variants, "run"}:
             raise SystemExit(
                 f"--variant {item!r}: expected a new NAME=FLAGS, e.g. 'flip=--horizontal_flip 0.5'"
             )
@@ -110,13 +113,16 @@ def run(command: list[str], output_dir: Path) -> dict:
     }
 
 
-def build_report(args: argparse.Namespace, results: dict[str, list[dict]], total: float) -> str:
+def build_report(
+    args: argparse.Namespace, results: dict[str, list[dict]], total: float, run_info: dict
+) -> str:
     lines = [
         f"# {args.dataset} test accuracy with and without a training recipe ({args.model}, CLI default model)",
         "",
-        f"`{shlex.join(['python', 'benchmarks/recipe_accuracy.py', *sys.argv[1:]])}` — "
-        f"{sum(len(r) for r in results.values())} training runs, {total / 60:.1f} min on a "
-        f"{platform.machine()} CPU ({os.cpu_count()} cores visible), {args.num_threads} torch thread(s) each.",
+        *provenance.markdown_lines(run_info),
+        "",
+        f"{sum(len(r) for r in results.values())} training runs, {total / 60:.1f} min, {args.num_threads} torch "
+        "thread(s) each.",
         "",
         "| variant | flags | test accuracy (mean ± sd over seeds) | per seed | wall s / run |",
         "|---|---|---|---|---|",
@@ -177,6 +183,7 @@ def main() -> None:
             f"energyformers train does not accept {missing} yet (the training loop has not wired the recipe "
             "flags); nothing was run"
         )
+    run_info = provenance.run_info(seed=seeds)
     start = time.time()
     results: dict[str, list[dict]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory(prefix="recipe-accuracy-") as workdir:
@@ -193,12 +200,14 @@ def main() -> None:
     if args.dry_run:
         return
     total = time.time() - start
-    report = build_report(args, results, total)
+    report = build_report(args, results, total, run_info)
     print(report)
     if not args.no_write:
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / "recipe_accuracy.md").write_text(report)
-        (RESULTS / "recipe_accuracy.json").write_text(json.dumps(results, indent=2) + "\n")
+        (RESULTS / "recipe_accuracy.json").write_text(
+            json.dumps({"run": run_info, **results}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

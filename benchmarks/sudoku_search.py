@@ -36,18 +36,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import platform
-import shlex
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (README: CPU threads)
+sys.path.insert(0, str(Path(__file__).parent))
+import provenance  # after the path insert: the benchmarks folder is not a package
 
-RESULTS = Path(__file__).parent / "results"
+provenance.setdefault_env("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (README: CPU threads)
+
+RESULTS = provenance.RESULTS
 DATASETS = ("sudoku", "sudoku-hard")
 SELECTORS = ("energy", "confidence", "sudoku")
 # σ is relative to each token's rms, so it is a fraction of the start's own scale: 0.1 nudges the start (the
@@ -430,13 +431,12 @@ def markdown(report: dict[str, Any]) -> str:
     head = "# Test-time search on Sudoku: K trajectories per puzzle, per selector"
     if smoke:
         head = "# SMOKE RUN of benchmarks/sudoku_search.py: checks the script, NOT a measurement"
-    lines = [head, ""]
+    lines = [head, "", *provenance.markdown_lines(report["run"]), ""]
     m = report["model"]
     lines += [
         f"Model: `{m['model_dir']}` (Hyper-SET, d = {m['hidden_size']}, T = {m['num_iterations']}, "
-        f"{m['num_hidden_layers']} layer(s), {m['num_parameters']:,} parameters). Command: `{report['command']}`. "
-        f"{report['environment']['device']}, {report['environment']['threads']} thread(s), torch "
-        f"{report['environment']['torch']}.",
+        f"{m['num_hidden_layers']} layer(s), {m['num_parameters']:,} parameters). "
+        f"{report['environment']['device']}, {report['environment']['threads']} thread(s).",
         "",
         "K = 1 is the plain forward. σ is relative to each token's rms; trajectory 0 of every search is the plain "
         "start, and ties go to it. The selectors of one (σ, K) choose among the same trajectories (same seeds). "
@@ -598,10 +598,11 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
         if args.num_iterations is not None:
             model.config.num_iterations = args.num_iterations
         config = model.config
+        device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else None
+        run_info = provenance.run_info(seed=args.seed, argv=argv, script=__file__, device=device)
         report: dict[str, Any] = {
+            "run": run_info,
             "smoke": args.smoke,
-            "command": "python benchmarks/sudoku_search.py "
-            + shlex.join(sys.argv[1:] if argv is None else argv),
             "model": {
                 "model_dir": str(args.model_dir or "tiny untrained model (smoke)"),
                 "hidden_size": config.hidden_size,
@@ -617,8 +618,6 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
             "environment": {
                 "device": args.device if args.device != "cpu" else f"CPU ({platform.machine()})",
                 "threads": args.num_threads,
-                "torch": torch.__version__,
-                "python": platform.python_version(),
             },
             "datasets": [],
         }

@@ -62,14 +62,17 @@ def test_smoke_row_writes_marked_files_with_the_numbers_and_their_provenance(ben
         row["num_parameters"] > 0 and row["wall_time_s"] > 0 and row["process_wall_s"] >= row["wall_time_s"]
     )
     assert row["config"]["model_type"] == "hyperbf" and "id2label" not in row["config"]
-    for key in ("date", "git_commit", "torch", "transformers", "cpu", "usable_cores", "num_threads"):
-        assert row[key], (key, row[key])
-    assert row["num_threads"] == 1 and row["usable_cores"] >= 1
-    # the table row and the provenance line show what the JSON holds
+    run = row["run"]  # benchmarks/provenance.py's record of the run that measured the row
+    for key in ("date", "command", "git_commit", "torch", "transformers", "python", "machine"):
+        assert run[key], (key, run)
+    assert run["seed"] == 42 and "benchmarks/cli_accuracy.py --smoke" in run["command"], run
+    assert row["num_threads"] == 1, row["num_threads"]
+    # the table row and the provenance lines show what the JSON holds
     assert (
         f"| HyperBF | rotten_tomatoes | 1 | {row['num_parameters']:,} | {row['test_accuracy']:.4f} |" in md
     ), md
-    assert row["command"] in md and row["git_commit"] in md and row["cpu"] in md, md
+    assert row["command"] in md and f"commit {run['git_commit']};" in md and run["machine"] in md, md
+    assert run["command"] in md, md
 
 
 @pytest.mark.parametrize(

@@ -305,6 +305,31 @@ def test_a_run_stopped_inside_a_group_keeps_its_finished_task_and_a_resumed_run_
     assert (third / "gpu_speed_smoke.md").read_text() == markdown
 
 
+def test_each_run_records_its_commit_machine_and_device_in_both_files(gpu_speed, tmp_path):
+    """benchmarks/provenance.py's run info, per run (a resumed file lists every run with its own commit)."""
+    provenance = gpu_speed.provenance  # benchmarks/provenance.py, as the script imported it
+    first, second = tmp_path / "first", tmp_path / "second"
+    argv = [*SUDOKU_EAGER, "--tasks", "inference", "--profile_modes"]
+    report = gpu_speed.main([*argv, "--output_dir", str(first)])
+    (run,) = report["runs"]
+    commit = provenance.git_commit()
+    assert run["git_commit"] == commit and run["seed"] == 0, run
+    assert run["device"] == report["environment"]["device"] and run["machine"] == provenance.machine(), run
+    assert "benchmarks/gpu_speed.py --device cpu --smoke" in run["command"], run
+    markdown = (first / "gpu_speed_smoke.md").read_text()
+    assert f"; commit {commit};" in markdown and f"; device {run['device']};" in markdown, markdown[:800]
+    # a second run (the train task the first left out), resumed from the first: each run line names its commit
+    again = gpu_speed.main(
+        [*SUDOKU_EAGER, "--tasks", "train", "--profile_modes", "--resume", str(first / "gpu_speed_smoke.json"),
+         "--output_dir", str(second)]
+    )  # fmt: skip
+    assert [r["run"] for r in again["runs"]] == [1, 2] and again["runs"][0] == run, again["runs"]
+    markdown = (second / "gpu_speed_smoke.md").read_text()
+    for number in (1, 2):
+        assert f"- run {number} ({run['started'][:10]}" in markdown, markdown[:800]
+    assert markdown.count(f", commit {commit}): `") == 2, markdown[:800]
+
+
 @pytest.mark.parametrize("field", ["device", "torch", "transformers", "triton"])
 def test_a_resume_file_of_another_device_or_software_is_ignored_saying_why(
     gpu_speed, tmp_path, monkeypatch, capsys, field

@@ -32,6 +32,12 @@ def test_smoke_run_writes_marked_files_with_every_selector_k_and_the_cost(search
     assert names == ["sudoku_search_smoke.json", "sudoku_search_smoke.md", "sudoku_search_smoke.png"], names
     assert json.loads((out / "sudoku_search_smoke.json").read_text()) == json.loads(json.dumps(report))
     assert report["smoke"] and (out / "sudoku_search_smoke.md").read_text().startswith("# SMOKE RUN")
+    # the run's provenance (benchmarks/provenance.py): in the JSON as "run", in the md's header
+    run = report["run"]
+    assert run["git_commit"] == search.provenance.git_commit() and run["seed"] == 0 and run["machine"], run
+    assert "benchmarks/sudoku_search.py --smoke" in run["command"], run
+    md = (out / "sudoku_search_smoke.md").read_text()
+    assert f"Command: `{run['command']}`" in md and f"; commit {run['git_commit']};" in md, md[:800]
     assert (out / "sudoku_search_smoke.png").stat().st_size > 10_000
     (section,) = report["datasets"]
     assert section["dataset"] == "sudoku" and section["num_puzzles"] == 8
