@@ -93,9 +93,19 @@ def machine() -> str:
 NOT_MEASURED = ("benchmarks/results", "docs", "tests")
 
 
+# A copy of the tree without its `.git` (what the GPU tool runs in) cannot ask git; its caller names the commit here.
+COMMIT_ENV = "ENERGYFORMERS_GIT_COMMIT"
+
+
 def git_commit() -> str | None:
     """The short commit of the repository, with `-dirty` when tracked files that can change a measurement differ
-    (all but NOT_MEASURED); None outside a git checkout."""
+    (all but NOT_MEASURED); outside a git checkout, `$ENERGYFORMERS_GIT_COMMIT` if set, else None."""
+    commit = checkout_commit()
+    return commit if commit is not None else os.environ.get(COMMIT_ENV) or None
+
+
+def checkout_commit() -> str | None:
+    """`git_commit` as git sees it: None outside a git checkout."""
     try:
         head = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],

@@ -145,3 +145,17 @@ def test_git_commit_is_dirty_for_code_changes_but_not_for_results_docs_or_tests(
     assert provenance.git_commit() == clean, (provenance.git_commit(), clean)
     (tmp_path / files[0]).write_text("v2\n")
     assert provenance.git_commit() == clean + "-dirty", (provenance.git_commit(), clean)
+
+
+def test_git_commit_outside_a_checkout_is_the_one_its_caller_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU tool runs a copy of the tree without `.git`: the commit comes from ENERGYFORMERS_GIT_COMMIT there,
+    and git's answer wins wherever there is one."""
+    monkeypatch.setattr(provenance, "REPO", tmp_path)
+    monkeypatch.delenv(provenance.COMMIT_ENV, raising=False)
+    assert provenance.git_commit() is None
+    monkeypatch.setenv(provenance.COMMIT_ENV, "abc1234")
+    assert provenance.git_commit() == "abc1234"
+    monkeypatch.setattr(provenance, "REPO", ROOT)
+    assert provenance.git_commit() not in (None, "abc1234"), provenance.git_commit()
