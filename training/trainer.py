@@ -92,8 +92,9 @@ class RecipeTrainer(Trainer):
     ) -> dict[str, float]:
         """Trainer's evaluation; for masked image modelling also the reconstruction metrics after MaskGIT
         decoding; on the validation split also the accuracy at each depth of `depth_evaluation`; each logged as
-        its own entry at the same step, once all are complete, and returned with the metrics. Callbacks'
-        `on_evaluate` is called once, after those logs, with the metrics returned (`held_on_evaluate`).
+        its own entry at the same step, once all are complete, and returned with the metrics and, as Trainer's,
+        the training state's `epoch` that `log` adds. Callbacks' `on_evaluate` is called once, after those logs,
+        with the metrics returned (`held_on_evaluate`).
 
         A dict of datasets (given, or the trainer's `eval_dataset`) is evaluated as `Trainer` does: each named
         dataset in turn with the prefix `<metric_key_prefix>_<name>`, its own logs and its own `on_evaluate`
@@ -128,6 +129,9 @@ class RecipeTrainer(Trainer):
         for held, metrics, extra in completed:
             for logs, args, kwargs in held:
                 self.log(logs, *args, **kwargs)
+                # Trainer's `evaluate` returns (and reports to `on_evaluate`) the very dict it logged, which `log`
+                # gave the training state's entries (`epoch`, the input tokens seen); ours joins several
+                metrics.update(logs)
             self.control = self.callback_handler.on_evaluate(
                 self.args, self.state, self.control, metrics, **extra
             )
