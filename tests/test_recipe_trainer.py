@@ -12,7 +12,7 @@ import pytest
 import torch
 from datasets import Dataset
 from fixtures import hyperset_config
-from transformers import TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from energyformers import HyperSetForImageClassification
 from energyformers.training.augmentation import EMACallback
@@ -372,6 +372,43 @@ for model_type, model in models.items():
     }
 print(json.dumps(result))
 """
+
+
+def test_evaluate_returns_the_epoch_as_trainers_own_does(tmp_path: Path) -> None:
+    """Trainer's `evaluate` returns, and reports to `on_evaluate`, the dict it logged, to which `log` added the
+    training state's `epoch`: RecipeTrainer's, joining the decoding and depth passes' metrics, too, during training,
+    after it, and for each dataset of a dict."""
+    reported = ReportedMetrics()
+    trainer = training_recipe_trainer(tmp_path, [reported], max_steps=4, lr=0.5)
+    # the premise, on the same model and data: Trainer's own, untrained (its state's epoch is 0 until it trains)
+    plain = Trainer(
+        model=trainer.model,
+        args=trainer.args,
+        eval_dataset=trainer.eval_dataset,
+        compute_metrics=TrainerMetrics(TASK),
+        preprocess_logits_for_metrics=argmax_logits,
+    )
+    returned = plain.evaluate()
+    assert returned.get("epoch") == plain.state.epoch == 0, (returned, plain.state.epoch)
+    assert "eval_psnr" not in returned, returned
+
+    trainer.train()
+    logged = {entry["step"]: entry["epoch"] for entry in trainer.state.log_history if "eval_loss" in entry}
+    assert sorted(logged) == [2, 4] and len(reported.calls) == 2, (logged, reported.calls)
+    every_pass = {"eval_loss", "eval_psnr", f"eval_accuracy_iterations_{DEPTHS[0]}"}
+    for step, metrics in zip((2, 4), reported.calls, strict=True):
+        assert every_pass <= metrics.keys() and metrics.get("epoch") == logged[step], (step, metrics, logged)
+    epoch = trainer.state.epoch
+    assert logged[2] < 1 < epoch, (logged, epoch)  # 3 steps an epoch: the two evaluations' epochs differ
+    for prefix in ("eval", "test"):
+        returned = trainer.evaluate(metric_key_prefix=prefix)
+        assert f"{prefix}_psnr" in returned and returned.get("epoch") == epoch, (prefix, returned)
+        assert reported.calls[-1] == returned, (reported.calls[-1], returned)
+    trainer.eval_dataset = {"a": trainer.eval_dataset, "b": trainer.eval_dataset.select(range(12))}
+    returned = trainer.evaluate()
+    named = {f"eval_a_accuracy_iterations_{DEPTHS[0]}", "eval_b_loss", "eval_psnr"}
+    assert named <= returned.keys() and returned.get("epoch") == epoch, returned
+    assert [call.get("epoch") for call in reported.calls[-3:]] == [epoch] * 3, reported.calls[-3:]
 
 
 def test_a_model_loaded_with_remote_code_is_judged_by_its_recurrent_depth(tmp_path: Path) -> None:

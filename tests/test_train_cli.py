@@ -113,8 +113,13 @@ def test_metrics_json_schema(trained, family: str, modality: str) -> None:
         and recipe["batch_size"] == 8
         and isinstance(recipe["learning_rate"], float)
     )
+    epoch = metrics["train"]["epoch"]  # 2 steps of 8 of the 32 examples
+    assert epoch == 0.5, metrics["train"]
     for split in ("eval", "test"):
         assert 0.0 <= metrics[split]["accuracy"] <= 1.0 and 0.0 <= metrics[split]["f1_macro"] <= 1.0
+        # Trainer's `evaluate` returns the training state's epoch with the metrics (the validation split's
+        # accuracy at each depth joined to them, for the recurrent-depth families, too)
+        assert metrics[split].get("epoch") == epoch, (split, metrics[split])
     assert "train_loss" in metrics["train"] and metrics["wall_time_s"] > 0
 
 

@@ -19,12 +19,19 @@ from datasets import Dataset
 from fixtures import hyperset_config
 from safetensors.torch import load_file
 from test_recipe_trainer import DEPTHS, training_recipe_trainer
-from transformers import EarlyStoppingCallback, Trainer, TrainerCallback, TrainingArguments
+from transformers import (
+    EarlyStoppingCallback,
+    PrinterCallback,
+    ProgressCallback,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 from transformers.trainer_callback import CallbackHandler
 
 from energyformers import HyperSetForImageClassification
 from energyformers.training.callbacks import ContinueIterationDraws
-from energyformers.training.interrupt import StopRequest
+from energyformers.training.interrupt import EvaluationStopped, StopRequest
 from energyformers.training.trainer import RecipeTrainer
 
 # 20 examples in batches of 4 with 2 accumulation steps: 5 batches an epoch, 3 optimizer steps (the last one
@@ -248,6 +255,84 @@ def test_an_evaluation_a_stop_cuts_short_calls_no_on_evaluate(tmp_path: Path) ->
     assert EVERY_PASS <= reported.calls[0][1].keys(), reported.calls
 
 
+class BarsShown(TrainerCallback):
+    """Shows Trainer's progress bars on `trainer` (`ProgressCallback`, as without `disable_tqdm`: these runs
+    disable them) and watches them, added after it: `counts` gets (bar, its count, its total) at every
+    prediction step, after the bar's update."""
+
+    def __init__(self, trainer: RecipeTrainer) -> None:
+        trainer.remove_callback(PrinterCallback)
+        self.progress = ProgressCallback()
+        trainer.add_callback(self.progress)
+        trainer.add_callback(self)
+        self.counts: list[tuple[object, int, int]] = []
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        bar = self.progress.prediction_bar
+        self.counts.append((bar, bar.n, bar.total))
+
+    def assert_closed(self) -> None:
+        """Every bar shown was closed (tqdm's `close` disables it), and none is left in the callback."""
+        assert self.counts, "no prediction step was shown"
+        bars = list({id(bar): bar for bar, _, _ in self.counts}.values())
+        assert all(bar.disable for bar in bars) and self.progress.prediction_bar is None, (
+            [str(bar) for bar in bars],
+            self.progress.prediction_bar,
+        )
+
+
+def sigterm_in_trainers_pass(trainer: RecipeTrainer, step: int) -> list:
+    """Sends a real SIGTERM once, at the second forward of Trainer's own pass (in eval mode, without
+    `num_iterations`) in the evaluation at `step`: the pass stops after that batch, its bar shown at 1; the
+    returned list gets an entry when it is sent."""
+    model, signalled, forwards = trainer.model, [], []
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def signalling_forward(*args: object, **kwargs: object) -> object:
+        if not model.training and "num_iterations" not in kwargs and trainer.state.global_step == step:
+            forwards.append(None)
+            if len(forwards) == 2 and not signalled:
+                signalled.append(os.kill(os.getpid(), signal.SIGTERM))
+        return forward(*args, **kwargs)
+
+    model.forward = signalling_forward
+    return signalled
+
+
+@pytest.mark.parametrize("cut", ["trainer's pass", "depth pass"])
+def test_an_evaluation_a_stop_cuts_short_closes_its_progress_bar(tmp_path: Path, cut: str) -> None:
+    """SIGTERM in the step-4 evaluation, in Trainer's own pass (its bar at 1 of 3) or in the depth pass after
+    it: the bar is closed, as `on_evaluate` closes it after a complete evaluation, not left for the next line
+    printed to write over."""
+    stop = StopRequest()
+    trainer = training_recipe_trainer(tmp_path, [], max_steps=6, lr=0.5, stop=stop)
+    shown = BarsShown(trainer)
+    if cut == "depth pass":
+        signalled = sigterm_in_depth_pass(trainer, lambda: True)
+    else:
+        signalled = sigterm_in_trainers_pass(trainer, 4)
+    with stop.installed(announce=False):
+        trainer.train()
+    assert signalled and trainer.state.global_step == 4, (signalled, trainer.state.global_step)
+    if cut == "trainer's pass":
+        assert shown.counts[-1][1:] == (1, 3), shown.counts  # the premise: the bar of a pass cut short
+    shown.assert_closed()
+
+
+def test_a_stop_in_an_evaluation_outside_training_closes_its_progress_bar(tmp_path: Path) -> None:
+    """SIGTERM in Trainer's own pass of an evaluation outside training, as the train command's final ones
+    (`evaluate` raises `EvaluationStopped` to its caller): the bar is closed too."""
+    stop = StopRequest()
+    trainer = training_recipe_trainer(tmp_path, [], max_steps=0, lr=0.5, stop=stop)
+    shown = BarsShown(trainer)
+    signalled = sigterm_in_trainers_pass(trainer, 0)
+    with stop.installed(announce=False), pytest.raises(EvaluationStopped):
+        trainer.evaluate()
+    assert signalled and shown.counts[-1][1:] == (1, 3), (signalled, shown.counts)
+    shown.assert_closed()
+
+
 # --------------------------------------------------------------------------- a dict of evaluation datasets
 # Trainer's `eval_dataset={"a": ..., "b": ...}`: each named dataset evaluated in turn as `eval_<name>` (its own
 # depth pass included), logged and reported once per name; a stop during any of them ends the whole evaluation.
@@ -288,6 +373,19 @@ def test_with_a_dict_the_best_metric_and_early_stopping_follow_one_named_depth_m
             sorted(metrics),
         )
     assert "eval_psnr" in reported.calls[2][1], reported.calls[2]
+
+
+def test_each_named_evaluation_has_its_own_progress_bar(tmp_path: Path) -> None:
+    """With a dict of datasets each named evaluation's pass shows its own bar, closed when the pass ends, as
+    Trainer's `on_evaluate` closes it: "b"'s 2 batches do not count on in "a"'s bar of 3."""
+    trainer = training_recipe_trainer(tmp_path, [], max_steps=0, lr=0.5)
+    trainer.eval_dataset = named_datasets(trainer)
+    shown = BarsShown(trainer)
+    assert "eval_b_loss" in trainer.evaluate()
+    bars = list({id(bar): bar for bar, _, _ in shown.counts})
+    counts = [(bars.index(id(bar)), n, total) for bar, n, total in shown.counts]
+    assert counts == [(0, 1, 3), (0, 2, 3), (0, 3, 3), (1, 1, 2), (1, 2, 2)], counts
+    shown.assert_closed()
 
 
 def test_a_stop_in_the_second_named_evaluation_ends_the_whole_evaluation(tmp_path: Path) -> None:

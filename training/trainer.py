@@ -92,8 +92,9 @@ class RecipeTrainer(Trainer):
     ) -> dict[str, float]:
         """Trainer's evaluation; for masked image modelling also the reconstruction metrics after MaskGIT
         decoding; on the validation split also the accuracy at each depth of `depth_evaluation`; each logged as
-        its own entry at the same step, once all are complete, and returned with the metrics. Callbacks'
-        `on_evaluate` is called once, after those logs, with the metrics returned (`held_on_evaluate`).
+        its own entry at the same step, once all are complete, and returned with the metrics and, as Trainer's,
+        the training state's `epoch` that `log` adds. Callbacks' `on_evaluate` is called once, after those logs,
+        with the metrics returned (`held_on_evaluate`).
 
         A dict of datasets (given, or the trainer's `eval_dataset`) is evaluated as `Trainer` does: each named
         dataset in turn with the prefix `<metric_key_prefix>_<name>`, its own logs and its own `on_evaluate`
@@ -116,6 +117,7 @@ class RecipeTrainer(Trainer):
             stopped = True
         finally:
             self.held_logs, self.evaluation_check = None, None
+            self.close_prediction_bars()  # the bar of a pass cut short, which no `on_evaluate` closes
         if stopped:
             # a stop request during a training run's evaluation: no metrics are logged, no callback hears of it
             # (`on_evaluate`), the checkpoint of the step just ended is saved and training stops (as
@@ -128,6 +130,9 @@ class RecipeTrainer(Trainer):
         for held, metrics, extra in completed:
             for logs, args, kwargs in held:
                 self.log(logs, *args, **kwargs)
+                # Trainer's `evaluate` returns (and reports to `on_evaluate`) the very dict it logged, which `log`
+                # gave the training state's entries (`epoch`, the input tokens seen); ours joins several
+                metrics.update(logs)
             self.control = self.callback_handler.on_evaluate(
                 self.args, self.state, self.control, metrics, **extra
             )
@@ -170,6 +175,9 @@ class RecipeTrainer(Trainer):
 
         def hold(args: Any, state: Any, control: Any, metrics: Any, **kwargs: Any) -> Any:
             reported.append(kwargs)
+            # Trainer's pass ends here: its bar closes now, as in Trainer (the next pass, a named dataset's,
+            # would count on in it)
+            self.close_prediction_bars()
             return control
 
         shadowed = handler.__dict__.get("on_evaluate")  # put back as found (a nested `evaluate`'s hold)
@@ -181,6 +189,16 @@ class RecipeTrainer(Trainer):
                 del handler.on_evaluate
             else:
                 handler.on_evaluate = shadowed
+
+    def close_prediction_bars(self) -> None:
+        """Close the progress bar of Trainer's evaluation pass that transformers' progress callbacks
+        (`ProgressCallback`, `NotebookProgressCallback`) keep in their `prediction_bar`, as their `on_evaluate`
+        does: `held_on_evaluate` holds that call back past the pass, and an evaluation cut short makes none."""
+        for callback in self.callback_handler.callbacks:
+            bar = getattr(callback, "prediction_bar", None)
+            if bar is not None:
+                bar.close()
+                callback.prediction_bar = None
 
     def evaluation_weights(self) -> AbstractContextManager[Any]:
         """The weights an evaluation scores: during training with `ema`, its averaged ones, swapped in for the
