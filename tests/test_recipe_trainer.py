@@ -91,12 +91,15 @@ def training_recipe_trainer(
 ) -> RecipeTrainer:
     """A RecipeTrainer training `model` (default: the wide-weight Hyper-SET, `depth_model`) on its 24 examples
     with SGD at a constant `lr`, evaluated every 2 steps; unless `settings` say otherwise, with the accuracy at
-    depths `DEPTHS` and the stand-in decoding metrics (`MaskedImages`)."""
+    depths `DEPTHS` and the stand-in decoding metrics (`MaskedImages`); `metric_for_best_model` and
+    `skip_memory_metrics` go to its TrainingArguments."""
     model = depth_model().train() if model is None else model
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    metric = settings.pop("metric_for_best_model", None)
-    args = training_arguments(output_dir, max_steps, metric_for_best_model=metric)
+    arguments = {
+        k: settings.pop(k) for k in ("metric_for_best_model", "skip_memory_metrics") if k in settings
+    }
+    args = training_arguments(output_dir, max_steps, **arguments)
     data = examples(model)
     settings = {"depth_evaluation": (TASK, DEPTHS), "masked_images": MaskedImages(), **settings}
     return RecipeTrainer(
@@ -327,7 +330,7 @@ def test_a_dict_of_eval_datasets_is_evaluated_per_name_as_trainer_does(tmp_path:
     names = [sorted({k.split("_")[1] for k in call if k.startswith("eval_")}) for call in reported.calls]
     assert names == [["a"], ["b"], ["psnr"]], [sorted(call) for call in reported.calls]
     for call in reported.calls:
-        different = {k: (v, metrics.get(k)) for k, v in call.items() if k != "epoch" and metrics.get(k) != v}
+        different = {k: (v, metrics.get(k)) for k, v in call.items() if metrics.get(k) != v}
         assert not different, f"on_evaluate's metrics (reported, returned) differ: {different}"
     for key in expected:
         assert key in reported.calls[0 if "_a_" in key else 1], (key, reported.calls)
@@ -409,6 +412,18 @@ def test_evaluate_returns_the_epoch_as_trainers_own_does(tmp_path: Path) -> None
     named = {f"eval_a_accuracy_iterations_{DEPTHS[0]}", "eval_b_loss", "eval_psnr"}
     assert named <= returned.keys() and returned.get("epoch") == epoch, returned
     assert [call.get("epoch") for call in reported.calls[-3:]] == [epoch] * 3, reported.calls[-3:]
+
+
+def test_memory_metrics_are_returned_but_not_logged_as_trainers_own_are(tmp_path: Path) -> None:
+    """With `skip_memory_metrics=False`, Trainer's `evaluate` adds its `eval_mem_*` deltas to the dict it returns
+    after logging it: they are returned, not logged. RecipeTrainer holds its logs back past the extra passes; the
+    held log must not pick them up meanwhile."""
+    trainer = training_recipe_trainer(tmp_path, [], max_steps=2, lr=0.5, skip_memory_metrics=False)
+    returned = trainer.evaluate()
+    memory = sorted(k for k in returned if k.startswith("eval_mem_"))
+    assert memory, f"no eval_mem_* in the returned metrics: {sorted(returned)}"
+    logged = [sorted(k for k in entry if k.startswith("eval_mem_")) for entry in trainer.state.log_history]
+    assert logged and not any(logged), f"memory metrics logged: {logged}"
 
 
 def test_a_model_loaded_with_remote_code_is_judged_by_its_recurrent_depth(tmp_path: Path) -> None:

@@ -281,7 +281,8 @@ class RecipeTrainer(Trainer):
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         # within `evaluate`: held until every pass is complete, so an evaluation cut short logs nothing
         if self.held_logs is not None:
-            self.held_logs.append((logs, args, kwargs))
+            # a copy: Trainer adds its memory metrics to the dict after logging it (returned, not logged)
+            self.held_logs.append((dict(logs), args, kwargs))
             return
         super().log(logs, *args, **kwargs)
 
