@@ -2589,6 +2589,35 @@ def _pick(value: object, chosen: torch.Tensor, trajectories: int) -> object:
     return value
 
 
+def _noise_block(embeddings: HyperSetEmbeddings) -> int:
+    """How many token positions one draw of search noise covers: the tokens of an image of the configured size (CLS
+    and patches) or `max_position_embeddings` (what bounds a sequence), a length that no batch's padding changes."""
+    if embeddings.config.input_type == "image":
+        return embeddings.num_prefix_tokens + embeddings.grid[0] * embeddings.grid[1]
+    return embeddings.config.max_position_embeddings
+
+
+def _search_noise(
+    seed: int, trajectories: int, length: int, hidden: int, block: int, device: torch.device
+) -> torch.Tensor:
+    """ε `(K, N, d)` float32 of test-time search; trajectory 0 (the plain start) is zero. Trajectory k ≥ 1 draws from a
+    generator of its own, seeded by the k-th draw of a CPU generator seeded by `seed`, in blocks of `block`
+    positions, so ε[k, n] depends only on the seed, k, n and d (and the device's generator): not on K, nor on
+    N beyond n (images larger than configured take more blocks, the earlier ones unchanged)."""
+    seeds = torch.Generator().manual_seed(seed)
+    noise = [torch.zeros(length, hidden, device=device)]
+    for _ in range(1, trajectories):
+        generator = torch.Generator(device)
+        # one draw per trajectory, so adding trajectories leaves the earlier ones' seeds as they were
+        generator.manual_seed(int(torch.randint(0, 2**62, (1,), generator=seeds)))
+        blocks = [
+            torch.randn((block, hidden), generator=generator, device=device, dtype=torch.float32)
+            for _ in range(-(-length // block))
+        ]
+        noise.append(torch.cat(blocks)[:length])
+    return torch.stack(noise)
+
+
 def classify_with_search(
     head: PreTrainedModel,
     backbone: nn.Module,
@@ -2601,9 +2630,10 @@ def classify_with_search(
     halting_threshold: float | None = None,
 ) -> tuple[ModelOutput, torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor | None]]:
     """Test-time search (eval mode): `trajectories` K runs of every input in one batched forward of K·B, each from
-    its own start x₀ + σ·rms(x₀)·ε (ε ~ N(0, I) per token and channel from a generator seeded by `seed`, σ =
-    `noise`, rms over each token's channels; trajectory 0 starts from x₀ itself), one kept per sample by
-    `selector`:
+    its own start x₀ + σ·rms(x₀)·ε (ε ~ N(0, I) per token and channel, σ = `noise`, rms over each token's channels;
+    trajectory 0 starts from x₀ itself), one kept per sample by `selector`. ε of trajectory k at token n is the same
+    for every sample of the batch and depends only on `seed`, k, n and the hidden size (`_search_noise`), so a
+    sample's search is independent of its batch mates, its row and the batch's padding:
 
     * `"energy"`: the lowest final energy Σ_layers E_ATTN + E_FF (Hyper-SET's `final_energy`);
     * `"confidence"`: the highest mean max-softmax probability (over the real tokens of per-token heads);
@@ -2639,12 +2669,14 @@ def classify_with_search(
     )
     start = embedded
     if noise > 0 and trajectories > 1:
-        device = embedded.device
-        generator = torch.Generator(device)
-        generator.manual_seed(int(torch.randint(0, 2**62, (1,))) if seed is None else seed)
-        epsilon = torch.randn(embedded.shape, generator=generator, device=device, dtype=torch.float32)
-        # (B·K, N, d) seen as (B, K, N, d): trajectory 0, the plain start, gets no noise
-        epsilon.view(-1, trajectories, *embedded.shape[1:])[:, 0] = 0
+        seed = int(torch.randint(0, 2**62, (1,))) if seed is None else seed
+        length, hidden = embedded.shape[1:]
+        epsilon = _search_noise(
+            seed, trajectories, length, hidden, _noise_block(backbone.embeddings), embedded.device
+        )
+        # (K, N, d) → (B·K, N, d), row b·K + k: every sample's trajectory k gets the same ε, so a sample's answer
+        # does not depend on its batch mates, its row or how far the batch is padded
+        epsilon = epsilon.repeat(embedded.shape[0] // trajectories, 1, 1)
         scale = embedded.detach().float().pow(2).mean(-1, keepdim=True).sqrt()  # (B·K, N, 1) per-token rms
         if keep is not None:
             scale = scale * keep[..., None]  # padded tokens stay as embedded

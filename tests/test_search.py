@@ -126,6 +126,146 @@ def test_seeded_search_is_reproducible_and_the_seed_matters():
     )
 
 
+# ---------------------------------------------------------------- independent of the batch
+
+
+SEARCH = dict(search_trajectories=4, search_noise=0.5, search_seed=0)
+LENGTHS = [7, 3, 5, 2, 6, 4]  # real tokens of the sequences of `varied_batch`, padded at the end to 7
+
+
+def amplified(name: str, **overrides):
+    """An eval model whose classifier carries extra N(0, 0.5) weights: logits of order 1 instead of 1e-2, so a
+    trajectory or a noise that follows the batch layout moves them far beyond rounding."""
+    model = eval_model(name, **overrides)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for parameter in model.classifier.parameters():
+            parameter.add_(0.5 * torch.randn(parameter.shape, generator=generator))
+    return model
+
+
+def varied_batch(name: str) -> dict:
+    """Six images, or six sequences of `LENGTHS` real tokens right-padded to 7 (padded ids random, not 0)."""
+    generator = torch.Generator().manual_seed(1)
+    if name.endswith("image"):
+        return {"pixel_values": torch.randn(len(LENGTHS), 1, 8, 8, generator=generator)}
+    mask = (torch.arange(7) < torch.tensor(LENGTHS)[:, None]).long()
+    return {"input_ids": torch.randint(1, 20, (len(LENGTHS), 7), generator=generator), "attention_mask": mask}
+
+
+def sample_results(model, output, index: int, length: int | None) -> dict[str, torch.Tensor]:
+    """Sample `index`'s chosen trajectory, its K scores, and its logits (per-token heads: the real tokens)."""
+    logits = output.logits[index]
+    if model._per_token and length is not None:
+        logits = logits[:length]
+    scores = output.search_energies if output.search_energies is not None else output.search_confidences
+    return {"chosen": output.search_chosen[index], "scores": scores[index], "logits": logits}
+
+
+# float32 rounding between a sample alone and in a batch, or padded to another length: the same per-sample sums,
+# blocked differently by batch size and length. 2 layers x 3 iterations x (attention + feed-forward) = 12 chained
+# updates, each a sum of at most 24 terms (the feed-forward width), in units of the compared values' largest
+# magnitude; the energies' own sum (2 layers x 7 tokens x 24 units, as above) adds 336.
+BATCH_ROUNDING = rounding(torch.float32, 12 * 24 + 2 * 7 * 24)
+
+
+@pytest.mark.parametrize(
+    "name", ["hyperset-image", "hyperset-sequence", "hyperset-token", "looped-image", "looped-token"]
+)
+def test_seeded_search_of_a_sample_is_independent_of_its_batch_and_padding(name):
+    """Sample i's chosen trajectory, its K scores and its logits are the same alone (unpadded), in a batch of 6,
+    in the reversed batch, alone padded to the batch's length and in the batch padded 5 tokens longer: its noise
+    depends on the seed, the trajectory and the token position only."""
+    model, batch = amplified(name), varied_batch(name)
+    size, sequence = len(LENGTHS), "input_ids" in batch
+    lengths = LENGTHS if sequence else [None] * size
+
+    def alone(index: int, length: int | None) -> dict:
+        return {key: value[index : index + 1, :length] for key, value in batch.items()}
+
+    with torch.no_grad():
+        reference = [model(**alone(i, lengths[i]), **SEARCH) for i in range(size)]
+        # (what, output, the sample of each row); the padding first, so a padding-only dependence fails first
+        layouts = []
+        if sequence:
+            for i in range(size):
+                layouts.append(("alone, padded to 7", model(**alone(i, None), **SEARCH), [i]))
+        layouts.append(("in a batch of 6", model(**batch, **SEARCH), list(range(size))))
+        flipped = {key: value.flip(0) for key, value in batch.items()}
+        layouts.append(("in the reversed batch", model(**flipped, **SEARCH), list(range(size))[::-1]))
+        if sequence:  # 5 more padded tokens: mask 0, id 0
+            longer = {key: torch.nn.functional.pad(value, (0, 5)) for key, value in batch.items()}
+            layouts.append(("in the batch padded to 12", model(**longer, **SEARCH), list(range(size))))
+    chosen = torch.stack([output.search_chosen[0] for output in reference])
+    assert (chosen != 0).any(), (
+        f"every sample kept the unperturbed trajectory: nothing would differ ({chosen})"
+    )
+    for layout, output, order in layouts:
+        for row, i in enumerate(order):
+            got = sample_results(model, output, row, lengths[i])
+            want = sample_results(model, reference[i], 0, lengths[i])
+            what = f"{name}, sample {i} {layout} (row {row}) vs alone unpadded"
+            assert int(got["chosen"]) == int(want["chosen"]), (
+                f"{what}: chosen {int(got['chosen'])} vs {int(want['chosen'])}; scores {got['scores'].tolist()} vs "
+                f"{want['scores'].tolist()}"
+            )
+            assert_close_to_scale(got["scores"], want["scores"], BATCH_ROUNDING, f"{what}: scores")
+            assert_close_to_scale(got["logits"], want["logits"], BATCH_ROUNDING, f"{what}: logits")
+
+
+@pytest.mark.parametrize("name", ["hyperset-token", "looped-sequence"])
+def test_more_trajectories_keep_the_first_ones(name):
+    """K = 6 runs trajectories 0-3 from the same starts as K = 4: their scores agree (up to the rounding of a
+    batch of 6·B instead of 4·B)."""
+    model, batch = amplified(name), varied_batch(name)
+    with torch.no_grad():
+        four = model(**batch, **SEARCH)
+        six = model(**batch, **{**SEARCH, "search_trajectories": 6})
+    field = "search_energies" if four.search_energies is not None else "search_confidences"
+    first, more = getattr(four, field), getattr(six, field)
+    assert_close_to_scale(more[:, :4], first, BATCH_ROUNDING, f"{name}: {field}[:, :4], K = 6 vs K = 4")
+    assert_differs(first[:, 1:], first[:, :1].expand(-1, 3), f"{name}: perturbed vs unperturbed {field}")
+
+
+def test_search_noise_depends_on_the_trajectory_and_position_only():
+    """ε[k, n] of `_search_noise` is the same for any K > k and any length N > n, across the boundary of its
+    blocks of positions (here 5); trajectory 0 is zero; the seed and the trajectory change it."""
+    noise = modeling_hyperset._search_noise
+    cpu = torch.device("cpu")
+    long, short = noise(7, 4, 13, 16, 5, cpu), noise(7, 2, 4, 16, 5, cpu)
+    assert long.shape == (4, 13, 16) and long.dtype == torch.float32
+    assert torch.equal(long[:2, :4], short), "trajectories 0-1 and positions 0-3 differ between the two draws"
+    assert torch.equal(noise(7, 3, 11, 16, 5, cpu), long[:3, :11]), "a shorter length changed the noise"
+    assert not long[0].any(), "trajectory 0 must start unperturbed"
+    assert_differs(long[1], long[2], "trajectories 1 and 2")
+    assert_differs(long[1:], noise(8, 4, 13, 16, 5, cpu)[1:], "seeds 7 and 8")
+
+
+def test_pipeline_search_labels_do_not_depend_on_its_batch_size():
+    """The text pipeline with a seeded search gives every text the same label and scores at batch_size 1 and 8."""
+    from transformers import pipeline
+
+    from energyformers.pipelines import TextClassificationPipeline
+    from energyformers.training.processing import train_tokenizer
+
+    words = "a good film bad great boring plot actor scene long short fun".split()
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(words, size=rng.integers(1, 9))) for _ in range(24)]
+    tokenizer = train_tokenizer(texts * 3, vocab_size=40, max_length=16)
+    for name in ("hyperset-sequence", "looped-sequence"):
+        model = amplified(name, vocab_size=len(tokenizer), max_position_embeddings=48)
+        classify = pipeline(
+            "text-classification", model=model, tokenizer=tokenizer, pipeline_class=TextClassificationPipeline
+        )
+        one, eight = (classify(texts, batch_size=size, top_k=None, **SEARCH) for size in (1, 8))
+        labels = [[entry["label"] for entry in result] for result in one]
+        assert [[entry["label"] for entry in result] for result in eight] == labels, f"{name}: labels differ"
+        got = [entry["score"] for result in eight for entry in result]
+        expected = [entry["score"] for result in one for entry in result]
+        # probabilities up to 1 from logits within BATCH_ROUNDING of each other (the softmax adds a few roundings)
+        assert got == pytest.approx(expected, abs=BATCH_ROUNDING), f"{name}: scores differ"
+
+
 # ---------------------------------------------------------------- selectors
 
 
