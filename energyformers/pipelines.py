@@ -14,10 +14,9 @@ every model call, so depth and search can be chosen per call without editing the
     classify(image, num_iterations=16, halting_tolerance=1e-3)
     classify(image, search_trajectories=8, search_noise=0.1, search_seed=0, search_selector="energy")
 
-A call of these pipelines runs inside `centers_scope`: on a model with `cached_centers` (HyperBF) inside it, and on
-one with parametrized weights (iMixer's spectral norm) inside `torch.nn.utils.parametrize.cached()`, so a list of
-inputs computes what the centers give, and the parametrized weights, once rather than at every batch
-(`_CenterCacheMixin`); the outputs are the same.
+A call of these pipelines runs inside `centers_scope`: HyperBF's `cached_centers()` and iMixer's
+`cached_contractive_weights()`, so a list of inputs computes what the centers give, and F's normalised weights, once
+rather than at every batch (`_CenterCacheMixin`); the outputs are the same.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ from typing import Any
 
 import transformers
 from torch import nn
-from torch.nn.utils import parametrize
 
 from .tokenizer_fit import MIM_TASK
 
@@ -91,29 +89,35 @@ class _DepthArgumentsMixin:
 
 
 class _CenterCacheMixin:
-    """One call runs inside `centers_scope` (HyperBF's `cached_centers()`, iMixer's cached parametrizations): the
-    weights cannot change during a call over many inputs, so what they give is computed once for all its batches
-    instead of at every forward. A dataset or generator is answered with an iterator the caller drains later, between steps of
-    its own that may write the weights, so those forwards run outside the block and compute it each time."""
+    """One call runs inside `centers_scope` (HyperBF's `cached_centers()`, iMixer's
+    `cached_contractive_weights()`): the weights cannot change during a call over many inputs, so what they give is
+    computed once for all its batches instead of at every forward. A dataset or generator is answered with an
+    iterator the caller drains later, between steps of its own that may write the weights, so those forwards run
+    outside the block and compute it each time."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with centers_scope(self.model):
             return super().__call__(*args, **kwargs)
 
 
+# The models' own cache scopes that `centers_scope` opens where the model has them: HyperBF's centers, iMixer's
+# spectrally normalised weights. Both cache per model and per thread (not `torch.nn.utils.parametrize.cached()`,
+# which is process-wide: another thread's forwards, reloads and training steps would read its weights).
+CACHE_SCOPES = ("cached_centers", "cached_contractive_weights")
+
+
 @contextlib.contextmanager
 def centers_scope(model: nn.Module) -> Iterator[None]:
-    """`model.cached_centers()` where the model has it (HyperBF), and `torch.nn.utils.parametrize.cached()` where a
-    module of the model is parametrized (iMixer's spectrally normalised weights W / max(1, σ/c)), else nothing: for
-    a stretch of no-grad eval forwards in which nothing writes the weights (a pipeline call, an evaluation), so what
-    the centers give and each parametrized weight are computed once for all of them instead of at every forward
-    (the outputs are the same). A training-mode forward inside would use the weights cached before it."""
+    """The model's cache scopes of `CACHE_SCOPES` it has (HyperBF's `cached_centers()`, iMixer's
+    `cached_contractive_weights()`), else nothing: for a stretch of no-grad eval forwards in which nothing writes
+    the weights through `.data` (a pipeline call, an evaluation), so what the centers give and F's normalised
+    weights are computed once for all of them instead of at every forward (the outputs are the same). Only this
+    thread's forwards inside the block use the cache; training-mode and grad-enabled forwards never do."""
     with contextlib.ExitStack() as scopes:
-        scope = getattr(model, "cached_centers", None)
-        if scope is not None:
-            scopes.enter_context(scope())
-        if any(parametrize.is_parametrized(module) for module in model.modules()):
-            scopes.enter_context(parametrize.cached())
+        for name in CACHE_SCOPES:
+            scope = getattr(model, name, None)
+            if scope is not None:
+                scopes.enter_context(scope())
         yield
 
 

@@ -1,4 +1,4 @@
-"""HyperBF's centers cache (`cached_centers`) and iMixer's cached parametrizations (`parametrize.cached()`) where
+"""HyperBF's centers cache (`cached_centers`) and iMixer's cache of F's weights (`cached_contractive_weights`) where
 inference scopes them (`centers_scope`): one call of the package's classification pipelines, and the scored loop of
 `energyformers evaluate`. Inside, each feedforward computes what its centers give, and each spectrally normalised
 weight its W / max(1, σ/c), once for all the batches; the answers are the same as without the cache, bit for bit;
@@ -12,7 +12,6 @@ open no scope, as for the other families.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -22,7 +21,6 @@ import pytest
 import torch
 from fixtures import hyperbf_config, imixer_config, perturb
 from PIL import Image
-from torch.nn.utils import parametrize
 from transformers import pipeline
 
 from energyformers import (
@@ -31,7 +29,7 @@ from energyformers import (
     IMixerForImageClassification,
 )
 from energyformers.modeling.modeling_hyperbf import HyperBFFeedForward, HyperBFPreTrainedModel
-from energyformers.modeling.modeling_imixer import IMixerSpectralNorm
+from energyformers.modeling.modeling_imixer import IMixerPreTrainedModel, IMixerSpectralNorm
 from energyformers.pipelines import ImageClassificationPipeline, TextClassificationPipeline, centers_scope
 from energyformers.training import cli
 from energyformers.training.processing import build_image_processor, train_tokenizer
@@ -230,8 +228,9 @@ def test_evaluate_computes_the_centers_once_for_the_split_with_the_same_metrics(
 
 # ------------------------------------------------------------------------------------- iMixer's parametrizations
 # iMixer's spectrally normalised weights are `torch.nn.utils.parametrize` parametrizations: every read of
-# `fc_sn*.weight` computes W / max(1, σ/c) (`IMixerSpectralNorm.forward`). Inside `centers_scope` the reads share one
-# computation per weight (`parametrize.cached()`), counted here per parametrization module in no-grad eval forwards.
+# `fc_sn*.weight` computes W / max(1, σ/c) (`IMixerSpectralNorm.forward`). Inside `centers_scope` the forwards share
+# one computation per weight (`cached_contractive_weights`), counted here per parametrization module in no-grad eval
+# forwards.
 
 
 @pytest.fixture
@@ -250,8 +249,9 @@ def normalisations(monkeypatch) -> Counter:
 
 
 def uncached(monkeypatch) -> None:
-    """`parametrize.cached()` made a no-op: the scopes then cache nothing of iMixer (each forward rebuilds W_eff)."""
-    monkeypatch.setattr(parametrize, "cached", contextlib.nullcontext)
+    """The model no longer offers `cached_contractive_weights`: the scopes then cache nothing of iMixer (each
+    forward rebuilds W_eff)."""
+    monkeypatch.delattr(IMixerPreTrainedModel, "cached_contractive_weights")
 
 
 def spectral_norms(model: torch.nn.Module) -> list[IMixerSpectralNorm]:
