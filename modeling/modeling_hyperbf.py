@@ -836,7 +836,8 @@ class HyperBFFeedForward(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`compute()`, kept across no-grad eval forwards while `reuse_centers` is set (`cached_centers`) and the
         parameters keep their storage and in-place versions; else computed at every call."""
-        if not self.reuse_centers or self.training or torch.is_grad_enabled() or _is_tracing():
+        # the scope's context variable is read last: not in training, nor traced (torch.compile)
+        if self.training or _is_tracing() or torch.is_grad_enabled() or not self.reuse_centers:
             return compute()
         own, values = _reloads_tensors(self), any(_reloads_tensors(m) for m in self.values.modules())
         parameters = (

@@ -1197,10 +1197,11 @@ class IMixerTokenMixing(nn.Module):
         """F's two weights as used (W / max(1, σ/c) when spectrally normalised), from W, u and v as they are now.
         Inside `cached_contractive_weights`, a no-grad eval forward reuses those of an earlier forward while W, u
         and v keep their storage and in-place versions."""
-        layers = self.spectral_layers()
-        if not layers or not self.reuse_weights or self.training or torch.is_grad_enabled() or _is_tracing():
+        # the scope's context variable is read last: not in training, nor traced (torch.compile)
+        if self.training or _is_tracing() or torch.is_grad_enabled() or not self.reuse_weights:
             return self.fc_sn1.weight, self.fc_sn2.weight
-        if is_dispatched(self):  # an offloaded W is a new copy at every call: nothing to stamp
+        layers = self.spectral_layers()
+        if not layers or is_dispatched(self):  # an offloaded W is a new copy at every call: nothing to stamp
             return self.fc_sn1.weight, self.fc_sn2.weight
         # `_version` (private): no public API reads it, and optimizer/load hooks miss `w.mul_(2)` under no_grad
         try:
