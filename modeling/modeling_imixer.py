@@ -16,12 +16,9 @@ phantom gradient (Geng et al.), so training memory does not grow with the number
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import copy
 import os
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -1118,9 +1115,6 @@ class IMixerTokenMixing(nn.Module):
         self.fc2 = nn.Linear(width, num_tokens)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.config = config  # read at call time when called on its own, as the model's forward reads it
-        # F's normalised weights with the storage and versions of W, u, v they came from, kept while a
-        # `cached_contractive_weights` scope is open (`reuse_weights`)
-        self._weights_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def spectral_layers(self) -> tuple[nn.Linear, ...]:
         """F's linear layers when they are spectrally normalised (n > 0, `contractive_normalization="spectral"`)."""
@@ -1187,39 +1181,10 @@ class IMixerTokenMixing(nn.Module):
         ]
         return torch.stack(sigmas).float()
 
-    @property
-    def reuse_weights(self) -> bool:
-        """Whether this thread's (this context's) no-grad eval forwards reuse F's normalised weights: inside a
-        `cached_contractive_weights` scope opened in it (`caching_contractive_weights`)."""
-        return self in (_CACHING_WEIGHTS.get() or ())
-
     def contractive_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """F's two weights as used (W / max(1, σ/c) when spectrally normalised), from W, u and v as they are now.
-        Inside `cached_contractive_weights`, a no-grad eval forward reuses those of an earlier forward while W, u
-        and v keep their storage and in-place versions."""
-        # the scope's context variable is read last: not in training, nor traced (torch.compile)
-        if self.training or _is_tracing() or torch.is_grad_enabled() or not self.reuse_weights:
-            return self.fc_sn1.weight, self.fc_sn2.weight
-        layers = self.spectral_layers()
-        if not layers or is_dispatched(self):  # an offloaded W is a new copy at every call: nothing to stamp
-            return self.fc_sn1.weight, self.fc_sn2.weight
-        # `_version` (private): no public API reads it, and optimizer/load hooks miss `w.mul_(2)` under no_grad
-        try:
-            stamp = tuple(
-                (tensor.data_ptr(), tensor._version)
-                for layer in layers
-                for tensor in (
-                    layer.parametrizations.weight.original,
-                    layer.parametrizations.weight[0].u,
-                    layer.parametrizations.weight[0].v,
-                )
-            )
-        except RuntimeError:  # inference tensors track no version: no cache
-            return self.fc_sn1.weight, self.fc_sn2.weight
-        hit = self._weights_cache
-        if hit is None or hit[0] != stamp:
-            hit = self._weights_cache = (stamp, (self.fc_sn1.weight, self.fc_sn2.weight))
-        return hit[1]
+        """F's two weights as used (W / max(1, σ/c) when spectrally normalised), from W, u and v as they are now:
+        σ = uᵀWv is one elementwise pass over each weight, little next to the fixed-point steps that use them."""
+        return self.fc_sn1.weight, self.fc_sn2.weight
 
     def residual_branch(
         self, state: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor]
@@ -1441,65 +1406,6 @@ def refuse_per_call_checkpointing(model: nn.Module) -> None:
         )
 
 
-# The token mixings whose weights cache this context's forwards use, each with the number of this context's scopes
-# open on it: one value per thread (and asyncio task), so a scope switches caching on for the forwards of the code
-# inside it and of no other thread. Counted, not a set restored on exit, so scopes of one thread closed in another
-# order than opened leave it as it was. Replaced, never mutated: an asyncio task started inside a scope holds the
-# dict it started with.
-_CACHING_WEIGHTS: contextvars.ContextVar[dict[nn.Module, int] | None] = contextvars.ContextVar(
-    "imixer_caching_weights", default=None
-)
-# How many scopes, over all threads, are open on each token mixing (by id; an entry lives only while a scope holds
-# the module): its cache is dropped when the last one closes. One lock for all models: taken twice per scope.
-_OPEN_SCOPES: dict[int, int] = {}
-_OPEN_SCOPES_LOCK = threading.Lock()
-
-
-def _count_scopes(mixings: list[nn.Module], step: int) -> None:
-    """This context's count of open scopes of each of `mixings`, moved by `step` (+1: a scope opens)."""
-    counts = dict(_CACHING_WEIGHTS.get() or {})
-    for module in mixings:
-        count = counts.pop(module, 0) + step
-        if count > 0:
-            counts[module] = count
-    _CACHING_WEIGHTS.set(counts)
-
-
-@contextlib.contextmanager
-def caching_contractive_weights(model: nn.Module) -> Iterator[None]:
-    """Inside this block, no-grad eval forwards of `model` compute each spectrally normalised weight of F,
-    W / max(1, σ/c), once and reuse it (`IMixerTokenMixing.contractive_weights`); leaving the block drops them.
-    Without it each forward recomputes them (two elementwise passes over each weight and fresh tensors). A
-    parameter or buffer written through `.data` inside the block is not seen (such a write leaves its storage
-    and version as they were); optimiser steps, `load_state_dict` and writes under `torch.no_grad()` are. What
-    `IMixerPreTrainedModel.cached_contractive_weights` runs. Unlike `torch.nn.utils.parametrize.cached()`, which
-    is process-wide and ignores grad mode and weight versions, it caches for this model's eval forwards only.
-
-    Blocks may overlap, nested in one thread or open at once in several (a server's concurrent pipeline calls).
-    The block is scoped to the thread that opens it (a `contextvars.ContextVar`, so also to an asyncio task):
-    only forwards run by the code inside it reuse the weights, and another thread's forwards, outside any block,
-    compute them as usual and see a `.data` write, as they would with no block open elsewhere; a per-model flag
-    or counter would switch caching on for every thread while any one is inside. Threads started inside the
-    block do not inherit it. The cache itself is shared by the blocks open on the model (stamped as above) and
-    dropped when the last of them, counted over all threads under a lock, closes."""
-    mixings = [module for module in model.modules() if isinstance(module, IMixerTokenMixing)]
-    with _OPEN_SCOPES_LOCK:
-        for module in mixings:
-            _OPEN_SCOPES[id(module)] = _OPEN_SCOPES.get(id(module), 0) + 1
-    _count_scopes(mixings, +1)
-    try:
-        yield
-    finally:
-        _count_scopes(mixings, -1)
-        with _OPEN_SCOPES_LOCK:
-            for module in mixings:
-                left = _OPEN_SCOPES.pop(id(module)) - 1
-                if left:
-                    _OPEN_SCOPES[id(module)] = left
-                else:  # under the lock: a block opening now fills the cache after this
-                    module._weights_cache = None
-
-
 class IMixerPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     """The base of every iMixer model: its config class, weight initialisation, attention selection and loading."""
 
@@ -1517,11 +1423,6 @@ class IMixerPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
     # the per-call schedule cannot be checkpointed (`refuse_per_call_checkpointing`)
     def check_activation_checkpointing(self) -> None:
         refuse_per_call_checkpointing(self)
-
-    def cached_contractive_weights(self) -> contextlib.AbstractContextManager[None]:
-        """`with model.cached_contractive_weights():` no-grad eval forwards reuse F's spectrally normalised weights
-        (`caching_contractive_weights`)."""
-        return caching_contractive_weights(self)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -1,6 +1,7 @@
-"""The eval caches of HyperBF (`cached_centers`) and iMixer (`cached_contractive_weights`), opened by
-`centers_scope` around each pipeline call and evaluation, when scopes overlap across threads (a server answering
-requests concurrently) and when other threads use a model while a scope is open.
+"""`centers_scope`, opened around each pipeline call and evaluation, when scopes overlap across threads (a server
+answering requests concurrently) and when other threads use a model while a scope is open: HyperBF's centers cache
+(`cached_centers`) is scoped to the thread that opens it, and iMixer's scope switches on no cache, in particular not
+torch's process-wide `parametrize.cached()`.
 
 Real threads, with the interleaving forced by events (no timing): `ScopeInThread` opens a scope in a thread of its
 own, runs a forward inside it (which fills the cache) and holds the scope open until `close()`. So
@@ -10,7 +11,6 @@ own, runs a forward inside it (which fills the cache) and holds the scope open u
 from __future__ import annotations
 
 import contextlib
-import copy
 import threading
 from collections.abc import Callable
 
@@ -20,7 +20,6 @@ from fixtures import hyperbf_config, imixer_config, perturb
 
 from energyformers import HyperBFForImageClassification, IMixerForImageClassification
 from energyformers.modeling.modeling_hyperbf import HyperBFFeedForward
-from energyformers.modeling.modeling_imixer import IMixerTokenMixing
 from energyformers.pipelines import centers_scope
 
 WAIT = 60.0  # seconds: only a deadlock ever waits this long
@@ -181,15 +180,6 @@ def imixer(seed: int = 2) -> IMixerForImageClassification:
     return perturb(IMixerForImageClassification(imixer_config("image")), seed=seed).eval()
 
 
-def mixings(model: torch.nn.Module) -> list[IMixerTokenMixing]:
-    return [module for module in model.modules() if isinstance(module, IMixerTokenMixing)]
-
-
-def imixer_state(model: torch.nn.Module) -> list[tuple[bool, bool]]:
-    """Per token mixing, as this thread sees it: whether its forwards reuse F's weights, and whether any are cached."""
-    return [(mixing.reuse_weights, mixing._weights_cache is not None) for mixing in mixings(model)]
-
-
 @pytest.mark.parametrize("write", ["load_state_dict", "data"])
 def test_imixer_weights_written_while_another_threads_pipeline_call_is_open_are_used(write):
     """A hot reload (`load_state_dict` under no_grad) or a `.data` write in one thread while a pipeline call
@@ -241,44 +231,9 @@ def test_imixer_training_while_another_threads_pipeline_call_is_open():
         assert_equal(got, expected, f"loss of step {step} beside a pipeline call against alone")
 
 
-def test_imixer_scopes_overlapping_across_threads_cache_until_the_last_closes():
-    """A-enter, B-enter, A-exit, B-exit in two threads: inside, each thread's forwards reuse F's weights; A's exit
-    keeps the cache B uses; after B's, nothing is cached and a `.data` write is seen."""
-    model = imixer()
-    x = pixels(1)
-    states: dict[str, list] = {}
-
-    def forward_and_look(name: str) -> Callable[[], None]:
-        def work() -> None:
-            logits(model, x)
-            states[name] = imixer_state(model)
-
-        return work
-
-    a = ScopeInThread(lambda: centers_scope(model), forward_and_look("A"))
-    b = ScopeInThread(lambda: centers_scope(model), forward_and_look("B"))
-    assert all(not reuse for reuse, _ in imixer_state(model)), f"this thread, outside: {imixer_state(model)}"
-    a.close()
-    between = [cached for _, cached in imixer_state(model)]
-    b.close()
-    layers = len(mixings(model))
-    assert states["A"] == states["B"] == [(True, True)] * layers, states
-    assert between == [True] * layers, f"cached after A left, B still inside: {between}"
-    assert imixer_state(model) == [(False, False)] * layers, f"after both left: {imixer_state(model)}"
-    before = logits(model, x)
-    layer = model.imixer.layers[0].token_mixing.fc_sn1
-    layer.parametrizations.weight.original.data.mul_(0.5)
-    reference = copy.deepcopy(model)
-    after = logits(model, x)
-    assert_equal(
-        after, logits(reference, x), "a forward after both scopes against a copy with the written weights"
-    )
-    assert not torch.equal(after, before), "the write changed nothing: the check above proves nothing"
-
-
-def test_imixer_grad_enabled_and_training_forwards_inside_a_scope_compute_the_weights():
-    """Inside a scope only no-grad eval forwards reuse F's weights: a training step taken inside one (an evaluation
-    between steps, say) differentiates through the weights of that step."""
+def test_imixer_training_steps_inside_a_scope_compute_the_weights():
+    """A training step taken inside a scope (an evaluation between steps, say) differentiates through the weights of
+    that step."""
     x, labels = pixels(1, seed=1), torch.tensor([0, 1])
 
     def two_steps(model: torch.nn.Module, scoped: bool) -> list[torch.Tensor]:
