@@ -14,10 +14,9 @@ every model call, so depth and search can be chosen per call without editing the
     classify(image, num_iterations=16, halting_tolerance=1e-3)
     classify(image, search_trajectories=8, search_noise=0.1, search_seed=0, search_selector="energy")
 
-A call of these pipelines runs inside `centers_scope`: on a model with `cached_centers` (HyperBF) inside it, and on
-one with parametrized weights (iMixer's spectral norm) inside `torch.nn.utils.parametrize.cached()`, so a list of
-inputs computes what the centers give, and the parametrized weights, once rather than at every batch
-(`_CenterCacheMixin`); the outputs are the same.
+A call of these pipelines runs inside `centers_scope`: on a model with `cached_centers` (HyperBF) inside it, so a
+list of inputs computes what the centers give once rather than at every batch (`_CenterCacheMixin`); the outputs are
+the same.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ from typing import Any
 
 import transformers
 from torch import nn
-from torch.nn.utils import parametrize
 
 from .tokenizer_fit import MIM_TASK
 
@@ -91,10 +89,10 @@ class _DepthArgumentsMixin:
 
 
 class _CenterCacheMixin:
-    """One call runs inside `centers_scope` (HyperBF's `cached_centers()`, iMixer's cached parametrizations): the
-    weights cannot change during a call over many inputs, so what they give is computed once for all its batches
-    instead of at every forward. A dataset or generator is answered with an iterator the caller drains later, between steps of
-    its own that may write the weights, so those forwards run outside the block and compute it each time."""
+    """One call runs inside `centers_scope` (HyperBF's `cached_centers()`): the weights cannot change during a call
+    over many inputs, so what they give is computed once for all its batches instead of at every forward. A dataset
+    or generator is answered with an iterator the caller drains later, between steps of its own that may write the
+    weights, so those forwards run outside the block and compute it each time."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with centers_scope(self.model):
@@ -103,17 +101,16 @@ class _CenterCacheMixin:
 
 @contextlib.contextmanager
 def centers_scope(model: nn.Module) -> Iterator[None]:
-    """`model.cached_centers()` where the model has it (HyperBF), and `torch.nn.utils.parametrize.cached()` where a
-    module of the model is parametrized (iMixer's spectrally normalised weights W / max(1, σ/c)), else nothing: for
-    a stretch of no-grad eval forwards in which nothing writes the weights (a pipeline call, an evaluation), so what
-    the centers give and each parametrized weight are computed once for all of them instead of at every forward
-    (the outputs are the same). A training-mode forward inside would use the weights cached before it."""
-    with contextlib.ExitStack() as scopes:
-        scope = getattr(model, "cached_centers", None)
-        if scope is not None:
-            scopes.enter_context(scope())
-        if any(parametrize.is_parametrized(module) for module in model.modules()):
-            scopes.enter_context(parametrize.cached())
+    """`model.cached_centers()` where the model has it (HyperBF), else nothing: for a stretch of no-grad eval
+    forwards in which nothing writes the weights through `.data` (a pipeline call, an evaluation), so what the
+    centers give is computed once for all of them instead of at every forward (the outputs are the same). Only this
+    thread's no-grad eval forwards inside the block use the cache.
+
+    iMixer's spectrally normalised weights are computed at every forward, here too: that is small next to the
+    fixed-point solve, and `torch.nn.utils.parametrize.cached()` would cache them process-wide (every
+    parametrized model in every thread: a reload missed, another thread's training step failing)."""
+    scope = getattr(model, "cached_centers", None)
+    with scope() if scope is not None else contextlib.nullcontext():
         yield
 
 

@@ -28,10 +28,12 @@ there.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import functools
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -815,21 +817,27 @@ class HyperBFFeedForward(nn.Module):
         key_dim = config.rbf_projection_dim + (2 if config.rbf_width == "center" else 1)
         self.folded_width = _folded_width(key_dim, config.hidden_size)
         self.folds = self.kernel == "normalized" and self.folded_width <= FUSED_ATTENTION_MAX_HEAD_DIM
-        # Whether no-grad eval forwards reuse what the centers give (`HyperBFPreTrainedModel.cached_centers`), and
-        # that ("folded", "projected": `_cached`) with the dtype and parameter versions it came from.
-        self.reuse_centers = False
+        # What the centers give ("folded", "projected": `_cached`) with the dtype and parameter versions it came
+        # from, kept while a `cached_centers` scope is open (`reuse_centers`)
         self._eval_cache: dict[str, tuple[tuple, tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def sigma(self) -> torch.Tensor:
         """Kernel width σ of the centers, shape (1,) or (K,) (`rbf_width="center"`)."""
         return self.log_sigma.exp()
 
+    @property
+    def reuse_centers(self) -> bool:
+        """Whether this thread's (this context's) no-grad eval forwards reuse what the centers give: inside a
+        `cached_centers` scope opened in it (`reusing_centers`)."""
+        return self in (_REUSING_CENTERS.get() or ())
+
     def _cached(
         self, name: str, dtype: torch.dtype, compute: Callable[[], tuple[torch.Tensor, torch.Tensor]]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`compute()`, kept across no-grad eval forwards while `reuse_centers` is set (`cached_centers`) and the
         parameters keep their storage and in-place versions; else computed at every call."""
-        if not self.reuse_centers or self.training or torch.is_grad_enabled() or _is_tracing():
+        # the scope's context variable is read last: not in training, nor traced (torch.compile)
+        if self.training or _is_tracing() or torch.is_grad_enabled() or not self.reuse_centers:
             return compute()
         own, values = _reloads_tensors(self), any(_reloads_tensors(m) for m in self.values.modules())
         parameters = (
@@ -959,6 +967,30 @@ class HyperBFLayer(GradientCheckpointingLayer):
         return hidden_states, attention_weights, rbf_weights
 
 
+# The feedforwards whose centers cache this context's forwards use, each with the number of this context's scopes
+# open on it: one value per thread (and asyncio task), so a scope switches caching on for the forwards of the code
+# inside it and of no other thread. Counted, not a set restored on exit, so scopes of one thread closed in another
+# order than opened (two `ExitStack`s, two generators) leave it as it was. Replaced, never mutated: an asyncio task
+# started inside a scope holds the dict it started with.
+_REUSING_CENTERS: contextvars.ContextVar[dict[nn.Module, int] | None] = contextvars.ContextVar(
+    "hyperbf_reusing_centers", default=None
+)
+# How many scopes, over all threads, are open on each feedforward (by id; an entry lives only while a scope holds
+# the module): its cache is dropped when the last one closes. One lock for all models: taken twice per scope.
+_OPEN_SCOPES: dict[int, int] = {}
+_OPEN_SCOPES_LOCK = threading.Lock()
+
+
+def _count_scopes(feedforwards: list[nn.Module], step: int) -> None:
+    """This context's count of open scopes of each of `feedforwards`, moved by `step` (+1: a scope opens)."""
+    counts = dict(_REUSING_CENTERS.get() or {})
+    for module in feedforwards:
+        count = counts.pop(module, 0) + step
+        if count > 0:
+            counts[module] = count
+    _REUSING_CENTERS.set(counts)
+
+
 @contextlib.contextmanager
 def reusing_centers(model: nn.Module) -> Iterator[None]:
     """Inside this block, no-grad eval forwards of `model` compute what each feedforward needs from its centers
@@ -967,18 +999,31 @@ def reusing_centers(model: nn.Module) -> Iterator[None]:
     D/2 tokens cost at the default K = 4D, R = D, so it pays at small batches. A parameter written in place
     through `param.data` inside the block is not seen (such a write leaves the parameter's storage and version
     as they were); optimiser steps, `load_state_dict` and writes under `torch.no_grad()` are. What
-    `HyperBFPreTrainedModel.cached_centers` runs."""
+    `HyperBFPreTrainedModel.cached_centers` runs.
+
+    Blocks may overlap, nested in one thread or open at once in several (a server's concurrent pipeline calls).
+    The block is scoped to the thread that opens it (a `contextvars.ContextVar`, so also to an asyncio task):
+    only forwards run by the code inside it reuse the centers, and another thread's forwards, outside any block,
+    compute them as usual and see a `param.data` write, as they would with no block open elsewhere; a per-model
+    flag or counter would switch caching on for every thread while any one is inside. Threads started inside
+    the block do not inherit it. The cache itself is shared by the blocks open on the model (stamped as
+    `_cached` says) and dropped when the last of them, counted over all threads under a lock, closes."""
     feedforwards = [module for module in model.modules() if isinstance(module, HyperBFFeedForward)]
-    previous = [module.reuse_centers for module in feedforwards]
-    for module in feedforwards:
-        module.reuse_centers = True
+    with _OPEN_SCOPES_LOCK:
+        for module in feedforwards:
+            _OPEN_SCOPES[id(module)] = _OPEN_SCOPES.get(id(module), 0) + 1
+    _count_scopes(feedforwards, +1)
     try:
         yield
     finally:
-        for module, reuse in zip(feedforwards, previous):
-            module.reuse_centers = reuse
-            if not reuse:
-                module._eval_cache.clear()
+        _count_scopes(feedforwards, -1)
+        with _OPEN_SCOPES_LOCK:
+            for module in feedforwards:
+                left = _OPEN_SCOPES.pop(id(module)) - 1
+                if left:
+                    _OPEN_SCOPES[id(module)] = left
+                else:  # under the lock: a block opening now fills the cache after this
+                    module._eval_cache.clear()
 
 
 class HyperBFPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):

@@ -1,8 +1,8 @@
-"""HyperBF's centers cache (`cached_centers`) and iMixer's cached parametrizations (`parametrize.cached()`) where
-inference scopes them (`centers_scope`): one call of the package's classification pipelines, and the scored loop of
-`energyformers evaluate`. Inside, each feedforward computes what its centers give, and each spectrally normalised
-weight its W / max(1, σ/c), once for all the batches; the answers are the same as without the cache, bit for bit;
-outside, nothing is cached.
+"""HyperBF's centers cache (`cached_centers`) where inference scopes it (`centers_scope`): one call of the package's
+classification pipelines, and the scored loop of `energyformers evaluate`. Inside, each feedforward computes what its
+centers give once for all the batches; the answers are the same as without the cache, bit for bit; outside, nothing
+is cached. iMixer's spectrally normalised weights are computed at every forward, inside the scope too (no
+process-wide `torch.nn.utils.parametrize.cached()`).
 
 The centre computations are counted by wrapping `HyperBFFeedForward._projected_centers`, the work both paths start
 from (the explicit path's projected centers, and the folded path's keys, which are built from them). The reference
@@ -12,7 +12,6 @@ open no scope, as for the other families.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -22,7 +21,6 @@ import pytest
 import torch
 from fixtures import hyperbf_config, imixer_config, perturb
 from PIL import Image
-from torch.nn.utils import parametrize
 from transformers import pipeline
 
 from energyformers import (
@@ -230,8 +228,8 @@ def test_evaluate_computes_the_centers_once_for_the_split_with_the_same_metrics(
 
 # ------------------------------------------------------------------------------------- iMixer's parametrizations
 # iMixer's spectrally normalised weights are `torch.nn.utils.parametrize` parametrizations: every read of
-# `fc_sn*.weight` computes W / max(1, σ/c) (`IMixerSpectralNorm.forward`). Inside `centers_scope` the reads share one
-# computation per weight (`parametrize.cached()`), counted here per parametrization module in no-grad eval forwards.
+# `fc_sn*.weight` computes W / max(1, σ/c) (`IMixerSpectralNorm.forward`), once per forward. `centers_scope` caches
+# none of it: counted here per parametrization module in no-grad eval forwards.
 
 
 @pytest.fixture
@@ -249,11 +247,6 @@ def normalisations(monkeypatch) -> Counter:
     return counts
 
 
-def uncached(monkeypatch) -> None:
-    """`parametrize.cached()` made a no-op: the scopes then cache nothing of iMixer (each forward rebuilds W_eff)."""
-    monkeypatch.setattr(parametrize, "cached", contextlib.nullcontext)
-
-
 def spectral_norms(model: torch.nn.Module) -> list[IMixerSpectralNorm]:
     return [module for module in model.modules() if isinstance(module, IMixerSpectralNorm)]
 
@@ -263,35 +256,28 @@ def imixer_image_model(**overrides) -> torch.nn.Module:
     return perturb(IMixerForImageClassification(imixer_config("image", **overrides)), seed=2).eval()
 
 
-def test_imixer_eval_forwards_inside_centers_scope_normalise_each_weight_once_with_the_same_logits(
-    normalisations,
-):
+def test_imixer_eval_forwards_inside_centers_scope_normalise_each_weight_at_every_forward(normalisations):
+    """Inside the scope as outside: each forward computes W / max(1, σ/c) from the weights as they are, so a `.data`
+    write inside the scope is seen by the next forward."""
     model = imixer_image_model()
     norms = spectral_norms(model)
-    pixels = [torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(seed)) for seed in range(3)]
-    with torch.no_grad():
-        plain = [model(pixel_values=x).logits for x in pixels]
-        assert dict(normalisations) == {id(n): len(pixels) for n in norms}, dict(normalisations)
-        normalisations.clear()
-        with centers_scope(model):
-            scoped = [model(pixel_values=x).logits for x in pixels]
-        assert dict(normalisations) == {id(n): 1 for n in norms}, f"inside the scope: {dict(normalisations)}"
-        # the same weights enter the same operations: equal, not close
-        for index, (a, b) in enumerate(zip(plain, scoped)):
-            assert torch.equal(a, b), f"batch {index}: max |diff| = {(a - b).abs().max().item():.3g}"
-        # the cache ends with the scope: a `.data` write after it is seen by the next forward
-        normalisations.clear()
+    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), centers_scope(model):
+        before = model(pixel_values=x).logits
         weight = model.imixer.layers[0].token_mixing.fc_sn1.parametrizations.weight.original
         weight.data.mul_(0.5)
-        after = model(pixel_values=pixels[0]).logits
-    assert dict(normalisations) == {id(n): 1 for n in norms}, dict(normalisations)
-    assert not torch.equal(after, plain[0]), "the write after the scope was not seen"
+        after = model(pixel_values=x).logits
+        assert dict(normalisations) == {id(n): 2 for n in norms}, f"inside the scope: {dict(normalisations)}"
+    reference = imixer_image_model()
+    reference.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        expected = reference(pixel_values=x).logits
+    assert torch.equal(after, expected), f"max |diff| = {(after - expected).abs().max().item():.3g}"
+    assert not torch.equal(after, before), "the write changed nothing: the check above proves nothing"
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])
-def test_one_imixer_pipeline_call_normalises_each_weight_once_with_the_same_answers(
-    batch_size, normalisations, monkeypatch
-):
+def test_one_imixer_pipeline_call_normalises_each_weight_at_every_batch(batch_size, normalisations):
     model = imixer_image_model(num_channels=3)
     classify = pipeline(
         "image-classification",
@@ -300,17 +286,11 @@ def test_one_imixer_pipeline_call_normalises_each_weight_once_with_the_same_answ
         pipeline_class=ImageClassificationPipeline,
     )
     norms = spectral_norms(model)
-    cached = classify(images(), batch_size=batch_size, top_k=None)
-    once = dict(normalisations)
-    normalisations.clear()
-    uncached(monkeypatch)
-    plain = classify(images(), batch_size=batch_size, top_k=None)
+    classify(images(), batch_size=batch_size, top_k=None)
     batches = -(-IMAGES // batch_size)
-    assert once == {id(n): 1 for n in norms}, f"cached call: {once}, expected 1 per weight"
     assert dict(normalisations) == {id(n): batches for n in norms}, (
-        f"without the cache: {dict(normalisations)}, expected {batches} per weight (one per batch)"
+        f"{dict(normalisations)}, expected {batches} per weight (one per batch)"
     )
-    assert cached == plain, f"with the cache {cached}\nwithout {plain}"
 
 
 @pytest.fixture(scope="module")
@@ -325,18 +305,9 @@ def imixer_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def test_evaluate_normalises_each_imixer_weight_once_for_the_split_with_the_same_metrics(
-    imixer_folder, normalisations, capsys, monkeypatch
-):
-    cached = evaluate_metrics(imixer_folder, capsys)
-    once = sorted(normalisations.values())
-    normalisations.clear()
-    uncached(monkeypatch)
-    plain = evaluate_metrics(imixer_folder, capsys)
+def test_evaluate_normalises_each_imixer_weight_at_every_batch(imixer_folder, normalisations, capsys):
+    evaluate_metrics(imixer_folder, capsys)
     weights = 2 * imixer_config("image").num_hidden_layers
     batches = EVAL_SAMPLES // EVAL_BATCH
-    # per weight: the check of one batch before scoring (outside the scope), then the scored batches
-    assert once == [1 + 1] * weights, f"with the cache: {once}, expected {[2] * weights}"
+    # per weight: the check of one batch before scoring, then the scored batches
     assert sorted(normalisations.values()) == [1 + batches] * weights, dict(normalisations)
-    scores = ("test_loss", "test_accuracy", "test_f1_macro")
-    assert {k: cached[k] for k in scores} == {k: plain[k] for k in scores}, (cached, plain)

@@ -508,8 +508,8 @@ def image_classifiers() -> dict[str, Callable[[], nn.Module]]:
 @pytest.mark.parametrize("family", ["hyperset", "hyperbf", "imixer"])
 def test_image_pipeline_on_a_dispatched_model(family: str, tmp_path: Path) -> None:
     """`pipeline(task, model=folder, device_map=...)`: transformers loads the model dispatched; our pipeline's call
-    runs inside `centers_scope` (HyperBF's centers cache, iMixer's `parametrize.cached()` under hooks) and gives the
-    scores of the model loaded whole from the same folder, depth arguments included."""
+    runs inside `centers_scope` (HyperBF's centers cache) and gives the scores of the model loaded whole from the
+    same folder, depth arguments included."""
     import numpy as np
     from PIL import Image
 
