@@ -100,7 +100,7 @@ def test_k_trajectories_run_in_one_batched_forward(name):
     torch.testing.assert_close(every[:, 0], plain, rtol=0, atol=0)
     # a liveness margin, not rounding: noise of 0.5 on the embeddings moves logits of size < 1 by about 1e-2,
     # and 1e-4 stays far above their float32 rounding (about 1e-7)
-    moved = float((every[:, 1] - plain).abs().max())
+    moved = float((every[:, 1] - plain).detach().abs().max())
     assert moved > 1e-4, f"search_noise did not perturb trajectory 1: max |Δlogits| = {moved:.3g}"
 
 
