@@ -203,28 +203,32 @@ def test_imixer_weights_written_while_another_threads_pipeline_call_is_open_are_
     assert_equal(got, expected, f"after {write} while another thread's scope is open, against the new model")
 
 
+def sgd_steps(model: torch.nn.Module, evaluate_first: bool = False) -> list[torch.Tensor]:
+    """The losses of two SGD steps of `model` on one seeded batch, each after an eval forward if `evaluate_first`."""
+    x, labels = pixels(1, seed=1), torch.tensor([0, 1])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(2):
+        if evaluate_first:
+            model.eval()
+            logits(model, x)
+        model.train()
+        loss = model(pixel_values=x, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.detach())
+    return losses
+
+
 def test_imixer_training_while_another_threads_pipeline_call_is_open():
     """Training steps of an iMixer in one thread while a pipeline call of another iMixer is in flight in another:
     each step computes F's weights from the weights of that step, with the gradients of training alone."""
     served = imixer()
-    x, labels = pixels(1, seed=1), torch.tensor([0, 1])
-
-    def train(model: torch.nn.Module) -> list[torch.Tensor]:
-        model.train()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        losses = []
-        for _ in range(2):
-            loss = model(pixel_values=x, labels=labels).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(loss.detach())
-        return losses
-
-    alone = train(imixer(seed=3))
+    alone = sgd_steps(imixer(seed=3))
     serving = ScopeInThread(lambda: centers_scope(served), lambda: logits(served, pixels(1)))
     try:
-        beside = train(imixer(seed=3))
+        beside = sgd_steps(imixer(seed=3))
     finally:
         serving.close()
     for step, (got, expected) in enumerate(zip(beside, alone)):
@@ -234,22 +238,12 @@ def test_imixer_training_while_another_threads_pipeline_call_is_open():
 def test_imixer_training_steps_inside_a_scope_compute_the_weights():
     """A training step taken inside a scope (an evaluation between steps, say) differentiates through the weights of
     that step."""
-    x, labels = pixels(1, seed=1), torch.tensor([0, 1])
 
     def two_steps(model: torch.nn.Module, scoped: bool) -> list[torch.Tensor]:
-        losses = []
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         with centers_scope(model) if scoped else contextlib.nullcontext():
-            for _ in range(2):
-                model.eval()
-                logits(model, x)  # fills the cache inside the scope
-                model.train()
-                loss = model(pixel_values=x, labels=labels).loss
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                losses.append(loss.detach())
-        return losses
+            return sgd_steps(
+                model, evaluate_first=True
+            )  # each step's evaluation fills the cache inside the scope
 
     for step, (got, expected) in enumerate(zip(two_steps(imixer(), True), two_steps(imixer(), False))):
         assert_equal(got, expected, f"loss of step {step} inside a scope against outside")
