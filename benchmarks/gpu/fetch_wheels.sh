@@ -55,14 +55,17 @@ mkdir -p "$WHEELS"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-# The roots: the package's requirements except the ones the GPU machine has and kornia (fetched --no-deps: its
-# requirements pull torch), plus the test runner.
-"$PYTHON" - "$ROOT/pyproject.toml" >"$WORK/roots.txt" <<'PY'
+# The roots: the package's requirements except the ones the GPU machine has and kornia (its requirement goes to
+# kornia.txt, fetched --no-deps: its requirements pull torch), plus the test runner.
+"$PYTHON" - "$ROOT/pyproject.toml" "$WORK/kornia.txt" >"$WORK/roots.txt" <<'PY'
 import re, sys, tomllib
 requirements = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
 skip = {"torch", "transformers", "accelerate", "triton", "numpy", "kornia"}
 for requirement in requirements + ["pytest>=8"]:
-    if re.split(r"[<>=!~ \[;]", requirement, maxsplit=1)[0].lower() not in skip:
+    name = re.split(r"[<>=!~ \[;]", requirement, maxsplit=1)[0].lower()
+    if name == "kornia":
+        open(sys.argv[2], "w").write(requirement + "\n")
+    elif name not in skip:
         print(requirement)
 PY
 [[ $ALL == 1 ]] && printf '%s\n' "setuptools>=68" wheel >>"$WORK/roots.txt" # for `pip install -e .` there
@@ -75,7 +78,7 @@ for version in "${VERSIONS[@]}"; do
         --python-version "$version" "${TARGET[@]}" -r "$WORK/roots.txt"
     "$PYTHON" -m pip install -q --dry-run --ignore-installed --no-deps --target "$WORK/unused" \
         --report "$WORK/kornia-$version.json" \
-        --python-version "$version" "${TARGET[@]}" "kornia>=0.7" "kornia-rs>=0.2"
+        --python-version "$version" "${TARGET[@]}" -r "$WORK/kornia.txt" "kornia-rs>=0.2"
     # pinned name==version of every resolved distribution the GPU machine lacks
     "$PYTHON" - "$WORK/report-$version.json" "$WORK/kornia-$version.json" "$ALL" \
         "$ROOT/benchmarks/gpu/image_packages.txt" "${WITH[@]}" >"$WORK/pins-$version.txt" <<'PY'
