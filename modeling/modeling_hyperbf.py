@@ -34,6 +34,7 @@ import functools
 import math
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -829,7 +830,8 @@ class HyperBFFeedForward(nn.Module):
     def reuse_centers(self) -> bool:
         """Whether this thread's (this context's) no-grad eval forwards reuse what the centers give: inside a
         `cached_centers` scope opened in it (`reusing_centers`)."""
-        return self in (_REUSING_CENTERS.get() or ())
+        # and a scope is open on it somewhere: a context whose scope was closed from another thread keeps its count
+        return weakref.ref(self) in (_REUSING_CENTERS.get() or ()) and id(self) in _OPEN_SCOPES
 
     def _cached(
         self, name: str, dtype: torch.dtype, compute: Callable[[], tuple[torch.Tensor, torch.Tensor]]
@@ -983,11 +985,13 @@ _OPEN_SCOPES_LOCK = threading.Lock()
 
 def _count_scopes(feedforwards: list[nn.Module], step: int) -> None:
     """This context's count of open scopes of each of `feedforwards`, moved by `step` (+1: a scope opens)."""
-    counts = dict(_REUSING_CENTERS.get() or {})
+    # weak keys: a count left in another thread's context (a scope closed from elsewhere) keeps no module alive
+    counts = {key: n for key, n in (_REUSING_CENTERS.get() or {}).items() if key() is not None}
     for module in feedforwards:
-        count = counts.pop(module, 0) + step
+        key = weakref.ref(module)
+        count = counts.pop(key, 0) + step
         if count > 0:
-            counts[module] = count
+            counts[key] = count
     _REUSING_CENTERS.set(counts)
 
 
@@ -1007,7 +1011,10 @@ def reusing_centers(model: nn.Module) -> Iterator[None]:
     compute them as usual and see a `param.data` write, as they would with no block open elsewhere; a per-model
     flag or counter would switch caching on for every thread while any one is inside. Threads started inside
     the block do not inherit it. The cache itself is shared by the blocks open on the model (stamped as
-    `_cached` says) and dropped when the last of them, counted over all threads under a lock, closes."""
+    `_cached` says) and dropped when the last of them, counted over all threads under a lock, closes. A block
+    closed in another thread than its opener's (a generator resumed on another pool thread) leaves its count in
+    the opener's context, weakly held: the opener stops reusing once no block is open on the model anywhere, but
+    not while another thread holds one."""
     feedforwards = [module for module in model.modules() if isinstance(module, HyperBFFeedForward)]
     with _OPEN_SCOPES_LOCK:
         for module in feedforwards:

@@ -10,8 +10,11 @@ own, runs a forward inside it (which fills the cache) and holds the scope open u
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import gc
 import threading
+import weakref
 from collections.abc import Callable
 
 import pytest
@@ -154,6 +157,42 @@ def test_hyperbf_scope_of_one_thread_leaves_another_threads_forwards_uncached():
     reference.load_state_dict(model.state_dict())
     assert_equal(got, logits(reference, x), "a direct call while another thread's scope is open")
     assert not torch.equal(got, before), "the write changed nothing: the check above proves nothing"
+
+
+def test_hyperbf_scope_closed_from_another_thread_leaves_its_opener_uncached_and_holds_no_model():
+    """A streaming response's generator holds `cached_centers` open and is resumed on another pool thread
+    (`concurrent.futures`, `run_in_executor`: no context copied), so its scope closes in a thread other than the
+    one that opened it. Afterwards the opening thread's forwards reuse nothing (they see a `.data` write) and its
+    leftover count keeps no dropped model alive."""
+    model, x = hyperbf(), pixels(3)
+    opener, closer = (concurrent.futures.ThreadPoolExecutor(max_workers=1) for _ in range(2))
+
+    def stream(served: torch.nn.Module):
+        with served.cached_centers():
+            logits(served, x)
+            yield hyperbf_state(served)
+
+    try:
+        response = stream(model)
+        inside = opener.submit(next, response).result(WAIT)
+        assert inside == [(True, 1)] * len(feedforwards(model)), f"inside the scope: {inside}"
+        closer.submit(response.close).result(WAIT)
+        after = opener.submit(hyperbf_state, model).result(WAIT)
+        assert after == [(False, 0)] * len(feedforwards(model)), f"the opening thread, scope closed: {after}"
+        write_centers_through_data(model)
+        got = opener.submit(logits, model, x).result(WAIT)
+        reference = hyperbf()
+        reference.load_state_dict(model.state_dict())
+        assert_equal(got, logits(reference, x), "the opening thread's forward after a .data write")
+        dropped = weakref.ref(feedforwards(model)[0])
+        del model, response, reference
+        gc.collect()
+        assert dropped() is None, (
+            f"a dropped model's feedforward is kept alive by: {gc.get_referrers(dropped())}"
+        )
+    finally:
+        opener.shutdown()
+        closer.shutdown()
 
 
 def test_hyperbf_scopes_of_one_thread_closed_out_of_order_leave_nothing_cached():
