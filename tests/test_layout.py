@@ -122,6 +122,7 @@ def test_modeling_file_imports_only_torch_transformers_and_its_config(family):
         "functools",
         "dataclasses",
         "threading",
+        "weakref",
         "torch",
         "transformers",
         config_import,
