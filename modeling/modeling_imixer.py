@@ -1140,16 +1140,20 @@ class IMixerTokenMixing(nn.Module):
             why = (
                 "the token mixer is invertible only while F is a contraction, which the spectral normalisation "
                 "keeps by holding ‖W‖₂ <= c (config.spectral_norm_coeff) on both of F's weights; the solver reads "
-                "those normalised weights directly, so an adapter there is ignored (and merging it is lost in the "
-                "parametrization), and a weight change outside the normalisation would break the bound"
+                "those normalised weights directly, so an adapter or quantized layer there is ignored (and "
+                "merging an adapter is lost in the parametrization), and a weight change outside the "
+                "normalisation would break the bound"
                 if spectral
-                else "the fixed-point solver reads F's weights directly, so an adapter there would be ignored"
+                else "the fixed-point solver reads F's weights directly, so an adapter or quantized layer there "
+                "would be ignored"
             )
             raise ValueError(
                 f"{where}: {prefix}.{name} is a {kind}, not the model's own Linear: F's layers fc_sn1 and fc_sn2 "
-                f"cannot be adapted: {why}. Leave them out of the adapter's target_modules, e.g. "
-                "LoraConfig(target_modules=..., exclude_modules=['fc_sn1', 'fc_sn2']) (PEFT >= 0.14), and adapt "
-                "fc1, fc2 and the channel mixing instead."
+                f"cannot be adapted or quantized: {why}. Leave them out: of an adapter's target_modules, e.g. "
+                "LoraConfig(target_modules=..., exclude_modules=['fc_sn1', 'fc_sn2']) (PEFT >= 0.14), adapting "
+                "fc1, fc2 and the channel mixing instead; of a quantizer's layers, e.g. "
+                "from_pretrained(..., quantization_config=QuantoConfig(..., modules_to_not_convert=['fc_sn1', "
+                "'fc_sn2']))."
             )
 
     def update_spectral_norms(self, only_if_changed: bool = False) -> None:
