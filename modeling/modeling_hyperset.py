@@ -2069,7 +2069,20 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             return None
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
             raise ValueError(f"halting_tolerance must be a number > 0 (or None); got {tolerance!r}.")
-        return None if self.training or _is_tracing() else (float(tolerance), criterion)
+        if self.training:
+            return None
+        if torch.compiler.is_exporting():
+            # a data-dependent exit has no place in a graph: the exported program (ONNX's too) runs the fixed depth
+            # for every input, slower and with other outputs than eager's. Not under torch.compile, which runs the
+            # fixed depth too (docs) but cannot trace a logging call without breaking the graph
+            logger.warning_once(
+                f"Hyper-SET: halting_tolerance={tolerance!r} is ignored under torch.export (and so ONNX export): "
+                "the exported graph runs all num_iterations for every sample. Set halting_tolerance=None before "
+                "exporting to silence this, or run the model eagerly to halt."
+            )
+        if _is_tracing():
+            return None
+        return float(tolerance), criterion
 
     def _iterate_until_halted(
         self,
