@@ -916,6 +916,9 @@ class HyperBFFeedForward(nn.Module):
         implementation = self.config._attn_implementation
         explicit = output_center_weights or not self.folds
         explicit = explicit or not isinstance(self.values, nn.Linear) or is_dispatched(self.values)
+        # a quantized Linear (torchao's) holds its `.weight` as a tensor subclass without the transpose the fold
+        # reads: it is called instead
+        explicit = explicit or type(self.values.weight) not in (torch.Tensor, nn.Parameter)
         if explicit or implementation in (None, "eager"):
             weights = self.center_weights(hidden_states)
             return self.values(weights), weights

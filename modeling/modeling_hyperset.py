@@ -767,8 +767,9 @@ class HyperSetEmbeddings(nn.Module):
         if pixel_values is not None:
             _check_position_ids(self.config, position_ids, None)
             _check_image_size(pixel_values, self.image_size, self.patch_size, interpolate_pos_encoding)
-            # images arrive as float32 whatever the model's dtype (e.g. bfloat16), as in transformers' models
-            tokens = self.embed_patches(pixel_values.to(self.projection.weight.dtype))
+            # images arrive as float32 whatever the model's dtype (e.g. bfloat16), as in transformers' models; the
+            # dtype is read from a parameter no quantizer replaces (quantize_dynamic makes `projection.weight` a method)
+            tokens = self.embed_patches(pixel_values.to(self.cls_token.dtype))
             height, width = pixel_values.shape[-2:]
             new_grid = (height // self.patch_size, width // self.patch_size)
             positions = interpolate_positions(
@@ -1062,7 +1063,8 @@ def tied_weight(
     linear: nn.Module, name: str, in_features: int, like: torch.Tensor, device: torch.device | None = None
 ) -> torch.Tensor | None:
     """The weight `(out, in)` a tied projection applies, when it is no plain `nn.Linear` (e.g. a PEFT LoRA or DoRA
-    layer wrapping one) or a hooked one (`is_dispatched`: its `.weight` may be on `meta` outside its own call):
+    layer wrapping one, or a quantized Linear whose `.weight` is a tensor subclass, torchao's, which implements the
+    matmul but not the view ops the tie applies to a weight) or a hooked one (`is_dispatched`: its `.weight` may be on `meta` outside its own call):
     (module(I) − module(0))ᵀ, exact for any affine wrapper (and for a plain float32 Linear: x·1 and sums with
     exact zeros round nothing), so the transposed use of the tie sees the adapter too and the model trained is the
     one `merge_and_unload()` gives. None for a plain unhooked `nn.Linear`, whose module and `.weight` are used as
@@ -1071,7 +1073,7 @@ def tied_weight(
     where the product is wanted instead (an input's device: an offloaded `like` is on meta outside its owner's
     call). Called once per layer and forward (`iteration_weights`; per iteration on the hook-safe path): in
     training mode an adapter's dropout draws one sample there for every use in that forward."""
-    plain = isinstance(linear, nn.Linear)
+    plain = isinstance(linear, nn.Linear) and type(linear.weight) in (torch.Tensor, nn.Parameter)
     if plain and not is_dispatched(linear):
         return None
     refuse_tied_offset(linear, name)
@@ -2067,7 +2069,20 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             return None
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
             raise ValueError(f"halting_tolerance must be a number > 0 (or None); got {tolerance!r}.")
-        return None if self.training or _is_tracing() else (float(tolerance), criterion)
+        if self.training:
+            return None
+        if torch.compiler.is_exporting():
+            # a data-dependent exit has no place in a graph: the exported program (ONNX's too) runs the fixed depth
+            # for every input, slower and with other outputs than eager's. Not under torch.compile, which runs the
+            # fixed depth too (docs) but cannot trace a logging call without breaking the graph
+            logger.warning_once(
+                f"Hyper-SET: halting_tolerance={tolerance!r} is ignored under torch.export (and so ONNX export): "
+                "the exported graph runs all num_iterations for every sample. Set halting_tolerance=None before "
+                "exporting to silence this, or run the model eagerly to halt."
+            )
+        if _is_tracing():
+            return None
+        return float(tolerance), criterion
 
     def _iterate_until_halted(
         self,

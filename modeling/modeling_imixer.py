@@ -645,7 +645,8 @@ class IMixerEmbeddings(nn.Module):
                 _check_length(int(lengths.max()), num_tokens)
         # Slot of each real token = its rank among the real tokens; padding (and, when traced, any token past
         # S, which eager mode rejects above) goes to a spare slot S that is dropped.
-        rank = keep.cumsum(1) - 1  # (B, L)
+        # summed as int64, what torch makes of a bool cumsum anyway: ONNX's CumSum takes no bool input
+        rank = keep.long().cumsum(1) - 1  # (B, L)
         slots = torch.where(keep & (rank < num_tokens), rank, num_tokens)  # (B, L)
         # (B, S + 1, D)
         canvas = self.pad_embedding.to(tokens.dtype).expand(tokens.shape[0], num_tokens + 1, -1)
@@ -910,6 +911,16 @@ class _SolveRecord:
             values.append(mean.float())
 
 
+def _eliminate(matrix: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """x with `matrix @ x = rhs`, `matrix` (B, h, h) symmetric positive definite, `rhs` (B, h, k): Gauss-Jordan
+    elimination without pivoting (stable for such a matrix), unrolled over the small h, in ops every exporter has."""
+    rows = list(torch.cat((matrix, rhs), -1).unbind(1))  # h rows (B, h + k) of [matrix | rhs]
+    for i in range(len(rows)):
+        rows[i] = rows[i] / rows[i][:, i, None]
+        rows = [row if j == i else row - row[:, i, None] * rows[i] for j, row in enumerate(rows)]
+    return torch.stack(rows, 1)[..., matrix.shape[-1] :]  # (B, h, k)
+
+
 class _AndersonMixing:
     """Anderson acceleration (Walker & Ni 2011, DEQ's form) per sample: the next iterate mixes the last m
     evaluations with weights α minimising ‖Σ α_i (f(x_i) − x_i)‖ subject to Σ α_i = 1.
@@ -941,7 +952,10 @@ class _AndersonMixing:
         )
         eye = torch.eye(history, dtype=gram.dtype, device=gram.device)
         gram = gram + 1e-10 * scale[..., None] * eye
-        alpha = torch.linalg.solve(gram, gram.new_ones(gram.shape[0], history, 1))  # (B, h, 1)
+        ones = gram.new_ones(gram.shape[0], history, 1)
+        # ONNX has no linear solve: an exported graph eliminates instead (the same α to float64 rounding)
+        solve = _eliminate if torch.compiler.is_exporting() else torch.linalg.solve
+        alpha = solve(gram, ones)  # (B, h, 1)
         alpha = (alpha / alpha.sum(1, keepdim=True)).to(images.dtype).transpose(1, 2)  # (B, 1, h)
         mixed = alpha @ images  # (B, 1, D·D_S)
         if self.damping != 1.0:
@@ -1055,10 +1069,13 @@ def _solve(
         answer = torch.where(improved.reshape(per_sample), image, answer)
         least_moved = torch.where(lowered.reshape(per_sample), image, least_moved)
         # one host read per step: whether to go on, and (for the warning) whether a sample diverged so far;
-        # `diverged` changes nowhere after the last step's read, so no read after the loop is needed
-        going_on, any_diverged = torch.stack((active, diverged)).any(1).tolist()
-        if not going_on:
-            break
+        # `diverged` changes nowhere after the last step's read, so no read after the loop is needed. An exported
+        # graph can hold no data-dependent exit: it runs all num_steps, where `active` keeps every stopped
+        # sample's state and answer as they were, and cannot warn of a divergence
+        if not torch.compiler.is_exporting():
+            going_on, any_diverged = torch.stack((active, diverged)).any(1).tolist()
+            if not going_on:
+                break
         proposal = image if settings.solver == "picard" else anderson(state, image)
         state = torch.where(active.reshape(per_sample), proposal, state)
     if best_relative is not None:
@@ -1140,16 +1157,20 @@ class IMixerTokenMixing(nn.Module):
             why = (
                 "the token mixer is invertible only while F is a contraction, which the spectral normalisation "
                 "keeps by holding ‖W‖₂ <= c (config.spectral_norm_coeff) on both of F's weights; the solver reads "
-                "those normalised weights directly, so an adapter there is ignored (and merging it is lost in the "
-                "parametrization), and a weight change outside the normalisation would break the bound"
+                "those normalised weights directly, so an adapter or quantized layer there is ignored (and "
+                "merging an adapter is lost in the parametrization), and a weight change outside the "
+                "normalisation would break the bound"
                 if spectral
-                else "the fixed-point solver reads F's weights directly, so an adapter there would be ignored"
+                else "the fixed-point solver reads F's weights directly, so an adapter or quantized layer there "
+                "would be ignored"
             )
             raise ValueError(
                 f"{where}: {prefix}.{name} is a {kind}, not the model's own Linear: F's layers fc_sn1 and fc_sn2 "
-                f"cannot be adapted: {why}. Leave them out of the adapter's target_modules, e.g. "
-                "LoraConfig(target_modules=..., exclude_modules=['fc_sn1', 'fc_sn2']) (PEFT >= 0.14), and adapt "
-                "fc1, fc2 and the channel mixing instead."
+                f"cannot be adapted or quantized: {why}. Leave them out: of an adapter's target_modules, e.g. "
+                "LoraConfig(target_modules=..., exclude_modules=['fc_sn1', 'fc_sn2']) (PEFT >= 0.14), adapting "
+                "fc1, fc2 and the channel mixing instead; of a quantizer's layers, e.g. "
+                "from_pretrained(..., quantization_config=QuantoConfig(..., modules_to_not_convert=['fc_sn1', "
+                "'fc_sn2']))."
             )
 
     def update_spectral_norms(self, only_if_changed: bool = False) -> None:
