@@ -2419,6 +2419,18 @@ def _check_outer_steps_call(
     stop_early = (
         halting is not None and config.supervision_steps > 1 and not head.training and not _is_tracing()
     )
+    if (
+        halting is not None
+        and config.supervision_steps > 1
+        and not head.training
+        and torch.compiler.is_exporting()
+    ):
+        # as for halting_tolerance (`HyperSetModel._halting`): no data-dependent exit in an exported graph
+        logger.warning_once(
+            f"{type(head).__name__}: the halting head's early stop is ignored under torch.export (and so ONNX "
+            f"export): the exported graph runs all supervision_steps={config.supervision_steps} outer steps for "
+            "every sample (its logits are the last step's). Run the model eagerly to stop early."
+        )
     if stop_early and any(backbone_inputs.get(name) for name in ("output_attentions", "output_energies")):
         raise ValueError(
             "the halting head stops samples after different outer steps: output_attentions and output_energies "
@@ -3187,7 +3199,7 @@ class MaskedImageModelingMixin:
         # a dispatched model (`is_dispatched`) may hold its head on meta (offloaded) or on another device than its
         # first layer: it decodes on the inputs' device, which its hooks move each module's inputs from and return
         # the logits to; an undispatched one on its own device, whatever the ids' device
-        device = input_ids.device if is_dispatched(self) else self.code_head.weight.device
+        device = input_ids.device if is_dispatched(self) else self.device
         if generator is None:
             seed = int(torch.randint(0, 2**62, (1,))) if seed is None else seed
             generator = torch.Generator(device).manual_seed(seed)

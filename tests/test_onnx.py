@@ -180,3 +180,28 @@ def test_exporting_with_adaptive_halting_warns_that_every_iteration_runs():
         "halting changed nothing: the test cannot tell the two apart"
     )
     assert_close_to_scale(exported, full_depth, rounding(torch.float32, 64), "exported program vs full depth")
+
+
+def test_exporting_with_the_halting_head_warns_that_every_outer_step_runs():
+    """The halting head's early stop (eval, supervision_steps > 1) is a data-dependent exit as halting_tolerance
+    is: under torch.export it is dropped with a warning, and the program runs every outer step."""
+    case = Case.of(HyperSetForSequenceClassification)
+    model = perturb(case.build(supervision_steps=3, halting_head=True))
+    inputs = case.inputs()
+    records = Records()
+    modeling_hyperset.logger.addHandler(records)
+    try:
+        with torch.no_grad():
+            model(**inputs)  # eager: the head stops samples early, nothing to warn of
+        eager_messages = list(records.messages)
+        program = torch.export.export(model, (), dict(inputs))
+    finally:
+        modeling_hyperset.logger.removeHandler(records)
+    stop = [message for message in records.messages if "halting head's early stop" in message]
+    assert not [m for m in eager_messages if "halting head's early stop" in m], eager_messages
+    assert len(stop) == 1 and "supervision_steps=3" in stop[0], f"expected one warning, got {stop}"
+    with torch.no_grad():
+        # a threshold no probability exceeds: eager runs all three steps for every sample, as the program does
+        every_step = main_output(model(**inputs, halting_threshold=1 - 1e-12))
+    exported = main_output(program.module()(**inputs))
+    assert_close_to_scale(exported, every_step, rounding(torch.float32, 64), "exported program vs every step")

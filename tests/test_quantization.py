@@ -28,7 +28,12 @@ from fixtures import ALL, BASELINE_TINY, assert_differs, in_ci, main_output, per
 from torch import nn
 from torch.ao.quantization import quantize_dynamic
 
-from energyformers import LoopedTransformerForImageClassification, LoopedTransformerForSequenceClassification
+from energyformers import (
+    HyperSetConfig,
+    HyperSetForMaskedImageModeling,
+    LoopedTransformerForImageClassification,
+    LoopedTransformerForSequenceClassification,
+)
 
 try:
     from torchao.quantization import Int8WeightOnlyConfig
@@ -281,3 +286,26 @@ def test_quantize_dynamic_forward_is_as_close_as_a_same_size_baseline(subject):
         f"{subject}: dynamic int8 rel gap {gap:.3g} > {BASELINE_FACTOR}× the same-size baseline's "
         f"{baseline_gap(subject.name):.3g}"
     )
+
+
+def test_maskgit_decoding_of_a_dynamic_int8_model_runs_on_its_device():
+    """`decode` takes the device to decode on from the model, not from a Linear's `.weight` (a method after
+    `quantize_dynamic`), and fills every [MASK] with a code of the codebook."""
+    config = HyperSetConfig.from_preset(
+        "cli-mim",
+        hidden_size=16,
+        num_attention_heads=4,
+        num_iterations=2,
+        intermediate_size=16,
+        time_embedding_dim=16,
+        vocab_size=9,
+        max_position_embeddings=16,
+    )
+    torch.manual_seed(0)
+    model = dynamic_int8(perturb(HyperSetForMaskedImageModeling(config)).eval())
+    codes = torch.randint(0, 8, (2, 16), generator=torch.Generator().manual_seed(0))
+    codes[:, ::2] = model.mask_token_id
+    with torch.no_grad():
+        decoded = model.decode(codes, steps=3, seed=0).codes
+    assert ((decoded >= 0) & (decoded < model.mask_token_id)).all(), decoded
+    assert torch.equal(decoded[:, 1::2], codes[:, 1::2]), "known codes changed"
