@@ -34,8 +34,10 @@ from energyformers import (
     INPUT_TYPES,
     HyperBFConfig,
     HyperSetConfig,
+    HyperSetForMaskedImageModeling,
     IMixerConfig,
     LoopedTransformerConfig,
+    LoopedTransformerForMaskedImageModeling,
 )
 
 # ---------------------------------------------------------------- what a test needs from the machine
@@ -625,3 +627,22 @@ def run_cli_cases(
     results = json.loads(record.read_text())
     record.unlink()
     return results
+
+
+def tiny_mim_model(model_type: str, **overrides: object) -> torch.nn.Module:
+    """Both masked-image-modelling heads of the paper's Table 2 at a tiny size of their `cli-mim` presets (the paper's
+    structure: sin-cos 2-D / learned positions, input-conditioned step sizes): a 4 × 4 grid, codebook 8 + [MASK]."""
+    size = dict(
+        hidden_size=16,
+        num_attention_heads=4,
+        num_iterations=3,
+        vocab_size=9,
+        max_position_embeddings=16,
+        **overrides,
+    )
+    torch.manual_seed(0)
+    if model_type == "hyperset":
+        config = HyperSetConfig.from_preset("cli-mim", intermediate_size=16, time_embedding_dim=16, **size)
+        return perturb(HyperSetForMaskedImageModeling(config))
+    config = LoopedTransformerConfig.from_preset("cli-mim", intermediate_size=64, **size)
+    return perturb(LoopedTransformerForMaskedImageModeling(config))

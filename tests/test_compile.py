@@ -13,7 +13,18 @@ import os
 
 import pytest
 import torch
-from fixtures import ALL, HEADS, Case, assert_close_to_scale, cases, labelled, main_output, perturb, rounding
+from fixtures import (
+    ALL,
+    HEADS,
+    Case,
+    assert_close_to_scale,
+    cases,
+    labelled,
+    main_output,
+    perturb,
+    rounding,
+    tiny_mim_model,
+)
 
 from energyformers import HyperSetForImageClassification, HyperSetForSequenceClassification
 from energyformers.modeling.modeling_hyperset import ALL_ATTENTION_FUNCTIONS
@@ -212,32 +223,6 @@ def test_step_sizes_computed_once_compile_and_train(attn_implementation):
             torch.testing.assert_close(compiled_grads[name], parameter.grad, msg=labelled(name))
 
 
-def _mim_model(model_type: str, **overrides: object) -> torch.nn.Module:
-    """Both masked-image-modelling heads of the paper's Table 2 at a tiny size of their `cli-mim` presets (the paper's
-    structure: sin-cos 2-D / learned positions, input-conditioned step sizes): a 4 × 4 grid, codebook 8 + [MASK]."""
-    from energyformers import (
-        HyperSetConfig,
-        HyperSetForMaskedImageModeling,
-        LoopedTransformerConfig,
-        LoopedTransformerForMaskedImageModeling,
-    )
-
-    size = dict(
-        hidden_size=16,
-        num_attention_heads=4,
-        num_iterations=3,
-        vocab_size=9,
-        max_position_embeddings=16,
-        **overrides,
-    )
-    torch.manual_seed(0)
-    if model_type == "hyperset":
-        config = HyperSetConfig.from_preset("cli-mim", intermediate_size=16, time_embedding_dim=16, **size)
-        return perturb(HyperSetForMaskedImageModeling(config))
-    config = LoopedTransformerConfig.from_preset("cli-mim", intermediate_size=64, **size)
-    return perturb(LoopedTransformerForMaskedImageModeling(config))
-
-
 def _mim_batch(seed: int) -> dict[str, torch.Tensor]:
     """Codes with [MASK] (= 8) at about half the positions; labels the true codes there, −100 elsewhere."""
     g = torch.Generator().manual_seed(seed)
@@ -259,7 +244,7 @@ def test_masked_image_modelling_heads_compile_train_and_export(model_type):
     eager mode, and `torch.export`; the seeded MaskGIT decoding runs the compiled forward to the same codes."""
     torch._dynamo.reset()
     # one graph needs a fixed training depth: the presets' random depth is drawn on the host (the next test)
-    eager, compiled_model = (_mim_model(model_type, iteration_sampling="fixed") for _ in range(2))
+    eager, compiled_model = (tiny_mim_model(model_type, iteration_sampling="fixed") for _ in range(2))
     compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
     batch = _mim_batch(0)
     eager.train()(**batch).loss.backward()
@@ -286,7 +271,7 @@ def test_random_depth_training_compiles_with_a_graph_break_and_matches_eager(mod
     """The `cli-mim` presets draw each training forward's depth on the host (`iteration_sampling="uniform"`): without
     fullgraph the compiled model breaks the graph there, draws the same depths and gives eager's losses and grads."""
     torch._dynamo.reset()
-    eager, compiled_model = _mim_model(model_type), _mim_model(model_type)
+    eager, compiled_model = tiny_mim_model(model_type), tiny_mim_model(model_type)
     assert eager.config.iteration_sampling == "uniform", eager.config.iteration_sampling
     compiled = torch.compile(compiled_model, backend="aot_eager")
     eager.train(), compiled_model.train()

@@ -24,16 +24,21 @@ from collections.abc import Callable
 import pytest
 import torch
 import transformers
-from fixtures import ALL, BASELINE_TINY, assert_differs, in_ci, main_output, perturb, rounding, step_once
+from fixtures import (
+    ALL,
+    BASELINE_TINY,
+    assert_differs,
+    in_ci,
+    main_output,
+    perturb,
+    rounding,
+    step_once,
+    tiny_mim_model,
+)
 from torch import nn
 from torch.ao.quantization import quantize_dynamic
 
-from energyformers import (
-    HyperSetConfig,
-    HyperSetForMaskedImageModeling,
-    LoopedTransformerForImageClassification,
-    LoopedTransformerForSequenceClassification,
-)
+from energyformers import LoopedTransformerForImageClassification, LoopedTransformerForSequenceClassification
 
 try:
     from torchao.quantization import Int8WeightOnlyConfig
@@ -291,18 +296,7 @@ def test_quantize_dynamic_forward_is_as_close_as_a_same_size_baseline(subject):
 def test_maskgit_decoding_of_a_dynamic_int8_model_runs_on_its_device():
     """`decode` takes the device to decode on from the model, not from a Linear's `.weight` (a method after
     `quantize_dynamic`), and fills every [MASK] with a code of the codebook."""
-    config = HyperSetConfig.from_preset(
-        "cli-mim",
-        hidden_size=16,
-        num_attention_heads=4,
-        num_iterations=2,
-        intermediate_size=16,
-        time_embedding_dim=16,
-        vocab_size=9,
-        max_position_embeddings=16,
-    )
-    torch.manual_seed(0)
-    model = dynamic_int8(perturb(HyperSetForMaskedImageModeling(config)).eval())
+    model = dynamic_int8(tiny_mim_model("hyperset").eval())
     codes = torch.randint(0, 8, (2, 16), generator=torch.Generator().manual_seed(0))
     codes[:, ::2] = model.mask_token_id
     with torch.no_grad():
