@@ -150,22 +150,31 @@ def test_legacy_export_of_the_sequence_model_loads_in_onnxruntime():
     assert_close_to_scale(got, expected, rounding(torch.float32, 256), "legacy export: onnxruntime")
 
 
+def eager_then_export(
+    model: torch.nn.Module, inputs: dict[str, torch.Tensor]
+) -> tuple[list[str], list[str], torch.export.ExportedProgram]:
+    """What Hyper-SET's logger said during one eager no-grad call of `model`, then during `torch.export` of it
+    (each list on its own), and the exported program."""
+    records = Records()
+    modeling_hyperset.logger.addHandler(records)
+    try:
+        with torch.no_grad():
+            model(**inputs)
+        eager = list(records.messages)
+        program = torch.export.export(model, (), dict(inputs))
+    finally:
+        modeling_hyperset.logger.removeHandler(records)
+    return eager, records.messages[len(eager) :], program
+
+
 def test_exporting_with_adaptive_halting_warns_that_every_iteration_runs():
     case = Case.of(HyperSetForSequenceClassification)
     # a tolerance no other test uses: warning_once remembers each message for the process
     tolerance = 0.3125
     model = perturb(case.build(num_iterations=4, halting_tolerance=tolerance))
     inputs = case.inputs()
-    records = Records()
-    modeling_hyperset.logger.addHandler(records)
-    try:
-        with torch.no_grad():
-            model(**inputs)  # eager: halting runs, nothing to warn of
-        eager_messages = list(records.messages)
-        program = torch.export.export(model, (), dict(inputs))
-    finally:
-        modeling_hyperset.logger.removeHandler(records)
-    halting = [message for message in records.messages if "halting_tolerance" in message]
+    eager_messages, messages, program = eager_then_export(model, inputs)  # eager: halting runs, no warning
+    halting = [message for message in messages if "halting_tolerance" in message]
     assert not [m for m in eager_messages if "halting_tolerance" in m], eager_messages
     assert len(halting) == 1, f"expected one warning, got {halting}"
     assert f"halting_tolerance={tolerance}" in halting[0] and "all num_iterations" in halting[0], halting[0]
@@ -188,16 +197,10 @@ def test_exporting_with_the_halting_head_warns_that_every_outer_step_runs():
     case = Case.of(HyperSetForSequenceClassification)
     model = perturb(case.build(supervision_steps=3, halting_head=True))
     inputs = case.inputs()
-    records = Records()
-    modeling_hyperset.logger.addHandler(records)
-    try:
-        with torch.no_grad():
-            model(**inputs)  # eager: the head stops samples early, nothing to warn of
-        eager_messages = list(records.messages)
-        program = torch.export.export(model, (), dict(inputs))
-    finally:
-        modeling_hyperset.logger.removeHandler(records)
-    stop = [message for message in records.messages if "halting head's early stop" in message]
+    eager_messages, messages, program = eager_then_export(
+        model, inputs
+    )  # eager: the head stops samples early
+    stop = [message for message in messages if "halting head's early stop" in message]
     assert not [m for m in eager_messages if "halting head's early stop" in m], eager_messages
     assert len(stop) == 1 and "supervision_steps=3" in stop[0], f"expected one warning, got {stop}"
     with torch.no_grad():
