@@ -1064,7 +1064,8 @@ def tied_weight(
 ) -> torch.Tensor | None:
     """The weight `(out, in)` a tied projection applies, when it is no plain `nn.Linear` (e.g. a PEFT LoRA or DoRA
     layer wrapping one, or a quantized Linear whose `.weight` is a tensor subclass, torchao's, which implements the
-    matmul but not the view ops the tie applies to a weight) or a hooked one (`is_dispatched`: its `.weight` may be on `meta` outside its own call):
+    matmul but not the view ops the tie applies to a weight) or a hooked one (`is_dispatched`: its `.weight` may be
+    on `meta` outside its own call):
     (module(I) − module(0))ᵀ, exact for any affine wrapper (and for a plain float32 Linear: x·1 and sums with
     exact zeros round nothing), so the transposed use of the tie sees the adapter too and the model trained is the
     one `merge_and_unload()` gives. None for a plain unhooked `nn.Linear`, whose module and `.weight` are used as
