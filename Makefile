@@ -59,10 +59,10 @@ test: $(STAMP) data lint
 FLOORS_VENV  ?= .venv-floors
 FLOORS_BIN   := $(FLOORS_VENV)/bin
 FLOORS_STAMP := $(FLOORS_VENV)/.installed
-# The test tools, at the dev extra's floors too.
-FLOORS_DEV   := pytest pytest-xdist parameterized
+# The test tools, at the dev extra's floors too (diffusers, triton and peft: none of FLOORS_TESTS needs them).
+FLOORS_DEV   := pytest pytest-xdist pytest-timeout parameterized
 # With numpy 1.x, datasets' unbounded pyarrow resolves to a release that refuses numpy < 2 on import (pyarrow does
-# not declare it); the newest pyarrow that was tested with the numpy floor.
+# not declare it); 17.0.0 imports with the numpy floor (docs/development.md).
 FLOORS_PINS  ?= pyarrow==17.0.0
 # The README's quick model subset (with test_modeling_imixer.py's Trainer run: accelerate), then one or two tests
 # per floor-setting API: kornia's CutMix, torchmetrics' FID with a float extractor and SSIM of 8×8 images, an image
