@@ -9,7 +9,7 @@ TORCH   ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: install demo test lint format data clean
+.PHONY: install demo test test-floors lint format data clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -52,5 +52,44 @@ TEST_WORKERS ?= 2
 test: $(STAMP) data lint
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
+# The declared dependency floors, checked (docs/development.md): a separate venv with every runtime dependency of
+# pyproject.toml pinned to its lower bound (.ci/floors.py), then a fixed subset of tests that reach each floor-setting
+# API. Not part of `test` or CI: it downloads old releases and takes minutes. A floor that pip cannot co-install
+# stops the build with pip's message. Built from scratch whenever pyproject.toml changes, so nothing newer lingers.
+FLOORS_VENV  ?= .venv-floors
+FLOORS_BIN   := $(FLOORS_VENV)/bin
+FLOORS_STAMP := $(FLOORS_VENV)/.installed
+# The test tools, at the dev extra's floors too (diffusers, triton and peft: none of FLOORS_TESTS needs them).
+FLOORS_DEV   := pytest pytest-xdist pytest-timeout parameterized
+# With numpy 1.x, datasets' unbounded pyarrow resolves to a release that refuses numpy < 2 on import (pyarrow does
+# not declare it); 17.0.0 imports with the numpy floor (docs/development.md).
+FLOORS_PINS  ?= pyarrow==17.0.0
+# The README's quick model subset (with test_modeling_imixer.py's Trainer run: accelerate), then one or two tests
+# per floor-setting API: kornia's CutMix, torchmetrics' FID with a float extractor and SSIM of 8×8 images, an image
+# `energyformers train` (AutoImageProcessor) and a text one (tokenizers), loading from a Hub cache offline.
+FLOORS_TESTS ?= tests/test_configuration.py tests/test_modeling_hyperset.py tests/test_modeling_imixer.py \
+	tests/test_modeling_hyperbf.py tests/test_layout.py \
+	tests/test_augmentation.py::test_cutmix_target_weights_equal_the_pasted_areas \
+	tests/test_augmentation.py::test_recipe_augmentation_changes_cli_training_batches_but_not_the_saved_processor \
+	tests/test_mim_metrics.py::test_fid_matches_the_frechet_distance_of_the_detector_features \
+	tests/test_remote_resave.py::test_pipeline_rebuilt_from_each_saved_folder_reconstructs_as_the_export \
+	tests/test_train_cli.py::test_pipeline_reloads_in_process[hyperset-image] \
+	tests/test_train_cli.py::test_pipeline_reloads_in_process[imixer-text] \
+	tests/test_hub.py::test_offline_loading_from_hand_made_hub_cache
+
+$(FLOORS_STAMP): pyproject.toml .ci/floors.py
+	rm -rf $(FLOORS_VENV)
+	$(PY) -m venv $(FLOORS_VENV)
+	$(FLOORS_BIN)/pip install -q --upgrade pip
+	$(FLOORS_BIN)/python .ci/floors.py $(addprefix --with ,$(FLOORS_DEV)) > $(FLOORS_VENV)/floors.txt
+	$(FLOORS_BIN)/pip install -q "$$($(FLOORS_BIN)/python .ci/floors.py --only torch)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)")
+	$(FLOORS_BIN)/pip install -q -r $(FLOORS_VENV)/floors.txt $(FLOORS_PINS)
+	$(FLOORS_BIN)/pip install -q --no-deps -e .
+	touch $(FLOORS_STAMP)
+
+test-floors: $(FLOORS_STAMP)
+	$(FLOORS_BIN)/pip list --format=freeze | grep -iE "^($$(cut -d= -f1 $(FLOORS_VENV)/floors.txt | sed 's/[-_]/[-_]/g' | paste -sd'|'))=="
+	HF_HUB_OFFLINE=1 $(FLOORS_BIN)/python -m pytest -q -n $(TEST_WORKERS) -p no:randomly -rs $(foreach t,$(FLOORS_TESTS),'$(t)') $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(FLOORS_VENV) build *.egg-info
