@@ -593,6 +593,22 @@ def is_dispatched(module: nn.Module) -> bool:
     return any(hasattr(submodule, "_hf_hook") for submodule in module.modules())
 
 
+def is_plain_linear(module: nn.Module) -> bool:
+    """Whether `module` is an `nn.Linear` whose `.weight` is a plain tensor, which the model may read as one
+    (transpose, fold into another product), rather than a tensor subclass (torchao's quantized weights) that
+    implements the matmul but not those view ops, so that the module is called instead. The stand-ins a tracer
+    gives a plain weight count as plain: non-strict `torch.export` (and `torch.onnx.export(dynamo=True)`, built on
+    it) traces with `FakeTensor` parameters, functionalization with `FunctionalTensor` ones; a subclass weight keeps
+    its own type there, with fake tensors inside."""
+    plain = (
+        torch.Tensor,
+        nn.Parameter,
+        torch._subclasses.FakeTensor,
+        torch._subclasses.functional_tensor.FunctionalTensor,
+    )
+    return isinstance(module, nn.Linear) and type(module.weight) in plain
+
+
 # --- end of shared helpers ---
 
 
@@ -915,10 +931,9 @@ class HyperBFFeedForward(nn.Module):
         so only the explicit one calls the module and lets the adapter, or the offload hook, act."""
         implementation = self.config._attn_implementation
         explicit = output_center_weights or not self.folds
-        explicit = explicit or not isinstance(self.values, nn.Linear) or is_dispatched(self.values)
         # a quantized Linear (torchao's) holds its `.weight` as a tensor subclass without the transpose the fold
         # reads: it is called instead
-        explicit = explicit or type(self.values.weight) not in (torch.Tensor, nn.Parameter)
+        explicit = explicit or not is_plain_linear(self.values) or is_dispatched(self.values)
         if explicit or implementation in (None, "eager"):
             weights = self.center_weights(hidden_states)
             return self.values(weights), weights

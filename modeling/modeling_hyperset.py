@@ -687,6 +687,22 @@ def is_dispatched(module: nn.Module) -> bool:
     return any(hasattr(submodule, "_hf_hook") for submodule in module.modules())
 
 
+def is_plain_linear(module: nn.Module) -> bool:
+    """Whether `module` is an `nn.Linear` whose `.weight` is a plain tensor, which the model may read as one
+    (transpose, fold into another product), rather than a tensor subclass (torchao's quantized weights) that
+    implements the matmul but not those view ops, so that the module is called instead. The stand-ins a tracer
+    gives a plain weight count as plain: non-strict `torch.export` (and `torch.onnx.export(dynamo=True)`, built on
+    it) traces with `FakeTensor` parameters, functionalization with `FunctionalTensor` ones; a subclass weight keeps
+    its own type there, with fake tensors inside."""
+    plain = (
+        torch.Tensor,
+        nn.Parameter,
+        torch._subclasses.FakeTensor,
+        torch._subclasses.functional_tensor.FunctionalTensor,
+    )
+    return isinstance(module, nn.Linear) and type(module.weight) in plain
+
+
 # --- end of shared helpers ---
 
 
@@ -1074,7 +1090,7 @@ def tied_weight(
     where the product is wanted instead (an input's device: an offloaded `like` is on meta outside its owner's
     call). Called once per layer and forward (`iteration_weights`; per iteration on the hook-safe path): in
     training mode an adapter's dropout draws one sample there for every use in that forward."""
-    plain = isinstance(linear, nn.Linear) and type(linear.weight) in (torch.Tensor, nn.Parameter)
+    plain = is_plain_linear(linear)
     if plain and not is_dispatched(linear):
         return None
     refuse_tied_offset(linear, name)
