@@ -3,7 +3,8 @@
 * iMixer's tolerance solvers (`picard`, `anderson`) stop each sample on a host read of its residual in eager mode; an
   exported graph has no data-dependent exit, so it runs every step with the stopped samples frozen, and must give
   the logits of eager's early stop, on the export input and on another batch.
-* The legacy exporter (`dynamo=False`) writes a graph onnxruntime loads for iMixer's sequence model.
+* The legacy exporter (`dynamo=False`) writes a graph onnxruntime loads for iMixer's sequence model, and for its
+  tolerance solvers one that runs every step, as torch.export's does.
 * Hyper-SET's adaptive halting (`halting_tolerance`) is dropped under torch.export (and so ONNX export): a warning,
   once, says that every iteration runs.
 
@@ -122,12 +123,9 @@ def test_tolerance_solvers_export_to_onnx_and_match_eager(solver):
         assert_close_to_scale(got, expected, rounding(torch.float32, 256), f"{solver}, {name}: onnxruntime")
 
 
-def test_legacy_export_of_the_sequence_model_loads_in_onnxruntime():
-    """The slot ranks of the real tokens are a cumulative sum of the padding mask: summed as integers, since ONNX's
-    CumSum takes no bool input (onnxruntime refused the graph)."""
-    case = Case.of(IMixerForSequenceClassification)
-    model = perturb(case.build())
-    inputs = case.inputs()
+def legacy_export(model: torch.nn.Module, inputs: dict[str, torch.Tensor], dynamic: dict[int, str]) -> bytes:
+    """`model`'s logits from `inputs` through the legacy exporter (`dynamo=False`, the JIT tracer), with the axes
+    `dynamic` of every input dynamic."""
     names = tuple(inputs)
     graph = io.BytesIO()
     with warnings.catch_warnings():
@@ -138,16 +136,55 @@ def test_legacy_export_of_the_sequence_model_loads_in_onnxruntime():
             graph,
             input_names=list(names),
             output_names=["logits"],
-            dynamic_axes={name: {0: "batch", 1: "length"} for name in names},
+            dynamic_axes=dict.fromkeys(names, dynamic),
             dynamo=False,
             opset_version=17,
         )
+    return graph.getvalue()
+
+
+def test_legacy_export_of_the_sequence_model_loads_in_onnxruntime():
+    """The slot ranks of the real tokens are a cumulative sum of the padding mask: summed as integers, since ONNX's
+    CumSum takes no bool input (onnxruntime refused the graph)."""
+    case = Case.of(IMixerForSequenceClassification)
+    model = perturb(case.build())
+    inputs = case.inputs()
+    graph = legacy_export(model, inputs, {0: "batch", 1: "length"})
     with torch.no_grad():
         expected = main_output(model(**inputs))
-    got = run_onnx(graph.getvalue(), inputs)
+    got = run_onnx(graph, inputs)
     # the same float32 operations in onnxruntime's kernels and order over 2 blocks: a few hundred roundings of the
     # largest logit bound the difference
     assert_close_to_scale(got, expected, rounding(torch.float32, 256), "legacy export: onnxruntime")
+
+
+@pytest.mark.parametrize("solver", ["picard", "anderson"])
+def test_tolerance_solvers_export_through_the_legacy_exporter_and_match_eager(solver):
+    """The legacy exporter records a graph with the JIT tracer, not torch.export: the solve runs every step there
+    too (no step count of the export input baked in), and Anderson solves by elimination (no linear solve in
+    ONNX)."""
+    model, batches = solver_case(solver)
+    # on this input Picard needs a step more than on the export input, so a graph that stopped where the export
+    # input did gives other logits (Anderson solves both in 3 steps; its graph had no linear solve to export)
+    batches["small input"] = 0.01 * batches["export input"]
+    steps = {}
+    for name, pixels in batches.items():
+        with torch.no_grad():
+            out = model(pixel_values=pixels, output_fixed_point_residuals=True)
+        steps[name] = int(out.fixed_point_residuals.iterations.max())
+    if solver == "picard":
+        assert steps["small input"] > steps["export input"], f"eager steps {steps}: the test cannot tell"
+    graph = legacy_export(model, {"pixel_values": batches["export input"]}, {0: "batch"})
+    for name, pixels in batches.items():
+        with torch.no_grad():
+            expected = main_output(model(pixel_values=pixels))
+        got = run_onnx(graph, {"pixel_values": pixels})
+        assert_close_to_scale(
+            got,
+            expected,
+            rounding(torch.float32, 256),
+            f"{solver}, {name} ({steps[name]} eager steps): onnxruntime",
+        )
 
 
 def eager_then_export(
