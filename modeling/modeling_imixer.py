@@ -236,12 +236,6 @@ def _is_tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
-def _is_graph_export() -> bool:
-    """True while a graph is recorded for export: torch.export (so `torch.onnx.export(dynamo=True)`) or the JIT
-    tracer of the legacy `torch.onnx.export(dynamo=False)`, which would bake a host read's value into the graph."""
-    return torch.compiler.is_exporting() or torch.jit.is_tracing()
-
-
 def check_keep_mask(
     mask: torch.Tensor, name: str = "attention_mask", read_values: bool = True
 ) -> torch.Tensor:
@@ -931,6 +925,12 @@ class _SolveRecord:
             )
         for values, mean in zip((self.relative, self.absolute, self.cosines), means):
             values.append(mean.float())
+
+
+def _is_graph_export() -> bool:
+    """True while a graph is recorded for export: torch.export (so `torch.onnx.export(dynamo=True)`) or the JIT
+    tracer of the legacy `torch.onnx.export(dynamo=False)`, which would bake a host read's value into the graph."""
+    return torch.compiler.is_exporting() or torch.jit.is_tracing()
 
 
 def _eliminate(matrix: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
