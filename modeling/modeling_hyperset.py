@@ -2433,15 +2433,9 @@ def _check_outer_steps_call(
             f"{type(head).__name__} has no halting head (config.halting_head=False); pass no halting_threshold "
             "(halting_tolerance halts the iterations by the state's change)."
         )
-    stop_early = (
-        halting is not None and config.supervision_steps > 1 and not head.training and not _is_tracing()
-    )
-    if (
-        halting is not None
-        and config.supervision_steps > 1
-        and not head.training
-        and torch.compiler.is_exporting()
-    ):
+    eligible = halting is not None and config.supervision_steps > 1 and not head.training
+    stop_early = eligible and not _is_tracing()
+    if eligible and torch.compiler.is_exporting():
         # as for halting_tolerance (`HyperSetModel._halting`): no data-dependent exit in an exported graph
         logger.warning_once(
             f"{type(head).__name__}: the halting head's early stop is ignored under torch.export (and so ONNX "
@@ -2649,7 +2643,7 @@ def _search_noise(
     positions, so ε[k, n] depends only on the seed, k, n and d (and the device's generator): not on K, nor on
     N beyond n (images larger than configured take more blocks, the earlier ones unchanged)."""
     seeds = torch.Generator().manual_seed(seed)
-    noise = [torch.zeros(length, hidden, device=device)]
+    noise = [torch.zeros(length, hidden, device=device, dtype=torch.float32)]  # not the default dtype
     for _ in range(1, trajectories):
         generator = torch.Generator(device)
         # one draw per trajectory, so adding trajectories leaves the earlier ones' seeds as they were
