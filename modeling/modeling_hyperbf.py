@@ -593,6 +593,22 @@ def is_dispatched(module: nn.Module) -> bool:
     return any(hasattr(submodule, "_hf_hook") for submodule in module.modules())
 
 
+def is_plain_linear(module: nn.Module) -> bool:
+    """Whether `module` is an `nn.Linear` whose `.weight` is a plain tensor, which the model may read as one
+    (transpose, fold into another product), rather than a tensor subclass (torchao's quantized weights) that
+    implements the matmul but not those view ops, so that the module is called instead. The stand-ins a tracer
+    gives a plain weight count as plain: non-strict `torch.export` (and `torch.onnx.export(dynamo=True)`, built on
+    it) traces with `FakeTensor` parameters, functionalization with `FunctionalTensor` ones; a subclass weight keeps
+    its own type there, with fake tensors inside."""
+    plain = (
+        torch.Tensor,
+        nn.Parameter,
+        torch._subclasses.FakeTensor,
+        torch._subclasses.functional_tensor.FunctionalTensor,
+    )
+    return isinstance(module, nn.Linear) and type(module.weight) in plain
+
+
 # --- end of shared helpers ---
 
 
@@ -830,8 +846,9 @@ class HyperBFFeedForward(nn.Module):
     def reuse_centers(self) -> bool:
         """Whether this thread's (this context's) no-grad eval forwards reuse what the centers give: inside a
         `cached_centers` scope opened in it (`reusing_centers`)."""
-        # and a scope is open on it somewhere: a context whose scope was closed from another thread keeps its count
-        return weakref.ref(self) in (_REUSING_CENTERS.get() or ()) and id(self) in _OPEN_SCOPES
+        # a token this context holds may belong to a scope closed from another thread: only open ones count
+        held = (_REUSING_CENTERS.get() or {}).get(weakref.ref(self))
+        return bool(held) and not held.isdisjoint(_OPEN_SCOPES.get(id(self), ()))
 
     def _cached(
         self, name: str, dtype: torch.dtype, compute: Callable[[], tuple[torch.Tensor, torch.Tensor]]
@@ -915,10 +932,9 @@ class HyperBFFeedForward(nn.Module):
         so only the explicit one calls the module and lets the adapter, or the offload hook, act."""
         implementation = self.config._attn_implementation
         explicit = output_center_weights or not self.folds
-        explicit = explicit or not isinstance(self.values, nn.Linear) or is_dispatched(self.values)
         # a quantized Linear (torchao's) holds its `.weight` as a tensor subclass without the transpose the fold
         # reads: it is called instead
-        explicit = explicit or type(self.values.weight) not in (torch.Tensor, nn.Parameter)
+        explicit = explicit or not is_plain_linear(self.values) or is_dispatched(self.values)
         if explicit or implementation in (None, "eager"):
             weights = self.center_weights(hidden_states)
             return self.values(weights), weights
@@ -972,30 +988,32 @@ class HyperBFLayer(GradientCheckpointingLayer):
         return hidden_states, attention_weights, rbf_weights
 
 
-# The feedforwards whose centers cache this context's forwards use, each with the number of this context's scopes
-# open on it: one value per thread (and asyncio task), so a scope switches caching on for the forwards of the code
-# inside it and of no other thread. Counted, not a set restored on exit, so scopes of one thread closed in another
-# order than opened (two `ExitStack`s, two generators) leave it as it was. Replaced, never mutated: an asyncio task
-# started inside a scope holds the dict it started with.
-_REUSING_CENTERS: contextvars.ContextVar[dict[nn.Module, int] | None] = contextvars.ContextVar(
-    "hyperbf_reusing_centers", default=None
+# The scopes this context opened, per feedforward (weak keys: an entry left in another thread's context, by a scope
+# closed from elsewhere, keeps no module alive), as tokens: one value per thread (and asyncio task), so a scope
+# switches caching on for the forwards of the code inside it and of no other thread. Each scope removes its own token,
+# so scopes of one thread closed in another order than opened (two `ExitStack`s, two generators) leave it as it was.
+# Replaced, never mutated: an asyncio task started inside a scope holds the dict it started with.
+_REUSING_CENTERS: contextvars.ContextVar[dict[weakref.ref, frozenset[object]] | None] = (
+    contextvars.ContextVar("hyperbf_reusing_centers", default=None)
 )
-# How many scopes, over all threads, are open on each feedforward (by id; an entry lives only while a scope holds
-# the module): its cache is dropped when the last one closes. One lock for all models: taken twice per scope.
-_OPEN_SCOPES: dict[int, int] = {}
+# The tokens of the scopes open on each feedforward, over all threads (by id; an entry lives only while a scope
+# holds the module): a context reuses the centers while one of its tokens is open here, wherever that scope is
+# closed. The cache is dropped when the last one closes. Written under one lock for all models (twice per scope),
+# each value replaced rather than mutated, so `reuse_centers` reads it without the lock.
+_OPEN_SCOPES: dict[int, frozenset[object]] = {}
 _OPEN_SCOPES_LOCK = threading.Lock()
 
 
-def _count_scopes(feedforwards: list[nn.Module], step: int) -> None:
-    """This context's count of open scopes of each of `feedforwards`, moved by `step` (+1: a scope opens)."""
-    # weak keys: a count left in another thread's context (a scope closed from elsewhere) keeps no module alive
-    counts = {key: n for key, n in (_REUSING_CENTERS.get() or {}).items() if key() is not None}
+def _move_scope(feedforwards: list[nn.Module], token: object, opening: bool) -> None:
+    """Add the scope `token` to (`opening`) or remove it from this context's tokens of each of `feedforwards`."""
+    tokens = {key: held for key, held in (_REUSING_CENTERS.get() or {}).items() if key() is not None}
     for module in feedforwards:
         key = weakref.ref(module)
-        count = counts.pop(key, 0) + step
-        if count > 0:
-            counts[key] = count
-    _REUSING_CENTERS.set(counts)
+        held = tokens.pop(key, frozenset())
+        held = held | {token} if opening else held - {token}
+        if held:
+            tokens[key] = held
+    _REUSING_CENTERS.set(tokens)
 
 
 @contextlib.contextmanager
@@ -1014,25 +1032,30 @@ def reusing_centers(model: nn.Module) -> Iterator[None]:
     compute them as usual and see a `param.data` write, as they would with no block open elsewhere; a per-model
     flag or counter would switch caching on for every thread while any one is inside. Threads started inside
     the block do not inherit it. The cache itself is shared by the blocks open on the model (stamped as
-    `_cached` says) and dropped when the last of them, counted over all threads under a lock, closes. A block
-    closed in another thread than its opener's (a generator resumed on another pool thread) leaves its count in
-    the opener's context, weakly held: the opener stops reusing once no block is open on the model anywhere, but
-    not while another thread holds one."""
+    `_cached` says) and dropped when the last of them, over all threads, closes. A block closed in another
+    thread than its opener's (a generator resumed on another pool thread) ends there and then for its opener
+    too, and leaves any block of the closing thread open."""
     feedforwards = [module for module in model.modules() if isinstance(module, HyperBFFeedForward)]
+    token = object()
     with _OPEN_SCOPES_LOCK:
         for module in feedforwards:
-            _OPEN_SCOPES[id(module)] = _OPEN_SCOPES.get(id(module), 0) + 1
-    _count_scopes(feedforwards, +1)
+            if (
+                id(module) not in _OPEN_SCOPES
+            ):  # the first block: nothing a forward racing the last close left
+                module._eval_cache.clear()
+            _OPEN_SCOPES[id(module)] = _OPEN_SCOPES.get(id(module), frozenset()) | {token}
+    _move_scope(feedforwards, token, opening=True)
     try:
         yield
     finally:
-        _count_scopes(feedforwards, -1)
+        _move_scope(feedforwards, token, opening=False)  # a no-op in a thread that did not open it
         with _OPEN_SCOPES_LOCK:
             for module in feedforwards:
-                left = _OPEN_SCOPES.pop(id(module)) - 1
+                left = _OPEN_SCOPES[id(module)] - {token}
                 if left:
                     _OPEN_SCOPES[id(module)] = left
                 else:  # under the lock: a block opening now fills the cache after this
+                    del _OPEN_SCOPES[id(module)]
                     module._eval_cache.clear()
 
 

@@ -687,6 +687,22 @@ def is_dispatched(module: nn.Module) -> bool:
     return any(hasattr(submodule, "_hf_hook") for submodule in module.modules())
 
 
+def is_plain_linear(module: nn.Module) -> bool:
+    """Whether `module` is an `nn.Linear` whose `.weight` is a plain tensor, which the model may read as one
+    (transpose, fold into another product), rather than a tensor subclass (torchao's quantized weights) that
+    implements the matmul but not those view ops, so that the module is called instead. The stand-ins a tracer
+    gives a plain weight count as plain: non-strict `torch.export` (and `torch.onnx.export(dynamo=True)`, built on
+    it) traces with `FakeTensor` parameters, functionalization with `FunctionalTensor` ones; a subclass weight keeps
+    its own type there, with fake tensors inside."""
+    plain = (
+        torch.Tensor,
+        nn.Parameter,
+        torch._subclasses.FakeTensor,
+        torch._subclasses.functional_tensor.FunctionalTensor,
+    )
+    return isinstance(module, nn.Linear) and type(module.weight) in plain
+
+
 # --- end of shared helpers ---
 
 
@@ -1074,7 +1090,7 @@ def tied_weight(
     where the product is wanted instead (an input's device: an offloaded `like` is on meta outside its owner's
     call). Called once per layer and forward (`iteration_weights`; per iteration on the hook-safe path): in
     training mode an adapter's dropout draws one sample there for every use in that forward."""
-    plain = isinstance(linear, nn.Linear) and type(linear.weight) in (torch.Tensor, nn.Parameter)
+    plain = is_plain_linear(linear)
     if plain and not is_dispatched(linear):
         return None
     refuse_tied_offset(linear, name)
@@ -2417,15 +2433,9 @@ def _check_outer_steps_call(
             f"{type(head).__name__} has no halting head (config.halting_head=False); pass no halting_threshold "
             "(halting_tolerance halts the iterations by the state's change)."
         )
-    stop_early = (
-        halting is not None and config.supervision_steps > 1 and not head.training and not _is_tracing()
-    )
-    if (
-        halting is not None
-        and config.supervision_steps > 1
-        and not head.training
-        and torch.compiler.is_exporting()
-    ):
+    eligible = halting is not None and config.supervision_steps > 1 and not head.training
+    stop_early = eligible and not _is_tracing()
+    if eligible and torch.compiler.is_exporting():
         # as for halting_tolerance (`HyperSetModel._halting`): no data-dependent exit in an exported graph
         logger.warning_once(
             f"{type(head).__name__}: the halting head's early stop is ignored under torch.export (and so ONNX "
@@ -2633,7 +2643,7 @@ def _search_noise(
     positions, so ε[k, n] depends only on the seed, k, n and d (and the device's generator): not on K, nor on
     N beyond n (images larger than configured take more blocks, the earlier ones unchanged)."""
     seeds = torch.Generator().manual_seed(seed)
-    noise = [torch.zeros(length, hidden, device=device)]
+    noise = [torch.zeros(length, hidden, device=device, dtype=torch.float32)]  # not the default dtype
     for _ in range(1, trajectories):
         generator = torch.Generator(device)
         # one draw per trajectory, so adding trajectories leaves the earlier ones' seeds as they were

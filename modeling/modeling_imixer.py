@@ -585,6 +585,22 @@ def is_dispatched(module: nn.Module) -> bool:
     return any(hasattr(submodule, "_hf_hook") for submodule in module.modules())
 
 
+def is_plain_linear(module: nn.Module) -> bool:
+    """Whether `module` is an `nn.Linear` whose `.weight` is a plain tensor, which the model may read as one
+    (transpose, fold into another product), rather than a tensor subclass (torchao's quantized weights) that
+    implements the matmul but not those view ops, so that the module is called instead. The stand-ins a tracer
+    gives a plain weight count as plain: non-strict `torch.export` (and `torch.onnx.export(dynamo=True)`, built on
+    it) traces with `FakeTensor` parameters, functionalization with `FunctionalTensor` ones; a subclass weight keeps
+    its own type there, with fake tensors inside."""
+    plain = (
+        torch.Tensor,
+        nn.Parameter,
+        torch._subclasses.FakeTensor,
+        torch._subclasses.functional_tensor.FunctionalTensor,
+    )
+    return isinstance(module, nn.Linear) and type(module.weight) in plain
+
+
 # --- end of shared helpers ---
 
 
@@ -911,6 +927,12 @@ class _SolveRecord:
             values.append(mean.float())
 
 
+def _is_graph_export() -> bool:
+    """True while a graph is recorded for export: torch.export (so `torch.onnx.export(dynamo=True)`) or the JIT
+    tracer of the legacy `torch.onnx.export(dynamo=False)`, which would bake a host read's value into the graph."""
+    return torch.compiler.is_exporting() or torch.jit.is_tracing()
+
+
 def _eliminate(matrix: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     """x with `matrix @ x = rhs`, `matrix` (B, h, h) symmetric positive definite, `rhs` (B, h, k): Gauss-Jordan
     elimination without pivoting (stable for such a matrix), unrolled over the small h, in ops every exporter has."""
@@ -947,14 +969,15 @@ class _AndersonMixing:
         history = gram.shape[-1]
         # Tikhonov term relative to the Gram's scale keeps the system solvable when residuals vanish or repeat;
         # 1e-10 is our choice: far below the scale of distinct residuals, far above float64 round-off
-        scale = (
-            gram.diagonal(dim1=1, dim2=2).mean(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
-        )
         eye = torch.eye(history, dtype=gram.dtype, device=gram.device)
+        # the diagonal as row sums of the Gram with zeros off it (exact), since the legacy ONNX exporter writes
+        # `diagonal` of a float64 matrix as a graph onnxruntime refuses; selected, not multiplied by I: inf · 0
+        diagonal = torch.where(eye.bool(), gram, 0.0).sum(-1)
+        scale = diagonal.mean(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
         gram = gram + 1e-10 * scale[..., None] * eye
         ones = gram.new_ones(gram.shape[0], history, 1)
         # ONNX has no linear solve: an exported graph eliminates instead (the same α to float64 rounding)
-        solve = _eliminate if torch.compiler.is_exporting() else torch.linalg.solve
+        solve = _eliminate if _is_graph_export() else torch.linalg.solve
         alpha = solve(gram, ones)  # (B, h, 1)
         alpha = (alpha / alpha.sum(1, keepdim=True)).to(images.dtype).transpose(1, 2)  # (B, 1, h)
         mixed = alpha @ images  # (B, 1, D·D_S)
@@ -1072,7 +1095,7 @@ def _solve(
         # `diverged` changes nowhere after the last step's read, so no read after the loop is needed. An exported
         # graph can hold no data-dependent exit: it runs all num_steps, where `active` keeps every stopped
         # sample's state and answer as they were, and cannot warn of a divergence
-        if not torch.compiler.is_exporting():
+        if not _is_graph_export():
             going_on, any_diverged = torch.stack((active, diverged)).any(1).tolist()
             if not going_on:
                 break

@@ -163,7 +163,7 @@ def test_hyperbf_scope_closed_from_another_thread_leaves_its_opener_uncached_and
     """A streaming response's generator holds `cached_centers` open and is resumed on another pool thread
     (`concurrent.futures`, `run_in_executor`: no context copied), so its scope closes in a thread other than the
     one that opened it. Afterwards the opening thread's forwards reuse nothing (they see a `.data` write) and its
-    leftover count keeps no dropped model alive."""
+    leftover token keeps no dropped model alive."""
     model, x = hyperbf(), pixels(3)
     opener, closer = (concurrent.futures.ThreadPoolExecutor(max_workers=1) for _ in range(2))
 
@@ -193,6 +193,52 @@ def test_hyperbf_scope_closed_from_another_thread_leaves_its_opener_uncached_and
     finally:
         opener.shutdown()
         closer.shutdown()
+
+
+def test_hyperbf_scope_closed_from_a_thread_inside_its_own_scope_ends_the_right_one():
+    """The pool thread that closes another thread's streaming scope has a scope of its own open (a second
+    streaming response): the closed scope ends for its opener, whose forwards then see a `.data` write, and the
+    closing thread keeps reusing the centers inside its own scope."""
+    model, x = hyperbf(), pixels(3)
+    layers = len(feedforwards(model))
+    opener, closer = (concurrent.futures.ThreadPoolExecutor(max_workers=1) for _ in range(2))
+
+    def stream():
+        with model.cached_centers():
+            logits(model, x)
+            yield hyperbf_state(model)
+
+    own = model.cached_centers()
+    try:
+        response = stream()
+        inside = opener.submit(next, response).result(WAIT)
+        assert inside == [(True, 1)] * layers, f"the opener inside its scope: {inside}"
+        closer.submit(own.__enter__).result(WAIT)
+        closer.submit(response.close).result(WAIT)
+        states = {
+            "closer, inside its own scope": closer.submit(hyperbf_state, model).result(WAIT),
+            "opener, its scope closed": opener.submit(hyperbf_state, model).result(WAIT),
+        }
+        # the cache stays for the closer's scope, which uses it; the opener's forwards no longer do
+        expected = {
+            "closer, inside its own scope": [(True, 1)] * layers,
+            "opener, its scope closed": [(False, 1)] * layers,
+        }
+        assert states == expected, f"got {states}, expected {expected}"
+        before = opener.submit(logits, model, x).result(WAIT)
+        write_centers_through_data(model)
+        got = opener.submit(logits, model, x).result(WAIT)
+        reference = hyperbf()
+        reference.load_state_dict(model.state_dict())
+        assert_equal(
+            got, logits(reference, x), "the opener's forward after a .data write, the closer's scope open"
+        )
+        assert not torch.equal(got, before), "the write changed nothing: the check above proves nothing"
+    finally:
+        closer.submit(own.__exit__, None, None, None).result(WAIT)
+        opener.shutdown()
+        closer.shutdown()
+    assert hyperbf_state(model) == [(False, 0)] * layers, f"after both scopes: {hyperbf_state(model)}"
 
 
 def test_hyperbf_scopes_of_one_thread_closed_out_of_order_leave_nothing_cached():

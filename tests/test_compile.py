@@ -26,6 +26,7 @@ from fixtures import (
     tiny_mim_model,
 )
 
+import energyformers
 from energyformers import HyperSetForImageClassification, HyperSetForSequenceClassification
 from energyformers.modeling.modeling_hyperset import ALL_ATTENTION_FUNCTIONS
 
@@ -67,6 +68,44 @@ def test_torch_export_matches_eager(case):
     for seed in (0, 1):
         inputs = case.inputs(seed=seed)
         torch.testing.assert_close(main_output(program.module()(**inputs)), main_output(model(**inputs)))
+
+
+class TorchCalls(torch.overrides.TorchFunctionMode):
+    """Records the name of every torch function an eager forward calls (before any decomposition, as export's
+    graph names them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+# ops that tell the plain weight path from the one for wrapped or quantized Linears: Hyper-SET's tied Wᵀ built as
+# module(I) − module(0) (`eye`), HyperBF's values folded into an attention call (`scaled_dot_product`: one more
+# per layer than on the explicit path)
+PATH_OPS = ("eye", "scaled_dot_product")
+
+
+@pytest.mark.parametrize(
+    "model_class", ["HyperSetForSequenceClassification", "HyperBFForSequenceClassification"]
+)
+def test_non_strict_export_of_a_plain_model_takes_the_plain_weight_path(model_class):
+    """Non-strict `torch.export` (what `torch.onnx.export(dynamo=True)` runs) traces with FakeTensor parameters:
+    a plain Linear is still read as a tensor, so the program runs the ops the eager forward runs."""
+    case = Case.of(getattr(energyformers, model_class))
+    model, inputs = build(case.build(attn_implementation="sdpa")), case.inputs()
+    with torch.no_grad(), TorchCalls() as eager:
+        model(**inputs)
+    program = torch.export.export(model, (), inputs)
+    exported = [str(node.target) for node in program.graph.nodes if node.op == "call_function"]
+    counts = {
+        op: (sum(op in name for name in eager.names), sum(op in name for name in exported)) for op in PATH_OPS
+    }
+    assert all(a == b for a, b in counts.values()), f"{model_class}: (eager, exported) op counts {counts}"
+    assert counts["eye"][0] == 0, f"{model_class}: the eager forward of a plain model builds Wᵀ: {counts}"
 
 
 @pytest.mark.slow

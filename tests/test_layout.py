@@ -40,6 +40,8 @@ def test_shared_helpers_are_identical_in_every_modeling_file():
         "eager_attention_forward",
         "load_naming_unreadable_file",
         "pool_tokens",
+        "is_dispatched",
+        "is_plain_linear",
     )
     for name in ("_check_inputs", *shared):
         assert f"def {name}(" in reference, f"{name} is not in the shared-helpers block"

@@ -241,6 +241,17 @@ def test_search_noise_depends_on_the_trajectory_and_position_only():
     assert_differs(long[1:], noise(8, 4, 13, 16, 5, cpu)[1:], "seeds 7 and 8")
 
 
+def test_search_noise_is_float32_under_another_default_dtype():
+    """The docstring's float32 for every trajectory, the zero one included, whatever `torch.set_default_dtype`."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        noise = modeling_hyperset._search_noise(7, 3, 6, 4, 5, torch.device("cpu"))
+    finally:
+        torch.set_default_dtype(default)
+    assert noise.dtype == torch.float32, f"search noise dtype {noise.dtype} under default float64"
+
+
 def test_pipeline_search_labels_do_not_depend_on_its_batch_size():
     """The text pipeline with a seeded search gives every text the same label and scores at batch_size 1 and 8."""
     from transformers import pipeline
