@@ -1,9 +1,9 @@
 """`energyformers train-accelerate`: the same training as `energyformers train`, as a plain Accelerate loop.
 
 For users who write their own loops: `Accelerator` with mixed precision and `save_state`/`load_state` checkpoints,
-and gradient accumulation over windows whose labels are counted first (`train_window`), as `Trainer` does. The flags (`training/arguments.py`), the model and data
-(`training/setup.py`), the schedule and loss (`training/optimization.py`) and the finished folder
-(`training/run_folder.py`) are those of the Trainer CLI.
+and gradient accumulation over windows whose labels are counted first (`train_step`), as `Trainer` does. The
+flags (`training/arguments.py`), the model and data (`training/setup.py`), the schedule and loss
+(`training/optimization.py`) and the finished folder (`training/run_folder.py`) are those of the Trainer CLI.
 
     energyformers train-accelerate --dataset digits --output_dir runs/acc-digits
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no \\
@@ -170,7 +170,7 @@ class LoopState:
 
 def make_accelerator(run_args: RunArguments) -> Accelerator:
     """The `Accelerator` of the run: precision from the flags; the scheduler is ours to step, and so is gradient
-    accumulation (`train_window`: its loss is normalised over the whole window, which `accelerator.backward`'s
+    accumulation (`train_step`: its loss is normalised over the whole window, which `accelerator.backward`'s
     division by the accumulation steps would undo)."""
     import torch
     from accelerate import Accelerator, DataLoaderConfiguration
@@ -420,7 +420,7 @@ def accumulation_windows(batches: Iterable[Any], size: int) -> Iterator[list[Any
         yield window
 
 
-def train_window(parts: LoopParts, window: list[dict[str, Any]], counts_items: bool) -> Any:
+def train_step(parts: LoopParts, window: list[dict[str, Any]], counts_items: bool) -> Any:
     """Forward and backward of the micro-batches of one accumulation window, then the optimizer step. Returns the
     window's loss (a detached scalar; its mean over the processes is the window's loss).
 
@@ -500,7 +500,7 @@ def train(parts: LoopParts, state: LoopState, stop: StopRequest) -> None:
     while state.step < schedule.total_steps and not stop.agreed:
         batches = epoch_batches(parts, state.step)
         for window in accumulation_windows(batches, run_args.gradient_accumulation_steps):
-            state.running += train_window(parts, window, counts_items)
+            state.running += train_step(parts, window, counts_items)
             # the rate this step used (what Trainer logs), before the scheduler moves on
             learning_rate = parts.scheduler.get_last_lr()[0]
             parts.scheduler.step()
