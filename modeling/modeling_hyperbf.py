@@ -609,6 +609,34 @@ def is_plain_linear(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) and type(module.weight) in plain
 
 
+def head_loss(
+    head: PreTrainedModel,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    per_token: bool = False,
+) -> torch.Tensor:
+    """The loss of a head's `logits` by `config.problem_type` (transformers' `loss_function` for the head's class
+    name; its token-classification loss takes (logits, labels), the others (labels, logits)).
+
+    Without `num_items_in_batch`: the mean over this batch's labels (≠ −100). With it (what `Trainer` passes, the
+    count of labels ≠ −100 over the whole gradient-accumulation window, and over the processes with
+    `average_tokens_across_devices`): their sum divided by it, so the micro-batches' losses add up to the loss of the
+    whole batch. transformers' regression (MSE) and multi-label (BCE) losses return a mean whatever the count says:
+    that mean is rescaled to the sum over this batch's labels, which are what `Trainer` counts for them."""
+    config = head.config
+    if num_items_in_batch is None:
+        return head.loss_function(*((logits, labels) if per_token else (labels, logits)), config)
+    if per_token:
+        return head.loss_function(logits, labels, config, num_items_in_batch=num_items_in_batch)
+    loss = head.loss_function(labels, logits, config, num_items_in_batch=num_items_in_batch)
+    if config.problem_type in ("regression", "multi_label_classification"):  # set by the call above
+        if isinstance(num_items_in_batch, torch.Tensor):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss = loss * labels.numel() / num_items_in_batch
+    return loss
+
+
 # --- end of shared helpers ---
 
 
@@ -1233,15 +1261,24 @@ class HyperBFHead(HyperBFPreTrainedModel):
         )
         self.post_init()
 
+    # `Trainer` passes `num_items_in_batch` (forward takes it by name, not through **kwargs, so a misspelt argument
+    # stays an error) and leaves the gradient-accumulation scaling to the loss
+    accepts_loss_kwargs = True
+
     def classify(
-        self, labels: torch.Tensor | None, return_dict: bool | None, **backbone_inputs: object
+        self,
+        labels: torch.Tensor | None,
+        return_dict: bool | None,
+        num_items_in_batch: torch.Tensor | int | None = None,
+        **backbone_inputs: object,
     ) -> ModelOutput | tuple:
         """The backbone on `backbone_inputs`, the classifier on its pooled token, the loss of `labels` by
-        `config.problem_type` (transformers' `loss_function` for this head's class name)."""
+        `config.problem_type` (transformers' `loss_function` for this head's class name), normalised by
+        `num_items_in_batch` when given (`head_loss`)."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
         outputs = self.hyperbf(**backbone_inputs, return_dict=True)
         logits = self.classifier(outputs.pooler_output)
-        loss = None if labels is None else self.loss_function(labels, logits, self.config)
+        loss = None if labels is None else head_loss(self, logits, labels, num_items_in_batch)
         output = self._output_class(
             loss=loss,
             logits=logits,
@@ -1265,11 +1302,18 @@ class HyperBFForImageClassification(HyperBFHead):
         output_rbf_weights: bool | None = None,
         return_dict: bool | None = None,
         interpolate_pos_encoding: bool | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
     ) -> HyperBFImageClassifierOutput | tuple:
-        """Images `(B, C, H, W)` → logits `(B, num_labels)`, loss with `labels`; rest as `HyperBFModel`'s."""
+        r"""Images `(B, C, H, W)` → logits `(B, num_labels)`, loss with `labels`; rest as `HyperBFModel`'s.
+
+        num_items_in_batch (`torch.Tensor` or `int`, *optional*):
+            What `Trainer` passes: the number of labels ≠ −100 over the whole gradient-accumulation window; the
+            summed loss is divided by it instead of taking this batch's mean (`head_loss`).
+        """
         return self.classify(
             labels,
             return_dict,
+            num_items_in_batch,
             pixel_values=pixel_values,
             interpolate_pos_encoding=interpolate_pos_encoding,
             output_attentions=output_attentions,
@@ -1299,14 +1343,18 @@ class HyperBFForSequenceClassification(HyperBFHead):
         output_rbf_weights: bool | None = None,
         return_dict: bool | None = None,
         position_ids: torch.Tensor | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
     ) -> HyperBFSequenceClassifierOutput | tuple:
         r"""
         position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
             As `HyperBFModel.forward`'s: the row of the position table each token takes (None: 0..N−1).
+        num_items_in_batch (`torch.Tensor` or `int`, *optional*):
+            As `HyperBFForImageClassification.forward`'s.
         """
         return self.classify(
             labels,
             return_dict,
+            num_items_in_batch,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,

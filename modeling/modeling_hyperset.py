@@ -703,6 +703,34 @@ def is_plain_linear(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) and type(module.weight) in plain
 
 
+def head_loss(
+    head: PreTrainedModel,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    per_token: bool = False,
+) -> torch.Tensor:
+    """The loss of a head's `logits` by `config.problem_type` (transformers' `loss_function` for the head's class
+    name; its token-classification loss takes (logits, labels), the others (labels, logits)).
+
+    Without `num_items_in_batch`: the mean over this batch's labels (≠ −100). With it (what `Trainer` passes, the
+    count of labels ≠ −100 over the whole gradient-accumulation window, and over the processes with
+    `average_tokens_across_devices`): their sum divided by it, so the micro-batches' losses add up to the loss of the
+    whole batch. transformers' regression (MSE) and multi-label (BCE) losses return a mean whatever the count says:
+    that mean is rescaled to the sum over this batch's labels, which are what `Trainer` counts for them."""
+    config = head.config
+    if num_items_in_batch is None:
+        return head.loss_function(*((logits, labels) if per_token else (labels, logits)), config)
+    if per_token:
+        return head.loss_function(logits, labels, config, num_items_in_batch=num_items_in_batch)
+    loss = head.loss_function(labels, logits, config, num_items_in_batch=num_items_in_batch)
+    if config.problem_type in ("regression", "multi_label_classification"):  # set by the call above
+        if isinstance(num_items_in_batch, torch.Tensor):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss = loss * labels.numel() / num_items_in_batch
+    return loss
+
+
 # --- end of shared helpers ---
 
 
@@ -2235,11 +2263,13 @@ def _supervision_step(
     backbone_inputs: dict,
     draw: int | None,
     requested_states: bool,
+    num_items_in_batch: torch.Tensor | int | None = None,
 ) -> tuple[ModelOutput, torch.Tensor, torch.Tensor | None]:
     """One backbone call of T iterations (`backbone_inputs` name the T), the head on its last state, and the loss of
     `labels`: in training with `config.deep_supervision` other than `"last"` the weighted mean of the losses of the
     head on the states after the supervised iterations of the last layer (`supervised_iterations`, `draw` seeding a
-    random subset), else the loss of the returned logits alone."""
+    random subset), else the loss of the returned logits alone; each loss normalised by `num_items_in_batch` when
+    given (`head_loss`)."""
     config = head.config
     beyond_last = config_choice(
         config,
@@ -2255,7 +2285,7 @@ def _supervision_step(
     if labels is None:
         return outputs, logits, None
     if not supervise:
-        return outputs, logits, head._loss(logits, labels)
+        return outputs, logits, head._loss(logits, labels, num_items_in_batch)
     states, num_layers = outputs.hidden_states, len(backbone.layers)
     num_iterations = (len(states) - 1) // num_layers
     attention_mask = backbone_inputs.get("attention_mask")
@@ -2264,11 +2294,12 @@ def _supervision_step(
     losses = []
     for t in chosen:
         if t == num_iterations:
-            losses.append(head._loss(logits, labels))  # the returned logits: the head is not applied twice
+            # the returned logits: the head is not applied twice
+            losses.append(head._loss(logits, labels, num_items_in_batch))
             continue
         state = states[(num_layers - 1) * num_iterations + t]  # after iteration t of the last layer
         features = state if head._per_token else backbone._pool(state, keep)
-        losses.append(head._loss(head.classifier(head.layernorm(features)), labels))
+        losses.append(head._loss(head.classifier(head.layernorm(features)), labels, num_items_in_batch))
     # the weights as Python numbers: a weight tensor would be copied to the device at every step (a host sync)
     weights = supervision_weights(config, chosen)
     loss = torch.stack([weight * term for weight, term in zip(weights, losses)]).sum()
@@ -2325,6 +2356,7 @@ def classify_with_deep_supervision(
     labels: torch.Tensor | None,
     backbone_inputs: dict,
     halting_threshold: float | None = None,
+    num_items_in_batch: torch.Tensor | int | None = None,
 ) -> tuple[ModelOutput, torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor | None]]:
     """(backbone outputs, logits, loss, step fields) of a recurrent-depth head (`HyperSetHead`,
     `LoopedTransformerHead`) over `config.supervision_steps` S outer steps of T iterations.
@@ -2333,7 +2365,9 @@ def classify_with_deep_supervision(
     Step s + 1 starts (`initial_state`) from the state step s ended in, detached; `backbone_inputs` may hold an
     `initial_state` for step 1. Each step's loss is `_supervision_step`'s (deep supervision inside the step; step s
     of forward number n draws its random subset with index n·S + s); the training loss is the mean over steps,
-    plus `halting_loss_weight` × the mean over steps of the halting head's BCE (`halting_targets`). In eval mode the
+    plus `halting_loss_weight` × the mean over steps of the halting head's BCE (`halting_targets`; `_halting_step`
+    weighs its samples). Every loss is normalised by `num_items_in_batch` when given (`head_loss`), so the losses of
+    the micro-batches of a gradient-accumulation window add up to that of the whole batch. In eval mode the
     loss is that of the returned logits. With the halting head in eval mode a sample stops after the first step
     whose halting probability exceeds `halting_threshold` (default 0.5) and leaves the batch (no further compute).
 
@@ -2346,6 +2380,8 @@ def classify_with_deep_supervision(
     config = head.config
     steps = config.supervision_steps
     halting = getattr(head, "halting_classifier", None)
+    if head.training and labels is None:
+        warn_training_losses_need_labels(head)
     threshold, stop_early, requested_states = _check_outer_steps_call(
         head, backbone_inputs, halting_threshold
     )
@@ -2374,7 +2410,7 @@ def classify_with_deep_supervision(
             step_inputs["initial_state"] = carry
         draw = first_draw * steps + step if random_subset else None
         step_outputs, step_logits, loss = _supervision_step(
-            head, backbone, step_labels, step_inputs, draw, requested_states
+            head, backbone, step_labels, step_inputs, draw, requested_states, num_items_in_batch
         )
         if used is not None:
             used = used.to(step_logits.device)
@@ -2390,7 +2426,15 @@ def classify_with_deep_supervision(
         if halting is None:
             continue
         probability, halting_loss = _halting_step(
-            head, backbone, step_inputs, step_outputs, step_logits, step_labels, active, batch
+            head,
+            backbone,
+            step_inputs,
+            step_outputs,
+            step_logits,
+            step_labels,
+            active,
+            batch,
+            num_items_in_batch,
         )
         probabilities.append(probability)
         if halting_loss is not None:
@@ -2410,8 +2454,33 @@ def classify_with_deep_supervision(
         if halting_losses:
             loss = loss + config.halting_loss_weight * torch.stack(halting_losses).mean()
     else:
-        loss = None if labels is None else head._loss(logits, labels)
+        loss = None if labels is None else head._loss(logits, labels, num_items_in_batch)
     return merged, logits, loss, _step_fields(steps, halting is not None, used, probabilities, batch)
+
+
+def warn_training_losses_need_labels(head: PreTrainedModel) -> None:
+    """Warn once when a head called in training mode without `labels` has losses that only its `forward` computes:
+    deep supervision, supervision steps, the halting head. A loss taken outside from `logits` (the last iteration's
+    of the last step) has none of them."""
+    config = head.config
+    beyond_last = config_choice(
+        config,
+        "deep_supervision",
+        {name: name != "last" for name in HyperSetConfig.choices["deep_supervision"]},
+    )
+    asked = [
+        *([f"deep_supervision={config.deep_supervision!r}"] if beyond_last else []),
+        *([f"supervision_steps={config.supervision_steps}"] if config.supervision_steps > 1 else []),
+        *(["halting_head=True"] if config.halting_head else []),
+    ]
+    if asked:
+        logger.warning_once(
+            f"{type(head).__name__} runs in training mode without labels, and its config asks for "
+            f"{', '.join(asked)}: those losses only exist when `labels` reach forward, which then returns them in "
+            "`loss`. A loss computed outside from `logits` (the last iteration's, of the last step) leaves them out. "
+            "The usual cause is transformers' Trainer with `label_smoothing_factor` > 0 or a `compute_loss_func`, "
+            "which take `labels` out of the inputs."
+        )
 
 
 def _check_outer_steps_call(
@@ -2486,9 +2555,16 @@ def _halting_step(
     step_labels: torch.Tensor | None,
     active: torch.Tensor | None,
     batch: int,
+    num_items_in_batch: torch.Tensor | int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The halting head after one outer step run on the samples `active` (None: all): the halting probability of
-    every sample `(B,)` (NaN for those that did not run) and, with labels, its BCE loss on `halting_targets`."""
+    every sample `(B,)` (NaN for those that did not run) and, with labels, its BCE loss on `halting_targets`.
+
+    The BCE is per sample. Without `num_items_in_batch` the loss is its mean over the batch. With it, each sample's
+    BCE weighs as many items as the sample has labels ≠ −100 (the items `Trainer` counts), and the weighted sum is
+    divided by `num_items_in_batch`, so the micro-batches of a gradient-accumulation window add up to the whole
+    batch: pooled heads give every sample one item (the mean over the window's samples), per-token heads weigh a
+    sample by its supervised tokens (a Sudoku board by its blank cells)."""
     mask = step_inputs.get("attention_mask")
     pooled = backbone._pool(step_outputs.last_hidden_state, None if mask is None else mask.bool())
     halting_logits = head.halting_classifier(head.layernorm(pooled)).squeeze(-1)  # (A,)
@@ -2498,7 +2574,14 @@ def _halting_step(
     if step_labels is None:
         return probability, None
     target = halting_targets(head, step_logits, step_labels)
-    return probability, F.binary_cross_entropy_with_logits(halting_logits.float(), target.float())
+    if num_items_in_batch is None:
+        return probability, F.binary_cross_entropy_with_logits(halting_logits.float(), target.float())
+    labels = step_labels.to(halting_logits.device)
+    items = (labels.reshape(len(labels), -1) != -100).sum(-1)  # (A,): (A, ...) → (A, N·...) → (A,)
+    per_sample = F.binary_cross_entropy_with_logits(halting_logits.float(), target.float(), reduction="none")
+    if isinstance(num_items_in_batch, torch.Tensor):
+        num_items_in_batch = num_items_in_batch.to(per_sample.device)
+    return probability, (per_sample * items).sum() / num_items_in_batch
 
 
 def _step_fields(
@@ -2666,6 +2749,7 @@ def classify_with_search(
     seed: int | None,
     selector: str,
     halting_threshold: float | None = None,
+    num_items_in_batch: torch.Tensor | int | None = None,
 ) -> tuple[ModelOutput, torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor | None]]:
     """Test-time search (eval mode): `trajectories` K runs of every input in one batched forward of K·B, each from
     its own start x₀ + σ·rms(x₀)·ε (ε ~ N(0, I) per token and channel, σ = `noise`, rms over each token's channels;
@@ -2740,7 +2824,7 @@ def classify_with_search(
     outputs = _pick(outputs, chosen, trajectories)
     logits = _pick(logits, chosen, trajectories)
     fields = {name: _pick(value, chosen, trajectories) for name, value in fields.items()}
-    loss = None if labels is None else head._loss(logits, labels)
+    loss = None if labels is None else head._loss(logits, labels, num_items_in_batch)
     fields.update(
         search_chosen=chosen,
         search_energies=energies,
@@ -2769,6 +2853,7 @@ def run_head(
     search_noise: float | None = None,
     search_seed: int | None = None,
     search_selector: str | None = None,
+    num_items_in_batch: torch.Tensor | int | None = None,
 ) -> tuple[ModelOutput, torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor | None]]:
     """A head's call: test-time search when `search_trajectories` is given (`classify_with_search`; the selector
     defaults to `"energy"` for Hyper-SET, `"confidence"` for the baseline, which has no energy), else the outer
@@ -2784,7 +2869,9 @@ def run_head(
             if value is not None
         }
         refuse_search_without_trajectories(given)
-        return classify_with_deep_supervision(head, backbone, labels, backbone_inputs, halting_threshold)
+        return classify_with_deep_supervision(
+            head, backbone, labels, backbone_inputs, halting_threshold, num_items_in_batch
+        )
     if search_selector is None:
         search_selector = "energy" if isinstance(backbone, HyperSetModel) else "confidence"
     return classify_with_search(
@@ -2797,6 +2884,7 @@ def run_head(
         search_seed,
         search_selector,
         halting_threshold,
+        num_items_in_batch,
     )
 
 
@@ -2809,6 +2897,9 @@ class RecurrentDepthHeadMixin:
     _per_token = False
     _output_class: type[ModelOutput]
     _backbone_output_fields: tuple[str, ...] = ()
+    # `Trainer` passes `num_items_in_batch` (forward takes it by name, not through **kwargs, so a misspelt argument
+    # stays an error) and leaves the gradient-accumulation scaling to the loss
+    accepts_loss_kwargs = True
 
     def classify(
         self,
@@ -2819,6 +2910,7 @@ class RecurrentDepthHeadMixin:
         search_noise: float | None = None,
         search_seed: int | None = None,
         search_selector: str | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
         **backbone_inputs: object,
     ) -> ModelOutput | tuple:
         """The backbone on `backbone_inputs`, the classifier on its pooled token (or every token), the loss of
@@ -2842,6 +2934,7 @@ class RecurrentDepthHeadMixin:
             search_noise,
             search_seed,
             search_selector,
+            num_items_in_batch,
         )
         output = self._output_class(
             loss=loss,
@@ -2878,11 +2971,15 @@ class RecurrentDepthHeadMixin:
         selector = ("energy" if has_energy else "confidence") if selector is None else selector
         check_search_arguments(trajectories, 0.0 if noise is None else noise, seed, selector, has_energy)
 
-    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The loss of `logits` by `config.problem_type`; transformers' token-classification loss takes (logits,
-        labels), the others (labels, logits)."""
-        arguments = (logits, labels) if self._per_token else (labels, logits)
-        return self.loss_function(*arguments, self.config)
+    def _loss(
+        self,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor:
+        """The loss of `logits` by `config.problem_type`, normalised by `num_items_in_batch` when given
+        (`head_loss`)."""
+        return head_loss(self, logits, labels, num_items_in_batch, self._per_token)
 
     def _build_head(self, config: PreTrainedConfig) -> None:
         """The modules after the backbone, one structure for both models so a side-by-side pair differs in the trunk
@@ -2944,6 +3041,7 @@ class HyperSetForImageClassification(HyperSetHead):
         search_seed: int | None = None,
         search_selector: str | None = None,
         interpolate_pos_encoding: bool | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
     ) -> HyperSetImageClassifierOutput | tuple:
         r"""
         halting_threshold (`float`, *optional*):
@@ -2963,6 +3061,10 @@ class HyperSetForImageClassification(HyperSetHead):
             Resample the position table bicubically to the patch grid of the input (another
             resolution, a multiple of `patch_size`), the CLS position unchanged, as ViT's argument. Without it an
             input of another size than `config.image_size` is refused.
+        num_items_in_batch (`torch.Tensor` or `int`, *optional*):
+            What `Trainer` passes: the number of labels ≠ −100 over the whole gradient-accumulation window (and the
+            processes, with `average_tokens_across_devices`). Every loss is then summed and divided by it, so the
+            micro-batches' losses add up to the whole batch's. None: the mean over this batch.
         """
         return self.classify(
             labels,
@@ -2972,6 +3074,7 @@ class HyperSetForImageClassification(HyperSetHead):
             search_noise,
             search_seed,
             search_selector,
+            num_items_in_batch,
             pixel_values=pixel_values,
             num_iterations=num_iterations,
             backprop_iterations=backprop_iterations,
@@ -3011,10 +3114,12 @@ class HyperSetSequenceHead(HyperSetHead):
         search_seed: int | None = None,
         search_selector: str | None = None,
         position_ids: torch.Tensor | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
     ) -> HyperSetSequenceClassifierOutput | HyperSetTokenClassifierOutput | tuple:
         r"""
-        The depth arguments, `halting_threshold` and the `search_*` arguments of test-time search are those of
-        `HyperSetForImageClassification.forward`; `position_ids` is that of `HyperSetModel.forward`.
+        The depth arguments, `halting_threshold`, the `search_*` arguments of test-time search and
+        `num_items_in_batch` are those of `HyperSetForImageClassification.forward`; `position_ids` is that of
+        `HyperSetModel.forward`.
         """
         return self.classify(
             labels,
@@ -3024,6 +3129,7 @@ class HyperSetSequenceHead(HyperSetHead):
             search_noise,
             search_seed,
             search_selector,
+            num_items_in_batch,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
@@ -3110,6 +3216,7 @@ class MaskedImageModelingMixin:
     code_head: nn.Linear
     _output_class: type[MaskedLMOutput]
     _backbone_output_fields: tuple[str, ...] = ()
+    accepts_loss_kwargs = True  # `num_items_in_batch`, as `RecurrentDepthHeadMixin`'s
 
     def _build_code_head(self, config: PreTrainedConfig) -> None:
         """The modules after the backbone: the classifier norm (`classifier_norm`) → Linear(d, K) (bias:
@@ -3121,14 +3228,19 @@ class MaskedImageModelingMixin:
         self.code_head = nn.Linear(config.hidden_size, config.vocab_size - 1, bias=config.classifier_bias)
 
     def predict_codes(
-        self, labels: torch.Tensor | None, return_dict: bool | None, **backbone_inputs: object
+        self,
+        labels: torch.Tensor | None,
+        return_dict: bool | None,
+        num_items_in_batch: torch.Tensor | int | None = None,
+        **backbone_inputs: object,
     ) -> MaskedLMOutput | tuple:
         """The backbone on `backbone_inputs`, logits `(B, N, K)` over the codes at every position, and the masked
-        cross-entropy of `labels`: what each head's `forward` hands over, as the classification heads' `classify`."""
+        cross-entropy of `labels` (`_masked_loss`): what each head's `forward` hands over, as the classification
+        heads' `classify`."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
         outputs = getattr(self, self.base_model_prefix)(**backbone_inputs, return_dict=True)
         logits = self.code_head(self.layernorm(outputs.last_hidden_state))  # (B, N, K)
-        loss = None if labels is None else self._masked_loss(logits, labels)
+        loss = None if labels is None else self._masked_loss(logits, labels, num_items_in_batch)
         output = self._output_class(
             loss=loss,
             logits=logits,
@@ -3248,8 +3360,15 @@ class MaskedImageModelingMixin:
             confidences=torch.stack(confidence_steps),
         )
 
-    def _masked_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over the positions whose label is not −100 (in float32 at least)."""
+    def _masked_loss(
+        self,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor:
+        """Cross-entropy (in float32 at least) summed over the positions whose label is not −100, divided by their
+        number, or by `num_items_in_batch` when given (`Trainer`'s count of those positions over a
+        gradient-accumulation window, so its micro-batches' losses add up to the whole batch's)."""
         if labels.shape != logits.shape[:2]:
             raise ValueError(
                 f"labels must have the shape of input_ids, {tuple(logits.shape[:2])}; got {tuple(labels.shape)}."
@@ -3266,7 +3385,10 @@ class MaskedImageModelingMixin:
         losses = F.cross_entropy(
             logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="none"
         )
-        counted = (labels != -100).sum()
+        if num_items_in_batch is not None:
+            counted = torch.as_tensor(num_items_in_batch, device=losses.device)
+        else:
+            counted = (labels != -100).sum()
         # a batch without masked positions has loss 0 (not the NaN of a mean over nothing)
         return losses.sum() / counted.clamp_min(1)
 
@@ -3312,15 +3434,20 @@ class HyperSetForMaskedImageModeling(MaskedImageModelingMixin, HyperSetPreTraine
         output_hidden_states: bool | None = None,
         output_energies: bool | None = None,
         return_dict: bool | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
     ) -> HyperSetMaskedImageModelingOutput | tuple:
         r"""
         labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
             The true code of every position where the loss is taken (the masked ones), −100 elsewhere; the loss is
             the mean cross-entropy over those positions (0 where there are none).
+        num_items_in_batch (`torch.Tensor` or `int`, *optional*):
+            What `Trainer` passes: the number of those positions over the whole gradient-accumulation window; the
+            summed cross-entropy is divided by it instead (`_masked_loss`).
         """
         return self.predict_codes(
             labels,
             return_dict,
+            num_items_in_batch,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,

@@ -318,9 +318,10 @@ class LoopedTransformerForImageClassification(LoopedTransformerHead):
         search_seed: int | None = None,
         search_selector: str | None = None,
         interpolate_pos_encoding: bool | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
     ) -> LoopedTransformerImageClassifierOutput | tuple:
         r"""
-        halting_threshold, the `search_*` arguments and `interpolate_pos_encoding`: as
+        halting_threshold, the `search_*` arguments, `interpolate_pos_encoding` and `num_items_in_batch`: as
         `HyperSetForImageClassification.forward` (the baseline has no energy: the selector defaults to
         `"confidence"`, and `"energy"` is refused).
         """
@@ -332,6 +333,7 @@ class LoopedTransformerForImageClassification(LoopedTransformerHead):
             search_noise,
             search_seed,
             search_selector,
+            num_items_in_batch,
             pixel_values=pixel_values,
             num_iterations=num_iterations,
             backprop_iterations=backprop_iterations,
@@ -365,9 +367,11 @@ class LoopedTransformerSequenceHead(LoopedTransformerHead):
         search_seed: int | None = None,
         search_selector: str | None = None,
         position_ids: torch.Tensor | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
     ) -> LoopedTransformerSequenceClassifierOutput | LoopedTransformerTokenClassifierOutput | tuple:
         r"""
-        halting_threshold and the `search_*` arguments: as `HyperSetForImageClassification.forward` (the baseline
+        halting_threshold, the `search_*` arguments and `num_items_in_batch`: as
+        `HyperSetForImageClassification.forward` (the baseline
         has no energy: the selector defaults to `"confidence"`, and `"energy"` is refused); `position_ids`: as
         `HyperSetModel.forward`.
         """
@@ -379,6 +383,7 @@ class LoopedTransformerSequenceHead(LoopedTransformerHead):
             search_noise,
             search_seed,
             search_selector,
+            num_items_in_batch,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
@@ -440,6 +445,7 @@ class LoopedTransformerForMaskedImageModeling(MaskedImageModelingMixin, LoopedTr
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
     ) -> MaskedLMOutput | tuple:
         r"""
         labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
@@ -449,10 +455,13 @@ class LoopedTransformerForMaskedImageModeling(MaskedImageModelingMixin, LoopedTr
             Iterations per layer for this call (defaults to `config.num_iterations`).
         backprop_iterations (`int`, *optional*):
             Differentiate only the last k of the L·T iterations (defaults to `config.backprop_iterations`).
+        num_items_in_batch (`torch.Tensor` or `int`, *optional*):
+            As `HyperSetForMaskedImageModeling.forward`'s.
         """
         return self.predict_codes(
             labels,
             return_dict,
+            num_items_in_batch,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,

@@ -1,9 +1,9 @@
 """`energyformers train-accelerate`: the same training as `energyformers train`, as a plain Accelerate loop.
 
-For users who write their own loops: `Accelerator` with gradient accumulation, mixed precision and
-`save_state`/`load_state` checkpoints. The flags (`training/arguments.py`), the model and data
-(`training/setup.py`), the schedule and loss (`training/optimization.py`) and the finished folder
-(`training/run_folder.py`) are those of the Trainer CLI.
+For users who write their own loops: `Accelerator` with mixed precision and `save_state`/`load_state` checkpoints,
+and gradient accumulation over windows whose labels are counted first (`train_step`), as `Trainer` does. The
+flags (`training/arguments.py`), the model and data (`training/setup.py`), the schedule and loss
+(`training/optimization.py`) and the finished folder (`training/run_folder.py`) are those of the Trainer CLI.
 
     energyformers train-accelerate --dataset digits --output_dir runs/acc-digits
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no \\
@@ -17,7 +17,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -169,13 +169,14 @@ class LoopState:
 
 
 def make_accelerator(run_args: RunArguments) -> Accelerator:
-    """The `Accelerator` of the run: accumulation and precision from the flags; the scheduler is ours to step."""
+    """The `Accelerator` of the run: precision from the flags; the scheduler is ours to step, and so is gradient
+    accumulation (`train_step`: its loss is normalised over the whole window, which `accelerator.backward`'s
+    division by the accumulation steps would undo)."""
     import torch
     from accelerate import Accelerator, DataLoaderConfiguration
 
     return Accelerator(
         cpu=not torch.cuda.is_available(),  # required for real multi-process DDP over gloo on a CPU machine
-        gradient_accumulation_steps=run_args.gradient_accumulation_steps,
         mixed_precision=run_args.precision,
         step_scheduler_with_optimizer=False,  # we step the scheduler once per optimizer step ourselves
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),  # same order on resume
@@ -396,21 +397,64 @@ def epoch_batches(parts: LoopParts, step: int) -> Iterable[Any]:
     return batches
 
 
-def train_step(parts: LoopParts, batch: dict[str, Any]) -> Any:
-    """Forward and backward of one micro-batch; the optimizer steps when the accumulation window is complete.
-    Returns the micro-batch's loss."""
+def accepts_loss_kwargs(model: Any) -> bool:
+    """Whether `model`'s forward takes `num_items_in_batch`, decided as `Trainer` decides it: its
+    `accepts_loss_kwargs`, else whether its forward takes `**kwargs`."""
+    import inspect
+
+    if hasattr(model, "accepts_loss_kwargs"):
+        return bool(model.accepts_loss_kwargs)
+    parameters = inspect.signature(model.forward).parameters.values()
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def accumulation_windows(batches: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """`batches` in lists of `size` (the last one of an epoch takes what is left): one optimizer step each."""
+    window = []
+    for batch in batches:
+        window.append(batch)
+        if len(window) == size:
+            yield window
+            window = []
+    if window:
+        yield window
+
+
+def train_step(parts: LoopParts, window: list[dict[str, Any]], counts_items: bool) -> Any:
+    """Forward and backward of the micro-batches of one accumulation window, then the optimizer step. Returns the
+    window's loss (a detached scalar; its mean over the processes is the window's loss).
+
+    `counts_items` (the model takes `num_items_in_batch`, `accepts_loss_kwargs`): as `Trainer`, the labels ≠ −100
+    of the whole window are counted first, over all processes, and every micro-batch's summed loss is divided by
+    that count, so the window gives the loss and gradient of one batch of all its samples (tokens, masked
+    positions); the loss is multiplied by the number of processes, whose gradients DDP averages. Otherwise each
+    micro-batch's mean loss is divided by the window's length."""
+    from contextlib import nullcontext
+
     accelerator, model, run_args = parts.accelerator, parts.model, parts.args.run
-    with accelerator.accumulate(model):
-        if parts.training_loss.active:
-            loss, _ = parts.training_loss(model, batch)
-        else:
-            loss = model(**batch).loss
-        accelerator.backward(loss)  # divides by gradient_accumulation_steps itself
-        if accelerator.sync_gradients and run_args.max_grad_norm > 0:
-            accelerator.clip_grad_norm_(model.parameters(), run_args.max_grad_norm)
-        parts.optimizer.step()  # a no-op until the accumulation window is complete
-        parts.optimizer.zero_grad()
-    return loss
+    count = None
+    if counts_items:
+        local = sum((batch["labels"] != -100).sum() for batch in window)
+        count = accelerator.gather(local).sum()  # a device tensor: no host read
+    total = 0.0
+    for index, batch in enumerate(window):
+        # the gradients are reduced across processes once, with the window's last backward
+        last = index == len(window) - 1
+        with nullcontext() if last else accelerator.no_sync(model):
+            if parts.training_loss.active:
+                loss, _ = parts.training_loss(model, batch, count)
+            elif count is not None:
+                loss = model(**batch, num_items_in_batch=count).loss
+            else:
+                loss = model(**batch).loss
+            loss = loss / len(window) if count is None else loss * accelerator.num_processes
+            accelerator.backward(loss)
+        total = total + loss.detach().float()
+    if run_args.max_grad_norm > 0:
+        accelerator.clip_grad_norm_(model.parameters(), run_args.max_grad_norm)
+    parts.optimizer.step()
+    parts.optimizer.zero_grad()
+    return total
 
 
 def after_optimizer_step(parts: LoopParts, state: LoopState, learning_rate: float, stop: StopRequest) -> None:
@@ -450,14 +494,13 @@ def train(parts: LoopParts, state: LoopState, stop: StopRequest) -> None:
         dynamic_ncols=True,
     )
     parts.model.train()
+    counts_items = accepts_loss_kwargs(parts.unwrapped)
     # `stop.agreed` (the ranks' common answer, `StopRequest.should_stop` after every optimizer step), never a
     # rank's own signal: every rank must leave the loop after the same step
     while state.step < schedule.total_steps and not stop.agreed:
-        for batch in epoch_batches(parts, state.step):
-            loss = train_step(parts, batch)
-            state.running += loss.detach().float() / run_args.gradient_accumulation_steps
-            if not accelerator.sync_gradients:
-                continue
+        batches = epoch_batches(parts, state.step)
+        for window in accumulation_windows(batches, run_args.gradient_accumulation_steps):
+            state.running += train_step(parts, window, counts_items)
             # the rate this step used (what Trainer logs), before the scheduler moves on
             learning_rate = parts.scheduler.get_last_lr()[0]
             parts.scheduler.step()

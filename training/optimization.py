@@ -159,15 +159,25 @@ class TrainingLoss:
             self.label_smoothing = aug.label_smoothing
         self.active = self.augment is not None or self.label_smoothing > 0
 
-    def __call__(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
-        """(mean loss of the batch, model outputs) with the augmented inputs and soft targets."""
+    def __call__(
+        self,
+        model: torch.nn.Module,
+        batch: dict[str, Any],
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> tuple[torch.Tensor, Any]:
+        """(loss of the batch, model outputs) with the augmented inputs and soft targets: the mean over the batch's
+        labels (≠ −100), or with `num_items_in_batch` (those labels counted over the whole accumulation window, as
+        `Trainer` counts them) their sum divided by it, as the models' own loss (`head_loss`)."""
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         labels = batch["labels"]
         if self.augment is not None:
             self.augment.train(model.training)
             inputs["pixel_values"], targets = self.augment(inputs["pixel_values"], labels)
             outputs = model(**inputs)
-            return soft_target_cross_entropy(outputs.logits, targets), outputs
+            loss = soft_target_cross_entropy(outputs.logits, targets)
+            if num_items_in_batch is not None:  # the mean over the batch's images, one label each
+                loss = loss * len(labels) / num_items_in_batch
+            return loss, outputs
         outputs = model(**inputs)
         logits = outputs.logits
         # logits (B, V) or (B, N, V) → (M, V) and labels → (M,), M = B or B·N
@@ -176,7 +186,10 @@ class TrainingLoss:
             labels.reshape(-1),
             ignore_index=-100,
             label_smoothing=self.label_smoothing,
+            reduction="mean" if num_items_in_batch is None else "sum",
         )
+        if num_items_in_batch is not None:
+            loss = loss / num_items_in_batch
         return loss, outputs
 
 

@@ -72,8 +72,6 @@ class RecipeTrainer(Trainer):
         self.step_end_call: tuple[tuple[Any, ...], dict[str, Any]] | None = (
             None  # (`_maybe_log_save_evaluate`)
         )
-        if training_loss.active:
-            self.loss_is_scaled_for_ga = False  # a per-batch mean: Trainer divides by the accumulation steps
 
     def compute_loss(
         self,
@@ -84,7 +82,12 @@ class RecipeTrainer(Trainer):
     ) -> Any:
         if not (self.training_loss.active and model.training):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        loss, outputs = self.training_loss(model, inputs)
+        # normalised by `num_items_in_batch` when Trainer counts it (a model that accepts it, as ours do), as the
+        # model's own loss: Trainer's default `loss_is_scaled_for_ga` then leaves it undivided, else divides the mean
+        loss, outputs = self.training_loss(model, inputs, num_items_in_batch)
+        if num_items_in_batch is not None and self.args.average_tokens_across_devices:
+            # as Trainer.compute_loss: the count spans the processes, whose gradients DDP averages
+            loss = loss * self.accelerator.num_processes
         return (loss, outputs) if return_outputs else loss
 
     def evaluate(
