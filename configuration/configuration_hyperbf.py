@@ -431,6 +431,10 @@ class HyperBFConfig(_CheckedConfig, PreTrainedConfig):
     choices = MappingProxyType(_CHOICES)
     # Generic code (Trainer helpers, benchmarks) may ask for the MLP width; for HyperBF that is K.
     attribute_map = {"intermediate_size": "num_centers"}
+    # The output fields besides `loss` and `logits` that Trainer's `evaluate` / `predict` leave out of the
+    # predictions (its `prediction_step` reads this), so `compute_metrics` gets the logits alone, as with ViT.
+    # A list: Trainer adds `["loss"]` to it.
+    keys_to_ignore_at_inference = ["hidden_states", "attentions", "rbf_diagnostics"]
 
     def __init__(
         self,

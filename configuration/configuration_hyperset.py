@@ -496,6 +496,20 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
     choices = MappingProxyType(_CHOICES)
     # `num_layers`, the name Hyper-SET's specification gives L, reads and sets num_hidden_layers (transformers' aliases)
     attribute_map = {"num_layers": "num_hidden_layers"}
+    # The output fields besides `loss` and `logits` that Trainer's `evaluate` / `predict` leave out of the
+    # predictions (its `prediction_step` reads this), so `compute_metrics` gets the logits alone, as with ViT or
+    # BERT: the heads' outer-step and search fields (with `supervision_steps > 1`, a halting head or test-time
+    # search) and the hidden states / attentions. A list: Trainer adds `["loss"]` to it.
+    keys_to_ignore_at_inference = [
+        "hidden_states",
+        "attentions",
+        "supervision_steps_used",
+        "halting_probabilities",
+        "search_chosen",
+        "search_energies",
+        "search_confidences",
+        "search_valid_boards",
+    ]
 
     def __init__(
         self,
@@ -844,6 +858,12 @@ class HyperSetConfig(RecurrentDepthConfig):
     """
 
     model_type = "hyperset"
+    # as the baseline's (`RecurrentDepthConfig`), and the energy fields Hyper-SET's heads add
+    keys_to_ignore_at_inference = [
+        *RecurrentDepthConfig.keys_to_ignore_at_inference,
+        "energies",
+        "iterations_used",
+    ]
 
     def __init__(
         self,

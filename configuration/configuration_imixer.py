@@ -531,6 +531,10 @@ class IMixerConfig(_CheckedConfig, PreTrainedConfig):
     # models' tables of implementations can be keyed by it instead of repeating the names. Unannotated, as
     # `model_type`: transformers makes every config class a dataclass, which reads the annotations of its body.
     choices = MappingProxyType(_CHOICES)
+    # The output fields besides `loss` and `logits` that Trainer's `evaluate` / `predict` leave out of the
+    # predictions (its `prediction_step` reads this), so `compute_metrics` gets the logits alone, as with ViT.
+    # A list: Trainer adds `["loss"]` to it.
+    keys_to_ignore_at_inference = ["hidden_states", "attentions", "fixed_point_residuals"]
 
     def __init__(
         self,
