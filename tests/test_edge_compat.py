@@ -375,21 +375,18 @@ def test_trainer_predictions_are_the_logits(model_class, input_type, overrides, 
 
 
 @pytest.mark.parametrize(
-    ("overrides", "named", "unnamed"),
+    ("overrides", "refused"),
     [
-        ({"supervision_steps": 2}, ["--supervision_steps 2"], ["--halting_head"]),
-        ({"halting_head": True}, ["--halting_head"], ["--supervision_steps"]),
-        ({"supervision_steps": 3, "halting_head": True}, ["--supervision_steps 3 / --halting_head"], []),
+        ({"supervision_steps": 2}, "--supervision_steps 2"),
+        ({"halting_head": True}, "--halting_head"),
+        ({"supervision_steps": 3, "halting_head": True}, "--supervision_steps 3 / --halting_head"),
     ],
 )
-def test_label_smoothing_refusal_names_only_the_settings_that_are_on(overrides, named, unnamed):
+def test_label_smoothing_refusal_names_only_the_settings_that_are_on(overrides, refused):
     args = parse_arguments(
         ["--output_dir", "x", "--label_smoothing_factor", "0.1"], "energyformers train", ""
     )
     with pytest.raises(UsageError) as error:
         check_supervision_flags(args, hyperset_config("image", **overrides))
-    refused = str(error.value).split(": ")[
-        0
-    ]  # what the message names as refused (its advice names flags too)
-    assert all(name in refused for name in named), str(error.value)
-    assert not any(name in refused for name in unnamed), str(error.value)
+    # what the message names as refused, before its reason and advice (which name flags too)
+    assert str(error.value).startswith(f"{refused}: the batch augmentation"), str(error.value)
