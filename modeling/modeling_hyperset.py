@@ -742,7 +742,7 @@ class HyperSetEmbeddings(nn.Module):
     front, plus the fixed sinusoid laid over the configured grid (bicubically interpolated for other resolutions
     with `interpolate_pos_encoding`, as ViT's learned table). Sequences: token embeddings (or `inputs_embeds`)
     plus a fixed sinusoid, learned positions or a fixed row/column table (`"sincos-2d"`; both for fixed layouts,
-    e.g. Sudoku), at positions 0..N−1 or at the table rows `position_ids` `(B, N)` names. `num_prefix_tokens`
+    e.g. Sudoku), at positions 0..N−1 or at the table rows `position_ids` `(B, N)` (or `(1, N)`) names. `num_prefix_tokens`
     (1 for images, 0 for sequences) is what mean pooling skips.
     Returns `(tokens, keep)`, `keep` the `(B, N)` bool padding mask (None: every token is real).
     """
@@ -811,7 +811,7 @@ class HyperSetEmbeddings(nn.Module):
         tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds.to(dtype)
         _check_length(tokens.shape[1], self.config.max_position_embeddings)
         length = tokens.shape[1]
-        if position_ids is not None:  # (B, N) rows of the table
+        if position_ids is not None:  # (B, N) rows of the table, or one (1, N) row for every sample
             position_ids = _check_position_ids(self.config, position_ids, tokens.shape[:2])
             if self.position_embeddings is not None:
                 return tokens + self.position_embeddings(position_ids), keep
