@@ -742,8 +742,8 @@ class HyperSetEmbeddings(nn.Module):
     front, plus the fixed sinusoid laid over the configured grid (bicubically interpolated for other resolutions
     with `interpolate_pos_encoding`, as ViT's learned table). Sequences: token embeddings (or `inputs_embeds`)
     plus a fixed sinusoid, learned positions or a fixed row/column table (`"sincos-2d"`; both for fixed layouts,
-    e.g. Sudoku), at positions 0..N−1 or at the table rows `position_ids` `(B, N)` (or `(1, N)`) names. `num_prefix_tokens`
-    (1 for images, 0 for sequences) is what mean pooling skips.
+    e.g. Sudoku), at positions 0..N−1 or at the table rows `position_ids` `(B, N)` (or `(1, N)`) names.
+    `num_prefix_tokens` (1 for images, 0 for sequences) is what mean pooling skips.
     Returns `(tokens, keep)`, `keep` the `(B, N)` bool padding mask (None: every token is real).
     """
 
