@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import inspect
 import math
+import numbers
 import os
 from collections.abc import Callable
 from types import MappingProxyType
@@ -26,7 +27,20 @@ from transformers import PreTrainedConfig
 # The block is duplicated rather than shared because each file is copied verbatim into Hub remote code, which may
 # import only the standard library and transformers.
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer: Python's or any other `numbers.Integral` (numpy's, from a sweep over `np.arange`); not a bool, a
+    float of integral value or a tensor. `_validate_config` stores it as Python's (`_python_ints`)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _python_ints(value: Any) -> Any:
+    """`value` with an integer of another type than `int` (numpy's), alone or in a list or tuple (`image_size`),
+    made Python's, which `to_json_string` can write; anything else as it is."""
+    if _is_int(value) and type(value) is not int:
+        return int(value)
+    if isinstance(value, (list, tuple)) and any(_is_int(item) and type(item) is not int for item in value):
+        items = [_python_ints(item) for item in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value
 
 
 def _is_real(value: Any) -> bool:
@@ -96,7 +110,12 @@ def _fields_of(config: PreTrainedConfig, names: tuple[str, ...]) -> list[str]:
 
 
 def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
-    """Check the fields set by `__init__` against the tables, then `num_labels`, then the cross-field rules."""
+    """Check the fields set by `__init__` against the tables, then `num_labels`, then the cross-field rules; integer
+    fields given as numpy integers are stored as Python's first."""
+    for name, value in list(vars(config).items()):
+        converted = _python_ints(value)
+        if converted is not value and not name.startswith("_"):
+            setattr(config, name, converted)
     for name in _fields_of(config, tuple(_CHOICES)):
         value = getattr(config, name)
         _require(config, value in _CHOICES[name], name, value, f"expected one of {list(_CHOICES[name])}")
@@ -412,6 +431,10 @@ class HyperBFConfig(_CheckedConfig, PreTrainedConfig):
     choices = MappingProxyType(_CHOICES)
     # Generic code (Trainer helpers, benchmarks) may ask for the MLP width; for HyperBF that is K.
     attribute_map = {"intermediate_size": "num_centers"}
+    # The output fields besides `loss` and `logits` that Trainer's `evaluate` / `predict` leave out of the
+    # predictions (its `prediction_step` reads this), so `compute_metrics` gets the logits alone, as with ViT.
+    # A list: Trainer adds `["loss"]` to it.
+    keys_to_ignore_at_inference = ["hidden_states", "attentions", "rbf_diagnostics"]
 
     def __init__(
         self,

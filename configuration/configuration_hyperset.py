@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import inspect
 import math
+import numbers
 import os
 import re
 import shutil
@@ -30,7 +31,20 @@ from transformers import PreTrainedConfig
 # The block is duplicated rather than shared because each file is copied verbatim into Hub remote code, which may
 # import only the standard library and transformers.
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer: Python's or any other `numbers.Integral` (numpy's, from a sweep over `np.arange`); not a bool, a
+    float of integral value or a tensor. `_validate_config` stores it as Python's (`_python_ints`)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _python_ints(value: Any) -> Any:
+    """`value` with an integer of another type than `int` (numpy's), alone or in a list or tuple (`image_size`),
+    made Python's, which `to_json_string` can write; anything else as it is."""
+    if _is_int(value) and type(value) is not int:
+        return int(value)
+    if isinstance(value, (list, tuple)) and any(_is_int(item) and type(item) is not int for item in value):
+        items = [_python_ints(item) for item in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value
 
 
 def _is_real(value: Any) -> bool:
@@ -100,7 +114,12 @@ def _fields_of(config: PreTrainedConfig, names: tuple[str, ...]) -> list[str]:
 
 
 def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
-    """Check the fields set by `__init__` against the tables, then `num_labels`, then the cross-field rules."""
+    """Check the fields set by `__init__` against the tables, then `num_labels`, then the cross-field rules; integer
+    fields given as numpy integers are stored as Python's first."""
+    for name, value in list(vars(config).items()):
+        converted = _python_ints(value)
+        if converted is not value and not name.startswith("_"):
+            setattr(config, name, converted)
     for name in _fields_of(config, tuple(_CHOICES)):
         value = getattr(config, name)
         _require(config, value in _CHOICES[name], name, value, f"expected one of {list(_CHOICES[name])}")
@@ -477,6 +496,20 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
     choices = MappingProxyType(_CHOICES)
     # `num_layers`, the name Hyper-SET's specification gives L, reads and sets num_hidden_layers (transformers' aliases)
     attribute_map = {"num_layers": "num_hidden_layers"}
+    # The output fields besides `loss` and `logits` that Trainer's `evaluate` / `predict` leave out of the
+    # predictions (its `prediction_step` reads this), so `compute_metrics` gets the logits alone, as with ViT or
+    # BERT: the heads' outer-step and search fields (with `supervision_steps > 1`, a halting head or test-time
+    # search) and the hidden states / attentions. A list: Trainer adds `["loss"]` to it.
+    keys_to_ignore_at_inference = [
+        "hidden_states",
+        "attentions",
+        "supervision_steps_used",
+        "halting_probabilities",
+        "search_chosen",
+        "search_energies",
+        "search_confidences",
+        "search_valid_boards",
+    ]
 
     def __init__(
         self,
@@ -825,6 +858,12 @@ class HyperSetConfig(RecurrentDepthConfig):
     """
 
     model_type = "hyperset"
+    # as the baseline's (`RecurrentDepthConfig`), and the energy fields Hyper-SET's heads add
+    keys_to_ignore_at_inference = [
+        *RecurrentDepthConfig.keys_to_ignore_at_inference,
+        "energies",
+        "iterations_used",
+    ]
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ Hyper-SET configuration works there too.
 from __future__ import annotations
 
 import inspect
+import numbers
 from types import MappingProxyType
 from typing import Any
 
@@ -179,7 +180,7 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
                     "looped-Transformer baseline does not have (build a HyperSetConfig for it).",
                     (name,),
                 )
-        width_known = isinstance(hidden_size, int) and not isinstance(hidden_size, bool)
+        width_known = isinstance(hidden_size, numbers.Integral) and not isinstance(hidden_size, bool)
         if intermediate_size is None and width_known:
             intermediate_size = 4 * hidden_size
         arguments = locals()  # the shared fields, as this signature received them

@@ -32,6 +32,7 @@ import contextvars
 import copy
 import functools
 import math
+import numbers
 import os
 import threading
 import weakref
@@ -244,6 +245,13 @@ def _is_tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
+def _is_integer(value: object) -> bool:
+    """Whether a count or seed argument is an integer: Python's or any other `numbers.Integral` (numpy's, from a
+    sweep over `np.arange`), which callers store as `int(value)`; not a bool, a float of integral value or a
+    tensor."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def check_keep_mask(
     mask: torch.Tensor, name: str = "attention_mask", read_values: bool = True
 ) -> torch.Tensor:
@@ -401,12 +409,13 @@ def _check_token_ids(
 
 def _check_position_ids(
     config: PreTrainedConfig, position_ids: torch.Tensor | None, shape: tuple[int, ...] | None
-) -> None:
+) -> torch.Tensor | None:
     """`position_ids` of a call: none for images (their positions are those of the patch grid), else integer
-    positions of the inputs' shape `(batch, sequence_length)` in [0, max_position_embeddings), the rows of the
-    position table; the values are read in eager mode only."""
+    positions in [0, max_position_embeddings), the rows of the position table, of the inputs' shape
+    `(batch, sequence_length)` or `(1, sequence_length)` (one row for the whole batch, as BERT broadcasts its own
+    `(1, L)` buffer); returned expanded to the inputs' shape. The values are read in eager mode only."""
     if position_ids is None:
-        return
+        return None
     if config_choice(config, "input_type", {"image": True, "sequence": False}):
         raise ValueError(
             "position_ids apply to token inputs; this model takes images (config.input_type='image'), whose "
@@ -415,19 +424,23 @@ def _check_position_ids(
     integer = not (
         position_ids.is_floating_point() or position_ids.is_complex() or position_ids.dtype == torch.bool
     )
-    if not integer or tuple(position_ids.shape) != tuple(shape):
+    batch, length = shape
+    if not integer or tuple(position_ids.shape) not in ((batch, length), (1, length)):
         raise ValueError(
-            f"position_ids must be integer positions of the inputs' shape (batch, sequence_length) = {tuple(shape)}; "
-            f"got shape {tuple(position_ids.shape)} and dtype {position_ids.dtype}."
+            f"position_ids must be integer positions of the inputs' shape (batch, sequence_length) = {tuple(shape)}, "
+            f"or (1, {length}) for every sample alike; got shape {tuple(position_ids.shape)} and dtype "
+            f"{position_ids.dtype}."
         )
+    position_ids = position_ids.expand(batch, length)
     if not position_ids.numel() or _is_tracing():
-        return
+        return position_ids
     low, high, limit = int(position_ids.min()), int(position_ids.max()), config.max_position_embeddings
     if low < 0 or high >= limit:
         raise ValueError(
             f"position_ids must lie in [0, max_position_embeddings={limit}); got values in [{low}, {high}]. For "
             "left-padded inputs pass (attention_mask.cumsum(-1) - 1).clamp(min=0)."
         )
+    return position_ids
 
 
 def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
@@ -701,9 +714,11 @@ class HyperBFEmbeddings(nn.Module):
             positions = self.interpolate_pos_encoding(height, width)
         else:
             _check_token_ids(input_ids, self.config.vocab_size, attention_mask)
-            tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+            # given embeddings of any dtype run in the model's, as pixel_values do (not promoted by the positions)
+            dtype = self.word_embeddings.weight.dtype
+            tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds.to(dtype)
             _check_length(tokens.shape[1], self.config.max_position_embeddings)
-            _check_position_ids(self.config, position_ids, tokens.shape[:2])
+            position_ids = _check_position_ids(self.config, position_ids, tokens.shape[:2])
             if position_ids is None:
                 position_ids = torch.arange(tokens.shape[1], device=tokens.device)
             positions = self.position_embeddings(position_ids)  # (N, D), or (B, N, D) for given ids
@@ -1179,7 +1194,7 @@ class HyperBFModel(HyperBFPreTrainedModel):
             returns `rbf_diagnostics`; set both, they must agree.
         interpolate_pos_encoding (`bool`, *optional*):
             Resample the position table for images of another resolution (a multiple of `patch_size`).
-        position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+        position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)` or `(1, sequence_length)`, *optional*):
             Sequences only: the row of the position table each token takes (None: 0..N−1). A left-padded batch
             passes `(attention_mask.cumsum(-1) - 1).clamp(min=0)`, so each real token keeps the position it has
             unpadded.
@@ -1346,7 +1361,7 @@ class HyperBFForSequenceClassification(HyperBFHead):
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> HyperBFSequenceClassifierOutput | tuple:
         r"""
-        position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+        position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)` or `(1, sequence_length)`, *optional*):
             As `HyperBFModel.forward`'s: the row of the position table each token takes (None: 0..N−1).
         num_items_in_batch (`torch.Tensor` or `int`, *optional*):
             As `HyperBFForImageClassification.forward`'s.

@@ -16,6 +16,7 @@ import contextlib
 import copy
 import functools
 import math
+import numbers
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -338,6 +339,13 @@ def _is_tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
+def _is_integer(value: object) -> bool:
+    """Whether a count or seed argument is an integer: Python's or any other `numbers.Integral` (numpy's, from a
+    sweep over `np.arange`), which callers store as `int(value)`; not a bool, a float of integral value or a
+    tensor."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def check_keep_mask(
     mask: torch.Tensor, name: str = "attention_mask", read_values: bool = True
 ) -> torch.Tensor:
@@ -495,12 +503,13 @@ def _check_token_ids(
 
 def _check_position_ids(
     config: PreTrainedConfig, position_ids: torch.Tensor | None, shape: tuple[int, ...] | None
-) -> None:
+) -> torch.Tensor | None:
     """`position_ids` of a call: none for images (their positions are those of the patch grid), else integer
-    positions of the inputs' shape `(batch, sequence_length)` in [0, max_position_embeddings), the rows of the
-    position table; the values are read in eager mode only."""
+    positions in [0, max_position_embeddings), the rows of the position table, of the inputs' shape
+    `(batch, sequence_length)` or `(1, sequence_length)` (one row for the whole batch, as BERT broadcasts its own
+    `(1, L)` buffer); returned expanded to the inputs' shape. The values are read in eager mode only."""
     if position_ids is None:
-        return
+        return None
     if config_choice(config, "input_type", {"image": True, "sequence": False}):
         raise ValueError(
             "position_ids apply to token inputs; this model takes images (config.input_type='image'), whose "
@@ -509,19 +518,23 @@ def _check_position_ids(
     integer = not (
         position_ids.is_floating_point() or position_ids.is_complex() or position_ids.dtype == torch.bool
     )
-    if not integer or tuple(position_ids.shape) != tuple(shape):
+    batch, length = shape
+    if not integer or tuple(position_ids.shape) not in ((batch, length), (1, length)):
         raise ValueError(
-            f"position_ids must be integer positions of the inputs' shape (batch, sequence_length) = {tuple(shape)}; "
-            f"got shape {tuple(position_ids.shape)} and dtype {position_ids.dtype}."
+            f"position_ids must be integer positions of the inputs' shape (batch, sequence_length) = {tuple(shape)}, "
+            f"or (1, {length}) for every sample alike; got shape {tuple(position_ids.shape)} and dtype "
+            f"{position_ids.dtype}."
         )
+    position_ids = position_ids.expand(batch, length)
     if not position_ids.numel() or _is_tracing():
-        return
+        return position_ids
     low, high, limit = int(position_ids.min()), int(position_ids.max()), config.max_position_embeddings
     if low < 0 or high >= limit:
         raise ValueError(
             f"position_ids must lie in [0, max_position_embeddings={limit}); got values in [{low}, {high}]. For "
             "left-padded inputs pass (attention_mask.cumsum(-1) - 1).clamp(min=0)."
         )
+    return position_ids
 
 
 def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
@@ -757,8 +770,8 @@ class HyperSetEmbeddings(nn.Module):
     front, plus the fixed sinusoid laid over the configured grid (bicubically interpolated for other resolutions
     with `interpolate_pos_encoding`, as ViT's learned table). Sequences: token embeddings (or `inputs_embeds`)
     plus a fixed sinusoid, learned positions or a fixed row/column table (`"sincos-2d"`; both for fixed layouts,
-    e.g. Sudoku), at positions 0..N−1 or at the table rows `position_ids` `(B, N)` names. `num_prefix_tokens`
-    (1 for images, 0 for sequences) is what mean pooling skips.
+    e.g. Sudoku), at positions 0..N−1 or at the table rows `position_ids` `(B, N)` (or `(1, N)`) names.
+    `num_prefix_tokens` (1 for images, 0 for sequences) is what mean pooling skips.
     Returns `(tokens, keep)`, `keep` the `(B, N)` bool padding mask (None: every token is real).
     """
 
@@ -821,19 +834,21 @@ class HyperSetEmbeddings(nn.Module):
             )
             return tokens + positions.to(tokens.dtype), keep
         _check_token_ids(input_ids, self.config.vocab_size, attention_mask)
-        tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        # given embeddings of any dtype (bfloat16 ones from another model) run in the model's, as pixel_values do
+        dtype = self.word_embeddings.weight.dtype
+        tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds.to(dtype)
         _check_length(tokens.shape[1], self.config.max_position_embeddings)
         length = tokens.shape[1]
-        if position_ids is not None:  # (B, N) rows of the table
-            _check_position_ids(self.config, position_ids, tokens.shape[:2])
+        if position_ids is not None:  # (B, N) rows of the table, or one (1, N) row for every sample
+            position_ids = _check_position_ids(self.config, position_ids, tokens.shape[:2])
             if self.position_embeddings is not None:
                 return tokens + self.position_embeddings(position_ids), keep
-            return tokens + self.position_encoding[0][position_ids].to(tokens.dtype), keep
+            return tokens + self.position_encoding[0][position_ids].to(dtype), keep
         if self.position_embeddings is not None:
             # the module is called (not its `.weight` sliced), so an adapter wrapping it (PEFT's LoRA) takes part
             positions = self.position_embeddings(torch.arange(length, device=tokens.device))  # (N, d)
             return tokens + positions, keep
-        return tokens + self.position_encoding[:, :length].to(tokens.dtype), keep
+        return tokens + self.position_encoding[:, :length].to(dtype), keep
 
 
 def initialize_embeddings(module: HyperSetEmbeddings) -> None:
@@ -1721,9 +1736,9 @@ class RecurrentDepthMixin:
                 return self.config.num_iterations
             self.iteration_draws += 1
             return sample_num_iterations(self.config, self.iteration_draws - 1)
-        if not isinstance(requested, int) or isinstance(requested, bool) or requested < 1:
+        if not _is_integer(requested) or requested < 1:
             raise ValueError(f"num_iterations must be an integer >= 1; got {requested!r}.")
-        return requested
+        return int(requested)
 
     def _backprop_iterations(self, requested: int | None, num_iterations: int) -> int:
         """This call's k, the iterations differentiated (the last k of all L·T): the request, the config's, or all."""
@@ -1731,12 +1746,12 @@ class RecurrentDepthMixin:
         if requested is None:
             configured = self.config.backprop_iterations
             return total if configured is None else min(configured, total)
-        if not isinstance(requested, int) or isinstance(requested, bool) or not 1 <= requested <= total:
+        if not _is_integer(requested) or not 1 <= requested <= total:
             raise ValueError(
                 f"backprop_iterations must be an integer in [1, num_hidden_layers × num_iterations = {total}]; "
                 f"got {requested!r}."
             )
-        return requested
+        return int(requested)
 
     def _pool(self, hidden_states: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
         """The classifier input of a state `(B, N, d)` (`pool_tokens`: the first token or the mean over the real
@@ -1852,7 +1867,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             Images only: resample the position table bicubically to the patch grid of the input (another
             resolution, a multiple of `patch_size`), the CLS position unchanged, as ViT's argument. Without it an
             input of another size than `config.image_size` is refused.
-        position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+        position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)` or `(1, sequence_length)`, *optional*):
             Sequences only: the row of the position table each token takes (None: 0..N−1), e.g.
             `(attention_mask.cumsum(-1) - 1).clamp(min=0)` for left-padded inputs, so each real token keeps its position.
         """
@@ -2633,7 +2648,7 @@ def check_search_arguments(
     trajectories: int, noise: float, seed: int | None, selector: str, has_energy: bool
 ) -> None:
     """A `ValueError` naming the argument, its value and what is allowed, before any work."""
-    if isinstance(trajectories, bool) or not isinstance(trajectories, int) or trajectories < 1:
+    if not _is_integer(trajectories) or trajectories < 1:
         raise ValueError(f"search_trajectories must be an integer >= 1 (1: no search); got {trajectories!r}.")
     if (
         isinstance(noise, bool)
@@ -2642,7 +2657,7 @@ def check_search_arguments(
         or noise < 0
     ):
         raise ValueError(f"search_noise must be a finite number >= 0; got {noise!r}.")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+    if seed is not None and (not _is_integer(seed) or not 0 <= seed < 2**63):
         raise ValueError(f"search_seed must be None or an integer in [0, 2**63); got {seed!r}.")
     if selector not in SEARCH_SELECTORS:
         raise ValueError(f"search_selector must be one of {list(SEARCH_SELECTORS)}; got {selector!r}.")
@@ -2769,6 +2784,7 @@ def classify_with_search(
     """
     has_energy = isinstance(backbone, HyperSetModel)  # the baseline has no energy
     check_search_arguments(trajectories, noise, seed, selector, has_energy)
+    trajectories = int(trajectories)  # a numpy integer too (`_is_integer`)
     if head.training:
         raise ValueError(
             f"search_trajectories={trajectories} is test-time search: call model.eval() first (training runs one "
@@ -2791,7 +2807,7 @@ def classify_with_search(
     )
     start = embedded
     if noise > 0 and trajectories > 1:
-        seed = int(torch.randint(0, 2**62, (1,))) if seed is None else seed
+        seed = int(torch.randint(0, 2**62, (1,))) if seed is None else int(seed)
         length, hidden = embedded.shape[1:]
         epsilon = _search_noise(
             seed, trajectories, length, hidden, _noise_block(backbone.embeddings), embedded.device
@@ -2843,6 +2859,20 @@ def refuse_search_without_trajectories(given: dict[str, object]) -> None:
         )
 
 
+def _position_ids_per_sample(backbone_inputs: dict) -> dict:
+    """`backbone_inputs` with `position_ids` of shape `(1, N)` (one row for every sample, which the embeddings take
+    as BERT's do) expanded to `(B, N)`: the outer steps and test-time search take the batch inputs apart row by
+    row (`_BATCH_INPUTS`). Any other shape is left to the embeddings' check, which names it."""
+    position_ids = backbone_inputs.get("position_ids")
+    tokens = backbone_inputs.get("input_ids")
+    tokens = backbone_inputs.get("inputs_embeds") if tokens is None else tokens
+    if not isinstance(position_ids, torch.Tensor) or not isinstance(tokens, torch.Tensor) or tokens.ndim < 2:
+        return backbone_inputs
+    if tuple(position_ids.shape) != (1, tokens.shape[1]):
+        return backbone_inputs
+    return {**backbone_inputs, "position_ids": position_ids.expand(tokens.shape[0], -1)}
+
+
 def run_head(
     head: PreTrainedModel,
     backbone: nn.Module,
@@ -2858,6 +2888,7 @@ def run_head(
     """A head's call: test-time search when `search_trajectories` is given (`classify_with_search`; the selector
     defaults to `"energy"` for Hyper-SET, `"confidence"` for the baseline, which has no energy), else the outer
     steps (`classify_with_deep_supervision`). The search arguments without `search_trajectories` are an error."""
+    backbone_inputs = _position_ids_per_sample(backbone_inputs)
     if search_trajectories is None:
         given = {
             name: value

@@ -17,6 +17,7 @@ phantom gradient (Geng et al.), so training memory does not grow with the number
 from __future__ import annotations
 
 import copy
+import numbers
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -236,6 +237,13 @@ def _is_tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
+def _is_integer(value: object) -> bool:
+    """Whether a count or seed argument is an integer: Python's or any other `numbers.Integral` (numpy's, from a
+    sweep over `np.arange`), which callers store as `int(value)`; not a bool, a float of integral value or a
+    tensor."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def check_keep_mask(
     mask: torch.Tensor, name: str = "attention_mask", read_values: bool = True
 ) -> torch.Tensor:
@@ -393,12 +401,13 @@ def _check_token_ids(
 
 def _check_position_ids(
     config: PreTrainedConfig, position_ids: torch.Tensor | None, shape: tuple[int, ...] | None
-) -> None:
+) -> torch.Tensor | None:
     """`position_ids` of a call: none for images (their positions are those of the patch grid), else integer
-    positions of the inputs' shape `(batch, sequence_length)` in [0, max_position_embeddings), the rows of the
-    position table; the values are read in eager mode only."""
+    positions in [0, max_position_embeddings), the rows of the position table, of the inputs' shape
+    `(batch, sequence_length)` or `(1, sequence_length)` (one row for the whole batch, as BERT broadcasts its own
+    `(1, L)` buffer); returned expanded to the inputs' shape. The values are read in eager mode only."""
     if position_ids is None:
-        return
+        return None
     if config_choice(config, "input_type", {"image": True, "sequence": False}):
         raise ValueError(
             "position_ids apply to token inputs; this model takes images (config.input_type='image'), whose "
@@ -407,19 +416,23 @@ def _check_position_ids(
     integer = not (
         position_ids.is_floating_point() or position_ids.is_complex() or position_ids.dtype == torch.bool
     )
-    if not integer or tuple(position_ids.shape) != tuple(shape):
+    batch, length = shape
+    if not integer or tuple(position_ids.shape) not in ((batch, length), (1, length)):
         raise ValueError(
-            f"position_ids must be integer positions of the inputs' shape (batch, sequence_length) = {tuple(shape)}; "
-            f"got shape {tuple(position_ids.shape)} and dtype {position_ids.dtype}."
+            f"position_ids must be integer positions of the inputs' shape (batch, sequence_length) = {tuple(shape)}, "
+            f"or (1, {length}) for every sample alike; got shape {tuple(position_ids.shape)} and dtype "
+            f"{position_ids.dtype}."
         )
+    position_ids = position_ids.expand(batch, length)
     if not position_ids.numel() or _is_tracing():
-        return
+        return position_ids
     low, high, limit = int(position_ids.min()), int(position_ids.max()), config.max_position_embeddings
     if low < 0 or high >= limit:
         raise ValueError(
             f"position_ids must lie in [0, max_position_embeddings={limit}); got values in [{low}, {high}]. For "
             "left-padded inputs pass (attention_mask.cumsum(-1) - 1).clamp(min=0)."
         )
+    return position_ids
 
 
 def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
@@ -673,7 +686,10 @@ class IMixerEmbeddings(nn.Module):
             patches = self.projection(pixel_values.to(self.projection.weight.dtype))  # (B, D, Hp, Wp)
             return patches.flatten(2).transpose(1, 2), None  # (B, D, Hp, Wp) → (B, S, D)
         _check_token_ids(input_ids, self.config.vocab_size, attention_mask)
-        tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, L, D)
+        # given embeddings of any dtype (bfloat16 ones from another model) run in the model's, as pixel_values do
+        dtype = self.word_embeddings.weight.dtype
+        # (B, L, D)
+        tokens = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds.to(dtype)
         if attention_mask is None:
             keep = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
         else:
@@ -693,7 +709,7 @@ class IMixerEmbeddings(nn.Module):
         rank = keep.long().cumsum(1) - 1  # (B, L)
         slots = torch.where(keep & (rank < num_tokens), rank, num_tokens)  # (B, L)
         # (B, S + 1, D)
-        canvas = self.pad_embedding.to(tokens.dtype).expand(tokens.shape[0], num_tokens + 1, -1)
+        canvas = self.pad_embedding.to(dtype).expand(tokens.shape[0], num_tokens + 1, -1)
         embeddings = canvas.scatter(1, slots.unsqueeze(-1).expand_as(tokens), tokens)  # (B, S + 1, D)
         slot_keep = torch.arange(num_tokens, device=tokens.device) < lengths[:, None]  # (B, S)
         return embeddings[:, :num_tokens], slot_keep  # (B, S, D)
@@ -1578,14 +1594,11 @@ class IMixerModel(IMixerPreTrainedModel):
         fixed_point_iterations = (
             self.config.fixed_point_iterations if fixed_point_iterations is None else fixed_point_iterations
         )
-        if (
-            not isinstance(fixed_point_iterations, int)
-            or isinstance(fixed_point_iterations, bool)
-            or fixed_point_iterations < 0
-        ):
+        if not _is_integer(fixed_point_iterations) or fixed_point_iterations < 0:
             raise ValueError(
                 f"{where}: invalid fixed_point_iterations={fixed_point_iterations!r}; expected an integer >= 0."
             )
+        fixed_point_iterations = int(fixed_point_iterations)
         if fixed_point_iterations > 0 and self.config.fixed_point_iterations == 0:
             raise ValueError(
                 f"{where}: invalid fixed_point_iterations={fixed_point_iterations}; it needs the contractive block F, but "

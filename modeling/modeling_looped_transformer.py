@@ -232,7 +232,7 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
             Images only: resample the position table bicubically to the patch grid of the input (another
             resolution, a multiple of `patch_size`), the CLS position unchanged, as ViT's argument. Without it an
             input of another size than `config.image_size` is refused.
-        position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+        position_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)` or `(1, sequence_length)`, *optional*):
             As `HyperSetModel.forward`'s: sequences only, the row of the position table each token takes.
 
         `hidden_states`: the embedding output, then the state after every iteration of every layer (1 + L·T);

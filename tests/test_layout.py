@@ -116,6 +116,7 @@ def test_modeling_file_imports_only_torch_transformers_and_its_config(family):
     assert roots <= {
         "__future__",
         "math",
+        "numbers",
         "collections",
         "contextlib",
         "contextvars",

@@ -73,16 +73,20 @@ class TrainerMetrics:
     task: str
 
     def __call__(self, eval_pred: Any) -> dict[str, float]:
-        predictions = eval_pred.predictions
-        if isinstance(predictions, tuple):
-            predictions = predictions[0]
-        return task_metrics(self.task, predictions, eval_pred.label_ids)
+        return task_metrics(self.task, first_output(eval_pred.predictions), eval_pred.label_ids)
+
+
+def first_output(outputs: Any) -> Any:
+    """The logits of what Trainer collected: the outputs themselves, as the package's configs name every other
+    output field in `keys_to_ignore_at_inference`, or the first of a tuple, which a model whose config lacks that
+    list gives (a folder exported with older remote code, loaded with `trust_remote_code=True`)."""
+    return outputs[0] if isinstance(outputs, tuple) else outputs
 
 
 def argmax_logits(logits: Any, labels: Any) -> Any:
     """Trainer's `preprocess_logits_for_metrics`: keep only the predicted ids of each batch instead of all logits
     (memory on 10k-example test sets)."""
-    return (logits[0] if isinstance(logits, tuple) else logits).argmax(-1)
+    return first_output(logits).argmax(-1)
 
 
 def has_recurrent_depth(model: Any) -> bool:
@@ -392,6 +396,7 @@ __all__ = [
     "default_eval_depths",
     "depth_metrics",
     "eval_depths",
+    "first_output",
     "has_recurrent_depth",
     "load_metrics",
     "masked_image_metrics",

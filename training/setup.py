@@ -608,13 +608,16 @@ def check_supervision_flags(args: Arguments, config: Any) -> None:
             "training loss from the last logits outside the model, which would ignore the other iterations; "
             "train without them or with --deep_supervision last"
         )
-    stepped = getattr(config, "supervision_steps", 1) > 1 or getattr(config, "halting_head", False)
+    stepped = []  # only the settings that are on, whether a flag or --config set them
+    if getattr(config, "supervision_steps", 1) > 1:
+        stepped.append(f"--supervision_steps {config.supervision_steps}")
+    if getattr(config, "halting_head", False):
+        stepped.append("--halting_head")
     if stepped and augmented:
         raise UsageError(
-            f"--supervision_steps {config.supervision_steps} / --halting_head {config.halting_head}: the batch "
-            "augmentation / label smoothing of this run computes the training loss from the last logits outside "
-            "the model, which would ignore the other steps and the halting loss; train without them, or with "
-            "--supervision_steps 1 and no halting head"
+            f"{' / '.join(stepped)}: the batch augmentation / label smoothing of this run computes the training "
+            "loss from the last logits outside the model, which would ignore the other steps and the halting loss; "
+            "train without them, or with --supervision_steps 1 and no halting head"
         )
 
 
