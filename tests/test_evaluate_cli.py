@@ -78,6 +78,9 @@ def test_the_metrics_are_the_train_runs_own_for_the_same_split_and_examples(
     )
     # the file holds what was printed, and nothing else was written: not into the model folder, not beside the file
     assert json.loads(output.read_text()) == printed
+    # the software the numbers came from, as the run's own record names it
+    run_environment = json.loads((run_folder / "metrics.json").read_text())["environment"]
+    assert printed["environment"] == run_environment, (printed["environment"], run_environment)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
     assert files_under(run_folder) == before
 

@@ -7,8 +7,10 @@ in-process through `train.main(argv)` (no interpreter start-up per run), except 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -121,6 +123,11 @@ def test_metrics_json_schema(trained, family: str, modality: str) -> None:
         # accuracy at each depth joined to them, for the recurrent-depth families, too)
         assert metrics[split].get("epoch") == epoch, (split, metrics[split])
     assert "train_loss" in metrics["train"] and metrics["wall_time_s"] > 0
+    # the versions the numbers depend on (torchmetrics' SSIM changed between releases), as installed here
+    environment = metrics["environment"]
+    for package in ("energyformers", "torch", "transformers", "accelerate", "datasets", "torchmetrics"):
+        assert environment["packages"][package] == importlib.metadata.version(package), (package, environment)
+    assert environment["python"] == platform.python_version(), environment
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -314,6 +314,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         primary_metric,
     )
     from .predict import cannot_load, check_depth_arguments, task_for
+    from .run_folder import software_environment
     from .setup import auto_head, check_one_batch, preprocessing
     from .trainer import DepthTrainer
     from .weights import load_or_refuse
@@ -405,6 +406,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         "eval_iterations": depths,
         "primary_metric": f"{prefix}_{primary_metric(task)}",
         "metrics": metrics,
+        "environment": software_environment(),
     }
 
 

@@ -88,6 +88,36 @@ def preset_used(result: RunResult) -> str:
     return f"cli-{modality}" if cli_preset(config.model_type, modality) else "none"
 
 
+# What the numbers of a run depend on besides its arguments: torchmetrics' SSIM changed between releases, for one.
+RECORDED_PACKAGES = (
+    "energyformers",
+    "torch",
+    "transformers",
+    "accelerate",
+    "datasets",
+    "torchmetrics",
+    "kornia",
+)
+
+
+def software_environment() -> dict[str, Any]:
+    """The Python version, platform and the installed versions of `RECORDED_PACKAGES` (None: not installed)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": {name: installed(name) for name in RECORDED_PACKAGES},
+    }
+
+
 def run_metrics(result: RunResult) -> dict[str, Any]:
     """The `metrics.json` record of a run (the same schema for both loops)."""
     args, run = result.args, result.args.run
@@ -132,6 +162,7 @@ def run_metrics(result: RunResult) -> dict[str, Any]:
         or {"weights": "last", "step": result.global_step, "ema": run.ema_decay is not None},
         "log_history": result.log_history,  # the training curve's data
         "wall_time_s": round(time.time() - result.start_time, 2),
+        "environment": software_environment(),
     }
 
 
