@@ -246,7 +246,8 @@ def test_normalize_accepts_hub_style_dataset_dicts() -> None:
     [
         ({"text": ["a", "b"] * 5, "label": ["x", "y"] * 5}, {}, "expected integer class ids"),
         ({"text": ["a", "b"] * 5, "label": [0.5, 1.0] * 5}, {}, "expected integer class ids"),
-        ({"text": ["a", "b"] * 5, "label": [0, -1] * 5}, {}, "negative"),
+        ({"text": ["a", "b"] * 5, "label": [0, -1] * 5}, {}, "5 of 10 examples labelled -1"),
+        ({"text": ["a", "b"] * 5, "label": [0, -2] * 5}, {}, "negative values in split .train."),
         ({"text": ["a", "b"] * 5, "y": [0, 1] * 5}, {}, "no label column"),
         ({"text": ["a", "b"] * 5, "label": [0, 1] * 5}, {"text_column": "body"}, "--text_column 'body'"),
         ({"text": [1, 2] * 5, "label": [0, 1] * 5}, {}, "expected strings"),

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     import torch
 
 SPLITS = ("train", "validation", "test")
+UNLABELLED = -1  # datasets' label of an example without one (the test splits of GLUE on the Hub)
 SPLIT_ALIASES = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 TABLE_BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -580,27 +581,152 @@ def _detect_columns(
         raise DataError(
             f"image column {image!r} has type {features[image]}; expected a datasets.Image feature"
         )
-    if text and getattr(features[text], "dtype", None) not in ("string", "large_string"):
-        raise DataError(f"text column {text!r} has type {features[text]}; expected strings")
+    if text and not _is_string(features[text]):
+        listed = _is_string(_element_feature(features[text]))
+        raise DataError(
+            f"text column {text!r} has type {features[text]}; expected "
+            + ("one string per example, not a list of words: join them first" if listed else "strings")
+        )
     return image, text, label
 
 
-def _class_label(splits: dict[str, Dataset], label: str) -> ClassLabel:
-    """The `ClassLabel` of the label column: its own, or "0".."K-1" for integer ids (K from the largest id in any
-    split). A `DataError` for negative ids or any other type."""
+def _element_feature(feature: Any) -> Any:
+    """The feature of each element when `feature` holds a list per example (`List`, `LargeList`, `Sequence` or
+    a plain list of one feature), else None."""
+    if isinstance(feature, list) and len(feature) == 1:
+        return feature[0]
+    inner = getattr(feature, "feature", None)
+    return None if isinstance(inner, dict) else inner
+
+
+def _is_string(feature: Any) -> bool:
+    return getattr(feature, "dtype", None) in ("string", "large_string")
+
+
+def _is_integer(feature: Any) -> bool:
+    return isinstance(feature, ClassLabel) or str(getattr(feature, "dtype", "")).startswith(("int", "uint"))
+
+
+def _refuse_word_level_tags(train: Dataset, text_column: str | None, label_column: str | None) -> None:
+    """A `DataError` for word-level token-classification data (transformers' run_ner.py layout: a column of word
+    lists and a column of one tag per word, e.g. `tokens` + `ner_tags`): the CLI trains token classification on
+    the Sudoku built-ins only, and such data would otherwise be refused column by column with errors that point
+    to no fix. The message names the columns and the Python recipe."""
+    features = train.features
+    words = [c for c, f in features.items() if _is_string(_element_feature(f))]
+    tags = [c for c, f in features.items() if _is_integer(_element_feature(f))]
+    if text_column is not None:
+        words = [c for c in words if c == text_column]
+    if label_column is not None:
+        tags = [c for c in tags if c == label_column]
+    if not words or not tags:
+        return
+    raise DataError(
+        f"columns {words[0]!r} (a list of words per example) and {tags[0]!r} (a tag per word) are word-level "
+        "token classification (run_ner's layout), which the CLI does not train: its token classification is "
+        "the Sudoku built-ins'. Train on such data from Python (docs/usage.md, \"Token classification from "
+        'your own data")'
+    )
+
+
+def _label_values(ds: Dataset, label: str) -> np.ndarray:
+    """The label column of `ds` as integers (nulls are refused before this is called)."""
+    return np.asarray(ds.data.column(label).to_numpy(), dtype=np.int64)
+
+
+def _labelled_splits(splits: dict[str, Dataset], label: str) -> tuple[dict[str, Dataset], list[str]]:
+    """The splits that have labels, and a notice for each one left out. A validation or test split whose labels
+    are all -1 (`UNLABELLED`, datasets' marker of an example without a label, as GLUE's test splits ship) or
+    that lacks the label column is unlabelled: it is left out, and `normalize` carves that split out of train
+    as for a dataset without one, so no metric is computed on made-up labels. A `DataError` for an unlabelled
+    train split, a split with some -1 labels (named, with the count), or missing labels."""
+    kept, notices = {}, []
+    for split, ds in splits.items():
+        if label not in ds.column_names:
+            if split == "train":
+                raise DataError(f"label column {label!r} is missing from the train split")
+            notices.append(
+                f"split {split!r} has no label column {label!r} (unlabelled): left out; the {split} split is "
+                "carved out of train (10 %) instead"
+            )
+            continue
+        column = ds.data.column(label)
+        if column.null_count:
+            raise DataError(f"label column {label!r} has missing values in split {split!r}")
+        if not _is_integer(ds.features[label]):
+            kept[split] = ds  # `_class_label` words the type error
+            continue
+        values = _label_values(ds, label)
+        unlabelled = int((values == UNLABELLED).sum())
+        if unlabelled and unlabelled == len(values):
+            if split == "train":
+                raise DataError(
+                    f"the train split is unlabelled: all {len(values)} labels in column {label!r} are "
+                    f"{UNLABELLED}; training needs labels"
+                )
+            notices.append(
+                f"split {split!r} is unlabelled (all {len(values)} labels are {UNLABELLED}): left out; the "
+                f"{split} split is carved out of train (10 %) instead"
+            )
+            continue
+        if unlabelled:
+            raise DataError(
+                f"split {split!r} has {unlabelled} of {len(values)} examples labelled {UNLABELLED} (unlabelled) in "
+                f"column {label!r}; training and scoring need every example labelled: drop them, e.g. "
+                f"`ds.filter(lambda row: row[{label!r}] != {UNLABELLED})`, or label them"
+            )
+        kept[split] = ds
+    return kept, notices
+
+
+def _class_label(
+    splits: dict[str, Dataset], label: str, class_names: list[str] | None = None
+) -> tuple[ClassLabel, dict[int, int] | None]:
+    """The `ClassLabel` of the label column and the map from the column's integer values to its class ids (None
+    when they are the ids already). A `ClassLabel` column is its own. Integer labels are classified as
+    transformers' run_glue.py does: the classes are the sorted distinct values of all splits, mapped to 0..K-1
+    and named by their values, so labels {1, 5} give two classes "1" and "5" (ids 0..K-1 with every id present
+    stay as they are). `class_names` (a model's labels, for scoring it) names the classes instead when every value
+    is one of them, so a model is scored on the ids it was trained with. A `DataError` for negative values or any
+    other type."""
     feature = splits["train"].features[label]
     if isinstance(feature, ClassLabel):
-        return feature
-    if isinstance(feature, Value) and feature.dtype.startswith(("int", "uint")):
-        values = np.concatenate([np.asarray(s[label]) for s in splits.values()])
-        if values.size and values.min() < 0:
-            raise DataError(f"label column {label!r} has negative ids (min {values.min()}); expected 0..K-1")
-        return ClassLabel(names=[str(i) for i in range(int(values.max()) + 1 if values.size else 0)])
-    raise DataError(
-        f"label column {label!r} has type {feature}; expected integer class ids or a ClassLabel. Convert it "
-        f"first, e.g. `ds = ds.class_encode_column({label!r})` and `ds.save_to_disk('folder')`, and pass "
-        "--dataset folder"
-    )
+        return feature, None
+    if _element_feature(feature) is not None:
+        raise DataError(
+            f"label column {label!r} has type {feature}: a list of labels per example (multi-label or per-token "
+            "labels), which the CLI does not train; expected one class id per example"
+        )
+    if not _is_integer(feature):
+        raise DataError(
+            f"label column {label!r} has type {feature}; expected integer class ids or a ClassLabel. Convert it "
+            f"first, e.g. `ds = ds.class_encode_column({label!r})` and `ds.save_to_disk('folder')`, and pass "
+            "--dataset folder"
+        )
+    values = np.unique(np.concatenate([_label_values(s, label) for s in splits.values()]))
+    if values.size and values[0] < 0:
+        split = next(s for s, ds in splits.items() if (_label_values(ds, label) < 0).any())
+        raise DataError(
+            f"label column {label!r} has negative values in split {split!r} (min {values[0]}); expected class "
+            f"ids >= 0 ({UNLABELLED} marks an unlabelled example, allowed only for a whole validation or test split)"
+        )
+    given = [str(v) for v in values]
+    if class_names and all(re.fullmatch(r"\d+", n) for n in class_names) and set(given) <= set(class_names):
+        names = list(class_names)
+    elif np.array_equal(values, np.arange(values.size)):
+        return ClassLabel(names=given), None
+    else:
+        names = given
+    ids = {int(n): i for i, n in enumerate(names)}
+    return ClassLabel(names=names), None if all(v == i for v, i in ids.items()) else ids
+
+
+def _to_class_ids(ds: Dataset, ids: dict[int, int], feature: ClassLabel) -> Dataset:
+    """`ds` with its `label` column's values replaced by their class ids (`ids`), typed `feature`."""
+    keys = np.array(sorted(ids), dtype=np.int64)
+    lookup = np.array([ids[k] for k in keys.tolist()], dtype=np.int64)
+    mapped = lookup[np.searchsorted(keys, _label_values(ds, "label"))]
+    return ds.remove_columns("label").add_column("label", mapped, feature=feature)
 
 
 def normalize(
@@ -610,25 +736,28 @@ def normalize(
     text_column: str | None = None,
     label_column: str | None = None,
     seed: int = 0,
+    class_names: list[str] | None = None,
 ) -> DatasetDict:
     """Any `DatasetDict` → train/validation/test with `image` or `text` plus a `ClassLabel` `label`.
 
-    Missing validation/test splits are carved out of train with `seed` (stratified when possible).
+    Missing validation/test splits are carved out of train with `seed` (stratified when possible), and so are
+    unlabelled ones (`_labelled_splits`; its notices are the result's `notices`). Integer labels become class ids
+    as `_class_label` maps them (`class_names`: a model's labels, when scoring it).
     Raises `DataError` for every problem that would otherwise surface mid-training.
     """
     splits = _find_splits(raw)
+    _refuse_word_level_tags(splits["train"], text_column, label_column)
     image, text, label = _detect_columns(splits["train"], image_column, text_column, label_column)
     source = image or text
-    class_label = _class_label(splits, label)
+    splits, notices = _labelled_splits(splits, label)
+    feature, ids = _class_label(splits, label, class_names)
 
     out = {}
     for split, ds in splits.items():  # the same rows: only columns are selected, renamed and cast
         ds = ds.select_columns([source, label]).rename_columns(
             {source: "image" if image else "text", label: "label"}
         )
-        out[split] = ds.cast_column("label", class_label)
-        if out[split].data.column("label").null_count:
-            raise DataError(f"label column {label!r} has missing values in split {split!r}")
+        out[split] = _to_class_ids(ds, ids, feature) if ids else ds.cast_column("label", feature)
         if text and out[split].data.column("text").null_count:
             raise DataError(f"text column {text!r} has missing values in split {split!r}")
     if "test" not in out:
@@ -641,6 +770,7 @@ def normalize(
     result = DatasetDict({s: out[s] for s in SPLITS})
     # the columns read, after detection: a resumed run compares these (`setup.resume_identity`), not the flags
     result.source_columns = {"image_column" if image else "text_column": source, "label_column": label}
+    result.notices = notices  # printed as warnings by the commands (and recorded in a run's metrics.json)
     return result
 
 
@@ -651,8 +781,10 @@ def load_data(
     text_column: str | None = None,
     label_column: str | None = None,
     seed: int = 0,
+    class_names: list[str] | None = None,
 ) -> DatasetDict:
-    """A built-in name, a local folder/file, or (with network) a Hub dataset → normalised `DatasetDict`."""
+    """A built-in name, a local folder/file, or (with network) a Hub dataset → normalised `DatasetDict`
+    (`normalize`; `class_names`: a model's labels, which integer labels are mapped onto when scoring it)."""
     if name in BUILTIN_DATASETS:
         builtin = BUILTIN_DATASETS[name]
         return _cached(name, builtin.build, builtin.cache_version)
@@ -673,7 +805,12 @@ def load_data(
     if isinstance(raw, Dataset):
         raw = DatasetDict(train=raw)
     return normalize(
-        raw, image_column=image_column, text_column=text_column, label_column=label_column, seed=seed
+        raw,
+        image_column=image_column,
+        text_column=text_column,
+        label_column=label_column,
+        seed=seed,
+        class_names=class_names,
     )
 
 
@@ -929,6 +1066,7 @@ __all__ = [
     "BUILTIN_DATASETS",
     "MIM_EVAL_MASK_SEEDS",
     "MIM_TASK",
+    "UNLABELLED",
     "BuiltinDataset",
     "DataError",
     "MaskedCodesCollator",

@@ -255,10 +255,15 @@ def check_dataset_fits(model_dir: str, config: Any, dataset: str, data: Any) -> 
     check_labels(model_dir, config, dataset, label_names(data))
 
 
+def model_labels(config: Any) -> list[str]:
+    """The class names of a model config, in id order (transformers' LABEL_i where it names none)."""
+    return [str(config.id2label.get(i, DEFAULT_LABEL.format(i))) for i in range(config.num_labels)]
+
+
 def check_labels(model_dir: str, config: Any, dataset: str, names: list[str]) -> None:
     """The model predicts the dataset's labels, in its order: the same number, and the same names unless the model's
     are transformers' placeholders (LABEL_0, ...). A `UsageError` showing both label sets otherwise."""
-    ours = [str(config.id2label.get(i, DEFAULT_LABEL.format(i))) for i in range(config.num_labels)]
+    ours = model_labels(config)
     placeholders = all(name == DEFAULT_LABEL.format(i) for i, name in enumerate(ours))
     if len(ours) == len(names) and (placeholders or ours == names):
         return
@@ -335,7 +340,12 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         text_column=args.text_column,
         label_column=args.label_column,
         seed=0,  # the seed `train` carves missing validation/test splits with: the same examples
+        class_names=model_labels(
+            config
+        ),  # integer labels mapped onto the model's classes, as training mapped them
     )
+    for notice in getattr(data, "notices", []):  # e.g. an unlabelled split left out, carved out of train
+        print(f"warning: {notice}", file=sys.stderr, flush=True)
     check_dataset_fits(args.model_dir, config, args.dataset, data)
     task = task_of(data)
     rows = data[args.split]

@@ -138,8 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "inputs",
         nargs="+",
-        help="image paths for image and masked-image-modelling models, texts for text models; '-' reads stdin "
-        "lines (texts)",
+        help="image paths for image and masked-image-modelling models, texts for text models (a file's name is "
+        "refused: '-' reads one text per line from stdin, e.g. '- < reviews.txt')",
     )
     p.add_argument("--top_k", type=int, help="labels shown per input, best first (classifiers; default: 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object per input")
@@ -277,7 +277,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if not args.texts:
         raise UsageError("inputs -: standard input held no non-empty line; pass one input per line")
     if args.local_input_type is not None:
-        check_inputs(args.model_dir, args.local_input_type, args.texts)
+        check_inputs(args.model_dir, args.local_input_type, args.texts, from_stdin=args.inputs == ["-"])
     return args
 
 
@@ -470,12 +470,14 @@ def write_png(image: Any, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def check_inputs(model_dir: str, input_type: str, inputs: list[str]) -> None:
-    """Image models take existing image files; text models take texts, not image files; masked-image-modelling
-    models (input_type "mim" here) take readable image files; Sudoku models ("cells", `input_kind`) take puzzle
-    strings their cell tokenizer reads (`processing.cell_tokenizer`: 81 cells of 0-9 or '.', whitespace ignored), as
-    one puzzle is one sequence of 81 cells: a shorter or longer string, or another character, is refused here rather
-    than cut, padded or failed on by the tokenizer."""
+def check_inputs(model_dir: str, input_type: str, inputs: list[str], *, from_stdin: bool = False) -> None:
+    """Image models take existing image files; text models take texts: not image files, and not the name of an
+    existing file on the command line (`from_stdin` False), which would be classified as the text of its name (a
+    file's lines are read with `-` from stdin, which also takes a text that happens to name a file);
+    masked-image-modelling models (input_type "mim" here) take readable image files; Sudoku models ("cells",
+    `input_kind`) take puzzle strings their cell tokenizer reads (`processing.cell_tokenizer`: 81 cells of 0-9 or
+    '.', whitespace ignored), as one puzzle is one sequence of 81 cells: a shorter or longer string, or another
+    character, is refused here rather than cut, padded or failed on by the tokenizer."""
     if input_type == "cells":
         for text in inputs:
             problem = puzzle_problem(text)
@@ -493,6 +495,13 @@ def check_inputs(model_dir: str, input_type: str, inputs: list[str]) -> None:
             raise UsageError(
                 f"{model_dir} is a text model (input_type='sequence') and {images[0]!r} is an image file; "
                 "pass texts, or an image model folder for images"
+            )
+        files = [] if from_stdin else [x for x in inputs if Path(x).is_file()]
+        if files:
+            raise UsageError(
+                f"{model_dir} is a text model and {files[0]!r} is a file, which it would classify as the text "
+                f"{files[0]!r}; to classify the file's lines (one text per line) read them from stdin: "
+                f"energyformers predict {model_dir} - < {files[0]}"
             )
     if input_type == "image":
         missing = [x for x in inputs if not Path(x).is_file()]
@@ -625,7 +634,7 @@ def run(args: argparse.Namespace) -> int:
         )
     inputs = args.texts
     # again for a Hub model (a local one was checked already)
-    check_inputs(args.model_dir, input_kind(config.to_dict(), None), inputs)
+    check_inputs(args.model_dir, input_kind(config.to_dict(), None), inputs, from_stdin=args.inputs == ["-"])
     check_halting_criterion(args.depth, config.to_dict())
     if input_type == "image":
         from PIL import Image

@@ -310,8 +310,36 @@ def _pretrained_config(args: Arguments) -> Any:
         raise UsageError(cannot_load(source, err, label="--from_pretrained")) from err
     if m.model and m.model != config.model_type:
         raise UsageError(f"--model {m.model} but {source!r} is a {config.model_type!r} checkpoint")
+    check_pretrained_text_flags(args, config)
     args.pretrained_config = config  # the callers read it or rebuild from its to_dict(), never change it
     return config
+
+
+def check_pretrained_text_flags(args: Arguments, config: Any) -> None:
+    """The text flags beside `--from_pretrained`, whose checkpoint brings its tokenizer and position embeddings:
+    `--vocab_size` (the size of a tokenizer to train) has no effect and is refused; `--max_length` is honoured when
+    it is at most the checkpoint's `max_position_embeddings` (texts are truncated there; the saved tokenizer's
+    `model_max_length` records it) and refused above it, where the model has no positions, or for a checkpoint
+    that does not read texts. A `UsageError` in the words of the CLI's other flags without effect."""
+    d, source = args.data, args.model.from_pretrained
+    if "vocab_size" in args.explicit:
+        raise UsageError(
+            f"--vocab_size {d.vocab_size}: applies only when a tokenizer is trained, and --from_pretrained "
+            f"{source} gives one (its vocab_size is {getattr(config, 'vocab_size', None)}); drop --vocab_size"
+        )
+    if d.max_length is None:
+        return
+    if getattr(config, "input_type", None) != "sequence":
+        raise UsageError(
+            f"--max_length {d.max_length}: applies to texts, and --from_pretrained {source} takes "
+            f"input_type={getattr(config, 'input_type', None)!r}; drop --max_length"
+        )
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is not None and d.max_length > positions:
+        raise UsageError(
+            f"--max_length {d.max_length}: larger than the max_position_embeddings {positions} of "
+            f"--from_pretrained {source} (it has no positions beyond); pass at most {positions}, or leave it unset"
+        )
 
 
 def pretrained_processor(args: Arguments) -> Any:
@@ -342,6 +370,14 @@ def _pretrained_config_and_processor(
         )
     if processor is None:
         processor = pretrained_processor(args)
+    if args.data.max_length is not None:
+        if task != "text-classification":  # Sudoku cells: every board has its 81 positions
+            raise UsageError(
+                f"--max_length {args.data.max_length}: applies to text classification, and "
+                f"{args.data.dataset!r} is a dataset for {task}; drop --max_length"
+            )
+        # truncation follows the saved tokenizer (`preprocessing`, `pipeline(..., truncation=True)`)
+        processor.model_max_length = args.data.max_length
     check_override_names(type(config), overrides)
     flags = config_flag_overrides(args, type(config), config.model_type)
     try:  # re-validate the merged config
@@ -486,7 +522,8 @@ def load_and_check_data(args: Arguments, state: Any) -> tuple[Any, list[str]]:
                 data["train"][i]["image"].load()
             except Exception as err:
                 raise DataError(f"training image {i} of {d.dataset!r} cannot be decoded: {err}") from err
-    return data, small_split_warnings(data, masked_image_modeling=d.task == MIM_TASK)
+    notices = list(getattr(data, "notices", []))  # e.g. an unlabelled split left out (`data.normalize`)
+    return data, notices + small_split_warnings(data, masked_image_modeling=d.task == MIM_TASK)
 
 
 def small_split_warnings(data: Any, masked_image_modeling: bool = False) -> list[str]:
@@ -806,7 +843,9 @@ def preprocessing(task: str, config: Any, processor: Any) -> tuple[Any, Any]:
         return cells_transform(), default_data_collator
     if getattr(config, "input_type", "image") == "image":
         return image_transform(processor), default_data_collator
-    return text_transform(processor, config.max_position_embeddings), DataCollatorWithPadding(processor)
+    # the tokenizer's length where it is shorter (`--max_length` on a `--from_pretrained` run)
+    length = min(config.max_position_embeddings, processor.model_max_length)
+    return text_transform(processor, length), DataCollatorWithPadding(processor)
 
 
 # --------------------------------------------------------------------------- masked image modelling
@@ -1122,6 +1161,9 @@ def resume_identity(args: Arguments, built: Built) -> dict[str, Any]:
         "task": built.task,
         **(built.source_columns or {}),
     }
+    if args.model.from_pretrained and built.task == "text-classification":
+        # where --max_length truncates the checkpoint's texts: the config keeps its positions
+        identity["max_length"] = built.processor.model_max_length
     if built.task == MIM_TASK:
         tokenizer = built.processor
         identity["tokenizer"] = _as_path(args.data.tokenizer)
@@ -1358,6 +1400,7 @@ __all__ = [
     "check_one_batch",
     "check_precision",
     "check_pretrained_source",
+    "check_pretrained_text_flags",
     "check_resume_arguments",
     "check_supervision_flags",
     "checkpointing_name",
