@@ -165,3 +165,21 @@ def test_a_sudoku_models_curve_is_named_blank_cell_accuracy(tmp_path, monkeypatc
     curve = json.loads((out / "inspect.json").read_text())["accuracy_vs_iterations"]
     assert curve["metric"] == "blank_cell_accuracy" and "accuracy" not in curve, curve
     assert len(curve["blank_cell_accuracy"]) == 2 and curve["num_samples"] == 4, curve
+
+
+def test_integer_labels_are_mapped_onto_the_models_classes_as_evaluate_maps_them(models, tmp_path):
+    """A dataset whose integer labels are some of the model's class ids (2 and 7 of the digits' 0..9): on its own
+    it is a 2-class dataset, which the 10-class model would not fit; scored against the model, 2 and 7 are the
+    model's classes '2' and '7', as `energyformers evaluate` maps them."""
+    from datasets import Dataset, Features, Value
+    from datasets import Image as ImageFeature
+
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)) for _ in range(40)]
+    features = Features({"image": ImageFeature(), "label": Value("int64")})
+    rows = {"image": images, "label": [2, 7] * 20}
+    Dataset.from_dict(rows, features=features).save_to_disk(tmp_path / "two_digits")
+    out = tmp_path / "out"
+    argv = [models["hyperset"], "--dataset", tmp_path / "two_digits", "--max_samples", "4"]
+    assert inspect(*argv, "--output_dir", out, "--num_threads", "1") == 0
+    assert (out / "inspect.json").is_file()

@@ -391,11 +391,12 @@ def dataset_batches(
     import torch
 
     from .data import DataError, input_type_of, is_token_classification, load_data
-    from .evaluate import check_dataset_fits
+    from .evaluate import check_dataset_fits, model_labels
 
     input_type = getattr(config, "input_type", "image")
     try:
-        data = load_data(name)
+        # integer labels mapped onto the model's own, as `energyformers evaluate` maps them
+        data = load_data(name, class_names=model_labels(config))
     except DataError as err:
         raise InspectError(str(err)) from None
     if input_type_of(data) != input_type:
