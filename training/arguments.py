@@ -468,6 +468,17 @@ class RunArguments:
         default=None, metadata={"help": "log the training loss every N steps; unset: ~10 lines per run"}
     )
     dataloader_num_workers: int = field(default=0, metadata={"help": "data loading worker processes"})
+    dataloader_persistent_workers: bool = field(
+        default=False,
+        metadata={
+            "help": "keep the data loading workers alive between epochs and evaluations instead of starting them "
+            "again (needs --dataloader_num_workers >= 1)"
+        },
+    )
+    dataloader_pin_memory: bool = field(
+        default=True,
+        metadata={"help": "pin the batches' memory for faster copies to the GPU (no effect on CPU); true"},
+    )
     num_threads: int | None = field(
         default=None, metadata={"help": "torch CPU threads (1 is faster on a busy machine); unset: torch's"}
     )
@@ -800,6 +811,12 @@ def _validate_run_flags(r: RunArguments) -> None:
     _check(
         "dataloader_num_workers", r.dataloader_num_workers, r.dataloader_num_workers >= 0, "an integer >= 0"
     )
+    if r.dataloader_persistent_workers and r.dataloader_num_workers == 0:
+        # torch's DataLoader refuses it only when the first loader is built, after the model
+        raise UsageError(
+            "--dataloader_persistent_workers keeps worker processes alive, and --dataloader_num_workers is 0 "
+            "(no workers); pass --dataloader_num_workers N (N >= 1) or drop the flag"
+        )
     _check("num_predictions", r.num_predictions, r.num_predictions >= 0, "an integer >= 0")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -64,14 +65,22 @@ def to_rgb(image: Any) -> PIL.Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
-def image_transform(processor: ViTImageProcessorPil) -> Callable[[dict[str, list]], dict[str, Any]]:
-    """`Dataset.set_transform` function: batch of {image, label} → {pixel_values, labels} on the fly."""
+# The `Dataset.set_transform` callables are instances of module-level classes rather than closures: DataLoader
+# workers started by spawn (the macOS and Windows default) receive the dataset, transform included, pickled.
+@dataclass
+class ImageTransform:
+    """`Dataset.set_transform` callable: batch of {image, label} → {pixel_values, labels} through `processor`."""
 
-    def transform(batch: dict[str, list]) -> dict[str, Any]:
-        pixels = processor([to_rgb(im) for im in batch["image"]], return_tensors="pt")["pixel_values"]
+    processor: Any
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, Any]:
+        pixels = self.processor([to_rgb(im) for im in batch["image"]], return_tensors="pt")["pixel_values"]
         return {"pixel_values": pixels, "labels": batch["label"]}
 
-    return transform
+
+def image_transform(processor: ViTImageProcessorPil) -> Callable[[dict[str, list]], dict[str, Any]]:
+    """`Dataset.set_transform` function: batch of {image, label} → {pixel_values, labels} on the fly."""
+    return ImageTransform(processor)
 
 
 def train_tokenizer(
@@ -116,20 +125,29 @@ def wrap_tokenizer(tokenizer: Tokenizer, max_length: int) -> PreTrainedTokenizer
     )
 
 
-def text_transform(
-    tokenizer: PreTrainedTokenizerFast, max_length: int
-) -> Callable[[dict[str, list]], dict[str, Any]]:
-    """`Dataset.set_transform` function: batch of {text, label} → truncated ids; padding is the collator's."""
+@dataclass
+class TextTransform:
+    """`Dataset.set_transform` callable: batch of {text, label} (and `text_pair`, the second text of sentence-pair
+    data) → ids truncated at `max_length`; padding is the collator's."""
 
-    def transform(batch: dict[str, list]) -> dict[str, Any]:
-        encoded = tokenizer(batch["text"], truncation=True, max_length=max_length)
+    tokenizer: Any
+    max_length: int
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, Any]:
+        pair = batch.get("text_pair")
+        encoded = self.tokenizer(batch["text"], pair, truncation=True, max_length=self.max_length)
         return {
             "input_ids": encoded["input_ids"],
             "attention_mask": encoded["attention_mask"],
             "labels": batch["label"],
         }
 
-    return transform
+
+def text_transform(
+    tokenizer: PreTrainedTokenizerFast, max_length: int
+) -> Callable[[dict[str, list]], dict[str, Any]]:
+    """`Dataset.set_transform` function: batch of {text, label} → truncated ids; padding is the collator's."""
+    return TextTransform(tokenizer, max_length)
 
 
 def cell_tokenizer(num_cells: int = 81) -> PreTrainedTokenizerFast:
@@ -151,15 +169,15 @@ def cell_tokenizer(num_cells: int = 81) -> PreTrainedTokenizerFast:
     )
 
 
+def _cells(batch: dict[str, list]) -> dict[str, Any]:
+    return {"input_ids": batch["input_ids"], "labels": batch["labels"]}
+
+
 def cells_transform() -> Callable[[dict[str, list]], dict[str, Any]]:
     """`Dataset.set_transform` function of the token-classification built-ins: the cells already are the ids,
     so a batch of {input_ids, labels, givens} → {input_ids, labels} as plain int lists (the collator makes
     int64 tensors)."""
-
-    def transform(batch: dict[str, list]) -> dict[str, Any]:
-        return {"input_ids": batch["input_ids"], "labels": batch["labels"]}
-
-    return transform
+    return _cells
 
 
 # ------------------------------------------------------------------------------ loading a saved processor
@@ -381,6 +399,8 @@ def load_image_tokenizer(
 __all__ = [
     "PROBE_TEXT",
     "PROCESSOR_FILES",
+    "ImageTransform",
+    "TextTransform",
     "build_image_processor",
     "cell_tokenizer",
     "cells_transform",

@@ -1,0 +1,136 @@
+"""Bringing your own data: DataLoader workers under the spawn start method (the macOS and Windows default), the
+loader flags of both loops, 16-bit grey images, and sentence-pair datasets."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+from datasets import Dataset, Image
+from fixtures import cli_config
+from torch.utils.data import ConcatDataset, DataLoader
+
+from energyformers.training import accelerate_loop, train
+from energyformers.training.arguments import RunArguments
+from energyformers.training.processing import (
+    build_image_processor,
+    cells_transform,
+    image_transform,
+    text_transform,
+    train_tokenizer,
+)
+from energyformers.training.setup import AugmentedTransform
+from energyformers.training.sudoku import SudokuAugmentation
+
+TEXTS = ["a good film", "a bad plot", "good acting and a good plot", "a bad film", "bad acting"] * 4
+
+
+def grey_images(n: int, side: int = 8) -> list[PIL.Image.Image]:
+    return [
+        PIL.Image.fromarray(((np.arange(side * side) * (i + 1)) % 256).reshape(side, side).astype(np.uint8))
+        for i in range(n)
+    ]
+
+
+def transformed_datasets() -> list[Dataset]:
+    """One small dataset per `set_transform` callable the loops attach: images, texts, Sudoku cells, and Sudoku cells
+    behind the augmentation."""
+    images = Dataset.from_dict({"image": grey_images(2), "label": [0, 1]}).cast_column("image", Image())
+    images.set_transform(
+        image_transform(build_image_processor(SimpleNamespace(image_size=8, num_channels=3)))
+    )
+    texts = Dataset.from_dict({"text": TEXTS[:2], "label": [0, 1]})
+    texts.set_transform(text_transform(train_tokenizer(TEXTS, vocab_size=50, max_length=16), 16))
+    cells = {
+        "input_ids": [[0] * 81, [1] * 81],
+        "labels": [[-100] * 81, [2] * 81],
+        "givens": [[0] * 81, [1] * 81],
+    }
+    sudoku = Dataset.from_dict(cells)
+    sudoku.set_transform(cells_transform())
+    augmented = Dataset.from_dict(cells)
+    augmented.set_transform(AugmentedTransform(SudokuAugmentation(seed=0), cells_transform()))
+    return [images, texts, sudoku, augmented]
+
+
+def as_lists(row: dict) -> dict:
+    return {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in row.items()}
+
+
+def test_every_transform_reaches_a_dataloader_worker_started_by_spawn() -> None:
+    """The datasets travel to a spawned worker pickled, transform included (a closure cannot be pickled); the rows
+    it returns are the ones the main process computes from the same seeded state (the augmentation's generator
+    included). One worker for all four keeps it to one interpreter start."""
+    expected = [as_lists(ds[i]) for ds in transformed_datasets() for i in range(2)]
+    loader = DataLoader(
+        ConcatDataset(transformed_datasets()),
+        batch_size=1,
+        collate_fn=list,
+        num_workers=1,
+        multiprocessing_context="spawn",
+    )
+    rows = [as_lists(batch[0]) for batch in loader]
+    for i, (row, want) in enumerate(zip(rows, expected, strict=True)):
+        assert row == want, f"row {i}: the spawned worker gave {row}, the main process {want}"
+
+
+@pytest.fixture
+def spawn_start_method() -> Iterator[None]:
+    """The process-wide start method set to spawn, as on macOS and Windows, and put back afterwards."""
+    before = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("spawn", force=True)
+    yield
+    multiprocessing.set_start_method(before, force=True)
+
+
+SUBSET = ["--max_train_samples", "16", "--max_eval_samples", "8", "--max_test_samples", "8"]
+QUIET = ["--num_threads", "1", "--num_predictions", "0", "--warmup_ratio", "0", "--disable_tqdm"]
+
+
+def test_train_with_spawned_workers(spawn_start_method: None, tmp_path: Path) -> None:
+    """`--dataloader_num_workers 1` under spawn trains and evaluates; persistent workers keep it to few starts."""
+    out = tmp_path / "run"
+    argv = ["--dataset", "digits", *SUBSET, *QUIET, "--config", *cli_config("hyperset"), "--max_steps", "1"]
+    argv += ["--batch_size", "8", "--eval_strategy", "no", "--output_dir", str(out)]
+    argv += ["--dataloader_num_workers", "1", "--dataloader_persistent_workers"]
+    assert train.main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert 0 <= metrics["test"]["accuracy"] <= 1, metrics["test"]
+
+
+# ------------------------------------------------------------------ --dataloader_persistent_workers / _pin_memory
+
+
+def test_loader_flags_reach_both_loops(tmp_path: Path) -> None:
+    base = ["--output_dir", str(tmp_path / "o")]
+    args = train.parse([*base, "--dataloader_num_workers", "2", "--dataloader_persistent_workers"])
+    assert (
+        args.run.dataloader_persistent_workers and args.run.dataloader_pin_memory
+    )  # TrainingArguments' defaults
+    assert not train.parse([*base, "--dataloader_pin_memory", "false"]).run.dataloader_pin_memory
+    targs = train.training_arguments(args, tmp_path / "w")
+    assert targs.dataloader_persistent_workers and targs.dataloader_num_workers == 2
+    built = SimpleNamespace(data={s: list(range(4)) for s in ("train", "validation", "test")}, collator=list)
+    for loader in accelerate_loop.make_loaders(built, args.run):
+        assert loader.persistent_workers and loader.num_workers == 2
+        # pinned as Trainer pins: only with an accelerator (TrainingArguments(use_cpu=True) turns it off)
+        assert loader.pin_memory == (torch.cuda.is_available() and targs.dataloader_pin_memory)
+
+
+def test_persistent_workers_without_workers_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert train.main(["--output_dir", str(tmp_path / "o"), "--dataloader_persistent_workers"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1 and "--dataloader_persistent_workers" in err[0] and "--dataloader_num_workers" in err[0]
+    ), err
+    assert not (tmp_path / "o").exists()
+    assert RunArguments.__dataclass_fields__["dataloader_pin_memory"].default is True
