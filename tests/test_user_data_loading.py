@@ -134,3 +134,53 @@ def test_persistent_workers_without_workers_is_a_usage_error(
     ), err
     assert not (tmp_path / "o").exists()
     assert RunArguments.__dataclass_fields__["dataloader_pin_memory"].default is True
+
+
+# ------------------------------------------------------------------ 16-bit grey images
+
+
+def sixteen_bit(seed: int) -> PIL.Image.Image:
+    """A 16-bit grey image (mode I;16) with values up to 60000, well above 8 bits."""
+    values = np.random.default_rng(seed).integers(0, 60000, size=(8, 8), dtype=np.uint16)
+    return PIL.Image.fromarray(values)
+
+
+def test_training_preprocesses_16_bit_grey_as_the_pipeline_does(tmp_path: Path) -> None:
+    """The transform of training and `evaluate` gives the pixel values that `pipeline` / `predict` give (the saved
+    processor after PIL's RGB conversion) for every mode, 16-bit grey included."""
+    from transformers import AutoImageProcessor
+    from transformers.image_utils import load_image
+
+    build_image_processor(SimpleNamespace(image_size=8, num_channels=3)).save_pretrained(tmp_path)
+    processor = AutoImageProcessor.from_pretrained(tmp_path, backend="pil")  # as the model folder loads it
+    image = sixteen_bit(0)
+    image.save(tmp_path / "i16.png")
+    assert PIL.Image.open(tmp_path / "i16.png").mode == "I;16"
+    served = processor(load_image(str(tmp_path / "i16.png")), return_tensors="pt")["pixel_values"]
+    for mode_image in (image, image.convert("I"), image.convert("F"), grey_images(1)[0].convert("P")):
+        trained = image_transform(processor)({"image": [mode_image], "label": [0]})["pixel_values"]
+        reference = processor(mode_image, return_tensors="pt")["pixel_values"]
+        # both sides run the same PIL conversion and processor: equal to the bit
+        assert torch.equal(trained, reference), (mode_image.mode, (trained - reference).abs().max().item())
+    trained = image_transform(processor)({"image": [PIL.Image.open(tmp_path / "i16.png")], "label": [0]})
+    assert torch.equal(trained["pixel_values"], served), (trained["pixel_values"] - served).abs().max().item()
+
+
+def test_training_on_16_bit_grey_warns_once_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    folder = tmp_path / "images"
+    for label in ("a", "b"):
+        (folder / label).mkdir(parents=True)
+        for i in range(6):
+            image = sixteen_bit(i) if i % 2 else grey_images(1)[0]
+            image.save(folder / label / f"{i}.png")
+    out = tmp_path / "run"
+    argv = ["--dataset", str(folder), *QUIET, "--config", *cli_config("hyperset"), "--max_steps", "1"]
+    assert train.main([*argv, "--batch_size", "4", "--eval_strategy", "no", "--output_dir", str(out)]) == 0
+    # one warning of the run: printed with the others when the run is announced (and again in the closing summary),
+    # and recorded once in metrics.json
+    recorded = [w for w in json.loads((out / "metrics.json").read_text())["warnings"] if "16/32-bit" in w]
+    assert len(recorded) == 1, recorded
+    assert "6 of mode I;16" in recorded[0] and "rescale them to 8 bit" in recorded[0], recorded[0]
+    assert f"warning: {recorded[0]}" in capsys.readouterr().err.splitlines()

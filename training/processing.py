@@ -53,16 +53,51 @@ def build_image_processor(config: Any) -> ViTImageProcessorPil:
     )
 
 
+# Modes whose `convert("RGB")` clips: values above 255 become white (and negative ones black).
+CLIPPED_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
+
+
 def to_rgb(image: Any) -> PIL.Image.Image:
-    """A PIL image of any mode (L, P, RGBA, CMYK, I;16, ...) or a uint8 array → an RGB PIL image."""
+    """A PIL image of any mode (L, P, RGBA, CMYK, I;16, ...) or a uint8 array → an RGB PIL image, by PIL's
+    `convert("RGB")`: what `pipeline("image-classification")` (`load_image`) and the saved processor
+    (`do_convert_rgb`) do, so training, `evaluate`, `predict` and the pipeline see the same pixels. 16/32-bit grey
+    (`CLIPPED_MODES`) is clipped at 255 by it, as by transformers' run_image_classification.py: such data is
+    rescaled to 8 bit before training (`clipped_image_modes` finds it)."""
     if isinstance(image, np.ndarray):
         image = PIL.Image.fromarray(image)
-    if image.mode in ("I", "I;16", "I;16B", "I;16L", "F"):
-        # 16/32-bit grey would be clipped at 255 by convert("RGB"); rescale it to 8 bits first.
-        array = np.asarray(image, dtype=np.float32)
-        span = max(float(array.max() - array.min()), 1e-6)
-        image = PIL.Image.fromarray(((array - array.min()) * (255.0 / span)).astype(np.uint8))
     return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def clipped_image_modes(dataset: Any, limit: int = 2000) -> dict[str, int]:
+    """{mode: count} of the images of `dataset` (a split with an `image` column, or a DatasetDict) whose mode
+    `to_rgb` clips (`CLIPPED_MODES`), among the first `limit` of each split. Reads the file headers only, not the
+    pixels."""
+    import io
+
+    from datasets import Image
+
+    splits = dataset.values() if hasattr(dataset, "values") else [dataset]
+    found: dict[str, int] = {}
+    for split in splits:
+        rows = split.select(range(min(limit, len(split)))).cast_column("image", Image(decode=False))
+        for item in rows.with_format(None)["image"]:
+            source = io.BytesIO(item["bytes"]) if item.get("bytes") else item["path"]
+            with PIL.Image.open(source) as image:  # lazy: the header gives the mode
+                if image.mode in CLIPPED_MODES:
+                    found[image.mode] = found.get(image.mode, 0) + 1
+    return found
+
+
+def clipped_modes_warning(found: dict[str, int]) -> str | None:
+    """The one-line warning about `clipped_image_modes`' result; None when there are no such images."""
+    if not found:
+        return None
+    modes = ", ".join(f"{count} of mode {mode}" for mode, count in sorted(found.items()))
+    return (
+        f"images of 16/32-bit grey modes ({modes}): they are converted to RGB as pipeline() converts them, which "
+        "clips every value above 255 to white; rescale them to 8 bit first, with one scale for the whole dataset "
+        "(e.g. Image.fromarray((numpy.asarray(im) // 257).astype('uint8')) for the full 16-bit range)"
+    )
 
 
 # The `Dataset.set_transform` callables are instances of module-level classes rather than closures: DataLoader
@@ -397,6 +432,7 @@ def load_image_tokenizer(
 
 
 __all__ = [
+    "CLIPPED_MODES",
     "PROBE_TEXT",
     "PROCESSOR_FILES",
     "ImageTransform",
@@ -404,6 +440,8 @@ __all__ = [
     "build_image_processor",
     "cell_tokenizer",
     "cells_transform",
+    "clipped_image_modes",
+    "clipped_modes_warning",
     "image_transform",
     "load_processor",
     "one_line",

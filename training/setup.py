@@ -35,7 +35,7 @@ from .arguments import (
     parse_overrides,
 )
 from .cli import check_model_source
-from .data import DataError, batches_done, input_type_of, label_names, load_data, task_of
+from .data import BUILTIN_DATASETS, DataError, batches_done, input_type_of, label_names, load_data, task_of
 from .evaluation import has_recurrent_depth
 from .predict import cannot_load
 from .weights import check_model_folder, load_or_refuse
@@ -486,7 +486,13 @@ def load_and_check_data(args: Arguments, state: Any) -> tuple[Any, list[str]]:
                 data["train"][i]["image"].load()
             except Exception as err:
                 raise DataError(f"training image {i} of {d.dataset!r} cannot be decoded: {err}") from err
-    return data, small_split_warnings(data, masked_image_modeling=d.task == MIM_TASK)
+    warnings = small_split_warnings(data, masked_image_modeling=d.task == MIM_TASK)
+    if input_type_of(data) == "image" and d.dataset not in BUILTIN_DATASETS:  # the built-ins are 8-bit
+        from .processing import clipped_image_modes, clipped_modes_warning
+
+        clipped = clipped_modes_warning(clipped_image_modes(data))
+        warnings += [clipped] if clipped else []
+    return data, warnings
 
 
 def small_split_warnings(data: Any, masked_image_modeling: bool = False) -> list[str]:
