@@ -184,3 +184,103 @@ def test_training_on_16_bit_grey_warns_once_before_training(
     assert len(recorded) == 1, recorded
     assert "6 of mode I;16" in recorded[0] and "rescale them to 8 bit" in recorded[0], recorded[0]
     assert f"warning: {recorded[0]}" in capsys.readouterr().err.splitlines()
+
+
+# ------------------------------------------------------------------ sentence pairs
+
+
+def test_the_trained_tokenizer_marks_the_pair_boundary(tmp_path: Path) -> None:
+    """run_glue tokenizes (sentence1, sentence2) with separators: "[CLS] A [SEP] B [SEP]"; a single text keeps its
+    one leading [CLS]. The saved tokenizer does the same when reloaded, as pipeline loads it."""
+    from transformers import AutoTokenizer
+
+    train_tokenizer(TEXTS, vocab_size=50, max_length=16).save_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    pair = tokenizer.convert_ids_to_tokens(tokenizer("a good film", "a bad plot")["input_ids"])
+    assert pair == ["[CLS]", "a", "good", "film", "[SEP]", "a", "bad", "plot", "[SEP]"], pair
+    single = tokenizer.convert_ids_to_tokens(tokenizer("a good film")["input_ids"])
+    assert single == ["[CLS]", "a", "good", "film"], single
+    assert tokenizer.sep_token == "[SEP]" and tokenizer.convert_ids_to_tokens(0) == "[PAD]"
+
+
+def write_pairs(path: Path, first: str = "sentence1", second: str = "sentence2", n: int = 40) -> Path:
+    rows = [f"{first},{second},label,source"]
+    for i in range(n):
+        rows.append(f"{TEXTS[i % 5]},{TEXTS[(i + 2) % 5]},{i % 2},web")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_pair_columns_are_read_as_run_glue_reads_them(tmp_path: Path) -> None:
+    from energyformers.training.data import DataError, load_data
+
+    data = load_data(str(write_pairs(tmp_path / "pairs.csv")))
+    assert data["train"].column_names == ["text", "label", "text_pair"], data["train"].column_names
+    assert data.source_columns["text_pair_column"] == "sentence2", data.source_columns
+    # the unused string column is named in one line, the pair columns are not
+    assert data.column_notes == [
+        "string column(s) ['source'] of the dataset are not used (the text is 'sentence1' paired with "
+        "'sentence2')"
+    ], data.column_notes
+    named = load_data(
+        str(write_pairs(tmp_path / "nli.csv", "premise", "hypothesis")),
+        text_column="premise",
+        text_pair_column="hypothesis",
+    )
+    row = named["test"][0]
+    assert row["text"] in TEXTS and row["text_pair"] in TEXTS, row
+    one = load_data(str(tmp_path / "pairs.csv"), text_column="sentence1")
+    assert "text_pair" not in one["train"].column_names
+    assert len(one.column_notes) == 1 and "['sentence2', 'source']" in one.column_notes[0], one.column_notes
+    assert "--text_pair_column sentence2" in one.column_notes[0], one.column_notes
+    with pytest.raises(DataError, match="--text_pair_column 'sentence1' is also the text column"):
+        load_data(str(tmp_path / "pairs.csv"), text_column="sentence1", text_pair_column="sentence1")
+    with pytest.raises(DataError, match="text pair column 'label' has type"):
+        load_data(str(tmp_path / "pairs.csv"), text_column="sentence1", text_pair_column="label")
+
+
+def test_train_and_evaluate_on_sentence_pairs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Both texts reach the model, separated; `evaluate` reads the pairs as training did and scores the same."""
+    from energyformers.training import evaluate
+
+    dataset = write_pairs(tmp_path / "nli.csv", "premise", "hypothesis")
+    out = tmp_path / "run"
+    columns = ["--text_column", "premise", "--text_pair_column", "hypothesis"]
+    argv = [
+        "--model",
+        "hyperbf",
+        "--dataset",
+        str(dataset),
+        *columns,
+        *QUIET,
+        "--config",
+        *cli_config("hyperbf"),
+    ]
+    argv += ["--max_steps", "2", "--batch_size", "8", "--eval_strategy", "no", "--output_dir", str(out)]
+    assert train.main([*argv, "--num_predictions", "1"]) == 0
+    # the closing pipeline predictions are given the pairs too
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("test[0]")]
+    assert len(shown) == 1 and shown[0].count("' / '") == 1, shown
+    metrics = json.loads((out / "metrics.json").read_text())
+    unused = [w for w in metrics["warnings"] if "not used" in w]
+    assert len(unused) == 1 and "['source']" in unused[0], metrics["warnings"]  # both texts are read
+    tokenizer = transformers_tokenizer(out)
+    assert tokenizer.sep_token_id is not None
+    assert evaluate.main([str(out), "--dataset", str(dataset), *columns, "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out)["metrics"]
+    for name in ("accuracy", "loss"):
+        assert scored[f"test_{name}"] == pytest.approx(metrics["test"][name], abs=1e-6), (
+            name,
+            scored,
+            metrics,
+        )
+    # without the pair column the same model scores other inputs: the second text mattered
+    assert evaluate.main([str(out), "--dataset", str(dataset), "--text_column", "premise", "--json"]) == 0
+    single = json.loads(capsys.readouterr().out)["metrics"]
+    assert single["test_loss"] != pytest.approx(scored["test_loss"], abs=1e-6), (single, scored)
+
+
+def transformers_tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)

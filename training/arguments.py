@@ -99,7 +99,7 @@ def check_attn_flag(value: str | None, model_type: str, flag: str = "--attn_impl
 
 
 # The flags that name a dataset's columns (`train`, `evaluate`).
-COLUMN_FLAGS = ("image_column", "text_column", "label_column")
+COLUMN_FLAGS = ("image_column", "text_column", "text_pair_column", "label_column")
 
 
 def check_column_flags(dataset: str, columns: dict[str, str | None]) -> None:
@@ -248,6 +248,13 @@ class DataArguments:
     image_column: str | None = field(default=None, metadata={"help": "image column; unset: image, img, ..."})
     text_column: str | None = field(
         default=None, metadata={"help": "text column; unset: text, sentence, ..."}
+    )
+    text_pair_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "the second text of sentence-pair data (tokenized as [CLS] text [SEP] pair [SEP]); unset: "
+            "sentence2 when the columns sentence1 and sentence2 exist and --text_column is unset, else none"
+        },
     )
     label_column: str | None = field(
         default=None, metadata={"help": "label column; unset: label, labels, class or target"}

@@ -23,7 +23,8 @@ from transformers import PreTrainedTokenizerFast, ViTImageProcessorPil
 from ..tokenizer_fit import TOKENIZER_CONFIG_NAME
 from .weights import read_json_object
 
-SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]"]  # PAD = 0 so zero-padding and the padding id agree
+# PAD = 0 so zero-padding and the padding id agree; [SEP] closes each text of a sentence pair
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
 
 
 def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
@@ -121,9 +122,11 @@ def image_transform(processor: ViTImageProcessorPil) -> Callable[[dict[str, list
 def train_tokenizer(
     texts: Iterable[str], *, vocab_size: int = 8000, max_length: int = 128, algorithm: str = "wordpiece"
 ) -> PreTrainedTokenizerFast:
-    """Train a lower-cased WordPiece (or BPE) tokenizer on `texts`, offline, with [PAD]/[UNK]/[CLS].
+    """Train a lower-cased WordPiece (or BPE) tokenizer on `texts`, offline, with [PAD]/[UNK]/[CLS]/[SEP].
 
-    Every encoding starts with [CLS] (the classifier's pooled token); no token_type_ids are emitted.
+    Every encoding starts with [CLS] (the classifier's pooled token); a sentence pair is "[CLS] A [SEP] B [SEP]"
+    (as BERT's, which run_glue's pairs are tokenized with); no token_type_ids are emitted: the separators mark
+    the boundary.
     """
     if algorithm == "wordpiece":
         tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -140,9 +143,9 @@ def train_tokenizer(
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.train_from_iterator(texts, trainer)
-    cls_id = tokenizer.token_to_id("[CLS]")
+    special = [(token, tokenizer.token_to_id(token)) for token in ("[CLS]", "[SEP]")]
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A", pair="[CLS] $A $B", special_tokens=[("[CLS]", cls_id)]
+        single="[CLS] $A", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=special
     )
     return wrap_tokenizer(tokenizer, max_length)
 
@@ -150,11 +153,14 @@ def train_tokenizer(
 def wrap_tokenizer(tokenizer: Tokenizer, max_length: int) -> PreTrainedTokenizerFast:
     """The transformers tokenizer of a `tokenizers.Tokenizer` that `train_tokenizer` trained (or one read back
     from its `to_str()`): its special tokens, length and input names."""
+    # a tokenizer trained before [SEP] was a special token has none: naming it would add it to the vocabulary
+    sep = {"sep_token": "[SEP]"} if tokenizer.token_to_id("[SEP]") is not None else {}
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         unk_token="[UNK]",
         pad_token="[PAD]",
         cls_token="[CLS]",
+        **sep,
         model_max_length=max_length,
         model_input_names=["input_ids", "attention_mask"],
     )

@@ -423,8 +423,11 @@ def _new_config_and_processor(
                 f"training a WordPiece tokenizer (vocab {d.vocab_size}) on {len(data['train'])} texts",
                 flush=True,
             )
+        texts = data["train"]["text"]
+        if "text_pair" in data["train"].column_names:  # both texts of a pair share the vocabulary
+            texts = list(texts) + list(data["train"]["text_pair"])
         processor = _share_tokenizer(
-            train_tokenizer(data["train"]["text"], vocab_size=d.vocab_size, max_length=max_length), state
+            train_tokenizer(texts, vocab_size=d.vocab_size, max_length=max_length), state
         )
         fields.update(
             vocab_size=len(processor), max_position_embeddings=max_length, pad_token_id=processor.pad_token_id
@@ -471,6 +474,7 @@ def load_and_check_data(args: Arguments, state: Any) -> tuple[Any, list[str]]:
             image_column=d.image_column,
             text_column=d.text_column,
             label_column=d.label_column,
+            text_pair_column=d.text_pair_column,
             seed=0,
         )
     for split, limit in (
@@ -486,7 +490,9 @@ def load_and_check_data(args: Arguments, state: Any) -> tuple[Any, list[str]]:
                 data["train"][i]["image"].load()
             except Exception as err:
                 raise DataError(f"training image {i} of {d.dataset!r} cannot be decoded: {err}") from err
-    warnings = small_split_warnings(data, masked_image_modeling=d.task == MIM_TASK)
+    warnings = getattr(data, "column_notes", []) + small_split_warnings(
+        data, masked_image_modeling=d.task == MIM_TASK
+    )
     if input_type_of(data) == "image" and d.dataset not in BUILTIN_DATASETS:  # the built-ins are 8-bit
         from .processing import clipped_image_modes, clipped_modes_warning
 
