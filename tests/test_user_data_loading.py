@@ -235,6 +235,13 @@ def test_pair_columns_are_read_as_run_glue_reads_them(tmp_path: Path) -> None:
     assert "--text_pair_column sentence2" in one.column_notes[0], one.column_notes
     with pytest.raises(DataError, match="--text_pair_column 'sentence1' is also the text column"):
         load_data(str(tmp_path / "pairs.csv"), text_column="sentence1", text_pair_column="sentence1")
+    from datasets import DatasetDict
+
+    train_split = Dataset.from_csv(str(tmp_path / "pairs.csv"))
+    test_split = train_split.remove_columns("sentence2")  # a saved split without the second text
+    DatasetDict(train=train_split, test=test_split).save_to_disk(tmp_path / "saved")
+    with pytest.raises(DataError, match="split 'test' has no column 'sentence2'"):
+        load_data(str(tmp_path / "saved"))
     with pytest.raises(DataError, match="text pair column 'label' has type"):
         load_data(str(tmp_path / "pairs.csv"), text_column="sentence1", text_pair_column="label")
 
