@@ -656,6 +656,10 @@ BAD_INPUTS = {
         lambda tmp: ["--dataset", "rotten_tomatoes", "--label_column", "stars"],
         "--label_column stars: --dataset rotten_tomatoes is a built-in dataset with its own columns",
     ),
+    "pair column on a built-in dataset": (
+        lambda tmp: ["--dataset", "rotten_tomatoes", "--text_pair_column", "title"],
+        "--text_pair_column title: --dataset rotten_tomatoes is a built-in dataset with its own columns",
+    ),
     "resume without checkpoint": (lambda tmp: ["--resume"], "no checkpoint"),
     "attention the family lacks": (
         lambda tmp: ["--model", "imixer", "--attn_implementation", "sdpa"],

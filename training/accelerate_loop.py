@@ -185,6 +185,7 @@ def make_accelerator(run_args: RunArguments) -> Accelerator:
 
 def make_loaders(built: Built, run_args: RunArguments) -> tuple[Any, Any, Any]:
     """The train (shuffled), validation and test `DataLoader`s, before `prepare`."""
+    import torch
     from torch.utils.data import DataLoader
 
     def loader(split: str, batch_size: int, shuffle: bool) -> DataLoader:
@@ -194,6 +195,10 @@ def make_loaders(built: Built, run_args: RunArguments) -> tuple[Any, Any, Any]:
             shuffle=shuffle,
             collate_fn=built.collator,
             num_workers=run_args.dataloader_num_workers,
+            persistent_workers=run_args.dataloader_persistent_workers,
+            # as Trainer: pinned only where there is an accelerator to copy to (`TrainingArguments(use_cpu=True)`
+            # turns it off)
+            pin_memory=run_args.dataloader_pin_memory and torch.cuda.is_available(),
         )
 
     return (

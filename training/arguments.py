@@ -99,7 +99,7 @@ def check_attn_flag(value: str | None, model_type: str, flag: str = "--attn_impl
 
 
 # The flags that name a dataset's columns (`train`, `evaluate`).
-COLUMN_FLAGS = ("image_column", "text_column", "label_column")
+COLUMN_FLAGS = ("image_column", "text_column", "text_pair_column", "label_column")
 
 
 def check_column_flags(dataset: str, columns: dict[str, str | None]) -> None:
@@ -248,6 +248,13 @@ class DataArguments:
     image_column: str | None = field(default=None, metadata={"help": "image column; unset: image, img, ..."})
     text_column: str | None = field(
         default=None, metadata={"help": "text column; unset: text, sentence, ..."}
+    )
+    text_pair_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "the second text of sentence-pair data (tokenized as [CLS] text [SEP] pair [SEP]); unset: "
+            "sentence2 when the columns sentence1 and sentence2 exist and --text_column is unset, else none"
+        },
     )
     label_column: str | None = field(
         default=None, metadata={"help": "label column; unset: label, labels, class or target"}
@@ -468,6 +475,17 @@ class RunArguments:
         default=None, metadata={"help": "log the training loss every N steps; unset: ~10 lines per run"}
     )
     dataloader_num_workers: int = field(default=0, metadata={"help": "data loading worker processes"})
+    dataloader_persistent_workers: bool = field(
+        default=False,
+        metadata={
+            "help": "keep the data loading workers alive between epochs and evaluations instead of starting them "
+            "again (needs --dataloader_num_workers >= 1)"
+        },
+    )
+    dataloader_pin_memory: bool = field(
+        default=True,
+        metadata={"help": "pin the batches' memory for faster copies to the GPU (no effect on CPU); true"},
+    )
     num_threads: int | None = field(
         default=None, metadata={"help": "torch CPU threads (1 is faster on a busy machine); unset: torch's"}
     )
@@ -800,6 +818,12 @@ def _validate_run_flags(r: RunArguments) -> None:
     _check(
         "dataloader_num_workers", r.dataloader_num_workers, r.dataloader_num_workers >= 0, "an integer >= 0"
     )
+    if r.dataloader_persistent_workers and r.dataloader_num_workers == 0:
+        # torch's DataLoader refuses it only when the first loader is built, after the model
+        raise UsageError(
+            "--dataloader_persistent_workers keeps worker processes alive, and --dataloader_num_workers is 0 "
+            "(no workers); pass --dataloader_num_workers N (N >= 1) or drop the flag"
+        )
     _check("num_predictions", r.num_predictions, r.num_predictions >= 0, "an integer >= 0")
 
 

@@ -553,21 +553,49 @@ def _find_splits(raw: DatasetDict) -> dict[str, Dataset]:
     return splits
 
 
+# run_glue's sentence-pair columns: read as a pair when both are there and no --text_column is given.
+PAIR_COLUMNS = ("sentence1", "sentence2")
+
+
+class Columns(NamedTuple):
+    """The columns `normalize` reads: exactly one of `image` and `text`, `pair` (the second text of sentence-pair
+    data) or None, and `label`; `unused` names the string columns of a text dataset that are left out."""
+
+    image: str | None
+    text: str | None
+    pair: str | None
+    label: str
+    unused: list[str]
+
+
+def _is_string(feature: Any) -> bool:
+    return getattr(feature, "dtype", None) in ("string", "large_string")
+
+
 def _detect_columns(
-    train: Dataset, image_column: str | None, text_column: str | None, label_column: str | None
-) -> tuple[str | None, str | None, str]:
-    """The (image, text, label) columns of the train split: the ones the flags name, else the first of the usual
-    names; exactly one of image and text. A `DataError` when one is missing or of the wrong type."""
+    train: Dataset,
+    image_column: str | None,
+    text_column: str | None,
+    label_column: str | None,
+    text_pair_column: str | None = None,
+) -> Columns:
+    """The columns of the train split: the ones the flags name, else the first of the usual names; exactly one of
+    image and text, and with text a second text of a pair (`text_pair_column`, or run_glue's `PAIR_COLUMNS`
+    when no text column is named). A `DataError` when one is missing or of the wrong type."""
     columns = train.column_names
     features = train.features
     label = _pick(label_column, ("label", "labels", "class", "target"), columns, "--label_column")
     if label is None:
         raise DataError(f"no label column found; pass --label_column (columns are {columns})")
+    texts_named = text_column is not None or text_pair_column is not None
     image = (
-        _pick(image_column, ("image", "img", "pixel_values"), columns, "--image_column")
-        if text_column is None
-        else None
+        None
+        if texts_named
+        else _pick(image_column, ("image", "img", "pixel_values"), columns, "--image_column")
     )
+    pair = _pick(text_pair_column, (), columns, "--text_pair_column")
+    if image is None and text_column is None and pair is None and all(c in columns for c in PAIR_COLUMNS):
+        text_column, pair = PAIR_COLUMNS
     text = (
         None
         if image
@@ -581,13 +609,29 @@ def _detect_columns(
         raise DataError(
             f"image column {image!r} has type {features[image]}; expected a datasets.Image feature"
         )
-    if text and not _is_string(features[text]):
-        listed = _is_string(_element_feature(features[text]))
+    for flag, column in (("text", text), ("text pair", pair)):
+        if column and not _is_string(features[column]):
+            listed = _is_string(_element_feature(features[column]))
+            raise DataError(
+                f"{flag} column {column!r} has type {features[column]}; expected "
+                + ("one string per example, not a list of words: join them first" if listed else "strings")
+            )
+    if pair is not None and pair in (text, label):
         raise DataError(
-            f"text column {text!r} has type {features[text]}; expected "
-            + ("one string per example, not a list of words: join them first" if listed else "strings")
+            f"--text_pair_column {pair!r} is also the {'text' if pair == text else 'label'} column; the second "
+            "text of a pair is another column"
         )
-    return image, text, label
+    unused = [c for c in columns if c not in (text, pair, label) and _is_string(features[c])] if text else []
+    return Columns(image, text, pair, label, unused)
+
+
+def _unused_note(columns: Columns) -> str | None:
+    """One line naming the string columns a text dataset leaves unused, and how to read a second one as a pair."""
+    if not columns.unused:
+        return None
+    read = f"the text is {columns.text!r}" + (f" paired with {columns.pair!r}" if columns.pair else "")
+    hint = "" if columns.pair else f"; pass --text_pair_column {columns.unused[0]} to read sentence pairs"
+    return f"string column(s) {columns.unused} of the dataset are not used ({read}){hint}"
 
 
 def _element_feature(feature: Any) -> Any:
@@ -735,31 +779,42 @@ def normalize(
     image_column: str | None = None,
     text_column: str | None = None,
     label_column: str | None = None,
+    text_pair_column: str | None = None,
     seed: int = 0,
     class_names: list[str] | None = None,
 ) -> DatasetDict:
-    """Any `DatasetDict` → train/validation/test with `image` or `text` plus a `ClassLabel` `label`.
+    """Any `DatasetDict` → train/validation/test with `image` or `text` (and `text_pair`, the second text of
+    sentence-pair data) plus a `ClassLabel` `label`.
 
     Missing validation/test splits are carved out of train with `seed` (stratified when possible), and so are
-    unlabelled ones (`_labelled_splits`; its notices are the result's `notices`). Integer labels become class ids
-    as `_class_label` maps them (`class_names`: a model's labels, when scoring it).
+    unlabelled ones (`_labelled_splits`). Integer labels become class ids as `_class_label` maps them
+    (`class_names`: a model's labels, when scoring it). The result's `notices` are one line each for the run's
+    warnings: a split left out as unlabelled, string columns left unused.
     Raises `DataError` for every problem that would otherwise surface mid-training.
     """
     splits = _find_splits(raw)
     _refuse_word_level_tags(splits["train"], text_column, label_column)
-    image, text, label = _detect_columns(splits["train"], image_column, text_column, label_column)
+    columns = _detect_columns(splits["train"], image_column, text_column, label_column, text_pair_column)
+    image, text, pair, label = columns.image, columns.text, columns.pair, columns.label
     source = image or text
     splits, notices = _labelled_splits(splits, label)
     feature, ids = _class_label(splits, label, class_names)
+    renamed = {source: "image" if image else "text", label: "label"} | ({pair: "text_pair"} if pair else {})
 
     out = {}
     for split, ds in splits.items():  # the same rows: only columns are selected, renamed and cast
-        ds = ds.select_columns([source, label]).rename_columns(
-            {source: "image" if image else "text", label: "label"}
-        )
+        for column in renamed:
+            if column not in ds.column_names:
+                raise DataError(
+                    f"split {split!r} has no column {column!r}; its columns are {ds.column_names}"
+                )
+        ds = ds.select_columns(list(renamed)).rename_columns(renamed)
         out[split] = _to_class_ids(ds, ids, feature) if ids else ds.cast_column("label", feature)
-        if text and out[split].data.column("text").null_count:
-            raise DataError(f"text column {text!r} has missing values in split {split!r}")
+        if out[split].data.column("label").null_count:
+            raise DataError(f"label column {label!r} has missing values in split {split!r}")
+        for column, name in ((text, "text"), (pair, "text_pair")):
+            if column and out[split].data.column(name).null_count:
+                raise DataError(f"text column {column!r} has missing values in split {split!r}")
     if "test" not in out:
         out["train"], out["test"] = split_off(out["train"], 0.1, seed)
     if "validation" not in out:
@@ -770,7 +825,11 @@ def normalize(
     result = DatasetDict({s: out[s] for s in SPLITS})
     # the columns read, after detection: a resumed run compares these (`setup.resume_identity`), not the flags
     result.source_columns = {"image_column" if image else "text_column": source, "label_column": label}
-    result.notices = notices  # printed as warnings by the commands (and recorded in a run's metrics.json)
+    if pair:
+        result.source_columns["text_pair_column"] = pair
+    note = _unused_note(columns)
+    # printed as warnings by the commands (and recorded in a run's metrics.json)
+    result.notices = notices + ([note] if note else [])
     return result
 
 
@@ -780,6 +839,7 @@ def load_data(
     image_column: str | None = None,
     text_column: str | None = None,
     label_column: str | None = None,
+    text_pair_column: str | None = None,
     seed: int = 0,
     class_names: list[str] | None = None,
 ) -> DatasetDict:
@@ -809,6 +869,7 @@ def load_data(
         image_column=image_column,
         text_column=text_column,
         label_column=label_column,
+        text_pair_column=text_pair_column,
         seed=seed,
         class_names=class_names,
     )

@@ -99,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=SPLITS, default="test", help="the split scored (default: test)")
     p.add_argument("--image_column", help="image column; unset: image, img, ... (as train)")
     p.add_argument("--text_column", help="text column; unset: text, sentence, ... (as train)")
+    p.add_argument(
+        "--text_pair_column",
+        help="the second text of sentence-pair data; unset: sentence2 beside sentence1 (as train)",
+    )
     p.add_argument("--label_column", help="label column; unset: label, labels, class or target (as train)")
     p.add_argument("--max_samples", type=int, help="score the first N examples of the split (default: all)")
     p.add_argument(
@@ -339,12 +343,13 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         image_column=args.image_column,
         text_column=args.text_column,
         label_column=args.label_column,
+        text_pair_column=args.text_pair_column,
         seed=0,  # the seed `train` carves missing validation/test splits with: the same examples
         class_names=model_labels(
             config
         ),  # integer labels mapped onto the model's classes, as training mapped them
     )
-    for notice in getattr(data, "notices", []):  # e.g. an unlabelled split left out, carved out of train
+    for notice in getattr(data, "notices", []):  # e.g. an unlabelled split left out, a column unused
         print(f"warning: {notice}", file=sys.stderr, flush=True)
     check_dataset_fits(args.model_dir, config, args.dataset, data)
     task = task_of(data)

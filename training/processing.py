@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,7 +23,8 @@ from transformers import PreTrainedTokenizerFast, ViTImageProcessorPil
 from ..tokenizer_fit import TOKENIZER_CONFIG_NAME
 from .weights import read_json_object
 
-SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]"]  # PAD = 0 so zero-padding and the padding id agree
+# PAD = 0 so zero-padding and the padding id agree; [SEP] closes each text of a sentence pair
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
 
 
 def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
@@ -52,34 +54,79 @@ def build_image_processor(config: Any) -> ViTImageProcessorPil:
     )
 
 
+# Modes whose `convert("RGB")` clips: values above 255 become white (and negative ones black).
+CLIPPED_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
+
+
 def to_rgb(image: Any) -> PIL.Image.Image:
-    """A PIL image of any mode (L, P, RGBA, CMYK, I;16, ...) or a uint8 array → an RGB PIL image."""
+    """A PIL image of any mode (L, P, RGBA, CMYK, I;16, ...) or a uint8 array → an RGB PIL image, by PIL's
+    `convert("RGB")`: what `pipeline("image-classification")` (`load_image`) and the saved processor
+    (`do_convert_rgb`) do, so training, `evaluate`, `predict` and the pipeline see the same pixels. 16/32-bit grey
+    (`CLIPPED_MODES`) is clipped at 255 by it, as by transformers' run_image_classification.py: such data is
+    rescaled to 8 bit before training (`clipped_image_modes` finds it)."""
     if isinstance(image, np.ndarray):
         image = PIL.Image.fromarray(image)
-    if image.mode in ("I", "I;16", "I;16B", "I;16L", "F"):
-        # 16/32-bit grey would be clipped at 255 by convert("RGB"); rescale it to 8 bits first.
-        array = np.asarray(image, dtype=np.float32)
-        span = max(float(array.max() - array.min()), 1e-6)
-        image = PIL.Image.fromarray(((array - array.min()) * (255.0 / span)).astype(np.uint8))
     return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def clipped_image_modes(dataset: Any, limit: int = 2000) -> dict[str, int]:
+    """{mode: count} of the images of `dataset` (a split with an `image` column, or a DatasetDict) whose mode
+    `to_rgb` clips (`CLIPPED_MODES`), among the first `limit` of each split. Reads the file headers only, not the
+    pixels."""
+    import io
+
+    from datasets import Image
+
+    splits = dataset.values() if hasattr(dataset, "values") else [dataset]
+    found: dict[str, int] = {}
+    for split in splits:
+        rows = split.select(range(min(limit, len(split)))).cast_column("image", Image(decode=False))
+        for item in rows.with_format(None)["image"]:
+            source = io.BytesIO(item["bytes"]) if item.get("bytes") else item["path"]
+            with PIL.Image.open(source) as image:  # lazy: the header gives the mode
+                if image.mode in CLIPPED_MODES:
+                    found[image.mode] = found.get(image.mode, 0) + 1
+    return found
+
+
+def clipped_modes_warning(found: dict[str, int]) -> str | None:
+    """The one-line warning about `clipped_image_modes`' result; None when there are no such images."""
+    if not found:
+        return None
+    modes = ", ".join(f"{count} of mode {mode}" for mode, count in sorted(found.items()))
+    return (
+        f"images of 16/32-bit grey modes ({modes}): they are converted to RGB as pipeline() converts them, which "
+        "clips every value above 255 to white; rescale them to 8 bit first, with one scale for the whole dataset "
+        "(e.g. Image.fromarray((numpy.asarray(im) // 257).astype('uint8')) for the full 16-bit range)"
+    )
+
+
+# The `Dataset.set_transform` callables are instances of module-level classes rather than closures: DataLoader
+# workers started by spawn (the macOS and Windows default) receive the dataset, transform included, pickled.
+@dataclass
+class ImageTransform:
+    """`Dataset.set_transform` callable: batch of {image, label} → {pixel_values, labels} through `processor`."""
+
+    processor: Any
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, Any]:
+        pixels = self.processor([to_rgb(im) for im in batch["image"]], return_tensors="pt")["pixel_values"]
+        return {"pixel_values": pixels, "labels": batch["label"]}
 
 
 def image_transform(processor: ViTImageProcessorPil) -> Callable[[dict[str, list]], dict[str, Any]]:
     """`Dataset.set_transform` function: batch of {image, label} → {pixel_values, labels} on the fly."""
-
-    def transform(batch: dict[str, list]) -> dict[str, Any]:
-        pixels = processor([to_rgb(im) for im in batch["image"]], return_tensors="pt")["pixel_values"]
-        return {"pixel_values": pixels, "labels": batch["label"]}
-
-    return transform
+    return ImageTransform(processor)
 
 
 def train_tokenizer(
     texts: Iterable[str], *, vocab_size: int = 8000, max_length: int = 128, algorithm: str = "wordpiece"
 ) -> PreTrainedTokenizerFast:
-    """Train a lower-cased WordPiece (or BPE) tokenizer on `texts`, offline, with [PAD]/[UNK]/[CLS].
+    """Train a lower-cased WordPiece (or BPE) tokenizer on `texts`, offline, with [PAD]/[UNK]/[CLS]/[SEP].
 
-    Every encoding starts with [CLS] (the classifier's pooled token); no token_type_ids are emitted.
+    Every encoding starts with [CLS] (the classifier's pooled token); a sentence pair is "[CLS] A [SEP] B [SEP]"
+    (as BERT's, which run_glue's pairs are tokenized with); no token_type_ids are emitted: the separators mark
+    the boundary.
     """
     if algorithm == "wordpiece":
         tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -96,9 +143,9 @@ def train_tokenizer(
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.train_from_iterator(texts, trainer)
-    cls_id = tokenizer.token_to_id("[CLS]")
+    special = [(token, tokenizer.token_to_id(token)) for token in ("[CLS]", "[SEP]")]
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A", pair="[CLS] $A $B", special_tokens=[("[CLS]", cls_id)]
+        single="[CLS] $A", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=special
     )
     return wrap_tokenizer(tokenizer, max_length)
 
@@ -106,30 +153,42 @@ def train_tokenizer(
 def wrap_tokenizer(tokenizer: Tokenizer, max_length: int) -> PreTrainedTokenizerFast:
     """The transformers tokenizer of a `tokenizers.Tokenizer` that `train_tokenizer` trained (or one read back
     from its `to_str()`): its special tokens, length and input names."""
+    # a tokenizer trained before [SEP] was a special token has none: naming it would add it to the vocabulary
+    sep = {"sep_token": "[SEP]"} if tokenizer.token_to_id("[SEP]") is not None else {}
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         unk_token="[UNK]",
         pad_token="[PAD]",
         cls_token="[CLS]",
+        **sep,
         model_max_length=max_length,
         model_input_names=["input_ids", "attention_mask"],
     )
 
 
-def text_transform(
-    tokenizer: PreTrainedTokenizerFast, max_length: int
-) -> Callable[[dict[str, list]], dict[str, Any]]:
-    """`Dataset.set_transform` function: batch of {text, label} → truncated ids; padding is the collator's."""
+@dataclass
+class TextTransform:
+    """`Dataset.set_transform` callable: batch of {text, label} (and `text_pair`, the second text of sentence-pair
+    data) → ids truncated at `max_length`; padding is the collator's."""
 
-    def transform(batch: dict[str, list]) -> dict[str, Any]:
-        encoded = tokenizer(batch["text"], truncation=True, max_length=max_length)
+    tokenizer: Any
+    max_length: int
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, Any]:
+        pair = batch.get("text_pair")
+        encoded = self.tokenizer(batch["text"], pair, truncation=True, max_length=self.max_length)
         return {
             "input_ids": encoded["input_ids"],
             "attention_mask": encoded["attention_mask"],
             "labels": batch["label"],
         }
 
-    return transform
+
+def text_transform(
+    tokenizer: PreTrainedTokenizerFast, max_length: int
+) -> Callable[[dict[str, list]], dict[str, Any]]:
+    """`Dataset.set_transform` function: batch of {text, label} → truncated ids; padding is the collator's."""
+    return TextTransform(tokenizer, max_length)
 
 
 def cell_tokenizer(num_cells: int = 81) -> PreTrainedTokenizerFast:
@@ -151,15 +210,15 @@ def cell_tokenizer(num_cells: int = 81) -> PreTrainedTokenizerFast:
     )
 
 
+def _cells(batch: dict[str, list]) -> dict[str, Any]:
+    return {"input_ids": batch["input_ids"], "labels": batch["labels"]}
+
+
 def cells_transform() -> Callable[[dict[str, list]], dict[str, Any]]:
     """`Dataset.set_transform` function of the token-classification built-ins: the cells already are the ids,
     so a batch of {input_ids, labels, givens} → {input_ids, labels} as plain int lists (the collator makes
     int64 tensors)."""
-
-    def transform(batch: dict[str, list]) -> dict[str, Any]:
-        return {"input_ids": batch["input_ids"], "labels": batch["labels"]}
-
-    return transform
+    return _cells
 
 
 # ------------------------------------------------------------------------------ loading a saved processor
@@ -379,11 +438,16 @@ def load_image_tokenizer(
 
 
 __all__ = [
+    "CLIPPED_MODES",
     "PROBE_TEXT",
     "PROCESSOR_FILES",
+    "ImageTransform",
+    "TextTransform",
     "build_image_processor",
     "cell_tokenizer",
     "cells_transform",
+    "clipped_image_modes",
+    "clipped_modes_warning",
     "image_transform",
     "load_processor",
     "one_line",

@@ -280,11 +280,15 @@ def print_predictions(output_dir: Path, data: Any, task: str, count: int) -> Non
         return
     names = test.features["label"].names
     rows = [test[i] for i in range(min(count, len(test)))]
-    inputs = [row["image" if input_type == "image" else "text"] for row in rows]
+    if "text_pair" in test.column_names:  # sentence pairs: the pipeline takes {"text", "text_pair"} dicts
+        inputs = [{"text": row["text"], "text_pair": row["text_pair"]} for row in rows]
+    else:
+        inputs = [row["image" if input_type == "image" else "text"] for row in rows]
     outputs = pipe(inputs, **({"truncation": True} if task == "text-classification" else {}))
     for i, (row, out) in enumerate(zip(rows, outputs)):
         top = out[0] if isinstance(out, list) else out
         shown = "" if input_type == "image" else f"  {row['text'][:60]!r}"
+        shown += f" / {row['text_pair'][:60]!r}" if "text_pair" in row else ""
         print(
             f"  test[{i}]  true: {names[row['label']]:<12} predicted: {top['label']:<12} p={top['score']:.3f}{shown}"
         )

@@ -35,7 +35,7 @@ from .arguments import (
     parse_overrides,
 )
 from .cli import check_model_source
-from .data import DataError, batches_done, input_type_of, label_names, load_data, task_of
+from .data import BUILTIN_DATASETS, DataError, batches_done, input_type_of, label_names, load_data, task_of
 from .evaluation import has_recurrent_depth
 from .predict import cannot_load
 from .weights import check_model_folder, load_or_refuse
@@ -459,8 +459,11 @@ def _new_config_and_processor(
                 f"training a WordPiece tokenizer (vocab {d.vocab_size}) on {len(data['train'])} texts",
                 flush=True,
             )
+        texts = data["train"]["text"]
+        if "text_pair" in data["train"].column_names:  # both texts of a pair share the vocabulary
+            texts = list(texts) + list(data["train"]["text_pair"])
         processor = _share_tokenizer(
-            train_tokenizer(data["train"]["text"], vocab_size=d.vocab_size, max_length=max_length), state
+            train_tokenizer(texts, vocab_size=d.vocab_size, max_length=max_length), state
         )
         fields.update(
             vocab_size=len(processor), max_position_embeddings=max_length, pad_token_id=processor.pad_token_id
@@ -507,6 +510,7 @@ def load_and_check_data(args: Arguments, state: Any) -> tuple[Any, list[str]]:
             image_column=d.image_column,
             text_column=d.text_column,
             label_column=d.label_column,
+            text_pair_column=d.text_pair_column,
             seed=0,
         )
     for split, limit in (
@@ -522,8 +526,15 @@ def load_and_check_data(args: Arguments, state: Any) -> tuple[Any, list[str]]:
                 data["train"][i]["image"].load()
             except Exception as err:
                 raise DataError(f"training image {i} of {d.dataset!r} cannot be decoded: {err}") from err
-    notices = list(getattr(data, "notices", []))  # e.g. an unlabelled split left out (`data.normalize`)
-    return data, notices + small_split_warnings(data, masked_image_modeling=d.task == MIM_TASK)
+    # e.g. an unlabelled split left out, string columns left unused (`data.normalize`)
+    warnings = list(getattr(data, "notices", []))
+    warnings += small_split_warnings(data, masked_image_modeling=d.task == MIM_TASK)
+    if input_type_of(data) == "image" and d.dataset not in BUILTIN_DATASETS:  # the built-ins are 8-bit
+        from .processing import clipped_image_modes, clipped_modes_warning
+
+        clipped = clipped_modes_warning(clipped_image_modes(data))
+        warnings += [clipped] if clipped else []
+    return data, warnings
 
 
 def small_split_warnings(data: Any, masked_image_modeling: bool = False) -> list[str]:

@@ -176,6 +176,8 @@ def training_arguments(args: Any, work_dir: Path) -> Any:
         logging_strategy="steps",
         logging_steps=run.logging_steps or 10,  # set from the schedule in run()
         dataloader_num_workers=run.dataloader_num_workers,
+        dataloader_persistent_workers=run.dataloader_persistent_workers,
+        dataloader_pin_memory=run.dataloader_pin_memory,
         remove_unused_columns=False,  # the set_transform columns are produced on the fly
         # every parameter of every model the CLI builds gets a gradient at every step (halting head, deep
         # supervision and random depth included; tests/test_ddp_unused_parameters.py), as the Accelerate loop

@@ -1,0 +1,293 @@
+"""Bringing your own data: DataLoader workers under the spawn start method (the macOS and Windows default), the
+loader flags of both loops, 16-bit grey images, and sentence-pair datasets."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+from datasets import Dataset, Image
+from fixtures import cli_config
+from torch.utils.data import ConcatDataset, DataLoader
+
+from energyformers.training import accelerate_loop, train
+from energyformers.training.arguments import RunArguments
+from energyformers.training.processing import (
+    build_image_processor,
+    cells_transform,
+    image_transform,
+    text_transform,
+    train_tokenizer,
+)
+from energyformers.training.setup import AugmentedTransform
+from energyformers.training.sudoku import SudokuAugmentation
+
+TEXTS = ["a good film", "a bad plot", "good acting and a good plot", "a bad film", "bad acting"] * 4
+
+
+def grey_images(n: int, side: int = 8) -> list[PIL.Image.Image]:
+    return [
+        PIL.Image.fromarray(((np.arange(side * side) * (i + 1)) % 256).reshape(side, side).astype(np.uint8))
+        for i in range(n)
+    ]
+
+
+def transformed_datasets() -> list[Dataset]:
+    """One small dataset per `set_transform` callable the loops attach: images, texts, Sudoku cells, and Sudoku cells
+    behind the augmentation."""
+    images = Dataset.from_dict({"image": grey_images(2), "label": [0, 1]}).cast_column("image", Image())
+    images.set_transform(
+        image_transform(build_image_processor(SimpleNamespace(image_size=8, num_channels=3)))
+    )
+    texts = Dataset.from_dict({"text": TEXTS[:2], "label": [0, 1]})
+    texts.set_transform(text_transform(train_tokenizer(TEXTS, vocab_size=50, max_length=16), 16))
+    cells = {
+        "input_ids": [[0] * 81, [1] * 81],
+        "labels": [[-100] * 81, [2] * 81],
+        "givens": [[0] * 81, [1] * 81],
+    }
+    sudoku = Dataset.from_dict(cells)
+    sudoku.set_transform(cells_transform())
+    augmented = Dataset.from_dict(cells)
+    augmented.set_transform(AugmentedTransform(SudokuAugmentation(seed=0), cells_transform()))
+    return [images, texts, sudoku, augmented]
+
+
+def as_lists(row: dict) -> dict:
+    return {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in row.items()}
+
+
+def test_every_transform_reaches_a_dataloader_worker_started_by_spawn() -> None:
+    """The datasets travel to a spawned worker pickled, transform included (a closure cannot be pickled); the rows
+    it returns are the ones the main process computes from the same seeded state (the augmentation's generator
+    included). One worker for all four keeps it to one interpreter start."""
+    expected = [as_lists(ds[i]) for ds in transformed_datasets() for i in range(2)]
+    loader = DataLoader(
+        ConcatDataset(transformed_datasets()),
+        batch_size=1,
+        collate_fn=list,
+        num_workers=1,
+        multiprocessing_context="spawn",
+    )
+    rows = [as_lists(batch[0]) for batch in loader]
+    for i, (row, want) in enumerate(zip(rows, expected, strict=True)):
+        assert row == want, f"row {i}: the spawned worker gave {row}, the main process {want}"
+
+
+@pytest.fixture
+def spawn_start_method() -> Iterator[None]:
+    """The process-wide start method set to spawn, as on macOS and Windows, and put back afterwards."""
+    before = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("spawn", force=True)
+    yield
+    multiprocessing.set_start_method(before, force=True)
+
+
+SUBSET = ["--max_train_samples", "16", "--max_eval_samples", "8", "--max_test_samples", "8"]
+QUIET = ["--num_threads", "1", "--num_predictions", "0", "--warmup_ratio", "0", "--disable_tqdm"]
+
+
+def test_train_with_spawned_workers(spawn_start_method: None, tmp_path: Path) -> None:
+    """`--dataloader_num_workers 1` under spawn trains and evaluates; persistent workers keep it to few starts."""
+    out = tmp_path / "run"
+    argv = ["--dataset", "digits", *SUBSET, *QUIET, "--config", *cli_config("hyperset"), "--max_steps", "1"]
+    argv += ["--batch_size", "8", "--eval_strategy", "no", "--output_dir", str(out)]
+    argv += ["--dataloader_num_workers", "1", "--dataloader_persistent_workers"]
+    assert train.main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert 0 <= metrics["test"]["accuracy"] <= 1, metrics["test"]
+
+
+# ------------------------------------------------------------------ --dataloader_persistent_workers / _pin_memory
+
+
+def test_loader_flags_reach_both_loops(tmp_path: Path) -> None:
+    base = ["--output_dir", str(tmp_path / "o")]
+    args = train.parse([*base, "--dataloader_num_workers", "2", "--dataloader_persistent_workers"])
+    assert (
+        args.run.dataloader_persistent_workers and args.run.dataloader_pin_memory
+    )  # TrainingArguments' defaults
+    assert not train.parse([*base, "--dataloader_pin_memory", "false"]).run.dataloader_pin_memory
+    targs = train.training_arguments(args, tmp_path / "w")
+    assert targs.dataloader_persistent_workers and targs.dataloader_num_workers == 2
+    built = SimpleNamespace(data={s: list(range(4)) for s in ("train", "validation", "test")}, collator=list)
+    for loader in accelerate_loop.make_loaders(built, args.run):
+        assert loader.persistent_workers and loader.num_workers == 2
+        # pinned as Trainer pins: only with an accelerator (TrainingArguments(use_cpu=True) turns it off)
+        assert loader.pin_memory == (torch.cuda.is_available() and targs.dataloader_pin_memory)
+
+
+def test_persistent_workers_without_workers_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert train.main(["--output_dir", str(tmp_path / "o"), "--dataloader_persistent_workers"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1 and "--dataloader_persistent_workers" in err[0] and "--dataloader_num_workers" in err[0]
+    ), err
+    assert not (tmp_path / "o").exists()
+    assert RunArguments.__dataclass_fields__["dataloader_pin_memory"].default is True
+
+
+# ------------------------------------------------------------------ 16-bit grey images
+
+
+def sixteen_bit(seed: int) -> PIL.Image.Image:
+    """A 16-bit grey image (mode I;16) with values up to 60000, well above 8 bits."""
+    values = np.random.default_rng(seed).integers(0, 60000, size=(8, 8), dtype=np.uint16)
+    return PIL.Image.fromarray(values)
+
+
+def test_training_preprocesses_16_bit_grey_as_the_pipeline_does(tmp_path: Path) -> None:
+    """The transform of training and `evaluate` gives the pixel values that `pipeline` / `predict` give (the saved
+    processor after PIL's RGB conversion) for every mode, 16-bit grey included."""
+    from transformers import AutoImageProcessor
+    from transformers.image_utils import load_image
+
+    build_image_processor(SimpleNamespace(image_size=8, num_channels=3)).save_pretrained(tmp_path)
+    processor = AutoImageProcessor.from_pretrained(tmp_path, backend="pil")  # as the model folder loads it
+    image = sixteen_bit(0)
+    image.save(tmp_path / "i16.png")
+    assert PIL.Image.open(tmp_path / "i16.png").mode == "I;16"
+    served = processor(load_image(str(tmp_path / "i16.png")), return_tensors="pt")["pixel_values"]
+    for mode_image in (image, image.convert("I"), image.convert("F"), grey_images(1)[0].convert("P")):
+        trained = image_transform(processor)({"image": [mode_image], "label": [0]})["pixel_values"]
+        reference = processor(mode_image, return_tensors="pt")["pixel_values"]
+        # both sides run the same PIL conversion and processor: equal to the bit
+        assert torch.equal(trained, reference), (mode_image.mode, (trained - reference).abs().max().item())
+    trained = image_transform(processor)({"image": [PIL.Image.open(tmp_path / "i16.png")], "label": [0]})
+    assert torch.equal(trained["pixel_values"], served), (trained["pixel_values"] - served).abs().max().item()
+
+
+def test_training_on_16_bit_grey_warns_once_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    folder = tmp_path / "images"
+    for label in ("a", "b"):
+        (folder / label).mkdir(parents=True)
+        for i in range(6):
+            image = sixteen_bit(i) if i % 2 else grey_images(1)[0]
+            image.save(folder / label / f"{i}.png")
+    out = tmp_path / "run"
+    argv = ["--dataset", str(folder), *QUIET, "--config", *cli_config("hyperset"), "--max_steps", "1"]
+    assert train.main([*argv, "--batch_size", "4", "--eval_strategy", "no", "--output_dir", str(out)]) == 0
+    # one warning of the run: printed with the others when the run is announced (and again in the closing summary),
+    # and recorded once in metrics.json
+    recorded = [w for w in json.loads((out / "metrics.json").read_text())["warnings"] if "16/32-bit" in w]
+    assert len(recorded) == 1, recorded
+    assert "6 of mode I;16" in recorded[0] and "rescale them to 8 bit" in recorded[0], recorded[0]
+    assert f"warning: {recorded[0]}" in capsys.readouterr().err.splitlines()
+
+
+# ------------------------------------------------------------------ sentence pairs
+
+
+def test_the_trained_tokenizer_marks_the_pair_boundary(tmp_path: Path) -> None:
+    """run_glue tokenizes (sentence1, sentence2) with separators: "[CLS] A [SEP] B [SEP]"; a single text keeps its
+    one leading [CLS]. The saved tokenizer does the same when reloaded, as pipeline loads it."""
+    from transformers import AutoTokenizer
+
+    train_tokenizer(TEXTS, vocab_size=50, max_length=16).save_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    pair = tokenizer.convert_ids_to_tokens(tokenizer("a good film", "a bad plot")["input_ids"])
+    assert pair == ["[CLS]", "a", "good", "film", "[SEP]", "a", "bad", "plot", "[SEP]"], pair
+    single = tokenizer.convert_ids_to_tokens(tokenizer("a good film")["input_ids"])
+    assert single == ["[CLS]", "a", "good", "film"], single
+    assert tokenizer.sep_token == "[SEP]" and tokenizer.convert_ids_to_tokens(0) == "[PAD]"
+
+
+def write_pairs(path: Path, first: str = "sentence1", second: str = "sentence2", n: int = 40) -> Path:
+    rows = [f"{first},{second},label,source"]
+    for i in range(n):
+        rows.append(f"{TEXTS[i % 5]},{TEXTS[(i + 2) % 5]},{i % 2},web")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_pair_columns_are_read_as_run_glue_reads_them(tmp_path: Path) -> None:
+    from energyformers.training.data import DataError, load_data
+
+    data = load_data(str(write_pairs(tmp_path / "pairs.csv")))
+    assert data["train"].column_names == ["text", "label", "text_pair"], data["train"].column_names
+    assert data.source_columns["text_pair_column"] == "sentence2", data.source_columns
+    # the unused string column is named in one line, the pair columns are not
+    assert data.notices == [
+        "string column(s) ['source'] of the dataset are not used (the text is 'sentence1' paired with "
+        "'sentence2')"
+    ], data.notices
+    named = load_data(
+        str(write_pairs(tmp_path / "nli.csv", "premise", "hypothesis")),
+        text_column="premise",
+        text_pair_column="hypothesis",
+    )
+    row = named["test"][0]
+    assert row["text"] in TEXTS and row["text_pair"] in TEXTS, row
+    one = load_data(str(tmp_path / "pairs.csv"), text_column="sentence1")
+    assert "text_pair" not in one["train"].column_names
+    assert len(one.notices) == 1 and "['sentence2', 'source']" in one.notices[0], one.notices
+    assert "--text_pair_column sentence2" in one.notices[0], one.notices
+    with pytest.raises(DataError, match="--text_pair_column 'sentence1' is also the text column"):
+        load_data(str(tmp_path / "pairs.csv"), text_column="sentence1", text_pair_column="sentence1")
+    from datasets import DatasetDict
+
+    train_split = Dataset.from_csv(str(tmp_path / "pairs.csv"))
+    test_split = train_split.remove_columns("sentence2")  # a saved split without the second text
+    DatasetDict(train=train_split, test=test_split).save_to_disk(tmp_path / "saved")
+    with pytest.raises(DataError, match="split 'test' has no column 'sentence2'"):
+        load_data(str(tmp_path / "saved"))
+    with pytest.raises(DataError, match="text pair column 'label' has type"):
+        load_data(str(tmp_path / "pairs.csv"), text_column="sentence1", text_pair_column="label")
+
+
+def test_train_and_evaluate_on_sentence_pairs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Both texts reach the model, separated; `evaluate` reads the pairs as training did and scores the same."""
+    from energyformers.training import evaluate
+
+    dataset = write_pairs(tmp_path / "nli.csv", "premise", "hypothesis")
+    out = tmp_path / "run"
+    columns = ["--text_column", "premise", "--text_pair_column", "hypothesis"]
+    argv = [
+        "--model",
+        "hyperbf",
+        "--dataset",
+        str(dataset),
+        *columns,
+        *QUIET,
+        "--config",
+        *cli_config("hyperbf"),
+    ]
+    argv += ["--max_steps", "2", "--batch_size", "8", "--eval_strategy", "no", "--output_dir", str(out)]
+    assert train.main([*argv, "--num_predictions", "1"]) == 0
+    # the closing pipeline predictions are given the pairs too
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("test[0]")]
+    assert len(shown) == 1 and shown[0].count("' / '") == 1, shown
+    metrics = json.loads((out / "metrics.json").read_text())
+    unused = [w for w in metrics["warnings"] if "not used" in w]
+    assert len(unused) == 1 and "['source']" in unused[0], metrics["warnings"]  # both texts are read
+    tokenizer = transformers_tokenizer(out)
+    assert tokenizer.sep_token_id is not None
+    assert evaluate.main([str(out), "--dataset", str(dataset), *columns, "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out)["metrics"]
+    for name in ("accuracy", "loss"):
+        assert scored[f"test_{name}"] == pytest.approx(metrics["test"][name], abs=1e-6), (
+            name,
+            scored,
+            metrics,
+        )
+    # without the pair column the same model scores other inputs: the second text mattered
+    assert evaluate.main([str(out), "--dataset", str(dataset), "--text_column", "premise", "--json"]) == 0
+    single = json.loads(capsys.readouterr().out)["metrics"]
+    assert single["test_loss"] != pytest.approx(scored["test_loss"], abs=1e-6), (single, scored)
+
+
+def transformers_tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
