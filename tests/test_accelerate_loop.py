@@ -120,14 +120,26 @@ sys.exit(status)
 """
 
 
+# evaluations every 2 steps of 6: a stop at step 2, in its training or in its evaluation
+STOP_ARGV = [*COMMON, *tiny(), "--max_steps", "6", "--batch_size", "8", "--per_device_eval_batch_size", "4"]
+STOP_ARGV += ["--eval_strategy", "steps", "--eval_steps", "2", "--save_steps", "4", "--disable_tqdm"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The output folder of the uninterrupted run of `STOP_ARGV`, which both stops resume to: trained once."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "straight"
+    assert accelerate_loop.main([*STOP_ARGV, "--output_dir", str(out)]) == 0
+    return out
+
+
 @pytest.mark.parametrize(("during", "batches"), [("training", 0), ("evaluation", 1)])
 def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
-    tmp_path: Path, during: str, batches: int
+    tmp_path: Path, uninterrupted: Path, during: str, batches: int
 ) -> None:
     """As in `train`: the evaluation after the stop step does not start, one in progress ends at its next batch
     (of 4), unlogged; the step just trained is checkpointed and the run resumes from it."""
-    argv = [*COMMON, *tiny(), "--max_steps", "6", "--batch_size", "8", "--per_device_eval_batch_size", "4"]
-    argv += ["--eval_strategy", "steps", "--eval_steps", "2", "--save_steps", "4", "--disable_tqdm"]
+    argv = list(STOP_ARGV)
     out = tmp_path / "run"
     script, seen = tmp_path / "stop.py", tmp_path / "seen.json"
     script.write_text(STOP_AROUND_AN_EVALUATION)
@@ -147,8 +159,7 @@ def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
     assert accelerate_loop.main([*argv, "--output_dir", str(out), "--resume"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["recipe"]["resumed_from"].endswith("step_2"), metrics["recipe"]
-    assert accelerate_loop.main([*argv, "--output_dir", str(tmp_path / "straight")]) == 0
-    a, b = weights(tmp_path / "straight"), weights(out)
+    a, b = weights(uninterrupted), weights(out)
     for key in a:  # exact, as after a stop between evaluations (`test_resume_from_saved_state_...`)
         torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
 

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -346,6 +347,23 @@ sys.exit(status)
 """
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[list[str]], Path]:
+    """The output folder of an uninterrupted run of `argv` (without `--output_dir`), trained once per module for
+    each argv: the stop tests of one cadence (a stop in training, in an evaluation) compare with the same run."""
+    runs: dict[tuple[str, ...], Path] = {}
+
+    def run(argv: list[str]) -> Path:
+        key = tuple(map(str, argv))
+        if key not in runs:
+            out = tmp_path_factory.mktemp("uninterrupted") / "straight"
+            assert run_cli(*key, "--output_dir", out) == 0
+            runs[key] = out
+        return runs[key]
+
+    return run
+
+
 # every 2 steps of 6; or by epoch (the CLI's default without --max_steps): 32 samples, 4 steps an epoch, 2 epochs
 BY_STEPS = ["--max_steps", "6", "--eval_strategy", "steps", "--eval_steps", "2", "--save_steps", "4"]
 BY_EPOCH = ["--num_train_epochs", "2", "--eval_strategy", "epoch", "--save_strategy", "epoch"]
@@ -363,7 +381,12 @@ BY_EPOCH = ["--num_train_epochs", "2", "--eval_strategy", "epoch", "--save_strat
     ids=["training", "evaluation", "evaluation-best-model", "training-mid-epoch", "evaluation-ema"],
 )
 def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
-    tmp_path: Path, during: str, cadence: list[str], expected_batches: list[int], best: bool
+    tmp_path: Path,
+    uninterrupted: Callable[[list[str]], Path],
+    during: str,
+    cadence: list[str],
+    expected_batches: list[int],
+    best: bool,
 ) -> None:
     """SIGTERM during the step before an evaluation, or during the evaluation (which on a CPU can outlast many
     training steps): the evaluation does not start, or ends at its next prediction step; the step just trained is
@@ -412,11 +435,11 @@ def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
     assert metrics["recipe"]["resumed_from"].endswith("checkpoint-2"), metrics["recipe"]
     if best:
         return
-    assert run_cli(*argv, "--output_dir", tmp_path / "straight") == 0
-    a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(out / "model.safetensors")
+    straight_dir = uninterrupted(argv)
+    a, b = load_file(straight_dir / "model.safetensors"), load_file(out / "model.safetensors")
     for key in a:  # exact, as after a stop between evaluations (`test_resume_after_sigterm_matches_...`)
         torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
-    straight = json.loads((tmp_path / "straight" / "metrics.json").read_text())["train"]["train_loss"]
+    straight = json.loads((straight_dir / "metrics.json").read_text())["train"]["train_loss"]
     # the same float32 step losses (the same weights), summed in other windows: one rounding each of at most 8
     # steps' sums of about 2.3, and the float64 arithmetic of `whole_run_train_loss` on them
     assert metrics["train"]["train_loss"] == pytest.approx(straight, rel=rounding(torch.float32, 8)), (
