@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -92,52 +93,92 @@ def test_resume_from_saved_state_matches_the_uninterrupted_run(tmp_path: Path) -
         torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
 
 
-# Run as a script: SIGTERM (a real signal) while step 2 trains (argv[1] "training"; step 2 ends at an evaluation
-# step) or at the first batch of its evaluation ("evaluation"); argv[2] gets the number of evaluation batches run.
+# Run as a script, one stopped run after the other in one process (each a fresh process's worth of imports
+# otherwise): argv[1], a JSON list of [during, argv]; SIGTERM (a real signal) while step 2 trains ("training"; step 2
+# ends at an evaluation step) or at the first batch of its evaluation ("evaluation"); argv[2] gets each run's exit
+# status and the number of evaluation batches it ran. Each run's output follows a line `===== <index>` on stderr.
 STOP_AROUND_AN_EVALUATION = """
 import json, os, signal, sys
 from energyformers.training import accelerate_loop
 
-train_steps, eval_batches = [], []
+train_steps, eval_batches, during = [], [], [None]
 train_step, sample_losses = accelerate_loop.train_step, accelerate_loop.sample_losses
 
 def counting_train_step(*args, **kwargs):
     train_steps.append(1)
-    if sys.argv[1] == "training" and len(train_steps) == 2:
+    if during[0] == "training" and len(train_steps) == 2:
         os.kill(os.getpid(), signal.SIGTERM)
     return train_step(*args, **kwargs)
 
 def counting_sample_losses(*args, **kwargs):  # once per evaluation batch
     eval_batches.append(1)
-    if sys.argv[1] == "evaluation" and len(eval_batches) == 1:
+    if during[0] == "evaluation" and len(eval_batches) == 1:
         os.kill(os.getpid(), signal.SIGTERM)
     return sample_losses(*args, **kwargs)
 
 accelerate_loop.train_step, accelerate_loop.sample_losses = counting_train_step, counting_sample_losses
-status = accelerate_loop.main(sys.argv[3:])
-open(sys.argv[2], "w").write(json.dumps(len(eval_batches)))
-sys.exit(status)
+records = []
+for index, (name, argv) in enumerate(json.loads(sys.argv[1])):
+    train_steps.clear(), eval_batches.clear()
+    during[0] = name
+    print(f"===== {index}", file=sys.stderr, flush=True)
+    status = accelerate_loop.main(argv)
+    sys.stderr.flush()
+    records.append({"status": status, "eval_batches": len(eval_batches)})
+open(sys.argv[2], "w").write(json.dumps(records))
 """
+
+
+# evaluations every 2 steps of 6: a stop at step 2, in its training or in its evaluation
+STOP_ARGV = [*COMMON, *tiny(), "--max_steps", "6", "--batch_size", "8", "--per_device_eval_batch_size", "4"]
+STOP_ARGV += ["--eval_strategy", "steps", "--eval_steps", "2", "--save_steps", "4", "--disable_tqdm"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The output folder of the uninterrupted run of `STOP_ARGV`, which both stops resume to: trained once."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "straight"
+    assert accelerate_loop.main([*STOP_ARGV, "--output_dir", str(out)]) == 0
+    return out
+
+
+STOPS = ["training", "evaluation"]
+
+
+@pytest.fixture(scope="module")
+def stopped_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, str, Path]]:
+    """during -> (the record, the part of stderr and the output folder of its stopped run of `STOP_ARGV`), both
+    runs in one process. Each run is one test's: the test resumes it in place."""
+    root = tmp_path_factory.mktemp("stopped")
+    outs = {during: root / during / "run" for during in STOPS}
+    plan = [[during, [*STOP_ARGV, "--output_dir", str(outs[during])]] for during in STOPS]
+    script, seen = root / "stop.py", root / "seen.json"
+    script.write_text(STOP_AROUND_AN_EVALUATION)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, str(script), json.dumps(plan), str(seen)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0 and seen.is_file(), (proc.returncode, proc.stderr[-3000:])
+    parts = re.split(r"^===== (\d+)\n", proc.stderr, flags=re.M)[1:]
+    assert parts[::2] == [str(i) for i in range(len(plan))], (parts[::2], proc.stderr[-3000:])
+    records = json.loads(seen.read_text())
+    return {
+        during: (record, stderr, outs[during])
+        for during, record, stderr in zip(STOPS, records, parts[1::2], strict=True)
+    }
 
 
 @pytest.mark.parametrize(("during", "batches"), [("training", 0), ("evaluation", 1)])
 def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
-    tmp_path: Path, during: str, batches: int
+    stopped_runs: dict[str, tuple[dict, str, Path]], uninterrupted: Path, during: str, batches: int
 ) -> None:
     """As in `train`: the evaluation after the stop step does not start, one in progress ends at its next batch
     (of 4), unlogged; the step just trained is checkpointed and the run resumes from it."""
-    argv = [*COMMON, *tiny(), "--max_steps", "6", "--batch_size", "8", "--per_device_eval_batch_size", "4"]
-    argv += ["--eval_strategy", "steps", "--eval_steps", "2", "--save_steps", "4", "--disable_tqdm"]
-    out = tmp_path / "run"
-    script, seen = tmp_path / "stop.py", tmp_path / "seen.json"
-    script.write_text(STOP_AROUND_AN_EVALUATION)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, str(script), during, str(seen), *argv, "--output_dir", str(out)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 128 + 15, proc.stderr[-3000:]
-    assert "stopped by SIGTERM at step 2" in proc.stderr and "--resume" in proc.stderr, proc.stderr[-3000:]
-    assert json.loads(seen.read_text()) == batches, (
-        f"evaluation batches run: {seen.read_text()}, expected {batches}"
+    argv = list(STOP_ARGV)
+    recorded, stderr, out = stopped_runs[during]
+    assert recorded["status"] == 128 + 15, stderr[-3000:]
+    assert "stopped by SIGTERM at step 2" in stderr and "--resume" in stderr, stderr[-3000:]
+    assert recorded["eval_batches"] == batches, (
+        f"evaluation batches run: {recorded['eval_batches']}, expected {batches}"
     )
     work = out.with_name("run.checkpoints")
     assert sorted(p.name for p in work.glob("step_*")) == ["step_2"], sorted(p.name for p in work.iterdir())
@@ -147,8 +188,7 @@ def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
     assert accelerate_loop.main([*argv, "--output_dir", str(out), "--resume"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["recipe"]["resumed_from"].endswith("step_2"), metrics["recipe"]
-    assert accelerate_loop.main([*argv, "--output_dir", str(tmp_path / "straight")]) == 0
-    a, b = weights(tmp_path / "straight"), weights(out)
+    a, b = weights(uninterrupted), weights(out)
     for key in a:  # exact, as after a stop between evaluations (`test_resume_from_saved_state_...`)
         torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
 

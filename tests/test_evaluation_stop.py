@@ -8,8 +8,10 @@ Real signals throughout (`os.kill` of the process itself, the handlers `StopRequ
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -102,47 +104,89 @@ def test_the_decoding_metrics_end_at_their_next_batch() -> None:
     assert model.training
 
 
-# argv[1]: "depths", SIGTERM at the first forward of the depth pass of the step-2 evaluation (the only forwards
-# with `num_iterations`), or "final", at the first evaluation forward after training (eval strategy "no");
-# argv[2]: the loop; argv[3]: a file for the number of those forwards run
+# One process runs the stopped runs of every test below, one after the other (each a fresh process's worth of
+# imports otherwise). argv[1]: a JSON list of [during, loop, argv] and argv[2]: a file for each run's exit status
+# and the number of the counted forwards it ran. During "depths" SIGTERM comes at the first forward of the depth
+# pass of the step-2 evaluation (the only forwards with `num_iterations`); during "final", at the first evaluation
+# forward after training (eval strategy "no"). Each run's output follows a line `===== <during> <loop>` on stderr.
 STOP_IN_AN_EVALUATION = """
 import functools, json, os, signal, sys
 from energyformers import HyperSetForImageClassification
 from energyformers.training import accelerate_loop, train
 
-seen, trained = [], []
+seen, trained, during = [], [], [None]
 forward = HyperSetForImageClassification.forward
 
 @functools.wraps(forward)  # its signature: Trainer passes what forward takes
 def counting_forward(self, *args, **kwargs):
     trained.append(self.training)  # an eval-mode forward before training is the setup's
-    final = sys.argv[1] == "final" and not self.training and any(trained)
-    if final or (sys.argv[1] == "depths" and "num_iterations" in kwargs):
+    final = during[0] == "final" and not self.training and any(trained)
+    if final or (during[0] == "depths" and "num_iterations" in kwargs):
         seen.append(1)
         if len(seen) == 1:
             os.kill(os.getpid(), signal.SIGTERM)  # a real signal
     return forward(self, *args, **kwargs)
 
 HyperSetForImageClassification.forward = counting_forward
-main = {"train": train.main, "train-accelerate": accelerate_loop.main}[sys.argv[2]]
-status = main(sys.argv[4:])
-open(sys.argv[3], "w").write(json.dumps(len(seen)))
-sys.exit(status)
+results = []
+for name, loop, argv in json.loads(sys.argv[1]):
+    seen.clear(), trained.clear()
+    during[0] = name
+    print(f"===== {name} {loop}", file=sys.stderr, flush=True)
+    main = {"train": train.main, "train-accelerate": accelerate_loop.main}[loop]
+    results.append({"status": main(argv), "forwards": len(seen)})
+    sys.stderr.flush()
+open(sys.argv[2], "w").write(json.dumps(results))
 """
 
 
-def stopped_run(
-    tmp_path: Path, during: str, loop: str, argv: list[str]
-) -> tuple[subprocess.CompletedProcess, int]:
-    """Run `loop` on `argv` with the signal of `STOP_IN_AN_EVALUATION`; its process and the forwards counted."""
-    script, seen = tmp_path / "stop.py", tmp_path / "seen.json"
-    script.write_text(STOP_IN_AN_EVALUATION)
-    command = [sys.executable, str(script), during, loop, str(seen), *argv]
-    proc = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
-    return proc, json.loads(seen.read_text()) if seen.is_file() else -1
-
-
 LOOPS = ["train", "train-accelerate"]
+COMMON = [
+    "--dataset", "digits", "--config", *cli_config("hyperset"), *SUBSET, "--batch_size", "8",
+    "--per_device_eval_batch_size", "4", "--num_predictions", "0", "--num_threads", "1", "--disable_tqdm",
+]  # fmt: skip
+# the depth-pass test's run: an evaluation every 2 steps of 6
+DEPTHS = [*COMMON, "--max_steps", "6", "--eval_strategy", "steps", "--eval_steps", "2", "--save_steps", "4"]
+# the final-evaluation test's run: 4 steps, no evaluation or save before the end
+FINAL = [*COMMON, "--max_steps", "4", "--eval_strategy", "no", "--save_strategy", "no"]
+FINAL += ["--logging_steps", "1"]
+
+
+@dataclasses.dataclass
+class Stopped:
+    """One stopped run of `STOP_IN_AN_EVALUATION`: its exit status, its part of the process's stderr, the counted
+    forwards it ran and its output folder."""
+
+    status: int
+    stderr: str
+    forwards: int
+    out: Path
+
+
+@pytest.fixture(scope="module")
+def stopped_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Stopped]:
+    """(during, loop) -> the stopped run, for "depths" and "final" in both loops, all in one process. Each run is
+    one test's: the final-evaluation test resumes its run in place."""
+    root = tmp_path_factory.mktemp("stopped")
+    runs = {}
+    for during, argv in (("depths", DEPTHS), ("final", FINAL)):
+        for loop in LOOPS:
+            runs[during, loop] = [*argv, "--output_dir", str(root / during / loop / "run")]
+    script, seen = root / "stop.py", root / "seen.json"
+    script.write_text(STOP_IN_AN_EVALUATION)
+    plan = json.dumps([[during, loop, argv] for (during, loop), argv in runs.items()])
+    proc = subprocess.run(
+        [sys.executable, str(script), plan, str(seen)], capture_output=True, text=True, env=ENV, timeout=900
+    )
+    assert proc.returncode == 0 and seen.is_file(), (proc.returncode, proc.stderr[-3000:])
+    results = json.loads(seen.read_text())
+    parts = re.split(r"^===== (\S+) (\S+)\n", proc.stderr, flags=re.M)[1:]
+    stderr = {(parts[i], parts[i + 1]): parts[i + 2] for i in range(0, len(parts), 3)}
+    assert list(stderr) == list(runs), (list(stderr), proc.stderr[-3000:])
+    return {
+        key: Stopped(result["status"], stderr[key], result["forwards"], root / key[0] / key[1] / "run")
+        for key, result in zip(runs, results, strict=True)
+    }
 
 
 def measured(metrics: dict) -> dict:
@@ -151,17 +195,15 @@ def measured(metrics: dict) -> dict:
 
 
 @pytest.mark.parametrize("loop", LOOPS)
-def test_a_stop_in_the_depth_pass_of_an_evaluation_during_training_ends_it(tmp_path: Path, loop: str) -> None:
+def test_a_stop_in_the_depth_pass_of_an_evaluation_during_training_ends_it(
+    stopped_runs: dict[tuple[str, str], Stopped], loop: str
+) -> None:
     """The depth pass (3 depths a batch, 4 batches) ends after the batch the signal came in; the run stops at the
     step it evaluated, with none of that evaluation's metrics logged (Trainer's pass had finished)."""
-    out = tmp_path / "run"
-    argv = ["--dataset", "digits", "--config", *cli_config("hyperset"), *SUBSET, "--max_steps", "6"]
-    argv += ["--eval_strategy", "steps", "--eval_steps", "2", "--save_steps", "4", "--batch_size", "8"]
-    argv += ["--per_device_eval_batch_size", "4", "--num_predictions", "0", "--num_threads", "1"]
-    argv += ["--disable_tqdm", "--output_dir", str(out)]
-    proc, forwards = stopped_run(tmp_path, "depths", loop, argv)
-    assert proc.returncode == 128 + 15, proc.stderr[-3000:]
-    assert "stopped by SIGTERM at step 2" in proc.stderr, proc.stderr[-3000:]
+    run = stopped_runs["depths", loop]
+    out, forwards = run.out, run.forwards
+    assert run.status == 128 + 15, run.stderr[-3000:]
+    assert "stopped by SIGTERM at step 2" in run.stderr, run.stderr[-3000:]
     assert forwards == 3, f"depth-pass forwards run: {forwards}; expected 3 (one batch at T/2, T, 2T)"
     work = out.with_name("run.checkpoints")
     if loop == "train":
@@ -174,23 +216,20 @@ def test_a_stop_in_the_depth_pass_of_an_evaluation_during_training_ends_it(tmp_p
 
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_stop_in_the_final_evaluation_resumes_to_the_uninterrupted_folder(
-    tmp_path: Path, loop: str
+    tmp_path: Path, stopped_runs: dict[tuple[str, str], Stopped], loop: str
 ) -> None:
     """After the last step (4), SIGTERM at the first batch of the validation evaluation: it ends at its next
     batch, the command exits 143 saying so, the last step is checkpointed (with `--save_strategy no` too) and no
     model folder is written; `--resume` runs only the final evaluations and writes the folder the uninterrupted
     run writes: the same weights and metrics."""
-    argv = ["--dataset", "digits", "--config", *cli_config("hyperset"), *SUBSET, "--max_steps", "4"]
-    argv += ["--eval_strategy", "no", "--save_strategy", "no", "--batch_size", "8"]
-    argv += ["--per_device_eval_batch_size", "4", "--num_predictions", "0", "--num_threads", "1"]
-    argv += ["--logging_steps", "1", "--disable_tqdm"]
-    out = tmp_path / "run"
-    proc, forwards = stopped_run(tmp_path, "final", loop, [*argv, "--output_dir", str(out)])
-    assert proc.returncode == 128 + 15, (proc.returncode, proc.stderr[-3000:])
-    assert "stopped by SIGTERM in the final evaluation after the last step (4)" in proc.stderr, proc.stderr[
+    argv = FINAL
+    run = stopped_runs["final", loop]
+    out, forwards = run.out, run.forwards
+    assert run.status == 128 + 15, (run.status, run.stderr[-3000:])
+    assert "stopped by SIGTERM in the final evaluation after the last step (4)" in run.stderr, run.stderr[
         -3000:
     ]
-    assert "--resume" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "--resume" in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert forwards == 1, f"evaluation forwards run: {forwards}; expected 1 (the batch the signal came in)"
     assert not out.exists()
     work = out.with_name("run.checkpoints")

@@ -299,10 +299,22 @@ def test_a_run_stopped_inside_a_group_keeps_its_finished_task_and_a_resumed_run_
         [*SUDOKU_EAGER, "--resume", str(second / "gpu_speed_smoke.json"), "--output_dir", str(third)]
     )
     assert calls == [(group_name, ["eager"], ["train"])], calls
+    out = capsys.readouterr().out
+    assert f"{group_name} [eager]: inference, train kept from run 1, 2 (--resume)" in out, out
     assert again["groups"] == report["groups"] and again["runs"] == report["runs"] and again["complete"], (
         again
     )
+    written = json.loads((third / "gpu_speed_smoke.json").read_text())
+    assert again["run"] == 3 and written == again, again["run"]
     assert (third / "gpu_speed_smoke.md").read_text() == markdown
+    # what benchmarks/gpu/summary.py (run.sh's summary) says of each resumed run's measurements
+    with loaded_script(SCRIPT.parent / "gpu" / "summary.py", "gpu_summary") as summary:
+        counts = [summary.speed_runs(r) for r in (stopped, report, again)]
+    assert counts == [
+        "; measurements (group × mode × task): 1 new in run 1",
+        "; measurements (group × mode × task): 1 new in run 2, 1 kept from run 1",
+        "; measurements (group × mode × task): 0 new in run 3, 2 kept from runs 1, 2",
+    ], counts
 
 
 def test_each_run_records_its_commit_machine_and_device_in_both_files(gpu_speed, tmp_path):

@@ -207,7 +207,23 @@ def eager_then_export(
     return eager, records.messages[len(eager) :], program
 
 
+# Each export-warning test runs its check twice in its process: the second run sees its warning too, whatever
+# ran before it in the process (this check, a rerun, another order).
+
+
 def test_exporting_with_adaptive_halting_warns_that_every_iteration_runs():
+    for _ in range(2):
+        check_adaptive_halting_warning()
+
+
+def test_exporting_with_the_halting_head_warns_that_every_outer_step_runs():
+    """The halting head's early stop (eval, supervision_steps > 1) is a data-dependent exit as halting_tolerance
+    is: under torch.export it is dropped with a warning, and the program runs every outer step."""
+    for _ in range(2):
+        check_halting_head_warning()
+
+
+def check_adaptive_halting_warning() -> None:
     case = Case.of(HyperSetForSequenceClassification)
     tolerance = 0.3125
     model = perturb(case.build(num_iterations=4, halting_tolerance=tolerance))
@@ -230,9 +246,7 @@ def test_exporting_with_adaptive_halting_warns_that_every_iteration_runs():
     assert_close_to_scale(exported, full_depth, rounding(torch.float32, 64), "exported program vs full depth")
 
 
-def test_exporting_with_the_halting_head_warns_that_every_outer_step_runs():
-    """The halting head's early stop (eval, supervision_steps > 1) is a data-dependent exit as halting_tolerance
-    is: under torch.export it is dropped with a warning, and the program runs every outer step."""
+def check_halting_head_warning() -> None:
     case = Case.of(HyperSetForSequenceClassification)
     model = perturb(case.build(supervision_steps=3, halting_head=True))
     inputs = case.inputs()
@@ -247,13 +261,3 @@ def test_exporting_with_the_halting_head_warns_that_every_outer_step_runs():
         every_step = main_output(model(**inputs, halting_threshold=1 - 1e-12))
     exported = main_output(program.module()(**inputs))
     assert_close_to_scale(exported, every_step, rounding(torch.float32, 64), "exported program vs every step")
-
-
-def test_the_export_warning_tests_pass_run_twice_in_one_process():
-    """Each export-warning test sees its warning whatever ran before it in the process (a rerun, another order)."""
-    for test in (
-        test_exporting_with_adaptive_halting_warns_that_every_iteration_runs,
-        test_exporting_with_the_halting_head_warns_that_every_outer_step_runs,
-    ):
-        test()
-        test()

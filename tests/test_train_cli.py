@@ -11,9 +11,11 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -312,14 +314,17 @@ def test_resume_after_sigterm_matches_an_uninterrupted_run(tmp_path: Path) -> No
         torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
 
 
+# One process runs the stopped runs of every case of the test below, one after the other (each a fresh process's
+# worth of imports otherwise). argv[1]: a JSON list of [during, argv]: "training", SIGTERM while step 2 trains, or
+# "evaluation", after the first batch of an evaluation; argv[2]: a file for each run's exit status and the global
+# steps of every evaluation batch predicted and of every checkpoint save. Each run's output follows a line
+# `===== <index>` on stderr.
 STOP_AROUND_AN_EVALUATION = """
 import json, os, signal, sys
 from transformers import Trainer, TrainerCallback
 from energyformers.training import train
 
-# argv[1]: "training", SIGTERM while step 2 trains, or "evaluation", after the first batch of an evaluation;
-# argv[2]: a file for the global steps of every evaluation batch predicted and of every checkpoint save
-predicted = []
+predicted, during = [], [None]
 prediction_step = Trainer.prediction_step
 
 def record_prediction_step(self, *args, **kwargs):
@@ -330,27 +335,53 @@ def record_prediction_step(self, *args, **kwargs):
 Trainer.prediction_step = record_prediction_step
 
 class StopAtStep2(TrainerCallback):
-    saves = []
-    step_2_learning_rate = None
+    def __init__(self):
+        self.saves, self.step_2_learning_rate = [], None
 
     def on_step_begin(self, args, state, control, **kwargs):
         if state.global_step == 1:  # the rate step 2 trains with, as a logging step at 2 would log it
-            StopAtStep2.step_2_learning_rate = kwargs["optimizer"].param_groups[0]["lr"]
-        if sys.argv[1] == "training" and state.global_step == 1:
+            self.step_2_learning_rate = kwargs["optimizer"].param_groups[0]["lr"]
+        if during[0] == "training" and state.global_step == 1:
             os.kill(os.getpid(), signal.SIGTERM)  # a real signal
 
     def on_prediction_step(self, args, state, control, **kwargs):
-        if sys.argv[1] == "evaluation" and len(predicted) == 1:
+        if during[0] == "evaluation" and len(predicted) == 1:
             os.kill(os.getpid(), signal.SIGTERM)
 
     def on_save(self, args, state, control, **kwargs):
         self.saves.append(state.global_step)
 
-status = train.main(sys.argv[3:], callbacks=[StopAtStep2()])
-record = {"predicted": predicted, "saves": StopAtStep2.saves, "learning_rate": StopAtStep2.step_2_learning_rate}
-open(sys.argv[2], "w").write(json.dumps(record))
-sys.exit(status)
+records = []
+for index, (name, argv) in enumerate(json.loads(sys.argv[1])):
+    predicted.clear()
+    during[0] = name
+    print(f"===== {index}", file=sys.stderr, flush=True)
+    stop = StopAtStep2()
+    status = train.main(argv, callbacks=[stop])
+    sys.stderr.flush()
+    records.append(
+        {"status": status, "predicted": list(predicted), "saves": stop.saves,
+         "learning_rate": stop.step_2_learning_rate}
+    )
+open(sys.argv[2], "w").write(json.dumps(records))
 """
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[list[str]], Path]:
+    """The output folder of an uninterrupted run of `argv` (without `--output_dir`), trained once per module for
+    each argv: the stop tests of one cadence (a stop in training, in an evaluation) compare with the same run."""
+    runs: dict[tuple[str, ...], Path] = {}
+
+    def run(argv: list[str]) -> Path:
+        key = tuple(map(str, argv))
+        if key not in runs:
+            out = tmp_path_factory.mktemp("uninterrupted") / "straight"
+            assert run_cli(*key, "--output_dir", out) == 0
+            runs[key] = out
+        return runs[key]
+
+    return run
 
 
 # every 2 steps of 6; or by epoch (the CLI's default without --max_steps): 32 samples, 4 steps an epoch, 2 epochs
@@ -358,19 +389,55 @@ BY_STEPS = ["--max_steps", "6", "--eval_strategy", "steps", "--eval_steps", "2",
 BY_EPOCH = ["--num_train_epochs", "2", "--eval_strategy", "epoch", "--save_strategy", "epoch"]
 
 
-@pytest.mark.parametrize(
-    ("during", "cadence", "expected_batches", "best"),
-    [
-        ("training", BY_STEPS, [], False),
-        ("evaluation", BY_STEPS, [2, 2], False),  # the batch that asks, then stops
-        ("evaluation", BY_STEPS, [2, 2], True),
-        ("training", BY_EPOCH, [], False),
-        ("evaluation", [*BY_STEPS, "--ema_decay", "0.9"], [2, 2], False),
-    ],
-    ids=["training", "evaluation", "evaluation-best-model", "training-mid-epoch", "evaluation-ema"],
-)
+# (during, cadence, the global steps of the evaluation batches predicted, --load_best_model_at_end) by case
+STOP_CASES = {
+    "training": ("training", BY_STEPS, [], False),
+    "evaluation": ("evaluation", BY_STEPS, [2, 2], False),  # the batch that asks, then stops
+    "evaluation-best-model": ("evaluation", BY_STEPS, [2, 2], True),
+    "training-mid-epoch": ("training", BY_EPOCH, [], False),
+    "evaluation-ema": ("evaluation", [*BY_STEPS, "--ema_decay", "0.9"], [2, 2], False),
+}
+
+
+def stop_argv(cadence: list[str], best: bool) -> list[str]:
+    """The command line (without --output_dir) of a stop case's runs."""
+    argv = ["--dataset", "digits", "--config", *cli_config("hyperset"), *SUBSET, *cadence]
+    argv += ["--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "4"]  # 4 prediction steps
+    argv += ["--logging_steps", "3"]
+    argv += ["--load_best_model_at_end"] if best else []
+    return [*argv, "--num_threads", "1", "--disable_tqdm"]
+
+
+@pytest.fixture(scope="module")
+def stopped_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, str, Path]]:
+    """case -> (the record, the part of stderr and the output folder of its stopped run), every case's run in one
+    process. Each run is one test's: the test resumes it in place."""
+    root = tmp_path_factory.mktemp("stopped")
+    outs = {case: root / case / "run" for case in STOP_CASES}
+    plan = [
+        [during, [*stop_argv(cadence, best), "--output_dir", str(outs[case])]]
+        for case, (during, cadence, _, best) in STOP_CASES.items()
+    ]
+    script, seen = root / "stop.py", root / "seen.json"
+    script.write_text(STOP_AROUND_AN_EVALUATION)
+    command = [sys.executable, str(script), json.dumps(plan), str(seen)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=1200)
+    assert proc.returncode == 0 and seen.is_file(), (proc.returncode, proc.stderr[-3000:])
+    parts = re.split(r"^===== (\d+)\n", proc.stderr, flags=re.M)[1:]
+    assert parts[::2] == [str(i) for i in range(len(plan))], (parts[::2], proc.stderr[-3000:])
+    records = json.loads(seen.read_text())
+    return {
+        case: (record, stderr, outs[case])
+        for case, record, stderr in zip(STOP_CASES, records, parts[1::2], strict=True)
+    }
+
+
+@pytest.mark.parametrize("case", STOP_CASES)
 def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
-    tmp_path: Path, during: str, cadence: list[str], expected_batches: list[int], best: bool
+    tmp_path: Path,
+    stopped_runs: dict[str, tuple[dict, str, Path]],
+    uninterrupted: Callable[[list[str]], Path],
+    case: str,
 ) -> None:
     """SIGTERM during the step before an evaluation, or during the evaluation (which on a CPU can outlast many
     training steps): the evaluation does not start, or ends at its next prediction step; the step just trained is
@@ -381,19 +448,11 @@ def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
     Trainer looks up the best-model metric of every evaluation, a cut-short one too (the abandoned step cannot be
     the best, so the weights may differ there). `--ema_decay`: the evaluation cut short was scoring the averaged
     weights, and the checkpoint still holds the live ones."""
-    argv = ["--dataset", "digits", "--config", *cli_config("hyperset"), *SUBSET, *cadence]
-    argv += ["--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "4"]  # 4 prediction steps
-    argv += ["--logging_steps", "3"]
-    argv += ["--load_best_model_at_end"] if best else []
-    argv += ["--num_threads", "1", "--disable_tqdm"]
-    out = tmp_path / "run"
-    script, seen = tmp_path / "stop.py", tmp_path / "seen.json"
-    script.write_text(STOP_AROUND_AN_EVALUATION)
-    command = [sys.executable, str(script), during, str(seen), *map(str, argv), "--output_dir", str(out)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
-    assert proc.returncode == 128 + 15, proc.stderr[-3000:]
-    assert "stopped by SIGTERM at step 2" in proc.stderr and "--resume" in proc.stderr, proc.stderr[-3000:]
-    recorded = json.loads(seen.read_text())
+    _, cadence, expected_batches, best = STOP_CASES[case]
+    argv = stop_argv(cadence, best)
+    recorded, stderr, out = stopped_runs[case]
+    assert recorded["status"] == 128 + 15, stderr[-3000:]
+    assert "stopped by SIGTERM at step 2" in stderr and "--resume" in stderr, stderr[-3000:]
     assert recorded["predicted"] == expected_batches, (
         f"evaluation batches predicted (their global steps) {recorded['predicted']}, expected {expected_batches}"
     )
@@ -419,11 +478,11 @@ def test_a_stop_at_an_evaluation_step_does_not_wait_for_the_evaluation(
     assert metrics["recipe"]["resumed_from"].endswith("checkpoint-2"), metrics["recipe"]
     if best:
         return
-    assert run_cli(*argv, "--output_dir", tmp_path / "straight") == 0
-    a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(out / "model.safetensors")
+    straight_dir = uninterrupted(argv)
+    a, b = load_file(straight_dir / "model.safetensors"), load_file(out / "model.safetensors")
     for key in a:  # exact, as after a stop between evaluations (`test_resume_after_sigterm_matches_...`)
         torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
-    straight = json.loads((tmp_path / "straight" / "metrics.json").read_text())["train"]["train_loss"]
+    straight = json.loads((straight_dir / "metrics.json").read_text())["train"]["train_loss"]
     # the same float32 step losses (the same weights), summed in other windows: one rounding each of at most 8
     # steps' sums of about 2.3, and the float64 arithmetic of `whole_run_train_loss` on them
     assert metrics["train"]["train_loss"] == pytest.approx(straight, rel=rounding(torch.float32, 8)), (

@@ -28,6 +28,9 @@ COMMON = [
     "--config", *cli_config("hyperset"),
 ]  # fmt: skip
 BETAS = ["--adam_beta1", "0", "--adam_beta2", "0.95"]
+# the compiled runs' depth pass at one depth (T) instead of the default T/2, T, 2T: each depth is another compile
+# (tens of seconds on 2 cores), and one is enough to run that pass through the compiled model
+ONE_DEPTH = ["--eval_iterations", "2"]
 
 
 class OptimizerSpy(TrainerCallback):
@@ -102,11 +105,13 @@ def test_accelerate_adam_betas_reach_the_optimizer(tmp_path: Path) -> None:
 def test_trainer_torch_compile_compiles_the_model(tmp_path: Path, compile_spy: list[Any]) -> None:
     spy = OptimizerSpy()
     out = tmp_path / "out"
-    argv = [*COMMON, *BETAS, "--torch_compile", "--output_dir", str(out)]
+    argv = [*COMMON, *BETAS, *ONE_DEPTH, "--torch_compile", "--output_dir", str(out)]
     assert train.main(argv, callbacks=[spy]) == 0
     assert compile_spy, "Trainer did not call torch.compile"
     assert set(spy.betas) == {(0.0, 0.95)}
-    assert json.loads((out / "metrics.json").read_text())["recipe"]["torch_compile"] is True
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["recipe"]["torch_compile"] is True
+    assert "accuracy_iterations_2" in metrics["eval"], metrics["eval"]  # the depth pass ran
     assert "_orig_mod" not in (out / "config.json").read_text()
     from safetensors.torch import load_file
 
@@ -120,10 +125,12 @@ def test_accelerate_torch_compile_compiles_the_model(tmp_path: Path, compile_spy
         compiled.append(getattr(model, "_compiled_call_impl", None) is not None)
 
     out = tmp_path / "out"
-    argv = [*COMMON, *BETAS, "--torch_compile", "--warmup_ratio", "0", "--output_dir", str(out)]
+    argv = [*COMMON, *BETAS, *ONE_DEPTH, "--torch_compile", "--warmup_ratio", "0", "--output_dir", str(out)]
     assert accelerate_loop.main(argv, on_train_end=on_train_end) == 0
     assert compile_spy and compiled == [True]
-    assert json.loads((out / "metrics.json").read_text())["recipe"]["torch_compile"] is True
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["recipe"]["torch_compile"] is True
+    assert "accuracy_iterations_2" in metrics["eval"], metrics["eval"]  # the depth pass ran
     from safetensors.torch import load_file
 
     assert not any(key.startswith("_orig_mod") for key in load_file(out / "model.safetensors"))

@@ -173,13 +173,11 @@ stage_speed() {
     # compile, it loads), and empty at the start: a cold compile (the T = 24 compile time) is cold
     export TORCHINDUCTOR_CACHE_DIR=$SCRATCH/inductor-cache
     if [[ $SMOKE == 1 ]]; then
-        # the check covers resuming: the committed (real) results are read and refused for a smoke run; then a
-        # second call resumed from the first's results keeps them all, measures nothing and rewrites both files
+        # the check covers the resume the real run passes: the committed (real) results are read and refused
+        # for a smoke run (a run resumed from a smoke run's own results: tests/test_gpu_speed_smoke.py)
         # (--compile_workers: passed as in a real run; with the eager mode alone there is nothing to warm)
-        local smoke=(--device cpu --smoke --groups "Hyper-SET sudoku" --modes eager --output_dir "$OUT"
-            --compile_workers "$COMPILE_WORKERS")
-        "$PYTHON" benchmarks/gpu_speed.py "${smoke[@]}" "${resume[@]}" || return 1
-        exec "$PYTHON" benchmarks/gpu_speed.py "${smoke[@]}" --resume "$OUT/gpu_speed_smoke.json"
+        exec "$PYTHON" benchmarks/gpu_speed.py --device cpu --smoke --groups "Hyper-SET sudoku" --modes eager \
+            --output_dir "$OUT" --compile_workers "$COMPILE_WORKERS" "${resume[@]}"
     else
         exec "$PYTHON" benchmarks/gpu_speed.py --repeats 10 --compile_workers "$COMPILE_WORKERS" "${resume[@]}" \
             --output_dir "$OUT"
