@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -646,3 +647,15 @@ def tiny_mim_model(model_type: str, **overrides: object) -> torch.nn.Module:
         return perturb(HyperSetForMaskedImageModeling(config))
     config = LoopedTransformerConfig.from_preset("cli-mim", intermediate_size=64, **size)
     return perturb(LoopedTransformerForMaskedImageModeling(config))
+
+
+class Records(logging.Handler):
+    """A handler keeping the messages of the logger it is added to (transformers' loggers do not propagate to
+    pytest's caplog)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())

@@ -8,7 +8,6 @@ matches its definition computed by hand.
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 import re
 
@@ -18,6 +17,7 @@ import torch.nn.functional as F
 from fixtures import (
     Case,
     DispatchedOps,
+    Records,
     assert_close_to_scale,
     assert_differs,
     labelled,
@@ -445,15 +445,6 @@ def test_fixed_point_contraction_caps_the_bound_below_one():
     )
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 @pytest.mark.parametrize("solver", ["picard", "anderson"])
 def test_a_diverging_solve_stops_with_a_warning_and_finite_output(solver):
     model = perturb(IMAGE.build(contractive_normalization="none")).double()
@@ -461,7 +452,7 @@ def test_a_diverging_solve_stops_with_a_warning_and_finite_output(solver):
         for layer in model.imixer.layers:
             for linear in (layer.token_mixing.fc_sn1, layer.token_mixing.fc_sn2):
                 linear.weight.mul_(8.0)  # Lipschitz bound ≫ 1: the iteration blows up
-    records = _Records()
+    records = Records()
     modeling_imixer.logger.addHandler(records)
     try:
         out = model(
@@ -892,7 +883,7 @@ def test_a_residual_that_grows_now_and_then_while_falling_is_not_taken_for_diver
     for size in sizes:
         position += size
         images.append([1.0, position])
-    records = _Records()
+    records = Records()
     modeling_imixer.logger.addHandler(records)
     try:
         answer, record = _scripted_solve(solver, images, 1e-12)
@@ -954,7 +945,7 @@ def test_a_diverging_non_contractive_model_reports_its_lowest_absolute_residual_
         for layer in model.imixer.layers:
             for linear in (layer.token_mixing.fc_sn1, layer.token_mixing.fc_sn2):
                 linear.weight.mul_(2.0)
-    records = _Records()
+    records = Records()
     modeling_imixer.logger.addHandler(records)
     try:
         with torch.no_grad():

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from fixtures import (
     HEADS,
     Case,
+    Records,
     assert_close_to_scale,
     cli_config,
     looped_transformer_config,
@@ -205,15 +206,6 @@ def test_cli_accumulation_on_sudoku_with_deep_supervision_matches_the_full_batch
 
 
 # ------------------------------------------------------------------------------------------------------ warning
-
-
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
 
 
 @pytest.fixture

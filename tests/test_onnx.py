@@ -19,7 +19,7 @@ import warnings
 
 import pytest
 import torch
-from fixtures import Case, assert_close_to_scale, in_ci, main_output, perturb, rounding
+from fixtures import Case, Records, assert_close_to_scale, in_ci, main_output, perturb, rounding
 from torch.export import Dim
 
 from energyformers import (
@@ -61,15 +61,6 @@ def run_onnx(model_bytes: bytes, inputs: dict[str, torch.Tensor]) -> torch.Tenso
     session = onnxruntime.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
     feeds = {arg.name: value.numpy() for arg, value in zip(session.get_inputs(), inputs.values())}
     return torch.from_numpy(session.run(None, feeds)[0])
-
-
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
 
 
 # One block, at most 5 steps, Anderson over the last 2: at this tolerance eager stops the block after 3 steps

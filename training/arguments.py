@@ -275,9 +275,18 @@ class DataArguments:
         },
     )
     max_length: int | None = field(
-        default=None, metadata={"help": "text: longest tokenized input; unset: 128 (spam: 256)"}
+        default=None,
+        metadata={
+            "help": "text: longest tokenized input; unset: 128 (spam: 256); with --from_pretrained: at most the "
+            "checkpoint's max_position_embeddings (unset: that)"
+        },
     )
-    vocab_size: int = field(default=8000, metadata={"help": "text: size of the tokenizer trained on train"})
+    vocab_size: int = field(
+        default=8000,
+        metadata={
+            "help": "text: size of the tokenizer trained on train (not with --from_pretrained: its own)"
+        },
+    )
     # masked image modelling (docs/mim.md): `--task masked-image-modeling` and its flags, kept together
     task: str | None = field(
         default=None,
