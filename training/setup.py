@@ -10,6 +10,7 @@ Input errors are `UsageError` (bad flags) or `DataError` (bad data): one line ea
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import math
@@ -454,17 +455,25 @@ def _new_config_and_processor(
         max_length = (
             overrides.get("max_position_embeddings") or d.max_length or DEFAULT_MAX_LENGTH.get(d.dataset, 128)
         )
-        if state.is_main_process:
-            print(
-                f"training a WordPiece tokenizer (vocab {d.vocab_size}) on {len(data['train'])} texts",
-                flush=True,
+        saved = run_tokenizer_file(args) if args.run.resume else None
+        if saved is not None:  # training is not reproducible: a tokenizer trained again gives words other ids
+            from .processing import wrap_tokenizer
+
+            processor = wrap_tokenizer(_read_tokenizer(saved), max_length)
+            if state.is_main_process:
+                print(f"using the tokenizer of the interrupted run ({saved})", flush=True)
+        else:
+            if state.is_main_process:
+                print(
+                    f"training a WordPiece tokenizer (vocab {d.vocab_size}) on {len(data['train'])} texts",
+                    flush=True,
+                )
+            texts = data["train"]["text"]
+            if "text_pair" in data["train"].column_names:  # both texts of a pair share the vocabulary
+                texts = list(texts) + list(data["train"]["text_pair"])
+            processor = _share_tokenizer(
+                train_tokenizer(texts, vocab_size=d.vocab_size, max_length=max_length), state
             )
-        texts = data["train"]["text"]
-        if "text_pair" in data["train"].column_names:  # both texts of a pair share the vocabulary
-            texts = list(texts) + list(data["train"]["text_pair"])
-        processor = _share_tokenizer(
-            train_tokenizer(texts, vocab_size=d.vocab_size, max_length=max_length), state
-        )
         fields.update(
             vocab_size=len(processor), max_position_embeddings=max_length, pad_token_id=processor.pad_token_id
         )
@@ -481,6 +490,39 @@ def _new_config_and_processor(
         except ValueError as err:  # e.g. num_channels=1: the processor names the field and the fix
             raise UsageError(f"invalid --config for {model_type}: {err}") from err
     return config, processor
+
+
+# The trained text tokenizer of a run, beside `RUN_ARGUMENTS_FILE` in its work folder (an Accelerate `step_N/`
+# holds none; a Trainer `checkpoint-N/` has its own copy): what a --resume encodes its texts with.
+RUN_TOKENIZER_FILE = "tokenizer.json"
+
+
+def run_tokenizer_file(args: Arguments) -> Path | None:
+    """The tokenizer.json an interrupted from-scratch text run in `--output_dir`'s work folder was trained with:
+    the work folder's, else the newest Trainer checkpoint's (a run recorded before the work folder held one);
+    None when there is neither (an Accelerate run of that age: its tokenizer is trained again)."""
+    output_dir = Path(args.run.output_dir).expanduser().resolve()
+    work_dir = output_dir.with_name(output_dir.name + ".checkpoints")
+    if (work_dir / RUN_TOKENIZER_FILE).is_file():
+        return work_dir / RUN_TOKENIZER_FILE
+    steps = {}
+    for folder in work_dir.glob("checkpoint-*"):
+        number = folder.name.removeprefix("checkpoint-")
+        if number.isdigit() and (folder / RUN_TOKENIZER_FILE).is_file():
+            steps[int(number)] = folder / RUN_TOKENIZER_FILE
+    return steps[max(steps)] if steps else None
+
+
+def _read_tokenizer(path: Path) -> Any:
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # the tokenizers error types are not public
+        raise UsageError(
+            f"--resume: cannot read the tokenizer of the interrupted run, {path} ({err}); train in another "
+            "--output_dir"
+        ) from None
 
 
 def _share_tokenizer(tokenizer: Any, state: Any) -> Any:
@@ -1155,6 +1197,31 @@ def _as_path(value: str | None) -> str | None:
     return str(path.resolve()) if path.exists() else value
 
 
+# The `resume_identity` entry of a trained text tokenizer (its vocabulary's fingerprint), and the entries no flag
+# sets (they follow from the data, its tokenizer and the package's version): a refusal over these says what
+# changed, not which value to resume with.
+TOKENIZER_KEY = "tokenizer_vocabulary"
+DERIVED_CONFIG_KEYS = frozenset({"vocab_size", "pad_token_id", *DATASET_LABEL_KEYWORDS})
+
+
+def vocabulary_fingerprint(tokenizer: Any) -> str:
+    """sha256 of a `tokenizers.Tokenizer`'s token → id map, special tokens included: the same for the tokenizer
+    in memory and the tokenizer.json saved from it."""
+    vocabulary = json.dumps(sorted(tokenizer.get_vocab(with_added_tokens=True).items()))
+    return hashlib.sha256(vocabulary.encode()).hexdigest()
+
+
+def _saved_vocabulary_fingerprint(checkpoint: Path) -> str | None:
+    """`vocabulary_fingerprint` of the checkpoint's tokenizer.json (a Trainer checkpoint holds one); None when it
+    has none or it cannot be read."""
+    from tokenizers import Tokenizer
+
+    try:
+        return vocabulary_fingerprint(Tokenizer.from_file(str(checkpoint / RUN_TOKENIZER_FILE)))
+    except Exception:  # absent or unreadable (the tokenizers error types are not public)
+        return None
+
+
 def resume_identity(args: Arguments, built: Built) -> dict[str, Any]:
     """What decides the checkpoint's weights and the data they map, as the run built them (not as the flags were
     typed), as JSON values: the model family, the final model config (`to_dict()` less `VOLATILE_CONFIG_KEYS`:
@@ -1175,6 +1242,10 @@ def resume_identity(args: Arguments, built: Built) -> dict[str, Any]:
     if args.model.from_pretrained and built.task == "text-classification":
         # where --max_length truncates the checkpoint's texts: the config keeps its positions
         identity["max_length"] = built.processor.model_max_length
+    if built.task == "text-classification" and not args.model.from_pretrained:
+        # the tokenizer is trained on the data at each start: the ids its words get must be the checkpoint's
+        identity["vocab_size"] = args.data.vocab_size
+        identity[TOKENIZER_KEY] = vocabulary_fingerprint(built.processor.backend_tokenizer)
     if built.task == MIM_TASK:
         tokenizer = built.processor
         identity["tokenizer"] = _as_path(args.data.tokenizer)
@@ -1189,6 +1260,8 @@ def record_run_arguments(args: Arguments, built: Built, work_dir: Path) -> None:
     """Write `RUN_ARGUMENTS_FILE` into the work folder (main process, when training starts)."""
     work_dir.mkdir(parents=True, exist_ok=True)
     record = {"built": resume_identity(args, built), "argv": args.argv}
+    if TOKENIZER_KEY in record["built"]:  # what a --resume encodes with (`run_tokenizer_file`)
+        built.processor.backend_tokenizer.save(str(work_dir / RUN_TOKENIZER_FILE))
     (work_dir / RUN_ARGUMENTS_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
 
@@ -1209,10 +1282,22 @@ def _differences(before: dict[str, Any], now: dict[str, Any]) -> tuple[list[str]
                 more = f"(and {len(fields) - SHOWN_CONFIG_FIELDS} more config fields)"
                 given.append(more)
                 recorded.append(more)
+        elif name == TOKENIZER_KEY:
+            if before[name] != now[name]:
+                given.append(f"tokenizer vocabulary sha256 {str(now[name])[:12]}")
+                recorded.append(f"tokenizer vocabulary sha256 {str(before[name])[:12]}")
         elif before[name] != now[name]:
             given.append(f"--{name} {'unset' if now[name] is None else now[name]}")
             recorded.append(f"--{name} {'unset' if before[name] is None else before[name]}")
     return given, recorded
+
+
+def _derived(entry: str) -> bool:
+    """Whether a `_differences` entry is one no flag sets (`DERIVED_CONFIG_KEYS`, the tokenizer's vocabulary)."""
+    if entry.startswith("tokenizer vocabulary "):
+        return True
+    key = entry.removeprefix("config ").split("=", 1)[0]
+    return entry.startswith("config ") and key in DERIVED_CONFIG_KEYS
 
 
 def _weights_mismatch(model: Any, checkpoint: Path) -> str | None:
@@ -1264,7 +1349,25 @@ def check_resume_arguments(args: Arguments, built: Built, work_dir: Path, checkp
                     "--output_dir"
                 ) from None
             return
+    if TOKENIZER_KEY in now and TOKENIZER_KEY not in before:  # recorded before the fingerprint was
+        saved = _saved_vocabulary_fingerprint(checkpoint)
+        if saved is not None:
+            before = {**before, TOKENIZER_KEY: saved}
     given, recorded = _differences(before, now)
+    if given and all(_derived(entry) for entry in given):
+        # nothing a flag can repeat: the data, or the package's tokenizer or label mapping, changed
+        tokens = any(entry.startswith("tokenizer vocabulary ") for entry in given)
+        what = (
+            f" (the run's {RUN_TOKENIZER_FILE} is gone, and the tokenizer trained again maps words to other ids)"
+            if tokens
+            else ""
+        )
+        raise UsageError(
+            f"--resume: the checkpoints in {work_dir} were trained with {', '.join(recorded)} and this command "
+            f"builds {', '.join(given)} from the same flags{what}: these follow from the "
+            "data (its texts and labels) and the version of energyformers, not from a flag, so the checkpoints "
+            "cannot continue; train in another --output_dir"
+        )
     if given:
         raise UsageError(
             f"--resume: this command has {', '.join(given)} but the checkpoints in {work_dir} were trained with "
