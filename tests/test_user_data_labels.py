@@ -5,7 +5,8 @@
 * Integer labels are classes by their sorted distinct values (stars {1, 5} → two classes named "1" and "5");
   `predict` names them, `evaluate` maps them the same way and scores what training scored.
 * `--vocab_size` beside `--from_pretrained` is refused; `--max_length` is honoured up to the checkpoint's positions.
-* Word-level token-classification data (run_ner's `tokens` + `ner_tags`) is refused, pointing to the Python recipe.
+* Word-level token-classification data (run_ner's `tokens` + `ner_tags`) is refused, pointing to the Python recipe;
+  sentence-level data that also carries such columns trains on its text and label.
 * A text model given the name of an existing file refuses it and names `- < file`.
 """
 
@@ -138,6 +139,21 @@ def test_word_level_tagging_data_is_refused_pointing_to_the_python_recipe(flags:
         assert part in message, message
     usage = (Path(__file__).parents[1] / "docs" / "usage.md").read_text()
     assert "## Token classification from your own data" in usage
+
+
+def test_sentence_level_data_that_also_has_word_level_columns_trains_on_its_text() -> None:
+    texts, labels = reviews(40, seed=3, labels=(0, 1))
+    rows = {
+        "text": texts,
+        "label": labels,
+        "tokens": [t.split() for t in texts],
+        "pos_tags": [[i % 3 for i in range(len(t.split()))] for t in texts],
+    }
+    dd = normalize(DatasetDict(train=Dataset.from_dict(rows)), seed=0)
+    assert {s: dd[s].column_names for s in dd} == {
+        s: ["text", "label"] for s in ("train", "validation", "test")
+    }
+    assert sorted(t for s in dd for t in dd[s]["text"]) == sorted(texts)
 
 
 def test_a_text_column_of_word_lists_says_to_join_them() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -166,6 +167,14 @@ def test_training_preprocesses_16_bit_grey_as_the_pipeline_does(tmp_path: Path) 
     assert torch.equal(trained["pixel_values"], served), (trained["pixel_values"] - served).abs().max().item()
 
 
+CLIPPED = r"warning: images of 16/32-bit grey modes \(\d+ of mode I;16\): .*; rescale them to 8 bit first, .*"
+
+
+def clipped_warnings(err: str) -> list[str]:
+    """The lines of `err` about 16/32-bit images."""
+    return [line for line in err.splitlines() if "16/32-bit" in line]
+
+
 def test_training_on_16_bit_grey_warns_once_before_training(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -184,6 +193,28 @@ def test_training_on_16_bit_grey_warns_once_before_training(
     assert len(recorded) == 1, recorded
     assert "6 of mode I;16" in recorded[0] and "rescale them to 8 bit" in recorded[0], recorded[0]
     assert f"warning: {recorded[0]}" in capsys.readouterr().err.splitlines()
+    # scoring or inspecting a model on such data gives the same warning: an old model trained on stretched pixels
+    # would otherwise be re-scored on clipped ones silently
+    from energyformers.training import evaluate, inspect
+
+    assert evaluate.main([str(out), "--dataset", str(folder), "--split", "train", "--json"]) == 0
+    warned = clipped_warnings(capsys.readouterr().err)
+    assert len(warned) == 1 and re.fullmatch(CLIPPED, warned[0]), warned
+    drawn = tmp_path / "inspect"
+    argv = [
+        str(out),
+        "--dataset",
+        str(folder),
+        "--split",
+        "train",
+        "--max_samples",
+        "12",
+        "--output_dir",
+        str(drawn),
+    ]
+    assert inspect.main(argv) == 0
+    warned = clipped_warnings(capsys.readouterr().err)
+    assert len(warned) == 1 and re.fullmatch(CLIPPED, warned[0]), warned
 
 
 # ------------------------------------------------------------------ sentence pairs
@@ -285,6 +316,61 @@ def test_train_and_evaluate_on_sentence_pairs(tmp_path: Path, capsys: pytest.Cap
     assert evaluate.main([str(out), "--dataset", str(dataset), "--text_column", "premise", "--json"]) == 0
     single = json.loads(capsys.readouterr().out)["metrics"]
     assert single["test_loss"] != pytest.approx(scored["test_loss"], abs=1e-6), (single, scored)
+
+
+def without_separator(folder: Path) -> None:
+    """Replace the tokenizer of the model `folder` with one as `train_tokenizer` made it before `[SEP]` was a
+    special token: [PAD]/[UNK]/[CLS] only, a pair encoded as "[CLS] A B"."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+    from energyformers.training.processing import wrap_tokenizer
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    special = ["[PAD]", "[UNK]", "[CLS]"]
+    tokenizer.train_from_iterator(TEXTS, trainers.WordPieceTrainer(vocab_size=50, special_tokens=special))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A", pair="[CLS] $A $B", special_tokens=[("[CLS]", tokenizer.token_to_id("[CLS]"))]
+    )
+    wrap_tokenizer(tokenizer, 16).save_pretrained(folder)
+    assert transformers_tokenizer(folder).sep_token is None
+
+
+def test_pairs_are_refused_for_a_model_whose_tokenizer_has_no_separator(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A model folder whose tokenizer predates [SEP] would join a pair's texts with nothing between them: `train
+    --from_pretrained` and `evaluate` refuse pairs with it before any work, and still take single texts."""
+    from energyformers.training import evaluate
+
+    pairs = write_pairs(tmp_path / "pairs.csv")
+    model = tmp_path / "model"
+    argv = ["--dataset", str(pairs), "--text_column", "sentence1", *QUIET, "--config", *cli_config("hyperbf")]
+    argv += ["--model", "hyperbf", "--max_steps", "1", "--batch_size", "8", "--eval_strategy", "no"]
+    assert train.main([*argv, "--output_dir", str(model)]) == 0
+    without_separator(model)
+    capsys.readouterr()
+    fine_tuned = tmp_path / "fine_tuned"
+    tail = ["--batch_size", "8", "--eval_strategy", "no", "--output_dir", str(fine_tuned)]
+    refusals = {
+        "train": train.main([*argv[:2], "--from_pretrained", str(model), *QUIET, "--max_steps", "1", *tail]),
+        "evaluate": evaluate.main([str(model), "--dataset", str(pairs), "--json"]),
+    }
+    captured = capsys.readouterr()
+    assert refusals == {"train": 2, "evaluate": 2}, (refusals, captured.err[-2000:])
+    lines = [line for line in captured.err.splitlines() if "error:" in line]
+    assert lines == [
+        f"energyformers train: error: --from_pretrained {model}: its tokenizer has no separator token ([SEP]), so it "
+        "cannot read sentence pairs (the two texts would run together); train a model from scratch on the pairs, or "
+        "use single texts (--text_column only)",
+        f"energyformers evaluate: error: {model}: its tokenizer has no separator token ([SEP]), so it cannot read "
+        "sentence pairs (the two texts would run together); train a model from scratch on the pairs, or use single "
+        "texts (--text_column only)",
+    ], lines
+    assert not fine_tuned.exists()
+    # single texts of the same data are still read
+    assert evaluate.main([str(model), "--dataset", str(pairs), "--text_column", "sentence1", "--json"]) == 0
 
 
 def transformers_tokenizer(folder: Path):

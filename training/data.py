@@ -643,10 +643,6 @@ def _element_feature(feature: Any) -> Any:
     return None if isinstance(inner, dict) else inner
 
 
-def _is_string(feature: Any) -> bool:
-    return getattr(feature, "dtype", None) in ("string", "large_string")
-
-
 def _is_integer(feature: Any) -> bool:
     return isinstance(feature, ClassLabel) or str(getattr(feature, "dtype", "")).startswith(("int", "uint"))
 
@@ -655,7 +651,9 @@ def _refuse_word_level_tags(train: Dataset, text_column: str | None, label_colum
     """A `DataError` for word-level token-classification data (transformers' run_ner.py layout: a column of word
     lists and a column of one tag per word, e.g. `tokens` + `ner_tags`): the CLI trains token classification on
     the Sudoku built-ins only, and such data would otherwise be refused column by column with errors that point
-    to no fix. The message names the columns and the Python recipe."""
+    to no fix. The message names the columns and the Python recipe. `normalize` calls it only when no usable text
+    or image column and scalar label column are found, so a sentence-level dataset that also carries word-level
+    columns (e.g. `tokens` + `pos_tags` beside `text` + `label`) trains on its text."""
     features = train.features
     words = [c for c, f in features.items() if _is_string(_element_feature(f))]
     tags = [c for c, f in features.items() if _is_integer(_element_feature(f))]
@@ -793,8 +791,14 @@ def normalize(
     Raises `DataError` for every problem that would otherwise surface mid-training.
     """
     splits = _find_splits(raw)
-    _refuse_word_level_tags(splits["train"], text_column, label_column)
-    columns = _detect_columns(splits["train"], image_column, text_column, label_column, text_pair_column)
+    # Word-level columns beside a usable text or image column and a scalar label column are just left unused.
+    try:
+        columns = _detect_columns(splits["train"], image_column, text_column, label_column, text_pair_column)
+    except DataError:
+        _refuse_word_level_tags(splits["train"], text_column, label_column)
+        raise
+    if _element_feature(splits["train"].features[columns.label]) is not None:
+        _refuse_word_level_tags(splits["train"], text_column, label_column)
     image, text, pair, label = columns.image, columns.text, columns.pair, columns.label
     source = image or text
     splits, notices = _labelled_splits(splits, label)

@@ -313,7 +313,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import PrinterCallback, ProgressCallback, TrainingArguments
 
     from ..pipelines import centers_scope
-    from .data import load_data, task_of
+    from .data import BUILTIN_DATASETS, input_type_of, load_data, task_of
     from .evaluation import (
         TrainerMetrics,
         argmax_logits,
@@ -323,6 +323,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         primary_metric,
     )
     from .predict import cannot_load, check_depth_arguments, task_for
+    from .processing import clipped_image_modes, clipped_modes_warning, pair_separator_refusal
     from .run_folder import software_environment
     from .setup import auto_head, check_one_batch, preprocessing
     from .trainer import DepthTrainer
@@ -352,10 +353,17 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     for notice in getattr(data, "notices", []):  # e.g. an unlabelled split left out, a column unused
         print(f"warning: {notice}", file=sys.stderr, flush=True)
     check_dataset_fits(args.model_dir, config, args.dataset, data)
+    refusal = pair_separator_refusal(data, processor, args.model_dir)
+    if refusal:
+        raise UsageError(refusal)
     task = task_of(data)
     rows = data[args.split]
     if args.max_samples is not None:
         rows = rows.select(range(min(args.max_samples, len(rows))))
+    if input_type_of(data) == "image" and args.dataset not in BUILTIN_DATASETS:  # the built-ins are 8-bit
+        clipped = clipped_modes_warning(clipped_image_modes(rows))
+        if clipped:
+            print(f"warning: {clipped}", file=sys.stderr, flush=True)
     transform, collator = preprocessing(task, config, processor)
     rows.set_transform(transform)
     head = auto_head(getattr(config, "input_type", "image"), task)

@@ -390,8 +390,9 @@ def dataset_batches(
     """
     import torch
 
-    from .data import DataError, input_type_of, is_token_classification, load_data
+    from .data import BUILTIN_DATASETS, DataError, input_type_of, is_token_classification, load_data
     from .evaluate import check_dataset_fits, model_labels
+    from .processing import clipped_image_modes, clipped_modes_warning
 
     input_type = getattr(config, "input_type", "image")
     try:
@@ -405,6 +406,10 @@ def dataset_batches(
         )
     check_dataset_fits(model_dir, config, name, data)
     rows = data[split].select(range(min(max_samples, len(data[split]))))
+    if input_type == "image" and name not in BUILTIN_DATASETS:  # the built-ins are 8-bit
+        clipped = clipped_modes_warning(clipped_image_modes(rows))
+        if clipped:
+            print(f"warning: {clipped}", file=sys.stderr, flush=True)
     per_token = is_token_classification(data)
     label_column = "labels" if per_token else "label"
     batches = []

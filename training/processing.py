@@ -101,6 +101,21 @@ def clipped_modes_warning(found: dict[str, int]) -> str | None:
     )
 
 
+def pair_separator_refusal(data: Any, tokenizer: Any, model: str) -> str | None:
+    """The one-line refusal when `data` (a normalised `DatasetDict`) holds sentence pairs (`text_pair`) and
+    `tokenizer`, a model folder's, has no separator token: a tokenizer trained before `[SEP]` was one of its special
+    tokens encodes a pair as `[CLS] A B`, the two texts run together. None otherwise. `model` names the folder as
+    the command's arguments do (`--from_pretrained DIR`, or DIR)."""
+    if not any("text_pair" in split.column_names for split in data.values()):
+        return None
+    if getattr(tokenizer, "sep_token", None) is not None:
+        return None
+    return (
+        f"{model}: its tokenizer has no separator token ([SEP]), so it cannot read sentence pairs (the two texts "
+        "would run together); train a model from scratch on the pairs, or use single texts (--text_column only)"
+    )
+
+
 # The `Dataset.set_transform` callables are instances of module-level classes rather than closures: DataLoader
 # workers started by spawn (the macOS and Windows default) receive the dataset, transform included, pickled.
 @dataclass

@@ -810,6 +810,12 @@ def build(args: Arguments, state: Any) -> Built:
     # a broken processor file of the checkpoint is refused before the dataset loads
     processor = pretrained_processor(args) if args.model.from_pretrained else None
     data, warnings = load_and_check_data(args, state)
+    if processor is not None:
+        from .processing import pair_separator_refusal
+
+        refusal = pair_separator_refusal(data, processor, f"--from_pretrained {args.model.from_pretrained}")
+        if refusal:
+            raise UsageError(refusal)
     task = task_of(data)
     _recipe_task(recipe, task)
     config, processor = build_config_and_processor(args, data, state, processor)
