@@ -18,7 +18,7 @@ from datasets import Dataset, Image
 from fixtures import cli_config
 from torch.utils.data import ConcatDataset, DataLoader
 
-from energyformers.training import accelerate_loop, train
+from energyformers.training import accelerate_loop, cli, train
 from energyformers.training.arguments import RunArguments
 from energyformers.training.processing import (
     build_image_processor,
@@ -371,6 +371,28 @@ def test_pairs_are_refused_for_a_model_whose_tokenizer_has_no_separator(
     assert not fine_tuned.exists()
     # single texts of the same data are still read
     assert evaluate.main([str(model), "--dataset", str(pairs), "--text_column", "sentence1", "--json"]) == 0
+    # `inspect --dataset` reads the pairs (sentence1/sentence2) as evaluate does, and refuses them alike
+    assert (
+        cli.main(["inspect", str(model), "--dataset", str(pairs), "--output_dir", str(tmp_path / "i")]) == 2
+    )
+    line = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert line == [f"energyformers inspect: error: {model}: its tokenizer has no separator token ([SEP]), so "
+                    "it cannot read sentence pairs (the two texts would run together); train a model from scratch "
+                    "on the pairs, or use single texts (--text_column only)"], line  # fmt: skip
+
+
+def test_inspect_encodes_the_pairs_of_a_dataset_with_the_separator(tmp_path: Path) -> None:
+    """`inspect --dataset`'s batches hold both texts of each pair, as training encoded them."""
+    from energyformers.training.inspect import dataset_batches
+    from energyformers.training.processing import train_tokenizer
+
+    pairs = write_pairs(tmp_path / "pairs.csv")
+    tokenizer = train_tokenizer(TEXTS, vocab_size=60, max_length=32)
+    config = SimpleNamespace(input_type="sequence", num_labels=2, id2label={0: "0", 1: "1"})
+    batches = dataset_batches(str(tmp_path), config, str(pairs), "test", 4, 4, tokenizer)
+    ids = batches[0][0]["input_ids"]
+    # [CLS] A [SEP] B [SEP] per row: two separators in each
+    assert ((ids == tokenizer.sep_token_id).sum(-1) == 2).all(), ids
 
 
 def transformers_tokenizer(folder: Path):

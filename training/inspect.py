@@ -357,15 +357,16 @@ def encode(model_dir: str, input_type: str, items: list[Any], processor: Any) ->
     return encode_texts(processor, list(items))
 
 
-def encode_texts(tokenizer: Any, texts: list[str]) -> dict[str, torch.Tensor]:
-    """Texts → one batch of `input_ids` (and `attention_mask`). Each text is tokenized as predict's pipelines
-    tokenize it (alone, truncated to the model's length); texts of different lengths are padded with the tokenizer's
-    padding token. A tokenizer without one (the Sudoku grids' WordLevel tokenizer: every puzzle is 81 cells) batches
-    texts of one length only: an `InspectError` names two lengths otherwise."""
+def encode_texts(tokenizer: Any, texts: list[str], pairs: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """Texts (with `pairs`, the second text of each sentence pair) → one batch of `input_ids` (and
+    `attention_mask`). Each text is tokenized as predict's pipelines tokenize it (alone, truncated to the model's
+    length); texts of different lengths are padded with the tokenizer's padding token. A tokenizer without one (the
+    Sudoku grids' WordLevel tokenizer: every puzzle is 81 cells) batches texts of one length only: an
+    `InspectError` names two lengths otherwise."""
     import torch
 
     if tokenizer.pad_token is not None:
-        encoded = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+        encoded = tokenizer(texts, pairs, padding=True, truncation=True, return_tensors="pt")
         return {key: encoded[key] for key in ("input_ids", "attention_mask") if key in encoded}
     encoded = [tokenizer(text, truncation=True) for text in texts]
     lengths = [len(item["input_ids"]) for item in encoded]
@@ -392,7 +393,7 @@ def dataset_batches(
 
     from .data import BUILTIN_DATASETS, DataError, input_type_of, is_token_classification, load_data
     from .evaluate import check_dataset_fits, model_labels
-    from .processing import clipped_image_modes, clipped_modes_warning
+    from .processing import clipped_image_modes, clipped_modes_warning, pair_separator_refusal
 
     input_type = getattr(config, "input_type", "image")
     try:
@@ -405,6 +406,9 @@ def dataset_batches(
             f"--dataset {name} holds {input_type_of(data)} inputs; this model takes {input_type} inputs"
         )
     check_dataset_fits(model_dir, config, name, data)
+    refusal = pair_separator_refusal(data, processor, model_dir)
+    if refusal:
+        raise InspectError(refusal)
     rows = data[split].select(range(min(max_samples, len(data[split]))))
     if input_type == "image" and name not in BUILTIN_DATASETS:  # the built-ins are 8-bit
         clipped = clipped_modes_warning(clipped_image_modes(rows))
@@ -417,6 +421,8 @@ def dataset_batches(
         chunk = rows[start : start + batch_size]
         if per_token:  # grid cells are already the token ids
             inputs = {"input_ids": torch.tensor(chunk["input_ids"])}
+        elif "text_pair" in chunk:  # sentence pairs, encoded together as training encoded them
+            inputs = encode_texts(processor, chunk["text"], chunk["text_pair"])
         else:
             inputs = encode(
                 model_dir, input_type, chunk["image" if input_type == "image" else "text"], processor
