@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import pickle
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,10 +69,12 @@ def as_lists(row: dict) -> dict:
 def test_every_transform_reaches_a_dataloader_worker_started_by_spawn() -> None:
     """The datasets travel to a spawned worker pickled, transform included (a closure cannot be pickled); the rows
     it returns are the ones the main process computes from the same seeded state (the augmentation's generator
-    included). One worker for all four keeps it to one interpreter start."""
-    expected = [as_lists(ds[i]) for ds in transformed_datasets() for i in range(2)]
+    included). One worker for all four keeps it to one interpreter start. The main process reads a pickled copy,
+    so the worker's datasets start from the same state (a tokenizer trained twice gives other ids)."""
+    datasets = transformed_datasets()
+    expected = [as_lists(ds[i]) for ds in pickle.loads(pickle.dumps(datasets)) for i in range(2)]
     loader = DataLoader(
-        ConcatDataset(transformed_datasets()),
+        ConcatDataset(datasets),
         batch_size=1,
         collate_fn=list,
         num_workers=1,
