@@ -659,3 +659,21 @@ class Records(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
+
+
+def run_stopped_runs(
+    script: str, plan: list, root: Path, env: dict[str, str], timeout: float
+) -> list[tuple[dict, str]]:
+    """Run a stop script's `plan` (a JSON list, one entry per run) in one child process: the script writes one
+    record per run to the file its second argument names and starts each run's stderr with a line `===== <index>`.
+    Returns (record, that run's part of stderr) per run, in plan order."""
+    import re
+
+    path, seen = root / "stop.py", root / "seen.json"
+    path.write_text(script)
+    command = [sys.executable, str(path), json.dumps(plan), str(seen)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+    assert proc.returncode == 0 and seen.is_file(), (proc.returncode, proc.stderr[-3000:])
+    parts = re.split(r"^===== (\d+)\n", proc.stderr, flags=re.M)[1:]
+    assert parts[::2] == [str(i) for i in range(len(plan))], (parts[::2], proc.stderr[-3000:])
+    return list(zip(json.loads(seen.read_text()), parts[1::2], strict=True))

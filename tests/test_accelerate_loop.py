@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from fixtures import assert_close_to_scale, cli_config, labelled, rounding
+from fixtures import assert_close_to_scale, cli_config, labelled, rounding, run_stopped_runs
 from safetensors.torch import load_file
 from transformers import pipeline
 
@@ -152,18 +149,10 @@ def stopped_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[di
     root = tmp_path_factory.mktemp("stopped")
     outs = {during: root / during / "run" for during in STOPS}
     plan = [[during, [*STOP_ARGV, "--output_dir", str(outs[during])]] for during in STOPS]
-    script, seen = root / "stop.py", root / "seen.json"
-    script.write_text(STOP_AROUND_AN_EVALUATION)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, str(script), json.dumps(plan), str(seen)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0 and seen.is_file(), (proc.returncode, proc.stderr[-3000:])
-    parts = re.split(r"^===== (\d+)\n", proc.stderr, flags=re.M)[1:]
-    assert parts[::2] == [str(i) for i in range(len(plan))], (parts[::2], proc.stderr[-3000:])
-    records = json.loads(seen.read_text())
+    runs = run_stopped_runs(STOP_AROUND_AN_EVALUATION, plan, root, env, timeout=600)
     return {
-        during: (record, stderr, outs[during])
-        for during, record, stderr in zip(STOPS, records, parts[1::2], strict=True)
+        during: (record, stderr, outs[during]) for during, (record, stderr) in zip(STOPS, runs, strict=True)
     }
 
 

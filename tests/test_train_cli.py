@@ -11,7 +11,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import textwrap
@@ -21,7 +20,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures import assert_close_to_scale, cli_architecture, cli_config, labelled, require_dataset, rounding
+from fixtures import (
+    assert_close_to_scale,
+    cli_architecture,
+    cli_config,
+    labelled,
+    require_dataset,
+    rounding,
+    run_stopped_runs,
+)
 from PIL import Image
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForImageClassification, pipeline
@@ -418,17 +425,9 @@ def stopped_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[di
         [during, [*stop_argv(cadence, best), "--output_dir", str(outs[case])]]
         for case, (during, cadence, _, best) in STOP_CASES.items()
     ]
-    script, seen = root / "stop.py", root / "seen.json"
-    script.write_text(STOP_AROUND_AN_EVALUATION)
-    command = [sys.executable, str(script), json.dumps(plan), str(seen)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=1200)
-    assert proc.returncode == 0 and seen.is_file(), (proc.returncode, proc.stderr[-3000:])
-    parts = re.split(r"^===== (\d+)\n", proc.stderr, flags=re.M)[1:]
-    assert parts[::2] == [str(i) for i in range(len(plan))], (parts[::2], proc.stderr[-3000:])
-    records = json.loads(seen.read_text())
+    runs = run_stopped_runs(STOP_AROUND_AN_EVALUATION, plan, root, ENV, timeout=1200)
     return {
-        case: (record, stderr, outs[case])
-        for case, record, stderr in zip(STOP_CASES, records, parts[1::2], strict=True)
+        case: (record, stderr, outs[case]) for case, (record, stderr) in zip(STOP_CASES, runs, strict=True)
     }
 
 
