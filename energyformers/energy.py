@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,9 +52,17 @@ def _split_heads(tensor: torch.Tensor, num_heads: int, name: str) -> torch.Tenso
     return tensor.view(batch, length, num_heads, width // num_heads).transpose(1, 2)
 
 
-def _check_num_heads(num_heads: int) -> None:
-    if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
+def _is_integer(value: object) -> bool:
+    """Whether a count is an integer: Python's or any other `numbers.Integral` (numpy's, from a sweep over
+    `np.arange`), which is then used as `int(value)`; not a bool, a float of integral value or a tensor."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_num_heads(num_heads: int) -> int:
+    """`num_heads` as an int, or a ValueError naming it."""
+    if not _is_integer(num_heads) or num_heads < 1:
         raise ValueError(f"num_heads must be an integer >= 1; got {num_heads!r}.")
+    return int(num_heads)
 
 
 def _check_beta(beta: float | torch.Tensor, num_heads: int) -> None:
@@ -178,7 +187,7 @@ def hopfield_energy(
     a key padding mask `(B, N_k)` goes in as `mask[:, None, None, :]`; constants: include β⁻¹ log N + ½ M²
     (N, M over the patterns each state sees), so that E >= 0.
     """
-    _check_num_heads(num_heads)
+    num_heads = _check_num_heads(num_heads)
     _check_beta(beta, num_heads)
     with _outside_autocast(state.device):  # an energy is a measurement: in the inputs' dtype, not autocast's
         return _hopfield_energy(state, stored, beta, num_heads, mask, constants)
@@ -221,7 +230,7 @@ def hopfield_gradient(
     ∇_{ξ_i} E = ξ_i − Σ_j p_ij x_j; a state that sees no pattern has zero gradient (and zero weights). The
     arguments are those of `hopfield_energy`.
     """
-    _check_num_heads(num_heads)
+    num_heads = _check_num_heads(num_heads)
     _check_beta(beta, num_heads)
     xi, patterns, mask = _heads_and_mask(state, stored, num_heads, mask)
     scores, present = _scores(xi, patterns, _head_beta(beta, xi), mask)
@@ -279,8 +288,9 @@ def minimize_energy(
         or not step_size > 0
     ):
         raise ValueError(f"step_size must be a finite number > 0; got {step_size!r}.")
-    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0:
+    if not _is_integer(max_steps) or max_steps < 0:
         raise ValueError(f"max_steps must be an integer >= 0; got {max_steps!r}.")
+    max_steps = int(max_steps)
     if tolerance is not None and (
         isinstance(tolerance, bool)
         or not isinstance(tolerance, (int, float))
@@ -367,8 +377,9 @@ class EnergyAttention(nn.Module):
     ) -> None:
         super().__init__()
         for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads), ("num_steps", num_steps)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not _is_integer(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1; got {value!r}.")
+        hidden_size, num_heads, num_steps = int(hidden_size), int(num_heads), int(num_steps)
         if hidden_size % num_heads:
             raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}.")
         if (
@@ -410,8 +421,9 @@ class EnergyAttention(nn.Module):
         this call.
         """
         steps = self.num_steps if num_steps is None else num_steps
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        if not _is_integer(steps) or steps < 1:
             raise ValueError(f"num_steps must be an integer >= 1; got {steps!r}.")
+        steps = int(steps)
         source = hidden_states if encoder_hidden_states is None else encoder_hidden_states
         for name, tensor in (("hidden_states", hidden_states), ("encoder_hidden_states", source)):
             if tensor.ndim != 3:

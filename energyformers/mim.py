@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import re
 from pathlib import Path
@@ -44,6 +45,12 @@ _TOKENIZER_REMEDY = (
 _JSON_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 _JSON_TYPE_NAMES.update({list: "a list", dict: "an object"})
 _SHOWN_JSON = 40  # the characters of a refused value a message shows
+
+
+def is_integer(value: object) -> bool:
+    """Whether a count or seed argument is an integer: Python's or any other `numbers.Integral` (numpy's, from a
+    sweep over `np.arange`), which is then used as `int(value)`; not a bool, a float of integral value or a tensor."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _json_type_name(types: type | tuple[type, ...]) -> str:
@@ -122,8 +129,9 @@ class PatchKMeansTokenizer:
     ) -> None:
         height, width = image_size
         for name, value in (("patch_size", patch_size), ("num_channels", num_channels)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not is_integer(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1; got {value!r}.")
+        patch_size, num_channels = int(patch_size), int(num_channels)
         if height % patch_size or width % patch_size or height < 1 or width < 1:
             raise ValueError(
                 f"image_size must be positive multiples of patch_size={patch_size}; got {tuple(image_size)}."
@@ -166,8 +174,9 @@ class PatchKMeansTokenizer:
             raise ValueError(
                 f"images must have shape (batch, channels, height, width); got {tuple(images.shape)}."
             )
-        if not isinstance(codebook_size, int) or isinstance(codebook_size, bool) or codebook_size < 2:
+        if not is_integer(codebook_size) or codebook_size < 2:
             raise ValueError(f"codebook_size must be an integer >= 2; got {codebook_size!r}.")
+        codebook_size = int(codebook_size)
         patches = _patches(images.float(), patch_size)  # raises for sizes that are not multiples of the patch
         flat = patches.flatten(0, 1)  # (B·N, C·p·p): every patch of every image is one k-means sample
         if len(flat) < codebook_size:
@@ -835,6 +844,7 @@ __all__ = [
     "VQTokenizer",
     "check_perceptual_weights",
     "check_tokenizer_fits",
+    "is_integer",
     "load_vq_tokenizer",
     "mask_codes",
     "perceptual_metrics",

@@ -266,13 +266,18 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
     def _sanitize_parameters(
         self, mask_ratio: float | None = None, seed: int | None = None, **kwargs: Any
     ) -> tuple[dict, dict, dict]:
+        from .mim import is_integer
+
         unknown = sorted(set(kwargs) - set(self._DECODE_ARGUMENTS))
         if unknown:
             raise ValueError(
                 f"MaskedImageModelingPipeline takes no {unknown} argument(s); it takes mask_ratio, seed and "
                 f"{list(self._DECODE_ARGUMENTS)}."
             )
-        preprocess, forward = {}, dict(kwargs)
+        # a numpy integer (a sweep over `np.arange`) reaches `decode` as the int it stands for; anything else as
+        # given, for `decode`'s own checks to word
+        preprocess = {}
+        forward = {name: int(value) if is_integer(value) else value for name, value in kwargs.items()}
         if mask_ratio is not None:
             if (
                 isinstance(mask_ratio, bool)
@@ -282,9 +287,9 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
                 raise ValueError(f"mask_ratio must be a fraction in [0, 1]; got {mask_ratio!r}.")
             preprocess["mask_ratio"] = float(mask_ratio)
         if seed is not None:
-            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            if not is_integer(seed) or not 0 <= seed < 2**63:
                 raise ValueError(f"seed must be an integer in [0, 2**63); got {seed!r}.")
-            preprocess["seed"] = forward["seed"] = seed
+            preprocess["seed"] = forward["seed"] = int(seed)
         return preprocess, forward, {}
 
     def _image_geometry(self) -> tuple[int, int, int]:

@@ -68,9 +68,11 @@ def as_lists(row: dict) -> dict:
 
 def test_every_transform_reaches_a_dataloader_worker_started_by_spawn() -> None:
     """The datasets travel to a spawned worker pickled, transform included (a closure cannot be pickled); the rows
-    it returns are the ones the main process computes from the same seeded state (the augmentation's generator
-    included). One worker for all four keeps it to one interpreter start. The main process reads a pickled copy,
-    so the worker's datasets start from the same state (a tokenizer trained twice gives other ids)."""
+    it returns are the ones the main process computes from the same seeded state, but for the augmented puzzle the
+    worker relabels with a symmetry of its own stream (`SudokuAugmentation` re-seeds in a worker), checked by its
+    shape: every given digit becomes one digit, every label one other digit. One worker for all four keeps it to one
+    interpreter start. The main process reads a pickled copy, so the worker's datasets start from the same state (a
+    tokenizer trained twice gives other ids)."""
     datasets = transformed_datasets()
     expected = [as_lists(ds[i]) for ds in pickle.loads(pickle.dumps(datasets)) for i in range(2)]
     loader = DataLoader(
@@ -81,6 +83,13 @@ def test_every_transform_reaches_a_dataloader_worker_started_by_spawn() -> None:
         multiprocessing_context="spawn",
     )
     rows = [as_lists(batch[0]) for batch in loader]
+    # the augmented all-ones puzzle (labels: digit 3 everywhere) under digit relabelling d: d(1) and d(3) - 1
+    relabelled = rows[-1]
+    given, labels = set(relabelled["input_ids"]), set(relabelled["labels"])
+    assert len(given) == len(labels) == 1, relabelled
+    (digit,), (label,) = given, labels
+    assert 1 <= digit <= 9 and 0 <= label <= 8 and label + 1 != digit, relabelled
+    expected[-1] = relabelled
     for i, (row, want) in enumerate(zip(rows, expected, strict=True)):
         assert row == want, f"row {i}: the spawned worker gave {row}, the main process {want}"
 

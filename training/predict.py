@@ -443,6 +443,24 @@ def check_readable_images(paths: list[str]) -> None:
             raise UsageError(f"{source}: not a readable image ({err})") from None
 
 
+def warn_clipped_modes(paths: list[str]) -> None:
+    """The images among `paths` of 16/32-bit grey modes, which the conversion clips at 255: one warning on stderr
+    naming the modes and how many of each (`processing.clipped_modes_warning`, as `train` and `evaluate` word it).
+    Reads the file headers only."""
+    from PIL import Image
+
+    from .processing import CLIPPED_MODES, clipped_modes_warning
+
+    found: dict[str, int] = {}
+    for source in paths:
+        with Image.open(source) as image:
+            if image.mode in CLIPPED_MODES:
+                found[image.mode] = found.get(image.mode, 0) + 1
+    clipped = clipped_modes_warning(found)
+    if clipped:
+        print(f"warning: {clipped}", file=sys.stderr, flush=True)
+
+
 def reconstruction_paths(inputs: list[str], output_dir: str | None) -> list[Path | None]:
     """Where each input's reconstruction goes (`<stem>.reconstruction.png` in `output_dir`); two inputs of one
     stem would overwrite each other, a `UsageError`."""
@@ -641,6 +659,7 @@ def run(args: argparse.Namespace) -> int:
 
         from .processing import to_rgb
 
+        warn_clipped_modes(inputs)
         inputs = [to_rgb(Image.open(x)) for x in inputs]  # any mode (RGBA, P, 16-bit grey) → RGB
     kwargs = pipeline_kwargs(args, config)
     # given a loaded model, transformers.pipeline no longer looks for the processor beside it
@@ -677,6 +696,7 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
         args.model_dir, "mim", args.inputs
     )  # again for a Hub model (a local one was checked in parse)
     paths = reconstruction_paths(args.inputs, args.output_dir)
+    warn_clipped_modes(args.inputs)  # the pipeline converts them to grey or RGB as PIL does, clipping at 255
     kwargs = pipeline_kwargs(args, config)
     kwargs["vq_tokenizer"] = load_processor_or_refuse(args.model_dir, config.to_dict(), mim=True)
     model = pipeline_model(MIM_TASK, args.model_dir, kwargs)

@@ -281,12 +281,33 @@ def augment(
 
 
 class SudokuAugmentation:
-    """`Dataset.with_transform` callable: a fresh random symmetry of every puzzle each time it is read, from a
-    seeded generator (one stream per process: DataLoader workers each draw their own)."""
+    """`Dataset.with_transform` callable: a fresh random symmetry of every puzzle each time it is read.
+
+    In the process that made it the symmetries come from `np.random.default_rng(seed)`. A DataLoader worker
+    holds a copy of that generator (forked or unpickled), which would draw what every other worker draws, and again
+    in every epoch whose workers start anew; so, as torch's DataLoader notes advise for numpy generators, a worker
+    draws from its own generator seeded by `seed` and the worker's seed (`torch.utils.data.get_worker_info()`),
+    which torch draws per worker and per epoch from its own generator: distinct across workers and epochs, and
+    repeated by a run with the same torch seed.
+    """
 
     def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
         self.rng = np.random.default_rng(seed)
+        # the worker seed `rng` was seeded with; None: not re-seeded in a worker yet
+        self._worker_seed: int | None = None
+
+    def _generator(self) -> np.random.Generator:
+        """The generator this process draws from: `rng`, re-seeded on the first read in a DataLoader worker."""
+        from torch.utils.data import get_worker_info
+
+        worker = get_worker_info()
+        if worker is not None and worker.seed != self._worker_seed:
+            self._worker_seed = worker.seed
+            self.rng = np.random.default_rng([self.seed, worker.seed])
+        return self.rng
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
-        input_ids, labels = augment(np.asarray(batch["input_ids"]), np.asarray(batch["labels"]), self.rng)
+        rng = self._generator()
+        input_ids, labels = augment(np.asarray(batch["input_ids"]), np.asarray(batch["labels"]), rng)
         return {**batch, "input_ids": input_ids.tolist(), "labels": labels.tolist()}
