@@ -3316,8 +3316,9 @@ class MaskedImageModelingMixin:
         Defaults: 24 `steps`, the decoding steps the authors evaluate reconstruction with; `randomize_temperature`
         4.5, the `r_temp` of the authors' MIM config; `temperature` 1 and the `"arccos"` schedule, MaskGIT's.
         """
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        if not _is_integer(steps) or steps < 1:
             raise ValueError(f"steps must be an integer >= 1; got {steps!r}.")
+        steps = int(steps)
         if schedule not in MASKGIT_SCHEDULES:
             raise ValueError(f"schedule must be one of {sorted(MASKGIT_SCHEDULES)}; got {schedule!r}.")
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
@@ -3329,9 +3330,7 @@ class MaskedImageModelingMixin:
         ):
             raise ValueError(f"randomize_temperature must be a number >= 0; got {randomize_temperature!r}.")
         # torch.Generator.manual_seed would take -1 as 2**64 - 1 (another seed's codes) and name no argument
-        if seed is not None and (
-            isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63
-        ):
+        if seed is not None and (not _is_integer(seed) or not 0 <= seed < 2**63):
             raise ValueError(f"seed must be None or an integer in [0, 2**63); got {seed!r}.")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError(f"generator must be None or a torch.Generator; got {type(generator).__name__}.")
@@ -3355,7 +3354,7 @@ class MaskedImageModelingMixin:
         # the logits to; an undispatched one on its own device, whatever the ids' device
         device = input_ids.device if is_dispatched(self) else self.device
         if generator is None:
-            seed = int(torch.randint(0, 2**62, (1,))) if seed is None else seed
+            seed = int(torch.randint(0, 2**62, (1,))) if seed is None else int(seed)
             generator = torch.Generator(device).manual_seed(seed)
         codes = input_ids.to(device).clone()
         masked = codes == mask_id

@@ -1,5 +1,5 @@
-"""Integer counts and seeds of the public functions of `energyformers.energy`, `energyformers.mim` and the
-masked-image-modelling pipeline take any integer, numpy's included (a sweep over `np.arange` hands out `np.int64`),
+"""Integer counts and seeds of the public functions of `energyformers.energy`, `energyformers.mim`, the
+masked-image-modelling pipeline and the model's MaskGIT `decode` take any integer, numpy's included (a sweep over `np.arange` hands out `np.int64`),
 give what the Python int gives and keep it as that int; a bool, a float or a string is still refused by name."""
 
 from __future__ import annotations
@@ -54,6 +54,12 @@ def reconstructed(**call: Any) -> tuple[torch.Tensor, list]:
     return mim_pipeline()(image, mask_ratio=0.5, **call)["codes"], []
 
 
+def decoded(**call: Any) -> tuple[torch.Tensor, list]:
+    model = mim_pipeline().model
+    masked = torch.full((1, model.config.max_position_embeddings), model.mask_token_id)  # (B, N): all [MASK]
+    return model.decode(masked, **call).codes, []
+
+
 def descent(max_steps: Any) -> tuple[torch.Tensor, list]:
     result = energy.minimize_energy(lambda x: energy.hopfield_energy(x, STORED), STATE, max_steps=max_steps)
     return result.state, [result.steps]
@@ -88,6 +94,8 @@ CASES: list[tuple[str, Callable[[Any], tuple[Any, list]], int, str]] = [
     ("PatchKMeansTokenizer.fit codebook_size", fitted, 4, "codebook_size"),
     ("MaskedImageModelingPipeline seed", lambda n: reconstructed(seed=n), 5, "seed"),
     ("MaskedImageModelingPipeline steps", lambda n: reconstructed(steps=n, seed=0), 3, "steps"),
+    ("decode seed", lambda n: decoded(seed=n), 5, "seed"),
+    ("decode steps", lambda n: decoded(steps=n, seed=0), 3, "steps"),
 ]
 IDS = [case[0] for case in CASES]
 

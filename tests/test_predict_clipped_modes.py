@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from datasets import Dataset
+from datasets import Dataset, DatasetDict
 from datasets import Image as ImageFeature
 from fixtures import tiny_mim_model
 from PIL import Image
@@ -21,7 +21,7 @@ from test_registry_tasks import build_mim_folder
 from energyformers.mim import PatchKMeansTokenizer
 from energyformers.pipelines import MaskedImageModelingPipeline
 from energyformers.training import predict
-from energyformers.training.data import image_tensor
+from energyformers.training.data import image_tensor, masked_image_data
 
 # the shared wording (`processing.clipped_modes_warning`) with this test's counts: 2 files of I;16, 1 of F
 CLIPPED = r"warning: images of 16/32-bit grey modes \(1 of mode F, 2 of mode I;16\): .*; rescale them to 8 bit first, .*"
@@ -82,3 +82,29 @@ def test_mim_pipeline_tokenizes_16_bit_grey_from_the_pixels_training_does(images
     assert torch.equal(served, trained[0]), (served - trained[0]).abs().max().item()
     clipped = (np.asarray(Image.open(path)) > 255).mean()
     assert (served == 1).float().mean().item() == pytest.approx(clipped), "not the clipped pixels at 1"
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I;16B"])
+def test_mim_training_tokenizes_every_16_bit_grey_mode_as_one_channel(tmp_path, mode):
+    """A fitted tokenizer reads grey files as one channel, whatever the byte order of their 16 bits."""
+    rng = np.random.default_rng(1)
+    paths = []
+    for i in range(6):
+        pixels = rng.integers(0, 255, (8, 8), dtype=np.uint16)
+        image = Image.frombytes(mode, (8, 8), pixels.astype(">u2" if mode == "I;16B" else "<u2").tobytes())
+        image.save(tmp_path / f"{i}.tif")
+        paths.append(str(tmp_path / f"{i}.tif"))
+    assert {Image.open(path).mode for path in paths} == {mode}
+    split = Dataset.from_dict({"image": paths[:2]}).cast_column("image", ImageFeature())
+    data = DatasetDict({"train": split, "validation": split, "test": split})
+    result = masked_image_data(
+        data,
+        None,
+        codebook_size=4,
+        patch_size=None,
+        fit_samples=2,
+        eval_mask_ratio=0.5,
+        seed=0,
+        log=lambda _: None,
+    )
+    assert result.tokenizer.num_channels == 1, (mode, result.tokenizer.num_channels)

@@ -990,7 +990,7 @@ def masked_image_data(
                 f"--tokenizer_patch_size {patch}: the images are tokenized at {size}×{size}, which {patch} does "
                 "not divide; pick a divisor of it"
             )
-        channels = 1 if first.mode in ("1", "L", "LA", "I", "I;16", "F") else 3
+        channels = 1 if first.mode in ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F") else 3
     else:
         size, channels = tokenizer.image_size[0], tokenizer.num_channels
     pixels = {split: image_tensor(data[split], size, channels) for split in data}
