@@ -154,6 +154,8 @@ def run_metrics(result: RunResult) -> dict[str, Any]:
         },
         "arguments": recorded(args),
         "data": data_summary(result.data),
+        # the dataset columns read, after detection (None for a built-in): the card shows a pair model's pair call
+        "columns": getattr(result.data, "source_columns", None),
         "train": result.train,
         "eval": result.eval,
         "test": result.test,
