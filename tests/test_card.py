@@ -6,6 +6,7 @@ Run folders here are real `energyformers train` runs of tiny models on a few gen
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import json
@@ -193,3 +194,80 @@ def test_metrics_record_the_preset_the_model_was_built_from(argv, family, input_
     columns = ["image", "label"] if input_type == "image" else ["text", "label"]
     preset = recorded_preset(argv, model, task, columns)
     assert preset == expected, f"{argv}: recorded preset {preset!r}, expected {expected!r}"
+
+
+# ------------------------------------------------------------------------------------------ sentence pairs
+
+PAIR_REPO = "org/hyperbf-pairs"
+PAIR_TEXTS = ["a good film", "a bad plot", "good acting and a good plot", "a bad film", "bad acting"]
+
+
+@pytest.fixture(scope="module")
+def text_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Exports (remote code, `PAIR_REPO` in the snippets) of two tiny HyperBF text runs on one sentence-pair CSV:
+    "pairs" read `sentence1` and `sentence2` as run_glue does (no column flag: detected), "single" only
+    `sentence1`."""
+    from energyformers.training import train
+
+    root = tmp_path_factory.mktemp("pairs")
+    dataset = root / "pairs.csv"
+    rows = [f"{PAIR_TEXTS[i % 5]},{PAIR_TEXTS[(i + 2) % 5]},{i % 2}" for i in range(40)]
+    dataset.write_text("sentence1,sentence2,label\n" + "\n".join(rows) + "\n")
+    folders = {}
+    for name, columns in (("pairs", []), ("single", ["--text_column", "sentence1"])):
+        run = root / f"run-{name}"
+        argv = [
+            "--model", "hyperbf", "--dataset", str(dataset), *columns, "--output_dir", str(run),
+            "--config", "hidden_size=16", "num_attention_heads=2", "num_hidden_layers=1", "--max_steps", "1",
+            "--batch_size", "8", "--num_threads", "1", "--disable_tqdm", "--num_predictions", "0",
+        ]  # fmt: skip
+        assert train.main(argv) == 0, argv
+        folders[name] = export_model_dir(run, root / f"export-{name}", repo_id=PAIR_REPO)
+    return folders
+
+
+def test_a_sentence_pair_models_card_shows_the_pair_call_and_a_single_text_models_card_does_not(text_exports):
+    """The card of a model trained on pairs passes both texts to the pipeline, as its training encoded them, and
+    says so; the card of a single-text model on the same data keeps the single call. Both blocks run."""
+    pair_call = 'print(pipe({"text": "a gripping, well acted film", "text_pair": "the acting is good"}))'
+    single_call = 'print(pipe("a gripping, well acted film"))'
+    said = "It classifies sentence pairs (the columns `sentence1` and `sentence2` of its training data)"
+    for name, shown, hidden in (("pairs", pair_call, single_call), ("single", single_call, pair_call)):
+        folder = text_exports[name]
+        text = (folder / "README.md").read_text()
+        blocks = [b.replace(f'"{PAIR_REPO}"', repr(str(folder))) for b in python_blocks(text)]
+        assert len(blocks) == 2 and shown in blocks[1] and hidden not in text, (name, blocks)
+        assert (said in text) == (name == "pairs"), (name, text)
+        exec(blocks[0], {})  # with the package
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(blocks[1], {})  # the repository's own code (in this process the package is importable too)
+        # one prediction of one of the two labels: transformers' pipeline gives a pair's as a dict, a text's in a list
+        output = ast.literal_eval(printed.getvalue().strip())
+        predictions = [output] if name == "pairs" else output
+        assert [p["label"] for p in predictions] in (["0"], ["1"]), (name, output)
+    # what the pair card reads: the run's record of the columns it read
+    assert json.loads((text_exports["pairs"] / "metrics.json").read_text())["columns"] == {
+        "text_column": "sentence1",
+        "text_pair_column": "sentence2",
+        "label_column": "label",
+    }
+
+
+@pytest.mark.parametrize(
+    ("columns", "expected"),
+    [
+        ('"sentence2"', 'columns="sentence2" is not an object'),
+        ('{"text_pair_column": 2}', "columns holds a value"),
+    ],
+)
+def test_a_metrics_record_of_columns_of_the_wrong_shape_is_refused_naming_the_file(
+    tmp_path, columns, expected
+):
+    from energyformers.training.card import read_run_metrics
+
+    path = tmp_path / "metrics.json"
+    path.write_text(f'{{"columns": {columns}}}')
+    with pytest.raises(ValueError, match=re.escape(f"{path}: ")) as refused:
+        read_run_metrics(path)
+    assert expected in str(refused.value), str(refused.value)

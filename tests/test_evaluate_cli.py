@@ -293,3 +293,91 @@ def test_bad_flags_and_folders_are_one_line_with_status_2_before_torch_loads(tmp
         "notes",
         "rbf",
     ]
+
+
+# ------------------------------------------------------------------------------------------ unlabelled splits
+
+
+def digit_images(n: int, labels: list[int], seed: int) -> dict[str, list]:
+    """`n` random 8 × 8 grey images with `labels` (cycled): the run's digits shape and classes."""
+    rng = np.random.default_rng(seed)
+    images = [Image.fromarray(rng.integers(0, 17, (8, 8), dtype=np.uint8), mode="L") for _ in range(n)]
+    return {"image": images, "label": [labels[i % len(labels)] for i in range(n)]}
+
+
+def saved_digits(folder: Path, **splits: int | None) -> Path:
+    """A saved `DatasetDict` with the run's labels "0".."9": train labelled, each split of `splits` holding that
+    many examples all labelled -1 (GLUE's unlabelled test splits on the Hub), ten labelled ones where None, and ten
+    without a label column where 0."""
+    from datasets import ClassLabel, Dataset, DatasetDict, Features
+    from datasets import Image as ImageFeature
+
+    features = Features({"image": ImageFeature(), "label": ClassLabel(names=[str(i) for i in range(10)])})
+    dd = {"train": Dataset.from_dict(digit_images(40, list(range(10)), seed=1), features=features)}
+    for i, (split, unlabelled) in enumerate(splits.items()):
+        rows = digit_images(unlabelled or 10, [-1] if unlabelled else list(range(10)), seed=2 + i)
+        dd[split] = Dataset.from_dict(rows, features=features)
+        if unlabelled == 0:
+            dd[split] = dd[split].remove_columns("label")
+    DatasetDict(dd).save_to_disk(str(folder))
+    return folder
+
+
+def test_an_unlabelled_split_is_refused_naming_the_labelled_ones_before_the_model_loads(
+    run_folder, tmp_path, capsys, no_model_loads
+):
+    """load_data carves an unlabelled split out of train; evaluate scores none, which for a model trained elsewhere
+    could be its own training examples."""
+    glue = saved_digits(tmp_path / "glue", validation=None, test=12)  # labelled validation, unlabelled test
+    no_validation = saved_digits(tmp_path / "no_validation", test=12)
+    unlabelled_validation = saved_digits(tmp_path / "unlabelled_validation", validation=12, test=None)
+    no_label_column = saved_digits(tmp_path / "no_label_column", validation=None, test=0)
+    cases = {
+        "test asked for": (
+            [glue, "--split", "test"],
+            f"--split test: the test split of --dataset {glue} is unlabelled (all 12 labels are -1), so it cannot "
+            "be scored; its labelled splits are validation, train: pass --split validation",
+        ),
+        "the default, with no labelled validation split": (
+            [no_validation],
+            f"--split (default test): the test split of --dataset {no_validation} is unlabelled (all 12 labels are "
+            "-1), so it cannot be scored; its only labelled split is train: pass --split train (the training "
+            "examples), or --split validation for the part of train that `energyformers train` holds out (seed 0)",
+        ),
+        "validation asked for": (
+            [unlabelled_validation, "--split", "validation"],
+            f"--split validation: the validation split of --dataset {unlabelled_validation} is unlabelled (all 12 "
+            "labels are -1), so it cannot be scored; its labelled splits are test, train: pass --split test",
+        ),
+        "a test split without the label column": (
+            [no_label_column, "--split", "test"],
+            f"--split test: the test split of --dataset {no_label_column} is unlabelled (no label column 'label')",
+        ),
+    }
+    for name, (argv, fragment) in cases.items():
+        assert evaluate(run_folder, "--dataset", *argv) == 2, name
+        line = only_line(capsys.readouterr().err)
+        assert line.startswith("energyformers evaluate: error: ") and fragment in line, (name, line)
+
+
+def test_without_split_an_unlabelled_test_split_gives_way_to_the_validation_split(
+    run_folder, tmp_path, capsys
+):
+    glue = saved_digits(tmp_path / "glue", validation=None, test=12)
+    assert evaluate(run_folder, "--dataset", glue, "--json") == 0, capsys.readouterr().err
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert (report["split"], report["num_samples"], report["primary_metric"]) == (
+        "validation", 10, "eval_accuracy",
+    ), report  # fmt: skip
+    # one warning naming what was scored instead; none saying the test split is carved out of train
+    assert only_line(captured.err) == (
+        f"warning: the test split of --dataset {glue} is unlabelled (all 12 labels are -1): scoring its validation "
+        "split; pass --split to choose another"
+    ), captured.err
+    assert evaluate(run_folder, "--dataset", glue, "--split", "validation", "--json") == 0
+    asked = json.loads(capsys.readouterr().out)["metrics"]
+    # the same examples and weights on one thread count: the same counts; the loss as the first test bounds it
+    assert report["metrics"]["eval_accuracy"] == asked["eval_accuracy"], (report["metrics"], asked)
+    loss, bound = report["metrics"]["eval_loss"], rounding(torch.float32, 32, abs(asked["eval_loss"]))
+    assert abs(loss - asked["eval_loss"]) <= bound, (loss, asked["eval_loss"], bound)

@@ -132,9 +132,12 @@ def test_metrics_json_schema(trained, family: str, modality: str) -> None:
         # accuracy at each depth joined to them, for the recurrent-depth families, too)
         assert metrics[split].get("epoch") == epoch, (split, metrics[split])
     assert "train_loss" in metrics["train"] and metrics["wall_time_s"] > 0
-    # the versions the numbers depend on (torchmetrics' SSIM changed between releases), as installed here
+    # the versions the numbers depend on (torchmetrics' SSIM changed between releases; tokenizers sets a text run's
+    # ids, Pillow converts the images, scikit-learn carves splits), as installed here
     environment = metrics["environment"]
-    for package in ("energyformers", "torch", "transformers", "accelerate", "datasets", "torchmetrics"):
+    recorded = ("energyformers", "torch", "transformers", "accelerate", "datasets", "torchmetrics", "kornia",
+                "tokenizers", "pillow", "numpy", "scikit-learn")  # fmt: skip
+    for package in recorded:
         assert environment["packages"][package] == importlib.metadata.version(package), (package, environment)
     assert environment["python"] == platform.python_version(), environment
 

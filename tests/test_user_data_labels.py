@@ -201,18 +201,19 @@ def test_the_run_trains_on_the_labelled_splits_with_the_datas_classes(stars_run,
 
 
 def test_evaluate_maps_the_labels_as_training_did_and_scores_the_same(stars_run, capsys) -> None:
+    """The test split is unlabelled: without --split, evaluate scores the validation split, as the run did."""
     data, out = stars_run
     capsys.readouterr()
-    assert evaluate.main([str(out), "--dataset", str(data), "--split", "test", "--json"]) == 0
+    assert evaluate.main([str(out), "--dataset", str(data), "--json"]) == 0
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     trained = json.loads((out / "metrics.json").read_text())
-    assert report["num_samples"] == 7, report
-    assert report["metrics"]["test_accuracy"] == trained["test"]["accuracy"], (
+    assert (report["split"], report["num_samples"]) == ("validation", 20), report
+    assert report["metrics"]["eval_accuracy"] == trained["eval"]["accuracy"], (
         report["metrics"],
-        trained["test"],
+        trained["eval"],
     )
-    assert "warning: split 'test' is unlabelled" in captured.err, captured.err
+    assert "warning: the test split of --dataset" in captured.err, captured.err
 
 
 def test_from_pretrained_refuses_vocab_size_and_a_longer_max_length(stars_run, tmp_path, capsys) -> None:

@@ -93,6 +93,8 @@ CLASSIFICATION_METRICS = (("accuracy", "accuracy", "Accuracy"), ("f1_macro", "f1
 SUDOKU_EXAMPLE = "530070000600195000098000060800060003400080001700020006060000280000419005000080079"
 # The text classifiers' example sentence: words of the movie-review vocabulary the reference runs train on.
 TEXT_EXAMPLE = "a gripping, well acted film"
+# A sentence-pair classifier's example, in the form transformers' text-classification pipeline takes a pair.
+PAIR_EXAMPLE = {"text": TEXT_EXAMPLE, "text_pair": "the acting is good"}
 
 
 def find_template(name: str) -> Path | None:
@@ -128,6 +130,7 @@ METRICS_FIELDS = {
     "test": dict,
     "wall_time_s": (int, float),
     "warnings": list,
+    "columns": dict,
 }
 METRICS_REMEDY = "it is the run's record, written by `energyformers train`: restore it, or delete it to publish the model without metrics"
 
@@ -143,7 +146,19 @@ def read_run_metrics(path: Path) -> dict[str, Any]:
         )
     if not all(isinstance(warning, str) for warning in metrics.get("warnings") or []):
         raise ValueError(f"{path}: warnings holds a value that is not a string; {METRICS_REMEDY}.")
+    if not all(isinstance(column, str) for column in (metrics.get("columns") or {}).values()):
+        raise ValueError(f"{path}: columns holds a value that is not a string; {METRICS_REMEDY}.")
     return metrics
+
+
+def sentence_pair_columns(metrics: dict[str, Any]) -> tuple[str, str] | None:
+    """The (text, text pair) columns of a model trained on sentence pairs, as its run recorded the columns it read
+    (metrics.json's `columns`); None for a model of single inputs or without that record. The tokenizer cannot
+    tell: every text run's has the pair template, `[CLS] A [SEP] B [SEP]`."""
+    columns = metrics.get("columns") or {}
+    if not columns.get("text_pair_column"):
+        return None
+    return columns.get("text_column") or "text", columns["text_pair_column"]
 
 
 def provenance(metrics: dict[str, Any], dataset_name: str) -> str:
@@ -307,6 +322,7 @@ def render_model_card(
         eval_results=eval_results or None,
     )
     recipe = metrics.get("recipe") or {}
+    pairs = sentence_pair_columns(metrics) if task == "text-classification" else None
     skip = SEQUENCE_ONLY_KEYS if info["input_type"] == "image" else IMAGE_ONLY_KEYS
     hyper = {k: config[k] for k in CARD_CONFIG_KEYS if k in config and k not in skip}
     models = {**energyformers.FAMILIES, **getattr(energyformers, "BASELINES", {})}
@@ -343,8 +359,11 @@ def render_model_card(
             if info["input_type"] == "image"
             else SUDOKU_EXAMPLE
             if sudoku
+            else PAIR_EXAMPLE
+            if pairs
             else TEXT_EXAMPLE
         ),
+        "pair_columns": pairs,
         # a MIM head has no classes (its outputs are codes; config.id2label is transformers' default)
         "labels": "" if mim else _label_list(list((config.get("id2label") or {}).values())),
         "num_parameters": f"{num_parameters:,}" if num_parameters else _fmt(metrics.get("num_parameters")),
@@ -405,4 +424,5 @@ __all__ = [
     "provenance",
     "read_sections",
     "render_model_card",
+    "sentence_pair_columns",
 ]

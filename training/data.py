@@ -676,21 +676,23 @@ def _label_values(ds: Dataset, label: str) -> np.ndarray:
     return np.asarray(ds.data.column(label).to_numpy(), dtype=np.int64)
 
 
-def _labelled_splits(splits: dict[str, Dataset], label: str) -> tuple[dict[str, Dataset], list[str]]:
-    """The splits that have labels, and a notice for each one left out. A validation or test split whose labels
-    are all -1 (`UNLABELLED`, datasets' marker of an example without a label, as GLUE's test splits ship) or
-    that lacks the label column is unlabelled: it is left out, and `normalize` carves that split out of train
-    as for a dataset without one, so no metric is computed on made-up labels. A `DataError` for an unlabelled
-    train split, a split with some -1 labels (named, with the count), or missing labels."""
-    kept, notices = {}, []
+def unlabelled_notice(split: str, why: str) -> str:
+    """The warning for a validation or test split left out as unlabelled (`why`: what makes it so)."""
+    return f"split {split!r} is unlabelled ({why}): left out; the {split} split is carved out of train (10 %) instead"
+
+
+def _labelled_splits(splits: dict[str, Dataset], label: str) -> tuple[dict[str, Dataset], dict[str, str]]:
+    """The splits that have labels, and what makes each one left out unlabelled (split → reason). A validation or
+    test split whose labels are all -1 (`UNLABELLED`, datasets' marker of an example without a label, as GLUE's
+    test splits ship) or that lacks the label column is unlabelled: it is left out, and `normalize` carves that
+    split out of train as for a dataset without one, so no metric is computed on made-up labels. A `DataError` for
+    an unlabelled train split, a split with some -1 labels (named, with the count), or missing labels."""
+    kept, unlabelled = {}, {}
     for split, ds in splits.items():
         if label not in ds.column_names:
             if split == "train":
                 raise DataError(f"label column {label!r} is missing from the train split")
-            notices.append(
-                f"split {split!r} has no label column {label!r} (unlabelled): left out; the {split} split is "
-                "carved out of train (10 %) instead"
-            )
+            unlabelled[split] = f"no label column {label!r}"
             continue
         column = ds.data.column(label)
         if column.null_count:
@@ -699,26 +701,23 @@ def _labelled_splits(splits: dict[str, Dataset], label: str) -> tuple[dict[str, 
             kept[split] = ds  # `_class_label` words the type error
             continue
         values = _label_values(ds, label)
-        unlabelled = int((values == UNLABELLED).sum())
-        if unlabelled and unlabelled == len(values):
+        missing = int((values == UNLABELLED).sum())
+        if missing and missing == len(values):
             if split == "train":
                 raise DataError(
                     f"the train split is unlabelled: all {len(values)} labels in column {label!r} are "
                     f"{UNLABELLED}; training needs labels"
                 )
-            notices.append(
-                f"split {split!r} is unlabelled (all {len(values)} labels are {UNLABELLED}): left out; the "
-                f"{split} split is carved out of train (10 %) instead"
-            )
+            unlabelled[split] = f"all {len(values)} labels are {UNLABELLED}"
             continue
-        if unlabelled:
+        if missing:
             raise DataError(
-                f"split {split!r} has {unlabelled} of {len(values)} examples labelled {UNLABELLED} (unlabelled) in "
+                f"split {split!r} has {missing} of {len(values)} examples labelled {UNLABELLED} (unlabelled) in "
                 f"column {label!r}; training and scoring need every example labelled: drop them, e.g. "
                 f"`ds.filter(lambda row: row[{label!r}] != {UNLABELLED})`, or label them"
             )
         kept[split] = ds
-    return kept, notices
+    return kept, unlabelled
 
 
 def _class_label(
@@ -787,7 +786,8 @@ def normalize(
     Missing validation/test splits are carved out of train with `seed` (stratified when possible), and so are
     unlabelled ones (`_labelled_splits`). Integer labels become class ids as `_class_label` maps them
     (`class_names`: a model's labels, when scoring it). The result's `notices` are one line each for the run's
-    warnings: a split left out as unlabelled, string columns left unused.
+    warnings: a split left out as unlabelled, string columns left unused; its `carved_splits` name the splits carved
+    out of train, and `unlabelled_splits` (split → reason) those of them the dataset has without labels.
     Raises `DataError` for every problem that would otherwise surface mid-training.
     """
     splits = _find_splits(raw)
@@ -801,7 +801,8 @@ def normalize(
         _refuse_word_level_tags(splits["train"], text_column, label_column)
     image, text, pair, label = columns.image, columns.text, columns.pair, columns.label
     source = image or text
-    splits, notices = _labelled_splits(splits, label)
+    splits, unlabelled = _labelled_splits(splits, label)
+    notices = [unlabelled_notice(split, why) for split, why in unlabelled.items()]
     feature, ids = _class_label(splits, label, class_names)
     renamed = {source: "image" if image else "text", label: "label"} | ({pair: "text_pair"} if pair else {})
 
@@ -819,6 +820,7 @@ def normalize(
         for column, name in ((text, "text"), (pair, "text_pair")):
             if column and out[split].data.column(name).null_count:
                 raise DataError(f"text column {column!r} has missing values in split {split!r}")
+    carved = tuple(split for split in SPLITS if split not in out)  # missing or unlabelled: out of train below
     if "test" not in out:
         out["train"], out["test"] = split_off(out["train"], 0.1, seed)
     if "validation" not in out:
@@ -834,6 +836,8 @@ def normalize(
     note = _unused_note(columns)
     # printed as warnings by the commands (and recorded in a run's metrics.json)
     result.notices = notices + ([note] if note else [])
+    # the splits the dataset does not label itself, for `evaluate`, which scores none of the unlabelled ones
+    result.carved_splits, result.unlabelled_splits = carved, unlabelled
     return result
 
 

@@ -19,6 +19,9 @@ depth flags of `energyformers predict` (`--halting_tolerance`, `--halting_criter
 forward the same way (the `--eval_iterations` rows too), checked as predict checks them; a flag the model's family
 does not take is refused before the model loads.
 
+A split the dataset has without labels (all -1) is never scored (`scored_split`: without `--split`, an unlabelled
+test split gives way to validation).
+
 The metrics are printed (a table, or one JSON object with `--json`) and, with `--output_file`, written to that file
 in one step; nothing else is written. Masked-image-modelling models are refused (their metrics need the run's
 tokenizer fit, masks and decoding settings: see the run's metrics.json and `energyformers predict`).
@@ -55,6 +58,9 @@ PROG = "energyformers evaluate"
 # The splits every dataset has after loading (`data.SPLITS`: a missing validation or test split is carved out of
 # train with a fixed seed, as `train` carves it); named here so that argument checks import no `datasets`.
 SPLITS = ("test", "validation", "train")
+# The split scored when --split is not given, and the one scored instead where the dataset's test split is unlabelled
+# (GLUE on the Hub: all -1), as run_glue.py's --do_eval scores validation.
+DEFAULT_SPLIT, FALLBACK_SPLIT = "test", "validation"
 # Trainer's `metric_key_prefix` of each split, as the training loops name their final evaluations; the train split
 # has its own, since a run's `train_loss`, `train_runtime`, ... (metrics.json's "train") are the training's running
 # mean loss and time, not an evaluation of the trained model on that split.
@@ -96,7 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="a built-in name, a local folder or file, or a Hub dataset name (`energyformers train --dataset` names)",
     )
-    p.add_argument("--split", choices=SPLITS, default="test", help="the split scored (default: test)")
+    p.add_argument(
+        "--split",
+        choices=SPLITS,
+        help=f"the split scored (default: test, or {FALLBACK_SPLIT} where the dataset's test split is unlabelled); "
+        "an unlabelled one (all labels -1) is refused",
+    )
     p.add_argument("--image_column", help="image column; unset: image, img, ... (as train)")
     p.add_argument("--text_column", help="text column; unset: text, sentence, ... (as train)")
     p.add_argument(
@@ -307,13 +318,54 @@ def saved_processor(model_dir: str, config: Any, task: str) -> Any:
     return load_processor_or_refuse(model_dir, config.to_dict(), build_missing=True)
 
 
+def scored_split(split: str | None, dataset: str, data: Any) -> str:
+    """The split `--split` names (`split`; None when not given), checked against the loaded `data` of `--dataset`.
+
+    A split the dataset has but does not label (all -1, or no label column: GLUE's test splits on the Hub) is
+    refused: `load_data` carves it out of train in its place, which would score training examples of any model
+    not trained by `energyformers train` on this very data. Without --split, such a test split gives way to the
+    dataset's validation split when it labels one, with a warning. A split the dataset lacks altogether is carved
+    out of train as `train` carves it (seed 0), so a model trained here is scored on the examples its run held
+    out. A `UsageError` naming the split, the dataset and its labelled splits otherwise."""
+    unlabelled = getattr(data, "unlabelled_splits", {})  # a built-in's splits are all labelled
+    chosen = DEFAULT_SPLIT if split is None else split
+    if chosen not in unlabelled:
+        return chosen
+    carved = getattr(data, "carved_splits", ())
+    labelled = [name for name in SPLITS if name not in carved]  # the dataset's own, in --split's order
+    if split is None and FALLBACK_SPLIT in labelled:
+        print(
+            f"warning: the {chosen} split of --dataset {dataset} is unlabelled ({unlabelled[chosen]}): scoring its "
+            f"{FALLBACK_SPLIT} split; pass --split to choose another",
+            file=sys.stderr,
+            flush=True,
+        )
+        return FALLBACK_SPLIT
+    given = f"--split {chosen}" if split is not None else f"--split (default {chosen})"
+    others = [name for name in labelled if name != "train"]
+    held_out = [name for name in SPLITS if name in carved and name not in unlabelled]
+    if others:
+        instead = f"its labelled splits are {', '.join(labelled)}: pass --split {others[0]}"
+    else:
+        instead = "its only labelled split is train: pass --split train (the training examples)"
+        if held_out:
+            instead += (
+                f", or --split {held_out[0]} for the part of train that `energyformers train` holds out (seed 0), "
+                "unseen only by a model it trained on this dataset"
+            )
+    raise UsageError(
+        f"{given}: the {chosen} split of --dataset {dataset} is unlabelled ({unlabelled[chosen]}), so it cannot "
+        f"be scored; {instead}"
+    )
+
+
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """Load the model and the split, score it with Trainer; returns the report (`--json`'s object)."""
     import torch
     from transformers import PrinterCallback, ProgressCallback, TrainingArguments
 
     from ..pipelines import centers_scope
-    from .data import BUILTIN_DATASETS, input_type_of, load_data, task_of
+    from .data import BUILTIN_DATASETS, input_type_of, load_data, task_of, unlabelled_notice
     from .evaluation import (
         TrainerMetrics,
         argmax_logits,
@@ -350,8 +402,13 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             config
         ),  # integer labels mapped onto the model's classes, as training mapped them
     )
-    for notice in getattr(data, "notices", []):  # e.g. an unlabelled split left out, a column unused
-        print(f"warning: {notice}", file=sys.stderr, flush=True)
+    args.split = scored_split(args.split, args.dataset, data)
+    unlabelled = getattr(data, "unlabelled_splits", {})
+    # an unlabelled split's notice says `train` carves it out of train instead; evaluate scores no such split
+    carved_notices = {unlabelled_notice(split, why) for split, why in unlabelled.items()}
+    for notice in getattr(data, "notices", []):  # e.g. a column unused
+        if notice not in carved_notices:
+            print(f"warning: {notice}", file=sys.stderr, flush=True)
     check_dataset_fits(args.model_dir, config, args.dataset, data)
     refusal = pair_separator_refusal(data, processor, args.model_dir)
     if refusal:

@@ -88,7 +88,9 @@ def preset_used(result: RunResult) -> str:
     return f"cli-{modality}" if cli_preset(config.model_type, modality) else "none"
 
 
-# What the numbers of a run depend on besides its arguments: torchmetrics' SSIM changed between releases, for one.
+# What the numbers of a run depend on besides its arguments: torchmetrics' SSIM changed between releases, for one;
+# tokenizers' WordPiece trainer gives a text run its token ids, Pillow converts and resizes the images, scikit-learn
+# carves the missing splits (stratified) and, with numpy, builds `digits`.
 RECORDED_PACKAGES = (
     "energyformers",
     "torch",
@@ -97,6 +99,10 @@ RECORDED_PACKAGES = (
     "datasets",
     "torchmetrics",
     "kornia",
+    "tokenizers",
+    "pillow",
+    "numpy",
+    "scikit-learn",
 )
 
 
@@ -154,6 +160,8 @@ def run_metrics(result: RunResult) -> dict[str, Any]:
         },
         "arguments": recorded(args),
         "data": data_summary(result.data),
+        # the dataset columns read, after detection (None for a built-in): the card shows a pair model's pair call
+        "columns": getattr(result.data, "source_columns", None),
         "train": result.train,
         "eval": result.eval,
         "test": result.test,
