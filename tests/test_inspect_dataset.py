@@ -183,3 +183,38 @@ def test_integer_labels_are_mapped_onto_the_models_classes_as_evaluate_maps_them
     argv = [models["hyperset"], "--dataset", tmp_path / "two_digits", "--max_samples", "4"]
     assert inspect(*argv, "--output_dir", out, "--num_threads", "1") == 0
     assert (out / "inspect.json").is_file()
+
+
+def test_an_unlabelled_split_is_chosen_as_evaluate_chooses_it(models, tmp_path, capsys, monkeypatch):
+    """GLUE-style data (test split all -1): `--split test` is refused before the model loads, and without --split
+    the labelled validation split is read, with one warning, as `energyformers evaluate` does."""
+    from test_evaluate_cli import saved_digits
+
+    glue = saved_digits(tmp_path / "glue", validation=None, test=12)
+    argv = [
+        models["looped"],
+        "--dataset",
+        glue,
+        "--max_samples",
+        "4",
+        "--max_iterations",
+        "2",
+        "--num_threads",
+        "1",
+    ]
+    with monkeypatch.context() as patched:
+        patched.setattr(inspect_command, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+        assert inspect(*argv, "--split", "test", "--output_dir", tmp_path / "refused") == 2
+    line = one_error(capsys.readouterr().err)
+    assert f"--split test: the test split of --dataset {glue} is unlabelled (all 12 labels are -1)" in line, (
+        line
+    )
+    assert not (tmp_path / "refused").exists()
+    assert inspect(*argv, "--output_dir", tmp_path / "out") == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        f"warning: the test split of --dataset {glue} is unlabelled (all 12 labels are -1): scoring its validation "
+        "split; pass --split to choose another"
+    ], warnings
+    report = json.loads((tmp_path / "out" / "inspect.json").read_text())
+    assert report["accuracy_vs_iterations"]["split"] == "validation", report["accuracy_vs_iterations"]

@@ -401,7 +401,7 @@ def test_inspect_encodes_the_pairs_of_a_dataset_with_the_separator(tmp_path: Pat
     pairs = write_pairs(tmp_path / "pairs.csv")
     tokenizer = train_tokenizer(TEXTS, vocab_size=60, max_length=32)
     config = SimpleNamespace(input_type="sequence", num_labels=2, id2label={0: "0", 1: "1"})
-    batches = dataset_batches(str(tmp_path), config, str(pairs), "test", 4, 4, tokenizer)
+    _, batches = dataset_batches(str(tmp_path), config, str(pairs), "test", 4, 4, tokenizer)
     ids = batches[0][0]["input_ids"]
     # [CLS] A [SEP] B [SEP] per row: two separators in each
     assert ((ids == tokenizer.sep_token_id).sum(-1) == 2).all(), ids

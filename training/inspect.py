@@ -140,7 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dataset", help="a built-in or local labelled dataset (`energyformers train --dataset` names)"
     )
-    p.add_argument("--split", choices=SPLITS, default="test", help="its split (default: test)")
+    p.add_argument(
+        "--split",
+        choices=SPLITS,
+        help="its split (default: test, or validation where the dataset's test split is unlabelled); an "
+        "unlabelled one (all labels -1) is refused, as by `energyformers evaluate`",
+    )
     p.add_argument("--max_samples", type=int, default=256, help="examples of --dataset used (default 256)")
     p.add_argument(
         "--max_iterations",
@@ -381,10 +386,17 @@ def encode_texts(tokenizer: Any, texts: list[str], pairs: list[str] | None = Non
 
 
 def dataset_batches(
-    model_dir: str, config: Any, name: str, split: str, max_samples: int, batch_size: int, processor: Any
-) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
-    """(inputs, labels) batches of the first `max_samples` examples of a split of the dataset `name`, encoded by
-    `processor` (`encode`).
+    model_dir: str,
+    config: Any,
+    name: str,
+    split: str | None,
+    max_samples: int,
+    batch_size: int,
+    processor: Any,
+) -> tuple[str, list[tuple[dict[str, torch.Tensor], torch.Tensor]]]:
+    """The split read and the (inputs, labels) batches of its first `max_samples` examples, of the dataset `name`,
+    encoded by `processor` (`encode`). `split` is `--split` (None: not given), chosen as `energyformers evaluate`
+    chooses it (`evaluate.scored_split`: an unlabelled split is refused, or, not given, gives way to validation).
 
     Loaded with `energyformers.training.data.load_data` (normalised columns: image/text/input_ids + label(s)), and
     refused unless the model predicts its labels (`evaluate.check_dataset_fits`, evaluate's own check).
@@ -392,7 +404,7 @@ def dataset_batches(
     import torch
 
     from .data import BUILTIN_DATASETS, DataError, input_type_of, is_token_classification, load_data
-    from .evaluate import check_dataset_fits, model_labels
+    from .evaluate import check_dataset_fits, model_labels, scored_split
     from .processing import clipped_image_modes, clipped_modes_warning, pair_separator_refusal
 
     input_type = getattr(config, "input_type", "image")
@@ -405,6 +417,7 @@ def dataset_batches(
         raise InspectError(
             f"--dataset {name} holds {input_type_of(data)} inputs; this model takes {input_type} inputs"
         )
+    split = scored_split(split, name, data)
     check_dataset_fits(model_dir, config, name, data)
     refusal = pair_separator_refusal(data, processor, model_dir)
     if refusal:
@@ -428,7 +441,7 @@ def dataset_batches(
                 model_dir, input_type, chunk["image" if input_type == "image" else "text"], processor
             )
         batches.append((inputs, torch.tensor(chunk[label_column])))
-    return batches
+    return split, batches
 
 
 def accuracy(model: Any, batches: list[tuple[dict[str, torch.Tensor], torch.Tensor]], **call: Any) -> float:
@@ -1100,9 +1113,8 @@ def _load_for_inspection(args: argparse.Namespace) -> _Loaded:
     batches: list[tuple[dict[str, torch.Tensor], torch.Tensor]] = []
     split = None
     if args.dataset:
-        split = args.split
-        batches = dataset_batches(
-            args.model_dir, config, args.dataset, split, args.max_samples, args.batch_size, processor
+        split, batches = dataset_batches(
+            args.model_dir, config, args.dataset, args.split, args.max_samples, args.batch_size, processor
         )
     model, family, saved_halting = load_model(args.model_dir)
     return _Loaded(model, family, saved_halting, processor, batches, split)
