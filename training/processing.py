@@ -143,9 +143,10 @@ def train_tokenizer(
     (as BERT's, which run_glue's pairs are tokenized with); no token_type_ids are emitted: the separators mark
     the boundary.
 
-    WordPiece: the same texts give the same tokens with the same ids in every process (`train_wordpiece`), so
-    runs with the same seed train the same model. 'bpe' makes no such promise (the trainer's BPE merge order is
-    not checked to be the same across processes); nothing here uses it.
+    The same texts give the same tokens with the same ids in every process, so runs with the same seed train the
+    same model. WordPiece needs `train_wordpiece` for that; 'bpe' (which nothing here uses) has no word-continuing
+    prefix, so its trainer starts from the characters alone, which it numbers sorted, and breaks its ties alike
+    in every process: its ids are left as trained.
     """
     if algorithm == "wordpiece":
         tokenizer = train_wordpiece(list(texts), vocab_size)
