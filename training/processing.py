@@ -185,7 +185,10 @@ def train_wordpiece(texts: list[str], vocab_size: int) -> Tokenizer:
     result.
     """
     probe = bert_tokenizer(models.WordPiece(unk_token="[UNK]"), decoders.WordPiece())
-    probe.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=0, special_tokens=SPECIAL_TOKENS))
+    probe_trainer = trainers.WordPieceTrainer(
+        vocab_size=0, special_tokens=SPECIAL_TOKENS, show_progress=False
+    )
+    probe.train_from_iterator(texts, probe_trainer)  # no progress bar: the training proper shows one
     # without merges the vocabulary is the characters ("e") and the word-continuing characters ("##e"): numbered
     # in this order, each sorted, as the trainer numbers them when its hash map happens to yield them sorted
     characters = set(probe.get_vocab(with_added_tokens=False)) - set(SPECIAL_TOKENS)
