@@ -142,27 +142,91 @@ def train_tokenizer(
     Every encoding starts with [CLS] (the classifier's pooled token); a sentence pair is "[CLS] A [SEP] B [SEP]"
     (as BERT's, which run_glue's pairs are tokenized with); no token_type_ids are emitted: the separators mark
     the boundary.
+
+    The same texts give the same tokens with the same ids in every process, so runs with the same seed train the
+    same model. WordPiece needs `train_wordpiece` for that; 'bpe' (which nothing here uses) has no word-continuing
+    prefix, so its trainer starts from the characters alone, which it numbers sorted, and breaks its ties alike
+    in every process: its ids are left as trained.
     """
     if algorithm == "wordpiece":
-        tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        trainer = trainers.WordPieceTrainer(
-            vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=2
-        )
-        tokenizer.decoder = decoders.WordPiece()
+        tokenizer = train_wordpiece(list(texts), vocab_size)
     elif algorithm == "bpe":
-        tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+        tokenizer = bert_tokenizer(models.BPE(unk_token="[UNK]"), decoders.BPEDecoder())
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=2)
-        tokenizer.decoder = decoders.BPEDecoder()
+        tokenizer.train_from_iterator(texts, trainer)
     else:
         raise ValueError(f"tokenizer algorithm={algorithm!r}; expected 'wordpiece' or 'bpe'")
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.train_from_iterator(texts, trainer)
     special = [(token, tokenizer.token_to_id(token)) for token in ("[CLS]", "[SEP]")]
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=special
     )
     return wrap_tokenizer(tokenizer, max_length)
+
+
+def bert_tokenizer(model: Any, decoder: Any) -> Tokenizer:
+    """An untrained `tokenizers.Tokenizer` of `model` with BERT's lower-casing normalizer and pre-tokenizer."""
+    tokenizer = Tokenizer(model)
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoder
+    return tokenizer
+
+
+def train_wordpiece(texts: list[str], vocab_size: int) -> Tokenizer:
+    """The WordPiece `tokenizers.Tokenizer` trained on `texts` (pairs seen at least twice), with `SPECIAL_TOKENS`
+    and no post-processor: the same tokens with the same ids in every process.
+
+    The `tokenizers` trainer merges the most frequent pair of tokens first and breaks ties by the tokens' ids, and
+    it numbers the word-continuing characters ("##e") in the order of a hash map that each process seeds at
+    random. Left alone, ties are broken differently from one process to the next: other ids, and, where tied
+    pairs overlap ("preg"+"##nant" or "pregn"+"##ant") or tie at the `vocab_size` cut, other tokens. So a first
+    pass without merges (vocab_size=0) collects the characters, and the training declares them, sorted, after the
+    special tokens, which the trainer numbers first and in the order given; `canonical_wordpiece` then numbers the
+    result.
+    """
+    probe = bert_tokenizer(models.WordPiece(unk_token="[UNK]"), decoders.WordPiece())
+    probe_trainer = trainers.WordPieceTrainer(
+        vocab_size=0, special_tokens=SPECIAL_TOKENS, show_progress=False
+    )
+    probe.train_from_iterator(texts, probe_trainer)  # no progress bar: the training proper shows one
+    # without merges the vocabulary is the characters ("e") and the word-continuing characters ("##e"): numbered
+    # in this order, each sorted, as the trainer numbers them when its hash map happens to yield them sorted
+    characters = set(probe.get_vocab(with_added_tokens=False)) - set(SPECIAL_TOKENS)
+    initial = sorted(characters, key=lambda token: (len(token), token))
+    trained = bert_tokenizer(models.WordPiece(unk_token="[UNK]"), decoders.WordPiece())
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + initial, min_frequency=2
+    )
+    trained.train_from_iterator(texts, trainer)
+    return canonical_wordpiece(trained)
+
+
+def canonical_wordpiece(trained: Tokenizer) -> Tokenizer:
+    """`trained` (a WordPiece tokenizer without post-processor) with its vocabulary numbered canonically:
+    `SPECIAL_TOKENS` 0, 1, ... in that order, then every other token sorted by string; `SPECIAL_TOKENS` are its only
+    added tokens.
+
+    Greedy longest-match WordPiece depends on the set of tokens only (and on the unknown token, the
+    continuing-subword prefix and the longest word, kept from `trained`): every text splits into the same tokens
+    as with `trained`; only their ids change.
+    """
+    vocab = trained.get_vocab(with_added_tokens=False)
+    # by string: an order that depends on the set of tokens alone, not on the order the trainer found them in
+    ordered = SPECIAL_TOKENS + sorted(token for token in vocab if token not in SPECIAL_TOKENS)
+    model = trained.model
+    tokenizer = Tokenizer(
+        models.WordPiece(
+            {token: index for index, token in enumerate(ordered)},
+            unk_token=model.unk_token,
+            continuing_subword_prefix=model.continuing_subword_prefix,
+            max_input_chars_per_word=model.max_input_chars_per_word,
+        )
+    )
+    tokenizer.normalizer, tokenizer.pre_tokenizer = trained.normalizer, trained.pre_tokenizer
+    tokenizer.decoder = trained.decoder
+    # not `trained`'s added tokens: `train_wordpiece` declares the characters as special tokens for the training
+    tokenizer.add_special_tokens(SPECIAL_TOKENS)
+    return tokenizer
 
 
 def wrap_tokenizer(tokenizer: Tokenizer, max_length: int) -> PreTrainedTokenizerFast:
