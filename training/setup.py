@@ -456,7 +456,9 @@ def _new_config_and_processor(
             overrides.get("max_position_embeddings") or d.max_length or DEFAULT_MAX_LENGTH.get(d.dataset, 128)
         )
         saved = run_tokenizer_file(args) if args.run.resume else None
-        if saved is not None:  # training is not reproducible: a tokenizer trained again gives words other ids
+        if (
+            saved is not None
+        ):  # the tokenizer the checkpoints were trained with, even if the data or `tokenizers` changed
             from .processing import wrap_tokenizer
 
             processor = wrap_tokenizer(_read_tokenizer(saved), max_length)
@@ -526,7 +528,7 @@ def _read_tokenizer(path: Path) -> Any:
 
 
 def _share_tokenizer(tokenizer: Any, state: Any) -> Any:
-    """With several processes, rank 0's tokenizer is the one every rank uses (training is not bit-reproducible)."""
+    """With several processes, rank 0's tokenizer is the one every rank uses (one tokenizer per run, trained once)."""
     import torch
 
     if state.num_processes == 1 or not torch.distributed.is_initialized():
