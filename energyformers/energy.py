@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from .mim import is_integer
 
 # Gradient descent on the Hopfield energy is monotone for every step size in (0, HOPFIELD_STEP_SIZE_BOUND].
 HOPFIELD_STEP_SIZE_BOUND = 2.0
@@ -52,15 +53,9 @@ def _split_heads(tensor: torch.Tensor, num_heads: int, name: str) -> torch.Tenso
     return tensor.view(batch, length, num_heads, width // num_heads).transpose(1, 2)
 
 
-def _is_integer(value: object) -> bool:
-    """Whether a count is an integer: Python's or any other `numbers.Integral` (numpy's, from a sweep over
-    `np.arange`), which is then used as `int(value)`; not a bool, a float of integral value or a tensor."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _check_num_heads(num_heads: int) -> int:
     """`num_heads` as an int, or a ValueError naming it."""
-    if not _is_integer(num_heads) or num_heads < 1:
+    if not is_integer(num_heads) or num_heads < 1:
         raise ValueError(f"num_heads must be an integer >= 1; got {num_heads!r}.")
     return int(num_heads)
 
@@ -288,7 +283,7 @@ def minimize_energy(
         or not step_size > 0
     ):
         raise ValueError(f"step_size must be a finite number > 0; got {step_size!r}.")
-    if not _is_integer(max_steps) or max_steps < 0:
+    if not is_integer(max_steps) or max_steps < 0:
         raise ValueError(f"max_steps must be an integer >= 0; got {max_steps!r}.")
     max_steps = int(max_steps)
     if tolerance is not None and (
@@ -377,7 +372,7 @@ class EnergyAttention(nn.Module):
     ) -> None:
         super().__init__()
         for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads), ("num_steps", num_steps)):
-            if not _is_integer(value) or value < 1:
+            if not is_integer(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1; got {value!r}.")
         hidden_size, num_heads, num_steps = int(hidden_size), int(num_heads), int(num_steps)
         if hidden_size % num_heads:
@@ -421,7 +416,7 @@ class EnergyAttention(nn.Module):
         this call.
         """
         steps = self.num_steps if num_steps is None else num_steps
-        if not _is_integer(steps) or steps < 1:
+        if not is_integer(steps) or steps < 1:
             raise ValueError(f"num_steps must be an integer >= 1; got {steps!r}.")
         steps = int(steps)
         source = hidden_states if encoder_hidden_states is None else encoder_hidden_states
