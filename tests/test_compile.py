@@ -38,15 +38,34 @@ def build(case: Case | torch.nn.Module, train: bool = False) -> torch.nn.Module:
     return model.train(train)
 
 
-@cases(ALL)
-def test_compile_fullgraph_matches_eager(case):
+# An evaluation forward with gradients on has AOT autograd trace the joint forward and backward graph, twice the
+# compile time of the inference graph (no_grad) and traced again per head in training mode by the next test: every
+# case compiles under no_grad, one base model per family (on sequences: the padded path) also with gradients, and
+# `-m slow` compiles every case with gradients.
+WITH_GRAD = {
+    Case.of(getattr(energyformers, f"{family}Model"), "sequence")
+    for family in ("HyperSet", "IMixer", "HyperBF")
+}
+FULLGRAPH = [pytest.param(case, False, id=f"{case}-no_grad") for case in ALL] + [
+    pytest.param(case, True, id=f"{case}-grad", marks=() if case in WITH_GRAD else pytest.mark.slow)
+    for case in ALL
+]
+
+
+@pytest.mark.parametrize("case, grad", FULLGRAPH)
+def test_compile_fullgraph_matches_eager(case, grad):
     torch._dynamo.reset()
     model, inputs = build(case), case.inputs()
-    expected = main_output(model(**inputs))
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    torch.testing.assert_close(main_output(compiled(**inputs)), expected)
-    other = case.inputs(seed=1)  # new values, same shapes: no recompilation needed, same answer as eager
-    torch.testing.assert_close(main_output(compiled(**other)), main_output(model(**other)))
+    with torch.set_grad_enabled(grad):
+        expected = main_output(model(**inputs))
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        got = main_output(compiled(**inputs))
+        assert got.requires_grad == grad, (
+            f"grad={grad}: the compiled output's requires_grad is {got.requires_grad}"
+        )
+        torch.testing.assert_close(got, expected)
+        other = case.inputs(seed=1)  # new values, same shapes: no recompilation needed, same answer as eager
+        torch.testing.assert_close(main_output(compiled(**other)), main_output(model(**other)))
 
 
 @cases(HEADS)
@@ -174,10 +193,14 @@ def test_attention_implementations_compile_and_export(case, name):
     if name == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton runs on CPU only in its interpreter (conftest.py sets it where there is no CUDA)")
     torch._dynamo.reset()
-    inputs = case.inputs(labels=True)
-    # two iterations of both layers: the traced step is still reused across layers and iterations, and the kernel
-    # (in Triton's interpreter on CPU) runs L·T = 4 times per pass instead of 6
-    eager, compiled = (build(case.build(num_iterations=2), train=True) for _ in range(2))
+    # Triton's interpreter runs the kernel's programs one after another, one per (batch row, head): 2 rows (the
+    # first padded, the second not) and 2 heads, a third of the tiny case's 3 × 4. Two iterations of both layers:
+    # the traced step is still reused across layers and iterations, and the kernel runs L·T = 4 times per pass
+    inputs = {key: value[:2] for key, value in case.inputs(labels=True).items()}
+    assert inputs["attention_mask"][0].sum() < inputs["attention_mask"][1].sum(), inputs["attention_mask"]
+    eager, compiled = (
+        build(case.build(num_iterations=2, num_attention_heads=2), train=True) for _ in range(2)
+    )
     for model in (eager, compiled):
         model.set_attn_implementation(name)
         with torch.no_grad():

@@ -46,29 +46,31 @@ COMPILE = """
 import json, sys, torch
 from energyformers import kernels
 results = {}
-for dtype, length, head_dim, padded, arch in json.loads(sys.argv[1]):
-    for name in kernels.KERNELS:
-        key = f"{dtype}-N{length}-d{head_dim}-{'padded' if padded else 'dense'}-sm{arch}-{name}"
-        try:
-            compiled = kernels.compile_ahead(name, getattr(torch, dtype), length, head_dim, padded, arch)
-            results[key] = {"shared": compiled.metadata.shared, "cubin_bytes": len(compiled.asm["cubin"])}
-        except Exception as error:  # reported by the test that reads it, with the compiler's message
-            results[key] = {"error": f"{type(error).__name__}: {error}"}
+for dtype, length, head_dim, padded, arch, name in json.loads(sys.argv[1]):
+    key = f"{dtype}-N{length}-d{head_dim}-{'padded' if padded else 'dense'}-sm{arch}-{name}"
+    try:
+        compiled = kernels.compile_ahead(name, getattr(torch, dtype), length, head_dim, padded, arch)
+        results[key] = {"shared": compiled.metadata.shared, "cubin_bytes": len(compiled.asm["cubin"])}
+    except Exception as error:  # reported by the test that reads it, with the compiler's message
+        results[key] = {"error": f"{type(error).__name__}: {error}"}
 print(json.dumps(results))
 """
 
 
 def compile_all(configs: list[tuple], cache_dir: str, processes: int = 2) -> dict[str, dict]:
     """Every kernel of every config compiled ahead, split over `processes` subprocesses that run at once (each
-    compile is one thread: with two, both cores of a small CI machine work)."""
+    compile is one thread: with two, both cores of a small CI machine work). The (config, kernel) pairs are dealt
+    out one by one, so each process gets some of every config's kernels: a large head dimension compiles several
+    times slower than a small one, and whole configs would leave one process waiting for the other."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env.update(TRITON_DEFAULT_FP_FUSION="1")
+    jobs = [[*config, kernel] for config in configs for kernel in KERNELS]
     commands = {
         i: {
-            "args": [sys.executable, "-c", COMPILE, json.dumps(configs[i::processes])],
+            "args": [sys.executable, "-c", COMPILE, json.dumps(jobs[i::processes])],
             "env": {**env, "TRITON_CACHE_DIR": os.path.join(cache_dir, str(i))},
         }
-        for i in range(min(processes, len(configs)))
+        for i in range(min(processes, len(jobs)))
     }
     results: dict[str, dict] = {}
     for done in run_at_once(commands, timeout=1200).values():
