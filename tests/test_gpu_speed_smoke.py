@@ -7,6 +7,7 @@ A real run needs CUDA; without it the script exits with a message and writes not
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -214,6 +215,22 @@ def test_a_run_stopped_while_profiling_keeps_that_tasks_timings(gpu_speed, tmp_p
 # a smoke run of the Sudoku group (two variants on CPU: the fused kernel is skipped there) in eager mode: the
 # shortest run with a whole group's structure, for the --resume checks
 SUDOKU_EAGER = ["--device", "cpu", "--smoke", "--groups", "Hyper-SET sudoku", "--modes", "eager"]
+# its inference alone, unprofiled: the earlier run the --resume checks below start from
+SUDOKU_INFERENCE = [*SUDOKU_EAGER, "--tasks", "inference", "--profile_modes"]
+
+
+@pytest.fixture(scope="module")
+def sudoku_inference_run(tmp_path_factory) -> Path:
+    """The folder of one SUDOKU_INFERENCE run, made once per module. Tests read it, never write it: one that
+    changes its JSON copies it first."""
+    out = tmp_path_factory.mktemp("sudoku-inference")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("TRITON_INTERPRET", raising=False)  # as the gpu_speed fixture
+        with loaded_script(SCRIPT, "gpu_speed") as module:
+            module.main([*SUDOKU_INFERENCE, "--output_dir", str(out)])
+    return out
+
+
 # a median no measurement gives: a kept row must still carry it, a measured one never does
 MARKER_S = 1234.5
 
@@ -317,12 +334,13 @@ def test_a_run_stopped_inside_a_group_keeps_its_finished_task_and_a_resumed_run_
     ], counts
 
 
-def test_each_run_records_its_commit_machine_and_device_in_both_files(gpu_speed, tmp_path):
+def test_each_run_records_its_commit_machine_and_device_in_both_files(
+    gpu_speed, tmp_path, sudoku_inference_run
+):
     """benchmarks/provenance.py's run info, per run (a resumed file lists every run with its own commit)."""
     provenance = gpu_speed.provenance  # benchmarks/provenance.py, as the script imported it
-    first, second = tmp_path / "first", tmp_path / "second"
-    argv = [*SUDOKU_EAGER, "--tasks", "inference", "--profile_modes"]
-    report = gpu_speed.main([*argv, "--output_dir", str(first)])
+    first, second = sudoku_inference_run, tmp_path / "second"
+    report = json.loads((first / "gpu_speed_smoke.json").read_text())
     (run,) = report["runs"]
     commit = provenance.git_commit()
     assert run["git_commit"] == commit and run["seed"] == 0, run
@@ -344,16 +362,20 @@ def test_each_run_records_its_commit_machine_and_device_in_both_files(gpu_speed,
 
 @pytest.mark.parametrize("field", ["device", "torch", "transformers", "triton"])
 def test_a_resume_file_of_another_device_or_software_is_ignored_saying_why(
-    gpu_speed, tmp_path, monkeypatch, capsys, field
+    gpu_speed, tmp_path, monkeypatch, capsys, sudoku_inference_run, field
 ):
     """Results never mix machines: an earlier file of another device or versions is ignored (not an error) and
     every selected task is measured in this run."""
-    arguments = [*SUDOKU_EAGER, "--tasks", "inference", "--profile_modes"]
-    gpu_speed.main([*arguments, "--output_dir", str(tmp_path / "first")])
     path = tmp_path / "first" / "gpu_speed_smoke.json"
+    path.parent.mkdir()
+    shutil.copyfile(
+        sudoku_inference_run / "gpu_speed_smoke.json", path
+    )  # changed below: the module's is kept
     mark_measurements(path, **{field: "other 9.9"})
     calls = tasks_measured(gpu_speed, monkeypatch)
-    report = gpu_speed.main([*arguments, "--resume", str(path), "--output_dir", str(tmp_path / "second")])
+    report = gpu_speed.main(
+        [*SUDOKU_INFERENCE, "--resume", str(path), "--output_dir", str(tmp_path / "second")]
+    )
     out = capsys.readouterr().out
     assert f"--resume {path}: ignored" in out and f"{field} 'other 9.9' there" in out, out
     assert [call[2] for call in calls] == [["inference"]], calls
@@ -667,7 +689,9 @@ def test_flops_of_another_batch_or_without_one_are_counted_again(gpu_speed, monk
 
     monkeypatch.setattr(gpu_speed, "count_flops", counting)
     group = next(g for g in gpu_speed.groups(smoke=True) if g.name.startswith("HyperBF"))
-    args = gpu_speed.parse_args(["--device", "cpu", "--smoke", "--modes", "eager", "--tasks", "inference"])
+    # unprofiled (--profile_modes without a mode): the profiles count no FLOPs and are checked elsewhere
+    arguments = ["--device", "cpu", "--smoke", "--modes", "eager", "--tasks", "inference", "--profile_modes"]
+    args = gpu_speed.parse_args(arguments)
     record = gpu_speed.measure_group(group, args, torch.device("cpu"))
     assert counted == [group.batch, group.batch], counted  # the family (eager) and the baseline
     kept = {name: {"flops": entry["flops"]} for name, entry in record["variants"].items() if "flops" in entry}
