@@ -77,10 +77,20 @@ def test_smoke_run_covers_every_group_and_writes_json_and_markdown(gpu_speed, tm
     assert markdown.count("\n## ") == len(names)
 
 
-def test_smoke_run_compiles(gpu_speed, tmp_path):
+def test_smoke_run_compiles(gpu_speed, tmp_path, monkeypatch):
+    count_flops, counted = gpu_speed.count_flops, []
+
+    def counting(model, inputs, batch):
+        counted.append(type(model).__name__)
+        return count_flops(model, inputs, batch)
+
+    monkeypatch.setattr(gpu_speed, "count_flops", counting)
     arguments = [*HYPERBF_INFERENCE, "--modes", "eager", "compiled"]
     report = gpu_speed.main([*arguments, "--output_dir", str(tmp_path)])
     (group,) = report["groups"].values()
+    # the FLOPs are counted once per model, in the eager pass: the compiled pass takes them from the report
+    # (HyperBF's two implementations share the family's count, as in the eager pass alone)
+    assert sorted(counted) == ["HyperBFForImageClassification", "ViTForImageClassification"], counted
     assert report["compile_backend"] == "aot_eager"  # smoke: capture + AOT autograd, no code generation
     for name, entry in group["variants"].items():  # the two passes (one mode each) merged into one record
         assert entry["compiled"]["inference"]["median_s"] > 0 and "train" not in entry["compiled"]
@@ -555,8 +565,8 @@ def test_the_compiled_modes_leave_hyperset_sdpa_out_and_count_flops_once(gpu_spe
     """Hyper-SET's sdpa implementation is measured in eager mode only: the compiled pass builds and times the
     default implementation and the baseline (the fused kernel is skipped without CUDA), the report has no
     compiled row for sdpa and says why, and the ratios and the best-mode ratio come from what was measured. The
-    FLOPs (FlopCounterMode, float32) are counted once per model in the first pass, then taken from the report:
-    neither the compiled pass nor a run resumed from the file counts them again."""
+    FLOPs (FlopCounterMode, float32) are counted once per model in the eager run, then taken from its report:
+    the run resumed from that file for the compiled pass counts none again."""
     count_flops, counted = gpu_speed.count_flops, []
 
     def counting(model, inputs, batch):
@@ -565,10 +575,26 @@ def test_the_compiled_modes_leave_hyperset_sdpa_out_and_count_flops_once(gpu_spe
 
     monkeypatch.setattr(gpu_speed, "count_flops", counting)
     arguments = ["--device", "cpu", "--smoke", "--tasks", "inference", "--groups", "32²/8", "--profile_modes"]
-    first = gpu_speed.main([*arguments, "--modes", "eager", "compiled", "--output_dir", str(tmp_path / "a")])
-    (name,) = first["groups"]
-    variants = first["groups"][name]["variants"]
+    # the eager rows only, then a run resumed from them adds the compiled mode without counting FLOPs again (a
+    # run of both modes counts them in its eager pass only: test_smoke_run_compiles)
+    eager_only = gpu_speed.main([*arguments, "--modes", "eager", "--output_dir", str(tmp_path / "eager")])
     assert sorted(counted) == ["HyperSetForImageClassification", "ViTForImageClassification"], counted
+    counted.clear()
+    report = gpu_speed.main(
+        [
+            *arguments,
+            "--modes",
+            "eager",
+            "compiled",
+            "--resume",
+            str(tmp_path / "eager" / "gpu_speed_smoke.json"),
+            "--output_dir",
+            str(tmp_path / "resumed"),
+        ]
+    )
+    assert counted == [], counted
+    (name,) = report["groups"]
+    variants = report["groups"][name]["variants"]
     sdpa, eager, vit = (
         variants["Hyper-SET (sdpa)"],
         variants["Hyper-SET (eager)"],
@@ -576,33 +602,18 @@ def test_the_compiled_modes_leave_hyperset_sdpa_out_and_count_flops_once(gpu_spe
     )
     assert "compiled" not in sdpa and sdpa["eager"]["inference"]["ratio"] > 0, sdpa
     assert eager["compiled"]["inference"]["ratio"] > 0 and "median_s" in vit["compiled"]["inference"], eager
-    assert first["complete"] and first["groups"][name]["best_ratio"]["inference"] > 0, first["groups"][name]
+    assert report["complete"] and report["groups"][name]["best_ratio"]["inference"] > 0, report["groups"][
+        name
+    ]
     assert sdpa["flops"] == eager["flops"] and eager["flops"]["forward"] > 0, (sdpa, eager)
-    markdown = (tmp_path / "a" / "gpu_speed_smoke.md").read_text()
+    markdown = (tmp_path / "resumed" / "gpu_speed_smoke.md").read_text()
     assert "| Hyper-SET (sdpa) | eager |" in markdown and "| Hyper-SET (sdpa) | compiled |" not in markdown
     assert "| Hyper-SET (eager) | compiled |" in markdown, markdown
     assert (
         "Not measured: Hyper-SET (sdpa): not in compiled / cuda-graphs mode (the compiled modes" in markdown
     )
-
-    # the eager rows only, then a run resumed from them adds the compiled mode without counting FLOPs again
-    counted.clear()
-    gpu_speed.main([*arguments, "--modes", "eager", "--output_dir", str(tmp_path / "b")])
-    assert len(counted) == 2, counted
-    counted.clear()
-    resumed = gpu_speed.main(
-        [
-            *arguments,
-            "--resume",
-            str(tmp_path / "b" / "gpu_speed_smoke.json"),
-            "--output_dir",
-            str(tmp_path / "c"),
-        ]
-    )
-    assert counted == [], counted
-    again = resumed["groups"][name]["variants"]
-    assert again["Hyper-SET (eager)"]["compiled"]["inference"]["median_s"] > 0, again
-    assert {v: e.get("flops") for v, e in again.items()} == {v: e.get("flops") for v, e in variants.items()}
+    kept = eager_only["groups"][name]["variants"]
+    assert {v: e.get("flops") for v, e in kept.items()} == {v: e.get("flops") for v, e in variants.items()}
 
 
 def test_flops_per_sample_share_the_work_done_once_per_call_over_the_batch(gpu_speed):
