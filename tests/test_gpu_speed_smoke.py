@@ -7,6 +7,7 @@ A real run needs CUDA; without it the script exits with a message and writes not
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -76,10 +77,20 @@ def test_smoke_run_covers_every_group_and_writes_json_and_markdown(gpu_speed, tm
     assert markdown.count("\n## ") == len(names)
 
 
-def test_smoke_run_compiles(gpu_speed, tmp_path):
+def test_smoke_run_compiles(gpu_speed, tmp_path, monkeypatch):
+    count_flops, counted = gpu_speed.count_flops, []
+
+    def counting(model, inputs, batch):
+        counted.append(type(model).__name__)
+        return count_flops(model, inputs, batch)
+
+    monkeypatch.setattr(gpu_speed, "count_flops", counting)
     arguments = [*HYPERBF_INFERENCE, "--modes", "eager", "compiled"]
     report = gpu_speed.main([*arguments, "--output_dir", str(tmp_path)])
     (group,) = report["groups"].values()
+    # the FLOPs are counted once per model, in the eager pass: the compiled pass takes them from the report
+    # (HyperBF's two implementations share the family's count, as in the eager pass alone)
+    assert sorted(counted) == ["HyperBFForImageClassification", "ViTForImageClassification"], counted
     assert report["compile_backend"] == "aot_eager"  # smoke: capture + AOT autograd, no code generation
     for name, entry in group["variants"].items():  # the two passes (one mode each) merged into one record
         assert entry["compiled"]["inference"]["median_s"] > 0 and "train" not in entry["compiled"]
@@ -214,6 +225,22 @@ def test_a_run_stopped_while_profiling_keeps_that_tasks_timings(gpu_speed, tmp_p
 # a smoke run of the Sudoku group (two variants on CPU: the fused kernel is skipped there) in eager mode: the
 # shortest run with a whole group's structure, for the --resume checks
 SUDOKU_EAGER = ["--device", "cpu", "--smoke", "--groups", "Hyper-SET sudoku", "--modes", "eager"]
+# its inference alone, unprofiled: the earlier run the --resume checks below start from
+SUDOKU_INFERENCE = [*SUDOKU_EAGER, "--tasks", "inference", "--profile_modes"]
+
+
+@pytest.fixture(scope="module")
+def sudoku_inference_run(tmp_path_factory) -> Path:
+    """The folder of one SUDOKU_INFERENCE run, made once per module. Tests read it, never write it: one that
+    changes its JSON copies it first."""
+    out = tmp_path_factory.mktemp("sudoku-inference")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("TRITON_INTERPRET", raising=False)  # as the gpu_speed fixture
+        with loaded_script(SCRIPT, "gpu_speed") as module:
+            module.main([*SUDOKU_INFERENCE, "--output_dir", str(out)])
+    return out
+
+
 # a median no measurement gives: a kept row must still carry it, a measured one never does
 MARKER_S = 1234.5
 
@@ -317,12 +344,13 @@ def test_a_run_stopped_inside_a_group_keeps_its_finished_task_and_a_resumed_run_
     ], counts
 
 
-def test_each_run_records_its_commit_machine_and_device_in_both_files(gpu_speed, tmp_path):
+def test_each_run_records_its_commit_machine_and_device_in_both_files(
+    gpu_speed, tmp_path, sudoku_inference_run
+):
     """benchmarks/provenance.py's run info, per run (a resumed file lists every run with its own commit)."""
     provenance = gpu_speed.provenance  # benchmarks/provenance.py, as the script imported it
-    first, second = tmp_path / "first", tmp_path / "second"
-    argv = [*SUDOKU_EAGER, "--tasks", "inference", "--profile_modes"]
-    report = gpu_speed.main([*argv, "--output_dir", str(first)])
+    first, second = sudoku_inference_run, tmp_path / "second"
+    report = json.loads((first / "gpu_speed_smoke.json").read_text())
     (run,) = report["runs"]
     commit = provenance.git_commit()
     assert run["git_commit"] == commit and run["seed"] == 0, run
@@ -344,16 +372,20 @@ def test_each_run_records_its_commit_machine_and_device_in_both_files(gpu_speed,
 
 @pytest.mark.parametrize("field", ["device", "torch", "transformers", "triton"])
 def test_a_resume_file_of_another_device_or_software_is_ignored_saying_why(
-    gpu_speed, tmp_path, monkeypatch, capsys, field
+    gpu_speed, tmp_path, monkeypatch, capsys, sudoku_inference_run, field
 ):
     """Results never mix machines: an earlier file of another device or versions is ignored (not an error) and
     every selected task is measured in this run."""
-    arguments = [*SUDOKU_EAGER, "--tasks", "inference", "--profile_modes"]
-    gpu_speed.main([*arguments, "--output_dir", str(tmp_path / "first")])
     path = tmp_path / "first" / "gpu_speed_smoke.json"
+    path.parent.mkdir()
+    shutil.copyfile(
+        sudoku_inference_run / "gpu_speed_smoke.json", path
+    )  # changed below: the module's is kept
     mark_measurements(path, **{field: "other 9.9"})
     calls = tasks_measured(gpu_speed, monkeypatch)
-    report = gpu_speed.main([*arguments, "--resume", str(path), "--output_dir", str(tmp_path / "second")])
+    report = gpu_speed.main(
+        [*SUDOKU_INFERENCE, "--resume", str(path), "--output_dir", str(tmp_path / "second")]
+    )
     out = capsys.readouterr().out
     assert f"--resume {path}: ignored" in out and f"{field} 'other 9.9' there" in out, out
     assert [call[2] for call in calls] == [["inference"]], calls
@@ -533,8 +565,8 @@ def test_the_compiled_modes_leave_hyperset_sdpa_out_and_count_flops_once(gpu_spe
     """Hyper-SET's sdpa implementation is measured in eager mode only: the compiled pass builds and times the
     default implementation and the baseline (the fused kernel is skipped without CUDA), the report has no
     compiled row for sdpa and says why, and the ratios and the best-mode ratio come from what was measured. The
-    FLOPs (FlopCounterMode, float32) are counted once per model in the first pass, then taken from the report:
-    neither the compiled pass nor a run resumed from the file counts them again."""
+    FLOPs (FlopCounterMode, float32) are counted once per model in the eager run, then taken from its report:
+    the run resumed from that file for the compiled pass counts none again."""
     count_flops, counted = gpu_speed.count_flops, []
 
     def counting(model, inputs, batch):
@@ -543,10 +575,26 @@ def test_the_compiled_modes_leave_hyperset_sdpa_out_and_count_flops_once(gpu_spe
 
     monkeypatch.setattr(gpu_speed, "count_flops", counting)
     arguments = ["--device", "cpu", "--smoke", "--tasks", "inference", "--groups", "32²/8", "--profile_modes"]
-    first = gpu_speed.main([*arguments, "--modes", "eager", "compiled", "--output_dir", str(tmp_path / "a")])
-    (name,) = first["groups"]
-    variants = first["groups"][name]["variants"]
+    # the eager rows only, then a run resumed from them adds the compiled mode without counting FLOPs again (a
+    # run of both modes counts them in its eager pass only: test_smoke_run_compiles)
+    eager_only = gpu_speed.main([*arguments, "--modes", "eager", "--output_dir", str(tmp_path / "eager")])
     assert sorted(counted) == ["HyperSetForImageClassification", "ViTForImageClassification"], counted
+    counted.clear()
+    report = gpu_speed.main(
+        [
+            *arguments,
+            "--modes",
+            "eager",
+            "compiled",
+            "--resume",
+            str(tmp_path / "eager" / "gpu_speed_smoke.json"),
+            "--output_dir",
+            str(tmp_path / "resumed"),
+        ]
+    )
+    assert counted == [], counted
+    (name,) = report["groups"]
+    variants = report["groups"][name]["variants"]
     sdpa, eager, vit = (
         variants["Hyper-SET (sdpa)"],
         variants["Hyper-SET (eager)"],
@@ -554,33 +602,18 @@ def test_the_compiled_modes_leave_hyperset_sdpa_out_and_count_flops_once(gpu_spe
     )
     assert "compiled" not in sdpa and sdpa["eager"]["inference"]["ratio"] > 0, sdpa
     assert eager["compiled"]["inference"]["ratio"] > 0 and "median_s" in vit["compiled"]["inference"], eager
-    assert first["complete"] and first["groups"][name]["best_ratio"]["inference"] > 0, first["groups"][name]
+    assert report["complete"] and report["groups"][name]["best_ratio"]["inference"] > 0, report["groups"][
+        name
+    ]
     assert sdpa["flops"] == eager["flops"] and eager["flops"]["forward"] > 0, (sdpa, eager)
-    markdown = (tmp_path / "a" / "gpu_speed_smoke.md").read_text()
+    markdown = (tmp_path / "resumed" / "gpu_speed_smoke.md").read_text()
     assert "| Hyper-SET (sdpa) | eager |" in markdown and "| Hyper-SET (sdpa) | compiled |" not in markdown
     assert "| Hyper-SET (eager) | compiled |" in markdown, markdown
     assert (
         "Not measured: Hyper-SET (sdpa): not in compiled / cuda-graphs mode (the compiled modes" in markdown
     )
-
-    # the eager rows only, then a run resumed from them adds the compiled mode without counting FLOPs again
-    counted.clear()
-    gpu_speed.main([*arguments, "--modes", "eager", "--output_dir", str(tmp_path / "b")])
-    assert len(counted) == 2, counted
-    counted.clear()
-    resumed = gpu_speed.main(
-        [
-            *arguments,
-            "--resume",
-            str(tmp_path / "b" / "gpu_speed_smoke.json"),
-            "--output_dir",
-            str(tmp_path / "c"),
-        ]
-    )
-    assert counted == [], counted
-    again = resumed["groups"][name]["variants"]
-    assert again["Hyper-SET (eager)"]["compiled"]["inference"]["median_s"] > 0, again
-    assert {v: e.get("flops") for v, e in again.items()} == {v: e.get("flops") for v, e in variants.items()}
+    kept = eager_only["groups"][name]["variants"]
+    assert {v: e.get("flops") for v, e in kept.items()} == {v: e.get("flops") for v, e in variants.items()}
 
 
 def test_flops_per_sample_share_the_work_done_once_per_call_over_the_batch(gpu_speed):
@@ -667,7 +700,9 @@ def test_flops_of_another_batch_or_without_one_are_counted_again(gpu_speed, monk
 
     monkeypatch.setattr(gpu_speed, "count_flops", counting)
     group = next(g for g in gpu_speed.groups(smoke=True) if g.name.startswith("HyperBF"))
-    args = gpu_speed.parse_args(["--device", "cpu", "--smoke", "--modes", "eager", "--tasks", "inference"])
+    # unprofiled (--profile_modes without a mode): the profiles count no FLOPs and are checked elsewhere
+    arguments = ["--device", "cpu", "--smoke", "--modes", "eager", "--tasks", "inference", "--profile_modes"]
+    args = gpu_speed.parse_args(arguments)
     record = gpu_speed.measure_group(group, args, torch.device("cpu"))
     assert counted == [group.batch, group.batch], counted  # the family (eager) and the baseline
     kept = {name: {"flops": entry["flops"]} for name, entry in record["variants"].items() if "flops" in entry}

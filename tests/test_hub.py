@@ -10,7 +10,6 @@ with `HF_HUB_OFFLINE=1` from the cache that download left behind, and from a han
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import socket
@@ -495,67 +494,90 @@ def test_push_refuses_a_bad_repo_id_before_loading_anything(hub, trained, monkey
 
 
 # ---------------------------------------------------------------------------- a real CLI subprocess
-def test_push_cli_subprocess_reads_hf_endpoint_and_hf_token(trained, tmp_path):
-    """What a user runs: `energyformers push` in its own process, configured only by HF_* variables."""
+# `energyformers push` and `energyformers train --push_to_hub`, each run as `python -m energyformers` runs it
+# (runpy), one after the other in one child process; after each, a line with the command and its exit status
+CLI_CHILD = """
+import json, runpy, sys
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["energyformers", *argv]
+    try:
+        runpy.run_module("energyformers", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    print(f"{END} {argv[0]} exit {code}", flush=True)
+"""
+END = "=== energyformers"
+
+
+@pytest.fixture(scope="module")
+def cli_runs(trained, tmp_path_factory) -> dict:
+    """What a user runs, against the stand-in: `energyformers push` of a trained folder and `energyformers train
+    --push_to_hub` (the training CLI, a few steps), in ONE fresh process (its start-up is most of the time)
+    configured only by HF_* variables. Each command's stdout and exit status, the stand-in's repos, what the
+    commands left in TMPDIR."""
+    root = tmp_path_factory.mktemp("cli")
     model_type = sorted(FAMILIES)[0]
+    push_argv = ["push", str(trained[model_type]), "org/subprocess"]
+    train_argv = ["train", "--model", model_type, "--dataset", "digits"]
+    train_argv += ["--max_steps", "2", "--max_train_samples", "128", "--max_eval_samples", "64"]
+    train_argv += ["--max_test_samples", "64", "--disable_tqdm", "--output_dir", str(root / "run")]
+    # the tiny architecture; the CLI derives the geometry from the data
+    train_argv += ["--push_to_hub", "--hub_model_id", "org/trained", "--config", *cli_config(model_type)]
     with HubStandIn() as server:
         env = {
             "PATH": "/usr/bin:/bin",
-            "HOME": str(tmp_path),
-            "HF_HOME": str(tmp_path / "hf_home"),
+            "HOME": str(root),
+            "HF_HOME": str(root / "hf_home"),
             "HF_ENDPOINT": server.url,
             "HF_TOKEN": STANDIN_TOKEN,
-            "TMPDIR": str(tmp_path),
+            "TMPDIR": str(root),
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-            "NO_PROXY": "127.0.0.1,localhost",
-        }
-        proc = subprocess.run(
-            [sys.executable, "-m", "energyformers", "push", str(trained[model_type]), "org/subprocess"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert proc.stdout.strip().splitlines()[-1] == f"{server.url}/org/subprocess"
-        assert {"config.json", "model.safetensors", "README.md"} <= set(server.files("org/subprocess"))
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith("energyformers-push-")]
-
-
-def test_train_push_to_hub_uploads_what_push_uploads(tmp_path):
-    """`energyformers train --push_to_hub` (the training CLI, a few steps) against the stand-in: the repo holds
-    exactly the export of the saved folder, i.e. what `energyformers push` uploads."""
-    model_type = sorted(FAMILIES)[0]
-    overrides = cli_config(model_type)  # the tiny architecture; the CLI derives the geometry from the data
-    out = tmp_path / "run"
-    with HubStandIn() as server:
-        env = {
-            **os.environ,
-            "HF_ENDPOINT": server.url,
-            "HF_TOKEN": STANDIN_TOKEN,
-            "HF_HUB_OFFLINE": "0",  # the push needs the (stand-in) network; data comes from local packages
-            "HF_DATASETS_OFFLINE": "1",
-            "HF_HOME": str(tmp_path / "hf_home"),
+            "HF_DATASETS_OFFLINE": "1",  # the push needs the (stand-in) network; data comes from local packages
             "OMP_NUM_THREADS": "1",
             "NO_PROXY": "127.0.0.1,localhost",
         }
-        command = [
-            sys.executable,
-            "-m",
-            "energyformers",
-            "train",
-            "--model",
-            model_type,
-            "--dataset",
-            "digits",
-        ]
-        command += ["--max_steps", "2", "--max_train_samples", "128", "--max_eval_samples", "64"]
-        command += ["--max_test_samples", "64", "--disable_tqdm", "--output_dir", str(out)]
-        command += ["--push_to_hub", "--hub_model_id", "org/trained", "--config", *overrides]
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        assert f"pushed to {server.url}/org/trained" in proc.stdout
-        pushed = server.files("org/trained")
-        assert server.unhandled == []
-    expected = export_model_dir(out, tmp_path / "export", repo_id="org/trained")
-    assert pushed == {p.name: p.read_bytes() for p in expected.iterdir()}
+        proc = subprocess.run(
+            [sys.executable, "-c", CLI_CHILD.replace("{END}", END), json.dumps([push_argv, train_argv])],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        files = {repo: server.files(repo) for repo in ("org/subprocess", "org/trained")}
+        unhandled = list(server.unhandled)
+    commands, stdout = {}, proc.stdout
+    for name in ("push", "train"):
+        before, marker, stdout = stdout.partition(f"{END} {name} exit ")
+        code, _, stdout = stdout.partition("\n")
+        commands[name] = {"stdout": before, "exit": int(code) if marker and code.isdigit() else None}
+    return {
+        "commands": commands,
+        "returncode": proc.returncode,
+        "stderr": proc.stderr,
+        "url": server.url,
+        "files": files,
+        "unhandled": unhandled,
+        "train_out": root / "run",
+        "left_in_tmpdir": [p.name for p in root.iterdir() if p.name.startswith("energyformers-push-")],
+    }
+
+
+def test_push_cli_subprocess_reads_hf_endpoint_and_hf_token(cli_runs):
+    """What a user runs: `energyformers push` in its own process, configured only by HF_* variables."""
+    push = cli_runs["commands"]["push"]
+    assert push["exit"] == 0, (push, cli_runs["stderr"][-3000:])
+    assert push["stdout"].strip().splitlines()[-1] == f"{cli_runs['url']}/org/subprocess", push["stdout"]
+    assert {"config.json", "model.safetensors", "README.md"} <= set(cli_runs["files"]["org/subprocess"])
+    assert cli_runs["left_in_tmpdir"] == [], cli_runs["left_in_tmpdir"]
+
+
+def test_train_push_to_hub_uploads_what_push_uploads(cli_runs, tmp_path):
+    """`energyformers train --push_to_hub` (the training CLI, a few steps) against the stand-in: the repo holds
+    exactly the export of the saved folder, i.e. what `energyformers push` uploads."""
+    train = cli_runs["commands"]["train"]
+    assert train["exit"] == 0 and cli_runs["returncode"] == 0, (train["exit"], cli_runs["stderr"][-4000:])
+    assert f"pushed to {cli_runs['url']}/org/trained" in train["stdout"], train["stdout"][-4000:]
+    assert cli_runs["unhandled"] == []
+    expected = export_model_dir(cli_runs["train_out"], tmp_path / "export", repo_id="org/trained")
+    assert cli_runs["files"]["org/trained"] == {p.name: p.read_bytes() for p in expected.iterdir()}

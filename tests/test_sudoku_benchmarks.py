@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -134,6 +136,36 @@ def test_threads_below_one_are_refused_naming_the_flag(tmp_path, capsys):
     assert "--threads must be an integer >= 1; got 0" in capsys.readouterr().err
 
 
+TINY_DEPTH = ["--hidden_size", "16", "--heads", "2", "--iterations", "2", "--n_train", "16", "--steps", "2"]
+TINY_DEPTH += ["--batch_size", "8", "--n_test", "8", "--logging_steps", "1", "--eval_steps", "1"]
+
+
+class DepthRun(NamedTuple):
+    argv: list[str]
+    stem: Path
+    work: Path
+    out: dict
+
+
+def train_depth(root: Path, models: list[str]) -> DepthRun:
+    """sudoku_depth.main on TINY_DEPTH for `models` (last and all), trained into `root/runs` (--work_dir)."""
+    stem, work = root / "depth", root / "runs"
+    argv = [*TINY_DEPTH, "--work_dir", str(work), "--results", str(stem), "--supervision", "last,all"]
+    argv += ["--models", ",".join(models)]
+    # main sets torch's thread count in this process: the suite's own, which the rest of the suite runs with
+    argv += ["--threads", str(torch.get_num_threads())]
+    sudoku_depth.main(argv)
+    return DepthRun(argv, stem, work, json.loads(stem.with_suffix(".json").read_text()))
+
+
+@pytest.fixture(scope="module")
+def hyperset_depth(tmp_path_factory) -> DepthRun:
+    """The default run's training (Hyper-SET, both supervision modes), once per module: its trained folders and
+    results are read by the tests, never written (a --reuse run writes its results under another stem)."""
+    needs("sudoku-hard")
+    return train_depth(tmp_path_factory.mktemp("sudoku-depth"), ["hyperset"])
+
+
 # Each training is a process of its own (most of its time is importing torch and transformers): the default run
 # trains Hyper-SET's two supervision modes (the plateau-exit and no-fall targets); `-m slow` adds the looped
 # Transformer (four runs, the "within 2 points" target too).
@@ -144,17 +176,14 @@ def test_threads_below_one_are_refused_naming_the_flag(tmp_path, capsys):
         pytest.param(["hyperset", "looped-transformer"], 3, id="both-models", marks=pytest.mark.slow),
     ],
 )
-def test_sudoku_depth_trains_each_model_and_supervision_and_writes_its_files(tmp_path, models, num_targets):
+def test_sudoku_depth_trains_each_model_and_supervision_and_writes_its_files(
+    request, tmp_path, models, num_targets
+):
     needs("sudoku-hard")
-    stem, work = tmp_path / "depth", tmp_path / "runs"
-    tiny = ["--hidden_size", "16", "--heads", "2", "--iterations", "2", "--n_train", "16", "--steps", "2"]
-    tiny += ["--batch_size", "8", "--n_test", "8", "--logging_steps", "1", "--eval_steps", "1"]
-    argv = [*tiny, "--work_dir", str(work), "--results", str(stem), "--supervision", "last,all"]
-    argv += ["--models", ",".join(models)]
-    # main sets torch's thread count in this process: the suite's own, which the rest of the suite runs with
-    argv += ["--threads", str(torch.get_num_threads())]
-    sudoku_depth.main(argv)
-    out = json.loads(stem.with_suffix(".json").read_text())
+    run = (
+        request.getfixturevalue("hyperset_depth") if models == ["hyperset"] else train_depth(tmp_path, models)
+    )
+    out, stem = run.out, run.stem
     keys = [f"{model}-{supervision}" for model in models for supervision in ("last", "all")]
     assert list(out["results"]) == keys, list(out["results"])
     for key, res in out["results"].items():
@@ -170,28 +199,42 @@ def test_sudoku_depth_trains_each_model_and_supervision_and_writes_its_files(tmp
     assert "### The spec's targets" in md and "Hyper-SET, all" in md and "plateau exit" in md
     assert stem.with_suffix(".png").stat().st_size > 0
 
-    # --reuse keeps the four folders (same commands): nothing is trained again
-    sudoku_depth.main([*argv, "--reuse"])
-    again = json.loads(stem.with_suffix(".json").read_text())
+    # --reuse keeps the trained folders (same commands): nothing is trained again (results under another stem)
+    again_stem = tmp_path / "again"
+    sudoku_depth.main([*run.argv, "--results", str(again_stem), "--reuse"])
+    again = json.loads(again_stem.with_suffix(".json").read_text())
     assert all(t.get("reused") for t in again["training"].values()), again["training"]
     assert again["results"]["hyperset-all"]["depths"] == out["results"]["hyperset-all"]["depths"]
 
 
-TINY_DEPTH = ["--hidden_size", "16", "--heads", "2", "--iterations", "2", "--n_train", "16", "--steps", "2"]
-TINY_DEPTH += ["--batch_size", "8", "--n_test", "8", "--logging_steps", "1", "--eval_steps", "1"]
-
-
-def test_sudoku_depth_without_work_dir_trains_in_a_temporary_folder_it_removes(tmp_path, monkeypatch):
-    needs("sudoku-hard")
+def test_sudoku_depth_without_work_dir_trains_in_a_temporary_folder_it_removes(
+    tmp_path, monkeypatch, hyperset_depth
+):
     # the script's mkdtemp goes here (`tempfile.tempdir`), so what it leaves behind shows
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    trained_into = []
+
+    def copying_training(plan, work, *args, **kwargs):
+        # stands for the training subprocess (the test above runs it): the folder it writes for the same command,
+        # copied from the module's run (without that run's evaluation cache)
+        trained_into.append(work)
+        for key in plan:
+            shutil.copytree(
+                hyperset_depth.work / f"sudoku-{key}",
+                work / f"sudoku-{key}",
+                ignore=shutil.ignore_patterns(sudoku_depth.EVAL_CACHE),
+            )
+        return {key: hyperset_depth.out["training"][key] for key in plan}
+
+    monkeypatch.setattr(sudoku_depth, "train_models", copying_training)
     stem = tmp_path / "depth"
     argv = [*TINY_DEPTH, "--models", "hyperset", "--supervision", "last", "--results", str(stem)]
     sudoku_depth.main([*argv, "--threads", str(torch.get_num_threads())])  # the suite's count (see above)
     out = json.loads(stem.with_suffix(".json").read_text())
     assert list(out["results"]) == ["hyperset-last"], list(out["results"])
+    assert len(trained_into) == 1 and trained_into[0].parent == scratch, (trained_into, scratch)
     left = sorted(p.name for p in scratch.iterdir())
     assert left == [], f"sudoku_depth left {left} in its temporary directory"
 
