@@ -1,7 +1,7 @@
 """`energyformers train-accelerate`: the plain Accelerate loop (no Trainer), in one process.
 
 Resume: a run continued from its step-2 `save_state` checkpoint ends with the same weights as the
-uninterrupted run; gradient accumulation (4 × 2) matches the unaccumulated batch of 8.
+uninterrupted run, with augmentation drawing from torch's generator too; gradient accumulation (4 × 2) matches the unaccumulated batch of 8.
 """
 
 from __future__ import annotations
@@ -69,24 +69,38 @@ def test_loop_writes_a_model_folder_that_pipeline_loads(tmp_path: Path) -> None:
     }
 
 
-def test_resume_from_saved_state_matches_the_uninterrupted_run(tmp_path: Path) -> None:
-    argv = [*COMMON, *tiny(), "--max_steps", "6", "--batch_size", "8", "--checkpointing_steps", "2"]
+# augmentation that draws from torch's global generator in every step (RandAugment, mixup)
+AUGMENTED = ["--rand_augment_ops", "2", "--mixup_alpha", "0.8"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "resumed_at"),
+    [([], 2), (AUGMENTED, 2), (AUGMENTED, 4)],
+    ids=["plain", "augmented-mid-epoch", "augmented-epoch-start"],
+)
+def test_resume_from_saved_state_matches_the_uninterrupted_run(
+    tmp_path: Path, extra: list[str], resumed_at: int
+) -> None:
+    """4 steps an epoch: step 2 is inside the first epoch, step 4 at the second one's start."""
+    argv = [*COMMON, *tiny(), "--max_steps", "6", "--batch_size", "8", "--checkpointing_steps", "2", *extra]
     argv += ["--save_total_limit", "3"]  # keep step_2 (as Trainer, the loop keeps the last 2 by default)
     straight = tmp_path / "straight"
     assert accelerate_loop.main([*argv, "--output_dir", str(straight), "--keep_checkpoints"]) == 0
-    # "Kill" after step 2: a fresh run folder holding only the step-2 checkpoint of the first run.
+    # "Kill" after that step: a fresh run folder holding only that checkpoint of the first run.
     resumed = tmp_path / "resumed"
     work = tmp_path / "resumed.checkpoints"
     work.mkdir()
-    shutil.copytree(tmp_path / "straight.checkpoints" / "step_2", work / "step_2")
+    name = f"step_{resumed_at}"
+    shutil.copytree(tmp_path / "straight.checkpoints" / name, work / name)
     assert accelerate_loop.main([*argv, "--output_dir", str(resumed)]) == 2  # refuses without --resume
     assert accelerate_loop.main([*argv, "--output_dir", str(resumed), "--resume"]) == 0
     metrics = json.loads((resumed / "metrics.json").read_text())
-    assert metrics["recipe"]["global_step"] == 6 and metrics["recipe"]["resumed_from"].endswith("step_2")
+    assert metrics["recipe"]["global_step"] == 6 and metrics["recipe"]["resumed_from"].endswith(name)
     a, b = weights(straight), weights(resumed)
     for key in a:
         # exact: the same seed, restored optimizer, scheduler and RNG state and data order, one thread: the same
-        # float operations in the same order as the uninterrupted run
+        # float operations in the same order as the uninterrupted run; with augmentation, torch's generator must
+        # stand where it stood in the uninterrupted run at every draw
         torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
 
 

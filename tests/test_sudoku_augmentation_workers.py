@@ -1,6 +1,6 @@
 """`SudokuAugmentation` behind a real `torch.utils.data.DataLoader`: each worker draws its own symmetries, every epoch
-of fresh workers draws new ones, the same torch seed repeats them, and a read outside any worker draws the stream of
-`np.random.default_rng(seed)`. The dataset is built as `--sudoku_augmentation` builds it (`AugmentedTransform` of the
+of fresh workers draws new ones, the same torch seed repeats them, and outside any worker the n-th read draws from
+`np.random.default_rng([seed, n])`, n set by `continue_after` as a resumed run sets it. The dataset is built as `--sudoku_augmentation` builds it (`AugmentedTransform` of the
 augmentation and the cells transform), over copies of one puzzle, so equal rows mean equal symmetries."""
 
 from __future__ import annotations
@@ -64,11 +64,23 @@ def test_the_same_torch_seed_repeats_the_workers_symmetries():
     assert list(loader(dataset, generator_seed=2)) != again, "another loader seed gave the same symmetries"
 
 
-def test_outside_a_worker_the_stream_is_default_rng_of_the_seed():
+def test_outside_a_worker_the_nth_read_draws_from_the_seed_and_n_which_continue_after_sets():
     puzzles, solutions = generate_puzzles(3, seed=5)
     rows = to_dataset(puzzles, solutions)[:3]
-    augmentation, reference = SudokuAugmentation(seed=11), np.random.default_rng(11)
-    for read in range(2):
+    augmentation = SudokuAugmentation(seed=11)
+
+    def expected(n: int) -> tuple[list, list]:
+        rng = np.random.default_rng([11, n])
+        ids, labels = augment(np.asarray(rows["input_ids"]), np.asarray(rows["labels"]), rng)
+        return ids.tolist(), labels.tolist()
+
+    def read() -> tuple[list, list]:
         got = augmentation(rows)
-        ids, labels = augment(np.asarray(rows["input_ids"]), np.asarray(rows["labels"]), reference)
-        assert (got["input_ids"], got["labels"]) == (ids.tolist(), labels.tolist()), f"read {read} differs"
+        return got["input_ids"], got["labels"]
+
+    for n in range(3):
+        assert read() == expected(n), f"read {n} differs"
+    # 5 batches an epoch, 2 per optimizer step (3 steps an epoch): step 4 stands 2 batches into the second epoch
+    augmentation.continue_after(4, 5, 2)
+    assert augmentation.batches == 7, augmentation.batches
+    assert read() == expected(7), "the read after continue_after(4, 5, 2) is not batch 7's"

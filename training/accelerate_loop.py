@@ -166,6 +166,9 @@ class LoopState:
     seen: int = 0  # optimizer steps in the open window
     # the step of the last checkpoint, resumed from or saved (the same on every rank)
     saved_at: int | None = None
+    # a resume inside an epoch: the checkpoint's RNG states, set again once the resumed epoch's first window is
+    # drawn (`resume_rng_after_first_window`)
+    checkpoint_rng: dict[str, Any] | None = None
 
 
 def make_accelerator(run_args: RunArguments) -> Accelerator:
@@ -276,15 +279,44 @@ def prepare_training(
     )
 
 
+def rng_states() -> dict[str, Any]:
+    """The global generators `accelerator.load_state` restores here: Python's, numpy's, torch's CPU and CUDA
+    ones."""
+    import random
+
+    import numpy as np
+    import torch
+
+    states = {"random": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Set the generators `rng_states` read."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.setstate(states["random"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states:
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
 def restore_progress(parts: LoopParts, resume_from: Path | None) -> LoopState:
     """Step 0, or the checkpoint's model, optimizer, scheduler, RNG, EMA and loop state; the sampled depths and
-    training masks then continue from the step the run stands at."""
+    training masks then continue from the step the run stands at. A resume inside an epoch keeps the checkpoint's
+    RNG states in `checkpoint_rng`, for `resume_rng_after_first_window`."""
     import torch
 
     from .setup import continue_iteration_draws
 
     accelerator, run_args = parts.accelerator, parts.args.run
-    step, history, loss_sum = 0, [], 0.0
+    step, history, loss_sum, checkpoint_rng = 0, [], 0.0, None
     if resume_from is not None:
         accelerator.load_state(str(resume_from))
         saved = read_loop_state(resume_from)
@@ -294,6 +326,8 @@ def restore_progress(parts: LoopParts, resume_from: Path | None) -> LoopState:
 
             parts.ema.load_state_dict(load_file(str(resume_from / EMA_FILE), device=str(accelerator.device)))
         accelerator.print(f"resuming from step {step} ({resume_from})")
+        if step % parts.schedule.steps_per_epoch:
+            checkpoint_rng = rng_states()
     # sampled depths (iteration_sampling) continue where the interrupted run stopped
     continue_iteration_draws(parts.unwrapped, step, len(parts.train_dl), run_args.gradient_accumulation_steps)
     collator = parts.built.collator
@@ -302,8 +336,26 @@ def restore_progress(parts: LoopParts, resume_from: Path | None) -> LoopState:
     running = torch.zeros((), device=accelerator.device)
     saved_at = step if resume_from is not None else None
     return LoopState(
-        step=step, history=history, loss_sum=loss_sum, running=running, start_step=step, saved_at=saved_at
+        step=step,
+        history=history,
+        loss_sum=loss_sum,
+        running=running,
+        start_step=step,
+        saved_at=saved_at,
+        checkpoint_rng=checkpoint_rng,
     )
+
+
+def resume_rng_after_first_window(state: LoopState) -> None:
+    """Set the checkpoint's RNG states again once a resume inside an epoch has drawn that epoch's first window, as
+    Trainer does (`_load_rng_state` after its first `get_batch_samples`). The uninterrupted run started the epoch's
+    loader iterator (which draws its base seed, the DataLoader workers' seeds, from torch's generator) before the
+    checkpoint; the resumed run starts it again after `load_state`, so that draw would shift every later one of
+    torch's generator (augmentation, mixup, drop-path) by one. At an epoch's start the uninterrupted run starts the
+    iterator after the checkpoint too, so the states `load_state` set stand."""
+    if state.checkpoint_rng is not None:
+        set_rng_states(state.checkpoint_rng)
+        state.checkpoint_rng = None
 
 
 def log_entry(parts: LoopParts, state: LoopState, entry: dict[str, float]) -> None:
@@ -505,6 +557,7 @@ def train(parts: LoopParts, state: LoopState, stop: StopRequest) -> None:
     while state.step < schedule.total_steps and not stop.agreed:
         batches = epoch_batches(parts, state.step)
         for window in accumulation_windows(batches, run_args.gradient_accumulation_steps):
+            resume_rng_after_first_window(state)
             state.running += train_step(parts, window, counts_items)
             # the rate this step used (what Trainer logs), before the scheduler moves on
             learning_rate = parts.scheduler.get_last_lr()[0]

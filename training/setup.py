@@ -864,10 +864,12 @@ def build(args: Arguments, state: Any) -> Built:
     for split in data:
         data[split].set_transform(transform)
     if args.data.sudoku_augmentation:  # training split only: evaluation reads the puzzles as they are
-        from .sudoku import SudokuAugmentation
+        from .sudoku import AugmentationCollator, SudokuAugmentation
 
         augmentation = SudokuAugmentation(seed=args.run.seed + state.process_index)  # a stream per process
         data["train"].set_transform(AugmentedTransform(augmentation, transform))
+        # the loops continue their collator's stream at each epoch: this one continues the symmetries'
+        collator = AugmentationCollator(collator, augmentation)
     # the real preprocessing + forward on two examples: wrong sizes/ids fail now, not after an epoch
     check_one_batch(model, collator, data["train"], "a training batch")
     model.train()

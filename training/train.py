@@ -102,6 +102,29 @@ def whole_run_train_loss(
     return (total + loss_since * (global_step - initial_step)) / global_step
 
 
+def resumed_log_history(
+    log_history: list[dict[str, Any]], initial_step: int, train_loss: float
+) -> list[dict[str, Any]]:
+    """Trainer's log history of a run resumed from `initial_step`, as the uninterrupted run logs it: the summary
+    row's `train_loss` (Trainer's: the mean of the steps since the resume) becomes the whole run's `train_loss`
+    (`whole_run_train_loss`), and each row read back from the checkpoint (`trainer_state.json` sorts its keys)
+    takes the key order of the first row logged since the resume with the same keys, where there is one."""
+    if initial_step == 0:
+        return log_history
+    live: dict[frozenset[str], list[str]] = {}
+    for entry in log_history:
+        if entry.get("step", 0) > initial_step:
+            live.setdefault(frozenset(entry), list(entry))
+    history = []
+    for entry in log_history:
+        if "train_loss" in entry:
+            entry = {**entry, "train_loss": train_loss}
+        elif entry.get("step", 0) <= initial_step and frozenset(entry) in live:
+            entry = {key: entry[key] for key in live[frozenset(entry)]}
+        history.append(entry)
+    return history
+
+
 def restore_best_weights(trainer: Any, args: Arguments) -> dict[str, Any]:
     """After `trainer.train()`: which weights the model now holds, as metrics.json's `saved_weights` records it.
 
@@ -331,6 +354,9 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
         train_metrics["train_loss"] = whole_run_train_loss(
             trainer.state.log_history, initial_step, train_metrics["train_loss"], step
         )
+        log_history = resumed_log_history(
+            trainer.state.log_history, initial_step, train_metrics["train_loss"]
+        )
         strip = lambda metrics, prefix: {k.removeprefix(prefix): v for k, v in metrics.items()}  # noqa: E731
         result = RunResult(
             loop="train",
@@ -345,7 +371,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             train=train_metrics,
             eval=strip(eval_metrics, "eval_"),
             test=strip(test_metrics, "test_"),
-            log_history=trainer.state.log_history,
+            log_history=log_history,
             start_time=start,
             resumed_from=str(resume_from) if resume_from else None,
             warnings=built.warnings,

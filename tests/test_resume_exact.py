@@ -1,0 +1,107 @@
+"""A `--sudoku_augmentation` run stopped and resumed equals the uninterrupted one, in both training loops, with no
+DataLoader workers: the symmetries of a batch follow from the seed and the batch's index, which a resumed run
+continues from its step (`sudoku.SudokuAugmentation`), as it continues the data order and the RNG states. A resumed
+Trainer run also writes the uninterrupted run's log history: the summary row's `train_loss` is the whole run's mean
+(as `metrics.json["train"]`), not Trainer's mean of the steps since the resume, and the rows read back from the
+checkpoint keep the key order of the rows logged live.
+
+The "stop" is a copy of one checkpoint of the uninterrupted run (kept with `--keep_checkpoints`) into a fresh run's
+work folder: what a run killed right after that save leaves (`test_train_cli.py` stops one by a real SIGTERM).
+40 training puzzles in batches of 8 (5 steps an epoch), 8 steps: the resume at step 6 is one step into the second
+epoch, so the symmetry stream continues past a whole epoch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from fixtures import labelled
+from safetensors.torch import load_file
+
+from energyformers.training import accelerate_loop, data, train
+
+TINY = ["hidden_size=16", "num_attention_heads=2", "intermediate_size=16", "num_iterations=2"]
+COMMON = [
+    "--model", "hyperset", "--dataset", "sudoku", "--config", *TINY, "--sudoku_augmentation",
+    "--max_steps", "8", "--batch_size", "8", "--logging_steps", "1", "--eval_strategy", "steps", "--eval_steps", "4",
+    "--save_total_limit", "4", "--num_predictions", "0", "--num_threads", "1", "--warmup_ratio", "0",
+    "--disable_tqdm",
+]  # fmt: skip
+RESUMED_AT = 6
+# wall-clock fields of a log row, which differ from run to run
+TIMES = ("runtime", "per_second")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(autouse=True)
+def small_generated(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--dataset sudoku` with 40/8/8 puzzles, generated once for the module (the real one takes ~30 s)."""
+    monkeypatch.setattr(data, "SUDOKU_SIZES", {"train": 40, "validation": 8, "test": 8})
+    monkeypatch.setenv("ENERGYFORMERS_CACHE", str(cache))
+
+
+def straight_and_resumed(tmp_path: Path, loop, argv: list[str], checkpoint: str) -> tuple[Path, Path]:
+    """The uninterrupted run of `argv` and the run resumed from its `checkpoint` in a fresh folder."""
+    straight = tmp_path / "straight"
+    assert loop.main([*argv, "--output_dir", str(straight), "--keep_checkpoints"]) == 0
+    resumed = tmp_path / "resumed"
+    work = tmp_path / "resumed.checkpoints"
+    work.mkdir()
+    shutil.copytree(tmp_path / "straight.checkpoints" / checkpoint, work / checkpoint)
+    # what the run built, which `--resume` compares with this one
+    for record in (tmp_path / "straight.checkpoints").glob("*.json"):
+        shutil.copy(record, work)
+    assert loop.main([*argv, "--output_dir", str(resumed), "--resume"]) == 0
+    metrics = json.loads((resumed / "metrics.json").read_text())
+    assert metrics["recipe"]["resumed_from"].endswith(checkpoint), metrics["recipe"]
+    return straight, resumed
+
+
+def assert_same_weights(straight: Path, resumed: Path) -> None:
+    a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        # same seed, restored optimizer/scheduler/RNG state, data order and symmetries, one thread: the same float
+        # operations in the same order as the uninterrupted run, so the same bits
+        torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
+
+
+def test_trainer_run_resumed_with_sudoku_augmentation_equals_the_uninterrupted_run(tmp_path: Path) -> None:
+    argv = [*COMMON, "--save_strategy", "steps", "--save_steps", "3"]
+    straight, resumed = straight_and_resumed(tmp_path, train, argv, f"checkpoint-{RESUMED_AT}")
+    assert_same_weights(straight, resumed)
+
+    a, b = (json.loads((run / "metrics.json").read_text()) for run in (straight, resumed))
+    whole_run = b["train"]["train_loss"]
+    (summary,) = [entry for entry in b["log_history"] if "train_loss" in entry]
+    assert summary["train_loss"] == whole_run, (summary, whole_run)
+    # the whole-run mean sums the logged windows in another order than Trainer's running sum: a few float32
+    # roundings of a loss of order 1 apart
+    uninterrupted = a["train"]["train_loss"]
+    tolerance = 8 * torch.finfo(torch.float32).eps * abs(uninterrupted)
+    assert abs(whole_run - uninterrupted) <= tolerance, (whole_run, uninterrupted, tolerance)
+    # the same rows with the same keys in the same order; the same values but for wall-clock times and that mean
+    assert [list(entry) for entry in b["log_history"]] == [list(entry) for entry in a["log_history"]], (
+        a["log_history"],
+        b["log_history"],
+    )
+    for row, (x, y) in enumerate(zip(a["log_history"], b["log_history"], strict=True)):
+        differ = {
+            key: (x[key], y[key])
+            for key in x
+            if x[key] != y[key] and key != "train_loss" and not key.endswith(TIMES)
+        }
+        assert not differ, f"log_history[{row}] (step {x.get('step')}): straight vs resumed {differ}"
+
+
+def test_accelerate_run_resumed_with_sudoku_augmentation_equals_the_uninterrupted_run(tmp_path: Path) -> None:
+    argv = [*COMMON, "--checkpointing_steps", "3"]
+    straight, resumed = straight_and_resumed(tmp_path, accelerate_loop, argv, f"step_{RESUMED_AT}")
+    assert_same_weights(straight, resumed)
