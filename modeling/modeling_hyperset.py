@@ -1678,12 +1678,44 @@ class HyperSetPreTrainedModel(FamilyPreTrainedMixin, PreTrainedModel):
 # shares that table), so a value added there needs no second list here; `config_choice` names them when it refuses one.
 
 
-def sample_num_iterations(config: HyperSetConfig, draw: int) -> int:
-    """The depth of training forward number `draw` under `config.iteration_sampling`.
+# The random streams of training forwards (`random_draw_generator`): the depth, and the deep-supervision subset.
+_DEPTH_STREAM, _SUBSET_STREAM = 0, 1
+_MASK64 = (1 << 64) - 1
 
-    Seeded by `draw` alone, so every process of a distributed run, counting its own forwards, draws the same
-    depth at the same step. `"poisson-lognormal"` (Geiping et al., *Scaling up Test-Time Compute with Latent
-    Reasoning*): τ ~ N(log(T − 1) − σ²/2, σ), depth = 1 + Poisson(e^τ), mean T; clipped to the range.
+
+def _splitmix64(value: int) -> int:
+    """One splitmix64 step (Steele, Lea and Flood; Vigna's constants): a bijection of 64-bit integers that mixes
+    every input bit into every output bit."""
+    value = (value + 0x9E3779B97F4A7C15) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+def random_draw_generator(stream: int, draw: int, seed: int | None = None) -> torch.Generator:
+    """The CPU generator of draw number `draw` (a count of training forwards) in random stream `stream`
+    (`_DEPTH_STREAM`, `_SUBSET_STREAM`) of a run seeded with `seed`; None reads the run's seed as
+    `torch.initial_seed()`, what `transformers.set_seed(s)` / `torch.manual_seed(s)` set to s.
+
+    So a run's draws depend on its seed, the stream and the forward count, and on nothing that differs between the
+    processes of a distributed run or between a run and its resume: `Trainer` and `accelerate.utils.set_seed` (not
+    `device_specific=True`) seed every rank with the same s, and a restored RNG state (a resume) restores its initial
+    seed with it. A process that never sets a seed has a random initial seed, so its draws are not reproducible and
+    differ between ranks, as its other random draws do. The three are mixed by splitmix64: torch's CPU generator
+    keeps only the low 32 bits of a seed, so side-by-side bit fields (seed · 2**32 + draw) would collide."""
+    state = _splitmix64((torch.initial_seed() if seed is None else seed) & _MASK64)
+    for value in (stream, draw):
+        state = _splitmix64(state ^ (value & _MASK64))
+    return torch.Generator().manual_seed(state)
+
+
+def sample_num_iterations(config: HyperSetConfig, draw: int, seed: int | None = None) -> int:
+    """The depth of training forward number `draw` under `config.iteration_sampling`, in a run seeded with `seed`
+    (None: `torch.initial_seed()`; `random_draw_generator` says why every process of a distributed run, counting its
+    own forwards, draws the same depth at the same step, and a resume the interrupted run's).
+
+    `"poisson-lognormal"` (Geiping et al., *Scaling up Test-Time Compute with Latent Reasoning*):
+    τ ~ N(log(T − 1) − σ²/2, σ), depth = 1 + Poisson(e^τ), mean T; clipped to the range.
     """
     mode = config_choice(
         config, "iteration_sampling", {name: name for name in HyperSetConfig.choices["iteration_sampling"]}
@@ -1691,7 +1723,7 @@ def sample_num_iterations(config: HyperSetConfig, draw: int) -> int:
     low, high = config.iteration_range
     if mode == "fixed":
         return config.num_iterations
-    generator = torch.Generator().manual_seed(draw)
+    generator = random_draw_generator(_DEPTH_STREAM, draw, seed)
     if mode == "uniform":
         return int(torch.randint(low, high + 1, (1,), generator=generator))
     if mode == "poisson-lognormal":
@@ -1708,10 +1740,11 @@ class RecurrentDepthMixin:
     implementation, so both follow the same schedule in a side-by-side run.
 
     * T of a call: the per-call value, else in training a draw of `config.iteration_sampling`
-      (`sample_num_iterations`, seeded by the count `iteration_draws`), else `config.num_iterations`;
+      (`sample_num_iterations`, seeded by the run's seed and the count `iteration_draws`), else
+      `config.num_iterations`;
     * k, the iterations differentiated (truncated backpropagation through depth): the last k of all L·T;
     * `iteration_draws`: training forwards that drew a depth or a random deep-supervision subset
-      (`supervised_iterations`), the seed of the next draw; one per forward, shared by both. Every process counts
+      (`supervised_iterations`), the index of the next draw; one per forward, shared by both. Every process counts
       its own forwards, so all ranks of a distributed run draw the same at each step; the training loops set it
       from the global step when they resume. Nothing is counted when nothing is random, so a compiled fixed-depth
       model sees no changing attribute.
@@ -2232,15 +2265,15 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
 # What the classification heads of Hyper-SET and of the looped baseline run around their backbone: deep
 # supervision, the supervision steps with the halting head, test-time search (`run_head`), and the head mixin.
 def supervised_iterations(
-    config: PreTrainedConfig, num_iterations: int, draw: int | None = None
+    config: PreTrainedConfig, num_iterations: int, draw: int | None = None, seed: int | None = None
 ) -> list[int]:
     """The iterations (1-based, ascending, the last one always included) whose states the training loss reads
     under `config.deep_supervision`, for a forward of `num_iterations` iterations.
 
     `"every"` steps back from T by `deep_supervision_interval`; `"random"` adds `deep_supervision_samples` − 1
-    iterations drawn without replacement from 1..T − 1, from a generator seeded by `draw` (the model's depth-draw
-    count, so every process of a distributed run supervises the same iterations) in a stream of its own (seed
-    2**32 + draw: the depth draw of the same forward uses seed `draw`).
+    iterations drawn without replacement from 1..T − 1, by draw `draw` (the model's depth-draw count) of a stream
+    of its own in a run seeded with `seed` (None: `torch.initial_seed()`; `random_draw_generator`), so every
+    process of a distributed run supervises the same iterations, independently of the depth drawn.
     """
     mode = config_choice(
         config, "deep_supervision", {name: name for name in HyperSetConfig.choices["deep_supervision"]}
@@ -2254,7 +2287,7 @@ def supervised_iterations(
         if draw is None:
             raise ValueError('deep_supervision="random" needs a draw index (the model\'s iteration_draws).')
         extra = min(config.deep_supervision_samples, last) - 1
-        generator = torch.Generator().manual_seed((1 << 32) + draw)
+        generator = random_draw_generator(_SUBSET_STREAM, draw, seed)
         picked = (torch.randperm(last - 1, generator=generator)[:extra] + 1).tolist()
         return [*sorted(picked), last]
     if mode == "last":
@@ -2282,7 +2315,7 @@ def _supervision_step(
 ) -> tuple[ModelOutput, torch.Tensor, torch.Tensor | None]:
     """One backbone call of T iterations (`backbone_inputs` name the T), the head on its last state, and the loss of
     `labels`: in training with `config.deep_supervision` other than `"last"` the weighted mean of the losses of the
-    head on the states after the supervised iterations of the last layer (`supervised_iterations`, `draw` seeding a
+    head on the states after the supervised iterations of the last layer (`supervised_iterations`, `draw` indexing a
     random subset), else the loss of the returned logits alone; each loss normalised by `num_items_in_batch` when
     given (`head_loss`)."""
     config = head.config

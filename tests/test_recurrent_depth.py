@@ -7,10 +7,16 @@ import itertools
 
 import pytest
 import torch
+import transformers
 from fixtures import assert_close_to_scale, hyperset_config, labelled, perturb, rounding
 
 from energyformers import HyperSetForImageClassification, HyperSetForTokenClassification, HyperSetModel
-from energyformers.modeling.modeling_hyperset import HyperSetAttention, sample_num_iterations
+from energyformers.modeling.modeling_hyperset import (
+    HyperSetAttention,
+    random_draw_generator,
+    sample_num_iterations,
+    supervised_iterations,
+)
 
 # Roundings of one iteration of the tiny image config: its longest sum is over the 24 feed-forward units (17
 # tokens, width 16), rounded up to 32. Comparisons across iterations multiply it by their number.
@@ -155,6 +161,54 @@ def test_training_forwards_draw_the_same_depth_sequence_in_every_process():
     assert len(set(seen[0])) > 1
     replicas[0].eval()(pixel_values=pixels())  # eval: the configured depth, no draw
     assert replicas[0].hyperset.iteration_draws == 12
+
+
+RANDOM_DEPTH = hyperset_config("image", num_iterations=4, iteration_sampling="uniform", min_iterations=1)
+
+
+def _depths_after_set_seed(seed: int, forwards: int = 12) -> list[int]:
+    """The depths of `forwards` training forwards of a model built after `transformers.set_seed(seed)`, as a
+    training loop seeds a run."""
+    transformers.set_seed(seed)
+    model = HyperSetForImageClassification(RANDOM_DEPTH).train()
+    calls: list[int] = []
+    model.hyperset.layers[0].register_forward_hook(lambda *_: calls.append(1))
+    depths = []
+    for _ in range(forwards):
+        before = len(calls)
+        model(pixel_values=pixels())
+        depths.append(len(calls) - before)
+    return depths
+
+
+def test_the_run_seed_seeds_the_depth_draws():
+    """A sweep over seeds trains at other depths per seed, and a rerun with one seed at the same depths."""
+    by_seed = {seed: _depths_after_set_seed(seed) for seed in (0, 1, 2)}
+    assert _depths_after_set_seed(1) == by_seed[1], by_seed
+    assert len({tuple(depths) for depths in by_seed.values()}) == 3, by_seed
+    for seed, depths in by_seed.items():
+        assert depths == [sample_num_iterations(RANDOM_DEPTH, draw, seed=seed) for draw in range(12)], seed
+
+
+def test_the_run_seed_seeds_the_random_deep_supervision_subsets():
+    config = hyperset_config("image", deep_supervision="random", deep_supervision_samples=3)
+    by_seed = {}
+    for seed in (0, 1, 2, 1):
+        transformers.set_seed(seed)
+        subsets = [supervised_iterations(config, 10, draw) for draw in range(12)]
+        assert by_seed.setdefault(seed, subsets) == subsets, (seed, by_seed[seed], subsets)
+        assert subsets == [supervised_iterations(config, 10, draw, seed=seed) for draw in range(12)], seed
+    assert len({str(subsets) for subsets in by_seed.values()}) == 3, by_seed
+
+
+def test_the_depth_and_the_subset_of_a_forward_draw_from_different_seeds():
+    """torch's CPU generator keeps the low 32 bits of a seed: those differ between the two streams of a forward."""
+    for seed in (0, 42, 2**64 - 1):
+        low = [
+            {random_draw_generator(stream, draw, seed).initial_seed() % 2**32 for draw in range(200)}
+            for stream in (0, 1)
+        ]
+        assert len(low[0]) == len(low[1]) == 200 and not low[0] & low[1], (seed, sorted(low[0] & low[1]))
 
 
 # ---------------------------------------------------------------- truncated backpropagation through depth

@@ -15,6 +15,7 @@ import pytest
 from card_fixtures import tiny_sudoku, train_sudoku_run
 
 from energyformers.training import release
+from energyformers.training.export import export_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +59,49 @@ def test_release_of_a_sudoku_run_prints_its_metrics_and_the_final_paths(sudoku_r
     assert dist / "hyperset-sudoku" / "inspect.json" in written, printed
     for path in written:
         assert path.parent == dist / "hyperset-sudoku" and path.is_file(), (path, printed)
+
+
+def test_two_releases_of_a_run_are_the_same_bytes_and_name_no_local_folder(sudoku_run, tmp_path, capsys):
+    """`--take` inspects a copy in a staging folder of random name: the published inspect.json names the model by
+    its release name, not by that folder (removed afterwards) or the run's, so two releases differ only in
+    release.json's absolute folders."""
+    dists = [tmp_path / "first", tmp_path / "second"]
+    for dist in dists:
+        assert release.main(["--take", str(sudoku_run), "--dist_dir", str(dist)]) == 0, (
+            capsys.readouterr().err
+        )
+    first, second = (tree(dist / "hyperset-sudoku") for dist in dists)
+    differing = sorted(name for name in first.keys() | second.keys() if first.get(name) != second.get(name))
+    assert differing == [], {name: (first.get(name), second.get(name)) for name in differing}
+    report = json.loads(first["inspect.json"])
+    assert report["model_dir"] == "hyperset-sudoku", report["model_dir"]
+    for local in (str(tmp_path), str(sudoku_run)):
+        assert local.encode() not in first["inspect.json"], (local, first["inspect.json"][:300])
+    summaries = [json.loads((dist / "release.json").read_text()) for dist in dists]
+    for summary, dist in zip(summaries, dists):
+        assert summary["released"]["hyperset-sudoku"].pop("folder") == str(dist / "hyperset-sudoku"), summary
+    assert summaries[0] == summaries[1], summaries
+
+
+def test_an_export_names_the_model_by_its_hub_id_or_folder_name_in_inspect_json(inspected_run, tmp_path):
+    """What `inspect` recorded as local paths (the model folder, a decoded image) is published without them; the
+    run's own inspect.json keeps them."""
+    folder = tmp_path / "run"
+    shutil.copytree(inspected_run, folder)
+    local = {
+        "figures": [],
+        "model_dir": str(folder),
+        "mim": {"image": str(tmp_path / "images" / "seven.png")},
+    }
+    (folder / "inspect.json").write_text(json.dumps(local, indent=1) + "\n")
+    for repo_id, out, name in [
+        (None, tmp_path / "hub" / "my-model", "my-model"),
+        ("me/sudoku", tmp_path / "x", "me/sudoku"),
+    ]:
+        export_model_dir(folder, out, repo_id=repo_id)
+        published = json.loads((out / "inspect.json").read_text())
+        assert published == {"figures": [], "model_dir": name, "mim": {"image": "seven.png"}}, published
+    assert json.loads((folder / "inspect.json").read_text()) == local
 
 
 def test_summary_rows_show_a_dash_for_a_metric_the_run_did_not_record():

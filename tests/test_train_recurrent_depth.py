@@ -40,6 +40,11 @@ LOOPS = {"train": train.main, "train-accelerate": accelerate_loop.main}
 SAMPLING = ["--iteration_sampling", "uniform", "--min_iterations", "1", "--max_iterations", "6"]
 
 
+def run_seed(out: Path) -> int:
+    """The `--seed` a finished run folder records: the seed of its depth draws."""
+    return json.loads((out / "metrics.json").read_text())["arguments"]["run"]["seed"]
+
+
 def loop_argv(loop: str, *argv: object, config: list[str] = TINY) -> list[str]:
     """Digits subset, a tiny model, no predictions; `train` also without progress bars."""
     quick = [
@@ -219,8 +224,8 @@ def test_resume_continues_the_sampled_depths(
     )  # fmt: skip
     assert LOOPS[loop](argv) == 0
     uninterrupted = recorder.depths
-    config = HyperSetConfig.from_pretrained(out)
-    assert uninterrupted == [sample_num_iterations(config, i) for i in range(forwards)], uninterrupted
+    config, seed = HyperSetConfig.from_pretrained(out), run_seed(out)
+    assert uninterrupted == [sample_num_iterations(config, i, seed) for i in range(forwards)], uninterrupted
     assert uninterrupted[done:] != uninterrupted[: forwards - done]  # a restart from draw 0 would be visible
     assert uninterrupted[done:] != uninterrupted[done + 1 :][: forwards - done]  # so would a shift by one
 
@@ -290,4 +295,4 @@ def test_sampled_depth_is_identical_on_both_ranks_under_torchrun(tmp_path: Path)
     assert ranks[0]["steps"] == 8 and len(depths[0]) == 8 and ranks[0]["draws"] == ranks[1]["draws"] == 8
     assert depths[0] == depths[1]  # same depth at every step on both ranks
     assert len(set(depths[0])) > 1  # and the depth does vary from step to step
-    assert depths[0] == [sample_num_iterations(config, i) for i in range(8)]
+    assert depths[0] == [sample_num_iterations(config, i, run_seed(out)) for i in range(8)]

@@ -20,7 +20,12 @@ registered Auto classes, and without it through `trust_remote_code=True`, becaus
   trust_remote_code=True)` runs it without the package,
 * `LICENSE`: the package's Apache-2.0 text, the license of the code the folder carries,
 * `README.md`: the model card (`training/card.py`: `model_cards/card.md` with the family's sections) rendered
-  with `huggingface_hub.ModelCard` and the run's measured metrics (`metrics.json`) as `model-index` results.
+  with `huggingface_hub.ModelCard` and the run's measured metrics (`metrics.json`) as `model-index` results,
+* the run's `metrics.json` and training curve, and what `energyformers inspect` wrote into the folder
+  (`inspect.json` and its figures); the copy of `inspect.json` names the model by its Hub id (`repo_id`), else by
+  the exported folder's name, not by the local folder it was inspected in, and a decoded image by its file name
+  (`published_inspect_report`): a Hub file holds no path of the machine it was made on, and two exports of one
+  folder are the same bytes wherever it lay.
 
 This module assembles the folder; the remote code is `training/remote_code.py`, the card `training/card.py`.
 
@@ -37,7 +42,7 @@ import os
 import shutil
 import sys
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from ..tokenizer_fit import MIM_AUTO_CLASS, TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME
@@ -101,6 +106,19 @@ def vq_tokenizer_files(model_dir: Path) -> list[str]:
         )
     nested = sorted(str(path.relative_to(model_dir)) for path in folder.rglob("*") if path.is_file())
     return [TOKENIZER_CONFIG_NAME, *nested]
+
+
+def published_inspect_report(path: Path, model_name: str) -> str:
+    """The text of `inspect.json` (at `path`) as an export carries it: `model_dir` is `model_name` (the Hub id, else
+    the exported folder's name) and a masked-image-modelling report's decoded `image` is its file name, in place of
+    the local paths `inspect` recorded (a local report keeps them: they say what was inspected there)."""
+    report = read_json_object(path, remedy=INSPECT_REMEDY)
+    mim = report.get("mim")
+    if "model_dir" in report:
+        report["model_dir"] = model_name
+    if isinstance(mim, dict) and isinstance(mim.get("image"), str):
+        mim["image"] = PurePath(mim["image"]).name
+    return json.dumps(report, indent=1) + "\n"
 
 
 def dynamics_figures(model_dir: Path) -> list[str]:
@@ -243,7 +261,11 @@ def export_model_dir(
         staging.chmod(0o755)  # mkdtemp makes it private; the export is meant to be shared
         for name in info["files"]:  # names relative to the folder (a VQGAN's files are in a subfolder)
             (staging / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(model_dir / name, staging / name)
+            if name == INSPECT_REPORT:
+                report = published_inspect_report(model_dir / name, repo_id or out_dir.resolve().name)
+                (staging / name).write_text(report, encoding="utf-8")
+            else:
+                shutil.copyfile(model_dir / name, staging / name)
         for name, source in sources.items():
             (staging / name).write_text(source, encoding="utf-8")
         config = dict(info["config"])
