@@ -22,8 +22,8 @@ class ContinueIterationDraws(TrainerCallback):
     """Make a resumed `Trainer` run draw the training depths an uninterrupted one would.
 
     A recurrent-depth model (Hyper-SET, the looped baseline) with `iteration_sampling` other than "fixed", or with
-    `deep_supervision="random"`, seeds each training forward's draw with its count of training forwards
-    (`iteration_draws`). That count is not model weight, so a checkpoint does not hold it and a resumed `Trainer`
+    `deep_supervision="random"`, seeds each training forward's draw with the run's seed and its count of training
+    forwards (`iteration_draws`). That count is not model weight, so a checkpoint does not hold it and a resumed `Trainer`
     starts it at 0 again: the resumed run trains at other depths than the interrupted one would have. At the start
     of training this callback sets it to the forwards done by the resumed step (`state.global_step` optimizer
     steps of `gradient_accumulation_steps` forwards, an epoch's last step taking the leftover batches:
