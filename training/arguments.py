@@ -430,7 +430,10 @@ class RunArguments:
     )
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
     seed: int = field(
-        default=42, metadata={"help": "seed of the initial weights, data order, augmentation and the sampled training depths"}
+        default=42,
+        metadata={
+            "help": "seed of the initial weights, data order, augmentation and the sampled training depths"
+        },
     )
     bf16: bool = field(
         default=False, metadata={"help": "bfloat16 autocast (the same as --mixed_precision bf16)"}
