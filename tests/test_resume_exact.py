@@ -1,9 +1,11 @@
-"""A `--sudoku_augmentation` run stopped and resumed equals the uninterrupted one, in both training loops, with no
-DataLoader workers: the symmetries of a batch follow from the seed and the batch's index, which a resumed run
-continues from its step (`sudoku.SudokuAugmentation`), as it continues the data order and the RNG states. A resumed
-Trainer run also writes the uninterrupted run's log history: the summary row's `train_loss` is the whole run's mean
-(as `metrics.json["train"]`), not Trainer's mean of the steps since the resume, and the rows read back from the
-checkpoint keep the key order of the rows logged live.
+"""A `--sudoku_augmentation` run stopped and resumed equals the uninterrupted one, in both training loops, with or
+without DataLoader workers: the symmetries of a batch follow from the seed and the batch's index, which a resumed run
+continues from its step and each worker numbers its batches by (`sudoku.SudokuAugmentation`, `data.NumberedBatches`),
+as it continues the data order and the RNG states. The run resumed with 2 workers (`--dataloader_num_workers`) starts
+from the checkpoint of the run without workers and must end on its weights: the same symmetries batch for batch.
+A resumed Trainer run also writes the uninterrupted run's log history: the summary row's `train_loss` is the whole
+run's mean (as `metrics.json["train"]`), not Trainer's mean of the steps since the resume, and the rows read back from
+the checkpoint keep the key order of the rows logged live.
 
 The "stop" is a copy of one checkpoint of the uninterrupted run (kept with `--keep_checkpoints`) into a fresh run's
 work folder: what a run killed right after that save leaves (`test_train_cli.py` stops one by a real SIGTERM).
@@ -31,6 +33,7 @@ COMMON = [
     "--disable_tqdm",
 ]  # fmt: skip
 RESUMED_AT = 6
+WORKERS = ["--dataloader_num_workers", "2"]
 # wall-clock fields of a log row, which differ from run to run
 TIMES = ("runtime", "per_second")
 
@@ -51,17 +54,22 @@ def straight_and_resumed(tmp_path: Path, loop, argv: list[str], checkpoint: str)
     """The uninterrupted run of `argv` and the run resumed from its `checkpoint` in a fresh folder."""
     straight = tmp_path / "straight"
     assert loop.main([*argv, "--output_dir", str(straight), "--keep_checkpoints"]) == 0
-    resumed = tmp_path / "resumed"
-    work = tmp_path / "resumed.checkpoints"
+    return straight, resumed(tmp_path, loop, argv, checkpoint, "resumed")
+
+
+def resumed(tmp_path: Path, loop, argv: list[str], checkpoint: str, name: str) -> Path:
+    """The run of `argv` resumed in a fresh folder `name` from the uninterrupted run's `checkpoint`."""
+    out = tmp_path / name
+    work = tmp_path / f"{name}.checkpoints"
     work.mkdir()
     shutil.copytree(tmp_path / "straight.checkpoints" / checkpoint, work / checkpoint)
     # what the run built, which `--resume` compares with this one
     for record in (tmp_path / "straight.checkpoints").glob("*.json"):
         shutil.copy(record, work)
-    assert loop.main([*argv, "--output_dir", str(resumed), "--resume"]) == 0
-    metrics = json.loads((resumed / "metrics.json").read_text())
+    assert loop.main([*argv, "--output_dir", str(out), "--resume"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["recipe"]["resumed_from"].endswith(checkpoint), metrics["recipe"]
-    return straight, resumed
+    return out
 
 
 def assert_same_weights(straight: Path, resumed: Path) -> None:
@@ -75,10 +83,10 @@ def assert_same_weights(straight: Path, resumed: Path) -> None:
 
 def test_trainer_run_resumed_with_sudoku_augmentation_equals_the_uninterrupted_run(tmp_path: Path) -> None:
     argv = [*COMMON, "--save_strategy", "steps", "--save_steps", "3"]
-    straight, resumed = straight_and_resumed(tmp_path, train, argv, f"checkpoint-{RESUMED_AT}")
-    assert_same_weights(straight, resumed)
+    straight, again = straight_and_resumed(tmp_path, train, argv, f"checkpoint-{RESUMED_AT}")
+    assert_same_weights(straight, again)
 
-    a, b = (json.loads((run / "metrics.json").read_text()) for run in (straight, resumed))
+    a, b = (json.loads((run / "metrics.json").read_text()) for run in (straight, again))
     whole_run = b["train"]["train_loss"]
     (summary,) = [entry for entry in b["log_history"] if "train_loss" in entry]
     assert summary["train_loss"] == whole_run, (summary, whole_run)
@@ -100,8 +108,15 @@ def test_trainer_run_resumed_with_sudoku_augmentation_equals_the_uninterrupted_r
         }
         assert not differ, f"log_history[{row}] (step {x.get('step')}): straight vs resumed {differ}"
 
+    # the resumed epoch's 3 batches from 2 DataLoader workers: the symmetries of the run without workers
+    checkpoint = f"checkpoint-{RESUMED_AT}"
+    assert_same_weights(straight, resumed(tmp_path, train, [*argv, *WORKERS], checkpoint, "workers"))
+
 
 def test_accelerate_run_resumed_with_sudoku_augmentation_equals_the_uninterrupted_run(tmp_path: Path) -> None:
     argv = [*COMMON, "--checkpointing_steps", "3"]
-    straight, resumed = straight_and_resumed(tmp_path, accelerate_loop, argv, f"step_{RESUMED_AT}")
-    assert_same_weights(straight, resumed)
+    straight, again = straight_and_resumed(tmp_path, accelerate_loop, argv, f"step_{RESUMED_AT}")
+    assert_same_weights(straight, again)
+    # the resumed epoch's 3 batches from 2 DataLoader workers: the symmetries of the run without workers
+    with_workers = resumed(tmp_path, accelerate_loop, [*argv, *WORKERS], f"step_{RESUMED_AT}", "workers")
+    assert_same_weights(straight, with_workers)

@@ -22,7 +22,7 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -1044,33 +1044,109 @@ def batches_done(global_step: int, batches_per_epoch: int, gradient_accumulation
     return epochs * batches_per_epoch + steps * gradient_accumulation_steps
 
 
-@dataclass
-class MaskedCodesCollator:
-    """Batches of code grids for masked image modelling: training rows (`codes`) are masked afresh in every batch
-    as the paper trains (per image r ~ U[low, high], round(r·N) random positions → [MASK], labels there and −100
-    elsewhere: `energyformers.mim.mask_codes`); evaluation rows (`input_ids`, `labels`) keep their fixed masks.
+class NumberedBatches:
+    """Batch numbering for training draws that must follow from a batch's index alone (seeded and resumable):
+    `next_batch_index` is the index n of the batch being drawn for, whatever the number of DataLoader workers, so
+    a resumed run draws what an uninterrupted one would. Shared by the masks of masked image modelling
+    (`MaskedCodesCollator`) and the Sudoku symmetries (`sudoku.SudokuAugmentation`); `draws` names them in errors.
 
-    Seeded and resumable: the masks of the n-th training batch come from a generator seeded with (`seed`, n) alone,
-    whatever the number of DataLoader workers, so a resumed run draws the masks an uninterrupted one would.
-    `batches` is the index of the next batch the main process collates: it counts up there, and a loop sets it
+    `batches` is the index of the next batch the main process draws for: it counts up there, and a loop sets it
     from its global step (`continue_after`) where a loader iteration starts, on a resume (which skips the batches
-    already seen without collating them) and at every epoch, as both training loops do (with workers the count
-    does not advance in the main process, so without that call every epoch would repeat the first one's masks).
+    already seen without reading them) and at every epoch, as both training loops do (with workers the count
+    does not advance in the main process, so without that call every epoch would repeat the first one's draws).
 
-    With `num_workers` = W > 0 each worker collates a copy of this collator taken when the loader's iterator
+    With `num_workers` = W > 0 each worker draws with a copy of this object taken when the loader's iterator
     starts (its worker processes are started then), and a map-style DataLoader hands its k-th batch of that
-    iteration to worker k mod W, each worker collating its batches in order; worker w's j-th batch is therefore
+    iteration to worker k mod W, each worker taking its batches in order; worker w's j-th batch is therefore
     batch `batches` + j·W + w. That needs fresh workers per iteration and that order, which `check_loader` checks:
     not `persistent_workers` (workers keep their copy across epochs), not `in_order=False` (batches go to whichever
     worker has room), not an iterable dataset (each worker yields batches of its own).
     """
 
+    draws = "the draws"
+    batches: int = 0
+    # batches this copy has drawn for in a DataLoader worker (the main process never counts here, so every
+    # worker's copy starts at 0)
+    _in_worker: int = 0
+
+    def next_batch_index(self) -> int:
+        """The index of the batch drawn for now (see the class docstring), counted as taken."""
+        import torch
+
+        worker = torch.utils.data.get_worker_info()
+        if worker is None:
+            index = self.batches
+            self.batches += 1
+            return index
+        index = self.batches + self._in_worker * worker.num_workers + worker.id
+        self._in_worker += 1
+        return index
+
+    def continue_after(
+        self, global_step: int, batches_per_epoch: int, gradient_accumulation_steps: int
+    ) -> None:
+        """Set the stream to where a run that reached `global_step` optimizer steps stands (`batches_done`): the
+        index of the next loader iteration's first batch, which DataLoader workers number theirs from."""
+        self.batches = batches_done(global_step, batches_per_epoch, gradient_accumulation_steps)
+
+    @classmethod
+    def check_workers(
+        cls,
+        num_workers: int,
+        persistent_workers: bool = False,
+        in_order: bool = True,
+        iterable_dataset: str | None = None,
+    ) -> None:
+        """Refuse DataLoader settings whose workers cannot know the index of the batches they take (see the class
+        docstring); with `num_workers` = 0 any is fine. `iterable_dataset` is the class name of the loader's dataset
+        when it is an IterableDataset. A ValueError names the setting."""
+        if not num_workers:
+            return
+        why = (
+            f"with num_workers={num_workers} {cls.draws} of a batch follow from its index only if a DataLoader "
+            "hands batch k to worker k mod num_workers with fresh workers per iteration"
+        )
+        if persistent_workers:
+            raise ValueError(f"persistent_workers=True: {why}; use persistent_workers=False or num_workers=0")
+        if not in_order:
+            raise ValueError(f"in_order=False: {why}; use in_order=True or num_workers=0")
+        if iterable_dataset is not None:
+            raise ValueError(
+                f"dataset={iterable_dataset} (an IterableDataset): {why}; use a map-style dataset or num_workers=0"
+            )
+
+    def check_loader(self, loader: Any) -> None:
+        """`check_workers` on a training DataLoader's settings."""
+        import torch
+
+        dataset = getattr(loader, "dataset", None)
+        self.check_workers(
+            getattr(loader, "num_workers", 0),
+            persistent_workers=getattr(loader, "persistent_workers", False),
+            in_order=getattr(loader, "in_order", True),
+            iterable_dataset=(
+                type(dataset).__name__ if isinstance(dataset, torch.utils.data.IterableDataset) else None
+            ),
+        )
+
+
+@dataclass
+class MaskedCodesCollator(NumberedBatches):
+    """Batches of code grids for masked image modelling: training rows (`codes`) are masked afresh in every batch
+    as the paper trains (per image r ~ U[low, high], round(r·N) random positions → [MASK], labels there and −100
+    elsewhere: `energyformers.mim.mask_codes`); evaluation rows (`input_ids`, `labels`) keep their fixed masks.
+
+    Seeded and resumable: the masks of the n-th training batch come from a generator seeded with (`seed`, n) alone,
+    n numbered as `NumberedBatches` says (with or without DataLoader workers; `batches` is the main process's
+    next n), so a resumed run draws the masks an uninterrupted one would.
+    """
+
+    draws = "the masked-image-modelling masks"
+
     mask_token_id: int
     ratio: tuple[float, float]
     seed: int
     batches: int = 0
-    # batches this copy has collated in a DataLoader worker (0 in the main process)
-    _in_worker: int = field(default=0, init=False, repr=False, compare=False)
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         import torch
@@ -1086,47 +1162,12 @@ class MaskedCodesCollator:
         input_ids, labels = mask_codes(codes, self.mask_token_id, self.ratio, generator=self._draws())
         return {"input_ids": input_ids, "labels": labels}
 
-    def continue_after(
-        self, global_step: int, batches_per_epoch: int, gradient_accumulation_steps: int
-    ) -> None:
-        """Set the mask stream to where a run that reached `global_step` optimizer steps stands (`batches_done`):
-        the index of the next loader iteration's first batch, which DataLoader workers number theirs from."""
-        self.batches = batches_done(global_step, batches_per_epoch, gradient_accumulation_steps)
-
-    def check_loader(self, loader: Any) -> None:
-        """Refuse a training DataLoader whose workers cannot know the index of the batches they collate (see the
-        class docstring); with `num_workers` = 0 every loader is fine. A ValueError names the setting."""
-        import torch
-
-        workers = getattr(loader, "num_workers", 0)
-        if not workers:
-            return
-        why = (
-            f"with num_workers={workers} the masked-image-modelling masks of a batch follow from its index only "
-            "if a DataLoader hands batch k to worker k mod num_workers with fresh workers per iteration"
-        )
-        if getattr(loader, "persistent_workers", False):
-            raise ValueError(f"persistent_workers=True: {why}; use persistent_workers=False or num_workers=0")
-        if not getattr(loader, "in_order", True):
-            raise ValueError(f"in_order=False: {why}; use in_order=True or num_workers=0")
-        if isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset):
-            raise ValueError(
-                f"dataset={type(loader.dataset).__name__} (an IterableDataset): {why}; use a map-style dataset "
-                "or num_workers=0"
-            )
-
     def _draws(self) -> Any:
         import numpy as np
         import torch
 
-        worker = torch.utils.data.get_worker_info()
-        if worker is None:
-            index = self.batches
-            self.batches += 1
-        else:
-            index = self.batches + self._in_worker * worker.num_workers + worker.id
-            self._in_worker += 1
         # a fresh generator per batch: batch n's masks depend on (seed, n) alone
+        index = self.next_batch_index()
         entropy = np.random.SeedSequence([self.seed % 2**64, index]).generate_state(1, np.uint64)
         return torch.Generator().manual_seed(int(entropy[0]) >> 1)
 
@@ -1141,6 +1182,7 @@ __all__ = [
     "MaskedCodesCollator",
     "MaskedImageData",
     "MissingDataError",
+    "NumberedBatches",
     "batches_done",
     "cache_root",
     "hub_reachable",

@@ -790,6 +790,31 @@ def check_flags_before_data(args: Arguments) -> None:
         raise refusals[0]  # whichever input type the data has
 
 
+def check_numbered_batch_workers(args: Arguments) -> None:
+    """A `UsageError` for DataLoader worker flags under which the training draws that follow from a batch's index
+    (the masks of masked image modelling, the `--sudoku_augmentation` symmetries: `data.NumberedBatches`) could not
+    be numbered: persistent workers keep the copy of the stream they took at the first epoch. The loops check their
+    built loader again (`check_loader`); this refuses the flags before any work."""
+    from .data import MaskedCodesCollator
+    from .sudoku import SudokuAugmentation
+
+    if args.data.task == MIM_TASK:
+        flag, numbered = f"--task {MIM_TASK}", MaskedCodesCollator
+    elif args.data.sudoku_augmentation:
+        flag, numbered = "--sudoku_augmentation", SudokuAugmentation
+    else:
+        return
+    workers = args.run.dataloader_num_workers
+    try:
+        numbered.check_workers(workers, persistent_workers=args.run.dataloader_persistent_workers)
+    except ValueError:
+        raise UsageError(
+            f"--dataloader_persistent_workers with {flag} and --dataloader_num_workers {workers}: {numbered.draws} "
+            "of a batch follow from its index only when fresh DataLoader workers start every epoch; drop "
+            "--dataloader_persistent_workers"
+        ) from None
+
+
 def build(args: Arguments, state: Any) -> Built:
     """Dataset (with preprocessing attached), processor, collator and model from the parsed arguments.
 
@@ -801,6 +826,7 @@ def build(args: Arguments, state: Any) -> Built:
     from .recipes import RECIPE_TASKS, drop_unapplied_recipe_values
 
     recipe = args.run.recipe
+    check_numbered_batch_workers(args)
     if args.data.task == MIM_TASK:
         _recipe_task(recipe, MIM_TASK)
         return build_masked_image_modeling(args, state)

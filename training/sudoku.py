@@ -25,6 +25,8 @@ import pyarrow as pa
 from datasets import ClassLabel, Dataset, DatasetDict, DatasetInfo, Features, Value
 from datasets import Sequence as SequenceFeature
 
+from .data import NumberedBatches
+
 ALL = 0x1FF  # nine candidate bits: bit d-1 set = digit d allowed
 _ROW = [i // 9 for i in range(81)]
 _COL = [i % 9 for i in range(81)]
@@ -281,67 +283,39 @@ def augment(
     return new_ids, new_labels
 
 
-class SudokuAugmentation:
+class SudokuAugmentation(NumberedBatches):
     """`Dataset.with_transform` callable: a fresh random symmetry of every puzzle each time it is read.
 
-    In the process that made it, the symmetries of the n-th batch read come from a generator seeded with (`seed`,
-    n) alone. `batches` is n of the next read: it counts up there, and both training loops set it from their global
-    step where each epoch's loader iterator starts (`continue_after`, through `AugmentationCollator`), as they
-    continue the training masks of masked image modelling (`data.MaskedCodesCollator`). So a resumed run, which
-    skips the batches already seen without reading them, draws what the uninterrupted run drew, and `--seed` fixes
-    it. Not one generator advanced read by read: its state is in no checkpoint, so a resumed run would start the
-    stream over. Nor each batch's seed drawn from torch's generator, which the checkpoints hold: a loader reads one
-    batch ahead, and both loops read a resumed epoch's first batches before they set the checkpoint's RNG states
+    The symmetries of the n-th training batch come from a generator seeded with (`seed`, n) alone, n numbered as
+    `data.NumberedBatches` says: in the main process `batches` counts the batches read, in DataLoader worker w of
+    W the j-th batch it reads is batch `batches` + j·W + w. Both training loops set `batches` from their global step
+    where each epoch's loader iterator starts (`continue_after`, through `AugmentationCollator`), as they continue the
+    training masks of masked image modelling (`data.MaskedCodesCollator`). So a resumed run, which skips the batches
+    already seen without reading them, draws what the uninterrupted run drew, with or without workers, and `--seed`
+    fixes it. Not one generator advanced read by read: its state is in no checkpoint, so a resumed run would start
+    the stream over. Nor each batch's seed drawn from torch's generator, which the checkpoints hold: a loader reads
+    one batch ahead, and both loops read a resumed epoch's first batches before they set the checkpoint's RNG states
     again (Trainer's order, `accelerate_loop.resume_rng_after_first_window`), so those reads would draw elsewhere.
-
-    A DataLoader worker holds a copy of this object (forked or unpickled), whose count every other worker repeats;
-    so, as torch's DataLoader notes advise for numpy generators, a worker draws from its own generator seeded by
-    `seed` and the worker's seed (`torch.utils.data.get_worker_info()`), which torch draws per worker and per epoch
-    from its own generator: distinct across workers and epochs, and repeated by a run with the same torch seed.
     """
+
+    draws = "the Sudoku symmetries"
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
         self.batches = 0
-        # the worker's generator and the worker seed it was seeded with (None: not in a worker yet)
-        self._worker_rng: np.random.Generator | None = None
-        self._worker_seed: int | None = None
-
-    def continue_after(
-        self, global_step: int, batches_per_epoch: int, gradient_accumulation_steps: int
-    ) -> None:
-        """Set the stream to where a run that reached `global_step` optimizer steps stands: the index of the next
-        batch it reads (`data.batches_done`)."""
-        from .data import batches_done
-
-        self.batches = batches_done(global_step, batches_per_epoch, gradient_accumulation_steps)
-
-    def _generator(self) -> np.random.Generator:
-        """The generator of this read: the batch's own in the process that made it, else the worker's (seeded on
-        the first read in a DataLoader worker)."""
-        from torch.utils.data import get_worker_info
-
-        worker = get_worker_info()
-        if worker is None:
-            index = self.batches
-            self.batches += 1
-            return np.random.default_rng([self.seed, index])
-        if worker.seed != self._worker_seed:
-            self._worker_seed = worker.seed
-            self._worker_rng = np.random.default_rng([self.seed, worker.seed])
-        return self._worker_rng
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
-        rng = self._generator()
+        rng = np.random.default_rng([self.seed, self.next_batch_index()])
         input_ids, labels = augment(np.asarray(batch["input_ids"]), np.asarray(batch["labels"]), rng)
         return {**batch, "input_ids": input_ids.tolist(), "labels": labels.tolist()}
 
 
 class AugmentationCollator:
-    """The collator of a `--sudoku_augmentation` run: `collator`'s batches, with `augmentation`'s `continue_after`.
-    Both training loops continue their collator's stream where each epoch's loader iterator starts; the symmetries
-    come from the training split's transform, so this carries that call to them (`SudokuAugmentation`). A class,
-    not a closure, so DataLoader workers started by spawn can pickle it."""
+    """The collator of a `--sudoku_augmentation` run: `collator`'s batches, with `augmentation`'s `continue_after`
+    and `check_loader`. Both training loops continue their collator's stream where each epoch's loader iterator
+    starts, and check their training loader against it; the symmetries come from the training split's transform,
+    so this carries those calls to them (`SudokuAugmentation`). A class, not a closure, so DataLoader workers started
+    by spawn can pickle it."""
 
     def __init__(self, collator: Any, augmentation: SudokuAugmentation) -> None:
         self.collator = collator
@@ -354,3 +328,6 @@ class AugmentationCollator:
         self, global_step: int, batches_per_epoch: int, gradient_accumulation_steps: int
     ) -> None:
         self.augmentation.continue_after(global_step, batches_per_epoch, gradient_accumulation_steps)
+
+    def check_loader(self, loader: Any) -> None:
+        self.augmentation.check_loader(loader)
