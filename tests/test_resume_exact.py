@@ -1,6 +1,6 @@
 """A `--sudoku_augmentation` run stopped and resumed equals the uninterrupted one, in both training loops, with or
 without DataLoader workers: the symmetries of a batch follow from the seed and the batch's index, which a resumed run
-continues from its step and each worker numbers its batches by (`sudoku.SudokuAugmentation`, `data.NumberedBatches`),
+continues from its step and each worker numbers its batches by (`sudoku.SudokuAugmentation`, `batches.NumberedBatches`),
 as it continues the data order and the RNG states. The run resumed with 2 workers (`--dataloader_num_workers`) starts
 from the checkpoint of the run without workers and must end on its weights: the same symmetries batch for batch.
 A resumed Trainer run also writes the uninterrupted run's log history: the summary row's `train_loss` is the whole

@@ -1,6 +1,6 @@
 """`SudokuAugmentation` behind a real `torch.utils.data.DataLoader`: the n-th batch's symmetries come from
 `np.random.default_rng([seed, n])` in the main process and in DataLoader workers alike (worker w of W draws for batches
-`batches` + j·W + w, `data.NumberedBatches`), so workers draw distinct symmetries, an epoch continued with
+`batches` + j·W + w, `batches.NumberedBatches`), so workers draw distinct symmetries, an epoch continued with
 `continue_after` as the training loops continue it draws anew, the same seed repeats them, and a resumed epoch's
 batches from workers are those of the run without workers. Loaders whose workers cannot number their batches are
 refused, and so is `--dataloader_persistent_workers` on the command line, before any work. The dataset is built as

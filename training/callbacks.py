@@ -27,7 +27,7 @@ class ContinueIterationDraws(TrainerCallback):
     starts it at 0 again: the resumed run trains at other depths than the interrupted one would have. At the start
     of training this callback sets it to the forwards done by the resumed step (`state.global_step` optimizer
     steps of `gradient_accumulation_steps` forwards, an epoch's last step taking the leftover batches:
-    `data.batches_done`). A fresh run (step 0) sets it to 0; a model without recurrent depth is left alone.
+    `batches.batches_done`). A fresh run (step 0) sets it to 0; a model without recurrent depth is left alone.
     With several processes every rank sets the same count (each from its own loader's length), so they keep
     drawing the same depth at the same step.
     """

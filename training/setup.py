@@ -35,8 +35,9 @@ from .arguments import (
     mim_tokenizer_source,
     parse_overrides,
 )
+from .batches import batches_done
 from .cli import check_model_source
-from .data import BUILTIN_DATASETS, DataError, batches_done, input_type_of, label_names, load_data, task_of
+from .data import BUILTIN_DATASETS, DataError, input_type_of, label_names, load_data, task_of
 from .evaluation import has_recurrent_depth
 from .predict import cannot_load
 from .weights import check_model_folder, load_or_refuse
@@ -792,7 +793,7 @@ def check_flags_before_data(args: Arguments) -> None:
 
 def check_numbered_batch_workers(args: Arguments) -> None:
     """A `UsageError` for DataLoader worker flags under which the training draws that follow from a batch's index
-    (the masks of masked image modelling, the `--sudoku_augmentation` symmetries: `data.NumberedBatches`) could not
+    (the masks of masked image modelling, the `--sudoku_augmentation` symmetries: `batches.NumberedBatches`) could not
     be numbered: persistent workers keep the copy of the stream they took at the first epoch. The loops check their
     built loader again (`check_loader`); this refuses the flags before any work."""
     from .data import MaskedCodesCollator
@@ -1446,7 +1447,7 @@ def continue_iteration_draws(
     model: Any, global_step: int, batches_per_epoch: int, gradient_accumulation_steps: int
 ) -> None:
     """On (re)start, set the depth draw counter of a recurrent-depth backbone (`iteration_draws`, one draw per
-    training forward) to the forwards done by `global_step` optimizer steps (`data.batches_done`: an epoch's last
+    training forward) to the forwards done by `global_step` optimizer steps (`batches.batches_done`: an epoch's last
     step may take fewer batches), so a resumed run continues the sequence of sampled depths where it stopped.
     `batches_per_epoch`: this process's; every process sets the same value, so ranks stay in lock-step."""
     backbone = getattr(model, "base_model", model)

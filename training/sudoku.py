@@ -25,7 +25,7 @@ import pyarrow as pa
 from datasets import ClassLabel, Dataset, DatasetDict, DatasetInfo, Features, Value
 from datasets import Sequence as SequenceFeature
 
-from .data import NumberedBatches
+from .batches import NumberedBatches
 
 ALL = 0x1FF  # nine candidate bits: bit d-1 set = digit d allowed
 _ROW = [i // 9 for i in range(81)]
@@ -287,7 +287,7 @@ class SudokuAugmentation(NumberedBatches):
     """`Dataset.with_transform` callable: a fresh random symmetry of every puzzle each time it is read.
 
     The symmetries of the n-th training batch come from a generator seeded with (`seed`, n) alone, n numbered as
-    `data.NumberedBatches` says: in the main process `batches` counts the batches read, in DataLoader worker w of
+    `batches.NumberedBatches` says: in the main process `batches` counts the batches read, in DataLoader worker w of
     W the j-th batch it reads is batch `batches` + j·W + w. Both training loops set `batches` from their global step
     where each epoch's loader iterator starts (`continue_after`, through `AugmentationCollator`), as they continue the
     training masks of masked image modelling (`data.MaskedCodesCollator`). So a resumed run, which skips the batches
