@@ -69,8 +69,8 @@ def as_lists(row: dict) -> dict:
 def test_every_transform_reaches_a_dataloader_worker_started_by_spawn() -> None:
     """The datasets travel to a spawned worker pickled, transform included (a closure cannot be pickled); the rows
     it returns are the ones the main process computes from the same seeded state, but for the augmented puzzle the
-    worker relabels with a symmetry of its own stream (`SudokuAugmentation` re-seeds in a worker), checked by its
-    shape: every given digit becomes one digit, every label one other digit. One worker for all four keeps it to one
+    worker relabels with the symmetry of the batch index it takes (`SudokuAugmentation`), checked by its shape: every
+    given digit becomes one digit, every label one other digit. One worker for all four keeps it to one
     interpreter start. The main process reads a pickled copy, so the worker's datasets start from the same state."""
     datasets = transformed_datasets()
     expected = [as_lists(ds[i]) for ds in pickle.loads(pickle.dumps(datasets)) for i in range(2)]
