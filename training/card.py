@@ -131,7 +131,12 @@ METRICS_FIELDS = {
     "wall_time_s": (int, float),
     "warnings": list,
     "columns": dict,
+    "local_paths": dict,
 }
+# The key of an exported metrics.json listing {flag: name} of the arguments that named files or folders of the
+# training machine, which it and the card show by their names (`export.published_run_metrics`).
+LOCAL_PATHS_KEY = "local_paths"
+LOCAL_DATASET = "A local file or folder of the machine it was trained on, named here by its name."
 METRICS_REMEDY = "it is the run's record, written by `energyformers train`: restore it, or delete it to publish the model without metrics"
 
 
@@ -148,6 +153,8 @@ def read_run_metrics(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: warnings holds a value that is not a string; {METRICS_REMEDY}.")
     if not all(isinstance(column, str) for column in (metrics.get("columns") or {}).values()):
         raise ValueError(f"{path}: columns holds a value that is not a string; {METRICS_REMEDY}.")
+    if not all(isinstance(name, str) for name in (metrics.get(LOCAL_PATHS_KEY) or {}).values()):
+        raise ValueError(f"{path}: {LOCAL_PATHS_KEY} holds a value that is not a string; {METRICS_REMEDY}.")
     return metrics
 
 
@@ -167,9 +174,9 @@ def provenance(metrics: dict[str, Any], dataset_name: str) -> str:
     on = f" on {dataset_name}" if dataset_name else ""
     if not source:
         return f"This model was trained from scratch{on}." if metrics else ""
-    shown = (
-        f"`{Path(source).name}`" if Path(source).exists() else f"[{source}](https://huggingface.co/{source})"
-    )
+    # a local folder: one an export showed by its name, or one here (the run folder's own card)
+    local = "--from_pretrained" in (metrics.get(LOCAL_PATHS_KEY) or {}) or Path(source).exists()
+    shown = f"`{Path(source).name}`" if local else f"[{source}](https://huggingface.co/{source})"
     return f"This model is a fine-tuned version of {shown}{on}."
 
 
@@ -322,6 +329,9 @@ def render_model_card(
         eval_results=eval_results or None,
     )
     recipe = metrics.get("recipe") or {}
+    local_paths = metrics.get(LOCAL_PATHS_KEY) or {}
+    if "--dataset" in local_paths and dataset == local_paths["--dataset"]:
+        description = LOCAL_DATASET
     pairs = sentence_pair_columns(metrics) if task == "text-classification" else None
     skip = SEQUENCE_ONLY_KEYS if info["input_type"] == "image" else IMAGE_ONLY_KEYS
     hyper = {k: config[k] for k in CARD_CONFIG_KEYS if k in config and k not in skip}
@@ -373,6 +383,7 @@ def render_model_card(
         "provenance": provenance(metrics, f"`{dataset}`" if dataset else ""),
         "preset": metrics.get("preset") or "not recorded",
         "recipe_command": recipe.get("command") or "not recorded",
+        "local_paths": ", ".join(f"`{flag} {name}`" for flag, name in local_paths.items()),
         "recipe_summary": ", ".join(
             f"{k}={v}" for k, v in recipe.items() if k != "command" and isinstance(v, (int, float, str))
         )
@@ -416,6 +427,7 @@ def render_model_card(
 __all__ = [
     "CARD_CONFIG_KEYS",
     "CARD_TEMPLATE_DIRS",
+    "LOCAL_PATHS_KEY",
     "MIM_METRICS",
     "MIM_PIPELINE_TAG",
     "conversion_record",

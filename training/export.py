@@ -22,10 +22,12 @@ registered Auto classes, and without it through `trust_remote_code=True`, becaus
 * `README.md`: the model card (`training/card.py`: `model_cards/card.md` with the family's sections) rendered
   with `huggingface_hub.ModelCard` and the run's measured metrics (`metrics.json`) as `model-index` results,
 * the run's `metrics.json` and training curve, and what `energyformers inspect` wrote into the folder
-  (`inspect.json` and its figures); the copy of `inspect.json` names the model by its Hub id (`repo_id`), else by
-  the exported folder's name, not by the local folder it was inspected in, and a decoded image by its file name
-  (`published_inspect_report`): a Hub file holds no path of the machine it was made on, and two exports of one
-  folder are the same bytes wherever it lay.
+  (`inspect.json` and its figures). A Hub file holds no path of the machine it was made on, and two exports of one
+  run are the same bytes wherever it lay: the copy of `inspect.json` names the model by its Hub id (`repo_id`), else
+  by the exported folder's name, and a decoded image by its file name (`published_inspect_report`); the copy of
+  `metrics.json`, and the card rendered from it, show the run's local paths (`--output_dir`, a local `--dataset`
+  file, a `--from_pretrained` folder, ... in the arguments and the command) by their names
+  (`published_run_metrics`, `is_local_path`).
 
 This module assembles the folder; the remote code is `training/remote_code.py`, the card `training/card.py`.
 
@@ -39,14 +41,16 @@ import argparse
 import json
 import logging
 import os
+import re
+import shlex
 import shutil
 import sys
 import tempfile
-from pathlib import Path, PurePath
+from pathlib import Path, PureWindowsPath
 from typing import Any
 
 from ..tokenizer_fit import MIM_AUTO_CLASS, TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME
-from .card import read_run_metrics, render_model_card
+from .card import LOCAL_PATHS_KEY, read_run_metrics, render_model_card
 from .remote_code import (
     LICENSE_FILE,
     auto_map,
@@ -71,6 +75,7 @@ logger = logging.getLogger(__name__)
 # conversion of the exported folder exact.
 EXTRA_FILES = ("metrics.json", "training_curve.png", "official_extras.safetensors", "inspect.json")
 INSPECT_REPORT = "inspect.json"
+RUN_METRICS = "metrics.json"
 INSPECT_REMEDY = "run `energyformers inspect` on the folder again, or delete the file"
 TOKENIZER_REMEDY = (
     "save the image tokenizer again (PatchKMeansTokenizer / VQGANTokenizer .save_pretrained(model_dir))"
@@ -117,8 +122,96 @@ def published_inspect_report(path: Path, model_name: str) -> str:
     if "model_dir" in report:
         report["model_dir"] = model_name
     if isinstance(mim, dict) and isinstance(mim.get("image"), str):
-        mim["image"] = PurePath(mim["image"]).name
+        mim["image"] = local_name(mim["image"])
     return json.dumps(report, indent=1) + "\n"
+
+
+# ------------------------------------------------------------------------------------- published records
+# What a Hub file shows of the training machine's files and folders: their names. A value counts as such a local
+# path by its spelling alone, so the rule gives the same answer on every machine (an export made elsewhere, or after
+# the files are gone, publishes the same bytes): absolute, home-relative (`~`), or relative with a `.`/`..` part or
+# more than two parts. Built-in names and Hub ids (`name`, `org/name`) never look like that; a short relative path
+# (`data.csv`, `runs/base`) is published as typed, as it names nothing outside the folder the command ran in. Besides,
+# the recorded arguments below name a local place whatever their spelling.
+LOCAL_ARGUMENTS = ("output_dir",)  # `energyformers train --output_dir`: the run folder, on the machine it ran
+LOCAL_RECIPE_FIELDS = ("resumed_from",)  # the checkpoint a resumed run continued from, inside its work folder
+WINDOWS_DRIVE = re.compile(r"[A-Za-z]:[\\/]")
+
+
+def is_local_path(value: str) -> bool:
+    """Whether `value` is spelled as a path of the machine it was recorded on (the rule above)."""
+    if value.startswith(("~", "/", "\\")) or WINDOWS_DRIVE.match(value):
+        return True
+    if "://" in value:  # a URL (hf://datasets/...): not a path of the machine
+        return False
+    parts = value.replace("\\", "/").split("/")
+    return "." in parts or ".." in parts or len([part for part in parts if part]) > 2
+
+
+def local_name(value: str) -> str:
+    """How a Hub file names the local path `value`: its last part (the folder or file name)."""
+    return PureWindowsPath(value.rstrip("/\\")).name or value
+
+
+def published_command(command: str, shown: dict[str, str]) -> str:
+    """`command` (as `shlex.join` recorded it) with each argument that is a local path, alone or as `--flag=PATH`,
+    replaced by its name; `shown` maps the recorded values that name a local place whatever their spelling."""
+
+    def publish(word: str) -> str:
+        flag, equals, value = word.partition("=") if word.startswith("-") else ("", "", word)
+        if value in shown:
+            return flag + equals + shown[value]
+        return flag + equals + local_name(value) if is_local_path(value) else word
+
+    return shlex.join(publish(word) for word in shlex.split(command))
+
+
+def published_run_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A run's metrics.json as an export carries it: every recorded local path (`is_local_path`, the recorded
+    `--output_dir` and checkpoint) shown by its name, in the arguments, the recipe and its command, and anywhere a
+    message quotes it; `local_paths` lists {flag: name} of the arguments so shown (kept from an earlier export), for
+    the card to say so. The run folder's own metrics.json keeps them: it records the run where it ran."""
+    published = json.loads(json.dumps(metrics))  # a copy, whatever the nesting
+    local = dict(published.get(LOCAL_PATHS_KEY) or {})
+    shown: dict[str, str] = {}
+    for group in (published.get("arguments") or {}).values():
+        for key, value in (group if isinstance(group, dict) else {}).items():
+            if isinstance(value, str) and (key in LOCAL_ARGUMENTS or is_local_path(value)):
+                shown[value] = local[f"--{key}"] = local_name(value)
+    recipe = published.get("recipe") if isinstance(published.get("recipe"), dict) else {}
+    for key in LOCAL_RECIPE_FIELDS:
+        if isinstance(recipe.get(key), str):
+            shown[recipe[key]] = local_name(recipe[key])
+    # in free text (a warning naming the data) only what cannot be part of a word: the absolute ones, longest first
+    quoted = sorted(
+        (value for value in shown if is_local_path(value) and len(value) > 1), key=len, reverse=True
+    )
+
+    def publish(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: publish(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [publish(item) for item in value]
+        if not isinstance(value, str):
+            return value
+        if value in shown:
+            return shown[value]
+        if is_local_path(value) and not any(char.isspace() for char in value):
+            return local_name(value)
+        for path in quoted:
+            value = value.replace(path, shown[path])
+        return value
+
+    command = recipe.get("command")
+    published = publish(published)
+    if isinstance(command, str):
+        try:
+            published["recipe"]["command"] = published_command(command, shown)
+        except ValueError:  # unbalanced quotes: not what `energyformers train` records; as quoted above
+            pass
+    if local:
+        published[LOCAL_PATHS_KEY] = dict(sorted(local.items()))
+    return published
 
 
 def dynamics_figures(model_dir: Path) -> list[str]:
@@ -193,7 +286,7 @@ def inspect_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
     files += [name for name in (*PROCESSOR_FILES, *EXTRA_FILES) if (model_dir / name).is_file()]
     files += vq_tokenizer_files(model_dir) if mim else []
     files += dynamics_figures(model_dir)
-    metrics_path = model_dir / "metrics.json"
+    metrics_path = model_dir / RUN_METRICS
     metrics = read_run_metrics(metrics_path) if metrics_path.is_file() else None
     return {
         "model_dir": model_dir,
@@ -255,6 +348,8 @@ def export_model_dir(
     sources[LICENSE_FILE] = license_text()  # the license of the code it carries
     num_parameters = check_weights_load(info)
 
+    # what the folder publishes of the run: its record without the training machine's paths, the card rendered from it
+    metrics = None if info["metrics"] is None else published_run_metrics(info["metrics"])
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     try:
@@ -264,6 +359,8 @@ def export_model_dir(
             if name == INSPECT_REPORT:
                 report = published_inspect_report(model_dir / name, repo_id or out_dir.resolve().name)
                 (staging / name).write_text(report, encoding="utf-8")
+            elif name == RUN_METRICS and metrics is not None:
+                (staging / name).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
             else:
                 shutil.copyfile(model_dir / name, staging / name)
         for name, source in sources.items():
@@ -273,7 +370,8 @@ def export_model_dir(
         if mim:
             config["custom_pipelines"] = custom_pipelines()
         (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        render_model_card(info, repo_id=repo_id, num_parameters=num_parameters).save(staging / "README.md")
+        card = render_model_card({**info, "metrics": metrics}, repo_id=repo_id, num_parameters=num_parameters)
+        card.save(staging / "README.md")
         if out_dir.exists():  # a folder (`check_output_folder` refused a file), replaced whole
             old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
             out_dir.rename(old)

@@ -1,0 +1,168 @@
+"""An export publishes no path of the machine the run was trained on: its metrics.json and card show the run's
+local paths (`--output_dir`, a local `--dataset` file, ...) by their names (`export.published_run_metrics`), while
+the run folder's own metrics.json keeps them as typed."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from energyformers.training.card import provenance
+from energyformers.training.export import export_model_dir, is_local_path, published_run_metrics
+
+RUN_NAME = "hyperbf-reviews"
+DATASET = "reviews.csv"
+TEXTS = ["a good film", "a bad plot", "good acting and a good plot", "a bad film", "bad acting"]
+# What changes from one run of the same command to the next: the measured times (metrics.json's runtimes and
+# throughputs, the wall time), not the numbers the run computes.
+TIMING_KEYS = re.compile(r"(runtime|_per_second|wall_time_s)$")
+
+
+def train_run(machine: Path) -> Path:
+    """A tiny HyperBF text run on `machine/data/reviews.csv` into `machine/runs/hyperbf-reviews`, both given as
+    absolute paths, as a user types them."""
+    from energyformers.training import train
+
+    dataset = machine / "data" / DATASET
+    dataset.parent.mkdir(parents=True)
+    rows = [f"{TEXTS[i % 5]},{i % 2}" for i in range(40)]
+    dataset.write_text("text,label\n" + "\n".join(rows) + "\n")
+    run = machine / "runs" / RUN_NAME
+    argv = [
+        "--model", "hyperbf", "--dataset", str(dataset), "--output_dir", str(run),
+        "--config", "hidden_size=16", "num_attention_heads=2", "num_hidden_layers=1", "--max_steps", "1",
+        "--batch_size", "8", "--num_threads", "1", "--disable_tqdm", "--num_predictions", "0",
+    ]  # fmt: skip
+    assert train.main(argv) == 0, argv
+    return run
+
+
+@pytest.fixture(scope="module")
+def machines(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Two runs of one command on two "machines" (folders of different paths), each exported beside it; with the
+    bytes of each run's metrics.json before its export."""
+    found = []
+    for name in ("alice", "bob"):
+        machine = tmp_path_factory.mktemp(name)
+        run = train_run(machine)
+        recorded = (run / "metrics.json").read_bytes()
+        exported = export_model_dir(run, machine / "hub" / RUN_NAME)
+        found.append({"machine": machine, "run": run, "recorded": recorded, "exported": exported})
+    return found
+
+
+def without_timings(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items() if not TIMING_KEYS.search(k)}
+    if isinstance(value, list):
+        return [without_timings(item) for item in value]
+    return value
+
+
+def test_an_export_holds_no_path_of_the_training_machine(machines):
+    for found in machines:
+        for path in sorted(found["exported"].rglob("*")):
+            if path.is_file():  # every file, weights and figures too
+                data = path.read_bytes()
+                assert str(found["machine"]).encode() not in data, (path.name, str(found["machine"]))
+                assert str(found["machine"].parent).encode() not in data, (path.name, str(found["machine"]))
+
+
+def test_the_card_and_metrics_name_the_local_folder_and_file_by_their_names(machines):
+    exported = machines[0]["exported"]
+    metrics = json.loads((exported / "metrics.json").read_text())
+    command = metrics["recipe"]["command"]
+    assert f"--dataset {DATASET} --output_dir {RUN_NAME} --config " in command, command
+    assert metrics["arguments"]["run"]["output_dir"] == RUN_NAME, metrics["arguments"]["run"]
+    assert metrics["dataset"] == metrics["arguments"]["data"]["dataset"] == DATASET, metrics["dataset"]
+    assert metrics["local_paths"] == {"--dataset": DATASET, "--output_dir": RUN_NAME}, metrics["local_paths"]
+    card = (exported / "README.md").read_text()
+    assert f"* Command: `{command}`" in card, card
+    said = "* Local paths of the machine it was trained on are shown by their names: "
+    assert f"{said}`--dataset {DATASET}`, `--output_dir {RUN_NAME}`" in card, card
+    assert f"* Data: **{DATASET}**. A local file or folder of the machine it was trained on" in card, card
+
+
+def test_the_run_folders_own_metrics_json_keeps_the_paths_as_typed(machines):
+    for found in machines:
+        text = (found["run"] / "metrics.json").read_bytes()
+        assert text == found["recorded"], found["run"]
+        metrics = json.loads(text)
+        assert metrics["arguments"]["run"]["output_dir"] == str(found["run"]), metrics["arguments"]["run"]
+        assert metrics["dataset"] == str(found["machine"] / "data" / DATASET), metrics["dataset"]
+        assert "local_paths" not in metrics, metrics["local_paths"]
+
+
+def test_runs_trained_in_different_folders_publish_the_same_card_and_metrics(machines):
+    first, second = (found["exported"] for found in machines)
+    metrics = [
+        without_timings(json.loads((folder / "metrics.json").read_text())) for folder in (first, second)
+    ]
+    differing = sorted(
+        key for key in metrics[0].keys() | metrics[1].keys() if metrics[0].get(key) != metrics[1].get(key)
+    )
+    assert differing == [], {key: (metrics[0].get(key), metrics[1].get(key)) for key in differing}
+    cards = [re.sub(r"\* Wall time \(s\): .*", "", (f / "README.md").read_text()) for f in (first, second)]
+    assert cards[0] == cards[1], [
+        (a, b) for a, b in zip(cards[0].splitlines(), cards[1].splitlines()) if a != b
+    ]
+
+
+def test_an_export_of_an_export_publishes_the_same_metrics(machines, tmp_path):
+    """What an export shows by its name stays known as local (the card still says so) when it is exported again,
+    as `push` of an exported folder does."""
+    exported = machines[0]["exported"]
+    again = export_model_dir(exported, tmp_path / RUN_NAME)
+    assert (again / "metrics.json").read_bytes() == (exported / "metrics.json").read_bytes()
+    assert (again / "README.md").read_text() == (exported / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("value", "local"),
+    [
+        ("sudoku", False),  # a built-in
+        ("org/name", False),  # a Hub id
+        ("data.csv", False),  # a file where the command ran: nothing of the machine beyond it
+        ("runs/base", False),
+        ("/home/alice/data.csv", True),
+        ("~/data.csv", True),
+        ("./data.csv", True),
+        ("../data.csv", True),
+        ("home/alice/data.csv", True),  # more parts than a Hub id has
+        ("C:\\Users\\alice\\data.csv", True),
+        ("hf://datasets/org/name", False),
+    ],
+)
+def test_which_recorded_values_are_local_paths(value, local):
+    assert is_local_path(value) == local, value
+
+
+def test_a_local_checkpoint_is_named_as_a_local_folder_wherever_the_export_is_made(tmp_path):
+    """`--from_pretrained /abs/folder` and `--flag=PATH` are shown by their names; the card calls the checkpoint a
+    local folder although no folder of that name exists where it is rendered (not a Hub link)."""
+    base = "/home/alice/runs/hyperbf-base"
+    metrics = {
+        "dataset": "sudoku",
+        "recipe": {
+            "command": f"energyformers train --from_pretrained={base} --dataset sudoku --output_dir /home/alice/out",
+            "from_pretrained": base,
+            "resumed_from": "/home/alice/.out.work/checkpoint-3",
+        },
+        "arguments": {"model": {"from_pretrained": base}, "run": {"output_dir": "/home/alice/out"}},
+        "warnings": [f"{base}: its tokenizer is kept"],
+    }
+    published = published_run_metrics(metrics)
+    assert published["recipe"] == {
+        "command": "energyformers train --from_pretrained=hyperbf-base --dataset sudoku --output_dir out",
+        "from_pretrained": "hyperbf-base",
+        "resumed_from": "checkpoint-3",
+    }, published["recipe"]
+    assert published["warnings"] == ["hyperbf-base: its tokenizer is kept"], published["warnings"]
+    assert "/home/alice" not in json.dumps(published), published
+    assert provenance(published, "`sudoku`") == (
+        "This model is a fine-tuned version of `hyperbf-base` on `sudoku`."
+    ), provenance(published, "`sudoku`")
