@@ -5,6 +5,11 @@ model folder.
     energyformers predict runs/rt-hyperset "a gripping, funny film" "two hours I will never get back"
     echo "one text per line" | energyformers predict runs/rt-hyperset -
 
+A text classifier trained on sentence pairs takes each input as `TEXT<TAB>PAIR` with `--text_pairs` (split at the
+first TAB, given to the pipeline as {"text", "text_pair"}):
+
+    printf 'a gripping film\\tthe acting is good\\n' | energyformers predict runs/pairs-hyperbf - --text_pairs
+
 Uses `transformers.pipeline` on the folder (model + saved processor/tokenizer), exactly as a user would;
 the task follows the saved head (`config.architectures`): image, text or token classification.
 The depth flags (`--num_iterations` for Hyper-SET and the looped Transformer; `--halting_tolerance`,
@@ -142,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
         "refused: '-' reads one text per line from stdin, e.g. '- < reviews.txt')",
     )
     p.add_argument("--top_k", type=int, help="labels shown per input, best first (classifiers; default: 1)")
+    p.add_argument(
+        "--text_pairs",
+        action="store_true",
+        help="each input is a sentence pair, TEXT<TAB>PAIR, split at the first TAB (text classifiers; the texts "
+        "train and evaluate read from --text_column and --text_pair_column)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object per input")
     p.add_argument(
         "--trust_remote_code", action="store_true", help="for exported folders without the package"
@@ -269,6 +280,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         if architecture is not None:
             check_lpips_weights(args.lpips_weights)
         args.local_input_type = input_kind(config, architecture)
+        check_text_pairs_flag(args, args.local_input_type, _first(config.get("architectures")))
         check_halting_criterion(args.depth, config)
         check_attn_flag(args.attn_implementation, str(config.get("model_type", "")))
     args.texts = (
@@ -276,9 +288,77 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     if not args.texts:
         raise UsageError("inputs -: standard input held no non-empty line; pass one input per line")
+    args.pairs = split_pairs(args.texts) if args.text_pairs else None
     if args.local_input_type is not None:
         check_inputs(args.model_dir, args.local_input_type, args.texts, from_stdin=args.inputs == ["-"])
+    if folder is not None and not args.text_pairs and args.local_input_type == "sequence":
+        warn_trained_on_pairs(folder, args.model_dir)
     return args
+
+
+def check_text_pairs_flag(args: argparse.Namespace, kind: str, architecture: str) -> None:
+    """`--text_pairs` is for text classifiers (`input_kind` "sequence"): a `UsageError` naming the flag and the
+    model for any other (an image, masked-image-modelling or Sudoku model)."""
+    if not args.text_pairs or kind == "sequence":
+        return
+    what = {
+        "mim": "a masked-image-modelling model, which reconstructs image files",
+        "cells": "a Sudoku model, which takes puzzle strings",
+    }.get(kind, "an image model, which classifies image files")
+    raise UsageError(
+        f"--text_pairs: sentence pairs are for text classifiers, and {args.model_dir} is {what} ({architecture})"
+    )
+
+
+def split_pairs(texts: list[str]) -> list[tuple[str, str]]:
+    """`--text_pairs`' inputs, each `TEXT<TAB>PAIR`, split at the first TAB (a later TAB belongs to the pair); a
+    `UsageError` naming the first input (its number and its text, shortened) without a TAB or with an empty half."""
+    pairs = []
+    for number, text in enumerate(texts, 1):
+        text_, tab, pair = text.partition("\t")
+        if not tab or not text_.strip() or not pair.strip():
+            shown = text if len(text) <= 40 else text[:37] + "..."
+            problem = (
+                "no TAB"
+                if not tab
+                else "an empty text before the TAB"
+                if not text_.strip()
+                else ("an empty pair after the TAB")
+            )
+            raise UsageError(
+                f"--text_pairs: input {number} {shown!r} has {problem}; each input is TEXT<TAB>PAIR (in a shell: "
+                "$'first\\tsecond', or one pair per line from stdin with -)"
+            )
+        pairs.append((text_, pair))
+    return pairs
+
+
+def trained_pair_columns(folder: Path) -> tuple[str, str] | None:
+    """The (text, text pair) columns a local model folder was trained on, as its run's metrics.json records them
+    (`card.sentence_pair_columns`); None for single texts, or a folder without a readable record (prediction does
+    not need one)."""
+    from .card import read_run_metrics, sentence_pair_columns
+
+    path = folder / "metrics.json"
+    if not path.is_file():
+        return None
+    try:
+        return sentence_pair_columns(read_run_metrics(path))
+    except (OSError, ValueError):
+        return None
+
+
+def warn_trained_on_pairs(folder: Path, model_dir: str) -> None:
+    """One warning on stderr when the model was trained on sentence pairs and is given single texts (no
+    `--text_pairs`): it still classifies them, as a text alone, which is not what it learnt to read."""
+    columns = trained_pair_columns(folder)
+    if columns is not None:
+        print(
+            f"warning: {model_dir} was trained on sentence pairs (the columns {columns[0]!r} and {columns[1]!r}); "
+            "each input is classified as a single text: pass --text_pairs and inputs TEXT<TAB>PAIR to give it pairs",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def check_local_model_folder(
@@ -642,6 +722,7 @@ def run(args: argparse.Namespace) -> int:
     architecture = masked_image_modeling_head(getattr(config, "architectures", None))
     # again for a Hub model (a local folder was checked in `parse`)
     check_flags_for_kind(args, architecture or _first(config.architectures), architecture is not None)
+    check_text_pairs_flag(args, input_kind(config.to_dict(), architecture), _first(config.architectures))
     if architecture is not None:
         return reconstruct(args, config)
     task = task_for(config)
@@ -665,6 +746,14 @@ def run(args: argparse.Namespace) -> int:
     # given a loaded model, transformers.pipeline no longer looks for the processor beside it
     processor = load_processor_or_refuse(args.model_dir, config.to_dict())
     kwargs["image_processor" if input_type == "image" else "tokenizer"] = processor
+    if args.pairs is not None:
+        from .processing import no_separator_refusal
+
+        refusal = no_separator_refusal(processor, args.model_dir, "give single texts (without --text_pairs)")
+        if refusal:
+            raise UsageError(refusal)
+        # transformers' text-classification pipeline takes a pair as {"text", "text_pair"}
+        inputs = [{"text": text, "text_pair": pair} for text, pair in args.pairs]
     model = pipeline_model(task, args.model_dir, kwargs)
     classify = transformers.pipeline(task, model=model, pipeline_class=pipeline_class(task), **kwargs)
     check_depth_arguments(classify.model, args.depth)
@@ -673,12 +762,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         call = {"top_k": args.top_k or 1} | ({"truncation": True} if task == "text-classification" else {})
     outputs = classify(inputs, **call, **args.depth)
-    shown = args.inputs if args.inputs != ["-"] else inputs
-    for source, out in zip(shown, outputs):
+    shown = args.inputs if args.inputs != ["-"] else args.texts
+    for number, (source, out) in enumerate(zip(shown, outputs)):
         out = out if isinstance(out, list) else [out]
+        # a pair's record: the input as given and its two texts, as the pipeline took them
+        pair = {} if args.pairs is None else dict(zip(("text", "text_pair"), args.pairs[number]))
         if args.json:
-            print(json.dumps({"input": source, "predictions": out}, default=float))  # token scores: numpy
-        elif task == "token-classification":
+            record = {"input": source, **pair, "predictions": out}
+            print(json.dumps(record, default=float))  # token scores: numpy
+            continue
+        if pair:  # the two texts, not the tab-joined line, so the printed line keeps its two columns
+            source = f"{pair['text']} / {pair['text_pair']}"
+        if task == "token-classification":
             tagged = " ".join(f"{o['word']}/{o['entity']} ({o['score']:.3f})" for o in out)
             print(f"{source if len(source) <= 60 else source[:57] + '...'}\t{tagged}")
         else:

@@ -108,11 +108,18 @@ def pair_separator_refusal(data: Any, tokenizer: Any, model: str) -> str | None:
     the command's arguments do (`--from_pretrained DIR`, or DIR)."""
     if not any("text_pair" in split.column_names for split in data.values()):
         return None
+    return no_separator_refusal(tokenizer, model, "use single texts (--text_column only)")
+
+
+def no_separator_refusal(tokenizer: Any, model: str, single: str) -> str | None:
+    """The one-line refusal of sentence pairs for `tokenizer`, a model folder's, when it has no separator token
+    (`pair_separator_refusal`'s, for inputs that are not a dataset); None when it has one. `single` says how the
+    command takes single texts instead."""
     if getattr(tokenizer, "sep_token", None) is not None:
         return None
     return (
         f"{model}: its tokenizer has no separator token ([SEP]), so it cannot read sentence pairs (the two texts "
-        "would run together); train a model from scratch on the pairs, or use single texts (--text_column only)"
+        f"would run together); train a model from scratch on the pairs, or {single}"
     )
 
 
