@@ -218,3 +218,13 @@ def test_an_unlabelled_split_is_chosen_as_evaluate_chooses_it(models, tmp_path, 
     ], warnings
     report = json.loads((tmp_path / "out" / "inspect.json").read_text())
     assert report["accuracy_vs_iterations"]["split"] == "validation", report["accuracy_vs_iterations"]
+
+
+def test_the_accuracy_figure_names_a_local_dataset_by_its_name():
+    """The figure is exported as drawn, so its title names a local --dataset as the exported inspect.json does."""
+    assert inspect_command.shown_dataset("/home/alice/data/reviews.csv") == "reviews.csv"
+    assert inspect_command.shown_dataset("./runs/sudoku-data") == "sudoku-data"
+    assert [inspect_command.shown_dataset(name) for name in ("digits", "org/dataset")] == [
+        "digits",
+        "org/dataset",
+    ]

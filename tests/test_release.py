@@ -88,9 +88,13 @@ def test_an_export_names_the_model_by_its_hub_id_or_folder_name_in_inspect_json(
     run's own inspect.json keeps them."""
     folder = tmp_path / "run"
     shutil.copytree(inspected_run, folder)
+    dataset = str(tmp_path / "data" / "puzzles")  # a local --dataset folder
     local = {
         "figures": [],
         "model_dir": str(folder),
+        "inputs": f"{dataset} (test, first batch)",
+        "accuracy_vs_iterations": {"dataset": dataset, "split": "test"},
+        "accuracy": {"dataset": "sudoku", "split": "test"},  # a built-in name stays as given
         "mim": {"image": str(tmp_path / "images" / "seven.png")},
     }
     (folder / "inspect.json").write_text(json.dumps(local, indent=1) + "\n")
@@ -100,7 +104,14 @@ def test_an_export_names_the_model_by_its_hub_id_or_folder_name_in_inspect_json(
     ]:
         export_model_dir(folder, out, repo_id=repo_id)
         published = json.loads((out / "inspect.json").read_text())
-        assert published == {"figures": [], "model_dir": name, "mim": {"image": "seven.png"}}, published
+        assert published == {
+            "figures": [],
+            "model_dir": name,
+            "inputs": "puzzles (test, first batch)",
+            "accuracy_vs_iterations": {"dataset": "puzzles", "split": "test"},
+            "accuracy": {"dataset": "sudoku", "split": "test"},
+            "mim": {"image": "seven.png"},
+        }, published
     assert json.loads((folder / "inspect.json").read_text()) == local
 
 

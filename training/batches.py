@@ -13,7 +13,8 @@ def batches_done(global_step: int, batches_per_epoch: int, gradient_accumulation
     of the finished epochs, then `gradient_accumulation_steps` per step of the current one. An epoch has
     ceil(batches_per_epoch / gradient_accumulation_steps) optimizer steps, its last one taking the leftover batches,
     as both training loops count (Trainer's `num_update_steps_per_epoch`, `plan_schedule`). Where a resumed run
-    continues the training masks (`MaskedCodesCollator`) and the sampled depths (`setup.continue_iteration_draws`)."""
+    continues the training masks (`MaskedCodesCollator`), the Sudoku symmetries (`sudoku.SudokuAugmentation`) and the
+    sampled depths (`setup.continue_iteration_draws`)."""
     for name, value, least in (
         ("global_step", global_step, 0),
         ("batches_per_epoch", batches_per_epoch, 1),

@@ -115,14 +115,27 @@ def vq_tokenizer_files(model_dir: Path) -> list[str]:
 
 def published_inspect_report(path: Path, model_name: str) -> str:
     """The text of `inspect.json` (at `path`) as an export carries it: `model_dir` is `model_name` (the Hub id, else
-    the exported folder's name) and a masked-image-modelling report's decoded `image` is its file name, in place of
-    the local paths `inspect` recorded (a local report keeps them: they say what was inspected there)."""
+    the exported folder's name), and a local `--dataset` (in `inputs` and the accuracy entry) and a masked-image-
+    modelling report's decoded `image` are their names (`is_local_path`, `local_name`), in place of the local paths
+    `inspect` recorded (a local report keeps them: they say what was inspected there)."""
     report = read_json_object(path, remedy=INSPECT_REMEDY)
-    mim = report.get("mim")
+
+    def published(value: str) -> str:
+        return local_name(value) if is_local_path(value) else value
+
     if "model_dir" in report:
         report["model_dir"] = model_name
+    mim = report.get("mim")
     if isinstance(mim, dict) and isinstance(mim.get("image"), str):
         mim["image"] = local_name(mim["image"])
+    for key in ("accuracy", "accuracy_vs_iterations"):
+        entry = report.get(key)
+        if isinstance(entry, dict) and isinstance(entry.get("dataset"), str):
+            entry["dataset"] = published(entry["dataset"])
+    inputs = report.get("inputs")
+    if isinstance(inputs, str) and inputs.endswith(", first batch)"):  # "DATASET (split, first batch)"
+        dataset, _, rest = inputs.rpartition(" (")
+        report["inputs"] = f"{published(dataset)} ({rest}"
     return json.dumps(report, indent=1) + "\n"
 
 

@@ -1234,13 +1234,21 @@ def _accuracy_section(
         trained,
         what,
         f"{FAMILY_TITLES[family]}: {metric.replace('_', ' ')} vs {what.rsplit(' ', 1)[0]}\n"
-        f"({args.dataset}, {loaded.split} split, {samples} samples)",
+        f"({shown_dataset(args.dataset)}, {loaded.split} split, {samples} samples)",
         output_dir / "accuracy_vs_iterations.png",
         chance=1 / max(model.config.num_labels, 1),
         metric=metric,
     )
     report["figures"].append("accuracy_vs_iterations.png")
     report["accuracy_vs_iterations"] = entry
+
+
+def shown_dataset(dataset: str) -> str:
+    """How a figure names `--dataset`: a local path by its name (`export.local_name`), as an exported copy of the
+    report names it, since the figure is exported as drawn; a built-in or Hub name as given."""
+    from .export import is_local_path, local_name
+
+    return local_name(dataset) if is_local_path(dataset) else dataset
 
 
 def _write_report(report: dict[str, Any], output_dir: Path) -> None:

@@ -457,9 +457,8 @@ def _new_config_and_processor(
             overrides.get("max_position_embeddings") or d.max_length or DEFAULT_MAX_LENGTH.get(d.dataset, 128)
         )
         saved = run_tokenizer_file(args) if args.run.resume else None
-        if (
-            saved is not None
-        ):  # the tokenizer the checkpoints were trained with, even if the data or `tokenizers` changed
+        # the tokenizer the checkpoints were trained with, even if the data or `tokenizers` changed since
+        if saved is not None:
             from .processing import wrap_tokenizer
 
             processor = wrap_tokenizer(_read_tokenizer(saved), max_length)
