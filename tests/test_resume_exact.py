@@ -120,3 +120,26 @@ def test_accelerate_run_resumed_with_sudoku_augmentation_equals_the_uninterrupte
     # the resumed epoch's 3 batches from 2 DataLoader workers: the symmetries of the run without workers
     with_workers = resumed(tmp_path, accelerate_loop, [*argv, *WORKERS], f"step_{RESUMED_AT}", "workers")
     assert_same_weights(straight, with_workers)
+
+
+@pytest.mark.parametrize(
+    ("loop", "save", "checkpoint"),
+    [
+        (train, ["--save_strategy", "steps", "--save_steps", "1"], "checkpoint-3"),
+        (accelerate_loop, ["--checkpointing_steps", "1"], "step_4"),
+    ],
+    ids=["trainer-epoch-end", "accelerate-mid-epoch"],
+)
+def test_a_run_accumulating_gradients_at_random_depth_resumes_exactly(
+    tmp_path: Path, loop, save: list[str], checkpoint: str
+) -> None:
+    """Two batches a step (5 an epoch: 3 steps, the last of one batch) and a depth drawn per forward: the batch
+    index the symmetries and the depth draws continue from counts the leftover batch. Trainer resumes at the end of
+    the first epoch, the Accelerate loop one step into the second."""
+    depth = ["iteration_sampling=uniform", "min_iterations=1", "max_iterations=3"]
+    argv = [*COMMON, "--gradient_accumulation_steps", "2", *save]
+    argv[argv.index("--max_steps") + 1], argv[argv.index("--save_total_limit") + 1] = "7", "10"
+    at = argv.index("--config") + 1 + len(TINY)
+    argv[at:at] = depth  # one --config: every field of it
+    straight, again = straight_and_resumed(tmp_path, loop, argv, checkpoint)
+    assert_same_weights(straight, again)
