@@ -271,3 +271,28 @@ def test_a_metrics_record_of_columns_of_the_wrong_shape_is_refused_naming_the_fi
     with pytest.raises(ValueError, match=re.escape(f"{path}: ")) as refused:
         read_run_metrics(path)
     assert expected in str(refused.value), str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "local_paths", "expected"),
+    [
+        ("pairs.csv", {"--dataset": "pairs.csv"}, "hyperbf-pairs"),  # a local file as an export names it
+        ("/home/alice/data/reviews.tsv", {}, "hyperbf-reviews"),  # as the run folder recorded it
+        ("/home/alice/data/reviews", {}, "hyperbf-reviews"),  # a local folder: its name
+        ("rotten_tomatoes", {}, "hyperbf-rotten_tomatoes"),  # built-in
+        ("stanfordnlp/imdb", {}, "hyperbf-stanfordnlp/imdb"),  # a Hub dataset id
+    ],
+)
+def test_the_default_model_name_shows_a_local_data_file_by_its_stem(
+    text_exports, dataset, local_paths, expected
+):
+    """Without a repo id or a run name, the card names the model `<model>-<dataset>` as `release` names its folders:
+    a local data file by its stem (no `.csv`), a local folder by its name, built-in and Hub datasets as given."""
+    from energyformers.training.export import inspect_model_dir, render_model_card
+
+    info = inspect_model_dir(text_exports["single"])
+    assert info.get("name") is None, info.get("name")
+    metrics = {k: v for k, v in info["metrics"].items() if k != "local_paths"}
+    metrics.update({"dataset": dataset, **({"local_paths": local_paths} if local_paths else {})})
+    card = render_model_card({**info, "metrics": metrics}, num_parameters=1)
+    assert card.data.model_name == expected, (dataset, card.data.model_name)

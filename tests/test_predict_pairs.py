@@ -213,3 +213,110 @@ def test_single_texts_to_a_pair_model_warn_once_naming_the_flag(pair_run, tmp_pa
     assert predict.main([str(single), "a good film"]) == 0
     captured = capsys.readouterr()
     assert "warning" not in captured.err and len(captured.out.splitlines()) == 1, captured
+
+
+def warnings_of(captured: pytest.CaptureResult) -> list[str]:
+    return [line for line in captured.err.splitlines() if line.startswith("warning:")]
+
+
+def with_metrics(run: Path, folder: Path, change: dict | None) -> Path:
+    """A copy of `run` whose metrics.json has the fields `change` sets (None: no metrics.json at all)."""
+    shutil.copytree(run, folder)
+    if change is None:
+        (folder / "metrics.json").unlink()
+    else:
+        metrics = json.loads((folder / "metrics.json").read_text())
+        (folder / "metrics.json").write_text(json.dumps({**metrics, **change}))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("change", "trained_on"),
+    [
+        ({"columns": {"text_column": "sentence1", "label_column": "label"}}, "the column 'sentence1'"),
+        # a built-in dataset (single texts) records no columns
+        ({"columns": None, "dataset": "rotten_tomatoes"}, "the built-in dataset 'rotten_tomatoes'"),
+    ],
+)
+def test_pairs_to_a_single_text_model_warn_once_that_it_was_trained_on_single_texts(
+    pair_run, tmp_path, capsys, change, trained_on
+):
+    """--text_pairs to a model whose run recorded single texts still classifies the pairs, with one warning."""
+    single = with_metrics(pair_run, tmp_path / "single", change)
+    assert predict.main([str(single), "a good film\ta bad plot", "bad acting\ta film", "--text_pairs"]) == 0
+    captured = capsys.readouterr()
+    assert warnings_of(captured) == [
+        f"warning: {single} was trained on single texts ({trained_on}), not sentence pairs; each pair is "
+        "classified as one input, [CLS] TEXT [SEP] PAIR [SEP], which it never saw in training: give single texts "
+        "(without --text_pairs)"
+    ], captured.err
+    assert len(captured.out.splitlines()) == 2, captured.out
+
+
+def test_pairs_or_single_texts_to_a_model_without_a_run_record_warn_nothing(pair_run, tmp_path, capsys):
+    """Without metrics.json what the model was trained on is unknown: neither kind of input is warned about."""
+    bare = with_metrics(pair_run, tmp_path / "bare", None)
+    for inputs in (["a good film\ta bad plot", "--text_pairs"], ["a good film"]):
+        assert predict.main([str(bare), *inputs]) == 0
+        captured = capsys.readouterr()
+        assert "warning" not in captured.err and len(captured.out.splitlines()) == 1, (inputs, captured)
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """The Hub stand-in (tests/hub_standin.py, 127.0.0.1 only), online, with an empty Hub cache of this test's own."""
+    import transformers.utils.hub
+    from hub_standin import STANDIN_TOKEN, HubStandIn
+    from huggingface_hub import constants
+
+    with HubStandIn() as server:
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)
+        template = f"{server.url}/{{repo_id}}/resolve/{{revision}}/{{filename}}"  # downloads' file URLs
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+        # transformers' shared HfApi keeps the endpoint it was built with: rebuilt, it asks the stand-in
+        monkeypatch.setattr(transformers.utils.hub, "_hf_api", None)
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token-file"))
+        monkeypatch.setenv("HF_TOKEN", STANDIN_TOKEN)
+        yield server
+        assert server.unhandled == [], f"client used endpoints the stand-in lacks: {server.unhandled}"
+
+
+def publish(folder: Path, repo_id: str) -> None:
+    """Upload `folder`'s model, tokenizer and (where there is one) metrics.json to the stand-in as `repo_id`."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    api.create_repo(repo_id)
+    api.upload_folder(folder_path=str(folder), repo_id=repo_id, ignore_patterns=["README.md", "*.png"])
+
+
+def test_a_hub_models_run_record_is_read_online_and_offline_from_the_cache(pair_run, tmp_path, hub, capsys):
+    """A Hub repo id's metrics.json says what it was trained on, as a local folder's does: read from the Hub, and
+    with HF_HUB_OFFLINE=1 from the copy in the cache; a repo without one (no record) warns nothing and fails
+    nothing."""
+    from huggingface_hub import constants
+
+    publish(pair_run, "org/pairs")
+    publish(with_metrics(pair_run, tmp_path / "bare", None), "org/bare")
+    pair_warning = (
+        "warning: org/pairs was trained on sentence pairs (the columns 'sentence1' and 'sentence2'); each input is "
+        "classified as a single text: pass --text_pairs and inputs TEXT<TAB>PAIR to give it pairs"
+    )
+    outputs = {}
+    for offline in (False, True):  # online first: it fills the cache the offline run reads
+        constants.HF_HUB_OFFLINE = offline  # the fixture's monkeypatch restores it
+        served = len(hub.requests)
+        assert predict.main(["org/pairs", "a good film"]) == 0
+        captured = capsys.readouterr()
+        assert warnings_of(captured) == [pair_warning], (offline, captured.err)
+        outputs[offline] = captured.out
+        assert predict.main(["org/pairs", "a good film\ta bad plot", "--text_pairs"]) == 0
+        assert "warning" not in capsys.readouterr().err
+        assert predict.main(["org/bare", "a good film"]) == 0
+        captured = capsys.readouterr()
+        assert "warning" not in captured.err and len(captured.out.splitlines()) == 1, (offline, captured)
+        if offline:
+            assert len(hub.requests) == served, hub.requests[served:]  # the cache answered
+    assert outputs[True] == outputs[False], outputs

@@ -13,7 +13,7 @@ import json
 import logging
 import re
 import sys
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import Any
 
 from ..tokenizer_fit import MIM_AUTO_CLASS, MIM_TASK, TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME
@@ -204,6 +204,25 @@ def dataset_card_fields(dataset: str | None) -> tuple[str | None, str | None, st
     return builtin.display_name, builtin.hub_id, builtin.description
 
 
+def dataset_short_name(dataset: str, local_paths: dict[str, str]) -> str:
+    """How a model's default name shows the dataset it was trained on: a local data file by its stem (`reviews` of
+    `/data/reviews.csv`, or of `reviews.csv` as an export names it), a local folder by its name; a built-in or Hub
+    dataset by its name as recorded."""
+    from .data import BUILTIN_DATASETS, TABLE_BUILDERS
+    from .export import is_local_path, local_name
+
+    if dataset in BUILTIN_DATASETS:
+        return dataset
+    # local: named so by an export (`local_paths`), spelled as a path, or a data file the loader reads, which only
+    # a local path is (a Hub dataset is a repo id)
+    suffix = PureWindowsPath(dataset).suffix.lower()
+    if not (dataset == local_paths.get("--dataset") or is_local_path(dataset) or suffix in TABLE_BUILDERS):
+        return dataset
+    name = local_name(dataset)
+    stem, suffix = PureWindowsPath(name).stem, PureWindowsPath(name).suffix
+    return stem if suffix.lower() in TABLE_BUILDERS and stem else name
+
+
 def conversion_record(
     *,
     official_class: str,
@@ -303,9 +322,9 @@ def render_model_card(
                 )
             )
     model_type = info["model_type"]
-    default_name = (
-        f"{model_type}-{'mim-' if mim else ''}{dataset or 'model'}"  # as `release` names its folders
-    )
+    local_paths = metrics.get(LOCAL_PATHS_KEY) or {}
+    shown = dataset_short_name(dataset, local_paths) if dataset else "model"
+    default_name = f"{model_type}-{'mim-' if mim else ''}{shown}"  # as `release` names its folders
     name = repo_id.split("/")[-1] if repo_id else info.get("name") or default_name
     card_data = ModelCardData(
         library_name="transformers",
@@ -329,7 +348,6 @@ def render_model_card(
         eval_results=eval_results or None,
     )
     recipe = metrics.get("recipe") or {}
-    local_paths = metrics.get(LOCAL_PATHS_KEY) or {}
     if "--dataset" in local_paths and dataset == local_paths["--dataset"]:
         description = LOCAL_DATASET
     pairs = sentence_pair_columns(metrics) if task == "text-classification" else None
@@ -432,6 +450,7 @@ __all__ = [
     "MIM_PIPELINE_TAG",
     "conversion_record",
     "dataset_card_fields",
+    "dataset_short_name",
     "find_template",
     "provenance",
     "read_sections",

@@ -291,8 +291,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.pairs = split_pairs(args.texts) if args.text_pairs else None
     if args.local_input_type is not None:
         check_inputs(args.model_dir, args.local_input_type, args.texts, from_stdin=args.inputs == ["-"])
-    if folder is not None and not args.text_pairs and args.local_input_type == "sequence":
-        warn_trained_on_pairs(folder, args.model_dir)
+    if folder is not None and args.local_input_type == "sequence":
+        warn_on_mismatched_pairs(run_metrics(args.model_dir, folder), args.model_dir, args.text_pairs)
     return args
 
 
@@ -333,29 +333,78 @@ def split_pairs(texts: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def trained_pair_columns(folder: Path) -> tuple[str, str] | None:
-    """The (text, text pair) columns a local model folder was trained on, as its run's metrics.json records them
-    (`card.sentence_pair_columns`); None for single texts, or a folder without a readable record (prediction does
-    not need one)."""
-    from .card import read_run_metrics, sentence_pair_columns
+def run_metrics(model_dir: str, folder: Path | None) -> dict[str, Any] | None:
+    """The model's run record (metrics.json) as the card reads it: from a local `folder`, or for a Hub repo id from
+    the repo through transformers' `cached_file` (offline, or with the Hub unreachable, from the cache only); None
+    where there is none, or it cannot be read or parsed (prediction does not need one)."""
+    from .card import read_run_metrics
 
-    path = folder / "metrics.json"
-    if not path.is_file():
+    path: str | Path | None = folder / "metrics.json" if folder is not None else None
+    if folder is None:
+        from transformers.utils import cached_file
+
+        try:
+            # a repo without the file, or no Hub and no cached copy, is an unknown record, not an error; the
+            # private keywords are cached_file's only switches for that (transformers has no public equivalent)
+            path = cached_file(
+                model_dir,
+                "metrics.json",
+                _raise_exceptions_for_missing_entries=False,
+                _raise_exceptions_for_connection_errors=False,
+            )
+        except OSError:
+            return None
+    if path is None or not Path(path).is_file():
         return None
     try:
-        return sentence_pair_columns(read_run_metrics(path))
+        return read_run_metrics(Path(path))
     except (OSError, ValueError):
         return None
 
 
-def warn_trained_on_pairs(folder: Path, model_dir: str) -> None:
-    """One warning on stderr when the model was trained on sentence pairs and is given single texts (no
-    `--text_pairs`): it still classifies them, as a text alone, which is not what it learnt to read."""
-    columns = trained_pair_columns(folder)
-    if columns is not None:
+def trained_texts(metrics: dict[str, Any] | None) -> tuple[str, str] | str | None:
+    """What a text classifier was trained on, as its run recorded it: the (text, text pair) columns of sentence
+    pairs (`card.sentence_pair_columns`); for single texts, what they came from (the column, or a built-in dataset:
+    the built-ins hold single texts and record no columns); None where the record does not say (no metrics.json)."""
+    from .card import sentence_pair_columns
+
+    if not metrics:
+        return None
+    pairs = sentence_pair_columns(metrics)
+    if pairs is not None:
+        return pairs
+    columns = metrics.get("columns") or {}
+    if columns.get("text_column"):
+        return f"the column {columns['text_column']!r}"
+    dataset = metrics.get("dataset")
+    if not columns and isinstance(dataset, str):
+        from .data import BUILTIN_DATASETS  # the datasets library loads only for a record without columns
+
+        if dataset in BUILTIN_DATASETS:
+            return f"the built-in dataset {dataset!r}"
+    return None
+
+
+def warn_on_mismatched_pairs(metrics: dict[str, Any] | None, model_dir: str, text_pairs: bool) -> None:
+    """One warning on stderr when the inputs are not what the text classifier was trained on (its run's
+    `metrics`): single texts (no `--text_pairs`) to a model trained on sentence pairs, or pairs (`--text_pairs`) to
+    one trained on single texts. It still classifies them, which is not what it learnt to read; nothing is said
+    where the record is missing."""
+    trained = trained_texts(metrics)
+    if trained is None:
+        return
+    if isinstance(trained, tuple) and not text_pairs:
         print(
-            f"warning: {model_dir} was trained on sentence pairs (the columns {columns[0]!r} and {columns[1]!r}); "
+            f"warning: {model_dir} was trained on sentence pairs (the columns {trained[0]!r} and {trained[1]!r}); "
             "each input is classified as a single text: pass --text_pairs and inputs TEXT<TAB>PAIR to give it pairs",
+            file=sys.stderr,
+            flush=True,
+        )
+    elif isinstance(trained, str) and text_pairs:
+        print(
+            f"warning: {model_dir} was trained on single texts ({trained}), not sentence pairs; each pair is "
+            "classified as one input, [CLS] TEXT [SEP] PAIR [SEP], which it never saw in training: give single "
+            "texts (without --text_pairs)",
             file=sys.stderr,
             flush=True,
         )
@@ -734,6 +783,9 @@ def run(args: argparse.Namespace) -> int:
     inputs = args.texts
     # again for a Hub model (a local one was checked already)
     check_inputs(args.model_dir, input_kind(config.to_dict(), None), inputs, from_stdin=args.inputs == ["-"])
+    if args.local_input_type is None and input_kind(config.to_dict(), None) == "sequence":
+        # a Hub model: its run record comes with the repo (a local folder's was read in `parse`)
+        warn_on_mismatched_pairs(run_metrics(args.model_dir, None), args.model_dir, args.text_pairs)
     check_halting_criterion(args.depth, config.to_dict())
     if input_type == "image":
         from PIL import Image
