@@ -120,23 +120,16 @@ def test_outside_a_worker_the_nth_read_draws_from_the_seed_and_n_which_continue_
     assert read() == expected(7), "the read after continue_after(4, 5, 2) is not batch 7's"
 
 
-@pytest.mark.parametrize(
-    ("loader_kwargs", "message"),
-    [({"persistent_workers": True}, "persistent_workers=True"), ({"in_order": False}, "in_order=False")],
-)
-def test_loaders_whose_workers_cannot_number_their_batches_are_refused(
-    loader_kwargs: dict, message: str
-) -> None:
-    # a persistent worker keeps the copy of the augmentation it took at the first epoch; with in_order=False a
-    # batch goes to whichever worker has room: in both, a worker cannot tell which batch it reads
+def test_the_collator_refuses_persistent_workers_naming_the_symmetries() -> None:
+    """`AugmentationCollator` carries the loops' `check_loader` call to the augmentation; which loaders
+    `batches.NumberedBatches` refuses, and why, is tested on the masked-image-modelling collator
+    (tests/test_mim_resume.py)."""
     augmentation = SudokuAugmentation(seed=3)
     collator = AugmentationCollator(first_row, augmentation)  # what the loops check, as a run builds it
     dataset = augmented_copies(augmentation)
-    with pytest.raises(ValueError, match=f"{message}: with num_workers=2 the Sudoku symmetries"):
-        collator.check_loader(loader(dataset, 2, **loader_kwargs))
+    with pytest.raises(ValueError, match="persistent_workers=True: with num_workers=2 the Sudoku symmetries"):
+        collator.check_loader(loader(dataset, 2, persistent_workers=True))
     collator.check_loader(loader(dataset, 2))
-    if "in_order" in loader_kwargs:  # without workers any loader is fine
-        collator.check_loader(loader(dataset, 0, **loader_kwargs))
 
 
 RUNS = {
