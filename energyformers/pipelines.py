@@ -159,11 +159,13 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
     model's folder or, for a model from the Hub, its repo (`energyformers.mim.load_vq_tokenizer`, with `revision`,
     `token`, `cache_dir` and `local_files_only`, which also load the model when `model` is a path or repo id).
 
-    Call with an image (PIL image, path, or array / tensor `(H, W)`, `(H, W, C)` or `(C, H, W)`; integers read as
-    0-255, floats as [0, 1]) and, as call arguments, `mask_ratio` (default 0.4, the paper's evaluation), `seed`
-    (default 0: masking and decoding are reproducible), and the decoding settings of
-    `HyperSetForMaskedImageModeling.decode`: `steps`, `schedule`, `temperature`, `randomize_temperature`,
-    `num_iterations`. Returns a dict: `reconstruction` (PIL image), `pixel_values` (the reconstruction, `(C, H, W)`
+    Call with an image (PIL image, path, URL or base64 string as transformers' `load_image` reads them, EXIF
+    orientation applied; or an array / tensor `(H, W)`, `(H, W, C)` or `(C, H, W)` with C grey, grey+alpha, RGB or
+    RGBA: integers in 0-255 read as the PIL image of the same data, alpha dropped; floats as fractions in [0, 1];
+    anything else, e.g. floats in 0-255, uint16 or bool, refused) and, as call arguments, `mask_ratio` (default
+    0.4, the paper's evaluation), `seed` (default 0: masking and decoding are reproducible), and the decoding
+    settings of `HyperSetForMaskedImageModeling.decode`: `steps`, `schedule`, `temperature`,
+    `randomize_temperature`, `num_iterations`. Returns a dict: `reconstruction` (PIL image), `pixel_values` (the reconstruction, `(C, H, W)`
     in [0, 1]), `input_pixel_values` (the image as tokenized), `codes` (decoded), `input_codes` (with [MASK]),
     `true_codes`, `masked` (bool), `masked_accuracy` (share of masked positions decoded to the true code),
     `psnr`/`ssim` of the reconstruction against the input and `tokenizer_psnr`, the PSNR of decoding the true codes:
@@ -309,30 +311,73 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
 
         import numpy as np
         import PIL.Image
+        import PIL.ImageOps
         import torch
         import torch.nn.functional as F
+        from transformers.image_utils import load_image
 
         channels, height, width = self._image_geometry()
-        if isinstance(image, (str, Path)):
+        mode = "L" if channels == 1 else "RGB"
+        if isinstance(image, Path) or (isinstance(image, str) and os.path.isfile(image)):
             image = PIL.Image.open(image)
+        elif isinstance(image, str):
+            image = load_image(image)  # a URL or base64, as transformers' image pipelines read them
         if isinstance(image, PIL.Image.Image):
-            image = np.asarray(image.convert("L" if channels == 1 else "RGB"))
+            # upright, as training's `datasets.Image` and transformers' `load_image` read it; converted from the
+            # stored mode, as training converts (`load_image`'s own RGB step would change a YCbCr file's grey)
+            image = np.asarray(PIL.ImageOps.exif_transpose(image).convert(mode))
         if isinstance(image, np.ndarray):
-            image = torch.from_numpy(np.array(image))  # a copy: arrays of PIL images are read-only
-        if not isinstance(image, torch.Tensor) or image.ndim not in (2, 3):
+            if image.dtype.kind not in "biuf":
+                raise ValueError(f"image array has dtype {image.dtype}; it must be uint8, integer or float.")
+            # a copy: torch warns on read-only arrays (those of PIL images)
+            image = torch.from_numpy(np.array(image))
+        if not isinstance(image, torch.Tensor) or image.ndim not in (2, 3) or image.numel() == 0:
             raise ValueError(
-                "image must be a PIL image, a path, or an array/tensor of shape (H, W), (H, W, C) or (C, H, W); "
-                f"got {type(image).__name__} {tuple(getattr(image, 'shape', ()))}."
+                "image must be a PIL image, a path, a URL, or an array/tensor of shape (H, W), (H, W, C) or "
+                f"(C, H, W); got {type(image).__name__} {tuple(getattr(image, 'shape', ()))}."
             )
-        pixels = image.float() / 255.0 if not image.dtype.is_floating_point else image.float()
-        if pixels.ndim == 2:
-            pixels = pixels[None]
-        elif pixels.shape[0] not in (1, 3) and pixels.shape[-1] in (1, 3):  # (H, W, C)
-            pixels = pixels.permute(2, 0, 1)  # (H, W, C) → (C, H, W)
+        # (H, W, C) with C grey, grey+alpha, RGB or RGBA; a leading 1 or 3 is read as channels first
+        channels_last = image.ndim == 3 and image.shape[0] not in (1, 3) and image.shape[-1] in (1, 2, 3, 4)
+        image = image if image.ndim == 3 else image[None]
+        image = image.permute(2, 0, 1) if channels_last else image  # → (C, H, W)
+        what = f"image of dtype {str(image.dtype).removeprefix('torch.')}"
+        if image.dtype in (torch.bool, torch.uint16) or image.dtype.is_complex:
+            raise ValueError(
+                f"{what} is not read: images are uint8 (0-255) or floats in [0, 1]. Scale it to one of these "
+                "first (a 16-bit image: `(x // 257).astype(np.uint8)`; a mask: `x.astype(np.uint8) * 255`)."
+            )
+        if image.dtype.is_floating_point:
+            low, high = image.min().item(), image.max().item()
+            if not (0 <= low and high <= 1):  # NaN fails too
+                raise ValueError(
+                    f"{what} has values in [{low:g}, {high:g}]; float images are read as fractions in [0, 1]. An "
+                    "image in 0-255: divide it by 255 or pass it as uint8; a slight overshoot: clip it to [0, 1]."
+                )
+            pixels = image.float()
+            if pixels.shape[0] in (2, 4):  # the alpha channel dropped, as PIL's convert from LA/RGBA does
+                pixels = pixels[:-1]
+        else:
+            if image.dtype != torch.uint8:
+                # int64 for the range: torch's min/max skip some unsigned dtypes (a wrapped uint64 is refused too)
+                low, high = image.to(torch.int64).min().item(), image.to(torch.int64).max().item()
+                if low < 0 or high > 255:
+                    raise ValueError(
+                        f"{what} has values in [{low}, {high}]; integer images are read as 0-255. Scale it to "
+                        "uint8 (a 16-bit image: `x // 257`) or to floats in [0, 1] first."
+                    )
+            if image.shape[0] not in (1, 2, 3, 4):
+                raise ValueError(f"image has {image.shape[0]} channels; the tokenizer takes {channels}.")
+            image = image.to(torch.uint8)
+            if image.shape[0] in (2, 4) or (image.shape[0] == 3 and channels == 1):
+                # as the PIL image of the same data, so alpha and grey convert as they do for an image file
+                array = image.permute(1, 2, 0).cpu().numpy()
+                array = np.array(PIL.Image.fromarray(np.ascontiguousarray(array)).convert(mode))
+                image = torch.from_numpy(array.reshape(*array.shape[:2], -1)).permute(2, 0, 1)
+            pixels = image.float() / 255.0
         if pixels.shape[0] != channels:
             if pixels.shape[0] == 1:
                 pixels = pixels.expand(channels, -1, -1)
-            elif channels == 1:  # RGB → luminance (ITU-R 601, as PIL's "L")
+            elif channels == 1 and pixels.shape[0] == 3:  # RGB → luminance (ITU-R 601, as PIL's "L")
                 pixels = (pixels * torch.tensor([0.299, 0.587, 0.114])[:, None, None]).sum(0, keepdim=True)
             else:
                 raise ValueError(f"image has {pixels.shape[0]} channels; the tokenizer takes {channels}.")
@@ -340,7 +385,7 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
             pixels = F.interpolate(
                 pixels[None], size=(height, width), mode="bilinear", antialias=True, align_corners=False
             )[0]
-        return pixels.clamp(0, 1)
+        return pixels.clamp(0, 1)  # the antialiased resize can overshoot [0, 1] slightly
 
     def preprocess(self, image: Any, mask_ratio: float = 0.4, seed: int = 0) -> dict[str, Any]:
         import torch
