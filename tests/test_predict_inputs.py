@@ -71,10 +71,14 @@ def test_predict_holds_one_input_file_open_at_a_time(folders, many_images, capsy
     argv = [str(folders["image"]), *map(str, many_images), "--json", "--top_k", "3"]
     assert predict.main(argv) == 0, capsys.readouterr().err
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert len(open_counts) == MANY and max(open_counts) <= 1, f"input files open at each image: {open_counts}"
+    assert len(open_counts) == MANY and max(open_counts) <= 1, (
+        f"input files open at each image: {open_counts}"
+    )
 
     monkeypatch.undo()
-    expected = pipeline("image-classification", model=str(folders["image"]))(list(map(str, many_images)), top_k=3)
+    expected = pipeline("image-classification", model=str(folders["image"]))(
+        list(map(str, many_images)), top_k=3
+    )
     assert [r["input"] for r in records] == list(map(str, many_images)), records
     for record, want in zip(records, expected):
         got = record["predictions"]
@@ -131,4 +135,6 @@ def test_stdin_with_windows_line_ends_gives_the_texts_without_carriage_returns(f
     monkeypatch.setattr(sys, "stdin", io.StringIO("\r\n".join(texts) + "\r\n"))
     assert predict.main([str(folders["text"]), "-"]) == 0
     printed = capsys.readouterr().out
-    assert "\r" not in printed and [line.split("\t")[0] for line in printed.splitlines()] == texts, repr(printed)
+    assert "\r" not in printed and [line.split("\t")[0] for line in printed.splitlines()] == texts, repr(
+        printed
+    )
