@@ -45,7 +45,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -284,7 +284,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         check_halting_criterion(args.depth, config)
         check_attn_flag(args.attn_implementation, str(config.get("model_type", "")))
     args.texts = (
-        [line.rstrip("\n") for line in sys.stdin if line.strip()] if args.inputs == ["-"] else args.inputs
+        # "\r\n": a file with Windows line ends would otherwise leave "\r" in each text, and in the printed line
+        [line.rstrip("\r\n") for line in sys.stdin if line.strip()] if args.inputs == ["-"] else args.inputs
     )
     if not args.texts:
         raise UsageError("inputs -: standard input held no non-empty line; pass one input per line")
@@ -560,16 +561,38 @@ def check_mim_inputs(model_dir: str, inputs: list[str]) -> None:
 
 
 def check_readable_images(paths: list[str]) -> None:
-    """Each file is an image PIL reads (its header and structure, without decoding the pixels), else a
-    `UsageError` naming it: checked for every input before the model loads."""
+    """Each file is an image PIL reads, its structure (`verify`: a PNG's checksums) and its pixel data decoded to
+    the end, else a `UsageError` naming it: checked for every input before the model loads, one file at a time,
+    each closed before the next opens.
+
+    `verify` alone reads a JPEG's header only, so a truncated JPEG would pass and fail later, after the model
+    loaded, without its name. Decoding costs a second decode of each file (the pipeline decodes it again when it
+    reaches it) but holds one image at a time; a JPEG is decoded at 1/8 scale (`draft`), which still reads its
+    whole data stream, at a fraction of the time and memory."""
     from PIL import Image, UnidentifiedImageError
 
     for source in paths:
         try:
             with Image.open(source) as image:
                 image.verify()
+            with Image.open(source) as image:  # `verify` leaves the image unusable: open it again to decode
+                image.draft(None, (1, 1))  # JPEG only: the smallest scale its decoder offers
+                image.load()
         except (OSError, UnidentifiedImageError, SyntaxError) as err:  # PIL reports a bad PNG as SyntaxError
             raise UsageError(f"{source}: not a readable image ({err})") from None
+
+
+def rgb_images(paths: list[str]) -> Iterator[Any]:
+    """Each file of `paths` as the RGB image training sees (`processing.to_rgb`), opened only when the pipeline
+    asks for the next one and closed when it asks for the one after: given to the pipeline as a generator, which it
+    consumes one item at a time, so any number of files holds one file handle and one decoded image at a time."""
+    from PIL import Image
+
+    from .processing import to_rgb
+
+    for source in paths:
+        with Image.open(source) as image:
+            yield to_rgb(image)  # any mode (RGBA, P, 16-bit grey) → RGB
 
 
 def warn_clipped_modes(paths: list[str]) -> None:
@@ -781,19 +804,17 @@ def run(args: argparse.Namespace) -> int:
             "classification head"
         )
     inputs = args.texts
-    # again for a Hub model (a local one was checked already)
-    check_inputs(args.model_dir, input_kind(config.to_dict(), None), inputs, from_stdin=args.inputs == ["-"])
+    if args.local_input_type is None:  # a Hub model (a local one was checked in `parse`)
+        check_inputs(
+            args.model_dir, input_kind(config.to_dict(), None), inputs, from_stdin=args.inputs == ["-"]
+        )
     if args.local_input_type is None and input_kind(config.to_dict(), None) == "sequence":
         # a Hub model: its run record comes with the repo (a local folder's was read in `parse`)
         warn_on_mismatched_pairs(run_metrics(args.model_dir, None), args.model_dir, args.text_pairs)
     check_halting_criterion(args.depth, config.to_dict())
     if input_type == "image":
-        from PIL import Image
-
-        from .processing import to_rgb
-
         warn_clipped_modes(inputs)
-        inputs = [to_rgb(Image.open(x)) for x in inputs]  # any mode (RGBA, P, 16-bit grey) → RGB
+        inputs = rgb_images(inputs)  # a generator: the pipeline returns an iterator, printed as it goes
     kwargs = pipeline_kwargs(args, config)
     # given a loaded model, transformers.pipeline no longer looks for the processor beside it
     processor = load_processor_or_refuse(args.model_dir, config.to_dict())
@@ -839,9 +860,8 @@ def reconstruct(args: argparse.Namespace, config: Any) -> int:
     object) of metrics per image, and with `--output_dir` the reconstruction as `<stem>.reconstruction.png`."""
     import transformers
 
-    check_inputs(
-        args.model_dir, "mim", args.inputs
-    )  # again for a Hub model (a local one was checked in parse)
+    if args.local_input_type is None:  # a Hub model (a local one was checked in `parse`)
+        check_inputs(args.model_dir, "mim", args.inputs)
     paths = reconstruction_paths(args.inputs, args.output_dir)
     warn_clipped_modes(args.inputs)  # the pipeline converts them to grey or RGB as PIL does, clipping at 255
     kwargs = pipeline_kwargs(args, config)
