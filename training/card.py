@@ -206,8 +206,9 @@ def dataset_card_fields(dataset: str | None) -> tuple[str | None, str | None, st
 
 def dataset_short_name(dataset: str, local_paths: dict[str, str]) -> str:
     """How a model's default name shows the dataset it was trained on: a local data file by its stem (`reviews` of
-    `/data/reviews.csv`, or of `reviews.csv` as an export names it), a local folder by its name; a built-in or Hub
-    dataset by its name as recorded."""
+    `/data/reviews.csv`, or of `reviews.csv` as an export names it), a local folder by its name, a Hub dataset by its
+    repository's name (`imdb` of `stanfordnlp/imdb`: a model name holds no "/", and `release` names its folders so),
+    a built-in by its name."""
     from .data import BUILTIN_DATASETS, TABLE_BUILDERS
     from .export import is_local_path, local_name
 
@@ -217,7 +218,7 @@ def dataset_short_name(dataset: str, local_paths: dict[str, str]) -> str:
     # a local path is (a Hub dataset is a repo id)
     suffix = PureWindowsPath(dataset).suffix.lower()
     if not (dataset == local_paths.get("--dataset") or is_local_path(dataset) or suffix in TABLE_BUILDERS):
-        return dataset
+        return dataset.rsplit("/", 1)[-1]
     name = local_name(dataset)
     stem, suffix = PureWindowsPath(name).stem, PureWindowsPath(name).suffix
     return stem if suffix.lower() in TABLE_BUILDERS and stem else name
