@@ -286,7 +286,7 @@ def test_a_metrics_record_of_columns_of_the_wrong_shape_is_refused_naming_the_fi
 def test_the_default_model_name_shows_a_local_data_file_by_its_stem(
     text_exports, dataset, local_paths, expected
 ):
-    """Without a repo id or a run name, the card names the model `<model>-<dataset>` as `release` names its folders:
+    """Without a repo id or a run name, the card names the model `<model>-<dataset>`:
     a local data file by its stem (no `.csv`), a local folder by its name, a Hub dataset by its repository's name (a
     model name holds no "/"), a built-in as given."""
     from energyformers.training.export import inspect_model_dir, render_model_card

@@ -114,6 +114,10 @@ def test_predictions_of_pairs_equal_the_pipelines_on_text_and_text_pair(pair_run
     assert predict.main([str(pair_run), lines[0], "--text_pairs"]) == 0
     shown = capsys.readouterr().out.splitlines()
     assert len(shown) == 1 and shown[0].split("\t")[0] == "a good film / a bad plot", shown
+    tabbed = next(line for line in lines if line.count("\t") > 1)  # a TAB inside the pair: shown as a space
+    assert predict.main([str(pair_run), tabbed, "--text_pairs"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert len(shown) == 1 and shown[0].count("\t") == 1 and shown[0].startswith("a film / bad plot\t"), shown
 
 
 def test_pairs_are_refused_for_an_input_without_a_tab_naming_its_number(

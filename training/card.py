@@ -325,7 +325,8 @@ def render_model_card(
     model_type = info["model_type"]
     local_paths = metrics.get(LOCAL_PATHS_KEY) or {}
     shown = dataset_short_name(dataset, local_paths) if dataset else "model"
-    default_name = f"{model_type}-{'mim-' if mim else ''}{shown}"  # as `release` names its folders
+    # `release` names its folders `<model>-<dataset>` too, keeping a local data file's suffix
+    default_name = f"{model_type}-{'mim-' if mim else ''}{shown}"
     name = repo_id.split("/")[-1] if repo_id else info.get("name") or default_name
     card_data = ModelCardData(
         library_name="transformers",

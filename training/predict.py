@@ -844,8 +844,8 @@ def run(args: argparse.Namespace) -> int:
             record = {"input": source, **pair, "predictions": out}
             print(json.dumps(record, default=float))  # token scores: numpy
             continue
-        if pair:  # the two texts, not the tab-joined line, so the printed line keeps its two columns
-            source = f"{pair['text']} / {pair['text_pair']}"
+        if pair:  # the two texts, not the tab-joined line (nor a TAB inside the pair), so the line keeps two columns
+            source = f"{pair['text']} / {pair['text_pair']}".replace("\t", " ")
         if task == "token-classification":
             tagged = " ".join(f"{o['word']}/{o['entity']} ({o['score']:.3f})" for o in out)
             print(f"{source if len(source) <= 60 else source[:57] + '...'}\t{tagged}")
