@@ -14,6 +14,7 @@ import psutil
 import pytest
 from PIL import Image
 from test_export import build_model_dir
+from test_predict_pairs import no_model_loads as no_model_loads  # a fixture, used by name
 from test_registry_tasks import build_mim_folder
 from transformers import pipeline
 
@@ -44,16 +45,6 @@ def many_images(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     for path in paths:
         Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(path)
     return paths
-
-
-@pytest.fixture
-def no_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail the test if predict gets as far as loading the weights."""
-
-    def loaded(*args, **kwargs):
-        raise AssertionError("the model was loaded before the bad input was refused")
-
-    monkeypatch.setattr(predict, "pipeline_model", loaded)
 
 
 def test_predict_holds_one_input_file_open_at_a_time(folders, many_images, capsys, monkeypatch):
