@@ -165,11 +165,11 @@ class MaskedImageModelingPipeline(transformers.Pipeline):
     anything else, e.g. floats in 0-255, uint16 or bool, refused) and, as call arguments, `mask_ratio` (default
     0.4, the paper's evaluation), `seed` (default 0: masking and decoding are reproducible), and the decoding
     settings of `HyperSetForMaskedImageModeling.decode`: `steps`, `schedule`, `temperature`,
-    `randomize_temperature`, `num_iterations`. Returns a dict: `reconstruction` (PIL image), `pixel_values` (the reconstruction, `(C, H, W)`
-    in [0, 1]), `input_pixel_values` (the image as tokenized), `codes` (decoded), `input_codes` (with [MASK]),
-    `true_codes`, `masked` (bool), `masked_accuracy` (share of masked positions decoded to the true code),
-    `psnr`/`ssim` of the reconstruction against the input and `tokenizer_psnr`, the PSNR of decoding the true codes:
-    the tokenizer's own bound. With `lpips_weights` (a local file of the LPIPS backbone, see
+    `randomize_temperature`, `num_iterations`. Returns a dict: `reconstruction` (PIL image), `pixel_values` (the
+    reconstruction, `(C, H, W)` in [0, 1]), `input_pixel_values` (the image as tokenized), `codes` (decoded),
+    `input_codes` (with [MASK]), `true_codes`, `masked` (bool), `masked_accuracy` (share of masked positions
+    decoded to the true code), `psnr`/`ssim` of the reconstruction against the input and `tokenizer_psnr`, the PSNR
+    of decoding the true codes: the tokenizer's own bound. With `lpips_weights` (a local file of the LPIPS backbone, see
     `energyformers.mim.PerceptualMetrics`; checked and loaded when the pipeline is built, never downloaded) also
     `lpips` and `tokenizer_lpips`. FID compares sets of images, so it is not a per-image output: it is reported by
     the training evaluation and the masked-image-modelling benchmark (their `fid_weights`).
