@@ -919,7 +919,8 @@ class IMixerContractiveLinear(nn.Linear):
         state = nn.Module.__getstate__(self)  # a copy of __dict__, without torch's refusal
         state["_modules"] = {name: m for name, m in self._modules.items() if name != "parametrizations"}
         parametrizations = {
-            name: (plist.original, list(plist), plist.training) for name, plist in self.parametrizations.items()
+            name: (plist.original, list(plist), plist.training)
+            for name, plist in self.parametrizations.items()
         }
         # the class before `register_parametrization` derived one from it (which cannot be pickled by name)
         return rebuild_contractive_linear, (type(self).__bases__[0], state, parametrizations)

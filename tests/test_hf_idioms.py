@@ -46,7 +46,9 @@ def _looped(auto_name: str, input_type: str) -> Built:
     # the baseline shares the inputs of Hyper-SET, the family it is measured against
     model_class = BASELINES["looped-transformer"].heads[auto_name]
     inputs = Case("hyperset", "AutoModel", input_type).inputs()
-    return Built(f"{model_class.__name__}-{input_type}", model_class, looped_transformer_config(input_type), inputs)
+    return Built(
+        f"{model_class.__name__}-{input_type}", model_class, looped_transformer_config(input_type), inputs
+    )
 
 
 MODELS = [Built(str(case), case.model_class, case.config(), case.inputs()) for case in ALL] + [
@@ -123,7 +125,9 @@ def test_model_pickles_and_deep_copies_to_the_same_outputs(built):
         with torch.no_grad():
             got = main_output(copied(**built.inputs))
         # the same weights and the same computation: bit for bit
-        assert torch.equal(got, expected), f"{how}: max |difference| {(got - expected).abs().max().item():.3g}"
+        assert torch.equal(got, expected), (
+            f"{how}: max |difference| {(got - expected).abs().max().item():.3g}"
+        )
         ours = dict(model.named_parameters())
         for name, parameter in copied.named_parameters():
             assert parameter is not ours[name], f"{how}: {name} is shared with the original"
@@ -147,5 +151,6 @@ def test_unpickled_imixer_keeps_its_spectral_normalisation_and_trains():
     assert all(layer.parametrizations.weight.original.grad is not None for layer in layers)
     # the copy's buffers are its own
     assert all(
-        torch.equal(layer.parametrizations.weight[0].u, u) for layer, u in zip(spectral_norms(model), u_original)
+        torch.equal(layer.parametrizations.weight[0].u, u)
+        for layer, u in zip(spectral_norms(model), u_original)
     )

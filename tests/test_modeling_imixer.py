@@ -330,7 +330,9 @@ def test_sequence_states_sit_at_their_input_positions_whatever_the_padding():
                     # the same per-sequence sums in batched kernels: 2 layers × 2 fixed-point steps, each mixing
                     # over at most 10 positions and 16 channels, about 64 roundings of the O(1) values
                     where = f"{name}, row {row}, width {width}, {side} padding"
-                    assert_close_to_scale(state[row, real], expected[name], rounding(torch.float32, 64), where)
+                    assert_close_to_scale(
+                        state[row, real], expected[name], rounding(torch.float32, 64), where
+                    )
                     pads = state[row, ~real]
                     assert torch.equal(pads, pads[:1].expand_as(pads)), f"{where}: pad positions differ"
                     pad_states.setdefault((name, row), []).append((where, pads[0]))
@@ -349,7 +351,9 @@ def test_padded_positions_hold_zeros_when_the_real_tokens_fill_every_slot():
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
     for name, state in [("last_hidden_state", out.last_hidden_state), *enumerate(out.hidden_states)]:
-        assert torch.equal(state[0, :3], torch.zeros_like(state[0, :3])), f"{name}: {state[0, :3].abs().max()}"
+        assert torch.equal(state[0, :3], torch.zeros_like(state[0, :3])), (
+            f"{name}: {state[0, :3].abs().max()}"
+        )
         assert state[0, 3:].abs().amax(-1).min() > 0, name
 
 
@@ -361,7 +365,10 @@ def test_gathering_the_outputs_back_leaves_logits_and_pooler_output_bit_for_bit(
     head, base = perturb(SEQUENCE.build()), perturb(BASE_SEQUENCE.build())
     ids, mask = _padded([[3, 5, 7, 2], [4, 4, 9, 1, 8, 6], [11]], 9, "left")
     with torch.no_grad():
-        logits, pooled = head(input_ids=ids, attention_mask=mask).logits, base(input_ids=ids, attention_mask=mask)
+        logits, pooled = (
+            head(input_ids=ids, attention_mask=mask).logits,
+            base(input_ids=ids, attention_mask=mask),
+        )
         monkeypatch.setattr(modeling_imixer, "at_input_positions", lambda states, positions: states)
         slot_logits = head(input_ids=ids, attention_mask=mask).logits
         slot_pooled = base(input_ids=ids, attention_mask=mask)
@@ -370,7 +377,9 @@ def test_gathering_the_outputs_back_leaves_logits_and_pooler_output_bit_for_bit(
     assert torch.equal(pooled.pooler_output, slot_pooled.pooler_output)
 
 
-@pytest.mark.parametrize("case", [IMAGE, SEQUENCE, Case("imixer", "AutoModel", "image"), BASE_SEQUENCE], ids=str)
+@pytest.mark.parametrize(
+    "case", [IMAGE, SEQUENCE, Case("imixer", "AutoModel", "image"), BASE_SEQUENCE], ids=str
+)
 def test_output_attentions_is_accepted_and_ignored(case):
     """As transformers' ConvNext (no attention either): no TypeError, no `attentions`, the same outputs."""
     model, inputs = perturb(case.build()), case.inputs()
@@ -392,7 +401,9 @@ def test_interpolate_pos_encoding_refuses_another_size_with_the_size_error(case)
     model, inputs = perturb(case.build()), case.inputs()
     image = model.config.image_size
     larger = torch.randn(BATCH, model.config.num_channels, image + 4, image + 4)
-    with pytest.raises(ValueError, match=rf"spatial size {image + 4}×{image + 4} but config.image_size") as info:
+    with pytest.raises(
+        ValueError, match=rf"spatial size {image + 4}×{image + 4} but config.image_size"
+    ) as info:
         model(pixel_values=larger, interpolate_pos_encoding=True)
     assert "interpolate_pos_encoding" not in str(info.value)
     with torch.no_grad():
