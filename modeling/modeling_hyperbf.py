@@ -1160,13 +1160,16 @@ class HyperBFModel(HyperBFPreTrainedModel):
     `last_hidden_state` (and `pooler_output`) come after the final LayerNorm, as ViT's. Hyper-SET's and the looped
     baseline's `Model` return the raw state instead (their heads hold the norm, since their recurrent-depth heads
     carry the raw state between outer steps), so base-model features are normalised here and raw there.
+
+    `add_pooling_layer=False` builds it without the pooler, as ViT's and BERT's: `pooler_output` is then None.
     """
 
-    def __init__(self, config: HyperBFConfig) -> None:
+    def __init__(self, config: HyperBFConfig, add_pooling_layer: bool = True) -> None:
         super().__init__(config)
         self.embeddings = HyperBFEmbeddings(config)
         self.layers = nn.ModuleList([HyperBFLayer(config) for _ in range(config.num_hidden_layers)])
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.add_pooling_layer = add_pooling_layer
         self._set_input_names()
         self.post_init()
 
@@ -1248,7 +1251,9 @@ class HyperBFModel(HyperBFPreTrainedModel):
                 attention_sigmas=torch.stack([layer.attention.sigma() for layer in self.layers]),  # (L, H)
             )
         hidden_states = self.layernorm(hidden_states)
-        pooled = pool_tokens(self.config, hidden_states, keep, self.embeddings.num_prefix_tokens)
+        pooled = None
+        if self.add_pooling_layer:
+            pooled = pool_tokens(self.config, hidden_states, keep, self.embeddings.num_prefix_tokens)
         output = HyperBFModelOutput(
             last_hidden_state=hidden_states,
             pooler_output=pooled,

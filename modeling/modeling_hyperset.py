@@ -1841,13 +1841,16 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
     `config.classifier_norm`), because the recurrent-depth heads read the raw state (the supervision steps carry it
     into the next step as `initial_state`). iMixer's and HyperBF's `Model` end in a LayerNorm (as ViT's), so their
     base-model features are normalised.
+
+    `add_pooling_layer=False` builds it without the pooler, as ViT's and BERT's: `pooler_output` is then None.
     """
 
-    def __init__(self, config: HyperSetConfig) -> None:
+    def __init__(self, config: HyperSetConfig, add_pooling_layer: bool = True) -> None:
         super().__init__(config)
         self.embeddings = HyperSetEmbeddings(config)
         self.step_sizes = HyperSetStepSizes(config)
         self.layers = nn.ModuleList([HyperSetLayer(config) for _ in range(config.num_hidden_layers)])
+        self.add_pooling_layer = add_pooling_layer
         self._set_input_names()
         self.post_init()
 
@@ -1968,7 +1971,7 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
             )
         output = HyperSetModelOutput(
             last_hidden_state=hidden_states,
-            pooler_output=self._pool(hidden_states, keep),
+            pooler_output=self._pool(hidden_states, keep) if self.add_pooling_layer else None,
             hidden_states=all_hidden_states,
             attentions=all_attentions,
             energies=energies,

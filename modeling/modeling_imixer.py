@@ -72,7 +72,11 @@ class IMixerModelOutput(BaseModelOutputWithPooling):
     """`BaseModelOutputWithPooling` plus `fixed_point_residuals` (with `output_fixed_point_residuals=True`).
 
     `hidden_states` holds the embedding output and the output of every block (1 + L tensors, before the
-    final LayerNorm). For sequences all states have the token-mixing length S, real tokens first.
+    final LayerNorm). For sequences `last_hidden_state` and every `hidden_states` entry are `(B, L, D)`, row i the
+    state of input position i, as BERT's, whatever the side and amount of padding: the blocks run on S slots (the
+    real tokens first, then pad slots), gathered back to the input positions here. A padded position holds the
+    state of its row's first pad slot (the slot after the real tokens), or zeros when the real tokens fill all S
+    slots. `pooler_output` is the mean over the real tokens.
     """
 
     fixed_point_residuals: IMixerFixedPointDiagnostics | None = None
@@ -652,8 +656,9 @@ class IMixerEmbeddings(nn.Module):
     position-specific already. Sequences: token embeddings (or `inputs_embeds`) laid out on S =
     `max_position_embeddings` slots: the real tokens (attention_mask = 1) move to the front in their order and
     the remaining slots hold a learned pad embedding, so a sequence occupies the same S slots whatever padding
-    its batch had (amount or side) and its logits do not depend on it. Returns `(tokens, keep)`, `keep` the
-    `(B, S)` bool mask of the slots holding real tokens (None for images: every token is real).
+    its batch had (amount or side) and its logits do not depend on it. Returns `(tokens, keep, positions)`, `keep`
+    the `(B, S)` bool mask of the slots holding real tokens and `positions` the `(B, L)` slot each input position
+    reads its output from (`at_input_positions`; None for images: every token is real and in place).
     """
 
     def __init__(self, config: IMixerConfig) -> None:
@@ -677,14 +682,14 @@ class IMixerEmbeddings(nn.Module):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Tokens `(B, S, D)` and `keep` `(B, S)` (None for images)."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Tokens `(B, S, D)`, `keep` `(B, S)` and `positions` `(B, L)` (both None for images)."""
         _check_inputs(self.config, pixel_values, input_ids, inputs_embeds, attention_mask)
         if pixel_values is not None:
             _check_image_size(pixel_values, self.image_size, self.config.patch_size)
             # images arrive as float32 whatever the model's dtype (e.g. bfloat16), as in transformers' models
             patches = self.projection(pixel_values.to(self.projection.weight.dtype))  # (B, D, Hp, Wp)
-            return patches.flatten(2).transpose(1, 2), None  # (B, D, Hp, Wp) → (B, S, D)
+            return patches.flatten(2).transpose(1, 2), None, None  # (B, D, Hp, Wp) → (B, S, D)
         _check_token_ids(input_ids, self.config.vocab_size, attention_mask)
         # given embeddings of any dtype (bfloat16 ones from another model) run in the model's, as pixel_values do
         dtype = self.word_embeddings.weight.dtype
@@ -712,7 +717,21 @@ class IMixerEmbeddings(nn.Module):
         canvas = self.pad_embedding.to(dtype).expand(tokens.shape[0], num_tokens + 1, -1)
         embeddings = canvas.scatter(1, slots.unsqueeze(-1).expand_as(tokens), tokens)  # (B, S + 1, D)
         slot_keep = torch.arange(num_tokens, device=tokens.device) < lengths[:, None]  # (B, S)
-        return embeddings[:, :num_tokens], slot_keep  # (B, S, D)
+        # The inverse for the outputs: a real token reads its own slot, a padded position its row's first pad slot
+        # (slot S, all zeros in `at_input_positions`, when the real tokens fill all S)
+        positions = torch.where(slots < num_tokens, slots, lengths.clamp(max=num_tokens)[:, None])  # (B, L)
+        return embeddings[:, :num_tokens], slot_keep, positions  # (B, S, D)
+
+
+def at_input_positions(states: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+    """A state on the S token-mixing slots `(B, S, D)` gathered back to the L input positions `(B, L, D)` by the
+    `positions` of `IMixerEmbeddings` (slot S: zeros); `states` itself for images (`positions` None)."""
+    if positions is None:
+        return states
+    padded = F.pad(states, (0, 0, 0, 1))  # (B, S, D) → (B, S + 1, D): slot S all zeros
+    # (B, L) → (B, L, D), on the states' device, which a multi-device split may have moved away from the mask's
+    index = positions.to(states.device).unsqueeze(-1).expand(-1, -1, states.shape[-1])
+    return padded.gather(1, index)  # (B, L, D)
 
 
 def _unit_start(like: torch.Tensor) -> torch.Tensor:
@@ -860,6 +879,51 @@ class IMixerSpectralNorm(nn.Module):
     def forward(self, weight: torch.Tensor) -> torch.Tensor:
         """The weight as used: W / max(1, σ/c), same shape as `weight`."""
         return weight / torch.clamp(self.sigma(weight) / self.coeff, min=1.0)
+
+    def __getstate__(self) -> dict:
+        # The eager shortcut's fingerprint names storages of this process: a copy (pickle, deepcopy) holds other
+        # tensors, so it starts with no check done rather than one an address reused by chance could match.
+        state = super().__getstate__()
+        state.pop("_last_check", None)
+        return state
+
+
+def rebuild_contractive_linear(
+    cls: type, state: dict, parametrizations: dict[str, tuple[torch.Tensor, list[nn.Module], bool]]
+) -> nn.Module:
+    """The module `IMixerContractiveLinear.__reduce_ex__` pickled: its own state, then each parametrized tensor's
+    original registered again with its parametrizations (`unsafe=True`: nothing is computed, u and v stay as
+    pickled)."""
+    module = cls.__new__(cls)
+    module.__setstate__(state)
+    for name, (original, modules, training) in parametrizations.items():
+        if isinstance(original, nn.Parameter):
+            module.register_parameter(name, original)
+        else:
+            module.register_buffer(name, original)
+        for parametrization in modules:
+            parametrize.register_parametrization(module, name, parametrization, unsafe=True)
+        module.parametrizations[name].train(training)
+    return module
+
+
+class IMixerContractiveLinear(nn.Linear):
+    """One of F's two linear layers (fc_sn1, fc_sn2): an `nn.Linear` that pickles with its spectral-norm
+    parametrization. torch refuses to pickle a parametrized module (only its state_dict); this one pickles as its
+    plain state plus each parametrized tensor's original and parametrizations, registered again when unpickled, so
+    `pickle` / `torch.save(model)` work while `copy.deepcopy` keeps torch's own path."""
+
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        if not parametrize.is_parametrized(self):
+            return super().__reduce_ex__(protocol)
+        state = nn.Module.__getstate__(self)  # a copy of __dict__, without torch's refusal
+        state["_modules"] = {name: m for name, m in self._modules.items() if name != "parametrizations"}
+        parametrizations = {
+            name: (plist.original, list(plist), plist.training)
+            for name, plist in self.parametrizations.items()
+        }
+        # the class before `register_parametrization` derived one from it (which cannot be pickled by name)
+        return rebuild_contractive_linear, (type(self).__bases__[0], state, parametrizations)
 
 
 # Divergence rule of the tolerance solvers, per sample, on the residual ‖f(x) − x‖: non-finite, this many times
@@ -1185,8 +1249,8 @@ class IMixerTokenMixing(nn.Module):
         self.max_slope = config.activation_max_slope
         self.fc1 = nn.Linear(num_tokens, width)
         if config.fixed_point_iterations > 0:
-            self.fc_sn1 = nn.Linear(width, contractive)
-            self.fc_sn2 = nn.Linear(contractive, width)
+            self.fc_sn1 = IMixerContractiveLinear(width, contractive)
+            self.fc_sn2 = IMixerContractiveLinear(contractive, width)
             if self.normalization == "spectral":
                 for layer in (self.fc_sn1, self.fc_sn2):
                     parametrize.register_parametrization(
@@ -1570,13 +1634,16 @@ class IMixerModel(IMixerPreTrainedModel):
     `last_hidden_state` (and `pooler_output`) come after the final LayerNorm, as ViT's. Hyper-SET's and the looped
     baseline's `Model` return the raw state instead (their heads hold the norm, since their recurrent-depth heads
     carry the raw state between outer steps), so base-model features are normalised here and raw there.
+
+    `add_pooling_layer=False` builds it without the pooler, as ViT's and BERT's: `pooler_output` is then None.
     """
 
-    def __init__(self, config: IMixerConfig) -> None:
+    def __init__(self, config: IMixerConfig, add_pooling_layer: bool = True) -> None:
         super().__init__(config)
         self.embeddings = IMixerEmbeddings(config)
         self.layers = nn.ModuleList([IMixerLayer(config) for _ in range(config.num_hidden_layers)])
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.add_pooling_layer = add_pooling_layer
         self._set_input_names()
         self.post_init()
 
@@ -1633,9 +1700,11 @@ class IMixerModel(IMixerPreTrainedModel):
         fixed_point_solver: str | None = None,
         fixed_point_tolerance: float | None = None,
         fixed_point_gradient: str | None = None,
+        output_attentions: bool | None = None,  # accepted for callers that pass it to every model; unused
         output_hidden_states: bool | None = None,
         output_fixed_point_residuals: bool | None = None,
         return_dict: bool | None = None,
+        interpolate_pos_encoding: bool | None = None,
     ) -> IMixerModelOutput | tuple:
         r"""
         fixed_point_iterations (`int`, *optional*):
@@ -1652,6 +1721,11 @@ class IMixerModel(IMixerPreTrainedModel):
             Return `fixed_point_residuals` (`IMixerFixedPointDiagnostics`): per block and step the residuals
             and cosine between successive iterates, steps run, final residuals, the σ of F's weights and
             the Lipschitz bound of F.
+        output_attentions (`bool`, *optional*):
+            Accepted and ignored, as ConvNext's: iMixer has no attention, so `attentions` is always None.
+        interpolate_pos_encoding (`bool`, *optional*):
+            Accepted for ViT's signature; iMixer has no position table to resample (its token mixing is a map over
+            the S patches of `config.image_size`), so an image of another size is refused whatever it says.
         """
         output_hidden_states = (
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -1672,7 +1746,7 @@ class IMixerModel(IMixerPreTrainedModel):
                 f"{type(self).__name__}.forward", f"layers.{index}.token_mixing"
             )
 
-        hidden_states, keep = self.embeddings(
+        hidden_states, keep, positions = self.embeddings(
             pixel_values=pixel_values,
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -1712,11 +1786,14 @@ class IMixerModel(IMixerPreTrainedModel):
         if output_fixed_point_residuals:
             fixed_point_residuals = IMixerFixedPointDiagnostics(**_stack_diagnostics(all_diagnostics))
         hidden_states = self.layernorm(hidden_states)
+        # Always the mean over the real tokens, as timm's Mixer: iMixer's config has no `pooling` field and its
+        # tokens have no prefix (no CLS token), so this is `pool_tokens`' "mean" with no prefix to skip.
+        pooled = masked_mean(hidden_states, keep) if self.add_pooling_layer else None
+        if output_hidden_states:
+            all_hidden_states = tuple(at_input_positions(state, positions) for state in all_hidden_states)
         output = IMixerModelOutput(
-            last_hidden_state=hidden_states,
-            # Always the mean over the real tokens, as timm's Mixer: iMixer's config has no `pooling` field and its
-            # tokens have no prefix (no CLS token), so this is `pool_tokens`' "mean" with no prefix to skip.
-            pooler_output=masked_mean(hidden_states, keep),
+            last_hidden_state=at_input_positions(hidden_states, positions),
+            pooler_output=pooled,
             hidden_states=all_hidden_states,
             fixed_point_residuals=fixed_point_residuals,
         )
@@ -1798,10 +1875,12 @@ class IMixerForImageClassification(IMixerHead):
         fixed_point_solver: str | None = None,
         fixed_point_tolerance: float | None = None,
         fixed_point_gradient: str | None = None,
+        output_attentions: bool | None = None,  # accepted for callers that pass it to every model; unused
         output_hidden_states: bool | None = None,
         output_fixed_point_residuals: bool | None = None,
         return_dict: bool | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
+        interpolate_pos_encoding: bool | None = None,
     ) -> IMixerImageClassifierOutput | tuple:
         r"""Images `(B, C, H, W)` → logits `(B, num_labels)`, loss with `labels`; rest as `IMixerModel`'s.
 
@@ -1814,6 +1893,7 @@ class IMixerForImageClassification(IMixerHead):
             return_dict,
             num_items_in_batch,
             pixel_values=pixel_values,
+            interpolate_pos_encoding=interpolate_pos_encoding,
             fixed_point_iterations=fixed_point_iterations,
             fixed_point_solver=fixed_point_solver,
             fixed_point_tolerance=fixed_point_tolerance,
@@ -1841,6 +1921,7 @@ class IMixerForSequenceClassification(IMixerHead):
         fixed_point_solver: str | None = None,
         fixed_point_tolerance: float | None = None,
         fixed_point_gradient: str | None = None,
+        output_attentions: bool | None = None,  # accepted for callers that pass it to every model; unused
         output_hidden_states: bool | None = None,
         output_fixed_point_residuals: bool | None = None,
         return_dict: bool | None = None,

@@ -193,12 +193,15 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
     normalised: the heads hold the norm before their classifier (`layernorm`), because the recurrent-depth
     heads read the raw state (the supervision steps carry it into the next step as `initial_state`). iMixer's and
     HyperBF's `Model` end in a LayerNorm (as ViT's), so their base-model features are normalised.
+
+    `add_pooling_layer=False` builds it without the pooler, as ViT's and BERT's: `pooler_output` is then None.
     """
 
-    def __init__(self, config: LoopedTransformerConfig) -> None:
+    def __init__(self, config: LoopedTransformerConfig, add_pooling_layer: bool = True) -> None:
         super().__init__(config)
         self.embeddings = HyperSetEmbeddings(config)
         self.layers = nn.ModuleList([LoopedTransformerLayer(config) for _ in range(config.num_hidden_layers)])
+        self.add_pooling_layer = add_pooling_layer
         self._set_input_names()
         self.post_init()
 
@@ -273,7 +276,7 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
                 if output_attentions:
                     all_attentions += (probs,)
 
-        pooled = self._pool(hidden_states, keep)
+        pooled = self._pool(hidden_states, keep) if self.add_pooling_layer else None
         output = BaseModelOutputWithPooling(
             last_hidden_state=hidden_states,
             pooler_output=pooled,

@@ -231,7 +231,7 @@ def test_tolerance_solvers_stop_on_the_relative_residual_whatever_the_state_scal
 def test_paper_residual_is_the_step_norm_over_root_of_the_state_size():
     model = IMAGE.build(num_hidden_layers=1, fixed_point_iterations=3)
     mixing = model.imixer.layers[0].token_mixing
-    embedded, _ = model.imixer.embeddings(pixel_values=IMAGE.inputs()["pixel_values"])
+    embedded, _, _ = model.imixer.embeddings(pixel_values=IMAGE.inputs()["pixel_values"])
     start = mixing.fc1(model.imixer.layers[0].layernorm_before(embedded).transpose(1, 2))
     iterates = [start]
     for _ in range(3):

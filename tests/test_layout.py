@@ -8,13 +8,14 @@ so the Hub export is a one-line rewrite.
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 from pathlib import Path
 
 import pytest
 
 import energyformers
-from energyformers import FAMILIES
+from energyformers import BASELINES, FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELING = {family: ROOT / "modeling" / f"modeling_{spec.stem}.py" for family, spec in FAMILIES.items()}
@@ -269,3 +270,20 @@ def test_remote_code_names_no_package_file_its_hub_copy_lacks(path):
             if mentioned and name not in shipped:
                 named.append(f"{number}: {relative}: {line.strip()}")
     assert named == [], f"{path.name} names package files its Hub copy does not have:\n" + "\n".join(named)
+
+
+def test_base_models_take_add_pooling_layer_alike():
+    """Every base model (the families' and the looped baseline's) takes `add_pooling_layer` as ViT's and BERT's:
+    the same argument in the same place of `__init__`, and the same line in its class docstring."""
+    line = "`add_pooling_layer=False` builds it without the pooler, as ViT's and BERT's: `pooler_output` is then None."
+    models = [spec.heads["AutoModel"] for spec in {**FAMILIES, **BASELINES}.values()]
+    assert len(models) == 4, models
+    for model_class in models:
+        parameters = list(inspect.signature(model_class.__init__).parameters.values())
+        assert [(p.name, p.default) for p in parameters[1:]] == [
+            ("config", inspect.Parameter.empty),
+            ("add_pooling_layer", True),
+        ], f"{model_class.__name__}.__init__{inspect.signature(model_class.__init__)}"
+        assert line in " ".join(inspect.getdoc(model_class).split()), (
+            f"{model_class.__name__}: docstring line"
+        )

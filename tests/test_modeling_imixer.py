@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
+import pickle
 
 import pytest
 import torch
 import torch.nn.functional as F
-from fixtures import Case, assert_close_to_scale, assert_differs, rounding, step_once
+from fixtures import Case, assert_close_to_scale, assert_differs, perturb, rounding, step_once
 
 from energyformers import IMixerConfig, IMixerForImageClassification, IMixerForSequenceClassification
 from energyformers.modeling.modeling_imixer import IMixerSpectralNorm, IMixerTokenMixing
@@ -200,7 +202,7 @@ def test_residuals_match_the_iterates_computed_by_hand():
     model = IMAGE.build(num_hidden_layers=1, fixed_point_iterations=3)
     layer = model.imixer.layers[0]
     pixel_values = IMAGE.inputs()["pixel_values"]
-    embedded, _ = model.imixer.embeddings(pixel_values=pixel_values)  # (tokens, padding mask)
+    embedded, _, _ = model.imixer.embeddings(pixel_values=pixel_values)  # (tokens, padding mask, positions)
     tokens = layer.layernorm_before(embedded).transpose(1, 2)
     mixing = layer.token_mixing
     start = mixing.fc1(tokens)
@@ -243,10 +245,11 @@ def test_outputs_and_hidden_states(case):
     model = case.build()
     step_once(model, case.inputs(labels=True))
     out = model(**case.inputs(labels=True), output_hidden_states=True)
-    num_tokens = model.config.num_tokens
+    # an image's patches, or a sequence's input positions (the S token-mixing slots stay inside)
+    length = model.config.num_tokens if case.input_type == "image" else case.tiny.length
     assert out.logits.shape == (BATCH, LABELS)
     assert len(out.hidden_states) == model.config.num_hidden_layers + 1  # embeddings + one per block
-    assert all(h.shape == (BATCH, num_tokens, 16) for h in out.hidden_states)
+    assert all(h.shape == (BATCH, length, 16) for h in out.hidden_states)
 
 
 @pytest.mark.parametrize("input_type", ["image", "sequence"])
@@ -254,12 +257,14 @@ def test_base_model_output_and_pooling(input_type):
     case = Case("imixer", "AutoModel", input_type)
     model, inputs = case.build(), case.inputs()
     out = model(**inputs)
-    assert out.last_hidden_state.shape == (BATCH, model.config.num_tokens, 16)
     if input_type == "image":
+        assert out.last_hidden_state.shape == (BATCH, model.config.num_tokens, 16)
         torch.testing.assert_close(out.pooler_output, out.last_hidden_state.mean(1))
-    else:  # masked mean over the real tokens, which sit first
-        length = int(inputs["attention_mask"][0].sum())
-        torch.testing.assert_close(out.pooler_output[0], out.last_hidden_state[0, :length].mean(0))
+    else:  # masked mean over the real tokens, the usual idiom over `attention_mask` (sentence-transformers')
+        assert out.last_hidden_state.shape == (BATCH, case.tiny.length, 16)
+        weights = inputs["attention_mask"][..., None].float()
+        masked = (out.last_hidden_state * weights).sum(1) / weights.sum(1)
+        torch.testing.assert_close(out.pooler_output, masked)
         assert type(model.get_input_embeddings()) is torch.nn.Embedding
 
 
@@ -287,6 +292,137 @@ def test_sequence_logits_do_not_depend_on_left_padding_or_padding_beyond_s():
         # the same per-sequence sums in batched kernels: 2 layers × 2 fixed-point steps, each mixing over at most
         # 10 positions and 16 channels, about 64 roundings of the O(1) values
         assert_close_to_scale(batched, alone, rounding(torch.float32, 64), f"width {width}, {side} padding")
+
+
+BASE_SEQUENCE = Case("imixer", "AutoModel", "sequence")
+
+
+def _padded(sequences: list[list[int]], width: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """`input_ids` and `attention_mask` of `sequences` padded to `width` on `side` (pad id 19: arbitrary)."""
+    ids = torch.full((len(sequences), width), 19)
+    mask = torch.zeros(len(sequences), width, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        span = slice(0, len(seq)) if side == "right" else slice(width - len(seq), width)
+        ids[row, span], mask[row, span] = torch.tensor(seq), 1
+    return ids, mask
+
+
+def test_sequence_states_sit_at_their_input_positions_whatever_the_padding():
+    """`last_hidden_state` and every `hidden_states` entry are (B, L, D), row i the state of input position i, as
+    BERT's: right or left padding, within S or beyond; a padded position holds its row's first pad slot."""
+    model = perturb(BASE_SEQUENCE.build())
+    sequences = [[3, 5, 7, 2], [4, 4, 9, 1, 8, 6], [11]]
+    with torch.no_grad():
+        alone = [model(input_ids=torch.tensor([s]), output_hidden_states=True) for s in sequences]
+        pad_states = {}
+        for width, side in ((9, "right"), (9, "left"), (13, "right"), (13, "left")):  # 13 > S = 10
+            ids, mask = _padded(sequences, width, side)
+            out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+            states = {"last_hidden_state": out.last_hidden_state}
+            states.update({f"hidden_states[{i}]": h for i, h in enumerate(out.hidden_states)})
+            for name, state in states.items():
+                assert state.shape == (3, width, 16), f"{name} {width} {side}: {tuple(state.shape)}"
+            for row, single in enumerate(alone):
+                real = mask[row].bool()
+                expected = {"last_hidden_state": single.last_hidden_state[0]}
+                expected.update({f"hidden_states[{i}]": h[0] for i, h in enumerate(single.hidden_states)})
+                for name, state in states.items():
+                    # the same per-sequence sums in batched kernels: 2 layers × 2 fixed-point steps, each mixing
+                    # over at most 10 positions and 16 channels, about 64 roundings of the O(1) values
+                    where = f"{name}, row {row}, width {width}, {side} padding"
+                    assert_close_to_scale(
+                        state[row, real], expected[name], rounding(torch.float32, 64), where
+                    )
+                    pads = state[row, ~real]
+                    assert torch.equal(pads, pads[:1].expand_as(pads)), f"{where}: pad positions differ"
+                    pad_states.setdefault((name, row), []).append((where, pads[0]))
+        # one pad slot's state (the slot after the real tokens) wherever the padding was
+        for states in pad_states.values():
+            (_, first), *rest = states
+            assert first.abs().max() > 0, states[0][0]  # a state (the pad embedding first), not zeros
+            for where, state in rest:
+                assert_close_to_scale(state, first, rounding(torch.float32, 64), where)
+
+
+def test_padded_positions_hold_zeros_when_the_real_tokens_fill_every_slot():
+    model = perturb(BASE_SEQUENCE.build())
+    slots = model.config.max_position_embeddings
+    ids, mask = _padded([list(range(1, slots + 1))], slots + 3, "left")  # S real tokens, 3 padded positions
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    for name, state in [("last_hidden_state", out.last_hidden_state), *enumerate(out.hidden_states)]:
+        assert torch.equal(state[0, :3], torch.zeros_like(state[0, :3])), (
+            f"{name}: {state[0, :3].abs().max()}"
+        )
+        assert state[0, 3:].abs().amax(-1).min() > 0, name
+
+
+def test_gathering_the_outputs_back_leaves_logits_and_pooler_output_bit_for_bit(monkeypatch):
+    """The pooler and the heads read the S token-mixing slots: returning the states at the input positions (the
+    gather) changes neither, checked against the same forward returning the slots themselves."""
+    from energyformers.modeling import modeling_imixer
+
+    head, base = perturb(SEQUENCE.build()), perturb(BASE_SEQUENCE.build())
+    ids, mask = _padded([[3, 5, 7, 2], [4, 4, 9, 1, 8, 6], [11]], 9, "left")
+    with torch.no_grad():
+        logits, pooled = (
+            head(input_ids=ids, attention_mask=mask).logits,
+            base(input_ids=ids, attention_mask=mask),
+        )
+        monkeypatch.setattr(modeling_imixer, "at_input_positions", lambda states, positions: states)
+        slot_logits = head(input_ids=ids, attention_mask=mask).logits
+        slot_pooled = base(input_ids=ids, attention_mask=mask)
+    assert slot_pooled.last_hidden_state.shape[1] == base.config.max_position_embeddings  # the slots indeed
+    assert torch.equal(logits, slot_logits), (logits - slot_logits).abs().max()
+    assert torch.equal(pooled.pooler_output, slot_pooled.pooler_output)
+
+
+@pytest.mark.parametrize(
+    "case", [IMAGE, SEQUENCE, Case("imixer", "AutoModel", "image"), BASE_SEQUENCE], ids=str
+)
+def test_output_attentions_is_accepted_and_ignored(case):
+    """As transformers' ConvNext (no attention either): no TypeError, no `attentions`, the same outputs."""
+    model, inputs = perturb(case.build()), case.inputs()
+    with torch.no_grad():
+        expected = model(**inputs)
+        got = model(**inputs, output_attentions=True)
+        as_tuple = model(**inputs, output_attentions=True, return_dict=False)
+    assert got.attentions is None
+    assert got.keys() == expected.keys()
+    for key in expected.keys():
+        assert torch.equal(got[key], expected[key]), key
+    assert len(as_tuple) == len(expected.to_tuple())
+
+
+@pytest.mark.parametrize("case", [IMAGE, Case("imixer", "AutoModel", "image")], ids=str)
+def test_interpolate_pos_encoding_refuses_another_size_with_the_size_error(case):
+    """iMixer has no position table to resample: `interpolate_pos_encoding=True` is taken (ViT's signature) and an
+    image of another size gets the size ValueError, without the hint to pass the flag; the native size runs."""
+    model, inputs = perturb(case.build()), case.inputs()
+    image = model.config.image_size
+    larger = torch.randn(BATCH, model.config.num_channels, image + 4, image + 4)
+    with pytest.raises(
+        ValueError, match=rf"spatial size {image + 4}×{image + 4} but config.image_size"
+    ) as info:
+        model(pixel_values=larger, interpolate_pos_encoding=True)
+    assert "interpolate_pos_encoding" not in str(info.value)
+    with torch.no_grad():
+        expected, got = model(**inputs), model(**inputs, interpolate_pos_encoding=True)
+    key = "logits" if "logits" in expected else "last_hidden_state"
+    assert torch.equal(got[key], expected[key])
+
+
+def test_copies_start_without_the_eager_shortcuts_fingerprint():
+    """`per_optimizer_step` skips a refinement when W's storage and version are as at the last check: a copy
+    (deepcopy, pickle) holds other storages, so it carries no fingerprint that a reused address could match."""
+    model = IMAGE.build(spectral_norm_schedule="per_optimizer_step").train()
+    model(**IMAGE.inputs())
+    norms = [m for m in model.modules() if isinstance(m, IMixerSpectralNorm)]
+    assert norms and all(getattr(m, "_last_check", None) is not None for m in norms)
+    for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        copies = [m for m in copied.modules() if isinstance(m, IMixerSpectralNorm)]
+        assert len(copies) == len(norms)
+        assert all(not hasattr(m, "_last_check") for m in copies)
 
 
 def test_sequence_too_long_for_token_mixing_raises():

@@ -236,13 +236,6 @@ class IMixerModelTester(EnergyModelTester):
     family = "imixer"
     has_cls_token = False  # mean pooling over the patches
 
-    def __init__(self, parent: unittest.TestCase, input_type: str) -> None:
-        super().__init__(parent, input_type)
-        if input_type == "sequence":
-            # Token mixing runs on a fixed length S = max_position_embeddings: the real tokens move to the front
-            # and pad slots fill the rest, so hidden states are (B, S, D) whatever the input length.
-            self.encoder_seq_length = self.get_config().max_position_embeddings
-
 
 class HyperBFModelTester(EnergyModelTester):
     family = "hyperbf"
