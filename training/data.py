@@ -35,7 +35,7 @@ from energyformers import INPUT_TYPES
 
 from .arguments import MIM_TASK
 from .batches import NumberedBatches
-from .cli import UsageError, looks_like_local_path
+from .cli import TABLE_BUILDERS, UsageError, looks_like_local_path
 
 if TYPE_CHECKING:
     import torch
@@ -44,7 +44,6 @@ SPLITS = ("train", "validation", "test")
 UNLABELLED = -1  # datasets' label of an example without one (the test splits of GLUE on the Hub)
 SPLIT_ALIASES = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
-TABLE_BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_LABELS = [
     "T-shirt/top",
