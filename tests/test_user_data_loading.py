@@ -410,3 +410,51 @@ def transformers_tokenizer(folder: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder)
+
+
+# ------------------------------------------------------------------ broken image files
+
+
+def broken_image_folder(root: Path, broken: str | None) -> tuple[Path, Path]:
+    """Two class folders of eight 8 × 8 PNGs each, one of them (the last of `b`, read after the first few a run
+    decodes up front) made `broken`: cut in half ("truncated") or not an image at all ("garbage"), or None: intact.
+    The folder and that file."""
+    rng = np.random.default_rng(0)
+    for label in ("a", "b"):
+        (root / label).mkdir(parents=True)
+        for i in range(8):
+            image = PIL.Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8))
+            image.save(root / label / f"{i}.png")
+    bad = root / "b" / "7.png"
+    data = bad.read_bytes()
+    if broken is not None:
+        bad.write_bytes(data[: len(data) // 2] if broken == "truncated" else b"not an image")
+    return root, bad
+
+
+@pytest.mark.parametrize("broken", ["truncated", "garbage"])
+def test_a_broken_image_file_is_one_line_naming_it_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture, broken: str
+) -> None:
+    """`train` and `evaluate` on an image folder holding a file PIL cannot decode: status 2 and one line naming the
+    file, as a dataset that cannot be used is reported, before any output folder exists."""
+    folder, bad = broken_image_folder(tmp_path / "images", broken)
+    out = tmp_path / "run"
+    argv = ["--dataset", str(folder), *QUIET, "--config", *cli_config("hyperset"), "--max_steps", "1"]
+    assert train.main([*argv, "--batch_size", "4", "--eval_strategy", "no", "--output_dir", str(out)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("energyformers train: error: "), err
+    assert str(bad) in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images"], sorted(tmp_path.iterdir())
+    # evaluate: a model trained on the intact folder, scored on it once the file broke
+    good, _ = broken_image_folder(tmp_path / "good", None)
+    assert (
+        train.main([*argv[:1], str(good), *argv[2:], "--eval_strategy", "no", "--output_dir", str(out)]) == 0
+    )
+    capsys.readouterr()
+    from energyformers.training import evaluate
+
+    assert evaluate.main([str(out), "--dataset", str(folder), "--json"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("energyformers evaluate: error: "), err
+    assert str(bad) in err[0], err

@@ -464,10 +464,56 @@ def _load_path(path: Path) -> DatasetDict | Dataset:
     if not suffixes & (IMAGE_SUFFIXES | set(TABLE_BUILDERS)):
         raise DataError(f"{path} contains no images and no {sorted(TABLE_BUILDERS)} files")
     if suffixes & IMAGE_SUFFIXES:
+        check_image_files(path)
         raw = datasets.load_dataset("imagefolder", data_dir=str(path))
         _check_class_folders(path, raw)
         return raw
     return datasets.load_dataset(str(path))  # csv/json/parquet; train/test files become splits by name
+
+
+def image_files(path: Path) -> list[Path]:
+    """The image files `imagefolder` reads under `path`, sorted: by suffix (`IMAGE_SUFFIXES`), leaving out what it
+    leaves out (hidden files and folders, `.x`, and special ones, `__x`)."""
+    return sorted(
+        file
+        for file in path.rglob("*")
+        if file.suffix.lower() in IMAGE_SUFFIXES
+        and not any(part.startswith((".", "__")) for part in file.relative_to(path).parts)
+        and file.is_file()
+    )
+
+
+def check_image_files(path: Path) -> None:
+    """Decode every image file of the image folder `path` once (`image_files`, in threads: PIL decodes outside the
+    GIL) before `datasets` builds anything of it: a file PIL cannot read whole (not an image, truncated, corrupt)
+    is a `DataError` naming the file, the first in sorted order, rather than a traceback naming none when a batch
+    reaches it mid-run. The cost is one decode of each image, less than an epoch's preprocessing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import PIL.Image
+
+    def problem(file: Path) -> str | None:
+        try:
+            with PIL.Image.open(file) as image:
+                image.load()
+        # PIL's errors for a bad file vary by format and plugin (OSError, SyntaxError, ValueError, a decompression
+        # bomb, struct.error, ...); whatever it raises here, training would raise on this file too
+        except PIL.UnidentifiedImageError:  # its message repeats the file's name
+            return "PIL does not recognise it as an image"
+        except Exception as err:
+            return str(err) or type(err).__name__
+        return None
+
+    files = image_files(path)
+    pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1))
+    try:
+        for file, why in zip(files, pool.map(problem, files)):
+            if why is not None:
+                raise DataError(
+                    f"{file}: not a readable image ({why}); replace or remove the file from the image folder {path}"
+                )
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 def _check_class_folders(path: Path, raw: DatasetDict) -> None:
