@@ -302,3 +302,62 @@ def test_both_loops_announce_a_run_alike(tmp_path: Path, capsys: pytest.CaptureF
     assert banner[0].startswith("hyperset HyperSetForImageClassification: "), seen
     assert warnings, seen  # 16 validation / test examples: the small-split warnings
     assert seen["trainer"] == seen["accelerate"], seen
+
+
+# ------------------------------------------------------------------ RNG states of a resume
+
+
+def draws() -> tuple:
+    """One draw of each global generator `rng_states` reads on a CPU machine."""
+    import random
+
+    import numpy as np
+
+    return random.random(), float(np.random.rand()), torch.rand(3).tolist()
+
+
+class StandInDevice:
+    """An accelerator's generator module as Trainer uses it (`get_rng_state_all` / `set_rng_state_all`): one
+    counter per device, which a draw advances."""
+
+    def __init__(self) -> None:
+        self.states = [torch.tensor([0]), torch.tensor([7])]
+        self.set_to: list | None = None
+
+    def get_rng_state_all(self) -> list:
+        return [state.clone() for state in self.states]
+
+    def set_rng_state_all(self, states: list) -> None:
+        self.set_to = states
+        self.states = [state.clone() for state in states]
+
+
+def test_rng_states_round_trip_with_every_accelerator_generator_and_tolerate_old_records(monkeypatch):
+    """The states read are set back exactly: Python's, numpy's, torch's CPU generator, and an accelerator's (here a
+    stand-in for an NPU, one of the devices Trainer saves); a record without a key (an older checkpoint's, or one
+    made where that device was absent) leaves that generator as it is."""
+    npu = StandInDevice()
+    monkeypatch.setattr(accelerate_loop, "device_generators", lambda: {"npu": npu})
+    states = accelerate_loop.rng_states()
+    assert set(states) == {"random", "numpy", "torch", "npu"}, sorted(states)
+    first = draws()
+    npu.states = [state + 1 for state in npu.states]  # the device's generator advances too
+    accelerate_loop.set_rng_states(states)
+    assert draws() == first, "the CPU generators did not return to the saved states"
+    assert [int(s) for s in npu.states] == [0, 7], npu.states
+    npu.set_to = None
+    older = {key: value for key, value in states.items() if key != "npu"}
+    accelerate_loop.set_rng_states(older)
+    assert npu.set_to is None and draws() == first, npu.set_to
+
+
+def test_the_accelerator_generators_are_those_trainer_saves():
+    """`device_generators` knows the accelerators whose generators the installed transformers' Trainer saves
+    (`_save_rng_state`'s keys beyond Python's, numpy's and the CPU's)."""
+    import inspect
+    import re
+
+    from transformers import Trainer
+
+    saved = set(re.findall(r'rng_states\["(\w+)"\]', inspect.getsource(Trainer._save_rng_state)))
+    assert saved - {"python", "numpy", "cpu"} == set(accelerate_loop.DEVICE_GENERATORS), sorted(saved)

@@ -166,3 +166,46 @@ def test_a_local_checkpoint_is_named_as_a_local_folder_wherever_the_export_is_ma
     assert provenance(published, "`sudoku`") == (
         "This model is a fine-tuned version of `hyperbf-base` on `sudoku`."
     ), provenance(published, "`sudoku`")
+
+
+def test_column_names_and_other_names_are_kept_as_recorded():
+    """Only the path-valued arguments (`--dataset`, `--from_pretrained`, `--output_dir`, ...) are spelled as paths;
+    a column name, a metric name or a `--config` value with several `/` parts is a name and is published as
+    recorded (in the arguments, the columns read and the command), while an absolute path anywhere else is still
+    shown by its name; a column name is kept even when spelled as one."""
+    column, label, metric = "reviews/2024/body", "/labels/by/annotator", "eval/top/accuracy"
+    override = "hub_name=org/sub/model"
+    argv = [
+        "--dataset", "/home/alice/data/reviews.csv", "--text_column", column, f"--label_column={label}",
+        "--metric_for_best_model", metric, "--config", override, "hidden_size=16", "--output_dir", "runs/a/b",
+    ]  # fmt: skip
+    metrics = {
+        "dataset": "/home/alice/data/reviews.csv",
+        "recipe": {
+            "command": "energyformers train " + " ".join(argv),
+            "config_overrides": {"hub_name": "org/sub/model"},
+        },
+        "arguments": {
+            "model": {"config": [override, "hidden_size=16"]},
+            "data": {"dataset": "/home/alice/data/reviews.csv", "text_column": column, "label_column": label},
+            "run": {"output_dir": "runs/a/b", "metric_for_best_model": metric},
+        },
+        "columns": {"text_column": column, "label_column": label},
+        "warnings": ["/home/alice/data/extra.csv"],
+    }
+    published = published_run_metrics(metrics)
+    command = published["recipe"]["command"]
+    assert command == (
+        f"energyformers train --dataset reviews.csv --text_column {column} --label_column={label} "
+        f"--metric_for_best_model {metric} --config {override} hidden_size=16 --output_dir b"
+    ), command
+    arguments = published["arguments"]
+    data = arguments["data"]
+    assert data == {"dataset": "reviews.csv", "text_column": column, "label_column": label}, data
+    assert arguments["run"] == {"output_dir": "b", "metric_for_best_model": metric}, arguments
+    assert arguments["model"] == {"config": [override, "hidden_size=16"]}, arguments
+    assert published["columns"] == metrics["columns"], published["columns"]
+    assert published["recipe"]["config_overrides"] == {"hub_name": "org/sub/model"}, published["recipe"]
+    local = published["local_paths"]
+    assert local == {"--dataset": "reviews.csv", "--output_dir": "b"}, local
+    assert published["warnings"] == ["extra.csv"], published["warnings"]

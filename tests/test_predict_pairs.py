@@ -130,8 +130,9 @@ def test_pairs_are_refused_for_an_input_without_a_tab_naming_its_number(
         f"--text_pairs: input 2 {long[:37] + '...'!r} has no TAB; each input is TEXT<TAB>PAIR (in a shell: "
         "$'first\\tsecond', or one pair per line from stdin with -)"
     ), said
-    said = refusal(capsys, [model, "-", "--text_pairs"], "a\tb\n\nc\td\nno tab here\n", monkeypatch)
-    assert said.startswith("--text_pairs: input 3 'no tab here' has no TAB"), said  # blank lines are skipped
+    # from stdin an input is named by its line (1-based), blank lines counted though skipped, as an editor numbers them
+    said = refusal(capsys, [model, "-", "--text_pairs"], "\na\tb\n\n \r\nc\td\r\nno tab here\n", monkeypatch)
+    assert said.startswith("--text_pairs: line 6 of stdin 'no tab here' has no TAB"), said
     said = refusal(capsys, [model, "a\tb", " \tsecond", "--text_pairs"])
     assert said.startswith("--text_pairs: input 2 ' \\tsecond' has an empty text before the TAB"), said
     said = refusal(capsys, [model, "first\t", "--text_pairs"])

@@ -424,3 +424,53 @@ def test_a_taken_folder_that_cannot_be_copied_is_a_failure_of_its_own(
     assert release.main(["--take", str(broken), str(inspected_run), "--dist_dir", str(dist)]) == 1
     reason = "cannot copy it to inspect it: "
     _assert_failed_alone(dist, broken, reason, ["hyperset-sudoku"], capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "name"),
+    [
+        (
+            "/home/alice/data/puzzles.csv",
+            "hyperset-puzzles",
+        ),  # a local data file: its stem, as the card names it
+        ("puzzles.tsv", "hyperset-puzzles"),
+        ("/home/alice/data/puzzles", "hyperset-puzzles"),  # a local folder: its name
+        ("org/puzzles", "hyperset-puzzles"),  # a Hub dataset: its repository's name
+    ],
+)
+def test_release_names_its_folders_as_the_card_names_the_model(
+    inspected_run, tmp_path, capsys, dataset, name
+):
+    """The run folder release trains into, the folder it exports to, release.json and the card's model name are one
+    name: `<model>-<dataset>` with a local data file by its stem (no `.csv`)."""
+    assert release.run_dir_name("hyperset", dataset) == name, (
+        dataset,
+        release.run_dir_name("hyperset", dataset),
+    )
+    folder = tmp_path / "taken"
+    shutil.copytree(inspected_run, folder)
+    record = json.loads((folder / "metrics.json").read_text())
+    (folder / "metrics.json").write_text(json.dumps({**record, "dataset": dataset}))
+    dist = tmp_path / "dist"
+    assert release.main(["--take", str(folder), "--dist_dir", str(dist)]) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in dist.iterdir()) == [name, "release.json"], sorted(dist.iterdir())
+    assert list(json.loads((dist / "release.json").read_text())["released"]) == [name]
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(dist / name / "README.md")
+    assert card.data.model_name == name, (card.data.model_name, name)
+
+
+def test_two_datasets_of_one_name_are_refused_before_anything_trains(tmp_path, capsys):
+    """`reviews.csv` and `reviews.tsv` are both `<model>-reviews`: one run folder and one release for two datasets."""
+    for suffix in (".csv", ".tsv"):
+        (tmp_path / f"reviews{suffix}").write_text("text,label\na,0\n")
+    datasets = [str(tmp_path / "reviews.csv"), str(tmp_path / "reviews.tsv")]
+    runs = tmp_path / "runs"
+    assert release.main(["--datasets", *datasets, "--runs_dir", str(runs), "--dry_run"]) == 2
+    err = capsys.readouterr().err
+    expected = (
+        f"energyformers release: error: --datasets {' '.join(datasets)}: both would be trained into and "
+    )
+    assert err.startswith(expected) and "<model>-reviews" in err, err
+    assert not runs.exists(), sorted(runs.iterdir())

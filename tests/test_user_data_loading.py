@@ -410,3 +410,124 @@ def transformers_tokenizer(folder: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder)
+
+
+# ------------------------------------------------------------------ broken image files
+
+
+def image_folder(root: Path, per_class: int = 12) -> Path:
+    """Two class folders of `per_class` random 8 × 8 PNGs each."""
+    rng = np.random.default_rng(0)
+    for label in ("a", "b"):
+        (root / label).mkdir(parents=True)
+        for i in range(per_class):
+            PIL.Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(
+                root / label / f"{i}.png"
+            )
+    return root
+
+
+def split_files(folder: Path, split: str) -> list[Path]:
+    """The files of `split` of the image folder, in the order the commands read it (`load_data`, seed 0)."""
+    from energyformers.training.data import load_data
+
+    rows = load_data(str(folder), seed=0)[split].cast_column("image", Image(decode=False))
+    return [Path(value["path"]) for value in rows.with_format(None)["image"]]
+
+
+def break_file(file: Path, broken: str) -> Path:
+    """`file` cut in half ("truncated": its header still reads) or not an image at all ("garbage")."""
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2] if broken == "truncated" else b"not an image")
+    return file
+
+
+def one_error_line(capsys: pytest.CaptureFixture, command: str) -> str:
+    """The command's error, asserted to be its one line on stderr beside its warnings (e.g. about small splits)."""
+    err = [
+        line
+        for line in capsys.readouterr().err.splitlines()
+        if line.strip() and not line.startswith("warning: ")
+    ]
+    assert len(err) == 1 and err[0].startswith(f"energyformers {command}: error: "), err
+    return err[0]
+
+
+IMAGE_RUN = [*QUIET, "--config", *cli_config("hyperset"), "--batch_size", "4", "--eval_strategy", "no"]
+
+
+@pytest.mark.parametrize("broken", ["truncated", "garbage"])
+def test_a_broken_image_file_is_one_line_naming_it_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture, broken: str
+) -> None:
+    """A file PIL cannot decode among the first training images (decoded before the run starts): status 2 and one
+    line naming the file, as a dataset that cannot be used is reported, before any output folder exists."""
+    folder = image_folder(tmp_path / "images")
+    bad = break_file(split_files(folder, "train")[5], broken)
+    capsys.readouterr()  # load_data's progress
+    argv = ["--dataset", str(folder), *IMAGE_RUN, "--max_steps", "1", "--output_dir", str(tmp_path / "run")]
+    assert train.main(argv) == 2
+    line = one_error_line(capsys, "train")
+    assert str(bad) in line and "not a readable image" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images"], sorted(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_broken_image_file_met_mid_run_is_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture, workers: int
+) -> None:
+    """A truncated file past the images decoded up front: images are decoded as batches read them, so it is met
+    mid-run, in the main process or in a DataLoader worker (whose exception torch rebuilds in the main process from
+    its traceback's text); either way status 2 and one line naming the file and what PIL said. `evaluate` on a
+    split with such a file too."""
+    folder = image_folder(tmp_path / "images")
+    train_files = split_files(folder, "train")
+    assert len(train_files) > 8, train_files  # the broken one is not among the 8 decoded before the run
+    test_files = split_files(folder, "test")
+    assert len(test_files) > 2, test_files
+    out = tmp_path / "run"
+    argv = ["--dataset", str(folder), *IMAGE_RUN, "--num_train_epochs", "1", "--output_dir", str(out)]
+    argv += ["--dataloader_num_workers", str(workers)]
+    assert train.main(argv) == 0  # intact: the model evaluate scores below
+    capsys.readouterr()
+    bad = break_file(train_files[-1], "truncated")
+    assert train.main([*argv[:-4], "--output_dir", str(tmp_path / "again"), *argv[-2:]]) == 2
+    line = one_error_line(capsys, "train")
+    assert str(bad) in line and "truncated" in line, line
+    # evaluate: the file in the scored split, past the two rows checked through the model before scoring
+    from energyformers.training import evaluate
+
+    bad = break_file(test_files[-1], "truncated")
+    assert evaluate.main([str(out), "--dataset", str(folder), "--split", "test", "--json"]) == 2
+    line = one_error_line(capsys, "evaluate")
+    assert str(bad) in line and "truncated" in line, line
+
+
+def test_lazily_decoded_images_are_the_pixels_datasets_decodes(tmp_path: Path) -> None:
+    """`decode_lazily` (the column stored undecoded, each image decoded in the transform) gives bitwise the
+    pixel_values datasets' own decoding gives: PNGs of several modes and a JPEG stored sideways with EXIF
+    Orientation 6 (read upright), one at a time and as a batch."""
+    from energyformers.training.data import decode_lazily
+
+    rng = np.random.default_rng(1)
+    files = []
+    for i, mode in enumerate(["RGB", "L", "RGBA", "P"]):
+        image = PIL.Image.fromarray(rng.integers(0, 256, (6 + i, 9, 3), dtype=np.uint8))
+        files.append(tmp_path / f"{i}.png")
+        (image.convert(mode) if mode != "P" else image.quantize(16)).save(files[-1])
+    exif = PIL.Image.Exif()
+    exif[0x0112] = 6
+    PIL.Image.fromarray(rng.integers(0, 256, (5, 11, 3), dtype=np.uint8)).save(tmp_path / "s.jpg", exif=exif)
+    files.append(tmp_path / "s.jpg")
+    rows = Dataset.from_dict({"image": [str(f) for f in files], "label": [0, 1, 0, 1, 0]})
+    rows = rows.cast_column("image", Image())
+    transform = image_transform(build_image_processor(SimpleNamespace(image_size=8, num_channels=3)))
+    reference = rows.with_transform(transform)
+    lazy = decode_lazily(rows, transform, "train")
+    assert not lazy.features["image"].decode, lazy.features  # the decoding is the transform's
+    assert PIL.Image.open(files[-1]).size == (11, 5) and rows[4]["image"].size == (5, 11)  # read upright
+    for i in range(len(rows)):
+        want, got = reference[i]["pixel_values"], lazy[i]["pixel_values"]
+        assert torch.equal(got, want), f"image {i}: max difference {(got - want).abs().max().item()}"
+    want, got = reference[:]["pixel_values"], lazy[:]["pixel_values"]
+    assert torch.equal(got, want), f"batch: max difference {(got - want).abs().max().item()}"

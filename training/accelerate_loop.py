@@ -279,32 +279,75 @@ def prepare_training(
     )
 
 
+# The accelerators whose global generators transformers' Trainer saves and restores beside Python's, numpy's and the
+# CPU's (`Trainer._save_rng_state`, `_load_rng_state`), by its keys, with the `transformers.utils` check of each;
+# tests/test_accelerate_loop.py checks the keys against the installed Trainer's.
+DEVICE_GENERATORS = {
+    "cuda": None,  # torch.cuda.is_available()
+    "xla": "is_torch_xla_available",
+    "npu": "is_torch_npu_available",
+    "hpu": "is_torch_hpu_available",
+    "mlu": "is_torch_mlu_available",
+    "musa": "is_torch_musa_available",
+}
+
+
+def device_generators() -> dict[str, Any]:
+    """The generator module of each accelerator of `DEVICE_GENERATORS` present here, by key: an object with
+    `get_rng_state_all()` and `set_rng_state_all(states)` over every device of the process (torch.cuda, torch.npu,
+    ...; XLA's one state through torch_xla's `xla_model`)."""
+    from types import SimpleNamespace
+
+    import torch
+    import transformers.utils
+
+    found: dict[str, Any] = {}
+    for key, check in DEVICE_GENERATORS.items():
+        available = torch.cuda.is_available() if check is None else getattr(transformers.utils, check)()
+        if not available:
+            continue
+        if key == "xla":
+            import torch_xla.core.xla_model as xm
+
+            found[key] = SimpleNamespace(
+                get_rng_state_all=xm.get_rng_state, set_rng_state_all=xm.set_rng_state
+            )
+        else:
+            found[key] = getattr(torch, key)
+    return found
+
+
 def rng_states() -> dict[str, Any]:
-    """The global generators `accelerator.load_state` restores here: Python's, numpy's, torch's CPU and CUDA
-    ones."""
+    """The global generators `accelerator.load_state` restores here, as Trainer reads them for its checkpoints:
+    Python's, numpy's, torch's CPU one and each accelerator's present (`device_generators`)."""
     import random
 
     import numpy as np
     import torch
 
     states = {"random": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
+    for key, generator in device_generators().items():
+        states[key] = generator.get_rng_state_all()
     return states
 
 
 def set_rng_states(states: dict[str, Any]) -> None:
-    """Set the generators `rng_states` read."""
+    """Set the generators `rng_states` read; one `states` lacks (a record of an older version, or of a machine
+    without that accelerator) is left as it is."""
     import random
 
     import numpy as np
     import torch
 
-    random.setstate(states["random"])
-    np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states:
-        torch.cuda.set_rng_state_all(states["cuda"])
+    if "random" in states:
+        random.setstate(states["random"])
+    if "numpy" in states:
+        np.random.set_state(states["numpy"])
+    if "torch" in states:
+        torch.set_rng_state(states["torch"])
+    for key, generator in device_generators().items():
+        if key in states:
+            generator.set_rng_state_all(states[key])
 
 
 def restore_progress(parts: LoopParts, resume_from: Path | None) -> LoopState:

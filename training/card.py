@@ -207,21 +207,28 @@ def dataset_card_fields(dataset: str | None) -> tuple[str | None, str | None, st
 def dataset_short_name(dataset: str, local_paths: dict[str, str]) -> str:
     """How a model's default name shows the dataset it was trained on: a local data file by its stem (`reviews` of
     `/data/reviews.csv`, or of `reviews.csv` as an export names it), a local folder by its name, a Hub dataset by its
-    repository's name (`imdb` of `stanfordnlp/imdb`: a model name holds no "/", and `release` names its folders so),
-    a built-in by its name."""
-    from .data import BUILTIN_DATASETS, TABLE_BUILDERS
+    repository's name (`imdb` of `stanfordnlp/imdb`: a model name holds no "/"), a built-in by its name. Light (no
+    `datasets`): `release` asks it before anything trains."""
+    from .cli import TABLE_BUILDERS
     from .export import is_local_path, local_name
 
-    if dataset in BUILTIN_DATASETS:
-        return dataset
     # local: named so by an export (`local_paths`), spelled as a path, or a data file the loader reads, which only
-    # a local path is (a Hub dataset is a repo id)
+    # a local path is (a Hub dataset is a repo id); a built-in is none of these and keeps its name
     suffix = PureWindowsPath(dataset).suffix.lower()
     if not (dataset == local_paths.get("--dataset") or is_local_path(dataset) or suffix in TABLE_BUILDERS):
         return dataset.rsplit("/", 1)[-1]
     name = local_name(dataset)
     stem, suffix = PureWindowsPath(name).stem, PureWindowsPath(name).suffix
     return stem if suffix.lower() in TABLE_BUILDERS and stem else name
+
+
+def default_model_name(
+    model_type: str, dataset: str, local_paths: dict[str, str] | None = None, mim: bool = False
+) -> str:
+    """`<model>-<dataset>` (`<model>-mim-<dataset>` for masked image modelling, named apart from the same model's
+    classifier), the dataset as `dataset_short_name` shows it: the card's model name without a repo id or run name,
+    and the name of the folders `release` trains into and exports to."""
+    return f"{model_type}-{'mim-' if mim else ''}{dataset_short_name(dataset, local_paths or {})}"
 
 
 def conversion_record(
@@ -324,9 +331,10 @@ def render_model_card(
             )
     model_type = info["model_type"]
     local_paths = metrics.get(LOCAL_PATHS_KEY) or {}
-    shown = dataset_short_name(dataset, local_paths) if dataset else "model"
-    # `release` names its folders `<model>-<dataset>` too, keeping a local data file's suffix
-    default_name = f"{model_type}-{'mim-' if mim else ''}{shown}"
+    if dataset:
+        default_name = default_model_name(model_type, dataset, local_paths, mim)
+    else:
+        default_name = f"{model_type}-{'mim-' if mim else ''}model"
     name = repo_id.split("/")[-1] if repo_id else info.get("name") or default_name
     card_data = ModelCardData(
         library_name="transformers",
@@ -453,6 +461,7 @@ __all__ = [
     "conversion_record",
     "dataset_card_fields",
     "dataset_short_name",
+    "default_model_name",
     "find_template",
     "provenance",
     "read_sections",

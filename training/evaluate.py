@@ -365,7 +365,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import PrinterCallback, ProgressCallback, TrainingArguments
 
     from ..pipelines import centers_scope
-    from .data import BUILTIN_DATASETS, input_type_of, load_data, task_of, unlabelled_notice
+    from .data import BUILTIN_DATASETS, decode_lazily, input_type_of, load_data, task_of, unlabelled_notice
     from .evaluation import (
         TrainerMetrics,
         argmax_logits,
@@ -422,7 +422,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         if clipped:
             print(f"warning: {clipped}", file=sys.stderr, flush=True)
     transform, collator = preprocessing(task, config, processor)
-    rows.set_transform(transform)
+    rows = decode_lazily(rows, transform, args.split)  # each image decoded as a batch reads it
     head = auto_head(getattr(config, "input_type", "image"), task)
     model = load_or_refuse(
         head, args.model_dir, error=UsageError, message=lambda err: cannot_load(args.model_dir, err)

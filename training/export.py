@@ -50,6 +50,7 @@ from pathlib import Path, PureWindowsPath
 from typing import Any
 
 from ..tokenizer_fit import MIM_AUTO_CLASS, TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME
+from .arguments import COLUMN_FLAGS
 from .card import LOCAL_PATHS_KEY, read_run_metrics, render_model_card
 from .remote_code import (
     LICENSE_FILE,
@@ -140,20 +141,29 @@ def published_inspect_report(path: Path, model_name: str) -> str:
 
 
 # ------------------------------------------------------------------------------------- published records
-# What a Hub file shows of the training machine's files and folders: their names. A value counts as such a local
-# path by its spelling alone, so the rule gives the same answer on every machine (an export made elsewhere, or after
-# the files are gone, publishes the same bytes): absolute, home-relative (`~`), or relative with a `.`/`..` part or
-# more than two parts. Built-in names and Hub ids (`name`, `org/name`) never look like that; a short relative path
-# (`data.csv`, `runs/base`) is published as typed, as it names nothing outside the folder the command ran in. Besides,
-# the recorded arguments below name a local place whatever their spelling.
-LOCAL_ARGUMENTS = ("output_dir",)  # `energyformers train --output_dir`: the run folder, on the machine it ran
+# What a Hub file shows of the training machine's files and folders: their names. Only the arguments that take a path
+# (`PATH_ARGUMENTS`) are read as paths; a value counts as a local path by its spelling alone, so the rule gives the
+# same answer on every machine (an export made elsewhere, or after the files are gone, publishes the same bytes):
+# absolute, home-relative (`~`), or relative with a `.`/`..` part or more than two parts. Built-in names and Hub ids
+# (`name`, `org/name`) never look like that; a short relative path (`data.csv`, `runs/base`) is published as typed,
+# as it names nothing outside the folder the command ran in. Every other value is a name (a column, a metric, a
+# recipe, a `--config` value), which may hold `/` anywhere: only a whole value spelled as an absolute path
+# (`is_absolute_path`) is taken for one there, and a column name never (`COLUMN_FLAGS`).
+PATH_ARGUMENTS = ("output_dir", "dataset", "from_pretrained", "tokenizer", "lpips_weights", "fid_weights")
+LOCAL_ARGUMENTS = ("output_dir",)  # `energyformers train --output_dir`: the run folder, whatever its spelling
 LOCAL_RECIPE_FIELDS = ("resumed_from",)  # the checkpoint a resumed run continued from, inside its work folder
 WINDOWS_DRIVE = re.compile(r"[A-Za-z]:[\\/]")
 
 
+def is_absolute_path(value: str) -> bool:
+    """Whether `value` is spelled as an absolute or home-relative path (POSIX or Windows)."""
+    return value.startswith(("~", "/", "\\")) or bool(WINDOWS_DRIVE.match(value))
+
+
 def is_local_path(value: str) -> bool:
-    """Whether `value` is spelled as a path of the machine it was recorded on (the rule above)."""
-    if value.startswith(("~", "/", "\\")) or WINDOWS_DRIVE.match(value):
+    """Whether `value`, the value of a path argument, is spelled as a path of the machine it was recorded on (the
+    rule above)."""
+    if is_absolute_path(value):
         return True
     if "://" in value:  # a URL (hf://datasets/...): not a path of the machine
         return False
@@ -167,29 +177,44 @@ def local_name(value: str) -> str:
 
 
 def published_command(command: str, shown: dict[str, str]) -> str:
-    """`command` (as `shlex.join` recorded it) with each argument that is a local path, alone or as `--flag=PATH`,
-    replaced by its name; `shown` maps the recorded values that name a local place whatever their spelling."""
+    """`command` (as `shlex.join` recorded it) with each value that is a local path, alone or as `--flag=PATH`,
+    replaced by its name: a recorded path (`shown` maps each to its name) or an absolute path; the value of a column
+    flag is kept whatever it is (a flag's values are the words after it, up to the next flag)."""
+    kept = {f"--{name}" for name in COLUMN_FLAGS}
+    flag = ""
 
-    def publish(word: str) -> str:
-        flag, equals, value = word.partition("=") if word.startswith("-") else ("", "", word)
+    def publish_value(value: str) -> str:
+        if flag in kept:
+            return value
         if value in shown:
-            return flag + equals + shown[value]
-        return flag + equals + local_name(value) if is_local_path(value) else word
+            return shown[value]
+        return local_name(value) if is_absolute_path(value) else value
 
-    return shlex.join(publish(word) for word in shlex.split(command))
+    words = []
+    for word in shlex.split(command):
+        if word.startswith("--"):
+            flag, equals, value = word.partition("=")
+            words.append(flag + equals + publish_value(value) if equals else word)
+        else:
+            words.append(publish_value(word))
+    return shlex.join(words)
 
 
 def published_run_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    """A run's metrics.json as an export carries it: every recorded local path (`is_local_path`, the recorded
-    `--output_dir` and checkpoint) shown by its name, in the arguments, the recipe and its command, and anywhere a
-    message quotes it; `local_paths` lists {flag: name} of the arguments so shown (kept from an earlier export), for
-    the card to say so. The run folder's own metrics.json keeps them: it records the run where it ran."""
+    """A run's metrics.json as an export carries it: every recorded local path (the path arguments spelled as local
+    paths, the recorded `--output_dir` and checkpoint) shown by its name, in the arguments, the recipe and its
+    command, and anywhere a message quotes it, and any other value spelled as an absolute path; names (columns,
+    metrics, `--config` values) are kept as recorded. `local_paths` lists {flag: name} of the arguments so shown
+    (kept from an earlier export), for the card to say so. The run folder's own metrics.json keeps them: it records
+    the run where it ran."""
     published = json.loads(json.dumps(metrics))  # a copy, whatever the nesting
     local = dict(published.get(LOCAL_PATHS_KEY) or {})
     shown: dict[str, str] = {}
     for group in (published.get("arguments") or {}).values():
         for key, value in (group if isinstance(group, dict) else {}).items():
-            if isinstance(value, str) and (key in LOCAL_ARGUMENTS or is_local_path(value)):
+            if key not in PATH_ARGUMENTS or not isinstance(value, str):
+                continue
+            if key in LOCAL_ARGUMENTS or is_local_path(value):
                 shown[value] = local[f"--{key}"] = local_name(value)
     recipe = published.get("recipe") if isinstance(published.get("recipe"), dict) else {}
     for key in LOCAL_RECIPE_FIELDS:
@@ -209,14 +234,25 @@ def published_run_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
             return value
         if value in shown:
             return shown[value]
-        if is_local_path(value) and not any(char.isspace() for char in value):
+        if is_absolute_path(value) and not any(char.isspace() for char in value):
             return local_name(value)
         for path in quoted:
             value = value.replace(path, shown[path])
         return value
 
     command = recipe.get("command")
+    columns = {
+        (group_name, key): value
+        for group_name, group in (metrics.get("arguments") or {}).items()
+        if isinstance(group, dict)
+        for key, value in group.items()
+        if key in COLUMN_FLAGS
+    }
     published = publish(published)
+    for (group_name, key), value in columns.items():  # a column name is never a path
+        published["arguments"][group_name][key] = value
+    if "columns" in metrics:
+        published["columns"] = json.loads(json.dumps(metrics["columns"]))
     if isinstance(command, str):
         try:
             published["recipe"]["command"] = published_command(command, shown)

@@ -403,7 +403,14 @@ def dataset_batches(
     """
     import torch
 
-    from .data import BUILTIN_DATASETS, DataError, input_type_of, is_token_classification, load_data
+    from .data import (
+        BUILTIN_DATASETS,
+        DataError,
+        decode_lazily,
+        input_type_of,
+        is_token_classification,
+        load_data,
+    )
     from .evaluate import check_dataset_fits, model_labels, scored_split
     from .processing import clipped_image_modes, clipped_modes_warning, pair_separator_refusal
 
@@ -427,6 +434,7 @@ def dataset_batches(
         clipped = clipped_modes_warning(clipped_image_modes(rows))
         if clipped:
             print(f"warning: {clipped}", file=sys.stderr, flush=True)
+    rows = decode_lazily(rows, None, split)  # a file that cannot be decoded is named
     per_token = is_token_classification(data)
     label_column = "labels" if per_token else "label"
     batches = []

@@ -283,13 +283,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
         check_text_pairs_flag(args, args.local_input_type, _first(config.get("architectures")))
         check_halting_criterion(args.depth, config)
         check_attn_flag(args.attn_implementation, str(config.get("model_type", "")))
-    args.texts = (
-        # "\r\n": a file with Windows line ends would otherwise leave "\r" in each text, and in the printed line
-        [line.rstrip("\r\n") for line in sys.stdin if line.strip()] if args.inputs == ["-"] else args.inputs
-    )
+    if args.inputs == ["-"]:
+        # "\r\n": a file with Windows line ends would otherwise leave "\r" in each text, and in the printed line;
+        # a blank line is skipped, and each input keeps its line's number (1-based) for the messages that name it
+        lines = [(number, line.rstrip("\r\n")) for number, line in enumerate(sys.stdin, 1) if line.strip()]
+        args.texts = [text for _, text in lines]
+        labels = [f"line {number} of stdin" for number, _ in lines]
+    else:
+        args.texts = args.inputs
+        labels = [f"input {number}" for number in range(1, len(args.inputs) + 1)]
     if not args.texts:
         raise UsageError("inputs -: standard input held no non-empty line; pass one input per line")
-    args.pairs = split_pairs(args.texts) if args.text_pairs else None
+    args.pairs = split_pairs(args.texts, labels) if args.text_pairs else None
     if args.local_input_type is not None:
         check_inputs(args.model_dir, args.local_input_type, args.texts, from_stdin=args.inputs == ["-"])
     if folder is not None and args.local_input_type == "sequence":
@@ -311,11 +316,13 @@ def check_text_pairs_flag(args: argparse.Namespace, kind: str, architecture: str
     )
 
 
-def split_pairs(texts: list[str]) -> list[tuple[str, str]]:
+def split_pairs(texts: list[str], labels: list[str] | None = None) -> list[tuple[str, str]]:
     """`--text_pairs`' inputs, each `TEXT<TAB>PAIR`, split at the first TAB (a later TAB belongs to the pair); a
-    `UsageError` naming the first input (its number and its text, shortened) without a TAB or with an empty half."""
+    `UsageError` naming the first input without a TAB or with an empty half by its label in `labels` (unset:
+    `input N`, N its 1-based position; `parse` names a line of stdin by its line number) and its text, shortened."""
     pairs = []
-    for number, text in enumerate(texts, 1):
+    labels = labels or [f"input {number}" for number in range(1, len(texts) + 1)]
+    for label, text in zip(labels, texts, strict=True):
         text_, tab, pair = text.partition("\t")
         if not tab or not text_.strip() or not pair.strip():
             shown = text if len(text) <= 40 else text[:37] + "..."
@@ -327,7 +334,7 @@ def split_pairs(texts: list[str]) -> list[tuple[str, str]]:
                 else ("an empty pair after the TAB")
             )
             raise UsageError(
-                f"--text_pairs: input {number} {shown!r} has {problem}; each input is TEXT<TAB>PAIR (in a shell: "
+                f"--text_pairs: {label} {shown!r} has {problem}; each input is TEXT<TAB>PAIR (in a shell: "
                 "$'first\\tsecond', or one pair per line from stdin with -)"
             )
         pairs.append((text_, pair))

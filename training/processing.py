@@ -72,18 +72,24 @@ def to_rgb(image: Any) -> PIL.Image.Image:
 def clipped_image_modes(dataset: Any, limit: int = 2000) -> dict[str, int]:
     """{mode: count} of the images of `dataset` (a split with an `image` column, or a DatasetDict) whose mode
     `to_rgb` clips (`CLIPPED_MODES`), among the first `limit` of each split. Reads the file headers only, not the
-    pixels."""
+    pixels; a file that has none PIL knows is an `UnreadableImage` naming it (`data.unreadable_image`)."""
     import io
 
     from datasets import Image
 
-    splits = dataset.values() if hasattr(dataset, "values") else [dataset]
+    from .data import unreadable_image
+
+    splits = dataset.items() if hasattr(dataset, "items") else [("given", dataset)]
     found: dict[str, int] = {}
-    for split in splits:
+    for name, split in splits:
         rows = split.select(range(min(limit, len(split)))).cast_column("image", Image(decode=False))
-        for item in rows.with_format(None)["image"]:
+        for i, item in enumerate(rows.with_format(None)["image"]):
             source = io.BytesIO(item["bytes"]) if item.get("bytes") else item["path"]
-            with PIL.Image.open(source) as image:  # lazy: the header gives the mode
+            try:
+                image = PIL.Image.open(source)  # lazy: the header gives the mode
+            except Exception as err:  # not an image at all: named now rather than when a batch reads it
+                raise unreadable_image(item, f"image {i} of the {name} split", err) from err
+            with image:
                 if image.mode in CLIPPED_MODES:
                     found[image.mode] = found.get(image.mode, 0) + 1
     return found

@@ -105,11 +105,17 @@ def _run_record(run_dir: Path) -> dict:
 
 
 def _release_name(metrics: dict) -> str:
-    """The release name of a run from its `_run_record`: `<model>-<dataset>`, `<model>-mim-<dataset>` for masked
-    image modelling."""
-    # a masked-image-modelling run is named apart from the same model's classifier on the same dataset
-    task = "-mim" if metrics.get("task") == MIM_TASK else ""
-    return f"{metrics['model']}{task}-{Path(metrics['dataset']).name}"
+    """The release name of a run from its `_run_record`: the card's default model name (`card.default_model_name`,
+    `<model>-<dataset>`, `<model>-mim-<dataset>` for masked image modelling)."""
+    from .card import LOCAL_PATHS_KEY, default_model_name
+
+    local_paths = metrics.get(LOCAL_PATHS_KEY)
+    return default_model_name(
+        metrics["model"],
+        metrics["dataset"],
+        local_paths if isinstance(local_paths, dict) else None,
+        mim=metrics.get("task") == MIM_TASK,
+    )
 
 
 def check_taken_folder(folder: Path) -> None:
@@ -174,10 +180,13 @@ def dataset_problem(name: str) -> str | None:
     return None
 
 
-def run_dir_name(model: str, dataset: str) -> str:
-    """`<model>-<dataset>` with a local path or Hub id as its last part: one folder under --runs_dir, named as
-    the release is (`_release_name`)."""
-    return f"{model}-{Path(dataset).name}"
+def run_dir_name(model: str, dataset: str, mim: bool = False) -> str:
+    """The folder under --runs_dir that `energyformers train --model MODEL --dataset DATASET` trains into, named as
+    the release is (`card.default_model_name`: a data file by its stem, a Hub id or local folder by its last
+    part)."""
+    from .card import default_model_name
+
+    return default_model_name(model, dataset, mim=mim)
 
 
 def train_command(model: str, dataset: str, run_dir: Path, train_args: list[str]) -> list[str]:
@@ -220,7 +229,7 @@ def training_runs(
             models.append((run_dir, train_command(model, dataset, run_dir, args.train_args)))
     for model in args.mim:  # masked image modelling: exported like the families, named apart
         for dataset in [d for d in args.datasets if d in IMAGE_DATASETS]:
-            run_dir = args.runs_dir / run_dir_name(f"{model}-mim", dataset)
+            run_dir = args.runs_dir / run_dir_name(model, dataset, mim=True)
             models.append(
                 (run_dir, train_command(model, dataset, run_dir, ["--task", "mim", *args.train_args]))
             )
@@ -378,6 +387,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
         problem = dataset_problem(dataset)
         if problem:
             parser.error(f"--datasets {dataset}: {problem}")
+    named: dict[str, str] = {}  # a run folder and a release per dataset name (`run_dir_name`)
+    for dataset in args.datasets:
+        name = run_dir_name("<model>", dataset)
+        if name in named and named[name] != dataset:
+            parser.error(
+                f"--datasets {named[name]} {dataset}: both would be trained into and released as {name}; "
+                "pass one of them"
+            )
+        named[name] = dataset
     if args.mim and not set(args.datasets) & set(IMAGE_DATASETS):
         parser.error(f"--mim trains on images: --datasets needs one of {list(IMAGE_DATASETS)}")
     for folder in args.take or ():

@@ -23,7 +23,7 @@ from typing import Any
 
 from .arguments import MIM_TASK, Arguments, config_flags, parse_overrides, recorded
 from .card import render_model_card
-from .data import BUILTIN_DATASETS, input_type_of
+from .data import BUILTIN_DATASETS, input_type_of, raw_rows
 from .evaluation import primary_metric, summary
 from .setup import auto_head, auto_processor, cli_preset, model_registry, processor_keyword
 
@@ -274,7 +274,7 @@ def print_predictions(output_dir: Path, data: Any, task: str, count: int) -> Non
     model = auto_head(input_type, task).from_pretrained(output_dir)
     processor = auto_processor(input_type).from_pretrained(output_dir)
     pipe = transformers.pipeline(task, model=model, **{processor_keyword(input_type): processor})
-    test = data["test"].with_format(None)  # raw images/texts, without the training transform
+    test = raw_rows(data["test"], "test")  # raw images/texts, without the training transform
     print(f"pipeline({task!r}) on the reloaded {output_dir.name}:")
     if task == "token-classification":  # a grid puzzle as its string of cells, one predicted label per cell
         for i in range(min(count, len(test))):

@@ -37,7 +37,16 @@ from .arguments import (
 )
 from .batches import batches_done
 from .cli import check_model_source
-from .data import BUILTIN_DATASETS, DataError, input_type_of, label_names, load_data, task_of
+from .data import (
+    BUILTIN_DATASETS,
+    DataError,
+    decode_image,
+    decode_lazily,
+    input_type_of,
+    label_names,
+    load_data,
+    task_of,
+)
 from .evaluation import has_recurrent_depth
 from .predict import cannot_load
 from .weights import check_model_folder, load_or_refuse
@@ -564,12 +573,14 @@ def load_and_check_data(args: Arguments, state: Any) -> tuple[Any, list[str]]:
     ):
         if limit is not None:
             data[split] = data[split].select(range(min(limit, len(data[split]))))
-    if input_type_of(data) == "image":
-        for i in range(min(8, len(data["train"]))):  # decode a few now: broken files fail here, not mid-epoch
-            try:
-                data["train"][i]["image"].load()
-            except Exception as err:
-                raise DataError(f"training image {i} of {d.dataset!r} cannot be decoded: {err}") from err
+    if input_type_of(data) == "image":  # decode a few now: broken files there fail before anything is written
+        from datasets import Image
+
+        first = data["train"].select(range(min(8, len(data["train"]))))
+        feature = first.features["image"]
+        stored = first.with_format(None).cast_column("image", Image(mode=feature.mode, decode=False))
+        for i, value in enumerate(stored["image"]):
+            decode_image(feature, value, f"training image {i} of {d.dataset!r}")
     # e.g. an unlabelled split left out, string columns left unused (`data.normalize`)
     warnings = list(getattr(data, "notices", []))
     warnings += small_split_warnings(data, masked_image_modeling=d.task == MIM_TASK)
@@ -887,15 +898,17 @@ def build(args: Arguments, state: Any) -> Built:
     check_supervision_flags(args, config)
     check_checkpointing_support(args, model)
     transform, collator = preprocessing(task, config, processor)
-    for split in data:
-        data[split].set_transform(transform)
+    transforms = {split: transform for split in data}
     if args.data.sudoku_augmentation:  # training split only: evaluation reads the puzzles as they are
         from .sudoku import AugmentationCollator, SudokuAugmentation
 
         augmentation = SudokuAugmentation(seed=args.run.seed + state.process_index)  # a stream per process
-        data["train"].set_transform(AugmentedTransform(augmentation, transform))
+        transforms["train"] = AugmentedTransform(augmentation, transform)
         # the loops continue their collator's stream at each epoch: this one continues the symmetries'
         collator = AugmentationCollator(collator, augmentation)
+    # images decoded as each batch reads them, a file that cannot be decoded named then (`decode_lazily`)
+    for split in data:
+        data[split] = decode_lazily(data[split], transforms[split], split)
     # the real preprocessing + forward on two examples: wrong sizes/ids fail now, not after an epoch
     check_one_batch(model, collator, data["train"], "a training batch")
     model.train()
