@@ -730,7 +730,13 @@ class PerceptualMetrics:
         from torchmetrics.image.fid import FrechetInceptionDistance
 
         if _is_torchscript(path):
-            net = torch.jit.load(str(path), map_location="cpu").eval()
+            import warnings
+
+            with warnings.catch_warnings():
+                # TorchScript is deprecated (DeprecationWarning up to torch 2.13, FutureWarning from 2.15): the
+                # user chose a TorchScript detector file and cannot act on torch's advice; nothing else is hidden
+                warnings.filterwarnings("ignore", message=r"`torch\.jit\.load` is deprecated")
+                net = torch.jit.load(str(path), map_location="cpu").eval()
             return FrechetInceptionDistance(feature=_ScriptedInceptionFeatures(net), normalize=True)
         return FrechetInceptionDistance(
             feature=2048, feature_extractor_weights_path=str(path), normalize=True

@@ -98,7 +98,7 @@ def test_the_detector_sees_every_kind_of_host_sync_and_nothing_else():
             lambda x: float(x.max()),
         ],
         "nonzero": [lambda x: x.nonzero(), lambda x: torch.where(x > 0)],
-        "boolean-mask indexing": [lambda x: x[x > 0], lambda x: x.clone().__setitem__(x > 0, 0.0)],
+        "boolean-mask indexing": [lambda x: x[x > 0], lambda x: x.clone().__setitem__(x > 0, x.new_zeros(2))],
         "masked_select": [lambda x: x.masked_select(x > 0)],
         "unique": [lambda x: x.unique()],
         "equal": [lambda x: torch.equal(x, x)],

@@ -21,6 +21,10 @@ import torch
 from energyformers import mim
 from energyformers.mim import PerceptualMetrics, check_perceptual_weights, reconstruction_metrics
 
+# The stand-in detector is a TorchScript file, the format the FID metric reads; torch deprecates TorchScript
+# (a FutureWarning from 2.15 on), which is torch's advice to the file's author, not a finding of these tests
+pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.(load|script|save)` is deprecated")
+
 TORCHVISION_PROBLEM = mim._torchvision_problem()
 try:
     import torch_fidelity  # noqa: F401
@@ -96,6 +100,18 @@ def test_fid_of_torchscript_detector_is_zero_for_the_same_set_and_grows_with_a_s
     )
     # the PSNR/SSIM of the same call are unchanged by the option
     assert same["psnr"] == reconstruction_metrics(x, x)["psnr"]
+
+
+def test_a_torchscript_detector_loads_without_torchs_deprecation_warning(detector_file):
+    # torch deprecates TorchScript (a FutureWarning, shown to every user, from torch 2.15): the user picked the file
+    # format the metric reads and cannot act on it, so loading the detector must not repeat it on every run
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reconstruction_metrics(images(n=4), images(n=4, seed=1), fid_weights=detector_file)
+    shown = [str(w.message) for w in caught if "torch.jit.load" in str(w.message)]
+    assert not shown, f"warnings about torch.jit.load: {shown}"
 
 
 def test_fid_matches_the_frechet_distance_of_the_detector_features(detector_file):
