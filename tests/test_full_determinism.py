@@ -8,6 +8,7 @@ model class trains a step with the mode on (on CPU an op without a deterministic
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 from accelerate import PartialState
-from fixtures import ALL, cli_config, cases
+from fixtures import ALL, cases, cli_config
 from transformers import TrainerCallback
 
 import energyformers
@@ -46,6 +47,10 @@ COMMON = [
 ]
 
 
+# the heads whose training step runs Hyper-SET's Triton kernels in the interpreter (the same kernels in the others)
+TRITON_HEADS = ("AutoModelForImageClassification", "AutoModelForTokenClassification")
+
+
 def deterministic_mode() -> tuple[bool, bool, bool]:
     """(torch's deterministic algorithms on, cuDNN deterministic, cuDNN benchmark)."""
     return (
@@ -56,13 +61,15 @@ def deterministic_mode() -> tuple[bool, bool, bool]:
 
 
 class SeenModes(TrainerCallback):
-    """The mode at the start of training and after each optimizer step."""
+    """The mode at the start of training and after each optimizer step, and the TrainingArguments' flag."""
 
     def __init__(self) -> None:
         self.modes: list[tuple[bool, bool, bool]] = []
+        self.full_determinism: bool | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.modes.append(deterministic_mode())
+        self.full_determinism = args.full_determinism
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.modes.append(deterministic_mode())
@@ -95,6 +102,7 @@ def test_trainer_runs_are_byte_identical_with_the_mode_on(tmp_path: Path) -> Non
         assert_mode_put_back(before)
         folders.append(out)
         seen.append(modes.modes)
+        assert modes.full_determinism is True  # Trainer was given the flag (and seeds with it in train())
     for modes in seen:
         # begin + 3 steps, each with deterministic algorithms, cuDNN deterministic and not benchmarking
         assert modes == [(True, True, False)] * 4, modes
@@ -167,10 +175,17 @@ def test_initial_weights_do_not_change_and_the_mode_is_on_when_the_model_is_buil
 
 
 @cases([case for case in ALL if not case.is_base])
-@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("attention", ["eager", "sdpa", "triton"])
 def test_a_training_step_runs_under_deterministic_algorithms(case: Any, attention: str) -> None:
-    """Forward, backward and an evaluation forward of every head with torch's deterministic algorithms on (CPU):
-    an op our models use that has no deterministic algorithm raises here."""
+    """Forward, backward and an evaluation forward of every head with torch's deterministic algorithms on (CPU;
+    Hyper-SET's Triton kernels in Triton's interpreter): an op our models use that has no deterministic algorithm
+    raises here."""
+    if attention == "triton" and (
+        importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") != "1"
+    ):
+        pytest.skip("Triton on CPU tensors needs Triton installed and TRITON_INTERPRET=1 (tests/conftest.py)")
+    if attention == "triton" and case.auto_name not in TRITON_HEADS:
+        pytest.skip("the interpreted kernels are slow: one head without a padding mask, one with")
     try:
         model = case.build(attn_implementation=attention)
     except ValueError as err:  # a family without that attention implementation (iMixer has no attention)
