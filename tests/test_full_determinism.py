@@ -141,9 +141,13 @@ def test_the_flag_is_recorded_off_by_default(tmp_path: Path) -> None:
     assert recorded_flag(out) is False
 
 
-@pytest.mark.parametrize("family", sorted(energyformers.FAMILIES))
+@pytest.mark.parametrize(
+    ("family", "task"),
+    [*((family, []) for family in sorted(energyformers.FAMILIES)), ("hyperset", ["--task", "mim"])],
+    ids=[*sorted(energyformers.FAMILIES), "hyperset-mim"],
+)
 def test_initial_weights_do_not_change_and_the_mode_is_on_when_the_model_is_built(
-    family: str, tmp_path: Path
+    family: str, task: list[str], tmp_path: Path
 ) -> None:
     """The model `build` returns, with and without the flag: bitwise equal (deterministic mode's filling of
     uninitialised memory would show here as NaN in a tensor the initialisation skipped); with the flag the mode is
@@ -151,6 +155,7 @@ def test_initial_weights_do_not_change_and_the_mode_is_on_when_the_model_is_buil
     before = deterministic_mode()
     argv = [
         *COMMON,
+        *task,
         "--model",
         family,
         "--config",
