@@ -75,6 +75,28 @@ def _threads_kept() -> Iterator[None]:
     )
 
 
+@pytest.fixture(autouse=True)
+def _determinism_kept() -> Iterator[None]:
+    """A test that leaves torch's deterministic-algorithms mode on (a command run in-process with
+    `--full_determinism` that did not put it back) fails here, and the mode is put back, so no later test runs with
+    it: under it an op without a deterministic algorithm raises."""
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    yield
+    after = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    if after == before:
+        return
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    pytest.fail(
+        f"torch's deterministic algorithms (on, warn only) went from {before} to {after} and were not put back"
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """pytest-randomly only shuffles the order (its `--randomly-dont-reset-seed`): it would otherwise reseed Python's
     `random` and NumPy from its seed and the test's id just before each test body, after `_seeded`, so a test body

@@ -217,7 +217,6 @@ def prepare_training(
     """Build the model and data, record the run's arguments, make the optimizer and scheduler and `prepare` them
     with the loaders; the EMA starts from the built weights (a resume loads its own afterwards)."""
     import torch
-    from accelerate.utils import set_seed
 
     from .evaluation import eval_depths, load_metrics
     from .optimization import TrainingLoss, make_scheduler, param_groups, plan_schedule
@@ -227,10 +226,13 @@ def prepare_training(
         check_resume_arguments,
         enable_activation_checkpointing,
         record_run_arguments,
+        seed_run,
     )
 
     run_args = args.run
-    set_seed(run_args.seed)
+    # transformers' seeding in both loops: with --full_determinism, enable_full_determinism (Trainer's effect of
+    # the flag); accelerate's set_seed(deterministic=True) would not set cuDNN's flags or CUBLAS_WORKSPACE_CONFIG
+    seed_run(run_args)
     built = build(args, accelerator.state)
     if resume_from is not None:  # what was built against the record, before `load_state`
         check_resume_arguments(args, built, work_dir, resume_from)

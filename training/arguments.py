@@ -435,6 +435,14 @@ class RunArguments:
             "help": "seed of the initial weights, data order, augmentation and the sampled training depths"
         },
     )
+    full_determinism: bool = field(
+        default=False,
+        metadata={
+            "help": "transformers.enable_full_determinism(--seed) in place of set_seed, before the model is built "
+            "(as TrainingArguments.full_determinism): deterministic torch algorithms (an op without one raises), "
+            "cuDNN deterministic and unbenchmarked, CUBLAS_WORKSPACE_CONFIG; slower on a GPU"
+        },
+    )
     bf16: bool = field(
         default=False, metadata={"help": "bfloat16 autocast (the same as --mixed_precision bf16)"}
     )

@@ -273,11 +273,13 @@ def run_command(
     # torch's thread count, read once torch is loaded (after parsing: `--help` and bad arguments stay light) and put
     # back afterwards, as the logging is: `--num_threads` is this command's, not the calling notebook's or test's.
     threads = None
+    determinism = None
     try:
         parsed = parse(argv)
         import energyformers.registry  # noqa: F401  (the models load, and register, only for good arguments)
 
         threads = _torch_threads()
+        determinism = _determinism_state()  # `--full_determinism` is this command's too
         return int(execute(parsed) or 0)
     except UsageError as err:
         report_usage_error(f"{prog}: error: {err}", *([f"  {err.hint}"] if err.hint else []))
@@ -296,6 +298,8 @@ def run_command(
         _restore_transformers_logging(logging_state)
         if threads is not None:
             _set_torch_threads(threads)
+        if determinism is not None:
+            _restore_determinism(determinism)
 
 
 def _torch_threads() -> int | None:
@@ -309,6 +313,45 @@ def _set_torch_threads(threads: int) -> None:
     torch = sys.modules["torch"]
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+
+
+# What `transformers.enable_full_determinism` sets in the environment (read by CUDA, cuBLAS, flash-attn, NPUs).
+DETERMINISM_ENVIRONMENT = (
+    "CUDA_LAUNCH_BLOCKING",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "ASCEND_LAUNCH_BLOCKING",
+    "HCCL_DETERMINISTIC",
+    "FLASH_ATTENTION_DETERMINISTIC",
+)
+
+
+def _determinism_state() -> tuple[Any, ...]:
+    """torch's deterministic-algorithms mode (on, warn only), cuDNN's (deterministic, benchmark) and the environment
+    variables `transformers.enable_full_determinism` sets, as `_restore_determinism` puts them back."""
+    torch = sys.modules["torch"]
+    return (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        {name: os.environ.get(name) for name in DETERMINISM_ENVIRONMENT},
+    )
+
+
+def _restore_determinism(state: tuple[Any, ...]) -> None:
+    """Put back `state` (`_determinism_state`) where a command (`--full_determinism`) changed it."""
+    if _determinism_state() == state:
+        return
+    torch = sys.modules["torch"]
+    enabled, warn_only, cudnn_deterministic, cudnn_benchmark, environment = state
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+    torch.backends.cudnn.deterministic = cudnn_deterministic
+    torch.backends.cudnn.benchmark = cudnn_benchmark
+    for name, value in environment.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _transformers_logging_state() -> tuple[int, bool] | None:

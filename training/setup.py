@@ -28,6 +28,7 @@ from ..tokenizer_fit import MIM_AUTO_CLASS
 from .arguments import (
     MIM_TASK,
     Arguments,
+    RunArguments,
     UsageError,
     check_attn_flag,
     check_output_dir,
@@ -826,13 +827,26 @@ def check_numbered_batch_workers(args: Arguments) -> None:
         ) from None
 
 
+def seed_run(run: RunArguments) -> None:
+    """Seed Python, NumPy and torch from `--seed`; with `--full_determinism`, through
+    `transformers.enable_full_determinism` as Trainer does for `TrainingArguments.full_determinism`: it also turns
+    on torch's deterministic algorithms (an op with none raises), cuDNN's deterministic mode without benchmarking,
+    and sets the CUDA environment they need (`CUBLAS_WORKSPACE_CONFIG`). Called before the model is built: the
+    same initial weights either way."""
+    import transformers
+
+    if run.full_determinism:
+        transformers.enable_full_determinism(run.seed)
+    else:
+        transformers.set_seed(run.seed)
+
+
 def build(args: Arguments, state: Any) -> Built:
     """Dataset (with preprocessing attached), processor, collator and model from the parsed arguments.
 
     Shared by both training loops; `state` is the (already initialised) `accelerate.PartialState`. Runs one real
     batch through the model so mismatches surface here, before any training or writing.
     """
-    import transformers
 
     from .recipes import RECIPE_TASKS, drop_unapplied_recipe_values
 
@@ -859,7 +873,7 @@ def build(args: Arguments, state: Any) -> Built:
     _recipe_task(recipe, task)
     config, processor = build_config_and_processor(args, data, state, processor)
     warnings += drop_unapplied_recipe_values(args, config)  # a recipe value this model has no field for
-    transformers.set_seed(args.run.seed)  # same initial weights on every rank and every rerun
+    seed_run(args.run)  # same initial weights on every rank and every rerun
     head = auto_head(config.input_type, task)
     attention = args.model.attn_implementation
     # transformers' own selection: the model checks the name and sets `config._attn_implementation`
@@ -1141,7 +1155,7 @@ def build_masked_image_modeling(args: Arguments, state: Any) -> Built:
     )
     config = masked_image_modeling_config(args, mim.tokenizer)
     check_mim_supervision(config)
-    transformers.set_seed(args.run.seed)
+    seed_run(args.run)
     head = transformers.AutoModelForMaskedImageModeling
     attention = m.attn_implementation
     chosen = {} if attention is None else {"attn_implementation": attention}

@@ -188,6 +188,7 @@ def training_arguments(args: Any, work_dir: Path) -> Any:
         adam_beta2=run.adam_beta2,
         gradient_accumulation_steps=run.gradient_accumulation_steps,
         seed=run.seed,
+        full_determinism=run.full_determinism,  # Trainer seeds again with it, as `setup.seed_run` did
         bf16=run.precision == "bf16",
         fp16=run.precision == "fp16",
         torch_compile=run.torch_compile,
