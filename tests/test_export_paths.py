@@ -47,7 +47,9 @@ def inspect_run(run: Path) -> None:
     from energyformers.training import cli
 
     dataset = run.parent.parent / "data" / DATASET
-    argv = ["inspect", run, "--dataset", dataset, "--max_samples", "8", "--output_dir", run, "--overwrite_output_dir"]
+    argv = [
+        "inspect", run, "--dataset", dataset, "--max_samples", "8", "--output_dir", run, "--overwrite_output_dir",
+    ]  # fmt: skip
     assert cli.main([*map(str, argv), "--num_threads", "1"]) == 0, argv
 
 
@@ -211,7 +213,8 @@ def test_the_output_dir_is_shown_by_its_name_also_when_short_and_relative():
     published = published_run_metrics(metrics)
     command = published["recipe"]["command"]
     assert command == "energyformers train --dataset data.csv --output_dir base", command
-    assert published["arguments"] == {"data": {"dataset": "data.csv"}, "run": {"output_dir": "base"}}, published
+    arguments = published["arguments"]
+    assert arguments == {"data": {"dataset": "data.csv"}, "run": {"output_dir": "base"}}, arguments
     assert published["local_paths"] == {"--output_dir": "base"}, published["local_paths"]
 
 

@@ -738,7 +738,9 @@ def test_anderson_damping_weighs_the_evaluation_by_beta(path):
     else:
         mixed = _AndersonMixing(3, 0.25)(state.clone().requires_grad_(), image).detach()
     # α = g/g = 1 exactly; then the same two products and one sum: a few ulps of the inputs' scale
-    assert_close_to_scale(mixed, 0.25 * image + 0.75 * state, rounding(torch.float64, 4), f"damped step ({path})")
+    assert_close_to_scale(
+        mixed, 0.25 * image + 0.75 * state, rounding(torch.float64, 4), f"damped step ({path})"
+    )
 
 
 # ---------------------------------------------------------------- every solver x gradient trains

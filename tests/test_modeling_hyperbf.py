@@ -343,7 +343,8 @@ def test_gaussian_rbf_weights_are_at_most_one_also_at_the_centers():
         for parameter in (feedforward.centers, feedforward.metric):
             parameter.copy_(3 * torch.randn(parameter.shape, generator=generator))
         feedforward.log_sigma.fill_(-3.0)
-        weights = feedforward.center_weights(feedforward.centers[None].repeat(4, 1, 1))  # every input at a center
+        at_centers = feedforward.centers[None].repeat(4, 1, 1)  # every input at a center
+        weights = feedforward.center_weights(at_centers)
     # exact: exp of a logit <= 0 is <= 1 in any dtype, so no rounding allowance
     assert weights.max().item() <= 1.0, f"largest weight {weights.max().item():.6g} > 1"
 

@@ -151,7 +151,9 @@ def test_poisson_lognormal_depths_have_mean_t():
         "image", num_iterations=8, iteration_sampling="poisson-lognormal", max_iterations=10_000
     )  # a range so wide that clipping moves the mean by nothing measurable
     draws = 4000
-    depths = torch.tensor([sample_num_iterations(config, draw, seed=0) for draw in range(draws)], dtype=torch.float64)
+    depths = torch.tensor(
+        [sample_num_iterations(config, draw, seed=0) for draw in range(draws)], dtype=torch.float64
+    )
     rate, sigma = config.num_iterations - 1, config.iteration_sampling_sigma
     # 5 standard errors of the mean: depth = 1 + Poisson(λ), λ lognormal with mean T − 1, so
     # Var(depth) = E[λ] + Var(λ) = (T − 1) + (T − 1)² (e^{σ²} − 1); seeded, so the draws are the same every run
