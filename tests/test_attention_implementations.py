@@ -187,6 +187,38 @@ def test_eager_one_softmax_is_the_two_softmax_definition(padded, length):
         assert_close_to_scale(got, want, rounding(torch.float64, 64), f"d{label}")
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_with_general_q_and_k_is_the_two_softmax_definition(device):
+    """The fused kernel is (R + C) v for any S = q kᵀ, as its docstring and custom op say, not only for the model's
+    symmetric S = (z ⊙ c) zᵀ, with which the row and column log-sum-exps coincide: independent q, k, v against the
+    definition in float64, output and the partial derivatives in q, k and v."""
+    skip_unrunnable("triton", device)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 2, 17, 16, generator=g) for _ in range(3))
+    keep = torch.ones(2, 17, dtype=torch.bool)
+    keep[1, 9:] = False  # sample 1's last 8 tokens padded
+    real = keep[:, None, :, None].double()  # what the model reads: the real queries' rows
+    grad_out = torch.randn(q.shape, generator=g, dtype=torch.float64) * real
+    results = []
+    runs = [
+        (ALL_ATTENTION_FUNCTIONS["triton"], torch.float32, device),
+        (two_softmax_definition, torch.float64, "cpu"),
+    ]
+    for attend, dtype, on_device in runs:
+        leaves = [x.to(on_device, dtype).requires_grad_() for x in (q, k, v)]
+        out, _ = attend(*leaves, keep.to(on_device))
+        grads = torch.autograd.grad(out, leaves, grad_out.to(on_device, dtype))
+        results.append([t.detach().cpu().double() for t in (out * real.to(on_device, dtype), *grads)])
+    (out, *grads), (want, *want_grads) = results
+    # float32 sums over the 17 keys in another order (blocks, fused exp) than float64's: tens of ulps of the scale
+    assert_close_to_scale(out, want, rounding(torch.float32, 32 * ROUNDINGS_PER_OP[device]), "output")
+    for got, expected, label in zip(grads, want_grads, "qkv"):
+        # as in test_float32_matches_eager: 8 × √(B·H·N²) ulps of the largest entry
+        count = 8 * math.sqrt(2 * 2 * 17**2) * ROUNDINGS_PER_OP[device]
+        assert_close_to_scale(got, expected, rounding(torch.float32, count), f"d{label}")
+
+
 def test_several_heads_and_batches_are_independent():
     """Each (sample, head) pair is its own attention: computing one alone gives the same rows."""
     z, scale, v, keep = on(DEVICES[-1], *attention_inputs(17, 16, padded=True))  # the GPU where there is one

@@ -116,6 +116,21 @@ def test_energy_is_the_papers_formula_with_constants_and_bounded_below_by_zero()
     assert (without < by_hand).all()
 
 
+def test_a_masked_energy_is_the_energy_of_the_visible_patterns_alone():
+    # N and M of the constants are taken over the patterns each state sees: hiding the largest pattern must drop it
+    # from M = max‖x‖ too, not only from the logsumexp
+    torch.manual_seed(8)
+    state, stored = torch.randn(2, 3, 4, dtype=D), torch.randn(2, 5, 4, dtype=D)
+    stored[:, 4] *= 10  # the largest pattern, the one hidden
+    keep = torch.ones(1, 1, 1, 5, dtype=torch.bool)
+    keep[..., 4] = False
+    for beta in (0.5, 2.0):
+        masked = hopfield_energy(state, stored, beta, mask=keep)
+        alone = hopfield_energy(state, stored[:, :4], beta)
+        # per row: 3 states, each a logsumexp over 4 patterns of 4-long dot products plus a 4-long norm: 64 roundings
+        assert_close_to_scale(masked, alone, rounding(D, 64), f"masked vs visible patterns, beta={beta}")
+
+
 @pytest.mark.parametrize("beta", [0.3, 2.0, 16.0])
 @pytest.mark.parametrize("step_size", [0.1, 0.5, 1.0, 1.5, HOPFIELD_STEP_SIZE_BOUND])
 def test_energy_never_increases_along_the_minimiser_for_step_sizes_up_to_the_bound(beta, step_size):
@@ -164,6 +179,14 @@ def test_minimiser_works_under_no_grad_stops_at_tolerance_and_retrieves_a_patter
     assert unrecorded.trajectory is None and unrecorded.steps == 10 and not unrecorded.converged
 
 
+def test_zero_tolerance_stops_at_an_exact_fixed_point():
+    # at the minimum of ½‖ξ‖² the step is exactly 0, which a tolerance of 0 accepts (the bound is inclusive)
+    result = minimize_energy(
+        lambda xi: 0.5 * xi.pow(2).sum(-1), torch.zeros(2, 3, dtype=D), max_steps=5, tolerance=0.0
+    )
+    assert result.converged and result.steps == 1, (result.converged, result.steps)
+
+
 def test_bad_arguments_are_rejected_before_any_work():
     x = torch.randn(1, 2, 4, dtype=D)
     with pytest.raises(ValueError, match="beta must be a finite number > 0"):
@@ -200,6 +223,18 @@ def test_energy_attention_with_one_unit_step_is_multi_head_softmax_attention(kin
     # the same sums in another order: 4-long dot products, a softmax over at most 7 keys, the 12-wide projections
     assert_close_to_scale(out, expected, rounding(D, 64), "one unit step vs softmax attention")
     assert trace.shape == (2, 2) and (trace[:, 1] <= trace[:, 0]).all()
+
+
+def test_energy_attention_takes_steps_of_its_step_size():
+    torch.manual_seed(9)
+    module = EnergyAttention(8, num_heads=2, num_steps=2, step_size=0.5).double()
+    hidden = torch.randn(2, 5, 8, dtype=D)
+    out, _ = module(hidden)
+    state, keys = module.q_proj(hidden), module.k_proj(hidden)
+    for _ in range(2):  # ξ ← ξ − η ∇E(ξ), η = 0.5
+        state = state - 0.5 * hopfield_gradient(state, keys, module.beta, 2)[0]
+    # the same operations in the same order, then an 8-wide projection: a few ulps of the output's scale
+    assert_close_to_scale(out, module.o_proj(state), rounding(D, 16), "two steps of size 0.5")
 
 
 def test_energy_attention_trace_descends_over_many_steps_and_trains():

@@ -41,14 +41,27 @@ def train_run(machine: Path) -> Path:
     return run
 
 
+def inspect_run(run: Path) -> None:
+    """`energyformers inspect` of the run on its local dataset file, written into the run folder (as the card
+    expects it), so its inspect.json records the absolute paths of the folder and of the dataset."""
+    from energyformers.training import cli
+
+    dataset = run.parent.parent / "data" / DATASET
+    argv = [
+        "inspect", run, "--dataset", dataset, "--max_samples", "8", "--output_dir", run, "--overwrite_output_dir",
+    ]  # fmt: skip
+    assert cli.main([*map(str, argv), "--num_threads", "1"]) == 0, argv
+
+
 @pytest.fixture(scope="module")
 def machines(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """Two runs of one command on two "machines" (folders of different paths), each exported beside it; with the
-    bytes of each run's metrics.json before its export."""
+    """Two runs of one command on two "machines" (folders of different paths), each inspected and exported beside
+    it; with the bytes of each run's metrics.json before its export."""
     found = []
     for name in ("alice", "bob"):
         machine = tmp_path_factory.mktemp(name)
         run = train_run(machine)
+        inspect_run(run)
         recorded = (run / "metrics.json").read_bytes()
         exported = export_model_dir(run, machine / "hub" / RUN_NAME)
         found.append({"machine": machine, "run": run, "recorded": recorded, "exported": exported})
@@ -65,6 +78,7 @@ def without_timings(value: Any) -> Any:
 
 def test_an_export_holds_no_path_of_the_training_machine(machines):
     for found in machines:
+        assert (found["run"] / "inspect.json").is_file() and (found["exported"] / "inspect.json").is_file()
         for path in sorted(found["exported"].rglob("*")):
             if path.is_file():  # every file, weights and figures too
                 data = path.read_bytes()
@@ -87,6 +101,22 @@ def test_the_card_and_metrics_name_the_local_folder_and_file_by_their_names(mach
     assert f"* Data: **{DATASET}**. A local file or folder of the machine it was trained on" in card, card
 
 
+def test_the_exported_inspect_report_names_the_model_and_the_dataset_by_their_names(machines, tmp_path):
+    """The copy of inspect.json names the model by the exported folder's name, else by its Hub id, and the local
+    dataset by its file name; the run folder's own report keeps the paths inspect recorded."""
+    found = machines[0]
+    local = json.loads((found["run"] / "inspect.json").read_text())
+    assert local["model_dir"] == str(found["run"]), local["model_dir"]
+    assert local["accuracy"]["dataset"] == str(found["machine"] / "data" / DATASET), local["accuracy"]
+    published = json.loads((found["exported"] / "inspect.json").read_text())
+    assert published["model_dir"] == RUN_NAME, published["model_dir"]
+    assert published["accuracy"]["dataset"] == DATASET, published["accuracy"]
+    assert published["inputs"] == f"{DATASET} (test, first batch)", published["inputs"]
+    named = export_model_dir(found["run"], tmp_path / RUN_NAME, repo_id="org/hyperbf-reviews")
+    model_dir = json.loads((named / "inspect.json").read_text())["model_dir"]
+    assert model_dir == "org/hyperbf-reviews", model_dir
+
+
 def test_the_run_folders_own_metrics_json_keeps_the_paths_as_typed(machines):
     for found in machines:
         text = (found["run"] / "metrics.json").read_bytes()
@@ -106,6 +136,10 @@ def test_runs_trained_in_different_folders_publish_the_same_card_and_metrics(mac
         key for key in metrics[0].keys() | metrics[1].keys() if metrics[0].get(key) != metrics[1].get(key)
     )
     assert differing == [], {key: (metrics[0].get(key), metrics[1].get(key)) for key in differing}
+    reports = [(folder / "inspect.json").read_bytes() for folder in (first, second)]
+    assert reports[0] == reports[1], [
+        (a, b) for a, b in zip(reports[0].decode().splitlines(), reports[1].decode().splitlines()) if a != b
+    ]
     cards = [re.sub(r"\* Wall time \(s\): .*", "", (f / "README.md").read_text()) for f in (first, second)]
     assert cards[0] == cards[1], [
         (a, b) for a, b in zip(cards[0].splitlines(), cards[1].splitlines()) if a != b
@@ -166,6 +200,22 @@ def test_a_local_checkpoint_is_named_as_a_local_folder_wherever_the_export_is_ma
     assert provenance(published, "`sudoku`") == (
         "This model is a fine-tuned version of `hyperbf-base` on `sudoku`."
     ), provenance(published, "`sudoku`")
+
+
+def test_the_output_dir_is_shown_by_its_name_also_when_short_and_relative():
+    """`--output_dir` is the run folder whatever its spelling: a short relative one (`runs/base`, which as another
+    path argument would be published as typed) is shown by its name too, while a short `--dataset` is kept."""
+    metrics = {
+        "dataset": "data.csv",
+        "recipe": {"command": "energyformers train --dataset data.csv --output_dir runs/base"},
+        "arguments": {"data": {"dataset": "data.csv"}, "run": {"output_dir": "runs/base"}},
+    }
+    published = published_run_metrics(metrics)
+    command = published["recipe"]["command"]
+    assert command == "energyformers train --dataset data.csv --output_dir base", command
+    arguments = published["arguments"]
+    assert arguments == {"data": {"dataset": "data.csv"}, "run": {"output_dir": "base"}}, arguments
+    assert published["local_paths"] == {"--output_dir": "base"}, published["local_paths"]
 
 
 def test_column_names_and_other_names_are_kept_as_recorded():

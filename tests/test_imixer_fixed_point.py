@@ -723,6 +723,26 @@ def test_anderson_ring_buffers_match_the_history_lists(damping):
         assert_close_to_scale(mixed, tracked.detach(), rounding(torch.float64, 256), "ring vs lists")
 
 
+@pytest.mark.parametrize("path", ["ring", "lists"])
+def test_anderson_damping_weighs_the_evaluation_by_beta(path):
+    # x_{k+1} = β Σ α_i f(x_i) + (1 − β) Σ α_i x_i (Walker & Ni 2011); with one history entry α = [1], so the first
+    # mixed iterate is β f(x_0) + (1 − β) x_0. Both paths, as the ring-vs-lists test above cannot tell β from 1 − β
+    from energyformers.modeling.modeling_imixer import _AndersonMixing
+
+    g = torch.Generator().manual_seed(0)
+    state = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+    image = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+    if path == "ring":
+        with torch.no_grad():
+            mixed = _AndersonMixing(3, 0.25)(state, image)
+    else:
+        mixed = _AndersonMixing(3, 0.25)(state.clone().requires_grad_(), image).detach()
+    # α = g/g = 1 exactly; then the same two products and one sum: a few ulps of the inputs' scale
+    assert_close_to_scale(
+        mixed, 0.25 * image + 0.75 * state, rounding(torch.float64, 4), f"damped step ({path})"
+    )
+
+
 # ---------------------------------------------------------------- every solver x gradient trains
 
 

@@ -370,6 +370,18 @@ def test_offline_end_to_end_tokenize_train_mask_decode_measure():
     assert abs(bound["psnr"] - own) <= rounding(torch.float32, 8, own), (bound["psnr"], own)
 
 
+def test_reconstruction_metrics_of_images_smaller_than_the_ssim_window():
+    # SSIM's window is 11 pixels, odd; on an 8-pixel side it must shrink to an odd 7, not to an even 8 (refused)
+    generator = torch.Generator().manual_seed(0)
+    reference = torch.rand(2, 3, 8, 8, generator=generator)
+    noisy = (reference + 0.05 * torch.randn(reference.shape, generator=generator)).clamp(0, 1)
+    ssim = reconstruction_metrics(noisy, reference)["ssim"]
+    assert math.isfinite(ssim) and 0 < ssim < 1, ssim
+    same = reconstruction_metrics(reference, reference)["ssim"]
+    # float64 window sums over at most 7 × 7 pixels of values <= 1, in the numerator and the denominator alike
+    assert abs(same - 1) <= rounding(torch.float64, 64), f"SSIM(x, x) = {same!r}"
+
+
 @pytest.mark.parametrize(
     "setting, value",
     [("deep_supervision", "all"), ("supervision_steps", 2), ("halting_head", True)],

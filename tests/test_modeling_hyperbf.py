@@ -334,6 +334,21 @@ def test_normalized_feedforward_weights_do_not_cancel_at_large_input_norms():
     assert error < 8 * torch.finfo(torch.float32).eps, f"max weight error {error:.3g} against float64"
 
 
+def test_gaussian_rbf_weights_are_at_most_one_also_at_the_centers():
+    """exp(−d²/(2σ²)) <= 1: at a center the distance ‖Wx‖² − 2Wx·Wt + ‖Wt‖² is a cancellation that rounding can
+    leave below 0, and narrow kernels (1/(2σ²) ~ 200 here) would turn that into a weight far above 1."""
+    feedforward = build(HyperBFModel, "image", feedforward_kernel="gaussian").layers[0].feedforward.eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in (feedforward.centers, feedforward.metric):
+            parameter.copy_(3 * torch.randn(parameter.shape, generator=generator))
+        feedforward.log_sigma.fill_(-3.0)
+        at_centers = feedforward.centers[None].repeat(4, 1, 1)  # every input at a center
+        weights = feedforward.center_weights(at_centers)
+    # exact: exp of a logit <= 0 is <= 1 in any dtype, so no rounding allowance
+    assert weights.max().item() <= 1.0, f"largest weight {weights.max().item():.6g} > 1"
+
+
 class _LargestTensor(TorchFunctionMode):
     def __init__(self):
         super().__init__()

@@ -4,6 +4,7 @@ through depth and adaptive halting (docs/hyperset.md)."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -142,6 +143,23 @@ def test_sampled_depths_are_reproducible_and_inside_the_range(sampling, extra, l
         assert 7.0 < sum(depths) / len(depths) < 9.0  # mean T (Geiping et al.)
     elif not extra:
         assert set(depths) == set(range(low, high + 1))
+
+
+def test_poisson_lognormal_depths_have_mean_t():
+    # a tighter check than the 7 < mean < 9 above, which an off-by-one depth (mean T − 1, clipped at 1) passes
+    config = hyperset_config(
+        "image", num_iterations=8, iteration_sampling="poisson-lognormal", max_iterations=10_000
+    )  # a range so wide that clipping moves the mean by nothing measurable
+    draws = 4000
+    depths = torch.tensor(
+        [sample_num_iterations(config, draw, seed=0) for draw in range(draws)], dtype=torch.float64
+    )
+    rate, sigma = config.num_iterations - 1, config.iteration_sampling_sigma
+    # 5 standard errors of the mean: depth = 1 + Poisson(λ), λ lognormal with mean T − 1, so
+    # Var(depth) = E[λ] + Var(λ) = (T − 1) + (T − 1)² (e^{σ²} − 1); seeded, so the draws are the same every run
+    bound = 5 * math.sqrt((rate + rate**2 * math.expm1(sigma**2)) / draws)
+    mean, target = depths.mean().item(), config.num_iterations
+    assert abs(mean - target) < bound, f"mean depth {mean:.4f}, T = {target}, bound {bound:.3f}"
 
 
 def test_training_forwards_draw_the_same_depth_sequence_in_every_process():

@@ -98,6 +98,14 @@ def test_generated_puzzles_valid(lo, hi, n):
         assert solve(p.tolist()) == s.tolist()
 
 
+# no Sudoku with fewer than 17 givens has a unique solution (McGuire, Tugemann and Civario, "There is no 16-clue
+# Sudoku"), so such a target is refused; so are an empty range and one past the 81 cells
+@pytest.mark.parametrize("lo,hi", [(16, 20), (30, 29), (17, 82)])
+def test_a_givens_range_outside_17_to_81_is_refused(lo, hi):
+    with pytest.raises(ValueError, match=rf"need 17 <= min_givens <= max_givens <= 81, got {lo}, {hi}"):
+        generate_puzzles(1, min_givens=lo, max_givens=hi)
+
+
 def test_seeding_deterministic():
     a = generate_puzzles(10, seed=7)
     b = generate_puzzles(10, seed=7)
