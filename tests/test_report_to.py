@@ -222,3 +222,11 @@ def test_the_tracker_config_is_flat_and_plain(tmp_path):
     assert (
         "hub_token" not in config and "run_name" not in config
     )  # recorded() leaves the token out; unset left out
+
+
+def test_the_docs_list_each_loops_trackers():
+    """docs/training.md, "Logging to a tracker", lists each library's registry as installed."""
+    text = " ".join((Path(__file__).parents[1] / "docs" / "training.md").read_text().split())
+    for registry, prog in (("INTEGRATION_TO_CALLBACK", TRAIN), ("LOGGER_TYPE_TO_CLASS", ACCELERATE_PROG)):
+        listed = f"{registry}`: {', '.join(tracker_names(prog))})"
+        assert listed in text, f"docs/training.md should say {listed!r}"
