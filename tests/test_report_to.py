@@ -14,12 +14,15 @@ import importlib.util
 import json
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+from tensorboardX import event_file_writer
 from tensorboardX.proto.event_pb2 import Event
 from tensorboardX.record_writer import masked_crc32c
+from transformers import TrainerCallback
 
 from energyformers.training import accelerate_loop, train
 from energyformers.training.arguments import (
@@ -80,8 +83,15 @@ def event_scalars(folder: Path) -> dict[str, dict[int, float]]:
     return found
 
 
+@pytest.fixture
+def one_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tensorboardX's clock stopped: every event file a run opens is named in the same second (its names hold the
+    second and the host only), as in a run whose training ends and final evaluation logs within one second."""
+    monkeypatch.setattr(event_file_writer, "time", SimpleNamespace(time=lambda: 1_700_000_000.25))
+
+
 @pytest.mark.parametrize("loop", sorted(LOOPS))
-def test_tensorboard_gets_the_logged_training_loss_and_test_accuracy(loop, tmp_path):
+def test_tensorboard_gets_the_logged_training_loss_and_test_accuracy(loop, tmp_path, one_second):
     out = tmp_path / "tb-run"
     assert LOOPS[loop]([*COMMON, "--report_to", "tensorboard", "--output_dir", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
@@ -110,12 +120,26 @@ def test_no_tracker_files_by_default(loop, tmp_path):
     assert json.loads((out / "metrics.json").read_text())["arguments"]["run"]["report_to"] == ["none"]
 
 
-def test_logging_dir_and_run_name_place_the_files(tmp_path):
+class RunName(TrainerCallback):
+    """The `run_name` of the TrainingArguments Trainer trains with (what its tracker callbacks name the run)."""
+
+    def __init__(self) -> None:
+        self.names: list[str | None] = []
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.names.append(args.run_name)
+
+
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_logging_dir_and_run_name_place_the_files(loop, tmp_path):
     logs = tmp_path / "board"
-    argv = [*COMMON, "--max_steps", "1", "--report_to", "tensorboard", "--run_name", "first"]
-    assert accelerate_loop.main([*argv, "--logging_dir", str(logs), "--output_dir", str(tmp_path / "o")]) == 0
+    argv = [*COMMON, "--report_to", "tensorboard", "--run_name", "first"]
+    argv += ["--logging_dir", str(logs), "--output_dir", str(tmp_path / "o")]
+    seen = RunName()
+    assert (train.main(argv, callbacks=[seen]) if loop == "train" else accelerate_loop.main(argv)) == 0
     assert set(event_scalars(logs / "first")) >= {"train/loss", "train/learning_rate", "eval/loss"}
     assert not (tmp_path / "o" / "runs").exists()
+    assert seen.names == ([] if loop == "train-accelerate" else ["first"])
 
 
 def _installed(name: str) -> bool:

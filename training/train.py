@@ -241,6 +241,23 @@ def tensorboard_folder(args: Arguments, work_dir: Path) -> Iterator[None]:
             os.environ[name] = before
 
 
+def reopen_tensorboard(trainer: Any) -> None:
+    """Open the TensorBoard writer the final evaluations log to, with a file name of its own. Trainer closes its
+    writer when training ends, and the next log opens a new one in the same folder; tensorboardX names event files
+    by the second and the host only, so one opened within the same second would replace the training's file."""
+    from transformers.integrations import TensorBoardCallback
+
+    if not trainer.is_world_process_zero():  # the one that writes (the callback's own rule)
+        return
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, TensorBoardCallback) and callback.tb_writer is None:
+            try:  # the callback's own choice: torch's writer needs tensorboard, else tensorboardX
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                from tensorboardX import SummaryWriter
+            callback.tb_writer = SummaryWriter(log_dir=callback.logging_dir, filename_suffix=".evaluation")
+
+
 def close_tensorboard(trainer: Any) -> None:
     """Close the TensorBoard writer the final evaluations' logs opened again (Trainer closes its own at the end of
     training), before its folder is moved into the output folder (`run_folder.finish_run`)."""
@@ -371,6 +388,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             # processes a rank acting on that alone would skip the evaluation the others wait in
             if not stop.agreed:
                 saved_weights = restore_best_weights(trainer, args)
+                reopen_tensorboard(trainer)
                 try:
                     eval_metrics = trainer.evaluate(built.data["validation"], metric_key_prefix="eval")
                     test_metrics = trainer.evaluate(built.data["test"], metric_key_prefix="test")
