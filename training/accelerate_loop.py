@@ -24,7 +24,16 @@ from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from .arguments import Arguments, RunArguments, parse_arguments, quiet_libraries
+from .arguments import (
+    NO_TRACKERS,
+    Arguments,
+    RunArguments,
+    parse_arguments,
+    quiet_libraries,
+    tracker_config,
+    tracker_folder,
+    tracker_run_name,
+)
 from .cli import run_command
 from .interrupt import EvaluationStopped, StopRequest
 
@@ -171,19 +180,54 @@ class LoopState:
     checkpoint_rng: dict[str, Any] | None = None
 
 
-def make_accelerator(run_args: RunArguments) -> Accelerator:
+def make_accelerator(run_args: RunArguments, work_dir: Path) -> Accelerator:
     """The `Accelerator` of the run: precision from the flags; the scheduler is ours to step, and so is gradient
     accumulation (`train_step`: its loss is normalised over the whole window, which `accelerator.backward`'s
-    division by the accumulation steps would undo)."""
+    division by the accumulation steps would undo); the trackers of `--report_to` (`start_trackers` starts them),
+    those that write files in `arguments.tracker_folder` (under `work_dir` unless `--logging_dir`)."""
     import torch
     from accelerate import Accelerator, DataLoaderConfiguration
 
+    trackers = {}
+    if run_args.report_to != list(NO_TRACKERS):
+        trackers = {
+            "log_with": run_args.report_to,
+            "project_dir": tracker_folder(run_args, work_dir),
+        }
     return Accelerator(
         cpu=not torch.cuda.is_available(),  # required for real multi-process DDP over gloo on a CPU machine
         mixed_precision=run_args.precision,
         step_scheduler_with_optimizer=False,  # we step the scheduler once per optimizer step ourselves
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),  # same order on resume
+        **trackers,
     )
+
+
+def start_trackers(args: Arguments, accelerator: Accelerator) -> None:
+    """`init_trackers` with the run's name (`tracker_run_name`: accelerate's project name, TensorBoard's subfolder)
+    and its arguments as one flat dict (`tracker_config`); nothing without `--report_to`."""
+    if accelerator.log_with:
+        accelerator.init_trackers(tracker_run_name(args.run), config=tracker_config(args))
+
+
+def log_to_trackers(accelerator: Accelerator, entry: dict[str, float]) -> None:
+    """`entry` (a log-history entry: its `step` and scalars) to the trackers, under the names Trainer's callbacks
+    give the same scalars (`transformers.integrations.rewrite_logs`: train/loss, eval/accuracy, test/accuracy), so
+    the two loops' runs line up in one tracker."""
+    if not accelerator.trackers:
+        return
+    from transformers.integrations import rewrite_logs
+
+    scalars = {key: value for key, value in entry.items() if key != "step"}
+    accelerator.log(rewrite_logs(scalars), step=entry["step"])
+
+
+def finish_trackers(accelerator: Accelerator) -> None:
+    """Finish the trackers (what `end_training` does first) before the finished folder is written, which takes
+    the files they wrote in the work folder along (`run_folder.finish_run`); `end_training` then finds none."""
+    for tracker in accelerator.trackers:
+        tracker.finish()
+    accelerator.trackers.clear()
 
 
 def make_loaders(built: Built, run_args: RunArguments) -> tuple[Any, Any, Any]:
@@ -409,6 +453,7 @@ def log_entry(parts: LoopParts, state: LoopState, entry: dict[str, float]) -> No
     from tqdm.auto import tqdm
 
     state.history.append(entry)
+    log_to_trackers(parts.accelerator, entry)
     if parts.accelerator.is_main_process:
         tqdm.write(json.dumps({k: round(v, 5) for k, v in entry.items()}))
 
@@ -712,10 +757,11 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
         read_loop_state(resume_from)
     check_schedule(args)
 
-    accelerator = make_accelerator(args.run)
+    accelerator = make_accelerator(args.run, work_dir)
     with leave_nothing_behind(work_dir, accelerator.is_main_process):
         parts = prepare_training(args, accelerator, work_dir, resume_from)
         state = restore_progress(parts, resume_from)
+        start_trackers(args, accelerator)
         stop = StopRequest()
         # the handlers stay for the final evaluations: a stop there ends them at their next batch too, and the
         # run, its last step checkpointed first, resumes to them
@@ -737,6 +783,14 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
                 eval_metrics, test_metrics = evaluate_validation(parts, stop), evaluate_test(parts, stop)
             except EvaluationStopped:
                 return stop_with_checkpoint(parts, state, stop, final_evaluation=True)
+        # the saved weights' numbers, as Trainer's final evaluations log them
+        log_to_trackers(
+            accelerator, {"step": state.step, **{f"eval_{k}": v for k, v in eval_metrics.items()}}
+        )
+        log_to_trackers(
+            accelerator, {"step": state.step, **{f"test_{k}": v for k, v in test_metrics.items()}}
+        )
+        finish_trackers(accelerator)
         accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         write_model_folder(

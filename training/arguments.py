@@ -74,6 +74,9 @@ LR_SCHEDULER_TYPES = (
     "inverse_sqrt",
 )
 
+# `--report_to`'s default, transformers' own: no tracker, so no run reaches a tracker's service unasked.
+NO_TRACKERS = ("none",)
+
 # The `attn_implementation` names each family's models accept (`from_pretrained(..., attn_implementation=...)`),
 # so a wrong one is refused before torch loads; tests/test_train_cli.py checks this table against the models.
 # A model_type not listed (remote code) is left to the model to check.
@@ -535,6 +538,27 @@ class RunArguments:
             "--eval_iterations or unset T/2, T and 2T, e.g. accuracy_iterations_16); unset: loss"
         },
     )
+    report_to: list[str] = field(
+        default_factory=lambda: list(NO_TRACKERS),
+        metadata={
+            "help": "experiment trackers that get the logged training loss, learning rate and evaluation metrics: "
+            "one or more names of transformers' integrations (train) or accelerate's trackers "
+            "(train-accelerate), 'all' (every one installed) or 'none' (the default, as transformers')"
+        },
+    )
+    run_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "the run's name in the trackers (with --report_to); unset: the output folder's name"
+        },
+    )
+    logging_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "folder of the trackers that write files (TensorBoard), each run in <logging_dir>/<run_name> "
+            "(with --report_to); unset: <output_dir>/runs, written in <output_dir>.checkpoints/runs during the run"
+        },
+    )
     disable_tqdm: bool = field(default=False, metadata={"help": "no progress bar (log lines only)"})
     num_predictions: int = field(
         default=5, metadata={"help": "pipeline predictions on test examples printed at the end"}
@@ -637,6 +661,7 @@ def parse_arguments(argv: list[str], prog: str, description: str) -> Arguments:
     args = Arguments(model, data, run, augmentation, list(argv), _explicit(parser, argv))
     validate(args)
     validate_best_model(args, prog)
+    validate_trackers(args.run, args.explicit, prog)
     return args
 
 
@@ -871,6 +896,124 @@ def _validate_output_flags(r: RunArguments) -> None:
 
         check_push_request(r.hub_model_id, r.hub_token, repo_flag="--hub_model_id", token_flag="--hub_token")
     check_output_dir(r.output_dir, r.overwrite_output_dir)
+
+
+# --------------------------------------------------------------------------- experiment trackers
+
+# The availability check of a `--report_to` name of transformers' whose function in `transformers.integrations` is not
+# `is_<name>_available` (flyte: its callback needs the deck plugin as well as flytekit). Accelerate's checks are all
+# `accelerate.utils.is_<name>_available`. tests/test_report_to.py checks that every name of both registries has one.
+TRAINER_TRACKER_CHECKS = {
+    "azure_ml": "is_azureml_available",
+    "comet_ml": "is_comet_available",
+    "flyte": "is_flyte_deck_standard_available",
+}
+# What to install for a tracker whose package is not named as the tracker is (`pip install <name>` otherwise).
+TRACKER_INSTALL = {
+    "aim": "pip install 'aim<4'",  # accelerate's check accepts aim 3 only
+    "azure_ml": "pip install azureml-core",
+    "comet_ml": "pip install comet-ml (and set COMET_API_KEY: transformers' check asks for it too)",
+    "dagshub": "pip install dagshub mlflow",
+    "flyte": "pip install flytekit flytekitplugins-deck-standard",
+    "kubeflow": "transformers turns it on inside a Kubeflow TrainJob (KUBEFLOW_TRAINER_SERVER_URL set)",
+    "tensorboard": "pip install tensorboardX (or tensorboard)",
+}
+
+
+def tracker_names(prog: str) -> tuple[str, ...]:
+    """The `--report_to` names `prog` takes besides 'all' and 'none': the loop's library's own registry,
+    transformers' `INTEGRATION_TO_CALLBACK` (Trainer builds one callback per name) or accelerate's
+    `LOGGER_TYPE_TO_CLASS` (`Accelerator(log_with=...)`). Imported only when a tracker is named: both import torch."""
+    if prog == ACCELERATE_PROG:
+        from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+        return tuple(sorted(LOGGER_TYPE_TO_CLASS))
+    from transformers.integrations import INTEGRATION_TO_CALLBACK
+
+    return tuple(sorted(INTEGRATION_TO_CALLBACK))
+
+
+def tracker_check(name: str, prog: str) -> tuple[str, Any] | None:
+    """(its qualified name, the function) of the library's check that tracker `name` can be used here, as the loop's
+    library decides it (`tracker_names`); None for a name without one (a tracker registered after this release)."""
+    if prog == ACCELERATE_PROG:
+        import accelerate.utils as library
+
+        function = f"is_{name}_available"
+    else:
+        import transformers.integrations as library
+
+        function = TRAINER_TRACKER_CHECKS.get(name, f"is_{name}_available")
+    check = getattr(library, function, None)
+    return None if check is None else (f"{library.__name__}.{function}", check)
+
+
+def validate_trackers(r: RunArguments, explicit: frozenset[str], prog: str) -> None:
+    """`--report_to`: 'none', 'all', or names of the loop's trackers (`tracker_names`) each installed (its
+    library's own check, `tracker_check`), repeats dropped; `--run_name` and `--logging_dir` only with a tracker,
+    and `--logging_dir` not a file. A `UsageError` naming the flag, the value and what is allowed otherwise."""
+    names = list(dict.fromkeys(r.report_to))
+    given = " ".join(r.report_to)
+    if len(names) > 1 and {"all", "none"} & set(names):
+        raise UsageError(
+            f"--report_to {given}: 'all' and 'none' stand alone; name the trackers, or one of those"
+        )
+    r.report_to = names
+    if names == ["none"]:
+        unused = [name for name in ("run_name", "logging_dir") if name in explicit]
+        if unused:
+            raise UsageError(
+                f"--{unused[0]} {getattr(r, unused[0])}: applies to the trackers, and --report_to is none; add "
+                "--report_to NAME or drop it"
+            )
+        return
+    if r.logging_dir is not None and os.path.isfile(os.path.expanduser(r.logging_dir)):
+        raise UsageError(f"--logging_dir {r.logging_dir}: a file; expected a folder (new or existing)")
+    if names == ["all"]:
+        return
+    known = tracker_names(prog)
+    for name in names:
+        if name not in known:
+            other = "energyformers train" if prog == ACCELERATE_PROG else ACCELERATE_PROG
+            also = f"; {name} is a tracker of {other}" if name in tracker_names(other) else ""
+            raise UsageError(
+                f"--report_to {name}: {prog} reports to {', '.join(known)}, all (those installed) or none{also}"
+            )
+        found = tracker_check(name, prog)
+        if found is not None and not found[1]():
+            install = TRACKER_INSTALL.get(name, f"pip install {name}")
+            raise UsageError(f"--report_to {name}: not available here ({found[0]}() is false); {install}")
+
+
+def tracker_run_name(r: RunArguments) -> str:
+    """The run's name in the trackers: `--run_name`, else the output folder's name."""
+    return r.run_name or os.path.basename(os.path.abspath(os.path.expanduser(r.output_dir)))
+
+
+# Where the trackers that write files write while the run goes, in the work folder, unless `--logging_dir`:
+# `run_folder.finish_run` moves it into the finished output folder (as Trainer's own default, <output_dir>/runs).
+TRACKER_FOLDER = "runs"
+
+
+def tracker_folder(r: RunArguments, work_dir: Any) -> str:
+    """The folder the trackers that write files write in (each run in `<folder>/<run name>`): `--logging_dir`, else
+    `<work_dir>/runs`, moved with the finished folder."""
+    if r.logging_dir is not None:
+        return os.path.abspath(os.path.expanduser(r.logging_dir))
+    return os.path.join(os.fspath(work_dir), TRACKER_FOLDER)
+
+
+def tracker_config(args: Arguments) -> dict[str, Any]:
+    """The run's arguments (`recorded`) as one flat dict of plain values, as trackers' hyper-parameter tables take
+    them: each flag by its name (unique across the dataclasses), a list or dict as its JSON text, unset ones left
+    out."""
+    flat: dict[str, Any] = {}
+    for group in recorded(args).values():
+        for name, value in group.items():
+            if value is not None:
+                plain = isinstance(value, (bool, int, float, str))
+                flat[name] = value if plain else json.dumps(value)
+    return flat
 
 
 # --------------------------------------------------------------------------- best checkpoint
@@ -1315,7 +1458,11 @@ __all__ = [
     "FSDP_FLAGS",
     "FSDP_VARIABLE",
     "LR_SCHEDULER_TYPES",
+    "NO_TRACKERS",
     "SUDOKU_DATASETS",
+    "TRACKER_FOLDER",
+    "TRACKER_INSTALL",
+    "TRAINER_TRACKER_CHECKS",
     "Arguments",
     "AugmentationFlags",
     "DataArguments",
@@ -1335,6 +1482,12 @@ __all__ = [
     "quiet_libraries",
     "recorded",
     "refuse_sharding",
+    "tracker_check",
+    "tracker_config",
+    "tracker_folder",
+    "tracker_names",
+    "tracker_run_name",
     "validate",
     "validate_best_model",
+    "validate_trackers",
 ]

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .arguments import MIM_TASK, Arguments, config_flags, parse_overrides, recorded
+from .arguments import MIM_TASK, TRACKER_FOLDER, Arguments, config_flags, parse_overrides, recorded
 from .card import render_model_card
 from .data import BUILTIN_DATASETS, input_type_of, raw_rows
 from .evaluation import primary_metric, summary
@@ -309,6 +309,10 @@ def finish_run(stage: Path, result: RunResult, output_dir: Path, work_dir: Path)
     """
     run = result.args.run
     metrics = write_run_folder(stage, result, output_dir.name)
+    # the trackers' files without --logging_dir (`arguments.tracker_folder`) go with the model
+    trackers = work_dir / TRACKER_FOLDER
+    if trackers.is_dir():
+        shutil.move(trackers, stage / TRACKER_FOLDER)
     publish(stage, output_dir)
     if not run.keep_checkpoints:
         shutil.rmtree(work_dir, ignore_errors=True)

@@ -11,16 +11,25 @@ one step, so `<output_dir>` is either complete or absent.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 # Concise logs: silence tokenizers fork warnings before transformers is imported.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from .arguments import Arguments, check_best_model_metric, parse_arguments, quiet_libraries
+from .arguments import (
+    Arguments,
+    check_best_model_metric,
+    parse_arguments,
+    quiet_libraries,
+    tracker_folder,
+    tracker_run_name,
+)
 from .cli import run_command
 from .interrupt import EvaluationStopped, StopRequest
 
@@ -208,8 +217,55 @@ def training_arguments(args: Any, work_dir: Path) -> Any:
         # assumes with DDP's own default: Trainer's default (True) costs an extra graph walk per step and a warning
         ddp_find_unused_parameters=False,
         disable_tqdm=run.disable_tqdm,
-        report_to="none",
+        # the trackers are transformers' own callbacks; --run_name's default is derived here since Trainer's
+        # output_dir is the work folder. Where TensorBoard writes: `tensorboard_folder`
+        report_to=run.report_to,
+        run_name=tracker_run_name(run),
     )
+
+
+@contextlib.contextmanager
+def tensorboard_folder(args: Arguments, work_dir: Path) -> Iterator[None]:
+    """While Trainer is built: TENSORBOARD_LOGGING_DIR (transformers' TensorBoardCallback reads it when built; its
+    `logging_dir` of TrainingArguments is gone in transformers 5) set to `<tracker folder>/<run name>`, as the
+    Accelerate loop's TensorBoard writes (`arguments.tracker_folder`), then put back."""
+    name = "TENSORBOARD_LOGGING_DIR"
+    before = os.environ.get(name)
+    os.environ[name] = os.path.join(tracker_folder(args.run, work_dir), tracker_run_name(args.run))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+def reopen_tensorboard(trainer: Any) -> None:
+    """Open the TensorBoard writer the final evaluations log to, with a file name of its own. Trainer closes its
+    writer when training ends, and the next log opens a new one in the same folder; tensorboardX names event files
+    by the second and the host only, so one opened within the same second would replace the training's file."""
+    from transformers.integrations import TensorBoardCallback
+
+    if not trainer.is_world_process_zero():  # the one that writes (the callback's own rule)
+        return
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, TensorBoardCallback) and callback.tb_writer is None:
+            try:  # the callback's own choice: torch's writer needs tensorboard, else tensorboardX
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                from tensorboardX import SummaryWriter
+            callback.tb_writer = SummaryWriter(log_dir=callback.logging_dir, filename_suffix=".evaluation")
+
+
+def close_tensorboard(trainer: Any) -> None:
+    """Close the TensorBoard writer the final evaluations' logs opened again (Trainer closes its own at the end of
+    training), before its folder is moved into the output folder (`run_folder.finish_run`)."""
+    from transformers.integrations import TensorBoardCallback
+
+    callback = trainer.pop_callback(TensorBoardCallback)
+    if callback is not None:
+        callback.on_train_end(trainer.args, trainer.state, trainer.control)
 
 
 def parse(argv: list[str]) -> Arguments:
@@ -301,24 +357,25 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
         with PartialState().local_main_process_first():  # evaluate copies the scripts into its module cache
             load_metrics()
 
-        trainer = RecipeTrainer(
-            model=built.model,
-            args=ta,
-            train_dataset=built.data["train"],
-            eval_dataset=built.data["validation"],
-            processing_class=built.processor,
-            data_collator=built.collator,
-            compute_metrics=TrainerMetrics(built.task),
-            preprocess_logits_for_metrics=argmax_logits,
-            callbacks=[*extra, *(callbacks or [])],
-            training_loss=training_loss,
-            run_args=args,
-            schedule=schedule,
-            depth_evaluation=(built.task, depths),
-            masked_images=built.masked_images,
-            stop=stop,
-            ema=ema,
-        )
+        with tensorboard_folder(args, work_dir):
+            trainer = RecipeTrainer(
+                model=built.model,
+                args=ta,
+                train_dataset=built.data["train"],
+                eval_dataset=built.data["validation"],
+                processing_class=built.processor,
+                data_collator=built.collator,
+                compute_metrics=TrainerMetrics(built.task),
+                preprocess_logits_for_metrics=argmax_logits,
+                callbacks=[*extra, *(callbacks or [])],
+                training_loss=training_loss,
+                run_args=args,
+                schedule=schedule,
+                depth_evaluation=(built.task, depths),
+                masked_images=built.masked_images,
+                stop=stop,
+                ema=ema,
+            )
         if resume_from is not None:
             if main_process:
                 print(f"resuming from step {initial_step} ({resume_from})", flush=True)
@@ -331,11 +388,13 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
             # processes a rank acting on that alone would skip the evaluation the others wait in
             if not stop.agreed:
                 saved_weights = restore_best_weights(trainer, args)
+                reopen_tensorboard(trainer)
                 try:
                     eval_metrics = trainer.evaluate(built.data["validation"], metric_key_prefix="eval")
                     test_metrics = trainer.evaluate(built.data["test"], metric_key_prefix="test")
                 except EvaluationStopped:
                     final_evaluation = True
+        close_tensorboard(trainer)
     if stop.agreed:
         if main_process:
             step = trainer.state.global_step
