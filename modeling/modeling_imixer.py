@@ -76,7 +76,8 @@ class IMixerModelOutput(BaseModelOutputWithPooling):
     state of input position i, as BERT's, whatever the side and amount of padding: the blocks run on S slots (the
     real tokens first, then pad slots), gathered back to the input positions here. A padded position holds the
     state of its row's first pad slot (the slot after the real tokens), or zeros when the real tokens fill all S
-    slots. `pooler_output` is the mean over the real tokens.
+    slots. Each entry is on the path to the outputs, so its gradient is the state's at the real tokens. `pooler_output`
+    is the mean over the real tokens.
     """
 
     fixed_point_residuals: IMixerFixedPointDiagnostics | None = None
@@ -732,6 +733,25 @@ def at_input_positions(states: torch.Tensor, positions: torch.Tensor | None) -> 
     # (B, L) → (B, L, D), on the states' device, which a multi-device split may have moved away from the mask's
     index = positions.to(states.device).unsqueeze(-1).expand(-1, -1, states.shape[-1])
     return padded.gather(1, index)  # (B, L, D)
+
+
+def recorded_state(
+    states: torch.Tensor, positions: torch.Tensor | None, keep: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a `hidden_states` entry, the state the blocks go on with): the S-slot state `(B, S, D)` at the input positions
+    `(B, L, D)` (`at_input_positions`), and `states` with the real tokens' slots read back from that entry (the same
+    values), so the entry is on the path to the outputs and its gradient is the state's, as BERT's `hidden_states`
+    are (a padded position's copy of a pad slot gets none). Both `states` itself for images (`positions` None)."""
+    if positions is None:
+        return states, states
+    recorded = at_input_positions(states, positions)  # (B, L, D)
+    num_tokens = states.shape[1]
+    lengths = keep.to(positions.device).sum(1, keepdim=True)  # (B, 1) real tokens per row
+    # a real token's slot is its rank (< its row's length); a padded position writes to slot S, cut off below
+    slots = torch.where(positions < lengths, positions, num_tokens).to(states.device)  # (B, L)
+    canvas = F.pad(states, (0, 0, 0, 1))  # (B, S, D) → (B, S + 1, D)
+    routed = canvas.scatter(1, slots.unsqueeze(-1).expand_as(recorded), recorded)  # (B, S + 1, D)
+    return recorded, routed[:, :num_tokens]  # (B, S, D)
 
 
 def _unit_start(like: torch.Tensor) -> torch.Tensor:
@@ -1768,7 +1788,10 @@ class IMixerModel(IMixerPreTrainedModel):
                 only_if_changed=changed_only,
             )
 
-        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        all_hidden_states = None
+        if output_hidden_states:
+            recorded, hidden_states = recorded_state(hidden_states, positions, keep)
+            all_hidden_states = (recorded,)
         all_diagnostics = []
         for layer in self.layers:
             hidden_states, diagnostics = layer(
@@ -1778,7 +1801,8 @@ class IMixerModel(IMixerPreTrainedModel):
                 settings=settings,
             )
             if output_hidden_states:
-                all_hidden_states += (hidden_states,)
+                recorded, hidden_states = recorded_state(hidden_states, positions, keep)
+                all_hidden_states += (recorded,)
             if output_fixed_point_residuals:
                 all_diagnostics.append(diagnostics)
 
@@ -1789,8 +1813,6 @@ class IMixerModel(IMixerPreTrainedModel):
         # Always the mean over the real tokens, as timm's Mixer: iMixer's config has no `pooling` field and its
         # tokens have no prefix (no CLS token), so this is `pool_tokens`' "mean" with no prefix to skip.
         pooled = masked_mean(hidden_states, keep) if self.add_pooling_layer else None
-        if output_hidden_states:
-            all_hidden_states = tuple(at_input_positions(state, positions) for state in all_hidden_states)
         output = IMixerModelOutput(
             last_hidden_state=at_input_positions(hidden_states, positions),
             pooler_output=pooled,

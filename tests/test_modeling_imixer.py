@@ -307,6 +307,30 @@ def _padded(sequences: list[list[int]], width: int, side: str) -> tuple[torch.Te
     return ids, mask
 
 
+def test_sequence_hidden_states_carry_the_gradient_of_the_states_they_show():
+    """Each `hidden_states` entry is on the path to the outputs (as BERT's: `retain_grad` on it gives the state's
+    gradient) while the outputs stay those of a call without `output_hidden_states`."""
+    model = perturb(BASE_SEQUENCE.build())
+    ids, mask = _padded([[3, 5, 7, 2], [4, 4, 9, 1, 8, 6]], 8, "left")
+    embeds = model.get_input_embeddings()(ids).detach().requires_grad_()
+    plain = model(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
+    out = model(inputs_embeds=embeds, attention_mask=mask, output_hidden_states=True)
+    assert torch.equal(out.last_hidden_state, plain), "output_hidden_states changed last_hidden_state"
+    for state in out.hidden_states:
+        state.retain_grad()
+    out.last_hidden_state.square().sum().backward()
+    real = mask.bool()
+    for i, state in enumerate(out.hidden_states):
+        assert state.grad is not None, f"hidden_states[{i}] has no gradient"
+        assert state.grad[real].abs().amin(-1).gt(0).any(), (
+            f"hidden_states[{i}]: zero gradient at the real tokens"
+        )
+    # the embedding output at a real position is the given embedding itself: the same gradient, copied exactly
+    assert torch.equal(out.hidden_states[0].grad[real], embeds.grad[real]), (
+        f"max |Δ| {(out.hidden_states[0].grad[real] - embeds.grad[real]).abs().max():.3e}"
+    )
+
+
 def test_sequence_states_sit_at_their_input_positions_whatever_the_padding():
     """`last_hidden_state` and every `hidden_states` entry are (B, L, D), row i the state of input position i, as
     BERT's: right or left padding, within S or beyond; a padded position holds its row's first pad slot."""
