@@ -85,7 +85,7 @@ def resumed_from(out: Path) -> str:
     return Path(json.loads((out / "metrics.json").read_text())["recipe"]["resumed_from"]).name
 
 
-def test_a_kill_right_after_the_marker_leaves_a_checkpoint_with_its_ema(tmp_path: Path, straight: Path) -> None:
+def test_a_kill_after_the_marker_leaves_a_checkpoint_with_its_ema(tmp_path: Path, straight: Path) -> None:
     """Killed the moment checkpoint-4's trainer_state.json is written: the EMA file is already there, and the
     resume from checkpoint-4 ends on the uninterrupted run's weights (with the EMA file written after the marker,
     the average restarted from the live weights)."""
@@ -126,7 +126,8 @@ def test_a_checkpoint_without_its_ema_file_is_passed_over(
     (work / "checkpoint-4" / EMA_FILE).unlink()
     assert train.main([*RUN, "--output_dir", str(alone), "--resume"]) == 2
     err = capsys.readouterr().err
-    assert f"{work / 'checkpoint-4'}: no {EMA_FILE}" in err and len(err.strip().splitlines()) == 1, err[-3000:]
+    refusal = f"{work / 'checkpoint-4'}: no {EMA_FILE}"
+    assert refusal in err and len(err.strip().splitlines()) == 1, err[-3000:]
     assert not alone.exists()
 
 
