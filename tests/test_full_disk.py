@@ -85,9 +85,9 @@ def test_the_write_errors_of_a_full_disk_are_told_apart(
 def test_train_on_a_full_disk_says_so_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], raised: str
 ) -> None:
-    """The first checkpoint's first torch.save (its training_args.bin) fails as on a full disk: status 1 and one error line
-    naming the folder, no traceback; as an OSError ENOSPC it names the checkpoint's folder, as torch's own stream
-    failure the folder the run writes in, whose disk has no space left."""
+    """The first checkpoint's first torch.save (its training_args.bin) fails as on a full disk: status 1 and one
+    error line naming the folder, no traceback; as an OSError ENOSPC it names the checkpoint's folder, as torch's
+    own stream failure the folder the run writes in, whose disk has no space left."""
     out = tmp_path / "run"
 
     def full(obj, f, *args, **kwargs):
