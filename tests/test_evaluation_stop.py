@@ -251,3 +251,42 @@ def test_a_stop_in_the_final_evaluation_resumes_to_the_uninterrupted_folder(
     a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(out / "model.safetensors")
     for key in a:
         torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
+
+
+# 6 steps of 4 a epoch: the last step ends mid-epoch; a checkpoint every 3 steps, so one at the last step. The EMA
+# makes a step run after the last one change the saved weights (the learning rate there is 0).
+MID_EPOCH = [*COMMON, "--max_steps", "6", "--eval_strategy", "no", "--save_strategy", "steps"]
+MID_EPOCH += ["--save_steps", "3", "--ema_decay", "0.5"]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_resume_from_the_last_step_mid_epoch_trains_no_step(tmp_path: Path, loop: str) -> None:
+    """`--resume` from the checkpoint of the last step (what a stop in the final evaluations, or after them,
+    leaves; here the uninterrupted run's, kept with `--keep_checkpoints`) when that step ends mid-epoch: no step
+    is trained, and the folder holds the uninterrupted run's weights and metrics at global step 6 of 6."""
+    import shutil
+
+    from energyformers.training import accelerate_loop, train
+
+    main = {"train": train.main, "train-accelerate": accelerate_loop.main}[loop]
+    straight = tmp_path / "straight"
+    assert main([*MID_EPOCH, "--output_dir", str(straight), "--keep_checkpoints"]) == 0
+    last = "checkpoint-6" if loop == "train" else "step_6"
+    out, work = tmp_path / "resumed", tmp_path / "resumed.checkpoints"
+    work.mkdir()
+    shutil.copytree(tmp_path / "straight.checkpoints" / last, work / last)
+    for record in (tmp_path / "straight.checkpoints").glob("*.json"):
+        shutil.copy(record, work)
+    assert main([*MID_EPOCH, "--output_dir", str(out), "--resume"]) == 0
+    resumed = json.loads((out / "metrics.json").read_text())
+    first = json.loads((straight / "metrics.json").read_text())
+    recipe = resumed["recipe"]
+    assert recipe["global_step"] == 6 and recipe["resumed_from"].endswith(last), recipe
+    saved = resumed["saved_weights"], first["saved_weights"]
+    assert saved[0] == saved[1], saved
+    for split in ("eval", "test"):
+        a, b = (measured(metrics[split]) for metrics in (resumed, first))
+        assert a == b and "loss" in a, (split, a, b)
+    a, b = load_file(straight / "model.safetensors"), load_file(out / "model.safetensors")
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))

@@ -36,6 +36,7 @@ from .arguments import (
 )
 from .cli import run_command
 from .interrupt import EvaluationStopped, StopRequest
+from .train import written_folders
 
 if TYPE_CHECKING:  # annotations only: the CLI parses the flags before torch and accelerate are imported
     from accelerate import Accelerator
@@ -522,7 +523,11 @@ def save_checkpoint(parts: LoopParts, state: LoopState) -> None:
 
             save_file({k: v.cpu() for k, v in parts.ema.state_dict().items()}, str(target / EMA_FILE))
         saved = {"step": state.step, "history": state.history, "loss_sum": state.loss_sum}
-        (target / STATE_FILE).write_text(json.dumps(saved))
+        # through a temporary file: a process killed while writing leaves no STATE_FILE (an incomplete checkpoint,
+        # which a resume passes over), never a truncated one
+        tmp = target / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(saved))
+        os.replace(tmp, target / STATE_FILE)
         for old in accelerate_checkpoints(work_dir)[: -parts.args.run.save_total_limit]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
@@ -815,6 +820,7 @@ def main(argv: list[str] | None = None, *, on_train_end: Callable[[Any, Any], No
         parse,
         lambda args: run(args, on_train_end),
         list(sys.argv[1:] if argv is None else argv),
+        writes_to=written_folders,
     )
 
 

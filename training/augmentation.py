@@ -284,6 +284,7 @@ class EMACallback(TrainerCallback):
         self.swap_for_evaluation = swap_for_evaluation
         self.ema: ExponentialMovingAverage | None = None
         self._live: list[torch.Tensor] | None = None  # live weights while the averages are swapped in
+        self._saved: Path | None = None  # the folder of the last `save`
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self.ema = ExponentialMovingAverage(model, self.decay)
@@ -307,14 +308,24 @@ class EMACallback(TrainerCallback):
     def on_evaluate(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self._swap_out(model)
 
+    def save(self, folder: Path) -> None:
+        """Write the averages into the checkpoint `folder` (`EMA_WEIGHTS_NAME`, through a temporary file). A
+        Trainer that calls it before its `_save_checkpoint` writes `trainer_state.json` (`RecipeTrainer`) makes
+        the file part of every complete checkpoint; `on_save` then finds it written and skips it."""
+        from safetensors.torch import save_file
+
+        tmp = folder / (EMA_WEIGHTS_NAME + ".tmp")
+        save_file({k: v.cpu() for k, v in self.ema.state_dict().items()}, str(tmp))
+        os.replace(tmp, folder / EMA_WEIGHTS_NAME)
+        self._saved = folder
+
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # with a plain Trainer this runs after the checkpoint's trainer_state.json is written: a process killed
+        # in between leaves a checkpoint without the file, which `energyformers train --resume` skips
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and folder.is_dir():
-            from safetensors.torch import save_file
-
-            tmp = folder / (EMA_WEIGHTS_NAME + ".tmp")
-            save_file({k: v.cpu() for k, v in self.ema.state_dict().items()}, str(tmp))
-            os.replace(tmp, folder / EMA_WEIGHTS_NAME)
+            if self._saved != folder:  # a checkpoint folder is a step's: the averages written are this step's
+                self.save(folder)
 
     def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self._swap_out(model)

@@ -11,6 +11,8 @@ Every sub-command follows one convention, kept here in `run_command` and nowhere
   missing argument) become one too, in every command, because every parser is a `CommandParser` (or, for the
   training loops' `HfArgumentParser`, has `UsageErrorParserMixin`);
 * an expected failure of the work itself (the Hub refused an upload): one line and status 1 (`CommandFailed`);
+* a full disk (or quota) while the work writes: one line naming the folder and "no space left on device", status 1
+  as any failure of the work (`full_disk_message`); a folder found unwritable before any work starts is bad input;
 * any other exception (a bug, a failing disk): its traceback and status 1;
 * interrupted (Ctrl-C): status 130 (128 + SIGINT);
 * under a launcher (torchrun, `accelerate launch`: WORLD_SIZE > 1) every rank parses the same arguments and
@@ -28,14 +30,16 @@ heavy).
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import re
+import shutil
 import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -258,13 +262,56 @@ def report_usage_error(*lines: str) -> None:
     print(*lines, sep="\n", file=sys.stderr)
 
 
+# The write errors of a full disk and of an exceeded quota.
+FULL_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+# How a Rust library's I/O error (safetensors, tokenizers) names the errno: "... (os error 28)".
+RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+# torch.save to a path writes through a C++ stream whose failure names no cause: "basic_ios::clear: iostream
+# error", then its zip writer's "[enforce fail at inline_container.cc:...] unexpected pos"; a full disk is told
+# from another write failure by the space left where the command writes (a failed write fills it to the last
+# blocks), under this many bytes.
+TORCH_STREAM_ERRORS = ("iostream error", "inline_container")
+FULL_DISK_BYTES = 1 << 20
+
+
+def full_disk_message(err: BaseException, folders: Iterable[str | os.PathLike] = ()) -> str | None:
+    """One line naming the folder and "no space left on device" (or "disk quota exceeded") when `err`, or an
+    exception it was raised from or during (`__cause__`, `__context__`), is a write failing for want of space:
+    an OSError with errno ENOSPC or EDQUOT (the folder of its file), a Rust I/O error naming one, or torch.save's
+    stream failure while one of `folders` (those the command writes to) is on a full disk; None otherwise."""
+    chain: list[BaseException] = []
+    while err is not None and err not in chain:
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    written = [Path(folder) for folder in folders]
+    for error in chain:
+        code, where = None, None
+        if isinstance(error, OSError) and error.errno in FULL_DISK_ERRNOS:
+            code = error.errno
+            where = Path(os.fsdecode(error.filename)).parent if error.filename else None
+        elif (match := RUST_OS_ERROR.search(str(error))) and int(match[1]) in FULL_DISK_ERRNOS:
+            code = int(match[1])
+        if code is not None:
+            where = where or (written[0] if written else None)
+            return f"{os.strerror(code).lower()}" + (f" writing in {where}" if where else "")
+    if any(isinstance(e, RuntimeError) and any(s in str(e) for s in TORCH_STREAM_ERRORS) for e in chain):
+        for folder in written:
+            existing = next(p for p in (folder, *folder.parents) if p.exists())
+            if shutil.disk_usage(existing).free < FULL_DISK_BYTES:
+                return f"{os.strerror(errno.ENOSPC).lower()} writing in {folder}"
+    return None
+
+
 def run_command(
     command: str,
     parse: Callable[[list[str]], Parsed],
     execute: Callable[[Parsed], int | None],
     argv: list[str],
+    writes_to: Callable[[Parsed], Iterable[str | os.PathLike]] | None = None,
 ) -> int:
     """Run one sub-command: `parse(argv)` (light: no torch), then the models load, then `execute(parsed)`.
+    `writes_to(parsed)`: the folders the command writes into, where a full disk is looked for when a write fails
+    without saying why (`full_disk_message`).
 
     Returns the exit status; the one place that maps exceptions to statuses and messages.
     """
@@ -274,6 +321,7 @@ def run_command(
     # back afterwards, as the logging is: `--num_threads` is this command's, not the calling notebook's or test's.
     threads = None
     determinism = None
+    parsed = None
     try:
         parsed = parse(argv)
         import energyformers.registry  # noqa: F401  (the models load, and register, only for good arguments)
@@ -290,7 +338,11 @@ def run_command(
     except KeyboardInterrupt:
         print(f"\n{prog}: interrupted", file=sys.stderr)
         return INTERRUPTED
-    except Exception:  # a bug or an environment failure: the whole traceback, for the report
+    except Exception as err:  # a bug or an environment failure: the whole traceback, for the report
+        full = full_disk_message(err, writes_to(parsed) if writes_to and parsed is not None else ())
+        if full is not None:
+            print(f"{prog}: error: {full}; free some space and run the command again", file=sys.stderr)
+            return RUNTIME_ERROR
         traceback.print_exc()
         print(f"{prog}: error: unexpected failure (traceback above)", file=sys.stderr)
         return RUNTIME_ERROR

@@ -53,15 +53,15 @@ RESUMED_STATE_FIELDS = {
 }
 
 
-def checkpoint_step(checkpoint: Path) -> int:
+def checkpoint_step(checkpoint: Path, remedy: str | None = None) -> int:
     """The step Trainer's `checkpoint` stands at (its trainer_state.json's global_step), read before any work; a
-    `UsageError` naming the file when it is not a state Trainer wrote or one its resume cannot read
+    `UsageError` naming the file, then `remedy`, when it is not a state Trainer wrote or one its resume cannot read
     (`check_trainer_state`)."""
     from .cli import UsageError
     from .weights import read_json_object
 
     path = checkpoint / "trainer_state.json"
-    remedy = (
+    remedy = remedy or (
         f"delete {checkpoint} to resume from an earlier checkpoint, or {checkpoint.parent} to start again"
     )
     try:
@@ -70,6 +70,46 @@ def checkpoint_step(checkpoint: Path) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from None
     return state["global_step"]
+
+
+def resume_checkpoint(checkpoints: list[Path], ema: bool) -> tuple[Path, int]:
+    """The checkpoint `--resume` continues from and its step: the newest of Trainer's `checkpoints` (oldest first)
+    that holds all a resume reads. One whose trainer_state.json Trainer did not finish writing (a process killed
+    then), or, for a run with an EMA (`ema`), one without the EMA file, is skipped with a warning for the one
+    before it; a `UsageError` naming the newest's problem when none is whole."""
+    from .augmentation import EMA_WEIGHTS_NAME
+    from .cli import UsageError, launch_rank
+
+    def step_of(checkpoint: Path, remedy: str | None = None) -> int:
+        step = checkpoint_step(checkpoint, remedy)
+        if ema and not (checkpoint / EMA_WEIGHTS_NAME).is_file():
+            raise UsageError(
+                f"{checkpoint}: no {EMA_WEIGHTS_NAME}, which a run with --ema_decay continues its average from "
+                f"(the run stopped before writing it, or ran without --ema_decay); "
+                + (remedy or f"delete {checkpoint.parent} to start again")
+            )
+        return step
+
+    skipped = []
+    for index in range(len(checkpoints) - 1, -1, -1):
+        checkpoint = checkpoints[index]
+        try:
+            step = step_of(checkpoint, "skipped" if index else None)
+        except UsageError as err:
+            if index == 0:
+                step_of(checkpoints[-1])  # none is whole: the newest's error, with its remedy
+                raise
+            skipped.append(str(err))
+            continue
+        if launch_rank() == 0:
+            for reason in skipped:
+                print(
+                    f"warning: {reason.rstrip('.')}: resuming from {checkpoint.name}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        return checkpoint, step
+    raise UsageError("--resume: no checkpoint to resume from")  # `find_checkpoint` refused an empty list
 
 
 def check_trainer_state(path: Path, state: dict[str, Any], remedy: str) -> None:
@@ -301,9 +341,11 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
         "train": trainer_checkpoints(work_dir),
         "train-accelerate": accelerate_checkpoints(work_dir),
     }
-    resume_from = find_checkpoint(args, work_dir, "train", checkpoints)
-    # a damaged state file refused before any work, not after the data is built
-    initial_step = 0 if resume_from is None else checkpoint_step(resume_from)
+    resume_from, initial_step = find_checkpoint(args, work_dir, "train", checkpoints), 0
+    if (
+        resume_from is not None
+    ):  # a damaged checkpoint skipped or refused before any work, not after the data is built
+        resume_from, initial_step = resume_checkpoint(checkpoints["train"], args.run.ema_decay is not None)
     check_schedule(args)
     ta = training_arguments(args, work_dir)  # sets up the process group; writes no files
     main_process = ta.process_index == 0
@@ -445,8 +487,18 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
 def main(argv: list[str] | None = None, *, callbacks: list[Any] | None = None) -> int:
     """CLI entry point; `callbacks` are extra `TrainerCallback`s (used by tests and for custom hooks)."""
     return run_command(
-        "train", parse, lambda args: run(args, callbacks), list(sys.argv[1:] if argv is None else argv)
+        "train",
+        parse,
+        lambda args: run(args, callbacks),
+        list(sys.argv[1:] if argv is None else argv),
+        writes_to=written_folders,
     )
+
+
+def written_folders(args: Arguments) -> list[Path]:
+    """Where a run writes (for `cli.run_command`'s full-disk report): the folder holding `--output_dir` and its
+    `<output_dir>.checkpoints`, which the finished folder is renamed in."""
+    return [Path(args.run.output_dir).expanduser().absolute().parent]
 
 
 if __name__ == "__main__":

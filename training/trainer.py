@@ -10,9 +10,11 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from transformers import Trainer, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .callbacks import ContinueIterationDraws
 from .evaluation import depth_metrics
@@ -208,6 +210,25 @@ class RecipeTrainer(Trainer):
         whole evaluation; otherwise the model's own (after training the EMA is already in it)."""
         average = self.ema.ema if self.ema is not None and self.is_in_train else None
         return nullcontext() if average is None else average.averaged_weights(self.model)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        # Trainer writes trainer_state.json, the checkpoint's completion marker, last in here, and runs `on_save`
+        # (no callback hook comes earlier) only afterwards: the EMA file is written first, so a checkpoint with a
+        # marker holds everything a resume reads
+        if self.ema is not None and self.ema.ema is not None and self.is_world_process_zero():
+            # the folder `EMACallback.on_save` writes to (no hyper-parameter search trials here)
+            folder = Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            folder.mkdir(parents=True, exist_ok=True)
+            self.ema.save(folder)
+        super()._save_checkpoint(model, trial)
+
+    def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
+        # Trainer's loop checks `max_steps` only after a step: resumed from a checkpoint at the last step that ends
+        # mid-epoch, it would train one step more. Nothing is left to train there: straight to the end of training.
+        if self.state.global_step >= self.state.max_steps > 0:
+            self.control.should_training_stop = True
+            return
+        super()._run_epoch(*args, **kwargs)
 
     def _maybe_log_save_evaluate(self, *args: Any, **kwargs: Any) -> None:
         # Trainer's step-end call (log, evaluate, save) with the step's loss, gradient norm and learning rate:
