@@ -11,6 +11,9 @@ step they all-reduce one flag (`StopRequest.should_stop`), so all of them stop a
 checkpoint together, whichever rank (or all, as a launcher forwards the signal) was signalled. In an evaluation
 they do so only every few batches (`EvaluationCheck`), as many as take about `EVALUATION_CHECK_S` seconds on the
 slowest rank.
+
+A command without steps to finish (`export`, `convert`, `inspect`) stops at once instead: SIGTERM raises as Ctrl-C
+does (`stopping_at_once`), so the staging folder it writes its output in (`staging_folder`) is removed either way.
 """
 
 from __future__ import annotations
