@@ -1462,7 +1462,21 @@ def find_checkpoint(
     `checkpoints`: each training loop's complete checkpoints in `work_dir`, by its sub-command ("train",
     "train-accelerate"). A loop resumes only its own (`command`'s) and refuses a folder that holds another loop's:
     it could not load them, and a finished run removes its whole work folder (unless --keep_checkpoints, or a kill
-    came first: `finished_run` tells those from an interrupted run)."""
+    came first: `finished_run` tells those from an interrupted run). A refusal ends the run: it releases the
+    folder's lock (`run_folder.lock_output_dir`), so an in-process caller is left no lock file either."""
+    try:
+        return _checkpoint_to_resume(args, work_dir, command, checkpoints)
+    except UsageError:
+        from .run_folder import release_output_dir
+
+        release_output_dir(work_dir.with_name(work_dir.name.removesuffix(".checkpoints")))
+        raise
+
+
+def _checkpoint_to_resume(
+    args: Arguments, work_dir: Path, command: str, checkpoints: dict[str, list[Path]]
+) -> Path | None:
+    """`find_checkpoint`'s choice or refusal."""
     finished = finished_run(work_dir)
     kind = "a finished" if finished else "an interrupted"
     for other, found in checkpoints.items():
