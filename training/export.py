@@ -45,13 +45,13 @@ import re
 import shlex
 import shutil
 import sys
-import tempfile
 from pathlib import Path, PureWindowsPath
 from typing import Any
 
 from ..tokenizer_fit import MIM_AUTO_CLASS, TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME
 from .arguments import COLUMN_FLAGS
 from .card import LOCAL_PATHS_KEY, read_run_metrics, render_model_card
+from .interrupt import staging_folder
 from .remote_code import (
     LICENSE_FILE,
     auto_map,
@@ -399,10 +399,8 @@ def export_model_dir(
 
     # what the folder publishes of the run: its record without the training machine's paths, the card rendered from it
     metrics = None if info["metrics"] is None else published_run_metrics(info["metrics"])
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
-    try:
-        staging.chmod(0o755)  # mkdtemp makes it private; the export is meant to be shared
+    # a SIGTERM or Ctrl-C removes the staging folder; what a SIGKILL left, the next export to `out_dir` removes
+    with staging_folder(out_dir) as staging:
         for name in info["files"]:  # names relative to the folder (a VQGAN's files are in a subfolder)
             (staging / name).parent.mkdir(parents=True, exist_ok=True)
             if name == INSPECT_REPORT:
@@ -428,9 +426,6 @@ def export_model_dir(
             shutil.rmtree(old)
         else:
             staging.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out_dir
 
 

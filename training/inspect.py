@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .cli import CommandParser, UsageError, check_model_source, check_output_folder, run_command
 from .evaluate import FAMILY_DEPTH_ARGUMENTS, SPLITS, load_config
+from .interrupt import deferring_stops, staging_folder
 from .predict import (
     MIM_RANGES,
     MIM_SCHEDULES,
@@ -90,6 +91,7 @@ MIM_DEFAULTS: dict[str, Any] = {"mask_ratio": 0.4, "steps": 8, "schedule": "arcc
 # The model_types inspect reads from a local folder: the families, and the looped Transformer baseline (its
 # masked-image-modelling head's decode sequence; its classifiers' accuracy against the iterations, with --dataset).
 MODEL_TYPES = ("hyperset", "imixer", "hyperbf", "looped-transformer")
+INSPECT_JSON = "inspect.json"  # the report: everything drawn, as numbers
 # The looped Transformer's classifiers have no dynamics diagnostics of their own (no energies, no residuals): what
 # inspect draws of them is the accuracy against the iterations, which needs a labelled dataset.
 LOOPED_NEEDS_A_DATASET = (
@@ -1008,10 +1010,15 @@ def plot_decode_sequence(sequence: dict[str, Any], path: Path, title: str) -> in
 
 
 def inspect_mim(
-    model: Any, tokenizer: Any, model_dir: str, images: list[str], args: argparse.Namespace
+    model: Any,
+    tokenizer: Any,
+    model_dir: str,
+    images: list[str],
+    args: argparse.Namespace,
+    output_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """The decode sequence of the first image (`mim_decode_sequence.png`) and its numbers; `tokenizer`: the model's
-    image tokenizer (`load_processor_or_refuse`)."""
+    """The decode sequence of the first image (`mim_decode_sequence.png`, in `output_dir`, else `args.output_dir`)
+    and its numbers; `tokenizer`: the model's image tokenizer (`load_processor_or_refuse`)."""
     if not Path(images[0]).is_file():
         raise InspectError(f"{model_dir} inspects images; no such file: {images[0]}")
     try:
@@ -1023,7 +1030,7 @@ def inspect_mim(
     result = sequence["result"]
     panels = plot_decode_sequence(
         sequence,
-        Path(args.output_dir) / "mim_decode_sequence.png",
+        Path(args.output_dir if output_dir is None else output_dir) / "mim_decode_sequence.png",
         f"MaskGIT decoding, {args.steps} steps ({args.schedule}), seed {args.seed}: PSNR {result['psnr']:.2f} dB "
         f"(tokenizer bound {result['tokenizer_psnr']:.2f})",
     )
@@ -1048,8 +1055,32 @@ def inspect_mim(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Write the figures and `inspect.json` into `args.output_dir`; returns the JSON's content."""
+    """Write the figures and `inspect.json` into `args.output_dir`; returns the JSON's content.
+
+    Drawn into a staging folder beside it (`interrupt.staging_folder`) and moved into place at the end
+    (`move_report`): a folder that holds a report (the model folder, as `release` inspects it) keeps the old one
+    whole until the new one is complete, whenever the command is stopped."""
     output_dir = Path(args.output_dir)
+    with staging_folder(output_dir) as staging:
+        report = draw_report(args, staging)
+        move_report(report, staging, output_dir)
+    return report
+
+
+def move_report(report: dict[str, Any], staging: Path, output_dir: Path) -> None:
+    """Move the report drawn in `staging` into `output_dir`: the old `inspect.json` goes first and the new one comes
+    last, so the figures in between are never read as the other report's (`export` takes the figures inspect.json
+    lists). A SIGTERM or Ctrl-C in between takes effect once all are moved (`deferring_stops`)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with deferring_stops():
+        (output_dir / INSPECT_JSON).unlink(missing_ok=True)
+        for name in report["figures"]:
+            os.replace(staging / name, output_dir / name)
+        os.replace(staging / INSPECT_JSON, output_dir / INSPECT_JSON)
+
+
+def draw_report(args: argparse.Namespace, output_dir: Path) -> dict[str, Any]:
+    """Write the figures and `inspect.json` into `output_dir`; returns the JSON's content."""
     report: dict[str, Any] = {"figures": []}
     if args.model_dir is not None and not args.inputs and not args.dataset:
         _curve_only_report(args, report, output_dir)
@@ -1134,7 +1165,7 @@ def _mim_report(args: argparse.Namespace, loaded: _Loaded, report: dict[str, Any
     if args.dataset or not args.inputs:
         raise InspectError(mim_needs_an_image(args.model_dir))
     output_dir.mkdir(parents=True, exist_ok=True)
-    section = inspect_mim(loaded.model, loaded.processor, args.model_dir, args.inputs, args)
+    section = inspect_mim(loaded.model, loaded.processor, args.model_dir, args.inputs, args, output_dir)
     report["figures"] += section.pop("figures")
     report.update(
         model_dir=str(args.model_dir), model_type=loaded.family, architecture=type(loaded.model).__name__
@@ -1261,7 +1292,7 @@ def shown_dataset(dataset: str) -> str:
 
 def _write_report(report: dict[str, Any], output_dir: Path) -> None:
     """`inspect.json`: everything plotted, as numbers."""
-    (output_dir / "inspect.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    (output_dir / INSPECT_JSON).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -1354,7 +1385,7 @@ def execute(args: argparse.Namespace) -> int:
     report = run(args)
     for name in report["figures"]:
         print(Path(args.output_dir) / name)
-    print(Path(args.output_dir) / "inspect.json")
+    print(Path(args.output_dir) / INSPECT_JSON)
     return 0
 
 

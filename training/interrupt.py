@@ -11,13 +11,22 @@ step they all-reduce one flag (`StopRequest.should_stop`), so all of them stop a
 checkpoint together, whichever rank (or all, as a launcher forwards the signal) was signalled. In an evaluation
 they do so only every few batches (`EvaluationCheck`), as many as take about `EVALUATION_CHECK_S` seconds on the
 slowest rank.
+
+A command without steps to finish (`export`, `convert`, `inspect`) stops at once instead: SIGTERM raises as Ctrl-C
+does (`stopping_at_once`), so the staging folder it writes its output in (`staging_folder`) is removed either way.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
+import shutil
 import signal
+import socket
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -115,14 +124,8 @@ class StopRequest:
         the ranks of one run, where a launcher forwards the terminal's Ctrl-C (`FORWARDED_REPEAT_S`); `announce`:
         print the Ctrl-C notice (the main process only)."""
         self._several_processes, self._announce = several_processes, announce
-        previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
-        for signum in previous:
-            signal.signal(signum, self.handler)
-        try:
+        with handling(SIGNALS, self.handler):
             yield self
-        finally:
-            for signum, old in previous.items():
-                signal.signal(signum, old)
 
     def report(
         self, command: str, argv: list[str], step: int, work_dir: Path, *, final_evaluation: bool = False
@@ -180,6 +183,119 @@ class EvaluationCheck:
             raise EvaluationStopped
 
 
+@contextmanager
+def handling(signals: tuple[int, ...], handler: Any) -> Iterator[None]:
+    """`handler` for `signals` while the block runs, the old handlers back after: the one place the commands install
+    signal handlers. Outside the main thread (where Python cannot install them) the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in signals}
+    for signum in previous:
+        signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def stop_at_once(signum: int, frame: Any) -> None:
+    """The SIGTERM handler of a command without steps to finish (`stopping_at_once`): raise `SystemExit` with the
+    status a stop by that signal has (143), so its `except` / `finally` cleanup runs as for Ctrl-C."""
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def stopping_at_once() -> Iterator[None]:
+    """SIGTERM (a scheduler's stop) ends the block through an exception, as Ctrl-C does (`KeyboardInterrupt`), instead
+    of Python's default of ending the process where it stands: a command's cleanup runs for both."""
+    with handling((signal.SIGTERM,), stop_at_once):
+        yield
+
+
+@contextmanager
+def deferring_stops() -> Iterator[None]:
+    """Finish the block before a SIGTERM or Ctrl-C that comes during it takes effect (a few renames that must all
+    happen: `inspect` moving its report into place); then the stop ends the command as it would have."""
+    stop = StopRequest()
+    with stop.installed(announce=False):
+        yield
+    if stop.signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    if stop.signum is not None:
+        raise SystemExit(128 + stop.signum)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process `pid` runs on this machine (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# `.<out>.partial-<pid>@<host>-<random>`: the staging folder of a command writing `<out>` (`staging_folder`); the pid
+# and host say whether the command that made it still runs
+STAGING_MARK = ".partial-"
+
+
+def stale_staging(out: Path) -> tuple[list[Path], list[Path]]:
+    """The staging folders of `out` beside it that no running command owns: (those of a process of this machine that
+    is gone, those whose owner cannot be told: named without pid and host, as before they carried them)."""
+    pattern = re.compile(rf"\.{re.escape(out.name)}{re.escape(STAGING_MARK)}(?:(\d+)@(.+)-)?[^-@]+")
+    host = socket.gethostname()
+    gone, unknown = [], []
+    if not out.parent.is_dir():
+        return gone, unknown
+    for path in sorted(out.parent.iterdir()):
+        match = pattern.fullmatch(path.name)
+        if match is None or not path.is_dir() or path.is_symlink():
+            continue
+        if match.group(1) is None:
+            unknown.append(path)
+        elif match.group(2) == host and not process_alive(int(match.group(1))):
+            gone.append(path)
+    return gone, unknown
+
+
+def remove_stale_staging(out: Path) -> None:
+    """Remove the staging folders of `out` whose command was killed (SIGKILL: its cleanup never ran) and mention
+    those whose owner cannot be told (one line each on stderr)."""
+    gone, unknown = stale_staging(out)
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+        print(f"warning: removed {path}, left by a killed command that was writing {out}", file=sys.stderr)
+    for path in unknown:
+        print(
+            f"warning: {path} looks left by a killed command that was writing {out}; delete it if nothing is writing "
+            "there now",
+            file=sys.stderr,
+        )
+
+
+@contextmanager
+def staging_folder(out: Path) -> Iterator[Path]:
+    """A new empty folder beside `out` (`.<out>.partial-<pid>@<host>-<random>`, mode 0755) for a command to write
+    `out`'s files into before it moves them into place, so that `out` never holds half of them. It never outlives
+    the block: removed on any exception, Ctrl-C and SIGTERM included (`stopping_at_once`), and at the end if still
+    there. What a SIGKILL leaves, the next command writing `out` removes (`remove_stale_staging`)."""
+    out = Path(os.path.abspath(out))  # "." or "runs/.." named by their folder's own name, beside it
+    remove_stale_staging(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with stopping_at_once():
+        prefix = f".{out.name}{STAGING_MARK}{os.getpid()}@{socket.gethostname()}-"
+        staging = Path(tempfile.mkdtemp(prefix=prefix, dir=out.parent))
+        try:
+            staging.chmod(0o755)  # mkdtemp makes it private; what is staged is meant to be shared
+            yield staging
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
 def several_processes() -> bool:
     """Whether a `torch.distributed` process group of more than one process is up."""
     import torch.distributed as dist
@@ -187,4 +303,19 @@ def several_processes() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-__all__ = ["SIGNALS", "EvaluationCheck", "EvaluationStopped", "StopRequest", "several_processes"]
+__all__ = [
+    "SIGNALS",
+    "STAGING_MARK",
+    "EvaluationCheck",
+    "EvaluationStopped",
+    "StopRequest",
+    "deferring_stops",
+    "handling",
+    "process_alive",
+    "remove_stale_staging",
+    "several_processes",
+    "staging_folder",
+    "stale_staging",
+    "stop_at_once",
+    "stopping_at_once",
+]

@@ -5,10 +5,15 @@ A loop saves the model and processor into `<output_dir>.checkpoints/final`, then
 renames the folder to `<output_dir>` in one step (so `<output_dir>` is either complete or absent), removes the
 checkpoints, prints the result and `pipeline` predictions of the reloaded folder, and pushes it if asked.
 `leave_nothing_behind` removes a work folder that a failed run created before its first checkpoint.
+
+A run holds `<output_dir>.lock` (beside the folder) from its start (`lock_output_dir`, called by
+`setup.output_paths`) to its end, so a second run on the same folder is refused before it reads or writes anything;
+a folder that a run killed while replacing it left hidden is put back by the next one (`restore_interrupted_publish`).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -23,9 +28,18 @@ from typing import Any
 
 from .arguments import MIM_TASK, TRACKER_FOLDER, Arguments, config_flags, parse_overrides, recorded
 from .card import render_model_card
+from .cli import CommandFailed, UsageError
 from .data import BUILTIN_DATASETS, input_type_of, raw_rows
 from .evaluation import primary_metric, summary
-from .setup import auto_head, auto_processor, cli_preset, model_registry, processor_keyword
+from .interrupt import process_alive
+from .setup import (
+    FINISHED_RUN_FILE,
+    auto_head,
+    auto_processor,
+    cli_preset,
+    model_registry,
+    processor_keyword,
+)
 
 CURVE = "training_curve.png"
 METRICS = "metrics.json"
@@ -243,18 +257,121 @@ def write_run_folder(stage: Path, result: RunResult, name: str) -> dict[str, Any
     return metrics
 
 
-def publish(stage: Path, output_dir: Path) -> None:
-    """Atomically replace `output_dir` with the finished `stage` folder (same filesystem)."""
+LOCK_SUFFIX = ".lock"
+# the output folders whose lock this process holds (`lock_output_dir`), by resolved path
+_held_locks: dict[Path, Any] = {}
+
+
+def lock_path(output_dir: Path) -> Path:
+    """`<output_dir>.lock`, beside the folder: never in the model folder, nor in the work folder a run removes."""
+    return output_dir.with_name(output_dir.name + LOCK_SUFFIX)
+
+
+def lock_output_dir(output_dir: Path, given: str | None = None) -> None:
+    """Take the run's lock on `output_dir` (resolved; `given`: as the command line named it), held until the run
+    ends (`release_output_dir`) or the process does: the kernel's lock on `lock_path` (flock), so a killed run holds
+    nothing. Another run holding it is a `UsageError` naming the folder; this process's own earlier run (a test, a
+    notebook) holds it already."""
+    from filelock import FileLock, Timeout
+
+    if output_dir in _held_locks:
+        return
+    path = lock_path(output_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path), timeout=0, thread_local=False)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise UsageError(
+            f"--output_dir {given or output_dir}: another run is using this folder (it holds {path}); wait for it "
+            "to end or choose another --output_dir"
+        ) from None
+    if (
+        not _held_locks
+    ):  # a run that ends otherwise than by `finish_run` (refused, stopped) leaves no lock file
+        atexit.register(release_all_output_dirs)
+    _held_locks[output_dir] = lock
+
+
+def release_output_dir(output_dir: Path) -> None:
+    """Release `lock_output_dir`'s lock, removing the file while still holding it (a run that opened it meanwhile
+    finds it gone and takes a new one); nothing if this process does not hold it."""
+    lock = _held_locks.pop(output_dir, None)
+    if lock is not None:
+        lock_path(output_dir).unlink(missing_ok=True)
+        lock.release()
+
+
+def release_all_output_dirs() -> None:
+    """`release_output_dir` for every folder this process holds (at exit)."""
+    for output_dir in list(_held_locks):
+        release_output_dir(output_dir)
+
+
+def replaced_names(output_dir: Path) -> list[Path]:
+    """The hidden copies `.<output_dir>.old-<pid>` that `publish` moved the previous folder to, of processes that are
+    gone (a kill between its renames, or before it removed the copy); newest first."""
+    prefix = f".{output_dir.name}.old-"
+    found = []
+    if output_dir.parent.is_dir():
+        for path in output_dir.parent.iterdir():
+            pid = path.name.removeprefix(prefix)
+            if path.name.startswith(prefix) and pid.isdigit() and not process_alive(int(pid)):
+                found.append(path)
+    return sorted(found, key=lambda path: path.lstat().st_ctime, reverse=True)
+
+
+def restore_interrupted_publish(output_dir: Path) -> bool:
+    """Undo what a run killed inside `publish` left (under the run's lock, so no other run is publishing): without
+    `output_dir`, its previous folder comes back from the newest hidden copy; the copies the folder has replaced are
+    removed. One line on stderr for each. Returns whether a folder was put back."""
+    restored = False
+    for old in replaced_names(output_dir):
+        if not os.path.lexists(output_dir):
+            old.rename(output_dir)
+            restored = True
+            print(
+                f"warning: restored {output_dir} from {old.name}, where a run killed while replacing it had left it",
+                file=sys.stderr,
+            )
+        else:
+            remove_path(old)
+            print(
+                f"warning: removed {old}, the previous {output_dir.name} a run killed while replacing it had left",
+                file=sys.stderr,
+            )
+    return restored
+
+
+def remove_path(path: Path) -> None:
+    """Remove a folder with its files, or a file or link."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def publish(stage: Path, output_dir: Path, *, overwrite: bool = False) -> None:
+    """Atomically replace `output_dir` with the finished `stage` folder (same filesystem). A non-empty `output_dir`
+    is replaced only with `overwrite` (--overwrite_output_dir): checked again here, since the folder may have
+    appeared while the run trained (`CommandFailed`, the stage left where it is)."""
+    if output_dir.is_dir() and not overwrite and any(output_dir.iterdir()):
+        raise CommandFailed(
+            f"--output_dir {output_dir}: the folder appeared while the run trained and is not empty, and "
+            f"--overwrite_output_dir was not given; the finished model is in {stage}"
+        )
     old = None
-    if output_dir.exists():
+    if os.path.lexists(output_dir):
         old = output_dir.with_name(f".{output_dir.name}.old-{os.getpid()}")
         output_dir.rename(old)
-    stage.rename(output_dir)
+    try:
+        stage.rename(output_dir)
+    except BaseException:
+        if old is not None:  # the previous folder back where it was
+            old.rename(output_dir)
+        raise
     if old is not None:  # a file or link there (refused by --output_dir's check; a race) goes too
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink(missing_ok=True)
+        remove_path(old)
 
 
 def print_predictions(output_dir: Path, data: Any, task: str, count: int) -> None:
@@ -313,7 +430,9 @@ def finish_run(stage: Path, result: RunResult, output_dir: Path, work_dir: Path)
     trackers = work_dir / TRACKER_FOLDER
     if trackers.is_dir():
         shutil.move(trackers, stage / TRACKER_FOLDER)
-    publish(stage, output_dir)
+    # the stage is complete: once it is gone (published), the checkpoints left are a finished run's
+    (work_dir / FINISHED_RUN_FILE).write_text(json.dumps({"output_dir": str(output_dir)}) + "\n")
+    publish(stage, output_dir, overwrite=run.overwrite_output_dir)
     if not run.keep_checkpoints:
         shutil.rmtree(work_dir, ignore_errors=True)
     print(
@@ -328,6 +447,7 @@ def finish_run(stage: Path, result: RunResult, output_dir: Path, work_dir: Path)
 
         url = push_model_dir(output_dir, run.hub_model_id, private=run.hub_private_repo, token=run.hub_token)
         print(f"pushed to {url}")
+    release_output_dir(output_dir)
     return metrics
 
 
@@ -346,10 +466,13 @@ def leave_nothing_behind(work_dir: Path, main_process: bool = True) -> Iterator[
     except BaseException:
         if main_process and not existed and work_dir.exists() and not has_checkpoint(work_dir):
             shutil.rmtree(work_dir, ignore_errors=True)
+        if main_process:  # the run ends here: its folder's lock goes (`lock_output_dir`)
+            release_output_dir(work_dir.with_name(work_dir.name.removesuffix(".checkpoints")))
         raise
 
 
 __all__ = [
+    "LOCK_SUFFIX",
     "RunResult",
     "card_info",
     "data_summary",
@@ -357,9 +480,16 @@ __all__ = [
     "finish_run",
     "has_checkpoint",
     "leave_nothing_behind",
+    "lock_output_dir",
+    "lock_path",
     "plot_training_curve",
     "print_predictions",
     "publish",
+    "release_all_output_dirs",
+    "release_output_dir",
+    "remove_path",
+    "replaced_names",
+    "restore_interrupted_publish",
     "run_metrics",
     "write_run_folder",
 ]

@@ -37,7 +37,7 @@ from .arguments import (
     parse_overrides,
 )
 from .batches import batches_done
-from .cli import check_model_source
+from .cli import check_model_source, launch_rank
 from .data import (
     BUILTIN_DATASETS,
     DataError,
@@ -1226,12 +1226,26 @@ def output_paths(args: Arguments) -> tuple[Path, Path]:
     # that appeared since
     check_output_dir(args.run.output_dir, args.run.overwrite_output_dir)
     output_dir = Path(args.run.output_dir).expanduser().resolve()
+    if launch_rank() == 0:  # the main process holds the run's lock; the others share its run
+        from .run_folder import lock_output_dir, restore_interrupted_publish
+
+        # before anything of the run is read or written: another run on the folder is refused here
+        lock_output_dir(output_dir, args.run.output_dir)
+        if restore_interrupted_publish(output_dir):  # the folder is back: checked as if it had never gone
+            check_output_dir(args.run.output_dir, args.run.overwrite_output_dir)
     return output_dir, output_dir.with_name(output_dir.name + ".checkpoints")
 
 
 # Written by the main process into `<output_dir>.checkpoints/` when training starts: what the run built
 # (`resume_identity`), compared by `check_resume_arguments` before a resumed run loads a checkpoint.
 RUN_ARGUMENTS_FILE = "run_arguments.json"
+# Where a loop saves the finished model before `run_folder.finish_run` publishes it as `<output_dir>`.
+STAGE_FOLDER = "final"
+# Written into the work folder by `run_folder.finish_run` once the stage is complete, before it is published; with
+# the stage gone (renamed to `<output_dir>`) the checkpoints left beside it are those of a run that finished (kept
+# by --keep_checkpoints, or a kill came before they were removed), not of an interrupted one. A run that starts
+# training in the folder removes it (`record_run_arguments`).
+FINISHED_RUN_FILE = "finished.json"
 # Config keys that say nothing of the weights or the data they map: the library version, where the config was
 # read from, the dtype and the attention kernel (all may change on --resume).
 VOLATILE_CONFIG_KEYS = frozenset(
@@ -1322,6 +1336,7 @@ def resume_identity(args: Arguments, built: Built) -> dict[str, Any]:
 def record_run_arguments(args: Arguments, built: Built, work_dir: Path) -> None:
     """Write `RUN_ARGUMENTS_FILE` into the work folder (main process, when training starts)."""
     work_dir.mkdir(parents=True, exist_ok=True)
+    (work_dir / FINISHED_RUN_FILE).unlink(missing_ok=True)  # its checkpoints are this run's from now on
     record = {"built": resume_identity(args, built), "argv": args.argv}
     if TOKENIZER_KEY in record["built"]:  # what a --resume encodes with (`run_tokenizer_file`)
         built.processor.backend_tokenizer.save(str(work_dir / RUN_TOKENIZER_FILE))
@@ -1446,12 +1461,29 @@ def find_checkpoint(
 
     `checkpoints`: each training loop's complete checkpoints in `work_dir`, by its sub-command ("train",
     "train-accelerate"). A loop resumes only its own (`command`'s) and refuses a folder that holds another loop's:
-    it could not load them, and a finished run removes its whole work folder."""
+    it could not load them, and a finished run removes its whole work folder (unless --keep_checkpoints, or a kill
+    came first: `finished_run` tells those from an interrupted run). A refusal ends the run: it releases the
+    folder's lock (`run_folder.lock_output_dir`), so an in-process caller is left no lock file either."""
+    try:
+        return _checkpoint_to_resume(args, work_dir, command, checkpoints)
+    except UsageError:
+        from .run_folder import release_output_dir
+
+        release_output_dir(work_dir.with_name(work_dir.name.removesuffix(".checkpoints")))
+        raise
+
+
+def _checkpoint_to_resume(
+    args: Arguments, work_dir: Path, command: str, checkpoints: dict[str, list[Path]]
+) -> Path | None:
+    """`find_checkpoint`'s choice or refusal."""
+    finished = finished_run(work_dir)
+    kind = "a finished" if finished else "an interrupted"
     for other, found in checkpoints.items():
         if other != command and found:
             resume = args.argv if "--resume" in args.argv else [*args.argv, "--resume"]
             error = UsageError(
-                f"{work_dir} holds checkpoints of an interrupted `energyformers {other}` run "
+                f"{work_dir} holds checkpoints of {kind} `energyformers {other}` run "
                 f"({', '.join(p.name for p in found)}); only `energyformers {other}` can continue it, or delete the "
                 "folder"
             )
@@ -1462,11 +1494,23 @@ def find_checkpoint(
         if not own:
             raise UsageError(f"--resume: no checkpoint in {work_dir}; run without --resume to start training")
         return own[-1]
+    if own and finished:
+        output_dir = work_dir.with_name(work_dir.name.removesuffix(".checkpoints"))
+        raise UsageError(
+            f"{work_dir} holds checkpoints of a run that finished (its model folder is {output_dir}); delete the "
+            "folder, or pass --resume to train on from its last checkpoint"
+        )
     if own:
         raise UsageError(
             f"{work_dir} holds checkpoints of an interrupted run; pass --resume to continue it or delete the folder"
         )
     return None
+
+
+def finished_run(work_dir: Path) -> bool:
+    """Whether the checkpoints in `work_dir` are those of a run that finished and published its model folder: its
+    `FINISHED_RUN_FILE` is there and its stage is not (renamed to `<output_dir>`)."""
+    return (work_dir / FINISHED_RUN_FILE).is_file() and not (work_dir / STAGE_FOLDER).exists()
 
 
 def continue_iteration_draws(
@@ -1560,8 +1604,10 @@ __all__ = [
     "CLASSIFIER_MODULE",
     "DATA_FIELDS",
     "DEFAULT_MAX_LENGTH",
+    "FINISHED_RUN_FILE",
     "HALTING_MODULE",
     "MIM_GRID_FIELDS",
+    "STAGE_FOLDER",
     "AugmentedTransform",
     "Built",
     "accepts",
@@ -1588,6 +1634,7 @@ __all__ = [
     "enable_activation_checkpointing",
     "family",
     "find_checkpoint",
+    "finished_run",
     "load_and_check_data",
     "masked_image_modeling_config",
     "model_registry",

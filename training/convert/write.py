@@ -6,7 +6,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from ..card import conversion_record, render_model_card
+from ..interrupt import staging_folder
 from .base import (
     DEFAULT_ATOL,
     DTYPES,
@@ -220,9 +220,8 @@ def convert_checkpoint(
     checks.append(("official computation (re-implemented, same dtype)", official, tolerance))
     checks.append(("in-memory converted model", family.model_logits(model, inputs), tolerance))
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    # a SIGTERM or Ctrl-C removes the staging folder; what a SIGKILL left, the next conversion to `out` removes
+    with staging_folder(out) as tmp:
         model.save_pretrained(tmp)
         processor = family.processor(config, mean, std)
         if processor is not None:
@@ -272,9 +271,6 @@ def convert_checkpoint(
         _write_card(tmp, out.name, model, record)
         _set_default_permissions(tmp)
         _place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log(f"converted {Path(checkpoint).name} ({layout}) -> {out} [{family.head_class.__name__}, {dtype}]")
     for what, error, tol in measured:
         log(f"  verified against the {what} {described}: max |Δlogits| = {error:.3e} (tolerance {tol:.0e})")

@@ -1,0 +1,219 @@
+"""What a killed or concurrent command leaves, and what the next one does with it: a training run holds a lock on its
+output folder (`run_folder.lock_output_dir`) and `publish` replaces a folder only with --overwrite_output_dir; a run
+killed inside `publish` is undone, or recognised as finished, by the next one; `export` and `inspect` stage their
+files beside the output (`interrupt.staging_folder`), which SIGTERM removes as Ctrl-C does and a rerun removes after
+a SIGKILL; a stopped `inspect` leaves a folder's old report whole.
+
+Every kill is placed at one exact point of the real command (a patched function of the process itself sends the
+signal), in a fresh process: the default SIGTERM handler of the code before these fixes would end pytest itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fixtures import cli_config
+
+from energyformers.training import run_folder
+from energyformers.training.cli import CommandFailed
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+TINY = [
+    "--model", "hyperset", "--dataset", "digits", "--num_threads", "1", "--disable_tqdm", "--num_predictions", "0",
+    "--max_steps", "2", "--save_steps", "1", "--eval_steps", "1", "--max_train_samples", "16",
+    "--max_eval_samples", "8", "--max_test_samples", "8", "--config", *cli_config("hyperset"),
+]  # fmt: skip
+
+# Runs `energyformers <argv>` after `PATCH` (Python source, with `die(sig)`: the process signals itself).
+PROGRAM = """
+import os, pathlib, signal, sys
+from energyformers.training import cli, export, inspect, run_folder
+die = lambda sig=signal.SIGKILL: os.kill(os.getpid(), sig)
+{patch}
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def energyformers(argv: list[str], cwd: Path, patch: str = "") -> subprocess.CompletedProcess:
+    """`energyformers ARGV` in a fresh process, after `patch`; its exit status as the shell gives it (128 + signal)."""
+    program = [sys.executable, "-c", PROGRAM.format(patch=patch), *[str(a) for a in argv]]
+    done = subprocess.run(program, capture_output=True, text=True, env=ENV, cwd=cwd, timeout=300)
+    done.returncode = done.returncode if done.returncode >= 0 else 128 - done.returncode
+    return done
+
+
+def siblings(folder: Path) -> list[str]:
+    """The entries beside `folder` whose names start with its own (hidden ones too), sorted."""
+    return sorted(p.name for p in folder.parent.iterdir() if p.name.lstrip(".").startswith(folder.name))
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_second_run_on_the_same_output_dir_is_refused_while_the_first_runs(tmp_path: Path) -> None:
+    """While one run trains, a second one with the same --output_dir (either loop) is one usage-error line naming
+    the folder, status 2, and writes nothing; the first run finishes into its folder and leaves no lock file."""
+    from transformers import TrainerCallback
+
+    from energyformers.training import train
+
+    out = tmp_path / "race"
+    second: dict[str, subprocess.CompletedProcess] = {}
+
+    class StartAnother(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            for command in ("train", "train-accelerate"):
+                argv = [command, "--output_dir", out, *TINY, "--seed", "7"]
+                second[command] = energyformers(argv, tmp_path)
+
+    assert train.main(["--output_dir", str(out), *TINY], callbacks=[StartAnother()]) == 0
+    for command, done in second.items():
+        expected = f"energyformers {command}: error: --output_dir {out}: another run is using this folder"
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(expected), (
+            command,
+            done.returncode,
+            done.stderr[-2000:],
+        )
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["recipe"]["seed"] != 7, metrics["recipe"]["seed"]  # the first run's, not the second's
+    assert siblings(out) == ["race"], siblings(out)
+
+
+def test_publish_replaces_a_non_empty_folder_only_when_allowed(tmp_path: Path) -> None:
+    """A folder that appeared at `--output_dir` while the run trained stays, and the error names the finished
+    stage; with overwrite (--overwrite_output_dir) it is replaced, and no hidden copy is left."""
+    stage, out = tmp_path / "work" / "final", tmp_path / "out"
+    stage.mkdir(parents=True)
+    (stage / "config.json").write_text("new\n")
+    out.mkdir()
+    (out / "config.json").write_text("someone else's\n")
+    with pytest.raises(CommandFailed, match="--overwrite_output_dir was not given; the finished model is in"):
+        run_folder.publish(stage, out)
+    assert (out / "config.json").read_text() == "someone else's\n" and (stage / "config.json").is_file()
+    run_folder.publish(stage, out, overwrite=True)
+    assert (out / "config.json").read_text() == "new\n" and not stage.exists()
+    assert siblings(out) == ["out"], siblings(out)
+
+
+def test_a_run_killed_inside_publish_is_recognised_by_the_next_one(tmp_path: Path) -> None:
+    """SIGKILL right after `publish` (before the checkpoints are removed): the next run says the checkpoints are a
+    finished run's, not an interrupted one's. SIGKILL between publish's two renames, replacing that folder: the
+    next run puts the previous folder back (one line naming the hidden copy) and refuses as for any folder there."""
+    out = tmp_path / "run"
+    work = tmp_path / "run.checkpoints"
+    after_publish = (
+        "publish = run_folder.publish\nrun_folder.publish = lambda *a, **k: (publish(*a, **k), die())"
+    )
+    killed = energyformers(["train", "--output_dir", out, *TINY], tmp_path, after_publish)
+    assert killed.returncode == 128 + signal.SIGKILL, killed.stderr[-2000:]
+    assert (out / "metrics.json").is_file() and any(work.glob("checkpoint-*")), siblings(out)
+    published = (out / "metrics.json").read_bytes()
+
+    again = energyformers(["train", "--output_dir", out, "--overwrite_output_dir", *TINY], tmp_path)
+    expected = (
+        f"{work} holds checkpoints of a run that finished (its model folder is {out}); delete the folder"
+    )
+    assert again.returncode == 2 and expected in again.stderr, again.stderr[-2000:]
+
+    import shutil
+
+    shutil.rmtree(work)
+    between = (
+        "rename = pathlib.Path.rename\n"
+        "pathlib.Path.rename = lambda self, target: die() if self.name == 'final' else rename(self, target)"
+    )
+    killed = energyformers(["train", "--output_dir", out, "--overwrite_output_dir", *TINY], tmp_path, between)
+    hidden = [name for name in siblings(out) if ".old-" in name]
+    assert killed.returncode == 128 + signal.SIGKILL and not out.exists() and len(hidden) == 1, (
+        killed.returncode,
+        siblings(out),
+    )
+
+    # --resume without a checkpoint to resume from: refused at once by the code before this fix, which left the copy
+    restored = energyformers(["train", "--output_dir", out, "--resume", *TINY], tmp_path)
+    note = f"warning: restored {out} from {hidden[0]}"
+    refusal = f"error: --output_dir {out}: the folder exists and is not empty; pass --overwrite_output_dir"
+    assert restored.returncode == 2 and note in restored.stderr and refusal in restored.stderr, (
+        restored.stderr
+    )
+    assert (out / "metrics.json").read_bytes() == published and not any(
+        ".old-" in n for n in siblings(out)
+    ), siblings(out)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished tiny run folder."""
+    from energyformers.training import train
+
+    out = tmp_path_factory.mktemp("trained") / "run"
+    assert train.main(["--output_dir", str(out), *TINY]) == 0
+    return out
+
+
+def test_a_stopped_export_leaves_no_staging_folder_and_a_rerun_removes_a_killed_ones(
+    trained: Path, tmp_path: Path
+) -> None:
+    """SIGTERM while `export` writes its staging folder: status 143, nothing left beside the output (as for
+    Ctrl-C). The staging folder of an export killed by SIGKILL (its pid gone) is removed by the next export to the
+    same folder, which names it; one whose owner cannot be told (no pid in its name) is named and kept."""
+    out = tmp_path / "exported"
+    stop = "card = export.render_model_card\nexport.render_model_card = lambda *a, **k: die(signal.SIGTERM)"
+    stopped = energyformers(["export", trained, out], tmp_path, stop)
+    assert stopped.returncode == 128 + signal.SIGTERM and siblings(out) == [], (
+        stopped.returncode,
+        siblings(out),
+    )
+
+    killed = tmp_path / f".exported.partial-{dead_pid()}@{socket.gethostname()}-k1ll3d00"
+    unknown = tmp_path / ".exported.partial-8charsxx"
+    for folder in (killed, unknown):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half")
+    done = energyformers(["export", trained, out], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert siblings(out) == [unknown.name, "exported"], siblings(out)
+    assert f"warning: removed {killed}" in done.stderr and f"warning: {unknown} looks left" in done.stderr, (
+        done.stderr
+    )
+
+
+def test_a_stopped_inspect_leaves_the_old_report_whole(tmp_path: Path) -> None:
+    """`inspect` into a folder that holds a report, stopped (SIGTERM) after drawing a new figure: the folder keeps
+    the old report (figure and inspect.json) byte for byte and nothing is left beside it. Stopped while it moves
+    the new report into place: it finishes the move first (the new report whole), then exits 143."""
+    out = tmp_path / "report"
+    argv = ["inspect", "--landscape", "--output_dir", out, "--overwrite_output_dir"]
+    first = energyformers(argv, tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    old = {name: (out / name).read_bytes() for name in ("energy_landscape.png", "inspect.json")}
+
+    drawn = "pathlib.Path(path).write_bytes(b'new')"
+    stop = f"inspect.plot_landscape = lambda result, path: ({drawn}, die(signal.SIGTERM))"
+    stopped = energyformers(argv, tmp_path, stop)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
+    now = {name: (out / name).read_bytes() for name in sorted(p.name for p in out.iterdir())}
+    assert now == old, sorted(now)
+    assert siblings(out) == ["report"], siblings(out)
+
+    during_move = "replace = os.replace\nos.replace = lambda a, b: (die(signal.SIGTERM), replace(a, b))"
+    new_figure = f"inspect.plot_landscape = lambda result, path: {drawn}"
+    moved = energyformers(argv, tmp_path, f"{new_figure}\n{during_move}")
+    assert moved.returncode == 128 + signal.SIGTERM, moved.stderr[-2000:]
+    report = json.loads((out / "inspect.json").read_text())
+    assert (out / "energy_landscape.png").read_bytes() == b"new" and report["figures"] == [
+        "energy_landscape.png"
+    ]
+    assert siblings(out) == ["report"], siblings(out)
