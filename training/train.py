@@ -342,9 +342,8 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
         "train-accelerate": accelerate_checkpoints(work_dir),
     }
     resume_from, initial_step = find_checkpoint(args, work_dir, "train", checkpoints), 0
-    if (
-        resume_from is not None
-    ):  # a damaged checkpoint skipped or refused before any work, not after the data is built
+    # a damaged checkpoint skipped or refused before any work, not after the data is built
+    if resume_from is not None:
         resume_from, initial_step = resume_checkpoint(checkpoints["train"], args.run.ema_decay is not None)
     check_schedule(args)
     ta = training_arguments(args, work_dir)  # sets up the process group; writes no files
