@@ -286,9 +286,8 @@ def lock_output_dir(output_dir: Path, given: str | None = None) -> None:
             f"--output_dir {given or output_dir}: another run is using this folder (it holds {path}); wait for it "
             "to end or choose another --output_dir"
         ) from None
-    if (
-        not _held_locks
-    ):  # a run that ends otherwise than by `finish_run` (refused, stopped) leaves no lock file
+    # a run that ends otherwise than by `finish_run` (refused, stopped) leaves no lock file
+    if not _held_locks:
         atexit.register(release_all_output_dirs)
     _held_locks[output_dir] = lock
 
