@@ -23,6 +23,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..tokenizer_fit import MIM_TASK, TOKENIZER_CONFIG_NAME
@@ -1385,13 +1386,28 @@ def _take_attn_implementation_from_config(m: ModelArguments) -> None:
     check_attn_flag(m.attn_implementation, model_type or "")
 
 
+# `<output_dir>.checkpoints`, beside the output folder: a run's checkpoints, its finished stage and (without
+# --logging_dir) its trackers' files until the model folder is published.
+WORK_SUFFIX = ".checkpoints"
+
+
+def work_folder(output_dir: Path) -> Path:
+    """The work folder of `output_dir` (`WORK_SUFFIX`)."""
+    return output_dir.with_name(output_dir.name + WORK_SUFFIX)
+
+
+def output_folder(work_dir: Path) -> Path:
+    """The output folder whose work folder is `work_dir` (`work_folder`'s inverse)."""
+    return work_dir.with_name(work_dir.name.removesuffix(WORK_SUFFIX))
+
+
 def check_output_dir(output_dir: str, overwrite: bool) -> None:
     """`--output_dir` names a folder (new, empty, or replaced with --overwrite_output_dir), never a file: a file
     there is refused whatever the flags, since replacing it with a model folder is not what anyone meant.
 
     Checked while the arguments are parsed (no torch yet) and again by `setup.output_paths` when the run starts."""
     path = str(check_output_folder(output_dir, "--output_dir", "--overwrite_output_dir", overwrite=overwrite))
-    checkpoints = os.path.abspath(path).rstrip(os.sep) + ".checkpoints"
+    checkpoints = str(work_folder(Path(os.path.abspath(path))))
     if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
         raise UsageError(
             f"--output_dir {output_dir}: {checkpoints} (where its checkpoints go) is a file, not a folder; "
@@ -1463,6 +1479,7 @@ __all__ = [
     "TRACKER_FOLDER",
     "TRACKER_INSTALL",
     "TRAINER_TRACKER_CHECKS",
+    "WORK_SUFFIX",
     "Arguments",
     "AugmentationFlags",
     "DataArguments",
@@ -1477,6 +1494,7 @@ __all__ = [
     "check_output_dir",
     "config_flags",
     "depth_metric",
+    "output_folder",
     "parse_arguments",
     "parse_overrides",
     "quiet_libraries",
@@ -1490,4 +1508,5 @@ __all__ = [
     "validate",
     "validate_best_model",
     "validate_trackers",
+    "work_folder",
 ]
