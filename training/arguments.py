@@ -970,6 +970,8 @@ def validate_trackers(r: RunArguments, explicit: frozenset[str], prog: str) -> N
         return
     if r.logging_dir is not None and os.path.isfile(os.path.expanduser(r.logging_dir)):
         raise UsageError(f"--logging_dir {r.logging_dir}: a file; expected a folder (new or existing)")
+    if r.logging_dir is not None:
+        check_logging_dir(r)
     if names == ["all"]:
         return
     known = tracker_names(prog)
@@ -984,6 +986,26 @@ def validate_trackers(r: RunArguments, explicit: frozenset[str], prog: str) -> N
         if found is not None and not found[1]():
             install = TRACKER_INSTALL.get(name, f"pip install {name}")
             raise UsageError(f"--report_to {name}: not available here ({found[0]}() is false); {install}")
+
+
+def check_logging_dir(r: RunArguments) -> None:
+    """`--logging_dir` outside the folders the run replaces or removes: `--output_dir` (the finished model folder
+    takes its place, so the trackers' files would make the folder non-empty or be deleted with it) and, without
+    --keep_checkpoints, its work folder (removed at the end). A `UsageError` naming both folders otherwise."""
+    logs = Path(r.logging_dir).expanduser().resolve()
+    output = Path(r.output_dir).expanduser().resolve()
+    removed = [(output, "--output_dir", "which the finished model folder replaces")]
+    if not r.keep_checkpoints:
+        removed.append(
+            (work_folder(output), "the work folder", "which a finished run removes (no --keep_checkpoints)")
+        )
+    for folder, name, why in removed:
+        if logs.is_relative_to(folder):
+            raise UsageError(
+                f"--logging_dir {r.logging_dir}: inside {name} {folder}, {why}; without --logging_dir the trackers' "
+                f"files go to {output / TRACKER_FOLDER} anyway (moved there with the model), or choose a folder "
+                "outside it"
+            )
 
 
 def tracker_run_name(r: RunArguments) -> str:
@@ -1491,6 +1513,7 @@ __all__ = [
     "check_attn_flag",
     "check_best_model_metric",
     "check_column_flags",
+    "check_logging_dir",
     "check_output_dir",
     "config_flags",
     "depth_metric",
