@@ -733,8 +733,8 @@ class PerceptualMetrics:
             import warnings
 
             with warnings.catch_warnings():
-                # TorchScript is deprecated (DeprecationWarning up to torch 2.13, FutureWarning from 2.15): the
-                # user chose a TorchScript detector file and cannot act on torch's advice; nothing else is hidden
+                # torch deprecates TorchScript: the user chose a TorchScript detector file and cannot act on
+                # torch's advice; the filter matches that message only, nothing else is hidden
                 warnings.filterwarnings("ignore", message=r"`torch\.jit\.load` is deprecated")
                 net = torch.jit.load(str(path), map_location="cpu").eval()
             return FrechetInceptionDistance(feature=_ScriptedInceptionFeatures(net), normalize=True)

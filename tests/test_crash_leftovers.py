@@ -217,3 +217,53 @@ def test_a_stopped_inspect_leaves_the_old_report_whole(tmp_path: Path) -> None:
         "energy_landscape.png"
     ]
     assert siblings(out) == ["report"], siblings(out)
+
+
+@pytest.mark.parametrize("loop", ["train", "accelerate_loop"])
+def test_an_in_process_run_refused_after_taking_the_lock_releases_it(
+    loop: str, tmp_path: Path, capsys
+) -> None:
+    """A run that ends by a usage error after it took the output folder's lock (here `check_schedule`, on
+    arguments a caller changed after parsing) leaves no lock file, and the folder can be locked again at once
+    (an in-process caller: a notebook, `train.main`)."""
+    import importlib
+
+    from energyformers.training.cli import run_command
+
+    module = importlib.import_module(f"energyformers.training.{loop}")
+    out = tmp_path / "out"
+    args = module.parse(["--output_dir", str(out), *TINY])
+    args.run.cooldown_epochs, args.run.lr_scheduler_type = 1, "linear"  # refused by `check_schedule`
+    # as `main` runs it (`run_command` maps the refusal to status 2), with the changed arguments
+    assert run_command("train", lambda argv: args, module.run, []) == 2
+    assert "--lr_scheduler_type linear" in capsys.readouterr().err
+    assert siblings(out) == [], siblings(out)
+    run_folder.lock_output_dir(out.resolve())  # no Timeout: nobody holds it
+    run_folder.release_output_dir(out.resolve())
+    assert siblings(out) == [], siblings(out)
+
+
+def test_a_refused_publish_puts_the_tracker_files_back_in_the_work_folder(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """`finish_run` whose publish is refused (a folder appeared at `--output_dir`) leaves the trackers' files in the
+    work folder's `runs/`, where a `--resume --overwrite_output_dir` goes on writing them, not in the stage that the
+    resumed run's save replaces."""
+    from types import SimpleNamespace
+
+    out, work = tmp_path / "out", tmp_path / "out.checkpoints"
+    stage = work / "final"
+    stage.mkdir(parents=True)
+    (stage / "config.json").write_text("{}")
+    events = work / "runs" / "out" / "events.out.tfevents.1"
+    events.parent.mkdir(parents=True)
+    events.write_bytes(b"history")
+    out.mkdir()
+    (out / "note.txt").write_text("appeared while the run trained")
+    monkeypatch.setattr(run_folder, "write_run_folder", lambda *args: {})
+    result = SimpleNamespace(args=SimpleNamespace(run=SimpleNamespace(overwrite_output_dir=False)))
+    with pytest.raises(CommandFailed, match="appeared while the run trained"):
+        run_folder.finish_run(stage, result, out, work)
+    assert events.read_bytes() == b"history"
+    assert not (stage / "runs").exists(), sorted(p.name for p in stage.iterdir())
+    assert sorted(p.name for p in out.iterdir()) == ["note.txt"]

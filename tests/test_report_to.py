@@ -154,6 +154,11 @@ def usage_error_cases(tmp: Path) -> list[tuple[str, list[str], str]]:
     a_file = tmp / "a-file"
     a_file.write_text("mine")
     trainer_names = ", ".join(tracker_names(TRAIN))
+    out = (tmp / "out").resolve()
+    default_logs = (
+        f"without --logging_dir the trackers' files go to {out / 'runs'} anyway (moved there with the model), or "
+        "choose a folder outside it"
+    )
     accelerate_names = ", ".join(tracker_names(ACCELERATE_PROG))
     return [
         (
@@ -208,6 +213,25 @@ def usage_error_cases(tmp: Path) -> list[tuple[str, list[str], str]]:
             ["--report_to", "tensorboard", "--logging_dir", str(a_file)],
             f"{TRAIN}: error: --logging_dir {a_file}: a file; expected a folder (new or existing)",
         ),
+        # the folders the run replaces or removes at its end (`out`, the --output_dir of every case)
+        (
+            "train",
+            ["--report_to", "tensorboard", "--logging_dir", str(tmp / "out" / "logs")],
+            f"{TRAIN}: error: --logging_dir {tmp / 'out' / 'logs'}: inside --output_dir {out}, which the finished "
+            f"model folder replaces; {default_logs}",
+        ),
+        (
+            "train-accelerate",
+            ["--report_to", "tensorboard", "--logging_dir", str(tmp / "out")],
+            f"{ACCELERATE_PROG}: error: --logging_dir {tmp / 'out'}: inside --output_dir {out}, which the finished "
+            f"model folder replaces; {default_logs}",
+        ),
+        (
+            "train",
+            ["--report_to", "tensorboard", "--logging_dir", str(tmp / "out.checkpoints" / "logs")],
+            f"{TRAIN}: error: --logging_dir {tmp / 'out.checkpoints' / 'logs'}: inside the work folder {out}.checkpoints, "
+            f"which a finished run removes (no --keep_checkpoints); {default_logs}",
+        ),
     ]
 
 
@@ -218,6 +242,25 @@ def test_tracker_refusals_are_one_line_with_status_2_before_anything_runs(tmp_pa
         err = capsys.readouterr().err
         assert (status, err) == (2, expected + "\n"), (command, flags, status, err)
         assert not out.exists() and not (tmp_path / "out.checkpoints").exists(), (command, flags)
+
+
+def test_a_logging_dir_in_the_kept_work_folder_or_beside_the_output_is_accepted(tmp_path):
+    """Only the folders the run replaces or removes are refused: the work folder kept by --keep_checkpoints, or a
+    sibling whose name starts like the output folder's, are not inside them."""
+    for extra, logs in (
+        ([], tmp_path / "out-logs"),
+        (["--keep_checkpoints"], tmp_path / "out.checkpoints" / "l"),
+    ):
+        argv = [
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--report_to",
+            "tensorboard",
+            "--logging_dir",
+            str(logs),
+        ]
+        for loop in (train, accelerate_loop):
+            assert loop.parse([*argv, *extra]).run.logging_dir == str(logs)
 
 
 @pytest.mark.parametrize("prog", [TRAIN, ACCELERATE_PROG])

@@ -705,9 +705,10 @@ def write_model_folder(
     """The finished run folder in `output_dir` (main process): the model and processor, staged in the work
     directory, with the metrics, curve and card (`run_folder.finish_run`)."""
     from .run_folder import RunResult, finish_run
+    from .setup import STAGE_FOLDER
 
     accelerator, built, step = parts.accelerator, parts.built, state.step
-    stage = parts.work_dir / "final"
+    stage = parts.work_dir / STAGE_FOLDER
     shutil.rmtree(stage, ignore_errors=True)
     unwrapped = parts.unwrapped
     unwrapped.save_pretrained(stage, state_dict=accelerator.get_state_dict(parts.model))
@@ -752,65 +753,67 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
     if args.run.num_threads:
         torch.set_num_threads(args.run.num_threads)
     check_precision(args.run.precision)
-    output_dir, work_dir = output_paths(args)
-    checkpoints = {
-        "train": trainer_checkpoints(work_dir),
-        "train-accelerate": accelerate_checkpoints(work_dir),
-    }
-    resume_from = find_checkpoint(args, work_dir, "train-accelerate", checkpoints)
-    if resume_from is not None:  # a damaged state file refused before any work, not after the data is built
-        read_loop_state(resume_from)
-    check_schedule(args)
+    # the rest of the run holds the output folder's lock (released however the run ends)
+    with output_paths(args) as (output_dir, work_dir):
+        checkpoints = {
+            "train": trainer_checkpoints(work_dir),
+            "train-accelerate": accelerate_checkpoints(work_dir),
+        }
+        resume_from = find_checkpoint(args, work_dir, "train-accelerate", checkpoints)
+        # a damaged state file refused before any work, not after the data is built
+        if resume_from is not None:
+            read_loop_state(resume_from)
+        check_schedule(args)
 
-    accelerator = make_accelerator(args.run, work_dir)
-    with leave_nothing_behind(work_dir, accelerator.is_main_process):
-        parts = prepare_training(args, accelerator, work_dir, resume_from)
-        state = restore_progress(parts, resume_from)
-        start_trackers(args, accelerator)
-        stop = StopRequest()
-        # the handlers stay for the final evaluations: a stop there ends them at their next batch too, and the
-        # run, its last step checkpointed first, resumes to them
-        with stop.installed(
-            several_processes=accelerator.num_processes > 1, announce=accelerator.is_main_process
-        ):
-            train(parts, state, stop)
-            if stop.agreed:
-                return stop_with_checkpoint(parts, state, stop)
-            train_time = time.time() - start
-            if state.saved_at != state.step:  # the live weights, before the EMA replaces them below
-                save_checkpoint(parts, state)
+        accelerator = make_accelerator(args.run, work_dir)
+        with leave_nothing_behind(work_dir, accelerator.is_main_process):
+            parts = prepare_training(args, accelerator, work_dir, resume_from)
+            state = restore_progress(parts, resume_from)
+            start_trackers(args, accelerator)
+            stop = StopRequest()
+            # the handlers stay for the final evaluations: a stop there ends them at their next batch too, and the
+            # run, its last step checkpointed first, resumes to them
+            with stop.installed(
+                several_processes=accelerator.num_processes > 1, announce=accelerator.is_main_process
+            ):
+                train(parts, state, stop)
+                if stop.agreed:
+                    return stop_with_checkpoint(parts, state, stop)
+                train_time = time.time() - start
+                if state.saved_at != state.step:  # the live weights, before the EMA replaces them below
+                    save_checkpoint(parts, state)
 
-            if on_train_end is not None:
-                on_train_end(parts.unwrapped, accelerator)
-            if parts.ema is not None:  # the saved and evaluated model is the average
-                parts.ema.copy_to(parts.unwrapped)
-            try:
-                eval_metrics, test_metrics = evaluate_validation(parts, stop), evaluate_test(parts, stop)
-            except EvaluationStopped:
-                return stop_with_checkpoint(parts, state, stop, final_evaluation=True)
-        # the saved weights' numbers, as Trainer's final evaluations log them
-        log_to_trackers(
-            accelerator, {"step": state.step, **{f"eval_{k}": v for k, v in eval_metrics.items()}}
-        )
-        log_to_trackers(
-            accelerator, {"step": state.step, **{f"test_{k}": v for k, v in test_metrics.items()}}
-        )
-        finish_trackers(accelerator)
+                if on_train_end is not None:
+                    on_train_end(parts.unwrapped, accelerator)
+                if parts.ema is not None:  # the saved and evaluated model is the average
+                    parts.ema.copy_to(parts.unwrapped)
+                try:
+                    eval_metrics, test_metrics = evaluate_validation(parts, stop), evaluate_test(parts, stop)
+                except EvaluationStopped:
+                    return stop_with_checkpoint(parts, state, stop, final_evaluation=True)
+            # the saved weights' numbers, as Trainer's final evaluations log them
+            log_to_trackers(
+                accelerator, {"step": state.step, **{f"eval_{k}": v for k, v in eval_metrics.items()}}
+            )
+            log_to_trackers(
+                accelerator, {"step": state.step, **{f"test_{k}": v for k, v in test_metrics.items()}}
+            )
+            finish_trackers(accelerator)
+            accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            write_model_folder(
+                parts,
+                state,
+                output_dir=output_dir,
+                eval_metrics=eval_metrics,
+                test_metrics=test_metrics,
+                start=start,
+                train_time=train_time,
+                resume_from=resume_from,
+            )
         accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        write_model_folder(
-            parts,
-            state,
-            output_dir=output_dir,
-            eval_metrics=eval_metrics,
-            test_metrics=test_metrics,
-            start=start,
-            train_time=train_time,
-            resume_from=resume_from,
-        )
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    return 0
+        accelerator.end_training()
+        return 0
 
 
 def main(argv: list[str] | None = None, *, on_train_end: Callable[[Any, Any], None] | None = None) -> int:

@@ -23,6 +23,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..tokenizer_fit import MIM_TASK, TOKENIZER_CONFIG_NAME
@@ -969,6 +970,8 @@ def validate_trackers(r: RunArguments, explicit: frozenset[str], prog: str) -> N
         return
     if r.logging_dir is not None and os.path.isfile(os.path.expanduser(r.logging_dir)):
         raise UsageError(f"--logging_dir {r.logging_dir}: a file; expected a folder (new or existing)")
+    if r.logging_dir is not None:
+        check_logging_dir(r)
     if names == ["all"]:
         return
     known = tracker_names(prog)
@@ -983,6 +986,26 @@ def validate_trackers(r: RunArguments, explicit: frozenset[str], prog: str) -> N
         if found is not None and not found[1]():
             install = TRACKER_INSTALL.get(name, f"pip install {name}")
             raise UsageError(f"--report_to {name}: not available here ({found[0]}() is false); {install}")
+
+
+def check_logging_dir(r: RunArguments) -> None:
+    """`--logging_dir` outside the folders the run replaces or removes: `--output_dir` (the finished model folder
+    takes its place, so the trackers' files would make the folder non-empty or be deleted with it) and, without
+    --keep_checkpoints, its work folder (removed at the end). A `UsageError` naming both folders otherwise."""
+    logs = Path(r.logging_dir).expanduser().resolve()
+    output = Path(r.output_dir).expanduser().resolve()
+    removed = [(output, "--output_dir", "which the finished model folder replaces")]
+    if not r.keep_checkpoints:
+        removed.append(
+            (work_folder(output), "the work folder", "which a finished run removes (no --keep_checkpoints)")
+        )
+    for folder, name, why in removed:
+        if logs.is_relative_to(folder):
+            raise UsageError(
+                f"--logging_dir {r.logging_dir}: inside {name} {folder}, {why}; without --logging_dir the trackers' "
+                f"files go to {output / TRACKER_FOLDER} anyway (moved there with the model), or choose a folder "
+                "outside it"
+            )
 
 
 def tracker_run_name(r: RunArguments) -> str:
@@ -1385,13 +1408,28 @@ def _take_attn_implementation_from_config(m: ModelArguments) -> None:
     check_attn_flag(m.attn_implementation, model_type or "")
 
 
+# `<output_dir>.checkpoints`, beside the output folder: a run's checkpoints, its finished stage and (without
+# --logging_dir) its trackers' files until the model folder is published.
+WORK_SUFFIX = ".checkpoints"
+
+
+def work_folder(output_dir: Path) -> Path:
+    """The work folder of `output_dir` (`WORK_SUFFIX`)."""
+    return output_dir.with_name(output_dir.name + WORK_SUFFIX)
+
+
+def output_folder(work_dir: Path) -> Path:
+    """The output folder whose work folder is `work_dir` (`work_folder`'s inverse)."""
+    return work_dir.with_name(work_dir.name.removesuffix(WORK_SUFFIX))
+
+
 def check_output_dir(output_dir: str, overwrite: bool) -> None:
     """`--output_dir` names a folder (new, empty, or replaced with --overwrite_output_dir), never a file: a file
     there is refused whatever the flags, since replacing it with a model folder is not what anyone meant.
 
     Checked while the arguments are parsed (no torch yet) and again by `setup.output_paths` when the run starts."""
     path = str(check_output_folder(output_dir, "--output_dir", "--overwrite_output_dir", overwrite=overwrite))
-    checkpoints = os.path.abspath(path).rstrip(os.sep) + ".checkpoints"
+    checkpoints = str(work_folder(Path(os.path.abspath(path))))
     if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
         raise UsageError(
             f"--output_dir {output_dir}: {checkpoints} (where its checkpoints go) is a file, not a folder; "
@@ -1463,6 +1501,7 @@ __all__ = [
     "TRACKER_FOLDER",
     "TRACKER_INSTALL",
     "TRAINER_TRACKER_CHECKS",
+    "WORK_SUFFIX",
     "Arguments",
     "AugmentationFlags",
     "DataArguments",
@@ -1474,9 +1513,11 @@ __all__ = [
     "check_attn_flag",
     "check_best_model_metric",
     "check_column_flags",
+    "check_logging_dir",
     "check_output_dir",
     "config_flags",
     "depth_metric",
+    "output_folder",
     "parse_arguments",
     "parse_overrides",
     "quiet_libraries",
@@ -1490,4 +1531,5 @@ __all__ = [
     "validate",
     "validate_best_model",
     "validate_trackers",
+    "work_folder",
 ]

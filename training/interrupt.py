@@ -245,7 +245,7 @@ STAGING_MARK = ".partial-"
 
 def stale_staging(out: Path) -> tuple[list[Path], list[Path]]:
     """The staging folders of `out` beside it that no running command owns: (those of a process of this machine that
-    is gone, those whose owner cannot be told: named without pid and host, as before they carried them)."""
+    is gone, those whose owner cannot be told: named `.<out>.partial-<random>`, without pid and host)."""
     pattern = re.compile(rf"\.{re.escape(out.name)}{re.escape(STAGING_MARK)}(?:(\d+)@(.+)-)?[^-@]+")
     host = socket.gethostname()
     gone, unknown = [], []

@@ -6,14 +6,14 @@ renames the folder to `<output_dir>` in one step (so `<output_dir>` is either co
 checkpoints, prints the result and `pipeline` predictions of the reloaded folder, and pushes it if asked.
 `leave_nothing_behind` removes a work folder that a failed run created before its first checkpoint.
 
-A run holds `<output_dir>.lock` (beside the folder) from its start (`lock_output_dir`, called by
-`setup.output_paths`) to its end, so a second run on the same folder is refused before it reads or writes anything;
-a folder that a run killed while replacing it left hidden is put back by the next one (`restore_interrupted_publish`).
+A run holds `<output_dir>.lock` (beside the folder) from its start to its end, however it ends (`lock_output_dir`
+and `release_output_dir`, around the run by `setup.output_paths`), so a second run on the same folder is refused
+before it reads or writes anything; a folder that a run killed while replacing it left hidden is put back by the
+next one (`restore_interrupted_publish`).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -269,13 +269,11 @@ def lock_path(output_dir: Path) -> Path:
 
 def lock_output_dir(output_dir: Path, given: str | None = None) -> None:
     """Take the run's lock on `output_dir` (resolved; `given`: as the command line named it), held until the run
-    ends (`release_output_dir`) or the process does: the kernel's lock on `lock_path` (flock), so a killed run holds
-    nothing. Another run holding it is a `UsageError` naming the folder; this process's own earlier run (a test, a
-    notebook) holds it already."""
+    ends (`release_output_dir`, from `setup.output_paths`'s block) or the process does: the kernel's lock on
+    `lock_path` (flock), so a killed run holds nothing. Another run holding it, in this process or another, is a
+    `UsageError` naming the folder."""
     from filelock import FileLock, Timeout
 
-    if output_dir in _held_locks:
-        return
     path = lock_path(output_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(path), timeout=0, thread_local=False)
@@ -286,9 +284,6 @@ def lock_output_dir(output_dir: Path, given: str | None = None) -> None:
             f"--output_dir {given or output_dir}: another run is using this folder (it holds {path}); wait for it "
             "to end or choose another --output_dir"
         ) from None
-    # a run that ends otherwise than by `finish_run` (refused, stopped) leaves no lock file
-    if not _held_locks:
-        atexit.register(release_all_output_dirs)
     _held_locks[output_dir] = lock
 
 
@@ -299,12 +294,6 @@ def release_output_dir(output_dir: Path) -> None:
     if lock is not None:
         lock_path(output_dir).unlink(missing_ok=True)
         lock.release()
-
-
-def release_all_output_dirs() -> None:
-    """`release_output_dir` for every folder this process holds (at exit)."""
-    for output_dir in list(_held_locks):
-        release_output_dir(output_dir)
 
 
 def replaced_names(output_dir: Path) -> list[Path]:
@@ -431,7 +420,14 @@ def finish_run(stage: Path, result: RunResult, output_dir: Path, work_dir: Path)
         shutil.move(trackers, stage / TRACKER_FOLDER)
     # the stage is complete: once it is gone (published), the checkpoints left are a finished run's
     (work_dir / FINISHED_RUN_FILE).write_text(json.dumps({"output_dir": str(output_dir)}) + "\n")
-    publish(stage, output_dir, overwrite=run.overwrite_output_dir)
+    try:
+        publish(stage, output_dir, overwrite=run.overwrite_output_dir)
+    except BaseException:
+        # not published (the stage is where it was): the trackers' files go back to the work folder, where a
+        # --resume goes on writing them (its save replaces the stage)
+        if (stage / TRACKER_FOLDER).is_dir():
+            shutil.move(stage / TRACKER_FOLDER, trackers)
+        raise
     if not run.keep_checkpoints:
         shutil.rmtree(work_dir, ignore_errors=True)
     print(
@@ -446,7 +442,6 @@ def finish_run(stage: Path, result: RunResult, output_dir: Path, work_dir: Path)
 
         url = push_model_dir(output_dir, run.hub_model_id, private=run.hub_private_repo, token=run.hub_token)
         print(f"pushed to {url}")
-    release_output_dir(output_dir)
     return metrics
 
 
@@ -465,8 +460,6 @@ def leave_nothing_behind(work_dir: Path, main_process: bool = True) -> Iterator[
     except BaseException:
         if main_process and not existed and work_dir.exists() and not has_checkpoint(work_dir):
             shutil.rmtree(work_dir, ignore_errors=True)
-        if main_process:  # the run ends here: its folder's lock goes (`lock_output_dir`)
-            release_output_dir(work_dir.with_name(work_dir.name.removesuffix(".checkpoints")))
         raise
 
 
@@ -484,7 +477,6 @@ __all__ = [
     "plot_training_curve",
     "print_predictions",
     "publish",
-    "release_all_output_dirs",
     "release_output_dir",
     "remove_path",
     "replaced_names",

@@ -17,6 +17,8 @@ import math
 import re
 import shlex
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -34,7 +36,9 @@ from .arguments import (
     check_output_dir,
     config_flags,
     mim_tokenizer_source,
+    output_folder,
     parse_overrides,
+    work_folder,
 )
 from .batches import batches_done
 from .cli import check_model_source, launch_rank
@@ -514,7 +518,7 @@ def run_tokenizer_file(args: Arguments) -> Path | None:
     the work folder's, else the newest Trainer checkpoint's (a run recorded before the work folder held one);
     None when there is neither (an Accelerate run of that age: its tokenizer is trained again)."""
     output_dir = Path(args.run.output_dir).expanduser().resolve()
-    work_dir = output_dir.with_name(output_dir.name + ".checkpoints")
+    work_dir = work_folder(output_dir)
     if (work_dir / RUN_TOKENIZER_FILE).is_file():
         return work_dir / RUN_TOKENIZER_FILE
     steps = {}
@@ -1220,20 +1224,30 @@ class AugmentedTransform:
         return self.transform(self.augmentation(batch))
 
 
-def output_paths(args: Arguments) -> tuple[Path, Path]:
-    """(output folder, its `<name>.checkpoints` work folder); refuses a non-empty output without --overwrite."""
+@contextmanager
+def output_paths(args: Arguments) -> Iterator[tuple[Path, Path]]:
+    """The run's (output folder, its `<name>.checkpoints` work folder), for the rest of the run: the main process
+    holds the folder's lock (`run_folder.lock_output_dir`) until the block ends, however it ends (finished,
+    stopped, refused, failed), so an in-process caller (a notebook, `train.main`) is left no lock. Refuses a
+    non-empty output without --overwrite."""
+    from .run_folder import lock_output_dir, release_output_dir, restore_interrupted_publish
+
     # parse_arguments checked this already; again here for a caller that built `args` itself, and for a folder
     # that appeared since
     check_output_dir(args.run.output_dir, args.run.overwrite_output_dir)
     output_dir = Path(args.run.output_dir).expanduser().resolve()
-    if launch_rank() == 0:  # the main process holds the run's lock; the others share its run
-        from .run_folder import lock_output_dir, restore_interrupted_publish
-
+    main_process = launch_rank() == 0  # the main process holds the run's lock; the others share its run
+    if main_process:
         # before anything of the run is read or written: another run on the folder is refused here
         lock_output_dir(output_dir, args.run.output_dir)
-        if restore_interrupted_publish(output_dir):  # the folder is back: checked as if it had never gone
+    try:
+        if main_process and restore_interrupted_publish(output_dir):
+            # the folder is back: checked as if it had never gone
             check_output_dir(args.run.output_dir, args.run.overwrite_output_dir)
-    return output_dir, output_dir.with_name(output_dir.name + ".checkpoints")
+        yield output_dir, work_folder(output_dir)
+    finally:
+        if main_process:
+            release_output_dir(output_dir)
 
 
 # Written by the main process into `<output_dir>.checkpoints/` when training starts: what the run built
@@ -1462,21 +1476,7 @@ def find_checkpoint(
     `checkpoints`: each training loop's complete checkpoints in `work_dir`, by its sub-command ("train",
     "train-accelerate"). A loop resumes only its own (`command`'s) and refuses a folder that holds another loop's:
     it could not load them, and a finished run removes its whole work folder (unless --keep_checkpoints, or a kill
-    came first: `finished_run` tells those from an interrupted run). A refusal ends the run: it releases the
-    folder's lock (`run_folder.lock_output_dir`), so an in-process caller is left no lock file either."""
-    try:
-        return _checkpoint_to_resume(args, work_dir, command, checkpoints)
-    except UsageError:
-        from .run_folder import release_output_dir
-
-        release_output_dir(work_dir.with_name(work_dir.name.removesuffix(".checkpoints")))
-        raise
-
-
-def _checkpoint_to_resume(
-    args: Arguments, work_dir: Path, command: str, checkpoints: dict[str, list[Path]]
-) -> Path | None:
-    """`find_checkpoint`'s choice or refusal."""
+    came first: `finished_run` tells those from an interrupted run)."""
     finished = finished_run(work_dir)
     kind = "a finished" if finished else "an interrupted"
     for other, found in checkpoints.items():
@@ -1495,10 +1495,9 @@ def _checkpoint_to_resume(
             raise UsageError(f"--resume: no checkpoint in {work_dir}; run without --resume to start training")
         return own[-1]
     if own and finished:
-        output_dir = work_dir.with_name(work_dir.name.removesuffix(".checkpoints"))
         raise UsageError(
-            f"{work_dir} holds checkpoints of a run that finished (its model folder is {output_dir}); delete the "
-            "folder, or pass --resume to train on from its last checkpoint"
+            f"{work_dir} holds checkpoints of a run that finished (its model folder is {output_folder(work_dir)}); "
+            "delete the folder, or pass --resume to train on from its last checkpoint"
         )
     if own:
         raise UsageError(

@@ -325,6 +325,7 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
     from .optimization import TrainingLoss, check_schedule, plan_schedule
     from .run_folder import RunResult, finish_run, leave_nothing_behind
     from .setup import (
+        STAGE_FOLDER,
         announce_run,
         build,
         check_resume_arguments,
@@ -336,151 +337,154 @@ def run(args: Arguments, callbacks: list[Any] | None = None) -> int:
 
     if args.run.num_threads:
         torch.set_num_threads(args.run.num_threads)
-    output_dir, work_dir = output_paths(args)
-    checkpoints = {
-        "train": trainer_checkpoints(work_dir),
-        "train-accelerate": accelerate_checkpoints(work_dir),
-    }
-    resume_from, initial_step = find_checkpoint(args, work_dir, "train", checkpoints), 0
-    # a damaged checkpoint skipped or refused before any work, not after the data is built
-    if resume_from is not None:
-        resume_from, initial_step = resume_checkpoint(checkpoints["train"], args.run.ema_decay is not None)
-    check_schedule(args)
-    ta = training_arguments(args, work_dir)  # sets up the process group; writes no files
-    main_process = ta.process_index == 0
-    with leave_nothing_behind(work_dir, main_process):
-        built = build(args, PartialState())
-        depths = eval_depths(built.model, args.run.eval_iterations)
-        if args.run.metric_for_best_model is not None:
-            # the task as loaded (a local dataset may be per-token) and the depths the model as built is evaluated
-            # at (unset --eval_iterations: its config's T decides them)
-            check_best_model_metric(
-                args.run.metric_for_best_model,
-                built.task,
-                args.data.dataset,
-                depths,
-                built.model.config.model_type,
-            )
-        if resume_from is not None:  # what was built against the record, before the checkpoint is loaded
-            check_resume_arguments(args, built, work_dir, resume_from)
-        training_loss = TrainingLoss(args, built)
-        schedule = plan_schedule(args, built.task, len(built.data["train"]), ta.world_size)
-        ta.num_train_epochs = schedule.epochs + args.run.cooldown_epochs
-        ta.learning_rate = schedule.learning_rate
-        ta.warmup_steps = schedule.warmup_steps
-        ta.logging_steps = schedule.logging_steps
-        # the evaluation / checkpoint cadence of the Accelerate loop: `plan_schedule`'s, the one place it is set
-        if schedule.eval_steps is not None:
-            ta.eval_steps = schedule.eval_steps
-        if schedule.save_steps is not None:
-            ta.save_steps = schedule.save_steps
-        if args.run.load_best_model_at_end:
-            # set here, with the cadence, rather than in `training_arguments`: TrainingArguments checks save_steps
-            # against eval_steps when it is built, before the run's own steps are known (`validate_best_model`
-            # has checked those); the direction is transformers' default, lower only for a "loss"
-            ta.load_best_model_at_end = True
-            ta.metric_for_best_model = args.run.metric_for_best_model or "loss"
-            ta.greater_is_better = not ta.metric_for_best_model.endswith("loss")
-        if main_process:
-            record_run_arguments(
-                args, built, work_dir
-            )  # what a --resume must repeat (`check_resume_arguments`)
-            announce_run(built, args.data.dataset, ta.world_size)
-        stop = StopRequest()
-        extra = [ContinueRunCallback(built.collator), StopOnSignal(stop)]
-        ema = None
-        if args.run.ema_decay is not None:
-            from .augmentation import EMACallback
-
-            # RecipeTrainer swaps the averages in for each whole evaluation (its depth and decoding passes too)
-            ema = EMACallback(args.run.ema_decay, swap_for_evaluation=False)
-            extra.append(ema)
-        with PartialState().local_main_process_first():  # evaluate copies the scripts into its module cache
-            load_metrics()
-
-        with tensorboard_folder(args, work_dir):
-            trainer = RecipeTrainer(
-                model=built.model,
-                args=ta,
-                train_dataset=built.data["train"],
-                eval_dataset=built.data["validation"],
-                processing_class=built.processor,
-                data_collator=built.collator,
-                compute_metrics=TrainerMetrics(built.task),
-                preprocess_logits_for_metrics=argmax_logits,
-                callbacks=[*extra, *(callbacks or [])],
-                training_loss=training_loss,
-                run_args=args,
-                schedule=schedule,
-                depth_evaluation=(built.task, depths),
-                masked_images=built.masked_images,
-                stop=stop,
-                ema=ema,
-            )
+    # the rest of the run holds the output folder's lock (released however the run ends)
+    with output_paths(args) as (output_dir, work_dir):
+        checkpoints = {
+            "train": trainer_checkpoints(work_dir),
+            "train-accelerate": accelerate_checkpoints(work_dir),
+        }
+        resume_from, initial_step = find_checkpoint(args, work_dir, "train", checkpoints), 0
+        # a damaged checkpoint skipped or refused before any work, not after the data is built
         if resume_from is not None:
+            resume_from, initial_step = resume_checkpoint(
+                checkpoints["train"], args.run.ema_decay is not None
+            )
+        check_schedule(args)
+        ta = training_arguments(args, work_dir)  # sets up the process group; writes no files
+        main_process = ta.process_index == 0
+        with leave_nothing_behind(work_dir, main_process):
+            built = build(args, PartialState())
+            depths = eval_depths(built.model, args.run.eval_iterations)
+            if args.run.metric_for_best_model is not None:
+                # the task as loaded (a local dataset may be per-token) and the depths the model as built is evaluated
+                # at (unset --eval_iterations: its config's T decides them)
+                check_best_model_metric(
+                    args.run.metric_for_best_model,
+                    built.task,
+                    args.data.dataset,
+                    depths,
+                    built.model.config.model_type,
+                )
+            if resume_from is not None:  # what was built against the record, before the checkpoint is loaded
+                check_resume_arguments(args, built, work_dir, resume_from)
+            training_loss = TrainingLoss(args, built)
+            schedule = plan_schedule(args, built.task, len(built.data["train"]), ta.world_size)
+            ta.num_train_epochs = schedule.epochs + args.run.cooldown_epochs
+            ta.learning_rate = schedule.learning_rate
+            ta.warmup_steps = schedule.warmup_steps
+            ta.logging_steps = schedule.logging_steps
+            # the evaluation / checkpoint cadence of the Accelerate loop: `plan_schedule`'s, the one place it is set
+            if schedule.eval_steps is not None:
+                ta.eval_steps = schedule.eval_steps
+            if schedule.save_steps is not None:
+                ta.save_steps = schedule.save_steps
+            if args.run.load_best_model_at_end:
+                # set here, with the cadence, rather than in `training_arguments`: TrainingArguments checks save_steps
+                # against eval_steps when it is built, before the run's own steps are known (`validate_best_model`
+                # has checked those); the direction is transformers' default, lower only for a "loss"
+                ta.load_best_model_at_end = True
+                ta.metric_for_best_model = args.run.metric_for_best_model or "loss"
+                ta.greater_is_better = not ta.metric_for_best_model.endswith("loss")
             if main_process:
-                print(f"resuming from step {initial_step} ({resume_from})", flush=True)
-        # the handlers stay for the final evaluations: a stop there ends them at their next batch too, and the
-        # run, its last step checkpointed (`StopOnSignal`), resumes to them
-        final_evaluation = False
-        with stop.installed(several_processes=ta.world_size > 1, announce=main_process):
-            train_result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-            # what the ranks agreed on, not a signal that came after the last step's agreement: with several
-            # processes a rank acting on that alone would skip the evaluation the others wait in
-            if not stop.agreed:
-                saved_weights = restore_best_weights(trainer, args)
-                reopen_tensorboard(trainer)
-                try:
-                    eval_metrics = trainer.evaluate(built.data["validation"], metric_key_prefix="eval")
-                    test_metrics = trainer.evaluate(built.data["test"], metric_key_prefix="test")
-                except EvaluationStopped:
-                    final_evaluation = True
-        close_tensorboard(trainer)
-    if stop.agreed:
+                # what a --resume must repeat (`check_resume_arguments`)
+                record_run_arguments(args, built, work_dir)
+                announce_run(built, args.data.dataset, ta.world_size)
+            stop = StopRequest()
+            extra = [ContinueRunCallback(built.collator), StopOnSignal(stop)]
+            ema = None
+            if args.run.ema_decay is not None:
+                from .augmentation import EMACallback
+
+                # RecipeTrainer swaps the averages in for each whole evaluation (its depth and decoding passes too)
+                ema = EMACallback(args.run.ema_decay, swap_for_evaluation=False)
+                extra.append(ema)
+            # evaluate copies the scripts into its module cache
+            with PartialState().local_main_process_first():
+                load_metrics()
+
+            with tensorboard_folder(args, work_dir):
+                trainer = RecipeTrainer(
+                    model=built.model,
+                    args=ta,
+                    train_dataset=built.data["train"],
+                    eval_dataset=built.data["validation"],
+                    processing_class=built.processor,
+                    data_collator=built.collator,
+                    compute_metrics=TrainerMetrics(built.task),
+                    preprocess_logits_for_metrics=argmax_logits,
+                    callbacks=[*extra, *(callbacks or [])],
+                    training_loss=training_loss,
+                    run_args=args,
+                    schedule=schedule,
+                    depth_evaluation=(built.task, depths),
+                    masked_images=built.masked_images,
+                    stop=stop,
+                    ema=ema,
+                )
+            if resume_from is not None:
+                if main_process:
+                    print(f"resuming from step {initial_step} ({resume_from})", flush=True)
+            # the handlers stay for the final evaluations: a stop there ends them at their next batch too, and the
+            # run, its last step checkpointed (`StopOnSignal`), resumes to them
+            final_evaluation = False
+            with stop.installed(several_processes=ta.world_size > 1, announce=main_process):
+                train_result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+                # what the ranks agreed on, not a signal that came after the last step's agreement: with several
+                # processes a rank acting on that alone would skip the evaluation the others wait in
+                if not stop.agreed:
+                    saved_weights = restore_best_weights(trainer, args)
+                    reopen_tensorboard(trainer)
+                    try:
+                        eval_metrics = trainer.evaluate(built.data["validation"], metric_key_prefix="eval")
+                        test_metrics = trainer.evaluate(built.data["test"], metric_key_prefix="test")
+                    except EvaluationStopped:
+                        final_evaluation = True
+            close_tensorboard(trainer)
+        if stop.agreed:
+            if main_process:
+                step = trainer.state.global_step
+                return stop.report("train", args.argv, step, work_dir, final_evaluation=final_evaluation)
+            return 128 + int(stop.signum or 0)
+
+        stage = work_dir / STAGE_FOLDER
         if main_process:
+            import shutil
+
+            shutil.rmtree(stage, ignore_errors=True)
+        trainer.save_model(str(stage))  # model.safetensors + config.json + processor/tokenizer files
+        if main_process:
+            (stage / "training_args.bin").unlink(missing_ok=True)  # a pickle; the recipe is in metrics.json
             step = trainer.state.global_step
-            return stop.report("train", args.argv, step, work_dir, final_evaluation=final_evaluation)
-        return 128 + int(stop.signum or 0)
-
-    stage = work_dir / "final"
-    if main_process:
-        import shutil
-
-        shutil.rmtree(stage, ignore_errors=True)
-    trainer.save_model(str(stage))  # model.safetensors + config.json + processor/tokenizer files
-    if main_process:
-        (stage / "training_args.bin").unlink(missing_ok=True)  # a pickle; the recipe is in metrics.json
-        step = trainer.state.global_step
-        train_metrics = dict(train_result.metrics)
-        train_metrics["train_loss"] = whole_run_train_loss(
-            trainer.state.log_history, initial_step, train_metrics["train_loss"], step
-        )
-        log_history = resumed_log_history(
-            trainer.state.log_history, initial_step, train_metrics["train_loss"]
-        )
-        strip = lambda metrics, prefix: {k.removeprefix(prefix): v for k, v in metrics.items()}  # noqa: E731
-        result = RunResult(
-            loop="train",
-            args=args,
-            model=built.model,
-            data=built.data,
-            task=built.task,
-            epochs=schedule.epochs,
-            learning_rate=schedule.learning_rate,
-            world_size=ta.world_size,
-            global_step=step,
-            train=train_metrics,
-            eval=strip(eval_metrics, "eval_"),
-            test=strip(test_metrics, "test_"),
-            log_history=log_history,
-            start_time=start,
-            resumed_from=str(resume_from) if resume_from else None,
-            warnings=built.warnings,
-            saved_weights=saved_weights,
-        )
-        finish_run(stage, result, output_dir, work_dir)
-    trainer.accelerator.wait_for_everyone()
-    return 0
+            train_metrics = dict(train_result.metrics)
+            train_metrics["train_loss"] = whole_run_train_loss(
+                trainer.state.log_history, initial_step, train_metrics["train_loss"], step
+            )
+            log_history = resumed_log_history(
+                trainer.state.log_history, initial_step, train_metrics["train_loss"]
+            )
+            strip = lambda metrics, prefix: {k.removeprefix(prefix): v for k, v in metrics.items()}  # noqa: E731
+            result = RunResult(
+                loop="train",
+                args=args,
+                model=built.model,
+                data=built.data,
+                task=built.task,
+                epochs=schedule.epochs,
+                learning_rate=schedule.learning_rate,
+                world_size=ta.world_size,
+                global_step=step,
+                train=train_metrics,
+                eval=strip(eval_metrics, "eval_"),
+                test=strip(test_metrics, "test_"),
+                log_history=log_history,
+                start_time=start,
+                resumed_from=str(resume_from) if resume_from else None,
+                warnings=built.warnings,
+                saved_weights=saved_weights,
+            )
+            finish_run(stage, result, output_dir, work_dir)
+        trainer.accelerator.wait_for_everyone()
+        return 0
 
 
 def main(argv: list[str] | None = None, *, callbacks: list[Any] | None = None) -> int:
