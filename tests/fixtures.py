@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 import pytest
 import torch
 import transformers
+from safetensors.torch import load_file
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from transformers.utils import ModelOutput
@@ -241,6 +242,27 @@ def cli_architecture(family: str) -> dict[str, Any]:
 def cli_config(family: str) -> list[str]:
     """`cli_architecture` as `energyformers train --config` values (`key=json`)."""
     return [f"{key}={json.dumps(value)}" for key, value in cli_architecture(family).items()]
+
+
+# The few examples a test's training run takes from each split (train, validation, test).
+TINY_SPLITS = ["--max_train_samples", "32", "--max_eval_samples", "16", "--max_test_samples", "16"]
+# A whole training run on digits in seconds: 3 steps of 8 examples from `TINY_SPLITS`, one thread, no predictions.
+TINY_DIGITS_RUN = [
+    "--dataset",
+    "digits",
+    *TINY_SPLITS,
+    "--max_steps",
+    "3",
+    "--batch_size",
+    "8",
+    "--warmup_ratio",
+    "0",
+    "--num_threads",
+    "1",
+    "--num_predictions",
+    "0",
+    "--disable_tqdm",
+]
 
 
 # ---------------------------------------------------------------- cases: one per (family, head, input type)
@@ -502,6 +524,16 @@ def assert_differs(
 def labelled(name: str) -> Callable[[str], str]:
     """`msg=` for `torch.testing.assert_close` that names the tensor and keeps torch's message with the numbers."""
     return lambda default: f"{name}: {default}"
+
+
+def assert_same_saved_weights(reference: Path, run: Path) -> None:
+    """The `model.safetensors` of output folders `reference` and `run` hold the same tensors, bit for bit: what a run
+    resumed from a checkpoint (or fed by DataLoader workers) gives when it repeats the uninterrupted run's float
+    operations in the same order (same seed, restored optimizer, scheduler and RNG state, same data, one thread)."""
+    a, b = load_file(reference / "model.safetensors"), load_file(run / "model.safetensors")
+    assert a.keys() == b.keys(), sorted(a.keys() ^ b.keys())
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
 
 
 def assert_close_to_scale(

@@ -14,17 +14,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import assert_close_to_scale, cli_config, labelled, rounding, run_stopped_runs
+from fixtures import TINY_SPLITS, assert_close_to_scale, cli_config, labelled, rounding, run_stopped_runs
 from safetensors.torch import load_file
 from transformers import pipeline
 
 from energyformers.training import accelerate_loop
 
-SUBSET = ["--max_train_samples", "32", "--max_eval_samples", "16", "--max_test_samples", "16"]
 COMMON = [
     "--dataset",
     "digits",
-    *SUBSET,
+    *TINY_SPLITS,
     "--num_threads",
     "1",
     "--num_predictions",

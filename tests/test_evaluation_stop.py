@@ -19,13 +19,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import cli_config, labelled
+from fixtures import TINY_SPLITS, cli_config, labelled
 from safetensors.torch import load_file
 
 from energyformers.training.interrupt import EvaluationStopped, StopRequest
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-SUBSET = ["--max_train_samples", "32", "--max_eval_samples", "16", "--max_test_samples", "16"]
 
 
 def tiny_classifier():
@@ -142,7 +141,7 @@ open(sys.argv[2], "w").write(json.dumps(results))
 
 LOOPS = ["train", "train-accelerate"]
 COMMON = [
-    "--dataset", "digits", "--config", *cli_config("hyperset"), *SUBSET, "--batch_size", "8",
+    "--dataset", "digits", "--config", *cli_config("hyperset"), *TINY_SPLITS, "--batch_size", "8",
     "--per_device_eval_batch_size", "4", "--num_predictions", "0", "--num_threads", "1", "--disable_tqdm",
 ]  # fmt: skip
 # the depth-pass test's run: an evaluation every 2 steps of 6

@@ -17,35 +17,15 @@ from typing import Any
 import pytest
 import torch
 from accelerate import PartialState
-from fixtures import ALL, cases, cli_config
+from fixtures import ALL, TINY_DIGITS_RUN, cases, cli_config
 from transformers import TrainerCallback
 
 import energyformers
 from energyformers.training import accelerate_loop, train
 from energyformers.training.setup import build
 
-COMMON = [
-    "--dataset",
-    "digits",
-    "--max_train_samples",
-    "32",
-    "--max_eval_samples",
-    "16",
-    "--max_test_samples",
-    "16",
-    "--max_steps",
-    "3",
-    "--batch_size",
-    "8",
-    "--warmup_ratio",
-    "0",
-    "--num_threads",
-    "1",
-    "--num_predictions",
-    "0",
-    "--disable_tqdm",
-]
-
+# the tiny Hyper-SET run that the tests of the flag train
+HYPERSET_RUN = [*TINY_DIGITS_RUN, "--config", *cli_config("hyperset")]
 
 # the heads whose training step runs Hyper-SET's Triton kernels in the interpreter (the same kernels in the others)
 TRITON_HEADS = ("AutoModelForImageClassification", "AutoModelForTokenClassification")
@@ -97,7 +77,7 @@ def test_trainer_runs_are_byte_identical_with_the_mode_on(tmp_path: Path) -> Non
     folders, seen = [], []
     for name in ("a", "b"):
         out, modes = tmp_path / name, SeenModes()
-        argv = [*COMMON, "--config", *cli_config("hyperset"), "--full_determinism", "--output_dir", str(out)]
+        argv = [*HYPERSET_RUN, "--full_determinism", "--output_dir", str(out)]
         assert train.main(argv, callbacks=[modes]) == 0
         assert_mode_put_back(before)
         folders.append(out)
@@ -116,7 +96,7 @@ def test_accelerate_runs_are_byte_identical_with_the_mode_on(tmp_path: Path) -> 
     folders, seen = [], []
     for name in ("a", "b"):
         out = tmp_path / name
-        argv = [*COMMON, "--config", *cli_config("hyperset"), "--full_determinism", "--output_dir", str(out)]
+        argv = [*HYPERSET_RUN, "--full_determinism", "--output_dir", str(out)]
         status = accelerate_loop.main(
             argv, on_train_end=lambda model, accelerator: seen.append(deterministic_mode())
         )
@@ -132,7 +112,7 @@ def test_accelerate_runs_are_byte_identical_with_the_mode_on(tmp_path: Path) -> 
 def test_the_flag_is_recorded_off_by_default(tmp_path: Path) -> None:
     seen: list[tuple[bool, bool, bool]] = []
     out = tmp_path / "plain"
-    argv = [*COMMON, "--config", *cli_config("hyperset"), "--max_steps", "1", "--output_dir", str(out)]
+    argv = [*HYPERSET_RUN, "--max_steps", "1", "--output_dir", str(out)]
     assert (
         accelerate_loop.main(argv, on_train_end=lambda model, accelerator: seen.append(deterministic_mode()))
         == 0
@@ -154,7 +134,7 @@ def test_initial_weights_do_not_change_and_the_mode_is_on_when_the_model_is_buil
     already on once it is built, before Trainer or the Accelerate loop seeds again."""
     before = deterministic_mode()
     argv = [
-        *COMMON,
+        *TINY_DIGITS_RUN,
         *task,
         "--model",
         family,

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures import cli_config, rounding
+from fixtures import TINY_SPLITS, cli_config, rounding
 from PIL import Image
 
 from energyformers import HyperSetConfig, HyperSetForSequenceClassification
@@ -31,7 +31,6 @@ FIGURES = {
     "hyperbf": ["hyperbf_sigmas.png"],
 }
 QUICK = ["--max_steps", "2", "--per_device_train_batch_size", "8", "--num_threads", "1", "--disable_tqdm"]
-SUBSET = ["--max_train_samples", "32", "--max_eval_samples", "16", "--max_test_samples", "16"]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +52,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory):
                 "--config",
                 *cli_config(family),
             ]
-            assert train.main([str(a) for a in [*args, *QUICK, *SUBSET, "--num_predictions", "0"]]) == 0
+            assert train.main([str(a) for a in [*args, *QUICK, *TINY_SPLITS, "--num_predictions", "0"]]) == 0
             cache[family] = out
         return cache[family]
 

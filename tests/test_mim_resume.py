@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from accelerate import skip_first_batches
-from safetensors.torch import load_file
+from fixtures import assert_same_saved_weights
 from test_train_cli import KILL_AFTER_FIRST_SAVE
 
 from energyformers.training import accelerate_loop, train
@@ -38,15 +38,6 @@ COMMON = [
     "--eval_strategy", "no", "--num_threads", "1", "--num_predictions", "1", "--warmup_ratio", "0",
     "--disable_tqdm",
 ]  # fmt: skip
-
-
-def assert_same_weights(straight: Path, resumed: Path) -> None:
-    a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
-    assert a.keys() == b.keys()
-    # same seed, restored optimizer/scheduler/RNG state, data order and masks: the resumed run repeats the same
-    # float32 ops on the same values on the same machine, so the weights are the same bits
-    for key in a:
-        torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=lambda m, key=key: f"{key}: {m}")
 
 
 def test_trainer_run_killed_after_a_save_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
@@ -69,7 +60,7 @@ def test_trainer_run_killed_after_a_save_resumes_to_the_uninterrupted_weights(tm
     assert train.main([*common, "--output_dir", str(out), "--resume"]) == 0
     recipe = json.loads((out / "metrics.json").read_text())["recipe"]
     assert recipe["global_step"] == 5 and recipe["resumed_from"].endswith("checkpoint-3"), recipe
-    assert_same_weights(straight, out)
+    assert_same_saved_weights(straight, out)
 
 
 def test_accelerate_run_resumed_from_a_checkpoint_gives_the_uninterrupted_weights(tmp_path: Path) -> None:
@@ -84,7 +75,7 @@ def test_accelerate_run_resumed_from_a_checkpoint_gives_the_uninterrupted_weight
     assert accelerate_loop.main([*argv, "--output_dir", str(resumed), "--resume"]) == 0
     recipe = json.loads((resumed / "metrics.json").read_text())["recipe"]
     assert recipe["global_step"] == 5 and recipe["resumed_from"].endswith("step_3"), recipe
-    assert_same_weights(straight, resumed)
+    assert_same_saved_weights(straight, resumed)
 
 
 WORKERS = ["--dataloader_num_workers", "2"]
@@ -179,7 +170,7 @@ def test_a_run_with_dataloader_workers_resumes_to_the_weights_without_workers(
     assert main([*argv, "--output_dir", str(alone)]) == 0
     straight = tmp_path / "straight"
     assert main([*argv, *WORKERS, "--output_dir", str(straight), "--keep_checkpoints"]) == 0
-    assert_same_weights(alone, straight)  # the same masks batch for batch, with or without workers
+    assert_same_saved_weights(alone, straight)  # the same masks batch for batch, with or without workers
     resumed = tmp_path / "resumed"
     work = tmp_path / "resumed.checkpoints"
     work.mkdir()
@@ -187,7 +178,7 @@ def test_a_run_with_dataloader_workers_resumes_to_the_weights_without_workers(
     assert main([*argv, *WORKERS, "--output_dir", str(resumed), "--resume"]) == 0
     recipe = json.loads((resumed / "metrics.json").read_text())["recipe"]
     assert recipe["global_step"] == 5 and recipe["resumed_from"].endswith(checkpoint), recipe
-    assert_same_weights(straight, resumed)
+    assert_same_saved_weights(straight, resumed)
 
 
 @pytest.mark.slow
@@ -199,7 +190,7 @@ def test_trainer_run_with_dataloader_workers_killed_after_a_save_resumes_to_the_
     assert train.main([*common, "--output_dir", str(alone)]) == 0
     straight = tmp_path / "straight"
     assert train.main([*common, *WORKERS, "--output_dir", str(straight)]) == 0
-    assert_same_weights(alone, straight)  # the same masks batch for batch, with or without workers
+    assert_same_saved_weights(alone, straight)  # the same masks batch for batch, with or without workers
 
     out = tmp_path / "interrupted"
     script = tmp_path / "kill.py"
@@ -213,4 +204,4 @@ def test_trainer_run_with_dataloader_workers_killed_after_a_save_resumes_to_the_
     assert train.main([*common, *WORKERS, "--output_dir", str(out), "--resume"]) == 0
     recipe = json.loads((out / "metrics.json").read_text())["recipe"]
     assert recipe["global_step"] == 5 and recipe["resumed_from"].endswith("checkpoint-3"), recipe
-    assert_same_weights(straight, out)
+    assert_same_saved_weights(straight, out)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures import cli_config, rounding
+from fixtures import TINY_SPLITS, cli_config, rounding
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -26,7 +26,6 @@ from energyformers.training.arguments import build_parser, parse_arguments
 from energyformers.training.processing import build_image_processor, train_tokenizer
 
 TINY = ["--config", *cli_config("hyperset")]
-SUBSET = ["--max_train_samples", "32", "--max_eval_samples", "16", "--max_test_samples", "16"]
 QUICK = ["--num_threads", "1", "--disable_tqdm", "--num_predictions", "0", "--batch_size", "8"]
 RUNS = {"train": train, "train-accelerate": accelerate_loop}  # the modules whose `run` does the work
 LOOPS = {name: module.main for name, module in RUNS.items()}
@@ -164,7 +163,7 @@ def test_a_failure_during_training_leaves_no_empty_checkpoint_folder(tmp_path, c
 
     runs = tmp_path / "runs"
     runs.mkdir()
-    argv = [*TINY, *SUBSET, *QUICK, "--max_steps", "2", "--output_dir", str(runs / "m")]
+    argv = [*TINY, *TINY_SPLITS, *QUICK, "--max_steps", "2", "--output_dir", str(runs / "m")]
     assert train.main(argv, callbacks=[Boom()]) == 1  # a failure of the work: status 1 with its traceback
     assert "RuntimeError: boom at the first step" in capsys.readouterr().err
     assert_nothing_written(runs)
@@ -229,7 +228,7 @@ def named_once(line: str, folder: Path) -> bool:
 
 
 def test_truncated_weights_are_named_in_train(truncated, tmp_path, capsys):
-    argv = ["--from_pretrained", str(truncated), "--output_dir", str(tmp_path / "m"), *SUBSET, *QUICK]
+    argv = ["--from_pretrained", str(truncated), "--output_dir", str(tmp_path / "m"), *TINY_SPLITS, *QUICK]
     assert train.main([*argv, "--max_steps", "1"]) == 2
     line = only_line(capsys.readouterr().err)
     assert named_once(line, truncated), line
@@ -254,7 +253,7 @@ def test_truncated_weights_are_named_in_export(truncated, tmp_path, capsys):
 @pytest.mark.parametrize("source", ["{tmp}/no_such_model", "./no_such_model", "no/such/model"])
 def test_from_pretrained_of_a_missing_folder_says_it_does_not_exist(tmp_path, capsys, source):
     argv = ["--from_pretrained", source.format(tmp=tmp_path), "--output_dir", str(tmp_path / "m"), *QUICK]
-    assert train.main([*argv, *SUBSET]) == 2
+    assert train.main([*argv, *TINY_SPLITS]) == 2
     assert "does not exist" in only_line(capsys.readouterr().err)
 
 
@@ -290,7 +289,7 @@ def test_predict_refuses_an_image_path_for_a_text_model(tmp_path, capsys):
 def test_bad_config_values_are_one_line(tmp_path, capsys, override):
     runs = tmp_path / "runs"
     runs.mkdir()
-    argv = ["--config", *cli_config("hyperset"), override, "--output_dir", str(runs / "m"), *SUBSET, *QUICK]
+    argv = [*TINY, override, "--output_dir", str(runs / "m"), *TINY_SPLITS, *QUICK]
     assert train.main(argv) == 2
     line = only_line(capsys.readouterr().err)
     assert line.startswith("energyformers train: error:") and override.split("=")[0] in line
@@ -303,7 +302,7 @@ def test_bad_config_values_are_one_line(tmp_path, capsys, override):
 @pytest.mark.parametrize("loop", sorted(LOOPS))
 def test_resume_prints_the_step_and_reports_the_whole_run_train_loss(tmp_path, capsys, loop):
     checkpoint = {"train": "checkpoint-3", "train-accelerate": "step_3"}[loop]
-    argv = [*TINY, *SUBSET, *QUICK, "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "3"]
+    argv = [*TINY, *TINY_SPLITS, *QUICK, "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "3"]
     argv += ["--logging_steps", "5", "--eval_strategy", "no", "--iteration_sampling", "fixed"]
     straight = tmp_path / "straight"
     assert LOOPS[loop]([*argv, "--output_dir", str(straight), "--keep_checkpoints"]) == 0
@@ -535,7 +534,7 @@ def test_both_loops_write_the_same_run_folder_and_card(tmp_path):
     outputs = {}
     for loop, main in LOOPS.items():
         out = tmp_path / loop
-        assert main([*TINY, *SUBSET, *QUICK, "--max_steps", "2", "--output_dir", str(out)]) == 0
+        assert main([*TINY, *TINY_SPLITS, *QUICK, "--max_steps", "2", "--output_dir", str(out)]) == 0
         outputs[loop] = out
     files = {loop: sorted(p.name for p in out.iterdir()) for loop, out in outputs.items()}
     assert files["train"] == files["train-accelerate"]

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fixtures import TINY_DIGITS_RUN
 from tensorboardX import event_file_writer
 from tensorboardX.proto.event_pb2 import Event
 from tensorboardX.record_writer import masked_crc32c
@@ -36,29 +37,8 @@ from energyformers.training.arguments import (
 
 TRAIN = "energyformers train"
 LOOPS = {"train": train.main, "train-accelerate": accelerate_loop.main}
-COMMON = [
-    "--dataset",
-    "digits",
-    "--max_train_samples",
-    "32",
-    "--max_eval_samples",
-    "16",
-    "--max_test_samples",
-    "16",
-    "--max_steps",
-    "3",
-    "--logging_steps",
-    "1",
-    "--batch_size",
-    "8",
-    "--warmup_ratio",
-    "0",
-    "--num_threads",
-    "1",
-    "--num_predictions",
-    "0",
-    "--disable_tqdm",
-]
+# logged at every step, so that each of the 3 steps has a training loss to check
+COMMON = [*TINY_DIGITS_RUN, "--logging_steps", "1"]
 
 
 def event_scalars(folder: Path) -> dict[str, dict[int, float]]:

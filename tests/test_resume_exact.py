@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import labelled
-from safetensors.torch import load_file
+from fixtures import assert_same_saved_weights
 
 from energyformers.training import accelerate_loop, data, train
 
@@ -72,19 +71,10 @@ def resumed(tmp_path: Path, loop, argv: list[str], checkpoint: str, name: str) -
     return out
 
 
-def assert_same_weights(straight: Path, resumed: Path) -> None:
-    a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
-    assert a.keys() == b.keys()
-    for key in a:
-        # same seed, restored optimizer/scheduler/RNG state, data order and symmetries, one thread: the same float
-        # operations in the same order as the uninterrupted run, so the same bits
-        torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
-
-
 def test_trainer_run_resumed_with_sudoku_augmentation_equals_the_uninterrupted_run(tmp_path: Path) -> None:
     argv = [*COMMON, "--save_strategy", "steps", "--save_steps", "3"]
     straight, again = straight_and_resumed(tmp_path, train, argv, f"checkpoint-{RESUMED_AT}")
-    assert_same_weights(straight, again)
+    assert_same_saved_weights(straight, again)
 
     a, b = (json.loads((run / "metrics.json").read_text()) for run in (straight, again))
     whole_run = b["train"]["train_loss"]
@@ -110,16 +100,16 @@ def test_trainer_run_resumed_with_sudoku_augmentation_equals_the_uninterrupted_r
 
     # the resumed epoch's 3 batches from 2 DataLoader workers: the symmetries of the run without workers
     checkpoint = f"checkpoint-{RESUMED_AT}"
-    assert_same_weights(straight, resumed(tmp_path, train, [*argv, *WORKERS], checkpoint, "workers"))
+    assert_same_saved_weights(straight, resumed(tmp_path, train, [*argv, *WORKERS], checkpoint, "workers"))
 
 
 def test_accelerate_run_resumed_with_sudoku_augmentation_equals_the_uninterrupted_run(tmp_path: Path) -> None:
     argv = [*COMMON, "--checkpointing_steps", "3"]
     straight, again = straight_and_resumed(tmp_path, accelerate_loop, argv, f"step_{RESUMED_AT}")
-    assert_same_weights(straight, again)
+    assert_same_saved_weights(straight, again)
     # the resumed epoch's 3 batches from 2 DataLoader workers: the symmetries of the run without workers
     with_workers = resumed(tmp_path, accelerate_loop, [*argv, *WORKERS], f"step_{RESUMED_AT}", "workers")
-    assert_same_weights(straight, with_workers)
+    assert_same_saved_weights(straight, with_workers)
 
 
 @pytest.mark.parametrize(
@@ -142,4 +132,4 @@ def test_a_run_accumulating_gradients_at_random_depth_resumes_exactly(
     at = argv.index("--config") + 1 + len(TINY)
     argv[at:at] = depth  # one --config: every field of it
     straight, again = straight_and_resumed(tmp_path, loop, argv, checkpoint)
-    assert_same_weights(straight, again)
+    assert_same_saved_weights(straight, again)

@@ -20,9 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from fixtures import cli_config, labelled
-from safetensors.torch import load_file
+from fixtures import assert_same_saved_weights, cli_config
 
 from energyformers.training import accelerate_loop, train
 
@@ -73,14 +71,6 @@ def work_folder_of(straight: Path, out: Path, *checkpoints: str) -> Path:
     return work
 
 
-def assert_same_weights(straight: Path, resumed: Path) -> None:
-    a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
-    assert a.keys() == b.keys()
-    for key in a:
-        # the same float operations in the same order on one thread as the uninterrupted run: the same bits
-        torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
-
-
 def resumed_from(out: Path) -> str:
     return Path(json.loads((out / "metrics.json").read_text())["recipe"]["resumed_from"]).name
 
@@ -102,7 +92,7 @@ def test_a_kill_after_the_marker_leaves_a_checkpoint_with_its_ema(tmp_path: Path
     assert "trainer_state.json" in written and EMA_FILE in written, written
     assert train.main([*RUN, "--output_dir", str(out), "--resume"]) == 0
     assert resumed_from(out) == "checkpoint-4"
-    assert_same_weights(straight, out)
+    assert_same_saved_weights(straight, out)
 
 
 def test_a_checkpoint_without_its_ema_file_is_passed_over(
@@ -119,7 +109,7 @@ def test_a_checkpoint_without_its_ema_file_is_passed_over(
     assert resumed_from(out) == "checkpoint-2"
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
     assert any(str(work / "checkpoint-4") in line and EMA_FILE in line for line in warnings), err[-3000:]
-    assert_same_weights(straight, out)
+    assert_same_saved_weights(straight, out)
 
     alone = tmp_path / "alone"
     work = work_folder_of(straight, alone, "checkpoint-4")
@@ -146,7 +136,7 @@ def test_a_half_written_marker_falls_back_to_the_checkpoint_before(
     assert resumed_from(out) == "checkpoint-2"
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
     assert any(f"{marker}: not valid JSON" in line for line in warnings), err[-3000:]
-    assert_same_weights(straight, out)
+    assert_same_saved_weights(straight, out)
 
     alone = tmp_path / "alone"
     work = work_folder_of(straight, alone, "checkpoint-4")

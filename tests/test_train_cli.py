@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from fixtures import (
+    TINY_SPLITS,
     assert_close_to_scale,
     cli_architecture,
     cli_config,
@@ -40,16 +41,7 @@ from energyformers.training.data import load_data
 
 FAMILIES = sorted(energyformers.FAMILIES)
 QUICK = ["--max_steps", "2", "--per_device_train_batch_size", "8", "--num_threads", "1", "--disable_tqdm"]
-SUBSET = [
-    "--max_train_samples",
-    "32",
-    "--max_eval_samples",
-    "16",
-    "--max_test_samples",
-    "16",
-    "--num_predictions",
-    "2",
-]
+SUBSET = [*TINY_SPLITS, "--num_predictions", "2"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
