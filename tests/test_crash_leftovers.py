@@ -190,6 +190,35 @@ def test_a_stopped_export_leaves_no_staging_folder_and_a_rerun_removes_a_killed_
     )
 
 
+def test_an_export_killed_between_its_two_renames_is_repaired_by_the_next_one(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What an export killed between the two renames that replace its output folder leaves: no `<out>`, the
+    previous folder in `.<out>.old-<pid>` of a dead process. The next export puts it back (one line naming the
+    copy) and refuses as for any folder there without --overwrite; with --overwrite it then replaces it, leaving
+    no copy beside it."""
+    from energyformers.training import export
+
+    out = tmp_path / "exported"
+    assert export.main([str(trained), str(out)]) == 0
+    previous = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    hidden = out.with_name(f".{out.name}.old-{dead_pid()}")
+    out.rename(hidden)
+    capsys.readouterr()
+
+    assert export.main([str(trained), str(out)]) == 2
+    err = capsys.readouterr().err
+    refusal = f"error: OUT_DIR {out}: the folder exists and is not empty; pass --overwrite"
+    assert f"warning: restored {out} from {hidden.name}" in err and refusal in err, err
+    assert siblings(out) == ["exported"], siblings(out)
+    assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == previous
+
+    out.rename(hidden)
+    assert export.main([str(trained), str(out), "--overwrite"]) == 0
+    assert f"warning: restored {out} from {hidden.name}" in capsys.readouterr().err
+    assert siblings(out) == ["exported"] and (out / "config.json").is_file(), siblings(out)
+
+
 def test_a_stopped_inspect_leaves_the_old_report_whole(tmp_path: Path) -> None:
     """`inspect` into a folder that holds a report, stopped (SIGTERM) after drawing a new figure: the folder keeps
     the old report (figure and inspect.json) byte for byte and nothing is left beside it. Stopped while it moves

@@ -174,3 +174,28 @@ def test_a_kill_while_the_accelerate_loop_writes_its_marker_leaves_none(
     work = out.with_name("run.checkpoints")
     assert not (work / "step_4" / accelerate_loop.STATE_FILE).exists(), sorted(os.listdir(work / "step_4"))
     assert [p.name for p in accelerate_loop.accelerate_checkpoints(work)] == ["step_2"]
+
+
+@pytest.mark.parametrize(
+    ("main", "checkpoint"),
+    [(train.main, "checkpoint-2"), (accelerate_loop.main, "step_2")],
+    ids=["train", "accelerate"],
+)
+def test_ema_decay_added_on_resume_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], main, checkpoint: str
+) -> None:
+    """`--resume` with `--ema_decay` added to a run that had none: its checkpoints hold no EMA to continue the
+    average from, and both loops refuse in one line naming the checkpoint (status 2) before any work, rather than
+    start the average at the resumed step."""
+    without_ema = [*RUN[: RUN.index("--ema_decay")], "--max_steps", "2"]
+    first = tmp_path / "first"
+    assert main([*without_ema, "--output_dir", str(first), "--keep_checkpoints"]) == 0
+    out = tmp_path / "run"
+    work = first.with_name("first.checkpoints").rename(out.with_name("run.checkpoints"))
+    before = sorted(str(p.relative_to(work)) for p in work.rglob("*"))
+    capsys.readouterr()
+    assert main([*without_ema, "--ema_decay", "0.5", "--output_dir", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"{work / checkpoint}: no {EMA_FILE}" in err and len(err.strip().splitlines()) == 1, err[-3000:]
+    assert not out.exists()
+    assert sorted(str(p.relative_to(work)) for p in work.rglob("*")) == before

@@ -411,7 +411,7 @@ def restore_progress(parts: LoopParts, resume_from: Path | None) -> LoopState:
         accelerator.load_state(str(resume_from))
         saved = read_loop_state(resume_from)
         step, history, loss_sum = saved["step"], saved["history"], saved.get("loss_sum") or 0.0
-        if parts.ema is not None and (resume_from / EMA_FILE).is_file():
+        if parts.ema is not None:  # the file is there (`check_ema_file` in `run`)
             from safetensors.torch import load_file
 
             parts.ema.load_state_dict(load_file(str(resume_from / EMA_FILE), device=str(accelerator.device)))
@@ -748,7 +748,7 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
     from .optimization import check_schedule
     from .run_folder import leave_nothing_behind
     from .setup import check_precision, find_checkpoint, output_paths
-    from .train import trainer_checkpoints
+    from .train import check_ema_file, trainer_checkpoints
 
     if args.run.num_threads:
         torch.set_num_threads(args.run.num_threads)
@@ -760,9 +760,12 @@ def run(args: Arguments, on_train_end: Callable[[Any, Any], None] | None = None)
             "train-accelerate": accelerate_checkpoints(work_dir),
         }
         resume_from = find_checkpoint(args, work_dir, "train-accelerate", checkpoints)
-        # a damaged state file refused before any work, not after the data is built
+        # a damaged state file refused before any work, not after the data is built; so is --ema_decay added to
+        # a run without one (the loop writes the EMA file before the state file, so only such a run lacks it)
         if resume_from is not None:
             read_loop_state(resume_from)
+            if args.run.ema_decay is not None:
+                check_ema_file(resume_from)
         check_schedule(args)
 
         accelerator = make_accelerator(args.run, work_dir)

@@ -51,7 +51,7 @@ from typing import Any
 from ..tokenizer_fit import MIM_AUTO_CLASS, TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME
 from .arguments import COLUMN_FLAGS
 from .card import LOCAL_PATHS_KEY, read_run_metrics, render_model_card
-from .interrupt import staging_folder
+from .interrupt import publish, restore_interrupted_publish, staging_folder
 from .remote_code import (
     LICENSE_FILE,
     auto_map,
@@ -388,6 +388,8 @@ def export_model_dir(
     problem = overlap_problem(model_dir, out_dir, overwrite, ("model_dir", "out_dir", "overwrite=True"))
     if problem is not None:
         raise ValueError(problem)
+    # the previous folder back from where an export killed between its two renames left it, then checked as such
+    restore_interrupted_publish(out_dir)
     check_output_folder(out_dir, "out_dir", "overwrite=True", overwrite=overwrite, error=FileExistsError)
     info = inspect_model_dir(model_dir) if info is None else info
     sources = remote_code_sources(info["model_type"])  # fails before anything is written
@@ -419,13 +421,8 @@ def export_model_dir(
         (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         card = render_model_card({**info, "metrics": metrics}, repo_id=repo_id, num_parameters=num_parameters)
         card.save(staging / "README.md")
-        if out_dir.exists():  # a folder (`check_output_folder` refused a file), replaced whole
-            old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-            out_dir.rename(old)
-            staging.rename(out_dir)
-            shutil.rmtree(old)
-        else:
-            staging.rename(out_dir)
+        # an existing folder (`check_output_folder` refused a file) replaced whole, once the new one is complete
+        publish(staging, out_dir, overwrite=True)
     return out_dir
 
 
@@ -502,6 +499,7 @@ def check_model_dir(
     problem = overlap_problem(Path(model_dir), Path(out_dir), overwrite)
     if problem is not None:
         raise UsageError(problem)
+    restore_interrupted_publish(Path(out_dir))  # as `export_model_dir` does, for this check to see the folder
     check_output_folder(out_dir, "OUT_DIR", "--overwrite", overwrite=overwrite)
 
 

@@ -14,6 +14,8 @@ slowest rank.
 
 A command without steps to finish (`export`, `convert`, `inspect`) stops at once instead: SIGTERM raises as Ctrl-C
 does (`stopping_at_once`), so the staging folder it writes its output in (`staging_folder`) is removed either way.
+Every command that replaces a folder (`train`, `export`, `convert`) renames the finished stage onto it with
+`publish`, and repairs what a kill between its two renames left with `restore_interrupted_publish`.
 """
 
 from __future__ import annotations
@@ -303,6 +305,74 @@ def several_processes() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def replaced_names(output_dir: Path) -> list[Path]:
+    """The hidden copies `.<output_dir>.old-<pid>` that `publish` moved the previous folder to, of processes that are
+    gone (a kill between its renames, or before it removed the copy); newest first."""
+    prefix = f".{output_dir.name}.old-"
+    found = []
+    if output_dir.parent.is_dir():
+        for path in output_dir.parent.iterdir():
+            pid = path.name.removeprefix(prefix)
+            if path.name.startswith(prefix) and pid.isdigit() and not process_alive(int(pid)):
+                found.append(path)
+    return sorted(found, key=lambda path: path.lstat().st_ctime, reverse=True)
+
+
+def restore_interrupted_publish(output_dir: Path) -> bool:
+    """Undo what a run killed inside `publish` left (under the run's lock, so no other run is publishing): without
+    `output_dir`, its previous folder comes back from the newest hidden copy; the copies the folder has replaced are
+    removed. One line on stderr for each. Returns whether a folder was put back."""
+    restored = False
+    for old in replaced_names(output_dir):
+        if not os.path.lexists(output_dir):
+            old.rename(output_dir)
+            restored = True
+            print(
+                f"warning: restored {output_dir} from {old.name}, where a run killed while replacing it had left it",
+                file=sys.stderr,
+            )
+        else:
+            remove_path(old)
+            print(
+                f"warning: removed {old}, the previous {output_dir.name} a run killed while replacing it had left",
+                file=sys.stderr,
+            )
+    return restored
+
+
+def remove_path(path: Path) -> None:
+    """Remove a folder with its files, or a file or link."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def publish(stage: Path, output_dir: Path, *, overwrite: bool = False) -> None:
+    """Atomically replace `output_dir` with the finished `stage` folder (same filesystem). A non-empty `output_dir`
+    is replaced only with `overwrite` (--overwrite_output_dir): checked again here, since the folder may have
+    appeared while the run trained (`CommandFailed`, the stage left where it is)."""
+    if output_dir.is_dir() and not overwrite and any(output_dir.iterdir()):
+        from .cli import CommandFailed
+
+        raise CommandFailed(
+            f"--output_dir {output_dir}: the folder appeared while the run trained and is not empty, and "
+            f"--overwrite_output_dir was not given; the finished model is in {stage}"
+        )
+    old = None
+    if os.path.lexists(output_dir):
+        old = output_dir.with_name(f".{output_dir.name}.old-{os.getpid()}")
+        output_dir.rename(old)
+    try:
+        stage.rename(output_dir)
+    except BaseException:
+        if old is not None:  # the previous folder back where it was
+            old.rename(output_dir)
+        raise
+    if old is not None:  # a file or link there (refused by --output_dir's check; a race) goes too
+        remove_path(old)
+
+
 __all__ = [
     "SIGNALS",
     "STAGING_MARK",
@@ -312,7 +382,11 @@ __all__ = [
     "deferring_stops",
     "handling",
     "process_alive",
+    "publish",
+    "remove_path",
     "remove_stale_staging",
+    "replaced_names",
+    "restore_interrupted_publish",
     "several_processes",
     "staging_folder",
     "stale_staging",

@@ -72,22 +72,32 @@ def checkpoint_step(checkpoint: Path, remedy: str | None = None) -> int:
     return state["global_step"]
 
 
+def check_ema_file(checkpoint: Path, remedy: str | None = None) -> None:
+    """A `UsageError` naming `checkpoint` (then `remedy`, by default deleting the work folder) when it holds no
+    EMA file, which a run with `--ema_decay` continues its average from: both loops refuse such a resume rather
+    than restart the average from the live weights."""
+    from .augmentation import EMA_WEIGHTS_NAME
+    from .cli import UsageError
+
+    if not (checkpoint / EMA_WEIGHTS_NAME).is_file():
+        raise UsageError(
+            f"{checkpoint}: no {EMA_WEIGHTS_NAME}, which a run with --ema_decay continues its average from "
+            f"(the run stopped before writing it, or ran without --ema_decay); "
+            + (remedy or f"delete {checkpoint.parent} to start again")
+        )
+
+
 def resume_checkpoint(checkpoints: list[Path], ema: bool) -> tuple[Path, int]:
     """The checkpoint `--resume` continues from and its step: the newest of Trainer's `checkpoints` (oldest first)
     that holds all a resume reads. One whose trainer_state.json Trainer did not finish writing (a process killed
     then), or, for a run with an EMA (`ema`), one without the EMA file, is skipped with a warning for the one
     before it; a `UsageError` naming the newest's problem when none is whole."""
-    from .augmentation import EMA_WEIGHTS_NAME
     from .cli import UsageError, launch_rank
 
     def step_of(checkpoint: Path, remedy: str | None = None) -> int:
         step = checkpoint_step(checkpoint, remedy)
-        if ema and not (checkpoint / EMA_WEIGHTS_NAME).is_file():
-            raise UsageError(
-                f"{checkpoint}: no {EMA_WEIGHTS_NAME}, which a run with --ema_decay continues its average from "
-                f"(the run stopped before writing it, or ran without --ema_decay); "
-                + (remedy or f"delete {checkpoint.parent} to start again")
-            )
+        if ema:
+            check_ema_file(checkpoint, remedy)
         return step
 
     skipped = []

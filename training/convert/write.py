@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from ..card import conversion_record, render_model_card
-from ..interrupt import staging_folder
+from ..interrupt import publish, restore_interrupted_publish, staging_folder
 from .base import (
     DEFAULT_ATOL,
     DTYPES,
@@ -57,20 +56,6 @@ def _scaled(atol: float, expected: torch.Tensor) -> float:
 def _check_output_dir(out: Path, overwrite: bool) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ConversionError(f"output folder {out} exists and is not empty; pass --overwrite to replace it")
-
-
-def _place(tmp: Path, out: Path) -> None:
-    """Move the finished folder into place: rename, replacing an old folder only once the new one is complete."""
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(tmp, out)
-        if old.is_dir():
-            shutil.rmtree(old)
-        else:
-            old.unlink()
-    else:
-        os.replace(tmp, out)
 
 
 def _set_default_permissions(*paths: Path) -> None:
@@ -168,6 +153,8 @@ def convert_checkpoint(
     torch_dtype = DTYPES[dtype]
     tolerance = DEFAULT_ATOL[torch_dtype] if atol is None else atol
     mean, std = image_mean or [0.5, 0.5, 0.5], image_std or [0.5, 0.5, 0.5]
+    # the previous folder back from where a conversion killed between its two renames left it, then checked as such
+    restore_interrupted_publish(out)
     _check_output_dir(out, overwrite)
 
     config_note = []
@@ -270,7 +257,9 @@ def convert_checkpoint(
         )
         _write_card(tmp, out.name, model, record)
         _set_default_permissions(tmp)
-        _place(tmp, out)
+        publish(
+            tmp, out, overwrite=True
+        )  # an old folder (or file) replaced only once the new one is complete
     log(f"converted {Path(checkpoint).name} ({layout}) -> {out} [{family.head_class.__name__}, {dtype}]")
     for what, error, tol in measured:
         log(f"  verified against the {what} {described}: max |Δlogits| = {error:.3e} (tolerance {tol:.0e})")
