@@ -1,5 +1,6 @@
-"""What a killed or concurrent command leaves, and what the next one does with it: a training run holds a lock on its
-output folder (`run_folder.lock_output_dir`) and `publish` replaces a folder only with --overwrite_output_dir; a run
+"""What a killed or concurrent command leaves, and what the next one does with it: a training run, an export and a
+conversion hold a lock on their output folder (`run_folder.locked_output_dir`) and `publish` replaces a folder only
+with --overwrite_output_dir; a run
 killed inside `publish` is undone, or recognised as finished, by the next one; `export` and `inspect` stage their
 files beside the output (`interrupt.staging_folder`), which SIGTERM removes as Ctrl-C does and a rerun removes after
 a SIGKILL; a stopped `inspect` leaves a folder's old report whole.
