@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from transformers.utils import ModelOutput
@@ -534,6 +534,40 @@ def assert_same_saved_weights(reference: Path, run: Path) -> None:
     assert a.keys() == b.keys(), sorted(a.keys() ^ b.keys())
     for key in a:
         torch.testing.assert_close(b[key], a[key], atol=0, rtol=0, msg=labelled(key))
+
+
+# The constructor kwargs of a tiny official iMixer (`synthetic_imixer_checkpoint`).
+TINY_IMIXER = {
+    "num_classes": 3,
+    "img_size": 8,
+    "patch_size": 4,
+    "num_blocks": 1,
+    "embed_dim": 8,
+    "mlp_ratio": [0.5, 4.0],
+    "hidden_ratio": 2.0,
+    "n_power_iterations": 1,
+    "n_repeat": 2,
+}
+
+
+def synthetic_imixer_checkpoint(folder: Path) -> tuple[dict[str, torch.Tensor], Path, Path]:
+    """A random official iMixer state_dict of `TINY_IMIXER` (seeded), written into `folder` as bare safetensors
+    beside its constructor kwargs (JSON): (the state, the checkpoint, the kwargs file), what `convert` takes."""
+    from energyformers.training.convert import SOURCES
+
+    family = SOURCES["imixer"]
+    kwargs = family.normalise_kwargs(dict(TINY_IMIXER))
+    generator = torch.Generator().manual_seed(0)
+    state = {}
+    for key, (shape, _) in family.layout(kwargs).items():
+        value = 0.3 * torch.randn(shape, generator=generator)
+        state[key] = value / value.norm() if key.endswith(("weight_u", "weight_v")) else value
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "kwargs.json"
+    config.write_text(json.dumps(TINY_IMIXER))
+    checkpoint = folder / "imixer.safetensors"
+    save_file(state, str(checkpoint))
+    return state, checkpoint, config
 
 
 def assert_close_to_scale(

@@ -20,7 +20,15 @@ from unittest.mock import patch
 import numpy as np
 import pytest
 import torch
-from fixtures import AUTHOR_FIXTURES, assert_differs, labelled, needs_author_fixtures, rounding
+from fixtures import (
+    AUTHOR_FIXTURES,
+    TINY_IMIXER,
+    assert_differs,
+    labelled,
+    needs_author_fixtures,
+    rounding,
+    synthetic_imixer_checkpoint,
+)
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForImageClassification, AutoModelForTokenClassification
@@ -601,34 +609,11 @@ def test_round_trip_through_an_exported_folder_is_exact(converted, source, tmp_p
 
 # ------------------------------------------------------------------------- failure modes (no fixtures needed)
 
-TINY_IMIXER = {
-    "num_classes": 3,
-    "img_size": 8,
-    "patch_size": 4,
-    "num_blocks": 1,
-    "embed_dim": 8,
-    "mlp_ratio": [0.5, 4.0],
-    "hidden_ratio": 2.0,
-    "n_power_iterations": 1,
-    "n_repeat": 2,
-}
-
 
 @pytest.fixture
 def synthetic(tmp_path):
     """A random official iMixer state_dict (bare safetensors) and its constructor kwargs (JSON)."""
-    family = SOURCES["imixer"]
-    kwargs = family.normalise_kwargs(dict(TINY_IMIXER))
-    generator = torch.Generator().manual_seed(0)
-    state = {}
-    for key, (shape, _) in family.layout(kwargs).items():
-        value = 0.3 * torch.randn(shape, generator=generator)
-        state[key] = value / value.norm() if key.endswith(("weight_u", "weight_v")) else value
-    config = tmp_path / "kwargs.json"
-    config.write_text(json.dumps(TINY_IMIXER))
-    checkpoint = tmp_path / "imixer.safetensors"
-    save_file(state, str(checkpoint))
-    return state, checkpoint, config
+    return synthetic_imixer_checkpoint(tmp_path)
 
 
 def refused(tmp_path: Path, capsys, *args: object) -> str:

@@ -1,5 +1,6 @@
-"""What a killed or concurrent command leaves, and what the next one does with it: a training run holds a lock on its
-output folder (`run_folder.lock_output_dir`) and `publish` replaces a folder only with --overwrite_output_dir; a run
+"""What a killed or concurrent command leaves, and what the next one does with it: a training run, an export and a
+conversion hold a lock on their output folder (`run_folder.locked_output_dir`) and `publish` replaces a folder only
+with --overwrite_output_dir; a run
 killed inside `publish` is undone, or recognised as finished, by the next one; `export` and `inspect` stage their
 files beside the output (`interrupt.staging_folder`), which SIGTERM removes as Ctrl-C does and a rerun removes after
 a SIGKILL; a stopped `inspect` leaves a folder's old report whole.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures import cli_config
+from fixtures import cli_config, synthetic_imixer_checkpoint
 
 from energyformers.training import run_folder
 from energyformers.training.cli import CommandFailed
@@ -54,6 +56,10 @@ def siblings(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.parent.iterdir() if p.name.lstrip(".").startswith(folder.name))
 
 
+# a host name no machine running this test has (`socket.gethostname` never returns one with this ending)
+OTHER_HOST = "another-machine.invalid"
+
+
 def dead_pid() -> int:
     """The pid of a process that has ended (and been reaped)."""
     child = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -79,7 +85,7 @@ def test_a_second_run_on_the_same_output_dir_is_refused_while_the_first_runs(tmp
 
     assert train.main(["--output_dir", str(out), *TINY], callbacks=[StartAnother()]) == 0
     for command, done in second.items():
-        expected = f"energyformers {command}: error: --output_dir {out}: another run is using this folder"
+        expected = f"energyformers {command}: error: --output_dir {out}: another command is using this folder"
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(expected), (
             command,
@@ -179,15 +185,18 @@ def test_a_stopped_export_leaves_no_staging_folder_and_a_rerun_removes_a_killed_
 
     killed = tmp_path / f".exported.partial-{dead_pid()}@{socket.gethostname()}-k1ll3d00"
     unknown = tmp_path / ".exported.partial-8charsxx"
-    for folder in (killed, unknown):
+    elsewhere = tmp_path / f".exported.partial-{os.getpid()}@{OTHER_HOST}-3ls3wh3r"
+    for folder in (killed, unknown, elsewhere):
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(b"half")
     done = energyformers(["export", trained, out], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert siblings(out) == [unknown.name, "exported"], siblings(out)
+    assert siblings(out) == sorted([unknown.name, elsewhere.name, "exported"]), siblings(out)
     assert f"warning: removed {killed}" in done.stderr and f"warning: {unknown} looks left" in done.stderr, (
         done.stderr
     )
+    # another machine's: its pid says nothing here (this test's own pid, alive), so it is named and kept
+    assert f"warning: {elsewhere} looks left" in done.stderr, done.stderr
 
 
 def test_an_export_killed_between_its_two_renames_is_repaired_by_the_next_one(
@@ -217,6 +226,115 @@ def test_an_export_killed_between_its_two_renames_is_repaired_by_the_next_one(
     assert export.main([str(trained), str(out), "--overwrite"]) == 0
     assert f"warning: restored {out} from {hidden.name}" in capsys.readouterr().err
     assert siblings(out) == ["exported"] and (out / "config.json").is_file(), siblings(out)
+
+
+def test_publish_names_its_copy_by_pid_and_host_and_another_machines_copy_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`publish` hides the folder it replaces as `.<out>.old-<pid>@<host>`, as staging folders are named. The repair
+    (`restore_interrupted_publish`) puts back a copy of a process of this machine that is gone, also one named
+    `.<out>.old-<pid>` by the version before hosts were in the name; it leaves a copy of a running process of this
+    machine silently, and one of another machine with one warning line naming it, whatever its pid: a live process
+    there cannot be told from a dead one here."""
+    from energyformers.training import interrupt
+
+    stage, out = tmp_path / "stage", tmp_path / "out"
+    for folder, text in ((stage, "new"), (out, "old")):
+        folder.mkdir()
+        (folder / "config.json").write_text(text)
+    hidden: list[str] = []
+    remove = interrupt.remove_path
+    monkeypatch.setattr(interrupt, "remove_path", lambda path: (hidden.append(path.name), remove(path)))
+    run_folder.publish(stage, out, overwrite=True)
+    assert hidden == [f".out.old-{os.getpid()}@{socket.gethostname()}"], hidden
+    assert (out / "config.json").read_text() == "new" and siblings(out) == ["out"], siblings(out)
+
+    def leftover(name: str) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "config.json").write_text(name)
+        return path
+
+    ours_running = leftover(f".gone.old-{os.getpid()}@{socket.gethostname()}")
+    elsewhere = leftover(f".gone.old-{dead_pid()}@{OTHER_HOST}")
+    gone = tmp_path / "gone"
+    assert not run_folder.restore_interrupted_publish(gone)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"warning: {elsewhere} looks left by a command of another"
+    ), lines
+    assert not gone.exists() and ours_running.is_dir() and elsewhere.is_dir(), siblings(gone)
+
+    names = [f".gone.old-{dead_pid()}@{socket.gethostname()}", f".gone.old-{dead_pid()}"]  # now, and before
+    for name in names:
+        copy = leftover(name)
+        assert run_folder.restore_interrupted_publish(gone)
+        assert f"warning: restored {gone} from {name}" in capsys.readouterr().err
+        assert (gone / "config.json").read_text() == name and not copy.exists(), siblings(gone)
+        shutil.rmtree(gone)
+
+
+def test_a_conversion_killed_between_its_two_renames_is_repaired_by_the_next_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a conversion killed between the two renames that replace its output folder leaves: no `--output_dir`,
+    the previous folder in `.<out>.old-<pid>@<host>` of a dead process. The next conversion puts it back (one line
+    naming the copy) and refuses as for any folder there without --overwrite, leaving it as it was; with
+    --overwrite it then replaces it, leaving no copy beside it."""
+    from energyformers.training import convert_cli
+
+    _, checkpoint, config = synthetic_imixer_checkpoint(tmp_path / "official")
+    out = tmp_path / "converted"
+    argv = ["--source", "imixer", str(checkpoint), "--official-config", str(config), "--output_dir", str(out)]
+    assert convert_cli.main(argv) == 0
+    previous = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    hidden = out.with_name(f".{out.name}.old-{dead_pid()}@{socket.gethostname()}")
+    out.rename(hidden)
+    capsys.readouterr()
+
+    assert convert_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    refusal = f"error: output folder {out} exists and is not empty; pass --overwrite"
+    assert f"warning: restored {out} from {hidden.name}" in err and refusal in err, err
+    assert siblings(out) == ["converted"], siblings(out)
+    assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == previous
+
+    out.rename(hidden)
+    assert convert_cli.main([*argv, "--overwrite"]) == 0
+    assert f"warning: restored {out} from {hidden.name}" in capsys.readouterr().err
+    assert siblings(out) == ["converted"] and (out / "config.json").is_file(), siblings(out)
+
+
+@pytest.mark.parametrize("command", ["export", "convert"])
+def test_export_and_convert_are_refused_while_another_command_holds_the_folder(
+    command: str, trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """While a command holds an output folder's lock (as `train` does for its whole run), an export or a conversion
+    to that folder, one to replace (--overwrite) with a copy a killed command left beside it, is one usage-error line
+    naming the folder, status 2: the folder, the copy and everything else beside it stay as they were."""
+    from energyformers.training import convert_cli, export
+
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "config.json").write_text("the old folder\n")
+    copy = tmp_path / f".taken.old-{dead_pid()}@{socket.gethostname()}"
+    copy.mkdir()
+    if command == "export":
+        argv, flag, main = [str(trained), str(out), "--overwrite"], "OUT_DIR", export.main
+    else:
+        _, checkpoint, config = synthetic_imixer_checkpoint(tmp_path / "official")
+        argv = ["--source", "imixer", str(checkpoint), "--official-config", str(config)]
+        argv, flag, main = [*argv, "--output_dir", str(out), "--overwrite"], "--output_dir", convert_cli.main
+    before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    capsys.readouterr()
+    with run_folder.locked_output_dir(out):
+        assert main(argv) == 2
+        after = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    lines = capsys.readouterr().err.strip().splitlines()
+    expected = f"energyformers {command}: error: {flag} {out}: another command is using this folder"
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+    assert after == sorted([*before, "taken.lock"]), (before, after)
+    assert (out / "config.json").read_text() == "the old folder\n" and copy.is_dir()
 
 
 def test_a_stopped_inspect_leaves_the_old_report_whole(tmp_path: Path) -> None:

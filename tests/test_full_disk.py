@@ -1,6 +1,7 @@
-"""A full disk while a command writes is reported in one line naming the folder and "no space left on device", status
-1, with no traceback (`cli.full_disk_message`): an OSError with errno ENOSPC / EDQUOT anywhere in the exception's
-chain, a Rust library's I/O error naming one (safetensors), and torch.save's stream failure, which names no cause,
+"""A full disk while a command writes is reported in one line naming the folder and "no space left on device" (an
+exceeded quota: "disk quota exceeded"), status 1, with no traceback (`cli.full_disk_message`): an OSError with errno
+ENOSPC / EDQUOT anywhere in the exception's chain, another error whose text names one (safetensors' Rust I/O error,
+a RuntimeError of torch.save carrying it), and torch.save's stream failure, which names no cause,
 when the folder the command writes to is on a full disk. The disk is filled in-process (the writer raises what it
 raises on a full disk; the free space is reported as none), and for real on a small tmpfs where this test may mount
 one (root)."""
@@ -63,6 +64,19 @@ def test_the_write_errors_of_a_full_disk_are_told_apart(
     assert cli.full_disk_message(quota, [tmp_path]) == f"disk quota exceeded writing in {tmp_path}"
     rust = Exception("Error while serializing: I/O error: No space left on device (os error 28)")
     assert cli.full_disk_message(rust, [tmp_path]) == f"no space left on device writing in {tmp_path}"
+    # an exceeded quota named in the text of an error that is no OSError, in each way a writer names an errno
+    for text in (
+        f"Error while serializing: I/O error: Disk quota exceeded (os error {errno.EDQUOT})",  # safetensors
+        f'IoError(Os {{ code: {errno.EDQUOT}, kind: QuotaExceeded, message: "Disk quota exceeded" }})',
+        f"[enforce fail at inline_container.cc:672] . [Errno {errno.EDQUOT}] Disk quota exceeded",  # torch.save
+        f"PytorchStreamWriter failed writing file data/0: errno {errno.EDQUOT}",
+    ):
+        assert cli.full_disk_message(RuntimeError(text), [tmp_path]) == (
+            f"disk quota exceeded writing in {tmp_path}"
+        ), text
+    assert (
+        cli.full_disk_message(RuntimeError(f"[Errno {errno.EACCES}] Permission denied"), [tmp_path]) is None
+    )
 
     stream = torch_stream_failure()
     disk_free(monkeypatch, 0)
@@ -81,18 +95,23 @@ def test_the_write_errors_of_a_full_disk_are_told_apart(
         assert cli.full_disk_message(other, [tmp_path]) is None, other
 
 
-@pytest.mark.parametrize("raised", ["OSError", "torch"])
+@pytest.mark.parametrize("raised", ["OSError", "torch", "quota"])
 def test_train_on_a_full_disk_says_so_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], raised: str
 ) -> None:
     """The first checkpoint's first torch.save (its training_args.bin) fails as on a full disk: status 1 and one
     error line naming the folder, no traceback; as an OSError ENOSPC it names the checkpoint's folder, as torch's
-    own stream failure the folder the run writes in, whose disk has no space left."""
+    own stream failure the folder the run writes in, whose disk has no space left; as a RuntimeError whose text
+    carries EDQUOT, an exceeded quota (the disk has space) in that folder."""
     out = tmp_path / "run"
 
     def full(obj, f, *args, **kwargs):
         if raised == "OSError":
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
+        if raised == "quota":
+            raise RuntimeError(
+                f"[enforce fail at inline_container.cc:672] . [Errno {errno.EDQUOT}] Disk quota exceeded"
+            )
         disk_free(monkeypatch, 0)  # what the partial file leaves
         raise torch_stream_failure()
 
@@ -100,7 +119,8 @@ def test_train_on_a_full_disk_says_so_in_one_line(
     assert train.main([*RUN, "--output_dir", str(out)]) == 1
     err = capsys.readouterr().err
     folder = out.with_name("run.checkpoints") / "checkpoint-2" if raised == "OSError" else tmp_path
-    line = f"energyformers train: error: no space left on device writing in {folder}; free some space"
+    failure = "disk quota exceeded" if raised == "quota" else "no space left on device"
+    line = f"energyformers train: error: {failure} writing in {folder}; free some space"
     errors = [text for text in err.splitlines() if "error" in text.lower()]
     assert len(errors) == 1 and errors[0].startswith(line), err[-3000:]
     assert "Traceback" not in err, err[-3000:]

@@ -264,8 +264,11 @@ def report_usage_error(*lines: str) -> None:
 
 # The write errors of a full disk and of an exceeded quota.
 FULL_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-# How a Rust library's I/O error (safetensors, tokenizers) names the errno: "... (os error 28)".
-RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+# How the text of an error that is no OSError names the errno of the write that failed: a Rust library's I/O error
+# (safetensors, tokenizers) "... (os error 122)" or, debug-printed, "Os { code: 122, ... }"; an OSError's own text
+# carried into a RuntimeError (a writer called from C++, as torch.save's file writes are) "[Errno 122] ..."; a C or
+# C++ library's "errno 122" or "errno: 122".
+ERRNO_IN_TEXT = re.compile(r"\(os error (\d+)\)|\bOs \{ code: (\d+)|\[Errno (\d+)\]|\berrno:? (\d+)")
 # torch.save to a path writes through a C++ stream whose failure names no cause: "basic_ios::clear: iostream
 # error", then its zip writer's "[enforce fail at inline_container.cc:...] unexpected pos"; a full disk is told
 # from another write failure by the space left where the command writes (a failed write fills it to the last
@@ -274,11 +277,18 @@ TORCH_STREAM_ERRORS = ("iostream error", "inline_container")
 FULL_DISK_BYTES = 1 << 20
 
 
+def errnos_in_text(text: str) -> list[int]:
+    """The errnos `text` names (`ERRNO_IN_TEXT`), in order."""
+    return [int(next(group for group in match.groups() if group)) for match in ERRNO_IN_TEXT.finditer(text)]
+
+
 def full_disk_message(err: BaseException, folders: Iterable[str | os.PathLike] = ()) -> str | None:
     """One line naming the folder and "no space left on device" (or "disk quota exceeded") when `err`, or an
     exception it was raised from or during (`__cause__`, `__context__`), is a write failing for want of space:
-    an OSError with errno ENOSPC or EDQUOT (the folder of its file), a Rust I/O error naming one, or torch.save's
-    stream failure while one of `folders` (those the command writes to) is on a full disk; None otherwise."""
+    an OSError with errno ENOSPC or EDQUOT (the folder of its file), another error whose text names one of them
+    (`ERRNO_IN_TEXT`: safetensors', or torch.save's RuntimeError carrying it; the first of `folders`, those the
+    command writes to), or torch.save's stream failure, which names no errno, while one of `folders` is on a full
+    disk; None otherwise."""
     chain: list[BaseException] = []
     while err is not None and err not in chain:
         chain.append(err)
@@ -289,8 +299,8 @@ def full_disk_message(err: BaseException, folders: Iterable[str | os.PathLike] =
         if isinstance(error, OSError) and error.errno in FULL_DISK_ERRNOS:
             code = error.errno
             where = Path(os.fsdecode(error.filename)).parent if error.filename else None
-        elif (match := RUST_OS_ERROR.search(str(error))) and int(match[1]) in FULL_DISK_ERRNOS:
-            code = int(match[1])
+        else:
+            code = next((code for code in errnos_in_text(str(error)) if code in FULL_DISK_ERRNOS), None)
         if code is not None:
             where = where or (written[0] if written else None)
             return f"{os.strerror(code).lower()}" + (f" writing in {where}" if where else "")

@@ -226,7 +226,14 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point of `energyformers convert`; returns the exit status."""
-    return run_command("convert", parse, run, list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run_command("convert", parse, run, argv, writes_to=written_folders)
+
+
+def written_folders(args: argparse.Namespace) -> list[Path]:
+    """Where a conversion writes (for `run_command`'s full-disk report): the folder holding --output_dir, in which
+    its staging folder is, or with --reverse the folder of --output."""
+    return [Path(args.output if args.reverse else args.output_dir).expanduser().absolute().parent]
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ from typing import Any
 from ..tokenizer_fit import MIM_AUTO_CLASS, TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME
 from .arguments import COLUMN_FLAGS
 from .card import LOCAL_PATHS_KEY, read_run_metrics, render_model_card
-from .interrupt import publish, restore_interrupted_publish, staging_folder
+from .interrupt import locked_output_dir, publish, restore_interrupted_publish, staging_folder
 from .remote_code import (
     LICENSE_FILE,
     auto_map,
@@ -388,9 +388,19 @@ def export_model_dir(
     problem = overlap_problem(model_dir, out_dir, overwrite, ("model_dir", "out_dir", "overwrite=True"))
     if problem is not None:
         raise ValueError(problem)
-    # the previous folder back from where an export killed between its two renames left it, then checked as such
-    restore_interrupted_publish(out_dir)
     check_output_folder(out_dir, "out_dir", "overwrite=True", overwrite=overwrite, error=FileExistsError)
+    # the folder's lock (train's) from the repair to the rename: no other command repairs or replaces it meanwhile
+    with locked_output_dir(out_dir, flag="out_dir"):
+        # the previous folder back from where a command killed between its two renames left it, then checked as such
+        if restore_interrupted_publish(out_dir):
+            check_output_folder(
+                out_dir, "out_dir", "overwrite=True", overwrite=overwrite, error=FileExistsError
+            )
+        return write_export(model_dir, out_dir, repo_id=repo_id, info=info)
+
+
+def write_export(model_dir: Path, out_dir: Path, *, repo_id: str | None, info: dict[str, Any] | None) -> Path:
+    """`export_model_dir`'s work once `out_dir` is checked and locked: the files staged beside it, then published."""
     info = inspect_model_dir(model_dir) if info is None else info
     sources = remote_code_sources(info["model_type"])  # fails before anything is written
     mim = info["auto_class"] == MIM_AUTO_CLASS
@@ -499,8 +509,11 @@ def check_model_dir(
     problem = overlap_problem(Path(model_dir), Path(out_dir), overwrite)
     if problem is not None:
         raise UsageError(problem)
-    restore_interrupted_publish(Path(out_dir))  # as `export_model_dir` does, for this check to see the folder
     check_output_folder(out_dir, "OUT_DIR", "--overwrite", overwrite=overwrite)
+    # as `export_model_dir` does, for this check to see the folder; a command using the folder is refused here
+    with locked_output_dir(out_dir, flag="OUT_DIR"):
+        if restore_interrupted_publish(Path(out_dir)):
+            check_output_folder(out_dir, "OUT_DIR", "--overwrite", overwrite=overwrite)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -529,7 +542,14 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point of `energyformers export`; returns the exit status."""
     from .cli import run_command
 
-    return run_command("export", parse, run, list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run_command("export", parse, run, argv, writes_to=written_folders)
+
+
+def written_folders(args: argparse.Namespace) -> list[Path]:
+    """Where an export writes (for `cli.run_command`'s full-disk report): the folder holding OUT_DIR, in which its
+    staging folder is."""
+    return [Path(args.out_dir).expanduser().absolute().parent]
 
 
 __all__ = [

@@ -14,8 +14,11 @@ slowest rank.
 
 A command without steps to finish (`export`, `convert`, `inspect`) stops at once instead: SIGTERM raises as Ctrl-C
 does (`stopping_at_once`), so the staging folder it writes its output in (`staging_folder`) is removed either way.
-Every command that replaces a folder (`train`, `export`, `convert`) renames the finished stage onto it with
-`publish`, and repairs what a kill between its two renames left with `restore_interrupted_publish`.
+Every command that replaces a folder (`train`, `export`, `convert`) holds the folder's lock (`locked_output_dir`)
+while it repairs what a kill between `publish`'s two renames left (`restore_interrupted_publish`) and renames the
+finished stage onto it (`publish`). What a killed command left beside a folder is judged by one rule (`left_by`):
+removed or put back when its process, named in the leftover's name with its host, is gone; left, with a warning,
+when it is another machine's.
 """
 
 from __future__ import annotations
@@ -240,28 +243,53 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def left_by(pid: str | None, host: str | None) -> str:
+    """Who left one of the hidden entries beside an output (a staging folder, a replaced folder's copy), by the pid
+    and host its name carries: "running" (a process of this machine that still runs), "gone" (one of this machine
+    that has ended: what it left is stale), or "unknown" (no pid in the name, or another machine's process, which
+    this one cannot ask: on a folder shared between machines it may still run). `host` None: a name written before
+    hosts were in it, taken as this machine's. The one rule by which every command judges what another left."""
+    if pid is None or (host is not None and host != socket.gethostname()):
+        return "unknown"
+    return "running" if process_alive(int(pid)) else "gone"
+
+
+def leftovers(out: Path, pattern: str) -> tuple[list[Path], list[Path]]:
+    """The entries beside `out` whose names fully match `pattern` (a regex with groups `pid` and `host`, which may be
+    absent) and whose owner is gone or cannot be told (`left_by`): (gone, unknown), each sorted by name."""
+    regex = re.compile(pattern)
+    gone: list[Path] = []
+    unknown: list[Path] = []
+    if not out.parent.is_dir():
+        return gone, unknown
+    for path in sorted(out.parent.iterdir()):
+        match = regex.fullmatch(path.name)
+        if match is not None:
+            owner = left_by(match.group("pid"), match.group("host"))
+            if owner == "gone":
+                gone.append(path)
+            elif owner == "unknown":
+                unknown.append(path)
+    return gone, unknown
+
+
 # `.<out>.partial-<pid>@<host>-<random>`: the staging folder of a command writing `<out>` (`staging_folder`); the pid
 # and host say whether the command that made it still runs
 STAGING_MARK = ".partial-"
 
 
 def stale_staging(out: Path) -> tuple[list[Path], list[Path]]:
-    """The staging folders of `out` beside it that no running command owns: (those of a process of this machine that
-    is gone, those whose owner cannot be told: named `.<out>.partial-<random>`, without pid and host)."""
-    pattern = re.compile(rf"\.{re.escape(out.name)}{re.escape(STAGING_MARK)}(?:(\d+)@(.+)-)?[^-@]+")
-    host = socket.gethostname()
-    gone, unknown = [], []
-    if not out.parent.is_dir():
-        return gone, unknown
-    for path in sorted(out.parent.iterdir()):
-        match = pattern.fullmatch(path.name)
-        if match is None or not path.is_dir() or path.is_symlink():
-            continue
-        if match.group(1) is None:
-            unknown.append(path)
-        elif match.group(2) == host and not process_alive(int(match.group(1))):
-            gone.append(path)
-    return gone, unknown
+    """The staging folders of `out` beside it that no running command of this machine owns (`left_by`): (those of a
+    process that is gone, those whose owner cannot be told: another machine's, or named `.<out>.partial-<random>`,
+    without pid and host)."""
+    pattern = rf"\.{re.escape(out.name)}{re.escape(STAGING_MARK)}(?:(?P<pid>\d+)@(?P<host>.+)-)?[^-@]+"
+    gone, unknown = leftovers(out, pattern)
+    return [p for p in gone if is_real_folder(p)], [p for p in unknown if is_real_folder(p)]
+
+
+def is_real_folder(path: Path) -> bool:
+    """A folder, not a link to one (what a staging folder is; a link of that name was not made by a command)."""
+    return path.is_dir() and not path.is_symlink()
 
 
 def remove_stale_staging(out: Path) -> None:
@@ -298,6 +326,76 @@ def staging_folder(out: Path) -> Iterator[Path]:
             shutil.rmtree(staging, ignore_errors=True)
 
 
+LOCK_SUFFIX = ".lock"
+# the output folders whose lock this process holds (`lock_output_dir`), by resolved path: the lock, and the folders
+# above the output that taking it created
+_held_locks: dict[Path, tuple[Any, list[Path]]] = {}
+
+
+def lock_path(output_dir: Path) -> Path:
+    """`<output_dir>.lock`, beside the folder: never in the model folder, nor in the work folder a run removes."""
+    return output_dir.with_name(output_dir.name + LOCK_SUFFIX)
+
+
+def lock_output_dir(output_dir: Path, given: str | None = None, flag: str = "--output_dir") -> None:
+    """Take the lock on `output_dir` (resolved; `given`: as the command line named it, after `flag`) that a command
+    replacing the folder (`train`, `export`, `convert`) holds until it ends (`release_output_dir`) or the process
+    does: the kernel's lock on `lock_path` (flock), so a killed command holds nothing. Another command holding it,
+    in this process or another, is a `UsageError` naming the folder."""
+    from filelock import FileLock, Timeout
+
+    from .cli import UsageError
+
+    path = lock_path(output_dir)
+    created = [folder for folder in path.parents if not folder.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path), timeout=0, thread_local=False)
+    try:
+        lock.acquire()
+    except Timeout:
+        remove_created(created)
+        raise UsageError(
+            f"{flag} {given or output_dir}: another command is using this folder (it holds {path}); wait for it to "
+            f"end or choose another {flag}"
+        ) from None
+    _held_locks[output_dir] = (lock, created)
+
+
+def release_output_dir(output_dir: Path) -> None:
+    """Release `lock_output_dir`'s lock, removing the file while still holding it (a command that opened it
+    meanwhile finds it gone and takes a new one), and the folders above the output it created that are still empty
+    (a command refused after taking the lock leaves nothing); nothing if this process does not hold it."""
+    held = _held_locks.pop(output_dir, None)
+    if held is not None:
+        lock, created = held
+        lock_path(output_dir).unlink(missing_ok=True)
+        lock.release()
+        remove_created(created)
+
+
+def remove_created(folders: list[Path]) -> None:
+    """Remove `folders` (nested, deepest first) where they are empty, up to the first that is not."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # something was written there (the published folder): it stays, with those above it
+            return
+
+
+@contextmanager
+def locked_output_dir(output_dir: str | os.PathLike, flag: str = "--output_dir") -> Iterator[Path]:
+    """Hold `output_dir`'s lock (`lock_output_dir`) while the block runs, however it ends; yields the folder resolved.
+    `flag`: how the command line names the folder, for the refusal. Around everything of a command that repairs or
+    replaces the folder (`restore_interrupted_publish`, `staging_folder`, `publish`), so two commands never do at
+    once."""
+    resolved = Path(output_dir).expanduser().resolve()
+    lock_output_dir(resolved, os.fspath(output_dir), flag)
+    try:
+        yield resolved
+    finally:
+        release_output_dir(resolved)
+
+
 def several_processes() -> bool:
     """Whether a `torch.distributed` process group of more than one process is up."""
     import torch.distributed as dist
@@ -305,25 +403,33 @@ def several_processes() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def replaced_names(output_dir: Path) -> list[Path]:
-    """The hidden copies `.<output_dir>.old-<pid>` that `publish` moved the previous folder to, of processes that are
-    gone (a kill between its renames, or before it removed the copy); newest first."""
-    prefix = f".{output_dir.name}.old-"
-    found = []
-    if output_dir.parent.is_dir():
-        for path in output_dir.parent.iterdir():
-            pid = path.name.removeprefix(prefix)
-            if path.name.startswith(prefix) and pid.isdigit() and not process_alive(int(pid)):
-                found.append(path)
-    return sorted(found, key=lambda path: path.lstat().st_ctime, reverse=True)
+# `.<out>.old-<pid>@<host>`: where `publish` moves the folder it replaces until the new one is in place; the pid and
+# host say whether the command that moved it still runs (`.<out>.old-<pid>`, without the host, from older versions)
+REPLACED_MARK = ".old-"
+
+
+def replaced_name(output_dir: Path) -> Path:
+    """The hidden copy `publish`, in this process, moves `output_dir`'s previous folder to."""
+    return output_dir.with_name(f".{output_dir.name}{REPLACED_MARK}{os.getpid()}@{socket.gethostname()}")
+
+
+def replaced_names(output_dir: Path) -> tuple[list[Path], list[Path]]:
+    """The hidden copies (`replaced_name`) that `publish` moved the previous folder to and no running command of this
+    machine owns (`left_by`): (those of processes that are gone, newest first: a kill between its renames, or before
+    it removed the copy; those of another machine, whose process cannot be told)."""
+    pattern = rf"\.{re.escape(output_dir.name)}{re.escape(REPLACED_MARK)}(?P<pid>\d+)(?:@(?P<host>.+))?"
+    gone, unknown = leftovers(output_dir, pattern)
+    return sorted(gone, key=lambda path: path.lstat().st_ctime, reverse=True), unknown
 
 
 def restore_interrupted_publish(output_dir: Path) -> bool:
-    """Undo what a run killed inside `publish` left (under the run's lock, so no other run is publishing): without
-    `output_dir`, its previous folder comes back from the newest hidden copy; the copies the folder has replaced are
-    removed. One line on stderr for each. Returns whether a folder was put back."""
+    """Undo what a command killed inside `publish` left (under the folder's lock, `locked_output_dir`, so no other
+    command is publishing): without `output_dir`, its previous folder comes back from the newest hidden copy; the
+    copies the folder has replaced are removed; another machine's copy is left where it is. One line on stderr for
+    each. Returns whether a folder was put back."""
     restored = False
-    for old in replaced_names(output_dir):
+    gone, unknown = replaced_names(output_dir)
+    for old in gone:
         if not os.path.lexists(output_dir):
             old.rename(output_dir)
             restored = True
@@ -337,6 +443,12 @@ def restore_interrupted_publish(output_dir: Path) -> bool:
                 f"warning: removed {old}, the previous {output_dir.name} a run killed while replacing it had left",
                 file=sys.stderr,
             )
+    for old in unknown:
+        print(
+            f"warning: {old} looks left by a command of another machine killed while replacing {output_dir}; if "
+            f"nothing is writing there now, rename it to {output_dir.name} (when that is missing) or delete it",
+            file=sys.stderr,
+        )
     return restored
 
 
@@ -361,7 +473,7 @@ def publish(stage: Path, output_dir: Path, *, overwrite: bool = False) -> None:
         )
     old = None
     if os.path.lexists(output_dir):
-        old = output_dir.with_name(f".{output_dir.name}.old-{os.getpid()}")
+        old = replaced_name(output_dir)
         output_dir.rename(old)
     try:
         stage.rename(output_dir)
@@ -374,6 +486,8 @@ def publish(stage: Path, output_dir: Path, *, overwrite: bool = False) -> None:
 
 
 __all__ = [
+    "LOCK_SUFFIX",
+    "REPLACED_MARK",
     "SIGNALS",
     "STAGING_MARK",
     "EvaluationCheck",
@@ -381,10 +495,19 @@ __all__ = [
     "StopRequest",
     "deferring_stops",
     "handling",
+    "is_real_folder",
+    "left_by",
+    "leftovers",
+    "lock_output_dir",
+    "lock_path",
+    "locked_output_dir",
     "process_alive",
     "publish",
+    "release_output_dir",
+    "remove_created",
     "remove_path",
     "remove_stale_staging",
+    "replaced_name",
     "replaced_names",
     "restore_interrupted_publish",
     "several_processes",

@@ -6,10 +6,10 @@ renames the folder to `<output_dir>` in one step (so `<output_dir>` is either co
 checkpoints, prints the result and `pipeline` predictions of the reloaded folder, and pushes it if asked.
 `leave_nothing_behind` removes a work folder that a failed run created before its first checkpoint.
 
-A run holds `<output_dir>.lock` (beside the folder) from its start to its end, however it ends (`lock_output_dir`
-and `release_output_dir`, around the run by `setup.output_paths`), so a second run on the same folder is refused
-before it reads or writes anything; a folder that a run killed while replacing it left hidden is put back by the
-next one (`interrupt.restore_interrupted_publish`).
+A run holds `<output_dir>.lock` (beside the folder) from its start to its end, however it ends
+(`interrupt.locked_output_dir`, around the run by `setup.output_paths`), so a second run, export or conversion on
+the same folder is refused before it reads or writes anything; a folder that a run killed while replacing it left
+hidden is put back by the next one (`interrupt.restore_interrupted_publish`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,19 @@ from typing import Any
 
 from .arguments import MIM_TASK, TRACKER_FOLDER, Arguments, config_flags, parse_overrides, recorded
 from .card import render_model_card
-from .cli import UsageError
 from .data import BUILTIN_DATASETS, input_type_of, raw_rows
 from .evaluation import primary_metric, summary
-from .interrupt import publish, remove_path, replaced_names, restore_interrupted_publish
+from .interrupt import (
+    LOCK_SUFFIX,
+    lock_output_dir,
+    lock_path,
+    locked_output_dir,
+    publish,
+    release_output_dir,
+    remove_path,
+    replaced_names,
+    restore_interrupted_publish,
+)
 from .setup import (
     FINISHED_RUN_FILE,
     auto_head,
@@ -256,45 +265,6 @@ def write_run_folder(stage: Path, result: RunResult, name: str) -> dict[str, Any
     return metrics
 
 
-LOCK_SUFFIX = ".lock"
-# the output folders whose lock this process holds (`lock_output_dir`), by resolved path
-_held_locks: dict[Path, Any] = {}
-
-
-def lock_path(output_dir: Path) -> Path:
-    """`<output_dir>.lock`, beside the folder: never in the model folder, nor in the work folder a run removes."""
-    return output_dir.with_name(output_dir.name + LOCK_SUFFIX)
-
-
-def lock_output_dir(output_dir: Path, given: str | None = None) -> None:
-    """Take the run's lock on `output_dir` (resolved; `given`: as the command line named it), held until the run
-    ends (`release_output_dir`, from `setup.output_paths`'s block) or the process does: the kernel's lock on
-    `lock_path` (flock), so a killed run holds nothing. Another run holding it, in this process or another, is a
-    `UsageError` naming the folder."""
-    from filelock import FileLock, Timeout
-
-    path = lock_path(output_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path), timeout=0, thread_local=False)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise UsageError(
-            f"--output_dir {given or output_dir}: another run is using this folder (it holds {path}); wait for it "
-            "to end or choose another --output_dir"
-        ) from None
-    _held_locks[output_dir] = lock
-
-
-def release_output_dir(output_dir: Path) -> None:
-    """Release `lock_output_dir`'s lock, removing the file while still holding it (a run that opened it meanwhile
-    finds it gone and takes a new one); nothing if this process does not hold it."""
-    lock = _held_locks.pop(output_dir, None)
-    if lock is not None:
-        lock_path(output_dir).unlink(missing_ok=True)
-        lock.release()
-
-
 def print_predictions(output_dir: Path, data: Any, task: str, count: int) -> None:
     """Reload the saved folder through the Auto classes and show `pipeline` predictions on test examples."""
     if count <= 0:
@@ -407,6 +377,7 @@ __all__ = [
     "leave_nothing_behind",
     "lock_output_dir",
     "lock_path",
+    "locked_output_dir",
     "plot_training_curve",
     "print_predictions",
     "publish",

@@ -18,7 +18,7 @@ import re
 import shlex
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -1227,27 +1227,22 @@ class AugmentedTransform:
 @contextmanager
 def output_paths(args: Arguments) -> Iterator[tuple[Path, Path]]:
     """The run's (output folder, its `<name>.checkpoints` work folder), for the rest of the run: the main process
-    holds the folder's lock (`run_folder.lock_output_dir`) until the block ends, however it ends (finished,
+    holds the folder's lock (`run_folder.locked_output_dir`) until the block ends, however it ends (finished,
     stopped, refused, failed), so an in-process caller (a notebook, `train.main`) is left no lock. Refuses a
     non-empty output without --overwrite."""
-    from .run_folder import lock_output_dir, release_output_dir, restore_interrupted_publish
+    from .run_folder import locked_output_dir, restore_interrupted_publish
 
     # parse_arguments checked this already; again here for a caller that built `args` itself, and for a folder
     # that appeared since
     check_output_dir(args.run.output_dir, args.run.overwrite_output_dir)
     output_dir = Path(args.run.output_dir).expanduser().resolve()
     main_process = launch_rank() == 0  # the main process holds the run's lock; the others share its run
-    if main_process:
-        # before anything of the run is read or written: another run on the folder is refused here
-        lock_output_dir(output_dir, args.run.output_dir)
-    try:
+    # before anything of the run is read or written: another run on the folder is refused here
+    with locked_output_dir(args.run.output_dir) if main_process else nullcontext():
         if main_process and restore_interrupted_publish(output_dir):
             # the folder is back: checked as if it had never gone
             check_output_dir(args.run.output_dir, args.run.overwrite_output_dir)
         yield output_dir, work_folder(output_dir)
-    finally:
-        if main_process:
-            release_output_dir(output_dir)
 
 
 # Written by the main process into `<output_dir>.checkpoints/` when training starts: what the run built
