@@ -98,10 +98,10 @@ def _bool_mask(
     """`mask` checked and as bool `(B|1, H|1, N_q|1, N_k|1)` for `shape` = (B, H, N_q, N_k).
 
     Accepted: 4-D `(B, H, N_q, N_k)`, and with `key_padding` also 2-D `(B, N_k)` (a key padding mask); any size
-    may be 1 to broadcast; bool (True: the pair interacts) or integer 0/1 (1: the pair interacts). Other ranks are
-    refused rather than broadcast, since a 2-D or 3-D mask reads differently depending on which sizes happen to
-    coincide ((N_q, N_k) vs (B, N_k), (B, N_q, N_k) vs (H, N_q, N_k)); float masks are refused because 0 means
-    "attend" in an additive mask and "masked" in a 0/1 one.
+    may be 1 to broadcast; bool (True: the pair interacts) or 0/1 of any dtype (1: the pair interacts). Other ranks
+    are refused rather than broadcast, since a 2-D or 3-D mask reads differently depending on which sizes happen to
+    coincide ((N_q, N_k) vs (B, N_k), (B, N_q, N_k) vs (H, N_q, N_k)); a float mask holding other values (an
+    additive one) is refused because 0 means "attend" in an additive mask and "masked" in a 0/1 one.
     """
     batch, keys = shape[0], shape[3]
     forms = f"4-D (batch, heads, queries, keys) = {shape}"
@@ -113,7 +113,7 @@ def _bool_mask(
     # this torch-only module loads transformers and the Hyper-SET model file only on its first masked call
     from .modeling.modeling_hyperset import check_keep_mask
 
-    check_keep_mask(mask, name, read_values=False)  # the dtype, before the shape
+    check_keep_mask(mask, name, read_values=False)  # the dtype, before the shape; the values after it
     expected = (batch, keys) if mask.ndim == 2 and key_padding else shape if mask.ndim == 4 else None
     if expected is None or any(size not in (1, full) for size, full in zip(mask.shape, expected)):
         padding = "" if key_padding else f", a (batch, keys) key padding mask as {name}[:, None, None, :]"
@@ -178,7 +178,7 @@ def hopfield_energy(
 
     state: ξ `(B, N_q, H·d_h)`; stored: X `(B, N_k, H·d_h)`; beta: inverse temperature, a finite number > 0 or
     a tensor of them, 0-d or one per head `(H,)`; mask: 4-D `(B, H, N_q, N_k)`, any size may be 1 to broadcast,
-    bool (True where state i sees pattern j) or integer 0/1 — other ranks and float (additive) masks are refused,
+    bool (True where state i sees pattern j) or 0/1 of any dtype — other ranks and additive masks are refused,
     a key padding mask `(B, N_k)` goes in as `mask[:, None, None, :]`; constants: include β⁻¹ log N + ½ M²
     (N, M over the patterns each state sees), so that E >= 0.
     """
@@ -410,9 +410,9 @@ class EnergyAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns the output `(B, N_q, hidden_size)` and the energy trace `(B, k + 1)` (detached).
 
-        attention_mask: bool (True: attend) or integer 0/1 (1: attend), either a key padding mask `(B, N_k)` —
+        attention_mask: bool (True: attend) or 0/1 of any dtype (1: attend), either a key padding mask `(B, N_k)` —
         a 2-D mask is always read as one, also when its shape matches (N_q, N_k) — or 4-D `(B, H, N_q, N_k)`; any
-        size may be 1 to broadcast. Other ranks and float (additive) masks are refused. num_steps: overrides k for
+        size may be 1 to broadcast. Other ranks and additive masks are refused. num_steps: overrides k for
         this call.
         """
         steps = self.num_steps if num_steps is None else num_steps

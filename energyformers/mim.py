@@ -598,14 +598,64 @@ def _torchvision_problem() -> str | None:
     return None
 
 
-def _is_torchscript(path: Path) -> bool:
-    """A TorchScript archive (torch.jit.save) holds compiled code beside its tensors; torch.save's does not."""
+FID_DETECTOR_FORMATS = (
+    "a TorchScript Inception such as inception-2015-12-05.pt, the same network saved with torch.export.save (a "
+    ".pt2 archive), or torch-fidelity's state dict weights-inception-2015-12-05-6726825d.pth"
+)
+
+
+def _detector_format(path: Path) -> str | None:
+    """How an FID detector file was saved, told by its contents, not its name: "torchscript" (torch.jit.save's
+    archive holds compiled code beside its tensors), "export" (torch.export.save's holds a serialized graph under
+    models/ and an archive_format record), "state_dict" (torch.save's zip with a pickle, or a legacy pickle file),
+    or None for any other file."""
     import zipfile
 
     if not zipfile.is_zipfile(path):
-        return False
+        with open(path, "rb") as file:
+            return "state_dict" if file.read(1) == b"\x80" else None  # a pickle of protocol 2 or later
     with zipfile.ZipFile(path) as archive:
-        return any(name.split("/", 1)[-1].startswith("code/") for name in archive.namelist())
+        names = [name.split("/", 1)[-1] for name in archive.namelist()]
+    if any(name.startswith("code/") for name in names):
+        return "torchscript"
+    if "archive_format" in names and any(name.startswith("models/") for name in names):
+        return "export"
+    return "state_dict" if "data.pkl" in names else None
+
+
+def _exported_detector(
+    path: Path, named: str
+) -> tuple[torch.nn.Module, dict, tuple[int, int] | None, int | None]:
+    """The module of a torch.export FID detector, the keyword arguments it was exported with, its fixed image size
+    (None when height and width are dynamic) and its feature count (None when not fixed). Refused, naming the
+    argument: a program whose one tensor input is not `(batch, 3, height, width)` with a dynamic batch, or one
+    exported with `return_features=False` (it returns logits)."""
+    from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
+
+    program = torch.export.load(str(path))
+    inputs = [spec.arg for spec in program.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT]
+    tensors = [arg.name for arg in inputs if isinstance(arg, TensorArgument)]
+    constants = {arg.name: arg.value for arg in inputs if isinstance(arg, ConstantArgument)}
+    placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
+    shape = tuple(placeholders[tensors[0]].meta["val"].shape) if len(tensors) == 1 else ()
+    export = (
+        "export it as torch.export.export(net, (images,), {'return_features': True}, dynamic_shapes="
+        "{'images': {0: Dim('batch'), 2: Dim('height'), 3: Dim('width')}, 'return_features': None})"
+    )
+    if len(shape) != 4 or shape[1] != 3 or isinstance(shape[0], int):
+        raise ValueError(
+            f"{named}: an exported FID detector takes one image batch (batch, 3, height, width) of any batch size; "
+            f"this program takes tensors {tensors} of shape {shape or '?'}: {export}"
+        )
+    if constants not in ({}, {"return_features": True}):
+        raise ValueError(
+            f"{named}: an exported FID detector returns the pool features; this program was exported with "
+            f"{constants}: {export}"
+        )
+    size = tuple(shape[2:]) if all(isinstance(side, int) for side in shape[2:]) else None
+    output = next(node for node in program.graph.nodes if node.op == "output").args[0][0]
+    features = output.meta["val"].shape[-1]
+    return program.module(), constants, size, features if isinstance(features, int) else None
 
 
 def check_perceptual_weights(
@@ -615,7 +665,9 @@ def check_perceptual_weights(
     flags: bool = False,
 ) -> None:
     """Refuse, before any work, LPIPS/FID weight paths that cannot be used: a missing file (naming the argument and
-    the path) or a maintained implementation that cannot run here (naming what is missing). Loads nothing.
+    the path), an FID file in none of the detector formats or an exported detector of another signature, or a
+    maintained implementation that cannot run here (naming what is missing). Loads nothing but an exported
+    detector's program, whose signature only it can tell.
 
     Each message starts with the argument and its value as the caller gave it: `fid_weights='/x/y.pt'` for Python
     callers, `--fid_weights /x/y.pt` with `flags=True` (the command lines' `--lpips_weights` / `--fid_weights`, so
@@ -645,11 +697,13 @@ def check_perceptual_weights(
     if fid_weights is not None:
         path, named = Path(fid_weights).expanduser(), given("fid_weights", fid_weights)
         if not path.is_file():
-            raise FileNotFoundError(
-                f"{named}: no such file (a TorchScript Inception such as inception-2015-12-05.pt, or "
-                "torch-fidelity's weights-inception-2015-12-05-6726825d.pth)"
-            )
-        if not _is_torchscript(path):
+            raise FileNotFoundError(f"{named}: no such file ({FID_DETECTOR_FORMATS})")
+        kind = _detector_format(path)
+        if kind is None:
+            raise ValueError(f"{named}: not an FID detector file; expected {FID_DETECTOR_FORMATS}")
+        if kind == "export":
+            _exported_detector(path, named)  # its signature, before any work
+        if kind == "state_dict":
             problem = _torchvision_problem()
             try:
                 if problem is None:
@@ -660,24 +714,43 @@ def check_perceptual_weights(
                 raise ImportError(
                     f"{named}: a state dict, which needs torch-fidelity's Inception (through torchmetrics), and "
                     f"{problem}. Install torch-fidelity with a torchvision built for this torch, or pass the "
-                    "TorchScript Inception (inception-2015-12-05.pt), which needs neither"
+                    "TorchScript Inception (inception-2015-12-05.pt) or its torch.export program (.pt2), which "
+                    "need neither"
                 )
 
 
-class _ScriptedInceptionFeatures(torch.nn.Module):
-    """torchmetrics' FID feature extractor over a TorchScript Inception that follows the convention of the
-    FID detectors distributed as TorchScript (StyleGAN2-ADA's, clean-fid's): `net(images, return_features=True)`
-    on `(B, 3, H, W)` floats in [0, 255], resized inside, returning pool features."""
+class _InceptionFeatures(torch.nn.Module):
+    """torchmetrics' FID feature extractor over an Inception saved as TorchScript or with torch.export that follows
+    the convention of the FID detectors distributed as TorchScript (StyleGAN2-ADA's, clean-fid's):
+    `net(images, return_features=True)` on `(B, 3, H, W)` floats in [0, 255], resized inside, returning pool
+    features. `call`: the keyword arguments of the call (an exported program takes the ones it was exported
+    with); `size`: an exported program's fixed (height, width), checked before the call; `num_features`, when
+    known, spares torchmetrics its probe call on a 299 × 299 image."""
 
-    def __init__(self, net: torch.nn.Module) -> None:
+    def __init__(
+        self,
+        net: torch.nn.Module,
+        call: dict,
+        named: str,
+        size: tuple[int, int] | None = None,
+        num_features: int | None = None,
+    ) -> None:
         super().__init__()
-        self.net = net
+        self.net, self.call, self.named, self.size = net, call, named, size
+        if num_features is not None:
+            self.num_features = num_features
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self.size is not None and tuple(images.shape[-2:]) != self.size:
+            raise ValueError(
+                f"{self.named}: the exported detector takes {self.size[0]}×{self.size[1]} images only; got "
+                f"{images.shape[-2]}×{images.shape[-1]}. Export it with dynamic height and width "
+                "(dynamic_shapes={'images': {0: Dim('batch'), 2: Dim('height'), 3: Dim('width')}, ...})."
+            )
         # 8-bit levels, as FID's reference statistics are computed on stored 8-bit images
         pixels = (images.clamp(0, 1) * 255).round().float()
         # (B, F): one row of pool features per image, whatever extra dimensions the network keeps
-        return self.net(pixels, return_features=True).reshape(len(images), -1)
+        return self.net(pixels, **self.call).reshape(len(images), -1)
 
 
 class PerceptualMetrics:
@@ -686,8 +759,9 @@ class PerceptualMetrics:
     `lpips_weights`: torchvision's ImageNet weights of the LPIPS backbone (`alexnet-owt-7be5be79.pth`,
     `vgg16-397923af.pth` or `squeezenet1_1-b8a52dc0.pth`; the backbone is told by the name); torchmetrics ships
     LPIPS's own linear layers. Needs a torchvision that imports beside this torch. `fid_weights`: a TorchScript
-    Inception (`inception-2015-12-05.pt`, run by torchmetrics' FID with no other package) or torch-fidelity's
-    state dict (`weights-inception-2015-12-05-6726825d.pth`, which needs torch-fidelity and torchvision).
+    Inception (`inception-2015-12-05.pt`) or the same network saved with `torch.export.save` (a `.pt2` archive),
+    either run by torchmetrics' FID with no other package, or torch-fidelity's state dict
+    (`weights-inception-2015-12-05-6726825d.pth`, which needs torch-fidelity and torchvision).
 
     Nothing is downloaded: paths are checked first (`check_perceptual_weights`), and the torch hub folder points
     at a private folder holding only the given file while the backbone loads. Gray images are repeated to three
@@ -729,7 +803,8 @@ class PerceptualMetrics:
     def _load_fid(path: Path):
         from torchmetrics.image.fid import FrechetInceptionDistance
 
-        if _is_torchscript(path):
+        named, kind = f"fid_weights={str(path)!r}", _detector_format(path)
+        if kind == "torchscript":
             import warnings
 
             with warnings.catch_warnings():
@@ -737,7 +812,12 @@ class PerceptualMetrics:
                 # torch's advice; the filter matches that message only, nothing else is hidden
                 warnings.filterwarnings("ignore", message=r"`torch\.jit\.load` is deprecated")
                 net = torch.jit.load(str(path), map_location="cpu").eval()
-            return FrechetInceptionDistance(feature=_ScriptedInceptionFeatures(net), normalize=True)
+            features = _InceptionFeatures(net, {"return_features": True}, named)
+            return FrechetInceptionDistance(feature=features, normalize=True)
+        if kind == "export":
+            net, call, size, num_features = _exported_detector(path, named)
+            features = _InceptionFeatures(net, call, named, size, num_features)
+            return FrechetInceptionDistance(feature=features, normalize=True)
         return FrechetInceptionDistance(
             feature=2048, feature_extractor_weights_path=str(path), normalize=True
         )

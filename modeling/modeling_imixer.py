@@ -252,27 +252,41 @@ def _is_integer(value: object) -> bool:
 def check_keep_mask(
     mask: torch.Tensor, name: str = "attention_mask", read_values: bool = True
 ) -> torch.Tensor:
-    """`mask` as bool (True: attend): a bool mask as it is, an integer one of 0/1 (1: attend) converted. A float or
-    complex mask is refused, since 0 means "attend" in an additive mask and "masked" in a 0/1 one; an integer mask
-    holding another value is refused, its values read when `read_values` and not tracing (a host read: a caller
-    that already reads other values from the device reads `stray_mask_values` with them instead)."""
-    if mask.dtype.is_floating_point or mask.is_complex():
+    """`mask` as bool (True: attend): a bool mask as it is, an integer or floating one of 0/1 (1: attend) converted,
+    as transformers' BERT and ViT read a 0/1 mask of any dtype. Any other value is refused, since `mask.bool()`
+    would read it as "attend": a padding sentinel such as -1, or an additive mask, whose 0 means "attend" where a
+    0/1 mask's means "masked". The values are read when `read_values` and not tracing (a host read: a caller that
+    already reads other values from the device reads `stray_mask_values` with them instead). A floating mask is
+    refused while tracing (torch.compile, torch.export, torch.jit.trace), where its values cannot be read: nothing
+    would tell a 0/1 mask from an additive one."""
+    floating = mask.dtype.is_floating_point
+    if mask.is_complex():
+        raise ValueError(f"{name} must be bool (True: attend) or 0/1 (1: attend); got dtype {mask.dtype}.")
+    if floating and (_is_tracing() or torch.jit.is_tracing()):
         raise ValueError(
-            f"{name} must be bool (True: attend) or integer 0/1 (1: attend); got dtype {mask.dtype}. A float mask "
-            f"is ambiguous: a 0/1 keep-mask converts with `{name}.bool()`, an additive one (0: attend, -inf or a "
-            f"large negative number: masked) with `{name} == 0`."
+            f"{name} must be bool (True: attend) or integer 0/1 (1: attend) under torch.compile, torch.export and "
+            f"torch.jit.trace, which cannot read a float mask's values to tell a 0/1 mask from an additive one; got "
+            f"dtype {mask.dtype}. Convert it before the call: a 0/1 keep-mask with `{name}.bool()`, an additive one "
+            f"(0: attend, -inf or a large negative number: masked) with `{name} == 0`."
         )
     if mask.dtype == torch.bool:
         return mask
     if read_values and mask.numel() and not _is_tracing() and int(stray_mask_values(mask)):
-        bad = mask[(mask != 0) & (mask != 1)].flatten()[0].item()
-        raise ValueError(f"an integer {name} must hold only 0 and 1 (1: attend); got {bad}.")
+        stray = mask[(mask != 0) & (mask != 1)]
+        if not floating:
+            raise ValueError(f"an integer {name} must hold only 0 and 1 (1: attend); got {stray[0].item()}.")
+        seen = stray.unique().tolist()  # NaN != NaN: each NaN counts once, the first few are enough
+        raise ValueError(
+            f"a float {name} must hold only 0 and 1 (1: attend, 0: masked); got {len(stray)} other value(s), "
+            f"among them {seen[:4]}. An additive mask (0: attend, -inf or a large negative number: masked) "
+            f"converts with `{name} == 0`."
+        )
     return mask.bool()
 
 
 def stray_mask_values(mask: torch.Tensor | None) -> torch.Tensor:
-    """How many entries of an integer `mask` are neither 0 nor 1, as a 0-d int64 tensor on its device (0 for a
-    bool mask; a CPU 0 for none)."""
+    """How many entries of an integer or floating `mask` are neither 0 nor 1 (NaN included), as a 0-d int64
+    tensor on its device (0 for a bool mask; a CPU 0 for none)."""
     if mask is None:
         return torch.zeros((), dtype=torch.int64)
     if mask.dtype == torch.bool:
@@ -311,11 +325,13 @@ def _check_inputs(
     inputs_embeds: torch.Tensor | None,
     attention_mask: torch.Tensor | None,
 ) -> None:
-    """Exactly the input kind of `config.input_type`, with the shapes and dtypes the embeddings read. The mask's
-    values are read here only on the CPU without input_ids; otherwise `_check_token_ids` reads them with the ids'
-    range, in the one host read a call with ids makes anyway (a device mask beside inputs_embeds: dtype only)."""
+    """Exactly the input kind of `config.input_type`, with the shapes and dtypes the embeddings read. With
+    input_ids the mask's values are read by `_check_token_ids`, with the ids' range, in the one host read a call
+    with ids makes anyway; without, they are read here on the CPU, and on an accelerator only for a float mask (an
+    additive one would be misread; an integer device mask beside inputs_embeds: dtype only)."""
     if attention_mask is not None:
-        check_keep_mask(attention_mask, read_values=input_ids is None and attention_mask.device.type == "cpu")
+        read = attention_mask.device.type == "cpu" or attention_mask.dtype.is_floating_point
+        check_keep_mask(attention_mask, read_values=input_ids is None and read)
     if config_choice(config, "input_type", {"image": True, "sequence": False}):
         if pixel_values is None or input_ids is not None or inputs_embeds is not None:
             raise ValueError(
@@ -386,7 +402,7 @@ def _check_length(length: int, limit: int) -> None:
 def _check_token_ids(
     input_ids: torch.Tensor | None, vocab_size: int, attention_mask: torch.Tensor | None = None
 ) -> None:
-    """Ids inside the vocabulary and an integer mask of 0/1 only, in one host read; eager mode only. Callers pass
+    """Ids inside the vocabulary and a mask of 0/1 only, in one host read; eager mode only. Callers pass
     `config.vocab_size` (kept by `resize_token_embeddings`), not the table's own size: a wrapped table (a PEFT
     LoRA `Embedding`) has no `num_embeddings`."""
     if input_ids is None or not input_ids.numel() or _is_tracing():

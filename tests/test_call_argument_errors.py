@@ -1,7 +1,8 @@
 """Call-time arguments that used to be accepted and then read wrongly or not at all, refused by name:
 
-* a float (additive or 0/1) `attention_mask`, or an integer one holding values other than 0 and 1, in every family's
-  models (the wording of `energyformers.energy`);
+* an `attention_mask` holding values other than 0 and 1 (an additive float mask, an integer padding sentinel), and
+  a float one under torch.compile / torch.jit.trace, in every family's models (the wording of
+  `energyformers.energy`); a float 0/1 mask is read as the integer one;
 * `from_pretrained` of a folder that holds another model type;
 * per-call depth arguments that the call would ignore;
 * `decode(seed=)`, `minimize_energy`'s tolerance and step size, `task_of`'s task, the depth pipelines' arguments.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import PIL.Image
@@ -56,19 +58,78 @@ def _sequence_inputs() -> dict:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-FLOAT_MESSAGE = (
-    "attention_mask must be bool (True: attend) or integer 0/1 (1: attend); got dtype torch.float32"
-)
+def _through(model: torch.nn.Module, inputs: dict, through: str) -> dict:
+    """`inputs` with the ids replaced by their embeddings for `through="inputs_embeds"`."""
+    if through == "inputs_embeds":
+        inputs["inputs_embeds"] = model.get_input_embeddings()(inputs.pop("input_ids"))
+    return inputs
 
 
 @pytest.mark.parametrize("case", MASK_CASES, ids=str)
-@pytest.mark.parametrize("form", ["additive", "keep"])
-def test_a_float_attention_mask_is_refused_in_every_model(case, form):
+@pytest.mark.parametrize("through", ["input_ids", "inputs_embeds"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_a_float_0_1_attention_mask_gives_the_integer_masks_outputs_in_every_model(case, through, dtype):
+    # `batch["attention_mask"].float()`, as BERT and ViT take it: 0 and 1 are exact in every float dtype, so the
+    # keep-mask, and with it every output, is the integer mask's bit for bit (tolerance 0)
     model, inputs = _model_and_inputs(case)
-    mask = inputs["attention_mask"]
-    inputs["attention_mask"] = (1 - mask).float() * -1e9 if form == "additive" else mask.float()
-    with pytest.raises(ValueError, match=FLOAT_MESSAGE.replace("(", r"\(").replace(")", r"\)")):
-        model(**inputs)
+    with torch.no_grad():
+        inputs = _through(model, inputs, through)
+        integer = model(**inputs)[0]
+        inputs["attention_mask"] = inputs["attention_mask"].to(dtype)
+        floating = model(**inputs)[0]
+    difference = (floating - integer).abs().max().item()
+    assert torch.equal(floating, integer), f"{dtype} 0/1 mask vs integer mask: max |difference| {difference}"
+
+
+ADDITIVE = {"-inf": -torch.inf, "-1e9": -1e9}
+
+
+@pytest.mark.parametrize("case", MASK_CASES, ids=str)
+@pytest.mark.parametrize("through", ["input_ids", "inputs_embeds"])
+@pytest.mark.parametrize("blocked", list(ADDITIVE), ids=str)
+def test_an_additive_float_attention_mask_is_refused_in_every_model(case, through, blocked):
+    # 0 means "attend" here and "masked" in a 0/1 mask: read as a keep-mask, it would attend only the padding
+    model, inputs = _model_and_inputs(case)
+    keep = inputs["attention_mask"].bool()
+    inputs["attention_mask"] = torch.zeros(keep.shape).masked_fill(~keep, ADDITIVE[blocked])
+    seen = torch.tensor([ADDITIVE[blocked]]).tolist()  # as float32 prints it
+    with pytest.raises(ValueError) as raised:
+        model(**_through(model, inputs, through))
+    expected = (
+        f"a float attention_mask must hold only 0 and 1 (1: attend, 0: masked); got 2 other value(s), among them "
+        f"{seen}. An additive mask (0: attend, -inf or a large negative number: masked) converts with "
+        "`attention_mask == 0`."
+    )
+    assert str(raised.value) == expected, f"{raised.value}\n!=\n{expected}"
+
+
+TRACED_MESSAGE = (
+    "attention_mask must be bool (True: attend) or integer 0/1 (1: attend) under torch.compile, torch.export and "
+    "torch.jit.trace"
+)
+
+
+def _compile(model: torch.nn.Module, inputs: dict) -> object:
+    torch._dynamo.reset()
+    return torch.compile(model, backend="eager")(**inputs)
+
+
+def _jit_trace(model: torch.nn.Module, inputs: dict) -> object:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        return torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False)
+
+
+@pytest.mark.parametrize("case", MASK_CASES, ids=str)
+@pytest.mark.parametrize("trace", [_compile, _jit_trace], ids=["compile", "jit.trace"])
+def test_a_float_attention_mask_is_refused_when_traced(case, trace):
+    # a traced graph cannot read the values that tell a 0/1 mask from an additive one: refused, as before float
+    # 0/1 masks were accepted in eager mode, with both conversions in the message
+    model, inputs = _model_and_inputs(case)
+    inputs["attention_mask"] = inputs["attention_mask"].float()
+    with pytest.raises(ValueError, match=re.escape(TRACED_MESSAGE)) as raised:
+        trace(model, inputs)
+    assert "`attention_mask.bool()`" in str(raised.value) and "`attention_mask == 0`" in str(raised.value)
 
 
 @pytest.mark.parametrize("case", MASK_CASES, ids=str)
@@ -80,8 +141,7 @@ def test_an_integer_attention_mask_other_than_0_1_is_refused_in_every_model(case
     mask = inputs["attention_mask"].clone()
     mask[0, 0] = stray  # one stray value, on a position that is otherwise attended
     inputs["attention_mask"] = mask
-    if through == "inputs_embeds":
-        inputs["inputs_embeds"] = model.get_input_embeddings()(inputs.pop("input_ids"))
+    inputs = _through(model, inputs, through)
     with pytest.raises(
         ValueError, match=rf"an integer attention_mask must hold only 0 and 1 \(1: attend\); got {stray}"
     ):
@@ -98,11 +158,16 @@ def test_bool_and_integer_0_1_masks_give_the_same_outputs(case):
     torch.testing.assert_close(boolean, integer, atol=0, rtol=0)
 
 
-def test_the_energy_module_refuses_masks_in_the_models_words():
+def test_the_energy_module_reads_and_refuses_masks_in_the_models_words():
     attention = EnergyAttention(8, 2)
     state = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
-    with pytest.raises(ValueError, match="attention_mask must be bool"):
-        attention(state, attention_mask=torch.zeros(2, 3))
+    keep = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    with torch.no_grad():
+        integer, floating = (attention(state, attention_mask=mask)[0] for mask in (keep, keep.float()))
+    difference = (floating - integer).abs().max().item()
+    assert torch.equal(floating, integer), f"float 0/1 mask vs integer mask: max |difference| {difference}"
+    with pytest.raises(ValueError, match=r"a float attention_mask must hold only 0 and 1 .*\[-inf\]"):
+        attention(state, attention_mask=torch.zeros(2, 3).masked_fill(keep == 0, -torch.inf))
     with pytest.raises(ValueError, match="must hold only 0 and 1"):
         attention(state, attention_mask=torch.full((2, 3), 2))
 

@@ -195,8 +195,10 @@ def test_bad_arguments_are_rejected_before_any_work():
         hopfield_energy(x, x, num_heads=3)
     with pytest.raises(ValueError, match=r"mask of shape \(3,\) is not 4-D \(batch, heads, queries, keys\)"):
         hopfield_energy(x, x, mask=torch.ones(3, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"mask must be bool .* or integer 0/1 .*; got dtype torch.float32"):
-        hopfield_energy(x, x, mask=torch.ones(1, 1, 2, 2))
+    with pytest.raises(
+        ValueError, match=r"a float mask must hold only 0 and 1 .*; got 4 other value\(s\), .*\[0.5\]"
+    ):
+        hopfield_energy(x, x, mask=torch.full((1, 1, 2, 2), 0.5))
     with pytest.raises(ValueError, match="step_size must be a finite number > 0; got -1"):
         minimize_energy(lambda xi: xi.pow(2).sum(), x, step_size=-1)
     with pytest.raises(ValueError, match=r"step_size must be in \(0, 2.0\]"):
@@ -395,10 +397,12 @@ def test_masks_are_2_d_key_padding_or_4_d_bool_or_0_1_and_ambiguous_forms_are_re
     module = EnergyAttention(8, heads, num_steps=2).double()
     hidden = torch.randn(length, length, 8, dtype=D)  # batch == length == 3: shapes that used to be confused
     causal = torch.ones(length, length, dtype=torch.bool).tril()
-    # a float mask, 2-D or 4-D, is refused: [[0, 0, -inf]] as an additive mask used to become the inverted mask
+    # an additive float mask, 2-D or 4-D, is refused: [[0, 0, -inf]] as a keep-mask would be the inverted mask
     additive = torch.tensor([[0.0, 0.0, -math.inf]]).expand(length, -1)
     for mask in (additive, additive[:, None, None, :]):
-        with pytest.raises(ValueError, match=r"attention_mask must be bool .*got dtype torch.float32.*== 0"):
+        with pytest.raises(
+            ValueError, match=r"a float attention_mask must hold only 0 and 1 .*\[-inf\].*== 0"
+        ):
             module(hidden, attention_mask=mask)
     # a 3-D (batch, queries, keys) mask is refused: it used to be read as (heads, queries, keys) where batch == heads
     with pytest.raises(ValueError, match=r"attention_mask of shape \(3, 3, 3\) is not 2-D key padding"):
@@ -420,7 +424,7 @@ def test_masks_are_2_d_key_padding_or_4_d_bool_or_0_1_and_ambiguous_forms_are_re
     with pytest.raises(ValueError, match=r"integer mask must hold only 0 and 1 .*got 2"):
         hopfield_energy(hidden, hidden, 1.0, heads, torch.full((1, 1, 1, length), 2))
 
-    # accepted: a 4-D bool causal mask is causal softmax attention; the same mask as 0/1 integers gives the same
+    # accepted: a 4-D bool causal mask is causal softmax attention; the same mask as 0/1 numbers gives the same
     queries, keys = module.q_proj(hidden), module.k_proj(hidden)
     expected = module.o_proj(softmax_attention(queries, keys, keys, heads, module.beta, causal[None, None]))
     out, _ = module(hidden, attention_mask=causal[None, None], num_steps=1)
@@ -428,8 +432,9 @@ def test_masks_are_2_d_key_padding_or_4_d_bool_or_0_1_and_ambiguous_forms_are_re
     assert_close_to_scale(out, expected, rounding(D, 64), "causal 4-D mask vs softmax attention")
     for mask in (causal[None, None], causal[:, None, None, :]):  # 4-D, and 2-D key padding (batch, keys)
         as_bool, _ = module(hidden, attention_mask=mask if mask.ndim == 4 else mask[:, 0, 0])
-        as_int, _ = module(hidden, attention_mask=(mask if mask.ndim == 4 else mask[:, 0, 0]).long())
-        torch.testing.assert_close(as_int, as_bool, rtol=0, atol=0)
+        for dtype in (torch.long, torch.float32):  # 0/1 of any dtype is the same keep-mask
+            as_0_1, _ = module(hidden, attention_mask=(mask if mask.ndim == 4 else mask[:, 0, 0]).to(dtype))
+            torch.testing.assert_close(as_0_1, as_bool, rtol=0, atol=0)
     # a 2-D mask is key padding (batch, keys), the same as its 4-D form
     padding, _ = module(hidden, attention_mask=causal)
     explicit, _ = module(hidden, attention_mask=causal[:, None, None, :])

@@ -238,14 +238,36 @@ def _assert_input_check_reads(probe: HostSyncs, reads: int = 1) -> None:
     ],
     ids=lambda model_class: model_class.__name__,
 )
-@pytest.mark.parametrize("mask", [True, False], ids=["mask", "no-mask"])
+@pytest.mark.parametrize("mask", ["integer", "float", None], ids=["mask", "float-mask", "no-mask"])
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_a_sequence_classifier_reads_the_device_once_in_its_input_check(model_class, mask, train):
+    # a float 0/1 mask's values are read in the same read as an integer mask's, with the ids' range
     model, case = _sequence_classifier(model_class)
     inputs = case.inputs(labels=train)  # padding in the first row
-    if not mask:
+    if mask is None:
         del inputs["attention_mask"]
+    elif mask == "float":
+        inputs["attention_mask"] = inputs["attention_mask"].float()
     _assert_input_check_reads(_syncs(model, inputs, train=train))
+
+
+@pytest.mark.parametrize(
+    "model_class",
+    [HyperSetForSequenceClassification, HyperBFForSequenceClassification, *LOOPED_SEQUENCE],
+    ids=lambda model_class: model_class.__name__,
+)
+@pytest.mark.parametrize("dtype", [torch.long, torch.float32], ids=str)
+def test_a_mask_beside_inputs_embeds_is_read_only_when_float(model_class, dtype):
+    # no ids, so no read to share: an integer mask's dtype is its only check on an accelerator, while a float
+    # mask's values are read once, since an additive one would be misread
+    model, case = _sequence_classifier(model_class)
+    inputs = case.inputs()
+    inputs["inputs_embeds"] = model.get_input_embeddings()(inputs.pop("input_ids")).detach()
+    inputs["attention_mask"] = inputs["attention_mask"].to(dtype)
+    probe = _syncs(model, inputs, train=False)
+    expected = 1 if dtype.is_floating_point else 0
+    assert len(probe.found) == expected, _report(probe)
+    assert all("check_keep_mask" in sync.where for sync in probe.found), _report(probe)
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,8 @@
 """LPIPS and FID of masked-image-modelling reconstructions (`energyformers.mim.PerceptualMetrics`): computed by
 torchmetrics from local weight files only, never downloaded.
 
-The weight files are made here with seeded random values in the formats users hold: a TorchScript FID detector
-with the `net(images, return_features=True)` convention, torch-fidelity's Inception state dict from its own module
+The weight files are made here with seeded random values in the formats users hold: an FID detector with the
+`net(images, return_features=True)` convention saved as TorchScript and with torch.export, torch-fidelity's Inception state dict from its own module
 class, and torchvision's AlexNet state dict under torchvision's file name. The real networks' weights are not on
 this machine, so the numbers test the code path (loading, preprocessing, torchmetrics' formulas), not calibrated
 LPIPS/FID values. Where torchvision cannot import beside this torch (PyPI's CUDA build of torchvision beside a CPU
@@ -63,8 +63,25 @@ def fresh_cache():
     mim._perceptual_cache.clear()
 
 
-@pytest.fixture
-def detector_file(tmp_path):
+def export_detector(path, dynamic=("batch", "height", "width"), **call) -> None:
+    """The seeded stand-in detector saved with torch.export: `call` the keyword arguments it is exported with
+    (`return_features=True`, the TorchScript convention); `dynamic` the input sizes left free."""
+    torch.manual_seed(0)
+    axes = {0: "batch", 2: "height", 3: "width"}
+    shapes = {"images": {axis: torch.export.Dim(name) for axis, name in axes.items() if name in dynamic}}
+    shapes.update(dict.fromkeys(call))
+    example = torch.rand(4, 3, 28, 28, generator=torch.Generator().manual_seed(0)) * 255
+    program = torch.export.export(TinyDetector().eval(), (example,), call, dynamic_shapes=shapes)
+    torch.export.save(program, str(path))
+
+
+@pytest.fixture(params=["torchscript", "export"])
+def detector_file(tmp_path, request):
+    """The stand-in detector, seeded alike, in each format the FID metric reads."""
+    if request.param == "export":
+        path = tmp_path / "inception-2015-12-05.pt2"
+        export_detector(path, return_features=True)
+        return path
     torch.manual_seed(0)
     path = tmp_path / "inception-2015-12-05.pt"
     torch.jit.script(TinyDetector().eval()).save(str(path))
@@ -79,13 +96,13 @@ def images(n: int = 24, channels: int = 1, side: int = 28, seed: int = 0) -> tor
 
 
 def detector_features(path, x: torch.Tensor) -> torch.Tensor:
-    net = torch.jit.load(str(path))
+    net = torch.export.load(str(path)).module() if path.suffix == ".pt2" else torch.jit.load(str(path))
     pixels = (x.expand(-1, 3, -1, -1) * 255).round()
     with torch.no_grad():
         return net(pixels, return_features=True).double()
 
 
-def test_fid_of_torchscript_detector_is_zero_for_the_same_set_and_grows_with_a_shift(detector_file):
+def test_fid_of_a_detector_is_zero_for_the_same_set_and_grows_with_a_shift(detector_file):
     x = images()
     same = reconstruction_metrics(x, x, fid_weights=detector_file)
     shifted = reconstruction_metrics((x + 0.3).clamp(0, 1), x, fid_weights=detector_file)
@@ -126,6 +143,80 @@ def test_fid_matches_the_frechet_distance_of_the_detector_features(detector_file
     got = reconstruction_metrics(y, x, fid_weights=detector_file)["fid"]
     # float32 features, float64 statistics; two square-root algorithms (eigenvalues vs Schur): 1e-6 relative
     assert got == pytest.approx(expected, rel=1e-6), f"FID {got!r} vs the written-out distance {expected!r}"
+
+
+def test_fid_is_the_same_from_either_detector_format(tmp_path):
+    # one network, seeded alike, saved both ways: the same features, so the same FID; the exported graph runs
+    # the same float32 ops as the TorchScript one, and the float64 statistics agree to float32 rounding of
+    # features of size ~1 (1e-6 relative to the distance leaves a margin of orders of magnitude)
+    torch.manual_seed(0)
+    scripted = tmp_path / "inception-2015-12-05.pt"
+    torch.jit.script(TinyDetector().eval()).save(str(scripted))
+    exported, features_only = tmp_path / "inception.pt2", tmp_path / "features-only.pt2"
+    export_detector(exported, return_features=True)
+
+    class Features(TinyDetector):  # a program that returns the features with no flag
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            return super().forward(images, return_features=True)
+
+    torch.manual_seed(0)
+    features = Features().eval()  # seeded as export_detector's network
+    example = torch.rand(4, 3, 28, 28) * 255
+    batch = {"images": {0: torch.export.Dim("batch"), 2: torch.export.Dim("h"), 3: torch.export.Dim("w")}}
+    torch.export.save(torch.export.export(features, (example,), dynamic_shapes=batch), features_only)
+    x, y = images(seed=0), images(seed=1)
+    fids = {
+        path.name: reconstruction_metrics(y, x, fid_weights=path)["fid"] for path in (exported, features_only)
+    }
+    expected = reconstruction_metrics(y, x, fid_weights=scripted)["fid"]
+    assert expected > 0 and all(f == pytest.approx(expected, rel=1e-6) for f in fids.values()), (
+        fids,
+        expected,
+    )
+
+
+def test_a_file_of_no_detector_format_is_refused_naming_the_argument_and_the_formats(tmp_path):
+    import zipfile
+
+    text, archive = tmp_path / "inception.pt", tmp_path / "inception.zip"
+    text.write_text("not a network")
+    with zipfile.ZipFile(archive, "w") as out:
+        out.writestr("inception/readme.txt", "not a network either")
+    for path in (text, archive):
+        with pytest.raises(ValueError) as err:
+            PerceptualMetrics(fid_weights=path)
+        message = str(err.value)
+        assert message.startswith(f"fid_weights={str(path)!r}: not an FID detector file"), message
+        assert all(f in message for f in ("TorchScript", "torch.export.save", "torch-fidelity")), message
+
+
+@pytest.mark.parametrize(
+    "export, problem",
+    [
+        ({"dynamic": ("height", "width"), "return_features": True}, "of any batch size"),
+        ({"return_features": False}, "exported with {'return_features': False}"),
+    ],
+    ids=["fixed-batch", "logits"],
+)
+def test_an_exported_detector_of_another_signature_is_refused_before_any_work(tmp_path, export, problem):
+    path = tmp_path / "inception.pt2"
+    export_detector(path, **export)
+    with pytest.raises(ValueError) as err:
+        check_perceptual_weights(None, path)
+    message = str(err.value)
+    assert message.startswith(f"fid_weights={str(path)!r}: an exported FID detector") and problem in message
+    assert "dynamic_shapes=" in message, message  # and how to export it
+
+
+def test_an_exported_detector_of_a_fixed_image_size_takes_that_size_and_names_it_for_another(tmp_path):
+    path = tmp_path / "inception.pt2"
+    export_detector(path, dynamic=("batch",), return_features=True)
+    x = images(side=28)
+    assert reconstruction_metrics((x + 0.3).clamp(0, 1), x, fid_weights=path)["fid"] > 0
+    with pytest.raises(
+        ValueError, match=r"takes 28×28 images only; got 32×32\. Export it with dynamic height"
+    ):
+        reconstruction_metrics(images(side=32), images(side=32, seed=1), fid_weights=path)
 
 
 def test_fid_runs_with_the_network_blocked(detector_file, monkeypatch):
