@@ -1041,9 +1041,8 @@ def sdpa_bisoftmax_attention(
     real = None if keep is None else keep[:, None, :, None]  # (B, 1, N, 1)
     # SDPA's boolean mask over the N keys plus the sink (which every query reads: no row is empty, no NaN)
     mask = None
-    if (
-        keep is not None
-    ):  # the same `keep` at every iteration: its mask too (the tensor is held, so is its id)
+    # the same `keep` at every iteration, so the same mask (the cache holds the tensor: its id stays its own)
+    if keep is not None:
         mask = _reused(
             ("mask", id(keep)),
             lambda: (keep, torch.cat([keep, keep.new_ones(batch, 1)], 1)[:, None, None, :]),
