@@ -108,8 +108,12 @@ def centers_scope(model: nn.Module) -> Iterator[None]:
 
     iMixer's spectrally normalised weights are computed at every forward, here too: that is small next to the
     fixed-point solve, and `torch.nn.utils.parametrize.cached()` would cache them process-wide (every
-    parametrized model in every thread: a reload missed, another thread's training step failing)."""
-    scope = getattr(model, "cached_centers", None)
+    parametrized model in every thread: a reload missed, another thread's training step failing).
+
+    A wrapper without `cached_centers` (DDP, `torch.compile`'s) is looked through: the first module inside it that
+    has one (the outermost: its scope covers every layer) is scoped."""
+    owner = next((module for module in model.modules() if hasattr(module, "cached_centers")), None)
+    scope = None if owner is None else owner.cached_centers
     with scope() if scope is not None else contextlib.nullcontext():
         yield
 

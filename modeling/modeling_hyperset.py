@@ -13,12 +13,13 @@ embedding, so the number of iterations can be changed at test time.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import functools
 import math
 import numbers
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -927,6 +928,58 @@ def eager_bisoftmax_attention(
 # head-dimension multiple the fused SDPA kernels of a device type need (others: 1, no padding)
 _SDPA_HEAD_DIM_MULTIPLE = {"cuda": 8}
 
+# The constant tensors the sdpa implementation puts around its sink key (`_sink_constants`) depend on shapes, dtype
+# and device alone, which stay the same over a forward's iterations: inside `sink_constants_scope` (a model forward)
+# each is built at its first use and reused, rather than rebuilt at both calls of every iteration. One dict per
+# context (thread, asyncio task), so concurrent forwards share nothing.
+_SINK_CONSTANTS: contextvars.ContextVar[dict[tuple, object] | None] = contextvars.ContextVar(
+    "hyperset_sink_constants", default=None
+)
+
+
+@contextlib.contextmanager
+def sink_constants_scope() -> Iterator[None]:
+    """Within it, `sdpa_bisoftmax_attention` builds each of its constant tensors once and reuses it (dropped when
+    the block ends)."""
+    token = _SINK_CONSTANTS.set({})
+    try:
+        yield
+    finally:
+        _SINK_CONSTANTS.reset(token)
+
+
+def _reused(key: tuple, build: Callable[[], object]) -> object:
+    """`build()`, kept for the rest of the `sink_constants_scope` under `key`; built afresh outside one and while
+    traced (torch.compile and torch.export make their own constants)."""
+    cache = None if _is_tracing() else _SINK_CONSTANTS.get()
+    if cache is None:
+        return build()
+    if key not in cache:
+        cache[key] = build()
+    return cache[key]
+
+
+def _sink_constants(
+    keys: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What `_sink_attention` appends to keys `(…, N, d)` and values of `width` columns: the keys' zero column
+    `(…, N, 1)`, the values' columns [1, 0] `(…, N, 2)`, the sink key [0, 1] `(…, 1, d + 1)` and the sink value
+    [0, 0, 1] `(…, 1, width + 2)`."""
+    *lead, length, head_dim = keys.shape
+
+    def build() -> tuple[torch.Tensor, ...]:
+        zero, one = keys.new_zeros(*lead, length, 1), keys.new_ones(*lead, length, 1)
+        sink = torch.cat([keys.new_zeros(*lead, 1, head_dim), keys.new_ones(*lead, 1, 1)], -1)
+        sink_value = torch.cat([keys.new_zeros(*lead, 1, width + 1), keys.new_ones(*lead, 1, 1)], -1)
+        return zero, torch.cat([one, zero], -1), sink, sink_value
+
+    return _reused(("sink", tuple(keys.shape), width, keys.dtype, keys.device), build)
+
+
+def _pad_last(x: torch.Tensor, columns: int) -> torch.Tensor:
+    """`x` with `columns` zero columns appended to its last axis; `x` itself for none."""
+    return F.pad(x, (0, columns)) if columns else x
+
 
 def _sink_attention(
     queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
@@ -941,22 +994,19 @@ def _sink_attention(
     a, p and s in at least float32 (s as the call saw it, rounded to the input dtype), so that the log-sum-exp
     arithmetic of the caller runs in float32 on these per-row statistics while SDPA runs in the input dtype.
     """
-    *lead, length, head_dim = keys.shape
     real = keys.detach().norm(dim=-1, keepdim=True)  # (…, N, 1)
     if mask is not None:  # the bound runs over the keys a query may read
         real = real.masked_fill(~mask[..., :-1].transpose(-1, -2), 0.0)
     sink_score = queries.detach().norm(dim=-1, keepdim=True) * real.amax(-2, keepdim=True)  # (…, M, 1)
-    zero, one = keys.new_zeros(*lead, length, 1), keys.new_ones(*lead, length, 1)
-    sink = torch.cat([keys.new_zeros(*lead, 1, head_dim), keys.new_ones(*lead, 1, 1)], -1)  # (…, 1, d + 1)
+    width = values.shape[-1]
+    zero, one_zero, sink, sink_value = _sink_constants(keys, width)
     keys = torch.cat([torch.cat([keys, zero], -1), sink], -2)  # (…, N + 1, d + 1)
     queries = torch.cat([queries, sink_score], -1)  # (…, M, d + 1)
-    width = values.shape[-1]
-    sink_value = torch.cat([keys.new_zeros(*lead, 1, width + 1), keys.new_ones(*lead, 1, 1)], -1)
-    values = torch.cat([torch.cat([values, one, zero], -1), sink_value], -2)  # (…, N + 1, d_v + 2)
-    # fused SDPA kernels need head dimensions that are multiples of 8 (CUDA): pad with zero columns
+    values = torch.cat([torch.cat([values, one_zero], -1), sink_value], -2)  # (…, N + 1, d_v + 2)
+    # fused SDPA kernels need head dimensions that are multiples of 8 (CUDA): pad with zero columns, where any are
+    # missing (`F.pad` by nothing still copies)
     multiple = _SDPA_HEAD_DIM_MULTIPLE.get(queries.device.type, 1)
-    queries, keys = (F.pad(x, (0, -x.shape[-1] % multiple)) for x in (queries, keys))
-    values = F.pad(values, (0, -values.shape[-1] % multiple))  # (…, N + 1, ≥ d_v + 2)
+    queries, keys, values = (_pad_last(x, -x.shape[-1] % multiple) for x in (queries, keys, values))
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=1.0)
     # half-precision statistics: ℓ_i = s_i + log a_i − log p_i in 16 bits would round s_i (tens) by a sizeable
     # fraction of a unit, an error of that fraction in every weight e^{S_ij − ℓ_i}
@@ -990,9 +1040,18 @@ def sdpa_bisoftmax_attention(
     batch, heads, length, head_dim = q.shape
     real = None if keep is None else keep[:, None, :, None]  # (B, 1, N, 1)
     # SDPA's boolean mask over the N keys plus the sink (which every query reads: no row is empty, no NaN)
-    mask = None if keep is None else torch.cat([keep, keep.new_ones(batch, 1)], 1)[:, None, None, :]
+    mask = None
+    # the same `keep` at every iteration, so the same mask (the cache holds the tensor: its id stays its own)
+    if keep is not None:
+        mask = _reused(
+            ("mask", id(keep)),
+            lambda: (keep, torch.cat([keep, keep.new_ones(batch, 1)], 1)[:, None, None, :]),
+        )[1]
     # column pass: each key j attends over the real queries; only the LSE is needed, so no values
-    _, col_sum, col_sink, col_score = _sink_attention(k, q, q.new_zeros(batch, heads, length, 0), mask)
+    no_values = _reused(
+        ("no values", tuple(q.shape), q.dtype, q.device), lambda: q.new_zeros(batch, heads, length, 0)
+    )
+    _, col_sum, col_sink, col_score = _sink_attention(k, q, no_values, mask)
     # no real query at all: ℓᶜ is never used, keep log finite (and its gradient) with a 1
     lse_col = col_score + torch.where(col_sum > 0, col_sum, 1.0).log() - col_sink.log()  # (B, H, N, 1)
     if real is None:
@@ -1956,29 +2015,31 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         )
         per_layer_diagnostics = []
         final_energy = torch.zeros_like(inputs.real_tokens[:, 0]) if output_final_energy else None
-        for index, layer in enumerate(self.layers):
-            # x₀ of the anchor energy: the state entering this layer; for the first layer the embedded input, also
-            # when the iterations start from an `initial_state` (the anchor keeps tying the state to the input).
-            # A compiled region must not receive an unused tensor that aliases another input (torch.compile then
-            # reuses the traced iteration with its inputs shifted), so without an anchor energy it is None.
-            anchor = (embedded if index == 0 else hidden_states) if self.config.input_anchor else None
-            if settings.halting is not None:
-                hidden_states, used = self._iterate_until_halted(
-                    layer, hidden_states, anchor, inputs, *settings.halting
-                )
-                iterations_used += used
-            else:
-                hidden_states, states, maps, diagnostics = self._iterate_layer(
-                    index, layer, hidden_states, anchor, inputs, settings
-                )
-                if settings.output_hidden_states:
-                    all_hidden_states += states
-                if settings.output_attentions:
-                    all_attentions += maps
-                if settings.output_energies:
-                    per_layer_diagnostics.append(diagnostics)
-            if output_final_energy:
-                final_energy = final_energy + self._energy(layer, hidden_states, inputs.real_tokens)
+        # the constants of the sdpa implementation's sink key, built at the first iteration and reused by the others
+        with sink_constants_scope():
+            for index, layer in enumerate(self.layers):
+                # x₀ of the anchor energy: the state entering this layer; for the first layer the embedded input, also
+                # when the iterations start from an `initial_state` (the anchor keeps tying the state to the input).
+                # A compiled region must not receive an unused tensor that aliases another input (torch.compile then
+                # reuses the traced iteration with its inputs shifted), so without an anchor energy it is None.
+                anchor = (embedded if index == 0 else hidden_states) if self.config.input_anchor else None
+                if settings.halting is not None:
+                    hidden_states, used = self._iterate_until_halted(
+                        layer, hidden_states, anchor, inputs, *settings.halting
+                    )
+                    iterations_used += used
+                else:
+                    hidden_states, states, maps, diagnostics = self._iterate_layer(
+                        index, layer, hidden_states, anchor, inputs, settings
+                    )
+                    if settings.output_hidden_states:
+                        all_hidden_states += states
+                    if settings.output_attentions:
+                        all_attentions += maps
+                    if settings.output_energies:
+                        per_layer_diagnostics.append(diagnostics)
+                if output_final_energy:
+                    final_energy = final_energy + self._energy(layer, hidden_states, inputs.real_tokens)
 
         energies = None
         if settings.output_energies:

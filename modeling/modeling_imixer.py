@@ -706,7 +706,9 @@ class IMixerEmbeddings(nn.Module):
             _check_image_size(pixel_values, self.image_size, self.config.patch_size)
             # images arrive as float32 whatever the model's dtype (e.g. bfloat16), as in transformers' models
             patches = self.projection(pixel_values.to(self.projection.weight.dtype))  # (B, D, Hp, Wp)
-            return patches.flatten(2).transpose(1, 2), None, None  # (B, D, Hp, Wp) → (B, S, D)
+            # (B, D, Hp, Wp) → (B, S, D), copied into that layout once: the residual adds keep their first input's
+            # layout, so a transposed view here would reach every LayerNorm, which copies a non-contiguous input
+            return patches.flatten(2).transpose(1, 2).contiguous(), None, None
         _check_token_ids(input_ids, self.config.vocab_size, attention_mask)
         # given embeddings of any dtype (bfloat16 ones from another model) run in the model's, as pixel_values do
         dtype = self.word_embeddings.weight.dtype
@@ -1374,13 +1376,22 @@ class IMixerTokenMixing(nn.Module):
         σ = uᵀWv is one elementwise pass over each weight, little next to the fixed-point steps that use them."""
         return self.fc_sn1.weight, self.fc_sn2.weight
 
+    def hooked(self) -> bool:
+        """Whether F's layers are hooked (`is_dispatched`: an offloaded bias is on meta outside its layer's call),
+        so that `residual_branch` calls them rather than reading their weights."""
+        return is_dispatched(self.fc_sn1) or is_dispatched(self.fc_sn2)
+
     def residual_branch(
-        self, state: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor]
+        self,
+        state: torch.Tensor,
+        weights: tuple[torch.Tensor, torch.Tensor],
+        hooked: bool | None = None,
     ) -> torch.Tensor:
         """F(x) = fc_sn2(act(fc_sn1(act(x)))), BatchNorm after each linear layer in the `batch_norm` ablation.
-        `weights`: `contractive_weights()`, read once per solve; hooked layers (`is_dispatched`: an offloaded bias
-        is on meta outside its layer's call) are called instead, which recomputes the same normalised weight."""
-        hooked = is_dispatched(self.fc_sn1) or is_dispatched(self.fc_sn2)
+        `weights`: `contractive_weights()`, read once per solve; hooked layers (`hooked`, None: `self.hooked()`)
+        are called instead, which recomputes the same normalised weight."""
+        if hooked is None:
+            hooked = self.hooked()
         # (B, D, D_S) → (B, D, N_h) → (B, D, D_S)
         activated = self.activation(state)
         hidden = self.fc_sn1(activated) if hooked else F.linear(activated, weights[0], self.fc_sn1.bias)
@@ -1450,13 +1461,15 @@ class IMixerTokenMixing(nn.Module):
         """The fixed point of x ↦ start + F(x) with the chosen solver and gradient; returns it and F's weights."""
         per_call = self.schedule == "per_call" and self.training
         weights = self.contractive_weights()  # read once: every fixed-point step applies the same F
+        # once per solve too: the walk over F's submodules would otherwise run at every step
+        hooked = self.hooked()
 
         def step(state: torch.Tensor) -> torch.Tensor:
             nonlocal weights
             if per_call:  # the authors' schedule: k power steps before every application of F
                 self.update_spectral_norms()
                 weights = self.contractive_weights()
-            return start + self.residual_branch(state, weights)
+            return start + self.residual_branch(state, weights, hooked)
 
         tracked = torch.is_grad_enabled() and (start.requires_grad or any(w.requires_grad for w in weights))
         if settings.gradient == "unrolled" or not tracked:
@@ -1472,7 +1485,7 @@ class IMixerTokenMixing(nn.Module):
             record.add(state, fixed_point)
             if state.requires_grad:
                 state.register_hook(
-                    self._adjoint_hook(fixed_point, weights, fixed_point_iterations, settings)
+                    self._adjoint_hook(fixed_point, weights, fixed_point_iterations, settings, hooked)
                 )
             return state, weights
         # phantom (Geng et al.): the solution detached, then k damped steps with backprop; for the unrolled
@@ -1501,13 +1514,14 @@ class IMixerTokenMixing(nn.Module):
         weights: tuple[torch.Tensor, torch.Tensor],
         fixed_point_iterations: int,
         settings: _FixedPointSettings,
+        hooked: bool,
     ) -> Callable[[torch.Tensor], torch.Tensor]:
         weights = tuple(w.detach() for w in weights)
 
         def hook(grad: torch.Tensor) -> torch.Tensor:
             with torch.enable_grad():
                 point = fixed_point.detach().requires_grad_()
-                image = self.residual_branch(point, weights)
+                image = self.residual_branch(point, weights, hooked)
 
             def adjoint_step(adjoint: torch.Tensor) -> torch.Tensor:  # g ↦ Jᵀg + ∂L/∂x
                 (pulled,) = torch.autograd.grad(image, point, adjoint, retain_graph=True)

@@ -226,6 +226,124 @@ def test_evaluate_computes_the_centers_once_for_the_split_with_the_same_metrics(
     assert {k: cached[k] for k in scores} == {k: plain[k] for k in scores}, (cached, plain)
 
 
+# ------------------------------------------------------------------------------------------- our own loops
+# Trainer's evaluation and prediction passes (`DepthTrainer`, `RecipeTrainer`), the Accelerate loop's evaluation and
+# `energyformers inspect`'s accuracy hold the scope for their whole pass: one centre computation per layer for all
+# the batches, the same outputs as the same loop without the cache.
+
+LOOP_SAMPLES, LOOP_BATCH = 12, 4
+
+
+class _Rows(torch.utils.data.Dataset):
+    """Seeded image rows `{"pixel_values", "labels"}`, as the collators give them."""
+
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.pixels = torch.randn(LOOP_SAMPLES, 3, 8, 8, generator=generator)
+        self.labels = torch.randint(0, 3, (LOOP_SAMPLES,), generator=generator)
+
+    def __len__(self) -> int:
+        return LOOP_SAMPLES
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"pixel_values": self.pixels[index], "labels": self.labels[index]}
+
+
+def loop_model() -> HyperBFForImageClassification:
+    torch.manual_seed(0)
+    return perturb(HyperBFForImageClassification(hyperbf_config("image")), seed=2)
+
+
+def counted_both_ways(run, centre_computations, monkeypatch) -> tuple[object, object]:
+    """`run()` with the cache and without it (`cached_centers` hidden), the computations per layer of each, checked:
+    once per layer with it, once per batch without."""
+    cached = run()
+    once = sorted(centre_computations.values())
+    centre_computations.clear()
+    without_cache(monkeypatch)
+    plain = run()
+    batches = LOOP_SAMPLES // LOOP_BATCH
+    layers = hyperbf_config("image").num_hidden_layers
+    assert once == [1] * layers, f"with the cache: {once} computations per layer, expected 1 each"
+    assert sorted(centre_computations.values()) == [batches] * layers, (
+        f"without it: {dict(centre_computations)}, expected {batches} (one per batch) per layer"
+    )
+    return cached, plain
+
+
+@pytest.mark.parametrize("call", ["evaluate", "predict"])
+def test_trainer_evaluation_and_prediction_compute_the_centers_once_per_pass(
+    call, centre_computations, monkeypatch, tmp_path
+):
+    from transformers import TrainingArguments
+
+    from energyformers.training.trainer import DepthTrainer, RecipeTrainer
+
+    # `energyformers train`'s trainer evaluates through the same pass (`evaluation_loop`) as this one
+    assert DepthTrainer.evaluation_loop is RecipeTrainer.evaluation_loop
+    model = loop_model()
+    arguments = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_eval_batch_size=LOOP_BATCH,
+        use_cpu=True,
+        report_to="none",
+        disable_tqdm=True,
+    )
+    trainer = DepthTrainer(model=model, args=arguments, call_arguments={})
+
+    def run():
+        if call == "evaluate":
+            return trainer.evaluate(_Rows())["eval_loss"]
+        return trainer.predict(_Rows()).predictions
+
+    cached, plain = counted_both_ways(run, centre_computations, monkeypatch)
+    assert np.array_equal(cached, plain), f"with the cache {cached}\nwithout {plain}"
+    assert_nothing_cached(model)
+
+
+def test_accelerate_loop_evaluation_computes_the_centers_once_through_a_wrapper(
+    centre_computations, monkeypatch
+):
+    """The loop's model may be wrapped (DDP): `centers_scope` finds the HyperBF model inside the wrapper."""
+    from energyformers.training.accelerate_loop import evaluate_split
+
+    class Wrapper(torch.nn.Module):  # as DDP: forwards the call, offers no `cached_centers`
+        def __init__(self, module: torch.nn.Module) -> None:
+            super().__init__()
+            self.module = module
+
+        def forward(self, **inputs):
+            return self.module(**inputs)
+
+    class Gather:  # one process: `gather_for_metrics` hands back what it gets
+        device = torch.device("cpu")
+
+        def gather_for_metrics(self, values):
+            return values
+
+    model = loop_model()
+    wrapped = Wrapper(model)
+    loader = torch.utils.data.DataLoader(_Rows(), batch_size=LOOP_BATCH)
+    cached, plain = counted_both_ways(
+        lambda: evaluate_split(wrapped, loader, Gather(), "classification"), centre_computations, monkeypatch
+    )
+    assert cached == plain, f"with the cache {cached}\nwithout {plain}"
+    assert_nothing_cached(model)
+
+
+def test_inspect_accuracy_computes_the_centers_once(centre_computations, monkeypatch):
+    from energyformers.training.inspect import accuracy
+
+    model = loop_model().eval()
+    rows = _Rows()
+    batches = [
+        ({"pixel_values": rows.pixels[start : start + LOOP_BATCH]}, rows.labels[start : start + LOOP_BATCH])
+        for start in range(0, LOOP_SAMPLES, LOOP_BATCH)
+    ]
+    cached, plain = counted_both_ways(lambda: accuracy(model, batches), centre_computations, monkeypatch)
+    assert cached == plain, f"with the cache {cached}, without {plain}"
+
+
 # ------------------------------------------------------------------------------------- iMixer's parametrizations
 # iMixer's spectrally normalised weights are `torch.nn.utils.parametrize` parametrizations: every read of
 # `fc_sn*.weight` computes W / max(1, σ/c) (`IMixerSpectralNorm.forward`), once per forward. `centers_scope` caches

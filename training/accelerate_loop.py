@@ -100,12 +100,14 @@ def evaluate_split(
     raise `EvaluationStopped` together."""
     import torch
 
+    from ..pipelines import centers_scope
     from .evaluation import task_metrics
 
     model.eval()
     predictions, references, loss_sums, counts = [], [], [], []
     check = stop.evaluation_check(accelerator.device) if stop is not None else None
-    with torch.no_grad():
+    # HyperBF computes what its centers give once for the split, not at every batch: no weight changes here
+    with torch.no_grad(), centers_scope(model):
         for batch in loader:
             out = model(**batch)
             preds, labels = accelerator.gather_for_metrics((out.logits.argmax(-1), batch["labels"]))

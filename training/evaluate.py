@@ -364,7 +364,6 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import PrinterCallback, ProgressCallback, TrainingArguments
 
-    from ..pipelines import centers_scope
     from .data import BUILTIN_DATASETS, decode_lazily, input_type_of, load_data, task_of, unlabelled_notice
     from .evaluation import (
         TrainerMetrics,
@@ -454,8 +453,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         )
         for callback in (PrinterCallback, ProgressCallback):  # the metrics are this command's output alone
             trainer.remove_callback(callback)
-        with centers_scope(model):
-            metrics = trainer.evaluate(rows, metric_key_prefix=prefix)
+        # HyperBF's centers computed once for the split: `DepthTrainer` evaluates inside `centers_scope`
+        metrics = trainer.evaluate(rows, metric_key_prefix=prefix)
         # Trainer's training progress (0 here, trained or not) and its model preparation time are no metrics
         for name in NOT_METRICS:
             metrics.pop(name, None)

@@ -458,8 +458,11 @@ def accuracy(model: Any, batches: list[tuple[dict[str, torch.Tensor], torch.Tens
     """Fraction of correct predictions (per token where labels are >= 0 for token classification)."""
     import torch
 
+    from ..pipelines import centers_scope
+
     correct = total = 0
-    with torch.no_grad():
+    # HyperBF computes what its centers give once for all the batches, not at every one
+    with torch.no_grad(), centers_scope(model):
         for inputs, labels in batches:
             predictions = model(**inputs, **call).logits.argmax(-1)
             counted = labels >= 0

@@ -16,13 +16,24 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from ..pipelines import centers_scope
 from .callbacks import ContinueIterationDraws
 from .evaluation import depth_metrics
 from .interrupt import EvaluationStopped, StopRequest
 from .optimization import make_scheduler
 
 
-class RecipeTrainer(Trainer):
+class CenterCacheTrainer(Trainer):
+    """Trainer whose evaluation and prediction passes (`evaluation_loop`, which `evaluate` and `predict` run) hold
+    `centers_scope` open: HyperBF computes what its centers give once per pass instead of at every batch (nothing
+    writes the weights during a pass); the outputs are the same, and other families run as before."""
+
+    def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+        with centers_scope(self.model):
+            return super().evaluation_loop(*args, **kwargs)
+
+
+class RecipeTrainer(CenterCacheTrainer):
     """Trainer with the recipe's training loss (augmentation, soft targets) and lr schedule (floors, cooldown);
     evaluation keeps the model's plain loss.
 
@@ -339,7 +350,7 @@ class RecipeTrainer(Trainer):
         return self.lr_scheduler
 
 
-class DepthTrainer(Trainer):
+class DepthTrainer(CenterCacheTrainer):
     """Trainer that adds `call_arguments` (the depth flags of `energyformers evaluate`) to every evaluation
     forward."""
 
@@ -426,4 +437,4 @@ class ContinueRunCallback(ContinueIterationDraws):
             control.should_log = True
 
 
-__all__ = ["ContinueRunCallback", "DepthTrainer", "RecipeTrainer", "StopOnSignal"]
+__all__ = ["CenterCacheTrainer", "ContinueRunCallback", "DepthTrainer", "RecipeTrainer", "StopOnSignal"]
