@@ -22,7 +22,7 @@ import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -1463,9 +1463,53 @@ def recorded(args: Arguments) -> dict[str, Any]:
     return {
         "model": asdict(args.model),
         "data": asdict(args.data),
-        "run": {k: v for k, v in asdict(args.run).items() if k != "hub_token"},
+        "run": {k: v for k, v in asdict(args.run).items() if not is_secret_name(k)},
         "augmentation": asdict(args.augmentation),
     }
+
+
+# A recorded command (metrics.json, the model card, the work folder's run record) shows a secret flag's value as
+# transformers' `TrainingArguments.to_dict` shows it: the card and metrics.json are uploaded by `push`.
+REDACTED = "<HUB_TOKEN>"
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether the flag or field `name` (no dashes, `_` or `-` between words) takes a secret: a token."""
+    name = name.replace("-", "_")
+    return name == "token" or name.endswith("_token")
+
+
+def _is_secret_flag(word: str) -> bool:
+    """Whether the command-line word `word` (`--flag` or `--flag=value`) is a secret flag, spelled whole or as an
+    abbreviation the training parser takes (argparse's `allow_abbrev`: a prefix of one flag's name only)."""
+    if not word.startswith("--"):
+        return False
+    name = word[2:].partition("=")[0].replace("-", "_")
+    if not name:
+        return False
+    if is_secret_name(name):
+        return True
+    names = {f.name for group in DATACLASSES for f in fields(group)}
+    return name not in names and any(is_secret_name(full) and full.startswith(name) for full in names)
+
+
+def redacted_argv(argv: list[str]) -> list[str]:
+    """`argv` with the value of each secret flag (`is_secret_name`: `--hub_token VALUE`, `--hub_token=VALUE`,
+    hyphenated or abbreviated) replaced by `REDACTED`: how a command is recorded, and how `export` rewrites a
+    command recorded before."""
+    words: list[str] = []
+    secret_next = False
+    for word in argv:
+        if secret_next:
+            words.append(REDACTED)
+            secret_next = False
+        elif _is_secret_flag(word):
+            flag, equals, _ = word.partition("=")
+            words.append(flag + equals + REDACTED if equals else word)
+            secret_next = not equals
+        else:
+            words.append(word)
+    return words
 
 
 def quiet_libraries() -> None:
