@@ -555,7 +555,9 @@ def test_a_token_recorded_before_redaction_is_published_by_no_file(tmp_path):
     command = f"energyformers train --dataset digits --hub_token {secrets[0]} --hub-tok={secrets[1]} --seed 3"
     metrics = {**FIXTURE_METRICS, "recipe": {**FIXTURE_METRICS["recipe"], "command": command}}
     model_type = sorted(FAMILIES)[0]
-    model_dir = build_model_dir(tmp_path / "model", model_type, "AutoModelForImageClassification", "image", metrics)
+    model_dir = build_model_dir(
+        tmp_path / "model", model_type, "AutoModelForImageClassification", "image", metrics
+    )
     out = export_model_dir(model_dir, tmp_path / "out")
     leaks = [p.name for p in out.iterdir() for secret in secrets if secret.encode() in p.read_bytes()]
     assert leaks == [], leaks

@@ -487,7 +487,9 @@ def test_the_release_name_comes_from_config_json_not_from_the_run_record(inspect
     dist = tmp_path / "dist"
     assert release.main(["--take", str(folder), "--dist_dir", str(dist)]) == 0, capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dist", "taken"], sorted(tmp_path.iterdir())
-    assert sorted(p.name for p in dist.iterdir()) == ["hyperset-sudoku", "release.json"], sorted(dist.iterdir())
+    assert sorted(p.name for p in dist.iterdir()) == ["hyperset-sudoku", "release.json"], sorted(
+        dist.iterdir()
+    )
 
 
 @pytest.mark.parametrize(

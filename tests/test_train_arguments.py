@@ -235,5 +235,13 @@ def test_only_token_values_are_redacted() -> None:
     whole name (`--hub_model_id` is not cut to `--hub`), and a value that merely looks like a token is kept."""
     from energyformers.training.arguments import redacted_argv
 
-    argv = ["--hub_model_id", "org/token", "--tokenizer", "tok_token", "--run_name", "--hub_token_x", "--config"]
+    argv = [
+        "--hub_model_id",
+        "org/token",
+        "--tokenizer",
+        "tok_token",
+        "--run_name",
+        "--hub_token_x",
+        "--config",
+    ]
     assert redacted_argv(argv) == argv
