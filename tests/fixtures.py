@@ -730,5 +730,7 @@ def decompression_bomb_png(path: Path, side: int = 20000) -> Path:
     data = b"".join(compressor.compress(block) for _ in range(side // 1000))
     data += compressor.compress(row * (side % 1000)) + compressor.flush()
     header = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)  # bit depth 1, greyscale: PIL's mode "1"
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b"")
+    )
     return path
