@@ -68,6 +68,11 @@ def cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ["train-accelerate"],
             "energyformers train-accelerate: error: the following arguments are required: --output_dir",
         ),
+        "config nested too deeply": (  # deeper than Python's JSON parser recurses: a RecursionError before
+            ["train", "--config", "hidden_size=" + "[" * 5000 + "]" * 5000, "--output_dir", out],
+            f"energyformers train: error: --config hidden_size={'[' * 25}...: nested too deeply to read: Python's "
+            "JSON parser stops at its recursion limit; expected KEY=VALUE with a JSON value",
+        ),
         "output dir not empty": (
             ["train", "--output_dir", str(full), "--max_steps", "1"],
             f"energyformers train: error: --output_dir {full}: the folder exists and is not empty; pass "
