@@ -93,10 +93,14 @@ def test_a_config_nested_too_deeply_is_refused_in_one_line_naming_it(folder, tmp
     (folder / "config.json").write_text(DEEP_JSON)
     capsys.readouterr()
     argv = {"export": [str(tmp_path / "out")], "push": ["someone/tiny"], "predict": ["text"]}[command]
-    status = {"export": export.main, "push": push.main, "predict": predict.main}[command]([str(folder), *argv])
+    status = {"export": export.main, "push": push.main, "predict": predict.main}[command](
+        [str(folder), *argv]
+    )
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1, (status, err)
-    expected = f"{folder}: config.json is not readable JSON (nested too deeply to read: Python's JSON parser stops"
+    expected = (
+        f"{folder}: config.json is not readable JSON (nested too deeply to read: Python's JSON parser stops"
+    )
     assert err.startswith(f"energyformers {command}: error: ") and expected in err, err
 
 
