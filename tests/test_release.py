@@ -517,3 +517,17 @@ def test_a_release_name_that_is_not_one_folder_name_is_refused_before_anything_i
     )
     assert err == expected, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"], sorted(tmp_path.iterdir())
+
+
+def test_a_token_passed_on_to_the_training_runs_is_not_shown(tmp_path, capsys):
+    """`release -- --hub_token T`: the runs get the token, the plan (and a failed run's line, which release.json
+    records) shows the command with `<HUB_TOKEN>`, as the run folder records it."""
+    runs = tmp_path / "runs"
+    argv = ["--models", "hyperset", "--datasets", "digits", "--runs_dir", str(runs), "--dry_run"]
+    assert release.main([*argv, "--", "--hub_token", "hf_SECRET"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    expected = (
+        f"train  energyformers train --model hyperset --dataset digits --output_dir {runs / 'hyperset-digits'} "
+        "--overwrite_output_dir --hub_token '<HUB_TOKEN>'"
+    )
+    assert out.splitlines() == [expected], out

@@ -481,8 +481,11 @@ def publish(staged: dict[str, Path], dist_dir: Path, summary: dict, aside: Path)
 
 
 def _shown(command: list[str]) -> str:
-    """A `python -m energyformers ...` command line as the user types it: `energyformers ...`."""
-    return shlex.join(["energyformers", *command[3:]])
+    """A `python -m energyformers ...` command line as the user types it: `energyformers ...`, a token's value
+    redacted (`redacted_argv`: a failure's line goes into release.json)."""
+    from .arguments import redacted_argv
+
+    return shlex.join(["energyformers", *redacted_argv(command[3:])])
 
 
 # A folder to release or report, and the `energyformers train` command that trains it first (None: taken as it is).
