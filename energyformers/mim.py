@@ -80,6 +80,11 @@ def read_tokenizer_settings(
         raise ValueError(
             f"{path}: not valid JSON ({' '.join(str(err).split())}); {_TOKENIZER_REMEDY}."
         ) from None
+    except RecursionError:  # the training package's `weights.parse_json`, in its words
+        raise ValueError(
+            f"{path}: not valid JSON (nested too deeply to read: Python's JSON parser stops at its recursion "
+            f"limit); {_TOKENIZER_REMEDY}."
+        ) from None
     if not isinstance(settings, dict):
         raise ValueError(
             f"{path}: holds a JSON {type(settings).__name__}, not an object; {_TOKENIZER_REMEDY}."

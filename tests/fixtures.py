@@ -743,3 +743,28 @@ def run_stopped_runs(
     parts = re.split(r"^===== (\d+)\n", proc.stderr, flags=re.M)[1:]
     assert parts[::2] == [str(i) for i in range(len(plan))], (parts[::2], proc.stderr[-3000:])
     return list(zip(json.loads(seen.read_text()), parts[1::2], strict=True))
+
+
+# ---------------------------------------------------------------- a decompression bomb
+
+
+def decompression_bomb_png(path: Path, side: int = 20000) -> Path:
+    """A valid PNG of `side` × `side` 1-bit pixels, all black: a few dozen KB (the zeros compress), but at the
+    default side twice PIL's `Image.MAX_IMAGE_PIXELS` and more, so opening it raises `DecompressionBombError`.
+    Written a block of rows at a time (never the whole image in memory): well under a second."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    compressor = zlib.compressobj(9)
+    row = bytes(1 + (side + 7) // 8)  # filter byte 0, then the packed bits
+    block = row * 1000
+    data = b"".join(compressor.compress(block) for _ in range(side // 1000))
+    data += compressor.compress(row * (side % 1000)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)  # bit depth 1, greyscale: PIL's mode "1"
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b"")
+    )
+    return path

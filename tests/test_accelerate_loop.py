@@ -360,3 +360,25 @@ def test_the_accelerator_generators_are_those_trainer_saves():
 
     saved = set(re.findall(r'rng_states\["(\w+)"\]', inspect.getsource(Trainer._save_rng_state)))
     assert saved - {"python", "numpy", "cpu"} == set(accelerate_loop.DEVICE_GENERATORS), sorted(saved)
+
+
+def test_both_loops_record_no_token(tmp_path: Path) -> None:
+    """`--hub_token` (whole and abbreviated, `--flag VALUE` and `--flag=VALUE`) is in no file either loop writes,
+    the work folder's kept too (metrics.json and the card record the command; `push` uploads them): the command
+    shows it as transformers' `TrainingArguments.to_dict` does."""
+    from energyformers.training import train
+    from energyformers.training.arguments import REDACTED, work_folder
+    from energyformers.training.setup import RUN_ARGUMENTS_FILE
+
+    secrets = ["hf_SECRETseparate", "hf_SECRETequals"]
+    argv = [*COMMON, *tiny(), "--max_steps", "1", "--batch_size", "8", "--disable_tqdm", "--keep_checkpoints"]
+    argv += ["--save_steps", "1", "--hub_token", secrets[0], f"--hub-tok={secrets[1]}"]
+    for name, main in (("accelerate", accelerate_loop.main), ("trainer", train.main)):
+        out = tmp_path / name
+        assert main([*argv, "--output_dir", str(out)]) == 0, name
+        files = [p for folder in (out, work_folder(out)) for p in folder.rglob("*") if p.is_file()]
+        assert work_folder(out) / RUN_ARGUMENTS_FILE in files, files  # the run record (its argv) was checked
+        leaks = [str(p) for p in files for secret in secrets if secret.encode() in p.read_bytes()]
+        assert leaks == [], leaks
+        command = json.loads((out / "metrics.json").read_text())["recipe"]["command"]
+        assert f"--hub_token '{REDACTED}' '--hub-tok={REDACTED}'" in command, command

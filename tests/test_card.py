@@ -297,3 +297,48 @@ def test_the_default_model_name_shows_a_local_data_file_by_its_stem(
     metrics.update({"dataset": dataset, **({"local_paths": local_paths} if local_paths else {})})
     card = render_model_card({**info, "metrics": metrics}, num_parameters=1)
     assert card.data.model_name == expected, (dataset, card.data.model_name)
+
+
+# Labels a dataset may hold (class folder names, CSV values) that raw would add Markdown or HTML to the card: a
+# heading and a link, an HTML tag, a line of its own, backticks
+HOSTILE_LABELS = {
+    0: "cat",
+    1: "dog** ## **[Download the verified weights](https://evil.example)",
+    2: "<img src=x onerror=alert(1)>",
+    3: "ok\n## Verified by Hugging Face\n[Download](https://evil.example/x.exe)",
+    4: "a `quoted` ``name``",
+}
+
+
+def test_labels_are_shown_as_typed_and_add_no_markdown_or_html_to_the_card(tmp_path):
+    """Each label of the card's "with labels:" sentence is a code span: read by a CommonMark parser, the card has
+    the blocks of a card with plain labels (no heading, HTML block or paragraph of the labels' own), and the
+    labels' sentence holds their exact text as code and nothing else of theirs (no link, HTML, line break)."""
+    from markdown_it import MarkdownIt  # CommonMark, as the Hub renders cards (transformers -> typer -> rich)
+    from test_export import build_model_dir
+
+    from energyformers import FAMILIES
+    from energyformers.training.export import inspect_model_dir, render_model_card
+
+    model_type = sorted(FAMILIES)[0]
+    parsed = {}
+    for name, labels in (("hostile", HOSTILE_LABELS), ("plain", {i: f"label{i}" for i in HOSTILE_LABELS})):
+        folder = build_model_dir(
+            tmp_path / name, model_type, "AutoModelForImageClassification", "image", labels=labels
+        )
+        text = str(render_model_card(inspect_model_dir(folder), num_parameters=1))
+        parsed[name] = MarkdownIt("commonmark").parse(text)
+    blocks = {name: [t.type for t in tokens] for name, tokens in parsed.items()}
+    assert blocks["hostile"] == blocks["plain"], blocks
+    sentence = {
+        name: next(t for t in tokens if t.type == "inline" and "with labels:" in t.content).children or []
+        for name, tokens in parsed.items()
+    }
+    kinds = {name: [c.type for c in children] for name, children in sentence.items()}
+    assert kinds["hostile"] == kinds["plain"], kinds  # the labels add no link, HTML, emphasis or line break
+    code = {
+        name: [c.content for c in children if c.type == "code_inline"] for name, children in sentence.items()
+    }
+    shown = [hostile for hostile, plain in zip(*code.values()) if plain.startswith("label")]
+    escaped = [label.replace("\n", "\\n") for label in HOSTILE_LABELS.values()]
+    assert shown == escaped, (shown, escaped)

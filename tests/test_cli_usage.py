@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from fixtures import Case, perturb, run_cli_cases
+from fixtures import Case, decompression_bomb_png, perturb, run_cli_cases
 from PIL import Image
 from test_mim_given_tokenizer import mim_folder
 from transformers import ViTImageProcessorPil
@@ -75,13 +75,18 @@ def no_model_loads(monkeypatch):
 # ------------------------------------------------------------------------------- inputs that are not images
 
 
+@pytest.mark.parametrize("bad", ["text", "bomb"])
 @pytest.mark.parametrize("command", ["predict", "inspect"])
 def test_a_file_that_is_not_an_image_is_named_before_the_model_loads(
-    classifier, tmp_path, capsys, no_model_loads, command
+    classifier, tmp_path, capsys, no_model_loads, command, bad
 ):
+    """A text file, or a PNG too large for PIL to open (`decompression_bomb_png`: PIL's DecompressionBombError)."""
     folder, image = classifier
-    notes = tmp_path / "passwd"
-    notes.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    if bad == "bomb":
+        notes = decompression_bomb_png(tmp_path / "huge.png")
+    else:
+        notes = tmp_path / "passwd"
+        notes.write_text("root:x:0:0:root:/root:/bin/bash\n")
     extra = ["--output_dir", str(tmp_path / "out")] if command == "inspect" else []
     assert cli.main([command, str(folder), str(image), str(notes), *extra]) == 2
     line = only_line(capsys.readouterr().err)

@@ -547,6 +547,26 @@ def test_existing_output_needs_overwrite_and_is_replaced_whole(image_model_dir, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "out"]
 
 
+def test_a_token_recorded_before_redaction_is_published_by_no_file(tmp_path):
+    """A folder trained before the command was recorded without its token (`--hub_token VALUE`, abbreviated as
+    `--hub-tok=VALUE`): its export (what `push` uploads) holds neither, in metrics.json or the card, and still shows
+    the command, the token as `<HUB_TOKEN>`."""
+    secrets = ["hf_SECRETseparate", "hf_SECRETequals"]
+    command = f"energyformers train --dataset digits --hub_token {secrets[0]} --hub-tok={secrets[1]} --seed 3"
+    metrics = {**FIXTURE_METRICS, "recipe": {**FIXTURE_METRICS["recipe"], "command": command}}
+    model_type = sorted(FAMILIES)[0]
+    model_dir = build_model_dir(
+        tmp_path / "model", model_type, "AutoModelForImageClassification", "image", metrics
+    )
+    out = export_model_dir(model_dir, tmp_path / "out")
+    leaks = [p.name for p in out.iterdir() for secret in secrets if secret.encode() in p.read_bytes()]
+    assert leaks == [], leaks
+    shown = "energyformers train --dataset digits --hub_token '<HUB_TOKEN>' '--hub-tok=<HUB_TOKEN>' --seed 3"
+    published = json.loads((out / "metrics.json").read_text())["recipe"]["command"]
+    assert published == shown, published
+    assert f"`{shown}`" in (out / "README.md").read_text()
+
+
 def test_cli_exports_and_reports_errors(image_model_dir, tmp_path, capsys):
     assert export.main([str(image_model_dir), str(tmp_path / "out"), "--repo-id", "org/tiny"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "out")

@@ -259,3 +259,11 @@ def test_column_names_and_other_names_are_kept_as_recorded():
     local = published["local_paths"]
     assert local == {"--dataset": "reviews.csv", "--output_dir": "b"}, local
     assert published["warnings"] == ["extra.csv"], published["warnings"]
+
+
+def test_a_token_in_a_command_shlex_cannot_split_is_redacted_too():
+    """A hand-edited command with an unbalanced quote (not what `train` records) is published with its paths as
+    quoted above, and still without its token."""
+    metrics = {"recipe": {"command": "energyformers train --hub_token hf_SECRET --run_name 'it"}}
+    command = published_run_metrics(metrics)["recipe"]["command"]
+    assert command == "energyformers train --hub_token <HUB_TOKEN> --run_name 'it", command

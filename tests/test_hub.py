@@ -524,6 +524,7 @@ def cli_runs(trained, tmp_path_factory) -> dict:
     train_argv += ["--max_test_samples", "64", "--disable_tqdm", "--output_dir", str(root / "run")]
     # the tiny architecture; the CLI derives the geometry from the data
     train_argv += ["--push_to_hub", "--hub_model_id", "org/trained", "--config", *cli_config(model_type)]
+    train_argv += ["--hub_token", STANDIN_TOKEN]  # as HF_TOKEN: the flag's value must reach no uploaded file
     with HubStandIn() as server:
         env = {
             "PATH": "/usr/bin:/bin",
@@ -570,6 +571,23 @@ def test_push_cli_subprocess_reads_hf_endpoint_and_hf_token(cli_runs):
     assert push["stdout"].strip().splitlines()[-1] == f"{cli_runs['url']}/org/subprocess", push["stdout"]
     assert {"config.json", "model.safetensors", "README.md"} <= set(cli_runs["files"]["org/subprocess"])
     assert cli_runs["left_in_tmpdir"] == [], cli_runs["left_in_tmpdir"]
+
+
+def test_train_push_to_hub_uploads_no_token(cli_runs):
+    """`train --push_to_hub --hub_token T`: T is in no uploaded file and no file of the run folder (the card and
+    metrics.json record the command, with `<HUB_TOKEN>` in its place)."""
+    assert cli_runs["commands"]["train"]["exit"] == 0, cli_runs["stderr"][-4000:]
+    uploaded = cli_runs["files"]["org/trained"]
+    assert "metrics.json" in uploaded and "README.md" in uploaded, sorted(uploaded)
+    leaks = [name for name, data in uploaded.items() if STANDIN_TOKEN.encode() in data]
+    leaks += [
+        str(p)
+        for p in cli_runs["train_out"].rglob("*")
+        if p.is_file() and STANDIN_TOKEN.encode() in p.read_bytes()
+    ]
+    assert leaks == [], leaks
+    command = json.loads(uploaded["metrics.json"])["recipe"]["command"]
+    assert command.endswith("--hub_token '<HUB_TOKEN>'"), command
 
 
 def test_train_push_to_hub_uploads_what_push_uploads(cli_runs, tmp_path):

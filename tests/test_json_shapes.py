@@ -17,6 +17,7 @@ from energyformers.mim import PatchKMeansTokenizer, VQGANTokenizer, load_vq_toke
 from energyformers.training import cli, export, push, weights
 
 # (file, its new text, or config.json changes; a part of the message after the file's path)
+DEEP_JSON = "[" * 100_000 + "]" * 100_000
 FOLDER_CASES = {
     "config_model_type_list": ("config.json", {"model_type": ["x"]}, 'model_type=["x"] is not a string'),
     "config_architectures_nested": ("config.json", {"architectures": [["x"]]}, "architectures=[['x']]"),
@@ -26,6 +27,8 @@ FOLDER_CASES = {
     "inspect_figures_number": ("inspect.json", '{"figures": 5}', "figures=5 is not a list"),
     "metrics_string": ("metrics.json", '"x"', "holds a JSON str, not an object"),
     "metrics_invalid": ("metrics.json", "{", "not valid JSON"),
+    # deeper than Python's JSON parser recurses: its RecursionError was a traceback
+    "metrics_too_deep": ("metrics.json", DEEP_JSON, "not valid JSON (nested too deeply to read"),
     "metrics_recipe_string": ("metrics.json", '{"recipe": "x"}', 'recipe="x" is not an object'),
     "metrics_wall_time_string": ("metrics.json", '{"wall_time_s": "1"}', 'wall_time_s="1" is not a number'),
     "metrics_warnings_numbers": ("metrics.json", '{"warnings": [1]}', "warnings holds a value that is not"),
@@ -79,6 +82,26 @@ def test_a_file_of_the_wrong_shape_is_refused_in_one_line_naming_it(folder, tmp_
     assert err.startswith(f"energyformers {command}: error: ") and err.count("\n") == 1, err
     assert f"{path}: " in err and expected in err, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["export", "push", "predict"])
+def test_a_config_nested_too_deeply_is_refused_in_one_line_naming_it(folder, tmp_path, capsys, command):
+    """config.json deeper than Python's JSON parser recurses: the folder check's one line, not a RecursionError
+    traceback (transformers' own config reader raises one)."""
+    from energyformers.training import predict
+
+    (folder / "config.json").write_text(DEEP_JSON)
+    capsys.readouterr()
+    argv = {"export": [str(tmp_path / "out")], "push": ["someone/tiny"], "predict": ["text"]}[command]
+    status = {"export": export.main, "push": push.main, "predict": predict.main}[command](
+        [str(folder), *argv]
+    )
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1, (status, err)
+    expected = (
+        f"{folder}: config.json is not readable JSON (nested too deeply to read: Python's JSON parser stops"
+    )
+    assert err.startswith(f"energyformers {command}: error: ") and expected in err, err
 
 
 def test_a_safetensors_index_naming_no_files_is_refused(folder, tmp_path, capsys):
@@ -251,6 +274,7 @@ def test_read_json_object_names_the_field_and_its_type(tmp_path, text, expected)
 # package's must word it alike, remedy included (both tell the user to save the image tokenizer again).
 READER_CASES = {
     "invalid": "{",
+    "too_deep": DEEP_JSON,
     "not_utf8": b"\xff\xfe{",
     "list": "[]",
     "string": '"x"',

@@ -63,6 +63,32 @@ def test_image_folder_with_one_class_says_two_class_folders_are_needed(tmp_path,
     assert_nothing_written(runs)
 
 
+@pytest.mark.parametrize("layout", ["backslash", "depths"])
+def test_class_folders_imagefolder_infers_no_labels_from_are_named_for_what_is_wrong(
+    tmp_path, capsys, layout
+):
+    """Three class folders, but one named with a backslash (datasets' imagefolder counts it as a path separator) or
+    one holding its images a folder deeper: imagefolder infers no labels. The line says which, not that two class
+    folders are needed when three were found."""
+    root = tmp_path / "data"
+    odd = root / "a\\b" if layout == "backslash" else root / "dog" / "more"
+    for folder in (root / "cat", root / "bird", odd):
+        folder.mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(np.full((8, 8), 20 * i, np.uint8)).save(folder / f"{i}.png")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    assert train.main(["--dataset", str(root), "--output_dir", str(runs / "m"), *QUICK]) == 2
+    line = only_line(capsys.readouterr().err)
+    assert "at least two class folders" not in line, line
+    if layout == "backslash":
+        expected = f"{root}: class folder 'a\\\\b': a class folder's name must not hold a backslash"
+    else:
+        expected = f"{root}: its images lie at several folder depths (e.g. in "
+    assert line.startswith(f"energyformers train: error: {expected}"), line
+    assert_nothing_written(runs)
+
+
 def test_unknown_dataset_with_the_hub_unreachable_fails_fast_with_the_builtin_names(
     tmp_path, capsys, monkeypatch
 ):

@@ -474,3 +474,60 @@ def test_two_datasets_of_one_name_are_refused_before_anything_trains(tmp_path, c
     )
     assert err.startswith(expected) and "<model>-reviews" in err, err
     assert not runs.exists(), sorted(runs.iterdir())
+
+
+def test_the_release_name_comes_from_config_json_not_from_the_run_record(inspected_run, tmp_path, capsys):
+    """metrics.json's `model` is not what decides where a --take folder is released (an absolute one replaced
+    --dist_dir): config.json's model_type names the folder, as the card names the model."""
+    folder = tmp_path / "taken" / inspected_run.name
+    shutil.copytree(inspected_run, folder)
+    outside = tmp_path / "outside" / "pwned"
+    record = json.loads((folder / "metrics.json").read_text())
+    (folder / "metrics.json").write_text(json.dumps({**record, "model": str(outside)}))
+    dist = tmp_path / "dist"
+    assert release.main(["--take", str(folder), "--dist_dir", str(dist)]) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dist", "taken"], sorted(tmp_path.iterdir())
+    assert sorted(p.name for p in dist.iterdir()) == ["hyperset-sudoku", "release.json"], sorted(
+        dist.iterdir()
+    )
+
+
+@pytest.mark.parametrize(
+    ("dataset", "name", "problem"),
+    [
+        ("org/" + "x" * 300, "hyperset-" + "x" * 300, "is longer than a folder name may be (255 bytes)"),
+        ("sudoku\n## Verified", "hyperset-sudoku\n## Verified", "holds a control character"),
+    ],
+)
+def test_a_release_name_that_is_not_one_folder_name_is_refused_before_anything_is_written(
+    inspected_run, tmp_path, capsys, dataset, name, problem
+):
+    """A name made of a run record's dataset that is no folder name: a usage error naming the folder, nothing
+    written."""
+    folder = tmp_path / "taken"
+    shutil.copytree(inspected_run, folder)
+    record = json.loads((folder / "metrics.json").read_text())
+    (folder / "metrics.json").write_text(json.dumps({**record, "dataset": dataset}))
+    dist = tmp_path / "dist"
+    assert release.main(["--take", str(folder), "--dist_dir", str(dist)]) == 2
+    err = capsys.readouterr().err
+    expected = (
+        f"energyformers release: error: --take: {folder}: its release name {name!r} (config.json's model_type, "
+        f"metrics.json's dataset) {problem}; it names a folder of --dist_dir\n"
+    )
+    assert err == expected, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"], sorted(tmp_path.iterdir())
+
+
+def test_a_token_passed_on_to_the_training_runs_is_not_shown(tmp_path, capsys):
+    """`release -- --hub_token T`: the runs get the token, the plan (and a failed run's line, which release.json
+    records) shows the command with `<HUB_TOKEN>`, as the run folder records it."""
+    runs = tmp_path / "runs"
+    argv = ["--models", "hyperset", "--datasets", "digits", "--runs_dir", str(runs), "--dry_run"]
+    assert release.main([*argv, "--", "--hub_token", "hf_SECRET"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    expected = (
+        f"train  energyformers train --model hyperset --dataset digits --output_dir {runs / 'hyperset-digits'} "
+        "--overwrite_output_dir --hub_token '<HUB_TOKEN>'"
+    )
+    assert out.splitlines() == [expected], out

@@ -68,6 +68,11 @@ def cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ["train-accelerate"],
             "energyformers train-accelerate: error: the following arguments are required: --output_dir",
         ),
+        "config nested too deeply": (  # deeper than Python's JSON parser recurses: a RecursionError before
+            ["train", "--config", "hidden_size=" + "[" * 5000 + "]" * 5000, "--output_dir", out],
+            f"energyformers train: error: --config hidden_size={'[' * 25}...: nested too deeply to read: Python's "
+            "JSON parser stops at its recursion limit; expected KEY=VALUE with a JSON value",
+        ),
         "output dir not empty": (
             ["train", "--output_dir", str(full), "--max_steps", "1"],
             f"energyformers train: error: --output_dir {full}: the folder exists and is not empty; pass "
@@ -208,3 +213,40 @@ def test_push_to_hub_refusals_are_one_line_with_status_2_before_torch(tmp_path: 
         assert len(lines) == 1 and lines[0].startswith(expected), (name, expected, result["err"][-2000:])
         assert result["heavy"] == [], (name, result["heavy"])
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.checkpoints").exists()
+
+
+# Every spelling of the token flag the training parser takes: whole, hyphenated, abbreviated (argparse's
+# allow_abbrev), each as `--flag VALUE` and as `--flag=VALUE`.
+TOKEN_SPELLINGS = ["--hub_token", "--hub-token", "--hub_tok", "--hub-to"]
+
+
+@pytest.mark.parametrize("flag", TOKEN_SPELLINGS)
+@pytest.mark.parametrize("joined", [False, True], ids=["separate", "equals"])
+def test_a_token_is_redacted_in_every_spelling_the_parser_takes(flag: str, joined: bool) -> None:
+    from energyformers.training.arguments import REDACTED, build_parser, redacted_argv
+
+    secret = "hf_SECRET123"
+    given = [f"{flag}={secret}"] if joined else [flag, secret]
+    argv = ["--model", "hyperset", *given, "--hub_model_id", "org/name", "--output_dir", "out"]
+    parsed = build_parser("energyformers train", "").parse_args(argv)
+    assert parsed.hub_token == secret, (argv, parsed.hub_token)  # a spelling the parser reads as the token
+    redacted = redacted_argv(argv)
+    expected = [f"{flag}={REDACTED}"] if joined else [flag, REDACTED]
+    assert redacted == ["--model", "hyperset", *expected, "--hub_model_id", "org/name", "--output_dir", "out"]
+
+
+def test_only_token_values_are_redacted() -> None:
+    """A flag that is no abbreviation of a token flag keeps its value, even a prefix of one that is itself a flag's
+    whole name (`--hub_model_id` is not cut to `--hub`), and a value that merely looks like a token is kept."""
+    from energyformers.training.arguments import redacted_argv
+
+    argv = [
+        "--hub_model_id",
+        "org/token",
+        "--tokenizer",
+        "tok_token",
+        "--run_name",
+        "--hub_token_x",
+        "--config",
+    ]
+    assert redacted_argv(argv) == argv

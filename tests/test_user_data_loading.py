@@ -16,7 +16,7 @@ import PIL.Image
 import pytest
 import torch
 from datasets import Dataset, Image
-from fixtures import cli_config
+from fixtures import cli_config, decompression_bomb_png
 from torch.utils.data import ConcatDataset, DataLoader
 
 from energyformers.training import accelerate_loop, cli, train
@@ -436,7 +436,10 @@ def split_files(folder: Path, split: str) -> list[Path]:
 
 
 def break_file(file: Path, broken: str) -> Path:
-    """`file` cut in half ("truncated": its header still reads) or not an image at all ("garbage")."""
+    """`file` cut in half ("truncated": its header still reads), not an image at all ("garbage"), or a PNG too large
+    for PIL to open ("bomb", `decompression_bomb_png`)."""
+    if broken == "bomb":
+        return decompression_bomb_png(file)
     data = file.read_bytes()
     file.write_bytes(data[: len(data) // 2] if broken == "truncated" else b"not an image")
     return file
@@ -456,7 +459,7 @@ def one_error_line(capsys: pytest.CaptureFixture, command: str) -> str:
 IMAGE_RUN = [*QUIET, "--config", *cli_config("hyperset"), "--batch_size", "4", "--eval_strategy", "no"]
 
 
-@pytest.mark.parametrize("broken", ["truncated", "garbage"])
+@pytest.mark.parametrize("broken", ["truncated", "garbage", "bomb"])
 def test_a_broken_image_file_is_one_line_naming_it_before_anything_is_written(
     tmp_path: Path, capsys: pytest.CaptureFixture, broken: str
 ) -> None:
@@ -501,6 +504,10 @@ def test_a_broken_image_file_met_mid_run_is_one_line_naming_it(
     assert evaluate.main([str(out), "--dataset", str(folder), "--split", "test", "--json"]) == 2
     line = one_error_line(capsys, "evaluate")
     assert str(bad) in line and "truncated" in line, line
+    bad = break_file(test_files[-1], "bomb")  # PIL refuses to open it: its DecompressionBombError
+    assert evaluate.main([str(out), "--dataset", str(folder), "--split", "test", "--json"]) == 2
+    line = one_error_line(capsys, "evaluate")
+    assert str(bad) in line and "decompression bomb" in line, line
 
 
 def test_lazily_decoded_images_are_the_pixels_datasets_decodes(tmp_path: Path) -> None:

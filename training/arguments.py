@@ -22,13 +22,14 @@ import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ..tokenizer_fit import MIM_TASK, TOKENIZER_CONFIG_NAME
 from .cli import CommandParser, UsageError, UsageErrorParserMixin, check_output_folder
 from .recipes import RECIPES, AugmentationArguments, split_recipe
+from .weights import SHOWN_JSON, JSONNestingError, parse_json
 
 # Recurrent-depth flags (docs/hyperset.md, "Recurrent depth"): each sets the config field of the same name.
 DEPTH_FIELDS = (
@@ -751,6 +752,7 @@ def validate(args: Arguments) -> None:
 def _validate_model_flags(m: ModelArguments) -> None:
     """`--attn_implementation` (also as `--config attn_implementation=NAME`) and the iteration and regularisation
     flags of the model."""
+    parse_overrides(m.config)  # a `--config` value that cannot be read is named before anything loads
     _take_attn_implementation_from_config(m)
     for name in (
         "min_iterations",
@@ -1155,7 +1157,7 @@ def _depths_while_parsing(args: Arguments) -> tuple[list[int] | None, str | None
     if m.from_pretrained:
         try:
             with open(os.path.join(os.path.expanduser(m.from_pretrained), "config.json")) as file:
-                saved = json.load(file)
+                saved = parse_json(file.read())
         except (OSError, ValueError):  # a Hub id or a broken folder: checked where it loads
             saved = {}
         saved = saved if isinstance(saved, dict) else {}
@@ -1324,7 +1326,7 @@ def _refuse_fitting_flags(d: DataArguments, explicit: frozenset[str], flag_given
     given tokenizer's values, so the run's recorded arguments say what it used."""
     try:
         with open(os.path.join(os.path.expanduser(folder), TOKENIZER_CONFIG_NAME)) as file:
-            saved = json.load(file)
+            saved = parse_json(file.read())
     except (OSError, ValueError):  # not a tokenizer folder: the run names that when it loads it
         saved = {}
     saved = saved if isinstance(saved, dict) else {}
@@ -1360,7 +1362,7 @@ def _check_given_tokenizer_fits(from_pretrained: str, flag_given: str, tokenizer
     ):
         try:
             with open(path) as file:
-                settings.append(json.load(file))
+                settings.append(parse_json(file.read()))
         except (OSError, ValueError):  # a Hub id or an unreadable file: named where the run loads it
             return
     config, saved = settings
@@ -1400,7 +1402,7 @@ def _take_attn_implementation_from_config(m: ModelArguments) -> None:
     if model_type is None and m.from_pretrained:
         try:
             with open(os.path.join(os.path.expanduser(m.from_pretrained), "config.json")) as file:
-                model_type = json.load(file).get("model_type")
+                model_type = parse_json(file.read()).get("model_type")
         except (OSError, ValueError, AttributeError):  # a Hub id or a broken folder: checked where it loads
             model_type = None
     elif model_type is None:
@@ -1445,7 +1447,10 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise UsageError(f"--config {item!r}: expected KEY=VALUE, e.g. --config hidden_size=64")
         try:
-            out[key.strip()] = json.loads(value)
+            out[key.strip()] = parse_json(value)
+        except JSONNestingError as err:
+            shown = item if len(item) <= SHOWN_JSON else f"{item[: SHOWN_JSON - 3]}..."
+            raise UsageError(f"--config {shown}: {err}; expected KEY=VALUE with a JSON value") from None
         except json.JSONDecodeError:
             out[key.strip()] = value
     return out
@@ -1463,9 +1468,53 @@ def recorded(args: Arguments) -> dict[str, Any]:
     return {
         "model": asdict(args.model),
         "data": asdict(args.data),
-        "run": {k: v for k, v in asdict(args.run).items() if k != "hub_token"},
+        "run": {k: v for k, v in asdict(args.run).items() if not is_secret_name(k)},
         "augmentation": asdict(args.augmentation),
     }
+
+
+# A recorded command (metrics.json, the model card, the work folder's run record) shows a secret flag's value as
+# transformers' `TrainingArguments.to_dict` shows it: the card and metrics.json are uploaded by `push`.
+REDACTED = "<HUB_TOKEN>"
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether the flag or field `name` (no dashes, `_` or `-` between words) takes a secret: a token."""
+    name = name.replace("-", "_")
+    return name == "token" or name.endswith("_token")
+
+
+def _is_secret_flag(word: str) -> bool:
+    """Whether the command-line word `word` (`--flag` or `--flag=value`) is a secret flag, spelled whole or as an
+    abbreviation the training parser takes (argparse's `allow_abbrev`: a prefix of one flag's name only)."""
+    if not word.startswith("--"):
+        return False
+    name = word[2:].partition("=")[0].replace("-", "_")
+    if not name:
+        return False
+    if is_secret_name(name):
+        return True
+    names = {f.name for group in DATACLASSES for f in fields(group)}
+    return name not in names and any(is_secret_name(full) and full.startswith(name) for full in names)
+
+
+def redacted_argv(argv: list[str]) -> list[str]:
+    """`argv` with the value of each secret flag (`is_secret_name`: `--hub_token VALUE`, `--hub_token=VALUE`,
+    hyphenated or abbreviated) replaced by `REDACTED`: how a command is recorded, and how `export` rewrites a
+    command recorded before."""
+    words: list[str] = []
+    secret_next = False
+    for word in argv:
+        if secret_next:
+            words.append(REDACTED)
+            secret_next = False
+        elif _is_secret_flag(word):
+            flag, equals, _ = word.partition("=")
+            words.append(flag + equals + REDACTED if equals else word)
+            secret_next = not equals
+        else:
+            words.append(word)
+    return words
 
 
 def quiet_libraries() -> None:

@@ -112,8 +112,33 @@ def read_sections(path: Path) -> dict[str, str]:
     return sections
 
 
+# Characters a code span must not hold raw: control characters (a newline), and the line and paragraph separators
+CONTROL_CATEGORIES = ("Cc", "Zl", "Zp")
+
+
+def inline_code(text: str) -> str:
+    """`text` as a Markdown code span, shown as typed whatever it holds: a label comes from the dataset (a class
+    folder, a CSV value), and raw it could add Markdown or HTML to the card (a heading, a link). The fence is one
+    backtick longer than the longest run inside; a control character (a newline would start a line of its own) is
+    shown as its escape (`\\n`)."""
+    import unicodedata
+
+    shown = "".join(
+        char.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(char) in CONTROL_CATEGORIES
+        else char
+        for char in text
+    )
+    if not shown.strip(" "):  # no code span is empty or spaces only: Markdown would strip or drop them
+        shown = repr(shown)
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", shown)), default=0) + 1)
+    # a space inside each fence, which Markdown strips, keeps a backtick at an end apart from the fence
+    pad = " " if shown.startswith("`") or shown.endswith("`") else ""
+    return f"{fence}{pad}{shown}{pad}{fence}"
+
+
 def _label_list(labels: list[Any], limit: int = 20) -> str:
-    shown = ", ".join(str(label) for label in labels[:limit])
+    shown = ", ".join(inline_code(str(label)) for label in labels[:limit])
     return shown + (f", … ({len(labels)} in total)" if len(labels) > limit else "")
 
 

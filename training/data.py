@@ -574,6 +574,25 @@ def _check_class_folders(path: Path, raw: DatasetDict) -> None:
             if p.suffix.lower() in IMAGE_SUFFIXES and p.parent != path and p.parent.name not in split_names
         }
     )
+    # `imagefolder` infers labels only when every image lies as many folders deep, counting "\\" as a separator too
+    # (datasets' `count_path_segments`): a class folder named with one, or images at several depths, give none
+    backslashed = [name for name in classes if "\\" in name]
+    if backslashed:
+        raise DataError(
+            f"{path}: class folder {backslashed[0]!r}: a class folder's name must not hold a backslash (datasets' "
+            "imagefolder reads it as a path separator and then infers no class labels); rename it"
+        )
+    depths = {
+        len(p.relative_to(path).parts): p.parent
+        for p in path.rglob("*")
+        if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()
+    }
+    if len(depths) > 1:
+        shown = ", ".join(str(folder) for _, folder in sorted(depths.items())[:2])
+        raise DataError(
+            f"{path}: its images lie at several folder depths (e.g. in {shown}), so datasets' imagefolder infers no "
+            f"class labels; put each image directly in its class folder ({path}/<class>/<image>)"
+        )
     raise DataError(
         f"{path}: an image folder needs at least two class folders, one per class (e.g. {path}/cat/*.png and "
         f"{path}/dog/*.png); found {len(classes)}{f' ({classes[0]!r})' if len(classes) == 1 else ''}"

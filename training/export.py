@@ -49,7 +49,7 @@ from pathlib import Path, PureWindowsPath
 from typing import Any
 
 from ..tokenizer_fit import MIM_AUTO_CLASS, TOKENIZER_CONFIG_NAME, TOKENIZER_WEIGHTS_NAME
-from .arguments import COLUMN_FLAGS
+from .arguments import COLUMN_FLAGS, redacted_argv
 from .card import LOCAL_PATHS_KEY, read_run_metrics, render_model_card
 from .interrupt import locked_output_dir, publish, restore_interrupted_publish, staging_folder
 from .remote_code import (
@@ -177,9 +177,11 @@ def local_name(value: str) -> str:
 
 
 def published_command(command: str, shown: dict[str, str]) -> str:
-    """`command` (as `shlex.join` recorded it) with each value that is a local path, alone or as `--flag=PATH`,
-    replaced by its name: a recorded path (`shown` maps each to its name) or an absolute path; the value of a column
-    flag is kept whatever it is (a flag's values are the words after it, up to the next flag)."""
+    """`command` (as `shlex.join` recorded it) with a token's value redacted (`redacted_argv`, as the run folder
+    records it now: a folder recorded before is published without it too) and each value that is a local path,
+    alone or as `--flag=PATH`, replaced by its name: a recorded path (`shown` maps each to its name) or an absolute
+    path; the value of a column flag is kept whatever it is (a flag's values are the words after it, up to the next
+    flag)."""
     kept = {f"--{name}" for name in COLUMN_FLAGS}
     flag = ""
 
@@ -191,7 +193,7 @@ def published_command(command: str, shown: dict[str, str]) -> str:
         return local_name(value) if is_absolute_path(value) else value
 
     words = []
-    for word in shlex.split(command):
+    for word in redacted_argv(shlex.split(command)):
         if word.startswith("--"):
             flag, equals, value = word.partition("=")
             words.append(flag + equals + publish_value(value) if equals else word)
@@ -256,8 +258,9 @@ def published_run_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     if isinstance(command, str):
         try:
             published["recipe"]["command"] = published_command(command, shown)
-        except ValueError:  # unbalanced quotes: not what `energyformers train` records; as quoted above
-            pass
+        except ValueError:  # unbalanced quotes: not what `energyformers train` records; paths as quoted above
+            words = published["recipe"]["command"].split(" ")
+            published["recipe"]["command"] = " ".join(redacted_argv(words))
     if local:
         published[LOCAL_PATHS_KEY] = dict(sorted(local.items()))
     return published

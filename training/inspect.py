@@ -945,7 +945,7 @@ def add_training_curve(report: dict[str, Any], model_dir: str, config: Any, outp
     history, source = found
     task = None
     if source == "metrics.json":
-        record = json.loads((Path(model_dir) / source).read_text(encoding="utf-8"))
+        record = read_json_object(Path(model_dir) / source)
         task = record.get("task") if isinstance(record.get("task"), str) else None
     report["training_curve"] = training_curve(history, source, config, task, output_dir / TRAINING_CURVE)
     report["figures"].append(TRAINING_CURVE)

@@ -585,7 +585,8 @@ def check_readable_images(paths: list[str]) -> None:
             with Image.open(source) as image:  # `verify` leaves the image unusable: open it again to decode
                 image.draft(None, (1, 1))  # JPEG only: the smallest scale its decoder offers
                 image.load()
-        except (OSError, UnidentifiedImageError, SyntaxError) as err:  # PIL reports a bad PNG as SyntaxError
+        # PIL reports a bad PNG as SyntaxError; one of more than twice Image.MAX_IMAGE_PIXELS as a decompression bomb
+        except (OSError, UnidentifiedImageError, SyntaxError, Image.DecompressionBombError) as err:
             raise UsageError(f"{source}: not a readable image ({err})") from None
 
 

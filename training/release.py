@@ -104,18 +104,42 @@ def _run_record(run_dir: Path) -> dict:
     return metrics
 
 
-def _release_name(metrics: dict) -> str:
-    """The release name of a run from its `_run_record`: the card's default model name (`card.default_model_name`,
-    `<model>-<dataset>`, `<model>-mim-<dataset>` for masked image modelling)."""
+def _release_name(run_dir: Path, metrics: dict) -> str:
+    """The release name of the run in `run_dir` from its `_run_record`: the card's default model name
+    (`card.default_model_name`, `<model>-<dataset>`, `<model>-mim-<dataset>` for masked image modelling), the model
+    type read from the folder's config.json as the card reads it. The name is joined to --dist_dir, so one that is
+    not a single folder name (`folder_name_problem`) is a ValueError naming the folder."""
     from .card import LOCAL_PATHS_KEY, default_model_name
 
+    config = read_json_object(run_dir / "config.json", {"model_type": str})
     local_paths = metrics.get(LOCAL_PATHS_KEY)
-    return default_model_name(
-        metrics["model"],
+    name = default_model_name(
+        config["model_type"],
         metrics["dataset"],
         local_paths if isinstance(local_paths, dict) else None,
         mim=metrics.get("task") == MIM_TASK,
     )
+    problem = folder_name_problem(name)
+    if problem is not None:
+        raise ValueError(
+            f"{run_dir}: its release name {name!r} (config.json's model_type, metrics.json's dataset) {problem}; "
+            "it names a folder of --dist_dir"
+        )
+    return name
+
+
+def folder_name_problem(name: str) -> str | None:
+    """Why `name` is not one plain folder name that stays where it is joined (no separator, no `.` or `..`, no
+    hidden name, no control character such as a newline, at most 255 bytes); None when it is one."""
+    if not name or name in {".", ".."} or name.startswith("."):
+        return "is empty, `.`, `..` or a hidden name"
+    if any(sep in name for sep in {"/", "\\", os.sep, os.altsep or "/"}):
+        return "holds a path separator"
+    if any(ord(char) < 32 or ord(char) == 127 for char in name):
+        return "holds a control character"
+    if len(os.fsencode(name)) > 255:
+        return "is longer than a folder name may be (255 bytes)"
+    return None
 
 
 def check_taken_folder(folder: Path) -> None:
@@ -141,7 +165,7 @@ def check_taken_models(folders: list[Path]) -> dict[Path, str]:
     for folder in folders:
         try:
             inspect_model_dir(folder)
-            name = _release_name(_run_record(folder))
+            name = _release_name(folder, _run_record(folder))
         except (FileNotFoundError, ValueError) as err:  # the messages name the folder or its file
             raise UsageError(f"--take: {err}") from None
         twin = next((other for other, taken in names.items() if taken == name), None)
@@ -457,8 +481,11 @@ def publish(staged: dict[str, Path], dist_dir: Path, summary: dict, aside: Path)
 
 
 def _shown(command: list[str]) -> str:
-    """A `python -m energyformers ...` command line as the user types it: `energyformers ...`."""
-    return shlex.join(["energyformers", *command[3:]])
+    """A `python -m energyformers ...` command line as the user types it: `energyformers ...`, a token's value
+    redacted (`redacted_argv`: a failure's line goes into release.json)."""
+    from .arguments import redacted_argv
+
+    return shlex.join(["energyformers", *redacted_argv(command[3:])])
 
 
 # A folder to release or report, and the `energyformers train` command that trains it first (None: taken as it is).
@@ -523,7 +550,9 @@ def _records(runs: list[_Run], failures: dict[str, str]) -> dict[Path, dict]:
         if str(run_dir) in failures:
             continue
         try:
-            records[run_dir] = _run_record(run_dir)
+            record = _run_record(run_dir)
+            _release_name(run_dir, record)  # its name is checked here, once, for the steps after
+            records[run_dir] = record
         except (FileNotFoundError, ValueError) as err:
             failures[str(run_dir)] = str(err)
     return records
@@ -554,7 +583,7 @@ def _inspect_finished(
             except OSError as err:  # a file of the folder that cannot be read (shutil.Error lists them)
                 failures[str(run_dir)] = f"cannot copy it to inspect it: {err}"
                 continue
-            printed_as = (str(sources[run_dir]), str(staging.dist_dir / _release_name(record)))
+            printed_as = (str(sources[run_dir]), str(staging.dist_dir / _release_name(run_dir, record)))
         command = inspect_command(sources[run_dir], record["dataset"])
         if _run_printing(command, printed_as) != 0:
             failures[str(run_dir)] = f"inspect failed: {_shown(command)}"
@@ -579,7 +608,7 @@ def _export_finished(
     for run_dir, _ in plan:
         if run_dir not in records or str(run_dir) in failures:
             continue
-        name = _release_name(records[run_dir])
+        name = _release_name(run_dir, records[run_dir])
         final = staging.dist_dir / name
         try:
             if name in released:
@@ -603,7 +632,10 @@ def _baseline_metrics(baselines: list[_Run], records: dict[Path, dict]) -> dict[
     """The baselines' measured test metrics, for side-by-side reading, by release name (those whose metrics.json
     could be read: the others failed in `_records`)."""
     return {
-        _release_name(records[run_dir]): {"source": str(run_dir), "test": records[run_dir].get("test") or {}}
+        _release_name(run_dir, records[run_dir]): {
+            "source": str(run_dir),
+            "test": records[run_dir].get("test") or {},
+        }
         for run_dir, _ in baselines
         if run_dir in records
     }

@@ -25,7 +25,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .arguments import MIM_TASK, TRACKER_FOLDER, Arguments, config_flags, parse_overrides, recorded
+from .arguments import (
+    MIM_TASK,
+    TRACKER_FOLDER,
+    Arguments,
+    config_flags,
+    parse_overrides,
+    recorded,
+    redacted_argv,
+)
 from .card import render_model_card
 from .data import BUILTIN_DATASETS, input_type_of, raw_rows
 from .evaluation import primary_metric, summary
@@ -157,7 +165,7 @@ def run_metrics(result: RunResult) -> dict[str, Any]:
         "loop": result.loop,
         "num_parameters": sum(p.numel() for p in result.model.parameters()),
         "recipe": {
-            "command": f"energyformers {result.loop} " + shlex.join(args.argv),
+            "command": f"energyformers {result.loop} " + shlex.join(redacted_argv(args.argv)),
             "recipe": run.recipe,
             "epochs": float(result.epochs),
             "learning_rate": result.learning_rate,

@@ -38,6 +38,7 @@ from .arguments import (
     mim_tokenizer_source,
     output_folder,
     parse_overrides,
+    redacted_argv,
     work_folder,
 )
 from .batches import batches_done
@@ -1346,7 +1347,7 @@ def record_run_arguments(args: Arguments, built: Built, work_dir: Path) -> None:
     """Write `RUN_ARGUMENTS_FILE` into the work folder (main process, when training starts)."""
     work_dir.mkdir(parents=True, exist_ok=True)
     (work_dir / FINISHED_RUN_FILE).unlink(missing_ok=True)  # its checkpoints are this run's from now on
-    record = {"built": resume_identity(args, built), "argv": args.argv}
+    record = {"built": resume_identity(args, built), "argv": redacted_argv(args.argv)}
     if TOKENIZER_KEY in record["built"]:  # what a --resume encodes with (`run_tokenizer_file`)
         built.processor.backend_tokenizer.save(str(work_dir / RUN_TOKENIZER_FILE))
     (work_dir / RUN_ARGUMENTS_FILE).write_text(json.dumps(record, indent=1) + "\n")

@@ -45,6 +45,25 @@ def has_type(value: Any, types: JsonTypes) -> bool:
     return isinstance(value, types)
 
 
+class JSONNestingError(ValueError):
+    """JSON nested more deeply than Python's parser recurses (`parse_json`)."""
+
+
+# What `parse_json` says of such JSON; `energyformers.mim` words it alike
+TOO_DEEP = "nested too deeply to read: Python's JSON parser stops at its recursion limit"
+
+
+def parse_json(text: str) -> Any:
+    """`json.loads(text)`, the one parse of JSON a user gives (a file, a flag's value): JSON nested more deeply than
+    the parser recurses raises RecursionError, which is no ValueError and became a traceback; here it is a
+    `JSONNestingError` (a ValueError), so each reader's one-line error for bad JSON, naming its file or flag, covers
+    it."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise JSONNestingError(TOO_DEEP) from None
+
+
 # `energyformers.mim.read_tokenizer_settings` keeps a copy of this reader (the exported pipeline code cannot import
 # the training package): the two word a refused file alike and must stay in step (tests/test_json_shapes.py).
 def read_json_object(
@@ -64,7 +83,7 @@ def read_json_object(
     argument checks use it before anything heavy loads."""
     path = Path(path)
     try:
-        value = json.loads(path.read_text())
+        value = parse_json(path.read_text())
     except OSError as err:  # e.g. no permission to read it
         raise ValueError(f"{path}: cannot be read ({err.strerror or err}); {remedy}.") from None
     except ValueError as err:  # UnicodeDecodeError is a ValueError
@@ -99,7 +118,7 @@ def _weight_files(model_dir: Path) -> list[str]:
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            shards = sorted(set(parse_json(index.read_text())["weight_map"].values()))
             if not all(isinstance(shard, str) for shard in shards):
                 raise TypeError("a weight_map value is not a file name")
         except (OSError, ValueError, KeyError, AttributeError, TypeError) as err:
@@ -164,7 +183,7 @@ def check_model_folder(
     if not path.is_file():
         raise UsageError(f"{label} {model_dir}: no config.json; expected a folder written by save_pretrained")
     try:
-        config = json.loads(path.read_text())
+        config = parse_json(path.read_text())
     except (OSError, ValueError) as err:
         raise UsageError(f"{label} {model_dir}: config.json is not readable JSON ({err})") from None
     if not isinstance(config, dict):

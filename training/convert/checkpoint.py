@@ -4,7 +4,6 @@ state_dicts) and the official constructor kwargs, read into plain tensors and di
 from __future__ import annotations
 
 import hashlib
-import json
 import pickle
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from ..cli import UsageError
-from ..weights import checkpoint_format
+from ..weights import checkpoint_format, parse_json
 from .base import (
     REFERENCE_PREFIX,
     ConversionError,
@@ -211,8 +210,8 @@ def read_mapping(path: Path) -> Any:
         except yaml.YAMLError as err:
             raise ConversionError(f"official config {path} is not valid YAML: {err}") from err
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
+        return parse_json(text)
+    except ValueError as err:  # JSONDecodeError, or JSON nested too deeply (`parse_json`)
         raise ConversionError(f"official config {path} is not valid JSON: {err}") from err
 
 
