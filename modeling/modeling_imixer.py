@@ -861,8 +861,9 @@ class IMixerSpectralNorm(nn.Module):
 
     W ↦ W / max(1, σ/c) with σ = uᵀWv (differentiable in W), so a weight whose σ is below c is used
     unchanged. u, v are persistent buffers (saved with the checkpoint, so eval outputs survive a
-    save/load exactly); `power_iteration` refines them and runs in training mode only, on the schedule of
-    `config.spectral_norm_schedule` (see `IMixerModel.forward`). c is `config.contractive_coeff`.
+    save/load exactly); `power_iteration` refines them and runs in training mode only, for a weight whose
+    parameter requires grad, on the schedule of `config.spectral_norm_schedule` (see `IMixerModel.forward`).
+    c is `config.contractive_coeff`.
     """
 
     def __init__(self, config: IMixerConfig, weight: torch.Tensor) -> None:
@@ -1348,11 +1349,15 @@ class IMixerTokenMixing(nn.Module):
         weight that changed since the last refinement."""
         refine_spectral_norms(self.spectral_norm_targets(), only_if_changed=only_if_changed)
 
-    def spectral_norm_targets(self) -> list[tuple[IMixerSpectralNorm, torch.Tensor]]:
-        """(parametrization, W) of each spectrally normalised weight of F: what `refine_spectral_norms` takes."""
+    def spectral_norm_targets(
+        self, trainable_only: bool = False
+    ) -> list[tuple[IMixerSpectralNorm, torch.Tensor]]:
+        """(parametrization, W) of each spectrally normalised weight of F: what `refine_spectral_norms` takes.
+        With `trainable_only`, only the weights whose parameter requires grad: the ones training forwards refine."""
         return [
             (layer.parametrizations.weight[0], layer.parametrizations.weight.original)
             for layer in self.spectral_layers()
+            if not trainable_only or layer.parametrizations.weight.original.requires_grad
         ]
 
     @torch.no_grad()
@@ -1466,8 +1471,10 @@ class IMixerTokenMixing(nn.Module):
 
         def step(state: torch.Tensor) -> torch.Tensor:
             nonlocal weights
-            if per_call:  # the authors' schedule: k power steps before every application of F
-                self.update_spectral_norms()
+            # the authors' schedule: k power steps before every application of F (none for a frozen W, as in
+            # `IMixerModel.forward`)
+            if per_call:
+                refine_spectral_norms(self.spectral_norm_targets(trainable_only=True))
                 weights = self.contractive_weights()
             return start + self.residual_branch(state, weights, hooked)
 
@@ -1812,9 +1819,15 @@ class IMixerModel(IMixerPreTrainedModel):
             # Power iteration once per forward (or per weight update), before any block: all fixed-point steps of
             # this forward use one W_eff, and a gradient-checkpointing recompute of a block sees the same u, v as
             # its forward. ("per_call", the authors' schedule, refines at every step inside the solve instead.)
-            # All blocks' weights in one call, so the weights of one shape are refined as one batch.
+            # All blocks' weights in one call, so the weights of one shape are refined as one batch. A frozen W
+            # (requires_grad False, e.g. the base under a PEFT adapter) keeps its u, v: it cannot change, and an
+            # adapter file holds no buffers, so refining them would make base + adapter differ from the trained model.
             refine_spectral_norms(
-                [target for layer in self.layers for target in layer.token_mixing.spectral_norm_targets()],
+                [
+                    target
+                    for layer in self.layers
+                    for target in layer.token_mixing.spectral_norm_targets(trainable_only=True)
+                ],
                 only_if_changed=changed_only,
             )
 
