@@ -699,10 +699,24 @@ class IMixerEmbeddings(nn.Module):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        interpolate_pos_encoding: bool | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Tokens `(B, S, D)`, `keep` `(B, S)` and `positions` `(B, L)` (both None for images)."""
+        """Tokens `(B, S, D)`, `keep` `(B, S)` and `positions` `(B, L)` (both None for images).
+        `interpolate_pos_encoding` changes nothing; a caller who passed it is told why when the size is refused."""
         _check_inputs(self.config, pixel_values, input_ids, inputs_embeds, attention_mask)
         if pixel_values is not None:
+            height, width = pixel_values.shape[-2:]
+            if interpolate_pos_encoding and (height, width) != tuple(self.image_size):
+                patches = (self.image_size[0] // self.config.patch_size) * (
+                    self.image_size[1] // self.config.patch_size
+                )
+                raise ValueError(
+                    f"pixel_values have spatial size {height}×{width} but config.image_size is "
+                    f"{self.image_size[0]}×{self.image_size[1]}, and interpolate_pos_encoding=True cannot apply to "
+                    "iMixer: it has no position embedding to resample, and its token-mixing weights are sized to "
+                    f"the {patches} patches of config.image_size. Resize the inputs to that size (the model's "
+                    f"image processor does this), or build and train a model with image_size=[{height}, {width}]."
+                )
             _check_image_size(pixel_values, self.image_size, self.config.patch_size)
             # images arrive as float32 whatever the model's dtype (e.g. bfloat16), as in transformers' models
             patches = self.projection(pixel_values.to(self.projection.weight.dtype))  # (B, D, Hp, Wp)
@@ -1782,7 +1796,8 @@ class IMixerModel(IMixerPreTrainedModel):
             Accepted and ignored, as ConvNext's: iMixer has no attention, so `attentions` is always None.
         interpolate_pos_encoding (`bool`, *optional*):
             Accepted for ViT's signature; iMixer has no position table to resample (its token mixing is a map over
-            the S patches of `config.image_size`), so an image of another size is refused whatever it says.
+            the S patches of `config.image_size`), so an image of another size is refused, with `True` by an error
+            that says so.
         """
         output_hidden_states = (
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -1808,6 +1823,7 @@ class IMixerModel(IMixerPreTrainedModel):
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
+            interpolate_pos_encoding=interpolate_pos_encoding,
         )
         # None: "per_call" (refined inside the solve); else whether only a changed W is refined
         changed_only = config_choice(
