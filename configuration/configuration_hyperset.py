@@ -59,6 +59,12 @@ def _image_sides(value: Any) -> tuple[int, int]:
     return 0, 0
 
 
+def _default_pad_token_id(input_type: Any, pad_token_id: Any) -> Any:
+    """`pad_token_id` as given; None is 0 for `input_type="sequence"`, the [PAD] id of the package's tokenizers and
+    BERT's default, so `Trainer` with such a tokenizer has nothing to align; images keep None."""
+    return 0 if pad_token_id is None and input_type == "sequence" else pad_token_id
+
+
 class ConfigValueError(ValueError):
     """A config value refused, saying which fields the refusal involves: `fields` is the refused field first, then
     every other field the rule that refused it reads (`("hidden_size", "num_attention_heads")` for heads that do
@@ -159,6 +165,17 @@ def _validate_config(config: PreTrainedConfig, kwargs: dict[str, Any]) -> None:
             "num_labels",
             value,
             "expected an integer >= 0 (0: no classifier, as in ViT)",
+        )
+    # a token id (transformers itself only warns about one outside the vocabulary)
+    if "pad_token_id" in vars(config):
+        value = config.pad_token_id
+        ok = value is None or (_is_int(value) and value >= 0)
+        _require(
+            config,
+            ok,
+            "pad_token_id",
+            value,
+            "expected None or an integer >= 0 (the tokenizer's pad_token_id)",
         )
     config._check_cross_field_rules()
 
@@ -537,6 +554,7 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
         patch_size: int,
         num_channels: int,
         vocab_size: int | None,
+        pad_token_id: int | None,
         max_position_embeddings: int,
         position_embedding_type: str,
         pooling: str,
@@ -586,6 +604,7 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
         self.patch_size = patch_size
         self.num_channels = num_channels
         self.vocab_size = vocab_size
+        self.pad_token_id = _default_pad_token_id(input_type, pad_token_id)
         self.max_position_embeddings = max_position_embeddings
         self.position_embedding_type = position_embedding_type
         self.pooling = pooling
@@ -832,6 +851,11 @@ class HyperSetConfig(RecurrentDepthConfig):
             Image channels (RGB).
         vocab_size (`int`, *optional*):
             Token vocabulary for `input_type="sequence"` (required there).
+        pad_token_id (`int`, *optional*):
+            Id of the padding token of `input_ids`, as in BERT's config: the models do not read it (`attention_mask`
+            marks padding); transformers' tools do (`Trainer` aligns it with its tokenizer's, logging when they
+            differ). None takes 0 for `input_type="sequence"`, the [PAD] id of the package's tokenizers and BERT's
+            default; images have no tokens and keep None. `energyformers train` sets its tokenizer's.
         max_position_embeddings (`int`, *optional*, defaults to 512):
             Longest sequence accepted; the size of the position table (512, BERT's default; sequences only).
         position_embedding_type (`str`, *optional*, defaults to `"sinusoidal"`):
@@ -901,6 +925,7 @@ class HyperSetConfig(RecurrentDepthConfig):
         patch_size: int = 16,
         num_channels: int = 3,
         vocab_size: int | None = None,
+        pad_token_id: int | None = None,
         max_position_embeddings: int = 512,
         position_embedding_type: str = "sinusoidal",
         pooling: str = "cls",

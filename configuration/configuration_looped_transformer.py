@@ -101,6 +101,11 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
             Image channels (RGB).
         vocab_size (`int`, *optional*):
             Token vocabulary for `input_type="sequence"` (required there).
+        pad_token_id (`int`, *optional*):
+            Id of the padding token of `input_ids`, as in BERT's config: the models do not read it (`attention_mask`
+            marks padding); transformers' tools do (`Trainer` aligns it with its tokenizer's, logging when they
+            differ). None takes 0 for `input_type="sequence"`, the [PAD] id of the package's tokenizers and BERT's
+            default; images have no tokens and keep None. `energyformers train` sets its tokenizer's.
         max_position_embeddings (`int`, *optional*, defaults to 512):
             Longest sequence accepted; the size of the position table (512, BERT's default; sequences only).
         position_embedding_type (`str`, *optional*, defaults to `"sinusoidal"`):
@@ -163,6 +168,7 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         patch_size: int = 16,
         num_channels: int = 3,
         vocab_size: int | None = None,
+        pad_token_id: int | None = None,
         max_position_embeddings: int = 512,
         position_embedding_type: str = "sinusoidal",
         pooling: str = "cls",

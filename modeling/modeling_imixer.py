@@ -699,10 +699,24 @@ class IMixerEmbeddings(nn.Module):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        interpolate_pos_encoding: bool | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Tokens `(B, S, D)`, `keep` `(B, S)` and `positions` `(B, L)` (both None for images)."""
+        """Tokens `(B, S, D)`, `keep` `(B, S)` and `positions` `(B, L)` (both None for images).
+        `interpolate_pos_encoding` changes nothing; a caller who passed it is told why when the size is refused."""
         _check_inputs(self.config, pixel_values, input_ids, inputs_embeds, attention_mask)
         if pixel_values is not None:
+            height, width = pixel_values.shape[-2:]
+            if interpolate_pos_encoding and (height, width) != tuple(self.image_size):
+                patches = (self.image_size[0] // self.config.patch_size) * (
+                    self.image_size[1] // self.config.patch_size
+                )
+                raise ValueError(
+                    f"pixel_values have spatial size {height}×{width} but config.image_size is "
+                    f"{self.image_size[0]}×{self.image_size[1]}, and interpolate_pos_encoding=True cannot apply to "
+                    "iMixer: it has no position embedding to resample, and its token-mixing weights are sized to "
+                    f"the {patches} patches of config.image_size. Resize the inputs to that size (the model's "
+                    f"image processor does this), or build and train a model with image_size=[{height}, {width}]."
+                )
             _check_image_size(pixel_values, self.image_size, self.config.patch_size)
             # images arrive as float32 whatever the model's dtype (e.g. bfloat16), as in transformers' models
             patches = self.projection(pixel_values.to(self.projection.weight.dtype))  # (B, D, Hp, Wp)
@@ -861,8 +875,9 @@ class IMixerSpectralNorm(nn.Module):
 
     W ↦ W / max(1, σ/c) with σ = uᵀWv (differentiable in W), so a weight whose σ is below c is used
     unchanged. u, v are persistent buffers (saved with the checkpoint, so eval outputs survive a
-    save/load exactly); `power_iteration` refines them and runs in training mode only, on the schedule of
-    `config.spectral_norm_schedule` (see `IMixerModel.forward`). c is `config.contractive_coeff`.
+    save/load exactly); `power_iteration` refines them and runs in training mode only, for a weight whose
+    parameter requires grad, on the schedule of `config.spectral_norm_schedule` (see `IMixerModel.forward`).
+    c is `config.contractive_coeff`.
     """
 
     def __init__(self, config: IMixerConfig, weight: torch.Tensor) -> None:
@@ -1348,11 +1363,15 @@ class IMixerTokenMixing(nn.Module):
         weight that changed since the last refinement."""
         refine_spectral_norms(self.spectral_norm_targets(), only_if_changed=only_if_changed)
 
-    def spectral_norm_targets(self) -> list[tuple[IMixerSpectralNorm, torch.Tensor]]:
-        """(parametrization, W) of each spectrally normalised weight of F: what `refine_spectral_norms` takes."""
+    def spectral_norm_targets(
+        self, trainable_only: bool = False
+    ) -> list[tuple[IMixerSpectralNorm, torch.Tensor]]:
+        """(parametrization, W) of each spectrally normalised weight of F: what `refine_spectral_norms` takes.
+        With `trainable_only`, only the weights whose parameter requires grad: the ones training forwards refine."""
         return [
             (layer.parametrizations.weight[0], layer.parametrizations.weight.original)
             for layer in self.spectral_layers()
+            if not trainable_only or layer.parametrizations.weight.original.requires_grad
         ]
 
     @torch.no_grad()
@@ -1466,8 +1485,10 @@ class IMixerTokenMixing(nn.Module):
 
         def step(state: torch.Tensor) -> torch.Tensor:
             nonlocal weights
-            if per_call:  # the authors' schedule: k power steps before every application of F
-                self.update_spectral_norms()
+            # the authors' schedule: k power steps before every application of F (none for a frozen W, as in
+            # `IMixerModel.forward`)
+            if per_call:
+                refine_spectral_norms(self.spectral_norm_targets(trainable_only=True))
                 weights = self.contractive_weights()
             return start + self.residual_branch(state, weights, hooked)
 
@@ -1775,7 +1796,8 @@ class IMixerModel(IMixerPreTrainedModel):
             Accepted and ignored, as ConvNext's: iMixer has no attention, so `attentions` is always None.
         interpolate_pos_encoding (`bool`, *optional*):
             Accepted for ViT's signature; iMixer has no position table to resample (its token mixing is a map over
-            the S patches of `config.image_size`), so an image of another size is refused whatever it says.
+            the S patches of `config.image_size`), so an image of another size is refused, with `True` by an error
+            that says so.
         """
         output_hidden_states = (
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -1801,6 +1823,7 @@ class IMixerModel(IMixerPreTrainedModel):
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
+            interpolate_pos_encoding=interpolate_pos_encoding,
         )
         # None: "per_call" (refined inside the solve); else whether only a changed W is refined
         changed_only = config_choice(
@@ -1812,9 +1835,15 @@ class IMixerModel(IMixerPreTrainedModel):
             # Power iteration once per forward (or per weight update), before any block: all fixed-point steps of
             # this forward use one W_eff, and a gradient-checkpointing recompute of a block sees the same u, v as
             # its forward. ("per_call", the authors' schedule, refines at every step inside the solve instead.)
-            # All blocks' weights in one call, so the weights of one shape are refined as one batch.
+            # All blocks' weights in one call, so the weights of one shape are refined as one batch. A frozen W
+            # (requires_grad False, e.g. the base under a PEFT adapter) keeps its u, v: it cannot change, and an
+            # adapter file holds no buffers, so refining them would make base + adapter differ from the trained model.
             refine_spectral_norms(
-                [target for layer in self.layers for target in layer.token_mixing.spectral_norm_targets()],
+                [
+                    target
+                    for layer in self.layers
+                    for target in layer.token_mixing.spectral_norm_targets(trainable_only=True)
+                ],
                 only_if_changed=changed_only,
             )
 

@@ -64,12 +64,12 @@ TABLES = (
     "_BOOLEANS",
 )
 # `__init__` arguments no table covers: vocab_size is checked by the cross-field rule (required for sequences),
-# HyperBF's intermediate_size is an alias of num_centers.
+# pad_token_id (None or an integer >= 0) beside num_labels, HyperBF's intermediate_size is an alias of num_centers.
 UNTABLED = {
     # input_anchor: a float in [0, 1]; feature_map: required by two energies, None otherwise (cross-field rules)
-    "hyperset": {"vocab_size", "input_anchor", "feature_map"},
-    "imixer": {"vocab_size"},
-    "hyperbf": {"vocab_size", "intermediate_size"},
+    "hyperset": {"vocab_size", "pad_token_id", "input_anchor", "feature_map"},
+    "imixer": {"vocab_size", "pad_token_id"},
+    "hyperbf": {"vocab_size", "pad_token_id", "intermediate_size"},
 }
 
 

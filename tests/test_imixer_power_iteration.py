@@ -175,3 +175,26 @@ def test_per_optimizer_step_refines_only_the_changed_weights_of_a_batch():
         moved = not (torch.equal(norm.u, u0) and torch.equal(norm.v, v0))
         assert moved == (name == "layers.1.fc_sn1"), f"{name}: u, v moved = {moved}"
     assert_refined_as_per_weight(model, {"layers.1.fc_sn1": start["layers.1.fc_sn1"]})
+
+
+@pytest.mark.parametrize("schedule", ["per_forward", "per_optimizer_step", "per_call"])
+def test_a_training_forward_refines_only_the_weights_that_require_grad(schedule):
+    """A frozen W (`requires_grad_(False)`, as the base under a PEFT adapter) cannot change, so its u, v stay as
+    saved, bit for bit, whatever the schedule; the trainable weights beside it are refined as their schedule
+    says (per_optimizer_step: the first forward is their first refinement)."""
+    model = perturb(IMAGE.build(num_hidden_layers=2, spectral_norm_schedule=schedule)).train()
+    frozen = model.imixer.layers[0].token_mixing
+    frozen.requires_grad_(False)
+    start = snapshot(model)
+    model(**IMAGE.inputs(labels=True)).loss.backward()
+    for name, norm, _ in spectral_norms(model):
+        u0, v0, _ = start[name]
+        kept = torch.equal(norm.u, u0) and torch.equal(norm.v, v0)
+        if name.startswith("layers.0."):
+            drift = max((norm.u - u0).abs().max().item(), (norm.v - v0).abs().max().item())
+            assert kept, f"{schedule}: frozen {name}'s u, v refined (max |change| {drift:.3g})"
+        else:
+            assert not kept, f"{schedule}: trainable {name}'s u, v not refined"
+    # the trainable block's estimate is its own power iteration's (per_call: refined again at every F step)
+    if schedule != "per_call":
+        assert_refined_as_per_weight(model, {k: v for k, v in start.items() if k.startswith("layers.1.")})

@@ -421,15 +421,21 @@ def test_output_attentions_is_accepted_and_ignored(case):
 @pytest.mark.parametrize("case", [IMAGE, Case("imixer", "AutoModel", "image")], ids=str)
 def test_interpolate_pos_encoding_refuses_another_size_with_the_size_error(case):
     """iMixer has no position table to resample: `interpolate_pos_encoding=True` is taken (ViT's signature) and an
-    image of another size gets the size ValueError, without the hint to pass the flag; the native size runs."""
+    image of another size gets the size ValueError, which says that the flag cannot apply and why (without it:
+    no word about the flag, and no hint to pass it); the native size runs."""
     model, inputs = perturb(case.build()), case.inputs()
-    image = model.config.image_size
+    image, patch = model.config.image_size, model.config.patch_size
     larger = torch.randn(BATCH, model.config.num_channels, image + 4, image + 4)
-    with pytest.raises(
-        ValueError, match=rf"spatial size {image + 4}×{image + 4} but config.image_size"
-    ) as info:
+    size = rf"spatial size {image + 4}×{image + 4} but config.image_size is {image}×{image}"
+    with pytest.raises(ValueError, match=size) as info:
         model(pixel_values=larger, interpolate_pos_encoding=True)
-    assert "interpolate_pos_encoding" not in str(info.value)
+    cannot = "interpolate_pos_encoding=True cannot apply to iMixer"
+    sized = f"token-mixing weights are sized to the {(image // patch) ** 2} patches of config.image_size"
+    assert cannot in str(info.value) and sized in str(info.value), str(info.value)
+    for flag in ({}, {"interpolate_pos_encoding": False}):
+        with pytest.raises(ValueError, match=size) as info:
+            model(pixel_values=larger, **flag)
+        assert "interpolate_pos_encoding" not in str(info.value), (flag, str(info.value))
     with torch.no_grad():
         expected, got = model(**inputs), model(**inputs, interpolate_pos_encoding=True)
     key = "logits" if "logits" in expected else "last_hidden_state"

@@ -331,6 +331,52 @@ def test_a_trainer_run_trains_only_the_adapter_and_the_saved_adapter_reloads(tmp
     assert_close_to_scale(merged, trained, MERGE_TOLERANCE, "merged vs trained adapter")
 
 
+@pytest.mark.parametrize("schedule", ["per_forward", "per_optimizer_step", "per_call"])
+def test_imixer_adapter_training_leaves_the_base_estimates_so_base_and_adapter_are_the_trained_model(
+    tmp_path, schedule
+):
+    """Training forwards refine only the σ estimates (u, v buffers) of weights that require grad: under an adapter
+    F's weights are frozen, so the base's u, v stay as they were and the adapter file, which holds no buffers,
+    reloaded onto the base gives the trained model's logits exactly (its merge too, to rounding)."""
+    case = Case.of(IMixerForSequenceClassification)
+
+    def base() -> nn.Module:
+        return perturb(case.build(spectral_norm_schedule=schedule))
+
+    model = base()
+    start = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    wrapped = adapted(model, peft.LoraConfig(r=2, target_modules=["fc1", "fc2", "classifier"]))
+    optimizer = torch.optim.SGD([p for p in wrapped.parameters() if p.requires_grad], lr=0.1)
+    wrapped.train()
+    for seed in range(3):
+        wrapped(**case.inputs(labels=True, seed=seed)).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    wrapped.eval()
+    inner = wrapped.get_base_model().state_dict()
+    moved = {
+        name: (inner[_wrapped_key(name, inner)] - tensor).abs().max().item()
+        for name, tensor in start.items()
+        if not torch.equal(inner[_wrapped_key(name, inner)], tensor)
+    }
+    assert moved == {}, f"{schedule}: base tensors changed by training (max |change|): {moved}"
+
+    inputs = case.inputs(seed=9)
+    trained = logits(wrapped, inputs)
+    # what the adapter file holds, put on a fresh base: the same weights and buffers, the same products in the
+    # same order
+    fresh = peft.get_peft_model(base(), wrapped.peft_config["default"]).eval()
+    peft.set_peft_model_state_dict(fresh, peft.get_peft_model_state_dict(wrapped))
+    torch.testing.assert_close(logits(fresh, inputs), trained, rtol=0, atol=0)
+    # through the file: tensors loaded from safetensors may sit at another alignment, where BLAS sums in another
+    # order, so to rounding (the merge's bound covers it); the merge of the reloaded model likewise
+    wrapped.save_pretrained(tmp_path / "adapter")
+    reloaded = peft.PeftModel.from_pretrained(base(), tmp_path / "adapter").eval()
+    assert_close_to_scale(logits(reloaded, inputs), trained, MERGE_TOLERANCE, f"{schedule}: reloaded adapter")
+    merged = logits(reloaded.merge_and_unload(), inputs)
+    assert_close_to_scale(merged, trained, MERGE_TOLERANCE, f"{schedule}: merged vs trained adapter")
+
+
 def _wrapped_key(name: str, state: dict[str, torch.Tensor]) -> str:
     """The key of base parameter `name` inside the PEFT-wrapped model (`….base_layer.weight` when wrapped)."""
     if name in state:
