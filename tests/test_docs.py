@@ -173,6 +173,62 @@ def test_relative_links_and_repository_paths_resolve():
     assert not dead, "dead links or paths:\n" + "\n".join(dead)
 
 
+def local_links(path: Path) -> list[Path]:
+    """The files a Markdown file links to (images included), web links and in-page anchors left out."""
+    targets = (target.partition("#")[0] for target in LINK.findall(path.read_text(encoding="utf-8")))
+    return [
+        (path.parent / target).resolve() for target in targets if target and not re.match(r"[a-z]+:", target)
+    ]
+
+
+def test_every_result_file_is_reached_from_the_benchmarks_page():
+    """A reader of docs/benchmarks.md finds every file under benchmarks/results/: linked there, or linked from a
+    result page linked there (a page's plots, a run record it names)."""
+    results = RESULTS.resolve()
+    reached, pages = set(), [ROOT / "docs" / "benchmarks.md"]
+    while pages:
+        for target in local_links(pages.pop()):
+            if target.parent == results and target not in reached:
+                reached.add(target)
+                if target.suffix == ".md" and target.is_file():
+                    pages.append(target)
+    unreached = sorted(path.name for path in results.iterdir() if path.resolve() not in reached)
+    assert not unreached, f"result files no link from docs/benchmarks.md reaches: {unreached}"
+
+
+def records_its_run(stem: str) -> bool:
+    """Whether a result's header records the run as benchmarks/provenance.py writes it: a result page's every
+    `Run:` line names a commit and no `Command:` is unrecorded; a result with no page, a JSON `run` with the commit."""
+    page = RESULTS / f"{stem}.md"
+    if page.is_file():
+        text = page.read_text(encoding="utf-8")
+        runs = re.findall(r"^\s*Run: (.*)$", text, flags=re.MULTILINE)
+        commands = re.findall(r"^\s*Command: `([^`]*)`", text, flags=re.MULTILINE)
+        return (
+            bool(runs)
+            and all(re.search(r"; commit [0-9a-f]{7,40};", run) for run in runs)
+            and "not recorded" not in commands
+        )
+    run = json.loads((RESULTS / f"{stem}.json").read_text(encoding="utf-8")).get("run")
+    return isinstance(run, dict) and bool(run.get("git_commit"))
+
+
+def test_the_results_said_to_lack_their_run_record_are_those_that_lack_it():
+    """docs/benchmarks.md says every result file records its run and names the exceptions; a file refreshed by its
+    script leaves that list, one written without the record joins it."""
+    stems = {path.stem for path in RESULTS.iterdir() if path.suffix in (".md", ".json")}
+    sentence = re.search(
+        r"to be refreshed at their next run: (.*?)\. ", flowing(ROOT / "docs" / "benchmarks.md")
+    )
+    assert sentence, "docs/benchmarks.md no longer names the result files to be refreshed at their next run"
+    named = set(re.findall(r"[a-z_]+", sentence.group(1))) & stems
+    lacking = {stem for stem in stems if not records_its_run(stem)}
+    assert named == lacking, (
+        f"named as lacking their run record but recording it (remove them from the list): {sorted(named - lacking)}; "
+        f"lacking it but not named: {sorted(lacking - named)}"
+    )
+
+
 def test_no_shipped_file_points_to_material_users_do_not_have():
     found = []
     for path in [*DOCS, *CARDS, *SHIPPED_CODE]:
