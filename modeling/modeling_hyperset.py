@@ -2015,8 +2015,9 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
         )
         per_layer_diagnostics = []
         final_energy = torch.zeros_like(inputs.real_tokens[:, 0]) if output_final_energy else None
-        # the constants of the sdpa implementation's sink key, built at the first iteration and reused by the others
-        with sink_constants_scope():
+        # the constants of the sdpa implementation's sink key, built at the first iteration and reused by the others;
+        # torch.compile cannot trace a context variable's scope, and makes its own constants
+        with contextlib.nullcontext() if _is_tracing() else sink_constants_scope():
             for index, layer in enumerate(self.layers):
                 # x₀ of the anchor energy: the state entering this layer; for the first layer the embedded input, also
                 # when the iterations start from an `initial_state` (the anchor keeps tying the state to the input).
