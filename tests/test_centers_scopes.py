@@ -342,7 +342,8 @@ def test_centers_scope_covers_every_hyperbf_model_of_a_container(centre_computat
             self.members = torch.nn.ModuleList([loop_model(), loop_model()])
 
         def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-            return sum(member(pixel_values=pixel_values).logits for member in self.members) / len(self.members)
+            logits = [member(pixel_values=pixel_values).logits for member in self.members]
+            return sum(logits) / len(logits)
 
     ensemble = Ensemble().eval()
     pixels = _Rows().pixels[:LOOP_BATCH]

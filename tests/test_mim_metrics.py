@@ -198,7 +198,7 @@ def test_a_file_of_no_detector_format_is_refused_naming_the_argument_and_the_for
         ({"dynamic": ("height", "width"), "return_features": True}, "of any batch size"),
         ({"return_features": False}, "exported with {'return_features': False}"),
         # the plain `torch.export.export(net, (images,))`: no flag recorded, so the program returns the logits
-        ({}, "returns the 2048 pool features per image; this program, exported without return_features, returns 10"),
+        ({}, "the 2048 pool features per image; this program, exported without return_features, returns 10"),
     ],
     ids=["fixed-batch", "logits", "logits-without-the-flag"],
 )
