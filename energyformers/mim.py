@@ -603,6 +603,10 @@ def _torchvision_problem() -> str | None:
     return None
 
 
+# The width of Inception's pool features, what FID compares; an exported detector without `return_features` must
+# return them (its class logits are 1008 wide)
+INCEPTION_POOL_FEATURES = 2048
+
 FID_DETECTOR_FORMATS = (
     "a TorchScript Inception such as inception-2015-12-05.pt, the same network saved with torch.export.save (a "
     ".pt2 archive), or torch-fidelity's state dict weights-inception-2015-12-05-6726825d.pth"
@@ -633,8 +637,10 @@ def _exported_detector(
 ) -> tuple[torch.nn.Module, dict, tuple[int, int] | None, int | None]:
     """The module of a torch.export FID detector, the keyword arguments it was exported with, its fixed image size
     (None when height and width are dynamic) and its feature count (None when not fixed). Refused, naming the
-    argument: a program whose one tensor input is not `(batch, 3, height, width)` with a dynamic batch, or one
-    exported with `return_features=False` (it returns logits)."""
+    argument: a program whose one tensor input is not `(batch, 3, height, width)` with a dynamic batch, one exported
+    with `return_features=False`, or one exported without the flag whose output is not Inception's
+    `INCEPTION_POOL_FEATURES` pool features per image (the plain `torch.export.export(net, (images,))` of a detector
+    whose flag defaults to False records no flag and returns its class logits)."""
     from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
 
     program = torch.export.load(str(path))
@@ -660,7 +666,14 @@ def _exported_detector(
     size = tuple(shape[2:]) if all(isinstance(side, int) for side in shape[2:]) else None
     output = next(node for node in program.graph.nodes if node.op == "output").args[0][0]
     features = output.meta["val"].shape[-1]
-    return program.module(), constants, size, features if isinstance(features, int) else None
+    features = features if isinstance(features, int) else None
+    if not constants and features != INCEPTION_POOL_FEATURES:
+        raise ValueError(
+            f"{named}: an exported FID detector returns the {INCEPTION_POOL_FEATURES} pool features per image; this "
+            f"program, exported without return_features, returns {features or 'a varying number of'} values per "
+            f"image (a detector's class logits when its flag defaults to False): {export}"
+        )
+    return program.module(), constants, size, features
 
 
 def check_perceptual_weights(
@@ -824,7 +837,7 @@ class PerceptualMetrics:
             features = _InceptionFeatures(net, call, named, size, num_features)
             return FrechetInceptionDistance(feature=features, normalize=True)
         return FrechetInceptionDistance(
-            feature=2048, feature_extractor_weights_path=str(path), normalize=True
+            feature=INCEPTION_POOL_FEATURES, feature_extractor_weights_path=str(path), normalize=True
         )
 
     def __call__(

@@ -110,12 +110,20 @@ def centers_scope(model: nn.Module) -> Iterator[None]:
     fixed-point solve, and `torch.nn.utils.parametrize.cached()` would cache them process-wide (every
     parametrized model in every thread: a reload missed, another thread's training step failing).
 
-    A wrapper without `cached_centers` (DDP, `torch.compile`'s) is looked through: the first module inside it that
-    has one (the outermost: its scope covers every layer) is scoped."""
-    owner = next((module for module in model.modules() if hasattr(module, "cached_centers")), None)
-    scope = None if owner is None else owner.cached_centers
-    with scope() if scope is not None else contextlib.nullcontext():
+    A wrapper without `cached_centers` (DDP, `torch.compile`'s, a container of several models) is looked through:
+    each outermost module inside it that has one (its scope covers every layer inside it) is scoped."""
+    with contextlib.ExitStack() as scopes:
+        for owner in _outermost_owners(model):
+            scopes.enter_context(owner.cached_centers())
         yield
+
+
+def _outermost_owners(module: nn.Module) -> list[nn.Module]:
+    """`module` if it has `cached_centers`, else the outermost modules inside it that have it. Found by that method,
+    not by class: a model loaded as remote code has its own copy of the classes."""
+    if hasattr(module, "cached_centers"):
+        return [module]
+    return [owner for child in module.children() for owner in _outermost_owners(child)]
 
 
 class ImageClassificationPipeline(

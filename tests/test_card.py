@@ -307,6 +307,7 @@ HOSTILE_LABELS = {
     2: "<img src=x onerror=alert(1)>",
     3: "ok\n## Verified by Hugging Face\n[Download](https://evil.example/x.exe)",
     4: "a `quoted` ``name``",
+    5: " cat ",  # Markdown strips one space at each end of a code span that starts and ends with one
 }
 
 

@@ -331,6 +331,34 @@ def test_accelerate_loop_evaluation_computes_the_centers_once_through_a_wrapper(
     assert_nothing_cached(model)
 
 
+def test_centers_scope_covers_every_hyperbf_model_of_a_container(centre_computations):
+    """A container of several HyperBF models (an ensemble, a teacher and its student evaluated in one loop), itself
+    without `cached_centers`: the scope covers each model inside, so every layer of each computes its centers once
+    for all the forwards, and nothing is left cached after it."""
+
+    class Ensemble(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.members = torch.nn.ModuleList([loop_model(), loop_model()])
+
+        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+            logits = [member(pixel_values=pixel_values).logits for member in self.members]
+            return sum(logits) / len(logits)
+
+    ensemble = Ensemble().eval()
+    pixels = _Rows().pixels[:LOOP_BATCH]
+    forwards = 3
+    with torch.no_grad(), centers_scope(ensemble):
+        for _ in range(forwards):
+            ensemble(pixels)
+    per_model = [{id(ff): centre_computations[id(ff)] for ff in feedforwards(m)} for m in ensemble.members]
+    assert per_model == [{id(ff): 1 for ff in feedforwards(m)} for m in ensemble.members], (
+        f"computations per layer of each model over {forwards} forwards: {per_model}, expected 1 each"
+    )
+    for member in ensemble.members:
+        assert_nothing_cached(member)
+
+
 def test_inspect_accuracy_computes_the_centers_once(centre_computations, monkeypatch):
     from energyformers.training.inspect import accuracy
 

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -199,35 +200,6 @@ def test_a_stopped_export_leaves_no_staging_folder_and_a_rerun_removes_a_killed_
     assert f"warning: {elsewhere} looks left" in done.stderr, done.stderr
 
 
-def test_an_export_killed_between_its_two_renames_is_repaired_by_the_next_one(
-    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """What an export killed between the two renames that replace its output folder leaves: no `<out>`, the
-    previous folder in `.<out>.old-<pid>` of a dead process. The next export puts it back (one line naming the
-    copy) and refuses as for any folder there without --overwrite; with --overwrite it then replaces it, leaving
-    no copy beside it."""
-    from energyformers.training import export
-
-    out = tmp_path / "exported"
-    assert export.main([str(trained), str(out)]) == 0
-    previous = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    hidden = out.with_name(f".{out.name}.old-{dead_pid()}")
-    out.rename(hidden)
-    capsys.readouterr()
-
-    assert export.main([str(trained), str(out)]) == 2
-    err = capsys.readouterr().err
-    refusal = f"error: OUT_DIR {out}: the folder exists and is not empty; pass --overwrite"
-    assert f"warning: restored {out} from {hidden.name}" in err and refusal in err, err
-    assert siblings(out) == ["exported"], siblings(out)
-    assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == previous
-
-    out.rename(hidden)
-    assert export.main([str(trained), str(out), "--overwrite"]) == 0
-    assert f"warning: restored {out} from {hidden.name}" in capsys.readouterr().err
-    assert siblings(out) == ["exported"] and (out / "config.json").is_file(), siblings(out)
-
-
 def test_publish_names_its_copy_by_pid_and_host_and_another_machines_copy_is_left(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -274,35 +246,54 @@ def test_publish_names_its_copy_by_pid_and_host_and_another_machines_copy_is_lef
         shutil.rmtree(gone)
 
 
-def test_a_conversion_killed_between_its_two_renames_is_repaired_by_the_next_one(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """What a conversion killed between the two renames that replace its output folder leaves: no `--output_dir`,
-    the previous folder in `.<out>.old-<pid>@<host>` of a dead process. The next conversion puts it back (one line
-    naming the copy) and refuses as for any folder there without --overwrite, leaving it as it was; with
-    --overwrite it then replaces it, leaving no copy beside it."""
-    from energyformers.training import convert_cli
+def export_or_convert(
+    command: str, trained: Path, tmp_path: Path, out: Path
+) -> tuple[Callable, list[str], str]:
+    """`energyformers export` (of the trained run) or `convert` (of a synthetic official iMixer checkpoint) writing
+    `out`: the command's `main`, its arguments (without --overwrite) and how its errors name the folder."""
+    from energyformers.training import convert_cli, export
 
+    if command == "export":
+        return export.main, [str(trained), str(out)], "OUT_DIR"
     _, checkpoint, config = synthetic_imixer_checkpoint(tmp_path / "official")
-    out = tmp_path / "converted"
     argv = ["--source", "imixer", str(checkpoint), "--official-config", str(config), "--output_dir", str(out)]
-    assert convert_cli.main(argv) == 0
+    return convert_cli.main, argv, "--output_dir"
+
+
+@pytest.mark.parametrize(
+    ("command", "refusal"),
+    [
+        ("export", "OUT_DIR {out}: the folder exists and is not empty; pass --overwrite"),
+        ("convert", "output folder {out} exists and is not empty; pass --overwrite"),
+    ],
+)
+def test_export_and_convert_killed_between_their_two_renames_are_repaired_by_the_next_one(
+    command: str, refusal: str, trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What an export or a conversion killed between the two renames that replace its output folder leaves: no
+    output folder, the previous one in `.<out>.old-<pid>@<host>` of a dead process. The next command to it puts it
+    back (one line naming the copy) and refuses as for any folder there without --overwrite, leaving it as it was;
+    with --overwrite it then replaces it, leaving no copy beside it."""
+    out = tmp_path / "written"
+    main, argv, _ = export_or_convert(command, trained, tmp_path, out)
+    assert main(argv) == 0
     previous = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     hidden = out.with_name(f".{out.name}.old-{dead_pid()}@{socket.gethostname()}")
     out.rename(hidden)
     capsys.readouterr()
 
-    assert convert_cli.main(argv) == 2
+    assert main(argv) == 2
     err = capsys.readouterr().err
-    refusal = f"error: output folder {out} exists and is not empty; pass --overwrite"
-    assert f"warning: restored {out} from {hidden.name}" in err and refusal in err, err
-    assert siblings(out) == ["converted"], siblings(out)
+    assert (
+        f"warning: restored {out} from {hidden.name}" in err and f"error: {refusal.format(out=out)}" in err
+    ), err
+    assert siblings(out) == ["written"], siblings(out)
     assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == previous
 
     out.rename(hidden)
-    assert convert_cli.main([*argv, "--overwrite"]) == 0
+    assert main([*argv, "--overwrite"]) == 0
     assert f"warning: restored {out} from {hidden.name}" in capsys.readouterr().err
-    assert siblings(out) == ["converted"] and (out / "config.json").is_file(), siblings(out)
+    assert siblings(out) == ["written"] and (out / "config.json").is_file(), siblings(out)
 
 
 @pytest.mark.parametrize("command", ["export", "convert"])
@@ -312,19 +303,13 @@ def test_export_and_convert_are_refused_while_another_command_holds_the_folder(
     """While a command holds an output folder's lock (as `train` does for its whole run), an export or a conversion
     to that folder, one to replace (--overwrite) with a copy a killed command left beside it, is one usage-error line
     naming the folder, status 2: the folder, the copy and everything else beside it stay as they were."""
-    from energyformers.training import convert_cli, export
-
     out = tmp_path / "taken"
     out.mkdir()
     (out / "config.json").write_text("the old folder\n")
     copy = tmp_path / f".taken.old-{dead_pid()}@{socket.gethostname()}"
     copy.mkdir()
-    if command == "export":
-        argv, flag, main = [str(trained), str(out), "--overwrite"], "OUT_DIR", export.main
-    else:
-        _, checkpoint, config = synthetic_imixer_checkpoint(tmp_path / "official")
-        argv = ["--source", "imixer", str(checkpoint), "--official-config", str(config)]
-        argv, flag, main = [*argv, "--output_dir", str(out), "--overwrite"], "--output_dir", convert_cli.main
+    main, argv, flag = export_or_convert(command, trained, tmp_path, out)
+    argv = [*argv, "--overwrite"]
     before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
     capsys.readouterr()
     with run_folder.locked_output_dir(out):

@@ -155,9 +155,11 @@ def test_fid_is_the_same_from_either_detector_format(tmp_path):
     exported, features_only = tmp_path / "inception.pt2", tmp_path / "features-only.pt2"
     export_detector(exported, return_features=True)
 
-    class Features(TinyDetector):  # a program that returns the features with no flag
+    class Features(TinyDetector):  # a program that returns Inception's 2048 pool features with no flag
         def forward(self, images: torch.Tensor) -> torch.Tensor:
-            return super().forward(images, return_features=True)
+            # the 16 features and zeros: the same means and covariance, padded, so the same Fréchet distance
+            features = super().forward(images, return_features=True)
+            return torch.nn.functional.pad(features, (0, 2048 - features.shape[1]))
 
     torch.manual_seed(0)
     features = Features().eval()  # seeded as export_detector's network
@@ -195,8 +197,10 @@ def test_a_file_of_no_detector_format_is_refused_naming_the_argument_and_the_for
     [
         ({"dynamic": ("height", "width"), "return_features": True}, "of any batch size"),
         ({"return_features": False}, "exported with {'return_features': False}"),
+        # the plain `torch.export.export(net, (images,))`: no flag recorded, so the program returns the logits
+        ({}, "the 2048 pool features per image; this program, exported without return_features, returns 10"),
     ],
-    ids=["fixed-batch", "logits"],
+    ids=["fixed-batch", "logits", "logits-without-the-flag"],
 )
 def test_an_exported_detector_of_another_signature_is_refused_before_any_work(tmp_path, export, problem):
     path = tmp_path / "inception.pt2"

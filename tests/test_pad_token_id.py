@@ -71,9 +71,8 @@ def trainer_notices(model, tokenizer, tmp_path: Path) -> list[str]:
         disable_tqdm=True,
     )
     records = Records()
-    logger = logging.getLogger(
-        "transformers.trainer_utils"
-    )  # transformers' loggers do not propagate to caplog
+    # transformers' loggers do not propagate to caplog
+    logger = logging.getLogger("transformers.trainer_utils")
     logger.addHandler(records)
     try:
         Trainer(model=model, args=arguments, train_dataset=examples, processing_class=tokenizer).train()

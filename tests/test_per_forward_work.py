@@ -124,8 +124,8 @@ def test_imixer_layernorms_read_a_contiguous_stream(training):
 
 
 def test_imixer_logits_do_not_depend_on_the_stream_layout():
-    """The same values in the transposed layout the patch embedding used to hand on give the same logits, bit for
-    bit: the copy changes where the values sit, not what is computed."""
+    """The same values in a transposed (non-contiguous) layout after the patch embedding give the same logits, bit
+    for bit: the copy changes where the values sit, not what is computed."""
     model, inputs = imixer_case()
     model.eval()
     with torch.no_grad():

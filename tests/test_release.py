@@ -492,6 +492,29 @@ def test_the_release_name_comes_from_config_json_not_from_the_run_record(inspect
     )
 
 
+def test_a_release_name_is_worked_out_once_for_the_steps_after_training(
+    inspected_run, tmp_path, capsys, monkeypatch
+):
+    """Each name reads the folder's config.json: `--take`'s check works it out before anything runs, then the run
+    once for the steps after training (the inspect's printed paths, the export, the baselines' entries)."""
+    worked_out: list[Path] = []
+    name_of = release._release_name
+
+    def counted(run_dir: Path, metrics: dict) -> str:
+        worked_out.append(run_dir)
+        return name_of(run_dir, metrics)
+
+    monkeypatch.setattr(release, "_release_name", counted)
+    dist = tmp_path / "dist"
+    assert release.main(["--take", str(inspected_run), "--dist_dir", str(dist)]) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in dist.iterdir()) == ["hyperset-sudoku", "release.json"], sorted(
+        dist.iterdir()
+    )
+    assert worked_out == [inspected_run, inspected_run], (
+        f"names worked out for {worked_out}, expected 2 (check, run)"
+    )
+
+
 @pytest.mark.parametrize(
     ("dataset", "name", "problem"),
     [

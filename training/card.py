@@ -132,8 +132,9 @@ def inline_code(text: str) -> str:
     if not shown.strip(" "):  # no code span is empty or spaces only: Markdown would strip or drop them
         shown = repr(shown)
     fence = "`" * (max((len(run) for run in re.findall(r"`+", shown)), default=0) + 1)
-    # a space inside each fence, which Markdown strips, keeps a backtick at an end apart from the fence
-    pad = " " if shown.startswith("`") or shown.endswith("`") else ""
+    # a space inside each fence, which Markdown strips, keeps a backtick at an end apart from the fence, and keeps
+    # the spaces of a label that starts and ends with one (Markdown strips one of each then)
+    pad = " " if shown[:1] == "`" or shown[-1:] == "`" or shown[:1] == shown[-1:] == " " else ""
     return f"{fence}{pad}{shown}{pad}{fence}"
 
 

@@ -177,11 +177,10 @@ def local_name(value: str) -> str:
 
 
 def published_command(command: str, shown: dict[str, str]) -> str:
-    """`command` (as `shlex.join` recorded it) with a token's value redacted (`redacted_argv`, as the run folder
-    records it now: a folder recorded before is published without it too) and each value that is a local path,
-    alone or as `--flag=PATH`, replaced by its name: a recorded path (`shown` maps each to its name) or an absolute
-    path; the value of a column flag is kept whatever it is (a flag's values are the words after it, up to the next
-    flag)."""
+    """`command` (as `shlex.join` recorded it) with a token's value redacted (`redacted_argv`, whether or not the
+    recorded command already was) and each value that is a local path, alone or as `--flag=PATH`, replaced by its
+    name: a recorded path (`shown` maps each to its name) or an absolute path; the value of a column flag is kept
+    whatever it is (a flag's values are the words after it, up to the next flag)."""
     kept = {f"--{name}" for name in COLUMN_FLAGS}
     flag = ""
 

@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from ..tokenizer_fit import MIM_TASK
 from .cli import CommandParser, UsageError, check_output_folder, run_command
@@ -492,6 +493,13 @@ def _shown(command: list[str]) -> str:
 _Run = tuple[Path, list[str] | None]
 
 
+class _Finished(NamedTuple):
+    """A finished run as the steps after training read it: its `_run_record` and its `_release_name`."""
+
+    record: dict
+    name: str
+
+
 class _Staging:
     """`dist_dir/.release-*`, made on first use: the inspected copies of `--take` folders, the exports and the
     folders a release replaces wait there until `publish`; `remove` deletes it at the end."""
@@ -542,24 +550,24 @@ def _train_missing(runs: list[_Run]) -> dict[str, str]:
     return failures
 
 
-def _records(runs: list[_Run], failures: dict[str, str]) -> dict[Path, dict]:
-    """Step 3: the `_run_record` of each run that did not fail, by run folder, read once for the steps after it; a
-    run whose metrics.json cannot be read is added to `failures` (the others still ship)."""
-    records: dict[Path, dict] = {}
+def _records(runs: list[_Run], failures: dict[str, str]) -> dict[Path, _Finished]:
+    """Step 3: the `_run_record` and release name of each run that did not fail, by run folder, read once for the
+    steps after it; a run whose metrics.json or name cannot be read is added to `failures` (the others still
+    ship)."""
+    records: dict[Path, _Finished] = {}
     for run_dir, _ in runs:
         if str(run_dir) in failures:
             continue
         try:
             record = _run_record(run_dir)
-            _release_name(run_dir, record)  # its name is checked here, once, for the steps after
-            records[run_dir] = record
+            records[run_dir] = _Finished(record, _release_name(run_dir, record))
         except (FileNotFoundError, ValueError) as err:
             failures[str(run_dir)] = str(err)
     return records
 
 
 def _inspect_finished(
-    plan: list[_Run], records: dict[Path, dict], taken: bool, staging: _Staging, failures: dict[str, str]
+    plan: list[_Run], records: dict[Path, _Finished], taken: bool, staging: _Staging, failures: dict[str, str]
 ) -> dict[Path, Path]:
     """Step 4: draw each finished folder's dynamics (`energyformers inspect` on its test split) for its card; the
     folder each one is exported from, by run folder. A run trained here is release's own output and gets the
@@ -569,7 +577,7 @@ def _inspect_finished(
     for index, (run_dir, _) in enumerate(plan):
         if run_dir not in records or str(run_dir) in failures or (run_dir / "inspect.json").is_file():
             continue
-        record = records[run_dir]
+        record, name = records[run_dir]
         if record.get("task") == MIM_TASK:
             # `inspect` draws a MIM model's decode sequence of a given image, not dataset dynamics; the card has the
             # run's training curve and reconstruction metrics
@@ -583,7 +591,7 @@ def _inspect_finished(
             except OSError as err:  # a file of the folder that cannot be read (shutil.Error lists them)
                 failures[str(run_dir)] = f"cannot copy it to inspect it: {err}"
                 continue
-            printed_as = (str(sources[run_dir]), str(staging.dist_dir / _release_name(run_dir, record)))
+            printed_as = (str(sources[run_dir]), str(staging.dist_dir / name))
         command = inspect_command(sources[run_dir], record["dataset"])
         if _run_printing(command, printed_as) != 0:
             failures[str(run_dir)] = f"inspect failed: {_shown(command)}"
@@ -592,7 +600,7 @@ def _inspect_finished(
 
 def _export_finished(
     plan: list[_Run],
-    records: dict[Path, dict],
+    records: dict[Path, _Finished],
     sources: dict[Path, Path],
     staging: _Staging,
     namespace: str | None,
@@ -608,7 +616,7 @@ def _export_finished(
     for run_dir, _ in plan:
         if run_dir not in records or str(run_dir) in failures:
             continue
-        name = _release_name(run_dir, records[run_dir])
+        record, name = records[run_dir]
         final = staging.dist_dir / name
         try:
             if name in released:
@@ -623,18 +631,18 @@ def _export_finished(
         except (OSError, ValueError) as err:  # the folder's content, or a file of it that cannot be read
             failures[str(run_dir)] = str(err)
             continue
-        test = records[run_dir].get("test") or {}
+        test = record.get("test") or {}
         released[name] = {"source": str(run_dir), "folder": str(final), "test": test}
     return exports, released
 
 
-def _baseline_metrics(baselines: list[_Run], records: dict[Path, dict]) -> dict[str, dict]:
+def _baseline_metrics(baselines: list[_Run], records: dict[Path, _Finished]) -> dict[str, dict]:
     """The baselines' measured test metrics, for side-by-side reading, by release name (those whose metrics.json
     could be read: the others failed in `_records`)."""
     return {
-        _release_name(run_dir, records[run_dir]): {
+        records[run_dir].name: {
             "source": str(run_dir),
-            "test": records[run_dir].get("test") or {},
+            "test": records[run_dir].record.get("test") or {},
         }
         for run_dir, _ in baselines
         if run_dir in records

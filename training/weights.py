@@ -54,10 +54,9 @@ TOO_DEEP = "nested too deeply to read: Python's JSON parser stops at its recursi
 
 
 def parse_json(text: str) -> Any:
-    """`json.loads(text)`, the one parse of JSON a user gives (a file, a flag's value): JSON nested more deeply than
-    the parser recurses raises RecursionError, which is no ValueError and became a traceback; here it is a
-    `JSONNestingError` (a ValueError), so each reader's one-line error for bad JSON, naming its file or flag, covers
-    it."""
+    """`json.loads(text)`, the one parse of JSON a user gives (a file, a flag's value). The parser's RecursionError
+    on JSON nested more deeply than it recurses is raised as `JSONNestingError` (a ValueError), so each reader's
+    one-line error for bad JSON, naming its file or flag, covers it."""
     try:
         return json.loads(text)
     except RecursionError:

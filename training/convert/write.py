@@ -148,123 +148,153 @@ def convert_checkpoint(
             f"--official-config is needed for {Path(checkpoint).name}: the official constructor kwargs (JSON, a "
             "fixture JSON or YAML); only the authors' released files come with theirs"
         )
-    family = SOURCES[source]
-    out = Path(output_dir)
-    torch_dtype = DTYPES[dtype]
-    tolerance = DEFAULT_ATOL[torch_dtype] if atol is None else atol
-    mean, std = image_mean or [0.5, 0.5, 0.5], image_std or [0.5, 0.5, 0.5]
+    out, torch_dtype = Path(output_dir), DTYPES[dtype]  # an unknown dtype fails before the folder is touched
     # the folder's lock (train's) from the repair to the rename: no other command repairs or replaces it meanwhile
     with locked_output_dir(out, flag="--output_dir"):
         # the previous folder back from where a command killed between its two renames left it, then checked as such
         restore_interrupted_publish(out)
         _check_output_dir(out, overwrite)
-
-        config_note = []
-        if official_config is None:
-            kwargs = family.normalise_kwargs(
-                dict(released.kwargs), where=f"official config of {released.filename}"
-            )
-            provenance = {**released.provenance(), "ignored_kwargs": []}
-            config_note = [
-                f"Official config: shipped with the converter for the released `{released.path}` "
-                f"({released.config_origin})."
-            ]
-        else:
-            kwargs, provenance = read_official_config(official_config, family)
-        state, golden, layout = read_checkpoint(checkpoint, trust_pickle)
-        if reference is not None:
-            golden = {k: v for k, v in read_checkpoint(reference)[1].items()}
-        family.check_state(state, kwargs, f"checkpoint {Path(checkpoint).name}")
-        config = family.config(kwargs)  # NotExpressible for structures our models lack
-        if family.training_only:
-            setattr(config, KEPT_KWARGS, {key: kwargs[key] for key in family.training_only})
-        state64 = {key: value.to(torch.float64) for key, value in state.items()}
-        ours = family.to_ours(state64, kwargs)
-
-        model = family.head_class(config).to(torch_dtype).eval()
-        missing, unexpected = model.load_state_dict(
-            {k: v.to(torch_dtype) for k, v in ours.items()}, strict=False
+        return write_conversion(
+            source,
+            released,
+            checkpoint,
+            official_config,
+            out,
+            dtype=dtype,
+            torch_dtype=torch_dtype,
+            trust_pickle=trust_pickle,
+            reference=reference,
+            atol=atol,
+            image_mean=image_mean,
+            image_std=image_std,
+            log=log,
         )
-        if missing or unexpected:  # a bug in the mapping table, not in the checkpoint
+
+
+def write_conversion(
+    source: str,
+    released: ReleasedFile | None,
+    checkpoint: str | Path,
+    official_config: str | Path | None,
+    out: Path,
+    *,
+    dtype: str,
+    torch_dtype: torch.dtype,
+    trust_pickle: bool,
+    reference: str | Path | None,
+    atol: float | None,
+    image_mean: list[float] | None,
+    image_std: list[float] | None,
+    log: Callable[[str], object],
+) -> Path:
+    """`convert_checkpoint`'s work once `out` is checked and locked: the checkpoint read, converted and verified,
+    the folder staged beside `out`, then published."""
+    family = SOURCES[source]
+    tolerance = DEFAULT_ATOL[torch_dtype] if atol is None else atol
+    mean, std = image_mean or [0.5, 0.5, 0.5], image_std or [0.5, 0.5, 0.5]
+
+    config_note = []
+    if official_config is None:
+        kwargs = family.normalise_kwargs(
+            dict(released.kwargs), where=f"official config of {released.filename}"
+        )
+        provenance = {**released.provenance(), "ignored_kwargs": []}
+        config_note = [
+            f"Official config: shipped with the converter for the released `{released.path}` "
+            f"({released.config_origin})."
+        ]
+    else:
+        kwargs, provenance = read_official_config(official_config, family)
+    state, golden, layout = read_checkpoint(checkpoint, trust_pickle)
+    if reference is not None:
+        golden = {k: v for k, v in read_checkpoint(reference)[1].items()}
+    family.check_state(state, kwargs, f"checkpoint {Path(checkpoint).name}")
+    config = family.config(kwargs)  # NotExpressible for structures our models lack
+    if family.training_only:
+        setattr(config, KEPT_KWARGS, {key: kwargs[key] for key in family.training_only})
+    state64 = {key: value.to(torch.float64) for key, value in state.items()}
+    ours = family.to_ours(state64, kwargs)
+
+    model = family.head_class(config).to(torch_dtype).eval()
+    missing, unexpected = model.load_state_dict({k: v.to(torch_dtype) for k, v in ours.items()}, strict=False)
+    if missing or unexpected:  # a bug in the mapping table, not in the checkpoint
+        raise ConversionError(f"internal mapping error: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    saved = {key: value.detach().clone() for key, value in model.state_dict().items()}
+
+    # Official tensors that the canonical reverse does not reproduce bit for bit (kept for an exact round trip).
+    canonical, _ = family.to_official({k: v.to(torch.float64) for k, v in saved.items()}, config)
+    extras = {
+        key: value.contiguous()
+        for key, value in state.items()
+        if not torch.equal(canonical[key].to(value.dtype), value)
+    }
+
+    # What the written folder must reproduce.
+    checks: list[tuple[str, torch.Tensor, float]] = []  # (what, expected logits, tolerance)
+    input_key = family.reference_input_key()
+    gold_key = f"golden/{'f64' if torch_dtype == torch.float64 else 'f32'}/logits"
+    if input_key in golden and gold_key in golden:
+        inputs, described = golden[input_key], f"on the reference input `{input_key}`"
+        checks.append((f"reference outputs `{gold_key}`", golden[gold_key], tolerance))
+    else:
+        inputs = family.example_inputs(kwargs)
+        described = "on a fixed seeded input; no reference outputs of the authors' run were given"
+    official = family.official_logits(state, kwargs, inputs, torch_dtype)
+    checks.append(("official computation (re-implemented, same dtype)", official, tolerance))
+    checks.append(("in-memory converted model", family.model_logits(model, inputs), tolerance))
+
+    # a SIGTERM or Ctrl-C removes the staging folder; what a SIGKILL left, the next conversion to `out` removes
+    with staging_folder(out) as tmp:
+        model.save_pretrained(tmp)
+        processor = family.processor(config, mean, std)
+        if processor is not None:
+            processor.save_pretrained(tmp)
+        if extras:
+            metadata = {"format": "pt", "source": source, "weights_fingerprint": fingerprint(saved)}
+            save_file(extras, str(tmp / EXTRAS_FILE), metadata=metadata)
+        reloaded = family.head_class.from_pretrained(tmp, dtype=torch_dtype).eval()
+        logits = family.model_logits(reloaded, inputs)
+        measured = [
+            (what, _max_abs(logits, expected), _scaled(tol, expected)) for what, expected, tol in checks
+        ]
+        failed = [f"the {what} by {error:.3e}" for what, error, tol in measured if not error <= tol]
+        if failed:
             raise ConversionError(
-                f"internal mapping error: missing {missing[:3]}, unexpected {unexpected[:3]}"
+                f"verification failed ({dtype}, {described}): the converted folder's logits differ from "
+                f"{' and from '.join(failed)} (tolerance {tolerance:.0e} × max(1, max |logit|)); nothing was "
+                "written (after checking the difference, --atol can accept a larger one)"
             )
-        saved = {key: value.detach().clone() for key, value in model.state_dict().items()}
-
-        # Official tensors that the canonical reverse does not reproduce bit for bit (kept for an exact round trip).
-        canonical, _ = family.to_official({k: v.to(torch.float64) for k, v in saved.items()}, config)
-        extras = {
-            key: value.contiguous()
-            for key, value in state.items()
-            if not torch.equal(canonical[key].to(value.dtype), value)
-        }
-
-        # What the written folder must reproduce.
-        checks: list[tuple[str, torch.Tensor, float]] = []  # (what, expected logits, tolerance)
-        input_key = family.reference_input_key()
-        gold_key = f"golden/{'f64' if torch_dtype == torch.float64 else 'f32'}/logits"
-        if input_key in golden and gold_key in golden:
-            inputs, described = golden[input_key], f"on the reference input `{input_key}`"
-            checks.append((f"reference outputs `{gold_key}`", golden[gold_key], tolerance))
-        else:
-            inputs = family.example_inputs(kwargs)
-            described = "on a fixed seeded input; no reference outputs of the authors' run were given"
-        official = family.official_logits(state, kwargs, inputs, torch_dtype)
-        checks.append(("official computation (re-implemented, same dtype)", official, tolerance))
-        checks.append(("in-memory converted model", family.model_logits(model, inputs), tolerance))
-
-        # a SIGTERM or Ctrl-C removes the staging folder; what a SIGKILL left, the next conversion to `out` removes
-        with staging_folder(out) as tmp:
-            model.save_pretrained(tmp)
-            processor = family.processor(config, mean, std)
-            if processor is not None:
-                processor.save_pretrained(tmp)
-            if extras:
-                metadata = {"format": "pt", "source": source, "weights_fingerprint": fingerprint(saved)}
-                save_file(extras, str(tmp / EXTRAS_FILE), metadata=metadata)
-            reloaded = family.head_class.from_pretrained(tmp, dtype=torch_dtype).eval()
-            logits = family.model_logits(reloaded, inputs)
-            measured = [
-                (what, _max_abs(logits, expected), _scaled(tol, expected)) for what, expected, tol in checks
-            ]
-            failed = [f"the {what} by {error:.3e}" for what, error, tol in measured if not error <= tol]
-            if failed:
-                raise ConversionError(
-                    f"verification failed ({dtype}, {described}): the converted folder's logits differ from "
-                    f"{' and from '.join(failed)} (tolerance {tolerance:.0e} × max(1, max |logit|)); nothing was "
-                    "written (after checking the difference, --atol can accept a larger one)"
-                )
-            record = conversion_record(
-                official_class=family.official_class,
-                repository=provenance.get("repo", family.repository),
-                commit=provenance.get("commit"),
-                checkpoint=Path(checkpoint).name,
-                sha256=sha256_file(checkpoint),
-                layout=layout,
-                dtype=dtype,
-                kwargs=kwargs,
-                notes=config_note
-                + family.structure_notes(kwargs)
-                + [
-                    f"`{key}` in the official config ignored: {family.ignored[key]}."
-                    for key in provenance["ignored_kwargs"]
-                ],
-                processor=(
-                    f"Image processor: resize to the model's image size, then normalise with mean {mean} and std {std} "
-                    "(`--image-mean/--image-std`). Check these against the training recipe of the checkpoint: the "
-                    "authors' data pipeline is not part of their checkpoints."
-                    if family.input_kind == "image"
-                    else family.processor_note(kwargs)
-                ),
-                extras_file=EXTRAS_FILE,
-                extras=sorted(extras),
-                input_description=described,
-                checks=measured,
-            )
-            _write_card(tmp, out.name, model, record)
-            _set_default_permissions(tmp)
-            # an old folder (or file) replaced only once the new one is complete
-            publish(tmp, out, overwrite=True)
+        record = conversion_record(
+            official_class=family.official_class,
+            repository=provenance.get("repo", family.repository),
+            commit=provenance.get("commit"),
+            checkpoint=Path(checkpoint).name,
+            sha256=sha256_file(checkpoint),
+            layout=layout,
+            dtype=dtype,
+            kwargs=kwargs,
+            notes=config_note
+            + family.structure_notes(kwargs)
+            + [
+                f"`{key}` in the official config ignored: {family.ignored[key]}."
+                for key in provenance["ignored_kwargs"]
+            ],
+            processor=(
+                f"Image processor: resize to the model's image size, then normalise with mean {mean} and std {std} "
+                "(`--image-mean/--image-std`). Check these against the training recipe of the checkpoint: the "
+                "authors' data pipeline is not part of their checkpoints."
+                if family.input_kind == "image"
+                else family.processor_note(kwargs)
+            ),
+            extras_file=EXTRAS_FILE,
+            extras=sorted(extras),
+            input_description=described,
+            checks=measured,
+        )
+        _write_card(tmp, out.name, model, record)
+        _set_default_permissions(tmp)
+        # an old folder (or file) replaced only once the new one is complete
+        publish(tmp, out, overwrite=True)
     log(f"converted {Path(checkpoint).name} ({layout}) -> {out} [{family.head_class.__name__}, {dtype}]")
     for what, error, tol in measured:
         log(f"  verified against the {what} {described}: max |Δlogits| = {error:.3e} (tolerance {tol:.0e})")
