@@ -246,6 +246,40 @@ def plot(out: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def probe_lines(out: dict) -> list[str]:
+    """The .md's probe section: how the probes ran, one row each (setting, steps, wall time, the curve)."""
+    schedule = out.get("probe_schedule_steps") or out["probe_steps"]
+    lines = [
+        "## Probes (choosing the settings)",
+        "",
+        "Each probe: the same flags as the main run but its own setting, "
+        + (
+            f"the first {out['probe_steps']} steps of a {schedule}-step cosine schedule (the main run's start)"
+            if schedule > out["probe_steps"]
+            else f"{out['probe_steps']} steps"
+        )
+        + f" at batch {out['batch_size']} unless the setting says otherwise; validation (256 easy puzzles) "
+        "along the way and at the end. Wall time: the whole command (data, training, validation, the test "
+        "split), on shared cores.",
+        "",
+        "| probe | setting | steps | wall time | mean training loss | val blank-cell at T by step | "
+        "val blank-cell at T | val board at T | plateau exit |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, p in out["probes"].items():
+        setting = describe(p.get("setting") or PROBES.get(name, {}))
+        trained = (p.get("eval_curve") or {}).get("trained", [])
+        along = ", ".join(f"{step}: {acc:.3f}" for step, acc, _ in trained[:-1]) or "–"
+        lines.append(
+            f"| {name} | {setting} | {p['global_step']} | {(p['wall_time_s'] or 0) / 60:.1f} min | "
+            f"{p['train_loss']:.3f} | {along} | {p['eval']['blank_cell_accuracy']:.4f} | "
+            f"{p['eval']['board_accuracy']:.4f} | "
+            f"{p['plateau_exit_step'] if p['plateau_exit_step'] is not None else 'never'} |"
+        )
+    lines.append("")
+    return lines
+
+
 def write_markdown(out: dict, path: Path) -> None:
     main = out["main"]
     T = main["trained_iterations"]
@@ -304,35 +338,7 @@ def write_markdown(out: dict, path: Path) -> None:
         "",
     ]
     if out.get("probes"):
-        schedule = out.get("probe_schedule_steps") or out["probe_steps"]
-        lines += [
-            "## Probes (choosing the settings)",
-            "",
-            "Each probe: the same flags as the main run but its own setting, "
-            + (
-                f"the first {out['probe_steps']} steps of a {schedule}-step cosine schedule (the main run's start)"
-                if schedule > out["probe_steps"]
-                else f"{out['probe_steps']} steps"
-            )
-            + f" at batch {out['batch_size']} unless the setting says otherwise; validation (256 easy puzzles) "
-            "along the way and at the end. Wall time: the whole command (data, training, validation, the test "
-            "split), on shared cores.",
-            "",
-            "| probe | setting | steps | wall time | mean training loss | val blank-cell at T by step | "
-            "val blank-cell at T | val board at T | plateau exit |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for name, p in out["probes"].items():
-            setting = describe(p.get("setting") or PROBES.get(name, {}))
-            trained = (p.get("eval_curve") or {}).get("trained", [])
-            along = ", ".join(f"{step}: {acc:.3f}" for step, acc, _ in trained[:-1]) or "–"
-            lines.append(
-                f"| {name} | {setting} | {p['global_step']} | {(p['wall_time_s'] or 0) / 60:.1f} min | "
-                f"{p['train_loss']:.3f} | {along} | {p['eval']['blank_cell_accuracy']:.4f} | "
-                f"{p['eval']['board_accuracy']:.4f} | "
-                f"{p['plateau_exit_step'] if p['plateau_exit_step'] is not None else 'never'} |"
-            )
-        lines.append("")
+        lines += probe_lines(out)
     if out.get("notes"):
         lines += [out["notes"], ""]
     path.write_text("\n".join(lines) + "\n")
