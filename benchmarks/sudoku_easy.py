@@ -64,6 +64,33 @@ PROBES: dict[str, dict] = {
         "beta1": 0.9,
         "config": {"position_embedding_type": "sincos-2d"},
     },
+    "b1-H2-lr1e-2": {"model": (64, 2, 8, 0.2), "lr": 1e-2, "supervision": "all", "beta1": 0.9},
+    "b1-H1-lr1e-2": {"model": (64, 1, 8, 0.2), "lr": 1e-2, "supervision": "all", "beta1": 0.9},
+    "b1-H2-lr2e-2": {"model": (64, 2, 8, 0.2), "lr": 2e-2, "supervision": "all", "beta1": 0.9},
+    "b1-H2-lr1e-2-sincos": {
+        "model": (64, 2, 8, 0.2),
+        "lr": 1e-2,
+        "supervision": "all",
+        "beta1": 0.9,
+        "config": {"position_embedding_type": "sincos-2d"},
+    },
+    "b1-d128-H4-lr1e-2": {"model": (128, 4, 8, 0.2), "lr": 1e-2, "supervision": "all", "beta1": 0.9},
+    "b1-H2-lr1e-2-b16": {
+        "model": (64, 2, 8, 0.2),
+        "lr": 1e-2,
+        "supervision": "all",
+        "beta1": 0.9,
+        "batch_size": 16,
+    },
+    # the best two changes together, for the steps a d = 128 probe takes in the same wall time
+    "b1-H2-lr1e-2-sincos-b16": {
+        "model": (64, 2, 8, 0.2),
+        "lr": 1e-2,
+        "supervision": "all",
+        "beta1": 0.9,
+        "batch_size": 16,
+        "config": {"position_embedding_type": "sincos-2d"},
+    },
 }
 
 
@@ -150,6 +177,7 @@ def summary(folder: Path) -> dict:
         "folder": str(folder),
         "command": metrics["recipe"]["command"],
         "global_step": metrics["recipe"]["global_step"],
+        "schedule_steps": metrics["recipe"].get("max_steps"),
         "wall_time_s": metrics.get("wall_time_s"),
         "trained_iterations": T,
         "num_parameters": metrics.get("num_parameters"),
@@ -271,7 +299,9 @@ def probe_lines(out: dict) -> list[str]:
         trained = (p.get("eval_curve") or {}).get("trained", [])
         along = ", ".join(f"{step}: {acc:.3f}" for step, acc, _ in trained[:-1]) or "–"
         lines.append(
-            f"| {name} | {setting} | {p['global_step']} | {(p['wall_time_s'] or 0) / 60:.1f} min | "
+            f"| {name} | {setting} | {p['global_step']}"
+            + (f" of {p['schedule_steps']}" if (p.get("schedule_steps") or 0) > p["global_step"] else "")
+            + f" | {(p['wall_time_s'] or 0) / 60:.1f} min | "
             f"{p['train_loss']:.3f} | {along} | {p['eval']['blank_cell_accuracy']:.4f} | "
             f"{p['eval']['board_accuracy']:.4f} | "
             f"{p['plateau_exit_step'] if p['plateau_exit_step'] is not None else 'never'} |"
