@@ -276,14 +276,14 @@ def plot(out: dict, path: Path) -> None:
 
 def probe_lines(out: dict) -> list[str]:
     """The .md's probe section: how the probes ran, one row each (setting, steps, wall time, the curve)."""
-    schedule = out.get("probe_schedule_steps") or out["probe_steps"]
+    partial = any((p.get("schedule_steps") or 0) > p["global_step"] for p in out["probes"].values())
     lines = [
         "## Probes (choosing the settings)",
         "",
         "Each probe: the same flags as the main run but its own setting, "
         + (
-            f"the first {out['probe_steps']} steps of a {schedule}-step cosine schedule (the main run's start)"
-            if schedule > out["probe_steps"]
+            "the first steps of a longer cosine schedule, as the start of a main run (steps: n of the schedule's N)"
+            if partial
             else f"{out['probe_steps']} steps"
         )
         + f" at batch {out['batch_size']} unless the setting says otherwise; validation (256 easy puzzles) "
