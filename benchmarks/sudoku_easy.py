@@ -46,7 +46,8 @@ def model_flags(hidden_size: int, heads: int, iterations: int, initializer_range
 
 
 # The probes: one change at a time from the first (the reduced sudoku-hard setting of sudoku_depth.py with deep
-# supervision over all iterations and the symmetry augmentation).
+# supervision over all iterations and the symmetry augmentation, the paper's β1 = 0). A setting's optional keys
+# are read by `train_flags`.
 PROBES: dict[str, dict] = {
     "ds-init0.2": {"model": (64, 8, 8, 0.2), "lr": 3e-3, "supervision": "all"},
     "ds-init0.02": {"model": (64, 8, 8, 0.02), "lr": 3e-3, "supervision": "all"},
@@ -294,7 +295,11 @@ def probe_lines(out: dict) -> list[str]:
         "val blank-cell at T | val board at T | plateau exit |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, p in out["probes"].items():
+    order = list(PROBES)  # the order they were tried in; others after them
+    ranked = sorted(
+        out["probes"].items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order)
+    )
+    for name, p in ranked:
         setting = describe(p.get("setting") or PROBES.get(name, {}))
         trained = (p.get("eval_curve") or {}).get("trained", [])
         along = ", ".join(f"{step}: {acc:.3f}" for step, acc, _ in trained[:-1]) or "–"
