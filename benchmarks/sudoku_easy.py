@@ -46,36 +46,91 @@ def model_flags(hidden_size: int, heads: int, iterations: int, initializer_range
 
 
 # The probes: one change at a time from the first (the reduced sudoku-hard setting of sudoku_depth.py with deep
-# supervision over all iterations and the symmetry augmentation).
+# supervision over all iterations and the symmetry augmentation, the paper's β1 = 0). A setting's optional keys
+# are read by `train_flags`.
 PROBES: dict[str, dict] = {
     "ds-init0.2": {"model": (64, 8, 8, 0.2), "lr": 3e-3, "supervision": "all"},
     "ds-init0.02": {"model": (64, 8, 8, 0.02), "lr": 3e-3, "supervision": "all"},
     "last-init0.2": {"model": (64, 8, 8, 0.2), "lr": 3e-3, "supervision": "last"},
     "ds-T16": {"model": (64, 8, 16, 0.2), "lr": 3e-3, "supervision": "all"},
     "ds-d128": {"model": (128, 8, 8, 0.2), "lr": 2e-3, "supervision": "all"},
+    # the second round (first steps of the main run's schedule): standard Adam β1, then one more change each
+    "b1-0.9": {"model": (64, 8, 8, 0.2), "lr": 3e-3, "supervision": "all", "beta1": 0.9},
+    "b1-lr1e-2": {"model": (64, 8, 8, 0.2), "lr": 1e-2, "supervision": "all", "beta1": 0.9},
+    "b1-H2": {"model": (64, 2, 8, 0.2), "lr": 3e-3, "supervision": "all", "beta1": 0.9},
+    "b1-sincos": {
+        "model": (64, 8, 8, 0.2),
+        "lr": 3e-3,
+        "supervision": "all",
+        "beta1": 0.9,
+        "config": {"position_embedding_type": "sincos-2d"},
+    },
+    "b1-H2-lr1e-2": {"model": (64, 2, 8, 0.2), "lr": 1e-2, "supervision": "all", "beta1": 0.9},
+    "b1-H1-lr1e-2": {"model": (64, 1, 8, 0.2), "lr": 1e-2, "supervision": "all", "beta1": 0.9},
+    "b1-H2-lr2e-2": {"model": (64, 2, 8, 0.2), "lr": 2e-2, "supervision": "all", "beta1": 0.9},
+    "b1-H2-lr1e-2-sincos": {
+        "model": (64, 2, 8, 0.2),
+        "lr": 1e-2,
+        "supervision": "all",
+        "beta1": 0.9,
+        "config": {"position_embedding_type": "sincos-2d"},
+    },
+    "b1-d128-H4-lr1e-2": {"model": (128, 4, 8, 0.2), "lr": 1e-2, "supervision": "all", "beta1": 0.9},
+    "b1-H2-lr1e-2-b16": {
+        "model": (64, 2, 8, 0.2),
+        "lr": 1e-2,
+        "supervision": "all",
+        "beta1": 0.9,
+        "batch_size": 16,
+    },
+    # the best two changes together, for the steps a d = 128 probe takes in the same wall time
+    "b1-H2-lr1e-2-sincos-b16": {
+        "model": (64, 2, 8, 0.2),
+        "lr": 1e-2,
+        "supervision": "all",
+        "beta1": 0.9,
+        "batch_size": 16,
+        "config": {"position_embedding_type": "sincos-2d"},
+    },
 }
 
 
 def train_flags(setting: dict, steps: int, batch_size: int, seed: int, eval_steps: int) -> list[str]:
     """The CLI flags of one run: Hyper-SET, the `sudoku` preset, the paper's optimiser (AdamW β = (0, 0.95),
-    weight decay 0.1, clip 1.0), cosine lr, deep supervision as `setting` says, the symmetry augmentation."""
+    weight decay 0.1, clip 1.0), cosine lr, deep supervision as `setting` says, the symmetry augmentation.
+    `setting`'s optional keys change one part: `beta1` (AdamW β1), `batch_size` (replaces `batch_size`), `config`
+    (more config fields, KEY: VALUE) and `flags` (more CLI flags, after the others)."""
     d, heads, T, init = setting["model"]
+    extra = [f"{key}={json.dumps(value)}" for key, value in setting.get("config", {}).items()]
     return [
         "--model", "hyperset", "--dataset", "sudoku", "--preset", "sudoku",
-        *model_flags(d, heads, T, init),
+        *model_flags(d, heads, T, init), *extra,
         "--deep_supervision", setting["supervision"], "--sudoku_augmentation",
         "--max_eval_samples", "256", "--max_test_samples", "1000",
-        "--max_steps", str(steps), "--batch_size", str(batch_size), "--lr", str(setting["lr"]),
+        "--max_steps", str(steps), "--batch_size", str(setting.get("batch_size", batch_size)),
+        "--lr", str(setting["lr"]),
         "--lr_scheduler_type", "cosine", "--weight_decay", "0.1", "--max_grad_norm", "1.0",
-        "--adam_beta1", "0", "--adam_beta2", "0.95", "--seed", str(seed),
+        "--adam_beta1", str(setting.get("beta1", 0)), "--adam_beta2", "0.95", "--seed", str(seed),
         "--save_strategy", "no", "--num_threads", "1", "--disable_tqdm", "--num_predictions", "0",
         "--logging_steps", "10", "--eval_strategy", "steps", "--eval_steps", str(eval_steps),
-        "--eval_iterations", *map(str, sudoku_depth.eval_depths(T)),
+        "--eval_iterations", *map(str, sudoku_depth.eval_depths(T)), *setting.get("flags", []),
     ]  # fmt: skip
 
 
-def train(argv: list[str], minutes: float | None) -> dict:
-    """Run the training CLI in this process; stop after the step that passes `minutes` of training."""
+def describe(setting: dict) -> str:
+    """One probe's setting in words, for the table of the .md."""
+    d, heads, T, init = setting.get("model", ("?",) * 4)
+    words = f"d={d}, H={heads}, T={T}, init {init}, lr {setting.get('lr')}, supervision {setting.get('supervision')}"
+    words += f", β1 {setting.get('beta1', 0)}"
+    if "batch_size" in setting:
+        words += f", batch {setting['batch_size']}"
+    words += "".join(f", {key}={value}" for key, value in setting.get("config", {}).items())
+    return words + "".join(f" {flag}" for flag in setting.get("flags", []))
+
+
+def train(argv: list[str], minutes: float | None, stop_at_step: int | None = None) -> dict:
+    """Run the training CLI in this process; stop after the step that passes `minutes` of training, or after step
+    `stop_at_step` (a probe that runs the first steps of a longer schedule)."""
     from transformers import TrainerCallback
 
     from energyformers.training import train as train_cli
@@ -88,11 +143,17 @@ def train(argv: list[str], minutes: float | None) -> dict:
             self.started = time.time()
 
         def on_step_end(self, args, state, control, **kwargs):
-            if time.time() - self.started >= self.seconds and self.hit_at is None:
+            if (
+                self.seconds is not None
+                and time.time() - self.started >= self.seconds
+                and self.hit_at is None
+            ):
                 self.hit_at = state.global_step
                 control.should_training_stop = True
+            if stop_at_step is not None and state.global_step >= stop_at_step:
+                control.should_training_stop = True
 
-    cap = WallTimeCap(minutes * 60) if minutes else None
+    cap = WallTimeCap(minutes * 60 if minutes else None) if minutes or stop_at_step else None
     print(f"[sudoku_easy] energyformers train {shlex.join(argv)}", flush=True)
     start = time.time()
     code = train_cli.main(argv, callbacks=[cap] if cap else None)
@@ -104,6 +165,7 @@ def train(argv: list[str], minutes: float | None) -> dict:
         "training_seconds": round(time.time() - cap.started, 1) if cap and cap.started else None,
         "stopped_by_wall_time_at_step": cap.hit_at if cap else None,
         "minutes_cap": minutes,
+        "stop_at_step": stop_at_step,
     }
 
 
@@ -116,6 +178,7 @@ def summary(folder: Path) -> dict:
         "folder": str(folder),
         "command": metrics["recipe"]["command"],
         "global_step": metrics["recipe"]["global_step"],
+        "schedule_steps": metrics["recipe"].get("max_steps"),
         "wall_time_s": metrics.get("wall_time_s"),
         "trained_iterations": T,
         "num_parameters": metrics.get("num_parameters"),
@@ -212,6 +275,46 @@ def plot(out: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def probe_lines(out: dict) -> list[str]:
+    """The .md's probe section: how the probes ran, one row each (setting, steps, wall time, the curve)."""
+    partial = any((p.get("schedule_steps") or 0) > p["global_step"] for p in out["probes"].values())
+    lines = [
+        "## Probes (choosing the settings)",
+        "",
+        "Each probe: the same flags as the main run but its own setting, "
+        + (
+            "the first steps of a longer cosine schedule, as the start of a main run (steps: n of the schedule's N)"
+            if partial
+            else f"{out['probe_steps']} steps"
+        )
+        + f" at batch {out['batch_size']} unless the setting says otherwise; validation (256 easy puzzles) "
+        "along the way and at the end. Wall time: the whole command (data, training, validation, the test "
+        "split), on shared cores.",
+        "",
+        "| probe | setting | steps | wall time | mean training loss | val blank-cell at T by step | "
+        "val blank-cell at T | val board at T | plateau exit |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    order = list(PROBES)  # the order they were tried in; others after them
+    ranked = sorted(
+        out["probes"].items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order)
+    )
+    for name, p in ranked:
+        setting = describe(p.get("setting") or PROBES.get(name, {}))
+        trained = (p.get("eval_curve") or {}).get("trained", [])
+        along = ", ".join(f"{step}: {acc:.3f}" for step, acc, _ in trained[:-1]) or "–"
+        lines.append(
+            f"| {name} | {setting} | {p['global_step']}"
+            + (f" of {p['schedule_steps']}" if (p.get("schedule_steps") or 0) > p["global_step"] else "")
+            + f" | {(p['wall_time_s'] or 0) / 60:.1f} min | "
+            f"{p['train_loss']:.3f} | {along} | {p['eval']['blank_cell_accuracy']:.4f} | "
+            f"{p['eval']['board_accuracy']:.4f} | "
+            f"{p['plateau_exit_step'] if p['plateau_exit_step'] is not None else 'never'} |"
+        )
+    lines.append("")
+    return lines
+
+
 def write_markdown(out: dict, path: Path) -> None:
     main = out["main"]
     T = main["trained_iterations"]
@@ -270,26 +373,7 @@ def write_markdown(out: dict, path: Path) -> None:
         "",
     ]
     if out.get("probes"):
-        lines += [
-            "## Probes (choosing the settings)",
-            "",
-            "Each probe: the same flags as the main run but its own setting, "
-            f"{out['probe_steps']} steps at batch {out['batch_size']}; validation (256 easy puzzles) at the end.",
-            "",
-            "| probe | setting | steps | wall time | mean training loss | val blank-cell at T | val board at T | "
-            "plateau exit |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for name, p in out["probes"].items():
-            s = PROBES.get(name, {})
-            d, heads, T_p, init = s.get("model", ("?",) * 4)
-            setting = f"d={d}, H={heads}, T={T_p}, init {init}, lr {s.get('lr')}, supervision {s.get('supervision')}"
-            lines.append(
-                f"| {name} | {setting} | {p['global_step']} | {(p['wall_time_s'] or 0) / 60:.1f} min | "
-                f"{p['train_loss']:.3f} | {p['eval']['blank_cell_accuracy']:.4f} | {p['eval']['board_accuracy']:.4f} | "
-                f"{p['plateau_exit_step'] if p['plateau_exit_step'] is not None else 'never'} |"
-            )
-        lines.append("")
+        lines += probe_lines(out)
     if out.get("notes"):
         lines += [out["notes"], ""]
     path.write_text("\n".join(lines) + "\n")
@@ -304,6 +388,16 @@ def main(argv: list[str] | None = None) -> None:
         "--probes", default=",".join(PROBES), help=f"comma-separated names from {list(PROBES)}"
     )
     parser.add_argument("--probe_steps", type=int, default=150, help="optimizer steps of each probe")
+    parser.add_argument(
+        "--probe_schedule_steps",
+        type=int,
+        default=None,
+        help="the lr schedule's length in each probe, which stops after --probe_steps (e.g. the main run's "
+        "--max_steps: a probe is then the first steps of that run); unset: --probe_steps",
+    )
+    parser.add_argument(
+        "--probe_eval_steps", type=int, default=None, help="validation every N probe steps; unset: at the end"
+    )
     parser.add_argument("--setting", default="ds-init0.2", help="the probe setting the main run uses")
     parser.add_argument("--max_steps", type=int, default=1500, help="the main run's schedule length")
     parser.add_argument(
@@ -330,6 +424,13 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("probe_steps", "max_steps", "batch_size", "eval_steps", "n_test"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be an integer >= 1; got {getattr(args, name)}")
+    for name in ("probe_schedule_steps", "probe_eval_steps"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name} must be an integer >= 1 (or unset); got {getattr(args, name)}")
+    if args.probe_schedule_steps is not None and args.probe_schedule_steps < args.probe_steps:
+        parser.error(
+            f"--probe_schedule_steps must be >= --probe_steps ({args.probe_steps}); got {args.probe_schedule_steps}"
+        )
     if args.minutes <= 0:
         parser.error(f"--minutes must be > 0; got {args.minutes}")
     work, stem = Path(args.work_dir), Path(args.results)
@@ -337,8 +438,12 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.stage in ("all", "probes"):
         for name in probes:
-            flags = train_flags(PROBES[name], args.probe_steps, args.batch_size, args.seed, args.probe_steps)
-            train([*flags, "--output_dir", str(work / f"probe-{name}"), "--overwrite_output_dir"], None)
+            schedule = args.probe_schedule_steps or args.probe_steps
+            flags = train_flags(
+                PROBES[name], schedule, args.batch_size, args.seed, args.probe_eval_steps or args.probe_steps
+            )
+            stop = args.probe_steps if schedule > args.probe_steps else None
+            train([*flags, "--output_dir", str(work / f"probe-{name}"), "--overwrite_output_dir"], None, stop)
         if args.stage == "probes":
             return
     json_path = stem.with_suffix(".json")
@@ -373,7 +478,8 @@ def main(argv: list[str] | None = None) -> None:
             "torch": torch.__version__,
             "batch_size": args.batch_size,
             "probe_steps": args.probe_steps,
-            "probes": {name: summary(path) for name, path in found.items()},
+            "probe_schedule_steps": args.probe_schedule_steps or args.probe_steps,
+            "probes": {name: summary(path) | {"setting": PROBES.get(name)} for name, path in found.items()},
             "main": main_run,
             "depths": evaluate_depths(folder, args.n_test, args.eval_batch_size),
             "notes": args.notes,

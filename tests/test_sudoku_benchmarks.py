@@ -302,6 +302,58 @@ def test_sudoku_easy_probe_capped_main_run_and_easy_to_hard_evaluation(tmp_path,
     assert stem.with_suffix(".png").stat().st_size > 0
 
 
+def test_sudoku_easy_probe_runs_the_first_steps_of_a_longer_schedule_with_its_own_setting(
+    tmp_path, monkeypatch
+):
+    """A probe's setting reaches the training command (β1, batch, config fields, extra flags), and with
+    --probe_schedule_steps the probe trains the first --probe_steps of that schedule, validated every
+    --probe_eval_steps; the probe table shows the setting and the curve."""
+    needs("sudoku")
+    needs("sudoku-hard")
+    setting = {
+        "model": (16, 2, 2, 0.2),
+        "lr": 3e-3,
+        "supervision": "all",
+        "beta1": 0.9,
+        "batch_size": 4,
+        "config": {"position_embedding_type": "sincos-2d"},
+        "flags": ["--deep_supervision_weights", "linear"],
+    }
+    monkeypatch.setitem(sudoku_easy.PROBES, "ds-init0.2", setting)
+    work = tmp_path / "w"
+    argv = [
+        "--stage",
+        "probes",
+        "--probes",
+        "ds-init0.2",
+        "--probe_steps",
+        "3",
+        "--probe_schedule_steps",
+        "40",
+    ]
+    sudoku_easy.main([*argv, "--probe_eval_steps", "1", "--batch_size", "8", "--work_dir", str(work)])
+    folder = work / "probe-ds-init0.2"
+    metrics = json.loads((folder / "metrics.json").read_text())
+    recipe, config = metrics["recipe"], json.loads((folder / "config.json").read_text())
+    assert (recipe["global_step"], recipe["max_steps"], recipe["batch_size"]) == (3, 40, 4), recipe
+    assert recipe["adam_betas"][0] == 0.9, recipe["adam_betas"]
+    assert config["position_embedding_type"] == "sincos-2d", config["position_embedding_type"]
+    assert config["deep_supervision_weights"] == "linear", config["deep_supervision_weights"]
+    trained = sudoku_easy.summary(folder)["eval_curve"]["trained"]
+    assert [step for step, _, _ in trained][:3] == [1, 2, 3], trained  # validated every step
+    # the table, rendered from results that hold this probe
+    out = {
+        "machine": "m", "command": "c", "batch_size": 8, "probe_steps": 3, "probe_schedule_steps": 40,
+        "probes": {"ds-init0.2": sudoku_easy.summary(folder) | {"setting": setting}},
+    }  # fmt: skip
+    md = sudoku_easy.probe_lines(out)
+    assert any("the first steps of a longer cosine schedule" in line for line in md), md
+    row = next(line for line in md if line.startswith("| ds-init0.2 |"))
+    assert "| 3 of 40 |" in row, row
+    assert "β1 0.9, batch 4, position_embedding_type=sincos-2d --deep_supervision_weights linear" in row, row
+    assert "1: " in row and "2: " in row, row
+
+
 def test_sudoku_easy_refuses_bad_arguments_before_training(tmp_path, capsys):
     for argv, message in (
         (["--probes", "ds-init0.2,nope"], "--probes"),
