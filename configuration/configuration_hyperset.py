@@ -59,12 +59,6 @@ def _image_sides(value: Any) -> tuple[int, int]:
     return 0, 0
 
 
-def _default_pad_token_id(input_type: Any, pad_token_id: Any) -> Any:
-    """`pad_token_id` as given; None is 0 for `input_type="sequence"`, the [PAD] id of the package's tokenizers and
-    BERT's default, so `Trainer` with such a tokenizer has nothing to align; images keep None."""
-    return 0 if pad_token_id is None and input_type == "sequence" else pad_token_id
-
-
 class ConfigValueError(ValueError):
     """A config value refused, saying which fields the refusal involves: `fields` is the refused field first, then
     every other field the rule that refused it reads (`("hidden_size", "num_attention_heads")` for heads that do
@@ -604,7 +598,7 @@ class RecurrentDepthConfig(_CheckedConfig, PreTrainedConfig):
         self.patch_size = patch_size
         self.num_channels = num_channels
         self.vocab_size = vocab_size
-        self.pad_token_id = _default_pad_token_id(input_type, pad_token_id)
+        self.pad_token_id = pad_token_id
         self.max_position_embeddings = max_position_embeddings
         self.position_embedding_type = position_embedding_type
         self.pooling = pooling
@@ -854,8 +848,8 @@ class HyperSetConfig(RecurrentDepthConfig):
         pad_token_id (`int`, *optional*):
             Id of the padding token of `input_ids`, as in BERT's config: the models do not read it (`attention_mask`
             marks padding); transformers' tools do (`Trainer` aligns it with its tokenizer's, logging when they
-            differ). None takes 0 for `input_type="sequence"`, the [PAD] id of the package's tokenizers and BERT's
-            default; images have no tokens and keep None. `energyformers train` sets its tokenizer's.
+            differ). Unset (None) by default, as an old config.json reads: a config built by hand gets its
+            tokenizer's from `Trainer`; `energyformers train` sets its tokenizer's.
         max_position_embeddings (`int`, *optional*, defaults to 512):
             Longest sequence accepted; the size of the position table (512, BERT's default; sequences only).
         position_embedding_type (`str`, *optional*, defaults to `"sinusoidal"`):

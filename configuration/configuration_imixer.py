@@ -55,12 +55,6 @@ def _image_sides(value: Any) -> tuple[int, int]:
     return 0, 0
 
 
-def _default_pad_token_id(input_type: Any, pad_token_id: Any) -> Any:
-    """`pad_token_id` as given; None is 0 for `input_type="sequence"`, the [PAD] id of the package's tokenizers and
-    BERT's default, so `Trainer` with such a tokenizer has nothing to align; images keep None."""
-    return 0 if pad_token_id is None and input_type == "sequence" else pad_token_id
-
-
 class ConfigValueError(ValueError):
     """A config value refused, saying which fields the refusal involves: `fields` is the refused field first, then
     every other field the rule that refused it reads (`("hidden_size", "num_attention_heads")` for heads that do
@@ -533,8 +527,8 @@ class IMixerConfig(_CheckedConfig, PreTrainedConfig):
         pad_token_id (`int`, *optional*):
             Id of the padding token of `input_ids`, as in BERT's config: the models do not read it (`attention_mask`
             marks padding); transformers' tools do (`Trainer` aligns it with its tokenizer's, logging when they
-            differ). None takes 0 for `input_type="sequence"`, the [PAD] id of the package's tokenizers and BERT's
-            default; images have no tokens and keep None. `energyformers train` sets its tokenizer's.
+            differ). Unset (None) by default, as an old config.json reads: a config built by hand gets its
+            tokenizer's from `Trainer`; `energyformers train` sets its tokenizer's.
         max_position_embeddings (`int`, *optional*, defaults to 128):
             Token-mixing length S for sequences: every input is padded internally to S, so longer ones
             are rejected; 128 covers sentence-level tasks without paying for 512 padded tokens.
@@ -618,7 +612,7 @@ class IMixerConfig(_CheckedConfig, PreTrainedConfig):
         self.hidden_dropout_prob = hidden_dropout_prob
         self.drop_path_rate = drop_path_rate
         self.vocab_size = vocab_size
-        self.pad_token_id = _default_pad_token_id(input_type, pad_token_id)
+        self.pad_token_id = pad_token_id
         self.max_position_embeddings = max_position_embeddings
         self.layer_norm_eps = layer_norm_eps
         self.initializer_range = initializer_range

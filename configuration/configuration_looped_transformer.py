@@ -104,8 +104,8 @@ class LoopedTransformerConfig(RecurrentDepthConfig):
         pad_token_id (`int`, *optional*):
             Id of the padding token of `input_ids`, as in BERT's config: the models do not read it (`attention_mask`
             marks padding); transformers' tools do (`Trainer` aligns it with its tokenizer's, logging when they
-            differ). None takes 0 for `input_type="sequence"`, the [PAD] id of the package's tokenizers and BERT's
-            default; images have no tokens and keep None. `energyformers train` sets its tokenizer's.
+            differ). Unset (None) by default, as an old config.json reads: a config built by hand gets its
+            tokenizer's from `Trainer`; `energyformers train` sets its tokenizer's.
         max_position_embeddings (`int`, *optional*, defaults to 512):
             Longest sequence accepted; the size of the position table (512, BERT's default; sequences only).
         position_embedding_type (`str`, *optional*, defaults to `"sinusoidal"`):

@@ -1,6 +1,6 @@
-"""`pad_token_id` is a declared config field, as BERT's: None for images, 0 for sequences unless given (the [PAD] id
-of the package's tokenizers), checked, saved and loaded; `energyformers train` writes its tokenizer's, and a
-`Trainer` given the package's tokenizer has nothing to align (transformers logs a notice when it aligns one)."""
+"""`pad_token_id` is a declared config field, as BERT's: unset (None) unless given, checked, saved and loaded;
+`energyformers train` writes its tokenizer's, and a `Trainer` given the package's tokenizer and a config holding its
+pad id has nothing to align (transformers logs a notice when it aligns one)."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ NOTICE = "The tokenizer has new PAD/BOS/EOS tokens"
 
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))
-def test_pad_token_id_is_none_for_images_zero_for_sequences_and_survives_a_round_trip(family, tmp_path):
+def test_pad_token_id_is_unset_unless_given_and_survives_a_round_trip(family, tmp_path):
     make = CONFIGS[family].config
     image, sequence, given = make("image"), make("sequence"), make("sequence", pad_token_id=3)
     got = (image.pad_token_id, sequence.pad_token_id, given.pad_token_id)
-    assert got == (None, 0, 3), f"{family}: (image, sequence, given 3) pad_token_id = {got}"
+    assert got == (None, None, 3), f"{family}: (image, sequence, given 3) pad_token_id = {got}"
     for config in (image, sequence, given):
         config.save_pretrained(tmp_path / "config")
         saved = json.loads((tmp_path / "config" / "config.json").read_text())
@@ -82,20 +82,21 @@ def trainer_notices(model, tokenizer, tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))
-def test_a_trainer_with_the_package_tokenizer_has_no_pad_token_to_align(family, tmp_path):
+def test_a_trainer_aligns_an_unset_pad_token_id_and_has_nothing_to_align_when_it_is_given(family, tmp_path):
     tokenizer = train_tokenizer(["a good film", "a bad film", "good", "bad"] * 5, vocab_size=50, max_length=8)
-    assert tokenizer.pad_token_id == 0, tokenizer.pad_token_id  # the premise of the sequence default
-    config = CONFIGS[family].config(
-        "sequence", vocab_size=len(tokenizer), max_position_embeddings=8, num_labels=2
+    sizes = dict(vocab_size=len(tokenizer), max_position_embeddings=8, num_labels=2)
+    given = CONFIGS[family].config("sequence", pad_token_id=tokenizer.pad_token_id, **sizes)
+    assert (
+        trainer_notices(AutoModelForSequenceClassification.from_config(given), tokenizer, tmp_path) == []
+    ), family
+    # unset, Trainer takes the tokenizer's and logs it: the field is there for transformers' tools to set
+    model = AutoModelForSequenceClassification.from_config(CONFIGS[family].config("sequence", **sizes))
+    notices = trainer_notices(model, tokenizer, tmp_path)
+    assert len(notices) == 1 and model.config.pad_token_id == tokenizer.pad_token_id, (
+        family,
+        notices,
+        model.config.pad_token_id,
     )
-    model = AutoModelForSequenceClassification.from_config(config)
-    assert trainer_notices(model, tokenizer, tmp_path) == [], family
-    # the same run with another pad id in the config is aligned, and logged: the check above can see a notice
-    config = CONFIGS[family].config(
-        "sequence", vocab_size=len(tokenizer), max_position_embeddings=8, num_labels=2, pad_token_id=3
-    )
-    notices = trainer_notices(AutoModelForSequenceClassification.from_config(config), tokenizer, tmp_path)
-    assert len(notices) == 1 and "'pad_token_id': 0" in notices[0], notices
 
 
 def test_a_cli_text_run_saves_its_tokenizer_s_pad_token_id(tmp_path):
