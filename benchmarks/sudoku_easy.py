@@ -92,6 +92,17 @@ PROBES: dict[str, dict] = {
         "batch_size": 16,
         "config": {"position_embedding_type": "sincos-2d"},
     },
+    # the winner trained at random depth (mean T, so the same mean cost per step) with the input anchor, the
+    # combination that kept digit accuracy flat far past T in recurrent_depth.py: does it think longer here?
+    "b1-H2-lr1e-2-sincos-b16-anchor0.5-U4-12": {
+        "model": (64, 2, 8, 0.2),
+        "lr": 1e-2,
+        "supervision": "all",
+        "beta1": 0.9,
+        "batch_size": 16,
+        "config": {"position_embedding_type": "sincos-2d", "input_anchor": 0.5},
+        "flags": ["--iteration_sampling", "uniform", "--min_iterations", "4", "--max_iterations", "12"],
+    },
 }
 
 
