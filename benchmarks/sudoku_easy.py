@@ -103,6 +103,24 @@ PROBES: dict[str, dict] = {
         "config": {"position_embedding_type": "sincos-2d", "input_anchor": 0.5},
         "flags": ["--iteration_sampling", "uniform", "--min_iterations", "4", "--max_iterations", "12"],
     },
+    # the two changes of the setting above one at a time
+    "b1-H2-lr1e-2-sincos-b16-anchor0.5": {
+        "model": (64, 2, 8, 0.2),
+        "lr": 1e-2,
+        "supervision": "all",
+        "beta1": 0.9,
+        "batch_size": 16,
+        "config": {"position_embedding_type": "sincos-2d", "input_anchor": 0.5},
+    },
+    "b1-H2-lr1e-2-sincos-b16-U4-12": {
+        "model": (64, 2, 8, 0.2),
+        "lr": 1e-2,
+        "supervision": "all",
+        "beta1": 0.9,
+        "batch_size": 16,
+        "config": {"position_embedding_type": "sincos-2d"},
+        "flags": ["--iteration_sampling", "uniform", "--min_iterations", "4", "--max_iterations", "12"],
+    },
 }
 
 
