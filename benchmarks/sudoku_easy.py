@@ -48,6 +48,17 @@ def model_flags(hidden_size: int, heads: int, iterations: int, initializer_range
 # The probes: one change at a time from the first (the reduced sudoku-hard setting of sudoku_depth.py with deep
 # supervision over all iterations and the symmetry augmentation, the paper's β1 = 0). A setting's optional keys
 # are read by `train_flags`.
+# the setting the probes chose (sudoku_easy.md's main run), and what the random-depth runs add to it
+WINNER: dict = {
+    "model": (64, 2, 8, 0.2),
+    "lr": 1e-2,
+    "supervision": "all",
+    "beta1": 0.9,
+    "batch_size": 16,
+    "config": {"position_embedding_type": "sincos-2d"},
+}
+ANCHORED = {"position_embedding_type": "sincos-2d", "input_anchor": 0.5}
+RANDOM_DEPTH = ["--iteration_sampling", "uniform", "--min_iterations", "4", "--max_iterations", "12"]
 PROBES: dict[str, dict] = {
     "ds-init0.2": {"model": (64, 8, 8, 0.2), "lr": 3e-3, "supervision": "all"},
     "ds-init0.02": {"model": (64, 8, 8, 0.02), "lr": 3e-3, "supervision": "all"},
@@ -84,43 +95,13 @@ PROBES: dict[str, dict] = {
         "batch_size": 16,
     },
     # the best two changes together, for the steps a d = 128 probe takes in the same wall time
-    "b1-H2-lr1e-2-sincos-b16": {
-        "model": (64, 2, 8, 0.2),
-        "lr": 1e-2,
-        "supervision": "all",
-        "beta1": 0.9,
-        "batch_size": 16,
-        "config": {"position_embedding_type": "sincos-2d"},
-    },
+    "b1-H2-lr1e-2-sincos-b16": WINNER,
     # the winner trained at random depth (mean T, so the same mean cost per step) with the input anchor, the
     # combination that kept digit accuracy flat far past T in recurrent_depth.py: does it think longer here?
-    "b1-H2-lr1e-2-sincos-b16-anchor0.5-U4-12": {
-        "model": (64, 2, 8, 0.2),
-        "lr": 1e-2,
-        "supervision": "all",
-        "beta1": 0.9,
-        "batch_size": 16,
-        "config": {"position_embedding_type": "sincos-2d", "input_anchor": 0.5},
-        "flags": ["--iteration_sampling", "uniform", "--min_iterations", "4", "--max_iterations", "12"],
-    },
+    "b1-H2-lr1e-2-sincos-b16-anchor0.5-U4-12": {**WINNER, "config": ANCHORED, "flags": RANDOM_DEPTH},
     # the two changes of the setting above one at a time
-    "b1-H2-lr1e-2-sincos-b16-anchor0.5": {
-        "model": (64, 2, 8, 0.2),
-        "lr": 1e-2,
-        "supervision": "all",
-        "beta1": 0.9,
-        "batch_size": 16,
-        "config": {"position_embedding_type": "sincos-2d", "input_anchor": 0.5},
-    },
-    "b1-H2-lr1e-2-sincos-b16-U4-12": {
-        "model": (64, 2, 8, 0.2),
-        "lr": 1e-2,
-        "supervision": "all",
-        "beta1": 0.9,
-        "batch_size": 16,
-        "config": {"position_embedding_type": "sincos-2d"},
-        "flags": ["--iteration_sampling", "uniform", "--min_iterations", "4", "--max_iterations", "12"],
-    },
+    "b1-H2-lr1e-2-sincos-b16-anchor0.5": {**WINNER, "config": ANCHORED},
+    "b1-H2-lr1e-2-sincos-b16-U4-12": {**WINNER, "flags": RANDOM_DEPTH},
 }
 
 
