@@ -235,11 +235,11 @@ RECIPES: dict[str, dict[str, Any]] = {
         "max_grad_norm": 1.0,  # HS Table 3: gradient clipping 1.0
     },
     # The same with a loss on every iteration and the board symmetries: NOT the paper's recipe (the GPU run's
-    # Sudoku recipe is the next one, which also changes the optimiser). Why: the models that solve most boards (Recurrent Transformer, TRM)
-    # supervise the iterations, and the paper's last-iteration loss keeps Hyper-SET at chance (ln 9) for thousands
-    # of steps; in the reduced CPU runs of benchmarks/results/sudoku_depth.md only the loss on every iteration took
-    # Hyper-SET off that plateau within the budget (that file has the numbers). Needs a Sudoku dataset
-    # (`--sudoku_augmentation` refuses any other).
+    # Sudoku recipe is the next one, which also changes the optimiser). Why: the models that solve most boards
+    # (Recurrent Transformer, TRM) supervise the iterations, and the paper's last-iteration loss keeps Hyper-SET at
+    # chance (ln 9) for thousands of steps; in the reduced CPU runs of benchmarks/results/sudoku_depth.md only the
+    # loss on every iteration took Hyper-SET off that plateau within the budget (that file has the numbers). Needs
+    # a Sudoku dataset (`--sudoku_augmentation` refuses any other).
     "hyperset-sudoku-ds": {
         "num_train_epochs": 200,  # HS Table 3, §5.1: epochs 200
         "per_device_train_batch_size": 16,  # HS Table 3: batch size 16 (one RTX 3090: global = per device)

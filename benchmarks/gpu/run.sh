@@ -37,8 +37,8 @@ set -u
 SUDOKU_RECIPE=hyperset-sudoku-ds-fast
 SUDOKU_CONFIG="hidden_size=64 num_attention_heads=2 intermediate_size=256 num_iterations=8 initializer_range=0.2 \
 position_embedding_type=sincos-2d"
-# The cosine schedule's length, that of the probe the setting was chosen by (its first steps, warm-up included,
-# are the probe's); the stage's time limit stops training long before, so the time budget rules, not this cap.
+# The cosine schedule's length: that of the probe the setting was chosen by, so the stage's first steps, warm-up
+# included, are the probe's. A cap, not a plan: the stage's time limit (below) is meant to stop training first.
 SUDOKU_STEPS=6000
 SUDOKU_RESERVE=30 # seconds of the stage's budget kept for the final evaluation and writing its result
 # Processes that compile the speed stage's compiled passes ahead of its measuring process (gpu_speed.py
