@@ -20,8 +20,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from energyformers.training.arguments import parse_overrides
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu" / "run.sh"
+
+# The setting the Sudoku stage trains with is the one the CPU probes measured to leave the chance plateau
+# (benchmarks/sudoku_easy.py's WINNER). The benchmarks folder is not a package: on sys.path only for this import.
+with pytest.MonkeyPatch.context() as _patch:
+    _patch.syspath_prepend(str(ROOT / "benchmarks"))
+    from sudoku_easy import WINNER, model_flags
 STAGES = ("install", "attention", "speed", "sudoku")
 # what each half of the stages leaves in OUT_DIR; a run of all four leaves both (at most 8 files: what the GPU tool
 # brings back, none deeper than two folders)
@@ -53,7 +61,8 @@ def finished(out: Path, done: subprocess.CompletedProcess) -> tuple[str, str, di
 def check_attention_and_sudoku(out: Path, rows: dict[str, str], summary: str) -> None:
     assert " 0 failed" in rows["attention"] and "bfloat16 cases: 0 passed" not in rows["attention"], summary
     sudoku = json.loads((out / "sudoku.json").read_text())
-    assert sudoku["exit_code"] == 0 and sudoku["recipe"] == "hyperset-sudoku-ds"
+    assert sudoku["exit_code"] == 0, sudoku
+    check_sudoku_setting(sudoku)
     # the recipe's deep supervision and board symmetries reached the run (the carried puzzles count as Sudoku)
     assert (sudoku["deep_supervision"], sudoku["sudoku_augmentation"]) == ("all", True), sudoku
     assert 0 <= sudoku["test"]["board_accuracy"] <= sudoku["test"]["blank_cell_accuracy"] <= 1, sudoku
@@ -63,6 +72,21 @@ def check_attention_and_sudoku(out: Path, rows: dict[str, str], summary: str) ->
         1,
         0,
     )
+
+
+def check_sudoku_setting(sudoku: dict) -> None:
+    """The stage trained the measured setting: the recipe with its optimiser, the model of the probe by --config
+    (the smoke run's reduced sizes replace the probe's width, heads and depth; its init and positions stay)."""
+    assert sudoku["recipe"] == "hyperset-sudoku-ds-fast", sudoku["recipe"]
+    assert sudoku["optimizer"] == {"learning_rate": WINNER["lr"], "adam_betas": [WINNER["beta1"], 0.95]}, (
+        sudoku
+    )
+    measured = parse_overrides(
+        [*model_flags(*WINNER["model"])[1:], *(f"{k}={json.dumps(v)}" for k, v in WINNER["config"].items())]
+    )
+    assert parse_overrides(sudoku["config"]) == measured, (sudoku["config"], measured)
+    kept = {key: measured[key] for key in ("initializer_range", "position_embedding_type")}
+    assert {key: sudoku["model"][key] for key in kept} == kept, sudoku["model"]
 
 
 def check_speed(out: Path, rows: dict[str, str], log: str) -> None:

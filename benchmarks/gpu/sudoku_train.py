@@ -7,14 +7,18 @@ training CLI on it; everything after loading is the CLI's own code. The run fold
 Arrow cache) goes to `--work_dir`; `--result` gets one JSON file with the command, the test and validation board
 and blank-cell accuracy, and the run's time.
 
-    python benchmarks/gpu/sudoku_train.py --recipe hyperset-sudoku-ds --max_steps 1000 \\
-        --work_dir /tmp/sudoku --result OUT/sudoku.json [--train_seconds 70] [--smoke]
+    python benchmarks/gpu/sudoku_train.py --recipe hyperset-sudoku-ds-fast --max_steps 6000 \\
+        --work_dir /tmp/sudoku --result OUT/sudoku.json [--config KEY=VALUE ...] [--train_seconds 70] [--smoke]
+
+`--config KEY=VALUE ...`: the model's config overrides on top of `--preset sudoku` (the CLI's `--config`; run.sh
+passes the model its recipe was measured with), recorded in the result with the model's resulting fields.
 
 `--train_seconds S`: training stops at `--max_steps` or once the script has run S seconds, whichever comes first,
 and the run then evaluates and writes its metrics as after `--max_steps` (the result says which stopped it and at
 which step), so a GPU slower than planned still yields a board accuracy inside the stage's budget.
 
-`--smoke`: the reduced model of the CLI tests and a few puzzles (a CPU check of the stage, no measurement).
+`--smoke`: the reduced model of the CLI tests and a few puzzles (a CPU check of the stage, no measurement); its
+sizes replace those `--config` gives, its other fields stay.
 """
 
 from __future__ import annotations
@@ -34,6 +38,15 @@ DATASET_NAME = "sudoku-hard-subset"
 SPLITS = ("train", "validation", "test")
 # the reduced Hyper-SET of tests/test_sudoku_cli.py: seconds per step on CPU
 SMOKE_CONFIG = ["hidden_size=32", "num_attention_heads=4", "intermediate_size=64", "num_iterations=2"]
+# the saved config fields the result records (what `--config` and the preset made of the model)
+MODEL_FIELDS = (
+    "hidden_size",
+    "num_attention_heads",
+    "intermediate_size",
+    "num_iterations",
+    "initializer_range",
+    "position_embedding_type",
+)
 
 
 def read_puzzles(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -95,6 +108,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="stop training once the script has run this long (then evaluate); default: --max_steps only",
     )
+    parser.add_argument(
+        "--config",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="model config overrides on top of --preset sudoku (the training CLI's --config; values as JSON)",
+    )
     parser.add_argument("--smoke", action="store_true", help="reduced model, few puzzles: checks the stage")
     args = parser.parse_args(argv)
     if args.max_steps < 1:
@@ -139,8 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         "--max_steps", str(args.max_steps), "--output_dir", str(run_dir), "--overwrite_output_dir",
         "--disable_tqdm", "--num_predictions", "2",
     ]  # fmt: skip
+    # one --config list (a second one would replace the first); the smoke sizes come last, so they win
+    config = [*args.config, *(SMOKE_CONFIG if args.smoke else [])]
+    if config:
+        train_argv += ["--config", *config]
     if args.smoke:
-        train_argv += ["--config", *SMOKE_CONFIG, "--max_train_samples", "32", "--batch_size", "8"]
+        train_argv += ["--max_train_samples", "32", "--batch_size", "8"]
         train_argv += ["--max_eval_samples", "16", "--max_test_samples", "16", "--num_threads", "1"]
     stop: dict = {"stopped_by": "max_steps"}
     callbacks = []
@@ -152,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {
         "command": "energyformers train " + " ".join(train_argv),
         "recipe": args.recipe,
+        "config": args.config,
         "max_steps": args.max_steps,
         "train_seconds": args.train_seconds,
         **stop,
@@ -160,10 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": seconds,
     }
     config_file = run_dir / "config.json"
-    if code == 0 and config_file.is_file():  # what the recipe set on the model: the loss's iterations
-        config = json.loads(config_file.read_text())
-        result["deep_supervision"] = config.get("deep_supervision")
-        result["deep_supervision_weights"] = config.get("deep_supervision_weights")
+    # the model trained: the recipe's loss iterations, --config's fields
+    if code == 0 and config_file.is_file():
+        saved = json.loads(config_file.read_text())
+        result["deep_supervision"] = saved.get("deep_supervision")
+        result["deep_supervision_weights"] = saved.get("deep_supervision_weights")
+        result["model"] = {key: saved.get(key) for key in MODEL_FIELDS}
     metrics_file = run_dir / "metrics.json"
     if code == 0 and metrics_file.is_file():
         metrics = json.loads(metrics_file.read_text())
@@ -172,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
                 key: metrics.get(split, {}).get(key) for key in ("board_accuracy", "blank_cell_accuracy")
             }
         result["data"] = metrics.get("data")
+        # the optimiser the run used (the recipe's values, or what a flag replaced)
+        result["optimizer"] = {
+            key: metrics.get("recipe", {}).get(key) for key in ("learning_rate", "adam_betas")
+        }
         result["sudoku_augmentation"] = (
             metrics.get("arguments", {}).get("data", {}).get("sudoku_augmentation")
         )
