@@ -80,8 +80,8 @@ from transformers.modeling_outputs import ImageClassifierOutput
 
 import energyformers  # noqa: F401  (registers the families with the Auto classes)
 from energyformers import HyperBFConfig, HyperSetConfig, IMixerConfig
+from energyformers.center_cache import centers_scope
 from energyformers.modeling.modeling_hyperset import ALL_ATTENTION_FUNCTIONS, check_attn_implementation
-from energyformers.pipelines import centers_scope
 
 sys.path.insert(0, str(Path(__file__).parent))
 import provenance  # after the path insert: the benchmarks folder is not a package (benchmarks/gpu/run.sh runs it)

@@ -21,15 +21,13 @@ the same.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import transformers
-from torch import nn
 
+from .center_cache import centers_scope
 from .tokenizer_fit import MIM_TASK
 
 # Forward arguments a pipeline call may set, when the model's forward takes them.
@@ -97,33 +95,6 @@ class _CenterCacheMixin:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with centers_scope(self.model):
             return super().__call__(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def centers_scope(model: nn.Module) -> Iterator[None]:
-    """`model.cached_centers()` where the model has it (HyperBF), else nothing: for a stretch of no-grad eval
-    forwards in which nothing writes the weights through `.data` (a pipeline call, an evaluation), so what the
-    centers give is computed once for all of them instead of at every forward (the outputs are the same). Only this
-    thread's no-grad eval forwards inside the block use the cache.
-
-    iMixer's spectrally normalised weights are computed at every forward, here too: that is small next to the
-    fixed-point solve, and `torch.nn.utils.parametrize.cached()` would cache them process-wide (every
-    parametrized model in every thread: a reload missed, another thread's training step failing).
-
-    A wrapper without `cached_centers` (DDP, `torch.compile`'s, a container of several models) is looked through:
-    each outermost module inside it that has one (its scope covers every layer inside it) is scoped."""
-    with contextlib.ExitStack() as scopes:
-        for owner in _outermost_owners(model):
-            scopes.enter_context(owner.cached_centers())
-        yield
-
-
-def _outermost_owners(module: nn.Module) -> list[nn.Module]:
-    """`module` if it has `cached_centers`, else the outermost modules inside it that have it. Found by that method,
-    not by class: a model loaded as remote code has its own copy of the classes."""
-    if hasattr(module, "cached_centers"):
-        return [module]
-    return [owner for child in module.children() for owner in _outermost_owners(child)]
 
 
 class ImageClassificationPipeline(

@@ -370,6 +370,11 @@ for name, signal_at, check_s in (("whole", None, 10.0), ("stopped", 5, 0.05)):
     seen[name] = {"batches": model.batches, "all_reduce": len(reductions), "stopped": stopped}
 open(f"{sys.argv[1]}.rank{rank}", "w").write(json.dumps(seen))
 dist.destroy_process_group()  # not left to interpreter exit, where gloo's threads may abort the process
+# the group's threads end with it unless something still holds the group (`torch.distributed.fsdp` imported after
+# `init_process_group`, as `transformers.pipelines` does): then they are left to abort the process at exit
+tasks = "/proc/self/task"
+threads = [open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)] if os.path.isdir(tasks) else []
+print(json.dumps({"threads_after_destroy": sorted(threads)}), flush=True)
 """
 
 
@@ -381,10 +386,16 @@ def test_an_evaluation_agrees_on_a_stop_every_few_batches_and_all_ranks_stop_at_
     ranks still stop after the same batch, a few after the signal."""
     script = tmp_path / "evaluate.py"
     script.write_text(EVALUATION_COLLECTIVES_SCRIPT)
-    command = [sys.executable, str(script), str(tmp_path / "seen")]
+    # faulthandler: an abort (SIGABRT) prints where each thread was
+    command = [sys.executable, "-X", "faulthandler", str(script), str(tmp_path / "seen")]
     statuses = wait_all(start_ranks(command, tmp_path, "evaluate"))
     text = logs(tmp_path, "evaluate")
     assert statuses == [0, 0], (statuses, {k: v[-2500:] for k, v in text.items()})
+    for rank in (0, 1):
+        threads = json.loads(text[f"evaluate.rank{rank}.out"].splitlines()[-1])["threads_after_destroy"]
+        assert not [t for t in threads if "gloo" in t], (
+            f"rank {rank}: the process group outlived its destruction: {threads}"
+        )
     seen = [json.loads((tmp_path / f"seen.rank{rank}").read_text()) for rank in (0, 1)]
     whole, stopped = [s["whole"] for s in seen], [s["stopped"] for s in seen]
     # 20 batches of >= 10 ms: an agreement after the first, then after about 10 s of batches (more than the whole

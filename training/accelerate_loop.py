@@ -100,7 +100,7 @@ def evaluate_split(
     raise `EvaluationStopped` together."""
     import torch
 
-    from ..pipelines import centers_scope
+    from ..center_cache import centers_scope
     from .evaluation import task_metrics
 
     model.eval()

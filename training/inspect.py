@@ -458,7 +458,7 @@ def accuracy(model: Any, batches: list[tuple[dict[str, torch.Tensor], torch.Tens
     """Fraction of correct predictions (per token where labels are >= 0 for token classification)."""
     import torch
 
-    from ..pipelines import centers_scope
+    from ..center_cache import centers_scope
 
     correct = total = 0
     # HyperBF computes what its centers give once for all the batches, not at every one

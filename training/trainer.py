@@ -16,7 +16,7 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..pipelines import centers_scope
+from ..center_cache import centers_scope
 from .callbacks import ContinueIterationDraws
 from .evaluation import depth_metrics
 from .interrupt import EvaluationStopped, StopRequest
