@@ -135,11 +135,14 @@ class StopRequest:
     def report(
         self, command: str, argv: list[str], step: int, work_dir: Path, *, final_evaluation: bool = False
     ) -> int:
-        """Print where the checkpoint is and the command that continues the run; returns the exit status.
+        """Print where the checkpoint is and the command that continues the run, a token's value shown as
+        `<HUB_TOKEN>` (`arguments.redacted_argv`: stderr ends up in logs); returns the exit status.
         `final_evaluation`: the stop came in the evaluations after the last step, which the resumed run runs."""
+        from .arguments import redacted_argv
+
         if self.signum is None:
             raise ValueError("StopRequest.report: no stop signal was received")
-        resume = [*argv] if "--resume" in argv else [*argv, "--resume"]
+        resume = redacted_argv([*argv] if "--resume" in argv else [*argv, "--resume"])
         name = signal.Signals(self.signum).name
         where = (
             f"in the final evaluation after the last step ({step})" if final_evaluation else f"at step {step}"
