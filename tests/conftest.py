@@ -131,8 +131,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """A warning raised from our own code (one of ours, or a library's that our code's call provokes, which Python
     files under the calling module) fails the test that raised it, so a new one is seen rather than added to the
     summary: fix its cause, or filter it where it is provoked on purpose. Last in the filter list, so it wins over
-    pyproject.toml's; a test's own `filterwarnings` mark or `pytest.warns` still wins over it."""
-    session.config.addinivalue_line("filterwarnings", f"error::Warning:{our_modules()}")
+    pyproject.toml's; a test's own `filterwarnings` mark or `pytest.warns` still wins over it. The two categories
+    Python ignores by default stay ignored: a ResourceWarning is raised where the leaked object is collected, as an
+    unraisable exception that fails nothing."""
+    ours = our_modules()
+    session.config.addinivalue_line("filterwarnings", f"error::Warning:{ours}")
+    for category in ("ResourceWarning", "ImportWarning"):
+        session.config.addinivalue_line("filterwarnings", f"ignore::{category}:{ours}")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
