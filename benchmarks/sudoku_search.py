@@ -496,6 +496,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
     colors = {"energy": "tab:blue", "confidence": "tab:orange", "sudoku": "tab:green"}
     styles = ("-", "--", ":", "-.")
     rng = np.random.default_rng(0)  # the vertical jitter of the scatter
+
+    def legend(ax: Any) -> None:
+        # a run with K = 1 only has no search curves, histograms or scatter: their panels stay without a legend
+        # (matplotlib warns on a legend with nothing labelled in it)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+
     for row, section in zip(axes, sections):
         base = section["rows"][0]
         for ax, metric in zip(row[:2], ("board_accuracy", "blank_cell_accuracy")):
@@ -525,7 +532,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
             ax.set_title(
                 f"{section['dataset']}: {metric.replace('_', ' ')} vs K ({section['num_puzzles']} puzzles)"
             )
-            ax.legend(fontsize=7)
+            legend(ax)
 
         ax = row[2]
         for label, values in section["chosen_minus_rejected_energy"].items():
@@ -535,7 +542,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("E(chosen) − mean E(rejected), per puzzle")
         ax.set_ylabel("puzzles")
         ax.set_title(f"chosen vs rejected final energy (K = {max(report['trajectories'])})")
-        ax.legend(fontsize=7)
+        legend(ax)
 
         ax = row[3]
         for sigma, data in section["scatter"].items():
@@ -552,8 +559,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.set_ylim(-0.5, 1.5)
         ax.set_xlabel("E(trajectory) − E(trajectory 0), per perturbed trajectory")
         ax.set_title(f"does lower energy mean a valid board? (K = {max(report['trajectories'])})")
-        if section["scatter"]:
-            ax.legend(fontsize=7)
+        legend(ax)
     title = "Hyper-SET test-time search on Sudoku"
     if report["smoke"]:
         title = "SMOKE RUN (not a measurement): " + title

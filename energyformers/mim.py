@@ -632,6 +632,19 @@ def _detector_format(path: Path) -> str | None:
     return "state_dict" if "data.pkl" in names else None
 
 
+def _saved_devices(path: Path) -> set[str]:
+    """The device types a torch.export archive records for its tensors (the `device` entries of its JSON files),
+    read without loading it; empty where none can be read."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            texts = [archive.read(name) for name in archive.namelist() if name.endswith(".json")]
+    except (OSError, zipfile.BadZipFile):
+        return set()
+    return {kind.decode() for text in texts for kind in re.findall(rb'"device": *\{"type": *"(\w+)"', text)}
+
+
 def _exported_detector(
     path: Path, named: str
 ) -> tuple[torch.nn.Module, dict, tuple[int, int] | None, int | None]:
@@ -642,8 +655,23 @@ def _exported_detector(
     `INCEPTION_POOL_FEATURES` pool features per image (the plain `torch.export.export(net, (images,))` of a detector
     whose flag defaults to False records no flag and returns its class logits)."""
     from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
+    from torch.export.passes import move_to_device_pass
 
-    program = torch.export.load(str(path))
+    try:
+        program = torch.export.load(str(path))
+    except Exception as err:
+        # torch.export.load puts every tensor back on the device it was saved from and takes no map_location:
+        # a detector exported on a GPU fails on a machine without one, in torch's words only
+        devices = sorted(_saved_devices(path) - {"cpu"})
+        if not devices:
+            raise
+        raise ValueError(
+            f"{named}: the program was exported with its tensors on {', '.join(devices)}, which torch.export.load "
+            f"cannot put them back on here ({type(err).__name__}: {err}); save it from the CPU: "
+            "torch.export.save(torch.export.passes.move_to_device_pass(program, 'cpu'), path)"
+        ) from err
+    # on the CPU, where the metric gets its images and where a TorchScript detector is loaded (map_location)
+    program = move_to_device_pass(program, "cpu")
     inputs = [spec.arg for spec in program.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT]
     tensors = [arg.name for arg in inputs if isinstance(arg, TensorArgument)]
     constants = {arg.name: arg.value for arg in inputs if isinstance(arg, ConstantArgument)}
@@ -665,8 +693,10 @@ def _exported_detector(
         )
     size = tuple(shape[2:]) if all(isinstance(side, int) for side in shape[2:]) else None
     output = next(node for node in program.graph.nodes if node.op == "output").args[0][0]
-    features = output.meta["val"].shape[-1]
-    features = features if isinstance(features, int) else None
+    # the values per image, as `_InceptionFeatures` flattens them: Inception's pool output may keep its 1 × 1
+    # spatial dimensions, (batch, 2048, 1, 1)
+    per_image = output.meta["val"].shape[1:]
+    features = math.prod(per_image) if all(isinstance(side, int) for side in per_image) else None
     if not constants and features != INCEPTION_POOL_FEATURES:
         raise ValueError(
             f"{named}: an exported FID detector returns the {INCEPTION_POOL_FEATURES} pool features per image; this "

@@ -115,8 +115,24 @@ def _compile(model: torch.nn.Module, inputs: dict) -> object:
 
 
 def _jit_trace(model: torch.nn.Module, inputs: dict) -> object:
+    # torch.jit.trace on purpose (users still call it, deprecated as it is): its warnings are filtered here, around
+    # this call only, by message and by the module raising them
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.filterwarnings(
+            "ignore",
+            r"`torch\.jit\.trace(_method)?` is deprecated",
+            DeprecationWarning,
+            r"torch\.jit\._trace\Z",
+        )
+        # jit.trace reads every attribute of the module it traces (torch._jit_internal.module_has_exports),
+        # transformers' deprecated `PreTrainedModel.is_gradient_checkpointing` property among them
+        warnings.filterwarnings(
+            "ignore",
+            "`is_gradient_checkpointing` is deprecated",
+            FutureWarning,
+            r"transformers\.modeling_utils\Z",
+        )
         return torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False)
 
 

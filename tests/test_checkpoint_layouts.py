@@ -75,6 +75,23 @@ def test_a_loop_refuses_the_other_loops_checkpoints_and_keeps_them(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["intr.checkpoints"], "a refused run wrote files"
 
 
+def test_the_command_to_continue_the_other_loops_run_shows_no_token(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The refusal's `continue with:` line has the token's value redacted (`arguments.redacted_argv`), as the run
+    records its command."""
+    from energyformers.training.arguments import REDACTED
+
+    out, work = tmp_path / "intr", tmp_path / "intr.checkpoints"
+    interrupted(work, "train-accelerate")
+    secret = "hf_SECRET123"
+    status = cli.main(["train", *ARGV, "--output_dir", str(out), "--hub_token", secret])
+    err = capsys.readouterr().err
+    shown = ["energyformers", "train-accelerate", *ARGV, "--output_dir", str(out), "--hub_token", REDACTED]
+    assert status == 2 and err.splitlines()[-1] == f"  continue with: {shlex.join([*shown, '--resume'])}", err
+    assert secret not in err, err
+
+
 @pytest.mark.parametrize("command", ["train", "train-accelerate"])
 def test_incomplete_folders_of_the_other_loop_are_not_checkpoints(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str

@@ -1,7 +1,6 @@
-"""What a killed or concurrent command leaves, and what the next one does with it: a training run, an export and a
-conversion hold a lock on their output folder (`run_folder.locked_output_dir`) and `publish` replaces a folder only
-with --overwrite_output_dir; a run
-killed inside `publish` is undone, or recognised as finished, by the next one; `export` and `inspect` stage their
+"""What a killed or concurrent command leaves, and what the next one does with it: a training run, an export, a
+conversion and an inspect hold a lock on their output folder (`run_folder.locked_output_dir`) and `publish` replaces
+a folder only with --overwrite_output_dir; a run killed inside `publish` is undone, or recognised as finished, by the next one; `export` and `inspect` stage their
 files beside the output (`interrupt.staging_folder`), which SIGTERM removes as Ctrl-C does and a rerun removes after
 a SIGKILL; a stopped `inspect` leaves a folder's old report whole.
 
@@ -320,6 +319,37 @@ def test_export_and_convert_are_refused_while_another_command_holds_the_folder(
     assert len(lines) == 1 and lines[0].startswith(expected), lines
     assert after == sorted([*before, "taken.lock"]), (before, after)
     assert (out / "config.json").read_text() == "the old folder\n" and copy.is_dir()
+
+
+def test_an_inspect_is_refused_while_another_one_writes_the_same_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two `inspect`s into one folder at once: the second, started while the first draws, is one usage-error line
+    naming the folder, status 2, as `train`, `export` and `convert` refuse theirs, and writes nothing; the first
+    finishes its report and leaves no lock file."""
+    from energyformers.training import inspect
+
+    out = tmp_path / "report"
+    argv = ["--landscape", "--output_dir", str(out), "--overwrite_output_dir"]
+    second: list[subprocess.CompletedProcess] = []
+    plot_landscape = inspect.plot_landscape
+
+    def start_another(result, path):
+        second.append(energyformers(["inspect", *argv], tmp_path))
+        plot_landscape(result, path)
+
+    monkeypatch.setattr(inspect, "plot_landscape", start_another)
+    assert inspect.main(argv) == 0, capsys.readouterr().err[-2000:]
+    (done,) = second
+    lines = done.stderr.strip().splitlines()
+    expected = f"energyformers inspect: error: --output_dir {out}: another command is using this folder"
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(expected), (
+        done.returncode,
+        done.stderr[-2000:],
+    )
+    written = sorted(p.name for p in out.iterdir())
+    assert written == ["energy_landscape.png", "inspect.json"], written
+    assert siblings(out) == ["report"], siblings(out)
 
 
 def test_a_stopped_inspect_leaves_the_old_report_whole(tmp_path: Path) -> None:

@@ -63,15 +63,19 @@ def fresh_cache():
     mim._perceptual_cache.clear()
 
 
-def export_detector(path, dynamic=("batch", "height", "width"), **call) -> None:
-    """The seeded stand-in detector saved with torch.export: `call` the keyword arguments it is exported with
-    (`return_features=True`, the TorchScript convention); `dynamic` the input sizes left free."""
+def export_detector(
+    path, dynamic=("batch", "height", "width"), network=TinyDetector, device="cpu", **call
+) -> None:
+    """The seeded stand-in detector (`network`: TinyDetector or a subclass) saved with torch.export from `device`:
+    `call` the keyword arguments it is exported with (`return_features=True`, the TorchScript convention);
+    `dynamic` the input sizes left free."""
     torch.manual_seed(0)
     axes = {0: "batch", 2: "height", 3: "width"}
     shapes = {"images": {axis: torch.export.Dim(name) for axis, name in axes.items() if name in dynamic}}
     shapes.update(dict.fromkeys(call))
     example = torch.rand(4, 3, 28, 28, generator=torch.Generator().manual_seed(0)) * 255
-    program = torch.export.export(TinyDetector().eval(), (example,), call, dynamic_shapes=shapes)
+    net = network().eval().to(device)
+    program = torch.export.export(net, (example.to(device),), call, dynamic_shapes=shapes)
     torch.export.save(program, str(path))
 
 
@@ -221,6 +225,71 @@ def test_an_exported_detector_of_a_fixed_image_size_takes_that_size_and_names_it
         ValueError, match=r"takes 28×28 images only; got 32×32\. Export it with dynamic height"
     ):
         reconstruction_metrics(images(side=32), images(side=32, seed=1), fid_weights=path)
+
+
+class PoolOutput(TinyDetector):
+    """The stand-in returning its pool features as Inception's pool layer does, (B, F, 1, 1), unflattened."""
+
+    def forward(self, images: torch.Tensor, return_features: bool = False) -> torch.Tensor:
+        out = super().forward(images, return_features)
+        return out[:, :, None, None] if return_features else out
+
+
+def test_an_exported_detector_may_keep_the_pool_features_spatial_dimensions(tmp_path):
+    # (B, 16, 1, 1) holds the same 16 values per image as (B, 16): the same Fréchet distance, from the same float32
+    # features and float64 statistics (1e-12 relative: float64 rounding of distances of size ~0.1)
+    flat, pooled = tmp_path / "flat.pt2", tmp_path / "pooled.pt2"
+    export_detector(flat, return_features=True)
+    export_detector(pooled, network=PoolOutput, return_features=True)
+    x = images()
+    fids = [
+        reconstruction_metrics((x + 0.3).clamp(0, 1), x, fid_weights=path)["fid"] for path in (flat, pooled)
+    ]
+    assert fids[0] > 0 and fids[1] == pytest.approx(fids[0], rel=1e-12), fids
+
+
+def saved_on(source, target, device: str) -> None:
+    """`source` (a torch.export archive saved from the CPU) rewritten as if saved from `device`: every tensor's
+    recorded device, which torch.export.load puts it back on."""
+    import zipfile
+
+    cpu = b'"device": {"type": "cpu", "index": null}'
+    rewritten = []
+    with zipfile.ZipFile(source) as archive, zipfile.ZipFile(target, "w") as out:
+        for info in archive.infolist():
+            data = archive.read(info.filename)
+            if info.filename.endswith(".json") and cpu in data:
+                data = data.replace(cpu, f'"device": {{"type": "{device}", "index": 0}}'.encode())
+                rewritten.append(info.filename.rsplit("/", 1)[-1])
+            out.writestr(info, data)
+    # the weights' records (what torch.export.load moves) and the graph's
+    assert "model_weights_config.json" in rewritten and "model.json" in rewritten, rewritten
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="loads here: the GPU test below covers this machine")
+def test_a_detector_exported_on_a_gpu_is_refused_on_a_machine_without_one_naming_the_argument(tmp_path):
+    exported, moved = tmp_path / "on-cpu.pt2", tmp_path / "inception-on-cuda.pt2"
+    export_detector(exported, return_features=True)
+    saved_on(exported, moved, "cuda")
+    with pytest.raises(ValueError) as err:
+        check_perceptual_weights(None, moved)
+    message = str(err.value)
+    assert message.startswith(
+        f"fid_weights={str(moved)!r}: the program was exported with its tensors on cuda"
+    ), message
+    assert "move_to_device_pass(program, 'cpu')" in message, message
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="exports on a GPU")
+def test_a_detector_exported_on_the_gpu_runs_on_the_cpu_as_one_exported_there(tmp_path):
+    # the same seeded weights, copied to the GPU and back exactly: the same float32 features on the CPU, where the
+    # metric gets its images, so the same FID (1e-12 relative: float64 rounding of the statistics)
+    on_cpu, on_gpu = tmp_path / "cpu.pt2", tmp_path / "gpu.pt2"
+    export_detector(on_cpu, return_features=True)
+    export_detector(on_gpu, device="cuda", return_features=True)
+    x = images()
+    fids = [reconstruction_metrics((x + 0.3).clamp(0, 1), x, fid_weights=p)["fid"] for p in (on_cpu, on_gpu)]
+    assert fids[0] > 0 and fids[1] == pytest.approx(fids[0], rel=1e-12), fids
 
 
 def test_fid_runs_with_the_network_blocked(detector_file, monkeypatch):

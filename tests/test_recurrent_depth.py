@@ -45,12 +45,14 @@ def pixels(batch: int = 4, seed: int = 0) -> torch.Tensor:
 def _states_and_one_step(
     model: HyperSetForImageClassification,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The states x_0..x_T of a forward, and x_{t+1} recomputed by applying iteration 1's map to x_t."""
+    """The states x_0..x_T of a forward, and x_{t+1} recomputed by applying iteration 1's map to x_t (no graph:
+    the tests read values only)."""
     backbone = model.hyperset
-    states = backbone(pixel_values=pixels(), output_hidden_states=True).hidden_states
-    first_condition = backbone.step_sizes.iteration_conditions(1, states[0])[0]
-    layer = backbone.layers[0]
-    stepped = [layer(state, first_condition, state, backbone.step_sizes)[0] for state in states[:-1]]
+    with torch.no_grad():
+        states = backbone(pixel_values=pixels(), output_hidden_states=True).hidden_states
+        first_condition = backbone.step_sizes.iteration_conditions(1, states[0])[0]
+        layer = backbone.layers[0]
+        stepped = [layer(state, first_condition, state, backbone.step_sizes)[0] for state in states[:-1]]
     return list(states[1:]), stepped
 
 

@@ -243,15 +243,15 @@ def test_a_bad_train_flag_is_a_usage_error_before_any_run_starts(tmp_path, capsy
 
 
 def test_release_refuses_train_flags_with_take(inspected_run, tmp_path, capsys):
-    """--take trains nothing, so flags for the training runs would be dropped without a word: refused."""
+    """--take trains nothing, so flags for the training runs would be dropped without a word: refused, naming them
+    with a token's value redacted."""
     dist = tmp_path / "dist"
-    assert (
-        release.main(["--take", str(inspected_run), "--dist_dir", str(dist), "--", "--max_steps", "2"]) == 2
-    )
+    train_args = ["--max_steps", "2", "--hub_token", "hf_SECRET123"]
+    assert release.main(["--take", str(inspected_run), "--dist_dir", str(dist), "--", *train_args]) == 2
     err = capsys.readouterr().err
     assert err == (
-        "energyformers release: error: -- --max_steps 2: flags for the training runs, but --take trains nothing; "
-        "leave them out\n"
+        "energyformers release: error: -- --max_steps 2 --hub_token '<HUB_TOKEN>': flags for the training runs, but "
+        "--take trains nothing; leave them out\n"
     ), err
     assert not dist.exists()
 

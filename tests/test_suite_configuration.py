@@ -8,6 +8,7 @@ import random
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -277,3 +278,25 @@ def test_install_data_retries_the_transformers_suite_fetch_under_ci_only(
     ran = log.count("python tests/transformers_suite/sdist.py")
     assert ran == tries, f"CI={ci!r}, {failures} failures: {ran} tries, expected {tries}\n{log}"
     assert ("fetching transformers' sdist failed" not in out) == fetched, out
+
+
+@pytest.mark.parametrize(
+    "module", ["energyformers", "energyformers.training.cli", "fixtures", "sudoku_search"]
+)
+def test_a_warning_raised_from_our_code_fails_the_test(module):
+    # conftest.pytest_sessionstart: a new warning from the package, a test file or a benchmark script is an error
+    with pytest.raises(UserWarning, match="a new warning"):
+        warnings.warn_explicit("a new warning", UserWarning, f"{module}.py", 1, module=module)
+    with pytest.raises(DeprecationWarning, match="from this test file"):
+        # stacklevel 1: filed under this test file's module name
+        warnings.warn("from this test file", DeprecationWarning, stacklevel=1)
+
+
+@pytest.mark.parametrize(
+    "module", ["energyformersx", "torch.nn.modules.module", "transformers.test_utils", "speedy"]
+)
+def test_a_warning_raised_from_a_library_is_only_recorded(module):
+    # catch_warnings keeps the configured filters and records what they let through
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.warn_explicit("a library's warning", UserWarning, f"{module}.py", 1, module=module)
+    assert [str(w.message) for w in caught] == ["a library's warning"], [str(w.message) for w in caught]

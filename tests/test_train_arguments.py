@@ -250,3 +250,27 @@ def test_only_token_values_are_redacted() -> None:
         "--config",
     ]
     assert redacted_argv(argv) == argv
+
+
+@pytest.mark.parametrize("command", ["train", "train-accelerate"])
+def test_the_resume_line_a_stop_prints_shows_no_token(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`StopRequest.report`'s command to continue the run (stderr, which ends up in logs) has each token's value
+    redacted, in both spellings, and is the run's own command with --resume otherwise."""
+    import shlex
+    import signal
+
+    from energyformers.training.arguments import REDACTED
+    from energyformers.training.interrupt import StopRequest
+
+    secrets = ("hf_SECRET123", "hf_OTHER456")
+    tokens = ["--hub_token", secrets[0], f"--hub-tok={secrets[1]}"]
+    argv = ["--model", "hyperset", *tokens, "--output_dir", "out"]
+    stop = StopRequest()
+    stop.signum = signal.SIGTERM
+    assert stop.report(command, argv, 3, tmp_path / "out.checkpoints") == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    shown = ["--model", "hyperset", "--hub_token", REDACTED, f"--hub-tok={REDACTED}", "--output_dir", "out"]
+    expected = shlex.join(["energyformers", command, *shown, "--resume"])
+    assert err.splitlines()[-1] == f"  {expected}" and not any(s in err for s in secrets), err

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .cli import CommandParser, UsageError, check_model_source, check_output_folder, run_command
 from .evaluate import FAMILY_DEPTH_ARGUMENTS, SPLITS, load_config
-from .interrupt import deferring_stops, staging_folder
+from .interrupt import deferring_stops, locked_output_dir, staging_folder
 from .predict import (
     MIM_RANGES,
     MIM_SCHEDULES,
@@ -1062,9 +1062,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     Drawn into a staging folder beside it (`interrupt.staging_folder`) and moved into place at the end
     (`move_report`): a folder that holds a report (the model folder, as `release` inspects it) keeps the old one
-    whole until the new one is complete, whenever the command is stopped."""
+    whole until the new one is complete, whenever the command is stopped. The folder's lock (`locked_output_dir`,
+    as `train`, `export` and `convert` hold theirs) is held throughout: two commands writing one folder would mix
+    their figures under one inspect.json, and a run training into it would replace it."""
     output_dir = Path(args.output_dir)
-    with staging_folder(output_dir) as staging:
+    with locked_output_dir(args.output_dir, flag="--output_dir"), staging_folder(output_dir) as staging:
         report = draw_report(args, staging)
         move_report(report, staging, output_dir)
     return report

@@ -16,7 +16,7 @@ A command without steps to finish (`export`, `convert`, `inspect`) stops at once
 does (`stopping_at_once`), so the staging folder it writes its output in (`staging_folder`) is removed either way.
 Every command that replaces a folder (`train`, `export`, `convert`) holds the folder's lock (`locked_output_dir`)
 while it repairs what a kill between `publish`'s two renames left (`restore_interrupted_publish`) and renames the
-finished stage onto it (`publish`). What a killed command left beside a folder is judged by one rule (`left_by`):
+finished stage onto it (`publish`); `inspect` holds it while it draws its report and moves it into the folder. What a killed command left beside a folder is judged by one rule (`left_by`):
 removed or put back when its process, named in the leftover's name with its host, is gone; left, with a warning,
 when it is another machine's.
 """
@@ -135,11 +135,14 @@ class StopRequest:
     def report(
         self, command: str, argv: list[str], step: int, work_dir: Path, *, final_evaluation: bool = False
     ) -> int:
-        """Print where the checkpoint is and the command that continues the run; returns the exit status.
+        """Print where the checkpoint is and the command that continues the run, a token's value shown as
+        `<HUB_TOKEN>` (`arguments.redacted_argv`: stderr ends up in logs); returns the exit status.
         `final_evaluation`: the stop came in the evaluations after the last step, which the resumed run runs."""
+        from .arguments import redacted_argv
+
         if self.signum is None:
             raise ValueError("StopRequest.report: no stop signal was received")
-        resume = [*argv] if "--resume" in argv else [*argv, "--resume"]
+        resume = redacted_argv([*argv] if "--resume" in argv else [*argv, "--resume"])
         name = signal.Signals(self.signum).name
         where = (
             f"in the final evaluation after the last step ({step})" if final_evaluation else f"at step {step}"
@@ -339,9 +342,9 @@ def lock_path(output_dir: Path) -> Path:
 
 def lock_output_dir(output_dir: Path, given: str | None = None, flag: str = "--output_dir") -> None:
     """Take the lock on `output_dir` (resolved; `given`: as the command line named it, after `flag`) that a command
-    replacing the folder (`train`, `export`, `convert`) holds until it ends (`release_output_dir`) or the process
-    does: the kernel's lock on `lock_path` (flock), so a killed command holds nothing. Another command holding it,
-    in this process or another, is a `UsageError` naming the folder."""
+    writing the folder (`train`, `export`, `convert`, `inspect`) holds until it ends (`release_output_dir`) or the
+    process does: the kernel's lock on `lock_path` (flock), so a killed command holds nothing. Another command
+    holding it, in this process or another, is a `UsageError` naming the folder."""
     from filelock import FileLock, Timeout
 
     from .cli import UsageError

@@ -302,11 +302,14 @@ def check_train_args(args: argparse.Namespace) -> None:
     """The flags after `--`, checked before any work: none that release sets itself (`RELEASE_SETS`), and every run
     release may train (`training_runs`) accepted by `energyformers train`'s own checks, as it will run it. A
     `UsageError` naming the flag; with --take (nothing trained) the flags are refused."""
+    from .arguments import redacted_argv
+
     if args.take:
         if args.train_args:
+            # a token's value redacted, as in every command release shows
+            shown = shlex.join(redacted_argv(args.train_args))
             raise UsageError(
-                f"-- {shlex.join(args.train_args)}: flags for the training runs, but --take trains nothing; "
-                "leave them out"
+                f"-- {shown}: flags for the training runs, but --take trains nothing; leave them out"
             )
         return
     given = given_train_flags(args.train_args)

@@ -1477,7 +1477,8 @@ def find_checkpoint(
     kind = "a finished" if finished else "an interrupted"
     for other, found in checkpoints.items():
         if other != command and found:
-            resume = args.argv if "--resume" in args.argv else [*args.argv, "--resume"]
+            # a token's value redacted, as in the resume line a stop prints (`StopRequest.report`)
+            resume = redacted_argv(args.argv if "--resume" in args.argv else [*args.argv, "--resume"])
             error = UsageError(
                 f"{work_dir} holds checkpoints of {kind} `energyformers {other}` run "
                 f"({', '.join(p.name for p in found)}); only `energyformers {other}` can continue it, or delete the "
