@@ -133,11 +133,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     summary: fix its cause, or filter it where it is provoked on purpose. Last in the filter list, so it wins over
     pyproject.toml's; a test's own `filterwarnings` mark or `pytest.warns` still wins over it. The two categories
     Python ignores by default stay ignored: a ResourceWarning is raised where the leaked object is collected, as an
-    unraisable exception that fails nothing."""
+    unraisable exception that fails nothing. A deprecation (DeprecationWarning, PendingDeprecationWarning,
+    FutureWarning) stays a summary line: the test command installs the newest release of each dependency, and a
+    release that deprecates what one of our calls uses must not fail a suite that passed the day before."""
     ours = our_modules()
     session.config.addinivalue_line("filterwarnings", f"error::Warning:{ours}")
     for category in ("ResourceWarning", "ImportWarning"):
         session.config.addinivalue_line("filterwarnings", f"ignore::{category}:{ours}")
+    for category in ("DeprecationWarning", "PendingDeprecationWarning", "FutureWarning"):
+        session.config.addinivalue_line("filterwarnings", f"default::{category}:{ours}")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
