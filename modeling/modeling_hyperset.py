@@ -688,7 +688,8 @@ class FamilyPreTrainedMixin:
         changing anything."""
 
     def _set_gradient_checkpointing(self, enable: bool = True, *args: object, **kwargs: object) -> None:
-        # transformers' one step of every way to turn checkpointing on, before any module is changed
+        # transformers' one step of every way to turn checkpointing on, before any module is changed; its public
+        # names differ between the transformers versions supported, and overriding the old one makes the new warn
         if enable:
             self.check_activation_checkpointing()
         super()._set_gradient_checkpointing(enable, *args, **kwargs)

@@ -129,7 +129,9 @@ class LoopedTransformerMLP(nn.Module):
 
 
 class LoopedTransformerLayer(GradientCheckpointingLayer):
-    """One iteration: x ← x + Attn(RMSNorm(x)), then x ← x + MLP(RMSNorm(x)) (pre-norm)."""
+    """One iteration: x ← x + Attn(RMSNorm(x)), then x ← x + MLP(RMSNorm(x)) (pre-norm).
+
+    Submodules keep Llama's names (`self_attn`, `mlp`, ...), not HyperBF's: renaming changes the weight keys."""
 
     def __init__(self, config: LoopedTransformerConfig) -> None:
         super().__init__()
