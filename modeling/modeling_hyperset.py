@@ -1824,9 +1824,13 @@ class RecurrentDepthMixin:
       its own forwards, so all ranks of a distributed run draw the same at each step; the training loops set it
       from the global step when they resume. Nothing is counted when nothing is random, so a compiled fixed-depth
       model sees no changing attribute.
+
+    A backbone declares `has_energy`: whether its layers have an energy (Hyper-SET), which test-time search by
+    energy and adaptive halting by `halting_tolerance` read; the looped baseline has neither.
     """
 
     iteration_draws: int = 0
+    has_energy: bool
 
     def _num_iterations(self, requested: int | None) -> int:
         """This call's T: the request, else a depth drawn by `iteration_sampling` (training), else the config's."""
@@ -1920,6 +1924,8 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
 
     `add_pooling_layer=False` builds it without the pooler, as ViT's and BERT's: `pooler_output` is then None.
     """
+
+    has_energy = True
 
     def __init__(self, config: HyperSetConfig, add_pooling_layer: bool = True) -> None:
         super().__init__(config)
@@ -2897,7 +2903,7 @@ def classify_with_search(
     fields `search_chosen` `(B,)`, `search_energies` `(B, K)` (Hyper-SET; None for the baseline),
     `search_confidences` `(B, K)` and `search_valid_boards` `(B, K)` (selector `"sudoku"`).
     """
-    has_energy = isinstance(backbone, HyperSetModel)  # the baseline has no energy
+    has_energy = backbone.has_energy
     check_search_arguments(trajectories, noise, seed, selector, has_energy)
     trajectories = int(trajectories)  # a numpy integer too (`_is_integer`)
     if head.training:
@@ -3019,7 +3025,7 @@ def run_head(
             head, backbone, labels, backbone_inputs, halting_threshold, num_items_in_batch
         )
     if search_selector is None:
-        search_selector = "energy" if isinstance(backbone, HyperSetModel) else "confidence"
+        search_selector = "energy" if backbone.has_energy else "confidence"
     return classify_with_search(
         head,
         backbone,
@@ -3097,9 +3103,7 @@ class RecurrentDepthHeadMixin:
         others are ignored), as the forward raises it, without running the model: what the pipelines check when
         they are built."""
         backbone = getattr(self, self.base_model_prefix)
-        has_energy = isinstance(
-            backbone, HyperSetModel
-        )  # the baseline has no energy and no halting tolerance
+        has_energy = backbone.has_energy  # the baseline has no energy and no halting tolerance
         if arguments.get("num_iterations") is not None:
             backbone._num_iterations(arguments["num_iterations"])
         if has_energy:

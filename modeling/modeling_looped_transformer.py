@@ -199,6 +199,8 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
     `add_pooling_layer=False` builds it without the pooler, as ViT's and BERT's: `pooler_output` is then None.
     """
 
+    has_energy = False
+
     def __init__(self, config: LoopedTransformerConfig, add_pooling_layer: bool = True) -> None:
         super().__init__(config)
         self.embeddings = HyperSetEmbeddings(config)
