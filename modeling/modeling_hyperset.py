@@ -896,7 +896,8 @@ def check_initial_state(initial_state: torch.Tensor, embedded: torch.Tensor) -> 
 # --- bi-softmax attention implementations: (q, k, v, keep) → (output, maps or None) ---
 # q, k, v: `(B, H, N, d_h)`, q = z ⊙ c (gains and the temperature 1/√d_h folded in) and k = z, so S = q kᵀ is
 # symmetric; keep: `(B, N)` bool (True: real token) or None.
-# Output (R + C) v, `(B, H, N, d_h)`, with R the softmax of S = q kᵀ over the keys and C the one over the queries.
+# Output (R + C) v, `(B, H, N, d_h)`, with R the softmax of S = q kᵀ over the keys and C the one over the queries:
+# heads before tokens, unlike transformers' attention functions, which return `(B, N, H, d_h)`.
 # Padding rules (every implementation): padded keys leave the row softmax, padded queries the column softmax, no
 # token reads a padded key through either, and a sequence without real tokens gives zeros, not NaN.
 
@@ -1085,8 +1086,10 @@ class BiSoftmaxAttentionInterface(AttentionInterface):
     _global_mapping = {"eager": eager_bisoftmax_attention, "sdpa": sdpa_bisoftmax_attention}
 
 
-# Named as transformers names a model file's own registry (`AttentionInterface`'s docstring): its attention layers
-# look the implementation up here at every call, which is also what lets `set_attn_implementation` switch it.
+# This file's own table, under the name of transformers' global softmax one (which HyperBF's and the looped
+# baseline's files import) because transformers reads it: `set_attn_implementation` switches a model only when the
+# source of its file calls `get_interface` on a table of that name (`PreTrainedModel._can_set_attn_implementation`).
+# The attention layers look the implementation up here at every call.
 ALL_ATTENTION_FUNCTIONS = BiSoftmaxAttentionInterface()
 
 
@@ -1322,11 +1325,11 @@ class HyperSetAttention(nn.Module):
                 probs = probs * keep[:, None, None, :].to(probs.dtype)  # no token reads from a padded key
             mixed = probs @ v
         else:
-            implementation = "eager" if output_attentions else self.config._attn_implementation
-            attention_function = ALL_ATTENTION_FUNCTIONS.get_interface(
+            implementation = "eager" if output_attentions else self.config._attn_implementation  # maps: eager
+            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
                 implementation, eager_bisoftmax_attention
             )
-            mixed, probs = attention_function(q, k, v, keep)
+            mixed, probs = attention_interface(q, k, v, keep)
         mixed = mixed.transpose(1, 2).reshape(batch, length, width)  # (B, H, N, d_h) → (B, N, d)
         return F.linear(mixed, output_weight.t()), probs  # output projection Wᵀ (tied), g_v on its rows
 

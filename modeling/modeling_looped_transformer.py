@@ -103,8 +103,10 @@ class LoopedTransformerAttention(nn.Module):
 
         q, k, v = heads(self.q_proj), heads(self.k_proj), heads(self.v_proj)
         implementation = "eager" if output_attentions else self.config._attn_implementation  # maps: eager
-        attention_function = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        mixed, probs = attention_function(self, q, k, v, attention_bias, scaling=1 / math.sqrt(self.head_dim))
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        mixed, probs = attention_interface(
+            self, q, k, v, attention_bias, scaling=1 / math.sqrt(self.head_dim)
+        )
         mixed = mixed.reshape(batch, length, width)  # (B, N, H, d_h) → (B, N, d)
         return self.o_proj(mixed), probs
 
