@@ -592,6 +592,11 @@ class FamilyPreTrainedMixin:
         family overrides it); `activation_checkpointing_enable` and `gradient_checkpointing_enable` call it before
         changing anything."""
 
+    def check_call_arguments(self, **arguments: object) -> None:
+        """A ValueError for a bad per-call argument among `arguments` (what a call would pass), as the forward
+        raises it, without running the model (none unless the head overrides it): what the pipelines and
+        `energyformers predict` check before the first call."""
+
     def _set_gradient_checkpointing(self, enable: bool = True, *args: object, **kwargs: object) -> None:
         # transformers' one step of every way to turn checkpointing on, before any module is changed; its public
         # names differ between the transformers versions supported, and overriding the old one makes the new warn
@@ -1285,6 +1290,7 @@ class HyperBFHead(HyperBFPreTrainedModel):
     its input type and hands everything to `classify`."""
 
     _input_type = "image"
+    _per_token = False  # no per-token head: every head classifies the pooled token
     _output_class: type[ModelOutput] = HyperBFImageClassifierOutput
 
     def __init__(self, config: HyperBFConfig) -> None:
@@ -1313,7 +1319,9 @@ class HyperBFHead(HyperBFPreTrainedModel):
         return_dict = self.config.return_dict if return_dict is None else return_dict
         outputs = self.hyperbf(**backbone_inputs, return_dict=True)
         logits = self.classifier(outputs.pooler_output)
-        loss = None if labels is None else head_loss(self, logits, labels, num_items_in_batch)
+        loss = (
+            None if labels is None else head_loss(self, logits, labels, num_items_in_batch, self._per_token)
+        )
         output = self._output_class(
             loss=loss,
             logits=logits,

@@ -687,6 +687,11 @@ class FamilyPreTrainedMixin:
         family overrides it); `activation_checkpointing_enable` and `gradient_checkpointing_enable` call it before
         changing anything."""
 
+    def check_call_arguments(self, **arguments: object) -> None:
+        """A ValueError for a bad per-call argument among `arguments` (what a call would pass), as the forward
+        raises it, without running the model (none unless the head overrides it): what the pipelines and
+        `energyformers predict` check before the first call."""
+
     def _set_gradient_checkpointing(self, enable: bool = True, *args: object, **kwargs: object) -> None:
         # transformers' one step of every way to turn checkpointing on, before any module is changed; its public
         # names differ between the transformers versions supported, and overriding the old one makes the new warn
@@ -2424,7 +2429,7 @@ def _supervision_step(
     if labels is None:
         return outputs, logits, None
     if not supervise:
-        return outputs, logits, head._loss(logits, labels, num_items_in_batch)
+        return outputs, logits, head_loss(head, logits, labels, num_items_in_batch, head._per_token)
     states, num_layers = outputs.hidden_states, len(backbone.layers)
     num_iterations = (len(states) - 1) // num_layers
     attention_mask = backbone_inputs.get("attention_mask")
@@ -2434,11 +2439,12 @@ def _supervision_step(
     for t in chosen:
         if t == num_iterations:
             # the returned logits: the head is not applied twice
-            losses.append(head._loss(logits, labels, num_items_in_batch))
+            losses.append(head_loss(head, logits, labels, num_items_in_batch, head._per_token))
             continue
         state = states[(num_layers - 1) * num_iterations + t]  # after iteration t of the last layer
         features = state if head._per_token else backbone._pool(state, keep)
-        losses.append(head._loss(head.classifier(head.layernorm(features)), labels, num_items_in_batch))
+        step_logits = head.classifier(head.layernorm(features))
+        losses.append(head_loss(head, step_logits, labels, num_items_in_batch, head._per_token))
     # the weights as Python numbers: a weight tensor would be copied to the device at every step (a host sync)
     weights = supervision_weights(config, chosen)
     loss = torch.stack([weight * term for weight, term in zip(weights, losses)]).sum()
@@ -2593,7 +2599,9 @@ def classify_with_deep_supervision(
         if halting_losses:
             loss = loss + config.halting_loss_weight * torch.stack(halting_losses).mean()
     else:
-        loss = None if labels is None else head._loss(logits, labels, num_items_in_batch)
+        loss = (
+            None if labels is None else head_loss(head, logits, labels, num_items_in_batch, head._per_token)
+        )
     return merged, logits, loss, _step_fields(steps, halting is not None, used, probabilities, batch)
 
 
@@ -2964,7 +2972,7 @@ def classify_with_search(
     outputs = _pick(outputs, chosen, trajectories)
     logits = _pick(logits, chosen, trajectories)
     fields = {name: _pick(value, chosen, trajectories) for name, value in fields.items()}
-    loss = None if labels is None else head._loss(logits, labels, num_items_in_batch)
+    loss = None if labels is None else head_loss(head, logits, labels, num_items_in_batch, head._per_token)
     fields.update(
         search_chosen=chosen,
         search_energies=energies,
@@ -3044,7 +3052,7 @@ def run_head(
 
 
 class RecurrentDepthHeadMixin:
-    """`classify` and `_loss` of the classification heads of Hyper-SET and of the looped baseline: a head sets the
+    """`classify` of the classification heads of Hyper-SET and of the looped baseline: a head sets the
     input type it takes, whether it classifies every token, its output class and the backbone output fields it
     passes on; its `forward` has the signature of its input type and hands everything to `classify`."""
 
@@ -3060,12 +3068,13 @@ class RecurrentDepthHeadMixin:
         self,
         labels: torch.Tensor | None,
         return_dict: bool | None,
+        num_items_in_batch: torch.Tensor | int | None = None,
+        *,
         halting_threshold: float | None = None,
         search_trajectories: int | None = None,
         search_noise: float | None = None,
         search_seed: int | None = None,
         search_selector: str | None = None,
-        num_items_in_batch: torch.Tensor | int | None = None,
         **backbone_inputs: object,
     ) -> ModelOutput | tuple:
         """The backbone on `backbone_inputs`, the classifier on its pooled token (or every token), the loss of
@@ -3123,16 +3132,6 @@ class RecurrentDepthHeadMixin:
             return
         selector = ("energy" if has_energy else "confidence") if selector is None else selector
         check_search_arguments(trajectories, 0.0 if noise is None else noise, seed, selector, has_energy)
-
-    def _loss(
-        self,
-        logits: torch.Tensor,
-        labels: torch.Tensor,
-        num_items_in_batch: torch.Tensor | int | None = None,
-    ) -> torch.Tensor:
-        """The loss of `logits` by `config.problem_type`, normalised by `num_items_in_batch` when given
-        (`head_loss`)."""
-        return head_loss(self, logits, labels, num_items_in_batch, self._per_token)
 
     def _build_head(self, config: PreTrainedConfig) -> None:
         """The modules after the backbone, one structure for both models so a side-by-side pair differs in the trunk
@@ -3222,12 +3221,12 @@ class HyperSetForImageClassification(HyperSetHead):
         return self.classify(
             labels,
             return_dict,
-            halting_threshold,
-            search_trajectories,
-            search_noise,
-            search_seed,
-            search_selector,
             num_items_in_batch,
+            halting_threshold=halting_threshold,
+            search_trajectories=search_trajectories,
+            search_noise=search_noise,
+            search_seed=search_seed,
+            search_selector=search_selector,
             pixel_values=pixel_values,
             num_iterations=num_iterations,
             backprop_iterations=backprop_iterations,
@@ -3277,12 +3276,12 @@ class HyperSetSequenceHead(HyperSetHead):
         return self.classify(
             labels,
             return_dict,
-            halting_threshold,
-            search_trajectories,
-            search_noise,
-            search_seed,
-            search_selector,
             num_items_in_batch,
+            halting_threshold=halting_threshold,
+            search_trajectories=search_trajectories,
+            search_noise=search_noise,
+            search_seed=search_seed,
+            search_selector=search_selector,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
