@@ -592,8 +592,14 @@ class FamilyPreTrainedMixin:
         family overrides it); `activation_checkpointing_enable` and `gradient_checkpointing_enable` call it before
         changing anything."""
 
+    def check_call_arguments(self, **arguments: object) -> None:
+        """A ValueError for a bad per-call argument among `arguments` (what a call would pass), as the forward
+        raises it, without running the model (none unless the head overrides it): what the pipelines and
+        `energyformers predict` check before the first call."""
+
     def _set_gradient_checkpointing(self, enable: bool = True, *args: object, **kwargs: object) -> None:
-        # transformers' one step of every way to turn checkpointing on, before any module is changed
+        # transformers' one step of every way to turn checkpointing on, before any module is changed; its public
+        # names differ between the transformers versions supported, and overriding the old one makes the new warn
         if enable:
             self.check_activation_checkpointing()
         super()._set_gradient_checkpointing(enable, *args, **kwargs)
@@ -790,13 +796,14 @@ class HyperBFAttention(nn.Module):
     dot-product attention with scale 2τ and a per-key additive bias (memo 143).
     """
 
+    is_causal = False  # read by transformers' attention functions
+
     def __init__(self, config: HyperBFConfig) -> None:
         super().__init__()
         self.config = config
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         self.dropout = config.attention_probs_dropout_prob
-        self.is_causal = False
         self.q_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
         self.k_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
@@ -824,8 +831,8 @@ class HyperBFAttention(nn.Module):
         """
         tau = self.log_temperature.exp().to(query.dtype).view(1, -1, 1, 1)  # (1, H, 1, 1)
         dropout = self.dropout if self.training else 0.0
-        implementation = self.config._attn_implementation
-        if output_attentions or implementation in (None, "eager"):
+        implementation = "eager" if output_attentions else self.config._attn_implementation  # maps: eager
+        if implementation in (None, "eager"):
             key_bias = -tau * key.pow(2).sum(-1).unsqueeze(-2)  # (B, H, 1, N)
             if keep is not None:
                 # (B, N) bool, True = real token → (B, 1, 1, N)
@@ -840,9 +847,7 @@ class HyperBFAttention(nn.Module):
         query, key = _fold_bias(query * (2 * tau), key, key_bias, width)  # (B, H, N, width) each
         # (B, H, N, d_h) → (B, H, N, width): flash kernels want v as wide as q and k
         value = F.pad(value, (0, width - self.head_dim))
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            implementation, eager_attention_forward
-        )
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         output, _ = attention_interface(
             self, query, key, value, None, scaling=1.0, dropout=dropout, is_causal=False
         )
@@ -880,11 +885,12 @@ class HyperBFFeedForward(nn.Module):
     one whenever `values` is wrapped, as by a PEFT adapter).
     """
 
+    is_causal = False  # read by the attention functions of the folded path
+
     def __init__(self, config: HyperBFConfig) -> None:
         super().__init__()
         self.config = config
         self.kernel = config.feedforward_kernel
-        self.is_causal = False  # read by the attention functions of the folded path
         self.centers = nn.Parameter(torch.empty(config.num_centers, config.hidden_size))  # t_α: (K, D)
         self.metric = nn.Parameter(torch.empty(config.rbf_projection_dim, config.hidden_size))  # W: (R, D)
         self.log_sigma = nn.Parameter(torch.empty(config.num_centers if config.rbf_width == "center" else 1))
@@ -1006,9 +1012,7 @@ class HyperBFFeedForward(nn.Module):
         # Every token of every sequence queries the same K centers: one attention call over B·N queries.
         width = keys.shape[-1]
         folded = _concat_padded(query_columns, width).reshape(1, 1, -1, width)  # (..., w) → (1, 1, B·N, w)
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            implementation, eager_attention_forward
-        )
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         keys, values = keys[None, None], values[None, None]  # (K, w) → (1, 1, K, w)
         # (1, B·N, 1, w)
         output, _ = attention_interface(
@@ -1286,6 +1290,7 @@ class HyperBFHead(HyperBFPreTrainedModel):
     its input type and hands everything to `classify`."""
 
     _input_type = "image"
+    _per_token = False  # no per-token head: every head classifies the pooled token
     _output_class: type[ModelOutput] = HyperBFImageClassifierOutput
 
     def __init__(self, config: HyperBFConfig) -> None:
@@ -1314,7 +1319,9 @@ class HyperBFHead(HyperBFPreTrainedModel):
         return_dict = self.config.return_dict if return_dict is None else return_dict
         outputs = self.hyperbf(**backbone_inputs, return_dict=True)
         logits = self.classifier(outputs.pooler_output)
-        loss = None if labels is None else head_loss(self, logits, labels, num_items_in_batch)
+        loss = (
+            None if labels is None else head_loss(self, logits, labels, num_items_in_batch, self._per_token)
+        )
         output = self._output_class(
             loss=loss,
             logits=logits,

@@ -687,8 +687,14 @@ class FamilyPreTrainedMixin:
         family overrides it); `activation_checkpointing_enable` and `gradient_checkpointing_enable` call it before
         changing anything."""
 
+    def check_call_arguments(self, **arguments: object) -> None:
+        """A ValueError for a bad per-call argument among `arguments` (what a call would pass), as the forward
+        raises it, without running the model (none unless the head overrides it): what the pipelines and
+        `energyformers predict` check before the first call."""
+
     def _set_gradient_checkpointing(self, enable: bool = True, *args: object, **kwargs: object) -> None:
-        # transformers' one step of every way to turn checkpointing on, before any module is changed
+        # transformers' one step of every way to turn checkpointing on, before any module is changed; its public
+        # names differ between the transformers versions supported, and overriding the old one makes the new warn
         if enable:
             self.check_activation_checkpointing()
         super()._set_gradient_checkpointing(enable, *args, **kwargs)
@@ -895,7 +901,8 @@ def check_initial_state(initial_state: torch.Tensor, embedded: torch.Tensor) -> 
 # --- bi-softmax attention implementations: (q, k, v, keep) → (output, maps or None) ---
 # q, k, v: `(B, H, N, d_h)`, q = z ⊙ c (gains and the temperature 1/√d_h folded in) and k = z, so S = q kᵀ is
 # symmetric; keep: `(B, N)` bool (True: real token) or None.
-# Output (R + C) v, `(B, H, N, d_h)`, with R the softmax of S = q kᵀ over the keys and C the one over the queries.
+# Output (R + C) v, `(B, H, N, d_h)`, with R the softmax of S = q kᵀ over the keys and C the one over the queries:
+# heads before tokens, unlike transformers' attention functions, which return `(B, N, H, d_h)`.
 # Padding rules (every implementation): padded keys leave the row softmax, padded queries the column softmax, no
 # token reads a padded key through either, and a sequence without real tokens gives zeros, not NaN.
 
@@ -1084,8 +1091,10 @@ class BiSoftmaxAttentionInterface(AttentionInterface):
     _global_mapping = {"eager": eager_bisoftmax_attention, "sdpa": sdpa_bisoftmax_attention}
 
 
-# Named as transformers names a model file's own registry (`AttentionInterface`'s docstring): its attention layers
-# look the implementation up here at every call, which is also what lets `set_attn_implementation` switch it.
+# This file's own table, under the name of transformers' global softmax one (which HyperBF's and the looped
+# baseline's files import) because transformers reads it: `set_attn_implementation` switches a model only when the
+# source of its file calls `get_interface` on a table of that name (`PreTrainedModel._can_set_attn_implementation`).
+# The attention layers look the implementation up here at every call.
 ALL_ATTENTION_FUNCTIONS = BiSoftmaxAttentionInterface()
 
 
@@ -1321,11 +1330,11 @@ class HyperSetAttention(nn.Module):
                 probs = probs * keep[:, None, None, :].to(probs.dtype)  # no token reads from a padded key
             mixed = probs @ v
         else:
-            implementation = "eager" if output_attentions else self.config._attn_implementation
-            attention_function = ALL_ATTENTION_FUNCTIONS.get_interface(
+            implementation = "eager" if output_attentions else self.config._attn_implementation  # maps: eager
+            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
                 implementation, eager_bisoftmax_attention
             )
-            mixed, probs = attention_function(q, k, v, keep)
+            mixed, probs = attention_interface(q, k, v, keep)
         mixed = mixed.transpose(1, 2).reshape(batch, length, width)  # (B, H, N, d_h) → (B, N, d)
         return F.linear(mixed, output_weight.t()), probs  # output projection Wᵀ (tied), g_v on its rows
 
@@ -1823,9 +1832,13 @@ class RecurrentDepthMixin:
       its own forwards, so all ranks of a distributed run draw the same at each step; the training loops set it
       from the global step when they resume. Nothing is counted when nothing is random, so a compiled fixed-depth
       model sees no changing attribute.
+
+    A backbone declares `has_energy`: whether its layers have an energy (Hyper-SET), which test-time search by
+    energy and adaptive halting by `halting_tolerance` read; the looped baseline has neither.
     """
 
     iteration_draws: int = 0
+    has_energy: bool
 
     def _num_iterations(self, requested: int | None) -> int:
         """This call's T: the request, else a depth drawn by `iteration_sampling` (training), else the config's."""
@@ -1919,6 +1932,8 @@ class HyperSetModel(RecurrentDepthMixin, HyperSetPreTrainedModel):
 
     `add_pooling_layer=False` builds it without the pooler, as ViT's and BERT's: `pooler_output` is then None.
     """
+
+    has_energy = True
 
     def __init__(self, config: HyperSetConfig, add_pooling_layer: bool = True) -> None:
         super().__init__(config)
@@ -2414,7 +2429,7 @@ def _supervision_step(
     if labels is None:
         return outputs, logits, None
     if not supervise:
-        return outputs, logits, head._loss(logits, labels, num_items_in_batch)
+        return outputs, logits, head_loss(head, logits, labels, num_items_in_batch, head._per_token)
     states, num_layers = outputs.hidden_states, len(backbone.layers)
     num_iterations = (len(states) - 1) // num_layers
     attention_mask = backbone_inputs.get("attention_mask")
@@ -2424,11 +2439,12 @@ def _supervision_step(
     for t in chosen:
         if t == num_iterations:
             # the returned logits: the head is not applied twice
-            losses.append(head._loss(logits, labels, num_items_in_batch))
+            losses.append(head_loss(head, logits, labels, num_items_in_batch, head._per_token))
             continue
         state = states[(num_layers - 1) * num_iterations + t]  # after iteration t of the last layer
         features = state if head._per_token else backbone._pool(state, keep)
-        losses.append(head._loss(head.classifier(head.layernorm(features)), labels, num_items_in_batch))
+        step_logits = head.classifier(head.layernorm(features))
+        losses.append(head_loss(head, step_logits, labels, num_items_in_batch, head._per_token))
     # the weights as Python numbers: a weight tensor would be copied to the device at every step (a host sync)
     weights = supervision_weights(config, chosen)
     loss = torch.stack([weight * term for weight, term in zip(weights, losses)]).sum()
@@ -2583,7 +2599,9 @@ def classify_with_deep_supervision(
         if halting_losses:
             loss = loss + config.halting_loss_weight * torch.stack(halting_losses).mean()
     else:
-        loss = None if labels is None else head._loss(logits, labels, num_items_in_batch)
+        loss = (
+            None if labels is None else head_loss(head, logits, labels, num_items_in_batch, head._per_token)
+        )
     return merged, logits, loss, _step_fields(steps, halting is not None, used, probabilities, batch)
 
 
@@ -2896,7 +2914,7 @@ def classify_with_search(
     fields `search_chosen` `(B,)`, `search_energies` `(B, K)` (Hyper-SET; None for the baseline),
     `search_confidences` `(B, K)` and `search_valid_boards` `(B, K)` (selector `"sudoku"`).
     """
-    has_energy = isinstance(backbone, HyperSetModel)  # the baseline has no energy
+    has_energy = backbone.has_energy
     check_search_arguments(trajectories, noise, seed, selector, has_energy)
     trajectories = int(trajectories)  # a numpy integer too (`_is_integer`)
     if head.training:
@@ -2954,7 +2972,7 @@ def classify_with_search(
     outputs = _pick(outputs, chosen, trajectories)
     logits = _pick(logits, chosen, trajectories)
     fields = {name: _pick(value, chosen, trajectories) for name, value in fields.items()}
-    loss = None if labels is None else head._loss(logits, labels, num_items_in_batch)
+    loss = None if labels is None else head_loss(head, logits, labels, num_items_in_batch, head._per_token)
     fields.update(
         search_chosen=chosen,
         search_energies=energies,
@@ -3018,7 +3036,7 @@ def run_head(
             head, backbone, labels, backbone_inputs, halting_threshold, num_items_in_batch
         )
     if search_selector is None:
-        search_selector = "energy" if isinstance(backbone, HyperSetModel) else "confidence"
+        search_selector = "energy" if backbone.has_energy else "confidence"
     return classify_with_search(
         head,
         backbone,
@@ -3034,7 +3052,7 @@ def run_head(
 
 
 class RecurrentDepthHeadMixin:
-    """`classify` and `_loss` of the classification heads of Hyper-SET and of the looped baseline: a head sets the
+    """`classify` of the classification heads of Hyper-SET and of the looped baseline: a head sets the
     input type it takes, whether it classifies every token, its output class and the backbone output fields it
     passes on; its `forward` has the signature of its input type and hands everything to `classify`."""
 
@@ -3050,12 +3068,13 @@ class RecurrentDepthHeadMixin:
         self,
         labels: torch.Tensor | None,
         return_dict: bool | None,
+        num_items_in_batch: torch.Tensor | int | None = None,
+        *,
         halting_threshold: float | None = None,
         search_trajectories: int | None = None,
         search_noise: float | None = None,
         search_seed: int | None = None,
         search_selector: str | None = None,
-        num_items_in_batch: torch.Tensor | int | None = None,
         **backbone_inputs: object,
     ) -> ModelOutput | tuple:
         """The backbone on `backbone_inputs`, the classifier on its pooled token (or every token), the loss of
@@ -3096,9 +3115,7 @@ class RecurrentDepthHeadMixin:
         others are ignored), as the forward raises it, without running the model: what the pipelines check when
         they are built."""
         backbone = getattr(self, self.base_model_prefix)
-        has_energy = isinstance(
-            backbone, HyperSetModel
-        )  # the baseline has no energy and no halting tolerance
+        has_energy = backbone.has_energy  # the baseline has no energy and no halting tolerance
         if arguments.get("num_iterations") is not None:
             backbone._num_iterations(arguments["num_iterations"])
         if has_energy:
@@ -3115,16 +3132,6 @@ class RecurrentDepthHeadMixin:
             return
         selector = ("energy" if has_energy else "confidence") if selector is None else selector
         check_search_arguments(trajectories, 0.0 if noise is None else noise, seed, selector, has_energy)
-
-    def _loss(
-        self,
-        logits: torch.Tensor,
-        labels: torch.Tensor,
-        num_items_in_batch: torch.Tensor | int | None = None,
-    ) -> torch.Tensor:
-        """The loss of `logits` by `config.problem_type`, normalised by `num_items_in_batch` when given
-        (`head_loss`)."""
-        return head_loss(self, logits, labels, num_items_in_batch, self._per_token)
 
     def _build_head(self, config: PreTrainedConfig) -> None:
         """The modules after the backbone, one structure for both models so a side-by-side pair differs in the trunk
@@ -3214,12 +3221,12 @@ class HyperSetForImageClassification(HyperSetHead):
         return self.classify(
             labels,
             return_dict,
-            halting_threshold,
-            search_trajectories,
-            search_noise,
-            search_seed,
-            search_selector,
             num_items_in_batch,
+            halting_threshold=halting_threshold,
+            search_trajectories=search_trajectories,
+            search_noise=search_noise,
+            search_seed=search_seed,
+            search_selector=search_selector,
             pixel_values=pixel_values,
             num_iterations=num_iterations,
             backprop_iterations=backprop_iterations,
@@ -3269,12 +3276,12 @@ class HyperSetSequenceHead(HyperSetHead):
         return self.classify(
             labels,
             return_dict,
-            halting_threshold,
-            search_trajectories,
-            search_noise,
-            search_seed,
-            search_selector,
             num_items_in_batch,
+            halting_threshold=halting_threshold,
+            search_trajectories=search_trajectories,
+            search_noise=search_noise,
+            search_seed=search_seed,
+            search_selector=search_selector,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,

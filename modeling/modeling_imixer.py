@@ -589,8 +589,14 @@ class FamilyPreTrainedMixin:
         family overrides it); `activation_checkpointing_enable` and `gradient_checkpointing_enable` call it before
         changing anything."""
 
+    def check_call_arguments(self, **arguments: object) -> None:
+        """A ValueError for a bad per-call argument among `arguments` (what a call would pass), as the forward
+        raises it, without running the model (none unless the head overrides it): what the pipelines and
+        `energyformers predict` check before the first call."""
+
     def _set_gradient_checkpointing(self, enable: bool = True, *args: object, **kwargs: object) -> None:
-        # transformers' one step of every way to turn checkpointing on, before any module is changed
+        # transformers' one step of every way to turn checkpointing on, before any module is changed; its public
+        # names differ between the transformers versions supported, and overriding the old one makes the new warn
         if enable:
             self.check_activation_checkpointing()
         super()._set_gradient_checkpointing(enable, *args, **kwargs)
@@ -1891,6 +1897,7 @@ class IMixerHead(IMixerPreTrainedModel):
     signature of its input type and hands everything to `classify`."""
 
     _input_type = "image"
+    _per_token = False  # no per-token head: every head classifies the pooled token
     _output_class: type[ModelOutput] = IMixerImageClassifierOutput
 
     def __init__(self, config: IMixerConfig) -> None:
@@ -1935,7 +1942,9 @@ class IMixerHead(IMixerPreTrainedModel):
         self.check_call_arguments(**backbone_inputs)
         outputs = self.imixer(**backbone_inputs, return_dict=True)
         logits = self.classifier(outputs.pooler_output)
-        loss = None if labels is None else head_loss(self, logits, labels, num_items_in_batch)
+        loss = (
+            None if labels is None else head_loss(self, logits, labels, num_items_in_batch, self._per_token)
+        )
         output = self._output_class(
             loss=loss,
             logits=logits,

@@ -103,8 +103,10 @@ class LoopedTransformerAttention(nn.Module):
 
         q, k, v = heads(self.q_proj), heads(self.k_proj), heads(self.v_proj)
         implementation = "eager" if output_attentions else self.config._attn_implementation  # maps: eager
-        attention_function = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        mixed, probs = attention_function(self, q, k, v, attention_bias, scaling=1 / math.sqrt(self.head_dim))
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        mixed, probs = attention_interface(
+            self, q, k, v, attention_bias, scaling=1 / math.sqrt(self.head_dim)
+        )
         mixed = mixed.reshape(batch, length, width)  # (B, N, H, d_h) → (B, N, d)
         return self.o_proj(mixed), probs
 
@@ -129,7 +131,9 @@ class LoopedTransformerMLP(nn.Module):
 
 
 class LoopedTransformerLayer(GradientCheckpointingLayer):
-    """One iteration: x ← x + Attn(RMSNorm(x)), then x ← x + MLP(RMSNorm(x)) (pre-norm)."""
+    """One iteration: x ← x + Attn(RMSNorm(x)), then x ← x + MLP(RMSNorm(x)) (pre-norm).
+
+    Submodules keep Llama's names (`self_attn`, `mlp`, ...), not HyperBF's: renaming changes the weight keys."""
 
     def __init__(self, config: LoopedTransformerConfig) -> None:
         super().__init__()
@@ -196,6 +200,8 @@ class LoopedTransformerModel(RecurrentDepthMixin, LoopedTransformerPreTrainedMod
 
     `add_pooling_layer=False` builds it without the pooler, as ViT's and BERT's: `pooler_output` is then None.
     """
+
+    has_energy = False
 
     def __init__(self, config: LoopedTransformerConfig, add_pooling_layer: bool = True) -> None:
         super().__init__(config)
@@ -331,12 +337,12 @@ class LoopedTransformerForImageClassification(LoopedTransformerHead):
         return self.classify(
             labels,
             return_dict,
-            halting_threshold,
-            search_trajectories,
-            search_noise,
-            search_seed,
-            search_selector,
             num_items_in_batch,
+            halting_threshold=halting_threshold,
+            search_trajectories=search_trajectories,
+            search_noise=search_noise,
+            search_seed=search_seed,
+            search_selector=search_selector,
             pixel_values=pixel_values,
             num_iterations=num_iterations,
             backprop_iterations=backprop_iterations,
@@ -381,12 +387,12 @@ class LoopedTransformerSequenceHead(LoopedTransformerHead):
         return self.classify(
             labels,
             return_dict,
-            halting_threshold,
-            search_trajectories,
-            search_noise,
-            search_seed,
-            search_selector,
             num_items_in_batch,
+            halting_threshold=halting_threshold,
+            search_trajectories=search_trajectories,
+            search_noise=search_noise,
+            search_seed=search_seed,
+            search_selector=search_selector,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,

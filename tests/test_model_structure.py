@@ -5,6 +5,7 @@ tests/data/old_models/generate.py) still loads to the same config and the same o
 from __future__ import annotations
 
 import ast
+import inspect
 import json
 import pathlib
 
@@ -168,4 +169,28 @@ def test_every_base_model_and_head_has_one_class_level_forward():
         )
         assert not hasattr(model_class, "forward_images") and not hasattr(model_class, "forward_tokens"), (
             f"{model_class.__name__} keeps per-modality entry points"
+        )
+
+
+def test_every_classifier_head_shares_one_call_contract():
+    """A reader of one head knows every head: `classify` starts (labels, return_dict, num_items_in_batch) and takes
+    whatever a family adds by keyword only; every head declares whether it is per token and has
+    `check_call_arguments` (a no-op unless the head overrides it), which the pipelines and `predict` call."""
+    heads = [model_class for model_class in _model_classes() if hasattr(model_class, "classify")]
+    assert {head.__module__.rpartition(".")[2] for head in heads} == {
+        "modeling_hyperset",
+        "modeling_imixer",
+        "modeling_hyperbf",
+        "modeling_looped_transformer",
+    }
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    for head in heads:
+        parameters = list(inspect.signature(head.classify).parameters.values())[1:]  # after self
+        leading = [parameter.name for parameter in parameters if parameter.kind in positional]
+        assert leading == ["labels", "return_dict", "num_items_in_batch"], (
+            f"{head.__name__}.classify: {leading}"
+        )
+        assert isinstance(head._per_token, bool), f"{head.__name__}._per_token = {head._per_token!r}"
+        assert callable(getattr(head, "check_call_arguments", None)), (
+            f"{head.__name__}: no check_call_arguments"
         )

@@ -33,7 +33,7 @@ def head_of(model, state: torch.Tensor, batch: dict) -> torch.Tensor:
 
 
 def loss_of(model, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return model._loss(logits, labels)
+    return modeling_hyperset.head_loss(model, logits, labels, None, model._per_token)
 
 
 def steps_by_hand(model, batch: dict, steps: int, detach: bool = True) -> tuple[list, list]:
