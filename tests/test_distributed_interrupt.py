@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,24 +45,27 @@ sys.exit(train.main(sys.argv[1:], callbacks=[SignalRankOne()]))
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Rank(subprocess.Popen):
+    store: torch.distributed.TCPStore  # the group's rendezvous, kept while a rank can still reach it
 
 
-def start_ranks(command: list[str], tmp_path: Path, name: str) -> list[subprocess.Popen]:
-    """Two ranks of one process group, each writing `<name>.rank<r>.out` / `.err` in `tmp_path`."""
-    port = free_port()
+def start_ranks(command: list[str], tmp_path: Path, name: str) -> list[Rank]:
+    """Two ranks of one process group, each writing `<name>.rank<r>.out` / `.err` in `tmp_path`.
+
+    The rendezvous store is this process's, as torchrun hosts it (`TORCHELASTIC_USE_AGENT_STORE`: every rank
+    connects to it; none starts one): bound here to a port the system chooses, it is listening before a rank
+    starts, so no other socket can take its port in the seconds a rank takes to start."""
+    store = torch.distributed.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, wait_for_workers=False)
     ranks = []
     for rank in (0, 1):
         env = {
             **ENV, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True",
         }  # fmt: skip
         out = open(tmp_path / f"{name}.rank{rank}.out", "w")  # the child writes; our copy closes below
         err = open(tmp_path / f"{name}.rank{rank}.err", "w")
-        ranks.append(subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=tmp_path))
+        ranks.append(Rank(command, stdout=out, stderr=err, env=env, cwd=tmp_path))
+        ranks[-1].store = store
         out.close(), err.close()
     return ranks
 
