@@ -1,5 +1,6 @@
 import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,11 @@ import pytest
 import torch
 import transformers
 
+try:
+    from transformers_suite import sdist  # how test_transformers_common.py imports transformers' common tests
+except ImportError:  # this file linked into another folder by a test of the suite's own configuration
+    sdist = None
+
 # Without CUDA, Triton kernels run in Triton's CPU interpreter (read when the kernels are built, on first use); with
 # CUDA they are compiled for the GPU, and the attention tests also run on it (tests/test_attention_implementations.py).
 if not torch.cuda.is_available():
@@ -21,22 +27,33 @@ if not torch.cuda.is_available():
 torch.set_num_threads(int(os.environ.get("ENERGYFORMERS_TEST_THREADS", "1")))
 THREADS = torch.get_num_threads()
 
-# The seed every test starts from (Python's `random`, NumPy and torch, CPU and CUDA).
+# The seed every test starts from (Python's `random`, NumPy and torch, CPU and CUDA, and the generator of
+# transformers' common tests).
 SEED = 0
+
+
+def seed() -> None:
+    """Every generator a test draws from, at `SEED`. transformers' common tests (test_transformers_common.py) draw
+    their inputs (`ids_tensor`, `floats_tensor`, `random_attention_mask`) from their module's own `global_rng`,
+    which `set_seed` does not reach: seeded here once that module is imported, so a failure there replays."""
+    transformers.set_seed(SEED)
+    common = sys.modules.get(f"{sdist.PACKAGE}.test_modeling_common") if sdist else None
+    if common is not None and hasattr(common, "global_rng"):
+        common.global_rng.seed(SEED)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """The seed before any fixture of the test is set up, so a module-scoped fixture, built for whichever of its
     module's tests runs first, draws the same in every order too."""
-    transformers.set_seed(SEED)
+    seed()
 
 
 @pytest.fixture(autouse=True)
 def _seeded() -> None:
     """Every test draws from the same random state whichever tests ran before it and whatever the order's seed, so
     the suite passes in any order (pytest-randomly shuffles it; `pytest_configure` stops its reseeding)."""
-    transformers.set_seed(SEED)
+    seed()
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,24 +45,27 @@ sys.exit(train.main(sys.argv[1:], callbacks=[SignalRankOne()]))
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Rank(subprocess.Popen):
+    store: torch.distributed.TCPStore  # the group's rendezvous, kept while a rank can still reach it
 
 
-def start_ranks(command: list[str], tmp_path: Path, name: str) -> list[subprocess.Popen]:
-    """Two ranks of one process group, each writing `<name>.rank<r>.out` / `.err` in `tmp_path`."""
-    port = free_port()
+def start_ranks(command: list[str], tmp_path: Path, name: str) -> list[Rank]:
+    """Two ranks of one process group, each writing `<name>.rank<r>.out` / `.err` in `tmp_path`.
+
+    The rendezvous store is this process's, as torchrun hosts it (`TORCHELASTIC_USE_AGENT_STORE`: every rank
+    connects to it; none starts one): bound here to a port the system chooses, it is listening before a rank
+    starts, so no other socket can take its port in the seconds a rank takes to start."""
+    store = torch.distributed.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, wait_for_workers=False)
     ranks = []
     for rank in (0, 1):
         env = {
             **ENV, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True",
         }  # fmt: skip
         out = open(tmp_path / f"{name}.rank{rank}.out", "w")  # the child writes; our copy closes below
         err = open(tmp_path / f"{name}.rank{rank}.err", "w")
-        ranks.append(subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=tmp_path))
+        ranks.append(Rank(command, stdout=out, stderr=err, env=env, cwd=tmp_path))
+        ranks[-1].store = store
         out.close(), err.close()
     return ranks
 
@@ -314,12 +316,14 @@ def test_a_launchers_forwarded_copy_of_a_ctrl_c_is_not_a_second_one(monkeypatch:
         assert request.signum == signal.SIGINT, (where, request.signum)
 
 
-# Two evaluations of 20 batches (of about 10 ms each) per rank with `accelerate_loop.evaluate_split`, every
-# `dist.all_reduce` counted: one without a signal at an `EVALUATION_CHECK_S` of 10 s (so that a loaded machine's slow
-# batches still fit the pass into one interval), then one where rank 1 sends
-# itself SIGTERM in its 5th batch, agreeing about every 5 batches; each rank writes what it saw to argv[1].rank<r>
+# Two evaluations of 20 batches per rank with `accelerate_loop.evaluate_split`, every `dist.all_reduce` counted, on
+# a test clock that each batch advances by a fixed time (`interrupt.time`): the counts are those of the batch times
+# given here, not of how loaded the machine is. Rank 1's batches take twice rank 0's, so both ranks size the
+# interval from rank 1's. One pass without a signal at an `EVALUATION_CHECK_S` of 10 s, then one at 1/16 s (2 of
+# rank 1's batches) where rank 1 sends itself SIGTERM in its 5th batch; each rank writes what it saw to
+# argv[1].rank<r>
 EVALUATION_COLLECTIVES_SCRIPT = """
-import json, os, signal, sys, time
+import json, os, signal, sys
 from types import SimpleNamespace
 import torch
 import torch.distributed as dist
@@ -327,10 +331,14 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 from energyformers.training import accelerate_loop
 from energyformers.training.arguments import MIM_TASK
+from energyformers.training import interrupt
 from energyformers.training.interrupt import EvaluationStopped, StopRequest
 
 accelerator = Accelerator(cpu=True)
 rank = accelerator.process_index
+clock = [0.0]
+interrupt.time = SimpleNamespace(monotonic=lambda: clock[0])  # the batches' time, not the machine's
+BATCH_S = 1 / 64 if rank == 0 else 1 / 32  # powers of 2: the interval's arithmetic is exact
 
 class Slow(torch.nn.Module):
     def __init__(self, signal_at=None):
@@ -341,7 +349,7 @@ class Slow(torch.nn.Module):
         self.batches += 1
         if rank == 1 and self.batches == self.signal_at:
             os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.01)
+        clock[0] += BATCH_S
         logits = self.linear(x)
         return SimpleNamespace(logits=logits, loss=torch.nn.functional.cross_entropy(logits, labels))
 
@@ -358,7 +366,7 @@ def counting_all_reduce(*args, **kwargs):
 
 dist.all_reduce = counting_all_reduce
 seen = {}
-for name, signal_at, check_s in (("whole", None, 10.0), ("stopped", 5, 0.05)):
+for name, signal_at, check_s in (("whole", None, 10.0), ("stopped", 5, 1 / 16)):
     StopRequest.EVALUATION_CHECK_S = check_s
     model, stop, stopped = Slow(signal_at), StopRequest(), False
     reductions.clear()
@@ -398,12 +406,8 @@ def test_an_evaluation_agrees_on_a_stop_every_few_batches_and_all_ranks_stop_at_
         )
     seen = [json.loads((tmp_path / f"seen.rank{rank}").read_text()) for rank in (0, 1)]
     whole, stopped = [s["whole"] for s in seen], [s["stopped"] for s in seen]
-    # 20 batches of >= 10 ms: an agreement after the first, then after about 10 s of batches (more than the whole
-    # pass), sooner when the first batch, which sizes the interval, was slow (a loader's start): 1 to 3 in all
-    # unless a batch takes over half a second
-    assert [(s["batches"], s["stopped"]) for s in whole] == [(20, False)] * 2, whole
-    counts = [s["all_reduce"] for s in whole]
-    assert counts[0] == counts[1] and 1 <= counts[0] <= 3, f"all-reduces of a 20-batch evaluation: {whole}"
-    assert stopped[0] == stopped[1] and stopped[0]["stopped"], stopped
-    # the signal in batch 5; agreements after batch 1 and then every ~5 batches (>= 10 ms each of 0.05 s)
-    assert 5 <= stopped[0]["batches"] <= 11 and stopped[0]["all_reduce"] < stopped[0]["batches"], stopped
+    # no signal: an agreement after the first batch, then none for 10 s / (1/32 s) = 320 batches, more than the pass
+    assert whole == [{"batches": 20, "all_reduce": 1, "stopped": False}] * 2, whole
+    # the signal in batch 5: agreements after batches 1, 3 and 5, every (1/16) / (1/32) = 2 batches of the slower
+    # rank (of rank 0's own time it would be every 4, and the ranks would disagree on when to reduce)
+    assert stopped == [{"batches": 5, "all_reduce": 3, "stopped": True}] * 2, stopped

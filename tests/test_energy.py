@@ -291,9 +291,11 @@ def test_a_tiny_classifier_with_energy_attention_learns_digits():
     with torch.no_grad():
         correct = int((model(images[test]).argmax(-1) == labels[test]).sum())
     accuracy = correct / len(test)
-    # docs/dynamics.md quotes the accuracy this seeded setting reaches; the bound is looser because float rounding
-    # differs between machines and torch versions, and 300 training steps can carry that into a few predictions
-    assert accuracy > 0.8, f"held-out accuracy {accuracy:.3f} ({correct} of {len(test)} images; chance 0.1)"
+    # docs/dynamics.md quotes the accuracy this seeded setting reaches. Float rounding differs between machines and
+    # torch versions, and 300 steps can carry that onto another training path, as another seed would: so the bound
+    # is set from the spread over seeds (the model's and the batches', 0 to 31: mean 0.88, sd 0.03, lowest 0.80),
+    # 6 sd below the mean and still 7 times chance
+    assert accuracy > 0.7, f"held-out accuracy {accuracy:.3f} ({correct} of {len(test)} images; chance 0.1)"
 
 
 def test_energies_are_measured_outside_a_bfloat16_autocast():

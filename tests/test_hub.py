@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -112,10 +114,13 @@ def train_digits_model(path: Path, model_type: str) -> Path:
     return path
 
 
-def free_port() -> int:
+@contextmanager
+def dead_endpoint() -> Iterator[str]:
+    """A URL where nothing answers: its port is bound but not listening (a connection is refused) and stays bound
+    while the block runs, so no other socket (another test's server) can take it and answer."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 def digit_image_bytes(index: int = 0) -> list[int]:
@@ -203,10 +208,10 @@ def published(trained, tmp_path_factory) -> dict:
     (repo / "refs" / "main").write_text(HAND_MADE_REVISION)
     cases.append({**cases[0], "id": "hand-made", "path": "acme/hand-made", "card": "acme/hand-made"})
     # The server is gone and the endpoint is a dead port: only the cache can answer.
-    dead = f"http://127.0.0.1:{free_port()}"
-    offline = run_without_package(
-        root / "offline", cases, env={"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": dead, "HF_HOME": str(cache)}
-    )
+    with dead_endpoint() as dead:
+        offline = run_without_package(
+            root / "offline", cases, env={"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": dead, "HF_HOME": str(cache)}
+        )
     return {"online": online, "offline": offline, "files": files, "unhandled": unhandled}
 
 
@@ -397,10 +402,10 @@ def test_push_with_rejected_token_names_the_problem(hub, trained, tmp_path):
 
 
 def test_push_to_unreachable_endpoint_fails_clearly(hub, trained, monkeypatch, tmp_path):
-    dead = f"http://127.0.0.1:{free_port()}"
-    monkeypatch.setattr(constants, "ENDPOINT", dead)
-    with pytest.raises(PushError, match=f"could not reach the Hub at {dead}"):
-        push_model_dir(trained[sorted(FAMILIES)[0]], "org/unreachable")
+    with dead_endpoint() as dead:
+        monkeypatch.setattr(constants, "ENDPOINT", dead)
+        with pytest.raises(PushError, match=f"could not reach the Hub at {dead}"):
+            push_model_dir(trained[sorted(FAMILIES)[0]], "org/unreachable")
     _no_partial_export(tmp_path)
 
 

@@ -118,6 +118,29 @@ def test_a_test_and_its_module_fixtures_draw_the_same_under_every_order_seed(tmp
     )
 
 
+def test_transformers_common_tests_draw_the_same_inputs_after_each_tests_seed(request):
+    """transformers' common tests draw their inputs from their module's own generator: the seed each test starts
+    from covers it, so every run (and every order) feeds them the same ids, pixels and padding masks."""
+    try:
+        with warnings.catch_warnings():
+            # transformers registers its suite's marks (`flash_attn_test`, ...) in a conftest we do not fetch
+            warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+            modeling_common, _ = sdist.load()
+    except sdist.SuiteMissing as error:
+        pytest.skip(str(error))  # CI fails test_transformers_common.py's test_common_suite_is_fetched instead
+    draws = []
+    for _ in range(2):
+        conftest.pytest_runtest_setup(request.node)
+        draws.append(
+            (
+                modeling_common.ids_tensor((2, 8), 99).tolist(),
+                modeling_common.floats_tensor((2, 3)).tolist(),
+                modeling_common.random_attention_mask((2, 8)).tolist(),
+            )
+        )
+    assert draws[0] == draws[1], f"(ids, floats, attention mask) drawn after each of two seedings: {draws}"
+
+
 def test_the_suite_reads_transformers_tests_from_the_cache_only(tmp_path, monkeypatch):
     """pytest runs offline: with an empty cache, loading transformers' common tests says how to fetch them and
     starts no download."""
