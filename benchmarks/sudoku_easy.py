@@ -461,6 +461,20 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.minutes <= 0:
         parser.error(f"--minutes must be > 0; got {args.minutes}")
+    # checked here: the training CLI would refuse a Hyper-SET-only field only after loading the data
+    if args.model == "looped-transformer":
+        from energyformers.configuration.configuration_looped_transformer import HYPERSET_ONLY_FIELDS
+
+        used = (probes if args.stage in ("all", "probes") else []) + (
+            [args.setting] if args.stage in ("all", "main") else []
+        )
+        for name in dict.fromkeys(used):
+            only = sorted(set(PROBES[name].get("config", {})) & set(HYPERSET_ONLY_FIELDS))
+            if only:
+                parser.error(
+                    f"--model looped-transformer with setting {name!r}: {only} are Hyper-SET options the looped "
+                    "Transformer does not have; choose a setting without them"
+                )
     work, stem = Path(args.work_dir), Path(args.results)
     run = provenance.run_info(seed=args.seed, argv=argv, script=__file__)
 

@@ -389,6 +389,17 @@ def test_sudoku_easy_trains_the_looped_transformer_with_the_same_setting(tmp_pat
 def test_sudoku_easy_refuses_bad_arguments_before_training(tmp_path, capsys):
     for argv, message in (
         (["--model", "mlp"], "--model: invalid choice: 'mlp'"),
+        (
+            [
+                "--model",
+                "looped-transformer",
+                "--stage",
+                "main",
+                "--setting",
+                "b1-H2-lr1e-2-sincos-b16-anchor0.5",
+            ],
+            "['input_anchor'] are Hyper-SET options",
+        ),
         (["--probes", "ds-init0.2,nope"], "--probes"),
         (["--setting", "nope"], "--setting"),
         (["--minutes", "0"], "--minutes must be > 0"),
