@@ -355,8 +355,8 @@ def test_sudoku_easy_probe_runs_the_first_steps_of_a_longer_schedule_with_its_ow
 
 
 def test_sudoku_easy_trains_the_looped_transformer_with_the_same_setting(tmp_path, monkeypatch):
-    """`--model looped-transformer` trains the baseline with the setting's width, heads, depth and flags, the
-    summary records which model it was, and the page and plot are titled by it."""
+    """`--model looped-transformer` trains the baseline with the setting's width, heads, depth and config fields,
+    and the summary records which model it was (`model_name`, the page's and the plot's title, reads it)."""
     needs("sudoku")
     setting = {
         "model": (16, 2, 2, 0.2),
