@@ -2,6 +2,8 @@
 puzzles (`--dataset sudoku`: 36–45 givens, every puzzle proven unique), then evaluated at T/2 … 4T iterations on
 the easy test split and on hard puzzles (`sudoku-hard` test split, 21–29 givens): easy → hard with more
 iterations is what recurrent depth is for.
+`--model looped-transformer` trains the paper's baseline instead, with the same setting (width, heads,
+iterations, data, optimiser, deep supervision, evaluation depths).
 
 Short probes first (`--stage probes`: each setting of `PROBES` for the same number of steps, its validation
 accuracy at T recorded), then the main run (`--stage main`: the chosen setting, `--max_steps` with a wall-time cap
@@ -105,15 +107,18 @@ PROBES: dict[str, dict] = {
 }
 
 
-def train_flags(setting: dict, steps: int, batch_size: int, seed: int, eval_steps: int) -> list[str]:
-    """The CLI flags of one run: Hyper-SET, the `sudoku` preset, the paper's optimiser (AdamW β = (0, 0.95),
+def train_flags(
+    setting: dict, steps: int, batch_size: int, seed: int, eval_steps: int, model: str = "hyperset"
+) -> list[str]:
+    """The CLI flags of one run: `model` (Hyper-SET, or the looped Transformer at the same width, heads and
+    depth: the paper's side-by-side baseline), the `sudoku` preset, the paper's optimiser (AdamW β = (0, 0.95),
     weight decay 0.1, clip 1.0), cosine lr, deep supervision as `setting` says, the symmetry augmentation.
     `setting`'s optional keys change one part: `beta1` (AdamW β1), `batch_size` (replaces `batch_size`), `config`
     (more config fields, KEY: VALUE) and `flags` (more CLI flags, after the others)."""
     d, heads, T, init = setting["model"]
     extra = [f"{key}={json.dumps(value)}" for key, value in setting.get("config", {}).items()]
     return [
-        "--model", "hyperset", "--dataset", "sudoku", "--preset", "sudoku",
+        "--model", model, "--dataset", "sudoku", "--preset", "sudoku",
         *model_flags(d, heads, T, init), *extra,
         "--deep_supervision", setting["supervision"], "--sudoku_augmentation",
         "--max_eval_samples", "256", "--max_test_samples", "1000",
@@ -183,9 +188,11 @@ def summary(folder: Path) -> dict:
     """What a run folder's metrics.json says: the final validation/test accuracy, steps, the curve."""
     metrics = json.loads((folder / "metrics.json").read_text())
     history = metrics.get("log_history") or []
-    T = json.loads((folder / "config.json").read_text())["num_iterations"]
+    config = json.loads((folder / "config.json").read_text())
+    T = config["num_iterations"]
     return {
         "folder": str(folder),
+        "model_type": config["model_type"],
         "command": metrics["recipe"]["command"],
         "global_step": metrics["recipe"]["global_step"],
         "schedule_steps": metrics["recipe"].get("max_steps"),
@@ -227,6 +234,11 @@ def evaluate_depths(folder: Path, n_test: int, batch_size: int) -> dict:
             )
         out[dataset] = {"n_test": len(x), "depths": rows}
     return out
+
+
+def model_name(run: dict) -> str:
+    """The trained model's name in words; results written before runs recorded their model are Hyper-SET's."""
+    return sudoku_depth.MODELS[run.get("model_type", "hyperset")]
 
 
 def plot(out: dict, path: Path) -> None:
@@ -276,7 +288,7 @@ def plot(out: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="best")
     fig.suptitle(
-        f"Easy Sudoku, deep-supervised Hyper-SET ({main['num_parameters']:,} parameters, {main['global_step']} steps, "
+        f"Easy Sudoku, deep-supervised {model_name(main)} ({main['num_parameters']:,} parameters, {main['global_step']} steps, "
         f"{(main['training'].get('training_seconds') or 0) / 60:.0f} min on 1 CPU thread)",
         fontsize=10,
     )
@@ -330,7 +342,7 @@ def write_markdown(out: dict, path: Path) -> None:
     T = main["trained_iterations"]
     tr = main["training"]
     lines = [
-        "# Easy Sudoku on a CPU budget: deep-supervised Hyper-SET, easy → hard",
+        f"# Easy Sudoku on a CPU budget: deep-supervised {model_name(main)}, easy → hard",
         "",
         *(provenance.markdown_lines(out["run"]) if "run" in out else [f"Command: `{out['command']}`"]),
         "",
@@ -409,6 +421,12 @@ def main(argv: list[str] | None = None) -> None:
         "--probe_eval_steps", type=int, default=None, help="validation every N probe steps; unset: at the end"
     )
     parser.add_argument("--setting", default="ds-init0.2", help="the probe setting the main run uses")
+    parser.add_argument(
+        "--model",
+        choices=list(sudoku_depth.MODELS),
+        default="hyperset",
+        help="the model the probes and the main run train, each with the setting's width, heads and depth",
+    )
     parser.add_argument("--max_steps", type=int, default=1500, help="the main run's schedule length")
     parser.add_argument(
         "--minutes", type=float, default=30.0, help="wall-time cap of the main run's training"
@@ -443,6 +461,20 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.minutes <= 0:
         parser.error(f"--minutes must be > 0; got {args.minutes}")
+    # checked here: the training CLI would refuse a Hyper-SET-only field only after loading the data
+    if args.model == "looped-transformer":
+        from energyformers.configuration.configuration_looped_transformer import HYPERSET_ONLY_FIELDS
+
+        used = (probes if args.stage in ("all", "probes") else []) + (
+            [args.setting] if args.stage in ("all", "main") else []
+        )
+        for name in dict.fromkeys(used):
+            only = sorted(set(PROBES[name].get("config", {})) & set(HYPERSET_ONLY_FIELDS))
+            if only:
+                parser.error(
+                    f"--model looped-transformer with setting {name!r}: {only} are Hyper-SET options the looped "
+                    "Transformer does not have; choose a setting without them"
+                )
     work, stem = Path(args.work_dir), Path(args.results)
     run = provenance.run_info(seed=args.seed, argv=argv, script=__file__)
 
@@ -450,7 +482,12 @@ def main(argv: list[str] | None = None) -> None:
         for name in probes:
             schedule = args.probe_schedule_steps or args.probe_steps
             flags = train_flags(
-                PROBES[name], schedule, args.batch_size, args.seed, args.probe_eval_steps or args.probe_steps
+                PROBES[name],
+                schedule,
+                args.batch_size,
+                args.seed,
+                args.probe_eval_steps or args.probe_steps,
+                args.model,
             )
             stop = args.probe_steps if schedule > args.probe_steps else None
             train([*flags, "--output_dir", str(work / f"probe-{name}"), "--overwrite_output_dir"], None, stop)
@@ -466,7 +503,7 @@ def main(argv: list[str] | None = None) -> None:
         training = None
         if args.stage in ("all", "main"):
             flags = train_flags(
-                PROBES[args.setting], args.max_steps, args.batch_size, args.seed, args.eval_steps
+                PROBES[args.setting], args.max_steps, args.batch_size, args.seed, args.eval_steps, args.model
             )
             training = train(
                 [*flags, "--output_dir", args.output_dir, "--overwrite_output_dir"], args.minutes

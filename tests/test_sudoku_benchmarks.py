@@ -355,8 +355,52 @@ def test_sudoku_easy_probe_runs_the_first_steps_of_a_longer_schedule_with_its_ow
     assert "1: " in row and "2: " in row, row
 
 
+def test_sudoku_easy_trains_the_looped_transformer_with_the_same_setting(tmp_path, monkeypatch):
+    """`--model looped-transformer` trains the baseline with the setting's width, heads, depth and config fields,
+    and the summary records which model it was (`model_name`, the page's and the plot's title, reads it)."""
+    needs("sudoku")
+    setting = {
+        "model": (16, 2, 2, 0.2),
+        "lr": 1e-2,
+        "supervision": "all",
+        "beta1": 0.9,
+        "batch_size": 4,
+        "config": {"position_embedding_type": "sincos-2d"},
+    }
+    monkeypatch.setitem(sudoku_easy.PROBES, "ds-init0.2", setting)
+    work = tmp_path / "w"
+    argv = ["--stage", "probes", "--probes", "ds-init0.2", "--probe_steps", "2", "--work_dir", str(work)]
+    sudoku_easy.main([*argv, "--model", "looped-transformer"])
+    folder = work / "probe-ds-init0.2"
+    config = json.loads((folder / "config.json").read_text())
+    got = {key: config[key] for key in ("model_type", "hidden_size", "num_attention_heads", "num_iterations")}
+    assert got == {
+        "model_type": "looped-transformer",
+        "hidden_size": 16,
+        "num_attention_heads": 2,
+        "num_iterations": 2,
+    }, got
+    assert config["position_embedding_type"] == "sincos-2d", config["position_embedding_type"]
+    run = sudoku_easy.summary(folder)
+    assert run["model_type"] == "looped-transformer" and "--model looped-transformer" in run["command"], run
+    assert sudoku_easy.model_name(run) == "looped Transformer"
+    assert sudoku_easy.model_name({}) == "Hyper-SET"  # results written before runs recorded their model
+
+
 def test_sudoku_easy_refuses_bad_arguments_before_training(tmp_path, capsys):
     for argv, message in (
+        (["--model", "mlp"], "--model: invalid choice: 'mlp'"),
+        (
+            [
+                "--model",
+                "looped-transformer",
+                "--stage",
+                "main",
+                "--setting",
+                "b1-H2-lr1e-2-sincos-b16-anchor0.5",
+            ],
+            "['input_anchor'] are Hyper-SET options",
+        ),
         (["--probes", "ds-init0.2,nope"], "--probes"),
         (["--setting", "nope"], "--setting"),
         (["--minutes", "0"], "--minutes must be > 0"),
