@@ -1,8 +1,6 @@
 import os
-import re
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 # No test may reach the network (Hub, dataset downloads); set before transformers is imported.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -132,33 +130,6 @@ def pytest_configure(config: pytest.Config) -> None:
     chosen = any(str(arg).startswith("--dist") or str(arg) == "-d" for arg in given)
     if getattr(config.option, "dist", "no") == "load" and not chosen:
         config.option.dist = "loadfile"
-
-
-def our_modules() -> str:
-    """A regular expression for the module names our code runs under: the package (`energyformers.*`), the test
-    files and their helpers (imported under their file names: tests/ is no package) and the benchmark scripts
-    (imported by their folder's path or through `fixtures.loaded_script`, under their file names)."""
-    root = Path(__file__).resolve().parents[1]
-    files = [*(root / "tests").glob("*.py"), *(root / "benchmarks").rglob("*.py")]
-    names = "|".join(sorted({re.escape(path.stem) for path in files}))
-    return rf"(energyformers(\..+)?|{names})\Z"
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """A warning raised from our own code (one of ours, or a library's that our code's call provokes, which Python
-    files under the calling module) fails the test that raised it, so a new one is seen rather than added to the
-    summary: fix its cause, or filter it where it is provoked on purpose. Last in the filter list, so it wins over
-    pyproject.toml's; a test's own `filterwarnings` mark or `pytest.warns` still wins over it. The two categories
-    Python ignores by default stay ignored: a ResourceWarning is raised where the leaked object is collected, as an
-    unraisable exception that fails nothing. A deprecation (DeprecationWarning, PendingDeprecationWarning,
-    FutureWarning) stays a summary line: the test command installs the newest release of each dependency, and a
-    release that deprecates what one of our calls uses must not fail a suite that passed the day before."""
-    ours = our_modules()
-    session.config.addinivalue_line("filterwarnings", f"error::Warning:{ours}")
-    for category in ("ResourceWarning", "ImportWarning"):
-        session.config.addinivalue_line("filterwarnings", f"ignore::{category}:{ours}")
-    for category in ("DeprecationWarning", "PendingDeprecationWarning", "FutureWarning"):
-        session.config.addinivalue_line("filterwarnings", f"default::{category}:{ours}")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

@@ -301,36 +301,3 @@ def test_install_data_retries_the_transformers_suite_fetch_under_ci_only(
     ran = log.count("python tests/transformers_suite/sdist.py")
     assert ran == tries, f"CI={ci!r}, {failures} failures: {ran} tries, expected {tries}\n{log}"
     assert ("fetching transformers' sdist failed" not in out) == fetched, out
-
-
-@pytest.mark.parametrize(
-    "module", ["energyformers", "energyformers.training.cli", "fixtures", "sudoku_search"]
-)
-def test_a_warning_raised_from_our_code_fails_the_test(module):
-    # conftest.pytest_sessionstart: a new warning from the package, a test file or a benchmark script is an error
-    with pytest.raises(UserWarning, match="a new warning"):
-        warnings.warn_explicit("a new warning", UserWarning, f"{module}.py", 1, module=module)
-    with pytest.raises(RuntimeWarning, match="from this test file"):
-        # stacklevel 1: filed under this test file's module name
-        warnings.warn("from this test file", RuntimeWarning, stacklevel=1)
-
-
-@pytest.mark.parametrize("category", [DeprecationWarning, PendingDeprecationWarning, FutureWarning])
-def test_a_deprecation_at_one_of_our_calls_is_recorded_not_an_error(category):
-    # a newer dependency that deprecates what our code calls files its warning under our module: the suite, which
-    # installs the newest releases, shows it in the summary instead of failing
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.warn_explicit(
-            "deprecated upstream", category, "energyformers/x.py", 1, module="energyformers.x"
-        )
-    assert [(w.category, str(w.message)) for w in caught] == [(category, "deprecated upstream")], caught
-
-
-@pytest.mark.parametrize(
-    "module", ["energyformersx", "torch.nn.modules.module", "transformers.test_utils", "speedy"]
-)
-def test_a_warning_raised_from_a_library_is_only_recorded(module):
-    # catch_warnings keeps the configured filters and records what they let through
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.warn_explicit("a library's warning", UserWarning, f"{module}.py", 1, module=module)
-    assert [str(w.message) for w in caught] == ["a library's warning"], [str(w.message) for w in caught]
