@@ -514,6 +514,40 @@ def test_push_and_train_word_the_hub_checks_alike(tmp_path, monkeypatch):
     assert str(caught.value) == offline, caught.value
 
 
+def test_the_token_placeholder_of_a_printed_command_is_refused_on_every_route(tmp_path, monkeypatch):
+    """A resume line shows `--hub_token <HUB_TOKEN>` (`arguments.redacted_argv`); pasted as it is, the placeholder
+    is refused before any work, even where a real token (HF_TOKEN) is set, instead of being sent as the token at the
+    end of the run."""
+    from huggingface_hub import constants
+
+    from energyformers.training import push, train
+    from energyformers.training.arguments import REDACTED, UsageError
+
+    monkeypatch.setenv("HF_TOKEN", "hf_real")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    folder = model_folder(tmp_path / "model", "hyperset")
+    out = str(tmp_path / "run")
+    lines = {}
+    for route, call in {
+        "push": lambda: push.parse([str(folder), "org/name", "--token", REDACTED]),
+        "train": lambda: train.parse(
+            ["--output_dir", out, "--push_to_hub", "--hub_model_id", "org/name", "--hub_token", REDACTED]
+        ),
+    }.items():
+        with pytest.raises(UsageError) as caught:
+            call()
+        lines[route] = str(caught.value)
+    with pytest.raises(push.MissingTokenError) as caught:
+        push.push_model_dir(folder, "org/name", token=REDACTED)
+    lines["api"] = str(caught.value)
+    assert lines == {
+        route: f"{flag} {REDACTED}: the placeholder a printed command shows instead of a token; pass your token, or "
+        f"leave {flag} out and set HF_TOKEN, or run `hf auth login` (a token with write access)"
+        for route, flag in (("push", "--token"), ("train", "--hub_token"), ("api", "token="))
+    }, lines
+    assert not (tmp_path / "run").exists()
+
+
 def test_release_names_the_families_without_importing_them():
     assert sorted(release.RELEASED_MODEL_TYPES) == sorted(energyformers.FAMILIES)
 

@@ -61,6 +61,15 @@ def hub_access_error(token: str | None, token_flag: str, upload_flag: str | None
     the commands report its text as bad input (`UsageError`, status 2) before any weights load."""
     from huggingface_hub import constants, get_token
 
+    from .arguments import REDACTED
+
+    if (
+        token == REDACTED
+    ):  # pasted from a printed command (`arguments.redacted_argv`): would go out as the token
+        return MissingTokenError(
+            f"{token_flag} {REDACTED}: the placeholder a printed command shows instead of a token; pass your token, "
+            f"or leave {token_flag} out and {HOW_TO_LOGIN}"
+        )
     if not (token or get_token()):
         return MissingTokenError(f"no Hugging Face token found: pass {token_flag}, {HOW_TO_LOGIN}")
     if constants.HF_HUB_OFFLINE:
