@@ -1,8 +1,8 @@
 """What a killed or concurrent command leaves, and what the next one does with it: a training run, an export, a
 conversion and an inspect hold a lock on their output folder (`run_folder.locked_output_dir`) and `publish` replaces
-a folder only with --overwrite_output_dir; a run killed inside `publish` is undone, or recognised as finished, by the next one; `export` and `inspect` stage their
-files beside the output (`interrupt.staging_folder`), which SIGTERM removes as Ctrl-C does and a rerun removes after
-a SIGKILL; a stopped `inspect` leaves a folder's old report whole.
+a folder only with --overwrite_output_dir; a run killed inside `publish` is undone, or recognised as finished, by
+the next one; `export` and `inspect` stage their files beside the output (`interrupt.staging_folder`), which SIGTERM
+removes as Ctrl-C does and a rerun removes after a SIGKILL; a stopped `inspect` leaves a folder's old report whole.
 
 Every kill is placed at one exact point of the real command (a patched function of the process itself sends the
 signal), in a fresh process: the default SIGTERM handler of the code before these fixes would end pytest itself.
