@@ -1310,6 +1310,7 @@ class HyperBFHead(HyperBFPreTrainedModel):
         self,
         labels: torch.Tensor | None,
         return_dict: bool | None,
+        *,
         num_items_in_batch: torch.Tensor | int | None = None,
         **backbone_inputs: object,
     ) -> ModelOutput | tuple:
@@ -1356,7 +1357,7 @@ class HyperBFForImageClassification(HyperBFHead):
         return self.classify(
             labels,
             return_dict,
-            num_items_in_batch,
+            num_items_in_batch=num_items_in_batch,
             pixel_values=pixel_values,
             interpolate_pos_encoding=interpolate_pos_encoding,
             output_attentions=output_attentions,
@@ -1397,7 +1398,7 @@ class HyperBFForSequenceClassification(HyperBFHead):
         return self.classify(
             labels,
             return_dict,
-            num_items_in_batch,
+            num_items_in_batch=num_items_in_batch,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,

@@ -1833,12 +1833,12 @@ class RecurrentDepthMixin:
       from the global step when they resume. Nothing is counted when nothing is random, so a compiled fixed-depth
       model sees no changing attribute.
 
-    A backbone declares `has_energy`: whether its layers have an energy (Hyper-SET), which test-time search by
+    `has_energy`: whether the backbone's layers have an energy (Hyper-SET declares it), which test-time search by
     energy and adaptive halting by `halting_tolerance` read; the looped baseline has neither.
     """
 
     iteration_draws: int = 0
-    has_energy: bool
+    has_energy: bool = False
 
     def _num_iterations(self, requested: int | None) -> int:
         """This call's T: the request, else a depth drawn by `iteration_sampling` (training), else the config's."""
@@ -3068,8 +3068,8 @@ class RecurrentDepthHeadMixin:
         self,
         labels: torch.Tensor | None,
         return_dict: bool | None,
-        num_items_in_batch: torch.Tensor | int | None = None,
         *,
+        num_items_in_batch: torch.Tensor | int | None = None,
         halting_threshold: float | None = None,
         search_trajectories: int | None = None,
         search_noise: float | None = None,
@@ -3221,7 +3221,7 @@ class HyperSetForImageClassification(HyperSetHead):
         return self.classify(
             labels,
             return_dict,
-            num_items_in_batch,
+            num_items_in_batch=num_items_in_batch,
             halting_threshold=halting_threshold,
             search_trajectories=search_trajectories,
             search_noise=search_noise,
@@ -3276,7 +3276,7 @@ class HyperSetSequenceHead(HyperSetHead):
         return self.classify(
             labels,
             return_dict,
-            num_items_in_batch,
+            num_items_in_batch=num_items_in_batch,
             halting_threshold=halting_threshold,
             search_trajectories=search_trajectories,
             search_noise=search_noise,

@@ -1931,6 +1931,7 @@ class IMixerHead(IMixerPreTrainedModel):
         self,
         labels: torch.Tensor | None,
         return_dict: bool | None,
+        *,
         num_items_in_batch: torch.Tensor | int | None = None,
         **backbone_inputs: object,
     ) -> ModelOutput | tuple:
@@ -1981,7 +1982,7 @@ class IMixerForImageClassification(IMixerHead):
         return self.classify(
             labels,
             return_dict,
-            num_items_in_batch,
+            num_items_in_batch=num_items_in_batch,
             pixel_values=pixel_values,
             interpolate_pos_encoding=interpolate_pos_encoding,
             fixed_point_iterations=fixed_point_iterations,
@@ -2022,7 +2023,7 @@ class IMixerForSequenceClassification(IMixerHead):
         return self.classify(
             labels,
             return_dict,
-            num_items_in_batch,
+            num_items_in_batch=num_items_in_batch,
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,

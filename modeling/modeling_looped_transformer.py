@@ -337,7 +337,7 @@ class LoopedTransformerForImageClassification(LoopedTransformerHead):
         return self.classify(
             labels,
             return_dict,
-            num_items_in_batch,
+            num_items_in_batch=num_items_in_batch,
             halting_threshold=halting_threshold,
             search_trajectories=search_trajectories,
             search_noise=search_noise,
@@ -387,7 +387,7 @@ class LoopedTransformerSequenceHead(LoopedTransformerHead):
         return self.classify(
             labels,
             return_dict,
-            num_items_in_batch,
+            num_items_in_batch=num_items_in_batch,
             halting_threshold=halting_threshold,
             search_trajectories=search_trajectories,
             search_noise=search_noise,

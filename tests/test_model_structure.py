@@ -173,8 +173,8 @@ def test_every_base_model_and_head_has_one_class_level_forward():
 
 
 def test_every_classifier_head_shares_one_call_contract():
-    """A reader of one head knows every head: `classify` starts (labels, return_dict, num_items_in_batch) and takes
-    whatever a family adds by keyword only; every head declares whether it is per token and has
+    """A reader of one head knows every head: `classify` takes (labels, return_dict) by position and everything else,
+    `num_items_in_batch` first, by keyword only (an old positional call fails instead of meaning something else); every head declares whether it is per token and has
     `check_call_arguments` (a no-op unless the head overrides it), which the pipelines and `predict` call."""
     heads = [model_class for model_class in _model_classes() if hasattr(model_class, "classify")]
     assert {head.__module__.rpartition(".")[2] for head in heads} == {
@@ -187,8 +187,9 @@ def test_every_classifier_head_shares_one_call_contract():
     for head in heads:
         parameters = list(inspect.signature(head.classify).parameters.values())[1:]  # after self
         leading = [parameter.name for parameter in parameters if parameter.kind in positional]
-        assert leading == ["labels", "return_dict", "num_items_in_batch"], (
-            f"{head.__name__}.classify: {leading}"
+        keyword = [p.name for p in parameters if p.kind == inspect.Parameter.KEYWORD_ONLY]
+        assert leading == ["labels", "return_dict"] and keyword[:1] == ["num_items_in_batch"], (
+            f"{head.__name__}.classify: positional {leading}, keyword-only {keyword}"
         )
         assert isinstance(head._per_token, bool), f"{head.__name__}._per_token = {head._per_token!r}"
         assert callable(getattr(head, "check_call_arguments", None)), (
