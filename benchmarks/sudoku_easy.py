@@ -155,12 +155,12 @@ def train(argv: list[str], minutes: float | None, stop_at_step: int | None = Non
             self.seconds, self.started, self.hit_at = seconds, None, None
 
         def on_train_begin(self, args, state, control, **kwargs):
-            self.started = time.time()
+            self.started = time.monotonic()
 
         def on_step_end(self, args, state, control, **kwargs):
             if (
                 self.seconds is not None
-                and time.time() - self.started >= self.seconds
+                and time.monotonic() - self.started >= self.seconds
                 and self.hit_at is None
             ):
                 self.hit_at = state.global_step
@@ -170,14 +170,14 @@ def train(argv: list[str], minutes: float | None, stop_at_step: int | None = Non
 
     cap = WallTimeCap(minutes * 60 if minutes else None) if minutes or stop_at_step else None
     print(f"[sudoku_easy] energyformers train {shlex.join(argv)}", flush=True)
-    start = time.time()
+    start = time.monotonic()
     code = train_cli.main(argv, callbacks=[cap] if cap else None)
     if code != 0:
         raise SystemExit(f"training failed with status {code}: energyformers train {shlex.join(argv)}")
     return {
         "command": "energyformers train " + shlex.join(argv),
-        "seconds": round(time.time() - start, 1),
-        "training_seconds": round(time.time() - cap.started, 1) if cap and cap.started else None,
+        "seconds": round(time.monotonic() - start, 1),
+        "training_seconds": round(time.monotonic() - cap.started, 1) if cap and cap.started else None,
         "stopped_by_wall_time_at_step": cap.hit_at if cap else None,
         "minutes_cap": minutes,
         "stop_at_step": stop_at_step,
@@ -224,12 +224,12 @@ def evaluate_depths(folder: Path, n_test: int, batch_size: int) -> dict:
         x, y = sudoku_depth.test_subset(n_test, dataset)
         rows = {}
         for depth in depths:
-            start = time.time()
+            start = time.monotonic()
             rows[str(depth)] = sudoku_depth.evaluate(model, x, y, depth, batch_size, torch.device("cpu"))
             print(
                 f"[sudoku_easy] {dataset} T'={depth} ({depth / T:g}T): blank-cell "
                 f"{rows[str(depth)]['blank_cell_accuracy']:.4f} board {rows[str(depth)]['board_accuracy']:.4f} "
-                f"({time.time() - start:.0f} s)",
+                f"({time.monotonic() - start:.0f} s)",
                 flush=True,
             )
         out[dataset] = {"n_test": len(x), "depths": rows}

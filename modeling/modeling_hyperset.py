@@ -3010,12 +3010,13 @@ def run_head(
     backbone: nn.Module,
     labels: torch.Tensor | None,
     backbone_inputs: dict,
+    *,
+    num_items_in_batch: torch.Tensor | int | None = None,
     halting_threshold: float | None = None,
     search_trajectories: int | None = None,
     search_noise: float | None = None,
     search_seed: int | None = None,
     search_selector: str | None = None,
-    num_items_in_batch: torch.Tensor | int | None = None,
 ) -> tuple[ModelOutput, torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor | None]]:
     """A head's call: test-time search when `search_trajectories` is given (`classify_with_search`; the selector
     defaults to `"energy"` for Hyper-SET, `"confidence"` for the baseline, which has no energy), else the outer
@@ -3093,12 +3094,12 @@ class RecurrentDepthHeadMixin:
             getattr(self, self.base_model_prefix),
             labels,
             backbone_inputs,
-            halting_threshold,
-            search_trajectories,
-            search_noise,
-            search_seed,
-            search_selector,
-            num_items_in_batch,
+            num_items_in_batch=num_items_in_batch,
+            halting_threshold=halting_threshold,
+            search_trajectories=search_trajectories,
+            search_noise=search_noise,
+            search_seed=search_seed,
+            search_selector=search_selector,
         )
         output = self._output_class(
             loss=loss,

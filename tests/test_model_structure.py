@@ -195,3 +195,12 @@ def test_every_classifier_head_shares_one_call_contract():
         assert callable(getattr(head, "check_call_arguments", None)), (
             f"{head.__name__}: no check_call_arguments"
         )
+    # the function the recurrent-depth heads' `classify` calls, alike: the same arguments by keyword only
+    from energyformers.modeling.modeling_hyperset import run_head
+
+    parameters = list(inspect.signature(run_head).parameters.values())
+    leading = [parameter.name for parameter in parameters if parameter.kind in positional]
+    keyword = [p.name for p in parameters if p.kind == inspect.Parameter.KEYWORD_ONLY]
+    assert leading == ["head", "backbone", "labels", "backbone_inputs"] and keyword[:1] == [
+        "num_items_in_batch"
+    ], f"run_head: positional {leading}, keyword-only {keyword}"
