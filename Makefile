@@ -80,7 +80,7 @@ FLOORS_TESTS ?= tests/test_configuration.py tests/test_modeling_hyperset.py test
 $(FLOORS_STAMP): pyproject.toml .ci/floors.py
 	rm -rf $(FLOORS_VENV)
 	$(PY) -m venv $(FLOORS_VENV)
-	$(FLOORS_BIN)/pip install -q --upgrade pip
+	$(FLOORS_BIN)/pip install -q --upgrade pip 'tomli>=1.1; python_version < "3.11"'  # .ci/floors.py reads pyproject.toml
 	$(FLOORS_BIN)/python .ci/floors.py $(addprefix --with ,$(FLOORS_DEV)) > $(FLOORS_VENV)/floors.txt
 	$(FLOORS_BIN)/pip install -q "$$($(FLOORS_BIN)/python .ci/floors.py --only torch)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)")
 	$(FLOORS_BIN)/pip install -q -r $(FLOORS_VENV)/floors.txt $(FLOORS_PINS)
