@@ -715,6 +715,32 @@ def tiny_mim_model(model_type: str, **overrides: object) -> torch.nn.Module:
     return perturb(LoopedTransformerForMaskedImageModeling(config))
 
 
+def digit_images() -> torch.Tensor:
+    """scikit-learn's 1,797 UCI digits (bundled, offline), 8×8 grey values 0..16 → `(1797, 1, 16, 16)` in [0, 1]
+    (bilinear, so 2×2 patches are not all flat)."""
+    from sklearn.datasets import load_digits
+
+    images = torch.from_numpy(load_digits().images).float()[:, None] / 16.0
+    return torch.nn.functional.interpolate(images, scale_factor=2, mode="bilinear").clamp(0, 1)
+
+
+def digit_mim_model(codebook_size: int) -> HyperSetForMaskedImageModeling:
+    """A small untrained (seeded) masked-image-modelling model of the paper's `mim-1-12-d` structure for the codes
+    of `digit_images` at patch 2: the 8 × 8 grid, `codebook_size` codes + [MASK]."""
+    torch.manual_seed(0)
+    config = HyperSetConfig.from_preset(
+        "mim-1-12-d",
+        hidden_size=32,
+        num_attention_heads=4,
+        intermediate_size=64,
+        time_embedding_dim=32,
+        num_iterations=3,
+        vocab_size=codebook_size + 1,
+        max_position_embeddings=64,  # the 8 × 8 grid
+    )
+    return HyperSetForMaskedImageModeling(config)
+
+
 class Records(logging.Handler):
     """A handler keeping the messages of the logger it is added to (transformers' loggers do not propagate to
     pytest's caplog)."""
