@@ -715,6 +715,31 @@ def tiny_mim_model(model_type: str, **overrides: object) -> torch.nn.Module:
     return perturb(LoopedTransformerForMaskedImageModeling(config))
 
 
+def compact_labels(config_dict: dict) -> dict:
+    """`config_dict` with transformers' default label names ("LABEL_i") replaced by their count, as the old-code
+    config fixtures hold them (tests/data/old_models/generate.py): the ImageNet presets' 1000 names would make the
+    fixture two hundred times larger and say nothing about our fields."""
+    out = dict(config_dict)
+    id2label = out.get("id2label")
+    if id2label is not None and id2label == {str(i): f"LABEL_{i}" for i in range(len(id2label))}:
+        out["id2label"] = f"default names of {len(id2label)} labels"
+        if out.get("label2id") == {f"LABEL_{i}": i for i in range(len(id2label))}:
+            out["label2id"] = f"default names of {len(id2label)} labels"
+    return out
+
+
+def run_launcher(
+    argv: list[str], tmp_path: Path, env: dict[str, str], timeout: float = 400
+) -> subprocess.CompletedProcess:
+    """A multi-process launch (`argv`: torchrun or `accelerate launch`, as modules of this interpreter) run in
+    `tmp_path` with `env`, its output captured. Torch elastic makes a torchelastic_* log folder in TMPDIR per launch
+    and leaves it: a TMPDIR under `tmp_path` makes it pytest's to clean."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir(exist_ok=True)
+    env = {**env, "TMPDIR": str(temporary)}
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=tmp_path)
+
+
 def digit_images() -> torch.Tensor:
     """scikit-learn's 1,797 UCI digits (bundled, offline), 8×8 grey values 0..16 → `(1797, 1, 16, 16)` in [0, 1]
     (bilinear, so 2×2 patches are not all flat)."""
