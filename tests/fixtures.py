@@ -36,9 +36,11 @@ from energyformers import (
     INPUT_TYPES,
     HyperBFConfig,
     HyperSetConfig,
+    HyperSetForImageClassification,
     HyperSetForMaskedImageModeling,
     IMixerConfig,
     LoopedTransformerConfig,
+    LoopedTransformerForImageClassification,
     LoopedTransformerForMaskedImageModeling,
 )
 
@@ -738,6 +740,28 @@ def run_launcher(
     temporary.mkdir(exist_ok=True)
     env = {**env, "TMPDIR": str(temporary)}
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=tmp_path)
+
+
+DIGIT_LABELS = {i: str(i) for i in range(10)}  # the built-in digits dataset's label names
+
+
+def saved_digits_classifier(family: str, folder: Path, **fields: Any) -> Path:
+    """A tiny untrained image classifier for the built-in `digits` (8 × 8 RGB, patch 4, T = 2, its label names) saved
+    in `folder` with its image processor, as a run folder holds it: Hyper-SET (`family` "hyperset") or the looped
+    Transformer ("looped"); `fields` add to its config."""
+    from energyformers.training.processing import build_image_processor
+
+    geometry = dict(image_size=8, patch_size=4, num_channels=3, hidden_size=16, num_attention_heads=2)
+    fields = dict(geometry, num_iterations=2, id2label=DIGIT_LABELS, **fields)
+    if family == "hyperset":
+        model = HyperSetForImageClassification(HyperSetConfig(intermediate_size=8, **fields))
+    else:
+        model = LoopedTransformerForImageClassification(
+            LoopedTransformerConfig(intermediate_size=32, **fields)
+        )
+    model.save_pretrained(folder)
+    build_image_processor(model.config).save_pretrained(folder)
+    return folder
 
 
 def digit_images() -> torch.Tensor:
