@@ -195,6 +195,12 @@ def _probabilities(
     return row, col
 
 
+def _score_grad(row, col, grad, v, delta_row, delta_col, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):  # noqa: ANN001
+    # dS of one (query block, key block) tile: dP = dO vᵀ, dS = R ⊙ (dP − δʳ) + C ⊙ (dP − δᶜ)
+    grad_p = _dot(grad, tl.trans(v), DOT_FP32, PRECISION).to(tl.float32)  # (BLOCK_M, BLOCK_N)
+    return row * (grad_p - delta_row[:, None]) + col * (grad_p - delta_col[None, :])
+
+
 def _column_delta_kernel(
     q_ptr, k_ptr, v_ptr, grad_ptr, keep_ptr, lse_col_ptr, delta_col_ptr, num_heads, length, head_dim,  # noqa: ANN001
     HAS_MASK: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
@@ -254,8 +260,7 @@ def _key_grad_kernel(
         row, col = _probabilities(q, k, lse_row, lse_col, real_query, real_key, DOT_FP32, PRECISION)
         row = tl.where(in_range[:, None], row, 0.0)  # queries past the end read no key
         grad_v += _dot(tl.trans((row + col).to(grad.dtype)), grad, DOT_FP32, PRECISION)
-        grad_p = _dot(grad, tl.trans(v), DOT_FP32, PRECISION).to(tl.float32)  # dP = dO vᵀ, (BLOCK_M, BLOCK_N)
-        grad_s = row * (grad_p - delta_row[:, None]) + col * (grad_p - delta_col[None, :])
+        grad_s = _score_grad(row, col, grad, v, delta_row, delta_col, DOT_FP32, PRECISION)
         grad_k += _dot(tl.trans(grad_s.to(q.dtype)), q, DOT_FP32, PRECISION)
     offsets = base + keys[:, None] * head_dim + dims[None, :]
     tl.store(grad_k_ptr + offsets, grad_k.to(grad_k_ptr.dtype.element_ty), mask=kv_mask)
@@ -289,8 +294,7 @@ def _query_grad_kernel(
         lse_col = _load_stat(lse_col_ptr, pair, keys, length)
         delta_col = _load_stat(delta_col_ptr, pair, keys, length)
         row, col = _probabilities(q, k, lse_row, lse_col, real_query, real_key, DOT_FP32, PRECISION)
-        grad_p = _dot(grad, tl.trans(v), DOT_FP32, PRECISION).to(tl.float32)
-        grad_s = row * (grad_p - delta_row[:, None]) + col * (grad_p - delta_col[None, :])
+        grad_s = _score_grad(row, col, grad, v, delta_row, delta_col, DOT_FP32, PRECISION)
         grad_q += _dot(grad_s.to(k.dtype), k, DOT_FP32, PRECISION)
     offsets = base + queries[:, None] * head_dim + dims[None, :]
     tl.store(grad_q_ptr + offsets, grad_q.to(grad_q_ptr.dtype.element_ty), mask=q_mask)
@@ -304,6 +308,7 @@ _JIT_FUNCTIONS = (
     "_column_lse_kernel",
     "_forward_kernel",
     "_probabilities",
+    "_score_grad",
     "_column_delta_kernel",
     "_key_grad_kernel",
     "_query_grad_kernel",
