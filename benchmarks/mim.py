@@ -414,30 +414,28 @@ def markdown(results: dict) -> str:
             )
             lines.append(f"* {LABELS[model]}: {values}")
     average = f"means over the {n} seeds" if n > 1 else "one seed"
+
+    def table(by: str, column: str, accuracy: str) -> list[str]:
+        # a row a model: its mean `accuracy` / PSNR at each setting of `by` (`column` heads a setting's column)
+        settings = sorted(int(x) for x in results["models"]["hyperset"]["mean"][by])
+        rows = [
+            "| model | " + " | ".join(column.format(x) for x in settings) + " |",
+            "|---|" + "---:|" * len(settings),
+        ]
+        for model in MODELS:
+            r = results["models"][model]["mean"][by]
+            cells = (f"{r[x][accuracy]:.3f} / {r[x]['psnr']:.2f}" for x in settings)
+            rows.append(f"| {LABELS[model]} | " + " | ".join(cells) + " |")
+        return rows
+
     lines += ["", f"Decoded-token accuracy / PSNR against decoding steps ({average}):", ""]
-    steps = sorted(int(x) for x in results["models"]["hyperset"]["mean"]["by_decode_steps"])
-    lines += ["| model | " + " | ".join(f"{x} steps" for x in steps) + " |", "|---|" + "---:|" * len(steps)]
-    for model in MODELS:
-        r = results["models"][model]["mean"]["by_decode_steps"]
-        lines.append(
-            f"| {LABELS[model]} | "
-            + " | ".join(f"{r[x]['decoded_token_accuracy']:.3f} / {r[x]['psnr']:.2f}" for x in steps)
-            + " |"
-        )
+    lines += table("by_decode_steps", "{} steps", "decoded_token_accuracy")
     lines += [
         "",
         f"Masked-token accuracy (1 pass) / PSNR (8 decoding steps) against test-time iterations ({average}):",
         "",
     ]
-    depths = sorted(int(x) for x in results["models"]["hyperset"]["mean"]["by_iterations"])
-    lines += ["| model | " + " | ".join(f"T = {x}" for x in depths) + " |", "|---|" + "---:|" * len(depths)]
-    for model in MODELS:
-        r = results["models"][model]["mean"]["by_iterations"]
-        lines.append(
-            f"| {LABELS[model]} | "
-            + " | ".join(f"{r[x]['masked_token_accuracy']:.3f} / {r[x]['psnr']:.2f}" for x in depths)
-            + " |"
-        )
+    lines += table("by_iterations", "T = {}", "masked_token_accuracy")
     lines += [
         "",
         f"![accuracy and PSNR]({names['png']})",

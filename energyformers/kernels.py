@@ -96,6 +96,17 @@ def _load_keep(keep_ptr, batch, offsets, length, HAS_MASK: tl.constexpr):  # noq
     return inside
 
 
+def _load_tile(ptr, base, rows, dims, length, head_dim):  # noqa: ANN001
+    # (rows, dims) of one (batch, head) pair's (N, d_h) tensor at `base`; zeros past the sequence and past d_h
+    mask = (rows[:, None] < length) & (dims[None, :] < head_dim)
+    return tl.load(ptr + base + rows[:, None] * head_dim + dims[None, :], mask=mask, other=0.0)
+
+
+def _load_stat(ptr, pair, offsets, length):  # noqa: ANN001
+    # a float32 per-token statistic (ℓ or δ, `(B, H, N)`) of one (batch, head) pair; zeros past the sequence
+    return tl.load(ptr + pair * length + offsets, mask=offsets < length, other=0.0)
+
+
 def _column_lse_kernel(
     q_ptr, k_ptr, keep_ptr, lse_col_ptr, num_heads, length, head_dim,  # noqa: ANN001
     HAS_MASK: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
@@ -107,18 +118,12 @@ def _column_lse_kernel(
     base = pair * length * head_dim
     keys = block * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
-    k = tl.load(
-        k_ptr + base + keys[:, None] * head_dim + dims[None, :],
-        mask=(keys[:, None] < length) & (dims[None, :] < head_dim), other=0.0,
-    )  # fmt: skip
+    k = _load_tile(k_ptr, base, keys, dims, length, head_dim)
     running_max = tl.full([BLOCK_N], -1.0e30, tl.float32)
     running_sum = tl.zeros([BLOCK_N], tl.float32)
     for start in range(0, length, BLOCK_M):
         queries = start + tl.arange(0, BLOCK_M)
-        q = tl.load(
-            q_ptr + base + queries[:, None] * head_dim + dims[None, :],
-            mask=(queries[:, None] < length) & (dims[None, :] < head_dim), other=0.0,
-        )  # fmt: skip
+        q = _load_tile(q_ptr, base, queries, dims, length, head_dim)
         real_query = _load_keep(keep_ptr, batch, queries, length, HAS_MASK)
         scores = _dot(k, tl.trans(q), DOT_FP32, PRECISION)  # (BLOCK_N keys, BLOCK_M queries) = Sᵀ
         scores = tl.where(real_query[None, :], scores, -1.0e30)
@@ -144,7 +149,7 @@ def _forward_kernel(
     queries = block * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
     q_mask = (queries[:, None] < length) & (dims[None, :] < head_dim)
-    q = tl.load(q_ptr + base + queries[:, None] * head_dim + dims[None, :], mask=q_mask, other=0.0)
+    q = _load_tile(q_ptr, base, queries, dims, length, head_dim)
     real_query = _load_keep(keep_ptr, batch, queries, length, HAS_MASK)
     running_max = tl.full([BLOCK_M], -1.0e30, tl.float32)
     running_sum = tl.zeros([BLOCK_M], tl.float32)
@@ -152,11 +157,10 @@ def _forward_kernel(
     col_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(0, length, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
-        kv_mask = (keys[:, None] < length) & (dims[None, :] < head_dim)
-        k = tl.load(k_ptr + base + keys[:, None] * head_dim + dims[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + base + keys[:, None] * head_dim + dims[None, :], mask=kv_mask, other=0.0)
+        k = _load_tile(k_ptr, base, keys, dims, length, head_dim)
+        v = _load_tile(v_ptr, base, keys, dims, length, head_dim)
         real_key = _load_keep(keep_ptr, batch, keys, length, HAS_MASK)
-        lse_col = tl.load(lse_col_ptr + pair * length + keys, mask=keys < length, other=0.0)
+        lse_col = _load_stat(lse_col_ptr, pair, keys, length)
         scores = _dot(q, tl.trans(k), DOT_FP32, PRECISION)  # (BLOCK_M, BLOCK_N)
         masked = tl.where(real_key[None, :], scores, -1.0e30)
         new_max = tl.maximum(running_max, tl.max(masked, 1))
@@ -191,6 +195,12 @@ def _probabilities(
     return row, col
 
 
+def _score_grad(row, col, grad, v, delta_row, delta_col, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):  # noqa: ANN001
+    # dS of one (query block, key block) tile: dP = dO vᵀ, dS = R ⊙ (dP − δʳ) + C ⊙ (dP − δᶜ)
+    grad_p = _dot(grad, tl.trans(v), DOT_FP32, PRECISION).to(tl.float32)  # (BLOCK_M, BLOCK_N)
+    return row * (grad_p - delta_row[:, None]) + col * (grad_p - delta_col[None, :])
+
+
 def _column_delta_kernel(
     q_ptr, k_ptr, v_ptr, grad_ptr, keep_ptr, lse_col_ptr, delta_col_ptr, num_heads, length, head_dim,  # noqa: ANN001
     HAS_MASK: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
@@ -202,17 +212,15 @@ def _column_delta_kernel(
     base = pair * length * head_dim
     keys = block * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
-    kv_mask = (keys[:, None] < length) & (dims[None, :] < head_dim)
-    k = tl.load(k_ptr + base + keys[:, None] * head_dim + dims[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(v_ptr + base + keys[:, None] * head_dim + dims[None, :], mask=kv_mask, other=0.0)
+    k = _load_tile(k_ptr, base, keys, dims, length, head_dim)
+    v = _load_tile(v_ptr, base, keys, dims, length, head_dim)
     real_key = _load_keep(keep_ptr, batch, keys, length, HAS_MASK)
-    lse_col = tl.load(lse_col_ptr + pair * length + keys, mask=keys < length, other=0.0)
+    lse_col = _load_stat(lse_col_ptr, pair, keys, length)
     acc = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     for start in range(0, length, BLOCK_M):
         queries = start + tl.arange(0, BLOCK_M)
-        q_mask = (queries[:, None] < length) & (dims[None, :] < head_dim)
-        q = tl.load(q_ptr + base + queries[:, None] * head_dim + dims[None, :], mask=q_mask, other=0.0)
-        grad = tl.load(grad_ptr + base + queries[:, None] * head_dim + dims[None, :], mask=q_mask, other=0.0)
+        q = _load_tile(q_ptr, base, queries, dims, length, head_dim)
+        grad = _load_tile(grad_ptr, base, queries, dims, length, head_dim)
         real_query = _load_keep(keep_ptr, batch, queries, length, HAS_MASK)
         scores_t = _dot(k, tl.trans(q), DOT_FP32, PRECISION)  # (BLOCK_N, BLOCK_M) = Sᵀ
         both_real = real_key[:, None] & real_query[None, :]
@@ -234,27 +242,25 @@ def _key_grad_kernel(
     keys = block * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     kv_mask = (keys[:, None] < length) & (dims[None, :] < head_dim)
-    k = tl.load(k_ptr + base + keys[:, None] * head_dim + dims[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(v_ptr + base + keys[:, None] * head_dim + dims[None, :], mask=kv_mask, other=0.0)
+    k = _load_tile(k_ptr, base, keys, dims, length, head_dim)
+    v = _load_tile(v_ptr, base, keys, dims, length, head_dim)
     real_key = _load_keep(keep_ptr, batch, keys, length, HAS_MASK)
-    lse_col = tl.load(lse_col_ptr + pair * length + keys, mask=keys < length, other=0.0)
-    delta_col = tl.load(delta_col_ptr + pair * length + keys, mask=keys < length, other=0.0)
+    lse_col = _load_stat(lse_col_ptr, pair, keys, length)
+    delta_col = _load_stat(delta_col_ptr, pair, keys, length)
     grad_k = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     grad_v = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     for start in range(0, length, BLOCK_M):
         queries = start + tl.arange(0, BLOCK_M)
-        q_mask = (queries[:, None] < length) & (dims[None, :] < head_dim)
-        q = tl.load(q_ptr + base + queries[:, None] * head_dim + dims[None, :], mask=q_mask, other=0.0)
-        grad = tl.load(grad_ptr + base + queries[:, None] * head_dim + dims[None, :], mask=q_mask, other=0.0)
+        q = _load_tile(q_ptr, base, queries, dims, length, head_dim)
+        grad = _load_tile(grad_ptr, base, queries, dims, length, head_dim)
         real_query = _load_keep(keep_ptr, batch, queries, length, HAS_MASK)
         in_range = queries < length
-        lse_row = tl.load(lse_row_ptr + pair * length + queries, mask=in_range, other=0.0)
-        delta_row = tl.load(delta_row_ptr + pair * length + queries, mask=in_range, other=0.0)
+        lse_row = _load_stat(lse_row_ptr, pair, queries, length)
+        delta_row = _load_stat(delta_row_ptr, pair, queries, length)
         row, col = _probabilities(q, k, lse_row, lse_col, real_query, real_key, DOT_FP32, PRECISION)
         row = tl.where(in_range[:, None], row, 0.0)  # queries past the end read no key
         grad_v += _dot(tl.trans((row + col).to(grad.dtype)), grad, DOT_FP32, PRECISION)
-        grad_p = _dot(grad, tl.trans(v), DOT_FP32, PRECISION).to(tl.float32)  # dP = dO vᵀ, (BLOCK_M, BLOCK_N)
-        grad_s = row * (grad_p - delta_row[:, None]) + col * (grad_p - delta_col[None, :])
+        grad_s = _score_grad(row, col, grad, v, delta_row, delta_col, DOT_FP32, PRECISION)
         grad_k += _dot(tl.trans(grad_s.to(q.dtype)), q, DOT_FP32, PRECISION)
     offsets = base + keys[:, None] * head_dim + dims[None, :]
     tl.store(grad_k_ptr + offsets, grad_k.to(grad_k_ptr.dtype.element_ty), mask=kv_mask)
@@ -274,24 +280,21 @@ def _query_grad_kernel(
     queries = block * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
     q_mask = (queries[:, None] < length) & (dims[None, :] < head_dim)
-    q = tl.load(q_ptr + base + queries[:, None] * head_dim + dims[None, :], mask=q_mask, other=0.0)
-    grad = tl.load(grad_ptr + base + queries[:, None] * head_dim + dims[None, :], mask=q_mask, other=0.0)
+    q = _load_tile(q_ptr, base, queries, dims, length, head_dim)
+    grad = _load_tile(grad_ptr, base, queries, dims, length, head_dim)
     real_query = _load_keep(keep_ptr, batch, queries, length, HAS_MASK)
-    in_range = queries < length
-    lse_row = tl.load(lse_row_ptr + pair * length + queries, mask=in_range, other=0.0)
-    delta_row = tl.load(delta_row_ptr + pair * length + queries, mask=in_range, other=0.0)
+    lse_row = _load_stat(lse_row_ptr, pair, queries, length)
+    delta_row = _load_stat(delta_row_ptr, pair, queries, length)
     grad_q = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(0, length, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
-        kv_mask = (keys[:, None] < length) & (dims[None, :] < head_dim)
-        k = tl.load(k_ptr + base + keys[:, None] * head_dim + dims[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + base + keys[:, None] * head_dim + dims[None, :], mask=kv_mask, other=0.0)
+        k = _load_tile(k_ptr, base, keys, dims, length, head_dim)
+        v = _load_tile(v_ptr, base, keys, dims, length, head_dim)
         real_key = _load_keep(keep_ptr, batch, keys, length, HAS_MASK)
-        lse_col = tl.load(lse_col_ptr + pair * length + keys, mask=keys < length, other=0.0)
-        delta_col = tl.load(delta_col_ptr + pair * length + keys, mask=keys < length, other=0.0)
+        lse_col = _load_stat(lse_col_ptr, pair, keys, length)
+        delta_col = _load_stat(delta_col_ptr, pair, keys, length)
         row, col = _probabilities(q, k, lse_row, lse_col, real_query, real_key, DOT_FP32, PRECISION)
-        grad_p = _dot(grad, tl.trans(v), DOT_FP32, PRECISION).to(tl.float32)
-        grad_s = row * (grad_p - delta_row[:, None]) + col * (grad_p - delta_col[None, :])
+        grad_s = _score_grad(row, col, grad, v, delta_row, delta_col, DOT_FP32, PRECISION)
         grad_q += _dot(grad_s.to(k.dtype), k, DOT_FP32, PRECISION)
     offsets = base + queries[:, None] * head_dim + dims[None, :]
     tl.store(grad_q_ptr + offsets, grad_q.to(grad_q_ptr.dtype.element_ty), mask=q_mask)
@@ -300,9 +303,12 @@ def _query_grad_kernel(
 _JIT_FUNCTIONS = (
     "_dot",
     "_load_keep",
+    "_load_tile",
+    "_load_stat",
     "_column_lse_kernel",
     "_forward_kernel",
     "_probabilities",
+    "_score_grad",
     "_column_delta_kernel",
     "_key_grad_kernel",
     "_query_grad_kernel",

@@ -174,23 +174,10 @@ IMIXER_PRESETS["cli-sequence"] = dict(
 # model): it takes 1-channel `pixel_values`. transformers' image pipelines and the package's image processor convert
 # every image to RGB, so a model served that way is built with `from_preset("digits", num_channels=3)`, as
 # `energyformers train --preset digits` does.
+_MEMO = dict(hidden_size=768, num_attention_heads=4, num_hidden_layers=4, patch_size=4, image_size=32)
 HYPERBF_PRESETS: dict[str, dict[str, Any]] = {
-    "cifar": dict(
-        hidden_size=768,
-        num_attention_heads=4,
-        num_hidden_layers=4,
-        patch_size=4,
-        image_size=32,
-        num_labels=10,
-    ),
-    "cifar100": dict(
-        hidden_size=768,
-        num_attention_heads=4,
-        num_hidden_layers=4,
-        patch_size=4,
-        image_size=32,
-        num_labels=100,
-    ),
+    "cifar": dict(**_MEMO, num_labels=10),
+    "cifar100": dict(**_MEMO, num_labels=100),
     "tiny": dict(
         hidden_size=32, num_attention_heads=2, num_hidden_layers=2, patch_size=2, image_size=8, num_labels=10
     ),

@@ -36,9 +36,11 @@ from energyformers import (
     INPUT_TYPES,
     HyperBFConfig,
     HyperSetConfig,
+    HyperSetForImageClassification,
     HyperSetForMaskedImageModeling,
     IMixerConfig,
     LoopedTransformerConfig,
+    LoopedTransformerForImageClassification,
     LoopedTransformerForMaskedImageModeling,
 )
 
@@ -713,6 +715,79 @@ def tiny_mim_model(model_type: str, **overrides: object) -> torch.nn.Module:
         return perturb(HyperSetForMaskedImageModeling(config))
     config = LoopedTransformerConfig.from_preset("cli-mim", intermediate_size=64, **size)
     return perturb(LoopedTransformerForMaskedImageModeling(config))
+
+
+def compact_labels(config_dict: dict) -> dict:
+    """`config_dict` with transformers' default label names ("LABEL_i") replaced by their count, as the old-code
+    config fixtures hold them (tests/data/old_models/generate.py): the ImageNet presets' 1000 names would make the
+    fixture two hundred times larger and say nothing about our fields."""
+    out = dict(config_dict)
+    id2label = out.get("id2label")
+    if id2label is not None and id2label == {str(i): f"LABEL_{i}" for i in range(len(id2label))}:
+        out["id2label"] = f"default names of {len(id2label)} labels"
+        if out.get("label2id") == {f"LABEL_{i}": i for i in range(len(id2label))}:
+            out["label2id"] = f"default names of {len(id2label)} labels"
+    return out
+
+
+def run_launcher(
+    argv: list[str], tmp_path: Path, env: dict[str, str], timeout: float = 400
+) -> subprocess.CompletedProcess:
+    """A multi-process launch (`argv`: torchrun or `accelerate launch`, as modules of this interpreter) run in
+    `tmp_path` with `env`, its output captured. Torch elastic makes a torchelastic_* log folder in TMPDIR per launch
+    and leaves it: a TMPDIR under `tmp_path` makes it pytest's to clean."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir(exist_ok=True)
+    env = {**env, "TMPDIR": str(temporary)}
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=tmp_path)
+
+
+DIGIT_LABELS = {i: str(i) for i in range(10)}  # the built-in digits dataset's label names
+
+
+def saved_digits_classifier(family: str, folder: Path, **fields: Any) -> Path:
+    """A tiny untrained image classifier for the built-in `digits` (8 × 8 RGB, patch 4, T = 2, its label names) saved
+    in `folder` with its image processor, as a run folder holds it: Hyper-SET (`family` "hyperset") or the looped
+    Transformer ("looped"); `fields` add to its config."""
+    from energyformers.training.processing import build_image_processor
+
+    geometry = dict(image_size=8, patch_size=4, num_channels=3, hidden_size=16, num_attention_heads=2)
+    fields = dict(geometry, num_iterations=2, id2label=DIGIT_LABELS, **fields)
+    if family == "hyperset":
+        model = HyperSetForImageClassification(HyperSetConfig(intermediate_size=8, **fields))
+    else:
+        model = LoopedTransformerForImageClassification(
+            LoopedTransformerConfig(intermediate_size=32, **fields)
+        )
+    model.save_pretrained(folder)
+    build_image_processor(model.config).save_pretrained(folder)
+    return folder
+
+
+def digit_images() -> torch.Tensor:
+    """scikit-learn's 1,797 UCI digits (bundled, offline), 8×8 grey values 0..16 → `(1797, 1, 16, 16)` in [0, 1]
+    (bilinear, so 2×2 patches are not all flat)."""
+    from sklearn.datasets import load_digits
+
+    images = torch.from_numpy(load_digits().images).float()[:, None] / 16.0
+    return torch.nn.functional.interpolate(images, scale_factor=2, mode="bilinear").clamp(0, 1)
+
+
+def digit_mim_model(codebook_size: int) -> HyperSetForMaskedImageModeling:
+    """A small untrained (seeded) masked-image-modelling model of the paper's `mim-1-12-d` structure for the codes
+    of `digit_images` at patch 2: the 8 × 8 grid, `codebook_size` codes + [MASK]."""
+    torch.manual_seed(0)
+    config = HyperSetConfig.from_preset(
+        "mim-1-12-d",
+        hidden_size=32,
+        num_attention_heads=4,
+        intermediate_size=64,
+        time_embedding_dim=32,
+        num_iterations=3,
+        vocab_size=codebook_size + 1,
+        max_position_embeddings=64,  # the 8 × 8 grid
+    )
+    return HyperSetForMaskedImageModeling(config)
 
 
 class Records(logging.Handler):

@@ -22,7 +22,7 @@ from typing import IO
 
 import pytest
 import torch
-from fixtures import CLI_ENV, Case, cli_config, perturb, run_cli_cases
+from fixtures import CLI_ENV, Case, cli_config, perturb, run_cli_cases, run_launcher
 from PIL import Image
 from transformers import ViTImageProcessorPil
 
@@ -413,15 +413,12 @@ def test_a_ctrl_c_during_another_ranks_grace_wait_prints_nothing(monkeypatch, ca
 def test_a_usage_error_under_torchrun_is_printed_once(tmp_path):
     """A real 2-process torchrun of bad arguments (a few seconds: the ranks refuse them before torch loads)."""
     out = tmp_path / "out"
-    temporary = tmp_path / "tmp"  # torch elastic leaves a torchelastic_* folder in TMPDIR: pytest's to clean
-    temporary.mkdir()
     # torchrun as a module of this interpreter: the console script's shebang may name another environment's python
     argv = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
         "-m", "energyformers", "train", "--learning_rate", "-1", "--output_dir", str(out),
     ]  # fmt: skip
-    env = {**LAUNCHED, "TMPDIR": str(temporary)}
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    done = run_launcher(argv, tmp_path, LAUNCHED, timeout=300)
     errors = [line for line in done.stderr.splitlines() if "energyformers train: error:" in line]
     assert done.returncode != 0 and len(errors) == 1, (done.returncode, done.stderr[-4000:])
     assert not out.exists()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import cli_config
+from fixtures import cli_config, run_launcher
 from safetensors.torch import load_file
 
 BIN = Path(sys.executable).parent
@@ -56,12 +56,7 @@ sys.exit(accelerate_loop.main(sys.argv[1:], on_train_end=dump))
 
 
 def launch(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    # torch elastic (under torchrun and `accelerate launch`) makes a torchelastic_* log folder in TMPDIR per launch
-    # and leaves it: a TMPDIR under tmp_path makes it pytest's to clean.
-    temporary = tmp_path / "tmp"
-    temporary.mkdir(exist_ok=True)
-    env = {**ENV, "TMPDIR": str(temporary)}
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=400, cwd=tmp_path)
+    proc = run_launcher(argv, tmp_path, ENV)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
     return proc
 

@@ -8,12 +8,11 @@ asked for, and the 2-process launch ends in a traceback from each rank (accelera
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from fixtures import CLI_ENV, run_cli_cases
+from fixtures import CLI_ENV, run_cli_cases, run_launcher
 
 FSDP_VARIABLE = "ACCELERATE_USE_FSDP"  # accelerate's name, set by `accelerate launch --use_fsdp`
 COMMANDS = ("train", "train-accelerate")
@@ -74,8 +73,6 @@ def test_accelerate_launch_use_fsdp_is_refused_once_on_two_processes(tmp_path):
     """The real launch: `accelerate launch --use_fsdp` with 2 processes on CPU. Rank 0 prints the one error, and no
     folder is written."""
     out = tmp_path / "out"
-    temporary = tmp_path / "tmp"  # torch elastic leaves a torchelastic_* folder in TMPDIR: pytest's to clean
-    temporary.mkdir()
     argv = [
         sys.executable, "-m", "accelerate.commands.launch", "--use_fsdp", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
@@ -84,8 +81,7 @@ def test_accelerate_launch_use_fsdp_is_refused_once_on_two_processes(tmp_path):
         "--max_train_samples", "16", "--max_eval_samples", "8", "--max_test_samples", "8", "--batch_size", "4",
         "--max_steps", "2", "--num_predictions", "0", "--disable_tqdm",
     ]  # fmt: skip
-    env = {**LAUNCH_ENV, "TMPDIR": str(temporary)}
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    done = run_launcher(argv, tmp_path, LAUNCH_ENV, timeout=300)
     errors = [line for line in done.stderr.splitlines() if "energyformers train-accelerate: error:" in line]
     assert done.returncode != 0, (done.returncode, done.stderr[-4000:])
     assert len(errors) == 1 and f"{FSDP_VARIABLE} true" in errors[0], done.stderr[-4000:]

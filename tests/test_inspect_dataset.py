@@ -12,26 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures import saved_digits_classifier
 from PIL import Image
 
 from energyformers import (
     HyperSetConfig,
-    HyperSetForImageClassification,
-    LoopedTransformerConfig,
-    LoopedTransformerForImageClassification,
 )
 from energyformers.training import cli
 from energyformers.training import inspect as inspect_command
-from energyformers.training.processing import build_image_processor
-
-DIGITS = {i: str(i) for i in range(10)}  # the built-in digits dataset's label names
-GEOMETRY = dict(image_size=8, patch_size=4, num_channels=3, hidden_size=16, num_attention_heads=2)
-
-
-def save(model, folder: Path) -> Path:
-    model.save_pretrained(folder)
-    build_image_processor(model.config).save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +28,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     torch.manual_seed(0)
     root = tmp_path_factory.mktemp("inspect_dataset")
-    hyperset = HyperSetConfig(**GEOMETRY, intermediate_size=8, num_iterations=2, id2label=DIGITS)
-    looped = LoopedTransformerConfig(**GEOMETRY, intermediate_size=32, num_iterations=2, id2label=DIGITS)
-    return {
-        "hyperset": save(HyperSetForImageClassification(hyperset), root / "hyperset"),
-        "looped": save(LoopedTransformerForImageClassification(looped), root / "looped"),
-    }
+    return {family: saved_digits_classifier(family, root / family) for family in ("hyperset", "looped")}
 
 
 def inspect(*argv: object) -> int:
@@ -130,8 +113,7 @@ def test_a_saved_halting_tolerance_is_off_and_recorded(tmp_path):
     import torch
 
     torch.manual_seed(0)
-    config = HyperSetConfig(**GEOMETRY, intermediate_size=8, num_iterations=2, halting_tolerance=1e-3)
-    folder = save(HyperSetForImageClassification(config), tmp_path / "halting")
+    folder = saved_digits_classifier("hyperset", tmp_path / "halting", halting_tolerance=1e-3)
     image = tmp_path / "x.png"
     Image.new("RGB", (8, 8), (40, 90, 200)).save(image)
     assert inspect(folder, image, "--output_dir", tmp_path / "out", "--num_threads", "1") == 0

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import matplotlib.figure
 import pytest
 import torch
+from fixtures import saved_digits_classifier
 
 from energyformers import (
     HyperSetConfig,
-    HyperSetForImageClassification,
     LoopedTransformerConfig,
-    LoopedTransformerForImageClassification,
 )
 from energyformers.training import cli
 from energyformers.training.inspect import (
@@ -33,10 +31,6 @@ from energyformers.training.inspect import (
     trained_depths,
     training_curve,
 )
-from energyformers.training.processing import build_image_processor
-
-DIGITS = {i: str(i) for i in range(10)}  # the built-in digits dataset's label names
-GEOMETRY = dict(image_size=8, patch_size=4, num_channels=3, hidden_size=16, num_attention_heads=2)
 
 
 def regimes(trained: dict, deepest: int) -> dict[int, str]:
@@ -88,12 +82,6 @@ def test_a_fixed_depth_model_is_trained_at_T_alone_and_beyond_it_past_T():
 # ------------------------------------------------------------------------------ inspect.json
 
 
-def save(model, folder: Path) -> Path:
-    model.save_pretrained(folder)
-    build_image_processor(model.config).save_pretrained(folder)
-    return folder
-
-
 def inspect(*argv: object) -> int:
     return cli.main(["inspect", *map(str, argv)])
 
@@ -111,15 +99,7 @@ def test_inspect_json_records_the_trained_depth_range(
     tmp_path, family, sampling, expected_range, expected_depths
 ):
     torch.manual_seed(0)
-    if family == "hyperset":
-        config = HyperSetConfig(
-            **GEOMETRY, intermediate_size=8, num_iterations=2, id2label=DIGITS, **sampling
-        )
-        folder = save(HyperSetForImageClassification(config), tmp_path / "model")
-    else:
-        config = LoopedTransformerConfig(**GEOMETRY, intermediate_size=32, num_iterations=2, id2label=DIGITS,
-                                         **sampling)  # fmt: skip
-        folder = save(LoopedTransformerForImageClassification(config), tmp_path / "model")
+    folder = saved_digits_classifier(family, tmp_path / "model", **sampling)
     out = tmp_path / "out"
     argv = [folder, "--dataset", "digits", "--max_samples", "8", "--output_dir", out, "--num_threads", "1"]
     assert inspect(*argv) == 0

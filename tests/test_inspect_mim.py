@@ -8,6 +8,7 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
+from fixtures import digit_images
 
 from energyformers import HyperSetConfig, HyperSetForMaskedImageModeling
 from energyformers.mim import PatchKMeansTokenizer
@@ -19,10 +20,7 @@ from energyformers.training import cli
 def mim_folder(tmp_path_factory):
     """A tiny MIM model (8 × 8 grid, codebook 16) with a k-means tokenizer fitted on `digits` saved beside it, and
     one digit as a PNG."""
-    from sklearn.datasets import load_digits
-
-    digits = torch.from_numpy(load_digits().images).float()[:, None] / 16.0
-    images = torch.nn.functional.interpolate(digits, scale_factor=2, mode="bilinear").clamp(0, 1)
+    images = digit_images()
     tokenizer = PatchKMeansTokenizer.fit(images[:200], patch_size=2, codebook_size=16, seed=0, n_init=1)
     torch.manual_seed(0)
     config = HyperSetConfig.from_preset(

@@ -7,7 +7,14 @@ import math
 
 import pytest
 import torch
-from fixtures import assert_close_to_scale, assert_differs, require_author_fixtures, rounding
+from fixtures import (
+    assert_close_to_scale,
+    assert_differs,
+    digit_images,
+    digit_mim_model,
+    require_author_fixtures,
+    rounding,
+)
 from safetensors.torch import load_file
 
 from energyformers import (
@@ -272,15 +279,6 @@ def test_decode_without_masks_returns_the_input_and_checks_its_arguments():
 # ------------------------------------------------------------------- offline tokenizer, end to end
 
 
-def digit_images() -> torch.Tensor:
-    """scikit-learn's 1,797 UCI digits (bundled, offline), 8×8 grey values 0..16 → 16×16 in [0, 1] (bilinear, so
-    2×2 patches are not all flat)."""
-    from sklearn.datasets import load_digits
-
-    images = torch.from_numpy(load_digits().images).float()[:, None] / 16.0
-    return torch.nn.functional.interpolate(images, scale_factor=2, mode="bilinear").clamp(0, 1)
-
-
 def test_patch_kmeans_tokenizer_round_trip_save_and_errors(tmp_path):
     images = digit_images()[:300]
     tokenizer = PatchKMeansTokenizer.fit(images, patch_size=2, codebook_size=16, seed=0)
@@ -312,18 +310,7 @@ def test_offline_end_to_end_tokenize_train_mask_decode_measure():
     images = digit_images()
     train, test = images[:512], images[-64:]
     tokenizer = PatchKMeansTokenizer.fit(train, patch_size=2, codebook_size=32, seed=0)
-    torch.manual_seed(0)
-    config = HyperSetConfig.from_preset(
-        "mim-1-12-d",
-        hidden_size=32,
-        num_attention_heads=4,
-        intermediate_size=64,
-        time_embedding_dim=32,
-        num_iterations=3,
-        vocab_size=tokenizer.codebook_size + 1,
-        max_position_embeddings=64,  # the 8 × 8 grid
-    )
-    model = HyperSetForMaskedImageModeling(config)
+    model = digit_mim_model(tokenizer.codebook_size)
     # the paper's optimiser (AdamW β = (0, 0.95), weight decay 0.1, clipping 3), a larger lr for a few steps
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.0, 0.95), weight_decay=0.1)
     codes = tokenizer.encode(train)

@@ -17,6 +17,7 @@ import socket
 
 import pytest
 import torch
+from fixtures import digit_images
 
 from energyformers import mim
 from energyformers.mim import PerceptualMetrics, check_perceptual_weights, reconstruction_metrics
@@ -406,13 +407,10 @@ def test_fid_from_a_torch_fidelity_state_dict(tmp_path, monkeypatch):
 
 def tiny_mim(folder=None):
     """An untrained tiny MIM head and a patch k-means tokenizer fitted on real `digits` images (16 × 16)."""
-    from sklearn.datasets import load_digits
-
     from energyformers import HyperSetConfig, HyperSetForMaskedImageModeling
     from energyformers.mim import PatchKMeansTokenizer
 
-    pixels = torch.from_numpy(load_digits().images[:64]).float()[:, None] / 16.0
-    pixels = torch.nn.functional.interpolate(pixels, scale_factor=2, mode="bilinear").clamp(0, 1)
+    pixels = digit_images()[:64]
     tokenizer = PatchKMeansTokenizer.fit(pixels, patch_size=2, codebook_size=16, seed=0)
     torch.manual_seed(0)
     config = HyperSetConfig.from_preset(

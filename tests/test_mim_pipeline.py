@@ -9,19 +9,11 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
-from fixtures import assert_differs, rounding
+from fixtures import assert_differs, digit_images, digit_mim_model, rounding
 
-from energyformers import HyperSetConfig, HyperSetForMaskedImageModeling
+from energyformers import HyperSetForMaskedImageModeling
 from energyformers.mim import PatchKMeansTokenizer, mask_codes
 from energyformers.pipelines import MaskedImageModelingPipeline
-
-
-def digit_images() -> torch.Tensor:
-    """scikit-learn's bundled 8×8 digits, 0..16 → 16×16 in [0, 1] (bilinear)."""
-    from sklearn.datasets import load_digits
-
-    images = torch.from_numpy(load_digits().images).float()[:, None] / 16.0
-    return torch.nn.functional.interpolate(images, scale_factor=2, mode="bilinear").clamp(0, 1)
 
 
 @pytest.fixture(scope="module")
@@ -29,18 +21,7 @@ def model_folder(tmp_path_factory):
     """A model folder with the tokenizer saved beside the weights, as training writes a run folder."""
     images = digit_images()
     tokenizer = PatchKMeansTokenizer.fit(images[:512], patch_size=2, codebook_size=32, seed=0)
-    torch.manual_seed(0)
-    config = HyperSetConfig.from_preset(
-        "mim-1-12-d",
-        hidden_size=32,
-        num_attention_heads=4,
-        intermediate_size=64,
-        time_embedding_dim=32,
-        num_iterations=3,
-        vocab_size=tokenizer.codebook_size + 1,
-        max_position_embeddings=64,  # the 8 × 8 grid
-    )
-    model = HyperSetForMaskedImageModeling(config)
+    model = digit_mim_model(tokenizer.codebook_size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.0, 0.95), weight_decay=0.1)
     codes = tokenizer.encode(images[:512])
     generator = torch.Generator().manual_seed(0)

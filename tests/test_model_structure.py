@@ -11,7 +11,7 @@ import pathlib
 
 import pytest
 import torch
-from fixtures import ALL, assert_close_to_scale
+from fixtures import ALL, assert_close_to_scale, compact_labels
 from safetensors.torch import load_file
 
 from energyformers import (
@@ -34,19 +34,8 @@ CONFIG_CLASSES = {
 OLD_MODELS = sorted(path.name for path in (DATA / "old_models").iterdir() if path.is_dir())
 
 
-def compact(config_dict: dict) -> dict:
-    """As generate.py's: default label names replaced by their count."""
-    out = dict(config_dict)
-    id2label = out.get("id2label")
-    if id2label is not None and id2label == {str(i): f"LABEL_{i}" for i in range(len(id2label))}:
-        out["id2label"] = f"default names of {len(id2label)} labels"
-        if out.get("label2id") == {f"LABEL_{i}": i for i in range(len(id2label))}:
-            out["label2id"] = f"default names of {len(id2label)} labels"
-    return out
-
-
 def expand(config_dict: dict) -> dict:
-    """The inverse of `compact`: a config.json as the old code wrote it."""
+    """The inverse of `compact_labels`: a config.json as the old code wrote it."""
     out = dict(config_dict)
     if isinstance(out.get("id2label"), str):
         count = int(out["id2label"].split()[3])
@@ -73,7 +62,7 @@ def _preset_records() -> list[tuple[str, str, dict]]:
 def test_old_config_json_loads_to_the_same_config_and_presets_write_the_same_json(family, preset, record):
     config_class = CONFIG_CLASSES[family]
     loaded = config_class.from_dict(expand(record["config_json"]))
-    loaded_dict = _without_version(compact(json.loads(loaded.to_json_string(use_diff=False))))
+    loaded_dict = _without_version(compact_labels(json.loads(loaded.to_json_string(use_diff=False))))
     # Fields added since the fixture was written appear with their defaults (which keep the old behaviour); any
     # other difference means the old config.json now reads as another config.
     defaults = config_class().to_dict()
@@ -83,7 +72,7 @@ def test_old_config_json_loads_to_the_same_config_and_presets_write_the_same_jso
         f"{family} preset {preset!r}: the old config.json loads to another config"
     )
     rebuilt = config_class.from_preset(preset, **record["overrides"])
-    written = _without_version(compact(json.loads(rebuilt.to_json_string(use_diff=True))))
+    written = _without_version(compact_labels(json.loads(rebuilt.to_json_string(use_diff=True))))
     assert {k: v for k, v in written.items() if k not in added} == _without_version(record["config_json"]), (
         f"{family} preset {preset!r}: config.json keys or values changed"
     )

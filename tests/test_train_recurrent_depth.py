@@ -16,14 +16,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from fixtures import cli_config
+from fixtures import cli_config, run_launcher
 
 import energyformers
 from energyformers import HyperSetConfig
@@ -282,11 +281,7 @@ def test_sampled_depth_is_identical_on_both_ranks_under_torchrun(tmp_path: Path)
         *loop_argv("train", "--batch_size", 4, "--max_steps", 8, "--eval_strategy", "no", "--output_dir", out),
         *SAMPLING,
     ]  # fmt: skip
-    # torch elastic makes a torchelastic_* log folder in TMPDIR per launch and leaves it: this one is pytest's to clean
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
-    env = {**ENV, "TMPDIR": str(temporary)}
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=400, cwd=tmp_path)
+    proc = run_launcher(argv, tmp_path, ENV)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     config = HyperSetConfig.from_pretrained(out)

@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # tests/, for fixtures
 
-from fixtures import ALL, hyperset_config, perturb  # noqa: E402
+from fixtures import ALL, compact_labels, hyperset_config, perturb  # noqa: E402
 
 from energyformers import BASELINES, HyperBFConfig, HyperSetConfig, IMixerConfig, LoopedTransformerConfig  # noqa: E402
 
@@ -76,18 +76,6 @@ def write_models() -> None:
             save_file(outputs_of(model, case.inputs(seed=0)), str(folder / "expected.safetensors"))
 
 
-def compact(config_dict: dict) -> dict:
-    """`config_dict` with transformers' default label names ("LABEL_i") replaced by their count: the ImageNet
-    presets' 1000 names would make the fixture two hundred times larger and say nothing about our fields."""
-    out = dict(config_dict)
-    id2label = out.get("id2label")
-    if id2label is not None and id2label == {str(i): f"LABEL_{i}" for i in range(len(id2label))}:
-        out["id2label"] = f"default names of {len(id2label)} labels"
-        if out.get("label2id") == {f"LABEL_{i}": i for i in range(len(id2label))}:
-            out["label2id"] = f"default names of {len(id2label)} labels"
-    return out
-
-
 def write_configs() -> None:
     import importlib
 
@@ -102,8 +90,8 @@ def write_configs() -> None:
             config = config_class.from_preset(name, **overrides)
             record[name] = {
                 "overrides": overrides,
-                "config_json": compact(json.loads(config.to_json_string(use_diff=True))),
-                "to_dict": compact(json.loads(config.to_json_string(use_diff=False))),
+                "config_json": compact_labels(json.loads(config.to_json_string(use_diff=True))),
+                "to_dict": compact_labels(json.loads(config.to_json_string(use_diff=False))),
             }
         path = HERE.parent / "configs" / f"{family}.json"
         path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
