@@ -321,6 +321,92 @@ def test_export_and_convert_are_refused_while_another_command_holds_the_folder(
     assert (out / "config.json").read_text() == "the old folder\n" and copy.is_dir()
 
 
+@pytest.fixture
+def reversed_pair(tmp_path: Path) -> tuple[list[str], Path, dict[str, bytes]]:
+    """`convert --reverse` of a converted synthetic iMixer folder over an official file and JSON already there: its
+    arguments (with --overwrite), the file, and the previous pair's bytes by name."""
+    from energyformers.training import convert_cli
+
+    _, checkpoint, config = synthetic_imixer_checkpoint(tmp_path / "official")
+    folder = tmp_path / "ours"
+    argv = [
+        "--source",
+        "imixer",
+        str(checkpoint),
+        "--official-config",
+        str(config),
+        "--output_dir",
+        str(folder),
+    ]
+    assert convert_cli.main(argv) == 0
+    out = tmp_path / "back.safetensors"
+    previous = {out.name: b"the previous weights\n", "back.json": b"the previous kwargs\n"}
+    for name, content in previous.items():
+        (tmp_path / name).write_bytes(content)
+    return (
+        ["--reverse", "--source", "imixer", str(folder), "--output", str(out), "--overwrite"],
+        out,
+        previous,
+    )
+
+
+def test_a_reverse_conversion_is_refused_while_another_command_holds_its_output(
+    reversed_pair: tuple[list[str], Path, dict[str, bytes]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """While a command holds the lock of `convert --reverse`'s --output (another reverse conversion writing it), a
+    second one is one usage-error line naming the file, status 2, as `train`, `export`, `convert` and `inspect`
+    refuse theirs: the file and its JSON stay as they were and nothing else is written beside them."""
+    from energyformers.training import convert_cli
+
+    argv, out, previous = reversed_pair
+    before = siblings(out.with_suffix(""))
+    capsys.readouterr()
+    with run_folder.locked_output_dir(out, flag="--output", what="file"):
+        status = convert_cli.main(argv)
+        after = siblings(out.with_suffix(""))
+    lines = capsys.readouterr().err.strip().splitlines()
+    expected = f"energyformers convert: error: --output {out}: another command is using this file (it holds "
+    assert status == 2 and len(lines) == 1 and lines[0].startswith(expected), (status, lines)
+    assert after == sorted([*before, "back.safetensors.lock"]), (before, after)
+    assert {name: (out.parent / name).read_bytes() for name in previous} == previous
+
+
+def test_a_reverse_conversion_that_fails_while_moving_its_files_in_leaves_the_previous_pair(
+    reversed_pair: tuple[list[str], Path, dict[str, bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`convert --reverse --overwrite` whose JSON cannot be moved into place (a full disk there), after its weights
+    were: the previous file and JSON stay, byte for byte, nothing is left beside them, and the error is reported.
+    The two files never mix two conversions."""
+    from energyformers.training import convert_cli
+
+    argv, out, previous = reversed_pair
+    before = siblings(out.with_suffix(""))
+    sidecar = out.with_suffix(".json")
+    moved: list[str] = []
+
+    def failing(move: Callable) -> Callable:
+        def wrapper(src, dst, *args, **kwargs):
+            if Path(dst) == sidecar and ".partial-" in str(src):  # the new JSON, from the staging folder
+                raise OSError(28, "No space left on device", str(dst))
+            moved.append(Path(dst).name)
+            return move(src, dst, *args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(os, "rename", failing(os.rename))
+    monkeypatch.setattr(os, "replace", failing(os.replace))
+    capsys.readouterr()
+    status = convert_cli.main(argv)
+    err = capsys.readouterr().err
+    expected = f"energyformers convert: error: no space left on device writing in {out.parent};"
+    assert status == 1 and err.startswith(expected), (status, err)
+    assert out.name in moved, moved  # the weights had been moved in before the JSON failed
+    assert {name: (out.parent / name).read_bytes() for name in previous} == previous
+    assert siblings(out.with_suffix("")) == before, (before, siblings(out.with_suffix("")))
+
+
 def test_an_inspect_is_refused_while_another_one_writes_the_same_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -28,6 +28,11 @@ from energyformers.training import interrupt
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 TINY = cli_config("hyperset")
 TIMEOUT_S = 300  # a stuck collective (a rank that stopped alone) must fail the test, not hang it
+# What one collective of the evaluation test's ranks may wait for the other rank once both have started (the
+# group's timeout, gloo's): there they run the same few milliseconds of work between collectives, so a longer wait
+# is a rank waiting in a collective the other never enters (the ranks disagreeing on when to reduce), which fails
+# the test in seconds instead of at TIMEOUT_S
+COLLECTIVE_TIMEOUT_S = 20
 
 # rank 1 sends itself SIGTERM while its first logged step is logged (Trainer logs after `on_step_end`, where
 # the ranks agree): rank 1 has already agreed to go on at step 1, so both ranks stop after step 2
@@ -321,20 +326,30 @@ def test_a_launchers_forwarded_copy_of_a_ctrl_c_is_not_a_second_one(monkeypatch:
 # given here, not of how loaded the machine is. Rank 1's batches take twice rank 0's, so both ranks size the
 # interval from rank 1's. One pass without a signal at an `EVALUATION_CHECK_S` of 10 s, then one at 1/16 s (2 of
 # rank 1's batches) where rank 1 sends itself SIGTERM in its 5th batch; each rank writes what it saw to
-# argv[1].rank<r>
+# argv[1].rank<r>. A collective that waits longer than argv[2] seconds (`COLLECTIVE_TIMEOUT_S`) ends the rank with
+# status 1, after writing the counts of the pass so far and the error; argv[3]: how long a rank waits for the other
+# to start (`TIMEOUT_S`)
 EVALUATION_COLLECTIVES_SCRIPT = """
 import json, os, signal, sys
+from datetime import timedelta
 from types import SimpleNamespace
 import torch
 import torch.distributed as dist
-from accelerate import Accelerator
+from accelerate import Accelerator, InitProcessGroupKwargs
 from torch.utils.data import DataLoader
 from energyformers.training import accelerate_loop
 from energyformers.training.arguments import MIM_TASK
 from energyformers.training import interrupt
 from energyformers.training.interrupt import EvaluationStopped, StopRequest
 
-accelerator = Accelerator(cpu=True)
+# both ranks meet at the test's store first, with the long wait (one may take seconds longer to import), so the
+# group's short timeout counts only the waits of its collectives, not a rank's start
+rank, started = int(os.environ["RANK"]), timedelta(seconds=float(sys.argv[3]))
+store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=started)
+store.set(f"evaluate.started.{rank}", "1")
+store.wait(["evaluate.started.0", "evaluate.started.1"])
+collective_timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=float(sys.argv[2])))
+accelerator = Accelerator(cpu=True, kwargs_handlers=[collective_timeout])
 rank = accelerator.process_index
 clock = [0.0]
 interrupt.time = SimpleNamespace(monotonic=lambda: clock[0])  # the batches' time, not the machine's
@@ -375,6 +390,11 @@ for name, signal_at, check_s in (("whole", None, 10.0), ("stopped", 5, 1 / 16)):
             accelerate_loop.evaluate_split(model, loader, accelerator, MIM_TASK, stop)
         except EvaluationStopped:
             stopped = True
+        except RuntimeError as error:  # a collective that timed out (the other rank never entered it), say
+            seen[name] = {"batches": model.batches, "all_reduce": len(reductions), "error": str(error)[:300]}
+            open(f"{sys.argv[1]}.rank{rank}", "w").write(json.dumps(seen))
+            print(json.dumps(seen), file=sys.stderr, flush=True)
+            os._exit(1)  # not through the group's teardown, which may wait on the other rank again
     seen[name] = {"batches": model.batches, "all_reduce": len(reductions), "stopped": stopped}
 open(f"{sys.argv[1]}.rank{rank}", "w").write(json.dumps(seen))
 dist.destroy_process_group()  # not left to interpreter exit, where gloo's threads may abort the process
@@ -395,10 +415,14 @@ def test_an_evaluation_agrees_on_a_stop_every_few_batches_and_all_ranks_stop_at_
     script = tmp_path / "evaluate.py"
     script.write_text(EVALUATION_COLLECTIVES_SCRIPT)
     # faulthandler: an abort (SIGABRT) prints where each thread was
-    command = [sys.executable, "-X", "faulthandler", str(script), str(tmp_path / "seen")]
+    timeouts = [str(COLLECTIVE_TIMEOUT_S), str(TIMEOUT_S)]
+    command = [sys.executable, "-X", "faulthandler", str(script), str(tmp_path / "seen"), *timeouts]
     statuses = wait_all(start_ranks(command, tmp_path, "evaluate"))
     text = logs(tmp_path, "evaluate")
-    assert statuses == [0, 0], (statuses, {k: v[-2500:] for k, v in text.items()})
+    # a rank whose collective timed out wrote the batches and all-reduces of each pass up to there
+    counts = "; ".join(f"{p.name}: {p.read_text()}" for p in sorted(tmp_path.glob("seen.rank*")))
+    tails = {k: v[-2500:] for k, v in text.items()}
+    assert statuses == [0, 0], f"statuses {statuses}; {counts or 'no counts written'}; logs {tails}"
     for rank in (0, 1):
         threads = json.loads(text[f"evaluate.rank{rank}.out"].splitlines()[-1])["threads_after_destroy"]
         assert not [t for t in threads if "gloo" in t], (

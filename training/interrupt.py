@@ -16,7 +16,8 @@ A command without steps to finish (`export`, `convert`, `inspect`) stops at once
 does (`stopping_at_once`), so the staging folder it writes its output in (`staging_folder`) is removed either way.
 Every command that replaces a folder (`train`, `export`, `convert`) holds the folder's lock (`locked_output_dir`)
 while it repairs what a kill between `publish`'s two renames left (`restore_interrupted_publish`) and renames the
-finished stage onto it (`publish`); `inspect` holds it while it draws its report and moves it into the folder. What
+finished stage onto it (`publish`); `inspect` holds it while it draws its report and moves it into the folder, and
+`convert --reverse` the lock of its file while it stages the file and its JSON and moves both in (`publish_files`). What
 a killed command left beside a folder is judged by one rule (`left_by`): removed or put back when its process, named
 in the leftover's name with its host, is gone; left, with a warning, when it is another machine's.
 """
@@ -340,11 +341,13 @@ def lock_path(output_dir: Path) -> Path:
     return output_dir.with_name(output_dir.name + LOCK_SUFFIX)
 
 
-def lock_output_dir(output_dir: Path, given: str | None = None, flag: str = "--output_dir") -> None:
+def lock_output_dir(
+    output_dir: Path, given: str | None = None, flag: str = "--output_dir", what: str = "folder"
+) -> None:
     """Take the lock on `output_dir` (resolved; `given`: as the command line named it, after `flag`) that a command
-    writing the folder (`train`, `export`, `convert`, `inspect`) holds until it ends (`release_output_dir`) or the
-    process does: the kernel's lock on `lock_path` (flock), so a killed command holds nothing. Another command
-    holding it, in this process or another, is a `UsageError` naming the folder."""
+    writing the folder (`train`, `export`, `convert`, `inspect`), or the file (`what`: `convert --reverse`), holds
+    until it ends (`release_output_dir`) or the process does: the kernel's lock on `lock_path` (flock), so a killed
+    command holds nothing. Another command holding it, in this process or another, is a `UsageError` naming it."""
     from filelock import FileLock, Timeout
 
     from .cli import UsageError
@@ -358,7 +361,7 @@ def lock_output_dir(output_dir: Path, given: str | None = None, flag: str = "--o
     except Timeout:
         remove_created(created)
         raise UsageError(
-            f"{flag} {given or output_dir}: another command is using this folder (it holds {path}); wait for it to "
+            f"{flag} {given or output_dir}: another command is using this {what} (it holds {path}); wait for it to "
             f"end or choose another {flag}"
         ) from None
     _held_locks[output_dir] = (lock, created)
@@ -386,13 +389,15 @@ def remove_created(folders: list[Path]) -> None:
 
 
 @contextmanager
-def locked_output_dir(output_dir: str | os.PathLike, flag: str = "--output_dir") -> Iterator[Path]:
+def locked_output_dir(
+    output_dir: str | os.PathLike, flag: str = "--output_dir", what: str = "folder"
+) -> Iterator[Path]:
     """Hold `output_dir`'s lock (`lock_output_dir`) while the block runs, however it ends; yields the folder resolved.
-    `flag`: how the command line names the folder, for the refusal. Around everything of a command that repairs or
-    replaces the folder (`restore_interrupted_publish`, `staging_folder`, `publish`), so two commands never do at
-    once."""
+    `flag`: how the command line names the folder (`what`: or the file), for the refusal. Around everything of a
+    command that repairs or replaces the folder (`restore_interrupted_publish`, `staging_folder`, `publish`,
+    `publish_files`), so two commands never do at once."""
     resolved = Path(output_dir).expanduser().resolve()
-    lock_output_dir(resolved, os.fspath(output_dir), flag)
+    lock_output_dir(resolved, os.fspath(output_dir), flag, what)
     try:
         yield resolved
     finally:
@@ -488,6 +493,34 @@ def publish(stage: Path, output_dir: Path, *, overwrite: bool = False) -> None:
         remove_path(old)
 
 
+def publish_files(staged: list[tuple[Path, Path]]) -> None:
+    """Move each staged file (`(staged, target)`, same filesystem) onto its target, all of them or none: the targets
+    there are moved aside (`replaced_name`) first, the staged files renamed in, and only then the old ones removed;
+    a failure on the way (a full disk's, a permission's) puts back what was there, so the files never mix two
+    writes (`convert --reverse`: the weights and their JSON). A SIGTERM or Ctrl-C in between takes effect once all
+    are moved (`deferring_stops`)."""
+    aside: list[tuple[Path, Path]] = []
+    placed: list[Path] = []
+    with deferring_stops():
+        try:
+            for _, target in staged:
+                if os.path.lexists(target):
+                    old = replaced_name(target)
+                    target.rename(old)
+                    aside.append((old, target))
+            for new, target in staged:
+                new.rename(target)
+                placed.append(target)
+        except BaseException:
+            for target in placed:
+                target.unlink(missing_ok=True)
+            for old, target in aside:
+                old.rename(target)
+            raise
+        for old, _ in aside:
+            remove_path(old)
+
+
 __all__ = [
     "LOCK_SUFFIX",
     "REPLACED_MARK",
@@ -506,6 +539,7 @@ __all__ = [
     "locked_output_dir",
     "process_alive",
     "publish",
+    "publish_files",
     "release_output_dir",
     "remove_created",
     "remove_path",

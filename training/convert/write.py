@@ -15,7 +15,13 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from ..card import conversion_record, render_model_card
-from ..interrupt import locked_output_dir, publish, restore_interrupted_publish, staging_folder
+from ..interrupt import (
+    locked_output_dir,
+    publish,
+    publish_files,
+    restore_interrupted_publish,
+    staging_folder,
+)
 from .base import (
     DEFAULT_ATOL,
     DTYPES,
@@ -328,16 +334,36 @@ def export_official(
     atol: float | None = None,
     log: Callable[[str], object] = print,
 ) -> Path:
-    """Our model folder → official-layout bare state_dict (safetensors) + `<output>.json` with the kwargs."""
-    family = SOURCES[source]
+    """Our model folder → official-layout bare state_dict (safetensors) + `<output>.json` with the kwargs.
+
+    Holds `output`'s lock (`<output>.lock`, as the forward conversion holds its folder's) from the check of the two
+    files to their replacement, which is all or nothing (`publish_files`), so two conversions to one `output` never
+    leave the weights of one beside the JSON of the other."""
     model_dir, output = Path(model_dir), Path(output)
     if output.suffix != ".safetensors":
         raise ConversionError(f"--output {output}: write a .safetensors file (pickle is never written)")
-    sidecar = output.with_suffix(".json")
-    for path in (output, sidecar):
-        if path.exists() and not overwrite:
-            raise ConversionError(f"{path} exists; pass --overwrite to replace it")
+    with locked_output_dir(output, flag="--output", what="file"):
+        sidecar = output.with_suffix(".json")
+        for path in (output, sidecar):
+            # the previous file back from where a command killed between the renames left it, then checked as such
+            restore_interrupted_publish(path)
+            if path.exists() and not overwrite:
+                raise ConversionError(f"{path} exists; pass --overwrite to replace it")
+        return write_official(source, model_dir, output, sidecar, atol=atol, log=log)
 
+
+def write_official(
+    source: str,
+    model_dir: Path,
+    output: Path,
+    sidecar: Path,
+    *,
+    atol: float | None,
+    log: Callable[[str], object],
+) -> Path:
+    """`export_official`'s work once `output` is checked and locked: the official tensors computed and verified,
+    the file and its JSON staged beside `output`, then both moved into place."""
+    family = SOURCES[source]
     problem = reverse_input_problem(source, model_dir)
     if problem is not None:  # before loading: another model's folder would load with a report of missing keys
         raise ConversionError(problem)
@@ -383,10 +409,9 @@ def export_official(
             f"{error:.3e} (tolerance {tolerance:.0e}); nothing was written"
         )
     metadata = {"format": "pt", "source": source, "official_kwargs": json.dumps(kwargs)}
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp_weights = output.with_name(f".{output.name}.{os.getpid()}.tmp")
-    tmp_json = sidecar.with_name(f".{sidecar.name}.{os.getpid()}.tmp")
-    try:
+    # a SIGTERM or Ctrl-C removes the staging folder; what a SIGKILL left, the next conversion to `output` removes
+    with staging_folder(output) as staging:
+        tmp_weights, tmp_json = staging / output.name, staging / sidecar.name
         save_file(official, str(tmp_weights), metadata=metadata)
         tmp_json.write_text(
             json.dumps(
@@ -399,12 +424,7 @@ def export_official(
             + "\n"
         )
         _set_default_permissions(tmp_weights, tmp_json)
-        os.replace(tmp_weights, output)
-        os.replace(tmp_json, sidecar)
-    except BaseException:
-        for path in (tmp_weights, tmp_json):
-            path.unlink(missing_ok=True)
-        raise
+        publish_files([(tmp_weights, output), (tmp_json, sidecar)])
     log(f"wrote {output} ({len(official)} official keys, {mode}) and {sidecar}")
     log(
         f"  verified: official computation vs model on a fixed input, max |Δlogits| = {error:.3e} (tolerance {tolerance:.0e})"
