@@ -476,18 +476,6 @@ def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor
     return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
-def pool_tokens(
-    config: PreTrainedConfig, hidden_states: torch.Tensor, keep: torch.Tensor | None, num_prefix_tokens: int
-) -> torch.Tensor:
-    """The classifier input `(B, D)` of a state `(B, N, D)` by `config.pooling`: the first token (`"cls"`) or the
-    mean over the real tokens after the `num_prefix_tokens` prefix tokens (`"mean"`): an image's CLS token is no
-    patch, so it stays out of the average, as in timm's and ViT's mean pooling."""
-    if config_choice(config, "pooling", {"cls": True, "mean": False}):  # True: the first token
-        return hidden_states[:, 0]
-    prefix = num_prefix_tokens
-    return masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
-
-
 # what `from_pretrained` passes on to locate config.json (a Hub repository's revision, cache, subfolder)
 CONFIG_LOCATION_KWARGS = (
     "cache_dir",
@@ -643,7 +631,7 @@ def head_loss(
 # --- end of shared helpers ---
 
 
-# --- attention helpers: identical in energyformers' Hyper-SET and HyperBF model files (its test suite checks) ---
+# --- attention-family helpers: identical in energyformers' Hyper-SET and HyperBF files (its test suite checks) ---
 
 
 class SoftmaxAttentionNames:
@@ -732,6 +720,18 @@ def _check_position_ids(
     return position_ids
 
 
+def pool_tokens(
+    config: PreTrainedConfig, hidden_states: torch.Tensor, keep: torch.Tensor | None, num_prefix_tokens: int
+) -> torch.Tensor:
+    """The classifier input `(B, D)` of a state `(B, N, D)` by `config.pooling`: the first token (`"cls"`) or the
+    mean over the real tokens after the `num_prefix_tokens` prefix tokens (`"mean"`): an image's CLS token is no
+    patch, so it stays out of the average, as in timm's and ViT's mean pooling."""
+    if config_choice(config, "pooling", {"cls": True, "mean": False}):  # True: the first token
+        return hidden_states[:, 0]
+    prefix = num_prefix_tokens
+    return masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
+
+
 def interpolate_positions(
     positions: torch.Tensor, grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int
 ) -> torch.Tensor:
@@ -766,10 +766,10 @@ def is_plain_linear(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) and type(module.weight) in plain
 
 
-# --- end of attention helpers ---
+# --- end of attention-family helpers ---
 
 
-# --- integer check: identical in energyformers' Hyper-SET and iMixer model files (its test suite checks) ---
+# --- integer check: identical in energyformers' Hyper-SET and iMixer files (its test suite checks) ---
 
 
 def _is_integer(value: object) -> bool:

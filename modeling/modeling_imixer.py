@@ -377,18 +377,6 @@ def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor
     return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
-def pool_tokens(
-    config: PreTrainedConfig, hidden_states: torch.Tensor, keep: torch.Tensor | None, num_prefix_tokens: int
-) -> torch.Tensor:
-    """The classifier input `(B, D)` of a state `(B, N, D)` by `config.pooling`: the first token (`"cls"`) or the
-    mean over the real tokens after the `num_prefix_tokens` prefix tokens (`"mean"`): an image's CLS token is no
-    patch, so it stays out of the average, as in timm's and ViT's mean pooling."""
-    if config_choice(config, "pooling", {"cls": True, "mean": False}):  # True: the first token
-        return hidden_states[:, 0]
-    prefix = num_prefix_tokens
-    return masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
-
-
 # what `from_pretrained` passes on to locate config.json (a Hub repository's revision, cache, subfolder)
 CONFIG_LOCATION_KWARGS = (
     "cache_dir",
@@ -544,7 +532,7 @@ def head_loss(
 # --- end of shared helpers ---
 
 
-# --- integer check: identical in energyformers' Hyper-SET and iMixer model files (its test suite checks) ---
+# --- integer check: identical in energyformers' Hyper-SET and iMixer files (its test suite checks) ---
 
 
 def _is_integer(value: object) -> bool:
@@ -1761,7 +1749,8 @@ class IMixerModel(IMixerPreTrainedModel):
             fixed_point_residuals = IMixerFixedPointDiagnostics(**_stack_diagnostics(all_diagnostics))
         hidden_states = self.layernorm(hidden_states)
         # Always the mean over the real tokens, as timm's Mixer: iMixer's config has no `pooling` field and its
-        # tokens have no prefix (no CLS token), so this is `pool_tokens`' "mean" with no prefix to skip.
+        # tokens have no prefix (no CLS token), so this is the other families'
+        # `pooling="mean"` with no prefix to skip.
         pooled = masked_mean(hidden_states, keep) if self.add_pooling_layer else None
         output = IMixerModelOutput(
             last_hidden_state=at_input_positions(hidden_states, positions),
