@@ -1830,6 +1830,14 @@ def sample_num_iterations(config: HyperSetConfig, draw: int, seed: int | None = 
     raise NotImplementedError(f"iteration_sampling={mode!r} has no depth sampler in this model file.")
 
 
+def deep_supervision_mode(config: PreTrainedConfig) -> str:
+    """`config.deep_supervision`, read through its table (`config_choice`): a value edited onto the config after the
+    build raises instead of running as another mode."""
+    return config_choice(
+        config, "deep_supervision", {name: name for name in HyperSetConfig.choices["deep_supervision"]}
+    )
+
+
 class RecurrentDepthMixin:
     """The depth schedule of a backbone that iterates weight-tied layers (`self.layers`, each applied T times):
     Hyper-SET's `HyperSetModel` and the looped-Transformer baseline's `LoopedTransformerModel` use this one
@@ -1855,11 +1863,7 @@ class RecurrentDepthMixin:
     def _num_iterations(self, requested: int | None) -> int:
         """This call's T: the request, else a depth drawn by `iteration_sampling` (training), else the config's."""
         if requested is None:
-            random_subset = config_choice(
-                self.config,
-                "deep_supervision",
-                {name: name == "random" for name in HyperSetConfig.choices["deep_supervision"]},
-            )
+            random_subset = deep_supervision_mode(self.config) == "random"
             fixed = config_choice(
                 self.config,
                 "iteration_sampling",
@@ -2383,9 +2387,7 @@ def supervised_iterations(
     of its own in a run seeded with `seed` (None: `torch.initial_seed()`; `random_draw_generator`), so every
     process of a distributed run supervises the same iterations, independently of the depth drawn.
     """
-    mode = config_choice(
-        config, "deep_supervision", {name: name for name in HyperSetConfig.choices["deep_supervision"]}
-    )
+    mode = deep_supervision_mode(config)
     last = num_iterations
     if mode == "all":
         return list(range(1, last + 1))
@@ -2427,11 +2429,7 @@ def _supervision_step(
     random subset), else the loss of the returned logits alone; each loss normalised by `num_items_in_batch` when
     given (`head_loss`)."""
     config = head.config
-    beyond_last = config_choice(
-        config,
-        "deep_supervision",
-        {name: name != "last" for name in HyperSetConfig.choices["deep_supervision"]},
-    )
+    beyond_last = deep_supervision_mode(config) != "last"
     supervise = labels is not None and head.training and beyond_last
     if supervise:  # the per-iteration states; kept by autograd in training anyway
         backbone_inputs = {**backbone_inputs, "output_hidden_states": True}
@@ -2622,11 +2620,7 @@ def warn_training_losses_need_labels(head: PreTrainedModel) -> None:
     deep supervision, supervision steps, the halting head. A loss taken outside from `logits` (the last iteration's
     of the last step) has none of them."""
     config = head.config
-    beyond_last = config_choice(
-        config,
-        "deep_supervision",
-        {name: name != "last" for name in HyperSetConfig.choices["deep_supervision"]},
-    )
+    beyond_last = deep_supervision_mode(config) != "last"
     asked = [
         *([f"deep_supervision={config.deep_supervision!r}"] if beyond_last else []),
         *([f"supervision_steps={config.supervision_steps}"] if config.supervision_steps > 1 else []),
@@ -2689,11 +2683,7 @@ def _depth_of_forward(
     """(whether deep supervision draws a random subset, the draw count before this forward, T) of one forward:
     one depth, and one random-subset draw, per forward, so every process counts the same draws
     (`RecurrentDepthMixin`)."""
-    random_mode = config_choice(
-        head.config,
-        "deep_supervision",
-        {name: name == "random" for name in HyperSetConfig.choices["deep_supervision"]},
-    )
+    random_mode = deep_supervision_mode(head.config) == "random"
     random_subset = labels is not None and head.training and random_mode
     first_draw = backbone.iteration_draws
     requested = backbone_inputs.get("num_iterations")
@@ -3064,6 +3054,27 @@ def run_head(
     )
 
 
+def head_output(
+    head: PreTrainedModel,
+    outputs: ModelOutput,
+    logits: torch.Tensor,
+    loss: torch.Tensor | None,
+    return_dict: bool,
+    **fields: object,
+) -> ModelOutput | tuple:
+    """A head's output: its `_output_class` with `loss`, `logits`, the backbone `outputs`' hidden states, maps and
+    the fields the head names in `_backbone_output_fields`, plus `fields`; a tuple unless `return_dict`."""
+    output = head._output_class(
+        loss=loss,
+        logits=logits,
+        hidden_states=outputs.hidden_states,
+        attentions=outputs.attentions,
+        **{name: getattr(outputs, name) for name in head._backbone_output_fields},
+        **fields,
+    )
+    return output if return_dict else output.to_tuple()
+
+
 class RecurrentDepthHeadMixin:
     """`classify` of the classification heads of Hyper-SET and of the looped baseline: a head sets the
     input type it takes, whether it classifies every token, its output class and the backbone output fields it
@@ -3113,15 +3124,7 @@ class RecurrentDepthHeadMixin:
             search_seed=search_seed,
             search_selector=search_selector,
         )
-        output = self._output_class(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            **{name: getattr(outputs, name) for name in self._backbone_output_fields},
-            **fields,
-        )
-        return output if return_dict else output.to_tuple()
+        return head_output(self, outputs, logits, loss, return_dict, **fields)
 
     def check_call_arguments(self, **arguments: object) -> None:
         """A ValueError for a bad depth, halting or search argument among `arguments` (what a call would pass;
@@ -3406,14 +3409,7 @@ class MaskedImageModelingMixin:
         outputs = getattr(self, self.base_model_prefix)(**backbone_inputs, return_dict=True)
         logits = self.code_head(self.layernorm(outputs.last_hidden_state))  # (B, N, K)
         loss = None if labels is None else self._masked_loss(logits, labels, num_items_in_batch)
-        output = self._output_class(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            **{name: getattr(outputs, name) for name in self._backbone_output_fields},
-        )
-        return output if return_dict else output.to_tuple()
+        return head_output(self, outputs, logits, loss, return_dict)
 
     @property
     def codebook_size(self) -> int:
