@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
-from transformers import AttentionInterface, PreTrainedConfig, PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -36,7 +36,6 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
 )
 from transformers.utils import ModelOutput, logging
-from transformers.utils.generic import is_flash_attention_requested
 
 from ..configuration.configuration_imixer import IMixerConfig
 
@@ -127,56 +126,6 @@ def select_attn_implementation(
     return choose(requested, is_init_check)
 
 
-class SoftmaxAttentionNames:
-    """The `attn_implementations` of a class whose attention is standard softmax attention computed by transformers'
-    attention functions (HyperBF's, the looped baseline's): "eager" and every name of transformers'
-    `AttentionInterface` registry, read at each access, so a function registered with
-    `AttentionInterface.register(name, function)` is taken as a ViT takes it. Left out: the names transformers refuses
-    a class that does not declare them (flash attention without `_supports_flash_attn`, flex attention without
-    `_supports_flex_attn`), and "paged|" ones, which serve transformers' paged-cache batching of generation."""
-
-    def __get__(self, instance: object, owner: type) -> tuple[str, ...]:
-        names = ["eager"]
-        for name in AttentionInterface():
-            flash = is_flash_attention_requested(requested_attention_implementation=name)
-            if name.startswith("paged|") or (flash and not owner._supports_flash_attn):
-                continue
-            if "flex_attention" in name and not owner._supports_flex_attn:
-                continue
-            names.append(name)
-        return tuple(names)
-
-
-def eager_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float = 1.0,
-    dropout: float = 0.0,
-    **kwargs: object,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(scaling·q·kᵀ + attention_mask) v with the maps, in the signature and layout of transformers' attention
-    functions: the reference and the maps-returning path of every standard softmax attention here (HyperBF's, whose
-    distances become a per-key bias in the mask, and the looped baseline's).
-
-    query/key/value: (B, H, N, d_h); attention_mask: additive, broadcastable to (B, H, N, N). Output: (B, N, H, d_h).
-    """
-    # q is scaled before the product, transformers' eager functions scale the product: the same value, rounded
-    # differently unless `scaling` is a power of two (this order is the looped baseline's, HyperBF passes 1)
-    scores = torch.matmul(query * scaling, key.transpose(-1, -2))  # (B, H, N, N)
-    if attention_mask is not None:
-        scores = scores + attention_mask
-    # Softmax in at least float32, as transformers' (half-precision scores lose the small weights); float64 stays.
-    weights = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(
-        query.dtype
-    )
-    weights = F.dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, H, N, d_h) → (B, N, H, d_h)
-    return output, weights
-
-
 # pickle weight files: transformers' (`pytorch_model.bin`, its shards and index) and torch.save's usual suffixes;
 # not every .bin (Trainer's `training_args.bin` holds no weights)
 PICKLE_WEIGHT_PREFIX, PICKLE_WEIGHT_SUFFIXES = "pytorch_model", (".pt", ".pth", ".ckpt", ".pkl")
@@ -240,13 +189,6 @@ def config_choice(config: PreTrainedConfig, name: str, choices: dict[str, object
 def _is_tracing() -> bool:
     """True under torch.compile / torch.export: checks that read tensor values into Python run eagerly only."""
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
-
-
-def _is_integer(value: object) -> bool:
-    """Whether a count or seed argument is an integer: Python's or any other `numbers.Integral` (numpy's, from a
-    sweep over `np.arange`), which callers store as `int(value)`; not a bool, a float of integral value or a
-    tensor."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_keep_mask(
@@ -420,42 +362,6 @@ def _check_token_ids(
         )
 
 
-def _check_position_ids(
-    config: PreTrainedConfig, position_ids: torch.Tensor | None, shape: tuple[int, ...] | None
-) -> torch.Tensor | None:
-    """`position_ids` of a call: none for images (their positions are those of the patch grid), else integer
-    positions in [0, max_position_embeddings), the rows of the position table, of the inputs' shape
-    `(batch, sequence_length)` or `(1, sequence_length)` (one row for the whole batch, as BERT broadcasts its own
-    `(1, L)` buffer); returned expanded to the inputs' shape. The values are read in eager mode only."""
-    if position_ids is None:
-        return None
-    if config_choice(config, "input_type", {"image": True, "sequence": False}):
-        raise ValueError(
-            "position_ids apply to token inputs; this model takes images (config.input_type='image'), whose "
-            "positions are those of the patch grid: pass no position_ids."
-        )
-    integer = not (
-        position_ids.is_floating_point() or position_ids.is_complex() or position_ids.dtype == torch.bool
-    )
-    batch, length = shape
-    if not integer or tuple(position_ids.shape) not in ((batch, length), (1, length)):
-        raise ValueError(
-            f"position_ids must be integer positions of the inputs' shape (batch, sequence_length) = {tuple(shape)}, "
-            f"or (1, {length}) for every sample alike; got shape {tuple(position_ids.shape)} and dtype "
-            f"{position_ids.dtype}."
-        )
-    position_ids = position_ids.expand(batch, length)
-    if not position_ids.numel() or _is_tracing():
-        return position_ids
-    low, high, limit = int(position_ids.min()), int(position_ids.max()), config.max_position_embeddings
-    if low < 0 or high >= limit:
-        raise ValueError(
-            f"position_ids must lie in [0, max_position_embeddings={limit}); got values in [{low}, {high}]. For "
-            "left-padded inputs pass (attention_mask.cumsum(-1) - 1).clamp(min=0)."
-        )
-    return position_ids
-
-
 def _pair(value: int | list[int] | tuple[int, int]) -> tuple[int, int]:
     """(height, width) of an `image_size` given as one int (a square) or a pair."""
     return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
@@ -469,36 +375,6 @@ def masked_mean(values: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor
     # split may have moved away from the mask's
     weights = keep.to(values.device, values.dtype).reshape(*keep.shape, *([1] * (values.ndim - 2)))
     return (values * weights).sum(1) / weights.sum(1).clamp_min(1.0)
-
-
-def pool_tokens(
-    config: PreTrainedConfig, hidden_states: torch.Tensor, keep: torch.Tensor | None, num_prefix_tokens: int
-) -> torch.Tensor:
-    """The classifier input `(B, D)` of a state `(B, N, D)` by `config.pooling`: the first token (`"cls"`) or the
-    mean over the real tokens after the `num_prefix_tokens` prefix tokens (`"mean"`): an image's CLS token is no
-    patch, so it stays out of the average, as in timm's and ViT's mean pooling."""
-    if config_choice(config, "pooling", {"cls": True, "mean": False}):  # True: the first token
-        return hidden_states[:, 0]
-    prefix = num_prefix_tokens
-    return masked_mean(hidden_states[:, prefix:], None if keep is None else keep[:, prefix:])
-
-
-def interpolate_positions(
-    positions: torch.Tensor, grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int
-) -> torch.Tensor:
-    """A position table `(1, P + Hp·Wp, D)` of P prefix tokens and an Hp×Wp patch grid (`grid`), its patch part
-    resampled bicubically to `new_grid` (Hp', Wp'): the `interpolate_pos_encoding` of ViT, for images of another
-    resolution. The prefix tokens keep their positions; the native grid returns `positions` itself."""
-    if tuple(new_grid) == tuple(grid):
-        return positions
-    dim = positions.shape[-1]
-    prefix, patches = positions[:, :num_prefix_tokens], positions[:, num_prefix_tokens:]
-    patches = patches.reshape(1, grid[0], grid[1], dim).permute(0, 3, 1, 2)  # (1, Hp·Wp, D) → (1, D, Hp, Wp)
-    # (1, D, Hp, Wp) → (1, D, Hp', Wp')
-    patches = F.interpolate(patches, size=tuple(new_grid), mode="bicubic", align_corners=False)
-    # (1, D, Hp', Wp') → (1, Hp'·Wp', D)
-    patches = patches.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim)
-    return torch.cat((prefix, patches), dim=1)
 
 
 # what `from_pretrained` passes on to locate config.json (a Hub repository's revision, cache, subfolder)
@@ -625,22 +501,6 @@ def is_dispatched(module: nn.Module) -> bool:
     return any(hasattr(submodule, "_hf_hook") for submodule in module.modules())
 
 
-def is_plain_linear(module: nn.Module) -> bool:
-    """Whether `module` is an `nn.Linear` whose `.weight` is a plain tensor, which the model may read as one
-    (transpose, fold into another product), rather than a tensor subclass (torchao's quantized weights) that
-    implements the matmul but not those view ops, so that the module is called instead. The stand-ins a tracer
-    gives a plain weight count as plain: non-strict `torch.export` (and `torch.onnx.export(dynamo=True)`, built on
-    it) traces with `FakeTensor` parameters, functionalization with `FunctionalTensor` ones; a subclass weight keeps
-    its own type there, with fake tensors inside."""
-    plain = (
-        torch.Tensor,
-        nn.Parameter,
-        torch._subclasses.FakeTensor,
-        torch._subclasses.functional_tensor.FunctionalTensor,
-    )
-    return isinstance(module, nn.Linear) and type(module.weight) in plain
-
-
 def head_loss(
     head: PreTrainedModel,
     logits: torch.Tensor,
@@ -670,6 +530,19 @@ def head_loss(
 
 
 # --- end of shared helpers ---
+
+
+# --- integer check: identical in energyformers' Hyper-SET and iMixer files (its test suite checks) ---
+
+
+def _is_integer(value: object) -> bool:
+    """Whether a count or seed argument is an integer: Python's or any other `numbers.Integral` (numpy's, from a
+    sweep over `np.arange`), which callers store as `int(value)`; not a bool, a float of integral value or a
+    tensor."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+# --- end of integer check ---
 
 
 class IMixerEmbeddings(nn.Module):
@@ -1876,7 +1749,8 @@ class IMixerModel(IMixerPreTrainedModel):
             fixed_point_residuals = IMixerFixedPointDiagnostics(**_stack_diagnostics(all_diagnostics))
         hidden_states = self.layernorm(hidden_states)
         # Always the mean over the real tokens, as timm's Mixer: iMixer's config has no `pooling` field and its
-        # tokens have no prefix (no CLS token), so this is `pool_tokens`' "mean" with no prefix to skip.
+        # tokens have no prefix (no CLS token), so this is the other families'
+        # `pooling="mean"` with no prefix to skip.
         pooled = masked_mean(hidden_states, keep) if self.add_pooling_layer else None
         output = IMixerModelOutput(
             last_hidden_state=at_input_positions(hidden_states, positions),

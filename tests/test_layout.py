@@ -1,13 +1,14 @@
 """Static rules of the repository layout (docs/development.md), read from the source text.
 
 The three model files are siblings: the same shared helpers (input checks with one wording of each error, attention
-selection, loading, pooling), the same skeleton, and only `torch`, `transformers` and their own config imported,
-so the Hub export is a one-line rewrite.
+selection, loading), the attention families' helpers in Hyper-SET's and HyperBF's files only, the same skeleton, and
+only `torch`, `transformers` and their own config imported, so the Hub export is a one-line rewrite.
 """
 
 from __future__ import annotations
 
 import ast
+import difflib
 import inspect
 import re
 from pathlib import Path
@@ -19,11 +20,47 @@ from energyformers import BASELINES, FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELING = {family: ROOT / "modeling" / f"modeling_{spec.stem}.py" for family, spec in FAMILIES.items()}
-# The marker names no file of tests/: the model files are copied verbatim into Hub repositories, which have none.
+# Marked blocks of the model files: each is identical in the family files that carry it and absent from the others,
+# and holds only what each of those files uses. A block's markers name no file of tests/: the model files are copied
+# verbatim into Hub repositories, which have none.
 SHARED_BEGIN = (
     "# --- shared helpers: identical in energyformers' three family model files (its test suite checks) ---"
 )
 SHARED_END = "# --- end of shared helpers ---"
+ATTENTION_BEGIN = "# --- attention-family helpers: identical in energyformers' Hyper-SET and HyperBF files (its test suite checks) ---"
+ATTENTION_END = "# --- end of attention-family helpers ---"
+INTEGER_BEGIN = (
+    "# --- integer check: identical in energyformers' Hyper-SET and iMixer files (its test suite checks) ---"
+)
+INTEGER_END = "# --- end of integer check ---"
+# block → (markers, the families whose files carry it, definitions it must hold)
+MARKED_BLOCKS = {
+    "shared helpers": (
+        (SHARED_BEGIN, SHARED_END),
+        ("hyperset", "hyperbf", "imixer"),
+        (
+            "_check_inputs",
+            "select_attn_implementation",
+            "load_naming_unreadable_file",
+            "masked_mean",
+            "is_dispatched",
+            "FamilyPreTrainedMixin",
+        ),
+    ),
+    "attention-family helpers": (
+        (ATTENTION_BEGIN, ATTENTION_END),
+        ("hyperset", "hyperbf"),
+        (
+            "SoftmaxAttentionNames",
+            "eager_attention_forward",
+            "_check_position_ids",
+            "interpolate_positions",
+            "pool_tokens",
+            "is_plain_linear",
+        ),
+    ),
+    "integer check": ((INTEGER_BEGIN, INTEGER_END), ("hyperset", "imixer"), ("_is_integer",)),
+}
 
 
 def marked_block(path: Path, begin: str, end: str) -> str:
@@ -32,33 +69,102 @@ def marked_block(path: Path, begin: str, end: str) -> str:
     return text[text.index(begin) : text.index(end)]
 
 
-def test_shared_helpers_are_identical_in_every_modeling_file():
-    blocks = {family: marked_block(path, SHARED_BEGIN, SHARED_END) for family, path in MODELING.items()}
-    reference = next(iter(blocks.values()))
-    # what the block holds besides the input checks: the marker names it for all of them
-    shared = (
-        "select_attn_implementation",
-        "eager_attention_forward",
-        "load_naming_unreadable_file",
-        "pool_tokens",
-        "is_dispatched",
-        "is_plain_linear",
-    )
-    for name in ("_check_inputs", *shared):
-        assert f"def {name}(" in reference, f"{name} is not in the shared-helpers block"
-    assert {family: block == reference for family, block in blocks.items()} == dict.fromkeys(blocks, True)
+def without_marked_blocks(path: Path) -> str:
+    """The file's text with every marked block it carries cut out."""
+    text = path.read_text()
+    for begin, end in (markers for markers, _, _ in MARKED_BLOCKS.values()):
+        if begin in text:
+            text = text.replace(marked_block(path, begin, end), "")
+    return text
 
 
-def test_softmax_attention_reference_is_the_shared_blocks():
-    """One `eager_attention_forward` (softmax attention returning the maps), in the shared-helpers block: HyperBF
-    calls its copy, the looped baseline imports Hyper-SET's; no modeling file keeps one of its own."""
-    own = []
-    for path in sorted((ROOT / "modeling").glob("modeling_*.py")):
+def top_level_definitions(source: str) -> dict[str, ast.stmt]:
+    """The top-level names `source` defines (functions, classes, constants), each with its statement."""
+    definitions = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            definitions[node.name] = node
+        elif isinstance(node, ast.Assign):
+            targets = [n.id for target in node.targets for n in ast.walk(target) if isinstance(n, ast.Name)]
+            definitions |= dict.fromkeys(targets, node)
+    return definitions
+
+
+def test_marked_blocks_name_the_registrys_families():
+    """The shared-helpers block is in every family's file (a new family carries it too); the others in some."""
+    assert set(MARKED_BLOCKS["shared helpers"][1]) == set(MODELING)
+    assert {family for _, families, _ in MARKED_BLOCKS.values() for family in families} <= set(MODELING)
+
+
+@pytest.mark.parametrize("block_name", list(MARKED_BLOCKS))
+def test_marked_block_is_identical_in_exactly_the_files_that_carry_it(block_name):
+    """Edit the block in one file and copy it unchanged into the others: a copy that drifts fails here, with the
+    difference from the first file's copy."""
+    (begin, end), carriers, required = MARKED_BLOCKS[block_name]
+    for family, path in MODELING.items():
         text = path.read_text()
-        if SHARED_BEGIN in text:
-            text = text.replace(marked_block(path, SHARED_BEGIN, SHARED_END), "")
-        own += [path.name] * text.count("def eager_attention_forward(")
-    assert own == [], f"eager_attention_forward defined outside the shared-helpers block in {own}"
+        if family not in carriers:
+            assert begin not in text and end not in text, f"{path.name} carries the {block_name} block"
+    blocks = {family: marked_block(MODELING[family], begin, end) for family in carriers}
+    reference_family, reference = next(iter(blocks.items()))
+    missing = [
+        name for name in required if f"def {name}(" not in reference and f"class {name}" not in reference
+    ]
+    assert missing == [], f"{missing} are not in the {block_name} block"
+    for family, block in blocks.items():
+        difference = "".join(
+            difflib.unified_diff(
+                reference.splitlines(keepends=True),
+                block.splitlines(keepends=True),
+                MODELING[reference_family].name,
+                MODELING[family].name,
+                n=1,
+            )
+        )
+        assert block == reference, f"the {block_name} block of {MODELING[family].name} differs:\n{difference}"
+
+
+@pytest.mark.parametrize("family", list(MODELING))
+def test_marked_blocks_hold_only_what_their_file_uses(family):
+    """Each file carries only the helpers it uses: every definition of each marked block it carries is reached from
+    the code outside the blocks (for Hyper-SET's file also from the names the looped baseline imports from it),
+    directly or through another helper of the blocks."""
+    path = MODELING[family]
+    definitions = {}
+    for (begin, end), carriers, _ in MARKED_BLOCKS.values():
+        if family in carriers:
+            definitions |= top_level_definitions(marked_block(path, begin, end))
+
+    def names_in(tree: ast.AST) -> set[str]:
+        return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+
+    reached = names_in(ast.parse(without_marked_blocks(path))) & set(definitions)
+    looped = ast.parse((ROOT / "modeling" / "modeling_looped_transformer.py").read_text())
+    for node in ast.walk(looped):
+        if isinstance(node, ast.ImportFrom) and node.module == f"modeling_{FAMILIES[family].stem}":
+            reached |= {alias.name for alias in node.names} & set(definitions)
+    frontier = set(reached)
+    while frontier:
+        frontier = {n for name in frontier for n in names_in(definitions[name]) if n in definitions} - reached
+        reached |= frontier
+    unused = sorted(set(definitions) - reached)
+    assert unused == [], (
+        f"{path.name} carries helpers it never uses: {unused}; move them to the block of the files that do"
+    )
+
+
+def test_marked_block_helpers_are_defined_in_their_blocks_only():
+    """A helper of a marked block is defined nowhere else in the model files (no second copy outside the blocks,
+    e.g. an `eager_attention_forward` of the looped baseline's own: it imports Hyper-SET's)."""
+    helpers = set()
+    for (begin, end), carriers, _ in MARKED_BLOCKS.values():
+        helpers |= set(top_level_definitions(marked_block(MODELING[carriers[0]], begin, end)))
+    own = {}
+    for path in sorted((ROOT / "modeling").glob("modeling_*.py")):
+        defined = set(top_level_definitions(without_marked_blocks(path))) & helpers
+        if defined:
+            own[path.name] = sorted(defined)
+    assert own == {}, f"marked-block helpers defined outside their blocks: {own}"
 
 
 def test_backbones_name_their_inputs_through_the_mixin():
