@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import imixer_config, loaded_script, require_dataset
+from fixtures import hyperbf_config, imixer_config, loaded_script, require_dataset
 from transformers import ViTImageProcessorPil
 
-from energyformers import IMixerForImageClassification
+from energyformers import HyperBFForImageClassification, IMixerForImageClassification
 from energyformers.training.data import MissingDataError, load_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,6 +224,20 @@ def test_speed_only_merges_its_rows_into_the_existing_results(speed, tmp_path, m
     assert "Command: `python benchmarks/speed.py --only HyperBF --batch 1 --repeats 1 --output_dir" in md, md[
         :400
     ]
+
+
+def test_speed_times_hyperbf_inference_with_its_centers_cached(speed, monkeypatch):
+    # as a pipeline call and an evaluation run it: what the centers give is computed by the warm-up call only,
+    # not again in each timed forward (training steps recompute it: the weights change)
+    model = HyperBFForImageClassification(hyperbf_config("image"))
+    feedforward = type(model.hyperbf.layers[0].feedforward)
+    calls = []
+    original = feedforward._projected_centers
+    monkeypatch.setattr(feedforward, "_projected_centers", lambda self: calls.append(1) or original(self))
+    pixels = torch.randn(2, model.config.num_channels, model.config.image_size, model.config.image_size)
+    speed.measure({"hyperbf": model}, pixels, repeats=3, modes=("forward",))
+    layers = model.config.num_hidden_layers
+    assert len(calls) == layers, f"{len(calls)} computations of the projected centers for {layers} layers"
 
 
 def test_speed_only_that_matches_no_pair_is_refused_before_measuring(speed, tmp_path, capsys):
