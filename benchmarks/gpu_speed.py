@@ -890,6 +890,7 @@ class CompileWorkers:
     def idle(self) -> bool:
         """Whether no worker has more to do: every item handed out has its result, and no item is left or no
         worker is left to take it."""
+        # no caller in the benchmark: tests/test_gpu_speed_smoke.py waits on it to make the worker race deterministic
         with self._lock:
             left = bool(self._queue) and any(thread.is_alive() for thread in self._threads)
             return not self._running and not left

@@ -438,7 +438,4 @@ def register_pipelines() -> None:
 
 register_pipelines()
 
-# The task its pipeline is registered under, as this module names it.
-MASKED_IMAGE_MODELING_TASK = MIM_TASK
-
-__all__ += ["MASKED_IMAGE_MODELING_TASK", "MaskedImageModelingPipeline", "register_pipelines"]
+__all__ += ["MaskedImageModelingPipeline", "register_pipelines"]

@@ -69,7 +69,6 @@ class Family:
 class InputType:
     """What a `config.input_type` means outside the model: its inputs, its processor and the tasks it serves."""
 
-    main_input_name: str  # the tensor a processor produces and a head reads first
     processor_class: str  # transformers Auto class that loads the saved processor
     processor_files: tuple[str, ...]  # files a saved model folder must hold for that processor to load
     tasks: dict[str, str]  # pipeline task (the Hub's pipeline_tag) -> Auto class of its head; first = default
@@ -142,7 +141,6 @@ TRANSFORMERS_BASELINES: dict[str, Family] = {
 
 INPUT_TYPES: dict[str, InputType] = {
     "image": InputType(
-        main_input_name="pixel_values",
         processor_class="AutoImageProcessor",
         processor_files=("preprocessor_config.json",),
         tasks={
@@ -151,7 +149,6 @@ INPUT_TYPES: dict[str, InputType] = {
         },
     ),
     "sequence": InputType(
-        main_input_name="input_ids",
         processor_class="AutoTokenizer",
         processor_files=("tokenizer.json", "tokenizer_config.json"),
         tasks={

@@ -82,10 +82,6 @@ def export_overrides(input_type: str) -> dict:
     return {**overrides, "vocab_size": len(WORDS)} if input_type == "sequence" else overrides
 
 
-def tiny_config(model_type: str, input_type: str):
-    return Case(model_type, "AutoModel", input_type).config(**export_overrides(input_type))
-
-
 def build_model_dir(
     path: Path,
     model_type: str,

@@ -25,7 +25,8 @@ from energyformers import (
 )
 from energyformers.mim import PatchKMeansTokenizer, VQTokenizer, mask_codes, reconstruction_metrics
 from energyformers.modeling.modeling_hyperset import MASKGIT_SCHEDULES, maskgit_schedule
-from energyformers.training.convert.mim import MIM_FIELDS, official_to_ours
+from energyformers.training.convert import SOURCES
+from energyformers.training.convert.mim import MIM_FIELDS
 
 
 def fixture_config(**overrides) -> HyperSetConfig:
@@ -41,7 +42,9 @@ def fixture_model(dtype: torch.dtype) -> tuple[HyperSetForMaskedImageModeling, d
     tensors = load_file(require_author_fixtures("hyperset_mim") / "hyperset_mim.safetensors")
     model = HyperSetForMaskedImageModeling(fixture_config()).eval()
     # the converter's key mapping (`energyformers convert --source hyperset-mim`)
-    state = official_to_ours({key: value for key, value in tensors.items() if "/" not in key})
+    source = SOURCES["hyperset-mim"]
+    official = {key: value for key, value in tensors.items() if "/" not in key}
+    state = source.to_ours(official, source.kwargs_from_config(model.config))
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and missing == [], (missing, unexpected)
     return model.to(dtype), tensors

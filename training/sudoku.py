@@ -7,7 +7,8 @@ puzzle unique. Generation: fill a random full grid with the same search (candida
 order), then blank cells in random order, keeping each removal only while the solution stays
 unique, until a target number of givens drawn uniformly from [min_givens, max_givens] is reached.
 Very low targets are often unreachable by this greedy removal; the puzzle then keeps the
-fewest givens it reached, so always report `givens_distribution` of what was generated.
+fewest givens it reached, so report what was generated: a run records the givens of each split in
+`metrics.json` under `data` (`format_givens_counts`).
 
 Pure Python (the search is branchy; numpy does not help). Fewer givens cost more: each removal tried is
 another uniqueness proof, and the searches grow as blanks accumulate.
@@ -106,7 +107,8 @@ def _search(grid: Sequence[int], limit: int, rng: random.Random | None) -> tuple
 
 
 def count_solutions(puzzle: Sequence[int], limit: int = 2) -> int:
-    """Number of solutions of `puzzle` (81 ints, 0 = blank), counted up to `limit`."""
+    """Number of solutions of `puzzle` (81 ints, 0 = blank), counted up to `limit`. A check for tests and users'
+    own scripts: the generator proves uniqueness with its own search."""
     return _search(puzzle, limit, None)[0]
 
 
@@ -116,7 +118,8 @@ def solve(puzzle: Sequence[int]) -> list[int] | None:
 
 
 def is_valid_solution(grid: Sequence[int]) -> bool:
-    """Every row, column and box of a full grid is a permutation of 1-9."""
+    """Every row, column and box of a full grid is a permutation of 1-9. A check for tests and users' own
+    scripts; nothing in a run calls it."""
     g = np.asarray(grid).reshape(9, 9)  # (81,) → (9, 9)
     want = np.arange(1, 10)
     # (box row, row in box, box column, column in box) → (box, cell in box) = (9, 9)
@@ -173,18 +176,9 @@ def generate_puzzles(
     return puzzles, solutions
 
 
-def givens_distribution(puzzles: np.ndarray) -> dict[int, int]:
-    """Number of puzzles per count of given (non-zero) cells, sorted by count."""
-    return dict(sorted(Counter((np.asarray(puzzles) != 0).sum(1).tolist()).items()))
-
-
-def format_givens_distribution(puzzles: np.ndarray) -> str:
-    """One line: `givens: min/mean/max` plus the histogram, for logs and reports."""
-    return format_givens_counts((np.asarray(puzzles) != 0).sum(1))
-
-
 def format_givens_counts(counts: Sequence[int] | np.ndarray) -> str:
-    """`format_givens_distribution` from the number of givens of each puzzle (a dataset's `givens` column)."""
+    """One line, `givens min/mean/max` plus the histogram, from the number of givens of each puzzle (a dataset's
+    `givens` column): what a run records in `metrics.json` under `data`."""
     counts = np.asarray(counts)
     hist = ", ".join(f"{g}: {c}" for g, c in sorted(Counter(counts.tolist()).items()))
     return f"givens min {counts.min()}, mean {counts.mean():.1f}, max {counts.max()} ({hist})"

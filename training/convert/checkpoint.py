@@ -74,13 +74,6 @@ def _load_with_placeholders(path: Path, kind: str) -> tuple[Any, list[str]]:
     placeholder: the tensors are read, and no code named by the file runs. (checkpoint, replaced names)."""
     if kind != "zip":  # the names a legacy pickle file refers to are not listed by torch
         raise refuse_pickle(path, "a legacy torch.save file with non-tensor objects")
-    serialization = torch.serialization
-    if not hasattr(serialization, "get_unsafe_globals_in_checkpoint") or not hasattr(
-        serialization, "safe_globals"
-    ):  # both public since torch 2.5; the package allows 2.4
-        raise refuse_pickle(
-            path, f"listing and replacing them needs torch >= 2.5, this is {torch.__version__}"
-        )
     try:
         names = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
     except Exception as err:

@@ -55,13 +55,6 @@ MIM_FIELDS = {
 }
 
 
-def official_to_ours(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The authors' `MaskTransformerUncond` tensors under our names (`HyperSetForMaskedImageModeling`)."""
-    ours = {OFFICIAL_TO_OURS[key]: value for key, value in state.items() if key not in _DERIVED}
-    ours["hyperset.layers.0.attention.qkv_gain"] = state["transformer.ln1.weight"][None]
-    return ours
-
-
 class HyperSetMIMSource(OfficialSource):
     """`mim/models.py` `MaskTransformerUncond(model="hyper-set")` (huyunzhe/hyper-set)."""
 
