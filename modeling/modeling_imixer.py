@@ -688,26 +688,29 @@ def _normalized(rows: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def refine_spectral_norms(
-    targets: list[tuple[IMixerSpectralNorm, torch.Tensor]],
-    num_iterations: int | None = None,
-    only_if_changed: bool = False,
+    targets: list[tuple[IMixerSpectralNorm, torch.Tensor]], only_if_changed: bool = False
 ) -> None:
-    """`IMixerSpectralNorm.power_iteration` of each (parametrization, W) pair of `targets`, the weights of one
-    shape, dtype and device stacked into one batch: k steps v ← n(Wᵀu), u ← n(Wv) for all of them at once.
+    """The power iteration of the σ estimates: for each (parametrization, W) pair of `targets`, k =
+    `config.spectral_norm_power_iterations` steps v ← n(Wᵀu), u ← n(Wv), written into the parametrization's
+    buffers u, v. The weights of one shape, dtype and device are stacked into one batch and stepped at once.
+    With `only_if_changed` (the `per_optimizer_step` schedule), a weight keeps its old u, v unless it changed
+    (any bit, as an optimiser step changes it) since the last refinement, or there was none.
 
-    Per weight the result is that of its own power iteration, up to rounding: the batched products sum in
-    another order than a matrix-vector product of one weight. One batch rather than a loop over weights keeps
-    the number of (tiny) kernels per training forward independent of the number of blocks.
+    Every schedule of `config.spectral_norm_schedule` calls this in training mode: `IMixerModel.forward` before
+    the first block (`per_forward`, `per_optimizer_step`), `IMixerTokenMixing.solve` before every application of
+    F (`per_call`). Per weight the result is that of its own power iteration, up to rounding: the batched
+    products sum in another order than a matrix-vector product of one weight. One batch rather than a loop over
+    weights keeps the number of (tiny) kernels per training forward independent of the number of blocks.
     """
     groups: dict[tuple, list[tuple[IMixerSpectralNorm, torch.Tensor]]] = {}
     for norm, weight in targets:
         if only_if_changed and not hasattr(norm, "refined_weight"):
             raise ValueError(
-                "power_iteration(only_if_changed=True) needs the stored weight of "
-                "spectral_norm_schedule='per_optimizer_step', but this model was built with "
-                "another schedule; build it with config.spectral_norm_schedule='per_optimizer_step'."
+                "only_if_changed=True needs the copy of W that spectral_norm_schedule='per_optimizer_step' "
+                "stores, but this model was built with another schedule; pass only_if_changed=False, or build "
+                "it with config.spectral_norm_schedule='per_optimizer_step'."
             )
-        steps = norm.num_power_iterations if num_iterations is None else num_iterations
+        steps = norm.num_power_iterations
         key = (tuple(weight.shape), weight.dtype, weight.device, steps)
         groups.setdefault(key, []).append((norm, weight))
     for (*_, steps), group in groups.items():
@@ -754,9 +757,10 @@ class IMixerSpectralNorm(nn.Module):
 
     W ↦ W / max(1, σ/c) with σ = uᵀWv (differentiable in W), so a weight whose σ is below c is used
     unchanged. u, v are persistent buffers (saved with the checkpoint, so eval outputs survive a
-    save/load exactly); `power_iteration` refines them and runs in training mode only, for a weight whose
-    parameter requires grad, on the schedule of `config.spectral_norm_schedule` (see `IMixerModel.forward`).
-    c is `config.contractive_coeff`.
+    save/load exactly); the module-level `refine_spectral_norms` refines them, in training mode only, for a
+    weight whose parameter requires grad, on the schedule of `config.spectral_norm_schedule` (see
+    `IMixerModel.forward`), or when `IMixerTokenMixing.update_spectral_norms` is called. c is
+    `config.contractive_coeff`.
     """
 
     def __init__(self, config: IMixerConfig, weight: torch.Tensor) -> None:
@@ -770,21 +774,14 @@ class IMixerSpectralNorm(nn.Module):
         self.register_buffer("u", _unit_start(weight.new_empty(out_features)))
         self.register_buffer("v", _unit_start(weight.new_empty(in_features)))
         if config.spectral_norm_schedule == "per_optimizer_step":
-            # What `power_iteration(only_if_changed=True)` compares W with: W as it was at the last refinement,
-            # and whether there was one. Tensors, not Python attributes, so the comparison is traceable
-            # (torch.compile(fullgraph=True) of a training forward); non-persistent, so checkpoints and
+            # What `refine_spectral_norms(..., only_if_changed=True)` compares W with: W as it was at the last
+            # refinement, and whether there was one. Tensors, not Python attributes, so the comparison is
+            # traceable (torch.compile(fullgraph=True) of a training forward); non-persistent, so checkpoints and
             # state_dict keys are the same for every schedule. `_init_weights` resets them (meta-device init).
             self.register_buffer("refined_weight", torch.zeros_like(weight.detach()), persistent=False)
             self.register_buffer(
                 "refined", torch.zeros((), dtype=torch.bool, device=weight.device), persistent=False
             )
-
-    def power_iteration(
-        self, weight: torch.Tensor, num_iterations: int | None = None, only_if_changed: bool = False
-    ) -> None:
-        """k steps v ← n(Wᵀu), u ← n(Wv), written into the buffers; with `only_if_changed`, kept only when W
-        changed (any bit, as an optimiser step changes it) since the last refinement, or there was none."""
-        refine_spectral_norms([(self, weight)], num_iterations, only_if_changed)
 
     def _fingerprint(self, weight: torch.Tensor) -> tuple[int, ...] | None:
         """Storage and in-place version of W and of the comparison state (None for inference tensors, which
@@ -1237,9 +1234,11 @@ class IMixerTokenMixing(nn.Module):
             )
 
     def update_spectral_norms(self, only_if_changed: bool = False) -> None:
-        """Refine the σ estimates (u, v) of F's spectrally normalised weights by power iteration (training-mode
-        forwards call it on the schedule of `config.spectral_norm_schedule`); with `only_if_changed`, only for a
-        weight that changed since the last refinement."""
+        """Refine the σ estimates (u, v) of all of F's spectrally normalised weights, frozen ones included, by
+        `refine_spectral_norms`; with `only_if_changed` (a `per_optimizer_step` model only), only those of a
+        weight that changed since the last refinement. Training forwards do not call this: they call
+        `refine_spectral_norms` directly, for the trainable weights only. Call it by hand, e.g. to refine the
+        estimates of weights you are about to freeze (a frozen weight is not refined in training)."""
         refine_spectral_norms(self.spectral_norm_targets(), only_if_changed=only_if_changed)
 
     def spectral_norm_targets(

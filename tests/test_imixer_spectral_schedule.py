@@ -15,6 +15,7 @@ import torch
 from fixtures import Case, assert_differs, perturb, rounding
 
 from energyformers import IMixerForImageClassification
+from energyformers.modeling.modeling_imixer import refine_spectral_norms
 
 IMAGE = Case.of(IMixerForImageClassification)
 
@@ -163,12 +164,21 @@ def test_init_weights_resets_the_comparison_state():
     assert norm.refined.item()
 
 
-def test_only_if_changed_without_the_stored_weight_raises():
-    layer = IMAGE.build().imixer.layers[0].token_mixing.fc_sn1  # per_forward: no stored weight
-    norm = layer.parametrizations.weight[0]
-    assert not hasattr(norm, "refined_weight")
-    with pytest.raises(ValueError, match="spectral_norm_schedule='per_optimizer_step'"):
-        norm.power_iteration(layer.parametrizations.weight.original, only_if_changed=True)
+@pytest.mark.parametrize("caller", ["refine_spectral_norms", "update_spectral_norms"])
+def test_only_if_changed_without_the_stored_weight_raises(caller):
+    mixer = IMAGE.build().imixer.layers[0].token_mixing  # per_forward: no stored weight
+    targets = mixer.spectral_norm_targets()
+    assert not any(hasattr(norm, "refined_weight") for norm, _ in targets)
+    before = [norm.u.clone() for norm, _ in targets]
+    with pytest.raises(
+        ValueError, match=r"only_if_changed=True .*spectral_norm_schedule='per_optimizer_step'"
+    ):
+        if caller == "refine_spectral_norms":
+            refine_spectral_norms(targets, only_if_changed=True)
+        else:
+            mixer.update_spectral_norms(only_if_changed=True)
+    for (norm, _), u in zip(targets, before, strict=True):  # refused before any power step
+        assert torch.equal(norm.u, u), f"u changed by a refused refinement: {u.tolist()} -> {norm.u.tolist()}"
 
 
 def test_eager_shortcut_sees_version_tracked_writes_and_misses_writes_through_data():
