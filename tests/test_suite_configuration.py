@@ -157,7 +157,8 @@ def test_the_suite_reads_transformers_tests_from_the_cache_only(tmp_path, monkey
 
 def test_a_missing_or_broken_transformers_suite_costs_only_its_own_module(tmp_path):
     """With an empty suite cache and an unreachable package index, tests/test_transformers_common.py is skipped
-    (failed under CI=true), naming the fetch command; with a broken archive in the cache it fails. Either way a
+    (failed under CI=true), naming the fetch command; with a broken archive in the cache it fails. So does
+    tests/test_mim_common.py, which runs that module's suite (not 0 tests collected, which passes). Either way a
     sibling file in the same session runs: no collection error stops the session."""
     sibling = "test_xdist_sends_whole_files_to_one_process_unless_dist_is_given"
     (tmp_path / "broken").mkdir()
@@ -168,13 +169,17 @@ def test_a_missing_or_broken_transformers_suite_costs_only_its_own_module(tmp_pa
     # were pip run, it would find no index (the port is closed) and no configured mirror or wheel folder
     env |= {"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_FIND_LINKS": ""}
     args = [sys.executable, "-m", "pytest", "-rA", *"-p no:cacheprovider -p no:xdist -p no:randomly".split()]
-    args += ["tests/test_transformers_common.py", "tests/test_suite_configuration.py"]
+    args += [
+        "tests/test_transformers_common.py",
+        "tests/test_mim_common.py",
+        "tests/test_suite_configuration.py",
+    ]
     args += ["-k", f"{sibling} or test_common_suite_is_fetched"]
-    # (cache, CI) -> the outcome of test_transformers_common.py, and what its report says
+    # (cache, CI) -> the outcome of test_transformers_common.py and of test_mim_common.py, and what their reports say
     cases = {
-        ("empty", "true"): ("FAILED", "1 failed", "make data"),
-        ("empty", ""): ("SKIPPED", "1 skipped", "make data"),
-        ("broken", ""): ("FAILED", "1 failed", "did not import"),
+        ("empty", "true"): ("FAILED", "2 failed", "make data"),
+        ("empty", ""): ("SKIPPED", "2 skipped", "make data"),
+        ("broken", ""): ("FAILED", "2 failed", "did not import"),
     }
     commands = {
         (cache, ci): dict(
@@ -192,10 +197,12 @@ def test_a_missing_or_broken_transformers_suite_costs_only_its_own_module(tmp_pa
         assert ran > 0 and f"{ran} passed" in summary, f"{case}: the sibling file did not run:\n{output}"
         assert "error" not in summary and "Interrupted" not in output, f"{case}:\n{output}"
         assert count in summary and run.returncode == int(outcome == "FAILED"), f"{case}:\n{output}"
-        reported = re.search(rf"^{outcome} (\[1\] )?tests/test_transformers_common.py", output, re.M)
-        assert reported and says in output, (
-            f"{case}: no {outcome} test_transformers_common.py, {says!r}:\n{output}"
-        )
+        modules = ["test_transformers_common.py"]
+        if outcome == "FAILED":  # a module skip is reported where it was raised: both in one line, [2]
+            modules.append("test_mim_common.py")
+        for module in modules:
+            reported = re.search(rf"^{outcome} (\[\d\] )?tests/{module}", output, re.M)
+            assert reported and says in output, f"{case}: no {outcome} {module}, {says!r}:\n{output}"
 
 
 # Stand-ins for what .ci/install-data.sh calls, each logging its command line to $STUB_LOG: the interpreter (every
