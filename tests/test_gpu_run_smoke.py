@@ -209,3 +209,31 @@ def test_a_bad_stages_list_is_refused_before_any_work(tmp_path, arguments, messa
     assert done.returncode == 2 and message in done.stderr, (done.returncode, done.stderr)
     assert "install, attention, speed, sudoku" in done.stderr, done.stderr
     assert not out.exists() and done.stdout == "", done.stdout
+
+
+def test_fetch_wheels_reads_the_requirements_without_tomllib(tmp_path):
+    """fetch_wheels.sh's first step (the requirements to fetch, from pyproject.toml) under a Python without tomllib
+    and tomli (3.10 with nothing installed) gives what it gives with tomllib: pip's own copy of tomli reads it."""
+    script = (ROOT / "benchmarks" / "gpu" / "fetch_wheels.sh").read_text()
+    start = script.index("<<'PY'\n", script.index('"$WORK/roots.txt"')) + len("<<'PY'\n")
+    snippet = script[start : script.index("\nPY\n", start)]
+    outputs = {}
+    for blocked in ((), ("tomllib", "tomli")):
+        block = "".join(f"sys.modules[{name!r}] = None\n" for name in blocked)  # an import of it then fails
+        kornia = tmp_path / f"kornia-{len(blocked)}.txt"
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"import sys\n{block}{snippet}",
+                str(ROOT / "pyproject.toml"),
+                str(kornia),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, f"blocked {blocked}:\n{done.stderr}"
+        outputs[blocked] = (done.stdout, kornia.read_text())
+    roots, kornia = outputs[()]
+    assert "\nsafetensors" in f"\n{roots}" and "pytest>=8" in roots and kornia.startswith("kornia"), outputs
+    assert outputs[("tomllib", "tomli")] == outputs[()], outputs

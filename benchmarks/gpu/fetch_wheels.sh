@@ -56,9 +56,17 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
 # The roots: the package's requirements except the ones the GPU machine has and kornia (its requirement goes to
-# kornia.txt, fetched --no-deps: its requirements pull torch), plus the test runner.
+# kornia.txt, fetched --no-deps: its requirements pull torch), plus the test runner. Python 3.10 has no tomllib:
+# tomli, or else the copy pip vendors (this script needs pip anyway), so that no package has to be installed first.
 "$PYTHON" - "$ROOT/pyproject.toml" "$WORK/kornia.txt" >"$WORK/roots.txt" <<'PY'
-import re, sys, tomllib
+import re, sys
+try:
+    import tomllib
+except ModuleNotFoundError:
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        from pip._vendor import tomli as tomllib
 requirements = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
 skip = {"torch", "transformers", "accelerate", "triton", "numpy", "kornia"}
 for requirement in requirements + ["pytest>=8"]:
