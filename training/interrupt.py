@@ -17,7 +17,8 @@ does (`stopping_at_once`), so the staging folder it writes its output in (`stagi
 Every command that replaces a folder (`train`, `export`, `convert`) holds the folder's lock (`locked_output_dir`)
 while it repairs what a kill between `publish`'s two renames left (`restore_interrupted_publish`) and renames the
 finished stage onto it (`publish`); `inspect` holds it while it draws its report and moves it into the folder, and
-`convert --reverse` the lock of its file while it stages the file and its JSON and moves both in (`publish_files`). What
+`convert --reverse` the lock of its file while it repairs, as one pair, what a kill inside `publish_files` left
+(`restore_interrupted_publish_files`), stages the file and its JSON and moves both in (`publish_files`). What
 a killed command left beside a folder is judged by one rule (`left_by`): removed or put back when its process, named
 in the leftover's name with its host, is gone; left, with a warning, when it is another machine's.
 """
@@ -282,12 +283,16 @@ def leftovers(out: Path, pattern: str) -> tuple[list[Path], list[Path]]:
 STAGING_MARK = ".partial-"
 
 
+def _staging_pattern(out: Path) -> str:
+    """The names of `out`'s staging folders (`staging_folder`; without pid and host from older versions)."""
+    return rf"\.{re.escape(out.name)}{re.escape(STAGING_MARK)}(?:(?P<pid>\d+)@(?P<host>.+)-)?[^-@]+"
+
+
 def stale_staging(out: Path) -> tuple[list[Path], list[Path]]:
     """The staging folders of `out` beside it that no running command of this machine owns (`left_by`): (those of a
     process that is gone, those whose owner cannot be told: another machine's, or named `.<out>.partial-<random>`,
     without pid and host)."""
-    pattern = rf"\.{re.escape(out.name)}{re.escape(STAGING_MARK)}(?:(?P<pid>\d+)@(?P<host>.+)-)?[^-@]+"
-    gone, unknown = leftovers(out, pattern)
+    gone, unknown = leftovers(out, _staging_pattern(out))
     return [p for p in gone if is_real_folder(p)], [p for p in unknown if is_real_folder(p)]
 
 
@@ -421,12 +426,16 @@ def replaced_name(output_dir: Path) -> Path:
     return output_dir.with_name(f".{output_dir.name}{REPLACED_MARK}{os.getpid()}@{socket.gethostname()}")
 
 
+def _replaced_pattern(output_dir: Path) -> str:
+    """The names of the hidden copies (`replaced_name`) of `output_dir`'s previous folders."""
+    return rf"\.{re.escape(output_dir.name)}{re.escape(REPLACED_MARK)}(?P<pid>\d+)(?:@(?P<host>.+))?"
+
+
 def replaced_names(output_dir: Path) -> tuple[list[Path], list[Path]]:
     """The hidden copies (`replaced_name`) that `publish` moved the previous folder to and no running command of this
     machine owns (`left_by`): (those of processes that are gone, newest first: a kill between its renames, or before
     it removed the copy; those of another machine, whose process cannot be told)."""
-    pattern = rf"\.{re.escape(output_dir.name)}{re.escape(REPLACED_MARK)}(?P<pid>\d+)(?:@(?P<host>.+))?"
-    gone, unknown = leftovers(output_dir, pattern)
+    gone, unknown = leftovers(output_dir, _replaced_pattern(output_dir))
     return sorted(gone, key=lambda path: path.lstat().st_ctime, reverse=True), unknown
 
 
@@ -533,9 +542,10 @@ def publish_files(staged: list[tuple[Path, Path]]) -> None:
 
 
 def _owner(path: Path, pattern: str) -> tuple[str, str]:
-    """The pid and host a hidden entry's name carries (`pattern` matched it in `leftovers`; no host: this machine)."""
+    """The pid and host a hidden entry's name carries (`pattern` matched it in `leftovers` with a pid; no host: this
+    machine)."""
     match = re.fullmatch(pattern, path.name)
-    assert match is not None
+    assert match is not None and match.group("pid") is not None, (path, pattern)
     return match.group("pid"), match.group("host") or socket.gethostname()
 
 
@@ -554,25 +564,21 @@ def restore_interrupted_publish_files(out: Path, targets: list[Path]) -> None:
     (`remove_stale_staging`). Old copies without their command's staging folder (removed by hand) go back where a
     target is missing, all of that command's, else are removed. Another machine's leftovers are left, with a
     warning (one line on stderr for each)."""
-    old_pattern = {
-        t: rf"\.{re.escape(t.name)}{re.escape(REPLACED_MARK)}(?P<pid>\d+)(?:@(?P<host>.+))?" for t in targets
-    }
     olds: dict[tuple[str, str], dict[Path, Path]] = {}
     for target in targets:
         gone, unknown = replaced_names(target)
         for old in gone:
-            olds.setdefault(_owner(old, old_pattern[target]), {}).setdefault(target, old)
+            olds.setdefault(_owner(old, _replaced_pattern(target)), {}).setdefault(target, old)
         for old in unknown:
             print(
                 f"warning: {old} looks left by a command of another machine killed while replacing {target}; if "
                 f"nothing is writing there now, rename it to {target.name} (when that is missing) or delete it",
                 file=sys.stderr,
             )
-    staging_pattern = rf"\.{re.escape(out.name)}{re.escape(STAGING_MARK)}(?P<pid>\d+)@(?P<host>.+)-[^-@]+"
     stagings: dict[tuple[str, str], Path] = {}
-    for staging in stale_staging(out)[0]:
-        if re.fullmatch(staging_pattern, staging.name) and (staging / PUBLISHING_MARK).exists():
-            stagings[_owner(staging, staging_pattern)] = staging
+    for staging in stale_staging(out)[0]:  # gone: named with a pid
+        if (staging / PUBLISHING_MARK).exists():
+            stagings[_owner(staging, _staging_pattern(out))] = staging
     for owner in sorted(set(olds) | set(stagings)):
         aside, staging = olds.get(owner, {}), stagings.get(owner)
         if staging is not None:
@@ -589,8 +595,13 @@ def restore_interrupted_publish_files(out: Path, targets: list[Path]) -> None:
                     "moved all its files in",
                     file=sys.stderr,
                 )
-            elif unfinished and staging is not None and not (staging / target.name).exists():
-                Path(target).unlink(missing_ok=True)  # its new file, where there was none before
+            elif (
+                unfinished
+                and staging is not None
+                and not (staging / target.name).exists()
+                and target.exists()
+            ):
+                target.unlink()  # its new file, where there was none before
                 print(
                     f"warning: removed {target}, which a run killed while writing {names} had moved in alone",
                     file=sys.stderr,
