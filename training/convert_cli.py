@@ -13,6 +13,7 @@ from pathlib import Path
 from .cli import CommandParser, UsageError, check_output_file, check_output_folder, run_command
 from .convert.released import HUB_REPO, RELEASED, released_file, unavailable_message
 from .convert.sources import SOURCE_MODELS, reverse_input_problem
+from .interrupt import publish_leftovers
 from .weights import checkpoint_format
 
 # The keys of `convert.SOURCES` and `convert.DTYPES` (a test checks they stay equal).
@@ -151,7 +152,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
         problem = reverse_input_problem(args.source, args.checkpoint)
         if problem is not None:
             raise UsageError(problem)
-        check_output_file(args.output, "--output", "--overwrite", overwrite=args.overwrite)
+        output = Path(args.output).expanduser()
+        # what a killed conversion to --output left is repaired first, under the file's lock (`export_official`),
+        # and the file checked then: it may be the half-published file that goes back to the previous pair
+        repaired = publish_leftovers(output, [output, output.with_suffix(".json")])
+        check_output_file(
+            args.output, "--output", None if repaired else "--overwrite", overwrite=args.overwrite
+        )
         return args
     released = released_file(args.checkpoint)
     if released is not None and released.source is None:  # refused before the file is even opened

