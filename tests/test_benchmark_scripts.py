@@ -221,7 +221,9 @@ def test_speed_only_merges_its_rows_into_the_existing_results(speed, tmp_path, m
         if row["model"] != hyperbf["model"]:
             before_row = next(old for old in committed["pairs"] if old["model"] == row["model"])
             origin = {key: before_row.get(key, committed.get(key)) for key in ("run", "setting")}
-            assert {key: row.get(key) for key in origin} == origin and row | origin == before_row | origin, row
+            assert {key: row.get(key) for key in origin} == origin and row | origin == before_row | origin, (
+                row
+            )
     assert len(merged["compile_time"]) == len(committed["compile_time"]), merged["compile_time"]
     md = (tmp_path / "speed.md").read_text()
     assert md.count("|") > 0 and all(f"| {name}" in md for name in names), md
