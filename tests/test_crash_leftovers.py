@@ -263,7 +263,7 @@ def export_or_convert(
     ("command", "refusal"),
     [
         ("export", "OUT_DIR {out}: the folder exists and is not empty; pass --overwrite"),
-        ("convert", "output folder {out} exists and is not empty; pass --overwrite"),
+        ("convert", "--output_dir {out}: the folder exists and is not empty; pass --overwrite"),
     ],
 )
 def test_export_and_convert_killed_between_their_two_renames_are_repaired_by_the_next_one(
@@ -293,6 +293,44 @@ def test_export_and_convert_killed_between_their_two_renames_are_repaired_by_the
     assert main([*argv, "--overwrite"]) == 0
     assert f"warning: restored {out} from {hidden.name}" in capsys.readouterr().err
     assert siblings(out) == ["written"] and (out / "config.json").is_file(), siblings(out)
+
+
+@pytest.mark.parametrize("command", ["train", "export", "convert"])
+def test_a_command_killed_after_moving_its_folder_in_is_repaired_by_a_rerun_without_overwrite(
+    command: str, trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What `train`, `export` or `convert` killed between `publish`'s second rename and the removal of the folder it
+    replaced leaves: the new folder in place, the previous one in `.<out>.old-<pid>@<host>` of a dead process. The
+    next command to that folder without --overwrite (--overwrite_output_dir) removes the copy (one line naming it),
+    then refuses as for any folder there (the usual one line, status 2): nothing is left hidden beside the folder,
+    which stays as it was. The code before this check refused at once and left the copy."""
+    from energyformers.training import train
+
+    out = tmp_path / "written"
+    out.mkdir()
+    (out / "config.json").write_text("the new folder\n")
+    hidden = out.with_name(f".{out.name}.old-{dead_pid()}@{socket.gethostname()}")
+    hidden.mkdir()
+    (hidden / "config.json").write_text("the previous folder\n")
+    if command == "train":
+        main, argv, flag = train.main, ["--output_dir", str(out), *TINY], "--output_dir"
+        overwrite_flag = "--overwrite_output_dir"
+    else:
+        main, argv, flag = export_or_convert(command, trained, tmp_path, out)
+        overwrite_flag = "--overwrite"
+    capsys.readouterr()
+
+    status = main(argv)
+    err = capsys.readouterr().err
+    refusal = (
+        f"energyformers {command}: error: {flag} {out}: the folder exists and is not empty; pass {overwrite_flag} "
+        "or choose another folder"
+    )
+    assert status == 2 and refusal in err.splitlines(), (status, err)
+    assert f"warning: removed {hidden}, the previous written a run killed while replacing it had left" in err, err
+    assert siblings(out) == ["written"], siblings(out)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"], sorted(out.iterdir())
+    assert (out / "config.json").read_text() == "the new folder\n"
 
 
 @pytest.mark.parametrize("command", ["export", "convert"])

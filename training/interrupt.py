@@ -550,8 +550,11 @@ def _owner(path: Path, pattern: str) -> tuple[str, str]:
 
 
 def publish_leftovers(out: Path, targets: list[Path]) -> bool:
-    """Whether a command writing `targets` through `publish_files` in a staging folder of `out` (`staging_folder`)
-    left anything beside them (a staging folder, a moved-aside old file) that is not a running command's."""
+    """Whether a command writing `targets` in a staging folder of `out` (`staging_folder`) and moving them in
+    (`publish_files`; a folder `out` replaced by `publish`: `targets` is `[out]`) left anything beside them (a
+    staging folder, a moved-aside old copy) that is not a running command's: its repair
+    (`restore_interrupted_publish_files`, `restore_interrupted_publish`) may change what is there, so a command
+    checks whether it may replace them after it, not before."""
     return any(stale_staging(out)) or any(any(replaced_names(target)) for target in targets)
 
 
