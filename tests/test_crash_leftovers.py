@@ -327,7 +327,9 @@ def test_a_command_killed_after_moving_its_folder_in_is_repaired_by_a_rerun_with
         "or choose another folder"
     )
     assert status == 2 and refusal in err.splitlines(), (status, err)
-    assert f"warning: removed {hidden}, the previous written a run killed while replacing it had left" in err, err
+    assert (
+        f"warning: removed {hidden}, the previous written a run killed while replacing it had left" in err
+    ), err
     assert siblings(out) == ["written"], siblings(out)
     assert sorted(p.name for p in out.iterdir()) == ["config.json"], sorted(out.iterdir())
     assert (out / "config.json").read_text() == "the new folder\n"

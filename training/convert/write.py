@@ -157,7 +157,9 @@ def convert_checkpoint(
         # the previous folder back from where a command killed between its two renames left it, then checked as such
         restore_interrupted_publish(out)
         # worded as the command line's check, which leaves this one to refuse when a killed conversion left something
-        check_output_folder(output_dir, "--output_dir", "--overwrite", overwrite=overwrite, error=ConversionError)
+        check_output_folder(
+            output_dir, "--output_dir", "--overwrite", overwrite=overwrite, error=ConversionError
+        )
         return write_conversion(
             source,
             released,
