@@ -16,10 +16,11 @@ A command without steps to finish (`export`, `convert`, `inspect`) stops at once
 does (`stopping_at_once`), so the staging folder it writes its output in (`staging_folder`) is removed either way.
 Every command that replaces a folder (`train`, `export`, `convert`) holds the folder's lock (`locked_output_dir`)
 while it repairs what a kill between `publish`'s two renames left (`restore_interrupted_publish`) and renames the
-finished stage onto it (`publish`); `inspect` holds it while it draws its report and moves it into the folder, and
-`convert --reverse` the lock of its file while it repairs, as one pair, what a kill inside `publish_files` left
-(`restore_interrupted_publish_files`), stages the file and its JSON and moves both in (`publish_files`). What
-a killed command left beside a folder is judged by one rule (`left_by`): removed or put back when its process, named
+finished stage onto it (`publish`); `inspect` holds it while it repairs the same, draws its report and moves it into
+the folder, and `convert --reverse` the lock of its file while it repairs, as one pair, what a kill inside
+`publish_files` left (`restore_interrupted_publish_files`), stages the file and its JSON and moves both in
+(`publish_files`). Each checks whether it may replace what is there only after its repair, which may change it
+(`publish_leftovers`: whether there is anything to repair). What a killed command left beside a folder is judged by one rule (`left_by`): removed or put back when its process, named
 in the leftover's name with its host, is gone; left, with a warning, when it is another machine's.
 """
 
