@@ -263,7 +263,7 @@ def export_or_convert(
     ("command", "refusal"),
     [
         ("export", "OUT_DIR {out}: the folder exists and is not empty; pass --overwrite"),
-        ("convert", "output folder {out} exists and is not empty; pass --overwrite"),
+        ("convert", "--output_dir {out}: the folder exists and is not empty; pass --overwrite"),
     ],
 )
 def test_export_and_convert_killed_between_their_two_renames_are_repaired_by_the_next_one(
@@ -293,6 +293,50 @@ def test_export_and_convert_killed_between_their_two_renames_are_repaired_by_the
     assert main([*argv, "--overwrite"]) == 0
     assert f"warning: restored {out} from {hidden.name}" in capsys.readouterr().err
     assert siblings(out) == ["written"] and (out / "config.json").is_file(), siblings(out)
+
+
+@pytest.mark.parametrize("command", ["train", "export", "convert", "inspect"])
+def test_a_command_killed_after_moving_its_folder_in_is_repaired_by_a_rerun_without_overwrite(
+    command: str, trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What `train`, `export` or `convert` killed between `publish`'s second rename and the removal of the folder it
+    replaced leaves: the new folder in place, the previous one in `.<out>.old-<pid>@<host>` of a dead process. The
+    next command to that folder (an `inspect` too) without --overwrite (--overwrite_output_dir) removes the copy (one
+    line naming it), then refuses as for any folder there (the usual one line, status 2): nothing is left hidden
+    beside the folder, which stays as it was. The code before this check refused at once and left the copy."""
+    from energyformers.training import inspect, train
+
+    out = tmp_path / "written"
+    out.mkdir()
+    (out / "config.json").write_text("the new folder\n")
+    hidden = out.with_name(f".{out.name}.old-{dead_pid()}@{socket.gethostname()}")
+    hidden.mkdir()
+    (hidden / "config.json").write_text("the previous folder\n")
+    if command in ("train", "inspect"):
+        main, first = (train.main, TINY) if command == "train" else (inspect.main, ["--landscape"])
+        argv, flag, overwrite_flag = (
+            [*first, "--output_dir", str(out)],
+            "--output_dir",
+            "--overwrite_output_dir",
+        )
+    else:
+        main, argv, flag = export_or_convert(command, trained, tmp_path, out)
+        overwrite_flag = "--overwrite"
+    capsys.readouterr()
+
+    status = main(argv)
+    err = capsys.readouterr().err
+    refusal = (
+        f"energyformers {command}: error: {flag} {out}: the folder exists and is not empty; pass {overwrite_flag} "
+        "or choose another folder"
+    )
+    assert status == 2 and refusal in err.splitlines(), (status, err)
+    assert (
+        f"warning: removed {hidden}, the previous written a run killed while replacing it had left" in err
+    ), err
+    assert siblings(out) == ["written"], siblings(out)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"], sorted(out.iterdir())
+    assert (out / "config.json").read_text() == "the new folder\n"
 
 
 @pytest.mark.parametrize("command", ["export", "convert"])
@@ -436,6 +480,40 @@ def test_an_inspect_is_refused_while_another_one_writes_the_same_folder(
     written = sorted(p.name for p in out.iterdir())
     assert written == ["energy_landscape.png", "inspect.json"], written
     assert siblings(out) == ["report"], siblings(out)
+
+
+@pytest.mark.parametrize("previous", [["config.json"], []], ids=["non-empty", "empty"])
+def test_an_inspect_puts_back_a_folder_a_killed_publish_had_moved_aside(
+    previous: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A train, export or conversion killed between `publish`'s two renames left no folder, the previous one in
+    `.<out>.old-<pid>@<host>` of a dead process. An `inspect` into that folder puts it back first (one line naming
+    the copy), then refuses as for any folder there without --overwrite_output_dir (status 2), or, the folder being
+    empty, writes its report into it; nothing is left hidden beside it. The code before this wrote the report into
+    a new folder and left the copy, which the next train, export or conversion there would remove as replaced."""
+    from energyformers.training import inspect
+
+    out = tmp_path / "report"
+    hidden = out.with_name(f".{out.name}.old-{dead_pid()}@{socket.gethostname()}")
+    hidden.mkdir()
+    for name in previous:
+        (hidden / name).write_text("the previous folder\n")
+    capsys.readouterr()
+    status = inspect.main(["--landscape", "--output_dir", str(out)])
+    err = capsys.readouterr().err
+    assert f"warning: restored {out} from {hidden.name}" in err, (status, err)
+    assert siblings(out) == ["report"], siblings(out)
+    if previous:
+        refusal = (
+            f"energyformers inspect: error: --output_dir {out}: the folder exists and is not empty; pass "
+            "--overwrite_output_dir or choose another folder"
+        )
+        assert status == 2 and refusal in err.splitlines(), (status, err)
+        assert sorted(p.name for p in out.iterdir()) == previous, sorted(out.iterdir())
+    else:
+        assert status == 0, err
+        written = sorted(p.name for p in out.iterdir())
+        assert written == ["energy_landscape.png", "inspect.json"], written
 
 
 def test_a_stopped_inspect_leaves_the_old_report_whole(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..tokenizer_fit import MIM_TASK, TOKENIZER_CONFIG_NAME
 from .cli import CommandParser, UsageError, UsageErrorParserMixin, check_output_folder
+from .interrupt import publish_leftovers
 from .recipes import RECIPES, AugmentationArguments, split_recipe
 from .weights import SHOWN_JSON, JSONNestingError, parse_json
 
@@ -1425,12 +1426,18 @@ def output_folder(work_dir: Path) -> Path:
     return work_dir.with_name(work_dir.name.removesuffix(WORK_SUFFIX))
 
 
-def check_output_dir(output_dir: str, overwrite: bool) -> None:
+def check_output_dir(output_dir: str, overwrite: bool, *, repaired: bool = False) -> None:
     """`--output_dir` names a folder (new, empty, or replaced with --overwrite_output_dir), never a file: a file
     there is refused whatever the flags, since replacing it with a model folder is not what anyone meant.
 
-    Checked while the arguments are parsed (no torch yet) and again by `setup.output_paths` when the run starts."""
-    path = str(check_output_folder(output_dir, "--output_dir", "--overwrite_output_dir", overwrite=overwrite))
+    Checked while the arguments are parsed (no torch yet) and again by `setup.output_paths` when the run starts,
+    before and after (`repaired`) it repairs what a run killed inside `publish` left: before, a folder with such
+    leftovers beside it is not refused for being taken, since the repair may put its previous folder back or
+    leave it (and only it) there."""
+    folder = Path(os.path.abspath(Path(output_dir).expanduser()))
+    leftovers = not repaired and publish_leftovers(folder, [folder])
+    overwrite_flag = None if leftovers else "--overwrite_output_dir"
+    path = str(check_output_folder(output_dir, "--output_dir", overwrite_flag, overwrite=overwrite))
     checkpoints = str(work_folder(Path(os.path.abspath(path))))
     if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
         raise UsageError(

@@ -49,7 +49,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .cli import CommandParser, UsageError, check_model_source, check_output_folder, run_command
 from .evaluate import FAMILY_DEPTH_ARGUMENTS, SPLITS, load_config
-from .interrupt import deferring_stops, locked_output_dir, staging_folder
+from .interrupt import (
+    deferring_stops,
+    locked_output_dir,
+    publish_leftovers,
+    restore_interrupted_publish,
+    staging_folder,
+)
 from .predict import (
     MIM_RANGES,
     MIM_SCHEDULES,
@@ -1066,9 +1072,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     as `train`, `export` and `convert` hold theirs) is held throughout: two commands writing one folder would mix
     their figures under one inspect.json, and a run training into it would replace it."""
     output_dir = Path(args.output_dir)
-    with locked_output_dir(args.output_dir, flag="--output_dir"), staging_folder(output_dir) as staging:
-        report = draw_report(args, staging)
-        move_report(report, staging, output_dir)
+    with locked_output_dir(args.output_dir, flag="--output_dir"):
+        # a folder a killed train, export or conversion had moved aside comes back (else its copy, hidden beside the
+        # report written here, would be taken for one the folder replaced and removed by the next of them), and the
+        # folder is checked as the repair left it
+        restore_interrupted_publish(output_dir.expanduser())
+        check_report_folder(args)
+        with staging_folder(output_dir) as staging:
+            report = draw_report(args, staging)
+            move_report(report, staging, output_dir)
     return report
 
 
@@ -1315,19 +1327,30 @@ def parse(argv: list[str]) -> argparse.Namespace:
     folder = check_model_source(args.model_dir, "model folder") if args.model_dir is not None else None
     if folder is not None:
         check_local_model(args, folder)
-    # new or empty, as `train` and `export` want theirs, unless --overwrite_output_dir; the model folder itself may
-    # be written into (its figures and inspect.json go with it into `export`'s model card)
-    check_output_folder(
-        args.output_dir,
-        "--output_dir",
-        "--overwrite_output_dir",
-        overwrite=args.overwrite_output_dir,
-        allowed=folder,
-    )
+    # what a train, export or conversion killed inside `publish` left beside the folder is repaired first (`run`,
+    # under the folder's lock), and the folder refused for being taken then: the repair may change what is there
+    out = Path(args.output_dir).expanduser()
+    check_report_folder(args, None if publish_leftovers(out, [out]) else "--overwrite_output_dir")
     for name, value in MIM_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
     return args
+
+
+def check_report_folder(
+    args: argparse.Namespace, overwrite_flag: str | None = "--overwrite_output_dir"
+) -> None:
+    """--output_dir new or empty, as `train` and `export` want theirs, unless --overwrite_output_dir
+    (`overwrite_flag` None: not checked); the model folder itself may be written into (its figures and inspect.json
+    go with it into `export`'s model card)."""
+    model_folder = Path(args.model_dir).expanduser() if args.model_dir is not None else None
+    check_output_folder(
+        args.output_dir,
+        "--output_dir",
+        overwrite_flag,
+        overwrite=args.overwrite_output_dir,
+        allowed=model_folder if model_folder is not None and model_folder.is_dir() else None,
+    )
 
 
 def check_numbers(args: argparse.Namespace) -> None:

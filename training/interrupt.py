@@ -16,10 +16,11 @@ A command without steps to finish (`export`, `convert`, `inspect`) stops at once
 does (`stopping_at_once`), so the staging folder it writes its output in (`staging_folder`) is removed either way.
 Every command that replaces a folder (`train`, `export`, `convert`) holds the folder's lock (`locked_output_dir`)
 while it repairs what a kill between `publish`'s two renames left (`restore_interrupted_publish`) and renames the
-finished stage onto it (`publish`); `inspect` holds it while it draws its report and moves it into the folder, and
-`convert --reverse` the lock of its file while it repairs, as one pair, what a kill inside `publish_files` left
-(`restore_interrupted_publish_files`), stages the file and its JSON and moves both in (`publish_files`). What
-a killed command left beside a folder is judged by one rule (`left_by`): removed or put back when its process, named
+finished stage onto it (`publish`); `inspect` holds it while it repairs the same, draws its report and moves it into
+the folder, and `convert --reverse` the lock of its file while it repairs, as one pair, what a kill inside
+`publish_files` left (`restore_interrupted_publish_files`), stages the file and its JSON and moves both in
+(`publish_files`). Each checks whether it may replace what is there only after its repair, which may change it
+(`publish_leftovers`: whether there is anything to repair). What a killed command left beside a folder is judged by one rule (`left_by`): removed or put back when its process, named
 in the leftover's name with its host, is gone; left, with a warning, when it is another machine's.
 """
 
@@ -550,8 +551,11 @@ def _owner(path: Path, pattern: str) -> tuple[str, str]:
 
 
 def publish_leftovers(out: Path, targets: list[Path]) -> bool:
-    """Whether a command writing `targets` through `publish_files` in a staging folder of `out` (`staging_folder`)
-    left anything beside them (a staging folder, a moved-aside old file) that is not a running command's."""
+    """Whether a command writing `targets` in a staging folder of `out` (`staging_folder`) and moving them in
+    (`publish_files`; a folder `out` replaced by `publish`: `targets` is `[out]`) left anything beside them (a
+    staging folder, a moved-aside old copy) that is not a running command's: its repair
+    (`restore_interrupted_publish_files`, `restore_interrupted_publish`) may change what is there, so a command
+    checks whether it may replace them after it, not before."""
     return any(stale_staging(out)) or any(any(replaced_names(target)) for target in targets)
 
 

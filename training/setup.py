@@ -1240,9 +1240,10 @@ def output_paths(args: Arguments) -> Iterator[tuple[Path, Path]]:
     main_process = launch_rank() == 0  # the main process holds the run's lock; the others share its run
     # before anything of the run is read or written: another run on the folder is refused here
     with locked_output_dir(args.run.output_dir) if main_process else nullcontext():
-        if main_process and restore_interrupted_publish(output_dir):
-            # the folder is back: checked as if it had never gone
-            check_output_dir(args.run.output_dir, args.run.overwrite_output_dir)
+        if main_process:
+            restore_interrupted_publish(output_dir)
+            # the folder as the repair left it (back, or its copy removed): checked as if nothing had been left
+            check_output_dir(args.run.output_dir, args.run.overwrite_output_dir, repaired=True)
         yield output_dir, work_folder(output_dir)
 
 

@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from ..card import conversion_record, render_model_card
+from ..cli import check_output_folder
 from ..interrupt import (
     locked_output_dir,
     publish,
@@ -58,11 +59,6 @@ def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
 def _scaled(atol: float, expected: torch.Tensor) -> float:
     """The tolerance for logits `expected`: atol × max(1, max |logit|) (float32 rounding grows with the logits)."""
     return atol * max(1.0, float(expected.detach().abs().max()))
-
-
-def _check_output_dir(out: Path, overwrite: bool) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise ConversionError(f"output folder {out} exists and is not empty; pass --overwrite to replace it")
 
 
 def _set_default_permissions(*paths: Path) -> None:
@@ -160,7 +156,10 @@ def convert_checkpoint(
     with locked_output_dir(out, flag="--output_dir"):
         # the previous folder back from where a command killed between its two renames left it, then checked as such
         restore_interrupted_publish(out)
-        _check_output_dir(out, overwrite)
+        # worded as the command line's check, which leaves this one to refuse when a killed conversion left something
+        check_output_folder(
+            output_dir, "--output_dir", "--overwrite", overwrite=overwrite, error=ConversionError
+        )
         return write_conversion(
             source,
             released,
