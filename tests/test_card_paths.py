@@ -7,6 +7,7 @@ looped-Transformer baseline's), of a training run and of a converted checkpoint 
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,17 +17,34 @@ from energyformers.training.card import conversion_record, render_model_card
 from energyformers.training.export import export_model_dir, inspect_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def source_folders(root: Path) -> list[str]:
+    """`root`'s top-level folders holding .py or .md files, but not those git ignores: a user's run folders
+    (`runs/`, the README's `hub/` export) hold model cards and remote code of their own, and a docstring's example
+    path into them (`runs/mim`) names no repository file."""
+    candidates = sorted(
+        p.name
+        for p in root.iterdir()
+        if p.is_dir()
+        and p.name not in (".git", ".venv")
+        and not p.name.endswith(".egg-info")
+        and any(f.suffix in (".py", ".md") for f in p.rglob("*"))
+    )
+    try:
+        checked = subprocess.run(
+            ["git", "-C", str(root), "check-ignore", *candidates], capture_output=True, text=True, check=False
+        )
+    except FileNotFoundError:  # no git: every candidate counts
+        return candidates
+    ignored = {Path(line).name for line in checked.stdout.splitlines()}
+    return [name for name in candidates if name not in ignored]
+
+
 # The repository's top-level folders that hold sources or documentation (docs, tests, benchmarks, training,
 # model_cards, ...), read from the checkout so a new folder is covered; and its root files other than the LICENSE
 # an export carries and the README a card would name as itself.
-FOLDERS = sorted(
-    p.name
-    for p in ROOT.iterdir()
-    if p.is_dir()
-    and p.name not in (".git", ".venv")
-    and not p.name.endswith(".egg-info")
-    and any(f.suffix in (".py", ".md") for f in p.rglob("*"))
-)
+FOLDERS = source_folders(ROOT)
 ROOT_FILES = ("pyproject.toml", "Makefile")
 # a folder name followed by "/" that is not part of a longer path or URL (huggingface.co/<namespace>/...)
 REPOSITORY_PATH = re.compile(
@@ -41,6 +59,16 @@ def test_the_pattern_knows_the_repository_folders():
     text = "see docs/mim.md, (`tests/test_x.py` finds), huggingface.co/docs/x, path/to/a"
     found = REPOSITORY_PATH.findall(text)
     assert found == ["docs/mim.md", "tests/test_x.py"], found
+
+
+def test_folders_git_ignores_are_not_repository_folders(tmp_path):
+    """A run folder `make demo` or the README's export leaves in the checkout (git-ignored) is not the repository's."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("runs/\n/hub/\n")
+    for folder in ("docs", "runs/demo", "hub", "assets"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "README.md").write_text("x\n")
+    assert source_folders(tmp_path) == ["assets", "docs"], source_folders(tmp_path)
 
 
 def repository_paths(card: str) -> list[str]:
