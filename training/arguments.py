@@ -28,7 +28,6 @@ from typing import Any
 
 from ..tokenizer_fit import MIM_TASK, TOKENIZER_CONFIG_NAME
 from .cli import CommandParser, UsageError, UsageErrorParserMixin, check_output_folder
-from .interrupt import publish_leftovers
 from .recipes import RECIPES, AugmentationArguments, split_recipe
 from .weights import SHOWN_JSON, JSONNestingError, parse_json
 
@@ -1434,10 +1433,15 @@ def check_output_dir(output_dir: str, overwrite: bool, *, repaired: bool = False
     before and after (`repaired`) it repairs what a run killed inside `publish` left: before, a folder with such
     leftovers beside it is not refused for being taken, since the repair may put its previous folder back or
     leave it (and only it) there."""
-    folder = Path(os.path.abspath(Path(output_dir).expanduser()))
-    leftovers = not repaired and publish_leftovers(folder, [folder])
-    overwrite_flag = None if leftovers else "--overwrite_output_dir"
-    path = str(check_output_folder(output_dir, "--output_dir", overwrite_flag, overwrite=overwrite))
+    path = str(
+        check_output_folder(
+            output_dir,
+            "--output_dir",
+            "--overwrite_output_dir",
+            overwrite=overwrite,
+            repair_first=not repaired,
+        )
+    )
     checkpoints = str(work_folder(Path(os.path.abspath(path))))
     if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):
         raise UsageError(

@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
+from .interrupt import publish_leftovers
+
 # sub-command -> (module under energyformers.training, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": (
@@ -170,13 +172,17 @@ def check_output_folder(
     overwrite: bool = False,
     allowed: str | os.PathLike | None = None,
     error: type[Exception] = UsageError,
+    repair_first: bool = False,
 ) -> Path:
     """The folder a command writes into, checked before any work: never a file (whatever the flags: a file there is
     not what anyone meant to replace with a folder), nor under one, and writable (the folder, or where it does not
     exist yet, the nearest folder above it, in which it is created); and new or empty unless `overwrite`
     (`overwrite_flag`, how the caller spells it, is named in the message) or it is `allowed` (inspect may write into
     the model folder itself). `overwrite_flag=None`: a non-empty folder is fine (the command adds files of its own
-    names beside the others).
+    names beside the others). `repair_first`: the command repairs what one killed inside `publish` left beside the
+    folder (`restore_interrupted_publish`, under the folder's lock) and checks the folder again after that; where
+    such leftovers are found it is not refused here for being taken, since the repair may put its previous folder
+    back, or leave only the one moved in.
 
     Raises `error` (a `UsageError` for the command line; an API caller passes e.g. `FileExistsError`) worded
     `<flag> <path>: ...`, except that for an API caller a folder that cannot be created or written there is the
@@ -186,6 +192,8 @@ def check_output_folder(
     if os.path.lexists(folder) and not folder.is_dir():
         raise error(f"{flag} {path}: is a file, not a folder; name a folder to write into")
     _refuse_where_written(folder, flag, path, error)
+    if repair_first and publish_leftovers(folder.absolute(), [folder.absolute()]):
+        overwrite_flag = None
     if overwrite_flag is None or overwrite or not folder.is_dir() or not any(folder.iterdir()):
         return folder
     if allowed is not None and folder.resolve() == Path(allowed).expanduser().resolve():

@@ -193,13 +193,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
             f"--official-config {args.official_config}: no such file; expected a JSON file of constructor "
             "kwargs, a fixture JSON or a YAML file"
         )
-    output_dir = Path(args.output_dir).expanduser()
-    # as with --reverse: what a killed conversion to --output_dir left is repaired first, under the folder's lock
-    # (`convert_checkpoint`), and the folder checked then: the repair may put its previous folder back or leave it
-    # (and only it) in place
-    repaired = publish_leftovers(output_dir, [output_dir])
+    # a killed conversion's leftovers are repaired first, under the folder's lock (`convert_checkpoint`)
     check_output_folder(
-        args.output_dir, "--output_dir", None if repaired else "--overwrite", overwrite=args.overwrite
+        args.output_dir, "--output_dir", "--overwrite", overwrite=args.overwrite, repair_first=True
     )
     args.dtype = args.dtype or DEFAULT_DTYPE
     return args

@@ -54,7 +54,6 @@ from .card import LOCAL_PATHS_KEY, read_run_metrics, render_model_card
 from .interrupt import (
     locked_output_dir,
     publish,
-    publish_leftovers,
     restore_interrupted_publish,
     staging_folder,
 )
@@ -396,18 +395,13 @@ def export_model_dir(
     problem = overlap_problem(model_dir, out_dir, overwrite, ("model_dir", "out_dir", "overwrite=True"))
     if problem is not None:
         raise ValueError(problem)
-    # what a killed export left is repaired first (it may put the previous folder back, or leave only the one it
-    # moved in), and the folder refused for being taken only then
-    repaired = publish_leftovers(out_dir, [out_dir])
-    overwrite_flag = None if repaired else "overwrite=True"
-    check_output_folder(out_dir, "out_dir", overwrite_flag, overwrite=overwrite, error=FileExistsError)
+    check = dict(overwrite=overwrite, error=FileExistsError)
+    check_output_folder(out_dir, "out_dir", "overwrite=True", **check, repair_first=True)
     # the folder's lock (train's) from the repair to the rename: no other command repairs or replaces it meanwhile
     with locked_output_dir(out_dir, flag="out_dir"):
         # the previous folder back from where a command killed between its two renames left it, then checked as such
-        if restore_interrupted_publish(out_dir) or repaired:
-            check_output_folder(
-                out_dir, "out_dir", "overwrite=True", overwrite=overwrite, error=FileExistsError
-            )
+        restore_interrupted_publish(out_dir)
+        check_output_folder(out_dir, "out_dir", "overwrite=True", **check)
         return write_export(model_dir, out_dir, repo_id=repo_id, info=info)
 
 
@@ -521,14 +515,12 @@ def check_model_dir(
     problem = overlap_problem(Path(model_dir), Path(out_dir), overwrite)
     if problem is not None:
         raise UsageError(problem)
-    # a killed export's leftovers repaired before the folder is refused for being taken, as `export_model_dir` does
-    # (for this check to see the folder as the export will); a command using the folder is refused here
-    out = Path(out_dir).expanduser()
-    repaired = publish_leftovers(out, [out])
-    check_output_folder(out_dir, "OUT_DIR", None if repaired else "--overwrite", overwrite=overwrite)
+    # repaired and checked again as `export_model_dir` does, for this check to see the folder as the export will; a
+    # command using the folder is refused here
+    check_output_folder(out_dir, "OUT_DIR", "--overwrite", overwrite=overwrite, repair_first=True)
     with locked_output_dir(out_dir, flag="OUT_DIR"):
-        if restore_interrupted_publish(out) or repaired:
-            check_output_folder(out_dir, "OUT_DIR", "--overwrite", overwrite=overwrite)
+        restore_interrupted_publish(Path(out_dir).expanduser())
+        check_output_folder(out_dir, "OUT_DIR", "--overwrite", overwrite=overwrite)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

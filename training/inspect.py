@@ -52,7 +52,6 @@ from .evaluate import FAMILY_DEPTH_ARGUMENTS, SPLITS, load_config
 from .interrupt import (
     deferring_stops,
     locked_output_dir,
-    publish_leftovers,
     restore_interrupted_publish,
     staging_folder,
 )
@@ -1328,28 +1327,26 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if folder is not None:
         check_local_model(args, folder)
     # what a train, export or conversion killed inside `publish` left beside the folder is repaired first (`run`,
-    # under the folder's lock), and the folder refused for being taken then: the repair may change what is there
-    out = Path(args.output_dir).expanduser()
-    check_report_folder(args, None if publish_leftovers(out, [out]) else "--overwrite_output_dir")
+    # under the folder's lock)
+    check_report_folder(args, repair_first=True)
     for name, value in MIM_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
     return args
 
 
-def check_report_folder(
-    args: argparse.Namespace, overwrite_flag: str | None = "--overwrite_output_dir"
-) -> None:
+def check_report_folder(args: argparse.Namespace, *, repair_first: bool = False) -> None:
     """--output_dir new or empty, as `train` and `export` want theirs, unless --overwrite_output_dir
-    (`overwrite_flag` None: not checked); the model folder itself may be written into (its figures and inspect.json
-    go with it into `export`'s model card)."""
+    (`repair_first`: as `check_output_folder`'s); the model folder itself may be written into (its figures and
+    inspect.json go with it into `export`'s model card)."""
     model_folder = Path(args.model_dir).expanduser() if args.model_dir is not None else None
     check_output_folder(
         args.output_dir,
         "--output_dir",
-        overwrite_flag,
+        "--overwrite_output_dir",
         overwrite=args.overwrite_output_dir,
         allowed=model_folder if model_folder is not None and model_folder.is_dir() else None,
+        repair_first=repair_first,
     )
 
 
